@@ -1,0 +1,106 @@
+/* gradsync.h — the C ABI trainers link (libgradsync.so).
+ *
+ * A trainer connects to its node's gradsyncd, registers its gradient layout,
+ * and then, every iteration, marks each gradient ready (or unused) as soon as
+ * backward has produced it and waits for the iteration's synchronization:
+ *
+ *   gs_connect -> gs_register -> { write grads into gs_grad_buffer(i);
+ *                                  gs_mark_ready(i) for every i; gs_wait } ... -> gs_close
+ *
+ * After gs_wait returns GS_OK every CPU gradient buffer holds the average of
+ * that gradient over all trainers of the job (sum / world size).
+ *
+ * C99, no C++ types; every call returns a gs_status and never aborts the
+ * trainer. gs_last_error() describes the most recent failure.
+ */
+#ifndef GRADSYNC_CLIENT_GRADSYNC_H_
+#define GRADSYNC_CLIENT_GRADSYNC_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define GS_API __attribute__((visibility("default")))
+#else
+#define GS_API
+#endif
+
+typedef struct gs_client gs_client; /* opaque */
+
+/* The numbers match gradsync.v1.Code in proto/gradsync/v1/local.proto. */
+typedef enum {
+  GS_OK = 0,
+  GS_ERR_INVALID_ARGUMENT = 1, /* bad argument or layout */
+  GS_ERR_UNAVAILABLE = 2,      /* the daemon cannot be reached */
+  GS_ERR_MISMATCH = 3,         /* trainers/nodes registered different layouts */
+  GS_ERR_PEER_FAILED = 4,      /* another trainer, daemon or node failed */
+  GS_ERR_TIMEOUT = 5,          /* the wait passed its deadline */
+  GS_ERR_STATE = 6,            /* call not valid now (e.g. mark before register) */
+  GS_ERR_INTERNAL = 7
+} gs_status;
+
+typedef enum { GS_FLOAT32 = 0, GS_FLOAT64 = 1, GS_FLOAT16 = 2, GS_BFLOAT16 = 3 } gs_dtype;
+
+typedef struct {
+  const char *name; /* unique in the layout; used in error messages */
+  gs_dtype dtype;
+  uint64_t numel;   /* element count, >= 1 */
+  int device;       /* -1: CPU (arena in shm); >= 0: CUDA ordinal */
+  void *cuda_ptr;   /* CUDA tensors only */
+} gs_tensor_spec;
+
+typedef struct {
+  const char *socket_path; /* NULL: $GRADSYNC_SOCKET, else the default */
+  int local_rank;          /* -1: $LOCAL_RANK, else 0 */
+  int timeout_ms;          /* connect/attach timeout; <= 0: 30 s */
+} gs_connect_options;
+
+/* The daemon's default socket when neither the option nor $GRADSYNC_SOCKET is set. */
+#define GS_DEFAULT_SOCKET "/tmp/gradsyncd.sock"
+
+/* Attaches to the node's daemon. On failure *out is still set (when out is
+ * not NULL) so that gs_last_error can describe the failure; gs_close it. */
+GS_API gs_status gs_connect(const gs_connect_options *opts, gs_client **out);
+
+/* Registers the gradient layout; returns once every trainer of the node has
+ * registered the same layout (GS_ERR_MISMATCH names the first difference). */
+GS_API gs_status gs_register(gs_client *c, const gs_tensor_spec *specs, size_t count);
+
+/* This trainer's global rank and the job's world size (after gs_register). */
+GS_API gs_status gs_world(gs_client *c, int *rank, int *world_size);
+
+/* The shared-memory gradient buffer of CPU tensor `index`, valid until
+ * gs_close; NULL for CUDA tensors, bad indices or before gs_register. */
+GS_API void *gs_grad_buffer(gs_client *c, size_t index);
+
+/* Gradient `index` is final for this iteration. */
+GS_API gs_status gs_mark_ready(gs_client *c, size_t index);
+
+/* Gradient `index` was not produced this iteration: it contributes zeros
+ * (its buffer is zeroed). */
+GS_API gs_status gs_mark_unused(gs_client *c, size_t index);
+
+/* Waits until every bucket of this iteration is reduced. timeout_ms < 0:
+ * the daemon's timeout. On GS_ERR_TIMEOUT the message names the tensors
+ * this trainer has not marked, if any. */
+GS_API gs_status gs_wait(gs_client *c, int64_t timeout_ms);
+
+/* enabled = 0: following iterations post nothing and gradients accumulate
+ * in the buffers; the next synced iteration reduces the accumulation. */
+GS_API gs_status gs_set_sync(gs_client *c, int enabled);
+
+/* The message of the last failure on this client ("" if none). */
+GS_API const char *gs_last_error(const gs_client *c);
+
+/* Detaches and frees the client. Gradient buffers become invalid. */
+GS_API void gs_close(gs_client *c);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* GRADSYNC_CLIENT_GRADSYNC_H_ */

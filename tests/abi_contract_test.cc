@@ -1,0 +1,51 @@
+// The C ABI (client/gradsync.h) and the wire protocol (local.proto) number
+// their status codes and dtypes the same way; the daemon sends proto codes
+// that the client returns unchanged as gs_status. This pins that contract.
+#include "client/gradsync.h"
+
+#include <gtest/gtest.h>
+
+#include "gradsync/v1/local.pb.h"
+
+namespace {
+
+TEST(AbiContract, StatusCodesMatchProto) {
+  using gradsync::v1::Code;
+  EXPECT_EQ(GS_OK, static_cast<int>(Code::OK));
+  EXPECT_EQ(GS_ERR_INVALID_ARGUMENT, static_cast<int>(Code::INVALID_ARGUMENT));
+  EXPECT_EQ(GS_ERR_UNAVAILABLE, static_cast<int>(Code::UNAVAILABLE));
+  EXPECT_EQ(GS_ERR_MISMATCH, static_cast<int>(Code::MISMATCH));
+  EXPECT_EQ(GS_ERR_PEER_FAILED, static_cast<int>(Code::PEER_FAILED));
+  EXPECT_EQ(GS_ERR_TIMEOUT, static_cast<int>(Code::TIMEOUT));
+  EXPECT_EQ(GS_ERR_STATE, static_cast<int>(Code::STATE));
+  EXPECT_EQ(GS_ERR_INTERNAL, static_cast<int>(Code::INTERNAL));
+  EXPECT_EQ(gradsync::v1::Code_MAX, GS_ERR_INTERNAL);
+}
+
+TEST(AbiContract, DTypesMatchProto) {
+  EXPECT_EQ(GS_FLOAT32, static_cast<int>(gradsync::v1::FLOAT32));
+  EXPECT_EQ(GS_FLOAT64, static_cast<int>(gradsync::v1::FLOAT64));
+  EXPECT_EQ(GS_FLOAT16, static_cast<int>(gradsync::v1::FLOAT16));
+  EXPECT_EQ(GS_BFLOAT16, static_cast<int>(gradsync::v1::BFLOAT16));
+  EXPECT_EQ(gradsync::v1::DType_MAX, GS_BFLOAT16);
+}
+
+TEST(AbiContract, RegisterRequestRoundTrips) {
+  gradsync::v1::RegisterRequest req;
+  req.set_session_id(42);
+  auto* t = req.add_tensors();
+  t->set_name("fc1.weight");
+  t->set_dtype(gradsync::v1::BFLOAT16);
+  t->set_numel(1u << 20);
+  t->set_device(-1);
+  std::string wire;
+  ASSERT_TRUE(req.SerializeToString(&wire));
+  gradsync::v1::RegisterRequest back;
+  ASSERT_TRUE(back.ParseFromString(wire));
+  ASSERT_EQ(back.tensors_size(), 1);
+  EXPECT_EQ(back.tensors(0).name(), "fc1.weight");
+  EXPECT_EQ(back.tensors(0).numel(), 1u << 20);
+  EXPECT_EQ(back.tensors(0).device(), -1);
+}
+
+}  // namespace
