@@ -1,0 +1,53 @@
+// The entries that cross the rings, and their validation.
+//
+// ReadyEvent (trainer -> daemon): "gradient `tensor` is final for iteration
+// `iteration`" (or unused: it contributes zeros). CompletionEvent (daemon ->
+// trainer): "bucket `bucket` of `iteration` is reduced" with a status, and a
+// final kIterationDone entry once every bucket is. Both carry a per-ring
+// sequence number: gaps or repeats reveal corruption.
+#ifndef GRADSYNC_IPC_EVENTS_H_
+#define GRADSYNC_IPC_EVENTS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace gradsync::ipc {
+
+enum class ReadyKind : uint32_t { kReady = 1, kUnused = 2 };
+
+struct ReadyEvent {
+  uint32_t tensor;     // registration index
+  uint32_t kind;       // ReadyKind
+  uint64_t iteration;  // the trainer's synced-iteration counter, from 0
+  uint64_t sequence;   // 0, 1, 2, ... per ring
+  uint64_t reserved;
+};
+static_assert(sizeof(ReadyEvent) == 32);
+
+enum class CompletionKind : uint32_t { kBucketDone = 1, kIterationDone = 2, kError = 3 };
+
+struct CompletionEvent {
+  uint32_t kind;       // CompletionKind
+  uint32_t bucket;     // bucket id (kBucketDone)
+  uint64_t iteration;
+  uint64_t sequence;   // 0, 1, 2, ... per ring
+  int32_t status;      // gs_status / gradsync.v1.Code; non-zero with kError
+  uint32_t reserved;
+};
+static_assert(sizeof(CompletionEvent) == 32);
+
+// What the consumer of a readiness ring expects next.
+struct ReadyExpectation {
+  uint32_t num_tensors;
+  uint64_t iteration;  // the iteration being collected
+  uint64_t sequence;   // the next sequence number
+};
+
+// Checks one entry read from a trainer's readiness ring. A failure names
+// the field and both values; the caller fails that trainer only.
+absl::Status ValidateReadyEvent(const ReadyEvent& e, const ReadyExpectation& expect);
+
+}  // namespace gradsync::ipc
+
+#endif  // GRADSYNC_IPC_EVENTS_H_

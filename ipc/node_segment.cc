@@ -1,0 +1,47 @@
+#include "ipc/node_segment.h"
+
+#include <new>
+
+#include "absl/strings/str_cat.h"
+
+namespace gradsync::ipc {
+
+absl::StatusOr<NodeSegment> NodeSegment::Create(const std::string& name, pid_t daemon_pid,
+                                                mode_t mode, gid_t group) {
+  auto segment = SharedSegment::Create(name, sizeof(NodeSegmentHeader), mode, group);
+  if (!segment.ok()) return segment.status();
+  NodeSegment ns;
+  ns.segment_ = std::move(*segment);
+  ns.header_ = new (ns.segment_.data()) NodeSegmentHeader();
+  ns.header_->layout_version = kNodeSegmentVersion;
+  ns.header_->header_bytes = sizeof(NodeSegmentHeader);
+  ns.header_->daemon_pid = daemon_pid;
+  ns.header_->ready_bell.Init();
+  std::atomic_thread_fence(std::memory_order_release);
+  ns.header_->magic = kNodeSegmentMagic;
+  return ns;
+}
+
+absl::StatusOr<NodeSegment> NodeSegment::Open(const std::string& name) {
+  auto segment = SharedSegment::Open(name);
+  if (!segment.ok()) return segment.status();
+  if (segment->size() < sizeof(NodeSegmentHeader)) {
+    return absl::DataLossError(absl::StrCat("node segment ", name, " is too small"));
+  }
+  NodeSegment ns;
+  ns.segment_ = std::move(*segment);
+  ns.header_ = static_cast<NodeSegmentHeader*>(ns.segment_.data());
+  if (ns.header_->magic != kNodeSegmentMagic) {
+    return absl::DataLossError(absl::StrCat("node segment ", name, " has bad magic 0x",
+                                            absl::Hex(ns.header_->magic)));
+  }
+  if (ns.header_->layout_version != kNodeSegmentVersion ||
+      ns.header_->header_bytes != sizeof(NodeSegmentHeader)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node segment ", name, " has layout version ", ns.header_->layout_version,
+                     ", this build speaks ", kNodeSegmentVersion));
+  }
+  return ns;
+}
+
+}  // namespace gradsync::ipc

@@ -1,0 +1,130 @@
+#include "ipc/shared_segment.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "boost/interprocess/exceptions.hpp"
+#include "boost/interprocess/shared_memory_object.hpp"
+
+namespace gradsync::ipc {
+namespace bip = boost::interprocess;
+
+namespace {
+
+absl::Status FromBoost(const bip::interprocess_exception& e, const std::string& what) {
+  const std::string msg = absl::StrCat(what, ": ", e.what());
+  switch (e.get_error_code()) {
+    case bip::not_found_error:
+      return absl::NotFoundError(msg);
+    case bip::already_exists_error:
+      return absl::AlreadyExistsError(msg);
+    case bip::security_error:
+      return absl::PermissionDeniedError(msg);
+    default:
+      return absl::InternalError(msg);
+  }
+}
+
+bool ProcessAlive(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+
+}  // namespace
+
+std::string SegmentName(const std::string& prefix, pid_t daemon_pid, const std::string& suffix) {
+  return absl::StrCat(prefix, ".", daemon_pid, ".", suffix);
+}
+
+absl::StatusOr<SharedSegment> SharedSegment::Create(const std::string& name, size_t size,
+                                                    mode_t mode, gid_t group) {
+  if (name.empty() || name.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("bad segment name '", name, "'"));
+  }
+  SharedSegment seg;
+  try {
+    bip::permissions perm(mode);
+    bip::shared_memory_object shm(bip::create_only, name.c_str(), bip::read_write, perm);
+    // Boost creates with the mode masked by the umask on some versions: set it exactly.
+    if (fchmod(shm.get_mapping_handle().handle, mode) != 0 ||
+        (group != static_cast<gid_t>(-1) &&
+         fchown(shm.get_mapping_handle().handle, -1, group) != 0)) {
+      const int err = errno;
+      bip::shared_memory_object::remove(name.c_str());
+      return absl::PermissionDeniedError(
+          absl::StrCat("segment ", name, ": cannot set mode/group: ", std::strerror(err)));
+    }
+    shm.truncate(static_cast<bip::offset_t>(size));  // fresh pages read as zero
+    seg.region_ = bip::mapped_region(shm, bip::read_write);
+  } catch (const bip::interprocess_exception& e) {
+    bip::shared_memory_object::remove(name.c_str());
+    return FromBoost(e, absl::StrCat("create segment ", name));
+  }
+  seg.name_ = name;
+  return seg;
+}
+
+absl::StatusOr<SharedSegment> SharedSegment::Open(const std::string& name, mode_t max_mode) {
+  SharedSegment seg;
+  try {
+    bip::shared_memory_object shm(bip::open_only, name.c_str(), bip::read_write);
+    struct stat st;
+    if (fstat(shm.get_mapping_handle().handle, &st) != 0) {
+      return absl::InternalError(absl::StrCat("segment ", name, ": fstat: ", std::strerror(errno)));
+    }
+    const mode_t mode = st.st_mode & 0777;
+    if ((mode & ~max_mode) != 0) {
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "segment %s has mode %04o, more open than %04o allows: refusing to use it (another "
+          "user could write into it)",
+          name, mode, max_mode));
+    }
+    if (st.st_uid != geteuid() && geteuid() != 0 && (mode & 0070) == 0) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("segment ", name, " belongs to uid ", st.st_uid));
+    }
+    if (st.st_size == 0) {
+      return absl::FailedPreconditionError(absl::StrCat("segment ", name, " is empty"));
+    }
+    seg.region_ = bip::mapped_region(shm, bip::read_write);
+  } catch (const bip::interprocess_exception& e) {
+    return FromBoost(e, absl::StrCat("open segment ", name));
+  }
+  seg.name_ = name;
+  return seg;
+}
+
+absl::Status SharedSegment::Remove(const std::string& name) {
+  if (!bip::shared_memory_object::remove(name.c_str())) {
+    return absl::NotFoundError(absl::StrCat("segment ", name, " does not exist"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> RemoveStaleSegments(const std::string& prefix) {
+  std::vector<std::string> removed;
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return removed;
+  const std::string lead = prefix + ".";
+  while (dirent* entry = readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name.rfind(lead, 0) != 0) continue;
+    std::vector<std::string> parts = absl::StrSplit(name.substr(lead.size()), '.');
+    int pid = 0;
+    if (parts.size() < 2 || !absl::SimpleAtoi(parts[0], &pid)) continue;
+    if (ProcessAlive(pid)) continue;
+    if (bip::shared_memory_object::remove(name.c_str())) removed.push_back(name);
+  }
+  closedir(dir);
+  return removed;
+}
+
+}  // namespace gradsync::ipc

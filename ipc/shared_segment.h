@@ -1,0 +1,61 @@
+// SharedSegment: one named POSIX shared-memory object, created or opened and
+// mapped with Boost.Interprocess, with the permission checks gradsync needs.
+//
+// Created segments get exactly the requested mode (0600 by default, 0660 when
+// a group is configured), regardless of the umask. Opening refuses a segment
+// whose mode lets more people in than `max_mode` allows or that belongs to
+// another user: someone else could then write into a trainer's gradients.
+#ifndef GRADSYNC_IPC_SHARED_SEGMENT_H_
+#define GRADSYNC_IPC_SHARED_SEGMENT_H_
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "boost/interprocess/mapped_region.hpp"
+
+namespace gradsync::ipc {
+
+class SharedSegment {
+ public:
+  SharedSegment() = default;
+  SharedSegment(SharedSegment&&) = default;
+  SharedSegment& operator=(SharedSegment&&) = default;
+
+  // Creates (fails if it exists), sizes, zero-fills and maps a segment.
+  // `group` >= 0 chowns the segment to that group (mode should be 0660).
+  static absl::StatusOr<SharedSegment> Create(const std::string& name, size_t size,
+                                              mode_t mode = 0600, gid_t group = -1);
+
+  // Opens and maps an existing segment read-write.
+  static absl::StatusOr<SharedSegment> Open(const std::string& name, mode_t max_mode = 0660);
+
+  // Removes the name (mappings stay valid until unmapped). NotFound if absent.
+  static absl::Status Remove(const std::string& name);
+
+  void* data() const { return region_.get_address(); }
+  size_t size() const { return region_.get_size(); }
+  const std::string& name() const { return name_; }
+  bool valid() const { return data() != nullptr; }
+
+ private:
+  boost::interprocess::mapped_region region_;
+  std::string name_;
+};
+
+// Removes every segment named "<prefix>.<pid>.*" whose pid is no longer a
+// live process: what a daemon killed with SIGKILL left behind. Returns the
+// names removed.
+std::vector<std::string> RemoveStaleSegments(const std::string& prefix);
+
+// "<prefix>.<pid>.<suffix>": the naming every gradsync segment follows.
+std::string SegmentName(const std::string& prefix, pid_t daemon_pid, const std::string& suffix);
+
+}  // namespace gradsync::ipc
+
+#endif  // GRADSYNC_IPC_SHARED_SEGMENT_H_
