@@ -1,0 +1,50 @@
+// Backend: the cross-node step of a bucket's reduction.
+//
+// The daemon first sums a bucket over its local trainers into one contiguous
+// buffer, then asks the backend to sum that buffer across all nodes of the
+// job (in place), then divides by the world size and writes the result back
+// to every local trainer. The scheduler calls AllreduceSum from one thread,
+// in plan order, so every node issues the same collectives in the same
+// order with the same sizes.
+#ifndef GRADSYNC_DAEMON_BACKENDS_BACKEND_H_
+#define GRADSYNC_DAEMON_BACKENDS_BACKEND_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "daemon/dtype.h"
+
+namespace gradsync {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "local", "gloo", "nccl".
+  virtual std::string name() const = 0;
+  virtual int num_nodes() const = 0;
+
+  // Sums `count` elements of `dtype` at `data` across every node, in place.
+  // Errors: kUnavailable / kAborted when a peer failed, kDeadlineExceeded on
+  // timeout. After an error the backend is unusable until recreated.
+  virtual absl::Status AllreduceSum(void* data, size_t count, DType dtype) = 0;
+
+  // Makes an in-flight or future AllreduceSum fail promptly (another node
+  // died). Safe to call from any thread.
+  virtual void Abort(const std::string& reason) = 0;
+};
+
+// One node: the local reduction is the whole reduction.
+class LocalBackend final : public Backend {
+ public:
+  std::string name() const override { return "local"; }
+  int num_nodes() const override { return 1; }
+  absl::Status AllreduceSum(void*, size_t, DType) override { return absl::OkStatus(); }
+  void Abort(const std::string&) override {}
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_BACKENDS_BACKEND_H_
