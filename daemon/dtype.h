@@ -5,7 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string_view>
+
 
 namespace gradsync {
 
@@ -26,7 +26,7 @@ inline constexpr size_t DTypeSize(DType t) {
 
 inline constexpr bool IsValidDType(int32_t v) { return v >= 0 && v <= 3; }
 
-inline constexpr std::string_view DTypeName(DType t) {
+inline constexpr const char* DTypeName(DType t) {
   switch (t) {
     case DType::kFloat32:
       return "float32";

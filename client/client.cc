@@ -1,0 +1,356 @@
+#include "client/client.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "proto/status_code.h"
+
+namespace gradsync {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The daemon reports its own timeouts with a diagnosis; the client's own
+// deadline comes a little later so that diagnosis arrives first.
+constexpr int64_t kGraceMs = 5000;
+// A daemon whose heartbeat stops for this long is treated as dead even if
+// its socket stays open (e.g. it was SIGSTOPped).
+constexpr auto kHeartbeatPatience = std::chrono::seconds(10);
+constexpr auto kPollSlice = std::chrono::milliseconds(50);
+constexpr auto kSpin = std::chrono::microseconds(30);
+
+std::chrono::system_clock::time_point DeadlineIn(int64_t ms) {
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
+}
+
+absl::Status RpcError(const grpc::Status& s, const std::string& what, const std::string& socket) {
+  return MakeError(v1::UNAVAILABLE, absl::StrCat(what, " failed: cannot reach gradsyncd at ", socket,
+                                                 " (", s.error_message(), ")"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& options) {
+  std::unique_ptr<Client> c(new Client());
+  c->socket_path_ = options.socket_path;
+  if (c->socket_path_.empty()) {
+    const char* env = std::getenv("GRADSYNC_SOCKET");
+    c->socket_path_ = (env && *env) ? env : "/tmp/gradsyncd.sock";
+  }
+  c->local_rank_ = options.local_rank;
+  if (c->local_rank_ < 0) {
+    const char* env = std::getenv("LOCAL_RANK");
+    c->local_rank_ = (env && *env) ? std::atoi(env) : 0;
+  }
+  const int64_t timeout_ms = options.timeout_ms > 0 ? options.timeout_ms : 30000;
+
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  c->channel_ = grpc::CreateCustomChannel("unix:" + c->socket_path_,
+                                          grpc::InsecureChannelCredentials(), args);
+  if (!c->channel_->WaitForConnected(DeadlineIn(timeout_ms))) {
+    return MakeError(v1::UNAVAILABLE,
+                     absl::StrCat("cannot connect to gradsyncd at ", c->socket_path_, " within ",
+                                  timeout_ms, " ms: is the daemon running? (start it with "
+                                  "`gradsyncd --socket ",
+                                  c->socket_path_, "`, or set GRADSYNC_SOCKET)"));
+  }
+  c->stub_ = v1::Local::NewStub(c->channel_);
+
+  v1::AttachRequest req;
+  req.set_local_rank(c->local_rank_);
+  req.set_pid(getpid());
+  req.set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  v1::AttachResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineIn(timeout_ms));
+  grpc::Status s = c->stub_->Attach(&ctx, req, &resp);
+  if (!s.ok()) return RpcError(s, "attach", c->socket_path_);
+  if (absl::Status st = FromProto(resp.error()); !st.ok()) return st;
+  c->session_ = resp.session_id();
+  c->daemon_pid_ = resp.daemon_pid();
+  c->daemon_timeout_ms_ = resp.timeout_ms();
+
+  // The Watch stream lets the daemon notice our death and push errors.
+  c->watch_ctx_ = std::make_unique<grpc::ClientContext>();
+  Client* raw = c.get();
+  c->watch_thread_ = std::thread([raw] { raw->WatchLoop(); });
+  return c;
+}
+
+Client::~Client() { Close().IgnoreError(); }
+
+void Client::WatchLoop() {
+  v1::WatchRequest req;
+  req.set_session_id(session_);
+  std::unique_ptr<grpc::ClientReader<v1::WatchEvent>> reader =
+      stub_->Watch(watch_ctx_.get(), req);
+  v1::WatchEvent event;
+  while (reader->Read(&event)) {
+    if (event.has_error() && event.error().code() != v1::OK) {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      if (watch_error_.ok()) watch_error_ = FromProto(event.error());
+      if (ipc::Doorbell* b = completion_bell_.load()) b->Ring();
+    }
+  }
+  reader->Finish().IgnoreError();
+  if (closing_.load()) return;
+  std::lock_guard<std::mutex> lock(watch_mu_);
+  if (watch_error_.ok()) {
+    watch_error_ = MakeError(
+        v1::PEER_FAILED, absl::StrCat("lost the connection to gradsyncd (pid ", daemon_pid_,
+                                      ") at ", socket_path_, ": the daemon died or was stopped"));
+  }
+  if (ipc::Doorbell* b = completion_bell_.load()) b->Ring();
+}
+
+absl::Status Client::ConnectionError() const {
+  std::lock_guard<std::mutex> lock(watch_mu_);
+  return watch_error_;
+}
+
+absl::Status Client::Failed(absl::Status error) {
+  if (failure_.ok()) failure_ = error;
+  return failure_;
+}
+
+absl::Status Client::CheckUsable() const {
+  if (closed_) return MakeError(v1::STATE, "the client is closed");
+  if (!failure_.ok()) return failure_;
+  if (!registered_) return MakeError(v1::STATE, "register the gradient layout first");
+  return absl::OkStatus();
+}
+
+absl::Status Client::Register(const std::vector<TensorSpec>& specs) {
+  if (closed_) return MakeError(v1::STATE, "the client is closed");
+  if (!failure_.ok()) return failure_;
+  if (registered_) return MakeError(v1::STATE, "the layout is already registered");
+  v1::RegisterRequest req;
+  req.set_session_id(session_);
+  for (const TensorSpec& s : specs) {
+    if (s.device >= 0) {
+      return MakeError(v1::INVALID_ARGUMENT,
+                       absl::StrCat("tensor '", s.name, "' is on cuda:", s.device,
+                                    ": this gradsync build synchronizes CPU tensors only"));
+    }
+    v1::TensorSpec* t = req.add_tensors();
+    t->set_name(s.name);
+    t->set_dtype(static_cast<v1::DType>(s.dtype));
+    t->set_numel(s.numel);
+    t->set_device(s.device);
+  }
+  absl::StatusOr<Layout> layout = LayoutFromProto(req.tensors());
+  if (!layout.ok()) return MakeError(v1::INVALID_ARGUMENT, layout.status().message());
+
+  v1::RegisterResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineIn(daemon_timeout_ms_ + kGraceMs));
+  grpc::Status s = stub_->Register(&ctx, req, &resp);
+  if (!s.ok()) return Failed(RpcError(s, "register", socket_path_));
+  if (absl::Status st = FromProto(resp.error()); !st.ok()) return Failed(st);
+
+  if (resp.layout_hash() != LayoutHash(*layout) ||
+      static_cast<size_t>(resp.tensor_offsets_size()) != layout->size()) {
+    return Failed(MakeError(v1::INTERNAL, "the daemon answered with a different layout"));
+  }
+  auto node = ipc::NodeSegment::Open(resp.node_segment_name());
+  if (!node.ok()) return Failed(MakeError(v1::INTERNAL, node.status().ToString()));
+  auto seg = ipc::TrainerSegment::Open(resp.segment_name(), resp.layout_hash(), resp.arena_bytes());
+  if (!seg.ok()) return Failed(MakeError(v1::INTERNAL, seg.status().ToString()));
+  node_ = std::move(*node);
+  segment_ = std::move(*seg);
+  buffers_.resize(layout->size());
+  for (size_t i = 0; i < layout->size(); ++i) {
+    const uint64_t off = resp.tensor_offsets(static_cast<int>(i));
+    if (off + (*layout)[i].bytes() > segment_.arena_bytes()) {
+      return Failed(MakeError(v1::INTERNAL, absl::StrCat("tensor ", i, " lies outside the arena")));
+    }
+    buffers_[i] = segment_.arena() + off;
+  }
+  layout_ = std::move(*layout);
+  marked_.assign(layout_.size(), 0);
+  rank_ = resp.rank();
+  world_size_ = resp.world_size();
+  completion_bell_.store(&segment_.header()->completion_bell);
+  registered_ = true;
+  return absl::OkStatus();
+}
+
+void* Client::GradBuffer(size_t index) const {
+  if (!registered_ || closed_ || index >= buffers_.size()) return nullptr;
+  return buffers_[index];
+}
+
+absl::Status Client::MarkReady(size_t index) { return Post(index, ipc::ReadyKind::kReady); }
+
+absl::Status Client::MarkUnused(size_t index) {
+  if (registered_ && !closed_ && index < buffers_.size()) {
+    std::memset(buffers_[index], 0, layout_[index].bytes());
+  }
+  return Post(index, ipc::ReadyKind::kUnused);
+}
+
+absl::Status Client::Post(size_t index, ipc::ReadyKind kind) {
+  if (absl::Status st = CheckUsable(); !st.ok()) return st;
+  if (index >= layout_.size()) {
+    return MakeError(v1::INVALID_ARGUMENT,
+                     absl::StrCat("tensor index ", index, " is out of range (", layout_.size(),
+                                  " tensors registered)"));
+  }
+  if (marked_[index]) {
+    return MakeError(v1::INVALID_ARGUMENT, absl::StrCat("tensor ", index, " '", layout_[index].name,
+                                                        "' is already marked this iteration"));
+  }
+  marked_[index] = 1;
+  ++marked_count_;
+  if (!sync_) return absl::OkStatus();  // accumulating: nothing is posted
+
+  ipc::ReadyEvent e{};
+  e.tensor = static_cast<uint32_t>(index);
+  e.kind = static_cast<uint32_t>(kind);
+  e.iteration = iteration_;
+  e.sequence = ready_sequence_;
+  auto& ring = segment_.ready_ring();
+  const auto deadline = Clock::now() + std::chrono::milliseconds(daemon_timeout_ms_ + kGraceMs);
+  while (!ring.TryPush(e)) {
+    // Full ring: back-pressure while the daemon is busy reducing.
+    node_.ready_bell().Ring();
+    if (absl::Status st = ConnectionError(); !st.ok()) return Failed(st);
+    if (Clock::now() > deadline) {
+      return MakeError(v1::TIMEOUT, "the readiness ring stayed full: the daemon is not consuming");
+    }
+    std::this_thread::yield();
+  }
+  ++ready_sequence_;
+  node_.ready_bell().Ring();
+  return absl::OkStatus();
+}
+
+std::string Client::UnmarkedTensors() const {
+  std::string out;
+  size_t listed = 0, missing = 0;
+  for (size_t i = 0; i < layout_.size(); ++i) {
+    if (marked_[i]) continue;
+    ++missing;
+    if (listed++ < 8) absl::StrAppend(&out, out.empty() ? "" : ", ", layout_[i].name);
+  }
+  if (missing > 8) absl::StrAppend(&out, " and ", missing - 8, " more");
+  return out;
+}
+
+absl::Status Client::Wait(int64_t timeout_ms) {
+  if (absl::Status st = CheckUsable(); !st.ok()) return st;
+  if (!sync_) {
+    // Accumulating: nothing was posted, the next synced iteration reduces
+    // the sum. The marks start over.
+    std::fill(marked_.begin(), marked_.end(), 0);
+    marked_count_ = 0;
+    return absl::OkStatus();
+  }
+  const int64_t budget = timeout_ms >= 0 ? timeout_ms : daemon_timeout_ms_ + kGraceMs;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(budget);
+  uint64_t heartbeat = node_.header()->heartbeat.load(std::memory_order_acquire);
+  auto heartbeat_seen = Clock::now();
+  ipc::Doorbell& bell = segment_.header()->completion_bell;
+  auto& ring = segment_.completion_ring();
+  while (true) {
+    const uint32_t seen = bell.Sequence();
+    ipc::CompletionEvent e;
+    const ipc::PopResult r = ring.TryPop(&e);
+    if (r == ipc::PopResult::kCorrupt) {
+      return Failed(MakeError(v1::INTERNAL, "the completion ring is corrupt"));
+    }
+    if (r == ipc::PopResult::kOk) {
+      if (e.sequence != completion_sequence_) {
+        return Failed(MakeError(v1::INTERNAL,
+                                absl::StrCat("completion entry has sequence ", e.sequence,
+                                             ", expected ", completion_sequence_)));
+      }
+      ++completion_sequence_;
+      switch (static_cast<ipc::CompletionKind>(e.kind)) {
+        case ipc::CompletionKind::kBucketDone:
+          continue;
+        case ipc::CompletionKind::kIterationDone:
+          if (e.iteration != iteration_) {
+            return Failed(MakeError(v1::INTERNAL,
+                                    absl::StrCat("daemon completed iteration ", e.iteration,
+                                                 " while this trainer is at ", iteration_)));
+          }
+          ++iteration_;
+          std::fill(marked_.begin(), marked_.end(), 0);
+          marked_count_ = 0;
+          return absl::OkStatus();
+        case ipc::CompletionKind::kError: {
+          std::string message = segment_.ErrorMessage();
+          if (message.empty()) message = "the daemon reported an error";
+          const int code = v1::Code_IsValid(e.status) && e.status != 0 ? e.status : v1::INTERNAL;
+          return Failed(MakeError(static_cast<v1::Code>(code), message));
+        }
+        default:
+          return Failed(MakeError(v1::INTERNAL, absl::StrCat("unknown completion kind ", e.kind)));
+      }
+    }
+    if (absl::Status st = ConnectionError(); !st.ok()) return Failed(st);
+    const auto now = Clock::now();
+    const uint64_t hb = node_.header()->heartbeat.load(std::memory_order_acquire);
+    if (hb != heartbeat) {
+      heartbeat = hb;
+      heartbeat_seen = now;
+    } else if (now - heartbeat_seen > kHeartbeatPatience) {
+      return Failed(MakeError(v1::PEER_FAILED,
+                              absl::StrCat("gradsyncd (pid ", daemon_pid_,
+                                           ") stopped heart-beating: it is hung or stopped")));
+    }
+    if (now >= deadline) {
+      const std::string unmarked = UnmarkedTensors();
+      return MakeError(
+          v1::TIMEOUT,
+          absl::StrCat("iteration ", iteration_, " not synchronized within ", budget, " ms on rank ",
+                       rank_, ": ",
+                       unmarked.empty()
+                           ? "every tensor is marked here; other trainers have not marked theirs "
+                             "or the collective is slow (see gradsyncctl stats)"
+                           : absl::StrCat("this trainer has not marked ", unmarked,
+                                          " (call gs_mark_ready or gs_mark_unused for each)")));
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now);
+    bell.Wait(seen, std::min<std::chrono::nanoseconds>(left, kPollSlice), kSpin);
+  }
+}
+
+absl::Status Client::SetSync(bool enabled) {
+  if (absl::Status st = CheckUsable(); !st.ok()) return st;
+  if (marked_count_ != 0) {
+    return MakeError(v1::STATE, "gs_set_sync must be called between iterations");
+  }
+  sync_ = enabled;
+  return absl::OkStatus();
+}
+
+absl::Status Client::Close() {
+  if (closed_) return absl::OkStatus();
+  closed_ = true;
+  closing_.store(true);
+  absl::Status result;
+  if (stub_ && session_ != 0) {
+    v1::DetachRequest req;
+    req.set_session_id(session_);
+    v1::DetachResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineIn(2000));
+    grpc::Status s = stub_->Detach(&ctx, req, &resp);
+    if (!s.ok()) result = RpcError(s, "detach", socket_path_);
+  }
+  if (watch_ctx_) watch_ctx_->TryCancel();
+  if (watch_thread_.joinable()) watch_thread_.join();
+  segment_ = ipc::TrainerSegment();
+  node_ = ipc::NodeSegment();
+  buffers_.clear();
+  return result;
+}
+
+}  // namespace gradsync

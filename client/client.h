@@ -1,0 +1,118 @@
+// gradsync::Client — the C++ client of gradsyncd (the C ABI in gradsync.h
+// wraps it). One Client per trainer process.
+//
+// Control calls (connect, register, close) are gRPC over the daemon's unix
+// socket; the per-iteration calls (MarkReady, MarkUnused, Wait) only touch
+// shared memory: a readiness-ring entry plus a futex doorbell, and a
+// completion ring to wait on. Errors are absl::Status values carrying the
+// gradsync code (proto/status_code.h); a job failure is sticky.
+#ifndef GRADSYNC_CLIENT_CLIENT_H_
+#define GRADSYNC_CLIENT_CLIENT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "daemon/dtype.h"
+#include "daemon/layout.h"
+#include "gradsync/v1/local.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "ipc/node_segment.h"
+#include "ipc/trainer_segment.h"
+
+namespace gradsync {
+
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  uint64_t numel = 0;
+  int device = -1;  // -1: CPU
+  void* cuda_ptr = nullptr;
+};
+
+struct ConnectOptions {
+  std::string socket_path;  // empty: $GRADSYNC_SOCKET, else /tmp/gradsyncd.sock
+  int local_rank = -1;      // -1: $LOCAL_RANK, else 0
+  int64_t timeout_ms = 30000;
+};
+
+class Client {
+ public:
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ConnectOptions& options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Sends the layout; returns once every local trainer registered the same
+  // one (MISMATCH names the first difference) and the world is formed.
+  absl::Status Register(const std::vector<TensorSpec>& specs);
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  size_t num_tensors() const { return layout_.size(); }
+  // CPU tensor i's buffer in shared memory; nullptr for CUDA or bad i.
+  void* GradBuffer(size_t index) const;
+
+  absl::Status MarkReady(size_t index);
+  // Zeroes the buffer: the tensor contributes zeros this iteration.
+  absl::Status MarkUnused(size_t index);
+  // timeout_ms < 0: the daemon's timeout (plus a little grace).
+  absl::Status Wait(int64_t timeout_ms);
+  absl::Status SetSync(bool enabled);
+  // Detaches (idempotent). Buffers become invalid.
+  absl::Status Close();
+
+  uint64_t iteration() const { return iteration_; }
+
+ private:
+  Client() = default;
+  absl::Status Post(size_t index, ipc::ReadyKind kind);
+  absl::Status CheckUsable() const;
+  absl::Status Failed(absl::Status error);  // records a sticky failure
+  absl::Status ConnectionError() const;     // from the Watch stream, if any
+  std::string UnmarkedTensors() const;
+  void WatchLoop();
+
+  std::string socket_path_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Local::Stub> stub_;
+  uint64_t session_ = 0;
+  int local_rank_ = 0;
+  int64_t daemon_pid_ = 0;
+  int64_t daemon_timeout_ms_ = 300000;
+
+  bool registered_ = false;
+  Layout layout_;
+  std::vector<uint8_t*> buffers_;
+  ipc::NodeSegment node_;
+  ipc::TrainerSegment segment_;
+  int rank_ = -1;
+  int world_size_ = 0;
+
+  bool sync_ = true;
+  uint64_t iteration_ = 0;        // synced iterations completed
+  uint64_t ready_sequence_ = 0;
+  uint64_t completion_sequence_ = 0;
+  std::vector<uint8_t> marked_;   // this iteration
+  size_t marked_count_ = 0;
+  absl::Status failure_;          // sticky
+
+  // The Watch stream (a thread): daemon-pushed errors and daemon death.
+  std::unique_ptr<grpc::ClientContext> watch_ctx_;
+  std::thread watch_thread_;
+  mutable std::mutex watch_mu_;
+  absl::Status watch_error_;
+  std::atomic<bool> closing_{false};
+  std::atomic<ipc::Doorbell*> completion_bell_{nullptr};  // set once registered
+  bool closed_ = false;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_CLIENT_CLIENT_H_

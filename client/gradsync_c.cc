@@ -1,0 +1,155 @@
+// The C ABI (gradsync.h) over gradsync::Client. Every entry point catches
+// everything: no C++ exception ever crosses into the trainer.
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "client/client.h"
+#include "client/gradsync.h"
+#include "proto/status_code.h"
+
+struct gs_client {
+  std::unique_ptr<gradsync::Client> client;
+  std::string last_error;
+};
+
+namespace {
+
+gs_status Record(gs_client* c, const absl::Status& st) {
+  if (st.ok()) return GS_OK;
+  if (c) c->last_error = std::string(st.message());
+  return static_cast<gs_status>(gradsync::CodeOf(st));
+}
+
+gs_status Internal(gs_client* c, const char* what) {
+  if (c) c->last_error = std::string("internal error: ") + what;
+  return GS_ERR_INTERNAL;
+}
+
+gs_status NotConnected(gs_client* c) {
+  if (c) c->last_error = "not connected (gs_connect failed)";
+  return GS_ERR_STATE;
+}
+
+}  // namespace
+
+#define GS_GUARD(c)                          \
+  catch (const std::exception& e) {          \
+    return Internal(c, e.what());            \
+  }                                          \
+  catch (...) {                              \
+    return Internal(c, "unknown exception"); \
+  }
+
+extern "C" {
+
+gs_status gs_connect(const gs_connect_options* opts, gs_client** out) {
+  if (out == nullptr) return GS_ERR_INVALID_ARGUMENT;
+  *out = nullptr;
+  gs_client* c = new (std::nothrow) gs_client();
+  if (c == nullptr) return GS_ERR_INTERNAL;
+  *out = c;
+  try {
+    gradsync::ConnectOptions o;
+    if (opts) {
+      if (opts->socket_path) o.socket_path = opts->socket_path;
+      o.local_rank = opts->local_rank;
+      if (opts->timeout_ms > 0) o.timeout_ms = opts->timeout_ms;
+    }
+    auto client = gradsync::Client::Connect(o);
+    if (!client.ok()) return Record(c, client.status());
+    c->client = std::move(*client);
+    return GS_OK;
+  }
+  GS_GUARD(c)
+}
+
+gs_status gs_register(gs_client* c, const gs_tensor_spec* specs, size_t count) {
+  if (c == nullptr || (specs == nullptr && count > 0)) return GS_ERR_INVALID_ARGUMENT;
+  if (!c->client) return NotConnected(c);
+  try {
+    std::vector<gradsync::TensorSpec> v;
+    v.reserve(count);
+    for (size_t i = 0; i < count; ++i) {
+      const gs_tensor_spec& s = specs[i];
+      if (s.name == nullptr || static_cast<int>(s.dtype) < 0 || static_cast<int>(s.dtype) > 3) {
+        c->last_error = "tensor " + std::to_string(i) + ": missing name or bad dtype";
+        return GS_ERR_INVALID_ARGUMENT;
+      }
+      v.push_back({s.name, static_cast<gradsync::DType>(s.dtype), s.numel, s.device, s.cuda_ptr});
+    }
+    return Record(c, c->client->Register(v));
+  }
+  GS_GUARD(c)
+}
+
+gs_status gs_world(gs_client* c, int* rank, int* world_size) {
+  if (c == nullptr || rank == nullptr || world_size == nullptr) return GS_ERR_INVALID_ARGUMENT;
+  if (!c->client) return NotConnected(c);
+  if (c->client->world_size() <= 0) {
+    c->last_error = "gs_world is known after gs_register";
+    return GS_ERR_STATE;
+  }
+  *rank = c->client->rank();
+  *world_size = c->client->world_size();
+  return GS_OK;
+}
+
+void* gs_grad_buffer(gs_client* c, size_t index) {
+  if (c == nullptr || !c->client) return nullptr;
+  return c->client->GradBuffer(index);
+}
+
+gs_status gs_mark_ready(gs_client* c, size_t index) {
+  if (c == nullptr) return GS_ERR_INVALID_ARGUMENT;
+  if (!c->client) return NotConnected(c);
+  try {
+    return Record(c, c->client->MarkReady(index));
+  }
+  GS_GUARD(c)
+}
+
+gs_status gs_mark_unused(gs_client* c, size_t index) {
+  if (c == nullptr) return GS_ERR_INVALID_ARGUMENT;
+  if (!c->client) return NotConnected(c);
+  try {
+    return Record(c, c->client->MarkUnused(index));
+  }
+  GS_GUARD(c)
+}
+
+gs_status gs_wait(gs_client* c, int64_t timeout_ms) {
+  if (c == nullptr) return GS_ERR_INVALID_ARGUMENT;
+  if (!c->client) return NotConnected(c);
+  try {
+    return Record(c, c->client->Wait(timeout_ms));
+  }
+  GS_GUARD(c)
+}
+
+gs_status gs_set_sync(gs_client* c, int enabled) {
+  if (c == nullptr) return GS_ERR_INVALID_ARGUMENT;
+  if (!c->client) return NotConnected(c);
+  try {
+    return Record(c, c->client->SetSync(enabled != 0));
+  }
+  GS_GUARD(c)
+}
+
+const char* gs_last_error(const gs_client* c) {
+  if (c == nullptr) return "null client";
+  return c->last_error.c_str();
+}
+
+void gs_close(gs_client* c) {
+  if (c == nullptr) return;
+  try {
+    if (c->client) c->client->Close().IgnoreError();
+  } catch (...) {
+  }
+  delete c;
+}
+
+}  // extern "C"

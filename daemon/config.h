@@ -1,0 +1,55 @@
+// DaemonConfig: everything gradsyncd is told at start-up (flags, see main.cc)
+// plus the runtime-settable knobs. Defaults give a working single-node daemon.
+#ifndef GRADSYNC_DAEMON_CONFIG_H_
+#define GRADSYNC_DAEMON_CONFIG_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace gradsync {
+
+struct DaemonConfig {
+  // Where trainers attach (gRPC over a unix socket) and its file mode.
+  std::string socket_path = "/tmp/gradsyncd.sock";
+  mode_t socket_mode = 0660;
+  // Control + rendezvous (on the leader) + health + reflection. Empty: off.
+  std::string listen = "127.0.0.1:7250";
+  std::string leader;  // HOST:PORT of the leader; empty: this daemon leads
+
+  int node_rank = 0;
+  int num_nodes = 1;
+  int local_size = 1;  // trainers this daemon serves per job
+  std::string backend = "auto";  // auto | gloo | nccl | local
+  std::string host;              // address Gloo binds on this node ("" = from --listen)
+
+  double bucket_cap_mb = 25;
+  double first_bucket_cap_mb = 1;
+  std::string job_id = "default";
+  std::string job_token;  // read from --job-token-file
+  int64_t timeout_ms = 300 * 1000;
+  double stall_threshold_s = 60;
+  std::string log_level = "info";
+
+  std::string shm_prefix = "gradsync";
+  mode_t shm_mode = 0600;
+  gid_t shm_group = static_cast<gid_t>(-1);  // >= 0 with shm_mode 0660
+  int reduce_threads = 0;                    // 0: one per core
+  uint32_t ring_capacity = 4096;
+
+  uint64_t bucket_cap_bytes() const { return static_cast<uint64_t>(bucket_cap_mb * (1 << 20)); }
+  uint64_t first_bucket_cap_bytes() const {
+    return static_cast<uint64_t>(first_bucket_cap_mb * (1 << 20));
+  }
+  bool is_leader() const { return leader.empty(); }
+};
+
+// Checks ranges and combinations; the message names the flag.
+absl::Status ValidateConfig(const DaemonConfig& config);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_CONFIG_H_

@@ -1,0 +1,157 @@
+#include "daemon/daemon.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "ipc/shared_segment.h"
+#include "proto/status_code.h"
+#include "spdlog/spdlog.h"
+
+namespace gradsync {
+namespace {
+
+// True if something accepts connections on the unix socket at `path`.
+bool SocketAnswers(const std::string& path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+}  // namespace
+
+Daemon::Daemon(DaemonConfig config) : config_(std::move(config)) {}
+
+Daemon::~Daemon() {
+  RequestShutdown("destroyed");
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+absl::Status Daemon::PrepareSocketPath() {
+  struct stat st;
+  if (lstat(config_.socket_path.c_str(), &st) != 0) return absl::OkStatus();
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--socket ", config_.socket_path, " exists and is not a socket"));
+  }
+  if (SocketAnswers(config_.socket_path)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "another gradsyncd is already listening on ", config_.socket_path));
+  }
+  spdlog::info("event=stale_socket_removed path={}", config_.socket_path);
+  unlink(config_.socket_path.c_str());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobWorld> Daemon::FormWorld(const Layout&, uint64_t) {
+  if (config_.num_nodes > 1) {
+    return MakeError(v1::UNAVAILABLE,
+                     "multi-node jobs are not wired into gradsyncd yet (run with --num-nodes=1)");
+  }
+  JobWorld world;
+  world.world_size = config_.local_size;
+  world.rank_offset = 0;
+  world.backend = std::make_unique<LocalBackend>();
+  return world;
+}
+
+absl::Status Daemon::Start() {
+  for (const std::string& name : ipc::RemoveStaleSegments(config_.shm_prefix)) {
+    spdlog::info("event=stale_segment_removed name={}", name);
+  }
+  auto node = ipc::NodeSegment::Create(ipc::SegmentName(config_.shm_prefix, getpid(), "node"),
+                                       getpid(), config_.shm_mode, config_.shm_group);
+  if (!node.ok()) return node.status();
+  node_ = std::move(*node);
+  jobs_ = std::make_unique<JobRegistry>(
+      config_, &node_,
+      [this](const Layout& layout, uint64_t hash) { return FormWorld(layout, hash); },
+      /*observer=*/nullptr);
+
+  if (absl::Status st = PrepareSocketPath(); !st.ok()) return st;
+  local_service_ = std::make_unique<LocalService>(jobs_.get());
+  {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("unix:" + config_.socket_path, grpc::InsecureServerCredentials());
+    builder.RegisterService(local_service_.get());
+    local_server_ = builder.BuildAndStart();
+    if (!local_server_) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen on unix socket ", config_.socket_path));
+    }
+  }
+  if (chmod(config_.socket_path.c_str(), config_.socket_mode) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("chmod ", config_.socket_path, ": ",
+                                                    std::strerror(errno)));
+  }
+
+  if (!config_.listen.empty()) {
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &listen_port_);
+    listen_server_ = builder.BuildAndStart();
+    if (!listen_server_ || listen_port_ == 0) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on --listen ", config_.listen));
+    }
+    listen_server_->GetHealthCheckService()->SetServingStatus(true);
+  }
+
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  spdlog::info(
+      "event=started pid={} socket={} listen={} listen_port={} node_rank={} num_nodes={} "
+      "local_size={} bucket_cap_mb={} first_bucket_cap_mb={} timeout_s={}",
+      getpid(), config_.socket_path, config_.listen, listen_port_, config_.node_rank,
+      config_.num_nodes, config_.local_size, config_.bucket_cap_mb, config_.first_bucket_cap_mb,
+      config_.timeout_ms / 1000.0);
+  return absl::OkStatus();
+}
+
+void Daemon::HeartbeatLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!shutdown_) {
+    node_.header()->heartbeat.fetch_add(1, std::memory_order_release);
+    cv_.wait_for(lock, std::chrono::milliseconds(100));
+  }
+}
+
+void Daemon::RequestShutdown(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutdown_) return;
+  shutdown_ = true;
+  shutdown_reason_ = why;
+  cv_.notify_all();
+}
+
+void Daemon::Run() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return shutdown_; });
+  }
+  spdlog::info("event=shutdown reason=\"{}\"", shutdown_reason_);
+  if (listen_server_) listen_server_->GetHealthCheckService()->SetServingStatus(false);
+  jobs_->FailAll(MakeError(v1::UNAVAILABLE,
+                           absl::StrCat("gradsyncd is shutting down (", shutdown_reason_, ")")));
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
+  local_server_->Shutdown(deadline);
+  if (listen_server_) listen_server_->Shutdown(deadline);
+  if (heartbeat_.joinable()) heartbeat_.join();
+  jobs_.reset();  // stops schedulers, removes trainer segments
+  ipc::SharedSegment::Remove(node_.name()).IgnoreError();
+  unlink(config_.socket_path.c_str());
+  spdlog::info("event=stopped");
+}
+
+}  // namespace gradsync

@@ -1,0 +1,62 @@
+// Daemon: gradsyncd's top level. Owns the node segment (doorbell and
+// heartbeat), the job registry, the Local service on the unix socket, and
+// the network-facing server on --listen (Control, Rendezvous on the leader,
+// grpc.health.v1.Health, server reflection).
+#ifndef GRADSYNC_DAEMON_DAEMON_H_
+#define GRADSYNC_DAEMON_DAEMON_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "daemon/config.h"
+#include "daemon/job_registry.h"
+#include "daemon/local_service.h"
+#include "grpcpp/grpcpp.h"
+#include "ipc/node_segment.h"
+
+namespace gradsync {
+
+class Daemon {
+ public:
+  explicit Daemon(DaemonConfig config);
+  ~Daemon();
+
+  // Cleans up what a killed daemon left, creates the node segment, starts
+  // both servers. Errors name what could not be set up.
+  absl::Status Start();
+  // Blocks until RequestShutdown, then stops cleanly: trainers get an
+  // error, segments and the socket file are removed.
+  void Run();
+  // Thread-safe; called from the signal thread or the Drain RPC.
+  void RequestShutdown(const std::string& why);
+
+  int listen_port() const { return listen_port_; }
+
+ private:
+  absl::StatusOr<JobWorld> FormWorld(const Layout& layout, uint64_t hash);
+  absl::Status PrepareSocketPath();
+  void HeartbeatLoop();
+
+  DaemonConfig config_;
+  ipc::NodeSegment node_;
+  std::unique_ptr<JobRegistry> jobs_;
+  std::unique_ptr<LocalService> local_service_;
+  std::unique_ptr<grpc::Server> local_server_;
+  std::unique_ptr<grpc::Server> listen_server_;
+  int listen_port_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool shutdown_ = false;
+  std::string shutdown_reason_;
+  std::thread heartbeat_;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_DAEMON_H_

@@ -1,0 +1,122 @@
+#include "daemon/local_service.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "proto/status_code.h"
+#include "spdlog/spdlog.h"
+
+namespace gradsync {
+namespace {
+
+// How often a Watch stream checks for cancellation (a dead trainer) and
+// sends a heartbeat.
+constexpr absl::Duration kWatchPoll = absl::Milliseconds(100);
+constexpr int kHeartbeatEvery = 10;  // polls
+
+template <typename Response>
+grpc::Status Reply(Response* resp, const absl::Status& status) {
+  ToProto(status, resp->mutable_error());
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::Status LocalService::Attach(grpc::ServerContext*, const v1::AttachRequest* req,
+                                  v1::AttachResponse* resp) {
+  if (req->protocol_version() != v1::PROTOCOL_VERSION_CURRENT) {
+    return Reply(resp, MakeError(v1::STATE,
+                                 absl::StrCat("client speaks protocol version ",
+                                              req->protocol_version(), ", this daemon speaks ",
+                                              static_cast<int>(v1::PROTOCOL_VERSION_CURRENT),
+                                              ": upgrade the client or the daemon")));
+  }
+  std::shared_ptr<Job> job = jobs_->JobForAttach();
+  absl::StatusOr<uint64_t> session = job->Attach(req->local_rank(), req->pid());
+  if (!session.ok()) return Reply(resp, session.status());
+  jobs_->AddSession(*session, job);
+  const DaemonConfig& c = jobs_->config();
+  resp->set_session_id(*session);
+  resp->set_node_rank(c.node_rank);
+  resp->set_num_nodes(c.num_nodes);
+  resp->set_local_size(c.local_size);
+  resp->set_daemon_pid(getpid());
+  resp->set_timeout_ms(c.timeout_ms);
+  resp->set_job_id(c.job_id);
+  return Reply(resp, absl::OkStatus());
+}
+
+grpc::Status LocalService::Register(grpc::ServerContext*, const v1::RegisterRequest* req,
+                                    v1::RegisterResponse* resp) {
+  std::shared_ptr<Job> job = jobs_->JobOf(req->session_id());
+  if (!job) return Reply(resp, MakeError(v1::STATE, "unknown session: attach first"));
+  absl::StatusOr<Layout> layout = LayoutFromProto(req->tensors());
+  if (!layout.ok()) {
+    spdlog::warn("event=bad_register session={:016x} error=\"{}\"", req->session_id(),
+                 std::string(layout.status().message()));
+    return Reply(resp, MakeError(v1::INVALID_ARGUMENT, layout.status().message()));
+  }
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(jobs_->config().timeout_ms);
+  absl::StatusOr<RegisterResult> r = job->Register(req->session_id(), std::move(*layout), deadline);
+  if (!r.ok()) return Reply(resp, r.status());
+  resp->set_segment_name(r->segment_name);
+  resp->set_node_segment_name(r->node_segment_name);
+  resp->set_layout_hash(r->layout_hash);
+  resp->set_arena_bytes(r->arena_bytes);
+  for (uint64_t off : r->tensor_offsets) resp->add_tensor_offsets(off);
+  resp->set_rank(r->rank);
+  resp->set_world_size(r->world_size);
+  for (const PlannedBucket& b : r->plan.buckets) {
+    v1::Bucket* pb = resp->add_buckets();
+    pb->set_id(b.id);
+    pb->set_bytes(b.bytes);
+    for (uint32_t t : b.tensors) pb->add_tensor_indices(t);
+  }
+  return Reply(resp, absl::OkStatus());
+}
+
+grpc::Status LocalService::Detach(grpc::ServerContext*, const v1::DetachRequest* req,
+                                  v1::DetachResponse* resp) {
+  std::shared_ptr<Job> job = jobs_->JobOf(req->session_id());
+  if (!job) return Reply(resp, MakeError(v1::STATE, "unknown session"));
+  job->Leave(req->session_id(), /*graceful=*/true, "gs_close");
+  jobs_->RemoveSession(req->session_id());
+  return Reply(resp, absl::OkStatus());
+}
+
+grpc::Status LocalService::Watch(grpc::ServerContext* ctx, const v1::WatchRequest* req,
+                                 grpc::ServerWriter<v1::WatchEvent>* writer) {
+  const uint64_t session = req->session_id();
+  std::shared_ptr<Job> job = jobs_->JobOf(session);
+  if (!job) return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown session");
+  bool error_sent = false;
+  uint64_t heartbeat = 0;
+  for (int poll = 0;; ++poll) {
+    bool gone = false;
+    absl::Status error = job->WaitForChange(session, kWatchPoll, &gone);
+    if (gone) return grpc::Status::OK;  // detached
+    if (ctx->IsCancelled()) {
+      job->Leave(session, /*graceful=*/false,
+                 "its connection to the daemon closed (the process exited or was killed)");
+      jobs_->RemoveSession(session);
+      return grpc::Status::CANCELLED;
+    }
+    v1::WatchEvent event;
+    if (!error.ok() && !error_sent) {
+      ToProto(error, event.mutable_error());
+      error_sent = true;
+    } else if (poll % kHeartbeatEvery == 0) {
+      event.set_heartbeat(++heartbeat);
+    } else {
+      continue;
+    }
+    if (!writer->Write(event)) {
+      job->Leave(session, /*graceful=*/false, "its Watch stream broke");
+      jobs_->RemoveSession(session);
+      return grpc::Status::CANCELLED;
+    }
+  }
+}
+
+}  // namespace gradsync

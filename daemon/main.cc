@@ -1,0 +1,147 @@
+// gradsyncd: the per-node gradient-synchronization daemon.
+//
+//   gradsyncd --socket PATH --listen HOST:PORT [--leader HOST:PORT]
+//             --node-rank N --num-nodes N --local-size N --backend auto|gloo|nccl
+//             --bucket-cap-mb 25 --first-bucket-cap-mb 1 --job-id ID
+//             --job-token-file F --timeout-s 300
+//
+// Defaults give a working single-node daemon. SIGTERM / SIGINT stop it
+// cleanly (trainers get an error; segments and the socket are removed).
+#include <grp.h>
+#include <signal.h>
+#include <systemd/sd-daemon.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "daemon/config.h"
+#include "daemon/daemon.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, socket, "/tmp/gradsyncd.sock", "unix socket trainers attach to");
+ABSL_FLAG(std::string, listen, "127.0.0.1:7250",
+          "HOST:PORT for control, health, reflection and (leader) rendezvous; empty: off");
+ABSL_FLAG(std::string, leader, "", "HOST:PORT of the leader daemon; empty: this daemon leads");
+ABSL_FLAG(int, node_rank, 0, "this node's rank in [0, num_nodes)");
+ABSL_FLAG(int, num_nodes, 1, "daemons (nodes) in the job");
+ABSL_FLAG(int, local_size, 1, "trainers on this node");
+ABSL_FLAG(std::string, backend, "auto", "auto | gloo | nccl | local");
+ABSL_FLAG(std::string, host, "", "address the cross-node backend binds (default: --listen host)");
+ABSL_FLAG(double, bucket_cap_mb, 25, "bucket size cap in MiB");
+ABSL_FLAG(double, first_bucket_cap_mb, 1, "first bucket's cap in MiB");
+ABSL_FLAG(std::string, job_id, "default", "job identifier shared by all daemons of a job");
+ABSL_FLAG(std::string, job_token_file, "", "file holding the job's shared secret");
+ABSL_FLAG(double, timeout_s, 300, "how long any wait may last before it becomes an error");
+ABSL_FLAG(double, stall_threshold_s, 60, "log a stall report after this long without progress");
+ABSL_FLAG(std::string, log_level, "info", "trace | debug | info | warn | error");
+ABSL_FLAG(std::string, shm_prefix, "gradsync", "name prefix of shared-memory segments");
+ABSL_FLAG(std::string, shm_group, "", "group allowed to map segments (mode 0660); empty: 0600");
+ABSL_FLAG(int, reduce_threads, 0, "threads for the local reduction; 0: one per core");
+
+namespace {
+
+// absl flags are spelled with underscores; gradsync documents dashes.
+std::vector<char*> DashesToUnderscores(int argc, char** argv, std::vector<std::string>* storage) {
+  storage->reserve(argc);
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    if (i > 0 && a.rfind("--", 0) == 0) {
+      const size_t end = a.find('=');
+      for (size_t j = 2; j < std::min(end, a.size()); ++j) {
+        if (a[j] == '-') a[j] = '_';
+      }
+    }
+    storage->push_back(std::move(a));
+  }
+  std::vector<char*> out;
+  for (auto& s : *storage) out.push_back(s.data());
+  return out;
+}
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "gradsyncd: %s\n", message.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "gradsyncd --socket PATH --listen HOST:PORT [--leader HOST:PORT] --node-rank N "
+      "--num-nodes N --local-size N ...");
+  std::vector<std::string> storage;
+  std::vector<char*> args = DashesToUnderscores(argc, argv, &storage);
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+
+  // Block the stop signals before any thread starts; one thread waits for them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e level=%l component=gradsyncd %v");
+  const std::string level = absl::AsciiStrToLower(absl::GetFlag(FLAGS_log_level));
+  spdlog::set_level(spdlog::level::from_str(level));
+
+  gradsync::DaemonConfig config;
+  config.socket_path = absl::GetFlag(FLAGS_socket);
+  config.listen = absl::GetFlag(FLAGS_listen);
+  config.leader = absl::GetFlag(FLAGS_leader);
+  config.node_rank = absl::GetFlag(FLAGS_node_rank);
+  config.num_nodes = absl::GetFlag(FLAGS_num_nodes);
+  config.local_size = absl::GetFlag(FLAGS_local_size);
+  config.backend = absl::GetFlag(FLAGS_backend);
+  config.host = absl::GetFlag(FLAGS_host);
+  config.bucket_cap_mb = absl::GetFlag(FLAGS_bucket_cap_mb);
+  config.first_bucket_cap_mb = absl::GetFlag(FLAGS_first_bucket_cap_mb);
+  config.job_id = absl::GetFlag(FLAGS_job_id);
+  config.timeout_ms = static_cast<int64_t>(absl::GetFlag(FLAGS_timeout_s) * 1000);
+  config.stall_threshold_s = absl::GetFlag(FLAGS_stall_threshold_s);
+  config.log_level = level;
+  config.shm_prefix = absl::GetFlag(FLAGS_shm_prefix);
+  config.reduce_threads = absl::GetFlag(FLAGS_reduce_threads);
+  if (const std::string group = absl::GetFlag(FLAGS_shm_group); !group.empty()) {
+    const struct group* g = getgrnam(group.c_str());
+    if (g == nullptr) return Fail(absl::StrCat("--shm-group ", group, ": no such group"));
+    config.shm_group = g->gr_gid;
+    config.shm_mode = 0660;
+  }
+  if (const std::string f = absl::GetFlag(FLAGS_job_token_file); !f.empty()) {
+    std::ifstream in(f);
+    if (!in) return Fail(absl::StrCat("--job-token-file ", f, ": cannot read it"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    config.job_token = std::string(absl::StripAsciiWhitespace(ss.str()));
+  }
+  if (absl::Status st = gradsync::ValidateConfig(config); !st.ok()) {
+    return Fail(std::string(st.message()));
+  }
+
+  gradsync::Daemon daemon(config);
+  if (absl::Status st = daemon.Start(); !st.ok()) {
+    spdlog::critical("event=start_failed error=\"{}\"", std::string(st.message()));
+    return 1;
+  }
+  sd_notify(0, "READY=1");
+
+  std::thread signals([&daemon, stop_signals] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    daemon.RequestShutdown(sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  });
+  signals.detach();
+  daemon.Run();
+  sd_notify(0, "STOPPING=1");
+  return 0;
+}

@@ -1,0 +1,250 @@
+#include "daemon/scheduler.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "proto/status_code.h"
+#include "spdlog/spdlog.h"
+
+namespace gradsync {
+namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// How long the loop sleeps at most before re-checking deadlines and stop.
+constexpr auto kIdleWait = std::chrono::milliseconds(50);
+// Spinning before sleeping keeps small-bucket latency in microseconds.
+constexpr auto kSpin = std::chrono::microseconds(30);
+
+}  // namespace
+
+Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, BucketPlan plan,
+                     const ipc::ArenaLayout& arena, Backend* backend, ipc::Doorbell* ready_bell,
+                     SchedulerObserver* observer, FailFn fail, Options options)
+    : trainers_(std::move(trainers)),
+      layout_(layout),
+      plan_(std::move(plan)),
+      backend_(backend),
+      ready_bell_(ready_bell),
+      observer_(observer),
+      fail_(std::move(fail)),
+      options_(options),
+      reducer_(options.reduce_threads, [&] {
+        uint64_t staging = 0;
+        if (backend->num_nodes() > 1) {
+          for (const PlannedBucket& b : plan_.buckets) {
+            staging = std::max(staging,
+                               LocalReducer::StagingBytes(arena.bucket_bytes[b.id], b.dtype));
+          }
+        }
+        return staging;
+      }()) {
+  for (const PlannedBucket& b : plan_.buckets) {
+    spans_.push_back({ReduceSpan{arena.bucket_offsets[b.id], arena.bucket_bytes[b.id]}});
+    bytes_per_iteration_ += b.bytes;
+  }
+  for (Trainer* t : trainers_) {
+    arenas_.push_back(t->segment.arena());
+    t->marked.assign(layout_.size(), 0);
+    t->marked_count = 0;
+  }
+  remaining_.resize(plan_.buckets.size());
+  timelines_.resize(plan_.buckets.size());
+  for (const PlannedBucket& b : plan_.buckets) {
+    remaining_[b.id] = static_cast<uint32_t>(b.tensors.size() * trainers_.size());
+    timelines_[b.id].bucket = b.id;
+    timelines_[b.id].bytes = b.bytes;
+  }
+}
+
+Scheduler::~Scheduler() { Stop(); }
+
+void Scheduler::Start() {
+  last_progress_ns_ = NowNs();
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Scheduler::Stop() {
+  stop_.store(true, std::memory_order_release);
+  ready_bell_->Ring();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Scheduler::Loop() {
+  while (!stop_.load(std::memory_order_acquire)) {
+    const uint32_t seen = ready_bell_->Sequence();
+    if (halted_.load(std::memory_order_acquire)) {
+      ready_bell_->Wait(seen, kIdleWait, std::chrono::nanoseconds(0));
+      continue;
+    }
+    const int64_t now = NowNs();
+    bool progress = false;
+    for (Trainer* t : trainers_) {
+      if (!Drain(*t, now, &progress)) break;
+    }
+    while (!halted_.load(std::memory_order_acquire) && next_bucket_ < remaining_.size() &&
+           remaining_[next_bucket_] == 0) {
+      if (!Launch(next_bucket_)) break;
+      ++next_bucket_;
+      progress = true;
+    }
+    if (!halted_.load(std::memory_order_acquire) && next_bucket_ == remaining_.size()) {
+      FinishIteration();
+      progress = true;
+    }
+    if (progress) {
+      last_progress_ns_ = NowNs();
+      continue;
+    }
+    CheckDeadlines(now);
+    ready_bell_->Wait(seen, kIdleWait, kSpin);
+  }
+}
+
+bool Scheduler::Drain(Trainer& t, int64_t now_ns, bool* progress) {
+  ipc::ReadyEvent e;
+  while (true) {
+    const ipc::PopResult r = t.segment.ready_ring().TryPop(&e);
+    if (r == ipc::PopResult::kEmpty) return true;
+    if (r == ipc::PopResult::kCorrupt) {
+      fail_(MakeError(v1::INVALID_ARGUMENT,
+                      absl::StrCat(t.Name(), ": its readiness ring is corrupt (",
+                                   t.segment.ValidateHeader().message(), ")")),
+            t.local_rank);
+      return false;
+    }
+    const ipc::ReadyExpectation expect{static_cast<uint32_t>(layout_.size()), iteration(),
+                                       t.ready_sequence};
+    if (absl::Status st = ipc::ValidateReadyEvent(e, expect); !st.ok()) {
+      fail_(MakeError(v1::INVALID_ARGUMENT,
+                      absl::StrCat(t.Name(), " sent a bad readiness entry: ", st.message())),
+            t.local_rank);
+      return false;
+    }
+    ++t.ready_sequence;
+    if (t.marked[e.tensor] != 0) {
+      fail_(MakeError(v1::INVALID_ARGUMENT,
+                      absl::StrCat(t.Name(), " marked tensor ", e.tensor, " '",
+                                   layout_[e.tensor].name, "' twice in iteration ", iteration())),
+            t.local_rank);
+      return false;
+    }
+    t.marked[e.tensor] = static_cast<uint8_t>(e.kind);
+    ++t.marked_count;
+    if (marks_++ == 0) iteration_start_ns_ = now_ns;
+    const uint32_t b = plan_.bucket_of_tensor[e.tensor];
+    BucketTimeline& tl = timelines_[b];
+    if (remaining_[b] == plan_.buckets[b].tensors.size() * trainers_.size()) {
+      tl.first_ready_ns = now_ns;
+    }
+    if (--remaining_[b] == 0) tl.last_ready_ns = now_ns;
+    if (observer_) {
+      observer_->OnReady(iteration(), t.local_rank, e.tensor,
+                         e.kind == static_cast<uint32_t>(ipc::ReadyKind::kUnused), now_ns);
+    }
+    *progress = true;
+  }
+}
+
+bool Scheduler::Launch(uint32_t bucket) {
+  const PlannedBucket& b = plan_.buckets[bucket];
+  BucketTimeline& tl = timelines_[bucket];
+  tl.iteration = iteration();
+  tl.launch_ns = NowNs();
+  ReduceTimings timings;
+  absl::Status st = reducer_.Reduce(arenas_, spans_[bucket], b.dtype, options_.world_size,
+                                    *backend_, &timings);
+  if (!st.ok()) {
+    fail_(MakeError(CodeOf(st) == v1::INTERNAL ? v1::PEER_FAILED : CodeOf(st),
+                    absl::StrCat("bucket ", bucket, " of iteration ", iteration(), ": ",
+                                 backend_->name(), " allreduce failed: ", st.message())),
+          -1);
+    return false;
+  }
+  tl.local_done_ns = tl.launch_ns + timings.local_reduce_ns;
+  tl.collective_done_ns = tl.local_done_ns + timings.collective_ns;
+  for (Trainer* t : trainers_) {
+    st = PostCompletion(*t, ipc::CompletionKind::kBucketDone, bucket, iteration(), 0,
+                        /*wake=*/false);
+    if (!st.ok()) {
+      fail_(MakeError(v1::PEER_FAILED, st.message()), t->local_rank);
+      return false;
+    }
+  }
+  tl.done_ns = NowNs();
+  if (observer_) observer_->OnBucketDone(tl);
+  return true;
+}
+
+void Scheduler::FinishIteration() {
+  const uint64_t it = iteration();
+  for (size_t b = 0; b < remaining_.size(); ++b) {
+    remaining_[b] = static_cast<uint32_t>(plan_.buckets[b].tensors.size() * trainers_.size());
+  }
+  for (Trainer* t : trainers_) {
+    std::fill(t->marked.begin(), t->marked.end(), 0);
+    t->marked_count = 0;
+    ++t->iterations;
+  }
+  next_bucket_ = 0;
+  marks_ = 0;
+  stall_reported_ = false;
+  const int64_t start = iteration_start_ns_;
+  // The next iteration's entries can only arrive after "iteration done" is
+  // seen, so all resets above happen first.
+  iteration_.store(it + 1, std::memory_order_release);
+  for (Trainer* t : trainers_) {
+    absl::Status st = PostCompletion(*t, ipc::CompletionKind::kIterationDone, 0, it, 0,
+                                     /*wake=*/true);
+    if (!st.ok()) {
+      fail_(MakeError(v1::PEER_FAILED, st.message()), t->local_rank);
+      return;
+    }
+  }
+  if (observer_) observer_->OnIterationDone(it, bytes_per_iteration_, start, NowNs());
+}
+
+void Scheduler::CheckDeadlines(int64_t now_ns) {
+  if (marks_ == 0) return;  // between iterations: trainers may be loading data
+  const double idle_s = (now_ns - last_progress_ns_) / 1e9;
+  if (!stall_reported_ && idle_s >= options_.stall_threshold_s) {
+    stall_reported_ = true;
+    const std::string missing = DescribeMissing(next_bucket_);
+    spdlog::warn("event=stall iteration={} bucket={} waited_s={:.1f} missing=\"{}\"", iteration(),
+                 next_bucket_, idle_s, missing);
+    if (observer_) observer_->OnStall(iteration(), next_bucket_, idle_s, missing.c_str());
+  }
+  if (idle_s * 1000 >= options_.timeout_ms) {
+    fail_(MakeError(v1::TIMEOUT,
+                    absl::StrCat("iteration ", iteration(), " made no progress for ",
+                                 options_.timeout_ms / 1000.0, " s; still waiting for ",
+                                 DescribeMissing(-1))),
+          -1);
+  }
+}
+
+std::string Scheduler::DescribeMissing(int64_t only_bucket) const {
+  constexpr size_t kMaxNames = 8;
+  std::string out;
+  for (const Trainer* t : trainers_) {
+    if (t->marked_count == layout_.size()) continue;
+    std::string names;
+    size_t listed = 0, missing = 0;
+    for (size_t i = 0; i < layout_.size(); ++i) {
+      if (t->marked[i] != 0) continue;
+      if (only_bucket >= 0 && plan_.bucket_of_tensor[i] != only_bucket) continue;
+      ++missing;
+      if (listed++ < kMaxNames) absl::StrAppend(&names, names.empty() ? "" : ", ", layout_[i].name);
+    }
+    if (missing == 0) continue;
+    if (missing > kMaxNames) absl::StrAppend(&names, " and ", missing - kMaxNames, " more");
+    absl::StrAppend(&out, out.empty() ? "" : "; ", t->Name(), " has not marked ", names);
+  }
+  return out.empty() ? "nothing (the cross-node collective)" : out;
+}
+
+}  // namespace gradsync

@@ -1,0 +1,101 @@
+// Scheduler: the daemon's hot loop for one running job.
+//
+// One thread drains every local trainer's readiness ring (it sleeps on the
+// node-wide doorbell when there is nothing to do), validates each entry,
+// counts readiness per bucket across the local trainers, and launches buckets
+// strictly in plan order as soon as each is complete — while the trainers'
+// backward pass is still producing the later gradients. Launching a bucket
+// means reducing it (LocalReducer + Backend) and posting a completion entry
+// to every trainer; after the last bucket it posts "iteration done".
+// Reductions run on this thread, so the collective order is the plan order
+// by construction, identical on every node.
+#ifndef GRADSYNC_DAEMON_SCHEDULER_H_
+#define GRADSYNC_DAEMON_SCHEDULER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "daemon/backends/backend.h"
+#include "daemon/bucket_planner.h"
+#include "daemon/layout.h"
+#include "daemon/local_reducer.h"
+#include "daemon/scheduler_observer.h"
+#include "daemon/trainer.h"
+#include "ipc/arena.h"
+#include "ipc/doorbell.h"
+
+namespace gradsync {
+
+class Scheduler {
+ public:
+  // Reports a job failure: `culprit` is the local rank at fault, or -1.
+  using FailFn = std::function<void(const absl::Status& error, int culprit)>;
+
+  struct Options {
+    int world_size = 1;
+    int64_t timeout_ms = 300000;
+    double stall_threshold_s = 60;
+    size_t reduce_threads = 1;
+  };
+
+  // `trainers` are indexed by local rank and outlive the scheduler.
+  Scheduler(std::vector<Trainer*> trainers, const Layout& layout, BucketPlan plan,
+            const ipc::ArenaLayout& arena, Backend* backend, ipc::Doorbell* ready_bell,
+            SchedulerObserver* observer, FailFn fail, Options options);
+  ~Scheduler();
+
+  void Start();
+  // Stops the loop (after an in-flight reduction returns) and joins it.
+  void Stop();
+  // After a failure: stop posting completions; the loop idles until Stop.
+  void Halt() { halted_.store(true, std::memory_order_release); }
+
+  uint64_t iteration() const { return iteration_.load(std::memory_order_acquire); }
+  const BucketPlan& plan() const { return plan_; }
+
+ private:
+  void Loop();
+  // Drains one trainer's ring; false if it failed the job.
+  bool Drain(Trainer& t, int64_t now_ns, bool* progress);
+  bool Launch(uint32_t bucket);
+  void FinishIteration();
+  void CheckDeadlines(int64_t now_ns);
+  // "rank 1 (local 1, pid 7): fc2.weight, fc2.bias; rank 2 ...: 3 tensors"
+  std::string DescribeMissing(int64_t only_bucket) const;
+
+  std::vector<Trainer*> trainers_;
+  const Layout& layout_;
+  BucketPlan plan_;
+  std::vector<std::vector<ReduceSpan>> spans_;  // per bucket
+  std::vector<uint8_t*> arenas_;                // per local trainer
+  Backend* backend_;
+  ipc::Doorbell* ready_bell_;
+  SchedulerObserver* observer_;
+  FailFn fail_;
+  Options options_;
+  LocalReducer reducer_;
+
+  // Loop state (scheduler thread only).
+  std::vector<uint32_t> remaining_;  // per bucket: marks still missing
+  std::vector<BucketTimeline> timelines_;
+  uint32_t next_bucket_ = 0;
+  uint64_t marks_ = 0;               // marks seen this iteration
+  int64_t iteration_start_ns_ = 0;   // first mark of the iteration
+  int64_t last_progress_ns_ = 0;
+  bool stall_reported_ = false;
+  uint64_t bytes_per_iteration_ = 0;
+
+  std::atomic<uint64_t> iteration_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> halted_{false};
+  std::thread thread_;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_SCHEDULER_H_

@@ -1,0 +1,323 @@
+// mlp_trainer: a small data-parallel trainer with no ML framework, written
+// against gradsync's C ABI (client/gradsync.h).
+//
+// Model: y = W2 · tanh(W1 x + b1) + b2 (+ gate * x0 on steps where the
+// optional "gate" parameter is used), MSE loss on a synthetic but learnable
+// regression task. Backward is written by hand and writes each gradient
+// straight into gradsync's shared-memory buffer (zero copy), marking it
+// ready as soon as it is final — last layer first, like autograd.
+//
+// Each of N trainers computes the mean gradient over its 1/N shard of every
+// global batch; gradsync averages them, so the weights follow exactly what
+// one process training on the whole batch computes. `--single` runs that
+// reference in-process (no daemon) for comparison.
+#include <getopt.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/gradsync.h"
+
+namespace {
+
+struct Options {
+  int steps = 20;
+  int batch = 64;       // global batch per step (split across trainers)
+  int dim = 16;
+  int hidden = 32;
+  double lr = 0.1;
+  bool fp64 = false;
+  bool single = false;  // reference: one process, whole batch, no daemon
+  int accumulate = 1;   // micro-batches per optimizer step (no_sync for the first k-1)
+  int gate_every = 0;   // > 0: the "gate" parameter is unused on steps % gate_every == 0
+  unsigned shuffle_seed = 0;  // > 0: mark gradients ready in a random order
+  int sleep_ms = 0;           // pause inside backward (to kill a trainer mid-iteration)
+  int rank_env = -1;
+  int world_env = 1;
+  std::string out;            // write final parameters here
+  std::string socket;
+  int64_t wait_timeout_ms = -1;
+  bool quiet = false;
+  std::string extra_tensor;   // register one more tensor (layout mismatch tests)
+};
+
+// Deterministic data: sample s of step t is the same on every trainer.
+template <typename T>
+void MakeSample(int step, int micro, int sample, int dim, T* x, T* y) {
+  std::mt19937_64 gen(0x9e3779b97f4a7c15ull ^ (uint64_t(step) << 40) ^ (uint64_t(micro) << 32) ^
+                      uint64_t(sample));
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  double z = 0;
+  for (int d = 0; d < dim; ++d) {
+    x[d] = static_cast<T>(u(gen));
+    z += std::sin(0.7 * (d + 1)) * static_cast<double>(x[d]);
+  }
+  *y = static_cast<T>(std::tanh(z) + 0.1 * static_cast<double>(x[0]));
+}
+
+template <typename T>
+struct Model {
+  // Registration order = forward order; backward produces them in reverse.
+  enum { kW1, kB1, kW2, kB2, kGate, kCount };
+  std::vector<std::vector<T>> params;
+  std::vector<std::string> names = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "gate"};
+  int dim, hidden;
+
+  Model(int d, int h) : dim(d), hidden(h) {
+    params.resize(kCount);
+    params[kW1].resize(size_t(h) * d);
+    params[kB1].resize(h);
+    params[kW2].resize(h);
+    params[kB2].resize(1);
+    params[kGate].resize(1);
+    std::mt19937_64 gen(1234);
+    std::normal_distribution<double> n(0.0, 1.0);
+    for (auto& w : params[kW1]) w = static_cast<T>(n(gen) / std::sqrt(double(d)));
+    for (auto& w : params[kW2]) w = static_cast<T>(n(gen) / std::sqrt(double(h)));
+  }
+};
+
+// Accumulates into grads[] the gradient of (1/denominator) * sum over the
+// samples [first, last) of 0.5 (pred - y)^2; returns the summed loss.
+template <typename T>
+double Backward(const Model<T>& m, int step, int micro, int first, int last, double denominator,
+                bool gate_used, T* const* grads, const Options& opt, void (*mark)(int, void*),
+                void* mark_ctx) {
+  const int D = m.dim, H = m.hidden;
+  std::vector<T> x(D), h(H), dh(H);
+  std::vector<double> gW1(size_t(H) * D, 0), gb1(H, 0), gW2(H, 0);
+  double gb2 = 0, gGate = 0, loss = 0;
+  for (int s = first; s < last; ++s) {
+    T y;
+    MakeSample(step, micro, s, D, x.data(), &y);
+    double pred = m.params[Model<T>::kB2][0];
+    for (int j = 0; j < H; ++j) {
+      double a = m.params[Model<T>::kB1][j];
+      for (int d = 0; d < D; ++d) a += double(m.params[Model<T>::kW1][size_t(j) * D + d]) * x[d];
+      h[j] = static_cast<T>(std::tanh(a));
+      pred += double(m.params[Model<T>::kW2][j]) * h[j];
+    }
+    if (gate_used) pred += double(m.params[Model<T>::kGate][0]) * x[0];
+    const double err = pred - double(y);
+    loss += 0.5 * err * err;
+    const double g = err / denominator;
+    gb2 += g;
+    if (gate_used) gGate += g * x[0];
+    for (int j = 0; j < H; ++j) {
+      gW2[j] += g * h[j];
+      const double gh = g * double(m.params[Model<T>::kW2][j]) * (1.0 - double(h[j]) * h[j]);
+      gb1[j] += gh;
+      for (int d = 0; d < D; ++d) gW1[size_t(j) * D + d] += gh * x[d];
+    }
+  }
+  // Write back last layer first; `mark` is called as each is final.
+  auto add = [](T* dst, const std::vector<double>& src) {
+    for (size_t i = 0; i < src.size(); ++i) dst[i] += static_cast<T>(src[i]);
+  };
+  std::vector<int> order = {Model<T>::kGate, Model<T>::kB2, Model<T>::kW2, Model<T>::kB1,
+                            Model<T>::kW1};
+  if (opt.shuffle_seed != 0) {
+    std::mt19937 gen(opt.shuffle_seed * 7919 + step * 31 + micro);
+    std::shuffle(order.begin(), order.end(), gen);
+  }
+  for (int p : order) {
+    switch (p) {
+      case Model<T>::kGate:
+        if (gate_used) grads[p][0] += static_cast<T>(gGate);
+        break;
+      case Model<T>::kB2:
+        grads[p][0] += static_cast<T>(gb2);
+        break;
+      case Model<T>::kW2:
+        add(grads[p], gW2);
+        break;
+      case Model<T>::kB1:
+        add(grads[p], gb1);
+        break;
+      case Model<T>::kW1:
+        add(grads[p], gW1);
+        break;
+    }
+    if (opt.sleep_ms > 0 && p == Model<T>::kW2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(opt.sleep_ms));
+    }
+    if (mark) mark(p, mark_ctx);
+  }
+  return loss;
+}
+
+int Die(gs_client* c, const char* what, gs_status st) {
+  std::fprintf(stderr, "mlp_trainer: %s failed: status=%d error=\"%s\"\n", what, int(st),
+               gs_last_error(c));
+  return 10 + int(st);  // the exit code tells tests which gs_status it was
+}
+
+template <typename T>
+int Run(const Options& opt) {
+  Model<T> model(opt.dim, opt.hidden);
+  const int nparams = Model<T>::kCount;
+  const gs_dtype dtype = std::is_same<T, double>::value ? GS_FLOAT64 : GS_FLOAT32;
+
+  gs_client* c = nullptr;
+  int rank = 0, world = 1;
+  std::vector<std::vector<T>> local_grads(nparams);
+  T* grads[Model<T>::kCount + 1];
+  std::vector<T> extra(1);
+
+  if (!opt.single) {
+    gs_connect_options co{};
+    co.socket_path = opt.socket.empty() ? nullptr : opt.socket.c_str();
+    co.local_rank = -1;
+    co.timeout_ms = 10000;
+    gs_status st = gs_connect(&co, &c);
+    if (st != GS_OK) return Die(c, "gs_connect", st);
+    std::vector<gs_tensor_spec> specs;
+    for (int p = 0; p < nparams; ++p) {
+      specs.push_back({model.names[p].c_str(), dtype, model.params[p].size(), -1, nullptr});
+    }
+    if (!opt.extra_tensor.empty()) specs.push_back({opt.extra_tensor.c_str(), dtype, 1, -1, nullptr});
+    st = gs_register(c, specs.data(), specs.size());
+    if (st != GS_OK) return Die(c, "gs_register", st);
+    st = gs_world(c, &rank, &world);
+    if (st != GS_OK) return Die(c, "gs_world", st);
+    for (int p = 0; p < nparams; ++p) grads[p] = static_cast<T*>(gs_grad_buffer(c, p));
+  } else {
+    for (int p = 0; p < nparams; ++p) {
+      local_grads[p].assign(model.params[p].size(), T(0));
+      grads[p] = local_grads[p].data();
+    }
+  }
+  if (opt.batch % world != 0) {
+    std::fprintf(stderr, "mlp_trainer: --batch %d is not divisible by the world size %d\n",
+                 opt.batch, world);
+    return 2;
+  }
+  const int shard = opt.batch / world;
+  const int first = rank * shard, last = first + shard;
+
+  struct MarkCtx {
+    gs_client* c;
+    bool gate_used;
+    gs_status status = GS_OK;
+  } mctx{c, true};
+  auto mark = [](int p, void* v) {
+    auto* m = static_cast<MarkCtx*>(v);
+    if (m->status != GS_OK) return;
+    m->status = (p == Model<T>::kGate && !m->gate_used) ? gs_mark_unused(m->c, p)
+                                                        : gs_mark_ready(m->c, p);
+  };
+
+  for (int step = 0; step < opt.steps; ++step) {
+    const bool gate_used = opt.gate_every <= 0 || step % opt.gate_every != 0;
+    double loss = 0;
+    for (int micro = 0; micro < opt.accumulate; ++micro) {
+      const bool sync = micro == opt.accumulate - 1;
+      if (c) {
+        gs_status st = gs_set_sync(c, sync ? 1 : 0);
+        if (st != GS_OK) return Die(c, "gs_set_sync", st);
+        if (!opt.extra_tensor.empty()) {
+          st = gs_mark_ready(c, nparams);
+          if (st != GS_OK) return Die(c, "gs_mark_ready", st);
+        }
+      }
+      mctx.gate_used = gate_used;
+      loss += Backward(model, step, micro, first, last, double(last - first), gate_used, grads, opt,
+                       c ? +mark : nullptr, &mctx);
+      if (c && mctx.status != GS_OK) return Die(c, "gs_mark_ready", mctx.status);
+      if (c) {
+        gs_status st = gs_wait(c, opt.wait_timeout_ms);
+        if (st != GS_OK) return Die(c, "gs_wait", st);
+      }
+    }
+    // Single process: the gradient is already the mean over the batch. With
+    // gradsync it is the average of the trainers' shard means, the same thing.
+    for (int p = 0; p < nparams; ++p) {
+      T* g = grads[p];
+      for (size_t i = 0; i < model.params[p].size(); ++i) {
+        model.params[p][i] -= static_cast<T>(opt.lr) * g[i];
+        g[i] = T(0);  // zero_grad
+      }
+    }
+    if (!opt.quiet && rank == 0) {
+      std::printf("step %3d  loss %.6f  (rank %d of %d)\n", step,
+                  loss / (double(last - first) * opt.accumulate), rank, world);
+      std::fflush(stdout);
+    }
+  }
+  double checksum = 0;
+  for (const auto& p : model.params) {
+    for (T v : p) checksum += double(v);
+  }
+  if (!opt.quiet) std::printf("rank %d final weights checksum %.15g\n", rank, checksum);
+  if (!opt.out.empty()) {
+    FILE* f = std::fopen(opt.out.c_str(), "w");
+    if (!f) return 3;
+    for (int p = 0; p < nparams; ++p) {
+      for (T v : model.params[p]) std::fprintf(f, "%s %.17g\n", model.names[p].c_str(), double(v));
+    }
+    std::fclose(f);
+  }
+  if (c) gs_close(c);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  static option longopts[] = {{"steps", required_argument, nullptr, 's'},
+                              {"batch", required_argument, nullptr, 'b'},
+                              {"hidden", required_argument, nullptr, 'H'},
+                              {"dim", required_argument, nullptr, 'D'},
+                              {"lr", required_argument, nullptr, 'l'},
+                              {"fp64", no_argument, nullptr, '6'},
+                              {"single", no_argument, nullptr, '1'},
+                              {"accumulate", required_argument, nullptr, 'a'},
+                              {"gate-every", required_argument, nullptr, 'g'},
+                              {"shuffle-seed", required_argument, nullptr, 'r'},
+                              {"sleep-ms", required_argument, nullptr, 'z'},
+                              {"out", required_argument, nullptr, 'o'},
+                              {"socket", required_argument, nullptr, 'S'},
+                              {"wait-timeout-ms", required_argument, nullptr, 'w'},
+                              {"extra-tensor", required_argument, nullptr, 'x'},
+                              {"quiet", no_argument, nullptr, 'q'},
+                              {nullptr, 0, nullptr, 0}};
+  int ch;
+  while ((ch = getopt_long(argc, argv, "", longopts, nullptr)) != -1) {
+    switch (ch) {
+      case 's': opt.steps = std::atoi(optarg); break;
+      case 'b': opt.batch = std::atoi(optarg); break;
+      case 'H': opt.hidden = std::atoi(optarg); break;
+      case 'D': opt.dim = std::atoi(optarg); break;
+      case 'l': opt.lr = std::atof(optarg); break;
+      case '6': opt.fp64 = true; break;
+      case '1': opt.single = true; break;
+      case 'a': opt.accumulate = std::max(1, std::atoi(optarg)); break;
+      case 'g': opt.gate_every = std::atoi(optarg); break;
+      case 'r': opt.shuffle_seed = static_cast<unsigned>(std::atoi(optarg)); break;
+      case 'z': opt.sleep_ms = std::atoi(optarg); break;
+      case 'o': opt.out = optarg; break;
+      case 'S': opt.socket = optarg; break;
+      case 'w': opt.wait_timeout_ms = std::atoll(optarg); break;
+      case 'x': opt.extra_tensor = optarg; break;
+      case 'q': opt.quiet = true; break;
+      default:
+        std::fprintf(stderr,
+                     "usage: mlp_trainer [--steps N] [--batch N] [--hidden N] [--fp64] [--single]\n"
+                     "  [--accumulate K] [--gate-every K] [--shuffle-seed S] [--out FILE]\n"
+                     "  [--socket PATH] (LOCAL_RANK selects the trainer's local rank)\n");
+        return 2;
+    }
+  }
+  return opt.fp64 ? Run<double>(opt) : Run<float>(opt);
+}
