@@ -49,6 +49,7 @@ struct Options {
   int64_t wait_timeout_ms = -1;
   bool quiet = false;
   std::string extra_tensor;   // register one more tensor (layout mismatch tests)
+  int withhold = -1;          // never mark this parameter after step 0 (stall/timeout tests)
 };
 
 // Deterministic data: sample s of step t is the same on every trainer.
@@ -208,11 +209,12 @@ int Run(const Options& opt) {
   struct MarkCtx {
     gs_client* c;
     bool gate_used;
+    int withhold;
     gs_status status = GS_OK;
-  } mctx{c, true};
+  } mctx{c, true, -1};
   auto mark = [](int p, void* v) {
     auto* m = static_cast<MarkCtx*>(v);
-    if (m->status != GS_OK) return;
+    if (m->status != GS_OK || p == m->withhold) return;
     m->status = (p == Model<T>::kGate && !m->gate_used) ? gs_mark_unused(m->c, p)
                                                         : gs_mark_ready(m->c, p);
   };
@@ -231,6 +233,7 @@ int Run(const Options& opt) {
         }
       }
       mctx.gate_used = gate_used;
+      mctx.withhold = step > 0 ? opt.withhold : -1;
       loss += Backward(model, step, micro, first, last, double(last - first), gate_used, grads, opt,
                        c ? +mark : nullptr, &mctx);
       if (c && mctx.status != GS_OK) return Die(c, "gs_mark_ready", mctx.status);
@@ -291,6 +294,7 @@ int main(int argc, char** argv) {
                               {"wait-timeout-ms", required_argument, nullptr, 'w'},
                               {"extra-tensor", required_argument, nullptr, 'x'},
                               {"quiet", no_argument, nullptr, 'q'},
+                              {"withhold", required_argument, nullptr, 'W'},
                               {nullptr, 0, nullptr, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", longopts, nullptr)) != -1) {
@@ -311,6 +315,7 @@ int main(int argc, char** argv) {
       case 'w': opt.wait_timeout_ms = std::atoll(optarg); break;
       case 'x': opt.extra_tensor = optarg; break;
       case 'q': opt.quiet = true; break;
+      case 'W': opt.withhold = std::atoi(optarg); break;
       default:
         std::fprintf(stderr,
                      "usage: mlp_trainer [--steps N] [--batch N] [--hidden N] [--fp64] [--single]\n"

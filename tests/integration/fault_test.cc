@@ -1,0 +1,183 @@
+// The ways users fail, against a real daemon and real trainer processes:
+// a layout mismatch, a trainer killed with SIGKILL mid-iteration, a trainer
+// withholding a gradient (timeout naming it), the daemon killed under its
+// trainers and restarted, bad attach requests. Every failure must become a
+// clear error in bounded time, and the daemon must keep serving.
+#include <signal.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/integration/harness.h"
+
+namespace gradsync::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// mlp_trainer exits with 10 + gs_status when a gradsync call fails.
+constexpr int kExitMismatch = 13;
+constexpr int kExitPeerFailed = 14;
+constexpr int kExitTimeout = 15;
+constexpr int kExitState = 16;
+
+// No hang means: every trainer ends well within this bound.
+constexpr auto kBound = seconds(30);
+
+void ExpectTrains(Daemon& daemon, int n, const std::string& why) {
+  std::vector<Process> ps;
+  for (int r = 0; r < n; ++r) ps.push_back(StartTrainer(daemon, r, {"--steps=5", "--batch=60"}, ""));
+  for (int r = 0; r < n; ++r) {
+    ExitStatus st = ps[r].Wait(kBound);
+    EXPECT_TRUE(st.exited && st.code == 0)
+        << why << ": trainer " << r << " code " << st.code << "\n" << ps[r].Log() << "\ndaemon:\n"
+        << daemon.process().Log();
+  }
+}
+
+TEST(FaultTest, LayoutMismatchNamesTheFirstDifferingTensorAndTheDaemonKeepsServing) {
+  Daemon daemon(2, {"--timeout-s=20"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
+  Process good = StartTrainer(daemon, 0, {"--steps=3"}, "");
+  Process bad = StartTrainer(daemon, 1, {"--steps=3", "--hidden=33"}, "");
+  ExitStatus g = good.Wait(kBound), b = bad.Wait(kBound);
+  EXPECT_EQ(g.code, kExitMismatch) << good.Log();
+  EXPECT_EQ(b.code, kExitMismatch) << bad.Log();
+  for (Process* p : {&good, &bad}) {
+    const std::string log = p->Log();
+    EXPECT_NE(log.find("layout mismatch"), std::string::npos) << log;
+    EXPECT_NE(log.find("'fc1.weight' float32[512] vs 'fc1.weight' float32[528]"), std::string::npos)
+        << log;
+  }
+  EXPECT_TRUE(daemon.process().Running());
+  ExpectTrains(daemon, 2, "after a mismatch");
+}
+
+TEST(FaultTest, ExtraTensorIsReportedByName) {
+  Daemon daemon(2, {"--timeout-s=20"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
+  Process good = StartTrainer(daemon, 0, {"--steps=3"}, "");
+  Process bad = StartTrainer(daemon, 1, {"--steps=3", "--extra-tensor=head.scale"}, "");
+  EXPECT_EQ(good.Wait(kBound).code, kExitMismatch);
+  EXPECT_EQ(bad.Wait(kBound).code, kExitMismatch);
+  EXPECT_NE(bad.Log().find("head.scale"), std::string::npos) << bad.Log();
+}
+
+TEST(FaultTest, TrainerKilledMidIterationFailsItsPeersThenNewTrainersTrain) {
+  Daemon daemon(3, {"--timeout-s=60"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
+  std::vector<Process> ps;
+  for (int r = 0; r < 3; ++r) {
+    // Slow backward: the kill lands while an iteration is in flight.
+    ps.push_back(StartTrainer(daemon, r, {"--steps=1000", "--sleep-ms=50", "--batch=60"}, ""));
+  }
+  std::this_thread::sleep_for(milliseconds(800));
+  ps[1].Signal(SIGKILL);
+  EXPECT_EQ(ps[1].Wait(kBound).code, SIGKILL);
+  for (int r : {0, 2}) {
+    // Well within the daemon's 60 s timeout: the death is noticed, not timed out.
+    ExitStatus st = ps[r].Wait(seconds(20));
+    EXPECT_FALSE(st.timed_out) << "trainer " << r << " hung";
+    EXPECT_EQ(st.code, kExitPeerFailed) << ps[r].Log();
+    EXPECT_NE(ps[r].Log().find("local 1"), std::string::npos) << ps[r].Log();
+  }
+  ExpectTrains(daemon, 3, "after a trainer was killed");
+}
+
+TEST(FaultTest, WithheldGradientTimesOutNamingTrainerAndTensor) {
+  Daemon daemon(2, {"--timeout-s=2", "--stall-threshold-s=1"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
+  Process ok = StartTrainer(daemon, 0, {"--steps=5"}, "");
+  Process stuck = StartTrainer(daemon, 1, {"--steps=5", "--withhold=0", "--wait-timeout-ms=60000"}, "");
+  ExitStatus a = ok.Wait(kBound), b = stuck.Wait(kBound);
+  EXPECT_EQ(a.code, kExitTimeout) << ok.Log();
+  EXPECT_EQ(b.code, kExitTimeout) << stuck.Log();
+  for (Process* p : {&ok, &stuck}) {
+    const std::string log = p->Log();
+    EXPECT_NE(log.find("rank 1 (local 1"), std::string::npos) << log;
+    EXPECT_NE(log.find("fc1.weight"), std::string::npos) << log;
+  }
+  const std::string dlog = daemon.process().Log();
+  EXPECT_NE(dlog.find("event=stall"), std::string::npos) << dlog;
+  ExpectTrains(daemon, 2, "after a timeout");
+}
+
+TEST(FaultTest, ClientSideTimeoutNamesUnmarkedTensors) {
+  Daemon daemon(1, {"--timeout-s=30"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
+  Process p = StartTrainer(daemon, 0, {"--steps=3", "--withhold=2", "--wait-timeout-ms=300"}, "");
+  EXPECT_EQ(p.Wait(kBound).code, kExitTimeout);
+  EXPECT_NE(p.Log().find("this trainer has not marked fc2.weight"), std::string::npos) << p.Log();
+}
+
+TEST(FaultTest, DaemonKilledMidIterationThenRestarted) {
+  auto daemon = std::make_unique<Daemon>(2, std::vector<std::string>{"--timeout-s=60"});
+  ASSERT_TRUE(daemon->WaitReady(seconds(10)));
+  const std::string socket = daemon->socket();
+  const std::string prefix = daemon->shm_prefix();
+  std::vector<Process> ps;
+  for (int r = 0; r < 2; ++r) ps.push_back(StartTrainer(*daemon, r, {"--steps=1000", "--sleep-ms=30"}, ""));
+  std::this_thread::sleep_for(milliseconds(600));
+  const pid_t old_pid = daemon->process().pid();
+  daemon->process().Signal(SIGKILL);
+  daemon->process().Wait(kBound);
+  for (int r = 0; r < 2; ++r) {
+    ExitStatus st = ps[r].Wait(seconds(20));
+    EXPECT_FALSE(st.timed_out) << "trainer " << r << " hung after the daemon died";
+    EXPECT_EQ(st.code, kExitPeerFailed) << ps[r].Log();
+  }
+  // The killed daemon left its segments behind...
+  EXPECT_FALSE(SegmentsWithPrefix(absl::StrCat(prefix, ".", old_pid, ".")).empty());
+  // ...a new daemon on the same socket and prefix cleans them up and serves.
+  Process restarted = Process::Start(
+      {Runfile("daemon/gradsyncd"), "--socket=" + socket, "--listen=127.0.0.1:0",
+       "--shm-prefix=" + prefix, "--local-size=2"},
+      {}, daemon->dir() + "/daemon2.log");
+  std::this_thread::sleep_for(milliseconds(500));
+  EXPECT_TRUE(SegmentsWithPrefix(absl::StrCat(prefix, ".", old_pid, ".")).empty());
+  std::vector<Process> again;
+  for (int r = 0; r < 2; ++r) again.push_back(StartTrainer(*daemon, r, {"--steps=5"}, ""));
+  for (int r = 0; r < 2; ++r) {
+    ExitStatus st = again[r].Wait(kBound);
+    EXPECT_TRUE(st.exited && st.code == 0) << again[r].Log() << ReadFile(restarted.log_path());
+  }
+  restarted.Signal(SIGTERM);
+  EXPECT_EQ(restarted.Wait(seconds(10)).code, 0);
+  EXPECT_TRUE(SegmentsWithPrefix(prefix + ".").empty()) << "segments left after a clean stop";
+}
+
+TEST(FaultTest, BadLocalRanksAreRefused) {
+  Daemon daemon(2, {"--timeout-s=20"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
+  Process out_of_range = StartTrainer(daemon, 5, {"--steps=1"}, "");
+  EXPECT_EQ(out_of_range.Wait(kBound).code, 10 + 1 /*INVALID_ARGUMENT*/);
+  EXPECT_NE(out_of_range.Log().find("local rank 5 is not in [0, 2)"), std::string::npos)
+      << out_of_range.Log();
+  // Two trainers claiming local rank 0: the second is refused, the job still forms.
+  Process first = StartTrainer(daemon, 0, {"--steps=3"}, "");
+  std::this_thread::sleep_for(milliseconds(300));
+  Process twin = StartTrainer(daemon, 0, {"--steps=3"}, "");
+  EXPECT_EQ(twin.Wait(kBound).code, kExitState) << twin.Log();
+  EXPECT_NE(twin.Log().find("already attached"), std::string::npos) << twin.Log();
+  Process second = StartTrainer(daemon, 1, {"--steps=3"}, "");
+  EXPECT_EQ(first.Wait(kBound).code, 0) << first.Log();
+  EXPECT_EQ(second.Wait(kBound).code, 0) << second.Log();
+}
+
+TEST(FaultTest, ConnectWithoutDaemonIsUnavailable) {
+  const std::string dir = MakeTempDir();
+  Process p = Process::Start({Runfile("examples/mlp_trainer"), "--socket=" + dir + "/none.sock",
+                              "--steps=1"},
+                             {}, dir + "/t.log");
+  EXPECT_EQ(p.Wait(kBound).code, 10 + 2 /*UNAVAILABLE*/);
+  EXPECT_NE(p.Log().find("is the daemon running?"), std::string::npos) << p.Log();
+}
+
+}  // namespace
+}  // namespace gradsync::testing

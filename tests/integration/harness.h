@@ -1,0 +1,98 @@
+// Test harness for multi-process integration tests: real gradsyncd and real
+// trainer processes, started from the test's runfiles, with logs captured
+// to files and every wait bounded (a hung child is killed, never waited on
+// forever).
+#ifndef GRADSYNC_TESTS_INTEGRATION_HARNESS_H_
+#define GRADSYNC_TESTS_INTEGRATION_HARNESS_H_
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace gradsync::testing {
+
+// Path of a binary in this test's runfiles, e.g. "daemon/gradsyncd".
+std::string Runfile(const std::string& workspace_relative);
+
+// A short fresh directory under /tmp (unix socket paths are limited).
+std::string MakeTempDir();
+
+std::string ReadFile(const std::string& path);
+
+struct ExitStatus {
+  bool exited = false;  // false: killed by a signal (or timed out)
+  int code = -1;        // exit code, or the signal number
+  bool timed_out = false;
+};
+
+class Process {
+ public:
+  Process() = default;
+  Process(Process&& other) noexcept;
+  Process& operator=(Process&& other) noexcept;
+  ~Process();  // kills the process if still running
+
+  // Starts argv[0] with extra environment entries; stdout+stderr -> log_path.
+  static Process Start(const std::vector<std::string>& argv,
+                       const std::map<std::string, std::string>& env, const std::string& log_path);
+
+  pid_t pid() const { return pid_; }
+  const std::string& log_path() const { return log_path_; }
+  std::string Log() const { return ReadFile(log_path_); }
+
+  // Waits for exit up to `timeout`; on timeout kills it (SIGKILL).
+  ExitStatus Wait(std::chrono::milliseconds timeout);
+  void Signal(int sig);
+  bool Running();
+
+ private:
+  pid_t pid_ = -1;
+  std::string log_path_;
+  bool reaped_ = false;
+};
+
+// A gradsyncd on a private socket and shm prefix.
+class Daemon {
+ public:
+  // `args` are appended to --socket/--listen/--shm-prefix/--local-size.
+  explicit Daemon(int local_size, std::vector<std::string> args = {});
+  ~Daemon();
+
+  const std::string& socket() const { return socket_; }
+  const std::string& dir() const { return dir_; }
+  const std::string& shm_prefix() const { return shm_prefix_; }
+  Process& process() { return process_; }
+  // Waits until the socket accepts connections (false on timeout / exit).
+  bool WaitReady(std::chrono::milliseconds timeout);
+  ExitStatus Stop();  // SIGTERM, then wait
+
+ private:
+  std::string dir_, socket_, shm_prefix_;
+  Process process_;
+};
+
+// Trainer flags and outputs for examples/mlp_trainer.
+struct TrainerRun {
+  std::vector<std::string> args;  // extra flags
+  std::string out;                // weights file
+};
+
+// Starts examples/mlp_trainer with LOCAL_RANK=local_rank.
+Process StartTrainer(const Daemon& daemon, int local_rank, const std::vector<std::string>& args,
+                     const std::string& out_path);
+
+// Loads a weights file ("name value" per line).
+std::vector<double> LoadWeights(const std::string& path);
+
+// max |a - b| / max |b|: the normwise relative difference.
+double RelativeDifference(const std::vector<double>& a, const std::vector<double>& b);
+
+// Segment names under /dev/shm that start with `prefix`.
+std::vector<std::string> SegmentsWithPrefix(const std::string& prefix);
+
+}  // namespace gradsync::testing
+
+#endif  // GRADSYNC_TESTS_INTEGRATION_HARNESS_H_
