@@ -1,0 +1,112 @@
+// local_reduce_bench: the local reduction against the machine's physical
+// limit. Prints memcpy and `a += b` bandwidth (1 and 2 threads) and the
+// LocalReducer's time for 100 MB fp32 across 2 and 4 trainers' buffers,
+// with its bandwidth as a fraction of `a += b`. A table, not a test.
+//
+// Two bandwidths: payload (one buffer's bytes per second, as in
+// docs/PERFORMANCE.md; for the reduction one trainer's gradient bytes, what
+// nccl-tests calls algbw) and memory traffic (every byte read or written:
+// memcpy 2x, a += b 3x, the reduction of L trainers 2Lx: L reads and L
+// write-backs). The ratio to `a += b` is on traffic: how close the
+// reduction runs to the memory system's limit.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "daemon/local_reducer.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kBytes = 100u << 20;
+constexpr int kReps = 7;
+
+// Page-populated buffers, like the shared-memory arenas (touched once).
+float* Alloc(size_t bytes, float value) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
+                 -1, 0);
+  auto* f = static_cast<float*>(p);
+  std::fill(f, f + bytes / sizeof(float), value);
+  return f;
+}
+
+template <typename Fn>
+double MedianSeconds(Fn fn) {
+  std::vector<double> t;
+  fn();  // warm-up
+  for (int i = 0; i < kReps; ++i) {
+    const auto a = Clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(Clock::now() - a).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+template <typename Fn>
+void Parallel(int threads, size_t n, Fn fn) {
+  std::vector<std::thread> ts;
+  for (int i = 1; i < threads; ++i) ts.emplace_back([&, i] { fn(n * i / threads, n * (i + 1) / threads); });
+  fn(0, n / threads);
+  for (auto& t : ts) t.join();
+}
+
+}  // namespace
+
+int main() {
+  const size_t n = kBytes / sizeof(float);
+  float* a = Alloc(kBytes, 1.0f);
+  float* b = Alloc(kBytes, 2.0f);
+  const double gb = kBytes / 1e9;
+
+  std::printf("## Local reduction, 100 MB fp32 (median of %d)\n\n", kReps);
+  std::printf(
+      "| what | threads | time ms | GB/s payload | GB/s memory traffic | traffic vs `a += b` |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  double add_bw[3] = {0, 0, 0};
+  for (int threads : {1, 2}) {
+    const double tm = MedianSeconds([&] {
+      Parallel(threads, n, [&](size_t lo, size_t hi) { std::memcpy(a + lo, b + lo, (hi - lo) * 4); });
+    });
+    std::printf("| memcpy (reference) | %d | %.1f | %.1f | %.1f | |\n", threads, tm * 1e3, gb / tm,
+                2 * gb / tm);
+    const double ta = MedianSeconds([&] {
+      Parallel(threads, n, [&](size_t lo, size_t hi) {
+        for (size_t i = lo; i < hi; ++i) a[i] += b[i];
+      });
+    });
+    add_bw[threads] = 3 * gb / ta;
+    std::printf("| `a += b` (reference) | %d | %.1f | %.1f | %.1f | 100%% |\n", threads, ta * 1e3,
+                gb / ta, 3 * gb / ta);
+  }
+  for (int trainers : {2, 4}) {
+    std::vector<float*> bufs;
+    std::vector<uint8_t*> arenas;
+    for (int t = 0; t < trainers; ++t) {
+      bufs.push_back(Alloc(kBytes, float(t)));
+      arenas.push_back(reinterpret_cast<uint8_t*>(bufs.back()));
+    }
+    for (int threads : {1, 2}) {
+      gradsync::LocalReducer reducer(threads, 0);
+      gradsync::LocalBackend local;
+      const std::vector<gradsync::ReduceSpan> spans = {{0, kBytes}};
+      const double tr = MedianSeconds([&] {
+        reducer.Reduce(arenas, spans, gradsync::DType::kFloat32, trainers, local, nullptr)
+            .IgnoreError();
+      });
+      const double traffic = 2.0 * trainers * gb / tr;
+      std::printf("| gradsync LocalReducer, %d trainers | %d | %.1f | %.1f | %.1f | %.0f%% |\n",
+                  trainers, threads, tr * 1e3, gb / tr, traffic, 100.0 * traffic / add_bw[threads]);
+    }
+    for (float* f : bufs) munmap(f, kBytes);
+  }
+  std::printf(
+      "\nTarget (docs/PERFORMANCE.md): local reduction bandwidth >= 60%% of `a += b` "
+      "(memory traffic).\n");
+  return 0;
+}
