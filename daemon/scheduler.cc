@@ -197,13 +197,28 @@ void Scheduler::FinishIteration() {
   // The next iteration's entries can only arrive after "iteration done" is
   // seen, so all resets above happen first.
   iteration_.store(it + 1, std::memory_order_release);
-  for (Trainer* t : trainers_) {
-    absl::Status st = PostCompletion(*t, ipc::CompletionKind::kIterationDone, 0, it, 0,
-                                     /*wake=*/true);
-    if (!st.ok()) {
-      fail_(MakeError(v1::PEER_FAILED, st.message()), t->local_rank);
-      return;
+  // "Iteration done" reaches every trainer's ring before any trainer can
+  // act on it: holding all the rings' producer locks, a trainer that returns
+  // and detaches at once cannot get its "detached" error posted ahead of
+  // its peers' "iteration done".
+  absl::Status st;
+  int culprit = -1;
+  {
+    std::vector<std::unique_lock<std::mutex>> locks;
+    locks.reserve(trainers_.size());
+    for (Trainer* t : trainers_) locks.emplace_back(t->completion_mu);
+    for (Trainer* t : trainers_) {
+      st = PostCompletionLocked(*t, ipc::CompletionKind::kIterationDone, 0, it, 0);
+      if (!st.ok()) {
+        culprit = t->local_rank;
+        break;
+      }
     }
+  }
+  for (Trainer* t : trainers_) t->segment.header()->completion_bell.Ring();
+  if (!st.ok()) {
+    fail_(MakeError(v1::PEER_FAILED, st.message()), culprit);
+    return;
   }
   if (observer_) observer_->OnIterationDone(it, bytes_per_iteration_, start, NowNs());
 }

@@ -14,6 +14,13 @@ std::string Trainer::Name() const {
 absl::Status PostCompletion(Trainer& trainer, ipc::CompletionKind kind, uint32_t bucket,
                             uint64_t iteration, int32_t status, bool wake, int64_t patience_ms) {
   std::lock_guard<std::mutex> lock(trainer.completion_mu);
+  absl::Status st = PostCompletionLocked(trainer, kind, bucket, iteration, status, patience_ms);
+  if (st.ok() && wake) trainer.segment.header()->completion_bell.Ring();
+  return st;
+}
+
+absl::Status PostCompletionLocked(Trainer& trainer, ipc::CompletionKind kind, uint32_t bucket,
+                                  uint64_t iteration, int32_t status, int64_t patience_ms) {
   ipc::CompletionEvent e{};
   e.kind = static_cast<uint32_t>(kind);
   e.bucket = bucket;
@@ -31,7 +38,6 @@ absl::Status PostCompletion(Trainer& trainer, ipc::CompletionKind kind, uint32_t
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   ++trainer.completion_sequence;
-  if (wake) trainer.segment.header()->completion_bell.Ring();
   return absl::OkStatus();
 }
 

@@ -47,6 +47,11 @@ absl::Status PostCompletion(Trainer& trainer, ipc::CompletionKind kind, uint32_t
                             uint64_t iteration, int32_t status, bool wake,
                             int64_t patience_ms = 1000);
 
+// The same with trainer.completion_mu already held by the caller (to post
+// to several trainers as one step). Does not ring the doorbell.
+absl::Status PostCompletionLocked(Trainer& trainer, ipc::CompletionKind kind, uint32_t bucket,
+                                  uint64_t iteration, int32_t status, int64_t patience_ms = 1000);
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_DAEMON_TRAINER_H_
