@@ -169,8 +169,8 @@ void Job::FormLocked(std::unique_lock<std::mutex>& lock) {
 
 absl::Status Job::StartLocked(const Layout& layout, JobWorld world) {
   world_ = std::move(world);
-  BucketPlan plan = PlanBuckets(layout, ReverseRegistrationOrder(layout.size()),
-                                BucketCaps{config_.bucket_cap_bytes(), config_.first_bucket_cap_bytes()});
+  const BucketCaps caps{config_.bucket_cap_bytes(), config_.first_bucket_cap_bytes()};
+  BucketPlan plan = PlanBuckets(layout, ReverseRegistrationOrder(layout.size()), caps);
   std::vector<uint64_t> tensor_bytes;
   for (const TensorInfo& t : layout) tensor_bytes.push_back(t.device >= 0 ? 0 : t.bytes());
   std::vector<std::vector<uint32_t>> groups;
@@ -201,6 +201,8 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world) {
   opts.world_size = world_.world_size;
   opts.timeout_ms = config_.timeout_ms;
   opts.stall_threshold_s = config_.stall_threshold_s;
+  opts.caps = caps;
+  opts.agree_order = world_.agree_order;
   opts.reduce_threads = config_.reduce_threads > 0
                             ? config_.reduce_threads
                             : std::max(1u, std::thread::hardware_concurrency());

@@ -40,6 +40,8 @@ struct JobWorld {
   int rank_offset = 0;  // global rank of this node's local rank 0
   uint64_t generation = 0;
   std::unique_ptr<Backend> backend;
+  // How the nodes agree on the rebuilt plan's order (empty on one node).
+  Scheduler::OrderAgreement agree_order;
 };
 
 // Forms the world once the local layout is agreed: on one node it returns

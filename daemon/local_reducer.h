@@ -51,6 +51,10 @@ class LocalReducer {
                       DType dtype, int world_size, Backend& backend, ReduceTimings* timings);
 
   size_t threads() const { return pool_.size(); }
+  // Grows the staging buffer (at plan changes only, never per call).
+  void EnsureStaging(uint64_t bytes) {
+    if (staging_.size() < bytes) staging_.resize(bytes);
+  }
 
  private:
   WorkerPool pool_;

@@ -1,5 +1,6 @@
 #include "daemon/scheduler.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -27,38 +28,120 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
                      SchedulerObserver* observer, FailFn fail, Options options)
     : trainers_(std::move(trainers)),
       layout_(layout),
-      plan_(std::move(plan)),
+      arena_(arena),
       backend_(backend),
       ready_bell_(ready_bell),
       observer_(observer),
       fail_(std::move(fail)),
       options_(options),
-      reducer_(options.reduce_threads, [&] {
-        uint64_t staging = 0;
-        if (backend->num_nodes() > 1) {
-          for (const PlannedBucket& b : plan_.buckets) {
-            staging = std::max(staging,
-                               LocalReducer::StagingBytes(arena.bucket_bytes[b.id], b.dtype));
-          }
-        }
-        return staging;
-      }()) {
-  for (const PlannedBucket& b : plan_.buckets) {
-    spans_.push_back({ReduceSpan{arena.bucket_offsets[b.id], arena.bucket_bytes[b.id]}});
-    bytes_per_iteration_ += b.bytes;
-  }
+      reducer_(options.reduce_threads, 0) {
   for (Trainer* t : trainers_) {
     arenas_.push_back(t->segment.arena());
     t->marked.assign(layout_.size(), 0);
     t->marked_count = 0;
   }
-  remaining_.resize(plan_.buckets.size());
-  timelines_.resize(plan_.buckets.size());
-  for (const PlannedBucket& b : plan_.buckets) {
+  order_ = ReverseRegistrationOrder(layout_.size());
+  InstallPlan(std::move(plan));
+}
+
+static std::vector<ReduceSpan> TensorSpans(const PlannedBucket& bucket, const Layout& layout,
+                                    const ipc::ArenaLayout& arena) {
+  std::vector<ReduceSpan> pieces;
+  for (uint32_t t : bucket.tensors) pieces.push_back({arena.tensor_offsets[t], layout[t].bytes()});
+  std::sort(pieces.begin(), pieces.end(),
+            [](const ReduceSpan& a, const ReduceSpan& b) { return a.offset < b.offset; });
+  // Neighbours in the arena merge into one span (across the zero padding
+  // between them), so an initial bucket is a single contiguous range.
+  std::vector<ReduceSpan> spans;
+  for (const ReduceSpan& p : pieces) {
+    if (!spans.empty() &&
+        ipc::AlignUp(spans.back().offset + spans.back().bytes, ipc::kTensorAlignment) >= p.offset) {
+      spans.back().bytes = p.offset + p.bytes - spans.back().offset;
+    } else {
+      spans.push_back(p);
+    }
+  }
+  return spans;
+}
+
+void Scheduler::InstallPlan(BucketPlan plan) {
+  std::vector<std::vector<ReduceSpan>> spans;
+  uint64_t staging = 0, bytes = 0;
+  for (const PlannedBucket& b : plan.buckets) {
+    spans.push_back(TensorSpans(b, layout_, arena_));
+    uint64_t span_bytes = 0;
+    for (const ReduceSpan& s : spans.back()) span_bytes += s.bytes;
+    staging = std::max(staging, LocalReducer::StagingBytes(span_bytes, b.dtype));
+    bytes += b.bytes;
+  }
+  if (backend_->num_nodes() > 1) reducer_.EnsureStaging(staging);
+  spans_ = std::move(spans);
+  bytes_per_iteration_ = bytes;
+  remaining_.assign(plan.buckets.size(), 0);
+  timelines_.assign(plan.buckets.size(), BucketTimeline{});
+  for (const PlannedBucket& b : plan.buckets) {
     remaining_[b.id] = static_cast<uint32_t>(b.tensors.size() * trainers_.size());
     timelines_[b.id].bucket = b.id;
     timelines_[b.id].bytes = b.bytes;
   }
+  std::lock_guard<std::mutex> lock(plan_mu_);
+  plan_ = std::move(plan);
+  plan_version_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+BucketPlan Scheduler::plan() const {
+  std::lock_guard<std::mutex> lock(plan_mu_);
+  return plan_;
+}
+
+void Scheduler::SetCaps(const BucketCaps& caps) {
+  std::lock_guard<std::mutex> lock(caps_mu_);
+  pending_caps_ = caps;
+  caps_pending_ = true;
+}
+
+void Scheduler::MaybeRebuild() {
+  bool rebuild = false;
+  {
+    std::lock_guard<std::mutex> lock(caps_mu_);
+    if (caps_pending_) {
+      options_.caps = pending_caps_;
+      caps_pending_ = false;
+      rebuild = true;
+    }
+  }
+  if (iteration() == 1 && options_.rebuild_after_first_iteration &&
+      observed_order_.size() == layout_.size()) {
+    std::vector<uint32_t> order = observed_order_;
+    if (options_.agree_order) {
+      absl::StatusOr<std::vector<uint32_t>> agreed = options_.agree_order(order);
+      if (!agreed.ok()) {
+        fail_(MakeError(CodeOf(agreed.status()),
+                        absl::StrCat("agreeing on the rebuilt bucket order: ",
+                                     agreed.status().message())),
+              -1);
+        return;
+      }
+      order = std::move(*agreed);
+    }
+    if (order.size() == layout_.size()) {
+      order_ = std::move(order);
+      rebuild = true;
+    }
+  }
+  if (!rebuild) return;
+  BucketPlan next = PlanBuckets(layout_, order_, options_.caps);
+  bool same = next.buckets.size() == plan_.buckets.size();
+  for (size_t b = 0; same && b < next.buckets.size(); ++b) {
+    same = next.buckets[b].tensors == plan_.buckets[b].tensors;
+  }
+  if (same) return;
+  spdlog::info("event=plan_rebuilt iteration={} buckets_before={} buckets_after={} cap_mb={:.3f} "
+               "first_cap_mb={:.3f}",
+               iteration(), plan_.buckets.size(), next.buckets.size(),
+               options_.caps.cap_bytes / double(1 << 20),
+               options_.caps.first_cap_bytes / double(1 << 20));
+  InstallPlan(std::move(next));
 }
 
 Scheduler::~Scheduler() { Stop(); }
@@ -136,6 +219,7 @@ bool Scheduler::Drain(Trainer& t, int64_t now_ns, bool* progress) {
     t.marked[e.tensor] = static_cast<uint8_t>(e.kind);
     ++t.marked_count;
     if (marks_++ == 0) iteration_start_ns_ = now_ns;
+    if (t.local_rank == 0 && iteration() == 0) observed_order_.push_back(e.tensor);
     const uint32_t b = plan_.bucket_of_tensor[e.tensor];
     BucketTimeline& tl = timelines_[b];
     if (remaining_[b] == plan_.buckets[b].tensors.size() * trainers_.size()) {
@@ -182,9 +266,6 @@ bool Scheduler::Launch(uint32_t bucket) {
 
 void Scheduler::FinishIteration() {
   const uint64_t it = iteration();
-  for (size_t b = 0; b < remaining_.size(); ++b) {
-    remaining_[b] = static_cast<uint32_t>(plan_.buckets[b].tensors.size() * trainers_.size());
-  }
   for (Trainer* t : trainers_) {
     std::fill(t->marked.begin(), t->marked.end(), 0);
     t->marked_count = 0;
@@ -219,6 +300,12 @@ void Scheduler::FinishIteration() {
   if (!st.ok()) {
     fail_(MakeError(v1::PEER_FAILED, st.message()), culprit);
     return;
+  }
+  // The next iteration's entries wait in the rings until this returns: the
+  // plan changes exactly at the boundary.
+  MaybeRebuild();
+  for (size_t b = 0; b < remaining_.size(); ++b) {
+    remaining_[b] = static_cast<uint32_t>(plan_.buckets[b].tensors.size() * trainers_.size());
   }
   if (observer_) observer_->OnIterationDone(it, bytes_per_iteration_, start, NowNs());
 }

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,11 +37,21 @@ class Scheduler {
   // Reports a job failure: `culprit` is the local rank at fault, or -1.
   using FailFn = std::function<void(const absl::Status& error, int culprit)>;
 
+  // Decides the ready order the plan is rebuilt from, identically on every
+  // node (node 0's order, through the rendezvous); one node: `local` itself.
+  using OrderAgreement =
+      std::function<absl::StatusOr<std::vector<uint32_t>>(const std::vector<uint32_t>& local)>;
+
   struct Options {
     int world_size = 1;
     int64_t timeout_ms = 300000;
     double stall_threshold_s = 60;
     size_t reduce_threads = 1;
+    BucketCaps caps;
+    // DDP's one-time rebuild: after iteration 0, re-plan from the order in
+    // which local rank 0 marked its gradients ready.
+    bool rebuild_after_first_iteration = true;
+    OrderAgreement agree_order;  // empty: use the local order
   };
 
   // `trainers` are indexed by local rank and outlive the scheduler.
@@ -56,7 +67,13 @@ class Scheduler {
   void Halt() { halted_.store(true, std::memory_order_release); }
 
   uint64_t iteration() const { return iteration_.load(std::memory_order_acquire); }
-  const BucketPlan& plan() const { return plan_; }
+  // A copy of the current plan (it may be rebuilt at iteration boundaries).
+  BucketPlan plan() const;
+  // Plans built so far (1 + rebuilds).
+  uint64_t plan_version() const { return plan_version_.load(std::memory_order_acquire); }
+  // Applies new caps at the next iteration boundary (re-plans with the
+  // current order). Thread-safe.
+  void SetCaps(const BucketCaps& caps);
 
  private:
   void Loop();
@@ -64,13 +81,24 @@ class Scheduler {
   bool Drain(Trainer& t, int64_t now_ns, bool* progress);
   bool Launch(uint32_t bucket);
   void FinishIteration();
+  // Installs `plan`: spans, counters, staging. At iteration boundaries only.
+  void InstallPlan(BucketPlan plan);
+  void MaybeRebuild();
   void CheckDeadlines(int64_t now_ns);
   // "rank 1 (local 1, pid 7): fc2.weight, fc2.bias; rank 2 ...: 3 tensors"
   std::string DescribeMissing(int64_t only_bucket) const;
 
   std::vector<Trainer*> trainers_;
   const Layout& layout_;
-  BucketPlan plan_;
+  const ipc::ArenaLayout& arena_;
+  BucketPlan plan_;                             // written by the loop under plan_mu_
+  mutable std::mutex plan_mu_;
+  std::atomic<uint64_t> plan_version_{0};
+  std::vector<uint32_t> order_;                 // current ready order the plan follows
+  std::vector<uint32_t> observed_order_;        // local rank 0's marks in iteration 0
+  std::mutex caps_mu_;
+  bool caps_pending_ = false;
+  BucketCaps pending_caps_;
   std::vector<std::vector<ReduceSpan>> spans_;  // per bucket
   std::vector<uint8_t*> arenas_;                // per local trainer
   Backend* backend_;
