@@ -1,0 +1,104 @@
+"""Checks the Kubernetes sidecar manifests: they parse, and the pieces that
+must agree do (socket path, shared memory, probes on the listen port, the
+leader's DNS name, the headless Service selecting the Job's Pods)."""
+import shlex
+import sys
+
+import yaml
+
+
+def fail(msg):
+    print("FAIL:", msg)
+    sys.exit(1)
+
+
+def check(cond, msg):
+    if not cond:
+        fail(msg)
+
+
+def mounts(container):
+    return {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
+
+
+def flag(args, name):
+    words = shlex.split(args.replace("\\\n", " "))
+    for i, w in enumerate(words):
+        if w == name and i + 1 < len(words):
+            return words[i + 1]
+        if w.startswith(name + "="):
+            return w.split("=", 1)[1]
+    return None
+
+
+def main(paths):
+    docs = []
+    for p in paths:
+        with open(p) as f:
+            docs += [d for d in yaml.safe_load_all(f) if d]
+    for d in docs:
+        check("apiVersion" in d and "kind" in d and d.get("metadata", {}).get("name"),
+              f"document without apiVersion/kind/name: {d}")
+    services = [d for d in docs if d["kind"] == "Service"]
+    jobs = [d for d in docs if d["kind"] == "Job"]
+    check(len(services) == 1 and len(jobs) == 1, "expected one Service and one Job")
+    svc, job = services[0], jobs[0]
+
+    check(svc["spec"].get("clusterIP") == "None", "the Service must be headless")
+    check(svc["spec"].get("publishNotReadyAddresses") is True,
+          "the leader must resolve before it is ready")
+    check(job["spec"].get("completionMode") == "Indexed", "the Job must be Indexed")
+
+    pod = job["spec"]["template"]
+    spec = pod["spec"]
+    labels = pod["metadata"]["labels"]
+    for k, v in svc["spec"]["selector"].items():
+        check(labels.get(k) == v, f"Service selector {k}={v} does not match the Pod labels")
+    check(spec.get("subdomain") == svc["metadata"]["name"], "Pod subdomain must name the Service")
+    check(spec.get("shareProcessNamespace") is True, "shareProcessNamespace must be true")
+
+    sidecars = [c for c in spec.get("initContainers", []) if c["name"] == "gradsyncd"]
+    check(len(sidecars) == 1, "gradsyncd must be an init container (native sidecar)")
+    daemon = sidecars[0]
+    check(daemon.get("restartPolicy") == "Always", "the gradsyncd sidecar needs restartPolicy: Always")
+    trainers = [c for c in spec["containers"] if c["name"] == "trainer"]
+    check(len(trainers) == 1, "one trainer container expected")
+    trainer = trainers[0]
+
+    script = "\n".join(daemon.get("command", []) + daemon.get("args", []))
+    socket = flag(script, "--socket")
+    listen = flag(script, "--listen")
+    check(socket and listen, "gradsyncd needs --socket and --listen")
+    port = int(listen.rsplit(":", 1)[1])
+    check(listen.startswith("0.0.0.0:"), "--listen must bind the Pod IP for probes and peers")
+    check(any(p["containerPort"] == port for p in daemon.get("ports", [])),
+          "the listen port must be a containerPort")
+    check(svc["spec"]["ports"][0]["port"] == port, "the Service must expose the listen port")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        check(daemon.get(probe, {}).get("grpc", {}).get("port") == port,
+              f"{probe} must be a grpc probe on port {port}")
+    leader = f'{job["metadata"]["name"]}-0.{svc["metadata"]["name"]}:{port}'
+    check(f"--leader {leader}" in script, f"non-leaders must use --leader {leader}")
+
+    env = {e["name"]: e.get("value") for e in trainer.get("env", [])}
+    check(env.get("GRADSYNC_SOCKET") == socket, "trainer GRADSYNC_SOCKET must equal --socket")
+
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    shm = [n for n, v in volumes.items()
+           if v.get("emptyDir", {}).get("medium") == "Memory"
+           and mounts(daemon).get(n) == "/dev/shm"]
+    check(len(shm) == 1, "a medium: Memory emptyDir must be mounted at /dev/shm in gradsyncd")
+    check(mounts(trainer).get(shm[0]) == "/dev/shm", "the trainer must share that /dev/shm")
+    sock_dir = socket.rsplit("/", 1)[0]
+    shared = [n for n, path in mounts(daemon).items()
+              if path == sock_dir and mounts(trainer).get(n) == sock_dir]
+    check(len(shared) == 1 and "emptyDir" in volumes[shared[0]],
+          f"both containers must mount one emptyDir at {sock_dir}")
+    for c in (daemon, trainer):
+        for name in mounts(c):
+            check(name in volumes, f"{c['name']} mounts unknown volume {name}")
+    print(f"PASS: {len(docs)} documents in {len(paths)} file(s)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
