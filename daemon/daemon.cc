@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -75,10 +76,23 @@ absl::Status Daemon::Start() {
                                        getpid(), config_.shm_mode, config_.shm_group);
   if (!node.ok()) return node.status();
   node_ = std::move(*node);
+  JobHooks hooks;
+  const char* logs = std::getenv("LOGS_DIRECTORY");  // systemd's LogsDirectory=
+  hooks.trace_dir = (logs && *logs) ? logs : "/tmp";
+  hooks.on_health = [this](bool serving, const std::string& reason) {
+    grpc::Server* server = listen_server_.get();
+    if (server == nullptr || server->GetHealthCheckService() == nullptr) return;
+    server->GetHealthCheckService()->SetServingStatus(serving);
+    if (serving) {
+      spdlog::info("event=health status=SERVING");
+    } else {
+      spdlog::warn("event=health status=NOT_SERVING reason=\"{}\"", reason);
+    }
+  };
   jobs_ = std::make_unique<JobRegistry>(
       config_, &node_,
       [this](const Layout& layout, uint64_t hash) { return FormWorld(layout, hash); },
-      /*observer=*/nullptr);
+      std::move(hooks));
 
   if (absl::Status st = PrepareSocketPath(); !st.ok()) return st;
   local_service_ = std::make_unique<LocalService>(jobs_.get());
@@ -100,8 +114,10 @@ absl::Status Daemon::Start() {
   if (!config_.listen.empty()) {
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+    control_service_ = std::make_unique<ControlService>(jobs_.get(), [this] { Drain(); });
     grpc::ServerBuilder builder;
     builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &listen_port_);
+    builder.RegisterService(control_service_.get());
     listen_server_ = builder.BuildAndStart();
     if (!listen_server_ || listen_port_ == 0) {
       return absl::UnavailableError(absl::StrCat("cannot listen on --listen ", config_.listen));
@@ -135,6 +151,24 @@ void Daemon::RequestShutdown(const std::string& why) {
   cv_.notify_all();
 }
 
+void Daemon::Drain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (drain_.joinable() || shutdown_) return;
+  jobs_->StopAccepting();
+  drain_ = std::thread([this] {
+    // Let the iteration in flight complete (bounded by the timeout), so its
+    // trainers get their result; then stop.
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.timeout_ms);
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::shared_ptr<Job> job = jobs_->Current();
+      if (!job || !job->InIteration()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    RequestShutdown("drain");
+  });
+}
+
 void Daemon::Run() {
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -148,6 +182,7 @@ void Daemon::Run() {
   local_server_->Shutdown(deadline);
   if (listen_server_) listen_server_->Shutdown(deadline);
   if (heartbeat_.joinable()) heartbeat_.join();
+  if (drain_.joinable()) drain_.join();
   jobs_.reset();  // stops schedulers, removes trainer segments
   ipc::SharedSegment::Remove(node_.name()).IgnoreError();
   unlink(config_.socket_path.c_str());

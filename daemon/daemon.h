@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "daemon/config.h"
+#include "daemon/control_service.h"
 #include "daemon/job_registry.h"
 #include "daemon/local_service.h"
 #include "grpcpp/grpcpp.h"
@@ -37,6 +38,9 @@ class Daemon {
 
   int listen_port() const { return listen_port_; }
 
+  // Stop accepting trainers, let the current iteration finish, then exit.
+  void Drain();
+
  private:
   absl::StatusOr<JobWorld> FormWorld(const Layout& layout, uint64_t hash);
   absl::Status PrepareSocketPath();
@@ -46,6 +50,7 @@ class Daemon {
   ipc::NodeSegment node_;
   std::unique_ptr<JobRegistry> jobs_;
   std::unique_ptr<LocalService> local_service_;
+  std::unique_ptr<ControlService> control_service_;
   std::unique_ptr<grpc::Server> local_server_;
   std::unique_ptr<grpc::Server> listen_server_;
   int listen_port_ = 0;
@@ -55,6 +60,7 @@ class Daemon {
   bool shutdown_ = false;
   std::string shutdown_reason_;
   std::thread heartbeat_;
+  std::thread drain_;
 };
 
 }  // namespace gradsync

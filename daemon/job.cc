@@ -38,12 +38,12 @@ const char* StateName(JobState s) {
 }  // namespace
 
 Job::Job(const DaemonConfig& config, ipc::NodeSegment* node, uint64_t id, WorldFormer former,
-         SchedulerObserver* observer)
+         JobHooks hooks)
     : config_(config),
       node_(node),
       id_(id),
       former_(std::move(former)),
-      observer_(observer),
+      hooks_(std::move(hooks)),
       trainers_(config.local_size) {}
 
 Job::~Job() {
@@ -197,6 +197,15 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world) {
     trainers.push_back(t.get());
   }
 
+  std::vector<std::string> names;
+  for (const TensorInfo& t : layout) names.push_back(t.name);
+  constexpr size_t kTracedIterations = 8;
+  stats_ = std::make_unique<JobStats>(
+      world_.rank_offset, world_.world_size,
+      FlightRecorder::CapacityFor(kTracedIterations, plan.buckets.size(), layout.size(),
+                                  trainers.size()),
+      hooks_.trace_dir, config_.job_id, config_.node_rank, config_.num_nodes, std::move(names));
+
   Scheduler::Options opts;
   opts.world_size = world_.world_size;
   opts.timeout_ms = config_.timeout_ms;
@@ -208,9 +217,10 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world) {
                             : std::max(1u, std::thread::hardware_concurrency());
   scheduler_ = std::make_unique<Scheduler>(
       trainers, layout_, std::move(plan), arena_, world_.backend.get(), &node_->ready_bell(),
-      observer_, [this](const absl::Status& error, int culprit) { Fail(error, culprit); }, opts);
+      stats_.get(), [this](const absl::Status& error, int culprit) { Fail(error, culprit); }, opts);
   state_ = JobState::kRunning;
   scheduler_->Start();
+  if (hooks_.on_health) hooks_.on_health(true, "");
   spdlog::info(
       "event=job_running job={} world_size={} rank_offset={} buckets={} arena_bytes={} backend={}",
       id_, world_.world_size, world_.rank_offset, scheduler_->plan().buckets.size(),
@@ -228,11 +238,16 @@ void Job::FailLocked(const absl::Status& error, int culprit, bool expected) {
   state_ = JobState::kFailed;
   error_ = error;
   culprit_ = culprit;
+  failure_expected_ = expected;
   spdlog::log(expected ? spdlog::level::info : spdlog::level::err,
               "event={} job={} code={} culprit_local_rank={} message=\"{}\"",
               expected ? "job_closing" : "job_failed", id_, v1::Code_Name(CodeOf(error)), culprit,
               std::string(error.message()));
   if (scheduler_) scheduler_->Halt();
+  if (!expected) {
+    if (stats_) stats_->OnError(std::string(error.message()), CodeOf(error) == v1::TIMEOUT);
+    if (hooks_.on_health) hooks_.on_health(false, std::string(error.message()));
+  }
   if (world_.backend) world_.backend->Abort(std::string(error.message()));
   for (auto& t : trainers_) {
     if (!t || t->gone.load() || t->segment.header() == nullptr) continue;
@@ -332,6 +347,53 @@ uint64_t Job::generation() const {
 std::string Job::backend_name() const {
   std::lock_guard<std::mutex> lock(mu_);
   return world_.backend ? world_.backend->name() : "";
+}
+
+void Job::FillStats(v1::Stats* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  out->set_generation(world_.generation);
+  out->set_backend(world_.backend ? world_.backend->name() : "");
+  out->set_world_size(world_.world_size);
+  const uint64_t per_iteration = stats_ ? stats_->bytes_per_iteration() : 0;
+  for (const auto& t : trainers_) {
+    if (!t) continue;
+    v1::TrainerStats* ts = out->add_trainers();
+    ts->set_rank(t->rank);
+    ts->set_local_rank(t->local_rank);
+    ts->set_pid(t->pid);
+    ts->set_state(t->gone.load()                ? "gone"
+                  : state_ == JobState::kFailed ? "failed"
+                  : t->registered               ? "registered"
+                                                : "attached");
+    ts->set_iterations(t->iterations.load());
+    ts->set_bytes_reduced(t->iterations.load() * per_iteration);
+  }
+  if (stats_ && scheduler_) {
+    std::vector<uint32_t> tensors_per_bucket;
+    for (const PlannedBucket& b : scheduler_->plan().buckets) {
+      tensors_per_bucket.push_back(static_cast<uint32_t>(b.tensors.size()));
+    }
+    stats_->FillStats(out, tensors_per_bucket);
+  }
+  if (state_ == JobState::kFailed && !failure_expected_ && out->recent_errors_size() == 0) {
+    out->add_recent_errors(std::string(error_.message()));
+  }
+}
+
+absl::StatusOr<std::string> Job::TraceJson() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!stats_) return MakeError(v1::STATE, "the job has not started: nothing recorded yet");
+  return stats_->TraceJson("GetTrace");
+}
+
+void Job::SetCaps(const BucketCaps& caps) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (scheduler_) scheduler_->SetCaps(caps);
+}
+
+bool Job::InIteration() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return scheduler_ && state_ == JobState::kRunning && scheduler_->in_iteration();
 }
 
 uint64_t Job::iteration() const {

@@ -25,6 +25,7 @@
 #include "daemon/backends/backend.h"
 #include "daemon/bucket_planner.h"
 #include "daemon/config.h"
+#include "daemon/job_stats.h"
 #include "daemon/layout.h"
 #include "daemon/scheduler.h"
 #include "daemon/scheduler_observer.h"
@@ -62,10 +63,18 @@ struct RegisterResult {
 
 enum class JobState { kAttaching, kForming, kRunning, kFailed };
 
+// What a job tells the daemon around it.
+struct JobHooks {
+  std::string trace_dir;  // traces written on stalls and timeouts ("" = none)
+  // Health: false with a reason when a job fails unexpectedly, true when a
+  // job is running. Called with the job's lock held: must not call back.
+  std::function<void(bool serving, const std::string& reason)> on_health;
+};
+
 class Job {
  public:
   Job(const DaemonConfig& config, ipc::NodeSegment* node, uint64_t id, WorldFormer former,
-      SchedulerObserver* observer);
+      JobHooks hooks);
   ~Job();  // stops the scheduler, removes the trainers' segments
 
   uint64_t id() const { return id_; }
@@ -103,6 +112,14 @@ class Job {
     uint64_t iterations;
   };
   std::vector<TrainerInfo> Trainers() const;
+  // Trainers, buckets, totals, errors, stalls (GetStats).
+  void FillStats(v1::Stats* out) const;
+  // The flight recorder as Chrome trace JSON; STATE before the job runs.
+  absl::StatusOr<std::string> TraceJson() const;
+  // New caps take effect at the next iteration boundary.
+  void SetCaps(const BucketCaps& caps);
+  // True while some trainer has marked gradients of an unfinished iteration.
+  bool InIteration() const;
   int world_size() const;
   uint64_t generation() const;
   std::string backend_name() const;
@@ -121,13 +138,14 @@ class Job {
   ipc::NodeSegment* node_;
   const uint64_t id_;
   WorldFormer former_;
-  SchedulerObserver* observer_;
+  JobHooks hooks_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   JobState state_ = JobState::kAttaching;
   absl::Status error_;
   int culprit_ = -1;
+  bool failure_expected_ = false;  // the job ended because a trainer closed
   std::vector<std::unique_ptr<Trainer>> trainers_;  // by local rank; null if not attached
   // Trainers replaced before the job started; kept alive for RPC threads
   // that may still hold a pointer.
@@ -137,6 +155,7 @@ class Job {
   Layout layout_;
   JobWorld world_;
   ipc::ArenaLayout arena_;
+  std::unique_ptr<JobStats> stats_;
   std::unique_ptr<Scheduler> scheduler_;
 };
 

@@ -3,15 +3,31 @@
 namespace gradsync {
 
 JobRegistry::JobRegistry(const DaemonConfig& config, ipc::NodeSegment* node, WorldFormer former,
-                         SchedulerObserver* observer)
-    : config_(config), node_(node), former_(std::move(former)), observer_(observer) {}
+                         JobHooks hooks)
+    : config_(config), node_(node), former_(std::move(former)), hooks_(std::move(hooks)) {}
 
 std::shared_ptr<Job> JobRegistry::JobForAttach() {
   std::lock_guard<std::mutex> lock(mu_);
+  if (!accepting_) return nullptr;
   if (!current_ || current_->Finished()) {
-    current_ = std::make_shared<Job>(config_, node_, next_job_id_++, former_, observer_);
+    current_ = std::make_shared<Job>(config_, node_, next_job_id_++, former_, hooks_);
   }
   return current_;
+}
+
+void JobRegistry::StopAccepting() {
+  std::lock_guard<std::mutex> lock(mu_);
+  accepting_ = false;
+}
+
+DaemonConfig JobRegistry::config() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return config_;
+}
+
+void JobRegistry::UpdateConfig(const std::function<void(DaemonConfig&)>& update) {
+  std::lock_guard<std::mutex> lock(mu_);
+  update(config_);
 }
 
 void JobRegistry::AddSession(uint64_t session, std::shared_ptr<Job> job) {

@@ -5,6 +5,7 @@
 #define GRADSYNC_DAEMON_JOB_REGISTRY_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 
@@ -18,10 +19,13 @@ namespace gradsync {
 class JobRegistry {
  public:
   JobRegistry(const DaemonConfig& config, ipc::NodeSegment* node, WorldFormer former,
-              SchedulerObserver* observer);
+              JobHooks hooks);
 
-  // The job accepting trainers (a fresh one if the last has finished).
+  // The job accepting trainers (a fresh one if the last has finished);
+  // nullptr while draining.
   std::shared_ptr<Job> JobForAttach();
+  // Stop accepting trainers (Drain).
+  void StopAccepting();
   void AddSession(uint64_t session, std::shared_ptr<Job> job);
   // nullptr when unknown.
   std::shared_ptr<Job> JobOf(uint64_t session) const;
@@ -30,14 +34,18 @@ class JobRegistry {
   std::shared_ptr<Job> Current() const;
   // Stops every job (daemon shutdown): trainers see the error.
   void FailAll(const absl::Status& error);
-  const DaemonConfig& config() const { return config_; }
+  // The configuration new jobs get (a copy: it changes at run time).
+  DaemonConfig config() const;
+  // Applies `update` to the configuration under the lock.
+  void UpdateConfig(const std::function<void(DaemonConfig&)>& update);
 
  private:
-  const DaemonConfig& config_;
+  DaemonConfig config_;
   ipc::NodeSegment* node_;
   WorldFormer former_;
-  SchedulerObserver* observer_;
+  JobHooks hooks_;
   mutable std::mutex mu_;
+  bool accepting_ = true;
   uint64_t next_job_id_ = 1;
   std::shared_ptr<Job> current_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Job>> sessions_;

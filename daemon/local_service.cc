@@ -33,10 +33,14 @@ grpc::Status LocalService::Attach(grpc::ServerContext*, const v1::AttachRequest*
                                               ": upgrade the client or the daemon")));
   }
   std::shared_ptr<Job> job = jobs_->JobForAttach();
+  if (!job) {
+    return Reply(resp, MakeError(v1::UNAVAILABLE,
+                                 "gradsyncd is draining: it accepts no new trainers"));
+  }
   absl::StatusOr<uint64_t> session = job->Attach(req->local_rank(), req->pid());
   if (!session.ok()) return Reply(resp, session.status());
   jobs_->AddSession(*session, job);
-  const DaemonConfig& c = jobs_->config();
+  const DaemonConfig c = jobs_->config();
   resp->set_session_id(*session);
   resp->set_node_rank(c.node_rank);
   resp->set_num_nodes(c.num_nodes);

@@ -218,7 +218,10 @@ bool Scheduler::Drain(Trainer& t, int64_t now_ns, bool* progress) {
     }
     t.marked[e.tensor] = static_cast<uint8_t>(e.kind);
     ++t.marked_count;
-    if (marks_++ == 0) iteration_start_ns_ = now_ns;
+    if (marks_++ == 0) {
+      iteration_start_ns_ = now_ns;
+      in_iteration_.store(true, std::memory_order_release);
+    }
     if (t.local_rank == 0 && iteration() == 0) observed_order_.push_back(e.tensor);
     const uint32_t b = plan_.bucket_of_tensor[e.tensor];
     BucketTimeline& tl = timelines_[b];
@@ -273,6 +276,7 @@ void Scheduler::FinishIteration() {
   }
   next_bucket_ = 0;
   marks_ = 0;
+  in_iteration_.store(false, std::memory_order_release);
   stall_reported_ = false;
   const int64_t start = iteration_start_ns_;
   // The next iteration's entries can only arrive after "iteration done" is

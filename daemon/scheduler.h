@@ -74,6 +74,8 @@ class Scheduler {
   // Applies new caps at the next iteration boundary (re-plans with the
   // current order). Thread-safe.
   void SetCaps(const BucketCaps& caps);
+  // True between an iteration's first mark and its completion.
+  bool in_iteration() const { return in_iteration_.load(std::memory_order_acquire); }
 
  private:
   void Loop();
@@ -121,6 +123,7 @@ class Scheduler {
   std::atomic<uint64_t> iteration_{0};
   std::atomic<bool> stop_{false};
   std::atomic<bool> halted_{false};
+  std::atomic<bool> in_iteration_{false};
   std::thread thread_;
 };
 

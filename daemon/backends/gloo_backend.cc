@@ -1,0 +1,276 @@
+#include "daemon/backends/gloo_backend.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "daemon/backends/gloo_store.h"
+#include "daemon/rendezvous_keys.h"
+#include "gloo/allreduce.h"
+#include "gloo/common/error.h"
+#include "gloo/common/logging.h"
+#include "gloo/config.h"
+#include "gloo/context.h"
+#include "gloo/math.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/prefix_store.h"
+#include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
+#include "gloo/types.h"
+#include "proto/status_code.h"
+#include "spdlog/spdlog.h"
+
+namespace gradsync {
+namespace {
+
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+bool LooksLikeTimeout(const std::string& what) {
+  const std::string lower = absl::AsciiStrToLower(what);
+  return lower.find("timeout") != std::string::npos || lower.find("timed out") != std::string::npos;
+}
+
+// Same rounding as daemon/half.h: round to nearest even, NaN stays NaN.
+inline float BFloat16ToFloat(uint16_t v) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+inline uint16_t FloatToBFloat16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0) {
+    return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  }
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+// Gloo's TCP pairs write with writev(2), which raises SIGPIPE once the peer
+// has reset the connection: by default that kills the process exactly when
+// a peer dies. Ignored (unless the program has a handler of its own), the
+// write fails with EPIPE and Gloo reports the peer failure as an exception.
+void IgnoreSigpipe() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current = {};
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      struct sigaction ignore = {};
+      ignore.sa_handler = SIG_IGN;
+      sigemptyset(&ignore.sa_mask);
+      sigaction(SIGPIPE, &ignore, nullptr);
+    }
+  });
+}
+
+// Prefixes a message while keeping the status' gradsync code.
+absl::Status Annotate(const absl::Status& status, absl::string_view prefix) {
+  return MakeError(CodeOf(status), absl::StrCat(prefix, status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
+    const GlooBackendOptions& options) {
+  if (options.num_nodes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo backend: num_nodes=", options.num_nodes, " must be >= 1"));
+  }
+  if (options.node_rank < 0 || options.node_rank >= options.num_nodes) {
+    return absl::InvalidArgumentError(absl::StrCat("gloo backend: node_rank=", options.node_rank,
+                                                   " is out of range [0, ", options.num_nodes,
+                                                   ")"));
+  }
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("gloo backend: timeout must be positive");
+  }
+  if (options.num_nodes == 1) {
+    return std::unique_ptr<GlooBackend>(new GlooBackend(options, nullptr));
+  }
+  if (options.store == nullptr) {
+    return absl::InvalidArgumentError("gloo backend: no rendezvous store");
+  }
+  if (options.host.empty() && options.iface.empty()) {
+    return absl::InvalidArgumentError("gloo backend: neither host nor iface given");
+  }
+
+  IgnoreSigpipe();
+  const std::string where =
+      absl::StrCat("gloo connect of node_rank=", options.node_rank,
+                   " generation=", options.generation, " (", options.num_nodes, " nodes): ");
+  try {
+    gloo::transport::tcp::attr attr;
+    if (!options.iface.empty()) {
+      attr.iface = options.iface;
+    } else {
+      attr.hostname = options.host;
+    }
+    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    auto context =
+        std::make_shared<gloo::rendezvous::Context>(options.node_rank, options.num_nodes);
+    // Gloo waits up to 5x the context timeout for a pair to connect; a fifth
+    // of ours while connecting keeps Create within about `timeout` when a
+    // peer dies mid-connect. Allreduces get the full timeout explicitly.
+    context->setTimeout(
+        absl::ToChronoMilliseconds(std::max(options.timeout / 5, absl::Seconds(1))));
+    // Generation-scoped keys: the leader refuses and discards them once the
+    // generation is over, and a Wait on them fails when it aborts.
+    gloo::rendezvous::PrefixStore store(GenerationKeyPrefix(options.generation) + "gloo",
+                                        *options.store);
+    context->connectFullMesh(store, device);
+    context->setTimeout(absl::ToChronoMilliseconds(options.timeout));
+    spdlog::info("event=gloo_connected node_rank={} num_nodes={} generation={} device=\"{}\"",
+                 options.node_rank, options.num_nodes, options.generation, device->str());
+    return std::unique_ptr<GlooBackend>(new GlooBackend(options, std::move(context)));
+  } catch (const GlooStoreError& e) {
+    return Annotate(e.status(), where);
+  } catch (const gloo::IoException& e) {
+    return MakeError(LooksLikeTimeout(e.what()) ? v1::TIMEOUT : v1::UNAVAILABLE,
+                     absl::StrCat(where, e.what()));
+  } catch (const gloo::EnforceNotMet& e) {
+    return absl::InternalError(absl::StrCat(where, e.what()));
+  } catch (const std::exception& e) {
+    // Includes gloo::Exception (e.g. an unresolvable host in CreateDevice).
+    return absl::UnavailableError(absl::StrCat(where, e.what()));
+  } catch (...) {
+    return absl::InternalError(absl::StrCat(where, "unknown exception"));
+  }
+}
+
+GlooBackend::GlooBackend(const GlooBackendOptions& options, std::shared_ptr<gloo::Context> context)
+    : node_rank_(options.node_rank),
+      num_nodes_(options.num_nodes),
+      generation_(options.generation),
+      timeout_(options.timeout),
+      context_(std::move(context)) {}
+
+GlooBackend::~GlooBackend() = default;
+
+void GlooBackend::ReserveStaging(size_t elements) {
+  if (staging_.size() < elements) staging_.resize(elements);
+}
+
+std::string GlooBackend::Describe(size_t count, DType dtype) const {
+  return absl::StrCat("allreduce of ", count, " ", DTypeName(dtype), " (", count * DTypeSize(dtype),
+                      " bytes) on node_rank=", node_rank_, " generation=", generation_);
+}
+
+template <typename T>
+void GlooBackend::RunAllreduce(T* data, size_t count) {
+  gloo::AllreduceOptions opts(context_);
+  opts.setOutput<T>(data, count);  // in place: the output is also the input
+  opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+  opts.setReduceFunction(static_cast<ReduceFn>(&gloo::sum<T>));
+  opts.setTimeout(absl::ToChronoMilliseconds(timeout_));
+  gloo::allreduce(opts);
+}
+
+absl::Status GlooBackend::AllreduceSum(void* data, size_t count, DType dtype) {
+  if (!IsValidDType(static_cast<int32_t>(dtype))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo allreduce: invalid dtype ", static_cast<int32_t>(dtype)));
+  }
+  if (count == 0) return absl::OkStatus();
+  if (data == nullptr) return absl::InvalidArgumentError("gloo allreduce: null buffer");
+  {
+    absl::MutexLock lock(&mu_);
+    if (!failure_.ok()) return failure_;
+    if (aborted_) {
+      failure_ = MakeError(v1::PEER_FAILED,
+                           absl::StrCat(Describe(count, dtype), " aborted: ", abort_reason_));
+      return failure_;
+    }
+  }
+  if (context_ == nullptr) return absl::OkStatus();  // one node: nothing to exchange
+
+  try {
+    switch (dtype) {
+      case DType::kFloat32:
+        RunAllreduce(static_cast<float*>(data), count);
+        break;
+      case DType::kFloat64:
+        RunAllreduce(static_cast<double*>(data), count);
+        break;
+      case DType::kFloat16:
+        RunAllreduce(static_cast<gloo::float16*>(data), count);
+        break;
+      case DType::kBFloat16: {
+        ReserveStaging(count);
+        uint16_t* values = static_cast<uint16_t*>(data);
+        float* wide = staging_.data();
+        for (size_t i = 0; i < count; ++i) wide[i] = BFloat16ToFloat(values[i]);
+        RunAllreduce(wide, count);
+        for (size_t i = 0; i < count; ++i) values[i] = FloatToBFloat16(wide[i]);
+        break;
+      }
+    }
+    return absl::OkStatus();
+  } catch (const gloo::IoException& e) {
+    const v1::Code code = LooksLikeTimeout(e.what()) ? v1::TIMEOUT : v1::UNAVAILABLE;
+    return Fail(MakeError(code, absl::StrCat(Describe(count, dtype), " failed: ", e.what())));
+  } catch (const gloo::EnforceNotMet& e) {
+    return Fail(absl::InternalError(absl::StrCat(Describe(count, dtype), " failed: ", e.what())));
+  } catch (const std::exception& e) {
+    return Fail(absl::InternalError(absl::StrCat(Describe(count, dtype), " failed: ", e.what())));
+  } catch (...) {
+    return Fail(absl::InternalError(absl::StrCat(Describe(count, dtype), " failed")));
+  }
+}
+
+absl::Status GlooBackend::Fail(absl::Status status) {
+  {
+    absl::MutexLock lock(&mu_);
+    // Whatever Gloo says, an operation we aborted failed because of the abort.
+    if (aborted_) {
+      status = MakeError(v1::PEER_FAILED,
+                         absl::StrCat(status.message(), " [aborted: ", abort_reason_, "]"));
+    }
+    if (failure_.ok()) failure_ = status;
+  }
+  spdlog::error("event=gloo_allreduce_failed node_rank={} generation={} code={} error=\"{}\"",
+                node_rank_, generation_, v1::Code_Name(CodeOf(status)),
+                std::string(status.message()));
+  // Neighbours blocked on this node learn of the failure now, not at their
+  // timeout.
+  CloseContext(absl::StrCat("gradsync: node_rank=", node_rank_, " failed"));
+  return status;
+}
+
+void GlooBackend::Abort(const std::string& reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_) return;
+    aborted_ = true;
+    abort_reason_ = reason;
+  }
+  spdlog::warn("event=gloo_abort node_rank={} generation={} reason=\"{}\"", node_rank_, generation_,
+               reason);
+  CloseContext(absl::StrCat("gradsync abort: ", reason));
+}
+
+void GlooBackend::CloseContext(const std::string& reason) {
+  if (context_ == nullptr) return;
+  // Gloo's own failure path, triggered on purpose: a receive wait that times
+  // out makes the transport context fail every pending operation of every
+  // pair (waking threads blocked in them) and close the sockets. The probe
+  // buffer has no receive posted, so its 1 ms wait always times out.
+  char probe_byte = 0;
+  try {
+    std::unique_ptr<gloo::transport::UnboundBuffer> probe =
+        context_->createUnboundBuffer(&probe_byte, sizeof(probe_byte));
+    probe->waitRecv(nullptr, std::chrono::milliseconds(1));
+  } catch (const std::exception&) {
+    // Expected: the timeout we asked for (or the pairs had failed already).
+  }
+  spdlog::info("event=gloo_context_closed node_rank={} generation={} reason=\"{}\"", node_rank_,
+               generation_, reason);
+}
+
+}  // namespace gradsync

@@ -1,0 +1,52 @@
+// GlooStore: Gloo's rendezvous::Store over the leader's key-value store
+// (RendezvousClient), so Gloo's context setup needs no file system, Redis or
+// extra port. Gloo's Store reports failures by throwing: a failed call
+// throws GlooStoreError, a gloo::IoException that keeps the absl::Status
+// (TIMEOUT naming the missing keys, PEER_FAILED when the generation aborted,
+// UNAVAILABLE when the leader is gone) for GlooBackend to hand on.
+#ifndef GRADSYNC_DAEMON_BACKENDS_GLOO_STORE_H_
+#define GRADSYNC_DAEMON_BACKENDS_GLOO_STORE_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "daemon/rendezvous_client.h"
+#include "gloo/common/error.h"
+#include "gloo/rendezvous/store.h"
+
+namespace gradsync {
+
+class GlooStoreError : public gloo::IoException {
+ public:
+  explicit GlooStoreError(absl::Status status)
+      : gloo::IoException(status.ToString()), status_(std::move(status)) {}
+  const absl::Status& status() const { return status_; }
+
+ private:
+  absl::Status status_;
+};
+
+class GlooStore final : public gloo::rendezvous::Store {
+ public:
+  // `default_timeout` bounds get() and the wait() overload without timeout.
+  GlooStore(std::shared_ptr<RendezvousClient> client, absl::Duration default_timeout);
+
+  void set(const std::string& key, const std::vector<char>& data) override;
+  // Waits for the key (up to the default timeout) when it is not set yet.
+  std::vector<char> get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override;
+
+ private:
+  const std::shared_ptr<RendezvousClient> client_;
+  const absl::Duration default_timeout_;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_BACKENDS_GLOO_STORE_H_

@@ -1,0 +1,145 @@
+#include "daemon/control_service.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "proto/status_code.h"
+#include "spdlog/spdlog.h"
+
+namespace gradsync {
+namespace {
+
+template <typename Response>
+grpc::Status Reply(Response* resp, const absl::Status& status) {
+  ToProto(status, resp->mutable_error());
+  return grpc::Status::OK;
+}
+
+bool ValidLogLevel(const std::string& level) {
+  for (const char* l : {"trace", "debug", "info", "warn", "error", "critical", "off"}) {
+    if (level == l) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+ControlService::ControlService(JobRegistry* jobs, std::function<void()> drain)
+    : jobs_(jobs), drain_(std::move(drain)), started_(std::chrono::steady_clock::now()) {}
+
+grpc::Status ControlService::GetStats(grpc::ServerContext*, const v1::GetStatsRequest*,
+                                      v1::GetStatsResponse* resp) {
+  const DaemonConfig c = jobs_->config();
+  v1::Stats* s = resp->mutable_stats();
+  s->set_node_rank(c.node_rank);
+  s->set_num_nodes(c.num_nodes);
+  s->set_local_size(c.local_size);
+  s->set_job_id(c.job_id);
+  s->set_backend(c.backend);
+  s->set_world_size(c.num_nodes * c.local_size);
+  s->set_uptime_s(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
+  if (std::shared_ptr<Job> job = jobs_->Current()) job->FillStats(s);
+  return Reply(resp, absl::OkStatus());
+}
+
+void ControlService::FillConfig(v1::Config* out) const {
+  const DaemonConfig c = jobs_->config();
+  out->set_bucket_cap_mb(c.bucket_cap_mb);
+  out->set_first_bucket_cap_mb(c.first_bucket_cap_mb);
+  out->set_timeout_ms(c.timeout_ms);
+  out->set_stall_threshold_s(c.stall_threshold_s);
+  out->set_log_level(c.log_level);
+  out->set_version(config_version_.load());
+}
+
+grpc::Status ControlService::GetConfig(grpc::ServerContext*, const v1::GetConfigRequest*,
+                                       v1::GetConfigResponse* resp) {
+  FillConfig(resp->mutable_config());
+  return Reply(resp, absl::OkStatus());
+}
+
+grpc::Status ControlService::SetConfig(grpc::ServerContext*, const v1::SetConfigRequest* req,
+                                       v1::SetConfigResponse* resp) {
+  // All or nothing: parse and validate every key on a copy first.
+  DaemonConfig next = jobs_->config();
+  std::vector<std::string> changed;
+  for (const auto& [raw_key, value] : req->values()) {
+    const std::string key = absl::AsciiStrToLower(raw_key);
+    double number = 0;
+    const bool numeric = absl::SimpleAtod(value, &number);
+    auto bad = [&](const std::string& why) {
+      return Reply(resp, MakeError(v1::INVALID_ARGUMENT,
+                                   absl::StrCat("config ", key, "=", value, ": ", why)));
+    };
+    if (key == "bucket_cap_mb") {
+      if (!numeric) return bad("not a number");
+      next.bucket_cap_mb = number;
+    } else if (key == "first_bucket_cap_mb") {
+      if (!numeric) return bad("not a number");
+      next.first_bucket_cap_mb = number;
+    } else if (key == "timeout_s") {
+      if (!numeric) return bad("not a number");
+      next.timeout_ms = static_cast<int64_t>(number * 1000);
+    } else if (key == "timeout_ms") {
+      if (!numeric) return bad("not a number");
+      next.timeout_ms = static_cast<int64_t>(number);
+    } else if (key == "stall_threshold_s") {
+      if (!numeric) return bad("not a number");
+      next.stall_threshold_s = number;
+    } else if (key == "log_level") {
+      const std::string level = absl::AsciiStrToLower(value);
+      if (!ValidLogLevel(level)) return bad("use trace, debug, info, warn, error, critical or off");
+      next.log_level = level;
+    } else {
+      return bad(
+          "unknown key (settable: bucket_cap_mb, first_bucket_cap_mb, timeout_s, "
+          "stall_threshold_s, log_level)");
+    }
+    changed.push_back(absl::StrCat(key, "=", value));
+  }
+  if (absl::Status st = ValidateConfig(next); !st.ok()) {
+    return Reply(resp, MakeError(v1::INVALID_ARGUMENT, st.message()));
+  }
+  const DaemonConfig before = jobs_->config();
+  jobs_->UpdateConfig([&](DaemonConfig& c) {
+    c.bucket_cap_mb = next.bucket_cap_mb;
+    c.first_bucket_cap_mb = next.first_bucket_cap_mb;
+    c.timeout_ms = next.timeout_ms;
+    c.stall_threshold_s = next.stall_threshold_s;
+    c.log_level = next.log_level;
+  });
+  spdlog::set_level(spdlog::level::from_str(next.log_level));
+  if (next.bucket_cap_mb != before.bucket_cap_mb ||
+      next.first_bucket_cap_mb != before.first_bucket_cap_mb) {
+    // The running job re-plans at its next iteration boundary.
+    if (std::shared_ptr<Job> job = jobs_->Current()) {
+      job->SetCaps(BucketCaps{next.bucket_cap_bytes(), next.first_bucket_cap_bytes()});
+    }
+  }
+  if (!changed.empty()) config_version_.fetch_add(1);
+  spdlog::info("event=config_set changes=\"{}\" version={}", absl::StrJoin(changed, " "),
+               config_version_.load());
+  FillConfig(resp->mutable_config());
+  return Reply(resp, absl::OkStatus());
+}
+
+grpc::Status ControlService::GetTrace(grpc::ServerContext*, const v1::GetTraceRequest*,
+                                      v1::GetTraceResponse* resp) {
+  std::shared_ptr<Job> job = jobs_->Current();
+  if (!job) return Reply(resp, MakeError(v1::STATE, "no job has run on this daemon yet"));
+  absl::StatusOr<std::string> json = job->TraceJson();
+  if (!json.ok()) return Reply(resp, json.status());
+  resp->set_trace_json(std::move(*json));
+  return Reply(resp, absl::OkStatus());
+}
+
+grpc::Status ControlService::Drain(grpc::ServerContext*, const v1::DrainRequest*,
+                                   v1::DrainResponse* resp) {
+  spdlog::info("event=drain_requested");
+  drain_();
+  return Reply(resp, absl::OkStatus());
+}
+
+}  // namespace gradsync

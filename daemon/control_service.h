@@ -1,0 +1,43 @@
+// ControlService: gradsync.v1.Control on the daemon's --listen port — what
+// an operator (gradsyncctl, or any gRPC tool via reflection) uses to see and
+// steer the node: stats, configuration, the flight-recorder trace, drain.
+#ifndef GRADSYNC_DAEMON_CONTROL_SERVICE_H_
+#define GRADSYNC_DAEMON_CONTROL_SERVICE_H_
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "daemon/job_registry.h"
+#include "gradsync/v1/control.grpc.pb.h"
+
+namespace gradsync {
+
+class ControlService final : public v1::Control::Service {
+ public:
+  // `drain`: stop accepting trainers, finish the current iteration, exit 0.
+  ControlService(JobRegistry* jobs, std::function<void()> drain);
+
+  grpc::Status GetStats(grpc::ServerContext*, const v1::GetStatsRequest*,
+                        v1::GetStatsResponse*) override;
+  grpc::Status GetConfig(grpc::ServerContext*, const v1::GetConfigRequest*,
+                         v1::GetConfigResponse*) override;
+  grpc::Status SetConfig(grpc::ServerContext*, const v1::SetConfigRequest*,
+                         v1::SetConfigResponse*) override;
+  grpc::Status GetTrace(grpc::ServerContext*, const v1::GetTraceRequest*,
+                        v1::GetTraceResponse*) override;
+  grpc::Status Drain(grpc::ServerContext*, const v1::DrainRequest*, v1::DrainResponse*) override;
+
+ private:
+  void FillConfig(v1::Config* out) const;
+
+  JobRegistry* jobs_;
+  std::function<void()> drain_;
+  const std::chrono::steady_clock::time_point started_;
+  std::atomic<uint64_t> config_version_{1};
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_CONTROL_SERVICE_H_
