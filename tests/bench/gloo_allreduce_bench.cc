@@ -1,0 +1,257 @@
+// Cross-node allreduce on loopback: plain Gloo vs gradsync's GlooBackend.
+//
+//   gloo_allreduce_bench [--nodes=2] [--sizes_mb=25,100] [--iters=10] [--rounds=4]
+//
+// The launcher hosts a RendezvousService and starts --nodes worker processes
+// (this binary again, with --worker). Every worker joins, then connects two
+// Gloo contexts over the same rendezvous store:
+//   plain_gloo  a gloo::rendezvous::Context driven directly with
+//               gloo::allreduce (ring, gloo::sum<float>): the reference;
+//   gradsync    GlooBackend::AllreduceSum, what the daemon runs.
+// Rows alternate per round so drift on a noisy VM hits both alike. Node 0
+// prints, per size: mean time per allreduce, algbw = bytes / time and
+// busbw = algbw * 2(n-1)/n (nccl-tests definitions), and gradsync's busbw as
+// a fraction of plain Gloo's (PERFORMANCE.md target: >= 0.95 at 100 MB).
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "daemon/backends/gloo_backend.h"
+#include "daemon/backends/gloo_store.h"
+#include "daemon/rendezvous_client.h"
+#include "daemon/rendezvous_keys.h"
+#include "daemon/rendezvous_service.h"
+#include "gloo/allreduce.h"
+#include "gloo/barrier.h"
+#include "gloo/config.h"
+#include "gloo/math.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/prefix_store.h"
+#include "gloo/transport/tcp/device.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(int, nodes, 2, "processes (nodes) in the allreduce");
+ABSL_FLAG(std::string, sizes_mb, "25,100", "comma-separated buffer sizes in MB (fp32)");
+ABSL_FLAG(int, iters, 10, "timed allreduces per row and round");
+ABSL_FLAG(int, warmup, 2, "untimed allreduces before each timed block");
+ABSL_FLAG(int, rounds, 4, "alternating rounds of the two rows");
+ABSL_FLAG(bool, worker, false, "internal: run as a worker");
+ABSL_FLAG(int, rank, 0, "internal: worker rank");
+ABSL_FLAG(std::string, leader, "", "internal: leader address");
+
+extern char** environ;
+
+namespace gradsync {
+namespace {
+
+constexpr char kJob[] = "gloo-bench";
+constexpr char kToken[] = "gloo-bench-token";
+constexpr absl::Duration kTimeout = absl::Seconds(120);
+
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+[[noreturn]] void Die(const std::string& why) {
+  std::fprintf(stderr, "gloo_allreduce_bench: %s\n", why.c_str());
+  std::exit(1);
+}
+
+std::vector<size_t> SizesBytes() {
+  std::vector<size_t> out;
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_sizes_mb), ',')) {
+    double mb = 0;
+    if (!absl::SimpleAtod(part, &mb) || mb <= 0) Die(absl::StrCat("bad size '", part, "'"));
+    out.push_back(static_cast<size_t>(mb * 1e6) / sizeof(float) * sizeof(float));
+  }
+  return out;
+}
+
+void Fill(std::vector<float>& data, int rank) {
+  for (size_t i = 0; i < data.size(); ++i) data[i] = 1e-3f * static_cast<float>(i % 7 + rank);
+}
+
+int Worker() {
+  spdlog::set_level(spdlog::level::warn);
+  const int rank = absl::GetFlag(FLAGS_rank);
+  const int n = absl::GetFlag(FLAGS_nodes);
+  RendezvousClientOptions client_options;
+  client_options.leader = absl::GetFlag(FLAGS_leader);
+  client_options.job_id = kJob;
+  client_options.job_token = kToken;
+  std::shared_ptr<RendezvousClient> client = RendezvousClient::Connect(client_options);
+  JoinParams join;
+  join.node_rank = rank;
+  join.num_nodes = n;
+  join.host = "127.0.0.1";
+  join.timeout = kTimeout;
+  absl::StatusOr<JoinResult> joined = client->Join(join);
+  if (!joined.ok()) Die(joined.status().ToString());
+  auto store = std::make_shared<GlooStore>(client, kTimeout);
+
+  // The reference: Gloo used directly, rendezvous through the same store.
+  auto plain = std::make_shared<gloo::rendezvous::Context>(rank, n);
+  plain->setTimeout(absl::ToChronoMilliseconds(kTimeout));
+  {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    gloo::rendezvous::PrefixStore prefix(GenerationKeyPrefix(joined->generation) + "plain", *store);
+    plain->connectFullMesh(prefix, device);
+  }
+
+  GlooBackendOptions options;
+  options.node_rank = rank;
+  options.num_nodes = n;
+  options.host = "127.0.0.1";
+  options.generation = joined->generation;
+  options.timeout = kTimeout;
+  options.store = store;
+  absl::StatusOr<std::unique_ptr<GlooBackend>> backend = GlooBackend::Create(options);
+  if (!backend.ok()) Die(backend.status().ToString());
+
+  auto plain_allreduce = [&](std::vector<float>& data) {
+    gloo::AllreduceOptions opts(plain);
+    opts.setOutput<float>(data.data(), data.size());
+    opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+    opts.setReduceFunction(static_cast<ReduceFn>(&gloo::sum<float>));
+    opts.setTimeout(absl::ToChronoMilliseconds(kTimeout));
+    gloo::allreduce(opts);
+  };
+  auto gradsync_allreduce = [&](std::vector<float>& data) {
+    absl::Status status = (*backend)->AllreduceSum(data.data(), data.size(), DType::kFloat32);
+    if (!status.ok()) Die(status.ToString());
+  };
+  auto barrier = [&] {
+    gloo::BarrierOptions opts(plain);
+    gloo::barrier(opts);
+  };
+
+  const int iters = absl::GetFlag(FLAGS_iters);
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  const int rounds = absl::GetFlag(FLAGS_rounds);
+  if (rank == 0) {
+    std::printf("%5s %9s %-11s %9s %9s %11s %11s %9s\n", "nodes", "size_MB", "impl", "time_ms",
+                "min_ms", "algbw_GB/s", "busbw_GB/s", "vs_plain");
+  }
+  for (size_t bytes : SizesBytes()) {
+    std::vector<float> data(bytes / sizeof(float));
+    double total_s[2] = {0, 0};
+    double min_s[2] = {1e30, 1e30};
+    for (int round = 0; round < rounds; ++round) {
+      for (int impl = 0; impl < 2; ++impl) {
+        Fill(data, rank);
+        for (int i = 0; i < warmup; ++i) {
+          impl == 0 ? plain_allreduce(data) : gradsync_allreduce(data);
+        }
+        barrier();
+        for (int i = 0; i < iters; ++i) {
+          const auto t0 = std::chrono::steady_clock::now();
+          impl == 0 ? plain_allreduce(data) : gradsync_allreduce(data);
+          const double s =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          total_s[impl] += s;
+          min_s[impl] = std::min(min_s[impl], s);
+        }
+      }
+    }
+    if (rank != 0) continue;
+    double busbw[2];
+    for (int impl = 0; impl < 2; ++impl) {
+      const double mean_s = total_s[impl] / (rounds * iters);
+      const double algbw = static_cast<double>(bytes) / mean_s / 1e9;
+      busbw[impl] = algbw * 2.0 * (n - 1) / n;
+      const std::string ratio = impl == 0 ? "" : absl::StrFormat("%.3f", busbw[1] / busbw[0]);
+      std::printf("%5d %9.3f %-11s %9.2f %9.2f %11.3f %11.3f %9s\n", n, bytes / 1e6,
+                  impl == 0 ? "plain_gloo" : "gradsync", mean_s * 1e3, min_s[impl] * 1e3, algbw,
+                  busbw[impl], ratio.c_str());
+    }
+    std::fflush(stdout);
+  }
+  barrier();
+  return 0;
+}
+
+int Launcher(const char* self) {
+  const int n = absl::GetFlag(FLAGS_nodes);
+  if (n < 2) Die("--nodes must be >= 2");
+  RendezvousService service(kJob, kToken, n, kTimeout, absl::InfiniteDuration());
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) Die("cannot start the rendezvous server");
+  const std::string leader = absl::StrCat("127.0.0.1:", port);
+  std::printf(
+      "# gloo allreduce over loopback: %d processes, fp32, ring; Gloo %d.%d.%d; "
+      "iters=%d x rounds=%d (warmup %d)\n",
+      n, GLOO_VERSION_MAJOR, GLOO_VERSION_MINOR, GLOO_VERSION_PATCH, absl::GetFlag(FLAGS_iters),
+      absl::GetFlag(FLAGS_rounds), absl::GetFlag(FLAGS_warmup));
+  std::fflush(stdout);
+
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    std::vector<std::string> args = {self,
+                                     "--worker",
+                                     absl::StrCat("--rank=", r),
+                                     absl::StrCat("--nodes=", n),
+                                     "--leader=" + leader,
+                                     "--sizes_mb=" + absl::GetFlag(FLAGS_sizes_mb),
+                                     absl::StrCat("--iters=", absl::GetFlag(FLAGS_iters)),
+                                     absl::StrCat("--warmup=", absl::GetFlag(FLAGS_warmup)),
+                                     absl::StrCat("--rounds=", absl::GetFlag(FLAGS_rounds))};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = -1;
+    if (posix_spawn(&pid, self, nullptr, nullptr, argv.data(), environ) != 0) {
+      Die("cannot start a worker");
+    }
+    pids.push_back(pid);
+  }
+  // Every worker must finish; a failed one makes the others fail within the
+  // timeout, so this wait ends.
+  int failures = 0;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failures;
+  }
+  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  if (failures > 0) {
+    std::fprintf(stderr, "gloo_allreduce_bench: %d worker(s) failed\n", failures);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace gradsync
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_worker)) return gradsync::Worker();
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (len <= 0) return 1;
+  self[len] = '\0';
+  return gradsync::Launcher(self);
+}

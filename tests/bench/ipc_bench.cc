@@ -1,0 +1,649 @@
+// ipc_bench: one event from one process to another, through gradsync's
+// ring + doorbell and through the references it must beat, in one run.
+// Prints a markdown table (one-way latency p50/p99, events/s). Not a test.
+//
+// Latency is half the round trip of a ping-pong between two processes (two
+// channels, one per direction), timed by one process only, so no clocks
+// are compared across processes. Events/s is a one-way stream of 32-byte
+// events, timed by the producer until the consumer acknowledges the last.
+//
+// Rows:
+//   cache-line ping-pong   the hardware floor: one atomic word bouncing
+//                          between two cores (one-way = one line transfer)
+//   ring, spinning         SpscRing push + Doorbell::Ring, peer busy-polls
+//   raw futex ping-pong    the floor for anything that sleeps: two futex
+//                          words, FUTEX_WAIT / FUTEX_WAKE and nothing else
+//   ring, sleeping         same as spinning, but the peer sleeps in
+//                          FUTEX_WAIT (spin 0) and the doorbell wakes it
+//   boost message_queue    Boost.Interprocess, blocking send/receive
+//   unix socket            socketpair(AF_UNIX, SOCK_STREAM), blocking I/O
+#include <linux/futex.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "boost/interprocess/ipc/message_queue.hpp"
+#include "ipc/doorbell.h"
+#include "ipc/events.h"
+#include "ipc/node_segment.h"
+#include "ipc/shared_segment.h"
+#include "ipc/spsc_ring.h"
+#include "ipc/trainer_segment.h"
+
+namespace {
+
+namespace bip = boost::interprocess;
+using gradsync::ipc::CompletionEvent;
+using gradsync::ipc::Doorbell;
+using gradsync::ipc::NodeSegment;
+using gradsync::ipc::PopResult;
+using gradsync::ipc::ReadyEvent;
+using gradsync::ipc::SharedSegment;
+using gradsync::ipc::TrainerSegment;
+using gradsync::ipc::TrainerSegmentSpec;
+using Clock = std::chrono::steady_clock;
+using std::chrono::nanoseconds;
+
+// Sized so the whole run stays well under 30 s on 2 busy cores.
+constexpr int kWarmup = 2000;
+constexpr int kSpinRounds = 200'000;
+constexpr int kSleepRounds = 20'000;
+constexpr int kSyscallRounds = 30'000;
+constexpr uint64_t kRingStream = 1'000'000;
+constexpr uint64_t kSleepStream = 500'000;
+constexpr uint64_t kSyscallStream = 100'000;
+// Streams are repeated and the best rate kept: a preempted run (other
+// work on the machine) says nothing about the path itself.
+constexpr int kStreamRepeats = 3;
+constexpr size_t kEventBytes = 32;
+static_assert(sizeof(ReadyEvent) == kEventBytes && sizeof(CompletionEvent) == kEventBytes);
+constexpr uint64_t kStop = ~uint64_t{0};               // a sequence that ends the peer
+constexpr auto kPeerLimit = std::chrono::seconds(20);  // a wait this long: broken
+
+bool g_pinned = false;
+
+void Pin(int cpu) {
+  if (!g_pinned) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  sched_setaffinity(0, sizeof(set), &set);
+}
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+// The peer process: pinned to the other core, dies with the parent or of
+// SIGALRM if it hangs, never returns into main.
+pid_t StartPeer(const std::function<int()>& body) {
+  std::fflush(nullptr);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
+    Pin(1);
+    alarm(120);
+    _exit(body());
+  }
+  return pid;
+}
+
+bool JoinPeer(pid_t pid, const char* what) {
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::fprintf(stderr, "ipc_bench: %s peer failed (status 0x%x)\n", what, status);
+    return false;
+  }
+  return true;
+}
+
+struct Row {
+  std::string path;
+  std::vector<double> one_way_ns;  // per round: round trip / 2
+  double events_per_s = 0;         // 0: not measured
+};
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  const size_t k = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return v[k];
+}
+
+// Times `rounds` calls of `round_trip` after a warm-up; returns one-way ns.
+std::vector<double> TimeRoundTrips(int rounds, const std::function<bool()>& before,
+                                   const std::function<bool()>& round_trip) {
+  std::vector<double> one_way;
+  one_way.reserve(static_cast<size_t>(rounds));
+  for (int i = 0; i < kWarmup + rounds; ++i) {
+    if (!before()) return {};
+    const auto t0 = Clock::now();
+    if (!round_trip()) return {};
+    const auto t1 = Clock::now();
+    if (i >= kWarmup) {
+      one_way.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / 2);
+    }
+  }
+  return one_way;
+}
+
+double EventsPerSecond(uint64_t events, Clock::time_point start) {
+  return static_cast<double>(events) / std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double BestRate(const std::function<double()>& stream) {
+  double best = 0;
+  for (int i = 0; i < kStreamRepeats; ++i) best = std::max(best, stream());
+  return best;
+}
+
+// ---- cache-line ping-pong: the floor ------------------------------------
+
+struct alignas(64) Line {
+  std::atomic<uint64_t> word;
+};
+
+Row CacheLine(const std::string& name) {
+  Row row{"cache-line ping-pong (reference)", {}, 0};
+  auto seg = SharedSegment::Create(name, sizeof(Line));
+  if (!seg.ok()) return row;
+  auto* line = new (seg->data()) Line();
+  const pid_t peer = StartPeer([line] {
+    // Answers every odd value v with v + 1; kStop ends.
+    for (uint64_t last = 0;;) {
+      uint64_t v;
+      while ((v = line->word.load(std::memory_order_acquire)) == last) CpuRelax();
+      if (v == kStop) return 0;
+      line->word.store(v + 1, std::memory_order_release);
+      last = v + 1;
+    }
+  });
+  uint64_t v = 0;
+  row.one_way_ns = TimeRoundTrips(
+      kSpinRounds, [] { return true; },
+      [&] {
+        line->word.store(++v, std::memory_order_release);
+        while (line->word.load(std::memory_order_acquire) != v + 1) CpuRelax();
+        ++v;
+        return true;
+      });
+  line->word.store(kStop, std::memory_order_release);
+  JoinPeer(peer, "cache-line");
+  SharedSegment::Remove(name).IgnoreError();
+  return row;
+}
+
+// ---- raw futex ping-pong: the floor for anything that sleeps -------------
+
+struct FutexPair {
+  alignas(64) std::atomic<uint32_t> word[2];
+};
+
+long Futex(std::atomic<uint32_t>* word, int op, uint32_t value) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, nullptr, nullptr, 0);
+}
+
+// Sleeps until `word` differs from `seen` (no spinning, no timeout: the
+// peer always answers, and its death kills us through PR_SET_PDEATHSIG).
+void FutexAwait(std::atomic<uint32_t>* word, uint32_t seen) {
+  while (word->load(std::memory_order_acquire) == seen) Futex(word, FUTEX_WAIT, seen);
+}
+
+void FutexBump(std::atomic<uint32_t>* word) {
+  word->fetch_add(1, std::memory_order_seq_cst);
+  Futex(word, FUTEX_WAKE, 1);
+}
+
+Row RawFutex(const std::string& name) {
+  Row row{"raw futex ping-pong (wake-up floor, reference)", {}, 0};
+  auto seg = SharedSegment::Create(name, sizeof(FutexPair));
+  if (!seg.ok()) return row;
+  auto* pair = new (seg->data()) FutexPair();
+  const pid_t peer = StartPeer([pair] {
+    for (uint32_t seen = 0;; ++seen) {
+      FutexAwait(&pair->word[0], seen);
+      if (pair->word[0].load() == ~uint32_t{0}) return 0;
+      FutexBump(&pair->word[1]);
+    }
+  });
+  uint32_t seen = 0;
+  row.one_way_ns = TimeRoundTrips(
+      kSleepRounds, [] { return true; },
+      [&] {
+        FutexBump(&pair->word[0]);
+        FutexAwait(&pair->word[1], seen++);
+        return true;
+      });
+  pair->word[0].store(~uint32_t{0} - 1);
+  FutexBump(&pair->word[0]);  // ~0: stop
+  JoinPeer(peer, "futex");
+  SharedSegment::Remove(name).IgnoreError();
+  return row;
+}
+
+// ---- gradsync: SpscRing + Doorbell ---------------------------------------
+
+// Waits (spinning, or sleeping in the doorbell) until `ready()`; false
+// after kPeerLimit without progress.
+bool Await(Doorbell& bell, bool sleep, const std::function<bool()>& ready) {
+  if (!sleep) {
+    const auto deadline = Clock::now() + kPeerLimit;
+    for (int i = 0; !ready(); ++i) {
+      CpuRelax();
+      if ((i & 0xffff) == 0 && Clock::now() > deadline) return false;
+    }
+    return true;
+  }
+  while (true) {
+    const uint32_t seen = bell.Sequence();
+    if (ready()) return true;
+    if (bell.Wait(seen, kPeerLimit, nanoseconds(0)) == Doorbell::WaitResult::kTimeout) {
+      return ready();
+    }
+  }
+}
+
+// The daemon's side of a trainer's segment pair, created by the parent.
+struct Channel {
+  NodeSegment node;        // ready_bell: the ping side rings, the peer waits
+  TrainerSegment trainer;  // ready ring (ping), completion ring (pong)
+  Doorbell& ping_bell() { return node.ready_bell(); }
+  Doorbell& pong_bell() { return trainer.header()->completion_bell; }
+};
+
+bool MakeChannel(const std::string& prefix, Channel* ch) {
+  auto node = NodeSegment::Create(prefix + "_node", getpid());
+  TrainerSegmentSpec spec;
+  spec.ring_capacity = 4096;  // the default: what trainers get
+  spec.daemon_pid = getpid();
+  auto trainer = TrainerSegment::Create(prefix + "_t0", spec);
+  if (!node.ok() || !trainer.ok()) {
+    std::fprintf(stderr, "ipc_bench: %s / %s\n", node.status().ToString().c_str(),
+                 trainer.status().ToString().c_str());
+    SharedSegment::Remove(prefix + "_node").IgnoreError();
+    return false;
+  }
+  ch->node = std::move(*node);
+  ch->trainer = std::move(*trainer);
+  return true;
+}
+
+void RemoveChannel(const std::string& prefix) {
+  SharedSegment::Remove(prefix + "_node").IgnoreError();
+  SharedSegment::Remove(prefix + "_t0").IgnoreError();
+}
+
+// The peer opens the segments by name, as a trainer process would.
+int RingPeerPingPong(const std::string& prefix, bool sleep) {
+  auto node = NodeSegment::Open(prefix + "_node");
+  auto trainer = TrainerSegment::Open(prefix + "_t0", 0, 0);
+  if (!node.ok() || !trainer.ok()) return 1;
+  Doorbell& ping_bell = node->ready_bell();
+  Doorbell& pong_bell = trainer->header()->completion_bell;
+  ReadyEvent in;
+  while (true) {
+    if (!Await(ping_bell, sleep,
+               [&] { return trainer->ready_ring().TryPop(&in) == PopResult::kOk; })) {
+      return 2;
+    }
+    if (in.sequence == kStop) return 0;
+    CompletionEvent out{};
+    out.sequence = in.sequence;
+    while (!trainer->completion_ring().TryPush(out)) CpuRelax();
+    pong_bell.Ring();
+  }
+}
+
+Row RingLatency(const std::string& prefix, bool sleep, int rounds) {
+  Row row{
+      sleep ? "gradsync ring (sleeping consumer, futex wake)" : "gradsync ring (spinning consumer)",
+      {},
+      0};
+  Channel ch;
+  if (!MakeChannel(prefix, &ch)) return row;
+  const pid_t peer = StartPeer([&] { return RingPeerPingPong(prefix, sleep); });
+  uint64_t seq = 0;
+  row.one_way_ns = TimeRoundTrips(
+      rounds,
+      [&] {
+        // Measure a real wake-up: start each round with the peer asleep.
+        if (!sleep) return true;
+        const auto deadline = Clock::now() + kPeerLimit;
+        while (ch.ping_bell().sleepers.load() == 0) {
+          if (Clock::now() > deadline) return false;
+          CpuRelax();
+        }
+        return true;
+      },
+      [&] {
+        ReadyEvent e{};
+        e.sequence = seq;
+        if (!ch.trainer.ready_ring().TryPush(e)) return false;
+        ch.ping_bell().Ring();
+        CompletionEvent back;
+        if (!Await(ch.pong_bell(), sleep,
+                   [&] { return ch.trainer.completion_ring().TryPop(&back) == PopResult::kOk; })) {
+          return false;
+        }
+        return back.sequence == seq++;
+      });
+  ReadyEvent stop{};
+  stop.sequence = kStop;
+  while (!ch.trainer.ready_ring().TryPush(stop)) CpuRelax();
+  ch.ping_bell().Ring();
+  JoinPeer(peer, row.path.c_str());
+  RemoveChannel(prefix);
+  return row;
+}
+
+// Stream consumer: pops `events` entries in order, frees space for a
+// producer blocked on a full ring, then acknowledges with one completion.
+int RingPeerStream(const std::string& prefix, bool sleep, uint64_t events) {
+  auto node = NodeSegment::Open(prefix + "_node");
+  auto trainer = TrainerSegment::Open(prefix + "_t0", 0, 0);
+  if (!node.ok() || !trainer.ok()) return 1;
+  Doorbell& ping_bell = node->ready_bell();
+  Doorbell& pong_bell = trainer->header()->completion_bell;
+  auto& ring = trainer->ready_ring();
+  uint64_t next = 0, since_ring = 0;
+  ReadyEvent in;
+  while (next < events) {
+    if (ring.TryPop(&in) == PopResult::kOk) {
+      if (in.sequence != next++) return 3;
+      if (sleep && ++since_ring == 64) {
+        pong_bell.Ring();  // space for a producer sleeping on a full ring
+        since_ring = 0;
+      }
+      continue;
+    }
+    if (sleep && since_ring > 0) {
+      pong_bell.Ring();
+      since_ring = 0;
+    }
+    if (!Await(ping_bell, sleep, [&] { return ring.Size() > 0; })) return 2;
+  }
+  CompletionEvent ack{};
+  ack.sequence = events;
+  while (!trainer->completion_ring().TryPush(ack)) CpuRelax();
+  pong_bell.Ring();
+  return 0;
+}
+
+double RingStream(const std::string& prefix, bool sleep, uint64_t events) {
+  Channel ch;
+  if (!MakeChannel(prefix, &ch)) return 0;
+  const pid_t peer = StartPeer([&] { return RingPeerStream(prefix, sleep, events); });
+  // Let the peer attach before the clock starts.
+  usleep(20000);
+  auto& ring = ch.trainer.ready_ring();
+  const auto start = Clock::now();
+  bool ok = true;
+  for (uint64_t i = 0; i < events && ok; ++i) {
+    ReadyEvent e{};
+    e.sequence = i;
+    if (!ring.TryPush(e)) {
+      ok = Await(ch.pong_bell(), sleep, [&] { return ring.TryPush(e); });
+    }
+    ch.ping_bell().Ring();
+  }
+  CompletionEvent ack;
+  ok = ok && Await(ch.pong_bell(), sleep,
+                   [&] { return ch.trainer.completion_ring().TryPop(&ack) == PopResult::kOk; });
+  const double rate = ok ? EventsPerSecond(events, start) : 0;
+  if (!ok) kill(peer, SIGKILL);
+  JoinPeer(peer, "ring stream");
+  RemoveChannel(prefix);
+  return rate;
+}
+
+// ---- Boost.Interprocess message_queue ------------------------------------
+
+// The peer: echoes every message (ping-pong), or (stream) receives
+// `events` messages and acknowledges the last. kStop ends the echo.
+int QueuePeer(const std::string& ping, const std::string& pong, uint64_t stream_events) {
+  try {
+    bip::message_queue in(bip::open_only, ping.c_str());
+    bip::message_queue out(bip::open_only, pong.c_str());
+    ReadyEvent e;
+    size_t got;
+    unsigned prio;
+    for (uint64_t n = 1;; ++n) {
+      in.receive(&e, sizeof(e), got, prio);
+      if (e.sequence == kStop) return 0;
+      if (stream_events == 0 || n == stream_events) out.send(&e, sizeof(e), 0);
+      if (n == stream_events) return 0;
+    }
+  } catch (const bip::interprocess_exception& ex) {
+    std::fprintf(stderr, "ipc_bench: message_queue peer: %s\n", ex.what());
+    return 1;
+  }
+}
+
+// Runs `body` with a fresh pair of queues (one per direction) and a peer.
+template <typename Body>
+void WithQueues(const std::string& prefix, uint64_t stream_events, Body body) {
+  const std::string ping = prefix + "_ping", pong = prefix + "_pong";
+  try {
+    bip::message_queue q_ping(bip::create_only, ping.c_str(), 4096, kEventBytes);
+    bip::message_queue q_pong(bip::create_only, pong.c_str(), 4096, kEventBytes);
+    const pid_t peer = StartPeer([&] { return QueuePeer(ping, pong, stream_events); });
+    body(q_ping, q_pong);
+    JoinPeer(peer, "message_queue");
+  } catch (const bip::interprocess_exception& ex) {
+    std::fprintf(stderr, "ipc_bench: message_queue: %s\n", ex.what());
+  }
+  bip::message_queue::remove(ping.c_str());
+  bip::message_queue::remove(pong.c_str());
+}
+
+Row BoostQueue(const std::string& prefix) {
+  Row row{"boost message_queue", {}, 0};
+  size_t got;
+  unsigned prio;
+  WithQueues(prefix, 0, [&](bip::message_queue& q_ping, bip::message_queue& q_pong) {
+    ReadyEvent e{}, back{};
+    row.one_way_ns = TimeRoundTrips(
+        kSyscallRounds, [] { return true; },
+        [&] {
+          ++e.sequence;
+          q_ping.send(&e, sizeof(e), 0);
+          q_pong.receive(&back, sizeof(back), got, prio);
+          return back.sequence == e.sequence;
+        });
+    e.sequence = kStop;
+    q_ping.send(&e, sizeof(e), 0);
+  });
+  row.events_per_s = BestRate([&] {
+    double rate = 0;
+    WithQueues(prefix, kSyscallStream, [&](bip::message_queue& q_ping, bip::message_queue& q_pong) {
+      usleep(20000);  // let the peer attach before the clock starts
+      ReadyEvent e{};
+      const auto start = Clock::now();
+      for (uint64_t i = 0; i < kSyscallStream; ++i) {
+        e.sequence = i;
+        q_ping.send(&e, sizeof(e), 0);
+      }
+      q_pong.receive(&e, sizeof(e), got, prio);
+      rate = EventsPerSecond(kSyscallStream, start);
+    });
+    return rate;
+  });
+  return row;
+}
+
+// ---- unix-domain socket --------------------------------------------------
+
+bool WriteAll(int fd, const void* data, size_t n) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = write(fd, p, n);
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+bool ReadAll(int fd, void* data, size_t n) {
+  auto* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t r = read(fd, p, n);
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+// The peer: echoes 32-byte messages until EOF, or (stream) reads
+// `stream_events` messages in large reads and acknowledges with one.
+int SocketPeer(int fd, uint64_t stream_events) {
+  char msg[kEventBytes];
+  if (stream_events == 0) {
+    while (ReadAll(fd, msg, sizeof(msg))) {
+      if (!WriteAll(fd, msg, sizeof(msg))) return 1;
+    }
+    return 0;
+  }
+  std::vector<char> buf(1 << 16);
+  for (uint64_t bytes = 0; bytes < stream_events * kEventBytes;) {
+    const ssize_t r = read(fd, buf.data(), buf.size());
+    if (r <= 0) return 1;
+    bytes += static_cast<uint64_t>(r);
+  }
+  return WriteAll(fd, msg, sizeof(msg)) ? 0 : 1;
+}
+
+// Runs `body(fd)` on one end of a fresh socketpair, the peer on the other.
+template <typename Body>
+void WithSocket(uint64_t stream_events, Body body) {
+  int fds[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) return;
+  const pid_t peer = StartPeer([&] {
+    close(fds[0]);
+    return SocketPeer(fds[1], stream_events);
+  });
+  close(fds[1]);
+  body(fds[0]);
+  close(fds[0]);  // EOF ends an echoing peer
+  JoinPeer(peer, "unix socket");
+}
+
+Row UnixSocket() {
+  Row row{"unix socket ping-pong", {}, 0};
+  char msg[kEventBytes] = {};
+  WithSocket(0, [&](int fd) {
+    row.one_way_ns = TimeRoundTrips(
+        kSyscallRounds, [] { return true; },
+        [&] { return WriteAll(fd, msg, sizeof(msg)) && ReadAll(fd, msg, sizeof(msg)); });
+  });
+  row.events_per_s = BestRate([&] {
+    double rate = 0;
+    WithSocket(kSyscallStream, [&](int fd) {
+      usleep(20000);
+      const auto start = Clock::now();
+      bool ok = true;
+      for (uint64_t i = 0; i < kSyscallStream && ok; ++i) ok = WriteAll(fd, msg, sizeof(msg));
+      if (ok && ReadAll(fd, msg, sizeof(msg))) rate = EventsPerSecond(kSyscallStream, start);
+    });
+    return rate;
+  });
+  return row;
+}
+
+// ---- output ----------------------------------------------------------------
+
+void PrintRow(const Row& r) {
+  const std::string rate =
+      r.events_per_s > 0 ? absl::StrFormat("%.2fM", r.events_per_s / 1e6) : std::string("—");
+  if (r.one_way_ns.empty()) {
+    std::printf("| %s | failed | failed | %s |\n", r.path.c_str(), rate.c_str());
+    return;
+  }
+  std::printf("| %s | %.2f | %.2f | %s |\n", r.path.c_str(), Percentile(r.one_way_ns, 0.50) / 1e3,
+              Percentile(r.one_way_ns, 0.99) / 1e3, rate.c_str());
+}
+
+}  // namespace
+
+int main() {
+  const auto run_start = Clock::now();
+  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  g_pinned = cpus >= 2;
+  Pin(0);
+  const std::string prefix = absl::StrCat("gsbench_", getpid());
+
+  Row line = CacheLine(prefix + "_line");
+  Row spin = RingLatency(prefix + "_spin", /*sleep=*/false, kSpinRounds);
+  spin.events_per_s =
+      BestRate([&] { return RingStream(prefix + "_spins", /*sleep=*/false, kRingStream); });
+  Row sleep = RingLatency(prefix + "_sleep", /*sleep=*/true, kSleepRounds);
+  sleep.events_per_s =
+      BestRate([&] { return RingStream(prefix + "_sleeps", /*sleep=*/true, kSleepStream); });
+  Row futex = RawFutex(prefix + "_futex");
+  Row queue = BoostQueue(prefix + "_mq");
+  Row sock = UnixSocket();
+
+  std::printf("## gradsync ipc: one event between two processes\n\n");
+  std::printf(
+      "one-way latency = half a ping-pong round trip (one process times it); events/s = a "
+      "one-way stream of %zu-byte events until the consumer acknowledges the last. %ld CPUs%s.\n\n",
+      kEventBytes, cpus, g_pinned ? ", the two processes pinned to CPUs 0 and 1" : "");
+  std::printf("| path | p50 µs | p99 µs | events/s |\n");
+  std::printf("|---|---:|---:|---:|\n");
+  for (const Row* r : {&line, &spin, &futex, &sleep, &queue, &sock}) PrintRow(*r);
+
+  const double line_p50 = Percentile(line.one_way_ns, 0.5);
+  const double spin_p50 = Percentile(spin.one_way_ns, 0.5);
+  const double sleep_p50 = Percentile(sleep.one_way_ns, 0.5);
+  const double sock_p50 = Percentile(sock.one_way_ns, 0.5);
+  std::printf("\n");
+  if (sleep_p50 > 0 && sock_p50 > 0) {
+    std::printf("futex wake-up p50 / unix socket p50 = %.2f (target: well under 1)\n",
+                sleep_p50 / sock_p50);
+  }
+  const double futex_p50 = Percentile(futex.one_way_ns, 0.5);
+  if (sleep_p50 > 0 && futex_p50 > 0) {
+    std::printf(
+        "futex wake-up p50 / raw futex ping-pong p50 = %.2f (1 = at the floor of any "
+        "sleeping path)\n",
+        sleep_p50 / futex_p50);
+  }
+  if (spin_p50 > 0 && line_p50 > 0) {
+    std::printf("spinning ring p50 / cache-line transfer p50 = %.1f (target: a small multiple)\n",
+                spin_p50 / line_p50);
+  }
+  std::printf(
+      "(round trips: %zu / %zu / %zu / %zu / %zu / %zu; streams: best of %d runs of %llu / %llu / "
+      "%llu / %llu events; %.1f s in all)\n",
+      line.one_way_ns.size(), spin.one_way_ns.size(), futex.one_way_ns.size(),
+      sleep.one_way_ns.size(), queue.one_way_ns.size(), sock.one_way_ns.size(), kStreamRepeats,
+      static_cast<unsigned long long>(kRingStream), static_cast<unsigned long long>(kSleepStream),
+      static_cast<unsigned long long>(kSyscallStream),
+      static_cast<unsigned long long>(kSyscallStream),
+      std::chrono::duration<double>(Clock::now() - run_start).count());
+  return 0;
+}

@@ -1,0 +1,374 @@
+// The Rendezvous service over real gRPC on loopback, driven by
+// RendezvousClients from threads of this process (one thread per node).
+// Covers join rounds and refusals, timeouts, aborts (error, Leave, missed
+// heartbeats), re-forming, and the generation-scoped key-value store.
+#include "daemon/rendezvous_service.h"
+
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "daemon/rendezvous_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/status_code.h"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
+#include "tests/multinode/test_support.h"
+
+namespace gradsync::testing {
+namespace {
+
+using ::testing::ContainsRegex;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr char kJob[] = "rdv-job";
+constexpr char kToken[] = "s3cret-t0ken";
+
+// absl::string_view prints as a char array in gtest: compare std::strings.
+std::string Msg(const absl::Status& status) { return std::string(status.message()); }
+
+class RendezvousServiceTest : public ::testing::Test {
+ protected:
+  void StartLeader(int num_nodes, absl::Duration heartbeat_timeout = absl::Minutes(10)) {
+    leader_ =
+        std::make_unique<TestLeader>(kJob, kToken, num_nodes, absl::Seconds(20), heartbeat_timeout);
+    ASSERT_FALSE(leader_->address().empty());
+    num_nodes_ = num_nodes;
+  }
+
+  std::unique_ptr<RendezvousClient> Client(const std::string& token = kToken,
+                                           const std::string& job = kJob) {
+    RendezvousClientOptions options;
+    options.leader = leader_->address();
+    options.job_id = job;
+    options.job_token = token;
+    options.rpc_timeout = absl::Seconds(5);
+    return RendezvousClient::Connect(options);
+  }
+
+  JoinParams Params(int rank, absl::Duration timeout = absl::Seconds(20)) const {
+    JoinParams p;
+    p.node_rank = rank;
+    p.num_nodes = num_nodes_;
+    p.local_size = rank + 1;
+    p.host = absl::StrCat("10.0.0.", rank + 1);
+    p.timeout = timeout;
+    return p;
+  }
+
+  // Every rank in `ranks` joins from its own thread; results by position.
+  std::vector<absl::StatusOr<JoinResult>> JoinAll(const std::vector<int>& ranks,
+                                                  absl::Duration timeout = absl::Seconds(20)) {
+    std::vector<absl::StatusOr<JoinResult>> results(ranks.size(), absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      threads.emplace_back([&, i] { results[i] = Client()->Join(Params(ranks[i], timeout)); });
+    }
+    for (auto& t : threads) t.join();
+    return results;
+  }
+
+  // Forms a generation with every node; returns it.
+  uint64_t FormGeneration() {
+    std::vector<int> ranks;
+    for (int r = 0; r < num_nodes_; ++r) ranks.push_back(r);
+    uint64_t generation = 0;
+    for (const auto& result : JoinAll(ranks)) {
+      EXPECT_TRUE(result.ok()) << result.status();
+      if (result.ok()) generation = result->generation;
+    }
+    return generation;
+  }
+
+  absl::StatusOr<HeartbeatResult> Beat(int rank, uint64_t generation,
+                                       absl::Status error = absl::OkStatus()) {
+    HeartbeatParams p;
+    p.node_rank = rank;
+    p.generation = generation;
+    p.iteration = 7;
+    p.last_launched_bucket = 3;
+    p.node_error = std::move(error);
+    return Client()->Heartbeat(p);
+  }
+
+  std::unique_ptr<TestLeader> leader_;
+  int num_nodes_ = 0;
+};
+
+TEST_F(RendezvousServiceTest, AllNodesJoinAndGetPeersInRankOrder) {
+  StartLeader(3);
+  const auto results = JoinAll({2, 0, 1});
+  for (const auto& result : results) {
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->generation, 1u);
+    EXPECT_EQ(result->world_size, 1 + 2 + 3);
+    ASSERT_EQ(result->peers.size(), 3u);
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(result->peers[r].node_rank, r);
+      EXPECT_EQ(result->peers[r].host, absl::StrCat("10.0.0.", r + 1));
+      EXPECT_EQ(result->peers[r].local_size, r + 1);
+    }
+  }
+  const RendezvousStatus status = leader_->service().GetStatus();
+  EXPECT_EQ(status.generation, 1u);
+  EXPECT_FALSE(status.aborted);
+  EXPECT_EQ(status.nodes.size(), 3u);
+}
+
+TEST_F(RendezvousServiceTest, WrongTokenAndJobIdAreRefusedAndTheTokenIsNotLogged) {
+  StartLeader(2);
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+
+  const auto bad_token = Client("not-the-token")->Join(Params(0));
+  ASSERT_FALSE(bad_token.ok());
+  EXPECT_EQ(CodeOf(bad_token.status()), v1::INVALID_ARGUMENT);
+  EXPECT_THAT(Msg(bad_token.status()), HasSubstr("job_token does not match"));
+  EXPECT_THAT(Msg(bad_token.status()), Not(HasSubstr("not-the-token")));
+
+  const auto bad_job = Client(kToken, "other-job")->Join(Params(0));
+  ASSERT_FALSE(bad_job.ok());
+  EXPECT_EQ(CodeOf(bad_job.status()), v1::INVALID_ARGUMENT);
+  EXPECT_THAT(Msg(bad_job.status()), HasSubstr("job_id 'other-job' does not match"));
+
+  // Every RPC checks the credentials, not only Join.
+  EXPECT_EQ(CodeOf(Client("not-the-token")->Set("k", "v")), v1::INVALID_ARGUMENT);
+  EXPECT_EQ(CodeOf(Client("not-the-token")->Leave(0, 0, "x")), v1::INVALID_ARGUMENT);
+
+  spdlog::default_logger()->flush();
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_THAT(log.str(), HasSubstr("event=rendezvous_refused rpc=Join"));
+  EXPECT_THAT(log.str(), Not(HasSubstr("not-the-token")));
+  EXPECT_THAT(log.str(), Not(HasSubstr(kToken)));
+}
+
+TEST_F(RendezvousServiceTest, NumNodesDisagreementIsAMismatch) {
+  StartLeader(2);
+  JoinParams p = Params(1);
+  p.num_nodes = 4;
+  const auto result = Client()->Join(p);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(CodeOf(result.status()), v1::MISMATCH);
+  EXPECT_THAT(Msg(result.status()), HasSubstr("node_rank=1 was started with num_nodes=4"));
+  EXPECT_THAT(Msg(result.status()), HasSubstr("num_nodes=2"));
+}
+
+TEST_F(RendezvousServiceTest, OutOfRangeRankAndBadFieldsAreRefused) {
+  StartLeader(2);
+  for (int rank : {-1, 2}) {
+    const auto result = Client()->Join(Params(rank));
+    ASSERT_FALSE(result.ok());
+    EXPECT_EQ(CodeOf(result.status()), v1::INVALID_ARGUMENT);
+    EXPECT_THAT(Msg(result.status()),
+                HasSubstr(absl::StrCat("node_rank=", rank, " is out of range [0, 2)")));
+  }
+  JoinParams no_host = Params(0);
+  no_host.host.clear();
+  EXPECT_EQ(CodeOf(Client()->Join(no_host).status()), v1::INVALID_ARGUMENT);
+  JoinParams no_trainers = Params(0);
+  no_trainers.local_size = 0;
+  EXPECT_EQ(CodeOf(Client()->Join(no_trainers).status()), v1::INVALID_ARGUMENT);
+}
+
+TEST_F(RendezvousServiceTest, DuplicateNodeRankIsRefusedAndTheRoundStillForms) {
+  StartLeader(2);
+  absl::StatusOr<JoinResult> first = absl::UnknownError("not run");
+  std::thread waiter([&] { first = Client()->Join(Params(0)); });
+  // Wait until rank 0 is in the round (status, not timing).
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (leader_->service().GetStatus().pending_node_ranks.empty() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const auto duplicate = Client()->Join(Params(0));
+  ASSERT_FALSE(duplicate.ok());
+  EXPECT_EQ(CodeOf(duplicate.status()), v1::INVALID_ARGUMENT);
+  EXPECT_THAT(Msg(duplicate.status()), HasSubstr("node_rank=0 joined twice"));
+
+  const auto second = Client()->Join(Params(1));
+  waiter.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(first->generation, 1u);
+
+  // A member of the active generation cannot join again.
+  const auto again = Client()->Join(Params(1));
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(CodeOf(again.status()), v1::STATE);
+  EXPECT_THAT(Msg(again.status()),
+              HasSubstr("node_rank=1 is already a member of active generation 1"));
+}
+
+TEST_F(RendezvousServiceTest, JoinTimeoutNamesTheMissingNodesAndLeavesTheRound) {
+  StartLeader(3);
+  const auto results = JoinAll({0, 1}, absl::Milliseconds(500));
+  for (const auto& result : results) {
+    ASSERT_FALSE(result.ok());
+    EXPECT_EQ(CodeOf(result.status()), v1::TIMEOUT);
+    // Node 2 never came; the node that gave up first is missing for the
+    // other one too.
+    EXPECT_THAT(Msg(result.status()), ContainsRegex("missing node ranks: (0, |1, )?2$"));
+  }
+  EXPECT_TRUE(leader_->service().GetStatus().pending_node_ranks.empty());
+  // The timed-out nodes can join again and form the generation.
+  EXPECT_EQ(FormGeneration(), 1u);
+}
+
+TEST_F(RendezvousServiceTest, ReportedErrorAbortsAndTheJobReformsWithTheNextGeneration) {
+  StartLeader(2);
+  ASSERT_EQ(FormGeneration(), 1u);
+
+  auto healthy = Beat(0, 1);
+  ASSERT_TRUE(healthy.ok()) << healthy.status();
+  EXPECT_FALSE(healthy->abort);
+  EXPECT_EQ(healthy->generation, 1u);
+
+  auto reported = Beat(1, 1, MakeError(v1::PEER_FAILED, "allreduce of bucket 4 failed"));
+  ASSERT_TRUE(reported.ok()) << reported.status();
+  EXPECT_TRUE(reported->abort);
+  EXPECT_THAT(reported->abort_reason, HasSubstr("node_rank=1"));
+  EXPECT_THAT(reported->abort_reason, HasSubstr("allreduce of bucket 4 failed"));
+
+  auto other = Beat(0, 1);
+  ASSERT_TRUE(other.ok());
+  EXPECT_TRUE(other->abort);
+  EXPECT_EQ(other->abort_reason, reported->abort_reason);
+
+  const RendezvousStatus status = leader_->service().GetStatus();
+  EXPECT_TRUE(status.aborted);
+  ASSERT_EQ(status.nodes.size(), 2u);
+  EXPECT_EQ(status.nodes[0].iteration, 7u);
+  EXPECT_EQ(status.nodes[0].last_launched_bucket, 3);
+  EXPECT_EQ(status.nodes[0].heartbeats, 2u);
+
+  EXPECT_EQ(FormGeneration(), 2u);
+  // A node still on generation 1 is told to abort.
+  auto stale = Beat(0, 1);
+  ASSERT_TRUE(stale.ok());
+  EXPECT_TRUE(stale->abort);
+  EXPECT_EQ(stale->generation, 2u);
+  auto current = Beat(0, 2);
+  ASSERT_TRUE(current.ok());
+  EXPECT_FALSE(current->abort);
+  // A generation that has not formed is an error.
+  EXPECT_EQ(CodeOf(Beat(0, 3).status()), v1::STATE);
+}
+
+TEST_F(RendezvousServiceTest, LeaveAbortsTheGeneration) {
+  StartLeader(2);
+  ASSERT_EQ(FormGeneration(), 1u);
+  ASSERT_TRUE(Client()->Leave(1, 1, "operator drained the node").ok());
+  auto beat = Beat(0, 1);
+  ASSERT_TRUE(beat.ok());
+  EXPECT_TRUE(beat->abort);
+  EXPECT_THAT(beat->abort_reason, HasSubstr("node_rank=1"));
+  EXPECT_THAT(beat->abort_reason, HasSubstr("left: operator drained the node"));
+}
+
+TEST_F(RendezvousServiceTest, MissedHeartbeatsAbortNamingTheSilentNode) {
+  StartLeader(2, /*heartbeat_timeout=*/absl::Milliseconds(300));
+  ASSERT_EQ(FormGeneration(), 1u);
+  // Node 0 keeps beating, node 1 is silent; no timing is asserted, only that
+  // the abort comes and names node 1.
+  bool aborted = false;
+  std::string reason;
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (!aborted && absl::Now() < deadline) {
+    auto beat = Beat(0, 1);
+    ASSERT_TRUE(beat.ok()) << beat.status();
+    aborted = beat->abort;
+    reason = beat->abort_reason;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(aborted);
+  EXPECT_THAT(reason, HasSubstr("node_rank=1"));
+  EXPECT_THAT(reason, HasSubstr("sent no heartbeat"));
+}
+
+TEST_F(RendezvousServiceTest, HostingDaemonCanAbortAndSetTheConfigVersion) {
+  StartLeader(2);
+  ASSERT_EQ(FormGeneration(), 1u);
+  leader_->service().SetConfigVersion(5);
+  EXPECT_FALSE(leader_->service().AbortGeneration(2, "wrong generation"));
+  EXPECT_TRUE(leader_->service().AbortGeneration(1, "leader saw a failure"));
+  auto beat = Beat(1, 1);
+  ASSERT_TRUE(beat.ok());
+  EXPECT_TRUE(beat->abort);
+  EXPECT_EQ(beat->abort_reason, "leader saw a failure");
+  EXPECT_EQ(beat->config_version, 5u);
+}
+
+TEST_F(RendezvousServiceTest, WaitTimeoutNamesTheMissingKeys) {
+  StartLeader(2);
+  auto client = Client();
+  ASSERT_TRUE(client->Set("job/a", "1").ok());
+  const absl::Status status = client->Wait({"job/a", "job/b", "job/c"}, absl::Milliseconds(300));
+  EXPECT_EQ(CodeOf(status), v1::TIMEOUT);
+  EXPECT_THAT(Msg(status), HasSubstr("missing keys: job/b, job/c"));
+
+  auto missing = client->Get("job/b");
+  ASSERT_TRUE(missing.ok());
+  EXPECT_FALSE(missing->has_value());
+
+  // A Wait returns as soon as another node sets the last key.
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    (void)Client()->Set("job/b", "2");
+    (void)Client()->Set("job/c", std::string("\0\x01binary", 8));
+  });
+  EXPECT_TRUE(client->Wait({"job/a", "job/b", "job/c"}, absl::Seconds(20)).ok());
+  setter.join();
+  auto value = client->Get("job/c");
+  ASSERT_TRUE(value.ok());
+  ASSERT_TRUE(value->has_value());
+  EXPECT_EQ(**value, std::string("\0\x01binary", 8));
+}
+
+TEST_F(RendezvousServiceTest, GenerationKeysAreScopedAbortedAndDiscarded) {
+  StartLeader(2);
+  ASSERT_EQ(FormGeneration(), 1u);
+  auto client = Client();
+  ASSERT_TRUE(client->Set("g1/gloo/0", "addr").ok());
+  EXPECT_EQ(CodeOf(client->Set("g2/gloo/0", "early")), v1::STATE);
+  ASSERT_TRUE(client->Set("job-wide", "kept").ok());
+
+  // A Wait on keys of a generation that aborts ends with PEER_FAILED.
+  absl::Status waited = absl::UnknownError("not run");
+  std::thread waiter([&] { waited = Client()->Wait({"g1/gloo/1"}, absl::Seconds(20)); });
+  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(Beat(1, 1, MakeError(v1::UNAVAILABLE, "node 1 lost its peer")).ok());
+  waiter.join();
+  EXPECT_EQ(CodeOf(waited), v1::PEER_FAILED);
+  EXPECT_THAT(Msg(waited), HasSubstr("node 1 lost its peer"));
+
+  ASSERT_EQ(FormGeneration(), 2u);
+  const absl::Status stale = client->Set("g1/gloo/0", "zombie");
+  EXPECT_EQ(CodeOf(stale), v1::STATE);
+  EXPECT_THAT(Msg(stale), HasSubstr("generation 1, which is over"));
+  auto kept = client->Get("job-wide");
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept->value_or(""), "kept");
+  ASSERT_TRUE(client->Set("g2/gloo/0", "addr2").ok());
+}
+
+TEST_F(RendezvousServiceTest, UnreachableLeaderIsATransportErrorNamingIt) {
+  RendezvousClientOptions options;
+  options.leader = "127.0.0.1:1";  // nothing listens on port 1
+  options.job_id = kJob;
+  options.job_token = kToken;
+  options.rpc_timeout = absl::Milliseconds(300);
+  auto client = RendezvousClient::Connect(options);
+  const absl::Status status = client->Set("k", "v");
+  ASSERT_FALSE(status.ok());
+  EXPECT_THAT(CodeOf(status), ::testing::AnyOf(v1::TIMEOUT, v1::UNAVAILABLE));
+  EXPECT_THAT(Msg(status), HasSubstr("127.0.0.1:1"));
+}
+
+}  // namespace
+}  // namespace gradsync::testing
