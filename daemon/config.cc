@@ -17,6 +17,11 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   if (c.backend != "auto" && c.backend != "gloo" && c.backend != "nccl" && c.backend != "local") {
     return bad("--backend must be auto, gloo, nccl or local");
   }
+  if (c.backend == "nccl") {
+    return bad(
+        "--backend=nccl: the NCCL backend (CUDA tensors) is not built into this gradsyncd yet; "
+        "use auto or gloo");
+  }
   if (c.backend == "local" && c.num_nodes > 1) {
     return bad("--backend=local only works with --num-nodes=1");
   }

@@ -1,5 +1,7 @@
 #include "daemon/daemon.h"
 
+#include "daemon/cluster_link.h"
+
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -56,10 +58,12 @@ absl::Status Daemon::PrepareSocketPath() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<JobWorld> Daemon::FormWorld(const Layout&, uint64_t) {
+absl::StatusOr<JobWorld> Daemon::FormWorld(const Layout& layout,
+                                           std::function<void(const absl::Status&)> on_failure) {
   if (config_.num_nodes > 1) {
-    return MakeError(v1::UNAVAILABLE,
-                     "multi-node jobs are not wired into gradsyncd yet (run with --num-nodes=1)");
+    const std::string leader =
+        config_.is_leader() ? absl::StrCat("127.0.0.1:", listen_port_) : config_.leader;
+    return ClusterLink::Form(jobs_->config(), leader, layout, std::move(on_failure));
   }
   JobWorld world;
   world.world_size = config_.local_size;
@@ -91,7 +95,9 @@ absl::Status Daemon::Start() {
   };
   jobs_ = std::make_unique<JobRegistry>(
       config_, &node_,
-      [this](const Layout& layout, uint64_t hash) { return FormWorld(layout, hash); },
+      [this](const Layout& layout, uint64_t, std::function<void(const absl::Status&)> on_failure) {
+        return FormWorld(layout, std::move(on_failure));
+      },
       std::move(hooks));
 
   if (absl::Status st = PrepareSocketPath(); !st.ok()) return st;
@@ -118,6 +124,16 @@ absl::Status Daemon::Start() {
     grpc::ServerBuilder builder;
     builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &listen_port_);
     builder.RegisterService(control_service_.get());
+    if (config_.is_leader() && config_.num_nodes > 1) {
+      // Silence longer than this marks a node dead (SIGKILL is noticed at
+      // once through Gloo's sockets; this catches hung nodes).
+      const absl::Duration heartbeat_timeout =
+          std::min(absl::Milliseconds(config_.timeout_ms), absl::Seconds(10));
+      rendezvous_service_ = std::make_unique<RendezvousService>(
+          config_.job_id, config_.job_token, config_.num_nodes,
+          absl::Milliseconds(config_.timeout_ms), heartbeat_timeout);
+      builder.RegisterService(rendezvous_service_.get());
+    }
     listen_server_ = builder.BuildAndStart();
     if (!listen_server_ || listen_port_ == 0) {
       return absl::UnavailableError(absl::StrCat("cannot listen on --listen ", config_.listen));

@@ -17,6 +17,7 @@
 #include "daemon/control_service.h"
 #include "daemon/job_registry.h"
 #include "daemon/local_service.h"
+#include "daemon/rendezvous_service.h"
 #include "grpcpp/grpcpp.h"
 #include "ipc/node_segment.h"
 
@@ -42,7 +43,8 @@ class Daemon {
   void Drain();
 
  private:
-  absl::StatusOr<JobWorld> FormWorld(const Layout& layout, uint64_t hash);
+  absl::StatusOr<JobWorld> FormWorld(const Layout& layout,
+                                     std::function<void(const absl::Status&)> on_failure);
   absl::Status PrepareSocketPath();
   void HeartbeatLoop();
 
@@ -51,6 +53,7 @@ class Daemon {
   std::unique_ptr<JobRegistry> jobs_;
   std::unique_ptr<LocalService> local_service_;
   std::unique_ptr<ControlService> control_service_;
+  std::unique_ptr<RendezvousService> rendezvous_service_;  // the leader of a multi-node job
   std::unique_ptr<grpc::Server> local_server_;
   std::unique_ptr<grpc::Server> listen_server_;
   int listen_port_ = 0;

@@ -48,6 +48,7 @@ Job::Job(const DaemonConfig& config, ipc::NodeSegment* node, uint64_t id, WorldF
 
 Job::~Job() {
   if (scheduler_) scheduler_->Stop();
+  world_.link.reset();  // stops heart-beating and leaves the generation
   scheduler_.reset();
   for (auto& t : trainers_) {
     if (t && t->segment.header() != nullptr) ipc::SharedSegment::Remove(t->segment.name()).IgnoreError();
@@ -156,7 +157,8 @@ void Job::FormLocked(std::unique_lock<std::mutex>& lock) {
   layout_ = reference;
   const uint64_t hash = LayoutHash(layout_);
   lock.unlock();
-  absl::StatusOr<JobWorld> world = former_(layout_, hash);
+  absl::StatusOr<JobWorld> world =
+      former_(layout_, hash, [this](const absl::Status& error) { Fail(error, -1); });
   lock.lock();
   if (state_ == JobState::kFailed) return;  // a trainer left while forming
   if (!world.ok()) {
@@ -169,7 +171,9 @@ void Job::FormLocked(std::unique_lock<std::mutex>& lock) {
 
 absl::Status Job::StartLocked(const Layout& layout, JobWorld world) {
   world_ = std::move(world);
-  const BucketCaps caps{config_.bucket_cap_bytes(), config_.first_bucket_cap_bytes()};
+  const BucketCaps caps = world_.caps.cap_bytes > 0
+                              ? world_.caps
+                              : BucketCaps{config_.bucket_cap_bytes(), config_.first_bucket_cap_bytes()};
   BucketPlan plan = PlanBuckets(layout, ReverseRegistrationOrder(layout.size()), caps);
   std::vector<uint64_t> tensor_bytes;
   for (const TensorInfo& t : layout) tensor_bytes.push_back(t.device >= 0 ? 0 : t.bytes());
@@ -219,6 +223,10 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world) {
       trainers, layout_, std::move(plan), arena_, world_.backend.get(), &node_->ready_bell(),
       stats_.get(), [this](const absl::Status& error, int culprit) { Fail(error, culprit); }, opts);
   state_ = JobState::kRunning;
+  if (world_.link) {
+    Scheduler* scheduler = scheduler_.get();
+    world_.link->SetProgress([scheduler] { return scheduler->iteration(); });
+  }
   scheduler_->Start();
   if (hooks_.on_health) hooks_.on_health(true, "");
   spdlog::info(
@@ -249,6 +257,7 @@ void Job::FailLocked(const absl::Status& error, int culprit, bool expected) {
     if (hooks_.on_health) hooks_.on_health(false, std::string(error.message()));
   }
   if (world_.backend) world_.backend->Abort(std::string(error.message()));
+  if (world_.link) world_.link->ReportError(error);
   for (auto& t : trainers_) {
     if (!t || t->gone.load() || t->segment.header() == nullptr) continue;
     const absl::Status mine = PeerError(*t);

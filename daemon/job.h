@@ -35,6 +35,17 @@
 
 namespace gradsync {
 
+// A node's live membership in a multi-node job (ClusterLink); nothing on
+// one node. Destroyed when the job ends (it then leaves the generation).
+class WorldLink {
+ public:
+  virtual ~WorldLink() = default;
+  // The local job failed: tell the other nodes (through the leader).
+  virtual void ReportError(const absl::Status& error) = 0;
+  // Where to read this node's progress for heartbeats.
+  virtual void SetProgress(std::function<uint64_t()> iteration) = 0;
+};
+
 // What forming the job across nodes yields (one node: trivial).
 struct JobWorld {
   int world_size = 1;
@@ -43,12 +54,17 @@ struct JobWorld {
   std::unique_ptr<Backend> backend;
   // How the nodes agree on the rebuilt plan's order (empty on one node).
   Scheduler::OrderAgreement agree_order;
+  // Node 0's caps, so every node plans the same buckets (0: use the config).
+  BucketCaps caps{0, 0};
+  std::unique_ptr<WorldLink> link;
 };
 
 // Forms the world once the local layout is agreed: on one node it returns
 // a LocalBackend; across nodes it joins the rendezvous, checks every node's
 // layout hash and builds the backend. Called without the job's lock held.
-using WorldFormer = std::function<absl::StatusOr<JobWorld>(const Layout& layout, uint64_t hash)>;
+// `on_failure` fails the job later, when another node fails.
+using WorldFormer = std::function<absl::StatusOr<JobWorld>(
+    const Layout& layout, uint64_t hash, std::function<void(const absl::Status&)> on_failure)>;
 
 struct RegisterResult {
   std::string segment_name;

@@ -1,0 +1,67 @@
+// ClusterLink: this node's membership in a multi-node job for one
+// generation. Forming it joins the leader's rendezvous, checks that every
+// node registered the same layout (naming the node and the first differing
+// tensor otherwise), adopts node 0's bucket caps so every node plans the
+// same buckets, and connects the Gloo backend. While the job runs it
+// heart-beats the leader: a node error is reported there (the leader then
+// aborts the generation everywhere), and an abort or an unreachable leader
+// fails the local job. It leaves the generation when the job ends.
+#ifndef GRADSYNC_DAEMON_CLUSTER_LINK_H_
+#define GRADSYNC_DAEMON_CLUSTER_LINK_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/config.h"
+#include "daemon/job.h"
+#include "daemon/layout.h"
+#include "daemon/rendezvous_client.h"
+
+namespace gradsync {
+
+class ClusterLink final : public WorldLink {
+ public:
+  // Forms the world for `layout` (blocks up to the config's timeout).
+  // `leader`: HOST:PORT of the rendezvous. `on_failure` is called from the
+  // heartbeat thread when another node (or the leader) fails.
+  static absl::StatusOr<JobWorld> Form(const DaemonConfig& config, const std::string& leader,
+                                       const Layout& layout,
+                                       std::function<void(const absl::Status&)> on_failure);
+  ~ClusterLink() override;
+
+  void ReportError(const absl::Status& error) override;
+  void SetProgress(std::function<uint64_t()> iteration) override;
+
+  // Node 0's order, distributed to every node (the plan rebuild).
+  absl::StatusOr<std::vector<uint32_t>> AgreeOrder(const std::vector<uint32_t>& local);
+
+ private:
+  ClusterLink(const DaemonConfig& config, std::shared_ptr<RendezvousClient> client,
+              uint64_t generation, std::function<void(const absl::Status&)> on_failure);
+  void HeartbeatLoop();
+
+  const DaemonConfig config_;
+  const std::shared_ptr<RendezvousClient> client_;
+  const uint64_t generation_;
+  std::function<void(const absl::Status&)> on_failure_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  absl::Status node_error_;  // reported with the next heartbeat
+  bool failed_ = false;      // on_failure_ was called (or the error came from here)
+  std::function<uint64_t()> progress_;
+  std::thread heartbeat_;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_CLUSTER_LINK_H_
