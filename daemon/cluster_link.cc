@@ -68,6 +68,8 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   options.leader = leader;
   options.job_id = config.job_id;
   options.job_token = config.job_token;
+  // Short: a dead leader must not hold up a node's shutdown for long.
+  options.rpc_timeout = absl::Seconds(3);
   std::shared_ptr<RendezvousClient> client = RendezvousClient::Connect(options);
 
   std::string host = config.host;

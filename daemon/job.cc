@@ -278,9 +278,27 @@ absl::Status Job::PeerError(const Trainer& t) const {
 }
 
 void Job::Leave(uint64_t session, bool graceful, const std::string& reason) {
+  if (LeaveLocked(session, graceful, reason)) ReleaseWorld();
+}
+
+void Job::ReleaseWorld() {
+  // Every trainer is gone: stop the scheduler and leave the cluster now,
+  // not when the next job replaces this one (the stats stay readable).
+  std::unique_ptr<WorldLink> link;
+  Scheduler* scheduler = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    link = std::move(world_.link);
+    scheduler = scheduler_.get();
+  }
+  if (scheduler) scheduler->Stop();
+  link.reset();  // outside the lock: it talks to the leader
+}
+
+bool Job::LeaveLocked(uint64_t session, bool graceful, const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
   Trainer* t = FindLocked(session);
-  if (t == nullptr) return;
+  if (t == nullptr) return false;
   t->gone.store(true);
   spdlog::info("event=leave job={} local_rank={} pid={} graceful={} reason=\"{}\"", id_,
                t->local_rank, t->pid, graceful, reason);
@@ -293,6 +311,10 @@ void Job::Leave(uint64_t session, bool graceful, const std::string& reason) {
                t->local_rank, /*expected=*/graceful);
   }
   cv_.notify_all();
+  for (const auto& other : trainers_) {
+    if (other && !other->gone.load()) return false;
+  }
+  return state_ != JobState::kAttaching;
 }
 
 absl::Status Job::WaitForChange(uint64_t session, absl::Duration timeout, bool* gone) {

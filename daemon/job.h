@@ -143,6 +143,9 @@ class Job {
 
  private:
   Trainer* FindLocked(uint64_t session) const;
+  // Returns true when this was the last trainer of a started job.
+  bool LeaveLocked(uint64_t session, bool graceful, const std::string& reason);
+  void ReleaseWorld();
   // Called by the last registering trainer's thread, lock released inside.
   void FormLocked(std::unique_lock<std::mutex>& lock);
   absl::Status StartLocked(const Layout& layout, JobWorld world);

@@ -47,6 +47,7 @@ Process& Process::operator=(Process&& o) noexcept {
     pid_ = o.pid_;
     log_path_ = std::move(o.log_path_);
     reaped_ = o.reaped_;
+    status_ = o.status_;
     o.pid_ = -1;
     o.reaped_ = true;
   }
@@ -85,9 +86,21 @@ Process Process::Start(const std::vector<std::string>& argv,
   return p;
 }
 
-ExitStatus Process::Wait(std::chrono::milliseconds timeout) {
+ExitStatus Process::Decode(int status) {
   ExitStatus st;
-  if (pid_ <= 0 || reaped_) return st;
+  if (WIFEXITED(status)) {
+    st.exited = true;
+    st.code = WEXITSTATUS(status);
+  } else if (WIFSIGNALED(status)) {
+    st.code = WTERMSIG(status);
+  }
+  return st;
+}
+
+ExitStatus Process::Wait(std::chrono::milliseconds timeout) {
+  if (reaped_) return status_;
+  ExitStatus st;
+  if (pid_ <= 0) return st;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   int status = 0;
   while (true) {
@@ -101,13 +114,11 @@ ExitStatus Process::Wait(std::chrono::milliseconds timeout) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  const bool timed_out = st.timed_out;
+  st = Decode(status);
+  st.timed_out = timed_out;
   reaped_ = true;
-  if (WIFEXITED(status)) {
-    st.exited = true;
-    st.code = WEXITSTATUS(status);
-  } else if (WIFSIGNALED(status)) {
-    st.code = WTERMSIG(status);
-  }
+  status_ = st;
   return st;
 }
 
@@ -117,10 +128,17 @@ void Process::Signal(int sig) {
 
 bool Process::Running() {
   if (pid_ <= 0 || reaped_) return false;
-  return waitpid(pid_, nullptr, WNOHANG) == 0;
+  int status = 0;
+  const pid_t r = waitpid(pid_, &status, WNOHANG);
+  if (r == 0) return true;
+  // Reaped here: keep the status for Wait (and never signal a reused pid).
+  reaped_ = true;
+  status_ = r == pid_ ? Decode(status) : ExitStatus{};
+  return false;
 }
 
-Daemon::Daemon(int local_size, std::vector<std::string> args) {
+Daemon::Daemon(int local_size, std::vector<std::string> args,
+               const std::map<std::string, std::string>& env) {
   dir_ = MakeTempDir();
   socket_ = dir_ + "/gradsyncd.sock";
   shm_prefix_ = "gst" + std::to_string(getpid()) + "x" + std::to_string(rand() % 100000);
@@ -130,7 +148,7 @@ Daemon::Daemon(int local_size, std::vector<std::string> args) {
                                    "--shm-prefix=" + shm_prefix_,
                                    "--local-size=" + std::to_string(local_size)};
   argv.insert(argv.end(), args.begin(), args.end());
-  process_ = Process::Start(argv, {}, dir_ + "/daemon.log");
+  process_ = Process::Start(argv, env, dir_ + "/daemon.log");
 }
 
 Daemon::~Daemon() {
@@ -151,6 +169,24 @@ bool Daemon::WaitReady(std::chrono::milliseconds timeout) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return false;
+}
+
+int Daemon::ListenPort(std::chrono::milliseconds timeout) {
+  static const std::string kKey = "listen_port=";
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    const std::string log = process_.Log();
+    const size_t started = log.find("event=started");
+    if (started != std::string::npos) {
+      const size_t at = log.find(kKey, started);
+      const size_t eol = log.find('\n', started);
+      if (at != std::string::npos && (eol == std::string::npos || at < eol)) {
+        return std::atoi(log.c_str() + at + kKey.size());
+      }
+    }
+    if (std::chrono::steady_clock::now() >= deadline || !process_.Running()) return 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 ExitStatus Daemon::Stop() {

@@ -43,22 +43,28 @@ class Process {
   const std::string& log_path() const { return log_path_; }
   std::string Log() const { return ReadFile(log_path_); }
 
-  // Waits for exit up to `timeout`; on timeout kills it (SIGKILL).
+  // Waits for exit up to `timeout`; on timeout kills it (SIGKILL). Once
+  // reaped (here or by Running), returns the same status again.
   ExitStatus Wait(std::chrono::milliseconds timeout);
   void Signal(int sig);
   bool Running();
 
  private:
+  static ExitStatus Decode(int wait_status);
+
   pid_t pid_ = -1;
   std::string log_path_;
   bool reaped_ = false;
+  ExitStatus status_;  // valid once reaped_
 };
 
 // A gradsyncd on a private socket and shm prefix.
 class Daemon {
  public:
-  // `args` are appended to --socket/--listen/--shm-prefix/--local-size.
-  explicit Daemon(int local_size, std::vector<std::string> args = {});
+  // `args` are appended to --socket/--listen/--shm-prefix/--local-size;
+  // `env` entries are added to the daemon's environment (e.g. LOGS_DIRECTORY).
+  explicit Daemon(int local_size, std::vector<std::string> args = {},
+                  const std::map<std::string, std::string>& env = {});
   ~Daemon();
 
   const std::string& socket() const { return socket_; }
@@ -67,6 +73,10 @@ class Daemon {
   Process& process() { return process_; }
   // Waits until the socket accepts connections (false on timeout / exit).
   bool WaitReady(std::chrono::milliseconds timeout);
+  // The TCP port the daemon chose for --listen=127.0.0.1:0, read from its
+  // "event=started ... listen_port=N" log line; 0 if it does not appear in
+  // `timeout` (or the daemon exits).
+  int ListenPort(std::chrono::milliseconds timeout);
   ExitStatus Stop();  // SIGTERM, then wait
 
  private:

@@ -1,0 +1,224 @@
+// Several gradsyncd daemons (one per "node", on loopback) acting as one
+// job, with real trainer processes: equivalence with single-process
+// training, layout mismatches between nodes, a daemon killed mid-iteration
+// and the job re-formed (warm restart), and refused joins.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/integration/harness.h"
+
+namespace gradsync::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr int kExitMismatch = 13;
+constexpr auto kBound = seconds(40);
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// A job of `nodes` daemons with `local` trainers each; node 0 leads.
+class Cluster {
+ public:
+  Cluster(int nodes, int local, std::vector<std::string> extra = {}, std::string token = "s3cret")
+      : nodes_(nodes), local_(local), port_(FreePort()), extra_(std::move(extra)) {
+    dir_ = MakeTempDir();
+    token_file_ = dir_ + "/token";
+    std::ofstream(token_file_) << token << "\n";
+    for (int n = 0; n < nodes; ++n) StartNode(n);
+  }
+
+  void StartNode(int n, const std::string& token_file = "") {
+    std::vector<std::string> args = {"--num-nodes=" + std::to_string(nodes_),
+                                     "--node-rank=" + std::to_string(n), "--job-id=mnjob",
+                                     "--job-token-file=" + (token_file.empty() ? token_file_ : token_file),
+                                     "--bucket-cap-mb=0.001", "--first-bucket-cap-mb=0.0001",
+                                     "--timeout-s=15"};
+    if (n == 0) {
+      args.push_back(absl::StrCat("--listen=127.0.0.1:", port_));
+    } else {
+      args.push_back(absl::StrCat("--leader=127.0.0.1:", port_));
+    }
+    args.insert(args.end(), extra_.begin(), extra_.end());
+    if (static_cast<int>(daemons_.size()) <= n) daemons_.resize(n + 1);
+    daemons_[n] = std::make_unique<Daemon>(local_, args);
+    ASSERT_TRUE(daemons_[n]->WaitReady(seconds(10))) << daemons_[n]->process().Log();
+  }
+
+  Daemon& node(int n) { return *daemons_[n]; }
+  std::string DaemonLogs() {
+    std::string out;
+    for (auto& d : daemons_) {
+      if (d) out += "---- " + d->dir() + "\n" + d->process().Log();
+    }
+    return out;
+  }
+  int port() const { return port_; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  int nodes_, local_, port_;
+  std::vector<std::string> extra_;
+  std::string dir_, token_file_;
+  std::vector<std::unique_ptr<Daemon>> daemons_;
+};
+
+std::vector<double> Reference(const std::string& dir, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {Runfile("examples/mlp_trainer"), "--single", "--quiet",
+                                   "--out=" + dir + "/reference.txt"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Process p = Process::Start(argv, {}, dir + "/reference.log");
+  EXPECT_EQ(p.Wait(seconds(60)).code, 0) << p.Log();
+  return LoadWeights(dir + "/reference.txt");
+}
+
+TEST(MultiNode, ThreeDaemonsTwoTrainersEachMatchSingleProcessTraining) {
+  Cluster cluster(3, 2);
+  const std::vector<std::string> common = {"--steps=20", "--batch=60", "--fp64", "--gate-every=3"};
+  std::vector<Process> trainers;
+  std::vector<std::string> outs;
+  for (int n = 0; n < 3; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      outs.push_back(absl::StrCat(cluster.dir(), "/w", n, ".", r, ".txt"));
+      std::vector<std::string> args = common;
+      // Every trainer marks its gradients ready in its own random order.
+      args.push_back(absl::StrCat("--shuffle-seed=", 100 + 10 * n + r));
+      trainers.push_back(StartTrainer(cluster.node(n), r, args, outs.back()));
+    }
+  }
+  for (auto& t : trainers) {
+    ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
+  }
+  const std::vector<double> expected = Reference(cluster.dir(), common);
+  const std::vector<double> first = LoadWeights(outs[0]);
+  for (const std::string& out : outs) {
+    const std::vector<double> got = LoadWeights(out);
+    EXPECT_LE(RelativeDifference(got, expected), 1e-12) << out;
+    EXPECT_EQ(got, first) << out << " differs from node 0's trainer 0";
+  }
+  // Node 0 decided the rebuilt plan for everyone: each node logged it.
+  const std::string logs = cluster.DaemonLogs();
+  size_t rebuilt = 0;
+  for (size_t p = logs.find("event=plan_rebuilt"); p != std::string::npos;
+       p = logs.find("event=plan_rebuilt", p + 1)) {
+    ++rebuilt;
+  }
+  EXPECT_EQ(rebuilt, 3u) << logs;
+}
+
+TEST(MultiNode, LayoutMismatchBetweenNodesIsAnErrorOnEveryTrainer) {
+  Cluster cluster(2, 1);
+  Process a = StartTrainer(cluster.node(0), 0, {"--steps=3"}, "");
+  Process b = StartTrainer(cluster.node(1), 0, {"--steps=3", "--hidden=40"}, "");
+  for (Process* p : {&a, &b}) {
+    ExitStatus st = p->Wait(kBound);
+    EXPECT_FALSE(st.timed_out);
+    EXPECT_EQ(st.code, kExitMismatch) << p->Log();
+    EXPECT_NE(p->Log().find("node 1 registered a different layout than node 0"), std::string::npos)
+        << p->Log();
+    EXPECT_NE(p->Log().find("fc1.weight"), std::string::npos) << p->Log();
+  }
+}
+
+TEST(MultiNode, KilledDaemonFailsEveryTrainerThenTheJobReforms) {
+  Cluster cluster(3, 1);
+  std::vector<Process> trainers;
+  for (int n = 0; n < 3; ++n) {
+    trainers.push_back(
+        StartTrainer(cluster.node(n), 0, {"--steps=2000", "--sleep-ms=20", "--batch=60"}, ""));
+  }
+  std::this_thread::sleep_for(milliseconds(1500));
+  cluster.node(2).process().Signal(SIGKILL);
+  cluster.node(2).process().Wait(kBound);
+  for (int n = 0; n < 3; ++n) {
+    ExitStatus st = trainers[n].Wait(seconds(30));  // the daemons' timeout is 15 s
+    EXPECT_FALSE(st.timed_out) << "trainer on node " << n << " hung";
+    EXPECT_NE(st.code, 0) << trainers[n].Log();
+  }
+  // Warm restart: the surviving daemons, untouched, plus a new node 2.
+  cluster.StartNode(2);
+  const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
+  std::vector<Process> again;
+  std::vector<std::string> outs;
+  for (int n = 0; n < 3; ++n) {
+    outs.push_back(absl::StrCat(cluster.dir(), "/again", n, ".txt"));
+    again.push_back(StartTrainer(cluster.node(n), 0, args, outs.back()));
+  }
+  for (auto& t : again) {
+    ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
+  }
+  const std::vector<double> expected = Reference(cluster.dir(), args);
+  for (const std::string& out : outs) EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12);
+  EXPECT_NE(cluster.node(0).process().Log().find("event=joined generation=2"), std::string::npos)
+      << cluster.DaemonLogs();
+}
+
+TEST(MultiNode, BadTokenIsRefusedAndLogged) {
+  Cluster cluster(2, 1, {}, "right-token");
+  const std::string wrong = cluster.dir() + "/wrong";
+  std::ofstream(wrong) << "wrong-token\n";
+  cluster.StartNode(1, wrong);  // replaces node 1 with one holding the wrong token
+  Process a = StartTrainer(cluster.node(1), 0, {"--steps=2"}, "");
+  ExitStatus st = a.Wait(kBound);
+  EXPECT_FALSE(st.timed_out);
+  EXPECT_NE(st.code, 0);
+  EXPECT_NE(a.Log().find("token"), std::string::npos) << a.Log();
+  EXPECT_NE(cluster.node(0).process().Log().find("event=rendezvous_refused"), std::string::npos)
+      << cluster.DaemonLogs();
+  EXPECT_EQ(cluster.DaemonLogs().find("wrong-token"), std::string::npos) << "the token leaked";
+}
+
+TEST(MultiNode, WrongNumberOfNodesAndDuplicateRanksAreRefused) {
+  Cluster cluster(2, 1);
+  // A third daemon that believes the job has 3 nodes.
+  Daemon confused(1, {"--num-nodes=3", "--node-rank=2", "--job-id=mnjob",
+                      absl::StrCat("--leader=127.0.0.1:", cluster.port()), "--timeout-s=5",
+                      "--job-token-file=" + cluster.dir() + "/token"});
+  ASSERT_TRUE(confused.WaitReady(seconds(10)));
+  Process c = StartTrainer(confused, 0, {"--steps=2"}, "");
+  EXPECT_NE(c.Wait(kBound).code, 0);
+  EXPECT_NE(c.Log().find("num_nodes"), std::string::npos) << c.Log();
+
+  // A second daemon claiming node rank 1 while node 1 is in the round.
+  Daemon twin(1, {"--num-nodes=2", "--node-rank=1", "--job-id=mnjob",
+                  absl::StrCat("--leader=127.0.0.1:", cluster.port()), "--timeout-s=5",
+                  "--job-token-file=" + cluster.dir() + "/token"});
+  ASSERT_TRUE(twin.WaitReady(seconds(10)));
+  Process one = StartTrainer(cluster.node(1), 0, {"--steps=2"}, "");
+  std::this_thread::sleep_for(milliseconds(500));
+  Process dup = StartTrainer(twin, 0, {"--steps=2"}, "");
+  ExitStatus d = dup.Wait(kBound);
+  EXPECT_NE(d.code, 0);
+  EXPECT_NE(dup.Log().find("node_rank=1 joined twice"), std::string::npos) << dup.Log();
+  // The job itself still forms with the real node 0.
+  Process zero = StartTrainer(cluster.node(0), 0, {"--steps=2"}, "");
+  EXPECT_EQ(zero.Wait(kBound).code, 0) << zero.Log() << cluster.DaemonLogs();
+  EXPECT_EQ(one.Wait(kBound).code, 0) << one.Log();
+}
+
+}  // namespace
+}  // namespace gradsync::testing
