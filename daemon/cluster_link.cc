@@ -218,6 +218,14 @@ void ClusterLink::ReportError(const absl::Status& error) {
   cv_.notify_all();
 }
 
+void ClusterLink::ReportStall(const std::string& description) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stall_report_ = description;
+  }
+  cv_.notify_all();
+}
+
 void ClusterLink::SetProgress(std::function<uint64_t()> iteration) {
   std::lock_guard<std::mutex> lock(mu_);
   progress_ = std::move(iteration);
@@ -232,6 +240,8 @@ void ClusterLink::HeartbeatLoop() {
     hb.generation = generation_;
     hb.iteration = progress_ ? progress_() : 0;
     hb.node_error = error_sent ? absl::OkStatus() : node_error_;
+    hb.stall_report = std::move(stall_report_);
+    stall_report_.clear();
     const bool sending_error = !node_error_.ok() && !error_sent;
     lock.unlock();
     absl::StatusOr<HeartbeatResult> r = client_->Heartbeat(hb);
@@ -255,8 +265,9 @@ void ClusterLink::HeartbeatLoop() {
       notify(failure);  // fails the local job; it reports back via ReportError (ignored)
       lock.lock();
     }
-    cv_.wait_for(lock, kHeartbeatEvery,
-                 [&] { return stop_ || (!node_error_.ok() && !error_sent); });
+    cv_.wait_for(lock, kHeartbeatEvery, [&] {
+      return stop_ || (!node_error_.ok() && !error_sent) || !stall_report_.empty();
+    });
   }
 }
 

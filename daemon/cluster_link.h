@@ -39,6 +39,7 @@ class ClusterLink final : public WorldLink {
 
   void ReportError(const absl::Status& error) override;
   void SetProgress(std::function<uint64_t()> iteration) override;
+  void ReportStall(const std::string& description) override;
 
   // Node 0's order, distributed to every node (the plan rebuild).
   absl::StatusOr<std::vector<uint32_t>> AgreeOrder(const std::vector<uint32_t>& local);
@@ -59,6 +60,7 @@ class ClusterLink final : public WorldLink {
   absl::Status node_error_;  // reported with the next heartbeat
   bool failed_ = false;      // on_failure_ was called (or the error came from here)
   std::function<uint64_t()> progress_;
+  std::string stall_report_;  // sent with the next heartbeat
   std::thread heartbeat_;
 };
 

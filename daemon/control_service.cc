@@ -1,5 +1,7 @@
 #include "daemon/control_service.h"
 
+#include <cmath>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -79,12 +81,13 @@ grpc::Status ControlService::SetConfig(grpc::ServerContext*, const v1::SetConfig
     } else if (key == "first_bucket_cap_mb") {
       if (!numeric) return bad("not a number");
       next.first_bucket_cap_mb = number;
-    } else if (key == "timeout_s") {
+    } else if (key == "timeout_s" || key == "timeout_ms") {
       if (!numeric) return bad("not a number");
-      next.timeout_ms = static_cast<int64_t>(number * 1000);
-    } else if (key == "timeout_ms") {
-      if (!numeric) return bad("not a number");
-      next.timeout_ms = static_cast<int64_t>(number);
+      const double ms = key == "timeout_s" ? number * 1000 : number;
+      // Checked before the cast: converting NaN or an out-of-range double to
+      // an integer is undefined. ValidateConfig checks the real range.
+      if (!(std::fabs(ms) <= 1e15)) return bad("out of range (use [0.1, 86400] seconds)");
+      next.timeout_ms = static_cast<int64_t>(ms);
     } else if (key == "stall_threshold_s") {
       if (!numeric) return bad("not a number");
       next.stall_threshold_s = number;

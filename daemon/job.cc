@@ -225,7 +225,9 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world) {
   state_ = JobState::kRunning;
   if (world_.link) {
     Scheduler* scheduler = scheduler_.get();
-    world_.link->SetProgress([scheduler] { return scheduler->iteration(); });
+    WorldLink* link = world_.link.get();
+    link->SetProgress([scheduler] { return scheduler->iteration(); });
+    stats_->set_stall_listener([link](const std::string& d) { link->ReportStall(d); });
   }
   scheduler_->Start();
   if (hooks_.on_health) hooks_.on_health(true, "");

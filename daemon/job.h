@@ -44,6 +44,8 @@ class WorldLink {
   virtual void ReportError(const absl::Status& error) = 0;
   // Where to read this node's progress for heartbeats.
   virtual void SetProgress(std::function<uint64_t()> iteration) = 0;
+  // A local stall, reported to the leader's log.
+  virtual void ReportStall(const std::string& description) = 0;
 };
 
 // What forming the job across nodes yields (one node: trivial).

@@ -91,6 +91,10 @@ void JobStats::OnStall(uint64_t iteration, uint32_t bucket, double waited_s,
     stalls_.push_back(std::move(r));
     if (stalls_.size() > kKeepStalls) stalls_.pop_front();
   }
+  if (stall_listener_) {
+    stall_listener_(absl::StrCat("bucket ", bucket, " waited ", static_cast<int>(waited_s),
+                                 " s: ", description));
+  }
   WriteTrace(absl::StrCat("stall: bucket ", bucket, " of iteration ", iteration));
 }
 

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -34,6 +35,11 @@ class JobStats final : public SchedulerObserver {
                        int64_t end_ns) override;
   void OnStall(uint64_t iteration, uint32_t bucket, double waited_s,
                const char* description) override;
+
+  // Also told about stalls (the multi-node link forwards them to the leader).
+  void set_stall_listener(std::function<void(const std::string&)> listener) {
+    stall_listener_ = std::move(listener);
+  }
 
   // A job error: counted, kept, and (for timeouts) a trace file is written.
   void OnError(const std::string& message, bool write_trace);
@@ -73,6 +79,7 @@ class JobStats final : public SchedulerObserver {
   std::deque<std::string> recent_errors_;
   std::deque<v1::StallReport> stalls_;
   std::string last_trace_file_;
+  std::function<void(const std::string&)> stall_listener_;
 };
 
 }  // namespace gradsync

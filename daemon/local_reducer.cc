@@ -48,7 +48,9 @@ struct ReduceWork {
   uint64_t total_elements;
   int world_size;
   uint8_t* staging;  // nullptr on one node
-  int phase;         // 0: fused (one node); 1: sum into staging; 2: write back from staging
+  // 0: fused (one node); 1: sum into staging; 2: write back from staging;
+  // 3: sum into trainer 0's memory; 4: divide trainer 0's memory, copy out.
+  int phase;
   void (*kernel)(const ReduceWork&, size_t span, uint64_t first, uint64_t count, uint64_t staging_index);
 };
 
@@ -89,6 +91,9 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count, 
     if (job.phase == 2) {
       const Acc* staged = reinterpret_cast<const Acc*>(job.staging) + staging_index + c;
       for (size_t i = 0; i < m; ++i) acc[i] = staged[i] / divisor;
+    } else if (job.phase == 4) {
+      const T* a0 = src[0] + c;
+      for (size_t i = 0; i < m; ++i) acc[i] = Access::Load(a0[i]) / divisor;
     } else {
       const T* a0 = src[0] + c;
       for (size_t i = 0; i < m; ++i) acc[i] = Access::Load(a0[i]);
@@ -98,6 +103,11 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count, 
       }
       if (job.phase == 1) {
         std::memcpy(reinterpret_cast<Acc*>(job.staging) + staging_index + c, acc, m * sizeof(Acc));
+        continue;
+      }
+      if (job.phase == 3) {
+        T* out0 = src[0] + c;
+        for (size_t i = 0; i < m; ++i) out0[i] = Access::Store(acc[i]);
         continue;
       }
       for (size_t i = 0; i < m; ++i) acc[i] /= divisor;
@@ -163,6 +173,28 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
     pool_.Run(&RunSlice, &job, slices);
     if (timings) timings->local_reduce_ns = NowNs() - t0, timings->collective_ns = 0;
     return absl::OkStatus();
+  }
+
+  if (spans.size() == 1 && (dtype == DType::kFloat32 || dtype == DType::kFloat64)) {
+    // In place: the local sum goes into trainer 0's arena, the backend
+    // reduces it there, and the average is copied out — no staging copy.
+    if (arenas.size() > 1) {
+      job.phase = 3;
+      pool_.Run(&RunSlice, &job, slices);
+    }
+    const int64_t t1 = NowNs();
+    absl::Status status =
+        backend.AllreduceSum(arenas[0] + spans[0].offset, job.total_elements, dtype);
+    const int64_t t2 = NowNs();
+    if (status.ok()) {
+      job.phase = 4;
+      pool_.Run(&RunSlice, &job, slices);
+    }
+    if (timings) {
+      timings->local_reduce_ns = (t1 - t0) + (NowNs() - t2);
+      timings->collective_ns = t2 - t1;
+    }
+    return status;
   }
 
   const DType staged = StagingDType(dtype);

@@ -132,6 +132,7 @@ absl::StatusOr<HeartbeatResult> RendezvousClient::Heartbeat(const HeartbeatParam
   request.set_iteration(params.iteration);
   request.set_last_launched_bucket(params.last_launched_bucket);
   if (!params.node_error.ok()) ToProto(params.node_error, request.mutable_node_error());
+  request.set_stall_report(params.stall_report);
   v1::HeartbeatResponse response;
   grpc::ClientContext context;
   PrepareContext(&context, options_.rpc_timeout);

@@ -385,6 +385,12 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
   member.iteration = request->iteration();
   member.last_launched_bucket = request->last_launched_bucket();
   ++member.heartbeats;
+  if (!request->stall_report().empty()) {
+    // Horovod's stall warning, job-wide: the leader names the node, and the
+    // node's report names its trainers and their unmarked tensors.
+    spdlog::warn("event=job_stall generation={} node_rank={} host={} iteration={} report=\"{}\"",
+                 generation, rank, member.host, request->iteration(), request->stall_report());
+  }
   if (request->node_error().code() != v1::OK) {
     AbortLocked(absl::StrCat("node_rank=", rank, " (host=", member.host, ") reported ",
                              v1::Code_Name(request->node_error().code()), ": ",

@@ -1,12 +1,19 @@
 #!/usr/bin/python3
-"""sync_bench: a gradsync iteration on one node against torch.distributed.
+"""sync_bench: gradsync iterations against Gloo and torch.distributed.
 
 Starts a real gradsyncd and N real trainer processes (bench_trainer) and
 times a synchronized iteration (first mark_ready -> gs_wait returns) for
 100 MB of fp32 gradients in 4 x 25 MB buckets, and for one 4 KB bucket.
 In the same run it times torch.distributed.all_reduce (gloo backend) of the
 same sizes with the same number of processes: the reference from
-docs/PERFORMANCE.md. Prints one markdown table. Not a test: asserts nothing.
+docs/PERFORMANCE.md.
+
+A second table runs N daemons on loopback (N "nodes", one trainer each,
+the bucket cap set so each size is one bucket) and compares a gradsync
+iteration with a plain Gloo allreduce program (gloo_allreduce_bench) and
+torch.distributed with the same number of processes.
+
+Prints markdown tables. Not a test: asserts nothing.
 
 Run from the repository root after `bazel build //daemon:gradsyncd
 //tests/bench:bench_trainer`:  /usr/bin/python3 tests/bench/sync_bench.py
@@ -22,11 +29,75 @@ import sys
 import tempfile
 import time
 
+GLOO_BENCH = None  # set in main
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DAEMON = os.path.join(ROOT, "bazel-bin/daemon/gradsyncd")
 TRAINER = os.path.join(ROOT, "bazel-bin/tests/bench/bench_trainer")
 
 SIZES = [("100 MB (4 x 25 MB buckets)", 100 << 20, 4, 5, 20), ("4 KB (1 bucket)", 4096, 1, 200, 2000)]
+
+
+def free_port_number() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_gradsync_nodes(nodes: int, nbytes: int, warmup: int, iters: int) -> dict:
+    """N daemons (node 0 leads) with one bench_trainer each; one bucket of nbytes."""
+    tmp = tempfile.mkdtemp(prefix="gsbn.", dir="/tmp")
+    port = free_port_number()
+    cap_mb = nbytes / (1 << 20)
+    daemons = []
+    try:
+        for n in range(nodes):
+            where = [f"--listen=127.0.0.1:{port}"] if n == 0 else [
+                f"--leader=127.0.0.1:{port}", "--listen=127.0.0.1:0"]
+            daemons.append(subprocess.Popen(
+                [DAEMON, f"--socket={tmp}/s{n}", f"--num-nodes={nodes}", f"--node-rank={n}",
+                 "--local-size=1", f"--shm-prefix=gsbn{os.getpid()}x{n}", "--timeout-s=120",
+                 f"--bucket-cap-mb={cap_mb}", f"--first-bucket-cap-mb={cap_mb}", *where],
+                stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/d{n}.log", "w")))
+        deadline = time.time() + 10
+        while not all(os.path.exists(f"{tmp}/s{n}") for n in range(nodes)) and time.time() < deadline:
+            time.sleep(0.01)
+        procs = [subprocess.Popen(
+            [TRAINER, f"--socket={tmp}/s{n}", f"--bytes={nbytes}", "--tensors=1",
+             f"--iters={iters}", f"--warmup={warmup}"],
+            env={**os.environ, "LOCAL_RANK": "0"}, stdout=subprocess.PIPE, text=True)
+            for n in range(nodes)]
+        results = []
+        for p in procs:
+            out, _ = p.communicate(timeout=600)
+            m = re.search(r"p50_us=([\d.]+) p99_us=([\d.]+)", out)
+            if p.returncode != 0 or not m:
+                raise RuntimeError(f"bench_trainer failed: {out}")
+            results.append((float(m.group(1)), float(m.group(2))))
+        return {"p50": statistics.median(r[0] for r in results),
+                "p99": statistics.median(r[1] for r in results)}
+    finally:
+        for d in daemons:
+            d.terminate()
+        for d in daemons:
+            d.wait(timeout=20)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_plain_gloo(nodes: int) -> dict:
+    """Median ms per size from gloo_allreduce_bench's plain_gloo rows."""
+    out = subprocess.run([GLOO_BENCH, f"--nodes={nodes}", "--sizes_mb=25,100", "--iters=5",
+                          "--rounds=2"], capture_output=True, text=True, timeout=900).stdout
+    rows = {}
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) >= 4 and f[2] == "plain_gloo":
+            rows[round(float(f[1]))] = float(f[3]) * 1000  # us
+    return rows
+
+
+def busbw(nbytes: int, n: int, us: float) -> float:
+    return nbytes / (us / 1e6) / 1e9 * 2 * (n - 1) / n
 
 
 def run_gradsync(nproc: int, nbytes: int, tensors: int, warmup: int, iters: int) -> dict:
@@ -114,6 +185,8 @@ def fmt(us: float) -> str:
 
 
 def main() -> int:
+    global GLOO_BENCH
+    GLOO_BENCH = os.path.join(ROOT, "bazel-bin/tests/bench/gloo_allreduce_bench")
     for path in (DAEMON, TRAINER):
         if not os.path.exists(path):
             print(f"missing {path}: run bazel build //daemon:gradsyncd //tests/bench:bench_trainer")
@@ -134,6 +207,28 @@ def main() -> int:
     print("\nTargets (docs/PERFORMANCE.md): 100 MB with 2 trainers <= 0.28x torch gloo, with 4 <= "
           "0.30x; 4 KB p50 <= 10 µs. 4 processes on 2 cores oversubscribe (small-message latency "
           "jumps).")
+
+    if GLOO_BENCH is None or not os.path.exists(GLOO_BENCH):
+        print("\n(cross-node table skipped: bazel build //tests/bench:gloo_allreduce_bench)")
+        return 0
+    print("\n## Across nodes on loopback: N daemons x 1 trainer, one bucket per iteration\n")
+    print("| size | nodes | gradsync p50 | busbw | plain Gloo | busbw | torch gloo | busbw "
+          "| gradsync busbw / plain Gloo |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for nodes in (2, 4):
+        plain = run_plain_gloo(nodes)
+        for mb in (25, 100):
+            nbytes = mb << 20
+            g = run_gradsync_nodes(nodes, nbytes, 2, 8)
+            t = run_torch(nodes, nbytes, 2, 5)
+            p = plain.get(mb)
+            cells = [fmt(g["p50"]), f"{busbw(nbytes, nodes, g['p50']):.2f} GB/s"]
+            cells += [fmt(p), f"{busbw(nbytes, nodes, p):.2f} GB/s"] if p else ["n/a", "n/a"]
+            cells += [fmt(t["p50"]), f"{busbw(nbytes, nodes, t['p50']):.2f} GB/s"] if t else ["n/a", "n/a"]
+            ratio = f"{p / g['p50']:.2f}" if p else "n/a"
+            print(f"| {mb} MB | {nodes} | " + " | ".join(cells) + f" | {ratio} |", flush=True)
+    print("\nTarget: busbw >= 0.95 of plain Gloo with 2 daemons. gradsync's time is a whole "
+          "iteration (mark_ready -> gs_wait), plain Gloo's one allreduce call.")
     return 0
 
 

@@ -74,6 +74,7 @@ struct Case {
   int trainers;
   size_t threads;
   bool remote;
+  bool single_span;  // one span: the in-place cross-node path for fp32/fp64
 };
 
 class LocalReducerTest : public ::testing::TestWithParam<Case> {};
@@ -83,7 +84,9 @@ TEST_P(LocalReducerTest, AveragesIntoEveryTrainer) {
   const size_t esize = DTypeSize(c.dtype);
   // Two spans with a gap (bytes outside the spans must stay untouched), and
   // sizes that are not multiples of the chunk size.
-  const std::vector<ReduceSpan> spans = {{64, 3 * esize}, {4096, 100003 * esize}};
+  const std::vector<ReduceSpan> spans =
+      c.single_span ? std::vector<ReduceSpan>{{4096, 100003 * esize}}
+                    : std::vector<ReduceSpan>{{64, 3 * esize}, {4096, 100003 * esize}};
   const size_t arena_bytes = 4096 + 100003 * esize + 64;
   std::vector<std::vector<uint8_t>> arenas(c.trainers, std::vector<uint8_t>(arena_bytes, 0xAB));
   std::mt19937 gen(42);
@@ -132,6 +135,7 @@ TEST_P(LocalReducerTest, AveragesIntoEveryTrainer) {
     // Bytes outside the spans are untouched.
     EXPECT_EQ(arenas[t][0], 0xAB);
     EXPECT_EQ(arenas[t][64 + 3 * esize], 0xAB);
+    EXPECT_EQ(arenas[t][4095], 0xAB);
     EXPECT_EQ(arenas[t][arena_bytes - 1], 0xAB);
   }
 }
@@ -141,7 +145,9 @@ std::vector<Case> AllCases() {
   for (DType d : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
     for (int trainers : {1, 2, 3}) {
       for (size_t threads : {1, 2}) {
-        for (bool remote : {false, true}) out.push_back({d, trainers, threads, remote});
+        for (bool remote : {false, true}) {
+          for (bool single : {false, true}) out.push_back({d, trainers, threads, remote, single});
+        }
       }
     }
   }

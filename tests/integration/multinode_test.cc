@@ -177,6 +177,26 @@ TEST(MultiNode, KilledDaemonFailsEveryTrainerThenTheJobReforms) {
       << cluster.DaemonLogs();
 }
 
+TEST(MultiNode, StallIsReportedByTheLeaderNamingNodeTrainerAndTensor) {
+  Cluster cluster(2, 1, {"--stall-threshold-s=1", "--timeout-s=4"});
+  Process ok = StartTrainer(cluster.node(0), 0, {"--steps=5"}, "");
+  Process stuck = StartTrainer(cluster.node(1), 0, {"--steps=5", "--withhold=0"}, "");
+  // Node 0 times out inside the collective node 1 never joins; the leader
+  // then aborts the generation: both end with TIMEOUT or PEER_FAILED.
+  for (Process* p : {&ok, &stuck}) {
+    ExitStatus st = p->Wait(kBound);
+    EXPECT_FALSE(st.timed_out);
+    EXPECT_TRUE(st.code == 14 || st.code == 15) << p->Log();
+  }
+  const std::string leader = cluster.node(0).process().Log();
+  const size_t at = leader.find("event=job_stall");
+  ASSERT_NE(at, std::string::npos) << cluster.DaemonLogs();
+  const std::string line = leader.substr(at, leader.find('\n', at) - at);
+  EXPECT_NE(line.find("node_rank=1"), std::string::npos) << line;
+  EXPECT_NE(line.find("rank 1 (local 0"), std::string::npos) << line;
+  EXPECT_NE(line.find("fc1.weight"), std::string::npos) << line;
+}
+
 TEST(MultiNode, BadTokenIsRefusedAndLogged) {
   Cluster cluster(2, 1, {}, "right-token");
   const std::string wrong = cluster.dir() + "/wrong";
