@@ -26,10 +26,15 @@ absl::StatusOr<ArenaLayout> PlanArena(const std::vector<uint64_t>& tensor_bytes,
       }
       offset = AlignUp(offset, kTensorAlignment);
       layout.tensor_offsets[t] = offset;
-      if (tensor_bytes[t] > (uint64_t{1} << 48)) {
+      if (tensor_bytes[t] > kMaxArenaBytes) {
         return absl::InvalidArgumentError(absl::StrCat("tensor ", t, " is too large"));
       }
       offset += tensor_bytes[t];
+      // Checked per tensor so the sum can never wrap around 64 bits.
+      if (offset > kMaxArenaBytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("arena would exceed ", kMaxArenaBytes, " bytes at tensor ", t));
+      }
     }
     layout.bucket_offsets.push_back(start);
     layout.bucket_bytes.push_back(AlignUp(offset, kTensorAlignment) - start);

@@ -14,6 +14,9 @@ namespace gradsync::ipc {
 
 inline constexpr uint64_t kTensorAlignment = 64;
 inline constexpr uint64_t kBucketAlignment = 4096;
+// Far above any real arena, far below 2^64: sizes and offsets up to it can
+// be added and aligned without overflow.
+inline constexpr uint64_t kMaxArenaBytes = uint64_t{1} << 48;
 
 struct ArenaLayout {
   std::vector<uint64_t> tensor_offsets;  // by registration index

@@ -28,8 +28,11 @@ inline void CpuRelax() {
 }  // namespace
 
 void Doorbell::Ring() {
-  sequence.fetch_add(1, std::memory_order_acq_rel);
-  if (sleepers.load(std::memory_order_acquire) > 0) {
+  // seq_cst on both sides (here and in Wait) forbids the store-load
+  // reordering where we miss a new sleeper while it misses our bump:
+  // with acq_rel/acquire that lost wake-up is allowed by the C++ model.
+  sequence.fetch_add(1, std::memory_order_seq_cst);
+  if (sleepers.load(std::memory_order_seq_cst) > 0) {
     Futex(&sequence, FUTEX_WAKE, INT_MAX, nullptr);
   }
 }
@@ -38,14 +41,21 @@ Doorbell::WaitResult Doorbell::Wait(uint32_t seen, std::chrono::nanoseconds time
                                     std::chrono::nanoseconds spin) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
+  // Clamp so `start + timeout` cannot overflow: nanoseconds::max() (~292
+  // years) would otherwise wrap into the past and time out at once.
+  constexpr std::chrono::nanoseconds kForever = std::chrono::hours(24 * 365 * 100);
+  timeout = std::min(timeout, kForever);
+  spin = std::max(std::min(spin, timeout), std::chrono::nanoseconds(0));
   const auto deadline = start + timeout;
-  const auto spin_until = start + std::min(spin, timeout);
+  const auto spin_until = start + spin;
 
-  // Spin: a wake-up within a few microseconds costs no syscall.
-  for (int i = 0;; ++i) {
-    if (sequence.load(std::memory_order_acquire) != seen) return WaitResult::kRung;
+  // Spin: a wake-up within a few microseconds costs no syscall. spin == 0
+  // goes straight to sleep (64 pauses alone can take several microseconds).
+  if (sequence.load(std::memory_order_acquire) != seen) return WaitResult::kRung;
+  for (int i = 1; spin.count() > 0; ++i) {
     CpuRelax();
-    if ((i & 63) == 63 && Clock::now() >= spin_until) break;
+    if (sequence.load(std::memory_order_acquire) != seen) return WaitResult::kRung;
+    if ((i & 63) == 0 && Clock::now() >= spin_until) break;
   }
 
   // Sleep. Announce ourselves first (seq_cst) so that a ringer that bumps

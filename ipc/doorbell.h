@@ -37,7 +37,8 @@ struct alignas(64) Doorbell {
   enum class WaitResult { kRung, kTimeout };
 
   // Returns kRung as soon as the sequence differs from `seen`, kTimeout when
-  // `timeout` passes first. Spins for up to `spin` before sleeping.
+  // `timeout` passes first. Spins for up to `spin` before sleeping (0: sleeps at once).
+  // `std::chrono::nanoseconds::max()` means no practical limit.
   WaitResult Wait(uint32_t seen, std::chrono::nanoseconds timeout,
                   std::chrono::nanoseconds spin = std::chrono::microseconds(20));
 };

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "boost/interprocess/exceptions.hpp"
 #include "boost/interprocess/shared_memory_object.hpp"
 
@@ -36,7 +37,37 @@ absl::Status FromBoost(const bip::interprocess_exception& e, const std::string& 
   }
 }
 
-bool ProcessAlive(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+// One path component under /dev/shm: Boost would otherwise fail with an
+// opaque internal error (or, for "..", reach outside /dev/shm).
+absl::Status CheckName(const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+    return absl::InvalidArgumentError(absl::StrCat("bad segment name '", name, "'"));
+  }
+  return absl::OkStatus();
+}
+
+// A zombie (exited, not yet reaped by its parent) counts as dead: it maps
+// nothing any more, and a daemon killed with SIGKILL stays one until its
+// launcher waits for it.
+bool IsZombie(pid_t pid) {
+  const int fd = open(absl::StrCat("/proc/", pid, "/stat").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[512];
+  const ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (n <= 0) return false;
+  // "pid (comm) S ...": comm may hold spaces and parentheses, the state
+  // follows the last ')'.
+  const absl::string_view stat(buf, static_cast<size_t>(n));
+  const size_t paren = stat.rfind(')');
+  return paren != absl::string_view::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
+}
+
+bool ProcessAlive(pid_t pid) {
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0 && errno != EPERM) return false;
+  return !IsZombie(pid);
+}
 
 }  // namespace
 
@@ -46,13 +77,15 @@ std::string SegmentName(const std::string& prefix, pid_t daemon_pid, const std::
 
 absl::StatusOr<SharedSegment> SharedSegment::Create(const std::string& name, size_t size,
                                                     mode_t mode, gid_t group) {
-  if (name.empty() || name.find('/') != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("bad segment name '", name, "'"));
-  }
+  if (auto st = CheckName(name); !st.ok()) return st;
   SharedSegment seg;
+  // Only a name we created may be removed on failure: when the name already
+  // exists it belongs to someone else (a live daemon, another trainer).
+  bool created = false;
   try {
     bip::permissions perm(mode);
     bip::shared_memory_object shm(bip::create_only, name.c_str(), bip::read_write, perm);
+    created = true;
     // Boost creates with the mode masked by the umask on some versions: set it exactly.
     if (fchmod(shm.get_mapping_handle().handle, mode) != 0 ||
         (group != static_cast<gid_t>(-1) &&
@@ -65,7 +98,7 @@ absl::StatusOr<SharedSegment> SharedSegment::Create(const std::string& name, siz
     shm.truncate(static_cast<bip::offset_t>(size));  // fresh pages read as zero
     seg.region_ = bip::mapped_region(shm, bip::read_write);
   } catch (const bip::interprocess_exception& e) {
-    bip::shared_memory_object::remove(name.c_str());
+    if (created) bip::shared_memory_object::remove(name.c_str());
     return FromBoost(e, absl::StrCat("create segment ", name));
   }
   seg.name_ = name;
@@ -73,6 +106,7 @@ absl::StatusOr<SharedSegment> SharedSegment::Create(const std::string& name, siz
 }
 
 absl::StatusOr<SharedSegment> SharedSegment::Open(const std::string& name, mode_t max_mode) {
+  if (auto st = CheckName(name); !st.ok()) return st;
   SharedSegment seg;
   try {
     bip::shared_memory_object shm(bip::open_only, name.c_str(), bip::read_write);

@@ -49,8 +49,8 @@ class SharedSegment {
 };
 
 // Removes every segment named "<prefix>.<pid>.*" whose pid is no longer a
-// live process: what a daemon killed with SIGKILL left behind. Returns the
-// names removed.
+// live process (gone, or a zombie): what a daemon killed with SIGKILL left
+// behind. Returns the names removed.
 std::vector<std::string> RemoveStaleSegments(const std::string& prefix);
 
 // "<prefix>.<pid>.<suffix>": the naming every gradsync segment follows.

@@ -87,10 +87,13 @@ class SpscRing {
     return PopResult::kOk;
   }
 
-  // Entries waiting to be consumed (approximate when racing the producer).
+  // Entries waiting to be consumed (approximate while the peer runs). The
+  // tail is read first: both counters only grow, so a tail read after the
+  // head could pass it and make the difference wrap to ~2^64.
   uint64_t Size() const {
-    return control_->head.load(std::memory_order_acquire) -
-           control_->tail.load(std::memory_order_acquire);
+    const uint64_t tail = control_->tail.load(std::memory_order_acquire);
+    const uint64_t head = control_->head.load(std::memory_order_acquire);
+    return head - tail;
   }
 
   // Checks the control block against the capacity this side expects.

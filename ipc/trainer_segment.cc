@@ -36,6 +36,11 @@ absl::StatusOr<TrainerSegment> TrainerSegment::Create(const std::string& name,
     return absl::InvalidArgumentError(
         absl::StrCat("ring capacity ", spec.ring_capacity, " is not a power of two <= 2^24"));
   }
+  // Larger sizes would wrap the geometry arithmetic into a small segment.
+  if (spec.arena_bytes > kMaxArenaBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("arena of ", spec.arena_bytes, " bytes exceeds ", kMaxArenaBytes));
+  }
   const Geometry g = ComputeGeometry(spec.ring_capacity, spec.arena_bytes);
   auto segment = SharedSegment::Create(name, g.total, mode, group);
   if (!segment.ok()) return segment.status();
@@ -131,6 +136,9 @@ absl::Status TrainerSegment::Map(bool validate, uint64_t expected_hash,
       return absl::DataLossError(absl::StrCat("segment ", name(), " has bad ring capacity ",
                                               h.ready_capacity));
     }
+  }
+  if (h.arena_bytes > kMaxArenaBytes || h.ready_capacity > (1u << 24)) {
+    return absl::DataLossError(absl::StrCat("segment ", name(), " header has impossible sizes"));
   }
   const Geometry g = ComputeGeometry(h.ready_capacity, h.arena_bytes);
   if (h.header_bytes != sizeof(TrainerSegmentHeader) || h.segment_bytes != g.total ||

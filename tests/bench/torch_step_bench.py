@@ -1,0 +1,187 @@
+#!/usr/bin/python3
+"""torch_step_bench: one training step of a 25.2M-parameter MLP, 2 trainers.
+
+Model: 6 x Linear(2048, 2048) with ReLU between (25.2M fp32 parameters,
+100 MB of gradients), batch 32 per trainer, MSE loss, plain SGD; a step is
+zero_grad + forward + backward + synchronization + optimizer step. In one
+run, measured one after the other (never overlapping):
+
+  compute only, 1 process     the model alone on the machine
+  compute only, 2 processes   2 independent trainers, no synchronization:
+                              the compute-only step docs/PERFORMANCE.md's
+                              targets are relative to (2 trainers share the
+                              machine's cores and memory bandwidth)
+  torch DDP (gloo)            DistributedDataParallel, default 25 MB buckets
+  gradsync DistributedOptimizer   gradients in the daemon's shared memory
+  gradsync DDP allreduce_hook     DDP kept, buckets sent through gradsync
+
+Prints one markdown table. Not a test: asserts nothing.
+
+Run from the repository root after
+`bazel build //client:libgradsync.so //daemon:gradsyncd`:
+
+    /usr/bin/python3 tests/bench/torch_step_bench.py [--steps 20] [--threads 1]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+
+WIDTH, LAYERS, BATCH = 2048, 6, 32
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------
+# Worker side: one trainer process.
+
+
+def worker(variant: str, rank: int, world: int, port: int, steps: int, warmup: int,
+           threads: int) -> Dict[str, float]:
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    layers: List[torch.nn.Module] = []
+    for i in range(LAYERS):
+        layers.append(torch.nn.Linear(WIDTH, WIDTH))
+        if i < LAYERS - 1:
+            layers.append(torch.nn.ReLU())
+    model = torch.nn.Sequential(*layers)
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(BATCH, WIDTH, generator=g)
+    y = torch.randn(BATCH, WIDTH, generator=g)
+    sgd = torch.optim.SGD(model.parameters(), lr=1e-4)
+    net, opt, cleanup = model, sgd, None
+
+    if variant in ("ddp", "gradsync_hook"):
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world)
+        net = DDP(model)
+        if variant == "gradsync_hook":
+            import gradsync.torch as gst
+            state = gst.AllreduceHookState(net)
+            net.register_comm_hook(state, gst.allreduce_hook)
+            cleanup = state.close
+    elif variant == "gradsync":
+        import gradsync.torch as gst
+        opt = gst.DistributedOptimizer(sgd, model.named_parameters())
+        cleanup = opt.close
+
+    times = []
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        opt.step()
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    if cleanup is not None:
+        cleanup()
+    if variant in ("ddp", "gradsync_hook"):
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    times.sort()
+    return {"median": statistics.median(times), "p90": times[int(0.9 * (len(times) - 1))]}
+
+
+# --------------------------------------------------------------------------
+# Driver side.
+
+
+def run_variant(variant: str, nproc: int, args: argparse.Namespace,
+                socket_path: Optional[str]) -> Dict[str, float]:
+    port = free_port()
+    procs = []
+    for rank in range(nproc):
+        env = dict(os.environ, LOCAL_RANK=str(rank), OMP_NUM_THREADS=str(args.threads),
+                   PYTHONPATH=os.path.join(ROOT, "client", "python"))
+        if socket_path:
+            env["GRADSYNC_SOCKET"] = socket_path
+        procs.append(subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--worker", variant, str(rank),
+             str(nproc), str(port), str(args.steps), str(args.warmup), str(args.threads)],
+            env=env, stdout=subprocess.PIPE, text=True))
+    results = []
+    for p in procs:
+        out, _ = p.communicate(timeout=900)
+        if p.returncode != 0:
+            raise RuntimeError(f"{variant} worker failed with code {p.returncode}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    # Synchronized trainers move in lockstep; report the slowest trainer.
+    return {k: max(r[k] for r in results) for k in ("median", "p90")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="training step: gradsync vs torch DDP vs compute")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per variant")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per trainer")
+    ap.add_argument("--worker", nargs=7, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        v, rank, world, port, steps, warmup, threads = args.worker
+        print(json.dumps(worker(v, int(rank), int(world), int(port), int(steps), int(warmup),
+                                int(threads))))
+        return 0
+
+    from gradsync.daemon import LocalDaemon
+    import torch
+
+    tmp = tempfile.mkdtemp(prefix="gsb.", dir="/tmp")
+    sock = os.path.join(tmp, "gs.sock")
+    rows = []
+    variants = [("compute only, 1 process", "compute", 1, False),
+                ("compute only, 2 processes", "compute", 2, False),
+                ("torch DDP (gloo)", "ddp", 2, False),
+                ("gradsync DistributedOptimizer", "gradsync", 2, True),
+                ("gradsync DDP allreduce_hook", "gradsync_hook", 2, True)]
+    for label, variant, nproc, needs_daemon in variants:
+        daemon = None
+        if needs_daemon:
+            daemon = LocalDaemon(sock, nproc, ["--timeout-s=300"],
+                                 log_path=os.path.join(tmp, f"{variant}.log")).start()
+        try:
+            r = run_variant(variant, nproc, args, sock if needs_daemon else None)
+        finally:
+            if daemon is not None:
+                daemon.stop()
+        rows.append((label, nproc, r))
+        print(f"  {label}: {r['median'] * 1e3:.1f} ms", file=sys.stderr, flush=True)
+
+    compute2 = rows[1][2]["median"]
+    ddp = rows[2][2]["median"]
+    params = LAYERS * (WIDTH * WIDTH + WIDTH)
+    print(f"\nTraining step, {LAYERS} x Linear({WIDTH},{WIDTH}) = {params / 1e6:.1f}M fp32 "
+          f"parameters, batch {BATCH}/trainer, torch {torch.__version__}, "
+          f"{args.threads} thread(s)/trainer, {os.cpu_count()} cores, median of {args.steps} "
+          f"steps after {args.warmup} warm-up\n")
+    print("| variant | trainers | step p50 (ms) | step p90 (ms) | vs compute only (2 proc) "
+          "| vs torch DDP |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, nproc, r in rows:
+        print(f"| {label} | {nproc} | {r['median'] * 1e3:.1f} | {r['p90'] * 1e3:.1f} | "
+              f"{r['median'] / compute2:.2f}x | {r['median'] / ddp:.2f}x |")
+    print("\nTargets (docs/PERFORMANCE.md): gradsync step <= 1.15x compute only, <= 0.6x DDP.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
