@@ -218,6 +218,24 @@ void ClusterLink::ReportError(const absl::Status& error) {
   cv_.notify_all();
 }
 
+absl::Status ClusterLink::Explain(const absl::Status& error) {
+  HeartbeatParams hb;
+  hb.node_rank = config_.node_rank;
+  hb.generation = generation_;
+  absl::StatusOr<HeartbeatResult> r = client_->Heartbeat(hb);
+  if (!r.ok()) {
+    return MakeError(v1::PEER_FAILED,
+                     absl::StrCat(error.message(), "; the leader daemon at ", client_->leader(),
+                                  " is unreachable: the leader is dead (",
+                                  r.status().message(), ")"));
+  }
+  if (r->abort && !r->abort_reason.empty()) {
+    return MakeError(CodeOf(error), absl::StrCat(error.message(), "; the leader reports: ",
+                                                 r->abort_reason));
+  }
+  return error;
+}
+
 void ClusterLink::ReportStall(const std::string& description) {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -40,6 +40,7 @@ class ClusterLink final : public WorldLink {
   void ReportError(const absl::Status& error) override;
   void SetProgress(std::function<uint64_t()> iteration) override;
   void ReportStall(const std::string& description) override;
+  absl::Status Explain(const absl::Status& error) override;
 
   // Node 0's order, distributed to every node (the plan rebuild).
   absl::StatusOr<std::vector<uint32_t>> AgreeOrder(const std::vector<uint32_t>& local);

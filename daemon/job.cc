@@ -239,8 +239,19 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world) {
 }
 
 void Job::Fail(const absl::Status& error, int culprit) {
+  absl::Status explained = error;
+  if (culprit == Scheduler::kCollectiveFailed) {
+    // Ask the leader why, without holding the lock (it is an RPC).
+    std::shared_ptr<WorldLink> link;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      link = world_.link;
+    }
+    if (link) explained = link->Explain(error);
+    culprit = -1;
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  FailLocked(error, culprit);
+  FailLocked(explained, culprit);
 }
 
 void Job::FailLocked(const absl::Status& error, int culprit, bool expected) {
@@ -286,7 +297,7 @@ void Job::Leave(uint64_t session, bool graceful, const std::string& reason) {
 void Job::ReleaseWorld() {
   // Every trainer is gone: stop the scheduler and leave the cluster now,
   // not when the next job replaces this one (the stats stay readable).
-  std::unique_ptr<WorldLink> link;
+  std::shared_ptr<WorldLink> link;
   Scheduler* scheduler = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);

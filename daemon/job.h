@@ -46,6 +46,9 @@ class WorldLink {
   virtual void SetProgress(std::function<uint64_t()> iteration) = 0;
   // A local stall, reported to the leader's log.
   virtual void ReportStall(const std::string& description) = 0;
+  // Adds what the leader knows to a collective's failure (which node
+  // failed, or that the leader itself is dead). May block briefly.
+  virtual absl::Status Explain(const absl::Status& error) = 0;
 };
 
 // What forming the job across nodes yields (one node: trivial).
@@ -58,7 +61,7 @@ struct JobWorld {
   Scheduler::OrderAgreement agree_order;
   // Node 0's caps, so every node plans the same buckets (0: use the config).
   BucketCaps caps{0, 0};
-  std::unique_ptr<WorldLink> link;
+  std::shared_ptr<WorldLink> link;
 };
 
 // Forms the world once the local layout is agreed: on one node it returns

@@ -249,7 +249,7 @@ bool Scheduler::Launch(uint32_t bucket) {
     fail_(MakeError(CodeOf(st) == v1::INTERNAL ? v1::PEER_FAILED : CodeOf(st),
                     absl::StrCat("bucket ", bucket, " of iteration ", iteration(), ": ",
                                  backend_->name(), " allreduce failed: ", st.message())),
-          -1);
+          kCollectiveFailed);
     return false;
   }
   tl.local_done_ns = tl.launch_ns + timings.local_reduce_ns;

@@ -34,8 +34,10 @@ namespace gradsync {
 
 class Scheduler {
  public:
-  // Reports a job failure: `culprit` is the local rank at fault, or -1.
+  // Reports a job failure: `culprit` is the local rank at fault, -1 when no
+  // local trainer is, kCollectiveFailed when the cross-node collective failed.
   using FailFn = std::function<void(const absl::Status& error, int culprit)>;
+  static constexpr int kCollectiveFailed = -2;
 
   // Decides the ready order the plan is rebuilt from, identically on every
   // node (node 0's order, through the rendezvous); one node: `local` itself.

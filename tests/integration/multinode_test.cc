@@ -197,6 +197,20 @@ TEST(MultiNode, StallIsReportedByTheLeaderNamingNodeTrainerAndTensor) {
   EXPECT_NE(line.find("fc1.weight"), std::string::npos) << line;
 }
 
+TEST(MultiNode, DeadLeaderIsReportedAsSuch) {
+  Cluster cluster(2, 1);
+  Process a = StartTrainer(cluster.node(0), 0, {"--steps=2000", "--sleep-ms=20"}, "");
+  Process b = StartTrainer(cluster.node(1), 0, {"--steps=2000", "--sleep-ms=20"}, "");
+  std::this_thread::sleep_for(milliseconds(1200));
+  cluster.node(0).process().Signal(SIGKILL);
+  cluster.node(0).process().Wait(kBound);
+  ExitStatus sa = a.Wait(seconds(30)), sb = b.Wait(seconds(30));
+  EXPECT_FALSE(sa.timed_out || sb.timed_out);
+  EXPECT_EQ(sa.code, 14) << a.Log();  // its own daemon died
+  EXPECT_EQ(sb.code, 14) << b.Log();
+  EXPECT_NE(b.Log().find("the leader is dead"), std::string::npos) << b.Log() << cluster.DaemonLogs();
+}
+
 TEST(MultiNode, BadTokenIsRefusedAndLogged) {
   Cluster cluster(2, 1, {}, "right-token");
   const std::string wrong = cluster.dir() + "/wrong";
