@@ -176,10 +176,13 @@ void Daemon::Drain() {
     // trainers get their result; then stop.
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.timeout_ms);
-    while (std::chrono::steady_clock::now() < deadline) {
-      std::shared_ptr<Job> job = jobs_->Current();
-      if (!job || !job->InIteration()) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::shared_ptr<Job> job = jobs_->Current();
+    // Trainers start the next iteration microseconds after one completes:
+    // stop when the iteration in flight at drain time has completed.
+    const uint64_t in_flight = job ? job->iteration() : 0;
+    while (job && std::chrono::steady_clock::now() < deadline) {
+      if (!job->InIteration() || job->iteration() > in_flight) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     RequestShutdown("drain");
   });

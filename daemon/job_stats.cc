@@ -44,10 +44,16 @@ void JobStats::OnReady(uint64_t iteration, int local_rank, uint32_t tensor, bool
                               unused ? TraceEventType::kTrainerUnused : TraceEventType::kTrainerReady});
 }
 
+void JobStats::OnBucketFirstReady(uint64_t iteration, uint32_t bucket, int64_t ns) {
+  recorder_.Record(TraceEvent{ns, iteration, bucket, kNoTensor, TraceEventType::kBucketFirstReady});
+}
+
+void JobStats::OnBucketLastReady(uint64_t iteration, uint32_t bucket, int64_t ns) {
+  recorder_.Record(TraceEvent{ns, iteration, bucket, kNoTensor, TraceEventType::kBucketLastReady});
+}
+
 void JobStats::OnBucketDone(const BucketTimeline& t) {
   const uint64_t it = t.iteration;
-  recorder_.Record(TraceEvent{t.first_ready_ns, it, t.bucket, kNoTensor, TraceEventType::kBucketFirstReady});
-  recorder_.Record(TraceEvent{t.last_ready_ns, it, t.bucket, kNoTensor, TraceEventType::kBucketLastReady});
   recorder_.Record(TraceEvent{t.launch_ns, it, t.bucket, kNoTensor, TraceEventType::kBucketLaunch});
   recorder_.Record(
       TraceEvent{t.local_done_ns, it, t.bucket, kNoTensor, TraceEventType::kBucketLocalReduceDone});

@@ -30,6 +30,8 @@ class JobStats final : public SchedulerObserver {
 
   void OnReady(uint64_t iteration, int local_rank, uint32_t tensor, bool unused,
                int64_t ns) override;
+  void OnBucketFirstReady(uint64_t iteration, uint32_t bucket, int64_t ns) override;
+  void OnBucketLastReady(uint64_t iteration, uint32_t bucket, int64_t ns) override;
   void OnBucketDone(const BucketTimeline& timeline) override;
   void OnIterationDone(uint64_t iteration, uint64_t bytes_per_trainer, int64_t start_ns,
                        int64_t end_ns) override;

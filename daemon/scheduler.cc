@@ -227,8 +227,12 @@ bool Scheduler::Drain(Trainer& t, int64_t now_ns, bool* progress) {
     BucketTimeline& tl = timelines_[b];
     if (remaining_[b] == plan_.buckets[b].tensors.size() * trainers_.size()) {
       tl.first_ready_ns = now_ns;
+      if (observer_) observer_->OnBucketFirstReady(iteration(), b, now_ns);
     }
-    if (--remaining_[b] == 0) tl.last_ready_ns = now_ns;
+    if (--remaining_[b] == 0) {
+      tl.last_ready_ns = now_ns;
+      if (observer_) observer_->OnBucketLastReady(iteration(), b, now_ns);
+    }
     if (observer_) {
       observer_->OnReady(iteration(), t.local_rank, e.tensor,
                          e.kind == static_cast<uint32_t>(ipc::ReadyKind::kUnused), now_ns);

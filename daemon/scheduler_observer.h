@@ -26,6 +26,9 @@ class SchedulerObserver {
   virtual ~SchedulerObserver() = default;
   virtual void OnReady(uint64_t /*iteration*/, int /*local_rank*/, uint32_t /*tensor*/,
                        bool /*unused*/, int64_t /*ns*/) {}
+  // As they happen (so a stuck bucket is visible in a trace).
+  virtual void OnBucketFirstReady(uint64_t /*iteration*/, uint32_t /*bucket*/, int64_t /*ns*/) {}
+  virtual void OnBucketLastReady(uint64_t /*iteration*/, uint32_t /*bucket*/, int64_t /*ns*/) {}
   virtual void OnBucketDone(const BucketTimeline& /*timeline*/) {}
   virtual void OnIterationDone(uint64_t /*iteration*/, uint64_t /*bytes_per_trainer*/,
                                int64_t /*start_ns*/, int64_t /*end_ns*/) {}

@@ -1,7 +1,7 @@
 """Exposes Debian's system libraries to Bazel, with flags asked of pkg-config.
 
 `system_libs(name = "system")` creates `@system//:<lib>` cc_libraries
-(grpc, protobuf, absl, spdlog, gloo, boost, gtest, gtest_main, gmock,
+(grpc, grpc_reflection, protobuf, absl, spdlog, gloo, boost, gtest, gtest_main, gmock,
 benchmark, systemd, json). Link flags and -D defines come from pkg-config at
 fetch time, so nothing is pasted by hand and a newer Debian just works.
 """
@@ -12,8 +12,11 @@ _LIBS = {
               "absl_synchronization", "absl_time", "absl_flags", "absl_flags_parse",
               "absl_hash", "absl_raw_hash_set"], []),
     "protobuf": (["protobuf"], []),
-    # grpc++_reflection has no .pc file in Debian 12; it is a plain library.
-    "grpc": (["grpc++", "protobuf"], ["-lgrpc++_reflection"]),
+    "grpc": (["grpc++", "protobuf"], []),
+    # Server reflection, for the daemon only: the library carries its own
+    # copy of the reflection messages, which clashes with a client that
+    # generates them (no .pc file in Debian 12).
+    "grpc_reflection": ([], ["-lgrpc++_reflection"]),
     "spdlog": (["spdlog"], []),
     "systemd": (["libsystemd"], []),
     "gtest": (["gtest"], []),

@@ -12,8 +12,8 @@
 //  - a stall shows up in GetStats, the log and a trace file;
 //  - `drain` refuses new trainers and ends the daemon (exit 0) once the
 //    iteration in flight has ended.
-// Two DISABLED_ tests reproduce daemon bugs (see their comments): a stall
-// trace lacks the stalled bucket; drain keeps running iterations.
+// Two more pin fixed bugs: a stall trace shows the stalled bucket; drain
+// stops after the iteration in flight while trainers keep training.
 //
 // mlp_trainer's default model (dim 16, hidden 32), registered as
 // fc1.weight[512], fc1.bias[32], fc2.weight[32], fc2.bias[1], gate[1] and
@@ -725,20 +725,9 @@ TEST(ControlE2eTest, StallShowsInStatsLogAndATraceFileInLogsDirectory) {
   EXPECT_EQ(marked["trainer 1"], all_but_fc1_weight);
 }
 
-// DISABLED: daemon bug. A stall trace cannot show the stalled bucket.
-// JobStats::OnBucketDone records all of a bucket's events (first ready, last
-// ready, launch, ..., complete) only once the bucket has completed; nothing
-// is recorded when its first gradient becomes ready. A bucket that stalls
-// never completes, so the trace written on the stall (and on the timeout)
-// has no event for it, and ToChromeTraceJson's "incomplete" span path
-// (flight_recorder.h; unit-tested with synthetic events) is never reached
-// from the daemon. The fix needs the scheduler to report a bucket's first
-// (and last) ready as they happen — e.g. an observer hook called from
-// Scheduler::Drain when remaining_[b] starts / reaches 0, recording
-// kBucketFirstReady / kBucketLastReady there and only the rest in
-// OnBucketDone — i.e. scheduler.cc + scheduler_observer.h, not JobStats
-// alone (it does not know which tensors form which bucket).
-TEST(ControlE2eTest, DISABLED_StallTraceShowsTheStalledBucketAsAnOpenSpan) {
+// Regression: a stalled bucket used to be missing from the stall trace
+// (first/last ready were recorded only when the bucket completed).
+TEST(ControlE2eTest, StallTraceShowsTheStalledBucketAsAnOpenSpan) {
   StallRun run;
   ASSERT_NO_FATAL_FAILURE(run.Run());
   const json trace = StallTrace(run.logs);
@@ -828,16 +817,9 @@ TEST(ControlE2eTest, DrainRefusesNewTrainersAndExitsZeroOnceTheIterationInFlight
   EXPECT_LT(shutdown, stopped) << dlog;
 }
 
-// DISABLED: daemon bug. Drain does not stop after the current iteration
-// while trainers keep training: Daemon::Drain (daemon/daemon.cc) polls
-// Job::InIteration() every 5 ms and stops only when it sees it false, but a
-// trainer starts its next iteration within microseconds of the previous one
-// completing, so the poll almost never sees the gap. The daemon goes on
-// running iterations until it happens to (measured: 11 more 1 s iterations),
-// the job ends, or --timeout-s passes. Fix (daemon.cc, a few lines): note
-// job->iteration() when the drain starts and stop once
-// `!job->InIteration() || job->iteration() > noted`.
-TEST(ControlE2eTest, DISABLED_DrainStopsAfterTheIterationInFlightWhileTrainersKeepTraining) {
+// Regression: drain used to poll for a gap between iterations, which
+// trainers close within microseconds, and so kept training.
+TEST(ControlE2eTest, DrainStopsAfterTheIterationInFlightWhileTrainersKeepTraining) {
   // --timeout-s bounds the drain's wait, so the bug shows as extra steps.
   Daemon daemon(2, {"--timeout-s=10"});
   const std::string addr = StartedAddr(daemon);
