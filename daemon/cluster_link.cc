@@ -166,7 +166,11 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   gloo.store = std::make_shared<GlooStore>(client, absl::Milliseconds(config.timeout_ms));
   absl::StatusOr<std::unique_ptr<GlooBackend>> backend = GlooBackend::Create(gloo);
   if (!backend.ok()) {
-    client->Heartbeat(HeartbeatParams{config.node_rank, gen, 0, -1, backend.status()}).IgnoreError();
+    HeartbeatParams report;  // tell the leader, so the other nodes stop waiting
+    report.node_rank = config.node_rank;
+    report.generation = gen;
+    report.node_error = backend.status();
+    client->Heartbeat(report).IgnoreError();
     return MakeError(CodeOf(backend.status()) == v1::INTERNAL ? v1::PEER_FAILED
                                                               : CodeOf(backend.status()),
                      absl::StrCat("connecting Gloo: ", backend.status().message()));
