@@ -2,6 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "proto/status_code.h"
@@ -23,7 +27,7 @@ grpc::Status Reply(Response* resp, const absl::Status& status) {
 
 }  // namespace
 
-grpc::Status LocalService::Attach(grpc::ServerContext*, const v1::AttachRequest* req,
+grpc::Status LocalService::Attach(grpc::ServerContext* ctx, const v1::AttachRequest* req,
                                   v1::AttachResponse* resp) {
   if (req->protocol_version() != v1::PROTOCOL_VERSION_CURRENT) {
     return Reply(resp, MakeError(v1::STATE,
@@ -32,12 +36,27 @@ grpc::Status LocalService::Attach(grpc::ServerContext*, const v1::AttachRequest*
                                               static_cast<int>(v1::PROTOCOL_VERSION_CURRENT),
                                               ": upgrade the client or the daemon")));
   }
-  std::shared_ptr<Job> job = jobs_->JobForAttach();
-  if (!job) {
-    return Reply(resp, MakeError(v1::UNAVAILABLE,
-                                 "gradsyncd is draining: it accepts no new trainers"));
+  // A previous job may still be running or winding down (its trainers'
+  // departures take a moment to be noticed): wait for it, within the
+  // caller's deadline, instead of refusing a trainer that is merely early.
+  const auto now = std::chrono::system_clock::now();
+  const auto deadline = std::min(ctx->deadline() - std::chrono::milliseconds(200),
+                                 now + std::chrono::seconds(30));
+  std::shared_ptr<Job> job;
+  absl::StatusOr<uint64_t> session;
+  while (true) {
+    job = jobs_->JobForAttach();
+    if (!job) {
+      return Reply(resp, MakeError(v1::UNAVAILABLE,
+                                   "gradsyncd is draining: it accepts no new trainers"));
+    }
+    session = job->Attach(req->local_rank(), req->pid());
+    if (session.ok() || job->state() == JobState::kAttaching ||
+        std::chrono::system_clock::now() >= deadline || ctx->IsCancelled()) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  absl::StatusOr<uint64_t> session = job->Attach(req->local_rank(), req->pid());
   if (!session.ok()) return Reply(resp, session.status());
   jobs_->AddSession(*session, job);
   const DaemonConfig c = jobs_->config();
