@@ -240,6 +240,45 @@ absl::Status ClusterLink::Explain(const absl::Status& error) {
   return error;
 }
 
+std::string ClusterLink::ConfigKey(uint64_t version) { return absl::StrCat("config/", version); }
+
+std::string ClusterLink::ConfigRecord(uint64_t generation, uint64_t at_iteration, double cap_mb,
+                                      double first_cap_mb) {
+  return absl::StrCat(generation, " ", at_iteration, " ", cap_mb, " ", first_cap_mb);
+}
+
+void ClusterLink::SetConfigListener(
+    std::function<void(const BucketCaps& caps, uint64_t at_iteration)> listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  config_listener_ = std::move(listener);
+}
+
+void ClusterLink::ApplyConfig(uint64_t version) {
+  absl::StatusOr<std::optional<std::string>> value = client_->Get(ConfigKey(version));
+  if (!value.ok() || !value->has_value()) return;
+  std::vector<std::string> f = absl::StrSplit(**value, ' ');
+  uint64_t generation = 0, at = 0;
+  double cap = 0, first = 0;
+  if (f.size() != 4 || !absl::SimpleAtoi(f[0], &generation) || !absl::SimpleAtoi(f[1], &at) ||
+      !absl::SimpleAtod(f[2], &cap) || !absl::SimpleAtod(f[3], &first)) {
+    spdlog::error("event=bad_config_record version={} value=\"{}\"", version, **value);
+    return;
+  }
+  if (generation != generation_) return;  // made for another generation
+  std::function<void(const BucketCaps&, uint64_t)> listener;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    listener = config_listener_;
+  }
+  spdlog::info("event=job_config version={} at_iteration={} bucket_cap_mb={} first_bucket_cap_mb={}",
+               version, at, cap, first);
+  if (listener) {
+    listener(BucketCaps{static_cast<uint64_t>(cap * (1 << 20)),
+                        static_cast<uint64_t>(first * (1 << 20))},
+             at);
+  }
+}
+
 void ClusterLink::ReportStall(const std::string& description) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -269,6 +308,12 @@ void ClusterLink::HeartbeatLoop() {
     absl::StatusOr<HeartbeatResult> r = client_->Heartbeat(hb);
     lock.lock();
     if (sending_error && r.ok()) error_sent = true;
+    if (r.ok() && r->config_version > config_version_seen_) {
+      config_version_seen_ = r->config_version;
+      lock.unlock();
+      ApplyConfig(r->config_version);
+      lock.lock();
+    }
     absl::Status failure;
     if (!r.ok()) {
       failure = MakeError(v1::PEER_FAILED,

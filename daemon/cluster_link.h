@@ -41,6 +41,13 @@ class ClusterLink final : public WorldLink {
   void SetProgress(std::function<uint64_t()> iteration) override;
   void ReportStall(const std::string& description) override;
   absl::Status Explain(const absl::Status& error) override;
+  void SetConfigListener(
+      std::function<void(const BucketCaps& caps, uint64_t at_iteration)> listener) override;
+
+  // The key and value of a job-wide config record (published by the leader).
+  static std::string ConfigKey(uint64_t version);
+  static std::string ConfigRecord(uint64_t generation, uint64_t at_iteration, double cap_mb,
+                                  double first_cap_mb);
 
   // Node 0's order, distributed to every node (the plan rebuild).
   absl::StatusOr<std::vector<uint32_t>> AgreeOrder(const std::vector<uint32_t>& local);
@@ -62,6 +69,9 @@ class ClusterLink final : public WorldLink {
   bool failed_ = false;      // on_failure_ was called (or the error came from here)
   std::function<uint64_t()> progress_;
   std::string stall_report_;  // sent with the next heartbeat
+  std::function<void(const BucketCaps&, uint64_t)> config_listener_;
+  uint64_t config_version_seen_ = 0;
+  void ApplyConfig(uint64_t version);  // called without mu_
   std::thread heartbeat_;
 };
 

@@ -27,8 +27,12 @@ bool ValidLogLevel(const std::string& level) {
 
 }  // namespace
 
-ControlService::ControlService(JobRegistry* jobs, std::function<void()> drain)
-    : jobs_(jobs), drain_(std::move(drain)), started_(std::chrono::steady_clock::now()) {}
+ControlService::ControlService(JobRegistry* jobs, std::function<void()> drain,
+                               PublishCaps publish_caps)
+    : jobs_(jobs),
+      drain_(std::move(drain)),
+      publish_caps_(std::move(publish_caps)),
+      started_(std::chrono::steady_clock::now()) {}
 
 grpc::Status ControlService::GetStats(grpc::ServerContext*, const v1::GetStatsRequest*,
                                       v1::GetStatsResponse* resp) {
@@ -64,6 +68,7 @@ grpc::Status ControlService::GetConfig(grpc::ServerContext*, const v1::GetConfig
 
 grpc::Status ControlService::SetConfig(grpc::ServerContext*, const v1::SetConfigRequest* req,
                                        v1::SetConfigResponse* resp) {
+  std::lock_guard<std::mutex> serialize(set_mu_);
   // All or nothing: parse and validate every key on a copy first.
   DaemonConfig next = jobs_->config();
   std::vector<std::string> changed;
@@ -106,6 +111,15 @@ grpc::Status ControlService::SetConfig(grpc::ServerContext*, const v1::SetConfig
     return Reply(resp, MakeError(v1::INVALID_ARGUMENT, st.message()));
   }
   const DaemonConfig before = jobs_->config();
+  const bool caps_changed = next.bucket_cap_mb != before.bucket_cap_mb ||
+                            next.first_bucket_cap_mb != before.first_bucket_cap_mb;
+  if (caps_changed && publish_caps_) {
+    // Several nodes: the leader publishes the caps with the iteration every
+    // node switches at; other daemons refuse.
+    if (absl::Status st = publish_caps_(next, config_version_.load() + 1); !st.ok()) {
+      return Reply(resp, st);
+    }
+  }
   jobs_->UpdateConfig([&](DaemonConfig& c) {
     c.bucket_cap_mb = next.bucket_cap_mb;
     c.first_bucket_cap_mb = next.first_bucket_cap_mb;
@@ -114,9 +128,8 @@ grpc::Status ControlService::SetConfig(grpc::ServerContext*, const v1::SetConfig
     c.log_level = next.log_level;
   });
   spdlog::set_level(spdlog::level::from_str(next.log_level));
-  if (next.bucket_cap_mb != before.bucket_cap_mb ||
-      next.first_bucket_cap_mb != before.first_bucket_cap_mb) {
-    // The running job re-plans at its next iteration boundary.
+  if (caps_changed && !publish_caps_) {
+    // One node: the running job re-plans at its next iteration boundary.
     if (std::shared_ptr<Job> job = jobs_->Current()) {
       job->SetCaps(BucketCaps{next.bucket_cap_bytes(), next.first_bucket_cap_bytes()});
     }

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <mutex>
 #include <string>
 
 #include "daemon/job_registry.h"
@@ -16,8 +17,12 @@ namespace gradsync {
 
 class ControlService final : public v1::Control::Service {
  public:
+  // Makes new bucket caps job-wide (several nodes): returns an error when
+  // this daemon cannot (not the leader). Empty on a single node.
+  using PublishCaps = std::function<absl::Status(const DaemonConfig& next, uint64_t version)>;
+
   // `drain`: stop accepting trainers, finish the current iteration, exit 0.
-  ControlService(JobRegistry* jobs, std::function<void()> drain);
+  ControlService(JobRegistry* jobs, std::function<void()> drain, PublishCaps publish_caps = {});
 
   grpc::Status GetStats(grpc::ServerContext*, const v1::GetStatsRequest*,
                         v1::GetStatsResponse*) override;
@@ -34,6 +39,8 @@ class ControlService final : public v1::Control::Service {
 
   JobRegistry* jobs_;
   std::function<void()> drain_;
+  PublishCaps publish_caps_;
+  std::mutex set_mu_;  // one SetConfig at a time
   const std::chrono::steady_clock::time_point started_;
   std::atomic<uint64_t> config_version_{1};
 };

@@ -120,7 +120,14 @@ absl::Status Daemon::Start() {
   if (!config_.listen.empty()) {
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-    control_service_ = std::make_unique<ControlService>(jobs_.get(), [this] { Drain(); });
+    ControlService::PublishCaps publish;
+    if (config_.num_nodes > 1) {
+      publish = [this](const DaemonConfig& next, uint64_t version) {
+        return PublishCaps(next, version);
+      };
+    }
+    control_service_ =
+        std::make_unique<ControlService>(jobs_.get(), [this] { Drain(); }, std::move(publish));
     grpc::ServerBuilder builder;
     builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &listen_port_);
     builder.RegisterService(control_service_.get());
@@ -165,6 +172,33 @@ void Daemon::RequestShutdown(const std::string& why) {
   shutdown_ = true;
   shutdown_reason_ = why;
   cv_.notify_all();
+}
+
+absl::Status Daemon::PublishCaps(const DaemonConfig& next, uint64_t version) {
+  if (!config_.is_leader() || !rendezvous_service_) {
+    return MakeError(v1::STATE, absl::StrCat("bucket caps are job-wide: set them on the leader "
+                                             "daemon (node 0) at ",
+                                             config_.leader));
+  }
+  const RendezvousStatus status = rendezvous_service_->GetStatus();
+  if (status.generation == 0 || status.aborted) {
+    return absl::OkStatus();  // no running job: the next generation plans with them
+  }
+  // Every node switches at the same iteration T, chosen ahead of the
+  // fastest node by what it can run in ~1 s (heartbeats carry the change
+  // within 0.5 s); a node that still arrives late fails clearly.
+  uint64_t max_iteration = 0;
+  for (const RendezvousStatus::Node& n : status.nodes) max_iteration = std::max(max_iteration, n.iteration);
+  std::shared_ptr<Job> job = jobs_->Current();
+  const double rate = job ? job->IterationRate() : 0;
+  const uint64_t at = max_iteration + 2 + static_cast<uint64_t>(rate * 1.0 + 0.5);
+  rendezvous_service_->SetKey(
+      ClusterLink::ConfigKey(version),
+      ClusterLink::ConfigRecord(status.generation, at, next.bucket_cap_mb, next.first_bucket_cap_mb));
+  rendezvous_service_->SetConfigVersion(version);
+  spdlog::info("event=job_config_published version={} generation={} at_iteration={}", version,
+               status.generation, at);
+  return absl::OkStatus();
 }
 
 void Daemon::Drain() {

@@ -46,6 +46,8 @@ class Daemon {
   absl::StatusOr<JobWorld> FormWorld(const Layout& layout,
                                      std::function<void(const absl::Status&)> on_failure);
   absl::Status PrepareSocketPath();
+  // The leader's job-wide caps change (ControlService::PublishCaps).
+  absl::Status PublishCaps(const DaemonConfig& next, uint64_t version);
   void HeartbeatLoop();
 
   DaemonConfig config_;

@@ -223,10 +223,14 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world) {
       trainers, layout_, std::move(plan), arena_, world_.backend.get(), &node_->ready_bell(),
       stats_.get(), [this](const absl::Status& error, int culprit) { Fail(error, culprit); }, opts);
   state_ = JobState::kRunning;
+  running_since_ = std::chrono::steady_clock::now();
   if (world_.link) {
     Scheduler* scheduler = scheduler_.get();
     WorldLink* link = world_.link.get();
     link->SetProgress([scheduler] { return scheduler->iteration(); });
+    link->SetConfigListener([scheduler](const BucketCaps& caps, uint64_t at) {
+      scheduler->SetCaps(caps, at);
+    });
     stats_->set_stall_listener([link](const std::string& d) { link->ReportStall(d); });
   }
   scheduler_->Start();
@@ -430,9 +434,17 @@ absl::StatusOr<std::string> Job::TraceJson() const {
   return stats_->TraceJson("GetTrace");
 }
 
-void Job::SetCaps(const BucketCaps& caps) {
+void Job::SetCaps(const BucketCaps& caps, uint64_t at_iteration) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (scheduler_) scheduler_->SetCaps(caps);
+  if (scheduler_) scheduler_->SetCaps(caps, at_iteration);
+}
+
+double Job::IterationRate() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!scheduler_ || state_ != JobState::kRunning) return 0;
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - running_since_).count();
+  return s > 0 ? scheduler_->iteration() / s : 0;
 }
 
 bool Job::InIteration() const {

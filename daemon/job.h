@@ -12,6 +12,7 @@
 #ifndef GRADSYNC_DAEMON_JOB_H_
 #define GRADSYNC_DAEMON_JOB_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -49,6 +50,9 @@ class WorldLink {
   // Adds what the leader knows to a collective's failure (which node
   // failed, or that the leader itself is dead). May block briefly.
   virtual absl::Status Explain(const absl::Status& error) = 0;
+  // Called with job-wide bucket caps and the iteration they start at.
+  virtual void SetConfigListener(
+      std::function<void(const BucketCaps& caps, uint64_t at_iteration)> listener) = 0;
 };
 
 // What forming the job across nodes yields (one node: trivial).
@@ -137,8 +141,10 @@ class Job {
   void FillStats(v1::Stats* out) const;
   // The flight recorder as Chrome trace JSON; STATE before the job runs.
   absl::StatusOr<std::string> TraceJson() const;
-  // New caps take effect at the next iteration boundary.
-  void SetCaps(const BucketCaps& caps);
+  // New caps take effect at the boundary entering `at_iteration` (0: next).
+  void SetCaps(const BucketCaps& caps, uint64_t at_iteration = 0);
+  // Synced iterations per second since the job started running (0 before).
+  double IterationRate() const;
   // True while some trainer has marked gradients of an unfinished iteration.
   bool InIteration() const;
   int world_size() const;
@@ -180,6 +186,7 @@ class Job {
   JobWorld world_;
   ipc::ArenaLayout arena_;
   std::unique_ptr<JobStats> stats_;
+  std::chrono::steady_clock::time_point running_since_;
   std::unique_ptr<Scheduler> scheduler_;
 };
 

@@ -259,6 +259,12 @@ std::string RendezvousService::CheckKeyGenerationLocked(const std::string& key) 
   return "";
 }
 
+void RendezvousService::SetKey(const std::string& key, const std::string& value) {
+  absl::MutexLock lock(&mu_);
+  kv_[key] = value;
+  changed_.SignalAll();
+}
+
 grpc::Status RendezvousService::Set(grpc::ServerContext* context, const v1::SetRequest* request,
                                     v1::SetResponse* response) {
   if (std::string refusal = CheckCredentials(request->job()); !refusal.empty()) {

@@ -89,6 +89,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // Heartbeat answers carry it; a newer version tells nodes to fetch config.
   void SetConfigVersion(uint64_t version);
 
+  // Stores a job-wide key from the hosting daemon itself (no RPC).
+  void SetKey(const std::string& key, const std::string& value);
+
   RendezvousStatus GetStatus();
 
  private:

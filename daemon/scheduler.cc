@@ -94,9 +94,10 @@ BucketPlan Scheduler::plan() const {
   return plan_;
 }
 
-void Scheduler::SetCaps(const BucketCaps& caps) {
+void Scheduler::SetCaps(const BucketCaps& caps, uint64_t at_iteration) {
   std::lock_guard<std::mutex> lock(caps_mu_);
   pending_caps_ = caps;
+  pending_caps_at_ = at_iteration;
   caps_pending_ = true;
 }
 
@@ -104,7 +105,16 @@ void Scheduler::MaybeRebuild() {
   bool rebuild = false;
   {
     std::lock_guard<std::mutex> lock(caps_mu_);
-    if (caps_pending_) {
+    if (caps_pending_ && pending_caps_at_ != 0 && iteration() > pending_caps_at_) {
+      caps_pending_ = false;
+      fail_(MakeError(v1::STATE,
+                      absl::StrCat("a job-wide bucket-cap change for iteration ", pending_caps_at_,
+                                   " reached this node at iteration ", iteration(),
+                                   ": too late to change together with the other nodes")),
+            -1);
+      return;
+    }
+    if (caps_pending_ && iteration() >= pending_caps_at_) {
       options_.caps = pending_caps_;
       caps_pending_ = false;
       rebuild = true;

@@ -73,9 +73,11 @@ class Scheduler {
   BucketPlan plan() const;
   // Plans built so far (1 + rebuilds).
   uint64_t plan_version() const { return plan_version_.load(std::memory_order_acquire); }
-  // Applies new caps at the next iteration boundary (re-plans with the
-  // current order). Thread-safe.
-  void SetCaps(const BucketCaps& caps);
+  // Applies new caps at an iteration boundary (re-plans with the current
+  // order): the one entering iteration `at_iteration`, or the next one when
+  // 0. Every node of a job gets the same `at_iteration` so all re-plan
+  // together; reaching a boundary past it first fails the job. Thread-safe.
+  void SetCaps(const BucketCaps& caps, uint64_t at_iteration = 0);
   // True between an iteration's first mark and its completion.
   bool in_iteration() const { return in_iteration_.load(std::memory_order_acquire); }
 
@@ -103,6 +105,7 @@ class Scheduler {
   std::mutex caps_mu_;
   bool caps_pending_ = false;
   BucketCaps pending_caps_;
+  uint64_t pending_caps_at_ = 0;
   std::vector<std::vector<ReduceSpan>> spans_;  // per bucket
   std::vector<uint8_t*> arenas_;                // per local trainer
   Backend* backend_;

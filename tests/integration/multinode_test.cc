@@ -211,6 +211,49 @@ TEST(MultiNode, DeadLeaderIsReportedAsSuch) {
   EXPECT_NE(b.Log().find("the leader is dead"), std::string::npos) << b.Log() << cluster.DaemonLogs();
 }
 
+TEST(MultiNode, ConfigSetOnTheLeaderRePlansEveryNodeAtTheSameIteration) {
+  Cluster cluster(2, 1);
+  const std::vector<std::string> args = {"--steps=150", "--fp64", "--sleep-ms=25"};
+  std::vector<Process> trainers;
+  std::vector<std::string> outs;
+  for (int n = 0; n < 2; ++n) {
+    outs.push_back(absl::StrCat(cluster.dir(), "/w", n, ".txt"));
+    trainers.push_back(StartTrainer(cluster.node(n), 0, args, outs.back()));
+  }
+  std::this_thread::sleep_for(milliseconds(1000));
+  const std::string ctl = Runfile("client/gradsyncctl");
+  // A non-leader refuses: caps are job-wide.
+  Process refused = Process::Start(
+      {ctl, absl::StrCat("--addr=127.0.0.1:", cluster.node(1).ListenPort(seconds(10))), "config", "set",
+       "bucket_cap_mb=25"},
+      {}, cluster.dir() + "/ctl1.log");
+  EXPECT_EQ(refused.Wait(kBound).code, 1) << refused.Log();
+  EXPECT_NE(refused.Log().find("set them on the leader"), std::string::npos) << refused.Log();
+  Process set = Process::Start({ctl, absl::StrCat("--addr=127.0.0.1:", cluster.port()), "config",
+                                "set", "bucket_cap_mb=25", "first_bucket_cap_mb=1"},
+                               {}, cluster.dir() + "/ctl0.log");
+  EXPECT_EQ(set.Wait(kBound).code, 0) << set.Log();
+  for (auto& t : trainers) {
+    ExitStatus st = t.Wait(seconds(60));
+    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
+  }
+  // Both nodes re-planned at the same iteration boundary...
+  auto rebuilt_at = [](const std::string& log) {
+    const size_t at = log.find("event=plan_rebuilt iteration=");
+    if (at == std::string::npos) return std::string("none");
+    const size_t start = at + std::string("event=plan_rebuilt iteration=").size();
+    return log.substr(start, log.find(' ', start) - start);
+  };
+  const std::string at0 = rebuilt_at(cluster.node(0).process().Log());
+  EXPECT_NE(at0, "none") << cluster.DaemonLogs();
+  EXPECT_EQ(at0, rebuilt_at(cluster.node(1).process().Log())) << cluster.DaemonLogs();
+  // ...and training stayed equivalent to one process on the whole batch.
+  const std::vector<double> expected = Reference(cluster.dir(), args);
+  for (const std::string& out : outs) {
+    EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
+  }
+}
+
 TEST(MultiNode, BadTokenIsRefusedAndLogged) {
   Cluster cluster(2, 1, {}, "right-token");
   const std::string wrong = cluster.dir() + "/wrong";
