@@ -28,10 +28,12 @@ bool ValidLogLevel(const std::string& level) {
 }  // namespace
 
 ControlService::ControlService(JobRegistry* jobs, std::function<void()> drain,
-                               PublishCaps publish_caps)
+                               PublishCaps publish_caps,
+                               std::function<std::vector<std::string>()> job_stalls)
     : jobs_(jobs),
       drain_(std::move(drain)),
       publish_caps_(std::move(publish_caps)),
+      job_stalls_(std::move(job_stalls)),
       started_(std::chrono::steady_clock::now()) {}
 
 grpc::Status ControlService::GetStats(grpc::ServerContext*, const v1::GetStatsRequest*,
@@ -47,6 +49,13 @@ grpc::Status ControlService::GetStats(grpc::ServerContext*, const v1::GetStatsRe
   s->set_uptime_s(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
   if (std::shared_ptr<Job> job = jobs_->Current()) job->FillStats(s);
+  if (job_stalls_) {
+    // The leader also lists the stalls every node reported.
+    for (const std::string& report : job_stalls_()) {
+      v1::StallReport* r = s->add_stalls();
+      r->set_description(report);
+    }
+  }
   return Reply(resp, absl::OkStatus());
 }
 

@@ -9,6 +9,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "daemon/job_registry.h"
 #include "gradsync/v1/control.grpc.pb.h"
@@ -22,7 +23,9 @@ class ControlService final : public v1::Control::Service {
   using PublishCaps = std::function<absl::Status(const DaemonConfig& next, uint64_t version)>;
 
   // `drain`: stop accepting trainers, finish the current iteration, exit 0.
-  ControlService(JobRegistry* jobs, std::function<void()> drain, PublishCaps publish_caps = {});
+  // `job_stalls`: on the leader, the stall reports of every node.
+  ControlService(JobRegistry* jobs, std::function<void()> drain, PublishCaps publish_caps = {},
+                 std::function<std::vector<std::string>()> job_stalls = {});
 
   grpc::Status GetStats(grpc::ServerContext*, const v1::GetStatsRequest*,
                         v1::GetStatsResponse*) override;
@@ -40,6 +43,7 @@ class ControlService final : public v1::Control::Service {
   JobRegistry* jobs_;
   std::function<void()> drain_;
   PublishCaps publish_caps_;
+  std::function<std::vector<std::string>()> job_stalls_;
   std::mutex set_mu_;  // one SetConfig at a time
   const std::chrono::steady_clock::time_point started_;
   std::atomic<uint64_t> config_version_{1};

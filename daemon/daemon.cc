@@ -126,8 +126,15 @@ absl::Status Daemon::Start() {
         return PublishCaps(next, version);
       };
     }
-    control_service_ =
-        std::make_unique<ControlService>(jobs_.get(), [this] { Drain(); }, std::move(publish));
+    std::function<std::vector<std::string>()> job_stalls;
+    if (config_.is_leader() && config_.num_nodes > 1) {
+      job_stalls = [this]() -> std::vector<std::string> {
+        return rendezvous_service_ ? rendezvous_service_->RecentStallReports()
+                                   : std::vector<std::string>{};
+      };
+    }
+    control_service_ = std::make_unique<ControlService>(
+        jobs_.get(), [this] { Drain(); }, std::move(publish), std::move(job_stalls));
     grpc::ServerBuilder builder;
     builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &listen_port_);
     builder.RegisterService(control_service_.get());

@@ -259,6 +259,11 @@ std::string RendezvousService::CheckKeyGenerationLocked(const std::string& key) 
   return "";
 }
 
+std::vector<std::string> RendezvousService::RecentStallReports() {
+  absl::MutexLock lock(&mu_);
+  return std::vector<std::string>(stall_reports_.begin(), stall_reports_.end());
+}
+
 void RendezvousService::SetKey(const std::string& key, const std::string& value) {
   absl::MutexLock lock(&mu_);
   kv_[key] = value;
@@ -396,6 +401,10 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
     // node's report names its trainers and their unmarked tensors.
     spdlog::warn("event=job_stall generation={} node_rank={} host={} iteration={} report=\"{}\"",
                  generation, rank, member.host, request->iteration(), request->stall_report());
+    stall_reports_.push_back(absl::StrCat("node_rank=", rank, " (host=", member.host,
+                                          ") iteration=", request->iteration(), ": ",
+                                          request->stall_report()));
+    if (stall_reports_.size() > 16) stall_reports_.pop_front();
   }
   if (request->node_error().code() != v1::OK) {
     AbortLocked(absl::StrCat("node_rank=", rank, " (host=", member.host, ") reported ",

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <map>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -89,12 +90,18 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // Heartbeat answers carry it; a newer version tells nodes to fetch config.
   void SetConfigVersion(uint64_t version);
 
+  // Stall reports nodes sent with their heartbeats, newest last:
+  // "node_rank=N (host=H) iteration=I: <report>".
+  std::vector<std::string> RecentStallReports();
+
   // Stores a job-wide key from the hosting daemon itself (no RPC).
   void SetKey(const std::string& key, const std::string& value);
 
   RendezvousStatus GetStatus();
 
  private:
+  std::deque<std::string> stall_reports_;  // guarded by mu_; bounded
+
   struct Member {
     std::string host;
     int local_size = 0;

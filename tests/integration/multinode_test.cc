@@ -195,6 +195,15 @@ TEST(MultiNode, StallIsReportedByTheLeaderNamingNodeTrainerAndTensor) {
   EXPECT_NE(line.find("node_rank=1"), std::string::npos) << line;
   EXPECT_NE(line.find("rank 1 (local 0"), std::string::npos) << line;
   EXPECT_NE(line.find("fc1.weight"), std::string::npos) << line;
+  // The leader's stats carry node 1's report too.
+  Process stats = Process::Start({Runfile("client/gradsyncctl"),
+                                  absl::StrCat("--addr=127.0.0.1:", cluster.port()), "stats",
+                                  "--json"},
+                                 {}, cluster.dir() + "/stats.log");
+  EXPECT_EQ(stats.Wait(kBound).code, 0) << stats.Log();
+  const std::string json = stats.Log();
+  EXPECT_NE(json.find("node_rank=1"), std::string::npos) << json;
+  EXPECT_NE(json.find("fc1.weight"), std::string::npos) << json;
 }
 
 TEST(MultiNode, DeadLeaderIsReportedAsSuch) {
