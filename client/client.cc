@@ -21,7 +21,20 @@ constexpr int64_t kGraceMs = 5000;
 // its socket stays open (e.g. it was SIGSTOPped).
 constexpr auto kHeartbeatPatience = std::chrono::seconds(10);
 constexpr auto kPollSlice = std::chrono::milliseconds(50);
-constexpr auto kSpin = std::chrono::microseconds(30);
+constexpr auto kDefaultSpin = std::chrono::microseconds(30);
+
+// How long gs_wait spins before sleeping. Spinning wins only when every
+// spinning process (the node's trainers and the daemon) has a core of its
+// own; otherwise spinners steal the CPU the daemon needs to finish the
+// bucket. $GRADSYNC_SPIN_US overrides.
+std::chrono::nanoseconds WaitSpin(int local_size) {
+  if (const char* env = std::getenv("GRADSYNC_SPIN_US"); env && *env) {
+    return std::chrono::microseconds(std::max(0, std::atoi(env)));
+  }
+  const unsigned cores = std::thread::hardware_concurrency();
+  return static_cast<unsigned>(local_size) + 1 <= cores ? kDefaultSpin
+                                                        : std::chrono::nanoseconds(0);
+}
 
 std::chrono::system_clock::time_point DeadlineIn(int64_t ms) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
@@ -74,11 +87,26 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
   c->session_ = resp.session_id();
   c->daemon_pid_ = resp.daemon_pid();
   c->daemon_timeout_ms_ = resp.timeout_ms();
+  c->spin_ = WaitSpin(resp.local_size());
 
   // The Watch stream lets the daemon notice our death and push errors.
   c->watch_ctx_ = std::make_unique<grpc::ClientContext>();
   Client* raw = c.get();
   c->watch_thread_ = std::thread([raw] { raw->WatchLoop(); });
+  // Return only once the daemon holds the stream: a trainer that dies
+  // right after connecting must still be noticed.
+  {
+    std::unique_lock<std::mutex> lock(c->watch_mu_);
+    const bool up = c->watch_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [raw] {
+      return raw->watch_established_ || !raw->watch_error_.ok() || raw->watch_ended_;
+    });
+    if (!up || !c->watch_established_) {
+      lock.unlock();
+      return MakeError(v1::UNAVAILABLE,
+                       absl::StrCat("gradsyncd at ", c->socket_path_,
+                                    " accepted the attach but not the Watch stream"));
+    }
+  }
   return c;
 }
 
@@ -91,11 +119,20 @@ void Client::WatchLoop() {
       stub_->Watch(watch_ctx_.get(), req);
   v1::WatchEvent event;
   while (reader->Read(&event)) {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    if (!watch_established_) {
+      watch_established_ = true;
+      watch_cv_.notify_all();
+    }
     if (event.has_error() && event.error().code() != v1::OK) {
-      std::lock_guard<std::mutex> lock(watch_mu_);
       if (watch_error_.ok()) watch_error_ = FromProto(event.error());
       if (ipc::Doorbell* b = completion_bell_.load()) b->Ring();
     }
+  }
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    watch_ended_ = true;
+    watch_cv_.notify_all();
   }
   reader->Finish().IgnoreError();
   if (closing_.load()) return;
@@ -318,7 +355,7 @@ absl::Status Client::Wait(int64_t timeout_ms) {
                                           " (call gs_mark_ready or gs_mark_unused for each)")));
     }
     const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now);
-    bell.Wait(seen, std::min<std::chrono::nanoseconds>(left, kPollSlice), kSpin);
+    bell.Wait(seen, std::min<std::chrono::nanoseconds>(left, kPollSlice), spin_);
   }
 }
 

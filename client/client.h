@@ -10,6 +10,8 @@
 #define GRADSYNC_CLIENT_CLIENT_H_
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -86,6 +88,7 @@ class Client {
   int local_rank_ = 0;
   int64_t daemon_pid_ = 0;
   int64_t daemon_timeout_ms_ = 300000;
+  std::chrono::nanoseconds spin_{0};  // gs_wait's spin before sleeping
 
   bool registered_ = false;
   Layout layout_;
@@ -108,6 +111,9 @@ class Client {
   std::thread watch_thread_;
   mutable std::mutex watch_mu_;
   absl::Status watch_error_;
+  std::condition_variable watch_cv_;
+  bool watch_established_ = false;  // the first event arrived
+  bool watch_ended_ = false;
   std::atomic<bool> closing_{false};
   std::atomic<ipc::Doorbell*> completion_bell_{nullptr};  // set once registered
   bool closed_ = false;

@@ -169,6 +169,9 @@ void Daemon::HeartbeatLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!shutdown_) {
     node_.header()->heartbeat.fetch_add(1, std::memory_order_release);
+    lock.unlock();
+    if (std::shared_ptr<Job> job = jobs_->Current()) job->ReapUnwatched(std::chrono::seconds(10));
+    lock.lock();
     cv_.wait_for(lock, std::chrono::milliseconds(100));
   }
 }

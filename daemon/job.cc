@@ -86,6 +86,7 @@ absl::StatusOr<uint64_t> Job::Attach(int local_rank, int64_t pid) {
   t->session_id = NewSessionId();
   t->local_rank = local_rank;
   t->pid = pid;
+  t->attached_at = std::chrono::steady_clock::now();
   const uint64_t session = t->session_id;
   if (trainers_[local_rank]) departed_.push_back(std::move(trainers_[local_rank]));
   trainers_[local_rank] = std::move(t);
@@ -342,6 +343,28 @@ absl::Status Job::WaitForChange(uint64_t session, absl::Duration timeout, bool* 
   *gone = (t == nullptr);
   if (state_ != JobState::kFailed || t == nullptr) return absl::OkStatus();
   return PeerError(*t);
+}
+
+void Job::MarkWatched(uint64_t session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Trainer* t = FindLocked(session)) t->watched.store(true);
+}
+
+void Job::ReapUnwatched(std::chrono::milliseconds grace) {
+  std::vector<uint64_t> lost;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    for (const auto& t : trainers_) {
+      if (t && !t->gone.load() && !t->watched.load() && now - t->attached_at > grace) {
+        lost.push_back(t->session_id);
+      }
+    }
+  }
+  for (uint64_t session : lost) {
+    Leave(session, /*graceful=*/false,
+          "it never opened its Watch stream (it died right after attaching?)");
+  }
 }
 
 bool Job::HasSession(uint64_t session) const {

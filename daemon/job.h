@@ -125,6 +125,10 @@ class Job {
   absl::Status WaitForChange(uint64_t session, absl::Duration timeout, bool* gone);
 
   bool HasSession(uint64_t session) const;
+  // The trainer's Watch stream is open (its liveness is now observed).
+  void MarkWatched(uint64_t session);
+  // Removes trainers attached longer than `grace` without a Watch stream.
+  void ReapUnwatched(std::chrono::milliseconds grace);
   // True once every trainer that attached has left.
   bool Finished() const;
   JobState state() const;

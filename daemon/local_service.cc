@@ -115,6 +115,17 @@ grpc::Status LocalService::Watch(grpc::ServerContext* ctx, const v1::WatchReques
   if (!job) return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown session");
   bool error_sent = false;
   uint64_t heartbeat = 0;
+  job->MarkWatched(session);
+  {
+    // The first event tells the client the daemon holds its stream.
+    v1::WatchEvent hello;
+    hello.set_heartbeat(heartbeat);
+    if (!writer->Write(hello)) {
+      job->Leave(session, /*graceful=*/false, "its Watch stream broke");
+      jobs_->RemoveSession(session);
+      return grpc::Status::CANCELLED;
+    }
+  }
   for (int poll = 0;; ++poll) {
     bool gone = false;
     absl::Status error = job->WaitForChange(session, kWatchPoll, &gone);

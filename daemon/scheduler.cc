@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "proto/status_code.h"
@@ -21,6 +22,19 @@ constexpr auto kIdleWait = std::chrono::milliseconds(50);
 // Spinning before sleeping keeps small-bucket latency in microseconds.
 constexpr auto kSpin = std::chrono::microseconds(30);
 
+// Spinning before sleeping saves a futex wake-up only when the spinner
+// does not take the core a trainer needs: with the node's trainers and the
+// daemon oversubscribing the cores, sleep at once (measured on 2 cores with
+// 2 trainers: 4 KB iteration p50 13 µs without spinning, 75 µs with).
+// $GRADSYNC_DAEMON_SPIN_US overrides.
+std::chrono::nanoseconds SchedulerSpin(size_t local_trainers) {
+  if (const char* env = std::getenv("GRADSYNC_DAEMON_SPIN_US"); env && *env) {
+    return std::chrono::microseconds(std::max(0, std::atoi(env)));
+  }
+  return local_trainers + 1 <= std::thread::hardware_concurrency() ? kSpin
+                                                                   : std::chrono::nanoseconds(0);
+}
+
 }  // namespace
 
 Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, BucketPlan plan,
@@ -34,7 +48,8 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
       observer_(observer),
       fail_(std::move(fail)),
       options_(options),
-      reducer_(options.reduce_threads, 0) {
+      reducer_(options.reduce_threads, 0),
+      spin_(SchedulerSpin(trainers_.size())) {
   for (Trainer* t : trainers_) {
     arenas_.push_back(t->segment.arena());
     t->marked.assign(layout_.size(), 0);
@@ -194,7 +209,7 @@ void Scheduler::Loop() {
       continue;
     }
     CheckDeadlines(now);
-    ready_bell_->Wait(seen, kIdleWait, kSpin);
+    ready_bell_->Wait(seen, kIdleWait, spin_);
   }
 }
 

@@ -5,6 +5,7 @@
 #define GRADSYNC_DAEMON_TRAINER_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -24,6 +25,10 @@ struct Trainer {
   Layout layout;
   bool registered = false;
   std::atomic<bool> gone{false};
+  // Liveness comes from the Watch stream: a trainer that never opens it
+  // (it died right after attaching) is reaped after a while.
+  std::atomic<bool> watched{false};
+  std::chrono::steady_clock::time_point attached_at;
   ipc::TrainerSegment segment;
 
   // Producer side of the completion ring: the scheduler posts bucket and

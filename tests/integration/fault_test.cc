@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gradsync/v1/local.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
 #include "tests/integration/harness.h"
 
 namespace gradsync::testing {
@@ -168,6 +170,30 @@ TEST(FaultTest, BadLocalRanksAreRefused) {
   Process second = StartTrainer(daemon, 1, {"--steps=3"}, "");
   EXPECT_EQ(first.Wait(kBound).code, 0) << first.Log();
   EXPECT_EQ(second.Wait(kBound).code, 0) << second.Log();
+}
+
+TEST(FaultTest, TrainerThatDiesBeforeOpeningItsWatchStreamIsReaped) {
+  Daemon daemon(2, {"--timeout-s=20"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
+  {
+    // Attach as local rank 0 and vanish without ever opening the Watch
+    // stream (a process killed right after attaching).
+    auto channel = grpc::CreateChannel("unix:" + daemon.socket(), grpc::InsecureChannelCredentials());
+    auto stub = v1::Local::NewStub(channel);
+    v1::AttachRequest req;
+    req.set_local_rank(0);
+    req.set_pid(1);
+    req.set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+    v1::AttachResponse resp;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->Attach(&ctx, req, &resp).ok());
+    ASSERT_EQ(resp.error().code(), v1::OK) << resp.error().message();
+  }
+  // The daemon reaps the silent session (after 10 s) and serves new trainers.
+  std::this_thread::sleep_for(milliseconds(10500));
+  ExpectTrains(daemon, 2, "after a silent attach");
+  EXPECT_NE(daemon.process().Log().find("never opened its Watch stream"), std::string::npos)
+      << daemon.process().Log();
 }
 
 TEST(FaultTest, ConnectWithoutDaemonIsUnavailable) {

@@ -1,0 +1,340 @@
+"""``gradsync.Client``: a thin ctypes layer over the C ABI (client/gradsync.h).
+
+One Client per trainer process and daemon job. The per-iteration protocol:
+
+    client = Client()                      # gs_connect
+    client.register([TensorSpec("w", DType.FLOAT32, 1024), ...])
+    buf = client.buffer(0)                 # writable, in shared memory
+    ... write the gradient into buf ...
+    client.mark_ready(0)                   # or client.mark_unused(0)
+    client.wait()                          # buf now holds the average
+
+Every non-OK status becomes a ``GradsyncError`` subclass carrying the
+daemon's message. The object is safe to call from several threads (a lock
+serializes calls; the blocking calls release the GIL), but the protocol
+itself is sequential: mark everything, then wait.
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import enum
+import os
+import threading
+import weakref
+from typing import Iterable, List, Optional, Sequence, Tuple, Union
+
+from . import _lib
+from .errors import Status, StateError, InvalidArgumentError, error_for_status
+
+__all__ = ["Client", "DType", "TensorSpec"]
+
+
+class DType(enum.IntEnum):
+    """``gs_dtype``."""
+
+    FLOAT32 = 0
+    FLOAT64 = 1
+    FLOAT16 = 2
+    BFLOAT16 = 3
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE[self]
+
+    @classmethod
+    def parse(cls, value: Union["DType", str, int]) -> "DType":
+        """Accepts a DType, its number, or a name like "float32" / "bf16"."""
+        if isinstance(value, DType):
+            return value
+        if isinstance(value, int):
+            return cls(value)
+        key = str(value).lower().replace("torch.", "")
+        try:
+            return _NAMES[key]
+        except KeyError:
+            raise InvalidArgumentError(
+                f"unsupported dtype {value!r}: gradsync supports float32, float64, "
+                "float16 and bfloat16") from None
+
+
+_ITEMSIZE = {DType.FLOAT32: 4, DType.FLOAT64: 8, DType.FLOAT16: 2, DType.BFLOAT16: 2}
+_NAMES = {
+    "float32": DType.FLOAT32, "float": DType.FLOAT32, "f32": DType.FLOAT32,
+    "float64": DType.FLOAT64, "double": DType.FLOAT64, "f64": DType.FLOAT64,
+    "float16": DType.FLOAT16, "half": DType.FLOAT16, "f16": DType.FLOAT16,
+    "bfloat16": DType.BFLOAT16, "bf16": DType.BFLOAT16,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One gradient of the layout (``gs_tensor_spec``).
+
+    Attributes:
+        name: unique in the layout; the daemon uses it in error messages.
+        dtype: element type.
+        numel: element count, >= 1.
+        device: -1 for CPU (the buffer lives in the shared-memory arena),
+            >= 0 for a CUDA ordinal.
+        cuda_ptr: the CUDA gradient's address (CUDA tensors only).
+    """
+
+    name: str
+    dtype: DType
+    numel: int
+    device: int = -1
+    cuda_ptr: Optional[int] = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DType.parse(self.dtype).itemsize
+
+
+SpecLike = Union[TensorSpec, Tuple[str, Union[DType, str, int], int]]
+
+
+def _close_handle(lib: ctypes.CDLL, handle: int, owner_pid: int) -> None:
+    """Finalizer: detaches from the daemon, unless we are a fork()ed child.
+
+    A child created by fork() (e.g. a DataLoader worker) inherits the handle;
+    if it called gs_close it would detach its *parent's* session.
+    """
+    if handle and os.getpid() == owner_pid:
+        lib.gs_close(handle)
+
+
+class Client:
+    """A connection of one trainer to its node's gradsyncd.
+
+    Args:
+        socket_path: the daemon's unix socket; None: ``$GRADSYNC_SOCKET``,
+            else the daemon's default (/tmp/gradsyncd.sock).
+        local_rank: this trainer's rank on the node; None: ``$LOCAL_RANK``,
+            else 0.
+        connect_timeout_s: how long to wait for the daemon to answer.
+        library: path of libgradsync.so (None: see ``gradsync.find_library``).
+
+    Raises:
+        UnavailableError: no daemon answers on the socket in time.
+        StateError: the local rank is taken, or a previous job is still
+            closing on this daemon.
+    """
+
+    def __init__(self, socket_path: Optional[str] = None, local_rank: Optional[int] = None,
+                 *, connect_timeout_s: float = 30.0, library: Optional[str] = None) -> None:
+        self._lib = _lib.load_library(library)
+        self._mu = threading.Lock()
+        self._specs: List[TensorSpec] = []
+        self._buffers: List[Optional[ctypes.Array]] = []
+        self._rank = -1
+        self._world_size = 0
+        self._handle: Optional[int] = None
+        opts = _lib.ConnectOptionsC(
+            socket_path=os.fsencode(socket_path) if socket_path else None,
+            local_rank=-1 if local_rank is None else int(local_rank),
+            timeout_ms=max(1, int(connect_timeout_s * 1000)),
+        )
+        handle = ctypes.c_void_p()
+        st = self._lib.gs_connect(ctypes.byref(opts), ctypes.byref(handle))
+        if st != Status.OK:
+            message = self._message(handle.value)
+            if handle.value:
+                self._lib.gs_close(handle.value)
+            raise error_for_status(st, message, "gs_connect")
+        self._handle = handle.value
+        self._finalizer = weakref.finalize(self, _close_handle, self._lib, self._handle,
+                                           os.getpid())
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _message(self, handle: Optional[int]) -> str:
+        if not handle:
+            return ""
+        raw = self._lib.gs_last_error(handle)
+        return raw.decode("utf-8", "replace") if raw else ""
+
+    def _live_handle(self) -> int:
+        if self._handle is None:
+            raise StateError("the client is closed", operation="gradsync.Client")
+        return self._handle
+
+    def _check(self, st: int, operation: str) -> None:
+        if st != Status.OK:
+            raise error_for_status(st, self._message(self._handle), operation)
+
+    # -- setup -----------------------------------------------------------------
+
+    def register(self, tensors: Iterable[SpecLike]) -> None:
+        """Sends the gradient layout (``gs_register``).
+
+        Blocks until every local trainer registered the same layout and the
+        job's world is formed (up to the daemon's timeout). Raises
+        MismatchError naming the first difference if the layouts differ.
+        """
+        specs = [t if isinstance(t, TensorSpec) else TensorSpec(t[0], DType.parse(t[1]), int(t[2]))
+                 for t in tensors]
+        if not specs:
+            raise InvalidArgumentError("the layout is empty: register at least one tensor",
+                                       operation="gs_register")
+        array = (_lib.TensorSpecC * len(specs))()
+        names = []  # keeps the encoded names alive during the call
+        for i, s in enumerate(specs):
+            name = s.name.encode("utf-8")
+            names.append(name)
+            array[i].name = name
+            array[i].dtype = int(DType.parse(s.dtype))
+            array[i].numel = int(s.numel)
+            array[i].device = int(s.device)
+            array[i].cuda_ptr = s.cuda_ptr
+        with self._mu:
+            handle = self._live_handle()
+            self._check(self._lib.gs_register(handle, array, len(specs)), "gs_register")
+            rank, world = ctypes.c_int(), ctypes.c_int()
+            self._check(self._lib.gs_world(handle, ctypes.byref(rank), ctypes.byref(world)),
+                        "gs_world")
+            self._specs = specs
+            self._buffers = [None] * len(specs)
+            self._rank, self._world_size = rank.value, world.value
+
+    @property
+    def registered(self) -> bool:
+        return bool(self._specs)
+
+    @property
+    def rank(self) -> int:
+        """This trainer's global rank (known after register)."""
+        self._require_registered("rank")
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of trainers in the whole job (all nodes), after register."""
+        self._require_registered("world_size")
+        return self._world_size
+
+    @property
+    def specs(self) -> Sequence[TensorSpec]:
+        return tuple(self._specs)
+
+    @property
+    def num_tensors(self) -> int:
+        return len(self._specs)
+
+    def _require_registered(self, what: str) -> None:
+        if not self._specs:
+            raise StateError(f"{what} is known after register()", operation="gradsync.Client")
+
+    # -- buffers ---------------------------------------------------------------
+
+    def buffer_address(self, index: int) -> int:
+        """Address of CPU tensor ``index``'s shared-memory buffer (``gs_grad_buffer``)."""
+        self._require_registered("buffer_address")
+        if not 0 <= index < len(self._specs):
+            raise InvalidArgumentError(
+                f"tensor index {index} is out of range ({len(self._specs)} tensors registered)",
+                operation="gs_grad_buffer")
+        addr = self._lib.gs_grad_buffer(self._live_handle(), index)
+        if not addr:
+            raise InvalidArgumentError(
+                f"tensor {index} '{self._specs[index].name}' has no shared-memory buffer "
+                "(CUDA tensors stay in the trainer's memory)", operation="gs_grad_buffer")
+        return addr
+
+    def buffer(self, index: int) -> ctypes.Array:
+        """CPU tensor ``index``'s shared-memory buffer, as a writable ctypes byte array.
+
+        The array supports the buffer protocol (memoryview, numpy.frombuffer,
+        torch.frombuffer) and is valid until ``close()``. Objects built on it
+        keep this Client alive (so its finalizer cannot unmap memory they
+        still point to); after an explicit ``close()`` they must not be used.
+        """
+        with self._mu:
+            cached = self._buffers[index] if 0 <= index < len(self._buffers) else None
+            if cached is not None:
+                return cached
+            addr = self.buffer_address(index)
+            nbytes = self._specs[index].nbytes
+            # A subclass (not the plain array type) so the instance can hold a
+            # reference back to this Client: tensors viewing the memory keep
+            # the buffer object, hence the mapping, alive.
+            slot_type = type("GradsyncBuffer", (ctypes.c_ubyte * nbytes,), {})
+            buf = slot_type.from_address(addr)
+            buf._gradsync_client = self  # type: ignore[attr-defined]
+            self._buffers[index] = buf
+            return buf
+
+    # -- the iteration ---------------------------------------------------------
+
+    def mark_ready(self, index: int) -> None:
+        """Gradient ``index`` is final for this iteration (``gs_mark_ready``)."""
+        with self._mu:
+            self._check(self._lib.gs_mark_ready(self._live_handle(), index), "gs_mark_ready")
+
+    def mark_unused(self, index: int) -> None:
+        """Gradient ``index`` was not produced: it contributes zeros and its
+        buffer is zeroed (``gs_mark_unused``)."""
+        with self._mu:
+            self._check(self._lib.gs_mark_unused(self._live_handle(), index), "gs_mark_unused")
+
+    def wait(self, timeout_s: Optional[float] = None) -> None:
+        """Waits until every bucket of this iteration is reduced (``gs_wait``).
+
+        Args:
+            timeout_s: None: the daemon's timeout (plus a little grace, so the
+                daemon's diagnosis arrives first).
+
+        Raises:
+            GradsyncTimeoutError: naming the tensors this trainer has not
+                marked, if any; PeerFailedError: another trainer or the
+                daemon failed.
+        """
+        ms = -1 if timeout_s is None else max(0, int(timeout_s * 1000))
+        with self._mu:
+            self._check(self._lib.gs_wait(self._live_handle(), ms), "gs_wait")
+
+    def set_sync(self, enabled: bool) -> None:
+        """``enabled=False``: following iterations post nothing and gradients
+        accumulate in the buffers; the next synced iteration reduces the sum.
+        Only valid between iterations (``gs_set_sync``)."""
+        with self._mu:
+            self._check(self._lib.gs_set_sync(self._live_handle(), 1 if enabled else 0),
+                        "gs_set_sync")
+
+    @property
+    def last_error(self) -> str:
+        """The C library's message for the last failure ("" if none)."""
+        return self._message(self._handle)
+
+    # -- teardown --------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def close(self) -> None:
+        """Detaches from the daemon (``gs_close``; idempotent).
+
+        While the job runs, the other trainers then get PeerFailedError: close
+        after the last ``wait()``. Buffers become invalid.
+        """
+        with self._mu:
+            if self._handle is None:
+                return
+            self._handle = None
+            self._buffers = []
+            self._finalizer()  # runs gs_close once, and never again at exit
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self._handle is None:
+            return "gradsync.Client(closed)"
+        if not self._specs:
+            return "gradsync.Client(connected)"
+        return (f"gradsync.Client(rank={self._rank}, world_size={self._world_size}, "
+                f"tensors={len(self._specs)})")

@@ -1,0 +1,21 @@
+"""PyTorch integration of gradsync.
+
+- ``DistributedOptimizer(optimizer, named_parameters)``: Horovod-style data
+  parallelism; on CPU the ``.grad`` tensors are views of the daemon's
+  shared-memory arena (zero copy).
+- ``allreduce_hook`` with ``AllreduceHookState``: a DDP communication hook
+  for users who keep ``torch.nn.parallel.DistributedDataParallel``.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+# `torch` here is the real PyTorch (absolute imports), not this package.
+if importlib.util.find_spec("torch") is None:  # pragma: no cover - environment
+    raise ImportError("gradsync.torch needs PyTorch: install torch (Debian: python3-torch, "
+                      "for /usr/bin/python3)")
+
+from .ddp_hook import AllreduceHookState, allreduce_hook
+from .optimizer import DistributedOptimizer
+
+__all__ = ["DistributedOptimizer", "AllreduceHookState", "allreduce_hook"]

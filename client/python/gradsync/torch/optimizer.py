@@ -1,0 +1,426 @@
+"""``DistributedOptimizer``: data-parallel training through gradsyncd,
+Horovod-style (wrap the optimizer, keep the model as it is).
+
+How one iteration flows:
+
+* At construction every parameter's gradient is registered with the daemon.
+  On CPU, ``p.grad`` is replaced by a tensor *viewing the shared-memory
+  arena* (zero copy: autograd accumulates straight into the buffer the
+  daemon reduces, like DDP's ``gradient_as_bucket_view``).
+* During ``loss.backward()`` a hook per parameter fires as soon as autograd
+  has accumulated that parameter's gradient, and marks it ready: the daemon
+  starts reducing a bucket while backward is still computing earlier
+  layers (overlap).
+* ``step()`` marks the parameters that got no gradient as unused (they
+  contribute zeros), waits for the daemon, which has written the average
+  over all trainers into the same buffers, and then runs the wrapped
+  optimizer's step.
+
+``no_sync()`` disables the hooks: gradients simply keep accumulating in the
+arena, and the next synchronized backward reduces the accumulated sum.
+Nothing is sent to the daemon meanwhile (the C ABI's ``gs_set_sync(0)``
+would do the same, but it requires every tensor to be marked in every
+micro-iteration; not marking at all is simpler and cheaper).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..client import Client
+from ..errors import InvalidArgumentError, StateError
+from ._common import arena_tensor, register_grad_ready_hook, tensor_spec, unique_named_parameters
+
+__all__ = ["DistributedOptimizer"]
+
+log = logging.getLogger("gradsync.torch")
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """Wraps ``optimizer`` so that ``step()`` uses gradients averaged over all
+    trainers of the job by gradsyncd.
+
+    Args:
+        optimizer: any torch optimizer over the model's parameters.
+        named_parameters: ``model.named_parameters()``; names identify tensors
+            in the daemon's error messages and must be identical on every
+            trainer. None: names are made up from the optimizer's parameter
+            order (``group0.param3``).
+        find_unused_parameters: log (warning, once per change) the names of
+            parameters that got no gradient in a synchronized iteration.
+            Unused parameters are always handled (marked unused: zero
+            gradient), with or without this option; their names are always
+            available as ``unused_parameters`` after ``step()``.
+        backward_passes_per_step: how many ``backward()`` calls produce one
+            step's gradient outside ``no_sync()`` (a gradient is marked ready
+            after its last one).
+        client: an existing connected, not yet registered ``gradsync.Client``;
+            None: connect with ``socket_path`` / ``local_rank`` (default:
+            ``$GRADSYNC_SOCKET``, ``$LOCAL_RANK``).
+        connect_timeout_s: how long to wait for the daemon to answer.
+        wait_timeout_s: bound of each ``step()``'s wait; None: the daemon's
+            ``--timeout-s``.
+
+    Semantics worth knowing:
+
+    * ``.grad`` tensors are never None and never replaced: ``zero_grad()``
+      zeroes them in place (like ``set_to_none=False``). A parameter without
+      a gradient in an iteration gets a zero gradient, so momentum and weight
+      decay still apply to it, as in single-process training whose gradients
+      were zeroed rather than set to None. If something sets ``p.grad = None``
+      or assigns a new tensor, it is copied back into the arena the next time
+      the gradient is marked.
+    * Only one DistributedOptimizer (one registered layout) per process.
+    * ``step(closure)`` evaluates the closure once, then synchronizes:
+      fine for SGD/Adam-like optimizers, not for LBFGS.
+    * Gradients read between ``backward()`` and ``step()`` are local and may
+      be partly averaged already; call ``synchronize()`` first (e.g. before
+      gradient clipping); ``step()`` then does not synchronize again.
+    * ``close()`` gives every parameter a private copy of its gradient and
+      detaches from the daemon; ``.grad`` tensors saved elsewhere before then
+      must not be used afterwards.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None, *,
+                 find_unused_parameters: bool = False,
+                 backward_passes_per_step: int = 1,
+                 client: Optional[Client] = None,
+                 socket_path: Optional[str] = None,
+                 local_rank: Optional[int] = None,
+                 connect_timeout_s: float = 30.0,
+                 wait_timeout_s: Optional[float] = None) -> None:
+        # torch.optim.Optimizer.__init__ is deliberately not called: this
+        # object *shares* the wrapped optimizer's param_groups, state and
+        # defaults (properties below) instead of owning copies, so LR
+        # schedulers and state_dict() act on the real optimizer.
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise InvalidArgumentError(
+                f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if isinstance(optimizer, DistributedOptimizer):
+            raise InvalidArgumentError("the optimizer is already a DistributedOptimizer")
+        if backward_passes_per_step < 1:
+            raise InvalidArgumentError("backward_passes_per_step must be >= 1")
+        self._optimizer = optimizer
+        self._find_unused = find_unused_parameters
+        self._passes_per_step = backward_passes_per_step
+        self._wait_timeout_s = wait_timeout_s
+        self._entries = self._select_parameters(optimizer, named_parameters)
+        self._names = [n for n, _ in self._entries]
+        self._params = [p for _, p in self._entries]
+        n = len(self._params)
+
+        # Gradients of CUDA parameters stay in the trainer's memory: the
+        # daemon needs a stable address, so they get a persistent tensor.
+        cuda_grads: Dict[int, torch.Tensor] = {}
+        specs = []
+        for i, (name, p) in enumerate(self._entries):
+            ptr = None
+            if p.device.type == "cuda":
+                cuda_grads[i] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                ptr = cuda_grads[i].data_ptr()
+            specs.append(tensor_spec(name, p, ptr))
+
+        self._owns_client = client is None
+        self._client = client if client is not None else Client(
+            socket_path, local_rank, connect_timeout_s=connect_timeout_s)
+        original_grads = [p.grad for p in self._params]
+        try:
+            self._client.register(specs)
+            # The tensors that must be each p.grad: arena views on CPU.
+            self._grads: List[torch.Tensor] = []
+            for i, p in enumerate(self._params):
+                g = cuda_grads.get(i)
+                if g is None:
+                    g = arena_tensor(self._client, i, p.dtype, p.shape)
+                if p.grad is not None:
+                    g.copy_(p.grad)  # keep a gradient the caller already has
+                else:
+                    g.zero_()
+                p.grad = g
+                self._grads.append(g)
+        except BaseException:
+            # Leave the model as it was: no .grad may point into a mapping
+            # that close() is about to remove.
+            for p, original in zip(self._params, original_grads):
+                p.grad = original
+            if self._owns_client:
+                self._client.close()
+            raise
+
+        # Per-iteration bookkeeping (Python lists: the hooks index them).
+        self._marked = [False] * n      # marked ready this iteration
+        self._passes = [0] * n          # backward passes seen this iteration
+        self._touched = [False] * n     # got a gradient since the last sync
+        self._num_marked = 0
+        self._sync_enabled = True
+        self._synchronized = False      # synchronize() ran, step() pending
+        self._unused: Tuple[str, ...] = ()
+        self._closed = False
+        self._hooks = [register_grad_ready_hook(p, self._make_hook(i))
+                       for i, p in enumerate(self._params)]
+
+    # -- construction helpers ----------------------------------------------
+
+    @staticmethod
+    def _select_parameters(optimizer: torch.optim.Optimizer,
+                           named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]]
+                           ) -> List[Tuple[str, torch.Tensor]]:
+        """The (name, param) pairs to register: the optimizer's parameters that
+        require a gradient, in ``named_parameters`` order (forward order for
+        ``model.named_parameters()``, which the daemon's initial bucket order
+        reverses to follow backward)."""
+        opt_params = [p for group in optimizer.param_groups for p in group["params"]]
+        if named_parameters is None:
+            named = []
+            for g, group in enumerate(optimizer.param_groups):
+                named += [(f"group{g}.param{j}", p) for j, p in enumerate(group["params"])]
+        else:
+            named = list(named_parameters)
+        named = unique_named_parameters(named)
+        in_optimizer = {id(p) for p in opt_params}
+        entries = [(name, p) for name, p in named
+                   if id(p) in in_optimizer and p.requires_grad and p.numel() > 0]
+        named_ids = {id(p) for _, p in named}
+        missing = [p for p in opt_params if id(p) not in named_ids and p.requires_grad]
+        if missing:
+            shapes = ", ".join(str(tuple(p.shape)) for p in missing[:5])
+            raise InvalidArgumentError(
+                f"{len(missing)} parameter(s) of the optimizer are not in named_parameters "
+                f"(shapes {shapes}): their gradients would not be synchronized")
+        if not entries:
+            raise InvalidArgumentError("no parameter requires a gradient: nothing to synchronize")
+        return entries
+
+    def _make_hook(self, i: int) -> Callable[[], None]:
+        def hook() -> None:
+            self._on_gradient(i)
+        return hook
+
+    # -- the per-parameter hook ---------------------------------------------
+
+    def _adopt(self, i: int) -> None:
+        """Makes sure ``p.grad`` is the registered tensor again: if something
+        replaced it (``p.grad = None`` then a fresh backward, an out-of-place
+        accumulation), the new gradient is copied into the arena."""
+        p, g = self._params[i], self._grads[i]
+        current = p.grad
+        if current is g:
+            return
+        if current is None:
+            g.zero_()
+        else:
+            g.copy_(current)
+        p.grad = g
+
+    def _on_gradient(self, i: int) -> None:
+        """Autograd finished accumulating parameter i's gradient."""
+        if self._closed:
+            return
+        self._adopt(i)
+        self._touched[i] = True
+        if not self._sync_enabled:
+            return  # no_sync: accumulate only
+        self._passes[i] += 1
+        if self._passes[i] < self._passes_per_step:
+            return
+        if self._marked[i]:
+            raise StateError(
+                f"the gradient of {self._names[i]!r} was computed again before step(): "
+                f"{self._passes[i]} backward passes in this iteration with "
+                f"backward_passes_per_step={self._passes_per_step} (accumulate under "
+                "no_sync(), or raise backward_passes_per_step)", operation="DistributedOptimizer")
+        self._client.mark_ready(i)
+        self._marked[i] = True
+        self._num_marked += 1
+
+    # -- the public API ----------------------------------------------------
+
+    @property
+    def client(self) -> Client:
+        return self._client
+
+    @property
+    def rank(self) -> int:
+        """This trainer's global rank in the gradsync job."""
+        return self._client.rank
+
+    @property
+    def world_size(self) -> int:
+        """Trainers in the job (gradients are averaged over this many)."""
+        return self._client.world_size
+
+    @property
+    def parameter_names(self) -> Sequence[str]:
+        """Registered parameters, in registration order."""
+        return tuple(self._names)
+
+    @property
+    def unused_parameters(self) -> Tuple[str, ...]:
+        """Names of the parameters that got no gradient in the last
+        synchronized iteration (marked unused: zero gradient)."""
+        return self._unused
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradient accumulation: backward passes inside accumulate locally
+        and send nothing; the next synchronized iteration averages the sum.
+        ``step()`` inside the block steps on local gradients."""
+        previous = self._sync_enabled
+        self._sync_enabled = False
+        try:
+            yield
+        finally:
+            self._sync_enabled = previous
+
+    def synchronize(self) -> None:
+        """Completes this iteration: marks parameters without a gradient as
+        unused, then waits until the daemon has written the averaged
+        gradients into ``.grad``. ``step()`` calls it unless it already ran."""
+        if self._closed:
+            raise StateError("the DistributedOptimizer is closed", operation="synchronize")
+        if self._num_marked < len(self._params):
+            unused = []
+            for i in range(len(self._params)):
+                if self._marked[i]:
+                    continue
+                self._adopt(i)
+                if self._touched[i]:
+                    # A gradient accumulated (under no_sync, or in fewer than
+                    # backward_passes_per_step passes): it is real.
+                    self._client.mark_ready(i)
+                else:
+                    self._client.mark_unused(i)  # zeroes the buffer
+                    unused.append(self._names[i])
+                self._marked[i] = True
+                self._num_marked += 1
+            self._report_unused(tuple(unused))
+        elif self._unused:
+            self._report_unused(())
+        try:
+            self._client.wait(self._wait_timeout_s)
+        finally:
+            # Whatever happened, the next iteration starts from clean marks
+            # (after an error the job is over anyway: errors are sticky).
+            n = len(self._params)
+            self._marked = [False] * n
+            self._passes = [0] * n
+            self._touched = [False] * n
+            self._num_marked = 0
+        self._synchronized = True
+
+    def _report_unused(self, unused: Tuple[str, ...]) -> None:
+        if self._find_unused and unused != self._unused and unused:
+            log.warning("parameters without a gradient in this iteration (marked unused, zero "
+                        "gradient): %s", ", ".join(unused))
+        self._unused = unused
+
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        """Synchronizes (unless ``synchronize()`` already ran or inside
+        ``no_sync()``), then steps the wrapped optimizer."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._sync_enabled and not self._synchronized:
+            self.synchronize()
+        self._synchronized = False
+        self._optimizer.step()
+        return loss
+
+    def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
+        """Zeroes the gradients in place; they stay views of the arena
+        (``set_to_none`` is accepted for compatibility and ignored)."""
+        for i in range(len(self._params)):
+            self._adopt(i)
+            if not self._marked[i]:
+                self._touched[i] = False  # nothing accumulated any more
+        if hasattr(torch, "_foreach_zero_"):
+            torch._foreach_zero_(self._grads)
+        else:
+            for g in self._grads:
+                g.zero_()
+        # Parameters of the wrapped optimizer that are not registered (no
+        # grad required or empty) are zeroed like torch would.
+        registered = {id(p) for p in self._params}
+        for group in self._optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) not in registered and p.grad is not None:
+                    p.grad.detach_()
+                    p.grad.zero_()
+
+    def close(self) -> None:
+        """Removes the hooks, gives each parameter a private copy of its
+        gradient and detaches from the daemon (if this object connected)."""
+        if self._closed:
+            return
+        self._closed = True
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        for p, g in zip(self._params, self._grads):
+            if p.grad is g and g.device.type == "cpu":
+                p.grad = g.clone()
+        self._grads = []
+        if self._owns_client:
+            self._client.close()
+
+    # -- torch.optim.Optimizer surface, shared with the wrapped optimizer ----
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._optimizer
+
+    @property
+    def param_groups(self) -> List[Dict[str, Any]]:  # type: ignore[override]
+        return self._optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: List[Dict[str, Any]]) -> None:
+        self._optimizer.param_groups = value
+
+    @property
+    def state(self) -> Dict[Any, Any]:  # type: ignore[override]
+        return self._optimizer.state
+
+    @state.setter
+    def state(self, value: Dict[Any, Any]) -> None:
+        self._optimizer.state = value
+
+    @property
+    def defaults(self) -> Dict[str, Any]:  # type: ignore[override]
+        return self._optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: Dict[str, Any]) -> None:
+        self._optimizer.defaults = value
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self._optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self._optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        raise StateError("DistributedOptimizer cannot add parameter groups: the gradient "
+                         "layout is fixed when it is registered with the daemon; build the "
+                         "DistributedOptimizer after adding every group",
+                         operation="add_param_group")
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for attributes not found normally: anything specific to
+        # the wrapped optimizer (and torch-version-specific internals).
+        if name == "_optimizer":
+            raise AttributeError(name)
+        return getattr(self._optimizer, name)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        raise TypeError("a DistributedOptimizer holds a live daemon connection and cannot be "
+                        "pickled; save optimizer.state_dict() instead")
+
+    def __repr__(self) -> str:
+        inner = repr(self._optimizer).replace("\n", "\n    ")
+        return f"DistributedOptimizer(\n    {inner}\n)"
