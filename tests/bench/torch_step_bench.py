@@ -15,18 +15,23 @@ run, measured one after the other (never overlapping):
   gradsync DistributedOptimizer   gradients in the daemon's shared memory
   gradsync DDP allreduce_hook     DDP kept, buckets sent through gradsync
 
-Prints one markdown table. Not a test: asserts nothing.
+The machine may be shared and noisy: the variants run in ``--rounds``
+interleaved rounds (A B C D E, A B C D E, ...), and the table reports, per
+variant, the median over rounds of each round's median step time, and the
+best round. Ratios use the medians. Prints one markdown table. Not a test:
+asserts nothing.
 
 Run from the repository root after
 `bazel build //client:libgradsync.so //daemon:gradsyncd`:
 
-    /usr/bin/python3 tests/bench/torch_step_bench.py [--steps 20] [--threads 1]
+    /usr/bin/python3 tests/bench/torch_step_bench.py [--steps 20] [--rounds 3] [--threads 1]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -98,8 +103,7 @@ def worker(variant: str, rank: int, world: int, port: int, steps: int, warmup: i
     if variant in ("ddp", "gradsync_hook"):
         import torch.distributed as dist
         dist.destroy_process_group()
-    times.sort()
-    return {"median": statistics.median(times), "p90": times[int(0.9 * (len(times) - 1))]}
+    return {"median": statistics.median(times)}
 
 
 # --------------------------------------------------------------------------
@@ -126,13 +130,14 @@ def run_variant(variant: str, nproc: int, args: argparse.Namespace,
             raise RuntimeError(f"{variant} worker failed with code {p.returncode}")
         results.append(json.loads(out.strip().splitlines()[-1]))
     # Synchronized trainers move in lockstep; report the slowest trainer.
-    return {k: max(r[k] for r in results) for k in ("median", "p90")}
+    return {"median": max(r["median"] for r in results)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description="training step: gradsync vs torch DDP vs compute")
     ap.add_argument("--steps", type=int, default=20, help="timed steps per variant")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved repetitions")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per trainer")
     ap.add_argument("--worker", nargs=7, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -147,38 +152,45 @@ def main() -> int:
 
     tmp = tempfile.mkdtemp(prefix="gsb.", dir="/tmp")
     sock = os.path.join(tmp, "gs.sock")
-    rows = []
     variants = [("compute only, 1 process", "compute", 1, False),
                 ("compute only, 2 processes", "compute", 2, False),
                 ("torch DDP (gloo)", "ddp", 2, False),
                 ("gradsync DistributedOptimizer", "gradsync", 2, True),
                 ("gradsync DDP allreduce_hook", "gradsync_hook", 2, True)]
-    for label, variant, nproc, needs_daemon in variants:
-        daemon = None
-        if needs_daemon:
-            daemon = LocalDaemon(sock, nproc, ["--timeout-s=300"],
-                                 log_path=os.path.join(tmp, f"{variant}.log")).start()
-        try:
-            r = run_variant(variant, nproc, args, sock if needs_daemon else None)
-        finally:
-            if daemon is not None:
-                daemon.stop()
-        rows.append((label, nproc, r))
-        print(f"  {label}: {r['median'] * 1e3:.1f} ms", file=sys.stderr, flush=True)
+    medians: Dict[str, List[float]] = {v[0]: [] for v in variants}
+    load_before = os.getloadavg()[0]
+    for rnd in range(args.rounds):
+        for label, variant, nproc, needs_daemon in variants:
+            daemon = None
+            if needs_daemon:
+                daemon = LocalDaemon(sock, nproc, ["--timeout-s=300"],
+                                     log_path=os.path.join(tmp, f"{variant}.log")).start()
+            try:
+                r = run_variant(variant, nproc, args, sock if needs_daemon else None)
+            finally:
+                if daemon is not None:
+                    daemon.stop()
+            medians[label].append(r["median"])
+            print(f"  round {rnd + 1}: {label}: {r['median'] * 1e3:.1f} ms", file=sys.stderr,
+                  flush=True)
+    load_after = os.getloadavg()[0]
+    shutil.rmtree(tmp, ignore_errors=True)
 
-    compute2 = rows[1][2]["median"]
-    ddp = rows[2][2]["median"]
+    p50 = {label: statistics.median(v) for label, v in medians.items()}
+    compute2 = p50["compute only, 2 processes"]
+    ddp = p50["torch DDP (gloo)"]
     params = LAYERS * (WIDTH * WIDTH + WIDTH)
     print(f"\nTraining step, {LAYERS} x Linear({WIDTH},{WIDTH}) = {params / 1e6:.1f}M fp32 "
           f"parameters, batch {BATCH}/trainer, torch {torch.__version__}, "
-          f"{args.threads} thread(s)/trainer, {os.cpu_count()} cores, median of {args.steps} "
-          f"steps after {args.warmup} warm-up\n")
-    print("| variant | trainers | step p50 (ms) | step p90 (ms) | vs compute only (2 proc) "
-          "| vs torch DDP |")
+          f"{args.threads} thread(s)/trainer, {os.cpu_count()} cores; per round the median of "
+          f"{args.steps} steps after {args.warmup} warm-up; {args.rounds} interleaved rounds; "
+          f"load average {load_before:.1f} before, {load_after:.1f} after\n")
+    print("| variant | trainers | step, median of rounds (ms) | best round (ms) "
+          "| vs compute only (2 proc) | vs torch DDP |")
     print("|---|---:|---:|---:|---:|---:|")
-    for label, nproc, r in rows:
-        print(f"| {label} | {nproc} | {r['median'] * 1e3:.1f} | {r['p90'] * 1e3:.1f} | "
-              f"{r['median'] / compute2:.2f}x | {r['median'] / ddp:.2f}x |")
+    for label, _, nproc, _ in variants:
+        print(f"| {label} | {nproc} | {p50[label] * 1e3:.1f} | {min(medians[label]) * 1e3:.1f} | "
+              f"{p50[label] / compute2:.2f}x | {p50[label] / ddp:.2f}x |")
     print("\nTargets (docs/PERFORMANCE.md): gradsync step <= 1.15x compute only, <= 0.6x DDP.")
     return 0
 

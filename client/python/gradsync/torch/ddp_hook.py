@@ -96,6 +96,10 @@ class AllreduceHookState:
                 self.client.close()
             raise
         self._marked = [False] * len(named)
+        # The GradsyncError (or other exception) that failed an iteration.
+        # DDP's C++ reducer re-raises a hook's exception from backward() as
+        # a RuntimeError carrying only its text; the original is kept here.
+        self.error: Optional[BaseException] = None
         # Buckets handed to DDP but not completed yet: (future, buffer, slices).
         self._pending: List[Tuple[torch.futures.Future, torch.Tensor,
                                   List[Tuple[int, int, int]]]] = []
@@ -170,6 +174,8 @@ class AllreduceHookState:
     def _fail(self, error: BaseException) -> None:
         """Completes every pending Future with the error, so nothing in DDP
         can wait on them forever."""
+        if self.error is None:
+            self.error = error
         pending, self._pending = self._pending, []
         self._marked = [False] * len(self._marked)
         for fut, _, _ in pending:
@@ -188,8 +194,11 @@ def allreduce_hook(state: AllreduceHookState,
 
     Register with ``ddp.register_comm_hook(AllreduceHookState(ddp),
     allreduce_hook)``. Errors (a peer died, a timeout) are raised from the
-    hook, so ``loss.backward()`` raises; every pending bucket's Future is
-    completed with the error first.
+    hook, so ``loss.backward()`` raises -- as a RuntimeError whose message
+    starts with the gradsync class name (e.g. "PeerFailedError: ..."), since
+    DDP's reducer does not keep Python exception types; ``state.error`` holds
+    the original. Every pending bucket's Future is completed with the error
+    first, so nothing in DDP waits on it forever.
     """
     try:
         return state._on_bucket(bucket)
