@@ -11,6 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/backends/gloo_store.h"
+#include "daemon/half.h"
 #include "daemon/rendezvous_keys.h"
 #include "gloo/allreduce.h"
 #include "gloo/common/error.h"
@@ -34,23 +35,6 @@ using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 bool LooksLikeTimeout(const std::string& what) {
   const std::string lower = absl::AsciiStrToLower(what);
   return lower.find("timeout") != std::string::npos || lower.find("timed out") != std::string::npos;
-}
-
-// Same rounding as daemon/half.h: round to nearest even, NaN stays NaN.
-inline float BFloat16ToFloat(uint16_t v) {
-  const uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-inline uint16_t FloatToBFloat16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0) {
-    return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-  }
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
 // Gloo's TCP pairs write with writev(2), which raises SIGPIPE once the peer
