@@ -108,7 +108,7 @@ class LocalDaemon:
         LocalDaemon._counter += 1
         self.socket_path = socket_path
         self.local_size = local_size
-        self.shm_prefix = shm_prefix or f"gsd{os.getpid()}n{LocalDaemon._counter}"
+        self.shm_prefix = shm_prefix or f"gsd{os.getpid()}n{LocalDaemon._counter}x"
         self.binary = binary or find_daemon()
         self.log_path = log_path
         self.args: List[str] = list(args)

@@ -32,6 +32,7 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
+import torch.nn.parallel
 
 from ..client import Client
 from ..errors import InvalidArgumentError
@@ -43,8 +44,9 @@ __all__ = ["AllreduceHookState", "allreduce_hook"]
 def _ddp_named_parameters(module: torch.nn.Module) -> List[Tuple[str, torch.Tensor]]:
     """The parameters DDP synchronizes, in DDP's order: those requiring a
     gradient, minus the ones DDP was told to ignore, each once."""
-    inner = module.module if hasattr(module, "module") else module
-    ignored = set(getattr(module, "parameters_to_ignore", ()) or ())
+    is_ddp = isinstance(module, torch.nn.parallel.DistributedDataParallel)
+    inner = module.module if is_ddp else module
+    ignored = set(getattr(module, "parameters_to_ignore", ()) or ()) if is_ddp else set()
     return [(n, p) for n, p in unique_named_parameters(inner.named_parameters())
             if p.requires_grad and n not in ignored]
 
@@ -80,8 +82,13 @@ class AllreduceHookState:
                     f"parameter {n!r} is on {p.device}: the gradsync DDP hook copies buckets "
                     "through the shared-memory arena and supports CPU parameters only")
         self.names = [n for n, _ in named]
-        self._index_by_id: Dict[int, int] = {id(p): i for i, (_, p) in enumerate(named)}
-        self._numel = [p.numel() for _, p in named]
+        # DDP hands the hook the parameters themselves (the same Python
+        # objects); their storage address is the fallback key. The list keeps
+        # them alive so that an id() can never be reused.
+        self._params = [p for _, p in named]
+        self._index_by_id: Dict[int, int] = {id(p): i for i, p in enumerate(self._params)}
+        self._index_by_ptr: Dict[int, int] = {p.data_ptr(): i for i, p in enumerate(self._params)}
+        self._numel = [p.numel() for p in self._params]
         self.wait_timeout_s = wait_timeout_s
         self._owns_client = client is None
         self.client = client if client is not None else Client(
@@ -115,13 +122,17 @@ class AllreduceHookState:
 
     def index_of(self, p: torch.Tensor) -> int:
         """The gradsync tensor index of DDP parameter ``p``."""
-        try:
-            return self._index_by_id[id(p)]
-        except KeyError:
+        i = self._index_by_id.get(id(p))
+        if i is None:
+            i = self._index_by_ptr.get(p.data_ptr())
+            if i is not None and self._numel[i] != p.numel():
+                i = None
+        if i is None:
             raise InvalidArgumentError(
                 f"DDP bucket holds a parameter of shape {tuple(p.shape)} that was not registered "
                 "with gradsync: build AllreduceHookState from the DistributedDataParallel "
-                "module itself (or exactly its parameters)") from None
+                "module itself (or exactly its parameters)")
+        return i
 
     def _bucket_slices(self, bucket: dist.GradBucket) -> List[Tuple[int, int, int]]:
         """(tensor index, offset, numel) of each parameter in the bucket's flat

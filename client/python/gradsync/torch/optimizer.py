@@ -333,7 +333,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
         """Zeroes the gradients in place; they stay views of the arena
-        (``set_to_none`` is accepted for compatibility and ignored)."""
+        (``set_to_none`` is accepted for compatibility and ignored). After
+        ``close()`` this is the wrapped optimizer's zero_grad."""
+        if self._closed:
+            if set_to_none is None:
+                self._optimizer.zero_grad()
+            else:
+                self._optimizer.zero_grad(set_to_none=set_to_none)
+            return
         for i in range(len(self._params)):
             self._adopt(i)
             if not self._marked[i]:

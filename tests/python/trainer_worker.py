@@ -1,0 +1,212 @@
+"""A trainer process for the Python tests.
+
+conftest.Cluster starts trainers as multiprocessing processes forked from a
+forkserver that has imported torch once (``child``), which keeps the suite
+fast on two cores; ``python3 trainer_worker.py ARGS`` runs one by hand.
+
+Modes:
+  optimizer  train a gs_testlib model with gradsync.torch.DistributedOptimizer
+  ddp        train with DistributedDataParallel (gloo), first plain, then
+             with gradsync.torch.allreduce_hook; save both results
+
+Results go to --out (torch.save). A GradsyncError ends the process with
+exit code 10 + its status and a "GRADSYNC_ERROR <class>: <message>" line on
+stderr, so tests can tell which error a trainer saw.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Dict, List, Optional
+
+import torch
+
+import gs_testlib as lib
+
+import gradsync
+import gradsync.torch as gst
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def run_optimizer(args: argparse.Namespace) -> dict:
+    dtype = DTYPES[args.dtype]
+    model = lib.make_model(args.model, dtype)
+    opt = gst.DistributedOptimizer(lib.make_sgd(model), model.named_parameters(),
+                                   find_unused_parameters=True,
+                                   connect_timeout_s=args.connect_timeout_s,
+                                   wait_timeout_s=args.wait_timeout_s)
+    rank, world = opt.rank, opt.world_size
+    assert rank == int(os.environ["LOCAL_RANK"]), (rank, os.environ["LOCAL_RANK"])
+    params = [p for p in model.parameters() if p.requires_grad]
+    grad_ptrs = [p.grad.data_ptr() for p in params]
+    arena = {opt.client.buffer_address(i) for i in range(len(params))}
+    unused_per_step = []
+
+    def on_step(step: int) -> None:
+        unused_per_step.append(list(opt.unused_parameters))
+        if args.set_grad_none_at == step:
+            # Something (e.g. torch 2.x's model.zero_grad()) drops the views:
+            # the next backward must still land in the arena.
+            for p in params:
+                p.grad = None
+        maybe_hang(args, rank, step)
+
+    losses = lib.train(model, opt, steps=args.steps, global_batch=args.batch, rank=rank,
+                       world=world, accumulate=args.accumulate, dtype=dtype,
+                       no_sync=opt.no_sync, on_step=on_step)
+    views_kept = [p.grad.data_ptr() for p in params] == grad_ptrs
+    result = {
+        "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "losses": losses,
+        "unused": unused_per_step,
+        "names": list(opt.parameter_names),
+        "views_kept": views_kept,
+        "grads_in_arena": set(grad_ptrs) == arena,
+        "rank": rank,
+        "world": world,
+    }
+    opt.close()
+    return result
+
+
+def maybe_hang(args: argparse.Namespace, rank: int, step: int) -> None:
+    """--hang-at/--hang-rank: stop before a step, to be killed by the test."""
+    if args.hang_at is not None and rank == args.hang_rank and step + 1 == args.hang_at:
+        print("HANG", flush=True)
+        time.sleep(3600)
+
+
+class Reordered(torch.nn.Module):
+    """Layers declared in a different order than forward uses them, so DDP's
+    rebuilt buckets (from the observed gradient order) differ from its
+    initial ones; big enough for several 1 MB / 0.5 MB buckets."""
+
+    def __init__(self, gate_unused_sometimes: bool) -> None:
+        super().__init__()
+        self.gate_unused_sometimes = gate_unused_sometimes
+        self.head = torch.nn.Linear(512, 1)
+        self.b2 = torch.nn.Linear(512, 512)
+        self.b1 = torch.nn.Linear(512, 512)
+        self.a = torch.nn.Linear(lib.DIM, 512)
+        self.gate = torch.nn.Parameter(torch.full((lib.DIM,), 0.1))
+
+    def forward(self, x: torch.Tensor, step: int) -> torch.Tensor:
+        h = torch.tanh(self.b2(torch.tanh(self.b1(torch.tanh(self.a(x))))))
+        out = self.head(h)
+        if not (self.gate_unused_sometimes and step % 4 == 1):
+            out = out + (x @ self.gate).unsqueeze(1)
+        return out
+
+
+def run_ddp(args: argparse.Namespace) -> dict:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank = int(os.environ["LOCAL_RANK"])
+    world = args.world
+    dist.init_process_group("gloo", init_method="file://" + args.store, rank=rank,
+                            world_size=world)
+    find_unused = args.ddp_find_unused
+
+    def train(with_gradsync: bool) -> dict:
+        torch.manual_seed(0)
+        model = Reordered(gate_unused_sometimes=find_unused)
+        ddp = DDP(model, bucket_cap_mb=0.5, find_unused_parameters=find_unused)
+        layouts = []
+        state = None
+        if with_gradsync:
+            state = gst.AllreduceHookState(ddp, wait_timeout_s=args.wait_timeout_s)
+
+            def recording_hook(st, bucket):  # (DDP rejects string annotations)
+                while len(layouts) <= st.iterations:
+                    layouts.append([])
+                layouts[st.iterations].append(
+                    [st.names[st.index_of(p)] for p in bucket.parameters()])
+                return gst.allreduce_hook(st, bucket)
+
+            # The library's hook itself must pass DDP's signature check.
+            ddp.register_comm_hook(state, recording_hook if args.record_buckets
+                                   else gst.allreduce_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        # DDP's forward takes the step through kwargs.
+        lib.train(_StepModule(ddp), opt, steps=args.steps, global_batch=args.batch,
+                  rank=rank, world=world,
+                  on_step=lambda step: maybe_hang(args, rank, step) if with_gradsync else None)
+        out = {"state": {k: v.detach().clone() for k, v in model.state_dict().items()},
+               "layouts": layouts}
+        if state is not None:
+            out["iterations"] = state.iterations
+            state.close()
+        return out
+
+    plain = train(False)
+    hooked = train(True)
+    dist.destroy_process_group()
+    return {"plain": plain, "gradsync": hooked, "rank": rank}
+
+
+class _StepModule:
+    """Adapts ``model(x, step)`` calls to a DDP module's forward."""
+
+    def __init__(self, ddp: torch.nn.Module) -> None:
+        self.ddp = ddp
+
+    def __call__(self, x: torch.Tensor, step: int) -> torch.Tensor:
+        return self.ddp(x, step)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", choices=["optimizer", "ddp"], default="optimizer")
+    ap.add_argument("--model", choices=sorted(lib.MODELS), default="mlp")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=24, help="global batch")
+    ap.add_argument("--accumulate", type=int, default=1)
+    ap.add_argument("--set-grad-none-at", type=int, default=None)
+    ap.add_argument("--hang-at", type=int, default=None, help="hang before this step")
+    ap.add_argument("--hang-rank", type=int, default=-1)
+    ap.add_argument("--connect-timeout-s", type=float, default=20.0)
+    ap.add_argument("--wait-timeout-s", type=float, default=None)
+    ap.add_argument("--world", type=int, default=2, help="ddp mode: process group size")
+    ap.add_argument("--store", default="", help="ddp mode: FileStore path")
+    ap.add_argument("--ddp-find-unused", action="store_true")
+    ap.add_argument("--record-buckets", action="store_true",
+                    help="ddp mode: record each iteration's bucket layout")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    try:
+        result = run_optimizer(args) if args.mode == "optimizer" else run_ddp(args)
+    except gradsync.GradsyncError as e:
+        print(f"GRADSYNC_ERROR {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return 10 + int(e.status) if e.status is not None else 9
+    except RuntimeError as e:
+        # An error raised inside a DDP comm hook may reach backward()'s
+        # caller wrapped in a RuntimeError: report what it wraps.
+        print(f"RUNTIME_ERROR {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return 8
+    torch.save(result, args.out)
+    return 0
+
+
+def child(argv: List[str], env: Dict[str, str], log_path: str) -> None:
+    """multiprocessing target: output to ``log_path``, ``env`` set, then main()."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    os.environ.update(env)
+    code = main(argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
