@@ -210,6 +210,7 @@ absl::Status Client::Register(const std::vector<TensorSpec>& specs) {
   }
   layout_ = std::move(*layout);
   marked_.assign(layout_.size(), 0);
+  accumulated_.assign(layout_.size(), 0);
   rank_ = resp.rank();
   world_size_ = resp.world_size();
   completion_bell_.store(&segment_.header()->completion_bell);
@@ -222,16 +223,25 @@ void* Client::GradBuffer(size_t index) const {
   return buffers_[index];
 }
 
-absl::Status Client::MarkReady(size_t index) { return Post(index, ipc::ReadyKind::kReady); }
+absl::Status Client::MarkReady(size_t index) {
+  if (absl::Status st = CheckMarkable(index); !st.ok()) return st;
+  accumulated_[index] = 1;
+  return Post(index, ipc::ReadyKind::kReady);
+}
 
 absl::Status Client::MarkUnused(size_t index) {
-  if (registered_ && !closed_ && index < buffers_.size()) {
-    std::memset(buffers_[index], 0, layout_[index].bytes());
+  // Validate first: a refused call must leave the gradient alone.
+  if (absl::Status st = CheckMarkable(index); !st.ok()) return st;
+  if (accumulated_[index]) {
+    // Gradients accumulated in earlier no_sync iterations stay: "unused"
+    // means nothing was added this iteration, not that the sum is lost.
+    return Post(index, ipc::ReadyKind::kReady);
   }
+  std::memset(buffers_[index], 0, layout_[index].bytes());
   return Post(index, ipc::ReadyKind::kUnused);
 }
 
-absl::Status Client::Post(size_t index, ipc::ReadyKind kind) {
+absl::Status Client::CheckMarkable(size_t index) const {
   if (absl::Status st = CheckUsable(); !st.ok()) return st;
   if (index >= layout_.size()) {
     return MakeError(v1::INVALID_ARGUMENT,
@@ -242,6 +252,10 @@ absl::Status Client::Post(size_t index, ipc::ReadyKind kind) {
     return MakeError(v1::INVALID_ARGUMENT, absl::StrCat("tensor ", index, " '", layout_[index].name,
                                                         "' is already marked this iteration"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Client::Post(size_t index, ipc::ReadyKind kind) {
   marked_[index] = 1;
   ++marked_count_;
   if (!sync_) return absl::OkStatus();  // accumulating: nothing is posted
@@ -319,6 +333,7 @@ absl::Status Client::Wait(int64_t timeout_ms) {
           }
           ++iteration_;
           std::fill(marked_.begin(), marked_.end(), 0);
+          std::fill(accumulated_.begin(), accumulated_.end(), 0);  // reduced: a fresh start
           marked_count_ = 0;
           return absl::OkStatus();
         case ipc::CompletionKind::kError: {

@@ -74,6 +74,9 @@ class Client {
 
  private:
   Client() = default;
+  // Validation shared by MarkReady and MarkUnused (before any side effect).
+  absl::Status CheckMarkable(size_t index) const;
+  // Records the mark and, in a synced iteration, posts it (validated first).
   absl::Status Post(size_t index, ipc::ReadyKind kind);
   absl::Status CheckUsable() const;
   absl::Status Failed(absl::Status error);  // records a sticky failure
@@ -103,6 +106,9 @@ class Client {
   uint64_t ready_sequence_ = 0;
   uint64_t completion_sequence_ = 0;
   std::vector<uint8_t> marked_;   // this iteration
+  // Per tensor: gradient added since the last synced iteration completed
+  // (marked ready, possibly in no_sync iterations).
+  std::vector<uint8_t> accumulated_;
   size_t marked_count_ = 0;
   absl::Status failure_;          // sticky
 

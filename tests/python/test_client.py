@@ -174,13 +174,9 @@ def test_dtype_parsing() -> None:
         DType.parse("int8")
 
 
-# Known bugs of the C client (client/client.cc, Client::MarkUnused zeroes the
-# buffer unconditionally, before validating the call). Strict xfail: when
-# the C++ side is fixed these start passing and the marker must go.
+# Regressions: Client::MarkUnused used to zero the buffer before validating
+# the call, and to wipe gradients accumulated in no_sync iterations.
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="C client: gs_mark_unused zeroes the buffer before rejecting a "
-                   "tensor already marked ready, corrupting the posted gradient")
 def test_rejected_mark_unused_leaves_the_gradient_alone(gradsyncd) -> None:
     cluster = gradsyncd(2)
     marked = threading.Barrier(2, timeout=10)
@@ -208,9 +204,6 @@ def test_rejected_mark_unused_leaves_the_gradient_alone(gradsyncd) -> None:
     assert a == b == [2.0] * 4  # (1 + 3) / 2; the bug gives (0 + 3) / 2
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="C client: with gs_set_sync(0), gs_mark_unused wipes the gradient "
-                   "accumulated by earlier micro-iterations")
 def test_mark_unused_while_accumulating_keeps_the_accumulation(gradsyncd) -> None:
     cluster = gradsyncd(2)
     done = threading.Barrier(2, timeout=10)
