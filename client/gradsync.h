@@ -81,7 +81,9 @@ GS_API void *gs_grad_buffer(gs_client *c, size_t index);
 GS_API gs_status gs_mark_ready(gs_client *c, size_t index);
 
 /* Gradient `index` was not produced this iteration: it contributes zeros
- * (its buffer is zeroed). */
+ * (its buffer is zeroed) — unless it accumulated a gradient in earlier
+ * no_sync iterations, which is kept and reduced. Validated before anything
+ * is touched: a refused call leaves the buffer alone. */
 GS_API gs_status gs_mark_unused(gs_client *c, size_t index);
 
 /* Waits until every bucket of this iteration is reduced. timeout_ms < 0:
