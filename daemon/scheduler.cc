@@ -317,18 +317,16 @@ void Scheduler::FinishIteration() {
   // its peers' "iteration done".
   absl::Status st;
   int culprit = -1;
-  {
-    std::vector<std::unique_lock<std::mutex>> locks;
-    locks.reserve(trainers_.size());
-    for (Trainer* t : trainers_) locks.emplace_back(t->completion_mu);
-    for (Trainer* t : trainers_) {
-      st = PostCompletionLocked(*t, ipc::CompletionKind::kIterationDone, 0, it, 0);
-      if (!st.ok()) {
-        culprit = t->local_rank;
-        break;
-      }
+  // (Locked and unlocked by hand, in local-rank order: no allocation here.)
+  for (Trainer* t : trainers_) t->completion_mu.lock();
+  for (Trainer* t : trainers_) {
+    st = PostCompletionLocked(*t, ipc::CompletionKind::kIterationDone, 0, it, 0);
+    if (!st.ok()) {
+      culprit = t->local_rank;
+      break;
     }
   }
+  for (Trainer* t : trainers_) t->completion_mu.unlock();
   for (Trainer* t : trainers_) t->segment.header()->completion_bell.Ring();
   if (!st.ok()) {
     fail_(MakeError(v1::PEER_FAILED, st.message()), culprit);
