@@ -41,6 +41,10 @@ std::chrono::system_clock::time_point DeadlineIn(int64_t ms) {
 }
 
 absl::Status RpcError(const grpc::Status& s, const std::string& what, const std::string& socket) {
+  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return MakeError(v1::TIMEOUT, absl::StrCat(what, " timed out waiting for gradsyncd at ", socket,
+                                               " (", s.error_message(), ")"));
+  }
   return MakeError(v1::UNAVAILABLE, absl::StrCat(what, " failed: cannot reach gradsyncd at ", socket,
                                                  " (", s.error_message(), ")"));
 }
@@ -185,7 +189,9 @@ absl::Status Client::Register(const std::vector<TensorSpec>& specs) {
 
   v1::RegisterResponse resp;
   grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineIn(daemon_timeout_ms_ + kGraceMs));
+  // Forming a multi-node job may take the daemon's timeout for the
+  // rendezvous and again for connecting Gloo.
+  ctx.set_deadline(DeadlineIn(2 * daemon_timeout_ms_ + kGraceMs));
   grpc::Status s = stub_->Register(&ctx, req, &resp);
   if (!s.ok()) return Failed(RpcError(s, "register", socket_path_));
   if (absl::Status st = FromProto(resp.error()); !st.ok()) return Failed(st);
@@ -256,9 +262,12 @@ absl::Status Client::CheckMarkable(size_t index) const {
 }
 
 absl::Status Client::Post(size_t index, ipc::ReadyKind kind) {
-  marked_[index] = 1;
-  ++marked_count_;
-  if (!sync_) return absl::OkStatus();  // accumulating: nothing is posted
+  if (!sync_) {
+    // Accumulating: nothing is posted.
+    marked_[index] = 1;
+    ++marked_count_;
+    return absl::OkStatus();
+  }
 
   ipc::ReadyEvent e{};
   e.tensor = static_cast<uint32_t>(index);
@@ -277,6 +286,8 @@ absl::Status Client::Post(size_t index, ipc::ReadyKind kind) {
     std::this_thread::yield();
   }
   ++ready_sequence_;
+  marked_[index] = 1;  // only once the daemon can see it
+  ++marked_count_;
   node_.ready_bell().Ring();
   return absl::OkStatus();
 }
@@ -393,7 +404,7 @@ absl::Status Client::Close() {
     req.set_session_id(session_);
     v1::DetachResponse resp;
     grpc::ClientContext ctx;
-    ctx.set_deadline(DeadlineIn(2000));
+    ctx.set_deadline(DeadlineIn(10000));  // the last trainer's detach leaves the cluster
     grpc::Status s = stub_->Detach(&ctx, req, &resp);
     if (!s.ok()) result = RpcError(s, "detach", socket_path_);
   }

@@ -201,11 +201,13 @@ absl::StatusOr<std::vector<uint32_t>> ClusterLink::AgreeOrder(const std::vector<
   if (!value.ok()) return value.status();
   if (!value->has_value()) return MakeError(v1::INTERNAL, "node 0's order vanished");
   std::vector<uint32_t> order;
+  std::vector<bool> seen(local.size(), false);
   for (absl::string_view part : absl::StrSplit(**value, ',')) {
     uint32_t v = 0;
-    if (!absl::SimpleAtoi(part, &v) || v >= local.size()) {
+    if (!absl::SimpleAtoi(part, &v) || v >= local.size() || seen[v]) {
       return MakeError(v1::INTERNAL, "node 0 published a malformed order");
     }
+    seen[v] = true;
     order.push_back(v);
   }
   if (order.size() != local.size()) return MakeError(v1::INTERNAL, "node 0's order has a wrong size");
@@ -325,7 +327,7 @@ void ClusterLink::HeartbeatLoop() {
                                        r->abort_reason.empty() ? "a newer generation formed"
                                                                : r->abort_reason));
     }
-    if (!failure.ok() && !failed_) {
+    if (!failure.ok() && !failed_ && !stop_) {
       failed_ = true;
       auto notify = on_failure_;
       lock.unlock();

@@ -100,23 +100,6 @@ absl::Status Daemon::Start() {
       },
       std::move(hooks));
 
-  if (absl::Status st = PrepareSocketPath(); !st.ok()) return st;
-  local_service_ = std::make_unique<LocalService>(jobs_.get());
-  {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("unix:" + config_.socket_path, grpc::InsecureServerCredentials());
-    builder.RegisterService(local_service_.get());
-    local_server_ = builder.BuildAndStart();
-    if (!local_server_) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot listen on unix socket ", config_.socket_path));
-    }
-  }
-  if (chmod(config_.socket_path.c_str(), config_.socket_mode) != 0) {
-    return absl::PermissionDeniedError(absl::StrCat("chmod ", config_.socket_path, ": ",
-                                                    std::strerror(errno)));
-  }
-
   if (!config_.listen.empty()) {
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -155,6 +138,24 @@ absl::Status Daemon::Start() {
     listen_server_->GetHealthCheckService()->SetServingStatus(true);
   }
 
+  // Trainers can attach only once everything they may touch is up.
+  if (absl::Status st = PrepareSocketPath(); !st.ok()) return st;
+  local_service_ = std::make_unique<LocalService>(jobs_.get());
+  {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("unix:" + config_.socket_path, grpc::InsecureServerCredentials());
+    builder.RegisterService(local_service_.get());
+    local_server_ = builder.BuildAndStart();
+    if (!local_server_) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen on unix socket ", config_.socket_path));
+    }
+  }
+  if (chmod(config_.socket_path.c_str(), config_.socket_mode) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("chmod ", config_.socket_path, ": ",
+                                                    std::strerror(errno)));
+  }
+
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   spdlog::info(
       "event=started pid={} socket={} listen={} listen_port={} node_rank={} num_nodes={} "
@@ -170,7 +171,11 @@ void Daemon::HeartbeatLoop() {
   while (!shutdown_) {
     node_.header()->heartbeat.fetch_add(1, std::memory_order_release);
     lock.unlock();
-    if (std::shared_ptr<Job> job = jobs_->Current()) job->ReapUnwatched(std::chrono::seconds(10));
+    if (std::shared_ptr<Job> job = jobs_->Current()) {
+      for (uint64_t session : job->ReapUnwatched(std::chrono::seconds(10))) {
+        jobs_->RemoveSession(session);
+      }
+    }
     lock.lock();
     cv_.wait_for(lock, std::chrono::milliseconds(100));
   }

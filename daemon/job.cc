@@ -64,6 +64,14 @@ Trainer* Job::FindLocked(uint64_t session) const {
 
 absl::StatusOr<uint64_t> Job::Attach(int local_rank, int64_t pid) {
   std::lock_guard<std::mutex> lock(mu_);
+  bool all_gone = attached_ever_ > 0;
+  for (const auto& t : trainers_) {
+    if (t && !t->gone.load()) all_gone = false;
+  }
+  if (all_gone) {
+    // Ended between JobForAttach and here: the caller retries on a fresh job.
+    return MakeError(v1::STATE, "this job has ended; attach to the next one");
+  }
   if (state_ != JobState::kAttaching) {
     return MakeError(v1::STATE,
                      absl::StrCat("a job is ", StateName(state_),
@@ -161,7 +169,16 @@ void Job::FormLocked(std::unique_lock<std::mutex>& lock) {
   absl::StatusOr<JobWorld> world =
       former_(layout_, hash, [this](const absl::Status& error) { Fail(error, -1); });
   lock.lock();
-  if (state_ == JobState::kFailed) return;  // a trainer left while forming
+  if (state_ == JobState::kFailed) {
+    // A trainer left while forming. The world (its link joins a thread that
+    // may call Fail) must be torn down without the lock.
+    lock.unlock();
+    if (world.ok()) {
+      JobWorld doomed = std::move(*world);
+    }
+    lock.lock();
+    return;
+  }
   if (!world.ok()) {
     FailLocked(world.status(), -1);
     return;
@@ -350,7 +367,7 @@ void Job::MarkWatched(uint64_t session) {
   if (Trainer* t = FindLocked(session)) t->watched.store(true);
 }
 
-void Job::ReapUnwatched(std::chrono::milliseconds grace) {
+std::vector<uint64_t> Job::ReapUnwatched(std::chrono::milliseconds grace) {
   std::vector<uint64_t> lost;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -365,6 +382,7 @@ void Job::ReapUnwatched(std::chrono::milliseconds grace) {
     Leave(session, /*graceful=*/false,
           "it never opened its Watch stream (it died right after attaching?)");
   }
+  return lost;
 }
 
 bool Job::HasSession(uint64_t session) const {

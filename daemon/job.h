@@ -127,8 +127,9 @@ class Job {
   bool HasSession(uint64_t session) const;
   // The trainer's Watch stream is open (its liveness is now observed).
   void MarkWatched(uint64_t session);
-  // Removes trainers attached longer than `grace` without a Watch stream.
-  void ReapUnwatched(std::chrono::milliseconds grace);
+  // Removes trainers attached longer than `grace` without a Watch stream;
+  // returns their sessions (the registry forgets them).
+  std::vector<uint64_t> ReapUnwatched(std::chrono::milliseconds grace);
   // True once every trainer that attached has left.
   bool Finished() const;
   JobState state() const;

@@ -66,6 +66,12 @@ absl::StatusOr<Layout> LayoutFromProto(
       return absl::InvalidArgumentError(
           absl::StrCat("tensor ", i, " '", s.name(), "': bad device ", s.device()));
     }
+    if (s.device() >= 0) {
+      // The arena holds CPU tensors only; CUDA tensors need the NCCL path.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", i, " '", s.name(), "' is on cuda:", s.device(),
+          ": this gradsyncd synchronizes CPU tensors only (the NCCL backend is not built yet)"));
+    }
     TensorInfo t{s.name(), static_cast<DType>(s.dtype()), s.numel(), s.device()};
     total += t.bytes();
     if (total > kMaxLayoutBytes) {

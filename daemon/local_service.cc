@@ -51,7 +51,7 @@ grpc::Status LocalService::Attach(grpc::ServerContext* ctx, const v1::AttachRequ
                                    "gradsyncd is draining: it accepts no new trainers"));
     }
     session = job->Attach(req->local_rank(), req->pid());
-    if (session.ok() || job->state() == JobState::kAttaching ||
+    if (session.ok() || (job->state() == JobState::kAttaching && !job->Finished()) ||
         std::chrono::system_clock::now() >= deadline || ctx->IsCancelled()) {
       break;
     }

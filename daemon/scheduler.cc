@@ -85,7 +85,14 @@ void Scheduler::InstallPlan(BucketPlan plan) {
   for (const PlannedBucket& b : plan.buckets) {
     spans.push_back(TensorSpans(b, layout_, arena_));
     uint64_t span_bytes = 0;
-    for (const ReduceSpan& s : spans.back()) span_bytes += s.bytes;
+    for (const ReduceSpan& s : spans.back()) {
+      span_bytes += s.bytes;
+      // The arena was planned from the same layout; never reduce past it.
+      if (s.offset > arena_.total_bytes || s.bytes > arena_.total_bytes - s.offset) {
+        bad_plan_ = absl::StrCat("bucket ", b.id, " spans [", s.offset, ", +", s.bytes,
+                                 ") outside the ", arena_.total_bytes, "-byte arena");
+      }
+    }
     staging = std::max(staging, LocalReducer::StagingBytes(span_bytes, b.dtype));
     bytes += b.bytes;
   }
@@ -118,22 +125,25 @@ void Scheduler::SetCaps(const BucketCaps& caps, uint64_t at_iteration) {
 
 void Scheduler::MaybeRebuild() {
   bool rebuild = false;
+  absl::Status late;
   {
     std::lock_guard<std::mutex> lock(caps_mu_);
     if (caps_pending_ && pending_caps_at_ != 0 && iteration() > pending_caps_at_) {
       caps_pending_ = false;
-      fail_(MakeError(v1::STATE,
-                      absl::StrCat("a job-wide bucket-cap change for iteration ", pending_caps_at_,
-                                   " reached this node at iteration ", iteration(),
-                                   ": too late to change together with the other nodes")),
-            -1);
-      return;
+      late = MakeError(v1::STATE,
+                       absl::StrCat("a job-wide bucket-cap change for iteration ", pending_caps_at_,
+                                    " reached this node at iteration ", iteration(),
+                                    ": too late to change together with the other nodes"));
     }
     if (caps_pending_ && iteration() >= pending_caps_at_) {
       options_.caps = pending_caps_;
       caps_pending_ = false;
       rebuild = true;
     }
+  }
+  if (!late.ok()) {
+    fail_(late, -1);  // outside caps_mu_: Fail takes the job's lock
+    return;
   }
   if (iteration() == 1 && options_.rebuild_after_first_iteration &&
       observed_order_.size() == layout_.size()) {
@@ -167,6 +177,7 @@ void Scheduler::MaybeRebuild() {
                options_.caps.cap_bytes / double(1 << 20),
                options_.caps.first_cap_bytes / double(1 << 20));
   InstallPlan(std::move(next));
+  if (!bad_plan_.empty()) fail_(MakeError(v1::INTERNAL, bad_plan_), -1);
 }
 
 Scheduler::~Scheduler() { Stop(); }
@@ -183,6 +194,10 @@ void Scheduler::Stop() {
 }
 
 void Scheduler::Loop() {
+  if (!bad_plan_.empty()) {
+    fail_(MakeError(v1::INTERNAL, bad_plan_), -1);
+    halted_.store(true, std::memory_order_release);
+  }
   while (!stop_.load(std::memory_order_acquire)) {
     const uint32_t seen = ready_bell_->Sequence();
     if (halted_.load(std::memory_order_acquire)) {
@@ -283,14 +298,8 @@ bool Scheduler::Launch(uint32_t bucket) {
   }
   tl.local_done_ns = tl.launch_ns + timings.local_reduce_ns;
   tl.collective_done_ns = tl.local_done_ns + timings.collective_ns;
-  for (Trainer* t : trainers_) {
-    st = PostCompletion(*t, ipc::CompletionKind::kBucketDone, bucket, iteration(), 0,
-                        /*wake=*/false);
-    if (!st.ok()) {
-      fail_(MakeError(v1::PEER_FAILED, st.message()), t->local_rank);
-      return false;
-    }
-  }
+  // No per-bucket completion entry: trainers wait for the iteration, and a
+  // model with more buckets than ring slots must not fill the ring.
   tl.done_ns = NowNs();
   if (observer_) observer_->OnBucketDone(tl);
   return true;

@@ -129,6 +129,7 @@ class Scheduler {
   std::atomic<bool> stop_{false};
   std::atomic<bool> halted_{false};
   std::atomic<bool> in_iteration_{false};
+  std::string bad_plan_;  // non-empty: a plan that must not run (an internal bug)
   std::chrono::nanoseconds spin_;  // before sleeping on the node doorbell
   std::thread thread_;
 };
