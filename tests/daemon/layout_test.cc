@@ -39,6 +39,15 @@ TEST(Layout, RejectsBadRegistrationsNamingTheTensor) {
   EXPECT_NE(huge.status().message().find("larger than"), std::string::npos) << huge.status();
 }
 
+TEST(Layout, RefusesCudaTensorsWhileOnlyTheCpuPathExists) {
+  auto specs = Specs({{"w", 0, 10}});
+  specs[0].set_device(0);
+  auto layout = LayoutFromProto(specs);
+  ASSERT_FALSE(layout.ok());
+  EXPECT_NE(layout.status().message().find("'w' is on cuda:0"), std::string::npos)
+      << layout.status();
+}
+
 TEST(Layout, HashIsStableAndSensitive) {
   Layout a = {{"w", DType::kFloat32, 10, -1}, {"b", DType::kFloat32, 1, -1}};
   Layout b = a;
