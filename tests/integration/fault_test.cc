@@ -79,7 +79,8 @@ TEST(FaultTest, TrainerKilledMidIterationFailsItsPeersThenNewTrainersTrain) {
     // Slow backward: the kill lands while an iteration is in flight.
     ps.push_back(StartTrainer(daemon, r, {"--steps=1000", "--sleep-ms=50", "--batch=60"}, ""));
   }
-  std::this_thread::sleep_for(milliseconds(800));
+  ASSERT_TRUE(WaitForLog(daemon.process(), "event=job_running", kBound));
+  std::this_thread::sleep_for(milliseconds(300));  // iterations are in flight
   ps[1].Signal(SIGKILL);
   EXPECT_EQ(ps[1].Wait(kBound).code, SIGKILL);
   for (int r : {0, 2}) {
@@ -125,7 +126,8 @@ TEST(FaultTest, DaemonKilledMidIterationThenRestarted) {
   const std::string prefix = daemon->shm_prefix();
   std::vector<Process> ps;
   for (int r = 0; r < 2; ++r) ps.push_back(StartTrainer(*daemon, r, {"--steps=1000", "--sleep-ms=30"}, ""));
-  std::this_thread::sleep_for(milliseconds(600));
+  ASSERT_TRUE(WaitForLog(daemon->process(), "event=job_running", kBound));
+  std::this_thread::sleep_for(milliseconds(300));  // iterations are in flight
   const pid_t old_pid = daemon->process().pid();
   daemon->process().Signal(SIGKILL);
   daemon->process().Wait(kBound);

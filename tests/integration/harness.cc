@@ -224,6 +224,16 @@ double RelativeDifference(const std::vector<double>& a, const std::vector<double
   return diff / scale;
 }
 
+bool WaitForLog(const Process& process, const std::string& needle,
+                std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (process.Log().find(needle) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
 std::vector<std::string> SegmentsWithPrefix(const std::string& prefix) {
   std::vector<std::string> out;
   if (DIR* d = opendir("/dev/shm")) {

@@ -100,6 +100,11 @@ std::vector<double> LoadWeights(const std::string& path);
 // max |a - b| / max |b|: the normwise relative difference.
 double RelativeDifference(const std::vector<double>& a, const std::vector<double>& b);
 
+// Waits until the process's log contains `needle` (false on timeout):
+// tests wait for a state ("event=job_running") instead of guessing a delay.
+bool WaitForLog(const Process& process, const std::string& needle,
+                std::chrono::milliseconds timeout);
+
 // Segment names under /dev/shm that start with `prefix`.
 std::vector<std::string> SegmentsWithPrefix(const std::string& prefix);
 

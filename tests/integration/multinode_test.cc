@@ -150,7 +150,10 @@ TEST(MultiNode, KilledDaemonFailsEveryTrainerThenTheJobReforms) {
     trainers.push_back(
         StartTrainer(cluster.node(n), 0, {"--steps=2000", "--sleep-ms=20", "--batch=60"}, ""));
   }
-  std::this_thread::sleep_for(milliseconds(1500));
+  for (int n = 0; n < 3; ++n) {
+    ASSERT_TRUE(WaitForLog(cluster.node(n).process(), "event=job_running", kBound));
+  }
+  std::this_thread::sleep_for(milliseconds(300));  // iterations are in flight
   cluster.node(2).process().Signal(SIGKILL);
   cluster.node(2).process().Wait(kBound);
   for (int n = 0; n < 3; ++n) {
@@ -210,7 +213,10 @@ TEST(MultiNode, DeadLeaderIsReportedAsSuch) {
   Cluster cluster(2, 1);
   Process a = StartTrainer(cluster.node(0), 0, {"--steps=2000", "--sleep-ms=20"}, "");
   Process b = StartTrainer(cluster.node(1), 0, {"--steps=2000", "--sleep-ms=20"}, "");
-  std::this_thread::sleep_for(milliseconds(1200));
+  for (int n = 0; n < 2; ++n) {
+    ASSERT_TRUE(WaitForLog(cluster.node(n).process(), "event=job_running", kBound));
+  }
+  std::this_thread::sleep_for(milliseconds(300));  // iterations are in flight
   cluster.node(0).process().Signal(SIGKILL);
   cluster.node(0).process().Wait(kBound);
   ExitStatus sa = a.Wait(seconds(30)), sb = b.Wait(seconds(30));
@@ -229,7 +235,8 @@ TEST(MultiNode, ConfigSetOnTheLeaderRePlansEveryNodeAtTheSameIteration) {
     outs.push_back(absl::StrCat(cluster.dir(), "/w", n, ".txt"));
     trainers.push_back(StartTrainer(cluster.node(n), 0, args, outs.back()));
   }
-  std::this_thread::sleep_for(milliseconds(1000));
+  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_running", kBound));
+  std::this_thread::sleep_for(milliseconds(500));  // a few iterations in
   const std::string ctl = Runfile("client/gradsyncctl");
   // A non-leader refuses: caps are job-wide.
   Process refused = Process::Start(
