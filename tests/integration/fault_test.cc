@@ -198,6 +198,35 @@ TEST(FaultTest, TrainerThatDiesBeforeOpeningItsWatchStreamIsReaped) {
       << daemon.process().Log();
 }
 
+// A client that writes garbage into its readiness ring fails alone: it is
+// told what was wrong, its honest peer gets PEER_FAILED naming it, nobody's
+// gradients are touched, and the daemon keeps serving.
+class GarbageEntryTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GarbageEntryTest, FailsTheCulpritOnlyAndTheDaemonSurvives) {
+  Daemon daemon(2, {"--timeout-s=20"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
+  Process honest = StartTrainer(daemon, 0, {"--steps=5", "--sleep-ms=300"}, "");
+  Process rogue = Process::Start(
+      {Runfile("tests/integration/rogue_trainer"), daemon.socket(), "1", GetParam()}, {},
+      daemon.dir() + "/rogue.log");
+  ExitStatus r = rogue.Wait(kBound), h = honest.Wait(kBound);
+  EXPECT_EQ(r.code, 1 /*INVALID_ARGUMENT*/) << rogue.Log() << daemon.process().Log();
+  EXPECT_NE(rogue.Log().find("rank 1 (local 1"), std::string::npos) << rogue.Log();
+  EXPECT_EQ(h.code, kExitPeerFailed) << honest.Log();
+  EXPECT_NE(honest.Log().find("rank 1 (local 1"), std::string::npos) << honest.Log();
+  EXPECT_TRUE(daemon.process().Running()) << daemon.process().Log();
+  ExpectTrains(daemon, 2, "after a garbage entry");
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, GarbageEntryTest,
+                         ::testing::Values("bad-index", "bad-sequence", "bad-kind", "corrupt-head"),
+                         [](const ::testing::TestParamInfo<std::string>& i) {
+                           std::string n = i.param;
+                           for (char& ch : n) ch = ch == '-' ? '_' : ch;
+                           return n;
+                         });
+
 TEST(FaultTest, ConnectWithoutDaemonIsUnavailable) {
   const std::string dir = MakeTempDir();
   Process p = Process::Start({Runfile("examples/mlp_trainer"), "--socket=" + dir + "/none.sock",

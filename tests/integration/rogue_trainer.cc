@@ -1,0 +1,120 @@
+// rogue_trainer: attaches like a trainer (gRPC Local service), registers
+// mlp_trainer's default layout, then writes garbage into its own readiness
+// ring instead of honest entries — what a buggy or malicious client could
+// do. Prints the daemon's verdict and exits with the gradsync code it got
+// (0 if the daemon never objected within the timeout: a test failure).
+//   rogue_trainer SOCKET LOCAL_RANK MODE   (MODE: bad-index | bad-sequence |
+//                                           bad-kind | corrupt-head)
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "gradsync/v1/local.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "ipc/node_segment.h"
+#include "ipc/trainer_segment.h"
+
+namespace {
+
+int Fail(const char* what) {
+  std::fprintf(stderr, "rogue_trainer: %s\n", what);
+  return 100;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4) return Fail("usage: rogue_trainer SOCKET LOCAL_RANK MODE");
+  const std::string mode = argv[3];
+  auto channel = grpc::CreateChannel(std::string("unix:") + argv[1],
+                                     grpc::InsecureChannelCredentials());
+  auto stub = gradsync::v1::Local::NewStub(channel);
+
+  gradsync::v1::AttachRequest attach;
+  attach.set_local_rank(std::atoi(argv[2]));
+  attach.set_pid(getpid());
+  attach.set_protocol_version(gradsync::v1::PROTOCOL_VERSION_CURRENT);
+  gradsync::v1::AttachResponse attached;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    if (!stub->Attach(&ctx, attach, &attached).ok() || attached.error().code() != 0) {
+      return Fail("attach failed");
+    }
+  }
+  // Hold a Watch stream like a real client (the daemon reaps sessions without one).
+  grpc::ClientContext watch_ctx;
+  gradsync::v1::WatchRequest watch;
+  watch.set_session_id(attached.session_id());
+  auto reader = stub->Watch(&watch_ctx, watch);
+  gradsync::v1::WatchEvent first;
+  if (!reader->Read(&first)) return Fail("no watch stream");
+  std::thread drain([&] {
+    gradsync::v1::WatchEvent e;
+    while (reader->Read(&e)) {
+    }
+  });
+
+  gradsync::v1::RegisterRequest reg;
+  reg.set_session_id(attached.session_id());
+  const std::pair<const char*, int> layout[] = {
+      {"fc1.weight", 512}, {"fc1.bias", 32}, {"fc2.weight", 32}, {"fc2.bias", 1}, {"gate", 1}};
+  for (const auto& [name, numel] : layout) {
+    auto* t = reg.add_tensors();
+    t->set_name(name);
+    t->set_dtype(gradsync::v1::FLOAT32);
+    t->set_numel(numel);
+    t->set_device(-1);
+  }
+  gradsync::v1::RegisterResponse registered;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    if (!stub->Register(&ctx, reg, &registered).ok() || registered.error().code() != 0) {
+      return Fail("register failed");
+    }
+  }
+  auto node = gradsync::ipc::NodeSegment::Open(registered.node_segment_name());
+  auto seg = gradsync::ipc::TrainerSegment::Open(registered.segment_name(), registered.layout_hash(),
+                                                 registered.arena_bytes());
+  if (!node.ok() || !seg.ok()) return Fail("cannot open the segments");
+
+  gradsync::ipc::ReadyEvent e{};
+  e.kind = static_cast<uint32_t>(gradsync::ipc::ReadyKind::kReady);
+  if (mode == "bad-index") {
+    e.tensor = 999;
+  } else if (mode == "bad-sequence") {
+    e.sequence = 7;
+  } else if (mode == "bad-kind") {
+    e.kind = 77;
+  } else if (mode == "corrupt-head") {
+    auto* control = reinterpret_cast<gradsync::ipc::RingControl*>(
+        reinterpret_cast<uint8_t*>(seg->header()) + seg->header()->ready_offset);
+    control->head.store(control->tail.load() + (1u << 30));
+  } else {
+    return Fail("unknown mode");
+  }
+  if (mode != "corrupt-head" && !seg->ready_ring().TryPush(e)) return Fail("ring full");
+  node->ready_bell().Ring();
+
+  // The verdict arrives as an error entry in our completion ring.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    gradsync::ipc::CompletionEvent c;
+    if (seg->completion_ring().TryPop(&c) == gradsync::ipc::PopResult::kOk &&
+        c.kind == static_cast<uint32_t>(gradsync::ipc::CompletionKind::kError)) {
+      std::printf("rogue_trainer: daemon said code=%d: %s\n", c.status, seg->ErrorMessage().c_str());
+      watch_ctx.TryCancel();
+      drain.join();
+      return c.status;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  watch_ctx.TryCancel();
+  drain.join();
+  return 0;
+}
