@@ -37,6 +37,19 @@ TRAINER = os.path.join(ROOT, "bazel-bin/tests/bench/bench_trainer")
 SIZES = [("100 MB (4 x 25 MB buckets)", 100 << 20, 4, 5, 20), ("4 KB (1 bucket)", 4096, 1, 200, 2000)]
 
 
+def collect(procs: list) -> dict:
+    """Median over the trainers of their p50/p99 iteration times (µs)."""
+    results = []
+    for p in procs:
+        out, _ = p.communicate(timeout=600)
+        m = re.search(r"p50_us=([\d.]+) p99_us=([\d.]+)", out)
+        if p.returncode != 0 or not m:
+            raise RuntimeError(f"bench_trainer failed: {out}")
+        results.append((float(m.group(1)), float(m.group(2))))
+    return {"p50": statistics.median(r[0] for r in results),
+            "p99": statistics.median(r[1] for r in results)}
+
+
 def free_port_number() -> int:
     import socket
     with socket.socket() as s:
@@ -67,15 +80,7 @@ def run_gradsync_nodes(nodes: int, nbytes: int, warmup: int, iters: int) -> dict
              f"--iters={iters}", f"--warmup={warmup}"],
             env={**os.environ, "LOCAL_RANK": "0"}, stdout=subprocess.PIPE, text=True)
             for n in range(nodes)]
-        results = []
-        for p in procs:
-            out, _ = p.communicate(timeout=600)
-            m = re.search(r"p50_us=([\d.]+) p99_us=([\d.]+)", out)
-            if p.returncode != 0 or not m:
-                raise RuntimeError(f"bench_trainer failed: {out}")
-            results.append((float(m.group(1)), float(m.group(2))))
-        return {"p50": statistics.median(r[0] for r in results),
-                "p99": statistics.median(r[1] for r in results)}
+        return collect(procs)
     finally:
         for d in daemons:
             d.terminate()
@@ -117,15 +122,7 @@ def run_gradsync(nproc: int, nbytes: int, tensors: int, warmup: int, iters: int)
              f"--iters={iters}", f"--warmup={warmup}"],
             env={**os.environ, "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE, text=True)
             for r in range(nproc)]
-        results = []
-        for p in procs:
-            out, _ = p.communicate(timeout=600)
-            m = re.search(r"p50_us=([\d.]+) p99_us=([\d.]+)", out)
-            if p.returncode != 0 or not m:
-                raise RuntimeError(f"bench_trainer failed: {out}")
-            results.append((float(m.group(1)), float(m.group(2))))
-        return {"p50": statistics.median(r[0] for r in results),
-                "p99": statistics.median(r[1] for r in results)}
+        return collect(procs)
     finally:
         daemon.terminate()
         daemon.wait(timeout=10)
