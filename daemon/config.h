@@ -37,7 +37,7 @@ struct DaemonConfig {
   std::string shm_prefix = "gradsync";
   mode_t shm_mode = 0600;
   gid_t shm_group = static_cast<gid_t>(-1);  // >= 0 with shm_mode 0660
-  int reduce_threads = 0;                    // 0: one per core
+  int reduce_threads = 0;                    // 0: cores left by the trainers, 1..4
   uint32_t ring_capacity = 4096;
 
   uint64_t bucket_cap_bytes() const { return static_cast<uint64_t>(bucket_cap_mb * (1 << 20)); }

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -234,9 +235,13 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world) {
   opts.stall_threshold_s = config_.stall_threshold_s;
   opts.caps = caps;
   opts.agree_order = world_.agree_order;
+  // Auto: the cores the node's trainers leave free (they compute backward
+  // while buckets are reduced), at least 1; more than 4 threads gain
+  // nothing on a memory-bound sum.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   opts.reduce_threads = config_.reduce_threads > 0
                             ? config_.reduce_threads
-                            : std::max(1u, std::thread::hardware_concurrency());
+                            : std::clamp(cores - config_.local_size, 1, 4);
   scheduler_ = std::make_unique<Scheduler>(
       trainers, layout_, std::move(plan), arena_, world_.backend.get(), &node_->ready_bell(),
       stats_.get(), [this](const absl::Status& error, int culprit) { Fail(error, culprit); }, opts);

@@ -45,7 +45,8 @@ ABSL_FLAG(double, stall_threshold_s, 60, "log a stall report after this long wit
 ABSL_FLAG(std::string, log_level, "info", "trace | debug | info | warn | error");
 ABSL_FLAG(std::string, shm_prefix, "gradsync", "name prefix of shared-memory segments");
 ABSL_FLAG(std::string, shm_group, "", "group allowed to map segments (mode 0660); empty: 0600");
-ABSL_FLAG(int, reduce_threads, 0, "threads for the local reduction; 0: one per core");
+ABSL_FLAG(int, reduce_threads, 0,
+          "threads for the local reduction; 0: the cores the trainers leave free (1..4)");
 
 namespace {
 

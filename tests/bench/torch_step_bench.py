@@ -25,6 +25,9 @@ Run from the repository root after
 `bazel build //client:libgradsync.so //daemon:gradsyncd`:
 
     /usr/bin/python3 tests/bench/torch_step_bench.py [--steps 20] [--rounds 3] [--threads 1]
+
+$GRADSYNC_BENCH_DAEMON_ARGS adds flags to the daemons it starts (e.g.
+"--reduce-threads=2" or "--bucket-cap-mb=10").
 """
 from __future__ import annotations
 
@@ -163,7 +166,7 @@ def main() -> int:
         for label, variant, nproc, needs_daemon in variants:
             daemon = None
             if needs_daemon:
-                daemon = LocalDaemon(sock, nproc, ["--timeout-s=300"],
+                daemon = LocalDaemon(sock, nproc, ["--timeout-s=300"] + os.environ.get("GRADSYNC_BENCH_DAEMON_ARGS", "").split(),
                                      log_path=os.path.join(tmp, f"{variant}.log")).start()
             try:
                 r = run_variant(variant, nproc, args, sock if needs_daemon else None)
