@@ -89,6 +89,42 @@ def run_gradsync_nodes(nodes: int, nbytes: int, warmup: int, iters: int) -> dict
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def run_join(nodes: int) -> float:
+    """Seconds from starting one trainer per daemon (daemons already up) to
+    every trainer having joined, formed the job and finished one 4 KB
+    iteration: the rendezvous, layout agreement, Gloo connect and a
+    collective."""
+    tmp = tempfile.mkdtemp(prefix="gsbj.", dir="/tmp")
+    port = free_port_number()
+    daemons = []
+    try:
+        for n in range(nodes):
+            where = [f"--listen=127.0.0.1:{port}"] if n == 0 else [
+                f"--leader=127.0.0.1:{port}", "--listen=127.0.0.1:0"]
+            daemons.append(subprocess.Popen(
+                [DAEMON, f"--socket={tmp}/s{n}", f"--num-nodes={nodes}", f"--node-rank={n}",
+                 "--local-size=1", f"--shm-prefix=gsbj{os.getpid()}x{n}", "--timeout-s=120",
+                 *where],
+                stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/d{n}.log", "w")))
+        deadline = time.time() + 20
+        while not all(os.path.exists(f"{tmp}/s{n}") for n in range(nodes)) and time.time() < deadline:
+            time.sleep(0.01)
+        start = time.perf_counter()
+        procs = [subprocess.Popen(
+            [TRAINER, f"--socket={tmp}/s{n}", "--bytes=4096", "--tensors=1", "--iters=1",
+             "--warmup=0"],
+            env={**os.environ, "LOCAL_RANK": "0"}, stdout=subprocess.PIPE, text=True)
+            for n in range(nodes)]
+        collect(procs)
+        return time.perf_counter() - start
+    finally:
+        for d in daemons:
+            d.terminate()
+        for d in daemons:
+            d.wait(timeout=30)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def run_plain_gloo(nodes: int) -> dict:
     """Median ms per size from gloo_allreduce_bench's plain_gloo rows."""
     out = subprocess.run([GLOO_BENCH, f"--nodes={nodes}", "--sizes_mb=25,100", "--iters=5",
@@ -226,6 +262,15 @@ def main() -> int:
             print(f"| {mb} MB | {nodes} | " + " | ".join(cells) + f" | {ratio} |", flush=True)
     print("\nTarget: busbw >= 0.95 of plain Gloo with 2 daemons. gradsync's time is a whole "
           "iteration (mark_ready -> gs_wait), plain Gloo's one allreduce call.")
+
+    print("\n## Join + first iteration: N daemons on loopback, one trainer each\n")
+    print("| daemons | seconds | seconds per daemon |")
+    print("|---|---|---|")
+    for nodes in (2, 4, 8, 16):
+        secs = run_join(nodes)
+        print(f"| {nodes} | {secs:.2f} | {secs / nodes:.3f} |", flush=True)
+    print("\nTarget: < 2 s with 16 daemons, growing no worse than linearly (trainer process "
+          "start-up included; 16 daemons + 16 trainers share 2 cores here).")
     return 0
 
 
