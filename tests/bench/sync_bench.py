@@ -57,24 +57,40 @@ def free_port_number() -> int:
         return s.getsockname()[1]
 
 
+def start_daemons(nodes: int, tmp: str, prefix: str, extra: list) -> list:
+    """N daemons on loopback (node 0 leads), one socket each under tmp;
+    returns once every socket exists."""
+    port = free_port_number()
+    daemons = []
+    for n in range(nodes):
+        where = [f"--listen=127.0.0.1:{port}"] if n == 0 else [
+            f"--leader=127.0.0.1:{port}", "--listen=127.0.0.1:0"]
+        daemons.append(subprocess.Popen(
+            [DAEMON, f"--socket={tmp}/s{n}", f"--num-nodes={nodes}", f"--node-rank={n}",
+             "--local-size=1", f"--shm-prefix={prefix}{os.getpid()}x{n}", "--timeout-s=120",
+             *extra, *where],
+            stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/d{n}.log", "w")))
+    deadline = time.time() + 20
+    while not all(os.path.exists(f"{tmp}/s{n}") for n in range(nodes)) and time.time() < deadline:
+        time.sleep(0.01)
+    return daemons
+
+
+def stop_daemons(daemons: list) -> None:
+    for d in daemons:
+        d.terminate()
+    for d in daemons:
+        d.wait(timeout=30)
+
+
 def run_gradsync_nodes(nodes: int, nbytes: int, warmup: int, iters: int) -> dict:
     """N daemons (node 0 leads) with one bench_trainer each; one bucket of nbytes."""
     tmp = tempfile.mkdtemp(prefix="gsbn.", dir="/tmp")
-    port = free_port_number()
     cap_mb = nbytes / (1 << 20)
     daemons = []
     try:
-        for n in range(nodes):
-            where = [f"--listen=127.0.0.1:{port}"] if n == 0 else [
-                f"--leader=127.0.0.1:{port}", "--listen=127.0.0.1:0"]
-            daemons.append(subprocess.Popen(
-                [DAEMON, f"--socket={tmp}/s{n}", f"--num-nodes={nodes}", f"--node-rank={n}",
-                 "--local-size=1", f"--shm-prefix=gsbn{os.getpid()}x{n}", "--timeout-s=120",
-                 f"--bucket-cap-mb={cap_mb}", f"--first-bucket-cap-mb={cap_mb}", *where],
-                stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/d{n}.log", "w")))
-        deadline = time.time() + 10
-        while not all(os.path.exists(f"{tmp}/s{n}") for n in range(nodes)) and time.time() < deadline:
-            time.sleep(0.01)
+        daemons = start_daemons(nodes, tmp, "gsbn",
+                                [f"--bucket-cap-mb={cap_mb}", f"--first-bucket-cap-mb={cap_mb}"])
         procs = [subprocess.Popen(
             [TRAINER, f"--socket={tmp}/s{n}", f"--bytes={nbytes}", "--tensors=1",
              f"--iters={iters}", f"--warmup={warmup}"],
@@ -82,10 +98,7 @@ def run_gradsync_nodes(nodes: int, nbytes: int, warmup: int, iters: int) -> dict
             for n in range(nodes)]
         return collect(procs)
     finally:
-        for d in daemons:
-            d.terminate()
-        for d in daemons:
-            d.wait(timeout=20)
+        stop_daemons(daemons)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -95,20 +108,9 @@ def run_join(nodes: int) -> float:
     iteration: the rendezvous, layout agreement, Gloo connect and a
     collective."""
     tmp = tempfile.mkdtemp(prefix="gsbj.", dir="/tmp")
-    port = free_port_number()
     daemons = []
     try:
-        for n in range(nodes):
-            where = [f"--listen=127.0.0.1:{port}"] if n == 0 else [
-                f"--leader=127.0.0.1:{port}", "--listen=127.0.0.1:0"]
-            daemons.append(subprocess.Popen(
-                [DAEMON, f"--socket={tmp}/s{n}", f"--num-nodes={nodes}", f"--node-rank={n}",
-                 "--local-size=1", f"--shm-prefix=gsbj{os.getpid()}x{n}", "--timeout-s=120",
-                 *where],
-                stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/d{n}.log", "w")))
-        deadline = time.time() + 20
-        while not all(os.path.exists(f"{tmp}/s{n}") for n in range(nodes)) and time.time() < deadline:
-            time.sleep(0.01)
+        daemons = start_daemons(nodes, tmp, "gsbj", [])
         start = time.perf_counter()
         procs = [subprocess.Popen(
             [TRAINER, f"--socket={tmp}/s{n}", "--bytes=4096", "--tensors=1", "--iters=1",
@@ -118,10 +120,7 @@ def run_join(nodes: int) -> float:
         collect(procs)
         return time.perf_counter() - start
     finally:
-        for d in daemons:
-            d.terminate()
-        for d in daemons:
-            d.wait(timeout=30)
+        stop_daemons(daemons)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
