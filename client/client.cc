@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "proto/status_code.h"
+#include "common/status_code.h"
 
 namespace gradsync {
 namespace {

@@ -5,7 +5,7 @@
 // socket; the per-iteration calls (MarkReady, MarkUnused, Wait) only touch
 // shared memory: a readiness-ring entry plus a futex doorbell, and a
 // completion ring to wait on. Errors are absl::Status values carrying the
-// gradsync code (proto/status_code.h); a job failure is sticky.
+// gradsync code (common/status_code.h); a job failure is sticky.
 #ifndef GRADSYNC_CLIENT_CLIENT_H_
 #define GRADSYNC_CLIENT_CLIENT_H_
 
@@ -21,8 +21,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "daemon/dtype.h"
-#include "daemon/layout.h"
+#include "common/dtype.h"
+#include "common/layout.h"
 #include "gradsync/v1/local.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "ipc/node_segment.h"

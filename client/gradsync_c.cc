@@ -8,7 +8,7 @@
 
 #include "client/client.h"
 #include "client/gradsync.h"
-#include "proto/status_code.h"
+#include "common/status_code.h"
 
 struct gs_client {
   std::unique_ptr<gradsync::Client> client;

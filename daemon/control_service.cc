@@ -6,7 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "proto/status_code.h"
+#include "common/status_code.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {

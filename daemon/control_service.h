@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/job_registry.h"
+#include "daemon/engine/job_registry.h"
 #include "gradsync/v1/control.grpc.pb.h"
 
 namespace gradsync {

@@ -1,6 +1,6 @@
 #include "daemon/daemon.h"
 
-#include "daemon/cluster_link.h"
+#include "daemon/cluster/cluster_link.h"
 
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -15,7 +15,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "ipc/shared_segment.h"
-#include "proto/status_code.h"
+#include "common/status_code.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {

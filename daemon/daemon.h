@@ -15,9 +15,9 @@
 #include "absl/status/status.h"
 #include "daemon/config.h"
 #include "daemon/control_service.h"
-#include "daemon/job_registry.h"
+#include "daemon/engine/job_registry.h"
 #include "daemon/local_service.h"
-#include "daemon/rendezvous_service.h"
+#include "daemon/cluster/rendezvous_service.h"
 #include "grpcpp/grpcpp.h"
 #include "ipc/node_segment.h"
 

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "proto/status_code.h"
+#include "common/status_code.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {

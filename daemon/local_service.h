@@ -5,7 +5,7 @@
 #ifndef GRADSYNC_DAEMON_LOCAL_SERVICE_H_
 #define GRADSYNC_DAEMON_LOCAL_SERVICE_H_
 
-#include "daemon/job_registry.h"
+#include "daemon/engine/job_registry.h"
 #include "gradsync/v1/local.grpc.pb.h"
 
 namespace gradsync {

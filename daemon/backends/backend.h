@@ -14,7 +14,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "daemon/dtype.h"
+#include "common/dtype.h"
 
 namespace gradsync {
 

@@ -11,8 +11,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/backends/gloo_store.h"
-#include "daemon/half.h"
-#include "daemon/rendezvous_keys.h"
+#include "common/half.h"
+#include "daemon/cluster/rendezvous_keys.h"
 #include "gloo/allreduce.h"
 #include "gloo/common/error.h"
 #include "gloo/common/logging.h"
@@ -24,7 +24,7 @@
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "gloo/types.h"
-#include "proto/status_code.h"
+#include "common/status_code.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {

@@ -47,7 +47,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/backends/backend.h"
-#include "daemon/dtype.h"
+#include "common/dtype.h"
 
 namespace gloo {
 class Context;

@@ -14,7 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "daemon/rendezvous_client.h"
+#include "daemon/cluster/rendezvous_client.h"
 #include "gloo/common/error.h"
 #include "gloo/rendezvous/store.h"
 

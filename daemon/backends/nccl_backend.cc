@@ -12,7 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "proto/status_code.h"
+#include "common/status_code.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {

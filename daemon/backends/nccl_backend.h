@@ -49,8 +49,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "daemon/dtype.h"
-#include "daemon/rendezvous_client.h"
+#include "common/dtype.h"
+#include "daemon/cluster/rendezvous_client.h"
 
 namespace gradsync {
 

@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/local_reducer.h"
+#include "daemon/engine/local_reducer.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // FlightRecorder: the ring (order, overwrite, concurrent snapshots) and its
 // Chrome trace-event export (parses, one span per bucket and iteration,
 // spans nest, tracks are named, stalls and truncation are shown).
-#include "daemon/flight_recorder.h"
+#include "daemon/observe/flight_recorder.h"
 
 #include <gtest/gtest.h>
 

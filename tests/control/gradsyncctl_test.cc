@@ -28,7 +28,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "daemon/flight_recorder.h"
+#include "daemon/observe/flight_recorder.h"
 #include "gradsync/v1/control.grpc.pb.h"
 #include "nlohmann/json.hpp"
 

@@ -1,6 +1,6 @@
 // LatencyStats: nearest-rank percentiles over a ring window, last sample,
 // window wrap-around, and concurrent Record/Summarize.
-#include "daemon/latency_stats.h"
+#include "daemon/observe/latency_stats.h"
 
 #include <gtest/gtest.h>
 

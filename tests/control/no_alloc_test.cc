@@ -7,8 +7,8 @@
 #include <cstdlib>
 #include <new>
 
-#include "daemon/flight_recorder.h"
-#include "daemon/latency_stats.h"
+#include "daemon/observe/flight_recorder.h"
+#include "daemon/observe/latency_stats.h"
 
 namespace {
 std::atomic<long> g_allocations{0};

@@ -1,5 +1,5 @@
 // DDP's bucketing rules, on layouts chosen to hit each one.
-#include "daemon/bucket_planner.h"
+#include "daemon/engine/bucket_planner.h"
 
 #include <gtest/gtest.h>
 

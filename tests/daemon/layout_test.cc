@@ -1,5 +1,5 @@
 // Registration validation, the layout hash, and mismatch descriptions.
-#include "daemon/layout.h"
+#include "common/layout.h"
 
 #include <gtest/gtest.h>
 

@@ -1,14 +1,14 @@
 // The local reduction's arithmetic: sum over trainers / world size, written
 // back to every trainer, for every dtype, span layout and thread count —
 // against a straightforward double-precision reference.
-#include "daemon/local_reducer.h"
+#include "daemon/engine/local_reducer.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 
-#include "daemon/half.h"
+#include "common/half.h"
 
 namespace gradsync {
 namespace {

@@ -23,9 +23,9 @@
 #include "absl/time/time.h"
 #include "daemon/backends/gloo_backend.h"
 #include "daemon/backends/gloo_store.h"
-#include "daemon/dtype.h"
-#include "daemon/rendezvous_client.h"
-#include "proto/status_code.h"
+#include "common/dtype.h"
+#include "daemon/cluster/rendezvous_client.h"
+#include "common/status_code.h"
 #include "tests/multinode/exit_codes.h"
 
 ABSL_FLAG(std::string, leader, "", "HOST:PORT of the leader");

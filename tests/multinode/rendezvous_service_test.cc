@@ -2,7 +2,7 @@
 // RendezvousClients from threads of this process (one thread per node).
 // Covers join rounds and refusals, timeouts, aborts (error, Leave, missed
 // heartbeats), re-forming, and the generation-scoped key-value store.
-#include "daemon/rendezvous_service.h"
+#include "daemon/cluster/rendezvous_service.h"
 
 #include <memory>
 #include <sstream>
@@ -12,10 +12,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "daemon/rendezvous_client.h"
+#include "daemon/cluster/rendezvous_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/status_code.h"
+#include "common/status_code.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
 #include "tests/multinode/test_support.h"

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "daemon/rendezvous_service.h"
+#include "daemon/cluster/rendezvous_service.h"
 #include "grpcpp/server.h"
 
 namespace gradsync::testing {

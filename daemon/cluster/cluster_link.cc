@@ -1,0 +1,343 @@
+#include "daemon/cluster/cluster_link.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "daemon/backends/gloo_backend.h"
+#include "daemon/backends/gloo_store.h"
+#include "daemon/cluster/rendezvous_keys.h"
+#include "common/status_code.h"
+#include "spdlog/spdlog.h"
+
+namespace gradsync {
+namespace {
+
+constexpr auto kHeartbeatEvery = std::chrono::milliseconds(500);
+
+// What each node publishes about its layout in a generation.
+std::string EncodeLayout(const Layout& layout) {
+  v1::RegisterRequest record;
+  for (const TensorInfo& t : layout) {
+    v1::TensorSpec* s = record.add_tensors();
+    s->set_name(t.name);
+    s->set_dtype(static_cast<v1::DType>(t.dtype));
+    s->set_numel(t.numel);
+    s->set_device(t.device >= 0 ? 0 : -1);
+  }
+  return record.SerializeAsString();
+}
+
+std::string Key(uint64_t generation, const std::string& name) {
+  return GenerationKeyPrefix(generation) + name;
+}
+
+}  // namespace
+
+ClusterLink::ClusterLink(const DaemonConfig& config, std::shared_ptr<RendezvousClient> client,
+                         uint64_t generation, std::function<void(const absl::Status&)> on_failure)
+    : config_(config),
+      client_(std::move(client)),
+      generation_(generation),
+      on_failure_(std::move(on_failure)) {
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+}
+
+ClusterLink::~ClusterLink() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  absl::Status st = client_->Leave(config_.node_rank, generation_, "the job's trainers closed");
+  if (!st.ok()) {
+    spdlog::info("event=leave_failed generation={} error=\"{}\"", generation_,
+                 std::string(st.message()));
+  }
+}
+
+absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std::string& leader,
+                                           const Layout& layout,
+                                           std::function<void(const absl::Status&)> on_failure) {
+  RendezvousClientOptions options;
+  options.leader = leader;
+  options.job_id = config.job_id;
+  options.job_token = config.job_token;
+  // Short: a dead leader must not hold up a node's shutdown for long.
+  options.rpc_timeout = absl::Seconds(3);
+  std::shared_ptr<RendezvousClient> client = RendezvousClient::Connect(options);
+
+  std::string host = config.host;
+  if (host.empty()) {
+    const std::vector<std::string> parts = absl::StrSplit(config.listen, ':');
+    host = parts.empty() ? "" : parts[0];
+    if (host.empty() || host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";
+  }
+
+  // Join; a node whose previous generation has not been aborted yet is told
+  // STATE: retry until the leader has moved on or the timeout passes.
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(config.timeout_ms);
+  JoinParams join;
+  join.node_rank = config.node_rank;
+  join.num_nodes = config.num_nodes;
+  join.local_size = config.local_size;
+  join.host = host;
+  absl::StatusOr<JoinResult> joined;
+  while (true) {
+    join.timeout = std::max(absl::Seconds(1), deadline - absl::Now());
+    joined = client->Join(join);
+    if (joined.ok() || CodeOf(joined.status()) != v1::STATE || absl::Now() >= deadline) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  if (!joined.ok()) {
+    return MakeError(CodeOf(joined.status()),
+                     absl::StrCat("joining the job at leader ", leader, ": ", joined.status().message()));
+  }
+  const uint64_t gen = joined->generation;
+  int rank_offset = 0;
+  for (const RendezvousPeer& p : joined->peers) {
+    if (p.node_rank < config.node_rank) rank_offset += p.local_size;
+  }
+  spdlog::info("event=joined generation={} node_rank={} num_nodes={} world_size={} rank_offset={}",
+               gen, config.node_rank, config.num_nodes, joined->world_size, rank_offset);
+
+  // Layout agreement: every node publishes its layout and compares every
+  // other node's with node 0's, so every node reports the same mismatch.
+  const absl::Duration wait = std::max(absl::Seconds(1), deadline - absl::Now());
+  if (absl::Status st = client->Set(Key(gen, absl::StrCat("layout/", config.node_rank)),
+                                    EncodeLayout(layout));
+      !st.ok()) {
+    return st;
+  }
+  if (config.node_rank == 0) {
+    const std::string caps = absl::StrCat(config.bucket_cap_mb, " ", config.first_bucket_cap_mb);
+    if (absl::Status st = client->Set(Key(gen, "caps"), caps); !st.ok()) return st;
+  }
+  std::vector<std::string> keys;
+  for (int n = 0; n < config.num_nodes; ++n) keys.push_back(Key(gen, absl::StrCat("layout/", n)));
+  keys.push_back(Key(gen, "caps"));
+  if (absl::Status st = client->Wait(keys, wait); !st.ok()) {
+    return MakeError(CodeOf(st), absl::StrCat("waiting for every node's layout: ", st.message()));
+  }
+  std::vector<Layout> layouts;
+  for (int n = 0; n < config.num_nodes; ++n) {
+    absl::StatusOr<std::optional<std::string>> value = client->Get(keys[n]);
+    if (!value.ok()) return value.status();
+    v1::RegisterRequest record;
+    if (!value->has_value() || !record.ParseFromString(**value)) {
+      return MakeError(v1::INTERNAL, absl::StrCat("node ", n, " published an unreadable layout"));
+    }
+    absl::StatusOr<Layout> l = LayoutFromProto(record.tensors());
+    if (!l.ok()) return MakeError(v1::INTERNAL, l.status().message());
+    layouts.push_back(std::move(*l));
+  }
+  for (int n = 1; n < config.num_nodes; ++n) {
+    if (auto diff = FirstDifference(layouts[0], layouts[n])) {
+      return MakeError(v1::MISMATCH,
+                       absl::StrCat("layout mismatch between nodes: node ", n,
+                                    " registered a different layout than node 0: first difference "
+                                    "at ",
+                                    *diff));
+    }
+  }
+  absl::StatusOr<std::optional<std::string>> caps = client->Get(Key(gen, "caps"));
+  if (!caps.ok()) return caps.status();
+  BucketCaps agreed{config.bucket_cap_bytes(), config.first_bucket_cap_bytes()};
+  if (caps->has_value()) {
+    std::vector<std::string> parts = absl::StrSplit(**caps, ' ');
+    double cap = 0, first = 0;
+    if (parts.size() == 2 && absl::SimpleAtod(parts[0], &cap) && absl::SimpleAtod(parts[1], &first)) {
+      agreed = BucketCaps{static_cast<uint64_t>(cap * (1 << 20)),
+                          static_cast<uint64_t>(first * (1 << 20))};
+    }
+  }
+
+  GlooBackendOptions gloo;
+  gloo.node_rank = config.node_rank;
+  gloo.num_nodes = config.num_nodes;
+  gloo.host = host;
+  gloo.generation = gen;
+  gloo.timeout = absl::Milliseconds(config.timeout_ms);
+  gloo.store = std::make_shared<GlooStore>(client, absl::Milliseconds(config.timeout_ms));
+  absl::StatusOr<std::unique_ptr<GlooBackend>> backend = GlooBackend::Create(gloo);
+  if (!backend.ok()) {
+    HeartbeatParams report;  // tell the leader, so the other nodes stop waiting
+    report.node_rank = config.node_rank;
+    report.generation = gen;
+    report.node_error = backend.status();
+    client->Heartbeat(report).IgnoreError();
+    return MakeError(CodeOf(backend.status()) == v1::INTERNAL ? v1::PEER_FAILED
+                                                              : CodeOf(backend.status()),
+                     absl::StrCat("connecting Gloo: ", backend.status().message()));
+  }
+
+  auto link = std::unique_ptr<ClusterLink>(new ClusterLink(config, client, gen, std::move(on_failure)));
+  ClusterLink* raw = link.get();
+  JobWorld world;
+  world.world_size = joined->world_size;
+  world.rank_offset = rank_offset;
+  world.generation = gen;
+  world.backend = std::move(*backend);
+  world.caps = agreed;
+  world.agree_order = [raw](const std::vector<uint32_t>& local) { return raw->AgreeOrder(local); };
+  world.link = std::move(link);
+  return world;
+}
+
+absl::StatusOr<std::vector<uint32_t>> ClusterLink::AgreeOrder(const std::vector<uint32_t>& local) {
+  const std::string key = Key(generation_, "order");
+  if (config_.node_rank == 0) {
+    if (absl::Status st = client_->Set(key, absl::StrJoin(local, ",")); !st.ok()) return st;
+  }
+  if (absl::Status st = client_->Wait({key}, absl::Milliseconds(config_.timeout_ms)); !st.ok()) {
+    return st;
+  }
+  absl::StatusOr<std::optional<std::string>> value = client_->Get(key);
+  if (!value.ok()) return value.status();
+  if (!value->has_value()) return MakeError(v1::INTERNAL, "node 0's order vanished");
+  std::vector<uint32_t> order;
+  std::vector<bool> seen(local.size(), false);
+  for (absl::string_view part : absl::StrSplit(**value, ',')) {
+    uint32_t v = 0;
+    if (!absl::SimpleAtoi(part, &v) || v >= local.size() || seen[v]) {
+      return MakeError(v1::INTERNAL, "node 0 published a malformed order");
+    }
+    seen[v] = true;
+    order.push_back(v);
+  }
+  if (order.size() != local.size()) return MakeError(v1::INTERNAL, "node 0's order has a wrong size");
+  return order;
+}
+
+void ClusterLink::ReportError(const absl::Status& error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_) return;  // the failure came from elsewhere: already known
+    failed_ = true;
+    node_error_ = error;
+  }
+  cv_.notify_all();
+}
+
+absl::Status ClusterLink::Explain(const absl::Status& error) {
+  HeartbeatParams hb;
+  hb.node_rank = config_.node_rank;
+  hb.generation = generation_;
+  absl::StatusOr<HeartbeatResult> r = client_->Heartbeat(hb);
+  if (!r.ok()) {
+    return MakeError(v1::PEER_FAILED,
+                     absl::StrCat(error.message(), "; the leader daemon at ", client_->leader(),
+                                  " is unreachable: the leader is dead (",
+                                  r.status().message(), ")"));
+  }
+  if (r->abort && !r->abort_reason.empty()) {
+    return MakeError(CodeOf(error), absl::StrCat(error.message(), "; the leader reports: ",
+                                                 r->abort_reason));
+  }
+  return error;
+}
+
+std::string ClusterLink::ConfigKey(uint64_t version) { return absl::StrCat("config/", version); }
+
+std::string ClusterLink::ConfigRecord(uint64_t generation, uint64_t at_iteration, double cap_mb,
+                                      double first_cap_mb) {
+  return absl::StrCat(generation, " ", at_iteration, " ", cap_mb, " ", first_cap_mb);
+}
+
+void ClusterLink::SetConfigListener(
+    std::function<void(const BucketCaps& caps, uint64_t at_iteration)> listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  config_listener_ = std::move(listener);
+}
+
+void ClusterLink::ApplyConfig(uint64_t version) {
+  absl::StatusOr<std::optional<std::string>> value = client_->Get(ConfigKey(version));
+  if (!value.ok() || !value->has_value()) return;
+  std::vector<std::string> f = absl::StrSplit(**value, ' ');
+  uint64_t generation = 0, at = 0;
+  double cap = 0, first = 0;
+  if (f.size() != 4 || !absl::SimpleAtoi(f[0], &generation) || !absl::SimpleAtoi(f[1], &at) ||
+      !absl::SimpleAtod(f[2], &cap) || !absl::SimpleAtod(f[3], &first)) {
+    spdlog::error("event=bad_config_record version={} value=\"{}\"", version, **value);
+    return;
+  }
+  if (generation != generation_) return;  // made for another generation
+  std::function<void(const BucketCaps&, uint64_t)> listener;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    listener = config_listener_;
+  }
+  spdlog::info("event=job_config version={} at_iteration={} bucket_cap_mb={} first_bucket_cap_mb={}",
+               version, at, cap, first);
+  if (listener) {
+    listener(BucketCaps{static_cast<uint64_t>(cap * (1 << 20)),
+                        static_cast<uint64_t>(first * (1 << 20))},
+             at);
+  }
+}
+
+void ClusterLink::ReportStall(const std::string& description) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stall_report_ = description;
+  }
+  cv_.notify_all();
+}
+
+void ClusterLink::SetProgress(std::function<uint64_t()> iteration) {
+  std::lock_guard<std::mutex> lock(mu_);
+  progress_ = std::move(iteration);
+}
+
+void ClusterLink::HeartbeatLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  bool error_sent = false;
+  while (!stop_) {
+    HeartbeatParams hb;
+    hb.node_rank = config_.node_rank;
+    hb.generation = generation_;
+    hb.iteration = progress_ ? progress_() : 0;
+    hb.node_error = error_sent ? absl::OkStatus() : node_error_;
+    hb.stall_report = std::move(stall_report_);
+    stall_report_.clear();
+    const bool sending_error = !node_error_.ok() && !error_sent;
+    lock.unlock();
+    absl::StatusOr<HeartbeatResult> r = client_->Heartbeat(hb);
+    lock.lock();
+    if (sending_error && r.ok()) error_sent = true;
+    if (r.ok() && r->config_version > config_version_seen_) {
+      config_version_seen_ = r->config_version;
+      lock.unlock();
+      ApplyConfig(r->config_version);
+      lock.lock();
+    }
+    absl::Status failure;
+    if (!r.ok()) {
+      failure = MakeError(v1::PEER_FAILED,
+                          absl::StrCat("the leader daemon at ", client_->leader(),
+                                       " is unreachable (dead leader?): ", r.status().message()));
+    } else if (r->abort || r->generation != generation_) {
+      failure = MakeError(v1::PEER_FAILED,
+                          absl::StrCat("the job was aborted by the leader: ",
+                                       r->abort_reason.empty() ? "a newer generation formed"
+                                                               : r->abort_reason));
+    }
+    if (!failure.ok() && !failed_ && !stop_) {
+      failed_ = true;
+      auto notify = on_failure_;
+      lock.unlock();
+      notify(failure);  // fails the local job; it reports back via ReportError (ignored)
+      lock.lock();
+    }
+    cv_.wait_for(lock, kHeartbeatEvery, [&] {
+      return stop_ || (!node_error_.ok() && !error_sent) || !stall_report_.empty();
+    });
+  }
+}
+
+}  // namespace gradsync

@@ -1,0 +1,80 @@
+// ClusterLink: this node's membership in a multi-node job for one
+// generation. Forming it joins the leader's rendezvous, checks that every
+// node registered the same layout (naming the node and the first differing
+// tensor otherwise), adopts node 0's bucket caps so every node plans the
+// same buckets, and connects the Gloo backend. While the job runs it
+// heart-beats the leader: a node error is reported there (the leader then
+// aborts the generation everywhere), and an abort or an unreachable leader
+// fails the local job. It leaves the generation when the job ends.
+#ifndef GRADSYNC_DAEMON_CLUSTER_CLUSTER_LINK_H_
+#define GRADSYNC_DAEMON_CLUSTER_CLUSTER_LINK_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/config.h"
+#include "daemon/engine/job.h"
+#include "common/layout.h"
+#include "daemon/cluster/rendezvous_client.h"
+
+namespace gradsync {
+
+class ClusterLink final : public WorldLink {
+ public:
+  // Forms the world for `layout` (blocks up to the config's timeout).
+  // `leader`: HOST:PORT of the rendezvous. `on_failure` is called from the
+  // heartbeat thread when another node (or the leader) fails.
+  static absl::StatusOr<JobWorld> Form(const DaemonConfig& config, const std::string& leader,
+                                       const Layout& layout,
+                                       std::function<void(const absl::Status&)> on_failure);
+  ~ClusterLink() override;
+
+  void ReportError(const absl::Status& error) override;
+  void SetProgress(std::function<uint64_t()> iteration) override;
+  void ReportStall(const std::string& description) override;
+  absl::Status Explain(const absl::Status& error) override;
+  void SetConfigListener(
+      std::function<void(const BucketCaps& caps, uint64_t at_iteration)> listener) override;
+
+  // The key and value of a job-wide config record (published by the leader).
+  static std::string ConfigKey(uint64_t version);
+  static std::string ConfigRecord(uint64_t generation, uint64_t at_iteration, double cap_mb,
+                                  double first_cap_mb);
+
+  // Node 0's order, distributed to every node (the plan rebuild).
+  absl::StatusOr<std::vector<uint32_t>> AgreeOrder(const std::vector<uint32_t>& local);
+
+ private:
+  ClusterLink(const DaemonConfig& config, std::shared_ptr<RendezvousClient> client,
+              uint64_t generation, std::function<void(const absl::Status&)> on_failure);
+  void HeartbeatLoop();
+
+  const DaemonConfig config_;
+  const std::shared_ptr<RendezvousClient> client_;
+  const uint64_t generation_;
+  std::function<void(const absl::Status&)> on_failure_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  absl::Status node_error_;  // reported with the next heartbeat
+  bool failed_ = false;      // on_failure_ was called (or the error came from here)
+  std::function<uint64_t()> progress_;
+  std::string stall_report_;  // sent with the next heartbeat
+  std::function<void(const BucketCaps&, uint64_t)> config_listener_;
+  uint64_t config_version_seen_ = 0;
+  void ApplyConfig(uint64_t version);  // called without mu_
+  std::thread heartbeat_;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_CLUSTER_CLUSTER_LINK_H_

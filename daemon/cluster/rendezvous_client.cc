@@ -1,0 +1,164 @@
+#include "daemon/cluster/rendezvous_client.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+#include "common/status_code.h"
+
+namespace gradsync {
+
+std::unique_ptr<RendezvousClient> RendezvousClient::Connect(RendezvousClientOptions options) {
+  grpc::ChannelArguments args;
+  // A leader that starts after its followers should be found within a second,
+  // not after gRPC's default reconnect backoff (up to two minutes).
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  auto channel =
+      grpc::CreateCustomChannel(options.leader, grpc::InsecureChannelCredentials(), args);
+  return std::make_unique<RendezvousClient>(std::move(channel), std::move(options));
+}
+
+RendezvousClient::RendezvousClient(std::shared_ptr<grpc::Channel> channel,
+                                   RendezvousClientOptions options)
+    : options_(std::move(options)), stub_(v1::Rendezvous::NewStub(std::move(channel))) {}
+
+void RendezvousClient::PrepareContext(grpc::ClientContext* context, absl::Duration timeout) const {
+  // Bounded, so that an "infinite" wait still gets a representable deadline.
+  context->set_deadline(absl::ToChronoTime(absl::Now() + std::min(timeout, absl::Hours(24 * 7))));
+  // Wait for the channel to (re)connect within the deadline instead of
+  // failing at once: followers may start before the leader listens.
+  context->set_wait_for_ready(true);
+}
+
+absl::Status RendezvousClient::TransportError(const char* rpc, const grpc::Status& status) const {
+  std::string message = absl::StrCat("rendezvous ", rpc, " to leader ", options_.leader,
+                                     " failed: ", status.error_message());
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return MakeError(v1::TIMEOUT, message);
+  }
+  return MakeError(v1::UNAVAILABLE, message);
+}
+
+namespace {
+
+template <typename Request>
+void SetCredentials(const RendezvousClientOptions& options, Request* request) {
+  request->mutable_job()->set_job_id(options.job_id);
+  request->mutable_job()->set_job_token(options.job_token);
+}
+
+}  // namespace
+
+absl::StatusOr<JoinResult> RendezvousClient::Join(const JoinParams& params) {
+  if (params.timeout <= absl::ZeroDuration()) {
+    return MakeError(v1::INVALID_ARGUMENT, "rendezvous Join: timeout must be positive");
+  }
+  v1::JoinRequest request;
+  SetCredentials(options_, &request);
+  request.set_node_rank(params.node_rank);
+  request.set_num_nodes(params.num_nodes);
+  request.set_local_size(params.local_size);
+  request.set_host(params.host);
+  request.set_timeout_ms(absl::ToInt64Milliseconds(params.timeout));
+  v1::JoinResponse response;
+  grpc::ClientContext context;
+  PrepareContext(&context, params.timeout + options_.rpc_timeout);
+  const grpc::Status status = stub_->Join(&context, request, &response);
+  if (!status.ok()) return TransportError("Join", status);
+  if (absl::Status error = FromProto(response.error()); !error.ok()) return error;
+  JoinResult result;
+  result.generation = response.generation();
+  result.world_size = response.world_size();
+  for (const v1::Peer& peer : response.peers()) {
+    result.peers.push_back(RendezvousPeer{peer.node_rank(), peer.host(), peer.local_size()});
+  }
+  return result;
+}
+
+absl::Status RendezvousClient::Set(std::string_view key, std::string_view value) {
+  v1::SetRequest request;
+  SetCredentials(options_, &request);
+  request.set_key(std::string(key));
+  request.set_value(std::string(value));
+  v1::SetResponse response;
+  grpc::ClientContext context;
+  PrepareContext(&context, options_.rpc_timeout);
+  const grpc::Status status = stub_->Set(&context, request, &response);
+  if (!status.ok()) return TransportError("Set", status);
+  return FromProto(response.error());
+}
+
+absl::StatusOr<std::optional<std::string>> RendezvousClient::Get(std::string_view key) {
+  v1::GetRequest request;
+  SetCredentials(options_, &request);
+  request.set_key(std::string(key));
+  v1::GetResponse response;
+  grpc::ClientContext context;
+  PrepareContext(&context, options_.rpc_timeout);
+  const grpc::Status status = stub_->Get(&context, request, &response);
+  if (!status.ok()) return TransportError("Get", status);
+  if (absl::Status error = FromProto(response.error()); !error.ok()) return error;
+  if (!response.found()) return std::optional<std::string>();
+  return std::optional<std::string>(std::move(*response.mutable_value()));
+}
+
+absl::Status RendezvousClient::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
+  if (timeout <= absl::ZeroDuration()) {
+    return MakeError(v1::INVALID_ARGUMENT, "rendezvous Wait: timeout must be positive");
+  }
+  v1::WaitRequest request;
+  SetCredentials(options_, &request);
+  for (const std::string& key : keys) request.add_keys(key);
+  request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  v1::WaitResponse response;
+  grpc::ClientContext context;
+  PrepareContext(&context, timeout + options_.rpc_timeout);
+  const grpc::Status status = stub_->Wait(&context, request, &response);
+  if (!status.ok()) return TransportError("Wait", status);
+  return FromProto(response.error());
+}
+
+absl::StatusOr<HeartbeatResult> RendezvousClient::Heartbeat(const HeartbeatParams& params) {
+  v1::HeartbeatRequest request;
+  SetCredentials(options_, &request);
+  request.set_node_rank(params.node_rank);
+  request.set_generation(params.generation);
+  request.set_iteration(params.iteration);
+  request.set_last_launched_bucket(params.last_launched_bucket);
+  if (!params.node_error.ok()) ToProto(params.node_error, request.mutable_node_error());
+  request.set_stall_report(params.stall_report);
+  v1::HeartbeatResponse response;
+  grpc::ClientContext context;
+  PrepareContext(&context, options_.rpc_timeout);
+  const grpc::Status status = stub_->Heartbeat(&context, request, &response);
+  if (!status.ok()) return TransportError("Heartbeat", status);
+  if (absl::Status error = FromProto(response.error()); !error.ok()) return error;
+  HeartbeatResult result;
+  result.generation = response.generation();
+  result.abort = response.abort();
+  result.abort_reason = response.abort_reason();
+  result.config_version = response.config_version();
+  return result;
+}
+
+absl::Status RendezvousClient::Leave(int node_rank, uint64_t generation, std::string_view reason) {
+  v1::LeaveRequest request;
+  SetCredentials(options_, &request);
+  request.set_node_rank(node_rank);
+  request.set_generation(generation);
+  request.set_reason(std::string(reason));
+  v1::LeaveResponse response;
+  grpc::ClientContext context;
+  PrepareContext(&context, options_.rpc_timeout);
+  const grpc::Status status = stub_->Leave(&context, request, &response);
+  if (!status.ok()) return TransportError("Leave", status);
+  return FromProto(response.error());
+}
+
+}  // namespace gradsync

@@ -1,0 +1,105 @@
+// RendezvousClient: a thin synchronous client of the leader's
+// gradsync.v1.Rendezvous service (rendezvous_service.h).
+//
+// Every call has a deadline: the RPC timeout, or for the blocking calls
+// (Join, Wait) their own timeout plus a margin so that the leader's TIMEOUT
+// answer, which names what was missing, arrives before the transport gives
+// up. A response's Error becomes an absl::Status with its message and its
+// exact gradsync code (proto/status_code.h); a transport failure becomes
+// kUnavailable (kDeadlineExceeded past the deadline) naming the leader.
+// Thread-safe: a heartbeat thread and Gloo's store may share one client.
+#ifndef GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_CLIENT_H_
+#define GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "gradsync/v1/rendezvous.grpc.pb.h"
+#include "grpcpp/channel.h"
+
+namespace gradsync {
+
+struct RendezvousClientOptions {
+  std::string leader;  // HOST:PORT of the leader's listen port
+  std::string job_id;
+  std::string job_token;
+  absl::Duration rpc_timeout = absl::Seconds(10);  // non-blocking calls
+};
+
+struct RendezvousPeer {
+  int node_rank = 0;
+  std::string host;
+  int local_size = 0;
+};
+
+struct JoinParams {
+  int node_rank = 0;
+  int num_nodes = 1;
+  int local_size = 1;
+  std::string host;  // the address this node's Gloo device binds
+  absl::Duration timeout = absl::Seconds(300);
+};
+
+struct JoinResult {
+  uint64_t generation = 0;
+  std::vector<RendezvousPeer> peers;  // ordered by node rank
+  int world_size = 0;
+};
+
+struct HeartbeatParams {
+  int node_rank = 0;
+  uint64_t generation = 0;
+  uint64_t iteration = 0;
+  int64_t last_launched_bucket = -1;
+  absl::Status node_error;  // non-OK: this node saw a failure (aborts the generation)
+  std::string stall_report;  // non-empty: a local stall, for the leader's log
+};
+
+struct HeartbeatResult {
+  uint64_t generation = 0;
+  bool abort = false;
+  std::string abort_reason;
+  uint64_t config_version = 0;
+};
+
+class RendezvousClient {
+ public:
+  // Over an insecure channel to options.leader (created lazily by gRPC, so
+  // this cannot fail; an unreachable leader shows up in the first call).
+  static std::unique_ptr<RendezvousClient> Connect(RendezvousClientOptions options);
+
+  RendezvousClient(std::shared_ptr<grpc::Channel> channel, RendezvousClientOptions options);
+
+  // Blocks until every node has joined (or params.timeout, which must be
+  // positive, passes: TIMEOUT naming the missing node ranks).
+  absl::StatusOr<JoinResult> Join(const JoinParams& params);
+  absl::Status Set(std::string_view key, std::string_view value);
+  // nullopt when the key is not set.
+  absl::StatusOr<std::optional<std::string>> Get(std::string_view key);
+  // Blocks until every key is set; TIMEOUT (after `timeout`, which must be
+  // positive) names the missing keys.
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout);
+  absl::StatusOr<HeartbeatResult> Heartbeat(const HeartbeatParams& params);
+  // generation 0: the current one.
+  absl::Status Leave(int node_rank, uint64_t generation, std::string_view reason);
+
+  const std::string& leader() const { return options_.leader; }
+
+ private:
+  void PrepareContext(grpc::ClientContext* context, absl::Duration timeout) const;
+  absl::Status TransportError(const char* rpc, const grpc::Status& status) const;
+
+  const RendezvousClientOptions options_;
+  std::unique_ptr<v1::Rendezvous::Stub> stub_;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_CLIENT_H_

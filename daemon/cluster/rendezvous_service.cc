@@ -1,0 +1,489 @@
+#include "daemon/cluster/rendezvous_service.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/cluster/rendezvous_keys.h"
+#include "spdlog/spdlog.h"
+
+namespace gradsync {
+namespace {
+
+// Blocked Join/Wait calls wake at least this often to notice a cancelled
+// call (the client went away) or a missed heartbeat deadline.
+constexpr absl::Duration kWaitSlice = absl::Milliseconds(100);
+
+void SetError(v1::Error* error, v1::Code code, std::string message) {
+  error->set_code(code);
+  error->set_message(std::move(message));
+}
+
+// Compares without an early exit, so the time taken says nothing about how
+// much of the token matched.
+bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const std::string& longer = a.size() >= b.size() ? a : b;
+  for (size_t i = 0; i < longer.size(); ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+int64_t Millis(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
+
+void LogRefusal(const char* rpc, const grpc::ServerContext* context, int node_rank,
+                const std::string& reason) {
+  spdlog::warn("event=rendezvous_refused rpc={} node_rank={} peer={} reason=\"{}\"", rpc, node_rank,
+               context->peer(), reason);
+}
+
+grpc::Status Cancelled() { return grpc::Status(grpc::StatusCode::CANCELLED, "call cancelled"); }
+
+}  // namespace
+
+RendezvousService::RendezvousService(std::string job_id, std::string job_token, int num_nodes,
+                                     absl::Duration default_timeout,
+                                     absl::Duration heartbeat_timeout)
+    : job_id_(std::move(job_id)),
+      job_token_(std::move(job_token)),
+      num_nodes_(std::max(num_nodes, 1)),
+      default_timeout_(default_timeout),
+      heartbeat_timeout_(heartbeat_timeout) {
+  if (num_nodes < 1) spdlog::error("event=rendezvous_bad_config num_nodes={} using=1", num_nodes);
+  spdlog::info(
+      "event=rendezvous_started job_id={} num_nodes={} default_timeout={} "
+      "heartbeat_timeout={}",
+      job_id_, num_nodes_, absl::FormatDuration(default_timeout_),
+      absl::FormatDuration(heartbeat_timeout_));
+}
+
+RendezvousService::~RendezvousService() = default;
+
+std::string RendezvousService::CheckCredentials(const v1::JobCredentials& job) const {
+  if (job.job_id() != job_id_) {
+    return absl::StrCat("job_id '", job.job_id(), "' does not match this job ('", job_id_, "')");
+  }
+  if (!ConstantTimeEquals(job.job_token(), job_token_)) {
+    return absl::StrCat("job_token does not match the token of job '", job_id_, "'");
+  }
+  return "";
+}
+
+absl::Duration RendezvousService::RequestTimeout(int64_t timeout_ms) const {
+  return timeout_ms > 0 ? absl::Milliseconds(timeout_ms) : default_timeout_;
+}
+
+void RendezvousService::AbortLocked(const std::string& reason) {
+  if (!active()) return;
+  aborted_ = true;
+  abort_reason_ = reason;
+  spdlog::warn("event=generation_aborted generation={} reason=\"{}\"", generation_, reason);
+  changed_.SignalAll();
+}
+
+void RendezvousService::CheckHeartbeatsLocked(absl::Time now) {
+  if (!active() || heartbeat_timeout_ == absl::InfiniteDuration()) return;
+  int stalest = -1;
+  int late = 0;
+  for (int r = 0; r < num_nodes_; ++r) {
+    if (now - members_[r].last_seen <= heartbeat_timeout_) continue;
+    ++late;
+    if (stalest < 0 || members_[r].last_seen < members_[stalest].last_seen) stalest = r;
+  }
+  if (stalest < 0) return;
+  std::string reason =
+      absl::StrCat("node_rank=", stalest, " (host=", members_[stalest].host,
+                   ") sent no heartbeat for ", Millis(now - members_[stalest].last_seen),
+                   " ms (heartbeat timeout ", Millis(heartbeat_timeout_), " ms)");
+  if (late > 1) absl::StrAppend(&reason, "; ", late - 1, " other node(s) are late too");
+  AbortLocked(reason);
+}
+
+void RendezvousService::FormGenerationLocked(absl::Time now) {
+  ++generation_;
+  aborted_ = false;
+  abort_reason_.clear();
+  members_.assign(num_nodes_, Member{});
+  int world_size = 0;
+  for (const auto& [rank, join] : pending_) {
+    Member& m = members_[rank];
+    m.host = join.host;
+    m.local_size = join.local_size;
+    m.last_seen = now;
+    world_size += join.local_size;
+  }
+  pending_.clear();
+  // Keys of older generations can never be used again.
+  size_t discarded = 0;
+  for (auto it = kv_.begin(); it != kv_.end();) {
+    const auto key_generation = KeyGeneration(it->first);
+    if (key_generation && *key_generation < generation_) {
+      it = kv_.erase(it);
+      ++discarded;
+    } else {
+      ++it;
+    }
+  }
+  spdlog::info("event=generation_formed generation={} num_nodes={} world_size={} discarded_keys={}",
+               generation_, num_nodes_, world_size, discarded);
+  changed_.SignalAll();
+}
+
+void RendezvousService::FillJoinResponseLocked(v1::JoinResponse* response) const {
+  response->set_generation(generation_);
+  int world_size = 0;
+  for (int r = 0; r < num_nodes_; ++r) {
+    v1::Peer* peer = response->add_peers();
+    peer->set_node_rank(r);
+    peer->set_host(members_[r].host);
+    peer->set_local_size(members_[r].local_size);
+    world_size += members_[r].local_size;
+  }
+  response->set_world_size(world_size);
+}
+
+grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::JoinRequest* request,
+                                     v1::JoinResponse* response) {
+  const int rank = request->node_rank();
+  auto refuse = [&](v1::Code code, std::string message) {
+    LogRefusal("Join", context, rank, message);
+    SetError(response->mutable_error(), code, std::move(message));
+    return grpc::Status::OK;
+  };
+  if (std::string refusal = CheckCredentials(request->job()); !refusal.empty()) {
+    return refuse(v1::INVALID_ARGUMENT, std::move(refusal));
+  }
+  if (request->num_nodes() != num_nodes_) {
+    return refuse(v1::MISMATCH, absl::StrCat("node_rank=", rank, " was started with num_nodes=",
+                                             request->num_nodes(), " but the leader runs job '",
+                                             job_id_, "' with num_nodes=", num_nodes_));
+  }
+  if (rank < 0 || rank >= num_nodes_) {
+    return refuse(v1::INVALID_ARGUMENT,
+                  absl::StrCat("node_rank=", rank, " is out of range [0, ", num_nodes_, ")"));
+  }
+  if (request->local_size() < 1) {
+    return refuse(v1::INVALID_ARGUMENT, absl::StrCat("node_rank=", rank, " sent local_size=",
+                                                     request->local_size(), "; it must be >= 1"));
+  }
+  if (request->host().empty()) {
+    return refuse(v1::INVALID_ARGUMENT,
+                  absl::StrCat("node_rank=", rank, " sent no host for its Gloo device"));
+  }
+
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  CheckHeartbeatsLocked(now);
+  if (active()) {
+    return refuse(v1::STATE,
+                  absl::StrCat("node_rank=", rank, " is already a member of active generation ",
+                               generation_, " (host=", members_[rank].host,
+                               "); a node joins again once that generation aborts"));
+  }
+  const uint64_t target = generation_ + 1;
+  if (auto it = pending_.find(rank); it != pending_.end()) {
+    return refuse(v1::INVALID_ARGUMENT,
+                  absl::StrCat("node_rank=", rank, " joined twice for generation ", target,
+                               " (first from host=", it->second.host,
+                               ", again from host=", request->host(), ")"));
+  }
+  const uint64_t join_id = next_join_id_++;
+  pending_[rank] = PendingJoin{join_id, request->host(), request->local_size()};
+  spdlog::info("event=join node_rank={} host={} local_size={} generation={} joined={}/{}", rank,
+               request->host(), request->local_size(), target, pending_.size(), num_nodes_);
+  if (static_cast<int>(pending_.size()) == num_nodes_) {
+    FormGenerationLocked(now);
+    FillJoinResponseLocked(response);
+    return grpc::Status::OK;
+  }
+
+  const absl::Duration timeout = RequestTimeout(request->timeout_ms());
+  const absl::Time deadline = now + timeout;
+  while (generation_ < target) {
+    auto it = pending_.find(rank);
+    if (it == pending_.end() || it->second.join_id != join_id) {
+      SetError(response->mutable_error(), v1::STATE,
+               absl::StrCat("node_rank=", rank, " left before generation ", target, " formed"));
+      return grpc::Status::OK;
+    }
+    if (context->IsCancelled()) {
+      pending_.erase(it);
+      changed_.SignalAll();
+      spdlog::info("event=join_cancelled node_rank={} generation={}", rank, target);
+      return Cancelled();
+    }
+    const absl::Time t = absl::Now();
+    if (t >= deadline) {
+      std::vector<int> missing;
+      for (int r = 0; r < num_nodes_; ++r) {
+        if (pending_.count(r) == 0) missing.push_back(r);
+      }
+      std::string message =
+          absl::StrCat("join timed out after ", Millis(timeout), " ms waiting for generation ",
+                       target, ": ", pending_.size(), " of ", num_nodes_,
+                       " nodes joined; missing node ranks: ", absl::StrJoin(missing, ", "));
+      pending_.erase(it);
+      changed_.SignalAll();
+      spdlog::warn("event=join_timeout node_rank={} generation={} reason=\"{}\"", rank, target,
+                   message);
+      SetError(response->mutable_error(), v1::TIMEOUT, std::move(message));
+      return grpc::Status::OK;
+    }
+    changed_.WaitWithTimeout(&mu_, std::min(deadline - t, kWaitSlice));
+  }
+  if (generation_ != target) {
+    SetError(response->mutable_error(), v1::STATE,
+             absl::StrCat("generation ", target, " formed and was already replaced by generation ",
+                          generation_));
+    return grpc::Status::OK;
+  }
+  FillJoinResponseLocked(response);
+  return grpc::Status::OK;
+}
+
+std::string RendezvousService::CheckKeyGenerationLocked(const std::string& key) const {
+  const auto key_generation = KeyGeneration(key);
+  if (!key_generation) return "";
+  if (*key_generation < generation_) {
+    return absl::StrCat("key '", key, "' belongs to generation ", *key_generation,
+                        ", which is over (current generation ", generation_, ")");
+  }
+  if (*key_generation > generation_) {
+    return absl::StrCat("key '", key, "' belongs to generation ", *key_generation,
+                        ", which has not formed (current generation ", generation_, ")");
+  }
+  return "";
+}
+
+std::vector<std::string> RendezvousService::RecentStallReports() {
+  absl::MutexLock lock(&mu_);
+  return std::vector<std::string>(stall_reports_.begin(), stall_reports_.end());
+}
+
+void RendezvousService::SetKey(const std::string& key, const std::string& value) {
+  absl::MutexLock lock(&mu_);
+  kv_[key] = value;
+  changed_.SignalAll();
+}
+
+grpc::Status RendezvousService::Set(grpc::ServerContext* context, const v1::SetRequest* request,
+                                    v1::SetResponse* response) {
+  if (std::string refusal = CheckCredentials(request->job()); !refusal.empty()) {
+    LogRefusal("Set", context, -1, refusal);
+    SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(refusal));
+    return grpc::Status::OK;
+  }
+  if (request->key().empty()) {
+    SetError(response->mutable_error(), v1::INVALID_ARGUMENT, "Set: empty key");
+    return grpc::Status::OK;
+  }
+  absl::MutexLock lock(&mu_);
+  CheckHeartbeatsLocked(absl::Now());
+  if (std::string refusal = CheckKeyGenerationLocked(request->key()); !refusal.empty()) {
+    LogRefusal("Set", context, -1, refusal);
+    SetError(response->mutable_error(), v1::STATE, std::move(refusal));
+    return grpc::Status::OK;
+  }
+  kv_[request->key()] = request->value();
+  changed_.SignalAll();
+  return grpc::Status::OK;
+}
+
+grpc::Status RendezvousService::Get(grpc::ServerContext* context, const v1::GetRequest* request,
+                                    v1::GetResponse* response) {
+  if (std::string refusal = CheckCredentials(request->job()); !refusal.empty()) {
+    LogRefusal("Get", context, -1, refusal);
+    SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(refusal));
+    return grpc::Status::OK;
+  }
+  absl::MutexLock lock(&mu_);
+  CheckHeartbeatsLocked(absl::Now());
+  if (std::string refusal = CheckKeyGenerationLocked(request->key()); !refusal.empty()) {
+    SetError(response->mutable_error(), v1::STATE, std::move(refusal));
+    return grpc::Status::OK;
+  }
+  if (auto it = kv_.find(request->key()); it != kv_.end()) {
+    response->set_found(true);
+    response->set_value(it->second);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status RendezvousService::Wait(grpc::ServerContext* context, const v1::WaitRequest* request,
+                                     v1::WaitResponse* response) {
+  if (std::string refusal = CheckCredentials(request->job()); !refusal.empty()) {
+    LogRefusal("Wait", context, -1, refusal);
+    SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(refusal));
+    return grpc::Status::OK;
+  }
+  const absl::Duration timeout = RequestTimeout(request->timeout_ms());
+  absl::MutexLock lock(&mu_);
+  const absl::Time deadline = absl::Now() + timeout;
+  std::vector<std::string> missing;
+  for (;;) {
+    const absl::Time now = absl::Now();
+    CheckHeartbeatsLocked(now);
+    missing.clear();
+    bool in_aborted_generation = false;
+    for (const std::string& key : request->keys()) {
+      if (std::string refusal = CheckKeyGenerationLocked(key); !refusal.empty()) {
+        SetError(response->mutable_error(), v1::STATE, std::move(refusal));
+        return grpc::Status::OK;
+      }
+      if (kv_.count(key) != 0) continue;
+      missing.push_back(key);
+      if (aborted_ && KeyGeneration(key) == generation_) in_aborted_generation = true;
+    }
+    if (missing.empty()) return grpc::Status::OK;
+    if (in_aborted_generation) {
+      SetError(response->mutable_error(), v1::PEER_FAILED,
+               absl::StrCat("generation ", generation_, " aborted while waiting for keys [",
+                            absl::StrJoin(missing, ", "), "]: ", abort_reason_));
+      return grpc::Status::OK;
+    }
+    if (context->IsCancelled()) return Cancelled();
+    if (now >= deadline) {
+      SetError(response->mutable_error(), v1::TIMEOUT,
+               absl::StrCat("wait timed out after ", Millis(timeout),
+                            " ms; missing keys: ", absl::StrJoin(missing, ", ")));
+      return grpc::Status::OK;
+    }
+    changed_.WaitWithTimeout(&mu_, std::min(deadline - now, kWaitSlice));
+  }
+}
+
+grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
+                                          const v1::HeartbeatRequest* request,
+                                          v1::HeartbeatResponse* response) {
+  const int rank = request->node_rank();
+  if (std::string refusal = CheckCredentials(request->job()); !refusal.empty()) {
+    LogRefusal("Heartbeat", context, rank, refusal);
+    SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(refusal));
+    return grpc::Status::OK;
+  }
+  if (rank < 0 || rank >= num_nodes_) {
+    std::string message =
+        absl::StrCat("node_rank=", rank, " is out of range [0, ", num_nodes_, ")");
+    LogRefusal("Heartbeat", context, rank, message);
+    SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(message));
+    return grpc::Status::OK;
+  }
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  CheckHeartbeatsLocked(now);
+  response->set_generation(generation_);
+  response->set_config_version(config_version_);
+  const uint64_t generation = request->generation();
+  if (generation > generation_) {
+    SetError(response->mutable_error(), v1::STATE,
+             absl::StrCat("node_rank=", rank, " heartbeats for generation ", generation,
+                          ", which has not formed (current generation ", generation_, ")"));
+    return grpc::Status::OK;
+  }
+  if (generation == 0) return grpc::Status::OK;  // not joined yet: liveness only
+  if (generation < generation_) {
+    response->set_abort(true);
+    response->set_abort_reason(absl::StrCat("generation ", generation, " is over: generation ",
+                                            generation_, " has formed"));
+    return grpc::Status::OK;
+  }
+  Member& member = members_[rank];
+  member.last_seen = now;
+  member.iteration = request->iteration();
+  member.last_launched_bucket = request->last_launched_bucket();
+  ++member.heartbeats;
+  if (!request->stall_report().empty()) {
+    // Horovod's stall warning, job-wide: the leader names the node, and the
+    // node's report names its trainers and their unmarked tensors.
+    spdlog::warn("event=job_stall generation={} node_rank={} host={} iteration={} report=\"{}\"",
+                 generation, rank, member.host, request->iteration(), request->stall_report());
+    stall_reports_.push_back(absl::StrCat("node_rank=", rank, " (host=", member.host,
+                                          ") iteration=", request->iteration(), ": ",
+                                          request->stall_report()));
+    if (stall_reports_.size() > 16) stall_reports_.pop_front();
+  }
+  if (request->node_error().code() != v1::OK) {
+    AbortLocked(absl::StrCat("node_rank=", rank, " (host=", member.host, ") reported ",
+                             v1::Code_Name(request->node_error().code()), ": ",
+                             request->node_error().message()));
+  }
+  response->set_abort(aborted_);
+  response->set_abort_reason(abort_reason_);
+  return grpc::Status::OK;
+}
+
+grpc::Status RendezvousService::Leave(grpc::ServerContext* context, const v1::LeaveRequest* request,
+                                      v1::LeaveResponse* response) {
+  const int rank = request->node_rank();
+  if (std::string refusal = CheckCredentials(request->job()); !refusal.empty()) {
+    LogRefusal("Leave", context, rank, refusal);
+    SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(refusal));
+    return grpc::Status::OK;
+  }
+  if (rank < 0 || rank >= num_nodes_) {
+    std::string message =
+        absl::StrCat("node_rank=", rank, " is out of range [0, ", num_nodes_, ")");
+    LogRefusal("Leave", context, rank, message);
+    SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(message));
+    return grpc::Status::OK;
+  }
+  absl::MutexLock lock(&mu_);
+  CheckHeartbeatsLocked(absl::Now());
+  if (pending_.erase(rank) != 0) {
+    spdlog::info("event=join_withdrawn node_rank={} generation={}", rank, generation_ + 1);
+    changed_.SignalAll();
+  }
+  // 0 names the current generation (a restarted node may not know it).
+  const uint64_t generation = request->generation() == 0 ? generation_ : request->generation();
+  if (generation > generation_) {
+    SetError(response->mutable_error(), v1::STATE,
+             absl::StrCat("node_rank=", rank, " leaves generation ", generation,
+                          ", which has not formed (current generation ", generation_, ")"));
+    return grpc::Status::OK;
+  }
+  if (generation == generation_ && active()) {
+    AbortLocked(absl::StrCat("node_rank=", rank, " (host=", members_[rank].host,
+                             ") left: ", request->reason()));
+  } else {
+    spdlog::info("event=leave node_rank={} generation={} current_generation={} reason=\"{}\"", rank,
+                 generation, generation_, request->reason());
+  }
+  return grpc::Status::OK;
+}
+
+bool RendezvousService::AbortGeneration(uint64_t generation, const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  if (generation != generation_ || !active()) return false;
+  AbortLocked(reason);
+  return true;
+}
+
+void RendezvousService::SetConfigVersion(uint64_t version) {
+  absl::MutexLock lock(&mu_);
+  config_version_ = version;
+}
+
+RendezvousStatus RendezvousService::GetStatus() {
+  absl::MutexLock lock(&mu_);
+  CheckHeartbeatsLocked(absl::Now());
+  RendezvousStatus status;
+  status.generation = generation_;
+  status.aborted = aborted_;
+  status.abort_reason = abort_reason_;
+  status.num_nodes = num_nodes_;
+  status.config_version = config_version_;
+  for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
+    const Member& m = members_[r];
+    status.nodes.push_back(RendezvousStatus::Node{
+        r, m.host, m.local_size, m.iteration, m.last_launched_bucket, m.heartbeats, m.last_seen});
+    status.world_size += m.local_size;
+  }
+  for (const auto& [rank, join] : pending_) status.pending_node_ranks.push_back(rank);
+  return status;
+}
+
+}  // namespace gradsync

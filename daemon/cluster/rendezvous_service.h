@@ -1,0 +1,152 @@
+// RendezvousService: the leader-hosted gradsync.v1.Rendezvous service.
+//
+// It owns the job's membership and its life cycle:
+// - Join: a round collects one Join per node rank; when all num_nodes have
+//   joined, the round forms the next generation (1, 2, ...) and every Join
+//   returns it with the peers ordered by node rank. A Join that waits past
+//   its timeout gets TIMEOUT naming the missing node ranks and leaves the
+//   round. While a generation is active (formed, not aborted) its members
+//   cannot join again: a restarted node re-joins once the generation aborts.
+// - Abort: a node that reports an error in Heartbeat, calls Leave, or stops
+//   heart-beating for longer than the heartbeat timeout aborts the current
+//   generation; every Heartbeat then answers abort=true with the reason, and
+//   the nodes Join again to form generation+1 (warm restart).
+// - A key-value store (Set/Get/Wait) backing Gloo's rendezvous. Keys under
+//   GenerationKeyPrefix(g) (rendezvous_keys.h) are scoped to generation g:
+//   refused once g is over, discarded when a newer generation forms, and a
+//   Wait on them ends with PEER_FAILED when g aborts.
+//
+// Every failure is returned in the response's Error (gradsync.v1.Code); the
+// gRPC status is only non-OK when the call was cancelled. Refusals are
+// logged (spdlog, key=value); the job token never is. Heartbeat deadlines are
+// checked on every RPC and by GetStatus(), so no thread is needed.
+#ifndef GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_SERVICE_H_
+#define GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_SERVICE_H_
+
+#include <cstdint>
+#include <map>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gradsync/v1/rendezvous.grpc.pb.h"
+
+namespace gradsync {
+
+// A point-in-time view for the daemon's stats.
+struct RendezvousStatus {
+  struct Node {
+    int node_rank = 0;
+    std::string host;
+    int local_size = 0;
+    uint64_t iteration = 0;             // last iteration the node reported
+    int64_t last_launched_bucket = -1;  // -1: none in flight
+    uint64_t heartbeats = 0;            // heartbeats received this generation
+    absl::Time last_seen;               // last Heartbeat, or the formation time
+  };
+  uint64_t generation = 0;  // last formed generation; 0: none yet
+  bool aborted = false;     // the current generation was aborted
+  std::string abort_reason;
+  int num_nodes = 0;
+  int world_size = 0;                   // trainers of the current generation
+  std::vector<Node> nodes;              // members of the current generation
+  std::vector<int> pending_node_ranks;  // nodes waiting in Join for the next one
+  uint64_t config_version = 0;
+};
+
+class RendezvousService final : public v1::Rendezvous::Service {
+ public:
+  // `default_timeout`: how long Join and Wait block when the request gives no
+  // timeout. `heartbeat_timeout`: silence after which a member is declared
+  // dead (absl::InfiniteDuration() disables the check).
+  RendezvousService(std::string job_id, std::string job_token, int num_nodes,
+                    absl::Duration default_timeout,
+                    absl::Duration heartbeat_timeout = absl::Seconds(30));
+  ~RendezvousService() override;
+
+  RendezvousService(const RendezvousService&) = delete;
+  RendezvousService& operator=(const RendezvousService&) = delete;
+
+  grpc::Status Join(grpc::ServerContext* context, const v1::JoinRequest* request,
+                    v1::JoinResponse* response) override;
+  grpc::Status Set(grpc::ServerContext* context, const v1::SetRequest* request,
+                   v1::SetResponse* response) override;
+  grpc::Status Get(grpc::ServerContext* context, const v1::GetRequest* request,
+                   v1::GetResponse* response) override;
+  grpc::Status Wait(grpc::ServerContext* context, const v1::WaitRequest* request,
+                    v1::WaitResponse* response) override;
+  grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse* response) override;
+  grpc::Status Leave(grpc::ServerContext* context, const v1::LeaveRequest* request,
+                     v1::LeaveResponse* response) override;
+
+  // Aborts `generation` if it is the current, active one (the hosting daemon
+  // saw a failure itself). Returns whether it did.
+  bool AbortGeneration(uint64_t generation, const std::string& reason);
+
+  // Heartbeat answers carry it; a newer version tells nodes to fetch config.
+  void SetConfigVersion(uint64_t version);
+
+  // Stall reports nodes sent with their heartbeats, newest last:
+  // "node_rank=N (host=H) iteration=I: <report>".
+  std::vector<std::string> RecentStallReports();
+
+  // Stores a job-wide key from the hosting daemon itself (no RPC).
+  void SetKey(const std::string& key, const std::string& value);
+
+  RendezvousStatus GetStatus();
+
+ private:
+  std::deque<std::string> stall_reports_;  // guarded by mu_; bounded
+
+  struct Member {
+    std::string host;
+    int local_size = 0;
+    uint64_t iteration = 0;
+    int64_t last_launched_bucket = -1;
+    uint64_t heartbeats = 0;
+    absl::Time last_seen;
+  };
+  struct PendingJoin {
+    uint64_t join_id = 0;  // tells a waiter whether its entry is still its own
+    std::string host;
+    int local_size = 0;
+  };
+
+  bool active() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return generation_ > 0 && !aborted_; }
+  // Empty when the credentials match, else the refusal message.
+  std::string CheckCredentials(const v1::JobCredentials& job) const;
+  void AbortLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CheckHeartbeatsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FormGenerationLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillJoinResponseLocked(v1::JoinResponse* response) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Empty when `key` may be used now, else the STATE refusal message.
+  std::string CheckKeyGenerationLocked(const std::string& key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Duration RequestTimeout(int64_t timeout_ms) const;
+
+  const std::string job_id_;
+  const std::string job_token_;
+  const int num_nodes_;
+  const absl::Duration default_timeout_;
+  const absl::Duration heartbeat_timeout_;
+
+  absl::Mutex mu_;
+  // Signalled on every change a blocked Join or Wait may be waiting for.
+  absl::CondVar changed_;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+  std::string abort_reason_ ABSL_GUARDED_BY(mu_);
+  std::vector<Member> members_ ABSL_GUARDED_BY(mu_);  // by node rank
+  std::map<int, PendingJoin> pending_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_join_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
+  uint64_t config_version_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_SERVICE_H_

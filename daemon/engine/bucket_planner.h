@@ -1,0 +1,46 @@
+// Bucket planner: which gradients are reduced together, with DDP's rules.
+//
+// Tensors are taken in `order` (reverse registration order initially, since
+// backward produces the last layers' gradients first; later the observed
+// ready order). A bucket closes when adding the next tensor would exceed the
+// cap (the first bucket has its own, smaller cap so the first collective
+// starts early), a tensor is never split (one larger than the cap gets a
+// bucket of its own), and a bucket never mixes dtypes or devices.
+#ifndef GRADSYNC_DAEMON_ENGINE_BUCKET_PLANNER_H_
+#define GRADSYNC_DAEMON_ENGINE_BUCKET_PLANNER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "common/layout.h"
+
+namespace gradsync {
+
+struct PlannedBucket {
+  uint32_t id = 0;                // launch order
+  std::vector<uint32_t> tensors;  // registration indices, in ready order
+  uint64_t bytes = 0;             // payload (no padding)
+  DType dtype = DType::kFloat32;
+  int32_t device = -1;
+};
+
+struct BucketPlan {
+  std::vector<PlannedBucket> buckets;
+  std::vector<uint32_t> bucket_of_tensor;  // by registration index
+};
+
+struct BucketCaps {
+  uint64_t cap_bytes = 25ull << 20;
+  uint64_t first_cap_bytes = 1ull << 20;
+};
+
+// `order` must be a permutation of 0..layout.size()-1.
+BucketPlan PlanBuckets(const Layout& layout, const std::vector<uint32_t>& order,
+                       const BucketCaps& caps);
+
+// n-1, n-2, ..., 0: the initial order.
+std::vector<uint32_t> ReverseRegistrationOrder(size_t n);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_ENGINE_BUCKET_PLANNER_H_

@@ -1,0 +1,506 @@
+#include "daemon/engine/job.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_code.h"
+#include "spdlog/spdlog.h"
+
+namespace gradsync {
+namespace {
+
+uint64_t NewSessionId() {
+  static std::mt19937_64 gen(std::random_device{}());
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  uint64_t id = 0;
+  while (id == 0) id = gen();
+  return id;
+}
+
+const char* StateName(JobState s) {
+  switch (s) {
+    case JobState::kAttaching:
+      return "attaching";
+    case JobState::kForming:
+      return "forming";
+    case JobState::kRunning:
+      return "running";
+    case JobState::kFailed:
+      return "failed";
+  }
+  return "?";
+}
+
+}  // namespace
+
+Job::Job(const DaemonConfig& config, ipc::NodeSegment* node, uint64_t id, WorldFormer former,
+         JobHooks hooks)
+    : config_(config),
+      node_(node),
+      id_(id),
+      former_(std::move(former)),
+      hooks_(std::move(hooks)),
+      trainers_(config.local_size) {}
+
+Job::~Job() {
+  if (scheduler_) scheduler_->Stop();
+  world_.link.reset();  // stops heart-beating and leaves the generation
+  scheduler_.reset();
+  for (auto& t : trainers_) {
+    if (t && t->segment.header() != nullptr) ipc::SharedSegment::Remove(t->segment.name()).IgnoreError();
+  }
+}
+
+Trainer* Job::FindLocked(uint64_t session) const {
+  for (const auto& t : trainers_) {
+    if (t && t->session_id == session && !t->gone.load()) return t.get();
+  }
+  return nullptr;
+}
+
+absl::StatusOr<uint64_t> Job::Attach(int local_rank, int64_t pid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool all_gone = attached_ever_ > 0;
+  for (const auto& t : trainers_) {
+    if (t && !t->gone.load()) all_gone = false;
+  }
+  if (all_gone) {
+    // Ended between JobForAttach and here: the caller retries on a fresh job.
+    return MakeError(v1::STATE, "this job has ended; attach to the next one");
+  }
+  if (state_ != JobState::kAttaching) {
+    return MakeError(v1::STATE,
+                     absl::StrCat("a job is ", StateName(state_),
+                                  " on this daemon; new trainers can attach once its trainers "
+                                  "have all closed",
+                                  state_ == JobState::kFailed
+                                      ? absl::StrCat(" (it failed: ", error_.message(), ")")
+                                      : ""));
+  }
+  if (local_rank < 0 || local_rank >= config_.local_size) {
+    return MakeError(v1::INVALID_ARGUMENT,
+                     absl::StrCat("local rank ", local_rank, " is not in [0, ", config_.local_size,
+                                  ") (the daemon runs with --local-size ", config_.local_size, ")"));
+  }
+  if (trainers_[local_rank] && !trainers_[local_rank]->gone.load()) {
+    return MakeError(v1::STATE, absl::StrCat("local rank ", local_rank, " is already attached by pid ",
+                                             trainers_[local_rank]->pid));
+  }
+  auto t = std::make_unique<Trainer>();
+  t->session_id = NewSessionId();
+  t->local_rank = local_rank;
+  t->pid = pid;
+  t->attached_at = std::chrono::steady_clock::now();
+  const uint64_t session = t->session_id;
+  if (trainers_[local_rank]) departed_.push_back(std::move(trainers_[local_rank]));
+  trainers_[local_rank] = std::move(t);
+  ++attached_ever_;
+  spdlog::info("event=attach job={} local_rank={} pid={}", id_, local_rank, pid);
+  return session;
+}
+
+absl::StatusOr<RegisterResult> Job::Register(uint64_t session, Layout layout, absl::Time deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  Trainer* t = FindLocked(session);
+  if (t == nullptr) return MakeError(v1::STATE, "unknown session: attach first");
+  if (state_ == JobState::kFailed) return PeerError(*t);
+  if (t->registered) return MakeError(v1::STATE, "this trainer already registered its layout");
+  t->layout = std::move(layout);
+  t->registered = true;
+  ++registered_;
+  spdlog::info("event=register job={} local_rank={} tensors={} layout_hash={:016x}", id_,
+               t->local_rank, t->layout.size(), LayoutHash(t->layout));
+  if (registered_ == config_.local_size) FormLocked(lock);
+
+  const bool done = cv_.wait_until(lock, absl::ToChronoTime(deadline), [&] {
+    return state_ == JobState::kRunning || state_ == JobState::kFailed || t->gone.load();
+  });
+  if (t->gone.load()) return MakeError(v1::STATE, "the trainer left during registration");
+  if (!done) {
+    std::vector<int> missing;
+    for (int r = 0; r < config_.local_size; ++r) {
+      if (!trainers_[r] || !trainers_[r]->registered || trainers_[r]->gone.load()) {
+        missing.push_back(r);
+      }
+    }
+    FailLocked(MakeError(v1::TIMEOUT,
+                         absl::StrCat("registration timed out: ", registered_, " of ",
+                                      config_.local_size, " local trainers registered",
+                                      missing.empty() ? " (forming the job across nodes)"
+                                                      : absl::StrCat("; missing local ranks ",
+                                                                     absl::StrJoin(missing, ", ")))),
+               -1);
+  }
+  if (state_ == JobState::kFailed) return PeerError(*t);
+
+  RegisterResult r;
+  r.segment_name = t->segment.name();
+  r.node_segment_name = node_->name();
+  r.layout_hash = LayoutHash(layout_);
+  r.arena_bytes = arena_.total_bytes;
+  r.tensor_offsets = arena_.tensor_offsets;
+  r.rank = t->rank;
+  r.world_size = world_.world_size;
+  r.plan = scheduler_->plan();
+  return r;
+}
+
+void Job::FormLocked(std::unique_lock<std::mutex>& lock) {
+  const Layout& reference = trainers_[0]->layout;
+  for (int r = 1; r < config_.local_size; ++r) {
+    if (auto diff = FirstDifference(reference, trainers_[r]->layout)) {
+      FailLocked(MakeError(v1::MISMATCH,
+                           absl::StrCat("layout mismatch on node ", config_.node_rank, ": local rank ",
+                                        r, " (pid ", trainers_[r]->pid,
+                                        ") registered a different layout than local rank 0 (pid ",
+                                        trainers_[0]->pid, "): first difference at ", *diff)),
+                 -1);
+      return;
+    }
+  }
+  state_ = JobState::kForming;
+  layout_ = reference;
+  const uint64_t hash = LayoutHash(layout_);
+  lock.unlock();
+  absl::StatusOr<JobWorld> world =
+      former_(layout_, hash, [this](const absl::Status& error) { Fail(error, -1); });
+  lock.lock();
+  if (state_ == JobState::kFailed) {
+    // A trainer left while forming. The world (its link joins a thread that
+    // may call Fail) must be torn down without the lock.
+    lock.unlock();
+    if (world.ok()) {
+      JobWorld doomed = std::move(*world);
+    }
+    lock.lock();
+    return;
+  }
+  if (!world.ok()) {
+    FailLocked(world.status(), -1);
+    return;
+  }
+  if (absl::Status st = StartLocked(layout_, std::move(*world)); !st.ok()) FailLocked(st, -1);
+  cv_.notify_all();
+}
+
+absl::Status Job::StartLocked(const Layout& layout, JobWorld world) {
+  world_ = std::move(world);
+  const BucketCaps caps = world_.caps.cap_bytes > 0
+                              ? world_.caps
+                              : BucketCaps{config_.bucket_cap_bytes(), config_.first_bucket_cap_bytes()};
+  BucketPlan plan = PlanBuckets(layout, ReverseRegistrationOrder(layout.size()), caps);
+  std::vector<uint64_t> tensor_bytes;
+  for (const TensorInfo& t : layout) tensor_bytes.push_back(t.device >= 0 ? 0 : t.bytes());
+  std::vector<std::vector<uint32_t>> groups;
+  for (const PlannedBucket& b : plan.buckets) groups.push_back(b.tensors);
+  auto arena = ipc::PlanArena(tensor_bytes, groups);
+  if (!arena.ok()) return MakeError(v1::INTERNAL, arena.status().message());
+  arena_ = std::move(*arena);
+
+  const uint64_t hash = LayoutHash(layout);
+  std::vector<Trainer*> trainers;
+  for (auto& t : trainers_) {
+    ipc::TrainerSegmentSpec spec;
+    spec.layout_hash = hash;
+    spec.arena_bytes = arena_.total_bytes;
+    spec.ring_capacity = config_.ring_capacity;
+    spec.local_rank = t->local_rank;
+    spec.daemon_pid = getpid();
+    const std::string name =
+        ipc::SegmentName(config_.shm_prefix, getpid(), absl::StrCat("j", id_, ".r", t->local_rank));
+    auto seg = ipc::TrainerSegment::Create(name, spec, config_.shm_mode, config_.shm_group);
+    if (!seg.ok()) return MakeError(v1::INTERNAL, seg.status().ToString());
+    t->segment = std::move(*seg);
+    t->rank = world_.rank_offset + t->local_rank;
+    trainers.push_back(t.get());
+  }
+
+  std::vector<std::string> names;
+  for (const TensorInfo& t : layout) names.push_back(t.name);
+  constexpr size_t kTracedIterations = 8;
+  stats_ = std::make_unique<JobStats>(
+      world_.rank_offset, world_.world_size,
+      FlightRecorder::CapacityFor(kTracedIterations, plan.buckets.size(), layout.size(),
+                                  trainers.size()),
+      hooks_.trace_dir, config_.job_id, config_.node_rank, config_.num_nodes, std::move(names));
+
+  Scheduler::Options opts;
+  opts.world_size = world_.world_size;
+  opts.timeout_ms = config_.timeout_ms;
+  opts.stall_threshold_s = config_.stall_threshold_s;
+  opts.caps = caps;
+  opts.agree_order = world_.agree_order;
+  // Auto: the cores the node's trainers leave free (they compute backward
+  // while buckets are reduced), at least 1; more than 4 threads gain
+  // nothing on a memory-bound sum.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  opts.reduce_threads = config_.reduce_threads > 0
+                            ? config_.reduce_threads
+                            : std::clamp(cores - config_.local_size, 1, 4);
+  scheduler_ = std::make_unique<Scheduler>(
+      trainers, layout_, std::move(plan), arena_, world_.backend.get(), &node_->ready_bell(),
+      stats_.get(), [this](const absl::Status& error, int culprit) { Fail(error, culprit); }, opts);
+  state_ = JobState::kRunning;
+  running_since_ = std::chrono::steady_clock::now();
+  if (world_.link) {
+    Scheduler* scheduler = scheduler_.get();
+    WorldLink* link = world_.link.get();
+    link->SetProgress([scheduler] { return scheduler->iteration(); });
+    link->SetConfigListener([scheduler](const BucketCaps& caps, uint64_t at) {
+      scheduler->SetCaps(caps, at);
+    });
+    stats_->set_stall_listener([link](const std::string& d) { link->ReportStall(d); });
+  }
+  scheduler_->Start();
+  if (hooks_.on_health) hooks_.on_health(true, "");
+  spdlog::info(
+      "event=job_running job={} world_size={} rank_offset={} buckets={} arena_bytes={} backend={}",
+      id_, world_.world_size, world_.rank_offset, scheduler_->plan().buckets.size(),
+      arena_.total_bytes, world_.backend->name());
+  return absl::OkStatus();
+}
+
+void Job::Fail(const absl::Status& error, int culprit) {
+  absl::Status explained = error;
+  if (culprit == Scheduler::kCollectiveFailed) {
+    // Ask the leader why, without holding the lock (it is an RPC).
+    std::shared_ptr<WorldLink> link;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      link = world_.link;
+    }
+    if (link) explained = link->Explain(error);
+    culprit = -1;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  FailLocked(explained, culprit);
+}
+
+void Job::FailLocked(const absl::Status& error, int culprit, bool expected) {
+  if (state_ == JobState::kFailed) return;
+  state_ = JobState::kFailed;
+  error_ = error;
+  culprit_ = culprit;
+  failure_expected_ = expected;
+  spdlog::log(expected ? spdlog::level::info : spdlog::level::err,
+              "event={} job={} code={} culprit_local_rank={} message=\"{}\"",
+              expected ? "job_closing" : "job_failed", id_, v1::Code_Name(CodeOf(error)), culprit,
+              std::string(error.message()));
+  if (scheduler_) scheduler_->Halt();
+  if (!expected) {
+    if (stats_) stats_->OnError(std::string(error.message()), CodeOf(error) == v1::TIMEOUT);
+    if (hooks_.on_health) hooks_.on_health(false, std::string(error.message()));
+  }
+  if (world_.backend) world_.backend->Abort(std::string(error.message()));
+  if (world_.link) world_.link->ReportError(error);
+  for (auto& t : trainers_) {
+    if (!t || t->gone.load() || t->segment.header() == nullptr) continue;
+    const absl::Status mine = PeerError(*t);
+    t->segment.SetError(CodeOf(mine), std::string(mine.message()));
+    PostCompletion(*t, ipc::CompletionKind::kError, 0, scheduler_ ? scheduler_->iteration() : 0,
+                   CodeOf(mine), /*wake=*/true, /*patience_ms=*/20)
+        .IgnoreError();
+  }
+  cv_.notify_all();
+}
+
+absl::Status Job::PeerError(const Trainer& t) const {
+  if (culprit_ < 0 || culprit_ == t.local_rank) return error_;
+  const Trainer* c = trainers_[culprit_].get();
+  return MakeError(v1::PEER_FAILED,
+                   absl::StrCat(c ? c->Name() : absl::StrCat("local rank ", culprit_),
+                                " failed: ", error_.message()));
+}
+
+void Job::Leave(uint64_t session, bool graceful, const std::string& reason) {
+  if (LeaveLocked(session, graceful, reason)) ReleaseWorld();
+}
+
+void Job::ReleaseWorld() {
+  // Every trainer is gone: stop the scheduler and leave the cluster now,
+  // not when the next job replaces this one (the stats stay readable).
+  std::shared_ptr<WorldLink> link;
+  Scheduler* scheduler = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    link = std::move(world_.link);
+    scheduler = scheduler_.get();
+  }
+  if (scheduler) scheduler->Stop();
+  link.reset();  // outside the lock: it talks to the leader
+}
+
+bool Job::LeaveLocked(uint64_t session, bool graceful, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Trainer* t = FindLocked(session);
+  if (t == nullptr) return false;
+  t->gone.store(true);
+  spdlog::info("event=leave job={} local_rank={} pid={} graceful={} reason=\"{}\"", id_,
+               t->local_rank, t->pid, graceful, reason);
+  if (t->segment.header() != nullptr) ipc::SharedSegment::Remove(t->segment.name()).IgnoreError();
+  if (state_ == JobState::kAttaching) {
+    if (t->registered) --registered_;
+  } else if (state_ != JobState::kFailed) {
+    FailLocked(MakeError(v1::PEER_FAILED,
+                         absl::StrCat(t->Name(), graceful ? " detached" : " died", ": ", reason)),
+               t->local_rank, /*expected=*/graceful);
+  }
+  cv_.notify_all();
+  for (const auto& other : trainers_) {
+    if (other && !other->gone.load()) return false;
+  }
+  return state_ != JobState::kAttaching;
+}
+
+absl::Status Job::WaitForChange(uint64_t session, absl::Duration timeout, bool* gone) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+               [&] { return state_ == JobState::kFailed || FindLocked(session) == nullptr; });
+  Trainer* t = FindLocked(session);
+  *gone = (t == nullptr);
+  if (state_ != JobState::kFailed || t == nullptr) return absl::OkStatus();
+  return PeerError(*t);
+}
+
+void Job::MarkWatched(uint64_t session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Trainer* t = FindLocked(session)) t->watched.store(true);
+}
+
+std::vector<uint64_t> Job::ReapUnwatched(std::chrono::milliseconds grace) {
+  std::vector<uint64_t> lost;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    for (const auto& t : trainers_) {
+      if (t && !t->gone.load() && !t->watched.load() && now - t->attached_at > grace) {
+        lost.push_back(t->session_id);
+      }
+    }
+  }
+  for (uint64_t session : lost) {
+    Leave(session, /*graceful=*/false,
+          "it never opened its Watch stream (it died right after attaching?)");
+  }
+  return lost;
+}
+
+bool Job::HasSession(uint64_t session) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return FindLocked(session) != nullptr;
+}
+
+bool Job::Finished() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (attached_ever_ == 0) return false;
+  for (const auto& t : trainers_) {
+    if (t && !t->gone.load()) return false;
+  }
+  return true;
+}
+
+JobState Job::state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_;
+}
+
+absl::Status Job::error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+std::vector<Job::TrainerInfo> Job::Trainers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<TrainerInfo> out;
+  for (const auto& t : trainers_) {
+    if (!t) continue;
+    const char* st = t->gone.load()                ? "gone"
+                     : state_ == JobState::kFailed ? "failed"
+                     : t->registered               ? "registered"
+                                                   : "attached";
+    out.push_back({t->rank, t->local_rank, t->pid, st, t->iterations.load()});
+  }
+  return out;
+}
+
+int Job::world_size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return world_.world_size;
+}
+
+uint64_t Job::generation() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return world_.generation;
+}
+
+std::string Job::backend_name() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return world_.backend ? world_.backend->name() : "";
+}
+
+void Job::FillStats(v1::Stats* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  out->set_generation(world_.generation);
+  out->set_backend(world_.backend ? world_.backend->name() : "");
+  out->set_world_size(world_.world_size);
+  const uint64_t per_iteration = stats_ ? stats_->bytes_per_iteration() : 0;
+  for (const auto& t : trainers_) {
+    if (!t) continue;
+    v1::TrainerStats* ts = out->add_trainers();
+    ts->set_rank(t->rank);
+    ts->set_local_rank(t->local_rank);
+    ts->set_pid(t->pid);
+    ts->set_state(t->gone.load()                ? "gone"
+                  : state_ == JobState::kFailed ? "failed"
+                  : t->registered               ? "registered"
+                                                : "attached");
+    ts->set_iterations(t->iterations.load());
+    ts->set_bytes_reduced(t->iterations.load() * per_iteration);
+  }
+  if (stats_ && scheduler_) {
+    std::vector<uint32_t> tensors_per_bucket;
+    for (const PlannedBucket& b : scheduler_->plan().buckets) {
+      tensors_per_bucket.push_back(static_cast<uint32_t>(b.tensors.size()));
+    }
+    stats_->FillStats(out, tensors_per_bucket);
+  }
+  if (state_ == JobState::kFailed && !failure_expected_ && out->recent_errors_size() == 0) {
+    out->add_recent_errors(std::string(error_.message()));
+  }
+}
+
+absl::StatusOr<std::string> Job::TraceJson() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!stats_) return MakeError(v1::STATE, "the job has not started: nothing recorded yet");
+  return stats_->TraceJson("GetTrace");
+}
+
+void Job::SetCaps(const BucketCaps& caps, uint64_t at_iteration) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (scheduler_) scheduler_->SetCaps(caps, at_iteration);
+}
+
+double Job::IterationRate() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!scheduler_ || state_ != JobState::kRunning) return 0;
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - running_since_).count();
+  return s > 0 ? scheduler_->iteration() / s : 0;
+}
+
+bool Job::InIteration() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return scheduler_ && state_ == JobState::kRunning && scheduler_->in_iteration();
+}
+
+uint64_t Job::iteration() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return scheduler_ ? scheduler_->iteration() : 0;
+}
+
+}  // namespace gradsync

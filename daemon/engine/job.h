@@ -1,0 +1,200 @@
+// Job: one training job's life on this node, from the first trainer's
+// Attach to the last trainer's Detach.
+//
+//   attaching -> (all local trainers registered, layouts agree, the world is
+//   formed across nodes) -> running -> (a trainer leaves or dies, a bad
+//   entry, a timeout, a peer node fails) -> failed -> (every trainer gone)
+//   -> finished; the daemon then starts a fresh Job for the next trainers.
+//
+// Errors are sticky: once failed, every trainer's next wait returns the
+// error (through its completion ring and its Watch stream), like an aborted
+// NCCL communicator. The daemon itself keeps serving.
+#ifndef GRADSYNC_DAEMON_ENGINE_JOB_H_
+#define GRADSYNC_DAEMON_ENGINE_JOB_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "daemon/backends/backend.h"
+#include "daemon/engine/bucket_planner.h"
+#include "daemon/config.h"
+#include "daemon/observe/job_stats.h"
+#include "common/layout.h"
+#include "daemon/engine/scheduler.h"
+#include "daemon/engine/scheduler_observer.h"
+#include "daemon/engine/trainer.h"
+#include "ipc/arena.h"
+#include "ipc/node_segment.h"
+
+namespace gradsync {
+
+// A node's live membership in a multi-node job (ClusterLink); nothing on
+// one node. Destroyed when the job ends (it then leaves the generation).
+class WorldLink {
+ public:
+  virtual ~WorldLink() = default;
+  // The local job failed: tell the other nodes (through the leader).
+  virtual void ReportError(const absl::Status& error) = 0;
+  // Where to read this node's progress for heartbeats.
+  virtual void SetProgress(std::function<uint64_t()> iteration) = 0;
+  // A local stall, reported to the leader's log.
+  virtual void ReportStall(const std::string& description) = 0;
+  // Adds what the leader knows to a collective's failure (which node
+  // failed, or that the leader itself is dead). May block briefly.
+  virtual absl::Status Explain(const absl::Status& error) = 0;
+  // Called with job-wide bucket caps and the iteration they start at.
+  virtual void SetConfigListener(
+      std::function<void(const BucketCaps& caps, uint64_t at_iteration)> listener) = 0;
+};
+
+// What forming the job across nodes yields (one node: trivial).
+struct JobWorld {
+  int world_size = 1;
+  int rank_offset = 0;  // global rank of this node's local rank 0
+  uint64_t generation = 0;
+  std::unique_ptr<Backend> backend;
+  // How the nodes agree on the rebuilt plan's order (empty on one node).
+  Scheduler::OrderAgreement agree_order;
+  // Node 0's caps, so every node plans the same buckets (0: use the config).
+  BucketCaps caps{0, 0};
+  std::shared_ptr<WorldLink> link;
+};
+
+// Forms the world once the local layout is agreed: on one node it returns
+// a LocalBackend; across nodes it joins the rendezvous, checks every node's
+// layout hash and builds the backend. Called without the job's lock held.
+// `on_failure` fails the job later, when another node fails.
+using WorldFormer = std::function<absl::StatusOr<JobWorld>(
+    const Layout& layout, uint64_t hash, std::function<void(const absl::Status&)> on_failure)>;
+
+struct RegisterResult {
+  std::string segment_name;
+  std::string node_segment_name;
+  uint64_t layout_hash = 0;
+  uint64_t arena_bytes = 0;
+  std::vector<uint64_t> tensor_offsets;
+  int rank = 0;
+  int world_size = 1;
+  BucketPlan plan;
+};
+
+enum class JobState { kAttaching, kForming, kRunning, kFailed };
+
+// What a job tells the daemon around it.
+struct JobHooks {
+  std::string trace_dir;  // traces written on stalls and timeouts ("" = none)
+  // Health: false with a reason when a job fails unexpectedly, true when a
+  // job is running. Called with the job's lock held: must not call back.
+  std::function<void(bool serving, const std::string& reason)> on_health;
+};
+
+class Job {
+ public:
+  Job(const DaemonConfig& config, ipc::NodeSegment* node, uint64_t id, WorldFormer former,
+      JobHooks hooks);
+  ~Job();  // stops the scheduler, removes the trainers' segments
+
+  uint64_t id() const { return id_; }
+
+  // Errors: STATE when the local rank is taken or the job is not accepting.
+  absl::StatusOr<uint64_t> Attach(int local_rank, int64_t pid);
+
+  // Blocks until every local trainer registered and the world is formed,
+  // or the deadline passes, or the job fails (e.g. MISMATCH).
+  absl::StatusOr<RegisterResult> Register(uint64_t session, Layout layout, absl::Time deadline);
+
+  // The trainer is gone: graceful Detach or a broken Watch stream. While
+  // the job runs, its peers get PEER_FAILED.
+  void Leave(uint64_t session, bool graceful, const std::string& reason);
+
+  // Fails the job (idempotent; the first error wins). `culprit` (a local
+  // rank) gets `error` itself; the other trainers get PEER_FAILED naming it.
+  void Fail(const absl::Status& error, int culprit = -1);
+
+  // For Watch streams: waits up to `timeout` for the job to fail or the
+  // trainer to leave. Returns the job's error (OK while healthy); *gone is
+  // set when the session no longer exists.
+  absl::Status WaitForChange(uint64_t session, absl::Duration timeout, bool* gone);
+
+  bool HasSession(uint64_t session) const;
+  // The trainer's Watch stream is open (its liveness is now observed).
+  void MarkWatched(uint64_t session);
+  // Removes trainers attached longer than `grace` without a Watch stream;
+  // returns their sessions (the registry forgets them).
+  std::vector<uint64_t> ReapUnwatched(std::chrono::milliseconds grace);
+  // True once every trainer that attached has left.
+  bool Finished() const;
+  JobState state() const;
+  absl::Status error() const;
+
+  struct TrainerInfo {
+    int rank, local_rank;
+    int64_t pid;
+    std::string state;
+    uint64_t iterations;
+  };
+  std::vector<TrainerInfo> Trainers() const;
+  // Trainers, buckets, totals, errors, stalls (GetStats).
+  void FillStats(v1::Stats* out) const;
+  // The flight recorder as Chrome trace JSON; STATE before the job runs.
+  absl::StatusOr<std::string> TraceJson() const;
+  // New caps take effect at the boundary entering `at_iteration` (0: next).
+  void SetCaps(const BucketCaps& caps, uint64_t at_iteration = 0);
+  // Synced iterations per second since the job started running (0 before).
+  double IterationRate() const;
+  // True while some trainer has marked gradients of an unfinished iteration.
+  bool InIteration() const;
+  int world_size() const;
+  uint64_t generation() const;
+  std::string backend_name() const;
+  uint64_t iteration() const;
+
+ private:
+  Trainer* FindLocked(uint64_t session) const;
+  // Returns true when this was the last trainer of a started job.
+  bool LeaveLocked(uint64_t session, bool graceful, const std::string& reason);
+  void ReleaseWorld();
+  // Called by the last registering trainer's thread, lock released inside.
+  void FormLocked(std::unique_lock<std::mutex>& lock);
+  absl::Status StartLocked(const Layout& layout, JobWorld world);
+  // `expected`: a normal end (a trainer closed): logged at info level.
+  void FailLocked(const absl::Status& error, int culprit, bool expected = false);
+  absl::Status PeerError(const Trainer& t) const;
+
+  const DaemonConfig config_;
+  ipc::NodeSegment* node_;
+  const uint64_t id_;
+  WorldFormer former_;
+  JobHooks hooks_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  JobState state_ = JobState::kAttaching;
+  absl::Status error_;
+  int culprit_ = -1;
+  bool failure_expected_ = false;  // the job ended because a trainer closed
+  std::vector<std::unique_ptr<Trainer>> trainers_;  // by local rank; null if not attached
+  // Trainers replaced before the job started; kept alive for RPC threads
+  // that may still hold a pointer.
+  std::vector<std::unique_ptr<Trainer>> departed_;
+  int attached_ever_ = 0;
+  int registered_ = 0;
+  Layout layout_;
+  JobWorld world_;
+  ipc::ArenaLayout arena_;
+  std::unique_ptr<JobStats> stats_;
+  std::chrono::steady_clock::time_point running_since_;
+  std::unique_ptr<Scheduler> scheduler_;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_ENGINE_JOB_H_

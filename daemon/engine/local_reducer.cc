@@ -1,0 +1,229 @@
+#include "daemon/engine/local_reducer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "common/half.h"
+
+namespace gradsync {
+namespace {
+
+// Elements per chunk: the trainers' slices of one chunk stay in L2 while
+// they are summed, divided and copied back.
+constexpr size_t kChunkElements = 2048;
+// Below this many bytes a bucket is reduced on the calling thread alone:
+// waking helpers costs more than it saves.
+constexpr uint64_t kParallelThresholdBytes = 256 << 10;
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Native element access: float/double are summed in their own precision.
+template <typename T>
+struct Native {
+  using Acc = T;
+  static Acc Load(const T& v) { return v; }
+  static T Store(Acc v) { return v; }
+};
+struct Half16 {
+  using Acc = float;
+  static float Load(const uint16_t& v) { return Float16ToFloat(v); }
+  static uint16_t Store(float v) { return FloatToFloat16(v); }
+};
+struct BHalf16 {
+  using Acc = float;
+  static float Load(const uint16_t& v) { return BFloat16ToFloat(v); }
+  static uint16_t Store(float v) { return FloatToBFloat16(v); }
+};
+
+// The work of one Reduce call, shared with the worker threads.
+struct ReduceWork {
+  const std::vector<uint8_t*>* arenas;
+  const std::vector<ReduceSpan>* spans;
+  size_t elem_size;
+  uint64_t total_elements;
+  int world_size;
+  uint8_t* staging;  // nullptr on one node
+  // 0: fused (one node); 1: sum into staging; 2: write back from staging;
+  // 3: sum into trainer 0's memory; 4: divide trainer 0's memory, copy out.
+  int phase;
+  void (*kernel)(const ReduceWork&, size_t span, uint64_t first, uint64_t count, uint64_t staging_index);
+};
+
+// Calls job.kernel for the piece of every span that falls in [begin, end) of
+// the spans' concatenation.
+void ForRange(const ReduceWork& job, uint64_t begin, uint64_t end) {
+  uint64_t base = 0;
+  for (size_t s = 0; s < job.spans->size() && base < end; ++s) {
+    const uint64_t n = (*job.spans)[s].bytes / job.elem_size;
+    const uint64_t lo = std::max(begin, base), hi = std::min(end, base + n);
+    if (lo < hi) job.kernel(job, s, lo - base, hi - lo, lo);
+    base += n;
+  }
+}
+
+void RunSlice(void* context, size_t slice, size_t slices) {
+  const ReduceWork& job = *static_cast<ReduceWork*>(context);
+  // Slices end on chunk boundaries so threads never share a cache line.
+  const uint64_t chunks = (job.total_elements + kChunkElements - 1) / kChunkElements;
+  const uint64_t begin = std::min(job.total_elements, chunks * slice / slices * kChunkElements);
+  const uint64_t end = std::min(job.total_elements, chunks * (slice + 1) / slices * kChunkElements);
+  ForRange(job, begin, end);
+}
+
+template <typename T, typename Access>
+void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count, uint64_t staging_index) {
+  using Acc = typename Access::Acc;
+  const auto& arenas = *job.arenas;
+  const size_t local = arenas.size();
+  T* src[kMaxLocalTrainers];
+  for (size_t t = 0; t < local; ++t) {
+    src[t] = reinterpret_cast<T*>(arenas[t] + (*job.spans)[span].offset) + first;
+  }
+  const Acc divisor = static_cast<Acc>(job.world_size);
+  Acc acc[kChunkElements];
+  for (uint64_t c = 0; c < count; c += kChunkElements) {
+    const size_t m = static_cast<size_t>(std::min<uint64_t>(kChunkElements, count - c));
+    if (job.phase == 2) {
+      const Acc* staged = reinterpret_cast<const Acc*>(job.staging) + staging_index + c;
+      for (size_t i = 0; i < m; ++i) acc[i] = staged[i] / divisor;
+    } else if (job.phase == 4) {
+      const T* a0 = src[0] + c;
+      for (size_t i = 0; i < m; ++i) acc[i] = Access::Load(a0[i]) / divisor;
+    } else {
+      const T* a0 = src[0] + c;
+      size_t t = 1;
+      if (local >= 2) {
+        // The first two trainers in one pass: one fewer sweep over acc.
+        const T* a1 = src[1] + c;
+        for (size_t i = 0; i < m; ++i) acc[i] = Access::Load(a0[i]) + Access::Load(a1[i]);
+        t = 2;
+      } else {
+        for (size_t i = 0; i < m; ++i) acc[i] = Access::Load(a0[i]);
+      }
+      for (; t < local; ++t) {
+        const T* at = src[t] + c;
+        for (size_t i = 0; i < m; ++i) acc[i] += Access::Load(at[i]);
+      }
+      if (job.phase == 1) {
+        std::memcpy(reinterpret_cast<Acc*>(job.staging) + staging_index + c, acc, m * sizeof(Acc));
+        continue;
+      }
+      if (job.phase == 3) {
+        T* out0 = src[0] + c;
+        for (size_t i = 0; i < m; ++i) out0[i] = Access::Store(acc[i]);
+        continue;
+      }
+      for (size_t i = 0; i < m; ++i) acc[i] /= divisor;
+    }
+    // Write back: convert once into trainer 0's memory, copy to the others.
+    T* out0 = src[0] + c;
+    for (size_t i = 0; i < m; ++i) out0[i] = Access::Store(acc[i]);
+    for (size_t t = 1; t < local; ++t) std::memcpy(src[t] + c, out0, m * sizeof(T));
+  }
+}
+
+using KernelFn = void (*)(const ReduceWork&, size_t, uint64_t, uint64_t, uint64_t);
+
+KernelFn KernelFor(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return &Kernel<float, Native<float>>;
+    case DType::kFloat64:
+      return &Kernel<double, Native<double>>;
+    case DType::kFloat16:
+      return &Kernel<uint16_t, Half16>;
+    case DType::kBFloat16:
+      return &Kernel<uint16_t, BHalf16>;
+  }
+  return nullptr;
+}
+
+// The dtype the staging buffer holds (and the backend reduces).
+DType StagingDType(DType dtype) {
+  return (dtype == DType::kFloat64) ? DType::kFloat64 : DType::kFloat32;
+}
+
+}  // namespace
+
+LocalReducer::LocalReducer(size_t threads, uint64_t staging_bytes)
+    : pool_(std::max<size_t>(1, threads)), staging_(staging_bytes) {}
+
+uint64_t LocalReducer::StagingBytes(uint64_t bytes, DType dtype) {
+  return bytes / DTypeSize(dtype) * DTypeSize(StagingDType(dtype));
+}
+
+absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
+                                  const std::vector<ReduceSpan>& spans, DType dtype,
+                                  int world_size, Backend& backend, ReduceTimings* timings) {
+  if (arenas.empty() || arenas.size() > kMaxLocalTrainers || world_size <= 0) {
+    return absl::InvalidArgumentError("bad reduction arguments");
+  }
+  ReduceWork job;
+  job.arenas = &arenas;
+  job.spans = &spans;
+  job.elem_size = DTypeSize(dtype);
+  job.world_size = world_size;
+  job.kernel = KernelFor(dtype);
+  uint64_t total_bytes = 0;
+  for (const ReduceSpan& s : spans) total_bytes += s.bytes;
+  job.total_elements = total_bytes / job.elem_size;
+  const size_t slices = total_bytes >= kParallelThresholdBytes ? pool_.size() : 1;
+
+  const int64_t t0 = NowNs();
+  if (backend.num_nodes() <= 1) {
+    job.staging = nullptr;
+    job.phase = 0;
+    pool_.Run(&RunSlice, &job, slices);
+    if (timings) timings->local_reduce_ns = NowNs() - t0, timings->collective_ns = 0;
+    return absl::OkStatus();
+  }
+
+  if (spans.size() == 1 && (dtype == DType::kFloat32 || dtype == DType::kFloat64)) {
+    // In place: the local sum goes into trainer 0's arena, the backend
+    // reduces it there, and the average is copied out — no staging copy.
+    if (arenas.size() > 1) {
+      job.phase = 3;
+      pool_.Run(&RunSlice, &job, slices);
+    }
+    const int64_t t1 = NowNs();
+    absl::Status status =
+        backend.AllreduceSum(arenas[0] + spans[0].offset, job.total_elements, dtype);
+    const int64_t t2 = NowNs();
+    if (status.ok()) {
+      job.phase = 4;
+      pool_.Run(&RunSlice, &job, slices);
+    }
+    if (timings) {
+      timings->local_reduce_ns = (t1 - t0) + (NowNs() - t2);
+      timings->collective_ns = t2 - t1;
+    }
+    return status;
+  }
+
+  const DType staged = StagingDType(dtype);
+  if (job.total_elements * DTypeSize(staged) > staging_.size()) {
+    return absl::InternalError("bucket is larger than the staging buffer");
+  }
+  job.staging = staging_.data();
+  job.phase = 1;
+  pool_.Run(&RunSlice, &job, slices);
+  const int64_t t1 = NowNs();
+  absl::Status status = backend.AllreduceSum(staging_.data(), job.total_elements, staged);
+  const int64_t t2 = NowNs();
+  if (status.ok()) {
+    job.phase = 2;
+    pool_.Run(&RunSlice, &job, slices);
+  }
+  if (timings) {
+    timings->local_reduce_ns = (t1 - t0) + (NowNs() - t2);
+    timings->collective_ns = t2 - t1;
+  }
+  return status;
+}
+
+}  // namespace gradsync

@@ -1,0 +1,66 @@
+// LocalReducer: reduces one bucket across this node's trainers and, through
+// the Backend, across nodes; then writes the average back to every trainer.
+//
+// The bucket is a list of byte spans, identical in every trainer's arena
+// (usually one contiguous span). One node: a single fused pass per cache-
+// sized chunk (sum the trainers into trainer 0's memory, divide by the world
+// size, copy to the others). Several nodes: sum into a staging buffer,
+// backend allreduce, then divide and write back. Half-precision gradients
+// are accumulated in fp32. Threads split the bucket; nothing is allocated
+// per call.
+#ifndef GRADSYNC_DAEMON_ENGINE_LOCAL_REDUCER_H_
+#define GRADSYNC_DAEMON_ENGINE_LOCAL_REDUCER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "daemon/backends/backend.h"
+#include "common/dtype.h"
+#include "daemon/engine/worker_pool.h"
+
+namespace gradsync {
+
+struct ReduceSpan {
+  uint64_t offset = 0;  // byte offset in every arena
+  uint64_t bytes = 0;   // a multiple of the dtype's size
+};
+
+struct ReduceTimings {
+  int64_t local_reduce_ns = 0;  // local sum (+ write back on one node)
+  int64_t collective_ns = 0;    // the backend's cross-node allreduce
+};
+
+inline constexpr size_t kMaxLocalTrainers = 256;
+
+class LocalReducer {
+ public:
+  // `threads`: workers including the caller. `staging_bytes`: the largest
+  // StagingBytes() of any bucket when a cross-node backend is used, else 0.
+  LocalReducer(size_t threads, uint64_t staging_bytes);
+
+  // Staging needed for a bucket of `bytes` bytes of `dtype` (halves widen to fp32).
+  static uint64_t StagingBytes(uint64_t bytes, DType dtype);
+
+  // `arenas[t]` is trainer t's arena base. The spans must lie within every
+  // arena (the caller checked them against the plan). Returns the backend's
+  // error if the cross-node step fails (the arenas are then left partially
+  // summed, which does not matter: the iteration failed).
+  absl::Status Reduce(const std::vector<uint8_t*>& arenas, const std::vector<ReduceSpan>& spans,
+                      DType dtype, int world_size, Backend& backend, ReduceTimings* timings);
+
+  size_t threads() const { return pool_.size(); }
+  // Grows the staging buffer (at plan changes only, never per call).
+  void EnsureStaging(uint64_t bytes) {
+    if (staging_.size() < bytes) staging_.resize(bytes);
+  }
+
+ private:
+  WorkerPool pool_;
+  std::vector<uint8_t> staging_;  // fp32 for half types; native otherwise
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_ENGINE_LOCAL_REDUCER_H_

@@ -1,0 +1,392 @@
+#include "daemon/engine/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_code.h"
+#include "spdlog/spdlog.h"
+
+namespace gradsync {
+namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// How long the loop sleeps at most before re-checking deadlines and stop.
+constexpr auto kIdleWait = std::chrono::milliseconds(50);
+constexpr auto kSpin = std::chrono::microseconds(50);
+
+// The daemon spins briefly before sleeping on the node doorbell: the next
+// marks usually follow a completion within tens of microseconds (a trainer
+// waking up), and catching them spinning saves a futex wake-up on the
+// critical path. Unlike the trainers' spin (see client.cc), one spinning
+// daemon costs little even when cores are scarce (measured on 2 cores, 2
+// trainers, 4 KB: p50 ~20-40 us spinning vs ~55 us sleeping at once).
+// $GRADSYNC_DAEMON_SPIN_US overrides.
+std::chrono::nanoseconds SchedulerSpin() {
+  if (const char* env = std::getenv("GRADSYNC_DAEMON_SPIN_US"); env && *env) {
+    return std::chrono::microseconds(std::max(0, std::atoi(env)));
+  }
+  return kSpin;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, BucketPlan plan,
+                     const ipc::ArenaLayout& arena, Backend* backend, ipc::Doorbell* ready_bell,
+                     SchedulerObserver* observer, FailFn fail, Options options)
+    : trainers_(std::move(trainers)),
+      layout_(layout),
+      arena_(arena),
+      backend_(backend),
+      ready_bell_(ready_bell),
+      observer_(observer),
+      fail_(std::move(fail)),
+      options_(options),
+      reducer_(options.reduce_threads, 0),
+      spin_(SchedulerSpin()) {
+  for (Trainer* t : trainers_) {
+    arenas_.push_back(t->segment.arena());
+    t->marked.assign(layout_.size(), 0);
+    t->marked_count = 0;
+  }
+  order_ = ReverseRegistrationOrder(layout_.size());
+  InstallPlan(std::move(plan));
+}
+
+static std::vector<ReduceSpan> TensorSpans(const PlannedBucket& bucket, const Layout& layout,
+                                    const ipc::ArenaLayout& arena) {
+  std::vector<ReduceSpan> pieces;
+  for (uint32_t t : bucket.tensors) pieces.push_back({arena.tensor_offsets[t], layout[t].bytes()});
+  std::sort(pieces.begin(), pieces.end(),
+            [](const ReduceSpan& a, const ReduceSpan& b) { return a.offset < b.offset; });
+  // Neighbours in the arena merge into one span (across the zero padding
+  // between them), so an initial bucket is a single contiguous range.
+  std::vector<ReduceSpan> spans;
+  for (const ReduceSpan& p : pieces) {
+    if (!spans.empty() &&
+        ipc::AlignUp(spans.back().offset + spans.back().bytes, ipc::kTensorAlignment) >= p.offset) {
+      spans.back().bytes = p.offset + p.bytes - spans.back().offset;
+    } else {
+      spans.push_back(p);
+    }
+  }
+  return spans;
+}
+
+void Scheduler::InstallPlan(BucketPlan plan) {
+  std::vector<std::vector<ReduceSpan>> spans;
+  uint64_t staging = 0, bytes = 0;
+  for (const PlannedBucket& b : plan.buckets) {
+    spans.push_back(TensorSpans(b, layout_, arena_));
+    uint64_t span_bytes = 0;
+    for (const ReduceSpan& s : spans.back()) {
+      span_bytes += s.bytes;
+      // The arena was planned from the same layout; never reduce past it.
+      if (s.offset > arena_.total_bytes || s.bytes > arena_.total_bytes - s.offset) {
+        bad_plan_ = absl::StrCat("bucket ", b.id, " spans [", s.offset, ", +", s.bytes,
+                                 ") outside the ", arena_.total_bytes, "-byte arena");
+      }
+    }
+    staging = std::max(staging, LocalReducer::StagingBytes(span_bytes, b.dtype));
+    bytes += b.bytes;
+  }
+  if (backend_->num_nodes() > 1) reducer_.EnsureStaging(staging);
+  spans_ = std::move(spans);
+  bytes_per_iteration_ = bytes;
+  remaining_.assign(plan.buckets.size(), 0);
+  timelines_.assign(plan.buckets.size(), BucketTimeline{});
+  for (const PlannedBucket& b : plan.buckets) {
+    remaining_[b.id] = static_cast<uint32_t>(b.tensors.size() * trainers_.size());
+    timelines_[b.id].bucket = b.id;
+    timelines_[b.id].bytes = b.bytes;
+  }
+  std::lock_guard<std::mutex> lock(plan_mu_);
+  plan_ = std::move(plan);
+  plan_version_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+BucketPlan Scheduler::plan() const {
+  std::lock_guard<std::mutex> lock(plan_mu_);
+  return plan_;
+}
+
+void Scheduler::SetCaps(const BucketCaps& caps, uint64_t at_iteration) {
+  std::lock_guard<std::mutex> lock(caps_mu_);
+  pending_caps_ = caps;
+  pending_caps_at_ = at_iteration;
+  caps_pending_ = true;
+}
+
+void Scheduler::MaybeRebuild() {
+  bool rebuild = false;
+  absl::Status late;
+  {
+    std::lock_guard<std::mutex> lock(caps_mu_);
+    if (caps_pending_ && pending_caps_at_ != 0 && iteration() > pending_caps_at_) {
+      caps_pending_ = false;
+      late = MakeError(v1::STATE,
+                       absl::StrCat("a job-wide bucket-cap change for iteration ", pending_caps_at_,
+                                    " reached this node at iteration ", iteration(),
+                                    ": too late to change together with the other nodes"));
+    }
+    if (caps_pending_ && iteration() >= pending_caps_at_) {
+      options_.caps = pending_caps_;
+      caps_pending_ = false;
+      rebuild = true;
+    }
+  }
+  if (!late.ok()) {
+    fail_(late, -1);  // outside caps_mu_: Fail takes the job's lock
+    return;
+  }
+  if (iteration() == 1 && options_.rebuild_after_first_iteration &&
+      observed_order_.size() == layout_.size()) {
+    std::vector<uint32_t> order = observed_order_;
+    if (options_.agree_order) {
+      absl::StatusOr<std::vector<uint32_t>> agreed = options_.agree_order(order);
+      if (!agreed.ok()) {
+        fail_(MakeError(CodeOf(agreed.status()),
+                        absl::StrCat("agreeing on the rebuilt bucket order: ",
+                                     agreed.status().message())),
+              -1);
+        return;
+      }
+      order = std::move(*agreed);
+    }
+    if (order.size() == layout_.size()) {
+      order_ = std::move(order);
+      rebuild = true;
+    }
+  }
+  if (!rebuild) return;
+  BucketPlan next = PlanBuckets(layout_, order_, options_.caps);
+  bool same = next.buckets.size() == plan_.buckets.size();
+  for (size_t b = 0; same && b < next.buckets.size(); ++b) {
+    same = next.buckets[b].tensors == plan_.buckets[b].tensors;
+  }
+  if (same) return;
+  spdlog::info("event=plan_rebuilt iteration={} buckets_before={} buckets_after={} cap_mb={:.3f} "
+               "first_cap_mb={:.3f}",
+               iteration(), plan_.buckets.size(), next.buckets.size(),
+               options_.caps.cap_bytes / double(1 << 20),
+               options_.caps.first_cap_bytes / double(1 << 20));
+  InstallPlan(std::move(next));
+  if (!bad_plan_.empty()) fail_(MakeError(v1::INTERNAL, bad_plan_), -1);
+}
+
+Scheduler::~Scheduler() { Stop(); }
+
+void Scheduler::Start() {
+  last_progress_ns_ = NowNs();
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Scheduler::Stop() {
+  stop_.store(true, std::memory_order_release);
+  ready_bell_->Ring();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Scheduler::Loop() {
+  if (!bad_plan_.empty()) {
+    fail_(MakeError(v1::INTERNAL, bad_plan_), -1);
+    halted_.store(true, std::memory_order_release);
+  }
+  while (!stop_.load(std::memory_order_acquire)) {
+    const uint32_t seen = ready_bell_->Sequence();
+    if (halted_.load(std::memory_order_acquire)) {
+      ready_bell_->Wait(seen, kIdleWait, std::chrono::nanoseconds(0));
+      continue;
+    }
+    const int64_t now = NowNs();
+    bool progress = false;
+    for (Trainer* t : trainers_) {
+      if (!Drain(*t, now, &progress)) break;
+    }
+    while (!halted_.load(std::memory_order_acquire) && next_bucket_ < remaining_.size() &&
+           remaining_[next_bucket_] == 0) {
+      if (!Launch(next_bucket_)) break;
+      ++next_bucket_;
+      progress = true;
+    }
+    if (!halted_.load(std::memory_order_acquire) && next_bucket_ == remaining_.size()) {
+      FinishIteration();
+      progress = true;
+    }
+    if (progress) {
+      last_progress_ns_ = NowNs();
+      continue;
+    }
+    CheckDeadlines(now);
+    ready_bell_->Wait(seen, kIdleWait, spin_);
+  }
+}
+
+bool Scheduler::Drain(Trainer& t, int64_t now_ns, bool* progress) {
+  ipc::ReadyEvent e;
+  while (true) {
+    const ipc::PopResult r = t.segment.ready_ring().TryPop(&e);
+    if (r == ipc::PopResult::kEmpty) return true;
+    if (r == ipc::PopResult::kCorrupt) {
+      fail_(MakeError(v1::INVALID_ARGUMENT,
+                      absl::StrCat(t.Name(), ": its readiness ring is corrupt (",
+                                   t.segment.ValidateHeader().message(), ")")),
+            t.local_rank);
+      return false;
+    }
+    const ipc::ReadyExpectation expect{static_cast<uint32_t>(layout_.size()), iteration(),
+                                       t.ready_sequence};
+    if (absl::Status st = ipc::ValidateReadyEvent(e, expect); !st.ok()) {
+      fail_(MakeError(v1::INVALID_ARGUMENT,
+                      absl::StrCat(t.Name(), " sent a bad readiness entry: ", st.message())),
+            t.local_rank);
+      return false;
+    }
+    ++t.ready_sequence;
+    if (t.marked[e.tensor] != 0) {
+      fail_(MakeError(v1::INVALID_ARGUMENT,
+                      absl::StrCat(t.Name(), " marked tensor ", e.tensor, " '",
+                                   layout_[e.tensor].name, "' twice in iteration ", iteration())),
+            t.local_rank);
+      return false;
+    }
+    t.marked[e.tensor] = static_cast<uint8_t>(e.kind);
+    ++t.marked_count;
+    if (marks_++ == 0) {
+      iteration_start_ns_ = now_ns;
+      in_iteration_.store(true, std::memory_order_release);
+    }
+    if (t.local_rank == 0 && iteration() == 0) observed_order_.push_back(e.tensor);
+    const uint32_t b = plan_.bucket_of_tensor[e.tensor];
+    BucketTimeline& tl = timelines_[b];
+    if (remaining_[b] == plan_.buckets[b].tensors.size() * trainers_.size()) {
+      tl.first_ready_ns = now_ns;
+      if (observer_) observer_->OnBucketFirstReady(iteration(), b, now_ns);
+    }
+    if (--remaining_[b] == 0) {
+      tl.last_ready_ns = now_ns;
+      if (observer_) observer_->OnBucketLastReady(iteration(), b, now_ns);
+    }
+    if (observer_) {
+      observer_->OnReady(iteration(), t.local_rank, e.tensor,
+                         e.kind == static_cast<uint32_t>(ipc::ReadyKind::kUnused), now_ns);
+    }
+    *progress = true;
+  }
+}
+
+bool Scheduler::Launch(uint32_t bucket) {
+  const PlannedBucket& b = plan_.buckets[bucket];
+  BucketTimeline& tl = timelines_[bucket];
+  tl.iteration = iteration();
+  tl.launch_ns = NowNs();
+  ReduceTimings timings;
+  absl::Status st = reducer_.Reduce(arenas_, spans_[bucket], b.dtype, options_.world_size,
+                                    *backend_, &timings);
+  if (!st.ok()) {
+    fail_(MakeError(CodeOf(st) == v1::INTERNAL ? v1::PEER_FAILED : CodeOf(st),
+                    absl::StrCat("bucket ", bucket, " of iteration ", iteration(), ": ",
+                                 backend_->name(), " allreduce failed: ", st.message())),
+          kCollectiveFailed);
+    return false;
+  }
+  tl.local_done_ns = tl.launch_ns + timings.local_reduce_ns;
+  tl.collective_done_ns = tl.local_done_ns + timings.collective_ns;
+  // No per-bucket completion entry: trainers wait for the iteration, and a
+  // model with more buckets than ring slots must not fill the ring.
+  tl.done_ns = NowNs();
+  if (observer_) observer_->OnBucketDone(tl);
+  return true;
+}
+
+void Scheduler::FinishIteration() {
+  const uint64_t it = iteration();
+  for (Trainer* t : trainers_) {
+    std::fill(t->marked.begin(), t->marked.end(), 0);
+    t->marked_count = 0;
+    ++t->iterations;
+  }
+  next_bucket_ = 0;
+  marks_ = 0;
+  in_iteration_.store(false, std::memory_order_release);
+  stall_reported_ = false;
+  const int64_t start = iteration_start_ns_;
+  // The next iteration's entries can only arrive after "iteration done" is
+  // seen, so all resets above happen first.
+  iteration_.store(it + 1, std::memory_order_release);
+  // "Iteration done" reaches every trainer's ring before any trainer can
+  // act on it: holding all the rings' producer locks, a trainer that returns
+  // and detaches at once cannot get its "detached" error posted ahead of
+  // its peers' "iteration done".
+  absl::Status st;
+  int culprit = -1;
+  // (Locked and unlocked by hand, in local-rank order: no allocation here.)
+  for (Trainer* t : trainers_) t->completion_mu.lock();
+  for (Trainer* t : trainers_) {
+    st = PostCompletionLocked(*t, ipc::CompletionKind::kIterationDone, 0, it, 0);
+    if (!st.ok()) {
+      culprit = t->local_rank;
+      break;
+    }
+  }
+  for (Trainer* t : trainers_) t->completion_mu.unlock();
+  for (Trainer* t : trainers_) t->segment.header()->completion_bell.Ring();
+  if (!st.ok()) {
+    fail_(MakeError(v1::PEER_FAILED, st.message()), culprit);
+    return;
+  }
+  // The next iteration's entries wait in the rings until this returns: the
+  // plan changes exactly at the boundary.
+  MaybeRebuild();
+  for (size_t b = 0; b < remaining_.size(); ++b) {
+    remaining_[b] = static_cast<uint32_t>(plan_.buckets[b].tensors.size() * trainers_.size());
+  }
+  if (observer_) observer_->OnIterationDone(it, bytes_per_iteration_, start, NowNs());
+}
+
+void Scheduler::CheckDeadlines(int64_t now_ns) {
+  if (marks_ == 0) return;  // between iterations: trainers may be loading data
+  const double idle_s = (now_ns - last_progress_ns_) / 1e9;
+  if (!stall_reported_ && idle_s >= options_.stall_threshold_s) {
+    stall_reported_ = true;
+    const std::string missing = DescribeMissing(next_bucket_);
+    spdlog::warn("event=stall iteration={} bucket={} waited_s={:.1f} missing=\"{}\"", iteration(),
+                 next_bucket_, idle_s, missing);
+    if (observer_) observer_->OnStall(iteration(), next_bucket_, idle_s, missing.c_str());
+  }
+  if (idle_s * 1000 >= options_.timeout_ms) {
+    fail_(MakeError(v1::TIMEOUT,
+                    absl::StrCat("iteration ", iteration(), " made no progress for ",
+                                 options_.timeout_ms / 1000.0, " s; still waiting for ",
+                                 DescribeMissing(-1))),
+          -1);
+  }
+}
+
+std::string Scheduler::DescribeMissing(int64_t only_bucket) const {
+  constexpr size_t kMaxNames = 8;
+  std::string out;
+  for (const Trainer* t : trainers_) {
+    if (t->marked_count == layout_.size()) continue;
+    std::string names;
+    size_t listed = 0, missing = 0;
+    for (size_t i = 0; i < layout_.size(); ++i) {
+      if (t->marked[i] != 0) continue;
+      if (only_bucket >= 0 && plan_.bucket_of_tensor[i] != only_bucket) continue;
+      ++missing;
+      if (listed++ < kMaxNames) absl::StrAppend(&names, names.empty() ? "" : ", ", layout_[i].name);
+    }
+    if (missing == 0) continue;
+    if (missing > kMaxNames) absl::StrAppend(&names, " and ", missing - kMaxNames, " more");
+    absl::StrAppend(&out, out.empty() ? "" : "; ", t->Name(), " has not marked ", names);
+  }
+  return out.empty() ? "nothing (the cross-node collective)" : out;
+}
+
+}  // namespace gradsync

@@ -1,0 +1,139 @@
+// Scheduler: the daemon's hot loop for one running job.
+//
+// One thread drains every local trainer's readiness ring (it sleeps on the
+// node-wide doorbell when there is nothing to do), validates each entry,
+// counts readiness per bucket across the local trainers, and launches buckets
+// strictly in plan order as soon as each is complete — while the trainers'
+// backward pass is still producing the later gradients. Launching a bucket
+// means reducing it (LocalReducer + Backend) and posting a completion entry
+// to every trainer; after the last bucket it posts "iteration done".
+// Reductions run on this thread, so the collective order is the plan order
+// by construction, identical on every node.
+#ifndef GRADSYNC_DAEMON_ENGINE_SCHEDULER_H_
+#define GRADSYNC_DAEMON_ENGINE_SCHEDULER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "daemon/backends/backend.h"
+#include "daemon/engine/bucket_planner.h"
+#include "common/layout.h"
+#include "daemon/engine/local_reducer.h"
+#include "daemon/engine/scheduler_observer.h"
+#include "daemon/engine/trainer.h"
+#include "ipc/arena.h"
+#include "ipc/doorbell.h"
+
+namespace gradsync {
+
+class Scheduler {
+ public:
+  // Reports a job failure: `culprit` is the local rank at fault, -1 when no
+  // local trainer is, kCollectiveFailed when the cross-node collective failed.
+  using FailFn = std::function<void(const absl::Status& error, int culprit)>;
+  static constexpr int kCollectiveFailed = -2;
+
+  // Decides the ready order the plan is rebuilt from, identically on every
+  // node (node 0's order, through the rendezvous); one node: `local` itself.
+  using OrderAgreement =
+      std::function<absl::StatusOr<std::vector<uint32_t>>(const std::vector<uint32_t>& local)>;
+
+  struct Options {
+    int world_size = 1;
+    int64_t timeout_ms = 300000;
+    double stall_threshold_s = 60;
+    size_t reduce_threads = 1;
+    BucketCaps caps;
+    // DDP's one-time rebuild: after iteration 0, re-plan from the order in
+    // which local rank 0 marked its gradients ready.
+    bool rebuild_after_first_iteration = true;
+    OrderAgreement agree_order;  // empty: use the local order
+  };
+
+  // `trainers` are indexed by local rank and outlive the scheduler.
+  Scheduler(std::vector<Trainer*> trainers, const Layout& layout, BucketPlan plan,
+            const ipc::ArenaLayout& arena, Backend* backend, ipc::Doorbell* ready_bell,
+            SchedulerObserver* observer, FailFn fail, Options options);
+  ~Scheduler();
+
+  void Start();
+  // Stops the loop (after an in-flight reduction returns) and joins it.
+  void Stop();
+  // After a failure: stop posting completions; the loop idles until Stop.
+  void Halt() { halted_.store(true, std::memory_order_release); }
+
+  uint64_t iteration() const { return iteration_.load(std::memory_order_acquire); }
+  // A copy of the current plan (it may be rebuilt at iteration boundaries).
+  BucketPlan plan() const;
+  // Plans built so far (1 + rebuilds).
+  uint64_t plan_version() const { return plan_version_.load(std::memory_order_acquire); }
+  // Applies new caps at an iteration boundary (re-plans with the current
+  // order): the one entering iteration `at_iteration`, or the next one when
+  // 0. Every node of a job gets the same `at_iteration` so all re-plan
+  // together; reaching a boundary past it first fails the job. Thread-safe.
+  void SetCaps(const BucketCaps& caps, uint64_t at_iteration = 0);
+  // True between an iteration's first mark and its completion.
+  bool in_iteration() const { return in_iteration_.load(std::memory_order_acquire); }
+
+ private:
+  void Loop();
+  // Drains one trainer's ring; false if it failed the job.
+  bool Drain(Trainer& t, int64_t now_ns, bool* progress);
+  bool Launch(uint32_t bucket);
+  void FinishIteration();
+  // Installs `plan`: spans, counters, staging. At iteration boundaries only.
+  void InstallPlan(BucketPlan plan);
+  void MaybeRebuild();
+  void CheckDeadlines(int64_t now_ns);
+  // "rank 1 (local 1, pid 7): fc2.weight, fc2.bias; rank 2 ...: 3 tensors"
+  std::string DescribeMissing(int64_t only_bucket) const;
+
+  std::vector<Trainer*> trainers_;
+  const Layout& layout_;
+  const ipc::ArenaLayout& arena_;
+  BucketPlan plan_;                             // written by the loop under plan_mu_
+  mutable std::mutex plan_mu_;
+  std::atomic<uint64_t> plan_version_{0};
+  std::vector<uint32_t> order_;                 // current ready order the plan follows
+  std::vector<uint32_t> observed_order_;        // local rank 0's marks in iteration 0
+  std::mutex caps_mu_;
+  bool caps_pending_ = false;
+  BucketCaps pending_caps_;
+  uint64_t pending_caps_at_ = 0;
+  std::vector<std::vector<ReduceSpan>> spans_;  // per bucket
+  std::vector<uint8_t*> arenas_;                // per local trainer
+  Backend* backend_;
+  ipc::Doorbell* ready_bell_;
+  SchedulerObserver* observer_;
+  FailFn fail_;
+  Options options_;
+  LocalReducer reducer_;
+
+  // Loop state (scheduler thread only).
+  std::vector<uint32_t> remaining_;  // per bucket: marks still missing
+  std::vector<BucketTimeline> timelines_;
+  uint32_t next_bucket_ = 0;
+  uint64_t marks_ = 0;               // marks seen this iteration
+  int64_t iteration_start_ns_ = 0;   // first mark of the iteration
+  int64_t last_progress_ns_ = 0;
+  bool stall_reported_ = false;
+  uint64_t bytes_per_iteration_ = 0;
+
+  std::atomic<uint64_t> iteration_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> halted_{false};
+  std::atomic<bool> in_iteration_{false};
+  std::string bad_plan_;  // non-empty: a plan that must not run (an internal bug)
+  std::chrono::nanoseconds spin_;  // before sleeping on the node doorbell
+  std::thread thread_;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_ENGINE_SCHEDULER_H_

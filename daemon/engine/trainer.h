@@ -1,0 +1,62 @@
+// Trainer: the daemon's view of one attached trainer process — its identity,
+// its registered layout, its shared-memory segment, and the scheduler's
+// per-iteration bookkeeping for it.
+#ifndef GRADSYNC_DAEMON_ENGINE_TRAINER_H_
+#define GRADSYNC_DAEMON_ENGINE_TRAINER_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/layout.h"
+#include "ipc/trainer_segment.h"
+
+namespace gradsync {
+
+struct Trainer {
+  uint64_t session_id = 0;
+  int local_rank = 0;
+  int64_t pid = 0;
+  int rank = -1;  // global, once the job's world is known
+  Layout layout;
+  bool registered = false;
+  std::atomic<bool> gone{false};
+  // Liveness comes from the Watch stream: a trainer that never opens it
+  // (it died right after attaching) is reaped after a while.
+  std::atomic<bool> watched{false};
+  std::chrono::steady_clock::time_point attached_at;
+  ipc::TrainerSegment segment;
+
+  // Producer side of the completion ring: the scheduler posts bucket and
+  // iteration completions, the control path posts errors.
+  std::mutex completion_mu;
+  uint64_t completion_sequence = 0;
+
+  // Scheduler-only state for the iteration being collected.
+  uint64_t ready_sequence = 0;
+  std::vector<uint8_t> marked;  // per tensor: 0, or the ReadyKind seen
+  uint32_t marked_count = 0;
+  std::atomic<uint64_t> iterations{0};  // synced iterations completed
+
+  std::string Name() const;  // "rank 3 (local 1, pid 4242)"
+};
+
+// Posts one completion entry and rings the trainer's doorbell when `wake`.
+// A ring that stays full for `patience_ms` means the trainer stopped
+// consuming: the post fails (the caller treats the trainer as failed).
+absl::Status PostCompletion(Trainer& trainer, ipc::CompletionKind kind, uint32_t bucket,
+                            uint64_t iteration, int32_t status, bool wake,
+                            int64_t patience_ms = 1000);
+
+// The same with trainer.completion_mu already held by the caller (to post
+// to several trainers as one step). Does not ring the doorbell.
+absl::Status PostCompletionLocked(Trainer& trainer, ipc::CompletionKind kind, uint32_t bucket,
+                                  uint64_t iteration, int32_t status, int64_t patience_ms = 1000);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_ENGINE_TRAINER_H_

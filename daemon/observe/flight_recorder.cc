@@ -1,0 +1,339 @@
+#include "daemon/observe/flight_recorder.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace gradsync {
+namespace {
+
+using json = nlohmann::json;
+
+size_t RoundUpToPowerOfTwo(size_t n) {
+  size_t p = 2;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+// Track ids inside the trace's one process. Trainers come first (tid 1 +
+// rank), buckets after (kBucketTidBase + id), both in numeric order.
+constexpr int64_t kBucketTidBase = int64_t{1} << 24;
+int64_t TrainerTid(uint32_t rank) { return 1 + static_cast<int64_t>(rank); }
+int64_t BucketTid(uint32_t bucket) { return kBucketTidBase + static_cast<int64_t>(bucket); }
+
+bool IsBucketEvent(TraceEventType t) {
+  return t >= TraceEventType::kBucketFirstReady && t <= TraceEventType::kBucketComplete;
+}
+
+// The timestamps one bucket saw in one iteration; the first of each type wins.
+struct BucketTimes {
+  std::optional<int64_t> first_ready, last_ready, launch, local_done, collective_done, complete;
+  int64_t earliest = 0;
+  int64_t latest = 0;
+  bool any = false;
+
+  void Add(const TraceEvent& e) {
+    std::optional<int64_t>* slot = nullptr;
+    switch (e.type) {
+      case TraceEventType::kBucketFirstReady:
+        slot = &first_ready;
+        break;
+      case TraceEventType::kBucketLastReady:
+        slot = &last_ready;
+        break;
+      case TraceEventType::kBucketLaunch:
+        slot = &launch;
+        break;
+      case TraceEventType::kBucketLocalReduceDone:
+        slot = &local_done;
+        break;
+      case TraceEventType::kBucketCollectiveDone:
+        slot = &collective_done;
+        break;
+      case TraceEventType::kBucketComplete:
+        slot = &complete;
+        break;
+      default:
+        return;
+    }
+    if (!slot->has_value()) *slot = e.timestamp_ns;
+    earliest = any ? std::min(earliest, e.timestamp_ns) : e.timestamp_ns;
+    latest = any ? std::max(latest, e.timestamp_ns) : e.timestamp_ns;
+    any = true;
+  }
+};
+
+// Builds the trace's events with every time relative to `origin_ns`.
+class TraceBuilder {
+ public:
+  TraceBuilder(int64_t pid, int64_t origin_ns) : pid_(pid), origin_ns_(origin_ns) {}
+
+  void NameProcess(const std::string& name) {
+    events_.push_back(
+        {{"name", "process_name"}, {"ph", "M"}, {"pid", pid_}, {"args", {{"name", name}}}});
+  }
+
+  void NameTrack(int64_t tid, const std::string& name) {
+    events_.push_back({{"name", "thread_name"},
+                       {"ph", "M"},
+                       {"pid", pid_},
+                       {"tid", tid},
+                       {"args", {{"name", name}}}});
+    events_.push_back({{"name", "thread_sort_index"},
+                       {"ph", "M"},
+                       {"pid", pid_},
+                       {"tid", tid},
+                       {"args", {{"sort_index", tid}}}});
+  }
+
+  void Complete(int64_t tid, const std::string& name, const char* category, int64_t start_ns,
+                int64_t end_ns, json args) {
+    events_.push_back({{"name", name},
+                       {"cat", category},
+                       {"ph", "X"},
+                       {"pid", pid_},
+                       {"tid", tid},
+                       {"ts", Us(start_ns - origin_ns_)},
+                       {"dur", Us(end_ns - start_ns)},
+                       {"args", std::move(args)}});
+  }
+
+  void Instant(int64_t tid, const std::string& name, const char* category, int64_t at_ns,
+               json args) {
+    events_.push_back({{"name", name},
+                       {"cat", category},
+                       {"ph", "i"},
+                       {"s", "t"},
+                       {"pid", pid_},
+                       {"tid", tid},
+                       {"ts", Us(at_ns - origin_ns_)},
+                       {"args", std::move(args)}});
+  }
+
+  json Take() { return std::move(events_); }
+
+ private:
+  // The format's unit is the microsecond; fractions keep nanoseconds.
+  static double Us(int64_t ns) { return static_cast<double>(ns) / 1000.0; }
+
+  const int64_t pid_;
+  const int64_t origin_ns_;
+  json events_ = json::array();
+};
+
+// A span clamped into [lo, hi], so children nest even for odd timestamps.
+std::pair<int64_t, int64_t> Clamp(int64_t start, int64_t end, int64_t lo, int64_t hi) {
+  start = std::clamp(start, lo, hi);
+  end = std::clamp(end, start, hi);
+  return {start, end};
+}
+
+void AddBucketSpans(TraceBuilder& trace, uint32_t bucket, uint64_t iteration, const BucketTimes& t,
+                    int64_t trace_end_ns, bool multi_node) {
+  // The parent: first ready -> completion. If the ring lost the start, the
+  // earliest surviving event stands in; if the bucket never finished (a
+  // stall, or still in flight), the span runs to the end of the trace.
+  const bool truncated = !t.first_ready.has_value();
+  const bool incomplete = !t.complete.has_value();
+  const int64_t start = t.first_ready.value_or(t.earliest);
+  const int64_t end = std::max(start, incomplete ? std::max(trace_end_ns, t.latest) : *t.complete);
+
+  auto args = [&](bool open) {
+    json a = {{"bucket", bucket}, {"iteration", iteration}};
+    if (open) a["incomplete"] = true;
+    return a;
+  };
+  json parent_args = args(incomplete);
+  if (truncated) parent_args["truncated"] = true;
+  trace.Complete(BucketTid(bucket), absl::StrCat("bucket ", bucket), "bucket", start, end,
+                 std::move(parent_args));
+
+  // Siblings follow each other: each starts no earlier than the previous ends.
+  int64_t cursor = start;
+  if (t.first_ready) {
+    auto [s, e] = Clamp(*t.first_ready, t.last_ready.value_or(end), cursor, end);
+    trace.Complete(BucketTid(bucket), "wait for ready", "bucket", s, e, args(!t.last_ready));
+    cursor = e;
+  }
+  if (!t.launch) return;
+  auto [reduce_start, reduce_end] = Clamp(*t.launch, end, cursor, end);
+  trace.Complete(BucketTid(bucket), "reduce", "bucket", reduce_start, reduce_end, args(incomplete));
+
+  auto [local_start, local_end] =
+      Clamp(reduce_start, t.local_done.value_or(reduce_end), reduce_start, reduce_end);
+  trace.Complete(BucketTid(bucket), "local reduce", "bucket", local_start, local_end,
+                 args(!t.local_done));
+  // The cross-node step: recorded when it finished, or in flight on a
+  // multi-node job whose bucket is stuck after the local reduction.
+  const bool collective_open = multi_node && t.local_done && !t.collective_done && incomplete;
+  if (t.collective_done || collective_open) {
+    auto [s, e] = Clamp(local_end, t.collective_done.value_or(reduce_end), local_end, reduce_end);
+    trace.Complete(BucketTid(bucket), "collective", "bucket", s, e, args(collective_open));
+  }
+}
+
+}  // namespace
+
+int64_t SteadyNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+size_t FlightRecorder::CapacityFor(size_t iterations, size_t buckets, size_t tensors,
+                                   size_t local_trainers) {
+  // Six bucket events, plus one mark per tensor per trainer, per iteration.
+  return std::max<size_t>(iterations, 1) * (6 * buckets + tensors * local_trainers);
+}
+
+FlightRecorder::FlightRecorder(size_t capacity_events)
+    : capacity_(RoundUpToPowerOfTwo(capacity_events)), slots_(new Slot[capacity_]) {}
+
+void FlightRecorder::Record(const TraceEvent& event) {
+  while (writer_lock_.test_and_set(std::memory_order_acquire)) std::this_thread::yield();
+  const uint64_t ticket = head_.load(std::memory_order_relaxed);
+  Slot& slot = slots_[ticket & (capacity_ - 1)];
+  uint64_t words[kWords];
+  std::memcpy(words, &event, sizeof(words));
+  // Seqlock write: odd sequence, then the data, then the final sequence.
+  slot.seq.store(2 * ticket + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  for (size_t i = 0; i < kWords; ++i) slot.words[i].store(words[i], std::memory_order_relaxed);
+  slot.seq.store(2 * ticket + 2, std::memory_order_release);
+  head_.store(ticket + 1, std::memory_order_release);
+  writer_lock_.clear(std::memory_order_release);
+}
+
+TraceSnapshot FlightRecorder::Snapshot() const {
+  TraceSnapshot snap;
+  const uint64_t head = head_.load(std::memory_order_acquire);
+  const uint64_t first = head > capacity_ ? head - capacity_ : 0;
+  snap.events.reserve(static_cast<size_t>(head - first));
+  for (uint64_t ticket = first; ticket < head; ++ticket) {
+    const Slot& slot = slots_[ticket & (capacity_ - 1)];
+    const uint64_t expected = 2 * ticket + 2;
+    uint64_t words[kWords];
+    bool intact = slot.seq.load(std::memory_order_acquire) == expected;
+    if (intact) {
+      for (size_t i = 0; i < kWords; ++i) words[i] = slot.words[i].load(std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      intact = slot.seq.load(std::memory_order_relaxed) == expected;
+    }
+    if (!intact) {
+      // The writer lapped us here: this and everything older is being
+      // overwritten. Keep only what follows, so the snapshot stays a
+      // contiguous run of the most recent events.
+      snap.events.clear();
+      continue;
+    }
+    TraceEvent e;
+    std::memcpy(&e, words, sizeof(e));
+    snap.events.push_back(e);
+  }
+  snap.recorded = head;
+  snap.overwritten = head - snap.events.size();
+  return snap;
+}
+
+absl::Status FlightRecorder::WriteTraceFile(const std::string& path,
+                                            const TraceMetadata& metadata) const {
+  return WriteFileAtomically(path, ToChromeTraceJson(Snapshot(), metadata));
+}
+
+std::string ToChromeTraceJson(const TraceSnapshot& snapshot, const TraceMetadata& metadata) {
+  int64_t origin_ns = 0;
+  int64_t latest_ns = 0;
+  if (!snapshot.events.empty()) {
+    auto [lo, hi] = std::minmax_element(
+        snapshot.events.begin(), snapshot.events.end(),
+        [](const TraceEvent& a, const TraceEvent& b) { return a.timestamp_ns < b.timestamp_ns; });
+    origin_ns = lo->timestamp_ns;
+    latest_ns = hi->timestamp_ns;
+  }
+  const int64_t end_ns = metadata.end_ns != 0 ? std::max(metadata.end_ns, origin_ns) : latest_ns;
+
+  // pid 0 means "no process" to some viewers: number nodes from 1.
+  TraceBuilder trace(metadata.node_rank + 1, origin_ns);
+  trace.NameProcess(absl::StrCat("gradsyncd node ", metadata.node_rank));
+
+  std::set<uint32_t> trainers;
+  std::map<std::pair<uint32_t, uint64_t>, BucketTimes> buckets;  // (bucket, iteration)
+  for (const TraceEvent& e : snapshot.events) {
+    if (IsBucketEvent(e.type)) {
+      buckets[{e.id, e.iteration}].Add(e);
+    } else if (e.type == TraceEventType::kTrainerReady ||
+               e.type == TraceEventType::kTrainerUnused) {
+      trainers.insert(e.id);
+    }
+  }
+  for (uint32_t rank : trainers) trace.NameTrack(TrainerTid(rank), absl::StrCat("trainer ", rank));
+  std::set<uint32_t> bucket_ids;
+  for (const auto& [key, times] : buckets) bucket_ids.insert(key.first);
+  for (uint32_t id : bucket_ids) trace.NameTrack(BucketTid(id), absl::StrCat("bucket ", id));
+
+  for (const TraceEvent& e : snapshot.events) {
+    if (e.type != TraceEventType::kTrainerReady && e.type != TraceEventType::kTrainerUnused) {
+      continue;
+    }
+    const char* verb = e.type == TraceEventType::kTrainerReady ? "ready " : "unused ";
+    const std::string tensor = e.tensor < metadata.tensor_names.size()
+                                   ? metadata.tensor_names[e.tensor]
+                                   : absl::StrCat("#", e.tensor);
+    trace.Instant(TrainerTid(e.id), absl::StrCat(verb, tensor), "trainer", e.timestamp_ns,
+                  {{"iteration", e.iteration}, {"tensor", e.tensor}});
+  }
+  for (const auto& [key, times] : buckets) {
+    AddBucketSpans(trace, key.first, key.second, times, end_ns, metadata.num_nodes > 1);
+  }
+
+  json doc = {{"traceEvents", trace.Take()},
+              {"otherData",
+               {{"generator", "gradsyncd"},
+                {"node_rank", metadata.node_rank},
+                {"job_id", metadata.job_id},
+                {"reason", metadata.reason},
+                {"events_recorded", snapshot.recorded},
+                {"events_overwritten", snapshot.overwritten},
+                {"steady_clock_origin_ns", origin_ns}}}};
+  // Invalid UTF-8 in a job id or tensor name must not abort the export.
+  return doc.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  // Captures errno first: the clean-up calls may overwrite it.
+  auto fail = [&tmp](const std::string& what) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    return absl::Status(absl::ErrnoToStatusCode(err), absl::StrCat(what, ": ", std::strerror(err)));
+  };
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) return fail(absl::StrCat("cannot create ", tmp));
+  const bool written = std::fwrite(contents.data(), 1, contents.size(), f) == contents.size() &&
+                       std::fflush(f) == 0 && fsync(fileno(f)) == 0;
+  if (!written) {
+    const int err = errno;
+    std::fclose(f);
+    errno = err;
+    return fail(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::fclose(f) != 0) return fail(absl::StrCat("cannot write ", tmp));
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return fail(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace gradsync

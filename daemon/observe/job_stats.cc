@@ -1,0 +1,181 @@
+#include "daemon/observe/job_stats.h"
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace gradsync {
+namespace {
+
+constexpr size_t kKeepErrors = 16;
+constexpr size_t kKeepStalls = 16;
+
+void Fill(const LatencyStats& s, v1::LatencyStats* out) {
+  const LatencyStats::Summary sum = s.Summarize();
+  out->set_last_us(sum.last_us);
+  out->set_p50_us(sum.p50_us);
+  out->set_p99_us(sum.p99_us);
+}
+
+}  // namespace
+
+JobStats::JobStats(int rank_offset, int world_size, size_t recorder_events, std::string trace_dir,
+                   std::string job_id, int node_rank, int num_nodes,
+                   std::vector<std::string> tensor_names)
+    : rank_offset_(rank_offset),
+      world_size_(world_size),
+      trace_dir_(std::move(trace_dir)),
+      job_id_(std::move(job_id)),
+      node_rank_(node_rank),
+      num_nodes_(num_nodes),
+      tensor_names_(std::move(tensor_names)),
+      recorder_(recorder_events) {}
+
+JobStats::Bucket& JobStats::BucketAt(uint32_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Grows only when a plan with more buckets appears: at most a few times.
+  while (buckets_.size() <= id) buckets_.push_back(std::make_unique<Bucket>());
+  return *buckets_[id];
+}
+
+void JobStats::OnReady(uint64_t iteration, int local_rank, uint32_t tensor, bool unused,
+                       int64_t ns) {
+  recorder_.Record(TraceEvent{ns, iteration, static_cast<uint32_t>(rank_offset_ + local_rank),
+                              tensor,
+                              unused ? TraceEventType::kTrainerUnused : TraceEventType::kTrainerReady});
+}
+
+void JobStats::OnBucketFirstReady(uint64_t iteration, uint32_t bucket, int64_t ns) {
+  recorder_.Record(TraceEvent{ns, iteration, bucket, kNoTensor, TraceEventType::kBucketFirstReady});
+}
+
+void JobStats::OnBucketLastReady(uint64_t iteration, uint32_t bucket, int64_t ns) {
+  recorder_.Record(TraceEvent{ns, iteration, bucket, kNoTensor, TraceEventType::kBucketLastReady});
+}
+
+void JobStats::OnBucketDone(const BucketTimeline& t) {
+  const uint64_t it = t.iteration;
+  recorder_.Record(TraceEvent{t.launch_ns, it, t.bucket, kNoTensor, TraceEventType::kBucketLaunch});
+  recorder_.Record(
+      TraceEvent{t.local_done_ns, it, t.bucket, kNoTensor, TraceEventType::kBucketLocalReduceDone});
+  if (num_nodes_ > 1) {
+    recorder_.Record(TraceEvent{t.collective_done_ns, it, t.bucket, kNoTensor,
+                                TraceEventType::kBucketCollectiveDone});
+  }
+  recorder_.Record(TraceEvent{t.done_ns, it, t.bucket, kNoTensor, TraceEventType::kBucketComplete});
+
+  Bucket& b = BucketAt(t.bucket);
+  b.total.RecordInterval(t.first_ready_ns, t.done_ns);
+  b.wait_for_ready.RecordInterval(t.first_ready_ns, t.last_ready_ns);
+  // Local reduce = everything but the collective (sum, and the write-back).
+  b.local_reduce.Record((t.done_ns - t.launch_ns) - (t.collective_done_ns - t.local_done_ns));
+  b.collective.RecordInterval(t.local_done_ns, t.collective_done_ns);
+  b.count.fetch_add(1, std::memory_order_relaxed);
+  b.bytes.store(t.bytes, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(mu_);
+  pending_collective_ns_ += t.done_ns - t.launch_ns;
+}
+
+void JobStats::OnIterationDone(uint64_t, uint64_t bytes_per_trainer, int64_t, int64_t) {
+  iterations_.fetch_add(1, std::memory_order_relaxed);
+  bytes_reduced_.fetch_add(bytes_per_trainer, std::memory_order_relaxed);
+  bytes_per_iteration_.store(bytes_per_trainer, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(mu_);
+  last_iteration_bytes_ = bytes_per_trainer;
+  last_collective_ns_ = pending_collective_ns_;
+  pending_collective_ns_ = 0;
+}
+
+void JobStats::OnStall(uint64_t iteration, uint32_t bucket, double waited_s,
+                       const char* description) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    v1::StallReport r;
+    r.set_iteration(iteration);
+    r.set_bucket(bucket);
+    r.set_waited_s(waited_s);
+    r.set_description(description);
+    stalls_.push_back(std::move(r));
+    if (stalls_.size() > kKeepStalls) stalls_.pop_front();
+  }
+  if (stall_listener_) {
+    stall_listener_(absl::StrCat("bucket ", bucket, " waited ", static_cast<int>(waited_s),
+                                 " s: ", description));
+  }
+  WriteTrace(absl::StrCat("stall: bucket ", bucket, " of iteration ", iteration));
+}
+
+void JobStats::OnError(const std::string& message, bool write_trace) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++errors_;
+    recent_errors_.push_back(message);
+    if (recent_errors_.size() > kKeepErrors) recent_errors_.pop_front();
+  }
+  if (write_trace) WriteTrace("error: " + message);
+}
+
+void JobStats::WriteTrace(const std::string& reason) {
+  if (trace_dir_.empty()) return;
+  const std::string path = absl::StrCat(trace_dir_, "/gradsync-trace-", job_id_, "-node",
+                                        node_rank_, "-", SteadyNowNs(), ".json");
+  TraceMetadata meta;
+  meta.node_rank = node_rank_;
+  meta.num_nodes = num_nodes_;
+  meta.job_id = job_id_;
+  meta.reason = reason;
+  meta.end_ns = SteadyNowNs();
+  meta.tensor_names = tensor_names_;
+  absl::Status st = recorder_.WriteTraceFile(path, meta);
+  if (st.ok()) {
+    spdlog::warn("event=trace_written path={} reason=\"{}\"", path, reason);
+    std::lock_guard<std::mutex> lock(mu_);
+    last_trace_file_ = path;
+  } else {
+    spdlog::error("event=trace_write_failed path={} error=\"{}\"", path, std::string(st.message()));
+  }
+}
+
+std::string JobStats::last_trace_file() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_trace_file_;
+}
+
+std::string JobStats::TraceJson(const std::string& reason) const {
+  TraceMetadata meta;
+  meta.node_rank = node_rank_;
+  meta.num_nodes = num_nodes_;
+  meta.job_id = job_id_;
+  meta.reason = reason;
+  meta.tensor_names = tensor_names_;
+  return ToChromeTraceJson(recorder_.Snapshot(), meta);
+}
+
+void JobStats::FillStats(v1::Stats* out, const std::vector<uint32_t>& tensors_per_bucket) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t id = 0; id < buckets_.size(); ++id) {
+    const Bucket& b = *buckets_[id];
+    v1::BucketStats* bs = out->add_buckets();
+    bs->set_id(static_cast<uint32_t>(id));
+    bs->set_bytes(b.bytes.load());
+    bs->set_tensor_count(id < tensors_per_bucket.size() ? tensors_per_bucket[id] : 0);
+    bs->set_count(b.count.load());
+    Fill(b.total, bs->mutable_total());
+    Fill(b.wait_for_ready, bs->mutable_wait_for_ready());
+    Fill(b.local_reduce, bs->mutable_local_reduce());
+    Fill(b.collective, bs->mutable_collective());
+  }
+  out->set_iterations(iterations_.load());
+  out->set_bytes_reduced(bytes_reduced_.load());
+  // nccl-tests: algbw = bytes / time of the reduction (launch -> done,
+  // summed over the iteration's buckets); busbw = algbw * 2(n-1)/n.
+  if (last_collective_ns_ > 0) {
+    const double algbw = last_iteration_bytes_ / (last_collective_ns_ / 1e9) / 1e9;
+    out->set_algbw_gbps(algbw);
+    out->set_busbw_gbps(world_size_ > 1 ? algbw * 2.0 * (world_size_ - 1) / world_size_ : algbw);
+  }
+  out->set_errors(errors_);
+  for (const std::string& e : recent_errors_) out->add_recent_errors(e);
+  for (const v1::StallReport& s : stalls_) *out->add_stalls() = s;
+}
+
+}  // namespace gradsync

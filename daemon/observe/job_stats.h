@@ -1,0 +1,89 @@
+// JobStats: what one job's scheduler reports, kept for GetStats and
+// GetTrace — per-bucket latency windows split into wait-for-ready, local
+// reduce and collective, totals, stall reports, and the flight recorder.
+// Written by the scheduler thread (no allocation in steady state), read by
+// the Control service.
+#ifndef GRADSYNC_DAEMON_OBSERVE_JOB_STATS_H_
+#define GRADSYNC_DAEMON_OBSERVE_JOB_STATS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "daemon/observe/flight_recorder.h"
+#include "daemon/observe/latency_stats.h"
+#include "daemon/engine/scheduler_observer.h"
+#include "gradsync/v1/control.pb.h"
+
+namespace gradsync {
+
+class JobStats final : public SchedulerObserver {
+ public:
+  // `trace_dir`: where traces are written on stalls and timeouts.
+  JobStats(int rank_offset, int world_size, size_t recorder_events, std::string trace_dir,
+           std::string job_id, int node_rank, int num_nodes, std::vector<std::string> tensor_names);
+
+  void OnReady(uint64_t iteration, int local_rank, uint32_t tensor, bool unused,
+               int64_t ns) override;
+  void OnBucketFirstReady(uint64_t iteration, uint32_t bucket, int64_t ns) override;
+  void OnBucketLastReady(uint64_t iteration, uint32_t bucket, int64_t ns) override;
+  void OnBucketDone(const BucketTimeline& timeline) override;
+  void OnIterationDone(uint64_t iteration, uint64_t bytes_per_trainer, int64_t start_ns,
+                       int64_t end_ns) override;
+  void OnStall(uint64_t iteration, uint32_t bucket, double waited_s,
+               const char* description) override;
+
+  // Also told about stalls (the multi-node link forwards them to the leader).
+  void set_stall_listener(std::function<void(const std::string&)> listener) {
+    stall_listener_ = std::move(listener);
+  }
+
+  // A job error: counted, kept, and (for timeouts) a trace file is written.
+  void OnError(const std::string& message, bool write_trace);
+
+  // Fills buckets, totals, errors and stalls (not the trainer/job header).
+  void FillStats(v1::Stats* out, const std::vector<uint32_t>& tensors_per_bucket) const;
+  std::string TraceJson(const std::string& reason) const;
+  // Path of the last trace written automatically ("" if none).
+  std::string last_trace_file() const;
+  uint64_t bytes_per_iteration() const { return bytes_per_iteration_.load(); }
+
+ private:
+  struct Bucket {
+    LatencyStats total, wait_for_ready, local_reduce, collective;
+    std::atomic<uint64_t> count{0};
+    std::atomic<uint64_t> bytes{0};
+  };
+  Bucket& BucketAt(uint32_t id);
+  void WriteTrace(const std::string& reason);
+
+  const int rank_offset_, world_size_;
+  const std::string trace_dir_, job_id_;
+  const int node_rank_, num_nodes_;
+  const std::vector<std::string> tensor_names_;
+  FlightRecorder recorder_;
+
+  mutable std::mutex mu_;  // buckets_ growth, errors, stalls, last iteration
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::atomic<uint64_t> iterations_{0};
+  std::atomic<uint64_t> bytes_reduced_{0};
+  std::atomic<uint64_t> bytes_per_iteration_{0};
+  double last_algbw_gbps_ = 0;
+  uint64_t last_iteration_bytes_ = 0;
+  int64_t last_collective_ns_ = 0;  // this iteration's launch -> done, summed over buckets
+  int64_t pending_collective_ns_ = 0;
+  uint64_t errors_ = 0;
+  std::deque<std::string> recent_errors_;
+  std::deque<v1::StallReport> stalls_;
+  std::string last_trace_file_;
+  std::function<void(const std::string&)> stall_listener_;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_OBSERVE_JOB_STATS_H_
