@@ -1,0 +1,198 @@
+// The device seam: every GPU call the GPU data path makes, behind two small
+// interfaces, so that all of the path's logic (handle and offset bookkeeping,
+// readiness events, staging, same-device local sums, collectives, failure and
+// teardown) runs the same against real CUDA + NCCL and against the host
+// simulation that CI uses (no machine that builds this project has a GPU).
+//
+//   TrainerDevice  what a trainer process (libgradsync) does: identify its
+//                  GPU, map the daemon's flat gradient buffer, export its own
+//                  allocations (user-pointer mode), record readiness events.
+//   DaemonDevice   what gradsyncd does: allocate and export flat buffers, open
+//                  trainers' handles, poll their events, stage, sum on the
+//                  device, and run the NCCL group collective.
+//
+// Implementations:
+//   gpu/cuda_trainer_device   CUDA driver API loaded with dlopen (libcuda.so.1),
+//                             so libgradsync.so loads and works on machines
+//                             without CUDA; only a CUDA registration needs it.
+//   gpu/cuda_daemon_device    CUDA runtime (static), the local-sum kernel, and
+//                             NCCL loaded with dlopen at run time.
+//   gpu/sim_device            tests only (testonly = True; never linked into a
+//                             release gradsyncd): host shared memory as device
+//                             memory, segment names as IPC handles, events as
+//                             shared counters completed by a simulated stream
+//                             thread, so a missing wait shows up as a wrong
+//                             result.
+//
+// Handles are opaque 64-byte blobs (the size of cudaIpcMemHandle_t and
+// cudaIpcEventHandle_t); they travel in local.proto as bytes.
+//
+// Threads: a TrainerDevice is used by the trainer's calling thread; a
+// DaemonDevice by the daemon's scheduler thread, except Abort on a
+// CollectiveGroup (any thread). No call blocks without a deadline.
+#ifndef GRADSYNC_GPU_DEVICE_H_
+#define GRADSYNC_GPU_DEVICE_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/dtype.h"
+
+namespace gradsync::gpu {
+
+// A cross-process handle: cudaIpcMemHandle_t / cudaIpcEventHandle_t bytes,
+// or the simulation's segment name, zero-padded.
+struct IpcHandle {
+  static constexpr size_t kSize = 64;
+  std::array<unsigned char, kSize> bytes{};
+
+  std::string ToBytes() const { return std::string(bytes.begin(), bytes.end()); }
+  // INVALID_ARGUMENT unless `s` is exactly kSize bytes.
+  static absl::StatusOr<IpcHandle> FromBytes(const std::string& s);
+};
+
+// A GPU's identity that holds in every process of the node, whatever its
+// CUDA_VISIBLE_DEVICES: the UUID ("GPU-8f6c..."), never the ordinal (a
+// trainer under CUDA_VISIBLE_DEVICES=3 calls its GPU 0).
+using DeviceId = std::string;
+
+// Opaque per-implementation objects. Stream wraps cudaStream_t (CUstream),
+// Event a cudaEvent_t (CUevent) created with cudaEventInterprocess |
+// cudaEventDisableTiming.
+struct Stream;
+struct Event;
+
+// The allocation that contains a pointer (user-pointer mode: caching
+// allocators sub-allocate, so a tensor is `offset` bytes into `base`).
+struct Allocation {
+  void* base = nullptr;
+  size_t size = 0;
+  DeviceId device;
+};
+
+class TrainerDevice {
+ public:
+  virtual ~TrainerDevice() = default;
+
+  // The GPU a device pointer lives on; INVALID_ARGUMENT if `ptr` is not
+  // device memory of this process (a host pointer, a freed pointer).
+  virtual absl::StatusOr<Allocation> FindAllocation(const void* ptr) = 0;
+  // The GPU with this process's ordinal `ordinal`.
+  virtual absl::StatusOr<DeviceId> IdOfOrdinal(int ordinal) = 0;
+
+  // Maps a daemon-owned allocation (the flat gradient buffer) into this
+  // process; returns its base. Close exactly once per successful Open.
+  virtual absl::StatusOr<void*> OpenMemory(const DeviceId& device, const IpcHandle& handle) = 0;
+  virtual absl::Status CloseMemory(void* base) = 0;
+  // Exports an allocation base of this process (user-pointer mode).
+  virtual absl::StatusOr<IpcHandle> ExportMemory(void* base) = 0;
+
+  // An interprocess, timing-disabled event on `device`, and its handle.
+  virtual absl::StatusOr<Event*> CreateEvent(const DeviceId& device) = 0;
+  virtual absl::StatusOr<IpcHandle> ExportEvent(Event* event) = 0;
+  virtual void DestroyEvent(Event* event) = 0;
+  // Records `event` on `stream` (null: the legacy default stream). Never
+  // synchronizes the host with the device.
+  virtual absl::Status RecordEvent(Event* event, Stream* stream) = 0;
+  // Zeroes `bytes` at `ptr` on `stream` (null: legacy default), async.
+  virtual absl::Status MemsetAsync(void* ptr, size_t bytes, Stream* stream) = 0;
+  // Wraps a caller's native stream handle (cudaStream_t); null = default.
+  virtual Stream* WrapStream(void* native) = 0;
+};
+
+// The outcome of polling an event or a stream.
+enum class Completion { kDone, kPending };
+
+// The NCCL communicators of one generation on this node: one rank per
+// local GPU, created together and driven together (one thread owns them
+// all, so init and every collective are grouped).
+struct CollectiveOptions {
+  int nranks = 1;          // NCCL ranks in the whole job (GPUs, not trainers)
+  int first_rank = 0;      // global rank of this node's first local GPU
+  std::vector<DeviceId> devices;  // this node's GPUs, in rank order
+  uint64_t generation = 0;
+  absl::Duration timeout = absl::Seconds(300);
+  // Publishes / fetches the unique id through the rendezvous store (the
+  // node holding rank 0 publishes). Generation-scoped keys: a stale id is
+  // never read. Both must respect the deadline.
+  std::function<absl::Status(const std::string& key, const std::string& value)> publish;
+  std::function<absl::StatusOr<std::string>(const std::string& key, absl::Time deadline)> fetch;
+};
+
+// One in-place sum over all ranks: `count` elements at device pointer
+// `data` on local GPU `device_index` (index into CollectiveOptions.devices).
+struct DeviceBuffer {
+  int device_index = 0;
+  void* data = nullptr;
+  size_t count = 0;
+};
+
+class CollectiveGroup {
+ public:
+  virtual ~CollectiveGroup() = default;  // aborts if still running, bounded
+  // Sums every buffer in place across all ranks, launched as one group, and
+  // returns once it has completed (or failed: kDeadlineExceeded after
+  // `timeout`, kUnavailable on a peer's failure, kAborted after Abort). On
+  // failure the group is aborted and unusable. The caller has already seen
+  // every input's writes complete (events polled): the collective never
+  // waits on a trainer's event.
+  virtual absl::Status AllreduceSum(const std::vector<DeviceBuffer>& buffers, DType dtype) = 0;
+  // Makes an in-flight or future AllreduceSum fail promptly. Any thread.
+  virtual void Abort(const std::string& reason) = 0;
+};
+
+class DaemonDevice {
+ public:
+  virtual ~DaemonDevice() = default;
+
+  // "cuda" or "sim".
+  virtual std::string name() const = 0;
+  // INVALID_ARGUMENT naming `device` when no visible GPU has that id.
+  virtual absl::Status CheckDevice(const DeviceId& device) = 0;
+
+  // Daemon-owned device memory (flat gradient buffers, staging), zeroed.
+  virtual absl::StatusOr<void*> Alloc(const DeviceId& device, size_t bytes) = 0;
+  virtual absl::Status Free(const DeviceId& device, void* ptr) = 0;
+  virtual absl::StatusOr<IpcHandle> ExportMemory(const DeviceId& device, void* base) = 0;
+
+  // A trainer's allocation (user-pointer mode), mapped from its start.
+  // Close exactly once per successful Open, and never while a collective
+  // may be running on it.
+  virtual absl::StatusOr<void*> OpenMemory(const DeviceId& device, const IpcHandle& handle) = 0;
+  virtual absl::Status CloseMemory(const DeviceId& device, void* base) = 0;
+
+  // A trainer's readiness event. Query never blocks; an error (the trainer's
+  // context died) is returned as such, not as kPending.
+  virtual absl::StatusOr<Event*> OpenEvent(const DeviceId& device, const IpcHandle& handle) = 0;
+  virtual absl::StatusOr<Completion> QueryEvent(Event* event) = 0;
+  virtual void CloseEvent(Event* event) = 0;
+
+  // The daemon's own streams (one per GPU it works on).
+  virtual absl::StatusOr<Stream*> CreateStream(const DeviceId& device) = 0;
+  virtual void DestroyStream(Stream* stream) = 0;
+  virtual absl::StatusOr<Completion> QueryStream(Stream* stream) = 0;
+
+  // Async on `stream`: copy, and dst = scale * sum_k srcs[k] elementwise
+  // (fp16/bf16 accumulated in fp32; dst may be srcs[0]; nsrcs >= 1, all on
+  // the stream's GPU).
+  virtual absl::Status CopyAsync(void* dst, const void* src, size_t bytes, Stream* stream) = 0;
+  virtual absl::Status SumAsync(void* dst, const std::vector<const void*>& srcs, size_t count,
+                                DType dtype, float scale, Stream* stream) = 0;
+
+  // Creates the group's communicators (bounded by options.timeout, and by a
+  // one-element warm-up collective so connection failures surface here).
+  virtual absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateCollectives(
+      const CollectiveOptions& options) = 0;
+};
+
+}  // namespace gradsync::gpu
+
+#endif  // GRADSYNC_GPU_DEVICE_H_
