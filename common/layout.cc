@@ -44,6 +44,7 @@ absl::StatusOr<Layout> LayoutFromProto(
   layout.reserve(specs.size());
   absl::flat_hash_set<std::string> names;
   uint64_t total = 0;
+  int first_cpu = -1, first_cuda = -1;
   for (int i = 0; i < specs.size(); ++i) {
     const v1::TensorSpec& s = specs[i];
     if (s.name().empty() || s.name().size() > kMaxTensorNameBytes) {
@@ -66,12 +67,19 @@ absl::StatusOr<Layout> LayoutFromProto(
       return absl::InvalidArgumentError(
           absl::StrCat("tensor ", i, " '", s.name(), "': bad device ", s.device()));
     }
-    if (s.device() >= 0) {
-      // The arena holds CPU tensors only; CUDA tensors need the NCCL path.
+    // One layout is either all CPU (the shared-memory arena) or all CUDA
+    // (the GPU path): the two are reduced by different engines.
+    const int& first_of_kind = s.device() >= 0 ? first_cuda : first_cpu;
+    const int& first_of_other = s.device() >= 0 ? first_cpu : first_cuda;
+    if (first_of_other >= 0) {
+      const int cpu = s.device() >= 0 ? first_of_other : i;
+      const int cuda = s.device() >= 0 ? i : first_of_other;
       return absl::InvalidArgumentError(absl::StrCat(
-          "tensor ", i, " '", s.name(), "' is on cuda:", s.device(),
-          ": this gradsyncd synchronizes CPU tensors only (the NCCL backend is not built yet)"));
+          "the layout mixes CPU and CUDA tensors: tensor ", cpu, " '", specs[cpu].name(),
+          "' is on the CPU and tensor ", cuda, " '", specs[cuda].name(), "' on cuda:",
+          specs[cuda].device(), "; register all gradients on one kind of device"));
     }
+    if (first_of_kind < 0) (s.device() >= 0 ? first_cuda : first_cpu) = i;
     TensorInfo t{s.name(), static_cast<DType>(s.dtype()), s.numel(), s.device()};
     total += t.bytes();
     if (total > kMaxLayoutBytes) {

@@ -39,12 +39,22 @@ TEST(Layout, RejectsBadRegistrationsNamingTheTensor) {
   EXPECT_NE(huge.status().message().find("larger than"), std::string::npos) << huge.status();
 }
 
-TEST(Layout, RefusesCudaTensorsWhileOnlyTheCpuPathExists) {
-  auto specs = Specs({{"w", 0, 10}});
+TEST(Layout, AcceptsCudaTensors) {
+  auto specs = Specs({{"w", 0, 10}, {"b", 0, 1}});
   specs[0].set_device(0);
+  specs[1].set_device(0);
+  auto layout = LayoutFromProto(specs);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ((*layout)[0].device, 0);
+}
+
+TEST(Layout, RefusesMixingCpuAndCudaNamingOneOfEach) {
+  auto specs = Specs({{"w", 0, 10}, {"b", 0, 1}, {"c", 0, 1}});
+  specs[1].set_device(0);
   auto layout = LayoutFromProto(specs);
   ASSERT_FALSE(layout.ok());
-  EXPECT_NE(layout.status().message().find("'w' is on cuda:0"), std::string::npos)
+  EXPECT_NE(layout.status().message().find("tensor 0 'w' is on the CPU and tensor 1 'b' on cuda:0"),
+            std::string::npos)
       << layout.status();
 }
 
