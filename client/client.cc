@@ -7,6 +7,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "client/cuda_tensors.h"
+#include "client/trainer_device_factory.h"
 #include "common/status_code.h"
 
 namespace gradsync {
@@ -59,6 +61,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
     c->socket_path_ = (env && *env) ? env : "/tmp/gradsyncd.sock";
   }
   c->local_rank_ = options.local_rank;
+  c->device_ = options.device;
   if (c->local_rank_ < 0) {
     const char* env = std::getenv("LOCAL_RANK");
     c->local_rank_ = (env && *env) ? std::atoi(env) : 0;
@@ -173,11 +176,6 @@ absl::Status Client::Register(const std::vector<TensorSpec>& specs) {
   v1::RegisterRequest req;
   req.set_session_id(session_);
   for (const TensorSpec& s : specs) {
-    if (s.device >= 0) {
-      return MakeError(v1::INVALID_ARGUMENT,
-                       absl::StrCat("tensor '", s.name, "' is on cuda:", s.device,
-                                    ": this gradsync build synchronizes CPU tensors only"));
-    }
     v1::TensorSpec* t = req.add_tensors();
     t->set_name(s.name);
     t->set_dtype(static_cast<v1::DType>(s.dtype));
@@ -186,6 +184,22 @@ absl::Status Client::Register(const std::vector<TensorSpec>& specs) {
   }
   absl::StatusOr<Layout> layout = LayoutFromProto(req.tensors());
   if (!layout.ok()) return MakeError(v1::INVALID_ARGUMENT, layout.status().message());
+  std::unique_ptr<CudaTensors> cuda;
+  if (!layout->empty() && (*layout)[0].device >= 0) {
+    if (!device_) {
+      absl::StatusOr<std::shared_ptr<gpu::TrainerDevice>> d = NewDefaultTrainerDevice();
+      if (!d.ok()) {
+        return MakeError(v1::INVALID_ARGUMENT,
+                         absl::StrCat("tensor 0 '", (*layout)[0].name, "' is on cuda:",
+                                      (*layout)[0].device, ": ", d.status().message()));
+      }
+      device_ = std::move(*d);
+    }
+    absl::StatusOr<std::unique_ptr<CudaTensors>> prepared =
+        CudaTensors::Prepare(device_, specs, cuda_stream_, &req);
+    if (!prepared.ok()) return prepared.status();
+    cuda = std::move(*prepared);
+  }
 
   v1::RegisterResponse resp;
   grpc::ClientContext ctx;
@@ -207,7 +221,12 @@ absl::Status Client::Register(const std::vector<TensorSpec>& specs) {
   node_ = std::move(*node);
   segment_ = std::move(*seg);
   buffers_.resize(layout->size());
-  for (size_t i = 0; i < layout->size(); ++i) {
+  if (cuda) {
+    if (absl::Status st = cuda->Attach(resp, *layout); !st.ok()) return Failed(st);
+    for (size_t i = 0; i < layout->size(); ++i) buffers_[i] = static_cast<uint8_t*>(cuda->ptr(i));
+    cuda_ = std::move(cuda);
+  }
+  for (size_t i = 0; !cuda_ && i < layout->size(); ++i) {
     const uint64_t off = resp.tensor_offsets(static_cast<int>(i));
     if (off + (*layout)[i].bytes() > segment_.arena_bytes()) {
       return Failed(MakeError(v1::INTERNAL, absl::StrCat("tensor ", i, " lies outside the arena")));
@@ -229,6 +248,13 @@ void* Client::GradBuffer(size_t index) const {
   return buffers_[index];
 }
 
+absl::Status Client::SetCudaStream(void* stream) {
+  if (closed_) return MakeError(v1::STATE, "the client is closed");
+  cuda_stream_ = stream;
+  if (cuda_) cuda_->SetStream(stream);
+  return absl::OkStatus();
+}
+
 absl::Status Client::MarkReady(size_t index) {
   if (absl::Status st = CheckMarkable(index); !st.ok()) return st;
   accumulated_[index] = 1;
@@ -243,7 +269,12 @@ absl::Status Client::MarkUnused(size_t index) {
     // means nothing was added this iteration, not that the sum is lost.
     return Post(index, ipc::ReadyKind::kReady);
   }
-  std::memset(buffers_[index], 0, layout_[index].bytes());
+  if (cuda_) {
+    // Ordered before the readiness event Post records on the same stream.
+    if (absl::Status st = cuda_->Zero(index, layout_[index].bytes()); !st.ok()) return Failed(st);
+  } else {
+    std::memset(buffers_[index], 0, layout_[index].bytes());
+  }
   return Post(index, ipc::ReadyKind::kUnused);
 }
 
@@ -269,6 +300,10 @@ absl::Status Client::Post(size_t index, ipc::ReadyKind kind) {
     return absl::OkStatus();
   }
 
+  if (cuda_) {
+    // The daemon reads the gradient only once it sees this event complete.
+    if (absl::Status st = cuda_->Record(index); !st.ok()) return Failed(st);
+  }
   ipc::ReadyEvent e{};
   e.tensor = static_cast<uint32_t>(index);
   e.kind = static_cast<uint32_t>(kind);
@@ -413,6 +448,7 @@ absl::Status Client::Close() {
   segment_ = ipc::TrainerSegment();
   node_ = ipc::NodeSegment();
   buffers_.clear();
+  cuda_.reset();  // after Detach: the daemon no longer polls our events
   return result;
 }
 

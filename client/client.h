@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
 #include "common/layout.h"
+#include "gpu/device.h"
 #include "gradsync/v1/local.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "ipc/node_segment.h"
@@ -34,14 +35,22 @@ struct TensorSpec {
   std::string name;
   DType dtype = DType::kFloat32;
   uint64_t numel = 0;
-  int device = -1;  // -1: CPU
+  int device = -1;  // -1: CPU; >= 0: CUDA ordinal
+  // CUDA only: the tensor's memory (user-pointer mode), or null for every
+  // tensor (the daemon owns a flat gradient buffer; see cuda_tensors.h).
   void* cuda_ptr = nullptr;
 };
+
+class CudaTensors;
 
 struct ConnectOptions {
   std::string socket_path;  // empty: $GRADSYNC_SOCKET, else /tmp/gradsyncd.sock
   int local_rank = -1;      // -1: $LOCAL_RANK, else 0
   int64_t timeout_ms = 30000;
+  // The device CUDA tensors go through; null: NewDefaultTrainerDevice() at
+  // the first CUDA registration. Tests pass the simulation here (the C ABI
+  // has no way to).
+  std::shared_ptr<gpu::TrainerDevice> device;
 };
 
 class Client {
@@ -58,8 +67,13 @@ class Client {
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   size_t num_tensors() const { return layout_.size(); }
-  // CPU tensor i's buffer in shared memory; nullptr for CUDA or bad i.
+  // Tensor i's gradient buffer: in shared memory (CPU), or a device pointer
+  // (CUDA: into the daemon's flat buffer, or the caller's own cuda_ptr);
+  // nullptr for a bad i.
   void* GradBuffer(size_t index) const;
+  // CUDA tensors: the stream readiness events are recorded on (and unused
+  // gradients zeroed on); null: the legacy default stream.
+  absl::Status SetCudaStream(void* stream);
 
   absl::Status MarkReady(size_t index);
   // Zeroes the buffer: the tensor contributes zeros this iteration.
@@ -96,6 +110,9 @@ class Client {
   bool registered_ = false;
   Layout layout_;
   std::vector<uint8_t*> buffers_;
+  std::shared_ptr<gpu::TrainerDevice> device_;  // from ConnectOptions, or the default
+  void* cuda_stream_ = nullptr;
+  std::unique_ptr<CudaTensors> cuda_;           // set iff the layout is CUDA
   ipc::NodeSegment node_;
   ipc::TrainerSegment segment_;
   int rank_ = -1;

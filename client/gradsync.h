@@ -7,8 +7,20 @@
  *   gs_connect -> gs_register -> { write grads into gs_grad_buffer(i);
  *                                  gs_mark_ready(i) for every i; gs_wait } ... -> gs_close
  *
- * After gs_wait returns GS_OK every CPU gradient buffer holds the average of
+ * After gs_wait returns GS_OK every gradient buffer holds the average of
  * that gradient over all trainers of the job (sum / world size).
+ *
+ * CUDA gradients (spec.device >= 0; a layout is all CPU or all CUDA, on one
+ * GPU per trainer): with every cuda_ptr NULL the daemon owns a flat device
+ * buffer per trainer and gs_grad_buffer returns device pointers into it;
+ * with every cuda_ptr set the gradients stay in the caller's memory, which
+ * must stay allocated (not freed, not reused by a caching allocator) until
+ * gs_close returns. gs_mark_ready records a readiness event on the stream
+ * set by gs_set_cuda_stream (default: the legacy default stream) after the
+ * work queued there so far — it never synchronizes the host. gs_wait
+ * returns once the daemon has observed every bucket's collective complete:
+ * the result is in device memory and the caller's streams need no further
+ * wait.
  *
  * C99, no C++ types; every call returns a gs_status and never aborts the
  * trainer. gs_last_error() describes the most recent failure.
@@ -73,15 +85,17 @@ GS_API gs_status gs_register(gs_client *c, const gs_tensor_spec *specs, size_t c
 /* This trainer's global rank and the job's world size (after gs_register). */
 GS_API gs_status gs_world(gs_client *c, int *rank, int *world_size);
 
-/* The shared-memory gradient buffer of CPU tensor `index`, valid until
- * gs_close; NULL for CUDA tensors, bad indices or before gs_register. */
+/* The gradient buffer of tensor `index`, valid until gs_close: shared
+ * memory for CPU tensors, a device pointer for CUDA tensors (into the
+ * daemon's flat buffer, or the caller's cuda_ptr); NULL for bad indices or
+ * before gs_register. */
 GS_API void *gs_grad_buffer(gs_client *c, size_t index);
 
 /* Gradient `index` is final for this iteration. */
 GS_API gs_status gs_mark_ready(gs_client *c, size_t index);
 
 /* Gradient `index` was not produced this iteration: it contributes zeros
- * (its buffer is zeroed) — unless it accumulated a gradient in earlier
+ * (its buffer is zeroed; CUDA: asynchronously on the chosen stream) — unless it accumulated a gradient in earlier
  * no_sync iterations, which is kept and reduced. Validated before anything
  * is touched: a refused call leaves the buffer alone. */
 GS_API gs_status gs_mark_unused(gs_client *c, size_t index);
@@ -94,6 +108,12 @@ GS_API gs_status gs_wait(gs_client *c, int64_t timeout_ms);
 /* enabled = 0: following iterations post nothing and gradients accumulate
  * in the buffers; the next synced iteration reduces the accumulation. */
 GS_API gs_status gs_set_sync(gs_client *c, int enabled);
+
+/* CUDA tensors: the cudaStream_t (as void*) the readiness events are
+ * recorded on and unused gradients zeroed on, from the next mark on; NULL:
+ * the legacy default stream. Record after the stream's last write of the
+ * gradient, i.e. call gs_mark_ready after queueing backward's work there. */
+GS_API gs_status gs_set_cuda_stream(gs_client *c, void *stream);
 
 /* The message of the last failure on this client ("" if none). */
 GS_API const char *gs_last_error(const gs_client *c);

@@ -138,6 +138,15 @@ gs_status gs_set_sync(gs_client* c, int enabled) {
   GS_GUARD(c)
 }
 
+gs_status gs_set_cuda_stream(gs_client* c, void* stream) {
+  if (c == nullptr) return GS_ERR_INVALID_ARGUMENT;
+  if (!c->client) return NotConnected(c);
+  try {
+    return Record(c, c->client->SetCudaStream(stream));
+  }
+  GS_GUARD(c)
+}
+
 const char* gs_last_error(const gs_client* c) {
   if (c == nullptr) return "null client";
   return c->last_error.c_str();

@@ -12,6 +12,7 @@ gs_last_error
 gs_mark_ready
 gs_mark_unused
 gs_register
+gs_set_cuda_stream
 gs_set_sync
 gs_wait
 gs_world"

@@ -1,0 +1,79 @@
+// CudaTensors: a trainer's CUDA gradients as the client library sees them —
+// where each one lives on the device, and its readiness event.
+//
+// Two modes, chosen per registration:
+//   flat buffer   (every cuda_ptr NULL) the daemon allocates the trainer's
+//                 gradient buffer on its GPU; we map it and hand out device
+//                 pointers into it (gs_grad_buffer). Nothing of ours is ever
+//                 mapped by the daemon, so nothing of ours must outlive it.
+//   user pointer  (every cuda_ptr set) the tensors stay where the trainer
+//                 allocated them; each distinct allocation base is exported
+//                 once. The trainer keeps them allocated until gs_close.
+//
+// Readiness: MarkReady records tensor i's interprocess event on the chosen
+// stream (never a host synchronize) before the ring entry is posted; the
+// daemon polls it before touching the tensor. The event is re-recorded only
+// in the next synced iteration, after gs_wait of this one returned, by
+// which time the daemon has observed it complete (see local.proto).
+#ifndef GRADSYNC_CLIENT_CUDA_TENSORS_H_
+#define GRADSYNC_CLIENT_CUDA_TENSORS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/layout.h"
+#include "gpu/device.h"
+#include "gradsync/v1/local.pb.h"
+
+namespace gradsync {
+
+struct TensorSpec;
+
+class CudaTensors {
+ public:
+  // Checks the specs (all on one CUDA ordinal, cuda_ptr all set or all
+  // NULL), identifies the GPU, exports the allocations (user pointer) and
+  // creates the events; fills req->cuda and each tensor's cuda field.
+  // Errors are INVALID_ARGUMENT naming the tensor.
+  static absl::StatusOr<std::unique_ptr<CudaTensors>> Prepare(
+      std::shared_ptr<gpu::TrainerDevice> device, const std::vector<TensorSpec>& specs,
+      void* native_stream, v1::RegisterRequest* req);
+  ~CudaTensors();  // destroys the events, unmaps the flat buffer
+  CudaTensors(const CudaTensors&) = delete;
+  CudaTensors& operator=(const CudaTensors&) = delete;
+
+  // With the daemon's answer: maps the flat buffer (flat mode) and checks
+  // that every tensor lies inside it.
+  absl::Status Attach(const v1::RegisterResponse& resp, const Layout& layout);
+
+  void* ptr(size_t index) const { return ptrs_[index]; }
+  bool flat() const { return flat_; }
+  const gpu::DeviceId& device_id() const { return device_id_; }
+
+  // Records tensor `index`'s event on the current stream.
+  absl::Status Record(size_t index);
+  // Zeroes tensor `index` on the current stream (asynchronously).
+  absl::Status Zero(size_t index, uint64_t bytes);
+  // The stream later records and zeroes go to (null: legacy default).
+  void SetStream(void* native);
+
+ private:
+  CudaTensors() = default;
+
+  std::shared_ptr<gpu::TrainerDevice> device_;
+  gpu::DeviceId device_id_;
+  bool flat_ = false;
+  gpu::Stream* stream_ = nullptr;
+  std::vector<void*> ptrs_;            // per tensor, valid after Attach
+  std::vector<gpu::Event*> events_;    // per tensor
+  void* flat_base_ = nullptr;          // mapped daemon buffer (flat mode)
+  std::vector<std::string> names_;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_CLIENT_CUDA_TENSORS_H_
