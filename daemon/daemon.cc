@@ -35,7 +35,8 @@ bool SocketAnswers(const std::string& path) {
 
 }  // namespace
 
-Daemon::Daemon(DaemonConfig config) : config_(std::move(config)) {}
+Daemon::Daemon(DaemonConfig config, GpuRuntime gpu)
+    : config_(std::move(config)), gpu_(std::move(gpu)) {}
 
 Daemon::~Daemon() {
   RequestShutdown("destroyed");
@@ -83,6 +84,7 @@ absl::Status Daemon::Start() {
   JobHooks hooks;
   const char* logs = std::getenv("LOGS_DIRECTORY");  // systemd's LogsDirectory=
   hooks.trace_dir = (logs && *logs) ? logs : "/tmp";
+  hooks.gpu = gpu_;
   hooks.on_health = [this](bool serving, const std::string& reason) {
     grpc::Server* server = listen_server_.get();
     if (server == nullptr || server->GetHealthCheckService() == nullptr) return;

@@ -25,7 +25,8 @@ namespace gradsync {
 
 class Daemon {
  public:
-  explicit Daemon(DaemonConfig config);
+  // `gpu`: the GPU path's device, chosen by main (none: CUDA tensors are refused).
+  explicit Daemon(DaemonConfig config, GpuRuntime gpu = {});
   ~Daemon();
 
   // Cleans up what a killed daemon left, creates the node segment, starts
@@ -51,6 +52,7 @@ class Daemon {
   void HeartbeatLoop();
 
   DaemonConfig config_;
+  GpuRuntime gpu_;
   ipc::NodeSegment node_;
   std::unique_ptr<JobRegistry> jobs_;
   std::unique_ptr<LocalService> local_service_;

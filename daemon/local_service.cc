@@ -80,14 +80,23 @@ grpc::Status LocalService::Register(grpc::ServerContext*, const v1::RegisterRequ
                  std::string(layout.status().message()));
     return Reply(resp, MakeError(v1::INVALID_ARGUMENT, layout.status().message()));
   }
+  std::optional<GpuTrainerSpec> cuda;
+  if (req->has_cuda()) {
+    absl::StatusOr<GpuTrainerSpec> spec = GpuTrainerSpecFromProto(*req);
+    if (!spec.ok()) return Reply(resp, spec.status());
+    cuda = std::move(*spec);
+  }
   const absl::Time deadline = absl::Now() + absl::Milliseconds(jobs_->config().timeout_ms);
-  absl::StatusOr<RegisterResult> r = job->Register(req->session_id(), std::move(*layout), deadline);
+  absl::StatusOr<RegisterResult> r =
+      job->Register(req->session_id(), std::move(*layout), std::move(cuda), deadline);
   if (!r.ok()) return Reply(resp, r.status());
   resp->set_segment_name(r->segment_name);
   resp->set_node_segment_name(r->node_segment_name);
   resp->set_layout_hash(r->layout_hash);
   resp->set_arena_bytes(r->arena_bytes);
   for (uint64_t off : r->tensor_offsets) resp->add_tensor_offsets(off);
+  resp->set_flat_buffer_handle(r->flat_buffer_handle);
+  resp->set_flat_buffer_bytes(r->flat_buffer_bytes);
   resp->set_rank(r->rank);
   resp->set_world_size(r->world_size);
   for (const PlannedBucket& b : r->plan.buckets) {

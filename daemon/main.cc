@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
+#include "daemon/run_gradsyncd.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, socket, "/tmp/gradsyncd.sock", "unix socket trainers attach to");
@@ -75,7 +76,7 @@ int Fail(const std::string& message) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_factory) {
   absl::SetProgramUsageMessage(
       "gradsyncd --socket PATH --listen HOST:PORT [--leader HOST:PORT] --node-rank N "
       "--num-nodes N --local-size N ...");
@@ -129,7 +130,18 @@ int main(int argc, char** argv) {
     return Fail(std::string(st.message()));
   }
 
-  gradsync::Daemon daemon(config);
+  gradsync::GpuRuntime gpu;
+  if (config.backend != "gloo" && config.backend != "local") {
+    absl::StatusOr<gradsync::GpuRuntime> made = gpu_factory(config);
+    if (made.ok()) {
+      gpu = std::move(*made);
+    } else if (config.backend == "nccl") {
+      return Fail(absl::StrCat("--backend=nccl: ", made.status().message()));
+    } else {
+      spdlog::info("event=no_gpu_device reason=\"{}\"", std::string(made.status().message()));
+    }
+  }
+  gradsync::Daemon daemon(config, std::move(gpu));
   if (absl::Status st = daemon.Start(); !st.ok()) {
     spdlog::critical("event=start_failed error=\"{}\"", std::string(st.message()));
     return 1;

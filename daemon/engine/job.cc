@@ -51,6 +51,9 @@ Job::~Job() {
   if (scheduler_) scheduler_->Stop();
   world_.link.reset();  // stops heart-beating and leaves the generation
   scheduler_.reset();
+  // After the scheduler stopped: no collective can be running.
+  gpu_reducer_.reset();
+  gpu_session_.reset();
   for (auto& t : trainers_) {
     if (t && t->segment.header() != nullptr) ipc::SharedSegment::Remove(t->segment.name()).IgnoreError();
   }
@@ -104,13 +107,55 @@ absl::StatusOr<uint64_t> Job::Attach(int local_rank, int64_t pid) {
   return session;
 }
 
-absl::StatusOr<RegisterResult> Job::Register(uint64_t session, Layout layout, absl::Time deadline) {
+absl::Status Job::CheckDeviceKind(const Layout& layout) const {
+  if (layout.empty()) return absl::OkStatus();
+  const TensorInfo& first = layout[0];
+  if (first.device < 0) {
+    if (config_.backend == "nccl") {
+      return MakeError(v1::INVALID_ARGUMENT,
+                       absl::StrCat("tensor 0 '", first.name, "' is on the CPU, but this gradsyncd "
+                                    "runs --backend=nccl (CUDA tensors only); use auto or gloo"));
+    }
+    return absl::OkStatus();
+  }
+  const std::string where = absl::StrCat("tensor 0 '", first.name, "' is on cuda:", first.device);
+  if (config_.backend == "gloo" || config_.backend == "local") {
+    return MakeError(v1::INVALID_ARGUMENT,
+                     absl::StrCat(where, ", but this gradsyncd runs --backend=", config_.backend,
+                                  " (CPU tensors only); use auto or nccl"));
+  }
+  if (!hooks_.gpu.device) {
+    return MakeError(v1::INVALID_ARGUMENT,
+                     absl::StrCat(where, ", but this gradsyncd has no GPU device (it was built "
+                                  "without the CUDA device, or none could be opened at start)"));
+  }
+  if (config_.num_nodes > 1) {
+    // UNFINISHED: the unique id must travel through the rendezvous store.
+    return MakeError(v1::INVALID_ARGUMENT,
+                     absl::StrCat(where, ": the GPU path runs on one node only so far "
+                                  "(--num-nodes=", config_.num_nodes, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RegisterResult> Job::Register(uint64_t session, Layout layout,
+                                             std::optional<GpuTrainerSpec> cuda,
+                                             absl::Time deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   Trainer* t = FindLocked(session);
   if (t == nullptr) return MakeError(v1::STATE, "unknown session: attach first");
   if (state_ == JobState::kFailed) return PeerError(*t);
   if (t->registered) return MakeError(v1::STATE, "this trainer already registered its layout");
+  // Refused before counting: the trainer learns at once, the job is unharmed.
+  if (absl::Status st = CheckDeviceKind(layout); !st.ok()) return st;
+  const bool is_cuda = !layout.empty() && layout[0].device >= 0;
+  if (is_cuda != cuda.has_value()) {
+    return MakeError(v1::INVALID_ARGUMENT,
+                     is_cuda ? "CUDA tensors need a CUDA registration (device id, mode, events)"
+                             : "a CUDA registration came with CPU tensors");
+  }
   t->layout = std::move(layout);
+  t->cuda = std::move(cuda);
   t->registered = true;
   ++registered_;
   spdlog::info("event=register job={} local_rank={} tensors={} layout_hash={:016x}", id_,
@@ -143,7 +188,11 @@ absl::StatusOr<RegisterResult> Job::Register(uint64_t session, Layout layout, ab
   r.node_segment_name = node_->name();
   r.layout_hash = LayoutHash(layout_);
   r.arena_bytes = arena_.total_bytes;
-  r.tensor_offsets = arena_.tensor_offsets;
+  r.tensor_offsets = gpu_session_ ? flat_plan_.tensor_offsets : arena_.tensor_offsets;
+  if (gpu_session_ && gpu_session_->flat()) {
+    r.flat_buffer_handle = gpu_session_->flat_handle(t->local_rank).ToBytes();
+    r.flat_buffer_bytes = gpu_session_->flat_bytes();
+  }
   r.rank = t->rank;
   r.world_size = world_.world_size;
   r.plan = scheduler_->plan();
@@ -201,6 +250,16 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world) {
   auto arena = ipc::PlanArena(tensor_bytes, groups);
   if (!arena.ok()) return MakeError(v1::INTERNAL, arena.status().message());
   arena_ = std::move(*arena);
+  const bool cuda = !layout.empty() && layout[0].device >= 0;
+  if (cuda) {
+    // The same planner over the real sizes: every initial bucket is one
+    // contiguous range of each trainer's flat device buffer.
+    std::vector<uint64_t> real_bytes;
+    for (const TensorInfo& t : layout) real_bytes.push_back(t.bytes());
+    auto flat = ipc::PlanArena(real_bytes, groups);
+    if (!flat.ok()) return MakeError(v1::INTERNAL, flat.status().message());
+    flat_plan_ = std::move(*flat);
+  }
 
   const uint64_t hash = LayoutHash(layout);
   std::vector<Trainer*> trainers;
@@ -235,6 +294,10 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world) {
   opts.stall_threshold_s = config_.stall_threshold_s;
   opts.caps = caps;
   opts.agree_order = world_.agree_order;
+  if (cuda) {
+    if (absl::Status st = StartGpuLocked(layout); !st.ok()) return st;
+    opts.gpu = gpu_reducer_.get();
+  }
   // Auto: the cores the node's trainers leave free (they compute backward
   // while buckets are reduced), at least 1; more than 4 threads gain
   // nothing on a memory-bound sum.
@@ -243,7 +306,8 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world) {
                             ? config_.reduce_threads
                             : std::clamp(cores - config_.local_size, 1, 4);
   scheduler_ = std::make_unique<Scheduler>(
-      trainers, layout_, std::move(plan), arena_, world_.backend.get(), &node_->ready_bell(),
+      trainers, layout_, std::move(plan), cuda ? flat_plan_ : arena_, world_.backend.get(),
+      &node_->ready_bell(),
       stats_.get(), [this](const absl::Status& error, int culprit) { Fail(error, culprit); }, opts);
   state_ = JobState::kRunning;
   running_since_ = std::chrono::steady_clock::now();
@@ -261,8 +325,32 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world) {
   spdlog::info(
       "event=job_running job={} world_size={} rank_offset={} buckets={} arena_bytes={} backend={}",
       id_, world_.world_size, world_.rank_offset, scheduler_->plan().buckets.size(),
-      arena_.total_bytes, world_.backend->name());
+      cuda ? flat_plan_.total_bytes : arena_.total_bytes, BackendNameLocked());
   return absl::OkStatus();
+}
+
+absl::Status Job::StartGpuLocked(const Layout& layout) {
+  // (The reducer sizes its staging when the scheduler installs a plan.)
+  std::vector<GpuSession::TrainerInput> inputs;
+  for (auto& t : trainers_) inputs.push_back({&*t->cuda, t->Name()});
+  // Under the job's lock, like the CPU path's segment creation; bounded by
+  // the communicators' timeout. No collective can run yet.
+  absl::StatusOr<std::unique_ptr<GpuSession>> session =
+      GpuSession::Open(hooks_.gpu.device.get(), layout, flat_plan_, inputs, world_.generation,
+                       absl::Milliseconds(config_.timeout_ms));
+  if (!session.ok()) return session.status();
+  gpu_session_ = std::move(*session);
+  gpu_reducer_ = std::make_unique<GpuReducer>(gpu_session_.get(), layout_, world_.world_size,
+                                              hooks_.gpu.unsafe_skip_event_wait);
+  if (hooks_.gpu.unsafe_skip_event_wait) {
+    spdlog::warn("event=unsafe_skip_event_wait job={} (test-only: results may be wrong)", id_);
+  }
+  return absl::OkStatus();
+}
+
+std::string Job::BackendNameLocked() const {
+  if (gpu_session_) return absl::StrCat("gpu-", gpu_session_->device().name());
+  return world_.backend ? world_.backend->name() : "";
 }
 
 void Job::Fail(const absl::Status& error, int culprit) {
@@ -297,6 +385,7 @@ void Job::FailLocked(const absl::Status& error, int culprit, bool expected) {
     if (hooks_.on_health) hooks_.on_health(false, std::string(error.message()));
   }
   if (world_.backend) world_.backend->Abort(std::string(error.message()));
+  if (gpu_session_) gpu_session_->Abort(std::string(error.message()));
   if (world_.link) world_.link->ReportError(error);
   for (auto& t : trainers_) {
     if (!t || t->gone.load() || t->segment.header() == nullptr) continue;
@@ -326,12 +415,20 @@ void Job::ReleaseWorld() {
   // not when the next job replaces this one (the stats stay readable).
   std::shared_ptr<WorldLink> link;
   Scheduler* scheduler = nullptr;
+  std::unique_ptr<GpuReducer> gpu_reducer;
+  std::unique_ptr<GpuSession> gpu_session;
   {
     std::lock_guard<std::mutex> lock(mu_);
     link = std::move(world_.link);
     scheduler = scheduler_.get();
+    gpu_reducer = std::move(gpu_reducer_);
+    gpu_session = std::move(gpu_session_);
   }
   if (scheduler) scheduler->Stop();
+  // Only now, with the scheduler stopped, is no collective running: the
+  // communicators, buffers, handles and events can go.
+  gpu_reducer.reset();
+  gpu_session.reset();
   link.reset();  // outside the lock: it talks to the leader
 }
 
@@ -440,13 +537,13 @@ uint64_t Job::generation() const {
 
 std::string Job::backend_name() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return world_.backend ? world_.backend->name() : "";
+  return BackendNameLocked();
 }
 
 void Job::FillStats(v1::Stats* out) const {
   std::lock_guard<std::mutex> lock(mu_);
   out->set_generation(world_.generation);
-  out->set_backend(world_.backend ? world_.backend->name() : "");
+  out->set_backend(BackendNameLocked());
   out->set_world_size(world_.world_size);
   const uint64_t per_iteration = stats_ ? stats_->bytes_per_iteration() : 0;
   for (const auto& t : trainers_) {

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,8 @@
 #include "absl/time/time.h"
 #include "daemon/backends/backend.h"
 #include "daemon/engine/bucket_planner.h"
+#include "daemon/engine/gpu_reducer.h"
+#include "daemon/engine/gpu_session.h"
 #include "daemon/config.h"
 #include "daemon/observe/job_stats.h"
 #include "common/layout.h"
@@ -80,7 +83,10 @@ struct RegisterResult {
   std::string node_segment_name;
   uint64_t layout_hash = 0;
   uint64_t arena_bytes = 0;
-  std::vector<uint64_t> tensor_offsets;
+  std::vector<uint64_t> tensor_offsets;  // CUDA: in the flat device buffer
+  // CUDA flat-buffer mode: the daemon-owned buffer this trainer maps.
+  std::string flat_buffer_handle;
+  uint64_t flat_buffer_bytes = 0;
   int rank = 0;
   int world_size = 1;
   BucketPlan plan;
@@ -94,6 +100,8 @@ struct JobHooks {
   // Health: false with a reason when a job fails unexpectedly, true when a
   // job is running. Called with the job's lock held: must not call back.
   std::function<void(bool serving, const std::string& reason)> on_health;
+  // The GPU path's device (null: CUDA tensors are refused).
+  GpuRuntime gpu;
 };
 
 class Job {
@@ -108,8 +116,10 @@ class Job {
   absl::StatusOr<uint64_t> Attach(int local_rank, int64_t pid);
 
   // Blocks until every local trainer registered and the world is formed,
-  // or the deadline passes, or the job fails (e.g. MISMATCH).
-  absl::StatusOr<RegisterResult> Register(uint64_t session, Layout layout, absl::Time deadline);
+  // or the deadline passes, or the job fails (e.g. MISMATCH). `cuda` is
+  // set iff the layout's tensors are CUDA tensors.
+  absl::StatusOr<RegisterResult> Register(uint64_t session, Layout layout,
+                                          std::optional<GpuTrainerSpec> cuda, absl::Time deadline);
 
   // The trainer is gone: graceful Detach or a broken Watch stream. While
   // the job runs, its peers get PEER_FAILED.
@@ -165,9 +175,15 @@ class Job {
   // Called by the last registering trainer's thread, lock released inside.
   void FormLocked(std::unique_lock<std::mutex>& lock);
   absl::Status StartLocked(const Layout& layout, JobWorld world);
+  // The GPU path's resources for a CUDA layout (flat buffers, handles,
+  // events, communicators), after the buckets are planned.
+  absl::Status StartGpuLocked(const Layout& layout);
+  // Whether this daemon can take a layout of this kind at all.
+  absl::Status CheckDeviceKind(const Layout& layout) const;
   // `expected`: a normal end (a trainer closed): logged at info level.
   void FailLocked(const absl::Status& error, int culprit, bool expected = false);
   absl::Status PeerError(const Trainer& t) const;
+  std::string BackendNameLocked() const;
 
   const DaemonConfig config_;
   ipc::NodeSegment* node_;
@@ -190,6 +206,12 @@ class Job {
   Layout layout_;
   JobWorld world_;
   ipc::ArenaLayout arena_;
+  // GPU path (CUDA layouts): where tensors lie in each trainer's flat
+  // buffer, the device resources, and the reducer over them. Released only
+  // after the scheduler stopped (ReleaseWorld, the destructor).
+  ipc::ArenaLayout flat_plan_;
+  std::unique_ptr<GpuSession> gpu_session_;
+  std::unique_ptr<GpuReducer> gpu_reducer_;
   std::unique_ptr<JobStats> stats_;
   std::chrono::steady_clock::time_point running_since_;
   std::unique_ptr<Scheduler> scheduler_;

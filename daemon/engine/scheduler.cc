@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_code.h"
 #include "spdlog/spdlog.h"
 
@@ -96,7 +97,13 @@ void Scheduler::InstallPlan(BucketPlan plan) {
     staging = std::max(staging, LocalReducer::StagingBytes(span_bytes, b.dtype));
     bytes += b.bytes;
   }
-  if (backend_->num_nodes() > 1) reducer_.EnsureStaging(staging);
+  if (backend_->num_nodes() > 1 && !options_.gpu) reducer_.EnsureStaging(staging);
+  if (options_.gpu) {
+    // Between iterations (or before the first): no collective is running.
+    if (absl::Status st = options_.gpu->Prepare(plan, spans); !st.ok()) {
+      bad_plan_ = std::string(st.message());
+    }
+  }
   spans_ = std::move(spans);
   bytes_per_iteration_ = bytes;
   remaining_.assign(plan.buckets.size(), 0);
@@ -286,6 +293,7 @@ bool Scheduler::Launch(uint32_t bucket) {
   BucketTimeline& tl = timelines_[bucket];
   tl.iteration = iteration();
   tl.launch_ns = NowNs();
+  if (options_.gpu) return LaunchGpu(bucket);
   ReduceTimings timings;
   absl::Status st = reducer_.Reduce(arenas_, spans_[bucket], b.dtype, options_.world_size,
                                     *backend_, &timings);
@@ -296,6 +304,32 @@ bool Scheduler::Launch(uint32_t bucket) {
           kCollectiveFailed);
     return false;
   }
+  return FinishLaunch(bucket, timings);
+}
+
+bool Scheduler::LaunchGpu(uint32_t bucket) {
+  const PlannedBucket& b = plan_.buckets[bucket];
+  ReduceTimings timings;
+  int culprit = GpuReducer::kNoCulprit;
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(options_.timeout_ms);
+  absl::Status st = options_.gpu->Reduce(b, spans_[bucket], deadline, &timings, &culprit);
+  if (!st.ok()) {
+    const std::string where = absl::StrCat("bucket ", bucket, " of iteration ", iteration(), ": ");
+    if (culprit == GpuReducer::kCollective) {
+      fail_(MakeError(CodeOf(st) == v1::INTERNAL ? v1::PEER_FAILED : CodeOf(st),
+                      absl::StrCat(where, "the GPU allreduce failed: ", st.message())),
+            kCollectiveFailed);
+    } else {
+      fail_(MakeError(CodeOf(st), absl::StrCat(where, st.message())),
+            culprit >= 0 ? trainers_[culprit]->local_rank : -1);
+    }
+    return false;
+  }
+  return FinishLaunch(bucket, timings);
+}
+
+bool Scheduler::FinishLaunch(uint32_t bucket, const ReduceTimings& timings) {
+  BucketTimeline& tl = timelines_[bucket];
   tl.local_done_ns = tl.launch_ns + timings.local_reduce_ns;
   tl.collective_done_ns = tl.local_done_ns + timings.collective_ns;
   // No per-bucket completion entry: trainers wait for the iteration, and a

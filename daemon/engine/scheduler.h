@@ -5,7 +5,8 @@
 // counts readiness per bucket across the local trainers, and launches buckets
 // strictly in plan order as soon as each is complete — while the trainers'
 // backward pass is still producing the later gradients. Launching a bucket
-// means reducing it (LocalReducer + Backend) and posting a completion entry
+// means reducing it (LocalReducer + Backend, or GpuReducer for CUDA
+// gradients) and posting a completion entry
 // to every trainer; after the last bucket it posts "iteration done".
 // Reductions run on this thread, so the collective order is the plan order
 // by construction, identical on every node.
@@ -24,6 +25,7 @@
 #include "daemon/backends/backend.h"
 #include "daemon/engine/bucket_planner.h"
 #include "common/layout.h"
+#include "daemon/engine/gpu_reducer.h"
 #include "daemon/engine/local_reducer.h"
 #include "daemon/engine/scheduler_observer.h"
 #include "daemon/engine/trainer.h"
@@ -54,6 +56,9 @@ class Scheduler {
     // which local rank 0 marked its gradients ready.
     bool rebuild_after_first_iteration = true;
     OrderAgreement agree_order;  // empty: use the local order
+    // CUDA gradients: buckets go through this instead of the LocalReducer,
+    // and `arena` is the flat-buffer plan. Owned by the job.
+    GpuReducer* gpu = nullptr;
   };
 
   // `trainers` are indexed by local rank and outlive the scheduler.
@@ -86,6 +91,9 @@ class Scheduler {
   // Drains one trainer's ring; false if it failed the job.
   bool Drain(Trainer& t, int64_t now_ns, bool* progress);
   bool Launch(uint32_t bucket);
+  bool LaunchGpu(uint32_t bucket);
+  // The bucket's reduction succeeded: timeline and observer.
+  bool FinishLaunch(uint32_t bucket, const ReduceTimings& timings);
   void FinishIteration();
   // Installs `plan`: spans, counters, staging. At iteration boundaries only.
   void InstallPlan(BucketPlan plan);

@@ -8,11 +8,13 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "common/layout.h"
+#include "daemon/engine/gpu_session.h"
 #include "ipc/trainer_segment.h"
 
 namespace gradsync {
@@ -23,6 +25,7 @@ struct Trainer {
   int64_t pid = 0;
   int rank = -1;  // global, once the job's world is known
   Layout layout;
+  std::optional<GpuTrainerSpec> cuda;  // CUDA layouts: what it registered
   bool registered = false;
   std::atomic<bool> gone{false};
   // Liveness comes from the Watch stream: a trainer that never opens it

@@ -1,0 +1,84 @@
+// GpuReducer: reduces one bucket of CUDA gradients — the GPU path's
+// counterpart of LocalReducer, called by the scheduler at the same point.
+//
+// Per bucket, on the scheduler thread:
+//   1. poll every local trainer's readiness event of every tensor of the
+//      bucket (DaemonDevice::QueryEvent) until complete, within the
+//      deadline. Never make a stream wait on a trainer's event: a wait
+//      whose completion is not already known can hang the daemon's stream
+//      behind a dead trainer.
+//   2. per GPU: dst = (1/world_size) * sum of the trainers on that GPU
+//      (SumAsync, fp32 accumulation: pre-scaling, so the collective is a
+//      plain sum), into the first trainer's buffer when the bucket is one
+//      contiguous range of it, else into the GPU's staging buffer;
+//   3. wait for the streams (QueryStream polling), then one group
+//      AllreduceSum over the node's GPUs;
+//   4. CopyAsync the result to every other trainer's memory on each GPU
+//      (and out of staging), and wait for the streams again.
+// Only then does the scheduler count the bucket done: a trainer's gs_wait
+// returns after the results are in its memory.
+#ifndef GRADSYNC_DAEMON_ENGINE_GPU_REDUCER_H_
+#define GRADSYNC_DAEMON_ENGINE_GPU_REDUCER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/layout.h"
+#include "daemon/engine/bucket_planner.h"
+#include "daemon/engine/gpu_session.h"
+#include "daemon/engine/local_reducer.h"
+
+namespace gradsync {
+
+class GpuReducer {
+ public:
+  // Who a failed Reduce blames: a trainer (index into the session, which
+  // is in local-rank order), nobody, or the collective.
+  static constexpr int kNoCulprit = -1;
+  static constexpr int kCollective = -2;
+
+  GpuReducer(GpuSession* session, const Layout& layout, int world_size, bool skip_event_wait);
+
+  // At plan installs (between iterations, no collective running): the
+  // staging the plan's non-contiguous buckets need.
+  absl::Status Prepare(const BucketPlan& plan,
+                       const std::vector<std::vector<ReduceSpan>>& flat_spans);
+
+  // `flat_spans`: the bucket's ranges in a flat buffer (flat mode). Errors
+  // name the trainer and tensor; *culprit says whom to blame.
+  absl::Status Reduce(const PlannedBucket& bucket, const std::vector<ReduceSpan>& flat_spans,
+                      absl::Time deadline, ReduceTimings* timings, int* culprit);
+
+  void Abort(const std::string& reason) { session_->Abort(reason); }
+
+ private:
+  // A piece of the bucket: `bytes` at pointer(trainer) in every trainer.
+  struct Piece {
+    uint64_t flat_offset = 0;  // flat mode
+    uint32_t tensor = 0;       // user-pointer mode
+    uint64_t bytes = 0;
+    uint64_t staging_offset = 0;
+  };
+  void Pieces(const PlannedBucket& bucket, const std::vector<ReduceSpan>& flat_spans,
+              std::vector<Piece>* out) const;
+  void* At(size_t trainer, const Piece& p) const;
+  absl::Status WaitEvents(const PlannedBucket& bucket, absl::Time deadline, int* culprit);
+  absl::Status WaitStreams(absl::Time deadline, const char* what);
+
+  GpuSession* session_;
+  const Layout& layout_;
+  const int world_size_;
+  const bool skip_event_wait_;
+  std::vector<std::vector<size_t>> trainers_on_device_;  // per device index
+  // Scratch, reused per call (no allocation in steady state).
+  std::vector<Piece> pieces_;
+  std::vector<const void*> srcs_;
+  std::vector<gpu::DeviceBuffer> buffers_;
+  std::vector<std::pair<size_t, uint32_t>> pending_;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_ENGINE_GPU_REDUCER_H_

@@ -1,0 +1,224 @@
+#include "daemon/engine/gpu_session.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_code.h"
+#include "spdlog/spdlog.h"
+
+namespace gradsync {
+namespace {
+
+// A device error while setting up, naming what was being done.
+absl::Status SetupError(const absl::Status& st, const std::string& what) {
+  return MakeError(CodeOf(st) == v1::INVALID_ARGUMENT ? v1::INVALID_ARGUMENT : v1::INTERNAL,
+                   absl::StrCat(what, ": ", st.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<GpuTrainerSpec> GpuTrainerSpecFromProto(const v1::RegisterRequest& req) {
+  const v1::CudaRegistration& c = req.cuda();
+  auto bad = [](const std::string& m) { return MakeError(v1::INVALID_ARGUMENT, m); };
+  GpuTrainerSpec s;
+  s.device = c.device_id();
+  if (s.device.empty()) return bad("a CUDA registration must name its GPU (device_id)");
+  if (c.mode() != v1::CudaRegistration::FLAT_BUFFER &&
+      c.mode() != v1::CudaRegistration::USER_POINTER) {
+    return bad(absl::StrCat("unknown CUDA registration mode ", c.mode()));
+  }
+  s.flat = c.mode() == v1::CudaRegistration::FLAT_BUFFER;
+  for (const std::string& h : c.allocation_handles()) {
+    absl::StatusOr<gpu::IpcHandle> handle = gpu::IpcHandle::FromBytes(h);
+    if (!handle.ok()) return bad(absl::StrCat("allocation handle: ", handle.status().message()));
+    s.allocations.push_back(*handle);
+  }
+  if (s.flat && !s.allocations.empty()) {
+    return bad("a flat-buffer registration sends no allocation handles");
+  }
+  for (int i = 0; i < req.tensors_size(); ++i) {
+    const v1::TensorSpec& t = req.tensors(i);
+    const v1::CudaBuffer& b = t.cuda();
+    absl::StatusOr<gpu::IpcHandle> event = gpu::IpcHandle::FromBytes(b.event_handle());
+    if (!event.ok()) {
+      return bad(absl::StrCat("tensor ", i, " '", t.name(), "': readiness event handle: ",
+                              event.status().message()));
+    }
+    if (!b.mem_handle().empty()) {
+      return bad(absl::StrCat("tensor ", i, " '", t.name(), "': mem_handle is unused; send "
+                              "allocation handles in CudaRegistration"));
+    }
+    if (!s.flat && b.allocation() >= s.allocations.size()) {
+      return bad(absl::StrCat("tensor ", i, " '", t.name(), "': allocation ", b.allocation(),
+                              " of ", s.allocations.size(), " sent"));
+    }
+    s.events.push_back(*event);
+    s.allocation.push_back(b.allocation());
+    s.offset.push_back(b.offset());
+  }
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
+    gpu::DaemonDevice* device, const Layout& layout, const ipc::ArenaLayout& flat_plan,
+    const std::vector<TrainerInput>& trainers, uint64_t generation, absl::Duration timeout) {
+  std::unique_ptr<GpuSession> s(new GpuSession(device));
+  s->flat_bytes_ = flat_plan.total_bytes;
+  s->flat_ = trainers.empty() || trainers[0].spec->flat;
+  // Built up as we go: on an error the destructor releases what was opened.
+  for (const TrainerInput& in : trainers) {
+    const GpuTrainerSpec& spec = *in.spec;
+    if (spec.flat != s->flat_) {
+      return MakeError(v1::MISMATCH,
+                       absl::StrCat(in.name, " registered ", spec.flat ? "without" : "with",
+                                    " cuda_ptr, ", trainers[0].name, " ",
+                                    s->flat_ ? "without" : "with",
+                                    ": every trainer of a job uses the same mode"));
+    }
+    if (spec.events.size() != layout.size()) {
+      return MakeError(v1::INVALID_ARGUMENT, absl::StrCat(in.name, " sent ", spec.events.size(),
+                                                          " events for ", layout.size(), " tensors"));
+    }
+    if (absl::Status st = device->CheckDevice(spec.device); !st.ok()) {
+      return SetupError(st, absl::StrCat(in.name, "'s GPU ", spec.device));
+    }
+    PerTrainer& p = s->trainers_.emplace_back();
+    p.name = in.name;
+    p.device = spec.device;
+    auto known = std::find(s->devices_.begin(), s->devices_.end(), spec.device);
+    p.device_index = static_cast<int>(known - s->devices_.begin());
+    if (known == s->devices_.end()) s->devices_.push_back(spec.device);
+    p.tensors.assign(layout.size(), nullptr);
+
+    if (s->flat_) {
+      // The daemon owns the trainer's gradients: nothing of the trainer's
+      // is ever mapped here, so nothing of it must outlive us.
+      absl::StatusOr<void*> base = device->Alloc(spec.device, s->flat_bytes_);
+      if (!base.ok()) {
+        return SetupError(base.status(), absl::StrCat("allocating the ", s->flat_bytes_,
+                                                      "-byte gradient buffer of ", in.name));
+      }
+      p.flat_base = static_cast<uint8_t*>(*base);
+      absl::StatusOr<gpu::IpcHandle> h = device->ExportMemory(spec.device, p.flat_base);
+      if (!h.ok()) return SetupError(h.status(), absl::StrCat("exporting ", in.name, "'s buffer"));
+      p.flat_handle = *h;
+      for (size_t i = 0; i < layout.size(); ++i) {
+        p.tensors[i] = p.flat_base + flat_plan.tensor_offsets[i];
+      }
+    } else {
+      // Opened once per registration, on the trainer's GPU (by UUID).
+      for (size_t a = 0; a < spec.allocations.size(); ++a) {
+        absl::StatusOr<void*> base = device->OpenMemory(spec.device, spec.allocations[a]);
+        if (!base.ok()) {
+          return SetupError(base.status(),
+                            absl::StrCat("opening allocation ", a, " of ", in.name));
+        }
+        p.opened.push_back(*base);
+      }
+      for (size_t i = 0; i < layout.size(); ++i) {
+        p.tensors[i] = static_cast<uint8_t*>(p.opened[spec.allocation[i]]) + spec.offset[i];
+      }
+    }
+    for (size_t i = 0; i < layout.size(); ++i) {
+      absl::StatusOr<gpu::Event*> e = device->OpenEvent(spec.device, spec.events[i]);
+      if (!e.ok()) {
+        return SetupError(e.status(), absl::StrCat("opening ", in.name, "'s readiness event of "
+                                                   "tensor ", i, " '", layout[i].name, "'"));
+      }
+      p.events.push_back(*e);
+    }
+  }
+  for (const gpu::DeviceId& d : s->devices_) {
+    absl::StatusOr<gpu::Stream*> stream = device->CreateStream(d);
+    if (!stream.ok()) return SetupError(stream.status(), absl::StrCat("a stream on ", d));
+    s->streams_.push_back(*stream);
+    s->staging_.push_back(nullptr);
+  }
+
+  // One node: every rank is here, so the unique id never leaves the
+  // process. (Across nodes it goes through the rendezvous store: not wired
+  // yet; Job refuses multi-node GPU jobs.)
+  gpu::CollectiveOptions o;
+  o.nranks = static_cast<int>(s->devices_.size());
+  o.first_rank = 0;
+  o.devices = s->devices_;
+  o.generation = generation;
+  o.timeout = timeout;
+  auto store = std::make_shared<std::map<std::string, std::string>>();
+  auto store_mu = std::make_shared<std::mutex>();
+  o.publish = [store, store_mu](const std::string& key, const std::string& value) {
+    std::lock_guard<std::mutex> lock(*store_mu);
+    if (!store->emplace(key, value).second) {
+      return MakeError(v1::INTERNAL, absl::StrCat("unique id key ", key, " published twice"));
+    }
+    return absl::OkStatus();
+  };
+  o.fetch = [store, store_mu](const std::string& key,
+                              absl::Time) -> absl::StatusOr<std::string> {
+    std::lock_guard<std::mutex> lock(*store_mu);
+    auto it = store->find(key);
+    if (it == store->end()) {
+      return MakeError(v1::INTERNAL, absl::StrCat("unique id key ", key, " was never published"));
+    }
+    return it->second;
+  };
+  absl::StatusOr<std::unique_ptr<gpu::CollectiveGroup>> group = device->CreateCollectives(o);
+  if (!group.ok()) {
+    return MakeError(CodeOf(group.status()) == v1::INVALID_ARGUMENT ? v1::INTERNAL
+                                                                    : CodeOf(group.status()),
+                     absl::StrCat("creating the communicators of generation ", generation, " over ",
+                                  s->devices_.size(), " GPUs: ", group.status().message()));
+  }
+  s->collectives_ = std::move(*group);
+  spdlog::info("event=gpu_session_open device={} mode={} trainers={} gpus={} flat_bytes={}",
+               device->name(), s->flat_ ? "flat_buffer" : "user_pointer", s->trainers_.size(),
+               s->devices_.size(), s->flat_bytes_);
+  return s;
+}
+
+absl::Status GpuSession::EnsureStaging(uint64_t bytes) {
+  if (bytes <= staging_bytes_) return absl::OkStatus();
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    if (staging_[d] != nullptr) {
+      device_->Free(devices_[d], staging_[d]).IgnoreError();
+      staging_[d] = nullptr;
+    }
+  }
+  staging_bytes_ = 0;
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    absl::StatusOr<void*> p = device_->Alloc(devices_[d], bytes);
+    if (!p.ok()) {
+      return SetupError(p.status(), absl::StrCat("allocating ", bytes, " bytes of staging on ",
+                                                 devices_[d]));
+    }
+    staging_[d] = static_cast<uint8_t*>(*p);
+  }
+  staging_bytes_ = bytes;
+  return absl::OkStatus();
+}
+
+void GpuSession::Abort(const std::string& reason) {
+  aborted_.store(true, std::memory_order_release);
+  if (collectives_) collectives_->Abort(reason);
+}
+
+GpuSession::~GpuSession() {
+  // The communicators go first: destroying them waits (bounded) for any
+  // collective, so no kernel still reads the memory released below.
+  collectives_.reset();
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    if (staging_.size() > d && staging_[d] != nullptr) {
+      device_->Free(devices_[d], staging_[d]).IgnoreError();
+    }
+    if (streams_.size() > d) device_->DestroyStream(streams_[d]);
+  }
+  for (PerTrainer& p : trainers_) {
+    for (gpu::Event* e : p.events) device_->CloseEvent(e);
+    for (void* base : p.opened) device_->CloseMemory(p.device, base).IgnoreError();
+    if (p.flat_base != nullptr) device_->Free(p.device, p.flat_base).IgnoreError();
+  }
+}
+
+}  // namespace gradsync

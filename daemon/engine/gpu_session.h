@@ -1,0 +1,127 @@
+// GpuSession: the device resources of one running job on the GPU path —
+// each trainer's gradient memory (a daemon-owned flat buffer, or the
+// trainer's own allocations opened through IPC handles), its readiness
+// events, the daemon's streams and staging buffers (one per GPU), and the
+// NCCL communicators of this generation (one rank per GPU of the node).
+//
+// Lifetime (the NCCL invariants, see /work/shared/reviews/nccl-backend.md):
+// everything is opened at job start, on the job's thread, and released by
+// the destructor, which must run only after the scheduler stopped — never
+// while a collective may be running (freeing or closing IPC memory then
+// can deadlock on the running kernel). Abort, from any thread, makes an
+// in-flight collective or poll return promptly.
+#ifndef GRADSYNC_DAEMON_ENGINE_GPU_SESSION_H_
+#define GRADSYNC_DAEMON_ENGINE_GPU_SESSION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/layout.h"
+#include "gpu/device.h"
+#include "gradsync/v1/local.pb.h"
+#include "ipc/arena.h"
+
+namespace gradsync {
+
+// What a trainer registered for its CUDA gradients (local.proto's
+// CudaRegistration and each tensor's CudaBuffer), validated.
+struct GpuTrainerSpec {
+  gpu::DeviceId device;
+  bool flat = true;
+  std::vector<gpu::IpcHandle> allocations;  // user pointer: one per distinct base
+  std::vector<uint32_t> allocation;         // per tensor: index into allocations
+  std::vector<uint64_t> offset;             // per tensor: bytes into its allocation
+  std::vector<gpu::IpcHandle> events;       // per tensor
+};
+
+// INVALID_ARGUMENT naming the tensor when the request is inconsistent.
+absl::StatusOr<GpuTrainerSpec> GpuTrainerSpecFromProto(const v1::RegisterRequest& req);
+
+// The daemon's GPU runtime, injected from main: the device (real CUDA +
+// NCCL, or the simulation in the test-only gradsyncd_sim) and test knobs.
+struct GpuRuntime {
+  std::shared_ptr<gpu::DaemonDevice> device;  // null: CUDA tensors are refused
+  // TEST ONLY (settable only in gradsyncd_sim): reduce without polling the
+  // trainers' readiness events, so the equivalence tests can prove they
+  // catch a missing wait. Never set in a release gradsyncd.
+  bool unsafe_skip_event_wait = false;
+};
+
+class GpuSession {
+ public:
+  struct TrainerInput {
+    const GpuTrainerSpec* spec;
+    std::string name;  // "rank 1 (local 1, pid 42)", for errors
+  };
+  // `flat_plan`: where tensors lie in a flat buffer (the arena planner's
+  // offsets over the tensors' real sizes). `collectives`: the generation's
+  // communicator options; devices, ranks and the unique-id store are
+  // filled here for one node.
+  static absl::StatusOr<std::unique_ptr<GpuSession>> Open(
+      gpu::DaemonDevice* device, const Layout& layout, const ipc::ArenaLayout& flat_plan,
+      const std::vector<TrainerInput>& trainers, uint64_t generation, absl::Duration timeout);
+  ~GpuSession();
+  GpuSession(const GpuSession&) = delete;
+  GpuSession& operator=(const GpuSession&) = delete;
+
+  gpu::DaemonDevice& device() { return *device_; }
+  bool flat() const { return flat_; }
+  size_t num_trainers() const { return trainers_.size(); }
+  const std::string& trainer_name(size_t t) const { return trainers_[t].name; }
+  // Index into devices() of trainer t's GPU.
+  int device_index(size_t t) const { return trainers_[t].device_index; }
+  const std::vector<gpu::DeviceId>& devices() const { return devices_; }
+  gpu::Stream* stream(int device_index) const { return streams_[device_index]; }
+
+  // Trainer t's tensor i on the device (flat mode: inside its flat buffer).
+  void* tensor(size_t t, uint32_t i) const { return trainers_[t].tensors[i]; }
+  uint8_t* flat_base(size_t t) const { return trainers_[t].flat_base; }
+  gpu::Event* event(size_t t, uint32_t i) const { return trainers_[t].events[i]; }
+  // Flat mode: the handle trainer t maps, and the buffer's size.
+  const gpu::IpcHandle& flat_handle(size_t t) const { return trainers_[t].flat_handle; }
+  uint64_t flat_bytes() const { return flat_bytes_; }
+
+  // A daemon-owned buffer of at least `bytes` on GPU `device_index`, for
+  // buckets that are not one contiguous range. Grown only at plan changes,
+  // from the scheduler thread between iterations (no collective running).
+  absl::Status EnsureStaging(uint64_t bytes);
+  uint8_t* staging(int device_index) const { return staging_[device_index]; }
+
+  gpu::CollectiveGroup& collectives() { return *collectives_; }
+  // Any thread: an in-flight collective fails promptly; polls stop.
+  void Abort(const std::string& reason);
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+
+ private:
+  struct PerTrainer {
+    std::string name;
+    gpu::DeviceId device;
+    int device_index = 0;
+    uint8_t* flat_base = nullptr;          // flat mode: daemon-owned
+    gpu::IpcHandle flat_handle;
+    std::vector<void*> opened;             // user pointer: mapped allocation bases
+    std::vector<void*> tensors;            // per tensor
+    std::vector<gpu::Event*> events;       // per tensor
+  };
+  explicit GpuSession(gpu::DaemonDevice* device) : device_(device) {}
+
+  gpu::DaemonDevice* device_;
+  bool flat_ = true;
+  uint64_t flat_bytes_ = 0;
+  std::vector<PerTrainer> trainers_;
+  std::vector<gpu::DeviceId> devices_;   // distinct GPUs, by first local rank
+  std::vector<gpu::Stream*> streams_;    // per device
+  std::vector<uint8_t*> staging_;        // per device
+  uint64_t staging_bytes_ = 0;
+  std::unique_ptr<gpu::CollectiveGroup> collectives_;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_ENGINE_GPU_SESSION_H_
