@@ -138,11 +138,11 @@ bool Process::Running() {
 }
 
 Daemon::Daemon(int local_size, std::vector<std::string> args,
-               const std::map<std::string, std::string>& env) {
+               const std::map<std::string, std::string>& env, const std::string& binary) {
   dir_ = MakeTempDir();
   socket_ = dir_ + "/gradsyncd.sock";
   shm_prefix_ = "gst" + std::to_string(getpid()) + "x" + std::to_string(rand() % 100000);
-  std::vector<std::string> argv = {Runfile("daemon/gradsyncd"),
+  std::vector<std::string> argv = {Runfile(binary),
                                    "--socket=" + socket_,
                                    "--listen=127.0.0.1:0",
                                    "--shm-prefix=" + shm_prefix_,

@@ -63,8 +63,10 @@ class Daemon {
  public:
   // `args` are appended to --socket/--listen/--shm-prefix/--local-size;
   // `env` entries are added to the daemon's environment (e.g. LOGS_DIRECTORY).
+  // `binary`: the daemon's runfile (the GPU tests run tests/gpu/gradsyncd_sim).
   explicit Daemon(int local_size, std::vector<std::string> args = {},
-                  const std::map<std::string, std::string>& env = {});
+                  const std::map<std::string, std::string>& env = {},
+                  const std::string& binary = "daemon/gradsyncd");
   ~Daemon();
 
   const std::string& socket() const { return socket_; }

@@ -1,0 +1,168 @@
+// The GPU data path end to end on the simulated device: a real
+// gradsyncd_sim and real trainer processes (sim_trainer) with CUDA
+// gradients, each checking every synced step against the sum over all
+// trainers divided by the world size. Trainers mark gradients ready right
+// after queueing their writes (no synchronize) in shuffled orders, so the
+// plan is rebuilt after iteration 0 and later buckets are staged.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/integration/harness.h"
+
+namespace gradsync::testing {
+namespace {
+
+using std::chrono::seconds;
+
+const std::vector<std::string> kDaemonArgs = {"--bucket-cap-mb=0.004",
+                                              "--first-bucket-cap-mb=0.001", "--timeout-s=20"};
+
+struct Case {
+  std::string name;
+  int trainers;
+  int gpus;
+  std::vector<std::string> args;  // sim_trainer flags
+};
+
+std::map<std::string, std::string> SimEnv(int gpus) {
+  return {{"GRADSYNC_SIM_GPUS", std::to_string(gpus)}};
+}
+
+Process StartSimTrainer(const Daemon& daemon, int local_rank, int gpus,
+                        const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {Runfile("tests/gpu/sim_trainer"), "--socket=" + daemon.socket(),
+                                   absl::StrCat("--shuffle-seed=", 7 + local_rank)};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::map<std::string, std::string> env = SimEnv(gpus);
+  env["LOCAL_RANK"] = std::to_string(local_rank);
+  return Process::Start(argv, env,
+                        absl::StrCat(daemon.dir(), "/trainer", local_rank, ".", rand() % 1000000,
+                                     ".log"));
+}
+
+std::vector<Process> StartAll(const Daemon& daemon, const Case& c) {
+  std::vector<Process> out;
+  for (int r = 0; r < c.trainers; ++r) out.push_back(StartSimTrainer(daemon, r, c.gpus, c.args));
+  return out;
+}
+
+class GpuEquivalenceTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuEquivalenceTest, EveryStepIsTheAverageOverAllTrainers) {
+  const Case& c = GetParam();
+  Daemon daemon(c.trainers, kDaemonArgs, SimEnv(c.gpus), "tests/gpu/gradsyncd_sim");
+  ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+  std::vector<Process> trainers = StartAll(daemon, c);
+  for (int r = 0; r < c.trainers; ++r) {
+    ExitStatus st = trainers[r].Wait(seconds(90));
+    ASSERT_TRUE(st.exited && st.code == 0) << "trainer " << r << " code " << st.code << "\n"
+                                           << trainers[r].Log() << "\ndaemon:\n"
+                                           << daemon.process().Log();
+    EXPECT_NE(trainers[r].Log().find("OK rank"), std::string::npos) << trainers[r].Log();
+  }
+  const std::string log = daemon.process().Log();
+  EXPECT_NE(log.find("backend=gpu-sim"), std::string::npos) << log;
+  EXPECT_EQ(log.find("buckets=1 "), std::string::npos) << log;
+  // Shuffled ready orders: rebuilt after iteration 0, so buckets are no
+  // longer one range (flat mode) and go through staging.
+  EXPECT_NE(log.find("event=plan_rebuilt iteration=1"), std::string::npos) << log;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sim, GpuEquivalenceTest,
+    ::testing::Values(
+        Case{"one_flat_fp32", 1, 1, {"--mode=flat"}},
+        Case{"two_same_gpu_flat_fp32", 2, 1, {"--mode=flat"}},
+        Case{"two_gpus_flat_fp32", 2, 2, {"--mode=flat"}},
+        Case{"four_on_two_gpus_flat_bf16", 4, 2, {"--mode=flat", "--dtype=bf16"}},
+        Case{"four_gpus_user_fp32", 4, 4, {"--mode=user"}},
+        Case{"two_same_gpu_user_bf16", 2, 1, {"--mode=user", "--dtype=bf16"}},
+        Case{"four_on_two_gpus_user_fp32_held", 4, 2, {"--mode=user", "--hold-stream-ms=20"}},
+        Case{"no_sync_unused_two_gpus_flat", 2, 2,
+             {"--mode=flat", "--accumulate=3", "--unused-every=2"}},
+        Case{"no_sync_unused_four_on_two_user_bf16", 4, 2,
+             {"--mode=user", "--dtype=bf16", "--accumulate=2", "--unused-every=3"}},
+        Case{"unused_four_gpus_flat", 4, 4, {"--mode=flat", "--unused-every=2"}}),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// The equivalence check can fail: a daemon that reduces without polling the
+// readiness events (a test-only flag of gradsyncd_sim) reads gradients the
+// trainers' streams have not written yet, and the trainers notice.
+TEST(GpuPath, SkippingTheEventWaitGivesWrongResults) {
+  for (const std::string mode : {"flat", "user"}) {
+    Daemon daemon(2, {"--timeout-s=20", "--unsafe-skip-event-wait"}, SimEnv(2),
+                  "tests/gpu/gradsyncd_sim");
+    ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+    std::vector<Process> trainers =
+        StartAll(daemon, Case{"skip", 2, 2, {"--mode=" + mode, "--hold-stream-ms=30", "--steps=3"}});
+    int mismatches = 0;
+    for (auto& t : trainers) {
+      ExitStatus st = t.Wait(seconds(60));
+      if (st.exited && st.code == 1) ++mismatches;
+      EXPECT_NE(st.code, 0) << mode << ": a trainer passed although the daemon never waited\n"
+                            << t.Log();
+    }
+    EXPECT_GT(mismatches, 0) << mode;
+    EXPECT_NE(daemon.process().Log().find("event=unsafe_skip_event_wait"), std::string::npos);
+  }
+}
+
+TEST(GpuPath, TrainerKilledMidIterationFailsItsPeersNamingIt) {
+  Daemon daemon(3, {"--timeout-s=20"}, SimEnv(2), "tests/gpu/gradsyncd_sim");
+  ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+  std::vector<Process> trainers;
+  for (int r = 0; r < 3; ++r) {
+    std::vector<std::string> args = {"--mode=user", "--steps=20"};
+    if (r == 1) args.push_back("--die-at-step=2");
+    trainers.push_back(StartSimTrainer(daemon, r, 2, args));
+  }
+  ExitStatus victim = trainers[1].Wait(seconds(60));
+  EXPECT_FALSE(victim.exited) << trainers[1].Log();
+  EXPECT_EQ(victim.code, SIGKILL);
+  for (int r : {0, 2}) {
+    ExitStatus st = trainers[r].Wait(seconds(40));
+    const std::string log = trainers[r].Log();
+    ASSERT_TRUE(st.exited && st.code == 2) << "trainer " << r << "\n" << log;
+    EXPECT_NE(log.find("error code=4"), std::string::npos) << log;  // PEER_FAILED
+    EXPECT_NE(log.find("rank 1 (local 1"), std::string::npos) << log;
+  }
+}
+
+TEST(GpuPath, MixingCpuAndCudaTensorsIsRefusedNamingOneOfEach) {
+  Daemon daemon(1, {"--timeout-s=20"}, SimEnv(1), "tests/gpu/gradsyncd_sim");
+  ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+  Process t = StartSimTrainer(daemon, 0, 1, {"--mix"});
+  ExitStatus st = t.Wait(seconds(30));
+  const std::string log = t.Log();
+  ASSERT_TRUE(st.exited && st.code == 2) << log;
+  EXPECT_NE(log.find("error code=1"), std::string::npos) << log;  // INVALID_ARGUMENT
+  EXPECT_NE(log.find("tensor 1 'fc1.weight' is on the CPU and tensor 0 'embed' on cuda:0"),
+            std::string::npos)
+      << log;
+}
+
+// The release gradsyncd links no simulation; without the CUDA device it
+// refuses CUDA tensors, saying why, and --backend=nccl at start.
+TEST(GpuPath, ReleaseDaemonWithoutCudaRefusesCudaTensors) {
+  Daemon daemon(1, {"--timeout-s=20"}, SimEnv(1));
+  ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+  Process t = StartSimTrainer(daemon, 0, 1, {"--mode=flat"});
+  ExitStatus st = t.Wait(seconds(30));
+  const std::string log = t.Log();
+  ASSERT_TRUE(st.exited && st.code == 2) << log;
+  EXPECT_NE(log.find("error code=1"), std::string::npos) << log;
+  EXPECT_NE(log.find("has no GPU device"), std::string::npos) << log;
+
+  Daemon nccl(1, {"--backend=nccl"});
+  ExitStatus ns = nccl.process().Wait(seconds(10));
+  EXPECT_TRUE(ns.exited && ns.code == 2) << nccl.process().Log();
+  EXPECT_NE(nccl.process().Log().find("built without the CUDA"), std::string::npos)
+      << nccl.process().Log();
+}
+
+}  // namespace
+}  // namespace gradsync::testing

@@ -1,0 +1,259 @@
+// sim_trainer: a data-parallel trainer with CUDA gradients on the simulated
+// device (gpu/sim_device), driving the C++ client the way a framework
+// drives libgradsync: its backward "kernels" (WriteAsync on its stream)
+// write each gradient, it marks the gradient ready at once — without
+// synchronizing its stream — and waits for the iteration.
+//
+// Every trainer knows every rank's gradients (deterministic functions of
+// rank, step, micro-step, tensor, element), so after each synced step it
+// checks its buffers against the sum over all trainers divided by the
+// world size: exactly what one process on the whole batch would compute.
+// The simulation maps device memory into the host, so results are read
+// in place once gs_wait returned.
+//
+// Exit codes: 0 all steps matched; 1 a result differed (printed); 2 a call
+// failed (printed as "error code=N: message"); 3 bad flags.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "common/half.h"
+#include "common/status_code.h"
+#include "gpu/sim_device.h"
+
+namespace {
+
+using gradsync::DType;
+
+struct Flags {
+  std::string socket;
+  std::string mode = "flat";  // flat | user
+  DType dtype = DType::kFloat32;
+  int device = -1;            // CUDA ordinal; -1: LOCAL_RANK % visible GPUs
+  int steps = 6;
+  int accumulate = 1;         // micro-steps per synced step (no_sync for the first k-1)
+  int unused_every = 0;       // > 0: odd ranks leave "gate" unused every n-th micro-step
+  int hold_stream_ms = 0;     // hold the stream's writes this long after marking
+  unsigned shuffle_seed = 1;
+  int die_at_step = -1;       // SIGKILL self in this step after `die_after_marks` marks
+  int die_after_marks = 2;
+  bool mix = false;           // register a CPU and a CUDA tensor (must be refused)
+};
+
+struct Tensor {
+  std::string name;
+  uint64_t numel;
+};
+// Several buckets with small caps; "gate" is last (first in reverse order).
+const std::vector<Tensor> kTensors = {{"embed", 700}, {"fc1.weight", 2048}, {"fc1.bias", 33},
+                                      {"fc2.weight", 512}, {"fc2.bias", 1}, {"gate", 3}};
+const size_t kGate = 5;
+
+// Rank r's gradient contribution at (step, micro), element j of tensor i.
+float Grad(int r, int step, int micro, size_t i, size_t j) {
+  return std::sin(0.37f * static_cast<float>(j + 1) + 0.7f * static_cast<float>(i)) *
+             static_cast<float>(1 + r) +
+         0.01f * static_cast<float>(step) + 0.003f * static_cast<float>(micro);
+}
+
+bool Used(const Flags& f, int r, int step, int micro, size_t i) {
+  if (i != kGate || f.unused_every <= 0 || r % 2 == 0) return true;
+  return (step * f.accumulate + micro) % f.unused_every != 0;
+}
+
+// What rank r's buffer holds once its step's micro-steps are written:
+// the sum of its used contributions (unused ones add nothing), as stored
+// in the dtype.
+float Stored(const Flags& f, int r, int step, size_t i, size_t j) {
+  float h = 0;
+  for (int m = 0; m < f.accumulate; ++m) {
+    if (Used(f, r, step, m, i)) h += Grad(r, step, m, i, j);
+  }
+  return f.dtype == DType::kBFloat16 ? gradsync::BFloat16ToFloat(gradsync::FloatToBFloat16(h)) : h;
+}
+
+int Error(const absl::Status& st) {
+  std::printf("error code=%d: %s\n", static_cast<int>(gradsync::CodeOf(st)),
+              std::string(st.message()).c_str());
+  std::fflush(stdout);
+  return 2;
+}
+
+bool ParseFlags(int argc, char** argv, Flags* f) {
+  for (int a = 1; a < argc; ++a) {
+    std::string arg = argv[a];
+    const size_t eq = arg.find('=');
+    const std::string key = arg.substr(0, eq), v = eq == std::string::npos ? "" : arg.substr(eq + 1);
+    if (key == "--socket") f->socket = v;
+    else if (key == "--mode") f->mode = v;
+    else if (key == "--dtype") f->dtype = v == "bf16" ? DType::kBFloat16 : DType::kFloat32;
+    else if (key == "--device") f->device = std::atoi(v.c_str());
+    else if (key == "--steps") f->steps = std::atoi(v.c_str());
+    else if (key == "--accumulate") f->accumulate = std::max(1, std::atoi(v.c_str()));
+    else if (key == "--unused-every") f->unused_every = std::atoi(v.c_str());
+    else if (key == "--hold-stream-ms") f->hold_stream_ms = std::atoi(v.c_str());
+    else if (key == "--shuffle-seed") f->shuffle_seed = static_cast<unsigned>(std::atoi(v.c_str()));
+    else if (key == "--die-at-step") f->die_at_step = std::atoi(v.c_str());
+    else if (key == "--die-after-marks") f->die_after_marks = std::atoi(v.c_str());
+    else if (key == "--mix") f->mix = true;
+    else return false;
+  }
+  return (f->mode == "flat" || f->mode == "user") && f->steps > 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  if (!ParseFlags(argc, argv, &f)) {
+    std::fprintf(stderr, "sim_trainer: bad flags\n");
+    return 3;
+  }
+  const char* lr = std::getenv("LOCAL_RANK");
+  const int local_rank = lr ? std::atoi(lr) : 0;
+  auto sim = gradsync::gpu::SimTrainerDevice::CreateFromEnv();
+  if (!sim.ok()) return Error(sim.status());
+  std::shared_ptr<gradsync::gpu::SimTrainerDevice> device = std::move(*sim);
+  if (f.device < 0) {
+    auto opts = gradsync::gpu::SimOptions::FromEnv();
+    if (!opts.ok()) return Error(opts.status());
+    const int visible = opts->visible.empty() ? opts->num_gpus : static_cast<int>(opts->visible.size());
+    f.device = local_rank % visible;
+  }
+
+  gradsync::ConnectOptions co;
+  co.socket_path = f.socket;
+  co.local_rank = local_rank;
+  co.device = device;
+  auto client = gradsync::Client::Connect(co);
+  if (!client.ok()) return Error(client.status());
+  gradsync::Client& c = **client;
+
+  auto id = device->IdOfOrdinal(f.device);
+  if (!id.ok()) return Error(id.status());
+  auto stream = device->CreateStream(*id);
+  if (!stream.ok()) return Error(stream.status());
+  // Like a framework's current stream: the sim's "native" handle is its Stream*.
+  if (absl::Status st = c.SetCudaStream(*stream); !st.ok()) return Error(st);
+
+  const size_t elem = gradsync::DTypeSize(f.dtype);
+  std::vector<gradsync::TensorSpec> specs;
+  std::vector<void*> own(kTensors.size(), nullptr);
+  if (f.mode == "user") {
+    // Two allocations, sub-allocated like a caching allocator does: the
+    // client must export each base once and send offsets.
+    uint64_t first = 0, second = 0;
+    for (size_t i = 0; i < kTensors.size(); ++i) {
+      (i % 2 == 0 ? first : second) += (kTensors[i].numel * elem + 511) / 512 * 512;
+    }
+    auto a = device->Alloc(*id, first);
+    auto b = device->Alloc(*id, second);
+    if (!a.ok()) return Error(a.status());
+    if (!b.ok()) return Error(b.status());
+    uint64_t oa = 0, ob = 0;
+    for (size_t i = 0; i < kTensors.size(); ++i) {
+      uint64_t& o = i % 2 == 0 ? oa : ob;
+      own[i] = static_cast<uint8_t*>(i % 2 == 0 ? *a : *b) + o;
+      o += (kTensors[i].numel * elem + 511) / 512 * 512;
+    }
+  }
+  for (size_t i = 0; i < kTensors.size(); ++i) {
+    specs.push_back({kTensors[i].name, f.dtype, kTensors[i].numel, f.device, own[i]});
+  }
+  if (f.mix) specs[1].device = -1, specs[1].cuda_ptr = nullptr;
+  if (absl::Status st = c.Register(specs); !st.ok()) return Error(st);
+  const int rank = c.rank(), world = c.world_size();
+
+  std::mt19937 shuffle(f.shuffle_seed + 101 * rank);
+  std::vector<std::vector<float>> host(kTensors.size());
+  std::vector<std::vector<uint16_t>> host16(kTensors.size());
+  for (size_t i = 0; i < kTensors.size(); ++i) host[i].assign(kTensors[i].numel, 0.f);
+
+  for (int step = 0; step < f.steps; ++step) {
+    for (int m = 0; m < f.accumulate; ++m) {
+      const bool synced = m == f.accumulate - 1;
+      if (absl::Status st = c.SetSync(synced); !st.ok()) return Error(st);
+      if (f.hold_stream_ms > 0) gradsync::gpu::SimPauseStream(*stream).IgnoreError();
+      std::vector<size_t> order(kTensors.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
+      std::shuffle(order.begin(), order.end(), shuffle);
+      int marks = 0;
+      for (size_t i : order) {
+        if (step == f.die_at_step && synced && marks == f.die_after_marks) {
+          std::printf("dying at step %d after %d marks\n", step, marks);
+          std::fflush(stdout);
+          raise(SIGKILL);
+        }
+        ++marks;
+        if (!Used(f, rank, step, m, i)) {
+          if (absl::Status st = c.MarkUnused(i); !st.ok()) return Error(st);
+          continue;
+        }
+        // Backward accumulates into the gradient (after a sync: from zero).
+        for (size_t j = 0; j < host[i].size(); ++j) host[i][j] += Grad(rank, step, m, i, j);
+        const void* src = host[i].data();
+        if (f.dtype == DType::kBFloat16) {
+          host16[i].resize(host[i].size());
+          for (size_t j = 0; j < host[i].size(); ++j) {
+            host16[i][j] = gradsync::FloatToBFloat16(host[i][j]);
+          }
+          src = host16[i].data();
+        }
+        if (absl::Status st = device->WriteAsync(c.GradBuffer(i), src, host[i].size() * elem, *stream);
+            !st.ok()) {
+          return Error(st);
+        }
+        // No synchronize: the readiness event orders the daemon after the write.
+        if (absl::Status st = c.MarkReady(i); !st.ok()) return Error(st);
+      }
+      if (f.hold_stream_ms > 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(f.hold_stream_ms));
+        gradsync::gpu::SimResumeStream(*stream).IgnoreError();
+      }
+      if (absl::Status st = c.Wait(-1); !st.ok()) return Error(st);
+    }
+
+    // The step's result: the average over every trainer.
+    const double tol = f.dtype == DType::kBFloat16 ? 2e-2 : 1e-5;
+    for (size_t i = 0; i < kTensors.size(); ++i) {
+      const uint8_t* got = static_cast<const uint8_t*>(c.GradBuffer(i));
+      for (size_t j = 0; j < kTensors[i].numel; ++j) {
+        double expected = 0;
+        for (int r = 0; r < world; ++r) expected += Stored(f, r, step, i, j);
+        expected /= world;
+        double value;
+        if (f.dtype == DType::kBFloat16) {
+          uint16_t v;
+          std::memcpy(&v, got + j * elem, elem);
+          value = gradsync::BFloat16ToFloat(v);
+        } else {
+          float v;
+          std::memcpy(&v, got + j * elem, elem);
+          value = v;
+        }
+        if (std::fabs(value - expected) > tol * std::max(1.0, std::fabs(expected))) {
+          std::printf("MISMATCH rank %d step %d tensor %zu '%s' element %zu: got %.7g expected %.7g\n",
+                      rank, step, i, kTensors[i].name.c_str(), j, value, expected);
+          std::fflush(stdout);
+          return 1;
+        }
+      }
+      std::fill(host[i].begin(), host[i].end(), 0.f);  // the optimizer consumed it
+    }
+  }
+  std::printf("OK rank %d world %d steps %d\n", rank, world, f.steps);
+  std::fflush(stdout);
+  return c.Close().ok() ? 0 : 2;
+}
