@@ -336,7 +336,10 @@ absl::Status Job::StartGpuLocked(const Layout& layout) {
   // Under the job's lock, like the CPU path's segment creation; bounded by
   // the communicators' timeout. No collective can run yet.
   absl::StatusOr<std::unique_ptr<GpuSession>> session =
-      GpuSession::Open(hooks_.gpu.device.get(), layout, flat_plan_, inputs, world_.generation,
+      GpuSession::Open(hooks_.gpu.device.get(), layout, flat_plan_, inputs,
+                       // One node: the job id is unique per daemon, so every
+                       // job's communicators are a fresh generation.
+                       world_.generation != 0 ? world_.generation : id_,
                        absl::Milliseconds(config_.timeout_ms));
   if (!session.ok()) return session.status();
   gpu_session_ = std::move(*session);
@@ -407,7 +410,19 @@ absl::Status Job::PeerError(const Trainer& t) const {
 }
 
 void Job::Leave(uint64_t session, bool graceful, const std::string& reason) {
-  if (LeaveLocked(session, graceful, reason)) ReleaseWorld();
+  if (LeaveLocked(session, graceful, reason)) {
+    ReleaseWorld();
+    return;
+  }
+  // GPU path: the trainer frees its gradient memory once gs_close returns
+  // (user-pointer mode), so its Detach returns only after no reduction
+  // can still write into it. The job failed above, so one in flight stops.
+  Scheduler* scheduler = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (gpu_session_) scheduler = scheduler_.get();
+  }
+  if (scheduler) scheduler->WaitIdle();
 }
 
 void Job::ReleaseWorld() {

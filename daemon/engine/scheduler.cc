@@ -200,6 +200,11 @@ void Scheduler::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void Scheduler::WaitIdle() {
+  Halt();
+  std::lock_guard<std::mutex> lock(launch_mu_);
+}
+
 void Scheduler::Loop() {
   if (!bad_plan_.empty()) {
     fail_(MakeError(v1::INTERNAL, bad_plan_), -1);
@@ -308,6 +313,11 @@ bool Scheduler::Launch(uint32_t bucket) {
 }
 
 bool Scheduler::LaunchGpu(uint32_t bucket) {
+  // WaitIdle's other half: a reduction starts only under launch_mu_ and
+  // not after Halt, so once a detaching trainer's WaitIdle got the lock,
+  // nothing writes into its memory again.
+  std::lock_guard<std::mutex> lock(launch_mu_);
+  if (halted_.load(std::memory_order_acquire)) return false;
   const PlannedBucket& b = plan_.buckets[bucket];
   ReduceTimings timings;
   int culprit = GpuReducer::kNoCulprit;

@@ -72,6 +72,11 @@ class Scheduler {
   void Stop();
   // After a failure: stop posting completions; the loop idles until Stop.
   void Halt() { halted_.store(true, std::memory_order_release); }
+  // Halts, then returns once no GPU reduction is in flight (it returns
+  // promptly once the job's GpuSession is aborted). After it, no bucket
+  // touches the trainers' memory again: a detaching trainer may free it.
+  // Must not be called with the job's lock held (a reduction may fail the job).
+  void WaitIdle();
 
   uint64_t iteration() const { return iteration_.load(std::memory_order_acquire); }
   // A copy of the current plan (it may be rebuilt at iteration boundaries).
@@ -139,6 +144,7 @@ class Scheduler {
   std::atomic<bool> in_iteration_{false};
   std::string bad_plan_;  // non-empty: a plan that must not run (an internal bug)
   std::chrono::nanoseconds spin_;  // before sleeping on the node doorbell
+  std::mutex launch_mu_;  // held by a GPU reduction (see WaitIdle)
   std::thread thread_;
 };
 

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,8 @@ struct Case {
   int gpus;
   std::vector<std::string> args;  // sim_trainer flags
 };
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 std::map<std::string, std::string> SimEnv(int gpus) {
   return {{"GRADSYNC_SIM_GPUS", std::to_string(gpus)}};
@@ -129,6 +132,12 @@ TEST(GpuPath, TrainerKilledMidIterationFailsItsPeersNamingIt) {
     ASSERT_TRUE(st.exited && st.code == 2) << "trainer " << r << "\n" << log;
     EXPECT_NE(log.find("error code=4"), std::string::npos) << log;  // PEER_FAILED
     EXPECT_NE(log.find("rank 1 (local 1"), std::string::npos) << log;
+  }
+  // The daemon keeps serving: the next job gets fresh communicators.
+  std::vector<Process> next = StartAll(daemon, Case{"next", 3, 2, {"--mode=flat", "--steps=3"}});
+  for (auto& t : next) {
+    ExitStatus st = t.Wait(seconds(60));
+    EXPECT_TRUE(st.exited && st.code == 0) << t.Log() << "\ndaemon:\n" << daemon.process().Log();
   }
 }
 
