@@ -343,6 +343,7 @@ absl::Status Job::StartGpuLocked(const Layout& layout) {
                        absl::Milliseconds(config_.timeout_ms));
   if (!session.ok()) return session.status();
   gpu_session_ = std::move(*session);
+  gpu_backend_name_ = absl::StrCat("gpu-", gpu_session_->device().name());
   gpu_reducer_ = std::make_unique<GpuReducer>(gpu_session_.get(), layout_, world_.world_size,
                                               hooks_.gpu.unsafe_skip_event_wait);
   if (hooks_.gpu.unsafe_skip_event_wait) {
@@ -352,7 +353,7 @@ absl::Status Job::StartGpuLocked(const Layout& layout) {
 }
 
 std::string Job::BackendNameLocked() const {
-  if (gpu_session_) return absl::StrCat("gpu-", gpu_session_->device().name());
+  if (!gpu_backend_name_.empty()) return gpu_backend_name_;
   return world_.backend ? world_.backend->name() : "";
 }
 

@@ -212,6 +212,7 @@ class Job {
   ipc::ArenaLayout flat_plan_;
   std::unique_ptr<GpuSession> gpu_session_;
   std::unique_ptr<GpuReducer> gpu_reducer_;
+  std::string gpu_backend_name_;  // "gpu-cuda", "gpu-sim"; kept for stats after release
   std::unique_ptr<JobStats> stats_;
   std::chrono::steady_clock::time_point running_since_;
   std::unique_ptr<Scheduler> scheduler_;

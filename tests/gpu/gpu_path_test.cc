@@ -141,6 +141,45 @@ TEST(GpuPath, TrainerKilledMidIterationFailsItsPeersNamingIt) {
   }
 }
 
+// A trainer whose stream never gets to its readiness event: the daemon
+// waits (it must), but only until the timeout, then every trainer gets
+// TIMEOUT naming the trainer and the tensor.
+TEST(GpuPath, ReadinessEventThatNeverCompletesTimesOutNamingTrainerAndTensor) {
+  Daemon daemon(2, {"--timeout-s=2"}, SimEnv(2), "tests/gpu/gradsyncd_sim");
+  ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+  Process stuck = StartSimTrainer(daemon, 0, 2, {"--mode=flat", "--hold-stream-ms=6000"});
+  Process fine = StartSimTrainer(daemon, 1, 2, {"--mode=flat"});
+  for (Process* t : {&stuck, &fine}) {
+    ExitStatus st = t->Wait(seconds(40));
+    const std::string log = t->Log();
+    ASSERT_TRUE(st.exited && st.code == 2) << log << "\ndaemon:\n" << daemon.process().Log();
+    EXPECT_NE(log.find("error code=5"), std::string::npos) << log;  // TIMEOUT
+    EXPECT_NE(log.find("rank 0 (local 0"), std::string::npos) << log;
+    EXPECT_NE(log.find("readiness event never completed"), std::string::npos) << log;
+  }
+}
+
+// Stats cover GPU buckets through the same observer as the CPU path.
+TEST(GpuPath, StatsCoverGpuBuckets) {
+  Daemon daemon(2, kDaemonArgs, SimEnv(2), "tests/gpu/gradsyncd_sim");
+  ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+  const int port = daemon.ListenPort(seconds(10));
+  ASSERT_GT(port, 0);
+  std::vector<Process> trainers = StartAll(daemon, Case{"stats", 2, 2, {"--steps=4"}});
+  for (auto& t : trainers) {
+    ExitStatus st = t.Wait(seconds(60));
+    ASSERT_TRUE(st.exited && st.code == 0) << t.Log();
+  }
+  Process stats = Process::Start({Runfile("client/gradsyncctl"),
+                                  absl::StrCat("--addr=127.0.0.1:", port), "stats", "--json"},
+                                 {}, daemon.dir() + "/stats.log");
+  ASSERT_EQ(stats.Wait(seconds(20)).code, 0) << stats.Log();
+  const std::string json = stats.Log();
+  EXPECT_NE(json.find("gpu-sim"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"buckets\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"count\": \"4\""), std::string::npos) << json;
+}
+
 TEST(GpuPath, MixingCpuAndCudaTensorsIsRefusedNamingOneOfEach) {
   Daemon daemon(1, {"--timeout-s=20"}, SimEnv(1), "tests/gpu/gradsyncd_sim");
   ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
