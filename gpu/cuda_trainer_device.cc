@@ -478,7 +478,11 @@ class CudaTrainerDevice final : public TrainerDevice {
     void* data[] = {&memory_type, &ordinal, &is_managed, &ipc_capable};
     CUresult r = cu_->PointerGetAttributes(4, attrs, data, ToDevicePtr(ptr));
     const std::string where = absl::StrCat(absl::Hex(reinterpret_cast<uintptr_t>(ptr)));
-    if (r != CUDA_SUCCESS) return cu_->Error(r, absl::StrCat("cuPointerGetAttributes(", where, ")"));
+    if (r != CUDA_SUCCESS) {
+      // Drivers have answered foreign pointers both ways (zeroes, or an error).
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " is not CUDA device memory of this process: cuPointerGetAttributes: ", cu_->Describe(r)));
+    }
     if (memory_type != CU_MEMORYTYPE_DEVICE || ordinal < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, " is not CUDA device memory of this process (a host pointer, or freed)"));
