@@ -96,14 +96,13 @@ cudaError_t Launch(const LocalSumArgs& args, int max_blocks, cudaStream_t stream
   const size_t cap = static_cast<size_t>(max_blocks > 0 ? max_blocks : kDefaultMaxBlocks);
   size_t blocks = (work + kThreads - 1) / kThreads;
   if (blocks > cap) blocks = cap;
-  if (vector) {
-    LocalSumKernel<T, true><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args);
-  } else {
-    LocalSumKernel<T, false><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args);
-  }
-  // Launch-configuration errors only; the kernel runs later. cudaGetLastError
-  // (not Peek) so a reported launch error is not reported again next time.
-  return cudaGetLastError();
+  const void* kernel = vector ? reinterpret_cast<const void*>(&LocalSumKernel<T, true>)
+                              : reinterpret_cast<const void*>(&LocalSumKernel<T, false>);
+  void* params[] = {const_cast<LocalSumArgs*>(&args)};
+  // cudaLaunchKernel returns this launch's own error; <<<>>> + cudaGetLastError
+  // could report a stale error of an earlier call on this thread instead.
+  // Launch errors only: the kernel runs later.
+  return cudaLaunchKernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), params, 0, stream);
 }
 
 }  // namespace
