@@ -86,7 +86,11 @@ int Trainer(TrainerDevice& dev, const std::string& device, const std::string& ha
       return Fail(absl::StrCat("mapped buffer[", i, "] = ", host[i], ", want ", i));
     }
   }
-  for (size_t i = 0; i < count; ++i) host[i] = 2.0f * i + 1.0f;
+  // Pinned: a copy from pageable memory may wait for the stream (here, for
+  // the sleep) before returning, and the event would then be done already.
+  float* pinned = nullptr;
+  HELPER_CUDA(cudaMallocHost(reinterpret_cast<void**>(&pinned), count * sizeof(float)));
+  for (size_t i = 0; i < count; ++i) pinned[i] = 2.0f * i + 1.0f;
 
   absl::StatusOr<Event*> event = dev.CreateEvent(device);
   HELPER_OK(event.status());
@@ -96,13 +100,14 @@ int Trainer(TrainerDevice& dev, const std::string& device, const std::string& ha
   HELPER_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   // The event must stay pending until the stream has passed the write.
   HELPER_CUDA(cudaLaunchHostFunc(stream, Sleep, nullptr));
-  HELPER_CUDA(cudaMemcpyAsync(*base, host.data(), count * sizeof(float), cudaMemcpyHostToDevice, stream));
+  HELPER_CUDA(cudaMemcpyAsync(*base, pinned, count * sizeof(float), cudaMemcpyHostToDevice, stream));
   HELPER_OK(dev.RecordEvent(*event, dev.WrapStream(stream)));
   std::cout << "EVENT " << absl::BytesToHexString(event_handle->ToBytes()) << std::endl;
 
   WaitForDone();
   HELPER_CUDA(cudaStreamSynchronize(stream));
   HELPER_CUDA(cudaStreamDestroy(stream));
+  HELPER_CUDA(cudaFreeHost(pinned));
   HELPER_OK(dev.CloseMemory(*base));
   if (dev.CloseMemory(*base).ok()) return Fail("a third CloseMemory of a twice-opened handle succeeded");
   dev.DestroyEvent(*event);
