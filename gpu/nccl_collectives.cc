@@ -498,10 +498,10 @@ void NcclCollectives::Abort(const std::string& reason) {
   // (<= 50 µs while a collective runs) or at its next call, and aborts.
   {
     std::lock_guard<std::mutex> lock(reason_mu_);
-    if (abort_requested_.load(std::memory_order_relaxed)) return;
+    if (abort_requested_.load(std::memory_order_relaxed)) return;  // first reason wins
     abort_reason_ = reason;
+    abort_requested_.store(true, std::memory_order_release);
   }
-  abort_requested_.store(true, std::memory_order_release);
   spdlog::warn("event=nccl_abort_requested group=\"{}\" reason=\"{}\"", describe_, reason);
 }
 
