@@ -66,11 +66,11 @@ class Node {
         if (v == index && SimDeviceId(index) == device) return index;
       }
     }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "no visible simulated GPU has id '", device, "' (visible: ",
-        absl::StrJoin(Visible(), ", ",
-                      [](std::string* out, int i) { out->append(SimDeviceId(i)); }),
-        ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("no visible simulated GPU has id '", device, "' (visible: ",
+                     absl::StrJoin(Visible(), ", ",
+                                   [](std::string* out, int i) { out->append(SimDeviceId(i)); }),
+                     ")"));
   }
 
   std::vector<int> Visible() const {
@@ -116,8 +116,8 @@ class Node {
     }
     SimStream* s = SimStream::FromHandle(handle);
     if (s == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "stream ", sim::PointerString(handle), " is not a live simulated stream"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("stream ", sim::PointerString(handle), " is not a live simulated stream"));
     }
     return s;
   }
@@ -136,9 +136,9 @@ class Node {
     const absl::Time deadline = absl::Now() + timeout;
     for (SimStream* s : targets) {
       if (!s->WaitIdle(deadline - absl::Now())) {
-        return absl::DeadlineExceededError(absl::StrCat("stream on ", SimDeviceId(s->device_index()),
-                                                        " still busy after ",
-                                                        absl::FormatDuration(timeout)));
+        return absl::DeadlineExceededError(
+            absl::StrCat("stream on ", SimDeviceId(s->device_index()), " still busy after ",
+                         absl::FormatDuration(timeout)));
       }
     }
     return absl::OkStatus();
@@ -149,11 +149,12 @@ class Node {
   absl::StatusOr<std::shared_ptr<Region>> Range(const void* ptr, size_t bytes, int device_index,
                                                 const char* what) {
     absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().Find(ptr, bytes);
-    if (!region.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", region.status().message()));
+    if (!region.ok())
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", region.status().message()));
     if (device_index >= 0 && (*region)->device_index != device_index) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": ", sim::PointerString(ptr), " is on ", SimDeviceId((*region)->device_index), ", the stream on ",
-          SimDeviceId(device_index)));
+          what, ": ", sim::PointerString(ptr), " is on ", SimDeviceId((*region)->device_index),
+          ", the stream on ", SimDeviceId(device_index)));
     }
     return region;
   }
@@ -283,8 +284,7 @@ std::vector<std::string> RemoveStaleSimSegments(const std::string& prefix) {
 absl::StatusOr<std::unique_ptr<SimTrainerDevice>> SimTrainerDevice::Create(
     const SimOptions& options) {
   if (auto st = sim::CheckOptions(options); !st.ok()) return st;
-  return std::unique_ptr<SimTrainerDevice>(
-      new SimTrainerDevice(std::make_unique<Node>(options)));
+  return std::unique_ptr<SimTrainerDevice>(new SimTrainerDevice(std::make_unique<Node>(options)));
 }
 
 absl::StatusOr<std::unique_ptr<SimTrainerDevice>> SimTrainerDevice::CreateFromEnv() {
@@ -299,8 +299,8 @@ SimTrainerDevice::~SimTrainerDevice() = default;
 absl::StatusOr<Allocation> SimTrainerDevice::FindAllocation(const void* ptr) {
   absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().Find(ptr, 1);
   if (!region.ok() || !(*region)->owned) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(sim::PointerString(ptr), " is not simulated device memory allocated by this process"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        sim::PointerString(ptr), " is not simulated device memory allocated by this process"));
   }
   Allocation a;
   a.base = (*region)->base;
@@ -312,8 +312,8 @@ absl::StatusOr<Allocation> SimTrainerDevice::FindAllocation(const void* ptr) {
 absl::StatusOr<DeviceId> SimTrainerDevice::IdOfOrdinal(int ordinal) {
   const std::vector<int> visible = node_->Visible();
   if (ordinal < 0 || ordinal >= static_cast<int>(visible.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("no simulated GPU with ordinal ", ordinal, " (",
-                                                   visible.size(), " visible)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("no simulated GPU with ordinal ", ordinal, " (", visible.size(), " visible)"));
   }
   return SimDeviceId(visible[ordinal]);
 }
@@ -362,9 +362,9 @@ absl::Status SimTrainerDevice::RecordEvent(Event* event, Stream* stream) {
   absl::StatusOr<SimStream*> s = node_->Resolve(stream, e->device_index(), true);
   if (!s.ok()) return s.status();
   if ((*s)->device_index() != e->device_index()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("RecordEvent: event on ", SimDeviceId(e->device_index()), ", stream on ",
-                     SimDeviceId((*s)->device_index())));
+    return absl::InvalidArgumentError(absl::StrCat("RecordEvent: event on ",
+                                                   SimDeviceId(e->device_index()), ", stream on ",
+                                                   SimDeviceId((*s)->device_index())));
   }
   e->Record(*s);
   return absl::OkStatus();
@@ -450,8 +450,8 @@ absl::Status SimDaemonDevice::Free(const DeviceId& device, void* ptr) {
   if (!region.ok()) return region.status();
   if ((*region)->device_index != *index) {
     return absl::InvalidArgumentError(absl::StrCat("Free: ", sim::PointerString(ptr), " is on ",
-                                                   SimDeviceId((*region)->device_index),
-                                                   ", not ", device));
+                                                   SimDeviceId((*region)->device_index), ", not ",
+                                                   device));
   }
   return node_->Free(ptr);
 }
@@ -462,15 +462,14 @@ absl::StatusOr<IpcHandle> SimDaemonDevice::ExportMemory(const DeviceId& device, 
   absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().FindOwnedBase(base);
   if (!region.ok()) return region.status();
   if ((*region)->device_index != *index) {
-    return absl::InvalidArgumentError(absl::StrCat("ExportMemory: ", sim::PointerString(base), " is on ",
-                                                   SimDeviceId((*region)->device_index),
+    return absl::InvalidArgumentError(absl::StrCat("ExportMemory: ", sim::PointerString(base),
+                                                   " is on ", SimDeviceId((*region)->device_index),
                                                    ", not ", device));
   }
   return sim::EncodeHandle(sim::HandleKind::kMemory, (*region)->name);
 }
 
-absl::StatusOr<void*> SimDaemonDevice::OpenMemory(const DeviceId& device,
-                                                  const IpcHandle& handle) {
+absl::StatusOr<void*> SimDaemonDevice::OpenMemory(const DeviceId& device, const IpcHandle& handle) {
   absl::StatusOr<int> index = node_->IndexOf(device);
   if (!index.ok()) return index.status();
   absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().Open(handle, *index);
@@ -483,15 +482,14 @@ absl::Status SimDaemonDevice::CloseMemory(const DeviceId& device, void* base) {
   if (!index.ok()) return index.status();
   absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().Find(base, 1);
   if (region.ok() && (*region)->device_index != *index) {
-    return absl::InvalidArgumentError(absl::StrCat("CloseMemory: ", sim::PointerString(base), " is on ",
-                                                   SimDeviceId((*region)->device_index),
+    return absl::InvalidArgumentError(absl::StrCat("CloseMemory: ", sim::PointerString(base),
+                                                   " is on ", SimDeviceId((*region)->device_index),
                                                    ", not ", device));
   }
   return Registry::Get().Close(base);
 }
 
-absl::StatusOr<Event*> SimDaemonDevice::OpenEvent(const DeviceId& device,
-                                                  const IpcHandle& handle) {
+absl::StatusOr<Event*> SimDaemonDevice::OpenEvent(const DeviceId& device, const IpcHandle& handle) {
   absl::StatusOr<int> index = node_->IndexOf(device);
   if (!index.ok()) return index.status();
   absl::StatusOr<std::unique_ptr<SimEvent>> event = SimEvent::Open(handle, *index);
@@ -521,8 +519,7 @@ absl::StatusOr<Completion> SimDaemonDevice::QueryStream(Stream* stream) {
   return (*s)->Idle() ? Completion::kDone : Completion::kPending;
 }
 
-absl::Status SimDaemonDevice::CopyAsync(void* dst, const void* src, size_t bytes,
-                                        Stream* stream) {
+absl::Status SimDaemonDevice::CopyAsync(void* dst, const void* src, size_t bytes, Stream* stream) {
   absl::StatusOr<SimStream*> s = node_->Resolve(stream, 0, false);
   if (!s.ok()) return s.status();
   const int device = (*s)->device_index();

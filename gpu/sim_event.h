@@ -43,8 +43,7 @@ class SimEvent {
   static absl::StatusOr<std::unique_ptr<SimEvent>> Create(const std::string& prefix,
                                                           int device_index);
   // Opens an exported event, checking it lives on `device_index`.
-  static absl::StatusOr<std::unique_ptr<SimEvent>> Open(const IpcHandle& handle,
-                                                        int device_index);
+  static absl::StatusOr<std::unique_ptr<SimEvent>> Open(const IpcHandle& handle, int device_index);
   ~SimEvent();  // the owner unlinks the name; mappings stay valid meanwhile
 
   Event* handle() { return reinterpret_cast<Event*>(this); }

@@ -54,9 +54,9 @@ absl::StatusOr<std::string> DecodeHandle(HandleKind kind, const IpcHandle& handl
   if (std::memcmp(handle.bytes.data(), kHandleMagic, sizeof(kHandleMagic)) != 0 ||
       handle.bytes[4] != static_cast<unsigned char>(expected) || handle.bytes[5] != 0 ||
       handle.bytes[6] != 0 || handle.bytes[7] != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("not a simulated ", kind == HandleKind::kMemory ? "memory" : "event",
-                     " handle (bad magic or kind)"));
+    return absl::InvalidArgumentError(absl::StrCat("not a simulated ",
+                                                   kind == HandleKind::kMemory ? "memory" : "event",
+                                                   " handle (bad magic or kind)"));
   }
   std::string name;
   size_t i = kNameOffset;
@@ -136,7 +136,8 @@ absl::Status Registry::Free(void* base) {
     auto it = by_base_.find(reinterpret_cast<uintptr_t>(base));
     if (it == by_base_.end() || !it->second->owned) {
       return absl::InvalidArgumentError(
-          absl::StrCat("Free: ", PointerString(base), " is not the base of a device allocation of this process"));
+          absl::StrCat("Free: ", PointerString(base),
+                       " is not the base of a device allocation of this process"));
     }
     region = it->second;
     by_base_.erase(it);
@@ -191,8 +192,8 @@ absl::Status Registry::Close(void* base) {
   absl::MutexLock lock(&mu_);
   auto it = by_base_.find(reinterpret_cast<uintptr_t>(base));
   if (it == by_base_.end() || it->second->owned) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CloseMemory: ", PointerString(base), " is not the base of an opened memory handle"));
+    return absl::InvalidArgumentError(absl::StrCat("CloseMemory: ", PointerString(base),
+                                                   " is not the base of an opened memory handle"));
   }
   if (--it->second->open_count > 0) return absl::OkStatus();
   opened_.erase(it->second->name);
@@ -210,9 +211,9 @@ absl::StatusOr<std::shared_ptr<Region>> Registry::Find(const void* ptr, size_t b
     const uintptr_t end = it->first + r.size;
     if (p < end && bytes <= end - p) return it->second;
     if (p < end) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(bytes, " bytes at ", PointerString(ptr), " run past the end of device allocation ", r.name,
-                       " (", p - it->first, " + ", bytes, " > ", r.size, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          bytes, " bytes at ", PointerString(ptr), " run past the end of device allocation ",
+          r.name, " (", p - it->first, " + ", bytes, " > ", r.size, ")"));
     }
   }
   return absl::InvalidArgumentError(
@@ -223,8 +224,8 @@ absl::StatusOr<std::shared_ptr<Region>> Registry::FindOwnedBase(const void* base
   absl::MutexLock lock(&mu_);
   auto it = by_base_.find(reinterpret_cast<uintptr_t>(base));
   if (it == by_base_.end() || !it->second->owned) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(PointerString(base), " is not the base of a device allocation of this process"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        PointerString(base), " is not the base of a device allocation of this process"));
   }
   return it->second;
 }

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -84,13 +85,13 @@ class Channel {
 };
 
 // In a child: report and fail.
-#define CHILD_OK(expr)                                                              \
-  do {                                                                              \
-    const absl::Status _st = (expr);                                                \
-    if (!_st.ok()) {                                                                \
-      std::fprintf(stderr, "child: %s: %s\n", #expr, _st.ToString().c_str());       \
-      return 1;                                                                     \
-    }                                                                               \
+#define CHILD_OK(expr)                                                        \
+  do {                                                                        \
+    const absl::Status _st = (expr);                                          \
+    if (!_st.ok()) {                                                          \
+      std::fprintf(stderr, "child: %s: %s\n", #expr, _st.ToString().c_str()); \
+      return 1;                                                               \
+    }                                                                         \
   } while (0)
 
 // Polls until the event completes (or fails, or 20 s pass: a hang guard).
@@ -168,13 +169,11 @@ TEST_F(SimDeviceTest, AllocatedMemoryIsZeroedAndFoundFromAnyPointerInside) {
   EXPECT_EQ(a->device, "SIM-GPU-1");
 
   int host = 0;
-  EXPECT_EQ((*trainer)->FindAllocation(&host).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*trainer)->FindAllocation(&host).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*trainer)->FindAllocation(static_cast<char*>(*base) + 1000).status().code(),
             absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE((*trainer)->Free(*base).ok());
-  EXPECT_EQ((*trainer)->FindAllocation(*base).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*trainer)->FindAllocation(*base).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*trainer)->Free(*base).code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -236,7 +235,8 @@ TEST_F(SimDeviceTest, GarbageOrMisdirectedHandlesAreRefused) {
   ASSERT_TRUE(daemon.ok() && trainer.ok());
 
   IpcHandle garbage;
-  for (size_t i = 0; i < IpcHandle::kSize; ++i) garbage.bytes[i] = static_cast<unsigned char>(i * 7 + 1);
+  for (size_t i = 0; i < IpcHandle::kSize; ++i)
+    garbage.bytes[i] = static_cast<unsigned char>(i * 7 + 1);
   EXPECT_EQ((*trainer)->OpenMemory("SIM-GPU-0", garbage).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*daemon)->OpenEvent("SIM-GPU-0", garbage).status().code(),
@@ -570,9 +570,8 @@ TEST_P(SumAsyncTest, SumsEverySourceScalesAndMayWriteOverTheFirst) {
   auto out = (*daemon)->Alloc("SIM-GPU-1", kCount * DTypeSize(t));
   ASSERT_TRUE(out.ok());
 
-  ASSERT_TRUE((*daemon)
-                  ->SumAsync(*out, {srcs[0], srcs[1], srcs[2]}, kCount, t, 0.5f, *stream)
-                  .ok());
+  ASSERT_TRUE(
+      (*daemon)->SumAsync(*out, {srcs[0], srcs[1], srcs[2]}, kCount, t, 0.5f, *stream).ok());
   // In place: dst is the first source.
   ASSERT_TRUE((*daemon)->SumAsync(srcs[0], {srcs[0], srcs[1]}, kCount, t, 1.0f, *stream).ok());
   ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
@@ -662,8 +661,306 @@ TEST_F(SimDeviceTest, MemsetAsyncZeroesInStreamOrder) {
   ASSERT_TRUE((*trainer)->MemsetAsync(static_cast<char*>(*grad) + 4, 8, *stream).ok());
   ASSERT_TRUE((*trainer)->Synchronize(*stream).ok());
   EXPECT_EQ(ReadFloats(*grad, 4), (std::vector<float>{5, 0, 0, 8}));
-  EXPECT_EQ((*trainer)->MemsetAsync(*grad, 17, *stream).code(),
+  EXPECT_EQ((*trainer)->MemsetAsync(*grad, 17, *stream).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ------------------------------------------------------------- collectives
+
+// The rendezvous store's part: one file per key in a directory every
+// process of the test can see.
+class FileStore {
+ public:
+  FileStore() {
+    std::string tmpl = ::testing::TempDir() + "/simstoreXXXXXX";
+    if (mkdtemp(tmpl.data()) == nullptr) std::abort();
+    dir_ = tmpl;
+  }
+  ~FileStore() { std::system(absl::StrCat("rm -rf '", dir_, "'").c_str()); }
+
+  void Fill(CollectiveOptions& o) const {
+    const std::string dir = dir_;
+    o.publish = [dir](const std::string& key, const std::string& value) -> absl::Status {
+      const std::string path = Path(dir, key);
+      FILE* f = std::fopen((path + ".tmp").c_str(), "w");
+      if (f == nullptr) return absl::InternalError("publish: cannot write");
+      std::fwrite(value.data(), 1, value.size(), f);
+      std::fclose(f);
+      std::rename((path + ".tmp").c_str(), path.c_str());
+      return absl::OkStatus();
+    };
+    o.fetch = [dir](const std::string& key, absl::Time deadline) -> absl::StatusOr<std::string> {
+      const std::string path = Path(dir, key);
+      while (true) {
+        if (FILE* f = std::fopen(path.c_str(), "r")) {
+          char buf[256];
+          const size_t n = std::fread(buf, 1, sizeof(buf), f);
+          std::fclose(f);
+          return std::string(buf, n);
+        }
+        if (absl::Now() >= deadline) {
+          return absl::DeadlineExceededError(absl::StrCat("key ", key, " never published"));
+        }
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+    };
+  }
+
+ private:
+  static std::string Path(const std::string& dir, std::string key) {
+    for (char& c : key) {
+      if (c == '/') c = '_';
+    }
+    return absl::StrCat(dir, "/", key);
+  }
+  std::string dir_;
+};
+
+CollectiveOptions Group(int nranks, int first_rank, std::vector<DeviceId> devices,
+                        const FileStore* store, absl::Duration timeout = absl::Seconds(30)) {
+  CollectiveOptions o;
+  o.nranks = nranks;
+  o.first_rank = first_rank;
+  o.devices = std::move(devices);
+  o.generation = 7;
+  o.timeout = timeout;
+  if (store != nullptr) store->Fill(o);
+  return o;
+}
+
+// Rank r's input, element i: exact in every dtype, sums too.
+double Input(int rank, int i) { return 0.5 * ((rank + 1) * (i % 5)) - rank; }
+
+// Allocates `count` elements of `t` on `device` holding rank `rank`'s input.
+void* Fill(SimDaemonDevice& dev, const DeviceId& device, DType t, int count, int rank) {
+  void* p = *dev.Alloc(device, count * DTypeSize(t));
+  for (int i = 0; i < count; ++i) Store(t, p, i, Input(rank, i));
+  return p;
+}
+
+// Whether `p` holds the sum of ranks 0..nranks-1's inputs.
+bool HoldsSum(DType t, const void* p, int count, int nranks) {
+  for (int i = 0; i < count; ++i) {
+    double want = 0;
+    for (int r = 0; r < nranks; ++r) want += Input(r, i);
+    if (Load(t, p, i) != want) {
+      std::fprintf(stderr, "%s element %d: %g, want %g\n", DTypeName(t), i, Load(t, p, i), want);
+      return false;
+    }
+  }
+  return true;
+}
+
+TEST_F(SimDeviceTest, ACollectiveOverOneRankLeavesItsBufferAsItIs) {
+  auto dev = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(dev.ok());
+  auto group = (*dev)->CreateCollectives(Group(1, 0, {"SIM-GPU-1"}, nullptr));
+  ASSERT_TRUE(group.ok()) << group.status();
+  void* p = Fill(**dev, "SIM-GPU-1", DType::kFloat32, 100, 0);
+  ASSERT_TRUE((*group)->AllreduceSum({{0, p, 100}}, DType::kFloat32).ok());
+  EXPECT_TRUE(HoldsSum(DType::kFloat32, p, 100, 1));
+}
+
+TEST_F(SimDeviceTest, ACollectiveOverTwoLocalGpusSumsEveryBufferOnBoth) {
+  auto dev = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(dev.ok());
+  auto group = (*dev)->CreateCollectives(Group(2, 0, {"SIM-GPU-0", "SIM-GPU-1"}, nullptr));
+  ASSERT_TRUE(group.ok()) << group.status();
+  for (DType t : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    // Two buckets per GPU, launched as one group.
+    void* a0 = Fill(**dev, "SIM-GPU-0", t, 300, 0);
+    void* b0 = Fill(**dev, "SIM-GPU-0", t, 50, 0);
+    void* a1 = Fill(**dev, "SIM-GPU-1", t, 300, 1);
+    void* b1 = Fill(**dev, "SIM-GPU-1", t, 50, 1);
+    ASSERT_TRUE(
+        (*group)->AllreduceSum({{0, a0, 300}, {1, a1, 300}, {0, b0, 50}, {1, b1, 50}}, t).ok());
+    EXPECT_TRUE(HoldsSum(t, a0, 300, 2));
+    EXPECT_TRUE(HoldsSum(t, a1, 300, 2));
+    EXPECT_TRUE(HoldsSum(t, b0, 50, 2));
+    EXPECT_TRUE(HoldsSum(t, b1, 50, 2));
+  }
+}
+
+TEST_F(SimDeviceTest, ACollectiveRefusesBuffersThatDoNotMatchItsGpus) {
+  auto dev = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(dev.ok());
+  auto group = (*dev)->CreateCollectives(Group(2, 0, {"SIM-GPU-0", "SIM-GPU-1"}, nullptr));
+  ASSERT_TRUE(group.ok()) << group.status();
+  void* a0 = Fill(**dev, "SIM-GPU-0", DType::kFloat32, 10, 0);
+  void* a1 = Fill(**dev, "SIM-GPU-1", DType::kFloat32, 10, 1);
+  // Rank 1's buffer on GPU 0; then sizes that differ: NCCL would hang.
+  EXPECT_EQ((*group)->AllreduceSum({{0, a0, 10}, {1, a0, 10}}, DType::kFloat32).code(),
             absl::StatusCode::kInvalidArgument);
+  auto other = (*dev)->CreateCollectives(Group(2, 0, {"SIM-GPU-0", "SIM-GPU-1"}, nullptr));
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ((*other)->AllreduceSum({{0, a0, 10}, {1, a1, 9}}, DType::kFloat32).code(),
+            absl::StatusCode::kInvalidArgument);
+  // After a failure the group is unusable.
+  EXPECT_EQ((*other)->AllreduceSum({{0, a0, 10}, {1, a1, 10}}, DType::kFloat32).code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(
+      (*dev)->CreateCollectives(Group(2, 0, {"SIM-GPU-0", "SIM-GPU-0"}, nullptr)).status().code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
+// A simulated node in a child process: a daemon owning `devices` as ranks
+// first_rank.., running `rounds` collectives over every dtype.
+int RunNode(const FileStore& store, int nranks, int first_rank, std::vector<DeviceId> devices,
+            int rounds) {
+  auto dev = SimDaemonDevice::Create(Options());
+  if (!dev.ok()) return 1;
+  auto group = (*dev)->CreateCollectives(Group(nranks, first_rank, devices, &store));
+  CHILD_OK(group.status());
+  for (int round = 0; round < rounds; ++round) {
+    for (DType t : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+      std::vector<DeviceBuffer> buffers;
+      for (size_t j = 0; j < devices.size(); ++j) {
+        buffers.push_back({static_cast<int>(j),
+                           Fill(**dev, devices[j], t, 257, first_rank + static_cast<int>(j)), 257});
+      }
+      CHILD_OK((*group)->AllreduceSum(buffers, t));
+      for (const DeviceBuffer& b : buffers) {
+        if (!HoldsSum(t, b.data, 257, nranks)) return 3;
+      }
+    }
+  }
+  return 0;
+}
+
+TEST_F(SimDeviceTest, TwoNodesWithOneRankEachSumAcrossProcesses) {
+  FileStore store;
+  auto peer = ChildProcess::Start([&] { return RunNode(store, 2, 1, {"SIM-GPU-0"}, 3); });
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  EXPECT_EQ(RunNode(store, 2, 0, {"SIM-GPU-0"}, 3), 0);
+  auto exit = peer->Wait(std::chrono::seconds(60));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(*exit, 0);
+}
+
+TEST_F(SimDeviceTest, TwoNodesWithTwoGpusEachSumOverFourRanks) {
+  FileStore store;
+  auto peer = ChildProcess::Start([&] {
+    return RunNode(store, 4, 2, {"SIM-GPU-0", "SIM-GPU-1"}, 2);
+  });
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  EXPECT_EQ(RunNode(store, 4, 0, {"SIM-GPU-1", "SIM-GPU-0"}, 2), 0);
+  auto exit = peer->Wait(std::chrono::seconds(60));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(*exit, 0);
+}
+
+TEST_F(SimDeviceTest, ARankThatNeverJoinsMakesCreationTimeOutNamingIt) {
+  FileStore store;
+  auto dev = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(dev.ok());
+  auto group =
+      (*dev)->CreateCollectives(Group(3, 0, {"SIM-GPU-0"}, &store, absl::Milliseconds(300)));
+  EXPECT_EQ(group.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(group.status().message(), HasSubstr("ranks 1, 2"));
+}
+
+TEST_F(SimDeviceTest, ANodeThatSkipsACollectiveMakesItTimeOutNamingItsRank) {
+  FileStore store;
+  Channel to_child;
+  auto peer = ChildProcess::Start([&]() -> int {
+    auto dev = SimDaemonDevice::Create(Options());
+    if (!dev.ok()) return 1;
+    auto group = (*dev)->CreateCollectives(Group(2, 1, {"SIM-GPU-0"}, &store));
+    CHILD_OK(group.status());
+    to_child.Receive(1, absl::Seconds(60));  // joined, then never launches anything
+    return 0;
+  });
+  ASSERT_TRUE(peer.ok());
+  auto dev = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(dev.ok());
+  // Long enough for the peer to join even on a loaded machine (the group's
+  // timeout bounds creation too); the skipped collective then takes it all.
+  auto group = (*dev)->CreateCollectives(Group(2, 0, {"SIM-GPU-0"}, &store, absl::Seconds(3)));
+  ASSERT_TRUE(group.ok()) << group.status();
+  void* p = Fill(**dev, "SIM-GPU-0", DType::kFloat32, 8, 0);
+  const absl::Status st = (*group)->AllreduceSum({{0, p, 8}}, DType::kFloat32);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(st.message(), HasSubstr("rank 1 "));
+  to_child.Send("x");
+  auto exit = peer->Wait(std::chrono::seconds(60));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(*exit, 0);
+}
+
+TEST_F(SimDeviceTest, AbortEndsAnInFlightCollectiveAndEveryLaterOne) {
+  FileStore store;
+  Channel to_parent, to_child;
+  auto peer = ChildProcess::Start([&]() -> int {
+    auto dev = SimDaemonDevice::Create(Options());
+    if (!dev.ok()) return 1;
+    auto group = (*dev)->CreateCollectives(Group(2, 1, {"SIM-GPU-0"}, &store));
+    CHILD_OK(group.status());
+    to_parent.Send("j");
+    if (to_child.Receive(1, absl::Seconds(60)) != "c") return 2;
+    // The peer aborted: this node's next collective fails as a peer failure.
+    void* p = Fill(**dev, "SIM-GPU-0", DType::kFloat32, 8, 1);
+    const absl::Status st = (*group)->AllreduceSum({{0, p, 8}}, DType::kFloat32);
+    return st.code() == absl::StatusCode::kUnavailable ? 0 : 4;
+  });
+  ASSERT_TRUE(peer.ok());
+  auto dev = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(dev.ok());
+  // A long timeout: only Abort can end the collective before the test's.
+  auto group = (*dev)->CreateCollectives(Group(2, 0, {"SIM-GPU-0"}, &store, absl::Seconds(600)));
+  ASSERT_TRUE(group.ok()) << group.status();
+  ASSERT_EQ(to_parent.Receive(1), "j");
+  void* p = Fill(**dev, "SIM-GPU-0", DType::kFloat32, 8, 0);
+  std::thread aborter([&] {
+    absl::SleepFor(absl::Milliseconds(50));  // let the collective start waiting
+    (*group)->Abort("test: scheduler shutting down");
+  });
+  const absl::Status st = (*group)->AllreduceSum({{0, p, 8}}, DType::kFloat32);
+  aborter.join();
+  EXPECT_EQ(st.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(st.message(), HasSubstr("scheduler shutting down"));
+  EXPECT_EQ((*group)->AllreduceSum({{0, p, 8}}, DType::kFloat32).code(),
+            absl::StatusCode::kAborted);
+  ASSERT_TRUE(to_child.Send("c"));
+  auto exit = peer->Wait(std::chrono::seconds(60));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(*exit, 0);
+}
+
+TEST_F(SimDeviceTest, AbortBeforeACollectiveMakesItReturnAborted) {
+  auto dev = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(dev.ok());
+  auto group = (*dev)->CreateCollectives(Group(1, 0, {"SIM-GPU-0"}, nullptr));
+  ASSERT_TRUE(group.ok());
+  (*group)->Abort("generation replaced");
+  void* p = Fill(**dev, "SIM-GPU-0", DType::kFloat32, 8, 0);
+  const absl::Status st = (*group)->AllreduceSum({{0, p, 8}}, DType::kFloat32);
+  EXPECT_EQ(st.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(st.message(), HasSubstr("generation replaced"));
+}
+
+TEST_F(SimDeviceTest, APeerThatDiesMakesTheCollectiveUnavailableNamingIt) {
+  FileStore store;
+  Channel to_parent;
+  auto peer = ChildProcess::Start([&]() -> int {
+    auto dev = SimDaemonDevice::Create(Options());
+    if (!dev.ok()) return 1;
+    auto group = (*dev)->CreateCollectives(Group(2, 1, {"SIM-GPU-0"}, &store));
+    CHILD_OK(group.status());
+    to_parent.Send("j");
+    pause();  // until killed
+    return 0;
+  });
+  ASSERT_TRUE(peer.ok());
+  auto dev = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(dev.ok());
+  auto group = (*dev)->CreateCollectives(Group(2, 0, {"SIM-GPU-0"}, &store, absl::Seconds(600)));
+  ASSERT_TRUE(group.ok()) << group.status();
+  ASSERT_EQ(to_parent.Receive(1), "j");
+  const pid_t pid = peer->pid();
+  ASSERT_TRUE(peer->Kill().ok());
+  void* p = Fill(**dev, "SIM-GPU-0", DType::kFloat32, 8, 0);
+  const absl::Status st = (*group)->AllreduceSum({{0, p, 8}}, DType::kFloat32);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(st.message(), HasSubstr(absl::StrCat("rank 1 (process ", pid, ")")));
 }
 
 }  // namespace
