@@ -196,12 +196,13 @@ class SimCollectiveGroup final : public CollectiveGroup {
     GroupHeader* g = header();
     for (int j = 0; j < nlocal_; ++j) {
       RankSlot& slot = g->slots[first_rank_ + j];
-      slot.instance.store(instance_, std::memory_order_relaxed);
       int32_t expected = 0;
       if (!slot.pid.compare_exchange_strong(expected, getpid(), std::memory_order_acq_rel)) {
         return absl::InvalidArgumentError(
             absl::StrCat("rank ", first_rank_ + j, " was already joined by process ", expected));
       }
+      // Read by peers only after this rank's first `arrived` (release).
+      slot.instance.store(instance_, std::memory_order_relaxed);
     }
     return absl::OkStatus();
   }
