@@ -1,0 +1,34 @@
+// Simulated collectives: CollectiveGroup over simulated GPUs.
+//
+// One process (one daemon) owns the ranks of its local GPUs and sums their
+// buffers itself. Ranks in other processes (other simulated nodes) meet in
+// a shared-memory rendezvous: the node holding rank 0 creates a group
+// segment and publishes its name through CollectiveOptions.publish (key
+// "sim_collective/<generation>"); the others fetch it. Per collective,
+// every node writes its ranks' inputs into a segment of its own, marks its
+// ranks arrived, waits for all, sums every rank's input in rank order (so
+// every rank gets bit-identical results), marks its ranks done and waits
+// for all again before removing its segment. Waits end at the deadline
+// (DEADLINE_EXCEEDED naming the missing ranks), on a dead or failed peer
+// (UNAVAILABLE) or on Abort (ABORTED). Simple and correct, not fast.
+#ifndef GRADSYNC_GPU_SIM_COLLECTIVES_H_
+#define GRADSYNC_GPU_SIM_COLLECTIVES_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gpu/device.h"
+
+namespace gradsync::gpu::sim {
+
+// `device_indices`: the sim GPU index of each of options.devices. Runs the
+// one-element warm-up collective before returning.
+absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateSimCollectives(
+    const CollectiveOptions& options, const std::vector<int>& device_indices,
+    const std::string& prefix);
+
+}  // namespace gradsync::gpu::sim
+
+#endif  // GRADSYNC_GPU_SIM_COLLECTIVES_H_

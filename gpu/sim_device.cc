@@ -1,0 +1,578 @@
+#include "gpu/sim_device.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "gpu/sim_collectives.h"
+#include "gpu/sim_event.h"
+#include "gpu/sim_kernels.h"
+#include "gpu/sim_memory.h"
+#include "gpu/sim_stream.h"
+#include "ipc/shared_segment.h"
+
+namespace gradsync::gpu {
+namespace sim {
+
+// What both simulated devices share: the node's GPUs as this process sees
+// them, the streams and events it owns, and the default streams.
+class Node {
+ public:
+  explicit Node(SimOptions options) : options_(std::move(options)) {}
+
+  ~Node() {
+    // Streams first: they run what is queued, which may complete events.
+    absl::MutexLock lock(&mu_);
+    streams_.clear();
+    defaults_.clear();
+    events_.clear();
+    // What was allocated through this device and never freed goes with it
+    // (a process's memory goes with its CUDA context).
+    for (void* base : allocations_) Registry::Get().Free(base).IgnoreError();
+  }
+
+  absl::StatusOr<void*> Allocate(int device_index, size_t bytes) {
+    absl::StatusOr<std::shared_ptr<Region>> region =
+        Registry::Get().Allocate(options_.prefix, device_index, bytes);
+    if (!region.ok()) return region.status();
+    absl::MutexLock lock(&mu_);
+    allocations_.insert((*region)->base);
+    return static_cast<void*>((*region)->base);
+  }
+
+  absl::Status Free(void* base) {
+    if (auto st = Registry::Get().Free(base); !st.ok()) return st;
+    absl::MutexLock lock(&mu_);
+    allocations_.erase(base);
+    return absl::OkStatus();
+  }
+
+  const SimOptions& options() const { return options_; }
+
+  // The GPU index of a visible device id, or INVALID_ARGUMENT naming it.
+  absl::StatusOr<int> IndexOf(const DeviceId& device) const {
+    constexpr absl::string_view kPrefix = "SIM-GPU-";
+    int index = -1;
+    if (absl::string_view(device).substr(0, kPrefix.size()) == kPrefix &&
+        absl::SimpleAtoi(absl::string_view(device).substr(kPrefix.size()), &index)) {
+      for (int v : Visible()) {
+        if (v == index && SimDeviceId(index) == device) return index;
+      }
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("no visible simulated GPU has id '", device, "' (visible: ",
+                     absl::StrJoin(Visible(), ", ",
+                                   [](std::string* out, int i) { out->append(SimDeviceId(i)); }),
+                     ")"));
+  }
+
+  std::vector<int> Visible() const {
+    if (!options_.visible.empty()) return options_.visible;
+    std::vector<int> all;
+    for (int i = 0; i < options_.num_gpus; ++i) all.push_back(i);
+    return all;
+  }
+
+  SimStream* NewStream(int device_index) {
+    auto stream =
+        std::make_unique<SimStream>(device_index, options_.min_op_delay, options_.max_op_delay);
+    SimStream* raw = stream.get();
+    absl::MutexLock lock(&mu_);
+    streams_[raw] = std::move(stream);
+    return raw;
+  }
+
+  void DeleteStream(Stream* handle) {
+    std::unique_ptr<SimStream> doomed;  // destroyed (drained) outside the lock
+    absl::MutexLock lock(&mu_);
+    auto it = streams_.find(SimStream::FromHandle(handle));
+    if (it == streams_.end()) return;
+    doomed = std::move(it->second);
+    streams_.erase(it);
+  }
+
+  // `handle` resolved; null means the legacy default stream of GPU
+  // `default_device` (INVALID_ARGUMENT when `allow_default` is false).
+  absl::StatusOr<SimStream*> Resolve(Stream* handle, int default_device, bool allow_default) {
+    if (handle == nullptr) {
+      if (!allow_default) {
+        return absl::InvalidArgumentError(
+            "null stream: the daemon works on its own streams (CreateStream)");
+      }
+      absl::MutexLock lock(&mu_);
+      auto& slot = defaults_[default_device];
+      if (slot == nullptr) {
+        slot = std::make_unique<SimStream>(default_device, options_.min_op_delay,
+                                           options_.max_op_delay);
+      }
+      return slot.get();
+    }
+    SimStream* s = SimStream::FromHandle(handle);
+    if (s == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stream ", sim::PointerString(handle), " is not a live simulated stream"));
+    }
+    return s;
+  }
+
+  // Waits for `handle`, or for every default stream when it is null.
+  absl::Status Synchronize(Stream* handle, absl::Duration timeout) {
+    std::vector<SimStream*> targets;
+    if (handle != nullptr) {
+      SimStream* s = SimStream::FromHandle(handle);
+      if (s == nullptr) return absl::InvalidArgumentError("not a live simulated stream");
+      targets.push_back(s);
+    } else {
+      absl::MutexLock lock(&mu_);
+      for (auto& [index, s] : defaults_) targets.push_back(s.get());
+    }
+    const absl::Time deadline = absl::Now() + timeout;
+    for (SimStream* s : targets) {
+      if (!s->WaitIdle(deadline - absl::Now())) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("stream on ", SimDeviceId(s->device_index()), " still busy after ",
+                         absl::FormatDuration(timeout)));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The region holding [ptr, ptr + bytes), which must be on `device_index`
+  // (-1: any).
+  absl::StatusOr<std::shared_ptr<Region>> Range(const void* ptr, size_t bytes, int device_index,
+                                                const char* what) {
+    absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().Find(ptr, bytes);
+    if (!region.ok())
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", region.status().message()));
+    if (device_index >= 0 && (*region)->device_index != device_index) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": ", sim::PointerString(ptr), " is on ", SimDeviceId((*region)->device_index),
+          ", the stream on ", SimDeviceId(device_index)));
+    }
+    return region;
+  }
+
+  Event* AdoptEvent(std::unique_ptr<SimEvent> event) {
+    Event* handle = event->handle();
+    absl::MutexLock lock(&mu_);
+    events_[event.get()] = std::move(event);
+    return handle;
+  }
+
+  // The event, if this node holds it (created or opened here).
+  SimEvent* FindEvent(Event* handle) {
+    SimEvent* e = SimEvent::FromHandle(handle);
+    absl::MutexLock lock(&mu_);
+    return e != nullptr && events_.count(e) != 0 ? e : nullptr;
+  }
+
+  void DeleteEvent(Event* handle) {
+    std::unique_ptr<SimEvent> doomed;
+    absl::MutexLock lock(&mu_);
+    auto it = events_.find(SimEvent::FromHandle(handle));
+    if (it == events_.end()) return;
+    doomed = std::move(it->second);
+    events_.erase(it);
+  }
+
+ private:
+  const SimOptions options_;
+  absl::Mutex mu_;
+  std::map<SimStream*, std::unique_ptr<SimStream>> streams_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::unique_ptr<SimStream>> defaults_ ABSL_GUARDED_BY(mu_);
+  std::map<SimEvent*, std::unique_ptr<SimEvent>> events_ ABSL_GUARDED_BY(mu_);
+  std::set<void*> allocations_ ABSL_GUARDED_BY(mu_);
+};
+
+namespace {
+
+absl::Status CheckOptions(const SimOptions& o) {
+  if (o.num_gpus < 1 || o.num_gpus > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a simulated node has 1..64 GPUs, not ", o.num_gpus));
+  }
+  for (int v : o.visible) {
+    if (v < 0 || v >= o.num_gpus) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("visible GPU ", v, " is not one of the ", o.num_gpus, " simulated GPUs"));
+    }
+  }
+  if (o.min_op_delay < absl::ZeroDuration() || o.max_op_delay < o.min_op_delay) {
+    return absl::InvalidArgumentError("simulated stream delays: need 0 <= min <= max");
+  }
+  if (o.prefix.empty() || o.prefix.find_first_of("./") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("bad segment prefix '", o.prefix, "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EnvInt(const char* name, int64_t* value) {
+  const char* raw = std::getenv(name);
+  if (raw == nullptr || *raw == '\0') return absl::OkStatus();
+  if (!absl::SimpleAtoi(raw, value) || *value < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, "='", raw, "' is not a non-negative integer"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace sim
+
+using sim::Node;
+using sim::Region;
+using sim::Registry;
+using sim::SimEvent;
+using sim::SimStream;
+
+DeviceId SimDeviceId(int index) { return absl::StrCat("SIM-GPU-", index); }
+
+absl::StatusOr<SimOptions> SimOptions::FromEnv() {
+  SimOptions o;
+  int64_t gpus = o.num_gpus;
+  int64_t min_us = 0;
+  int64_t max_us = absl::ToInt64Microseconds(o.max_op_delay);
+  if (auto st = sim::EnvInt("GRADSYNC_SIM_GPUS", &gpus); !st.ok()) return st;
+  if (auto st = sim::EnvInt("GRADSYNC_SIM_MIN_DELAY_US", &min_us); !st.ok()) return st;
+  if (auto st = sim::EnvInt("GRADSYNC_SIM_MAX_DELAY_US", &max_us); !st.ok()) return st;
+  o.num_gpus = static_cast<int>(std::min<int64_t>(gpus, 1 << 20));
+  o.min_op_delay = absl::Microseconds(min_us);
+  o.max_op_delay = absl::Microseconds(std::max(min_us, max_us));
+  if (const char* raw = std::getenv("GRADSYNC_SIM_VISIBLE_DEVICES"); raw != nullptr && *raw) {
+    for (absl::string_view part : absl::StrSplit(raw, ',')) {
+      int v = 0;
+      if (!absl::SimpleAtoi(part, &v)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("GRADSYNC_SIM_VISIBLE_DEVICES='", raw, "': not a list of GPU indices"));
+      }
+      o.visible.push_back(v);
+    }
+  }
+  if (auto st = sim::CheckOptions(o); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("GRADSYNC_SIM_*: ", st.message()));
+  }
+  return o;
+}
+
+absl::Status SimPauseStream(Stream* stream) {
+  SimStream* s = SimStream::FromHandle(stream);
+  if (s == nullptr) return absl::InvalidArgumentError("not a live simulated stream");
+  s->Pause();
+  return absl::OkStatus();
+}
+
+absl::Status SimResumeStream(Stream* stream) {
+  SimStream* s = SimStream::FromHandle(stream);
+  if (s == nullptr) return absl::InvalidArgumentError("not a live simulated stream");
+  s->Resume();
+  return absl::OkStatus();
+}
+
+std::vector<std::string> RemoveStaleSimSegments(const std::string& prefix) {
+  return ipc::RemoveStaleSegments(prefix);
+}
+
+// ---------------------------------------------------------------- trainer
+
+absl::StatusOr<std::unique_ptr<SimTrainerDevice>> SimTrainerDevice::Create(
+    const SimOptions& options) {
+  if (auto st = sim::CheckOptions(options); !st.ok()) return st;
+  return std::unique_ptr<SimTrainerDevice>(new SimTrainerDevice(std::make_unique<Node>(options)));
+}
+
+absl::StatusOr<std::unique_ptr<SimTrainerDevice>> SimTrainerDevice::CreateFromEnv() {
+  absl::StatusOr<SimOptions> options = SimOptions::FromEnv();
+  if (!options.ok()) return options.status();
+  return Create(*options);
+}
+
+SimTrainerDevice::SimTrainerDevice(std::unique_ptr<Node> node) : node_(std::move(node)) {}
+SimTrainerDevice::~SimTrainerDevice() = default;
+
+absl::StatusOr<Allocation> SimTrainerDevice::FindAllocation(const void* ptr) {
+  absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().Find(ptr, 1);
+  if (!region.ok() || !(*region)->owned) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        sim::PointerString(ptr), " is not simulated device memory allocated by this process"));
+  }
+  Allocation a;
+  a.base = (*region)->base;
+  a.size = (*region)->size;
+  a.device = SimDeviceId((*region)->device_index);
+  return a;
+}
+
+absl::StatusOr<DeviceId> SimTrainerDevice::IdOfOrdinal(int ordinal) {
+  const std::vector<int> visible = node_->Visible();
+  if (ordinal < 0 || ordinal >= static_cast<int>(visible.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no simulated GPU with ordinal ", ordinal, " (", visible.size(), " visible)"));
+  }
+  return SimDeviceId(visible[ordinal]);
+}
+
+absl::StatusOr<void*> SimTrainerDevice::OpenMemory(const DeviceId& device,
+                                                   const IpcHandle& handle) {
+  absl::StatusOr<int> index = node_->IndexOf(device);
+  if (!index.ok()) return index.status();
+  absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().Open(handle, *index);
+  if (!region.ok()) return region.status();
+  return static_cast<void*>((*region)->base);
+}
+
+absl::Status SimTrainerDevice::CloseMemory(void* base) { return Registry::Get().Close(base); }
+
+absl::StatusOr<IpcHandle> SimTrainerDevice::ExportMemory(void* base) {
+  absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().FindOwnedBase(base);
+  if (!region.ok()) return region.status();
+  return sim::EncodeHandle(sim::HandleKind::kMemory, (*region)->name);
+}
+
+absl::StatusOr<Event*> SimTrainerDevice::CreateEvent(const DeviceId& device) {
+  absl::StatusOr<int> index = node_->IndexOf(device);
+  if (!index.ok()) return index.status();
+  absl::StatusOr<std::unique_ptr<SimEvent>> event =
+      SimEvent::Create(node_->options().prefix, *index);
+  if (!event.ok()) return event.status();
+  return node_->AdoptEvent(*std::move(event));
+}
+
+absl::StatusOr<IpcHandle> SimTrainerDevice::ExportEvent(Event* event) {
+  SimEvent* e = node_->FindEvent(event);
+  if (e == nullptr || !e->owned()) {
+    return absl::InvalidArgumentError("ExportEvent: not an event created by this device");
+  }
+  return e->Export();
+}
+
+void SimTrainerDevice::DestroyEvent(Event* event) { node_->DeleteEvent(event); }
+
+absl::Status SimTrainerDevice::RecordEvent(Event* event, Stream* stream) {
+  SimEvent* e = node_->FindEvent(event);
+  if (e == nullptr || !e->owned()) {
+    return absl::InvalidArgumentError("RecordEvent: not an event created by this device");
+  }
+  absl::StatusOr<SimStream*> s = node_->Resolve(stream, e->device_index(), true);
+  if (!s.ok()) return s.status();
+  if ((*s)->device_index() != e->device_index()) {
+    return absl::InvalidArgumentError(absl::StrCat("RecordEvent: event on ",
+                                                   SimDeviceId(e->device_index()), ", stream on ",
+                                                   SimDeviceId((*s)->device_index())));
+  }
+  e->Record(*s);
+  return absl::OkStatus();
+}
+
+absl::Status SimTrainerDevice::MemsetAsync(void* ptr, size_t bytes, Stream* stream) {
+  absl::StatusOr<std::shared_ptr<Region>> region = node_->Range(ptr, bytes, -1, "MemsetAsync");
+  if (!region.ok()) return region.status();
+  absl::StatusOr<SimStream*> s = node_->Resolve(stream, (*region)->device_index, true);
+  if (!s.ok()) return s.status();
+  region = node_->Range(ptr, bytes, (*s)->device_index(), "MemsetAsync");
+  if (!region.ok()) return region.status();
+  (*s)->Enqueue([hold = *region, ptr, bytes] { std::memset(ptr, 0, bytes); });
+  return absl::OkStatus();
+}
+
+Stream* SimTrainerDevice::WrapStream(void* native) { return static_cast<Stream*>(native); }
+
+absl::StatusOr<void*> SimTrainerDevice::Alloc(const DeviceId& device, size_t bytes) {
+  absl::StatusOr<int> index = node_->IndexOf(device);
+  if (!index.ok()) return index.status();
+  return node_->Allocate(*index, bytes);
+}
+
+absl::Status SimTrainerDevice::Free(void* base) { return node_->Free(base); }
+
+absl::StatusOr<Stream*> SimTrainerDevice::CreateStream(const DeviceId& device) {
+  absl::StatusOr<int> index = node_->IndexOf(device);
+  if (!index.ok()) return index.status();
+  return node_->NewStream(*index)->handle();
+}
+
+void SimTrainerDevice::DestroyStream(Stream* stream) { node_->DeleteStream(stream); }
+
+absl::Status SimTrainerDevice::WriteAsync(void* dst, const void* src, size_t bytes,
+                                          Stream* stream) {
+  absl::StatusOr<std::shared_ptr<Region>> region = node_->Range(dst, bytes, -1, "WriteAsync");
+  if (!region.ok()) return region.status();
+  absl::StatusOr<SimStream*> s = node_->Resolve(stream, (*region)->device_index, true);
+  if (!s.ok()) return s.status();
+  region = node_->Range(dst, bytes, (*s)->device_index(), "WriteAsync");
+  if (!region.ok()) return region.status();
+  auto data = std::make_shared<std::string>(static_cast<const char*>(src), bytes);
+  (*s)->Enqueue([hold = *region, dst, data] { std::memcpy(dst, data->data(), data->size()); });
+  return absl::OkStatus();
+}
+
+absl::Status SimTrainerDevice::Synchronize(Stream* stream, absl::Duration timeout) {
+  return node_->Synchronize(stream, timeout);
+}
+
+// ----------------------------------------------------------------- daemon
+
+absl::StatusOr<std::unique_ptr<SimDaemonDevice>> SimDaemonDevice::Create(
+    const SimOptions& options) {
+  if (auto st = sim::CheckOptions(options); !st.ok()) return st;
+  return std::unique_ptr<SimDaemonDevice>(new SimDaemonDevice(std::make_unique<Node>(options)));
+}
+
+absl::StatusOr<std::unique_ptr<SimDaemonDevice>> SimDaemonDevice::CreateFromEnv() {
+  absl::StatusOr<SimOptions> options = SimOptions::FromEnv();
+  if (!options.ok()) return options.status();
+  return Create(*options);
+}
+
+SimDaemonDevice::SimDaemonDevice(std::unique_ptr<Node> node) : node_(std::move(node)) {}
+SimDaemonDevice::~SimDaemonDevice() = default;
+
+absl::Status SimDaemonDevice::CheckDevice(const DeviceId& device) {
+  return node_->IndexOf(device).status();
+}
+
+absl::StatusOr<void*> SimDaemonDevice::Alloc(const DeviceId& device, size_t bytes) {
+  absl::StatusOr<int> index = node_->IndexOf(device);
+  if (!index.ok()) return index.status();
+  return node_->Allocate(*index, bytes);
+}
+
+absl::Status SimDaemonDevice::Free(const DeviceId& device, void* ptr) {
+  absl::StatusOr<int> index = node_->IndexOf(device);
+  if (!index.ok()) return index.status();
+  absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().FindOwnedBase(ptr);
+  if (!region.ok()) return region.status();
+  if ((*region)->device_index != *index) {
+    return absl::InvalidArgumentError(absl::StrCat("Free: ", sim::PointerString(ptr), " is on ",
+                                                   SimDeviceId((*region)->device_index), ", not ",
+                                                   device));
+  }
+  return node_->Free(ptr);
+}
+
+absl::StatusOr<IpcHandle> SimDaemonDevice::ExportMemory(const DeviceId& device, void* base) {
+  absl::StatusOr<int> index = node_->IndexOf(device);
+  if (!index.ok()) return index.status();
+  absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().FindOwnedBase(base);
+  if (!region.ok()) return region.status();
+  if ((*region)->device_index != *index) {
+    return absl::InvalidArgumentError(absl::StrCat("ExportMemory: ", sim::PointerString(base),
+                                                   " is on ", SimDeviceId((*region)->device_index),
+                                                   ", not ", device));
+  }
+  return sim::EncodeHandle(sim::HandleKind::kMemory, (*region)->name);
+}
+
+absl::StatusOr<void*> SimDaemonDevice::OpenMemory(const DeviceId& device, const IpcHandle& handle) {
+  absl::StatusOr<int> index = node_->IndexOf(device);
+  if (!index.ok()) return index.status();
+  absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().Open(handle, *index);
+  if (!region.ok()) return region.status();
+  return static_cast<void*>((*region)->base);
+}
+
+absl::Status SimDaemonDevice::CloseMemory(const DeviceId& device, void* base) {
+  absl::StatusOr<int> index = node_->IndexOf(device);
+  if (!index.ok()) return index.status();
+  absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().Find(base, 1);
+  if (region.ok() && (*region)->device_index != *index) {
+    return absl::InvalidArgumentError(absl::StrCat("CloseMemory: ", sim::PointerString(base),
+                                                   " is on ", SimDeviceId((*region)->device_index),
+                                                   ", not ", device));
+  }
+  return Registry::Get().Close(base);
+}
+
+absl::StatusOr<Event*> SimDaemonDevice::OpenEvent(const DeviceId& device, const IpcHandle& handle) {
+  absl::StatusOr<int> index = node_->IndexOf(device);
+  if (!index.ok()) return index.status();
+  absl::StatusOr<std::unique_ptr<SimEvent>> event = SimEvent::Open(handle, *index);
+  if (!event.ok()) return event.status();
+  return node_->AdoptEvent(*std::move(event));
+}
+
+absl::StatusOr<Completion> SimDaemonDevice::QueryEvent(Event* event) {
+  SimEvent* e = node_->FindEvent(event);
+  if (e == nullptr) return absl::InvalidArgumentError("QueryEvent: not an event opened here");
+  return e->Query();
+}
+
+void SimDaemonDevice::CloseEvent(Event* event) { node_->DeleteEvent(event); }
+
+absl::StatusOr<Stream*> SimDaemonDevice::CreateStream(const DeviceId& device) {
+  absl::StatusOr<int> index = node_->IndexOf(device);
+  if (!index.ok()) return index.status();
+  return node_->NewStream(*index)->handle();
+}
+
+void SimDaemonDevice::DestroyStream(Stream* stream) { node_->DeleteStream(stream); }
+
+absl::StatusOr<Completion> SimDaemonDevice::QueryStream(Stream* stream) {
+  absl::StatusOr<SimStream*> s = node_->Resolve(stream, 0, false);
+  if (!s.ok()) return s.status();
+  return (*s)->Idle() ? Completion::kDone : Completion::kPending;
+}
+
+absl::Status SimDaemonDevice::CopyAsync(void* dst, const void* src, size_t bytes, Stream* stream) {
+  absl::StatusOr<SimStream*> s = node_->Resolve(stream, 0, false);
+  if (!s.ok()) return s.status();
+  const int device = (*s)->device_index();
+  absl::StatusOr<std::shared_ptr<Region>> to = node_->Range(dst, bytes, device, "CopyAsync dst");
+  if (!to.ok()) return to.status();
+  absl::StatusOr<std::shared_ptr<Region>> from = node_->Range(src, bytes, device, "CopyAsync src");
+  if (!from.ok()) return from.status();
+  (*s)->Enqueue([to = *to, from = *from, dst, src, bytes] { std::memmove(dst, src, bytes); });
+  return absl::OkStatus();
+}
+
+absl::Status SimDaemonDevice::SumAsync(void* dst, const std::vector<const void*>& srcs,
+                                       size_t count, DType dtype, float scale, Stream* stream) {
+  if (!IsValidDType(static_cast<int32_t>(dtype))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SumAsync: bad dtype ", static_cast<int32_t>(dtype)));
+  }
+  if (srcs.empty()) return absl::InvalidArgumentError("SumAsync: no sources");
+  absl::StatusOr<SimStream*> s = node_->Resolve(stream, 0, false);
+  if (!s.ok()) return s.status();
+  const int device = (*s)->device_index();
+  const size_t bytes = count * DTypeSize(dtype);
+  if (bytes == 0) return absl::OkStatus();
+  std::vector<std::shared_ptr<Region>> hold;
+  absl::StatusOr<std::shared_ptr<Region>> to = node_->Range(dst, bytes, device, "SumAsync dst");
+  if (!to.ok()) return to.status();
+  hold.push_back(*to);
+  for (size_t k = 0; k < srcs.size(); ++k) {
+    absl::StatusOr<std::shared_ptr<Region>> from =
+        node_->Range(srcs[k], bytes, device, absl::StrCat("SumAsync src ", k).c_str());
+    if (!from.ok()) return from.status();
+    hold.push_back(*from);
+  }
+  (*s)->Enqueue([hold = std::move(hold), dst, srcs, count, dtype, scale] {
+    sim::SumKernel(dst, srcs, count, dtype, scale);
+  });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CollectiveGroup>> SimDaemonDevice::CreateCollectives(
+    const CollectiveOptions& options) {
+  std::vector<int> indices;
+  for (const DeviceId& d : options.devices) {
+    absl::StatusOr<int> index = node_->IndexOf(d);
+    if (!index.ok()) return index.status();
+    indices.push_back(*index);
+  }
+  return sim::CreateSimCollectives(options, indices, node_->options().prefix);
+}
+
+absl::Status SimDaemonDevice::Synchronize(Stream* stream, absl::Duration timeout) {
+  if (stream == nullptr) return absl::InvalidArgumentError("Synchronize: null stream");
+  return node_->Synchronize(stream, timeout);
+}
+
+}  // namespace gradsync::gpu

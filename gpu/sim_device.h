@@ -1,0 +1,159 @@
+// The host simulation of the device seam (device.h), for tests only: the
+// whole GPU data path runs on machines without a GPU, in real separate
+// processes, and a missing wait shows up as a wrong result.
+//
+//   device memory  one shared-memory segment per allocation (mode 0600);
+//                  the IPC handle is its name (plus a magic and a kind)
+//   streams        a worker thread per stream running operations in order,
+//                  each after a random delay (0-2 ms by default)
+//   events         two shared counters (recorded, completed); the stream
+//                  completes them in order; a pending event whose owner
+//                  process died is UNAVAILABLE, never pending forever
+//   collectives    in-process sum over local GPUs; across processes (one
+//                  per simulated node) a shared-memory rendezvous whose
+//                  name travels through CollectiveOptions.publish / fetch
+//
+// Selecting the simulated node (every process of a test sees the same one):
+//   GRADSYNC_SIM_GPUS=N                N GPUs "SIM-GPU-0".."SIM-GPU-<N-1>"
+//   GRADSYNC_SIM_VISIBLE_DEVICES=2,0   this process's ordinals (like
+//                                      CUDA_VISIBLE_DEVICES; default: all)
+//   GRADSYNC_SIM_MIN_DELAY_US / GRADSYNC_SIM_MAX_DELAY_US   per-operation
+//                                      delay on a stream (default 0 / 2000)
+// or pass SimOptions to Create.
+//
+// What a trainer's framework does (allocate, launch the backward kernel
+// that writes a gradient, synchronize) is on SimTrainerDevice next to the
+// TrainerDevice interface: Alloc, CreateStream, WriteAsync, Synchronize.
+// A test's "native stream" for WrapStream is the Stream* of CreateStream.
+//
+// Device pointers are host addresses in shared memory: a test may read or
+// write them directly, once the stream or event that orders it is done —
+// reading earlier is exactly the bug the simulation exists to expose.
+//
+// Differences from CUDA worth knowing: the legacy default stream (null) is
+// an ordinary in-order stream per GPU and does not synchronize with the
+// others; a process may open its own exported memory (CUDA refuses);
+// Free/Close never wait (queued operations keep their memory mapped).
+// DaemonDevice calls refuse a null stream: the daemon works on its own.
+//
+// Threads: as device.h, and every call is also safe from any thread.
+// Fork before creating a device, or create new devices in the child.
+#ifndef GRADSYNC_GPU_SIM_DEVICE_H_
+#define GRADSYNC_GPU_SIM_DEVICE_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "gpu/device.h"
+
+namespace gradsync::gpu {
+
+namespace sim {
+class Node;
+}  // namespace sim
+
+struct SimOptions {
+  int num_gpus = 1;
+  std::vector<int> visible;  // this process's ordinal -> GPU index; empty: all
+  absl::Duration min_op_delay = absl::ZeroDuration();
+  absl::Duration max_op_delay = absl::Milliseconds(2);
+  std::string prefix = "gssim";  // segment names "<prefix>.<pid>.<n>"
+
+  // From the GRADSYNC_SIM_* variables above; INVALID_ARGUMENT naming the
+  // variable when one is malformed.
+  static absl::StatusOr<SimOptions> FromEnv();
+};
+
+// "SIM-GPU-<index>".
+DeviceId SimDeviceId(int index);
+
+class SimTrainerDevice final : public TrainerDevice {
+ public:
+  static absl::StatusOr<std::unique_ptr<SimTrainerDevice>> Create(const SimOptions& options);
+  static absl::StatusOr<std::unique_ptr<SimTrainerDevice>> CreateFromEnv();
+  ~SimTrainerDevice() override;  // destroys its streams (running what is queued) and events
+
+  // TrainerDevice.
+  absl::StatusOr<Allocation> FindAllocation(const void* ptr) override;
+  absl::StatusOr<DeviceId> IdOfOrdinal(int ordinal) override;
+  absl::StatusOr<void*> OpenMemory(const DeviceId& device, const IpcHandle& handle) override;
+  absl::Status CloseMemory(void* base) override;
+  absl::StatusOr<IpcHandle> ExportMemory(void* base) override;
+  absl::StatusOr<Event*> CreateEvent(const DeviceId& device) override;
+  absl::StatusOr<IpcHandle> ExportEvent(Event* event) override;
+  void DestroyEvent(Event* event) override;
+  absl::Status RecordEvent(Event* event, Stream* stream) override;
+  absl::Status MemsetAsync(void* ptr, size_t bytes, Stream* stream) override;
+  Stream* WrapStream(void* native) override;
+
+  // The framework's side (cudaMalloc, cudaFree, cudaStreamCreate, the
+  // backward kernel, cudaStreamSynchronize). Memory is zeroed.
+  absl::StatusOr<void*> Alloc(const DeviceId& device, size_t bytes);
+  absl::Status Free(void* base);
+  absl::StatusOr<Stream*> CreateStream(const DeviceId& device);
+  void DestroyStream(Stream* stream);
+  // Copies `bytes` from host `src` (captured now) to device `dst` on
+  // `stream` (null: default stream of dst's GPU), later: a simulated kernel
+  // producing a gradient.
+  absl::Status WriteAsync(void* dst, const void* src, size_t bytes, Stream* stream);
+  // DEADLINE_EXCEEDED if `stream` (null: every default stream) still has
+  // work after `timeout`.
+  absl::Status Synchronize(Stream* stream, absl::Duration timeout = absl::Seconds(10));
+
+ private:
+  explicit SimTrainerDevice(std::unique_ptr<sim::Node> node);
+  std::unique_ptr<sim::Node> node_;
+};
+
+class SimDaemonDevice final : public DaemonDevice {
+ public:
+  static absl::StatusOr<std::unique_ptr<SimDaemonDevice>> Create(const SimOptions& options);
+  static absl::StatusOr<std::unique_ptr<SimDaemonDevice>> CreateFromEnv();
+  ~SimDaemonDevice() override;
+
+  // DaemonDevice.
+  std::string name() const override { return "sim"; }
+  absl::Status CheckDevice(const DeviceId& device) override;
+  absl::StatusOr<void*> Alloc(const DeviceId& device, size_t bytes) override;
+  absl::Status Free(const DeviceId& device, void* ptr) override;
+  absl::StatusOr<IpcHandle> ExportMemory(const DeviceId& device, void* base) override;
+  absl::StatusOr<void*> OpenMemory(const DeviceId& device, const IpcHandle& handle) override;
+  absl::Status CloseMemory(const DeviceId& device, void* base) override;
+  absl::StatusOr<Event*> OpenEvent(const DeviceId& device, const IpcHandle& handle) override;
+  absl::StatusOr<Completion> QueryEvent(Event* event) override;
+  void CloseEvent(Event* event) override;
+  absl::StatusOr<Stream*> CreateStream(const DeviceId& device) override;
+  void DestroyStream(Stream* stream) override;
+  absl::StatusOr<Completion> QueryStream(Stream* stream) override;
+  absl::Status CopyAsync(void* dst, const void* src, size_t bytes, Stream* stream) override;
+  absl::Status SumAsync(void* dst, const std::vector<const void*>& srcs, size_t count, DType dtype,
+                        float scale, Stream* stream) override;
+  absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateCollectives(
+      const CollectiveOptions& options) override;
+
+  // Test hook: DEADLINE_EXCEEDED if `stream` still has work after `timeout`.
+  absl::Status Synchronize(Stream* stream, absl::Duration timeout = absl::Seconds(10));
+
+ private:
+  explicit SimDaemonDevice(std::unique_ptr<sim::Node> node);
+  std::unique_ptr<sim::Node> node_;
+};
+
+// Test hooks on any simulated stream: hold its queued work until resumed,
+// so "not yet written" is certain rather than likely. INVALID_ARGUMENT if
+// `stream` is not a live simulated stream.
+absl::Status SimPauseStream(Stream* stream);
+absl::Status SimResumeStream(Stream* stream);
+
+// Removes the segments of dead processes (a SIGKILLed trainer's memory and
+// events) named with `prefix`; returns their names.
+std::vector<std::string> RemoveStaleSimSegments(const std::string& prefix = "gssim");
+
+}  // namespace gradsync::gpu
+
+#endif  // GRADSYNC_GPU_SIM_DEVICE_H_

@@ -1,0 +1,80 @@
+// A simulated interprocess event: a shared record of two counters that the
+// owner's stream completes in order and anyone who opened it reads.
+//
+//   recorded   bumped by RecordEvent on the host (owner only)
+//   completed  set to that generation by the stream, after all earlier work
+//
+// The event is done when completed >= recorded (never recorded = done, as
+// in CUDA). Atomics only: no mutex lives in shared memory, so a crashed
+// owner cannot leave a lock held; a pending event whose owner is dead is an
+// error, never pending forever.
+//
+// Threads: Record from the owner's calling thread; Query from any thread.
+#ifndef GRADSYNC_GPU_SIM_EVENT_H_
+#define GRADSYNC_GPU_SIM_EVENT_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gpu/device.h"
+#include "gpu/sim_stream.h"
+#include "ipc/shared_segment.h"
+
+namespace gradsync::gpu::sim {
+
+struct EventRecord {
+  uint64_t magic;
+  int32_t owner_pid;
+  int32_t device_index;
+  std::atomic<uint64_t> recorded;
+  std::atomic<uint64_t> completed;
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared counters must be lock-free");
+
+class SimEvent {
+ public:
+  // A new event owned by this process, on sim GPU `device_index`.
+  static absl::StatusOr<std::unique_ptr<SimEvent>> Create(const std::string& prefix,
+                                                          int device_index);
+  // Opens an exported event, checking it lives on `device_index`.
+  static absl::StatusOr<std::unique_ptr<SimEvent>> Open(const IpcHandle& handle, int device_index);
+  ~SimEvent();  // the owner unlinks the name; mappings stay valid meanwhile
+
+  Event* handle() { return reinterpret_cast<Event*>(this); }
+  // Null unless `event` is a live SimEvent.
+  static SimEvent* FromHandle(Event* event);
+
+  IpcHandle Export() const;
+  bool owned() const { return owned_; }
+  int device_index() const { return mapping_->record()->device_index; }
+  const std::string& name() const { return mapping_->name; }
+
+  // Owner only: the event completes once everything queued on `stream`
+  // before it has run.
+  void Record(SimStream* stream);
+  // kDone / kPending; UNAVAILABLE if pending and its owner process is dead.
+  absl::StatusOr<Completion> Query() const;
+
+ private:
+  struct Mapping {
+    ipc::SharedSegment segment;
+    std::string name;
+    EventRecord* record() const { return static_cast<EventRecord*>(segment.data()); }
+  };
+
+  SimEvent(std::shared_ptr<Mapping> mapping, bool owned);
+
+  // Shared with completion operations still queued on a stream.
+  std::shared_ptr<Mapping> mapping_;
+  bool owned_;
+};
+
+}  // namespace gradsync::gpu::sim
+
+#endif  // GRADSYNC_GPU_SIM_EVENT_H_

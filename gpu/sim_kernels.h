@@ -1,0 +1,22 @@
+// The simulation's "kernels": what the CUDA local-sum kernel computes, on
+// the host. Shared by SumAsync and the simulated collectives, so that every
+// rank sums in the same order and gets bit-identical results.
+#ifndef GRADSYNC_GPU_SIM_KERNELS_H_
+#define GRADSYNC_GPU_SIM_KERNELS_H_
+
+#include <cstddef>
+#include <vector>
+
+#include "common/dtype.h"
+
+namespace gradsync::gpu::sim {
+
+// dst[i] = scale * (srcs[0][i] + srcs[1][i] + ...), summed in srcs order;
+// fp16/bf16 accumulate in fp32 and round once, fp32 in fp32, fp64 in fp64.
+// dst may be one of srcs (exactly, not partially overlapping).
+void SumKernel(void* dst, const std::vector<const void*>& srcs, size_t count, DType dtype,
+               float scale);
+
+}  // namespace gradsync::gpu::sim
+
+#endif  // GRADSYNC_GPU_SIM_KERNELS_H_

@@ -1,0 +1,1000 @@
+// The host simulation of the device seam: memory and events across real
+// processes (fork), stream ordering, SumAsync, dead owners, collectives.
+// The point of the simulation is that a missing wait gives a wrong result:
+// several tests prove that it does.
+#include "gpu/sim_device.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/half.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/ipc/child_process.h"
+
+namespace gradsync::gpu {
+namespace {
+
+using ::gradsync::testing::ChildProcess;
+using ::testing::HasSubstr;
+
+constexpr char kPrefix[] = "gssimtest";
+
+SimOptions Options(int gpus = 2) {
+  SimOptions o;
+  o.num_gpus = gpus;
+  o.prefix = kPrefix;
+  return o;
+}
+
+// A one-way byte channel between a test and its child (a pipe).
+class Channel {
+ public:
+  Channel() {
+    if (pipe2(fds_, O_CLOEXEC) != 0) std::abort();
+  }
+  ~Channel() {
+    close(fds_[0]);
+    close(fds_[1]);
+  }
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  bool Send(const std::string& bytes) {
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n = write(fds_[1], bytes.data() + done, bytes.size() - done);
+      if (n <= 0) return false;
+      done += static_cast<size_t>(n);
+    }
+    return true;
+  }
+  // Exactly `size` bytes, or empty after `timeout`.
+  std::string Receive(size_t size, absl::Duration timeout = absl::Seconds(20)) {
+    std::string out(size, '\0');
+    size_t done = 0;
+    const absl::Time deadline = absl::Now() + timeout;
+    while (done < size) {
+      pollfd p{fds_[0], POLLIN, 0};
+      const int left_ms = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+      if (left_ms <= 0 || poll(&p, 1, left_ms) <= 0) return "";
+      const ssize_t n = read(fds_[0], &out[done], size - done);
+      if (n <= 0) return "";
+      done += static_cast<size_t>(n);
+    }
+    return out;
+  }
+  std::string ReceiveHandle() { return Receive(IpcHandle::kSize); }
+
+ private:
+  int fds_[2];
+};
+
+// In a child: report and fail.
+#define CHILD_OK(expr)                                                        \
+  do {                                                                        \
+    const absl::Status _st = (expr);                                          \
+    if (!_st.ok()) {                                                          \
+      std::fprintf(stderr, "child: %s: %s\n", #expr, _st.ToString().c_str()); \
+      return 1;                                                               \
+    }                                                                         \
+  } while (0)
+
+// Polls until the event completes (or fails, or 20 s pass: a hang guard).
+absl::StatusOr<Completion> AwaitEvent(SimDaemonDevice& dev, Event* event) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (true) {
+    absl::StatusOr<Completion> c = dev.QueryEvent(event);
+    if (!c.ok() || *c == Completion::kDone || absl::Now() > deadline) return c;
+    absl::SleepFor(absl::Microseconds(200));
+  }
+}
+
+std::vector<float> ReadFloats(const void* p, size_t n) {
+  const auto* f = static_cast<const float*>(p);
+  return std::vector<float>(f, f + n);
+}
+
+class SimDeviceTest : public ::testing::Test {
+ protected:
+  void TearDown() override { RemoveStaleSimSegments(kPrefix); }
+};
+
+// ------------------------------------------------------------- the node
+
+TEST_F(SimDeviceTest, TheNodeHasTheConfiguredNumberOfGpusNamedByIndex) {
+  auto dev = SimDaemonDevice::Create(Options(3));
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  EXPECT_EQ((*dev)->name(), "sim");
+  EXPECT_TRUE((*dev)->CheckDevice("SIM-GPU-0").ok());
+  EXPECT_TRUE((*dev)->CheckDevice("SIM-GPU-2").ok());
+  const absl::Status missing = (*dev)->CheckDevice("SIM-GPU-3");
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(missing.message(), HasSubstr("SIM-GPU-3"));
+  EXPECT_EQ((*dev)->CheckDevice("GPU-0").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*dev)->CheckDevice("SIM-GPU-01").code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SimDeviceTest, EnvironmentSelectsTheGpusAndTheVisibleOrdinals) {
+  setenv("GRADSYNC_SIM_GPUS", "4", 1);
+  setenv("GRADSYNC_SIM_VISIBLE_DEVICES", "3,1", 1);
+  auto trainer = SimTrainerDevice::CreateFromEnv();
+  unsetenv("GRADSYNC_SIM_GPUS");
+  unsetenv("GRADSYNC_SIM_VISIBLE_DEVICES");
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  // Like CUDA_VISIBLE_DEVICES=3,1: the trainer's GPU 0 is the node's GPU 3.
+  EXPECT_EQ(*(*trainer)->IdOfOrdinal(0), "SIM-GPU-3");
+  EXPECT_EQ(*(*trainer)->IdOfOrdinal(1), "SIM-GPU-1");
+  EXPECT_EQ((*trainer)->IdOfOrdinal(2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*trainer)->CreateEvent("SIM-GPU-0").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SimDeviceTest, AMalformedEnvironmentIsAnErrorNamingTheVariable) {
+  setenv("GRADSYNC_SIM_GPUS", "two", 1);
+  auto options = SimOptions::FromEnv();
+  unsetenv("GRADSYNC_SIM_GPUS");
+  EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(options.status().message(), HasSubstr("GRADSYNC_SIM_GPUS"));
+}
+
+// ----------------------------------------------------------------- memory
+
+TEST_F(SimDeviceTest, AllocatedMemoryIsZeroedAndFoundFromAnyPointerInside) {
+  auto trainer = SimTrainerDevice::Create(Options());
+  ASSERT_TRUE(trainer.ok());
+  auto base = (*trainer)->Alloc("SIM-GPU-1", 1000);
+  ASSERT_TRUE(base.ok()) << base.status();
+  const auto* bytes = static_cast<const unsigned char*>(*base);
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(bytes[i], 0) << i;
+
+  auto a = (*trainer)->FindAllocation(static_cast<char*>(*base) + 640);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->base, *base);
+  EXPECT_EQ(a->size, 1000u);
+  EXPECT_EQ(a->device, "SIM-GPU-1");
+
+  int host = 0;
+  EXPECT_EQ((*trainer)->FindAllocation(&host).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*trainer)->FindAllocation(static_cast<char*>(*base) + 1000).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*trainer)->Free(*base).ok());
+  EXPECT_EQ((*trainer)->FindAllocation(*base).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*trainer)->Free(*base).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SimDeviceTest, MemoryExportedByTheDaemonIsWrittenByATrainerProcess) {
+  Channel handle_to_child;
+  ChildProcess child;
+  {
+    auto started = ChildProcess::Start([&]() -> int {
+      auto trainer = SimTrainerDevice::Create(Options());
+      if (!trainer.ok()) return 1;
+      auto handle = IpcHandle::FromBytes(handle_to_child.ReceiveHandle());
+      CHILD_OK(handle.status());
+      auto base = (*trainer)->OpenMemory("SIM-GPU-1", *handle);
+      CHILD_OK(base.status());
+      const std::vector<float> grad = {1.5f, -2.0f, 3.25f, 4.0f};
+      CHILD_OK((*trainer)->WriteAsync(*base, grad.data(), 16, nullptr));
+      CHILD_OK((*trainer)->Synchronize(nullptr));
+      CHILD_OK((*trainer)->CloseMemory(*base));
+      return 0;
+    });
+    ASSERT_TRUE(started.ok()) << started.status();
+    child = *std::move(started);
+  }
+  auto daemon = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(daemon.ok());
+  auto base = (*daemon)->Alloc("SIM-GPU-1", 16);
+  ASSERT_TRUE(base.ok()) << base.status();
+  auto handle = (*daemon)->ExportMemory("SIM-GPU-1", *base);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  ASSERT_TRUE(handle_to_child.Send(handle->ToBytes()));
+  auto exit = child.Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  ASSERT_EQ(*exit, 0);
+  EXPECT_EQ(ReadFloats(*base, 4), (std::vector<float>{1.5f, -2.0f, 3.25f, 4.0f}));
+  EXPECT_TRUE((*daemon)->Free("SIM-GPU-1", *base).ok());
+}
+
+TEST_F(SimDeviceTest, OpeningAHandleTwiceReturnsTheSameBaseAndClosesBalance) {
+  auto daemon = SimDaemonDevice::Create(Options());
+  auto trainer = SimTrainerDevice::Create(Options());
+  ASSERT_TRUE(daemon.ok() && trainer.ok());
+  auto base = (*daemon)->Alloc("SIM-GPU-0", 64);
+  ASSERT_TRUE(base.ok());
+  auto handle = (*daemon)->ExportMemory("SIM-GPU-0", *base);
+  ASSERT_TRUE(handle.ok());
+
+  auto first = (*trainer)->OpenMemory("SIM-GPU-0", *handle);
+  auto second = (*trainer)->OpenMemory("SIM-GPU-0", *handle);
+  ASSERT_TRUE(first.ok() && second.ok()) << first.status() << second.status();
+  EXPECT_EQ(*first, *second);
+  EXPECT_TRUE((*trainer)->CloseMemory(*first).ok());
+  EXPECT_TRUE((*trainer)->CloseMemory(*first).ok());
+  EXPECT_EQ((*trainer)->CloseMemory(*first).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SimDeviceTest, GarbageOrMisdirectedHandlesAreRefused) {
+  auto daemon = SimDaemonDevice::Create(Options());
+  auto trainer = SimTrainerDevice::Create(Options());
+  ASSERT_TRUE(daemon.ok() && trainer.ok());
+
+  IpcHandle garbage;
+  for (size_t i = 0; i < IpcHandle::kSize; ++i)
+    garbage.bytes[i] = static_cast<unsigned char>(i * 7 + 1);
+  EXPECT_EQ((*trainer)->OpenMemory("SIM-GPU-0", garbage).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*daemon)->OpenEvent("SIM-GPU-0", garbage).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*daemon)->OpenMemory("SIM-GPU-0", IpcHandle{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  auto base = (*daemon)->Alloc("SIM-GPU-0", 64);
+  ASSERT_TRUE(base.ok());
+  auto mem = (*daemon)->ExportMemory("SIM-GPU-0", *base);
+  ASSERT_TRUE(mem.ok());
+  // On the wrong GPU, or used as an event handle.
+  auto wrong_gpu = (*trainer)->OpenMemory("SIM-GPU-1", *mem);
+  EXPECT_EQ(wrong_gpu.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(wrong_gpu.status().message(), HasSubstr("GPU 0"));
+  EXPECT_EQ((*daemon)->OpenEvent("SIM-GPU-0", *mem).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Exporting anything but an allocation base, or on the wrong GPU.
+  EXPECT_EQ((*daemon)->ExportMemory("SIM-GPU-0", static_cast<char*>(*base) + 8).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*daemon)->ExportMemory("SIM-GPU-1", *base).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A freed allocation's handle names nothing.
+  ASSERT_TRUE((*daemon)->Free("SIM-GPU-0", *base).ok());
+  EXPECT_EQ((*trainer)->OpenMemory("SIM-GPU-0", *mem).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// ------------------------------------------------------ streams and events
+
+TEST_F(SimDeviceTest, AnEventIsPendingUntilEverythingBeforeItOnItsStreamHasRun) {
+  Channel to_parent, to_child;
+  auto started = ChildProcess::Start([&]() -> int {
+    auto trainer = SimTrainerDevice::Create(Options());
+    if (!trainer.ok()) return 1;
+    auto grad = (*trainer)->Alloc("SIM-GPU-0", 16);
+    CHILD_OK(grad.status());
+    auto stream = (*trainer)->CreateStream("SIM-GPU-0");
+    CHILD_OK(stream.status());
+    auto event = (*trainer)->CreateEvent("SIM-GPU-0");
+    CHILD_OK(event.status());
+    Stream* s = (*trainer)->WrapStream(*stream);  // the test's "native" stream
+    CHILD_OK(SimPauseStream(s));
+    const std::vector<float> values = {1, 2, 3, 4};
+    CHILD_OK((*trainer)->WriteAsync(*grad, values.data(), 16, s));
+    CHILD_OK((*trainer)->RecordEvent(*event, s));
+    auto mem = (*trainer)->ExportMemory(*grad);
+    CHILD_OK(mem.status());
+    auto ev = (*trainer)->ExportEvent(*event);
+    CHILD_OK(ev.status());
+    to_parent.Send(mem->ToBytes() + ev->ToBytes());
+    if (to_child.Receive(1) != "g") return 2;
+    CHILD_OK(SimResumeStream(s));
+    CHILD_OK((*trainer)->Synchronize(s));
+    to_child.Receive(1);  // keep the allocation until the parent is done
+    return 0;
+  });
+  ASSERT_TRUE(started.ok()) << started.status();
+
+  auto daemon = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(daemon.ok());
+  const std::string handles = to_parent.Receive(2 * IpcHandle::kSize);
+  ASSERT_EQ(handles.size(), 2 * IpcHandle::kSize);
+  auto mem = (*daemon)->OpenMemory("SIM-GPU-0", *IpcHandle::FromBytes(handles.substr(0, 64)));
+  auto event = (*daemon)->OpenEvent("SIM-GPU-0", *IpcHandle::FromBytes(handles.substr(64)));
+  ASSERT_TRUE(mem.ok()) << mem.status();
+  ASSERT_TRUE(event.ok()) << event.status();
+
+  EXPECT_EQ(*(*daemon)->QueryEvent(*event), Completion::kPending);
+  EXPECT_EQ(ReadFloats(*mem, 4), (std::vector<float>{0, 0, 0, 0}));  // not written yet
+
+  ASSERT_TRUE(to_child.Send("g"));
+  auto done = AwaitEvent(**daemon, *event);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(*done, Completion::kDone);
+  EXPECT_EQ(ReadFloats(*mem, 4), (std::vector<float>{1, 2, 3, 4}));
+
+  (*daemon)->CloseEvent(*event);
+  EXPECT_TRUE((*daemon)->CloseMemory("SIM-GPU-0", *mem).ok());
+  ASSERT_TRUE(to_child.Send("x"));
+  auto exit = started->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(*exit, 0);
+}
+
+TEST_F(SimDeviceTest, EventsCompleteInRecordOrderUnderRandomDelays) {
+  // No pausing: the stream's own random delays. Whenever the event reads
+  // done, every write recorded before it is visible.
+  auto trainer = SimTrainerDevice::Create(Options());
+  auto daemon = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(trainer.ok() && daemon.ok());
+  auto grad = (*trainer)->Alloc("SIM-GPU-0", sizeof(float));
+  auto event = (*trainer)->CreateEvent("SIM-GPU-0");
+  ASSERT_TRUE(grad.ok() && event.ok());
+  auto opened = (*daemon)->OpenEvent("SIM-GPU-0", *(*trainer)->ExportEvent(*event));
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  for (int i = 1; i <= 20; ++i) {
+    const float v = static_cast<float>(i);
+    ASSERT_TRUE((*trainer)->WriteAsync(*grad, &v, sizeof(v), nullptr).ok());
+    ASSERT_TRUE((*trainer)->RecordEvent(*event, nullptr).ok());
+    auto done = AwaitEvent(**daemon, *opened);
+    ASSERT_TRUE(done.ok() && *done == Completion::kDone) << i;
+    EXPECT_EQ(*static_cast<const float*>(*grad), v);
+  }
+}
+
+TEST_F(SimDeviceTest, AnEventNeverRecordedIsDone) {
+  auto trainer = SimTrainerDevice::Create(Options());
+  auto daemon = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(trainer.ok() && daemon.ok());
+  auto event = (*trainer)->CreateEvent("SIM-GPU-1");
+  ASSERT_TRUE(event.ok());
+  auto handle = (*trainer)->ExportEvent(*event);
+  ASSERT_TRUE(handle.ok());
+  EXPECT_EQ((*daemon)->OpenEvent("SIM-GPU-0", *handle).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto opened = (*daemon)->OpenEvent("SIM-GPU-1", *handle);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_EQ(*(*daemon)->QueryEvent(*opened), Completion::kDone);
+}
+
+TEST_F(SimDeviceTest, RecordingOnAStreamOfAnotherGpuIsRefused) {
+  auto trainer = SimTrainerDevice::Create(Options());
+  ASSERT_TRUE(trainer.ok());
+  auto event = (*trainer)->CreateEvent("SIM-GPU-0");
+  auto stream = (*trainer)->CreateStream("SIM-GPU-1");
+  ASSERT_TRUE(event.ok() && stream.ok());
+  EXPECT_EQ((*trainer)->RecordEvent(*event, *stream).code(), absl::StatusCode::kInvalidArgument);
+  (*trainer)->DestroyStream(*stream);
+  // A destroyed stream is not a stream any more.
+  EXPECT_EQ((*trainer)->RecordEvent(*event, *stream).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SimDeviceTest, APendingEventOfADeadTrainerIsUnavailableNamingItsPid) {
+  Channel to_parent;
+  auto started = ChildProcess::Start([&]() -> int {
+    auto trainer = SimTrainerDevice::Create(Options());
+    if (!trainer.ok()) return 1;
+    auto stream = (*trainer)->CreateStream("SIM-GPU-0");
+    CHILD_OK(stream.status());
+    auto event = (*trainer)->CreateEvent("SIM-GPU-0");
+    CHILD_OK(event.status());
+    CHILD_OK(SimPauseStream(*stream));  // the "kernel" never finishes
+    CHILD_OK((*trainer)->RecordEvent(*event, *stream));
+    auto handle = (*trainer)->ExportEvent(*event);
+    CHILD_OK(handle.status());
+    to_parent.Send(handle->ToBytes());
+    pause();  // until killed
+    return 0;
+  });
+  ASSERT_TRUE(started.ok()) << started.status();
+  auto daemon = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(daemon.ok());
+  auto handle = IpcHandle::FromBytes(to_parent.ReceiveHandle());
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  auto event = (*daemon)->OpenEvent("SIM-GPU-0", *handle);
+  ASSERT_TRUE(event.ok()) << event.status();
+  EXPECT_EQ(*(*daemon)->QueryEvent(*event), Completion::kPending);
+
+  const pid_t pid = started->pid();
+  ASSERT_TRUE(started->Kill().ok());
+  auto after = (*daemon)->QueryEvent(*event);
+  EXPECT_EQ(after.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(after.status().message(), HasSubstr(absl::StrCat(pid)));
+  (*daemon)->CloseEvent(*event);
+}
+
+TEST_F(SimDeviceTest, ACompletedEventOfADeadTrainerStaysDone) {
+  Channel to_parent;
+  auto started = ChildProcess::Start([&]() -> int {
+    auto trainer = SimTrainerDevice::Create(Options());
+    if (!trainer.ok()) return 1;
+    auto event = (*trainer)->CreateEvent("SIM-GPU-0");
+    CHILD_OK(event.status());
+    CHILD_OK((*trainer)->RecordEvent(*event, nullptr));
+    CHILD_OK((*trainer)->Synchronize(nullptr));
+    auto handle = (*trainer)->ExportEvent(*event);
+    CHILD_OK(handle.status());
+    to_parent.Send(handle->ToBytes());
+    pause();
+    return 0;
+  });
+  ASSERT_TRUE(started.ok()) << started.status();
+  auto daemon = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(daemon.ok());
+  auto handle = IpcHandle::FromBytes(to_parent.ReceiveHandle());
+  ASSERT_TRUE(handle.ok());
+  auto event = (*daemon)->OpenEvent("SIM-GPU-0", *handle);
+  ASSERT_TRUE(event.ok()) << event.status();
+  ASSERT_TRUE(started->Kill().ok());
+  EXPECT_EQ(*(*daemon)->QueryEvent(*event), Completion::kDone);
+}
+
+// ---------------------------------------- a missing wait is a wrong result
+
+TEST_F(SimDeviceTest, ADaemonThatSumsBeforeTheTrainersEventCompletesGetsStaleGradients) {
+  Channel to_parent, to_child;
+  auto started = ChildProcess::Start([&]() -> int {
+    auto trainer = SimTrainerDevice::Create(Options());
+    if (!trainer.ok()) return 1;
+    auto handle = IpcHandle::FromBytes(to_child.ReceiveHandle());
+    CHILD_OK(handle.status());
+    auto flat = (*trainer)->OpenMemory("SIM-GPU-0", *handle);
+    CHILD_OK(flat.status());
+    auto stream = (*trainer)->CreateStream("SIM-GPU-0");
+    CHILD_OK(stream.status());
+    auto event = (*trainer)->CreateEvent("SIM-GPU-0");
+    CHILD_OK(event.status());
+    // Backward: the gradient kernel is queued, the event recorded after it,
+    // then the gradient is marked ready — the kernel has not run yet.
+    CHILD_OK(SimPauseStream(*stream));
+    const std::vector<float> grad = {10, 20, 30, 40};
+    CHILD_OK((*trainer)->WriteAsync(*flat, grad.data(), 16, *stream));
+    CHILD_OK((*trainer)->RecordEvent(*event, *stream));
+    auto ev = (*trainer)->ExportEvent(*event);
+    CHILD_OK(ev.status());
+    to_parent.Send(ev->ToBytes());
+    if (to_child.Receive(1) != "g") return 2;
+    CHILD_OK(SimResumeStream(*stream));
+    to_child.Receive(1);
+    return 0;
+  });
+  ASSERT_TRUE(started.ok()) << started.status();
+
+  auto daemon = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(daemon.ok());
+  auto flat = (*daemon)->Alloc("SIM-GPU-0", 16);
+  auto own = (*daemon)->Alloc("SIM-GPU-0", 16);  // the daemon's other input
+  auto out = (*daemon)->Alloc("SIM-GPU-0", 16);
+  auto stream = (*daemon)->CreateStream("SIM-GPU-0");
+  ASSERT_TRUE(flat.ok() && own.ok() && out.ok() && stream.ok());
+  const std::vector<float> ones = {1, 1, 1, 1};
+  std::memcpy(*own, ones.data(), 16);
+  ASSERT_TRUE(to_child.Send((*daemon)->ExportMemory("SIM-GPU-0", *flat)->ToBytes()));
+  auto event = (*daemon)->OpenEvent("SIM-GPU-0", *IpcHandle::FromBytes(to_parent.ReceiveHandle()));
+  ASSERT_TRUE(event.ok()) << event.status();
+
+  // The bug: reducing on "marked ready" without polling the event.
+  ASSERT_TRUE((*daemon)->SumAsync(*out, {*flat, *own}, 4, DType::kFloat32, 1.0f, *stream).ok());
+  ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
+  EXPECT_EQ(ReadFloats(*out, 4), (std::vector<float>{1, 1, 1, 1}))
+      << "the simulation must expose the missing wait as a wrong sum";
+
+  // The fix: poll the event, then reduce.
+  ASSERT_TRUE(to_child.Send("g"));
+  auto done = AwaitEvent(**daemon, *event);
+  ASSERT_TRUE(done.ok() && *done == Completion::kDone) << done.status();
+  ASSERT_TRUE((*daemon)->SumAsync(*out, {*flat, *own}, 4, DType::kFloat32, 1.0f, *stream).ok());
+  ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
+  EXPECT_EQ(ReadFloats(*out, 4), (std::vector<float>{11, 21, 31, 41}));
+  ASSERT_TRUE(to_child.Send("x"));
+  auto exit = started->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(*exit, 0);
+}
+
+TEST_F(SimDeviceTest, ReadingTheDaemonsOwnResultBeforeItsStreamCompletesSeesStaleData) {
+  auto daemon = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(daemon.ok());
+  auto a = (*daemon)->Alloc("SIM-GPU-0", 8);
+  auto b = (*daemon)->Alloc("SIM-GPU-0", 8);
+  auto stream = (*daemon)->CreateStream("SIM-GPU-0");
+  ASSERT_TRUE(a.ok() && b.ok() && stream.ok());
+  const std::vector<float> v = {2, 3};
+  std::memcpy(*a, v.data(), 8);
+  ASSERT_TRUE(SimPauseStream(*stream).ok());
+  ASSERT_TRUE((*daemon)->CopyAsync(*b, *a, 8, *stream).ok());
+  EXPECT_EQ(*(*daemon)->QueryStream(*stream), Completion::kPending);
+  EXPECT_EQ(ReadFloats(*b, 2), (std::vector<float>{0, 0}));
+  ASSERT_TRUE(SimResumeStream(*stream).ok());
+  ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
+  EXPECT_EQ(*(*daemon)->QueryStream(*stream), Completion::kDone);
+  EXPECT_EQ(ReadFloats(*b, 2), (std::vector<float>{2, 3}));
+  (*daemon)->DestroyStream(*stream);
+}
+
+// ---------------------------------------------------------------- SumAsync
+
+// Element i of source k: multiples of 1/4 below 5, exact in every dtype, and
+// so are their sums and halves.
+double Value(int k, int i) { return (k + 1) * 0.25 * (i % 7) - k; }
+
+void Store(DType t, void* p, int i, double v) {
+  switch (t) {
+    case DType::kFloat32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      return;
+    case DType::kFloat64:
+      static_cast<double*>(p)[i] = v;
+      return;
+    case DType::kFloat16:
+      static_cast<uint16_t*>(p)[i] = FloatToFloat16(static_cast<float>(v));
+      return;
+    case DType::kBFloat16:
+      static_cast<uint16_t*>(p)[i] = FloatToBFloat16(static_cast<float>(v));
+      return;
+  }
+}
+
+double Load(DType t, const void* p, int i) {
+  switch (t) {
+    case DType::kFloat32:
+      return static_cast<const float*>(p)[i];
+    case DType::kFloat64:
+      return static_cast<const double*>(p)[i];
+    case DType::kFloat16:
+      return Float16ToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DType::kBFloat16:
+      return BFloat16ToFloat(static_cast<const uint16_t*>(p)[i]);
+  }
+  return 0;
+}
+
+class SumAsyncTest : public SimDeviceTest, public ::testing::WithParamInterface<DType> {};
+
+TEST_P(SumAsyncTest, SumsEverySourceScalesAndMayWriteOverTheFirst) {
+  const DType t = GetParam();
+  constexpr int kCount = 1000;
+  constexpr int kSources = 3;
+  auto daemon = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(daemon.ok());
+  auto stream = (*daemon)->CreateStream("SIM-GPU-1");
+  ASSERT_TRUE(stream.ok());
+  std::vector<void*> srcs;
+  for (int k = 0; k < kSources; ++k) {
+    auto p = (*daemon)->Alloc("SIM-GPU-1", kCount * DTypeSize(t));
+    ASSERT_TRUE(p.ok());
+    for (int i = 0; i < kCount; ++i) Store(t, *p, i, Value(k, i));
+    srcs.push_back(*p);
+  }
+  auto out = (*daemon)->Alloc("SIM-GPU-1", kCount * DTypeSize(t));
+  ASSERT_TRUE(out.ok());
+
+  ASSERT_TRUE(
+      (*daemon)->SumAsync(*out, {srcs[0], srcs[1], srcs[2]}, kCount, t, 0.5f, *stream).ok());
+  // In place: dst is the first source.
+  ASSERT_TRUE((*daemon)->SumAsync(srcs[0], {srcs[0], srcs[1]}, kCount, t, 1.0f, *stream).ok());
+  ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
+  for (int i = 0; i < kCount; ++i) {
+    const double sum3 = Value(0, i) + Value(1, i) + Value(2, i);
+    ASSERT_EQ(Load(t, *out, i), 0.5 * sum3) << DTypeName(t) << " element " << i;
+    ASSERT_EQ(Load(t, srcs[0], i), Value(0, i) + Value(1, i)) << DTypeName(t) << " element " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDTypes, SumAsyncTest,
+                         ::testing::Values(DType::kFloat32, DType::kFloat64, DType::kFloat16,
+                                           DType::kBFloat16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(DTypeName(info.param));
+                         });
+
+class HalfSumAsyncTest : public SumAsyncTest {};
+
+TEST_P(HalfSumAsyncTest, AccumulatesInFloat32AndRoundsOnce) {
+  const DType t = GetParam();
+  auto daemon = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(daemon.ok());
+  auto stream = (*daemon)->CreateStream("SIM-GPU-0");
+  ASSERT_TRUE(stream.ok());
+  // 1 + 4 * tiny: each tiny alone is lost when rounded into 1, but their
+  // fp32 sum is not (tiny = a quarter of the ulp at 1).
+  const double ulp = t == DType::kFloat16 ? 1.0 / 1024 : 1.0 / 128;
+  std::vector<const void*> srcs;
+  auto one = (*daemon)->Alloc("SIM-GPU-0", 2);
+  ASSERT_TRUE(one.ok());
+  Store(t, *one, 0, 1.0);
+  srcs.push_back(*one);
+  for (int k = 0; k < 4; ++k) {
+    auto p = (*daemon)->Alloc("SIM-GPU-0", 2);
+    ASSERT_TRUE(p.ok());
+    Store(t, *p, 0, ulp / 4);
+    srcs.push_back(*p);
+  }
+  auto out = (*daemon)->Alloc("SIM-GPU-0", 2);
+  ASSERT_TRUE(out.ok());
+  ASSERT_TRUE((*daemon)->SumAsync(*out, srcs, 1, t, 1.0f, *stream).ok());
+  ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
+  EXPECT_EQ(Load(t, *out, 0), 1.0 + ulp);
+}
+
+INSTANTIATE_TEST_SUITE_P(HalfDTypes, HalfSumAsyncTest,
+                         ::testing::Values(DType::kFloat16, DType::kBFloat16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(DTypeName(info.param));
+                         });
+
+TEST_F(SimDeviceTest, DeviceOperationsRefuseMemoryOfAnotherGpuOutOfBoundsOrOnTheHost) {
+  auto daemon = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(daemon.ok());
+  auto stream = (*daemon)->CreateStream("SIM-GPU-0");
+  auto here = (*daemon)->Alloc("SIM-GPU-0", 64);
+  auto there = (*daemon)->Alloc("SIM-GPU-1", 64);
+  ASSERT_TRUE(stream.ok() && here.ok() && there.ok());
+  float host[16] = {};
+  auto code = [](const absl::Status& s) { return s.code(); };
+  EXPECT_EQ(code((*daemon)->CopyAsync(*here, *there, 64, *stream)),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code((*daemon)->CopyAsync(*here, host, 64, *stream)),
+            absl::StatusCode::kInvalidArgument);
+  const absl::Status past_end =
+      (*daemon)->SumAsync(*here, {*here}, 17, DType::kFloat32, 1.0f, *stream);
+  EXPECT_EQ(past_end.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(past_end.message(), HasSubstr("past the end"));
+  EXPECT_EQ(code((*daemon)->SumAsync(*here, {}, 16, DType::kFloat32, 1.0f, *stream)),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code((*daemon)->SumAsync(*here, {*here}, 16, static_cast<DType>(9), 1.0f, *stream)),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code((*daemon)->CopyAsync(*here, *here, 64, nullptr)),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*daemon)->QueryStream(nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SimDeviceTest, FreeingMemoryWithWorkStillQueuedOnItIsSafe) {
+  auto daemon = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(daemon.ok());
+  auto a = (*daemon)->Alloc("SIM-GPU-0", 4096);
+  auto b = (*daemon)->Alloc("SIM-GPU-0", 4096);
+  auto stream = (*daemon)->CreateStream("SIM-GPU-0");
+  ASSERT_TRUE(a.ok() && b.ok() && stream.ok());
+  ASSERT_TRUE(SimPauseStream(*stream).ok());
+  ASSERT_TRUE((*daemon)->CopyAsync(*b, *a, 4096, *stream).ok());
+  ASSERT_TRUE((*daemon)->Free("SIM-GPU-0", *a).ok());
+  ASSERT_TRUE((*daemon)->Free("SIM-GPU-0", *b).ok());
+  // The queued copy keeps both mapped until it has run.
+  ASSERT_TRUE(SimResumeStream(*stream).ok());
+  EXPECT_TRUE((*daemon)->Synchronize(*stream).ok());
+  EXPECT_EQ((*daemon)->CopyAsync(*b, *a, 4096, *stream).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SimDeviceTest, MemsetAsyncZeroesInStreamOrder) {
+  auto trainer = SimTrainerDevice::Create(Options());
+  ASSERT_TRUE(trainer.ok());
+  auto grad = (*trainer)->Alloc("SIM-GPU-0", 16);
+  auto stream = (*trainer)->CreateStream("SIM-GPU-0");
+  ASSERT_TRUE(grad.ok() && stream.ok());
+  const std::vector<float> v = {5, 6, 7, 8};
+  ASSERT_TRUE((*trainer)->WriteAsync(*grad, v.data(), 16, *stream).ok());
+  ASSERT_TRUE((*trainer)->MemsetAsync(static_cast<char*>(*grad) + 4, 8, *stream).ok());
+  ASSERT_TRUE((*trainer)->Synchronize(*stream).ok());
+  EXPECT_EQ(ReadFloats(*grad, 4), (std::vector<float>{5, 0, 0, 8}));
+  EXPECT_EQ((*trainer)->MemsetAsync(*grad, 17, *stream).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ------------------------------------------------------------- collectives
+
+// The rendezvous store's part: one file per key in a directory every
+// process of the test can see.
+class FileStore {
+ public:
+  FileStore() {
+    std::string tmpl = ::testing::TempDir() + "/simstoreXXXXXX";
+    if (mkdtemp(tmpl.data()) == nullptr) std::abort();
+    dir_ = tmpl;
+  }
+  ~FileStore() {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+
+  void Fill(CollectiveOptions& o) const {
+    const std::string dir = dir_;
+    o.publish = [dir](const std::string& key, const std::string& value) -> absl::Status {
+      const std::string path = Path(dir, key);
+      FILE* f = std::fopen((path + ".tmp").c_str(), "w");
+      if (f == nullptr) return absl::InternalError("publish: cannot write");
+      std::fwrite(value.data(), 1, value.size(), f);
+      std::fclose(f);
+      std::rename((path + ".tmp").c_str(), path.c_str());
+      return absl::OkStatus();
+    };
+    o.fetch = [dir](const std::string& key, absl::Time deadline) -> absl::StatusOr<std::string> {
+      const std::string path = Path(dir, key);
+      while (true) {
+        if (FILE* f = std::fopen(path.c_str(), "r")) {
+          char buf[256];
+          const size_t n = std::fread(buf, 1, sizeof(buf), f);
+          std::fclose(f);
+          return std::string(buf, n);
+        }
+        if (absl::Now() >= deadline) {
+          return absl::DeadlineExceededError(absl::StrCat("key ", key, " never published"));
+        }
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+    };
+  }
+
+ private:
+  static std::string Path(const std::string& dir, std::string key) {
+    for (char& c : key) {
+      if (c == '/') c = '_';
+    }
+    return absl::StrCat(dir, "/", key);
+  }
+  std::string dir_;
+};
+
+CollectiveOptions Group(int nranks, int first_rank, std::vector<DeviceId> devices,
+                        const FileStore* store, absl::Duration timeout = absl::Seconds(30)) {
+  CollectiveOptions o;
+  o.nranks = nranks;
+  o.first_rank = first_rank;
+  o.devices = std::move(devices);
+  o.generation = 7;
+  o.timeout = timeout;
+  if (store != nullptr) store->Fill(o);
+  return o;
+}
+
+// Rank r's input, element i: exact in every dtype, sums too.
+double Input(int rank, int i) { return 0.5 * ((rank + 1) * (i % 5)) - rank; }
+
+// Allocates `count` elements of `t` on `device` holding rank `rank`'s input.
+void* Fill(SimDaemonDevice& dev, const DeviceId& device, DType t, int count, int rank) {
+  void* p = *dev.Alloc(device, count * DTypeSize(t));
+  for (int i = 0; i < count; ++i) Store(t, p, i, Input(rank, i));
+  return p;
+}
+
+// Whether `p` holds the sum of ranks 0..nranks-1's inputs.
+bool HoldsSum(DType t, const void* p, int count, int nranks) {
+  for (int i = 0; i < count; ++i) {
+    double want = 0;
+    for (int r = 0; r < nranks; ++r) want += Input(r, i);
+    if (Load(t, p, i) != want) {
+      std::fprintf(stderr, "%s element %d: %g, want %g\n", DTypeName(t), i, Load(t, p, i), want);
+      return false;
+    }
+  }
+  return true;
+}
+
+TEST_F(SimDeviceTest, ACollectiveOverOneRankLeavesItsBufferAsItIs) {
+  auto dev = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(dev.ok());
+  auto group = (*dev)->CreateCollectives(Group(1, 0, {"SIM-GPU-1"}, nullptr));
+  ASSERT_TRUE(group.ok()) << group.status();
+  void* p = Fill(**dev, "SIM-GPU-1", DType::kFloat32, 100, 0);
+  ASSERT_TRUE((*group)->AllreduceSum({{0, p, 100}}, DType::kFloat32).ok());
+  EXPECT_TRUE(HoldsSum(DType::kFloat32, p, 100, 1));
+}
+
+TEST_F(SimDeviceTest, ACollectiveOverTwoLocalGpusSumsEveryBufferOnBoth) {
+  auto dev = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(dev.ok());
+  auto group = (*dev)->CreateCollectives(Group(2, 0, {"SIM-GPU-0", "SIM-GPU-1"}, nullptr));
+  ASSERT_TRUE(group.ok()) << group.status();
+  for (DType t : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    // Two buckets per GPU, launched as one group.
+    void* a0 = Fill(**dev, "SIM-GPU-0", t, 300, 0);
+    void* b0 = Fill(**dev, "SIM-GPU-0", t, 50, 0);
+    void* a1 = Fill(**dev, "SIM-GPU-1", t, 300, 1);
+    void* b1 = Fill(**dev, "SIM-GPU-1", t, 50, 1);
+    ASSERT_TRUE(
+        (*group)->AllreduceSum({{0, a0, 300}, {1, a1, 300}, {0, b0, 50}, {1, b1, 50}}, t).ok());
+    EXPECT_TRUE(HoldsSum(t, a0, 300, 2));
+    EXPECT_TRUE(HoldsSum(t, a1, 300, 2));
+    EXPECT_TRUE(HoldsSum(t, b0, 50, 2));
+    EXPECT_TRUE(HoldsSum(t, b1, 50, 2));
+  }
+}
+
+TEST_F(SimDeviceTest, ACollectiveRefusesBuffersThatDoNotMatchItsGpus) {
+  auto dev = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(dev.ok());
+  auto group = (*dev)->CreateCollectives(Group(2, 0, {"SIM-GPU-0", "SIM-GPU-1"}, nullptr));
+  ASSERT_TRUE(group.ok()) << group.status();
+  void* a0 = Fill(**dev, "SIM-GPU-0", DType::kFloat32, 10, 0);
+  void* a1 = Fill(**dev, "SIM-GPU-1", DType::kFloat32, 10, 1);
+  // Rank 1's buffer on GPU 0; then sizes that differ: NCCL would hang.
+  EXPECT_EQ((*group)->AllreduceSum({{0, a0, 10}, {1, a0, 10}}, DType::kFloat32).code(),
+            absl::StatusCode::kInvalidArgument);
+  auto other = (*dev)->CreateCollectives(Group(2, 0, {"SIM-GPU-0", "SIM-GPU-1"}, nullptr));
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ((*other)->AllreduceSum({{0, a0, 10}, {1, a1, 9}}, DType::kFloat32).code(),
+            absl::StatusCode::kInvalidArgument);
+  // After a failure the group is unusable.
+  EXPECT_EQ((*other)->AllreduceSum({{0, a0, 10}, {1, a1, 10}}, DType::kFloat32).code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(
+      (*dev)->CreateCollectives(Group(2, 0, {"SIM-GPU-0", "SIM-GPU-0"}, nullptr)).status().code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
+// A simulated node in a child process: a daemon owning `devices` as ranks
+// first_rank.., running `rounds` collectives over every dtype.
+int RunNode(const FileStore& store, int nranks, int first_rank, std::vector<DeviceId> devices,
+            int rounds) {
+  auto dev = SimDaemonDevice::Create(Options());
+  if (!dev.ok()) return 1;
+  auto group = (*dev)->CreateCollectives(Group(nranks, first_rank, devices, &store));
+  CHILD_OK(group.status());
+  for (int round = 0; round < rounds; ++round) {
+    for (DType t : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+      std::vector<DeviceBuffer> buffers;
+      for (size_t j = 0; j < devices.size(); ++j) {
+        buffers.push_back({static_cast<int>(j),
+                           Fill(**dev, devices[j], t, 257, first_rank + static_cast<int>(j)), 257});
+      }
+      CHILD_OK((*group)->AllreduceSum(buffers, t));
+      for (const DeviceBuffer& b : buffers) {
+        if (!HoldsSum(t, b.data, 257, nranks)) return 3;
+      }
+    }
+  }
+  return 0;
+}
+
+TEST_F(SimDeviceTest, TwoNodesWithOneRankEachSumAcrossProcesses) {
+  FileStore store;
+  auto peer = ChildProcess::Start([&] { return RunNode(store, 2, 1, {"SIM-GPU-0"}, 3); });
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  EXPECT_EQ(RunNode(store, 2, 0, {"SIM-GPU-0"}, 3), 0);
+  auto exit = peer->Wait(std::chrono::seconds(60));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(*exit, 0);
+}
+
+TEST_F(SimDeviceTest, TwoNodesWithTwoGpusEachSumOverFourRanks) {
+  FileStore store;
+  auto peer = ChildProcess::Start([&] {
+    return RunNode(store, 4, 2, {"SIM-GPU-0", "SIM-GPU-1"}, 2);
+  });
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  EXPECT_EQ(RunNode(store, 4, 0, {"SIM-GPU-1", "SIM-GPU-0"}, 2), 0);
+  auto exit = peer->Wait(std::chrono::seconds(60));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(*exit, 0);
+}
+
+TEST_F(SimDeviceTest, TwoNodesInOneProcessSumAcrossThreads) {
+  // Two daemons' devices in one test binary (one thread each) meet through
+  // the same rendezvous as separate processes would.
+  FileStore store;
+  int peer_result = -1;
+  std::thread peer([&] { peer_result = RunNode(store, 2, 1, {"SIM-GPU-1"}, 1); });
+  EXPECT_EQ(RunNode(store, 2, 0, {"SIM-GPU-0"}, 1), 0);
+  peer.join();
+  EXPECT_EQ(peer_result, 0);
+}
+
+TEST_F(SimDeviceTest, ARankThatNeverJoinsMakesCreationTimeOutNamingIt) {
+  FileStore store;
+  auto dev = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(dev.ok());
+  auto group =
+      (*dev)->CreateCollectives(Group(3, 0, {"SIM-GPU-0"}, &store, absl::Milliseconds(300)));
+  EXPECT_EQ(group.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(group.status().message(), HasSubstr("ranks 1, 2"));
+}
+
+TEST_F(SimDeviceTest, ANodeThatSkipsACollectiveMakesItTimeOutNamingItsRank) {
+  FileStore store;
+  Channel to_child;
+  auto peer = ChildProcess::Start([&]() -> int {
+    auto dev = SimDaemonDevice::Create(Options());
+    if (!dev.ok()) return 1;
+    auto group = (*dev)->CreateCollectives(Group(2, 1, {"SIM-GPU-0"}, &store));
+    CHILD_OK(group.status());
+    to_child.Receive(1, absl::Seconds(60));  // joined, then never launches anything
+    return 0;
+  });
+  ASSERT_TRUE(peer.ok());
+  auto dev = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(dev.ok());
+  // Long enough for the peer to join even on a loaded machine (the group's
+  // timeout bounds creation too); the skipped collective then takes it all.
+  auto group = (*dev)->CreateCollectives(Group(2, 0, {"SIM-GPU-0"}, &store, absl::Seconds(3)));
+  ASSERT_TRUE(group.ok()) << group.status();
+  void* p = Fill(**dev, "SIM-GPU-0", DType::kFloat32, 8, 0);
+  const absl::Status st = (*group)->AllreduceSum({{0, p, 8}}, DType::kFloat32);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(st.message(), HasSubstr("rank 1 "));
+  to_child.Send("x");
+  auto exit = peer->Wait(std::chrono::seconds(60));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(*exit, 0);
+}
+
+TEST_F(SimDeviceTest, AbortEndsAnInFlightCollectiveAndEveryLaterOne) {
+  FileStore store;
+  Channel to_parent, to_child;
+  auto peer = ChildProcess::Start([&]() -> int {
+    auto dev = SimDaemonDevice::Create(Options());
+    if (!dev.ok()) return 1;
+    auto group = (*dev)->CreateCollectives(Group(2, 1, {"SIM-GPU-0"}, &store));
+    CHILD_OK(group.status());
+    to_parent.Send("j");
+    if (to_child.Receive(1, absl::Seconds(60)) != "c") return 2;
+    // The peer aborted: this node's next collective fails as a peer failure.
+    void* p = Fill(**dev, "SIM-GPU-0", DType::kFloat32, 8, 1);
+    const absl::Status st = (*group)->AllreduceSum({{0, p, 8}}, DType::kFloat32);
+    return st.code() == absl::StatusCode::kUnavailable ? 0 : 4;
+  });
+  ASSERT_TRUE(peer.ok());
+  auto dev = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(dev.ok());
+  // A long timeout: only Abort can end the collective before the test's.
+  auto group = (*dev)->CreateCollectives(Group(2, 0, {"SIM-GPU-0"}, &store, absl::Seconds(600)));
+  ASSERT_TRUE(group.ok()) << group.status();
+  ASSERT_EQ(to_parent.Receive(1), "j");
+  void* p = Fill(**dev, "SIM-GPU-0", DType::kFloat32, 8, 0);
+  std::thread aborter([&] {
+    absl::SleepFor(absl::Milliseconds(50));  // let the collective start waiting
+    (*group)->Abort("test: scheduler shutting down");
+  });
+  const absl::Status st = (*group)->AllreduceSum({{0, p, 8}}, DType::kFloat32);
+  aborter.join();
+  EXPECT_EQ(st.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(st.message(), HasSubstr("scheduler shutting down"));
+  EXPECT_EQ((*group)->AllreduceSum({{0, p, 8}}, DType::kFloat32).code(),
+            absl::StatusCode::kAborted);
+  ASSERT_TRUE(to_child.Send("c"));
+  auto exit = peer->Wait(std::chrono::seconds(60));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(*exit, 0);
+}
+
+TEST_F(SimDeviceTest, AbortBeforeACollectiveMakesItReturnAborted) {
+  auto dev = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(dev.ok());
+  auto group = (*dev)->CreateCollectives(Group(1, 0, {"SIM-GPU-0"}, nullptr));
+  ASSERT_TRUE(group.ok());
+  (*group)->Abort("generation replaced");
+  void* p = Fill(**dev, "SIM-GPU-0", DType::kFloat32, 8, 0);
+  const absl::Status st = (*group)->AllreduceSum({{0, p, 8}}, DType::kFloat32);
+  EXPECT_EQ(st.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(st.message(), HasSubstr("generation replaced"));
+}
+
+TEST_F(SimDeviceTest, APeerThatDiesMakesTheCollectiveUnavailableNamingIt) {
+  FileStore store;
+  Channel to_parent;
+  auto peer = ChildProcess::Start([&]() -> int {
+    auto dev = SimDaemonDevice::Create(Options());
+    if (!dev.ok()) return 1;
+    auto group = (*dev)->CreateCollectives(Group(2, 1, {"SIM-GPU-0"}, &store));
+    CHILD_OK(group.status());
+    to_parent.Send("j");
+    pause();  // until killed
+    return 0;
+  });
+  ASSERT_TRUE(peer.ok());
+  auto dev = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(dev.ok());
+  auto group = (*dev)->CreateCollectives(Group(2, 0, {"SIM-GPU-0"}, &store, absl::Seconds(600)));
+  ASSERT_TRUE(group.ok()) << group.status();
+  ASSERT_EQ(to_parent.Receive(1), "j");
+  const pid_t pid = peer->pid();
+  ASSERT_TRUE(peer->Kill().ok());
+  void* p = Fill(**dev, "SIM-GPU-0", DType::kFloat32, 8, 0);
+  const absl::Status st = (*group)->AllreduceSum({{0, p, 8}}, DType::kFloat32);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(st.message(), HasSubstr(absl::StrCat("rank 1 (process ", pid, ")")));
+}
+
+}  // namespace
+}  // namespace gradsync::gpu
