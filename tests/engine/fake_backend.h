@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "daemon/backends/backend.h"
+#include "tests/engine/patience.h"
 
 namespace gradsync::testing {
 
@@ -101,13 +102,17 @@ class FakeBackend final : public Backend {
   bool WaitUntilStalled(int n, absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
     auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stalled_ >= n; };
-    return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+    if (mu_.AwaitWithTimeout(absl::Condition(&reached), Patience(timeout))) return true;
+    GaveUp();
+    return false;
   }
   // True once `n` calls have arrived (false if `timeout` passes).
   bool WaitForCalls(size_t n, absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
     auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return calls_.size() >= n; };
-    return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+    if (mu_.AwaitWithTimeout(absl::Condition(&reached), Patience(timeout))) return true;
+    GaveUp();
+    return false;
   }
 
   std::vector<Call> calls() const {

@@ -1,25 +1,30 @@
 #include "tests/engine/in_memory_trainers.h"
 
 #include <dirent.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/half.h"
 #include "common/status_code.h"
 #include "ipc/shared_segment.h"
+#include "tests/engine/patience.h"
 
 namespace gradsync::testing {
 
 // ---- trainer side ----
 
 absl::StatusOr<std::unique_ptr<InMemoryTrainer>> InMemoryTrainer::Open(const Attachment& at,
-                                                                      const Layout& layout) {
+                                                                       const Layout& layout) {
   std::unique_ptr<InMemoryTrainer> t(new InMemoryTrainer());
   auto node = ipc::NodeSegment::Open(at.node_segment_name);
   if (!node.ok()) return node.status();
@@ -118,6 +123,7 @@ absl::Status InMemoryTrainer::Wait(absl::Duration timeout) {
     std::fill(marked_.begin(), marked_.end(), 0);
     return absl::OkStatus();
   }
+  timeout = Patience(timeout);
   const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(timeout);
   ipc::Doorbell& bell = segment_.header()->completion_bell;
   while (true) {
@@ -127,8 +133,8 @@ absl::Status InMemoryTrainer::Wait(absl::Duration timeout) {
     if (r == ipc::PopResult::kCorrupt) return absl::DataLossError("completion ring corrupt");
     if (r == ipc::PopResult::kOk) {
       if (e.sequence != completion_sequence_) {
-        return absl::DataLossError(absl::StrCat("completion sequence ", e.sequence, ", expected ",
-                                                completion_sequence_));
+        return absl::DataLossError(
+            absl::StrCat("completion sequence ", e.sequence, ", expected ", completion_sequence_));
       }
       ++completion_sequence_;
       switch (static_cast<ipc::CompletionKind>(e.kind)) {
@@ -136,9 +142,8 @@ absl::Status InMemoryTrainer::Wait(absl::Duration timeout) {
           continue;
         case ipc::CompletionKind::kIterationDone:
           if (e.iteration != iteration_) {
-            return absl::DataLossError(absl::StrCat("iteration ", e.iteration,
-                                                    " completed while the trainer is at ",
-                                                    iteration_));
+            return absl::DataLossError(absl::StrCat(
+                "iteration ", e.iteration, " completed while the trainer is at ", iteration_));
           }
           ++iteration_;
           std::fill(marked_.begin(), marked_.end(), 0);
@@ -154,10 +159,12 @@ absl::Status InMemoryTrainer::Wait(absl::Duration timeout) {
     }
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {
-      return absl::UnknownError(absl::StrCat("the test gave up: no completion within ",
-                                             absl::FormatDuration(timeout)));
+      GaveUp();
+      return absl::UnknownError(
+          absl::StrCat("the test gave up: no completion within ", absl::FormatDuration(timeout)));
     }
-    bell.Wait(seen, std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(50)),
+    bell.Wait(seen,
+              std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(50)),
               std::chrono::nanoseconds(0));
   }
 }
@@ -165,8 +172,8 @@ absl::Status InMemoryTrainer::Wait(absl::Duration timeout) {
 // ---- daemon side ----
 
 absl::StatusOr<std::unique_ptr<InMemoryNode>> InMemoryNode::Create(const std::string& tag,
-                                                                  const Layout& layout,
-                                                                  const Options& options) {
+                                                                   const Layout& layout,
+                                                                   const Options& options) {
   std::unique_ptr<InMemoryNode> n(new InMemoryNode());
   n->layout_ = layout;
   // What Job::StartLocked does: plan in reverse registration order, lay the
@@ -210,9 +217,8 @@ absl::StatusOr<std::unique_ptr<InMemoryNode>> InMemoryNode::Create(const std::st
     t->segment = std::move(*seg);
     n->trainers_.push_back(std::move(t));
 
-    auto end = InMemoryTrainer::Open({name, node_name, hash, n->arena_.total_bytes,
-                                      n->arena_.tensor_offsets},
-                                     layout);
+    auto end = InMemoryTrainer::Open(
+        {name, node_name, hash, n->arena_.total_bytes, n->arena_.tensor_offsets}, layout);
     if (!end.ok()) return end.status();
     n->ends_.push_back(std::move(*end));
   }
@@ -231,7 +237,32 @@ std::vector<Trainer*> InMemoryNode::trainers() {
 
 // ---- names ----
 
+namespace {
+
+// A test binary killed by Bazel's timeout (SIGTERM skips destructors)
+// leaves its segments behind: the next run removes those whose process is
+// gone ("gse<pid>_...").
+void SweepDeadTestSegments() {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return;
+  std::vector<std::string> dead;
+  while (const dirent* entry = readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (!absl::StartsWith(name, "gse")) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(name.c_str() + 3, &end, 10);
+    if (pid <= 0 || end == nullptr || *end != '_') continue;
+    if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) dead.push_back(name);
+  }
+  closedir(dir);
+  for (const std::string& name : dead) ipc::SharedSegment::Remove(name).IgnoreError();
+}
+
+}  // namespace
+
 std::string UniqueShmPrefix(const std::string& tag) {
+  static std::once_flag swept;
+  std::call_once(swept, SweepDeadTestSegments);
   static std::atomic<int> counter{0};
   // No dot: SegmentName() appends ".<pid>.<suffix>".
   return absl::StrCat("gse", getpid(), "_", tag, "_", counter.fetch_add(1));

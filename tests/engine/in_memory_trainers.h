@@ -68,9 +68,9 @@ class InMemoryTrainer {
   void RingNodeBell() { node_.ready_bell().Ring(); }
 
   // Waits for "iteration done" or an error, like gs_wait. The daemon's
-  // error comes back with its gradsync code; if `timeout` passes first the
-  // result is UNKNOWN (INTERNAL), never a TIMEOUT the test could mistake
-  // for the daemon's.
+  // error comes back with its gradsync code; if `timeout` (see patience.h)
+  // passes first the result is UNKNOWN (INTERNAL), never a TIMEOUT the test
+  // could mistake for the daemon's.
   absl::Status Wait(absl::Duration timeout);
 
   uint64_t iteration() const { return iteration_; }

@@ -24,6 +24,7 @@
 #include "tests/engine/fake_backend.h"
 #include "tests/engine/gradients.h"
 #include "tests/engine/in_memory_trainers.h"
+#include "tests/engine/patience.h"
 
 namespace gradsync::testing {
 namespace {
@@ -32,7 +33,6 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-constexpr absl::Duration kBound = absl::Seconds(5);
 constexpr int64_t kShortTimeoutMs = 300;
 constexpr double kRemote = 0.75;
 constexpr int kNodes = 2;
@@ -95,8 +95,8 @@ class JobTest : public ::testing::Test {
 
   // Attaches every local rank, then registers each from its own thread
   // (Register blocks until all have). `layouts[r]` is rank r's layout.
-  std::vector<absl::StatusOr<RegisterResult>> AttachAndRegister(
-      const std::vector<Layout>& layouts, absl::Duration deadline = kBound) {
+  std::vector<absl::StatusOr<RegisterResult>> AttachAndRegister(const std::vector<Layout>& layouts,
+                                                                absl::Duration deadline = kBound) {
     std::vector<absl::StatusOr<RegisterResult>> results(layouts.size(),
                                                         absl::UnknownError("not run"));
     sessions_.clear();
@@ -108,7 +108,8 @@ class JobTest : public ::testing::Test {
     const absl::Time until = absl::Now() + deadline;
     std::vector<std::thread> threads;
     for (size_t r = 0; r < layouts.size(); ++r) {
-      threads.emplace_back([&, r] { results[r] = job_->Register(sessions_[r], layouts[r], until); });
+      threads.emplace_back(
+          [&, r] { results[r] = job_->Register(sessions_[r], layouts[r], until); });
     }
     for (std::thread& t : threads) t.join();
     return results;
@@ -145,7 +146,8 @@ class JobTest : public ::testing::Test {
 
   Sums WriteAll(uint64_t it) {
     Sums sums = ZeroSums(trainers_[0]->layout());
-    for (size_t r = 0; r < trainers_.size(); ++r) WriteGradients(*trainers_[r], ranks_[r], it, &sums);
+    for (size_t r = 0; r < trainers_.size(); ++r)
+      WriteGradients(*trainers_[r], ranks_[r], it, &sums);
     return sums;
   }
   void MarkAllExcept(int skip_rank = -1, size_t skip_tensor = 0) {
@@ -202,16 +204,17 @@ TEST_F(JobTest, RunsOnceEveryLocalTrainerRegisteredAndAveragesAcrossTheWorld) {
 TEST_F(JobTest, LayoutsThatDisagreeFailEveryTrainerWithMismatchNamingTheFirstDifference) {
   MakeJob(3);
   Layout other = TestLayout(DType::kFloat32);
-  other[2].numel = 18;        // fc1.bias: the first difference
-  other[5].name = "head.w";   // a later one, not reported
+  other[2].numel = 18;       // fc1.bias: the first difference
+  other[5].name = "head.w";  // a later one, not reported
   const Layout same = TestLayout(DType::kFloat32);
   auto results = AttachAndRegister({same, same, other});
   for (size_t r = 0; r < results.size(); ++r) {
     const absl::Status st = results[r].status();
     EXPECT_EQ(CodeOf(st), v1::MISMATCH) << "local rank " << r << ": " << st;
     EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_THAT(st.message(), HasSubstr("local rank 2 (pid 5002) registered a different layout"));
-    EXPECT_THAT(st.message(),
+    EXPECT_THAT(std::string(st.message()),
+                HasSubstr("local rank 2 (pid 5002) registered a different layout"));
+    EXPECT_THAT(std::string(st.message()),
                 HasSubstr("first difference at tensor 2: 'fc1.bias' float32[17] vs "
                           "'fc1.bias' float32[18]"));
   }
@@ -240,7 +243,8 @@ TEST_F(JobTest, RegistrationDeadlinePassingFailsWithTimeoutNamingTheMissingLocal
     const absl::Status st = results[r].status();
     EXPECT_EQ(CodeOf(st), v1::TIMEOUT) << st;
     EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded);
-    EXPECT_THAT(st.message(), HasSubstr("2 of 3 local trainers registered; missing local ranks 2"));
+    EXPECT_THAT(std::string(st.message()),
+                HasSubstr("2 of 3 local trainers registered; missing local ranks 2"));
   }
   EXPECT_EQ(job_->state(), JobState::kFailed);
 }
@@ -259,8 +263,9 @@ TEST_P(JobLeaveTest, TrainerLeavingMidIterationFailsItsPeersWithPeerFailedNaming
     const absl::Status st = trainers_[r]->Wait(kBound);
     EXPECT_EQ(CodeOf(st), v1::PEER_FAILED) << st;
     EXPECT_EQ(st.code(), absl::StatusCode::kAborted);
-    EXPECT_THAT(st.message(), HasSubstr(absl::StrCat(Name(1), graceful ? " detached" : " died",
-                                                     ": its process exited")));
+    EXPECT_THAT(
+        std::string(st.message()),
+        HasSubstr(absl::StrCat(Name(1), graceful ? " detached" : " died", ": its process exited")));
   }
   EXPECT_EQ(job_->state(), JobState::kFailed);
   EXPECT_FALSE(job_->Finished());  // its peers are still attached
@@ -280,7 +285,8 @@ TEST_F(JobTest, SkippedGradientTimesOutEveryTrainerNamingTheRankAndTheTensor) {
     const absl::Status st = trainers_[r]->Wait(kBound);
     EXPECT_EQ(CodeOf(st), v1::TIMEOUT) << st;
     EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded);
-    EXPECT_THAT(st.message(), HasSubstr(absl::StrCat(Name(1), " has not marked fc2.weight")));
+    EXPECT_THAT(std::string(st.message()),
+                HasSubstr(absl::StrCat(Name(1), " has not marked fc2.weight")));
   }
 }
 
@@ -292,7 +298,7 @@ TEST_F(JobTest, BackendFailureReachesEveryTrainerWithTheBackendsError) {
   for (int r = 0; r < 2; ++r) {
     const absl::Status st = trainers_[r]->Wait(kBound);
     EXPECT_EQ(CodeOf(st), v1::UNAVAILABLE) << st;
-    EXPECT_THAT(st.message(),
+    EXPECT_THAT(std::string(st.message()),
                 HasSubstr("bucket 0 of iteration 0: fake allreduce failed: node 0 closed its "
                           "connection"));
   }
@@ -309,7 +315,8 @@ TEST_F(JobTest, CollectiveThatNeverAnswersTimesOutEveryTrainerNamingTheBucket) {
     const absl::Status st = trainers_[r]->Wait(kBound);
     EXPECT_EQ(CodeOf(st), v1::TIMEOUT) << st;
     EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded);
-    EXPECT_THAT(st.message(), HasSubstr("bucket 0 of iteration 0: fake allreduce failed"));
+    EXPECT_THAT(std::string(st.message()),
+                HasSubstr("bucket 0 of iteration 0: fake allreduce failed"));
   }
 }
 
@@ -322,13 +329,14 @@ TEST_F(JobTest, BadRingEntryFailsItsSenderWithInvalidArgumentAndItsPeersWithPeer
   ASSERT_TRUE(trainers_[1]->PostRaw(e).ok());
   const absl::Status mine = trainers_[1]->Wait(kBound);
   EXPECT_EQ(CodeOf(mine), v1::INVALID_ARGUMENT) << mine;
-  EXPECT_THAT(mine.message(), HasSubstr(absl::StrCat(Name(1), " sent a bad readiness entry")));
-  EXPECT_THAT(mine.message(), HasSubstr("names tensor 99 of 6"));
+  EXPECT_THAT(std::string(mine.message()),
+              HasSubstr(absl::StrCat(Name(1), " sent a bad readiness entry")));
+  EXPECT_THAT(std::string(mine.message()), HasSubstr("names tensor 99 of 6"));
   for (int r : {0, 2}) {
     const absl::Status st = trainers_[r]->Wait(kBound);
     EXPECT_EQ(CodeOf(st), v1::PEER_FAILED) << st;
-    EXPECT_THAT(st.message(), HasSubstr(absl::StrCat(Name(1), " failed: ")));
-    EXPECT_THAT(st.message(), HasSubstr("names tensor 99 of 6"));
+    EXPECT_THAT(std::string(st.message()), HasSubstr(absl::StrCat(Name(1), " failed: ")));
+    EXPECT_THAT(std::string(st.message()), HasSubstr("names tensor 99 of 6"));
   }
 }
 
@@ -347,7 +355,7 @@ TEST_F(JobTest, AnotherNodeFailingAbortsAStalledCollectiveAndReachesEveryTrainer
   for (int r = 0; r < 2; ++r) {
     const absl::Status st = trainers_[r]->Wait(kBound);
     EXPECT_EQ(CodeOf(st), v1::PEER_FAILED) << st;
-    EXPECT_THAT(st.message(), HasSubstr("node 0 stopped heart-beating"));
+    EXPECT_THAT(std::string(st.message()), HasSubstr("node 0 stopped heart-beating"));
   }
   EXPECT_THAT(backend().abort_reason(), HasSubstr("node 0 stopped heart-beating"));
 }
@@ -362,7 +370,8 @@ TEST_F(JobTest, WorldFormingErrorIsWhatEveryRegistrationReturns) {
   auto results = AttachAndRegister({layout, layout});
   for (const auto& res : results) {
     EXPECT_EQ(CodeOf(res.status()), v1::MISMATCH) << res.status();
-    EXPECT_THAT(res.status().message(), HasSubstr("node 0 registered layout hash 0x1234"));
+    EXPECT_THAT(std::string(res.status().message()),
+                HasSubstr("node 0 registered layout hash 0x1234"));
   }
   EXPECT_EQ(job_->state(), JobState::kFailed);
 }
