@@ -33,7 +33,9 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-constexpr int64_t kShortTimeoutMs = 300;
+// The timeout of tests that expect one: far above a passing iteration
+// (milliseconds) even on a loaded machine.
+constexpr int64_t kShortTimeoutMs = 500;
 constexpr double kRemote = 0.75;
 constexpr int kNodes = 2;
 
@@ -201,6 +203,40 @@ TEST_F(JobTest, RunsOnceEveryLocalTrainerRegisteredAndAveragesAcrossTheWorld) {
   EXPECT_TRUE(job_->error().ok());
 }
 
+TEST_F(JobTest, AttachRefusesARankOutOfRangeATakenRankAndAJobAlreadyRunning) {
+  MakeJob(2);
+  absl::StatusOr<uint64_t> st = job_->Attach(2, PidOf(2));
+  EXPECT_EQ(CodeOf(st.status()), v1::INVALID_ARGUMENT) << st.status();
+  EXPECT_THAT(std::string(st.status().message()), HasSubstr("local rank 2 is not in [0, 2)"));
+  ASSERT_TRUE(job_->Attach(0, PidOf(0)).ok());
+  st = job_->Attach(0, 6000);
+  EXPECT_EQ(CodeOf(st.status()), v1::STATE) << st.status();
+  EXPECT_THAT(std::string(st.status().message()),
+              HasSubstr("local rank 0 is already attached by pid 5000"));
+  const absl::StatusOr<RegisterResult> unknown =
+      job_->Register(/*session=*/12345, TestLayout(DType::kFloat32), absl::Now() + kBound);
+  EXPECT_EQ(CodeOf(unknown.status()), v1::STATE) << unknown.status();
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("unknown session"));
+}
+
+TEST_F(JobTest, RunningJobRefusesNewTrainersAndEndsOnceEveryTrainerHasLeft) {
+  ASSERT_NO_FATAL_FAILURE(StartRunning(2));
+  const absl::StatusOr<uint64_t> late = job_->Attach(1, 6001);
+  EXPECT_EQ(CodeOf(late.status()), v1::STATE) << late.status();
+  EXPECT_THAT(std::string(late.status().message()), HasSubstr("a job is running"));
+  WriteAll(0);
+  MarkAllExcept();
+  for (auto& t : trainers_) ASSERT_TRUE(t->Wait(kBound).ok());
+  job_->Leave(sessions_[0], /*graceful=*/true, "closed");
+  EXPECT_FALSE(job_->Finished());
+  job_->Leave(sessions_[1], /*graceful=*/true, "closed");
+  EXPECT_TRUE(job_->Finished());
+  EXPECT_FALSE(job_->HasSession(sessions_[0]));
+  const absl::StatusOr<uint64_t> next = job_->Attach(0, 6000);
+  EXPECT_EQ(CodeOf(next.status()), v1::STATE) << next.status();
+  EXPECT_THAT(std::string(next.status().message()), HasSubstr("this job has ended"));
+}
+
 TEST_F(JobTest, LayoutsThatDisagreeFailEveryTrainerWithMismatchNamingTheFirstDifference) {
   MakeJob(3);
   Layout other = TestLayout(DType::kFloat32);
@@ -305,9 +341,10 @@ TEST_F(JobTest, BackendFailureReachesEveryTrainerWithTheBackendsError) {
 }
 
 TEST_F(JobTest, CollectiveThatNeverAnswersTimesOutEveryTrainerNamingTheBucket) {
-  // The other node is gone without a word; the backend gives up after the
-  // daemon's timeout, as Gloo is configured to.
-  ASSERT_NO_FATAL_FAILURE(StartRunning(2, kShortTimeoutMs));
+  // The other node is gone without a word; the backend gives up after its
+  // own timeout (the daemon gives Gloo its --timeout-s). The job's timeout
+  // is out of reach, so the error must be the backend's.
+  ASSERT_NO_FATAL_FAILURE(StartRunning(2));
   backend().Stall(absl::Milliseconds(kShortTimeoutMs));
   WriteAll(0);
   MarkAllExcept();

@@ -36,7 +36,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 // The daemon's own timeout in tests that expect one; the others use kNever.
-constexpr int64_t kShortTimeoutMs = 300;
+constexpr int64_t kShortTimeoutMs = 500;
 constexpr int64_t kNever = 60 * 1000;
 // Each other node contributes this to every element.
 constexpr double kRemote = 1.5;
@@ -94,6 +94,7 @@ struct NodeSetup {
   DType dtype = DType::kFloat32;
   BucketCaps caps;
   int64_t timeout_ms = kNever;
+  Scheduler::OrderAgreement agree_order;  // empty: this node's order
 };
 
 // One node under test: its trainers' segments, a fake backend for the other
@@ -118,6 +119,7 @@ class SchedulerFixture {
     opts.stall_threshold_s = 3600;
     opts.reduce_threads = 2;
     opts.caps = s.caps;
+    opts.agree_order = s.agree_order;
     scheduler_ = std::make_unique<Scheduler>(node_->trainers(), node_->layout(), node_->plan(),
                                              node_->arena(), backend_.get(), node_->ready_bell(),
                                              /*observer=*/nullptr, failures_.fn(), opts);
@@ -139,6 +141,17 @@ class SchedulerFixture {
   double remote() const { return kRemote * (setup_.num_nodes - 1); }
   size_t tensor(const std::string& name) { return TensorIndex(node_->layout(), name); }
   std::string Name(int r) { return node_->daemon_side(r).Name(); }
+
+  // One whole iteration; its result must be the average.
+  void RunIteration(uint64_t it) {
+    const Sums sums = WriteAll(it);
+    MarkAll(it);
+    WaitAllOk();
+    for (int r = 0; r < setup_.local_size; ++r) {
+      EXPECT_TRUE(HoldsAverage(trainer(r), sums, remote(), world_size()))
+          << "local rank " << r << ", iteration " << it;
+    }
+  }
 
   // Writes every trainer's gradients for iteration `it` and returns their sum.
   Sums WriteAll(uint64_t it) {
@@ -373,6 +386,77 @@ TEST_F(SchedulerBehaviourTest, UnusedGradientsCountAsMarkedAndContributeZeros) {
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(HoldsAverage(trainer(r), sums, remote(), world_size()));
 }
 
+TEST_F(SchedulerBehaviourTest, RingsWrapAroundOverManyIterations) {
+  // 64-entry rings, 6 marks and 1 completion per iteration per trainer.
+  ASSERT_NO_FATAL_FAILURE(Start());
+  for (uint64_t it = 0; it < 40 && !HasFailure(); ++it) RunIteration(it);
+  EXPECT_EQ(scheduler_->iteration(), 40u);
+}
+
+TEST_F(SchedulerBehaviourTest, RebuildFollowsTheOrderTheNodesAgreedOn) {
+  // Node 0 decides: registration order, whatever this node observed.
+  const std::vector<uint32_t> agreed = {0, 1, 2, 3, 4, 5};
+  NodeSetup s;
+  s.caps = {256, 64};
+  s.agree_order = [&](const std::vector<uint32_t>& local) {
+    EXPECT_EQ(local.size(), agreed.size());
+    return absl::StatusOr<std::vector<uint32_t>>(agreed);
+  };
+  ASSERT_NO_FATAL_FAILURE(StartScheduler(s));
+  RunIteration(0);
+  RunIteration(1);  // the rebuilt plan is installed before this one starts
+  const BucketPlan want = PlanBuckets(node_->layout(), agreed, s.caps);
+  const BucketPlan got = scheduler_->plan();
+  ASSERT_EQ(got.buckets.size(), want.buckets.size());
+  for (size_t b = 0; b < want.buckets.size(); ++b) {
+    EXPECT_EQ(got.buckets[b].tensors, want.buckets[b].tensors) << "bucket " << b;
+  }
+  EXPECT_EQ(scheduler_->plan_version(), 2u);
+}
+
+TEST_F(SchedulerBehaviourTest, FailingToAgreeOnTheRebuiltOrderFailsWithItsCode) {
+  NodeSetup s;
+  s.caps = {256, 64};
+  s.agree_order = [](const std::vector<uint32_t>&) -> absl::StatusOr<std::vector<uint32_t>> {
+    return MakeError(v1::UNAVAILABLE, "the leader is unreachable");
+  };
+  ASSERT_NO_FATAL_FAILURE(StartScheduler(s));
+  RunIteration(0);
+  const absl::Status st = failures_.Wait(kBound);
+  EXPECT_EQ(CodeOf(st), v1::UNAVAILABLE) << st;
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr("agreeing on the rebuilt bucket order: the leader is unreachable"));
+}
+
+TEST_F(SchedulerBehaviourTest, NewCapsApplyAtTheIterationBoundaryTheyNameAndAveragesStayRight) {
+  ASSERT_NO_FATAL_FAILURE(Start(kNever, BucketCaps{}));  // one bucket
+  RunIteration(0);
+  RunIteration(1);
+  ASSERT_EQ(scheduler_->plan().buckets.size(), 1u);
+  const uint64_t version = scheduler_->plan_version();
+  scheduler_->SetCaps({4, 4}, /*at_iteration=*/3);
+  RunIteration(2);
+  RunIteration(3);  // entered with the new caps: one tensor per bucket
+  EXPECT_EQ(scheduler_->plan().buckets.size(), 6u);
+  EXPECT_EQ(scheduler_->plan_version(), version + 1);
+  RunIteration(4);
+  EXPECT_TRUE(failures_.Peek().ok()) << failures_.Peek();
+}
+
+TEST_F(SchedulerBehaviourTest, CapChangeArrivingAfterItsIterationFailsWithState) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  RunIteration(0);
+  RunIteration(1);
+  RunIteration(2);
+  // The other nodes switched at iteration 1; this node would diverge.
+  scheduler_->SetCaps({4, 4}, /*at_iteration=*/1);
+  RunIteration(3);
+  const absl::Status st = failures_.Wait(kBound);
+  EXPECT_EQ(CodeOf(st), v1::STATE) << st;
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr("bucket-cap change for iteration 1 reached this node at iteration 4"));
+}
+
 TEST_F(SchedulerBehaviourTest, SkippedGradientTimesOutNamingTheRankAndTheTensor) {
   ASSERT_NO_FATAL_FAILURE(Start(kShortTimeoutMs));
   WriteAll(0);
@@ -387,11 +471,11 @@ TEST_F(SchedulerBehaviourTest, SkippedGradientTimesOutNamingTheRankAndTheTensor)
 }
 
 TEST_F(SchedulerBehaviourTest, StalledCollectiveFailsWithTimeoutNamingTheBucket) {
-  // The other nodes never answer; the backend gives up after the same
-  // timeout the daemon has (as Gloo is configured). The scheduler relies on
+  // The other nodes never answer; the backend gives up after its own
+  // timeout (the daemon gives Gloo its --timeout-s). The scheduler relies on
   // that: its own deadline check runs on the loop thread, which is inside
   // the collective, so a backend that ignored its timeout would hang here.
-  ASSERT_NO_FATAL_FAILURE(Start(kShortTimeoutMs));
+  ASSERT_NO_FATAL_FAILURE(Start());
   backend_->Stall(absl::Milliseconds(kShortTimeoutMs));
   WriteAll(0);
   MarkAll(0);
