@@ -521,6 +521,7 @@ struct BackendErrorCase {
   absl::Status error;
   v1::Code code;
 };
+void PrintTo(const BackendErrorCase& c, std::ostream* os) { *os << c.name; }
 
 class SchedulerBackendErrorTest : public SchedulerFixture,
                                   public ::testing::TestWithParam<BackendErrorCase> {
@@ -568,6 +569,7 @@ struct BadEntryCase {
   void (*inject)(InMemoryTrainer& t);
   const char* says;
 };
+void PrintTo(const BadEntryCase& c, std::ostream* os) { *os << c.name; }
 
 ipc::ReadyEvent NextEntry(const InMemoryTrainer& t, uint32_t tensor) {
   ipc::ReadyEvent e{};
