@@ -1,11 +1,11 @@
 // The TrainerDevice a release libgradsync uses for CUDA tensors.
 //
-// The real one is gpu/cuda_trainer_device (the CUDA driver API through
-// dlopen, so libgradsync loads on machines without CUDA). Until it is merged
-// into this tree, the only definition linked is trainer_device_unlinked.cc,
-// which says so: CUDA registrations then fail with UNIMPLEMENTED. Tests
-// never come through here: they pass a simulated device in
-// ConnectOptions::device (the C++ API; the exported C ABI cannot select it).
+// Built with CUDA: gpu/cuda_trainer_device (trainer_device_cuda.cc; the
+// driver API through dlopen, so libgradsync loads on machines without
+// CUDA). Built without: trainer_device_unlinked.cc, which says so (CUDA
+// registrations fail with UNIMPLEMENTED). Tests never come through here:
+// they pass a simulated device in ConnectOptions::device (the C++ API; the
+// exported C ABI cannot select it).
 #ifndef GRADSYNC_CLIENT_TRAINER_DEVICE_FACTORY_H_
 #define GRADSYNC_CLIENT_TRAINER_DEVICE_FACTORY_H_
 

@@ -1,9 +1,7 @@
-// The DaemonDevice a release gradsyncd uses: gpu/cuda_daemon_device
-// (`NewCudaDaemonDevice(collective_factory)`) with NCCL's collectives from
-// gpu/nccl_collectives (`CreateNcclCollectives`). Neither is merged into
-// this tree yet, so the only definition linked is daemon_device_unlinked.cc,
-// which says so: gradsyncd then runs CPU-only (--backend=nccl is refused at
-// start). Replace it with the real factory when they land.
+// The DaemonDevice a release gradsyncd uses. Built with CUDA + nvcc:
+// gpu/cuda_daemon_device with NCCL's collectives from gpu/nccl_collectives
+// (daemon_device_cuda.cc). Built without: daemon_device_unlinked.cc, which
+// says so; gradsyncd then runs CPU-only (--backend=nccl is refused at start).
 #ifndef GRADSYNC_DAEMON_DAEMON_DEVICE_FACTORY_H_
 #define GRADSYNC_DAEMON_DAEMON_DEVICE_FACTORY_H_
 

@@ -1,5 +1,5 @@
-// UNFINISHED on purpose: NewReleaseDaemonDevice for a gradsyncd built
-// without gpu/cuda_daemon_device + gpu/nccl_collectives (not merged yet).
+// NewReleaseDaemonDevice for a gradsyncd built without CUDA + NCCL (no
+// toolkit or nvcc at build time, or --define=gpu=off): CPU tensors only.
 #include "absl/status/status.h"
 #include "daemon/daemon_device_factory.h"
 
@@ -7,8 +7,8 @@ namespace gradsync {
 
 absl::StatusOr<std::shared_ptr<gpu::DaemonDevice>> NewReleaseDaemonDevice() {
   return absl::UnimplementedError(
-      "this gradsyncd was built without the CUDA + NCCL device (gpu/cuda_daemon_device is not "
-      "linked): it synchronizes CPU tensors only");
+      "this gradsyncd was built without the CUDA + NCCL device: it synchronizes CPU tensors "
+      "only");
 }
 
 }  // namespace gradsync

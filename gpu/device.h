@@ -125,6 +125,11 @@ struct CollectiveOptions {
   // never read. Both must respect the deadline.
   std::function<absl::Status(const std::string& key, const std::string& value)> publish;
   std::function<absl::StatusOr<std::string>(const std::string& key, absl::Time deadline)> fetch;
+  // Polled (from the creating thread) while the group is being created: once
+  // it returns true, creation gives up promptly with kCancelled (e.g. the
+  // generation ended while a peer was still joining). Unset: never.
+  // Additive (g-nccl): an unset field keeps the behaviour above.
+  std::function<bool()> cancelled;
 };
 
 // One in-place sum over all ranks: `count` elements at device pointer

@@ -196,12 +196,13 @@ class SimCollectiveGroup final : public CollectiveGroup {
     GroupHeader* g = header();
     for (int j = 0; j < nlocal_; ++j) {
       RankSlot& slot = g->slots[first_rank_ + j];
-      slot.instance.store(instance_, std::memory_order_relaxed);
       int32_t expected = 0;
       if (!slot.pid.compare_exchange_strong(expected, getpid(), std::memory_order_acq_rel)) {
         return absl::InvalidArgumentError(
             absl::StrCat("rank ", first_rank_ + j, " was already joined by process ", expected));
       }
+      // Read by peers only after this rank's first `arrived` (release).
+      slot.instance.store(instance_, std::memory_order_relaxed);
     }
     return absl::OkStatus();
   }
@@ -333,21 +334,22 @@ class SimCollectiveGroup final : public CollectiveGroup {
 
     // Every rank's input, from its node's segment (ours included: the same
     // bytes every node reads, so every rank sums bit-identical inputs).
-    std::map<int32_t, ipc::SharedSegment> nodes;  // by pid
+    // By (pid, instance): one process may host several simulated nodes.
+    std::map<std::pair<int32_t, uint64_t>, ipc::SharedSegment> nodes;
     std::vector<const char*> inputs(nranks_);
     for (int r = 0; r < nranks_; ++r) {
       const RankSlot& slot = g->slots[r];
       const int32_t pid = slot.pid.load(std::memory_order_acquire);
-      auto it = nodes.find(pid);
+      const uint64_t instance = slot.instance.load(std::memory_order_acquire);
+      auto it = nodes.find({pid, instance});
       if (it == nodes.end()) {
-        const std::string name =
-            CallSegmentName(prefix_, pid, slot.instance.load(std::memory_order_acquire), seq);
+        const std::string name = CallSegmentName(prefix_, pid, instance, seq);
         absl::StatusOr<ipc::SharedSegment> seg = ipc::SharedSegment::Open(name, 0600);
         if (!seg.ok()) {
           return absl::UnavailableError(absl::StrCat("rank ", r, "'s input to collective ", seq,
                                                      " is gone: ", seg.status().message()));
         }
-        it = nodes.emplace(pid, *std::move(seg)).first;
+        it = nodes.emplace(std::make_pair(pid, instance), *std::move(seg)).first;
       }
       const auto* theirs = static_cast<const CallHeader*>(it->second.data());
       if (it->second.size() < head || theirs->magic != kCallMagic || theirs->seq != seq ||

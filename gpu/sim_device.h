@@ -26,6 +26,10 @@
 // TrainerDevice interface: Alloc, CreateStream, WriteAsync, Synchronize.
 // A test's "native stream" for WrapStream is the Stream* of CreateStream.
 //
+// Device pointers are host addresses in shared memory: a test may read or
+// write them directly, once the stream or event that orders it is done —
+// reading earlier is exactly the bug the simulation exists to expose.
+//
 // Differences from CUDA worth knowing: the legacy default stream (null) is
 // an ordinary in-order stream per GPU and does not synchronize with the
 // others; a process may open its own exported memory (CUDA refuses);

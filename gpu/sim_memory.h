@@ -30,7 +30,7 @@
 namespace gradsync::gpu::sim {
 
 // What a handle names.
-enum class HandleKind : unsigned char { kMemory = 'M', kEvent = 'E', kGroup = 'G' };
+enum class HandleKind : unsigned char { kMemory = 'M', kEvent = 'E' };
 
 // "GSIM", kind, 3 zero bytes, then the segment name, NUL-padded.
 IpcHandle EncodeHandle(HandleKind kind, const std::string& segment_name);

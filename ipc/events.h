@@ -4,7 +4,8 @@
 // `iteration`" (or unused: it contributes zeros). CompletionEvent (daemon ->
 // trainer): "bucket `bucket` of `iteration` is reduced" with a status, and a
 // final kIterationDone entry once every bucket is. Both carry a per-ring
-// sequence number: gaps or repeats reveal corruption.
+// sequence number: gaps or repeats reveal corruption. The daemon posts
+// kIterationDone (or kError) only; kBucketDone is reserved and never posted.
 #ifndef GRADSYNC_IPC_EVENTS_H_
 #define GRADSYNC_IPC_EVENTS_H_
 

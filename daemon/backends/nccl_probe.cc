@@ -1,29 +1,58 @@
-// nccl_probe: proves the GPU toolchain is wired in. Prints the NCCL and CUDA
-// runtime versions and the number of visible devices. With no device (or no
-// driver) it says so and exits 0: that is a valid machine for gradsync's CPU path.
+// nccl_probe: can this machine run gradsync's GPU path? Finds NCCL the way
+// gradsyncd does (gpu/nccl_loader: $NCCL_LIB, $GRADSYNC_NCCL_PATH,
+// $NCCL_HOME, then the system), then asks the CUDA driver for devices.
+//
+// Exit status (scripts rely on it):
+//   0  usable: NCCL loaded and at least one GPU
+//   2  no GPU here: no CUDA driver installed, or the driver sees no device
+//      (a valid machine for the CPU path)
+//   3  CUDA driver error: a driver is installed but unusable (too old for
+//      this runtime, not initialized, ...); a GPU machine that needs fixing
+//   4  a GPU is present but NCCL was not found or is unusable
 #include <cuda_runtime.h>
-#include <nccl.h>
+#include <dlfcn.h>
 
 #include <cstdio>
+#include <string>
+
+#include "gpu/nccl_loader.h"
 
 int main() {
-  int nccl_version = 0;
-  if (ncclGetVersion(&nccl_version) != ncclSuccess) {
-    std::fprintf(stderr, "nccl_probe: ncclGetVersion failed\n");
-    return 1;
-  }
-  int runtime_version = 0;
-  cudaRuntimeGetVersion(&runtime_version);
-  std::printf("nccl_version=%d.%d.%d cuda_runtime=%d\n", nccl_version / 10000,
-              (nccl_version / 100) % 100, nccl_version % 100, runtime_version);
+  using gradsync::gpu::LoadNccl;
+  using gradsync::gpu::NcclSearchFromEnv;
+  using gradsync::gpu::NcclVersionString;
 
+  std::printf("nccl_header=%s cuda_runtime=%d\n", NcclVersionString(NCCL_VERSION_CODE).c_str(),
+              CUDART_VERSION);
+  absl::StatusOr<gradsync::gpu::NcclApi> nccl = LoadNccl(NcclSearchFromEnv());
+  if (nccl.ok()) {
+    std::printf("nccl_library=%s path=%s\n", NcclVersionString(nccl->version).c_str(),
+                nccl->path.c_str());
+  } else {
+    std::printf("nccl_library=none error=\"%s\"\n", std::string(nccl.status().message()).c_str());
+  }
+
+  // The runtime reports a missing driver and a too-old one alike
+  // (cudaErrorInsufficientDriver); whether libcuda.so.1 loads tells them
+  // apart.
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (driver == nullptr) {
+    std::printf("devices=0 reason=\"no CUDA driver (libcuda.so.1: %s)\"\n", dlerror());
+    return 2;
+  }
+  int driver_version = 0;
+  cudaDriverGetVersion(&driver_version);
   int devices = 0;
   cudaError_t err = cudaGetDeviceCount(&devices);
-  if (err != cudaSuccess) {
-    std::printf("devices=0 reason=\"%s\" (no usable GPU here; the CPU backend is used)\n",
-                cudaGetErrorString(err));
-    return 0;
+  if (err == cudaErrorNoDevice || (err == cudaSuccess && devices == 0)) {
+    std::printf("cuda_driver=%d devices=0 reason=\"no CUDA device\"\n", driver_version);
+    return 2;
   }
-  std::printf("devices=%d\n", devices);
-  return 0;
+  if (err != cudaSuccess) {
+    std::printf("cuda_driver=%d devices=? error=\"%s: %s\"\n", driver_version,
+                cudaGetErrorName(err), cudaGetErrorString(err));
+    return 3;
+  }
+  std::printf("cuda_driver=%d devices=%d\n", driver_version, devices);
+  return nccl.ok() ? 0 : 4;
 }

@@ -6,8 +6,9 @@
 // strictly in plan order as soon as each is complete — while the trainers'
 // backward pass is still producing the later gradients. Launching a bucket
 // means reducing it (LocalReducer + Backend, or GpuReducer for CUDA
-// gradients) and posting a completion entry
-// to every trainer; after the last bucket it posts "iteration done".
+// gradients). After the last bucket it posts one "iteration done" entry to
+// every trainer's completion ring — and nothing per bucket, so a model with
+// more buckets than ring slots cannot fill it.
 // Reductions run on this thread, so the collective order is the plan order
 // by construction, identical on every node.
 #ifndef GRADSYNC_DAEMON_ENGINE_SCHEDULER_H_

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -650,6 +651,24 @@ TEST_F(SimDeviceTest, DeviceOperationsRefuseMemoryOfAnotherGpuOutOfBoundsOrOnThe
   EXPECT_EQ((*daemon)->QueryStream(nullptr).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(SimDeviceTest, FreeingMemoryWithWorkStillQueuedOnItIsSafe) {
+  auto daemon = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(daemon.ok());
+  auto a = (*daemon)->Alloc("SIM-GPU-0", 4096);
+  auto b = (*daemon)->Alloc("SIM-GPU-0", 4096);
+  auto stream = (*daemon)->CreateStream("SIM-GPU-0");
+  ASSERT_TRUE(a.ok() && b.ok() && stream.ok());
+  ASSERT_TRUE(SimPauseStream(*stream).ok());
+  ASSERT_TRUE((*daemon)->CopyAsync(*b, *a, 4096, *stream).ok());
+  ASSERT_TRUE((*daemon)->Free("SIM-GPU-0", *a).ok());
+  ASSERT_TRUE((*daemon)->Free("SIM-GPU-0", *b).ok());
+  // The queued copy keeps both mapped until it has run.
+  ASSERT_TRUE(SimResumeStream(*stream).ok());
+  EXPECT_TRUE((*daemon)->Synchronize(*stream).ok());
+  EXPECT_EQ((*daemon)->CopyAsync(*b, *a, 4096, *stream).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(SimDeviceTest, MemsetAsyncZeroesInStreamOrder) {
   auto trainer = SimTrainerDevice::Create(Options());
   ASSERT_TRUE(trainer.ok());
@@ -675,7 +694,10 @@ class FileStore {
     if (mkdtemp(tmpl.data()) == nullptr) std::abort();
     dir_ = tmpl;
   }
-  ~FileStore() { std::system(absl::StrCat("rm -rf '", dir_, "'").c_str()); }
+  ~FileStore() {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
 
   void Fill(CollectiveOptions& o) const {
     const std::string dir = dir_;
@@ -846,6 +868,17 @@ TEST_F(SimDeviceTest, TwoNodesWithTwoGpusEachSumOverFourRanks) {
   auto exit = peer->Wait(std::chrono::seconds(60));
   ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_EQ(*exit, 0);
+}
+
+TEST_F(SimDeviceTest, TwoNodesInOneProcessSumAcrossThreads) {
+  // Two daemons' devices in one test binary (one thread each) meet through
+  // the same rendezvous as separate processes would.
+  FileStore store;
+  int peer_result = -1;
+  std::thread peer([&] { peer_result = RunNode(store, 2, 1, {"SIM-GPU-1"}, 1); });
+  EXPECT_EQ(RunNode(store, 2, 0, {"SIM-GPU-0"}, 1), 0);
+  peer.join();
+  EXPECT_EQ(peer_result, 0);
 }
 
 TEST_F(SimDeviceTest, ARankThatNeverJoinsMakesCreationTimeOutNamingIt) {

@@ -1,0 +1,16 @@
+// NewReleaseDaemonDevice where CUDA + NCCL are built: the CUDA runtime
+// device with NCCL's communicators (loaded with dlopen at run time).
+#include "daemon/daemon_device_factory.h"
+#include "gpu/cuda_daemon_device.h"
+#include "gpu/nccl_collectives.h"
+
+namespace gradsync {
+
+absl::StatusOr<std::shared_ptr<gpu::DaemonDevice>> NewReleaseDaemonDevice() {
+  absl::StatusOr<std::unique_ptr<gpu::DaemonDevice>> device =
+      gpu::NewCudaDaemonDevice(gpu::CreateNcclCollectives);
+  if (!device.ok()) return device.status();
+  return std::shared_ptr<gpu::DaemonDevice>(std::move(*device));
+}
+
+}  // namespace gradsync

@@ -1,0 +1,557 @@
+#include "gpu/cuda_daemon_device.h"
+
+#include <cuda.h>  // CUcontext, for the one driver entry point used (cuCtxGetCurrent)
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "common/dtype.h"
+#include "gpu/cuda_uuid.h"
+#include "gpu/local_sum.h"
+
+namespace gradsync::gpu {
+namespace {
+
+static_assert(sizeof(cudaIpcMemHandle_t) == IpcHandle::kSize, "CUDA IPC handle size changed");
+static_assert(sizeof(cudaIpcEventHandle_t) == IpcHandle::kSize, "CUDA IPC handle size changed");
+static_assert(static_cast<int>(LocalSumType::kFloat32) == static_cast<int>(DType::kFloat32) &&
+                  static_cast<int>(LocalSumType::kFloat64) == static_cast<int>(DType::kFloat64) &&
+                  static_cast<int>(LocalSumType::kFloat16) == static_cast<int>(DType::kFloat16) &&
+                  static_cast<int>(LocalSumType::kBFloat16) == static_cast<int>(DType::kBFloat16),
+              "LocalSumType mirrors DType");
+
+constexpr char kPoisonedPayload[] = "type.gradsync.dev/cuda-context-poisoned";
+
+// How long Alloc waits for its zeroing memset (a fresh allocation, so only a
+// wedged GPU makes this long).
+constexpr std::chrono::seconds kAllocZeroTimeout(60);
+
+std::string Describe(cudaError_t err) {
+  return absl::StrCat(cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+}
+
+// Errors after which every call in the process fails the same way.
+bool IsSticky(cudaError_t err) {
+  switch (err) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorHardwareStackError:
+    case cudaErrorAssert:
+    case cudaErrorECCUncorrectable:
+      return true;
+    default:
+      return false;
+  }
+}
+
+absl::Status RuntimeError(cudaError_t err, absl::string_view what) {
+  std::string msg = absl::StrCat(what, ": ", Describe(err));
+  if (IsSticky(err)) {
+    absl::Status s = absl::InternalError(absl::StrCat(
+        msg, "; the CUDA context is poisoned (sticky error): gradsyncd must exit and be restarted"));
+    s.SetPayload(kPoisonedPayload, absl::Cord("1"));
+    return s;
+  }
+  switch (err) {
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidDevicePointer:
+    case cudaErrorInvalidResourceHandle:
+    case cudaErrorInvalidDevice:
+      return absl::InvalidArgumentError(msg);
+    case cudaErrorMemoryAllocation:
+    case cudaErrorMapBufferObjectFailed:
+    case cudaErrorTooManyPeers:
+      return absl::ResourceExhaustedError(msg);
+    default:
+      return absl::InternalError(msg);
+  }
+}
+
+// cuCtxGetCurrent through the runtime (no libcuda link): whether the calling
+// thread has a context, i.e. whether it ever chose a device.
+using CtxGetCurrentFn = CUresult (*)(CUcontext*);
+CtxGetCurrentFn CtxGetCurrent() {
+  static const CtxGetCurrentFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &p, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return static_cast<CtxGetCurrentFn>(nullptr);
+    }
+    return reinterpret_cast<CtxGetCurrentFn>(p);
+  }();
+  return fn;
+}
+
+bool ThreadHasContext() {
+  CtxGetCurrentFn get = CtxGetCurrent();
+  CUcontext current = nullptr;
+  // Unknown: say no, so nothing is "restored" onto a context never chosen.
+  return get != nullptr && get(&current) == CUDA_SUCCESS && current != nullptr;
+}
+
+// Selects `ordinal` for the scope. Puts the previous device back only when
+// the thread had a context before (else "restoring" would create one on a
+// GPU nobody asked for); a thread with none simply stays on `ordinal`.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int ordinal) {
+    int current = -1;
+    if (cudaGetDevice(&current) == cudaSuccess && current == ordinal) return;
+    restore_ = current >= 0 && ThreadHasContext();
+    previous_ = current;
+    result_ = cudaSetDevice(ordinal);
+    changed_ = result_ == cudaSuccess;
+  }
+  ~DeviceScope() {
+    if (changed_ && restore_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+  cudaError_t result() const { return result_; }
+
+ private:
+  int previous_ = -1;
+  bool changed_ = false;
+  bool restore_ = false;
+  cudaError_t result_ = cudaSuccess;
+};
+
+// What Stream* and Event* point to on the daemon side (never gpu::Stream or
+// gpu::Event themselves: another implementation may define those).
+struct RtStream {
+  cudaStream_t stream = nullptr;
+  int ordinal = -1;
+};
+struct RtEvent {
+  cudaEvent_t event = nullptr;
+  int ordinal = -1;
+};
+
+RtStream* Unwrap(Stream* s) { return reinterpret_cast<RtStream*>(s); }
+RtEvent* Unwrap(Event* e) { return reinterpret_cast<RtEvent*>(e); }
+
+struct Gpu {
+  DeviceId id;
+  int ordinal = -1;
+  int max_blocks = 0;  // for the local-sum kernel: 8 blocks of 256 per SM
+};
+
+class CudaDaemonDevice final : public DaemonDevice {
+ public:
+  CudaDaemonDevice(CollectiveFactory collectives, std::vector<Gpu> gpus)
+      : collectives_(std::move(collectives)), gpus_(std::move(gpus)) {}
+
+  ~CudaDaemonDevice() override {
+    absl::MutexLock lock(&mu_);
+    // After a sticky error every call fails; do not try.
+    if (!poisoned_.ok()) return;
+    // The caller's leftovers; no collective can run any more (invariant).
+    for (const auto& [base, open] : opened_) {
+      DeviceScope scope(open.ordinal);
+      cudaIpcCloseMemHandle(base);
+    }
+    for (RtEvent* e : events_) {
+      DeviceScope scope(e->ordinal);
+      cudaEventDestroy(e->event);
+      delete e;
+    }
+    for (RtStream* s : streams_) {
+      DeviceScope scope(s->ordinal);
+      cudaStreamDestroy(s->stream);
+      delete s;
+    }
+    for (const auto& [ptr, ordinal] : allocations_) {
+      DeviceScope scope(ordinal);
+      cudaFree(ptr);
+    }
+  }
+
+  std::string name() const override { return "cuda"; }
+
+  absl::Status CheckDevice(const DeviceId& device) override { return Find(device).status(); }
+
+  absl::StatusOr<void*> Alloc(const DeviceId& device, size_t bytes) override {
+    if (bytes == 0) return absl::InvalidArgumentError("Alloc of 0 bytes");
+    absl::MutexLock lock(&mu_);
+    if (!poisoned_.ok()) return poisoned_;
+    absl::StatusOr<const Gpu*> gpu = Find(device);
+    if (!gpu.ok()) return gpu.status();
+    DeviceScope scope((*gpu)->ordinal);
+    if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
+    void* ptr = nullptr;
+    cudaError_t err = cudaMalloc(&ptr, bytes);
+    if (err != cudaSuccess) {
+      return Check(err, absl::StrCat("cudaMalloc(", bytes, " bytes) on GPU ", device));
+    }
+    // Zeroed before anyone can see it: trainers write through IPC from
+    // other contexts, with no ordering against this one, so the memset must
+    // have completed when Alloc returns. Polled against a deadline.
+    err = cudaMemsetAsync(ptr, 0, bytes, cudaStreamLegacy);
+    const auto deadline = std::chrono::steady_clock::now() + kAllocZeroTimeout;
+    while (err == cudaSuccess) {
+      err = cudaStreamQuery(cudaStreamLegacy);
+      if (err != cudaErrorNotReady) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        // Leaks `ptr` on purpose: freeing it would block on the same GPU.
+        return absl::DeadlineExceededError(absl::StrCat("zeroing a new allocation on GPU ", device,
+                                                        " did not finish within ",
+                                                        kAllocZeroTimeout.count(), " s"));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    if (err != cudaSuccess) {
+      absl::Status status = Check(err, absl::StrCat("zeroing a new allocation on GPU ", device));
+      if (poisoned_.ok()) cudaFree(ptr);
+      return status;
+    }
+    allocations_[ptr] = (*gpu)->ordinal;
+    return ptr;
+  }
+
+  absl::Status Free(const DeviceId& device, void* ptr) override {
+    absl::MutexLock lock(&mu_);
+    auto it = allocations_.find(ptr);
+    absl::StatusOr<const Gpu*> gpu = Find(device);
+    if (!gpu.ok()) return gpu.status();
+    if (it == allocations_.end() || it->second != (*gpu)->ordinal) {
+      return absl::InvalidArgumentError(absl::StrCat("Free: ", Hex(ptr), " is not an allocation of ",
+                                                     "this device on GPU ", device));
+    }
+    allocations_.erase(it);
+    if (!poisoned_.ok()) return poisoned_;
+    DeviceScope scope((*gpu)->ordinal);
+    if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
+    return Check(cudaFree(ptr), "cudaFree");
+  }
+
+  absl::StatusOr<IpcHandle> ExportMemory(const DeviceId& device, void* base) override {
+    absl::MutexLock lock(&mu_);
+    if (!poisoned_.ok()) return poisoned_;
+    absl::StatusOr<const Gpu*> gpu = Find(device);
+    if (!gpu.ok()) return gpu.status();
+    auto it = allocations_.find(base);
+    if (it == allocations_.end() || it->second != (*gpu)->ordinal) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ExportMemory: ", Hex(base), " is not the base of an allocation of this device on GPU ", device));
+    }
+    DeviceScope scope((*gpu)->ordinal);
+    if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
+    cudaIpcMemHandle_t h;
+    absl::Status status = Check(cudaIpcGetMemHandle(&h, base), "cudaIpcGetMemHandle");
+    if (!status.ok()) return status;
+    IpcHandle out;
+    std::memcpy(out.bytes.data(), &h, IpcHandle::kSize);
+    return out;
+  }
+
+  absl::StatusOr<void*> OpenMemory(const DeviceId& device, const IpcHandle& handle) override {
+    absl::MutexLock lock(&mu_);
+    if (!poisoned_.ok()) return poisoned_;
+    absl::StatusOr<const Gpu*> gpu = Find(device);
+    if (!gpu.ok()) return gpu.status();
+    const std::string key = handle.ToBytes();
+    if (auto it = by_handle_.find(key); it != by_handle_.end()) {
+      ++opened_.at(it->second).refs;
+      return it->second;
+    }
+    DeviceScope scope((*gpu)->ordinal);
+    if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
+    cudaIpcMemHandle_t h;
+    std::memcpy(&h, handle.bytes.data(), IpcHandle::kSize);
+    void* base = nullptr;
+    absl::Status status =
+        Check(cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess),
+              absl::StrCat("cudaIpcOpenMemHandle on GPU ", device));
+    if (!status.ok()) return status;
+    opened_[base] = Opened{key, (*gpu)->ordinal, 1};
+    by_handle_[key] = base;
+    return base;
+  }
+
+  absl::Status CloseMemory(const DeviceId& device, void* base) override {
+    absl::MutexLock lock(&mu_);
+    auto it = opened_.find(base);
+    if (it == opened_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CloseMemory: ", Hex(base), " on GPU ", device, " is not open (closed twice?)"));
+    }
+    if (--it->second.refs > 0) return absl::OkStatus();
+    const int ordinal = it->second.ordinal;
+    by_handle_.erase(it->second.handle);
+    opened_.erase(it);
+    if (!poisoned_.ok()) return poisoned_;
+    DeviceScope scope(ordinal);
+    if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
+    return Check(cudaIpcCloseMemHandle(base), "cudaIpcCloseMemHandle");
+  }
+
+  absl::StatusOr<Event*> OpenEvent(const DeviceId& device, const IpcHandle& handle) override {
+    absl::MutexLock lock(&mu_);
+    if (!poisoned_.ok()) return poisoned_;
+    absl::StatusOr<const Gpu*> gpu = Find(device);
+    if (!gpu.ok()) return gpu.status();
+    DeviceScope scope((*gpu)->ordinal);
+    if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
+    cudaIpcEventHandle_t h;
+    std::memcpy(&h, handle.bytes.data(), IpcHandle::kSize);
+    cudaEvent_t event = nullptr;
+    absl::Status status =
+        Check(cudaIpcOpenEventHandle(&event, h), absl::StrCat("cudaIpcOpenEventHandle on GPU ", device));
+    if (!status.ok()) return status;
+    auto* e = new RtEvent{event, (*gpu)->ordinal};
+    events_.insert(e);
+    return reinterpret_cast<Event*>(e);
+  }
+
+  absl::StatusOr<Completion> QueryEvent(Event* event) override {
+    RtEvent* e = Unwrap(event);
+    if (e == nullptr) return absl::InvalidArgumentError("QueryEvent: null event");
+    absl::MutexLock lock(&mu_);
+    if (!poisoned_.ok()) return poisoned_;
+    DeviceScope scope(e->ordinal);
+    if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
+    cudaError_t err = cudaEventQuery(e->event);
+    if (err == cudaSuccess) return Completion::kDone;
+    if (err == cudaErrorNotReady) return Completion::kPending;
+    return Check(err, "cudaEventQuery on a trainer's event");
+  }
+
+  void CloseEvent(Event* event) override {
+    RtEvent* e = Unwrap(event);
+    absl::MutexLock lock(&mu_);
+    if (e == nullptr || events_.erase(e) == 0) return;
+    if (poisoned_.ok()) {
+      DeviceScope scope(e->ordinal);
+      cudaEventDestroy(e->event);
+    }
+    delete e;
+  }
+
+  absl::StatusOr<Stream*> CreateStream(const DeviceId& device) override {
+    absl::MutexLock lock(&mu_);
+    if (!poisoned_.ok()) return poisoned_;
+    absl::StatusOr<const Gpu*> gpu = Find(device);
+    if (!gpu.ok()) return gpu.status();
+    DeviceScope scope((*gpu)->ordinal);
+    if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
+    cudaStream_t stream = nullptr;
+    // Non-blocking: no implicit ordering with the legacy default stream
+    // (trainers in this process have none; NCCL's streams are the same).
+    absl::Status status = Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                                absl::StrCat("cudaStreamCreateWithFlags on GPU ", device));
+    if (!status.ok()) return status;
+    auto* s = new RtStream{stream, (*gpu)->ordinal};
+    streams_.insert(s);
+    return reinterpret_cast<Stream*>(s);
+  }
+
+  void DestroyStream(Stream* stream) override {
+    RtStream* s = Unwrap(stream);
+    absl::MutexLock lock(&mu_);
+    if (s == nullptr || streams_.erase(s) == 0) return;
+    if (poisoned_.ok()) {
+      DeviceScope scope(s->ordinal);
+      cudaStreamDestroy(s->stream);  // returns at once; queued work still runs
+    }
+    delete s;
+  }
+
+  absl::StatusOr<Completion> QueryStream(Stream* stream) override {
+    RtStream* s = Unwrap(stream);
+    if (s == nullptr) return absl::InvalidArgumentError("QueryStream: null stream");
+    absl::MutexLock lock(&mu_);
+    if (!poisoned_.ok()) return poisoned_;
+    DeviceScope scope(s->ordinal);
+    if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
+    cudaError_t err = cudaStreamQuery(s->stream);
+    if (err == cudaSuccess) return Completion::kDone;
+    if (err == cudaErrorNotReady) return Completion::kPending;
+    return Check(err, "cudaStreamQuery");
+  }
+
+  absl::Status CopyAsync(void* dst, const void* src, size_t bytes, Stream* stream) override {
+    RtStream* s = Unwrap(stream);
+    if (s == nullptr) return absl::InvalidArgumentError("CopyAsync: null stream");
+    if (bytes == 0) return absl::OkStatus();
+    absl::MutexLock lock(&mu_);
+    if (!poisoned_.ok()) return poisoned_;
+    DeviceScope scope(s->ordinal);
+    if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
+    return Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s->stream), "cudaMemcpyAsync");
+  }
+
+  absl::Status SumAsync(void* dst, const std::vector<const void*>& srcs, size_t count, DType dtype,
+                        float scale, Stream* stream) override {
+    RtStream* s = Unwrap(stream);
+    if (s == nullptr) return absl::InvalidArgumentError("SumAsync: null stream");
+    if (srcs.empty()) return absl::InvalidArgumentError("SumAsync: no sources");
+    if (!IsValidDType(static_cast<int32_t>(dtype))) {
+      return absl::InvalidArgumentError(absl::StrCat("SumAsync: bad dtype ", static_cast<int>(dtype)));
+    }
+    // More sources than one launch takes: later launches add to dst, so dst
+    // must not be one of those later sources (it has been overwritten). fp16
+    // and bf16 are then rounded once per launch, not once in all.
+    for (size_t k = kMaxLocalSumSources; k < srcs.size(); ++k) {
+      if (srcs[k] == dst) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "SumAsync: dst may be srcs[0..", kMaxLocalSumSources - 1, "], not srcs[", k, "]"));
+      }
+    }
+    if (count == 0) return absl::OkStatus();
+    absl::MutexLock lock(&mu_);
+    if (!poisoned_.ok()) return poisoned_;
+    int max_blocks = 0;
+    for (const Gpu& g : gpus_) {
+      if (g.ordinal == s->ordinal) max_blocks = g.max_blocks;
+    }
+    DeviceScope scope(s->ordinal);
+    if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
+    size_t next = 0;
+    while (next < srcs.size()) {
+      LocalSumArgs args;
+      args.dst = dst;
+      args.count = count;
+      int n = 0;
+      if (next > 0) args.srcs[n++] = dst;  // the running sum so far
+      while (n < kMaxLocalSumSources && next < srcs.size()) args.srcs[n++] = srcs[next++];
+      args.nsrcs = n;
+      args.scale = next == srcs.size() ? scale : 1.0f;
+      absl::Status status = Check(
+          LaunchLocalSum(args, static_cast<LocalSumType>(dtype), max_blocks, s->stream),
+          absl::StrCat("local sum (", DTypeName(dtype), ", ", count, " elements, ", n, " sources)"));
+      if (!status.ok()) return status;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateCollectives(
+      const CollectiveOptions& options) override {
+    if (!collectives_) {
+      return absl::FailedPreconditionError("this CUDA device was created without collectives (NCCL)");
+    }
+    for (const DeviceId& d : options.devices) {
+      absl::StatusOr<const Gpu*> gpu = Find(d);
+      if (!gpu.ok()) return gpu.status();
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (!poisoned_.ok()) return poisoned_;
+    }
+    return collectives_(options);
+  }
+
+ private:
+  struct Opened {
+    std::string handle;
+    int ordinal = -1;
+    int refs = 0;
+  };
+
+  static std::string Hex(const void* p) {
+    return absl::StrCat("0x", absl::Hex(reinterpret_cast<uintptr_t>(p)));
+  }
+
+  absl::StatusOr<const Gpu*> Find(const DeviceId& device) const {
+    for (const Gpu& g : gpus_) {
+      if (g.id == device) return &g;
+    }
+    std::vector<std::string> visible;
+    for (const Gpu& g : gpus_) visible.push_back(g.id);
+    const char* env = getenv("CUDA_VISIBLE_DEVICES");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no GPU visible to gradsyncd has id '", device, "' (visible: ", absl::StrJoin(visible, ", "),
+        "; CUDA_VISIBLE_DEVICES=", env ? env : "unset", ")"));
+  }
+
+  // OK for cudaSuccess; else the error, and a sticky one poisons the device.
+  absl::Status Check(cudaError_t err, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (err == cudaSuccess) return absl::OkStatus();
+    absl::Status status = RuntimeError(err, what);
+    if (IsCudaContextPoisoned(status) && poisoned_.ok()) poisoned_ = status;
+    return status;
+  }
+
+  const CollectiveFactory collectives_;
+  const std::vector<Gpu> gpus_;  // fixed at creation: CUDA's device list never changes in process
+
+  absl::Mutex mu_;
+  absl::Status poisoned_ ABSL_GUARDED_BY(mu_);  // the first sticky error, then every call's answer
+  absl::flat_hash_map<void*, int> allocations_ ABSL_GUARDED_BY(mu_);  // Alloc'd base -> ordinal
+  absl::flat_hash_map<void*, Opened> opened_ ABSL_GUARDED_BY(mu_);    // IPC-opened base
+  absl::flat_hash_map<std::string, void*> by_handle_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<RtEvent*> events_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<RtStream*> streams_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+bool IsCudaContextPoisoned(const absl::Status& status) {
+  return status.GetPayload(kPoisonedPayload).has_value();
+}
+
+absl::StatusOr<std::unique_ptr<DaemonDevice>> NewCudaDaemonDevice(CollectiveFactory collectives) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaErrorStubLibrary) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CUDA driver (libcuda.so.1) not found: only the toolkit's link stub was loaded: ",
+        Describe(err)));
+  }
+  if (err == cudaErrorInsufficientDriver) {
+    // Also what the static runtime answers when libcuda.so.1 is missing.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CUDA driver (libcuda.so.1) not found or older than the CUDA runtime gradsyncd was built "
+        "with (", CUDART_VERSION / 1000, ".", CUDART_VERSION % 1000 / 10, "): ", Describe(err)));
+  }
+  if (err == cudaErrorNoDevice || (err == cudaSuccess && count == 0)) {
+    const char* env = getenv("CUDA_VISIBLE_DEVICES");
+    return absl::UnavailableError(absl::StrCat("no CUDA device visible (CUDA_VISIBLE_DEVICES=",
+                                               env ? env : "unset", ")",
+                                               err == cudaSuccess ? "" : ": ",
+                                               err == cudaSuccess ? "" : Describe(err)));
+  }
+  if (err != cudaSuccess) {
+    return absl::UnavailableError(absl::StrCat("CUDA is unusable: cudaGetDeviceCount: ", Describe(err)));
+  }
+  std::vector<Gpu> gpus;
+  for (int i = 0; i < count; ++i) {
+    // Properties come from the driver without creating a context.
+    cudaDeviceProp prop;
+    err = cudaGetDeviceProperties(&prop, i);
+    if (err != cudaSuccess) {
+      return absl::UnavailableError(absl::StrCat("cudaGetDeviceProperties(", i, "): ", Describe(err)));
+    }
+    Gpu g;
+    g.id = FormatGpuUuid(prop.uuid.bytes);
+    g.ordinal = i;
+    g.max_blocks = 8 * std::max(1, prop.multiProcessorCount);
+    gpus.push_back(std::move(g));
+  }
+  return std::unique_ptr<DaemonDevice>(new CudaDaemonDevice(std::move(collectives), std::move(gpus)));
+}
+
+}  // namespace gradsync::gpu

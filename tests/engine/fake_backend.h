@@ -1,0 +1,141 @@
+// FakeBackend: a Backend the test steers, standing in for the other nodes.
+//
+// kSum: the other nodes answer and each contributes `remote_per_node` to
+// every element, so the result is checkable. kFail: every call fails with a
+// given status (a real backend stays failed too). kStall: the other nodes
+// never answer; a call blocks until Abort, Release, or the backend's own
+// timeout (every real backend gets one: Gloo's per-allreduce timeout).
+// Every call is recorded, so tests can check order and sizes, and wait for
+// a call to arrive without sleeping.
+#ifndef GRADSYNC_TESTS_ENGINE_FAKE_BACKEND_H_
+#define GRADSYNC_TESTS_ENGINE_FAKE_BACKEND_H_
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "daemon/backends/backend.h"
+#include "tests/engine/patience.h"
+
+namespace gradsync::testing {
+
+class FakeBackend final : public Backend {
+ public:
+  enum class Mode { kSum, kFail, kStall };
+
+  struct Call {
+    size_t count;
+    DType dtype;
+  };
+
+  // `num_nodes` > 1 makes the reducer take the cross-node path (staging,
+  // widening halves); 1 is the single-node path, which never calls us.
+  explicit FakeBackend(int num_nodes, double remote_per_node = 0)
+      : num_nodes_(num_nodes), remote_per_node_(remote_per_node) {}
+
+  std::string name() const override { return "fake"; }
+  int num_nodes() const override { return num_nodes_; }
+
+  absl::Status AllreduceSum(void* data, size_t count, DType dtype) override {
+    absl::MutexLock lock(&mu_);
+    calls_.push_back({count, dtype});
+    if (!aborted_.empty()) return absl::AbortedError(absl::StrCat("fake: aborted: ", aborted_));
+    if (mode_ == Mode::kFail) return failure_;
+    if (mode_ == Mode::kStall) {
+      ++stalled_;
+      const absl::Time deadline = absl::Now() + stall_timeout_;
+      auto answered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return mode_ != Mode::kStall || !aborted_.empty();
+      };
+      const bool woke = mu_.AwaitWithDeadline(absl::Condition(&answered), deadline);
+      --stalled_;
+      if (!aborted_.empty()) return absl::AbortedError(absl::StrCat("fake: aborted: ", aborted_));
+      if (!woke) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "fake: the other nodes did not answer within ", absl::FormatDuration(stall_timeout_)));
+      }
+      if (mode_ == Mode::kFail) return failure_;
+    }
+    const double remote = remote_per_node_ * (num_nodes_ - 1);
+    switch (dtype) {
+      case DType::kFloat32:
+        for (size_t i = 0; i < count; ++i) static_cast<float*>(data)[i] += float(remote);
+        return absl::OkStatus();
+      case DType::kFloat64:
+        for (size_t i = 0; i < count; ++i) static_cast<double*>(data)[i] += remote;
+        return absl::OkStatus();
+      default:
+        // The reducer must widen halves before the collective.
+        return absl::InternalError(absl::StrCat("fake: asked to reduce ", DTypeName(dtype)));
+    }
+  }
+
+  void Abort(const std::string& reason) override {
+    absl::MutexLock lock(&mu_);
+    if (aborted_.empty()) aborted_ = reason.empty() ? "(no reason)" : reason;
+  }
+
+  // Steering, from the test thread.
+  void FailWith(absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    failure_ = std::move(status);
+    mode_ = Mode::kFail;
+  }
+  void Stall(absl::Duration own_timeout) {
+    absl::MutexLock lock(&mu_);
+    stall_timeout_ = own_timeout;
+    mode_ = Mode::kStall;
+  }
+  // Lets stalled and later calls sum normally.
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    mode_ = Mode::kSum;
+  }
+
+  // True once `n` calls are blocked in a stall (false if `timeout` passes).
+  bool WaitUntilStalled(int n, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stalled_ >= n; };
+    if (mu_.AwaitWithTimeout(absl::Condition(&reached), Patience(timeout))) return true;
+    GaveUp();
+    return false;
+  }
+  // True once `n` calls have arrived (false if `timeout` passes).
+  bool WaitForCalls(size_t n, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return calls_.size() >= n; };
+    if (mu_.AwaitWithTimeout(absl::Condition(&reached), Patience(timeout))) return true;
+    GaveUp();
+    return false;
+  }
+
+  std::vector<Call> calls() const {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+  std::string abort_reason() const {
+    absl::MutexLock lock(&mu_);
+    return aborted_;
+  }
+
+ private:
+  const int num_nodes_;
+  const double remote_per_node_;
+  mutable absl::Mutex mu_;
+  Mode mode_ ABSL_GUARDED_BY(mu_) = Mode::kSum;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  absl::Duration stall_timeout_ ABSL_GUARDED_BY(mu_) = absl::InfiniteDuration();
+  int stalled_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string aborted_ ABSL_GUARDED_BY(mu_);
+  std::vector<Call> calls_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gradsync::testing
+
+#endif  // GRADSYNC_TESTS_ENGINE_FAKE_BACKEND_H_

@@ -1,0 +1,592 @@
+// gpu::CudaTrainerDevice and gpu::CudaDaemonDevice.
+//
+// Without a GPU (CI, and every machine that builds gradsync): a missing or
+// bogus driver is a clear error, never a crash; the UUID spelling; the
+// local-sum launcher's argument checks. With a GPU: the test process is the
+// daemon, cuda_device_helper the trainer (CUDA IPC needs two processes):
+// memory export/open both ways, an event recorded there and polled here,
+// FindAllocation of a sub-allocated pointer, SumAsync against a host
+// reference in all four dtypes, and UUID <-> ordinal under
+// CUDA_VISIBLE_DEVICES. The GPU tests skip, saying why, when no device is
+// usable.
+#include <cuda_runtime_api.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/dtype.h"
+#include "common/half.h"
+#include "gpu/cuda_daemon_device.h"
+#include "gpu/cuda_trainer_device.h"
+#include "gpu/cuda_uuid.h"
+#include "gpu/device.h"
+#include "gpu/local_sum.h"
+#include "gtest/gtest.h"
+
+extern char** environ;
+
+namespace gradsync::gpu {
+namespace {
+
+
+#define CUDA_OK(expr)                                                          \
+  do {                                                                         \
+    cudaError_t err_ = (expr);                                                 \
+    ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_); \
+  } while (0)
+
+// ---------------------------------------------------------------- no GPU needed
+
+TEST(CudaUuidTest, SpelledLikeNvidiaSmi) {
+  unsigned char bytes[16];
+  for (int i = 0; i < 16; ++i) bytes[i] = static_cast<unsigned char>(i * 17);
+  EXPECT_EQ(FormatGpuUuid(bytes), "GPU-00112233-4455-6677-8899-aabbccddeeff");
+}
+
+TEST(CudaTrainerDeviceTest, MissingDriverIsAClearError) {
+  auto dev = NewCudaTrainerDevice("libgradsync-no-such-cuda-driver.so.1");
+  ASSERT_FALSE(dev.ok());
+  EXPECT_EQ(dev.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(dev.status().message(),
+                                "CUDA driver (libgradsync-no-such-cuda-driver.so.1) not found: "))
+      << dev.status();
+}
+
+TEST(CudaTrainerDeviceTest, ALibraryThatIsNotTheDriverIsRefused) {
+  auto dev = NewCudaTrainerDevice("libm.so.6");
+  ASSERT_FALSE(dev.ok());
+  EXPECT_EQ(dev.status().code(), absl::StatusCode::kFailedPrecondition) << dev.status();
+  EXPECT_TRUE(absl::StrContains(dev.status().message(), "libm.so.6")) << dev.status();
+}
+
+// The toolkit's link stub exports every entry point but cuInit fails.
+TEST(CudaTrainerDeviceTest, TheToolkitStubIsNotADriver) {
+  const char* home = getenv("CUDA_HOME");
+  const std::string stub = absl::StrCat(home ? home : "/usr/local/cuda", "/lib64/stubs/libcuda.so");
+  struct stat st;
+  if (stat(stub.c_str(), &st) != 0) GTEST_SKIP() << "no CUDA stub library at " << stub;
+  auto dev = NewCudaTrainerDevice(stub);
+  ASSERT_FALSE(dev.ok());
+  EXPECT_TRUE(dev.status().code() == absl::StatusCode::kUnavailable ||
+              dev.status().code() == absl::StatusCode::kFailedPrecondition)
+      << dev.status();
+  EXPECT_TRUE(absl::StrContains(dev.status().message(), stub)) << dev.status();
+}
+
+// Whatever this machine has: a device, or an error saying why not.
+TEST(CudaTrainerDeviceTest, DefaultDriverLoadsOrSaysWhy) {
+  auto dev = NewCudaTrainerDevice();
+  if (!dev.ok()) {
+    EXPECT_TRUE(absl::StrContains(dev.status().message(), "CUDA driver (libcuda.so.1)")) << dev.status();
+    EXPECT_TRUE(dev.status().code() == absl::StatusCode::kFailedPrecondition ||
+                dev.status().code() == absl::StatusCode::kUnavailable)
+        << dev.status();
+  }
+}
+
+TEST(CudaDaemonDeviceTest, CreateFailsCleanlyWithoutAGpu) {
+  auto dev = NewCudaDaemonDevice(nullptr);
+  if (!dev.ok()) {
+    EXPECT_TRUE(dev.status().code() == absl::StatusCode::kFailedPrecondition ||
+                dev.status().code() == absl::StatusCode::kUnavailable)
+        << dev.status();
+    EXPECT_FALSE(dev.status().message().empty());
+    return;
+  }
+  EXPECT_EQ((*dev)->name(), "cuda");
+  EXPECT_EQ((*dev)->CheckDevice("GPU-not-a-gpu").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*dev)->CreateCollectives(CollectiveOptions{}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(LocalSumTest, LauncherRejectsBadArguments) {
+  float x = 0;
+  LocalSumArgs args;
+  args.dst = &x;
+  args.count = 1;
+  args.nsrcs = 0;
+  EXPECT_EQ(LaunchLocalSum(args, LocalSumType::kFloat32, 0, nullptr), cudaErrorInvalidValue);
+  args.nsrcs = kMaxLocalSumSources + 1;
+  EXPECT_EQ(LaunchLocalSum(args, LocalSumType::kFloat32, 0, nullptr), cudaErrorInvalidValue);
+  args.nsrcs = 1;  // srcs[0] is null
+  EXPECT_EQ(LaunchLocalSum(args, LocalSumType::kFloat32, 0, nullptr), cudaErrorInvalidValue);
+}
+
+TEST(CudaDaemonDeviceTest, PoisonedIsOnlySaidOfStickyErrors) {
+  EXPECT_FALSE(IsCudaContextPoisoned(absl::OkStatus()));
+  EXPECT_FALSE(IsCudaContextPoisoned(absl::InternalError("x")));
+}
+
+// ---------------------------------------------------------------- GPU
+
+// The helper binary sits next to this test (bazel-bin, or a bundle).
+std::string HelperPath() {
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return "tests/gpu/cuda_device_helper";
+  self[n] = '\0';
+  std::string dir(self);
+  return dir.substr(0, dir.rfind('/') + 1) + "cuda_device_helper";
+}
+
+// A helper process with its stdin/stdout on pipes; killed if still running
+// when the handle goes away.
+class Helper {
+ public:
+  static std::unique_ptr<Helper> Start(const std::vector<std::string>& args,
+                                       const std::string& visible_devices = "") {
+    int to_child[2], from_child[2];
+    if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) return nullptr;
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
+    posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
+    std::vector<std::string> argv_s = {HelperPath()};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<std::string> env_s;
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (!visible_devices.empty() && absl::StartsWith(*e, "CUDA_VISIBLE_DEVICES=")) continue;
+      env_s.push_back(*e);
+    }
+    if (!visible_devices.empty()) env_s.push_back("CUDA_VISIBLE_DEVICES=" + visible_devices);
+    std::vector<char*> envp;
+    for (auto& e : env_s) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    pid_t pid = -1;
+    int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    close(to_child[0]);
+    close(from_child[1]);
+    if (rc != 0) {
+      close(to_child[1]);
+      close(from_child[0]);
+      return nullptr;
+    }
+    auto h = std::unique_ptr<Helper>(new Helper);
+    h->pid_ = pid;
+    h->in_ = to_child[1];
+    h->out_ = from_child[0];
+    return h;
+  }
+
+  ~Helper() {
+    close(in_);
+    close(out_);
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  // The next line the helper prints, or "" after `timeout` / at its exit.
+  std::string ReadLine(std::chrono::seconds timeout = std::chrono::seconds(60)) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      size_t nl = buffer_.find('\n');
+      if (nl != std::string::npos) {
+        std::string line = buffer_.substr(0, nl);
+        buffer_.erase(0, nl + 1);
+        return line;
+      }
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                        std::chrono::steady_clock::now());
+      if (left.count() <= 0) return "";
+      pollfd p{out_, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      char chunk[4096];
+      ssize_t n = read(out_, chunk, sizeof(chunk));
+      if (n <= 0) return "";
+      buffer_.append(chunk, n);
+    }
+  }
+
+  void Send(const std::string& line) {
+    std::string s = line + "\n";
+    (void)!write(in_, s.data(), s.size());
+  }
+
+  // Exit code, or -1 when killed / still running after `timeout`.
+  int Wait(std::chrono::seconds timeout = std::chrono::seconds(60)) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      int status = 0;
+      pid_t r = waitpid(pid_, &status, WNOHANG);
+      if (r == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return -1;
+  }
+
+ private:
+  Helper() = default;
+  pid_t pid_ = -1;
+  int in_ = -1;
+  int out_ = -1;
+  std::string buffer_;
+};
+
+class CudaGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto dev = NewCudaDaemonDevice(nullptr);
+    if (!dev.ok()) GTEST_SKIP() << "no usable CUDA device: " << dev.status();
+    daemon_ = *std::move(dev);
+    auto trainer = NewCudaTrainerDevice();
+    if (!trainer.ok()) GTEST_SKIP() << "no usable CUDA driver: " << trainer.status();
+    trainer_ = *std::move(trainer);
+    int count = 0;
+    ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+    for (int i = 0; i < count; ++i) {
+      cudaDeviceProp prop;
+      ASSERT_EQ(cudaGetDeviceProperties(&prop, i), cudaSuccess);
+      ids_.push_back(FormatGpuUuid(prop.uuid.bytes));
+    }
+    CUDA_OK(cudaSetDevice(0));
+  }
+
+  std::unique_ptr<DaemonDevice> daemon_;
+  std::unique_ptr<TrainerDevice> trainer_;
+  std::vector<DeviceId> ids_;  // by this process's ordinal
+};
+
+TEST_F(CudaGpuTest, IdsMatchBetweenDriverAndRuntime) {
+  for (size_t i = 0; i < ids_.size(); ++i) {
+    auto id = trainer_->IdOfOrdinal(static_cast<int>(i));
+    ASSERT_TRUE(id.ok()) << id.status();
+    EXPECT_EQ(*id, ids_[i]);
+    EXPECT_TRUE(daemon_->CheckDevice(ids_[i]).ok());
+  }
+  EXPECT_EQ(trainer_->IdOfOrdinal(static_cast<int>(ids_.size())).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// A trainer under CUDA_VISIBLE_DEVICES calls its GPU 0; the id is the same.
+TEST_F(CudaGpuTest, UuidOfOrdinalUnderCudaVisibleDevices) {
+  const int last = static_cast<int>(ids_.size()) - 1;
+  for (const std::string& visible : {ids_[last], std::to_string(last)}) {
+    auto helper = Helper::Start({"id"}, visible);
+    ASSERT_NE(helper, nullptr);
+    EXPECT_EQ(helper->ReadLine(), "ID " + ids_[last]) << "CUDA_VISIBLE_DEVICES=" << visible;
+    EXPECT_EQ(helper->Wait(), 0);
+  }
+}
+
+TEST_F(CudaGpuTest, FindAllocationOfASubAllocatedPointer) {
+  void* base = nullptr;
+  CUDA_OK(cudaMalloc(&base, 1 << 20));
+  char* tensor = static_cast<char*>(base) + 4096 + 8;
+  auto alloc = trainer_->FindAllocation(tensor);
+  ASSERT_TRUE(alloc.ok()) << alloc.status();
+  EXPECT_EQ(alloc->base, base);
+  EXPECT_GE(alloc->size, size_t{1} << 20);
+  EXPECT_EQ(alloc->device, ids_[0]);
+  // Only the base can be exported.
+  EXPECT_EQ(trainer_->ExportMemory(tensor).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(trainer_->ExportMemory(base).ok());
+
+  std::vector<float> host(16);
+  auto not_device = trainer_->FindAllocation(host.data());
+  EXPECT_EQ(not_device.status().code(), absl::StatusCode::kInvalidArgument) << not_device.status();
+  CUDA_OK(cudaFree(base));
+  EXPECT_EQ(trainer_->FindAllocation(tensor).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Daemon-owned buffer: exported here, mapped and written by the trainer,
+// whose event (recorded after the write) is polled here.
+TEST_F(CudaGpuTest, DaemonBufferAndTrainerEventAcrossProcesses) {
+  constexpr size_t kCount = 1 << 16;
+  auto buffer = daemon_->Alloc(ids_[0], kCount * sizeof(float));
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  std::vector<float> host(kCount);
+  CUDA_OK(cudaMemcpy(host.data(), *buffer, kCount * sizeof(float), cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(host[i], 0.0f) << "Alloc must zero, at " << i;
+  for (size_t i = 0; i < kCount; ++i) host[i] = static_cast<float>(i);
+  CUDA_OK(cudaMemcpy(*buffer, host.data(), kCount * sizeof(float), cudaMemcpyHostToDevice));
+  auto handle = daemon_->ExportMemory(ids_[0], *buffer);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+
+  auto helper = Helper::Start(
+      {"trainer", ids_[0], absl::BytesToHexString(handle->ToBytes()), std::to_string(kCount)});
+  ASSERT_NE(helper, nullptr);
+  const std::string line = helper->ReadLine();
+  ASSERT_TRUE(absl::StartsWith(line, "EVENT ")) << line;
+  auto event_handle = IpcHandle::FromBytes(absl::HexStringToBytes(line.substr(6)));
+  ASSERT_TRUE(event_handle.ok());
+  auto event = daemon_->OpenEvent(ids_[0], *event_handle);
+  ASSERT_TRUE(event.ok()) << event.status();
+
+  // The helper's stream sleeps 1.5 s before its write: pending first.
+  auto first = daemon_->QueryEvent(*event);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*first, Completion::kPending);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  absl::StatusOr<Completion> state = first;
+  while (state.ok() && *state == Completion::kPending && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    state = daemon_->QueryEvent(*event);
+  }
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ(*state, Completion::kDone);
+  // The event completes after the trainer's write: the data is there.
+  CUDA_OK(cudaMemcpy(host.data(), *buffer, kCount * sizeof(float), cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(host[i], 2.0f * i + 1.0f) << "at " << i;
+
+  daemon_->CloseEvent(*event);
+  helper->Send("done");
+  EXPECT_EQ(helper->ReadLine(), "OK");
+  EXPECT_EQ(helper->Wait(), 0);
+  EXPECT_TRUE(daemon_->Free(ids_[0], *buffer).ok());
+  EXPECT_EQ(daemon_->Free(ids_[0], *buffer).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// User-pointer mode: the trainer exports its allocation's base; the tensor
+// is at an offset into it.
+TEST_F(CudaGpuTest, TrainerAllocationOpenedByTheDaemon) {
+  constexpr size_t kCount = 10000;
+  constexpr size_t kOffset = 512 * 3;
+  auto helper = Helper::Start({"export", std::to_string(kCount), std::to_string(kOffset)});
+  ASSERT_NE(helper, nullptr);
+  const std::string line = helper->ReadLine();
+  std::vector<std::string> parts = absl::StrSplit(line, ' ');
+  ASSERT_EQ(parts.size(), 3u) << line;
+  ASSERT_EQ(parts[0], "MEM") << line;
+  EXPECT_EQ(parts[2], ids_[0]);
+  auto handle = IpcHandle::FromBytes(absl::HexStringToBytes(parts[1]));
+  ASSERT_TRUE(handle.ok());
+  auto base = daemon_->OpenMemory(parts[2], *handle);
+  ASSERT_TRUE(base.ok()) << base.status();
+  auto again = daemon_->OpenMemory(parts[2], *handle);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *base);
+  std::vector<float> host(kCount);
+  CUDA_OK(cudaMemcpy(host.data(), static_cast<char*>(*base) + kOffset, kCount * sizeof(float),
+                     cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(host[i], i + 0.5f) << "at " << i;
+  EXPECT_TRUE(daemon_->CloseMemory(parts[2], *base).ok());
+  EXPECT_TRUE(daemon_->CloseMemory(parts[2], *base).ok());
+  EXPECT_EQ(daemon_->CloseMemory(parts[2], *base).code(), absl::StatusCode::kInvalidArgument);
+  helper->Send("done");
+  EXPECT_EQ(helper->ReadLine(), "OK");
+  EXPECT_EQ(helper->Wait(), 0);
+}
+
+// Host model of an element type: values, and its rounding.
+double RoundTo(DType t, double v) {
+  switch (t) {
+    case DType::kFloat32:
+      return static_cast<float>(v);
+    case DType::kFloat64:
+      return v;
+    case DType::kFloat16:
+      return Float16ToFloat(FloatToFloat16(static_cast<float>(v)));
+    case DType::kBFloat16:
+      return BFloat16ToFloat(FloatToBFloat16(static_cast<float>(v)));
+  }
+  return v;
+}
+
+void Store(DType t, double v, void* p) {
+  switch (t) {
+    case DType::kFloat32: {
+      float f = static_cast<float>(v);
+      std::memcpy(p, &f, 4);
+      break;
+    }
+    case DType::kFloat64:
+      std::memcpy(p, &v, 8);
+      break;
+    case DType::kFloat16: {
+      uint16_t h = FloatToFloat16(static_cast<float>(v));
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    case DType::kBFloat16: {
+      uint16_t h = FloatToBFloat16(static_cast<float>(v));
+      std::memcpy(p, &h, 2);
+      break;
+    }
+  }
+}
+
+double Load(DType t, const void* p) {
+  switch (t) {
+    case DType::kFloat32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case DType::kFloat64: {
+      double d;
+      std::memcpy(&d, p, 8);
+      return d;
+    }
+    case DType::kFloat16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return Float16ToFloat(h);
+    }
+    case DType::kBFloat16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return BFloat16ToFloat(h);
+    }
+  }
+  return 0;
+}
+
+// Relative error allowed against an exact (fp64) reference: the result is
+// rounded once to the type (fp16/bf16 accumulate in fp32), plus fp32
+// accumulation error for up to ~20 terms.
+double Tolerance(DType t) {
+  switch (t) {
+    case DType::kFloat32:
+      return 1e-5;
+    case DType::kFloat64:
+      return 1e-13;
+    case DType::kFloat16:
+      return 1e-3;  // 2^-11 rounding, plus accumulation
+    case DType::kBFloat16:
+      return 8e-3;  // 2^-8 rounding, plus accumulation
+  }
+  return 0;
+}
+
+struct SumCase {
+  DType dtype;
+  size_t count;
+  int nsrcs;
+  size_t misalign;  // elements: defeats the 16-byte vector path
+  bool in_place;    // dst == srcs[0]
+};
+
+void RunSum(DaemonDevice& dev, const DeviceId& gpu, const SumCase& c) {
+  SCOPED_TRACE(absl::StrCat(DTypeName(c.dtype), " count=", c.count, " nsrcs=", c.nsrcs,
+                            " misalign=", c.misalign, " in_place=", c.in_place));
+  const size_t esize = DTypeSize(c.dtype);
+  const size_t bytes = (c.count + c.misalign) * esize;
+  const float scale = 1.0f / 3.0f;
+  std::mt19937 rng(static_cast<unsigned>(c.count * 31 + c.nsrcs));
+  std::uniform_real_distribution<double> uniform(-4.0, 4.0);
+
+  std::vector<void*> bufs;
+  std::vector<std::vector<char>> host(c.nsrcs, std::vector<char>(c.count * esize));
+  std::vector<double> expect(c.count, 0.0);
+  std::vector<const void*> srcs;
+  for (int k = 0; k < c.nsrcs; ++k) {
+    auto b = dev.Alloc(gpu, bytes);
+    ASSERT_TRUE(b.ok()) << b.status();
+    bufs.push_back(*b);
+    for (size_t i = 0; i < c.count; ++i) {
+      double v = RoundTo(c.dtype, uniform(rng));
+      Store(c.dtype, v, host[k].data() + i * esize);
+      expect[i] += v;
+    }
+    char* data = static_cast<char*>(*b) + c.misalign * esize;
+    CUDA_OK(cudaMemcpy(data, host[k].data(), c.count * esize, cudaMemcpyHostToDevice));
+    srcs.push_back(data);
+  }
+  void* dst = const_cast<void*>(srcs[0]);
+  if (!c.in_place) {
+    auto b = dev.Alloc(gpu, bytes);
+    ASSERT_TRUE(b.ok()) << b.status();
+    bufs.push_back(*b);
+    dst = static_cast<char*>(*b) + c.misalign * esize;
+  }
+  auto stream = dev.CreateStream(gpu);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  ASSERT_TRUE(dev.SumAsync(dst, srcs, c.count, c.dtype, scale, *stream).ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  absl::StatusOr<Completion> state = dev.QueryStream(*stream);
+  while (state.ok() && *state == Completion::kPending && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    state = dev.QueryStream(*stream);
+  }
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ(*state, Completion::kDone);
+
+  std::vector<char> out(c.count * esize);
+  CUDA_OK(cudaMemcpy(out.data(), dst, out.size(), cudaMemcpyDeviceToHost));
+  size_t bad = 0;
+  for (size_t i = 0; i < c.count; ++i) {
+    const double want = expect[i] * static_cast<double>(scale);
+    const double got = Load(c.dtype, out.data() + i * esize);
+    // Absolute floor: terms of size 4 cancelling to ~0 keep their error.
+    const double tol = Tolerance(c.dtype) * (std::fabs(want) + 4.0 * c.nsrcs * static_cast<double>(scale));
+    if (!(std::fabs(got - want) <= tol) && bad++ < 5) {
+      ADD_FAILURE() << "element " << i << ": got " << got << ", want " << want;
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+  dev.DestroyStream(*stream);
+  for (void* b : bufs) EXPECT_TRUE(dev.Free(gpu, b).ok());
+}
+
+TEST_F(CudaGpuTest, SumAsyncMatchesHostReference) {
+  for (DType t : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    RunSum(*daemon_, ids_[0], {t, (1 << 20) + 7, 3, 0, false});  // vector path + tail
+    RunSum(*daemon_, ids_[0], {t, 100003, 2, 1, false});         // scalar path
+    RunSum(*daemon_, ids_[0], {t, 4099, 4, 0, true});            // dst == srcs[0]
+    RunSum(*daemon_, ids_[0], {t, 1, 1, 0, false});              // one element, one source
+  }
+  // More sources than one launch takes: chained launches.
+  RunSum(*daemon_, ids_[0], {DType::kFloat32, 65536 + 5, kMaxLocalSumSources + 4, 0, true});
+}
+
+TEST_F(CudaGpuTest, CopyAsyncAndBadArguments) {
+  auto a = daemon_->Alloc(ids_[0], 4096);
+  auto b = daemon_->Alloc(ids_[0], 4096);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<unsigned char> host(4096);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<unsigned char>(i * 7);
+  CUDA_OK(cudaMemcpy(*a, host.data(), host.size(), cudaMemcpyHostToDevice));
+  auto stream = daemon_->CreateStream(ids_[0]);
+  ASSERT_TRUE(stream.ok());
+  ASSERT_TRUE(daemon_->CopyAsync(*b, *a, host.size(), *stream).ok());
+  absl::StatusOr<Completion> state;
+  do {
+    state = daemon_->QueryStream(*stream);
+  } while (state.ok() && *state == Completion::kPending);
+  ASSERT_TRUE(state.ok()) << state.status();
+  std::vector<unsigned char> out(host.size());
+  CUDA_OK(cudaMemcpy(out.data(), *b, out.size(), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(out, host);
+
+  EXPECT_EQ(daemon_->Alloc("GPU-00000000-0000-0000-0000-000000000000", 16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(daemon_->SumAsync(*b, {}, 16, DType::kFloat32, 1.0f, *stream).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(daemon_->ExportMemory(ids_[0], static_cast<char*>(*a) + 16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  daemon_->DestroyStream(*stream);
+  EXPECT_TRUE(daemon_->Free(ids_[0], *a).ok());
+  EXPECT_TRUE(daemon_->Free(ids_[0], *b).ok());
+}
+
+}  // namespace
+}  // namespace gradsync::gpu
