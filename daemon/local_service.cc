@@ -88,7 +88,7 @@ grpc::Status LocalService::Register(grpc::ServerContext*, const v1::RegisterRequ
   }
   const absl::Time deadline = absl::Now() + absl::Milliseconds(jobs_->config().timeout_ms);
   absl::StatusOr<RegisterResult> r =
-      job->Register(req->session_id(), std::move(*layout), std::move(cuda), deadline);
+      job->Register(req->session_id(), std::move(*layout), deadline, std::move(cuda));
   if (!r.ok()) return Reply(resp, r.status());
   resp->set_segment_name(r->segment_name);
   resp->set_node_segment_name(r->node_segment_name);

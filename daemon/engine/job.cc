@@ -139,8 +139,8 @@ absl::Status Job::CheckDeviceKind(const Layout& layout) const {
 }
 
 absl::StatusOr<RegisterResult> Job::Register(uint64_t session, Layout layout,
-                                             std::optional<GpuTrainerSpec> cuda,
-                                             absl::Time deadline) {
+                                             absl::Time deadline,
+                                             std::optional<GpuTrainerSpec> cuda) {
   std::unique_lock<std::mutex> lock(mu_);
   Trainer* t = FindLocked(session);
   if (t == nullptr) return MakeError(v1::STATE, "unknown session: attach first");

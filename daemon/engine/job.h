@@ -118,8 +118,8 @@ class Job {
   // Blocks until every local trainer registered and the world is formed,
   // or the deadline passes, or the job fails (e.g. MISMATCH). `cuda` is
   // set iff the layout's tensors are CUDA tensors.
-  absl::StatusOr<RegisterResult> Register(uint64_t session, Layout layout,
-                                          std::optional<GpuTrainerSpec> cuda, absl::Time deadline);
+  absl::StatusOr<RegisterResult> Register(uint64_t session, Layout layout, absl::Time deadline,
+                                          std::optional<GpuTrainerSpec> cuda = std::nullopt);
 
   // The trainer is gone: graceful Detach or a broken Watch stream. While
   // the job runs, its peers get PEER_FAILED.
