@@ -1,0 +1,150 @@
+// cuda_trainer: sim_trainer's check on a real GPU, through the exported C
+// ABI only (libgradsync's gs_*), as a framework would use it: gradients
+// written by work queued on the trainer's own stream (cudaMemcpyAsync from
+// pinned memory), gs_mark_ready right after queueing — no synchronize —
+// and every synced step compared with the average over all trainers.
+//
+//   cuda_trainer --socket=S [--mode=flat|user] [--steps=N] [--device=ORD]
+//
+// Exit codes as sim_trainer: 0 matched; 1 a result differed; 2 a call
+// failed ("error code=N: message"); 3 bad flags or no usable GPU.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "client/gradsync.h"
+
+namespace {
+
+struct Tensor {
+  const char* name;
+  uint64_t numel;
+};
+const Tensor kTensors[] = {{"embed", 70000}, {"fc1.weight", 262144}, {"fc1.bias", 513},
+                           {"fc2.weight", 4096}, {"fc2.bias", 1}};
+constexpr size_t kNum = sizeof(kTensors) / sizeof(kTensors[0]);
+
+float Grad(int r, int step, size_t i, size_t j) {
+  return std::sin(0.37f * static_cast<float>(j % 1000 + 1) + 0.7f * static_cast<float>(i)) *
+             static_cast<float>(1 + r) +
+         0.01f * static_cast<float>(step);
+}
+
+int Fail(gs_client* c, gs_status st, const char* what) {
+  std::printf("error code=%d: %s: %s\n", static_cast<int>(st), what, gs_last_error(c));
+  std::fflush(stdout);
+  return 2;
+}
+
+int CudaFail(cudaError_t e, const char* what) {
+  std::printf("cuda error in %s: %s\n", what, cudaGetErrorString(e));
+  std::fflush(stdout);
+  return 3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string socket, mode = "flat";
+  int steps = 5, device = -1;
+  for (int a = 1; a < argc; ++a) {
+    std::string arg = argv[a];
+    const size_t eq = arg.find('=');
+    const std::string key = arg.substr(0, eq), v = eq == std::string::npos ? "" : arg.substr(eq + 1);
+    if (key == "--socket") socket = v;
+    else if (key == "--mode") mode = v;
+    else if (key == "--steps") steps = std::atoi(v.c_str());
+    else if (key == "--device") device = std::atoi(v.c_str());
+    else return 3;
+  }
+  const char* lr = std::getenv("LOCAL_RANK");
+  const int local_rank = lr ? std::atoi(lr) : 0;
+  int gpus = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&gpus); e != cudaSuccess || gpus == 0) {
+    return CudaFail(e == cudaSuccess ? cudaErrorNoDevice : e, "cudaGetDeviceCount");
+  }
+  if (device < 0) device = local_rank % gpus;
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) return CudaFail(e, "cudaSetDevice");
+  cudaStream_t stream;
+  if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess) {
+    return CudaFail(e, "cudaStreamCreate");
+  }
+
+  gs_connect_options opts = {socket.empty() ? nullptr : socket.c_str(), local_rank, 30000};
+  gs_client* c = nullptr;
+  if (gs_status st = gs_connect(&opts, &c); st != GS_OK) return Fail(c, st, "gs_connect");
+  if (gs_status st = gs_set_cuda_stream(c, stream); st != GS_OK) return Fail(c, st, "gs_set_cuda_stream");
+
+  // User pointer: one allocation, sub-allocated (one exported base).
+  void* pool = nullptr;
+  std::vector<gs_tensor_spec> specs;
+  uint64_t offset = 0;
+  if (mode == "user") {
+    uint64_t total = 0;
+    for (const Tensor& t : kTensors) total += (t.numel * 4 + 511) / 512 * 512;
+    if (cudaError_t e = cudaMalloc(&pool, total); e != cudaSuccess) return CudaFail(e, "cudaMalloc");
+  }
+  for (const Tensor& t : kTensors) {
+    void* p = pool ? static_cast<char*>(pool) + offset : nullptr;
+    offset += (t.numel * 4 + 511) / 512 * 512;
+    specs.push_back({t.name, GS_FLOAT32, t.numel, device, p});
+  }
+  if (gs_status st = gs_register(c, specs.data(), specs.size()); st != GS_OK) {
+    return Fail(c, st, "gs_register");
+  }
+  int rank = 0, world = 1;
+  gs_world(c, &rank, &world);
+
+  std::vector<float*> pinned(kNum);
+  for (size_t i = 0; i < kNum; ++i) {
+    if (cudaError_t e = cudaMallocHost(reinterpret_cast<void**>(&pinned[i]), kTensors[i].numel * 4);
+        e != cudaSuccess) {
+      return CudaFail(e, "cudaMallocHost");
+    }
+  }
+  std::vector<float> got;
+  for (int step = 0; step < steps; ++step) {
+    for (size_t k = 0; k < kNum; ++k) {
+      const size_t i = kNum - 1 - k;  // backward: last layer first
+      for (size_t j = 0; j < kTensors[i].numel; ++j) pinned[i][j] = Grad(rank, step, i, j);
+      if (cudaError_t e = cudaMemcpyAsync(gs_grad_buffer(c, i), pinned[i], kTensors[i].numel * 4,
+                                          cudaMemcpyHostToDevice, stream);
+          e != cudaSuccess) {
+        return CudaFail(e, "cudaMemcpyAsync");
+      }
+      if (gs_status st = gs_mark_ready(c, i); st != GS_OK) return Fail(c, st, "gs_mark_ready");
+    }
+    if (gs_status st = gs_wait(c, -1); st != GS_OK) return Fail(c, st, "gs_wait");
+    for (size_t i = 0; i < kNum; ++i) {
+      got.resize(kTensors[i].numel);
+      if (cudaError_t e = cudaMemcpy(got.data(), gs_grad_buffer(c, i), got.size() * 4,
+                                     cudaMemcpyDeviceToHost);
+          e != cudaSuccess) {
+        return CudaFail(e, "cudaMemcpy");
+      }
+      for (size_t j = 0; j < got.size(); ++j) {
+        double expected = 0;
+        for (int r = 0; r < world; ++r) expected += Grad(r, step, i, j);
+        expected /= world;
+        if (std::fabs(got[j] - expected) > 1e-5 * std::max(1.0, std::fabs(expected))) {
+          std::printf("MISMATCH rank %d step %d tensor %zu '%s' element %zu: got %.7g expected %.7g\n",
+                      rank, step, i, kTensors[i].name, j, got[j], expected);
+          std::fflush(stdout);
+          return 1;
+        }
+      }
+    }
+  }
+  std::printf("OK rank %d world %d steps %d\n", rank, world, steps);
+  std::fflush(stdout);
+  gs_close(c);
+  for (float* p : pinned) cudaFreeHost(p);
+  if (pool) cudaFree(pool);  // only after gs_close returned (gradsync.h)
+  return 0;
+}
