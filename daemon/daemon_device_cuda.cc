@@ -6,6 +6,10 @@
 
 namespace gradsync {
 
+bool IsDeviceContextLost(const absl::Status& status) {
+  return gpu::IsCudaContextPoisoned(status);
+}
+
 absl::StatusOr<std::shared_ptr<gpu::DaemonDevice>> NewReleaseDaemonDevice() {
   absl::StatusOr<std::unique_ptr<gpu::DaemonDevice>> device =
       gpu::NewCudaDaemonDevice(gpu::CreateNcclCollectives);

@@ -14,6 +14,10 @@ namespace gradsync {
 
 absl::StatusOr<std::shared_ptr<gpu::DaemonDevice>> NewReleaseDaemonDevice();
 
+// Whether an error of that device left its context unusable (a sticky
+// CUDA error): the daemon must exit and be restarted.
+bool IsDeviceContextLost(const absl::Status& status);
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_DAEMON_DAEMON_DEVICE_FACTORY_H_

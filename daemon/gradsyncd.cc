@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
         if (!device.ok()) return device.status();
         gradsync::GpuRuntime gpu;
         gpu.device = std::move(*device);
+        gpu.is_context_lost = gradsync::IsDeviceContextLost;
         return gpu;
       });
 }

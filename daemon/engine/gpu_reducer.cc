@@ -88,6 +88,7 @@ absl::Status GpuReducer::WaitEvents(const PlannedBucket& bucket, absl::Time dead
     for (const auto& [t, i] : pending_) {
       absl::StatusOr<gpu::Completion> c = device.QueryEvent(session_->event(t, i));
       if (!c.ok()) {
+        device_error_ = c.status();
         // The trainer's context died or its event is bad: its fault alone.
         *culprit = static_cast<int>(t);
         return MakeError(v1::INTERNAL, absl::StrCat(session_->trainer_name(t),
@@ -121,6 +122,7 @@ absl::Status GpuReducer::WaitStreams(absl::Time deadline, const char* what) {
     while (true) {
       absl::StatusOr<gpu::Completion> c = device.QueryStream(session_->stream(d));
       if (!c.ok()) {
+        device_error_ = c.status();
         return MakeError(v1::INTERNAL, absl::StrCat(what, " on ", session_->devices()[d],
                                                     " failed: ", c.status().message()));
       }
@@ -140,6 +142,7 @@ absl::Status GpuReducer::Reduce(const PlannedBucket& bucket,
                                 const std::vector<ReduceSpan>& flat_spans, absl::Time deadline,
                                 ReduceTimings* timings, int* culprit) {
   *culprit = kNoCulprit;
+  device_error_ = absl::OkStatus();
   const int64_t start = NowNs();
   // TEST ONLY when skipped (gradsyncd_sim --unsafe-skip-event-wait): the
   // reduction then races the trainers' streams, which the tests must see.
@@ -164,6 +167,7 @@ absl::Status GpuReducer::Reduce(const PlannedBucket& bucket,
       void* out = in_place ? static_cast<void*>(dst) : dst + p.staging_offset;
       if (absl::Status st = device.SumAsync(out, srcs_, p.bytes / elem, bucket.dtype, scale, stream);
           !st.ok()) {
+        device_error_ = st;
         return MakeError(v1::INTERNAL, absl::StrCat("summing bucket ", bucket.id, " on ",
                                                     session_->devices()[d], ": ", st.message()));
       }
@@ -175,6 +179,7 @@ absl::Status GpuReducer::Reduce(const PlannedBucket& bucket,
   const int64_t summed = NowNs();
 
   if (absl::Status st = session_->collectives().AllreduceSum(buffers_, bucket.dtype); !st.ok()) {
+    device_error_ = st;
     *culprit = kCollective;
     return st;
   }
@@ -188,6 +193,7 @@ absl::Status GpuReducer::Reduce(const PlannedBucket& bucket,
       for (const Piece& p : pieces_) {
         const void* from = in_place ? static_cast<const void*>(result) : result + p.staging_offset;
         if (absl::Status st = device.CopyAsync(At(here[k], p), from, p.bytes, stream); !st.ok()) {
+          device_error_ = st;
           return MakeError(v1::INTERNAL,
                            absl::StrCat("writing bucket ", bucket.id, " back to ",
                                         session_->trainer_name(here[k]), ": ", st.message()));

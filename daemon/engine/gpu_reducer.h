@@ -52,6 +52,9 @@ class GpuReducer {
                       absl::Time deadline, ReduceTimings* timings, int* culprit);
 
   void Abort(const std::string& reason) { session_->Abort(reason); }
+  // The device's own error behind the last failed Reduce (OK if it was not
+  // a device call), payloads intact: is it a sticky CUDA error?
+  const absl::Status& last_device_error() const { return device_error_; }
 
  private:
   // A piece of the bucket: `bytes` at pointer(trainer) in every trainer.
@@ -77,6 +80,7 @@ class GpuReducer {
   std::vector<const void*> srcs_;
   std::vector<gpu::DeviceBuffer> buffers_;
   std::vector<std::pair<size_t, uint32_t>> pending_;
+  absl::Status device_error_;
 };
 
 }  // namespace gradsync

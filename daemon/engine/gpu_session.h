@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,7 +51,13 @@ struct GpuRuntime {
   // trainers' readiness events, so the equivalence tests can prove they
   // catch a missing wait. Never set in a release gradsyncd.
   bool unsafe_skip_event_wait = false;
+  // Whether a device error is a sticky CUDA error: the context is poisoned
+  // and only a fresh process recovers (the daemon exits with
+  // kDeviceLostExitCode after failing the job; the supervisor restarts it).
+  std::function<bool(const absl::Status&)> is_context_lost;
 };
+
+inline constexpr int kDeviceLostExitCode = 71;
 
 class GpuSession {
  public:

@@ -297,6 +297,7 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world) {
   if (cuda) {
     if (absl::Status st = StartGpuLocked(layout); !st.ok()) return st;
     opts.gpu = gpu_reducer_.get();
+    opts.is_context_lost = hooks_.gpu.is_context_lost;
   }
   // Auto: the cores the node's trainers leave free (they compute backward
   // while buckets are reduced), at least 1; more than 4 threads gain

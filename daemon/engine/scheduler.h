@@ -60,6 +60,8 @@ class Scheduler {
     // CUDA gradients: buckets go through this instead of the LocalReducer,
     // and `arena` is the flat-buffer plan. Owned by the job.
     GpuReducer* gpu = nullptr;
+    // With gpu: true for an error that poisoned the device context.
+    std::function<bool(const absl::Status&)> is_context_lost;
   };
 
   // `trainers` are indexed by local rank and outlive the scheduler.
