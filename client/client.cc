@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/defaults.h"
 #include "common/status_code.h"
 
 namespace gradsync {
@@ -56,7 +57,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
   c->socket_path_ = options.socket_path;
   if (c->socket_path_.empty()) {
     const char* env = std::getenv("GRADSYNC_SOCKET");
-    c->socket_path_ = (env && *env) ? env : "/tmp/gradsyncd.sock";
+    c->socket_path_ = (env && *env) ? env : kDefaultSocketPath;
   }
   c->local_rank_ = options.local_rank;
   if (c->local_rank_ < 0) {
