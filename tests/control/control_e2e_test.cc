@@ -80,11 +80,6 @@ constexpr int kTensors = 5;
 const std::vector<std::string> kTinyCaps = {"--bucket-cap-mb=0.001",
                                             "--first-bucket-cap-mb=0.0001"};
 
-std::string TestTmpDir() {
-  const char* d = std::getenv("TEST_TMPDIR");
-  return d != nullptr ? d : "/tmp";
-}
-
 // Waits for the daemon and returns "127.0.0.1:PORT" ("" if it never started).
 std::string StartedAddr(Daemon& daemon) {
   if (!daemon.WaitReady(seconds(10))) return "";

@@ -38,14 +38,10 @@ using ::testing::HasSubstr;
 using testing::ReadFile;
 using testing::Runfile;
 using testing::SpawnOptions;
+using testing::TestTmpDir;
 
 // gradsyncctl's own deadlines are seconds: this only ends a hung one.
 constexpr auto kCtlBound = std::chrono::seconds(60);
-
-std::string TempDir() {
-  const char* d = std::getenv("TEST_TMPDIR");
-  return d != nullptr ? d : "/tmp";
-}
 
 struct Result {
   int exit_code = -1;
@@ -57,7 +53,7 @@ struct Result {
 // environment unless `env_addr` is given.
 Result RunCtl(const std::vector<std::string>& args, const std::string* env_addr = nullptr) {
   static std::atomic<int> counter{0};
-  const std::string base = absl::StrCat(TempDir(), "/ctl.", counter++);
+  const std::string base = absl::StrCat(TestTmpDir(), "/ctl.", counter++);
   const std::string out_path = base + ".out", err_path = base + ".err";
 
   SpawnOptions options;
@@ -111,7 +107,7 @@ TEST(GradsyncctlUnreachable, RefusedConnectionExitsThreeWithAClearMessage) {
   RefusingPort port;
   const std::string expected = absl::StrCat("gradsyncctl: cannot reach gradsyncd at ", port.addr(),
                                             " (connection refused): is it running?");
-  const std::string trace = TempDir() + "/unreachable.json";
+  const std::string trace = TestTmpDir() + "/unreachable.json";
   for (const std::vector<std::string>& cmd :
        std::vector<std::vector<std::string>>{{"stats"},
                                              {"stats", "--json"},
@@ -337,7 +333,7 @@ TEST_F(GradsyncctlAgainstFakeDaemon, ConfigGetAndSet) {
 }
 
 TEST_F(GradsyncctlAgainstFakeDaemon, TraceToFileAndStdout) {
-  const std::string path = TempDir() + "/ctl-trace.json";
+  const std::string path = TestTmpDir() + "/ctl-trace.json";
   Result r = Ctl({"trace", "--out", path});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("trace events to " + path));
@@ -350,9 +346,9 @@ TEST_F(GradsyncctlAgainstFakeDaemon, TraceToFileAndStdout) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out), doc);
 
-  r = Ctl({"trace", "--out", TempDir() + "/no/such/dir/trace.json"});
+  r = Ctl({"trace", "--out", TestTmpDir() + "/no/such/dir/trace.json"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.err, HasSubstr("cannot write " + TempDir() + "/no/such/dir/trace.json: No such"));
+  EXPECT_THAT(r.err, HasSubstr("cannot write " + TestTmpDir() + "/no/such/dir/trace.json: No such"));
 }
 
 TEST_F(GradsyncctlAgainstFakeDaemon, Drain) {

@@ -90,6 +90,17 @@ class DoorbellTest : public ::testing::Test {
     return true;
   }
 
+  // A child that sleeps on bell 0 until the first ring: exits 0 if woken
+  // in time, 2 if not.
+  absl::StatusOr<Process> StartWaiter() const {
+    return Process::Fork([name = name_]() -> int {
+      SharedSegment keep;
+      Shared* shared = OpenShared(name, &keep);
+      if (shared == nullptr) return 1;
+      return WokenInTime(shared->bell[0], 0, nanoseconds(0)) ? 0 : 2;
+    });
+  }
+
   SegmentCleanup cleanup_;
   std::string name_;
   SharedSegment segment_;
@@ -187,12 +198,7 @@ TEST_F(DoorbellTest, OneRingWakesEveryWaiter) {
   constexpr int kWaiters = 3;
   std::vector<Process> children;
   for (int i = 0; i < kWaiters; ++i) {
-    auto child = Process::Fork([name = name_]() -> int {
-      SharedSegment keep;
-      Shared* shared = OpenShared(name, &keep);
-      if (shared == nullptr) return 1;
-      return WokenInTime(shared->bell[0], 0, nanoseconds(0)) ? 0 : 2;
-    });
+    auto child = StartWaiter();
     ASSERT_TRUE(child.ok()) << child.status();
     children.push_back(std::move(*child));
   }
@@ -219,12 +225,7 @@ TEST_F(DoorbellTest, WaiterKilledWhileSleepingBlocksNobody) {
   ASSERT_TRUE(AwaitSleepers(shared_->bell[0], 1));
   ASSERT_TRUE(doomed->Kill().ok());
 
-  auto child = Process::Fork([name = name_]() -> int {
-    SharedSegment keep;
-    Shared* shared = OpenShared(name, &keep);
-    if (shared == nullptr) return 1;
-    return WokenInTime(shared->bell[0], 0, nanoseconds(0)) ? 0 : 2;
-  });
+  auto child = StartWaiter();
   ASSERT_TRUE(child.ok()) << child.status();
   ASSERT_TRUE(AwaitSleepers(shared_->bell[0], 2));  // the dead one still counts
   shared_->bell[0].Ring();

@@ -31,6 +31,9 @@ std::string ReadFile(const std::string& path);
 // Waits until `path` exists; false past `timeout`.
 bool WaitForFile(const std::string& path, std::chrono::milliseconds timeout);
 
+// Bazel's per-test temp dir ($TEST_TMPDIR), else /tmp: for files, not sockets.
+std::string TestTmpDir();
+
 // Path of a file in this test's runfiles, e.g. "daemon/gradsyncd"; run by
 // hand from the workspace root, the one under bazel-bin/.
 std::string Runfile(const std::string& workspace_relative);
