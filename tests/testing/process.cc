@@ -1,6 +1,7 @@
 #include "tests/testing/process.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/prctl.h>
@@ -76,24 +77,43 @@ Process Process::Spawn(const std::vector<std::string>& argv, const std::string& 
   std::vector<std::string> args = argv, env = ChildEnvironment(options);
   std::vector<char*> arg_ptrs = Pointers(args), env_ptrs = Pointers(env);
 
+  int to_child[2] = {-1, -1}, from_child[2] = {-1, -1};
+  int rc = args.empty() ? EINVAL : 0;
+  if (rc == 0 && options.pipes &&
+      (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0)) {
+    rc = errno;
+  }
+
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC;
-  if (!log_path.empty()) {
+  if (options.pipes) {
+    posix_spawn_file_actions_adddup2(&actions, to_child[0], STDIN_FILENO);
+    posix_spawn_file_actions_adddup2(&actions, from_child[1], STDOUT_FILENO);
+  } else if (!log_path.empty()) {
     posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(), kFlags, 0644);
   }
   if (!options.err_path.empty()) {
     posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, options.err_path.c_str(), kFlags,
                                      0644);
+  } else if (options.pipes && !log_path.empty()) {
+    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, log_path.c_str(), kFlags, 0644);
   } else if (!log_path.empty()) {
     posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
   }
   pid_t pid = -1;
-  const int rc = args.empty() ? EINVAL
-                              : posix_spawn(&pid, args[0].c_str(), &actions, nullptr,
-                                            arg_ptrs.data(), env_ptrs.data());
+  if (rc == 0) {
+    rc = posix_spawn(&pid, args[0].c_str(), &actions, nullptr, arg_ptrs.data(), env_ptrs.data());
+  }
   posix_spawn_file_actions_destroy(&actions);
+  // The child's ends (and on failure ours too).
+  for (int fd : {to_child[0], from_child[1]}) {
+    if (fd >= 0) close(fd);
+  }
+  p.stdin_fd_ = to_child[1];
+  p.stdout_fd_ = from_child[0];
   if (rc != 0) {
+    p.ClosePipes();
     const std::string why = absl::StrCat("cannot start ", args.empty() ? "(no argv)" : args[0],
                                          ": ", std::strerror(rc), "\n");
     if (!log_path.empty()) {
@@ -133,6 +153,10 @@ Process::Process(Process&& other) noexcept { *this = std::move(other); }
 Process& Process::operator=(Process&& other) noexcept {
   if (this != &other) {
     Kill().IgnoreError();
+    ClosePipes();
+    stdin_fd_ = std::exchange(other.stdin_fd_, -1);
+    stdout_fd_ = std::exchange(other.stdout_fd_, -1);
+    stdout_buffer_ = std::move(other.stdout_buffer_);
     pid_ = std::exchange(other.pid_, -1);
     log_path_ = std::move(other.log_path_);
     reaped_ = std::exchange(other.reaped_, false);
@@ -141,7 +165,53 @@ Process& Process::operator=(Process&& other) noexcept {
   return *this;
 }
 
-Process::~Process() { Kill().IgnoreError(); }
+Process::~Process() {
+  ClosePipes();
+  Kill().IgnoreError();
+}
+
+void Process::ClosePipes() {
+  for (int* fd : {&stdin_fd_, &stdout_fd_}) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+  }
+}
+
+bool Process::SendLine(const std::string& line) {
+  if (stdin_fd_ < 0) return false;
+  const std::string data = line + "\n";
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = write(stdin_fd_, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+std::string Process::ReadLine(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (stdout_fd_ >= 0) {
+    const size_t newline = stdout_buffer_.find('\n');
+    if (newline != std::string::npos) {
+      std::string line = stdout_buffer_.substr(0, newline);
+      stdout_buffer_.erase(0, newline + 1);
+      return line;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    pollfd readable{stdout_fd_, POLLIN, 0};
+    if (poll(&readable, 1, static_cast<int>(left.count())) <= 0) continue;
+    char chunk[4096];
+    const ssize_t n = read(stdout_fd_, chunk, sizeof(chunk));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // its exit closed the pipe
+    stdout_buffer_.append(chunk, static_cast<size_t>(n));
+  }
+  return "";
+}
 
 std::string Process::Log() const { return log_path_.empty() ? "" : ReadFile(log_path_); }
 

@@ -39,6 +39,9 @@ struct SpawnOptions {
   std::vector<std::string> unset_env;
   // Where stderr goes when it is not to share the log.
   std::string err_path;
+  // stdin and stdout become pipes to the test (SendLine, ReadLine); the log
+  // then holds stderr only.
+  bool pipes = false;
 };
 
 class Process {
@@ -81,10 +84,20 @@ class Process {
   // SIGKILLs and reaps it; OK if it had already exited.
   absl::Status Kill();
 
+  // With SpawnOptions::pipes: writes `line` and a newline to its stdin...
+  bool SendLine(const std::string& line);
+  // ...and reads the next line from its stdout, without the newline; "" at
+  // its exit or past `timeout`.
+  std::string ReadLine(std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
  private:
   void Reaped(int wait_status);
+  void ClosePipes();
 
   pid_t pid_ = -1;
+  int stdin_fd_ = -1;   // SpawnOptions::pipes only
+  int stdout_fd_ = -1;
+  std::string stdout_buffer_;  // read, not yet returned by ReadLine
   std::string log_path_;
   bool reaped_ = false;
   ExitStatus status_;  // valid once reaped_
