@@ -47,6 +47,26 @@ std::vector<char*> Pointers(std::vector<std::string>& strings) {
   return out;
 }
 
+// Where the child's stdin, stdout and stderr go (see SpawnOptions).
+void RedirectStdio(posix_spawn_file_actions_t* actions, const std::string& log_path,
+                   const SpawnOptions& options, int stdin_pipe, int stdout_pipe) {
+  constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC;
+  if (options.pipes) {
+    posix_spawn_file_actions_adddup2(actions, stdin_pipe, STDIN_FILENO);
+    posix_spawn_file_actions_adddup2(actions, stdout_pipe, STDOUT_FILENO);
+  } else if (!log_path.empty()) {
+    posix_spawn_file_actions_addopen(actions, STDOUT_FILENO, log_path.c_str(), kFlags, 0644);
+  }
+  if (!options.err_path.empty()) {
+    posix_spawn_file_actions_addopen(actions, STDERR_FILENO, options.err_path.c_str(), kFlags,
+                                     0644);
+  } else if (options.pipes && !log_path.empty()) {
+    posix_spawn_file_actions_addopen(actions, STDERR_FILENO, log_path.c_str(), kFlags, 0644);
+  } else if (!log_path.empty()) {
+    posix_spawn_file_actions_adddup2(actions, STDOUT_FILENO, STDERR_FILENO);
+  }
+}
+
 // waitpid, retried on EINTR.
 pid_t WaitPid(pid_t pid, int* status, int flags) {
   pid_t r;
@@ -86,21 +106,7 @@ Process Process::Spawn(const std::vector<std::string>& argv, const std::string& 
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC;
-  if (options.pipes) {
-    posix_spawn_file_actions_adddup2(&actions, to_child[0], STDIN_FILENO);
-    posix_spawn_file_actions_adddup2(&actions, from_child[1], STDOUT_FILENO);
-  } else if (!log_path.empty()) {
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(), kFlags, 0644);
-  }
-  if (!options.err_path.empty()) {
-    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, options.err_path.c_str(), kFlags,
-                                     0644);
-  } else if (options.pipes && !log_path.empty()) {
-    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, log_path.c_str(), kFlags, 0644);
-  } else if (!log_path.empty()) {
-    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  }
+  RedirectStdio(&actions, log_path, options, to_child[0], from_child[1]);
   pid_t pid = -1;
   if (rc == 0) {
     rc = posix_spawn(&pid, args[0].c_str(), &actions, nullptr, arg_ptrs.data(), env_ptrs.data());
