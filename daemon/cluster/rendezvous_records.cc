@@ -129,8 +129,8 @@ absl::StatusOr<std::vector<uint32_t>> DecodeOrder(absl::string_view key,
   absl::StatusOr<v1::PlanOrderRecord> record = Parse<v1::PlanOrderRecord>(key, value);
   if (!record.ok()) return record.status();
   if (static_cast<size_t>(record->order_size()) != num_tensors) {
-    return Malformed(key, absl::StrCat(record->order_size(), " indices for ", num_tensors,
-                                       " tensors"));
+    return Malformed(key,
+                     absl::StrCat(record->order_size(), " indices for ", num_tensors, " tensors"));
   }
   std::vector<bool> seen(num_tensors, false);
   for (uint32_t v : record->order()) {

@@ -22,8 +22,7 @@ namespace gradsync {
 // A node's registered layout in a generation ("g<gen>/layout/<rank>").
 std::string LayoutKey(uint64_t generation, int node_rank);
 std::string EncodeLayout(const Layout& layout);
-absl::StatusOr<Layout> DecodeLayout(absl::string_view key,
-                                    const std::optional<std::string>& value);
+absl::StatusOr<Layout> DecodeLayout(absl::string_view key, const std::optional<std::string>& value);
 
 // Node 0's bucket caps in a generation ("g<gen>/caps"), in MiB as set.
 std::string CapsKey(uint64_t generation);

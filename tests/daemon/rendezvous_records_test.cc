@@ -68,8 +68,7 @@ TEST(RendezvousRecords, RefusesBadConfigNamingTheKey) {
 }
 
 TEST(RendezvousRecords, OrderRoundTrip) {
-  absl::StatusOr<std::vector<uint32_t>> order =
-      DecodeOrder(OrderKey(1), EncodeOrder({2, 0, 1}), 3);
+  absl::StatusOr<std::vector<uint32_t>> order = DecodeOrder(OrderKey(1), EncodeOrder({2, 0, 1}), 3);
   ASSERT_TRUE(order.ok()) << order.status();
   EXPECT_EQ(*order, (std::vector<uint32_t>{2, 0, 1}));
 }

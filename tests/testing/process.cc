@@ -86,8 +86,8 @@ absl::StatusOr<int> ExitStatus::ExitCode() const {
 std::string ExitStatus::ToString() const {
   if (exited) return absl::StrCat("exit ", code);
   if (code < 0) return "never started";
-  return absl::StrCat(timed_out ? "timed out, killed by signal " : "killed by signal ", code,
-                      " (", strsignal(code), ")");
+  return absl::StrCat(timed_out ? "timed out, killed by signal " : "killed by signal ", code, " (",
+                      strsignal(code), ")");
 }
 
 Process Process::Spawn(const std::vector<std::string>& argv, const std::string& log_path,

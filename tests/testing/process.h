@@ -95,7 +95,7 @@ class Process {
   void ClosePipes();
 
   pid_t pid_ = -1;
-  int stdin_fd_ = -1;   // SpawnOptions::pipes only
+  int stdin_fd_ = -1;  // SpawnOptions::pipes only
   int stdout_fd_ = -1;
   std::string stdout_buffer_;  // read, not yet returned by ReadLine
   std::string log_path_;
