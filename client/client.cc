@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cuda_tensors.h"
 #include "client/trainer_device_factory.h"
+#include "common/defaults.h"
 #include "common/status_code.h"
 
 namespace gradsync {
@@ -58,7 +59,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
   c->socket_path_ = options.socket_path;
   if (c->socket_path_.empty()) {
     const char* env = std::getenv("GRADSYNC_SOCKET");
-    c->socket_path_ = (env && *env) ? env : "/tmp/gradsyncd.sock";
+    c->socket_path_ = (env && *env) ? env : kDefaultSocketPath;
   }
   c->local_rank_ = options.local_rank;
   c->device_ = options.device;

@@ -44,7 +44,7 @@ struct TensorSpec {
 class CudaTensors;
 
 struct ConnectOptions {
-  std::string socket_path;  // empty: $GRADSYNC_SOCKET, else /tmp/gradsyncd.sock
+  std::string socket_path;  // empty: $GRADSYNC_SOCKET, else kDefaultSocketPath
   int local_rank = -1;      // -1: $LOCAL_RANK, else 0
   int64_t timeout_ms = 30000;
   // The device CUDA tensors go through; null: NewDefaultTrainerDevice() at

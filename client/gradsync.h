@@ -71,7 +71,8 @@ typedef struct {
   int timeout_ms;          /* connect/attach timeout; <= 0: 30 s */
 } gs_connect_options;
 
-/* The daemon's default socket when neither the option nor $GRADSYNC_SOCKET is set. */
+/* The daemon's default socket when neither the option nor $GRADSYNC_SOCKET is set
+ * (gradsync::kDefaultSocketPath in common/defaults.h; checked at compile time). */
 #define GS_DEFAULT_SOCKET "/tmp/gradsyncd.sock"
 
 /* Attaches to the node's daemon. On failure *out is still set (when out is

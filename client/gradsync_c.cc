@@ -4,11 +4,17 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "client/client.h"
 #include "client/gradsync.h"
+#include "common/defaults.h"
 #include "common/status_code.h"
+
+// C callers cannot see the C++ constant: the ABI's macro is a copy of it.
+static_assert(std::string_view(GS_DEFAULT_SOCKET) == gradsync::kDefaultSocketPath,
+              "GS_DEFAULT_SOCKET must equal gradsync::kDefaultSocketPath");
 
 struct gs_client {
   std::unique_ptr<gradsync::Client> client;

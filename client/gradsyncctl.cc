@@ -27,7 +27,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "client/stats_format.h"
+#include "common/defaults.h"
 #include "gradsync/v1/control.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "nlohmann/json.hpp"
@@ -35,8 +37,6 @@
 namespace gradsync {
 namespace {
 
-// The daemon's default --listen (daemon/config.h).
-constexpr char kDefaultAddr[] = "127.0.0.1:7250";
 constexpr double kDefaultTimeoutS = 5;
 constexpr double kMaxTimeoutS = 1e6;
 
@@ -63,7 +63,7 @@ commands:
 
 options:
   --addr HOST:PORT           the daemon's --listen address; default $GRADSYNC_ADDR,
-                             else 127.0.0.1:7250 (any gRPC target works, e.g. unix:PATH)
+                             else %s (any gRPC target works, e.g. unix:PATH)
   --timeout-s SECONDS        deadline of each call (default 5)
   -h, --help                 this text
 
@@ -94,7 +94,7 @@ int UsageError(const std::string& message) {
 // a usage error), nullopt to go on.
 std::optional<int> ParseArgs(int argc, char** argv, Options* opts) {
   const char* env_addr = std::getenv("GRADSYNC_ADDR");
-  opts->addr = env_addr != nullptr && *env_addr != '\0' ? env_addr : kDefaultAddr;
+  opts->addr = env_addr != nullptr && *env_addr != '\0' ? env_addr : kDefaultListenAddress;
   bool options_done = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -107,7 +107,7 @@ std::optional<int> ParseArgs(int argc, char** argv, Options* opts) {
       continue;
     }
     if (arg == "-h" || arg == "--help") {
-      std::cout << kUsageText;
+      std::cout << absl::StrFormat(kUsageText, kDefaultListenAddress);
       return kOk;
     }
     // --name VALUE or --name=VALUE.

@@ -1,5 +1,7 @@
 // DaemonConfig: everything gradsyncd is told at start-up (flags, see main.cc)
 // plus the runtime-settable knobs. Defaults give a working single-node daemon.
+// This is the one place they are written: main.cc's flags take theirs from a
+// default-constructed DaemonConfig.
 #ifndef GRADSYNC_DAEMON_CONFIG_H_
 #define GRADSYNC_DAEMON_CONFIG_H_
 
@@ -9,15 +11,16 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/defaults.h"
 
 namespace gradsync {
 
 struct DaemonConfig {
   // Where trainers attach (gRPC over a unix socket) and its file mode.
-  std::string socket_path = "/tmp/gradsyncd.sock";
+  std::string socket_path = kDefaultSocketPath;
   mode_t socket_mode = 0660;
   // Control + rendezvous (on the leader) + health + reflection. Empty: off.
-  std::string listen = "127.0.0.1:7250";
+  std::string listen = kDefaultListenAddress;
   std::string leader;  // HOST:PORT of the leader; empty: this daemon leads
 
   int node_rank = 0;

@@ -1,6 +1,7 @@
 #include "daemon/daemon.h"
 
 #include "daemon/cluster/cluster_link.h"
+#include "daemon/cluster/rendezvous_records.h"
 
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -210,8 +211,8 @@ absl::Status Daemon::PublishCaps(const DaemonConfig& next, uint64_t version) {
   const double rate = job ? job->IterationRate() : 0;
   const uint64_t at = max_iteration + 2 + static_cast<uint64_t>(rate * 1.0 + 0.5);
   rendezvous_service_->SetKey(
-      ClusterLink::ConfigKey(version),
-      ClusterLink::ConfigRecord(status.generation, at, next.bucket_cap_mb, next.first_bucket_cap_mb));
+      ConfigKey(version),
+      EncodeConfig(status.generation, at, next.bucket_cap_mb, next.first_bucket_cap_mb));
   rendezvous_service_->SetConfigVersion(version);
   spdlog::info("event=job_config_published version={} generation={} at_iteration={}", version,
                status.generation, at);

@@ -28,25 +28,32 @@
 #include "daemon/run_gradsyncd.h"
 #include "spdlog/spdlog.h"
 
-ABSL_FLAG(std::string, socket, "/tmp/gradsyncd.sock", "unix socket trainers attach to");
-ABSL_FLAG(std::string, listen, "127.0.0.1:7250",
+// Every default comes from DaemonConfig (config.h), the one place it is written.
+static const gradsync::DaemonConfig kDefaults;
+
+ABSL_FLAG(std::string, socket, kDefaults.socket_path, "unix socket trainers attach to");
+ABSL_FLAG(std::string, listen, kDefaults.listen,
           "HOST:PORT for control, health, reflection and (leader) rendezvous; empty: off");
-ABSL_FLAG(std::string, leader, "", "HOST:PORT of the leader daemon; empty: this daemon leads");
-ABSL_FLAG(int, node_rank, 0, "this node's rank in [0, num_nodes)");
-ABSL_FLAG(int, num_nodes, 1, "daemons (nodes) in the job");
-ABSL_FLAG(int, local_size, 1, "trainers on this node");
-ABSL_FLAG(std::string, backend, "auto", "auto | gloo | nccl | local");
-ABSL_FLAG(std::string, host, "", "address the cross-node backend binds (default: --listen host)");
-ABSL_FLAG(double, bucket_cap_mb, 25, "bucket size cap in MiB");
-ABSL_FLAG(double, first_bucket_cap_mb, 1, "first bucket's cap in MiB");
-ABSL_FLAG(std::string, job_id, "default", "job identifier shared by all daemons of a job");
+ABSL_FLAG(std::string, leader, kDefaults.leader,
+          "HOST:PORT of the leader daemon; empty: this daemon leads");
+ABSL_FLAG(int, node_rank, kDefaults.node_rank, "this node's rank in [0, num_nodes)");
+ABSL_FLAG(int, num_nodes, kDefaults.num_nodes, "daemons (nodes) in the job");
+ABSL_FLAG(int, local_size, kDefaults.local_size, "trainers on this node");
+ABSL_FLAG(std::string, backend, kDefaults.backend, "auto | gloo | nccl | local");
+ABSL_FLAG(std::string, host, kDefaults.host,
+          "address the cross-node backend binds (default: --listen host)");
+ABSL_FLAG(double, bucket_cap_mb, kDefaults.bucket_cap_mb, "bucket size cap in MiB");
+ABSL_FLAG(double, first_bucket_cap_mb, kDefaults.first_bucket_cap_mb, "first bucket's cap in MiB");
+ABSL_FLAG(std::string, job_id, kDefaults.job_id, "job identifier shared by all daemons of a job");
 ABSL_FLAG(std::string, job_token_file, "", "file holding the job's shared secret");
-ABSL_FLAG(double, timeout_s, 300, "how long any wait may last before it becomes an error");
-ABSL_FLAG(double, stall_threshold_s, 60, "log a stall report after this long without progress");
-ABSL_FLAG(std::string, log_level, "info", "trace | debug | info | warn | error");
-ABSL_FLAG(std::string, shm_prefix, "gradsync", "name prefix of shared-memory segments");
+ABSL_FLAG(double, timeout_s, kDefaults.timeout_ms / 1000.0,
+          "how long any wait may last before it becomes an error");
+ABSL_FLAG(double, stall_threshold_s, kDefaults.stall_threshold_s,
+          "log a stall report after this long without progress");
+ABSL_FLAG(std::string, log_level, kDefaults.log_level, "trace | debug | info | warn | error");
+ABSL_FLAG(std::string, shm_prefix, kDefaults.shm_prefix, "name prefix of shared-memory segments");
 ABSL_FLAG(std::string, shm_group, "", "group allowed to map segments (mode 0660); empty: 0600");
-ABSL_FLAG(int, reduce_threads, 0,
+ABSL_FLAG(int, reduce_threads, kDefaults.reduce_threads,
           "threads for the local reduction; 0: the cores the trainers leave free (1..4)");
 
 namespace {

@@ -3,14 +3,12 @@
 #include <algorithm>
 #include <chrono>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "daemon/backends/gloo_backend.h"
 #include "daemon/backends/gloo_store.h"
-#include "daemon/cluster/rendezvous_keys.h"
+#include "daemon/cluster/rendezvous_records.h"
 #include "common/status_code.h"
 #include "spdlog/spdlog.h"
 
@@ -18,23 +16,6 @@ namespace gradsync {
 namespace {
 
 constexpr auto kHeartbeatEvery = std::chrono::milliseconds(500);
-
-// What each node publishes about its layout in a generation.
-std::string EncodeLayout(const Layout& layout) {
-  v1::RegisterRequest record;
-  for (const TensorInfo& t : layout) {
-    v1::TensorSpec* s = record.add_tensors();
-    s->set_name(t.name);
-    s->set_dtype(static_cast<v1::DType>(t.dtype));
-    s->set_numel(t.numel);
-    s->set_device(t.device >= 0 ? 0 : -1);
-  }
-  return record.SerializeAsString();
-}
-
-std::string Key(uint64_t generation, const std::string& name) {
-  return GenerationKeyPrefix(generation) + name;
-}
 
 }  // namespace
 
@@ -109,18 +90,20 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   // Layout agreement: every node publishes its layout and compares every
   // other node's with node 0's, so every node reports the same mismatch.
   const absl::Duration wait = std::max(absl::Seconds(1), deadline - absl::Now());
-  if (absl::Status st = client->Set(Key(gen, absl::StrCat("layout/", config.node_rank)),
-                                    EncodeLayout(layout));
+  if (absl::Status st = client->Set(LayoutKey(gen, config.node_rank), EncodeLayout(layout));
       !st.ok()) {
     return st;
   }
   if (config.node_rank == 0) {
-    const std::string caps = absl::StrCat(config.bucket_cap_mb, " ", config.first_bucket_cap_mb);
-    if (absl::Status st = client->Set(Key(gen, "caps"), caps); !st.ok()) return st;
+    if (absl::Status st = client->Set(
+            CapsKey(gen), EncodeCaps(config.bucket_cap_mb, config.first_bucket_cap_mb));
+        !st.ok()) {
+      return st;
+    }
   }
   std::vector<std::string> keys;
-  for (int n = 0; n < config.num_nodes; ++n) keys.push_back(Key(gen, absl::StrCat("layout/", n)));
-  keys.push_back(Key(gen, "caps"));
+  for (int n = 0; n < config.num_nodes; ++n) keys.push_back(LayoutKey(gen, n));
+  keys.push_back(CapsKey(gen));
   if (absl::Status st = client->Wait(keys, wait); !st.ok()) {
     return MakeError(CodeOf(st), absl::StrCat("waiting for every node's layout: ", st.message()));
   }
@@ -128,12 +111,8 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   for (int n = 0; n < config.num_nodes; ++n) {
     absl::StatusOr<std::optional<std::string>> value = client->Get(keys[n]);
     if (!value.ok()) return value.status();
-    v1::RegisterRequest record;
-    if (!value->has_value() || !record.ParseFromString(**value)) {
-      return MakeError(v1::INTERNAL, absl::StrCat("node ", n, " published an unreadable layout"));
-    }
-    absl::StatusOr<Layout> l = LayoutFromProto(record.tensors());
-    if (!l.ok()) return MakeError(v1::INTERNAL, l.status().message());
+    absl::StatusOr<Layout> l = DecodeLayout(keys[n], *value);
+    if (!l.ok()) return l.status();
     layouts.push_back(std::move(*l));
   }
   for (int n = 1; n < config.num_nodes; ++n) {
@@ -145,17 +124,10 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
                                     *diff));
     }
   }
-  absl::StatusOr<std::optional<std::string>> caps = client->Get(Key(gen, "caps"));
-  if (!caps.ok()) return caps.status();
-  BucketCaps agreed{config.bucket_cap_bytes(), config.first_bucket_cap_bytes()};
-  if (caps->has_value()) {
-    std::vector<std::string> parts = absl::StrSplit(**caps, ' ');
-    double cap = 0, first = 0;
-    if (parts.size() == 2 && absl::SimpleAtod(parts[0], &cap) && absl::SimpleAtod(parts[1], &first)) {
-      agreed = BucketCaps{static_cast<uint64_t>(cap * (1 << 20)),
-                          static_cast<uint64_t>(first * (1 << 20))};
-    }
-  }
+  absl::StatusOr<std::optional<std::string>> caps_value = client->Get(CapsKey(gen));
+  if (!caps_value.ok()) return caps_value.status();
+  absl::StatusOr<BucketCaps> agreed = DecodeCaps(CapsKey(gen), *caps_value);
+  if (!agreed.ok()) return agreed.status();
 
   GlooBackendOptions gloo;
   gloo.node_rank = config.node_rank;
@@ -183,35 +155,23 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   world.rank_offset = rank_offset;
   world.generation = gen;
   world.backend = std::move(*backend);
-  world.caps = agreed;
+  world.caps = *agreed;
   world.agree_order = [raw](const std::vector<uint32_t>& local) { return raw->AgreeOrder(local); };
   world.link = std::move(link);
   return world;
 }
 
 absl::StatusOr<std::vector<uint32_t>> ClusterLink::AgreeOrder(const std::vector<uint32_t>& local) {
-  const std::string key = Key(generation_, "order");
+  const std::string key = OrderKey(generation_);
   if (config_.node_rank == 0) {
-    if (absl::Status st = client_->Set(key, absl::StrJoin(local, ",")); !st.ok()) return st;
+    if (absl::Status st = client_->Set(key, EncodeOrder(local)); !st.ok()) return st;
   }
   if (absl::Status st = client_->Wait({key}, absl::Milliseconds(config_.timeout_ms)); !st.ok()) {
     return st;
   }
   absl::StatusOr<std::optional<std::string>> value = client_->Get(key);
   if (!value.ok()) return value.status();
-  if (!value->has_value()) return MakeError(v1::INTERNAL, "node 0's order vanished");
-  std::vector<uint32_t> order;
-  std::vector<bool> seen(local.size(), false);
-  for (absl::string_view part : absl::StrSplit(**value, ',')) {
-    uint32_t v = 0;
-    if (!absl::SimpleAtoi(part, &v) || v >= local.size() || seen[v]) {
-      return MakeError(v1::INTERNAL, "node 0 published a malformed order");
-    }
-    seen[v] = true;
-    order.push_back(v);
-  }
-  if (order.size() != local.size()) return MakeError(v1::INTERNAL, "node 0's order has a wrong size");
-  return order;
+  return DecodeOrder(key, *value, local.size());
 }
 
 void ClusterLink::ReportError(const absl::Status& error) {
@@ -242,13 +202,6 @@ absl::Status ClusterLink::Explain(const absl::Status& error) {
   return error;
 }
 
-std::string ClusterLink::ConfigKey(uint64_t version) { return absl::StrCat("config/", version); }
-
-std::string ClusterLink::ConfigRecord(uint64_t generation, uint64_t at_iteration, double cap_mb,
-                                      double first_cap_mb) {
-  return absl::StrCat(generation, " ", at_iteration, " ", cap_mb, " ", first_cap_mb);
-}
-
 void ClusterLink::SetConfigListener(
     std::function<void(const BucketCaps& caps, uint64_t at_iteration)> listener) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -256,29 +209,24 @@ void ClusterLink::SetConfigListener(
 }
 
 void ClusterLink::ApplyConfig(uint64_t version) {
-  absl::StatusOr<std::optional<std::string>> value = client_->Get(ConfigKey(version));
+  const std::string key = ConfigKey(version);
+  absl::StatusOr<std::optional<std::string>> value = client_->Get(key);
   if (!value.ok() || !value->has_value()) return;
-  std::vector<std::string> f = absl::StrSplit(**value, ' ');
-  uint64_t generation = 0, at = 0;
-  double cap = 0, first = 0;
-  if (f.size() != 4 || !absl::SimpleAtoi(f[0], &generation) || !absl::SimpleAtoi(f[1], &at) ||
-      !absl::SimpleAtod(f[2], &cap) || !absl::SimpleAtod(f[3], &first)) {
-    spdlog::error("event=bad_config_record version={} value=\"{}\"", version, **value);
+  absl::StatusOr<JobConfigChange> change = DecodeConfig(key, *value);
+  if (!change.ok()) {
+    spdlog::error("event=bad_config_record version={} error=\"{}\"", version,
+                  std::string(change.status().message()));
     return;
   }
-  if (generation != generation_) return;  // made for another generation
+  if (change->generation != generation_) return;  // made for another generation
   std::function<void(const BucketCaps&, uint64_t)> listener;
   {
     std::lock_guard<std::mutex> lock(mu_);
     listener = config_listener_;
   }
   spdlog::info("event=job_config version={} at_iteration={} bucket_cap_mb={} first_bucket_cap_mb={}",
-               version, at, cap, first);
-  if (listener) {
-    listener(BucketCaps{static_cast<uint64_t>(cap * (1 << 20)),
-                        static_cast<uint64_t>(first * (1 << 20))},
-             at);
-  }
+               version, change->at_iteration, change->bucket_cap_mb, change->first_bucket_cap_mb);
+  if (listener) listener(change->caps, change->at_iteration);
 }
 
 void ClusterLink::ReportStall(const std::string& description) {

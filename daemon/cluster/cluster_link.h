@@ -44,11 +44,6 @@ class ClusterLink final : public WorldLink {
   void SetConfigListener(
       std::function<void(const BucketCaps& caps, uint64_t at_iteration)> listener) override;
 
-  // The key and value of a job-wide config record (published by the leader).
-  static std::string ConfigKey(uint64_t version);
-  static std::string ConfigRecord(uint64_t generation, uint64_t at_iteration, double cap_mb,
-                                  double first_cap_mb);
-
   // Node 0's order, distributed to every node (the plan rebuild).
   absl::StatusOr<std::vector<uint32_t>> AgreeOrder(const std::vector<uint32_t>& local);
 

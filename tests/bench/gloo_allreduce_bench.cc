@@ -13,8 +13,6 @@
 // busbw = algbw * 2(n-1)/n (nccl-tests definitions), and gradsync's busbw as
 // a fraction of plain Gloo's (PERFORMANCE.md target: >= 0.95 at 100 MB).
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -48,6 +46,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "spdlog/spdlog.h"
+#include "tests/testing/process.h"
 
 ABSL_FLAG(int, nodes, 2, "processes (nodes) in the allreduce");
 ABSL_FLAG(std::string, sizes_mb, "25,100", "comma-separated buffer sizes in MB (fp32)");
@@ -57,8 +56,6 @@ ABSL_FLAG(int, rounds, 4, "alternating rounds of the two rows");
 ABSL_FLAG(bool, worker, false, "internal: run as a worker");
 ABSL_FLAG(int, rank, 0, "internal: worker rank");
 ABSL_FLAG(std::string, leader, "", "internal: leader address");
-
-extern char** environ;
 
 namespace gradsync {
 namespace {
@@ -207,7 +204,7 @@ int Launcher(const char* self) {
       absl::GetFlag(FLAGS_rounds), absl::GetFlag(FLAGS_warmup));
   std::fflush(stdout);
 
-  std::vector<pid_t> pids;
+  std::vector<testing::Process> workers;
   for (int r = 0; r < n; ++r) {
     std::vector<std::string> args = {self,
                                      "--worker",
@@ -218,22 +215,15 @@ int Launcher(const char* self) {
                                      absl::StrCat("--iters=", absl::GetFlag(FLAGS_iters)),
                                      absl::StrCat("--warmup=", absl::GetFlag(FLAGS_warmup)),
                                      absl::StrCat("--rounds=", absl::GetFlag(FLAGS_rounds))};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid = -1;
-    if (posix_spawn(&pid, self, nullptr, nullptr, argv.data(), environ) != 0) {
-      Die("cannot start a worker");
-    }
-    pids.push_back(pid);
+    workers.push_back(testing::Process::Spawn(args, ""));  // they print to our stdout
+    if (!workers.back().started()) Die("cannot start a worker");
   }
   // Every worker must finish; a failed one makes the others fail within the
-  // timeout, so this wait ends.
+  // timeout, so this wait ends (the bound only guards against a hang).
   int failures = 0;
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failures;
+  for (testing::Process& worker : workers) {
+    const testing::ExitStatus status = worker.Wait(std::chrono::hours(1));
+    if (!status.exited || status.code != 0) ++failures;
   }
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   if (failures > 0) {

@@ -25,10 +25,8 @@
 #include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -52,10 +50,13 @@
 #include "ipc/shared_segment.h"
 #include "ipc/spsc_ring.h"
 #include "ipc/trainer_segment.h"
+#include "tests/testing/process.h"
 
 namespace {
 
 namespace bip = boost::interprocess;
+using gradsync::testing::ExitStatus;
+using gradsync::testing::Process;
 using gradsync::ipc::CompletionEvent;
 using gradsync::ipc::Doorbell;
 using gradsync::ipc::NodeSegment;
@@ -102,26 +103,23 @@ inline void CpuRelax() {
 #endif
 }
 
-// The peer process: pinned to the other core, dies with the parent or of
-// SIGALRM if it hangs, never returns into main.
-pid_t StartPeer(const std::function<int()>& body) {
-  std::fflush(nullptr);
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(1);
-    Pin(g_peer_cpu);
-    alarm(120);
-    _exit(body());
-  }
-  return pid;
+// The peer process: pinned to the other core; dies with the parent, or of
+// SIGALRM if it hangs. Not started if fork fails (JoinPeer then says so).
+Process StartPeer(const std::function<int()>& body) {
+  absl::StatusOr<Process> peer = Process::Fork(
+      [&body] {
+        Pin(g_peer_cpu);
+        return body();
+      },
+      std::chrono::seconds(120));
+  if (!peer.ok()) return Process();
+  return std::move(*peer);
 }
 
-bool JoinPeer(pid_t pid, const char* what) {
-  int status = 0;
-  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::fprintf(stderr, "ipc_bench: %s peer failed (status 0x%x)\n", what, status);
+bool JoinPeer(Process& peer, const char* what) {
+  const ExitStatus status = peer.Wait(std::chrono::seconds(120));
+  if (!status.exited || status.code != 0) {
+    std::fprintf(stderr, "ipc_bench: %s peer failed (%s)\n", what, status.ToString().c_str());
     return false;
   }
   return true;
@@ -170,7 +168,7 @@ std::vector<double> CacheLine(const std::string& name, int rounds) {
   auto seg = SharedSegment::Create(name, sizeof(Line));
   if (!seg.ok()) return {};
   auto* line = new (seg->data()) Line();
-  const pid_t peer = StartPeer([line] {
+  Process peer = StartPeer([line] {
     // Answers every odd value v with v + 1; kStop ends.
     for (uint64_t last = 0;;) {
       uint64_t v;
@@ -228,7 +226,7 @@ std::vector<double> RawFutex(const std::string& name, int rounds) {
   auto seg = SharedSegment::Create(name, sizeof(FutexPair));
   if (!seg.ok()) return {};
   auto* pair = new (seg->data()) FutexPair();
-  const pid_t peer = StartPeer([pair] {
+  Process peer = StartPeer([pair] {
     for (uint32_t seen = 0;; ++seen) {
       // The parent's death kills us (PR_SET_PDEATHSIG): no deadline needed.
       FutexAwait(&pair->word[0], seen, Clock::time_point::max());
@@ -325,7 +323,7 @@ int RingPeerPingPong(const std::string& prefix, bool sleep) {
 std::vector<double> RingLatency(const std::string& prefix, bool sleep, int rounds) {
   Channel ch;
   if (!MakeChannel(prefix, &ch)) return {};
-  const pid_t peer = StartPeer([&] { return RingPeerPingPong(prefix, sleep); });
+  Process peer = StartPeer([&] { return RingPeerPingPong(prefix, sleep); });
   uint64_t seq = 0;
   std::vector<double> one_way = TimeRoundTrips(rounds, [&] {
     ReadyEvent e{};
@@ -384,7 +382,7 @@ int RingPeerStream(const std::string& prefix, bool sleep, uint64_t events) {
 double RingStream(const std::string& prefix, bool sleep, uint64_t events) {
   Channel ch;
   if (!MakeChannel(prefix, &ch)) return 0;
-  const pid_t peer = StartPeer([&] { return RingPeerStream(prefix, sleep, events); });
+  Process peer = StartPeer([&] { return RingPeerStream(prefix, sleep, events); });
   // Let the peer attach before the clock starts.
   usleep(20000);
   auto& ring = ch.trainer.ready_ring();
@@ -402,7 +400,7 @@ double RingStream(const std::string& prefix, bool sleep, uint64_t events) {
   ok = ok && Await(ch.pong_bell(), sleep,
                    [&] { return ch.trainer.completion_ring().TryPop(&ack) == PopResult::kOk; });
   const double rate = ok ? EventsPerSecond(events, start) : 0;
-  if (!ok) kill(peer, SIGKILL);
+  if (!ok) peer.Kill().IgnoreError();
   JoinPeer(peer, "ring stream");
   RemoveChannel(prefix);
   return rate;
@@ -444,7 +442,7 @@ void WithQueues(const std::string& prefix, uint64_t stream_events, Body body) {
   try {
     bip::message_queue q_ping(bip::create_only, ping.c_str(), 4096, kEventBytes);
     bip::message_queue q_pong(bip::create_only, pong.c_str(), 4096, kEventBytes);
-    const pid_t peer = StartPeer([&] { return QueuePeer(ping, pong, stream_events); });
+    Process peer = StartPeer([&] { return QueuePeer(ping, pong, stream_events); });
     body(q_ping, q_pong);
     JoinPeer(peer, "message_queue");
   } catch (const bip::interprocess_exception& ex) {
@@ -541,7 +539,7 @@ template <typename Body>
 void WithSocket(uint64_t stream_events, Body body) {
   int fds[2];
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) return;
-  const pid_t peer = StartPeer([&] {
+  Process peer = StartPeer([&] {
     close(fds[0]);
     return SocketPeer(fds[1], stream_events);
   });

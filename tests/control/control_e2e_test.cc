@@ -20,14 +20,11 @@
 // marked in reverse order, so iteration 0's observed order equals the initial
 // plan's and the one-time rebuild changes nothing.
 #include <dirent.h>
-#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <google/protobuf/descriptor.pb.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -53,8 +50,6 @@
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/harness.h"
-
-extern char** environ;
 
 namespace gradsync::testing {
 namespace {
@@ -84,11 +79,6 @@ constexpr int kTensors = 5;
 // (256 B, the 1048 B cap), [fc1.weight] (2048 B).
 const std::vector<std::string> kTinyCaps = {"--bucket-cap-mb=0.001",
                                             "--first-bucket-cap-mb=0.0001"};
-
-std::string TestTmpDir() {
-  const char* d = std::getenv("TEST_TMPDIR");
-  return d != nullptr ? d : "/tmp";
-}
 
 // Waits for the daemon and returns "127.0.0.1:PORT" ("" if it never started).
 std::string StartedAddr(Daemon& daemon) {
@@ -158,35 +148,14 @@ CtlResult RunCtl(const std::string& addr, const std::vector<std::string>& args) 
   static int counter = 0;
   const std::string base = absl::StrCat(TestTmpDir(), "/ctl.", getpid(), ".", counter++);
   const std::string out_path = base + ".out", err_path = base + ".err";
-  std::vector<std::string> argv_s = {Runfile("client/gradsyncctl"), "--addr=" + addr};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
+  std::vector<std::string> argv = {Runfile("client/gradsyncctl"), "--addr=" + addr};
+  argv.insert(argv.end(), args.begin(), args.end());
+  SpawnOptions options;
+  options.err_path = err_path;
+  Process ctl = Process::Spawn(argv, out_path, options);
+  const ExitStatus status = ctl.Wait(kBound);
   CtlResult r;
-  if (rc != 0) {
-    r.err = absl::StrCat("posix_spawn ", argv[0], " failed: ", rc);
-    return r;
-  }
-  int status = 0;
-  const auto deadline = std::chrono::steady_clock::now() + kBound;
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() >= deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      break;
-    }
-    std::this_thread::sleep_for(milliseconds(5));
-  }
-  if (WIFEXITED(status)) r.code = WEXITSTATUS(status);
+  if (status.exited) r.code = status.code;
   r.out = ReadFile(out_path);
   r.err = ReadFile(err_path);
   return r;
@@ -338,9 +307,9 @@ TEST(ControlE2eTest, ConfigSetMidRunRebuildsThePlanAtABoundaryAndTrainingStaysEx
     ps.push_back(StartTrainer(daemon, r, {steps, "--fp64", "--sleep-ms=40"}, outs.back()));
   }
   const std::string ref_out = daemon.dir() + "/weights.single";
-  Process ref = Process::Start(
+  Process ref = Process::Spawn(
       {Runfile("examples/mlp_trainer"), "--single", "--quiet", "--fp64", steps, "--out=" + ref_out},
-      {}, daemon.dir() + "/single.log");
+      daemon.dir() + "/single.log");
 
   ASSERT_TRUE(WaitForIterations(addr, 3)) << daemon.process().Log();
   const CtlResult get0 = RunCtl(addr, {"config", "get"});
@@ -655,7 +624,8 @@ json StallTrace(const std::string& dir) {
 // report after 1 s), then times out (4 s). Its own wait deadline is longer
 // than the daemon's, so the daemon's diagnosis is what both trainers get.
 struct StallRun {
-  std::string logs = MakeTempDir();  // the daemon's $LOGS_DIRECTORY
+  ScratchDir logs_dir;  // the daemon's $LOGS_DIRECTORY
+  std::string logs = logs_dir.path();
   Daemon daemon{2, {"--stall-threshold-s=1", "--timeout-s=4"}, {{"LOGS_DIRECTORY", logs}}};
   std::string addr = StartedAddr(daemon);
 
@@ -828,10 +798,11 @@ TEST(ControlE2eTest, DrainStopsAfterTheIterationInFlightWhileTrainersKeepTrainin
   // A long backward pass (marks, then the sleep): the drain lands mid-iteration.
   std::vector<Process> ps;
   for (int r = 0; r < 2; ++r) {
-    ps.push_back(Process::Start({Runfile("examples/mlp_trainer"), "--socket=" + daemon.socket(),
+    SpawnOptions options;
+    options.env = {{"LOCAL_RANK", std::to_string(r)}};
+    ps.push_back(Process::Spawn({Runfile("examples/mlp_trainer"), "--socket=" + daemon.socket(),
                                  "--steps=1000", "--sleep-ms=1500"},
-                                {{"LOCAL_RANK", std::to_string(r)}},
-                                absl::StrCat(daemon.dir(), "/drain.trainer", r)));
+                                absl::StrCat(daemon.dir(), "/drain.trainer", r), options));
   }
   ASSERT_TRUE(WaitForIterations(addr, 2)) << daemon.process().Log();
   const uint64_t in_flight = GetStats(addr).value_or(v1::Stats()).iterations();

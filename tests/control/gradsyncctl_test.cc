@@ -4,14 +4,11 @@
 //   built-in health service: every command's output and exit code;
 // - with bad command lines: exit 2.
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -31,33 +28,20 @@
 #include "daemon/observe/flight_recorder.h"
 #include "gradsync/v1/control.grpc.pb.h"
 #include "nlohmann/json.hpp"
-
-extern char** environ;
+#include "tests/testing/files.h"
+#include "tests/testing/process.h"
 
 namespace gradsync {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::ReadFile;
+using testing::Runfile;
+using testing::SpawnOptions;
+using testing::TestTmpDir;
 
-std::string TempDir() {
-  const char* d = std::getenv("TEST_TMPDIR");
-  return d != nullptr ? d : "/tmp";
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-std::string CtlPath() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr) return "client/gradsyncctl";
-  return absl::StrCat(srcdir, "/", workspace != nullptr ? workspace : "gradsync",
-                      "/client/gradsyncctl");
-}
+// gradsyncctl's own deadlines are seconds: this only ends a hung one.
+constexpr auto kCtlBound = std::chrono::seconds(60);
 
 struct Result {
   int exit_code = -1;
@@ -69,39 +53,26 @@ struct Result {
 // environment unless `env_addr` is given.
 Result RunCtl(const std::vector<std::string>& args, const std::string* env_addr = nullptr) {
   static std::atomic<int> counter{0};
-  const std::string base = absl::StrCat(TempDir(), "/ctl.", counter++);
+  const std::string base = absl::StrCat(TestTmpDir(), "/ctl.", counter++);
   const std::string out_path = base + ".out", err_path = base + ".err";
 
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (!absl::StartsWith(*e, "GRADSYNC_ADDR=")) env.push_back(*e);
+  SpawnOptions options;
+  options.err_path = err_path;
+  if (env_addr != nullptr) {
+    options.env["GRADSYNC_ADDR"] = *env_addr;
+  } else {
+    options.unset_env.push_back("GRADSYNC_ADDR");
   }
-  if (env_addr != nullptr) env.push_back("GRADSYNC_ADDR=" + *env_addr);
-  std::vector<std::string> argv_s = {CtlPath()};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv, envp;
-  for (auto& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0644);
-  posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0644);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
+  std::vector<std::string> argv = {Runfile("client/gradsyncctl")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  testing::Process ctl = testing::Process::Spawn(argv, out_path, options);
   Result r;
-  if (rc != 0) {
-    ADD_FAILURE() << "cannot run " << argv[0] << ": " << strerror(rc);
+  if (!ctl.started()) {
+    ADD_FAILURE() << ReadFile(out_path);
     return r;
   }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  const testing::ExitStatus status = ctl.Wait(kCtlBound);
+  r.exit_code = status.exited ? status.code : 128 + status.code;
   r.out = ReadFile(out_path);
   r.err = ReadFile(err_path);
   return r;
@@ -136,7 +107,7 @@ TEST(GradsyncctlUnreachable, RefusedConnectionExitsThreeWithAClearMessage) {
   RefusingPort port;
   const std::string expected = absl::StrCat("gradsyncctl: cannot reach gradsyncd at ", port.addr(),
                                             " (connection refused): is it running?");
-  const std::string trace = TempDir() + "/unreachable.json";
+  const std::string trace = TestTmpDir() + "/unreachable.json";
   for (const std::vector<std::string>& cmd :
        std::vector<std::vector<std::string>>{{"stats"},
                                              {"stats", "--json"},
@@ -362,7 +333,7 @@ TEST_F(GradsyncctlAgainstFakeDaemon, ConfigGetAndSet) {
 }
 
 TEST_F(GradsyncctlAgainstFakeDaemon, TraceToFileAndStdout) {
-  const std::string path = TempDir() + "/ctl-trace.json";
+  const std::string path = TestTmpDir() + "/ctl-trace.json";
   Result r = Ctl({"trace", "--out", path});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("trace events to " + path));
@@ -375,9 +346,9 @@ TEST_F(GradsyncctlAgainstFakeDaemon, TraceToFileAndStdout) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out), doc);
 
-  r = Ctl({"trace", "--out", TempDir() + "/no/such/dir/trace.json"});
+  r = Ctl({"trace", "--out", TestTmpDir() + "/no/such/dir/trace.json"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.err, HasSubstr("cannot write " + TempDir() + "/no/such/dir/trace.json: No such"));
+  EXPECT_THAT(r.err, HasSubstr("cannot write " + TestTmpDir() + "/no/such/dir/trace.json: No such"));
 }
 
 TEST_F(GradsyncctlAgainstFakeDaemon, Drain) {

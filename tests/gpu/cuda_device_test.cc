@@ -11,11 +11,8 @@
 // usable.
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -38,15 +35,17 @@
 #include "common/half.h"
 #include "gpu/cuda_daemon_device.h"
 #include "gpu/cuda_trainer_device.h"
+#include "tests/testing/process.h"
 #include "gpu/cuda_uuid.h"
 #include "gpu/device.h"
 #include "gpu/local_sum.h"
 #include "gtest/gtest.h"
 
-extern char** environ;
-
 namespace gradsync::gpu {
 namespace {
+
+using ::gradsync::testing::Process;
+using ::gradsync::testing::SpawnOptions;
 
 
 #define CUDA_OK(expr)                                                          \
@@ -149,107 +148,21 @@ std::string HelperPath() {
   return dir.substr(0, dir.rfind('/') + 1) + "cuda_device_helper";
 }
 
-// A helper process with its stdin/stdout on pipes; killed if still running
-// when the handle goes away.
-class Helper {
- public:
-  static std::unique_ptr<Helper> Start(const std::vector<std::string>& args,
-                                       const std::string& visible_devices = "") {
-    int to_child[2], from_child[2];
-    if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) return nullptr;
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
-    posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
-    std::vector<std::string> argv_s = {HelperPath()};
-    argv_s.insert(argv_s.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : argv_s) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env_s;
-    for (char** e = environ; *e != nullptr; ++e) {
-      if (!visible_devices.empty() && absl::StartsWith(*e, "CUDA_VISIBLE_DEVICES=")) continue;
-      env_s.push_back(*e);
-    }
-    if (!visible_devices.empty()) env_s.push_back("CUDA_VISIBLE_DEVICES=" + visible_devices);
-    std::vector<char*> envp;
-    for (auto& e : env_s) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    pid_t pid = -1;
-    int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&actions);
-    close(to_child[0]);
-    close(from_child[1]);
-    if (rc != 0) {
-      close(to_child[1]);
-      close(from_child[0]);
-      return nullptr;
-    }
-    auto h = std::unique_ptr<Helper>(new Helper);
-    h->pid_ = pid;
-    h->in_ = to_child[1];
-    h->out_ = from_child[0];
-    return h;
-  }
+// The helper with its stdin and stdout on pipes (Process::SendLine and
+// ReadLine); nullptr if it cannot start.
+std::unique_ptr<Process> StartHelper(const std::vector<std::string>& args,
+                                     const std::string& visible_devices = "") {
+  std::vector<std::string> argv = {HelperPath()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  SpawnOptions options;
+  options.pipes = true;
+  if (!visible_devices.empty()) options.env["CUDA_VISIBLE_DEVICES"] = visible_devices;
+  auto helper = std::make_unique<Process>(Process::Spawn(argv, "", options));
+  if (!helper->started()) return nullptr;
+  return helper;
+}
 
-  ~Helper() {
-    close(in_);
-    close(out_);
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-
-  // The next line the helper prints, or "" after `timeout` / at its exit.
-  std::string ReadLine(std::chrono::seconds timeout = std::chrono::seconds(60)) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (true) {
-      size_t nl = buffer_.find('\n');
-      if (nl != std::string::npos) {
-        std::string line = buffer_.substr(0, nl);
-        buffer_.erase(0, nl + 1);
-        return line;
-      }
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
-                                                                        std::chrono::steady_clock::now());
-      if (left.count() <= 0) return "";
-      pollfd p{out_, POLLIN, 0};
-      if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
-      char chunk[4096];
-      ssize_t n = read(out_, chunk, sizeof(chunk));
-      if (n <= 0) return "";
-      buffer_.append(chunk, n);
-    }
-  }
-
-  void Send(const std::string& line) {
-    std::string s = line + "\n";
-    (void)!write(in_, s.data(), s.size());
-  }
-
-  // Exit code, or -1 when killed / still running after `timeout`.
-  int Wait(std::chrono::seconds timeout = std::chrono::seconds(60)) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      int status = 0;
-      pid_t r = waitpid(pid_, &status, WNOHANG);
-      if (r == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return -1;
-  }
-
- private:
-  Helper() = default;
-  pid_t pid_ = -1;
-  int in_ = -1;
-  int out_ = -1;
-  std::string buffer_;
-};
+constexpr auto kHelperBound = std::chrono::seconds(60);
 
 class CudaGpuTest : public ::testing::Test {
  protected:
@@ -290,10 +203,10 @@ TEST_F(CudaGpuTest, IdsMatchBetweenDriverAndRuntime) {
 TEST_F(CudaGpuTest, UuidOfOrdinalUnderCudaVisibleDevices) {
   const int last = static_cast<int>(ids_.size()) - 1;
   for (const std::string& visible : {ids_[last], std::to_string(last)}) {
-    auto helper = Helper::Start({"id"}, visible);
+    auto helper = StartHelper({"id"}, visible);
     ASSERT_NE(helper, nullptr);
     EXPECT_EQ(helper->ReadLine(), "ID " + ids_[last]) << "CUDA_VISIBLE_DEVICES=" << visible;
-    EXPECT_EQ(helper->Wait(), 0);
+    EXPECT_EQ(helper->Wait(kHelperBound).ToString(), "exit 0");
   }
 }
 
@@ -331,7 +244,7 @@ TEST_F(CudaGpuTest, DaemonBufferAndTrainerEventAcrossProcesses) {
   auto handle = daemon_->ExportMemory(ids_[0], *buffer);
   ASSERT_TRUE(handle.ok()) << handle.status();
 
-  auto helper = Helper::Start(
+  auto helper = StartHelper(
       {"trainer", ids_[0], absl::BytesToHexString(handle->ToBytes()), std::to_string(kCount)});
   ASSERT_NE(helper, nullptr);
   const std::string line = helper->ReadLine();
@@ -358,9 +271,9 @@ TEST_F(CudaGpuTest, DaemonBufferAndTrainerEventAcrossProcesses) {
   for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(host[i], 2.0f * i + 1.0f) << "at " << i;
 
   daemon_->CloseEvent(*event);
-  helper->Send("done");
+  helper->SendLine("done");
   EXPECT_EQ(helper->ReadLine(), "OK");
-  EXPECT_EQ(helper->Wait(), 0);
+  EXPECT_EQ(helper->Wait(kHelperBound).ToString(), "exit 0");
   EXPECT_TRUE(daemon_->Free(ids_[0], *buffer).ok());
   EXPECT_EQ(daemon_->Free(ids_[0], *buffer).code(), absl::StatusCode::kInvalidArgument);
 }
@@ -370,7 +283,7 @@ TEST_F(CudaGpuTest, DaemonBufferAndTrainerEventAcrossProcesses) {
 TEST_F(CudaGpuTest, TrainerAllocationOpenedByTheDaemon) {
   constexpr size_t kCount = 10000;
   constexpr size_t kOffset = 512 * 3;
-  auto helper = Helper::Start({"export", std::to_string(kCount), std::to_string(kOffset)});
+  auto helper = StartHelper({"export", std::to_string(kCount), std::to_string(kOffset)});
   ASSERT_NE(helper, nullptr);
   const std::string line = helper->ReadLine();
   std::vector<std::string> parts = absl::StrSplit(line, ' ');
@@ -391,9 +304,9 @@ TEST_F(CudaGpuTest, TrainerAllocationOpenedByTheDaemon) {
   EXPECT_TRUE(daemon_->CloseMemory(parts[2], *base).ok());
   EXPECT_TRUE(daemon_->CloseMemory(parts[2], *base).ok());
   EXPECT_EQ(daemon_->CloseMemory(parts[2], *base).code(), absl::StatusCode::kInvalidArgument);
-  helper->Send("done");
+  helper->SendLine("done");
   EXPECT_EQ(helper->ReadLine(), "OK");
-  EXPECT_EQ(helper->Wait(), 0);
+  EXPECT_EQ(helper->Wait(kHelperBound).ToString(), "exit 0");
 }
 
 // Host model of an element type: values, and its rounding.

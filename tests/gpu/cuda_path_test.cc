@@ -26,10 +26,11 @@ void RunJob(int trainers, const std::string& mode) {
   ASSERT_TRUE(daemon.WaitReady(seconds(30))) << daemon.process().Log();
   std::vector<Process> ps;
   for (int r = 0; r < trainers; ++r) {
-    ps.push_back(Process::Start({Runfile("tests/gpu/cuda_trainer"), "--socket=" + daemon.socket(),
+    SpawnOptions options;
+    options.env = {{"LOCAL_RANK", std::to_string(r)}};
+    ps.push_back(Process::Spawn({Runfile("tests/gpu/cuda_trainer"), "--socket=" + daemon.socket(),
                                  "--mode=" + mode},
-                                {{"LOCAL_RANK", std::to_string(r)}},
-                                absl::StrCat(daemon.dir(), "/trainer", r, ".log")));
+                                absl::StrCat(daemon.dir(), "/trainer", r, ".log"), options));
   }
   for (int r = 0; r < trainers; ++r) {
     ExitStatus st = ps[r].Wait(seconds(120));

@@ -42,9 +42,12 @@ Process StartSimTrainer(const Daemon& daemon, int local_rank, int gpus,
   argv.insert(argv.end(), args.begin(), args.end());
   std::map<std::string, std::string> env = SimEnv(gpus);
   env["LOCAL_RANK"] = std::to_string(local_rank);
-  return Process::Start(argv, env,
+  SpawnOptions options;
+  options.env = env;
+  return Process::Spawn(argv,
                         absl::StrCat(daemon.dir(), "/trainer", local_rank, ".", rand() % 1000000,
-                                     ".log"));
+                                     ".log"),
+                        options);
 }
 
 std::vector<Process> StartAll(const Daemon& daemon, const Case& c) {
@@ -170,9 +173,9 @@ TEST(GpuPath, StatsCoverGpuBuckets) {
     ExitStatus st = t.Wait(seconds(60));
     ASSERT_TRUE(st.exited && st.code == 0) << t.Log();
   }
-  Process stats = Process::Start({Runfile("client/gradsyncctl"),
+  Process stats = Process::Spawn({Runfile("client/gradsyncctl"),
                                   absl::StrCat("--addr=127.0.0.1:", port), "stats", "--json"},
-                                 {}, daemon.dir() + "/stats.log");
+                                 daemon.dir() + "/stats.log");
   ASSERT_EQ(stats.Wait(seconds(20)).code, 0) << stats.Log();
   const std::string json = stats.Log();
   EXPECT_NE(json.find("gpu-sim"), std::string::npos) << json;

@@ -25,12 +25,12 @@
 #include "common/half.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/ipc/child_process.h"
+#include "tests/testing/process.h"
 
 namespace gradsync::gpu {
 namespace {
 
-using ::gradsync::testing::ChildProcess;
+using ::gradsync::testing::Process;
 using ::testing::HasSubstr;
 
 constexpr char kPrefix[] = "gssimtest";
@@ -180,9 +180,9 @@ TEST_F(SimDeviceTest, AllocatedMemoryIsZeroedAndFoundFromAnyPointerInside) {
 
 TEST_F(SimDeviceTest, MemoryExportedByTheDaemonIsWrittenByATrainerProcess) {
   Channel handle_to_child;
-  ChildProcess child;
+  Process child;
   {
-    auto started = ChildProcess::Start([&]() -> int {
+    auto started = Process::Fork([&]() -> int {
       auto trainer = SimTrainerDevice::Create(Options());
       if (!trainer.ok()) return 1;
       auto handle = IpcHandle::FromBytes(handle_to_child.ReceiveHandle());
@@ -205,7 +205,7 @@ TEST_F(SimDeviceTest, MemoryExportedByTheDaemonIsWrittenByATrainerProcess) {
   auto handle = (*daemon)->ExportMemory("SIM-GPU-1", *base);
   ASSERT_TRUE(handle.ok()) << handle.status();
   ASSERT_TRUE(handle_to_child.Send(handle->ToBytes()));
-  auto exit = child.Wait(std::chrono::seconds(30));
+  auto exit = child.Wait(std::chrono::seconds(30)).ExitCode();
   ASSERT_TRUE(exit.ok()) << exit.status();
   ASSERT_EQ(*exit, 0);
   EXPECT_EQ(ReadFloats(*base, 4), (std::vector<float>{1.5f, -2.0f, 3.25f, 4.0f}));
@@ -270,7 +270,7 @@ TEST_F(SimDeviceTest, GarbageOrMisdirectedHandlesAreRefused) {
 
 TEST_F(SimDeviceTest, AnEventIsPendingUntilEverythingBeforeItOnItsStreamHasRun) {
   Channel to_parent, to_child;
-  auto started = ChildProcess::Start([&]() -> int {
+  auto started = Process::Fork([&]() -> int {
     auto trainer = SimTrainerDevice::Create(Options());
     if (!trainer.ok()) return 1;
     auto grad = (*trainer)->Alloc("SIM-GPU-0", 16);
@@ -318,7 +318,7 @@ TEST_F(SimDeviceTest, AnEventIsPendingUntilEverythingBeforeItOnItsStreamHasRun) 
   (*daemon)->CloseEvent(*event);
   EXPECT_TRUE((*daemon)->CloseMemory("SIM-GPU-0", *mem).ok());
   ASSERT_TRUE(to_child.Send("x"));
-  auto exit = started->Wait(std::chrono::seconds(30));
+  auto exit = started->Wait(std::chrono::seconds(30)).ExitCode();
   ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_EQ(*exit, 0);
 }
@@ -373,7 +373,7 @@ TEST_F(SimDeviceTest, RecordingOnAStreamOfAnotherGpuIsRefused) {
 
 TEST_F(SimDeviceTest, APendingEventOfADeadTrainerIsUnavailableNamingItsPid) {
   Channel to_parent;
-  auto started = ChildProcess::Start([&]() -> int {
+  auto started = Process::Fork([&]() -> int {
     auto trainer = SimTrainerDevice::Create(Options());
     if (!trainer.ok()) return 1;
     auto stream = (*trainer)->CreateStream("SIM-GPU-0");
@@ -407,7 +407,7 @@ TEST_F(SimDeviceTest, APendingEventOfADeadTrainerIsUnavailableNamingItsPid) {
 
 TEST_F(SimDeviceTest, ACompletedEventOfADeadTrainerStaysDone) {
   Channel to_parent;
-  auto started = ChildProcess::Start([&]() -> int {
+  auto started = Process::Fork([&]() -> int {
     auto trainer = SimTrainerDevice::Create(Options());
     if (!trainer.ok()) return 1;
     auto event = (*trainer)->CreateEvent("SIM-GPU-0");
@@ -435,7 +435,7 @@ TEST_F(SimDeviceTest, ACompletedEventOfADeadTrainerStaysDone) {
 
 TEST_F(SimDeviceTest, ADaemonThatSumsBeforeTheTrainersEventCompletesGetsStaleGradients) {
   Channel to_parent, to_child;
-  auto started = ChildProcess::Start([&]() -> int {
+  auto started = Process::Fork([&]() -> int {
     auto trainer = SimTrainerDevice::Create(Options());
     if (!trainer.ok()) return 1;
     auto handle = IpcHandle::FromBytes(to_child.ReceiveHandle());
@@ -489,7 +489,7 @@ TEST_F(SimDeviceTest, ADaemonThatSumsBeforeTheTrainersEventCompletesGetsStaleGra
   ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
   EXPECT_EQ(ReadFloats(*out, 4), (std::vector<float>{11, 21, 31, 41}));
   ASSERT_TRUE(to_child.Send("x"));
-  auto exit = started->Wait(std::chrono::seconds(30));
+  auto exit = started->Wait(std::chrono::seconds(30)).ExitCode();
   ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_EQ(*exit, 0);
 }
@@ -850,22 +850,22 @@ int RunNode(const FileStore& store, int nranks, int first_rank, std::vector<Devi
 
 TEST_F(SimDeviceTest, TwoNodesWithOneRankEachSumAcrossProcesses) {
   FileStore store;
-  auto peer = ChildProcess::Start([&] { return RunNode(store, 2, 1, {"SIM-GPU-0"}, 3); });
+  auto peer = Process::Fork([&] { return RunNode(store, 2, 1, {"SIM-GPU-0"}, 3); });
   ASSERT_TRUE(peer.ok()) << peer.status();
   EXPECT_EQ(RunNode(store, 2, 0, {"SIM-GPU-0"}, 3), 0);
-  auto exit = peer->Wait(std::chrono::seconds(60));
+  auto exit = peer->Wait(std::chrono::seconds(60)).ExitCode();
   ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_EQ(*exit, 0);
 }
 
 TEST_F(SimDeviceTest, TwoNodesWithTwoGpusEachSumOverFourRanks) {
   FileStore store;
-  auto peer = ChildProcess::Start([&] {
+  auto peer = Process::Fork([&] {
     return RunNode(store, 4, 2, {"SIM-GPU-0", "SIM-GPU-1"}, 2);
   });
   ASSERT_TRUE(peer.ok()) << peer.status();
   EXPECT_EQ(RunNode(store, 4, 0, {"SIM-GPU-1", "SIM-GPU-0"}, 2), 0);
-  auto exit = peer->Wait(std::chrono::seconds(60));
+  auto exit = peer->Wait(std::chrono::seconds(60)).ExitCode();
   ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_EQ(*exit, 0);
 }
@@ -894,7 +894,7 @@ TEST_F(SimDeviceTest, ARankThatNeverJoinsMakesCreationTimeOutNamingIt) {
 TEST_F(SimDeviceTest, ANodeThatSkipsACollectiveMakesItTimeOutNamingItsRank) {
   FileStore store;
   Channel to_child;
-  auto peer = ChildProcess::Start([&]() -> int {
+  auto peer = Process::Fork([&]() -> int {
     auto dev = SimDaemonDevice::Create(Options());
     if (!dev.ok()) return 1;
     auto group = (*dev)->CreateCollectives(Group(2, 1, {"SIM-GPU-0"}, &store));
@@ -914,7 +914,7 @@ TEST_F(SimDeviceTest, ANodeThatSkipsACollectiveMakesItTimeOutNamingItsRank) {
   EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(st.message(), HasSubstr("rank 1 "));
   to_child.Send("x");
-  auto exit = peer->Wait(std::chrono::seconds(60));
+  auto exit = peer->Wait(std::chrono::seconds(60)).ExitCode();
   ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_EQ(*exit, 0);
 }
@@ -922,7 +922,7 @@ TEST_F(SimDeviceTest, ANodeThatSkipsACollectiveMakesItTimeOutNamingItsRank) {
 TEST_F(SimDeviceTest, AbortEndsAnInFlightCollectiveAndEveryLaterOne) {
   FileStore store;
   Channel to_parent, to_child;
-  auto peer = ChildProcess::Start([&]() -> int {
+  auto peer = Process::Fork([&]() -> int {
     auto dev = SimDaemonDevice::Create(Options());
     if (!dev.ok()) return 1;
     auto group = (*dev)->CreateCollectives(Group(2, 1, {"SIM-GPU-0"}, &store));
@@ -953,7 +953,7 @@ TEST_F(SimDeviceTest, AbortEndsAnInFlightCollectiveAndEveryLaterOne) {
   EXPECT_EQ((*group)->AllreduceSum({{0, p, 8}}, DType::kFloat32).code(),
             absl::StatusCode::kAborted);
   ASSERT_TRUE(to_child.Send("c"));
-  auto exit = peer->Wait(std::chrono::seconds(60));
+  auto exit = peer->Wait(std::chrono::seconds(60)).ExitCode();
   ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_EQ(*exit, 0);
 }
@@ -973,7 +973,7 @@ TEST_F(SimDeviceTest, AbortBeforeACollectiveMakesItReturnAborted) {
 TEST_F(SimDeviceTest, APeerThatDiesMakesTheCollectiveUnavailableNamingIt) {
   FileStore store;
   Channel to_parent;
-  auto peer = ChildProcess::Start([&]() -> int {
+  auto peer = Process::Fork([&]() -> int {
     auto dev = SimDaemonDevice::Create(Options());
     if (!dev.ok()) return 1;
     auto group = (*dev)->CreateCollectives(Group(2, 1, {"SIM-GPU-0"}, &store));

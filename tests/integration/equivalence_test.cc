@@ -57,7 +57,7 @@ TEST_P(EquivalenceTest, MatchesSingleProcessOnTheWholeBatch) {
   std::vector<std::string> ref_args = {Runfile("examples/mlp_trainer"), "--single", "--quiet",
                                        "--out=" + daemon.dir() + "/reference.txt"};
   ref_args.insert(ref_args.end(), args.begin(), args.end());
-  Process ref = Process::Start(ref_args, {}, daemon.dir() + "/reference.log");
+  Process ref = Process::Spawn(ref_args, daemon.dir() + "/reference.log");
   ExitStatus rs = ref.Wait(seconds(60));
   ASSERT_TRUE(rs.exited && rs.code == 0) << ref.Log();
 

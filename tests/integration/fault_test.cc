@@ -139,10 +139,10 @@ TEST(FaultTest, DaemonKilledMidIterationThenRestarted) {
   // The killed daemon left its segments behind...
   EXPECT_FALSE(SegmentsWithPrefix(absl::StrCat(prefix, ".", old_pid, ".")).empty());
   // ...a new daemon on the same socket and prefix cleans them up and serves.
-  Process restarted = Process::Start(
+  Process restarted = Process::Spawn(
       {Runfile("daemon/gradsyncd"), "--socket=" + socket, "--listen=127.0.0.1:0",
        "--shm-prefix=" + prefix, "--local-size=2"},
-      {}, daemon->dir() + "/daemon2.log");
+      daemon->dir() + "/daemon2.log");
   std::this_thread::sleep_for(milliseconds(500));
   EXPECT_TRUE(SegmentsWithPrefix(absl::StrCat(prefix, ".", old_pid, ".")).empty());
   std::vector<Process> again;
@@ -207,8 +207,8 @@ TEST_P(GarbageEntryTest, FailsTheCulpritOnlyAndTheDaemonSurvives) {
   Daemon daemon(2, {"--timeout-s=20"});
   ASSERT_TRUE(daemon.WaitReady(seconds(10)));
   Process honest = StartTrainer(daemon, 0, {"--steps=5", "--sleep-ms=300"}, "");
-  Process rogue = Process::Start(
-      {Runfile("tests/integration/rogue_trainer"), daemon.socket(), "1", GetParam()}, {},
+  Process rogue = Process::Spawn(
+      {Runfile("tests/integration/rogue_trainer"), daemon.socket(), "1", GetParam()},
       daemon.dir() + "/rogue.log");
   ExitStatus r = rogue.Wait(kBound), h = honest.Wait(kBound);
   EXPECT_EQ(r.code, 1 /*INVALID_ARGUMENT*/) << rogue.Log() << daemon.process().Log();
@@ -228,10 +228,10 @@ INSTANTIATE_TEST_SUITE_P(Modes, GarbageEntryTest,
                          });
 
 TEST(FaultTest, ConnectWithoutDaemonIsUnavailable) {
-  const std::string dir = MakeTempDir();
-  Process p = Process::Start({Runfile("examples/mlp_trainer"), "--socket=" + dir + "/none.sock",
-                              "--steps=1"},
-                             {}, dir + "/t.log");
+  ScratchDir dir;
+  Process p = Process::Spawn(
+      {Runfile("examples/mlp_trainer"), "--socket=" + dir.File("none.sock"), "--steps=1"},
+      dir.File("t.log"));
   EXPECT_EQ(p.Wait(kBound).code, 10 + 2 /*UNAVAILABLE*/);
   EXPECT_NE(p.Log().find("is the daemon running?"), std::string::npos) << p.Log();
 }

@@ -1,62 +1,18 @@
 // Test harness for multi-process integration tests: real gradsyncd and real
-// trainer processes, started from the test's runfiles, with logs captured
-// to files and every wait bounded (a hung child is killed, never waited on
-// forever).
+// trainer processes, started from the test's runfiles (processes, logs and
+// deadlines: tests/testing/process.h).
 #ifndef GRADSYNC_TESTS_INTEGRATION_HARNESS_H_
 #define GRADSYNC_TESTS_INTEGRATION_HARNESS_H_
-
-#include <sys/types.h>
 
 #include <chrono>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "tests/testing/files.h"
+#include "tests/testing/process.h"
+
 namespace gradsync::testing {
-
-// Path of a binary in this test's runfiles, e.g. "daemon/gradsyncd".
-std::string Runfile(const std::string& workspace_relative);
-
-// A short fresh directory under /tmp (unix socket paths are limited).
-std::string MakeTempDir();
-
-std::string ReadFile(const std::string& path);
-
-struct ExitStatus {
-  bool exited = false;  // false: killed by a signal (or timed out)
-  int code = -1;        // exit code, or the signal number
-  bool timed_out = false;
-};
-
-class Process {
- public:
-  Process() = default;
-  Process(Process&& other) noexcept;
-  Process& operator=(Process&& other) noexcept;
-  ~Process();  // kills the process if still running
-
-  // Starts argv[0] with extra environment entries; stdout+stderr -> log_path.
-  static Process Start(const std::vector<std::string>& argv,
-                       const std::map<std::string, std::string>& env, const std::string& log_path);
-
-  pid_t pid() const { return pid_; }
-  const std::string& log_path() const { return log_path_; }
-  std::string Log() const { return ReadFile(log_path_); }
-
-  // Waits for exit up to `timeout`; on timeout kills it (SIGKILL). Once
-  // reaped (here or by Running), returns the same status again.
-  ExitStatus Wait(std::chrono::milliseconds timeout);
-  void Signal(int sig);
-  bool Running();
-
- private:
-  static ExitStatus Decode(int wait_status);
-
-  pid_t pid_ = -1;
-  std::string log_path_;
-  bool reaped_ = false;
-  ExitStatus status_;  // valid once reaped_
-};
 
 // A gradsyncd on a private socket and shm prefix.
 class Daemon {
@@ -70,7 +26,7 @@ class Daemon {
   ~Daemon();
 
   const std::string& socket() const { return socket_; }
-  const std::string& dir() const { return dir_; }
+  const std::string& dir() const { return dir_.path(); }
   const std::string& shm_prefix() const { return shm_prefix_; }
   Process& process() { return process_; }
   // Waits until the socket accepts connections (false on timeout / exit).
@@ -82,7 +38,8 @@ class Daemon {
   ExitStatus Stop();  // SIGTERM, then wait
 
  private:
-  std::string dir_, socket_, shm_prefix_;
+  ScratchDir dir_;  // removed after process_ is gone
+  std::string socket_, shm_prefix_;
   Process process_;
 };
 
@@ -101,11 +58,6 @@ std::vector<double> LoadWeights(const std::string& path);
 
 // max |a - b| / max |b|: the normwise relative difference.
 double RelativeDifference(const std::vector<double>& a, const std::vector<double>& b);
-
-// Waits until the process's log contains `needle` (false on timeout):
-// tests wait for a state ("event=job_running") instead of guessing a delay.
-bool WaitForLog(const Process& process, const std::string& needle,
-                std::chrono::milliseconds timeout);
 
 // Segment names under /dev/shm that start with `prefix`.
 std::vector<std::string> SegmentsWithPrefix(const std::string& prefix);

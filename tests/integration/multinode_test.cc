@@ -44,8 +44,7 @@ class Cluster {
  public:
   Cluster(int nodes, int local, std::vector<std::string> extra = {}, std::string token = "s3cret")
       : nodes_(nodes), local_(local), port_(FreePort()), extra_(std::move(extra)) {
-    dir_ = MakeTempDir();
-    token_file_ = dir_ + "/token";
+    token_file_ = dir_.File("token");
     std::ofstream(token_file_) << token << "\n";
     for (int n = 0; n < nodes; ++n) StartNode(n);
   }
@@ -76,12 +75,13 @@ class Cluster {
     return out;
   }
   int port() const { return port_; }
-  const std::string& dir() const { return dir_; }
+  const std::string& dir() const { return dir_.path(); }
 
  private:
   int nodes_, local_, port_;
   std::vector<std::string> extra_;
-  std::string dir_, token_file_;
+  ScratchDir dir_;  // removed after the daemons are gone
+  std::string token_file_;
   std::vector<std::unique_ptr<Daemon>> daemons_;
 };
 
@@ -89,7 +89,7 @@ std::vector<double> Reference(const std::string& dir, const std::vector<std::str
   std::vector<std::string> argv = {Runfile("examples/mlp_trainer"), "--single", "--quiet",
                                    "--out=" + dir + "/reference.txt"};
   argv.insert(argv.end(), args.begin(), args.end());
-  Process p = Process::Start(argv, {}, dir + "/reference.log");
+  Process p = Process::Spawn(argv, dir + "/reference.log");
   EXPECT_EQ(p.Wait(seconds(60)).code, 0) << p.Log();
   return LoadWeights(dir + "/reference.txt");
 }
@@ -199,10 +199,10 @@ TEST(MultiNode, StallIsReportedByTheLeaderNamingNodeTrainerAndTensor) {
   EXPECT_NE(line.find("rank 1 (local 0"), std::string::npos) << line;
   EXPECT_NE(line.find("fc1.weight"), std::string::npos) << line;
   // The leader's stats carry node 1's report too.
-  Process stats = Process::Start({Runfile("client/gradsyncctl"),
+  Process stats = Process::Spawn({Runfile("client/gradsyncctl"),
                                   absl::StrCat("--addr=127.0.0.1:", cluster.port()), "stats",
                                   "--json"},
-                                 {}, cluster.dir() + "/stats.log");
+                                 cluster.dir() + "/stats.log");
   EXPECT_EQ(stats.Wait(kBound).code, 0) << stats.Log();
   const std::string json = stats.Log();
   EXPECT_NE(json.find("node_rank=1"), std::string::npos) << json;
@@ -239,15 +239,15 @@ TEST(MultiNode, ConfigSetOnTheLeaderRePlansEveryNodeAtTheSameIteration) {
   std::this_thread::sleep_for(milliseconds(500));  // a few iterations in
   const std::string ctl = Runfile("client/gradsyncctl");
   // A non-leader refuses: caps are job-wide.
-  Process refused = Process::Start(
+  Process refused = Process::Spawn(
       {ctl, absl::StrCat("--addr=127.0.0.1:", cluster.node(1).ListenPort(seconds(10))), "config", "set",
        "bucket_cap_mb=25"},
-      {}, cluster.dir() + "/ctl1.log");
+      cluster.dir() + "/ctl1.log");
   EXPECT_EQ(refused.Wait(kBound).code, 1) << refused.Log();
   EXPECT_NE(refused.Log().find("set them on the leader"), std::string::npos) << refused.Log();
-  Process set = Process::Start({ctl, absl::StrCat("--addr=127.0.0.1:", cluster.port()), "config",
+  Process set = Process::Spawn({ctl, absl::StrCat("--addr=127.0.0.1:", cluster.port()), "config",
                                 "set", "bucket_cap_mb=25", "first_bucket_cap_mb=1"},
-                               {}, cluster.dir() + "/ctl0.log");
+                               cluster.dir() + "/ctl0.log");
   EXPECT_EQ(set.Wait(kBound).code, 0) << set.Log();
   for (auto& t : trainers) {
     ExitStatus st = t.Wait(seconds(60));

@@ -16,7 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "ipc/shared_segment.h"
-#include "tests/ipc/child_process.h"
+#include "tests/testing/process.h"
 #include "tests/ipc/segment_names.h"
 
 namespace gradsync::ipc {
@@ -28,7 +28,7 @@ void PrintTo(Doorbell::WaitResult r, std::ostream* os) {
 
 namespace {
 
-using gradsync::testing::ChildProcess;
+using gradsync::testing::Process;
 using gradsync::testing::SegmentCleanup;
 using gradsync::testing::UniqueSegmentName;
 using std::chrono::milliseconds;
@@ -90,6 +90,17 @@ class DoorbellTest : public ::testing::Test {
     return true;
   }
 
+  // A child that sleeps on bell 0 until the first ring: exits 0 if woken
+  // in time, 2 if not.
+  absl::StatusOr<Process> StartWaiter() const {
+    return Process::Fork([name = name_]() -> int {
+      SharedSegment keep;
+      Shared* shared = OpenShared(name, &keep);
+      if (shared == nullptr) return 1;
+      return WokenInTime(shared->bell[0], 0, nanoseconds(0)) ? 0 : 2;
+    });
+  }
+
   SegmentCleanup cleanup_;
   std::string name_;
   SharedSegment segment_;
@@ -125,7 +136,7 @@ TEST_F(DoorbellTest, TimeoutReturnsKTimeout) {
 }
 
 TEST_F(DoorbellTest, WakesASleeperInAnotherProcess) {
-  auto child = ChildProcess::Start([name = name_]() -> int {
+  auto child = Process::Fork([name = name_]() -> int {
     SharedSegment keep;
     Shared* shared = OpenShared(name, &keep);
     if (shared == nullptr) return 1;
@@ -138,14 +149,14 @@ TEST_F(DoorbellTest, WakesASleeperInAnotherProcess) {
   ASSERT_TRUE(AwaitSleepers(shared_->bell[0], 1)) << "the child never went to sleep";
   shared_->counter[0].store(1);
   shared_->bell[0].Ring();
-  auto code = child->Wait(kChildTimeout);
+  auto code = child->Wait(kChildTimeout).ExitCode();
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 0) << "2: the child timed out instead of being woken";
   EXPECT_EQ(shared_->bell[0].sleepers.load(), 0u);
 }
 
 TEST_F(DoorbellTest, AnotherProcessWakesUs) {
-  auto child = ChildProcess::Start([name = name_]() -> int {
+  auto child = Process::Fork([name = name_]() -> int {
     SharedSegment keep;
     Shared* shared = OpenShared(name, &keep);
     if (shared == nullptr) return 1;
@@ -155,7 +166,7 @@ TEST_F(DoorbellTest, AnotherProcessWakesUs) {
   });
   ASSERT_TRUE(child.ok()) << child.status();
   EXPECT_TRUE(WokenInTime(shared_->bell[0], 0, nanoseconds(0)));
-  auto code = child->Wait(kChildTimeout);
+  auto code = child->Wait(kChildTimeout).ExitCode();
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 0);
 }
@@ -163,7 +174,7 @@ TEST_F(DoorbellTest, AnotherProcessWakesUs) {
 // nanoseconds::max() must mean "no limit", not overflow into the past.
 // The unbounded wait runs in the child, so a broken bell cannot hang us.
 TEST_F(DoorbellTest, UnboundedTimeoutWaitsForTheRing) {
-  auto child = ChildProcess::Start([name = name_]() -> int {
+  auto child = Process::Fork([name = name_]() -> int {
     SharedSegment keep;
     Shared* shared = OpenShared(name, &keep);
     if (shared == nullptr) return 1;
@@ -177,7 +188,7 @@ TEST_F(DoorbellTest, UnboundedTimeoutWaitsForTheRing) {
   const bool slept = AwaitSleepers(shared_->bell[0], 1);
   shared_->counter[0].store(1);
   shared_->bell[0].Ring();
-  auto code = child->Wait(kWakeLimit + seconds(5));  // DeadlineExceeded: never woken
+  auto code = child->Wait(kWakeLimit + seconds(5)).ExitCode();  // an error if never woken
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 0) << "2: kTimeout; 3: returned before the ring";
   EXPECT_TRUE(slept) << "the unbounded wait never went to sleep";
@@ -185,21 +196,16 @@ TEST_F(DoorbellTest, UnboundedTimeoutWaitsForTheRing) {
 
 TEST_F(DoorbellTest, OneRingWakesEveryWaiter) {
   constexpr int kWaiters = 3;
-  std::vector<ChildProcess> children;
+  std::vector<Process> children;
   for (int i = 0; i < kWaiters; ++i) {
-    auto child = ChildProcess::Start([name = name_]() -> int {
-      SharedSegment keep;
-      Shared* shared = OpenShared(name, &keep);
-      if (shared == nullptr) return 1;
-      return WokenInTime(shared->bell[0], 0, nanoseconds(0)) ? 0 : 2;
-    });
+    auto child = StartWaiter();
     ASSERT_TRUE(child.ok()) << child.status();
     children.push_back(std::move(*child));
   }
   ASSERT_TRUE(AwaitSleepers(shared_->bell[0], kWaiters));
   shared_->bell[0].Ring();
-  for (ChildProcess& child : children) {
-    auto code = child.Wait(kChildTimeout);
+  for (Process& child : children) {
+    auto code = child.Wait(kChildTimeout).ExitCode();
     ASSERT_TRUE(code.ok()) << code.status();
     EXPECT_EQ(*code, 0) << "a waiter was not woken";
   }
@@ -208,7 +214,7 @@ TEST_F(DoorbellTest, OneRingWakesEveryWaiter) {
 // A waiter killed in FUTEX_WAIT leaves `sleepers` raised; the bell must
 // keep working for the next waiter (it only costs a syscall per ring).
 TEST_F(DoorbellTest, WaiterKilledWhileSleepingBlocksNobody) {
-  auto doomed = ChildProcess::Start([name = name_]() -> int {
+  auto doomed = Process::Fork([name = name_]() -> int {
     SharedSegment keep;
     Shared* shared = OpenShared(name, &keep);
     if (shared == nullptr) return 1;
@@ -219,16 +225,11 @@ TEST_F(DoorbellTest, WaiterKilledWhileSleepingBlocksNobody) {
   ASSERT_TRUE(AwaitSleepers(shared_->bell[0], 1));
   ASSERT_TRUE(doomed->Kill().ok());
 
-  auto child = ChildProcess::Start([name = name_]() -> int {
-    SharedSegment keep;
-    Shared* shared = OpenShared(name, &keep);
-    if (shared == nullptr) return 1;
-    return WokenInTime(shared->bell[0], 0, nanoseconds(0)) ? 0 : 2;
-  });
+  auto child = StartWaiter();
   ASSERT_TRUE(child.ok()) << child.status();
   ASSERT_TRUE(AwaitSleepers(shared_->bell[0], 2));  // the dead one still counts
   shared_->bell[0].Ring();
-  auto code = child->Wait(kChildTimeout);
+  auto code = child->Wait(kChildTimeout).ExitCode();
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 0);
 }
@@ -275,7 +276,7 @@ class DoorbellPingPongTest : public DoorbellTest,
 TEST_P(DoorbellPingPongTest, NoLostWakeUps) {
   constexpr uint64_t kRounds = 20000;
   const nanoseconds spin = GetParam();
-  auto child = ChildProcess::Start([name = name_, spin]() -> int {
+  auto child = Process::Fork([name = name_, spin]() -> int {
     SharedSegment keep;
     Shared* shared = OpenShared(name, &keep);
     if (shared == nullptr) return 1;
@@ -299,7 +300,7 @@ TEST_P(DoorbellPingPongTest, NoLostWakeUps) {
     }
   }
   EXPECT_EQ(lost_at, 0u) << "the parent's wake-up was lost in this round";
-  auto code = child->Wait(kChildTimeout);
+  auto code = child->Wait(kChildTimeout).ExitCode();
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 0) << "2: the child's wake-up was lost; 3: the parent never slept";
   EXPECT_EQ(shared_->counter[1].load(), kRounds);

@@ -16,13 +16,13 @@
 #include "ipc/events.h"
 #include "ipc/spsc_ring.h"
 #include "ipc/trainer_segment.h"
-#include "tests/ipc/child_process.h"
+#include "tests/testing/process.h"
 #include "tests/ipc/segment_names.h"
 
 namespace gradsync::ipc {
 namespace {
 
-using gradsync::testing::ChildProcess;
+using gradsync::testing::Process;
 using gradsync::testing::SegmentCleanup;
 using gradsync::testing::UniqueSegmentName;
 using ::testing::HasSubstr;
@@ -60,7 +60,7 @@ class GarbageTest : public ::testing::Test {
   // Runs `scribble` in a separate process that opened the segment by name
   // (as a trainer would) and waits for it.
   void ScribbleFromAnotherProcess(std::function<void(TrainerSegment&)> scribble) {
-    auto child = ChildProcess::Start([name = name_, scribble]() -> int {
+    auto child = Process::Fork([name = name_, scribble]() -> int {
       auto seg = TrainerSegment::Open(name, kHash, kArenaBytes);
       if (!seg.ok()) {
         fprintf(stderr, "child: %s\n", seg.status().ToString().c_str());
@@ -70,7 +70,7 @@ class GarbageTest : public ::testing::Test {
       return 0;
     });
     ASSERT_TRUE(child.ok()) << child.status();
-    auto code = child->Wait(std::chrono::seconds(30));
+    auto code = child->Wait(std::chrono::seconds(30)).ExitCode();
     ASSERT_TRUE(code.ok()) << code.status();
     ASSERT_EQ(*code, 0);
   }

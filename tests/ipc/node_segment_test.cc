@@ -10,13 +10,13 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/ipc/child_process.h"
+#include "tests/testing/process.h"
 #include "tests/ipc/segment_names.h"
 
 namespace gradsync::ipc {
 namespace {
 
-using gradsync::testing::ChildProcess;
+using gradsync::testing::Process;
 using gradsync::testing::SegmentCleanup;
 using gradsync::testing::UniqueSegmentName;
 using ::testing::HasSubstr;
@@ -37,7 +37,7 @@ class NodeSegmentTest : public ::testing::Test {
 
 TEST_F(NodeSegmentTest, TrainerProcessOpensIt) {
   daemon_.header()->heartbeat.store(77);
-  auto child = ChildProcess::Start([name = name_, pid = getpid()]() -> int {
+  auto child = Process::Fork([name = name_, pid = getpid()]() -> int {
     auto seg = NodeSegment::Open(name);
     if (!seg.ok()) return 1;
     if (seg->header()->daemon_pid != pid) return 2;
@@ -46,7 +46,7 @@ TEST_F(NodeSegmentTest, TrainerProcessOpensIt) {
     return 0;
   });
   ASSERT_TRUE(child.ok()) << child.status();
-  auto code = child->Wait(std::chrono::seconds(30));
+  auto code = child->Wait(std::chrono::seconds(30)).ExitCode();
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 0);
   EXPECT_EQ(daemon_.ready_bell().Sequence(), 1u);

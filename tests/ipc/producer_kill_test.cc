@@ -17,13 +17,13 @@
 #include "ipc/node_segment.h"
 #include "ipc/shared_segment.h"
 #include "ipc/trainer_segment.h"
-#include "tests/ipc/child_process.h"
+#include "tests/testing/process.h"
 #include "tests/ipc/segment_names.h"
 
 namespace gradsync::ipc {
 namespace {
 
-using gradsync::testing::ChildProcess;
+using gradsync::testing::Process;
 using gradsync::testing::SegmentCleanup;
 using gradsync::testing::SegmentExists;
 using gradsync::testing::UniquePrefix;
@@ -90,7 +90,7 @@ TEST(ProducerKillTest, KilledTrainerLeavesACleanRing) {
     ASSERT_TRUE(daemon.ok()) << daemon.status();
     SpscRing<ReadyEvent>& ring = daemon->ready_ring();
 
-    auto trainer = ChildProcess::Start([&] { return ProduceReady(name, 0, 0); });
+    auto trainer = Process::Fork([&] { return ProduceReady(name, 0, 0); });
     ASSERT_TRUE(trainer.ok()) << trainer.status();
 
     // Consume until a round-dependent point, then kill mid-stream; odd
@@ -127,7 +127,7 @@ TEST(ProducerKillTest, KilledTrainerLeavesACleanRing) {
     EXPECT_TRUE(daemon->ValidateHeader().ok());
 
     // A restarted trainer attaches to the same segment and goes on.
-    auto restarted = ChildProcess::Start([&] { return ProduceReady(name, next, 100); });
+    auto restarted = Process::Fork([&] { return ProduceReady(name, next, 100); });
     ASSERT_TRUE(restarted.ok()) << restarted.status();
     for (uint64_t end = next + 100; next < end;) {
       const std::string error = CheckNext(ring, next, &r);
@@ -139,7 +139,7 @@ TEST(ProducerKillTest, KilledTrainerLeavesACleanRing) {
         std::this_thread::yield();
       }
     }
-    auto code = restarted->Wait(seconds(30));
+    auto code = restarted->Wait(seconds(30)).ExitCode();
     ASSERT_TRUE(code.ok()) << code.status();
     EXPECT_EQ(*code, 0);
 
@@ -158,7 +158,7 @@ TEST(ProducerKillTest, KilledTrainerLeavesACleanRing) {
 TEST(ProducerKillTest, KilledDaemonsSegmentsAreReclaimed) {
   const std::string prefix = UniquePrefix("killd");
   SegmentCleanup cleanup;
-  auto daemon = ChildProcess::Start([&]() -> int {
+  auto daemon = Process::Fork([&]() -> int {
     auto node = NodeSegment::Create(SegmentName(prefix, getpid(), "node"), getpid());
     TrainerSegmentSpec spec;
     spec.layout_hash = kHash;

@@ -15,13 +15,13 @@
 #include "ipc/events.h"
 #include "ipc/node_segment.h"
 #include "ipc/trainer_segment.h"
-#include "tests/ipc/child_process.h"
+#include "tests/testing/process.h"
 #include "tests/ipc/segment_names.h"
 
 namespace gradsync::ipc {
 namespace {
 
-using gradsync::testing::ChildProcess;
+using gradsync::testing::Process;
 using gradsync::testing::SegmentCleanup;
 using gradsync::testing::UniqueSegmentName;
 using std::chrono::microseconds;
@@ -110,7 +110,7 @@ TEST(RingStressTest, TenMillionEventsBetweenProcesses) {
   auto trainer = TrainerSegment::Create(trainer_name, spec);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
 
-  auto child = ChildProcess::Start([&] { return Produce(node_name, trainer_name); },
+  auto child = Process::Fork([&] { return Produce(node_name, trainer_name); },
                                    /*limit=*/seconds(240));
   ASSERT_TRUE(child.ok()) << child.status();
 
@@ -156,7 +156,7 @@ TEST(RingStressTest, TenMillionEventsBetweenProcesses) {
     if (ready.Wait(seen, seconds(1), spin) == Doorbell::WaitResult::kRung) {
       ++sleeps;
       last_progress = std::chrono::steady_clock::now();
-    } else if (child->Exited()) {
+    } else if (!child->Running()) {
       failure = absl::StrCat("producer exited after ", received, " entries were received");
     } else if (std::chrono::steady_clock::now() - last_progress > kStall) {
       failure = absl::StrCat("no entry for ", kStall.count(), " s after ", received);
@@ -168,7 +168,7 @@ TEST(RingStressTest, TenMillionEventsBetweenProcesses) {
   ASSERT_EQ(failure, "");
   EXPECT_EQ(received, kEvents);
 
-  auto code = child->Wait(std::chrono::seconds(60));
+  auto code = child->Wait(std::chrono::seconds(60)).ExitCode();
   ASSERT_TRUE(code.ok()) << code.status();
   ASSERT_EQ(*code, 0);
   // Nothing beyond the last entry: no duplicates at the end.

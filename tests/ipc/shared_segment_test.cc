@@ -17,13 +17,13 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/ipc/child_process.h"
+#include "tests/testing/process.h"
 #include "tests/ipc/segment_names.h"
 
 namespace gradsync::ipc {
 namespace {
 
-using gradsync::testing::ChildProcess;
+using gradsync::testing::Process;
 using gradsync::testing::SegmentCleanup;
 using gradsync::testing::SegmentExists;
 using gradsync::testing::UniquePrefix;
@@ -211,7 +211,7 @@ TEST(SharedSegmentTest, OtherUserIsRefused) {
   const std::string name = cleanup.Add(UniqueSegmentName("user"));
   ASSERT_TRUE(SharedSegment::Create(name, 4096, 0600).ok());
   constexpr int kCannotDropRoot = 77;
-  auto child = ChildProcess::Start([&]() -> int {
+  auto child = Process::Fork([&]() -> int {
     if (setgid(65534) != 0 || setuid(65534) != 0) return kCannotDropRoot;
     auto seg = SharedSegment::Open(name);
     if (seg.ok()) return 1;
@@ -222,7 +222,7 @@ TEST(SharedSegmentTest, OtherUserIsRefused) {
     return 0;
   });
   ASSERT_TRUE(child.ok()) << child.status();
-  auto code = child->Wait(kChildTimeout);
+  auto code = child->Wait(kChildTimeout).ExitCode();
   ASSERT_TRUE(code.ok()) << code.status();
   if (*code == kCannotDropRoot) GTEST_SKIP() << "cannot drop root here";
   EXPECT_EQ(*code, 0);
@@ -234,11 +234,11 @@ TEST(SegmentNameTest, FollowsPrefixPidSuffix) {
 
 // A pid that is certainly dead: a child we started and reaped.
 pid_t DeadPid() {
-  auto child = ChildProcess::Start([] { return 0; });
+  auto child = Process::Fork([] { return 0; });
   EXPECT_TRUE(child.ok()) << child.status();
   if (!child.ok()) return -1;
   const pid_t pid = child->pid();
-  EXPECT_TRUE(child->Wait(kChildTimeout).ok());
+  EXPECT_TRUE(child->Wait(kChildTimeout).ExitCode().ok());
   return pid;
 }
 
@@ -248,7 +248,7 @@ TEST(RemoveStaleSegmentsTest, RemovesDeadPidsAndKeepsLiveOnes) {
   const pid_t dead = DeadPid();
   ASSERT_GT(dead, 0);
   // A live daemon that is not us: a sleeping child.
-  auto live = ChildProcess::Start([] {
+  auto live = Process::Fork([] {
     pause();
     return 0;
   });
@@ -286,7 +286,7 @@ TEST(RemoveStaleSegmentsTest, RemovesDeadPidsAndKeepsLiveOnes) {
 TEST(RemoveStaleSegmentsTest, ZombieCountsAsDead) {
   const std::string prefix = UniquePrefix("zombie");
   SegmentCleanup cleanup;
-  auto child = ChildProcess::Start([] { return 0; });
+  auto child = Process::Fork([] { return 0; });
   ASSERT_TRUE(child.ok()) << child.status();
   // Wait for the exit without reaping (WNOWAIT): the child stays a zombie.
   siginfo_t info;

@@ -14,13 +14,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ipc/arena.h"
-#include "tests/ipc/child_process.h"
+#include "tests/testing/process.h"
 #include "tests/ipc/segment_names.h"
 
 namespace gradsync::ipc {
 namespace {
 
-using gradsync::testing::ChildProcess;
+using gradsync::testing::Process;
 using gradsync::testing::SegmentCleanup;
 using gradsync::testing::UniqueSegmentName;
 using ::testing::AllOf;
@@ -77,7 +77,7 @@ TEST_F(TrainerSegmentTest, HeaderDescribesTheSpec) {
 
 // The daemon and a trainer process share the rings and the arena.
 TEST_F(TrainerSegmentTest, TrainerProcessSharesRingsAndArena) {
-  auto child = ChildProcess::Start([name = name_]() -> int {
+  auto child = Process::Fork([name = name_]() -> int {
     auto seg = TrainerSegment::Open(name, kHash, kArenaBytes);
     if (!seg.ok()) {
       fprintf(stderr, "child: %s\n", seg.status().ToString().c_str());
@@ -94,7 +94,7 @@ TEST_F(TrainerSegmentTest, TrainerProcessSharesRingsAndArena) {
     return 0;
   });
   ASSERT_TRUE(child.ok()) << child.status();
-  auto code = child->Wait(std::chrono::seconds(30));
+  auto code = child->Wait(std::chrono::seconds(30)).ExitCode();
   ASSERT_TRUE(code.ok()) << code.status();
   ASSERT_EQ(*code, 0);
   for (uint64_t i = 0; i < 10; ++i) {
@@ -109,14 +109,14 @@ TEST_F(TrainerSegmentTest, TrainerProcessSharesRingsAndArena) {
 
 TEST_F(TrainerSegmentTest, ErrorMessageReachesTheTrainer) {
   daemon_.SetError(5, "bucket 3 timed out on node 1");
-  auto child = ChildProcess::Start([name = name_]() -> int {
+  auto child = Process::Fork([name = name_]() -> int {
     auto seg = TrainerSegment::Open(name, kHash, kArenaBytes);
     if (!seg.ok()) return 1;
     if (seg->ErrorMessage() != "bucket 3 timed out on node 1") return 2;
     return seg->header()->error_code == 5 ? 0 : 3;
   });
   ASSERT_TRUE(child.ok()) << child.status();
-  auto code = child->Wait(std::chrono::seconds(30));
+  auto code = child->Wait(std::chrono::seconds(30)).ExitCode();
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 0);
 }

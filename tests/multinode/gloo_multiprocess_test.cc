@@ -5,7 +5,9 @@
 // deadline, past which the children are killed and the test fails.
 #include <signal.h>
 
+#include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,7 +15,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/multinode/exit_codes.h"
-#include "tests/multinode/test_support.h"
+#include "tests/multinode/test_leader.h"
+#include "tests/testing/files.h"
+#include "tests/testing/process.h"
 
 namespace gradsync::testing {
 namespace {
@@ -22,13 +26,13 @@ using ::testing::HasSubstr;
 
 constexpr char kJob[] = "mp-job";
 constexpr char kToken[] = "mp-secret-token";
-constexpr absl::Duration kChildDeadline = absl::Seconds(90);
+constexpr auto kChildDeadline = std::chrono::seconds(90);
 
 class GlooMultiprocessTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_FALSE(dir_.path().empty()) << "mkdtemp failed";
-    helper_ = HelperPath("multinode_node");
+    helper_ = Runfile("tests/multinode/multinode_node");
   }
 
   // A leader whose heartbeat timeout never fires during a test: aborts come
@@ -40,10 +44,11 @@ class GlooMultiprocessTest : public ::testing::Test {
     return leader;
   }
 
-  std::unique_ptr<Child> StartNode(const TestLeader& leader, int rank, int num_nodes,
+  std::unique_ptr<Process> StartNode(const TestLeader& leader, int rank, int num_nodes,
                                    const std::string& scenario,
                                    std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {"--leader=" + leader.address(),
+    std::vector<std::string> args = {helper_,
+                                     "--leader=" + leader.address(),
                                      "--job_id=" + std::string(kJob),
                                      "--job_token=" + std::string(kToken),
                                      absl::StrCat("--node_rank=", rank),
@@ -51,43 +56,47 @@ class GlooMultiprocessTest : public ::testing::Test {
                                      absl::StrCat("--local_size=", rank + 1),
                                      "--scenario=" + scenario};
     args.insert(args.end(), extra.begin(), extra.end());
-    auto child = std::make_unique<Child>(
-        helper_, args, dir_.File(absl::StrCat("node", rank, "-", next_log_++, ".log")));
+    auto child = std::make_unique<Process>(
+        Process::Spawn(args, dir_.File(absl::StrCat("node", rank, "-", next_log_++, ".log"))));
     EXPECT_TRUE(child->started()) << "could not start " << helper_;
     return child;
   }
 
-  static std::vector<Child*> Ptrs(const std::vector<std::unique_ptr<Child>>& children) {
-    std::vector<Child*> out;
+  static std::vector<Process*> Ptrs(const std::vector<std::unique_ptr<Process>>& children) {
+    std::vector<Process*> out;
     for (const auto& c : children) out.push_back(c.get());
     return out;
   }
 
-  static std::string Logs(const std::vector<Child*>& children) {
+  static std::string Logs(const std::vector<Process*>& children) {
     std::string out;
-    for (const Child* c : children) {
-      absl::StrAppend(&out, "---- ", c->log_path(), " (exit ", c->exit_code(), ")\n", c->Log());
+    for (const Process* c : children) {
+      const std::optional<ExitStatus> status = c->exit_status();
+      absl::StrAppend(&out, "---- ", c->log_path(), " (", status ? status->ToString() : "running",
+                      ")\n", c->Log());
     }
     return out;
   }
 
   // Waits for all children and expects each to exit with `code`.
-  void ExpectAllExit(const std::vector<Child*>& children, ExitCode code) {
+  void ExpectAllExit(const std::vector<Process*>& children, ExitCode code) {
     ASSERT_TRUE(WaitAll(children, kChildDeadline)) << "children did not finish (killed)\n"
                                                    << Logs(children);
-    for (const Child* c : children) {
-      EXPECT_EQ(c->exit_code(), static_cast<int>(code)) << Logs(children);
+    for (Process* c : children) {
+      const ExitStatus status = c->Wait(kChildDeadline);  // reaped: returns at once
+      EXPECT_TRUE(status.exited && status.code == static_cast<int>(code))
+          << status.ToString() << "\n" << Logs(children);
     }
   }
 
-  ScratchDir dir_;
+  ScratchDir dir_{"gsmn"};
   std::string helper_;
   int next_log_ = 0;
 };
 
 TEST_F(GlooMultiprocessTest, TwoNodesAllreduceExactSums) {
   auto leader = StartLeader(2);
-  std::vector<std::unique_ptr<Child>> nodes;
+  std::vector<std::unique_ptr<Process>> nodes;
   for (int r = 0; r < 2; ++r) nodes.push_back(StartNode(*leader, r, 2, "allreduce"));
   ExpectAllExit(Ptrs(nodes), ExitCode::kOk);
   const RendezvousStatus status = leader->service().GetStatus();
@@ -97,7 +106,7 @@ TEST_F(GlooMultiprocessTest, TwoNodesAllreduceExactSums) {
 
 TEST_F(GlooMultiprocessTest, ThreeNodesAllreduceExactSums) {
   auto leader = StartLeader(3);
-  std::vector<std::unique_ptr<Child>> nodes;
+  std::vector<std::unique_ptr<Process>> nodes;
   for (int r = 0; r < 3; ++r) nodes.push_back(StartNode(*leader, r, 3, "allreduce"));
   ExpectAllExit(Ptrs(nodes), ExitCode::kOk);
   EXPECT_EQ(leader->service().GetStatus().world_size, 1 + 2 + 3);
@@ -105,7 +114,7 @@ TEST_F(GlooMultiprocessTest, ThreeNodesAllreduceExactSums) {
 
 TEST_F(GlooMultiprocessTest, JoinTimesOutWhenANodeNeverComes) {
   auto leader = StartLeader(3);
-  std::vector<std::unique_ptr<Child>> nodes;
+  std::vector<std::unique_ptr<Process>> nodes;
   for (int r = 0; r < 2; ++r) {
     nodes.push_back(StartNode(*leader, r, 3, "allreduce", {"--join_timeout_ms=1500"}));
   }
@@ -120,7 +129,7 @@ TEST_F(GlooMultiprocessTest, JoinTimesOutWhenANodeNeverComes) {
 
 TEST_F(GlooMultiprocessTest, RefusedNodesExitWithClearErrors) {
   auto leader = StartLeader(2);
-  std::vector<std::unique_ptr<Child>> nodes;
+  std::vector<std::unique_ptr<Process>> nodes;
   nodes.push_back(StartNode(*leader, 0, 2, "allreduce", {"--job_token=wrong-token"}));
   nodes.push_back(StartNode(*leader, 1, 3, "allreduce"));  // disagrees on num_nodes
   nodes.push_back(StartNode(*leader, 7, 2, "allreduce"));  // rank out of range
@@ -134,7 +143,7 @@ TEST_F(GlooMultiprocessTest, RefusedNodesExitWithClearErrors) {
 
 TEST_F(GlooMultiprocessTest, KilledNodeFailsPeersInsteadOfHanging) {
   auto leader = StartLeader(3);
-  std::vector<std::unique_ptr<Child>> nodes;
+  std::vector<std::unique_ptr<Process>> nodes;
   for (int r = 0; r < 3; ++r) {
     nodes.push_back(StartNode(*leader, r, 3, "until_failure",
                               {"--ready_file=" + dir_.File(absl::StrCat("ready", r))}));
@@ -145,15 +154,16 @@ TEST_F(GlooMultiprocessTest, KilledNodeFailsPeersInsteadOfHanging) {
   }
   // The nodes allreduce back to back: the kill lands inside a collective.
   absl::SleepFor(absl::Milliseconds(100));
-  nodes[2]->Kill(SIGKILL);
+  nodes[2]->Signal(SIGKILL);
   ExpectAllExit({nodes[0].get(), nodes[1].get()}, ExitCode::kFailedAsExpected);
   ASSERT_TRUE(WaitAll({nodes[2].get()}, kChildDeadline));
-  EXPECT_EQ(nodes[2]->exit_code(), -SIGKILL);
+  const ExitStatus killed = nodes[2]->Wait(kChildDeadline);
+  EXPECT_TRUE(!killed.exited && killed.code == SIGKILL) << killed.ToString();
 }
 
 TEST_F(GlooMultiprocessTest, SurvivorsAndARestartedNodeFormTheNextGeneration) {
   auto leader = StartLeader(3);
-  std::vector<std::unique_ptr<Child>> nodes;
+  std::vector<std::unique_ptr<Process>> nodes;
   for (int r = 0; r < 3; ++r) {
     nodes.push_back(StartNode(*leader, r, 3, "until_failure",
                               {"--rejoin", "--expect_generation=1",
@@ -164,7 +174,7 @@ TEST_F(GlooMultiprocessTest, SurvivorsAndARestartedNodeFormTheNextGeneration) {
         << Logs(Ptrs(nodes));
   }
   absl::SleepFor(absl::Milliseconds(100));
-  nodes[2]->Kill(SIGKILL);
+  nodes[2]->Signal(SIGKILL);
   ASSERT_TRUE(WaitAll({nodes[2].get()}, kChildDeadline));
   // The replacement joins (retrying while generation 1 is still active)
   // together with the survivors, who report the failure and re-join.
@@ -180,7 +190,7 @@ TEST_F(GlooMultiprocessTest, AbortEndsAnInFlightAllreduce) {
   auto leader = StartLeader(2);
   const std::string done = dir_.File("aborted");
   // A 10-minute Gloo timeout: only Abort can end node 0's allreduce in time.
-  std::vector<std::unique_ptr<Child>> nodes;
+  std::vector<std::unique_ptr<Process>> nodes;
   nodes.push_back(
       StartNode(*leader, 0, 2, "abort_self", {"--timeout_ms=600000", "--ready_file=" + done}));
   nodes.push_back(StartNode(*leader, 1, 2, "wait_then_allreduce",

@@ -18,7 +18,7 @@
 #include "common/status_code.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
-#include "tests/multinode/test_support.h"
+#include "tests/multinode/test_leader.h"
 
 namespace gradsync::testing {
 namespace {

@@ -23,7 +23,9 @@ from .errors import GradsyncError
 __all__ = ["DAEMON_ENV", "DEFAULT_SOCKET", "find_daemon", "socket_answers", "LocalDaemon"]
 
 DAEMON_ENV = "GRADSYNC_DAEMON"
-DEFAULT_SOCKET = "/tmp/gradsyncd.sock"  # GS_DEFAULT_SOCKET in client/gradsync.h
+# A copy of kDefaultSocketPath (common/defaults.h); tests/python/test_defaults.py
+# checks that they agree.
+DEFAULT_SOCKET = "/tmp/gradsyncd.sock"
 
 
 def default_socket() -> str:

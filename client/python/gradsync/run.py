@@ -4,7 +4,7 @@
                             SCRIPT [ARGS...]
 
 * If no daemon answers on the socket (``--socket``, else ``$GRADSYNC_SOCKET``,
-  else /tmp/gradsyncd.sock) one is started with ``--local-size N`` plus the
+  else the daemon's default socket) one is started with ``--local-size N`` plus the
   ``--daemon-arg`` flags, and stopped (SIGTERM) when the trainers are done.
   A daemon that already answers is used as it is and left running.
 * Each trainer runs ``python3 SCRIPT ARGS`` (``-m``: ``python3 -m SCRIPT``)

@@ -1,0 +1,145 @@
+#include "daemon/cluster/rendezvous_records.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_code.h"
+#include "daemon/cluster/rendezvous_keys.h"
+#include "gradsync/v1/local.pb.h"
+#include "gradsync/v1/rendezvous.pb.h"
+
+namespace gradsync {
+namespace {
+
+absl::Status Malformed(absl::string_view key, absl::string_view why) {
+  return MakeError(v1::INTERNAL, absl::StrCat("rendezvous record ", key, " is malformed: ", why));
+}
+
+// The message stored under `key`, or an error naming the key.
+template <typename Record>
+absl::StatusOr<Record> Parse(absl::string_view key, const std::optional<std::string>& value) {
+  if (!value.has_value()) {
+    return MakeError(v1::INTERNAL, absl::StrCat("rendezvous record ", key, " is missing"));
+  }
+  Record record;
+  if (!record.ParseFromString(*value)) {
+    return Malformed(key, absl::StrCat("not a ", Record::descriptor()->full_name()));
+  }
+  return record;
+}
+
+uint64_t MibToBytes(double mib) { return static_cast<uint64_t>(mib * (1 << 20)); }
+
+absl::StatusOr<BucketCaps> CapsFromRecord(absl::string_view key, const v1::BucketCapsRecord& r) {
+  if (!(r.bucket_cap_mb() > 0) || !(r.first_bucket_cap_mb() > 0)) {
+    return Malformed(key, absl::StrCat("bucket caps must be > 0, got ", r.bucket_cap_mb(), " and ",
+                                       r.first_bucket_cap_mb(), " MiB"));
+  }
+  return BucketCaps{MibToBytes(r.bucket_cap_mb()), MibToBytes(r.first_bucket_cap_mb())};
+}
+
+v1::BucketCapsRecord CapsRecord(double bucket_cap_mb, double first_bucket_cap_mb) {
+  v1::BucketCapsRecord r;
+  r.set_bucket_cap_mb(bucket_cap_mb);
+  r.set_first_bucket_cap_mb(first_bucket_cap_mb);
+  return r;
+}
+
+}  // namespace
+
+std::string LayoutKey(uint64_t generation, int node_rank) {
+  return absl::StrCat(GenerationKeyPrefix(generation), "layout/", node_rank);
+}
+
+std::string EncodeLayout(const Layout& layout) {
+  v1::RegisterRequest record;
+  for (const TensorInfo& t : layout) {
+    v1::TensorSpec* s = record.add_tensors();
+    s->set_name(t.name);
+    s->set_dtype(static_cast<v1::DType>(t.dtype));
+    s->set_numel(t.numel);
+    // Nodes compare where gradients live (CPU or GPU), not which GPU.
+    s->set_device(t.device >= 0 ? 0 : -1);
+  }
+  return record.SerializeAsString();
+}
+
+absl::StatusOr<Layout> DecodeLayout(absl::string_view key,
+                                    const std::optional<std::string>& value) {
+  absl::StatusOr<v1::RegisterRequest> record = Parse<v1::RegisterRequest>(key, value);
+  if (!record.ok()) return record.status();
+  absl::StatusOr<Layout> layout = LayoutFromProto(record->tensors());
+  if (!layout.ok()) return Malformed(key, layout.status().message());
+  return layout;
+}
+
+std::string CapsKey(uint64_t generation) {
+  return absl::StrCat(GenerationKeyPrefix(generation), "caps");
+}
+
+std::string EncodeCaps(double bucket_cap_mb, double first_bucket_cap_mb) {
+  return CapsRecord(bucket_cap_mb, first_bucket_cap_mb).SerializeAsString();
+}
+
+absl::StatusOr<BucketCaps> DecodeCaps(absl::string_view key,
+                                      const std::optional<std::string>& value) {
+  absl::StatusOr<v1::BucketCapsRecord> record = Parse<v1::BucketCapsRecord>(key, value);
+  if (!record.ok()) return record.status();
+  return CapsFromRecord(key, *record);
+}
+
+std::string ConfigKey(uint64_t version) { return absl::StrCat("config/", version); }
+
+std::string EncodeConfig(uint64_t generation, uint64_t at_iteration, double bucket_cap_mb,
+                         double first_bucket_cap_mb) {
+  v1::ConfigRecord record;
+  record.set_generation(generation);
+  record.set_at_iteration(at_iteration);
+  *record.mutable_caps() = CapsRecord(bucket_cap_mb, first_bucket_cap_mb);
+  return record.SerializeAsString();
+}
+
+absl::StatusOr<JobConfigChange> DecodeConfig(absl::string_view key,
+                                             const std::optional<std::string>& value) {
+  absl::StatusOr<v1::ConfigRecord> record = Parse<v1::ConfigRecord>(key, value);
+  if (!record.ok()) return record.status();
+  if (!record->has_caps()) return Malformed(key, "no bucket caps");
+  absl::StatusOr<BucketCaps> caps = CapsFromRecord(key, record->caps());
+  if (!caps.ok()) return caps.status();
+  JobConfigChange change;
+  change.generation = record->generation();
+  change.at_iteration = record->at_iteration();
+  change.bucket_cap_mb = record->caps().bucket_cap_mb();
+  change.first_bucket_cap_mb = record->caps().first_bucket_cap_mb();
+  change.caps = *caps;
+  return change;
+}
+
+std::string OrderKey(uint64_t generation) {
+  return absl::StrCat(GenerationKeyPrefix(generation), "order");
+}
+
+std::string EncodeOrder(const std::vector<uint32_t>& order) {
+  v1::PlanOrderRecord record;
+  record.mutable_order()->Add(order.begin(), order.end());
+  return record.SerializeAsString();
+}
+
+absl::StatusOr<std::vector<uint32_t>> DecodeOrder(absl::string_view key,
+                                                  const std::optional<std::string>& value,
+                                                  size_t num_tensors) {
+  absl::StatusOr<v1::PlanOrderRecord> record = Parse<v1::PlanOrderRecord>(key, value);
+  if (!record.ok()) return record.status();
+  if (static_cast<size_t>(record->order_size()) != num_tensors) {
+    return Malformed(key,
+                     absl::StrCat(record->order_size(), " indices for ", num_tensors, " tensors"));
+  }
+  std::vector<bool> seen(num_tensors, false);
+  for (uint32_t v : record->order()) {
+    if (v >= num_tensors || seen[v]) {
+      return Malformed(key, absl::StrCat("index ", v, " is out of range or repeated"));
+    }
+    seen[v] = true;
+  }
+  return std::vector<uint32_t>(record->order().begin(), record->order().end());
+}
+
+}  // namespace gradsync

@@ -1,0 +1,57 @@
+// The records daemons exchange through the rendezvous key-value store: each
+// record's key and its value, one serialized gradsync.v1 message
+// (rendezvous.proto). Writers and readers of a record both go through here,
+// so the format lives in one place. A reader refuses a missing value or one
+// that does not parse or fails its checks with an INTERNAL error naming the
+// key: a bad record fails the job clearly, it never crashes the daemon.
+#ifndef GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_RECORDS_H_
+#define GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_RECORDS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/layout.h"
+#include "daemon/engine/bucket_planner.h"
+
+namespace gradsync {
+
+// A node's registered layout in a generation ("g<gen>/layout/<rank>").
+std::string LayoutKey(uint64_t generation, int node_rank);
+std::string EncodeLayout(const Layout& layout);
+absl::StatusOr<Layout> DecodeLayout(absl::string_view key, const std::optional<std::string>& value);
+
+// Node 0's bucket caps in a generation ("g<gen>/caps"), in MiB as set.
+std::string CapsKey(uint64_t generation);
+std::string EncodeCaps(double bucket_cap_mb, double first_bucket_cap_mb);
+absl::StatusOr<BucketCaps> DecodeCaps(absl::string_view key,
+                                      const std::optional<std::string>& value);
+
+// A job-wide caps change published by the leader ("config/<version>").
+struct JobConfigChange {
+  uint64_t generation = 0;    // the generation it was made for
+  uint64_t at_iteration = 0;  // every node switches at this iteration
+  double bucket_cap_mb = 0;
+  double first_bucket_cap_mb = 0;
+  BucketCaps caps;  // the same caps in bytes
+};
+std::string ConfigKey(uint64_t version);
+std::string EncodeConfig(uint64_t generation, uint64_t at_iteration, double bucket_cap_mb,
+                         double first_bucket_cap_mb);
+absl::StatusOr<JobConfigChange> DecodeConfig(absl::string_view key,
+                                             const std::optional<std::string>& value);
+
+// Node 0's rebuilt bucket order in a generation ("g<gen>/order"): must be a
+// permutation of [0, num_tensors).
+std::string OrderKey(uint64_t generation);
+std::string EncodeOrder(const std::vector<uint32_t>& order);
+absl::StatusOr<std::vector<uint32_t>> DecodeOrder(absl::string_view key,
+                                                  const std::optional<std::string>& value,
+                                                  size_t num_tensors);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_RECORDS_H_

@@ -1,0 +1,109 @@
+// The rendezvous records round-trip, and a garbage, missing or inconsistent
+// record is refused with an error that names its key (never a crash).
+#include "daemon/cluster/rendezvous_records.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status_code.h"
+
+namespace gradsync {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// What a record written by the old hand-made string format, or by anything
+// else that is not the expected message, looks like.
+const std::vector<std::string> kGarbage = {"25 1", "7 12 0.5 1", "1,2,3", "\xff\xff\xff"};
+
+void ExpectRefused(const absl::Status& status, const std::string& key) {
+  EXPECT_EQ(CodeOf(status), v1::INTERNAL) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr(key));
+}
+
+TEST(RendezvousRecords, KeysAreScopedAsBefore) {
+  EXPECT_EQ(LayoutKey(3, 1), "g3/layout/1");
+  EXPECT_EQ(CapsKey(3), "g3/caps");
+  EXPECT_EQ(OrderKey(3), "g3/order");
+  EXPECT_EQ(ConfigKey(9), "config/9");
+}
+
+TEST(RendezvousRecords, CapsRoundTrip) {
+  absl::StatusOr<BucketCaps> caps = DecodeCaps(CapsKey(1), EncodeCaps(25, 0.5));
+  ASSERT_TRUE(caps.ok()) << caps.status();
+  EXPECT_EQ(caps->cap_bytes, 25u << 20);
+  EXPECT_EQ(caps->first_cap_bytes, 1u << 19);
+}
+
+TEST(RendezvousRecords, RefusesBadCapsNamingTheKey) {
+  for (const std::string& garbage : kGarbage) {
+    ExpectRefused(DecodeCaps(CapsKey(4), garbage).status(), "g4/caps");
+  }
+  ExpectRefused(DecodeCaps(CapsKey(4), std::nullopt).status(), "g4/caps");
+  ExpectRefused(DecodeCaps(CapsKey(4), EncodeCaps(0, 1)).status(), "g4/caps");
+}
+
+TEST(RendezvousRecords, ConfigRoundTrip) {
+  absl::StatusOr<JobConfigChange> c = DecodeConfig(ConfigKey(2), EncodeConfig(7, 12, 0.001, 2));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->generation, 7u);
+  EXPECT_EQ(c->at_iteration, 12u);
+  EXPECT_EQ(c->bucket_cap_mb, 0.001);
+  EXPECT_EQ(c->first_bucket_cap_mb, 2);
+  EXPECT_EQ(c->caps.cap_bytes, static_cast<uint64_t>(0.001 * (1 << 20)));
+  EXPECT_EQ(c->caps.first_cap_bytes, 2u << 20);
+}
+
+TEST(RendezvousRecords, RefusesBadConfigNamingTheKey) {
+  for (const std::string& garbage : kGarbage) {
+    ExpectRefused(DecodeConfig(ConfigKey(2), garbage).status(), "config/2");
+  }
+  // Parses (an empty message), but carries no caps.
+  ExpectRefused(DecodeConfig(ConfigKey(2), std::string()).status(), "config/2");
+}
+
+TEST(RendezvousRecords, OrderRoundTrip) {
+  absl::StatusOr<std::vector<uint32_t>> order = DecodeOrder(OrderKey(1), EncodeOrder({2, 0, 1}), 3);
+  ASSERT_TRUE(order.ok()) << order.status();
+  EXPECT_EQ(*order, (std::vector<uint32_t>{2, 0, 1}));
+}
+
+TEST(RendezvousRecords, RefusesBadOrderNamingTheKey) {
+  for (const std::string& garbage : kGarbage) {
+    ExpectRefused(DecodeOrder(OrderKey(5), garbage, 3).status(), "g5/order");
+  }
+  ExpectRefused(DecodeOrder(OrderKey(5), std::nullopt, 3).status(), "g5/order");
+  // Well-formed messages that are not a permutation of the 3 tensors.
+  const absl::Status wrong_size = DecodeOrder(OrderKey(5), EncodeOrder({0, 1}), 3).status();
+  ExpectRefused(wrong_size, "g5/order");
+  EXPECT_THAT(std::string(wrong_size.message()), AllOf(HasSubstr("2 indices"), HasSubstr("3")));
+  ExpectRefused(DecodeOrder(OrderKey(5), EncodeOrder({0, 1, 1}), 3).status(), "g5/order");
+  ExpectRefused(DecodeOrder(OrderKey(5), EncodeOrder({0, 1, 3}), 3).status(), "g5/order");
+}
+
+TEST(RendezvousRecords, LayoutRoundTrip) {
+  const Layout layout = {{"w", DType::kFloat32, 10, -1}, {"b", DType::kFloat64, 1, -1}};
+  absl::StatusOr<Layout> decoded = DecodeLayout(LayoutKey(1, 0), EncodeLayout(layout));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ASSERT_EQ(decoded->size(), 2u);
+  EXPECT_EQ((*decoded)[0].name, "w");
+  EXPECT_EQ((*decoded)[1].dtype, DType::kFloat64);
+  EXPECT_EQ((*decoded)[1].numel, 1u);
+}
+
+TEST(RendezvousRecords, RefusesBadLayoutNamingTheKey) {
+  for (const std::string& garbage : kGarbage) {
+    ExpectRefused(DecodeLayout(LayoutKey(1, 2), garbage).status(), "g1/layout/2");
+  }
+  ExpectRefused(DecodeLayout(LayoutKey(1, 2), std::nullopt).status(), "g1/layout/2");
+  // Parses, but is no valid registration (no tensors).
+  ExpectRefused(DecodeLayout(LayoutKey(1, 2), std::string()).status(), "g1/layout/2");
+}
+
+}  // namespace
+}  // namespace gradsync

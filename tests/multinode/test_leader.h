@@ -1,0 +1,34 @@
+// TestLeader, for the multi-node tests: a leader (RendezvousService on a real
+// gRPC server on 127.0.0.1, port picked by the kernel). Node processes are
+// spawned with tests/testing/process.h.
+#ifndef GRADSYNC_TESTS_MULTINODE_TEST_LEADER_H_
+#define GRADSYNC_TESTS_MULTINODE_TEST_LEADER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/time/time.h"
+#include "daemon/cluster/rendezvous_service.h"
+#include "grpcpp/server.h"
+
+namespace gradsync::testing {
+
+class TestLeader {
+ public:
+  TestLeader(const std::string& job_id, const std::string& job_token, int num_nodes,
+             absl::Duration default_timeout, absl::Duration heartbeat_timeout);
+  ~TestLeader();
+
+  // "127.0.0.1:PORT".
+  const std::string& address() const { return address_; }
+  RendezvousService& service() { return *service_; }
+
+ private:
+  std::unique_ptr<RendezvousService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+};
+
+}  // namespace gradsync::testing
+
+#endif  // GRADSYNC_TESTS_MULTINODE_TEST_LEADER_H_
