@@ -17,10 +17,6 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   if (c.backend != "auto" && c.backend != "gloo" && c.backend != "nccl" && c.backend != "local") {
     return bad("--backend must be auto, gloo, nccl or local");
   }
-  if (c.backend == "nccl" && c.num_nodes > 1) {
-    // UNFINISHED: the GPU path's unique id does not travel between nodes yet.
-    return bad("--backend=nccl runs on one node only so far (--num-nodes=1)");
-  }
   if (c.backend == "local" && c.num_nodes > 1) {
     return bad("--backend=local only works with --num-nodes=1");
   }

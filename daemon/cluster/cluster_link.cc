@@ -157,6 +157,12 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   world.backend = std::move(*backend);
   world.caps = *agreed;
   world.agree_order = [raw](const std::vector<uint32_t>& local) { return raw->AgreeOrder(local); };
+  world.publish = [raw](const std::string& name, const std::string& value) {
+    return raw->Publish(name, value);
+  };
+  world.fetch = [raw](const std::string& name, absl::Time deadline) {
+    return raw->Fetch(name, deadline);
+  };
   world.link = std::move(link);
   return world;
 }
@@ -172,6 +178,24 @@ absl::StatusOr<std::vector<uint32_t>> ClusterLink::AgreeOrder(const std::vector<
   absl::StatusOr<std::optional<std::string>> value = client_->Get(key);
   if (!value.ok()) return value.status();
   return DecodeOrder(key, *value, local.size());
+}
+
+absl::Status ClusterLink::Publish(const std::string& name, const std::string& value) {
+  return client_->Set(GpuKey(generation_, name), value);
+}
+
+absl::StatusOr<std::string> ClusterLink::Fetch(const std::string& name, absl::Time deadline) {
+  const std::string key = GpuKey(generation_, name);
+  if (absl::Status st = client_->Wait({key}, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+      !st.ok()) {
+    return st;
+  }
+  absl::StatusOr<std::optional<std::string>> value = client_->Get(key);
+  if (!value.ok()) return value.status();
+  if (!value->has_value()) {
+    return MakeError(v1::INTERNAL, absl::StrCat("rendezvous key ", key, " vanished"));
+  }
+  return **value;
 }
 
 void ClusterLink::ReportError(const absl::Status& error) {

@@ -46,6 +46,10 @@ class ClusterLink final : public WorldLink {
 
   // Node 0's order, distributed to every node (the plan rebuild).
   absl::StatusOr<std::vector<uint32_t>> AgreeOrder(const std::vector<uint32_t>& local);
+  // The GPU path's exchange (GpuKey of this generation): set once, read
+  // once it exists or the deadline passes.
+  absl::Status Publish(const std::string& name, const std::string& value);
+  absl::StatusOr<std::string> Fetch(const std::string& name, absl::Time deadline);
 
  private:
   ClusterLink(const DaemonConfig& config, std::shared_ptr<RendezvousClient> client,

@@ -45,6 +45,10 @@ v1::BucketCapsRecord CapsRecord(double bucket_cap_mb, double first_bucket_cap_mb
 
 }  // namespace
 
+std::string GpuKey(uint64_t generation, absl::string_view name) {
+  return absl::StrCat(GenerationKeyPrefix(generation), "gpu/", name);
+}
+
 std::string LayoutKey(uint64_t generation, int node_rank) {
   return absl::StrCat(GenerationKeyPrefix(generation), "layout/", node_rank);
 }

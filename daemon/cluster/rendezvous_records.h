@@ -52,6 +52,11 @@ absl::StatusOr<std::vector<uint32_t>> DecodeOrder(absl::string_view key,
                                                   const std::optional<std::string>& value,
                                                   size_t num_tensors);
 
+// What the GPU path exchanges in a generation ("g<gen>/gpu/<name>"): each
+// node's GPU count, the NCCL unique id. Opaque bytes, scoped to the job's
+// generation so a stale value is never read.
+std::string GpuKey(uint64_t generation, absl::string_view name);
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_RECORDS_H_

@@ -4,7 +4,9 @@
 #include <map>
 #include <mutex>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_code.h"
 #include "spdlog/spdlog.h"
 
@@ -63,7 +65,8 @@ absl::StatusOr<GpuTrainerSpec> GpuTrainerSpecFromProto(const v1::RegisterRequest
 
 absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
     gpu::DaemonDevice* device, const Layout& layout, const ipc::ArenaLayout& flat_plan,
-    const std::vector<TrainerInput>& trainers, uint64_t generation, absl::Duration timeout) {
+    const std::vector<TrainerInput>& trainers, const WorldInput& world) {
+  const uint64_t generation = world.generation;
   std::unique_ptr<GpuSession> s(new GpuSession(device));
   s->flat_bytes_ = flat_plan.total_bytes;
   s->flat_ = trainers.empty() || trainers[0].spec->flat;
@@ -137,33 +140,58 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
     s->staging_.push_back(nullptr);
   }
 
-  // One node: every rank is here, so the unique id never leaves the
-  // process. (Across nodes it goes through the rendezvous store: not wired
-  // yet; Job refuses multi-node GPU jobs.)
   gpu::CollectiveOptions o;
   o.nranks = static_cast<int>(s->devices_.size());
   o.first_rank = 0;
   o.devices = s->devices_;
   o.generation = generation;
-  o.timeout = timeout;
-  auto store = std::make_shared<std::map<std::string, std::string>>();
-  auto store_mu = std::make_shared<std::mutex>();
-  o.publish = [store, store_mu](const std::string& key, const std::string& value) {
-    std::lock_guard<std::mutex> lock(*store_mu);
-    if (!store->emplace(key, value).second) {
-      return MakeError(v1::INTERNAL, absl::StrCat("unique id key ", key, " published twice"));
+  o.timeout = world.timeout;
+  if (world.num_nodes > 1) {
+    // One NCCL rank per GPU of every node, nodes in rank order: each node
+    // tells the others how many GPUs its trainers use.
+    if (absl::Status st = world.publish(absl::StrCat("gpus/", world.node_rank),
+                                        std::to_string(s->devices_.size()));
+        !st.ok()) {
+      return MakeError(CodeOf(st), absl::StrCat("publishing this node's GPU count: ", st.message()));
     }
-    return absl::OkStatus();
-  };
-  o.fetch = [store, store_mu](const std::string& key,
-                              absl::Time) -> absl::StatusOr<std::string> {
-    std::lock_guard<std::mutex> lock(*store_mu);
-    auto it = store->find(key);
-    if (it == store->end()) {
-      return MakeError(v1::INTERNAL, absl::StrCat("unique id key ", key, " was never published"));
+    const absl::Time deadline = absl::Now() + world.timeout;
+    o.nranks = 0;
+    for (int n = 0; n < world.num_nodes; ++n) {
+      absl::StatusOr<std::string> count = world.fetch(absl::StrCat("gpus/", n), deadline);
+      int gpus = 0;
+      if (!count.ok() || !absl::SimpleAtoi(*count, &gpus) || gpus < 1) {
+        return MakeError(count.ok() ? v1::INTERNAL : CodeOf(count.status()),
+                         absl::StrCat("node ", n, "'s GPU count: ",
+                                      count.ok() ? absl::StrCat("'", *count, "'")
+                                                 : std::string(count.status().message())));
+      }
+      if (n < world.node_rank) o.first_rank += gpus;
+      o.nranks += gpus;
     }
-    return it->second;
-  };
+    o.publish = world.publish;
+    o.fetch = world.fetch;
+  } else {
+    // One node: every rank is here, so the unique id never leaves the
+    // process.
+    auto store = std::make_shared<std::map<std::string, std::string>>();
+    auto store_mu = std::make_shared<std::mutex>();
+    o.publish = [store, store_mu](const std::string& key, const std::string& value) {
+      std::lock_guard<std::mutex> lock(*store_mu);
+      if (!store->emplace(key, value).second) {
+        return MakeError(v1::INTERNAL, absl::StrCat("unique id key ", key, " published twice"));
+      }
+      return absl::OkStatus();
+    };
+    o.fetch = [store, store_mu](const std::string& key,
+                                absl::Time) -> absl::StatusOr<std::string> {
+      std::lock_guard<std::mutex> lock(*store_mu);
+      auto it = store->find(key);
+      if (it == store->end()) {
+        return MakeError(v1::INTERNAL, absl::StrCat("unique id key ", key, " was never published"));
+      }
+      return it->second;
+    };
+  }
   absl::StatusOr<std::unique_ptr<gpu::CollectiveGroup>> group = device->CreateCollectives(o);
   if (!group.ok()) {
     return MakeError(CodeOf(group.status()) == v1::INVALID_ARGUMENT ? v1::INTERNAL
@@ -172,9 +200,10 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
                                   s->devices_.size(), " GPUs: ", group.status().message()));
   }
   s->collectives_ = std::move(*group);
-  spdlog::info("event=gpu_session_open device={} mode={} trainers={} gpus={} flat_bytes={}",
+  spdlog::info("event=gpu_session_open device={} mode={} trainers={} gpus={} first_rank={} "
+               "nranks={} flat_bytes={}",
                device->name(), s->flat_ ? "flat_buffer" : "user_pointer", s->trainers_.size(),
-               s->devices_.size(), s->flat_bytes_);
+               s->devices_.size(), o.first_rank, o.nranks, s->flat_bytes_);
   return s;
 }
 

@@ -65,13 +65,23 @@ class GpuSession {
     const GpuTrainerSpec* spec;
     std::string name;  // "rank 1 (local 1, pid 42)", for errors
   };
+  // Where this node's communicators stand in the job.
+  struct WorldInput {
+    uint64_t generation = 0;
+    absl::Duration timeout = absl::Minutes(5);
+    int node_rank = 0;
+    int num_nodes = 1;
+    // Several nodes: the generation-scoped exchange through the rendezvous
+    // store (JobWorld's); each node's GPU count and the unique id travel
+    // there. One node: unused, nothing leaves the process.
+    std::function<absl::Status(const std::string& name, const std::string& value)> publish;
+    std::function<absl::StatusOr<std::string>(const std::string& name, absl::Time deadline)> fetch;
+  };
   // `flat_plan`: where tensors lie in a flat buffer (the arena planner's
-  // offsets over the tensors' real sizes). `collectives`: the generation's
-  // communicator options; devices, ranks and the unique-id store are
-  // filled here for one node.
+  // offsets over the tensors' real sizes).
   static absl::StatusOr<std::unique_ptr<GpuSession>> Open(
       gpu::DaemonDevice* device, const Layout& layout, const ipc::ArenaLayout& flat_plan,
-      const std::vector<TrainerInput>& trainers, uint64_t generation, absl::Duration timeout);
+      const std::vector<TrainerInput>& trainers, const WorldInput& world);
   ~GpuSession();
   GpuSession(const GpuSession&) = delete;
   GpuSession& operator=(const GpuSession&) = delete;

@@ -129,12 +129,6 @@ absl::Status Job::CheckDeviceKind(const Layout& layout) const {
                      absl::StrCat(where, ", but this gradsyncd has no GPU device (it was built "
                                   "without the CUDA device, or none could be opened at start)"));
   }
-  if (config_.num_nodes > 1) {
-    // UNFINISHED: the unique id must travel through the rendezvous store.
-    return MakeError(v1::INVALID_ARGUMENT,
-                     absl::StrCat(where, ": the GPU path runs on one node only so far "
-                                  "(--num-nodes=", config_.num_nodes, ")"));
-  }
   return absl::OkStatus();
 }
 
@@ -336,12 +330,20 @@ absl::Status Job::StartGpuLocked(const Layout& layout) {
   for (auto& t : trainers_) inputs.push_back({&*t->cuda, t->Name()});
   // Under the job's lock, like the CPU path's segment creation; bounded by
   // the communicators' timeout. No collective can run yet.
+  GpuSession::WorldInput world;
+  // One node: the job id is unique per daemon, so every job's
+  // communicators are a fresh generation.
+  world.generation = world_.generation != 0 ? world_.generation : id_;
+  world.timeout = absl::Milliseconds(config_.timeout_ms);
+  world.node_rank = config_.node_rank;
+  world.num_nodes = config_.num_nodes;
+  world.publish = world_.publish;
+  world.fetch = world_.fetch;
+  if (world.num_nodes > 1 && (!world.publish || !world.fetch)) {
+    return MakeError(v1::INTERNAL, "a multi-node world without the rendezvous exchange");
+  }
   absl::StatusOr<std::unique_ptr<GpuSession>> session =
-      GpuSession::Open(hooks_.gpu.device.get(), layout, flat_plan_, inputs,
-                       // One node: the job id is unique per daemon, so every
-                       // job's communicators are a fresh generation.
-                       world_.generation != 0 ? world_.generation : id_,
-                       absl::Milliseconds(config_.timeout_ms));
+      GpuSession::Open(hooks_.gpu.device.get(), layout, flat_plan_, inputs, world);
   if (!session.ok()) return session.status();
   gpu_session_ = std::move(*session);
   gpu_backend_name_ = absl::StrCat("gpu-", gpu_session_->device().name());

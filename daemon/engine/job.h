@@ -66,6 +66,10 @@ struct JobWorld {
   std::unique_ptr<Backend> backend;
   // How the nodes agree on the rebuilt plan's order (empty on one node).
   Scheduler::OrderAgreement agree_order;
+  // The GPU path's key/value exchange through the rendezvous store, scoped
+  // to this generation (empty on one node: then nothing leaves the node).
+  std::function<absl::Status(const std::string& name, const std::string& value)> publish;
+  std::function<absl::StatusOr<std::string>(const std::string& name, absl::Time deadline)> fetch;
   // Node 0's caps, so every node plans the same buckets (0: use the config).
   BucketCaps caps{0, 0};
   std::shared_ptr<WorldLink> link;

@@ -95,6 +95,42 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"unused_four_gpus_flat", 4, 4, {"--mode=flat", "--unused-every=2"}}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
+// Two nodes (two daemons), two trainers each on two GPUs: one NCCL rank per
+// GPU of the job (4), the GPU counts and the unique id exchanged through the
+// leader's rendezvous store; every step is the average over all 4 trainers.
+TEST(GpuPath, TwoNodesAverageOverEveryTrainer) {
+  for (const std::string mode : {"flat", "user"}) {
+    std::vector<std::string> common = kDaemonArgs;
+    common.insert(common.end(), {"--num-nodes=2", "--job-id=gpujob-" + mode});
+    std::vector<std::string> lead = common;
+    lead.push_back("--node-rank=0");
+    Daemon leader(2, lead, SimEnv(2), "tests/gpu/gradsyncd_sim");
+    ASSERT_TRUE(leader.WaitReady(seconds(10))) << leader.process().Log();
+    const int port = leader.ListenPort(seconds(10));
+    ASSERT_GT(port, 0) << leader.process().Log();
+    std::vector<std::string> follow = common;
+    follow.insert(follow.end(), {"--node-rank=1", absl::StrCat("--leader=127.0.0.1:", port)});
+    Daemon follower(2, follow, SimEnv(2), "tests/gpu/gradsyncd_sim");
+    ASSERT_TRUE(follower.WaitReady(seconds(10))) << follower.process().Log();
+
+    std::vector<Process> trainers;
+    for (Daemon* d : {&leader, &follower}) {
+      for (int r = 0; r < 2; ++r) {
+        trainers.push_back(StartSimTrainer(*d, r, 2, {"--mode=" + mode, "--steps=4"}));
+      }
+    }
+    for (auto& t : trainers) {
+      ExitStatus st = t.Wait(seconds(90));
+      EXPECT_TRUE(st.exited && st.code == 0)
+          << mode << "\n" << t.Log() << "\nleader:\n" << leader.process().Log()
+          << "\nfollower:\n" << follower.process().Log();
+      EXPECT_NE(t.Log().find("world 4"), std::string::npos) << t.Log();
+    }
+    EXPECT_NE(follower.process().Log().find("first_rank=2 nranks=4"), std::string::npos)
+        << follower.process().Log();
+  }
+}
+
 // The equivalence check can fail: a daemon that reduces without polling the
 // readiness events (a test-only flag of gradsyncd_sim) reads gradients the
 // trainers' streams have not written yet, and the trainers notice.
