@@ -326,7 +326,9 @@ bool Scheduler::LaunchGpu(uint32_t bucket) {
   if (!st.ok()) {
     const std::string where = absl::StrCat("bucket ", bucket, " of iteration ", iteration(), ": ");
     if (culprit == GpuReducer::kCollective) {
-      fail_(MakeError(CodeOf(st) == v1::INTERNAL ? v1::PEER_FAILED : CodeOf(st),
+      // A peer died (UNAVAILABLE), the group was aborted, or it hung past
+      // its timeout: the trainers see PEER_FAILED or TIMEOUT, nothing else.
+      fail_(MakeError(CodeOf(st) == v1::TIMEOUT ? v1::TIMEOUT : v1::PEER_FAILED,
                       absl::StrCat(where, "the GPU allreduce failed: ", st.message())),
             kCollectiveFailed);
     } else {

@@ -6,9 +6,11 @@
 // plan is rebuilt after iteration 0 and later buckets are staged.
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <map>
 #include <ostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -129,6 +131,41 @@ TEST(GpuPath, TwoNodesAverageOverEveryTrainer) {
     EXPECT_NE(follower.process().Log().find("first_rank=2 nranks=4"), std::string::npos)
         << follower.process().Log();
   }
+}
+
+// A node dies mid-job (its daemon SIGKILLed): the surviving node's
+// collective fails or times out, the group is aborted, and its trainers get
+// PEER_FAILED (or TIMEOUT) within the timeout — no hang.
+TEST(GpuPath, NodeKilledMidJobFailsTheOtherNodesTrainers) {
+  std::vector<std::string> common = {"--timeout-s=10", "--num-nodes=2", "--job-id=gpukill"};
+  std::vector<std::string> lead = common;
+  lead.push_back("--node-rank=0");
+  Daemon leader(2, lead, SimEnv(2), "tests/gpu/gradsyncd_sim");
+  ASSERT_TRUE(leader.WaitReady(seconds(10))) << leader.process().Log();
+  const int port = leader.ListenPort(seconds(10));
+  ASSERT_GT(port, 0) << leader.process().Log();
+  std::vector<std::string> follow = common;
+  follow.insert(follow.end(), {"--node-rank=1", absl::StrCat("--leader=127.0.0.1:", port)});
+  Daemon follower(2, follow, SimEnv(2), "tests/gpu/gradsyncd_sim");
+  ASSERT_TRUE(follower.WaitReady(seconds(10))) << follower.process().Log();
+  std::vector<Process> survivors, doomed;
+  for (int r = 0; r < 2; ++r) {
+    survivors.push_back(StartSimTrainer(leader, r, 2, {"--mode=flat", "--steps=100000"}));
+    doomed.push_back(StartSimTrainer(follower, r, 2, {"--mode=flat", "--steps=100000"}));
+  }
+  ASSERT_TRUE(WaitForLog(leader.process(), "event=job_running", seconds(30)))
+      << leader.process().Log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  follower.process().Signal(SIGKILL);
+  for (auto& t : survivors) {
+    ExitStatus st = t.Wait(seconds(40));
+    const std::string log = t.Log();
+    ASSERT_TRUE(st.exited && st.code == 2) << log << "\nleader:\n" << leader.process().Log();
+    EXPECT_TRUE(log.find("error code=4") != std::string::npos ||
+                log.find("error code=5") != std::string::npos)
+        << log;
+  }
+  for (auto& t : doomed) t.Wait(seconds(40));
 }
 
 // The equivalence check can fail: a daemon that reduces without polling the
