@@ -83,6 +83,8 @@ absl::Status GpuReducer::WaitEvents(const PlannedBucket& bucket, absl::Time dead
     for (uint32_t i : bucket.tensors) pending_.emplace_back(t, i);
   }
   gpu::DaemonDevice& device = session_->device();
+  const absl::Time start = absl::Now();
+  bool stall_reported = false;
   while (true) {
     size_t kept = 0;
     for (const auto& [t, i] : pending_) {
@@ -101,7 +103,18 @@ absl::Status GpuReducer::WaitEvents(const PlannedBucket& bucket, absl::Time dead
     pending_.resize(kept);
     if (pending_.empty()) return absl::OkStatus();
     if (session_->aborted()) return Aborted();
-    if (absl::Now() >= deadline) {
+    const absl::Time now = absl::Now();
+    if (!stall_reported && stall_ && now - start >= absl::Seconds(stall_threshold_s_)) {
+      stall_reported = true;
+      const auto& [t, i] = pending_.front();
+      stall_(bucket.id, absl::ToDoubleSeconds(now - start),
+             absl::StrCat(session_->trainer_name(t), "'s readiness event of tensor '",
+                          layout_[i].name, "' is pending",
+                          pending_.size() > 1
+                              ? absl::StrCat(" (", pending_.size() - 1, " more events)")
+                              : ""));
+    }
+    if (now >= deadline) {
       const auto& [t, i] = pending_.front();
       return MakeError(v1::TIMEOUT,
                        absl::StrCat(session_->trainer_name(t), " marked tensor ", i, " '",

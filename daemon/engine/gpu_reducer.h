@@ -21,6 +21,8 @@
 #define GRADSYNC_DAEMON_ENGINE_GPU_REDUCER_H_
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -52,6 +54,14 @@ class GpuReducer {
                       absl::Time deadline, ReduceTimings* timings, int* culprit);
 
   void Abort(const std::string& reason) { session_->Abort(reason); }
+  // Called at most once per Reduce when its events stay pending for
+  // `threshold_s`: the scheduler's loop cannot report that stall itself
+  // while it polls here. (bucket, waited seconds, what is pending.)
+  using StallReporter = std::function<void(uint32_t, double, const std::string&)>;
+  void SetStallReporter(double threshold_s, StallReporter reporter) {
+    stall_threshold_s_ = threshold_s;
+    stall_ = std::move(reporter);
+  }
   // The device's own error behind the last failed Reduce (OK if it was not
   // a device call), payloads intact: is it a sticky CUDA error?
   const absl::Status& last_device_error() const { return device_error_; }
@@ -81,6 +91,8 @@ class GpuReducer {
   std::vector<gpu::DeviceBuffer> buffers_;
   std::vector<std::pair<size_t, uint32_t>> pending_;
   absl::Status device_error_;
+  double stall_threshold_s_ = 0;
+  StallReporter stall_;
 };
 
 }  // namespace gradsync

@@ -57,6 +57,16 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
     t->marked_count = 0;
   }
   order_ = ReverseRegistrationOrder(layout_.size());
+  if (options_.gpu) {
+    // The loop is inside the reducer while it polls events: it reports.
+    options_.gpu->SetStallReporter(
+        options_.stall_threshold_s, [this](uint32_t bucket, double waited_s, const std::string& what) {
+          stall_reported_ = true;
+          spdlog::warn("event=stall iteration={} bucket={} waited_s={:.1f} missing=\"{}\"",
+                       iteration(), bucket, waited_s, what);
+          if (observer_) observer_->OnStall(iteration(), bucket, waited_s, what.c_str());
+        });
+  }
   InstallPlan(std::move(plan));
 }
 

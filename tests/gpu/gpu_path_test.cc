@@ -235,6 +235,24 @@ TEST(GpuPath, ReadinessEventThatNeverCompletesTimesOutNamingTrainerAndTensor) {
   }
 }
 
+// A readiness event pending past the stall threshold is reported (log and
+// stats) while the daemon keeps waiting; the iteration then completes.
+TEST(GpuPath, PendingReadinessEventIsReportedAsAStall) {
+  Daemon daemon(2, {"--timeout-s=20", "--stall-threshold-s=0.3"}, SimEnv(1),
+                "tests/gpu/gradsyncd_sim");
+  ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+  Process slow = StartSimTrainer(daemon, 0, 1, {"--steps=2", "--hold-stream-ms=1500"});
+  Process fine = StartSimTrainer(daemon, 1, 1, {"--steps=2"});
+  for (Process* t : {&slow, &fine}) {
+    ExitStatus st = t->Wait(seconds(60));
+    ASSERT_TRUE(st.exited && st.code == 0) << t->Log() << "\ndaemon:\n" << daemon.process().Log();
+  }
+  const std::string log = daemon.process().Log();
+  EXPECT_NE(log.find("event=stall"), std::string::npos) << log;
+  EXPECT_NE(log.find("rank 0 (local 0"), std::string::npos) << log;
+  EXPECT_NE(log.find("readiness event of tensor"), std::string::npos) << log;
+}
+
 // Stats cover GPU buckets through the same observer as the CPU path.
 TEST(GpuPath, StatsCoverGpuBuckets) {
   Daemon daemon(2, kDaemonArgs, SimEnv(2), "tests/gpu/gradsyncd_sim");
