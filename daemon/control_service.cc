@@ -77,7 +77,7 @@ grpc::Status ControlService::GetConfig(grpc::ServerContext*, const v1::GetConfig
 
 grpc::Status ControlService::SetConfig(grpc::ServerContext*, const v1::SetConfigRequest* req,
                                        v1::SetConfigResponse* resp) {
-  std::lock_guard<std::mutex> serialize(set_mu_);
+  absl::MutexLock serialize(&set_mu_);
   // All or nothing: parse and validate every key on a copy first.
   DaemonConfig next = jobs_->config();
   std::vector<std::string> changed;
