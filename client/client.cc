@@ -103,17 +103,22 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
   c->watch_thread_ = std::thread([raw] { raw->WatchLoop(); });
   // Return only once the daemon holds the stream: a trainer that dies
   // right after connecting must still be noticed.
+  bool established = false;
   {
-    std::unique_lock<std::mutex> lock(c->watch_mu_);
-    const bool up = c->watch_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [raw] {
+    absl::MutexLock lock(&raw->watch_mu_);
+    auto settled = [raw] {
+      raw->watch_mu_.AssertReaderHeld();
       return raw->watch_established_ || !raw->watch_error_.ok() || raw->watch_ended_;
-    });
-    if (!up || !c->watch_established_) {
-      lock.unlock();
-      return MakeError(v1::UNAVAILABLE,
-                       absl::StrCat("gradsyncd at ", c->socket_path_,
-                                    " accepted the attach but not the Watch stream"));
-    }
+    };
+    const bool up =
+        raw->watch_mu_.AwaitWithTimeout(absl::Condition(&settled), absl::Milliseconds(timeout_ms));
+    established = up && raw->watch_established_;
+  }
+  // (Destroying `c` joins the Watch thread, which takes watch_mu_.)
+  if (!established) {
+    return MakeError(v1::UNAVAILABLE,
+                     absl::StrCat("gradsyncd at ", c->socket_path_,
+                                  " accepted the attach but not the Watch stream"));
   }
   return c;
 }
@@ -127,24 +132,20 @@ void Client::WatchLoop() {
       stub_->Watch(watch_ctx_.get(), req);
   v1::WatchEvent event;
   while (reader->Read(&event)) {
-    std::lock_guard<std::mutex> lock(watch_mu_);
-    if (!watch_established_) {
-      watch_established_ = true;
-      watch_cv_.notify_all();
-    }
+    absl::MutexLock lock(&watch_mu_);
+    watch_established_ = true;
     if (event.has_error() && event.error().code() != v1::OK) {
       if (watch_error_.ok()) watch_error_ = FromProto(event.error());
       if (ipc::Doorbell* b = completion_bell_.load()) b->Ring();
     }
   }
   {
-    std::lock_guard<std::mutex> lock(watch_mu_);
+    absl::MutexLock lock(&watch_mu_);
     watch_ended_ = true;
-    watch_cv_.notify_all();
   }
   reader->Finish().IgnoreError();
   if (closing_.load()) return;
-  std::lock_guard<std::mutex> lock(watch_mu_);
+  absl::MutexLock lock(&watch_mu_);
   if (watch_error_.ok()) {
     watch_error_ = MakeError(
         v1::PEER_FAILED, absl::StrCat("lost the connection to gradsyncd (pid ", daemon_pid_,
@@ -154,7 +155,7 @@ void Client::WatchLoop() {
 }
 
 absl::Status Client::ConnectionError() const {
-  std::lock_guard<std::mutex> lock(watch_mu_);
+  absl::MutexLock lock(&watch_mu_);
   return watch_error_;
 }
 

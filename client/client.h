@@ -6,21 +6,25 @@
 // shared memory: a readiness-ring entry plus a futex doorbell, and a
 // completion ring to wait on. Errors are absl::Status values carrying the
 // gradsync code (common/status_code.h); a job failure is sticky.
+//
+// Threads: a Client is used by one thread at a time (the trainer's). Its
+// own thread reads the Watch stream and shares with it only what
+// watch_mu_ guards, plus the atomics `closing_` and `completion_bell_`.
 #ifndef GRADSYNC_CLIENT_CLIENT_H_
 #define GRADSYNC_CLIENT_CLIENT_H_
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/dtype.h"
 #include "common/layout.h"
 #include "gpu/device.h"
@@ -94,9 +98,10 @@ class Client {
   absl::Status Post(size_t index, ipc::ReadyKind kind);
   absl::Status CheckUsable() const;
   absl::Status Failed(absl::Status error);  // records a sticky failure
-  absl::Status ConnectionError() const;     // from the Watch stream, if any
+  // From the Watch stream, if any.
+  absl::Status ConnectionError() const ABSL_LOCKS_EXCLUDED(watch_mu_);
   std::string UnmarkedTensors() const;
-  void WatchLoop();
+  void WatchLoop() ABSL_LOCKS_EXCLUDED(watch_mu_);
 
   std::string socket_path_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -132,11 +137,10 @@ class Client {
   // The Watch stream (a thread): daemon-pushed errors and daemon death.
   std::unique_ptr<grpc::ClientContext> watch_ctx_;
   std::thread watch_thread_;
-  mutable std::mutex watch_mu_;
-  absl::Status watch_error_;
-  std::condition_variable watch_cv_;
-  bool watch_established_ = false;  // the first event arrived
-  bool watch_ended_ = false;
+  mutable absl::Mutex watch_mu_;
+  absl::Status watch_error_ ABSL_GUARDED_BY(watch_mu_);
+  bool watch_established_ ABSL_GUARDED_BY(watch_mu_) = false;  // the first event arrived
+  bool watch_ended_ ABSL_GUARDED_BY(watch_mu_) = false;
   std::atomic<bool> closing_{false};
   std::atomic<ipc::Doorbell*> completion_bell_{nullptr};  // set once registered
   bool closed_ = false;

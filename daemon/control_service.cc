@@ -77,12 +77,14 @@ grpc::Status ControlService::GetConfig(grpc::ServerContext*, const v1::GetConfig
 
 grpc::Status ControlService::SetConfig(grpc::ServerContext*, const v1::SetConfigRequest* req,
                                        v1::SetConfigResponse* resp) {
-  std::lock_guard<std::mutex> serialize(set_mu_);
+  absl::MutexLock serialize(&set_mu_);
   // All or nothing: parse and validate every key on a copy first.
   DaemonConfig next = jobs_->config();
   std::vector<std::string> changed;
-  for (const auto& [raw_key, value] : req->values()) {
-    const std::string key = absl::AsciiStrToLower(raw_key);
+  for (const auto& entry : req->values()) {
+    // (Not a structured binding: clang before 16 cannot capture one in `bad`.)
+    const std::string& value = entry.second;
+    const std::string key = absl::AsciiStrToLower(entry.first);
     double number = 0;
     const bool numeric = absl::SimpleAtod(value, &number);
     auto bad = [&](const std::string& why) {

@@ -7,10 +7,11 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/engine/job_registry.h"
 #include "gradsync/v1/control.grpc.pb.h"
 
@@ -32,7 +33,7 @@ class ControlService final : public v1::Control::Service {
   grpc::Status GetConfig(grpc::ServerContext*, const v1::GetConfigRequest*,
                          v1::GetConfigResponse*) override;
   grpc::Status SetConfig(grpc::ServerContext*, const v1::SetConfigRequest*,
-                         v1::SetConfigResponse*) override;
+                         v1::SetConfigResponse*) override ABSL_LOCKS_EXCLUDED(set_mu_);
   grpc::Status GetTrace(grpc::ServerContext*, const v1::GetTraceRequest*,
                         v1::GetTraceResponse*) override;
   grpc::Status Drain(grpc::ServerContext*, const v1::DrainRequest*, v1::DrainResponse*) override;
@@ -44,7 +45,9 @@ class ControlService final : public v1::Control::Service {
   std::function<void()> drain_;
   PublishCaps publish_caps_;
   std::function<std::vector<std::string>()> job_stalls_;
-  std::mutex set_mu_;  // one SetConfig at a time
+  // One SetConfig at a time: its read-validate-publish-update of the
+  // registry's configuration is one step. Guards no field of its own.
+  absl::Mutex set_mu_;
   const std::chrono::steady_clock::time_point started_;
   std::atomic<uint64_t> config_version_{1};
 };

@@ -170,26 +170,28 @@ absl::Status Daemon::Start() {
 }
 
 void Daemon::HeartbeatLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!shutdown_) {
-    node_.header()->heartbeat.fetch_add(1, std::memory_order_release);
-    lock.unlock();
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (shutdown_) return;
+      node_.header()->heartbeat.fetch_add(1, std::memory_order_release);
+    }
+    // Without mu_: reaping takes the registry's and the job's locks.
     if (std::shared_ptr<Job> job = jobs_->Current()) {
       for (uint64_t session : job->ReapUnwatched(std::chrono::seconds(10))) {
         jobs_->RemoveSession(session);
       }
     }
-    lock.lock();
-    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&shutdown_), absl::Milliseconds(100));
   }
 }
 
 void Daemon::RequestShutdown(const std::string& why) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (shutdown_) return;
   shutdown_ = true;
   shutdown_reason_ = why;
-  cv_.notify_all();
 }
 
 absl::Status Daemon::PublishCaps(const DaemonConfig& next, uint64_t version) {
@@ -220,7 +222,7 @@ absl::Status Daemon::PublishCaps(const DaemonConfig& next, uint64_t version) {
 }
 
 void Daemon::Drain() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (drain_.joinable() || shutdown_) return;
   jobs_->StopAccepting();
   drain_ = std::thread([this] {
@@ -241,19 +243,26 @@ void Daemon::Drain() {
 }
 
 void Daemon::Run() {
+  std::string reason;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return shutdown_; });
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&shutdown_));
+    reason = shutdown_reason_;
   }
-  spdlog::info("event=shutdown reason=\"{}\"", shutdown_reason_);
+  spdlog::info("event=shutdown reason=\"{}\"", reason);
   if (listen_server_) listen_server_->GetHealthCheckService()->SetServingStatus(false);
-  jobs_->FailAll(MakeError(v1::UNAVAILABLE,
-                           absl::StrCat("gradsyncd is shutting down (", shutdown_reason_, ")")));
+  jobs_->FailAll(
+      MakeError(v1::UNAVAILABLE, absl::StrCat("gradsyncd is shutting down (", reason, ")")));
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
   local_server_->Shutdown(deadline);
   if (listen_server_) listen_server_->Shutdown(deadline);
   if (heartbeat_.joinable()) heartbeat_.join();
-  if (drain_.joinable()) drain_.join();
+  std::thread drain;  // no Drain starts one after shutdown
+  {
+    absl::MutexLock lock(&mu_);
+    drain = std::move(drain_);
+  }
+  if (drain.joinable()) drain.join();
   jobs_.reset();  // stops schedulers, removes trainer segments
   ipc::SharedSegment::Remove(node_.name()).IgnoreError();
   unlink(config_.socket_path.c_str());

@@ -2,17 +2,21 @@
 // heartbeat), the job registry, the Local service on the unix socket, and
 // the network-facing server on --listen (Control, Rendezvous on the leader,
 // grpc.health.v1.Health, server reflection).
+//
+// Threads: Start and Run belong to main's thread; RequestShutdown and Drain
+// are thread-safe (signal thread, Control RPCs). mu_ guards the shutdown
+// and drain state; it is taken before the registry's lock.
 #ifndef GRADSYNC_DAEMON_DAEMON_H_
 #define GRADSYNC_DAEMON_DAEMON_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/config.h"
 #include "daemon/control_service.h"
 #include "daemon/engine/job_registry.h"
@@ -36,12 +40,12 @@ class Daemon {
   // error, segments and the socket file are removed.
   void Run();
   // Thread-safe; called from the signal thread or the Drain RPC.
-  void RequestShutdown(const std::string& why);
+  void RequestShutdown(const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
 
   int listen_port() const { return listen_port_; }
 
   // Stop accepting trainers, let the current iteration finish, then exit.
-  void Drain();
+  void Drain() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   absl::StatusOr<JobWorld> FormWorld(const Layout& layout,
@@ -49,7 +53,7 @@ class Daemon {
   absl::Status PrepareSocketPath();
   // The leader's job-wide caps change (ControlService::PublishCaps).
   absl::Status PublishCaps(const DaemonConfig& next, uint64_t version);
-  void HeartbeatLoop();
+  void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   DaemonConfig config_;
   GpuRuntime gpu_;
@@ -62,12 +66,11 @@ class Daemon {
   std::unique_ptr<grpc::Server> listen_server_;
   int listen_port_ = 0;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool shutdown_ = false;
-  std::string shutdown_reason_;
-  std::thread heartbeat_;
-  std::thread drain_;
+  absl::Mutex mu_;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  std::string shutdown_reason_ ABSL_GUARDED_BY(mu_);
+  std::thread heartbeat_;  // started by Start, joined by Run or the destructor
+  std::thread drain_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gradsync

@@ -20,6 +20,17 @@ if [ $status -eq 0 ]; then
   bazel test "${BAZEL_FLAGS[@]}" //... || status=1
 fi
 
+# clang's thread-safety analysis (-Werror=thread-safety, see .bazelrc) over
+# the libraries and binaries, tests excluded. Its own output base keeps the
+# gcc build's cache; only compiles (no linking): the analysis is a compile step.
+TSA_TARGETS=(//common/... //ipc/... //client/... //daemon/... //gpu/...)
+if [ $status -eq 0 ]; then
+  echo "== clang thread-safety build"
+  bazel --output_base="${HOME}/.cache/gradsync-tsa" build "${BAZEL_FLAGS[@]}" \
+    --config=thread_safety --output_groups=compilation_outputs "${TSA_TARGETS[@]}" || status=1
+  bazel --output_base="${HOME}/.cache/gradsync-tsa" shutdown >/dev/null 2>&1
+fi
+
 if [ $status -eq 0 ] && [ -d tests/python ] && ls tests/python/test_*.py >/dev/null 2>&1; then
   echo "== python tests (/usr/bin/python3 -m pytest tests/python)"
   bazel build "${BAZEL_FLAGS[@]}" //client:libgradsync.so //daemon:gradsyncd || status=1

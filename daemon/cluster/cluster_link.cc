@@ -1,7 +1,6 @@
 #include "daemon/cluster/cluster_link.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -15,7 +14,7 @@
 namespace gradsync {
 namespace {
 
-constexpr auto kHeartbeatEvery = std::chrono::milliseconds(500);
+constexpr absl::Duration kHeartbeatEvery = absl::Milliseconds(500);
 
 }  // namespace
 
@@ -30,10 +29,9 @@ ClusterLink::ClusterLink(const DaemonConfig& config, std::shared_ptr<RendezvousC
 
 ClusterLink::~ClusterLink() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
   if (heartbeat_.joinable()) heartbeat_.join();
   absl::Status st = client_->Leave(config_.node_rank, generation_, "the job's trainers closed");
   if (!st.ok()) {
@@ -199,13 +197,10 @@ absl::StatusOr<std::string> ClusterLink::Fetch(const std::string& name, absl::Ti
 }
 
 void ClusterLink::ReportError(const absl::Status& error) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (failed_) return;  // the failure came from elsewhere: already known
-    failed_ = true;
-    node_error_ = error;
-  }
-  cv_.notify_all();
+  absl::MutexLock lock(&mu_);
+  if (failed_) return;  // the failure came from elsewhere: already known
+  failed_ = true;
+  node_error_ = error;
 }
 
 absl::Status ClusterLink::Explain(const absl::Status& error) {
@@ -228,7 +223,7 @@ absl::Status ClusterLink::Explain(const absl::Status& error) {
 
 void ClusterLink::SetConfigListener(
     std::function<void(const BucketCaps& caps, uint64_t at_iteration)> listener) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   config_listener_ = std::move(listener);
 }
 
@@ -245,7 +240,7 @@ void ClusterLink::ApplyConfig(uint64_t version) {
   if (change->generation != generation_) return;  // made for another generation
   std::function<void(const BucketCaps&, uint64_t)> listener;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     listener = config_listener_;
   }
   spdlog::info("event=job_config version={} at_iteration={} bucket_cap_mb={} first_bucket_cap_mb={}",
@@ -254,40 +249,44 @@ void ClusterLink::ApplyConfig(uint64_t version) {
 }
 
 void ClusterLink::ReportStall(const std::string& description) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stall_report_ = description;
-  }
-  cv_.notify_all();
+  absl::MutexLock lock(&mu_);
+  stall_report_ = description;
 }
 
 void ClusterLink::SetProgress(std::function<uint64_t()> iteration) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   progress_ = std::move(iteration);
 }
 
 void ClusterLink::HeartbeatLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
   bool error_sent = false;
-  while (!stop_) {
+  while (true) {
+    // Under mu_: what this heartbeat carries.
     HeartbeatParams hb;
-    hb.node_rank = config_.node_rank;
-    hb.generation = generation_;
-    hb.iteration = progress_ ? progress_() : 0;
-    hb.node_error = error_sent ? absl::OkStatus() : node_error_;
-    hb.stall_report = std::move(stall_report_);
-    stall_report_.clear();
-    const bool sending_error = !node_error_.ok() && !error_sent;
-    lock.unlock();
-    absl::StatusOr<HeartbeatResult> r = client_->Heartbeat(hb);
-    lock.lock();
-    if (sending_error && r.ok()) error_sent = true;
-    if (r.ok() && r->config_version > config_version_seen_) {
-      config_version_seen_ = r->config_version;
-      lock.unlock();
-      ApplyConfig(r->config_version);
-      lock.lock();
+    bool sending_error = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+      hb.node_rank = config_.node_rank;
+      hb.generation = generation_;
+      hb.iteration = progress_ ? progress_() : 0;
+      hb.node_error = error_sent ? absl::OkStatus() : node_error_;
+      hb.stall_report = std::move(stall_report_);
+      stall_report_.clear();
+      sending_error = !node_error_.ok() && !error_sent;
     }
+    // Without mu_: the RPC, and what it asks for (config, failing the job).
+    absl::StatusOr<HeartbeatResult> r = client_->Heartbeat(hb);
+    if (sending_error && r.ok()) error_sent = true;
+    uint64_t new_config_version = 0;
+    if (r.ok()) {
+      absl::MutexLock lock(&mu_);
+      if (r->config_version > config_version_seen_) {
+        config_version_seen_ = r->config_version;
+        new_config_version = r->config_version;
+      }
+    }
+    if (new_config_version != 0) ApplyConfig(new_config_version);
     absl::Status failure;
     if (!r.ok()) {
       failure = MakeError(v1::PEER_FAILED,
@@ -299,16 +298,24 @@ void ClusterLink::HeartbeatLoop() {
                                        r->abort_reason.empty() ? "a newer generation formed"
                                                                : r->abort_reason));
     }
-    if (!failure.ok() && !failed_ && !stop_) {
-      failed_ = true;
-      auto notify = on_failure_;
-      lock.unlock();
-      notify(failure);  // fails the local job; it reports back via ReportError (ignored)
-      lock.lock();
+    bool notify = false;
+    if (!failure.ok()) {
+      absl::MutexLock lock(&mu_);
+      if (!failed_ && !stop_) {
+        failed_ = true;
+        notify = true;
+      }
     }
-    cv_.wait_for(lock, kHeartbeatEvery, [&] {
+    // Fails the local job; it reports back via ReportError (ignored).
+    if (notify) on_failure_(failure);
+
+    // Until the next beat, or sooner for an error or stall to report.
+    absl::MutexLock lock(&mu_);
+    auto report_now = [this, error_sent] {
+      mu_.AssertReaderHeld();
       return stop_ || (!node_error_.ok() && !error_sent) || !stall_report_.empty();
-    });
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&report_now), kHeartbeatEvery);
   }
 }
 

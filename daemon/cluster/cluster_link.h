@@ -6,20 +6,25 @@
 // heart-beats the leader: a node error is reported there (the leader then
 // aborts the generation everywhere), and an abort or an unreachable leader
 // fails the local job. It leaves the generation when the job ends.
+//
+// Threads: the WorldLink methods are thread-safe and called by the job
+// (under its lock: they never block on the network, except Explain and
+// AgreeOrder, which the job calls without its lock). The heartbeat thread
+// talks to the leader and calls `on_failure` without holding mu_.
 #ifndef GRADSYNC_DAEMON_CLUSTER_CLUSTER_LINK_H_
 #define GRADSYNC_DAEMON_CLUSTER_CLUSTER_LINK_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/config.h"
 #include "daemon/engine/job.h"
 #include "common/layout.h"
@@ -37,12 +42,13 @@ class ClusterLink final : public WorldLink {
                                        std::function<void(const absl::Status&)> on_failure);
   ~ClusterLink() override;
 
-  void ReportError(const absl::Status& error) override;
-  void SetProgress(std::function<uint64_t()> iteration) override;
-  void ReportStall(const std::string& description) override;
+  void ReportError(const absl::Status& error) override ABSL_LOCKS_EXCLUDED(mu_);
+  void SetProgress(std::function<uint64_t()> iteration) override ABSL_LOCKS_EXCLUDED(mu_);
+  void ReportStall(const std::string& description) override ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Explain(const absl::Status& error) override;
   void SetConfigListener(
-      std::function<void(const BucketCaps& caps, uint64_t at_iteration)> listener) override;
+      std::function<void(const BucketCaps& caps, uint64_t at_iteration)> listener) override
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Node 0's order, distributed to every node (the plan rebuild).
   absl::StatusOr<std::vector<uint32_t>> AgreeOrder(const std::vector<uint32_t>& local);
@@ -54,23 +60,23 @@ class ClusterLink final : public WorldLink {
  private:
   ClusterLink(const DaemonConfig& config, std::shared_ptr<RendezvousClient> client,
               uint64_t generation, std::function<void(const absl::Status&)> on_failure);
-  void HeartbeatLoop();
+  void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  void ApplyConfig(uint64_t version) ABSL_LOCKS_EXCLUDED(mu_);
 
   const DaemonConfig config_;
   const std::shared_ptr<RendezvousClient> client_;
   const uint64_t generation_;
-  std::function<void(const absl::Status&)> on_failure_;
+  const std::function<void(const absl::Status&)> on_failure_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  absl::Status node_error_;  // reported with the next heartbeat
-  bool failed_ = false;      // on_failure_ was called (or the error came from here)
-  std::function<uint64_t()> progress_;
-  std::string stall_report_;  // sent with the next heartbeat
-  std::function<void(const BucketCaps&, uint64_t)> config_listener_;
-  uint64_t config_version_seen_ = 0;
-  void ApplyConfig(uint64_t version);  // called without mu_
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status node_error_ ABSL_GUARDED_BY(mu_);  // reported with the next heartbeat
+  // on_failure_ was called (or the error came from here).
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<uint64_t()> progress_ ABSL_GUARDED_BY(mu_);
+  std::string stall_report_ ABSL_GUARDED_BY(mu_);  // sent with the next heartbeat
+  std::function<void(const BucketCaps&, uint64_t)> config_listener_ ABSL_GUARDED_BY(mu_);
+  uint64_t config_version_seen_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread heartbeat_;
 };
 

@@ -20,6 +20,10 @@
 // gRPC status is only non-OK when the call was cancelled. Refusals are
 // logged (spdlog, key=value); the job token never is. Heartbeat deadlines are
 // checked on every RPC and by GetStatus(), so no thread is needed.
+//
+// Threads: every method is thread-safe (gRPC handler threads, the hosting
+// daemon). mu_ guards all state; blocked Join and Wait calls sleep on
+// `changed_`.
 #ifndef GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_SERVICE_H_
 #define GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_SERVICE_H_
 
@@ -71,37 +75,35 @@ class RendezvousService final : public v1::Rendezvous::Service {
   RendezvousService& operator=(const RendezvousService&) = delete;
 
   grpc::Status Join(grpc::ServerContext* context, const v1::JoinRequest* request,
-                    v1::JoinResponse* response) override;
+                    v1::JoinResponse* response) override ABSL_LOCKS_EXCLUDED(mu_);
   grpc::Status Set(grpc::ServerContext* context, const v1::SetRequest* request,
-                   v1::SetResponse* response) override;
+                   v1::SetResponse* response) override ABSL_LOCKS_EXCLUDED(mu_);
   grpc::Status Get(grpc::ServerContext* context, const v1::GetRequest* request,
-                   v1::GetResponse* response) override;
+                   v1::GetResponse* response) override ABSL_LOCKS_EXCLUDED(mu_);
   grpc::Status Wait(grpc::ServerContext* context, const v1::WaitRequest* request,
-                    v1::WaitResponse* response) override;
+                    v1::WaitResponse* response) override ABSL_LOCKS_EXCLUDED(mu_);
   grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
-                         v1::HeartbeatResponse* response) override;
+                         v1::HeartbeatResponse* response) override ABSL_LOCKS_EXCLUDED(mu_);
   grpc::Status Leave(grpc::ServerContext* context, const v1::LeaveRequest* request,
-                     v1::LeaveResponse* response) override;
+                     v1::LeaveResponse* response) override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Aborts `generation` if it is the current, active one (the hosting daemon
   // saw a failure itself). Returns whether it did.
-  bool AbortGeneration(uint64_t generation, const std::string& reason);
+  bool AbortGeneration(uint64_t generation, const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Heartbeat answers carry it; a newer version tells nodes to fetch config.
-  void SetConfigVersion(uint64_t version);
+  void SetConfigVersion(uint64_t version) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Stall reports nodes sent with their heartbeats, newest last:
   // "node_rank=N (host=H) iteration=I: <report>".
-  std::vector<std::string> RecentStallReports();
+  std::vector<std::string> RecentStallReports() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Stores a job-wide key from the hosting daemon itself (no RPC).
-  void SetKey(const std::string& key, const std::string& value);
+  void SetKey(const std::string& key, const std::string& value) ABSL_LOCKS_EXCLUDED(mu_);
 
-  RendezvousStatus GetStatus();
+  RendezvousStatus GetStatus() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  std::deque<std::string> stall_reports_;  // guarded by mu_; bounded
-
   struct Member {
     std::string host;
     int local_size = 0;
@@ -145,6 +147,7 @@ class RendezvousService final : public v1::Rendezvous::Service {
   uint64_t next_join_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
   uint64_t config_version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::string> stall_reports_ ABSL_GUARDED_BY(mu_);  // bounded
 };
 
 }  // namespace gradsync

@@ -14,9 +14,9 @@ namespace gradsync {
 namespace {
 
 uint64_t NewSessionId() {
-  static std::mt19937_64 gen(std::random_device{}());
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
+  static absl::Mutex mu(absl::kConstInit);
+  static std::mt19937_64 gen ABSL_GUARDED_BY(mu){std::random_device{}()};
+  absl::MutexLock lock(&mu);
   uint64_t id = 0;
   while (id == 0) id = gen();
   return id;
@@ -67,7 +67,7 @@ Trainer* Job::FindLocked(uint64_t session) const {
 }
 
 absl::StatusOr<uint64_t> Job::Attach(int local_rank, int64_t pid) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   bool all_gone = attached_ever_ > 0;
   for (const auto& t : trainers_) {
     if (t && !t->gone.load()) all_gone = false;
@@ -132,33 +132,50 @@ absl::Status Job::CheckDeviceKind(const Layout& layout) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<RegisterResult> Job::Register(uint64_t session, Layout layout,
-                                             absl::Time deadline,
+absl::StatusOr<RegisterResult> Job::Register(uint64_t session, Layout layout, absl::Time deadline,
                                              std::optional<GpuTrainerSpec> cuda) {
-  std::unique_lock<std::mutex> lock(mu_);
-  Trainer* t = FindLocked(session);
-  if (t == nullptr) return MakeError(v1::STATE, "unknown session: attach first");
-  if (state_ == JobState::kFailed) return PeerError(*t);
-  if (t->registered) return MakeError(v1::STATE, "this trainer already registered its layout");
-  // Refused before counting: the trainer learns at once, the job is unharmed.
-  if (absl::Status st = CheckDeviceKind(layout); !st.ok()) return st;
-  const bool is_cuda = !layout.empty() && layout[0].device >= 0;
-  if (is_cuda != cuda.has_value()) {
-    return MakeError(v1::INVALID_ARGUMENT,
-                     is_cuda ? "CUDA tensors need a CUDA registration (device id, mode, events)"
-                             : "a CUDA registration came with CPU tensors");
-  }
-  t->layout = std::move(layout);
-  t->cuda = std::move(cuda);
-  t->registered = true;
-  ++registered_;
-  spdlog::info("event=register job={} local_rank={} tensors={} layout_hash={:016x}", id_,
-               t->local_rank, t->layout.size(), LayoutHash(t->layout));
-  if (registered_ == config_.local_size) FormLocked(lock);
+  absl::StatusOr<RegisterResult> result =
+      RegisterAndWait(session, std::move(layout), deadline, std::move(cuda));
+  DeliverHealth();
+  return result;
+}
 
-  const bool done = cv_.wait_until(lock, absl::ToChronoTime(deadline), [&] {
+absl::StatusOr<RegisterResult> Job::RegisterAndWait(uint64_t session, Layout layout,
+                                                    absl::Time deadline,
+                                                    std::optional<GpuTrainerSpec> cuda) {
+  Trainer* t = nullptr;  // stays valid: replaced trainers move to departed_
+  bool last = false;
+  {
+    absl::MutexLock lock(&mu_);
+    t = FindLocked(session);
+    if (t == nullptr) return MakeError(v1::STATE, "unknown session: attach first");
+    if (state_ == JobState::kFailed) return PeerError(*t);
+    if (t->registered) return MakeError(v1::STATE, "this trainer already registered its layout");
+    // Refused before counting: the trainer learns at once, the job is unharmed.
+    if (absl::Status st = CheckDeviceKind(layout); !st.ok()) return st;
+    const bool is_cuda = !layout.empty() && layout[0].device >= 0;
+    if (is_cuda != cuda.has_value()) {
+      return MakeError(v1::INVALID_ARGUMENT,
+                       is_cuda ? "CUDA tensors need a CUDA registration (device id, mode, events)"
+                               : "a CUDA registration came with CPU tensors");
+    }
+    t->layout = std::move(layout);
+    t->cuda = std::move(cuda);
+    t->registered = true;
+    ++registered_;
+    spdlog::info("event=register job={} local_rank={} tensors={} layout_hash={:016x}", id_,
+                 t->local_rank, t->layout.size(), LayoutHash(t->layout));
+    last = registered_ == config_.local_size;
+  }
+  // The last local trainer to register forms the world on its own thread.
+  if (last) Form();
+
+  absl::MutexLock lock(&mu_);
+  auto settled = [this, t] {
+    mu_.AssertReaderHeld();
     return state_ == JobState::kRunning || state_ == JobState::kFailed || t->gone.load();
-  });
+  };
+  const bool done = mu_.AwaitWithDeadline(absl::Condition(&settled), deadline);
   if (t->gone.load()) return MakeError(v1::STATE, "the trainer left during registration");
   if (!done) {
     std::vector<int> missing;
@@ -193,7 +210,39 @@ absl::StatusOr<RegisterResult> Job::Register(uint64_t session, Layout layout,
   return r;
 }
 
-void Job::FormLocked(std::unique_lock<std::mutex>& lock) {
+void Job::Form() {
+  // Phase 1, under mu_: the local trainers agree on the layout; the job is
+  // now forming (no new trainer can attach).
+  std::optional<Layout> layout;
+  {
+    absl::MutexLock lock(&mu_);
+    layout = BeginFormLocked();
+  }
+  if (!layout) return;
+
+  // Phase 2, without mu_: forming talks to the leader and may block until
+  // the timeout. A trainer may leave meanwhile, failing the job.
+  absl::StatusOr<JobWorld> world =
+      former_(*layout, LayoutHash(*layout), [this](const absl::Status& error) { Fail(error, -1); });
+
+  // Phase 3, under mu_ again: start the job, unless it failed meanwhile.
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_ == JobState::kFailed) {
+      // `world` is torn down below, without mu_: its link joins a thread
+      // that may call Fail.
+    } else if (!world.ok()) {
+      FailLocked(world.status(), -1);
+    } else if (absl::Status st = StartLocked(layout_, std::move(*world)); !st.ok()) {
+      FailLocked(st, -1);
+    }
+  }
+}
+
+std::optional<Layout> Job::BeginFormLocked() {
+  // A trainer may have left (or another formed the world) since the caller
+  // saw every local trainer registered.
+  if (state_ != JobState::kAttaching || registered_ != config_.local_size) return std::nullopt;
   const Layout& reference = trainers_[0]->layout;
   for (int r = 1; r < config_.local_size; ++r) {
     if (auto diff = FirstDifference(reference, trainers_[r]->layout)) {
@@ -203,32 +252,12 @@ void Job::FormLocked(std::unique_lock<std::mutex>& lock) {
                                         ") registered a different layout than local rank 0 (pid ",
                                         trainers_[0]->pid, "): first difference at ", *diff)),
                  -1);
-      return;
+      return std::nullopt;
     }
   }
   state_ = JobState::kForming;
   layout_ = reference;
-  const uint64_t hash = LayoutHash(layout_);
-  lock.unlock();
-  absl::StatusOr<JobWorld> world =
-      former_(layout_, hash, [this](const absl::Status& error) { Fail(error, -1); });
-  lock.lock();
-  if (state_ == JobState::kFailed) {
-    // A trainer left while forming. The world (its link joins a thread that
-    // may call Fail) must be torn down without the lock.
-    lock.unlock();
-    if (world.ok()) {
-      JobWorld doomed = std::move(*world);
-    }
-    lock.lock();
-    return;
-  }
-  if (!world.ok()) {
-    FailLocked(world.status(), -1);
-    return;
-  }
-  if (absl::Status st = StartLocked(layout_, std::move(*world)); !st.ok()) FailLocked(st, -1);
-  cv_.notify_all();
+  return layout_;
 }
 
 absl::Status Job::StartLocked(const Layout& layout, JobWorld world) {
@@ -316,7 +345,7 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world) {
     stats_->set_stall_listener([link](const std::string& d) { link->ReportStall(d); });
   }
   scheduler_->Start();
-  if (hooks_.on_health) hooks_.on_health(true, "");
+  health_queue_.push_back({true, ""});
   spdlog::info(
       "event=job_running job={} world_size={} rank_offset={} buckets={} arena_bytes={} backend={}",
       id_, world_.world_size, world_.rank_offset, scheduler_->plan().buckets.size(),
@@ -366,14 +395,17 @@ void Job::Fail(const absl::Status& error, int culprit) {
     // Ask the leader why, without holding the lock (it is an RPC).
     std::shared_ptr<WorldLink> link;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       link = world_.link;
     }
     if (link) explained = link->Explain(error);
     culprit = -1;
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  FailLocked(explained, culprit);
+  {
+    absl::MutexLock lock(&mu_);
+    FailLocked(explained, culprit);
+  }
+  DeliverHealth();
 }
 
 void Job::FailLocked(const absl::Status& error, int culprit, bool expected) {
@@ -389,7 +421,7 @@ void Job::FailLocked(const absl::Status& error, int culprit, bool expected) {
   if (scheduler_) scheduler_->Halt();
   if (!expected) {
     if (stats_) stats_->OnError(std::string(error.message()), CodeOf(error) == v1::TIMEOUT);
-    if (hooks_.on_health) hooks_.on_health(false, std::string(error.message()));
+    health_queue_.push_back({false, std::string(error.message())});
   }
   if (world_.backend) world_.backend->Abort(std::string(error.message()));
   if (gpu_session_) gpu_session_->Abort(std::string(error.message()));
@@ -402,7 +434,17 @@ void Job::FailLocked(const absl::Status& error, int culprit, bool expected) {
                    CodeOf(mine), /*wake=*/true, /*patience_ms=*/20)
         .IgnoreError();
   }
-  cv_.notify_all();
+}
+
+void Job::DeliverHealth() {
+  if (!hooks_.on_health) return;
+  absl::MutexLock deliver(&hooks_mu_);
+  std::vector<HealthChange> changes;
+  {
+    absl::MutexLock lock(&mu_);
+    changes.swap(health_queue_);
+  }
+  for (const HealthChange& c : changes) hooks_.on_health(c.serving, c.reason);
 }
 
 absl::Status Job::PeerError(const Trainer& t) const {
@@ -414,7 +456,9 @@ absl::Status Job::PeerError(const Trainer& t) const {
 }
 
 void Job::Leave(uint64_t session, bool graceful, const std::string& reason) {
-  if (LeaveLocked(session, graceful, reason)) {
+  const bool last = RemoveTrainer(session, graceful, reason);
+  DeliverHealth();
+  if (last) {
     ReleaseWorld();
     return;
   }
@@ -423,7 +467,7 @@ void Job::Leave(uint64_t session, bool graceful, const std::string& reason) {
   // can still write into it. The job failed above, so one in flight stops.
   Scheduler* scheduler = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (gpu_session_) scheduler = scheduler_.get();
   }
   if (scheduler) scheduler->WaitIdle();
@@ -437,7 +481,7 @@ void Job::ReleaseWorld() {
   std::unique_ptr<GpuReducer> gpu_reducer;
   std::unique_ptr<GpuSession> gpu_session;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     link = std::move(world_.link);
     scheduler = scheduler_.get();
     gpu_reducer = std::move(gpu_reducer_);
@@ -451,8 +495,8 @@ void Job::ReleaseWorld() {
   link.reset();  // outside the lock: it talks to the leader
 }
 
-bool Job::LeaveLocked(uint64_t session, bool graceful, const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
+bool Job::RemoveTrainer(uint64_t session, bool graceful, const std::string& reason) {
+  absl::MutexLock lock(&mu_);
   Trainer* t = FindLocked(session);
   if (t == nullptr) return false;
   t->gone.store(true);
@@ -466,7 +510,6 @@ bool Job::LeaveLocked(uint64_t session, bool graceful, const std::string& reason
                          absl::StrCat(t->Name(), graceful ? " detached" : " died", ": ", reason)),
                t->local_rank, /*expected=*/graceful);
   }
-  cv_.notify_all();
   for (const auto& other : trainers_) {
     if (other && !other->gone.load()) return false;
   }
@@ -474,9 +517,12 @@ bool Job::LeaveLocked(uint64_t session, bool graceful, const std::string& reason
 }
 
 absl::Status Job::WaitForChange(uint64_t session, absl::Duration timeout, bool* gone) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
-               [&] { return state_ == JobState::kFailed || FindLocked(session) == nullptr; });
+  absl::MutexLock lock(&mu_);
+  auto changed = [this, session] {
+    mu_.AssertReaderHeld();
+    return state_ == JobState::kFailed || FindLocked(session) == nullptr;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&changed), timeout);
   Trainer* t = FindLocked(session);
   *gone = (t == nullptr);
   if (state_ != JobState::kFailed || t == nullptr) return absl::OkStatus();
@@ -484,14 +530,14 @@ absl::Status Job::WaitForChange(uint64_t session, absl::Duration timeout, bool* 
 }
 
 void Job::MarkWatched(uint64_t session) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (Trainer* t = FindLocked(session)) t->watched.store(true);
 }
 
 std::vector<uint64_t> Job::ReapUnwatched(std::chrono::milliseconds grace) {
   std::vector<uint64_t> lost;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     const auto now = std::chrono::steady_clock::now();
     for (const auto& t : trainers_) {
       if (t && !t->gone.load() && !t->watched.load() && now - t->attached_at > grace) {
@@ -507,12 +553,12 @@ std::vector<uint64_t> Job::ReapUnwatched(std::chrono::milliseconds grace) {
 }
 
 bool Job::HasSession(uint64_t session) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return FindLocked(session) != nullptr;
 }
 
 bool Job::Finished() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (attached_ever_ == 0) return false;
   for (const auto& t : trainers_) {
     if (t && !t->gone.load()) return false;
@@ -521,17 +567,17 @@ bool Job::Finished() const {
 }
 
 JobState Job::state() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return state_;
 }
 
 absl::Status Job::error() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return error_;
 }
 
 std::vector<Job::TrainerInfo> Job::Trainers() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<TrainerInfo> out;
   for (const auto& t : trainers_) {
     if (!t) continue;
@@ -545,22 +591,22 @@ std::vector<Job::TrainerInfo> Job::Trainers() const {
 }
 
 int Job::world_size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return world_.world_size;
 }
 
 uint64_t Job::generation() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return world_.generation;
 }
 
 std::string Job::backend_name() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return BackendNameLocked();
 }
 
 void Job::FillStats(v1::Stats* out) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   out->set_generation(world_.generation);
   out->set_backend(BackendNameLocked());
   out->set_world_size(world_.world_size);
@@ -591,18 +637,18 @@ void Job::FillStats(v1::Stats* out) const {
 }
 
 absl::StatusOr<std::string> Job::TraceJson() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!stats_) return MakeError(v1::STATE, "the job has not started: nothing recorded yet");
   return stats_->TraceJson("GetTrace");
 }
 
 void Job::SetCaps(const BucketCaps& caps, uint64_t at_iteration) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (scheduler_) scheduler_->SetCaps(caps, at_iteration);
 }
 
 double Job::IterationRate() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!scheduler_ || state_ != JobState::kRunning) return 0;
   const double s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - running_since_).count();
@@ -610,12 +656,12 @@ double Job::IterationRate() const {
 }
 
 bool Job::InIteration() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return scheduler_ && state_ == JobState::kRunning && scheduler_->in_iteration();
 }
 
 uint64_t Job::iteration() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return scheduler_ ? scheduler_->iteration() : 0;
 }
 

@@ -9,20 +9,25 @@
 // Errors are sticky: once failed, every trainer's next wait returns the
 // error (through its completion ring and its Watch stream), like an aborted
 // NCCL communicator. The daemon itself keeps serving.
+//
+// Threads: every method is thread-safe (RPC threads, the scheduler thread,
+// the cluster link's heartbeat thread). One mutex guards the job's state;
+// it is never held while the world forms (RPCs to the leader), while a
+// world is torn down, or while a hook runs.
 #ifndef GRADSYNC_DAEMON_ENGINE_JOB_H_
 #define GRADSYNC_DAEMON_ENGINE_JOB_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/backends/backend.h"
 #include "daemon/engine/bucket_planner.h"
@@ -102,7 +107,8 @@ enum class JobState { kAttaching, kForming, kRunning, kFailed };
 struct JobHooks {
   std::string trace_dir;  // traces written on stalls and timeouts ("" = none)
   // Health: false with a reason when a job fails unexpectedly, true when a
-  // job is running. Called with the job's lock held: must not call back.
+  // job is running. Called without the job's lock, one call at a time per
+  // job, in the order its state changed; it must not call back into the job.
   std::function<void(bool serving, const std::string& reason)> on_health;
   // The GPU path's device (null: CUDA tensors are refused).
   GpuRuntime gpu;
@@ -117,37 +123,39 @@ class Job {
   uint64_t id() const { return id_; }
 
   // Errors: STATE when the local rank is taken or the job is not accepting.
-  absl::StatusOr<uint64_t> Attach(int local_rank, int64_t pid);
+  absl::StatusOr<uint64_t> Attach(int local_rank, int64_t pid) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Blocks until every local trainer registered and the world is formed,
   // or the deadline passes, or the job fails (e.g. MISMATCH). `cuda` is
   // set iff the layout's tensors are CUDA tensors.
   absl::StatusOr<RegisterResult> Register(uint64_t session, Layout layout, absl::Time deadline,
-                                          std::optional<GpuTrainerSpec> cuda = std::nullopt);
+                                          std::optional<GpuTrainerSpec> cuda = std::nullopt)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The trainer is gone: graceful Detach or a broken Watch stream. While
   // the job runs, its peers get PEER_FAILED.
-  void Leave(uint64_t session, bool graceful, const std::string& reason);
+  void Leave(uint64_t session, bool graceful, const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Fails the job (idempotent; the first error wins). `culprit` (a local
   // rank) gets `error` itself; the other trainers get PEER_FAILED naming it.
-  void Fail(const absl::Status& error, int culprit = -1);
+  void Fail(const absl::Status& error, int culprit = -1) ABSL_LOCKS_EXCLUDED(mu_);
 
   // For Watch streams: waits up to `timeout` for the job to fail or the
   // trainer to leave. Returns the job's error (OK while healthy); *gone is
   // set when the session no longer exists.
-  absl::Status WaitForChange(uint64_t session, absl::Duration timeout, bool* gone);
+  absl::Status WaitForChange(uint64_t session, absl::Duration timeout, bool* gone)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
-  bool HasSession(uint64_t session) const;
+  bool HasSession(uint64_t session) const ABSL_LOCKS_EXCLUDED(mu_);
   // The trainer's Watch stream is open (its liveness is now observed).
-  void MarkWatched(uint64_t session);
+  void MarkWatched(uint64_t session) ABSL_LOCKS_EXCLUDED(mu_);
   // Removes trainers attached longer than `grace` without a Watch stream;
   // returns their sessions (the registry forgets them).
-  std::vector<uint64_t> ReapUnwatched(std::chrono::milliseconds grace);
+  std::vector<uint64_t> ReapUnwatched(std::chrono::milliseconds grace) ABSL_LOCKS_EXCLUDED(mu_);
   // True once every trainer that attached has left.
-  bool Finished() const;
-  JobState state() const;
-  absl::Status error() const;
+  bool Finished() const ABSL_LOCKS_EXCLUDED(mu_);
+  JobState state() const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status error() const ABSL_LOCKS_EXCLUDED(mu_);
 
   struct TrainerInfo {
     int rank, local_rank;
@@ -155,71 +163,105 @@ class Job {
     std::string state;
     uint64_t iterations;
   };
-  std::vector<TrainerInfo> Trainers() const;
+  std::vector<TrainerInfo> Trainers() const ABSL_LOCKS_EXCLUDED(mu_);
   // Trainers, buckets, totals, errors, stalls (GetStats).
-  void FillStats(v1::Stats* out) const;
+  void FillStats(v1::Stats* out) const ABSL_LOCKS_EXCLUDED(mu_);
   // The flight recorder as Chrome trace JSON; STATE before the job runs.
-  absl::StatusOr<std::string> TraceJson() const;
+  absl::StatusOr<std::string> TraceJson() const ABSL_LOCKS_EXCLUDED(mu_);
   // New caps take effect at the boundary entering `at_iteration` (0: next).
-  void SetCaps(const BucketCaps& caps, uint64_t at_iteration = 0);
+  void SetCaps(const BucketCaps& caps, uint64_t at_iteration = 0) ABSL_LOCKS_EXCLUDED(mu_);
   // Synced iterations per second since the job started running (0 before).
-  double IterationRate() const;
+  double IterationRate() const ABSL_LOCKS_EXCLUDED(mu_);
   // True while some trainer has marked gradients of an unfinished iteration.
-  bool InIteration() const;
-  int world_size() const;
-  uint64_t generation() const;
-  std::string backend_name() const;
-  uint64_t iteration() const;
+  bool InIteration() const ABSL_LOCKS_EXCLUDED(mu_);
+  int world_size() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t generation() const ABSL_LOCKS_EXCLUDED(mu_);
+  std::string backend_name() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t iteration() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  Trainer* FindLocked(uint64_t session) const;
-  // Returns true when this was the last trainer of a started job.
-  bool LeaveLocked(uint64_t session, bool graceful, const std::string& reason);
-  void ReleaseWorld();
-  // Called by the last registering trainer's thread, lock released inside.
-  void FormLocked(std::unique_lock<std::mutex>& lock);
-  absl::Status StartLocked(const Layout& layout, JobWorld world);
+  // A health change, queued under mu_ and delivered by DeliverHealth().
+  struct HealthChange {
+    bool serving;
+    std::string reason;
+  };
+
+  // Register's work; the caller delivers the health changes it queued.
+  absl::StatusOr<RegisterResult> RegisterAndWait(uint64_t session, Layout layout,
+                                                 absl::Time deadline,
+                                                 std::optional<GpuTrainerSpec> cuda)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Forms the world once the last local trainer registered: checks the
+  // local layouts under mu_, forms the world with mu_ released, then starts
+  // the job under mu_ unless it failed meanwhile.
+  void Form() ABSL_LOCKS_EXCLUDED(mu_);
+  // Phase 1 of Form: the agreed layout, or nullopt when the local layouts
+  // differ (the job has then failed). Moves the job to kForming.
+  std::optional<Layout> BeginFormLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Trainer* FindLocked(uint64_t session) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Leave's work under mu_; true when this was the last trainer of a
+  // started job (its world is then released, outside mu_).
+  bool RemoveTrainer(uint64_t session, bool graceful, const std::string& reason)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void ReleaseWorld() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status StartLocked(const Layout& layout, JobWorld world) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The GPU path's resources for a CUDA layout (flat buffers, handles,
   // events, communicators), after the buckets are planned.
-  absl::Status StartGpuLocked(const Layout& layout);
+  absl::Status StartGpuLocked(const Layout& layout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether this daemon can take a layout of this kind at all.
   absl::Status CheckDeviceKind(const Layout& layout) const;
+  std::string BackendNameLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // `expected`: a normal end (a trainer closed): logged at info level.
-  void FailLocked(const absl::Status& error, int culprit, bool expected = false);
-  absl::Status PeerError(const Trainer& t) const;
-  std::string BackendNameLocked() const;
+  void FailLocked(const absl::Status& error, int culprit, bool expected = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PeerError(const Trainer& t) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Runs the health hook for every queued change, in order. Called by each
+  // public method that may change the job's health, after releasing mu_.
+  void DeliverHealth() ABSL_LOCKS_EXCLUDED(mu_, hooks_mu_);
 
   const DaemonConfig config_;
   ipc::NodeSegment* node_;
   const uint64_t id_;
-  WorldFormer former_;
-  JobHooks hooks_;
+  const WorldFormer former_;
+  const JobHooks hooks_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  JobState state_ = JobState::kAttaching;
-  absl::Status error_;
-  int culprit_ = -1;
-  bool failure_expected_ = false;  // the job ended because a trainer closed
-  std::vector<std::unique_ptr<Trainer>> trainers_;  // by local rank; null if not attached
+  // Serializes DeliverHealth, so changes are delivered in queue order even
+  // when two threads deliver at once. Taken before mu_, never under it.
+  absl::Mutex hooks_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+
+  mutable absl::Mutex mu_;
+  JobState state_ ABSL_GUARDED_BY(mu_) = JobState::kAttaching;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  int culprit_ ABSL_GUARDED_BY(mu_) = -1;
+  // The job ended because a trainer closed.
+  bool failure_expected_ ABSL_GUARDED_BY(mu_) = false;
+  // By local rank; null if not attached. A Trainer's own fields (layout,
+  // registered, rank, segment) are also guarded by mu_, except what the
+  // scheduler owns once the job runs (see trainer.h).
+  std::vector<std::unique_ptr<Trainer>> trainers_ ABSL_GUARDED_BY(mu_);
   // Trainers replaced before the job started; kept alive for RPC threads
   // that may still hold a pointer.
-  std::vector<std::unique_ptr<Trainer>> departed_;
-  int attached_ever_ = 0;
-  int registered_ = 0;
-  Layout layout_;
-  JobWorld world_;
-  ipc::ArenaLayout arena_;
+  std::vector<std::unique_ptr<Trainer>> departed_ ABSL_GUARDED_BY(mu_);
+  int attached_ever_ ABSL_GUARDED_BY(mu_) = 0;
+  int registered_ ABSL_GUARDED_BY(mu_) = 0;
+  // layout_, world_, arena_ and stats_ are written once, when the job
+  // starts; the scheduler then reads them through references without mu_.
+  Layout layout_ ABSL_GUARDED_BY(mu_);
+  JobWorld world_ ABSL_GUARDED_BY(mu_);
+  ipc::ArenaLayout arena_ ABSL_GUARDED_BY(mu_);
   // GPU path (CUDA layouts): where tensors lie in each trainer's flat
   // buffer, the device resources, and the reducer over them. Released only
-  // after the scheduler stopped (ReleaseWorld, the destructor).
-  ipc::ArenaLayout flat_plan_;
-  std::unique_ptr<GpuSession> gpu_session_;
-  std::unique_ptr<GpuReducer> gpu_reducer_;
-  std::string gpu_backend_name_;  // "gpu-cuda", "gpu-sim"; kept for stats after release
-  std::unique_ptr<JobStats> stats_;
-  std::chrono::steady_clock::time_point running_since_;
-  std::unique_ptr<Scheduler> scheduler_;
+  // after the scheduler stopped (ReleaseWorld, the destructor); the
+  // scheduler uses the reducer without mu_ while it runs.
+  ipc::ArenaLayout flat_plan_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<GpuSession> gpu_session_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<GpuReducer> gpu_reducer_ ABSL_GUARDED_BY(mu_);
+  // "gpu-cuda", "gpu-sim"; kept for stats after release.
+  std::string gpu_backend_name_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<JobStats> stats_ ABSL_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point running_since_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Scheduler> scheduler_ ABSL_GUARDED_BY(mu_);
+  std::vector<HealthChange> health_queue_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gradsync

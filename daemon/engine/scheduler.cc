@@ -123,18 +123,19 @@ void Scheduler::InstallPlan(BucketPlan plan) {
     timelines_[b.id].bucket = b.id;
     timelines_[b.id].bytes = b.bytes;
   }
-  std::lock_guard<std::mutex> lock(plan_mu_);
   plan_ = std::move(plan);
+  absl::MutexLock lock(&plan_mu_);
+  published_plan_ = plan_;
   plan_version_.fetch_add(1, std::memory_order_acq_rel);
 }
 
 BucketPlan Scheduler::plan() const {
-  std::lock_guard<std::mutex> lock(plan_mu_);
-  return plan_;
+  absl::MutexLock lock(&plan_mu_);
+  return published_plan_;
 }
 
 void Scheduler::SetCaps(const BucketCaps& caps, uint64_t at_iteration) {
-  std::lock_guard<std::mutex> lock(caps_mu_);
+  absl::MutexLock lock(&caps_mu_);
   pending_caps_ = caps;
   pending_caps_at_ = at_iteration;
   caps_pending_ = true;
@@ -144,7 +145,7 @@ void Scheduler::MaybeRebuild() {
   bool rebuild = false;
   absl::Status late;
   {
-    std::lock_guard<std::mutex> lock(caps_mu_);
+    absl::MutexLock lock(&caps_mu_);
     if (caps_pending_ && pending_caps_at_ != 0 && iteration() > pending_caps_at_) {
       caps_pending_ = false;
       late = MakeError(v1::STATE,
@@ -212,7 +213,7 @@ void Scheduler::Stop() {
 
 void Scheduler::WaitIdle() {
   Halt();
-  std::lock_guard<std::mutex> lock(launch_mu_);
+  absl::MutexLock lock(&launch_mu_);
 }
 
 void Scheduler::Loop() {
@@ -326,7 +327,7 @@ bool Scheduler::LaunchGpu(uint32_t bucket) {
   // WaitIdle's other half: a reduction starts only under launch_mu_ and
   // not after Halt, so once a detaching trainer's WaitIdle got the lock,
   // nothing writes into its memory again.
-  std::lock_guard<std::mutex> lock(launch_mu_);
+  absl::MutexLock lock(&launch_mu_);
   if (halted_.load(std::memory_order_acquire)) return false;
   const PlannedBucket& b = plan_.buckets[bucket];
   ReduceTimings timings;
@@ -389,18 +390,8 @@ void Scheduler::FinishIteration() {
   // act on it: holding all the rings' producer locks, a trainer that returns
   // and detaches at once cannot get its "detached" error posted ahead of
   // its peers' "iteration done".
-  absl::Status st;
   int culprit = -1;
-  // (Locked and unlocked by hand, in local-rank order: no allocation here.)
-  for (Trainer* t : trainers_) t->completion_mu.lock();
-  for (Trainer* t : trainers_) {
-    st = PostCompletionLocked(*t, ipc::CompletionKind::kIterationDone, 0, it, 0);
-    if (!st.ok()) {
-      culprit = t->local_rank;
-      break;
-    }
-  }
-  for (Trainer* t : trainers_) t->completion_mu.unlock();
+  const absl::Status st = PostIterationDone(it, &culprit);
   for (Trainer* t : trainers_) t->segment.header()->completion_bell.Ring();
   if (!st.ok()) {
     fail_(MakeError(v1::PEER_FAILED, st.message()), culprit);
@@ -413,6 +404,21 @@ void Scheduler::FinishIteration() {
     remaining_[b] = static_cast<uint32_t>(plan_.buckets[b].tensors.size() * trainers_.size());
   }
   if (observer_) observer_->OnIterationDone(it, bytes_per_iteration_, start, NowNs());
+}
+
+absl::Status Scheduler::PostIterationDone(uint64_t it, int* culprit) {
+  // Locked and unlocked by hand, in local-rank order: no allocation here.
+  for (Trainer* t : trainers_) t->completion_mu.Lock();
+  absl::Status st;
+  for (Trainer* t : trainers_) {
+    st = PostCompletionLocked(*t, ipc::CompletionKind::kIterationDone, 0, it, 0);
+    if (!st.ok()) {
+      *culprit = t->local_rank;
+      break;
+    }
+  }
+  for (Trainer* t : trainers_) t->completion_mu.Unlock();
+  return st;
 }
 
 void Scheduler::CheckDeadlines(int64_t now_ns) {

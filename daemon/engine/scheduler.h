@@ -11,18 +11,24 @@
 // more buckets than ring slots cannot fill it.
 // Reductions run on this thread, so the collective order is the plan order
 // by construction, identical on every node.
+//
+// Threads: Start, Stop and the destructor belong to the owner (the Job);
+// plan(), SetCaps() and the accessors are thread-safe. Everything else is
+// the loop thread's, unlocked; the loop publishes a copy of each new plan
+// under plan_mu_ and picks up new caps under caps_mu_.
 #ifndef GRADSYNC_DAEMON_ENGINE_SCHEDULER_H_
 #define GRADSYNC_DAEMON_ENGINE_SCHEDULER_H_
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/backends/backend.h"
 #include "daemon/engine/bucket_planner.h"
 #include "common/layout.h"
@@ -79,18 +85,18 @@ class Scheduler {
   // promptly once the job's GpuSession is aborted). After it, no bucket
   // touches the trainers' memory again: a detaching trainer may free it.
   // Must not be called with the job's lock held (a reduction may fail the job).
-  void WaitIdle();
+  void WaitIdle() ABSL_LOCKS_EXCLUDED(launch_mu_);
 
   uint64_t iteration() const { return iteration_.load(std::memory_order_acquire); }
   // A copy of the current plan (it may be rebuilt at iteration boundaries).
-  BucketPlan plan() const;
+  BucketPlan plan() const ABSL_LOCKS_EXCLUDED(plan_mu_);
   // Plans built so far (1 + rebuilds).
   uint64_t plan_version() const { return plan_version_.load(std::memory_order_acquire); }
   // Applies new caps at an iteration boundary (re-plans with the current
   // order): the one entering iteration `at_iteration`, or the next one when
   // 0. Every node of a job gets the same `at_iteration` so all re-plan
   // together; reaching a boundary past it first fails the job. Thread-safe.
-  void SetCaps(const BucketCaps& caps, uint64_t at_iteration = 0);
+  void SetCaps(const BucketCaps& caps, uint64_t at_iteration = 0) ABSL_LOCKS_EXCLUDED(caps_mu_);
   // True between an iteration's first mark and its completion.
   bool in_iteration() const { return in_iteration_.load(std::memory_order_acquire); }
 
@@ -103,9 +109,13 @@ class Scheduler {
   // The bucket's reduction succeeded: timeline and observer.
   bool FinishLaunch(uint32_t bucket, const ReduceTimings& timings);
   void FinishIteration();
+  // Posts "iteration done" to every trainer while holding all their
+  // completion locks; on failure sets *culprit to the trainer's local rank.
+  // It locks a run-time set of mutexes, which the analysis cannot follow.
+  absl::Status PostIterationDone(uint64_t it, int* culprit) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Installs `plan`: spans, counters, staging. At iteration boundaries only.
-  void InstallPlan(BucketPlan plan);
-  void MaybeRebuild();
+  void InstallPlan(BucketPlan plan) ABSL_LOCKS_EXCLUDED(plan_mu_);
+  void MaybeRebuild() ABSL_LOCKS_EXCLUDED(caps_mu_);
   void CheckDeadlines(int64_t now_ns);
   // "rank 1 (local 1, pid 7): fc2.weight, fc2.bias; rank 2 ...: 3 tensors"
   std::string DescribeMissing(int64_t only_bucket) const;
@@ -113,15 +123,16 @@ class Scheduler {
   std::vector<Trainer*> trainers_;
   const Layout& layout_;
   const ipc::ArenaLayout& arena_;
-  BucketPlan plan_;                             // written by the loop under plan_mu_
-  mutable std::mutex plan_mu_;
+  BucketPlan plan_;  // the loop's current plan
+  mutable absl::Mutex plan_mu_;
+  BucketPlan published_plan_ ABSL_GUARDED_BY(plan_mu_);  // a copy of plan_, for plan()
   std::atomic<uint64_t> plan_version_{0};
   std::vector<uint32_t> order_;                 // current ready order the plan follows
   std::vector<uint32_t> observed_order_;        // local rank 0's marks in iteration 0
-  std::mutex caps_mu_;
-  bool caps_pending_ = false;
-  BucketCaps pending_caps_;
-  uint64_t pending_caps_at_ = 0;
+  absl::Mutex caps_mu_;
+  bool caps_pending_ ABSL_GUARDED_BY(caps_mu_) = false;
+  BucketCaps pending_caps_ ABSL_GUARDED_BY(caps_mu_);
+  uint64_t pending_caps_at_ ABSL_GUARDED_BY(caps_mu_) = 0;
   std::vector<std::vector<ReduceSpan>> spans_;  // per bucket
   std::vector<uint8_t*> arenas_;                // per local trainer
   Backend* backend_;
@@ -147,7 +158,9 @@ class Scheduler {
   std::atomic<bool> in_iteration_{false};
   std::string bad_plan_;  // non-empty: a plan that must not run (an internal bug)
   std::chrono::nanoseconds spin_;  // before sleeping on the node doorbell
-  std::mutex launch_mu_;  // held by a GPU reduction (see WaitIdle)
+  // Held by a GPU reduction (see WaitIdle); guards no field, orders
+  // WaitIdle after any reduction that started before the Halt.
+  absl::Mutex launch_mu_;
   std::thread thread_;
 };
 

@@ -13,7 +13,7 @@ std::string Trainer::Name() const {
 
 absl::Status PostCompletion(Trainer& trainer, ipc::CompletionKind kind, uint32_t bucket,
                             uint64_t iteration, int32_t status, bool wake, int64_t patience_ms) {
-  std::lock_guard<std::mutex> lock(trainer.completion_mu);
+  absl::MutexLock lock(&trainer.completion_mu);
   absl::Status st = PostCompletionLocked(trainer, kind, bucket, iteration, status, patience_ms);
   if (st.ok() && wake) trainer.segment.header()->completion_bell.Ring();
   return st;

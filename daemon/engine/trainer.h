@@ -1,18 +1,24 @@
 // Trainer: the daemon's view of one attached trainer process — its identity,
 // its registered layout, its shared-memory segment, and the scheduler's
 // per-iteration bookkeeping for it.
+//
+// Threads: the identity, layout, `registered`, `rank` and `segment` belong
+// to the Job and are guarded by its mutex until the job runs (then they are
+// read-only); the per-iteration fields belong to the scheduler thread; the
+// completion ring's producer side is guarded by `completion_mu`.
 #ifndef GRADSYNC_DAEMON_ENGINE_TRAINER_H_
 #define GRADSYNC_DAEMON_ENGINE_TRAINER_H_
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "common/layout.h"
 #include "daemon/engine/gpu_session.h"
 #include "ipc/trainer_segment.h"
@@ -36,8 +42,8 @@ struct Trainer {
 
   // Producer side of the completion ring: the scheduler posts bucket and
   // iteration completions, the control path posts errors.
-  std::mutex completion_mu;
-  uint64_t completion_sequence = 0;
+  absl::Mutex completion_mu;
+  uint64_t completion_sequence ABSL_GUARDED_BY(completion_mu) = 0;
 
   // Scheduler-only state for the iteration being collected.
   uint64_t ready_sequence = 0;
@@ -53,12 +59,13 @@ struct Trainer {
 // consuming: the post fails (the caller treats the trainer as failed).
 absl::Status PostCompletion(Trainer& trainer, ipc::CompletionKind kind, uint32_t bucket,
                             uint64_t iteration, int32_t status, bool wake,
-                            int64_t patience_ms = 1000);
+                            int64_t patience_ms = 1000) ABSL_LOCKS_EXCLUDED(trainer.completion_mu);
 
 // The same with trainer.completion_mu already held by the caller (to post
 // to several trainers as one step). Does not ring the doorbell.
 absl::Status PostCompletionLocked(Trainer& trainer, ipc::CompletionKind kind, uint32_t bucket,
-                                  uint64_t iteration, int32_t status, int64_t patience_ms = 1000);
+                                  uint64_t iteration, int32_t status, int64_t patience_ms = 1000)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(trainer.completion_mu);
 
 }  // namespace gradsync
 

@@ -8,10 +8,10 @@ WorkerPool::WorkerPool(size_t threads) {
 
 WorkerPool::~WorkerPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  start_cv_.notify_all();
+  start_cv_.SignalAll();
   for (auto& t : helpers_) t.join();
 }
 
@@ -21,17 +21,17 @@ void WorkerPool::Run(Task task, void* context, size_t slices) {
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     task_ = task;
     context_ = context;
     slices_ = slices;
     pending_ = slices - 1;
     ++round_;
   }
-  start_cv_.notify_all();
+  start_cv_.SignalAll();
   task(context, 0, slices);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [this] { return pending_ == 0; });
+  absl::MutexLock lock(&mu_);
+  while (pending_ != 0) done_cv_.Wait(&mu_);
 }
 
 void WorkerPool::Loop(size_t index) {
@@ -41,8 +41,8 @@ void WorkerPool::Loop(size_t index) {
     void* context;
     size_t slices;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      start_cv_.wait(lock, [&] { return stop_ || round_ != seen; });
+      absl::MutexLock lock(&mu_);
+      while (!stop_ && round_ == seen) start_cv_.Wait(&mu_);
       if (stop_) return;
       seen = round_;
       if (index >= slices_) continue;
@@ -52,8 +52,8 @@ void WorkerPool::Loop(size_t index) {
     }
     task(context, index, slices);
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) done_cv_.notify_one();
+      absl::MutexLock lock(&mu_);
+      if (--pending_ == 0) done_cv_.Signal();
     }
   }
 }

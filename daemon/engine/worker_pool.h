@@ -2,14 +2,19 @@
 // The reducer splits a bucket into one slice per thread; the calling thread
 // takes slice 0 so a pool of N threads uses N cores with N-1 helpers.
 // No allocation per task: the task is a function pointer + context.
+//
+// Threads: Run is called by one thread at a time (the scheduler's); the
+// helpers wait for a round under mu_ and run their slice without it.
 #ifndef GRADSYNC_DAEMON_ENGINE_WORKER_POOL_H_
 #define GRADSYNC_DAEMON_ENGINE_WORKER_POOL_H_
 
-#include <condition_variable>
 #include <cstddef>
-#include <mutex>
+#include <cstdint>
 #include <thread>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace gradsync {
 
@@ -27,21 +32,21 @@ class WorkerPool {
 
   // Runs task(context, i, slices) for i in [0, slices) with slices <= size(),
   // and returns when all are done. One Run at a time.
-  void Run(Task task, void* context, size_t slices);
+  void Run(Task task, void* context, size_t slices) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  void Loop(size_t index);
+  void Loop(size_t index) ABSL_LOCKS_EXCLUDED(mu_);
 
-  std::mutex mu_;
-  std::condition_variable start_cv_;
-  std::condition_variable done_cv_;
-  Task task_ = nullptr;
-  void* context_ = nullptr;
-  size_t slices_ = 0;
-  size_t pending_ = 0;
-  uint64_t round_ = 0;
-  bool stop_ = false;
-  std::vector<std::thread> helpers_;
+  absl::Mutex mu_;
+  absl::CondVar start_cv_;  // a new round, or stop
+  absl::CondVar done_cv_;   // pending_ reached 0
+  Task task_ ABSL_GUARDED_BY(mu_) = nullptr;
+  void* context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  size_t slices_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t pending_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t round_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> helpers_;  // fixed after construction
 };
 
 }  // namespace gradsync

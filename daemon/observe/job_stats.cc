@@ -31,7 +31,7 @@ JobStats::JobStats(int rank_offset, int world_size, size_t recorder_events, std:
       recorder_(recorder_events) {}
 
 JobStats::Bucket& JobStats::BucketAt(uint32_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   // Grows only when a plan with more buckets appears: at most a few times.
   while (buckets_.size() <= id) buckets_.push_back(std::make_unique<Bucket>());
   return *buckets_[id];
@@ -71,7 +71,7 @@ void JobStats::OnBucketDone(const BucketTimeline& t) {
   b.collective.RecordInterval(t.local_done_ns, t.collective_done_ns);
   b.count.fetch_add(1, std::memory_order_relaxed);
   b.bytes.store(t.bytes, std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   pending_collective_ns_ += t.done_ns - t.launch_ns;
 }
 
@@ -79,7 +79,7 @@ void JobStats::OnIterationDone(uint64_t, uint64_t bytes_per_trainer, int64_t, in
   iterations_.fetch_add(1, std::memory_order_relaxed);
   bytes_reduced_.fetch_add(bytes_per_trainer, std::memory_order_relaxed);
   bytes_per_iteration_.store(bytes_per_trainer, std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   last_iteration_bytes_ = bytes_per_trainer;
   last_collective_ns_ = pending_collective_ns_;
   pending_collective_ns_ = 0;
@@ -88,7 +88,7 @@ void JobStats::OnIterationDone(uint64_t, uint64_t bytes_per_trainer, int64_t, in
 void JobStats::OnStall(uint64_t iteration, uint32_t bucket, double waited_s,
                        const char* description) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     v1::StallReport r;
     r.set_iteration(iteration);
     r.set_bucket(bucket);
@@ -106,7 +106,7 @@ void JobStats::OnStall(uint64_t iteration, uint32_t bucket, double waited_s,
 
 void JobStats::OnError(const std::string& message, bool write_trace) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     ++errors_;
     recent_errors_.push_back(message);
     if (recent_errors_.size() > kKeepErrors) recent_errors_.pop_front();
@@ -128,7 +128,7 @@ void JobStats::WriteTrace(const std::string& reason) {
   absl::Status st = recorder_.WriteTraceFile(path, meta);
   if (st.ok()) {
     spdlog::warn("event=trace_written path={} reason=\"{}\"", path, reason);
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     last_trace_file_ = path;
   } else {
     spdlog::error("event=trace_write_failed path={} error=\"{}\"", path, std::string(st.message()));
@@ -136,7 +136,7 @@ void JobStats::WriteTrace(const std::string& reason) {
 }
 
 std::string JobStats::last_trace_file() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return last_trace_file_;
 }
 
@@ -151,7 +151,7 @@ std::string JobStats::TraceJson(const std::string& reason) const {
 }
 
 void JobStats::FillStats(v1::Stats* out, const std::vector<uint32_t>& tensors_per_bucket) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (size_t id = 0; id < buckets_.size(); ++id) {
     const Bucket& b = *buckets_[id];
     v1::BucketStats* bs = out->add_buckets();

@@ -3,6 +3,9 @@
 // reduce and collective, totals, stall reports, and the flight recorder.
 // Written by the scheduler thread (no allocation in steady state), read by
 // the Control service.
+//
+// Threads: the On* methods are called by the scheduler thread (OnError also
+// by whichever thread fails the job); the readers are thread-safe.
 #ifndef GRADSYNC_DAEMON_OBSERVE_JOB_STATS_H_
 #define GRADSYNC_DAEMON_OBSERVE_JOB_STATS_H_
 
@@ -11,10 +14,11 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/observe/flight_recorder.h"
 #include "daemon/observe/latency_stats.h"
 #include "daemon/engine/scheduler_observer.h"
@@ -39,18 +43,20 @@ class JobStats final : public SchedulerObserver {
                const char* description) override;
 
   // Also told about stalls (the multi-node link forwards them to the leader).
+  // Set before the scheduler starts.
   void set_stall_listener(std::function<void(const std::string&)> listener) {
     stall_listener_ = std::move(listener);
   }
 
   // A job error: counted, kept, and (for timeouts) a trace file is written.
-  void OnError(const std::string& message, bool write_trace);
+  void OnError(const std::string& message, bool write_trace) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Fills buckets, totals, errors and stalls (not the trainer/job header).
-  void FillStats(v1::Stats* out, const std::vector<uint32_t>& tensors_per_bucket) const;
+  void FillStats(v1::Stats* out, const std::vector<uint32_t>& tensors_per_bucket) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   std::string TraceJson(const std::string& reason) const;
   // Path of the last trace written automatically ("" if none).
-  std::string last_trace_file() const;
+  std::string last_trace_file() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t bytes_per_iteration() const { return bytes_per_iteration_.load(); }
 
  private:
@@ -59,8 +65,10 @@ class JobStats final : public SchedulerObserver {
     std::atomic<uint64_t> count{0};
     std::atomic<uint64_t> bytes{0};
   };
-  Bucket& BucketAt(uint32_t id);
-  void WriteTrace(const std::string& reason);
+  // The bucket's stats (created on first use); they have their own
+  // synchronization, so the reference is used without mu_.
+  Bucket& BucketAt(uint32_t id) ABSL_LOCKS_EXCLUDED(mu_);
+  void WriteTrace(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
 
   const int rank_offset_, world_size_;
   const std::string trace_dir_, job_id_;
@@ -68,20 +76,21 @@ class JobStats final : public SchedulerObserver {
   const std::vector<std::string> tensor_names_;
   FlightRecorder recorder_;
 
-  mutable std::mutex mu_;  // buckets_ growth, errors, stalls, last iteration
-  std::vector<std::unique_ptr<Bucket>> buckets_;
+  mutable absl::Mutex mu_;  // buckets_ growth, errors, stalls, last iteration
+  std::vector<std::unique_ptr<Bucket>> buckets_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> iterations_{0};
   std::atomic<uint64_t> bytes_reduced_{0};
   std::atomic<uint64_t> bytes_per_iteration_{0};
-  double last_algbw_gbps_ = 0;
-  uint64_t last_iteration_bytes_ = 0;
-  int64_t last_collective_ns_ = 0;  // this iteration's launch -> done, summed over buckets
-  int64_t pending_collective_ns_ = 0;
-  uint64_t errors_ = 0;
-  std::deque<std::string> recent_errors_;
-  std::deque<v1::StallReport> stalls_;
-  std::string last_trace_file_;
-  std::function<void(const std::string&)> stall_listener_;
+  double last_algbw_gbps_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_iteration_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // This iteration's launch -> done, summed over buckets.
+  int64_t last_collective_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t pending_collective_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t errors_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::string> recent_errors_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::StallReport> stalls_ ABSL_GUARDED_BY(mu_);
+  std::string last_trace_file_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const std::string&)> stall_listener_;  // see set_stall_listener
 };
 
 }  // namespace gradsync
