@@ -212,28 +212,51 @@ absl::StatusOr<RegisterResult> Job::RegisterAndWait(uint64_t session, Layout lay
 
 void Job::Form() {
   // Phase 1, under mu_: the local trainers agree on the layout; the job is
-  // now forming (no new trainer can attach).
+  // now forming (no new trainer can attach). CUDA layouts: what each
+  // trainer registered, copied for phase 2.
   std::optional<Layout> layout;
+  std::vector<GpuTrainerSpec> gpu_specs;
+  std::vector<std::pair<int, int64_t>> gpu_trainers;  // local rank, pid
   {
     absl::MutexLock lock(&mu_);
     layout = BeginFormLocked();
+    if (layout && !layout->empty() && (*layout)[0].device >= 0) {
+      for (const auto& t : trainers_) {
+        gpu_specs.push_back(*t->cuda);
+        gpu_trainers.emplace_back(t->local_rank, t->pid);
+      }
+    }
   }
   if (!layout) return;
 
   // Phase 2, without mu_: forming talks to the leader and may block until
-  // the timeout. A trainer may leave meanwhile, failing the job.
+  // the timeout. A trainer may leave meanwhile, failing the job. So may
+  // opening the GPU path (handles, buffers, the communicators, whose GPU
+  // counts and unique id cross nodes through the rendezvous store).
   absl::StatusOr<JobWorld> world =
       former_(*layout, LayoutHash(*layout), [this](const absl::Status& error) { Fail(error, -1); });
+  absl::StatusOr<GpuStart> gpu = GpuStart{};
+  if (world.ok() && !gpu_specs.empty()) {
+    std::vector<std::string> names;
+    for (const auto& [local_rank, pid] : gpu_trainers) {
+      names.push_back(absl::StrCat("rank ", world->rank_offset + local_rank, " (local ",
+                                   local_rank, ", pid ", pid, ")"));
+    }
+    gpu = OpenGpu(*layout, *world, gpu_specs, names);
+  }
 
   // Phase 3, under mu_ again: start the job, unless it failed meanwhile.
   {
     absl::MutexLock lock(&mu_);
     if (state_ == JobState::kFailed) {
-      // `world` is torn down below, without mu_: its link joins a thread
-      // that may call Fail.
+      // `world` (and `gpu`) are torn down below, without mu_: its link
+      // joins a thread that may call Fail.
     } else if (!world.ok()) {
       FailLocked(world.status(), -1);
-    } else if (absl::Status st = StartLocked(layout_, std::move(*world)); !st.ok()) {
+    } else if (!gpu.ok()) {
+      FailLocked(gpu.status(), -1);
+    } else if (absl::Status st = StartLocked(layout_, std::move(*world), std::move(*gpu));
+               !st.ok()) {
       FailLocked(st, -1);
     }
   }
@@ -260,11 +283,51 @@ std::optional<Layout> Job::BeginFormLocked() {
   return layout_;
 }
 
-absl::Status Job::StartLocked(const Layout& layout, JobWorld world) {
+BucketCaps Job::InitialCaps(const JobWorld& world) const {
+  return world.caps.cap_bytes > 0
+             ? world.caps
+             : BucketCaps{config_.bucket_cap_bytes(), config_.first_bucket_cap_bytes()};
+}
+
+absl::StatusOr<Job::GpuStart> Job::OpenGpu(const Layout& layout, const JobWorld& world,
+                                           const std::vector<GpuTrainerSpec>& specs,
+                                           const std::vector<std::string>& names) const {
+  // The same planner over the real sizes as StartLocked's arena: every
+  // initial bucket is one contiguous range of each trainer's flat buffer.
+  BucketPlan plan = PlanBuckets(layout, ReverseRegistrationOrder(layout.size()), InitialCaps(world));
+  std::vector<uint64_t> real_bytes;
+  for (const TensorInfo& t : layout) real_bytes.push_back(t.bytes());
+  std::vector<std::vector<uint32_t>> groups;
+  for (const PlannedBucket& b : plan.buckets) groups.push_back(b.tensors);
+  auto flat = ipc::PlanArena(real_bytes, groups);
+  if (!flat.ok()) return MakeError(v1::INTERNAL, flat.status().message());
+  GpuStart start;
+  start.flat_plan = std::move(*flat);
+
+  std::vector<GpuSession::TrainerInput> inputs;
+  for (size_t t = 0; t < specs.size(); ++t) inputs.push_back({&specs[t], names[t]});
+  GpuSession::WorldInput in;
+  // One node: the job id is unique per daemon, so every job's
+  // communicators are a fresh generation.
+  in.generation = world.generation != 0 ? world.generation : id_;
+  in.timeout = absl::Milliseconds(config_.timeout_ms);
+  in.node_rank = config_.node_rank;
+  in.num_nodes = config_.num_nodes;
+  in.publish = world.publish;
+  in.fetch = world.fetch;
+  if (in.num_nodes > 1 && (!in.publish || !in.fetch)) {
+    return MakeError(v1::INTERNAL, "a multi-node world without the rendezvous exchange");
+  }
+  absl::StatusOr<std::unique_ptr<GpuSession>> session =
+      GpuSession::Open(hooks_.gpu.device.get(), layout, start.flat_plan, inputs, in);
+  if (!session.ok()) return session.status();
+  start.session = std::move(*session);
+  return start;
+}
+
+absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu) {
   world_ = std::move(world);
-  const BucketCaps caps = world_.caps.cap_bytes > 0
-                              ? world_.caps
-                              : BucketCaps{config_.bucket_cap_bytes(), config_.first_bucket_cap_bytes()};
+  const BucketCaps caps = InitialCaps(world_);
   BucketPlan plan = PlanBuckets(layout, ReverseRegistrationOrder(layout.size()), caps);
   std::vector<uint64_t> tensor_bytes;
   for (const TensorInfo& t : layout) tensor_bytes.push_back(t.device >= 0 ? 0 : t.bytes());
@@ -273,15 +336,17 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world) {
   auto arena = ipc::PlanArena(tensor_bytes, groups);
   if (!arena.ok()) return MakeError(v1::INTERNAL, arena.status().message());
   arena_ = std::move(*arena);
-  const bool cuda = !layout.empty() && layout[0].device >= 0;
+  const bool cuda = gpu.session != nullptr;
   if (cuda) {
-    // The same planner over the real sizes: every initial bucket is one
-    // contiguous range of each trainer's flat device buffer.
-    std::vector<uint64_t> real_bytes;
-    for (const TensorInfo& t : layout) real_bytes.push_back(t.bytes());
-    auto flat = ipc::PlanArena(real_bytes, groups);
-    if (!flat.ok()) return MakeError(v1::INTERNAL, flat.status().message());
-    flat_plan_ = std::move(*flat);
+    flat_plan_ = std::move(gpu.flat_plan);
+    gpu_session_ = std::move(gpu.session);
+    gpu_backend_name_ = absl::StrCat("gpu-", gpu_session_->device().name());
+    // (It sizes its staging when the scheduler installs a plan.)
+    gpu_reducer_ = std::make_unique<GpuReducer>(gpu_session_.get(), layout_, world_.world_size,
+                                                hooks_.gpu.unsafe_skip_event_wait);
+    if (hooks_.gpu.unsafe_skip_event_wait) {
+      spdlog::warn("event=unsafe_skip_event_wait job={} (test-only: results may be wrong)", id_);
+    }
   }
 
   const uint64_t hash = LayoutHash(layout);
@@ -318,7 +383,6 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world) {
   opts.caps = caps;
   opts.agree_order = world_.agree_order;
   if (cuda) {
-    if (absl::Status st = StartGpuLocked(layout); !st.ok()) return st;
     opts.gpu = gpu_reducer_.get();
     opts.is_context_lost = hooks_.gpu.is_context_lost;
   }
@@ -350,37 +414,6 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world) {
       "event=job_running job={} world_size={} rank_offset={} buckets={} arena_bytes={} backend={}",
       id_, world_.world_size, world_.rank_offset, scheduler_->plan().buckets.size(),
       cuda ? flat_plan_.total_bytes : arena_.total_bytes, BackendNameLocked());
-  return absl::OkStatus();
-}
-
-absl::Status Job::StartGpuLocked(const Layout& layout) {
-  // (The reducer sizes its staging when the scheduler installs a plan.)
-  std::vector<GpuSession::TrainerInput> inputs;
-  for (auto& t : trainers_) inputs.push_back({&*t->cuda, t->Name()});
-  // Under the job's lock, like the CPU path's segment creation; bounded by
-  // the communicators' timeout. No collective can run yet.
-  GpuSession::WorldInput world;
-  // One node: the job id is unique per daemon, so every job's
-  // communicators are a fresh generation.
-  world.generation = world_.generation != 0 ? world_.generation : id_;
-  world.timeout = absl::Milliseconds(config_.timeout_ms);
-  world.node_rank = config_.node_rank;
-  world.num_nodes = config_.num_nodes;
-  world.publish = world_.publish;
-  world.fetch = world_.fetch;
-  if (world.num_nodes > 1 && (!world.publish || !world.fetch)) {
-    return MakeError(v1::INTERNAL, "a multi-node world without the rendezvous exchange");
-  }
-  absl::StatusOr<std::unique_ptr<GpuSession>> session =
-      GpuSession::Open(hooks_.gpu.device.get(), layout, flat_plan_, inputs, world);
-  if (!session.ok()) return session.status();
-  gpu_session_ = std::move(*session);
-  gpu_backend_name_ = absl::StrCat("gpu-", gpu_session_->device().name());
-  gpu_reducer_ = std::make_unique<GpuReducer>(gpu_session_.get(), layout_, world_.world_size,
-                                              hooks_.gpu.unsafe_skip_event_wait);
-  if (hooks_.gpu.unsafe_skip_event_wait) {
-    spdlog::warn("event=unsafe_skip_event_wait job={} (test-only: results may be wrong)", id_);
-  }
   return absl::OkStatus();
 }
 

@@ -204,10 +204,19 @@ class Job {
   bool RemoveTrainer(uint64_t session, bool graceful, const std::string& reason)
       ABSL_LOCKS_EXCLUDED(mu_);
   void ReleaseWorld() ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status StartLocked(const Layout& layout, JobWorld world) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The GPU path's resources for a CUDA layout (flat buffers, handles,
-  // events, communicators), after the buckets are planned.
-  absl::Status StartGpuLocked(const Layout& layout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The GPU path's resources for a CUDA layout, opened in Form's unlocked
+  // phase (they may wait on other nodes) and handed to StartLocked.
+  struct GpuStart {
+    ipc::ArenaLayout flat_plan;            // where tensors lie in a flat buffer
+    std::unique_ptr<GpuSession> session;  // null: a CPU layout
+  };
+  absl::StatusOr<GpuStart> OpenGpu(const Layout& layout, const JobWorld& world,
+                                   const std::vector<GpuTrainerSpec>& specs,
+                                   const std::vector<std::string>& names) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  BucketCaps InitialCaps(const JobWorld& world) const;
+  absl::Status StartLocked(const Layout& layout, JobWorld world, GpuStart gpu)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether this daemon can take a layout of this kind at all.
   absl::Status CheckDeviceKind(const Layout& layout) const;
   std::string BackendNameLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
