@@ -228,7 +228,9 @@ class Client:
     # -- buffers ---------------------------------------------------------------
 
     def buffer_address(self, index: int) -> int:
-        """Address of CPU tensor ``index``'s shared-memory buffer (``gs_grad_buffer``)."""
+        """Address of gradient ``index``'s buffer (``gs_grad_buffer``): shared
+        memory for a CPU tensor, a device pointer for a CUDA tensor (into the
+        daemon's flat device buffer, or the ``cuda_ptr`` it was registered with)."""
         self._require_registered("buffer_address")
         if not 0 <= index < len(self._specs):
             raise InvalidArgumentError(
@@ -237,8 +239,8 @@ class Client:
         addr = self._lib.gs_grad_buffer(self._live_handle(), index)
         if not addr:
             raise InvalidArgumentError(
-                f"tensor {index} '{self._specs[index].name}' has no shared-memory buffer "
-                "(CUDA tensors stay in the trainer's memory)", operation="gs_grad_buffer")
+                f"tensor {index} '{self._specs[index].name}' has no buffer: "
+                f"{self.last_error() or 'gs_grad_buffer returned NULL'}", operation="gs_grad_buffer")
         return addr
 
     def buffer(self, index: int) -> ctypes.Array:
@@ -249,6 +251,11 @@ class Client:
         keep this Client alive (so its finalizer cannot unmap memory they
         still point to); after an explicit ``close()`` they must not be used.
         """
+        if 0 <= index < len(self._specs) and self._specs[index].device >= 0:
+            raise InvalidArgumentError(
+                f"tensor {index} '{self._specs[index].name}' is a CUDA tensor: its buffer is "
+                "device memory (buffer_address(), or gradsync.torch's views)",
+                operation="gs_grad_buffer")
         with self._mu:
             cached = self._buffers[index] if 0 <= index < len(self._buffers) else None
             if cached is not None:
@@ -292,6 +299,17 @@ class Client:
         ms = -1 if timeout_s is None else max(0, int(timeout_s * 1000))
         with self._mu:
             self._check(self._lib.gs_wait(self._live_handle(), ms), "gs_wait")
+
+    def set_cuda_stream(self, stream: Optional[int]) -> None:
+        """CUDA tensors: the stream (a ``cudaStream_t`` as an int, e.g.
+        ``torch.cuda.current_stream().cuda_stream``) on which later marks
+        record their readiness events and unused gradients are zeroed; None or
+        0: the legacy default stream (``gs_set_cuda_stream``). Mark a gradient
+        after queueing its last write on that stream: the daemon waits for
+        that work, the host never does."""
+        with self._mu:
+            self._check(self._lib.gs_set_cuda_stream(self._live_handle(), stream or None),
+                        "gs_set_cuda_stream")
 
     def set_sync(self, enabled: bool) -> None:
         """``enabled=False``: following iterations post nothing and gradients

@@ -11,6 +11,8 @@
   with ``LOCAL_RANK``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
   ``GRADSYNC_SOCKET`` set (and ``MASTER_ADDR``/``MASTER_PORT`` for scripts that
   also create a torch.distributed process group), and can ``import gradsync``.
+  With torch and CUDA available, each trainer's current CUDA device is set
+  to ``LOCAL_RANK % device_count()`` before its script starts.
 * SIGINT, SIGTERM and SIGHUP are forwarded to the trainers. When a trainer
   fails, the others normally fail within moments (the daemon reports the
   peer failure to them); any still running after ``--grace-s`` are
@@ -148,7 +150,10 @@ class _Launcher:
         return env
 
     def start_trainers(self) -> None:
-        cmd = [sys.executable] + (["-m"] if self.args.module else []) + \
+        # Through gradsync._trainer_main, which sets the trainer's CUDA device
+        # from LOCAL_RANK (when torch and a GPU are there) before the script runs.
+        cmd = [sys.executable, "-m", "gradsync._trainer_main"] + \
+              (["-m"] if self.args.module else []) + \
               [self.args.script] + list(self.args.script_args)
         port = _free_port()
         for r in range(self.args.nproc):

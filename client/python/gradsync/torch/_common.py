@@ -1,5 +1,7 @@
-"""What DistributedOptimizer and the DDP hook share: dtype mapping, arena
-views, the "gradient is final" hook, and collecting named parameters."""
+"""What DistributedOptimizer and the DDP hook share: dtype mapping, views of
+the daemon's gradient buffers (shared memory on CPU, device memory on CUDA),
+the stream readiness is recorded on, the "gradient is final" hook, and
+collecting named parameters."""
 from __future__ import annotations
 
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -45,6 +47,79 @@ def arena_tensor(client: Client, index: int, dtype: torch.dtype,
     through garbage collection (only through an explicit ``close()``).
     """
     return torch.frombuffer(client.buffer(index), dtype=dtype).view(tuple(shape))
+
+
+# __cuda_array_interface__ type strings; bf16 has none, so it is viewed as
+# int16 and reinterpreted (same size, no conversion).
+_CUDA_TYPESTR: Dict[torch.dtype, Tuple[str, Optional[torch.dtype]]] = {
+    torch.float32: ("<f4", None),
+    torch.float64: ("<f8", None),
+    torch.float16: ("<f2", None),
+    torch.bfloat16: ("<i2", torch.bfloat16),
+}
+
+
+class _DeviceRange:
+    """A range of device memory exposed through ``__cuda_array_interface__``
+    (version 3), so that ``torch.as_tensor`` views it without copying.
+
+    torch keeps this object alive as long as a tensor views it, and this
+    object keeps the Client alive: the daemon's flat buffer stays mapped
+    under every such tensor until an explicit ``close()``. ``stream`` is None
+    because the memory needs no synchronization to be viewed.
+    """
+
+    def __init__(self, client: Client, address: int, numel: int, typestr: str) -> None:
+        self._gradsync_client = client
+        self.__cuda_array_interface__ = {
+            "shape": (numel,), "typestr": typestr, "data": (address, False),
+            "strides": None, "stream": None, "version": 3,
+        }
+
+
+def device_tensor(client: Client, index: int, dtype: torch.dtype, shape: Sequence[int],
+                  device: torch.device) -> torch.Tensor:
+    """A tensor viewing CUDA gradient ``index``'s device buffer (zero copy):
+    the daemon's flat buffer, laid out so every bucket is one range."""
+    numel = 1
+    for d in shape:
+        numel *= int(d)
+    typestr, reinterpret = _CUDA_TYPESTR[dtype]
+    flat = torch.as_tensor(_DeviceRange(client, client.buffer_address(index), numel, typestr),
+                           device=device)
+    if reinterpret is not None:
+        flat = flat.view(reinterpret)
+    return flat.view(tuple(shape))
+
+
+def grad_tensor(client: Client, index: int, p: torch.Tensor,
+                shape: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """The registered gradient buffer of parameter ``p`` as a tensor: a view
+    of the shared-memory arena (CPU) or of the daemon's device buffer (CUDA)."""
+    shape = tuple(p.shape) if shape is None else tuple(shape)
+    if p.device.type == "cuda":
+        return device_tensor(client, index, p.dtype, shape, p.device)
+    return arena_tensor(client, index, p.dtype, shape)
+
+
+class StreamFollower:
+    """Tells the client which CUDA stream to record readiness events on:
+    torch's current stream on the gradient's device at the time it is marked
+    (autograd runs a parameter's backward on the stream its forward used, so
+    its last write to ``.grad`` is queued there). Calls into the C library
+    only when the stream changes."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._current: Optional[int] = None
+
+    def before_mark(self, device: torch.device) -> None:
+        if device.type != "cuda":
+            return
+        stream = torch.cuda.current_stream(device).cuda_stream
+        if stream != self._current:
+            self._client.set_cuda_stream(stream)
+            self._current = stream
 
 
 class _AccumulateGradHook:

@@ -10,8 +10,11 @@ fixes its layout at registration, while DDP rebuilds its buckets after the
 first iteration (from the order in which gradients became ready), so bucket
 membership and sizes change. Each DDP parameter is therefore registered as
 one gradsync tensor; the hook copies each bucket's flat buffer, parameter
-by parameter, into the parameters' arena slots and marks them ready. Any
+by parameter, into the parameters' slots and marks them ready. Any
 bucket composition, before or after a rebuild, maps onto the same layout.
+The slots are the shared-memory arena for CPU models and the daemon's flat
+device buffer for CUDA models (device-to-device copies on the current
+stream; each mark records its readiness event there, with no host sync).
 
 The daemon completes an iteration only when every tensor is marked, i.e.
 after DDP's *last* bucket: DDP calls the hook once per bucket, strictly in
@@ -36,7 +39,7 @@ import torch.nn.parallel
 
 from ..client import Client
 from ..errors import InvalidArgumentError
-from ._common import arena_tensor, tensor_spec, unique_named_parameters
+from ._common import StreamFollower, grad_tensor, tensor_spec, unique_named_parameters
 
 __all__ = ["AllreduceHookState", "allreduce_hook"]
 
@@ -76,11 +79,6 @@ class AllreduceHookState:
         named = [(n, p) for n, p in named if p.numel() > 0]
         if not named:
             raise InvalidArgumentError("no parameter requires a gradient: nothing to synchronize")
-        for n, p in named:
-            if p.device.type != "cpu":
-                raise InvalidArgumentError(
-                    f"parameter {n!r} is on {p.device}: the gradsync DDP hook copies buckets "
-                    "through the shared-memory arena and supports CPU parameters only")
         self.names = [n for n, _ in named]
         # DDP hands the hook the parameters themselves (the same Python
         # objects); their storage address is the fallback key. The list keeps
@@ -95,9 +93,10 @@ class AllreduceHookState:
             socket_path, local_rank, connect_timeout_s=connect_timeout_s)
         try:
             self.client.register([tensor_spec(n, p) for n, p in named])
-            # Flat views of every parameter's arena slot.
-            self._slots = [arena_tensor(self.client, i, p.dtype, (p.numel(),))
+            # Flat views of every parameter's slot in the daemon's buffers.
+            self._slots = [grad_tensor(self.client, i, p, (p.numel(),))
                            for i, (_, p) in enumerate(named)]
+            self._streams = StreamFollower(self.client)
         except BaseException:
             if self._owns_client:
                 self.client.close()
@@ -159,6 +158,7 @@ class AllreduceHookState:
                 raise InvalidArgumentError(
                     f"parameter {self.names[i]!r} arrived in two DDP buckets in one iteration")
             self._slots[i].copy_(buffer[off:off + n])
+            self._streams.before_mark(buffer.device)
             self.client.mark_ready(i)
             self._marked[i] = True
         fut: torch.futures.Future = torch.futures.Future()
@@ -172,6 +172,7 @@ class AllreduceHookState:
         # built) contribute zeros, so the iteration completes on every trainer.
         for i, marked in enumerate(self._marked):
             if not marked:
+                self._streams.before_mark(self._slots[i].device)
                 self.client.mark_unused(i)
         self.client.wait(self.wait_timeout_s)
         pending, self._pending = self._pending, []

@@ -4,13 +4,17 @@ Horovod-style (wrap the optimizer, keep the model as it is).
 How one iteration flows:
 
 * At construction every parameter's gradient is registered with the daemon.
-  On CPU, ``p.grad`` is replaced by a tensor *viewing the shared-memory
-  arena* (zero copy: autograd accumulates straight into the buffer the
-  daemon reduces, like DDP's ``gradient_as_bucket_view``).
+  ``p.grad`` is replaced by a tensor *viewing the buffer the daemon reduces*
+  (zero copy: autograd accumulates straight into it, like DDP's
+  ``gradient_as_bucket_view``): the shared-memory arena on CPU, the daemon's
+  flat device buffer on CUDA (mapped through CUDA IPC; every bucket is one
+  contiguous range of it).
 * During ``loss.backward()`` a hook per parameter fires as soon as autograd
   has accumulated that parameter's gradient, and marks it ready: the daemon
   starts reducing a bucket while backward is still computing earlier
-  layers (overlap).
+  layers (overlap). On CUDA the mark records an interprocess event on
+  ``torch.cuda.current_stream()`` (never a host synchronization); the daemon
+  waits for that event before it reduces.
 * ``step()`` marks the parameters that got no gradient as unused (they
   contribute zeros), waits for the daemon, which has written the average
   over all trainers into the same buffers, and then runs the wrapped
@@ -32,7 +36,8 @@ import torch
 
 from ..client import Client
 from ..errors import InvalidArgumentError, StateError
-from ._common import arena_tensor, register_grad_ready_hook, tensor_spec, unique_named_parameters
+from ._common import (StreamFollower, grad_tensor, register_grad_ready_hook, tensor_spec,
+                      unique_named_parameters)
 
 __all__ = ["DistributedOptimizer"]
 
@@ -113,29 +118,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._params = [p for _, p in self._entries]
         n = len(self._params)
 
-        # Gradients of CUDA parameters stay in the trainer's memory: the
-        # daemon needs a stable address, so they get a persistent tensor.
-        cuda_grads: Dict[int, torch.Tensor] = {}
-        specs = []
-        for i, (name, p) in enumerate(self._entries):
-            ptr = None
-            if p.device.type == "cuda":
-                cuda_grads[i] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                ptr = cuda_grads[i].data_ptr()
-            specs.append(tensor_spec(name, p, ptr))
+        # CUDA parameters use the flat-buffer mode (no cuda_ptr): the daemon
+        # owns the device memory, so its lifetime never depends on torch's
+        # caching allocator.
+        specs = [tensor_spec(name, p) for name, p in self._entries]
 
         self._owns_client = client is None
         self._client = client if client is not None else Client(
             socket_path, local_rank, connect_timeout_s=connect_timeout_s)
         original_grads = [p.grad for p in self._params]
+        self._streams = StreamFollower(self._client)
         try:
             self._client.register(specs)
-            # The tensors that must be each p.grad: arena views on CPU.
+            # The tensors that must be each p.grad: views of the daemon's buffers.
             self._grads: List[torch.Tensor] = []
             for i, p in enumerate(self._params):
-                g = cuda_grads.get(i)
-                if g is None:
-                    g = arena_tensor(self._client, i, p.dtype, p.shape)
+                g = grad_tensor(self._client, i, p)
                 if p.grad is not None:
                     g.copy_(p.grad)  # keep a gradient the caller already has
                 else:
@@ -233,6 +231,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 f"{self._passes[i]} backward passes in this iteration with "
                 f"backward_passes_per_step={self._passes_per_step} (accumulate under "
                 "no_sync(), or raise backward_passes_per_step)", operation="DistributedOptimizer")
+        self._streams.before_mark(self._grads[i].device)
         self._client.mark_ready(i)
         self._marked[i] = True
         self._num_marked += 1
@@ -288,6 +287,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if self._marked[i]:
                     continue
                 self._adopt(i)
+                self._streams.before_mark(self._grads[i].device)
                 if self._touched[i]:
                     # A gradient accumulated (under no_sync, or in fewer than
                     # backward_passes_per_step passes): it is real.
@@ -369,7 +369,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             h.remove()
         self._hooks = []
         for p, g in zip(self._params, self._grads):
-            if p.grad is g and g.device.type == "cpu":
+            if p.grad is g:  # a view of memory the daemon is about to release
                 p.grad = g.clone()
         self._grads = []
         if self._owns_client:
