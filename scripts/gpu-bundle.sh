@@ -32,8 +32,10 @@ BINARIES=(
   //client:gradsyncctl
   //daemon/backends:nccl_probe
 )
-GPU_TEST_TARGETS=$(bazel query --color=no 'kind("cc_test", //tests/gpu/...)' 2>/dev/null)
-GPU_TOOL_TARGETS=$(bazel query --color=no 'attr(tags, "gpu_bundle", kind("cc_binary", //tests/...))' 2>/dev/null)
+# Tests and their helper programs that run on a real GPU carry the tag
+# "gpu_bundle" (tests/gpu/BUILD); the simulated-device tests stay here.
+GPU_TEST_TARGETS=$(bazel query --color=no 'attr(tags, "gpu_bundle", kind("cc_test", //tests/...))')
+GPU_TOOL_TARGETS=$(bazel query --color=no 'attr(tags, "gpu_bundle", kind("cc_binary", //tests/...))')
 
 BAZEL_FLAGS=(-c opt --color=no --curses=no)
 [ "${CI:-}" = "true" ] && BAZEL_FLAGS+=(--show_progress_rate_limit=30)
@@ -59,7 +61,16 @@ find "$OUT/python" -name __pycache__ -prune -exec rm -rf {} +
 mkdir -p "$OUT/python/gradsync/lib"
 install -m 0755 "$(label_path //client:libgradsync.so)" "$OUT/python/gradsync/lib/"
 cp scripts/gpu-check.sh "$OUT/gpu-check.sh"
-cp -r tests/gpu/check "$OUT/check" 2>/dev/null || true
+cp -r tests/gpu/check "$OUT/check"
+# The tests find their programs as Bazel runfiles ($TEST_SRCDIR/gradsync/
+# PACKAGE/NAME, see tests/testing/files.h): relative links into bin/.
+# shellcheck disable=SC2086
+for t in //daemon:gradsyncd $GPU_TOOL_TARGETS; do
+  l=${t#//}
+  mkdir -p "$OUT/runfiles/gradsync/${l%%:*}"
+  depth=$(echo "runfiles/gradsync/${l%%:*}" | tr -cd / | wc -c)
+  ln -s "$(printf '../%.0s' $(seq 0 "$depth"))bin/${l##*:}" "$OUT/runfiles/gradsync/${l%%:*}/${l##*:}"
+done
 
 # Libraries the node provides itself: glibc, the C++ runtime, the NVIDIA
 # driver and NCCL (loaded at run time from $NCCL_LIB, Python's

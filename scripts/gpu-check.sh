@@ -65,6 +65,8 @@ export GRADSYNC_DAEMON="$BUNDLE/bin/gradsyncd"
 export GRADSYNC_LIB="$BUNDLE/python/gradsync/lib/libgradsync.so"
 export PYTHONPATH="$BUNDLE/python${PYTHONPATH:+:$PYTHONPATH}"
 export GRADSYNC_BUNDLE="$BUNDLE"
+# The GPU tests find gradsyncd and their helper programs as runfiles.
+export TEST_SRCDIR="$BUNDLE/runfiles" TEST_WORKSPACE=gradsync
 [ -x "$BUNDLE/bin/nccl_probe" ] && "$BUNDLE/bin/nccl_probe"
 
 passed=0

@@ -4,11 +4,16 @@
 // pinned memory), gs_mark_ready right after queueing — no synchronize —
 // and every synced step compared with the average over all trainers.
 //
-//   cuda_trainer --socket=S [--mode=flat|user] [--steps=N] [--device=ORD]
+//   cuda_trainer --socket=S [--mode=flat|user] [--dtype=fp32|bf16] [--steps=N]
+//                [--device=ORD] [--die-at-step=N]
+//
+// --die-at-step: SIGKILL itself in that step after marking two gradients
+// (a trainer dying mid-iteration; its peers must get GS_ERR_PEER_FAILED).
 //
 // Exit codes as sim_trainer: 0 matched; 1 a result differed; 2 a call
 // failed ("error code=N: message"); 3 bad flags or no usable GPU.
 #include <cuda_runtime_api.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <cmath>
@@ -19,6 +24,7 @@
 #include <vector>
 
 #include "client/gradsync.h"
+#include "common/half.h"
 
 namespace {
 
@@ -51,8 +57,8 @@ int CudaFail(cudaError_t e, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string socket, mode = "flat";
-  int steps = 5, device = -1;
+  std::string socket, mode = "flat", dtype_name = "fp32";
+  int steps = 5, device = -1, die_at_step = -1;
   for (int a = 1; a < argc; ++a) {
     std::string arg = argv[a];
     const size_t eq = arg.find('=');
@@ -61,8 +67,14 @@ int main(int argc, char** argv) {
     else if (key == "--mode") mode = v;
     else if (key == "--steps") steps = std::atoi(v.c_str());
     else if (key == "--device") device = std::atoi(v.c_str());
+    else if (key == "--dtype") dtype_name = v;
+    else if (key == "--die-at-step") die_at_step = std::atoi(v.c_str());
     else return 3;
   }
+  if (dtype_name != "fp32" && dtype_name != "bf16") return 3;
+  const bool bf16 = dtype_name == "bf16";
+  const gs_dtype dtype = bf16 ? GS_BFLOAT16 : GS_FLOAT32;
+  const size_t elem = bf16 ? 2 : 4;
   const char* lr = std::getenv("LOCAL_RANK");
   const int local_rank = lr ? std::atoi(lr) : 0;
   int gpus = 0;
@@ -87,13 +99,13 @@ int main(int argc, char** argv) {
   uint64_t offset = 0;
   if (mode == "user") {
     uint64_t total = 0;
-    for (const Tensor& t : kTensors) total += (t.numel * 4 + 511) / 512 * 512;
+    for (const Tensor& t : kTensors) total += (t.numel * elem + 511) / 512 * 512;
     if (cudaError_t e = cudaMalloc(&pool, total); e != cudaSuccess) return CudaFail(e, "cudaMalloc");
   }
   for (const Tensor& t : kTensors) {
     void* p = pool ? static_cast<char*>(pool) + offset : nullptr;
-    offset += (t.numel * 4 + 511) / 512 * 512;
-    specs.push_back({t.name, GS_FLOAT32, t.numel, device, p});
+    offset += (t.numel * elem + 511) / 512 * 512;
+    specs.push_back({t.name, dtype, t.numel, device, p});
   }
   if (gs_status st = gs_register(c, specs.data(), specs.size()); st != GS_OK) {
     return Fail(c, st, "gs_register");
@@ -101,19 +113,37 @@ int main(int argc, char** argv) {
   int rank = 0, world = 1;
   gs_world(c, &rank, &world);
 
-  std::vector<float*> pinned(kNum);
+  // What a trainer's gradient holds as stored in the dtype (bf16 rounds).
+  auto stored = [bf16](float v) {
+    return bf16 ? gradsync::BFloat16ToFloat(gradsync::FloatToBFloat16(v)) : v;
+  };
+  std::vector<void*> pinned(kNum);
   for (size_t i = 0; i < kNum; ++i) {
-    if (cudaError_t e = cudaMallocHost(reinterpret_cast<void**>(&pinned[i]), kTensors[i].numel * 4);
+    if (cudaError_t e = cudaMallocHost(&pinned[i], kTensors[i].numel * elem);
         e != cudaSuccess) {
       return CudaFail(e, "cudaMallocHost");
     }
   }
-  std::vector<float> got;
+  std::vector<unsigned char> raw;
+  // bf16: the device sums in fp32 and rounds once; fp32: only summation order.
+  const double tolerance = bf16 ? 1e-2 : 1e-5;
   for (int step = 0; step < steps; ++step) {
     for (size_t k = 0; k < kNum; ++k) {
       const size_t i = kNum - 1 - k;  // backward: last layer first
-      for (size_t j = 0; j < kTensors[i].numel; ++j) pinned[i][j] = Grad(rank, step, i, j);
-      if (cudaError_t e = cudaMemcpyAsync(gs_grad_buffer(c, i), pinned[i], kTensors[i].numel * 4,
+      if (step == die_at_step && k == 2) {
+        std::printf("rank %d dying at step %d after 2 marks\n", rank, step);
+        std::fflush(stdout);
+        raise(SIGKILL);
+      }
+      for (size_t j = 0; j < kTensors[i].numel; ++j) {
+        const float g = Grad(rank, step, i, j);
+        if (bf16) {
+          static_cast<uint16_t*>(pinned[i])[j] = gradsync::FloatToBFloat16(g);
+        } else {
+          static_cast<float*>(pinned[i])[j] = g;
+        }
+      }
+      if (cudaError_t e = cudaMemcpyAsync(gs_grad_buffer(c, i), pinned[i], kTensors[i].numel * elem,
                                           cudaMemcpyHostToDevice, stream);
           e != cudaSuccess) {
         return CudaFail(e, "cudaMemcpyAsync");
@@ -122,19 +152,27 @@ int main(int argc, char** argv) {
     }
     if (gs_status st = gs_wait(c, -1); st != GS_OK) return Fail(c, st, "gs_wait");
     for (size_t i = 0; i < kNum; ++i) {
-      got.resize(kTensors[i].numel);
-      if (cudaError_t e = cudaMemcpy(got.data(), gs_grad_buffer(c, i), got.size() * 4,
+      raw.resize(kTensors[i].numel * elem);
+      if (cudaError_t e = cudaMemcpy(raw.data(), gs_grad_buffer(c, i), raw.size(),
                                      cudaMemcpyDeviceToHost);
           e != cudaSuccess) {
         return CudaFail(e, "cudaMemcpy");
       }
-      for (size_t j = 0; j < got.size(); ++j) {
+      for (size_t j = 0; j < kTensors[i].numel; ++j) {
         double expected = 0;
-        for (int r = 0; r < world; ++r) expected += Grad(r, step, i, j);
+        for (int r = 0; r < world; ++r) expected += stored(Grad(r, step, i, j));
         expected /= world;
-        if (std::fabs(got[j] - expected) > 1e-5 * std::max(1.0, std::fabs(expected))) {
+        float value;
+        if (bf16) {
+          uint16_t b;
+          std::memcpy(&b, raw.data() + j * 2, 2);
+          value = gradsync::BFloat16ToFloat(b);
+        } else {
+          std::memcpy(&value, raw.data() + j * 4, 4);
+        }
+        if (std::fabs(value - expected) > tolerance * std::max(1.0, std::fabs(expected))) {
           std::printf("MISMATCH rank %d step %d tensor %zu '%s' element %zu: got %.7g expected %.7g\n",
-                      rank, step, i, kTensors[i].name, j, got[j], expected);
+                      rank, step, i, kTensors[i].name, j, value, expected);
           std::fflush(stdout);
           return 1;
         }
@@ -144,7 +182,7 @@ int main(int argc, char** argv) {
   std::printf("OK rank %d world %d steps %d\n", rank, world, steps);
   std::fflush(stdout);
   gs_close(c);
-  for (float* p : pinned) cudaFreeHost(p);
+  for (void* p : pinned) cudaFreeHost(p);
   if (pool) cudaFree(pool);  // only after gs_close returned (gradsync.h)
   return 0;
 }
