@@ -36,6 +36,13 @@ std::chrono::nanoseconds SchedulerSpin() {
   return kSpin;
 }
 
+// The reductions' own deadlines use the same timeout and say more (which
+// trainer's event is stuck, what the backend saw): the watchdog gives them
+// this margin first and only catches a reduction that ignores its deadline.
+int64_t WatchdogMarginNs(int64_t timeout_ms) {
+  return std::min<int64_t>(timeout_ms * 1000000 / 4, 1000000000);
+}
+
 }  // namespace
 
 Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, BucketPlan plan,
@@ -203,12 +210,85 @@ Scheduler::~Scheduler() { Stop(); }
 void Scheduler::Start() {
   last_progress_ns_ = NowNs();
   thread_ = std::thread([this] { Loop(); });
+  watchdog_ = std::thread([this] { Watchdog(); });
 }
 
 void Scheduler::Stop() {
-  stop_.store(true, std::memory_order_release);
+  // Sequentially consistent with BeginReduction: a reduction that starts
+  // now is either seen here and aborted, or sees stop_ and does not run.
+  stop_.store(true);
+  int64_t since = inflight_since_ns_.load();
+  if (since > 0 && inflight_since_ns_.compare_exchange_strong(since, kStopped)) {
+    // A backend that ignores its own timeout would otherwise hold the join.
+    AbortReduction("the job is stopping");
+  }
   ready_bell_->Ring();
   if (thread_.joinable()) thread_.join();
+  {
+    absl::MutexLock lock(&watchdog_mu_);
+    watchdog_stop_ = true;
+    watchdog_cv_.Signal();
+  }
+  if (watchdog_.joinable()) watchdog_.join();
+}
+
+bool Scheduler::BeginReduction(uint32_t bucket, int64_t start_ns) {
+  inflight_bucket_.store(bucket);
+  inflight_iteration_.store(iteration());
+  inflight_since_ns_.store(std::max<int64_t>(start_ns, 1));  // > 0: in flight
+  return !stop_.load();
+}
+
+void Scheduler::AbortReduction(const std::string& reason) {
+  if (options_.gpu) {
+    options_.gpu->Abort(reason);
+  } else {
+    backend_->Abort(reason);
+  }
+}
+
+absl::Status Scheduler::TimedOut(uint32_t bucket, const absl::Status& st) const {
+  const std::string what =
+      options_.gpu ? "GPU reduction" : absl::StrCat(backend_->name(), " allreduce");
+  return MakeError(
+      v1::TIMEOUT,
+      absl::StrCat("bucket ", bucket, " of iteration ", iteration(), ": the ", what,
+                   " did not complete within the ", options_.timeout_ms / 1000.0,
+                   " s timeout; the scheduler aborted it",
+                   // PEER_FAILED is the abort itself echoed back: nothing new.
+                   st.ok() || CodeOf(st) == v1::PEER_FAILED
+                       ? ""
+                       : absl::StrCat(" (it then returned: ", st.message(), ")")));
+}
+
+void Scheduler::Watchdog() {
+  const int64_t limit_ns = options_.timeout_ms * 1000000 + WatchdogMarginNs(options_.timeout_ms);
+  while (true) {
+    // Idle: a reduction that starts now is due one limit from now at the
+    // earliest, so sleeping that long never misses one.
+    int64_t wait_ns = limit_ns;
+    int64_t since = inflight_since_ns_.load();
+    if (since > 0) {
+      // Read before the exchange below, which proves they belong to `since`.
+      const uint32_t bucket = inflight_bucket_.load();
+      const uint64_t it = inflight_iteration_.load();
+      const int64_t left_ns = since + limit_ns - NowNs();
+      if (left_ns > 0) {
+        wait_ns = left_ns;
+      } else if (inflight_since_ns_.compare_exchange_strong(since, kTimedOut)) {
+        spdlog::error("event=reduction_timeout iteration={} bucket={} timeout_s={:.3f}", it, bucket,
+                      options_.timeout_ms / 1000.0);
+        AbortReduction(absl::StrCat("bucket ", bucket, " of iteration ", it,
+                                    " did not complete within the ", options_.timeout_ms / 1000.0,
+                                    " s timeout"));
+      }
+    }
+    absl::MutexLock lock(&watchdog_mu_);
+    if (watchdog_stop_) return;
+    watchdog_cv_.WaitWithTimeout(&watchdog_mu_,
+                                 absl::Nanoseconds(std::max<int64_t>(wait_ns, 1000000)));
+    if (watchdog_stop_) return;
+  }
 }
 
 void Scheduler::WaitIdle() {
@@ -310,9 +390,20 @@ bool Scheduler::Launch(uint32_t bucket) {
   tl.iteration = iteration();
   tl.launch_ns = NowNs();
   if (options_.gpu) return LaunchGpu(bucket);
+  if (!BeginReduction(bucket, tl.launch_ns)) {
+    EndReduction();
+    return false;
+  }
   ReduceTimings timings;
   absl::Status st = reducer_.Reduce(arenas_, spans_[bucket], b.dtype, options_.world_size,
                                     *backend_, &timings);
+  const int64_t slot = EndReduction();
+  if (slot == kStopped) return false;  // Stop aborted it: the job is over
+  // The backend's own timeout, if it won the race, says more: keep it.
+  if (slot == kTimedOut && CodeOf(st) != v1::TIMEOUT) {
+    fail_(TimedOut(bucket, st), kCollectiveFailed);
+    return false;
+  }
   if (!st.ok()) {
     fail_(MakeError(CodeOf(st) == v1::INTERNAL ? v1::PEER_FAILED : CodeOf(st),
                     absl::StrCat("bucket ", bucket, " of iteration ", iteration(), ": ",
@@ -329,14 +420,24 @@ bool Scheduler::LaunchGpu(uint32_t bucket) {
   // nothing writes into its memory again.
   absl::MutexLock lock(&launch_mu_);
   if (halted_.load(std::memory_order_acquire)) return false;
+  if (!BeginReduction(bucket, timelines_[bucket].launch_ns)) {
+    EndReduction();
+    return false;
+  }
   const PlannedBucket& b = plan_.buckets[bucket];
   ReduceTimings timings;
   int culprit = GpuReducer::kNoCulprit;
   const absl::Time deadline = absl::Now() + absl::Milliseconds(options_.timeout_ms);
   absl::Status st = options_.gpu->Reduce(b, spans_[bucket], deadline, &timings, &culprit);
-  if (!st.ok()) {
+  const int64_t slot = EndReduction();
+  if (slot == kStopped) return false;  // Stop aborted it: the job is over
+  if (!st.ok() || slot == kTimedOut) {
     const std::string where = absl::StrCat("bucket ", bucket, " of iteration ", iteration(), ": ");
-    if (culprit == GpuReducer::kCollective) {
+    if (slot == kTimedOut && CodeOf(st) != v1::TIMEOUT) {
+      // Its own deadlines (events, streams) would have said more; what
+      // hung is what the watchdog aborted.
+      fail_(TimedOut(bucket, st), kCollectiveFailed);
+    } else if (culprit == GpuReducer::kCollective) {
       // A peer died (UNAVAILABLE), the group was aborted, or it hung past
       // its timeout: the trainers see PEER_FAILED or TIMEOUT, nothing else.
       fail_(MakeError(CodeOf(st) == v1::TIMEOUT ? v1::TIMEOUT : v1::PEER_FAILED,

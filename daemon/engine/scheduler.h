@@ -12,10 +12,20 @@
 // Reductions run on this thread, so the collective order is the plan order
 // by construction, identical on every node.
 //
+// Who bounds a collective: the scheduler. The backend's own timeout and the
+// GPU reducer's deadlines come first (their errors say more), but the loop
+// cannot check a deadline while it is blocked inside a reduction, so a
+// watchdog thread does: a bucket's reduction still running a short margin
+// past Options::timeout_ms is aborted (Backend::Abort, or GpuReducer::Abort
+// on the GPU path) and the job fails with TIMEOUT naming the bucket and the
+// iteration. A backend that ignores its own timeout therefore cannot hang
+// the job, Stop or the Job's destructor; Stop aborts a reduction in flight.
+//
 // Threads: Start, Stop and the destructor belong to the owner (the Job);
 // plan(), SetCaps() and the accessors are thread-safe. Everything else is
 // the loop thread's, unlocked; the loop publishes a copy of each new plan
-// under plan_mu_ and picks up new caps under caps_mu_.
+// under plan_mu_ and picks up new caps under caps_mu_. The watchdog shares
+// only the in-flight slot (atomics) with the loop.
 #ifndef GRADSYNC_DAEMON_ENGINE_SCHEDULER_H_
 #define GRADSYNC_DAEMON_ENGINE_SCHEDULER_H_
 
@@ -77,8 +87,9 @@ class Scheduler {
   ~Scheduler();
 
   void Start();
-  // Stops the loop (after an in-flight reduction returns) and joins it.
-  void Stop();
+  // Stops the loop and joins it, aborting a reduction in flight first (the
+  // job is over: nothing is reported for it).
+  void Stop() ABSL_LOCKS_EXCLUDED(watchdog_mu_);
   // After a failure: stop posting completions; the loop idles until Stop.
   void Halt() { halted_.store(true, std::memory_order_release); }
   // Halts, then returns once no GPU reduction is in flight (it returns
@@ -106,6 +117,17 @@ class Scheduler {
   bool Drain(Trainer& t, int64_t now_ns, bool* progress);
   bool Launch(uint32_t bucket);
   bool LaunchGpu(uint32_t bucket);
+  // The in-flight slot around a bucket's reduction. Begin publishes it and
+  // returns false if the scheduler is stopping (then do not reduce); End
+  // clears it and returns what it held: the start, kTimedOut or kStopped.
+  bool BeginReduction(uint32_t bucket, int64_t start_ns);
+  int64_t EndReduction() { return inflight_since_ns_.exchange(kIdle); }
+  // The job's error for a reduction the watchdog aborted; `st` is what the
+  // reduction itself returned.
+  absl::Status TimedOut(uint32_t bucket, const absl::Status& st) const;
+  // Aborts whatever the reduction is blocked in. Any thread.
+  void AbortReduction(const std::string& reason);
+  void Watchdog() ABSL_LOCKS_EXCLUDED(watchdog_mu_);
   // The bucket's reduction succeeded: timeline and observer.
   bool FinishLaunch(uint32_t bucket, const ReduceTimings& timings);
   void FinishIteration();
@@ -162,6 +184,23 @@ class Scheduler {
   // WaitIdle after any reduction that started before the Halt.
   absl::Mutex launch_mu_;
   std::thread thread_;
+
+  // The in-flight slot: the loop writes the bucket and iteration, then the
+  // start time (> 0) before a reduction, and swaps kIdle back after it.
+  // Whoever aborts the reduction (watchdog or Stop) first swaps the start it
+  // saw for kTimedOut / kStopped, so exactly one of them aborts, only the
+  // reduction it judged, and the loop learns why its reduction failed.
+  // Sequentially consistent, also against stop_ (see BeginReduction).
+  static constexpr int64_t kIdle = 0;
+  static constexpr int64_t kTimedOut = -1;
+  static constexpr int64_t kStopped = -2;
+  std::atomic<int64_t> inflight_since_ns_{kIdle};
+  std::atomic<uint32_t> inflight_bucket_{0};
+  std::atomic<uint64_t> inflight_iteration_{0};
+  absl::Mutex watchdog_mu_;
+  absl::CondVar watchdog_cv_;
+  bool watchdog_stop_ ABSL_GUARDED_BY(watchdog_mu_) = false;
+  std::thread watchdog_;
 };
 
 }  // namespace gradsync

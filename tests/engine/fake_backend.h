@@ -5,6 +5,9 @@
 // given status (a real backend stays failed too). kStall: the other nodes
 // never answer; a call blocks until Abort, Release, or the backend's own
 // timeout (every real backend gets one: Gloo's per-allreduce timeout).
+// kHang: the other nodes never answer and the backend ignores its own
+// timeout (a backend bug the scheduler must survive): a call returns only
+// on Abort; Release does not reach it.
 // Every call is recorded, so tests can check order and sizes, and wait for
 // a call to arrive without sleeping.
 #ifndef GRADSYNC_TESTS_ENGINE_FAKE_BACKEND_H_
@@ -27,7 +30,7 @@ namespace gradsync::testing {
 
 class FakeBackend final : public Backend {
  public:
-  enum class Mode { kSum, kFail, kStall };
+  enum class Mode { kSum, kFail, kStall, kHang };
 
   struct Call {
     size_t count;
@@ -47,6 +50,21 @@ class FakeBackend final : public Backend {
     calls_.push_back({count, dtype});
     if (!aborted_.empty()) return absl::AbortedError(absl::StrCat("fake: aborted: ", aborted_));
     if (mode_ == Mode::kFail) return failure_;
+    if (mode_ == Mode::kHang && hang_after_ > 0) {
+      --hang_after_;  // this one still answers
+    } else if (mode_ == Mode::kHang) {
+      ++stalled_;
+      auto aborted = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !aborted_.empty(); };
+      // The backstop only keeps a broken scheduler from hanging the test
+      // binary; a passing run is aborted long before.
+      const bool woke = mu_.AwaitWithTimeout(absl::Condition(&aborted), kHangBackstop);
+      --stalled_;
+      if (!woke) {
+        GaveUp();
+        return absl::InternalError("fake: a hung call was never aborted");
+      }
+      return absl::AbortedError(absl::StrCat("fake: aborted: ", aborted_));
+    }
     if (mode_ == Mode::kStall) {
       ++stalled_;
       const absl::Time deadline = absl::Now() + stall_timeout_;
@@ -92,7 +110,13 @@ class FakeBackend final : public Backend {
     stall_timeout_ = own_timeout;
     mode_ = Mode::kStall;
   }
-  // Lets stalled and later calls sum normally.
+  // After `after` more calls that sum, calls hang until Abort.
+  void Hang(int after = 0) {
+    absl::MutexLock lock(&mu_);
+    hang_after_ = after;
+    mode_ = Mode::kHang;
+  }
+  // Lets stalled (not hung) and later calls sum normally.
   void Release() {
     absl::MutexLock lock(&mu_);
     mode_ = Mode::kSum;
@@ -125,6 +149,8 @@ class FakeBackend final : public Backend {
   }
 
  private:
+  static constexpr absl::Duration kHangBackstop = absl::Seconds(20);
+
   const int num_nodes_;
   const double remote_per_node_;
   mutable absl::Mutex mu_;
@@ -132,6 +158,7 @@ class FakeBackend final : public Backend {
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   absl::Duration stall_timeout_ ABSL_GUARDED_BY(mu_) = absl::InfiniteDuration();
   int stalled_ ABSL_GUARDED_BY(mu_) = 0;
+  int hang_after_ ABSL_GUARDED_BY(mu_) = 0;
   std::string aborted_ ABSL_GUARDED_BY(mu_);
   std::vector<Call> calls_ ABSL_GUARDED_BY(mu_);
 };

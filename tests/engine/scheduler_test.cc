@@ -38,6 +38,8 @@ using ::testing::Not;
 
 // The daemon's own timeout in tests that expect one; the others use kNever.
 constexpr int64_t kShortTimeoutMs = 500;
+// The scheduler's own timeout where its watchdog must end a hung collective.
+constexpr int64_t kWatchdogTimeoutMs = 300;
 constexpr int64_t kNever = 60 * 1000;
 // Each other node contributes this to every element.
 constexpr double kRemote = 1.5;
@@ -129,7 +131,8 @@ class SchedulerFixture {
   }
 
   void StopScheduler() {
-    // A stalled collective must answer before the loop can be joined.
+    // A stalled collective answers and finishes its bucket; a hung one
+    // (Hang) is aborted by Stop.
     if (backend_) backend_->Release();
     if (scheduler_) scheduler_->Stop();
     scheduler_.reset();
@@ -479,9 +482,9 @@ TEST_F(SchedulerBehaviourTest, SkippedGradientTimesOutNamingTheRankAndTheTensor)
 
 TEST_F(SchedulerBehaviourTest, StalledCollectiveFailsWithTimeoutNamingTheBucket) {
   // The other nodes never answer; the backend gives up after its own
-  // timeout (the daemon gives Gloo its --timeout-s). The scheduler relies on
-  // that: its own deadline check runs on the loop thread, which is inside
-  // the collective, so a backend that ignored its timeout would hang here.
+  // timeout (the daemon gives Gloo its --timeout-s), well before the
+  // scheduler's, so the error is the backend's. A backend that ignores its
+  // timeout is the scheduler's watchdog's (next test).
   ASSERT_NO_FATAL_FAILURE(Start());
   backend_->Stall(absl::Milliseconds(kShortTimeoutMs));
   WriteAll(0);
@@ -493,6 +496,42 @@ TEST_F(SchedulerBehaviourTest, StalledCollectiveFailsWithTimeoutNamingTheBucket)
               HasSubstr("bucket 0 of iteration 0: fake allreduce failed"));
   EXPECT_THAT(std::string(st.message()), HasSubstr("did not answer"));
   EXPECT_EQ(failures_.culprit(), Scheduler::kCollectiveFailed);
+}
+
+TEST_F(SchedulerBehaviourTest, HungCollectiveIsAbortedAtTheTimeoutAndFailsNamingTheBucket) {
+  // One tensor per bucket; bucket 0 goes through, bucket 1's collective
+  // hangs and the backend never gives up on its own.
+  ASSERT_NO_FATAL_FAILURE(Start(kWatchdogTimeoutMs, {4, 4}));
+  ASSERT_EQ(scheduler_->plan().buckets.size(), 6u);
+  backend_->Hang(/*after=*/1);
+  WriteAll(0);
+  MarkAll(0);
+  const absl::Status st = failures_.Wait(kBound);
+  EXPECT_EQ(CodeOf(st), v1::TIMEOUT) << st;
+  EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr("bucket 1 of iteration 0: the fake allreduce did not complete within the "
+                        "0.3 s timeout"));
+  EXPECT_EQ(failures_.culprit(), Scheduler::kCollectiveFailed);
+  EXPECT_EQ(failures_.reports(), 1);
+  // The watchdog aborted the hung call, saying which one.
+  EXPECT_THAT(backend_->abort_reason(), HasSubstr("bucket 1 of iteration 0"));
+  // Halted: no later bucket was launched.
+  EXPECT_EQ(backend_->calls().size(), 2u);
+}
+
+TEST_F(SchedulerBehaviourTest, StopDuringAHungCollectiveReturns) {
+  // The job's timeout is out of reach: only Stop can end the call. The
+  // test returning is the proof.
+  ASSERT_NO_FATAL_FAILURE(Start());
+  backend_->Hang();
+  WriteAll(0);
+  MarkAll(0);
+  ASSERT_TRUE(backend_->WaitUntilStalled(1, kBound));
+  scheduler_->Stop();
+  EXPECT_THAT(backend_->abort_reason(), HasSubstr("the job is stopping"));
+  // The job is over: the aborted bucket is not reported as a failure.
+  EXPECT_EQ(failures_.reports(), 0);
 }
 
 TEST_F(SchedulerBehaviourTest, AbortingAStalledCollectiveFailsWithTheAbortReason) {
