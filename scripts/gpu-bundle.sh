@@ -52,12 +52,13 @@ label_path() {  # //a/b:c -> $BIN_DIR/a/b/c
 
 rm -rf "$OUT"
 mkdir -p "$OUT/bin" "$OUT/lib" "$OUT/python"
+ORIGINALS=("$(label_path //client:libgradsync.so)")
 # shellcheck disable=SC2086
 for t in "${BINARIES[@]}" $GPU_TEST_TARGETS $GPU_TOOL_TARGETS; do
   install -m 0755 "$(label_path "$t")" "$OUT/bin/"
+  ORIGINALS+=("$(label_path "$t")")
 done
 cp -r client/python/gradsync "$OUT/python/"
-find "$OUT/python" -name __pycache__ -prune -exec rm -rf {} +
 mkdir -p "$OUT/python/gradsync/lib"
 install -m 0755 "$(label_path //client:libgradsync.so)" "$OUT/python/gradsync/lib/"
 cp scripts/gpu-check.sh "$OUT/gpu-check.sh"
@@ -84,11 +85,16 @@ is_provided() {
   return 1
 }
 
-# The closure of what the shipped ELF files need, by ldd (which follows
-# the whole dependency tree here, where every library resolves).
+# The closure of what the shipped ELF files need, by ldd on Bazel's own
+# outputs (where every library resolves, Bazel's internal _solib ones too;
+# the copies' $ORIGIN-relative paths do not resolve until RUNPATH is set).
 collect() {
   local f dep
-  for f in "$OUT"/bin/* "$OUT"/python/gradsync/lib/*.so; do
+  for f in "${ORIGINALS[@]}"; do
+    if ldd "$f" | grep -q "not found"; then
+      echo "gpu-bundle: $f has unresolved libraries here:" >&2; ldd "$f" | grep "not found" >&2
+      exit 1
+    fi
     ldd "$f" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}'
   done | sort -u | while read -r dep; do
     is_provided "$dep" && continue
@@ -107,10 +113,16 @@ so="$OUT/python/gradsync/lib/libgradsync.so"
 strip --strip-unneeded "$so"
 patchelf --set-rpath '$ORIGIN/../../../lib' "$so"
 
-# Nothing may still resolve to a library outside the bundle that the node
-# does not provide.
+find "$OUT" -name __pycache__ -prune -exec rm -rf {} +
+
+# Every library must resolve, and nothing may resolve outside the bundle
+# to a library the node does not provide.
 missing=0
 for f in "$OUT"/bin/* "$OUT"/lib/* "$so"; do
+  if ldd "$f" 2>/dev/null | grep -q "not found"; then
+    echo "gpu-bundle: $f: $(ldd "$f" | grep "not found" | tr -s ' \t' ' ')" >&2
+    missing=1
+  fi
   while read -r dep; do
     is_provided "$dep" && continue
     case "$dep" in "$OUT"/*) ;; *) echo "gpu-bundle: $f needs $dep from outside the bundle" >&2; missing=1 ;; esac
