@@ -2,6 +2,7 @@
 
 #include "daemon/cluster/cluster_link.h"
 #include "daemon/cluster/rendezvous_records.h"
+#include "daemon/listen_address.h"
 
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -63,9 +64,7 @@ absl::Status Daemon::PrepareSocketPath() {
 absl::StatusOr<JobWorld> Daemon::FormWorld(const Layout& layout,
                                            std::function<void(const absl::Status&)> on_failure) {
   if (config_.num_nodes > 1) {
-    const std::string leader =
-        config_.is_leader() ? absl::StrCat("127.0.0.1:", listen_port_) : config_.leader;
-    return ClusterLink::Form(jobs_->config(), leader, layout, std::move(on_failure));
+    return ClusterLink::Form(jobs_->config(), leader_address_, layout, std::move(on_failure));
   }
   JobWorld world;
   world.world_size = config_.local_size;
@@ -139,6 +138,16 @@ absl::Status Daemon::Start() {
       return absl::UnavailableError(absl::StrCat("cannot listen on --listen ", config_.listen));
     }
     listen_server_->GetHealthCheckService()->SetServingStatus(true);
+  }
+  if (config_.num_nodes > 1) {
+    if (config_.is_leader()) {
+      // Not 127.0.0.1 blindly: a leader bound to one address listens there only.
+      absl::StatusOr<std::string> self = SelfDialAddress(config_.listen, listen_port_);
+      if (!self.ok()) return self.status();
+      leader_address_ = *self;
+    } else {
+      leader_address_ = config_.leader;
+    }
   }
 
   // Trainers can attach only once everything they may touch is up.

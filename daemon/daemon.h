@@ -65,6 +65,9 @@ class Daemon {
   std::unique_ptr<grpc::Server> local_server_;
   std::unique_ptr<grpc::Server> listen_server_;
   int listen_port_ = 0;
+  // Where FormWorld joins the job: --leader, or on the leader an address its
+  // own listen server answers on. Set by Start before trainers can attach.
+  std::string leader_address_;
 
   absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

@@ -2,6 +2,7 @@
 // job, with real trainer processes: equivalence with single-process
 // training, layout mismatches between nodes, a daemon killed mid-iteration
 // and the job re-formed (warm restart), and refused joins.
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -27,11 +28,12 @@ using std::chrono::seconds;
 constexpr int kExitMismatch = 13;
 constexpr auto kBound = seconds(40);
 
-int FreePort() {
+// A port nothing listens on at IPv4 address `host` right now.
+int FreePort(const std::string& host = "127.0.0.1") {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
   bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   socklen_t len = sizeof(addr);
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
@@ -39,11 +41,17 @@ int FreePort() {
   return ntohs(addr.sin_port);
 }
 
-// A job of `nodes` daemons with `local` trainers each; node 0 leads.
+// A job of `nodes` daemons with `local` trainers each; node 0 leads and
+// listens on `leader_host` only.
 class Cluster {
  public:
-  Cluster(int nodes, int local, std::vector<std::string> extra = {}, std::string token = "s3cret")
-      : nodes_(nodes), local_(local), port_(FreePort()), extra_(std::move(extra)) {
+  Cluster(int nodes, int local, std::vector<std::string> extra = {}, std::string token = "s3cret",
+          std::string leader_host = "127.0.0.1")
+      : nodes_(nodes),
+        local_(local),
+        leader_host_(std::move(leader_host)),
+        port_(FreePort(leader_host_)),
+        extra_(std::move(extra)) {
     token_file_ = dir_.File("token");
     std::ofstream(token_file_) << token << "\n";
     for (int n = 0; n < nodes; ++n) StartNode(n);
@@ -56,9 +64,9 @@ class Cluster {
                                      "--bucket-cap-mb=0.001", "--first-bucket-cap-mb=0.0001",
                                      "--timeout-s=15"};
     if (n == 0) {
-      args.push_back(absl::StrCat("--listen=127.0.0.1:", port_));
+      args.push_back(absl::StrCat("--listen=", leader_host_, ":", port_));
     } else {
-      args.push_back(absl::StrCat("--leader=127.0.0.1:", port_));
+      args.push_back(absl::StrCat("--leader=", leader_host_, ":", port_));
     }
     args.insert(args.end(), extra_.begin(), extra_.end());
     if (static_cast<int>(daemons_.size()) <= n) daemons_.resize(n + 1);
@@ -78,7 +86,9 @@ class Cluster {
   const std::string& dir() const { return dir_.path(); }
 
  private:
-  int nodes_, local_, port_;
+  int nodes_, local_;
+  std::string leader_host_;
+  int port_;
   std::vector<std::string> extra_;
   ScratchDir dir_;  // removed after the daemons are gone
   std::string token_file_;
@@ -127,6 +137,27 @@ TEST(MultiNode, ThreeDaemonsTwoTrainersEachMatchSingleProcessTraining) {
     ++rebuilt;
   }
   EXPECT_EQ(rebuilt, 3u) << logs;
+}
+
+// A hardened leader binds one address (here 127.0.0.2, not 127.0.0.1): it
+// must join its own rendezvous there, not at 127.0.0.1 where nothing listens.
+TEST(MultiNode, LeaderListeningOnOneAddressOnlyJoinsItsOwnJobAndTrainsLikeOneProcess) {
+  Cluster cluster(2, 1, {}, "s3cret", "127.0.0.2");
+  const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
+  std::vector<Process> trainers;
+  std::vector<std::string> outs;
+  for (int n = 0; n < 2; ++n) {
+    outs.push_back(absl::StrCat(cluster.dir(), "/w", n, ".txt"));
+    trainers.push_back(StartTrainer(cluster.node(n), 0, args, outs.back()));
+  }
+  for (auto& t : trainers) {
+    ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
+  }
+  const std::vector<double> expected = Reference(cluster.dir(), args);
+  for (const std::string& out : outs) {
+    EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
+  }
 }
 
 TEST(MultiNode, LayoutMismatchBetweenNodesIsAnErrorOnEveryTrainer) {

@@ -1,0 +1,38 @@
+#include "daemon/listen_address.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace gradsync {
+
+absl::StatusOr<std::string> SelfDialAddress(const std::string& listen, int port) {
+  // The port follows the last ':' (an IPv6 host is bracketed, so its own
+  // colons come before it).
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("--listen ", listen, " is not HOST:PORT"));
+  }
+  const std::string host = listen.substr(0, colon);
+  const bool bracketed = !host.empty() && host.front() == '[';
+  if (bracketed && (host.size() < 2 || host.back() != ']')) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--listen ", listen, ": an IPv6 host must be [ADDRESS]:PORT"));
+  }
+  // Wildcards in any spelling (0.0.0.0, [::], [0:0::0]): loopback of the
+  // same family is one of the addresses such a server listens on.
+  in_addr v4;
+  if (host.empty() || (inet_pton(AF_INET, host.c_str(), &v4) == 1 && v4.s_addr == INADDR_ANY)) {
+    return absl::StrCat("127.0.0.1:", port);
+  }
+  in6_addr v6;
+  if (bracketed && inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), &v6) == 1 &&
+      IN6_IS_ADDR_UNSPECIFIED(&v6)) {
+    return absl::StrCat("[::1]:", port);
+  }
+  return absl::StrCat(host, ":", port);
+}
+
+}  // namespace gradsync

@@ -1,0 +1,22 @@
+// Where this daemon can reach its own --listen server (the leader joins its
+// own rendezvous there). A server bound to one address is reachable only at
+// that address; a wildcard server is reachable on loopback.
+#ifndef GRADSYNC_DAEMON_LISTEN_ADDRESS_H_
+#define GRADSYNC_DAEMON_LISTEN_ADDRESS_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace gradsync {
+
+// `listen` is --listen as given (HOST:PORT, IPv6 hosts bracketed), `port`
+// the port actually bound (--listen may say 0). Returns HOST:port for a
+// specific host (IPv4, IPv6 or a name), 127.0.0.1:port for 0.0.0.0 or an
+// empty host, [::1]:port for [::]. InvalidArgument if `listen` has no
+// ":PORT" or an unclosed '['.
+absl::StatusOr<std::string> SelfDialAddress(const std::string& listen, int port);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_LISTEN_ADDRESS_H_
