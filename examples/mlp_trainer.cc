@@ -2,7 +2,10 @@
 // against gradsync's C ABI (client/gradsync.h).
 //
 // Model: y = W2 · tanh(W1 x + b1) + b2 (+ gate * x0 on steps where the
-// optional "gate" parameter is used), MSE loss on a synthetic but learnable
+// optional "gate" parameter is used; --gate-unused-first=N limits the
+// unused steps to the first N samples of the global batch, so the trainers
+// whose shard lies there mark it unused and the others ready), MSE loss on a
+// synthetic but learnable
 // regression task. Backward is written by hand and writes each gradient
 // straight into gradsync's shared-memory buffer (zero copy), marking it
 // ready as soon as it is final — last layer first, like autograd.
@@ -40,6 +43,8 @@ struct Options {
   bool single = false;  // reference: one process, whole batch, no daemon
   int accumulate = 1;   // micro-batches per optimizer step (no_sync for the first k-1)
   int gate_every = 0;   // > 0: the "gate" parameter is unused on steps % gate_every == 0
+  int gate_unused_first = -1;  // >= 0: ... but only by samples [0, N) of the global batch
+  bool stale_unused = false;   // leave non-zero garbage in a gradient before gs_mark_unused
   unsigned shuffle_seed = 0;  // > 0: mark gradients ready in a random order
   int sleep_ms = 0;           // pause inside backward (to kill a trainer mid-iteration)
   int rank_env = -1;
@@ -89,16 +94,19 @@ struct Model {
 };
 
 // Accumulates into grads[] the gradient of (1/denominator) * sum over the
-// samples [first, last) of 0.5 (pred - y)^2; returns the summed loss.
+// samples [first, last) of 0.5 (pred - y)^2; returns the summed loss. The
+// gate takes part for samples >= gate_from only.
 template <typename T>
 double Backward(const Model<T>& m, int step, int micro, int first, int last, double denominator,
-                bool gate_used, T* const* grads, const Options& opt, void (*mark)(int, void*),
+                int gate_from, T* const* grads, const Options& opt, void (*mark)(int, void*),
                 void* mark_ctx) {
+  const bool gate_used = last > gate_from;  // by any sample of this shard
   const int D = m.dim, H = m.hidden;
   std::vector<T> x(D), h(H), dh(H);
   std::vector<double> gW1(size_t(H) * D, 0), gb1(H, 0), gW2(H, 0);
   double gb2 = 0, gGate = 0, loss = 0;
   for (int s = first; s < last; ++s) {
+    const bool gated = s >= gate_from;
     T y;
     MakeSample(step, micro, s, D, x.data(), &y);
     double pred = m.params[Model<T>::kB2][0];
@@ -108,12 +116,12 @@ double Backward(const Model<T>& m, int step, int micro, int first, int last, dou
       h[j] = static_cast<T>(std::tanh(a));
       pred += double(m.params[Model<T>::kW2][j]) * h[j];
     }
-    if (gate_used) pred += double(m.params[Model<T>::kGate][0]) * x[0];
+    if (gated) pred += double(m.params[Model<T>::kGate][0]) * x[0];
     const double err = pred - double(y);
     loss += 0.5 * err * err;
     const double g = err / denominator;
     gb2 += g;
-    if (gate_used) gGate += g * x[0];
+    if (gated) gGate += g * x[0];
     for (int j = 0; j < H; ++j) {
       gW2[j] += g * h[j];
       const double gh = g * double(m.params[Model<T>::kW2][j]) * (1.0 - double(h[j]) * h[j]);
@@ -210,17 +218,28 @@ int Run(const Options& opt) {
     gs_client* c;
     bool gate_used;
     int withhold;
+    bool stale_unused;
     gs_status status = GS_OK;
-  } mctx{c, true, -1};
+  } mctx{c, true, -1, opt.stale_unused};
   auto mark = [](int p, void* v) {
     auto* m = static_cast<MarkCtx*>(v);
     if (m->status != GS_OK || p == m->withhold) return;
-    m->status = (p == Model<T>::kGate && !m->gate_used) ? gs_mark_unused(m->c, p)
-                                                        : gs_mark_ready(m->c, p);
+    if (p == Model<T>::kGate && !m->gate_used) {
+      // A framework may leave an old value in an unused gradient's buffer;
+      // gs_mark_unused promises the gradient contributes zeros regardless.
+      if (m->stale_unused) static_cast<T*>(gs_grad_buffer(m->c, p))[0] = T(0.75);
+      m->status = gs_mark_unused(m->c, p);
+    } else {
+      m->status = gs_mark_ready(m->c, p);
+    }
   };
 
   for (int step = 0; step < opt.steps; ++step) {
-    const bool gate_used = opt.gate_every <= 0 || step % opt.gate_every != 0;
+    const bool gate_step = opt.gate_every <= 0 || step % opt.gate_every != 0;
+    // The first sample (global batch index) that uses the gate this step.
+    const int gate_from = gate_step ? 0 : opt.gate_unused_first >= 0 ? opt.gate_unused_first
+                                                                     : opt.batch;
+    const bool gate_used = last > gate_from;
     double loss = 0;
     for (int micro = 0; micro < opt.accumulate; ++micro) {
       const bool sync = micro == opt.accumulate - 1;
@@ -234,7 +253,7 @@ int Run(const Options& opt) {
       }
       mctx.gate_used = gate_used;
       mctx.withhold = step > 0 ? opt.withhold : -1;
-      loss += Backward(model, step, micro, first, last, double(last - first), gate_used, grads, opt,
+      loss += Backward(model, step, micro, first, last, double(last - first), gate_from, grads, opt,
                        c ? +mark : nullptr, &mctx);
       if (c && mctx.status != GS_OK) return Die(c, "gs_mark_ready", mctx.status);
       if (c) {
@@ -287,6 +306,8 @@ int main(int argc, char** argv) {
                               {"single", no_argument, nullptr, '1'},
                               {"accumulate", required_argument, nullptr, 'a'},
                               {"gate-every", required_argument, nullptr, 'g'},
+                              {"gate-unused-first", required_argument, nullptr, 'G'},
+                              {"stale-unused", no_argument, nullptr, 'u'},
                               {"shuffle-seed", required_argument, nullptr, 'r'},
                               {"sleep-ms", required_argument, nullptr, 'z'},
                               {"out", required_argument, nullptr, 'o'},
@@ -308,6 +329,8 @@ int main(int argc, char** argv) {
       case '1': opt.single = true; break;
       case 'a': opt.accumulate = std::max(1, std::atoi(optarg)); break;
       case 'g': opt.gate_every = std::atoi(optarg); break;
+      case 'G': opt.gate_unused_first = std::atoi(optarg); break;
+      case 'u': opt.stale_unused = true; break;
       case 'r': opt.shuffle_seed = static_cast<unsigned>(std::atoi(optarg)); break;
       case 'z': opt.sleep_ms = std::atoi(optarg); break;
       case 'o': opt.out = optarg; break;
@@ -319,7 +342,8 @@ int main(int argc, char** argv) {
       default:
         std::fprintf(stderr,
                      "usage: mlp_trainer [--steps N] [--batch N] [--hidden N] [--fp64] [--single]\n"
-                     "  [--accumulate K] [--gate-every K] [--shuffle-seed S] [--out FILE]\n"
+                     "  [--accumulate K] [--gate-every K] [--gate-unused-first N] [--stale-unused]\n"
+                     "  [--shuffle-seed S] [--out FILE]\n"
                      "  [--socket PATH] (LOCAL_RANK selects the trainer's local rank)\n");
         return 2;
     }

@@ -2,7 +2,9 @@
 // batch: N trainers, each on 1/N of every global batch, against
 // `mlp_trainer --single` on the whole batch, after 20 steps. The layout has
 // several buckets (tiny caps), a tensor larger than the cap (fc1.weight)
-// and 1-element tensors (fc2.bias, gate); "gate" is unused on some steps;
+// and 1-element tensors (fc2.bias, gate); "gate" is unused on some steps,
+// by every trainer or (partly_unused cases) by some trainers only, whose
+// buffer then holds stale non-zero data when marked unused;
 // trainers mark gradients ready in different random orders, so the plan is
 // rebuilt from rank 0's observed order after the first iteration.
 #include <gtest/gtest.h>
@@ -93,7 +95,18 @@ INSTANTIATE_TEST_SUITE_P(
                       // no_sync: 4 accumulation steps + 1 synced step per optimizer step
                       // equal one step on the 5 concatenated micro-batches.
                       Case{2, true, {"--accumulate=5"}, "no_sync_two_fp64"},
-                      Case{4, false, {"--accumulate=5", "--gate-every=2"}, "no_sync_four_fp32"}),
+                      Case{4, false, {"--accumulate=5", "--gate-every=2"}, "no_sync_four_fp32"},
+                      // On every second step samples [0, 32) of the 64 skip the gate: rank 0
+                      // of 2 (ranks 0-1 of 4) mark it unused over a buffer left holding 0.75,
+                      // the others ready. Unused must contribute zeros, not what is there.
+                      Case{2, true, {"--gate-every=2", "--gate-unused-first=32", "--stale-unused"},
+                           "partly_unused_stale_two_fp64"},
+                      Case{4, false, {"--gate-every=2", "--gate-unused-first=32", "--stale-unused"},
+                           "partly_unused_stale_four_fp32"},
+                      Case{4, false,
+                           {"--accumulate=3", "--gate-every=2", "--gate-unused-first=32",
+                            "--stale-unused"},
+                           "partly_unused_stale_no_sync_four_fp32"}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace
