@@ -1,23 +1,23 @@
 #include "daemon/daemon.h"
 
-#include "daemon/cluster/cluster_link.h"
-#include "daemon/cluster/rendezvous_records.h"
-#include "daemon/listen_address.h"
-
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_code.h"
+#include "daemon/cluster/cluster_link.h"
+#include "daemon/cluster/rendezvous_records.h"
+#include "daemon/listen_address.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "ipc/shared_segment.h"
-#include "common/status_code.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
@@ -80,7 +80,10 @@ absl::Status Daemon::Start() {
   auto node = ipc::NodeSegment::Create(ipc::SegmentName(config_.shm_prefix, getpid(), "node"),
                                        getpid(), config_.shm_mode, config_.shm_group);
   if (!node.ok()) return node.status();
-  node_ = std::move(*node);
+  {
+    absl::MutexLock lock(&node_mu_);
+    node_ = std::make_shared<ipc::NodeSegment>(std::move(*node));
+  }
   JobHooks hooks;
   const char* logs = std::getenv("LOGS_DIRECTORY");  // systemd's LogsDirectory=
   hooks.trace_dir = (logs && *logs) ? logs : "/tmp";
@@ -96,7 +99,7 @@ absl::Status Daemon::Start() {
     }
   };
   jobs_ = std::make_unique<JobRegistry>(
-      config_, &node_,
+      config_, [this] { return NodeSegmentForNewJob(); },
       [this](const Layout& layout, uint64_t, std::function<void(const absl::Status&)> on_failure) {
         return FormWorld(layout, std::move(on_failure));
       },
@@ -178,13 +181,47 @@ absl::Status Daemon::Start() {
   return absl::OkStatus();
 }
 
+std::shared_ptr<ipc::NodeSegment> Daemon::NodeSegmentForNewJob() {
+  absl::MutexLock lock(&node_mu_);
+  const absl::Status damage = node_->Check();
+  if (damage.ok()) return node_;
+  // A new name: the old one may now belong to someone else's object.
+  const std::string name =
+      ipc::SegmentName(config_.shm_prefix, getpid(), absl::StrCat("node.", ++node_generation_));
+  auto fresh = ipc::NodeSegment::Create(name, getpid(), config_.shm_mode, config_.shm_group);
+  if (!fresh.ok()) {
+    // The job's trainers then get Open's clear error instead of a hang.
+    spdlog::error("event=node_segment_recreate_failed reason=\"{}\" error=\"{}\"",
+                  std::string(damage.message()), std::string(fresh.status().message()));
+    return node_;
+  }
+  // A damaged header under our own name: nobody may open it any more.
+  if (node_->StillNamed()) ipc::SharedSegment::Remove(node_->name()).IgnoreError();
+  spdlog::warn("event=node_segment_recreated reason=\"{}\" old={} new={}",
+               std::string(damage.message()), node_->name(), name);
+  retired_nodes_.erase(std::remove_if(retired_nodes_.begin(), retired_nodes_.end(),
+                                      [](const auto& w) { return w.expired(); }),
+                       retired_nodes_.end());
+  retired_nodes_.push_back(node_);
+  node_ = std::make_shared<ipc::NodeSegment>(std::move(*fresh));
+  return node_;
+}
+
+void Daemon::BeatNodeSegments() {
+  absl::MutexLock lock(&node_mu_);
+  node_->header()->heartbeat.fetch_add(1, std::memory_order_release);
+  for (const auto& weak : retired_nodes_) {
+    if (auto old = weak.lock()) old->header()->heartbeat.fetch_add(1, std::memory_order_release);
+  }
+}
+
 void Daemon::HeartbeatLoop() {
   while (true) {
     {
       absl::MutexLock lock(&mu_);
       if (shutdown_) return;
-      node_.header()->heartbeat.fetch_add(1, std::memory_order_release);
     }
+    BeatNodeSegments();
     // Without mu_: reaping takes the registry's and the job's locks.
     if (std::shared_ptr<Job> job = jobs_->Current()) {
       for (uint64_t session : job->ReapUnwatched(std::chrono::seconds(10))) {
@@ -273,7 +310,10 @@ void Daemon::Run() {
   }
   if (drain.joinable()) drain.join();
   jobs_.reset();  // stops schedulers, removes trainer segments
-  ipc::SharedSegment::Remove(node_.name()).IgnoreError();
+  {
+    absl::MutexLock lock(&node_mu_);
+    ipc::SharedSegment::Remove(node_->name()).IgnoreError();
+  }
   unlink(config_.socket_path.c_str());
   spdlog::info("event=stopped");
 }

@@ -5,7 +5,8 @@
 //
 // Threads: Start and Run belong to main's thread; RequestShutdown and Drain
 // are thread-safe (signal thread, Control RPCs). mu_ guards the shutdown
-// and drain state; it is taken before the registry's lock.
+// and drain state; it is taken before the registry's lock. node_mu_ guards
+// the node segments and is taken last (the registry calls in under its lock).
 #ifndef GRADSYNC_DAEMON_DAEMON_H_
 #define GRADSYNC_DAEMON_DAEMON_H_
 
@@ -54,10 +55,20 @@ class Daemon {
   // The leader's job-wide caps change (ControlService::PublishCaps).
   absl::Status PublishCaps(const DaemonConfig& next, uint64_t version);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // The node segment a fresh job gets: the current one if it is intact,
+  // else a new one (new name), logged; running jobs keep theirs.
+  std::shared_ptr<ipc::NodeSegment> NodeSegmentForNewJob() ABSL_LOCKS_EXCLUDED(node_mu_);
+  // Bumps the heartbeat of every node segment a job may still use.
+  void BeatNodeSegments() ABSL_LOCKS_EXCLUDED(node_mu_);
 
   DaemonConfig config_;
   GpuRuntime gpu_;
-  ipc::NodeSegment node_;
+  absl::Mutex node_mu_;
+  std::shared_ptr<ipc::NodeSegment> node_ ABSL_GUARDED_BY(node_mu_);
+  // Replaced segments, alive while a job that started with them lives: its
+  // trainers still watch their heartbeat.
+  std::vector<std::weak_ptr<ipc::NodeSegment>> retired_nodes_ ABSL_GUARDED_BY(node_mu_);
+  int node_generation_ ABSL_GUARDED_BY(node_mu_) = 1;
   std::unique_ptr<JobRegistry> jobs_;
   std::unique_ptr<LocalService> local_service_;
   std::unique_ptr<ControlService> control_service_;

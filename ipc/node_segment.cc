@@ -44,4 +44,23 @@ absl::StatusOr<NodeSegment> NodeSegment::Open(const std::string& name) {
   return ns;
 }
 
+absl::Status NodeSegment::Check() const {
+  if (header_ == nullptr) return absl::FailedPreconditionError("no node segment");
+  const std::string& n = segment_.name();
+  if (header_->magic != kNodeSegmentMagic) {
+    return absl::DataLossError(
+        absl::StrCat("node segment ", n, " has bad magic 0x", absl::Hex(header_->magic)));
+  }
+  if (header_->layout_version != kNodeSegmentVersion ||
+      header_->header_bytes != sizeof(NodeSegmentHeader)) {
+    return absl::DataLossError(absl::StrCat("node segment ", n, " has layout version ",
+                                            header_->layout_version, " and header size ",
+                                            header_->header_bytes));
+  }
+  if (absl::Status st = segment_.CheckStillNamed(); !st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("node ", st.message()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace gradsync::ipc

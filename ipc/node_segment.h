@@ -39,6 +39,13 @@ class NodeSegment {
                                             mode_t mode = 0600, gid_t group = -1);
   static absl::StatusOr<NodeSegment> Open(const std::string& name);
 
+  // The daemon's check of its own segment, which anyone of its user can
+  // damage: OK while the header is intact (magic, version) and the name
+  // still refers to this mapping; the error names what is wrong.
+  absl::Status Check() const;
+  // Whether name() still refers to this mapping's object.
+  bool StillNamed() const { return segment_.CheckStillNamed().ok(); }
+
   NodeSegmentHeader* header() const { return header_; }
   Doorbell& ready_bell() const { return header_->ready_bell; }
   const std::string& name() const { return segment_.name(); }

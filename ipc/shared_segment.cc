@@ -96,6 +96,14 @@ absl::StatusOr<SharedSegment> SharedSegment::Create(const std::string& name, siz
           absl::StrCat("segment ", name, ": cannot set mode/group: ", std::strerror(err)));
     }
     shm.truncate(static_cast<bip::offset_t>(size));  // fresh pages read as zero
+    struct stat st;
+    if (fstat(shm.get_mapping_handle().handle, &st) != 0) {
+      const int err = errno;
+      bip::shared_memory_object::remove(name.c_str());
+      return absl::InternalError(absl::StrCat("segment ", name, ": fstat: ", std::strerror(err)));
+    }
+    seg.dev_ = st.st_dev;
+    seg.ino_ = st.st_ino;
     seg.region_ = bip::mapped_region(shm, bip::read_write);
   } catch (const bip::interprocess_exception& e) {
     if (created) bip::shared_memory_object::remove(name.c_str());
@@ -128,12 +136,37 @@ absl::StatusOr<SharedSegment> SharedSegment::Open(const std::string& name, mode_
     if (st.st_size == 0) {
       return absl::FailedPreconditionError(absl::StrCat("segment ", name, " is empty"));
     }
+    seg.dev_ = st.st_dev;
+    seg.ino_ = st.st_ino;
     seg.region_ = bip::mapped_region(shm, bip::read_write);
   } catch (const bip::interprocess_exception& e) {
     return FromBoost(e, absl::StrCat("open segment ", name));
   }
   seg.name_ = name;
   return seg;
+}
+
+absl::Status SharedSegment::CheckStillNamed() const {
+  struct stat st;
+  try {
+    // Opened read-only and only fstat'ed: nothing of it is trusted.
+    bip::shared_memory_object shm(bip::open_only, name_.c_str(), bip::read_only);
+    if (fstat(shm.get_mapping_handle().handle, &st) != 0) {
+      return absl::InternalError(
+          absl::StrCat("segment ", name_, ": fstat: ", std::strerror(errno)));
+    }
+  } catch (const bip::interprocess_exception& e) {
+    if (e.get_error_code() == bip::not_found_error) {
+      return absl::NotFoundError(absl::StrCat(
+          "segment ", name_, " no longer names the daemon's segment: it was unlinked"));
+    }
+    return FromBoost(e, absl::StrCat("open segment ", name_));
+  }
+  if (st.st_dev != dev_ || st.st_ino != ino_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "segment ", name_, " no longer names the daemon's segment: another object took the name"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status SharedSegment::Remove(const std::string& name) {

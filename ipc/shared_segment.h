@@ -38,6 +38,11 @@ class SharedSegment {
   // Removes the name (mappings stay valid until unmapped). NotFound if absent.
   static absl::Status Remove(const std::string& name);
 
+  // OK while `name()` still refers to this mapping's object; NotFound once
+  // the name was unlinked, FailedPrecondition when another object now has
+  // it (the mapping itself stays valid either way).
+  absl::Status CheckStillNamed() const;
+
   void* data() const { return region_.get_address(); }
   size_t size() const { return region_.get_size(); }
   const std::string& name() const { return name_; }
@@ -46,6 +51,9 @@ class SharedSegment {
  private:
   boost::interprocess::mapped_region region_;
   std::string name_;
+  // The object's identity, recorded when it was mapped.
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
 };
 
 // Removes every segment named "<prefix>.<pid>.*" whose pid is no longer a

@@ -38,10 +38,10 @@ const char* StateName(JobState s) {
 
 }  // namespace
 
-Job::Job(const DaemonConfig& config, ipc::NodeSegment* node, uint64_t id, WorldFormer former,
-         JobHooks hooks)
+Job::Job(const DaemonConfig& config, std::shared_ptr<ipc::NodeSegment> node, uint64_t id,
+         WorldFormer former, JobHooks hooks)
     : config_(config),
-      node_(node),
+      node_(std::move(node)),
       id_(id),
       former_(std::move(former)),
       hooks_(std::move(hooks)),

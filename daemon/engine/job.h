@@ -116,8 +116,10 @@ struct JobHooks {
 
 class Job {
  public:
-  Job(const DaemonConfig& config, ipc::NodeSegment* node, uint64_t id, WorldFormer former,
-      JobHooks hooks);
+  // `node`: the node segment this job's trainers are told to open; the job
+  // keeps it mapped while it lives, even once the daemon replaced it.
+  Job(const DaemonConfig& config, std::shared_ptr<ipc::NodeSegment> node, uint64_t id,
+      WorldFormer former, JobHooks hooks);
   ~Job();  // stops the scheduler, removes the trainers' segments
 
   uint64_t id() const { return id_; }
@@ -229,7 +231,7 @@ class Job {
   void DeliverHealth() ABSL_LOCKS_EXCLUDED(mu_, hooks_mu_);
 
   const DaemonConfig config_;
-  ipc::NodeSegment* node_;
+  const std::shared_ptr<ipc::NodeSegment> node_;
   const uint64_t id_;
   const WorldFormer former_;
   const JobHooks hooks_;

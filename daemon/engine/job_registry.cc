@@ -2,15 +2,20 @@
 
 namespace gradsync {
 
-JobRegistry::JobRegistry(const DaemonConfig& config, ipc::NodeSegment* node, WorldFormer former,
+JobRegistry::JobRegistry(const DaemonConfig& config, NodeSegmentSource node, WorldFormer former,
                          JobHooks hooks)
-    : node_(node), former_(std::move(former)), hooks_(std::move(hooks)), config_(config) {}
+    : node_(std::move(node)),
+      former_(std::move(former)),
+      hooks_(std::move(hooks)),
+      config_(config) {}
 
 std::shared_ptr<Job> JobRegistry::JobForAttach() {
   absl::MutexLock lock(&mu_);
   if (!accepting_) return nullptr;
   if (!current_ || current_->Finished()) {
-    current_ = std::make_shared<Job>(config_, node_, next_job_id_++, former_, hooks_);
+    // A fresh job: the one point where the node segment can be swapped
+    // without disturbing a running job (each keeps the segment it started with).
+    current_ = std::make_shared<Job>(config_, node_(), next_job_id_++, former_, hooks_);
   }
   return current_;
 }

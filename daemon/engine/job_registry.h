@@ -21,9 +21,13 @@
 
 namespace gradsync {
 
+// The node segment a fresh job hands its trainers (checked, and recreated
+// if damaged, by its owner). Called under the registry's lock.
+using NodeSegmentSource = std::function<std::shared_ptr<ipc::NodeSegment>()>;
+
 class JobRegistry {
  public:
-  JobRegistry(const DaemonConfig& config, ipc::NodeSegment* node, WorldFormer former,
+  JobRegistry(const DaemonConfig& config, NodeSegmentSource node, WorldFormer former,
               JobHooks hooks);
 
   // The job accepting trainers (a fresh one if the last has finished);
@@ -45,7 +49,7 @@ class JobRegistry {
   void UpdateConfig(const std::function<void(DaemonConfig&)>& update) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  ipc::NodeSegment* const node_;
+  const NodeSegmentSource node_;
   const WorldFormer former_;
   const JobHooks hooks_;
   mutable absl::Mutex mu_;

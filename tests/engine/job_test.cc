@@ -47,7 +47,7 @@ class JobTest : public ::testing::Test {
     prefix_ = UniqueShmPrefix("job");
     auto node = ipc::NodeSegment::Create(ipc::SegmentName(prefix_, getpid(), "node"), getpid());
     ASSERT_TRUE(node.ok()) << node.status();
-    node_ = std::move(*node);
+    node_ = std::make_shared<ipc::NodeSegment>(std::move(*node));
   }
 
   void TearDown() override {
@@ -56,7 +56,7 @@ class JobTest : public ::testing::Test {
       if (backend_ != nullptr) backend_->Release();
     }
     job_.reset();
-    ipc::SharedSegment::Remove(node_.name()).IgnoreError();
+    ipc::SharedSegment::Remove(node_->name()).IgnoreError();
     // The job removes every trainer segment it created.
     EXPECT_THAT(SegmentsWithPrefix(prefix_), IsEmpty());
     RemoveSegmentsWithPrefix(prefix_);
@@ -74,7 +74,7 @@ class JobTest : public ::testing::Test {
     config_.bucket_cap_mb = 1024.0 / (1 << 20);
     config_.first_bucket_cap_mb = 256.0 / (1 << 20);
     job_ = std::make_unique<Job>(
-        config_, &node_, /*id=*/1,
+        config_, node_, /*id=*/1,
         [this](const Layout& layout, uint64_t hash,
                std::function<void(const absl::Status&)> on_failure) -> absl::StatusOr<JobWorld> {
           absl::MutexLock lock(&mu_);
@@ -164,7 +164,7 @@ class JobTest : public ::testing::Test {
   }
 
   std::string prefix_;
-  ipc::NodeSegment node_;
+  std::shared_ptr<ipc::NodeSegment> node_;
   DaemonConfig config_;
   std::unique_ptr<Job> job_;
   std::vector<uint64_t> sessions_;

@@ -3,11 +3,13 @@
 // withholding a gradient (timeout naming it), the daemon killed under its
 // trainers and restarted, bad attach requests. Every failure must become a
 // clear error in bounded time, and the daemon must keep serving.
+#include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
-#include <gtest/gtest.h>
-
+#include <cerrno>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -196,6 +198,51 @@ TEST(FaultTest, TrainerThatDiesBeforeOpeningItsWatchStreamIsReaped) {
   ExpectTrains(daemon, 2, "after a silent attach");
   EXPECT_NE(daemon.process().Log().find("never opened its Watch stream"), std::string::npos)
       << daemon.process().Log();
+}
+
+// The daemon's node segment, as the first job's trainers were told its name
+// ("<prefix>.<daemon pid>.node").
+std::string FirstNodeSegmentPath(Daemon& daemon) {
+  return absl::StrCat("/dev/shm/", daemon.shm_prefix(), ".", daemon.process().pid(), ".node");
+}
+
+// Anyone of the daemon's user can damage the node segment between jobs:
+// the next job must get a sound one (and the daemon must say so), and a
+// clean stop must still leave nothing behind.
+TEST(FaultTest, NodeSegmentWithOverwrittenMagicIsRecreatedAndTheNextJobTrains) {
+  Daemon daemon(2, {"--timeout-s=20"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
+  ExpectTrains(daemon, 2, "the first job");
+  const std::string path = FirstNodeSegmentPath(daemon);
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << path << ": " << std::strerror(errno);
+  const char garbage[16] = "garbage-garbage";
+  EXPECT_EQ(pwrite(fd, garbage, sizeof(garbage), 0), static_cast<ssize_t>(sizeof(garbage)));
+  close(fd);
+  ExpectTrains(daemon, 2, "after the node segment's magic was overwritten");
+  const std::string log = daemon.process().Log();
+  EXPECT_NE(log.find("event=node_segment_recreated reason=\"node segment"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("has bad magic"), std::string::npos) << log;
+  EXPECT_EQ(daemon.Stop().code, 0) << daemon.process().Log();
+  EXPECT_TRUE(SegmentsWithPrefix(daemon.shm_prefix() + ".").empty())
+      << "segments left after a clean stop";
+}
+
+TEST(FaultTest, UnlinkedNodeSegmentIsRecreatedAndTheNextJobTrains) {
+  Daemon daemon(2, {"--timeout-s=20"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
+  ExpectTrains(daemon, 2, "the first job");
+  const std::string path = FirstNodeSegmentPath(daemon);
+  ASSERT_EQ(unlink(path.c_str()), 0) << path << ": " << std::strerror(errno);
+  ExpectTrains(daemon, 2, "after the node segment was unlinked");
+  const std::string log = daemon.process().Log();
+  EXPECT_NE(log.find("event=node_segment_recreated reason=\"node segment"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("no longer names the daemon's segment"), std::string::npos) << log;
+  EXPECT_EQ(daemon.Stop().code, 0) << daemon.process().Log();
+  EXPECT_TRUE(SegmentsWithPrefix(daemon.shm_prefix() + ".").empty())
+      << "segments left after a clean stop";
 }
 
 // A client that writes garbage into its readiness ring fails alone: it is

@@ -1,5 +1,6 @@
 // NodeSegment: the daemon's node-wide segment opens in a trainer process,
-// and a wrong magic, version, size or mode is refused clearly.
+// a wrong magic, version, size or mode is refused clearly, and the daemon's
+// Check notices a damaged header, an unlinked name or a replaced object.
 #include "ipc/node_segment.h"
 
 #include <sys/stat.h>
@@ -78,6 +79,39 @@ TEST_F(NodeSegmentTest, WorldWritableIsRefused) {
   ASSERT_EQ(chmod(absl::StrCat("/dev/shm/", name_).c_str(), 0666), 0);
   const absl::Status st = NodeSegment::Open(name_).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << st;
+}
+
+// The daemon's own check before each job (Daemon recreates on any error).
+TEST_F(NodeSegmentTest, CheckOfAnIntactSegmentIsOk) { EXPECT_TRUE(daemon_.Check().ok()); }
+
+TEST_F(NodeSegmentTest, CheckAfterTheMagicWasOverwrittenIsDataLossNamingIt) {
+  daemon_.header()->magic = 0x6167726162616765ull;
+  const absl::Status st = daemon_.Check();
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(st.message(), HasSubstr(absl::StrCat("node segment ", name_, " has bad magic")));
+}
+
+TEST_F(NodeSegmentTest, CheckAfterTheVersionChangedIsDataLoss) {
+  daemon_.header()->layout_version = kNodeSegmentVersion + 1;
+  EXPECT_EQ(daemon_.Check().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(NodeSegmentTest, CheckAfterTheNameWasUnlinkedIsNotFound) {
+  ASSERT_TRUE(SharedSegment::Remove(name_).ok());
+  const absl::Status st = daemon_.Check();
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(st.message(), HasSubstr("no longer names the daemon's segment: it was unlinked"));
+  EXPECT_FALSE(daemon_.StillNamed());
+}
+
+TEST_F(NodeSegmentTest, CheckAfterAnotherObjectTookTheNameIsFailedPrecondition) {
+  ASSERT_TRUE(SharedSegment::Remove(name_).ok());
+  auto impostor = NodeSegment::Create(name_, getpid());
+  ASSERT_TRUE(impostor.ok()) << impostor.status();
+  const absl::Status st = daemon_.Check();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("another object took the name"));
+  EXPECT_TRUE(impostor->Check().ok());
 }
 
 TEST(NodeSegmentOpenTest, TooSmallIsDataLoss) {
