@@ -5,40 +5,70 @@
 namespace gradsync {
 
 absl::Status ValidateConfig(const DaemonConfig& c) {
+  // Every message names the flags and the values given: the operator sees at
+  // start what to fix, instead of a rendezvous timeout once trainers arrive.
   auto bad = [](const std::string& m) { return absl::InvalidArgumentError(m); };
   if (c.socket_path.empty() || c.socket_path.size() >= 100) {
-    return bad("--socket must be a path shorter than 100 bytes (unix socket limit)");
+    return bad(absl::StrCat("--socket '", c.socket_path,
+                            "' must be a path shorter than 100 bytes (unix socket limit)"));
   }
-  if (c.num_nodes < 1 || c.num_nodes > 4096) return bad("--num-nodes must be in [1, 4096]");
+  if (c.num_nodes < 1 || c.num_nodes > 4096) {
+    return bad(absl::StrCat("--num-nodes ", c.num_nodes, " is not in [1, 4096]"));
+  }
   if (c.node_rank < 0 || c.node_rank >= c.num_nodes) {
-    return bad(absl::StrCat("--node-rank ", c.node_rank, " is not in [0, ", c.num_nodes, ")"));
+    return bad(absl::StrCat("--node-rank ", c.node_rank, " is not in [0, ", c.num_nodes,
+                            ") (--num-nodes ", c.num_nodes, ")"));
   }
-  if (c.local_size < 1 || c.local_size > 256) return bad("--local-size must be in [1, 256]");
+  // Without --leader a daemon hosts the rendezvous; only node 0 may.
+  if (c.num_nodes > 1 && c.node_rank > 0 && c.leader.empty()) {
+    return bad(absl::StrCat("--node-rank ", c.node_rank, " of --num-nodes ", c.num_nodes,
+                            " needs --leader HOST:PORT (only node 0 hosts the rendezvous)"));
+  }
+  if (c.num_nodes > 1 && c.node_rank == 0 && !c.leader.empty()) {
+    return bad(absl::StrCat("--node-rank 0 of --num-nodes ", c.num_nodes,
+                            " hosts the rendezvous and must not be given --leader ", c.leader,
+                            " (drop --leader, or give this node its own --node-rank)"));
+  }
+  if (c.num_nodes == 1 && !c.leader.empty()) {
+    return bad(absl::StrCat("--leader ", c.leader,
+                            " needs --num-nodes > 1 (--num-nodes 1 is a single-node job)"));
+  }
+  if (!c.leader.empty() && c.leader.rfind(':') == std::string::npos) {
+    return bad(absl::StrCat("--leader ", c.leader, " must be HOST:PORT"));
+  }
+  if (c.num_nodes > 1 && c.listen.empty() && c.is_leader()) {
+    return bad(absl::StrCat("--node-rank 0 of --num-nodes ", c.num_nodes,
+                            " needs --listen HOST:PORT: the leader serves the rendezvous there"));
+  }
+  if (c.local_size < 1 || c.local_size > 256) {
+    return bad(absl::StrCat("--local-size ", c.local_size, " is not in [1, 256]"));
+  }
   if (c.backend != "auto" && c.backend != "gloo" && c.backend != "nccl" && c.backend != "local") {
-    return bad("--backend must be auto, gloo, nccl or local");
+    return bad(absl::StrCat("--backend ", c.backend, " must be auto, gloo, nccl or local"));
   }
   if (c.backend == "local" && c.num_nodes > 1) {
-    return bad("--backend=local only works with --num-nodes=1");
+    return bad(absl::StrCat("--backend local only works with --num-nodes 1 (not ", c.num_nodes,
+                            ")"));
   }
   if (!(c.bucket_cap_mb > 0 && c.bucket_cap_mb <= 4096)) {
-    return bad("--bucket-cap-mb must be in (0, 4096]");
+    return bad(absl::StrCat("--bucket-cap-mb ", c.bucket_cap_mb, " is not in (0, 4096]"));
   }
   if (!(c.first_bucket_cap_mb > 0 && c.first_bucket_cap_mb <= 4096)) {
-    return bad("--first-bucket-cap-mb must be in (0, 4096]");
+    return bad(
+        absl::StrCat("--first-bucket-cap-mb ", c.first_bucket_cap_mb, " is not in (0, 4096]"));
   }
   if (c.timeout_ms < 100 || c.timeout_ms > 24ll * 3600 * 1000) {
-    return bad("--timeout-s must be in [0.1, 86400]");
+    return bad(absl::StrCat("--timeout-s ", c.timeout_ms / 1000.0, " is not in [0.1, 86400]"));
   }
-  if (!(c.stall_threshold_s > 0)) return bad("--stall-threshold-s must be > 0");
-  if (c.num_nodes > 1 && c.listen.empty() && c.is_leader()) {
-    return bad("the leader of a multi-node job needs --listen for the rendezvous");
+  if (!(c.stall_threshold_s > 0)) {
+    return bad(absl::StrCat("--stall-threshold-s ", c.stall_threshold_s, " must be > 0"));
   }
   if (c.shm_prefix.empty() || c.shm_prefix.find('/') != std::string::npos ||
       c.shm_prefix.find('.') != std::string::npos) {
-    return bad("--shm-prefix must be non-empty without '/' or '.'");
+    return bad(absl::StrCat("--shm-prefix '", c.shm_prefix, "' must be non-empty without '/' or '.'"));
   }
   if ((c.ring_capacity & (c.ring_capacity - 1)) != 0 || c.ring_capacity < 64) {
-    return bad("ring capacity must be a power of two >= 64");
+    return bad(absl::StrCat("ring capacity ", c.ring_capacity, " must be a power of two >= 64"));
   }
   return absl::OkStatus();
 }

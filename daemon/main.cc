@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <systemd/sd-daemon.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -115,7 +116,10 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   config.bucket_cap_mb = absl::GetFlag(FLAGS_bucket_cap_mb);
   config.first_bucket_cap_mb = absl::GetFlag(FLAGS_first_bucket_cap_mb);
   config.job_id = absl::GetFlag(FLAGS_job_id);
-  config.timeout_ms = static_cast<int64_t>(absl::GetFlag(FLAGS_timeout_s) * 1000);
+  // Casting NaN or an out-of-range double to an integer is undefined; such a
+  // value becomes -1 ms, which ValidateConfig refuses naming --timeout-s.
+  const double timeout_ms = absl::GetFlag(FLAGS_timeout_s) * 1000;
+  config.timeout_ms = std::fabs(timeout_ms) <= 1e15 ? static_cast<int64_t>(timeout_ms) : -1;
   config.stall_threshold_s = absl::GetFlag(FLAGS_stall_threshold_s);
   config.log_level = level;
   config.shm_prefix = absl::GetFlag(FLAGS_shm_prefix);

@@ -166,9 +166,12 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
     return refuse(v1::INVALID_ARGUMENT,
                   absl::StrCat("node_rank=", rank, " is out of range [0, ", num_nodes_, ")"));
   }
-  if (request->local_size() < 1) {
-    return refuse(v1::INVALID_ARGUMENT, absl::StrCat("node_rank=", rank, " sent local_size=",
-                                                     request->local_size(), "; it must be >= 1"));
+  // Bounded: world sizes and rank offsets are sums of these, and no node
+  // serves more trainers than this.
+  if (request->local_size() < 1 || request->local_size() > kMaxJoinLocalSize) {
+    return refuse(v1::INVALID_ARGUMENT,
+                  absl::StrCat("node_rank=", rank, " sent local_size=", request->local_size(),
+                               "; it must be in [1, ", kMaxJoinLocalSize, "]"));
   }
   if (request->host().empty()) {
     return refuse(v1::INVALID_ARGUMENT,

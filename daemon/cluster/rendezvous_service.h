@@ -61,6 +61,10 @@ struct RendezvousStatus {
   uint64_t config_version = 0;
 };
 
+// The most trainers one node may announce in Join; a larger local_size is
+// refused (INVALID_ARGUMENT naming the node) rather than trusted.
+inline constexpr int kMaxJoinLocalSize = 1024;
+
 class RendezvousService final : public v1::Rendezvous::Service {
  public:
   // `default_timeout`: how long Join and Wait block when the request gives no

@@ -336,7 +336,7 @@ TEST(ControlE2eTest, ConfigSetMidRunRebuildsThePlanAtABoundaryAndTrainingStaysEx
     std::string message;
   };
   const std::vector<Bad> bads = {
-      {{"bucket_cap_mb=-1"}, "bucket-cap-mb must be in (0, 4096]"},
+      {{"bucket_cap_mb=-1"}, "--bucket-cap-mb -1 is not in (0, 4096]"},
       {{"no_such_knob=1"}, "unknown key"},
       {{"log_level=loud"}, "log_level=loud"},
       {{"bucket_cap_mb=2", "log_level=loud"}, "log_level=loud"},  // all or nothing

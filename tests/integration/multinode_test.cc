@@ -344,5 +344,23 @@ TEST(MultiNode, WrongNumberOfNodesAndDuplicateRanksAreRefused) {
   EXPECT_EQ(one.Wait(kBound).code, 0) << one.Log();
 }
 
+TEST(MultiNode, NonZeroRankWithoutLeaderExitsAtOnceNamingTheFlags) {
+  // Before: it hosted a rendezvous of its own and failed only when trainers came.
+  Daemon lost(1, {"--num-nodes", "3", "--node-rank", "1", "--job-id=mnjob", "--timeout-s=30"});
+  const auto started = std::chrono::steady_clock::now();
+  const ExitStatus st = lost.process().Wait(seconds(10));
+  EXPECT_FALSE(st.timed_out) << lost.process().Log();
+  EXPECT_TRUE(st.exited) << st.ToString();
+  EXPECT_EQ(st.code, 2) << st.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - started, seconds(5));
+  EXPECT_NE(lost.process().Log().find(
+                "--node-rank 1 of --num-nodes 3 needs --leader HOST:PORT"),
+            std::string::npos)
+      << lost.process().Log();
+  // Nothing was bound or created before the refusal.
+  EXPECT_NE(access(lost.socket().c_str(), F_OK), 0);
+  EXPECT_TRUE(SegmentsWithPrefix(lost.shm_prefix()).empty());
+}
+
 }  // namespace
 }  // namespace gradsync::testing

@@ -177,6 +177,27 @@ TEST_F(RendezvousServiceTest, OutOfRangeRankAndBadFieldsAreRefused) {
   EXPECT_EQ(CodeOf(Client()->Join(no_trainers).status()), v1::INVALID_ARGUMENT);
 }
 
+TEST_F(RendezvousServiceTest, LocalSizeAboveTheMaximumIsRefusedNamingTheNode) {
+  StartLeader(2);
+  JoinParams huge = Params(1, absl::Seconds(2));  // unfixed: it would wait in the round
+  huge.local_size = kMaxJoinLocalSize + 1;
+  const auto refused = Client()->Join(huge);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(CodeOf(refused.status()), v1::INVALID_ARGUMENT);
+  EXPECT_THAT(Msg(refused.status()), HasSubstr("node_rank=1 sent local_size=1025"));
+  // The refused node is not part of the round; the largest allowed size joins.
+  EXPECT_TRUE(leader_->service().GetStatus().pending_node_ranks.empty());
+  JoinParams largest = Params(0);
+  largest.local_size = kMaxJoinLocalSize;
+  absl::StatusOr<JoinResult> first = absl::UnknownError("not run");
+  std::thread node0([&] { first = Client()->Join(largest); });
+  const auto second = Client()->Join(Params(1));
+  node0.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->peers[0].local_size, kMaxJoinLocalSize);
+}
+
 TEST_F(RendezvousServiceTest, DuplicateNodeRankIsRefusedAndTheRoundStillForms) {
   StartLeader(2);
   absl::StatusOr<JoinResult> first = absl::UnknownError("not run");

@@ -1,0 +1,155 @@
+// ValidateConfig: every contradiction among gradsyncd's flags is refused at
+// start with INVALID_ARGUMENT and a message naming the flags and values.
+#include "daemon/config.h"
+
+#include <limits>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace gradsync {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A valid follower (node 1 of 3) to break one flag at a time.
+DaemonConfig Follower() {
+  DaemonConfig c;
+  c.num_nodes = 3;
+  c.node_rank = 1;
+  c.leader = "10.0.0.1:7000";
+  c.listen = "";
+  return c;
+}
+
+DaemonConfig Leader() {
+  DaemonConfig c;
+  c.num_nodes = 3;
+  c.node_rank = 0;
+  c.listen = "0.0.0.0:7000";
+  return c;
+}
+
+// Expects INVALID_ARGUMENT with every piece of `parts` in the message.
+void ExpectRefused(const DaemonConfig& c, std::initializer_list<std::string> parts) {
+  const absl::Status st = ValidateConfig(c);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  for (const std::string& part : parts) {
+    EXPECT_THAT(std::string(st.message()), HasSubstr(part));
+  }
+}
+
+TEST(ValidateConfig, DefaultsLeaderAndFollowerAreValid) {
+  EXPECT_TRUE(ValidateConfig(DaemonConfig{}).ok()) << ValidateConfig(DaemonConfig{});
+  EXPECT_TRUE(ValidateConfig(Leader()).ok()) << ValidateConfig(Leader());
+  EXPECT_TRUE(ValidateConfig(Follower()).ok()) << ValidateConfig(Follower());
+}
+
+TEST(ValidateConfig, NonZeroRankWithoutLeaderIsRefused) {
+  DaemonConfig c = Follower();
+  c.leader.clear();
+  c.listen = "0.0.0.0:7000";
+  const absl::Status st = ValidateConfig(c);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(),
+            "--node-rank 1 of --num-nodes 3 needs --leader HOST:PORT (only node 0 hosts the "
+            "rendezvous)");
+}
+
+TEST(ValidateConfig, RankZeroWithLeaderIsRefused) {
+  DaemonConfig c = Leader();
+  c.leader = "10.0.0.1:7000";
+  ExpectRefused(c, {"--node-rank 0", "--num-nodes 3", "--leader 10.0.0.1:7000"});
+}
+
+TEST(ValidateConfig, LeaderWithASingleNodeIsRefused) {
+  DaemonConfig c;
+  c.leader = "10.0.0.1:7000";
+  ExpectRefused(c, {"--leader 10.0.0.1:7000", "--num-nodes"});
+}
+
+TEST(ValidateConfig, LeaderWithoutPortIsRefused) {
+  DaemonConfig c = Follower();
+  c.leader = "10.0.0.1";
+  ExpectRefused(c, {"--leader 10.0.0.1", "HOST:PORT"});
+}
+
+TEST(ValidateConfig, RankAtOrAboveNumNodesIsRefused) {
+  for (int rank : {3, 7, -1}) {
+    DaemonConfig c = Follower();
+    c.node_rank = rank;
+    ExpectRefused(c, {"--node-rank " + std::to_string(rank), "--num-nodes 3"});
+  }
+}
+
+TEST(ValidateConfig, NumNodesOutOfRangeIsRefused) {
+  for (int n : {0, -2, 4097}) {
+    DaemonConfig c;
+    c.num_nodes = n;
+    ExpectRefused(c, {"--num-nodes " + std::to_string(n)});
+  }
+}
+
+TEST(ValidateConfig, MultiNodeLeaderWithoutListenIsRefused) {
+  DaemonConfig c = Leader();
+  c.listen.clear();
+  ExpectRefused(c, {"--node-rank 0", "--num-nodes 3", "--listen"});
+}
+
+TEST(ValidateConfig, LocalSizeOutOfRangeIsRefused) {
+  for (int n : {0, -1, 257}) {
+    DaemonConfig c;
+    c.local_size = n;
+    ExpectRefused(c, {"--local-size " + std::to_string(n)});
+  }
+}
+
+TEST(ValidateConfig, NonPositiveOrHugeTimeoutIsRefused) {
+  for (int64_t ms : {int64_t{0}, int64_t{-1000}, int64_t{99}, int64_t{86400001}}) {
+    DaemonConfig c;
+    c.timeout_ms = ms;
+    ExpectRefused(c, {"--timeout-s "});
+  }
+  DaemonConfig c;
+  c.timeout_ms = -5000;
+  ExpectRefused(c, {"--timeout-s -5 "});
+}
+
+TEST(ValidateConfig, BadBucketCapsAreRefused) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (double mb : {0.0, -1.0, 4097.0, nan}) {
+    DaemonConfig c;
+    c.bucket_cap_mb = mb;
+    ExpectRefused(c, {"--bucket-cap-mb "});
+    DaemonConfig f;
+    f.first_bucket_cap_mb = mb;
+    ExpectRefused(f, {"--first-bucket-cap-mb "});
+  }
+  DaemonConfig c;
+  c.bucket_cap_mb = -1;
+  ExpectRefused(c, {"--bucket-cap-mb -1 is not in (0, 4096]"});
+}
+
+TEST(ValidateConfig, LocalBackendWithSeveralNodesIsRefused) {
+  DaemonConfig c = Follower();
+  c.backend = "local";
+  ExpectRefused(c, {"--backend local", "--num-nodes 1", "3"});
+  c.backend = "mpi";
+  ExpectRefused(c, {"--backend mpi"});
+}
+
+TEST(ValidateConfig, StallThresholdSocketAndShmPrefixAreChecked) {
+  DaemonConfig c;
+  c.stall_threshold_s = 0;
+  ExpectRefused(c, {"--stall-threshold-s 0"});
+  c = DaemonConfig{};
+  c.socket_path = "";
+  ExpectRefused(c, {"--socket"});
+  c = DaemonConfig{};
+  c.shm_prefix = "a/b";
+  ExpectRefused(c, {"--shm-prefix 'a/b'"});
+}
+
+}  // namespace
+}  // namespace gradsync
