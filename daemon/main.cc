@@ -116,10 +116,13 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   config.bucket_cap_mb = absl::GetFlag(FLAGS_bucket_cap_mb);
   config.first_bucket_cap_mb = absl::GetFlag(FLAGS_first_bucket_cap_mb);
   config.job_id = absl::GetFlag(FLAGS_job_id);
-  // Casting NaN or an out-of-range double to an integer is undefined; such a
-  // value becomes -1 ms, which ValidateConfig refuses naming --timeout-s.
-  const double timeout_ms = absl::GetFlag(FLAGS_timeout_s) * 1000;
-  config.timeout_ms = std::fabs(timeout_ms) <= 1e15 ? static_cast<int64_t>(timeout_ms) : -1;
+  // Checked before the cast: converting NaN or an out-of-range double to an
+  // integer is undefined. ValidateConfig checks the real range.
+  const double timeout_s = absl::GetFlag(FLAGS_timeout_s);
+  if (!(std::fabs(timeout_s) <= 1e12)) {
+    return Fail(absl::StrCat("--timeout-s ", timeout_s, " is not in [0.1, 86400]"));
+  }
+  config.timeout_ms = static_cast<int64_t>(timeout_s * 1000);
   config.stall_threshold_s = absl::GetFlag(FLAGS_stall_threshold_s);
   config.log_level = level;
   config.shm_prefix = absl::GetFlag(FLAGS_shm_prefix);
