@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/monotonic.h"
 #include "common/status_code.h"
 #include "spdlog/spdlog.h"
 
@@ -39,9 +40,12 @@ grpc::Status LocalService::Attach(grpc::ServerContext* ctx, const v1::AttachRequ
   // A previous job may still be running or winding down (its trainers'
   // departures take a moment to be noticed): wait for it, within the
   // caller's deadline, instead of refusing a trainer that is merely early.
-  const auto now = std::chrono::system_clock::now();
-  const auto deadline = std::min(ctx->deadline() - std::chrono::milliseconds(200),
-                                 now + std::chrono::seconds(30));
+  // The caller's deadline becomes a time left, read once, so that the loop
+  // below runs on the monotonic clock.
+  const auto left = std::min<std::chrono::system_clock::duration>(
+      ctx->deadline() - std::chrono::system_clock::now() - std::chrono::milliseconds(200),
+      std::chrono::seconds(30));
+  const auto deadline = std::chrono::steady_clock::now() + left;
   std::shared_ptr<Job> job;
   absl::StatusOr<uint64_t> session;
   while (true) {
@@ -52,7 +56,7 @@ grpc::Status LocalService::Attach(grpc::ServerContext* ctx, const v1::AttachRequ
     }
     session = job->Attach(req->local_rank(), req->pid());
     if (session.ok() || (job->state() == JobState::kAttaching && !job->Finished()) ||
-        std::chrono::system_clock::now() >= deadline || ctx->IsCancelled()) {
+        std::chrono::steady_clock::now() >= deadline || ctx->IsCancelled()) {
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -86,7 +90,7 @@ grpc::Status LocalService::Register(grpc::ServerContext*, const v1::RegisterRequ
     if (!spec.ok()) return Reply(resp, spec.status());
     cuda = std::move(*spec);
   }
-  const absl::Time deadline = absl::Now() + absl::Milliseconds(jobs_->config().timeout_ms);
+  const absl::Time deadline = MonotonicNow() + absl::Milliseconds(jobs_->config().timeout_ms);
   absl::StatusOr<RegisterResult> r =
       job->Register(req->session_id(), std::move(*layout), deadline, std::move(cuda));
   if (!r.ok()) return Reply(resp, r.status());

@@ -122,7 +122,8 @@ struct CollectiveOptions {
   absl::Duration timeout = absl::Seconds(300);
   // Publishes / fetches the unique id through the rendezvous store (the
   // node holding rank 0 publishes). Generation-scoped keys: a stale id is
-  // never read. Both must respect the deadline.
+  // never read. Both must respect the deadline, a MonotonicNow() time
+  // (common/monotonic.h), never a wall-clock one.
   std::function<absl::Status(const std::string& key, const std::string& value)> publish;
   std::function<absl::StatusOr<std::string>(const std::string& key, absl::Time deadline)> fetch;
   // Polled (from the creating thread) while the group is being created: once

@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/monotonic.h"
 #include "gpu/cuda_uuid.h"
 #include "gpu/nccl_loader.h"
 #include "spdlog/spdlog.h"
@@ -696,9 +697,9 @@ absl::StatusOr<ncclUniqueId> ExchangeUniqueId(const NcclApi& nccl, const Collect
                        "holding rank 0 did not create generation ", o.generation, "?)"));
     }
     const auto slice = std::min<Clock::duration>(deadline - now, kSlice);
-    // fetch takes a wall-clock deadline; only this slice's length matters.
+    // fetch takes a MonotonicNow() deadline: the end of this slice.
     absl::StatusOr<std::string> value =
-        o.fetch(key, absl::Now() + absl::FromChrono(
+        o.fetch(key, FromSteadyClock(now) + absl::FromChrono(
                                        std::chrono::duration_cast<std::chrono::nanoseconds>(slice)));
     if (value.ok()) {
       std::string bytes;

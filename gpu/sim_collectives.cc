@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/monotonic.h"
 #include "gpu/sim_kernels.h"
 #include "gpu/sim_memory.h"
 #include "ipc/shared_segment.h"
@@ -96,7 +97,7 @@ class SimCollectiveGroup final : public CollectiveGroup {
 
   // Joins the group (multi-node) and runs the warm-up collective.
   absl::Status Init(const CollectiveOptions& options) {
-    const absl::Time deadline = absl::Now() + timeout_;
+    const absl::Time deadline = MonotonicNow() + timeout_;
     if (nranks_ > nlocal_) {
       if (auto st = Join(options, deadline); !st.ok()) return Fail(st);
     }
@@ -110,7 +111,7 @@ class SimCollectiveGroup final : public CollectiveGroup {
   }
 
   absl::Status AllreduceSum(const std::vector<DeviceBuffer>& buffers, DType dtype) override {
-    return Run(buffers, dtype, absl::Now() + timeout_);
+    return Run(buffers, dtype, MonotonicNow() + timeout_);
   }
 
   void Abort(const std::string& reason) override {
@@ -409,13 +410,13 @@ class SimCollectiveGroup final : public CollectiveGroup {
         missing.push_back(r);
       }
       if (missing.empty()) return absl::OkStatus();
-      if (absl::Now() >= deadline) {
+      if (MonotonicNow() >= deadline) {
         return absl::DeadlineExceededError(
             absl::StrCat("collective ", seq, " (generation ", generation_, "): rank",
                          missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "), " did not ",
                          what, " it within ", absl::FormatDuration(timeout_)));
       }
-      absl::SleepFor(std::min(nap, deadline - absl::Now()));
+      absl::SleepFor(std::min(nap, deadline - MonotonicNow()));
       nap = std::min(nap * 2, absl::Milliseconds(1));
     }
   }

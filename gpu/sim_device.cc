@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "common/monotonic.h"
 #include "gpu/sim_collectives.h"
 #include "gpu/sim_event.h"
 #include "gpu/sim_kernels.h"
@@ -133,9 +134,9 @@ class Node {
       absl::MutexLock lock(&mu_);
       for (auto& [index, s] : defaults_) targets.push_back(s.get());
     }
-    const absl::Time deadline = absl::Now() + timeout;
+    const absl::Time deadline = MonotonicNow() + timeout;
     for (SimStream* s : targets) {
-      if (!s->WaitIdle(deadline - absl::Now())) {
+      if (!s->WaitIdle(deadline - MonotonicNow())) {
         return absl::DeadlineExceededError(
             absl::StrCat("stream on ", SimDeviceId(s->device_index()), " still busy after ",
                          absl::FormatDuration(timeout)));

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/monotonic.h"
 #include "daemon/backends/gloo_backend.h"
 #include "daemon/backends/gloo_store.h"
 #include "daemon/cluster/rendezvous_records.h"
@@ -60,7 +61,7 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
 
   // Join; a node whose previous generation has not been aborted yet is told
   // STATE: retry until the leader has moved on or the timeout passes.
-  const absl::Time deadline = absl::Now() + absl::Milliseconds(config.timeout_ms);
+  const absl::Time deadline = MonotonicNow() + absl::Milliseconds(config.timeout_ms);
   JoinParams join;
   join.node_rank = config.node_rank;
   join.num_nodes = config.num_nodes;
@@ -68,9 +69,9 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   join.host = host;
   absl::StatusOr<JoinResult> joined;
   while (true) {
-    join.timeout = std::max(absl::Seconds(1), deadline - absl::Now());
+    join.timeout = std::max(absl::Seconds(1), deadline - MonotonicNow());
     joined = client->Join(join);
-    if (joined.ok() || CodeOf(joined.status()) != v1::STATE || absl::Now() >= deadline) break;
+    if (joined.ok() || CodeOf(joined.status()) != v1::STATE || MonotonicNow() >= deadline) break;
     absl::SleepFor(absl::Milliseconds(100));
   }
   if (!joined.ok()) {
@@ -87,7 +88,7 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
 
   // Layout agreement: every node publishes its layout and compares every
   // other node's with node 0's, so every node reports the same mismatch.
-  const absl::Duration wait = std::max(absl::Seconds(1), deadline - absl::Now());
+  const absl::Duration wait = std::max(absl::Seconds(1), deadline - MonotonicNow());
   if (absl::Status st = client->Set(LayoutKey(gen, config.node_rank), EncodeLayout(layout));
       !st.ok()) {
     return st;
@@ -184,7 +185,8 @@ absl::Status ClusterLink::Publish(const std::string& name, const std::string& va
 
 absl::StatusOr<std::string> ClusterLink::Fetch(const std::string& name, absl::Time deadline) {
   const std::string key = GpuKey(generation_, name);
-  if (absl::Status st = client_->Wait({key}, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  if (absl::Status st =
+          client_->Wait({key}, std::max(deadline - MonotonicNow(), absl::ZeroDuration()));
       !st.ok()) {
     return st;
   }

@@ -53,7 +53,7 @@ class ClusterLink final : public WorldLink {
   // Node 0's order, distributed to every node (the plan rebuild).
   absl::StatusOr<std::vector<uint32_t>> AgreeOrder(const std::vector<uint32_t>& local);
   // The GPU path's exchange (GpuKey of this generation): set once, read
-  // once it exists or the deadline passes.
+  // once it exists or the deadline (a MonotonicNow() time) passes.
   absl::Status Publish(const std::string& name, const std::string& value);
   absl::StatusOr<std::string> Fetch(const std::string& name, absl::Time deadline);
 

@@ -1,6 +1,7 @@
 #include "daemon/cluster/rendezvous_client.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -30,7 +31,12 @@ RendezvousClient::RendezvousClient(std::shared_ptr<grpc::Channel> channel,
 
 void RendezvousClient::PrepareContext(grpc::ClientContext* context, absl::Duration timeout) const {
   // Bounded, so that an "infinite" wait still gets a representable deadline.
-  context->set_deadline(absl::ToChronoTime(absl::Now() + std::min(timeout, absl::Hours(24 * 7))));
+  // gRPC wants a system_clock deadline and turns it into its own monotonic
+  // one at once: taken from the wall clock right before the call, a step
+  // cannot land in between.
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                            absl::ToChronoNanoseconds(std::min(timeout, absl::Hours(24 * 7)))));
   // Wait for the channel to (re)connect within the deadline instead of
   // failing at once: followers may start before the leader listens.
   context->set_wait_for_ready(true);

@@ -47,12 +47,13 @@ grpc::Status Cancelled() { return grpc::Status(grpc::StatusCode::CANCELLED, "cal
 
 RendezvousService::RendezvousService(std::string job_id, std::string job_token, int num_nodes,
                                      absl::Duration default_timeout,
-                                     absl::Duration heartbeat_timeout)
+                                     absl::Duration heartbeat_timeout, MonotonicClock clock)
     : job_id_(std::move(job_id)),
       job_token_(std::move(job_token)),
       num_nodes_(std::max(num_nodes, 1)),
       default_timeout_(default_timeout),
-      heartbeat_timeout_(heartbeat_timeout) {
+      heartbeat_timeout_(heartbeat_timeout),
+      clock_(clock ? std::move(clock) : MonotonicClock(MonotonicNow)) {
   if (num_nodes < 1) spdlog::error("event=rendezvous_bad_config num_nodes={} using=1", num_nodes);
   spdlog::info(
       "event=rendezvous_started job_id={} num_nodes={} default_timeout={} "
@@ -179,7 +180,7 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
   }
 
   absl::MutexLock lock(&mu_);
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_();
   CheckHeartbeatsLocked(now);
   if (active()) {
     return refuse(v1::STATE,
@@ -219,7 +220,7 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
       spdlog::info("event=join_cancelled node_rank={} generation={}", rank, target);
       return Cancelled();
     }
-    const absl::Time t = absl::Now();
+    const absl::Time t = clock_();
     if (t >= deadline) {
       std::vector<int> missing;
       for (int r = 0; r < num_nodes_; ++r) {
@@ -285,7 +286,7 @@ grpc::Status RendezvousService::Set(grpc::ServerContext* context, const v1::SetR
     return grpc::Status::OK;
   }
   absl::MutexLock lock(&mu_);
-  CheckHeartbeatsLocked(absl::Now());
+  CheckHeartbeatsLocked(clock_());
   if (std::string refusal = CheckKeyGenerationLocked(request->key()); !refusal.empty()) {
     LogRefusal("Set", context, -1, refusal);
     SetError(response->mutable_error(), v1::STATE, std::move(refusal));
@@ -304,7 +305,7 @@ grpc::Status RendezvousService::Get(grpc::ServerContext* context, const v1::GetR
     return grpc::Status::OK;
   }
   absl::MutexLock lock(&mu_);
-  CheckHeartbeatsLocked(absl::Now());
+  CheckHeartbeatsLocked(clock_());
   if (std::string refusal = CheckKeyGenerationLocked(request->key()); !refusal.empty()) {
     SetError(response->mutable_error(), v1::STATE, std::move(refusal));
     return grpc::Status::OK;
@@ -325,10 +326,10 @@ grpc::Status RendezvousService::Wait(grpc::ServerContext* context, const v1::Wai
   }
   const absl::Duration timeout = RequestTimeout(request->timeout_ms());
   absl::MutexLock lock(&mu_);
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = clock_() + timeout;
   std::vector<std::string> missing;
   for (;;) {
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock_();
     CheckHeartbeatsLocked(now);
     missing.clear();
     bool in_aborted_generation = false;
@@ -376,7 +377,7 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
     return grpc::Status::OK;
   }
   absl::MutexLock lock(&mu_);
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_();
   CheckHeartbeatsLocked(now);
   response->set_generation(generation_);
   response->set_config_version(config_version_);
@@ -435,7 +436,7 @@ grpc::Status RendezvousService::Leave(grpc::ServerContext* context, const v1::Le
     return grpc::Status::OK;
   }
   absl::MutexLock lock(&mu_);
-  CheckHeartbeatsLocked(absl::Now());
+  CheckHeartbeatsLocked(clock_());
   if (pending_.erase(rank) != 0) {
     spdlog::info("event=join_withdrawn node_rank={} generation={}", rank, generation_ + 1);
     changed_.SignalAll();
@@ -472,7 +473,7 @@ void RendezvousService::SetConfigVersion(uint64_t version) {
 
 RendezvousStatus RendezvousService::GetStatus() {
   absl::MutexLock lock(&mu_);
-  CheckHeartbeatsLocked(absl::Now());
+  CheckHeartbeatsLocked(clock_());
   RendezvousStatus status;
   status.generation = generation_;
   status.aborted = aborted_;

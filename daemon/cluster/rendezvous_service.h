@@ -19,7 +19,10 @@
 // Every failure is returned in the response's Error (gradsync.v1.Code); the
 // gRPC status is only non-OK when the call was cancelled. Refusals are
 // logged (spdlog, key=value); the job token never is. Heartbeat deadlines are
-// checked on every RPC and by GetStatus(), so no thread is needed.
+// checked on every RPC and by GetStatus(), so no thread is needed. Every
+// timeout and the heartbeat staleness are measured on the service's clock,
+// monotonic by default: a step of the wall clock neither ages nor rejuvenates
+// a member.
 //
 // Threads: every method is thread-safe (gRPC handler threads, the hosting
 // daemon). mu_ guards all state; blocked Join and Wait calls sleep on
@@ -36,6 +39,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/monotonic.h"
 #include "gradsync/v1/rendezvous.grpc.pb.h"
 
 namespace gradsync {
@@ -49,7 +53,7 @@ struct RendezvousStatus {
     uint64_t iteration = 0;             // last iteration the node reported
     int64_t last_launched_bucket = -1;  // -1: none in flight
     uint64_t heartbeats = 0;            // heartbeats received this generation
-    absl::Time last_seen;               // last Heartbeat, or the formation time
+    absl::Time last_seen;  // last Heartbeat or the formation time, on the service's clock
   };
   uint64_t generation = 0;  // last formed generation; 0: none yet
   bool aborted = false;     // the current generation was aborted
@@ -69,10 +73,13 @@ class RendezvousService final : public v1::Rendezvous::Service {
  public:
   // `default_timeout`: how long Join and Wait block when the request gives no
   // timeout. `heartbeat_timeout`: silence after which a member is declared
-  // dead (absl::InfiniteDuration() disables the check).
+  // dead (absl::InfiniteDuration() disables the check). `clock`: what "now"
+  // is for every timeout and staleness check; tests inject one to move time
+  // without waiting.
   RendezvousService(std::string job_id, std::string job_token, int num_nodes,
                     absl::Duration default_timeout,
-                    absl::Duration heartbeat_timeout = absl::Seconds(30));
+                    absl::Duration heartbeat_timeout = absl::Seconds(30),
+                    MonotonicClock clock = MonotonicNow);
   ~RendezvousService() override;
 
   RendezvousService(const RendezvousService&) = delete;
@@ -139,6 +146,7 @@ class RendezvousService final : public v1::Rendezvous::Service {
   const int num_nodes_;
   const absl::Duration default_timeout_;
   const absl::Duration heartbeat_timeout_;
+  const MonotonicClock clock_;
 
   absl::Mutex mu_;
   // Signalled on every change a blocked Join or Wait may be waiting for.

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/monotonic.h"
 #include "common/status_code.h"
 
 namespace gradsync {
@@ -83,7 +84,7 @@ absl::Status GpuReducer::WaitEvents(const PlannedBucket& bucket, absl::Time dead
     for (uint32_t i : bucket.tensors) pending_.emplace_back(t, i);
   }
   gpu::DaemonDevice& device = session_->device();
-  const absl::Time start = absl::Now();
+  const absl::Time start = MonotonicNow();
   bool stall_reported = false;
   while (true) {
     size_t kept = 0;
@@ -103,7 +104,7 @@ absl::Status GpuReducer::WaitEvents(const PlannedBucket& bucket, absl::Time dead
     pending_.resize(kept);
     if (pending_.empty()) return absl::OkStatus();
     if (session_->aborted()) return Aborted();
-    const absl::Time now = absl::Now();
+    const absl::Time now = MonotonicNow();
     if (!stall_reported && stall_ && now - start >= absl::Seconds(stall_threshold_s_)) {
       stall_reported = true;
       const auto& [t, i] = pending_.front();
@@ -141,7 +142,7 @@ absl::Status GpuReducer::WaitStreams(absl::Time deadline, const char* what) {
       }
       if (*c == gpu::Completion::kDone) break;
       if (session_->aborted()) return Aborted();
-      if (absl::Now() >= deadline) {
+      if (MonotonicNow() >= deadline) {
         return MakeError(v1::TIMEOUT, absl::StrCat(what, " on ", session_->devices()[d],
                                                    " did not finish in time"));
       }

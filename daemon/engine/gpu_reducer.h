@@ -49,7 +49,8 @@ class GpuReducer {
                        const std::vector<std::vector<ReduceSpan>>& flat_spans);
 
   // `flat_spans`: the bucket's ranges in a flat buffer (flat mode). Errors
-  // name the trainer and tensor; *culprit says whom to blame.
+  // name the trainer and tensor; *culprit says whom to blame. `deadline`
+  // is a MonotonicNow() time (common/monotonic.h).
   absl::Status Reduce(const PlannedBucket& bucket, const std::vector<ReduceSpan>& flat_spans,
                       absl::Time deadline, ReduceTimings* timings, int* culprit);
 

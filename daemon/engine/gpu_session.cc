@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/monotonic.h"
 #include "common/status_code.h"
 #include "spdlog/spdlog.h"
 
@@ -154,7 +155,7 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
         !st.ok()) {
       return MakeError(CodeOf(st), absl::StrCat("publishing this node's GPU count: ", st.message()));
     }
-    const absl::Time deadline = absl::Now() + world.timeout;
+    const absl::Time deadline = MonotonicNow() + world.timeout;
     o.nranks = 0;
     for (int n = 0; n < world.num_nodes; ++n) {
       absl::StatusOr<std::string> count = world.fetch(absl::StrCat("gpus/", n), deadline);

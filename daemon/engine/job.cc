@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/monotonic.h"
 #include "common/status_code.h"
 #include "spdlog/spdlog.h"
 
@@ -175,7 +176,8 @@ absl::StatusOr<RegisterResult> Job::RegisterAndWait(uint64_t session, Layout lay
     mu_.AssertReaderHeld();
     return state_ == JobState::kRunning || state_ == JobState::kFailed || t->gone.load();
   };
-  const bool done = mu_.AwaitWithDeadline(absl::Condition(&settled), deadline);
+  // AwaitWithDeadline would read `deadline` as wall-clock time.
+  const bool done = mu_.AwaitWithTimeout(absl::Condition(&settled), deadline - MonotonicNow());
   if (t->gone.load()) return MakeError(v1::STATE, "the trainer left during registration");
   if (!done) {
     std::vector<int> missing;

@@ -73,6 +73,7 @@ struct JobWorld {
   Scheduler::OrderAgreement agree_order;
   // The GPU path's key/value exchange through the rendezvous store, scoped
   // to this generation (empty on one node: then nothing leaves the node).
+  // fetch's deadline is a MonotonicNow() time.
   std::function<absl::Status(const std::string& name, const std::string& value)> publish;
   std::function<absl::StatusOr<std::string>(const std::string& name, absl::Time deadline)> fetch;
   // Node 0's caps, so every node plans the same buckets (0: use the config).
@@ -128,8 +129,9 @@ class Job {
   absl::StatusOr<uint64_t> Attach(int local_rank, int64_t pid) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Blocks until every local trainer registered and the world is formed,
-  // or the deadline passes, or the job fails (e.g. MISMATCH). `cuda` is
-  // set iff the layout's tensors are CUDA tensors.
+  // or the deadline (a MonotonicNow() time, common/monotonic.h) passes, or
+  // the job fails (e.g. MISMATCH). `cuda` is set iff the layout's tensors
+  // are CUDA tensors.
   absl::StatusOr<RegisterResult> Register(uint64_t session, Layout layout, absl::Time deadline,
                                           std::optional<GpuTrainerSpec> cuda = std::nullopt)
       ABSL_LOCKS_EXCLUDED(mu_);

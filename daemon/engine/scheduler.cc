@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/monotonic.h"
 #include "common/status_code.h"
 #include "spdlog/spdlog.h"
 
@@ -427,7 +428,7 @@ bool Scheduler::LaunchGpu(uint32_t bucket) {
   const PlannedBucket& b = plan_.buckets[bucket];
   ReduceTimings timings;
   int culprit = GpuReducer::kNoCulprit;
-  const absl::Time deadline = absl::Now() + absl::Milliseconds(options_.timeout_ms);
+  const absl::Time deadline = MonotonicNow() + absl::Milliseconds(options_.timeout_ms);
   absl::Status st = options_.gpu->Reduce(b, spans_[bucket], deadline, &timings, &culprit);
   const int64_t slot = EndReduction();
   if (slot == kStopped) return false;  // Stop aborted it: the job is over

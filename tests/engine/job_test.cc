@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/monotonic.h"
 #include "common/status_code.h"
 #include "daemon/config.h"
 #include "ipc/shared_segment.h"
@@ -107,7 +108,7 @@ class JobTest : public ::testing::Test {
       EXPECT_TRUE(session.ok()) << session.status();
       sessions_.push_back(session.value_or(0));
     }
-    const absl::Time until = absl::Now() + deadline;
+    const absl::Time until = MonotonicNow() + deadline;
     std::vector<std::thread> threads;
     for (size_t r = 0; r < layouts.size(); ++r) {
       threads.emplace_back(
@@ -214,7 +215,7 @@ TEST_F(JobTest, AttachRefusesARankOutOfRangeATakenRankAndAJobAlreadyRunning) {
   EXPECT_THAT(std::string(st.status().message()),
               HasSubstr("local rank 0 is already attached by pid 5000"));
   const absl::StatusOr<RegisterResult> unknown =
-      job_->Register(/*session=*/12345, TestLayout(DType::kFloat32), absl::Now() + kBound);
+      job_->Register(/*session=*/12345, TestLayout(DType::kFloat32), MonotonicNow() + kBound);
   EXPECT_EQ(CodeOf(unknown.status()), v1::STATE) << unknown.status();
   EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("unknown session"));
 }
@@ -270,7 +271,7 @@ TEST_F(JobTest, RegistrationDeadlinePassingFailsWithTimeoutNamingTheMissingLocal
     sessions.push_back(*session);
   }
   std::vector<absl::StatusOr<RegisterResult>> results(2, absl::UnknownError("not run"));
-  const absl::Time deadline = absl::Now() + absl::Milliseconds(kShortTimeoutMs);
+  const absl::Time deadline = MonotonicNow() + absl::Milliseconds(kShortTimeoutMs);
   std::thread t0([&] { results[0] = job_->Register(sessions[0], layout, deadline); });
   std::thread t1([&] { results[1] = job_->Register(sessions[1], layout, deadline); });
   t0.join();

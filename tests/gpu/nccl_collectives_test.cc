@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/monotonic.h"
 #include "gtest/gtest.h"
 
 namespace gradsync::gpu {
@@ -50,7 +51,7 @@ class InProcessStore {
     for (;;) {
       auto it = values_.find(key);
       if (it != values_.end()) return it->second;
-      const absl::Duration left = deadline - absl::Now();
+      const absl::Duration left = deadline - MonotonicNow();  // fetch deadlines are monotonic
       if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("no " + key);
       cv_.wait_for(lock, absl::ToChronoNanoseconds(left));
     }

@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/half.h"
+#include "common/monotonic.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/process.h"
@@ -719,7 +720,7 @@ class FileStore {
           std::fclose(f);
           return std::string(buf, n);
         }
-        if (absl::Now() >= deadline) {
+        if (MonotonicNow() >= deadline) {  // fetch deadlines are monotonic
           return absl::DeadlineExceededError(absl::StrCat("key ", key, " never published"));
         }
         absl::SleepFor(absl::Milliseconds(1));

@@ -4,6 +4,7 @@
 // heartbeats), re-forming, and the generation-scoped key-value store.
 #include "daemon/cluster/rendezvous_service.h"
 
+#include <chrono>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -12,6 +13,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/monotonic.h"
 #include "daemon/cluster/rendezvous_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -30,14 +33,51 @@ using ::testing::Not;
 constexpr char kJob[] = "rdv-job";
 constexpr char kToken[] = "s3cret-t0ken";
 
+// A machine's two clocks, moved by hand (the real ones cannot be stepped in
+// a test): the wall clock, which NTP or an operator may step, and the
+// monotonic clock, which only real elapsed time moves. The service reads
+// them from gRPC threads.
+class FakeMachineClocks {
+ public:
+  // Someone sets the date: only the wall clock jumps.
+  void StepWallClock(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    wall_ += d;
+  }
+  // Real time goes by: both clocks move.
+  void Elapse(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    wall_ += d;
+    monotonic_ += d;
+  }
+  MonotonicClock Monotonic() {
+    return [this] {
+      absl::MutexLock lock(&mu_);
+      return monotonic_;
+    };
+  }
+  MonotonicClock Wall() {
+    return [this] {
+      absl::MutexLock lock(&mu_);
+      return wall_;
+    };
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Time wall_ = absl::FromUnixSeconds(1'700'000'000);
+  absl::Time monotonic_ = absl::FromUnixSeconds(12'345);
+};
+
 // absl::string_view prints as a char array in gtest: compare std::strings.
 std::string Msg(const absl::Status& status) { return std::string(status.message()); }
 
 class RendezvousServiceTest : public ::testing::Test {
  protected:
-  void StartLeader(int num_nodes, absl::Duration heartbeat_timeout = absl::Minutes(10)) {
-    leader_ =
-        std::make_unique<TestLeader>(kJob, kToken, num_nodes, absl::Seconds(20), heartbeat_timeout);
+  void StartLeader(int num_nodes, absl::Duration heartbeat_timeout = absl::Minutes(10),
+                   MonotonicClock clock = MonotonicNow) {
+    leader_ = std::make_unique<TestLeader>(kJob, kToken, num_nodes, absl::Seconds(20),
+                                           heartbeat_timeout, std::move(clock));
     ASSERT_FALSE(leader_->address().empty());
     num_nodes_ = num_nodes;
   }
@@ -310,6 +350,59 @@ TEST_F(RendezvousServiceTest, MissedHeartbeatsAbortNamingTheSilentNode) {
   ASSERT_TRUE(aborted);
   EXPECT_THAT(reason, HasSubstr("node_rank=1"));
   EXPECT_THAT(reason, HasSubstr("sent no heartbeat"));
+}
+
+TEST_F(RendezvousServiceTest, AWallClockStepDoesNotMakeAHealthyNodeStaleButRealSilenceDoes) {
+  FakeMachineClocks clocks;
+  StartLeader(2, /*heartbeat_timeout=*/absl::Seconds(10), clocks.Monotonic());
+  ASSERT_EQ(FormGeneration(), 1u);
+  ASSERT_FALSE(Beat(0, 1)->abort);
+  ASSERT_FALSE(Beat(1, 1)->abort);
+
+  // Issue 16 item 6: +30 s on the leader's wall clock, 3x the heartbeat
+  // timeout, failed a healthy job.
+  clocks.StepWallClock(absl::Seconds(30));
+  EXPECT_FALSE(leader_->service().GetStatus().aborted);
+  auto beat = Beat(0, 1);
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_FALSE(beat->abort) << beat->abort_reason;
+  ASSERT_FALSE(Beat(1, 1)->abort);
+
+  // Real silence still counts: node 0 keeps beating, node 1 says nothing
+  // for longer than the timeout.
+  clocks.Elapse(absl::Seconds(6));
+  ASSERT_FALSE(Beat(0, 1)->abort);
+  EXPECT_FALSE(leader_->service().GetStatus().aborted);
+  clocks.Elapse(absl::Seconds(6));
+  beat = Beat(0, 1);
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_TRUE(beat->abort);
+  EXPECT_THAT(beat->abort_reason, HasSubstr("node_rank=1"));
+  EXPECT_THAT(beat->abort_reason, HasSubstr("sent no heartbeat"));
+}
+
+// The fake clocks reproduce the defect when the service is handed the wall
+// clock, so the test above would catch a return to it.
+TEST_F(RendezvousServiceTest, OnTheWallClockTheSameStepWouldHaveAbortedTheHealthyJob) {
+  FakeMachineClocks clocks;
+  StartLeader(2, /*heartbeat_timeout=*/absl::Seconds(10), clocks.Wall());
+  ASSERT_EQ(FormGeneration(), 1u);
+  ASSERT_FALSE(Beat(0, 1)->abort);
+  ASSERT_FALSE(Beat(1, 1)->abort);
+  clocks.StepWallClock(absl::Seconds(30));
+  EXPECT_TRUE(leader_->service().GetStatus().aborted);
+}
+
+// The default clock, the one gradsyncd uses, is the steady clock: no reading
+// of it falls outside the steady_clock readings taken around it.
+TEST(MonotonicNowTest, ReadsTheSteadyClockNotTheWallClock) {
+  for (int i = 0; i < 1000; ++i) {
+    const absl::Time before = FromSteadyClock(std::chrono::steady_clock::now());
+    const absl::Time now = MonotonicNow();
+    const absl::Time after = FromSteadyClock(std::chrono::steady_clock::now());
+    ASSERT_LE(before, now);
+    ASSERT_LE(now, after);
+  }
 }
 
 TEST_F(RendezvousServiceTest, HostingDaemonCanAbortAndSetTheConfigVersion) {

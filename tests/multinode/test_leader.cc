@@ -1,14 +1,17 @@
 #include "tests/multinode/test_leader.h"
 
+#include <utility>
+
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 
 namespace gradsync::testing {
 
 TestLeader::TestLeader(const std::string& job_id, const std::string& job_token, int num_nodes,
-                       absl::Duration default_timeout, absl::Duration heartbeat_timeout)
+                       absl::Duration default_timeout, absl::Duration heartbeat_timeout,
+                       MonotonicClock clock)
     : service_(std::make_unique<RendezvousService>(job_id, job_token, num_nodes, default_timeout,
-                                                   heartbeat_timeout)) {
+                                                   heartbeat_timeout, std::move(clock))) {
   int port = 0;
   grpc::ServerBuilder builder;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);

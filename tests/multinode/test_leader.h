@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "common/monotonic.h"
 #include "daemon/cluster/rendezvous_service.h"
 #include "grpcpp/server.h"
 
@@ -16,7 +17,8 @@ namespace gradsync::testing {
 class TestLeader {
  public:
   TestLeader(const std::string& job_id, const std::string& job_token, int num_nodes,
-             absl::Duration default_timeout, absl::Duration heartbeat_timeout);
+             absl::Duration default_timeout, absl::Duration heartbeat_timeout,
+             MonotonicClock clock = MonotonicNow);
   ~TestLeader();
 
   // "127.0.0.1:PORT".
