@@ -126,9 +126,16 @@ grpc::Status LocalService::Watch(grpc::ServerContext* ctx, const v1::WatchReques
   const uint64_t session = req->session_id();
   std::shared_ptr<Job> job = jobs_->JobOf(session);
   if (!job) return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown session");
+  // Refused before it holds this thread: one stream per session bounds the
+  // threads a client can pin.
+  if (absl::Status st = job->MarkWatched(session); !st.ok()) {
+    spdlog::warn("event=watch_refused session={:016x} error=\"{}\"", session,
+                 std::string(st.message()));
+    // absl and gRPC number their codes alike.
+    return grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message()));
+  }
   bool error_sent = false;
   uint64_t heartbeat = 0;
-  job->MarkWatched(session);
   {
     // The first event tells the client the daemon holds its stream.
     v1::WatchEvent hello;

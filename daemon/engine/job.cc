@@ -6,6 +6,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
@@ -60,9 +61,11 @@ Job::~Job() {
   }
 }
 
-Trainer* Job::FindLocked(uint64_t session) const {
+Trainer* Job::FindLocked(uint64_t session) const { return HoldLocked(session).get(); }
+
+std::shared_ptr<Trainer> Job::HoldLocked(uint64_t session) const {
   for (const auto& t : trainers_) {
-    if (t && t->session_id == session && !t->gone.load()) return t.get();
+    if (t && t->session_id == session && !t->gone.load()) return t;
   }
   return nullptr;
 }
@@ -95,13 +98,13 @@ absl::StatusOr<uint64_t> Job::Attach(int local_rank, int64_t pid) {
     return MakeError(v1::STATE, absl::StrCat("local rank ", local_rank, " is already attached by pid ",
                                              trainers_[local_rank]->pid));
   }
-  auto t = std::make_unique<Trainer>();
+  auto t = std::make_shared<Trainer>();
   t->session_id = NewSessionId();
   t->local_rank = local_rank;
   t->pid = pid;
   t->attached_at = std::chrono::steady_clock::now();
   const uint64_t session = t->session_id;
-  if (trainers_[local_rank]) departed_.push_back(std::move(trainers_[local_rank]));
+  // A departed trainer's record goes now, or when the last RPC holding it ends.
   trainers_[local_rank] = std::move(t);
   ++attached_ever_;
   spdlog::info("event=attach job={} local_rank={} pid={}", id_, local_rank, pid);
@@ -144,11 +147,13 @@ absl::StatusOr<RegisterResult> Job::Register(uint64_t session, Layout layout, ab
 absl::StatusOr<RegisterResult> Job::RegisterAndWait(uint64_t session, Layout layout,
                                                     absl::Time deadline,
                                                     std::optional<GpuTrainerSpec> cuda) {
-  Trainer* t = nullptr;  // stays valid: replaced trainers move to departed_
+  // Held for the whole call: a trainer that leaves while we wait may be
+  // replaced in trainers_ by the next one to attach.
+  std::shared_ptr<Trainer> t;
   bool last = false;
   {
     absl::MutexLock lock(&mu_);
-    t = FindLocked(session);
+    t = HoldLocked(session);
     if (t == nullptr) return MakeError(v1::STATE, "unknown session: attach first");
     if (state_ == JobState::kFailed) return PeerError(*t);
     if (t->registered) return MakeError(v1::STATE, "this trainer already registered its layout");
@@ -172,7 +177,7 @@ absl::StatusOr<RegisterResult> Job::RegisterAndWait(uint64_t session, Layout lay
   if (last) Form();
 
   absl::MutexLock lock(&mu_);
-  auto settled = [this, t] {
+  auto settled = [this, &t] {
     mu_.AssertReaderHeld();
     return state_ == JobState::kRunning || state_ == JobState::kFailed || t->gone.load();
   };
@@ -564,9 +569,17 @@ absl::Status Job::WaitForChange(uint64_t session, absl::Duration timeout, bool* 
   return PeerError(*t);
 }
 
-void Job::MarkWatched(uint64_t session) {
+absl::Status Job::MarkWatched(uint64_t session) {
   absl::MutexLock lock(&mu_);
-  if (Trainer* t = FindLocked(session)) t->watched.store(true);
+  Trainer* t = FindLocked(session);
+  if (t == nullptr) return absl::NotFoundError("unknown session");  // detached meanwhile
+  if (t->watched.exchange(true)) {
+    return MakeError(v1::STATE,
+                     absl::StrFormat("session %016x (local rank %d, pid %d) already has a Watch "
+                                     "stream; a session holds one",
+                                     session, t->local_rank, t->pid));
+  }
+  return absl::OkStatus();
 }
 
 std::vector<uint64_t> Job::ReapUnwatched(std::chrono::milliseconds grace) {
@@ -590,6 +603,13 @@ std::vector<uint64_t> Job::ReapUnwatched(std::chrono::milliseconds grace) {
 bool Job::HasSession(uint64_t session) const {
   absl::MutexLock lock(&mu_);
   return FindLocked(session) != nullptr;
+}
+
+size_t Job::TrainerRecords() const {
+  absl::MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& t : trainers_) n += t != nullptr;
+  return n;
 }
 
 bool Job::Finished() const {

@@ -151,8 +151,13 @@ class Job {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   bool HasSession(uint64_t session) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Trainer records the job itself keeps (attached or left): at most one
+  // per local rank, however many trainers came and went.
+  size_t TrainerRecords() const ABSL_LOCKS_EXCLUDED(mu_);
   // The trainer's Watch stream is open (its liveness is now observed).
-  void MarkWatched(uint64_t session) ABSL_LOCKS_EXCLUDED(mu_);
+  // STATE (FAILED_PRECONDITION) when the session already has one: a
+  // session holds one stream, so one RPC thread. NOT_FOUND once it is gone.
+  absl::Status MarkWatched(uint64_t session) ABSL_LOCKS_EXCLUDED(mu_);
   // Removes trainers attached longer than `grace` without a Watch stream;
   // returns their sessions (the registry forgets them).
   std::vector<uint64_t> ReapUnwatched(std::chrono::milliseconds grace) ABSL_LOCKS_EXCLUDED(mu_);
@@ -203,6 +208,8 @@ class Job {
   // differ (the job has then failed). Moves the job to kForming.
   std::optional<Layout> BeginFormLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Trainer* FindLocked(uint64_t session) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The same, shared: for a caller that keeps it across releasing mu_.
+  std::shared_ptr<Trainer> HoldLocked(uint64_t session) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Leave's work under mu_; true when this was the last trainer of a
   // started job (its world is then released, outside mu_).
   bool RemoveTrainer(uint64_t session, bool graceful, const std::string& reason)
@@ -250,11 +257,10 @@ class Job {
   bool failure_expected_ ABSL_GUARDED_BY(mu_) = false;
   // By local rank; null if not attached. A Trainer's own fields (layout,
   // registered, rank, segment) are also guarded by mu_, except what the
-  // scheduler owns once the job runs (see trainer.h).
-  std::vector<std::unique_ptr<Trainer>> trainers_ ABSL_GUARDED_BY(mu_);
-  // Trainers replaced before the job started; kept alive for RPC threads
-  // that may still hold a pointer.
-  std::vector<std::unique_ptr<Trainer>> departed_ ABSL_GUARDED_BY(mu_);
+  // scheduler owns once the job runs (see trainer.h). Shared so that an
+  // RPC waiting with mu_ released (Register) keeps its trainer alive when
+  // a new trainer takes the rank; the record is freed when that RPC ends.
+  std::vector<std::shared_ptr<Trainer>> trainers_ ABSL_GUARDED_BY(mu_);
   int attached_ever_ ABSL_GUARDED_BY(mu_) = 0;
   int registered_ ABSL_GUARDED_BY(mu_) = 0;
   // layout_, world_, arena_ and stats_ are written once, when the job

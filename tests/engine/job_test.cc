@@ -238,6 +238,30 @@ TEST_F(JobTest, RunningJobRefusesNewTrainersAndEndsOnceEveryTrainerHasLeft) {
   EXPECT_THAT(std::string(next.status().message()), HasSubstr("this job has ended"));
 }
 
+TEST_F(JobTest, ThousandTrainersAttachingRegisteringAndLeavingBeforeTheJobStartsLeaveOneRecordPerRank) {
+  MakeJob(2);
+  // Rank 1 stays attached, so the job keeps accepting while rank 0 comes
+  // and goes; each rank 0 registers (holding its record while it waits)
+  // and leaves, racing its own Register like a trainer killed mid-call.
+  ASSERT_TRUE(job_->Attach(1, PidOf(1)).ok());
+  const Layout layout = TestLayout(DType::kFloat32);
+  for (int cycle = 0; cycle < 1000; ++cycle) {
+    absl::StatusOr<uint64_t> session = job_->Attach(0, PidOf(0));
+    ASSERT_TRUE(session.ok()) << "cycle " << cycle << ": " << session.status();
+    absl::StatusOr<RegisterResult> registered = absl::UnknownError("not run");
+    std::thread registering(
+        [&] { registered = job_->Register(*session, layout, MonotonicNow() + kBound); });
+    job_->Leave(*session, /*graceful=*/true, "closed");
+    registering.join();
+    // "unknown session" or "the trainer left during registration".
+    ASSERT_EQ(CodeOf(registered.status()), v1::STATE) << registered.status();
+  }
+  EXPECT_EQ(job_->TrainerRecords(), 2u);
+  EXPECT_EQ(job_->state(), JobState::kAttaching);
+  EXPECT_TRUE(job_->Attach(0, PidOf(0)).ok());
+  EXPECT_EQ(job_->TrainerRecords(), 2u);
+}
+
 TEST_F(JobTest, LayoutsThatDisagreeFailEveryTrainerWithMismatchNamingTheFirstDifference) {
   MakeJob(3);
   Layout other = TestLayout(DType::kFloat32);
