@@ -327,6 +327,14 @@ class CudaDaemonDevice final : public DaemonDevice {
     return reinterpret_cast<Event*>(e);
   }
 
+  // A poll's answer: done, still pending, or an error (sticky ones poison).
+  absl::StatusOr<Completion> ToCompletion(cudaError_t err, const char* what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (err == cudaSuccess) return Completion::kDone;
+    if (err == cudaErrorNotReady) return Completion::kPending;
+    return Check(err, what);
+  }
+
   absl::StatusOr<Completion> QueryEvent(Event* event) override {
     RtEvent* e = Unwrap(event);
     if (e == nullptr) return absl::InvalidArgumentError("QueryEvent: null event");
@@ -334,10 +342,7 @@ class CudaDaemonDevice final : public DaemonDevice {
     if (!poisoned_.ok()) return poisoned_;
     DeviceScope scope(e->ordinal);
     if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
-    cudaError_t err = cudaEventQuery(e->event);
-    if (err == cudaSuccess) return Completion::kDone;
-    if (err == cudaErrorNotReady) return Completion::kPending;
-    return Check(err, "cudaEventQuery on a trainer's event");
+    return ToCompletion(cudaEventQuery(e->event), "cudaEventQuery on a trainer's event");
   }
 
   void CloseEvent(Event* event) override {
@@ -387,10 +392,7 @@ class CudaDaemonDevice final : public DaemonDevice {
     if (!poisoned_.ok()) return poisoned_;
     DeviceScope scope(s->ordinal);
     if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
-    cudaError_t err = cudaStreamQuery(s->stream);
-    if (err == cudaSuccess) return Completion::kDone;
-    if (err == cudaErrorNotReady) return Completion::kPending;
-    return Check(err, "cudaStreamQuery");
+    return ToCompletion(cudaStreamQuery(s->stream), "cudaStreamQuery");
   }
 
   absl::Status CopyAsync(void* dst, const void* src, size_t bytes, Stream* stream) override {
