@@ -8,6 +8,7 @@
 
 #include <csignal>
 #include <map>
+#include <memory>
 #include <ostream>
 #include <string>
 #include <thread>
@@ -97,6 +98,22 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"unused_four_gpus_flat", 4, 4, {"--mode=flat", "--unused-every=2"}}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
+// Two simulated nodes of 2 trainers each on 2 GPUs: node 0 the leader,
+// node 1 joining it. Fatal failures end the calling test.
+void StartTwoSimNodes(const std::vector<std::string>& common, std::unique_ptr<Daemon>* leader,
+                      std::unique_ptr<Daemon>* follower) {
+  std::vector<std::string> lead = common;
+  lead.push_back("--node-rank=0");
+  *leader = std::make_unique<Daemon>(2, lead, SimEnv(2), "tests/gpu/gradsyncd_sim");
+  ASSERT_TRUE((*leader)->WaitReady(seconds(10))) << (*leader)->process().Log();
+  const int port = (*leader)->ListenPort(seconds(10));
+  ASSERT_GT(port, 0) << (*leader)->process().Log();
+  std::vector<std::string> follow = common;
+  follow.insert(follow.end(), {"--node-rank=1", absl::StrCat("--leader=127.0.0.1:", port)});
+  *follower = std::make_unique<Daemon>(2, follow, SimEnv(2), "tests/gpu/gradsyncd_sim");
+  ASSERT_TRUE((*follower)->WaitReady(seconds(10))) << (*follower)->process().Log();
+}
+
 // Two nodes (two daemons), two trainers each on two GPUs: one NCCL rank per
 // GPU of the job (4), the GPU counts and the unique id exchanged through the
 // leader's rendezvous store; every step is the average over all 4 trainers.
@@ -104,16 +121,10 @@ TEST(GpuPath, TwoNodesAverageOverEveryTrainer) {
   for (const std::string mode : {"flat", "user"}) {
     std::vector<std::string> common = kDaemonArgs;
     common.insert(common.end(), {"--num-nodes=2", "--job-id=gpujob-" + mode});
-    std::vector<std::string> lead = common;
-    lead.push_back("--node-rank=0");
-    Daemon leader(2, lead, SimEnv(2), "tests/gpu/gradsyncd_sim");
-    ASSERT_TRUE(leader.WaitReady(seconds(10))) << leader.process().Log();
-    const int port = leader.ListenPort(seconds(10));
-    ASSERT_GT(port, 0) << leader.process().Log();
-    std::vector<std::string> follow = common;
-    follow.insert(follow.end(), {"--node-rank=1", absl::StrCat("--leader=127.0.0.1:", port)});
-    Daemon follower(2, follow, SimEnv(2), "tests/gpu/gradsyncd_sim");
-    ASSERT_TRUE(follower.WaitReady(seconds(10))) << follower.process().Log();
+    std::unique_ptr<Daemon> leader_node, follower_node;
+    ASSERT_NO_FATAL_FAILURE(StartTwoSimNodes(common, &leader_node, &follower_node));
+    Daemon& leader = *leader_node;
+    Daemon& follower = *follower_node;
 
     std::vector<Process> trainers;
     for (Daemon* d : {&leader, &follower}) {
@@ -138,16 +149,10 @@ TEST(GpuPath, TwoNodesAverageOverEveryTrainer) {
 // PEER_FAILED (or TIMEOUT) within the timeout — no hang.
 TEST(GpuPath, NodeKilledMidJobFailsTheOtherNodesTrainers) {
   std::vector<std::string> common = {"--timeout-s=10", "--num-nodes=2", "--job-id=gpukill"};
-  std::vector<std::string> lead = common;
-  lead.push_back("--node-rank=0");
-  Daemon leader(2, lead, SimEnv(2), "tests/gpu/gradsyncd_sim");
-  ASSERT_TRUE(leader.WaitReady(seconds(10))) << leader.process().Log();
-  const int port = leader.ListenPort(seconds(10));
-  ASSERT_GT(port, 0) << leader.process().Log();
-  std::vector<std::string> follow = common;
-  follow.insert(follow.end(), {"--node-rank=1", absl::StrCat("--leader=127.0.0.1:", port)});
-  Daemon follower(2, follow, SimEnv(2), "tests/gpu/gradsyncd_sim");
-  ASSERT_TRUE(follower.WaitReady(seconds(10))) << follower.process().Log();
+  std::unique_ptr<Daemon> leader_node, follower_node;
+  ASSERT_NO_FATAL_FAILURE(StartTwoSimNodes(common, &leader_node, &follower_node));
+  Daemon& leader = *leader_node;
+  Daemon& follower = *follower_node;
   std::vector<Process> survivors, doomed;
   for (int r = 0; r < 2; ++r) {
     survivors.push_back(StartSimTrainer(leader, r, 2, {"--mode=flat", "--steps=100000"}));
