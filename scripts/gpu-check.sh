@@ -14,6 +14,8 @@
 # ran and passed, 1 when something failed, 2 when this node cannot run it.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
+# This is a GPU node: a GPU test that skips for want of a GPU fails here.
+export GRADSYNC_REQUIRE_GPU=1
 
 BUNDLE=${1:-$(dirname "$0")}
 if [ ! -f "$BUNDLE/MANIFEST" ] || [ ! -d "$BUNDLE/bin" ]; then

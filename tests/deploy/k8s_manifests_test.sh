@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # deploy/k8s/*.yaml parse and hang together (check_k8s.py). Needs Debian's
-# /usr/bin/python3 with python3-yaml; skipped (exit 0, says so) without it.
+# /usr/bin/python3 with python3-yaml (scripts/setup installs it); fails,
+# naming what is missing, without it.
 set -euo pipefail
 here="${TEST_SRCDIR}/${TEST_WORKSPACE}"
 if [ ! -x /usr/bin/python3 ] || ! /usr/bin/python3 -c 'import yaml' 2>/dev/null; then
-  echo "SKIPPED: /usr/bin/python3 with the yaml module (python3-yaml) not available"
-  exit 0
+  echo "FAIL: /usr/bin/python3 with the yaml module (python3-yaml) not available: run scripts/setup"
+  exit 1
 fi
 exec /usr/bin/python3 "$here/tests/deploy/check_k8s.py" "$here"/deploy/k8s/*.yaml

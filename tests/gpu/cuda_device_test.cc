@@ -35,6 +35,7 @@
 #include "common/half.h"
 #include "gpu/cuda_daemon_device.h"
 #include "gpu/cuda_trainer_device.h"
+#include "tests/gpu/gpu_presence.h"
 #include "tests/testing/process.h"
 #include "gpu/cuda_uuid.h"
 #include "gpu/device.h"
@@ -167,11 +168,13 @@ constexpr auto kHelperBound = std::chrono::seconds(60);
 class CudaGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    GS_SKIP_UNLESS_GPU();
+    // A GPU is present from here on: a device that fails to open is a bug.
     auto dev = NewCudaDaemonDevice(nullptr);
-    if (!dev.ok()) GTEST_SKIP() << "no usable CUDA device: " << dev.status();
+    ASSERT_TRUE(dev.ok()) << "no usable CUDA device: " << dev.status();
     daemon_ = *std::move(dev);
     auto trainer = NewCudaTrainerDevice();
-    if (!trainer.ok()) GTEST_SKIP() << "no usable CUDA driver: " << trainer.status();
+    ASSERT_TRUE(trainer.ok()) << "no usable CUDA driver: " << trainer.status();
     trainer_ = *std::move(trainer);
     int count = 0;
     ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);

@@ -14,22 +14,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "tests/gpu/gpu_presence.h"
 #include "tests/integration/harness.h"
 
 namespace gradsync::testing {
 namespace {
 
 using std::chrono::seconds;
-
-bool HaveGpu(std::string* why) {
-  int gpus = 0;
-  const cudaError_t e = cudaGetDeviceCount(&gpus);
-  if (e != cudaSuccess || gpus == 0) {
-    *why = absl::StrCat("no visible GPU (cudaGetDeviceCount: ", cudaGetErrorName(e), ")");
-    return false;
-  }
-  return true;
-}
 
 std::vector<Process> StartTrainers(const Daemon& daemon, int trainers,
                                    const std::vector<std::string>& flags) {
@@ -54,8 +45,7 @@ Daemon GpuDaemon(int trainers) {
 class CudaPathTest : public ::testing::TestWithParam<std::tuple<int, std::string, std::string>> {};
 
 TEST_P(CudaPathTest, EveryTrainerHoldsTheAverageAfterEveryStep) {
-  std::string why;
-  if (!HaveGpu(&why)) GTEST_SKIP() << why;
+  GS_SKIP_UNLESS_GPU();
   const auto& [trainers, mode, dtype] = GetParam();
   Daemon daemon = GpuDaemon(trainers);
   ASSERT_TRUE(daemon.WaitReady(seconds(30))) << daemon.process().Log();
@@ -81,8 +71,7 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(CudaPathFaultTest, TrainerKilledMidIterationIsReportedToItsPeerByName) {
-  std::string why;
-  if (!HaveGpu(&why)) GTEST_SKIP() << why;
+  GS_SKIP_UNLESS_GPU();
   Daemon daemon = GpuDaemon(2);
   ASSERT_TRUE(daemon.WaitReady(seconds(30))) << daemon.process().Log();
   std::vector<Process> ps;

@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/monotonic.h"
+#include "tests/gpu/gpu_presence.h"
 #include "gtest/gtest.h"
 
 namespace gradsync::gpu {
@@ -159,13 +160,9 @@ std::string Uuid(int ordinal) {
 class NcclCollectivesTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    GS_SKIP_UNLESS_GPU();
     int count = 0;
-    cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-      GTEST_SKIP() << "needs a CUDA device; this machine has none ("
-                   << (err == cudaSuccess ? "0 devices" : cudaGetErrorString(err))
-                   << "): only the option and loader tests ran";
-    }
+    ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
     for (int i = 0; i < std::min(count, 2); ++i) uuids_.push_back(Uuid(i));
   }
 
@@ -212,7 +209,7 @@ TEST_F(NcclCollectivesTest, OneRankSumIsTheInput) {
 }
 
 TEST_F(NcclCollectivesTest, TwoLocalRanksSum) {
-  if (uuids_.size() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  GS_SKIP_UNLESS_GPUS(uuids_.size(), 2u);
   auto group = CreateNcclCollectives(Options(&store_, uuids_, 2, 0, 1, absl::Seconds(60)));
   ASSERT_TRUE(group.ok()) << group.status();
   const size_t count = (1 << 20) + 3;
@@ -355,7 +352,7 @@ TEST_F(NcclCollectivesTest, RejectsBadBuffersWithoutFailingTheGroup) {
 // would be): rank 1 skips a collective, so rank 0's kernel spins on it
 // until Abort; the abort must stop it promptly.
 TEST_F(NcclCollectivesTest, AbortStopsACollectiveThatAPeerSkipped) {
-  if (uuids_.size() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  GS_SKIP_UNLESS_GPUS(uuids_.size(), 2u);
   std::unique_ptr<CollectiveGroup> groups[2];
   absl::Status created[2];
   {

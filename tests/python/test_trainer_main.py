@@ -82,6 +82,10 @@ def test_refuses_to_run_nothing(tmp_path: Path) -> None:
 def test_sets_the_cuda_device_from_the_local_rank(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
+        # A GPU node (scripts/gpu-check.sh) sets GRADSYNC_REQUIRE_GPU=1: there a
+        # missing device is a failure, not a skip.
+        if os.environ.get("GRADSYNC_REQUIRE_GPU", "0") not in ("", "0"):
+            pytest.fail("GRADSYNC_REQUIRE_GPU=1 but torch sees no CUDA device")
         pytest.skip("no CUDA device on this machine")
     (tmp_path / "probe.py").write_text(PROBE)
     out = tmp_path / "out.json"
