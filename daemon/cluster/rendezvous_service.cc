@@ -1,9 +1,15 @@
 #include "daemon/cluster/rendezvous_service.h"
 
+#include <sys/random.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "spdlog/spdlog.h"
@@ -43,6 +49,21 @@ void LogRefusal(const char* rpc, const grpc::ServerContext* context, int node_ra
 
 grpc::Status Cancelled() { return grpc::Status(grpc::StatusCode::CANCELLED, "call cancelled"); }
 
+// A fresh incarnation id: random so that two runs of a leader (even on the
+// same host and port) never share one; never 0, which means "not joined".
+uint64_t NewIncarnation() {
+  uint64_t id = 0;
+  while (id == 0) {
+    const ssize_t n = getrandom(&id, sizeof(id), 0);
+    if (n != static_cast<ssize_t>(sizeof(id)) && errno != EINTR) {
+      // Only before the kernel's pool is initialised (early boot): say so.
+      spdlog::error("event=getrandom_failed error=\"{}\"", std::strerror(errno));
+      id = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) ^ static_cast<uint64_t>(getpid());
+    }
+  }
+  return id;
+}
+
 }  // namespace
 
 RendezvousService::RendezvousService(std::string job_id, std::string job_token, int num_nodes,
@@ -53,12 +74,13 @@ RendezvousService::RendezvousService(std::string job_id, std::string job_token, 
       num_nodes_(std::max(num_nodes, 1)),
       default_timeout_(default_timeout),
       heartbeat_timeout_(heartbeat_timeout),
-      clock_(clock ? std::move(clock) : MonotonicClock(MonotonicNow)) {
+      clock_(clock ? std::move(clock) : MonotonicClock(MonotonicNow)),
+      incarnation_(NewIncarnation()) {
   if (num_nodes < 1) spdlog::error("event=rendezvous_bad_config num_nodes={} using=1", num_nodes);
   spdlog::info(
-      "event=rendezvous_started job_id={} num_nodes={} default_timeout={} "
+      "event=rendezvous_started job_id={} incarnation={:016x} num_nodes={} default_timeout={} "
       "heartbeat_timeout={}",
-      job_id_, num_nodes_, absl::FormatDuration(default_timeout_),
+      job_id_, incarnation_, num_nodes_, absl::FormatDuration(default_timeout_),
       absl::FormatDuration(heartbeat_timeout_));
 }
 
@@ -72,6 +94,14 @@ std::string RendezvousService::CheckCredentials(const v1::JobCredentials& job) c
     return absl::StrCat("job_token does not match the token of job '", job_id_, "'");
   }
   return "";
+}
+
+std::string RendezvousService::CheckIncarnation(uint64_t incarnation) const {
+  if (incarnation == 0 || incarnation == incarnation_) return "";
+  return absl::StrFormat(
+      "the request names leader incarnation %016x, but this leader is incarnation %016x (the "
+      "leader restarted): its generations are over",
+      incarnation, incarnation_);
 }
 
 absl::Duration RendezvousService::RequestTimeout(int64_t timeout_ms) const {
@@ -136,6 +166,7 @@ void RendezvousService::FormGenerationLocked(absl::Time now) {
 
 void RendezvousService::FillJoinResponseLocked(v1::JoinResponse* response) const {
   response->set_generation(generation_);
+  response->set_incarnation(incarnation_);
   int world_size = 0;
   for (int r = 0; r < num_nodes_; ++r) {
     v1::Peer* peer = response->add_peers();
@@ -285,6 +316,11 @@ grpc::Status RendezvousService::Set(grpc::ServerContext* context, const v1::SetR
     SetError(response->mutable_error(), v1::INVALID_ARGUMENT, "Set: empty key");
     return grpc::Status::OK;
   }
+  if (std::string refusal = CheckIncarnation(request->incarnation()); !refusal.empty()) {
+    LogRefusal("Set", context, -1, refusal);
+    SetError(response->mutable_error(), v1::STATE, std::move(refusal));
+    return grpc::Status::OK;
+  }
   absl::MutexLock lock(&mu_);
   CheckHeartbeatsLocked(clock_());
   if (std::string refusal = CheckKeyGenerationLocked(request->key()); !refusal.empty()) {
@@ -302,6 +338,11 @@ grpc::Status RendezvousService::Get(grpc::ServerContext* context, const v1::GetR
   if (std::string refusal = CheckCredentials(request->job()); !refusal.empty()) {
     LogRefusal("Get", context, -1, refusal);
     SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(refusal));
+    return grpc::Status::OK;
+  }
+  if (std::string refusal = CheckIncarnation(request->incarnation()); !refusal.empty()) {
+    LogRefusal("Get", context, -1, refusal);
+    SetError(response->mutable_error(), v1::STATE, std::move(refusal));
     return grpc::Status::OK;
   }
   absl::MutexLock lock(&mu_);
@@ -322,6 +363,11 @@ grpc::Status RendezvousService::Wait(grpc::ServerContext* context, const v1::Wai
   if (std::string refusal = CheckCredentials(request->job()); !refusal.empty()) {
     LogRefusal("Wait", context, -1, refusal);
     SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(refusal));
+    return grpc::Status::OK;
+  }
+  if (std::string refusal = CheckIncarnation(request->incarnation()); !refusal.empty()) {
+    LogRefusal("Wait", context, -1, refusal);
+    SetError(response->mutable_error(), v1::STATE, std::move(refusal));
     return grpc::Status::OK;
   }
   const absl::Duration timeout = RequestTimeout(request->timeout_ms());
@@ -374,6 +420,12 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
         absl::StrCat("node_rank=", rank, " is out of range [0, ", num_nodes_, ")");
     LogRefusal("Heartbeat", context, rank, message);
     SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(message));
+    return grpc::Status::OK;
+  }
+  if (std::string refusal = CheckIncarnation(request->incarnation()); !refusal.empty()) {
+    LogRefusal("Heartbeat", context, rank, refusal);
+    SetError(response->mutable_error(), v1::STATE,
+             absl::StrCat("node_rank=", rank, ": ", refusal));
     return grpc::Status::OK;
   }
   absl::MutexLock lock(&mu_);
@@ -435,6 +487,12 @@ grpc::Status RendezvousService::Leave(grpc::ServerContext* context, const v1::Le
     SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(message));
     return grpc::Status::OK;
   }
+  if (std::string refusal = CheckIncarnation(request->incarnation()); !refusal.empty()) {
+    LogRefusal("Leave", context, rank, refusal);
+    SetError(response->mutable_error(), v1::STATE,
+             absl::StrCat("node_rank=", rank, ": ", refusal));
+    return grpc::Status::OK;
+  }
   absl::MutexLock lock(&mu_);
   CheckHeartbeatsLocked(clock_());
   if (pending_.erase(rank) != 0) {
@@ -480,6 +538,7 @@ RendezvousStatus RendezvousService::GetStatus() {
   status.abort_reason = abort_reason_;
   status.num_nodes = num_nodes_;
   status.config_version = config_version_;
+  status.incarnation = incarnation_;
   for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
     const Member& m = members_[r];
     status.nodes.push_back(RendezvousStatus::Node{

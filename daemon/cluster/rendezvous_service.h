@@ -11,6 +11,11 @@
 //   heart-beating for longer than the heartbeat timeout aborts the current
 //   generation; every Heartbeat then answers abort=true with the reason, and
 //   the nodes Join again to form generation+1 (warm restart).
+// - Incarnation: a random id drawn (getrandom) when the service starts and
+//   returned by Join. Generations restart at 1 with a new leader, so every
+//   later request names (incarnation, generation); one naming another
+//   incarnation is refused with STATE and touches nothing (a stale Leave of
+//   the previous leader's generation 1 cannot abort this leader's).
 // - A key-value store (Set/Get/Wait) backing Gloo's rendezvous. Keys under
 //   GenerationKeyPrefix(g) (rendezvous_keys.h) are scoped to generation g:
 //   refused once g is over, discarded when a newer generation forms, and a
@@ -63,6 +68,7 @@ struct RendezvousStatus {
   std::vector<Node> nodes;              // members of the current generation
   std::vector<int> pending_node_ranks;  // nodes waiting in Join for the next one
   uint64_t config_version = 0;
+  uint64_t incarnation = 0;
 };
 
 // The most trainers one node may announce in Join; a larger local_size is
@@ -114,6 +120,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
 
   RendezvousStatus GetStatus() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // This run's id (never 0), as Join returns it.
+  uint64_t incarnation() const { return incarnation_; }
+
  private:
   struct Member {
     std::string host;
@@ -132,6 +141,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
   bool active() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return generation_ > 0 && !aborted_; }
   // Empty when the credentials match, else the refusal message.
   std::string CheckCredentials(const v1::JobCredentials& job) const;
+  // Empty when `incarnation` is this run's or 0 (the sender has not joined
+  // yet), else the refusal message naming both.
+  std::string CheckIncarnation(uint64_t incarnation) const;
   void AbortLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckHeartbeatsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FormGenerationLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -147,6 +159,7 @@ class RendezvousService final : public v1::Rendezvous::Service {
   const absl::Duration default_timeout_;
   const absl::Duration heartbeat_timeout_;
   const MonotonicClock clock_;
+  const uint64_t incarnation_;
 
   absl::Mutex mu_;
   // Signalled on every change a blocked Join or Wait may be waiting for.

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "common/monotonic.h"
 #include "daemon/cluster/rendezvous_client.h"
@@ -330,6 +331,52 @@ TEST_F(RendezvousServiceTest, LeaveAbortsTheGeneration) {
   EXPECT_TRUE(beat->abort);
   EXPECT_THAT(beat->abort_reason, HasSubstr("node_rank=1"));
   EXPECT_THAT(beat->abort_reason, HasSubstr("left: operator drained the node"));
+}
+
+// Issue 16 item 7: generations restart at 1 on a restarted leader; the old
+// leader's node 1 link, still around, sends its Leave(generation=1) late.
+// It names the old incarnation, so the fresh generation 1 is untouched.
+TEST_F(RendezvousServiceTest, StaleLeaveFromBeforeALeaderRestartLeavesTheNewGenerationAlone) {
+  StartLeader(2);
+  auto old_link = Client();  // node 1's link of the first leader's generation 1
+  std::thread node0([&] { EXPECT_TRUE(Client()->Join(Params(0)).ok()); });
+  const auto joined = old_link->Join(Params(1));
+  node0.join();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  ASSERT_EQ(joined->generation, 1u);
+  const uint64_t old_incarnation = joined->incarnation;
+  EXPECT_EQ(old_incarnation, leader_->service().incarnation());
+
+  // The leader restarts on the same address; the job forms generation 1 again.
+  const int port = leader_->port();
+  leader_.reset();
+  leader_ = std::make_unique<TestLeader>(kJob, kToken, 2, absl::Seconds(20), absl::Minutes(10),
+                                         MonotonicNow, port);
+  ASSERT_EQ(leader_->port(), port);
+  ASSERT_EQ(FormGeneration(), 1u);
+  const uint64_t new_incarnation = leader_->service().incarnation();
+  ASSERT_NE(new_incarnation, old_incarnation);
+
+  const absl::Status stale = old_link->Leave(1, 1, "the job's trainers closed");
+  EXPECT_EQ(CodeOf(stale), v1::STATE) << stale;
+  EXPECT_THAT(Msg(stale), HasSubstr("node_rank=1"));
+  EXPECT_THAT(Msg(stale), HasSubstr(absl::StrFormat("incarnation %016x", old_incarnation)));
+  EXPECT_THAT(Msg(stale), HasSubstr(absl::StrFormat("incarnation %016x", new_incarnation)));
+  // Its heartbeat and its store calls are refused the same way.
+  HeartbeatParams beat;
+  beat.node_rank = 1;
+  beat.generation = 1;
+  beat.node_error = MakeError(v1::PEER_FAILED, "the old leader is gone");
+  EXPECT_EQ(CodeOf(old_link->Heartbeat(beat).status()), v1::STATE);
+  EXPECT_EQ(CodeOf(old_link->Set("g1/gloo/stale", "x")), v1::STATE);
+
+  const RendezvousStatus status = leader_->service().GetStatus();
+  EXPECT_EQ(status.generation, 1u);
+  EXPECT_FALSE(status.aborted) << status.abort_reason;
+  auto fresh = Beat(0, 1);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_FALSE(fresh->abort) << fresh->abort_reason;
+  EXPECT_FALSE(Client()->Get("g1/gloo/stale")->has_value());
 }
 
 TEST_F(RendezvousServiceTest, MissedHeartbeatsAbortNamingTheSilentNode) {
