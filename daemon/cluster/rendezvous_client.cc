@@ -156,6 +156,10 @@ absl::StatusOr<HeartbeatResult> RendezvousClient::Heartbeat(const HeartbeatParam
   result.abort = response.abort();
   result.abort_reason = response.abort_reason();
   result.config_version = response.config_version();
+  for (const v1::SilentMember& m : response.silent_members()) {
+    result.silent_members.push_back(
+        SilentMember{m.node_rank(), m.host(), absl::Milliseconds(m.silent_ms())});
+  }
   return result;
 }
 

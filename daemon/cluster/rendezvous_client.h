@@ -67,11 +67,19 @@ struct HeartbeatParams {
   std::string stall_report;  // non-empty: a local stall, for the leader's log
 };
 
+struct SilentMember {
+  int node_rank = 0;
+  std::string host;
+  absl::Duration silent;  // since its last heartbeat
+};
+
 struct HeartbeatResult {
   uint64_t generation = 0;
   bool abort = false;
   std::string abort_reason;
   uint64_t config_version = 0;
+  // With abort: members not heard from since (see rendezvous.proto).
+  std::vector<SilentMember> silent_members;
 };
 
 class RendezvousClient {

@@ -112,6 +112,7 @@ void RendezvousService::AbortLocked(const std::string& reason) {
   if (!active()) return;
   aborted_ = true;
   abort_reason_ = reason;
+  for (Member& m : members_) m.heard_since_abort = false;
   spdlog::warn("event=generation_aborted generation={} reason=\"{}\"", generation_, reason);
   changed_.SignalAll();
 }
@@ -148,6 +149,9 @@ void RendezvousService::FormGenerationLocked(absl::Time now) {
     world_size += join.local_size;
   }
   pending_.clear();
+  config_version_ = 0;  // each generation has its own config log
+  config_last_at_ = 0;
+  config_keys_.clear();
   // Keys of older generations can never be used again.
   size_t discarded = 0;
   for (auto it = kv_.begin(); it != kv_.end();) {
@@ -190,7 +194,8 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
     return refuse(v1::INVALID_ARGUMENT, std::move(refusal));
   }
   if (request->num_nodes() != num_nodes_) {
-    return refuse(v1::MISMATCH, absl::StrCat("node_rank=", rank, " was started with num_nodes=",
+    // A misconfigured node (a bad flag), not a layout disagreement.
+    return refuse(v1::INVALID_ARGUMENT, absl::StrCat("node_rank=", rank, " was started with num_nodes=",
                                              request->num_nodes(), " but the leader runs job '",
                                              job_id_, "' with num_nodes=", num_nodes_));
   }
@@ -467,8 +472,18 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
                              v1::Code_Name(request->node_error().code()), ": ",
                              request->node_error().message()));
   }
+  member.heard_since_abort = true;
   response->set_abort(aborted_);
   response->set_abort_reason(abort_reason_);
+  if (aborted_) {
+    for (int r = 0; r < num_nodes_; ++r) {
+      if (members_[r].heard_since_abort) continue;
+      v1::SilentMember* silent = response->add_silent_members();
+      silent->set_node_rank(r);
+      silent->set_host(members_[r].host);
+      silent->set_silent_ms(Millis(now - members_[r].last_seen));
+    }
+  }
   return grpc::Status::OK;
 }
 
@@ -514,6 +529,8 @@ grpc::Status RendezvousService::Leave(grpc::ServerContext* context, const v1::Le
     spdlog::info("event=leave node_rank={} generation={} current_generation={} reason=\"{}\"", rank,
                  generation, generation_, request->reason());
   }
+  // It answered: it is not among the silent (possibly dead) members.
+  if (generation == generation_ && !members_.empty()) members_[rank].heard_since_abort = true;
   return grpc::Status::OK;
 }
 
@@ -524,9 +541,30 @@ bool RendezvousService::AbortGeneration(uint64_t generation, const std::string& 
   return true;
 }
 
-void RendezvousService::SetConfigVersion(uint64_t version) {
+absl::StatusOr<RendezvousService::ConfigEntry> RendezvousService::AppendConfig(
+    uint64_t min_at_iteration, const ConfigWriter& write) {
   absl::MutexLock lock(&mu_);
-  config_version_ = version;
+  CheckHeartbeatsLocked(clock_());
+  if (!active()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no active generation to change (generation ", generation_,
+                     aborted_ ? " aborted" : " has not formed", ")"));
+  }
+  // Strictly increasing: two versions never switch at the same boundary,
+  // and a later one never switches before an earlier one.
+  ConfigEntry entry{generation_, config_version_ + 1,
+                    std::max(min_at_iteration, config_last_at_ + 1)};
+  std::pair<std::string, std::string> record = write(entry);
+  kv_[record.first] = std::move(record.second);
+  config_keys_.push_back(std::move(record.first));
+  if (config_keys_.size() > kConfigLogKeep) {
+    kv_.erase(config_keys_.front());
+    config_keys_.pop_front();
+  }
+  config_version_ = entry.version;
+  config_last_at_ = entry.at_iteration;
+  changed_.SignalAll();
+  return entry;
 }
 
 RendezvousStatus RendezvousService::GetStatus() {

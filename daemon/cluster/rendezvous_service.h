@@ -9,7 +9,8 @@
 //   cannot join again: a restarted node re-joins once the generation aborts.
 // - Abort: a node that reports an error in Heartbeat, calls Leave, or stops
 //   heart-beating for longer than the heartbeat timeout aborts the current
-//   generation; every Heartbeat then answers abort=true with the reason, and
+//   generation; every Heartbeat then answers abort=true with the reason and
+//   the members not heard from since (a dead node stays among them), and
 //   the nodes Join again to form generation+1 (warm restart).
 // - Incarnation: a random id drawn (getrandom) when the service starts and
 //   returned by Join. Generations restart at 1 with a new leader, so every
@@ -38,10 +39,13 @@
 #include <cstdint>
 #include <map>
 #include <deque>
+#include <functional>
+#include <utility>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/monotonic.h"
@@ -108,8 +112,22 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // saw a failure itself). Returns whether it did.
   bool AbortGeneration(uint64_t generation, const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Heartbeat answers carry it; a newer version tells nodes to fetch config.
-  void SetConfigVersion(uint64_t version) ABSL_LOCKS_EXCLUDED(mu_);
+  // The active generation's job-wide config log. Appends the next version
+  // (1, 2, ...; heartbeat answers carry the newest, and nodes fetch every
+  // version they have not applied, in order), switching at iteration
+  // max(min_at_iteration, the previous version's + 1). `write` makes the
+  // entry's key and value from the three numbers; only the last
+  // kConfigLogKeep (rendezvous_keys.h) entries are kept (a node further behind fails on the
+  // gap). STATE when no generation is active.
+  struct ConfigEntry {
+    uint64_t generation = 0;
+    uint64_t version = 0;
+    uint64_t at_iteration = 0;
+  };
+  using ConfigWriter =
+      std::function<std::pair<std::string, std::string>(const ConfigEntry& entry)>;
+  absl::StatusOr<ConfigEntry> AppendConfig(uint64_t min_at_iteration, const ConfigWriter& write)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Stall reports nodes sent with their heartbeats, newest last:
   // "node_rank=N (host=H) iteration=I: <report>".
@@ -131,6 +149,7 @@ class RendezvousService final : public v1::Rendezvous::Service {
     int64_t last_launched_bucket = -1;
     uint64_t heartbeats = 0;
     absl::Time last_seen;
+    bool heard_since_abort = false;  // a Heartbeat or Leave after the abort
   };
   struct PendingJoin {
     uint64_t join_id = 0;  // tells a waiter whether its entry is still its own
@@ -171,7 +190,10 @@ class RendezvousService final : public v1::Rendezvous::Service {
   std::map<int, PendingJoin> pending_ ABSL_GUARDED_BY(mu_);
   uint64_t next_join_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
+  // The current generation's config log (reset when one forms).
   uint64_t config_version_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t config_last_at_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::string> config_keys_ ABSL_GUARDED_BY(mu_);  // oldest first
   std::deque<std::string> stall_reports_ ABSL_GUARDED_BY(mu_);  // bounded
 };
 

@@ -58,9 +58,11 @@ class WorldLink {
   // Adds what the leader knows to a collective's failure (which node
   // failed, or that the leader itself is dead). May block briefly.
   virtual absl::Status Explain(const absl::Status& error) = 0;
-  // Called with job-wide bucket caps and the iteration they start at.
+  // Called with each job-wide config version in order: its bucket caps and
+  // the iteration they start at.
   virtual void SetConfigListener(
-      std::function<void(const BucketCaps& caps, uint64_t at_iteration)> listener) = 0;
+      std::function<void(const BucketCaps& caps, uint64_t at_iteration, uint64_t version)>
+          listener) = 0;
 };
 
 // What forming the job across nodes yields (one node: trivial).
@@ -71,6 +73,8 @@ struct JobWorld {
   std::unique_ptr<Backend> backend;
   // How the nodes agree on the rebuilt plan's order (empty on one node).
   Scheduler::OrderAgreement agree_order;
+  // Every node's plan decision compared (empty on one node).
+  std::function<absl::Status(const PlanStamp&)> check_plan;
   // The GPU path's key/value exchange through the rendezvous store, scoped
   // to this generation (empty on one node: then nothing leaves the node).
   // fetch's deadline is a MonotonicNow() time.

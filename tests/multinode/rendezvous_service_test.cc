@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/monotonic.h"
 #include "daemon/cluster/rendezvous_client.h"
+#include "daemon/cluster/rendezvous_keys.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "common/status_code.h"
@@ -196,7 +197,7 @@ TEST_F(RendezvousServiceTest, NumNodesDisagreementIsAMismatch) {
   p.num_nodes = 4;
   const auto result = Client()->Join(p);
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(CodeOf(result.status()), v1::MISMATCH);
+  EXPECT_EQ(CodeOf(result.status()), v1::INVALID_ARGUMENT);
   EXPECT_THAT(Msg(result.status()), HasSubstr("node_rank=1 was started with num_nodes=4"));
   EXPECT_THAT(Msg(result.status()), HasSubstr("num_nodes=2"));
 }
@@ -452,17 +453,60 @@ TEST(MonotonicNowTest, ReadsTheSteadyClockNotTheWallClock) {
   }
 }
 
-TEST_F(RendezvousServiceTest, HostingDaemonCanAbortAndSetTheConfigVersion) {
+TEST_F(RendezvousServiceTest, HostingDaemonCanAbortTheGeneration) {
   StartLeader(2);
   ASSERT_EQ(FormGeneration(), 1u);
-  leader_->service().SetConfigVersion(5);
   EXPECT_FALSE(leader_->service().AbortGeneration(2, "wrong generation"));
   EXPECT_TRUE(leader_->service().AbortGeneration(1, "leader saw a failure"));
   auto beat = Beat(1, 1);
   ASSERT_TRUE(beat.ok());
   EXPECT_TRUE(beat->abort);
   EXPECT_EQ(beat->abort_reason, "leader saw a failure");
-  EXPECT_EQ(beat->config_version, 5u);
+}
+
+// Issue 16 item 1: the config log of a generation. Versions count 1, 2, ...
+// and switch at strictly increasing iterations even when the leader asks
+// for an earlier one; heartbeats carry the newest; the log is bounded and
+// starts over with each generation.
+TEST_F(RendezvousServiceTest, ConfigLogVersionsSwitchAtStrictlyIncreasingIterations) {
+  StartLeader(2);
+  RendezvousService& service = leader_->service();
+  auto write = [](const RendezvousService::ConfigEntry& e) {
+    return std::make_pair(absl::StrCat("g", e.generation, "/config/", e.version),
+                          absl::StrCat(e.at_iteration));
+  };
+  EXPECT_EQ(service.AppendConfig(10, write).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // no generation yet
+  ASSERT_EQ(FormGeneration(), 1u);
+  const auto first = service.AppendConfig(10, write);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->version, 1u);
+  EXPECT_EQ(first->at_iteration, 10u);
+  // Asked for earlier (the leader's view of progress lags): still later.
+  const auto second = service.AppendConfig(4, write);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->version, 2u);
+  EXPECT_EQ(second->at_iteration, 11u);
+  auto beat = Beat(0, 1);
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_EQ(beat->config_version, 2u);
+  auto client = Client();
+  EXPECT_EQ(client->Get("g1/config/1")->value_or(""), "10");
+  EXPECT_EQ(client->Get("g1/config/2")->value_or(""), "11");
+
+  // Bounded: the oldest versions go, the newest kConfigLogKeep stay.
+  for (size_t i = 0; i < kConfigLogKeep; ++i) ASSERT_TRUE(service.AppendConfig(0, write).ok());
+  EXPECT_FALSE(client->Get("g1/config/2")->has_value());
+  EXPECT_TRUE(client->Get("g1/config/3")->has_value());
+
+  // A new generation has a log of its own.
+  ASSERT_TRUE(service.AbortGeneration(1, "re-form"));
+  ASSERT_EQ(FormGeneration(), 2u);
+  const auto fresh = service.AppendConfig(5, write);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ(fresh->version, 1u);
+  EXPECT_EQ(fresh->generation, 2u);
+  EXPECT_EQ(fresh->at_iteration, 5u);
 }
 
 TEST_F(RendezvousServiceTest, WaitTimeoutNamesTheMissingKeys) {
