@@ -257,6 +257,8 @@ absl::Status Daemon::PublishCaps(const DaemonConfig& next, uint64_t version) {
   uint64_t max_iteration = 0;
   for (const RendezvousStatus::Node& n : status.nodes) max_iteration = std::max(max_iteration, n.iteration);
   std::shared_ptr<Job> job = jobs_->Current();
+  // This node's own count is fresh; the others' come with heartbeats.
+  if (job) max_iteration = std::max(max_iteration, job->iteration());
   const double rate = job ? job->IterationRate() : 0;
   const uint64_t earliest = max_iteration + 2 + static_cast<uint64_t>(rate * 2.0 + 0.5);
   absl::StatusOr<RendezvousService::ConfigEntry> entry = rendezvous_service_->AppendConfig(

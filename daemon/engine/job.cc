@@ -708,7 +708,7 @@ double Job::IterationRate() const {
   if (!scheduler_ || state_ != JobState::kRunning) return 0;
   const double s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - running_since_).count();
-  return s > 0 ? scheduler_->iteration() / s : 0;
+  return (scheduler_->iteration() + 1) / std::max(s, 0.01);
 }
 
 bool Job::InIteration() const {

@@ -183,7 +183,9 @@ class Job {
   absl::StatusOr<std::string> TraceJson() const ABSL_LOCKS_EXCLUDED(mu_);
   // New caps take effect at the boundary entering `at_iteration` (0: next).
   void SetCaps(const BucketCaps& caps, uint64_t at_iteration = 0) ABSL_LOCKS_EXCLUDED(mu_);
-  // Synced iterations per second since the job started running (0 before).
+  // Synced iterations per second since the job started running (0 before),
+  // biased high: (iterations + 1) / max(elapsed, 10 ms), so a job that just
+  // started counts as fast (a job-wide change then lands later, not late).
   double IterationRate() const ABSL_LOCKS_EXCLUDED(mu_);
   // True while some trainer has marked gradients of an unfinished iteration.
   bool InIteration() const ABSL_LOCKS_EXCLUDED(mu_);
