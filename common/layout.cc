@@ -2,31 +2,9 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/fnv1a.h"
 
 namespace gradsync {
-namespace {
-
-// FNV-1a: stable across processes and builds (std::hash is not).
-class Fnv1a {
- public:
-  void Add(const void* data, size_t n) {
-    const auto* p = static_cast<const uint8_t*>(data);
-    for (size_t i = 0; i < n; ++i) {
-      hash_ ^= p[i];
-      hash_ *= 0x100000001b3ull;
-    }
-  }
-  template <typename T>
-  void AddValue(T v) {
-    Add(&v, sizeof(v));
-  }
-  uint64_t hash() const { return hash_; }
-
- private:
-  uint64_t hash_ = 0xcbf29ce484222325ull;
-};
-
-}  // namespace
 
 std::string Describe(const TensorInfo& t) {
   return absl::StrCat("'", t.name, "' ", DTypeName(t.dtype), "[", t.numel, "]",

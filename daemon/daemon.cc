@@ -250,20 +250,27 @@ absl::Status Daemon::PublishCaps(const DaemonConfig& next, uint64_t version) {
   if (status.generation == 0 || status.aborted) {
     return absl::OkStatus();  // no running job: the next generation plans with them
   }
-  // Every node switches at the same iteration T, chosen ahead of the
-  // fastest node by what it can run in ~1 s (heartbeats carry the change
-  // within 0.5 s); a node that still arrives late fails clearly.
+  // Every node switches at the same iteration, chosen ahead of the fastest
+  // node by what it can run in ~2 s (heartbeats carry the change within
+  // 0.5 s; a loaded node takes longer); the log keeps it after every earlier
+  // version's. A node that still arrives late fails clearly.
   uint64_t max_iteration = 0;
   for (const RendezvousStatus::Node& n : status.nodes) max_iteration = std::max(max_iteration, n.iteration);
   std::shared_ptr<Job> job = jobs_->Current();
+  // This node's own count is fresh; the others' come with heartbeats.
+  if (job) max_iteration = std::max(max_iteration, job->iteration());
   const double rate = job ? job->IterationRate() : 0;
-  const uint64_t at = max_iteration + 2 + static_cast<uint64_t>(rate * 1.0 + 0.5);
-  rendezvous_service_->SetKey(
-      ConfigKey(version),
-      EncodeConfig(status.generation, at, next.bucket_cap_mb, next.first_bucket_cap_mb));
-  rendezvous_service_->SetConfigVersion(version);
-  spdlog::info("event=job_config_published version={} generation={} at_iteration={}", version,
-               status.generation, at);
+  const uint64_t earliest = max_iteration + 2 + static_cast<uint64_t>(rate * 2.0 + 0.5);
+  absl::StatusOr<RendezvousService::ConfigEntry> entry = rendezvous_service_->AppendConfig(
+      earliest, [&next](const RendezvousService::ConfigEntry& e) {
+        return std::make_pair(ConfigKey(e.generation, e.version),
+                              EncodeConfig(e.generation, e.at_iteration, next.bucket_cap_mb,
+                                           next.first_bucket_cap_mb));
+      });
+  if (!entry.ok()) return absl::OkStatus();  // the generation ended meanwhile: as above
+  spdlog::info("event=job_config_published config_version={} generation={} at_iteration={} "
+               "control_version={}",
+               entry->version, entry->generation, entry->at_iteration, version);
   return absl::OkStatus();
 }
 

@@ -27,8 +27,8 @@ class Backend {
   virtual int num_nodes() const = 0;
 
   // Sums `count` elements of `dtype` at `data` across every node, in place.
-  // Errors: kUnavailable / kAborted when a peer failed, kDeadlineExceeded on
-  // timeout. After an error the backend is unusable until recreated.
+  // Errors (gradsync codes): PEER_FAILED when a peer failed or on Abort,
+  // TIMEOUT on timeout. After an error the backend is unusable until recreated.
   virtual absl::Status AllreduceSum(void* data, size_t count, DType dtype) = 0;
 
   // Makes an in-flight or future AllreduceSum fail promptly (another node

@@ -116,7 +116,8 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
   } catch (const GlooStoreError& e) {
     return Annotate(e.status(), where);
   } catch (const gloo::IoException& e) {
-    return MakeError(LooksLikeTimeout(e.what()) ? v1::TIMEOUT : v1::UNAVAILABLE,
+    // A peer's connection failed: that node, not a daemon of ours, is gone.
+    return MakeError(LooksLikeTimeout(e.what()) ? v1::TIMEOUT : v1::PEER_FAILED,
                      absl::StrCat(where, e.what()));
   } catch (const gloo::EnforceNotMet& e) {
     return absl::InternalError(absl::StrCat(where, e.what()));
@@ -197,7 +198,10 @@ absl::Status GlooBackend::AllreduceSum(void* data, size_t count, DType dtype) {
     }
     return absl::OkStatus();
   } catch (const gloo::IoException& e) {
-    const v1::Code code = LooksLikeTimeout(e.what()) ? v1::TIMEOUT : v1::UNAVAILABLE;
+    // "Connection closed by peer" and the like: another node failed (which
+    // one the leader tells, see ClusterLink::Explain: in a ring the closed
+    // connection is often a survivor's that gave up first).
+    const v1::Code code = LooksLikeTimeout(e.what()) ? v1::TIMEOUT : v1::PEER_FAILED;
     return Fail(MakeError(code, absl::StrCat(Describe(count, dtype), " failed: ", e.what())));
   } catch (const gloo::EnforceNotMet& e) {
     return Fail(absl::InternalError(absl::StrCat(Describe(count, dtype), " failed: ", e.what())));

@@ -11,8 +11,8 @@
 // float32 and rounded once (nearest even).
 //
 // Failures never escape as exceptions: a peer that died or closed its
-// connections gives kUnavailable, Abort gives kAborted, Gloo's timeout
-// kDeadlineExceeded. On any failure this node also closes its own
+// connections gives PEER_FAILED (gradsync code), Abort PEER_FAILED naming
+// the reason, Gloo's timeout TIMEOUT. On any failure this node also closes its own
 // connections, so neighbours blocked on it fail at once instead of waiting
 // for their timeout (a failure ripples around the ring).
 //

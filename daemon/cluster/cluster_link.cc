@@ -8,6 +8,7 @@
 #include "common/monotonic.h"
 #include "daemon/backends/gloo_backend.h"
 #include "daemon/backends/gloo_store.h"
+#include "daemon/cluster/rendezvous_keys.h"
 #include "daemon/cluster/rendezvous_records.h"
 #include "common/status_code.h"
 #include "spdlog/spdlog.h"
@@ -16,6 +17,12 @@ namespace gradsync {
 namespace {
 
 constexpr absl::Duration kHeartbeatEvery = absl::Milliseconds(500);
+// After an abort, a member that stays silent this long while the others
+// answer is presumed dead (four missed heartbeats: a loaded but live node
+// answers well within it).
+constexpr absl::Duration kPresumedDeadAfter = absl::Milliseconds(4 * 500);
+// How often the leader is asked meanwhile.
+constexpr absl::Duration kSilencePoll = absl::Milliseconds(100);
 
 }  // namespace
 
@@ -156,6 +163,7 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   world.backend = std::move(*backend);
   world.caps = *agreed;
   world.agree_order = [raw](const std::vector<uint32_t>& local) { return raw->AgreeOrder(local); };
+  world.check_plan = [raw](const PlanStamp& stamp) { return raw->CheckPlan(stamp); };
   world.publish = [raw](const std::string& name, const std::string& value) {
     return raw->Publish(name, value);
   };
@@ -177,6 +185,31 @@ absl::StatusOr<std::vector<uint32_t>> ClusterLink::AgreeOrder(const std::vector<
   absl::StatusOr<std::optional<std::string>> value = client_->Get(key);
   if (!value.ok()) return value.status();
   return DecodeOrder(key, *value, local.size());
+}
+
+absl::Status ClusterLink::CheckPlan(const PlanStamp& stamp) {
+  if (absl::Status st = client_->Set(PlanKey(generation_, stamp.plan_version, config_.node_rank),
+                                     EncodePlanStamp(stamp));
+      !st.ok()) {
+    return st;
+  }
+  std::vector<std::string> keys;
+  for (int n = 0; n < config_.num_nodes; ++n) {
+    keys.push_back(PlanKey(generation_, stamp.plan_version, n));
+  }
+  if (absl::Status st = client_->Wait(keys, absl::Milliseconds(config_.timeout_ms)); !st.ok()) {
+    return MakeError(CodeOf(st), absl::StrCat("comparing plan version ", stamp.plan_version,
+                                              " with the other nodes: ", st.message()));
+  }
+  std::vector<PlanStamp> stamps;
+  for (const std::string& key : keys) {
+    absl::StatusOr<std::optional<std::string>> value = client_->Get(key);
+    if (!value.ok()) return value.status();
+    absl::StatusOr<PlanStamp> s = DecodePlanStamp(key, *value);
+    if (!s.ok()) return s.status();
+    stamps.push_back(*s);
+  }
+  return ComparePlanStamps(stamps);
 }
 
 absl::Status ClusterLink::Publish(const std::string& name, const std::string& value) {
@@ -206,48 +239,112 @@ void ClusterLink::ReportError(const absl::Status& error) {
 }
 
 absl::Status ClusterLink::Explain(const absl::Status& error) {
+  // Reported at once: the leader aborts the generation and starts counting
+  // who answers after it.
+  return NameFailedNodes(error, error);
+}
+
+absl::Status ClusterLink::NameFailedNodes(const absl::Status& error, const absl::Status& report) {
   HeartbeatParams hb;
   hb.node_rank = config_.node_rank;
   hb.generation = generation_;
-  absl::StatusOr<HeartbeatResult> r = client_->Heartbeat(hb);
-  if (!r.ok()) {
-    return MakeError(v1::PEER_FAILED,
-                     absl::StrCat(error.message(), "; the leader daemon at ", client_->leader(),
-                                  " is unreachable: the leader is dead (",
-                                  r.status().message(), ")"));
+  hb.node_error = report;
+  const absl::Time give_up = MonotonicNow() + kPresumedDeadAfter + 2 * kHeartbeatEvery;
+  absl::StatusOr<HeartbeatResult> r;
+  std::vector<SilentMember> dead;
+  while (true) {
+    r = client_->Heartbeat(hb);
+    if (!r.ok()) {
+      return MakeError(v1::PEER_FAILED,
+                       absl::StrCat(error.message(), "; the leader daemon at ", client_->leader(),
+                                    " is unreachable: the leader is dead (", r.status().message(),
+                                    ")"));
+    }
+    // Every other member either answered since the abort, or stayed silent
+    // long enough to be presumed dead; or this is taking too long.
+    dead.clear();
+    bool undecided = false;
+    for (const SilentMember& m : r->silent_members) {
+      if (m.node_rank == config_.node_rank) continue;
+      if (m.silent >= kPresumedDeadAfter) {
+        dead.push_back(m);
+      } else {
+        undecided = true;
+      }
+    }
+    if (!r->abort || !undecided || MonotonicNow() >= give_up) break;
+    absl::SleepFor(kSilencePoll);
   }
-  if (r->abort && !r->abort_reason.empty()) {
-    return MakeError(CodeOf(error), absl::StrCat(error.message(), "; the leader reports: ",
-                                                 r->abort_reason));
+  const std::string leader_says =
+      r->abort && !r->abort_reason.empty() ? absl::StrCat("; the leader reports: ", r->abort_reason)
+                                           : "";
+  if (dead.empty()) {
+    return leader_says.empty() ? error
+                               : MakeError(CodeOf(error), absl::StrCat(error.message(), leader_says));
   }
-  return error;
+  std::string culprits;
+  for (const SilentMember& m : dead) {
+    absl::StrAppend(&culprits, culprits.empty() ? "" : ", ", "node_rank=", m.node_rank,
+                    " (host=", m.host, ")");
+    spdlog::error("event=node_presumed_dead generation={} node_rank={} host={} silent_ms={}",
+                  generation_, m.node_rank, m.host, absl::ToInt64Milliseconds(m.silent));
+  }
+  return MakeError(
+      v1::PEER_FAILED,
+      absl::StrCat(culprits, dead.size() == 1 ? " is" : " are",
+                   " dead: no heartbeat from its daemon for ",
+                   absl::ToInt64Milliseconds(dead[0].silent),
+                   " ms, while the other nodes answered after the failure; ", error.message(),
+                   leader_says));
 }
 
 void ClusterLink::SetConfigListener(
-    std::function<void(const BucketCaps& caps, uint64_t at_iteration)> listener) {
+    std::function<void(const BucketCaps& caps, uint64_t at_iteration, uint64_t version)> listener) {
   absl::MutexLock lock(&mu_);
   config_listener_ = std::move(listener);
 }
 
-void ClusterLink::ApplyConfig(uint64_t version) {
-  const std::string key = ConfigKey(version);
-  absl::StatusOr<std::optional<std::string>> value = client_->Get(key);
-  if (!value.ok() || !value->has_value()) return;
-  absl::StatusOr<JobConfigChange> change = DecodeConfig(key, *value);
-  if (!change.ok()) {
-    spdlog::error("event=bad_config_record version={} error=\"{}\"", version,
-                  std::string(change.status().message()));
-    return;
-  }
-  if (change->generation != generation_) return;  // made for another generation
-  std::function<void(const BucketCaps&, uint64_t)> listener;
+absl::Status ClusterLink::ApplyConfigLog(uint64_t newest) {
+  std::function<void(const BucketCaps&, uint64_t, uint64_t)> listener;
   {
     absl::MutexLock lock(&mu_);
     listener = config_listener_;
   }
-  spdlog::info("event=job_config version={} at_iteration={} bucket_cap_mb={} first_bucket_cap_mb={}",
-               version, change->at_iteration, change->bucket_cap_mb, change->first_bucket_cap_mb);
-  if (listener) listener(change->caps, change->at_iteration);
+  while (config_version_applied_ < newest) {
+    const uint64_t version = config_version_applied_ + 1;
+    const std::string key = ConfigKey(generation_, version);
+    absl::StatusOr<std::optional<std::string>> value = client_->Get(key);
+    if (!value.ok()) {
+      spdlog::warn("event=config_fetch_failed version={} error=\"{}\"", version,
+                   std::string(value.status().message()));
+      return absl::OkStatus();  // the next heartbeat retries from here
+    }
+    if (!value->has_value()) {
+      return MakeError(
+          v1::STATE,
+          absl::StrCat("job-wide config version ", version, " of generation ", generation_,
+                       " is no longer in the leader's log (it keeps the last ",
+                       kConfigLogKeep, "; node_rank=", config_.node_rank,
+                       " applied up to version ", config_version_applied_,
+                       "): it cannot change its bucket plan with the other nodes"));
+    }
+    absl::StatusOr<JobConfigChange> change = DecodeConfig(key, *value);
+    if (!change.ok()) return change.status();
+    if (change->at_iteration <= config_at_applied_) {
+      return MakeError(v1::INTERNAL,
+                       absl::StrCat("job-wide config version ", version, " switches at iteration ",
+                                    change->at_iteration, ", not after version ",
+                                    version - 1, "'s iteration ", config_at_applied_));
+    }
+    spdlog::info("event=job_config version={} at_iteration={} bucket_cap_mb={} "
+                 "first_bucket_cap_mb={}",
+                 version, change->at_iteration, change->bucket_cap_mb,
+                 change->first_bucket_cap_mb);
+    if (listener) listener(change->caps, change->at_iteration, version);
+    config_version_applied_ = version;
+    config_at_applied_ = change->at_iteration;
+  }
+  return absl::OkStatus();
 }
 
 void ClusterLink::ReportStall(const std::string& description) {
@@ -280,17 +377,16 @@ void ClusterLink::HeartbeatLoop() {
     // Without mu_: the RPC, and what it asks for (config, failing the job).
     absl::StatusOr<HeartbeatResult> r = client_->Heartbeat(hb);
     if (sending_error && r.ok()) error_sent = true;
-    uint64_t new_config_version = 0;
-    if (r.ok()) {
-      absl::MutexLock lock(&mu_);
-      if (r->config_version > config_version_seen_) {
-        config_version_seen_ = r->config_version;
-        new_config_version = r->config_version;
-      }
+    absl::Status config_error;
+    if (r.ok() && r->generation == generation_ && !r->abort) {
+      config_error = ApplyConfigLog(r->config_version);
     }
-    if (new_config_version != 0) ApplyConfig(new_config_version);
     absl::Status failure;
-    if (!r.ok()) {
+    if (!config_error.ok()) {
+      failure = config_error;
+      absl::MutexLock lock(&mu_);
+      if (!failed_) node_error_ = config_error;  // the other nodes must stop too
+    } else if (!r.ok()) {
       failure = MakeError(v1::PEER_FAILED,
                           absl::StrCat("the leader daemon at ", client_->leader(),
                                        " is unreachable (dead leader?): ", r.status().message()));
@@ -307,6 +403,12 @@ void ClusterLink::HeartbeatLoop() {
         failed_ = true;
         notify = true;
       }
+    }
+    // An abort: which node died, if one did (the leader only knows who
+    // reported the failure first, usually a survivor).
+    if (notify && r.ok() && r->abort && !r->abort_reason.empty()) {
+      failure = NameFailedNodes(MakeError(v1::PEER_FAILED, "the job was aborted by the leader"),
+                                absl::OkStatus());
     }
     // Fails the local job; it reports back via ReportError (ignored).
     if (notify) on_failure_(failure);

@@ -2,7 +2,9 @@
 // generation. Forming it joins the leader's rendezvous, checks that every
 // node registered the same layout (naming the node and the first differing
 // tensor otherwise), adopts node 0's bucket caps so every node plans the
-// same buckets, and connects the Gloo backend. While the job runs it
+// same buckets, and connects the Gloo backend. While the job runs every
+// plan decision is compared across nodes (CheckPlan), and the leader's
+// ordered config log is applied version by version. While the job runs it
 // heart-beats the leader: a node error is reported there (the leader then
 // aborts the generation everywhere), and an abort or an unreachable leader
 // fails the local job. It leaves the generation when the job ends.
@@ -47,11 +49,14 @@ class ClusterLink final : public WorldLink {
   void ReportStall(const std::string& description) override ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Explain(const absl::Status& error) override;
   void SetConfigListener(
-      std::function<void(const BucketCaps& caps, uint64_t at_iteration)> listener) override
-      ABSL_LOCKS_EXCLUDED(mu_);
+      std::function<void(const BucketCaps& caps, uint64_t at_iteration, uint64_t version)>
+          listener) override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Node 0's order, distributed to every node (the plan rebuild).
   absl::StatusOr<std::vector<uint32_t>> AgreeOrder(const std::vector<uint32_t>& local);
+  // Publishes this node's plan decision and compares every node's for the
+  // same plan version (blocks until all published or the timeout).
+  absl::Status CheckPlan(const PlanStamp& stamp);
   // The GPU path's exchange (GpuKey of this generation): set once, read
   // once it exists or the deadline (a MonotonicNow() time) passes.
   absl::Status Publish(const std::string& name, const std::string& value);
@@ -61,7 +66,17 @@ class ClusterLink final : public WorldLink {
   ClusterLink(const DaemonConfig& config, std::shared_ptr<RendezvousClient> client,
               uint64_t generation, std::function<void(const absl::Status&)> on_failure);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
-  void ApplyConfig(uint64_t version) ABSL_LOCKS_EXCLUDED(mu_);
+  // Fetches and hands on every config version after the last one applied,
+  // up to `newest`, in order. An error (a version gone from the leader's
+  // log, a record out of order) means this node cannot follow the job's
+  // plan; a transport error leaves the rest for the next heartbeat.
+  absl::Status ApplyConfigLog(uint64_t newest) ABSL_LOCKS_EXCLUDED(mu_);
+  // After a failure: heart-beats the leader (with `report`, if not OK, which
+  // aborts the generation) until every other member answered since the
+  // abort or stayed silent past a few heartbeats; returns `error` naming the
+  // silent members as dead (PEER_FAILED), else with the leader's reason.
+  absl::Status NameFailedNodes(const absl::Status& error, const absl::Status& report)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const DaemonConfig config_;
   const std::shared_ptr<RendezvousClient> client_;
@@ -75,8 +90,11 @@ class ClusterLink final : public WorldLink {
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   std::function<uint64_t()> progress_ ABSL_GUARDED_BY(mu_);
   std::string stall_report_ ABSL_GUARDED_BY(mu_);  // sent with the next heartbeat
-  std::function<void(const BucketCaps&, uint64_t)> config_listener_ ABSL_GUARDED_BY(mu_);
-  uint64_t config_version_seen_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void(const BucketCaps&, uint64_t, uint64_t)> config_listener_
+      ABSL_GUARDED_BY(mu_);
+  // Heartbeat thread only: the config log's last version and its iteration.
+  uint64_t config_version_applied_ = 0;
+  uint64_t config_at_applied_ = 0;
   std::thread heartbeat_;
 };
 

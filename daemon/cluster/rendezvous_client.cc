@@ -78,7 +78,9 @@ absl::StatusOr<JoinResult> RendezvousClient::Join(const JoinParams& params) {
   const grpc::Status status = stub_->Join(&context, request, &response);
   if (!status.ok()) return TransportError("Join", status);
   if (absl::Status error = FromProto(response.error()); !error.ok()) return error;
+  incarnation_.store(response.incarnation(), std::memory_order_release);
   JoinResult result;
+  result.incarnation = response.incarnation();
   result.generation = response.generation();
   result.world_size = response.world_size();
   for (const v1::Peer& peer : response.peers()) {
@@ -90,6 +92,7 @@ absl::StatusOr<JoinResult> RendezvousClient::Join(const JoinParams& params) {
 absl::Status RendezvousClient::Set(std::string_view key, std::string_view value) {
   v1::SetRequest request;
   SetCredentials(options_, &request);
+  request.set_incarnation(incarnation());
   request.set_key(std::string(key));
   request.set_value(std::string(value));
   v1::SetResponse response;
@@ -103,6 +106,7 @@ absl::Status RendezvousClient::Set(std::string_view key, std::string_view value)
 absl::StatusOr<std::optional<std::string>> RendezvousClient::Get(std::string_view key) {
   v1::GetRequest request;
   SetCredentials(options_, &request);
+  request.set_incarnation(incarnation());
   request.set_key(std::string(key));
   v1::GetResponse response;
   grpc::ClientContext context;
@@ -120,6 +124,7 @@ absl::Status RendezvousClient::Wait(const std::vector<std::string>& keys, absl::
   }
   v1::WaitRequest request;
   SetCredentials(options_, &request);
+  request.set_incarnation(incarnation());
   for (const std::string& key : keys) request.add_keys(key);
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   v1::WaitResponse response;
@@ -133,6 +138,7 @@ absl::Status RendezvousClient::Wait(const std::vector<std::string>& keys, absl::
 absl::StatusOr<HeartbeatResult> RendezvousClient::Heartbeat(const HeartbeatParams& params) {
   v1::HeartbeatRequest request;
   SetCredentials(options_, &request);
+  request.set_incarnation(incarnation());
   request.set_node_rank(params.node_rank);
   request.set_generation(params.generation);
   request.set_iteration(params.iteration);
@@ -150,12 +156,17 @@ absl::StatusOr<HeartbeatResult> RendezvousClient::Heartbeat(const HeartbeatParam
   result.abort = response.abort();
   result.abort_reason = response.abort_reason();
   result.config_version = response.config_version();
+  for (const v1::SilentMember& m : response.silent_members()) {
+    result.silent_members.push_back(
+        SilentMember{m.node_rank(), m.host(), absl::Milliseconds(m.silent_ms())});
+  }
   return result;
 }
 
 absl::Status RendezvousClient::Leave(int node_rank, uint64_t generation, std::string_view reason) {
   v1::LeaveRequest request;
   SetCredentials(options_, &request);
+  request.set_incarnation(incarnation());
   request.set_node_rank(node_rank);
   request.set_generation(generation);
   request.set_reason(std::string(reason));

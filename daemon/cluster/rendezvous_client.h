@@ -7,10 +7,14 @@
 // up. A response's Error becomes an absl::Status with its message and its
 // exact gradsync code (proto/status_code.h); a transport failure becomes
 // kUnavailable (kDeadlineExceeded past the deadline) naming the leader.
+// Every request after a successful Join carries the leader incarnation that
+// Join returned: a leader that restarted since refuses it (STATE) instead of
+// reading it as a request for its own generation of the same number.
 // Thread-safe: a heartbeat thread and Gloo's store may share one client.
 #ifndef GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_CLIENT_H_
 #define GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -48,6 +52,7 @@ struct JoinParams {
 };
 
 struct JoinResult {
+  uint64_t incarnation = 0;  // the leader's run
   uint64_t generation = 0;
   std::vector<RendezvousPeer> peers;  // ordered by node rank
   int world_size = 0;
@@ -62,11 +67,19 @@ struct HeartbeatParams {
   std::string stall_report;  // non-empty: a local stall, for the leader's log
 };
 
+struct SilentMember {
+  int node_rank = 0;
+  std::string host;
+  absl::Duration silent;  // since its last heartbeat
+};
+
 struct HeartbeatResult {
   uint64_t generation = 0;
   bool abort = false;
   std::string abort_reason;
   uint64_t config_version = 0;
+  // With abort: members not heard from since (see rendezvous.proto).
+  std::vector<SilentMember> silent_members;
 };
 
 class RendezvousClient {
@@ -91,6 +104,8 @@ class RendezvousClient {
   absl::Status Leave(int node_rank, uint64_t generation, std::string_view reason);
 
   const std::string& leader() const { return options_.leader; }
+  // The leader incarnation of the last successful Join; 0 before one.
+  uint64_t incarnation() const { return incarnation_.load(std::memory_order_acquire); }
 
  private:
   void PrepareContext(grpc::ClientContext* context, absl::Duration timeout) const;
@@ -98,6 +113,7 @@ class RendezvousClient {
 
   const RendezvousClientOptions options_;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
+  std::atomic<uint64_t> incarnation_{0};
 };
 
 }  // namespace gradsync

@@ -7,6 +7,7 @@
 #ifndef GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_KEYS_H_
 #define GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_KEYS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -16,6 +17,10 @@
 #include "absl/strings/string_view.h"
 
 namespace gradsync {
+
+// How many of a generation's newest job-wide config versions the leader
+// keeps (ConfigKey in rendezvous_records.h); a node further behind fails.
+inline constexpr size_t kConfigLogKeep = 256;
 
 // "g<generation>/", the prefix of every key scoped to `generation`.
 inline std::string GenerationKeyPrefix(uint64_t generation) {

@@ -1,6 +1,7 @@
 #include "daemon/cluster/rendezvous_records.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status_code.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "gradsync/v1/local.pb.h"
@@ -90,7 +91,9 @@ absl::StatusOr<BucketCaps> DecodeCaps(absl::string_view key,
   return CapsFromRecord(key, *record);
 }
 
-std::string ConfigKey(uint64_t version) { return absl::StrCat("config/", version); }
+std::string ConfigKey(uint64_t generation, uint64_t version) {
+  return absl::StrCat(GenerationKeyPrefix(generation), "config/", version);
+}
 
 std::string EncodeConfig(uint64_t generation, uint64_t at_iteration, double bucket_cap_mb,
                          double first_bucket_cap_mb) {
@@ -115,6 +118,47 @@ absl::StatusOr<JobConfigChange> DecodeConfig(absl::string_view key,
   change.first_bucket_cap_mb = record->caps().first_bucket_cap_mb();
   change.caps = *caps;
   return change;
+}
+
+std::string PlanKey(uint64_t generation, uint64_t plan_version, int node_rank) {
+  return absl::StrCat(GenerationKeyPrefix(generation), "plan/", plan_version, "/", node_rank);
+}
+
+std::string EncodePlanStamp(const PlanStamp& stamp) {
+  v1::PlanStampRecord record;
+  record.set_plan_version(stamp.plan_version);
+  record.set_fingerprint(stamp.fingerprint);
+  record.set_iteration(stamp.iteration);
+  record.set_config_version(stamp.config_version);
+  return record.SerializeAsString();
+}
+
+absl::StatusOr<PlanStamp> DecodePlanStamp(absl::string_view key,
+                                          const std::optional<std::string>& value) {
+  absl::StatusOr<v1::PlanStampRecord> record = Parse<v1::PlanStampRecord>(key, value);
+  if (!record.ok()) return record.status();
+  return PlanStamp{record->plan_version(), record->fingerprint(), record->iteration(),
+                   record->config_version()};
+}
+
+absl::Status ComparePlanStamps(const std::vector<PlanStamp>& by_node) {
+  auto describe = [](const PlanStamp& s) {
+    return absl::StrFormat("config version %d from iteration %d (plan fingerprint %016x)",
+                           s.config_version, s.iteration, s.fingerprint);
+  };
+  for (size_t n = 1; n < by_node.size(); ++n) {
+    const PlanStamp& a = by_node[0];
+    const PlanStamp& b = by_node[n];
+    if (a.fingerprint == b.fingerprint && a.iteration == b.iteration &&
+        a.config_version == b.config_version && a.plan_version == b.plan_version) {
+      continue;
+    }
+    return MakeError(v1::MISMATCH,
+                     absl::StrCat("bucket plans diverged at plan version ", a.plan_version,
+                                  ": node 0 has ", describe(a), ", node ", n, " has ",
+                                  describe(b), " (plan version ", b.plan_version, ")"));
+  }
+  return absl::OkStatus();
 }
 
 std::string OrderKey(uint64_t generation) {

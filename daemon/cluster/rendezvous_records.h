@@ -30,7 +30,8 @@ std::string EncodeCaps(double bucket_cap_mb, double first_bucket_cap_mb);
 absl::StatusOr<BucketCaps> DecodeCaps(absl::string_view key,
                                       const std::optional<std::string>& value);
 
-// A job-wide caps change published by the leader ("config/<version>").
+// A job-wide caps change published by the leader, version `version` of the
+// generation's ordered config log ("g<gen>/config/<version>").
 struct JobConfigChange {
   uint64_t generation = 0;    // the generation it was made for
   uint64_t at_iteration = 0;  // every node switches at this iteration
@@ -38,7 +39,7 @@ struct JobConfigChange {
   double first_bucket_cap_mb = 0;
   BucketCaps caps;  // the same caps in bytes
 };
-std::string ConfigKey(uint64_t version);
+std::string ConfigKey(uint64_t generation, uint64_t version);
 std::string EncodeConfig(uint64_t generation, uint64_t at_iteration, double bucket_cap_mb,
                          double first_bucket_cap_mb);
 absl::StatusOr<JobConfigChange> DecodeConfig(absl::string_view key,
@@ -51,6 +52,16 @@ std::string EncodeOrder(const std::vector<uint32_t>& order);
 absl::StatusOr<std::vector<uint32_t>> DecodeOrder(absl::string_view key,
                                                   const std::optional<std::string>& value,
                                                   size_t num_tensors);
+
+// A node's plan decision ("g<gen>/plan/<plan_version>/<rank>").
+std::string PlanKey(uint64_t generation, uint64_t plan_version, int node_rank);
+std::string EncodePlanStamp(const PlanStamp& stamp);
+absl::StatusOr<PlanStamp> DecodePlanStamp(absl::string_view key,
+                                          const std::optional<std::string>& value);
+// Every node's stamp for one plan version, by node rank: OK when all equal
+// node 0's, else MISMATCH naming node 0's and the first differing node's
+// config versions, iterations and fingerprints.
+absl::Status ComparePlanStamps(const std::vector<PlanStamp>& by_node);
 
 // What the GPU path exchanges in a generation ("g<gen>/gpu/<name>"): each
 // node's GPU count, the NCCL unique id. Opaque bytes, scoped to the job's

@@ -1,9 +1,15 @@
 #include "daemon/cluster/rendezvous_service.h"
 
+#include <sys/random.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "spdlog/spdlog.h"
@@ -43,6 +49,21 @@ void LogRefusal(const char* rpc, const grpc::ServerContext* context, int node_ra
 
 grpc::Status Cancelled() { return grpc::Status(grpc::StatusCode::CANCELLED, "call cancelled"); }
 
+// A fresh incarnation id: random so that two runs of a leader (even on the
+// same host and port) never share one; never 0, which means "not joined".
+uint64_t NewIncarnation() {
+  uint64_t id = 0;
+  while (id == 0) {
+    const ssize_t n = getrandom(&id, sizeof(id), 0);
+    if (n != static_cast<ssize_t>(sizeof(id)) && errno != EINTR) {
+      // Only before the kernel's pool is initialised (early boot): say so.
+      spdlog::error("event=getrandom_failed error=\"{}\"", std::strerror(errno));
+      id = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) ^ static_cast<uint64_t>(getpid());
+    }
+  }
+  return id;
+}
+
 }  // namespace
 
 RendezvousService::RendezvousService(std::string job_id, std::string job_token, int num_nodes,
@@ -53,12 +74,13 @@ RendezvousService::RendezvousService(std::string job_id, std::string job_token, 
       num_nodes_(std::max(num_nodes, 1)),
       default_timeout_(default_timeout),
       heartbeat_timeout_(heartbeat_timeout),
-      clock_(clock ? std::move(clock) : MonotonicClock(MonotonicNow)) {
+      clock_(clock ? std::move(clock) : MonotonicClock(MonotonicNow)),
+      incarnation_(NewIncarnation()) {
   if (num_nodes < 1) spdlog::error("event=rendezvous_bad_config num_nodes={} using=1", num_nodes);
   spdlog::info(
-      "event=rendezvous_started job_id={} num_nodes={} default_timeout={} "
+      "event=rendezvous_started job_id={} incarnation={:016x} num_nodes={} default_timeout={} "
       "heartbeat_timeout={}",
-      job_id_, num_nodes_, absl::FormatDuration(default_timeout_),
+      job_id_, incarnation_, num_nodes_, absl::FormatDuration(default_timeout_),
       absl::FormatDuration(heartbeat_timeout_));
 }
 
@@ -74,6 +96,14 @@ std::string RendezvousService::CheckCredentials(const v1::JobCredentials& job) c
   return "";
 }
 
+std::string RendezvousService::CheckIncarnation(uint64_t incarnation) const {
+  if (incarnation == 0 || incarnation == incarnation_) return "";
+  return absl::StrFormat(
+      "the request names leader incarnation %016x, but this leader is incarnation %016x (the "
+      "leader restarted): its generations are over",
+      incarnation, incarnation_);
+}
+
 absl::Duration RendezvousService::RequestTimeout(int64_t timeout_ms) const {
   return timeout_ms > 0 ? absl::Milliseconds(timeout_ms) : default_timeout_;
 }
@@ -82,6 +112,7 @@ void RendezvousService::AbortLocked(const std::string& reason) {
   if (!active()) return;
   aborted_ = true;
   abort_reason_ = reason;
+  for (Member& m : members_) m.heard_since_abort = false;
   spdlog::warn("event=generation_aborted generation={} reason=\"{}\"", generation_, reason);
   changed_.SignalAll();
 }
@@ -118,6 +149,9 @@ void RendezvousService::FormGenerationLocked(absl::Time now) {
     world_size += join.local_size;
   }
   pending_.clear();
+  config_version_ = 0;  // each generation has its own config log
+  config_last_at_ = 0;
+  config_keys_.clear();
   // Keys of older generations can never be used again.
   size_t discarded = 0;
   for (auto it = kv_.begin(); it != kv_.end();) {
@@ -136,6 +170,7 @@ void RendezvousService::FormGenerationLocked(absl::Time now) {
 
 void RendezvousService::FillJoinResponseLocked(v1::JoinResponse* response) const {
   response->set_generation(generation_);
+  response->set_incarnation(incarnation_);
   int world_size = 0;
   for (int r = 0; r < num_nodes_; ++r) {
     v1::Peer* peer = response->add_peers();
@@ -159,7 +194,8 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
     return refuse(v1::INVALID_ARGUMENT, std::move(refusal));
   }
   if (request->num_nodes() != num_nodes_) {
-    return refuse(v1::MISMATCH, absl::StrCat("node_rank=", rank, " was started with num_nodes=",
+    // A misconfigured node (a bad flag), not a layout disagreement.
+    return refuse(v1::INVALID_ARGUMENT, absl::StrCat("node_rank=", rank, " was started with num_nodes=",
                                              request->num_nodes(), " but the leader runs job '",
                                              job_id_, "' with num_nodes=", num_nodes_));
   }
@@ -285,6 +321,11 @@ grpc::Status RendezvousService::Set(grpc::ServerContext* context, const v1::SetR
     SetError(response->mutable_error(), v1::INVALID_ARGUMENT, "Set: empty key");
     return grpc::Status::OK;
   }
+  if (std::string refusal = CheckIncarnation(request->incarnation()); !refusal.empty()) {
+    LogRefusal("Set", context, -1, refusal);
+    SetError(response->mutable_error(), v1::STATE, std::move(refusal));
+    return grpc::Status::OK;
+  }
   absl::MutexLock lock(&mu_);
   CheckHeartbeatsLocked(clock_());
   if (std::string refusal = CheckKeyGenerationLocked(request->key()); !refusal.empty()) {
@@ -302,6 +343,11 @@ grpc::Status RendezvousService::Get(grpc::ServerContext* context, const v1::GetR
   if (std::string refusal = CheckCredentials(request->job()); !refusal.empty()) {
     LogRefusal("Get", context, -1, refusal);
     SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(refusal));
+    return grpc::Status::OK;
+  }
+  if (std::string refusal = CheckIncarnation(request->incarnation()); !refusal.empty()) {
+    LogRefusal("Get", context, -1, refusal);
+    SetError(response->mutable_error(), v1::STATE, std::move(refusal));
     return grpc::Status::OK;
   }
   absl::MutexLock lock(&mu_);
@@ -322,6 +368,11 @@ grpc::Status RendezvousService::Wait(grpc::ServerContext* context, const v1::Wai
   if (std::string refusal = CheckCredentials(request->job()); !refusal.empty()) {
     LogRefusal("Wait", context, -1, refusal);
     SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(refusal));
+    return grpc::Status::OK;
+  }
+  if (std::string refusal = CheckIncarnation(request->incarnation()); !refusal.empty()) {
+    LogRefusal("Wait", context, -1, refusal);
+    SetError(response->mutable_error(), v1::STATE, std::move(refusal));
     return grpc::Status::OK;
   }
   const absl::Duration timeout = RequestTimeout(request->timeout_ms());
@@ -376,6 +427,12 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
     SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(message));
     return grpc::Status::OK;
   }
+  if (std::string refusal = CheckIncarnation(request->incarnation()); !refusal.empty()) {
+    LogRefusal("Heartbeat", context, rank, refusal);
+    SetError(response->mutable_error(), v1::STATE,
+             absl::StrCat("node_rank=", rank, ": ", refusal));
+    return grpc::Status::OK;
+  }
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_();
   CheckHeartbeatsLocked(now);
@@ -415,8 +472,18 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
                              v1::Code_Name(request->node_error().code()), ": ",
                              request->node_error().message()));
   }
+  member.heard_since_abort = true;
   response->set_abort(aborted_);
   response->set_abort_reason(abort_reason_);
+  if (aborted_) {
+    for (int r = 0; r < num_nodes_; ++r) {
+      if (members_[r].heard_since_abort) continue;
+      v1::SilentMember* silent = response->add_silent_members();
+      silent->set_node_rank(r);
+      silent->set_host(members_[r].host);
+      silent->set_silent_ms(Millis(now - members_[r].last_seen));
+    }
+  }
   return grpc::Status::OK;
 }
 
@@ -433,6 +500,12 @@ grpc::Status RendezvousService::Leave(grpc::ServerContext* context, const v1::Le
         absl::StrCat("node_rank=", rank, " is out of range [0, ", num_nodes_, ")");
     LogRefusal("Leave", context, rank, message);
     SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(message));
+    return grpc::Status::OK;
+  }
+  if (std::string refusal = CheckIncarnation(request->incarnation()); !refusal.empty()) {
+    LogRefusal("Leave", context, rank, refusal);
+    SetError(response->mutable_error(), v1::STATE,
+             absl::StrCat("node_rank=", rank, ": ", refusal));
     return grpc::Status::OK;
   }
   absl::MutexLock lock(&mu_);
@@ -456,6 +529,8 @@ grpc::Status RendezvousService::Leave(grpc::ServerContext* context, const v1::Le
     spdlog::info("event=leave node_rank={} generation={} current_generation={} reason=\"{}\"", rank,
                  generation, generation_, request->reason());
   }
+  // It answered: it is not among the silent (possibly dead) members.
+  if (generation == generation_ && !members_.empty()) members_[rank].heard_since_abort = true;
   return grpc::Status::OK;
 }
 
@@ -466,9 +541,30 @@ bool RendezvousService::AbortGeneration(uint64_t generation, const std::string& 
   return true;
 }
 
-void RendezvousService::SetConfigVersion(uint64_t version) {
+absl::StatusOr<RendezvousService::ConfigEntry> RendezvousService::AppendConfig(
+    uint64_t min_at_iteration, const ConfigWriter& write) {
   absl::MutexLock lock(&mu_);
-  config_version_ = version;
+  CheckHeartbeatsLocked(clock_());
+  if (!active()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no active generation to change (generation ", generation_,
+                     aborted_ ? " aborted" : " has not formed", ")"));
+  }
+  // Strictly increasing: two versions never switch at the same boundary,
+  // and a later one never switches before an earlier one.
+  ConfigEntry entry{generation_, config_version_ + 1,
+                    std::max(min_at_iteration, config_last_at_ + 1)};
+  std::pair<std::string, std::string> record = write(entry);
+  kv_[record.first] = std::move(record.second);
+  config_keys_.push_back(std::move(record.first));
+  if (config_keys_.size() > kConfigLogKeep) {
+    kv_.erase(config_keys_.front());
+    config_keys_.pop_front();
+  }
+  config_version_ = entry.version;
+  config_last_at_ = entry.at_iteration;
+  changed_.SignalAll();
+  return entry;
 }
 
 RendezvousStatus RendezvousService::GetStatus() {
@@ -480,6 +576,7 @@ RendezvousStatus RendezvousService::GetStatus() {
   status.abort_reason = abort_reason_;
   status.num_nodes = num_nodes_;
   status.config_version = config_version_;
+  status.incarnation = incarnation_;
   for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
     const Member& m = members_[r];
     status.nodes.push_back(RendezvousStatus::Node{

@@ -9,8 +9,14 @@
 //   cannot join again: a restarted node re-joins once the generation aborts.
 // - Abort: a node that reports an error in Heartbeat, calls Leave, or stops
 //   heart-beating for longer than the heartbeat timeout aborts the current
-//   generation; every Heartbeat then answers abort=true with the reason, and
+//   generation; every Heartbeat then answers abort=true with the reason and
+//   the members not heard from since (a dead node stays among them), and
 //   the nodes Join again to form generation+1 (warm restart).
+// - Incarnation: a random id drawn (getrandom) when the service starts and
+//   returned by Join. Generations restart at 1 with a new leader, so every
+//   later request names (incarnation, generation); one naming another
+//   incarnation is refused with STATE and touches nothing (a stale Leave of
+//   the previous leader's generation 1 cannot abort this leader's).
 // - A key-value store (Set/Get/Wait) backing Gloo's rendezvous. Keys under
 //   GenerationKeyPrefix(g) (rendezvous_keys.h) are scoped to generation g:
 //   refused once g is over, discarded when a newer generation forms, and a
@@ -33,10 +39,13 @@
 #include <cstdint>
 #include <map>
 #include <deque>
+#include <functional>
+#include <utility>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/monotonic.h"
@@ -63,6 +72,7 @@ struct RendezvousStatus {
   std::vector<Node> nodes;              // members of the current generation
   std::vector<int> pending_node_ranks;  // nodes waiting in Join for the next one
   uint64_t config_version = 0;
+  uint64_t incarnation = 0;
 };
 
 // The most trainers one node may announce in Join; a larger local_size is
@@ -102,8 +112,22 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // saw a failure itself). Returns whether it did.
   bool AbortGeneration(uint64_t generation, const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Heartbeat answers carry it; a newer version tells nodes to fetch config.
-  void SetConfigVersion(uint64_t version) ABSL_LOCKS_EXCLUDED(mu_);
+  // The active generation's job-wide config log. Appends the next version
+  // (1, 2, ...; heartbeat answers carry the newest, and nodes fetch every
+  // version they have not applied, in order), switching at iteration
+  // max(min_at_iteration, the previous version's + 1). `write` makes the
+  // entry's key and value from the three numbers; only the last
+  // kConfigLogKeep (rendezvous_keys.h) entries are kept (a node further behind fails on the
+  // gap). STATE when no generation is active.
+  struct ConfigEntry {
+    uint64_t generation = 0;
+    uint64_t version = 0;
+    uint64_t at_iteration = 0;
+  };
+  using ConfigWriter =
+      std::function<std::pair<std::string, std::string>(const ConfigEntry& entry)>;
+  absl::StatusOr<ConfigEntry> AppendConfig(uint64_t min_at_iteration, const ConfigWriter& write)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Stall reports nodes sent with their heartbeats, newest last:
   // "node_rank=N (host=H) iteration=I: <report>".
@@ -114,6 +138,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
 
   RendezvousStatus GetStatus() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // This run's id (never 0), as Join returns it.
+  uint64_t incarnation() const { return incarnation_; }
+
  private:
   struct Member {
     std::string host;
@@ -122,6 +149,7 @@ class RendezvousService final : public v1::Rendezvous::Service {
     int64_t last_launched_bucket = -1;
     uint64_t heartbeats = 0;
     absl::Time last_seen;
+    bool heard_since_abort = false;  // a Heartbeat or Leave after the abort
   };
   struct PendingJoin {
     uint64_t join_id = 0;  // tells a waiter whether its entry is still its own
@@ -132,6 +160,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
   bool active() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return generation_ > 0 && !aborted_; }
   // Empty when the credentials match, else the refusal message.
   std::string CheckCredentials(const v1::JobCredentials& job) const;
+  // Empty when `incarnation` is this run's or 0 (the sender has not joined
+  // yet), else the refusal message naming both.
+  std::string CheckIncarnation(uint64_t incarnation) const;
   void AbortLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckHeartbeatsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FormGenerationLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -147,6 +178,7 @@ class RendezvousService final : public v1::Rendezvous::Service {
   const absl::Duration default_timeout_;
   const absl::Duration heartbeat_timeout_;
   const MonotonicClock clock_;
+  const uint64_t incarnation_;
 
   absl::Mutex mu_;
   // Signalled on every change a blocked Join or Wait may be waiting for.
@@ -158,7 +190,10 @@ class RendezvousService final : public v1::Rendezvous::Service {
   std::map<int, PendingJoin> pending_ ABSL_GUARDED_BY(mu_);
   uint64_t next_join_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
+  // The current generation's config log (reset when one forms).
   uint64_t config_version_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t config_last_at_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::string> config_keys_ ABSL_GUARDED_BY(mu_);  // oldest first
   std::deque<std::string> stall_reports_ ABSL_GUARDED_BY(mu_);  // bounded
 };
 

@@ -4,7 +4,21 @@
 #include <map>
 #include <utility>
 
+#include "common/fnv1a.h"
+
 namespace gradsync {
+
+uint64_t PlanFingerprint(const BucketPlan& plan) {
+  Fnv1a h;
+  h.AddValue<uint64_t>(plan.buckets.size());
+  for (const PlannedBucket& b : plan.buckets) {
+    h.AddValue<uint64_t>(b.tensors.size());
+    for (uint32_t t : b.tensors) h.AddValue<uint32_t>(t);
+    h.AddValue<uint64_t>(b.bytes);
+    h.AddValue<int32_t>(static_cast<int32_t>(b.dtype));
+  }
+  return h.hash();
+}
 
 std::vector<uint32_t> ReverseRegistrationOrder(size_t n) {
   std::vector<uint32_t> order(n);

@@ -34,9 +34,22 @@ struct BucketCaps {
   uint64_t first_cap_bytes = 1ull << 20;
 };
 
+// A node's plan as decided at an iteration boundary, what the nodes of a
+// job compare (they must be equal field by field on every node).
+struct PlanStamp {
+  uint64_t plan_version = 0;    // plan decisions so far (1: the initial plan)
+  uint64_t fingerprint = 0;     // PlanFingerprint
+  uint64_t iteration = 0;       // the first iteration run with it
+  uint64_t config_version = 0;  // the last job-wide config version applied
+};
+
 // `order` must be a permutation of 0..layout.size()-1.
 BucketPlan PlanBuckets(const Layout& layout, const std::vector<uint32_t>& order,
                        const BucketCaps& caps);
+
+// What a plan is, as a number every node computes alike (FNV-1a over each
+// bucket's tensors in launch order): equal fingerprints, same collectives.
+uint64_t PlanFingerprint(const BucketPlan& plan);
 
 // n-1, n-2, ..., 0: the initial order.
 std::vector<uint32_t> ReverseRegistrationOrder(size_t n);

@@ -389,6 +389,7 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
   opts.stall_threshold_s = config_.stall_threshold_s;
   opts.caps = caps;
   opts.agree_order = world_.agree_order;
+  opts.check_plan = world_.check_plan;
   if (cuda) {
     opts.gpu = gpu_reducer_.get();
     opts.is_context_lost = hooks_.gpu.is_context_lost;
@@ -410,8 +411,8 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
     Scheduler* scheduler = scheduler_.get();
     WorldLink* link = world_.link.get();
     link->SetProgress([scheduler] { return scheduler->iteration(); });
-    link->SetConfigListener([scheduler](const BucketCaps& caps, uint64_t at) {
-      scheduler->SetCaps(caps, at);
+    link->SetConfigListener([scheduler](const BucketCaps& caps, uint64_t at, uint64_t version) {
+      scheduler->SetCaps(caps, at, version);
     });
     stats_->set_stall_listener([link](const std::string& d) { link->ReportStall(d); });
   }
@@ -707,7 +708,7 @@ double Job::IterationRate() const {
   if (!scheduler_ || state_ != JobState::kRunning) return 0;
   const double s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - running_since_).count();
-  return s > 0 ? scheduler_->iteration() / s : 0;
+  return (scheduler_->iteration() + 1) / std::max(s, 0.01);
 }
 
 bool Job::InIteration() const {

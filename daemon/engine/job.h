@@ -58,9 +58,11 @@ class WorldLink {
   // Adds what the leader knows to a collective's failure (which node
   // failed, or that the leader itself is dead). May block briefly.
   virtual absl::Status Explain(const absl::Status& error) = 0;
-  // Called with job-wide bucket caps and the iteration they start at.
+  // Called with each job-wide config version in order: its bucket caps and
+  // the iteration they start at.
   virtual void SetConfigListener(
-      std::function<void(const BucketCaps& caps, uint64_t at_iteration)> listener) = 0;
+      std::function<void(const BucketCaps& caps, uint64_t at_iteration, uint64_t version)>
+          listener) = 0;
 };
 
 // What forming the job across nodes yields (one node: trivial).
@@ -71,6 +73,8 @@ struct JobWorld {
   std::unique_ptr<Backend> backend;
   // How the nodes agree on the rebuilt plan's order (empty on one node).
   Scheduler::OrderAgreement agree_order;
+  // Every node's plan decision compared (empty on one node).
+  std::function<absl::Status(const PlanStamp&)> check_plan;
   // The GPU path's key/value exchange through the rendezvous store, scoped
   // to this generation (empty on one node: then nothing leaves the node).
   // fetch's deadline is a MonotonicNow() time.
@@ -179,7 +183,9 @@ class Job {
   absl::StatusOr<std::string> TraceJson() const ABSL_LOCKS_EXCLUDED(mu_);
   // New caps take effect at the boundary entering `at_iteration` (0: next).
   void SetCaps(const BucketCaps& caps, uint64_t at_iteration = 0) ABSL_LOCKS_EXCLUDED(mu_);
-  // Synced iterations per second since the job started running (0 before).
+  // Synced iterations per second since the job started running (0 before),
+  // biased high: (iterations + 1) / max(elapsed, 10 ms), so a job that just
+  // started counts as fast (a job-wide change then lands later, not late).
   double IterationRate() const ABSL_LOCKS_EXCLUDED(mu_);
   // True while some trainer has marked gradients of an unfinished iteration.
   bool InIteration() const ABSL_LOCKS_EXCLUDED(mu_);

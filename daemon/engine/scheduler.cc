@@ -76,6 +76,7 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
         });
   }
   InstallPlan(std::move(plan));
+  plan_version_.store(1, std::memory_order_release);
 }
 
 static std::vector<ReduceSpan> TensorSpans(const PlannedBucket& bucket, const Layout& layout,
@@ -134,7 +135,6 @@ void Scheduler::InstallPlan(BucketPlan plan) {
   plan_ = std::move(plan);
   absl::MutexLock lock(&plan_mu_);
   published_plan_ = plan_;
-  plan_version_.fetch_add(1, std::memory_order_acq_rel);
 }
 
 BucketPlan Scheduler::plan() const {
@@ -142,29 +142,35 @@ BucketPlan Scheduler::plan() const {
   return published_plan_;
 }
 
-void Scheduler::SetCaps(const BucketCaps& caps, uint64_t at_iteration) {
+void Scheduler::SetCaps(const BucketCaps& caps, uint64_t at_iteration, uint64_t config_version) {
   absl::MutexLock lock(&caps_mu_);
-  pending_caps_ = caps;
-  pending_caps_at_ = at_iteration;
-  caps_pending_ = true;
+  pending_caps_.push_back(PendingCaps{caps, at_iteration, config_version});
 }
 
 void Scheduler::MaybeRebuild() {
-  bool rebuild = false;
+  bool decided = false;
   absl::Status late;
   {
     absl::MutexLock lock(&caps_mu_);
-    if (caps_pending_ && pending_caps_at_ != 0 && iteration() > pending_caps_at_) {
-      caps_pending_ = false;
-      late = MakeError(v1::STATE,
-                       absl::StrCat("a job-wide bucket-cap change for iteration ", pending_caps_at_,
-                                    " reached this node at iteration ", iteration(),
-                                    ": too late to change together with the other nodes"));
-    }
-    if (caps_pending_ && iteration() >= pending_caps_at_) {
-      options_.caps = pending_caps_;
-      caps_pending_ = false;
-      rebuild = true;
+    // Every queued change in order, each at its boundary; one missed is an
+    // error, never a plan the other nodes do not have.
+    while (!pending_caps_.empty()) {
+      const PendingCaps& next = pending_caps_.front();
+      if (next.at_iteration != 0 && iteration() > next.at_iteration) {
+        late = MakeError(
+            v1::STATE,
+            absl::StrCat("config version ", next.config_version,
+                         ": a job-wide bucket-cap change for iteration ", next.at_iteration,
+                         " reached this node at iteration ", iteration(),
+                         ": too late to change together with the other nodes"));
+        pending_caps_.clear();
+        break;
+      }
+      if (next.at_iteration != 0 && iteration() < next.at_iteration) break;
+      options_.caps = next.caps;
+      if (next.config_version != 0) config_version_ = next.config_version;
+      pending_caps_.pop_front();
+      decided = true;
     }
   }
   if (!late.ok()) {
@@ -187,23 +193,39 @@ void Scheduler::MaybeRebuild() {
     }
     if (order.size() == layout_.size()) {
       order_ = std::move(order);
-      rebuild = true;
+      decided = true;
     }
   }
-  if (!rebuild) return;
+  if (!decided) return;
+  const uint64_t version = plan_version_.fetch_add(1, std::memory_order_acq_rel) + 1;
   BucketPlan next = PlanBuckets(layout_, order_, options_.caps);
   bool same = next.buckets.size() == plan_.buckets.size();
   for (size_t b = 0; same && b < next.buckets.size(); ++b) {
     same = next.buckets[b].tensors == plan_.buckets[b].tensors;
   }
-  if (same) return;
-  spdlog::info("event=plan_rebuilt iteration={} buckets_before={} buckets_after={} cap_mb={:.3f} "
-               "first_cap_mb={:.3f}",
-               iteration(), plan_.buckets.size(), next.buckets.size(),
-               options_.caps.cap_bytes / double(1 << 20),
-               options_.caps.first_cap_bytes / double(1 << 20));
-  InstallPlan(std::move(next));
-  if (!bad_plan_.empty()) fail_(MakeError(v1::INTERNAL, bad_plan_), -1);
+  if (!same) {
+    spdlog::info(
+        "event=plan_rebuilt iteration={} buckets_before={} buckets_after={} cap_mb={:.3f} "
+        "first_cap_mb={:.3f}",
+        iteration(), plan_.buckets.size(), next.buckets.size(),
+        options_.caps.cap_bytes / double(1 << 20),
+        options_.caps.first_cap_bytes / double(1 << 20));
+    InstallPlan(std::move(next));
+    if (!bad_plan_.empty()) {
+      fail_(MakeError(v1::INTERNAL, bad_plan_), -1);
+      return;
+    }
+  }
+  const PlanStamp stamp{version, PlanFingerprint(plan_), iteration(), config_version_};
+  spdlog::info("event=plan_decided plan_version={} fingerprint={:016x} iteration={} "
+               "config_version={} buckets={}",
+               stamp.plan_version, stamp.fingerprint, stamp.iteration, stamp.config_version,
+               plan_.buckets.size());
+  // Before this plan's first collective: a node that decided otherwise
+  // would pair different buckets (wrong sums, or Gloo aborting the daemon).
+  if (options_.check_plan) {
+    if (absl::Status st = options_.check_plan(stamp); !st.ok()) fail_(st, -1);
+  }
 }
 
 Scheduler::~Scheduler() { Stop(); }

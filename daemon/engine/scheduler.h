@@ -31,6 +31,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <string>
 #include <thread>
@@ -73,6 +74,10 @@ class Scheduler {
     // which local rank 0 marked its gradients ready.
     bool rebuild_after_first_iteration = true;
     OrderAgreement agree_order;  // empty: use the local order
+    // Checks, before the first collective under a new plan decision, that
+    // every node decided the same (MISMATCH naming both otherwise); may
+    // block on the other nodes. Empty on one node.
+    std::function<absl::Status(const PlanStamp&)> check_plan;
     // CUDA gradients: buckets go through this instead of the LocalReducer,
     // and `arena` is the flat-buffer plan. Owned by the job.
     GpuReducer* gpu = nullptr;
@@ -101,13 +106,19 @@ class Scheduler {
   uint64_t iteration() const { return iteration_.load(std::memory_order_acquire); }
   // A copy of the current plan (it may be rebuilt at iteration boundaries).
   BucketPlan plan() const ABSL_LOCKS_EXCLUDED(plan_mu_);
-  // Plans built so far (1 + rebuilds).
+  // Plan decisions so far: 1 for the initial plan, +1 for each iteration
+  // boundary where the order was rebuilt or caps applied (even when the
+  // buckets came out the same), so every node counts alike.
   uint64_t plan_version() const { return plan_version_.load(std::memory_order_acquire); }
-  // Applies new caps at an iteration boundary (re-plans with the current
+  // Queues new caps for an iteration boundary (re-plans with the current
   // order): the one entering iteration `at_iteration`, or the next one when
-  // 0. Every node of a job gets the same `at_iteration` so all re-plan
-  // together; reaching a boundary past it first fails the job. Thread-safe.
-  void SetCaps(const BucketCaps& caps, uint64_t at_iteration = 0) ABSL_LOCKS_EXCLUDED(caps_mu_);
+  // 0. Changes apply in the order queued, each at its own boundary (a job's
+  // config log gives strictly increasing iterations); every node of a job
+  // gets the same ones so all re-plan together; reaching a boundary past a
+  // change's first fails the job (STATE). `config_version`: the job-wide
+  // version it is, for the plan check. Thread-safe.
+  void SetCaps(const BucketCaps& caps, uint64_t at_iteration = 0, uint64_t config_version = 0)
+      ABSL_LOCKS_EXCLUDED(caps_mu_);
   // True between an iteration's first mark and its completion.
   bool in_iteration() const { return in_iteration_.load(std::memory_order_acquire); }
 
@@ -151,10 +162,14 @@ class Scheduler {
   std::atomic<uint64_t> plan_version_{0};
   std::vector<uint32_t> order_;                 // current ready order the plan follows
   std::vector<uint32_t> observed_order_;        // local rank 0's marks in iteration 0
+  struct PendingCaps {
+    BucketCaps caps;
+    uint64_t at_iteration = 0;
+    uint64_t config_version = 0;
+  };
   absl::Mutex caps_mu_;
-  bool caps_pending_ ABSL_GUARDED_BY(caps_mu_) = false;
-  BucketCaps pending_caps_ ABSL_GUARDED_BY(caps_mu_);
-  uint64_t pending_caps_at_ ABSL_GUARDED_BY(caps_mu_) = 0;
+  std::deque<PendingCaps> pending_caps_ ABSL_GUARDED_BY(caps_mu_);  // in order
+  uint64_t config_version_ = 0;  // loop thread: the last version applied
   std::vector<std::vector<ReduceSpan>> spans_;  // per bucket
   std::vector<uint8_t*> arenas_;                // per local trainer
   Backend* backend_;

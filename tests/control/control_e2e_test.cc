@@ -770,7 +770,9 @@ TEST(ControlE2eTest, DrainRefusesNewTrainersAndExitsZeroOnceTheIterationInFlight
   for (Process* p : {&ok, &stuck}) {
     const ExitStatus st = p->Wait(kBound);
     EXPECT_FALSE(st.timed_out) << "a trainer hung\n" << p->Log();
-    EXPECT_TRUE(st.exited && st.code != 0) << "code " << st.code << "\n" << p->Log();
+    // The iteration in flight timed out, naming who held it up.
+    EXPECT_TRUE(st.exited && st.code == kExitTimeout) << "code " << st.code << "\n" << p->Log();
+    EXPECT_THAT(p->Log(), HasSubstr("rank 1 (local 1")) << "the culprit is not named";
   }
   // In this order: the drain, the end of the iteration in flight, the stop.
   const std::string dlog = daemon.process().Log();
@@ -816,8 +818,10 @@ TEST(ControlE2eTest, DrainStopsAfterTheIterationInFlightWhileTrainersKeepTrainin
   for (int r = 0; r < 2; ++r) {
     const ExitStatus st = ps[r].Wait(kBound);
     EXPECT_FALSE(st.timed_out) << "trainer " << r << " hung";
-    EXPECT_TRUE(st.exited && st.code != 0) << "trainer " << r << " code " << st.code << "\n"
-                                           << ps[r].Log();
+    // The daemon went away after the drain: it says so, and why.
+    EXPECT_TRUE(st.exited && st.code == kExitUnavailable)
+        << "trainer " << r << " code " << st.code << "\n" << ps[r].Log();
+    EXPECT_THAT(ps[r].Log(), HasSubstr("drain")) << "trainer " << r;
   }
   // Steps 0..in_flight completed (the one in flight included), no more.
   EXPECT_EQ(CountOf(ps[0].Log(), "step "), in_flight + 1) << ps[0].Log();

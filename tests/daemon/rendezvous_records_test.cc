@@ -30,7 +30,8 @@ TEST(RendezvousRecords, KeysAreScopedAsBefore) {
   EXPECT_EQ(LayoutKey(3, 1), "g3/layout/1");
   EXPECT_EQ(CapsKey(3), "g3/caps");
   EXPECT_EQ(OrderKey(3), "g3/order");
-  EXPECT_EQ(ConfigKey(9), "config/9");
+  EXPECT_EQ(ConfigKey(3, 9), "g3/config/9");
+  EXPECT_EQ(PlanKey(3, 4, 1), "g3/plan/4/1");
 }
 
 TEST(RendezvousRecords, CapsRoundTrip) {
@@ -49,7 +50,7 @@ TEST(RendezvousRecords, RefusesBadCapsNamingTheKey) {
 }
 
 TEST(RendezvousRecords, ConfigRoundTrip) {
-  absl::StatusOr<JobConfigChange> c = DecodeConfig(ConfigKey(2), EncodeConfig(7, 12, 0.001, 2));
+  absl::StatusOr<JobConfigChange> c = DecodeConfig(ConfigKey(7, 2), EncodeConfig(7, 12, 0.001, 2));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->generation, 7u);
   EXPECT_EQ(c->at_iteration, 12u);
@@ -61,10 +62,38 @@ TEST(RendezvousRecords, ConfigRoundTrip) {
 
 TEST(RendezvousRecords, RefusesBadConfigNamingTheKey) {
   for (const std::string& garbage : kGarbage) {
-    ExpectRefused(DecodeConfig(ConfigKey(2), garbage).status(), "config/2");
+    ExpectRefused(DecodeConfig(ConfigKey(7, 2), garbage).status(), "g7/config/2");
   }
   // Parses (an empty message), but carries no caps.
-  ExpectRefused(DecodeConfig(ConfigKey(2), std::string()).status(), "config/2");
+  ExpectRefused(DecodeConfig(ConfigKey(7, 2), std::string()).status(), "g7/config/2");
+}
+
+TEST(RendezvousRecords, PlanStampRoundTrip) {
+  const PlanStamp stamp{3, 0xfedcba9876543210ull, 25, 43};
+  absl::StatusOr<PlanStamp> s = DecodePlanStamp(PlanKey(1, 3, 0), EncodePlanStamp(stamp));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->plan_version, 3u);
+  EXPECT_EQ(s->fingerprint, 0xfedcba9876543210ull);
+  EXPECT_EQ(s->iteration, 25u);
+  EXPECT_EQ(s->config_version, 43u);
+  ExpectRefused(DecodePlanStamp(PlanKey(1, 3, 2), std::nullopt).status(), "g1/plan/3/2");
+}
+
+// Issue 16 item 1: node 0 applied config version 43 at iteration 25, node 1
+// version 44 there: that is MISMATCH naming both, not a crash in Gloo.
+TEST(RendezvousRecords, DivergedPlansAreAMismatchNamingBothVersions) {
+  const PlanStamp zero{3, 0x1111, 25, 43};
+  EXPECT_TRUE(ComparePlanStamps({zero, zero, zero}).ok());
+  const absl::Status st = ComparePlanStamps({zero, zero, PlanStamp{3, 0x2222, 25, 44}});
+  EXPECT_EQ(CodeOf(st), v1::MISMATCH) << st;
+  EXPECT_THAT(std::string(st.message()),
+              AllOf(HasSubstr("bucket plans diverged at plan version 3"),
+                    HasSubstr("node 0 has config version 43 from iteration 25 (plan fingerprint "
+                              "0000000000001111)"),
+                    HasSubstr("node 2 has config version 44 from iteration 25 (plan fingerprint "
+                              "0000000000002222)")));
+  // Same buckets by chance, but switched at another iteration: still diverged.
+  EXPECT_EQ(CodeOf(ComparePlanStamps({zero, PlanStamp{3, 0x1111, 40, 43}})), v1::MISMATCH);
 }
 
 TEST(RendezvousRecords, OrderRoundTrip) {

@@ -98,6 +98,7 @@ struct NodeSetup {
   BucketCaps caps;
   int64_t timeout_ms = kNever;
   Scheduler::OrderAgreement agree_order;  // empty: this node's order
+  std::function<absl::Status(const PlanStamp&)> check_plan;  // empty: one node
 };
 
 // One node under test: its trainers' segments, a fake backend for the other
@@ -123,6 +124,7 @@ class SchedulerFixture {
     opts.reduce_threads = 2;
     opts.caps = s.caps;
     opts.agree_order = s.agree_order;
+    opts.check_plan = s.check_plan;
     scheduler_ = std::make_unique<Scheduler>(node_->trainers(), node_->layout(), node_->plan(),
                                              node_->arena(), backend_.get(), node_->ready_bell(),
                                              /*observer=*/nullptr, failures_.fn(), opts);
@@ -445,6 +447,74 @@ TEST_F(SchedulerBehaviourTest, NewCapsApplyAtTheIterationBoundaryTheyNameAndAver
   EXPECT_EQ(scheduler_->plan_version(), version + 1);
   RunIteration(4);
   EXPECT_TRUE(failures_.Peek().ok()) << failures_.Peek();
+}
+
+// Issue 16 item 1: a burst of job-wide changes queues; none overwrites
+// another, each applies at its own iteration, in order.
+TEST_F(SchedulerBehaviourTest, QueuedCapChangesApplyInOrderEachAtItsOwnIteration) {
+  ASSERT_NO_FATAL_FAILURE(Start(kNever, BucketCaps{}));  // one bucket
+  RunIteration(0);
+  RunIteration(1);
+  ASSERT_EQ(scheduler_->plan().buckets.size(), 1u);
+  scheduler_->SetCaps({4, 4}, /*at_iteration=*/3, /*config_version=*/1);
+  scheduler_->SetCaps(BucketCaps{}, /*at_iteration=*/5, /*config_version=*/2);
+  RunIteration(2);
+  RunIteration(3);  // version 1: one tensor per bucket
+  EXPECT_EQ(scheduler_->plan().buckets.size(), 6u);
+  RunIteration(4);
+  RunIteration(5);  // version 2: one bucket again
+  EXPECT_EQ(scheduler_->plan().buckets.size(), 1u);
+  RunIteration(6);
+  EXPECT_TRUE(failures_.Peek().ok()) << failures_.Peek();
+}
+
+// Every plan decision is checked across nodes before its first collective,
+// stamped alike on every node: version, fingerprint, first iteration and
+// the config version it applied.
+TEST_F(SchedulerBehaviourTest, EveryPlanDecisionIsCheckedWithItsStampBeforeItRuns) {
+  absl::Mutex mu;
+  std::vector<PlanStamp> stamps;
+  NodeSetup s;
+  s.caps = BucketCaps{};
+  s.check_plan = [&](const PlanStamp& stamp) {
+    absl::MutexLock lock(&mu);
+    stamps.push_back(stamp);
+    return absl::OkStatus();
+  };
+  ASSERT_NO_FATAL_FAILURE(StartScheduler(s));
+  RunIteration(0);
+  RunIteration(1);
+  scheduler_->SetCaps({4, 4}, /*at_iteration=*/3, /*config_version=*/7);
+  RunIteration(2);
+  RunIteration(3);
+  const BucketPlan per_tensor = scheduler_->plan();
+  RunIteration(4);
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(stamps.size(), 2u);
+  EXPECT_EQ(stamps[0].plan_version, 2u);  // the rebuilt order, entering iteration 1
+  EXPECT_EQ(stamps[0].iteration, 1u);
+  EXPECT_EQ(stamps[0].config_version, 0u);
+  EXPECT_EQ(stamps[1].plan_version, 3u);
+  EXPECT_EQ(stamps[1].iteration, 3u);
+  EXPECT_EQ(stamps[1].config_version, 7u);
+  EXPECT_EQ(stamps[1].fingerprint, PlanFingerprint(per_tensor));
+  EXPECT_NE(stamps[0].fingerprint, stamps[1].fingerprint);
+  EXPECT_EQ(scheduler_->plan_version(), 3u);
+}
+
+TEST_F(SchedulerBehaviourTest, DivergedPlanFailsWithMismatchBeforeItsFirstCollective) {
+  NodeSetup s;
+  s.caps = BucketCaps{};
+  s.check_plan = [](const PlanStamp& stamp) {
+    return MakeError(v1::MISMATCH, absl::StrCat("bucket plans diverged at plan version ",
+                                                stamp.plan_version, ": node 0 has config version 4"));
+  };
+  ASSERT_NO_FATAL_FAILURE(StartScheduler(s));
+  RunIteration(0);
+  const absl::Status st = failures_.Wait(kBound);
+  EXPECT_EQ(CodeOf(st), v1::MISMATCH) << st;
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr("bucket plans diverged at plan version 2: node 0 has config version 4"));
 }
 
 TEST_F(SchedulerBehaviourTest, CapChangeArrivingAfterItsIterationFailsWithState) {

@@ -13,9 +13,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "common/monotonic.h"
 #include "daemon/cluster/rendezvous_client.h"
+#include "daemon/cluster/rendezvous_keys.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "common/status_code.h"
@@ -195,7 +197,7 @@ TEST_F(RendezvousServiceTest, NumNodesDisagreementIsAMismatch) {
   p.num_nodes = 4;
   const auto result = Client()->Join(p);
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(CodeOf(result.status()), v1::MISMATCH);
+  EXPECT_EQ(CodeOf(result.status()), v1::INVALID_ARGUMENT);
   EXPECT_THAT(Msg(result.status()), HasSubstr("node_rank=1 was started with num_nodes=4"));
   EXPECT_THAT(Msg(result.status()), HasSubstr("num_nodes=2"));
 }
@@ -332,6 +334,52 @@ TEST_F(RendezvousServiceTest, LeaveAbortsTheGeneration) {
   EXPECT_THAT(beat->abort_reason, HasSubstr("left: operator drained the node"));
 }
 
+// Issue 16 item 7: generations restart at 1 on a restarted leader; the old
+// leader's node 1 link, still around, sends its Leave(generation=1) late.
+// It names the old incarnation, so the fresh generation 1 is untouched.
+TEST_F(RendezvousServiceTest, StaleLeaveFromBeforeALeaderRestartLeavesTheNewGenerationAlone) {
+  StartLeader(2);
+  auto old_link = Client();  // node 1's link of the first leader's generation 1
+  std::thread node0([&] { EXPECT_TRUE(Client()->Join(Params(0)).ok()); });
+  const auto joined = old_link->Join(Params(1));
+  node0.join();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  ASSERT_EQ(joined->generation, 1u);
+  const uint64_t old_incarnation = joined->incarnation;
+  EXPECT_EQ(old_incarnation, leader_->service().incarnation());
+
+  // The leader restarts on the same address; the job forms generation 1 again.
+  const int port = leader_->port();
+  leader_.reset();
+  leader_ = std::make_unique<TestLeader>(kJob, kToken, 2, absl::Seconds(20), absl::Minutes(10),
+                                         MonotonicNow, port);
+  ASSERT_EQ(leader_->port(), port);
+  ASSERT_EQ(FormGeneration(), 1u);
+  const uint64_t new_incarnation = leader_->service().incarnation();
+  ASSERT_NE(new_incarnation, old_incarnation);
+
+  const absl::Status stale = old_link->Leave(1, 1, "the job's trainers closed");
+  EXPECT_EQ(CodeOf(stale), v1::STATE) << stale;
+  EXPECT_THAT(Msg(stale), HasSubstr("node_rank=1"));
+  EXPECT_THAT(Msg(stale), HasSubstr(absl::StrFormat("incarnation %016x", old_incarnation)));
+  EXPECT_THAT(Msg(stale), HasSubstr(absl::StrFormat("incarnation %016x", new_incarnation)));
+  // Its heartbeat and its store calls are refused the same way.
+  HeartbeatParams beat;
+  beat.node_rank = 1;
+  beat.generation = 1;
+  beat.node_error = MakeError(v1::PEER_FAILED, "the old leader is gone");
+  EXPECT_EQ(CodeOf(old_link->Heartbeat(beat).status()), v1::STATE);
+  EXPECT_EQ(CodeOf(old_link->Set("g1/gloo/stale", "x")), v1::STATE);
+
+  const RendezvousStatus status = leader_->service().GetStatus();
+  EXPECT_EQ(status.generation, 1u);
+  EXPECT_FALSE(status.aborted) << status.abort_reason;
+  auto fresh = Beat(0, 1);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_FALSE(fresh->abort) << fresh->abort_reason;
+  EXPECT_FALSE(Client()->Get("g1/gloo/stale")->has_value());
+}
+
 TEST_F(RendezvousServiceTest, MissedHeartbeatsAbortNamingTheSilentNode) {
   StartLeader(2, /*heartbeat_timeout=*/absl::Milliseconds(300));
   ASSERT_EQ(FormGeneration(), 1u);
@@ -405,17 +453,60 @@ TEST(MonotonicNowTest, ReadsTheSteadyClockNotTheWallClock) {
   }
 }
 
-TEST_F(RendezvousServiceTest, HostingDaemonCanAbortAndSetTheConfigVersion) {
+TEST_F(RendezvousServiceTest, HostingDaemonCanAbortTheGeneration) {
   StartLeader(2);
   ASSERT_EQ(FormGeneration(), 1u);
-  leader_->service().SetConfigVersion(5);
   EXPECT_FALSE(leader_->service().AbortGeneration(2, "wrong generation"));
   EXPECT_TRUE(leader_->service().AbortGeneration(1, "leader saw a failure"));
   auto beat = Beat(1, 1);
   ASSERT_TRUE(beat.ok());
   EXPECT_TRUE(beat->abort);
   EXPECT_EQ(beat->abort_reason, "leader saw a failure");
-  EXPECT_EQ(beat->config_version, 5u);
+}
+
+// Issue 16 item 1: the config log of a generation. Versions count 1, 2, ...
+// and switch at strictly increasing iterations even when the leader asks
+// for an earlier one; heartbeats carry the newest; the log is bounded and
+// starts over with each generation.
+TEST_F(RendezvousServiceTest, ConfigLogVersionsSwitchAtStrictlyIncreasingIterations) {
+  StartLeader(2);
+  RendezvousService& service = leader_->service();
+  auto write = [](const RendezvousService::ConfigEntry& e) {
+    return std::make_pair(absl::StrCat("g", e.generation, "/config/", e.version),
+                          absl::StrCat(e.at_iteration));
+  };
+  EXPECT_EQ(service.AppendConfig(10, write).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // no generation yet
+  ASSERT_EQ(FormGeneration(), 1u);
+  const auto first = service.AppendConfig(10, write);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->version, 1u);
+  EXPECT_EQ(first->at_iteration, 10u);
+  // Asked for earlier (the leader's view of progress lags): still later.
+  const auto second = service.AppendConfig(4, write);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->version, 2u);
+  EXPECT_EQ(second->at_iteration, 11u);
+  auto beat = Beat(0, 1);
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_EQ(beat->config_version, 2u);
+  auto client = Client();
+  EXPECT_EQ(client->Get("g1/config/1")->value_or(""), "10");
+  EXPECT_EQ(client->Get("g1/config/2")->value_or(""), "11");
+
+  // Bounded: the oldest versions go, the newest kConfigLogKeep stay.
+  for (size_t i = 0; i < kConfigLogKeep; ++i) ASSERT_TRUE(service.AppendConfig(0, write).ok());
+  EXPECT_FALSE(client->Get("g1/config/2")->has_value());
+  EXPECT_TRUE(client->Get("g1/config/3")->has_value());
+
+  // A new generation has a log of its own.
+  ASSERT_TRUE(service.AbortGeneration(1, "re-form"));
+  ASSERT_EQ(FormGeneration(), 2u);
+  const auto fresh = service.AppendConfig(5, write);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ(fresh->version, 1u);
+  EXPECT_EQ(fresh->generation, 2u);
+  EXPECT_EQ(fresh->at_iteration, 5u);
 }
 
 TEST_F(RendezvousServiceTest, WaitTimeoutNamesTheMissingKeys) {

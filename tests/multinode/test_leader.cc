@@ -9,15 +9,15 @@ namespace gradsync::testing {
 
 TestLeader::TestLeader(const std::string& job_id, const std::string& job_token, int num_nodes,
                        absl::Duration default_timeout, absl::Duration heartbeat_timeout,
-                       MonotonicClock clock)
+                       MonotonicClock clock, int port)
     : service_(std::make_unique<RendezvousService>(job_id, job_token, num_nodes, default_timeout,
                                                    heartbeat_timeout, std::move(clock))) {
-  int port = 0;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort("127.0.0.1:" + std::to_string(port), grpc::InsecureServerCredentials(),
+                           &port_);
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();
-  if (server_ != nullptr && port > 0) address_ = "127.0.0.1:" + std::to_string(port);
+  if (server_ != nullptr && port_ > 0) address_ = "127.0.0.1:" + std::to_string(port_);
 }
 
 TestLeader::~TestLeader() {
