@@ -389,6 +389,7 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
   opts.stall_threshold_s = config_.stall_threshold_s;
   opts.caps = caps;
   opts.agree_order = world_.agree_order;
+  opts.node_segment = node_.get();
   if (cuda) {
     opts.gpu = gpu_reducer_.get();
     opts.is_context_lost = hooks_.gpu.is_context_lost;
