@@ -15,6 +15,7 @@
 #include "daemon/cluster/cluster_link.h"
 #include "daemon/cluster/rendezvous_records.h"
 #include "daemon/listen_address.h"
+#include "daemon/server_limits.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "ipc/shared_segment.h"
@@ -74,6 +75,7 @@ absl::StatusOr<JobWorld> Daemon::FormWorld(const Layout& layout,
 }
 
 absl::Status Daemon::Start() {
+  RaiseOpenFileLimit();
   for (const std::string& name : ipc::RemoveStaleSegments(config_.shm_prefix)) {
     spdlog::info("event=stale_segment_removed name={}", name);
   }
@@ -123,8 +125,15 @@ absl::Status Daemon::Start() {
     }
     control_service_ = std::make_unique<ControlService>(
         jobs_.get(), [this] { Drain(); }, std::move(publish), std::move(job_stalls));
+    auto acceptor = ConnectionAcceptor::ListenTcp(config_.listen);
+    if (!acceptor.ok()) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on --listen ", config_.listen,
+                                                 ": ", acceptor.status().message()));
+    }
+    listen_acceptor_ = std::move(*acceptor);
+    listen_port_ = listen_acceptor_->port();
     grpc::ServerBuilder builder;
-    builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &listen_port_);
+    LimitServerThreads(builder, "gradsyncd-listen", ListenServerMaxThreads(config_));
     builder.RegisterService(control_service_.get());
     if (config_.is_leader() && config_.num_nodes > 1) {
       // Silence longer than this marks a node dead (SIGKILL is noticed at
@@ -141,6 +150,7 @@ absl::Status Daemon::Start() {
       return absl::UnavailableError(absl::StrCat("cannot listen on --listen ", config_.listen));
     }
     listen_server_->GetHealthCheckService()->SetServingStatus(true);
+    listen_acceptor_->Start(listen_server_.get());
   }
   if (config_.num_nodes > 1) {
     if (config_.is_leader()) {
@@ -157,14 +167,18 @@ absl::Status Daemon::Start() {
   if (absl::Status st = PrepareSocketPath(); !st.ok()) return st;
   local_service_ = std::make_unique<LocalService>(jobs_.get());
   {
+    auto acceptor = ConnectionAcceptor::ListenUnix(config_.socket_path);
+    if (!acceptor.ok()) return acceptor.status();
+    local_acceptor_ = std::move(*acceptor);
     grpc::ServerBuilder builder;
-    builder.AddListeningPort("unix:" + config_.socket_path, grpc::InsecureServerCredentials());
+    LimitServerThreads(builder, "gradsyncd-local", LocalServerMaxThreads(config_));
     builder.RegisterService(local_service_.get());
     local_server_ = builder.BuildAndStart();
     if (!local_server_) {
       return absl::UnavailableError(
           absl::StrCat("cannot listen on unix socket ", config_.socket_path));
     }
+    local_acceptor_->Start(local_server_.get());
   }
   if (chmod(config_.socket_path.c_str(), config_.socket_mode) != 0) {
     return absl::PermissionDeniedError(absl::StrCat("chmod ", config_.socket_path, ": ",
@@ -307,6 +321,9 @@ void Daemon::Run() {
   jobs_->FailAll(
       MakeError(v1::UNAVAILABLE, absl::StrCat("gradsyncd is shutting down (", reason, ")")));
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
+  // No connection may be handed to a server that is shutting down.
+  local_acceptor_->Stop();
+  if (listen_acceptor_) listen_acceptor_->Stop();
   local_server_->Shutdown(deadline);
   if (listen_server_) listen_server_->Shutdown(deadline);
   if (heartbeat_.joinable()) heartbeat_.join();

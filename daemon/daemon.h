@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/config.h"
+#include "daemon/connection_acceptor.h"
 #include "daemon/control_service.h"
 #include "daemon/engine/job_registry.h"
 #include "daemon/local_service.h"
@@ -75,6 +76,10 @@ class Daemon {
   std::unique_ptr<RendezvousService> rendezvous_service_;  // the leader of a multi-node job
   std::unique_ptr<grpc::Server> local_server_;
   std::unique_ptr<grpc::Server> listen_server_;
+  // Accept for the servers above (EMFILE-proof); declared after them, so
+  // they stop before the servers go.
+  std::unique_ptr<ConnectionAcceptor> local_acceptor_;
+  std::unique_ptr<ConnectionAcceptor> listen_acceptor_;
   int listen_port_ = 0;
   // Where FormWorld joins the job: --leader, or on the leader an address its
   // own listen server answers on. Set by Start before trainers can attach.

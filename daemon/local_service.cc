@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/monotonic.h"
@@ -28,6 +29,16 @@ grpc::Status Reply(Response* resp, const absl::Status& status) {
 
 }  // namespace
 
+bool LocalService::ClaimWaiter(int local_rank) {
+  absl::MutexLock lock(&waiting_mu_);
+  return waiting_ranks_.insert(local_rank).second;
+}
+
+void LocalService::ReleaseWaiter(int local_rank) {
+  absl::MutexLock lock(&waiting_mu_);
+  waiting_ranks_.erase(local_rank);
+}
+
 grpc::Status LocalService::Attach(grpc::ServerContext* ctx, const v1::AttachRequest* req,
                                   v1::AttachResponse* resp) {
   if (req->protocol_version() != v1::PROTOCOL_VERSION_CURRENT) {
@@ -48,6 +59,10 @@ grpc::Status LocalService::Attach(grpc::ServerContext* ctx, const v1::AttachRequ
   const auto deadline = std::chrono::steady_clock::now() + left;
   std::shared_ptr<Job> job;
   absl::StatusOr<uint64_t> session;
+  bool waiting = false;
+  absl::Cleanup release = [&] {
+    if (waiting) ReleaseWaiter(req->local_rank());
+  };
   while (true) {
     job = jobs_->JobForAttach();
     if (!job) {
@@ -58,6 +73,22 @@ grpc::Status LocalService::Attach(grpc::ServerContext* ctx, const v1::AttachRequ
     if (session.ok() || (job->state() == JobState::kAttaching && !job->Finished()) ||
         std::chrono::steady_clock::now() >= deadline || ctx->IsCancelled()) {
       break;
+    }
+    if (!waiting) {
+      // A rank no job has is refused now, not after a wait: only the job's
+      // local ranks get a waiting slot, so waiters stay <= local_size.
+      if (req->local_rank() < 0 || req->local_rank() >= jobs_->config().local_size) break;
+      if (!ClaimWaiter(req->local_rank())) {
+        spdlog::warn("event=attach_refused local_rank={} pid={} reason=waiter_exists",
+                     req->local_rank(), req->pid());
+        return grpc::Status(
+            grpc::StatusCode::RESOURCE_EXHAUSTED,
+            absl::StrCat("local rank ", req->local_rank(),
+                         " already has an Attach waiting for the running job to end (one "
+                         "waiter per local rank); pid ",
+                         req->pid(), " was refused"));
+      }
+      waiting = true;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

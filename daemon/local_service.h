@@ -2,9 +2,18 @@
 // socket — trainers attach, register their layout, detach, and hold a Watch
 // stream open through which the daemon pushes errors and notices a
 // trainer's death the moment its connection closes.
+//
+// An Attach while a job runs waits (up to 30 s) for it to end, holding a
+// server thread: one such waiter per local rank, the others are refused at
+// once with gRPC RESOURCE_EXHAUSTED naming the rank — a flood of Attach
+// calls cannot pin more than local_size threads.
 #ifndef GRADSYNC_DAEMON_LOCAL_SERVICE_H_
 #define GRADSYNC_DAEMON_LOCAL_SERVICE_H_
 
+#include <set>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/engine/job_registry.h"
 #include "gradsync/v1/local.grpc.pb.h"
 
@@ -24,7 +33,13 @@ class LocalService final : public v1::Local::Service {
                      grpc::ServerWriter<v1::WatchEvent>* writer) override;
 
  private:
+  // Claims the waiting slot of `local_rank`; false if another Attach holds it.
+  bool ClaimWaiter(int local_rank) ABSL_LOCKS_EXCLUDED(waiting_mu_);
+  void ReleaseWaiter(int local_rank) ABSL_LOCKS_EXCLUDED(waiting_mu_);
+
   JobRegistry* jobs_;
+  absl::Mutex waiting_mu_;
+  std::set<int> waiting_ranks_ ABSL_GUARDED_BY(waiting_mu_);
 };
 
 }  // namespace gradsync

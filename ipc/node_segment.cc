@@ -12,6 +12,9 @@ absl::StatusOr<NodeSegment> NodeSegment::Create(const std::string& name, pid_t d
   if (!segment.ok()) return segment.status();
   NodeSegment ns;
   ns.segment_ = std::move(*segment);
+  auto guard = TruncationGuard::Watch(ns.segment_.data(), ns.segment_.size());
+  if (!guard.ok()) return guard.status();
+  ns.truncation_guard_ = std::move(*guard);
   ns.header_ = new (ns.segment_.data()) NodeSegmentHeader();
   ns.header_->layout_version = kNodeSegmentVersion;
   ns.header_->header_bytes = sizeof(NodeSegmentHeader);
@@ -47,6 +50,9 @@ absl::StatusOr<NodeSegment> NodeSegment::Open(const std::string& name) {
 absl::Status NodeSegment::Check() const {
   if (header_ == nullptr) return absl::FailedPreconditionError("no node segment");
   const std::string& n = segment_.name();
+  if (Truncated()) {
+    return absl::DataLossError(absl::StrCat("node segment ", n, " was truncated under the daemon"));
+  }
   if (header_->magic != kNodeSegmentMagic) {
     return absl::DataLossError(
         absl::StrCat("node segment ", n, " has bad magic 0x", absl::Hex(header_->magic)));

@@ -9,11 +9,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "ipc/doorbell.h"
 #include "ipc/shared_segment.h"
+#include "ipc/truncation_guard.h"
 
 namespace gradsync::ipc {
 
@@ -35,14 +37,20 @@ class NodeSegment {
   NodeSegment(NodeSegment&&) = default;
   NodeSegment& operator=(NodeSegment&&) = default;
 
+  // Daemon side; the mapping is guarded (ipc/truncation_guard.h): whoever
+  // truncates the segment cannot kill the daemon, see Truncated().
   static absl::StatusOr<NodeSegment> Create(const std::string& name, pid_t daemon_pid,
                                             mode_t mode = 0600, gid_t group = -1);
   static absl::StatusOr<NodeSegment> Open(const std::string& name);
 
   // The daemon's check of its own segment, which anyone of its user can
   // damage: OK while the header is intact (magic, version) and the name
-  // still refers to this mapping; the error names what is wrong.
+  // still refers to this mapping, and it was never truncated; the error
+  // names what is wrong.
   absl::Status Check() const;
+  // Daemon side: true once the segment was found cut short under this
+  // mapping (it then reads zeros: no doorbell, no heartbeat reaches anyone).
+  bool Truncated() const { return truncation_guard_ && truncation_guard_->truncated(); }
   // Whether name() still refers to this mapping's object.
   bool StillNamed() const { return segment_.CheckStillNamed().ok(); }
 
@@ -52,6 +60,8 @@ class NodeSegment {
 
  private:
   SharedSegment segment_;
+  // Declared after segment_: it must go before the mapping does.
+  std::unique_ptr<TruncationGuard> truncation_guard_;
   NodeSegmentHeader* header_ = nullptr;
 };
 

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -63,6 +64,31 @@ bool IsZombie(pid_t pid) {
   return paren != absl::string_view::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
 }
 
+// Where POSIX shared memory lives on Linux (and where Boost puts it).
+constexpr char kShmDir[] = "/dev/shm";
+
+// Takes the segment's pages now: a sparse tmpfs file that outgrows /dev/shm
+// kills whoever touches the missing page with SIGBUS, long after creation.
+absl::Status ReserveSpace(int fd, const std::string& name, size_t size) {
+  if (size == 0) return absl::OkStatus();
+  int err;
+  do {
+    err = posix_fallocate(fd, 0, static_cast<off_t>(size));
+  } while (err == EINTR);
+  if (err == 0) return absl::OkStatus();
+  if (err == ENOSPC) {
+    struct statvfs fs;
+    const std::string free_bytes =
+        statvfs(kShmDir, &fs) == 0 ? absl::StrCat(uint64_t{fs.f_bavail} * fs.f_frsize)
+                                   : std::string("an unknown number of");
+    return absl::ResourceExhaustedError(absl::StrCat("segment ", name, " needs ", size,
+                                                     " bytes, ", kShmDir, " has ", free_bytes,
+                                                     " bytes free"));
+  }
+  return absl::InternalError(
+      absl::StrCat("segment ", name, ": reserving ", size, " bytes: ", std::strerror(err)));
+}
+
 bool ProcessAlive(pid_t pid) {
   if (pid <= 0) return false;
   if (kill(pid, 0) != 0 && errno != EPERM) return false;
@@ -96,6 +122,11 @@ absl::StatusOr<SharedSegment> SharedSegment::Create(const std::string& name, siz
           absl::StrCat("segment ", name, ": cannot set mode/group: ", std::strerror(err)));
     }
     shm.truncate(static_cast<bip::offset_t>(size));  // fresh pages read as zero
+    if (absl::Status reserved = ReserveSpace(shm.get_mapping_handle().handle, name, size);
+        !reserved.ok()) {
+      bip::shared_memory_object::remove(name.c_str());
+      return reserved;
+    }
     struct stat st;
     if (fstat(shm.get_mapping_handle().handle, &st) != 0) {
       const int err = errno;

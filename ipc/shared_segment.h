@@ -28,6 +28,9 @@ class SharedSegment {
   SharedSegment& operator=(SharedSegment&&) = default;
 
   // Creates (fails if it exists), sizes, zero-fills and maps a segment.
+  // Its pages are reserved now (posix_fallocate): RESOURCE_EXHAUSTED naming
+  // the bytes needed and free when /dev/shm cannot hold it, rather than a
+  // SIGBUS for whoever writes the page that did not fit later.
   // `group` >= 0 chowns the segment to that group (mode should be 0660).
   static absl::StatusOr<SharedSegment> Create(const std::string& name, size_t size,
                                               mode_t mode = 0600, gid_t group = -1);

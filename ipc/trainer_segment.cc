@@ -47,6 +47,10 @@ absl::StatusOr<TrainerSegment> TrainerSegment::Create(const std::string& name,
 
   TrainerSegment ts;
   ts.segment_ = std::move(*segment);
+  // Before the first write: the name is visible from here on.
+  auto guard = TruncationGuard::Watch(ts.segment_.data(), ts.segment_.size());
+  if (!guard.ok()) return guard.status();
+  ts.truncation_guard_ = std::move(*guard);
   auto* h = new (ts.segment_.data()) TrainerSegmentHeader();
   h->layout_version = kTrainerSegmentVersion;
   h->header_bytes = sizeof(TrainerSegmentHeader);

@@ -15,11 +15,14 @@
 #include <cstdint>
 #include <string>
 
+#include <memory>
+
 #include "absl/status/statusor.h"
 #include "ipc/doorbell.h"
 #include "ipc/events.h"
 #include "ipc/shared_segment.h"
 #include "ipc/spsc_ring.h"
+#include "ipc/truncation_guard.h"
 
 namespace gradsync::ipc {
 
@@ -65,7 +68,8 @@ class TrainerSegment {
   TrainerSegment(TrainerSegment&&) = default;
   TrainerSegment& operator=(TrainerSegment&&) = default;
 
-  // Daemon side.
+  // Daemon side. The mapping is guarded (ipc/truncation_guard.h): a trainer
+  // that truncates its segment cannot kill the daemon, see Truncated().
   static absl::StatusOr<TrainerSegment> Create(const std::string& name,
                                                const TrainerSegmentSpec& spec, mode_t mode = 0600,
                                                gid_t group = -1);
@@ -84,6 +88,10 @@ class TrainerSegment {
   uint64_t arena_bytes() const { return arena_bytes_; }
   const std::string& name() const { return segment_.name(); }
 
+  // Daemon side: true once the segment was found cut short under this
+  // mapping; everything read from it since is zeros, not the trainer's.
+  bool Truncated() const { return truncation_guard_ && truncation_guard_->truncated(); }
+
   // Daemon side: records the error message for the trainer to read.
   void SetError(int32_t code, const std::string& message);
   // Trainer side: the daemon's last error message ("" if none).
@@ -93,6 +101,8 @@ class TrainerSegment {
   absl::Status Map(bool validate, uint64_t expected_hash, uint64_t expected_arena_bytes);
 
   SharedSegment segment_;
+  // Declared after segment_: it must go before the mapping does.
+  std::unique_ptr<TruncationGuard> truncation_guard_;
   TrainerSegmentHeader* header_ = nullptr;
   SpscRing<ReadyEvent> ready_;
   SpscRing<CompletionEvent> completion_;

@@ -390,6 +390,7 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
   opts.caps = caps;
   opts.agree_order = world_.agree_order;
   opts.check_plan = world_.check_plan;
+  opts.node_segment = node_.get();
   if (cuda) {
     opts.gpu = gpu_reducer_.get();
     opts.is_context_lost = hooks_.gpu.is_context_lost;

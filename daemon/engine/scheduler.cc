@@ -332,6 +332,7 @@ void Scheduler::Loop() {
     }
     const int64_t now = NowNs();
     bool progress = false;
+    if (FailIfTruncated()) continue;
     for (Trainer* t : trainers_) {
       if (!Drain(*t, now, &progress)) break;
     }
@@ -354,11 +355,39 @@ void Scheduler::Loop() {
   }
 }
 
+bool Scheduler::FailIfTruncated() {
+  for (const Trainer* t : trainers_) {
+    if (!t->segment.Truncated()) continue;
+    spdlog::error("event=segment_truncated segment={} trainer=\"{}\"", t->segment.name(),
+                  t->Name());
+    fail_(MakeError(v1::INVALID_ARGUMENT,
+                    absl::StrCat(t->Name(), ": its shared-memory segment ", t->segment.name(),
+                                 " was truncated under the daemon (ftruncate while the job "
+                                 "ran); nothing read from it since is used")),
+          t->local_rank);
+    return true;
+  }
+  const ipc::NodeSegment* node = options_.node_segment;
+  if (node != nullptr && node->Truncated()) {
+    spdlog::error("event=segment_truncated segment={} trainer=none", node->name());
+    fail_(MakeError(v1::INTERNAL,
+                    absl::StrCat("the node segment ", node->name(),
+                                 " was truncated under the daemon (ftruncate while the job "
+                                 "ran): its readiness doorbell is gone")),
+          -1);
+    return true;
+  }
+  return false;
+}
+
 bool Scheduler::Drain(Trainer& t, int64_t now_ns, bool* progress) {
   ipc::ReadyEvent e;
   while (true) {
     const ipc::PopResult r = t.segment.ready_ring().TryPop(&e);
     if (r == ipc::PopResult::kEmpty) return true;
+    // What a truncated ring reads is zeros, not the trainer's entries: say so
+    // instead of blaming the entry.
+    if (r != ipc::PopResult::kOk && FailIfTruncated()) return false;
     if (r == ipc::PopResult::kCorrupt) {
       fail_(MakeError(v1::INVALID_ARGUMENT,
                       absl::StrCat(t.Name(), ": its readiness ring is corrupt (",
@@ -369,6 +398,7 @@ bool Scheduler::Drain(Trainer& t, int64_t now_ns, bool* progress) {
     const ipc::ReadyExpectation expect{static_cast<uint32_t>(layout_.size()), iteration(),
                                        t.ready_sequence};
     if (absl::Status st = ipc::ValidateReadyEvent(e, expect); !st.ok()) {
+      if (FailIfTruncated()) return false;
       fail_(MakeError(v1::INVALID_ARGUMENT,
                       absl::StrCat(t.Name(), " sent a bad readiness entry: ", st.message())),
             t.local_rank);
@@ -376,6 +406,7 @@ bool Scheduler::Drain(Trainer& t, int64_t now_ns, bool* progress) {
     }
     ++t.ready_sequence;
     if (t.marked[e.tensor] != 0) {
+      if (FailIfTruncated()) return false;
       fail_(MakeError(v1::INVALID_ARGUMENT,
                       absl::StrCat(t.Name(), " marked tensor ", e.tensor, " '",
                                    layout_[e.tensor].name, "' twice in iteration ", iteration())),
@@ -422,6 +453,8 @@ bool Scheduler::Launch(uint32_t bucket) {
                                     *backend_, &timings);
   const int64_t slot = EndReduction();
   if (slot == kStopped) return false;  // Stop aborted it: the job is over
+  // A trainer's arena cut short mid-sum: the result is garbage, and says so.
+  if (FailIfTruncated()) return false;
   // The backend's own timeout, if it won the race, says more: keep it.
   if (slot == kTimedOut && CodeOf(st) != v1::TIMEOUT) {
     fail_(TimedOut(bucket, st), kCollectiveFailed);

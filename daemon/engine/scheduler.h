@@ -12,6 +12,12 @@
 // Reductions run on this thread, so the collective order is the plan order
 // by construction, identical on every node.
 //
+// Shared memory cut short under the daemon (ipc/truncation_guard.h): the
+// loop checks every trainer's segment and the node segment on each pass,
+// after each reduction and before reporting a bad entry, and fails the job
+// naming the truncated segment (and its trainer) — nothing read from it
+// after the cut is ever reported as a result.
+//
 // Who bounds a collective: the scheduler. The backend's own timeout and the
 // GPU reducer's deadlines come first (their errors say more), but the loop
 // cannot check a deadline while it is blocked inside a reduction, so a
@@ -49,6 +55,7 @@
 #include "daemon/engine/trainer.h"
 #include "ipc/arena.h"
 #include "ipc/doorbell.h"
+#include "ipc/node_segment.h"
 
 namespace gradsync {
 
@@ -83,6 +90,9 @@ class Scheduler {
     GpuReducer* gpu = nullptr;
     // With gpu: true for an error that poisoned the device context.
     std::function<bool(const absl::Status&)> is_context_lost;
+    // The node segment the ready bell lives in: checked for truncation
+    // like the trainers' segments. Owned by the job.
+    const ipc::NodeSegment* node_segment = nullptr;
   };
 
   // `trainers` are indexed by local rank and outlive the scheduler.
@@ -126,6 +136,9 @@ class Scheduler {
   void Loop();
   // Drains one trainer's ring; false if it failed the job.
   bool Drain(Trainer& t, int64_t now_ns, bool* progress);
+  // Fails the job and returns true when a trainer's segment or the node
+  // segment was truncated; only reads the guards' flags (cheap).
+  bool FailIfTruncated();
   bool Launch(uint32_t bucket);
   bool LaunchGpu(uint32_t bucket);
   // The in-flight slot around a bucket's reduction. Begin publishes it and

@@ -274,6 +274,62 @@ INSTANTIATE_TEST_SUITE_P(Modes, GarbageEntryTest,
                            return n;
                          });
 
+// A trainer that cuts its own segment short under the daemon (ftruncate:
+// all of it, or its gradient arena after marking every gradient, so the
+// daemon's reduction reads the missing pages) fails its job alone, named;
+// the daemon, which would have died of SIGBUS, survives and trains the
+// next job.
+class TruncatedSegmentTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TruncatedSegmentTest, FailsThatTrainersJobAndTheDaemonTrainsTheNext) {
+  Daemon daemon(2, {"--timeout-s=20"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
+  Process honest = StartTrainer(daemon, 0, {"--steps=5", "--sleep-ms=300"}, "");
+  Process rogue = Process::Spawn(
+      {Runfile("tests/integration/rogue_trainer"), daemon.socket(), "1", GetParam()},
+      daemon.dir() + "/rogue.log");
+  ExitStatus r = rogue.Wait(kBound), h = honest.Wait(kBound);
+  EXPECT_EQ(r.code, 1 /*INVALID_ARGUMENT*/) << rogue.Log() << daemon.process().Log();
+  EXPECT_NE(rogue.Log().find("rank 1 (local 1"), std::string::npos) << rogue.Log();
+  EXPECT_NE(rogue.Log().find("was truncated under the daemon"), std::string::npos)
+      << rogue.Log();
+  EXPECT_EQ(h.code, kExitPeerFailed) << honest.Log();
+  EXPECT_NE(honest.Log().find("rank 1 (local 1"), std::string::npos) << honest.Log();
+  ASSERT_TRUE(daemon.process().Running()) << daemon.process().Log();
+  ExpectTrains(daemon, 2, "after a trainer truncated its segment");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuts, TruncatedSegmentTest,
+                         ::testing::Values("truncate-segment", "truncate-arena"),
+                         [](const ::testing::TestParamInfo<std::string>& i) {
+                           std::string n = i.param;
+                           for (char& ch : n) ch = ch == '-' ? '_' : ch;
+                           return n;
+                         });
+
+// The node segment cut short (any process of the daemon's user can): the
+// running job fails naming it, the daemon survives, and the next job gets a
+// fresh node segment and trains.
+TEST(FaultTest, TruncatedNodeSegmentFailsTheJobNotTheDaemonAndTheNextJobTrains) {
+  Daemon daemon(1, {"--timeout-s=20"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
+  Process rogue = Process::Spawn(
+      {Runfile("tests/integration/rogue_trainer"), daemon.socket(), "0", "truncate-node"},
+      daemon.dir() + "/rogue.log");
+  ExitStatus r = rogue.Wait(kBound);
+  EXPECT_EQ(r.code, 7 /*INTERNAL*/) << rogue.Log() << daemon.process().Log();
+  EXPECT_NE(rogue.Log().find(absl::StrCat("the node segment ", daemon.shm_prefix(), ".",
+                                          daemon.process().pid(),
+                                          ".node was truncated under the daemon")),
+            std::string::npos)
+      << rogue.Log();
+  ASSERT_TRUE(daemon.process().Running()) << daemon.process().Log();
+  ExpectTrains(daemon, 1, "after the node segment was truncated");
+  EXPECT_NE(daemon.process().Log().find("event=node_segment_recreated reason=\"node segment"),
+            std::string::npos)
+      << daemon.process().Log();
+}
+
 TEST(FaultTest, ConnectWithoutDaemonIsUnavailable) {
   ScratchDir dir;
   Process p = Process::Spawn(

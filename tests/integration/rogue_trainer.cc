@@ -4,12 +4,20 @@
 // do. Prints the daemon's verdict and exits with the gradsync code it got
 // (0 if the daemon never objected within the timeout: a test failure).
 //   rogue_trainer SOCKET LOCAL_RANK MODE   (MODE: bad-index | bad-sequence |
-//                                           bad-kind | corrupt-head)
+//                                           bad-kind | corrupt-head |
+//                                           truncate-segment | truncate-arena |
+//                                           truncate-node)
+// The truncate modes cut shared memory the daemon reads short (ftruncate):
+// its whole segment, its gradient arena (after marking every gradient, so
+// the daemon sums the missing pages), or the node segment. The verdict then
+// comes over the Watch stream: the segment itself is gone.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -23,6 +31,15 @@ namespace {
 int Fail(const char* what) {
   std::fprintf(stderr, "rogue_trainer: %s\n", what);
   return 100;
+}
+
+// What anyone who can open a segment can do to every mapping of it.
+bool Truncate(const std::string& name, off_t size) {
+  const int fd = open(("/dev/shm/" + name).c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ftruncate(fd, size) == 0;
+  close(fd);
+  return ok;
 }
 
 }  // namespace
@@ -53,9 +70,16 @@ int main(int argc, char** argv) {
   auto reader = stub->Watch(&watch_ctx, watch);
   gradsync::v1::WatchEvent first;
   if (!reader->Read(&first)) return Fail("no watch stream");
+  // The first error the daemon sends over the stream.
+  std::mutex watch_mu;
+  gradsync::v1::Error watch_error;
   std::thread drain([&] {
     gradsync::v1::WatchEvent e;
     while (reader->Read(&e)) {
+      std::lock_guard<std::mutex> lock(watch_mu);
+      if (e.has_error() && e.error().code() != 0 && watch_error.code() == 0) {
+        watch_error = e.error();
+      }
     }
   });
 
@@ -91,6 +115,42 @@ int main(int argc, char** argv) {
     e.sequence = 7;
   } else if (mode == "bad-kind") {
     e.kind = 77;
+  } else if (mode == "truncate-segment" || mode == "truncate-arena" || mode == "truncate-node") {
+    if (mode == "truncate-arena") {
+      // Every gradient marked honestly: the daemon reduces the arena...
+      for (uint32_t i = 0; i < 5; ++i) {
+        gradsync::ipc::ReadyEvent mark{};
+        mark.kind = static_cast<uint32_t>(gradsync::ipc::ReadyKind::kReady);
+        mark.tensor = i;
+        mark.sequence = i;
+        if (!seg->ready_ring().TryPush(mark)) return Fail("ring full");
+      }
+      node->ready_bell().Ring();
+    }
+    // ...which is no longer there. From here on this process touches
+    // neither its segment nor (truncate-node) the node segment.
+    const bool cut =
+        mode == "truncate-node"
+            ? Truncate(registered.node_segment_name(), 0)
+            : Truncate(registered.segment_name(),
+                       mode == "truncate-arena" ? static_cast<off_t>(seg->header()->arena_offset)
+                                                : 0);
+    if (!cut) return Fail("cannot truncate");
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < deadline) {
+      {
+        std::lock_guard<std::mutex> lock(watch_mu);
+        if (watch_error.code() != 0) {
+          std::printf("rogue_trainer: daemon said code=%d: %s\n", watch_error.code(),
+                      watch_error.message().c_str());
+          std::fflush(stdout);
+          // Exit without unmapping the cut segments' pages by touching them.
+          std::_Exit(watch_error.code());
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::_Exit(0);
   } else if (mode == "corrupt-head") {
     auto* control = reinterpret_cast<gradsync::ipc::RingControl*>(
         reinterpret_cast<uint8_t*>(seg->header()) + seg->header()->ready_offset);

@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/process.h"
+#include "tests/testing/small_shm.h"
 #include "tests/ipc/segment_names.h"
 
 namespace gradsync::ipc {
@@ -226,6 +227,50 @@ TEST(SharedSegmentTest, OtherUserIsRefused) {
   ASSERT_TRUE(code.ok()) << code.status();
   if (*code == kCannotDropRoot) GTEST_SKIP() << "cannot drop root here";
   EXPECT_EQ(*code, 0);
+}
+
+// A segment gets its pages when it is created: on a /dev/shm too small for
+// it, Create fails naming the segment, what it needs and what is free —
+// instead of handing out a sparse mapping whose first write past the free
+// space kills the writer (SIGBUS). Runs in a child with a private 8 MiB
+// /dev/shm.
+TEST(SharedSegmentTest, CreateOnAFullDevShmSaysWhatItNeedsInsteadOfAMappingThatFaults) {
+  if (const std::string why = gradsync::testing::SmallShmUnavailableReason(); !why.empty()) {
+    GTEST_SKIP() << why;
+  }
+  constexpr size_t kShm = 8u << 20, kTooBig = 12u << 20, kFits = 3u << 20;
+  auto child = Process::Fork([&]() -> int {
+    if (absl::Status st = gradsync::testing::MountSmallShm(kShm); !st.ok()) {
+      fprintf(stderr, "child: %s\n", st.ToString().c_str());
+      return 10;
+    }
+    // The first fits and holds its pages: the second no longer does.
+    auto first = SharedSegment::Create("gs-full.first", kFits);
+    if (!first.ok()) {
+      fprintf(stderr, "child: first: %s\n", first.status().ToString().c_str());
+      return 11;
+    }
+    auto second = SharedSegment::Create("gs-full.second", kTooBig);
+    if (second.ok()) {
+      // Today's sparse segment: touching every page is what kills the writer.
+      std::memset(second->data(), 1, second->size());
+      return 12;
+    }
+    fprintf(stderr, "child: %s\n", second.status().ToString().c_str());
+    if (second.status().code() != absl::StatusCode::kResourceExhausted) return 13;
+    const std::string msg(second.status().message());
+    if (msg.find(absl::StrCat("segment gs-full.second needs ", kTooBig, " bytes, /dev/shm has ")) ==
+            std::string::npos ||
+        msg.find(" bytes free") == std::string::npos) {
+      return 14;
+    }
+    // Nothing of the refused segment is left behind.
+    if (access("/dev/shm/gs-full.second", F_OK) == 0) return 15;
+    return 0;
+  });
+  ASSERT_TRUE(child.ok()) << child.status();
+  const gradsync::testing::ExitStatus st = child->Wait(kChildTimeout);
+  EXPECT_TRUE(st.exited && st.code == 0) << st.ToString() << "\n" << child->Log();
 }
 
 TEST(SegmentNameTest, FollowsPrefixPidSuffix) {
