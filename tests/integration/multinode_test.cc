@@ -53,7 +53,7 @@ class Cluster {
         port_(FreePort(leader_host_)),
         extra_(std::move(extra)) {
     token_file_ = dir_.File("token");
-    std::ofstream(token_file_) << token << "\n";
+    EXPECT_TRUE(WriteTokenFile(token_file_, token));
     for (int n = 0; n < nodes; ++n) StartNode(n);
   }
 
@@ -304,7 +304,7 @@ TEST(MultiNode, ConfigSetOnTheLeaderRePlansEveryNodeAtTheSameIteration) {
 TEST(MultiNode, BadTokenIsRefusedAndLogged) {
   Cluster cluster(2, 1, {}, "right-token");
   const std::string wrong = cluster.dir() + "/wrong";
-  std::ofstream(wrong) << "wrong-token\n";
+  ASSERT_TRUE(WriteTokenFile(wrong, "wrong-token"));
   cluster.StartNode(1, wrong);  // replaces node 1 with one holding the wrong token
   Process a = StartTrainer(cluster.node(1), 0, {"--steps=2"}, "");
   ExitStatus st = a.Wait(kBound);
