@@ -154,8 +154,9 @@ std::optional<int> ParseArgs(int argc, char** argv, Options* opts) {
       opts->token_file = value;
     } else if (name == "--tls-ca" || name == "--tls-cert" || name == "--tls-key") {
       if (!take_value() || value.empty()) return UsageError(name + " needs a file name");
-      (name == "--tls-ca" ? opts->tls.ca : name == "--tls-cert" ? opts->tls.cert : opts->tls.key) =
-          value;
+      (name == "--tls-ca"     ? opts->tls.ca
+       : name == "--tls-cert" ? opts->tls.cert
+                              : opts->tls.key) = value;
     } else if (name == "--out") {
       if (!take_value() || value.empty()) return UsageError("--out needs a file name (or -)");
       opts->out = value;
@@ -199,8 +200,7 @@ std::string UnreachableReason(const grpc::Status& status) {
 class Ctl {
  public:
   // `token`: sent with every call ("" for none); `credentials`: plaintext or TLS.
-  Ctl(const Options& opts, std::string token,
-      std::shared_ptr<grpc::ChannelCredentials> credentials)
+  Ctl(const Options& opts, std::string token, std::shared_ptr<grpc::ChannelCredentials> credentials)
       : opts_(opts), token_(std::move(token)) {
     grpc::ChannelArguments args;
     // An operator's CLI talks to a daemon on the cluster network: an
@@ -356,8 +356,8 @@ class Ctl {
                   << opts_.timeout_s << "s\n";
         return kDaemonError;
       case grpc::StatusCode::UNAUTHENTICATED:
-        std::cerr << "gradsyncctl: gradsyncd at " << opts_.addr << " refused the call: "
-                  << status.error_message() << "\n";
+        std::cerr << "gradsyncctl: gradsyncd at " << opts_.addr
+                  << " refused the call: " << status.error_message() << "\n";
         return kDaemonError;
       case grpc::StatusCode::UNIMPLEMENTED:
         std::cerr << "gradsyncctl: the server at " << opts_.addr << " does not serve " << what

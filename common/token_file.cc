@@ -28,9 +28,9 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   }
   if ((st.st_mode & 077) != 0) {
     close(fd);
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "token file %s has mode %04o: group or others may access it (chmod 600 %s)", path,
-        st.st_mode & 07777, path));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("token file %s has mode %04o: group or others may access it (chmod 600 %s)",
+                        path, st.st_mode & 07777, path));
   }
   std::string content;
   char buffer[4096];

@@ -34,8 +34,8 @@ struct DaemonConfig {
   std::string job_id = "default";
   std::string job_token;  // read from --job-token-file (common/token_file.h)
   // The network boundary (daemon/auth/call_auth.h, common/tls_credentials.h).
-  bool insecure = false;                // run without a token where one is required
-  bool require_auth_for_reads = false;  // Control's reads need the token too
+  bool insecure = false;                  // run without a token where one is required
+  bool require_auth_for_reads = false;    // Control's reads need the token too
   std::string tls_cert, tls_key, tls_ca;  // --listen and the rendezvous client
   int64_t timeout_ms = 300 * 1000;
   double stall_threshold_s = 60;

@@ -29,8 +29,7 @@ bool ValidLogLevel(const std::string& level) {
 
 ControlService::ControlService(JobRegistry* jobs, std::function<void()> drain,
                                PublishCaps publish_caps,
-                               std::function<std::vector<std::string>()> job_stalls,
-                               CallAuth auth)
+                               std::function<std::vector<std::string>()> job_stalls, CallAuth auth)
     : jobs_(jobs),
       drain_(std::move(drain)),
       publish_caps_(std::move(publish_caps)),

@@ -28,7 +28,8 @@ class ControlService final : public v1::Control::Service {
   // `job_stalls`: on the leader, the stall reports of every node.
   // `auth`: who may SetConfig and Drain (and read, with --require-auth-for-reads).
   ControlService(JobRegistry* jobs, std::function<void()> drain, PublishCaps publish_caps = {},
-                 std::function<std::vector<std::string>()> job_stalls = {}, CallAuth auth = {});
+                 std::function<std::vector<std::string>()> job_stalls = {},
+                 CallAuth auth = CallAuth());
 
   grpc::Status GetStats(grpc::ServerContext*, const v1::GetStatsRequest*,
                         v1::GetStatsResponse*) override;

@@ -150,8 +150,8 @@ absl::Status Daemon::Start() {
       const absl::Duration heartbeat_timeout =
           std::min(absl::Milliseconds(config_.timeout_ms), absl::Seconds(10));
       rendezvous_service_ = std::make_unique<RendezvousService>(
-          config_.job_id, auth, config_.num_nodes,
-          absl::Milliseconds(config_.timeout_ms), heartbeat_timeout);
+          config_.job_id, auth, config_.num_nodes, absl::Milliseconds(config_.timeout_ms),
+          heartbeat_timeout);
       builder.RegisterService(rendezvous_service_.get());
     }
     listen_server_ = builder.BuildAndStart();

@@ -26,10 +26,10 @@
 namespace gradsync {
 
 struct CallAuthPolicy {
-  std::string token;               // the job token; empty: none
-  bool tls_client_certs = false;   // the listener verifies client certificates
+  std::string token;              // the job token; empty: none
+  bool tls_client_certs = false;  // the listener verifies client certificates
   bool require_auth_for_reads = false;
-  bool insecure = false;           // no token: accept changes from anyone
+  bool insecure = false;  // no token: accept changes from anyone
 };
 
 class CallAuth {

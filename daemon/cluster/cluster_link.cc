@@ -6,11 +6,11 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/monotonic.h"
+#include "common/status_code.h"
+#include "common/tls_credentials.h"
 #include "daemon/backends/gloo_backend.h"
 #include "daemon/backends/gloo_store.h"
 #include "daemon/cluster/rendezvous_records.h"
-#include "common/status_code.h"
-#include "common/tls_credentials.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {

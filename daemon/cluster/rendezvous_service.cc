@@ -262,10 +262,10 @@ std::vector<std::string> RendezvousService::RecentStallReports() {
 }
 
 std::string RendezvousService::CheckStoreBoundsLocked(const std::string& key,
-                                                     size_t value_bytes) const {
+                                                      size_t value_bytes) const {
   if (key.size() > limits_.max_key_bytes) {
-    return absl::StrCat("key '", key.substr(0, 64), "...' is ", key.size(),
-                        " bytes; the bound is ", limits_.max_key_bytes);
+    return absl::StrCat("key '", key.substr(0, 64), "...' is ", key.size(), " bytes; the bound is ",
+                        limits_.max_key_bytes);
   }
   if (value_bytes > limits_.max_value_bytes) {
     return absl::StrCat("value of key '", key, "' is ", value_bytes,
@@ -282,14 +282,14 @@ std::string RendezvousService::CheckStoreBoundsLocked(const std::string& key,
   if (const auto generation = KeyGeneration(key)) {
     const auto it = keys_per_generation_.find(*generation);
     if (it != keys_per_generation_.end() && it->second >= limits_.max_keys_per_generation) {
-      return absl::StrCat("key '", key, "' would be key ", it->second + 1, " of generation ",
-                          *generation, "; the bound is max_keys_per_generation=",
-                          limits_.max_keys_per_generation);
+      return absl::StrCat(
+          "key '", key, "' would be key ", it->second + 1, " of generation ", *generation,
+          "; the bound is max_keys_per_generation=", limits_.max_keys_per_generation);
     }
   } else if (job_wide_keys_ >= limits_.max_job_wide_keys) {
-    return absl::StrCat("key '", key, "' would be job-wide key ", job_wide_keys_ + 1,
-                        " (outside any generation); the bound is max_job_wide_keys=",
-                        limits_.max_job_wide_keys);
+    return absl::StrCat(
+        "key '", key, "' would be job-wide key ", job_wide_keys_ + 1,
+        " (outside any generation); the bound is max_job_wide_keys=", limits_.max_job_wide_keys);
   }
   return "";
 }

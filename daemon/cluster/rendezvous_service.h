@@ -36,8 +36,8 @@
 #define GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_SERVICE_H_
 
 #include <cstdint>
-#include <map>
 #include <deque>
+#include <map>
 #include <string>
 #include <vector>
 

@@ -172,8 +172,8 @@ TEST(ValidateConfig, ASingleNodeWithoutATokenListensOnLoopbackOnly) {
   DaemonConfig c;  // 127.0.0.1:7250
   EXPECT_TRUE(ValidateConfig(c).ok());
   c.listen = "0.0.0.0:7250";
-  ExpectRefused(c, {"--listen 0.0.0.0:7250 is reachable from other hosts", "--job-token-file",
-                    "--insecure"});
+  ExpectRefused(
+      c, {"--listen 0.0.0.0:7250 is reachable from other hosts", "--job-token-file", "--insecure"});
   c.listen = "10.1.2.3:7250";
   ExpectRefused(c, {"--listen 10.1.2.3:7250"});
   for (const char* fine : {"[::1]:7250", "localhost:7250", "127.0.0.2:7250", ""}) {

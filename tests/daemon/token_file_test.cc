@@ -41,8 +41,7 @@ TEST(ReadTokenFile, GroupOrOtherAccessIsRefusedNamingTheFileAndMode) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << std::oct << mode;
     char octal[8];
     std::snprintf(octal, sizeof(octal), "%04o", static_cast<unsigned>(mode));
-    EXPECT_THAT(std::string(st.message()),
-                HasSubstr("token file " + path + " has mode " + octal));
+    EXPECT_THAT(std::string(st.message()), HasSubstr("token file " + path + " has mode " + octal));
     EXPECT_THAT(std::string(st.message()), HasSubstr("chmod 600"));
     EXPECT_THAT(std::string(st.message()), Not(HasSubstr("s3cret")));
   }

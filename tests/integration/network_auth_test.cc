@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,10 +37,10 @@
 namespace gradsync::testing {
 namespace {
 
-using ::testing::HasSubstr;
-using ::testing::Not;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
+using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr auto kBound = seconds(40);
 constexpr char kToken[] = "tok-5e1f0c2a9b7d4e3f8a6c1b0d2e4f6a8c";
@@ -175,6 +176,28 @@ TEST(NetworkAuth, DrainAndSetConfigWithoutTheTokenAreRefusedWhileTheJobKeepsTrai
   EXPECT_TRUE(d.exited && d.code == 0) << d.ToString() << "\n" << daemon.process().Log();
 }
 
+// --require-auth-for-reads: Control's reads need the token too; health
+// stays open for probes, which carry none.
+TEST(NetworkAuth, RequireAuthForReadsClosesControlReadsButNotHealth) {
+  ScratchDir secrets;
+  const std::string token_file = secrets.File("token");
+  ASSERT_TRUE(WriteTokenFile(token_file, kToken));
+  Daemon daemon(1, {"--job-token-file=" + token_file, "--require-auth-for-reads"});
+  const std::string addr = StartedAddr(daemon);
+  ASSERT_FALSE(addr.empty()) << daemon.process().Log();
+  const grpc::Status anonymous = Stats(Channel(addr));
+  EXPECT_EQ(anonymous.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(anonymous.error_message(), HasSubstr("Control.GetStats refused"));
+  const CtlResult config = RunCtl(addr, {"config", "get"});
+  EXPECT_EQ(config.code, 1) << config.err;
+  EXPECT_THAT(config.err, HasSubstr("Control.GetConfig refused"));
+  const CtlResult with_token = RunCtl(addr, {"--token-file=" + token_file, "stats", "--json"});
+  EXPECT_EQ(with_token.code, 0) << with_token.err;
+  const CtlResult health = RunCtl(addr, {"health"});
+  EXPECT_EQ(health.code, 0) << health.err;
+  EXPECT_THAT(health.out, HasSubstr("SERVING"));
+}
+
 // gradsyncctl refuses a token file others may read, as the daemon does.
 TEST(NetworkAuth, GradsyncctlRefusesAnOpenTokenFile) {
   ScratchDir secrets;
@@ -258,8 +281,8 @@ TEST_F(NetworkTls, PlaintextAndOtherCaClientsAreRefusedAndTheJobsCaCertificateRe
   const grpc::Status plain = Stats(Channel(addr));
   EXPECT_EQ(plain.error_code(), grpc::StatusCode::UNAVAILABLE) << plain.error_message();
   // A client certificate another CA signed: the handshake fails.
-  const grpc::Status stranger = Stats(Channel(
-      addr, {pki_.File("stranger.pem"), pki_.File("stranger.key"), pki_.File("ca.pem")}));
+  const grpc::Status stranger = Stats(
+      Channel(addr, {pki_.File("stranger.pem"), pki_.File("stranger.key"), pki_.File("ca.pem")}));
   EXPECT_EQ(stranger.error_code(), grpc::StatusCode::UNAVAILABLE) << stranger.error_message();
   // No client certificate at all, even trusting the right CA.
   const grpc::Status anonymous = Stats(Channel(addr, {"", "", pki_.File("ca.pem")}));
@@ -297,8 +320,7 @@ std::string RecordTwoNodeJob(const std::vector<std::string>& tls, const std::str
   RecordingProxy proxy(leader.ListenPort(seconds(1)));
   EXPECT_GT(proxy.port(), 0);
   std::vector<std::string> follow = common;
-  follow.insert(follow.end(),
-                {"--node-rank=1", absl::StrCat("--leader=127.0.0.1:", proxy.port())});
+  follow.insert(follow.end(), {"--node-rank=1", absl::StrCat("--leader=127.0.0.1:", proxy.port())});
   follow.insert(follow.end(), tls.begin(), tls.end());
   Daemon follower(1, follow);
   EXPECT_TRUE(follower.WaitReady(seconds(10))) << follower.process().Log();

@@ -67,8 +67,7 @@ void RecordingProxy::Accept() {
     }
     const int upstream = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in addr = Loopback(upstream_port_);
-    if (upstream < 0 ||
-        connect(upstream, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    if (upstream < 0 || connect(upstream, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
       close(client);
       if (upstream >= 0) close(upstream);
       continue;

@@ -22,8 +22,8 @@ absl::Status TestPki::Generate() {
     Process p = Process::Spawn(args, log);
     const ExitStatus st = p.Wait(std::chrono::seconds(60));
     if (st.exited && st.code == 0) return absl::OkStatus();
-    return absl::InternalError(
-        absl::StrCat("openssl ", args[1], " (step ", step - 1, "): ", st.ToString(), "\n", p.Log()));
+    return absl::InternalError(absl::StrCat("openssl ", args[1], " (step ", step - 1,
+                                            "): ", st.ToString(), "\n", p.Log()));
   };
   const std::vector<std::string> ec = {"-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
                                        "-nodes"};

@@ -10,9 +10,9 @@ namespace gradsync::testing {
 TestLeader::TestLeader(const std::string& job_id, const std::string& job_token, int num_nodes,
                        absl::Duration default_timeout, absl::Duration heartbeat_timeout,
                        MonotonicClock clock, RendezvousStoreLimits limits)
-    : service_(std::make_unique<RendezvousService>(
-          job_id, CallAuth(CallAuthPolicy{job_token}), num_nodes, default_timeout,
-          heartbeat_timeout, std::move(clock), limits)) {
+    : service_(std::make_unique<RendezvousService>(job_id, CallAuth(CallAuthPolicy{job_token}),
+                                                   num_nodes, default_timeout, heartbeat_timeout,
+                                                   std::move(clock), limits)) {
   int port = 0;
   grpc::ServerBuilder builder;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
