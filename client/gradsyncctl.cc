@@ -29,7 +29,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/stats_format.h"
+#include "common/call_token.h"
 #include "common/defaults.h"
+#include "common/tls_credentials.h"
+#include "common/token_file.h"
 #include "gradsync/v1/control.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "nlohmann/json.hpp"
@@ -65,19 +68,29 @@ options:
   --addr HOST:PORT           the daemon's --listen address; default $GRADSYNC_ADDR,
                              else %s (any gRPC target works, e.g. unix:PATH)
   --timeout-s SECONDS        deadline of each call (default 5)
+  --token-file FILE          the job token (mode 0600), sent with every call;
+                             default $GRADSYNC_TOKEN_FILE. `config set` and
+                             `drain` need it unless the daemon has no token and
+                             this runs on its host, or a TLS client certificate
+                             replaces it
+  --tls-ca FILE              TLS: the CA that signed the daemon's certificate
+  --tls-cert FILE, --tls-key FILE
+                             TLS: this client's certificate (mutual TLS)
   -h, --help                 this text
 
 exit status:
   0  success
-  1  the daemon answered with an error, health is not SERVING, or the
-     --out file could not be written
-  2  usage error
+  1  the daemon answered with an error (or refused the call: no or a wrong
+     token), health is not SERVING, or the --out file could not be written
+  2  usage error (or an unusable token or TLS file)
   3  the daemon cannot be reached
 )";
 
 struct Options {
   std::string addr;
   double timeout_s = kDefaultTimeoutS;
+  std::string token_file;
+  TlsFiles tls;
   bool json = false;
   bool prometheus = false;
   bool has_out = false;
@@ -95,6 +108,8 @@ int UsageError(const std::string& message) {
 std::optional<int> ParseArgs(int argc, char** argv, Options* opts) {
   const char* env_addr = std::getenv("GRADSYNC_ADDR");
   opts->addr = env_addr != nullptr && *env_addr != '\0' ? env_addr : kDefaultListenAddress;
+  const char* env_token = std::getenv("GRADSYNC_TOKEN_FILE");
+  if (env_token != nullptr) opts->token_file = env_token;
   bool options_done = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -134,6 +149,14 @@ std::optional<int> ParseArgs(int argc, char** argv, Options* opts) {
           !(opts->timeout_s > 0 && opts->timeout_s <= kMaxTimeoutS)) {
         return UsageError("--timeout-s needs a number of seconds in (0, 1000000]");
       }
+    } else if (name == "--token-file") {
+      if (!take_value() || value.empty()) return UsageError("--token-file needs a file name");
+      opts->token_file = value;
+    } else if (name == "--tls-ca" || name == "--tls-cert" || name == "--tls-key") {
+      if (!take_value() || value.empty()) return UsageError(name + " needs a file name");
+      (name == "--tls-ca"     ? opts->tls.ca
+       : name == "--tls-cert" ? opts->tls.cert
+                              : opts->tls.key) = value;
     } else if (name == "--out") {
       if (!take_value() || value.empty()) return UsageError("--out needs a file name (or -)");
       opts->out = value;
@@ -176,12 +199,14 @@ std::string UnreachableReason(const grpc::Status& status) {
 
 class Ctl {
  public:
-  explicit Ctl(const Options& opts) : opts_(opts) {
+  // `token`: sent with every call ("" for none); `credentials`: plaintext or TLS.
+  Ctl(const Options& opts, std::string token, std::shared_ptr<grpc::ChannelCredentials> credentials)
+      : opts_(opts), token_(std::move(token)) {
     grpc::ChannelArguments args;
     // An operator's CLI talks to a daemon on the cluster network: an
     // http_proxy set for package downloads must not capture it.
     args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
-    channel_ = grpc::CreateCustomChannel(opts.addr, grpc::InsecureChannelCredentials(), args);
+    channel_ = grpc::CreateCustomChannel(opts.addr, std::move(credentials), args);
     control_ = v1::Control::NewStub(channel_);
     health_ = grpc::health::v1::Health::NewStub(channel_);
   }
@@ -285,6 +310,7 @@ class Ctl {
 
  private:
   void SetDeadline(grpc::ClientContext* ctx) const {
+    AttachCallToken(ctx, token_);
     ctx->set_deadline(std::chrono::system_clock::now() +
                       std::chrono::duration_cast<std::chrono::system_clock::duration>(
                           std::chrono::duration<double>(opts_.timeout_s)));
@@ -329,6 +355,10 @@ class Ctl {
         std::cerr << "gradsyncctl: gradsyncd at " << opts_.addr << " did not answer within "
                   << opts_.timeout_s << "s\n";
         return kDaemonError;
+      case grpc::StatusCode::UNAUTHENTICATED:
+        std::cerr << "gradsyncctl: gradsyncd at " << opts_.addr
+                  << " refused the call: " << status.error_message() << "\n";
+        return kDaemonError;
       case grpc::StatusCode::UNIMPLEMENTED:
         std::cerr << "gradsyncctl: the server at " << opts_.addr << " does not serve " << what
                   << " (not gradsyncd, or an older one?)\n";
@@ -341,6 +371,7 @@ class Ctl {
   }
 
   const Options& opts_;
+  const std::string token_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Control::Stub> control_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;
@@ -350,6 +381,16 @@ int Run(int argc, char** argv) {
   Options opts;
   if (std::optional<int> rc = ParseArgs(argc, argv, &opts)) return *rc;
   if (opts.args.empty()) return UsageError("missing command");
+  std::string token;
+  if (!opts.token_file.empty()) {
+    absl::StatusOr<std::string> read = ReadTokenFile(opts.token_file);
+    if (!read.ok()) return UsageError(std::string(read.status().message()));
+    token = std::move(*read);
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(opts.tls);
+  if (!credentials.ok()) return UsageError(std::string(credentials.status().message()));
+  auto ctl = [&] { return Ctl(opts, token, *credentials); };
 
   const std::string& cmd = opts.args[0];
   const size_t operands = opts.args.size() - 1;
@@ -367,12 +408,12 @@ int Run(int argc, char** argv) {
     if (auto f = only(true, true, false); !f.empty()) return misplaced(f);
     if (opts.json && opts.prometheus) return UsageError("choose one of --json and --prometheus");
     if (operands != 0) return UsageError("stats takes no operands");
-    return Ctl(opts).Stats();
+    return ctl().Stats();
   }
   if (cmd == "health") {
     if (auto f = only(false, false, false); !f.empty()) return misplaced(f);
     if (operands > 1) return UsageError("health takes at most one SERVICE name");
-    return Ctl(opts).Health(operands == 1 ? opts.args[1] : "");
+    return ctl().Health(operands == 1 ? opts.args[1] : "");
   }
   if (cmd == "config") {
     if (operands == 0) return UsageError("config needs 'get' or 'set KEY=VALUE...'");
@@ -380,7 +421,7 @@ int Run(int argc, char** argv) {
     if (sub == "get") {
       if (auto f = only(true, false, false); !f.empty()) return misplaced(f);
       if (operands != 1) return UsageError("config get takes no operands");
-      return Ctl(opts).ConfigGet();
+      return ctl().ConfigGet();
     }
     if (sub == "set") {
       if (auto f = only(false, false, false); !f.empty()) return misplaced(f);
@@ -396,7 +437,7 @@ int Run(int argc, char** argv) {
           return UsageError(absl::StrCat("key '", kv.substr(0, eq), "' given twice"));
         }
       }
-      return Ctl(opts).ConfigSet(values);
+      return ctl().ConfigSet(values);
     }
     return UsageError(absl::StrCat("unknown config subcommand '", sub, "'"));
   }
@@ -404,12 +445,12 @@ int Run(int argc, char** argv) {
     if (auto f = only(false, false, true); !f.empty()) return misplaced(f);
     if (!opts.has_out) return UsageError("trace needs --out FILE.json (or --out - for stdout)");
     if (operands != 0) return UsageError("trace takes no operands");
-    return Ctl(opts).Trace(opts.out);
+    return ctl().Trace(opts.out);
   }
   if (cmd == "drain") {
     if (auto f = only(false, false, false); !f.empty()) return misplaced(f);
     if (operands != 0) return UsageError("drain takes no operands");
-    return Ctl(opts).Drain();
+    return ctl().Drain();
   }
   return UsageError(absl::StrCat("unknown command '", cmd, "'"));
 }

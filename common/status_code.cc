@@ -51,6 +51,9 @@ v1::Code CodeOf(const absl::Status& status) {
   }
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
+    // A missing or wrong job token (or certificate) is this node's
+    // configuration, not a failure of the peer that refused it.
+    case absl::StatusCode::kUnauthenticated:
     case absl::StatusCode::kOutOfRange:
     case absl::StatusCode::kDataLoss:
       return v1::INVALID_ARGUMENT;

@@ -1,6 +1,7 @@
 #include "daemon/config.h"
 
 #include "absl/strings/str_cat.h"
+#include "daemon/listen_address.h"
 
 namespace gradsync {
 
@@ -69,6 +70,34 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   }
   if ((c.ring_capacity & (c.ring_capacity - 1)) != 0 || c.ring_capacity < 64) {
     return bad(absl::StrCat("ring capacity ", c.ring_capacity, " must be a power of two >= 64"));
+  }
+  if (absl::Status st = ValidateNetworkAuth(c); !st.ok()) return st;
+  return absl::OkStatus();
+}
+
+absl::Status ValidateNetworkAuth(const DaemonConfig& c) {
+  auto bad = [](const std::string& m) { return absl::InvalidArgumentError(m); };
+  if (c.tls_cert.empty() != c.tls_key.empty()) {
+    return bad(c.tls_cert.empty() ? absl::StrCat("--tls-key ", c.tls_key, " needs --tls-cert")
+                                  : absl::StrCat("--tls-cert ", c.tls_cert, " needs --tls-key"));
+  }
+  if (!c.tls_ca.empty() && c.tls_cert.empty()) {
+    return bad(absl::StrCat("--tls-ca ", c.tls_ca, " needs --tls-cert and --tls-key"));
+  }
+  if (c.insecure || !c.job_token.empty()) return absl::OkStatus();
+  // Anyone who reaches the rendezvous could join the job, read its layouts
+  // and abort it: said at start, not at the first trainer.
+  if (c.num_nodes > 1) {
+    return bad(absl::StrCat("--num-nodes ", c.num_nodes,
+                            " needs --job-token-file (mode 0600, the same on every node); "
+                            "--insecure runs the job without one"));
+  }
+  const bool mutual_tls = !c.tls_ca.empty();
+  if (!c.listen.empty() && !mutual_tls && !ListensOnLoopbackOnly(c.listen)) {
+    return bad(absl::StrCat("--listen ", c.listen,
+                            " is reachable from other hosts: give --job-token-file (mode 0600) "
+                            "or --tls-ca (mutual TLS), or --insecure to accept changes from "
+                            "anyone"));
   }
   return absl::OkStatus();
 }

@@ -32,7 +32,11 @@ struct DaemonConfig {
   double bucket_cap_mb = 25;
   double first_bucket_cap_mb = 1;
   std::string job_id = "default";
-  std::string job_token;  // read from --job-token-file
+  std::string job_token;  // read from --job-token-file (common/token_file.h)
+  // The network boundary (daemon/auth/call_auth.h, common/tls_credentials.h).
+  bool insecure = false;                  // run without a token where one is required
+  bool require_auth_for_reads = false;    // Control's reads need the token too
+  std::string tls_cert, tls_key, tls_ca;  // --listen and the rendezvous client
   int64_t timeout_ms = 300 * 1000;
   double stall_threshold_s = 60;
   std::string log_level = "info";
@@ -52,6 +56,10 @@ struct DaemonConfig {
 
 // Checks ranges and combinations; the message names the flag.
 absl::Status ValidateConfig(const DaemonConfig& config);
+// The network part of ValidateConfig: a multi-node daemon needs a token
+// (unless --insecure); a single node without one listens on loopback only
+// (or runs mutual TLS); TLS flags come in working combinations.
+absl::Status ValidateNetworkAuth(const DaemonConfig& config);
 
 }  // namespace gradsync
 

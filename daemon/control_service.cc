@@ -29,15 +29,17 @@ bool ValidLogLevel(const std::string& level) {
 
 ControlService::ControlService(JobRegistry* jobs, std::function<void()> drain,
                                PublishCaps publish_caps,
-                               std::function<std::vector<std::string>()> job_stalls)
+                               std::function<std::vector<std::string>()> job_stalls, CallAuth auth)
     : jobs_(jobs),
       drain_(std::move(drain)),
       publish_caps_(std::move(publish_caps)),
       job_stalls_(std::move(job_stalls)),
+      auth_(std::move(auth)),
       started_(std::chrono::steady_clock::now()) {}
 
-grpc::Status ControlService::GetStats(grpc::ServerContext*, const v1::GetStatsRequest*,
+grpc::Status ControlService::GetStats(grpc::ServerContext* context, const v1::GetStatsRequest*,
                                       v1::GetStatsResponse* resp) {
+  if (grpc::Status st = auth_.CheckRead(*context, "Control.GetStats"); !st.ok()) return st;
   const DaemonConfig c = jobs_->config();
   v1::Stats* s = resp->mutable_stats();
   s->set_node_rank(c.node_rank);
@@ -69,14 +71,17 @@ void ControlService::FillConfig(v1::Config* out) const {
   out->set_version(config_version_.load());
 }
 
-grpc::Status ControlService::GetConfig(grpc::ServerContext*, const v1::GetConfigRequest*,
+grpc::Status ControlService::GetConfig(grpc::ServerContext* context, const v1::GetConfigRequest*,
                                        v1::GetConfigResponse* resp) {
+  if (grpc::Status st = auth_.CheckRead(*context, "Control.GetConfig"); !st.ok()) return st;
   FillConfig(resp->mutable_config());
   return Reply(resp, absl::OkStatus());
 }
 
-grpc::Status ControlService::SetConfig(grpc::ServerContext*, const v1::SetConfigRequest* req,
+grpc::Status ControlService::SetConfig(grpc::ServerContext* context,
+                                       const v1::SetConfigRequest* req,
                                        v1::SetConfigResponse* resp) {
+  if (grpc::Status st = auth_.CheckChange(*context, "Control.SetConfig"); !st.ok()) return st;
   absl::MutexLock serialize(&set_mu_);
   // All or nothing: parse and validate every key on a copy first.
   DaemonConfig next = jobs_->config();
@@ -152,8 +157,9 @@ grpc::Status ControlService::SetConfig(grpc::ServerContext*, const v1::SetConfig
   return Reply(resp, absl::OkStatus());
 }
 
-grpc::Status ControlService::GetTrace(grpc::ServerContext*, const v1::GetTraceRequest*,
+grpc::Status ControlService::GetTrace(grpc::ServerContext* context, const v1::GetTraceRequest*,
                                       v1::GetTraceResponse* resp) {
+  if (grpc::Status st = auth_.CheckRead(*context, "Control.GetTrace"); !st.ok()) return st;
   std::shared_ptr<Job> job = jobs_->Current();
   if (!job) return Reply(resp, MakeError(v1::STATE, "no job has run on this daemon yet"));
   absl::StatusOr<std::string> json = job->TraceJson();
@@ -162,9 +168,10 @@ grpc::Status ControlService::GetTrace(grpc::ServerContext*, const v1::GetTraceRe
   return Reply(resp, absl::OkStatus());
 }
 
-grpc::Status ControlService::Drain(grpc::ServerContext*, const v1::DrainRequest*,
+grpc::Status ControlService::Drain(grpc::ServerContext* context, const v1::DrainRequest*,
                                    v1::DrainResponse* resp) {
-  spdlog::info("event=drain_requested");
+  if (grpc::Status st = auth_.CheckChange(*context, "Control.Drain"); !st.ok()) return st;
+  spdlog::info("event=drain_requested peer={}", context->peer());
   drain_();
   return Reply(resp, absl::OkStatus());
 }

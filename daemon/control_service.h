@@ -12,6 +12,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/auth/call_auth.h"
 #include "daemon/engine/job_registry.h"
 #include "gradsync/v1/control.grpc.pb.h"
 
@@ -25,8 +26,10 @@ class ControlService final : public v1::Control::Service {
 
   // `drain`: stop accepting trainers, finish the current iteration, exit 0.
   // `job_stalls`: on the leader, the stall reports of every node.
+  // `auth`: who may SetConfig and Drain (and read, with --require-auth-for-reads).
   ControlService(JobRegistry* jobs, std::function<void()> drain, PublishCaps publish_caps = {},
-                 std::function<std::vector<std::string>()> job_stalls = {});
+                 std::function<std::vector<std::string>()> job_stalls = {},
+                 CallAuth auth = CallAuth());
 
   grpc::Status GetStats(grpc::ServerContext*, const v1::GetStatsRequest*,
                         v1::GetStatsResponse*) override;
@@ -45,6 +48,7 @@ class ControlService final : public v1::Control::Service {
   std::function<void()> drain_;
   PublishCaps publish_caps_;
   std::function<std::vector<std::string>()> job_stalls_;
+  const CallAuth auth_;
   // One SetConfig at a time: its read-validate-publish-update of the
   // registry's configuration is one step. Guards no field of its own.
   absl::Mutex set_mu_;

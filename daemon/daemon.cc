@@ -12,6 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_code.h"
+#include "common/tls_credentials.h"
+#include "daemon/auth/call_auth.h"
 #include "daemon/cluster/cluster_link.h"
 #include "daemon/cluster/rendezvous_records.h"
 #include "daemon/listen_address.h"
@@ -109,7 +111,23 @@ absl::Status Daemon::Start() {
 
   if (!config_.listen.empty()) {
     grpc::EnableDefaultHealthCheckService(true);
-    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+    // Reflection answers without a token: off when reads need one.
+    if (!config_.require_auth_for_reads) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+        MakeServerCredentials(TlsFiles{config_.tls_cert, config_.tls_key, config_.tls_ca});
+    if (!credentials.ok()) return credentials.status();
+    const CallAuth auth(CallAuthPolicy{config_.job_token, !config_.tls_ca.empty(),
+                                       config_.require_auth_for_reads, config_.insecure,
+                                       ListensOnLoopbackOnly(config_.listen)});
+    const char* tls = config_.tls_cert.empty() ? "off" : "on";
+    if (config_.insecure && config_.job_token.empty()) {
+      spdlog::warn(
+          "event=network_auth {} tls={} listen={} risk=\"anyone reaching --listen may join the "
+          "job, drain or reconfigure this daemon\"",
+          auth.Describe(), tls, config_.listen);
+    } else {
+      spdlog::info("event=network_auth {} tls={} listen={}", auth.Describe(), tls, config_.listen);
+    }
     ControlService::PublishCaps publish;
     if (config_.num_nodes > 1) {
       publish = [this](const DaemonConfig& next, uint64_t version) {
@@ -124,16 +142,25 @@ absl::Status Daemon::Start() {
       };
     }
     control_service_ = std::make_unique<ControlService>(
-        jobs_.get(), [this] { Drain(); }, std::move(publish), std::move(job_stalls));
-    auto acceptor = ConnectionAcceptor::ListenTcp(config_.listen);
-    if (!acceptor.ok()) {
-      return absl::UnavailableError(absl::StrCat("cannot listen on --listen ", config_.listen,
-                                                 ": ", acceptor.status().message()));
-    }
-    listen_acceptor_ = std::move(*acceptor);
-    listen_port_ = listen_acceptor_->port();
+        jobs_.get(), [this] { Drain(); }, std::move(publish), std::move(job_stalls), auth);
     grpc::ServerBuilder builder;
+    if (config_.tls_cert.empty()) {
+      // Plaintext: our own accept loop, which survives running out of fds
+      // (gRPC's own listener stops accepting for good after EMFILE).
+      auto acceptor = ConnectionAcceptor::ListenTcp(config_.listen);
+      if (!acceptor.ok()) {
+        return absl::UnavailableError(absl::StrCat("cannot listen on --listen ", config_.listen,
+                                                   ": ", acceptor.status().message()));
+      }
+      listen_acceptor_ = std::move(*acceptor);
+      listen_port_ = listen_acceptor_->port();
+    } else {
+      // TLS needs gRPC's own listener (a handed-over fd is plaintext only):
+      // EMFILE then relies on the raised RLIMIT_NOFILE (server_limits).
+      builder.AddListeningPort(config_.listen, *credentials, &listen_port_);
+    }
     LimitServerThreads(builder, "gradsyncd-listen", ListenServerMaxThreads(config_));
+    builder.SetMaxReceiveMessageSize(kMaxRendezvousMessageBytes);
     builder.RegisterService(control_service_.get());
     if (config_.is_leader() && config_.num_nodes > 1) {
       // Silence longer than this marks a node dead (SIGKILL is noticed at
@@ -141,8 +168,8 @@ absl::Status Daemon::Start() {
       const absl::Duration heartbeat_timeout =
           std::min(absl::Milliseconds(config_.timeout_ms), absl::Seconds(10));
       rendezvous_service_ = std::make_unique<RendezvousService>(
-          config_.job_id, config_.job_token, config_.num_nodes,
-          absl::Milliseconds(config_.timeout_ms), heartbeat_timeout);
+          config_.job_id, auth, config_.num_nodes, absl::Milliseconds(config_.timeout_ms),
+          heartbeat_timeout);
       builder.RegisterService(rendezvous_service_.get());
     }
     listen_server_ = builder.BuildAndStart();
@@ -150,7 +177,7 @@ absl::Status Daemon::Start() {
       return absl::UnavailableError(absl::StrCat("cannot listen on --listen ", config_.listen));
     }
     listen_server_->GetHealthCheckService()->SetServingStatus(true);
-    listen_acceptor_->Start(listen_server_.get());
+    if (listen_acceptor_) listen_acceptor_->Start(listen_server_.get());
   }
   if (config_.num_nodes > 1) {
     if (config_.is_leader()) {

@@ -35,4 +35,19 @@ absl::StatusOr<std::string> SelfDialAddress(const std::string& listen, int port)
   return absl::StrCat(host, ":", port);
 }
 
+bool ListensOnLoopbackOnly(const std::string& listen) {
+  if (listen.rfind("unix:", 0) == 0) return true;
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos) return false;
+  std::string host = listen.substr(0, colon);
+  if (host == "localhost") return true;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    in6_addr v6;
+    return inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), &v6) == 1 &&
+           IN6_IS_ADDR_LOOPBACK(&v6);
+  }
+  in_addr v4;
+  return inet_pton(AF_INET, host.c_str(), &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127;
+}
+
 }  // namespace gradsync

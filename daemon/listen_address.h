@@ -17,6 +17,11 @@ namespace gradsync {
 // ":PORT" or an unclosed '['.
 absl::StatusOr<std::string> SelfDialAddress(const std::string& listen, int port);
 
+// True when only this host can reach a server on `listen`: an IPv4 address
+// in 127.0.0.0/8, [::1], "localhost" or a unix: address. Wildcards, other
+// addresses and other names are not.
+bool ListensOnLoopbackOnly(const std::string& listen);
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_DAEMON_LISTEN_ADDRESS_H_

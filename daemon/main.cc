@@ -4,6 +4,7 @@
 //             --node-rank N --num-nodes N --local-size N --backend auto|gloo|nccl
 //             --bucket-cap-mb 25 --first-bucket-cap-mb 1 --job-id ID
 //             --job-token-file F --timeout-s 300
+//             [--tls-cert F --tls-key F [--tls-ca F]] [--insecure]
 //
 // Defaults give a working single-node daemon. SIGTERM / SIGINT stop it
 // cleanly (trainers get an error; segments and the socket are removed).
@@ -13,8 +14,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,6 +23,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/token_file.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 #include "daemon/run_gradsyncd.h"
@@ -46,7 +46,17 @@ ABSL_FLAG(std::string, host, kDefaults.host,
 ABSL_FLAG(double, bucket_cap_mb, kDefaults.bucket_cap_mb, "bucket size cap in MiB");
 ABSL_FLAG(double, first_bucket_cap_mb, kDefaults.first_bucket_cap_mb, "first bucket's cap in MiB");
 ABSL_FLAG(std::string, job_id, kDefaults.job_id, "job identifier shared by all daemons of a job");
-ABSL_FLAG(std::string, job_token_file, "", "file holding the job's shared secret");
+ABSL_FLAG(std::string, job_token_file, "",
+          "file holding the job's shared secret (mode 0600); needed by multi-node daemons");
+ABSL_FLAG(bool, insecure, false,
+          "run without --job-token-file where one is required (anyone reaching --listen may "
+          "join the job, drain or reconfigure it)");
+ABSL_FLAG(bool, require_auth_for_reads, false,
+          "GetStats/GetConfig/GetTrace need the token (or a TLS client certificate) too");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate of --listen and the rendezvous client");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA: verifies the leader, and requires client certificates it signed (mutual TLS)");
 ABSL_FLAG(double, timeout_s, kDefaults.timeout_ms / 1000.0,
           "how long any wait may last before it becomes an error");
 ABSL_FLAG(double, stall_threshold_s, kDefaults.stall_threshold_s,
@@ -134,12 +144,15 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
     config.shm_mode = 0660;
   }
   if (const std::string f = absl::GetFlag(FLAGS_job_token_file); !f.empty()) {
-    std::ifstream in(f);
-    if (!in) return Fail(absl::StrCat("--job-token-file ", f, ": cannot read it"));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    config.job_token = std::string(absl::StripAsciiWhitespace(ss.str()));
+    absl::StatusOr<std::string> token = gradsync::ReadTokenFile(f);
+    if (!token.ok()) return Fail(absl::StrCat("--job-token-file: ", token.status().message()));
+    config.job_token = std::move(*token);
   }
+  config.insecure = absl::GetFlag(FLAGS_insecure);
+  config.require_auth_for_reads = absl::GetFlag(FLAGS_require_auth_for_reads);
+  config.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  config.tls_key = absl::GetFlag(FLAGS_tls_key);
+  config.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   if (absl::Status st = gradsync::ValidateConfig(config); !st.ok()) {
     return Fail(std::string(st.message()));
   }

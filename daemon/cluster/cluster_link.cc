@@ -6,11 +6,12 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/monotonic.h"
+#include "common/status_code.h"
+#include "common/tls_credentials.h"
 #include "daemon/backends/gloo_backend.h"
 #include "daemon/backends/gloo_store.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "daemon/cluster/rendezvous_records.h"
-#include "common/status_code.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
@@ -55,6 +56,11 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   options.leader = leader;
   options.job_id = config.job_id;
   options.job_token = config.job_token;
+  // The daemon's own certificate is its client certificate too.
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(TlsFiles{config.tls_cert, config.tls_key, config.tls_ca});
+  if (!credentials.ok()) return credentials.status();
+  options.credentials = std::move(*credentials);
   // Short: a dead leader must not hold up a node's shutdown for long.
   options.rpc_timeout = absl::Seconds(3);
   std::shared_ptr<RendezvousClient> client = RendezvousClient::Connect(options);

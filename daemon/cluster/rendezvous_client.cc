@@ -5,11 +5,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/call_token.h"
+#include "common/status_code.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
-#include "common/status_code.h"
 
 namespace gradsync {
 
@@ -20,8 +21,9 @@ std::unique_ptr<RendezvousClient> RendezvousClient::Connect(RendezvousClientOpti
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  auto channel =
-      grpc::CreateCustomChannel(options.leader, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      options.credentials ? options.credentials : grpc::InsecureChannelCredentials();
+  auto channel = grpc::CreateCustomChannel(options.leader, credentials, args);
   return std::make_unique<RendezvousClient>(std::move(channel), std::move(options));
 }
 
@@ -40,6 +42,7 @@ void RendezvousClient::PrepareContext(grpc::ClientContext* context, absl::Durati
   // Wait for the channel to (re)connect within the deadline instead of
   // failing at once: followers may start before the leader listens.
   context->set_wait_for_ready(true);
+  AttachCallToken(context, options_.job_token);
 }
 
 absl::Status RendezvousClient::TransportError(const char* rpc, const grpc::Status& status) const {
@@ -47,6 +50,13 @@ absl::Status RendezvousClient::TransportError(const char* rpc, const grpc::Statu
                                      " failed: ", status.error_message());
   if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     return MakeError(v1::TIMEOUT, message);
+  }
+  // The leader's own refusals: the caller must see what it refused.
+  if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+    return absl::UnauthenticatedError(message);
+  }
+  if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+    return absl::ResourceExhaustedError(message);
   }
   return MakeError(v1::UNAVAILABLE, message);
 }
@@ -56,7 +66,6 @@ namespace {
 template <typename Request>
 void SetCredentials(const RendezvousClientOptions& options, Request* request) {
   request->mutable_job()->set_job_id(options.job_id);
-  request->mutable_job()->set_job_token(options.job_token);
 }
 
 }  // namespace

@@ -6,7 +6,11 @@
 // answer, which names what was missing, arrives before the transport gives
 // up. A response's Error becomes an absl::Status with its message and its
 // exact gradsync code (proto/status_code.h); a transport failure becomes
-// kUnavailable (kDeadlineExceeded past the deadline) naming the leader.
+// kUnavailable (kDeadlineExceeded past the deadline) naming the leader;
+// the leader's refusals keep their gRPC code: kUnauthenticated (no or a
+// wrong token) and kResourceExhausted (a store bound), with its message.
+// The job token travels as call metadata (common/call_token.h), in clear
+// unless `credentials` are TLS.
 // Every request after a successful Join carries the leader incarnation that
 // Join returned: a leader that restarted since refuses it (STATE) instead of
 // reading it as a request for its own generation of the same number.
@@ -27,13 +31,16 @@
 #include "absl/time/time.h"
 #include "gradsync/v1/rendezvous.grpc.pb.h"
 #include "grpcpp/channel.h"
+#include "grpcpp/security/credentials.h"
 
 namespace gradsync {
 
 struct RendezvousClientOptions {
   std::string leader;  // HOST:PORT of the leader's listen port
   std::string job_id;
-  std::string job_token;
+  std::string job_token;  // sent as call metadata; empty: none
+  // How to reach the leader (common/tls_credentials.h); null: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
   absl::Duration rpc_timeout = absl::Seconds(10);  // non-blocking calls
 };
 
@@ -84,8 +91,9 @@ struct HeartbeatResult {
 
 class RendezvousClient {
  public:
-  // Over an insecure channel to options.leader (created lazily by gRPC, so
-  // this cannot fail; an unreachable leader shows up in the first call).
+  // Over a channel to options.leader with options.credentials (created
+  // lazily by gRPC, so this cannot fail; an unreachable leader, or a failed
+  // TLS handshake, shows up in the first call).
   static std::unique_ptr<RendezvousClient> Connect(RendezvousClientOptions options);
 
   RendezvousClient(std::shared_ptr<grpc::Channel> channel, RendezvousClientOptions options);

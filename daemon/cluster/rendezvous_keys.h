@@ -41,6 +41,34 @@ inline std::optional<uint64_t> KeyGeneration(absl::string_view key) {
   return generation;
 }
 
+// "g<generation>/plan/", the prefix of every node's plan stamp of that
+// generation (PlanKey in rendezvous_records.h: "<prefix><version>/<node>").
+inline std::string PlanKeyPrefix(uint64_t generation) {
+  return absl::StrCat(GenerationKeyPrefix(generation), "plan/");
+}
+
+// What a plan-stamp key names: the plan version and the publishing node.
+struct PlanKeyParts {
+  uint64_t version = 0;
+  int node_rank = 0;
+};
+
+// The parts of a plan-stamp key, or nullopt for any other key.
+inline std::optional<PlanKeyParts> ParsePlanKey(absl::string_view key) {
+  const std::optional<uint64_t> generation = KeyGeneration(key);
+  if (!generation) return std::nullopt;
+  const std::string prefix = PlanKeyPrefix(*generation);
+  if (key.substr(0, prefix.size()) != prefix) return std::nullopt;
+  const absl::string_view rest = key.substr(prefix.size());
+  const size_t slash = rest.find('/');
+  PlanKeyParts parts;
+  if (slash == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(0, slash), &parts.version) ||
+      !absl::SimpleAtoi(rest.substr(slash + 1), &parts.node_rank)) {
+    return std::nullopt;
+  }
+  return parts;
+}
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_KEYS_H_

@@ -121,7 +121,7 @@ absl::StatusOr<JobConfigChange> DecodeConfig(absl::string_view key,
 }
 
 std::string PlanKey(uint64_t generation, uint64_t plan_version, int node_rank) {
-  return absl::StrCat(GenerationKeyPrefix(generation), "plan/", plan_version, "/", node_rank);
+  return absl::StrCat(PlanKeyPrefix(generation), plan_version, "/", node_rank);
 }
 
 std::string EncodePlanStamp(const PlanStamp& stamp) {

@@ -26,19 +26,6 @@ void SetError(v1::Error* error, v1::Code code, std::string message) {
   error->set_message(std::move(message));
 }
 
-// Compares without an early exit, so the time taken says nothing about how
-// much of the token matched.
-bool ConstantTimeEquals(const std::string& a, const std::string& b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  const std::string& longer = a.size() >= b.size() ? a : b;
-  for (size_t i = 0; i < longer.size(); ++i) {
-    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff |= x ^ y;
-  }
-  return diff == 0;
-}
-
 int64_t Millis(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
 
 void LogRefusal(const char* rpc, const grpc::ServerContext* context, int node_rank,
@@ -66,12 +53,20 @@ uint64_t NewIncarnation() {
 
 }  // namespace
 
-RendezvousService::RendezvousService(std::string job_id, std::string job_token, int num_nodes,
+RendezvousService::RendezvousService(std::string job_id, CallAuth auth, int num_nodes,
                                      absl::Duration default_timeout,
-                                     absl::Duration heartbeat_timeout, MonotonicClock clock)
+                                     absl::Duration heartbeat_timeout, MonotonicClock clock,
+                                     RendezvousStoreLimits limits)
     : job_id_(std::move(job_id)),
-      job_token_(std::move(job_token)),
+      auth_(std::move(auth)),
       num_nodes_(std::max(num_nodes, 1)),
+      limits_([&] {
+        RendezvousStoreLimits l = limits;
+        if (l.max_keys_per_generation == 0) {
+          l.max_keys_per_generation = 64 + 16 * static_cast<size_t>(std::max(num_nodes, 1));
+        }
+        return l;
+      }()),
       default_timeout_(default_timeout),
       heartbeat_timeout_(heartbeat_timeout),
       clock_(clock ? std::move(clock) : MonotonicClock(MonotonicNow)),
@@ -89,9 +84,6 @@ RendezvousService::~RendezvousService() = default;
 std::string RendezvousService::CheckCredentials(const v1::JobCredentials& job) const {
   if (job.job_id() != job_id_) {
     return absl::StrCat("job_id '", job.job_id(), "' does not match this job ('", job_id_, "')");
-  }
-  if (!ConstantTimeEquals(job.job_token(), job_token_)) {
-    return absl::StrCat("job_token does not match the token of job '", job_id_, "'");
   }
   return "";
 }
@@ -157,7 +149,7 @@ void RendezvousService::FormGenerationLocked(absl::Time now) {
   for (auto it = kv_.begin(); it != kv_.end();) {
     const auto key_generation = KeyGeneration(it->first);
     if (key_generation && *key_generation < generation_) {
-      it = kv_.erase(it);
+      it = EraseLocked(it);
       ++discarded;
     } else {
       ++it;
@@ -184,6 +176,7 @@ void RendezvousService::FillJoinResponseLocked(v1::JoinResponse* response) const
 
 grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::JoinRequest* request,
                                      v1::JoinResponse* response) {
+  if (grpc::Status st = auth_.CheckChange(*context, "Rendezvous.Join"); !st.ok()) return st;
   const int rank = request->node_rank();
   auto refuse = [&](v1::Code code, std::string message) {
     LogRefusal("Join", context, rank, message);
@@ -304,14 +297,83 @@ std::vector<std::string> RendezvousService::RecentStallReports() {
   return std::vector<std::string>(stall_reports_.begin(), stall_reports_.end());
 }
 
+std::string RendezvousService::CheckStoreBoundsLocked(const std::string& key,
+                                                      size_t value_bytes) const {
+  if (key.size() > limits_.max_key_bytes) {
+    return absl::StrCat("key '", key.substr(0, 64), "...' is ", key.size(), " bytes; the bound is ",
+                        limits_.max_key_bytes);
+  }
+  if (value_bytes > limits_.max_value_bytes) {
+    return absl::StrCat("value of key '", key, "' is ", value_bytes,
+                        " bytes; the bound is max_value_bytes=", limits_.max_value_bytes);
+  }
+  const auto existing = kv_.find(key);
+  const size_t replaced = existing == kv_.end() ? 0 : key.size() + existing->second.size();
+  if (kv_bytes_ - replaced + key.size() + value_bytes > limits_.max_total_bytes) {
+    return absl::StrCat("key '", key, "' would grow the store to ",
+                        kv_bytes_ - replaced + key.size() + value_bytes,
+                        " bytes; the bound is max_total_bytes=", limits_.max_total_bytes);
+  }
+  if (existing != kv_.end()) return "";
+  if (const auto generation = KeyGeneration(key)) {
+    const auto it = keys_per_generation_.find(*generation);
+    // The leader's own config log (bounded by kConfigLogKeep) does not use
+    // up what the nodes may store.
+    size_t count = it == keys_per_generation_.end() ? 0 : it->second;
+    if (*generation == generation_) count -= std::min(count, config_keys_.size());
+    if (count >= limits_.max_keys_per_generation) {
+      return absl::StrCat(
+          "key '", key, "' would be key ", count + 1, " of generation ", *generation,
+          "; the bound is max_keys_per_generation=", limits_.max_keys_per_generation);
+    }
+  } else if (job_wide_keys_ >= limits_.max_job_wide_keys) {
+    return absl::StrCat(
+        "key '", key, "' would be job-wide key ", job_wide_keys_ + 1,
+        " (outside any generation); the bound is max_job_wide_keys=", limits_.max_job_wide_keys);
+  }
+  return "";
+}
+
+void RendezvousService::StoreLocked(const std::string& key, const std::string& value) {
+  auto [it, inserted] = kv_.try_emplace(key);
+  if (inserted) {
+    kv_bytes_ += key.size();
+    if (const auto generation = KeyGeneration(key)) {
+      ++keys_per_generation_[*generation];
+    } else {
+      ++job_wide_keys_;
+    }
+  } else {
+    kv_bytes_ -= it->second.size();
+  }
+  it->second = value;
+  kv_bytes_ += value.size();
+}
+
+std::map<std::string, std::string>::iterator RendezvousService::EraseLocked(
+    std::map<std::string, std::string>::iterator it) {
+  kv_bytes_ -= it->first.size() + it->second.size();
+  if (const auto generation = KeyGeneration(it->first)) {
+    if (auto count = keys_per_generation_.find(*generation);
+        count != keys_per_generation_.end() && --count->second == 0) {
+      keys_per_generation_.erase(count);
+    }
+  } else {
+    --job_wide_keys_;
+  }
+  return kv_.erase(it);
+}
+
 void RendezvousService::SetKey(const std::string& key, const std::string& value) {
   absl::MutexLock lock(&mu_);
-  kv_[key] = value;
+  // The hosting daemon's own keys are trusted: counted, never refused.
+  StoreLocked(key, value);
   changed_.SignalAll();
 }
 
 grpc::Status RendezvousService::Set(grpc::ServerContext* context, const v1::SetRequest* request,
                                     v1::SetResponse* response) {
+  if (grpc::Status st = auth_.CheckChange(*context, "Rendezvous.Set"); !st.ok()) return st;
   if (std::string refusal = CheckCredentials(request->job()); !refusal.empty()) {
     LogRefusal("Set", context, -1, refusal);
     SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(refusal));
@@ -333,13 +395,44 @@ grpc::Status RendezvousService::Set(grpc::ServerContext* context, const v1::SetR
     SetError(response->mutable_error(), v1::STATE, std::move(refusal));
     return grpc::Status::OK;
   }
-  kv_[request->key()] = request->value();
+  if (std::string refusal = CheckStoreBoundsLocked(request->key(), request->value().size());
+      !refusal.empty()) {
+    LogRefusal("Set", context, -1, refusal);
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("Rendezvous.Set refused: ", refusal));
+  }
+  StoreLocked(request->key(), request->value());
+  DiscardSettledPlanStampsLocked(request->key());
   changed_.SignalAll();
   return grpc::Status::OK;
 }
 
+void RendezvousService::DiscardSettledPlanStampsLocked(const std::string& key) {
+  // A node publishes a plan stamp only after its check of the previous plan
+  // it checked passed, which needed every node's stamp of that plan, each
+  // published after its own check of the plan before was over. So when node
+  // n publishes w after u (and t before u), every node is done reading
+  // stamps of t and older: a node keeps its two newest stamps, and bursts of
+  // config changes no longer leave one key per change per node.
+  const std::optional<PlanKeyParts> published = ParsePlanKey(key);
+  const std::optional<uint64_t> generation = KeyGeneration(key);
+  if (!published || !generation) return;
+  const std::string prefix = PlanKeyPrefix(*generation);
+  std::vector<std::pair<uint64_t, std::map<std::string, std::string>::iterator>> mine;
+  for (auto it = kv_.lower_bound(prefix);
+       it != kv_.end() && absl::string_view(it->first).substr(0, prefix.size()) == prefix; ++it) {
+    const std::optional<PlanKeyParts> parts = ParsePlanKey(it->first);
+    if (parts && parts->node_rank == published->node_rank) mine.emplace_back(parts->version, it);
+  }
+  if (mine.size() <= 2) return;
+  std::sort(mine.begin(), mine.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = 2; i < mine.size(); ++i) EraseLocked(mine[i].second);
+}
+
 grpc::Status RendezvousService::Get(grpc::ServerContext* context, const v1::GetRequest* request,
                                     v1::GetResponse* response) {
+  if (grpc::Status st = auth_.CheckChange(*context, "Rendezvous.Get"); !st.ok()) return st;
   if (std::string refusal = CheckCredentials(request->job()); !refusal.empty()) {
     LogRefusal("Get", context, -1, refusal);
     SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(refusal));
@@ -365,6 +458,7 @@ grpc::Status RendezvousService::Get(grpc::ServerContext* context, const v1::GetR
 
 grpc::Status RendezvousService::Wait(grpc::ServerContext* context, const v1::WaitRequest* request,
                                      v1::WaitResponse* response) {
+  if (grpc::Status st = auth_.CheckChange(*context, "Rendezvous.Wait"); !st.ok()) return st;
   if (std::string refusal = CheckCredentials(request->job()); !refusal.empty()) {
     LogRefusal("Wait", context, -1, refusal);
     SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(refusal));
@@ -414,6 +508,7 @@ grpc::Status RendezvousService::Wait(grpc::ServerContext* context, const v1::Wai
 grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
                                           const v1::HeartbeatRequest* request,
                                           v1::HeartbeatResponse* response) {
+  if (grpc::Status st = auth_.CheckChange(*context, "Rendezvous.Heartbeat"); !st.ok()) return st;
   const int rank = request->node_rank();
   if (std::string refusal = CheckCredentials(request->job()); !refusal.empty()) {
     LogRefusal("Heartbeat", context, rank, refusal);
@@ -489,6 +584,7 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
 
 grpc::Status RendezvousService::Leave(grpc::ServerContext* context, const v1::LeaveRequest* request,
                                       v1::LeaveResponse* response) {
+  if (grpc::Status st = auth_.CheckChange(*context, "Rendezvous.Leave"); !st.ok()) return st;
   const int rank = request->node_rank();
   if (std::string refusal = CheckCredentials(request->job()); !refusal.empty()) {
     LogRefusal("Leave", context, rank, refusal);
@@ -555,10 +651,10 @@ absl::StatusOr<RendezvousService::ConfigEntry> RendezvousService::AppendConfig(
   ConfigEntry entry{generation_, config_version_ + 1,
                     std::max(min_at_iteration, config_last_at_ + 1)};
   std::pair<std::string, std::string> record = write(entry);
-  kv_[record.first] = std::move(record.second);
+  StoreLocked(record.first, record.second);
   config_keys_.push_back(std::move(record.first));
   if (config_keys_.size() > kConfigLogKeep) {
-    kv_.erase(config_keys_.front());
+    if (auto oldest = kv_.find(config_keys_.front()); oldest != kv_.end()) EraseLocked(oldest);
     config_keys_.pop_front();
   }
   config_version_ = entry.version;

@@ -20,11 +20,16 @@
 // - A key-value store (Set/Get/Wait) backing Gloo's rendezvous. Keys under
 //   GenerationKeyPrefix(g) (rendezvous_keys.h) are scoped to generation g:
 //   refused once g is over, discarded when a newer generation forms, and a
-//   Wait on them ends with PEER_FAILED when g aborts.
+//   Wait on them ends with PEER_FAILED when g aborts. What a client may
+//   store is bounded (RendezvousStoreLimits).
 //
-// Every failure is returned in the response's Error (gradsync.v1.Code); the
-// gRPC status is only non-OK when the call was cancelled. Refusals are
-// logged (spdlog, key=value); the job token never is. Heartbeat deadlines are
+// Every call needs the job token in its metadata or a verified TLS client
+// certificate (daemon/auth/call_auth.h): without, gRPC status
+// UNAUTHENTICATED naming the RPC. A Set over a store bound gets gRPC status
+// RESOURCE_EXHAUSTED naming the key and the bound. Every other failure is
+// returned in the response's Error (gradsync.v1.Code); the gRPC status is
+// otherwise only non-OK when the call was cancelled. Refusals are logged
+// (spdlog, key=value); the job token never is. Heartbeat deadlines are
 // checked on every RPC and by GetStatus(), so no thread is needed. Every
 // timeout and the heartbeat staleness are measured on the service's clock,
 // monotonic by default: a step of the wall clock neither ages nor rejuvenates
@@ -37,10 +42,10 @@
 #define GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_SERVICE_H_
 
 #include <cstdint>
-#include <map>
 #include <deque>
 #include <functional>
 #include <utility>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -49,6 +54,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/monotonic.h"
+#include "daemon/auth/call_auth.h"
 #include "gradsync/v1/rendezvous.grpc.pb.h"
 
 namespace gradsync {
@@ -79,17 +85,39 @@ struct RendezvousStatus {
 // refused (INVALID_ARGUMENT naming the node) rather than trusted.
 inline constexpr int kMaxJoinLocalSize = 1024;
 
+// What clients may store in the leader's memory. Over a bound, Set fails
+// RESOURCE_EXHAUSTED naming the key and the bound; nothing is allocated.
+struct RendezvousStoreLimits {
+  // The largest real value is a node's layout (a RegisterRequest). Trainers
+  // send it over the Local socket, whose gRPC message limit is 4 MiB, so
+  // every layout a node can hold fits.
+  size_t max_value_bytes = size_t{4} << 20;
+  size_t max_key_bytes = 512;
+  // Keys of one generation: a handful per node (layout, Gloo addresses, GPU
+  // counts) plus a few for the job. 0: 64 + 16 per node.
+  size_t max_keys_per_generation = 0;
+  // Keys outside any generation (config/<version>); they live for the job.
+  size_t max_job_wide_keys = 1024;
+  // Keys plus values, everything the store holds.
+  size_t max_total_bytes = size_t{256} << 20;
+};
+
+// The --listen server's receive limit: a Set of the largest value plus its
+// key and framing, so the store's bound, not gRPC's, answers an oversized Set.
+inline constexpr int kMaxRendezvousMessageBytes = (4 << 20) + (64 << 10);
+
 class RendezvousService final : public v1::Rendezvous::Service {
  public:
+  // `auth`: who may call (the job token, TLS client certificates).
   // `default_timeout`: how long Join and Wait block when the request gives no
   // timeout. `heartbeat_timeout`: silence after which a member is declared
   // dead (absl::InfiniteDuration() disables the check). `clock`: what "now"
   // is for every timeout and staleness check; tests inject one to move time
-  // without waiting.
-  RendezvousService(std::string job_id, std::string job_token, int num_nodes,
+  // without waiting. `limits`: what clients may store.
+  RendezvousService(std::string job_id, CallAuth auth, int num_nodes,
                     absl::Duration default_timeout,
                     absl::Duration heartbeat_timeout = absl::Seconds(30),
-                    MonotonicClock clock = MonotonicNow);
+                    MonotonicClock clock = MonotonicNow, RendezvousStoreLimits limits = {});
   ~RendezvousService() override;
 
   RendezvousService(const RendezvousService&) = delete;
@@ -158,11 +186,23 @@ class RendezvousService final : public v1::Rendezvous::Service {
   };
 
   bool active() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return generation_ > 0 && !aborted_; }
-  // Empty when the credentials match, else the refusal message.
+  // Empty when the job id matches, else the refusal message.
   std::string CheckCredentials(const v1::JobCredentials& job) const;
   // Empty when `incarnation` is this run's or 0 (the sender has not joined
   // yet), else the refusal message naming both.
   std::string CheckIncarnation(uint64_t incarnation) const;
+  // Empty when `value` may be stored under `key` now, else the
+  // RESOURCE_EXHAUSTED message naming the key and the bound.
+  std::string CheckStoreBoundsLocked(const std::string& key, size_t value_bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every change to kv_ goes through these two: they keep the counts.
+  void StoreLocked(const std::string& key, const std::string& value)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops plan stamps no node can still be reading once `key` (a node's
+  // plan stamp) is stored: all but that node's two newest.
+  void DiscardSettledPlanStampsLocked(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::map<std::string, std::string>::iterator EraseLocked(
+      std::map<std::string, std::string>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckHeartbeatsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FormGenerationLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -173,8 +213,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
   absl::Duration RequestTimeout(int64_t timeout_ms) const;
 
   const std::string job_id_;
-  const std::string job_token_;
+  const CallAuth auth_;
   const int num_nodes_;
+  const RendezvousStoreLimits limits_;
   const absl::Duration default_timeout_;
   const absl::Duration heartbeat_timeout_;
   const MonotonicClock clock_;
@@ -190,6 +231,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
   std::map<int, PendingJoin> pending_ ABSL_GUARDED_BY(mu_);
   uint64_t next_join_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
+  size_t kv_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // keys + values
+  size_t job_wide_keys_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, size_t> keys_per_generation_ ABSL_GUARDED_BY(mu_);
   // The current generation's config log (reset when one forms).
   uint64_t config_version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t config_last_at_ ABSL_GUARDED_BY(mu_) = 0;

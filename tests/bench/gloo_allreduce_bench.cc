@@ -189,7 +189,8 @@ int Worker() {
 int Launcher(const char* self) {
   const int n = absl::GetFlag(FLAGS_nodes);
   if (n < 2) Die("--nodes must be >= 2");
-  RendezvousService service(kJob, kToken, n, kTimeout, absl::InfiniteDuration());
+  RendezvousService service(kJob, CallAuth(CallAuthPolicy{kToken}), n, kTimeout,
+                            absl::InfiniteDuration());
   int port = 0;
   grpc::ServerBuilder builder;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);

@@ -61,6 +61,9 @@ def start_daemons(nodes: int, tmp: str, prefix: str, extra: list) -> list:
     """N daemons on loopback (node 0 leads), one socket each under tmp;
     returns once every socket exists."""
     port = free_port_number()
+    token_file = f"{tmp}/token"
+    with open(os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write("sync-bench-token\n")  # multi-node daemons need one (mode 0600)
     daemons = []
     for n in range(nodes):
         where = [f"--listen=127.0.0.1:{port}"] if n == 0 else [
@@ -68,6 +71,7 @@ def start_daemons(nodes: int, tmp: str, prefix: str, extra: list) -> list:
         daemons.append(subprocess.Popen(
             [DAEMON, f"--socket={tmp}/s{n}", f"--num-nodes={nodes}", f"--node-rank={n}",
              "--local-size=1", f"--shm-prefix={prefix}{os.getpid()}x{n}", "--timeout-s=120",
+             f"--job-token-file={token_file}",
              *extra, *where],
             stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/d{n}.log", "w")))
     deadline = time.time() + 20

@@ -20,6 +20,7 @@ DaemonConfig Follower() {
   c.node_rank = 1;
   c.leader = "10.0.0.1:7000";
   c.listen = "";
+  c.job_token = "t0ken";
   return c;
 }
 
@@ -28,6 +29,7 @@ DaemonConfig Leader() {
   c.num_nodes = 3;
   c.node_rank = 0;
   c.listen = "0.0.0.0:7000";
+  c.job_token = "t0ken";
   return c;
 }
 
@@ -149,6 +151,60 @@ TEST(ValidateConfig, StallThresholdSocketAndShmPrefixAreChecked) {
   c = DaemonConfig{};
   c.shm_prefix = "a/b";
   ExpectRefused(c, {"--shm-prefix 'a/b'"});
+}
+
+// Issue 11: a stranger who reaches the rendezvous could join the job, read
+// its layouts and abort it; said at start, not at the first trainer.
+TEST(ValidateConfig, SeveralNodesWithoutATokenAreRefusedUnlessInsecure) {
+  for (DaemonConfig c : {Leader(), Follower()}) {
+    c.job_token.clear();
+    const absl::Status st = ValidateConfig(c);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(st.message(),
+              "--num-nodes 3 needs --job-token-file (mode 0600, the same on every node); "
+              "--insecure runs the job without one");
+    c.insecure = true;
+    EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  }
+}
+
+TEST(ValidateConfig, ASingleNodeWithoutATokenListensOnLoopbackOnly) {
+  DaemonConfig c;  // 127.0.0.1:7250
+  EXPECT_TRUE(ValidateConfig(c).ok());
+  c.listen = "0.0.0.0:7250";
+  ExpectRefused(
+      c, {"--listen 0.0.0.0:7250 is reachable from other hosts", "--job-token-file", "--insecure"});
+  c.listen = "10.1.2.3:7250";
+  ExpectRefused(c, {"--listen 10.1.2.3:7250"});
+  for (const char* fine : {"[::1]:7250", "localhost:7250", "127.0.0.2:7250", ""}) {
+    c.listen = fine;
+    EXPECT_TRUE(ValidateConfig(c).ok()) << fine << ": " << ValidateConfig(c);
+  }
+  c.listen = "0.0.0.0:7250";
+  c.insecure = true;
+  EXPECT_TRUE(ValidateConfig(c).ok());
+  c.insecure = false;
+  c.job_token = "t0ken";
+  EXPECT_TRUE(ValidateConfig(c).ok());
+  c.job_token.clear();
+  c.tls_cert = "cert.pem";  // mutual TLS authenticates every caller
+  c.tls_key = "key.pem";
+  c.tls_ca = "ca.pem";
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  c.tls_ca.clear();  // server-only TLS proves nothing about the caller
+  ExpectRefused(c, {"--listen 0.0.0.0:7250"});
+}
+
+TEST(ValidateConfig, TlsFlagsComeInWorkingCombinations) {
+  DaemonConfig c;
+  c.tls_cert = "cert.pem";
+  ExpectRefused(c, {"--tls-cert cert.pem needs --tls-key"});
+  c = DaemonConfig{};
+  c.tls_key = "key.pem";
+  ExpectRefused(c, {"--tls-key key.pem needs --tls-cert"});
+  c = DaemonConfig{};
+  c.tls_ca = "ca.pem";
+  ExpectRefused(c, {"--tls-ca ca.pem needs --tls-cert and --tls-key"});
 }
 
 }  // namespace

@@ -54,5 +54,18 @@ TEST(SelfDialAddress, UnclosedIpv6BracketIsInvalidArgument) {
   EXPECT_EQ(got.status().message(), "--listen [::1:7250: an IPv6 host must be [ADDRESS]:PORT");
 }
 
+// Without a token, a single-node daemon may only listen where other hosts
+// cannot reach it.
+TEST(ListensOnLoopbackOnly, LoopbackAddressesAndNamesOnly) {
+  for (const char* yes :
+       {"127.0.0.1:7250", "127.0.0.2:0", "[::1]:7250", "localhost:7250", "unix:/tmp/x.sock"}) {
+    EXPECT_TRUE(ListensOnLoopbackOnly(yes)) << yes;
+  }
+  for (const char* no : {"0.0.0.0:7250", "[::]:7250", ":7250", "10.0.0.1:7250",
+                         "node0.example:7250", "128.0.0.1:7250", "[::2]:7250", "7250"}) {
+    EXPECT_FALSE(ListensOnLoopbackOnly(no)) << no;
+  }
+}
+
 }  // namespace
 }  // namespace gradsync

@@ -100,8 +100,12 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Two simulated nodes of 2 trainers each on 2 GPUs: node 0 the leader,
 // node 1 joining it. Fatal failures end the calling test.
-void StartTwoSimNodes(const std::vector<std::string>& common, std::unique_ptr<Daemon>* leader,
+void StartTwoSimNodes(std::vector<std::string> common, std::unique_ptr<Daemon>* leader,
                       std::unique_ptr<Daemon>* follower) {
+  // Read at start: the directory may go once both daemons are up.
+  ScratchDir secrets;
+  ASSERT_TRUE(WriteTokenFile(secrets.File("token"), "gpu-path-token"));
+  common.push_back("--job-token-file=" + secrets.File("token"));
   std::vector<std::string> lead = common;
   lead.push_back("--node-rank=0");
   *leader = std::make_unique<Daemon>(2, lead, SimEnv(2), "tests/gpu/gradsyncd_sim");

@@ -134,7 +134,7 @@ TEST_F(GlooMultiprocessTest, RefusedNodesExitWithClearErrors) {
   nodes.push_back(StartNode(*leader, 1, 3, "allreduce"));  // disagrees on num_nodes
   nodes.push_back(StartNode(*leader, 7, 2, "allreduce"));  // rank out of range
   ExpectAllExit(Ptrs(nodes), ExitCode::kJoinFailed);
-  EXPECT_THAT(nodes[0]->Log(), HasSubstr("job_token does not match"));
+  EXPECT_THAT(nodes[0]->Log(), HasSubstr("Rendezvous.Join refused: the job token does not match"));
   EXPECT_THAT(nodes[1]->Log(), HasSubstr("num_nodes=3"));
   EXPECT_THAT(nodes[1]->Log(), HasSubstr("num_nodes=2"));
   EXPECT_THAT(nodes[2]->Log(), HasSubstr("node_rank=7 is out of range"));

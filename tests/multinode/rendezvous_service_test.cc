@@ -169,23 +169,48 @@ TEST_F(RendezvousServiceTest, WrongTokenAndJobIdAreRefusedAndTheTokenIsNotLogged
   auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
   spdlog::default_logger()->sinks().push_back(sink);
 
+  // The token is call metadata: a wrong one is refused by gRPC status.
   const auto bad_token = Client("not-the-token")->Join(Params(0));
   ASSERT_FALSE(bad_token.ok());
-  EXPECT_EQ(CodeOf(bad_token.status()), v1::INVALID_ARGUMENT);
-  EXPECT_THAT(Msg(bad_token.status()), HasSubstr("job_token does not match"));
+  EXPECT_EQ(bad_token.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(Msg(bad_token.status()),
+              HasSubstr("Rendezvous.Join refused: the job token does not match"));
   EXPECT_THAT(Msg(bad_token.status()), Not(HasSubstr("not-the-token")));
+
+  const auto no_token = Client("")->Join(Params(0));
+  ASSERT_FALSE(no_token.ok());
+  EXPECT_EQ(no_token.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(Msg(no_token.status()),
+              HasSubstr("Rendezvous.Join refused: the call carries no job token"));
 
   const auto bad_job = Client(kToken, "other-job")->Join(Params(0));
   ASSERT_FALSE(bad_job.ok());
   EXPECT_EQ(CodeOf(bad_job.status()), v1::INVALID_ARGUMENT);
   EXPECT_THAT(Msg(bad_job.status()), HasSubstr("job_id 'other-job' does not match"));
 
-  // Every RPC checks the credentials, not only Join.
-  EXPECT_EQ(CodeOf(Client("not-the-token")->Set("k", "v")), v1::INVALID_ARGUMENT);
-  EXPECT_EQ(CodeOf(Client("not-the-token")->Leave(0, 0, "x")), v1::INVALID_ARGUMENT);
+  // Every RPC checks the token, not only Join: a stranger can neither read
+  // the store nor abort a generation.
+  ASSERT_TRUE(Client()->Set("job/secret-layout", "v").ok());
+  const auto read = Client("")->Get("job/secret-layout");
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(Msg(read.status()), HasSubstr("Rendezvous.Get refused"));
+  const absl::Status set = Client("not-the-token")->Set("k", "v");
+  EXPECT_EQ(set.code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(Msg(set), HasSubstr("Rendezvous.Set refused"));
+  const absl::Status leave = Client("")->Leave(0, 0, "x");
+  EXPECT_EQ(leave.code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(Msg(leave), HasSubstr("Rendezvous.Leave refused"));
+  const absl::Status wait = Client("")->Wait({"job/secret-layout"}, absl::Seconds(1));
+  EXPECT_EQ(wait.code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(Msg(wait), HasSubstr("Rendezvous.Wait refused"));
+  HeartbeatParams beat;
+  const auto heartbeat = Client("")->Heartbeat(beat);
+  EXPECT_EQ(heartbeat.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(Msg(heartbeat.status()), HasSubstr("Rendezvous.Heartbeat refused"));
 
   spdlog::default_logger()->flush();
   spdlog::default_logger()->sinks().pop_back();
+  EXPECT_THAT(log.str(), HasSubstr("event=call_refused rpc=Rendezvous.Join"));
   EXPECT_THAT(log.str(), HasSubstr("event=rendezvous_refused rpc=Join"));
   EXPECT_THAT(log.str(), Not(HasSubstr("not-the-token")));
   EXPECT_THAT(log.str(), Not(HasSubstr(kToken)));
@@ -560,6 +585,65 @@ TEST_F(RendezvousServiceTest, GenerationKeysAreScopedAbortedAndDiscarded) {
   ASSERT_TRUE(kept.ok());
   EXPECT_EQ(kept->value_or(""), "kept");
   ASSERT_TRUE(client->Set("g2/gloo/0", "addr2").ok());
+}
+
+// Over a store bound a Set is RESOURCE_EXHAUSTED naming the key and the
+// bound, and nothing is stored; a new generation frees its predecessor's keys.
+TEST_F(RendezvousServiceTest, StoreBoundsRefuseNamingTheKeyAndTheBound) {
+  RendezvousStoreLimits limits;
+  limits.max_value_bytes = 1000;
+  limits.max_keys_per_generation = 3;
+  limits.max_job_wide_keys = 2;
+  limits.max_total_bytes = 2000;
+  leader_ = std::make_unique<TestLeader>(kJob, kToken, 2, absl::Seconds(20), absl::Minutes(10),
+                                         MonotonicNow, 0, limits);
+  num_nodes_ = 2;
+  auto client = Client();
+
+  const absl::Status big = client->Set("job/big", std::string(1001, 'x'));
+  EXPECT_EQ(big.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Msg(big), HasSubstr("value of key 'job/big' is 1001 bytes"));
+  EXPECT_THAT(Msg(big), HasSubstr("max_value_bytes=1000"));
+  EXPECT_FALSE(client->Get("job/big")->has_value());
+
+  ASSERT_TRUE(client->Set("job/a", std::string(1000, 'a')).ok());
+  ASSERT_TRUE(client->Set("job/b", "b").ok());
+  ASSERT_TRUE(client->Set("job/a", "replaced").ok());  // replacing is not a new key
+  const absl::Status third = client->Set("job/c", "c");
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Msg(third), HasSubstr("key 'job/c' would be job-wide key 3"));
+  EXPECT_THAT(Msg(third), HasSubstr("max_job_wide_keys=2"));
+
+  ASSERT_EQ(FormGeneration(), 1u);
+  ASSERT_TRUE(client->Set("g1/x", std::string(1000, 'x')).ok());
+  ASSERT_TRUE(client->Set("g1/y", "y").ok());
+  const absl::Status total = client->Set("g1/z", std::string(1000, 'z'));
+  EXPECT_EQ(total.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Msg(total), HasSubstr("key 'g1/z' would grow the store to"));
+  EXPECT_THAT(Msg(total), HasSubstr("max_total_bytes=2000"));
+  ASSERT_TRUE(client->Set("g1/z", "z").ok());
+  const absl::Status many = client->Set("g1/w", "w");
+  EXPECT_EQ(many.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Msg(many), HasSubstr("key 'g1/w' would be key 4 of generation 1"));
+  EXPECT_THAT(Msg(many), HasSubstr("max_keys_per_generation=3"));
+
+  // Generation 2 discards generation 1's keys and their bytes.
+  ASSERT_TRUE(leader_->service().AbortGeneration(1, "test"));
+  ASSERT_EQ(FormGeneration(), 2u);
+  for (const char* key : {"g2/x", "g2/y", "g2/z"}) {
+    EXPECT_TRUE(client->Set(key, std::string(600, 'v')).ok()) << key;
+  }
+}
+
+// The default value bound is the one the store answers, not gRPC's message
+// limit: an oversized layout is refused naming its key.
+TEST_F(RendezvousServiceTest, DefaultValueBoundIsTheStoresClearError) {
+  StartLeader(2);
+  const size_t bound = RendezvousStoreLimits{}.max_value_bytes;
+  const absl::Status over = Client()->Set("job/layout", std::string(bound + 1, 'l'));
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Msg(over), HasSubstr(absl::StrCat("value of key 'job/layout' is ", bound + 1)));
+  EXPECT_TRUE(Client()->Set("job/layout", std::string(bound, 'l')).ok());
 }
 
 TEST_F(RendezvousServiceTest, UnreachableLeaderIsATransportErrorNamingIt) {

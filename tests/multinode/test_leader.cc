@@ -9,12 +9,14 @@ namespace gradsync::testing {
 
 TestLeader::TestLeader(const std::string& job_id, const std::string& job_token, int num_nodes,
                        absl::Duration default_timeout, absl::Duration heartbeat_timeout,
-                       MonotonicClock clock, int port)
-    : service_(std::make_unique<RendezvousService>(job_id, job_token, num_nodes, default_timeout,
-                                                   heartbeat_timeout, std::move(clock))) {
+                       MonotonicClock clock, int port, RendezvousStoreLimits limits)
+    : service_(std::make_unique<RendezvousService>(job_id, CallAuth(CallAuthPolicy{job_token}),
+                                                   num_nodes, default_timeout, heartbeat_timeout,
+                                                   std::move(clock), limits)) {
   grpc::ServerBuilder builder;
   builder.AddListeningPort("127.0.0.1:" + std::to_string(port), grpc::InsecureServerCredentials(),
                            &port_);
+  builder.SetMaxReceiveMessageSize(kMaxRendezvousMessageBytes);  // as the daemon's
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();
   if (server_ != nullptr && port_ > 0) address_ = "127.0.0.1:" + std::to_string(port_);

@@ -36,6 +36,15 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
+bool WriteTokenFile(const std::string& path, const std::string& token) {
+  {
+    std::ofstream out(path, std::ios::trunc);
+    out << token << "\n";
+    if (!out) return false;
+  }
+  return ::chmod(path.c_str(), 0600) == 0;
+}
+
 bool WaitForFile(const std::string& path, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   struct stat st;

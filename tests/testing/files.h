@@ -28,6 +28,10 @@ class ScratchDir {
 // The file's contents ("" if it cannot be read).
 std::string ReadFile(const std::string& path);
 
+// Writes `token` to `path` with mode 0600, as gradsyncd wants a job token
+// file; false if it cannot.
+bool WriteTokenFile(const std::string& path, const std::string& token);
+
 // Waits until `path` exists; false past `timeout`.
 bool WaitForFile(const std::string& path, std::chrono::milliseconds timeout);
 

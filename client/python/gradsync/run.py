@@ -63,7 +63,8 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
                    help="log file of a daemon started here (default: a temporary file)")
     p.add_argument("--nnodes", type=int, default=1,
                    help="nodes in the job (sets WORLD_SIZE/RANK; a daemon started here gets "
-                        "--num-nodes, and needs --daemon-arg=--leader=... on other nodes)")
+                        "--num-nodes, and needs --daemon-arg=--job-token-file=F (mode 0600) "
+                        "on every node and --daemon-arg=--leader=... on other nodes)")
     p.add_argument("--node-rank", type=int, default=0, help="this node's rank")
     p.add_argument("--grace-s", type=float, default=30.0,
                    help="after a trainer fails (or a signal), how long the others may take "
