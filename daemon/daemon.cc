@@ -11,12 +11,16 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/default_socket.h"
+#include "common/peer_credentials.h"
 #include "common/status_code.h"
 #include "daemon/cluster/cluster_link.h"
 #include "daemon/cluster/rendezvous_records.h"
 #include "daemon/listen_address.h"
+#include "daemon/trainer_admission.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "ipc/random_segment_name.h"
 #include "ipc/shared_segment.h"
 #include "spdlog/spdlog.h"
 
@@ -46,6 +50,12 @@ Daemon::~Daemon() {
 }
 
 absl::Status Daemon::PrepareSocketPath() {
+  // The per-user default lives in a directory we create and check (under
+  // systemd, RuntimeDirectory= made and owns it).
+  const std::string dir = config_.socket_path.substr(0, config_.socket_path.rfind('/'));
+  if (dir == PerUserSocketDirectory()) {
+    if (absl::Status st = EnsurePrivateDirectory(dir); !st.ok()) return st;
+  }
   struct stat st;
   if (lstat(config_.socket_path.c_str(), &st) != 0) return absl::OkStatus();
   if (!S_ISSOCK(st.st_mode)) {
@@ -77,8 +87,7 @@ absl::Status Daemon::Start() {
   for (const std::string& name : ipc::RemoveStaleSegments(config_.shm_prefix)) {
     spdlog::info("event=stale_segment_removed name={}", name);
   }
-  auto node = ipc::NodeSegment::Create(ipc::SegmentName(config_.shm_prefix, getpid(), "node"),
-                                       getpid(), config_.shm_mode, config_.shm_group);
+  auto node = CreateNodeSegment(1);
   if (!node.ok()) return node.status();
   {
     absl::MutexLock lock(&node_mu_);
@@ -157,19 +166,23 @@ absl::Status Daemon::Start() {
   if (absl::Status st = PrepareSocketPath(); !st.ok()) return st;
   local_service_ = std::make_unique<LocalService>(jobs_.get());
   {
+    // No listening port: local_listener_ hands it the connections it admits.
     grpc::ServerBuilder builder;
-    builder.AddListeningPort("unix:" + config_.socket_path, grpc::InsecureServerCredentials());
     builder.RegisterService(local_service_.get());
     local_server_ = builder.BuildAndStart();
     if (!local_server_) {
       return absl::UnavailableError(
-          absl::StrCat("cannot listen on unix socket ", config_.socket_path));
+          absl::StrCat("cannot start the Local service for ", config_.socket_path));
     }
   }
-  if (chmod(config_.socket_path.c_str(), config_.socket_mode) != 0) {
-    return absl::PermissionDeniedError(absl::StrCat("chmod ", config_.socket_path, ": ",
-                                                    std::strerror(errno)));
-  }
+  absl::StatusOr<std::unique_ptr<LocalListener>> listener =
+      LocalListener::Listen(config_.socket_path, config_.socket_mode);
+  if (!listener.ok()) return listener.status();
+  local_listener_ = std::move(*listener);
+  local_listener_->Start(local_server_.get(),
+                         [uid = geteuid(), group = config_.shm_group](const PeerCredentials& peer) {
+                           return AdmitTrainer(peer, uid, group);
+                         });
 
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   spdlog::info(
@@ -181,14 +194,19 @@ absl::Status Daemon::Start() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<ipc::NodeSegment> Daemon::CreateNodeSegment(int generation) const {
+  return ipc::CreateUnderRandomName<ipc::NodeSegment>(
+      config_.shm_prefix, getpid(), absl::StrCat("node", generation), [this](const std::string& name) {
+        return ipc::NodeSegment::Create(name, getpid(), config_.shm_mode, config_.shm_group);
+      });
+}
+
 std::shared_ptr<ipc::NodeSegment> Daemon::NodeSegmentForNewJob() {
   absl::MutexLock lock(&node_mu_);
   const absl::Status damage = node_->Check();
   if (damage.ok()) return node_;
   // A new name: the old one may now belong to someone else's object.
-  const std::string name =
-      ipc::SegmentName(config_.shm_prefix, getpid(), absl::StrCat("node.", ++node_generation_));
-  auto fresh = ipc::NodeSegment::Create(name, getpid(), config_.shm_mode, config_.shm_group);
+  auto fresh = CreateNodeSegment(++node_generation_);
   if (!fresh.ok()) {
     // The job's trainers then get Open's clear error instead of a hang.
     spdlog::error("event=node_segment_recreate_failed reason=\"{}\" error=\"{}\"",
@@ -198,7 +216,7 @@ std::shared_ptr<ipc::NodeSegment> Daemon::NodeSegmentForNewJob() {
   // A damaged header under our own name: nobody may open it any more.
   if (node_->StillNamed()) ipc::SharedSegment::Remove(node_->name()).IgnoreError();
   spdlog::warn("event=node_segment_recreated reason=\"{}\" old={} new={}",
-               std::string(damage.message()), node_->name(), name);
+               std::string(damage.message()), node_->name(), fresh->name());
   retired_nodes_.erase(std::remove_if(retired_nodes_.begin(), retired_nodes_.end(),
                                       [](const auto& w) { return w.expired(); }),
                        retired_nodes_.end());
@@ -300,6 +318,7 @@ void Daemon::Run() {
   jobs_->FailAll(
       MakeError(v1::UNAVAILABLE, absl::StrCat("gradsyncd is shutting down (", reason, ")")));
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
+  local_listener_->Stop();  // no new connection reaches the server being shut down
   local_server_->Shutdown(deadline);
   if (listen_server_) listen_server_->Shutdown(deadline);
   if (heartbeat_.joinable()) heartbeat_.join();

@@ -21,6 +21,7 @@
 #include "daemon/config.h"
 #include "daemon/control_service.h"
 #include "daemon/engine/job_registry.h"
+#include "daemon/local_listener.h"
 #include "daemon/local_service.h"
 #include "daemon/cluster/rendezvous_service.h"
 #include "grpcpp/grpcpp.h"
@@ -55,6 +56,8 @@ class Daemon {
   // The leader's job-wide caps change (ControlService::PublishCaps).
   absl::Status PublishCaps(const DaemonConfig& next, uint64_t version);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // A node segment under a fresh random name ("node<generation>.<random>").
+  absl::StatusOr<ipc::NodeSegment> CreateNodeSegment(int generation) const;
   // The node segment a fresh job gets: the current one if it is intact,
   // else a new one (new name), logged; running jobs keep theirs.
   std::shared_ptr<ipc::NodeSegment> NodeSegmentForNewJob() ABSL_LOCKS_EXCLUDED(node_mu_);
@@ -74,6 +77,7 @@ class Daemon {
   std::unique_ptr<ControlService> control_service_;
   std::unique_ptr<RendezvousService> rendezvous_service_;  // the leader of a multi-node job
   std::unique_ptr<grpc::Server> local_server_;
+  std::unique_ptr<LocalListener> local_listener_;  // feeds local_server_ admitted trainers
   std::unique_ptr<grpc::Server> listen_server_;
   int listen_port_ = 0;
   // Where FormWorld joins the job: --leader, or on the leader an address its
