@@ -26,7 +26,7 @@ def _cxx_constant(name: str) -> str:
 def _daemon_default(env: dict) -> str:
     usage = subprocess.run([str(GRADSYNCD), "--helpfull"], capture_output=True, text=True,
                            timeout=30, env=env).stdout
-    match = re.search(r'--socket .*?default: "([^"]*)"', usage, re.S)
+    match = re.search(r'--socket \(.*?\);\s+default: "([^"]*)"', usage, re.S)
     assert match, usage
     return match.group(1)
 
