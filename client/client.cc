@@ -8,9 +8,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cuda_tensors.h"
+#include "client/daemon_connection.h"
 #include "client/trainer_device_factory.h"
-#include "common/defaults.h"
+#include "common/default_socket.h"
+#include "common/monotonic.h"
+#include "common/peer_credentials.h"
 #include "common/status_code.h"
+#include "grpcpp/create_channel_posix.h"
 
 namespace gradsync {
 namespace {
@@ -59,7 +63,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
   c->socket_path_ = options.socket_path;
   if (c->socket_path_.empty()) {
     const char* env = std::getenv("GRADSYNC_SOCKET");
-    c->socket_path_ = (env && *env) ? env : kDefaultSocketPath;
+    c->socket_path_ = (env && *env) ? env : ClientDefaultSocketPath();
   }
   c->local_rank_ = options.local_rank;
   c->device_ = options.device;
@@ -69,17 +73,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
   }
   const int64_t timeout_ms = options.timeout_ms > 0 ? options.timeout_ms : 30000;
 
+  // Verified before gRPC sees the connection, which it then uses as is: a
+  // channel from an fd never reconnects to whoever holds the path later.
+  absl::StatusOr<DaemonConnection> daemon =
+      ConnectToDaemon(c->socket_path_, MonotonicNow() + absl::Milliseconds(timeout_ms));
+  if (!daemon.ok()) return daemon.status();
+  c->daemon_uid_ = daemon->daemon.uid;
+  c->daemon_peer_ = DescribePeer(daemon->daemon);
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
-  c->channel_ = grpc::CreateCustomChannel("unix:" + c->socket_path_,
-                                          grpc::InsecureChannelCredentials(), args);
-  if (!c->channel_->WaitForConnected(DeadlineIn(timeout_ms))) {
-    return MakeError(v1::UNAVAILABLE,
-                     absl::StrCat("cannot connect to gradsyncd at ", c->socket_path_, " within ",
-                                  timeout_ms, " ms: is the daemon running? (start it with "
-                                  "`gradsyncd --socket ",
-                                  c->socket_path_, "`, or set GRADSYNC_SOCKET)"));
-  }
+  c->channel_ = grpc::CreateCustomInsecureChannelFromFd("gradsyncd", daemon->fd, args);
   c->stub_ = v1::Local::NewStub(c->channel_);
 
   v1::AttachRequest req;
@@ -90,7 +93,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineIn(timeout_ms));
   grpc::Status s = c->stub_->Attach(&ctx, req, &resp);
-  if (!s.ok()) return RpcError(s, "attach", c->socket_path_);
+  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return RpcError(s, "attach", c->socket_path_);
+  }
+  if (!s.ok()) {
+    // The daemon closes the connection of a user it does not serve.
+    return MakeError(v1::UNAVAILABLE,
+                     absl::StrCat("attach failed: gradsyncd at ", c->socket_path_, " (",
+                                  c->daemon_peer_, ") dropped the connection (", s.error_message(),
+                                  "): a daemon serves only its own user, root and members of its "
+                                  "--shm-group (see its log)"));
+  }
   if (absl::Status st = FromProto(resp.error()); !st.ok()) return st;
   c->session_ = resp.session_id();
   c->daemon_pid_ = resp.daemon_pid();
@@ -216,9 +229,11 @@ absl::Status Client::Register(const std::vector<TensorSpec>& specs) {
       static_cast<size_t>(resp.tensor_offsets_size()) != layout->size()) {
     return Failed(MakeError(v1::INTERNAL, "the daemon answered with a different layout"));
   }
-  auto node = ipc::NodeSegment::Open(resp.node_segment_name());
+  // Owned by the daemon we verified, whoever we are (root included).
+  auto node = ipc::NodeSegment::Open(resp.node_segment_name(), daemon_uid_);
   if (!node.ok()) return Failed(MakeError(v1::INTERNAL, node.status().ToString()));
-  auto seg = ipc::TrainerSegment::Open(resp.segment_name(), resp.layout_hash(), resp.arena_bytes());
+  auto seg = ipc::TrainerSegment::Open(resp.segment_name(), resp.layout_hash(), resp.arena_bytes(),
+                                       daemon_uid_);
   if (!seg.ok()) return Failed(MakeError(v1::INTERNAL, seg.status().ToString()));
   node_ = std::move(*node);
   segment_ = std::move(*seg);

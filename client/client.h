@@ -13,6 +13,8 @@
 #ifndef GRADSYNC_CLIENT_CLIENT_H_
 #define GRADSYNC_CLIENT_CLIENT_H_
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -48,7 +50,7 @@ struct TensorSpec {
 class CudaTensors;
 
 struct ConnectOptions {
-  std::string socket_path;  // empty: $GRADSYNC_SOCKET, else kDefaultSocketPath
+  std::string socket_path;  // empty: $GRADSYNC_SOCKET, else ClientDefaultSocketPath()
   int local_rank = -1;      // -1: $LOCAL_RANK, else 0
   int64_t timeout_ms = 30000;
   // The device CUDA tensors go through; null: NewDefaultTrainerDevice() at
@@ -59,6 +61,8 @@ struct ConnectOptions {
 
 class Client {
  public:
+  // Refuses (UNAVAILABLE) a daemon run by a user this process does not
+  // trust: see daemon_connection.h.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ConnectOptions& options);
   ~Client();
   Client(const Client&) = delete;
@@ -104,6 +108,9 @@ class Client {
   void WatchLoop() ABSL_LOCKS_EXCLUDED(watch_mu_);
 
   std::string socket_path_;
+  // Who the daemon is (SO_PEERCRED at connect): every segment must be its.
+  uid_t daemon_uid_ = 0;
+  std::string daemon_peer_;  // "uid N (name) pid P", for messages
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Local::Stub> stub_;
   uint64_t session_ = 0;

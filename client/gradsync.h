@@ -65,15 +65,23 @@ typedef struct {
   void *cuda_ptr;   /* CUDA tensors only */
 } gs_tensor_spec;
 
+/* gs_connect verifies who runs the daemon (the socket's peer credentials)
+ * and refuses (GS_ERR_UNAVAILABLE) any user but root, the caller's own user,
+ * the user named by $GRADSYNC_DAEMON_UID (a uid or a user name), and on
+ * GS_DEFAULT_SOCKET the owner of its directory; every shared-memory segment
+ * it maps must then belong to that same user. */
 typedef struct {
-  const char *socket_path; /* NULL: $GRADSYNC_SOCKET, else the default */
+  const char *socket_path; /* NULL: $GRADSYNC_SOCKET, else the default (below) */
   int local_rank;          /* -1: $LOCAL_RANK, else 0 */
   int timeout_ms;          /* connect/attach timeout; <= 0: 30 s */
 } gs_connect_options;
 
-/* The daemon's default socket when neither the option nor $GRADSYNC_SOCKET is set
- * (gradsync::kDefaultSocketPath in common/defaults.h; checked at compile time). */
-#define GS_DEFAULT_SOCKET "/tmp/gradsyncd.sock"
+/* A system-wide daemon's socket (systemd's RuntimeDirectory=gradsync), used
+ * when neither the option nor $GRADSYNC_SOCKET names one and it exists; else
+ * the per-user one, $XDG_RUNTIME_DIR/gradsync/gradsyncd.sock or
+ * /tmp/gradsync-<uid>/gradsyncd.sock (gradsync::kSystemSocketPath in
+ * common/defaults.h, checked at compile time; common/default_socket.h). */
+#define GS_DEFAULT_SOCKET "/run/gradsync/gradsyncd.sock"
 
 /* Attaches to the node's daemon. On failure *out is still set (when out is
  * not NULL) so that gs_last_error can describe the failure; gs_close it. */

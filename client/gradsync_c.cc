@@ -13,8 +13,8 @@
 #include "common/status_code.h"
 
 // C callers cannot see the C++ constant: the ABI's macro is a copy of it.
-static_assert(std::string_view(GS_DEFAULT_SOCKET) == gradsync::kDefaultSocketPath,
-              "GS_DEFAULT_SOCKET must equal gradsync::kDefaultSocketPath");
+static_assert(std::string_view(GS_DEFAULT_SOCKET) == gradsync::kSystemSocketPath,
+              "GS_DEFAULT_SOCKET must equal gradsync::kSystemSocketPath");
 
 struct gs_client {
   std::unique_ptr<gradsync::Client> client;

@@ -9,9 +9,13 @@
 
 namespace gradsync {
 
-// gradsyncd's --socket, and the client's when neither the caller nor
-// $GRADSYNC_SOCKET names one (the C ABI's GS_DEFAULT_SOCKET).
-inline constexpr char kDefaultSocketPath[] = "/tmp/gradsyncd.sock";
+// The socket of a system-wide gradsyncd (systemd's RuntimeDirectory=gradsync,
+// the Kubernetes sidecar's shared volume); the C ABI's GS_DEFAULT_SOCKET.
+// Which socket a daemon or client uses when told none: default_socket.h.
+inline constexpr char kSystemSocketPath[] = "/run/gradsync/gradsyncd.sock";
+
+// The socket's file name in a per-user or $RUNTIME_DIRECTORY directory.
+inline constexpr char kSocketFileName[] = "gradsyncd.sock";
 
 // gradsyncd's --listen, and gradsyncctl's --addr when $GRADSYNC_ADDR is unset.
 inline constexpr char kDefaultListenAddress[] = "127.0.0.1:7250";

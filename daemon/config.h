@@ -11,13 +11,15 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/default_socket.h"
 #include "common/defaults.h"
 
 namespace gradsync {
 
 struct DaemonConfig {
-  // Where trainers attach (gRPC over a unix socket) and its file mode.
-  std::string socket_path = kDefaultSocketPath;
+  // Where trainers attach (gRPC over a unix socket) and its file mode; the
+  // default is resolved for this process (common/default_socket.h).
+  std::string socket_path = DaemonDefaultSocketPath();
   mode_t socket_mode = 0660;
   // Control + rendezvous (on the leader) + health + reflection. Empty: off.
   std::string listen = kDefaultListenAddress;

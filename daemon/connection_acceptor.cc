@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -118,7 +119,7 @@ absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> ConnectionAcceptor::ListenTc
 }
 
 absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> ConnectionAcceptor::ListenUnix(
-    const std::string& path) {
+    const std::string& path, mode_t mode) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat("unix socket path ", path, " is longer than ",
@@ -128,10 +129,16 @@ absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> ConnectionAcceptor::ListenUn
   std::memcpy(addr.sun_path, path.data(), path.size());
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return ErrnoError(errno, "socket");
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      listen(fd, SOMAXCONN) != 0) {
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     const int err = errno;
     close(fd);
+    return ErrnoError(err, absl::StrCat("bind unix socket ", path));
+  }
+  // Before listen(): nobody can connect while the mode is still the umask's.
+  if (chmod(path.c_str(), mode) != 0 || listen(fd, SOMAXCONN) != 0) {
+    const int err = errno;
+    close(fd);
+    unlink(path.c_str());
     return ErrnoError(err, absl::StrCat("listen on unix socket ", path));
   }
   return std::unique_ptr<ConnectionAcceptor>(new ConnectionAcceptor({fd}, 0, false));
@@ -149,8 +156,22 @@ ConnectionAcceptor::~ConnectionAcceptor() {
   if (reserve_fd_ >= 0) close(reserve_fd_);
 }
 
-void ConnectionAcceptor::Start(grpc::Server* server) {
+void ConnectionAcceptor::Start(grpc::Server* server, Admit admit) {
+  admit_ = std::move(admit);
   thread_ = std::thread([this, server] { Loop(server); });
+}
+
+bool ConnectionAcceptor::Admitted(int fd) {
+  if (!admit_) return true;
+  const absl::Status verdict = admit_(fd);
+  if (verdict.ok()) return true;
+  close(fd);
+  // A peer retrying in a loop is logged once; the memory is bounded.
+  if (refusals_logged_.size() >= 1024) refusals_logged_.clear();
+  if (refusals_logged_.insert(std::string(verdict.message())).second) {
+    spdlog::warn("event=peer_refused reason=\"{}\"", std::string(verdict.message()));
+  }
+  return false;
 }
 
 void ConnectionAcceptor::Stop() {
@@ -197,7 +218,7 @@ bool ConnectionAcceptor::AcceptAll(int listener, grpc::Server* server) {
         const int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       }
-      grpc::AddInsecureChannelFromFd(server, fd);  // gRPC owns fd from here
+      if (Admitted(fd)) grpc::AddInsecureChannelFromFd(server, fd);  // gRPC owns fd now
       continue;
     }
     const int err = errno;

@@ -10,17 +10,27 @@
 // backlog), takes the reserve back and keeps listening: once descriptors
 // free up, the next connection is served.
 //
+// An optional admission check runs on every accepted connection before gRPC
+// reads a byte of it (the unix socket's peer-credential check,
+// trainer_admission.h); a refused connection is closed and logged once per
+// distinct reason (which names the peer).
+//
 // Threads: one accept thread per acceptor, started by Start and joined by
 // Stop (or the destructor). Stop before shutting the server down: no
 // connection may be handed to a server that is going away.
 #ifndef GRADSYNC_DAEMON_CONNECTION_ACCEPTOR_H_
 #define GRADSYNC_DAEMON_CONNECTION_ACCEPTOR_H_
 
+#include <sys/types.h>
+
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "grpcpp/server.h"
 
@@ -32,8 +42,12 @@ class ConnectionAcceptor {
   // same on every address HOST resolves to).
   static absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> ListenTcp(
       const std::string& host_port);
-  // Listens on a unix socket at `path` (which must not exist).
-  static absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> ListenUnix(const std::string& path);
+  // Listens on a unix socket at `path` (which must not exist), with file
+  // mode `mode` set before anyone can connect.
+  static absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> ListenUnix(const std::string& path,
+                                                                        mode_t mode);
+  // OK to hand the connection on `fd` to gRPC, else why not (naming the peer).
+  using Admit = std::function<absl::Status(int fd)>;
 
   ~ConnectionAcceptor();
   ConnectionAcceptor(const ConnectionAcceptor&) = delete;
@@ -41,14 +55,17 @@ class ConnectionAcceptor {
 
   // The TCP port bound (0 for a unix socket).
   int port() const { return port_; }
-  // Starts accepting; every connection goes to `server`, which must outlive Stop.
-  void Start(grpc::Server* server);
+  // Starts accepting; every connection `admit` approves (all, when it is
+  // empty) goes to `server`, which must outlive Stop.
+  void Start(grpc::Server* server, Admit admit = {});
   // Stops accepting and closes the listening sockets. Idempotent.
   void Stop();
 
  private:
   ConnectionAcceptor(std::vector<int> listeners, int port, bool tcp);
   void Loop(grpc::Server* server);
+  // Runs admit_ on a fresh connection; a refusal closes it.
+  bool Admitted(int fd);
   // Drains one listener's backlog; returns false when out of descriptors
   // without a reserve to make room (the loop then backs off).
   bool AcceptAll(int listener, grpc::Server* server);
@@ -59,6 +76,8 @@ class ConnectionAcceptor {
   int stop_fd_ = -1;   // eventfd: Stop wakes the loop's poll
   int reserve_fd_ = -1;  // /dev/null, given up to accept-and-close on EMFILE
   bool out_of_fds_ = false;  // logged once per episode, not per connection
+  Admit admit_;
+  absl::flat_hash_set<std::string> refusals_logged_;  // accept thread only; bounded
   std::thread thread_;
 };
 

@@ -11,6 +11,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/default_socket.h"
+#include "common/peer_credentials.h"
 #include "common/status_code.h"
 #include "common/tls_credentials.h"
 #include "daemon/auth/call_auth.h"
@@ -18,8 +20,10 @@
 #include "daemon/cluster/rendezvous_records.h"
 #include "daemon/listen_address.h"
 #include "daemon/server_limits.h"
+#include "daemon/trainer_admission.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "ipc/random_segment_name.h"
 #include "ipc/shared_segment.h"
 #include "spdlog/spdlog.h"
 
@@ -49,6 +53,12 @@ Daemon::~Daemon() {
 }
 
 absl::Status Daemon::PrepareSocketPath() {
+  // The per-user default lives in a directory we create and check (under
+  // systemd, RuntimeDirectory= made and owns it).
+  const std::string dir = config_.socket_path.substr(0, config_.socket_path.rfind('/'));
+  if (dir == PerUserSocketDirectory()) {
+    if (absl::Status st = EnsurePrivateDirectory(dir); !st.ok()) return st;
+  }
   struct stat st;
   if (lstat(config_.socket_path.c_str(), &st) != 0) return absl::OkStatus();
   if (!S_ISSOCK(st.st_mode)) {
@@ -81,8 +91,7 @@ absl::Status Daemon::Start() {
   for (const std::string& name : ipc::RemoveStaleSegments(config_.shm_prefix)) {
     spdlog::info("event=stale_segment_removed name={}", name);
   }
-  auto node = ipc::NodeSegment::Create(ipc::SegmentName(config_.shm_prefix, getpid(), "node"),
-                                       getpid(), config_.shm_mode, config_.shm_group);
+  auto node = CreateNodeSegment(1);
   if (!node.ok()) return node.status();
   {
     absl::MutexLock lock(&node_mu_);
@@ -194,7 +203,9 @@ absl::Status Daemon::Start() {
   if (absl::Status st = PrepareSocketPath(); !st.ok()) return st;
   local_service_ = std::make_unique<LocalService>(jobs_.get());
   {
-    auto acceptor = ConnectionAcceptor::ListenUnix(config_.socket_path);
+    // The socket is bound (with its mode) and listening before the server
+    // starts, but nothing is accepted until the acceptor starts below.
+    auto acceptor = ConnectionAcceptor::ListenUnix(config_.socket_path, config_.socket_mode);
     if (!acceptor.ok()) return acceptor.status();
     local_acceptor_ = std::move(*acceptor);
     grpc::ServerBuilder builder;
@@ -203,13 +214,15 @@ absl::Status Daemon::Start() {
     local_server_ = builder.BuildAndStart();
     if (!local_server_) {
       return absl::UnavailableError(
-          absl::StrCat("cannot listen on unix socket ", config_.socket_path));
+          absl::StrCat("cannot start the Local service for ", config_.socket_path));
     }
-    local_acceptor_->Start(local_server_.get());
-  }
-  if (chmod(config_.socket_path.c_str(), config_.socket_mode) != 0) {
-    return absl::PermissionDeniedError(absl::StrCat("chmod ", config_.socket_path, ": ",
-                                                    std::strerror(errno)));
+    // Every connection is checked on the kernel's word before gRPC reads it.
+    local_acceptor_->Start(
+        local_server_.get(), [uid = geteuid(), group = config_.shm_group](int fd) {
+          absl::StatusOr<PeerCredentials> peer = ReadPeerCredentials(fd);
+          if (!peer.ok()) return peer.status();
+          return AdmitTrainer(*peer, uid, group);
+        });
   }
 
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
@@ -222,14 +235,19 @@ absl::Status Daemon::Start() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<ipc::NodeSegment> Daemon::CreateNodeSegment(int generation) const {
+  return ipc::CreateUnderRandomName<ipc::NodeSegment>(
+      config_.shm_prefix, getpid(), absl::StrCat("node", generation), [this](const std::string& name) {
+        return ipc::NodeSegment::Create(name, getpid(), config_.shm_mode, config_.shm_group);
+      });
+}
+
 std::shared_ptr<ipc::NodeSegment> Daemon::NodeSegmentForNewJob() {
   absl::MutexLock lock(&node_mu_);
   const absl::Status damage = node_->Check();
   if (damage.ok()) return node_;
   // A new name: the old one may now belong to someone else's object.
-  const std::string name =
-      ipc::SegmentName(config_.shm_prefix, getpid(), absl::StrCat("node.", ++node_generation_));
-  auto fresh = ipc::NodeSegment::Create(name, getpid(), config_.shm_mode, config_.shm_group);
+  auto fresh = CreateNodeSegment(++node_generation_);
   if (!fresh.ok()) {
     // The job's trainers then get Open's clear error instead of a hang.
     spdlog::error("event=node_segment_recreate_failed reason=\"{}\" error=\"{}\"",
@@ -239,7 +257,7 @@ std::shared_ptr<ipc::NodeSegment> Daemon::NodeSegmentForNewJob() {
   // A damaged header under our own name: nobody may open it any more.
   if (node_->StillNamed()) ipc::SharedSegment::Remove(node_->name()).IgnoreError();
   spdlog::warn("event=node_segment_recreated reason=\"{}\" old={} new={}",
-               std::string(damage.message()), node_->name(), name);
+               std::string(damage.message()), node_->name(), fresh->name());
   retired_nodes_.erase(std::remove_if(retired_nodes_.begin(), retired_nodes_.end(),
                                       [](const auto& w) { return w.expired(); }),
                        retired_nodes_.end());

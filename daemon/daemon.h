@@ -56,6 +56,8 @@ class Daemon {
   // The leader's job-wide caps change (ControlService::PublishCaps).
   absl::Status PublishCaps(const DaemonConfig& next, uint64_t version);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // A node segment under a fresh random name ("node<generation>.<random>").
+  absl::StatusOr<ipc::NodeSegment> CreateNodeSegment(int generation) const;
   // The node segment a fresh job gets: the current one if it is intact,
   // else a new one (new name), logged; running jobs keep theirs.
   std::shared_ptr<ipc::NodeSegment> NodeSegmentForNewJob() ABSL_LOCKS_EXCLUDED(node_mu_);

@@ -32,7 +32,10 @@
 // Every default comes from DaemonConfig (config.h), the one place it is written.
 static const gradsync::DaemonConfig kDefaults;
 
-ABSL_FLAG(std::string, socket, kDefaults.socket_path, "unix socket trainers attach to");
+ABSL_FLAG(std::string, socket, kDefaults.socket_path,
+          "unix socket trainers attach to (default: $RUNTIME_DIRECTORY/gradsyncd.sock under "
+          "systemd, else gradsyncd.sock in $XDG_RUNTIME_DIR/gradsync or /tmp/gradsync-<uid>, "
+          "created 0700)");
 ABSL_FLAG(std::string, listen, kDefaults.listen,
           "HOST:PORT for control, health, reflection and (leader) rendezvous; empty: off");
 ABSL_FLAG(std::string, leader, kDefaults.leader,

@@ -25,8 +25,9 @@ absl::StatusOr<NodeSegment> NodeSegment::Create(const std::string& name, pid_t d
   return ns;
 }
 
-absl::StatusOr<NodeSegment> NodeSegment::Open(const std::string& name) {
-  auto segment = SharedSegment::Open(name);
+absl::StatusOr<NodeSegment> NodeSegment::Open(const std::string& name,
+                                              std::optional<uid_t> owner) {
+  auto segment = SharedSegment::Open(name, 0660, owner);
   if (!segment.ok()) return segment.status();
   if (segment->size() < sizeof(NodeSegmentHeader)) {
     return absl::DataLossError(absl::StrCat("node segment ", name, " is too small"));

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -41,7 +42,9 @@ class NodeSegment {
   // truncates the segment cannot kill the daemon, see Truncated().
   static absl::StatusOr<NodeSegment> Create(const std::string& name, pid_t daemon_pid,
                                             mode_t mode = 0600, gid_t group = -1);
-  static absl::StatusOr<NodeSegment> Open(const std::string& name);
+  // `owner`: who must own it (nullopt: the caller; see SharedSegment::Open).
+  static absl::StatusOr<NodeSegment> Open(const std::string& name,
+                                          std::optional<uid_t> owner = std::nullopt);
 
   // The daemon's check of its own segment, which anyone of its user can
   // damage: OK while the header is intact (magic, version) and the name

@@ -144,7 +144,8 @@ absl::StatusOr<SharedSegment> SharedSegment::Create(const std::string& name, siz
   return seg;
 }
 
-absl::StatusOr<SharedSegment> SharedSegment::Open(const std::string& name, mode_t max_mode) {
+absl::StatusOr<SharedSegment> SharedSegment::Open(const std::string& name, mode_t max_mode,
+                                                  std::optional<uid_t> owner) {
   if (auto st = CheckName(name); !st.ok()) return st;
   SharedSegment seg;
   try {
@@ -160,9 +161,13 @@ absl::StatusOr<SharedSegment> SharedSegment::Open(const std::string& name, mode_
           "user could write into it)",
           name, mode, max_mode));
     }
-    if (st.st_uid != geteuid() && geteuid() != 0 && (mode & 0070) == 0) {
+    // Root too, and group-shared segments too: root can open anything, and
+    // a group member could have planted it.
+    const uid_t expected = owner.value_or(geteuid());
+    if (st.st_uid != expected) {
       return absl::PermissionDeniedError(
-          absl::StrCat("segment ", name, " belongs to uid ", st.st_uid));
+          absl::StrCat("segment ", name, " belongs to uid ", st.st_uid, ", not to uid ", expected,
+                       " (", owner ? "the daemon's" : "ours", "): refusing to map it"));
     }
     if (st.st_size == 0) {
       return absl::FailedPreconditionError(absl::StrCat("segment ", name, " is empty"));

@@ -3,8 +3,9 @@
 //
 // Created segments get exactly the requested mode (0600 by default, 0660 when
 // a group is configured), regardless of the umask. Opening refuses a segment
-// whose mode lets more people in than `max_mode` allows or that belongs to
-// another user: someone else could then write into a trainer's gradients.
+// whose mode lets more people in than `max_mode` allows or that is not owned
+// by the expected user (root callers included): someone else could then
+// read or write a trainer's gradients.
 #ifndef GRADSYNC_IPC_SHARED_SEGMENT_H_
 #define GRADSYNC_IPC_SHARED_SEGMENT_H_
 
@@ -12,6 +13,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,8 +37,11 @@ class SharedSegment {
   static absl::StatusOr<SharedSegment> Create(const std::string& name, size_t size,
                                               mode_t mode = 0600, gid_t group = -1);
 
-  // Opens and maps an existing segment read-write.
-  static absl::StatusOr<SharedSegment> Open(const std::string& name, mode_t max_mode = 0660);
+  // Opens and maps an existing segment read-write. It must be owned by
+  // `owner` (nullopt: the caller's effective uid) — a trainer passes the
+  // uid of the daemon it verified.
+  static absl::StatusOr<SharedSegment> Open(const std::string& name, mode_t max_mode = 0660,
+                                            std::optional<uid_t> owner = std::nullopt);
 
   // Removes the name (mappings stay valid until unmapped). NotFound if absent.
   static absl::Status Remove(const std::string& name);

@@ -79,8 +79,9 @@ absl::StatusOr<TrainerSegment> TrainerSegment::Create(const std::string& name,
 
 absl::StatusOr<TrainerSegment> TrainerSegment::Open(const std::string& name,
                                                     uint64_t expected_layout_hash,
-                                                    uint64_t expected_arena_bytes) {
-  auto segment = SharedSegment::Open(name);
+                                                    uint64_t expected_arena_bytes,
+                                                    std::optional<uid_t> owner) {
+  auto segment = SharedSegment::Open(name, 0660, owner);
   if (!segment.ok()) return segment.status();
   TrainerSegment ts;
   ts.segment_ = std::move(*segment);

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <memory>
@@ -73,9 +74,11 @@ class TrainerSegment {
   static absl::StatusOr<TrainerSegment> Create(const std::string& name,
                                                const TrainerSegmentSpec& spec, mode_t mode = 0600,
                                                gid_t group = -1);
-  // Trainer side: validates the header against what registration returned.
+  // Trainer side: validates the header against what registration returned;
+  // `owner`: who must own it (nullopt: the caller; see SharedSegment::Open).
   static absl::StatusOr<TrainerSegment> Open(const std::string& name, uint64_t expected_layout_hash,
-                                             uint64_t expected_arena_bytes);
+                                             uint64_t expected_arena_bytes,
+                                             std::optional<uid_t> owner = std::nullopt);
 
   // Re-checks the header (magic, version, sizes): shared memory can be
   // scribbled on by a buggy peer at any time.

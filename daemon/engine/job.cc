@@ -3,24 +3,23 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/monotonic.h"
+#include "common/secure_random.h"
 #include "common/status_code.h"
+#include "ipc/random_segment_name.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
 namespace {
 
+// Unguessable: the session id is all a Local RPC presents (0 means "none").
 uint64_t NewSessionId() {
-  static absl::Mutex mu(absl::kConstInit);
-  static std::mt19937_64 gen ABSL_GUARDED_BY(mu){std::random_device{}()};
-  absl::MutexLock lock(&mu);
   uint64_t id = 0;
-  while (id == 0) id = gen();
+  while (id == 0) id = SecureRandom64();
   return id;
 }
 
@@ -365,9 +364,11 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
     spec.ring_capacity = config_.ring_capacity;
     spec.local_rank = t->local_rank;
     spec.daemon_pid = getpid();
-    const std::string name =
-        ipc::SegmentName(config_.shm_prefix, getpid(), absl::StrCat("j", id_, ".r", t->local_rank));
-    auto seg = ipc::TrainerSegment::Create(name, spec, config_.shm_mode, config_.shm_group);
+    auto seg = ipc::CreateUnderRandomName<ipc::TrainerSegment>(
+        config_.shm_prefix, getpid(), absl::StrCat("j", id_, ".r", t->local_rank),
+        [&](const std::string& name) {
+          return ipc::TrainerSegment::Create(name, spec, config_.shm_mode, config_.shm_group);
+        });
     if (!seg.ok()) return MakeError(v1::INTERNAL, seg.status().ToString());
     t->segment = std::move(*seg);
     t->rank = world_.rank_offset + t->local_rank;

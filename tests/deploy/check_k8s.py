@@ -82,6 +82,17 @@ def main(paths):
 
     env = {e["name"]: e.get("value") for e in trainer.get("env", [])}
     check(env.get("GRADSYNC_SOCKET") == socket, "trainer GRADSYNC_SOCKET must equal --socket")
+    # The system socket (common/defaults.h kSystemSocketPath), which trainers
+    # also find without GRADSYNC_SOCKET.
+    check(socket == "/run/gradsync/gradsyncd.sock",
+          f"--socket {socket} must be /run/gradsync/gradsyncd.sock (the trainers' default)")
+    # The trainer trusts a daemon of its own user (or GRADSYNC_DAEMON_UID's).
+    ctx = spec.get("securityContext", {})
+    for c in (daemon, trainer):
+        uid = c.get("securityContext", {}).get("runAsUser", ctx.get("runAsUser"))
+        check(uid is not None and uid == ctx.get("runAsUser") or "GRADSYNC_DAEMON_UID" in env,
+              f"{c['name']} must run as the Pod's runAsUser, or the trainer must name the "
+              "daemon's uid in GRADSYNC_DAEMON_UID")
 
     volumes = {v["name"]: v for v in spec["volumes"]}
     shm = [n for n, v in volumes.items()

@@ -11,8 +11,8 @@ unit="${TEST_SRCDIR}/${TEST_WORKSPACE}/deploy/gradsyncd.service"
 # Settings the deployment relies on, each an exact line of the unit.
 for line in 'Type=notify' 'NotifyAccess=main' 'EnvironmentFile=-/etc/default/gradsyncd' \
     'Restart=on-failure' 'NoNewPrivileges=yes' 'ProtectSystem=strict' \
-    'RuntimeDirectory=gradsync' 'User=gradsync' 'LogsDirectory=gradsync' \
-    'LimitNOFILE=65536'; do
+    'RuntimeDirectory=gradsync' 'RuntimeDirectoryMode=0750' 'User=gradsync' \
+    'LogsDirectory=gradsync' 'LimitNOFILE=65536'; do
   grep -qxF "$line" "$unit" || { echo "FAIL: '$line' missing from gradsyncd.service"; exit 1; }
 done
 grep -qE '^ExecStart=/usr/local/bin/gradsyncd --socket /run/gradsync/[^ ]+ \$GRADSYNCD_OPTS$' "$unit" \

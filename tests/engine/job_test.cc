@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <memory>
+#include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +27,7 @@
 #include "tests/engine/fake_backend.h"
 #include "tests/engine/gradients.h"
 #include "tests/engine/in_memory_trainers.h"
+#include "tests/engine/mt19937_64_predictor.h"
 #include "tests/engine/patience.h"
 
 namespace gradsync::testing {
@@ -179,6 +182,38 @@ class JobTest : public ::testing::Test {
   std::function<void(const absl::Status&)> on_failure_ ABSL_GUARDED_BY(mu_);
   FakeBackend* backend_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
+
+// A session id is all a Local RPC presents. While ids came from
+// mt19937_64, the 312 ids a trainer could collect (attach after attach)
+// predicted the next one, another trainer's; from the CSPRNG none does.
+TEST_F(JobTest, SessionIdsDoNotPredictTheNextOne) {
+  // The predictor is sound: it foresees a real mt19937_64.
+  std::mt19937_64 reference(20261123);
+  std::vector<uint64_t> outputs;
+  for (size_t i = 0; i < kMt64StateWords + 1; ++i) outputs.push_back(reference());
+  const uint64_t foreseen = outputs.back();
+  outputs.pop_back();
+  ASSERT_EQ(PredictNextMt64(outputs), foreseen);
+
+  constexpr int kPerJob = 64;
+  std::vector<uint64_t> ids;
+  while (ids.size() < kMt64StateWords + 8) {
+    MakeJob(kPerJob);
+    for (int r = 0; r < kPerJob; ++r) {
+      absl::StatusOr<uint64_t> session = job_->Attach(r, PidOf(r));
+      ASSERT_TRUE(session.ok()) << session.status();
+      ids.push_back(*session);
+    }
+    job_.reset();
+  }
+  int foreseen_ids = 0;
+  for (size_t next = kMt64StateWords; next < ids.size(); ++next) {
+    const std::vector<uint64_t> window(ids.begin() + (next - kMt64StateWords), ids.begin() + next);
+    if (PredictNextMt64(window) == ids[next]) ++foreseen_ids;
+  }
+  EXPECT_EQ(foreseen_ids, 0) << "of " << ids.size() - kMt64StateWords << " session ids";
+  EXPECT_EQ(std::set<uint64_t>(ids.begin(), ids.end()).size(), ids.size()) << "an id repeated";
+}
 
 TEST_F(JobTest, RunsOnceEveryLocalTrainerRegisteredAndAveragesAcrossTheWorld) {
   ASSERT_NO_FATAL_FAILURE(StartRunning(3));

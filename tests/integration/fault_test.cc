@@ -200,10 +200,12 @@ TEST(FaultTest, TrainerThatDiesBeforeOpeningItsWatchStreamIsReaped) {
       << daemon.process().Log();
 }
 
-// The daemon's node segment, as the first job's trainers were told its name
-// ("<prefix>.<daemon pid>.node").
+// The daemon's first node segment ("<prefix>.<daemon pid>.node1.<random>"),
+// the one the first job's trainers were told.
 std::string FirstNodeSegmentPath(Daemon& daemon) {
-  return absl::StrCat("/dev/shm/", daemon.shm_prefix(), ".", daemon.process().pid(), ".node");
+  const std::vector<std::string> found = SegmentsWithPrefix(
+      absl::StrCat(daemon.shm_prefix(), ".", daemon.process().pid(), ".node1."));
+  return found.size() == 1 ? "/dev/shm/" + found[0] : "(no single first node segment)";
 }
 
 // Anyone of the daemon's user can damage the node segment between jobs:

@@ -33,20 +33,24 @@ Daemon::~Daemon() {
   if (process_.Running()) Stop();
 }
 
-bool Daemon::WaitReady(std::chrono::milliseconds timeout) {
+bool WaitForSocket(Process& process, const std::string& path, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
-    if (!process_.Running()) return false;
+    if (!process.Running()) return false;
     const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, socket_.c_str(), sizeof(addr.sun_path) - 1);
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
     const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
     close(fd);
     if (ok) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return false;
+}
+
+bool Daemon::WaitReady(std::chrono::milliseconds timeout) {
+  return WaitForSocket(process_, socket_, timeout);
 }
 
 int Daemon::ListenPort(std::chrono::milliseconds timeout) {

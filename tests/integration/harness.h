@@ -43,6 +43,10 @@ class Daemon {
   Process process_;
 };
 
+// Waits until the unix socket at `path` accepts connections; false past
+// `timeout` or once `process` (the one that should listen) exited.
+bool WaitForSocket(Process& process, const std::string& path, std::chrono::milliseconds timeout);
+
 // Trainer flags and outputs for examples/mlp_trainer.
 struct TrainerRun {
   std::vector<std::string> args;  // extra flags

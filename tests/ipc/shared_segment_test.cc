@@ -11,12 +11,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "ipc/random_segment_name.h"
 #include "tests/testing/process.h"
 #include "tests/testing/small_shm.h"
 #include "tests/ipc/segment_names.h"
@@ -30,9 +32,12 @@ using gradsync::testing::SegmentExists;
 using gradsync::testing::UniquePrefix;
 using gradsync::testing::UniqueSegmentName;
 using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
 using ::testing::UnorderedElementsAre;
 
 constexpr auto kChildTimeout = std::chrono::seconds(30);
+// A user other than the test's (no passwd entry needed).
+constexpr uid_t kOtherUid = 48611;
 
 struct stat StatSegment(const std::string& name) {
   struct stat st;
@@ -273,8 +278,77 @@ TEST(SharedSegmentTest, CreateOnAFullDevShmSaysWhatItNeedsInsteadOfAMappingThatF
   EXPECT_TRUE(st.exited && st.code == 0) << st.ToString() << "\n" << child->Log();
 }
 
+// A segment another user made (a child that dropped root) at a name a
+// trainer is given: root must refuse it too, group-shared mode or not,
+// unless it names that user as the owner it expects (the daemon it verified).
+TEST(SharedSegmentTest, RootRefusesASegmentOfAnotherUserUnlessItIsTheExpectedOwner) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root: a child becomes uid " << kOtherUid;
+  SegmentCleanup cleanup;
+  const std::string name = cleanup.Add(UniqueSegmentName("planted"));
+  auto child = Process::Fork([&]() -> int {
+    if (setgid(kOtherUid) != 0 || setuid(kOtherUid) != 0) return 77;
+    return SharedSegment::Create(name, 4096, 0660).ok() ? 0 : 1;
+  });
+  ASSERT_TRUE(child.ok()) << child.status();
+  ASSERT_EQ(child->Wait(kChildTimeout).code, 0);
+  ASSERT_EQ(StatSegment(name).st_uid, kOtherUid);
+
+  auto refused = SharedSegment::Open(name);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr(absl::StrCat(name, " belongs to uid ", kOtherUid, ", not to uid 0")));
+  auto wrong_owner = SharedSegment::Open(name, 0660, kOtherUid + 1);
+  EXPECT_EQ(wrong_owner.status().code(), absl::StatusCode::kPermissionDenied);
+  auto expected = SharedSegment::Open(name, 0660, kOtherUid);
+  EXPECT_TRUE(expected.ok()) << expected.status();
+}
+
 TEST(SegmentNameTest, FollowsPrefixPidSuffix) {
   EXPECT_EQ(SegmentName("gradsync", 1234, "t0"), "gradsync.1234.t0");
+}
+
+// Unguessable, with prefix and pid first (RemoveStaleSegments reads the pid).
+TEST(SegmentNameTest, RandomNamesKeepPrefixAndPidFirstAndNeverRepeat) {
+  std::set<std::string> names;
+  for (int i = 0; i < 1000; ++i) {
+    const std::string name = RandomSegmentName("gradsync", 1234, "j1.r0");
+    EXPECT_THAT(name, MatchesRegex("gradsync\\.1234\\.j1\\.r0\\.[0-9a-f]{16}")) << name;
+    names.insert(name);
+  }
+  EXPECT_EQ(names.size(), 1000u);
+}
+
+// Someone planted the first name tried: the next random one is used.
+TEST(SegmentNameTest, CreateUnderRandomNameSkipsAPlantedName) {
+  SegmentCleanup cleanup;
+  const std::string prefix = UniquePrefix("plant");
+  std::vector<std::string> tried;
+  auto seg = CreateUnderRandomName<SharedSegment>(
+      prefix, getpid(), "t0", [&](const std::string& name) {
+        tried.push_back(cleanup.Add(name));
+        if (tried.size() == 1) EXPECT_TRUE(SharedSegment::Create(name, 4096).ok());  // the plant
+        return SharedSegment::Create(name, 4096);
+      });
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  ASSERT_EQ(tried.size(), 2u);
+  EXPECT_EQ(seg->name(), tried[1]);
+  EXPECT_NE(tried[0], tried[1]);
+}
+
+// Every name taken: a bounded number of tries, then ALREADY_EXISTS saying so.
+TEST(SegmentNameTest, CreateUnderRandomNameGivesUpAfterBoundedAttempts) {
+  SegmentCleanup cleanup;
+  const std::string prefix = UniquePrefix("plant");
+  int tries = 0;
+  auto seg = CreateUnderRandomName<SharedSegment>(
+      prefix, getpid(), "t0", [&](const std::string& name) {
+        ++tries;
+        EXPECT_TRUE(SharedSegment::Create(cleanup.Add(name), 4096).ok());  // the plant
+        return SharedSegment::Create(name, 4096);
+      });
+  EXPECT_EQ(seg.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(seg.status().message(), HasSubstr("8 random segment names were all taken"));
+  EXPECT_EQ(tries, kRandomNameAttempts);
 }
 
 // A pid that is certainly dead: a child we started and reaped.

@@ -1,11 +1,13 @@
-"""Python's copy of the default socket path equals the C++ one.
+"""Python's copy of the default socket rules equals the C++ one.
 
-Python cannot include common/defaults.h, so gradsync.daemon keeps a copy of
-kDefaultSocketPath; this test keeps the two from drifting: against the
-header, and against the default the built gradsyncd reports.
+Python cannot include common/defaults.h or call common/default_socket.cc,
+so gradsync.daemon keeps copies; this test keeps them from drifting: against
+the header, and against the default the built gradsyncd reports for a
+given environment (it resolves it at start, like the client library).
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 
@@ -21,11 +23,36 @@ def _cxx_constant(name: str) -> str:
     return match.group(1)
 
 
-def test_default_socket_matches_the_header():
-    assert gradsync.daemon.DEFAULT_SOCKET == _cxx_constant("kDefaultSocketPath")
-
-
-def test_default_socket_matches_the_daemon():
+def _daemon_default(env: dict) -> str:
     usage = subprocess.run([str(GRADSYNCD), "--helpfull"], capture_output=True, text=True,
-                           timeout=30).stdout
-    assert f'default: "{gradsync.daemon.DEFAULT_SOCKET}"' in usage
+                           timeout=30, env=env).stdout
+    match = re.search(r'--socket \(.*?\);\s+default: "([^"]*)"', usage, re.S)
+    assert match, usage
+    return match.group(1)
+
+
+def test_system_socket_matches_the_header():
+    assert gradsync.daemon.DEFAULT_SOCKET == _cxx_constant("kSystemSocketPath")
+    assert gradsync.daemon.SOCKET_FILE_NAME == _cxx_constant("kSocketFileName")
+
+
+def test_per_user_socket_matches_the_daemon(monkeypatch):
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("XDG_RUNTIME_DIR", "RUNTIME_DIRECTORY")}
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    assert gradsync.daemon.per_user_socket() == f"/tmp/gradsync-{os.geteuid()}/gradsyncd.sock"
+    assert _daemon_default(base) == gradsync.daemon.per_user_socket()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/4242")
+    assert gradsync.daemon.per_user_socket() == "/run/user/4242/gradsync/gradsyncd.sock"
+    assert _daemon_default(dict(base, XDG_RUNTIME_DIR="/run/user/4242")) == \
+        gradsync.daemon.per_user_socket()
+
+
+def test_systemd_runtime_directory_holds_the_daemon_socket():
+    env = dict(os.environ, RUNTIME_DIRECTORY="/run/gradsync")
+    assert _daemon_default(env) == gradsync.daemon.DEFAULT_SOCKET
+
+
+def test_client_default_prefers_the_environment(monkeypatch):
+    monkeypatch.setenv("GRADSYNC_SOCKET", "/tmp/elsewhere.sock")
+    assert gradsync.daemon.default_socket() == "/tmp/elsewhere.sock"

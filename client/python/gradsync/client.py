@@ -109,7 +109,7 @@ class Client:
 
     Args:
         socket_path: the daemon's unix socket; None: ``$GRADSYNC_SOCKET``,
-            else the daemon's default (``gradsync.daemon.DEFAULT_SOCKET``).
+            else the default (``gradsync.daemon.default_socket()``).
         local_rank: this trainer's rank on the node; None: ``$LOCAL_RANK``,
             else 0.
         connect_timeout_s: how long to wait for the daemon to answer.

@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from typing import IO, List, Optional, Sequence
@@ -20,17 +21,40 @@ from typing import IO, List, Optional, Sequence
 from ._lib import REPO_ROOT
 from .errors import GradsyncError
 
-__all__ = ["DAEMON_ENV", "DEFAULT_SOCKET", "find_daemon", "socket_answers", "LocalDaemon"]
+__all__ = ["DAEMON_ENV", "DEFAULT_SOCKET", "find_daemon", "socket_answers", "LocalDaemon",
+           "per_user_socket"]
 
 DAEMON_ENV = "GRADSYNC_DAEMON"
-# A copy of kDefaultSocketPath (common/defaults.h); tests/python/test_defaults.py
-# checks that they agree.
-DEFAULT_SOCKET = "/tmp/gradsyncd.sock"
+# Copies of kSystemSocketPath and kSocketFileName (common/defaults.h) and of
+# common/default_socket.cc's rules; tests/python/test_defaults.py checks that
+# they agree. DEFAULT_SOCKET is a system-wide daemon's socket (systemd's
+# RuntimeDirectory=gradsync, the Kubernetes sidecar's volume).
+DEFAULT_SOCKET = "/run/gradsync/gradsyncd.sock"
+SOCKET_FILE_NAME = "gradsyncd.sock"
+
+
+def per_user_socket() -> str:
+    """A daemon's own socket when it is told none (outside systemd): in
+    $XDG_RUNTIME_DIR/gradsync, else /tmp/gradsync-<euid>, a directory the
+    daemon creates 0700."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR", "")
+    directory = f"{xdg}/gradsync" if xdg.startswith("/") else f"/tmp/gradsync-{os.geteuid()}"
+    return f"{directory}/{SOCKET_FILE_NAME}"
 
 
 def default_socket() -> str:
-    """The socket a trainer's Client uses when given none: $GRADSYNC_SOCKET or the default."""
-    return os.environ.get("GRADSYNC_SOCKET") or DEFAULT_SOCKET
+    """The socket a trainer's Client uses when given none: $GRADSYNC_SOCKET,
+    else DEFAULT_SOCKET when a system-wide daemon's socket is there, else
+    per_user_socket()."""
+    env = os.environ.get("GRADSYNC_SOCKET")
+    if env:
+        return env
+    try:
+        if stat.S_ISSOCK(os.lstat(DEFAULT_SOCKET).st_mode):
+            return DEFAULT_SOCKET
+    except OSError:
+        pass
+    return per_user_socket()
 
 
 def find_daemon() -> str:

@@ -51,8 +51,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--nproc", "--nproc-per-node", dest="nproc", type=int, required=True,
                    help="trainers to start on this node")
     p.add_argument("--socket", default=None,
-                   help="the daemon's unix socket (default: $GRADSYNC_SOCKET or "
-                        f"{_daemon.DEFAULT_SOCKET})")
+                   help="the daemon's unix socket (default: $GRADSYNC_SOCKET, else "
+                        f"{_daemon.DEFAULT_SOCKET} if a system daemon runs, else "
+                        f"{_daemon.per_user_socket()})")
     p.add_argument("--daemon-arg", action="append", default=[], metavar="ARG",
                    help="extra gradsyncd flag for a daemon started here, e.g. "
                         "--daemon-arg=--bucket-cap-mb=50 (repeatable; shell-split)")
