@@ -2,10 +2,11 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -175,10 +177,17 @@ v1::GlooWorkerEvent Done(const absl::Status& status) {
 }  // namespace
 
 int RunGlooWorker() {
-  // A worker must never outlive its daemon (nor hold its Gloo ports).
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() == 1) return 1;
   WorkerChannel channel(kGlooWorkerChannelFd);
+  // A worker must never outlive its daemon (nor keep its Gloo ports), even
+  // while its main thread is inside a collective: the daemon's end of the
+  // channel closing (exit, crash, or the backend's destructor) ends it.
+  // (Not PR_SET_PDEATHSIG: that fires when the spawning *thread* exits.)
+  std::thread([fd = channel.fd()] {
+    pollfd hangup{fd, 0, 0};
+    while (poll(&hangup, 1, -1) < 0 && errno == EINTR) {
+    }
+    _exit(0);
+  }).detach();
   g_channel = &channel;
   std::set_terminate(&ReportAndAbort);
 

@@ -15,7 +15,7 @@
 // the daemon's GlooStore: the worker holds no rendezvous credentials); then
 // `allreduce` requests on the shared buffer (fd kBufferFd, a memfd the
 // daemon grows), each answered by `done`. End of file: the worker exits.
-// The worker dies with the daemon (PR_SET_PDEATHSIG).
+// The worker exits as soon as the daemon's end of the channel closes.
 #ifndef GRADSYNC_DAEMON_BACKENDS_GLOO_WORKER_H_
 #define GRADSYNC_DAEMON_BACKENDS_GLOO_WORKER_H_
 
