@@ -213,14 +213,18 @@ int RunGlooWorker() {
     void* data = nullptr;
     if (!IsValidDType(static_cast<int32_t>(dtype))) {
       status = absl::InvalidArgumentError(absl::StrCat("invalid dtype ", allreduce.dtype()));
-    } else if (allreduce.count() > allreduce.buffer_bytes() / DTypeSize(dtype)) {
-      status = absl::InternalError(absl::StrCat(allreduce.count(), " elements exceed the ",
+    } else if (allreduce.offset() > allreduce.buffer_bytes() ||
+               allreduce.count() >
+                   (allreduce.buffer_bytes() - allreduce.offset()) / DTypeSize(dtype)) {
+      status = absl::InternalError(absl::StrCat(allreduce.count(), " elements at offset ",
+                                                allreduce.offset(), " exceed the ",
                                                 allreduce.buffer_bytes(), "-byte shared buffer"));
     } else if ((data = buffer.Map(allreduce.buffer_bytes())) == nullptr) {
       status = absl::InternalError(absl::StrCat("cannot map the shared buffer's ",
                                                 allreduce.buffer_bytes(), " bytes"));
     } else {
-      status = (*backend)->AllreduceSum(data, allreduce.count(), dtype);
+      status = (*backend)->AllreduceSum(static_cast<char*>(data) + allreduce.offset(),
+                                        allreduce.count(), dtype);
     }
     if (!channel.Send(Done(status)).ok()) return 1;
   }

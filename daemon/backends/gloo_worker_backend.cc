@@ -240,6 +240,11 @@ absl::Status GlooWorkerBackend::EnsureBuffer(size_t bytes) {
   return absl::OkStatus();
 }
 
+uint8_t* GlooWorkerBackend::Staging(uint64_t bytes) {
+  if (num_nodes_ == 1 || !EnsureBuffer(bytes).ok()) return nullptr;
+  return static_cast<uint8_t*>(buffer_);
+}
+
 absl::Status GlooWorkerBackend::AllreduceSum(void* data, size_t count, DType dtype) {
   if (!IsValidDType(static_cast<int32_t>(dtype))) {
     return absl::InvalidArgumentError(
@@ -259,18 +264,25 @@ absl::Status GlooWorkerBackend::AllreduceSum(void* data, size_t count, DType dty
   }
   if (num_nodes_ == 1) return absl::OkStatus();
   const size_t bytes = count * DTypeSize(dtype);
-  if (absl::Status st = EnsureBuffer(bytes); !st.ok()) return Fail(st);
-  std::memcpy(buffer_, data, bytes);
+  uint8_t* const base = static_cast<uint8_t*>(buffer_);
+  uint8_t* const begin = static_cast<uint8_t*>(data);
+  // Data already in the shared buffer (Staging) is reduced where it is.
+  const bool shared = base != nullptr && begin >= base && begin + bytes <= base + buffer_bytes_;
+  if (!shared) {
+    if (absl::Status st = EnsureBuffer(bytes); !st.ok()) return Fail(st);
+    std::memcpy(buffer_, data, bytes);
+  }
   v1::GlooWorkerRequest request;
   v1::GlooWorkerAllreduce* allreduce = request.mutable_allreduce();
   allreduce->set_count(count);
   allreduce->set_dtype(static_cast<v1::DType>(dtype));
   allreduce->set_buffer_bytes(buffer_bytes_);
+  allreduce->set_offset(shared ? static_cast<uint64_t>(begin - base) : 0);
   const std::string during = absl::StrCat("during an allreduce of ", count, " ", DTypeName(dtype));
   if (!channel_.Send(request).ok()) return Fail(WorkerDied(during));
   absl::Status status = AwaitDone(during, nullptr);
   if (!status.ok()) return Fail(status);
-  std::memcpy(data, buffer_, bytes);
+  if (!shared) std::memcpy(data, buffer_, bytes);
   return absl::OkStatus();
 }
 

@@ -4,9 +4,10 @@
 // std::terminate on a malformed message that reached one of its ports —
 // fails this generation's job instead of the daemon.
 //
-// Each AllreduceSum copies the bucket into a buffer shared with the worker
-// (a memfd, grown to the largest bucket), asks the worker to reduce it
-// there, and copies the result back. Errors: what the worker's GlooBackend
+// The bucket is reduced in a buffer shared with the worker (a memfd, grown
+// to the largest bucket): the daemon's local sum writes straight into it
+// (Staging); data elsewhere is copied in and the result copied back. One
+// command round trip over the channel per bucket. Errors: what the worker's GlooBackend
 // reported (same codes as GlooBackend), or PEER_FAILED when the worker
 // died, naming the generation, how it died and, when Gloo threw, what it
 // threw and the TCP peers the worker was connected to (a stranger that
@@ -57,6 +58,8 @@ class GlooWorkerBackend final : public Backend {
   std::string name() const override { return "gloo"; }
   int num_nodes() const override { return num_nodes_; }
   absl::Status AllreduceSum(void* data, size_t count, DType dtype) override;
+  // The shared buffer itself: a bucket summed into it is not copied.
+  uint8_t* Staging(uint64_t bytes) override;
   void Abort(const std::string& reason) override ABSL_LOCKS_EXCLUDED(mu_);
 
   // The worker's pid (0 for a one-node job, which needs none).
