@@ -12,12 +12,14 @@
 // deterministically still listening when the stranger — who holds no token
 // — connects.
 #include <arpa/inet.h>
+#include <signal.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -36,7 +38,8 @@ namespace {
 
 using std::chrono::seconds;
 
-constexpr int kExitPeerFailed = 10 + 4;  // mlp_trainer: 10 + gs_status
+constexpr int kExitUnavailable = 10 + 2;  // mlp_trainer: 10 + gs_status
+constexpr int kExitPeerFailed = 10 + 4;
 constexpr auto kBound = seconds(60);
 constexpr char kJob[] = "glooport";
 constexpr char kToken[] = "port-secret";
@@ -183,6 +186,83 @@ TEST(GlooPort, HostilePreambleOnTheLeadersGlooPortFailsOnlyTheJob) {
     EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
   }
   EXPECT_TRUE(leader.process().Running()) << leader.process().Log();
+}
+
+// The worker's pid from the daemon's "event=gloo_worker_started ... pid=N"
+// line for `generation` (0 if absent).
+pid_t WorkerPid(const Process& daemon, uint64_t generation) {
+  const std::string log = daemon.Log();
+  const std::string line = absl::StrCat("event=gloo_worker_started node_rank=");
+  for (size_t at = log.find(line); at != std::string::npos; at = log.find(line, at + 1)) {
+    const std::string entry = log.substr(at, log.find('\n', at) - at);
+    if (entry.find(absl::StrCat(" generation=", generation, " ")) == std::string::npos) continue;
+    const size_t pid = entry.find("pid=");
+    if (pid != std::string::npos) return static_cast<pid_t>(std::atoi(entry.c_str() + pid + 4));
+  }
+  return 0;
+}
+
+// The worker dying in the middle of training (here SIGKILL, as the OOM
+// killer would) fails the job on every node, naming the worker and how it
+// died; both daemons stay up and train the next job correctly.
+TEST(GlooPort, GlooWorkerKilledMidTrainingFailsTheJobOnEveryNodeOnly) {
+  ScratchDir dir("gsworker");
+  const std::string token_file = dir.File("token");
+  std::ofstream(token_file) << kToken << "\n";
+  const std::string leader_address = absl::StrCat("127.0.0.1:", FreePort());
+  const std::vector<std::string> job = {"--num-nodes=2", absl::StrCat("--job-id=", kJob),
+                                        "--job-token-file=" + token_file, "--timeout-s=20"};
+  std::vector<std::string> args0 = job, args1 = job;
+  args0.insert(args0.end(), {"--node-rank=0", "--listen=" + leader_address});
+  args1.insert(args1.end(), {"--node-rank=1", "--leader=" + leader_address});
+  Daemon node0(1, args0);
+  ASSERT_TRUE(node0.WaitReady(seconds(10))) << node0.process().Log();
+  Daemon node1(1, args1);
+  ASSERT_TRUE(node1.WaitReady(seconds(10))) << node1.process().Log();
+
+  std::vector<Process> busy;
+  for (Daemon* d : {&node0, &node1}) {
+    busy.push_back(StartTrainer(*d, 0, {"--steps=100000", "--sleep-ms=5"}, ""));
+  }
+  for (Daemon* d : {&node0, &node1}) {
+    ASSERT_TRUE(WaitForLog(d->process(), "event=job_running", kBound)) << d->process().Log();
+  }
+  const pid_t worker = WorkerPid(node1.process(), 1);
+  ASSERT_GT(worker, 0) << node1.process().Log();
+  ASSERT_EQ(kill(worker, SIGKILL), 0);
+  for (Process& t : busy) {
+    const ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited) << st.ToString() << t.Log();
+  }
+  // Node 1 lost its own worker: PEER_FAILED. Node 0 sees either its Gloo
+  // connection to node 1 closed (UNAVAILABLE) or the leader's abort of the
+  // generation (PEER_FAILED), whichever reaches it first.
+  EXPECT_EQ(busy[1].exit_status()->code, kExitPeerFailed) << busy[1].Log();
+  EXPECT_TRUE(busy[0].exit_status()->code == kExitUnavailable ||
+              busy[0].exit_status()->code == kExitPeerFailed)
+      << busy[0].Log() << node0.process().Log();
+  const std::string named = absl::StrCat("the Gloo worker (pid ", worker,
+                                         ") of node_rank=1 generation=1 killed by signal 9");
+  EXPECT_NE(busy[1].Log().find(named), std::string::npos) << busy[1].Log();
+  ASSERT_TRUE(node0.process().Running()) << node0.process().Log();
+  ASSERT_TRUE(node1.process().Running()) << node1.process().Log();
+
+  const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
+  std::vector<Process> trainers;
+  std::vector<std::string> outs;
+  for (Daemon* d : {&node0, &node1}) {
+    outs.push_back(absl::StrCat(dir.path(), "/w", outs.size(), ".txt"));
+    trainers.push_back(StartTrainer(*d, 0, args, outs.back()));
+  }
+  for (Process& t : trainers) {
+    const ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0)
+        << t.Log() << node0.process().Log() << node1.process().Log();
+  }
+  const std::vector<double> expected = Reference(dir.path(), args);
+  for (const std::string& out : outs) {
+    EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
+  }
 }
 
 }  // namespace
