@@ -35,7 +35,7 @@ class Backend {
   // A buffer of at least `bytes` that AllreduceSum reduces without copying
   // when `data` lies in it (a backend whose collectives run in another
   // process), or nullptr: any memory is as good. Valid until the next call;
-  // called from the AllreduceSum thread.
+  // never called concurrently with AllreduceSum.
   virtual uint8_t* Staging(uint64_t /*bytes*/) { return nullptr; }
 
   // Makes an in-flight or future AllreduceSum fail promptly (another node
