@@ -82,7 +82,7 @@ std::string GlooConnections() {
   }
   const std::string fatal = absl::StrCat("uncaught exception on a Gloo thread: ", what,
                                          "; the worker's Gloo connections: ", GlooConnections());
-  spdlog::critical("event=gloo_worker_fatal pid={} error=\"{}\"", getpid(), fatal);
+  spdlog::critical("event=gloo_worker_fatal error=\"{}\"", fatal);
   if (g_channel != nullptr) {
     v1::GlooWorkerEvent event;
     event.set_fatal(fatal);
@@ -177,6 +177,8 @@ v1::GlooWorkerEvent Done(const absl::Status& status) {
 }  // namespace
 
 int RunGlooWorker() {
+  // The daemon's log format, told apart by component (and the pid).
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e level=%l component=gloo-worker pid=%P %v");
   WorkerChannel channel(kGlooWorkerChannelFd);
   // A worker must never outlive its daemon (nor keep its Gloo ports), even
   // while its main thread is inside a collective: the daemon's end of the

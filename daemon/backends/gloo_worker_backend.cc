@@ -12,10 +12,12 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
 #include "daemon/backends/gloo_store.h"
+#include "daemon/cluster/rendezvous_keys.h"
 #include "gradsync/v1/gloo_worker.pb.h"
 #include "spdlog/spdlog.h"
 
@@ -33,6 +35,8 @@ int PidfdKill(int pidfd) {
 // How long past its own timeout a silent worker is given before it is
 // killed: Gloo's waits end at the timeout, this only covers a hung worker.
 constexpr absl::Duration kGrace = absl::Seconds(10);
+// What of a dying worker's last words goes into logs and job errors.
+constexpr size_t kMaxFatalBytes = 4096;
 // How long a worker whose channel was closed may take to exit by itself.
 constexpr int kExitWaitMs = 10000;
 
@@ -45,14 +49,25 @@ std::string DescribeExit(int wait_status) {
   return "ended";
 }
 
-// Runs one store call of the worker's against the daemon's store.
-v1::GlooWorkerRequest Serve(const v1::GlooStoreRequest& request, gloo::rendezvous::Store& store) {
+// Runs one store call of the worker's against the daemon's store, within
+// `allowed` (the generation's Gloo keys: a worker taken over through Gloo
+// cannot touch the rest of the job's store with the daemon's token).
+v1::GlooWorkerRequest Serve(const v1::GlooStoreRequest& request, gloo::rendezvous::Store& store,
+                            const std::string& allowed) {
   v1::GlooWorkerRequest reply;
   v1::GlooStoreReply* out = reply.mutable_store_reply();
   absl::Status status;
   try {
     const std::vector<std::string> keys(request.keys().begin(), request.keys().end());
-    if (request.op() != v1::GlooStoreRequest::WAIT && keys.size() != 1) {
+    for (const std::string& key : keys) {
+      if (!absl::StartsWith(key, allowed)) {
+        status = MakeError(v1::INVALID_ARGUMENT,
+                           absl::StrCat("the Gloo worker asked for store key '", key.substr(0, 64),
+                                        "' outside ", allowed));
+      }
+    }
+    if (!status.ok()) {
+    } else if (request.op() != v1::GlooStoreRequest::WAIT && keys.size() != 1) {
       status = absl::InvalidArgumentError("a store set or get names exactly one key");
     } else if (request.op() == v1::GlooStoreRequest::SET) {
       store.set(keys[0], std::vector<char>(request.value().begin(), request.value().end()));
@@ -175,9 +190,12 @@ absl::Status GlooWorkerBackend::AwaitDone(const std::string& during,
     if (!received.ok()) return WorkerDied(during);
     if (event.has_done()) return FromProto(event.done());
     if (event.has_fatal()) {
-      fatal_ = event.fatal();  // its end of file follows
+      fatal_ = event.fatal().substr(0, kMaxFatalBytes);  // its end of file follows
     } else if (event.has_store_request() && store != nullptr) {
-      if (!channel_.Send(Serve(event.store_request(), *store)).ok()) return WorkerDied(during);
+      const std::string allowed = GenerationKeyPrefix(generation_) + "gloo/";
+      if (!channel_.Send(Serve(event.store_request(), *store, allowed)).ok()) {
+        return WorkerDied(during);
+      }
     } else {
       Kill();
       return MakeError(v1::INTERNAL, absl::StrCat(Who(), " sent an unexpected message ", during));
@@ -190,7 +208,7 @@ absl::Status GlooWorkerBackend::WorkerDied(const std::string& during) {
   // have noticed the death by a failed send, before reading it).
   v1::GlooWorkerEvent last;
   while (channel_.Receive(&last, MonotonicNow()).ok()) {
-    if (last.has_fatal()) fatal_ = last.fatal();
+    if (last.has_fatal()) fatal_ = last.fatal().substr(0, kMaxFatalBytes);
   }
   // End of file: every copy of the channel is closed, i.e. the worker has
   // exited (or is exiting): this wait is short.
