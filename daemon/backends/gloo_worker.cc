@@ -200,6 +200,7 @@ int RunGlooWorker() {
   options.node_rank = connect.node_rank();
   options.num_nodes = connect.num_nodes();
   options.host = connect.host();
+  options.iface = connect.iface();
   options.generation = connect.generation();
   options.timeout = absl::Milliseconds(connect.timeout_ms());
   options.store = std::make_shared<ChannelStore>(channel);

@@ -126,8 +126,8 @@ absl::Status GlooWorkerBackend::Spawn(const std::vector<std::string>& argv) {
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, ends->second.fd(), kGlooWorkerChannelFd);
   posix_spawn_file_actions_adddup2(&actions, buffer_fd_, kGlooWorkerBufferFd);
-  // The daemon blocks its stop signals for its signal thread; the worker
-  // must not inherit that (nor be stopped by the terminal's Ctrl-C twice).
+  // The daemon blocks its stop signals for its signal thread: the worker
+  // gets an empty mask and their default actions back.
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   sigset_t none, defaults;
@@ -167,7 +167,8 @@ absl::Status GlooWorkerBackend::Connect(const GlooBackendOptions& options) {
   v1::GlooWorkerConnect* connect = request.mutable_connect();
   connect->set_node_rank(options.node_rank);
   connect->set_num_nodes(options.num_nodes);
-  connect->set_host(options.host.empty() ? options.iface : options.host);
+  connect->set_host(options.host);
+  connect->set_iface(options.iface);
   connect->set_generation(options.generation);
   connect->set_timeout_ms(absl::ToInt64Milliseconds(options.timeout));
   if (!channel_.Send(request).ok()) return WorkerDied("before connecting the mesh");
