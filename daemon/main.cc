@@ -14,6 +14,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,6 +27,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/token_file.h"
+#include "daemon/backends/gloo_worker.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 #include "daemon/run_gradsyncd.h"
@@ -98,6 +102,8 @@ int Fail(const std::string& message) {
 }  // namespace
 
 int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_factory) {
+  // This executable, started by a GlooWorkerBackend, is its Gloo worker.
+  if (argc == 2 && std::strcmp(argv[1], kGlooWorkerFlag) == 0) return RunGlooWorker();
   absl::SetProgramUsageMessage(
       "gradsyncd --socket PATH --listen HOST:PORT [--leader HOST:PORT] --node-rank N "
       "--num-nodes N --local-size N ...");

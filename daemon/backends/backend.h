@@ -10,6 +10,7 @@
 #define GRADSYNC_DAEMON_BACKENDS_BACKEND_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -30,6 +31,12 @@ class Backend {
   // Errors (gradsync codes): PEER_FAILED when a peer failed or on Abort,
   // TIMEOUT on timeout. After an error the backend is unusable until recreated.
   virtual absl::Status AllreduceSum(void* data, size_t count, DType dtype) = 0;
+
+  // A buffer of at least `bytes` that AllreduceSum reduces without copying
+  // when `data` lies in it (a backend whose collectives run in another
+  // process), or nullptr: any memory is as good. Valid until the next call;
+  // never called concurrently with AllreduceSum.
+  virtual uint8_t* Staging(uint64_t /*bytes*/) { return nullptr; }
 
   // Makes an in-flight or future AllreduceSum fail promptly (another node
   // died). Safe to call from any thread.

@@ -10,9 +10,12 @@
 // buffer (kept and reused, so steady state does not allocate), summed in
 // float32 and rounded once (nearest even).
 //
-// Failures never escape as exceptions: a peer that died or closed its
-// connections gives PEER_FAILED (gradsync code), Abort PEER_FAILED naming
-// the reason, Gloo's timeout TIMEOUT. On any failure this node also closes its own
+// Failures never escape as exceptions from these calls: a peer that died
+// or closed its connections gives PEER_FAILED (gradsync code), Abort
+// PEER_FAILED naming the reason, Gloo's timeout TIMEOUT. What Gloo throws on
+// its own event-loop thread cannot be caught (std::terminate): the daemon
+// therefore runs this class in a worker process (gloo_worker_backend.h).
+// On any failure this node also closes its own
 // connections, so neighbours blocked on it fail at once instead of waiting
 // for their timeout (a failure ripples around the ring).
 //

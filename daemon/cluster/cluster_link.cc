@@ -11,6 +11,7 @@
 #include "daemon/backends/gloo_backend.h"
 #include "daemon/backends/gloo_store.h"
 #include "daemon/cluster/rendezvous_keys.h"
+#include "daemon/backends/gloo_worker_backend.h"
 #include "daemon/cluster/rendezvous_records.h"
 #include "spdlog/spdlog.h"
 
@@ -148,7 +149,9 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   gloo.generation = gen;
   gloo.timeout = absl::Milliseconds(config.timeout_ms);
   gloo.store = std::make_shared<GlooStore>(client, absl::Milliseconds(config.timeout_ms));
-  absl::StatusOr<std::unique_ptr<GlooBackend>> backend = GlooBackend::Create(gloo);
+  // Gloo runs in a worker process: a malformed message on its port can only
+  // fail this generation (daemon/backends/gloo_worker_backend.h).
+  absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> backend = GlooWorkerBackend::Create(gloo);
   if (!backend.ok()) {
     HeartbeatParams report;  // tell the leader, so the other nodes stop waiting
     report.node_rank = config.node_rank;

@@ -183,7 +183,12 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
     return absl::OkStatus();
   }
 
-  if (spans.size() == 1 && (dtype == DType::kFloat32 || dtype == DType::kFloat64)) {
+  const DType staged = StagingDType(dtype);
+  // A backend that reduces in another process offers its shared buffer as
+  // staging: the local sum lands where the collective runs, no extra copy.
+  uint8_t* shared = backend.Staging(job.total_elements * DTypeSize(staged));
+  if (shared == nullptr && spans.size() == 1 &&
+      (dtype == DType::kFloat32 || dtype == DType::kFloat64)) {
     // In place: the local sum goes into trainer 0's arena, the backend
     // reduces it there, and the average is copied out — no staging copy.
     if (arenas.size() > 1) {
@@ -205,15 +210,14 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
     return status;
   }
 
-  const DType staged = StagingDType(dtype);
-  if (job.total_elements * DTypeSize(staged) > staging_.size()) {
+  if (shared == nullptr && job.total_elements * DTypeSize(staged) > staging_.size()) {
     return absl::InternalError("bucket is larger than the staging buffer");
   }
-  job.staging = staging_.data();
+  job.staging = shared != nullptr ? shared : staging_.data();
   job.phase = 1;
   pool_.Run(&RunSlice, &job, slices);
   const int64_t t1 = NowNs();
-  absl::Status status = backend.AllreduceSum(staging_.data(), job.total_elements, staged);
+  absl::Status status = backend.AllreduceSum(job.staging, job.total_elements, staged);
   const int64_t t2 = NowNs();
   if (status.ok()) {
     job.phase = 2;

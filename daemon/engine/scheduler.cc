@@ -116,7 +116,11 @@ void Scheduler::InstallPlan(BucketPlan plan) {
     staging = std::max(staging, LocalReducer::StagingBytes(span_bytes, b.dtype));
     bytes += b.bytes;
   }
-  if (backend_->num_nodes() > 1 && !options_.gpu) reducer_.EnsureStaging(staging);
+  // A backend that offers its own (shared) staging is sized here, once per
+  // plan; the reducer's private staging is then never used.
+  if (backend_->num_nodes() > 1 && !options_.gpu && backend_->Staging(staging) == nullptr) {
+    reducer_.EnsureStaging(staging);
+  }
   if (options_.gpu) {
     // Between iterations (or before the first): no collective is running.
     if (absl::Status st = options_.gpu->Prepare(plan, spans); !st.ok()) {

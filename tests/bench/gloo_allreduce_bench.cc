@@ -1,4 +1,5 @@
-// Cross-node allreduce on loopback: plain Gloo vs gradsync's GlooBackend.
+// Cross-node allreduce on loopback: plain Gloo vs gradsync's GlooBackend
+// in-process and in its worker process (what the daemon runs).
 //
 //   gloo_allreduce_bench [--nodes=2] [--sizes_mb=25,100] [--iters=10] [--rounds=4]
 //
@@ -7,7 +8,12 @@
 // Gloo contexts over the same rendezvous store:
 //   plain_gloo  a gloo::rendezvous::Context driven directly with
 //               gloo::allreduce (ring, gloo::sum<float>): the reference;
-//   gradsync    GlooBackend::AllreduceSum, what the daemon runs.
+//   gradsync    GlooBackend::AllreduceSum in this process;
+//   gloo_worker GlooWorkerBackend::AllreduceSum, what the daemon runs: the
+//               same GlooBackend in a worker process, on the buffer shared
+//               with it (Staging, where the daemon's local sum writes), one
+//               command round trip per allreduce;
+//   worker_copy the same on ordinary memory: copied in and out each time.
 // Rows alternate per round so drift on a noisy VM hits both alike. Node 0
 // prints, per size: mean time per allreduce, algbw = bytes / time and
 // busbw = algbw * 2(n-1)/n (nccl-tests definitions), and gradsync's busbw as
@@ -17,6 +23,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -32,6 +39,8 @@
 #include "absl/time/time.h"
 #include "daemon/backends/gloo_backend.h"
 #include "daemon/backends/gloo_store.h"
+#include "daemon/backends/gloo_worker.h"
+#include "daemon/backends/gloo_worker_backend.h"
 #include "daemon/cluster/rendezvous_client.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "daemon/cluster/rendezvous_service.h"
@@ -124,6 +133,14 @@ int Worker() {
   absl::StatusOr<std::unique_ptr<GlooBackend>> backend = GlooBackend::Create(options);
   if (!backend.ok()) Die(backend.status().ToString());
 
+  // The daemon's path; its keys prefixed so they do not meet GlooBackend's.
+  gloo::rendezvous::PrefixStore worker_keys("worker", *store);
+  GlooBackendOptions worker_options = options;
+  worker_options.store = std::shared_ptr<gloo::rendezvous::Store>(store, &worker_keys);
+  absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> worker =
+      GlooWorkerBackend::Create(worker_options);
+  if (!worker.ok()) Die(worker.status().ToString());
+
   auto plain_allreduce = [&](std::vector<float>& data) {
     gloo::AllreduceOptions opts(plain);
     opts.setOutput<float>(data.data(), data.size());
@@ -136,6 +153,21 @@ int Worker() {
     absl::Status status = (*backend)->AllreduceSum(data.data(), data.size(), DType::kFloat32);
     if (!status.ok()) Die(status.ToString());
   };
+  auto worker_allreduce = [&](float* data, size_t count) {
+    absl::Status status = (*worker)->AllreduceSum(data, count, DType::kFloat32);
+    if (!status.ok()) Die(status.ToString());
+  };
+  auto run = [&](int impl, std::vector<float>& data) {
+    if (impl == 0) plain_allreduce(data);
+    if (impl == 1) gradsync_allreduce(data);
+    if (impl == 2) {
+      worker_allreduce(reinterpret_cast<float*>((*worker)->Staging(data.size() * sizeof(float))),
+                       data.size());
+    }
+    if (impl == 3) worker_allreduce(data.data(), data.size());
+  };
+  constexpr int kImpls = 4;
+  const char* const kNames[kImpls] = {"plain_gloo", "gradsync", "gloo_worker", "worker_copy"};
   auto barrier = [&] {
     gloo::BarrierOptions opts(plain);
     gloo::barrier(opts);
@@ -150,18 +182,20 @@ int Worker() {
   }
   for (size_t bytes : SizesBytes()) {
     std::vector<float> data(bytes / sizeof(float));
-    double total_s[2] = {0, 0};
-    double min_s[2] = {1e30, 1e30};
+    double total_s[kImpls] = {};
+    double min_s[kImpls];
+    std::fill(min_s, min_s + kImpls, 1e30);
     for (int round = 0; round < rounds; ++round) {
-      for (int impl = 0; impl < 2; ++impl) {
+      for (int impl = 0; impl < kImpls; ++impl) {
         Fill(data, rank);
-        for (int i = 0; i < warmup; ++i) {
-          impl == 0 ? plain_allreduce(data) : gradsync_allreduce(data);
+        if (impl == 2) {
+          std::memcpy((*worker)->Staging(bytes), data.data(), bytes);
         }
+        for (int i = 0; i < warmup; ++i) run(impl, data);
         barrier();
         for (int i = 0; i < iters; ++i) {
           const auto t0 = std::chrono::steady_clock::now();
-          impl == 0 ? plain_allreduce(data) : gradsync_allreduce(data);
+          run(impl, data);
           const double s =
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           total_s[impl] += s;
@@ -170,14 +204,15 @@ int Worker() {
       }
     }
     if (rank != 0) continue;
-    double busbw[2];
-    for (int impl = 0; impl < 2; ++impl) {
+    double busbw[kImpls];
+    for (int impl = 0; impl < kImpls; ++impl) {
       const double mean_s = total_s[impl] / (rounds * iters);
       const double algbw = static_cast<double>(bytes) / mean_s / 1e9;
       busbw[impl] = algbw * 2.0 * (n - 1) / n;
-      const std::string ratio = impl == 0 ? "" : absl::StrFormat("%.3f", busbw[1] / busbw[0]);
+      const std::string ratio =
+          impl == 0 ? "" : absl::StrFormat("%.3f", busbw[impl] / busbw[0]);
       std::printf("%5d %9.3f %-11s %9.2f %9.2f %11.3f %11.3f %9s\n", n, bytes / 1e6,
-                  impl == 0 ? "plain_gloo" : "gradsync", mean_s * 1e3, min_s[impl] * 1e3, algbw,
+                  kNames[impl], mean_s * 1e3, min_s[impl] * 1e3, algbw,
                   busbw[impl], ratio.c_str());
     }
     std::fflush(stdout);
@@ -238,6 +273,10 @@ int Launcher(const char* self) {
 }  // namespace gradsync
 
 int main(int argc, char** argv) {
+  // GlooWorkerBackend starts this binary again as its Gloo worker.
+  if (argc == 2 && std::string(argv[1]) == gradsync::kGlooWorkerFlag) {
+    return gradsync::RunGlooWorker();
+  }
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_worker)) return gradsync::Worker();
   char self[4096];

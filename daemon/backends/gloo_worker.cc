@@ -1,0 +1,237 @@
+#include "daemon/backends/gloo_worker.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_code.h"
+#include "daemon/backends/gloo_backend.h"
+#include "daemon/backends/gloo_store.h"
+#include "daemon/backends/worker_channel.h"
+#include "gradsync/v1/gloo_worker.pb.h"
+#include "spdlog/spdlog.h"
+
+namespace gradsync {
+namespace {
+
+// The channel the terminate handler reports on (set once, before Gloo runs).
+WorkerChannel* g_channel = nullptr;
+
+std::string Endpoint(const sockaddr_storage& addr) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (addr.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+    port = ntohs(in->sin_port);
+    return absl::StrCat(host, ":", port);
+  }
+  const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&addr);
+  inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+  port = ntohs(in6->sin6_port);
+  return absl::StrCat("[", host, "]:", port);
+}
+
+// "127.0.0.1:41234 <- 127.0.0.1:50000" for each connected TCP socket of this
+// process: only Gloo's pairs own TCP sockets here, so a stranger who got
+// into a pair is among them.
+std::string GlooConnections() {
+  std::vector<std::string> out;
+  if (DIR* dir = opendir("/proc/self/fd")) {
+    while (dirent* entry = readdir(dir)) {
+      const int fd = std::atoi(entry->d_name);
+      if (fd <= 2 || fd == dirfd(dir)) continue;
+      sockaddr_storage local{}, peer{};
+      socklen_t local_len = sizeof(local), peer_len = sizeof(peer);
+      if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0) continue;
+      if (local.ss_family != AF_INET && local.ss_family != AF_INET6) continue;
+      if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) continue;
+      out.push_back(absl::StrCat(Endpoint(local), " <- ", Endpoint(peer)));
+    }
+    closedir(dir);
+  }
+  return out.empty() ? "none" : absl::StrJoin(out, ", ");
+}
+
+// std::terminate cannot resume: it says what happened, then the worker dies
+// and the daemon turns that into a job error.
+[[noreturn]] void ReportAndAbort() {
+  std::string what = "unknown exception";
+  if (std::exception_ptr current = std::current_exception()) {
+    try {
+      std::rethrow_exception(current);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+  }
+  const std::string fatal = absl::StrCat("uncaught exception on a Gloo thread: ", what,
+                                         "; the worker's Gloo connections: ", GlooConnections());
+  spdlog::critical("event=gloo_worker_fatal error=\"{}\"", fatal);
+  if (g_channel != nullptr) {
+    v1::GlooWorkerEvent event;
+    event.set_fatal(fatal);
+    g_channel->Send(event).IgnoreError();
+  }
+  std::abort();
+}
+
+// Gloo's rendezvous::Store, answered by the daemon over the channel.
+class ChannelStore final : public gloo::rendezvous::Store {
+ public:
+  explicit ChannelStore(WorkerChannel& channel) : channel_(channel) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    v1::GlooStoreRequest request;
+    request.set_op(v1::GlooStoreRequest::SET);
+    request.add_keys(key);
+    request.set_value(data.data(), data.size());
+    Call(request);
+  }
+  std::vector<char> get(const std::string& key) override {
+    v1::GlooStoreRequest request;
+    request.set_op(v1::GlooStoreRequest::GET);
+    request.add_keys(key);
+    const std::string value = Call(request);
+    return std::vector<char>(value.begin(), value.end());
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    wait(keys, std::chrono::milliseconds(0));
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    v1::GlooStoreRequest request;
+    request.set_op(v1::GlooStoreRequest::WAIT);
+    for (const std::string& key : keys) request.add_keys(key);
+    request.set_timeout_ms(timeout.count());
+    Call(request);
+  }
+
+ private:
+  // Throws GlooStoreError (what GlooBackend expects of a store) on failure.
+  std::string Call(const v1::GlooStoreRequest& request) {
+    v1::GlooWorkerEvent event;
+    *event.mutable_store_request() = request;
+    if (absl::Status st = channel_.Send(event); !st.ok()) throw GlooStoreError(st);
+    v1::GlooWorkerRequest reply;
+    if (absl::Status st = channel_.Receive(&reply, absl::InfiniteFuture()); !st.ok()) {
+      throw GlooStoreError(st);
+    }
+    if (!reply.has_store_reply()) {
+      throw GlooStoreError(MakeError(v1::INTERNAL, "the daemon did not answer a store request"));
+    }
+    if (absl::Status st = FromProto(reply.store_reply().error()); !st.ok()) {
+      throw GlooStoreError(st);
+    }
+    return reply.store_reply().value();
+  }
+
+  WorkerChannel& channel_;
+};
+
+// The daemon's buffer, mapped as far as the current request needs.
+class SharedBuffer {
+ public:
+  ~SharedBuffer() {
+    if (data_ != nullptr) munmap(data_, size_);
+  }
+  // nullptr if the memfd cannot be mapped that far.
+  void* Map(size_t bytes) {
+    if (bytes <= size_) return data_;
+    if (data_ != nullptr) munmap(data_, size_);
+    data_ = nullptr;
+    size_ = 0;
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, kGlooWorkerBufferFd, 0);
+    if (p == MAP_FAILED) return nullptr;
+    data_ = p;
+    size_ = bytes;
+    return data_;
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+v1::GlooWorkerEvent Done(const absl::Status& status) {
+  v1::GlooWorkerEvent event;
+  ToProto(status, event.mutable_done());
+  return event;
+}
+
+}  // namespace
+
+int RunGlooWorker() {
+  // The daemon's log format, told apart by component (and the pid).
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e level=%l component=gloo-worker pid=%P %v");
+  WorkerChannel channel(kGlooWorkerChannelFd);
+  // A worker must never outlive its daemon (nor keep its Gloo ports), even
+  // while its main thread is inside a collective: the daemon's end of the
+  // channel closing (exit, crash, or the backend's destructor) ends it.
+  // (Not PR_SET_PDEATHSIG: that fires when the spawning *thread* exits.)
+  std::thread([fd = channel.fd()] {
+    pollfd hangup{fd, 0, 0};
+    while (poll(&hangup, 1, -1) < 0 && errno == EINTR) {
+    }
+    _exit(0);
+  }).detach();
+  g_channel = &channel;
+  std::set_terminate(&ReportAndAbort);
+
+  v1::GlooWorkerRequest request;
+  if (!channel.Receive(&request, absl::InfiniteFuture()).ok() || !request.has_connect()) return 1;
+  const v1::GlooWorkerConnect& connect = request.connect();
+  GlooBackendOptions options;
+  options.node_rank = connect.node_rank();
+  options.num_nodes = connect.num_nodes();
+  options.host = connect.host();
+  options.iface = connect.iface();
+  options.generation = connect.generation();
+  options.timeout = absl::Milliseconds(connect.timeout_ms());
+  options.store = std::make_shared<ChannelStore>(channel);
+  absl::StatusOr<std::unique_ptr<GlooBackend>> backend = GlooBackend::Create(options);
+  if (!channel.Send(Done(backend.status())).ok() || !backend.ok()) return 1;
+
+  SharedBuffer buffer;
+  while (channel.Receive(&request, absl::InfiniteFuture()).ok()) {
+    if (!request.has_allreduce()) return 1;
+    const v1::GlooWorkerAllreduce& allreduce = request.allreduce();
+    const auto dtype = static_cast<DType>(allreduce.dtype());
+    absl::Status status;
+    void* data = nullptr;
+    if (!IsValidDType(static_cast<int32_t>(dtype))) {
+      status = absl::InvalidArgumentError(absl::StrCat("invalid dtype ", allreduce.dtype()));
+    } else if (allreduce.offset() > allreduce.buffer_bytes() ||
+               allreduce.count() >
+                   (allreduce.buffer_bytes() - allreduce.offset()) / DTypeSize(dtype)) {
+      status = absl::InternalError(absl::StrCat(allreduce.count(), " elements at offset ",
+                                                allreduce.offset(), " exceed the ",
+                                                allreduce.buffer_bytes(), "-byte shared buffer"));
+    } else if ((data = buffer.Map(allreduce.buffer_bytes())) == nullptr) {
+      status = absl::InternalError(absl::StrCat("cannot map the shared buffer's ",
+                                                allreduce.buffer_bytes(), " bytes"));
+    } else {
+      status = (*backend)->AllreduceSum(static_cast<char*>(data) + allreduce.offset(),
+                                        allreduce.count(), dtype);
+    }
+    if (!channel.Send(Done(status)).ok()) return 1;
+  }
+  return 0;  // the daemon closed the channel: the generation is over
+}
+
+}  // namespace gradsync

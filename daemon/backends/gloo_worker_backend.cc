@@ -1,0 +1,365 @@
+#include "daemon/backends/gloo_worker_backend.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/monotonic.h"
+#include "common/status_code.h"
+#include "daemon/backends/gloo_store.h"
+#include "daemon/cluster/rendezvous_keys.h"
+#include "gradsync/v1/gloo_worker.pb.h"
+#include "spdlog/spdlog.h"
+
+extern char** environ;
+
+namespace gradsync {
+namespace {
+
+// Debian 12's <sys/pidfd.h> lacks extern "C": the system calls directly.
+int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+int PidfdKill(int pidfd) {
+  return static_cast<int>(syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0));
+}
+
+// How long past its own timeout a silent worker is given before it is
+// killed: Gloo's waits end at the timeout, this only covers a hung worker.
+constexpr absl::Duration kGrace = absl::Seconds(10);
+// What of a dying worker's last words goes into logs and job errors.
+constexpr size_t kMaxFatalBytes = 4096;
+// How long a worker whose channel was closed may take to exit by itself.
+constexpr int kExitWaitMs = 10000;
+
+std::string DescribeExit(int wait_status) {
+  if (WIFSIGNALED(wait_status)) {
+    const int sig = WTERMSIG(wait_status);
+    return absl::StrCat("killed by signal ", sig, " (", strsignal(sig), ")");
+  }
+  if (WIFEXITED(wait_status)) return absl::StrCat("exited with code ", WEXITSTATUS(wait_status));
+  return "ended";
+}
+
+// Runs one store call of the worker's against the daemon's store, within
+// `allowed` (the generation's Gloo keys: a worker taken over through Gloo
+// cannot touch the rest of the job's store with the daemon's token).
+v1::GlooWorkerRequest Serve(const v1::GlooStoreRequest& request, gloo::rendezvous::Store& store,
+                            const std::string& allowed) {
+  v1::GlooWorkerRequest reply;
+  v1::GlooStoreReply* out = reply.mutable_store_reply();
+  absl::Status status;
+  try {
+    const std::vector<std::string> keys(request.keys().begin(), request.keys().end());
+    for (const std::string& key : keys) {
+      if (!absl::StartsWith(key, allowed)) {
+        status = MakeError(v1::INVALID_ARGUMENT,
+                           absl::StrCat("the Gloo worker asked for store key '", key.substr(0, 64),
+                                        "' outside ", allowed));
+      }
+    }
+    if (!status.ok()) {
+    } else if (request.op() != v1::GlooStoreRequest::WAIT && keys.size() != 1) {
+      status = absl::InvalidArgumentError("a store set or get names exactly one key");
+    } else if (request.op() == v1::GlooStoreRequest::SET) {
+      store.set(keys[0], std::vector<char>(request.value().begin(), request.value().end()));
+    } else if (request.op() == v1::GlooStoreRequest::GET) {
+      const std::vector<char> value = store.get(keys[0]);
+      out->set_value(value.data(), value.size());
+    } else {
+      store.wait(keys, std::chrono::milliseconds(request.timeout_ms()));
+    }
+  } catch (const GlooStoreError& e) {
+    status = e.status();
+  } catch (const std::exception& e) {
+    status = absl::InternalError(e.what());
+  }
+  ToProto(status, out->mutable_error());
+  return reply;
+}
+
+}  // namespace
+
+GlooWorkerBackend::GlooWorkerBackend(const GlooBackendOptions& options)
+    : node_rank_(options.node_rank),
+      num_nodes_(options.num_nodes),
+      generation_(options.generation),
+      timeout_(options.timeout) {}
+
+absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> GlooWorkerBackend::Create(
+    const GlooBackendOptions& options, std::vector<std::string> worker_argv) {
+  if (options.num_nodes < 1 || options.node_rank < 0 || options.node_rank >= options.num_nodes) {
+    return absl::InvalidArgumentError(absl::StrCat("gloo backend: node_rank=", options.node_rank,
+                                                   " is out of range [0, ", options.num_nodes,
+                                                   ")"));
+  }
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("gloo backend: timeout must be positive");
+  }
+  std::unique_ptr<GlooWorkerBackend> backend(new GlooWorkerBackend(options));
+  if (options.num_nodes == 1) return backend;  // nothing crosses nodes: no worker
+  if (options.store == nullptr) return absl::InvalidArgumentError("gloo backend: no rendezvous store");
+  if (absl::Status st = backend->Spawn(worker_argv); !st.ok()) return st;
+  if (absl::Status st = backend->Connect(options); !st.ok()) return st;
+  return backend;
+}
+
+absl::Status GlooWorkerBackend::Spawn(const std::vector<std::string>& argv) {
+  absl::StatusOr<std::pair<WorkerChannel, WorkerChannel>> ends = WorkerChannel::CreatePair();
+  if (!ends.ok()) return ends.status();
+  buffer_fd_ = memfd_create("gradsync-gloo-buffer", MFD_CLOEXEC);
+  if (buffer_fd_ < 0) {
+    return MakeError(v1::INTERNAL, absl::StrCat("memfd_create: ", std::strerror(errno)));
+  }
+  // The worker finds its channel and buffer at fixed descriptors; dup2
+  // clears close-on-exec there (and only there: the daemon's other
+  // descriptors stay behind).
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, ends->second.fd(), kGlooWorkerChannelFd);
+  posix_spawn_file_actions_adddup2(&actions, buffer_fd_, kGlooWorkerBufferFd);
+  // The daemon blocks its stop signals for its signal thread: the worker
+  // gets an empty mask and their default actions back.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  sigaddset(&defaults, SIGTERM);
+  sigaddset(&defaults, SIGINT);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, args[0], &actions, &attr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
+    return MakeError(v1::INTERNAL,
+                     absl::StrCat("cannot start the Gloo worker ", argv[0], ": ", std::strerror(rc)));
+  }
+  pid_ = pid;
+  pidfd_ = PidfdOpen(pid);
+  channel_ = std::move(ends->first);  // the child's end closes with `ends`
+  spdlog::info("event=gloo_worker_started node_rank={} generation={} pid={}", node_rank_,
+               generation_, pid_);
+  return absl::OkStatus();
+}
+
+std::string GlooWorkerBackend::Who() const {
+  return absl::StrCat("the Gloo worker (pid ", pid_, ") of node_rank=", node_rank_,
+                      " generation=", generation_);
+}
+
+absl::Status GlooWorkerBackend::Connect(const GlooBackendOptions& options) {
+  v1::GlooWorkerRequest request;
+  v1::GlooWorkerConnect* connect = request.mutable_connect();
+  connect->set_node_rank(options.node_rank);
+  connect->set_num_nodes(options.num_nodes);
+  connect->set_host(options.host);
+  connect->set_iface(options.iface);
+  connect->set_generation(options.generation);
+  connect->set_timeout_ms(absl::ToInt64Milliseconds(options.timeout));
+  if (!channel_.Send(request).ok()) return WorkerDied("before connecting the mesh");
+  absl::Status status = AwaitDone("while connecting the mesh", options.store.get());
+  if (!status.ok()) Kill();
+  return status;
+}
+
+absl::Status GlooWorkerBackend::AwaitDone(const std::string& during,
+                                          gloo::rendezvous::Store* store) {
+  while (true) {
+    v1::GlooWorkerEvent event;
+    absl::Status received = channel_.Receive(&event, MonotonicNow() + timeout_ + kGrace);
+    if (CodeOf(received) == v1::TIMEOUT) {
+      Kill();
+      return MakeError(v1::TIMEOUT, absl::StrCat(Who(), " did not answer within ",
+                                                 absl::FormatDuration(timeout_ + kGrace), " ",
+                                                 during, " (killed)"));
+    }
+    if (!received.ok()) return WorkerDied(during);
+    if (event.has_done()) return FromProto(event.done());
+    if (event.has_fatal()) {
+      fatal_ = event.fatal().substr(0, kMaxFatalBytes);  // its end of file follows
+    } else if (event.has_store_request() && store != nullptr) {
+      const std::string allowed = GenerationKeyPrefix(generation_) + "gloo/";
+      if (!channel_.Send(Serve(event.store_request(), *store, allowed)).ok()) {
+        return WorkerDied(during);
+      }
+    } else {
+      Kill();
+      return MakeError(v1::INTERNAL, absl::StrCat(Who(), " sent an unexpected message ", during));
+    }
+  }
+}
+
+absl::Status GlooWorkerBackend::WorkerDied(const std::string& during) {
+  // What it said before it died is still in the channel (the daemon may
+  // have noticed the death by a failed send, before reading it).
+  v1::GlooWorkerEvent last;
+  while (channel_.Receive(&last, MonotonicNow()).ok()) {
+    if (last.has_fatal()) fatal_ = last.fatal().substr(0, kMaxFatalBytes);
+  }
+  // End of file: every copy of the channel is closed, i.e. the worker has
+  // exited (or is exiting): this wait is short.
+  int wait_status = 0;
+  bool reap = false;
+  {
+    absl::MutexLock lock(&mu_);
+    reap = !reaped_;
+    reaped_ = true;
+  }
+  if (reap) {
+    while (waitpid(pid_, &wait_status, 0) < 0 && errno == EINTR) {
+    }
+  }
+  std::string message = absl::StrCat(Who(), " ", reap ? DescribeExit(wait_status) : "ended", " ",
+                                     during);
+  if (!fatal_.empty()) {
+    absl::StrAppend(&message, ": ", fatal_,
+                    " (a malformed Gloo message, from a peer or from a stranger on the "
+                    "worker's Gloo port; the daemon is unaffected)");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_) absl::StrAppend(&message, " [aborted: ", abort_reason_, "]");
+  }
+  spdlog::error("event=gloo_worker_died node_rank={} generation={} pid={} error=\"{}\"",
+                node_rank_, generation_, pid_, message);
+  return MakeError(v1::PEER_FAILED, message);
+}
+
+absl::Status GlooWorkerBackend::EnsureBuffer(size_t bytes) {
+  if (bytes <= buffer_bytes_) return absl::OkStatus();
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t size = (bytes + page - 1) / page * page;
+  if (ftruncate(buffer_fd_, static_cast<off_t>(size)) != 0) {
+    return absl::InternalError(absl::StrCat("growing the Gloo worker's buffer to ", size,
+                                            " bytes: ", std::strerror(errno)));
+  }
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, buffer_fd_, 0);
+  if (p == MAP_FAILED) {
+    return absl::InternalError(
+        absl::StrCat("mapping the Gloo worker's buffer (", size, " bytes): ", std::strerror(errno)));
+  }
+  if (buffer_ != nullptr) munmap(buffer_, buffer_bytes_);
+  buffer_ = p;
+  buffer_bytes_ = size;
+  return absl::OkStatus();
+}
+
+uint8_t* GlooWorkerBackend::Staging(uint64_t bytes) {
+  if (num_nodes_ == 1 || !EnsureBuffer(bytes).ok()) return nullptr;
+  return static_cast<uint8_t*>(buffer_);
+}
+
+absl::Status GlooWorkerBackend::AllreduceSum(void* data, size_t count, DType dtype) {
+  if (!IsValidDType(static_cast<int32_t>(dtype))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo allreduce: invalid dtype ", static_cast<int32_t>(dtype)));
+  }
+  if (count == 0) return absl::OkStatus();
+  if (data == nullptr) return absl::InvalidArgumentError("gloo allreduce: null buffer");
+  {
+    absl::MutexLock lock(&mu_);
+    if (!failure_.ok()) return failure_;
+    if (aborted_) {
+      failure_ = MakeError(v1::PEER_FAILED, absl::StrCat("gloo allreduce on node_rank=", node_rank_,
+                                                         " generation=", generation_,
+                                                         " aborted: ", abort_reason_));
+      return failure_;
+    }
+  }
+  if (num_nodes_ == 1) return absl::OkStatus();
+  const size_t bytes = count * DTypeSize(dtype);
+  uint8_t* const base = static_cast<uint8_t*>(buffer_);
+  uint8_t* const begin = static_cast<uint8_t*>(data);
+  // Data already in the shared buffer (Staging) is reduced where it is.
+  const bool shared = base != nullptr && begin >= base && begin + bytes <= base + buffer_bytes_;
+  if (!shared) {
+    if (absl::Status st = EnsureBuffer(bytes); !st.ok()) return Fail(st);
+    std::memcpy(buffer_, data, bytes);
+  }
+  v1::GlooWorkerRequest request;
+  v1::GlooWorkerAllreduce* allreduce = request.mutable_allreduce();
+  allreduce->set_count(count);
+  allreduce->set_dtype(static_cast<v1::DType>(dtype));
+  allreduce->set_buffer_bytes(buffer_bytes_);
+  allreduce->set_offset(shared ? static_cast<uint64_t>(begin - base) : 0);
+  const std::string during = absl::StrCat("during an allreduce of ", count, " ", DTypeName(dtype));
+  if (!channel_.Send(request).ok()) return Fail(WorkerDied(during));
+  absl::Status status = AwaitDone(during, nullptr);
+  if (!status.ok()) return Fail(status);
+  if (!shared) std::memcpy(data, buffer_, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status GlooWorkerBackend::Fail(absl::Status status) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_ && CodeOf(status) != v1::PEER_FAILED) {
+      status = MakeError(v1::PEER_FAILED,
+                         absl::StrCat(status.message(), " [aborted: ", abort_reason_, "]"));
+    }
+    if (failure_.ok()) failure_ = status;
+  }
+  // The worker's own failure path already closed its pairs; killing it
+  // also frees its ports and memory now rather than at the job's end.
+  Kill();
+  return status;
+}
+
+void GlooWorkerBackend::Kill() {
+  if (pidfd_ >= 0) {
+    PidfdKill(pidfd_);
+    return;
+  }
+  absl::MutexLock lock(&mu_);  // no pidfd (old kernel): the pid, while not reaped
+  if (pid_ > 0 && !reaped_) kill(pid_, SIGKILL);
+}
+
+void GlooWorkerBackend::Abort(const std::string& reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_) return;
+    aborted_ = true;
+    abort_reason_ = reason;
+  }
+  spdlog::warn("event=gloo_abort node_rank={} generation={} reason=\"{}\"", node_rank_, generation_,
+               reason);
+  // Its sockets close with it: the neighbours fail at once, and an
+  // AllreduceSum waiting for it sees end of file.
+  Kill();
+}
+
+GlooWorkerBackend::~GlooWorkerBackend() {
+  channel_.Close();  // the worker's end of file: it closes its pairs and exits
+  bool reap = false;
+  {
+    absl::MutexLock lock(&mu_);
+    reap = pid_ > 0 && !reaped_;
+    reaped_ = true;
+  }
+  if (reap) {
+    pollfd exited{pidfd_, POLLIN, 0};
+    if (pidfd_ < 0 || poll(&exited, 1, kExitWaitMs) != 1) Kill();
+    while (waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
+    }
+  }
+  if (pidfd_ >= 0) close(pidfd_);
+  if (buffer_ != nullptr) munmap(buffer_, buffer_bytes_);
+  if (buffer_fd_ >= 0) close(buffer_fd_);
+}
+
+}  // namespace gradsync

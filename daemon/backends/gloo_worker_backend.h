@@ -1,0 +1,106 @@
+// GlooWorkerBackend: the daemon's CPU cross-node backend. It runs Gloo in a
+// worker process of its own (gloo_worker.h; one per job generation) and
+// supervises it, so that whatever Gloo does on its own threads — above all
+// std::terminate on a malformed message that reached one of its ports —
+// fails this generation's job instead of the daemon.
+//
+// The bucket is reduced in a buffer shared with the worker (a memfd, grown
+// to the largest bucket): the daemon's local sum writes straight into it
+// (Staging); data elsewhere is copied in and the result copied back. One
+// command round trip over the channel per bucket. Errors: what the worker's GlooBackend
+// reported (same codes as GlooBackend), or PEER_FAILED when the worker
+// died, naming the generation, how it died and, when Gloo threw, what it
+// threw and the TCP peers the worker was connected to (a stranger that
+// took over a Gloo pair is among them). A worker that neither answers nor
+// dies within the timeout plus a grace period is killed (TIMEOUT).
+//
+// Abort kills the worker: its sockets close, so the neighbours fail at once,
+// and an AllreduceSum in flight returns PEER_FAILED with the reason. After
+// any failure the backend stays failed (the daemon forms a new generation,
+// with a new worker).
+//
+// Threads: AllreduceSum from one thread (the scheduler's); Abort from any.
+#ifndef GRADSYNC_DAEMON_BACKENDS_GLOO_WORKER_BACKEND_H_
+#define GRADSYNC_DAEMON_BACKENDS_GLOO_WORKER_BACKEND_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/backends/backend.h"
+#include "daemon/backends/gloo_backend.h"
+#include "daemon/backends/gloo_worker.h"
+#include "daemon/backends/worker_channel.h"
+
+namespace gradsync {
+
+class GlooWorkerBackend final : public Backend {
+ public:
+  // Starts the worker (`worker_argv`: by default this very executable in
+  // worker mode) and connects this generation's full mesh through it; the
+  // worker's store requests are served with `options.store`. Blocks up to
+  // about `options.timeout`.
+  static absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> Create(
+      const GlooBackendOptions& options,
+      std::vector<std::string> worker_argv = {"/proc/self/exe", kGlooWorkerFlag});
+  ~GlooWorkerBackend() override;
+
+  GlooWorkerBackend(const GlooWorkerBackend&) = delete;
+  GlooWorkerBackend& operator=(const GlooWorkerBackend&) = delete;
+
+  std::string name() const override { return "gloo"; }
+  int num_nodes() const override { return num_nodes_; }
+  absl::Status AllreduceSum(void* data, size_t count, DType dtype) override;
+  // The shared buffer itself: a bucket summed into it is not copied.
+  uint8_t* Staging(uint64_t bytes) override;
+  void Abort(const std::string& reason) override ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The worker's pid (0 for a one-node job, which needs none).
+  pid_t worker_pid() const { return pid_; }
+
+ private:
+  explicit GlooWorkerBackend(const GlooBackendOptions& options);
+  absl::Status Spawn(const std::vector<std::string>& argv) ABSL_LOCKS_EXCLUDED(mu_);
+  // Sends `connect`, serves the worker's store requests, returns its answer.
+  absl::Status Connect(const GlooBackendOptions& options);
+  // The worker's next `done` (serving store requests with `store`, if any).
+  absl::Status AwaitDone(const std::string& during, gloo::rendezvous::Store* store);
+  // Reaps the worker after its channel closed; says how and why it died.
+  absl::Status WorkerDied(const std::string& during) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status EnsureBuffer(size_t bytes);
+  // Records the first failure and stops the worker.
+  absl::Status Fail(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
+  void Kill() ABSL_LOCKS_EXCLUDED(mu_);
+  std::string Who() const;
+
+  const int node_rank_;
+  const int num_nodes_;
+  const uint64_t generation_;
+  const absl::Duration timeout_;
+
+  // The calling thread's (Create, then AllreduceSum's).
+  WorkerChannel channel_;
+  int buffer_fd_ = -1;
+  void* buffer_ = nullptr;
+  size_t buffer_bytes_ = 0;
+  std::string fatal_;  // what the worker said before it died
+
+  pid_t pid_ = 0;  // set by Spawn, before any other thread sees this object
+  int pidfd_ = -1;  // signals never reach a reused pid
+  absl::Mutex mu_;
+  bool reaped_ ABSL_GUARDED_BY(mu_) = false;
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+  std::string abort_reason_ ABSL_GUARDED_BY(mu_);
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_BACKENDS_GLOO_WORKER_BACKEND_H_

@@ -1,0 +1,269 @@
+// A stranger on the leader's Gloo port (issue 11, item 4). While a
+// generation forms, each Gloo pair of the leader listens on a TCP port and
+// takes the first connection that arrives as its peer, with no credentials.
+// A 48-byte Gloo message preamble sent there (SEND_UNBOUND_BUFFER for a
+// slot nobody posted) made Gloo throw on its event-loop thread and aborted
+// the leader daemon. Now Gloo runs in a worker process: the stranger only
+// fails that job, the error names the stranger's address, the daemon stays
+// up and the next job trains correctly.
+//
+// The test plays node 1 of the first job at the rendezvous (with the job's
+// token) and never connects its Gloo pair, so the leader's pair is
+// deterministically still listening when the stranger — who holds no token
+// — connects.
+#include <arpa/inet.h>
+#include <signal.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/cluster/rendezvous_client.h"
+#include "daemon/cluster/rendezvous_keys.h"
+#include "daemon/cluster/rendezvous_records.h"
+#include "tests/integration/harness.h"
+
+namespace gradsync::testing {
+namespace {
+
+using std::chrono::seconds;
+
+constexpr int kExitUnavailable = 10 + 2;  // mlp_trainer: 10 + gs_status
+constexpr int kExitPeerFailed = 10 + 4;
+constexpr auto kBound = seconds(60);
+constexpr char kJob[] = "glooport";
+constexpr char kToken[] = "port-secret";
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string Endpoint(const sockaddr_in& addr) {
+  char host[INET_ADDRSTRLEN] = "?";
+  inet_ntop(AF_INET, &addr.sin_addr, host, sizeof(host));
+  return absl::StrCat(host, ":", ntohs(addr.sin_port));
+}
+
+// Connects to a Gloo pair's listening socket without any credentials and
+// sends one well-formed Gloo TCP preamble (Debian's Gloo 2022 snapshot:
+// six size_t fields nbytes, opcode, slot, offset, length, roffset) asking
+// to deliver 8 bytes to an unbound-buffer slot no receive was posted for.
+// Returns the stranger's own address ("" on failure) and keeps the socket.
+std::string SendHostilePreamble(const sockaddr_in& pair, int* fd_out) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&pair), sizeof(pair)) != 0) {
+    close(fd);
+    return "";
+  }
+  sockaddr_in self{};
+  socklen_t len = sizeof(self);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len);
+  constexpr size_t kSendUnboundBuffer = 1;
+  const size_t preamble[6] = {sizeof(size_t) * 6 + 8, kSendUnboundBuffer, 0x5eed, 0, 8, 0};
+  if (write(fd, preamble, sizeof(preamble)) != static_cast<ssize_t>(sizeof(preamble))) {
+    close(fd);
+    return "";
+  }
+  *fd_out = fd;
+  return Endpoint(self);
+}
+
+std::vector<double> Reference(const std::string& dir, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {Runfile("examples/mlp_trainer"), "--single", "--quiet",
+                                   "--out=" + dir + "/reference.txt"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Process p = Process::Spawn(argv, dir + "/reference.log");
+  EXPECT_EQ(p.Wait(kBound).code, 0) << p.Log();
+  return LoadWeights(dir + "/reference.txt");
+}
+
+TEST(GlooPort, HostilePreambleOnTheLeadersGlooPortFailsOnlyTheJob) {
+  ScratchDir dir("gsport");
+  const std::string token_file = dir.File("token");
+  std::ofstream(token_file) << kToken << "\n";
+  const int port = FreePort();
+  const std::string leader_address = absl::StrCat("127.0.0.1:", port);
+  const std::vector<std::string> job = {"--num-nodes=2", absl::StrCat("--job-id=", kJob),
+                                        "--job-token-file=" + token_file, "--timeout-s=20",
+                                        "--bucket-cap-mb=0.001", "--first-bucket-cap-mb=0.0001"};
+  std::vector<std::string> leader_args = job;
+  leader_args.push_back("--node-rank=0");
+  leader_args.push_back("--listen=" + leader_address);
+  Daemon leader(1, leader_args);
+  ASSERT_TRUE(leader.WaitReady(seconds(10))) << leader.process().Log();
+
+  // Job 1: a trainer on the leader; node 1 is played here.
+  Process victim = StartTrainer(leader, 0, {"--steps=3"}, "");
+  RendezvousClientOptions options;
+  options.leader = leader_address;
+  options.job_id = kJob;
+  options.job_token = kToken;
+  std::shared_ptr<RendezvousClient> node1 = RendezvousClient::Connect(options);
+  JoinParams join;
+  join.node_rank = 1;
+  join.num_nodes = 2;
+  join.local_size = 1;
+  join.host = "127.0.0.1";
+  join.timeout = absl::Seconds(30);
+  absl::StatusOr<JoinResult> joined = node1->Join(join);
+  ASSERT_TRUE(joined.ok()) << joined.status() << leader.process().Log();
+  const uint64_t gen = joined->generation;
+  // Node 1 registers node 0's layout, so the leader goes on to Gloo.
+  ASSERT_TRUE(node1->Wait({LayoutKey(gen, 0)}, absl::Seconds(30)).ok()) << leader.process().Log();
+  absl::StatusOr<std::optional<std::string>> layout = node1->Get(LayoutKey(gen, 0));
+  ASSERT_TRUE(layout.ok() && layout->has_value());
+  ASSERT_TRUE(node1->Set(LayoutKey(gen, 1), **layout).ok());
+
+  // The leader's Gloo pair for node 1 is listening once its address is
+  // published (Gloo's rendezvous key "<prefix>/0": one tcp::Address per
+  // other rank, starting with the listening socket's sockaddr).
+  const std::string gloo_key = GenerationKeyPrefix(gen) + "gloo/0";
+  ASSERT_TRUE(node1->Wait({gloo_key}, absl::Seconds(30)).ok()) << leader.process().Log();
+  absl::StatusOr<std::optional<std::string>> address = node1->Get(gloo_key);
+  ASSERT_TRUE(address.ok() && address->has_value());
+  ASSERT_GE((*address)->size(), sizeof(sockaddr_in));
+  sockaddr_in pair{};
+  std::memcpy(&pair, (*address)->data(), sizeof(pair));
+  ASSERT_EQ(pair.sin_family, AF_INET);
+
+  int stranger_fd = -1;
+  const std::string stranger = SendHostilePreamble(pair, &stranger_fd);
+  ASSERT_FALSE(stranger.empty()) << "could not reach the leader's Gloo pair at " << Endpoint(pair);
+
+  // The job fails, naming what happened and who did it...
+  const ExitStatus failed = victim.Wait(kBound);
+  close(stranger_fd);
+  ASSERT_TRUE(failed.exited) << failed.ToString() << victim.Log() << leader.process().Log();
+  EXPECT_EQ(failed.code, kExitPeerFailed) << victim.Log() << leader.process().Log();
+  EXPECT_NE(victim.Log().find("Gloo worker"), std::string::npos) << victim.Log();
+  EXPECT_NE(victim.Log().find("it != localPendingRecv_.end()"), std::string::npos)
+      << victim.Log() << leader.process().Log();
+  EXPECT_NE(victim.Log().find("<- " + stranger), std::string::npos)
+      << "the error does not name the stranger " << stranger << ":\n"
+      << victim.Log();
+  // ...and the leader daemon is still there.
+  ASSERT_TRUE(leader.process().Running()) << leader.process().Log();
+  node1->Leave(1, gen, "the test's node 1 is done").IgnoreError();
+
+  // Job 2: a real node 1 joins the same leader; both train like one process.
+  std::vector<std::string> node1_args = job;
+  node1_args.push_back("--node-rank=1");
+  node1_args.push_back("--leader=" + leader_address);
+  Daemon real1(1, node1_args);
+  ASSERT_TRUE(real1.WaitReady(seconds(10))) << real1.process().Log();
+  const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
+  std::vector<Process> trainers;
+  std::vector<std::string> outs;
+  for (Daemon* d : {&leader, &real1}) {
+    outs.push_back(absl::StrCat(dir.path(), "/w", outs.size(), ".txt"));
+    trainers.push_back(StartTrainer(*d, 0, args, outs.back()));
+  }
+  for (Process& t : trainers) {
+    const ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0)
+        << t.Log() << leader.process().Log() << real1.process().Log();
+  }
+  const std::vector<double> expected = Reference(dir.path(), args);
+  for (const std::string& out : outs) {
+    EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
+  }
+  EXPECT_TRUE(leader.process().Running()) << leader.process().Log();
+}
+
+// The worker's pid from the daemon's "event=gloo_worker_started ... pid=N"
+// line for `generation` (0 if absent).
+pid_t WorkerPid(const Process& daemon, uint64_t generation) {
+  const std::string log = daemon.Log();
+  const std::string line = absl::StrCat("event=gloo_worker_started node_rank=");
+  for (size_t at = log.find(line); at != std::string::npos; at = log.find(line, at + 1)) {
+    const std::string entry = log.substr(at, log.find('\n', at) - at);
+    if (entry.find(absl::StrCat(" generation=", generation, " ")) == std::string::npos) continue;
+    const size_t pid = entry.find("pid=");
+    if (pid != std::string::npos) return static_cast<pid_t>(std::atoi(entry.c_str() + pid + 4));
+  }
+  return 0;
+}
+
+// The worker dying in the middle of training (here SIGKILL, as the OOM
+// killer would) fails the job on every node, naming the worker and how it
+// died; both daemons stay up and train the next job correctly.
+TEST(GlooPort, GlooWorkerKilledMidTrainingFailsTheJobOnEveryNodeOnly) {
+  ScratchDir dir("gsworker");
+  const std::string token_file = dir.File("token");
+  std::ofstream(token_file) << kToken << "\n";
+  const std::string leader_address = absl::StrCat("127.0.0.1:", FreePort());
+  const std::vector<std::string> job = {"--num-nodes=2", absl::StrCat("--job-id=", kJob),
+                                        "--job-token-file=" + token_file, "--timeout-s=20"};
+  std::vector<std::string> args0 = job, args1 = job;
+  args0.insert(args0.end(), {"--node-rank=0", "--listen=" + leader_address});
+  args1.insert(args1.end(), {"--node-rank=1", "--leader=" + leader_address});
+  Daemon node0(1, args0);
+  ASSERT_TRUE(node0.WaitReady(seconds(10))) << node0.process().Log();
+  Daemon node1(1, args1);
+  ASSERT_TRUE(node1.WaitReady(seconds(10))) << node1.process().Log();
+
+  std::vector<Process> busy;
+  for (Daemon* d : {&node0, &node1}) {
+    busy.push_back(StartTrainer(*d, 0, {"--steps=100000", "--sleep-ms=5"}, ""));
+  }
+  for (Daemon* d : {&node0, &node1}) {
+    ASSERT_TRUE(WaitForLog(d->process(), "event=job_running", kBound)) << d->process().Log();
+  }
+  const pid_t worker = WorkerPid(node1.process(), 1);
+  ASSERT_GT(worker, 0) << node1.process().Log();
+  ASSERT_EQ(kill(worker, SIGKILL), 0);
+  for (Process& t : busy) {
+    const ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited) << st.ToString() << t.Log();
+  }
+  // Node 1 lost its own worker: PEER_FAILED. Node 0 sees either its Gloo
+  // connection to node 1 closed (UNAVAILABLE) or the leader's abort of the
+  // generation (PEER_FAILED), whichever reaches it first.
+  EXPECT_EQ(busy[1].exit_status()->code, kExitPeerFailed) << busy[1].Log();
+  EXPECT_TRUE(busy[0].exit_status()->code == kExitUnavailable ||
+              busy[0].exit_status()->code == kExitPeerFailed)
+      << busy[0].Log() << node0.process().Log();
+  const std::string named = absl::StrCat("the Gloo worker (pid ", worker,
+                                         ") of node_rank=1 generation=1 killed by signal 9");
+  EXPECT_NE(busy[1].Log().find(named), std::string::npos) << busy[1].Log();
+  ASSERT_TRUE(node0.process().Running()) << node0.process().Log();
+  ASSERT_TRUE(node1.process().Running()) << node1.process().Log();
+
+  const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
+  std::vector<Process> trainers;
+  std::vector<std::string> outs;
+  for (Daemon* d : {&node0, &node1}) {
+    outs.push_back(absl::StrCat(dir.path(), "/w", outs.size(), ".txt"));
+    trainers.push_back(StartTrainer(*d, 0, args, outs.back()));
+  }
+  for (Process& t : trainers) {
+    const ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0)
+        << t.Log() << node0.process().Log() << node1.process().Log();
+  }
+  const std::vector<double> expected = Reference(dir.path(), args);
+  for (const std::string& out : outs) {
+    EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
+  }
+}
+
+}  // namespace
+}  // namespace gradsync::testing
