@@ -163,13 +163,14 @@ void ConnectionAcceptor::Start(grpc::Server* server, Admit admit) {
 
 bool ConnectionAcceptor::Admitted(int fd) {
   if (!admit_) return true;
-  const absl::Status verdict = admit_(fd);
-  if (verdict.ok()) return true;
+  const Verdict verdict = admit_(fd);
+  if (verdict.status.ok()) return true;
   close(fd);
   // A peer retrying in a loop is logged once; the memory is bounded.
   if (refusals_logged_.size() >= 1024) refusals_logged_.clear();
-  if (refusals_logged_.insert(std::string(verdict.message())).second) {
-    spdlog::warn("event=peer_refused reason=\"{}\"", std::string(verdict.message()));
+  if (refusals_logged_.insert(verdict.peer).second) {
+    spdlog::warn("event=peer_refused {} reason=\"{}\"", verdict.peer,
+                 std::string(verdict.status.message()));
   }
   return false;
 }

@@ -13,7 +13,7 @@
 // An optional admission check runs on every accepted connection before gRPC
 // reads a byte of it (the unix socket's peer-credential check,
 // trainer_admission.h); a refused connection is closed and logged once per
-// distinct reason (which names the peer).
+// peer (`event=peer_refused uid=.. pid=.. reason=".."`).
 //
 // Threads: one accept thread per acceptor, started by Start and joined by
 // Stop (or the destructor). Stop before shutting the server down: no
@@ -46,8 +46,13 @@ class ConnectionAcceptor {
   // mode `mode` set before anyone can connect.
   static absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> ListenUnix(const std::string& path,
                                                                         mode_t mode);
-  // OK to hand the connection on `fd` to gRPC, else why not (naming the peer).
-  using Admit = std::function<absl::Status(int fd)>;
+  // Whether the connection on an fd may go to gRPC: `peer` names who is on
+  // the other end as key=value fields ("uid=1000 pid=42") for the log.
+  struct Verdict {
+    absl::Status status;
+    std::string peer;
+  };
+  using Admit = std::function<Verdict(int fd)>;
 
   ~ConnectionAcceptor();
   ConnectionAcceptor(const ConnectionAcceptor&) = delete;

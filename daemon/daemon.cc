@@ -217,11 +217,14 @@ absl::Status Daemon::Start() {
           absl::StrCat("cannot start the Local service for ", config_.socket_path));
     }
     // Every connection is checked on the kernel's word before gRPC reads it.
+    const std::string path = config_.socket_path;
     local_acceptor_->Start(
-        local_server_.get(), [uid = geteuid(), group = config_.shm_group](int fd) {
+        local_server_.get(),
+        [uid = geteuid(), group = config_.shm_group, path](int fd) -> ConnectionAcceptor::Verdict {
           absl::StatusOr<PeerCredentials> peer = ReadPeerCredentials(fd);
-          if (!peer.ok()) return peer.status();
-          return AdmitTrainer(*peer, uid, group);
+          if (!peer.ok()) return {peer.status(), "uid=unknown"};
+          return {AdmitTrainer(*peer, uid, group),
+                  absl::StrCat("uid=", peer->uid, " pid=", peer->pid, " socket=", path)};
         });
   }
 

@@ -98,7 +98,7 @@ std::vector<double> Reference(const std::string& dir, const std::vector<std::str
 TEST(GlooPort, HostilePreambleOnTheLeadersGlooPortFailsOnlyTheJob) {
   ScratchDir dir("gsport");
   const std::string token_file = dir.File("token");
-  std::ofstream(token_file) << kToken << "\n";
+  ASSERT_TRUE(WriteTokenFile(token_file, kToken));  // 0600: the daemon refuses looser
   const int port = FreePort();
   const std::string leader_address = absl::StrCat("127.0.0.1:", port);
   const std::vector<std::string> job = {"--num-nodes=2", absl::StrCat("--job-id=", kJob),
@@ -208,7 +208,7 @@ pid_t WorkerPid(const Process& daemon, uint64_t generation) {
 TEST(GlooPort, GlooWorkerKilledMidTrainingFailsTheJobOnEveryNodeOnly) {
   ScratchDir dir("gsworker");
   const std::string token_file = dir.File("token");
-  std::ofstream(token_file) << kToken << "\n";
+  ASSERT_TRUE(WriteTokenFile(token_file, kToken));  // 0600: the daemon refuses looser
   const std::string leader_address = absl::StrCat("127.0.0.1:", FreePort());
   const std::vector<std::string> job = {"--num-nodes=2", absl::StrCat("--job-id=", kJob),
                                         "--job-token-file=" + token_file, "--timeout-s=20"};

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "gradsync/v1/control.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "common/call_token.h"
 #include "tests/integration/harness.h"
 
 namespace gradsync::testing {
@@ -350,6 +351,7 @@ TEST(MultiNode, ConfigBurstsKeepEveryNodeOnTheSamePlanAndTrainingExact) {
       (*request.mutable_values())["first_bucket_cap_mb"] = i % 2 == 0 ? "1" : "0.0001";
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() + seconds(10));
+      AttachCallToken(&context, "s3cret");  // the Cluster's job token
       v1::SetConfigResponse response;
       const grpc::Status status = stub->SetConfig(&context, request, &response);
       EXPECT_TRUE(status.ok() && response.error().code() == v1::OK)
