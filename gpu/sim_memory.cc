@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "common/secure_random.h"
 
 namespace gradsync::gpu::sim {
 namespace {
@@ -79,7 +80,12 @@ absl::StatusOr<std::string> DecodeHandle(HandleKind kind, const IpcHandle& handl
 
 std::string NewSegmentName(const std::string& prefix, const std::string& tag) {
   static std::atomic<uint64_t> counter{0};
-  return ipc::SegmentName(prefix, getpid(), absl::StrCat(tag, counter.fetch_add(1)));
+  // The random part: a pid reused after a killed trainer (whose segments
+  // may still be there) must not collide with its leftovers. 32 bits keep
+  // the name well inside the handle.
+  return ipc::SegmentName(prefix, getpid(),
+                          absl::StrCat(tag, counter.fetch_add(1), ".",
+                                       SecureRandomHex().substr(0, 8)));
 }
 
 std::string PointerString(const void* p) { return absl::StrFormat("%p", p); }

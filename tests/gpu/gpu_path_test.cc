@@ -188,13 +188,15 @@ TEST(GpuPath, SkippingTheEventWaitGivesWrongResults) {
     std::vector<Process> trainers =
         StartAll(daemon, Case{"skip", 2, 2, {"--mode=" + mode, "--hold-stream-ms=30", "--steps=3"}});
     int mismatches = 0;
+    std::string logs;
     for (auto& t : trainers) {
       ExitStatus st = t.Wait(seconds(60));
       if (st.exited && st.code == 1) ++mismatches;
       EXPECT_NE(st.code, 0) << mode << ": a trainer passed although the daemon never waited\n"
                             << t.Log();
+      logs += t.Log();
     }
-    EXPECT_GT(mismatches, 0) << mode;
+    EXPECT_GT(mismatches, 0) << mode << "\n" << logs << "\ndaemon:\n" << daemon.process().Log();
     EXPECT_NE(daemon.process().Log().find("event=unsafe_skip_event_wait"), std::string::npos);
   }
 }
