@@ -134,6 +134,7 @@ class Client:
             socket_path=os.fsencode(socket_path) if socket_path else None,
             local_rank=-1 if local_rank is None else int(local_rank),
             timeout_ms=max(1, int(connect_timeout_s * 1000)),
+            size=ctypes.sizeof(_lib.ConnectOptionsC),
         )
         handle = ctypes.c_void_p()
         st = self._lib.gs_connect(ctypes.byref(opts), ctypes.byref(handle))
