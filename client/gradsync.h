@@ -41,6 +41,17 @@ extern "C" {
 #define GS_API
 #endif
 
+/* The version of this header; gs_version() returns the library's. The
+ * library's SONAME (libgradsync.so.<major>) changes only with the major. */
+#define GS_VERSION_MAJOR 0
+#define GS_VERSION_MINOR 1
+#define GS_VERSION_PATCH 0
+#define GS_VERSION_CODE(major, minor, patch) ((major) * 10000 + (minor) * 100 + (patch))
+#define GS_VERSION GS_VERSION_CODE(GS_VERSION_MAJOR, GS_VERSION_MINOR, GS_VERSION_PATCH)
+
+/* GS_VERSION of the loaded library (it may be newer than this header). */
+GS_API int gs_version(void);
+
 typedef struct gs_client gs_client; /* opaque */
 
 /* The numbers match gradsync.v1.Code in proto/gradsync/v1/local.proto. */
@@ -70,11 +81,28 @@ typedef struct {
  * the user named by $GRADSYNC_DAEMON_UID (a uid or a user name), and on
  * GS_DEFAULT_SOCKET the owner of its directory; every shared-memory segment
  * it maps must then belong to that same user. */
+/*
+ * The struct grows at its end; `size` says how much of it the caller knows.
+ * Start from GS_CONNECT_OPTIONS_INIT (which sets size) and assign fields:
+ *
+ *   gs_connect_options o = GS_CONNECT_OPTIONS_INIT;
+ *   o.socket_path = path;
+ *
+ * size == 0 (a positional or zeroed initializer written before the field
+ * existed) means the three original fields; a size larger than this
+ * library's struct (a caller built against a newer header) is refused with
+ * GS_ERR_INVALID_ARGUMENT. Binaries built against the original header (no
+ * size field) keep working: they bind to gs_connect@GRADSYNC_0, which reads
+ * the original layout (client/gradsync_original_layout.cc).
+ */
 typedef struct {
   const char *socket_path; /* NULL: $GRADSYNC_SOCKET, else the default (below) */
   int local_rank;          /* -1: $LOCAL_RANK, else 0 */
   int timeout_ms;          /* connect/attach timeout; <= 0: 30 s */
+  size_t size;             /* sizeof(gs_connect_options), or 0 (above) */
 } gs_connect_options;
+
+#define GS_CONNECT_OPTIONS_INIT {NULL, -1, 0, sizeof(gs_connect_options)}
 
 /* A system-wide daemon's socket (systemd's RuntimeDirectory=gradsync), used
  * when neither the option nor $GRADSYNC_SOCKET names one and it exists; else

@@ -1,5 +1,6 @@
 // The C ABI (gradsync.h) over gradsync::Client. Every entry point catches
 // everything: no C++ exception ever crosses into the trainer.
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -34,6 +35,34 @@ gs_status Internal(gs_client* c, const char* what) {
   return GS_ERR_INTERNAL;
 }
 
+// The part of gs_connect_options that every caller has: the three original
+// fields, then size. A size below it cannot be a sizeof of the struct.
+constexpr size_t kSizedLayoutMin = offsetof(gs_connect_options, size) + sizeof(size_t);
+
+// The fields a caller's options really contain, judged by their size.
+gs_status ReadConnectOptions(gs_client* c, const gs_connect_options& opts,
+                             gradsync::ConnectOptions* o) {
+  const size_t size = opts.size;
+  if (size != 0 && size < kSizedLayoutMin) {
+    c->last_error = "gs_connect_options.size is " + std::to_string(size) +
+                    ", smaller than any gs_connect_options (" + std::to_string(kSizedLayoutMin) +
+                    "): start from GS_CONNECT_OPTIONS_INIT";
+    return GS_ERR_INVALID_ARGUMENT;
+  }
+  if (size > sizeof(gs_connect_options)) {
+    c->last_error = "gs_connect_options.size is " + std::to_string(size) +
+                    ", larger than this libgradsync's (" +
+                    std::to_string(sizeof(gs_connect_options)) + ", version " +
+                    std::to_string(GS_VERSION) + "): the caller was built against a newer gradsync.h";
+    return GS_ERR_INVALID_ARGUMENT;
+  }
+  // Fields added after size are read only when size covers them.
+  if (opts.socket_path) o->socket_path = opts.socket_path;
+  o->local_rank = opts.local_rank;
+  if (opts.timeout_ms > 0) o->timeout_ms = opts.timeout_ms;
+  return GS_OK;
+}
+
 gs_status NotConnected(gs_client* c) {
   if (c) c->last_error = "not connected (gs_connect failed)";
   return GS_ERR_STATE;
@@ -51,6 +80,8 @@ gs_status NotConnected(gs_client* c) {
 
 extern "C" {
 
+int gs_version(void) { return GS_VERSION; }
+
 gs_status gs_connect(const gs_connect_options* opts, gs_client** out) {
   if (out == nullptr) return GS_ERR_INVALID_ARGUMENT;
   *out = nullptr;
@@ -60,9 +91,8 @@ gs_status gs_connect(const gs_connect_options* opts, gs_client** out) {
   try {
     gradsync::ConnectOptions o;
     if (opts) {
-      if (opts->socket_path) o.socket_path = opts->socket_path;
-      o.local_rank = opts->local_rank;
-      if (opts->timeout_ms > 0) o.timeout_ms = opts->timeout_ms;
+      const gs_status st = ReadConnectOptions(c, *opts, &o);
+      if (st != GS_OK) return st;
     }
     auto client = gradsync::Client::Connect(o);
     if (!client.ok()) return Record(c, client.status());

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstddef>
+
 #include "gradsync/v1/local.pb.h"
 
 namespace {
@@ -28,6 +30,26 @@ TEST(AbiContract, DTypesMatchProto) {
   EXPECT_EQ(GS_FLOAT16, static_cast<int>(gradsync::v1::FLOAT16));
   EXPECT_EQ(GS_BFLOAT16, static_cast<int>(gradsync::v1::BFLOAT16));
   EXPECT_EQ(gradsync::v1::DType_MAX, GS_BFLOAT16);
+}
+
+// The options struct only grows at its end: the original fields keep their
+// offsets (binaries built before size existed pass exactly those 16 bytes),
+// and size follows them.
+TEST(AbiContract, ConnectOptionsGrowAtTheEnd) {
+  EXPECT_EQ(offsetof(gs_connect_options, socket_path), 0u);
+  EXPECT_EQ(offsetof(gs_connect_options, local_rank), sizeof(void*));
+  EXPECT_EQ(offsetof(gs_connect_options, timeout_ms), sizeof(void*) + sizeof(int));
+  EXPECT_EQ(offsetof(gs_connect_options, size), sizeof(void*) + 2 * sizeof(int));
+  const gs_connect_options init = GS_CONNECT_OPTIONS_INIT;
+  EXPECT_EQ(init.size, sizeof(gs_connect_options));
+  EXPECT_EQ(init.socket_path, nullptr);
+  EXPECT_EQ(init.local_rank, -1);  // -1: $LOCAL_RANK
+  EXPECT_EQ(init.timeout_ms, 0);
+}
+
+TEST(AbiContract, VersionCodeOrdersReleases) {
+  EXPECT_EQ(GS_VERSION, GS_VERSION_CODE(GS_VERSION_MAJOR, GS_VERSION_MINOR, GS_VERSION_PATCH));
+  EXPECT_LT(GS_VERSION_CODE(0, 9, 99), GS_VERSION_CODE(1, 0, 0));
 }
 
 TEST(AbiContract, RegisterRequestRoundTrips) {

@@ -161,3 +161,21 @@ def test_train_mlp_example(workdir: Path) -> None:
     assert len(losses) == 4 and losses[-1] < 0.7 * losses[0], out
     sums = set(re.findall(r"weights checksum (\S+)", out))
     assert len(re.findall(r"weights checksum", out)) == 2 and len(sums) == 1, out
+
+
+def test_accepts_torchruns_spellings(gradsyncd, workdir: Path) -> None:
+    """A torchrun command line's options, with gradsync.run in torchrun's place."""
+    cluster = gradsyncd(2)
+    (workdir / "job.py").write_text(JOB)
+    cmd = [sys.executable, "-m", "gradsync.run", "--nproc_per_node=2", "--nnodes=1",
+           "--node_rank=0", "--socket", cluster.socket, str(workdir / "job.py"), str(workdir),
+           "ok"]
+    p = subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=str(PY_PACKAGE)),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    code, out, err = finish(p)
+    assert code == 0, err
+    for rank in range(2):
+        env = json.loads((workdir / f"env.{rank}").read_text())
+        assert env["LOCAL_RANK"] == env["RANK"] == str(rank)
+        assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "2"
+        assert json.loads((workdir / f"result.{rank}").read_text()) == [2.5] * 4

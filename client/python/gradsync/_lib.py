@@ -48,12 +48,14 @@ class TensorSpecC(ctypes.Structure):
 
 
 class ConnectOptionsC(ctypes.Structure):
-    """``gs_connect_options``."""
+    """``gs_connect_options``; ``size`` must be set to ``ctypes.sizeof`` of it
+    (what ``GS_CONNECT_OPTIONS_INIT`` does in C)."""
 
     _fields_ = [
         ("socket_path", ctypes.c_char_p),
         ("local_rank", ctypes.c_int),
         ("timeout_ms", ctypes.c_int),
+        ("size", ctypes.c_size_t),
     ]
 
 
@@ -134,6 +136,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "gs_set_cuda_stream": (status, [c_client_p, ctypes.c_void_p]),
         "gs_last_error": (ctypes.c_char_p, [c_client_p]),
         "gs_close": (None, [c_client_p]),
+        "gs_version": (ctypes.c_int, []),
     }
     for name, (restype, argtypes) in protos.items():
         try:

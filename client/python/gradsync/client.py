@@ -24,7 +24,7 @@ import threading
 import weakref
 from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
-from . import _lib
+from . import _launcher_env, _lib
 from .errors import Status, StateError, InvalidArgumentError, error_for_status
 
 __all__ = ["Client", "DType", "TensorSpec"]
@@ -134,6 +134,7 @@ class Client:
             socket_path=os.fsencode(socket_path) if socket_path else None,
             local_rank=-1 if local_rank is None else int(local_rank),
             timeout_ms=max(1, int(connect_timeout_s * 1000)),
+            size=ctypes.sizeof(_lib.ConnectOptionsC),
         )
         handle = ctypes.c_void_p()
         st = self._lib.gs_connect(ctypes.byref(opts), ctypes.byref(handle))
@@ -170,7 +171,9 @@ class Client:
 
         Blocks until every local trainer registered the same layout and the
         job's world is formed (up to the daemon's timeout). Raises
-        MismatchError naming the first difference if the layouts differ.
+        MismatchError naming the first difference if the layouts differ, and
+        InvalidArgumentError if ``$WORLD_SIZE`` (torchrun's) is not the
+        job's world size.
         """
         specs = [t if isinstance(t, TensorSpec) else TensorSpec(t[0], DType.parse(t[1]), int(t[2]))
                  for t in tensors]
@@ -196,6 +199,7 @@ class Client:
             self._specs = specs
             self._buffers = [None] * len(specs)
             self._rank, self._world_size = rank.value, world.value
+        _launcher_env.check_world_size(world.value)
 
     @property
     def registered(self) -> bool:

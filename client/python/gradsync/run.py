@@ -48,7 +48,10 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         prog="python3 -m gradsync.run",
         description="Runs N trainers of a data-parallel job against a local gradsyncd "
                     "(started if none answers on the socket).")
-    p.add_argument("--nproc", "--nproc-per-node", dest="nproc", type=int, required=True,
+    # torchrun's spellings too (--nproc_per_node, --node_rank), so that a
+    # torchrun command line works with gradsync.run in its place.
+    p.add_argument("--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc", type=int,
+                   required=True,
                    help="trainers to start on this node")
     p.add_argument("--socket", default=None,
                    help="the daemon's unix socket (default: $GRADSYNC_SOCKET, else "
@@ -66,7 +69,8 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
                    help="nodes in the job (sets WORLD_SIZE/RANK; a daemon started here gets "
                         "--num-nodes, and needs --daemon-arg=--job-token-file=F (mode 0600) "
                         "on every node and --daemon-arg=--leader=... on other nodes)")
-    p.add_argument("--node-rank", type=int, default=0, help="this node's rank")
+    p.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0,
+                   help="this node's rank")
     p.add_argument("--grace-s", type=float, default=30.0,
                    help="after a trainer fails (or a signal), how long the others may take "
                         "to exit before they are terminated")
