@@ -16,9 +16,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -149,9 +149,9 @@ std::vector<double> Reference(const std::string& dir, const std::vector<std::str
   return LoadWeights(dir + "/reference.txt");
 }
 
-// Two daemons on loopback forming one job; a node can be restarted on the
-// same socket-less identity (rank, shm prefix) after it was faulted, so the
-// new daemon removes what the dead one left in /dev/shm.
+// Two daemons on loopback forming one job. A faulted node restarts with its
+// rank and shm prefix (the leader also with its port), so the new daemon
+// removes what the dead one left in /dev/shm.
 class Cluster {
  public:
   Cluster() {
