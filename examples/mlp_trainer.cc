@@ -15,6 +15,7 @@
 // one process training on the whole batch computes. `--single` runs that
 // reference in-process (no daemon) for comparison.
 #include <getopt.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,7 +56,24 @@ struct Options {
   bool quiet = false;
   std::string extra_tensor;   // register one more tensor (layout mismatch tests)
   int withhold = -1;          // never mark this parameter after step 0 (stall/timeout tests)
+  // Fault tests: stop this process (SIGSTOP) at a stage so a test can fault
+  // it, or its daemon, there deterministically: "attach" (connected, not
+  // registered), "register" (registered, nothing marked), "backward" (step
+  // kPauseStep, one gradient marked), "marked" (step kPauseStep, every
+  // gradient marked, before gs_wait). SIGCONT resumes it.
+  std::string pause_at;
 };
+
+constexpr int kPauseStep = 2;
+
+// Says where it stops, then stops: the test waits for the line and for the
+// stopped state in /proc rather than guessing a delay.
+void PauseAt(const Options& opt, const char* stage) {
+  if (opt.pause_at != stage) return;
+  std::fprintf(stderr, "mlp_trainer: paused at %s\n", stage);
+  std::fflush(stderr);
+  raise(SIGSTOP);
+}
 
 // Deterministic data: sample s of step t is the same on every trainer.
 template <typename T>
@@ -190,6 +208,7 @@ int Run(const Options& opt) {
     co.timeout_ms = 10000;
     gs_status st = gs_connect(&co, &c);
     if (st != GS_OK) return Die(c, "gs_connect", st);
+    PauseAt(opt, "attach");
     std::vector<gs_tensor_spec> specs;
     for (int p = 0; p < nparams; ++p) {
       specs.push_back({model.names[p].c_str(), dtype, model.params[p].size(), -1, nullptr});
@@ -199,6 +218,7 @@ int Run(const Options& opt) {
     if (st != GS_OK) return Die(c, "gs_register", st);
     st = gs_world(c, &rank, &world);
     if (st != GS_OK) return Die(c, "gs_world", st);
+    PauseAt(opt, "register");
     for (int p = 0; p < nparams; ++p) grads[p] = static_cast<T*>(gs_grad_buffer(c, p));
   } else {
     for (int p = 0; p < nparams; ++p) {
@@ -219,8 +239,11 @@ int Run(const Options& opt) {
     bool gate_used;
     int withhold;
     bool stale_unused;
+    const Options* opt;
+    bool pause_step = false;  // this is step kPauseStep: pause after the first mark
+    int marked = 0;           // gradients marked this step
     gs_status status = GS_OK;
-  } mctx{c, true, -1, opt.stale_unused};
+  } mctx{c, true, -1, opt.stale_unused, &opt};
   auto mark = [](int p, void* v) {
     auto* m = static_cast<MarkCtx*>(v);
     if (m->status != GS_OK || p == m->withhold) return;
@@ -232,6 +255,7 @@ int Run(const Options& opt) {
     } else {
       m->status = gs_mark_ready(m->c, p);
     }
+    if (m->pause_step && ++m->marked == 1) PauseAt(*m->opt, "backward");
   };
 
   for (int step = 0; step < opt.steps; ++step) {
@@ -253,9 +277,12 @@ int Run(const Options& opt) {
       }
       mctx.gate_used = gate_used;
       mctx.withhold = step > 0 ? opt.withhold : -1;
+      mctx.pause_step = step == kPauseStep && sync;
+      mctx.marked = 0;
       loss += Backward(model, step, micro, first, last, double(last - first), gate_from, grads, opt,
                        c ? +mark : nullptr, &mctx);
       if (c && mctx.status != GS_OK) return Die(c, "gs_mark_ready", mctx.status);
+      if (mctx.pause_step) PauseAt(opt, "marked");
       if (c) {
         gs_status st = gs_wait(c, opt.wait_timeout_ms);
         if (st != GS_OK) return Die(c, "gs_wait", st);
@@ -316,6 +343,7 @@ int main(int argc, char** argv) {
                               {"extra-tensor", required_argument, nullptr, 'x'},
                               {"quiet", no_argument, nullptr, 'q'},
                               {"withhold", required_argument, nullptr, 'W'},
+                              {"pause-at", required_argument, nullptr, 'P'},
                               {nullptr, 0, nullptr, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", longopts, nullptr)) != -1) {
@@ -339,11 +367,12 @@ int main(int argc, char** argv) {
       case 'x': opt.extra_tensor = optarg; break;
       case 'q': opt.quiet = true; break;
       case 'W': opt.withhold = std::atoi(optarg); break;
+      case 'P': opt.pause_at = optarg; break;
       default:
         std::fprintf(stderr,
                      "usage: mlp_trainer [--steps N] [--batch N] [--hidden N] [--fp64] [--single]\n"
                      "  [--accumulate K] [--gate-every K] [--gate-unused-first N] [--stale-unused]\n"
-                     "  [--shuffle-seed S] [--out FILE]\n"
+                     "  [--shuffle-seed S] [--out FILE] [--pause-at attach|register|backward|marked]\n"
                      "  [--socket PATH] (LOCAL_RANK selects the trainer's local rank)\n");
         return 2;
     }

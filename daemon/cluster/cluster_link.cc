@@ -185,35 +185,38 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
 
 absl::StatusOr<std::vector<uint32_t>> ClusterLink::AgreeOrder(const std::vector<uint32_t>& local) {
   const std::string key = OrderKey(generation_);
+  // A failed exchange is explained like a failed collective: a dead leader
+  // or node is named, not the RPC that noticed it (the fault matrix).
   if (config_.node_rank == 0) {
-    if (absl::Status st = client_->Set(key, EncodeOrder(local)); !st.ok()) return st;
+    if (absl::Status st = client_->Set(key, EncodeOrder(local)); !st.ok()) return Explain(st);
   }
   if (absl::Status st = client_->Wait({key}, absl::Milliseconds(config_.timeout_ms)); !st.ok()) {
-    return st;
+    return Explain(st);
   }
   absl::StatusOr<std::optional<std::string>> value = client_->Get(key);
-  if (!value.ok()) return value.status();
+  if (!value.ok()) return Explain(value.status());
   return DecodeOrder(key, *value, local.size());
 }
 
 absl::Status ClusterLink::CheckPlan(const PlanStamp& stamp) {
+  // Rendezvous failures are explained as in AgreeOrder.
   if (absl::Status st = client_->Set(PlanKey(generation_, stamp.plan_version, config_.node_rank),
                                      EncodePlanStamp(stamp));
       !st.ok()) {
-    return st;
+    return Explain(st);
   }
   std::vector<std::string> keys;
   for (int n = 0; n < config_.num_nodes; ++n) {
     keys.push_back(PlanKey(generation_, stamp.plan_version, n));
   }
   if (absl::Status st = client_->Wait(keys, absl::Milliseconds(config_.timeout_ms)); !st.ok()) {
-    return MakeError(CodeOf(st), absl::StrCat("comparing plan version ", stamp.plan_version,
-                                              " with the other nodes: ", st.message()));
+    return Explain(MakeError(CodeOf(st), absl::StrCat("comparing plan version ", stamp.plan_version,
+                                                      " with the other nodes: ", st.message())));
   }
   std::vector<PlanStamp> stamps;
   for (const std::string& key : keys) {
     absl::StatusOr<std::optional<std::string>> value = client_->Get(key);
-    if (!value.ok()) return value.status();
+    if (!value.ok()) return Explain(value.status());
     absl::StatusOr<PlanStamp> s = DecodePlanStamp(key, *value);
     if (!s.ok()) return s.status();
     stamps.push_back(*s);

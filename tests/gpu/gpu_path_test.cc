@@ -164,7 +164,9 @@ TEST(GpuPath, NodeKilledMidJobFailsTheOtherNodesTrainers) {
   }
   ASSERT_TRUE(WaitForLog(leader.process(), "event=job_running", seconds(30)))
       << leader.process().Log();
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // The follower finished iteration 0 and planned the next: the job is mid-run.
+  ASSERT_TRUE(WaitForLog(follower.process(), "event=plan_decided", seconds(30)))
+      << follower.process().Log();
   follower.process().Signal(SIGKILL);
   for (auto& t : survivors) {
     ExitStatus st = t.Wait(seconds(40));

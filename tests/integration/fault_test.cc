@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +34,16 @@ constexpr int kExitState = 16;
 
 // No hang means: every trainer ends well within this bound.
 constexpr auto kBound = seconds(30);
+
+// Polls `done` until it holds or `timeout` passes: tests wait on state.
+bool WaitUntil(const std::function<bool()>& done, milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  return true;
+}
 
 void ExpectTrains(Daemon& daemon, int n, const std::string& why) {
   std::vector<Process> ps;
@@ -81,8 +92,8 @@ TEST(FaultTest, TrainerKilledMidIterationFailsItsPeersThenNewTrainersTrain) {
     // Slow backward: the kill lands while an iteration is in flight.
     ps.push_back(StartTrainer(daemon, r, {"--steps=1000", "--sleep-ms=50", "--batch=60"}, ""));
   }
-  ASSERT_TRUE(WaitForLog(daemon.process(), "event=job_running", kBound));
-  std::this_thread::sleep_for(milliseconds(300));  // iterations are in flight
+  // Iteration 0 finished and the next is planned: iterations are in flight.
+  ASSERT_TRUE(WaitForLog(daemon.process(), "event=plan_decided", kBound));
   ps[1].Signal(SIGKILL);
   EXPECT_EQ(ps[1].Wait(kBound).code, SIGKILL);
   for (int r : {0, 2}) {
@@ -128,8 +139,8 @@ TEST(FaultTest, DaemonKilledMidIterationThenRestarted) {
   const std::string prefix = daemon->shm_prefix();
   std::vector<Process> ps;
   for (int r = 0; r < 2; ++r) ps.push_back(StartTrainer(*daemon, r, {"--steps=1000", "--sleep-ms=30"}, ""));
-  ASSERT_TRUE(WaitForLog(daemon->process(), "event=job_running", kBound));
-  std::this_thread::sleep_for(milliseconds(300));  // iterations are in flight
+  // Iteration 0 finished and the next is planned: iterations are in flight.
+  ASSERT_TRUE(WaitForLog(daemon->process(), "event=plan_decided", kBound));
   const pid_t old_pid = daemon->process().pid();
   daemon->process().Signal(SIGKILL);
   daemon->process().Wait(kBound);
@@ -145,8 +156,10 @@ TEST(FaultTest, DaemonKilledMidIterationThenRestarted) {
       {Runfile("daemon/gradsyncd"), "--socket=" + socket, "--listen=127.0.0.1:0",
        "--shm-prefix=" + prefix, "--local-size=2"},
       daemon->dir() + "/daemon2.log");
-  std::this_thread::sleep_for(milliseconds(500));
-  EXPECT_TRUE(SegmentsWithPrefix(absl::StrCat(prefix, ".", old_pid, ".")).empty());
+  // The new daemon removes them as it starts: wait for that, with a deadline.
+  EXPECT_TRUE(WaitUntil([&] { return SegmentsWithPrefix(absl::StrCat(prefix, ".", old_pid, ".")).empty(); },
+                        kBound))
+      << ReadFile(restarted.log_path());
   std::vector<Process> again;
   for (int r = 0; r < 2; ++r) again.push_back(StartTrainer(*daemon, r, {"--steps=5"}, ""));
   for (int r = 0; r < 2; ++r) {
@@ -167,7 +180,8 @@ TEST(FaultTest, BadLocalRanksAreRefused) {
       << out_of_range.Log();
   // Two trainers claiming local rank 0: the second is refused, the job still forms.
   Process first = StartTrainer(daemon, 0, {"--steps=3"}, "");
-  std::this_thread::sleep_for(milliseconds(300));
+  // The twin comes second: once the daemon logged the first one's attach.
+  ASSERT_TRUE(WaitForLog(daemon.process(), "event=attach job=", kBound)) << daemon.process().Log();
   Process twin = StartTrainer(daemon, 0, {"--steps=3"}, "");
   EXPECT_EQ(twin.Wait(kBound).code, kExitState) << twin.Log();
   EXPECT_NE(twin.Log().find("already attached"), std::string::npos) << twin.Log();
@@ -193,11 +207,11 @@ TEST(FaultTest, TrainerThatDiesBeforeOpeningItsWatchStreamIsReaped) {
     ASSERT_TRUE(stub->Attach(&ctx, req, &resp).ok());
     ASSERT_EQ(resp.error().code(), v1::OK) << resp.error().message();
   }
-  // The daemon reaps the silent session (after 10 s) and serves new trainers.
-  std::this_thread::sleep_for(milliseconds(10500));
-  ExpectTrains(daemon, 2, "after a silent attach");
-  EXPECT_NE(daemon.process().Log().find("never opened its Watch stream"), std::string::npos)
+  // The daemon reaps the silent session (after its 10 s grace) and serves
+  // new trainers.
+  ASSERT_TRUE(WaitForLog(daemon.process(), "never opened its Watch stream", seconds(40)))
       << daemon.process().Log();
+  ExpectTrains(daemon, 2, "after a silent attach");
 }
 
 // The daemon's first node segment ("<prefix>.<daemon pid>.node1.<random>"),

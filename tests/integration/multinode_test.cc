@@ -261,7 +261,8 @@ TEST(MultiNode, DeadLeaderIsReportedAsSuch) {
   for (int n = 0; n < 2; ++n) {
     ASSERT_TRUE(WaitForLog(cluster.node(n).process(), "event=job_running", kBound));
   }
-  std::this_thread::sleep_for(milliseconds(300));  // iterations are in flight
+  // Node 1 finished iteration 0 and planned the next: iterations are in flight.
+  ASSERT_TRUE(WaitForLog(cluster.node(1).process(), "event=plan_decided", kBound));
   cluster.node(0).process().Signal(SIGKILL);
   cluster.node(0).process().Wait(kBound);
   ExitStatus sa = a.Wait(seconds(30)), sb = b.Wait(seconds(30));
@@ -281,7 +282,8 @@ TEST(MultiNode, ConfigSetOnTheLeaderRePlansEveryNodeAtTheSameIteration) {
     trainers.push_back(StartTrainer(cluster.node(n), 0, args, outs.back()));
   }
   ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_running", kBound));
-  std::this_thread::sleep_for(milliseconds(500));  // a few iterations in
+  // Iteration 0 is done: the change lands mid-run.
+  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=plan_decided", kBound));
   const std::string ctl = Runfile("client/gradsyncctl");
   // A non-leader refuses: caps are job-wide.
   Process refused = Process::Spawn(
@@ -415,7 +417,9 @@ TEST(MultiNode, WrongNumberOfNodesAndDuplicateRanksAreRefused) {
                   "--job-token-file=" + cluster.dir() + "/token"});
   ASSERT_TRUE(twin.WaitReady(seconds(10)));
   Process one = StartTrainer(cluster.node(1), 0, {"--steps=2"}, "");
-  std::this_thread::sleep_for(milliseconds(500));
+  // The twin joins second: once the leader has the real node 1 in the round.
+  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=join node_rank=1 ", kBound))
+      << cluster.DaemonLogs();
   Process dup = StartTrainer(twin, 0, {"--steps=2"}, "");
   ExitStatus d = dup.Wait(kBound);
   EXPECT_EQ(d.code, kExitInvalidArgument) << dup.Log();

@@ -16,6 +16,15 @@ PEER_FAILED_EXIT = 10 + int(gradsync.Status.PEER_FAILED)  # trainer_worker's con
 TIMEOUT_EXIT = 10 + int(gradsync.Status.TIMEOUT)
 
 
+def wait_for_daemon_log(cluster, text: str, timeout_s: float) -> None:
+    """Waits on the daemon's state (a log event) instead of a delay."""
+    deadline = time.monotonic() + timeout_s
+    while text not in cluster.daemon.log():
+        if time.monotonic() > deadline:
+            pytest.fail(f"gradsyncd never logged {text!r}\n" + cluster.logs())
+        time.sleep(0.02)
+
+
 def test_no_daemon_raises_at_construction(workdir) -> None:
     model = lib.make_model("mlp", torch.float32)
     sock = str(workdir / "nobody.sock")
@@ -35,11 +44,12 @@ def test_killed_trainer_makes_the_others_raise(gradsyncd) -> None:
     """3 trainers; trainer 2 stops before step 3 and is SIGKILLed while the
     others wait in step(). They must raise PeerFailedError, long before the
     daemon's timeout (120 s here): the death itself is detected."""
-    cluster = gradsyncd(3, "--timeout-s=120")
+    cluster = gradsyncd(3, "--timeout-s=120", "--stall-threshold-s=1")
     args = ["--model=mlp", "--steps=10", "--hang-at=3", "--hang-rank=2"]
     trainers = [cluster.start(r, args) for r in range(3)]
     trainers[2].wait_for_output("HANG", timeout_s=60)
-    time.sleep(0.2)  # let the others enter step 3's wait
+    # The others are in step 3's wait once the daemon reports the stall.
+    wait_for_daemon_log(cluster, "event=stall", timeout_s=60)
     trainers[2].kill()
     start = time.monotonic()
     codes = cluster.wait(trainers[:2], timeout_s=30)
@@ -51,11 +61,12 @@ def test_killed_trainer_makes_the_others_raise(gradsyncd) -> None:
 
 
 def test_killed_daemon_makes_trainers_raise(gradsyncd) -> None:
-    cluster = gradsyncd(2, "--timeout-s=120")
+    cluster = gradsyncd(2, "--timeout-s=120", "--stall-threshold-s=1")
     args = ["--model=mlp", "--steps=10", "--hang-at=3", "--hang-rank=1"]
     trainers = [cluster.start(r, args) for r in range(2)]
     trainers[1].wait_for_output("HANG", timeout_s=60)
-    time.sleep(0.2)
+    # Trainer 0 is in step 3's wait once the daemon reports the stall.
+    wait_for_daemon_log(cluster, "event=stall", timeout_s=60)
     cluster.daemon.process.send_signal(signal.SIGKILL)
     codes = cluster.wait(trainers[:1], timeout_s=30)
     assert codes == [PEER_FAILED_EXIT], cluster.logs()
