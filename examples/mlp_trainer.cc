@@ -55,6 +55,7 @@ struct Options {
   bool quiet = false;
   std::string extra_tensor;   // register one more tensor (layout mismatch tests)
   int withhold = -1;          // never mark this parameter after step 0 (stall/timeout tests)
+  bool write_after_mark = false;  // misuse: change step 0's first marked gradient after its mark
 };
 
 // Deterministic data: sample s of step t is the same on every trainer.
@@ -219,6 +220,7 @@ int Run(const Options& opt) {
     bool gate_used;
     int withhold;
     bool stale_unused;
+    bool write_after_mark = false;
     gs_status status = GS_OK;
   } mctx{c, true, -1, opt.stale_unused};
   auto mark = [](int p, void* v) {
@@ -231,6 +233,12 @@ int Run(const Options& opt) {
       m->status = gs_mark_unused(m->c, p);
     } else {
       m->status = gs_mark_ready(m->c, p);
+      if (m->status == GS_OK && m->write_after_mark) {
+        // What GRADSYNC_DEBUG=detail exists to catch: the daemon may
+        // already be reading this gradient.
+        static_cast<T*>(gs_grad_buffer(m->c, p))[0] += T(1);
+        m->write_after_mark = false;
+      }
     }
   };
 
@@ -253,6 +261,7 @@ int Run(const Options& opt) {
       }
       mctx.gate_used = gate_used;
       mctx.withhold = step > 0 ? opt.withhold : -1;
+      mctx.write_after_mark = opt.write_after_mark && step == 0 && sync;
       loss += Backward(model, step, micro, first, last, double(last - first), gate_from, grads, opt,
                        c ? +mark : nullptr, &mctx);
       if (c && mctx.status != GS_OK) return Die(c, "gs_mark_ready", mctx.status);
@@ -316,6 +325,7 @@ int main(int argc, char** argv) {
                               {"extra-tensor", required_argument, nullptr, 'x'},
                               {"quiet", no_argument, nullptr, 'q'},
                               {"withhold", required_argument, nullptr, 'W'},
+                              {"write-after-mark", no_argument, nullptr, 'A'},
                               {nullptr, 0, nullptr, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", longopts, nullptr)) != -1) {
@@ -339,6 +349,7 @@ int main(int argc, char** argv) {
       case 'x': opt.extra_tensor = optarg; break;
       case 'q': opt.quiet = true; break;
       case 'W': opt.withhold = std::atoi(optarg); break;
+      case 'A': opt.write_after_mark = true; break;
       default:
         std::fprintf(stderr,
                      "usage: mlp_trainer [--steps N] [--batch N] [--hidden N] [--fp64] [--single]\n"
