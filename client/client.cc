@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "client/cuda_tensors.h"
@@ -15,6 +16,7 @@
 #include "common/peer_credentials.h"
 #include "common/status_code.h"
 #include "grpcpp/create_channel_posix.h"
+#include "ipc/mark_checksum.h"
 
 namespace gradsync {
 namespace {
@@ -72,6 +74,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
     c->local_rank_ = (env && *env) ? std::atoi(env) : 0;
   }
   const int64_t timeout_ms = options.timeout_ms > 0 ? options.timeout_ms : 30000;
+  if (const char* env = std::getenv("GRADSYNC_DEBUG"); env && std::string_view(env) == "detail") {
+    c->checksum_marks_ = true;
+  }
 
   // Verified before gRPC sees the connection, which it then uses as is: a
   // channel from an fd never reconnects to whoever holds the path later.
@@ -326,6 +331,11 @@ absl::Status Client::Post(size_t index, ipc::ReadyKind kind) {
   e.kind = static_cast<uint32_t>(kind);
   e.iteration = iteration_;
   e.sequence = ready_sequence_;
+  e.no_sync_iterations = no_sync_iterations_;
+  // CUDA gradients are not checksummed: that would copy them to the host.
+  if (checksum_marks_ && !cuda_) {
+    e.checksum = ipc::MarkChecksum(buffers_[index], layout_[index].bytes());
+  }
   auto& ring = segment_.ready_ring();
   const auto deadline = Clock::now() + std::chrono::milliseconds(daemon_timeout_ms_ + kGraceMs);
   while (!ring.TryPush(e)) {
@@ -361,6 +371,7 @@ absl::Status Client::Wait(int64_t timeout_ms) {
   if (!sync_) {
     // Accumulating: nothing was posted, the next synced iteration reduces
     // the sum. The marks start over.
+    ++no_sync_iterations_;
     std::fill(marked_.begin(), marked_.end(), 0);
     marked_count_ = 0;
     return absl::OkStatus();
@@ -395,6 +406,7 @@ absl::Status Client::Wait(int64_t timeout_ms) {
                                                  " while this trainer is at ", iteration_)));
           }
           ++iteration_;
+          no_sync_iterations_ = 0;
           std::fill(marked_.begin(), marked_.end(), 0);
           std::fill(accumulated_.begin(), accumulated_.end(), 0);  // reduced: a fresh start
           marked_count_ = 0;

@@ -131,6 +131,12 @@ class Client {
   int world_size_ = 0;
 
   bool sync_ = true;
+  // Iterations accumulated under no_sync since the last synced one: posted
+  // with every mark so the daemon can refuse trainers out of step.
+  uint32_t no_sync_iterations_ = 0;
+  // GRADSYNC_DEBUG=detail, read once at connect: checksum CPU gradients at
+  // mark time so the daemon can name one written after its mark.
+  bool checksum_marks_ = false;
   uint64_t iteration_ = 0;        // synced iterations completed
   uint64_t ready_sequence_ = 0;
   uint64_t completion_sequence_ = 0;

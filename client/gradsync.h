@@ -128,7 +128,14 @@ GS_API gs_status gs_world(gs_client *c, int *rank, int *world_size);
  * before gs_register. */
 GS_API void *gs_grad_buffer(gs_client *c, size_t index);
 
-/* Gradient `index` is final for this iteration. */
+/* Gradient `index` is final for this iteration: do not write its buffer
+ * again until gs_wait returns. With GRADSYNC_DEBUG=detail in the environment
+ * at gs_connect (off by default, like TORCH_DISTRIBUTED_DEBUG; it costs one
+ * pass over each CPU gradient per mark) the daemon checks before reducing
+ * that no CPU gradient changed since its mark, and fails the job with
+ * GS_ERR_INVALID_ARGUMENT naming the trainer and the tensor (a misuse of
+ * this call, not a disagreement between trainers); CUDA gradients are not
+ * checked. A write after the daemon's check is not detected. */
 GS_API gs_status gs_mark_ready(gs_client *c, size_t index);
 
 /* Gradient `index` was not produced this iteration: it contributes zeros
@@ -143,7 +150,11 @@ GS_API gs_status gs_mark_unused(gs_client *c, size_t index);
 GS_API gs_status gs_wait(gs_client *c, int64_t timeout_ms);
 
 /* enabled = 0: following iterations post nothing and gradients accumulate
- * in the buffers; the next synced iteration reduces the accumulation. */
+ * in the buffers; the next synced iteration reduces the accumulation.
+ * Every trainer must accumulate the same number of iterations between
+ * synced ones: one out of step fails the iteration with GS_ERR_MISMATCH
+ * naming it and a peer with what each summed (checked among the trainers of
+ * a node; trainers on different nodes are not compared). */
 GS_API gs_status gs_set_sync(gs_client *c, int enabled);
 
 /* CUDA tensors: the cudaStream_t (as void*) the readiness events are

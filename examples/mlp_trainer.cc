@@ -62,6 +62,7 @@ struct Options {
   // kPauseStep, one gradient marked), "marked" (step kPauseStep, every
   // gradient marked, before gs_wait). SIGCONT resumes it.
   std::string pause_at;
+  bool write_after_mark = false;  // misuse: change step 0's first marked gradient after its mark
 };
 
 constexpr int kPauseStep = 2;
@@ -242,6 +243,7 @@ int Run(const Options& opt) {
     const Options* opt;
     bool pause_step = false;  // this is step kPauseStep: pause after the first mark
     int marked = 0;           // gradients marked this step
+    bool write_after_mark = false;
     gs_status status = GS_OK;
   } mctx{c, true, -1, opt.stale_unused, &opt};
   auto mark = [](int p, void* v) {
@@ -254,6 +256,12 @@ int Run(const Options& opt) {
       m->status = gs_mark_unused(m->c, p);
     } else {
       m->status = gs_mark_ready(m->c, p);
+      if (m->status == GS_OK && m->write_after_mark) {
+        // What GRADSYNC_DEBUG=detail exists to catch: the daemon may
+        // already be reading this gradient.
+        static_cast<T*>(gs_grad_buffer(m->c, p))[0] += T(1);
+        m->write_after_mark = false;
+      }
     }
     if (m->pause_step && ++m->marked == 1) PauseAt(*m->opt, "backward");
   };
@@ -279,6 +287,7 @@ int Run(const Options& opt) {
       mctx.withhold = step > 0 ? opt.withhold : -1;
       mctx.pause_step = step == kPauseStep && sync;
       mctx.marked = 0;
+      mctx.write_after_mark = opt.write_after_mark && step == 0 && sync;
       loss += Backward(model, step, micro, first, last, double(last - first), gate_from, grads, opt,
                        c ? +mark : nullptr, &mctx);
       if (c && mctx.status != GS_OK) return Die(c, "gs_mark_ready", mctx.status);
@@ -344,6 +353,7 @@ int main(int argc, char** argv) {
                               {"quiet", no_argument, nullptr, 'q'},
                               {"withhold", required_argument, nullptr, 'W'},
                               {"pause-at", required_argument, nullptr, 'P'},
+                              {"write-after-mark", no_argument, nullptr, 'A'},
                               {nullptr, 0, nullptr, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", longopts, nullptr)) != -1) {
@@ -368,6 +378,7 @@ int main(int argc, char** argv) {
       case 'q': opt.quiet = true; break;
       case 'W': opt.withhold = std::atoi(optarg); break;
       case 'P': opt.pause_at = optarg; break;
+      case 'A': opt.write_after_mark = true; break;
       default:
         std::fprintf(stderr,
                      "usage: mlp_trainer [--steps N] [--batch N] [--hidden N] [--fp64] [--single]\n"

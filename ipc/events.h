@@ -22,7 +22,13 @@ struct ReadyEvent {
   uint32_t kind;       // ReadyKind
   uint64_t iteration;  // the trainer's synced-iteration counter, from 0
   uint64_t sequence;   // 0, 1, 2, ... per ring
-  uint64_t reserved;
+  // Iterations the trainer accumulated under gs_set_sync(0) (no_sync) before
+  // this synced one: every entry of an iteration, from every trainer, must
+  // carry the same count, or the average would mix different sums.
+  uint32_t no_sync_iterations;
+  // GRADSYNC_DEBUG=detail: MarkChecksum of the gradient at mark time (CPU
+  // tensors); 0: not computed.
+  uint32_t checksum;
 };
 static_assert(sizeof(ReadyEvent) == 32);
 

@@ -28,7 +28,8 @@
 namespace gradsync::ipc {
 
 inline constexpr uint64_t kTrainerSegmentMagic = 0x5473'636e'7973'6447ull;  // "GdsyncsT"
-inline constexpr uint32_t kTrainerSegmentVersion = 1;
+// 2: ReadyEvent carries no_sync_iterations and checksum.
+inline constexpr uint32_t kTrainerSegmentVersion = 2;
 inline constexpr size_t kErrorMessageBytes = 1024;
 
 struct TrainerSegmentHeader {

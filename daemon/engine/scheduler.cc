@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
+#include "ipc/mark_checksum.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
@@ -62,6 +63,7 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
   for (Trainer* t : trainers_) {
     arenas_.push_back(t->segment.arena());
     t->marked.assign(layout_.size(), 0);
+    t->mark_checksums.assign(layout_.size(), 0);
     t->marked_count = 0;
   }
   order_ = ReverseRegistrationOrder(layout_.size());
@@ -417,8 +419,13 @@ bool Scheduler::Drain(Trainer& t, int64_t now_ns, bool* progress) {
             t.local_rank);
       return false;
     }
+    if (!CheckInStep(t, e)) return false;
     t.marked[e.tensor] = static_cast<uint8_t>(e.kind);
     ++t.marked_count;
+    if (e.checksum != 0) {
+      t.mark_checksums[e.tensor] = e.checksum;
+      ++checksummed_marks_;
+    }
     if (marks_++ == 0) {
       iteration_start_ns_ = now_ns;
       in_iteration_.store(true, std::memory_order_release);
@@ -442,12 +449,63 @@ bool Scheduler::Drain(Trainer& t, int64_t now_ns, bool* progress) {
   }
 }
 
+bool Scheduler::CheckInStep(const Trainer& t, const ipc::ReadyEvent& e) {
+  if (no_sync_reference_ == nullptr) {
+    no_sync_iterations_ = e.no_sync_iterations;
+    no_sync_reference_ = &t;
+    return true;
+  }
+  if (e.no_sync_iterations == no_sync_iterations_) return true;
+  // Which one is "wrong" is not knowable here: name both, fail everyone alike.
+  const std::string message = absl::StrCat(
+      "trainers out of step in iteration ", iteration(), ": ", t.Name(), " summed ",
+      e.no_sync_iterations + 1, " iteration(s) into tensor ", e.tensor, " '",
+      layout_[e.tensor].name, "' (", e.no_sync_iterations, " under no_sync) but ",
+      no_sync_reference_->Name(), " summed ", no_sync_iterations_ + 1, " (", no_sync_iterations_,
+      " under no_sync); every trainer must skip synchronization (gs_set_sync(0) / no_sync) in "
+      "the same iterations");
+  spdlog::error("event=out_of_step iteration={} trainer=\"{}\" no_sync={} reference=\"{}\" "
+                "reference_no_sync={}",
+                iteration(), t.Name(), e.no_sync_iterations, no_sync_reference_->Name(),
+                no_sync_iterations_);
+  fail_(MakeError(v1::MISMATCH, message), -1);
+  return false;
+}
+
+bool Scheduler::CheckUnwrittenSinceMark(uint32_t bucket) {
+  for (size_t i = 0; i < trainers_.size(); ++i) {
+    const Trainer& t = *trainers_[i];
+    for (uint32_t tensor : plan_.buckets[bucket].tensors) {
+      const uint32_t at_mark = t.mark_checksums[tensor];
+      if (at_mark == 0) continue;
+      const uint32_t now = ipc::MarkChecksum(arenas_[i] + arena_.tensor_offsets[tensor],
+                                             layout_[tensor].bytes());
+      if (now == at_mark) continue;
+      if (FailIfTruncated()) return false;
+      spdlog::error("event=written_after_mark iteration={} trainer=\"{}\" tensor={} name=\"{}\"",
+                    iteration(), t.Name(), tensor, layout_[tensor].name);
+      fail_(MakeError(v1::INVALID_ARGUMENT,
+                      absl::StrCat(t.Name(), " wrote tensor ", tensor, " '", layout_[tensor].name,
+                                   "' after marking it in iteration ", iteration(),
+                                   " (GRADSYNC_DEBUG=detail: checksum ", absl::Hex(at_mark),
+                                   " at the mark, ", absl::Hex(now),
+                                   " before the reduction); mark a gradient only once it is "
+                                   "final")),
+            t.local_rank);
+      return false;
+    }
+  }
+  return true;
+}
+
 bool Scheduler::Launch(uint32_t bucket) {
   const PlannedBucket& b = plan_.buckets[bucket];
   BucketTimeline& tl = timelines_[bucket];
   tl.iteration = iteration();
   tl.launch_ns = NowNs();
   if (options_.gpu) return LaunchGpu(bucket);
+  // Off by default: no entry carries a checksum, nothing is read.
+  if (checksummed_marks_ != 0 && !CheckUnwrittenSinceMark(bucket)) return false;
   if (!BeginReduction(bucket, tl.launch_ns)) {
     EndReduction();
     return false;
@@ -536,11 +594,14 @@ void Scheduler::FinishIteration() {
   const uint64_t it = iteration();
   for (Trainer* t : trainers_) {
     std::fill(t->marked.begin(), t->marked.end(), 0);
+    if (checksummed_marks_ != 0) std::fill(t->mark_checksums.begin(), t->mark_checksums.end(), 0);
     t->marked_count = 0;
     ++t->iterations;
   }
   next_bucket_ = 0;
   marks_ = 0;
+  no_sync_reference_ = nullptr;
+  checksummed_marks_ = 0;
   in_iteration_.store(false, std::memory_order_release);
   stall_reported_ = false;
   const int64_t start = iteration_start_ns_;

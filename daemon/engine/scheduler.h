@@ -163,6 +163,12 @@ class Scheduler {
   void InstallPlan(BucketPlan plan) ABSL_LOCKS_EXCLUDED(plan_mu_);
   void MaybeRebuild() ABSL_LOCKS_EXCLUDED(caps_mu_);
   void CheckDeadlines(int64_t now_ns);
+  // Every entry of an iteration carries the same no_sync count; false (the
+  // job failed, MISMATCH naming both trainers) when `e` disagrees.
+  bool CheckInStep(const Trainer& t, const ipc::ReadyEvent& e);
+  // GRADSYNC_DEBUG=detail: false (the job failed, naming the trainer and
+  // tensor) when a gradient of `bucket` changed since it was marked.
+  bool CheckUnwrittenSinceMark(uint32_t bucket);
   // "rank 1 (local 1, pid 7): fc2.weight, fc2.bias; rank 2 ...: 3 tensors"
   std::string DescribeMissing(int64_t only_bucket) const;
 
@@ -197,6 +203,10 @@ class Scheduler {
   std::vector<BucketTimeline> timelines_;
   uint32_t next_bucket_ = 0;
   uint64_t marks_ = 0;               // marks seen this iteration
+  // The no_sync count of the iteration's first entry, and whose it was.
+  uint32_t no_sync_iterations_ = 0;
+  const Trainer* no_sync_reference_ = nullptr;
+  uint64_t checksummed_marks_ = 0;   // this iteration: entries with a checksum
   int64_t iteration_start_ns_ = 0;   // first mark of the iteration
   int64_t last_progress_ns_ = 0;
   bool stall_reported_ = false;

@@ -49,6 +49,8 @@ struct Trainer {
   uint64_t ready_sequence = 0;
   std::vector<uint8_t> marked;  // per tensor: 0, or the ReadyKind seen
   uint32_t marked_count = 0;
+  // Per tensor: the MarkChecksum its entry carried (GRADSYNC_DEBUG=detail), 0: none.
+  std::vector<uint32_t> mark_checksums;
   std::atomic<uint64_t> iterations{0};  // synced iterations completed
 
   std::string Name() const;  // "rank 3 (local 1, pid 4242)"

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/half.h"
 #include "common/status_code.h"
+#include "ipc/mark_checksum.h"
 #include "ipc/shared_segment.h"
 #include "tests/engine/patience.h"
 
@@ -106,6 +107,8 @@ absl::Status InMemoryTrainer::Post(size_t i, ipc::ReadyKind kind) {
   e.kind = static_cast<uint32_t>(kind);
   e.iteration = iteration_;
   e.sequence = ready_sequence_;
+  e.no_sync_iterations = no_sync_iterations_;
+  if (checksum_marks_) e.checksum = ipc::MarkChecksum(buffer(i), layout_[i].bytes());
   if (absl::Status st = PostRaw(e); !st.ok()) return st;
   ++ready_sequence_;
   return absl::OkStatus();
@@ -120,6 +123,7 @@ absl::Status InMemoryTrainer::PostRaw(const ipc::ReadyEvent& e) {
 
 absl::Status InMemoryTrainer::Wait(absl::Duration timeout) {
   if (!sync_) {
+    ++no_sync_iterations_;
     std::fill(marked_.begin(), marked_.end(), 0);
     return absl::OkStatus();
   }
@@ -146,6 +150,7 @@ absl::Status InMemoryTrainer::Wait(absl::Duration timeout) {
                 "iteration ", e.iteration, " completed while the trainer is at ", iteration_));
           }
           ++iteration_;
+          no_sync_iterations_ = 0;
           std::fill(marked_.begin(), marked_.end(), 0);
           std::fill(accumulated_.begin(), accumulated_.end(), 0);
           return absl::OkStatus();

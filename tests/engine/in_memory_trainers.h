@@ -61,6 +61,8 @@ class InMemoryTrainer {
   absl::Status MarkUnused(size_t i);
   // Sets accumulation (no_sync) between iterations.
   void SetSync(bool enabled) { sync_ = enabled; }
+  // As GRADSYNC_DEBUG=detail: each entry carries the gradient's MarkChecksum.
+  void SetChecksumMarks(bool enabled) { checksum_marks_ = enabled; }
   // Posts an arbitrary entry (for bad-input tests); rings the doorbell.
   // Advances nothing: the test decides what the entry says.
   absl::Status PostRaw(const ipc::ReadyEvent& e);
@@ -90,6 +92,8 @@ class InMemoryTrainer {
   std::vector<uint64_t> offsets_;
   std::vector<uint8_t> marked_, accumulated_;
   bool sync_ = true;
+  bool checksum_marks_ = false;
+  uint32_t no_sync_iterations_ = 0;  // since the last synced iteration
   uint64_t iteration_ = 0;
   uint64_t ready_sequence_ = 0;
   uint64_t completion_sequence_ = 0;

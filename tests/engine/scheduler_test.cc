@@ -375,6 +375,71 @@ TEST_F(SchedulerBehaviourTest, NoSyncIterationsAccumulateAndTheNextSyncedOneAver
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(HoldsAverage(trainer(r), sums, remote(), world_size()));
 }
 
+// Issue 16 item 10: a trainer in no_sync while its peer syncs would mix a
+// 2-iteration sum with a 1-iteration one and return GS_OK.
+TEST_F(SchedulerBehaviourTest, TrainerOutOfStepOnNoSyncFailsWithMismatchNamingBoth) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  WriteAll(0);
+  trainer(1).SetSync(false);
+  for (size_t t = 0; t < node_->layout().size(); ++t) ASSERT_TRUE(trainer(1).MarkReady(t).ok());
+  ASSERT_TRUE(trainer(1).Wait(kBound).ok());  // accumulating: nothing posted
+  trainer(1).SetSync(true);
+  MarkAll(1);
+  const absl::Status st = failures_.Wait(kBound);
+  EXPECT_EQ(CodeOf(st), v1::MISMATCH) << st;
+  // Whichever came first is the reference: both are named with their sums.
+  EXPECT_THAT(std::string(st.message()), HasSubstr(Name(1) + " summed 2 iteration(s)"));
+  EXPECT_THAT(std::string(st.message()), HasSubstr(Name(0) + " summed 1"));
+  EXPECT_EQ(failures_.culprit(), -1);  // every trainer gets the MISMATCH
+  EXPECT_TRUE(backend_->calls().empty()) << "a bucket was reduced from mixed sums";
+}
+
+TEST_F(SchedulerBehaviourTest, TrainersInStepOnNoSyncWithChecksumsAverageTheSum) {
+  // Everything GRADSYNC_DEBUG=detail checks passes for honest trainers.
+  ASSERT_NO_FATAL_FAILURE(Start());
+  Sums sums = WriteAll(0);
+  for (int r = 0; r < 2; ++r) {
+    trainer(r).SetChecksumMarks(true);
+    trainer(r).SetSync(false);
+  }
+  MarkAll(0);
+  WaitAllOk();
+  const Layout& layout = node_->layout();
+  for (int r = 0; r < 2; ++r) {
+    for (size_t t = 0; t < layout.size(); ++t) {
+      for (size_t e = 0; e < layout[t].numel; ++e) {
+        const double before = trainer(r).Get(t, e);
+        sums[t][e] +=
+            trainer(r).SetRounded(t, e, before + GradientValue(rank(r), t, e, 1)) - before;
+      }
+    }
+    trainer(r).SetSync(true);
+  }
+  MarkAll(1);
+  WaitAllOk();
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(HoldsAverage(trainer(r), sums, remote(), world_size()));
+  RunIteration(2);  // and the counts start over
+}
+
+// Issue 16 item 10: writing a buffer after marking it changes the result;
+// GRADSYNC_DEBUG=detail names the trainer and the tensor instead.
+TEST_F(SchedulerBehaviourTest, WriteAfterMarkInDebugModeFailsWithInvalidArgumentNamingTheTensor) {
+  ASSERT_NO_FATAL_FAILURE(Start(kNever, BucketCaps{}));  // one bucket: nothing reduced early
+  WriteAll(0);
+  for (int r = 0; r < 2; ++r) trainer(r).SetChecksumMarks(true);
+  const size_t bias = tensor("fc1.bias");
+  ASSERT_TRUE(trainer(1).MarkReady(bias).ok());
+  trainer(1).Set(bias, 0, trainer(1).Get(bias, 0) + 1.0);  // after the mark
+  MarkAll(0, {{1, bias}});
+  const absl::Status st = failures_.Wait(kBound);
+  EXPECT_EQ(CodeOf(st), v1::INVALID_ARGUMENT) << st;
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr(Name(1) + " wrote tensor " + std::to_string(bias) +
+                        " 'fc1.bias' after marking it in iteration 0"));
+  EXPECT_EQ(failures_.culprit(), 1);
+  EXPECT_TRUE(backend_->calls().empty()) << "the written bucket was reduced";
+}
+
 TEST_F(SchedulerBehaviourTest, UnusedGradientsCountAsMarkedAndContributeZeros) {
   ASSERT_NO_FATAL_FAILURE(Start());
   Sums sums = WriteAll(0);

@@ -261,6 +261,55 @@ TEST(FaultTest, UnlinkedNodeSegmentIsRecreatedAndTheNextJobTrains) {
       << "segments left after a clean stop";
 }
 
+// Issue 16 item 10, with real trainers: one accumulates two micro-batches
+// under no_sync per step while its peer syncs every step. Both are told
+// MISMATCH naming both and what each summed, instead of GS_OK and an average
+// of a 2-iteration sum with a 1-iteration one; the daemon keeps serving.
+TEST(MisuseTest, NoSyncOnOneTrainerOnlyFailsBothWithMismatch) {
+  Daemon daemon(2, {"--timeout-s=20"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
+  Process in_step = StartTrainer(daemon, 0, {"--steps=3"}, "");
+  Process no_sync = StartTrainer(daemon, 1, {"--steps=3", "--accumulate=2"}, "");
+  ExitStatus a = in_step.Wait(kBound), b = no_sync.Wait(kBound);
+  EXPECT_EQ(a.code, kExitMismatch) << in_step.Log() << daemon.process().Log();
+  EXPECT_EQ(b.code, kExitMismatch) << no_sync.Log() << daemon.process().Log();
+  for (Process* p : {&in_step, &no_sync}) {
+    const std::string log = p->Log();
+    EXPECT_NE(log.find("trainers out of step in iteration 0"), std::string::npos) << log;
+    EXPECT_NE(log.find("rank 1 (local 1"), std::string::npos) << log;
+    EXPECT_NE(log.find("rank 0 (local 0"), std::string::npos) << log;
+    EXPECT_NE(log.find("summed 2 iteration(s)"), std::string::npos) << log;
+  }
+  ASSERT_TRUE(daemon.process().Running()) << daemon.process().Log();
+  ExpectTrains(daemon, 2, "after trainers out of step");
+}
+
+// Issue 16 item 10: with GRADSYNC_DEBUG=detail a trainer that changes a
+// gradient after marking it (before the bucket is reduced: every gradient
+// here is in one bucket, marked after the write) is told INVALID_ARGUMENT
+// naming it and the tensor; its peer gets PEER_FAILED naming it.
+TEST(MisuseTest, WriteAfterMarkInDebugModeNamesTheTrainerAndTheTensor) {
+  Daemon daemon(2, {"--timeout-s=20"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
+  Process honest = StartTrainer(daemon, 0, {"--steps=3"}, "");
+  SpawnOptions debug;
+  debug.env = {{"LOCAL_RANK", "1"}, {"GRADSYNC_DEBUG", "detail"}};
+  Process writer = Process::Spawn({Runfile("examples/mlp_trainer"), "--socket=" + daemon.socket(),
+                                   "--quiet", "--steps=3", "--write-after-mark"},
+                                  daemon.dir() + "/writer.log", debug);
+  ExitStatus w = writer.Wait(kBound), h = honest.Wait(kBound);
+  EXPECT_EQ(w.code, 10 + 1 /*INVALID_ARGUMENT*/) << writer.Log() << daemon.process().Log();
+  EXPECT_NE(writer.Log().find("rank 1 (local 1"), std::string::npos) << writer.Log();
+  // Backward marks the last parameter, "gate", first.
+  EXPECT_NE(writer.Log().find("wrote tensor 4 'gate' after marking it in iteration 0"),
+            std::string::npos)
+      << writer.Log();
+  EXPECT_EQ(h.code, kExitPeerFailed) << honest.Log();
+  EXPECT_NE(honest.Log().find("rank 1 (local 1"), std::string::npos) << honest.Log();
+  ASSERT_TRUE(daemon.process().Running()) << daemon.process().Log();
+  ExpectTrains(daemon, 2, "after a write after mark");
+}
+
 // A client that writes garbage into its readiness ring fails alone: it is
 // told what was wrong, its honest peer gets PEER_FAILED naming it, nobody's
 // gradients are touched, and the daemon keeps serving.

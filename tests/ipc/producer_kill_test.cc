@@ -41,7 +41,9 @@ ReadyEvent Ready(uint64_t i) {
   e.kind = static_cast<uint32_t>(ReadyKind::kReady);
   e.iteration = i / kTensors;
   e.sequence = i;
-  e.reserved = ~i;  // a torn entry would not match
+  // A torn entry would not match.
+  e.no_sync_iterations = static_cast<uint32_t>(~i);
+  e.checksum = static_cast<uint32_t>(~i >> 32);
   return e;
 }
 
@@ -68,7 +70,8 @@ std::string CheckNext(SpscRing<ReadyEvent>& ring, uint64_t expected, PopResult* 
   const ReadyEvent want = Ready(expected);
   const absl::Status st = ValidateReadyEvent(e, {kTensors, want.iteration, expected});
   if (!st.ok()) return st.ToString();
-  if (e.tensor != want.tensor || e.reserved != want.reserved) {
+  if (e.tensor != want.tensor || e.no_sync_iterations != want.no_sync_iterations ||
+      e.checksum != want.checksum) {
     return absl::StrCat("entry ", expected, " is torn");
   }
   return "";

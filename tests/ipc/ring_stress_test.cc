@@ -46,13 +46,16 @@ ReadyEvent Expected(uint64_t i) {
   e.kind = static_cast<uint32_t>(i % 7 == 0 ? ReadyKind::kUnused : ReadyKind::kReady);
   e.iteration = i / kTensors;
   e.sequence = i;
-  e.reserved = i * 0x9e37'79b9'7f4a'7c15ull;
+  const uint64_t mixed = i * 0x9e37'79b9'7f4a'7c15ull;
+  e.no_sync_iterations = static_cast<uint32_t>(mixed);
+  e.checksum = static_cast<uint32_t>(mixed >> 32);
   return e;
 }
 
 bool SameEvent(const ReadyEvent& a, const ReadyEvent& b) {
   return a.tensor == b.tensor && a.kind == b.kind && a.iteration == b.iteration &&
-         a.sequence == b.sequence && a.reserved == b.reserved;
+         a.sequence == b.sequence && a.no_sync_iterations == b.no_sync_iterations &&
+         a.checksum == b.checksum;
 }
 
 // Written by the producer into the arena when it is done.
@@ -128,7 +131,7 @@ TEST(RingStressTest, TenMillionEventsBetweenProcesses) {
       const absl::Status st = ValidateReadyEvent(e, {kTensors, want.iteration, want.sequence});
       if (!st.ok() || !SameEvent(e, want)) {
         failure = absl::StrCat("entry ", received, ": ", st.ToString(), " (got sequence ",
-                               e.sequence, ", tensor ", e.tensor, ", reserved ", e.reserved, ")");
+                               e.sequence, ", tensor ", e.tensor, ", checksum ", e.checksum, ")");
         break;
       }
       ++received;
