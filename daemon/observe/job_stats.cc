@@ -1,6 +1,7 @@
 #include "daemon/observe/job_stats.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/log_value.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
@@ -14,6 +15,10 @@ void Fill(const LatencyStats& s, v1::LatencyStats* out) {
   out->set_last_us(sum.last_us);
   out->set_p50_us(sum.p50_us);
   out->set_p99_us(sum.p99_us);
+  for (int64_t bound : LatencyStats::kHistogramBoundsUs) out->add_histogram_bounds_us(bound);
+  for (uint64_t count : sum.histogram_counts) out->add_histogram_counts(count);
+  out->set_histogram_count(sum.histogram_total);
+  out->set_histogram_sum_us(sum.histogram_sum_us);
 }
 
 }  // namespace
@@ -127,7 +132,7 @@ void JobStats::WriteTrace(const std::string& reason) {
   meta.tensor_names = tensor_names_;
   absl::Status st = recorder_.WriteTraceFile(path, meta);
   if (st.ok()) {
-    spdlog::warn("event=trace_written path={} reason=\"{}\"", path, reason);
+    spdlog::warn("event=trace_written path={} reason={}", path, LogValue(reason));
     absl::MutexLock lock(&mu_);
     last_trace_file_ = path;
   } else {
