@@ -4,6 +4,9 @@
 // exits 2 naming the flag and the value it got), in the documented order.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -156,6 +159,29 @@ TEST(GradsyncdFlagsTest, BadSourcesAreRefusedNamingThem) {
   r = RunDaemon({"--config", bad});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr(absl::StrCat(bad, ":2: 'num-nodes 3' is not --flag=value")));
+}
+
+// --metrics-listen: a malformed address is a flag error (exit 2); a port
+// already taken fails the start (exit 1); both name the flag and address.
+TEST(GradsyncdFlagsTest, MetricsListenErrorsNameTheFlag) {
+  Result r = RunDaemon({"--metrics-listen", "127.0.0.1:http"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--metrics-listen 127.0.0.1:http must be HOST:PORT"));
+
+  const int taken = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(taken, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(taken, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(taken, 1), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(taken, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string busy = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  r = RunDaemon({"--metrics-listen", busy});
+  close(taken);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.out + r.err, HasSubstr(absl::StrCat("cannot listen on --metrics-listen ", busy)));
 }
 
 }  // namespace

@@ -92,6 +92,17 @@ def main(paths):
           == "metadata.annotations['batch.kubernetes.io/job-completion-index']",
           "GRADSYNCD_NODE_RANK must be the Job's completion index")
 
+    metrics = daemon_flag(script, daemon_env, "--metrics-listen")
+    check(metrics, "gradsyncd needs --metrics-listen for Prometheus")
+    metrics_port = int(metrics.rsplit(":", 1)[1])
+    check(any(p["containerPort"] == metrics_port for p in daemon.get("ports", [])),
+          "the metrics port must be a containerPort")
+    notes = pod["metadata"].get("annotations", {})
+    check(notes.get("prometheus.io/scrape") == "true"
+          and notes.get("prometheus.io/port") == str(metrics_port)
+          and notes.get("prometheus.io/path") == "/metrics",
+          f"the Pod must be annotated for scraping port {metrics_port} at /metrics")
+
     env = {e["name"]: e.get("value") for e in trainer.get("env", [])}
     check(env.get("GRADSYNC_SOCKET") == socket, "trainer GRADSYNC_SOCKET must equal --socket")
     # The system socket (common/defaults.h kSystemSocketPath), which trainers
