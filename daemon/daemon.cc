@@ -20,6 +20,7 @@
 #include "daemon/cluster/rendezvous_records.h"
 #include "client/stats_format.h"
 #include "daemon/listen_address.h"
+#include "daemon/observe/trace_directory.h"
 #include "daemon/server_limits.h"
 #include "daemon/trainer_admission.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -99,8 +100,7 @@ absl::Status Daemon::Start() {
     node_ = std::make_shared<ipc::NodeSegment>(std::move(*node));
   }
   JobHooks hooks;
-  const char* logs = std::getenv("LOGS_DIRECTORY");  // systemd's LogsDirectory=
-  hooks.trace_dir = (logs && *logs) ? logs : "/tmp";
+  hooks.trace_dir = TraceDirectory(std::getenv);
   hooks.gpu = gpu_;
   hooks.on_health = [this](bool serving, const std::string& reason) {
     grpc::Server* server = listen_server_.get();

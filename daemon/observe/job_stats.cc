@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log_value.h"
+#include "daemon/observe/trace_directory.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
@@ -121,8 +122,13 @@ void JobStats::OnError(const std::string& message, bool write_trace) {
 
 void JobStats::WriteTrace(const std::string& reason) {
   if (trace_dir_.empty()) return;
-  const std::string path = absl::StrCat(trace_dir_, "/gradsync-trace-", job_id_, "-node",
-                                        node_rank_, "-", SteadyNowNs(), ".json");
+  if (absl::Status room = MakeRoomForTrace(trace_dir_, kMaxKeptTraces); !room.ok()) {
+    spdlog::error("event=trace_write_failed dir={} error={}", LogValue(trace_dir_),
+                  LogValue(room.message()));
+    return;
+  }
+  const std::string path =
+      absl::StrCat(trace_dir_, "/", TraceFileName(job_id_, node_rank_, SteadyNowNs()));
   TraceMetadata meta;
   meta.node_rank = node_rank_;
   meta.num_nodes = num_nodes_;

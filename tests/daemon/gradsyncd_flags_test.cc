@@ -2,9 +2,9 @@
 // and their GRADSYNCD_* variables; the environment, --config FILE and
 // --flagfile=FILE set flags (seen through the start-up validation, which
 // exits 2 naming the flag and the value it got), in the documented order.
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
