@@ -94,6 +94,13 @@ absl::Status ValidateNetworkAuth(const DaemonConfig& c) {
   if (!c.tls_ca.empty() && c.tls_cert.empty()) {
     return bad(absl::StrCat("--tls-ca ", c.tls_ca, " needs --tls-cert and --tls-key"));
   }
+  // /metrics has no token check: where reads need one, only this host may scrape.
+  if (c.require_auth_for_reads && !c.metrics_listen.empty() &&
+      !ListensOnLoopbackOnly(c.metrics_listen)) {
+    return bad(absl::StrCat("--metrics-listen ", c.metrics_listen,
+                            " serves stats without a token, which --require-auth-for-reads "
+                            "forbids: bind it to 127.0.0.1 or drop one of the two"));
+  }
   if (c.insecure || !c.job_token.empty()) return absl::OkStatus();
   // Anyone who reaches the rendezvous could join the job, read its layouts
   // and abort it: said at start, not at the first trainer.
