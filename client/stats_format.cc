@@ -1,5 +1,6 @@
 #include "client/stats_format.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <map>
@@ -85,6 +86,13 @@ std::string PromValue(double v) {
 
 std::string PromValue(uint64_t v) { return absl::StrCat(v); }
 
+// A bucket bound as "0.0005", not "5e-04": the le label reads as written.
+std::string FixedNotation(double v) {
+  char buf[400];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::fixed);
+  return ec == std::errc() ? std::string(buf, end) : PromValue(v);
+}
+
 std::string EscapeLabelValue(std::string_view v) {
   std::string out;
   for (char c : v) {
@@ -109,10 +117,13 @@ class PromWriter {
  public:
   PromWriter(Labels common) : common_(std::move(common)) {}
 
+  // A sample of `family`; `name` is the family's name plus a histogram's
+  // _bucket, _sum or _count suffix.
   void Add(const std::string& name, const char* type, const char* help, const Labels& labels,
-           const std::string& value) {
-    auto [it, inserted] = index_.emplace(name, families_.size());
-    if (inserted) families_.push_back({name, type, help, {}});
+           const std::string& value, const std::string& family = "") {
+    const std::string& family_name = family.empty() ? name : family;
+    auto [it, inserted] = index_.emplace(family_name, families_.size());
+    if (inserted) families_.push_back({family_name, type, help, {}});
     Labels all = common_;
     all.insert(all.end(), labels.begin(), labels.end());
     std::vector<std::string> parts;
@@ -126,6 +137,21 @@ class PromWriter {
   }
   void Counter(const std::string& name, const char* help, const Labels& labels, uint64_t v) {
     Add(name, "counter", help, labels, PromValue(v));
+  }
+  // Cumulative buckets le=<bound in seconds>, then +Inf, _sum and _count.
+  void Histogram(const std::string& name, const char* help, const Labels& labels,
+                 const v1::LatencyStats& l) {
+    const int n = std::min(l.histogram_bounds_us_size(), l.histogram_counts_size());
+    for (int i = 0; i < n; ++i) {
+      Labels le = labels;
+      le.push_back({"le", FixedNotation(l.histogram_bounds_us(i) / 1e6)});
+      Add(name + "_bucket", "histogram", help, le, PromValue(l.histogram_counts(i)), name);
+    }
+    Labels inf = labels;
+    inf.push_back({"le", "+Inf"});
+    Add(name + "_bucket", "histogram", help, inf, PromValue(l.histogram_count()), name);
+    Add(name + "_sum", "histogram", help, labels, PromValue(l.histogram_sum_us() / 1e6), name);
+    Add(name + "_count", "histogram", help, labels, PromValue(l.histogram_count()), name);
   }
 
   std::string Render() const {
@@ -337,12 +363,9 @@ std::string FormatStatsPrometheus(const v1::Stats& s) {
       w.Gauge("gradsync_bucket_last_latency_seconds",
               "The bucket's latest latency per phase (total: first ready to done).", labels,
               l->last_us() / 1e6);
-      for (const auto& [q, v] : {std::pair{"0.5", l->p50_us()}, std::pair{"0.99", l->p99_us()}}) {
-        Labels ql = labels;
-        ql.push_back({"quantile", q});
-        w.Gauge("gradsync_bucket_latency_seconds",
-                "Quantiles of the bucket's latency per phase over its recent window.", ql, v / 1e6);
-      }
+      // Buckets, not quantiles: histograms of many nodes can be summed.
+      w.Histogram("gradsync_bucket_latency_seconds",
+                  "The bucket's latency per phase since the daemon started.", labels, *l);
     }
   }
   return w.Render();

@@ -8,7 +8,9 @@
 //                          JSON mapping with proto field names, every field
 //                          printed (uint64 values are JSON strings, per proto3)
 //   FormatStatsPrometheus  `stats --prometheus`: text exposition format 0.0.4,
-//                          metrics named gradsync_*, base units (seconds, bytes)
+//                          metrics named gradsync_*, base units (seconds, bytes),
+//                          latencies as histograms; gradsyncctl and the
+//                          daemon's --metrics-listen endpoint both print it
 //   FormatConfig           `config get`: KEY=VALUE lines, the keys `config set` takes
 #ifndef GRADSYNC_CLIENT_STATS_FORMAT_H_
 #define GRADSYNC_CLIENT_STATS_FORMAT_H_

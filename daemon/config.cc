@@ -1,5 +1,6 @@
 #include "daemon/config.h"
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/listen_address.h"
 
@@ -36,6 +37,15 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   }
   if (!c.leader.empty() && c.leader.rfind(':') == std::string::npos) {
     return bad(absl::StrCat("--leader ", c.leader, " must be HOST:PORT"));
+  }
+  if (!c.metrics_listen.empty()) {
+    const size_t colon = c.metrics_listen.rfind(':');
+    int port = -1;
+    if (colon == std::string::npos || colon == 0 ||
+        !absl::SimpleAtoi(c.metrics_listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
+      return bad(absl::StrCat("--metrics-listen ", c.metrics_listen,
+                              " must be HOST:PORT (port in [0, 65535])"));
+    }
   }
   if (c.num_nodes > 1 && c.listen.empty() && c.is_leader()) {
     return bad(absl::StrCat("--node-rank 0 of --num-nodes ", c.num_nodes,
@@ -83,6 +93,13 @@ absl::Status ValidateNetworkAuth(const DaemonConfig& c) {
   }
   if (!c.tls_ca.empty() && c.tls_cert.empty()) {
     return bad(absl::StrCat("--tls-ca ", c.tls_ca, " needs --tls-cert and --tls-key"));
+  }
+  // /metrics has no token check: where reads need one, only this host may scrape.
+  if (c.require_auth_for_reads && !c.metrics_listen.empty() &&
+      !ListensOnLoopbackOnly(c.metrics_listen)) {
+    return bad(absl::StrCat("--metrics-listen ", c.metrics_listen,
+                            " serves stats without a token, which --require-auth-for-reads "
+                            "forbids: bind it to 127.0.0.1 or drop one of the two"));
   }
   if (c.insecure || !c.job_token.empty()) return absl::OkStatus();
   // Anyone who reaches the rendezvous could join the job, read its layouts

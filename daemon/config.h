@@ -24,6 +24,8 @@ struct DaemonConfig {
   // Control + rendezvous (on the leader) + health + reflection. Empty: off.
   std::string listen = kDefaultListenAddress;
   std::string leader;  // HOST:PORT of the leader; empty: this daemon leads
+  // HOST:PORT of the Prometheus /metrics endpoint (HTTP, no auth). Empty: off.
+  std::string metrics_listen;
 
   int node_rank = 0;
   int num_nodes = 1;

@@ -40,8 +40,12 @@ ControlService::ControlService(JobRegistry* jobs, std::function<void()> drain,
 grpc::Status ControlService::GetStats(grpc::ServerContext* context, const v1::GetStatsRequest*,
                                       v1::GetStatsResponse* resp) {
   if (grpc::Status st = auth_.CheckRead(*context, "Control.GetStats"); !st.ok()) return st;
+  FillStats(resp->mutable_stats());
+  return Reply(resp, absl::OkStatus());
+}
+
+void ControlService::FillStats(v1::Stats* s) const {
   const DaemonConfig c = jobs_->config();
-  v1::Stats* s = resp->mutable_stats();
   s->set_node_rank(c.node_rank);
   s->set_num_nodes(c.num_nodes);
   s->set_local_size(c.local_size);
@@ -58,7 +62,6 @@ grpc::Status ControlService::GetStats(grpc::ServerContext* context, const v1::Ge
       r->set_description(report);
     }
   }
-  return Reply(resp, absl::OkStatus());
 }
 
 void ControlService::FillConfig(v1::Config* out) const {

@@ -41,6 +41,9 @@ class ControlService final : public v1::Control::Service {
                         v1::GetTraceResponse*) override;
   grpc::Status Drain(grpc::ServerContext*, const v1::DrainRequest*, v1::DrainResponse*) override;
 
+  // What GetStats answers (without the auth check): also the /metrics page.
+  void FillStats(v1::Stats* s) const;
+
  private:
   void FillConfig(v1::Config* out) const;
 

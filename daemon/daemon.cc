@@ -18,7 +18,9 @@
 #include "daemon/auth/call_auth.h"
 #include "daemon/cluster/cluster_link.h"
 #include "daemon/cluster/rendezvous_records.h"
+#include "client/stats_format.h"
 #include "daemon/listen_address.h"
+#include "daemon/observe/trace_directory.h"
 #include "daemon/server_limits.h"
 #include "daemon/trainer_admission.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -98,8 +100,7 @@ absl::Status Daemon::Start() {
     node_ = std::make_shared<ipc::NodeSegment>(std::move(*node));
   }
   JobHooks hooks;
-  const char* logs = std::getenv("LOGS_DIRECTORY");  // systemd's LogsDirectory=
-  hooks.trace_dir = (logs && *logs) ? logs : "/tmp";
+  hooks.trace_dir = TraceDirectory(std::getenv);
   hooks.gpu = gpu_;
   hooks.on_health = [this](bool serving, const std::string& reason) {
     grpc::Server* server = listen_server_.get();
@@ -187,6 +188,23 @@ absl::Status Daemon::Start() {
     }
     listen_server_->GetHealthCheckService()->SetServingStatus(true);
     if (listen_acceptor_) listen_acceptor_->Start(listen_server_.get());
+  }
+  if (!config_.metrics_listen.empty()) {
+    // Without --listen there is no Control service yet; /metrics needs its stats.
+    if (!control_service_) {
+      control_service_ = std::make_unique<ControlService>(jobs_.get(), [this] { Drain(); });
+    }
+    const ControlService* control = control_service_.get();
+    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
+        MetricsEndpoint::Start(config_.metrics_listen, [control] {
+          v1::Stats stats;
+          control->FillStats(&stats);
+          return FormatStatsPrometheus(stats);
+        });
+    if (!metrics.ok()) return metrics.status();
+    metrics_ = std::move(*metrics);
+    spdlog::info("event=metrics_listening metrics_listen={} port={}", config_.metrics_listen,
+                 metrics_->port());
   }
   if (config_.num_nodes > 1) {
     if (config_.is_leader()) {
@@ -374,6 +392,7 @@ void Daemon::Run() {
   if (listen_acceptor_) listen_acceptor_->Stop();
   local_server_->Shutdown(deadline);
   if (listen_server_) listen_server_->Shutdown(deadline);
+  metrics_.reset();  // no scrape may read the jobs once they go
   if (heartbeat_.joinable()) heartbeat_.join();
   std::thread drain;  // no Drain starts one after shutdown
   {

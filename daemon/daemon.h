@@ -21,6 +21,7 @@
 #include "daemon/config.h"
 #include "daemon/connection_acceptor.h"
 #include "daemon/control_service.h"
+#include "daemon/observe/metrics_endpoint.h"
 #include "daemon/engine/job_registry.h"
 #include "daemon/local_service.h"
 #include "daemon/cluster/rendezvous_service.h"
@@ -83,6 +84,7 @@ class Daemon {
   std::unique_ptr<ConnectionAcceptor> local_acceptor_;
   std::unique_ptr<ConnectionAcceptor> listen_acceptor_;
   int listen_port_ = 0;
+  std::unique_ptr<MetricsEndpoint> metrics_;  // --metrics-listen; stops before the services go
   // Where FormWorld joins the job: --leader, or on the leader an address its
   // own listen server answers on. Set by Start before trainers can attach.
   std::string leader_address_;

@@ -9,6 +9,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/log_value.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
 #include "spdlog/spdlog.h"
@@ -111,8 +112,8 @@ grpc::Status LocalService::Register(grpc::ServerContext*, const v1::RegisterRequ
   if (!job) return Reply(resp, MakeError(v1::STATE, "unknown session: attach first"));
   absl::StatusOr<Layout> layout = LayoutFromProto(req->tensors());
   if (!layout.ok()) {
-    spdlog::warn("event=bad_register session={:016x} error=\"{}\"", req->session_id(),
-                 std::string(layout.status().message()));
+    spdlog::warn("event=bad_register session={:016x} error={}", req->session_id(),
+                 LogValue(layout.status().message()));
     return Reply(resp, MakeError(v1::INVALID_ARGUMENT, layout.status().message()));
   }
   std::optional<GpuTrainerSpec> cuda;
@@ -160,8 +161,8 @@ grpc::Status LocalService::Watch(grpc::ServerContext* ctx, const v1::WatchReques
   // Refused before it holds this thread: one stream per session bounds the
   // threads a client can pin.
   if (absl::Status st = job->MarkWatched(session); !st.ok()) {
-    spdlog::warn("event=watch_refused session={:016x} error=\"{}\"", session,
-                 std::string(st.message()));
+    spdlog::warn("event=watch_refused session={:016x} error={}", session,
+                 LogValue(st.message()));
     // absl and gRPC number their codes alike.
     return grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message()));
   }

@@ -6,6 +6,8 @@
 //             --job-token-file F --timeout-s 300
 //             [--tls-cert F --tls-key F [--tls-ca F]] [--insecure]
 //
+// Every flag can also be set in a config file (--config FILE) or as
+// GRADSYNCD_<FLAG> in the environment (daemon/flags.h); see --help.
 // Defaults give a working single-node daemon. SIGTERM / SIGINT stop it
 // cleanly (trainers get an error; segments and the socket are removed).
 #include <grp.h>
@@ -16,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -30,6 +33,7 @@
 #include "daemon/backends/gloo_worker.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
+#include "daemon/flags.h"
 #include "daemon/run_gradsyncd.h"
 #include "spdlog/spdlog.h"
 
@@ -44,6 +48,9 @@ ABSL_FLAG(std::string, listen, kDefaults.listen,
           "HOST:PORT for control, health, reflection and (leader) rendezvous; empty: off");
 ABSL_FLAG(std::string, leader, kDefaults.leader,
           "HOST:PORT of the leader daemon; empty: this daemon leads");
+ABSL_FLAG(std::string, metrics_listen, kDefaults.metrics_listen,
+          "HOST:PORT serving Prometheus metrics at /metrics over plain HTTP, readable by anyone "
+          "who reaches it; empty: off");
 ABSL_FLAG(int, node_rank, kDefaults.node_rank, "this node's rank in [0, num_nodes)");
 ABSL_FLAG(int, num_nodes, kDefaults.num_nodes, "daemons (nodes) in the job");
 ABSL_FLAG(int, local_size, kDefaults.local_size, "trainers on this node");
@@ -55,14 +62,14 @@ ABSL_FLAG(double, first_bucket_cap_mb, kDefaults.first_bucket_cap_mb, "first buc
 ABSL_FLAG(std::string, job_id, kDefaults.job_id, "job identifier shared by all daemons of a job");
 ABSL_FLAG(std::string, job_token_file, "",
           "file holding the job's shared secret (mode 0600); needed by multi-node daemons");
-ABSL_FLAG(bool, insecure, false,
+ABSL_FLAG(bool, insecure, kDefaults.insecure,
           "run without --job-token-file where one is required (anyone reaching --listen may "
           "join the job, drain or reconfigure it)");
-ABSL_FLAG(bool, require_auth_for_reads, false,
+ABSL_FLAG(bool, require_auth_for_reads, kDefaults.require_auth_for_reads,
           "GetStats/GetConfig/GetTrace need the token (or a TLS client certificate) too");
-ABSL_FLAG(std::string, tls_cert, "", "PEM certificate of --listen and the rendezvous client");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
-ABSL_FLAG(std::string, tls_ca, "",
+ABSL_FLAG(std::string, tls_cert, kDefaults.tls_cert, "PEM certificate of --listen and the rendezvous client");
+ABSL_FLAG(std::string, tls_key, kDefaults.tls_key, "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_ca, kDefaults.tls_ca,
           "PEM CA: verifies the leader, and requires client certificates it signed (mutual TLS)");
 ABSL_FLAG(double, timeout_s, kDefaults.timeout_ms / 1000.0,
           "how long any wait may last before it becomes an error");
@@ -75,24 +82,6 @@ ABSL_FLAG(int, reduce_threads, kDefaults.reduce_threads,
           "threads for the local reduction; 0: the cores the trainers leave free (1..4)");
 
 namespace {
-
-// absl flags are spelled with underscores; gradsync documents dashes.
-std::vector<char*> DashesToUnderscores(int argc, char** argv, std::vector<std::string>* storage) {
-  storage->reserve(argc);
-  for (int i = 0; i < argc; ++i) {
-    std::string a = argv[i];
-    if (i > 0 && a.rfind("--", 0) == 0) {
-      const size_t end = a.find('=');
-      for (size_t j = 2; j < std::min(end, a.size()); ++j) {
-        if (a[j] == '-') a[j] = '_';
-      }
-    }
-    storage->push_back(std::move(a));
-  }
-  std::vector<char*> out;
-  for (auto& s : *storage) out.push_back(s.data());
-  return out;
-}
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "gradsyncd: %s\n", message.c_str());
@@ -107,9 +96,7 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   absl::SetProgramUsageMessage(
       "gradsyncd --socket PATH --listen HOST:PORT [--leader HOST:PORT] --node-rank N "
       "--num-nodes N --local-size N ...");
-  std::vector<std::string> storage;
-  std::vector<char*> args = DashesToUnderscores(argc, argv, &storage);
-  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  if (std::optional<int> exit_code = ParseDaemonFlags(argc, argv)) return *exit_code;
 
   // Block the stop signals before any thread starts; one thread waits for them.
   sigset_t stop_signals;
@@ -127,6 +114,7 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   config.socket_path = absl::GetFlag(FLAGS_socket);
   config.listen = absl::GetFlag(FLAGS_listen);
   config.leader = absl::GetFlag(FLAGS_leader);
+  config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   config.node_rank = absl::GetFlag(FLAGS_node_rank);
   config.num_nodes = absl::GetFlag(FLAGS_num_nodes);
   config.local_size = absl::GetFlag(FLAGS_local_size);

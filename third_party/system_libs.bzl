@@ -2,7 +2,7 @@
 
 `system_libs(name = "system")` creates `@system//:<lib>` cc_libraries
 (grpc, grpc_reflection, protobuf, absl, spdlog, gloo, boost, gtest, gtest_main, gmock,
-benchmark, systemd, json). Link flags and -D defines come from pkg-config at
+benchmark, systemd, json, httplib). Link flags and -D defines come from pkg-config at
 fetch time, so nothing is pasted by hand and a newer Debian just works.
 """
 
@@ -27,6 +27,8 @@ _LIBS = {
     "gloo": ([], ["-L/usr/lib", "-lgloo"]),
     # Boost.Interprocess is header-only; POSIX shm needs librt.
     "boost": ([], ["-lrt", "-pthread"]),
+    # cpp-httplib: the daemon's Prometheus /metrics endpoint.
+    "httplib": (["cpp-httplib"], []),
     # nlohmann-json is header-only.
     "json": ([], []),
 }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/log_value.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "spdlog/spdlog.h"
 
@@ -555,8 +556,9 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
   if (!request->stall_report().empty()) {
     // Horovod's stall warning, job-wide: the leader names the node, and the
     // node's report names its trainers and their unmarked tensors.
-    spdlog::warn("event=job_stall generation={} node_rank={} host={} iteration={} report=\"{}\"",
-                 generation, rank, member.host, request->iteration(), request->stall_report());
+    spdlog::warn("event=job_stall generation={} node_rank={} host={} iteration={} report={}",
+                 generation, rank, member.host, request->iteration(),
+                 LogValue(request->stall_report()));
     stall_reports_.push_back(absl::StrCat("node_rank=", rank, " (host=", member.host,
                                           ") iteration=", request->iteration(), ": ",
                                           request->stall_report()));

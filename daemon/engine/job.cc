@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/log_value.h"
 #include "common/monotonic.h"
 #include "common/secure_random.h"
 #include "common/status_code.h"
@@ -458,9 +459,9 @@ void Job::FailLocked(const absl::Status& error, int culprit, bool expected) {
   culprit_ = culprit;
   failure_expected_ = expected;
   spdlog::log(expected ? spdlog::level::info : spdlog::level::err,
-              "event={} job={} code={} culprit_local_rank={} message=\"{}\"",
+              "event={} job={} code={} culprit_local_rank={} message={}",
               expected ? "job_closing" : "job_failed", id_, v1::Code_Name(CodeOf(error)), culprit,
-              std::string(error.message()));
+              LogValue(error.message()));
   if (scheduler_) scheduler_->Halt();
   if (!expected) {
     if (stats_) stats_->OnError(std::string(error.message()), CodeOf(error) == v1::TIMEOUT);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/log_value.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
 #include "ipc/mark_checksum.h"
@@ -72,8 +73,8 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
     options_.gpu->SetStallReporter(
         options_.stall_threshold_s, [this](uint32_t bucket, double waited_s, const std::string& what) {
           stall_reported_ = true;
-          spdlog::warn("event=stall iteration={} bucket={} waited_s={:.1f} missing=\"{}\"",
-                       iteration(), bucket, waited_s, what);
+          spdlog::warn("event=stall iteration={} bucket={} waited_s={:.1f} missing={}",
+                       iteration(), bucket, waited_s, LogValue(what));
           if (observer_) observer_->OnStall(iteration(), bucket, waited_s, what.c_str());
         });
   }
@@ -649,8 +650,8 @@ void Scheduler::CheckDeadlines(int64_t now_ns) {
   if (!stall_reported_ && idle_s >= options_.stall_threshold_s) {
     stall_reported_ = true;
     const std::string missing = DescribeMissing(next_bucket_);
-    spdlog::warn("event=stall iteration={} bucket={} waited_s={:.1f} missing=\"{}\"", iteration(),
-                 next_bucket_, idle_s, missing);
+    spdlog::warn("event=stall iteration={} bucket={} waited_s={:.1f} missing={}", iteration(),
+                 next_bucket_, idle_s, LogValue(missing));
     if (observer_) observer_->OnStall(iteration(), next_bucket_, idle_s, missing.c_str());
   }
   if (idle_s * 1000 >= options_.timeout_ms) {

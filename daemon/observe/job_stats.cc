@@ -1,6 +1,8 @@
 #include "daemon/observe/job_stats.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/log_value.h"
+#include "daemon/observe/trace_directory.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
@@ -14,6 +16,10 @@ void Fill(const LatencyStats& s, v1::LatencyStats* out) {
   out->set_last_us(sum.last_us);
   out->set_p50_us(sum.p50_us);
   out->set_p99_us(sum.p99_us);
+  for (int64_t bound : LatencyStats::kHistogramBoundsUs) out->add_histogram_bounds_us(bound);
+  for (uint64_t count : sum.histogram_counts) out->add_histogram_counts(count);
+  out->set_histogram_count(sum.histogram_total);
+  out->set_histogram_sum_us(sum.histogram_sum_us);
 }
 
 }  // namespace
@@ -116,8 +122,13 @@ void JobStats::OnError(const std::string& message, bool write_trace) {
 
 void JobStats::WriteTrace(const std::string& reason) {
   if (trace_dir_.empty()) return;
-  const std::string path = absl::StrCat(trace_dir_, "/gradsync-trace-", job_id_, "-node",
-                                        node_rank_, "-", SteadyNowNs(), ".json");
+  if (absl::Status room = MakeRoomForTrace(trace_dir_, kMaxKeptTraces); !room.ok()) {
+    spdlog::error("event=trace_write_failed dir={} error={}", LogValue(trace_dir_),
+                  LogValue(room.message()));
+    return;
+  }
+  const std::string path =
+      absl::StrCat(trace_dir_, "/", TraceFileName(job_id_, node_rank_, SteadyNowNs()));
   TraceMetadata meta;
   meta.node_rank = node_rank_;
   meta.num_nodes = num_nodes_;
@@ -127,7 +138,7 @@ void JobStats::WriteTrace(const std::string& reason) {
   meta.tensor_names = tensor_names_;
   absl::Status st = recorder_.WriteTraceFile(path, meta);
   if (st.ok()) {
-    spdlog::warn("event=trace_written path={} reason=\"{}\"", path, reason);
+    spdlog::warn("event=trace_written path={} reason={}", path, LogValue(reason));
     absl::MutexLock lock(&mu_);
     last_trace_file_ = path;
   } else {

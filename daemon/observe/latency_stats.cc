@@ -24,9 +24,17 @@ LatencyStats::LatencyStats(size_t window)
 
 void LatencyStats::Record(int64_t duration_ns) {
   if (duration_ns < 0) duration_ns = 0;
+  // The first bound the sample does not exceed; past the end: above all.
+  const size_t slot = std::partition_point(kHistogramBoundsUs.begin(), kHistogramBoundsUs.end(),
+                                           [duration_ns](int64_t bound_us) {
+                                             return bound_us * 1000 < duration_ns;
+                                           }) -
+                      kHistogramBoundsUs.begin();
   absl::MutexLock lock(&mu_);
   samples_[count_ % capacity_] = duration_ns;
   ++count_;
+  ++histogram_[slot];
+  histogram_sum_ns_ += duration_ns;
 }
 
 LatencyStats::Summary LatencyStats::Summarize() const {
@@ -34,6 +42,14 @@ LatencyStats::Summary LatencyStats::Summarize() const {
   Summary s;
   {
     absl::MutexLock lock(&mu_);
+    s.histogram_counts.resize(kHistogramBoundsUs.size());
+    uint64_t below = 0;
+    for (size_t i = 0; i < kHistogramBoundsUs.size(); ++i) {
+      below += histogram_[i];
+      s.histogram_counts[i] = below;
+    }
+    s.histogram_total = below + histogram_.back();
+    s.histogram_sum_us = NsToUs(histogram_sum_ns_);
     s.count = count_;
     if (count_ == 0) return s;
     const size_t n = static_cast<size_t>(std::min<uint64_t>(count_, capacity_));

@@ -7,15 +7,21 @@
 // the nearest-rank definition over the window (p50 of 1..100 is 50, p99 is
 // 99), so every reported value is a latency that was really observed.
 //
+// Alongside the window, a histogram over fixed bounds counts every sample
+// since construction: Prometheus histograms of different nodes add up
+// (quantiles of windows cannot be aggregated).
+//
 // Thread safety: every method may be called from any thread. Record() and
 // Summarize() share one absl::Mutex; Record() holds it for a few stores,
 // Summarize() only while copying the window (the sort happens outside it).
 #ifndef GRADSYNC_DAEMON_OBSERVE_LATENCY_STATS_H_
 #define GRADSYNC_DAEMON_OBSERVE_LATENCY_STATS_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -25,6 +31,11 @@ namespace gradsync {
 class LatencyStats {
  public:
   static constexpr size_t kDefaultWindow = 1024;
+  // Upper bounds of the histogram's buckets, in µs: 10 µs (a small bucket
+  // on one node) to 60 s (a stalled job); +Inf is implied.
+  static constexpr std::array<int64_t, 21> kHistogramBoundsUs = {
+      10,    25,     50,     100,    250,     500,     1000,    2500,     5000,     10000,   25000,
+      50000, 100000, 250000, 500000, 1000000, 2500000, 5000000, 10000000, 30000000, 60000000};
 
   struct Summary {
     double last_us = 0;  // the most recent sample
@@ -32,6 +43,11 @@ class LatencyStats {
     double p99_us = 0;
     uint64_t count = 0;  // samples recorded since construction (or Reset)
     size_t window = 0;   // samples the percentiles were taken over
+    // Since construction (Reset keeps them): samples <= each of
+    // kHistogramBoundsUs (cumulative), all samples, and their sum.
+    std::vector<uint64_t> histogram_counts;
+    uint64_t histogram_total = 0;
+    double histogram_sum_us = 0;
   };
 
   // `window` >= 1: how many recent samples the percentiles cover.
@@ -59,6 +75,9 @@ class LatencyStats {
   mutable absl::Mutex mu_;
   std::unique_ptr<int64_t[]> samples_ ABSL_GUARDED_BY(mu_);  // ring of durations, ns
   uint64_t count_ ABSL_GUARDED_BY(mu_) = 0;                  // next slot = count_ % capacity_
+  // Per bound, not cumulative; the last slot counts samples above every bound.
+  std::array<uint64_t, kHistogramBoundsUs.size() + 1> histogram_ ABSL_GUARDED_BY(mu_) = {};
+  int64_t histogram_sum_ns_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace gradsync

@@ -61,6 +61,13 @@ v1::Stats SampleStats() {
   SetLatency(b0->mutable_wait_for_ready(), 400, 380, 600);
   SetLatency(b0->mutable_local_reduce(), 3.25, 3.5, 9.75);
   SetLatency(b0->mutable_collective(), 250, 240, 300);
+  // 1200 totals: 700 within 500 µs, 1100 within 1 ms, 100 slower.
+  b0->mutable_total()->add_histogram_bounds_us(500);
+  b0->mutable_total()->add_histogram_counts(700);
+  b0->mutable_total()->add_histogram_bounds_us(1000);
+  b0->mutable_total()->add_histogram_counts(1100);
+  b0->mutable_total()->set_histogram_count(1200);
+  b0->mutable_total()->set_histogram_sum_us(960000);
   v1::BucketStats* b1 = s.add_buckets();  // planned, never reduced
   b1->set_id(1);
   b1->set_bytes(25u << 20);
@@ -216,7 +223,7 @@ std::optional<std::map<std::string, std::string>> ParseLabels(const std::string&
 
 std::vector<Sample> ParsePrometheus(const std::string& text) {
   static const std::regex kHelp(R"(# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) (.+))");
-  static const std::regex kType(R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge))");
+  static const std::regex kType(R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram))");
   static const std::regex kSample(R"(([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\} (\S+))");
   std::vector<Sample> samples;
   std::map<std::string, std::string> types;
@@ -236,8 +243,12 @@ std::vector<Sample> ParsePrometheus(const std::string& text) {
       EXPECT_TRUE(types.emplace(m[1], m[2]).second) << "TYPE twice: " << line;
     } else if (std::regex_match(line, m, kSample)) {
       const std::string name = m[1];
-      EXPECT_EQ(name, current) << "sample outside its family block: " << line;
-      EXPECT_TRUE(types.count(name)) << "sample before its TYPE: " << line;
+      const auto type = types.find(current);
+      const bool histogram_part =
+          type != types.end() && type->second == "histogram" &&
+          (name == current + "_bucket" || name == current + "_sum" || name == current + "_count");
+      EXPECT_TRUE(name == current || histogram_part) << "sample outside its family block: " << line;
+      EXPECT_TRUE(types.count(current)) << "sample before its TYPE: " << line;
       auto labels = ParseLabels(m[2]);
       EXPECT_TRUE(labels.has_value()) << "bad labels: " << line;
       const std::string v = m[3];
@@ -296,12 +307,23 @@ TEST(StatsPrometheus, ParsesStrictlyAndCarriesTheFigures) {
   EXPECT_EQ(value("gradsync_trainer_iterations_total", {{"rank", "2"}, {"local_rank", "0"}}), 1200);
   EXPECT_EQ(value("gradsync_bucket_size_bytes", {{"bucket", "1"}}), 25 << 20);
   EXPECT_EQ(value("gradsync_bucket_reductions_total", {{"bucket", "0"}}), 1200);
-  EXPECT_DOUBLE_EQ(value("gradsync_bucket_latency_seconds",
-                         {{"bucket", "0"}, {"phase", "total"}, {"quantile", "0.5"}}),
-                   790e-6);
-  EXPECT_DOUBLE_EQ(value("gradsync_bucket_latency_seconds",
-                         {{"bucket", "0"}, {"phase", "local_reduce"}, {"quantile", "0.99"}}),
-                   9.75e-6);
+  // A histogram (cumulative buckets in seconds), not quantile gauges.
+  EXPECT_EQ(value("gradsync_bucket_latency_seconds_bucket",
+                  {{"bucket", "0"}, {"phase", "total"}, {"le", "0.0005"}}),
+            700);
+  EXPECT_EQ(value("gradsync_bucket_latency_seconds_bucket",
+                  {{"bucket", "0"}, {"phase", "total"}, {"le", "0.001"}}),
+            1100);
+  EXPECT_EQ(value("gradsync_bucket_latency_seconds_bucket",
+                  {{"bucket", "0"}, {"phase", "total"}, {"le", "+Inf"}}),
+            1200);
+  EXPECT_EQ(value("gradsync_bucket_latency_seconds_count", {{"bucket", "0"}, {"phase", "total"}}),
+            1200);
+  EXPECT_DOUBLE_EQ(
+      value("gradsync_bucket_latency_seconds_sum", {{"bucket", "0"}, {"phase", "total"}}), 0.96);
+  for (const Sample& sample : samples) {
+    EXPECT_EQ(sample.labels.count("quantile"), 0u) << sample.name;
+  }
   EXPECT_DOUBLE_EQ(
       value("gradsync_bucket_last_latency_seconds", {{"bucket", "0"}, {"phase", "wait_for_ready"}}),
       400e-6);

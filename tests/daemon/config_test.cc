@@ -207,5 +207,19 @@ TEST(ValidateConfig, TlsFlagsComeInWorkingCombinations) {
   ExpectRefused(c, {"--tls-ca ca.pem needs --tls-cert and --tls-key"});
 }
 
+// /metrics has no token check: with --require-auth-for-reads, loopback only.
+TEST(ValidateConfig, MetricsListenIsCheckedAndKeptLocalWhenReadsNeedAuth) {
+  DaemonConfig c;
+  c.metrics_listen = "127.0.0.1:http";
+  ExpectRefused(c, {"--metrics-listen 127.0.0.1:http", "HOST:PORT"});
+  c.metrics_listen = "0.0.0.0:9250";
+  EXPECT_TRUE(ValidateConfig(c).ok());
+  c.require_auth_for_reads = true;
+  c.job_token = "secret";
+  ExpectRefused(c, {"--metrics-listen 0.0.0.0:9250", "--require-auth-for-reads"});
+  c.metrics_listen = "127.0.0.1:9250";
+  EXPECT_TRUE(ValidateConfig(c).ok());
+}
+
 }  // namespace
 }  // namespace gradsync

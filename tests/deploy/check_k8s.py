@@ -31,6 +31,12 @@ def flag(args, name):
     return None
 
 
+def daemon_flag(script, env, name):
+    """A gradsyncd flag's value: its GRADSYNCD_* variable, else the command line."""
+    var = "GRADSYNCD_" + name[2:].upper().replace("-", "_")
+    return env[var] if env.get(var) is not None else flag(script, name)
+
+
 def main(paths):
     docs = []
     for p in paths:
@@ -66,8 +72,9 @@ def main(paths):
     trainer = trainers[0]
 
     script = "\n".join(daemon.get("command", []) + daemon.get("args", []))
-    socket = flag(script, "--socket")
-    listen = flag(script, "--listen")
+    daemon_env = {e["name"]: e.get("value") for e in daemon.get("env", [])}
+    socket = daemon_flag(script, daemon_env, "--socket")
+    listen = daemon_flag(script, daemon_env, "--listen")
     check(socket and listen, "gradsyncd needs --socket and --listen")
     port = int(listen.rsplit(":", 1)[1])
     check(listen.startswith("0.0.0.0:"), "--listen must bind the Pod IP for probes and peers")
@@ -78,7 +85,23 @@ def main(paths):
         check(daemon.get(probe, {}).get("grpc", {}).get("port") == port,
               f"{probe} must be a grpc probe on port {port}")
     leader = f'{job["metadata"]["name"]}-0.{svc["metadata"]["name"]}:{port}'
-    check(f"--leader {leader}" in script, f"non-leaders must use --leader {leader}")
+    check(f"--leader {leader}" in script or f"GRADSYNCD_LEADER={leader}" in script,
+          f"non-leaders must use --leader {leader}")
+    rank = next((e for e in daemon.get("env", []) if e["name"] == "GRADSYNCD_NODE_RANK"), {})
+    check(rank.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+          == "metadata.annotations['batch.kubernetes.io/job-completion-index']",
+          "GRADSYNCD_NODE_RANK must be the Job's completion index")
+
+    metrics = daemon_flag(script, daemon_env, "--metrics-listen")
+    check(metrics, "gradsyncd needs --metrics-listen for Prometheus")
+    metrics_port = int(metrics.rsplit(":", 1)[1])
+    check(any(p["containerPort"] == metrics_port for p in daemon.get("ports", [])),
+          "the metrics port must be a containerPort")
+    notes = pod["metadata"].get("annotations", {})
+    check(notes.get("prometheus.io/scrape") == "true"
+          and notes.get("prometheus.io/port") == str(metrics_port)
+          and notes.get("prometheus.io/path") == "/metrics",
+          f"the Pod must be annotated for scraping port {metrics_port} at /metrics")
 
     env = {e["name"]: e.get("value") for e in trainer.get("env", [])}
     check(env.get("GRADSYNC_SOCKET") == socket, "trainer GRADSYNC_SOCKET must equal --socket")

@@ -15,8 +15,16 @@ for line in 'Type=notify' 'NotifyAccess=main' 'EnvironmentFile=-/etc/default/gra
     'LogsDirectory=gradsync' 'LimitNOFILE=65536'; do
   grep -qxF "$line" "$unit" || { echo "FAIL: '$line' missing from gradsyncd.service"; exit 1; }
 done
-grep -qE '^ExecStart=/usr/local/bin/gradsyncd --socket /run/gradsync/[^ ]+ \$GRADSYNCD_OPTS$' "$unit" \
-  || { echo "FAIL: ExecStart does not put the socket under /run/gradsync"; exit 1; }
+# No $GRADSYNCD_OPTS: gradsyncd reads the GRADSYNCD_* variables itself.
+grep -qE '^ExecStart=/usr/local/bin/gradsyncd --socket /run/gradsync/[^ $]+$' "$unit" \
+  || { echo "FAIL: ExecStart must only put the socket under /run/gradsync"; exit 1; }
+
+# Every line of the flags file is a comment or GRADSYNCD_<FLAG>=VALUE.
+default="${TEST_SRCDIR}/${TEST_WORKSPACE}/deploy/gradsyncd.default"
+if grep -vE '^(#.*|GRADSYNCD_[A-Z0-9_]+=[^ ]+|)$' "$default"; then
+  echo "FAIL: gradsyncd.default lines above are neither comments nor GRADSYNCD_<FLAG>=VALUE"
+  exit 1
+fi
 
 if ! command -v systemd-analyze >/dev/null 2>&1; then
   echo "FAIL: systemd-analyze not installed (Debian's systemd; scripts/setup installs it)"

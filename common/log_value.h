@@ -1,0 +1,23 @@
+// LogValue: a value for gradsync's one-line key=value logs that can hold
+// anything — tensor names, job ids and the messages quoting them are user
+// input. Always double-quoted, with quotes, backslashes, newlines and other
+// control or non-ASCII bytes C-escaped (absl::CHexEscape), so one event
+// stays one line and a value can neither end its field nor forge a key.
+#ifndef GRADSYNC_COMMON_LOG_VALUE_H_
+#define GRADSYNC_COMMON_LOG_VALUE_H_
+
+#include <string>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace gradsync {
+
+inline std::string LogValue(absl::string_view value) {
+  return absl::StrCat("\"", absl::CHexEscape(value), "\"");
+}
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_COMMON_LOG_VALUE_H_

@@ -1,0 +1,34 @@
+"""Tensor names are user input: in gradsyncd's key=value log they stay inside
+their quoted field, escaped, and one event stays one line. A real daemon and
+a real trainer that leaves a tensor unmarked, so the daemon reports a stall
+naming it.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import gradsync
+from gradsync import DType, TensorSpec
+
+EVIL = 'w "x" event=forged\nsecond line'
+
+
+def test_stall_report_escapes_the_tensor_name(gradsyncd) -> None:
+    cluster = gradsyncd(1, "--stall-threshold-s=0.2", "--bucket-cap-mb=1000",
+                        "--first-bucket-cap-mb=1000")
+    with gradsync.Client(cluster.socket, 0, connect_timeout_s=10) as client:
+        client.register([TensorSpec("ready", DType.FLOAT32, 4), TensorSpec(EVIL, DType.FLOAT32, 4)])
+        client.mark_ready(0)  # the other tensor stays unmarked: the iteration stalls
+        deadline = time.monotonic() + 30
+        while "event=stall " not in cluster.daemon.log():
+            if time.monotonic() > deadline:
+                pytest.fail("no event=stall in the daemon's log\n" + cluster.logs())
+            time.sleep(0.05)  # polling the log for a state, bounded by the deadline
+    lines = cluster.daemon.log().splitlines()
+    stall = [line for line in lines if "event=stall " in line]
+    assert len(stall) == 1, stall
+    assert 'w \\"x\\" event=forged\\nsecond line' in stall[0]
+    assert not any(line.startswith("second line") for line in lines), lines
+    assert sum("event=forged" in line for line in lines) == 1
