@@ -81,7 +81,6 @@ class JobStats final : public SchedulerObserver {
   std::atomic<uint64_t> iterations_{0};
   std::atomic<uint64_t> bytes_reduced_{0};
   std::atomic<uint64_t> bytes_per_iteration_{0};
-  double last_algbw_gbps_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_iteration_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // This iteration's launch -> done, summed over buckets.
   int64_t last_collective_ns_ ABSL_GUARDED_BY(mu_) = 0;
