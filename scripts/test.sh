@@ -51,14 +51,16 @@ if [ $status -eq 0 ]; then
 fi
 
 # TSan: the threaded tests whose threads meet only through what TSan sees
-# (std::atomic, pthreads): the flight recorder's lock-free log, the
-# truncation guard's SIGBUS handling under threads, and the rings and
-# doorbell (their own code instrumented; the peer process is not seen). The
-# system absl/gRPC are not instrumented, so tests synchronizing through
-# absl::Mutex would report races that are not there: they are left out.
+# (std::atomic, pthreads): the flight recorder's lock-free log, and the
+# rings and doorbell (their own code instrumented; the peer process is not
+# seen). The system absl/gRPC are not instrumented, so tests synchronizing
+# through absl::Mutex would report races that are not there: left out.
+# truncation_guard_test is left out too: TSan defers signals, and the
+# guard's SIGBUS rescue (a handler that must run on the faulting access)
+# then hangs or dies inside TSan.
 TSAN_BASE="${HOME}/.cache/gradsync-tsan"
-TSAN_TARGETS=(//tests/control:flight_recorder_test //tests/ipc:truncation_guard_test
-  //tests/ipc:spsc_ring_test //tests/ipc:ring_stress_test //tests/ipc:doorbell_test)
+TSAN_TARGETS=(//tests/control:flight_recorder_test //tests/ipc:spsc_ring_test
+  //tests/ipc:ring_stress_test //tests/ipc:doorbell_test)
 if [ $status -eq 0 ]; then
   stage tsan bazel --output_base="$TSAN_BASE" test "${BAZEL_FLAGS[@]}" --config=tsan "${TSAN_TARGETS[@]}"
   bazel --output_base="$TSAN_BASE" shutdown >/dev/null 2>&1
