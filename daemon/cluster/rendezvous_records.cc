@@ -34,6 +34,13 @@ absl::StatusOr<BucketCaps> CapsFromRecord(absl::string_view key, const v1::Bucke
     return Malformed(key, absl::StrCat("bucket caps must be > 0, got ", r.bucket_cap_mb(), " and ",
                                        r.first_bucket_cap_mb(), " MiB"));
   }
+  // Beyond 2^44 MiB (or inf) the bytes do not fit in 64 bits: converting
+  // them would be undefined (found by tests/fuzz:rendezvous_records_fuzz).
+  if (!(r.bucket_cap_mb() < 0x1p44) || !(r.first_bucket_cap_mb() < 0x1p44)) {
+    return Malformed(key, absl::StrCat("bucket caps must be below 2^44 MiB, got ",
+                                       r.bucket_cap_mb(), " and ", r.first_bucket_cap_mb(),
+                                       " MiB"));
+  }
   return BucketCaps{MibToBytes(r.bucket_cap_mb()), MibToBytes(r.first_bucket_cap_mb())};
 }
 

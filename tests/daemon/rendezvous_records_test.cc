@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,6 +48,18 @@ TEST(RendezvousRecords, RefusesBadCapsNamingTheKey) {
   }
   ExpectRefused(DecodeCaps(CapsKey(4), std::nullopt).status(), "g4/caps");
   ExpectRefused(DecodeCaps(CapsKey(4), EncodeCaps(0, 1)).status(), "g4/caps");
+}
+
+// Caps whose bytes do not fit in 64 bits are refused, not converted.
+TEST(RendezvousRecords, RefusesCapsTooLargeForBytesNamingTheKey) {
+  ExpectRefused(DecodeCaps(CapsKey(4), EncodeCaps(1e30, 1)).status(), "g4/caps");
+  ExpectRefused(DecodeCaps(CapsKey(4), EncodeCaps(1, 0x1p44)).status(), "g4/caps");
+  ExpectRefused(DecodeCaps(CapsKey(4), EncodeCaps(HUGE_VAL, 1)).status(), "g4/caps");
+  ExpectRefused(DecodeConfig(ConfigKey(7, 2), EncodeConfig(7, 12, 1e30, 1)).status(),
+                "g7/config/2");
+  absl::StatusOr<BucketCaps> largest = DecodeCaps(CapsKey(4), EncodeCaps(0x1p43, 1));
+  ASSERT_TRUE(largest.ok()) << largest.status();
+  EXPECT_EQ(largest->cap_bytes, uint64_t{1} << 63);
 }
 
 TEST(RendezvousRecords, ConfigRoundTrip) {

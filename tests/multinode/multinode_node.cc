@@ -24,6 +24,7 @@
 #include "daemon/backends/gloo_backend.h"
 #include "daemon/backends/gloo_store.h"
 #include "common/dtype.h"
+#include "common/half.h"
 #include "daemon/cluster/rendezvous_client.h"
 #include "common/status_code.h"
 #include "tests/multinode/exit_codes.h"
@@ -158,19 +159,6 @@ float FromBFloat16(uint16_t v) {
   return f;
 }
 
-uint16_t ToFloat16(float f) {
-  const _Float16 h = static_cast<_Float16>(f);
-  uint16_t v;
-  std::memcpy(&v, &h, sizeof(v));
-  return v;
-}
-
-float FromFloat16(uint16_t v) {
-  _Float16 h;
-  std::memcpy(&h, &v, sizeof(h));
-  return static_cast<float>(h);
-}
-
 // One allreduce of `count` elements of `dtype`, every element checked.
 absl::Status CheckOne(GlooBackend& backend, DType dtype, size_t count) {
   const int rank = absl::GetFlag(FLAGS_node_rank);
@@ -187,7 +175,7 @@ absl::Status CheckOne(GlooBackend& backend, DType dtype, size_t count) {
         reinterpret_cast<double*>(buffer.data())[i] = v;
         break;
       case DType::kFloat16:
-        reinterpret_cast<uint16_t*>(buffer.data())[i] = ToFloat16(static_cast<float>(v));
+        reinterpret_cast<uint16_t*>(buffer.data())[i] = FloatToFloat16(static_cast<float>(v));
         break;
       case DType::kBFloat16:
         reinterpret_cast<uint16_t*>(buffer.data())[i] = ToBFloat16(static_cast<float>(v));
@@ -205,7 +193,7 @@ absl::Status CheckOne(GlooBackend& backend, DType dtype, size_t count) {
         got = reinterpret_cast<const double*>(buffer.data())[i];
         break;
       case DType::kFloat16:
-        got = FromFloat16(reinterpret_cast<const uint16_t*>(buffer.data())[i]);
+        got = Float16ToFloat(reinterpret_cast<const uint16_t*>(buffer.data())[i]);
         break;
       case DType::kBFloat16:
         got = FromBFloat16(reinterpret_cast<const uint16_t*>(buffer.data())[i]);
