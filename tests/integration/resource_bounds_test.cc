@@ -205,18 +205,28 @@ TEST(ResourceBoundsTest, AttachFloodDuringAJobIsBoundedAndTheJobKeepsTraining) {
         << returned << " of " << kCalls << " Attach calls answered";
   }
   const int threads_during = Threads(pid);
-  int exhausted = 0;
+  int exhausted = 0, quota_refused = 0;
   {
     absl::MutexLock lock(&mu);
     for (const grpc::Status& st : statuses) {
       if (st.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) continue;
       ++exhausted;
+      // Two bounds refuse a flood, both RESOURCE_EXHAUSTED: the daemon's one
+      // waiter per local rank, and, when more calls arrive at once than the
+      // Local server's thread quota (server_limits.h), gRPC's own refusal
+      // before a handler runs. Which one a call meets depends on timing.
+      if (st.error_message() == "Server Threadpool Exhausted") {
+        ++quota_refused;
+        continue;
+      }
       EXPECT_NE(st.error_message().find("local rank"), std::string::npos) << st.error_message();
       EXPECT_NE(st.error_message().find("already has an Attach waiting"), std::string::npos)
           << st.error_message();
     }
   }
-  EXPECT_EQ(exhausted, kCalls - kLocal);
+  // At most one call per local rank is left waiting (all of a rank's calls
+  // may meet the thread quota, leaving none).
+  EXPECT_GE(exhausted, kCalls - kLocal) << quota_refused << " refused by the thread quota";
   // One thread per waiter at most, not one per call.
   EXPECT_LT(threads_during, threads_before + kCalls / 2)
       << "threads before " << threads_before << ", during " << threads_during;
