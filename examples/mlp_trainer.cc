@@ -382,10 +382,13 @@ int main(int argc, char** argv) {
       case 'A': opt.write_after_mark = true; break;
       default:
         std::fprintf(stderr,
-                     "usage: mlp_trainer [--steps N] [--batch N] [--hidden N] [--fp64] [--single]\n"
-                     "  [--accumulate K] [--gate-every K] [--gate-unused-first N] [--stale-unused]\n"
-                     "  [--shuffle-seed S] [--out FILE] [--pause-at attach|register|backward|marked]\n"
-                     "  [--socket PATH] (LOCAL_RANK selects the trainer's local rank)\n");
+                     "usage: mlp_trainer [--steps N] [--batch N] [--hidden N] [--dim N] [--lr X]\n"
+                     "  [--fp64] [--single] [--accumulate K] [--gate-every K]\n"
+                     "  [--gate-unused-first N] [--stale-unused] [--shuffle-seed S] [--sleep-ms N]\n"
+                     "  [--out FILE] [--socket PATH] [--wait-timeout-ms N] [--quiet]\n"
+                     "  fault tests: [--extra-tensor] [--withhold P] [--write-after-mark]\n"
+                     "  [--pause-at attach|register|backward|marked]\n"
+                     "  (LOCAL_RANK selects the trainer's local rank)\n");
         return 2;
     }
   }

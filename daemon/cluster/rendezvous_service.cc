@@ -502,7 +502,9 @@ grpc::Status RendezvousService::Wait(grpc::ServerContext* context, const v1::Wai
                             " ms; missing keys: ", absl::StrJoin(missing, ", ")));
       return grpc::Status::OK;
     }
+    ++blocked_waits_;
     changed_.WaitWithTimeout(&mu_, std::min(deadline - now, kWaitSlice));
+    --blocked_waits_;
   }
 }
 
@@ -675,6 +677,7 @@ RendezvousStatus RendezvousService::GetStatus() {
   status.num_nodes = num_nodes_;
   status.config_version = config_version_;
   status.incarnation = incarnation_;
+  status.blocked_waits = blocked_waits_;
   for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
     const Member& m = members_[r];
     status.nodes.push_back(RendezvousStatus::Node{

@@ -79,6 +79,7 @@ struct RendezvousStatus {
   std::vector<int> pending_node_ranks;  // nodes waiting in Join for the next one
   uint64_t config_version = 0;
   uint64_t incarnation = 0;
+  int blocked_waits = 0;  // Wait calls blocked on missing keys right now
 };
 
 // The most trainers one node may announce in Join; a larger local_size is
@@ -239,6 +240,7 @@ class RendezvousService final : public v1::Rendezvous::Service {
   uint64_t config_last_at_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<std::string> config_keys_ ABSL_GUARDED_BY(mu_);  // oldest first
   std::deque<std::string> stall_reports_ ABSL_GUARDED_BY(mu_);  // bounded
+  int blocked_waits_ ABSL_GUARDED_BY(mu_) = 0;  // observable (GetStatus)
 };
 
 }  // namespace gradsync

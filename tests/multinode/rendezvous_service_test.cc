@@ -84,6 +84,17 @@ class RendezvousServiceTest : public ::testing::Test {
     num_nodes_ = num_nodes;
   }
 
+  // True once some Wait is blocked in the service on missing keys (polled
+  // state, within 10 s).
+  bool BlockedWaitSeen() {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (leader_->service().GetStatus().blocked_waits == 0) {
+      if (absl::Now() >= deadline) return false;
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    return true;
+  }
+
   std::unique_ptr<RendezvousClient> Client(const std::string& token = kToken,
                                            const std::string& job = kJob) {
     RendezvousClientOptions options;
@@ -548,7 +559,8 @@ TEST_F(RendezvousServiceTest, WaitTimeoutNamesTheMissingKeys) {
 
   // A Wait returns as soon as another node sets the last key.
   std::thread setter([&] {
-    absl::SleepFor(absl::Milliseconds(50));
+    // Once the Wait below is blocked on the missing keys (state, not timing).
+    ASSERT_TRUE(BlockedWaitSeen());
     (void)Client()->Set("job/b", "2");
     (void)Client()->Set("job/c", std::string("\0\x01binary", 8));
   });
@@ -571,7 +583,7 @@ TEST_F(RendezvousServiceTest, GenerationKeysAreScopedAbortedAndDiscarded) {
   // A Wait on keys of a generation that aborts ends with PEER_FAILED.
   absl::Status waited = absl::UnknownError("not run");
   std::thread waiter([&] { waited = Client()->Wait({"g1/gloo/1"}, absl::Seconds(20)); });
-  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(BlockedWaitSeen());  // the Wait is blocked before the abort
   ASSERT_TRUE(Beat(1, 1, MakeError(v1::UNAVAILABLE, "node 1 lost its peer")).ok());
   waiter.join();
   EXPECT_EQ(CodeOf(waited), v1::PEER_FAILED);
