@@ -386,7 +386,7 @@ int main(int argc, char** argv) {
                      "  [--fp64] [--single] [--accumulate K] [--gate-every K]\n"
                      "  [--gate-unused-first N] [--stale-unused] [--shuffle-seed S] [--sleep-ms N]\n"
                      "  [--out FILE] [--socket PATH] [--wait-timeout-ms N] [--quiet]\n"
-                     "  fault tests: [--extra-tensor] [--withhold P] [--write-after-mark]\n"
+                     "  fault tests: [--extra-tensor NAME] [--withhold P] [--write-after-mark]\n"
                      "  [--pause-at attach|register|backward|marked]\n"
                      "  (LOCAL_RANK selects the trainer's local rank)\n");
         return 2;
