@@ -15,9 +15,24 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 
 namespace gradsync {
+
+// The arguments every AllreduceSum checks first: a valid dtype, and a
+// buffer when there is anything to sum (count 0 is a no-op).
+inline absl::Status CheckAllreduceArgs(const void* data, size_t count, DType dtype,
+                                       const char* who) {
+  if (!IsValidDType(static_cast<int32_t>(dtype))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, " allreduce: invalid dtype ", static_cast<int32_t>(dtype)));
+  }
+  if (count != 0 && data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(who, " allreduce: null buffer"));
+  }
+  return absl::OkStatus();
+}
 
 class Backend {
  public:

@@ -265,12 +265,8 @@ uint8_t* GlooWorkerBackend::Staging(uint64_t bytes) {
 }
 
 absl::Status GlooWorkerBackend::AllreduceSum(void* data, size_t count, DType dtype) {
-  if (!IsValidDType(static_cast<int32_t>(dtype))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gloo allreduce: invalid dtype ", static_cast<int32_t>(dtype)));
-  }
+  if (absl::Status st = CheckAllreduceArgs(data, count, dtype, "gloo"); !st.ok()) return st;
   if (count == 0) return absl::OkStatus();
-  if (data == nullptr) return absl::InvalidArgumentError("gloo allreduce: null buffer");
   {
     absl::MutexLock lock(&mu_);
     if (!failure_.ok()) return failure_;

@@ -65,11 +65,6 @@ using HealthResponse = grpc::health::v1::HealthCheckResponse;
 constexpr auto kBound = seconds(30);
 constexpr auto kRpcDeadline = seconds(5);
 
-// mlp_trainer exits with 10 + gs_status when a gradsync call fails.
-constexpr int kExitUnavailable = 12;
-constexpr int kExitPeerFailed = 14;
-constexpr int kExitTimeout = 15;
-
 // The default model's gradient: 16*32 + 32 + 32 + 1 + 1 elements.
 constexpr uint64_t kNumel = 578;
 constexpr int kTensors = 5;

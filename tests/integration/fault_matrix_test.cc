@@ -33,10 +33,6 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-// mlp_trainer exits with 10 + its gs_status (client/gradsync.h).
-constexpr int kExitUnavailable = 12;
-constexpr int kExitPeerFailed = 14;
-constexpr int kExitTimeout = 15;
 // The daemons' --timeout-s: a stopped peer must turn into an error by then.
 constexpr int kTimeoutS = 5;
 // A hang check, not a performance bound: the timeout, plus one more for the

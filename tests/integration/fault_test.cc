@@ -27,10 +27,6 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 // mlp_trainer exits with 10 + gs_status when a gradsync call fails.
-constexpr int kExitMismatch = 13;
-constexpr int kExitPeerFailed = 14;
-constexpr int kExitTimeout = 15;
-constexpr int kExitState = 16;
 
 // No hang means: every trainer ends well within this bound.
 constexpr auto kBound = seconds(30);

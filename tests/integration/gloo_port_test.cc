@@ -38,8 +38,6 @@ namespace {
 
 using std::chrono::seconds;
 
-constexpr int kExitUnavailable = 10 + 2;  // mlp_trainer: 10 + gs_status
-constexpr int kExitPeerFailed = 10 + 4;
 constexpr auto kBound = seconds(60);
 constexpr char kJob[] = "glooport";
 constexpr char kToken[] = "port-secret";

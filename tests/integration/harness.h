@@ -53,6 +53,15 @@ struct TrainerRun {
   std::string out;                // weights file
 };
 
+// examples/mlp_trainer exits with 10 + the gs_status that stopped it
+// (client/gradsync.h), so tests can assert the exact code.
+inline constexpr int kExitInvalidArgument = 11;
+inline constexpr int kExitUnavailable = 12;
+inline constexpr int kExitMismatch = 13;
+inline constexpr int kExitPeerFailed = 14;
+inline constexpr int kExitTimeout = 15;
+inline constexpr int kExitState = 16;
+
 // Starts examples/mlp_trainer with LOCAL_RANK=local_rank.
 Process StartTrainer(const Daemon& daemon, int local_rank, const std::vector<std::string>& args,
                      const std::string& out_path);

@@ -27,8 +27,6 @@ using ::testing::Not;
 using std::chrono::seconds;
 
 constexpr auto kBound = seconds(30);
-// mlp_trainer exits with 10 + gs_status when a gradsync call fails.
-constexpr int kExitUnavailable = 12;
 
 class LocalTrustTest : public ::testing::Test {
  protected:

@@ -29,10 +29,6 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-// mlp_trainer exits with 10 + its gs_status (client/gradsync.h).
-constexpr int kExitInvalidArgument = 11;
-constexpr int kExitMismatch = 13;
-constexpr int kExitPeerFailed = 14;
 constexpr auto kBound = seconds(40);
 
 // A port nothing listens on at IPv4 address `host` right now.
