@@ -48,7 +48,7 @@ struct ReduceWork {
   uint64_t total_elements;
   int world_size;
   uint8_t* staging;  // nullptr on one node
-  // 0: fused (one node); 1: sum into staging; 2: write back from staging;
+  // 0: one node (AverageKernel); 1: sum into staging; 2: write back from staging;
   // 3: sum into trainer 0's memory; 4: divide trainer 0's memory, copy out.
   int phase;
   void (*kernel)(const ReduceWork&, size_t span, uint64_t first, uint64_t count, uint64_t staging_index);
@@ -127,7 +127,71 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count, 
   }
 }
 
+// One node: every trainer's memory is read once and the average written
+// back once, in a single streaming pass. The chunked Kernel above alternates
+// one pass from DRAM with three in-cache passes (divide, store, copy) during
+// which no loads are in flight; how much of that the hardware prefetcher
+// hides depends on the machine (52% vs 91% of `a += b` on two 2-core VMs).
+// Streaming keeps the memory system busy (see docs/PERFORMANCE.md).
+constexpr size_t kStreamBlockElements = 64;  // 3+ trainers: 256 B of fp32 per trainer
+
+template <typename T, typename Access>
+void AverageKernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count, uint64_t) {
+  using Acc = typename Access::Acc;
+  const auto& arenas = *job.arenas;
+  const size_t local = arenas.size();
+  const uint64_t offset = (*job.spans)[span].offset;
+  const Acc divisor = static_cast<Acc>(job.world_size);
+  // Same operations in the same order as Kernel: ((a0 + a1) + a2 ...) / world.
+  if (local <= 2) {
+    T* __restrict a0 = reinterpret_cast<T*>(arenas[0] + offset) + first;
+    if (local == 1) {
+      for (uint64_t i = 0; i < count; ++i) a0[i] = Access::Store(Access::Load(a0[i]) / divisor);
+      return;
+    }
+    T* __restrict a1 = reinterpret_cast<T*>(arenas[1] + offset) + first;
+    for (uint64_t i = 0; i < count; ++i) {
+      const T v = Access::Store((Access::Load(a0[i]) + Access::Load(a1[i])) / divisor);
+      a0[i] = v;
+      a1[i] = v;
+    }
+    return;
+  }
+  // 3+ trainers: blocks small enough that every trainer's stream stays in
+  // flight (measured: 64 elements beat 16 and 1024 by 1.3-2x).
+  T* src[kMaxLocalTrainers];
+  for (size_t t = 0; t < local; ++t) src[t] = reinterpret_cast<T*>(arenas[t] + offset) + first;
+  for (uint64_t c = 0; c < count; c += kStreamBlockElements) {
+    const size_t m = static_cast<size_t>(std::min<uint64_t>(kStreamBlockElements, count - c));
+    Acc acc[kStreamBlockElements];
+    const T* a0 = src[0] + c;
+    const T* a1 = src[1] + c;
+    for (size_t i = 0; i < m; ++i) acc[i] = Access::Load(a0[i]) + Access::Load(a1[i]);
+    for (size_t t = 2; t < local; ++t) {
+      const T* at = src[t] + c;
+      for (size_t i = 0; i < m; ++i) acc[i] += Access::Load(at[i]);
+    }
+    T average[kStreamBlockElements];
+    for (size_t i = 0; i < m; ++i) average[i] = Access::Store(acc[i] / divisor);
+    for (size_t t = 0; t < local; ++t) std::memcpy(src[t] + c, average, m * sizeof(T));
+  }
+}
+
 using KernelFn = void (*)(const ReduceWork&, size_t, uint64_t, uint64_t, uint64_t);
+
+KernelFn AverageKernelFor(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return &AverageKernel<float, Native<float>>;
+    case DType::kFloat64:
+      return &AverageKernel<double, Native<double>>;
+    case DType::kFloat16:
+      return &AverageKernel<uint16_t, Half16>;
+    case DType::kBFloat16:
+      return &AverageKernel<uint16_t, BHalf16>;
+  }
+  return nullptr;
+}
 
 KernelFn KernelFor(DType dtype) {
   switch (dtype) {
@@ -178,6 +242,7 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
   if (backend.num_nodes() <= 1) {
     job.staging = nullptr;
     job.phase = 0;
+    job.kernel = AverageKernelFor(dtype);
     pool_.Run(&RunSlice, &job, slices);
     if (timings) timings->local_reduce_ns = NowNs() - t0, timings->collective_ns = 0;
     return absl::OkStatus();

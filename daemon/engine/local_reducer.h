@@ -2,9 +2,8 @@
 // the Backend, across nodes; then writes the average back to every trainer.
 //
 // The bucket is a list of byte spans, identical in every trainer's arena
-// (usually one contiguous span). One node: a single fused pass per cache-
-// sized chunk (sum the trainers into trainer 0's memory, divide by the world
-// size, copy to the others). Several nodes: sum into a staging buffer,
+// (usually one contiguous span). One node: a single streaming pass (read
+// every trainer's gradient once, write the average into each once). Several nodes: sum into a staging buffer,
 // backend allreduce, then divide and write back. Half-precision gradients
 // are accumulated in fp32. Threads split the bucket; nothing is allocated
 // per call.
