@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdio>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -48,13 +49,16 @@ int FreePort(const std::string& host = "127.0.0.1") {
 // listens on `leader_host` only.
 class Cluster {
  public:
+  // `node_extra[n]`: flags for node n only (after `extra`).
   Cluster(int nodes, int local, std::vector<std::string> extra = {}, std::string token = "s3cret",
-          std::string leader_host = "127.0.0.1")
+          std::string leader_host = "127.0.0.1",
+          std::vector<std::vector<std::string>> node_extra = {})
       : nodes_(nodes),
         local_(local),
         leader_host_(std::move(leader_host)),
         port_(FreePort(leader_host_)),
-        extra_(std::move(extra)) {
+        extra_(std::move(extra)),
+        node_extra_(std::move(node_extra)) {
     token_file_ = dir_.File("token");
     EXPECT_TRUE(WriteTokenFile(token_file_, token));
     for (int n = 0; n < nodes; ++n) StartNode(n);
@@ -72,6 +76,9 @@ class Cluster {
       args.push_back(absl::StrCat("--leader=", leader_host_, ":", port_));
     }
     args.insert(args.end(), extra_.begin(), extra_.end());
+    if (n < static_cast<int>(node_extra_.size())) {
+      args.insert(args.end(), node_extra_[n].begin(), node_extra_[n].end());
+    }
     if (static_cast<int>(daemons_.size()) <= n) daemons_.resize(n + 1);
     daemons_[n] = std::make_unique<Daemon>(local_, args);
     ASSERT_TRUE(daemons_[n]->WaitReady(seconds(10))) << daemons_[n]->process().Log();
@@ -93,6 +100,7 @@ class Cluster {
   std::string leader_host_;
   int port_;
   std::vector<std::string> extra_;
+  std::vector<std::vector<std::string>> node_extra_;
   ScratchDir dir_;  // removed after the daemons are gone
   std::string token_file_;
   std::vector<std::unique_ptr<Daemon>> daemons_;
@@ -442,6 +450,89 @@ TEST(MultiNode, NonZeroRankWithoutLeaderExitsAtOnceNamingTheFlags) {
   // Nothing was bound or created before the refusal.
   EXPECT_NE(access(lost.socket().c_str(), F_OK), 0);
   EXPECT_TRUE(SegmentsWithPrefix(lost.shm_prefix()).empty());
+}
+
+// Trains on two daemons (one trainer each, fp32) with `wire_dtype` and
+// returns node 0's trainer's log; its weights go to `out`.
+std::string TrainTwoNodes(const std::string& wire_dtype, const std::vector<std::string>& args,
+                          const std::string& out) {
+  Cluster cluster(2, 1, {"--wire-dtype=" + wire_dtype});
+  std::vector<Process> trainers;
+  for (int n = 0; n < 2; ++n) {
+    trainers.push_back(StartTrainer(cluster.node(n), 0, args,
+                                    n == 0 ? out : absl::StrCat(cluster.dir(), "/w1.txt")));
+  }
+  for (auto& t : trainers) {
+    ExitStatus st = t.Wait(kBound);
+    EXPECT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
+  }
+  return trainers[0].Log();
+}
+
+// The losses rank 0 printed, by step ("step   3  loss 0.123456 ...").
+std::vector<double> Losses(const std::string& log) {
+  std::vector<double> losses;
+  for (size_t p = log.find("step "); p != std::string::npos; p = log.find("step ", p + 1)) {
+    int step = 0;
+    double loss = 0;
+    if (std::sscanf(log.c_str() + p, "step %d loss %lf", &step, &loss) == 2 &&
+        step == static_cast<int>(losses.size())) {
+      losses.push_back(loss);
+    }
+  }
+  return losses;
+}
+
+// --wire-dtype: fp32 gradients cross the wire as 16-bit values. The result
+// stays within the casts' error of single-process training (and farther
+// from it than fp32's own rounding: the cast did happen).
+TEST(MultiNode, CompressedWireTrainsWithinTheCastsErrorOfSingleProcessTraining) {
+  const std::vector<std::string> args = {"--steps=5", "--batch=64", "--quiet"};
+  ScratchDir dir;
+  const std::vector<double> expected = Reference(dir.path(), args);
+  for (const char* wire : {"bf16", "fp16"}) {
+    const std::string out = dir.File(absl::StrCat("w.", wire, ".txt"));
+    TrainTwoNodes(wire, args, out);
+    const std::vector<double> got = LoadWeights(out);
+    ASSERT_EQ(got.size(), expected.size()) << wire;
+    // Per step each averaged gradient element is within 2 roundings (2^-7
+    // bf16, 2^-10 fp16, relative); over 5 steps of lr 0.1 the weights
+    // (norm ~1) move by far less than that.
+    const double bound = std::string(wire) == "bf16" ? 0x1p-7 : 0x1p-10;
+    const double diff = RelativeDifference(got, expected);
+    EXPECT_LE(diff, bound) << wire;
+    // fp32 across nodes differs from one process by ~1e-7 (summation order).
+    EXPECT_GT(diff, 1e-6) << wire << ": as close as fp32, so nothing was compressed";
+  }
+}
+
+TEST(MultiNode, TrainingWithABf16WireConvergesLikeFp32) {
+  const std::vector<std::string> args = {"--steps=60", "--batch=64"};
+  ScratchDir dir;
+  const std::vector<double> fp32 = Losses(TrainTwoNodes("off", args, dir.File("fp32.txt")));
+  const std::vector<double> bf16 = Losses(TrainTwoNodes("bf16", args, dir.File("bf16.txt")));
+  ASSERT_EQ(fp32.size(), 60u);
+  ASSERT_EQ(bf16.size(), 60u);
+  // The loss the fp32 run reached after 4/5 of its steps: the bf16 run gets
+  // below it by its last step (a convergence check, not a timing).
+  const double threshold = fp32[47];
+  EXPECT_LT(fp32[47], 0.5 * fp32[0]) << "the fp32 run itself did not converge";
+  EXPECT_LT(bf16.back(), threshold) << "bf16 loss " << bf16.back() << " vs fp32 at step 47 "
+                                    << threshold;
+}
+
+TEST(MultiNode, DifferentWireDtypesOnTwoNodesAreAMismatchNamingBoth) {
+  Cluster cluster(2, 1, {}, "s3cret", "127.0.0.1", {{"--wire-dtype=off"}, {"--wire-dtype=bf16"}});
+  Process a = StartTrainer(cluster.node(0), 0, {"--steps=3"}, "");
+  Process b = StartTrainer(cluster.node(1), 0, {"--steps=3"}, "");
+  for (Process* p : {&a, &b}) {
+    ExitStatus st = p->Wait(kBound);
+    EXPECT_FALSE(st.timed_out);
+    EXPECT_EQ(st.code, kExitMismatch) << p->Log();
+    EXPECT_NE(p->Log().find("node 0 runs --wire-dtype=off but node 1 runs --wire-dtype=bf16"),
+              std::string::npos)
+        << p->Log();
+  }
 }
 
 }  // namespace
