@@ -16,10 +16,9 @@
 //   worker_copy the same on ordinary memory: copied in and out each time;
 //   worker_bf16, worker_fp16  gloo_worker with --wire-dtype bf16 / fp16 (cast
 //               in place, pre-scaled by 1/nodes, 16-bit ring, cast back).
-// wire_MB: bytes sent over loopback per allreduce and node (the kernel's lo
-// transmit counter in /proc/net/dev, over the timed block, divided by the
-// iterations and nodes; it also counts other traffic on lo, which on a
-// shared machine is small but not zero).
+// wire_MB: bytes node 0's process running the collective (this one, or its
+// Gloo worker) wrote per allreduce: the kernel's wchar in /proc/PID/io,
+// i.e. what Gloo handed to its sockets (plus a few bytes of commands).
 // Rows alternate per round so drift on a noisy VM hits both alike. Node 0
 // prints, per size: mean time per allreduce, algbw = bytes / time and
 // busbw = algbw * 2(n-1)/n (nccl-tests definitions), and gradsync's busbw as
@@ -39,6 +38,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -88,20 +88,17 @@ using ReduceFn = void (*)(void*, const void*, const void*, size_t);
   std::exit(1);
 }
 
-// Bytes transmitted on the loopback interface so far (0 if unreadable).
-uint64_t LoopbackTxBytes() {
-  std::ifstream in("/proc/net/dev");
+// Bytes process `pid` passed to write(2) and friends so far (0 if unreadable).
+uint64_t BytesWritten(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/io"));
   std::string line;
   while (std::getline(in, line)) {
-    const size_t colon = line.find(':');
-    if (colon == std::string::npos || absl::StripAsciiWhitespace(line.substr(0, colon)) != "lo") {
-      continue;
+    absl::string_view view = line;
+    uint64_t bytes = 0;
+    if (absl::ConsumePrefix(&view, "wchar:") &&
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(view), &bytes)) {
+      return bytes;
     }
-    // receive: bytes packets errs drop fifo frame compressed multicast; then transmit bytes.
-    std::vector<std::string> fields =
-        absl::StrSplit(line.substr(colon + 1), ' ', absl::SkipEmpty());
-    uint64_t tx = 0;
-    if (fields.size() > 8 && absl::SimpleAtoi(fields[8], &tx)) return tx;
   }
   return 0;
 }
@@ -247,7 +244,10 @@ int Worker() {
         }
         for (int i = 0; i < warmup; ++i) run(impl, data);
         barrier();
-        const uint64_t tx_before = LoopbackTxBytes();
+        const pid_t writer = impl == 2 || impl == 3 ? (*worker)->worker_pid()
+                             : impl >= 4           ? wire_workers[impl - 4]->worker_pid()
+                                                   : getpid();
+        const uint64_t written_before = BytesWritten(writer);
         for (int i = 0; i < iters; ++i) {
           const auto t0 = std::chrono::steady_clock::now();
           run(impl, data);
@@ -256,8 +256,7 @@ int Worker() {
           total_s[impl] += s;
           min_s[impl] = std::min(min_s[impl], s);
         }
-        barrier();  // every node's sends are in the counter
-        wire_bytes[impl] += LoopbackTxBytes() - tx_before;
+        wire_bytes[impl] += BytesWritten(writer) - written_before;
       }
     }
     if (rank != 0) continue;
@@ -268,7 +267,7 @@ int Worker() {
       busbw[impl] = algbw * 2.0 * (n - 1) / n;
       const std::string ratio =
           impl == 0 ? "" : absl::StrFormat("%.3f", busbw[impl] / busbw[0]);
-      const double wire_mb = wire_bytes[impl] / 1e6 / (rounds * iters) / n;
+      const double wire_mb = wire_bytes[impl] / 1e6 / (rounds * iters);
       std::printf("%5d %9.3f %-11s %9.2f %9.2f %11.3f %11.3f %9s %9.2f\n", n, bytes / 1e6,
                   kNames[impl], mean_s * 1e3, min_s[impl] * 1e3, algbw, busbw[impl],
                   ratio.c_str(), wire_mb);

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -453,9 +454,11 @@ TEST(MultiNode, NonZeroRankWithoutLeaderExitsAtOnceNamingTheFlags) {
 }
 
 // Trains on two daemons (one trainer each, fp32) with `wire_dtype` and
-// returns node 0's trainer's log; its weights go to `out`.
+// returns node 0's trainer's log; its weights go to `out`. `after` runs
+// once the trainers are done, while the daemons still run.
 std::string TrainTwoNodes(const std::string& wire_dtype, const std::vector<std::string>& args,
-                          const std::string& out) {
+                          const std::string& out,
+                          const std::function<void(Cluster&)>& after = nullptr) {
   Cluster cluster(2, 1, {"--wire-dtype=" + wire_dtype});
   std::vector<Process> trainers;
   for (int n = 0; n < 2; ++n) {
@@ -466,7 +469,30 @@ std::string TrainTwoNodes(const std::string& wire_dtype, const std::vector<std::
     ExitStatus st = t.Wait(kBound);
     EXPECT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
   }
+  if (after) after(cluster);
   return trainers[0].Log();
+}
+
+// Node 0's Stats once its wire counter reached `bytes` (the scheduler
+// thread may count the last bucket just after the trainers returned), or
+// the last Stats seen at the deadline.
+v1::Stats WaitForWireBytes(const Cluster& cluster, uint64_t bytes) {
+  auto stub = v1::Control::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", cluster.port()), grpc::InsecureChannelCredentials()));
+  v1::Stats stats;
+  const auto deadline = std::chrono::steady_clock::now() + kBound;
+  while (std::chrono::steady_clock::now() < deadline) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + seconds(10));
+    AttachCallToken(&context, "s3cret");
+    v1::GetStatsResponse response;
+    if (stub->GetStats(&context, v1::GetStatsRequest(), &response).ok()) {
+      stats = response.stats();
+      if (stats.wire_bytes() >= bytes) break;
+    }
+    std::this_thread::sleep_for(milliseconds(10));  // polling pace, not synchronization
+  }
+  return stats;
 }
 
 // The losses rank 0 printed, by step ("step   3  loss 0.123456 ...").
@@ -492,7 +518,14 @@ TEST(MultiNode, CompressedWireTrainsWithinTheCastsErrorOfSingleProcessTraining) 
   const std::vector<double> expected = Reference(dir.path(), args);
   for (const char* wire : {"bf16", "fp16"}) {
     const std::string out = dir.File(absl::StrCat("w.", wire, ".txt"));
-    TrainTwoNodes(wire, args, out);
+    v1::Stats stats;
+    // Every step hands the whole model (fp32) to the wire as 16-bit values.
+    const uint64_t wire_bytes = 5 * expected.size() * sizeof(uint16_t);
+    TrainTwoNodes(wire, args, out, [&](Cluster& cluster) {
+      stats = WaitForWireBytes(cluster, wire_bytes);
+    });
+    EXPECT_EQ(stats.wire_dtype(), wire);
+    EXPECT_EQ(stats.wire_bytes(), wire_bytes) << wire;
     const std::vector<double> got = LoadWeights(out);
     ASSERT_EQ(got.size(), expected.size()) << wire;
     // Per step each averaged gradient element is within 2 roundings (2^-7
