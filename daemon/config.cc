@@ -2,6 +2,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/backends/wire_dtype.h"
 #include "daemon/listen_address.h"
 
 namespace gradsync {
@@ -50,6 +51,9 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   if (c.num_nodes > 1 && c.listen.empty() && c.is_leader()) {
     return bad(absl::StrCat("--node-rank 0 of --num-nodes ", c.num_nodes,
                             " needs --listen HOST:PORT: the leader serves the rendezvous there"));
+  }
+  if (absl::StatusOr<WireDType> wire = ParseWireDType(c.wire_dtype); !wire.ok()) {
+    return absl::InvalidArgumentError(wire.status().message());
   }
   if (c.local_size < 1 || c.local_size > 256) {
     return bad(absl::StrCat("--local-size ", c.local_size, " is not in [1, 256]"));

@@ -32,6 +32,9 @@ struct DaemonConfig {
   int local_size = 1;  // trainers this daemon serves per job
   std::string backend = "auto";  // auto | gloo | nccl | local
   std::string host;              // address Gloo binds on this node ("" = from --listen)
+  // The cross-node hop's element type for fp32 buckets: off | bf16 | fp16
+  // (daemon/backends/wire_dtype.h); the same on every node of a job.
+  std::string wire_dtype = "off";
 
   double bucket_cap_mb = 25;
   double first_bucket_cap_mb = 1;

@@ -78,6 +78,9 @@ ABSL_FLAG(double, stall_threshold_s, kDefaults.stall_threshold_s,
 ABSL_FLAG(std::string, log_level, kDefaults.log_level, "trace | debug | info | warn | error");
 ABSL_FLAG(std::string, shm_prefix, kDefaults.shm_prefix, "name prefix of shared-memory segments");
 ABSL_FLAG(std::string, shm_group, "", "group allowed to map segments (mode 0660); empty: 0600");
+ABSL_FLAG(std::string, wire_dtype, kDefaults.wire_dtype,
+          "off | bf16 | fp16: fp32 gradients cross nodes as this 16-bit type (half the bytes; "
+          "pre-scaled by 1/world size, fp16 saturates at 65504); every node must agree");
 ABSL_FLAG(int, reduce_threads, kDefaults.reduce_threads,
           "threads for the local reduction; 0: the cores the trainers leave free (1..4)");
 
@@ -134,6 +137,7 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   config.log_level = level;
   config.shm_prefix = absl::GetFlag(FLAGS_shm_prefix);
   config.reduce_threads = absl::GetFlag(FLAGS_reduce_threads);
+  config.wire_dtype = absl::GetFlag(FLAGS_wire_dtype);
   if (const std::string group = absl::GetFlag(FLAGS_shm_group); !group.empty()) {
     const struct group* g = getgrnam(group.c_str());
     if (g == nullptr) return Fail(absl::StrCat("--shm-group ", group, ": no such group"));

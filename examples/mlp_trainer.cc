@@ -54,6 +54,7 @@ struct Options {
   std::string socket;
   int64_t wait_timeout_ms = -1;
   bool quiet = false;
+  bool print_loss = false;    // each step's loss even when quiet (convergence tests)
   std::string extra_tensor;   // register one more tensor (layout mismatch tests)
   int withhold = -1;          // never mark this parameter after step 0 (stall/timeout tests)
   // Fault tests: stop this process (SIGSTOP) at a stage so a test can fault
@@ -307,7 +308,7 @@ int Run(const Options& opt) {
         g[i] = T(0);  // zero_grad
       }
     }
-    if (!opt.quiet && rank == 0) {
+    if ((!opt.quiet || opt.print_loss) && rank == 0) {
       std::printf("step %3d  loss %.6f  (rank %d of %d)\n", step,
                   loss / (double(last - first) * opt.accumulate), rank, world);
       std::fflush(stdout);
@@ -352,6 +353,7 @@ int main(int argc, char** argv) {
                               {"wait-timeout-ms", required_argument, nullptr, 'w'},
                               {"extra-tensor", required_argument, nullptr, 'x'},
                               {"quiet", no_argument, nullptr, 'q'},
+                              {"print-loss", no_argument, nullptr, 'L'},
                               {"withhold", required_argument, nullptr, 'W'},
                               {"pause-at", required_argument, nullptr, 'P'},
                               {"write-after-mark", no_argument, nullptr, 'A'},
@@ -377,6 +379,7 @@ int main(int argc, char** argv) {
       case 'w': opt.wait_timeout_ms = std::atoll(optarg); break;
       case 'x': opt.extra_tensor = optarg; break;
       case 'q': opt.quiet = true; break;
+      case 'L': opt.print_loss = true; break;
       case 'W': opt.withhold = std::atoi(optarg); break;
       case 'P': opt.pause_at = optarg; break;
       case 'A': opt.write_after_mark = true; break;
@@ -385,7 +388,7 @@ int main(int argc, char** argv) {
                      "usage: mlp_trainer [--steps N] [--batch N] [--hidden N] [--dim N] [--lr X]\n"
                      "  [--fp64] [--single] [--accumulate K] [--gate-every K]\n"
                      "  [--gate-unused-first N] [--stale-unused] [--shuffle-seed S] [--sleep-ms N]\n"
-                     "  [--out FILE] [--socket PATH] [--wait-timeout-ms N] [--quiet]\n"
+                     "  [--out FILE] [--socket PATH] [--wait-timeout-ms N] [--quiet] [--print-loss]\n"
                      "  fault tests: [--extra-tensor NAME] [--withhold P] [--write-after-mark]\n"
                      "  [--pause-at attach|register|backward|marked]\n"
                      "  (LOCAL_RANK selects the trainer's local rank)\n");

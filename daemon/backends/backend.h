@@ -34,6 +34,14 @@ inline absl::Status CheckAllreduceArgs(const void* data, size_t count, DType dty
   return absl::OkStatus();
 }
 
+// What crossed the wire: the dtype of the cross-node hop and the bytes
+// handed to the collective (count x wire element size, summed; a ring
+// allreduce sends 2(n-1)/n times that per node).
+struct WireStats {
+  std::string dtype = "off";
+  uint64_t payload_bytes = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -52,6 +60,9 @@ class Backend {
   // process), or nullptr: any memory is as good. Valid until the next call;
   // never called concurrently with AllreduceSum.
   virtual uint8_t* Staging(uint64_t /*bytes*/) { return nullptr; }
+
+  // Safe to call from any thread.
+  virtual WireStats wire_stats() const { return {}; }
 
   // Makes an in-flight or future AllreduceSum fail promptly (another node
   // died). Safe to call from any thread.

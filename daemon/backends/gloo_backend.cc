@@ -11,6 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/backends/gloo_store.h"
+#include "daemon/backends/wire_cast.h"
 #include "common/half.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "gloo/allreduce.h"
@@ -75,6 +76,10 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
   if (options.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("gloo backend: timeout must be positive");
   }
+  if (options.world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo backend: world_size=", options.world_size, " must be >= 1"));
+  }
   if (options.num_nodes == 1) {
     return std::unique_ptr<GlooBackend>(new GlooBackend(options, nullptr));
   }
@@ -134,7 +139,9 @@ GlooBackend::GlooBackend(const GlooBackendOptions& options, std::shared_ptr<gloo
       num_nodes_(options.num_nodes),
       generation_(options.generation),
       timeout_(options.timeout),
-      context_(std::move(context)) {}
+      context_(std::move(context)),
+      wire_dtype_(options.wire_dtype),
+      world_size_(options.world_size) {}
 
 GlooBackend::~GlooBackend() = default;
 
@@ -157,6 +164,20 @@ void GlooBackend::RunAllreduce(T* data, size_t count) {
   gloo::allreduce(opts);
 }
 
+void GlooBackend::RunCompressedAllreduce(float* data, size_t count) {
+  // The casts run where the buffer is (the worker's shared memory): no
+  // copy; the ring moves half the bytes.
+  NarrowInPlace(data, count, wire_dtype_, 1.0f / static_cast<float>(world_size_));
+  auto* wire = reinterpret_cast<uint16_t*>(data);
+  gloo::AllreduceOptions opts(context_);
+  opts.setOutput<uint16_t>(wire, count);
+  opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+  opts.setReduceFunction(WireSum(wire_dtype_));
+  opts.setTimeout(absl::ToChronoMilliseconds(timeout_));
+  gloo::allreduce(opts);
+  WidenInPlace(data, count, wire_dtype_, static_cast<float>(world_size_));
+}
+
 absl::Status GlooBackend::AllreduceSum(void* data, size_t count, DType dtype) {
   if (absl::Status st = CheckAllreduceArgs(data, count, dtype, "gloo"); !st.ok()) return st;
   if (count == 0) return absl::OkStatus();
@@ -174,7 +195,11 @@ absl::Status GlooBackend::AllreduceSum(void* data, size_t count, DType dtype) {
   try {
     switch (dtype) {
       case DType::kFloat32:
-        RunAllreduce(static_cast<float*>(data), count);
+        if (wire_dtype_ != WireDType::kOff) {
+          RunCompressedAllreduce(static_cast<float*>(data), count);
+        } else {
+          RunAllreduce(static_cast<float*>(data), count);
+        }
         break;
       case DType::kFloat64:
         RunAllreduce(static_cast<double*>(data), count);

@@ -50,6 +50,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/backends/backend.h"
+#include "daemon/backends/wire_dtype.h"
 #include "common/dtype.h"
 
 namespace gloo {
@@ -75,6 +76,10 @@ struct GlooBackendOptions {
   // The rendezvous store (GlooStore over the leader; any Gloo store works).
   // Not needed when num_nodes == 1.
   std::shared_ptr<gloo::rendezvous::Store> store;
+  // fp32 buckets cross the wire as this (wire_cast.h), pre-scaled by
+  // 1 / world_size; other dtypes are never compressed.
+  WireDType wire_dtype = WireDType::kOff;
+  int world_size = 1;
 };
 
 class GlooBackend final : public Backend {
@@ -105,6 +110,8 @@ class GlooBackend final : public Backend {
 
   template <typename T>
   void RunAllreduce(T* data, size_t count);
+  // fp32 in place, through the 16-bit wire type.
+  void RunCompressedAllreduce(float* data, size_t count);
   // Records the first failure, closes this node's connections, returns it.
   absl::Status Fail(absl::Status status);
   // Fails every pending operation of the context and closes its sockets
@@ -117,6 +124,8 @@ class GlooBackend final : public Backend {
   const uint64_t generation_;
   const absl::Duration timeout_;
   const std::shared_ptr<gloo::Context> context_;  // null when num_nodes == 1
+  const WireDType wire_dtype_;
+  const int world_size_;
 
   absl::Mutex mu_;
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;

@@ -203,6 +203,8 @@ int RunGlooWorker() {
   options.iface = connect.iface();
   options.generation = connect.generation();
   options.timeout = absl::Milliseconds(connect.timeout_ms());
+  options.wire_dtype = static_cast<WireDType>(connect.wire_dtype());
+  options.world_size = connect.world_size();
   options.store = std::make_shared<ChannelStore>(channel);
   absl::StatusOr<std::unique_ptr<GlooBackend>> backend = GlooBackend::Create(options);
   if (!channel.Send(Done(backend.status())).ok() || !backend.ok()) return 1;

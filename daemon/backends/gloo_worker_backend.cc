@@ -92,7 +92,8 @@ GlooWorkerBackend::GlooWorkerBackend(const GlooBackendOptions& options)
     : node_rank_(options.node_rank),
       num_nodes_(options.num_nodes),
       generation_(options.generation),
-      timeout_(options.timeout) {}
+      timeout_(options.timeout),
+      wire_dtype_(options.wire_dtype) {}
 
 absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> GlooWorkerBackend::Create(
     const GlooBackendOptions& options, std::vector<std::string> worker_argv) {
@@ -171,6 +172,8 @@ absl::Status GlooWorkerBackend::Connect(const GlooBackendOptions& options) {
   connect->set_iface(options.iface);
   connect->set_generation(options.generation);
   connect->set_timeout_ms(absl::ToInt64Milliseconds(options.timeout));
+  connect->set_wire_dtype(static_cast<int32_t>(options.wire_dtype));
+  connect->set_world_size(options.world_size);
   if (!channel_.Send(request).ok()) return WorkerDied("before connecting the mesh");
   absl::Status status = AwaitDone("while connecting the mesh", options.store.get());
   if (!status.ok()) Kill();
@@ -298,7 +301,17 @@ absl::Status GlooWorkerBackend::AllreduceSum(void* data, size_t count, DType dty
   absl::Status status = AwaitDone(during, nullptr);
   if (!status.ok()) return Fail(status);
   if (!shared) std::memcpy(data, buffer_, bytes);
+  const bool compressed = wire_dtype_ != WireDType::kOff && dtype == DType::kFloat32;
+  wire_payload_bytes_.fetch_add(compressed ? count * sizeof(uint16_t) : bytes,
+                                std::memory_order_relaxed);
   return absl::OkStatus();
+}
+
+WireStats GlooWorkerBackend::wire_stats() const {
+  WireStats stats;
+  stats.dtype = WireDTypeName(wire_dtype_);
+  stats.payload_bytes = wire_payload_bytes_.load(std::memory_order_relaxed);
+  return stats;
 }
 
 absl::Status GlooWorkerBackend::Fail(absl::Status status) {

@@ -25,6 +25,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,6 +61,7 @@ class GlooWorkerBackend final : public Backend {
   absl::Status AllreduceSum(void* data, size_t count, DType dtype) override;
   // The shared buffer itself: a bucket summed into it is not copied.
   uint8_t* Staging(uint64_t bytes) override;
+  WireStats wire_stats() const override;
   void Abort(const std::string& reason) override ABSL_LOCKS_EXCLUDED(mu_);
 
   // The worker's pid (0 for a one-node job, which needs none).
@@ -84,6 +86,8 @@ class GlooWorkerBackend final : public Backend {
   const int num_nodes_;
   const uint64_t generation_;
   const absl::Duration timeout_;
+  const WireDType wire_dtype_;
+  std::atomic<uint64_t> wire_payload_bytes_{0};
 
   // The calling thread's (Create, then AllreduceSum's).
   WorkerChannel channel_;

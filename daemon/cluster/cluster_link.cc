@@ -12,6 +12,7 @@
 #include "daemon/backends/gloo_store.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "daemon/backends/gloo_worker_backend.h"
+#include "daemon/backends/wire_dtype.h"
 #include "daemon/cluster/rendezvous_records.h"
 #include "spdlog/spdlog.h"
 
@@ -25,6 +26,30 @@ constexpr absl::Duration kHeartbeatEvery = absl::Milliseconds(500);
 constexpr absl::Duration kPresumedDeadAfter = absl::Milliseconds(4 * 500);
 // How often the leader is asked meanwhile.
 constexpr absl::Duration kSilencePoll = absl::Milliseconds(100);
+
+// Each node's --wire-dtype, published at join.
+std::string WireDTypeKey(uint64_t generation, int node_rank) {
+  return absl::StrCat(GenerationKeyPrefix(generation), "wire_dtype/", node_rank);
+}
+
+// MISMATCH naming the first node that differs from node 0, and both values:
+// every node compares with node 0, so all report the same error.
+absl::Status CompareWireDTypes(RendezvousClient& client, uint64_t generation, int num_nodes) {
+  std::vector<std::string> by_node;
+  for (int n = 0; n < num_nodes; ++n) {
+    absl::StatusOr<std::optional<std::string>> value = client.Get(WireDTypeKey(generation, n));
+    if (!value.ok()) return value.status();
+    by_node.push_back(value->value_or("(none)"));
+  }
+  for (int n = 1; n < num_nodes; ++n) {
+    if (by_node[n] == by_node[0]) continue;
+    return MakeError(v1::MISMATCH,
+                     absl::StrCat("wire dtype mismatch between nodes: node 0 runs --wire-dtype=",
+                                  by_node[0], " but node ", n, " runs --wire-dtype=", by_node[n],
+                                  "; every node of a job must use the same --wire-dtype"));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -107,6 +132,15 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
       !st.ok()) {
     return st;
   }
+  // The wire dtype too: nodes that cast differently would pair 16-bit
+  // halves with fp32 words (garbage sums, or Gloo aborting on sizes).
+  absl::StatusOr<WireDType> wire_dtype = ParseWireDType(config.wire_dtype);
+  if (!wire_dtype.ok()) return wire_dtype.status();
+  if (absl::Status st = client->Set(WireDTypeKey(gen, config.node_rank),
+                                    WireDTypeName(*wire_dtype));
+      !st.ok()) {
+    return st;
+  }
   if (config.node_rank == 0) {
     if (absl::Status st = client->Set(
             CapsKey(gen), EncodeCaps(config.bucket_cap_mb, config.first_bucket_cap_mb));
@@ -117,6 +151,7 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   std::vector<std::string> keys;
   for (int n = 0; n < config.num_nodes; ++n) keys.push_back(LayoutKey(gen, n));
   keys.push_back(CapsKey(gen));
+  for (int n = 0; n < config.num_nodes; ++n) keys.push_back(WireDTypeKey(gen, n));
   if (absl::Status st = client->Wait(keys, wait); !st.ok()) {
     return MakeError(CodeOf(st), absl::StrCat("waiting for every node's layout: ", st.message()));
   }
@@ -137,6 +172,7 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
                                     *diff));
     }
   }
+  if (absl::Status st = CompareWireDTypes(*client, gen, config.num_nodes); !st.ok()) return st;
   absl::StatusOr<std::optional<std::string>> caps_value = client->Get(CapsKey(gen));
   if (!caps_value.ok()) return caps_value.status();
   absl::StatusOr<BucketCaps> agreed = DecodeCaps(CapsKey(gen), *caps_value);
@@ -149,6 +185,8 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   gloo.generation = gen;
   gloo.timeout = absl::Milliseconds(config.timeout_ms);
   gloo.store = std::make_shared<GlooStore>(client, absl::Milliseconds(config.timeout_ms));
+  gloo.wire_dtype = *wire_dtype;
+  gloo.world_size = joined->world_size;
   // Gloo runs in a worker process: a malformed message on its port can only
   // fail this generation (daemon/backends/gloo_worker_backend.h).
   absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> backend = GlooWorkerBackend::Create(gloo);

@@ -669,6 +669,11 @@ void Job::FillStats(v1::Stats* out) const {
   out->set_generation(world_.generation);
   out->set_backend(BackendNameLocked());
   out->set_world_size(world_.world_size);
+  if (world_.backend) {
+    const WireStats wire = world_.backend->wire_stats();
+    out->set_wire_dtype(wire.dtype);
+    out->set_wire_bytes(wire.payload_bytes);
+  }
   const uint64_t per_iteration = stats_ ? stats_->bytes_per_iteration() : 0;
   for (const auto& t : trainers_) {
     if (!t) continue;

@@ -13,7 +13,12 @@
 //               same GlooBackend in a worker process, on the buffer shared
 //               with it (Staging, where the daemon's local sum writes), one
 //               command round trip per allreduce;
-//   worker_copy the same on ordinary memory: copied in and out each time.
+//   worker_copy the same on ordinary memory: copied in and out each time;
+//   worker_bf16, worker_fp16  gloo_worker with --wire-dtype bf16 / fp16 (cast
+//               in place, pre-scaled by 1/nodes, 16-bit ring, cast back).
+// wire_MB: bytes node 0's process running the collective (this one, or its
+// Gloo worker) wrote per allreduce: the kernel's wchar in /proc/PID/io,
+// i.e. what Gloo handed to its sockets (plus a few bytes of commands).
 // Rows alternate per round so drift on a noisy VM hits both alike. Node 0
 // prints, per size: mean time per allreduce, algbw = bytes / time and
 // busbw = algbw * 2(n-1)/n (nccl-tests definitions), and gradsync's busbw as
@@ -23,6 +28,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <cstring>
 #include <cstdio>
 #include <memory>
@@ -31,6 +37,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -78,6 +86,21 @@ using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 [[noreturn]] void Die(const std::string& why) {
   std::fprintf(stderr, "gloo_allreduce_bench: %s\n", why.c_str());
   std::exit(1);
+}
+
+// Bytes process `pid` passed to write(2) and friends so far (0 if unreadable).
+uint64_t BytesWritten(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/io"));
+  std::string line;
+  while (std::getline(in, line)) {
+    absl::string_view view = line;
+    uint64_t bytes = 0;
+    if (absl::ConsumePrefix(&view, "wchar:") &&
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(view), &bytes)) {
+      return bytes;
+    }
+  }
+  return 0;
 }
 
 std::vector<size_t> SizesBytes() {
@@ -140,6 +163,22 @@ int Worker() {
   absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> worker =
       GlooWorkerBackend::Create(worker_options);
   if (!worker.ok()) Die(worker.status().ToString());
+  // The same with a compressed wire, each over keys of its own.
+  std::unique_ptr<GlooWorkerBackend> wire_workers[2];
+  gloo::rendezvous::PrefixStore bf16_keys("worker_bf16", *store);
+  gloo::rendezvous::PrefixStore fp16_keys("worker_fp16", *store);
+  gloo::rendezvous::PrefixStore* wire_keys[2] = {&bf16_keys, &fp16_keys};
+  const WireDType wire_dtypes[2] = {WireDType::kBFloat16, WireDType::kFloat16};
+  for (int w = 0; w < 2; ++w) {
+    GlooBackendOptions wire_options = options;
+    wire_options.store = std::shared_ptr<gloo::rendezvous::Store>(store, wire_keys[w]);
+    wire_options.wire_dtype = wire_dtypes[w];
+    wire_options.world_size = n;
+    absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> created =
+        GlooWorkerBackend::Create(wire_options);
+    if (!created.ok()) Die(created.status().ToString());
+    wire_workers[w] = std::move(*created);
+  }
 
   auto plain_allreduce = [&](std::vector<float>& data) {
     gloo::AllreduceOptions opts(plain);
@@ -165,9 +204,17 @@ int Worker() {
                        data.size());
     }
     if (impl == 3) worker_allreduce(data.data(), data.size());
+    if (impl >= 4) {
+      GlooWorkerBackend& w = *wire_workers[impl - 4];
+      const size_t bytes = data.size() * sizeof(float);
+      absl::Status status =
+          w.AllreduceSum(reinterpret_cast<float*>(w.Staging(bytes)), data.size(), DType::kFloat32);
+      if (!status.ok()) Die(status.ToString());
+    }
   };
-  constexpr int kImpls = 4;
-  const char* const kNames[kImpls] = {"plain_gloo", "gradsync", "gloo_worker", "worker_copy"};
+  constexpr int kImpls = 6;
+  const char* const kNames[kImpls] = {"plain_gloo",  "gradsync",    "gloo_worker",
+                                      "worker_copy", "worker_bf16", "worker_fp16"};
   auto barrier = [&] {
     gloo::BarrierOptions opts(plain);
     gloo::barrier(opts);
@@ -177,12 +224,13 @@ int Worker() {
   const int warmup = absl::GetFlag(FLAGS_warmup);
   const int rounds = absl::GetFlag(FLAGS_rounds);
   if (rank == 0) {
-    std::printf("%5s %9s %-11s %9s %9s %11s %11s %9s\n", "nodes", "size_MB", "impl", "time_ms",
-                "min_ms", "algbw_GB/s", "busbw_GB/s", "vs_plain");
+    std::printf("%5s %9s %-11s %9s %9s %11s %11s %9s %9s\n", "nodes", "size_MB", "impl",
+                "time_ms", "min_ms", "algbw_GB/s", "busbw_GB/s", "vs_plain", "wire_MB");
   }
   for (size_t bytes : SizesBytes()) {
     std::vector<float> data(bytes / sizeof(float));
     double total_s[kImpls] = {};
+    uint64_t wire_bytes[kImpls] = {};
     double min_s[kImpls];
     std::fill(min_s, min_s + kImpls, 1e30);
     for (int round = 0; round < rounds; ++round) {
@@ -191,8 +239,15 @@ int Worker() {
         if (impl == 2) {
           std::memcpy((*worker)->Staging(bytes), data.data(), bytes);
         }
+        if (impl >= 4) {
+          std::memcpy(wire_workers[impl - 4]->Staging(bytes), data.data(), bytes);
+        }
         for (int i = 0; i < warmup; ++i) run(impl, data);
         barrier();
+        const pid_t writer = impl == 2 || impl == 3 ? (*worker)->worker_pid()
+                             : impl >= 4           ? wire_workers[impl - 4]->worker_pid()
+                                                   : getpid();
+        const uint64_t written_before = BytesWritten(writer);
         for (int i = 0; i < iters; ++i) {
           const auto t0 = std::chrono::steady_clock::now();
           run(impl, data);
@@ -201,6 +256,7 @@ int Worker() {
           total_s[impl] += s;
           min_s[impl] = std::min(min_s[impl], s);
         }
+        wire_bytes[impl] += BytesWritten(writer) - written_before;
       }
     }
     if (rank != 0) continue;
@@ -211,9 +267,10 @@ int Worker() {
       busbw[impl] = algbw * 2.0 * (n - 1) / n;
       const std::string ratio =
           impl == 0 ? "" : absl::StrFormat("%.3f", busbw[impl] / busbw[0]);
-      std::printf("%5d %9.3f %-11s %9.2f %9.2f %11.3f %11.3f %9s\n", n, bytes / 1e6,
-                  kNames[impl], mean_s * 1e3, min_s[impl] * 1e3, algbw,
-                  busbw[impl], ratio.c_str());
+      const double wire_mb = wire_bytes[impl] / 1e6 / (rounds * iters);
+      std::printf("%5d %9.3f %-11s %9.2f %9.2f %11.3f %11.3f %9s %9.2f\n", n, bytes / 1e6,
+                  kNames[impl], mean_s * 1e3, min_s[impl] * 1e3, algbw, busbw[impl],
+                  ratio.c_str(), wire_mb);
     }
     std::fflush(stdout);
   }

@@ -97,7 +97,8 @@ TEST(GradsyncdFlagsTest, HelpListsEveryFlagWithDashedNameAndVariable) {
                            "log-level",
                            "shm-prefix",
                            "shm-group",
-                           "reduce-threads"}) {
+                           "reduce-threads",
+                           "wire-dtype"}) {
     EXPECT_THAT(r.out, HasSubstr(absl::StrCat("  --", name, " ("))) << name;
   }
   EXPECT_THAT(r.out, HasSubstr("env GRADSYNCD_FIRST_BUCKET_CAP_MB)"));
@@ -117,6 +118,10 @@ TEST(GradsyncdFlagsTest, EnvironmentSetsIntDoubleAndStringFlags) {
   r = RunDaemon({}, {{"GRADSYNCD_BACKEND", "mpi"}});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("--backend mpi must be auto, gloo, nccl or local"));
+
+  r = RunDaemon({}, {{"GRADSYNCD_WIRE_DTYPE", "int8"}});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--wire-dtype 'int8' is not one of off, bf16, fp16"));
 }
 
 TEST(GradsyncdFlagsTest, ConfigFileTakesDashedNamesInEitherSpelling) {

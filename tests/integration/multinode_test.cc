@@ -11,7 +11,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -48,13 +50,16 @@ int FreePort(const std::string& host = "127.0.0.1") {
 // listens on `leader_host` only.
 class Cluster {
  public:
+  // `node_extra[n]`: flags for node n only (after `extra`).
   Cluster(int nodes, int local, std::vector<std::string> extra = {}, std::string token = "s3cret",
-          std::string leader_host = "127.0.0.1")
+          std::string leader_host = "127.0.0.1",
+          std::vector<std::vector<std::string>> node_extra = {})
       : nodes_(nodes),
         local_(local),
         leader_host_(std::move(leader_host)),
         port_(FreePort(leader_host_)),
-        extra_(std::move(extra)) {
+        extra_(std::move(extra)),
+        node_extra_(std::move(node_extra)) {
     token_file_ = dir_.File("token");
     EXPECT_TRUE(WriteTokenFile(token_file_, token));
     for (int n = 0; n < nodes; ++n) StartNode(n);
@@ -72,6 +77,9 @@ class Cluster {
       args.push_back(absl::StrCat("--leader=", leader_host_, ":", port_));
     }
     args.insert(args.end(), extra_.begin(), extra_.end());
+    if (n < static_cast<int>(node_extra_.size())) {
+      args.insert(args.end(), node_extra_[n].begin(), node_extra_[n].end());
+    }
     if (static_cast<int>(daemons_.size()) <= n) daemons_.resize(n + 1);
     daemons_[n] = std::make_unique<Daemon>(local_, args);
     ASSERT_TRUE(daemons_[n]->WaitReady(seconds(10))) << daemons_[n]->process().Log();
@@ -93,6 +101,7 @@ class Cluster {
   std::string leader_host_;
   int port_;
   std::vector<std::string> extra_;
+  std::vector<std::vector<std::string>> node_extra_;
   ScratchDir dir_;  // removed after the daemons are gone
   std::string token_file_;
   std::vector<std::unique_ptr<Daemon>> daemons_;
@@ -442,6 +451,136 @@ TEST(MultiNode, NonZeroRankWithoutLeaderExitsAtOnceNamingTheFlags) {
   // Nothing was bound or created before the refusal.
   EXPECT_NE(access(lost.socket().c_str(), F_OK), 0);
   EXPECT_TRUE(SegmentsWithPrefix(lost.shm_prefix()).empty());
+}
+
+// Trains on two daemons (one trainer each, fp32) with `wire_dtype` and
+// returns node 0's trainer's log; its weights go to `out`. `after` runs
+// once the trainers are done, while the daemons still run.
+std::string TrainTwoNodes(const std::string& wire_dtype, const std::vector<std::string>& args,
+                          const std::string& out,
+                          const std::function<void(Cluster&)>& after = nullptr) {
+  Cluster cluster(2, 1, {"--wire-dtype=" + wire_dtype});
+  std::vector<Process> trainers;
+  for (int n = 0; n < 2; ++n) {
+    trainers.push_back(StartTrainer(cluster.node(n), 0, args,
+                                    n == 0 ? out : absl::StrCat(cluster.dir(), "/w1.txt")));
+  }
+  for (auto& t : trainers) {
+    ExitStatus st = t.Wait(kBound);
+    EXPECT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
+  }
+  if (after) after(cluster);
+  return trainers[0].Log();
+}
+
+// Node 0's Stats once its wire counter reached `bytes` (the scheduler
+// thread may count the last bucket just after the trainers returned), or
+// the last Stats seen at the deadline.
+v1::Stats WaitForWireBytes(const Cluster& cluster, uint64_t bytes) {
+  auto stub = v1::Control::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", cluster.port()), grpc::InsecureChannelCredentials()));
+  v1::Stats stats;
+  const auto deadline = std::chrono::steady_clock::now() + kBound;
+  while (std::chrono::steady_clock::now() < deadline) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + seconds(10));
+    AttachCallToken(&context, "s3cret");
+    v1::GetStatsResponse response;
+    if (stub->GetStats(&context, v1::GetStatsRequest(), &response).ok()) {
+      stats = response.stats();
+      if (stats.wire_bytes() >= bytes) break;
+    }
+    std::this_thread::sleep_for(milliseconds(10));  // polling pace, not synchronization
+  }
+  return stats;
+}
+
+// The losses rank 0 printed, by step ("step   3  loss 0.123456 ...").
+std::vector<double> Losses(const std::string& log) {
+  std::vector<double> losses;
+  for (size_t p = log.find("step "); p != std::string::npos; p = log.find("step ", p + 1)) {
+    int step = 0;
+    double loss = 0;
+    if (std::sscanf(log.c_str() + p, "step %d loss %lf", &step, &loss) == 2 &&
+        step == static_cast<int>(losses.size())) {
+      losses.push_back(loss);
+    }
+  }
+  return losses;
+}
+
+// --wire-dtype: fp32 gradients cross the wire as 16-bit values. The result
+// stays within the casts' error of single-process training (and farther
+// from it than fp32's own rounding: the cast did happen).
+TEST(MultiNode, CompressedWireTrainsWithinTheCastsErrorOfSingleProcessTraining) {
+  const std::vector<std::string> args = {"--steps=5", "--batch=64", "--quiet"};
+  ScratchDir dir;
+  const std::vector<double> expected = Reference(dir.path(), args);
+  // Every step hands at least the whole model to the wire (buckets also
+  // carry the alignment padding between neighbouring tensors).
+  const uint64_t min_fp32_bytes = 5 * expected.size() * sizeof(float);
+  uint64_t fp32_bytes = 0;
+  for (const char* wire : {"off", "bf16", "fp16"}) {
+    const std::string out = dir.File(absl::StrCat("w.", wire, ".txt"));
+    const uint64_t want_bytes = std::string(wire) == "off" ? min_fp32_bytes : min_fp32_bytes / 2;
+    v1::Stats stats;
+    TrainTwoNodes(wire, args, out, [&](Cluster& cluster) {
+      stats = WaitForWireBytes(cluster, want_bytes);
+    });
+    EXPECT_EQ(stats.wire_dtype(), wire);
+    EXPECT_GE(stats.wire_bytes(), want_bytes) << wire;
+    const std::vector<double> got = LoadWeights(out);
+    ASSERT_EQ(got.size(), expected.size()) << wire;
+    const double diff = RelativeDifference(got, expected);
+    std::printf("wire %s: relative difference %.3g from single-process fp32, wire_bytes %llu\n",
+                wire, diff, static_cast<unsigned long long>(stats.wire_bytes()));
+    if (std::string(wire) == "off") {
+      // fp32 across nodes differs from one process by summation order only.
+      EXPECT_LE(diff, 1e-6);
+      fp32_bytes = stats.wire_bytes();
+      continue;
+    }
+    // Half the bytes of the fp32 run, exactly.
+    EXPECT_EQ(stats.wire_bytes() * 2, fp32_bytes) << wire;
+    // Per step each averaged gradient element is within 2 roundings (2^-7
+    // bf16, 2^-10 fp16, relative); over 5 steps of lr 0.1 the weights
+    // (norm ~1) move by far less than that.
+    const double bound = std::string(wire) == "bf16" ? 0x1p-7 : 0x1p-10;
+    EXPECT_LE(diff, bound) << wire;
+    // Farther than fp32's own rounding: the cast did happen.
+    EXPECT_GT(diff, 1e-6) << wire << ": as close as fp32, so nothing was compressed";
+  }
+}
+
+TEST(MultiNode, TrainingWithABf16WireConvergesLikeFp32) {
+  const std::vector<std::string> args = {"--steps=60", "--batch=64", "--print-loss"};
+  ScratchDir dir;
+  const std::vector<double> fp32 = Losses(TrainTwoNodes("off", args, dir.File("fp32.txt")));
+  const std::vector<double> bf16 = Losses(TrainTwoNodes("bf16", args, dir.File("bf16.txt")));
+  ASSERT_EQ(fp32.size(), 60u);
+  ASSERT_EQ(bf16.size(), 60u);
+  // The loss the fp32 run reached after 4/5 of its steps: the bf16 run gets
+  // below it by its last step (a convergence check, not a timing).
+  const double threshold = fp32[47];
+  EXPECT_LT(fp32[47], 0.5 * fp32[0]) << "the fp32 run itself did not converge";
+  std::printf("loss: step 0 %.6f, fp32 step 47 %.6f / 59 %.6f, bf16 step 59 %.6f\n", fp32[0],
+              fp32[47], fp32.back(), bf16.back());
+  EXPECT_LT(bf16.back(), threshold) << "bf16 loss " << bf16.back() << " vs fp32 at step 47 "
+                                    << threshold;
+}
+
+TEST(MultiNode, DifferentWireDtypesOnTwoNodesAreAMismatchNamingBoth) {
+  Cluster cluster(2, 1, {}, "s3cret", "127.0.0.1", {{"--wire-dtype=off"}, {"--wire-dtype=bf16"}});
+  Process a = StartTrainer(cluster.node(0), 0, {"--steps=3"}, "");
+  Process b = StartTrainer(cluster.node(1), 0, {"--steps=3"}, "");
+  for (Process* p : {&a, &b}) {
+    ExitStatus st = p->Wait(kBound);
+    EXPECT_FALSE(st.timed_out);
+    EXPECT_EQ(st.code, kExitMismatch) << p->Log();
+    EXPECT_NE(p->Log().find("node 0 runs --wire-dtype=off but node 1 runs --wire-dtype=bf16"),
+              std::string::npos)
+        << p->Log();
+  }
 }
 
 }  // namespace
