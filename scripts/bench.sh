@@ -30,6 +30,10 @@ benches() {
 }
 
 selected=("$@")
+# Two passes over benches(): the first collects the targets to build (one
+# bazel build, not one per benchmark), the second runs them.
+pass=collect
+targets=()
 done_count=0
 start_s=$SECONDS
 progress() {
@@ -43,9 +47,12 @@ bench() {
   if [ ${#selected[@]} -gt 0 ] && [[ ! " ${selected[*]} " == *" ${target} "* ]]; then
     return 0
   fi
+  if [ "$pass" = collect ]; then
+    targets+=("//tests/bench:${target}")
+    return 0
+  fi
   progress "//tests/bench:${target}"
   echo "== //tests/bench:${target} $*"
-  bazel build "${BAZEL_FLAGS[@]}" "//tests/bench:${target}" 2>&1 | tail -n 1
   # The wrapper passes the output through and keeps its tables as JSON.
   /usr/bin/python3 tests/bench/bench_report.py --wrap "${target}" \
     "bazel-bin/tests/bench/${target}" "$@"
@@ -61,12 +68,21 @@ py_bench() {
     return 0
   fi
   [ -f "tests/bench/${file}" ] || return 0
+  if [ "$pass" = collect ]; then
+    targets+=("$@")
+    return 0
+  fi
   progress "tests/bench/${file}"
   echo "== tests/bench/${file}"
-  bazel build "${BAZEL_FLAGS[@]}" "$@" 2>&1 | tail -n 1
   /usr/bin/python3 "tests/bench/${file}"
   echo
 }
 
+benches
+if [ ${#targets[@]} -gt 0 ]; then
+  echo "[bench.sh] building ${#targets[@]} targets" >&2
+  bazel build "${BAZEL_FLAGS[@]}" "${targets[@]}" 2>&1 | tail -n 1
+fi
+pass=run
 benches
 echo "[bench.sh] done in $((SECONDS - start_s))s; results in bench-results/" >&2

@@ -240,12 +240,26 @@ def _numeric(field: str):
         return field
 
 
-def parse_whitespace_tables(lines: Sequence[str]) -> List[dict]:
-    """Runs of lines with the same number of fields after a header line (one
-    without numbers): the C++ benches' aligned tables."""
+def parse_tables(lines: Sequence[str]) -> List[dict]:
+    """The C++ benches' tables: markdown ones (titled by the last "## "
+    heading before them) and aligned ones (runs of lines with the same number
+    of fields after a header line without numbers)."""
     tables: List[dict] = []
     header: Optional[List[str]] = None
+    heading = ""
     for line in lines:
+        if line.startswith("## "):
+            heading = line[3:].strip()
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if all(set(c) <= set("-: ") for c in cells):
+                continue  # the separator under the header
+            if header is None or len(cells) != len(header):
+                header = cells
+                tables.append({"title": heading or " ".join(cells), "columns": cells, "rows": []})
+            else:
+                tables[-1]["rows"].append([_numeric(c) for c in cells])
+            continue
         fields = line.split()
         if not fields or line.startswith("#"):
             header = None
@@ -273,7 +287,7 @@ def wrap(name: str, cmd: List[str]) -> int:
         lines.append(line.rstrip("\n"))
     rc = proc.wait()
     progress.finish()
-    report.tables = parse_whitespace_tables(lines)
+    report.tables = parse_tables(lines)
     report.tables.append({"title": "output", "columns": ["line"], "rows": [[l] for l in lines]})
     report.write()
     return rc

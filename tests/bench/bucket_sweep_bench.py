@@ -31,9 +31,9 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import shutil
-from typing import Dict, List, Optional
+import tempfile
+from typing import Dict, List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
@@ -70,7 +70,10 @@ def build_model(name: str):
     return torch.nn.TransformerEncoder(layer, num_layers=6), (8, 32, 256), (8, 32, 256)
 
 
-def worker(model_name: str, sync: bool, rank: int, steps: int, warmup: int) -> Dict:
+def worker(model_name: str, rank: int, steps: int, warmup: int) -> None:
+    """Runs one measurement per stdin line ("compute", or "sync" once the
+    driver has started a daemon with the next cap) and prints its result as
+    JSON: torch starts once per model, not once per cap."""
     import time
     import torch
 
@@ -78,48 +81,63 @@ def worker(model_name: str, sync: bool, rank: int, steps: int, warmup: int) -> D
     model, x_shape, y_shape = build_model(model_name)
     g = torch.Generator().manual_seed(rank)
     x, y = torch.randn(*x_shape, generator=g), torch.randn(*y_shape, generator=g)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    if sync:
-        import gradsync.torch as gst
-        opt = gst.DistributedOptimizer(opt, model.named_parameters())
-    times = []
-    for i in range(warmup + steps):
-        start = time.perf_counter()
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    if sync:
-        opt.close()
     params = list(model.parameters())
-    return {"median_s": statistics.median(times), "tensors": len(params),
-            "params": sum(p.numel() for p in params)}
+    for line in sys.stdin:
+        sync = line.strip() == "sync"
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+        if sync:
+            import gradsync.torch as gst
+            opt = gst.DistributedOptimizer(opt, model.named_parameters())
+        times = []
+        for i in range(warmup + steps):
+            start = time.perf_counter()
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+        if sync:
+            opt.close()
+        print(json.dumps({"median_s": statistics.median(times), "tensors": len(params),
+                          "params": sum(p.numel() for p in params)}), flush=True)
 
 
 # --------------------------------------------------------------------------
 # Driver side.
 
 
-def run_trainers(model: str, sync: bool, steps: int, warmup: int,
-                 socket_path: Optional[str]) -> Dict:
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, LOCAL_RANK=str(rank), OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.path.join(ROOT, "client", "python"))
-        if socket_path:
-            env["GRADSYNC_SOCKET"] = socket_path
-        procs.append(subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker", model, str(int(sync)),
-             str(rank), str(steps), str(warmup)], env=env, stdout=subprocess.PIPE, text=True))
-    results = []
-    for p in procs:
-        out, _ = p.communicate(timeout=900)
-        if p.returncode != 0:
-            raise RuntimeError(f"{model} trainer failed with code {p.returncode}")
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    # Synchronized trainers move in lockstep; report the slowest.
-    return {**results[0], "median_s": max(r["median_s"] for r in results)}
+class Trainers:
+    """The two trainer processes of one model, measuring on request."""
+
+    def __init__(self, model: str, steps: int, warmup: int, socket_path: str):
+        self.procs = []
+        for rank in range(2):
+            env = dict(os.environ, LOCAL_RANK=str(rank), OMP_NUM_THREADS="1",
+                       GRADSYNC_SOCKET=socket_path,
+                       PYTHONPATH=os.path.join(ROOT, "client", "python"))
+            self.procs.append(subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "--worker", model, str(rank),
+                 str(steps), str(warmup)], env=env, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, text=True))
+
+    def measure(self, what: str) -> Dict:
+        for p in self.procs:
+            p.stdin.write(what + "\n")
+            p.stdin.flush()
+        results = []
+        for p in self.procs:
+            line = p.stdout.readline()
+            if not line:
+                raise RuntimeError(f"a trainer exited with code {p.wait()}")
+            results.append(json.loads(line))
+        # Synchronized trainers move in lockstep; report the slowest.
+        return {**results[0], "median_s": max(r["median_s"] for r in results)}
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.stdin.close()
+        for p in self.procs:
+            p.wait(timeout=60)
 
 
 def plot(report: bench_report.Report, caps: List[float], results: Dict, compute: Dict) -> None:
@@ -148,11 +166,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description="step time vs bucket cap")
     ap.add_argument("--quick", action="store_true", help="fewer caps and steps")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per point")
-    ap.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        model, sync, rank, steps, warmup = args.worker
-        print(json.dumps(worker(model, sync == "1", int(rank), int(steps), int(warmup))))
+        model, rank, steps, warmup = args.worker
+        worker(model, int(rank), int(steps), int(warmup))
         return 0
 
     from gradsync.daemon import LocalDaemon
@@ -170,16 +188,19 @@ def main() -> int:
     try:
         for model in MODELS:
             progress.step(f"{model}: compute only")
-            compute[model] = run_trainers(model, False, steps, warmup, None)
-            for cap in caps:
-                progress.step(f"{model}: cap {cap:g} MB")
-                daemon = LocalDaemon(sock, 2, ["--timeout-s=300", f"--bucket-cap-mb={cap}"],
-                                     log_path=os.path.join(tmp, f"{model}-{cap}.log")).start()
-                try:
-                    results[model][cap] = run_trainers(model, True, steps, warmup,
-                                                       sock)["median_s"]
-                finally:
-                    daemon.stop()
+            trainers = Trainers(model, steps, warmup, sock)
+            try:
+                compute[model] = trainers.measure("compute")
+                for cap in caps:
+                    progress.step(f"{model}: cap {cap:g} MB")
+                    daemon = LocalDaemon(sock, 2, ["--timeout-s=300", f"--bucket-cap-mb={cap}"],
+                                         log_path=os.path.join(tmp, f"{model}-{cap}.log")).start()
+                    try:
+                        results[model][cap] = trainers.measure("sync")["median_s"]
+                    finally:
+                        daemon.stop()
+            finally:
+                trainers.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     progress.finish()

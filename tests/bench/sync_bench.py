@@ -308,7 +308,8 @@ def algbw_gbps(nbytes: int, us: float | None) -> float | None:
 
 def plot_bandwidth(report, rows: list) -> None:
     fig, ax = bench_report.figure(
-        "Allreduce bandwidth vs message size, 2 processes (p50; higher is better)",
+        "Allreduce bandwidth vs message size, 2 processes (higher is better)\n"
+        "gradsync, torch: p50 of iterations; plain Gloo: mean",
         "message size (bytes, log scale)", "algorithm bandwidth (GB/s) = bytes / time")
     sizes = [r[0] for r in rows]
     series = [(1, "gradsync local: 1 daemon, 2 trainers (shared memory)", "o-"),

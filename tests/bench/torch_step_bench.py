@@ -26,7 +26,7 @@ Run from the repository root after
 `bazel build //client:libgradsync.so //daemon:gradsyncd`:
 
     /usr/bin/python3 tests/bench/torch_step_bench.py [--steps 20] [--rounds 3] [--threads 1]
-        [--quick]   (--quick, or GRADSYNC_BENCH_QUICK=1: 6 steps, 1 round)
+        [--quick]   (--quick, or GRADSYNC_BENCH_QUICK=1: 4 steps, 1 round)
 
 $GRADSYNC_BENCH_DAEMON_ARGS adds flags to the daemons it starts (e.g.
 "--reduce-threads=2" or "--bucket-cap-mb=10").
@@ -144,7 +144,7 @@ def run_variant(variant: str, nproc: int, args: argparse.Namespace,
 def main() -> int:
     ap = argparse.ArgumentParser(description="training step: gradsync vs torch DDP vs compute")
     quick = bench_report.quick()
-    ap.add_argument("--steps", type=int, default=6 if quick else 20,
+    ap.add_argument("--steps", type=int, default=4 if quick else 20,
                     help="timed steps per variant")
     ap.add_argument("--warmup", type=int, default=2 if quick else 3)
     ap.add_argument("--rounds", type=int, default=1 if quick else 3,
@@ -206,8 +206,9 @@ def main() -> int:
              f"{args.rounds} interleaved rounds; load average {load_before:.1f} before, "
              f"{load_after:.1f} after. Targets (docs/PERFORMANCE.md): gradsync step <= 1.15x "
              "compute only, <= 0.6x DDP.")
-    fig, ax = bench_report.figure(title, "step time, median of rounds (ms)", "variant",
-                                  size=(9, 4))
+    fig, ax = bench_report.figure(
+        f"Training step, 2 trainers: {params / 1e6:.1f}M-parameter MLP, batch {BATCH}/trainer",
+        "step time, median of rounds (ms)", "variant", size=(9, 4))
     labels = [v[0] for v in variants]
     refs = {"compute only, 1 process", "compute only, 2 processes", "torch DDP (gloo)"}
     colors = ["#bdbdbd" if label in refs else "#3182bd" for label in labels]
@@ -215,9 +216,10 @@ def main() -> int:
     ax.set_yticks(range(len(labels)))
     ax.set_yticklabels(labels)
     ax.invert_yaxis()
+    ax.set_xlim(0, max(p50.values()) * 1e3 * 1.1)
     from matplotlib.patches import Patch
     ax.legend(handles=[Patch(color="#bdbdbd", label="reference (same run)"),
-                       Patch(color="#3182bd", label="gradsync")], loc="lower right")
+                       Patch(color="#3182bd", label="gradsync")], loc="upper right")
     report.plot(fig, "torch_step")
     report.write()
     return 0
