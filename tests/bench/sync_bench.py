@@ -76,6 +76,7 @@ def daemon_phases(addr: str, token_file: str | None) -> dict | None:
         return None
     buckets = json.loads(out.stdout).get("buckets", [])
     if not buckets:
+        print(f"gradsyncctl stats at {addr}: no buckets", file=sys.stderr)
         return None
     b = buckets[0]
     return {k: float(b.get(k, {}).get("p50_us", 0.0)) for k in PHASES + ["total"]}
