@@ -356,7 +356,8 @@ std::string FormatStatsPrometheus(const v1::Stats& s) {
         {"total", &b.total()},
         {"wait_for_ready", &b.wait_for_ready()},
         {"local_reduce", &b.local_reduce()},
-        {"collective", &b.collective()}};
+        {"collective", &b.collective()},
+        {"write_back", &b.write_back()}};
     for (const auto& [phase, l] : phases) {
       Labels labels = bucket;
       labels.push_back({"phase", phase});

@@ -219,6 +219,7 @@ absl::Status GpuReducer::Reduce(const PlannedBucket& bucket,
   const int64_t done = NowNs();
   timings->local_reduce_ns = (summed - start) + (done - reduced);
   timings->collective_ns = reduced - summed;
+  timings->write_back_ns = done - reduced;
   return absl::OkStatus();
 }
 

@@ -269,8 +269,10 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
       pool_.Run(&RunSlice, &job, slices);
     }
     if (timings) {
-      timings->local_reduce_ns = (t1 - t0) + (NowNs() - t2);
+      const int64_t t3 = NowNs();
+      timings->local_reduce_ns = (t1 - t0) + (t3 - t2);
       timings->collective_ns = t2 - t1;
+      timings->write_back_ns = t3 - t2;
     }
     return status;
   }
@@ -289,8 +291,10 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
     pool_.Run(&RunSlice, &job, slices);
   }
   if (timings) {
-    timings->local_reduce_ns = (t1 - t0) + (NowNs() - t2);
+    const int64_t t3 = NowNs();
+    timings->local_reduce_ns = (t1 - t0) + (t3 - t2);
     timings->collective_ns = t2 - t1;
+    timings->write_back_ns = t3 - t2;
   }
   return status;
 }

@@ -29,6 +29,9 @@ struct ReduceSpan {
 struct ReduceTimings {
   int64_t local_reduce_ns = 0;  // local sum (+ write back on one node)
   int64_t collective_ns = 0;    // the backend's cross-node allreduce
+  // The part of local_reduce_ns after the collective that copies the result
+  // into every arena (0 on one node: fused into the sum).
+  int64_t write_back_ns = 0;
 };
 
 inline constexpr size_t kMaxLocalTrainers = 256;

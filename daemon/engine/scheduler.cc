@@ -584,6 +584,7 @@ bool Scheduler::FinishLaunch(uint32_t bucket, const ReduceTimings& timings) {
   BucketTimeline& tl = timelines_[bucket];
   tl.local_done_ns = tl.launch_ns + timings.local_reduce_ns;
   tl.collective_done_ns = tl.local_done_ns + timings.collective_ns;
+  tl.write_back_ns = timings.write_back_ns;
   // No per-bucket completion entry: trainers wait for the iteration, and a
   // model with more buckets than ring slots must not fill the ring.
   tl.done_ns = NowNs();

@@ -19,6 +19,7 @@ struct BucketTimeline {
   int64_t local_done_ns = 0;     // local sum done (= written back on one node)
   int64_t collective_done_ns = 0;
   int64_t done_ns = 0;           // completions posted
+  int64_t write_back_ns = 0;     // of local_done..done: result copied into the arenas
 };
 
 class SchedulerObserver {

@@ -72,9 +72,12 @@ void JobStats::OnBucketDone(const BucketTimeline& t) {
   Bucket& b = BucketAt(t.bucket);
   b.total.RecordInterval(t.first_ready_ns, t.done_ns);
   b.wait_for_ready.RecordInterval(t.first_ready_ns, t.last_ready_ns);
-  // Local reduce = everything but the collective (sum, and the write-back).
-  b.local_reduce.Record((t.done_ns - t.launch_ns) - (t.collective_done_ns - t.local_done_ns));
+  // The four phases add up to the bucket's reduction: local reduce is
+  // everything but the collective and the write-back.
+  b.local_reduce.Record((t.done_ns - t.launch_ns) - (t.collective_done_ns - t.local_done_ns) -
+                        t.write_back_ns);
   b.collective.RecordInterval(t.local_done_ns, t.collective_done_ns);
+  b.write_back.Record(t.write_back_ns);
   b.count.fetch_add(1, std::memory_order_relaxed);
   b.bytes.store(t.bytes, std::memory_order_relaxed);
   absl::MutexLock lock(&mu_);
@@ -174,6 +177,7 @@ void JobStats::FillStats(v1::Stats* out, const std::vector<uint32_t>& tensors_pe
     Fill(b.wait_for_ready, bs->mutable_wait_for_ready());
     Fill(b.local_reduce, bs->mutable_local_reduce());
     Fill(b.collective, bs->mutable_collective());
+    Fill(b.write_back, bs->mutable_write_back());
   }
   out->set_iterations(iterations_.load());
   out->set_bytes_reduced(bytes_reduced_.load());

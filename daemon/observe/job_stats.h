@@ -61,7 +61,7 @@ class JobStats final : public SchedulerObserver {
 
  private:
   struct Bucket {
-    LatencyStats total, wait_for_ready, local_reduce, collective;
+    LatencyStats total, wait_for_ready, local_reduce, collective, write_back;
     std::atomic<uint64_t> count{0};
     std::atomic<uint64_t> bytes{0};
   };

@@ -3,6 +3,8 @@
 // --iters iterations marks every tensor ready and waits, timing each
 // iteration from its first mark_ready to gs_wait's return. Prints one line:
 //   result rank=R iters=N p50_us=.. p99_us=.. mean_us=..
+// --samples-out=FILE also writes every timed iteration (µs, one per line)
+// for the latency CDF.
 #include <getopt.h>
 
 #include <algorithm>
@@ -15,7 +17,7 @@
 #include "client/gradsync.h"
 
 int main(int argc, char** argv) {
-  std::string socket;
+  std::string socket, samples_out;
   uint64_t bytes = 4096;
   int tensors = 1, iters = 100, warmup = 10;
   static option opts[] = {{"socket", required_argument, nullptr, 's'},
@@ -23,6 +25,7 @@ int main(int argc, char** argv) {
                           {"tensors", required_argument, nullptr, 't'},
                           {"iters", required_argument, nullptr, 'i'},
                           {"warmup", required_argument, nullptr, 'w'},
+                          {"samples-out", required_argument, nullptr, 'o'},
                           {nullptr, 0, nullptr, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", opts, nullptr)) != -1) {
@@ -32,6 +35,7 @@ int main(int argc, char** argv) {
       case 't': tensors = std::atoi(optarg); break;
       case 'i': iters = std::atoi(optarg); break;
       case 'w': warmup = std::atoi(optarg); break;
+      case 'o': samples_out = optarg; break;
       default: return 2;
     }
   }
@@ -73,6 +77,15 @@ int main(int argc, char** argv) {
     const double d =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
     if (it >= warmup) us.push_back(d);
+  }
+  if (!samples_out.empty()) {
+    FILE* f = std::fopen(samples_out.c_str(), "w");
+    if (f == nullptr) {
+      std::perror(samples_out.c_str());
+      return 1;
+    }
+    for (double v : us) std::fprintf(f, "%.3f\n", v);
+    std::fclose(f);
   }
   std::sort(us.begin(), us.end());
   double sum = 0;

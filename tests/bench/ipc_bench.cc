@@ -34,6 +34,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <new>
@@ -602,21 +603,25 @@ int main() {
   g_pinned = cpus >= 2;
   Pin(0);
   const std::string p = absl::StrCat("gsbench_", getpid());
+  // scripts/bench.sh --quick: a fifth of the events (percentiles stay
+  // meaningful: >= 2,000 round trips per path).
+  const char* quick_env = std::getenv("GRADSYNC_BENCH_QUICK");
+  const int scale = quick_env != nullptr && std::string(quick_env) == "1" ? 5 : 1;
 
   const std::vector<Path> paths = {
       {"cache-line ping-pong (reference)", [&](int n) { return CacheLine(p + "_line", n); },
-       kSpinRounds, nullptr, false},
+       kSpinRounds / scale, nullptr, false},
       {"gradsync ring (spinning consumer)",
-       [&](int n) { return RingLatency(p + "_spin", /*sleep=*/false, n); }, kSpinRounds,
-       [&] { return RingStream(p + "_spins", /*sleep=*/false, kRingStream); }, false},
+       [&](int n) { return RingLatency(p + "_spin", /*sleep=*/false, n); }, kSpinRounds / scale,
+       [&] { return RingStream(p + "_spins", /*sleep=*/false, kRingStream / scale); }, false},
       {"raw futex ping-pong (wake-up floor, reference)",
-       [&](int n) { return RawFutex(p + "_futex", n); }, kSleepRounds, nullptr, true},
+       [&](int n) { return RawFutex(p + "_futex", n); }, kSleepRounds / scale, nullptr, true},
       {"gradsync ring (sleeping consumer, futex wake)",
-       [&](int n) { return RingLatency(p + "_sleep", /*sleep=*/true, n); }, kSleepRounds,
-       [&] { return RingStream(p + "_sleeps", /*sleep=*/true, kSleepStream); }, true},
-      {"boost message_queue", [&](int n) { return QueueLatency(p + "_mq", n); }, kSyscallRounds,
+       [&](int n) { return RingLatency(p + "_sleep", /*sleep=*/true, n); }, kSleepRounds / scale,
+       [&] { return RingStream(p + "_sleeps", /*sleep=*/true, kSleepStream / scale); }, true},
+      {"boost message_queue", [&](int n) { return QueueLatency(p + "_mq", n); }, kSyscallRounds / scale,
        [&] { return QueueStream(p + "_mqs"); }, true},
-      {"unix socket ping-pong", [](int n) { return SocketLatency(n); }, kSyscallRounds,
+      {"unix socket ping-pong", [](int n) { return SocketLatency(n); }, kSyscallRounds / scale,
        [] { return SocketStream(); }, true},
   };
   // Interleaved passes: a burst of other work on the machine then hits

@@ -13,13 +13,22 @@ the bucket cap set so each size is one bucket) and compares a gradsync
 iteration with a plain Gloo allreduce program (gloo_allreduce_bench) and
 torch.distributed with the same number of processes.
 
-Prints markdown tables. Not a test: asserts nothing.
+A sweep of message sizes (4 KB to 256 MB, one bucket each) times, with 2
+processes, a gradsync iteration on one daemon and across 2 daemons, torch
+gloo and plain Gloo, and plots bandwidth vs size, the latency CDF of the
+4 KB iteration, and where a bucket's time goes (the daemons' own stats:
+wait for ready, local reduce, collective, write-back).
+
+Prints markdown tables; writes bench-results/sync_bench.json and
+bench-results/*.png (bench_report). Not a test: asserts nothing.
 
 Run from the repository root after `bazel build //daemon:gradsyncd
-//tests/bench:bench_trainer`:  /usr/bin/python3 tests/bench/sync_bench.py
+//client:gradsyncctl //tests/bench:bench_trainer //tests/bench:gloo_allreduce_bench`:
+  /usr/bin/python3 tests/bench/sync_bench.py [--quick]
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -29,15 +38,21 @@ import sys
 import tempfile
 import time
 
+import bench_report
+
 GLOO_BENCH = None  # set in main
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DAEMON = os.path.join(ROOT, "bazel-bin/daemon/gradsyncd")
 TRAINER = os.path.join(ROOT, "bazel-bin/tests/bench/bench_trainer")
+CTL = os.path.join(ROOT, "bazel-bin/client/gradsyncctl")
+QUICK = bench_report.quick()
+# The bucket phases the daemon reports (control.proto BucketStats), in order.
+PHASES = ["wait_for_ready", "local_reduce", "collective", "write_back"]
 
 SIZES = [("100 MB (4 x 25 MB buckets)", 100 << 20, 4, 5, 20), ("4 KB (1 bucket)", 4096, 1, 200, 2000)]
 
 
-def collect(procs: list) -> dict:
+def collect(procs: list, stats: dict | None = None) -> dict:
     """Median over the trainers of their p50/p99 iteration times (µs)."""
     results = []
     for p in procs:
@@ -47,7 +62,24 @@ def collect(procs: list) -> dict:
             raise RuntimeError(f"bench_trainer failed: {out}")
         results.append((float(m.group(1)), float(m.group(2))))
     return {"p50": statistics.median(r[0] for r in results),
-            "p99": statistics.median(r[1] for r in results)}
+            "p99": statistics.median(r[1] for r in results), "stats": stats}
+
+
+def daemon_phases(addr: str, token_file: str | None) -> dict | None:
+    """p50 µs of bucket 0's phases and total, from `gradsyncctl stats --json`."""
+    if not os.path.exists(CTL):
+        return None
+    cmd = [CTL, "--addr", addr] + (["--token-file", token_file] if token_file else [])
+    out = subprocess.run(cmd + ["stats", "--json"], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        print(f"gradsyncctl stats failed: {out.stderr.strip()}", file=sys.stderr)
+        return None
+    buckets = json.loads(out.stdout).get("buckets", [])
+    if not buckets:
+        print(f"gradsyncctl stats at {addr}: no buckets", file=sys.stderr)
+        return None
+    b = buckets[0]
+    return {k: float(b.get(k, {}).get("p50_us", 0.0)) for k in PHASES + ["total"]}
 
 
 def free_port_number() -> int:
@@ -77,6 +109,8 @@ def start_daemons(nodes: int, tmp: str, prefix: str, extra: list) -> list:
     deadline = time.time() + 20
     while not all(os.path.exists(f"{tmp}/s{n}") for n in range(nodes)) and time.time() < deadline:
         time.sleep(0.01)
+    daemons[0].leader_addr = f"127.0.0.1:{port}"  # for gradsyncctl
+    daemons[0].token_file = token_file
     return daemons
 
 
@@ -87,8 +121,10 @@ def stop_daemons(daemons: list) -> None:
         d.wait(timeout=30)
 
 
-def run_gradsync_nodes(nodes: int, nbytes: int, warmup: int, iters: int) -> dict:
-    """N daemons (node 0 leads) with one bench_trainer each; one bucket of nbytes."""
+def run_gradsync_nodes(nodes: int, nbytes: int, warmup: int, iters: int,
+                       samples_out: str | None = None) -> dict:
+    """N daemons (node 0 leads) with one bench_trainer each; one bucket of
+    nbytes. Node 0's bucket phases in "stats"; node 0's samples to samples_out."""
     tmp = tempfile.mkdtemp(prefix="gsbn.", dir="/tmp")
     cap_mb = nbytes / (1 << 20)
     daemons = []
@@ -97,10 +133,13 @@ def run_gradsync_nodes(nodes: int, nbytes: int, warmup: int, iters: int) -> dict
                                 [f"--bucket-cap-mb={cap_mb}", f"--first-bucket-cap-mb={cap_mb}"])
         procs = [subprocess.Popen(
             [TRAINER, f"--socket={tmp}/s{n}", f"--bytes={nbytes}", "--tensors=1",
-             f"--iters={iters}", f"--warmup={warmup}"],
+             f"--iters={iters}", f"--warmup={warmup}"]
+            + ([f"--samples-out={samples_out}"] if samples_out and n == 0 else []),
             env={**os.environ, "LOCAL_RANK": "0"}, stdout=subprocess.PIPE, text=True)
             for n in range(nodes)]
-        return collect(procs)
+        result = collect(procs)
+        result["stats"] = daemon_phases(daemons[0].leader_addr, daemons[0].token_file)
+        return result
     finally:
         stop_daemons(daemons)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -128,15 +167,21 @@ def run_join(nodes: int) -> float:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def run_plain_gloo(nodes: int) -> dict:
-    """Median ms per size from gloo_allreduce_bench's plain_gloo rows."""
-    out = subprocess.run([GLOO_BENCH, f"--nodes={nodes}", "--sizes_mb=25,100", "--iters=5",
-                          "--rounds=2"], capture_output=True, text=True, timeout=900).stdout
+def run_plain_gloo(nodes: int, sizes_bytes=(25_000_000, 100_000_000), iters: int = 5,
+                   rounds: int = 2) -> dict:
+    """Mean µs per size (bytes) from gloo_allreduce_bench's plain_gloo rows."""
+    sizes_mb = ",".join(f"{b / 1e6:g}" for b in sizes_bytes)
+    out = subprocess.run([GLOO_BENCH, f"--nodes={nodes}", f"--sizes_mb={sizes_mb}",
+                          f"--warmup={1 if QUICK else 2}",
+                          f"--iters={iters}", f"--rounds={rounds}"],
+                         capture_output=True, text=True, timeout=900).stdout
     rows = {}
     for line in out.splitlines():
         f = line.split()
         if len(f) >= 4 and f[2] == "plain_gloo":
-            rows[round(float(f[1]))] = float(f[3]) * 1000  # us
+            mb = float(f[1])
+            nearest = min(sizes_bytes, key=lambda b: abs(b / 1e6 - mb))
+            rows[nearest] = float(f[3]) * 1000  # us
     return rows
 
 
@@ -144,13 +189,18 @@ def busbw(nbytes: int, n: int, us: float) -> float:
     return nbytes / (us / 1e6) / 1e9 * 2 * (n - 1) / n
 
 
-def run_gradsync(nproc: int, nbytes: int, tensors: int, warmup: int, iters: int) -> dict:
-    """Median over trainers of their p50/p99 iteration time, in microseconds."""
+def run_gradsync(nproc: int, nbytes: int, tensors: int, warmup: int, iters: int,
+                 one_bucket: bool = False, samples_out: str | None = None) -> dict:
+    """Median over trainers of their p50/p99 iteration time, in microseconds;
+    the daemon's bucket phases in "stats"; rank 0's samples to samples_out."""
     tmp = tempfile.mkdtemp(prefix="gsb.", dir="/tmp")
     sock = os.path.join(tmp, "s")
+    port = free_port_number()
+    cap = nbytes / (1 << 20)
+    caps = [f"--bucket-cap-mb={cap}", f"--first-bucket-cap-mb={cap}"] if one_bucket else []
     daemon = subprocess.Popen(
-        [DAEMON, f"--socket={sock}", "--listen=", f"--local-size={nproc}",
-         f"--shm-prefix=gsbench{os.getpid()}", "--timeout-s=120"],
+        [DAEMON, f"--socket={sock}", f"--listen=127.0.0.1:{port}", f"--local-size={nproc}",
+         f"--shm-prefix=gsbench{os.getpid()}", "--timeout-s=120", *caps],
         stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "daemon.log"), "w"))
     try:
         deadline = time.time() + 10
@@ -158,32 +208,42 @@ def run_gradsync(nproc: int, nbytes: int, tensors: int, warmup: int, iters: int)
             time.sleep(0.01)
         procs = [subprocess.Popen(
             [TRAINER, f"--socket={sock}", f"--bytes={nbytes}", f"--tensors={tensors}",
-             f"--iters={iters}", f"--warmup={warmup}"],
+             f"--iters={iters}", f"--warmup={warmup}"]
+            + ([f"--samples-out={samples_out}"] if samples_out and r == 0 else []),
             env={**os.environ, "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE, text=True)
             for r in range(nproc)]
-        return collect(procs)
+        result = collect(procs)
+        result["stats"] = daemon_phases(f"127.0.0.1:{port}", None)
+        return result
     finally:
         daemon.terminate()
         daemon.wait(timeout=10)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# One process of torch.distributed's reference: every size of the spec in
+# one process, so torch's start-up (seconds here) is paid once.
 TORCH_WORKER = r"""
-import os, sys, time, torch, torch.distributed as dist
+import json, sys, time, torch, torch.distributed as dist
 torch.set_num_threads(1)
-rank, world, nbytes, warmup, iters = (int(a) for a in sys.argv[1:6])
-dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[6], rank=rank, world_size=world)
-t = torch.ones(nbytes // 4)
-times = []
-for i in range(warmup + iters):
-    dist.barrier()
-    a = time.perf_counter()
-    dist.all_reduce(t)
-    t.div_(world)
-    if i >= warmup:
-        times.append((time.perf_counter() - a) * 1e6)
-times.sort()
-print("result p50_us=%.2f p99_us=%.2f" % (times[len(times) // 2], times[min(len(times) - 1, len(times) * 99 // 100)]))
+rank, world, port, spec = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + port, rank=rank, world_size=world)
+for nbytes, warmup, iters, samples_out in spec:
+    t = torch.ones(nbytes // 4)
+    times = []
+    for i in range(warmup + iters):
+        dist.barrier()
+        a = time.perf_counter()
+        dist.all_reduce(t)
+        t.div_(world)
+        if i >= warmup:
+            times.append((time.perf_counter() - a) * 1e6)
+    if samples_out and rank == 0:
+        with open(samples_out, "w") as f:
+            f.write("".join("%.3f\n" % v for v in times))
+    times.sort()
+    print("result bytes=%d p50_us=%.2f p99_us=%.2f" % (nbytes, times[len(times) // 2],
+          times[min(len(times) - 1, len(times) * 99 // 100)]), flush=True)
 dist.destroy_process_group()
 """
 
@@ -195,85 +255,252 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_torch(nproc: int, nbytes: int, warmup: int, iters: int) -> dict | None:
+def run_torch_sizes(nproc: int, spec: list) -> dict:
+    """torch gloo allreduce for each (nbytes, warmup, iters, samples_out) of
+    spec in one group of nproc processes: {nbytes: {"p50", "p99"}} in µs
+    (median over ranks); {} without torch."""
     try:
         import torch  # noqa: F401
     except ImportError:
-        return None
+        return {}
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, "-c", TORCH_WORKER, str(r), str(nproc), str(nbytes),
-                               str(warmup), str(iters), port],
+    procs = [subprocess.Popen([sys.executable, "-c", TORCH_WORKER, str(r), str(nproc), port,
+                               json.dumps(spec)],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
              for r in range(nproc)]
-    results = []
+    per_size: dict = {}
     for p in procs:
-        out, _ = p.communicate(timeout=600)
-        m = re.search(r"p50_us=([\d.]+) p99_us=([\d.]+)", out)
-        if p.returncode != 0 or not m:
-            return None
-        results.append((float(m.group(1)), float(m.group(2))))
-    return {"p50": statistics.median(r[0] for r in results),
-            "p99": statistics.median(r[1] for r in results)}
+        out, _ = p.communicate(timeout=900)
+        if p.returncode != 0:
+            raise RuntimeError(f"torch gloo worker failed with code {p.returncode}: {out}")
+        for m in re.finditer(r"bytes=(\d+) p50_us=([\d.]+) p99_us=([\d.]+)", out):
+            per_size.setdefault(int(m.group(1)), []).append((float(m.group(2)),
+                                                             float(m.group(3))))
+    return {b: {"p50": statistics.median(r[0] for r in v), "p99": statistics.median(r[1] for r in v)}
+            for b, v in per_size.items()}
 
 
-def fmt(us: float) -> str:
-    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} µs"
+def run_torch(nproc: int, nbytes: int, warmup: int, iters: int) -> dict | None:
+    return run_torch_sizes(nproc, [(nbytes, warmup, iters, None)]).get(nbytes)
+
+
+def sweep_sizes() -> list:
+    """Message sizes of the bandwidth sweep: 4 KB to 256 MB (64 MB with --quick)."""
+    if QUICK:
+        return [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
+    return [4 << (2 * k) for k in range(0, 9)]  # 4 KB, 16 KB, ..., 256 MB (x4)
+
+
+def sweep_iters(nbytes: int) -> tuple:
+    """(warmup, iters): many for small messages (the latency CDF needs
+    them), a few for large ones (each takes ~0.1-1 s here)."""
+    iters = max(3, min(2000 if not QUICK else 1000, int(4e8 / max(nbytes, 1))))
+    return max(1, iters // 10), iters
+
+
+def read_samples(path: str) -> list:
+    with open(path) as f:
+        return sorted(float(line) for line in f if line.strip())
+
+
+def algbw_gbps(nbytes: int, us: float | None) -> float | None:
+    return None if not us else nbytes / (us / 1e6) / 1e9
+
+
+def plot_bandwidth(report, rows: list) -> None:
+    fig, ax = bench_report.figure(
+        "Allreduce bandwidth vs message size, 2 processes (higher is better)\n"
+        "gradsync, torch: p50 of iterations; plain Gloo: mean",
+        "message size (bytes, log scale)", "algorithm bandwidth (GB/s) = bytes / time")
+    sizes = [r[0] for r in rows]
+    series = [(1, "gradsync local: 1 daemon, 2 trainers (shared memory)", "o-"),
+              (2, "gradsync cross-node: 2 daemons on loopback", "s-"),
+              (3, "torch.distributed gloo, 2 processes", "^--"),
+              (4, "plain Gloo ring, 2 processes", "v--")]
+    for col, label, style in series:
+        pts = [(size, algbw_gbps(size, r[col])) for size, r in zip(sizes, rows) if r[col]]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(sizes)
+    ax.set_xticklabels([bench_report.size_label(v) for v in sizes], rotation=30)
+    ax.legend()
+    report.plot(fig, "sync_bandwidth_vs_size")
+
+
+def plot_cdf(report, samples: dict) -> None:
+    fig, ax = bench_report.figure("Latency CDF of one 4 KB iteration, 2 processes",
+                                  "iteration time (µs, log scale)", "fraction of iterations ≤ x")
+    for label, values in samples.items():
+        if values:
+            n = len(values)
+            ax.step(values, [(i + 1) / n for i in range(n)], where="post",
+                    label=f"{label} (p50 {values[n // 2]:.0f} µs, n={n})")
+    ax.set_xscale("log")
+    ax.set_ylim(0, 1.01)
+    ax.legend(loc="lower right")
+    report.plot(fig, "sync_latency_cdf_4kb")
+
+
+def plot_phases(report, rows: list) -> None:
+    """Horizontal stacked bars: each phase's share of the bucket's total p50."""
+    colors = {"wait_for_ready": "#9ecae1", "local_reduce": "#3182bd", "collective": "#e6550d",
+              "write_back": "#31a354", "other": "#bdbdbd"}
+    fig, ax = bench_report.figure(
+        "Where one bucket's time goes (daemon stats, p50 per phase)",
+        "share of the bucket's time, first ready -> done (%)", "run", size=(9, 5))
+    labels = []
+    for y, (label, ph) in enumerate(rows):
+        total = max(ph["total"], sum(ph[k] for k in PHASES), 1e-9)
+        parts = [(k, ph[k]) for k in PHASES] + [("other", total - sum(ph[k] for k in PHASES))]
+        left = 0.0
+        for k, v in parts:
+            width = 100 * v / total
+            ax.barh(y, width, left=left, color=colors[k], label=k if y == 0 else None)
+            left += width
+        labels.append(f"{label}\n(total p50 {total:.0f} µs)")
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(labels)
+    ax.set_xlim(0, 100)
+    ax.invert_yaxis()
+    ax.legend(ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.15), fontsize="small")
+    report.plot(fig, "sync_phase_breakdown")
+
+
+def run_sweep(report, progress) -> None:
+    sizes = sweep_sizes()
+    tmp = tempfile.mkdtemp(prefix="gsbs.", dir="/tmp")
+    paths = {k: os.path.join(tmp, f"{k}.txt") for k in ("local", "xnode", "torch")}
+    progress.step("plain Gloo, every size")
+    plain = run_plain_gloo(2, sizes, iters=3 if QUICK else 5, rounds=1 if QUICK else 2)
+    progress.step("torch gloo, every size")
+    torch_spec = []
+    for nbytes in sizes:
+        warmup, iters = sweep_iters(nbytes)
+        small = nbytes == sizes[0]
+        torch_spec.append((nbytes, warmup, max(3, iters // 2 if small else iters // 4),
+                           paths["torch"] if small else None))
+    torch_results = run_torch_sizes(2, torch_spec)
+    rows, phases, cdf = [], [], {}
+    for nbytes in sizes:
+        label = bench_report.size_label(nbytes)
+        warmup, iters = sweep_iters(nbytes)
+        small = nbytes == sizes[0]
+        progress.step(f"{label}: gradsync local")
+        loc = run_gradsync(2, nbytes, 1, warmup, iters, one_bucket=True,
+                           samples_out=paths["local"] if small else None)
+        progress.step(f"{label}: gradsync 2 daemons")
+        xn = run_gradsync_nodes(2, nbytes, warmup, iters,
+                                samples_out=paths["xnode"] if small else None)
+        t = torch_results.get(nbytes)
+        p = plain.get(nbytes)
+        rows.append([nbytes, loc["p50"], xn["p50"], t["p50"] if t else None, p,
+                     algbw_gbps(nbytes, loc["p50"]), algbw_gbps(nbytes, xn["p50"]),
+                     algbw_gbps(nbytes, t["p50"]) if t else None, algbw_gbps(nbytes, p)])
+        if small:
+            cdf = {"gradsync local": read_samples(paths["local"]),
+                   "gradsync 2 daemons": read_samples(paths["xnode"]),
+                   "torch gloo": read_samples(paths["torch"]) if t else []}
+        for name, r in (("local, 2 trainers", loc), ("2 daemons", xn)):
+            if r["stats"] and (small or nbytes in (1 << 20, 64 << 20)):
+                phases.append((f"{name}, {label}", r["stats"]))
+    shutil.rmtree(tmp, ignore_errors=True)
+    report.table(
+        "Allreduce vs message size, 2 processes, one bucket (p50 µs; algbw GB/s)",
+        ["bytes", "gradsync local µs", "gradsync 2 daemons µs", "torch gloo µs", "plain Gloo µs",
+         "local GB/s", "2 daemons GB/s", "torch gloo GB/s", "plain Gloo GB/s"], rows,
+        note="gradsync: one iteration (first mark_ready -> gs_wait); torch gloo: barrier, "
+             "all_reduce, divide; plain Gloo: the mean of one gloo::allreduce "
+             "(gloo_allreduce_bench). References measured in this run.")
+    report.table("4 KB iteration latency percentiles (µs)", ["run", "p50", "p90", "p99", "max", "n"],
+                 [[k, v[len(v) // 2], v[len(v) * 9 // 10], v[min(len(v) - 1, len(v) * 99 // 100)],
+                   v[-1], len(v)] for k, v in cdf.items() if v])
+    report.table("Bucket phases from the daemon's stats (p50 µs; bucket 0, one bucket per "
+                 "iteration)", ["run"] + PHASES + ["total"],
+                 [[label] + [ph[k] for k in PHASES + ["total"]] for label, ph in phases],
+                 note="total: first ready -> done; the rest of it (not in a phase) is the "
+                      "scheduler's launch and completion posting. On one node the write-back "
+                      "is fused into the local reduce.")
+    plot_bandwidth(report, rows)
+    plot_cdf(report, cdf)
+    if phases:
+        plot_phases(report, phases)
 
 
 def main() -> int:
     global GLOO_BENCH
     GLOO_BENCH = os.path.join(ROOT, "bazel-bin/tests/bench/gloo_allreduce_bench")
-    for path in (DAEMON, TRAINER):
+    for path in (DAEMON, TRAINER, GLOO_BENCH):
         if not os.path.exists(path):
-            print(f"missing {path}: run bazel build //daemon:gradsyncd //tests/bench:bench_trainer")
+            print(f"missing {path}: run bazel build //daemon:gradsyncd //client:gradsyncctl "
+                  "//tests/bench:bench_trainer //tests/bench:gloo_allreduce_bench")
             return 1
-    print("## One synchronized iteration on one node: gradsync vs torch.distributed (gloo)\n")
-    print("| size | processes | gradsync p50 | gradsync p99 | torch gloo p50 | torch gloo p99 "
-          "| gradsync / torch (p50) |")
-    print("|---|---|---|---|---|---|---|")
-    for label, nbytes, tensors, warmup, iters in SIZES:
-        for nproc in (2, 4):
-            g = run_gradsync(nproc, nbytes, tensors, warmup, iters)
-            t = run_torch(nproc, nbytes, max(2, warmup // 2), max(5, iters // 4))
-            ratio = f"{g['p50'] / t['p50']:.2f}x" if t else "n/a"
-            tp50 = fmt(t["p50"]) if t else "n/a"
-            tp99 = fmt(t["p99"]) if t else "n/a"
-            print(f"| {label} | {nproc} | {fmt(g['p50'])} | {fmt(g['p99'])} | {tp50} | {tp99} "
-                  f"| {ratio} |", flush=True)
-    print("\nTargets (docs/PERFORMANCE.md): 100 MB with 2 trainers <= 0.28x torch gloo, with 4 <= "
-          "0.30x; 4 KB p50 <= 10 µs. 4 processes on 2 cores oversubscribe (small-message latency "
-          "jumps).")
+    report = bench_report.Report("sync_bench")
+    procs_local = (2,) if QUICK else (2, 4)
+    cross_nodes = () if QUICK else (2, 4)  # --quick: the sweep's 2-daemon column covers it
+    join_nodes = (2, 4, 8) if QUICK else (2, 4, 8, 16)
+    steps = ((len(SIZES) + 1) * len(procs_local) + 2 + 2 * len(sweep_sizes())
+             + 3 * len(cross_nodes) + len(join_nodes))
+    progress = bench_report.Progress("sync_bench", steps)
 
-    if GLOO_BENCH is None or not os.path.exists(GLOO_BENCH):
-        print("\n(cross-node table skipped: bazel build //tests/bench:gloo_allreduce_bench)")
-        return 0
-    print("\n## Across nodes on loopback: N daemons x 1 trainer, one bucket per iteration\n")
-    print("| size | nodes | gradsync p50 | busbw | plain Gloo | busbw | torch gloo | busbw "
-          "| gradsync busbw / plain Gloo |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for nodes in (2, 4):
+    rows = []
+    sizes = [(label, nbytes, tensors, *((max(2, warmup // 2), max(10, iters // 2)) if QUICK
+                                        else (warmup, iters)))
+             for label, nbytes, tensors, warmup, iters in SIZES]
+    for nproc in procs_local:
+        progress.step(f"one node, torch gloo, {nproc} processes")
+        torch_results = run_torch_sizes(nproc, [(nbytes, max(2, warmup // 2), max(5, iters // 4),
+                                                 None) for _, nbytes, _, warmup, iters in sizes])
+        for label, nbytes, tensors, warmup, iters in sizes:
+            progress.step(f"one node, {label}, {nproc} processes")
+            g = run_gradsync(nproc, nbytes, tensors, warmup, iters)
+            t = torch_results.get(nbytes)
+            rows.append([label, nproc, g["p50"], g["p99"], t["p50"] if t else None,
+                         t["p99"] if t else None, g["p50"] / t["p50"] if t else None])
+    report.table("One synchronized iteration on one node: gradsync vs torch.distributed (gloo)",
+                 ["size", "processes", "gradsync p50 µs", "gradsync p99 µs", "torch gloo p50 µs",
+                  "torch gloo p99 µs", "gradsync / torch (p50)"], rows,
+                 note="Targets (docs/PERFORMANCE.md): 100 MB with 2 trainers <= 0.28x torch gloo, "
+                      "with 4 <= 0.30x; 4 KB p50 <= 10 µs. 4 processes on 2 cores oversubscribe "
+                      "(small-message latency jumps).")
+
+    run_sweep(report, progress)
+
+    rows = []
+    for nodes in cross_nodes:
+        progress.step(f"cross-node, {nodes} daemons: plain Gloo")
         plain = run_plain_gloo(nodes)
         for mb in (25, 100):
+            progress.step(f"cross-node, {nodes} daemons, {mb} MB: gradsync and torch")
             nbytes = mb << 20
             g = run_gradsync_nodes(nodes, nbytes, 2, 8)
             t = run_torch(nodes, nbytes, 2, 5)
-            p = plain.get(mb)
-            cells = [fmt(g["p50"]), f"{busbw(nbytes, nodes, g['p50']):.2f} GB/s"]
-            cells += [fmt(p), f"{busbw(nbytes, nodes, p):.2f} GB/s"] if p else ["n/a", "n/a"]
-            cells += [fmt(t["p50"]), f"{busbw(nbytes, nodes, t['p50']):.2f} GB/s"] if t else ["n/a", "n/a"]
-            ratio = f"{p / g['p50']:.2f}" if p else "n/a"
-            print(f"| {mb} MB | {nodes} | " + " | ".join(cells) + f" | {ratio} |", flush=True)
-    print("\nTarget: busbw >= 0.95 of plain Gloo with 2 daemons. gradsync's time is a whole "
-          "iteration (mark_ready -> gs_wait), plain Gloo's one allreduce call.")
+            p = plain.get(mb * 1_000_000)
+            rows.append([f"{mb} MB", nodes, g["p50"], busbw(nbytes, nodes, g["p50"]),
+                         p, busbw(mb * 1_000_000, nodes, p) if p else None,
+                         t["p50"] if t else None, busbw(nbytes, nodes, t["p50"]) if t else None,
+                         busbw(nbytes, nodes, g["p50"]) / busbw(mb * 1_000_000, nodes, p)
+                         if p else None])
+    if rows:
+        report.table("Across nodes on loopback: N daemons x 1 trainer, one bucket per iteration",
+                     ["size", "nodes", "gradsync p50 µs", "busbw GB/s", "plain Gloo µs",
+                      "busbw GB/s", "torch gloo µs", "busbw GB/s", "gradsync busbw / plain Gloo"],
+                     rows, note="Target: busbw >= 0.95 of plain Gloo with 2 daemons. gradsync's "
+                                "time is a whole iteration (mark_ready -> gs_wait), plain Gloo's "
+                                "one allreduce call.")
 
-    print("\n## Join + first iteration: N daemons on loopback, one trainer each\n")
-    print("| daemons | seconds | seconds per daemon |")
-    print("|---|---|---|")
-    for nodes in (2, 4, 8, 16):
+    rows = []
+    for nodes in join_nodes:
+        progress.step(f"join + first iteration, {nodes} daemons")
         secs = run_join(nodes)
-        print(f"| {nodes} | {secs:.2f} | {secs / nodes:.3f} |", flush=True)
-    print("\nTarget: < 2 s with 16 daemons, growing no worse than linearly (trainer process "
-          "start-up included; 16 daemons + 16 trainers share 2 cores here).")
+        rows.append([nodes, secs, secs / nodes])
+    report.table("Join + first iteration: N daemons on loopback, one trainer each",
+                 ["daemons", "seconds", "seconds per daemon"], rows,
+                 note="Target: < 2 s with 16 daemons, growing no worse than linearly (trainer "
+                      "process start-up included; the daemons and trainers share the cores).")
+    progress.finish()
+    report.write()
     return 0
 
 

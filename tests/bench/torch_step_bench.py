@@ -18,13 +18,15 @@ run, measured one after the other (never overlapping):
 The machine may be shared and noisy: the variants run in ``--rounds``
 interleaved rounds (A B C D E, A B C D E, ...), and the table reports, per
 variant, the median over rounds of each round's median step time, and the
-best round. Ratios use the medians. Prints one markdown table. Not a test:
-asserts nothing.
+best round. Ratios use the medians. Prints one markdown table and writes it
+to bench-results/torch_step_bench.json with a bar plot
+(bench-results/torch_step.png). Not a test: asserts nothing.
 
 Run from the repository root after
 `bazel build //client:libgradsync.so //daemon:gradsyncd`:
 
     /usr/bin/python3 tests/bench/torch_step_bench.py [--steps 20] [--rounds 3] [--threads 1]
+        [--quick]   (--quick, or GRADSYNC_BENCH_QUICK=1: 4 steps, 1 round)
 
 $GRADSYNC_BENCH_DAEMON_ARGS adds flags to the daemons it starts (e.g.
 "--reduce-threads=2" or "--bucket-cap-mb=10").
@@ -45,6 +47,9 @@ from typing import Dict, List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bench_report  # noqa: E402
 
 WIDTH, LAYERS, BATCH = 2048, 6, 32
 
@@ -138,9 +143,13 @@ def run_variant(variant: str, nproc: int, args: argparse.Namespace,
 
 def main() -> int:
     ap = argparse.ArgumentParser(description="training step: gradsync vs torch DDP vs compute")
-    ap.add_argument("--steps", type=int, default=20, help="timed steps per variant")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved repetitions")
+    quick = bench_report.quick()
+    ap.add_argument("--steps", type=int, default=4 if quick else 20,
+                    help="timed steps per variant")
+    ap.add_argument("--warmup", type=int, default=2 if quick else 3)
+    ap.add_argument("--rounds", type=int, default=1 if quick else 3,
+                    help="interleaved repetitions")
+    ap.add_argument("--quick", action="store_true", help="fewer steps and rounds")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per trainer")
     ap.add_argument("--worker", nargs=7, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -161,9 +170,12 @@ def main() -> int:
                 ("gradsync DistributedOptimizer", "gradsync", 2, True),
                 ("gradsync DDP allreduce_hook", "gradsync_hook", 2, True)]
     medians: Dict[str, List[float]] = {v[0]: [] for v in variants}
+    report = bench_report.Report("torch_step_bench")
+    progress = bench_report.Progress("torch_step_bench", args.rounds * len(variants))
     load_before = os.getloadavg()[0]
     for rnd in range(args.rounds):
         for label, variant, nproc, needs_daemon in variants:
+            progress.step(f"round {rnd + 1}/{args.rounds}: {label}")
             daemon = None
             if needs_daemon:
                 daemon = LocalDaemon(sock, nproc, ["--timeout-s=300"] + os.environ.get("GRADSYNC_BENCH_DAEMON_ARGS", "").split(),
@@ -174,27 +186,42 @@ def main() -> int:
                 if daemon is not None:
                     daemon.stop()
             medians[label].append(r["median"])
-            print(f"  round {rnd + 1}: {label}: {r['median'] * 1e3:.1f} ms", file=sys.stderr,
-                  flush=True)
     load_after = os.getloadavg()[0]
+    progress.finish()
     shutil.rmtree(tmp, ignore_errors=True)
 
     p50 = {label: statistics.median(v) for label, v in medians.items()}
     compute2 = p50["compute only, 2 processes"]
     ddp = p50["torch DDP (gloo)"]
     params = LAYERS * (WIDTH * WIDTH + WIDTH)
-    print(f"\nTraining step, {LAYERS} x Linear({WIDTH},{WIDTH}) = {params / 1e6:.1f}M fp32 "
-          f"parameters, batch {BATCH}/trainer, torch {torch.__version__}, "
-          f"{args.threads} thread(s)/trainer, {os.cpu_count()} cores; per round the median of "
-          f"{args.steps} steps after {args.warmup} warm-up; {args.rounds} interleaved rounds; "
-          f"load average {load_before:.1f} before, {load_after:.1f} after\n")
-    print("| variant | trainers | step, median of rounds (ms) | best round (ms) "
-          "| vs compute only (2 proc) | vs torch DDP |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for label, _, nproc, _ in variants:
-        print(f"| {label} | {nproc} | {p50[label] * 1e3:.1f} | {min(medians[label]) * 1e3:.1f} | "
-              f"{p50[label] / compute2:.2f}x | {p50[label] / ddp:.2f}x |")
-    print("\nTargets (docs/PERFORMANCE.md): gradsync step <= 1.15x compute only, <= 0.6x DDP.")
+    title = (f"Training step, {LAYERS} x Linear({WIDTH},{WIDTH}) = {params / 1e6:.1f}M fp32 "
+             f"parameters, batch {BATCH}/trainer")
+    report.table(
+        title, ["variant", "trainers", "step, median of rounds (ms)", "best round (ms)",
+                "vs compute only (2 proc)", "vs torch DDP"],
+        [[label, nproc, p50[label] * 1e3, min(medians[label]) * 1e3, p50[label] / compute2,
+          p50[label] / ddp] for label, _, nproc, _ in variants],
+        note=f"torch {torch.__version__}, {args.threads} thread(s)/trainer, {os.cpu_count()} "
+             f"cores; per round the median of {args.steps} steps after {args.warmup} warm-up; "
+             f"{args.rounds} interleaved rounds; load average {load_before:.1f} before, "
+             f"{load_after:.1f} after. Targets (docs/PERFORMANCE.md): gradsync step <= 1.15x "
+             "compute only, <= 0.6x DDP.")
+    fig, ax = bench_report.figure(
+        f"Training step, 2 trainers: {params / 1e6:.1f}M-parameter MLP, batch {BATCH}/trainer",
+        "step time, median of rounds (ms)", "variant", size=(9, 4))
+    labels = [v[0] for v in variants]
+    refs = {"compute only, 1 process", "compute only, 2 processes", "torch DDP (gloo)"}
+    colors = ["#bdbdbd" if label in refs else "#3182bd" for label in labels]
+    ax.barh(range(len(labels)), [p50[label] * 1e3 for label in labels], color=colors)
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(labels)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(p50.values()) * 1e3 * 1.1)
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(color="#bdbdbd", label="reference (same run)"),
+                       Patch(color="#3182bd", label="gradsync")], loc="upper right")
+    report.plot(fig, "torch_step")
+    report.write()
     return 0
 
 

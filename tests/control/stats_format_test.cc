@@ -61,6 +61,7 @@ v1::Stats SampleStats() {
   SetLatency(b0->mutable_wait_for_ready(), 400, 380, 600);
   SetLatency(b0->mutable_local_reduce(), 3.25, 3.5, 9.75);
   SetLatency(b0->mutable_collective(), 250, 240, 300);
+  SetLatency(b0->mutable_write_back(), 12.5, 12, 20);
   // 1200 totals: 700 within 500 µs, 1100 within 1 ms, 100 slower.
   b0->mutable_total()->add_histogram_bounds_us(500);
   b0->mutable_total()->add_histogram_counts(700);
@@ -327,6 +328,9 @@ TEST(StatsPrometheus, ParsesStrictlyAndCarriesTheFigures) {
   EXPECT_DOUBLE_EQ(
       value("gradsync_bucket_last_latency_seconds", {{"bucket", "0"}, {"phase", "wait_for_ready"}}),
       400e-6);
+  EXPECT_DOUBLE_EQ(
+      value("gradsync_bucket_last_latency_seconds", {{"bucket", "0"}, {"phase", "write_back"}}),
+      12.5e-6);
   EXPECT_EQ(value("gradsync_stalls", {}), 1);
 }
 
