@@ -292,6 +292,13 @@ void ClusterLink::ReportError(const absl::Status& error) {
   node_error_ = error;
 }
 
+absl::Status ClusterLink::LeaderUnreachable(const absl::Status& error,
+                                            const absl::Status& transport) const {
+  return MakeError(v1::PEER_FAILED,
+                   absl::StrCat(error.message(), "; the leader daemon at ", client_->leader(),
+                                " is unreachable: the leader is dead (", transport.message(), ")"));
+}
+
 absl::Status ClusterLink::Explain(const absl::Status& error) {
   // A failed collective is a symptom. The node that saw the cause (e.g. its
   // own trainer stopped) reports it when it closes its Gloo sockets, which
@@ -303,7 +310,7 @@ absl::Status ClusterLink::Explain(const absl::Status& error) {
   const absl::Time until = MonotonicNow() + kCauseReportGrace;
   while (MonotonicNow() < until) {
     absl::StatusOr<HeartbeatResult> r = client_->Heartbeat(hb);
-    if (!r.ok()) break;
+    if (!r.ok()) return LeaderUnreachable(error, r.status());
     if (r->abort) return NameFailedNodes(error, absl::OkStatus());
     absl::SleepFor(kSilencePoll);
   }
@@ -322,12 +329,7 @@ absl::Status ClusterLink::NameFailedNodes(const absl::Status& error, const absl:
   std::vector<SilentMember> dead;
   while (true) {
     r = client_->Heartbeat(hb);
-    if (!r.ok()) {
-      return MakeError(v1::PEER_FAILED,
-                       absl::StrCat(error.message(), "; the leader daemon at ", client_->leader(),
-                                    " is unreachable: the leader is dead (", r.status().message(),
-                                    ")"));
-    }
+    if (!r.ok()) return LeaderUnreachable(error, r.status());
     // Every other member either answered since the abort, or stayed silent
     // long enough to be presumed dead; or this is taking too long.
     dead.clear();

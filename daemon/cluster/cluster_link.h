@@ -80,6 +80,8 @@ class ClusterLink final : public WorldLink {
   // aborts the generation) until every other member answered since the
   // abort or stayed silent past a few heartbeats; returns `error` naming the
   // silent members as dead (PEER_FAILED), else with the leader's reason.
+  // `error` explained by a leader that did not answer (`transport`).
+  absl::Status LeaderUnreachable(const absl::Status& error, const absl::Status& transport) const;
   absl::Status NameFailedNodes(const absl::Status& error, const absl::Status& report)
       ABSL_LOCKS_EXCLUDED(mu_);
 
