@@ -58,6 +58,17 @@ absl::Status RpcError(const grpc::Status& s, const std::string& what, const std:
                                                  " (", s.error_message(), ")"));
 }
 
+// A call within a session: the daemon answered Attach, so a transport
+// failure now means it died (or closed the socket), not that it was never
+// there; PEER_FAILED names it as gs_wait's lost-connection error does.
+absl::Status SessionRpcError(const grpc::Status& s, const std::string& what,
+                             const std::string& socket, int64_t daemon_pid) {
+  if (s.error_code() != grpc::StatusCode::UNAVAILABLE) return RpcError(s, what, socket);
+  return MakeError(v1::PEER_FAILED,
+                   absl::StrCat(what, " failed: lost the connection to gradsyncd (pid ", daemon_pid,
+                                ") at ", socket, ": the daemon died (", s.error_message(), ")"));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& options) {
@@ -227,7 +238,7 @@ absl::Status Client::Register(const std::vector<TensorSpec>& specs) {
   // rendezvous and again for connecting Gloo.
   ctx.set_deadline(DeadlineIn(2 * daemon_timeout_ms_ + kGraceMs));
   grpc::Status s = stub_->Register(&ctx, req, &resp);
-  if (!s.ok()) return Failed(RpcError(s, "register", socket_path_));
+  if (!s.ok()) return Failed(SessionRpcError(s, "register", socket_path_, daemon_pid_));
   if (absl::Status st = FromProto(resp.error()); !st.ok()) return Failed(st);
 
   if (resp.layout_hash() != LayoutHash(*layout) ||

@@ -116,7 +116,10 @@ typedef struct {
 GS_API gs_status gs_connect(const gs_connect_options *opts, gs_client **out);
 
 /* Registers the gradient layout; returns once every trainer of the node has
- * registered the same layout (GS_ERR_MISMATCH names the first difference). */
+ * registered the same layout (GS_ERR_MISMATCH names the first difference).
+ * GS_ERR_PEER_FAILED names the culprit when the daemon ("gradsyncd (pid N)")
+ * died, or another node or the leader failed; GS_ERR_TIMEOUT names the local
+ * ranks or the node ranks that never registered. */
 GS_API gs_status gs_register(gs_client *c, const gs_tensor_spec *specs, size_t count);
 
 /* This trainer's global rank and the job's world size (after gs_register). */

@@ -112,6 +112,14 @@ absl::Status Daemon::Start() {
       spdlog::warn("event=health status=NOT_SERVING reason=\"{}\"", reason);
     }
   };
+  if (config_.num_nodes > 1) {
+    hooks.report_forming = [this](const std::string& report) {
+      if (absl::Status st = ClusterLink::ReportForming(jobs_->config(), leader_address_, report);
+          !st.ok()) {
+        spdlog::info("event=forming_report_failed error=\"{}\"", std::string(st.message()));
+      }
+    };
+  }
   jobs_ = std::make_unique<JobRegistry>(
       config_, [this] { return NodeSegmentForNewJob(); },
       [this](const Layout& layout, uint64_t, std::function<void(const absl::Status&)> on_failure) {

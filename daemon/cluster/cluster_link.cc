@@ -26,6 +26,9 @@ constexpr absl::Duration kHeartbeatEvery = absl::Milliseconds(500);
 constexpr absl::Duration kPresumedDeadAfter = absl::Milliseconds(4 * 500);
 // How often the leader is asked meanwhile.
 constexpr absl::Duration kSilencePoll = absl::Milliseconds(100);
+// How long a node whose collective failed waits for another node's report
+// of the cause (sent at once, one RPC) before reporting its own symptom.
+constexpr absl::Duration kCauseReportGrace = absl::Milliseconds(2 * 500);
 
 // Each node's --wire-dtype, published at join.
 std::string WireDTypeKey(uint64_t generation, int node_rank) {
@@ -68,6 +71,19 @@ ClusterLink::~ClusterLink() {
     stop_ = true;
   }
   if (heartbeat_.joinable()) heartbeat_.join();
+  // An error reported just before the job ended (its trainers left at
+  // once) goes before the Leave: the leader's abort reason must be the
+  // cause, which names the culprit, not "left".
+  HeartbeatParams last;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!error_sent_) last.node_error = node_error_;
+  }
+  if (!last.node_error.ok()) {
+    last.node_rank = config_.node_rank;
+    last.generation = generation_;
+    client_->Heartbeat(last).IgnoreError();
+  }
   absl::Status st = client_->Leave(config_.node_rank, generation_, "the job's trainers closed");
   if (!st.ok()) {
     spdlog::info("event=leave_failed generation={} error=\"{}\"", generation_,
@@ -75,21 +91,42 @@ ClusterLink::~ClusterLink() {
   }
 }
 
-absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std::string& leader,
-                                           const Layout& layout,
-                                           std::function<void(const absl::Status&)> on_failure) {
+namespace {
+
+std::shared_ptr<RendezvousClient> ConnectToLeader(const DaemonConfig& config,
+                                                  const std::string& leader,
+                                                  std::shared_ptr<grpc::ChannelCredentials> credentials) {
   RendezvousClientOptions options;
   options.leader = leader;
   options.job_id = config.job_id;
   options.job_token = config.job_token;
+  options.credentials = std::move(credentials);
+  // Short: a dead leader must not hold up a node's shutdown for long.
+  options.rpc_timeout = absl::Seconds(3);
+  return RendezvousClient::Connect(options);
+}
+
+}  // namespace
+
+absl::Status ClusterLink::ReportForming(const DaemonConfig& config, const std::string& leader,
+                                        const std::string& report) {
   // The daemon's own certificate is its client certificate too.
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       MakeChannelCredentials(TlsFiles{config.tls_cert, config.tls_key, config.tls_ca});
   if (!credentials.ok()) return credentials.status();
-  options.credentials = std::move(*credentials);
-  // Short: a dead leader must not hold up a node's shutdown for long.
-  options.rpc_timeout = absl::Seconds(3);
-  std::shared_ptr<RendezvousClient> client = RendezvousClient::Connect(options);
+  return ConnectToLeader(config, leader, std::move(*credentials))
+      ->Set(FormingReportKey(config.node_rank), report);
+}
+
+absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std::string& leader,
+                                           const Layout& layout,
+                                           std::function<void(const absl::Status&)> on_failure) {
+  // The daemon's own certificate is its client certificate too.
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(TlsFiles{config.tls_cert, config.tls_key, config.tls_ca});
+  if (!credentials.ok()) return credentials.status();
+  std::shared_ptr<RendezvousClient> client =
+      ConnectToLeader(config, leader, std::move(*credentials));
 
   std::string host = config.host;
   if (host.empty()) {
@@ -115,7 +152,8 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   }
   if (!joined.ok()) {
     return MakeError(CodeOf(joined.status()),
-                     absl::StrCat("joining the job at leader ", leader, ": ", joined.status().message()));
+                     absl::StrCat("joining the job at the leader daemon (", leader,
+                                  "): ", joined.status().message()));
   }
   const uint64_t gen = joined->generation;
   int rank_offset = 0;
@@ -183,7 +221,11 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   gloo.num_nodes = config.num_nodes;
   gloo.host = host;
   gloo.generation = gen;
-  gloo.timeout = absl::Milliseconds(config.timeout_ms);
+  // Longer than the timeout: a node waiting for its own stopped trainer
+  // fails at the timeout naming it, and the leader's abort carries that
+  // name here; a Gloo timeout first would only say "timed out waiting for
+  // recv". A stopped node is caught by the leader's heartbeat timeout.
+  gloo.timeout = 2 * absl::Milliseconds(config.timeout_ms);
   gloo.store = std::make_shared<GlooStore>(client, absl::Milliseconds(config.timeout_ms));
   gloo.wire_dtype = *wire_dtype;
   gloo.world_size = joined->world_size;
@@ -288,8 +330,29 @@ void ClusterLink::ReportError(const absl::Status& error) {
   node_error_ = error;
 }
 
+absl::Status ClusterLink::LeaderUnreachable(const absl::Status& error,
+                                            const absl::Status& transport) const {
+  return MakeError(v1::PEER_FAILED,
+                   absl::StrCat(error.message(), "; the leader daemon at ", client_->leader(),
+                                " is unreachable: the leader is dead (", transport.message(), ")"));
+}
+
 absl::Status ClusterLink::Explain(const absl::Status& error) {
-  // Reported at once: the leader aborts the generation and starts counting
+  // A failed collective is a symptom. The node that saw the cause (e.g. its
+  // own trainer stopped) reports it when it closes its Gloo sockets, which
+  // is what failed here: give that report a moment to become the leader's
+  // abort reason, which names the culprit, before reporting this symptom.
+  HeartbeatParams hb;
+  hb.node_rank = config_.node_rank;
+  hb.generation = generation_;
+  const absl::Time until = MonotonicNow() + kCauseReportGrace;
+  while (MonotonicNow() < until) {
+    absl::StatusOr<HeartbeatResult> r = client_->Heartbeat(hb);
+    if (!r.ok()) return LeaderUnreachable(error, r.status());
+    if (r->abort) return NameFailedNodes(error, absl::OkStatus());
+    absl::SleepFor(kSilencePoll);
+  }
+  // Reported now: the leader aborts the generation and starts counting
   // who answers after it.
   return NameFailedNodes(error, error);
 }
@@ -304,12 +367,7 @@ absl::Status ClusterLink::NameFailedNodes(const absl::Status& error, const absl:
   std::vector<SilentMember> dead;
   while (true) {
     r = client_->Heartbeat(hb);
-    if (!r.ok()) {
-      return MakeError(v1::PEER_FAILED,
-                       absl::StrCat(error.message(), "; the leader daemon at ", client_->leader(),
-                                    " is unreachable: the leader is dead (", r.status().message(),
-                                    ")"));
-    }
+    if (!r.ok()) return LeaderUnreachable(error, r.status());
     // Every other member either answered since the abort, or stayed silent
     // long enough to be presumed dead; or this is taking too long.
     dead.clear();
@@ -408,7 +466,6 @@ void ClusterLink::SetProgress(std::function<uint64_t()> iteration) {
 }
 
 void ClusterLink::HeartbeatLoop() {
-  bool error_sent = false;
   while (true) {
     // Under mu_: what this heartbeat carries.
     HeartbeatParams hb;
@@ -419,14 +476,17 @@ void ClusterLink::HeartbeatLoop() {
       hb.node_rank = config_.node_rank;
       hb.generation = generation_;
       hb.iteration = progress_ ? progress_() : 0;
-      hb.node_error = error_sent ? absl::OkStatus() : node_error_;
+      hb.node_error = error_sent_ ? absl::OkStatus() : node_error_;
       hb.stall_report = std::move(stall_report_);
       stall_report_.clear();
-      sending_error = !node_error_.ok() && !error_sent;
+      sending_error = !node_error_.ok() && !error_sent_;
     }
     // Without mu_: the RPC, and what it asks for (config, failing the job).
     absl::StatusOr<HeartbeatResult> r = client_->Heartbeat(hb);
-    if (sending_error && r.ok()) error_sent = true;
+    if (sending_error && r.ok()) {
+      absl::MutexLock lock(&mu_);
+      error_sent_ = true;
+    }
     absl::Status config_error;
     if (r.ok() && r->generation == generation_ && !r->abort) {
       config_error = ApplyConfigLog(r->config_version);
@@ -465,9 +525,9 @@ void ClusterLink::HeartbeatLoop() {
 
     // Until the next beat, or sooner for an error or stall to report.
     absl::MutexLock lock(&mu_);
-    auto report_now = [this, error_sent] {
+    auto report_now = [this] {
       mu_.AssertReaderHeld();
-      return stop_ || (!node_error_.ok() && !error_sent) || !stall_report_.empty();
+      return stop_ || (!node_error_.ok() && !error_sent_) || !stall_report_.empty();
     };
     mu_.AwaitWithTimeout(absl::Condition(&report_now), kHeartbeatEvery);
   }

@@ -43,6 +43,11 @@ class ClusterLink final : public WorldLink {
                                        const Layout& layout,
                                        std::function<void(const absl::Status&)> on_failure);
   ~ClusterLink() override;
+  // Before this node joins: tells the leader why it has not yet (`report`,
+  // e.g. the local trainers it still waits for), so that the other nodes'
+  // Join timeout names the culprit (RendezvousService quotes it).
+  static absl::Status ReportForming(const DaemonConfig& config, const std::string& leader,
+                                    const std::string& report);
 
   void ReportError(const absl::Status& error) override ABSL_LOCKS_EXCLUDED(mu_);
   void SetProgress(std::function<uint64_t()> iteration) override ABSL_LOCKS_EXCLUDED(mu_);
@@ -75,6 +80,8 @@ class ClusterLink final : public WorldLink {
   // aborts the generation) until every other member answered since the
   // abort or stayed silent past a few heartbeats; returns `error` naming the
   // silent members as dead (PEER_FAILED), else with the leader's reason.
+  // `error` explained by a leader that did not answer (`transport`).
+  absl::Status LeaderUnreachable(const absl::Status& error, const absl::Status& transport) const;
   absl::Status NameFailedNodes(const absl::Status& error, const absl::Status& report)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -86,6 +93,7 @@ class ClusterLink final : public WorldLink {
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status node_error_ ABSL_GUARDED_BY(mu_);  // reported with the next heartbeat
+  bool error_sent_ ABSL_GUARDED_BY(mu_) = false;  // the leader has node_error_
   // on_failure_ was called (or the error came from here).
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   std::function<uint64_t()> progress_ ABSL_GUARDED_BY(mu_);

@@ -41,6 +41,13 @@ inline std::optional<uint64_t> KeyGeneration(absl::string_view key) {
   return generation;
 }
 
+// The job-wide key where node `node_rank` reports, before it joins, why it
+// has not joined yet (which local trainers it still waits for); the leader
+// quotes it when a Join times out and drops it when that node joins.
+inline std::string FormingReportKey(int node_rank) {
+  return absl::StrCat("forming/node", node_rank);
+}
+
 // "g<generation>/plan/", the prefix of every node's plan stamp of that
 // generation (PlanKey in rendezvous_records.h: "<prefix><version>/<node>").
 inline std::string PlanKeyPrefix(uint64_t generation) {

@@ -227,6 +227,8 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
   }
   const uint64_t join_id = next_join_id_++;
   pending_[rank] = PendingJoin{join_id, request->host(), request->local_size()};
+  // Joined: what it reported while waiting for its trainers is over.
+  if (auto report = kv_.find(FormingReportKey(rank)); report != kv_.end()) EraseLocked(report);
   spdlog::info("event=join node_rank={} host={} local_size={} generation={} joined={}/{}", rank,
                request->host(), request->local_size(), target, pending_.size(), num_nodes_);
   if (static_cast<int>(pending_.size()) == num_nodes_) {
@@ -252,9 +254,18 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
     }
     const absl::Time t = clock_();
     if (t >= deadline) {
-      std::vector<int> missing;
+      // Each missing node with what it reported (its trainers it waits for).
+      std::vector<std::string> missing;
       for (int r = 0; r < num_nodes_; ++r) {
-        if (pending_.count(r) == 0) missing.push_back(r);
+        if (pending_.count(r) != 0) continue;
+        const auto report = kv_.find(FormingReportKey(r));
+        missing.push_back(absl::StrCat(
+            "node_rank=", r, " (",
+            report != kv_.end() && !report->second.empty()
+                ? report->second
+                : "no report from it: its daemon is down or stopped or unreachable or none of "
+                  "its trainers registered",
+            ")"));
       }
       std::string message =
           absl::StrCat("join timed out after ", Millis(timeout), " ms waiting for generation ",

@@ -151,6 +151,7 @@ absl::StatusOr<RegisterResult> Job::RegisterAndWait(uint64_t session, Layout lay
   // replaced in trainers_ by the next one to attach.
   std::shared_ptr<Trainer> t;
   bool last = false;
+  std::string forming_report;
   {
     absl::MutexLock lock(&mu_);
     t = HoldLocked(session);
@@ -172,9 +173,13 @@ absl::StatusOr<RegisterResult> Job::RegisterAndWait(uint64_t session, Layout lay
     spdlog::info("event=register job={} local_rank={} tensors={} layout_hash={:016x}", id_,
                  t->local_rank, t->layout.size(), LayoutHash(t->layout));
     last = registered_ == config_.local_size;
+    if (!last) forming_report = MissingLocalRanksLocked();
   }
   // The last local trainer to register forms the world on its own thread.
   if (last) Form();
+  // Until then the other nodes wait for this one: the leader learns whom
+  // it waits for (a failure is only a less precise error elsewhere).
+  if (!forming_report.empty() && hooks_.report_forming) hooks_.report_forming(forming_report);
 
   absl::MutexLock lock(&mu_);
   auto settled = [this, &t] {
@@ -182,21 +187,24 @@ absl::StatusOr<RegisterResult> Job::RegisterAndWait(uint64_t session, Layout lay
     return state_ == JobState::kRunning || state_ == JobState::kFailed || t->gone.load();
   };
   // AwaitWithDeadline would read `deadline` as wall-clock time.
-  const bool done = mu_.AwaitWithTimeout(absl::Condition(&settled), deadline - MonotonicNow());
+  bool done = mu_.AwaitWithTimeout(absl::Condition(&settled), deadline - MonotonicNow());
+  if (!done && state_ == JobState::kForming) {
+    // Forming across nodes has its own timeout, whose error names the
+    // missing node or the unreachable leader: wait for that verdict, up to
+    // one more timeout in case forming hangs.
+    done = mu_.AwaitWithTimeout(absl::Condition(&settled),
+                                deadline + absl::Milliseconds(config_.timeout_ms) - MonotonicNow());
+  }
   if (t->gone.load()) return MakeError(v1::STATE, "the trainer left during registration");
   if (!done) {
-    std::vector<int> missing;
-    for (int r = 0; r < config_.local_size; ++r) {
-      if (!trainers_[r] || !trainers_[r]->registered || trainers_[r]->gone.load()) {
-        missing.push_back(r);
-      }
-    }
+    const std::string missing = MissingLocalRanksLocked();
     FailLocked(MakeError(v1::TIMEOUT,
-                         absl::StrCat("registration timed out: ", registered_, " of ",
-                                      config_.local_size, " local trainers registered",
-                                      missing.empty() ? " (forming the job across nodes)"
-                                                      : absl::StrCat("; missing local ranks ",
-                                                                     absl::StrJoin(missing, ", ")))),
+                         absl::StrCat("registration timed out: ",
+                                      missing.empty()
+                                          ? absl::StrCat(registered_, " of ", config_.local_size,
+                                                         " local trainers registered (forming "
+                                                         "the job across nodes)")
+                                          : missing)),
                -1);
   }
   if (state_ == JobState::kFailed) return PeerError(*t);
@@ -215,6 +223,19 @@ absl::StatusOr<RegisterResult> Job::RegisterAndWait(uint64_t session, Layout lay
   r.world_size = world_.world_size;
   r.plan = scheduler_->plan();
   return r;
+}
+
+std::string Job::MissingLocalRanksLocked() const {
+  std::vector<int> missing;
+  for (int r = 0; r < config_.local_size; ++r) {
+    if (!trainers_[r] || !trainers_[r]->registered || trainers_[r]->gone.load()) {
+      missing.push_back(r);
+    }
+  }
+  if (missing.empty()) return "";
+  return absl::StrCat(registered_, " of ", config_.local_size,
+                      " local trainers registered; missing local ranks ",
+                      absl::StrJoin(missing, ", "));
 }
 
 void Job::Form() {
@@ -467,9 +488,11 @@ void Job::FailLocked(const absl::Status& error, int culprit, bool expected) {
     if (stats_) stats_->OnError(std::string(error.message()), CodeOf(error) == v1::TIMEOUT);
     health_queue_.push_back({false, std::string(error.message())});
   }
+  // Reported before the sockets close: the other nodes' collectives fail
+  // when they do, and the leader should hear the cause first.
+  if (world_.link) world_.link->ReportError(error);
   if (world_.backend) world_.backend->Abort(std::string(error.message()));
   if (gpu_session_) gpu_session_->Abort(std::string(error.message()));
-  if (world_.link) world_.link->ReportError(error);
   for (auto& t : trainers_) {
     if (!t || t->gone.load() || t->segment.header() == nullptr) continue;
     const absl::Status mine = PeerError(*t);
@@ -537,6 +560,7 @@ void Job::ReleaseWorld() {
   gpu_reducer.reset();
   gpu_session.reset();
   link.reset();  // outside the lock: it talks to the leader
+  spdlog::info("event=job_released job={}", id_);
 }
 
 bool Job::RemoveTrainer(uint64_t session, bool graceful, const std::string& reason) {

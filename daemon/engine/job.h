@@ -117,6 +117,9 @@ struct JobHooks {
   std::function<void(bool serving, const std::string& reason)> on_health;
   // The GPU path's device (null: CUDA tensors are refused).
   GpuRuntime gpu;
+  // Multi-node: tells the leader which local trainers this node still
+  // waits for before it can join (null: one node). Called without the lock.
+  std::function<void(const std::string& report)> report_forming;
 };
 
 class Job {
@@ -213,6 +216,9 @@ class Job {
   // Phase 1 of Form: the agreed layout, or nullopt when the local layouts
   // differ (the job has then failed). Moves the job to kForming.
   std::optional<Layout> BeginFormLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "K of N local trainers registered; missing local ranks ...", or "" when
+  // every local trainer registered.
+  std::string MissingLocalRanksLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   Trainer* FindLocked(uint64_t session) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The same, shared: for a caller that keeps it across releasing mu_.
   std::shared_ptr<Trainer> HoldLocked(uint64_t session) const ABSL_SHARED_LOCKS_REQUIRED(mu_);

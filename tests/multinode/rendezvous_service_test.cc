@@ -312,11 +312,29 @@ TEST_F(RendezvousServiceTest, JoinTimeoutNamesTheMissingNodesAndLeavesTheRound) 
     EXPECT_EQ(CodeOf(result.status()), v1::TIMEOUT);
     // Node 2 never came; the node that gave up first is missing for the
     // other one too.
-    EXPECT_THAT(Msg(result.status()), ContainsRegex("missing node ranks: (0, |1, )?2$"));
+    EXPECT_THAT(Msg(result.status()), ContainsRegex(
+                    "missing node ranks: (node_rank=[01] \\([^,]*\\), )?node_rank=2 \\(no report from it"));
   }
   EXPECT_TRUE(leader_->service().GetStatus().pending_node_ranks.empty());
   // The timed-out nodes can join again and form the generation.
   EXPECT_EQ(FormGeneration(), 1u);
+}
+
+TEST_F(RendezvousServiceTest, JoinTimeoutQuotesWhatTheMissingNodeReportedAndAJoinDropsIt) {
+  StartLeader(3);
+  ASSERT_TRUE(Client()->Set(FormingReportKey(2), "1 of 2 local trainers registered; missing local ranks 1").ok());
+  const auto results = JoinAll({0, 1}, absl::Milliseconds(500));
+  for (const auto& result : results) {
+    ASSERT_FALSE(result.ok());
+    EXPECT_EQ(CodeOf(result.status()), v1::TIMEOUT);
+    EXPECT_THAT(Msg(result.status()),
+                HasSubstr("node_rank=2 (1 of 2 local trainers registered; missing local ranks 1)"));
+  }
+  // Node 2 joined this time: its report is over, the next timeout does not quote it.
+  EXPECT_EQ(FormGeneration(), 1u);
+  auto report = Client()->Get(FormingReportKey(2));
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_FALSE(report->has_value());
 }
 
 TEST_F(RendezvousServiceTest, ReportedErrorAbortsAndTheJobReformsWithTheNextGeneration) {

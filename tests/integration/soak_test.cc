@@ -1,0 +1,273 @@
+// Soak (issue 16): a 3-node x 2-trainer job of real daemons trains segment
+// after segment of 50 iterations; every segment starts with a bucket-cap
+// change on the leader, and every second one a trainer is SIGKILLed
+// mid-run (its peers must end with PEER_FAILED) and the next segment starts
+// fresh trainers. Every segment that completes must equal one process
+// training on the whole batch. Afterwards each daemon's open fds, threads
+// (but gRPC's executor pool, bounded) and /dev/shm segments are exactly
+// what they were after the first segment, and its RSS is within
+// kRssSlackBytes of it.
+//
+// GRADSYNC_SOAK_ITERATIONS sets the total (default 300; the issue's full
+// run: 2000). Each daemon's before/after numbers are printed as
+// `soak_resources` lines.
+#include <signal.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <dirent.h>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "tests/integration/harness.h"
+
+namespace gradsync::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr int kNodes = 3, kLocal = 2;
+constexpr int kSegmentSteps = 50;
+constexpr auto kBound = seconds(120);  // a hang check, not a performance bound
+// RSS may grow a little and stay: glibc keeps freed arenas for reuse and
+// gRPC keeps its per-thread caches. A leak of one job's buffers per
+// segment would pass this within a few segments, which is why fds,
+// threads and segments are compared exactly.
+constexpr long kRssSlackBytes = 16L << 20;
+// gRPC's event-engine executor ("default-executor" threads) grows and
+// shrinks its pool with load on its own schedule: counted apart from the
+// daemon's other threads (compared exactly) and bounded, not compared.
+constexpr long kExecutorPoolBound = 16;
+constexpr char kExecutorThreadName[] = "default-executo";  // comm is 15 chars
+
+int Iterations() {
+  const char* env = std::getenv("GRADSYNC_SOAK_ITERATIONS");
+  const int n = env && *env ? std::atoi(env) : 300;
+  return std::max(n, 2 * kSegmentSteps);
+}
+
+struct Resources {
+  long fds = 0, threads = 0, segments = 0, rss_bytes = 0;
+  long executor_threads = 0;  // gRPC's pool, not in `threads`
+  std::map<std::string, int> thread_names;  // /proc/PID/task/*/comm, for the report
+  bool operator==(const Resources& o) const {
+    return fds == o.fds && threads == o.threads && segments == o.segments;
+  }
+  std::string ToString() const {
+    return absl::StrCat("fds=", fds, " threads=", threads, " grpc_executor_threads=",
+                        executor_threads, " segments=", segments,
+                        " rss_kib=", rss_bytes / 1024);
+  }
+};
+
+long CountEntries(const std::string& dir) {
+  long n = 0;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+long StatusField(pid_t pid, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::atol(line.c_str() + field.size() + 1);
+  }
+  return -1;
+}
+
+Resources Measure(Daemon& d) {
+  const pid_t pid = d.process().pid();
+  Resources r;
+  r.fds = CountEntries("/proc/" + std::to_string(pid) + "/fd");
+  r.segments = static_cast<long>(SegmentsWithPrefix(d.shm_prefix()).size());
+  r.rss_bytes = StatusField(pid, "VmRSS") * 1024;
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  if (DIR* d = opendir(tasks.c_str())) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream comm(tasks + "/" + e->d_name + "/comm");
+      std::string name;
+      std::getline(comm, name);
+      ++r.thread_names[name];
+      ++(name == kExecutorThreadName ? r.executor_threads : r.threads);
+    }
+    closedir(d);
+  }
+  return r;
+}
+
+// Waits until `needle` occurs at least `count` times in the process's log.
+bool WaitForLogCount(const Process& p, const std::string& needle, size_t count,
+                     milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const std::string log = p.Log();
+    size_t n = 0;
+    for (size_t at = log.find(needle); at != std::string::npos; at = log.find(needle, at + 1)) ++n;
+    if (n >= count) return true;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  return false;
+}
+
+bool IsStopped(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
+}
+
+bool WaitStopped(Process& p, milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (IsStopped(p.pid())) return true;
+    if (!p.Running()) return false;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  return false;
+}
+
+class SoakCluster {
+ public:
+  SoakCluster() {
+    token_file_ = dir_.File("token");
+    EXPECT_TRUE(WriteTokenFile(token_file_, "soak-token"));
+    for (int n = 0; n < kNodes; ++n) {
+      std::vector<std::string> args = {
+          absl::StrCat("--num-nodes=", kNodes), absl::StrCat("--node-rank=", n), "--job-id=soak",
+          "--job-token-file=" + token_file_, "--bucket-cap-mb=0.001",
+          "--first-bucket-cap-mb=0.0001", "--timeout-s=10"};
+      args.push_back(n == 0 ? "--listen=127.0.0.1:0" : absl::StrCat("--leader=127.0.0.1:", port_));
+      daemons_.push_back(std::make_unique<Daemon>(kLocal, args));
+      EXPECT_TRUE(daemons_.back()->WaitReady(seconds(10))) << daemons_.back()->process().Log();
+      if (n == 0) port_ = daemons_[0]->ListenPort(seconds(10));
+    }
+  }
+  Daemon& node(int n) { return *daemons_[n]; }
+  const std::string& dir() const { return dir_.path(); }
+  int port() const { return port_; }
+  const std::string& token_file() const { return token_file_; }
+  std::string Logs() {
+    std::string out;
+    for (auto& d : daemons_) out += "---- " + d->dir() + "\n" + d->process().Log();
+    return out;
+  }
+
+ private:
+  ScratchDir dir_;
+  std::string token_file_;
+  int port_ = 0;
+  std::vector<std::unique_ptr<Daemon>> daemons_;
+};
+
+TEST(Soak, RestartsAndConfigChangesLeakNothingAndEveryCompletedSegmentIsExact) {
+  SoakCluster cluster;
+  const std::vector<std::string> args = {absl::StrCat("--steps=", kSegmentSteps), "--batch=48",
+                                         "--fp64", "--quiet"};
+  std::vector<double> expected;
+  {
+    Process ref = Process::Spawn({Runfile("examples/mlp_trainer"), "--single", "--quiet",
+                                  "--out=" + cluster.dir() + "/reference.txt", args[0], args[1],
+                                  args[2]},
+                                 cluster.dir() + "/reference.log");
+    ASSERT_EQ(ref.Wait(seconds(60)).code, 0) << ref.Log();
+    expected = LoadWeights(cluster.dir() + "/reference.txt");
+  }
+  const int segments = Iterations() / kSegmentSteps;
+  std::vector<Resources> baseline(kNodes);
+  int completed_iterations = 0, killed = 0, config_changes = 0;
+  for (int s = 0; s < segments; ++s) {
+    // Every second segment (not the first, which sets the baseline) loses
+    // one trainer, on a node that rotates, at step 2 of the segment.
+    const bool kill = s % 2 == 1;
+    const int victim_node = (s / 2) % kNodes, victim_local = s % kLocal;
+    // A config change on the leader between jobs: this segment's job plans
+    // with it. (Mid-run changes: multinode_test's ConfigBursts. Here, right
+    // after a job starts, the leader's iteration-rate estimate is too low
+    // and a fast node may get the change too late: STATE, see the issue.)
+    const bool big = s % 2 == 0;
+    Process set = Process::Spawn(
+        {Runfile("client/gradsyncctl"), absl::StrCat("--addr=127.0.0.1:", cluster.port()),
+         "--token-file=" + cluster.token_file(), "config", "set",
+         big ? "bucket_cap_mb=0.002" : "bucket_cap_mb=0.001",
+         big ? "first_bucket_cap_mb=0.0005" : "first_bucket_cap_mb=0.0001"},
+        absl::StrCat(cluster.dir(), "/ctl", s, ".log"));
+    ASSERT_EQ(set.Wait(kBound).code, 0) << set.Log();
+    ++config_changes;
+    std::vector<Process> trainers;
+    std::vector<std::string> outs;
+    for (int n = 0; n < kNodes; ++n) {
+      for (int r = 0; r < kLocal; ++r) {
+        std::vector<std::string> a = args;
+        const bool victim = kill && n == victim_node && r == victim_local;
+        if (victim) a.push_back("--pause-at=backward");
+        outs.push_back(absl::StrCat(cluster.dir(), "/w", s, ".", n, ".", r, ".txt"));
+        trainers.push_back(StartTrainer(cluster.node(n), r, a, victim ? "" : outs.back()));
+      }
+    }
+    if (kill) {
+      Process& victim = trainers[victim_node * kLocal + victim_local];
+      ASSERT_TRUE(WaitStopped(victim, kBound)) << victim.Log();
+      victim.Signal(SIGKILL);
+      ++killed;
+    }
+    for (size_t i = 0; i < trainers.size(); ++i) {
+      const bool victim = kill && static_cast<int>(i) == victim_node * kLocal + victim_local;
+      const ExitStatus st = trainers[i].Wait(kBound);
+      ASSERT_TRUE(st.exited || victim) << st.ToString() << trainers[i].Log() << cluster.Logs();
+      if (victim) continue;
+      if (kill) {
+        EXPECT_EQ(st.code, kExitPeerFailed) << trainers[i].Log() << cluster.Logs();
+        continue;
+      }
+      ASSERT_EQ(st.code, 0) << trainers[i].Log() << cluster.Logs();
+      EXPECT_LE(RelativeDifference(LoadWeights(outs[i]), expected), 1e-12)
+          << "segment " << s << " " << outs[i];
+    }
+    if (!kill) completed_iterations += kSegmentSteps;
+    // Every daemon has released this segment's job (scheduler stopped,
+    // generation left); it keeps the finished job until the next one.
+    for (int n = 0; n < kNodes; ++n) {
+      ASSERT_TRUE(WaitForLogCount(cluster.node(n).process(), "event=job_released", s + 1, kBound))
+          << cluster.Logs();
+    }
+    // After the first job: what a daemon holds between jobs.
+    if (s == 0) {
+      for (int n = 0; n < kNodes; ++n) baseline[n] = Measure(cluster.node(n));
+    }
+  }
+  for (int n = 0; n < kNodes; ++n) {
+    const Resources now = Measure(cluster.node(n));
+    std::string names_before, names_after;
+    for (const auto& [name, count] : baseline[n].thread_names) absl::StrAppend(&names_before, name, "x", count, " ");
+    for (const auto& [name, count] : now.thread_names) absl::StrAppend(&names_after, name, "x", count, " ");
+    std::printf("soak_threads node=%d before={%s} after={%s}\n", n, names_before.c_str(), names_after.c_str());
+    std::printf("soak_resources node=%d iterations=%d completed=%d kills=%d config_changes=%d "
+                "baseline{%s} after{%s}\n",
+                n, segments * kSegmentSteps, completed_iterations, killed, config_changes,
+                baseline[n].ToString().c_str(), now.ToString().c_str());
+    EXPECT_EQ(now.fds, baseline[n].fds) << "node " << n;
+    EXPECT_EQ(now.threads, baseline[n].threads) << "node " << n;
+    EXPECT_EQ(now.segments, baseline[n].segments) << "node " << n;
+    EXPECT_LE(now.executor_threads, kExecutorPoolBound) << "node " << n;
+    EXPECT_LE(now.rss_bytes, baseline[n].rss_bytes + kRssSlackBytes) << "node " << n;
+    EXPECT_TRUE(cluster.node(n).process().Running()) << cluster.Logs();
+  }
+}
+
+}  // namespace
+}  // namespace gradsync::testing
