@@ -117,6 +117,9 @@ struct JobHooks {
   std::function<void(bool serving, const std::string& reason)> on_health;
   // The GPU path's device (null: CUDA tensors are refused).
   GpuRuntime gpu;
+  // Each completed iteration of job `job` (--autotune); scheduler thread.
+  std::function<void(uint64_t job, uint64_t iteration, uint64_t bytes, int64_t end_ns)>
+      on_iteration_done;
 };
 
 class Job {
