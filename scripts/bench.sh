@@ -15,6 +15,7 @@ benches() {
   bench gloo_allreduce_bench --nodes=2
   py_bench sync_bench.py //daemon:gradsyncd //tests/bench:bench_trainer //tests/bench:gloo_allreduce_bench
   py_bench torch_step_bench.py //daemon:gradsyncd //client:libgradsync.so
+  py_bench link_bench.py //daemon:gradsyncd //client:libgradsync.so //tests/bench:bench_trainer
 }
 
 selected=("$@")
