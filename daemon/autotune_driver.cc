@@ -68,6 +68,9 @@ void AutotuneDriver::Handle(const Report& r) {
       job_ = r.job;
       tuner_.reset();
       chosen_at_ = 0;
+      state_ = "waiting for the job's first iterations";
+    }
+    if (!tuner_ && r.iteration >= kFirstPlacedAfter) {
       BucketAutotuner tuner(AutotuneCandidates(0.25, 200, static_cast<double>(r.bytes) / (1 << 20)));
       if (!PlaceCandidates(tuner)) {
         state_ = "abandoned: the job ended while placing candidates";

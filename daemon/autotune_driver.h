@@ -1,7 +1,7 @@
 // AutotuneDriver: runs --autotune for each job on the daemon that decides
 // job-wide caps (the leader; the only daemon of a one-node job).
 //
-// After a job's first iteration it places every candidate of
+// After a job's first iterations it places every candidate of
 // BucketAutotuner (daemon/engine/bucket_autotuner.h) in the job's ordered
 // config log at once, back to back from the earliest iteration every node
 // can still reach, so every node re-plans to each candidate at the same
@@ -58,6 +58,11 @@ class AutotuneDriver {
   // Places every candidate of a fresh tuner; false (logged) when the job ended.
   bool PlaceCandidates(BucketAutotuner& tuner);
 
+  // Candidates are placed once this iteration completed: after the order
+  // rebuild (iteration 1), and once the job's iteration rate, which sets how
+  // far ahead a change must be placed, is measured rather than guessed.
+  static constexpr uint64_t kFirstPlacedAfter = 2;
+
   const EarliestIteration earliest_;
   const Publish publish_;
 
@@ -71,7 +76,7 @@ class AutotuneDriver {
   mutable absl::Mutex state_mu_;
   uint64_t job_ ABSL_GUARDED_BY(state_mu_) = 0;
   std::optional<BucketAutotuner> tuner_ ABSL_GUARDED_BY(state_mu_);
-  std::string state_ ABSL_GUARDED_BY(state_mu_) = "waiting for the first iteration";
+  std::string state_ ABSL_GUARDED_BY(state_mu_) = "waiting for a job";
   uint64_t chosen_at_ ABSL_GUARDED_BY(state_mu_) = 0;
 
   std::thread thread_;  // last: starts once everything above is set up
