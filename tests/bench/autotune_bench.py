@@ -16,7 +16,7 @@ and the ratio of autotune to the best fixed cap. Prints one table; writes
 nothing else. Not a test: asserts nothing.
 
     bazel build //daemon:gradsyncd //client:libgradsync.so
-    /usr/bin/python3 tests/bench/autotune_bench.py [--steps 10]
+    /usr/bin/python3 tests/bench/autotune_bench.py [--steps 10] [--models mlp,narrow]
 """
 from __future__ import annotations
 
@@ -36,10 +36,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 
 MODELS = {
-    # name: (width, layers, batch per trainer, steps --autotune may take to
-    # choose: candidates are placed ~2 s of steps ahead, so fast steps need more)
-    "25.2M MLP (6 x 2048x2048)": (2048, 6, 32, 90),
-    "narrow deep MLP (120 x 128x128)": (128, 120, 64, 900),
+    # key: (label, width, layers, batch per trainer, steps --autotune may take
+    # to choose: candidates are placed ~2 s of steps ahead, so fast steps need more)
+    "mlp": ("25.2M MLP (6 x 2048x2048)", 2048, 6, 32, 90),
+    "narrow": ("narrow deep MLP (120 x 128x128)", 128, 120, 64, 900),
 }
 FIXED_CAPS_MB = [0.25, 1, 4, 25, 100]
 
@@ -49,7 +49,7 @@ def worker(model_name: str, steps: int) -> List[float]:
     import gradsync.torch as gst
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    width, layers, batch, _ = MODELS[model_name]
+    _, width, layers, batch, _ = MODELS[model_name]
     mods: List[torch.nn.Module] = []
     for i in range(layers):
         mods.append(torch.nn.Linear(width, width))
@@ -104,6 +104,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description="--autotune vs the best fixed bucket cap")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per fixed cap / after the choice")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--models", default="mlp,narrow", help="mlp, narrow or both")
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -113,30 +114,31 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="gsat.", dir="/tmp")
     rows = []
     try:
-        for model_name in MODELS:
+        for model_name in args.models.split(","):
+            label = MODELS[model_name][0]
             fixed: Dict[float, float] = {}
             for cap in FIXED_CAPS_MB:
                 times, _ = run(model_name, args.warmup + args.steps,
                                [f"--bucket-cap-mb={cap}", "--first-bucket-cap-mb=1"], tmp,
                                f"fixed{cap}")
                 fixed[cap] = statistics.median(times[args.warmup:])
-                print(f"  {model_name}: cap {cap} MiB: {fixed[cap] * 1e3:.1f} ms", file=sys.stderr,
+                print(f"  {label}: cap {cap} MiB: {fixed[cap] * 1e3:.1f} ms", file=sys.stderr,
                       flush=True)
-            total = MODELS[model_name][3] + args.steps
+            total = MODELS[model_name][4] + args.steps
             times, log = run(model_name, total, ["--autotune"], tmp, "autotune")
             chosen = re.search(r"event=autotune_chosen index=\d+ first_bucket_cap_mb=(\S+) "
                                r"bucket_cap_mb=(\S+) median_step_s=\S+ at_iteration=(\d+)", log)
             if not chosen or int(chosen.group(3)) + 2 >= total:
-                print(f"  {model_name}: autotune did not finish in {total} steps", file=sys.stderr)
+                print(f"  {label}: autotune did not finish in {total} steps", file=sys.stderr)
                 continue
             after = times[int(chosen.group(3)) + 1:]
             tuned = statistics.median(after)
             best_cap = min(fixed, key=fixed.get)
-            rows.append((model_name, " / ".join(f"{c}: {fixed[c] * 1e3:.0f}" for c in FIXED_CAPS_MB),
+            rows.append((label, " / ".join(f"{c}: {fixed[c] * 1e3:.0f}" for c in FIXED_CAPS_MB),
                          f"{best_cap} MiB, {fixed[best_cap] * 1e3:.1f}",
                          f"first {chosen.group(1)}, cap {chosen.group(2)} MiB", len(after),
                          f"{tuned * 1e3:.1f}", f"{tuned / fixed[best_cap]:.2f}x"))
-            print(f"  {model_name}: autotune chose {chosen.group(1)}/{chosen.group(2)} MiB: "
+            print(f"  {label}: autotune chose {chosen.group(1)}/{chosen.group(2)} MiB: "
                   f"{tuned * 1e3:.1f} ms", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
