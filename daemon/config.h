@@ -38,6 +38,7 @@ struct DaemonConfig {
 
   double bucket_cap_mb = 25;
   double first_bucket_cap_mb = 1;
+  bool autotune = false;  // the leader tries candidate caps, then keeps the fastest
   std::string job_id = "default";
   std::string job_token;  // read from --job-token-file (common/token_file.h)
   // The network boundary (daemon/auth/call_auth.h, common/tls_credentials.h).

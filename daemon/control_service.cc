@@ -55,6 +55,7 @@ void ControlService::FillStats(v1::Stats* s) const {
   s->set_uptime_s(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
   if (std::shared_ptr<Job> job = jobs_->Current()) job->FillStats(s);
+  if (extra_stats_) extra_stats_(s);
   if (job_stalls_) {
     // The leader also lists the stalls every node reported.
     for (const std::string& report : job_stalls_()) {

@@ -43,6 +43,8 @@ class ControlService final : public v1::Control::Service {
 
   // What GetStats answers (without the auth check): also the /metrics page.
   void FillStats(v1::Stats* s) const;
+  // Adds more to every FillStats (the autotuner's fields). Set before serving.
+  void set_extra_stats(std::function<void(v1::Stats*)> fill) { extra_stats_ = std::move(fill); }
 
  private:
   void FillConfig(v1::Config* out) const;
@@ -51,6 +53,7 @@ class ControlService final : public v1::Control::Service {
   std::function<void()> drain_;
   PublishCaps publish_caps_;
   std::function<std::vector<std::string>()> job_stalls_;
+  std::function<void(v1::Stats*)> extra_stats_;
   const CallAuth auth_;
   // One SetConfig at a time: its read-validate-publish-update of the
   // registry's configuration is one step. Guards no field of its own.

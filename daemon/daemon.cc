@@ -102,6 +102,18 @@ absl::Status Daemon::Start() {
   JobHooks hooks;
   hooks.trace_dir = TraceDirectory(std::getenv);
   hooks.gpu = gpu_;
+  if (config_.autotune && (config_.num_nodes == 1 || config_.is_leader())) {
+    autotune_ = std::make_unique<AutotuneDriver>(
+        [this] { return EarliestJobWideIteration(); },
+        [this](const CapsCandidate& caps, uint64_t at) { return PublishAutotunedCaps(caps, at); });
+    hooks.on_iteration_done = [tuner = autotune_.get()](uint64_t job, uint64_t it, uint64_t bytes,
+                                                        int64_t end_ns) {
+      tuner->OnIterationDone(job, it, bytes, end_ns);
+    };
+  } else if (config_.autotune) {
+    spdlog::info("event=autotune_on_leader reason=\"the leader tunes the caps; this node applies "
+                 "its choices\"");
+  }
   hooks.on_health = [this](bool serving, const std::string& reason) {
     grpc::Server* server = listen_server_.get();
     if (server == nullptr || server->GetHealthCheckService() == nullptr) return;
@@ -161,6 +173,9 @@ absl::Status Daemon::Start() {
     }
     control_service_ = std::make_unique<ControlService>(
         jobs_.get(), [this] { Drain(); }, std::move(publish), std::move(job_stalls), auth);
+    if (autotune_) {
+      control_service_->set_extra_stats([tuner = autotune_.get()](v1::Stats* s) { tuner->FillStats(s); });
+    }
     grpc::ServerBuilder builder;
     if (config_.tls_cert.empty()) {
       // Plaintext: our own accept loop, which survives running out of fds
@@ -201,6 +216,10 @@ absl::Status Daemon::Start() {
     // Without --listen there is no Control service yet; /metrics needs its stats.
     if (!control_service_) {
       control_service_ = std::make_unique<ControlService>(jobs_.get(), [this] { Drain(); });
+      if (autotune_) {
+        control_service_->set_extra_stats(
+            [tuner = autotune_.get()](v1::Stats* s) { tuner->FillStats(s); });
+      }
     }
     const ControlService* control = control_service_.get();
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
@@ -338,17 +357,7 @@ absl::Status Daemon::PublishCaps(const DaemonConfig& next, uint64_t version) {
   if (status.generation == 0 || status.aborted) {
     return absl::OkStatus();  // no running job: the next generation plans with them
   }
-  // Every node switches at the same iteration, chosen ahead of the fastest
-  // node by what it can run in ~2 s (heartbeats carry the change within
-  // 0.5 s; a loaded node takes longer); the log keeps it after every earlier
-  // version's. A node that still arrives late fails clearly.
-  uint64_t max_iteration = 0;
-  for (const RendezvousStatus::Node& n : status.nodes) max_iteration = std::max(max_iteration, n.iteration);
-  std::shared_ptr<Job> job = jobs_->Current();
-  // This node's own count is fresh; the others' come with heartbeats.
-  if (job) max_iteration = std::max(max_iteration, job->iteration());
-  const double rate = job ? job->IterationRate() : 0;
-  const uint64_t earliest = max_iteration + 2 + static_cast<uint64_t>(rate * 2.0 + 0.5);
+  const uint64_t earliest = EarliestJobWideIteration();
   absl::StatusOr<RendezvousService::ConfigEntry> entry = rendezvous_service_->AppendConfig(
       earliest, [&next](const RendezvousService::ConfigEntry& e) {
         return std::make_pair(ConfigKey(e.generation, e.version),
@@ -360,6 +369,44 @@ absl::Status Daemon::PublishCaps(const DaemonConfig& next, uint64_t version) {
                "control_version={}",
                entry->version, entry->generation, entry->at_iteration, version);
   return absl::OkStatus();
+}
+
+uint64_t Daemon::EarliestJobWideIteration() {
+  // Every node switches at the same iteration, chosen ahead of the fastest
+  // node by what it can run in ~2 s (heartbeats carry the change within
+  // 0.5 s; a loaded node takes longer); the log keeps it after every earlier
+  // version's. A node that still arrives late fails clearly.
+  uint64_t max_iteration = 0;
+  if (rendezvous_service_) {
+    for (const RendezvousStatus::Node& n : rendezvous_service_->GetStatus().nodes) {
+      max_iteration = std::max(max_iteration, n.iteration);
+    }
+  }
+  std::shared_ptr<Job> job = jobs_->Current();
+  // This node's own count is fresh; the others' come with heartbeats.
+  if (job) max_iteration = std::max(max_iteration, job->iteration());
+  if (config_.num_nodes == 1) return max_iteration + 2;  // no other node to reach
+  const double rate = job ? job->IterationRate() : 0;
+  return max_iteration + 2 + static_cast<uint64_t>(rate * 2.0 + 0.5);
+}
+
+absl::StatusOr<uint64_t> Daemon::PublishAutotunedCaps(const CapsCandidate& caps, uint64_t at) {
+  const BucketCaps bytes{static_cast<uint64_t>(caps.bucket_cap_mb * (1 << 20)),
+                         static_cast<uint64_t>(caps.first_bucket_cap_mb * (1 << 20))};
+  if (!rendezvous_service_) {
+    std::shared_ptr<Job> job = jobs_->Current();
+    if (!job) return MakeError(v1::STATE, "no running job to tune");
+    job->SetCaps(bytes, at);
+    return at;
+  }
+  absl::StatusOr<RendezvousService::ConfigEntry> entry = rendezvous_service_->AppendConfig(
+      at, [&caps](const RendezvousService::ConfigEntry& e) {
+        return std::make_pair(ConfigKey(e.generation, e.version),
+                              EncodeConfig(e.generation, e.at_iteration, caps.bucket_cap_mb,
+                                           caps.first_bucket_cap_mb));
+      });
+  if (!entry.ok()) return entry.status();
+  return entry->at_iteration;
 }
 
 void Daemon::Drain() {

@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/autotune_driver.h"
 #include "daemon/config.h"
 #include "daemon/connection_acceptor.h"
 #include "daemon/control_service.h"
@@ -56,6 +57,12 @@ class Daemon {
   absl::Status PrepareSocketPath();
   // The leader's job-wide caps change (ControlService::PublishCaps).
   absl::Status PublishCaps(const DaemonConfig& next, uint64_t version);
+  // The first iteration a job-wide change published now can start at on
+  // every node (ahead of the fastest one).
+  uint64_t EarliestJobWideIteration();
+  // --autotune's way to change the running job's caps: the config log on
+  // the leader, the job itself on one node. Returns the iteration they apply at.
+  absl::StatusOr<uint64_t> PublishAutotunedCaps(const CapsCandidate& caps, uint64_t at);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // A node segment under a fresh random name ("node<generation>.<random>").
   absl::StatusOr<ipc::NodeSegment> CreateNodeSegment(int generation) const;
@@ -73,6 +80,9 @@ class Daemon {
   // trainers still watch their heartbeat.
   std::vector<std::weak_ptr<ipc::NodeSegment>> retired_nodes_ ABSL_GUARDED_BY(node_mu_);
   int node_generation_ ABSL_GUARDED_BY(node_mu_) = 1;
+  // --autotune on the daemon deciding job-wide caps; declared before jobs_
+  // so the jobs' schedulers, which report to it, stop first.
+  std::unique_ptr<AutotuneDriver> autotune_;
   std::unique_ptr<JobRegistry> jobs_;
   std::unique_ptr<LocalService> local_service_;
   std::unique_ptr<ControlService> control_service_;

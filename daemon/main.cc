@@ -59,6 +59,10 @@ ABSL_FLAG(std::string, host, kDefaults.host,
           "address the cross-node backend binds (default: --listen host)");
 ABSL_FLAG(double, bucket_cap_mb, kDefaults.bucket_cap_mb, "bucket size cap in MiB");
 ABSL_FLAG(double, first_bucket_cap_mb, kDefaults.first_bucket_cap_mb, "first bucket's cap in MiB");
+ABSL_FLAG(bool, autotune, kDefaults.autotune,
+          "the leader tries candidate bucket caps (0.25-200 MiB) for a few iterations each, "
+          "then applies the fastest job-wide; until then --bucket-cap-mb and "
+          "--first-bucket-cap-mb apply");
 ABSL_FLAG(std::string, job_id, kDefaults.job_id, "job identifier shared by all daemons of a job");
 ABSL_FLAG(std::string, job_token_file, "",
           "file holding the job's shared secret (mode 0600); needed by multi-node daemons");
@@ -125,6 +129,7 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   config.host = absl::GetFlag(FLAGS_host);
   config.bucket_cap_mb = absl::GetFlag(FLAGS_bucket_cap_mb);
   config.first_bucket_cap_mb = absl::GetFlag(FLAGS_first_bucket_cap_mb);
+  config.autotune = absl::GetFlag(FLAGS_autotune);
   config.job_id = absl::GetFlag(FLAGS_job_id);
   // Checked before the cast: converting NaN or an out-of-range double to an
   // integer is undefined. ValidateConfig checks the real range.

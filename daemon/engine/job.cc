@@ -406,6 +406,13 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
                                   trainers.size()),
       hooks_.trace_dir, config_.job_id, config_.node_rank, config_.num_nodes, std::move(names));
 
+  if (hooks_.on_iteration_done) {
+    stats_->set_iteration_listener(
+        [hook = hooks_.on_iteration_done, id = id_](uint64_t it, uint64_t bytes, int64_t end) {
+          hook(id, it, bytes, end);
+        });
+  }
+
   Scheduler::Options opts;
   opts.world_size = world_.world_size;
   opts.timeout_ms = config_.timeout_ms;

@@ -120,6 +120,9 @@ struct JobHooks {
   // Multi-node: tells the leader which local trainers this node still
   // waits for before it can join (null: one node). Called without the lock.
   std::function<void(const std::string& report)> report_forming;
+  // Each completed iteration of job `job` (--autotune); scheduler thread.
+  std::function<void(uint64_t job, uint64_t iteration, uint64_t bytes, int64_t end_ns)>
+      on_iteration_done;
 };
 
 class Job {

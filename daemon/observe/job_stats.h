@@ -47,6 +47,13 @@ class JobStats final : public SchedulerObserver {
   void set_stall_listener(std::function<void(const std::string&)> listener) {
     stall_listener_ = std::move(listener);
   }
+  // Also told each iteration's completion (--autotune). Set before the
+  // scheduler starts; runs on the scheduler thread, so it must be quick.
+  using IterationListener =
+      std::function<void(uint64_t iteration, uint64_t bytes_per_trainer, int64_t end_ns)>;
+  void set_iteration_listener(IterationListener listener) {
+    iteration_listener_ = std::move(listener);
+  }
 
   // A job error: counted, kept, and (for timeouts) a trace file is written.
   void OnError(const std::string& message, bool write_trace) ABSL_LOCKS_EXCLUDED(mu_);
@@ -90,6 +97,7 @@ class JobStats final : public SchedulerObserver {
   std::deque<v1::StallReport> stalls_ ABSL_GUARDED_BY(mu_);
   std::string last_trace_file_ ABSL_GUARDED_BY(mu_);
   std::function<void(const std::string&)> stall_listener_;  // see set_stall_listener
+  IterationListener iteration_listener_;                    // see set_iteration_listener
 };
 
 }  // namespace gradsync

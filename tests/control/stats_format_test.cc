@@ -155,6 +155,33 @@ TEST(StatsTable, SingleNodeHasNoCollectiveAndEmptySectionsSaySo) {
   EXPECT_EQ(empty.find("STALLS"), std::string::npos);
 }
 
+TEST(StatsTable, AutotuneListsCandidatesScoresAndTheChoice) {
+  v1::Stats s;
+  s.set_autotune_state("chosen");
+  s.set_autotune_choice(1);
+  s.set_autotune_chosen_at_iteration(77);
+  for (double cap : {4.0, 16.0}) {
+    v1::AutotuneCandidate* c = s.add_autotune_candidates();
+    c->set_first_bucket_cap_mb(0.25);
+    c->set_bucket_cap_mb(cap);
+    c->set_at_iteration(cap == 4 ? 40 : 44);
+    c->set_median_step_s(cap == 4 ? 0.25 : 0.125);
+    c->set_scored_iterations(3);
+  }
+  const std::string table = FormatStatsTable(s);
+  EXPECT_NE(table.find("AUTOTUNE (chosen)"), std::string::npos) << table;
+  EXPECT_NE(table.find("chosen, from iteration 77"), std::string::npos) << table;
+  // The chosen row is the 16 MiB one, with its median; the other is not chosen.
+  const size_t chosen = table.find("chosen, from");
+  const size_t start = table.rfind('\n', chosen) + 1;
+  const std::string line = table.substr(start, chosen - start);
+  EXPECT_NE(line.find(" 16 "), std::string::npos) << table;
+  EXPECT_NE(line.find("125.0 ms"), std::string::npos) << table;
+  EXPECT_NE(table.find("250.0 ms"), std::string::npos) << table;
+  // Off: no section.
+  EXPECT_EQ(FormatStatsTable(v1::Stats()).find("AUTOTUNE"), std::string::npos);
+}
+
 TEST(StatsJson, ParsesRoundTripsAndPrintsEveryField) {
   const v1::Stats s = SampleStats();
   absl::StatusOr<std::string> text = FormatJson(s);

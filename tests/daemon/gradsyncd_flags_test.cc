@@ -106,6 +106,13 @@ TEST(GradsyncdFlagsTest, HelpListsEveryFlagWithDashedNameAndVariable) {
   EXPECT_THAT(r.out, Not(HasSubstr("--node_rank")));
 }
 
+TEST(GradsyncdFlagsTest, AutotuneIsADashedBoolFlagOffByDefaultWithItsVariable) {
+  const Result r = RunDaemon({"--help"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("  --autotune (bool, default \"false\""));
+  EXPECT_THAT(r.out, HasSubstr("env GRADSYNCD_AUTOTUNE)"));
+}
+
 TEST(GradsyncdFlagsTest, EnvironmentSetsIntDoubleAndStringFlags) {
   Result r = RunDaemon({}, {{"GRADSYNCD_NUM_NODES", "0"}});
   EXPECT_EQ(r.exit_code, 2);

@@ -1,0 +1,170 @@
+// --autotune across two real daemons with two real trainers each: the
+// leader tries candidate caps, every node re-plans to each candidate and to
+// the choice at the same iteration, and training ends bit for bit where the
+// same job with fixed caps ends (bucket boundaries change which collective
+// carries a value, never how it is summed).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gradsync/v1/control.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "tests/integration/harness.h"
+
+namespace gradsync::testing {
+namespace {
+
+using std::chrono::seconds;
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// 2 x 1 MiB-ish fp64 layers: caps from 0.25 MiB up give different plans.
+const std::vector<std::string> kModel = {"--dim=64", "--hidden=2048", "--fp64", "--batch=60",
+                                         "--shuffle-seed=7"};
+
+struct JobRun {
+  std::vector<std::vector<double>> weights;  // per trainer, node-major
+  std::vector<std::string> logs;             // per daemon
+  v1::Stats leader_stats;
+  std::string all_logs;
+};
+
+// Two daemons x two trainers, `steps` steps, the daemons given `extra`.
+JobRun RunJob(const std::vector<std::string>& extra, int steps) {
+  JobRun run;
+  ScratchDir dir;
+  const std::string token = dir.File("token");
+  EXPECT_TRUE(WriteTokenFile(token, "s3cret"));
+  const int port = FreePort();
+  std::vector<std::unique_ptr<Daemon>> daemons;
+  for (int n = 0; n < 2; ++n) {
+    std::vector<std::string> args = {"--num-nodes=2", absl::StrCat("--node-rank=", n),
+                                     "--job-id=autotune", "--job-token-file=" + token,
+                                     "--timeout-s=30",
+                                     n == 0 ? absl::StrCat("--listen=127.0.0.1:", port)
+                                            : absl::StrCat("--leader=127.0.0.1:", port)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    daemons.push_back(std::make_unique<Daemon>(2, args));
+    EXPECT_TRUE(daemons.back()->WaitReady(seconds(10))) << daemons.back()->process().Log();
+  }
+  std::vector<std::string> args = kModel;
+  args.push_back(absl::StrCat("--steps=", steps));
+  args.push_back("--sleep-ms=15");  // a realistic step: a few hundred iterations take seconds
+  std::vector<Process> trainers;
+  std::vector<std::string> outs;
+  for (int n = 0; n < 2; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      outs.push_back(absl::StrCat(dir.path(), "/w", n, ".", r, ".txt"));
+      trainers.push_back(StartTrainer(*daemons[n], r, args, outs.back()));
+    }
+  }
+  for (auto& d : daemons) run.all_logs += d->process().Log();
+  for (auto& t : trainers) {
+    const ExitStatus st = t.Wait(seconds(240));
+    EXPECT_TRUE(st.exited && st.code == 0) << t.Log() << run.all_logs;
+  }
+  auto stub = v1::Control::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                                       grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + seconds(10));
+  v1::GetStatsResponse response;
+  const grpc::Status status = stub->GetStats(&context, v1::GetStatsRequest(), &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  run.leader_stats = response.stats();
+  run.all_logs.clear();
+  for (auto& d : daemons) {
+    run.logs.push_back(d->process().Log());
+    run.all_logs += "---- node\n" + run.logs.back();
+  }
+  for (const std::string& out : outs) run.weights.push_back(LoadWeights(out));
+  return run;
+}
+
+// "iteration=I config_version=V fingerprint=F" of every plan decision in a log.
+std::vector<std::string> PlanDecisions(const std::string& log) {
+  static const std::regex kDecided(
+      "event=plan_decided plan_version=(\\d+) fingerprint=(\\w+) iteration=(\\d+) "
+      "config_version=(\\d+)");
+  std::vector<std::string> out;
+  for (std::sregex_iterator it(log.begin(), log.end(), kDecided), end; it != end; ++it) {
+    out.push_back(absl::StrCat("iteration=", (*it)[3].str(), " config_version=", (*it)[4].str(),
+                               " fingerprint=", (*it)[2].str()));
+  }
+  return out;
+}
+
+TEST(Autotune, EveryNodeAppliesEachCandidateAndTheChoiceAtTheSameIterationAndTrainsLikeFixedCaps) {
+  const int steps = 400;
+  const JobRun tuned = RunJob({"--autotune"}, steps);
+  const JobRun fixed = RunJob({}, steps);
+  ASSERT_EQ(tuned.weights.size(), 4u);
+  ASSERT_EQ(fixed.weights.size(), 4u);
+
+  // The leader tried every candidate, scored each, and chose.
+  const v1::Stats& s = tuned.leader_stats;
+  EXPECT_EQ(s.autotune_state(), "chosen") << tuned.all_logs;
+  ASSERT_GE(s.autotune_candidates_size(), 3) << tuned.all_logs;
+  ASSERT_GE(s.autotune_choice(), 0);
+  ASSERT_LT(s.autotune_choice(), s.autotune_candidates_size());
+  for (const v1::AutotuneCandidate& c : s.autotune_candidates()) {
+    EXPECT_EQ(c.scored_iterations(), 3u) << c.ShortDebugString();
+    EXPECT_GT(c.median_step_s(), 0) << c.ShortDebugString();
+  }
+  EXPECT_NE(tuned.logs[0].find("event=autotune_chosen"), std::string::npos) << tuned.all_logs;
+  EXPECT_EQ(fixed.leader_stats.autotune_state(), "");  // off by default
+
+  // Both nodes made the same plan decisions at the same iterations...
+  const std::vector<std::string> node0 = PlanDecisions(tuned.logs[0]);
+  const std::vector<std::string> node1 = PlanDecisions(tuned.logs[1]);
+  EXPECT_EQ(node0, node1) << tuned.all_logs;
+  // ...one per candidate and one for the choice, each where the leader
+  // placed it (besides the order rebuild).
+  std::vector<uint64_t> placed;
+  for (const v1::AutotuneCandidate& c : s.autotune_candidates()) placed.push_back(c.at_iteration());
+  placed.push_back(s.autotune_chosen_at_iteration());
+  for (size_t i = 0; i < placed.size(); ++i) {
+    const std::string at = absl::StrCat("iteration=", placed[i], " config_version=", i + 1, " ");
+    bool found = false;
+    for (const std::string& d : node0) found = found || d.rfind(at, 0) == 0;
+    EXPECT_TRUE(found) << "no plan decision '" << at << "' on node 0:\n" << tuned.all_logs;
+  }
+  size_t config_decisions = 0;
+  for (const std::string& d : node0) config_decisions += d.find("config_version=0 ") == std::string::npos;
+  EXPECT_EQ(config_decisions, placed.size()) << tuned.all_logs;
+  // Candidates of different caps gave different plans (this model has two
+  // distinct ones between 0.25 and 4 MiB): it really re-planned.
+  std::map<std::string, int> fingerprints;
+  for (const std::string& d : node0) ++fingerprints[d.substr(d.find("fingerprint="))];
+  EXPECT_GE(fingerprints.size(), 2u) << tuned.all_logs;
+
+  // Training: bit for bit what fixed caps give, on every trainer.
+  for (size_t i = 0; i < tuned.weights.size(); ++i) {
+    ASSERT_FALSE(tuned.weights[i].empty());
+    EXPECT_EQ(tuned.weights[i], fixed.weights[0]) << "trainer " << i;
+    EXPECT_EQ(fixed.weights[i], fixed.weights[0]) << "trainer " << i;
+  }
+}
+
+}  // namespace
+}  // namespace gradsync::testing
