@@ -193,6 +193,14 @@ absl::Status Client::Failed(absl::Status error) {
   return failure_;
 }
 
+absl::Status Client::CheckNotJoined(const char* call) const {
+  if (!joined_) return absl::OkStatus();
+  return MakeError(v1::INVALID_ARGUMENT,
+                   absl::StrCat(call, " on rank ", rank_, " (local ", local_rank_,
+                                ") after its gs_join: a joined trainer takes part in no more "
+                                "iterations"));
+}
+
 absl::Status Client::CheckUsable() const {
   if (closed_) return MakeError(v1::STATE, "the client is closed");
   if (!failure_.ok()) return failure_;
@@ -313,6 +321,7 @@ absl::Status Client::MarkUnused(size_t index) {
 
 absl::Status Client::CheckMarkable(size_t index) const {
   if (absl::Status st = CheckUsable(); !st.ok()) return st;
+  if (absl::Status st = CheckNotJoined("gs_mark_ready/gs_mark_unused"); !st.ok()) return st;
   if (index >= layout_.size()) {
     return MakeError(v1::INVALID_ARGUMENT,
                      absl::StrCat("tensor index ", index, " is out of range (", layout_.size(),
@@ -347,6 +356,13 @@ absl::Status Client::Post(size_t index, ipc::ReadyKind kind) {
   if (checksum_marks_ && !cuda_) {
     e.checksum = ipc::MarkChecksum(buffers_[index], layout_[index].bytes());
   }
+  if (absl::Status st = PushReady(e); !st.ok()) return st;
+  marked_[index] = 1;  // only once the daemon can see it
+  ++marked_count_;
+  return absl::OkStatus();
+}
+
+absl::Status Client::PushReady(const ipc::ReadyEvent& e) {
   auto& ring = segment_.ready_ring();
   const auto deadline = Clock::now() + std::chrono::milliseconds(daemon_timeout_ms_ + kGraceMs);
   while (!ring.TryPush(e)) {
@@ -359,10 +375,29 @@ absl::Status Client::Post(size_t index, ipc::ReadyKind kind) {
     std::this_thread::yield();
   }
   ++ready_sequence_;
-  marked_[index] = 1;  // only once the daemon can see it
-  ++marked_count_;
   node_.ready_bell().Ring();
   return absl::OkStatus();
+}
+
+absl::Status Client::Join(bool divide_by_initial_world_size) {
+  if (absl::Status st = CheckUsable(); !st.ok()) return st;
+  if (absl::Status st = CheckNotJoined("gs_join"); !st.ok()) return st;
+  if (marked_count_ != 0) {
+    return MakeError(v1::STATE,
+                     absl::StrCat("rank ", rank_, " (local ", local_rank_,
+                                  "): gs_join must be called between iterations (",
+                                  marked_count_, " tensors are marked)"));
+  }
+  ipc::ReadyEvent e{};
+  e.kind = static_cast<uint32_t>(ipc::ReadyKind::kJoin);
+  e.tensor = divide_by_initial_world_size ? ipc::kJoinDivideByInitialWorldSize : 0;
+  e.iteration = iteration_;
+  e.sequence = ready_sequence_;
+  if (absl::Status st = PushReady(e); !st.ok()) return st;
+  joined_ = true;
+  // No deadline of its own: the other trainers may run many iterations;
+  // the job's failure, the daemon's death or its hang end the wait.
+  return AwaitCompletion(-1, /*joined=*/true);
 }
 
 std::string Client::UnmarkedTensors() const {
@@ -379,6 +414,7 @@ std::string Client::UnmarkedTensors() const {
 
 absl::Status Client::Wait(int64_t timeout_ms) {
   if (absl::Status st = CheckUsable(); !st.ok()) return st;
+  if (absl::Status st = CheckNotJoined("gs_wait"); !st.ok()) return st;
   if (!sync_) {
     // Accumulating: nothing was posted, the next synced iteration reduces
     // the sum. The marks start over.
@@ -387,8 +423,13 @@ absl::Status Client::Wait(int64_t timeout_ms) {
     marked_count_ = 0;
     return absl::OkStatus();
   }
-  const int64_t budget = timeout_ms >= 0 ? timeout_ms : daemon_timeout_ms_ + kGraceMs;
-  const auto deadline = Clock::now() + std::chrono::milliseconds(budget);
+  return AwaitCompletion(timeout_ms >= 0 ? timeout_ms : daemon_timeout_ms_ + kGraceMs,
+                         /*joined=*/false);
+}
+
+absl::Status Client::AwaitCompletion(int64_t budget, bool joined) {
+  const auto deadline = budget >= 0 ? Clock::now() + std::chrono::milliseconds(budget)
+                                    : Clock::time_point::max();
   uint64_t heartbeat = node_.header()->heartbeat.load(std::memory_order_acquire);
   auto heartbeat_seen = Clock::now();
   ipc::Doorbell& bell = segment_.header()->completion_bell;
@@ -410,8 +451,13 @@ absl::Status Client::Wait(int64_t timeout_ms) {
       switch (static_cast<ipc::CompletionKind>(e.kind)) {
         case ipc::CompletionKind::kBucketDone:
           continue;
+        case ipc::CompletionKind::kAllJoined:
+          if (!joined) {
+            return Failed(MakeError(v1::INTERNAL, "the daemon ended the join before this trainer joined"));
+          }
+          return absl::OkStatus();
         case ipc::CompletionKind::kIterationDone:
-          if (e.iteration != iteration_) {
+          if (joined || e.iteration != iteration_) {
             return Failed(MakeError(v1::INTERNAL,
                                     absl::StrCat("daemon completed iteration ", e.iteration,
                                                  " while this trainer is at ", iteration_)));
@@ -455,13 +501,16 @@ absl::Status Client::Wait(int64_t timeout_ms) {
                            : absl::StrCat("this trainer has not marked ", unmarked,
                                           " (call gs_mark_ready or gs_mark_unused for each)")));
     }
-    const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now);
+    const auto left = deadline == Clock::time_point::max()
+                          ? std::chrono::nanoseconds(kPollSlice)
+                          : std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now);
     bell.Wait(seen, std::min<std::chrono::nanoseconds>(left, kPollSlice), spin_);
   }
 }
 
 absl::Status Client::SetSync(bool enabled) {
   if (absl::Status st = CheckUsable(); !st.ok()) return st;
+  if (absl::Status st = CheckNotJoined("gs_set_sync"); !st.ok()) return st;
   if (marked_count_ != 0) {
     return MakeError(v1::STATE, "gs_set_sync must be called between iterations");
   }

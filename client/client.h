@@ -89,6 +89,13 @@ class Client {
   // timeout_ms < 0: the daemon's timeout (plus a little grace).
   absl::Status Wait(int64_t timeout_ms);
   absl::Status SetSync(bool enabled);
+  // Uneven inputs (DDP's Join): this trainer is out of data. From its next
+  // iteration on the job counts it as contributing zeros; blocks until every
+  // trainer of the job has joined (OK) or the job fails. Between iterations
+  // only; afterwards every per-iteration call is INVALID_ARGUMENT. The
+  // divisor of later iterations: the initial world size, or (false) the
+  // trainers still active; every trainer must pass the same.
+  absl::Status Join(bool divide_by_initial_world_size);
   // Detaches (idempotent). Buffers become invalid.
   absl::Status Close();
 
@@ -101,6 +108,11 @@ class Client {
   // Records the mark and, in a synced iteration, posts it (validated first).
   absl::Status Post(size_t index, ipc::ReadyKind kind);
   absl::Status CheckUsable() const;
+  absl::Status CheckNotJoined(const char* call) const;
+  absl::Status PushReady(const ipc::ReadyEvent& e);
+  // Waits for the next completion: kIterationDone, or kAllJoined once
+  // `joined`. budget < 0: no deadline.
+  absl::Status AwaitCompletion(int64_t budget, bool joined);
   absl::Status Failed(absl::Status error);  // records a sticky failure
   // From the Watch stream, if any.
   absl::Status ConnectionError() const ABSL_LOCKS_EXCLUDED(watch_mu_);
@@ -131,6 +143,7 @@ class Client {
   int world_size_ = 0;
 
   bool sync_ = true;
+  bool joined_ = false;  // gs_join was called
   // Iterations accumulated under no_sync since the last synced one: posted
   // with every mark so the daemon can refuse trainers out of step.
   uint32_t no_sync_iterations_ = 0;

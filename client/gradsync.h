@@ -160,6 +160,26 @@ GS_API gs_status gs_wait(gs_client *c, int64_t timeout_ms);
  * a node; trainers on different nodes are not compared). */
 GS_API gs_status gs_set_sync(gs_client *c, int enabled);
 
+/* Uneven inputs (PyTorch DDP's Join): this trainer ran out of data. Call it
+ * between iterations (after gs_wait, before any mark; else GS_ERR_STATE).
+ * From the daemon's current iteration on, the job counts this trainer as
+ * contributing zeros to every gradient (its buffers are neither read nor
+ * written), and the other trainers keep iterating. gs_join blocks until
+ * every trainer of the job, on every node, has joined, and returns GS_OK
+ * then, or the job's error if it fails first (no deadline of its own: the
+ * daemon's collective timeout and its liveness bound the wait). Afterwards
+ * every per-iteration call (mark, wait, set_sync) and a second gs_join
+ * return GS_ERR_INVALID_ARGUMENT naming this trainer; gs_close it. The
+ * trainer's parameters stay where its last step left them (DDP's
+ * final-model broadcast is not done).
+ *
+ * divide_by_initial_world_size (DDP's argument of the same name, default 1
+ * there): nonzero: every later average still divides by the job's world
+ * size; 0: by the number of trainers still active in that iteration. Every
+ * trainer that joins must pass the same value (else GS_ERR_MISMATCH). CPU
+ * gradients only (a CUDA job fails with GS_ERR_INVALID_ARGUMENT). */
+GS_API gs_status gs_join(gs_client *c, int divide_by_initial_world_size);
+
 /* CUDA tensors: the cudaStream_t (as void*) the readiness events are
  * recorded on and unused gradients zeroed on, from the next mark on; NULL:
  * the legacy default stream. Record after the stream's last write of the

@@ -174,6 +174,15 @@ gs_status gs_set_sync(gs_client* c, int enabled) {
   GS_GUARD(c)
 }
 
+gs_status gs_join(gs_client* c, int divide_by_initial_world_size) {
+  if (c == nullptr) return GS_ERR_INVALID_ARGUMENT;
+  if (!c->client) return NotConnected(c);
+  try {
+    return Record(c, c->client->Join(divide_by_initial_world_size != 0));
+  }
+  GS_GUARD(c)
+}
+
 gs_status gs_set_cuda_stream(gs_client* c, void* stream) {
   if (c == nullptr) return GS_ERR_INVALID_ARGUMENT;
   if (!c->client) return NotConnected(c);

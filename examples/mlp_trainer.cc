@@ -64,6 +64,13 @@ struct Options {
   // gradient marked, before gs_wait). SIGCONT resumes it.
   std::string pause_at;
   bool write_after_mark = false;  // misuse: change step 0's first marked gradient after its mark
+  // Uneven inputs (gs_join): rank r runs join_steps[r] steps, then joins.
+  // With --single: the reference DDP's Join defines — each step, the sum of
+  // the shard gradients of the ranks still running, divided by the world
+  // size or (join_divide_by_active) by how many still run.
+  std::vector<int> join_steps;
+  bool join_divide_by_active = false;
+  std::string after_join;  // misuse tests: "join" or "mark" once gs_join returned
 };
 
 constexpr int kPauseStep = 2;
@@ -234,8 +241,21 @@ int Run(const Options& opt) {
                  opt.batch, world);
     return 2;
   }
+  const bool uneven = !opt.join_steps.empty();
+  const int join_world = static_cast<int>(opt.join_steps.size());
+  if (uneven && !opt.single && join_world != world) {
+    std::fprintf(stderr, "mlp_trainer: --join-steps lists %d ranks, the world has %d\n",
+                 join_world, world);
+    return 2;
+  }
+  if (uneven && opt.single && opt.batch % join_world != 0) return 2;
   const int shard = opt.batch / world;
   const int first = rank * shard, last = first + shard;
+  int steps = opt.steps;
+  if (uneven) {
+    steps = opt.single ? *std::max_element(opt.join_steps.begin(), opt.join_steps.end())
+                       : opt.join_steps[rank];
+  }
 
   struct MarkCtx {
     gs_client* c;
@@ -268,14 +288,29 @@ int Run(const Options& opt) {
     if (m->pause_step && ++m->marked == 1) PauseAt(*m->opt, "backward");
   };
 
-  for (int step = 0; step < opt.steps; ++step) {
+  for (int step = 0; step < steps; ++step) {
     const bool gate_step = opt.gate_every <= 0 || step % opt.gate_every != 0;
     // The first sample (global batch index) that uses the gate this step.
     const int gate_from = gate_step ? 0 : opt.gate_unused_first >= 0 ? opt.gate_unused_first
                                                                      : opt.batch;
     const bool gate_used = last > gate_from;
     double loss = 0;
-    for (int micro = 0; micro < opt.accumulate; ++micro) {
+    if (uneven && opt.single) {
+      // DDP's Join: the ranks still running contribute, the joined ones zeros.
+      const int join_shard = opt.batch / join_world;
+      int active = 0;
+      for (int r = 0; r < join_world; ++r) {
+        if (opt.join_steps[r] <= step) continue;
+        ++active;
+        loss += Backward(model, step, 0, r * join_shard, (r + 1) * join_shard, double(join_shard),
+                         gate_from, grads, opt, nullptr, nullptr);
+      }
+      const T divisor = static_cast<T>(opt.join_divide_by_active ? active : join_world);
+      for (int p = 0; p < nparams; ++p) {
+        for (T& g : local_grads[p]) g /= divisor;
+      }
+    }
+    for (int micro = 0; micro < (uneven && opt.single ? 0 : opt.accumulate); ++micro) {
       const bool sync = micro == opt.accumulate - 1;
       if (c) {
         gs_status st = gs_set_sync(c, sync ? 1 : 0);
@@ -313,6 +348,13 @@ int Run(const Options& opt) {
                   loss / (double(last - first) * opt.accumulate), rank, world);
       std::fflush(stdout);
     }
+  }
+  if (c && uneven) {
+    // Out of data: the others go on without this trainer; wait for them.
+    gs_status st = gs_join(c, opt.join_divide_by_active ? 0 : 1);
+    if (st != GS_OK) return Die(c, "gs_join", st);
+    if (opt.after_join == "join") return Die(c, "second gs_join", gs_join(c, 1));
+    if (opt.after_join == "mark") return Die(c, "gs_mark_ready after gs_join", gs_mark_ready(c, 0));
   }
   double checksum = 0;
   for (const auto& p : model.params) {
@@ -357,6 +399,9 @@ int main(int argc, char** argv) {
                               {"withhold", required_argument, nullptr, 'W'},
                               {"pause-at", required_argument, nullptr, 'P'},
                               {"write-after-mark", no_argument, nullptr, 'A'},
+                              {"join-steps", required_argument, nullptr, 'J'},
+                              {"join-divide-by-active", no_argument, nullptr, 'j'},
+                              {"after-join", required_argument, nullptr, 'K'},
                               {nullptr, 0, nullptr, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", longopts, nullptr)) != -1) {
@@ -383,6 +428,18 @@ int main(int argc, char** argv) {
       case 'W': opt.withhold = std::atoi(optarg); break;
       case 'P': opt.pause_at = optarg; break;
       case 'A': opt.write_after_mark = true; break;
+      case 'J':
+        for (char* p = optarg;;) {
+          char* end = nullptr;
+          const long n = std::strtol(p, &end, 10);
+          if (end == p || n < 0) return 2;
+          opt.join_steps.push_back(static_cast<int>(n));
+          if (*end != ',') break;
+          p = end + 1;
+        }
+        break;
+      case 'j': opt.join_divide_by_active = true; break;
+      case 'K': opt.after_join = optarg; break;
       default:
         std::fprintf(stderr,
                      "usage: mlp_trainer [--steps N] [--batch N] [--hidden N] [--dim N] [--lr X]\n"
@@ -391,6 +448,8 @@ int main(int argc, char** argv) {
                      "  [--out FILE] [--socket PATH] [--wait-timeout-ms N] [--quiet] [--print-loss]\n"
                      "  fault tests: [--extra-tensor NAME] [--withhold P] [--write-after-mark]\n"
                      "  [--pause-at attach|register|backward|marked]\n"
+                     "  uneven inputs: [--join-steps N0,N1,... (steps per rank, then gs_join)]\n"
+                     "  [--join-divide-by-active] [--after-join join|mark]\n"
                      "  (LOCAL_RANK selects the trainer's local rank)\n");
         return 2;
     }

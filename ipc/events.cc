@@ -10,10 +10,15 @@ absl::Status ValidateReadyEvent(const ReadyEvent& e, const ReadyExpectation& exp
                                             ", expected ", expect.sequence));
   }
   if (e.kind != static_cast<uint32_t>(ReadyKind::kReady) &&
-      e.kind != static_cast<uint32_t>(ReadyKind::kUnused)) {
+      e.kind != static_cast<uint32_t>(ReadyKind::kUnused) &&
+      e.kind != static_cast<uint32_t>(ReadyKind::kJoin)) {
     return absl::DataLossError(absl::StrCat("readiness entry has unknown kind ", e.kind));
   }
-  if (e.tensor >= expect.num_tensors) {
+  if (e.kind == static_cast<uint32_t>(ReadyKind::kJoin)) {
+    if ((e.tensor & ~kJoinDivideByInitialWorldSize) != 0) {
+      return absl::DataLossError(absl::StrCat("join entry has unknown flags ", e.tensor));
+    }
+  } else if (e.tensor >= expect.num_tensors) {
     return absl::OutOfRangeError(absl::StrCat("readiness entry names tensor ", e.tensor,
                                               " of ", expect.num_tensors));
   }

@@ -15,7 +15,11 @@
 
 namespace gradsync::ipc {
 
-enum class ReadyKind : uint32_t { kReady = 1, kUnused = 2 };
+// kJoin (gs_join): the trainer has no more data; from this iteration on it
+// contributes zeros and marks nothing. Its `tensor` field carries
+// kJoinDivideByInitialWorldSize or 0 instead of a tensor index.
+enum class ReadyKind : uint32_t { kReady = 1, kUnused = 2, kJoin = 3 };
+inline constexpr uint32_t kJoinDivideByInitialWorldSize = 1;
 
 struct ReadyEvent {
   uint32_t tensor;     // registration index
@@ -32,7 +36,14 @@ struct ReadyEvent {
 };
 static_assert(sizeof(ReadyEvent) == 32);
 
-enum class CompletionKind : uint32_t { kBucketDone = 1, kIterationDone = 2, kError = 3 };
+// kAllJoined: posted to the trainers that joined once every trainer of the
+// job has (gs_join returns then); joined trainers get no kIterationDone.
+enum class CompletionKind : uint32_t {
+  kBucketDone = 1,
+  kIterationDone = 2,
+  kError = 3,
+  kAllJoined = 4
+};
 
 struct CompletionEvent {
   uint32_t kind;       // CompletionKind

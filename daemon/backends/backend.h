@@ -55,6 +55,13 @@ class Backend {
   // TIMEOUT on timeout. After an error the backend is unusable until recreated.
   virtual absl::Status AllreduceSum(void* data, size_t count, DType dtype) = 0;
 
+  // Sums a few small counts across every node, in place (the scheduler's
+  // per-iteration agreement on active trainers, uneven inputs): exact in
+  // float64. Errors as AllreduceSum.
+  virtual absl::Status AllreduceCounts(double* counts, size_t n) {
+    return AllreduceSum(counts, n, DType::kFloat64);
+  }
+
   // A buffer of at least `bytes` that AllreduceSum reduces without copying
   // when `data` lies in it (a backend whose collectives run in another
   // process), or nullptr: any memory is as good. Valid until the next call;

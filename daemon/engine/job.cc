@@ -718,6 +718,11 @@ void Job::FillStats(v1::Stats* out) const {
                                                 : "attached");
     ts->set_iterations(t->iterations.load());
     ts->set_bytes_reduced(t->iterations.load() * per_iteration);
+    ts->set_joined(t->joined.load());
+  }
+  if (scheduler_) {
+    out->set_active_trainers(static_cast<int32_t>(scheduler_->active_trainers()));
+    out->set_joined_local_trainers(static_cast<int32_t>(scheduler_->joined_local_trainers()));
   }
   if (stats_ && scheduler_) {
     std::vector<uint32_t> tensors_per_bucket;

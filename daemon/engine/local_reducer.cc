@@ -224,9 +224,11 @@ uint64_t LocalReducer::StagingBytes(uint64_t bytes, DType dtype) {
 absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
                                   const std::vector<ReduceSpan>& spans, DType dtype,
                                   int world_size, Backend& backend, ReduceTimings* timings) {
-  if (arenas.empty() || arenas.size() > kMaxLocalTrainers || world_size <= 0) {
+  if ((arenas.empty() && backend.num_nodes() <= 1) || arenas.size() > kMaxLocalTrainers ||
+      world_size <= 0) {
     return absl::InvalidArgumentError("bad reduction arguments");
   }
+  if (arenas.empty()) return ReduceZeros(spans, dtype, backend, timings);
   ReduceWork job;
   job.arenas = &arenas;
   job.spans = &spans;
@@ -296,6 +298,27 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
     timings->collective_ns = t2 - t1;
     timings->write_back_ns = t3 - t2;
   }
+  return status;
+}
+
+absl::Status LocalReducer::ReduceZeros(const std::vector<ReduceSpan>& spans, DType dtype,
+                                       Backend& backend, ReduceTimings* timings) {
+  uint64_t total_bytes = 0;
+  for (const ReduceSpan& s : spans) total_bytes += s.bytes;
+  const DType staged = StagingDType(dtype);
+  const uint64_t elements = total_bytes / DTypeSize(dtype);
+  uint8_t* staging = backend.Staging(elements * DTypeSize(staged));
+  if (staging == nullptr) {
+    if (elements * DTypeSize(staged) > staging_.size()) {
+      return absl::InternalError("bucket is larger than the staging buffer");
+    }
+    staging = staging_.data();
+  }
+  const int64_t t0 = NowNs();
+  std::memset(staging, 0, elements * DTypeSize(staged));
+  const int64_t t1 = NowNs();
+  absl::Status status = backend.AllreduceSum(staging, elements, staged);
+  if (timings) timings->local_reduce_ns = t1 - t0, timings->collective_ns = NowNs() - t1;
   return status;
 }
 

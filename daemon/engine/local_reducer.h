@@ -46,7 +46,9 @@ class LocalReducer {
   static uint64_t StagingBytes(uint64_t bytes, DType dtype);
 
   // `arenas[t]` is trainer t's arena base. The spans must lie within every
-  // arena (the caller checked them against the plan). Returns the backend's
+  // arena (the caller checked them against the plan). `arenas` is empty on
+  // a node of several whose trainers all joined (gs_join): it contributes
+  // zeros to the collective and writes nothing back. Returns the backend's
   // error if the cross-node step fails (the arenas are then left partially
   // summed, which does not matter: the iteration failed).
   absl::Status Reduce(const std::vector<uint8_t*>& arenas, const std::vector<ReduceSpan>& spans,
@@ -59,6 +61,9 @@ class LocalReducer {
   }
 
  private:
+  absl::Status ReduceZeros(const std::vector<ReduceSpan>& spans, DType dtype, Backend& backend,
+                           ReduceTimings* timings);
+
   WorkerPool pool_;
   std::vector<uint8_t> staging_;  // fp32 for half types; native otherwise
 };

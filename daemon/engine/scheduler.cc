@@ -61,12 +61,15 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
       options_(options),
       reducer_(options.reduce_threads, 0),
       spin_(SchedulerSpin()) {
+  active_in_iteration_ = options_.world_size;
+  active_trainers_.store(static_cast<uint32_t>(options_.world_size));
   for (Trainer* t : trainers_) {
     arenas_.push_back(t->segment.arena());
     t->marked.assign(layout_.size(), 0);
     t->mark_checksums.assign(layout_.size(), 0);
     t->marked_count = 0;
   }
+  active_arenas_ = arenas_;
   order_ = ReverseRegistrationOrder(layout_.size());
   if (options_.gpu) {
     // The loop is inside the reducer while it polls events: it reports.
@@ -135,7 +138,7 @@ void Scheduler::InstallPlan(BucketPlan plan) {
   remaining_.assign(plan.buckets.size(), 0);
   timelines_.assign(plan.buckets.size(), BucketTimeline{});
   for (const PlannedBucket& b : plan.buckets) {
-    remaining_[b.id] = static_cast<uint32_t>(b.tensors.size() * trainers_.size());
+    remaining_[b.id] = static_cast<uint32_t>(b.tensors.size() * ActiveLocalTrainers());
     timelines_[b.id].bucket = b.id;
     timelines_[b.id].bytes = b.bytes;
   }
@@ -345,6 +348,7 @@ void Scheduler::Loop() {
     }
     while (!halted_.load(std::memory_order_acquire) && next_bucket_ < remaining_.size() &&
            remaining_[next_bucket_] == 0) {
+      if (!active_agreed_ && !AgreeActiveTrainers()) break;
       if (!Launch(next_bucket_)) break;
       ++next_bucket_;
       progress = true;
@@ -412,6 +416,17 @@ bool Scheduler::Drain(Trainer& t, int64_t now_ns, bool* progress) {
       return false;
     }
     ++t.ready_sequence;
+    if (t.joined.load(std::memory_order_relaxed)) {
+      fail_(MakeError(v1::INVALID_ARGUMENT,
+                      absl::StrCat(t.Name(), " sent a readiness entry after gs_join")),
+            t.local_rank);
+      return false;
+    }
+    if (e.kind == static_cast<uint32_t>(ipc::ReadyKind::kJoin)) {
+      if (!Join(t, e)) return false;
+      *progress = true;
+      continue;
+    }
     if (t.marked[e.tensor] != 0) {
       if (FailIfTruncated()) return false;
       fail_(MakeError(v1::INVALID_ARGUMENT,
@@ -434,7 +449,7 @@ bool Scheduler::Drain(Trainer& t, int64_t now_ns, bool* progress) {
     if (t.local_rank == 0 && iteration() == 0) observed_order_.push_back(e.tensor);
     const uint32_t b = plan_.bucket_of_tensor[e.tensor];
     BucketTimeline& tl = timelines_[b];
-    if (remaining_[b] == plan_.buckets[b].tensors.size() * trainers_.size()) {
+    if (remaining_[b] == plan_.buckets[b].tensors.size() * ActiveLocalTrainers()) {
       tl.first_ready_ns = now_ns;
       if (observer_) observer_->OnBucketFirstReady(iteration(), b, now_ns);
     }
@@ -470,6 +485,106 @@ bool Scheduler::CheckInStep(const Trainer& t, const ipc::ReadyEvent& e) {
                 iteration(), t.Name(), e.no_sync_iterations, no_sync_reference_->Name(),
                 no_sync_iterations_);
   fail_(MakeError(v1::MISMATCH, message), -1);
+  return false;
+}
+
+uint32_t Scheduler::ActiveLocalTrainers() const {
+  return static_cast<uint32_t>(trainers_.size()) - joined_local_.load(std::memory_order_relaxed);
+}
+
+int Scheduler::Divisor() const {
+  return divide_by_active_ ? active_in_iteration_ : options_.world_size;
+}
+
+bool Scheduler::Join(Trainer& t, const ipc::ReadyEvent& e) {
+  if (options_.gpu) {
+    fail_(MakeError(v1::INVALID_ARGUMENT,
+                    absl::StrCat(t.Name(), " called gs_join: uneven inputs are supported for CPU "
+                                           "gradients only")),
+          t.local_rank);
+    return false;
+  }
+  if (t.marked_count != 0) {
+    fail_(MakeError(v1::INVALID_ARGUMENT,
+                    absl::StrCat(t.Name(), " called gs_join in iteration ", iteration(),
+                                 " after marking ", t.marked_count, " of ", layout_.size(),
+                                 " tensors; join between iterations")),
+          t.local_rank);
+    return false;
+  }
+  t.divide_by_initial_world_size = (e.tensor & ipc::kJoinDivideByInitialWorldSize) != 0;
+  t.joined.store(true, std::memory_order_relaxed);
+  joined_local_.fetch_add(1, std::memory_order_acq_rel);
+  // Ready with zeros for every bucket: nothing of it is read or written.
+  for (size_t b = 0; b < remaining_.size(); ++b) {
+    remaining_[b] -= static_cast<uint32_t>(plan_.buckets[b].tensors.size());
+  }
+  active_arenas_.clear();
+  for (size_t i = 0; i < trainers_.size(); ++i) {
+    if (!trainers_[i]->joined.load(std::memory_order_relaxed)) active_arenas_.push_back(arenas_[i]);
+  }
+  spdlog::info("event=trainer_joined iteration={} trainer=\"{}\" divide_by_initial_world_size={} "
+               "local_active={}",
+               iteration(), t.Name(), t.divide_by_initial_world_size, active_arenas_.size());
+  return true;
+}
+
+bool Scheduler::AgreeActiveTrainers() {
+  // [active, joined asking divide_by_initial_world_size, joined asking not]
+  double counts[3] = {0, 0, 0};
+  for (const Trainer* t : trainers_) {
+    if (!t->joined.load(std::memory_order_relaxed)) {
+      counts[0] += 1;
+    } else {
+      counts[t->divide_by_initial_world_size ? 1 : 2] += 1;
+    }
+  }
+  // Every node exchanges, every iteration: a node whose trainers all joined
+  // still follows the others' collectives, and whether the exchange happens
+  // must not depend on what only one node knows.
+  if (backend_->num_nodes() > 1) {
+    if (!BeginReduction(0, NowNs())) {
+      EndReduction();
+      return false;
+    }
+    const absl::Status st = backend_->AllreduceCounts(counts, 3);
+    const int64_t slot = EndReduction();
+    if (slot == kStopped) return false;
+    if (!st.ok() || slot == kTimedOut) {
+      fail_(slot == kTimedOut && CodeOf(st) != v1::TIMEOUT
+                ? TimedOut(0, st)
+                : MakeError(CodeOf(st) == v1::INTERNAL ? v1::PEER_FAILED : CodeOf(st),
+                            absl::StrCat("iteration ", iteration(),
+                                         ": agreeing how many trainers are active: ",
+                                         backend_->name(), " allreduce failed: ", st.message())),
+            kCollectiveFailed);
+      return false;
+    }
+  }
+  const int active = static_cast<int>(counts[0]);
+  if (counts[1] > 0 && counts[2] > 0) {
+    fail_(MakeError(v1::MISMATCH,
+                    absl::StrCat("iteration ", iteration(), ": ", counts[1],
+                                 " trainer(s) joined with divide_by_initial_world_size=1 and ",
+                                 counts[2], " with 0; every trainer must pass the same")),
+          -1);
+    return false;
+  }
+  active_agreed_ = true;
+  active_in_iteration_ = active;
+  divide_by_active_ = counts[2] > 0;
+  active_trainers_.store(static_cast<uint32_t>(active), std::memory_order_release);
+  if (active > 0) return true;
+  // Every trainer of the job joined: DDP's join context exits everywhere.
+  spdlog::info("event=all_joined iteration={}", iteration());
+  all_joined_.store(true, std::memory_order_release);
+  Halt();
+  // All at once, like "iteration done": the first trainer to return and
+  // detach must not get its "detached" error posted ahead of the others'.
+  int culprit = -1;
+  const absl::Status st = PostToAll(ipc::CompletionKind::kAllJoined, iteration(), &culprit);
+  for (Trainer* t : trainers_) t->segment.header()->completion_bell.Ring();
+  if (!st.ok()) fail_(MakeError(v1::PEER_FAILED, st.message()), culprit);
   return false;
 }
 
@@ -512,7 +627,7 @@ bool Scheduler::Launch(uint32_t bucket) {
     return false;
   }
   ReduceTimings timings;
-  absl::Status st = reducer_.Reduce(arenas_, spans_[bucket], b.dtype, options_.world_size,
+  absl::Status st = reducer_.Reduce(active_arenas_, spans_[bucket], b.dtype, Divisor(),
                                     *backend_, &timings);
   const int64_t slot = EndReduction();
   if (slot == kStopped) return false;  // Stop aborted it: the job is over
@@ -598,9 +713,10 @@ void Scheduler::FinishIteration() {
     std::fill(t->marked.begin(), t->marked.end(), 0);
     if (checksummed_marks_ != 0) std::fill(t->mark_checksums.begin(), t->mark_checksums.end(), 0);
     t->marked_count = 0;
-    ++t->iterations;
+    if (!t->joined.load(std::memory_order_relaxed)) ++t->iterations;
   }
   next_bucket_ = 0;
+  active_agreed_ = false;
   marks_ = 0;
   no_sync_reference_ = nullptr;
   checksummed_marks_ = 0;
@@ -615,7 +731,7 @@ void Scheduler::FinishIteration() {
   // and detaches at once cannot get its "detached" error posted ahead of
   // its peers' "iteration done".
   int culprit = -1;
-  const absl::Status st = PostIterationDone(it, &culprit);
+  const absl::Status st = PostToAll(ipc::CompletionKind::kIterationDone, it, &culprit);
   for (Trainer* t : trainers_) t->segment.header()->completion_bell.Ring();
   if (!st.ok()) {
     fail_(MakeError(v1::PEER_FAILED, st.message()), culprit);
@@ -625,17 +741,20 @@ void Scheduler::FinishIteration() {
   // plan changes exactly at the boundary.
   MaybeRebuild();
   for (size_t b = 0; b < remaining_.size(); ++b) {
-    remaining_[b] = static_cast<uint32_t>(plan_.buckets[b].tensors.size() * trainers_.size());
+    remaining_[b] = static_cast<uint32_t>(plan_.buckets[b].tensors.size() * ActiveLocalTrainers());
   }
   if (observer_) observer_->OnIterationDone(it, bytes_per_iteration_, start, NowNs());
 }
 
-absl::Status Scheduler::PostIterationDone(uint64_t it, int* culprit) {
+absl::Status Scheduler::PostToAll(ipc::CompletionKind kind, uint64_t it, int* culprit) {
   // Locked and unlocked by hand, in local-rank order: no allocation here.
   for (Trainer* t : trainers_) t->completion_mu.Lock();
   absl::Status st;
+  const bool to_joined = kind == ipc::CompletionKind::kAllJoined;
   for (Trainer* t : trainers_) {
-    st = PostCompletionLocked(*t, ipc::CompletionKind::kIterationDone, 0, it, 0);
+    // A joined trainer waits for kAllJoined only.
+    if (t->joined.load(std::memory_order_relaxed) != to_joined) continue;
+    st = PostCompletionLocked(*t, kind, 0, it, 0);
     if (!st.ok()) {
       *culprit = t->local_rank;
       break;
@@ -668,7 +787,7 @@ std::string Scheduler::DescribeMissing(int64_t only_bucket) const {
   constexpr size_t kMaxNames = 8;
   std::string out;
   for (const Trainer* t : trainers_) {
-    if (t->marked_count == layout_.size()) continue;
+    if (t->marked_count == layout_.size() || t->joined.load(std::memory_order_relaxed)) continue;
     std::string names;
     size_t listed = 0, missing = 0;
     for (size_t i = 0; i < layout_.size(); ++i) {

@@ -131,6 +131,12 @@ class Scheduler {
       ABSL_LOCKS_EXCLUDED(caps_mu_);
   // True between an iteration's first mark and its completion.
   bool in_iteration() const { return in_iteration_.load(std::memory_order_acquire); }
+  // Uneven inputs (gs_join): trainers of the job still active in the last
+  // iteration every node agreed on (the world size before any join), and
+  // local trainers that joined.
+  uint32_t active_trainers() const { return active_trainers_.load(std::memory_order_acquire); }
+  uint32_t joined_local_trainers() const { return joined_local_.load(std::memory_order_acquire); }
+  bool all_joined() const { return all_joined_.load(std::memory_order_acquire); }
 
  private:
   void Loop();
@@ -155,10 +161,12 @@ class Scheduler {
   // The bucket's reduction succeeded: timeline and observer.
   bool FinishLaunch(uint32_t bucket, const ReduceTimings& timings);
   void FinishIteration();
-  // Posts "iteration done" to every trainer while holding all their
-  // completion locks; on failure sets *culprit to the trainer's local rank.
-  // It locks a run-time set of mutexes, which the analysis cannot follow.
-  absl::Status PostIterationDone(uint64_t it, int* culprit) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Posts kIterationDone to every active trainer, or kAllJoined to every
+  // joined one, while holding all their completion locks; on failure sets
+  // *culprit to the trainer's local rank. It locks a run-time set of
+  // mutexes, which the analysis cannot follow.
+  absl::Status PostToAll(ipc::CompletionKind kind, uint64_t it, int* culprit)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Installs `plan`: spans, counters, staging. At iteration boundaries only.
   void InstallPlan(BucketPlan plan) ABSL_LOCKS_EXCLUDED(plan_mu_);
   void MaybeRebuild() ABSL_LOCKS_EXCLUDED(caps_mu_);
@@ -166,6 +174,18 @@ class Scheduler {
   // Every entry of an iteration carries the same no_sync count; false (the
   // job failed, MISMATCH naming both trainers) when `e` disagrees.
   bool CheckInStep(const Trainer& t, const ipc::ReadyEvent& e);
+  // A trainer's gs_join entry: from now on it counts as ready with zeros
+  // for every bucket (skipped by the local sum and the write-back).
+  bool Join(Trainer& t, const ipc::ReadyEvent& e);
+  // Before an iteration's first collective: the trainers of the job still
+  // active in it, the same on every node (see docs/DESIGN.md). False when
+  // the job failed, or when none is active: every trainer joined, the
+  // joined trainers are told and the loop stops.
+  bool AgreeActiveTrainers();
+  // What this iteration's sum is divided by (DDP's divide_by_initial_world_size):
+  // the one place it is decided.
+  int Divisor() const;
+  uint32_t ActiveLocalTrainers() const;
   // GRADSYNC_DEBUG=detail: false (the job failed, naming the trainer and
   // tensor) when a gradient of `bucket` changed since it was marked.
   bool CheckUnwrittenSinceMark(uint32_t bucket);
@@ -191,6 +211,7 @@ class Scheduler {
   uint64_t config_version_ = 0;  // loop thread: the last version applied
   std::vector<std::vector<ReduceSpan>> spans_;  // per bucket
   std::vector<uint8_t*> arenas_;                // per local trainer
+  std::vector<uint8_t*> active_arenas_;         // of the trainers that have not joined
   Backend* backend_;
   ipc::Doorbell* ready_bell_;
   SchedulerObserver* observer_;
@@ -211,6 +232,14 @@ class Scheduler {
   int64_t last_progress_ns_ = 0;
   bool stall_reported_ = false;
   uint64_t bytes_per_iteration_ = 0;
+  // Uneven inputs: agreed (AgreeActiveTrainers) before the iteration's
+  // first bucket; divide by the active count once a trainer joined asking so.
+  bool active_agreed_ = false;
+  int active_in_iteration_ = 0;
+  bool divide_by_active_ = false;
+  std::atomic<uint32_t> active_trainers_{0};
+  std::atomic<uint32_t> joined_local_{0};
+  std::atomic<bool> all_joined_{false};
 
   std::atomic<uint64_t> iteration_{0};
   std::atomic<bool> stop_{false};

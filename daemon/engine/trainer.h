@@ -52,6 +52,10 @@ struct Trainer {
   // Per tensor: the MarkChecksum its entry carried (GRADSYNC_DEBUG=detail), 0: none.
   std::vector<uint32_t> mark_checksums;
   std::atomic<uint64_t> iterations{0};  // synced iterations completed
+  // gs_join: out of data, contributes zeros until every trainer joined
+  // (written by the scheduler, read by stats).
+  std::atomic<bool> joined{false};
+  bool divide_by_initial_world_size = true;  // what its gs_join asked
 
   std::string Name() const;  // "rank 3 (local 1, pid 4242)"
 };

@@ -45,6 +45,13 @@ class FakeBackend final : public Backend {
   std::string name() const override { return "fake"; }
   int num_nodes() const override { return num_nodes_; }
 
+  // The other nodes are copies of this one: they report the same counts.
+  // Not recorded in calls(): those are the buckets' collectives.
+  absl::Status AllreduceCounts(double* counts, size_t n) override {
+    for (size_t i = 0; i < n; ++i) counts[i] *= num_nodes_;
+    return absl::OkStatus();
+  }
+
   absl::Status AllreduceSum(void* data, size_t count, DType dtype) override {
     absl::MutexLock lock(&mu_);
     calls_.push_back({count, dtype});

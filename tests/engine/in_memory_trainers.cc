@@ -114,6 +114,17 @@ absl::Status InMemoryTrainer::Post(size_t i, ipc::ReadyKind kind) {
   return absl::OkStatus();
 }
 
+absl::Status InMemoryTrainer::PostJoin(bool divide_by_initial_world_size) {
+  ipc::ReadyEvent e{};
+  e.kind = static_cast<uint32_t>(ipc::ReadyKind::kJoin);
+  e.tensor = divide_by_initial_world_size ? ipc::kJoinDivideByInitialWorldSize : 0;
+  e.iteration = iteration_;
+  e.sequence = ready_sequence_;
+  if (absl::Status st = PostRaw(e); !st.ok()) return st;
+  ++ready_sequence_;
+  return absl::OkStatus();
+}
+
 absl::Status InMemoryTrainer::PostRaw(const ipc::ReadyEvent& e) {
   // The tests' rings are larger than any iteration: full means a bug.
   if (!segment_.ready_ring().TryPush(e)) return absl::ResourceExhaustedError("readiness ring full");
@@ -153,6 +164,8 @@ absl::Status InMemoryTrainer::Wait(absl::Duration timeout) {
           no_sync_iterations_ = 0;
           std::fill(marked_.begin(), marked_.end(), 0);
           std::fill(accumulated_.begin(), accumulated_.end(), 0);
+          return absl::OkStatus();
+        case ipc::CompletionKind::kAllJoined:
           return absl::OkStatus();
         case ipc::CompletionKind::kError: {
           const int code = v1::Code_IsValid(e.status) && e.status != 0 ? e.status : v1::INTERNAL;

@@ -63,13 +63,17 @@ class InMemoryTrainer {
   void SetSync(bool enabled) { sync_ = enabled; }
   // As GRADSYNC_DEBUG=detail: each entry carries the gradient's MarkChecksum.
   void SetChecksumMarks(bool enabled) { checksum_marks_ = enabled; }
+  // gs_join's entry (uneven inputs), between iterations; Wait then returns
+  // once every trainer joined.
+  absl::Status PostJoin(bool divide_by_initial_world_size);
   // Posts an arbitrary entry (for bad-input tests); rings the doorbell.
   // Advances nothing: the test decides what the entry says.
   absl::Status PostRaw(const ipc::ReadyEvent& e);
   // Wakes the daemon's loop as a post would.
   void RingNodeBell() { node_.ready_bell().Ring(); }
 
-  // Waits for "iteration done" or an error, like gs_wait. The daemon's
+  // Waits for "iteration done" (or, once joined, "all joined") or an
+  // error, like gs_wait. The daemon's
   // error comes back with its gradsync code; if `timeout` (see patience.h)
   // passes first the result is UNKNOWN (INTERNAL), never a TIMEOUT the test
   // could mistake for the daemon's.

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <ostream>
 #include <random>
@@ -346,6 +347,36 @@ TEST_F(SchedulerBehaviourTest, LaunchesBucketsInPlanOrderAsSoonAsEachIsComplete)
   ASSERT_EQ(calls.size(), 6u);
   for (uint32_t b = 0; b < 6; ++b) EXPECT_EQ(calls[b].count, numel(b)) << "call " << b;
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(HoldsAverage(trainer(r), sums, remote(), world_size()));
+}
+
+// Uneven inputs: a joined trainer counts as zeros. Its arena holds a
+// pattern that would poison any sum it entered, and keeps it: the local sum
+// skips it and the write-back leaves it alone. The divisor stays the world
+// size (divide_by_initial_world_size). Once the others join too, everyone
+// is told and nothing more is reduced.
+TEST_F(SchedulerBehaviourTest, JoinedTrainerIsNeitherSummedNorWrittenBack) {
+  Start();
+  RunIteration(0);
+  ASSERT_TRUE(trainer(1).PostJoin(true).ok());
+  const size_t arena_bytes = node_->arena().total_bytes;
+  std::memset(trainer(1).arena(), 0x7f, arena_bytes);  // NaN in fp32/fp64
+  for (uint64_t it = 1; it < 3; ++it) {
+    Sums sums = ZeroSums(node_->layout());
+    WriteGradients(trainer(0), rank(0), it, &sums);
+    for (size_t t = 0; t < node_->layout().size(); ++t) ASSERT_TRUE(trainer(0).MarkReady(t).ok());
+    ASSERT_TRUE(trainer(0).Wait(kBound).ok());
+    EXPECT_TRUE(HoldsAverage(trainer(0), sums, remote(), world_size())) << "iteration " << it;
+  }
+  for (size_t i = 0; i < arena_bytes; ++i) {
+    ASSERT_EQ(trainer(1).arena()[i], 0x7f) << "byte " << i << " of the joined trainer's arena";
+  }
+  const size_t calls = backend_->calls().size();
+  ASSERT_TRUE(trainer(0).PostJoin(true).ok());
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(trainer(r).Wait(kBound).ok()) << "local rank " << r;
+  EXPECT_TRUE(scheduler_->all_joined());
+  EXPECT_EQ(scheduler_->active_trainers(), 0u);
+  EXPECT_EQ(backend_->calls().size(), calls) << "a bucket was reduced after every trainer joined";
+  EXPECT_TRUE(failures_.Peek().ok()) << failures_.Peek();
 }
 
 TEST_F(SchedulerBehaviourTest, NoSyncIterationsAccumulateAndTheNextSyncedOneAveragesTheSum) {

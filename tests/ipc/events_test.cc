@@ -55,13 +55,28 @@ TEST(ValidateReadyEventTest, RepeatedSequenceIsDataLoss) {
 }
 
 TEST(ValidateReadyEventTest, UnknownKindIsDataLoss) {
-  for (uint32_t kind : {0u, 3u, 0xffffffffu}) {
+  for (uint32_t kind : {0u, 4u, 0xffffffffu}) {
     ReadyEvent e = Good();
     e.kind = kind;
     const absl::Status st = ValidateReadyEvent(e, kExpect);
     EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << kind;
     EXPECT_THAT(st.message(), HasSubstr(absl::StrCat("unknown kind ", kind)));
   }
+}
+
+// A join entry (gs_join) carries flags, not a tensor index: only the known
+// flag passes, whatever the layout's size.
+TEST(ValidateReadyEventTest, JoinCarriesFlagsNotATensor) {
+  ReadyEvent e = Good();
+  e.kind = static_cast<uint32_t>(ReadyKind::kJoin);
+  for (uint32_t flags : {0u, kJoinDivideByInitialWorldSize}) {
+    e.tensor = flags;
+    EXPECT_TRUE(ValidateReadyEvent(e, ReadyExpectation{0, 7, 42}).ok()) << flags;
+  }
+  e.tensor = 2;
+  const absl::Status st = ValidateReadyEvent(e, kExpect);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(st.message(), HasSubstr("join entry has unknown flags 2"));
 }
 
 TEST(ValidateReadyEventTest, TensorOutOfRange) {

@@ -16,6 +16,7 @@ stderr, so tests can tell which error a trainer saw.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -54,9 +55,16 @@ def run_optimizer(args: argparse.Namespace) -> dict:
                 p.grad = None
         maybe_hang(args, rank, step)
 
-    losses = lib.train(model, opt, steps=args.steps, global_batch=args.batch, rank=rank,
-                       world=world, accumulate=args.accumulate, dtype=dtype,
-                       no_sync=opt.no_sync, on_step=on_step)
+    steps = args.steps
+    joining = contextlib.nullcontext()
+    if args.join_steps:
+        # Uneven inputs: this rank has join_steps[rank] batches, then joins.
+        steps = [int(n) for n in args.join_steps.split(",")][rank]
+        joining = gst.join(opt, divide_by_initial_world_size=not args.join_divide_by_active)
+    with joining:
+        losses = lib.train(model, opt, steps=steps, global_batch=args.batch, rank=rank,
+                           world=world, accumulate=args.accumulate, dtype=dtype,
+                           no_sync=opt.no_sync, on_step=on_step)
     views_kept = [p.grad.data_ptr() for p in params] == grad_ptrs
     result = {
         "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
@@ -176,6 +184,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--ddp-find-unused", action="store_true")
     ap.add_argument("--record-buckets", action="store_true",
                     help="ddp mode: record each iteration's bucket layout")
+    ap.add_argument("--join-steps", default="",
+                    help="uneven inputs: steps per rank (comma-separated), then gradsync.torch.join")
+    ap.add_argument("--join-divide-by-active", action="store_true")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)

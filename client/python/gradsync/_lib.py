@@ -133,6 +133,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "gs_mark_unused": (status, [c_client_p, ctypes.c_size_t]),
         "gs_wait": (status, [c_client_p, ctypes.c_int64]),
         "gs_set_sync": (status, [c_client_p, ctypes.c_int]),
+        "gs_join": (status, [c_client_p, ctypes.c_int]),
         "gs_set_cuda_stream": (status, [c_client_p, ctypes.c_void_p]),
         "gs_last_error": (ctypes.c_char_p, [c_client_p]),
         "gs_close": (None, [c_client_p]),

@@ -323,6 +323,21 @@ class Client:
             self._check(self._lib.gs_set_sync(self._live_handle(), 1 if enabled else 0),
                         "gs_set_sync")
 
+    def join(self, divide_by_initial_world_size: bool = True) -> None:
+        """Uneven inputs (DDP's Join): this trainer is out of data. Between
+        iterations only. From now on the job counts it as contributing zeros;
+        blocks until every trainer of the job has joined (``gs_join``).
+        Afterwards no more iterations: close the client.
+
+        Args:
+            divide_by_initial_world_size: True (DDP's default): later averages
+                still divide by the world size; False: by the trainers still
+                active in each iteration. Every trainer must pass the same.
+        """
+        with self._mu:
+            self._check(self._lib.gs_join(self._live_handle(),
+                                          1 if divide_by_initial_world_size else 0), "gs_join")
+
     @property
     def last_error(self) -> str:
         """The C library's message for the last failure ("" if none)."""

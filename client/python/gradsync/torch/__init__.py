@@ -3,6 +3,8 @@
 - ``DistributedOptimizer(optimizer, named_parameters)``: Horovod-style data
   parallelism; on CPU the ``.grad`` tensors are views of the daemon's
   shared-memory arena (zero copy).
+- ``join(optimizer)``: uneven inputs (DDP's ``Join``): a trainer that runs
+  out of data contributes zeros until every trainer has joined.
 - ``allreduce_hook`` with ``AllreduceHookState``: a DDP communication hook
   for users who keep ``torch.nn.parallel.DistributedDataParallel``.
 """
@@ -16,6 +18,7 @@ if importlib.util.find_spec("torch") is None:  # pragma: no cover - environment
                       "for /usr/bin/python3)")
 
 from .ddp_hook import AllreduceHookState, allreduce_hook
+from .join import join
 from .optimizer import DistributedOptimizer
 
-__all__ = ["DistributedOptimizer", "AllreduceHookState", "allreduce_hook"]
+__all__ = ["DistributedOptimizer", "AllreduceHookState", "allreduce_hook", "join"]

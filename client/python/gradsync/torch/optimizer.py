@@ -275,6 +275,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         finally:
             self._sync_enabled = previous
 
+    def join(self, divide_by_initial_world_size: bool = True) -> None:
+        """This trainer is out of data (see ``gradsync.torch.join``): call
+        after its last ``step()``; blocks until every trainer joined."""
+        if self._closed:
+            raise StateError("the DistributedOptimizer is closed", operation="join")
+        self._client.join(divide_by_initial_world_size)
+
     def synchronize(self) -> None:
         """Completes this iteration: marks parameters without a gradient as
         unused, then waits until the daemon has written the averaged

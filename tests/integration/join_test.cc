@@ -1,0 +1,190 @@
+// Uneven inputs (gs_join, DDP's Join) with real daemons and trainer
+// processes: trainers that run out of data join, the others go on, and the
+// weights of the trainer that ran longest equal what DDP's definition gives
+// (`mlp_trainer --single --join-steps`: each step, the sum of the shard
+// gradients of the ranks still running, divided by the world size or by how
+// many still run), on one node and across two; and the misuses and faults
+// around a join.
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "tests/integration/harness.h"
+
+namespace gradsync::testing {
+namespace {
+
+using std::chrono::seconds;
+
+constexpr auto kBound = seconds(60);
+// fp32 training of 10 steps: the daemon sums the shards in another order
+// than the reference; 1e-5 relative is far above that rounding and far
+// below any change of divisor (a 3/2 factor in a step's update).
+constexpr double kTolerance = 1e-5;
+
+struct Case {
+  std::vector<int> steps;  // per global rank
+  bool divide_by_active;
+  std::string name;
+};
+
+std::vector<std::string> CommonArgs(const Case& c) {
+  std::vector<std::string> args = {"--batch=60", "--gate-every=3",
+                                   "--join-steps=" + absl::StrJoin(c.steps, ",")};
+  if (c.divide_by_active) args.push_back("--join-divide-by-active");
+  return args;
+}
+
+std::vector<double> Reference(const std::string& dir, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {Runfile("examples/mlp_trainer"), "--single", "--quiet",
+                                   "--out=" + dir + "/reference.txt"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Process p = Process::Spawn(argv, dir + "/reference.log");
+  EXPECT_EQ(p.Wait(kBound).code, 0) << p.Log();
+  return LoadWeights(dir + "/reference.txt");
+}
+
+// The trainer with the most steps (rank 0) against the reference.
+void ExpectMatchesReference(const std::string& dir, const Case& c, const std::string& out0,
+                            const std::string& logs) {
+  const std::vector<double> expected = Reference(dir, CommonArgs(c));
+  ASSERT_FALSE(expected.empty());
+  const std::vector<double> got = LoadWeights(out0);
+  ASSERT_EQ(got.size(), expected.size()) << logs;
+  EXPECT_LE(RelativeDifference(got, expected), kTolerance) << logs;
+}
+
+class JoinOneNodeTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(JoinOneNodeTest, UnevenTrainersMatchDdpJoin) {
+  const Case& c = GetParam();
+  const int n = static_cast<int>(c.steps.size());
+  Daemon daemon(n, {"--bucket-cap-mb=0.001", "--first-bucket-cap-mb=0.0001", "--timeout-s=30"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+  std::vector<Process> trainers;
+  std::vector<std::string> outs;
+  for (int r = 0; r < n; ++r) {
+    outs.push_back(absl::StrCat(daemon.dir(), "/weights", r, ".txt"));
+    std::vector<std::string> args = CommonArgs(c);
+    args.push_back(absl::StrCat("--shuffle-seed=", 21 + r));
+    trainers.push_back(StartTrainer(daemon, r, args, outs.back()));
+  }
+  for (int r = 0; r < n; ++r) {
+    ExitStatus st = trainers[r].Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << "trainer " << r << " code " << st.code << "\n"
+                                           << trainers[r].Log() << "\ndaemon:\n"
+                                           << daemon.process().Log();
+  }
+  const std::string log = daemon.process().Log();
+  EXPECT_NE(log.find("event=all_joined"), std::string::npos) << log;
+  ExpectMatchesReference(daemon.dir(), c, outs[0], log);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Join, JoinOneNodeTest,
+    ::testing::Values(Case{{10, 7, 3}, false, "divide_by_initial_world_size"},
+                      Case{{10, 7, 3}, true, "divide_by_active_trainers"}),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// Two daemons, two trainers each: node 1's trainers (ranks 2, 3) have both
+// joined after 3 steps while node 0's go on to 10 and 8; node 1 keeps
+// taking part in every collective with zeros.
+class JoinTwoNodesTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(JoinTwoNodesTest, OneNodeJoinsWhileTheOtherTrains) {
+  const Case& c = GetParam();
+  ScratchDir dir;
+  const std::string token = dir.File("token");
+  ASSERT_TRUE(WriteTokenFile(token, "s3cret"));
+  const std::vector<std::string> common = {"--num-nodes=2", "--job-id=joinjob",
+                                           "--job-token-file=" + token, "--bucket-cap-mb=0.001",
+                                           "--first-bucket-cap-mb=0.0001", "--timeout-s=30"};
+  std::vector<std::string> leader_args = common;
+  leader_args.push_back("--node-rank=0");
+  leader_args.push_back("--listen=127.0.0.1:0");
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  nodes.push_back(std::make_unique<Daemon>(2, leader_args));
+  ASSERT_TRUE(nodes[0]->WaitReady(seconds(10))) << nodes[0]->process().Log();
+  const int port = nodes[0]->ListenPort(seconds(10));
+  ASSERT_GT(port, 0) << nodes[0]->process().Log();
+  std::vector<std::string> follower_args = common;
+  follower_args.push_back("--node-rank=1");
+  follower_args.push_back(absl::StrCat("--leader=127.0.0.1:", port));
+  nodes.push_back(std::make_unique<Daemon>(2, follower_args));
+  ASSERT_TRUE(nodes[1]->WaitReady(seconds(10))) << nodes[1]->process().Log();
+  auto logs = [&] {
+    return "node 0:\n" + nodes[0]->process().Log() + "\nnode 1:\n" + nodes[1]->process().Log();
+  };
+
+  std::vector<Process> trainers;
+  std::vector<std::string> outs;
+  for (int n = 0; n < 2; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      outs.push_back(absl::StrCat(dir.path(), "/w", n, ".", r, ".txt"));
+      std::vector<std::string> args = CommonArgs(c);
+      args.push_back(absl::StrCat("--shuffle-seed=", 31 + 2 * n + r));
+      trainers.push_back(StartTrainer(*nodes[n], r, args, outs.back()));
+    }
+  }
+  for (size_t t = 0; t < trainers.size(); ++t) {
+    ExitStatus st = trainers[t].Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0)
+        << "trainer " << t << " code " << st.code << "\n" << trainers[t].Log() << "\n" << logs();
+  }
+  EXPECT_NE(nodes[1]->process().Log().find("event=all_joined"), std::string::npos) << logs();
+  ExpectMatchesReference(dir.path(), c, outs[0], logs());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Join, JoinTwoNodesTest,
+    ::testing::Values(Case{{10, 8, 3, 2}, false, "divide_by_initial_world_size"},
+                      Case{{10, 8, 3, 2}, true, "divide_by_active_trainers"}),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// After gs_join returned, the trainer takes part in nothing: a second
+// gs_join and a mark are refused, naming it.
+TEST(JoinMisuse, CallsAfterJoinAreRefusedNamingTheTrainer) {
+  for (const std::string what : {"join", "mark"}) {
+    Daemon daemon(1, {"--timeout-s=30"});
+    ASSERT_TRUE(daemon.WaitReady(seconds(10)));
+    Process p = StartTrainer(daemon, 0, {"--join-steps=2", "--after-join=" + what}, "");
+    EXPECT_EQ(p.Wait(kBound).code, kExitInvalidArgument) << what << "\n" << p.Log();
+    EXPECT_NE(p.Log().find("rank 0 (local 0) after its gs_join"), std::string::npos)
+        << what << "\n" << p.Log();
+  }
+}
+
+// A trainer killed after another joined: the survivors, the one blocked in
+// gs_join included, fail with PEER_FAILED naming it instead of hanging.
+TEST(JoinFault, TrainerKilledAfterAnotherJoinedFailsTheSurvivors) {
+  Daemon daemon(3, {"--timeout-s=60"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
+  std::vector<Process> ps;
+  for (int r = 0; r < 3; ++r) {
+    std::vector<std::string> args = {"--join-steps=10,10,1", "--batch=60"};
+    // Rank 1 stops itself in step 2's backward, after rank 2 joined.
+    if (r == 1) args.push_back("--pause-at=backward");
+    ps.push_back(StartTrainer(daemon, r, args, ""));
+  }
+  ASSERT_TRUE(WaitForLog(ps[1], "paused at backward", kBound)) << ps[1].Log();
+  ASSERT_TRUE(WaitForLog(daemon.process(), "event=trainer_joined", kBound))
+      << daemon.process().Log();
+  ps[1].Signal(SIGKILL);
+  EXPECT_EQ(ps[1].Wait(kBound).code, SIGKILL);
+  for (int r : {0, 2}) {
+    ExitStatus st = ps[r].Wait(seconds(30));  // the daemon's timeout is 60 s
+    EXPECT_FALSE(st.timed_out) << "trainer " << r << " hung";
+    EXPECT_EQ(st.code, kExitPeerFailed) << ps[r].Log();
+    EXPECT_NE(ps[r].Log().find("local 1"), std::string::npos) << ps[r].Log();
+  }
+  EXPECT_NE(ps[2].Log().find("gs_join failed"), std::string::npos) << ps[2].Log();
+}
+
+}  // namespace
+}  // namespace gradsync::testing
