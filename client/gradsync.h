@@ -177,7 +177,10 @@ GS_API gs_status gs_set_sync(gs_client *c, int enabled);
  * there): nonzero: every later average still divides by the job's world
  * size; 0: by the number of trainers still active in that iteration. Every
  * trainer that joins must pass the same value (else GS_ERR_MISMATCH). CPU
- * gradients only (a CUDA job fails with GS_ERR_INVALID_ARGUMENT). */
+ * gradients only (a CUDA job fails with GS_ERR_INVALID_ARGUMENT). Across
+ * nodes the job must be started with gradsyncd --uneven-inputs (node 0's
+ * value decides; it adds one small allreduce per iteration), else
+ * GS_ERR_STATE naming the flag; one node needs nothing. */
 GS_API gs_status gs_join(gs_client *c, int divide_by_initial_world_size);
 
 /* CUDA tensors: the cudaStream_t (as void*) the readiness events are

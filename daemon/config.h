@@ -35,6 +35,9 @@ struct DaemonConfig {
   // The cross-node hop's element type for fp32 buckets: off | bf16 | fp16
   // (daemon/backends/wire_dtype.h); the same on every node of a job.
   std::string wire_dtype = "off";
+  // Multi-node uneven inputs (gs_join): every iteration then starts with a
+  // tiny allreduce of the active-trainer counts. Node 0's value is the job's.
+  bool uneven_inputs = false;
 
   double bucket_cap_mb = 25;
   double first_bucket_cap_mb = 1;

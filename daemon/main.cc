@@ -85,6 +85,10 @@ ABSL_FLAG(std::string, shm_group, "", "group allowed to map segments (mode 0660)
 ABSL_FLAG(std::string, wire_dtype, kDefaults.wire_dtype,
           "off | bf16 | fp16: fp32 gradients cross nodes as this 16-bit type (half the bytes; "
           "pre-scaled by 1/world size, fp16 saturates at 65504); every node must agree");
+ABSL_FLAG(bool, uneven_inputs, kDefaults.uneven_inputs,
+          "allow gs_join (uneven inputs) in multi-node jobs: every iteration then starts with "
+          "one small allreduce of active-trainer counts; node 0's value is the job's "
+          "(one node: gs_join works without it)");
 ABSL_FLAG(int, reduce_threads, kDefaults.reduce_threads,
           "threads for the local reduction; 0: the cores the trainers leave free (1..4)");
 
@@ -143,6 +147,7 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   config.shm_prefix = absl::GetFlag(FLAGS_shm_prefix);
   config.reduce_threads = absl::GetFlag(FLAGS_reduce_threads);
   config.wire_dtype = absl::GetFlag(FLAGS_wire_dtype);
+  config.uneven_inputs = absl::GetFlag(FLAGS_uneven_inputs);
   if (const std::string group = absl::GetFlag(FLAGS_shm_group); !group.empty()) {
     const struct group* g = getgrnam(group.c_str());
     if (g == nullptr) return Fail(absl::StrCat("--shm-group ", group, ": no such group"));

@@ -31,6 +31,10 @@ constexpr absl::Duration kSilencePoll = absl::Milliseconds(100);
 constexpr absl::Duration kCauseReportGrace = absl::Milliseconds(2 * 500);
 
 // Each node's --wire-dtype, published at join.
+std::string UnevenInputsKey(uint64_t generation) {
+  return absl::StrCat(GenerationKeyPrefix(generation), "uneven_inputs");
+}
+
 std::string WireDTypeKey(uint64_t generation, int node_rank) {
   return absl::StrCat(GenerationKeyPrefix(generation), "wire_dtype/", node_rank);
 }
@@ -185,11 +189,16 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
         !st.ok()) {
       return st;
     }
+    if (absl::Status st = client->Set(UnevenInputsKey(gen), config.uneven_inputs ? "1" : "0");
+        !st.ok()) {
+      return st;
+    }
   }
   std::vector<std::string> keys;
   for (int n = 0; n < config.num_nodes; ++n) keys.push_back(LayoutKey(gen, n));
   keys.push_back(CapsKey(gen));
   for (int n = 0; n < config.num_nodes; ++n) keys.push_back(WireDTypeKey(gen, n));
+  keys.push_back(UnevenInputsKey(gen));
   if (absl::Status st = client->Wait(keys, wait); !st.ok()) {
     return MakeError(CodeOf(st), absl::StrCat("waiting for every node's layout: ", st.message()));
   }
@@ -215,6 +224,9 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   if (!caps_value.ok()) return caps_value.status();
   absl::StatusOr<BucketCaps> agreed = DecodeCaps(CapsKey(gen), *caps_value);
   if (!agreed.ok()) return agreed.status();
+  absl::StatusOr<std::optional<std::string>> uneven_value = client->Get(UnevenInputsKey(gen));
+  if (!uneven_value.ok()) return uneven_value.status();
+  const bool uneven_inputs = uneven_value->has_value() && **uneven_value == "1";
 
   GlooBackendOptions gloo;
   gloo.node_rank = config.node_rank;
@@ -251,6 +263,7 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   world.generation = gen;
   world.backend = std::move(*backend);
   world.caps = *agreed;
+  world.uneven_inputs = uneven_inputs;
   world.agree_order = [raw](const std::vector<uint32_t>& local) { return raw->AgreeOrder(local); };
   world.check_plan = [raw](const PlanStamp& stamp) { return raw->CheckPlan(stamp); };
   world.publish = [raw](const std::string& name, const std::string& value) {

@@ -415,6 +415,7 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
 
   Scheduler::Options opts;
   opts.world_size = world_.world_size;
+  opts.uneven_inputs = world_.uneven_inputs;
   opts.timeout_ms = config_.timeout_ms;
   opts.stall_threshold_s = config_.stall_threshold_s;
   opts.caps = caps;

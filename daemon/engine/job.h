@@ -82,6 +82,8 @@ struct JobWorld {
   std::function<absl::StatusOr<std::string>(const std::string& name, absl::Time deadline)> fetch;
   // Node 0's caps, so every node plans the same buckets (0: use the config).
   BucketCaps caps{0, 0};
+  // Node 0's --uneven-inputs: gs_join allowed across nodes.
+  bool uneven_inputs = false;
   std::shared_ptr<WorldLink> link;
 };
 

@@ -504,6 +504,14 @@ bool Scheduler::Join(Trainer& t, const ipc::ReadyEvent& e) {
           t.local_rank);
     return false;
   }
+  if (backend_->num_nodes() > 1 && !options_.uneven_inputs) {
+    fail_(MakeError(v1::STATE,
+                    absl::StrCat(t.Name(), " called gs_join, but this multi-node job runs "
+                                           "without --uneven-inputs on node 0's gradsyncd "
+                                           "(start every daemon with it to allow gs_join)")),
+          t.local_rank);
+    return false;
+  }
   if (t.marked_count != 0) {
     fail_(MakeError(v1::INVALID_ARGUMENT,
                     absl::StrCat(t.Name(), " called gs_join in iteration ", iteration(),
@@ -541,8 +549,9 @@ bool Scheduler::AgreeActiveTrainers() {
   }
   // Every node exchanges, every iteration: a node whose trainers all joined
   // still follows the others' collectives, and whether the exchange happens
-  // must not depend on what only one node knows.
-  if (backend_->num_nodes() > 1) {
+  // must not depend on what only one node knows (node 0's --uneven-inputs
+  // decides it for the job; without it gs_join is refused across nodes).
+  if (backend_->num_nodes() > 1 && options_.uneven_inputs) {
     if (!BeginReduction(0, NowNs())) {
       EndReduction();
       return false;

@@ -80,6 +80,10 @@ class Scheduler {
     // DDP's one-time rebuild: after iteration 0, re-plan from the order in
     // which local rank 0 marked its gradients ready.
     bool rebuild_after_first_iteration = true;
+    // Across nodes, gs_join needs every iteration to start with an exchange
+    // of active-trainer counts; it costs one small collective per
+    // iteration, so a job pays it only when asked (--uneven-inputs).
+    bool uneven_inputs = false;
     OrderAgreement agree_order;  // empty: use the local order
     // Checks, before the first collective under a new plan decision, that
     // every node decided the same (MISMATCH naming both otherwise); may

@@ -97,30 +97,44 @@ INSTANTIATE_TEST_SUITE_P(
 // taking part in every collective with zeros.
 class JoinTwoNodesTest : public ::testing::TestWithParam<Case> {};
 
-TEST_P(JoinTwoNodesTest, OneNodeJoinsWhileTheOtherTrains) {
-  const Case& c = GetParam();
+// Two daemons, two trainers each, on loopback; `uneven_inputs` passes
+// --uneven-inputs to both.
+struct TwoNodes {
   ScratchDir dir;
-  const std::string token = dir.File("token");
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  std::string Logs() const {
+    return "node 0:\n" + nodes[0]->process().Log() + "\nnode 1:\n" + nodes[1]->process().Log();
+  }
+};
+
+void StartTwoNodes(TwoNodes& t, bool uneven_inputs) {
+  const std::string token = t.dir.File("token");
   ASSERT_TRUE(WriteTokenFile(token, "s3cret"));
-  const std::vector<std::string> common = {"--num-nodes=2", "--job-id=joinjob",
-                                           "--job-token-file=" + token, "--bucket-cap-mb=0.001",
-                                           "--first-bucket-cap-mb=0.0001", "--timeout-s=30"};
+  std::vector<std::string> common = {"--num-nodes=2", "--job-id=joinjob",
+                                     "--job-token-file=" + token, "--bucket-cap-mb=0.001",
+                                     "--first-bucket-cap-mb=0.0001", "--timeout-s=30"};
+  if (uneven_inputs) common.push_back("--uneven-inputs");
   std::vector<std::string> leader_args = common;
   leader_args.push_back("--node-rank=0");
   leader_args.push_back("--listen=127.0.0.1:0");
-  std::vector<std::unique_ptr<Daemon>> nodes;
-  nodes.push_back(std::make_unique<Daemon>(2, leader_args));
-  ASSERT_TRUE(nodes[0]->WaitReady(seconds(10))) << nodes[0]->process().Log();
-  const int port = nodes[0]->ListenPort(seconds(10));
-  ASSERT_GT(port, 0) << nodes[0]->process().Log();
+  t.nodes.push_back(std::make_unique<Daemon>(2, leader_args));
+  ASSERT_TRUE(t.nodes[0]->WaitReady(seconds(10))) << t.nodes[0]->process().Log();
+  const int port = t.nodes[0]->ListenPort(seconds(10));
+  ASSERT_GT(port, 0) << t.nodes[0]->process().Log();
   std::vector<std::string> follower_args = common;
   follower_args.push_back("--node-rank=1");
   follower_args.push_back(absl::StrCat("--leader=127.0.0.1:", port));
-  nodes.push_back(std::make_unique<Daemon>(2, follower_args));
-  ASSERT_TRUE(nodes[1]->WaitReady(seconds(10))) << nodes[1]->process().Log();
-  auto logs = [&] {
-    return "node 0:\n" + nodes[0]->process().Log() + "\nnode 1:\n" + nodes[1]->process().Log();
-  };
+  t.nodes.push_back(std::make_unique<Daemon>(2, follower_args));
+  ASSERT_TRUE(t.nodes[1]->WaitReady(seconds(10))) << t.nodes[1]->process().Log();
+}
+
+TEST_P(JoinTwoNodesTest, OneNodeJoinsWhileTheOtherTrains) {
+  const Case& c = GetParam();
+  TwoNodes cluster;
+  ASSERT_NO_FATAL_FAILURE(StartTwoNodes(cluster, /*uneven_inputs=*/true));
+  ScratchDir& dir = cluster.dir;
+  std::vector<std::unique_ptr<Daemon>>& nodes = cluster.nodes;
+  auto logs = [&] { return cluster.Logs(); };
 
   std::vector<Process> trainers;
   std::vector<std::string> outs;
@@ -146,6 +160,34 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{{10, 8, 3, 2}, false, "divide_by_initial_world_size"},
                       Case{{10, 8, 3, 2}, true, "divide_by_active_trainers"}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// Across nodes the per-iteration count exchange is opt-in: without
+// --uneven-inputs a gs_join is refused (STATE, naming the trainer and the
+// flag) instead of costing every multi-node job a collective per iteration.
+TEST(JoinTwoNodes, WithoutUnevenInputsGsJoinIsRefusedNamingTheFlag) {
+  TwoNodes cluster;
+  ASSERT_NO_FATAL_FAILURE(StartTwoNodes(cluster, /*uneven_inputs=*/false));
+  std::vector<Process> trainers;
+  for (int n = 0; n < 2; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> args = {"--batch=60", "--join-steps=4,4,2,4"};
+      args.push_back(absl::StrCat("--shuffle-seed=", 41 + 2 * n + r));
+      trainers.push_back(StartTrainer(*cluster.nodes[n], r, args, ""));
+    }
+  }
+  // Rank 2 (node 1, local 0) joins after 2 steps.
+  const ExitStatus st = trainers[2].Wait(kBound);
+  const std::string log = trainers[2].Log();
+  ASSERT_TRUE(st.exited) << st.ToString();
+  EXPECT_EQ(st.code, kExitState) << log << cluster.Logs();
+  EXPECT_NE(log.find("called gs_join"), std::string::npos) << log;
+  EXPECT_NE(log.find("--uneven-inputs"), std::string::npos) << log;
+  for (size_t t = 0; t < trainers.size(); ++t) {
+    if (t == 2) continue;
+    const ExitStatus other = trainers[t].Wait(kBound);
+    EXPECT_TRUE(other.exited && other.code != 0) << "trainer " << t << "\n" << trainers[t].Log();
+  }
+}
 
 // After gs_join returned, the trainer takes part in nothing: a second
 // gs_join and a mark are refused, naming it.
