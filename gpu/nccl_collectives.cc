@@ -23,6 +23,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "common/monotonic.h"
+#include "gpu/cuda_device_switch.h"
+#include "gpu/cuda_status.h"
 #include "gpu/cuda_uuid.h"
 #include "gpu/nccl_loader.h"
 #include "spdlog/spdlog.h"
@@ -91,37 +93,16 @@ class Backoff {
   int rounds_ = 0;
 };
 
-// Review item 10: switches the calling thread's device only when needed and
-// restores it only if it was switched. (A thread that never chose a device
-// reads as device 0 and is restored to 0; the daemon's scheduler thread
-// works on its own GPUs, so that context exists already.)
-class DeviceGuard {
- public:
-  DeviceGuard() {
-    if (cudaGetDevice(&saved_) != cudaSuccess) saved_ = -1;
-    current_ = saved_;
-  }
-  ~DeviceGuard() {
-    if (saved_ >= 0 && current_ != saved_) cudaSetDevice(saved_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
-  cudaError_t Use(int ordinal) {
-    if (ordinal == current_) return cudaSuccess;
-    cudaError_t err = cudaSetDevice(ordinal);
-    if (err == cudaSuccess) current_ = ordinal;
-    return err;
-  }
-
- private:
-  int saved_ = -1;
-  int current_ = -1;
-};
+// Review item 10: CudaDeviceSwitch (cuda_device_switch.h) switches only when
+// needed and restores only where the thread had a context before.
+using DeviceGuard = CudaDeviceSwitch;
 
 absl::Status CudaError(cudaError_t err, absl::string_view what) {
-  // No device / no driver is an environment problem; anything else may be a
-  // sticky error that poisons the context (the daemon should restart).
+  // A sticky error (e.g. an illegal address in an NCCL kernel, seen by the
+  // completion poll) carries the same mark as the device's own calls, so the
+  // scheduler exits the daemon whichever layer saw it (cuda_status.h).
+  if (IsStickyCudaError(err)) return CudaRuntimeError(err, what);
+  // No device / no driver is an environment problem.
   const bool unavailable = err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver;
   const std::string msg =
       absl::StrCat(what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
