@@ -202,6 +202,23 @@ class CudaDaemonDevice final : public DaemonDevice {
         Check(cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess),
               absl::StrCat("cudaIpcOpenMemHandle on GPU ", device));
     if (!status.ok()) return status;
+    // Review item 11: the allocation must live on the GPU the trainer named,
+    // whose NCCL rank reads it; with lazy peer access another GPU's memory
+    // would map too and hide the misregistration behind slow peer reads.
+    cudaPointerAttributes attr{};
+    status = Check(cudaPointerGetAttributes(&attr, base), "cudaPointerGetAttributes");
+    if (status.ok() && (attr.type != cudaMemoryTypeDevice || attr.device != (*gpu)->ordinal)) {
+      status = absl::InvalidArgumentError(absl::StrCat(
+          "the allocation behind this IPC handle lives on CUDA ordinal ", attr.device,
+          " of gradsyncd, not on GPU ", device, " (ordinal ", (*gpu)->ordinal,
+          ") that the trainer named"));
+    }
+    if (!status.ok()) {
+      if (poisoned_.ok()) cudaIpcCloseMemHandle(base);
+      return status;
+    }
+    // CUDA also counts opens of one handle per context (the same pointer
+    // back); ours mirror them, so each Close here balances one Open there.
     opened_[base] = Opened{key, (*gpu)->ordinal, 1};
     by_handle_[key] = base;
     return base;

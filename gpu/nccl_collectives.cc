@@ -637,9 +637,12 @@ absl::StatusOr<std::vector<int>> MapDevices(const std::vector<DeviceId>& devices
 
 // Rank 0's node publishes the id; the others fetch it. Hex: the store's
 // values travel as text.
+// `*created`: ncclGetUniqueId succeeded here, which starts NCCL's bootstrap
+// root (it stays until every rank connected, so a failure after it leaks).
 absl::StatusOr<ncclUniqueId> ExchangeUniqueId(const NcclApi& nccl, const CollectiveOptions& o,
                                               Clock::time_point deadline,
-                                              const std::function<bool()>& cancelled) {
+                                              const std::function<bool()>& cancelled,
+                                              bool* created) {
   const std::string key = NcclUniqueIdKey(o.generation);
   const bool all_local = static_cast<int>(o.devices.size()) == o.nranks;
   ncclUniqueId id;
@@ -647,6 +650,7 @@ absl::StatusOr<ncclUniqueId> ExchangeUniqueId(const NcclApi& nccl, const Collect
     if (ncclResult_t r = nccl.GetUniqueId(&id); r != ncclSuccess) {
       return NcclError(nccl, r, "nccl: ncclGetUniqueId", absl::StatusCode::kUnavailable);
     }
+    *created = true;
     // NCCL applies its nccl.conf files at its first real call (this one):
     // check again (review item 5).
     if (std::getenv("NCCL_COMM_ID") != nullptr) {
@@ -749,8 +753,14 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateNcclCollectives(
   // On any error below, the group's destructor releases what was created.
   auto group = std::make_unique<NcclCollectives>(**nccl, options, std::move(ranks));
   if (absl::Status s = group->CreateStreams(); !s.ok()) return s;
-  absl::StatusOr<ncclUniqueId> id = ExchangeUniqueId(**nccl, options, deadline, cancelled);
-  if (!id.ok()) return id.status();
+  bool id_created = false;
+  absl::StatusOr<ncclUniqueId> id =
+      ExchangeUniqueId(**nccl, options, deadline, cancelled, &id_created);
+  if (!id.ok()) {
+    // A publish that failed after ncclGetUniqueId leaks the root too.
+    if (leaks_root && id_created) leaked_bootstrap_roots.fetch_add(1);
+    return id.status();
+  }
   if (absl::Status s = group->Init(*id, deadline, cancelled); !s.ok()) {
     if (leaks_root) leaked_bootstrap_roots.fetch_add(1);
     return s;
