@@ -715,6 +715,8 @@ std::string NcclUniqueIdKey(uint64_t generation) {
 
 int LeakedBootstrapRoots() { return leaked_bootstrap_roots.load(); }
 
+absl::Status LoadNcclBeforeThreads() { return NcclApi::Get().status(); }
+
 absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateNcclCollectives(
     const CollectiveOptions& options) {
   const Clock::time_point deadline = Clock::now() + ToClock(options.timeout);
