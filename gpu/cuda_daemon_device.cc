@@ -1,6 +1,5 @@
 #include "gpu/cuda_daemon_device.h"
 
-#include <cuda.h>  // CUcontext, for the one driver entry point used (cuCtxGetCurrent)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -22,6 +21,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/dtype.h"
+#include "gpu/cuda_device_switch.h"
+#include "gpu/cuda_status.h"
 #include "gpu/cuda_uuid.h"
 #include "gpu/local_sum.h"
 
@@ -36,108 +37,22 @@ static_assert(static_cast<int>(LocalSumType::kFloat32) == static_cast<int>(DType
                   static_cast<int>(LocalSumType::kBFloat16) == static_cast<int>(DType::kBFloat16),
               "LocalSumType mirrors DType");
 
-constexpr char kPoisonedPayload[] = "type.gradsync.dev/cuda-context-poisoned";
-
 // How long Alloc waits for its zeroing memset (a fresh allocation, so only a
 // wedged GPU makes this long).
 constexpr std::chrono::seconds kAllocZeroTimeout(60);
 
-std::string Describe(cudaError_t err) {
-  return absl::StrCat(cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
-}
+std::string Describe(cudaError_t err) { return DescribeCudaError(err); }
 
-// Errors after which every call in the process fails the same way.
-bool IsSticky(cudaError_t err) {
-  switch (err) {
-    case cudaErrorIllegalAddress:
-    case cudaErrorLaunchFailure:
-    case cudaErrorLaunchTimeout:
-    case cudaErrorIllegalInstruction:
-    case cudaErrorMisalignedAddress:
-    case cudaErrorInvalidAddressSpace:
-    case cudaErrorInvalidPc:
-    case cudaErrorHardwareStackError:
-    case cudaErrorAssert:
-    case cudaErrorECCUncorrectable:
-      return true;
-    default:
-      return false;
-  }
-}
-
-absl::Status RuntimeError(cudaError_t err, absl::string_view what) {
-  std::string msg = absl::StrCat(what, ": ", Describe(err));
-  if (IsSticky(err)) {
-    absl::Status s = absl::InternalError(absl::StrCat(
-        msg, "; the CUDA context is poisoned (sticky error): gradsyncd must exit and be restarted"));
-    s.SetPayload(kPoisonedPayload, absl::Cord("1"));
-    return s;
-  }
-  switch (err) {
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidDevicePointer:
-    case cudaErrorInvalidResourceHandle:
-    case cudaErrorInvalidDevice:
-      return absl::InvalidArgumentError(msg);
-    case cudaErrorMemoryAllocation:
-    case cudaErrorMapBufferObjectFailed:
-    case cudaErrorTooManyPeers:
-      return absl::ResourceExhaustedError(msg);
-    default:
-      return absl::InternalError(msg);
-  }
-}
-
-// cuCtxGetCurrent through the runtime (no libcuda link): whether the calling
-// thread has a context, i.e. whether it ever chose a device.
-using CtxGetCurrentFn = CUresult (*)(CUcontext*);
-CtxGetCurrentFn CtxGetCurrent() {
-  static const CtxGetCurrentFn fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &p, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      return static_cast<CtxGetCurrentFn>(nullptr);
-    }
-    return reinterpret_cast<CtxGetCurrentFn>(p);
-  }();
-  return fn;
-}
-
-bool ThreadHasContext() {
-  CtxGetCurrentFn get = CtxGetCurrent();
-  CUcontext current = nullptr;
-  // Unknown: say no, so nothing is "restored" onto a context never chosen.
-  return get != nullptr && get(&current) == CUDA_SUCCESS && current != nullptr;
-}
-
-// Selects `ordinal` for the scope. Puts the previous device back only when
-// the thread had a context before (else "restoring" would create one on a
-// GPU nobody asked for); a thread with none simply stays on `ordinal`.
+// Selects `ordinal` for the scope; the previous device comes back only where
+// the thread had a context (cuda_device_switch.h, review item 10).
 class DeviceScope {
  public:
-  explicit DeviceScope(int ordinal) {
-    int current = -1;
-    if (cudaGetDevice(&current) == cudaSuccess && current == ordinal) return;
-    restore_ = current >= 0 && ThreadHasContext();
-    previous_ = current;
-    result_ = cudaSetDevice(ordinal);
-    changed_ = result_ == cudaSuccess;
-  }
-  ~DeviceScope() {
-    if (changed_ && restore_) cudaSetDevice(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
+  explicit DeviceScope(int ordinal) : result_(switch_.Use(ordinal)) {}
   cudaError_t result() const { return result_; }
 
  private:
-  int previous_ = -1;
-  bool changed_ = false;
-  bool restore_ = false;
-  cudaError_t result_ = cudaSuccess;
+  CudaDeviceSwitch switch_;
+  const cudaError_t result_;
 };
 
 // What Stream* and Event* point to on the daemon side (never gpu::Stream or
@@ -287,6 +202,23 @@ class CudaDaemonDevice final : public DaemonDevice {
         Check(cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess),
               absl::StrCat("cudaIpcOpenMemHandle on GPU ", device));
     if (!status.ok()) return status;
+    // Review item 11: the allocation must live on the GPU the trainer named,
+    // whose NCCL rank reads it; with lazy peer access another GPU's memory
+    // would map too and hide the misregistration behind slow peer reads.
+    cudaPointerAttributes attr{};
+    status = Check(cudaPointerGetAttributes(&attr, base), "cudaPointerGetAttributes");
+    if (status.ok() && (attr.type != cudaMemoryTypeDevice || attr.device != (*gpu)->ordinal)) {
+      status = absl::InvalidArgumentError(absl::StrCat(
+          "the allocation behind this IPC handle lives on CUDA ordinal ", attr.device,
+          " of gradsyncd, not on GPU ", device, " (ordinal ", (*gpu)->ordinal,
+          ") that the trainer named"));
+    }
+    if (!status.ok()) {
+      if (poisoned_.ok()) cudaIpcCloseMemHandle(base);
+      return status;
+    }
+    // CUDA also counts opens of one handle per context (the same pointer
+    // back); ours mirror them, so each Close here balances one Open there.
     opened_[base] = Opened{key, (*gpu)->ordinal, 1};
     by_handle_[key] = base;
     return base;
@@ -407,7 +339,7 @@ class CudaDaemonDevice final : public DaemonDevice {
   }
 
   absl::Status SumAsync(void* dst, const std::vector<const void*>& srcs, size_t count, DType dtype,
-                        float scale, Stream* stream) override {
+                        double scale, Stream* stream) override {
     RtStream* s = Unwrap(stream);
     if (s == nullptr) return absl::InvalidArgumentError("SumAsync: null stream");
     if (srcs.empty()) return absl::InvalidArgumentError("SumAsync: no sources");
@@ -441,7 +373,7 @@ class CudaDaemonDevice final : public DaemonDevice {
       if (next > 0) args.srcs[n++] = dst;  // the running sum so far
       while (n < kMaxLocalSumSources && next < srcs.size()) args.srcs[n++] = srcs[next++];
       args.nsrcs = n;
-      args.scale = next == srcs.size() ? scale : 1.0f;
+      args.scale = next == srcs.size() ? scale : 1.0;
       absl::Status status = Check(
           LaunchLocalSum(args, static_cast<LocalSumType>(dtype), max_blocks, s->stream),
           absl::StrCat("local sum (", DTypeName(dtype), ", ", count, " elements, ", n, " sources)"));
@@ -492,7 +424,7 @@ class CudaDaemonDevice final : public DaemonDevice {
   // OK for cudaSuccess; else the error, and a sticky one poisons the device.
   absl::Status Check(cudaError_t err, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (err == cudaSuccess) return absl::OkStatus();
-    absl::Status status = RuntimeError(err, what);
+    absl::Status status = CudaRuntimeError(err, what);
     if (IsCudaContextPoisoned(status) && poisoned_.ok()) poisoned_ = status;
     return status;
   }
@@ -511,9 +443,6 @@ class CudaDaemonDevice final : public DaemonDevice {
 
 }  // namespace
 
-bool IsCudaContextPoisoned(const absl::Status& status) {
-  return status.GetPayload(kPoisonedPayload).has_value();
-}
 
 absl::StatusOr<std::unique_ptr<DaemonDevice>> NewCudaDaemonDevice(CollectiveFactory collectives) {
   int count = 0;

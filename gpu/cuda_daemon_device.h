@@ -38,6 +38,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "gpu/cuda_status.h"  // IsCudaContextPoisoned
 #include "gpu/device.h"
 
 namespace gradsync::gpu {
@@ -50,9 +51,6 @@ using CollectiveFactory =
 // gradsyncd was built with, UNAVAILABLE when no GPU is visible; never
 // aborts. `collectives` may be empty (CreateCollectives then fails).
 absl::StatusOr<std::unique_ptr<DaemonDevice>> NewCudaDaemonDevice(CollectiveFactory collectives);
-
-// Whether `status` came from a sticky CUDA error: the process must exit.
-bool IsCudaContextPoisoned(const absl::Status& status);
 
 }  // namespace gradsync::gpu
 

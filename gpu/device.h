@@ -188,10 +188,12 @@ class DaemonDevice {
 
   // Async on `stream`: copy, and dst = scale * sum_k srcs[k] elementwise
   // (fp16/bf16 accumulated in fp32; dst may be srcs[0]; nsrcs >= 1, all on
-  // the stream's GPU).
+  // the stream's GPU). `scale` is double so that fp64 gradients are scaled
+  // by 1/world_size in fp64 (a float 1/3 is off by 3e-8 relative); the
+  // other types round it to fp32 once.
   virtual absl::Status CopyAsync(void* dst, const void* src, size_t bytes, Stream* stream) = 0;
   virtual absl::Status SumAsync(void* dst, const std::vector<const void*>& srcs, size_t count,
-                                DType dtype, float scale, Stream* stream) = 0;
+                                DType dtype, double scale, Stream* stream) = 0;
 
   // Creates the group's communicators (bounded by options.timeout, and by a
   // one-element warm-up collective so connection failures surface here).

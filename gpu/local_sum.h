@@ -33,7 +33,7 @@ struct LocalSumArgs {
   void* dst = nullptr;
   int nsrcs = 0;       // 1..kMaxLocalSumSources
   size_t count = 0;    // elements
-  float scale = 1.0f;  // applied in the accumulation type
+  double scale = 1.0;  // rounded once to the accumulation type, then applied
 };
 
 // Enqueues the sum on `stream` and returns at once (cudaErrorInvalidValue

@@ -23,6 +23,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "common/monotonic.h"
+#include "gpu/cuda_device_switch.h"
+#include "gpu/cuda_status.h"
 #include "gpu/cuda_uuid.h"
 #include "gpu/nccl_loader.h"
 #include "spdlog/spdlog.h"
@@ -91,37 +93,16 @@ class Backoff {
   int rounds_ = 0;
 };
 
-// Review item 10: switches the calling thread's device only when needed and
-// restores it only if it was switched. (A thread that never chose a device
-// reads as device 0 and is restored to 0; the daemon's scheduler thread
-// works on its own GPUs, so that context exists already.)
-class DeviceGuard {
- public:
-  DeviceGuard() {
-    if (cudaGetDevice(&saved_) != cudaSuccess) saved_ = -1;
-    current_ = saved_;
-  }
-  ~DeviceGuard() {
-    if (saved_ >= 0 && current_ != saved_) cudaSetDevice(saved_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
-  cudaError_t Use(int ordinal) {
-    if (ordinal == current_) return cudaSuccess;
-    cudaError_t err = cudaSetDevice(ordinal);
-    if (err == cudaSuccess) current_ = ordinal;
-    return err;
-  }
-
- private:
-  int saved_ = -1;
-  int current_ = -1;
-};
+// Review item 10: CudaDeviceSwitch (cuda_device_switch.h) switches only when
+// needed and restores only where the thread had a context before.
+using DeviceGuard = CudaDeviceSwitch;
 
 absl::Status CudaError(cudaError_t err, absl::string_view what) {
-  // No device / no driver is an environment problem; anything else may be a
-  // sticky error that poisons the context (the daemon should restart).
+  // A sticky error (e.g. an illegal address in an NCCL kernel, seen by the
+  // completion poll) carries the same mark as the device's own calls, so the
+  // scheduler exits the daemon whichever layer saw it (cuda_status.h).
+  if (IsStickyCudaError(err)) return CudaRuntimeError(err, what);
+  // No device / no driver is an environment problem.
   const bool unavailable = err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver;
   const std::string msg =
       absl::StrCat(what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
@@ -656,9 +637,12 @@ absl::StatusOr<std::vector<int>> MapDevices(const std::vector<DeviceId>& devices
 
 // Rank 0's node publishes the id; the others fetch it. Hex: the store's
 // values travel as text.
+// `*created`: ncclGetUniqueId succeeded here, which starts NCCL's bootstrap
+// root (it stays until every rank connected, so a failure after it leaks).
 absl::StatusOr<ncclUniqueId> ExchangeUniqueId(const NcclApi& nccl, const CollectiveOptions& o,
                                               Clock::time_point deadline,
-                                              const std::function<bool()>& cancelled) {
+                                              const std::function<bool()>& cancelled,
+                                              bool* created) {
   const std::string key = NcclUniqueIdKey(o.generation);
   const bool all_local = static_cast<int>(o.devices.size()) == o.nranks;
   ncclUniqueId id;
@@ -666,6 +650,7 @@ absl::StatusOr<ncclUniqueId> ExchangeUniqueId(const NcclApi& nccl, const Collect
     if (ncclResult_t r = nccl.GetUniqueId(&id); r != ncclSuccess) {
       return NcclError(nccl, r, "nccl: ncclGetUniqueId", absl::StatusCode::kUnavailable);
     }
+    *created = true;
     // NCCL applies its nccl.conf files at its first real call (this one):
     // check again (review item 5).
     if (std::getenv("NCCL_COMM_ID") != nullptr) {
@@ -730,6 +715,8 @@ std::string NcclUniqueIdKey(uint64_t generation) {
 
 int LeakedBootstrapRoots() { return leaked_bootstrap_roots.load(); }
 
+absl::Status LoadNcclBeforeThreads() { return NcclApi::Get().status(); }
+
 absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateNcclCollectives(
     const CollectiveOptions& options) {
   const Clock::time_point deadline = Clock::now() + ToClock(options.timeout);
@@ -768,8 +755,14 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateNcclCollectives(
   // On any error below, the group's destructor releases what was created.
   auto group = std::make_unique<NcclCollectives>(**nccl, options, std::move(ranks));
   if (absl::Status s = group->CreateStreams(); !s.ok()) return s;
-  absl::StatusOr<ncclUniqueId> id = ExchangeUniqueId(**nccl, options, deadline, cancelled);
-  if (!id.ok()) return id.status();
+  bool id_created = false;
+  absl::StatusOr<ncclUniqueId> id =
+      ExchangeUniqueId(**nccl, options, deadline, cancelled, &id_created);
+  if (!id.ok()) {
+    // A publish that failed after ncclGetUniqueId leaks the root too.
+    if (leaks_root && id_created) leaked_bootstrap_roots.fetch_add(1);
+    return id.status();
+  }
   if (absl::Status s = group->Init(*id, deadline, cancelled); !s.ok()) {
     if (leaks_root) leaked_bootstrap_roots.fetch_add(1);
     return s;

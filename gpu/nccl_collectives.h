@@ -54,6 +54,13 @@ namespace gradsync::gpu {
 absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateNcclCollectives(
     const CollectiveOptions& options);
 
+// Loads NCCL now (gpu/nccl_loader), forcing NCCL_COMM_BLOCKING=0. Call it
+// from main before any other thread runs: setenv is not safe against a
+// concurrent getenv, and CreateNcclCollectives would otherwise do it on a
+// job's thread, with gRPC's threads running. The error (no NCCL) is kept
+// and returned again by CreateNcclCollectives.
+absl::Status LoadNcclBeforeThreads();
+
 // The key of a generation's unique id, as passed to options.publish/fetch.
 // The caller's store should scope it further to the job.
 std::string NcclUniqueIdKey(uint64_t generation);

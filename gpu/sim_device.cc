@@ -533,7 +533,7 @@ absl::Status SimDaemonDevice::CopyAsync(void* dst, const void* src, size_t bytes
 }
 
 absl::Status SimDaemonDevice::SumAsync(void* dst, const std::vector<const void*>& srcs,
-                                       size_t count, DType dtype, float scale, Stream* stream) {
+                                       size_t count, DType dtype, double scale, Stream* stream) {
   if (!IsValidDType(static_cast<int32_t>(dtype))) {
     return absl::InvalidArgumentError(
         absl::StrCat("SumAsync: bad dtype ", static_cast<int32_t>(dtype)));

@@ -132,7 +132,7 @@ class SimDaemonDevice final : public DaemonDevice {
   absl::StatusOr<Completion> QueryStream(Stream* stream) override;
   absl::Status CopyAsync(void* dst, const void* src, size_t bytes, Stream* stream) override;
   absl::Status SumAsync(void* dst, const std::vector<const void*>& srcs, size_t count, DType dtype,
-                        float scale, Stream* stream) override;
+                        double scale, Stream* stream) override;
   absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateCollectives(
       const CollectiveOptions& options) override;
 

@@ -9,6 +9,13 @@
 // owner cannot leave a lock held; a pending event whose owner is dead is an
 // error, never pending forever.
 //
+// Where the simulation is kinder than CUDA: a real IPC event whose exporter
+// died (or destroyed it) is undefined to query (cudaErrorNotReady for
+// ever is one possible answer; unverified on a GPU). There a dead trainer
+// is caught by the daemon's process watch aborting the session (GpuReducer
+// sees aborted()), or by the deadline as TIMEOUT, not by this UNAVAILABLE;
+// tests of a killed trainer must not depend on it.
+//
 // Threads: Record from the owner's calling thread; Query from any thread.
 #ifndef GRADSYNC_GPU_SIM_EVENT_H_
 #define GRADSYNC_GPU_SIM_EVENT_H_

@@ -15,7 +15,7 @@ namespace gradsync::gpu::sim {
 // fp16/bf16 accumulate in fp32 and round once, fp32 in fp32, fp64 in fp64.
 // dst may be one of srcs (exactly, not partially overlapping).
 void SumKernel(void* dst, const std::vector<const void*>& srcs, size_t count, DType dtype,
-               float scale);
+               double scale);
 
 }  // namespace gradsync::gpu::sim
 

@@ -168,7 +168,9 @@ absl::Status GpuReducer::Reduce(const PlannedBucket& bucket,
   const bool in_place = pieces_.size() == 1;
   const size_t elem = DTypeSize(bucket.dtype);
   const uint64_t total = pieces_.back().staging_offset + pieces_.back().bytes;
-  const float scale = 1.0f / static_cast<float>(world_size_);
+  // In double: fp64 buckets are scaled in fp64; the kernel rounds it to fp32
+  // for the other types.
+  const double scale = 1.0 / static_cast<double>(world_size_);
 
   buffers_.clear();
   for (size_t d = 0; d < trainers_on_device_.size(); ++d) {

@@ -193,6 +193,10 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
       return it->second;
     };
   }
+  // o.cancelled stays unset: the session is not reachable (Abort) until Open
+  // returns and Job has no cancellation signal to pass, so a generation that
+  // ends during init waits for it at most `timeout` (review item 3: the
+  // collectives poll `cancelled` once a caller provides it).
   absl::StatusOr<std::unique_ptr<gpu::CollectiveGroup>> group = device->CreateCollectives(o);
   if (!group.ok()) {
     return MakeError(CodeOf(group.status()) == v1::INVALID_ARGUMENT ? v1::INTERNAL
@@ -247,6 +251,12 @@ GpuSession::~GpuSession() {
   for (PerTrainer& p : trainers_) {
     for (gpu::Event* e : p.events) device_->CloseEvent(e);
     for (void* base : p.opened) device_->CloseMemory(p.device, base).IgnoreError();
+    // Known gap (CUDA calls it undefined behaviour): a live trainer may
+    // still map this buffer (it closes its mapping after Detach returns, and
+    // survivors of a failed generation only at their next registration).
+    // Unverified on a GPU whether the driver keeps the pages until the last
+    // importer unmaps. The fix (the trainer closes its mapping before Detach)
+    // is in client.cc, outside the GPU path's files: see the audit note.
     if (p.flat_base != nullptr) device_->Free(p.device, p.flat_base).IgnoreError();
   }
 }

@@ -406,7 +406,7 @@ void RunSum(DaemonDevice& dev, const DeviceId& gpu, const SumCase& c) {
                             " misalign=", c.misalign, " in_place=", c.in_place));
   const size_t esize = DTypeSize(c.dtype);
   const size_t bytes = (c.count + c.misalign) * esize;
-  const float scale = 1.0f / 3.0f;
+  const double scale = 1.0 / 3.0;  // fp64 is scaled in fp64, the others in fp32
   std::mt19937 rng(static_cast<unsigned>(c.count * 31 + c.nsrcs));
   std::uniform_real_distribution<double> uniform(-4.0, 4.0);
 
@@ -450,10 +450,10 @@ void RunSum(DaemonDevice& dev, const DeviceId& gpu, const SumCase& c) {
   CUDA_OK(cudaMemcpy(out.data(), dst, out.size(), cudaMemcpyDeviceToHost));
   size_t bad = 0;
   for (size_t i = 0; i < c.count; ++i) {
-    const double want = expect[i] * static_cast<double>(scale);
+    const double want = expect[i] * scale;
     const double got = Load(c.dtype, out.data() + i * esize);
     // Absolute floor: terms of size 4 cancelling to ~0 keep their error.
-    const double tol = Tolerance(c.dtype) * (std::fabs(want) + 4.0 * c.nsrcs * static_cast<double>(scale));
+    const double tol = Tolerance(c.dtype) * (std::fabs(want) + 4.0 * c.nsrcs * scale);
     if (!(std::fabs(got - want) <= tol) && bad++ < 5) {
       ADD_FAILURE() << "element " << i << ": got " << got << ", want " << want;
     }

@@ -591,6 +591,31 @@ INSTANTIATE_TEST_SUITE_P(AllDTypes, SumAsyncTest,
                            return std::string(DTypeName(info.param));
                          });
 
+// The gradient path scales by 1/world_size; in fp64 that must be the fp64
+// reciprocal (a float 1/3 is off by ~3e-8 relative, far outside fp64).
+TEST_F(SimDeviceTest, SumAsyncScalesFloat64InFloat64) {
+  constexpr int kCount = 64;
+  auto daemon = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(daemon.ok());
+  auto stream = (*daemon)->CreateStream("SIM-GPU-1");
+  ASSERT_TRUE(stream.ok());
+  std::vector<void*> srcs;
+  for (int k = 0; k < 3; ++k) {
+    auto p = (*daemon)->Alloc("SIM-GPU-1", kCount * sizeof(double));
+    ASSERT_TRUE(p.ok());
+    for (int i = 0; i < kCount; ++i) Store(DType::kFloat64, *p, i, Value(k, i) + 0.1 * i);
+    srcs.push_back(*p);
+  }
+  const double third = 1.0 / 3.0;
+  ASSERT_TRUE((*daemon)->SumAsync(srcs[0], {srcs[0], srcs[1], srcs[2]}, kCount, DType::kFloat64,
+                                  third, *stream).ok());
+  ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
+  for (int i = 0; i < kCount; ++i) {
+    const double sum = (Value(0, i) + 0.1 * i) + (Value(1, i) + 0.1 * i) + (Value(2, i) + 0.1 * i);
+    ASSERT_EQ(Load(DType::kFloat64, srcs[0], i), sum * third) << "element " << i;
+  }
+}
+
 class HalfSumAsyncTest : public SumAsyncTest {};
 
 TEST_P(HalfSumAsyncTest, AccumulatesInFloat32AndRoundsOnce) {
