@@ -26,6 +26,8 @@ struct DaemonConfig {
   std::string leader;  // HOST:PORT of the leader; empty: this daemon leads
   // HOST:PORT of the Prometheus /metrics endpoint (HTTP, no auth). Empty: off.
   std::string metrics_listen;
+  // The whole-run timeline (Chrome trace JSON) streamed here. Empty: off.
+  std::string trace_file;
 
   int node_rank = 0;
   int num_nodes = 1;

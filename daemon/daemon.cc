@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/default_socket.h"
+#include "common/log_value.h"
 #include "common/peer_credentials.h"
 #include "common/status_code.h"
 #include "common/tls_credentials.h"
@@ -101,6 +102,13 @@ absl::Status Daemon::Start() {
   }
   JobHooks hooks;
   hooks.trace_dir = TraceDirectory(std::getenv);
+  if (!config_.trace_file.empty()) {
+    auto timeline = TimelineWriter::Open(config_.trace_file, config_.node_rank);
+    if (!timeline.ok()) return timeline.status();
+    timeline_ = std::move(*timeline);
+    hooks.timeline = timeline_.get();
+    spdlog::info("event=timeline_started path={}", LogValue(config_.trace_file));
+  }
   hooks.gpu = gpu_;
   hooks.on_health = [this](bool serving, const std::string& reason) {
     grpc::Server* server = listen_server_.get();

@@ -22,6 +22,7 @@
 #include "daemon/connection_acceptor.h"
 #include "daemon/control_service.h"
 #include "daemon/observe/metrics_endpoint.h"
+#include "daemon/observe/timeline_writer.h"
 #include "daemon/engine/job_registry.h"
 #include "daemon/local_service.h"
 #include "daemon/cluster/rendezvous_service.h"
@@ -73,6 +74,8 @@ class Daemon {
   // trainers still watch their heartbeat.
   std::vector<std::weak_ptr<ipc::NodeSegment>> retired_nodes_ ABSL_GUARDED_BY(node_mu_);
   int node_generation_ ABSL_GUARDED_BY(node_mu_) = 1;
+  // --trace-file; declared before jobs_ so that it outlives every job.
+  std::unique_ptr<TimelineWriter> timeline_;
   std::unique_ptr<JobRegistry> jobs_;
   std::unique_ptr<LocalService> local_service_;
   std::unique_ptr<ControlService> control_service_;

@@ -51,6 +51,9 @@ ABSL_FLAG(std::string, leader, kDefaults.leader,
 ABSL_FLAG(std::string, metrics_listen, kDefaults.metrics_listen,
           "HOST:PORT serving Prometheus metrics at /metrics over plain HTTP, readable by anyone "
           "who reaches it; empty: off");
+ABSL_FLAG(std::string, trace_file, kDefaults.trace_file,
+          "PATH: stream every job's scheduling events here as Chrome trace JSON for the whole "
+          "run (chrome://tracing, Perfetto); empty: off");
 ABSL_FLAG(int, node_rank, kDefaults.node_rank, "this node's rank in [0, num_nodes)");
 ABSL_FLAG(int, num_nodes, kDefaults.num_nodes, "daemons (nodes) in the job");
 ABSL_FLAG(int, local_size, kDefaults.local_size, "trainers on this node");
@@ -115,6 +118,7 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   config.listen = absl::GetFlag(FLAGS_listen);
   config.leader = absl::GetFlag(FLAGS_leader);
   config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  config.trace_file = absl::GetFlag(FLAGS_trace_file);
   config.node_rank = absl::GetFlag(FLAGS_node_rank);
   config.num_nodes = absl::GetFlag(FLAGS_num_nodes);
   config.local_size = absl::GetFlag(FLAGS_local_size);

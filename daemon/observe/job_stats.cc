@@ -36,6 +36,15 @@ JobStats::JobStats(int rank_offset, int world_size, size_t recorder_events, std:
       tensor_names_(std::move(tensor_names)),
       recorder_(recorder_events) {}
 
+JobStats::~JobStats() {
+  if (timeline_ != nullptr) timeline_->Unfollow(&recorder_);
+}
+
+void JobStats::StreamTo(TimelineWriter* timeline) {
+  timeline_ = timeline;
+  timeline_->Follow(&recorder_, TimelineSource{job_id_, num_nodes_, tensor_names_});
+}
+
 JobStats::Bucket& JobStats::BucketAt(uint32_t id) {
   absl::MutexLock lock(&mu_);
   // Grows only when a plan with more buckets appears: at most a few times.
