@@ -46,6 +46,8 @@ struct DaemonConfig {
   int64_t timeout_ms = 300 * 1000;
   double stall_threshold_s = 60;
   std::string log_level = "info";
+  // text | json | journal; empty: journal when stderr is the journal, else text.
+  std::string log_format;
 
   std::string shm_prefix = "gradsync";
   mode_t shm_mode = 0600;

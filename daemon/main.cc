@@ -34,6 +34,7 @@
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 #include "daemon/flags.h"
+#include "daemon/log_output.h"
 #include "daemon/run_gradsyncd.h"
 #include "spdlog/spdlog.h"
 
@@ -79,6 +80,9 @@ ABSL_FLAG(double, timeout_s, kDefaults.timeout_ms / 1000.0,
 ABSL_FLAG(double, stall_threshold_s, kDefaults.stall_threshold_s,
           "log a stall report after this long without progress");
 ABSL_FLAG(std::string, log_level, kDefaults.log_level, "trace | debug | info | warn | error");
+ABSL_FLAG(std::string, log_format, kDefaults.log_format,
+          "text | json (one JSON object per line) | journal (systemd journal fields); empty: "
+          "journal when stderr is the journal ($JOURNAL_STREAM), else text");
 ABSL_FLAG(std::string, shm_prefix, kDefaults.shm_prefix, "name prefix of shared-memory segments");
 ABSL_FLAG(std::string, shm_group, "", "group allowed to map segments (mode 0660); empty: 0600");
 ABSL_FLAG(int, reduce_threads, kDefaults.reduce_threads,
@@ -109,7 +113,12 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e level=%l component=gradsyncd %v");
+  if (absl::Status st = gradsync::ConfigureLogging(
+          absl::GetFlag(FLAGS_log_format),
+          "%Y-%m-%dT%H:%M:%S.%e level=%l component=gradsyncd %v");
+      !st.ok()) {
+    return Fail(std::string(st.message()));
+  }
   const std::string level = absl::AsciiStrToLower(absl::GetFlag(FLAGS_log_level));
   spdlog::set_level(spdlog::level::from_str(level));
 
@@ -136,6 +145,7 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   config.timeout_ms = static_cast<int64_t>(timeout_s * 1000);
   config.stall_threshold_s = absl::GetFlag(FLAGS_stall_threshold_s);
   config.log_level = level;
+  config.log_format = absl::GetFlag(FLAGS_log_format);
   config.shm_prefix = absl::GetFlag(FLAGS_shm_prefix);
   config.reduce_threads = absl::GetFlag(FLAGS_reduce_threads);
   if (const std::string group = absl::GetFlag(FLAGS_shm_group); !group.empty()) {
