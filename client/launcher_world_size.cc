@@ -19,8 +19,11 @@ absl::Status CheckLauncherWorldSize(int world_size, const char* launcher_world_s
   if (launcher == world_size) return absl::OkStatus();
   return MakeError(
       v1::INVALID_ARGUMENT,
-      absl::StrCat("$WORLD_SIZE is ", launcher, " (set by the launcher, e.g. torchrun) but the "
-                   "gradsync job has ", world_size, " trainers: start the gradsyncd of every node "
+      absl::StrCat("$WORLD_SIZE is ", launcher,
+                   " (set by the launcher, e.g. torchrun) but the "
+                   "gradsync job has ",
+                   world_size,
+                   " trainers: start the gradsyncd of every node "
                    "with --local-size = trainers per node and --num-nodes = nodes, joined into "
                    "one job"));
 }

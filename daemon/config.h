@@ -35,8 +35,8 @@ struct DaemonConfig {
   std::string backend = "auto";  // auto | gloo | nccl | local
   std::string host;              // address Gloo binds on this node ("" = from --listen)
 
-  double bucket_cap_mb = 25;
-  double first_bucket_cap_mb = 1;
+  double bucket_cap_mb = kDefaultBucketCapMib;
+  double first_bucket_cap_mb = kDefaultFirstBucketCapMib;
   std::string job_id = "default";
   std::string job_token;  // read from --job-token-file (common/token_file.h)
   // The network boundary (daemon/auth/call_auth.h, common/tls_credentials.h).

@@ -72,7 +72,7 @@ absl::Status Daemon::PrepareSocketPath() {
     return absl::FailedPreconditionError(absl::StrCat(
         "another gradsyncd is already listening on ", config_.socket_path));
   }
-  spdlog::info("event=stale_socket_removed path={}", config_.socket_path);
+  spdlog::info("event=stale_socket_removed path={}", LogToken(config_.socket_path));
   unlink(config_.socket_path.c_str());
   return absl::OkStatus();
 }
@@ -107,7 +107,7 @@ absl::Status Daemon::Start() {
     if (!timeline.ok()) return timeline.status();
     timeline_ = std::move(*timeline);
     hooks.timeline = timeline_.get();
-    spdlog::info("event=timeline_started path={}", LogValue(config_.trace_file));
+    spdlog::info("event=timeline_started path={}", LogToken(config_.trace_file));
   }
   hooks.gpu = gpu_;
   hooks.on_health = [this](bool serving, const std::string& reason) {

@@ -70,8 +70,8 @@ class JournalSink final : public spdlog::sinks::base_sink<std::mutex> {
 
 void JsonLogFormatter::format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) {
   json line = json::object();
-  line["time"] = absl::FormatTime("%Y-%m-%dT%H:%M:%E3S%Ez", absl::FromChrono(msg.time),
-                                  absl::LocalTimeZone());
+  line["time"] =
+      absl::FormatTime("%Y-%m-%dT%H:%M:%E3S%Ez", absl::FromChrono(msg.time), absl::LocalTimeZone());
   line["level"] = LevelName(msg.level);
   line["component"] = component_;
   for (auto& [key, value] :
@@ -87,8 +87,7 @@ std::unique_ptr<spdlog::formatter> JsonLogFormatter::clone() const {
   return std::make_unique<JsonLogFormatter>(component_);
 }
 
-std::vector<std::string> JournalFields(spdlog::level::level_enum level,
-                                       absl::string_view message) {
+std::vector<std::string> JournalFields(spdlog::level::level_enum level, absl::string_view message) {
   std::vector<std::string> fields = {
       absl::StrCat("MESSAGE=", message),
       absl::StrCat("PRIORITY=", SyslogPriority(level)),

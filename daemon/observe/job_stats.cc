@@ -132,7 +132,7 @@ void JobStats::OnError(const std::string& message, bool write_trace) {
 void JobStats::WriteTrace(const std::string& reason) {
   if (trace_dir_.empty()) return;
   if (absl::Status room = MakeRoomForTrace(trace_dir_, kMaxKeptTraces); !room.ok()) {
-    spdlog::error("event=trace_write_failed dir={} error={}", LogValue(trace_dir_),
+    spdlog::error("event=trace_write_failed dir={} error={}", LogToken(trace_dir_),
                   LogValue(room.message()));
     return;
   }
@@ -147,11 +147,11 @@ void JobStats::WriteTrace(const std::string& reason) {
   meta.tensor_names = tensor_names_;
   absl::Status st = recorder_.WriteTraceFile(path, meta);
   if (st.ok()) {
-    spdlog::warn("event=trace_written path={} reason={}", path, LogValue(reason));
+    spdlog::warn("event=trace_written path={} reason={}", LogToken(path), LogValue(reason));
     absl::MutexLock lock(&mu_);
     last_trace_file_ = path;
   } else {
-    spdlog::error("event=trace_write_failed path={} error=\"{}\"", path, std::string(st.message()));
+    spdlog::error("event=trace_write_failed path={} error={}", LogToken(path), LogValue(st.message()));
   }
 }
 

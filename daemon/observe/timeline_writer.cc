@@ -62,7 +62,7 @@ TimelineWriter::~TimelineWriter() {
   AppendLocked(trace.Take());
   std::fputs("\n]\n", file_);
   if (std::fclose(file_) != 0 && !write_failed_) {
-    spdlog::error("event=timeline_write_failed path={} error={}", LogValue(path_),
+    spdlog::error("event=timeline_write_failed path={} error={}", LogToken(path_),
                   LogValue(std::strerror(errno)));
   }
 }
@@ -106,8 +106,8 @@ void TimelineWriter::DrainLocked(Followed& f, bool final) {
   TraceBuilder trace(node_rank_ + 1, origin_ns_);
   if (tail.lost > 0) {
     lost_ += tail.lost;
-    spdlog::warn("event=timeline_lost_events job={} lost={} path={}", LogValue(f.source.job_id),
-                 tail.lost, LogValue(path_));
+    spdlog::warn("event=timeline_lost_events job={} lost={} path={}", LogToken(f.source.job_id),
+                 tail.lost, LogToken(path_));
     trace.Instant(0, "timeline lost events", "timeline", SteadyNowNs(), {{"lost", tail.lost}});
   }
   const bool multi_node = f.source.num_nodes > 1;
@@ -156,7 +156,7 @@ void TimelineWriter::AppendLocked(const json& events) {
   if (text.empty()) return;
   if (std::fwrite(text.data(), 1, text.size(), file_) != text.size()) {
     write_failed_ = true;
-    spdlog::error("event=timeline_write_failed path={} error={}", LogValue(path_),
+    spdlog::error("event=timeline_write_failed path={} error={}", LogToken(path_),
                   LogValue(std::strerror(errno)));
   }
 }

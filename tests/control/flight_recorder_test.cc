@@ -174,7 +174,9 @@ TEST(FlightRecorder, RingOverwritesOldestWhenFull) {
 TEST(FlightRecorder, ReadFromTailsNewEventsAndCountsWhatTheRingLost) {
   FlightRecorder recorder(8);
   auto record = [&](uint64_t from, uint64_t to) {
-    for (uint64_t i = from; i < to; ++i) recorder.Record({int64_t(i), i, 0, kNoTensor, T::kBucketLaunch});
+    for (uint64_t i = from; i < to; ++i) {
+      recorder.Record({static_cast<int64_t>(i), i, 0, kNoTensor, T::kBucketLaunch});
+    }
   };
   auto iterations = [](const std::vector<TraceEvent>& events) {
     std::vector<uint64_t> out;

@@ -161,8 +161,8 @@ TEST(TimelineE2eTest, AKilledDaemonLeavesAnArrayThatParsesOnceClosed) {
   ASSERT_NE(text.find(last), std::string::npos) << "the timeline never got the last iteration";
   EXPECT_TRUE(json::parse(text, nullptr, false).is_discarded()) << "no \"]\" after a SIGKILL";
   const json doc = json::parse(text + "]", nullptr, /*allow_exceptions=*/false);
-  ASSERT_FALSE(doc.is_discarded()) << "not JSON with \"]\" added: ..."
-                                   << text.substr(text.size() > 400 ? text.size() - 400 : 0);
+  ASSERT_FALSE(doc.is_discarded())
+      << "not JSON with \"]\" added: ..." << text.substr(text.size() > 400 ? text.size() - 400 : 0);
   ExpectEveryIteration(Collect(doc), kSteps);
 }
 

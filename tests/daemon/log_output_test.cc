@@ -6,6 +6,8 @@
 // `journalctl` finds no journal files), so the journal output is tested
 // through the fields it sends (JournalFields); the JSON output both through
 // the formatter and through a real gradsyncd's stderr.
+#include "daemon/log_output.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -17,7 +19,6 @@
 #include "absl/strings/str_split.h"
 #include "common/log_fields.h"
 #include "common/log_value.h"
-#include "daemon/log_output.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/sinks/ostream_sink.h"
 #include "tests/testing/files.h"
@@ -90,8 +91,8 @@ TEST(LogOutputTest, GradsyncdWithJsonFormatWritesOnlyJsonLines) {
   testing::ScratchDir dir;
   const std::string socket = dir.File("d.sock");
   testing::Process daemon = testing::Process::Spawn(
-      {testing::Runfile("daemon/gradsyncd"), "--socket=" + socket, "--listen=",
-       "--shm-prefix=gslog" + std::to_string(getpid()), "--log-format=json"},
+      {testing::Runfile("daemon/gradsyncd"), "--socket=" + socket,
+       "--listen=", "--shm-prefix=gslog" + std::to_string(getpid()), "--log-format=json"},
       dir.File("daemon.out"));
   ASSERT_TRUE(daemon.started()) << daemon.Log();
   ASSERT_TRUE(testing::WaitForFile(socket, std::chrono::seconds(30))) << daemon.Log();
@@ -113,10 +114,10 @@ TEST(LogOutputTest, GradsyncdWithJsonFormatWritesOnlyJsonLines) {
 
 TEST(LogOutputTest, GradsyncdRefusesAnUnknownFormatNamingIt) {
   testing::ScratchDir dir;
-  testing::Process daemon = testing::Process::Spawn(
-      {testing::Runfile("daemon/gradsyncd"), "--socket=" + dir.File("d.sock"), "--listen=",
-       "--log-format=xml"},
-      dir.File("daemon.out"));
+  testing::Process daemon =
+      testing::Process::Spawn({testing::Runfile("daemon/gradsyncd"),
+                               "--socket=" + dir.File("d.sock"), "--listen=", "--log-format=xml"},
+                              dir.File("daemon.out"));
   const testing::ExitStatus st = daemon.Wait(std::chrono::seconds(30));
   EXPECT_TRUE(st.exited) << st.ToString();
   EXPECT_EQ(st.code, 2);
