@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cuda_tensors.h"
+#include "client/launcher_world_size.h"
 #include "client/daemon_connection.h"
 #include "client/trainer_device_factory.h"
 #include "common/default_socket.h"
@@ -248,6 +249,10 @@ absl::Status Client::Register(const std::vector<TensorSpec>& specs) {
   grpc::Status s = stub_->Register(&ctx, req, &resp);
   if (!s.ok()) return Failed(SessionRpcError(s, "register", socket_path_, daemon_pid_));
   if (absl::Status st = FromProto(resp.error()); !st.ok()) return Failed(st);
+  if (absl::Status st = CheckLauncherWorldSize(resp.world_size(), std::getenv("WORLD_SIZE"));
+      !st.ok()) {
+    return Failed(st);
+  }
 
   if (resp.layout_hash() != LayoutHash(*layout) ||
       static_cast<size_t>(resp.tensor_offsets_size()) != layout->size()) {

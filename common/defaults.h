@@ -20,6 +20,11 @@ inline constexpr char kSocketFileName[] = "gradsyncd.sock";
 // gradsyncd's --listen, and gradsyncctl's --addr when $GRADSYNC_ADDR is unset.
 inline constexpr char kDefaultListenAddress[] = "127.0.0.1:7250";
 
+// Bucket caps in MiB (--bucket-cap-mb, --first-bucket-cap-mb): DDP's
+// defaults. The one definition: DaemonConfig and BucketCaps start from it.
+inline constexpr int kDefaultBucketCapMib = 25;
+inline constexpr int kDefaultFirstBucketCapMib = 1;
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_COMMON_DEFAULTS_H_

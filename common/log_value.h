@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -16,6 +17,21 @@ namespace gradsync {
 
 inline std::string LogValue(absl::string_view value) {
   return absl::StrCat("\"", absl::CHexEscape(value), "\"");
+}
+
+// For identifiers that are usually plain (job ids, paths): the value as is
+// when it is a plain token — letters, digits and _ . / : @ + - only — so
+// `job=default path=/var/log/x.json` stay easy to grep; LogValue otherwise.
+inline std::string LogToken(absl::string_view value) {
+  auto plain = [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' ||
+           c == '/' || c == ':' || c == '@' || c == '+' || c == '-';
+  };
+  if (value.empty()) return LogValue(value);
+  for (char c : value) {
+    if (!plain(c)) return LogValue(value);
+  }
+  return std::string(value);
 }
 
 }  // namespace gradsync

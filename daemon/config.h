@@ -26,6 +26,8 @@ struct DaemonConfig {
   std::string leader;  // HOST:PORT of the leader; empty: this daemon leads
   // HOST:PORT of the Prometheus /metrics endpoint (HTTP, no auth). Empty: off.
   std::string metrics_listen;
+  // The whole-run timeline (Chrome trace JSON) streamed here. Empty: off.
+  std::string trace_file;
 
   int node_rank = 0;
   int num_nodes = 1;
@@ -39,8 +41,8 @@ struct DaemonConfig {
   // tiny allreduce of the active-trainer counts. Node 0's value is the job's.
   bool uneven_inputs = false;
 
-  double bucket_cap_mb = 25;
-  double first_bucket_cap_mb = 1;
+  double bucket_cap_mb = kDefaultBucketCapMib;
+  double first_bucket_cap_mb = kDefaultFirstBucketCapMib;
   bool autotune = false;  // the leader tries candidate caps, then keeps the fastest
   std::string job_id = "default";
   std::string job_token;  // read from --job-token-file (common/token_file.h)
@@ -51,6 +53,8 @@ struct DaemonConfig {
   int64_t timeout_ms = 300 * 1000;
   double stall_threshold_s = 60;
   std::string log_level = "info";
+  // text | json | journal; empty: journal when stderr is the journal, else text.
+  std::string log_format;
 
   std::string shm_prefix = "gradsync";
   mode_t shm_mode = 0600;

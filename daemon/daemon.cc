@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/default_socket.h"
+#include "common/log_value.h"
 #include "common/peer_credentials.h"
 #include "common/status_code.h"
 #include "common/tls_credentials.h"
@@ -71,7 +72,7 @@ absl::Status Daemon::PrepareSocketPath() {
     return absl::FailedPreconditionError(absl::StrCat(
         "another gradsyncd is already listening on ", config_.socket_path));
   }
-  spdlog::info("event=stale_socket_removed path={}", config_.socket_path);
+  spdlog::info("event=stale_socket_removed path={}", LogToken(config_.socket_path));
   unlink(config_.socket_path.c_str());
   return absl::OkStatus();
 }
@@ -101,6 +102,13 @@ absl::Status Daemon::Start() {
   }
   JobHooks hooks;
   hooks.trace_dir = TraceDirectory(std::getenv);
+  if (!config_.trace_file.empty()) {
+    auto timeline = TimelineWriter::Open(config_.trace_file, config_.node_rank);
+    if (!timeline.ok()) return timeline.status();
+    timeline_ = std::move(*timeline);
+    hooks.timeline = timeline_.get();
+    spdlog::info("event=timeline_started path={}", LogToken(config_.trace_file));
+  }
   hooks.gpu = gpu_;
   if (config_.autotune && (config_.num_nodes == 1 || config_.is_leader())) {
     autotune_ = std::make_unique<AutotuneDriver>(

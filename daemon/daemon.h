@@ -23,6 +23,7 @@
 #include "daemon/connection_acceptor.h"
 #include "daemon/control_service.h"
 #include "daemon/observe/metrics_endpoint.h"
+#include "daemon/observe/timeline_writer.h"
 #include "daemon/engine/job_registry.h"
 #include "daemon/local_service.h"
 #include "daemon/cluster/rendezvous_service.h"
@@ -83,6 +84,8 @@ class Daemon {
   // --autotune on the daemon deciding job-wide caps; declared before jobs_
   // so the jobs' schedulers, which report to it, stop first.
   std::unique_ptr<AutotuneDriver> autotune_;
+  // --trace-file; declared before jobs_ so that it outlives every job.
+  std::unique_ptr<TimelineWriter> timeline_;
   std::unique_ptr<JobRegistry> jobs_;
   std::unique_ptr<LocalService> local_service_;
   std::unique_ptr<ControlService> control_service_;

@@ -87,7 +87,9 @@ std::string DaemonFlagsHelp() {
       "Every flag can also come from a config file (--config FILE or --flagfile=FILE: one\n"
       "--flag=value per line, '#' comments) or from the environment variable shown\n"
       "(GRADSYNCD_CONFIG names a config file). The command line wins over the\n"
-      "environment, which wins over config files.\n\nFlags:\n";
+      "environment, which wins over config files. --helpfull is Abseil's raw listing:\n"
+      "the same flags with underscored names (accepted too), and the libraries' flags.\n\n"
+      "Flags:\n";
   for (const absl::CommandLineFlag* flag : DaemonFlags()) {
     const std::string type = flag->IsOfType<bool>()     ? "bool"
                              : flag->IsOfType<int>()    ? "int"

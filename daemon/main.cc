@@ -34,6 +34,7 @@
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 #include "daemon/flags.h"
+#include "daemon/log_output.h"
 #include "daemon/run_gradsyncd.h"
 #include "spdlog/spdlog.h"
 
@@ -51,6 +52,9 @@ ABSL_FLAG(std::string, leader, kDefaults.leader,
 ABSL_FLAG(std::string, metrics_listen, kDefaults.metrics_listen,
           "HOST:PORT serving Prometheus metrics at /metrics over plain HTTP, readable by anyone "
           "who reaches it; empty: off");
+ABSL_FLAG(std::string, trace_file, kDefaults.trace_file,
+          "PATH: stream every job's scheduling events here as Chrome trace JSON for the whole "
+          "run (chrome://tracing, Perfetto); empty: off");
 ABSL_FLAG(int, node_rank, kDefaults.node_rank, "this node's rank in [0, num_nodes)");
 ABSL_FLAG(int, num_nodes, kDefaults.num_nodes, "daemons (nodes) in the job");
 ABSL_FLAG(int, local_size, kDefaults.local_size, "trainers on this node");
@@ -80,6 +84,9 @@ ABSL_FLAG(double, timeout_s, kDefaults.timeout_ms / 1000.0,
 ABSL_FLAG(double, stall_threshold_s, kDefaults.stall_threshold_s,
           "log a stall report after this long without progress");
 ABSL_FLAG(std::string, log_level, kDefaults.log_level, "trace | debug | info | warn | error");
+ABSL_FLAG(std::string, log_format, kDefaults.log_format,
+          "text | json (one JSON object per line) | journal (systemd journal fields); empty: "
+          "journal when stderr is the journal ($JOURNAL_STREAM), else text");
 ABSL_FLAG(std::string, shm_prefix, kDefaults.shm_prefix, "name prefix of shared-memory segments");
 ABSL_FLAG(std::string, shm_group, "", "group allowed to map segments (mode 0660); empty: 0600");
 ABSL_FLAG(std::string, wire_dtype, kDefaults.wire_dtype,
@@ -117,7 +124,12 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e level=%l component=gradsyncd %v");
+  if (absl::Status st = gradsync::ConfigureLogging(
+          absl::GetFlag(FLAGS_log_format),
+          "%Y-%m-%dT%H:%M:%S.%e level=%l component=gradsyncd %v");
+      !st.ok()) {
+    return Fail(std::string(st.message()));
+  }
   const std::string level = absl::AsciiStrToLower(absl::GetFlag(FLAGS_log_level));
   spdlog::set_level(spdlog::level::from_str(level));
 
@@ -126,6 +138,7 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   config.listen = absl::GetFlag(FLAGS_listen);
   config.leader = absl::GetFlag(FLAGS_leader);
   config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  config.trace_file = absl::GetFlag(FLAGS_trace_file);
   config.node_rank = absl::GetFlag(FLAGS_node_rank);
   config.num_nodes = absl::GetFlag(FLAGS_num_nodes);
   config.local_size = absl::GetFlag(FLAGS_local_size);
@@ -144,6 +157,7 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   config.timeout_ms = static_cast<int64_t>(timeout_s * 1000);
   config.stall_threshold_s = absl::GetFlag(FLAGS_stall_threshold_s);
   config.log_level = level;
+  config.log_format = absl::GetFlag(FLAGS_log_format);
   config.shm_prefix = absl::GetFlag(FLAGS_shm_prefix);
   config.reduce_threads = absl::GetFlag(FLAGS_reduce_threads);
   config.wire_dtype = absl::GetFlag(FLAGS_wire_dtype);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/defaults.h"
 #include "common/layout.h"
 
 namespace gradsync {
@@ -30,8 +31,8 @@ struct BucketPlan {
 };
 
 struct BucketCaps {
-  uint64_t cap_bytes = 25ull << 20;
-  uint64_t first_cap_bytes = 1ull << 20;
+  uint64_t cap_bytes = uint64_t{kDefaultBucketCapMib} << 20;
+  uint64_t first_cap_bytes = uint64_t{kDefaultFirstBucketCapMib} << 20;
 };
 
 // A node's plan as decided at an iteration boundary, what the nodes of a

@@ -400,11 +400,14 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
   std::vector<std::string> names;
   for (const TensorInfo& t : layout) names.push_back(t.name);
   constexpr size_t kTracedIterations = 8;
-  stats_ = std::make_unique<JobStats>(
-      world_.rank_offset, world_.world_size,
-      FlightRecorder::CapacityFor(kTracedIterations, plan.buckets.size(), layout.size(),
-                                  trainers.size()),
-      hooks_.trace_dir, config_.job_id, config_.node_rank, config_.num_nodes, std::move(names));
+  size_t recorder_events = FlightRecorder::CapacityFor(kTracedIterations, plan.buckets.size(),
+                                                       layout.size(), trainers.size());
+  // The timeline's writer tails the ring: give it room to lag.
+  if (hooks_.timeline) recorder_events = std::max(recorder_events, TimelineWriter::kMinRingEvents);
+  stats_ = std::make_unique<JobStats>(world_.rank_offset, world_.world_size, recorder_events,
+                                      hooks_.trace_dir, config_.job_id, config_.node_rank,
+                                      config_.num_nodes, std::move(names));
+  if (hooks_.timeline) stats_->StreamTo(hooks_.timeline);
 
   if (hooks_.on_iteration_done) {
     stats_->set_iteration_listener(

@@ -113,6 +113,7 @@ enum class JobState { kAttaching, kForming, kRunning, kFailed };
 // What a job tells the daemon around it.
 struct JobHooks {
   std::string trace_dir;  // traces written on stalls and timeouts ("" = none)
+  TimelineWriter* timeline = nullptr;  // --trace-file: every job streams into it (null = off)
   // Health: false with a reason when a job fails unexpectedly, true when a
   // job is running. Called without the job's lock, one call at a time per
   // job, in the order its state changed; it must not call back into the job.

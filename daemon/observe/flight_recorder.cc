@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/observe/chrome_trace_spans.h"
 #include "nlohmann/json.hpp"
 
 namespace gradsync {
@@ -25,163 +26,6 @@ size_t RoundUpToPowerOfTwo(size_t n) {
   size_t p = 2;
   while (p < n) p <<= 1;
   return p;
-}
-
-// Track ids inside the trace's one process. Trainers come first (tid 1 +
-// rank), buckets after (kBucketTidBase + id), both in numeric order.
-constexpr int64_t kBucketTidBase = int64_t{1} << 24;
-int64_t TrainerTid(uint32_t rank) { return 1 + static_cast<int64_t>(rank); }
-int64_t BucketTid(uint32_t bucket) { return kBucketTidBase + static_cast<int64_t>(bucket); }
-
-bool IsBucketEvent(TraceEventType t) {
-  return t >= TraceEventType::kBucketFirstReady && t <= TraceEventType::kBucketComplete;
-}
-
-// The timestamps one bucket saw in one iteration; the first of each type wins.
-struct BucketTimes {
-  std::optional<int64_t> first_ready, last_ready, launch, local_done, collective_done, complete;
-  int64_t earliest = 0;
-  int64_t latest = 0;
-  bool any = false;
-
-  void Add(const TraceEvent& e) {
-    std::optional<int64_t>* slot = nullptr;
-    switch (e.type) {
-      case TraceEventType::kBucketFirstReady:
-        slot = &first_ready;
-        break;
-      case TraceEventType::kBucketLastReady:
-        slot = &last_ready;
-        break;
-      case TraceEventType::kBucketLaunch:
-        slot = &launch;
-        break;
-      case TraceEventType::kBucketLocalReduceDone:
-        slot = &local_done;
-        break;
-      case TraceEventType::kBucketCollectiveDone:
-        slot = &collective_done;
-        break;
-      case TraceEventType::kBucketComplete:
-        slot = &complete;
-        break;
-      default:
-        return;
-    }
-    if (!slot->has_value()) *slot = e.timestamp_ns;
-    earliest = any ? std::min(earliest, e.timestamp_ns) : e.timestamp_ns;
-    latest = any ? std::max(latest, e.timestamp_ns) : e.timestamp_ns;
-    any = true;
-  }
-};
-
-// Builds the trace's events with every time relative to `origin_ns`.
-class TraceBuilder {
- public:
-  TraceBuilder(int64_t pid, int64_t origin_ns) : pid_(pid), origin_ns_(origin_ns) {}
-
-  void NameProcess(const std::string& name) {
-    events_.push_back(
-        {{"name", "process_name"}, {"ph", "M"}, {"pid", pid_}, {"args", {{"name", name}}}});
-  }
-
-  void NameTrack(int64_t tid, const std::string& name) {
-    events_.push_back({{"name", "thread_name"},
-                       {"ph", "M"},
-                       {"pid", pid_},
-                       {"tid", tid},
-                       {"args", {{"name", name}}}});
-    events_.push_back({{"name", "thread_sort_index"},
-                       {"ph", "M"},
-                       {"pid", pid_},
-                       {"tid", tid},
-                       {"args", {{"sort_index", tid}}}});
-  }
-
-  void Complete(int64_t tid, const std::string& name, const char* category, int64_t start_ns,
-                int64_t end_ns, json args) {
-    events_.push_back({{"name", name},
-                       {"cat", category},
-                       {"ph", "X"},
-                       {"pid", pid_},
-                       {"tid", tid},
-                       {"ts", Us(start_ns - origin_ns_)},
-                       {"dur", Us(end_ns - start_ns)},
-                       {"args", std::move(args)}});
-  }
-
-  void Instant(int64_t tid, const std::string& name, const char* category, int64_t at_ns,
-               json args) {
-    events_.push_back({{"name", name},
-                       {"cat", category},
-                       {"ph", "i"},
-                       {"s", "t"},
-                       {"pid", pid_},
-                       {"tid", tid},
-                       {"ts", Us(at_ns - origin_ns_)},
-                       {"args", std::move(args)}});
-  }
-
-  json Take() { return std::move(events_); }
-
- private:
-  // The format's unit is the microsecond; fractions keep nanoseconds.
-  static double Us(int64_t ns) { return static_cast<double>(ns) / 1000.0; }
-
-  const int64_t pid_;
-  const int64_t origin_ns_;
-  json events_ = json::array();
-};
-
-// A span clamped into [lo, hi], so children nest even for odd timestamps.
-std::pair<int64_t, int64_t> Clamp(int64_t start, int64_t end, int64_t lo, int64_t hi) {
-  start = std::clamp(start, lo, hi);
-  end = std::clamp(end, start, hi);
-  return {start, end};
-}
-
-void AddBucketSpans(TraceBuilder& trace, uint32_t bucket, uint64_t iteration, const BucketTimes& t,
-                    int64_t trace_end_ns, bool multi_node) {
-  // The parent: first ready -> completion. If the ring lost the start, the
-  // earliest surviving event stands in; if the bucket never finished (a
-  // stall, or still in flight), the span runs to the end of the trace.
-  const bool truncated = !t.first_ready.has_value();
-  const bool incomplete = !t.complete.has_value();
-  const int64_t start = t.first_ready.value_or(t.earliest);
-  const int64_t end = std::max(start, incomplete ? std::max(trace_end_ns, t.latest) : *t.complete);
-
-  auto args = [&](bool open) {
-    json a = {{"bucket", bucket}, {"iteration", iteration}};
-    if (open) a["incomplete"] = true;
-    return a;
-  };
-  json parent_args = args(incomplete);
-  if (truncated) parent_args["truncated"] = true;
-  trace.Complete(BucketTid(bucket), absl::StrCat("bucket ", bucket), "bucket", start, end,
-                 std::move(parent_args));
-
-  // Siblings follow each other: each starts no earlier than the previous ends.
-  int64_t cursor = start;
-  if (t.first_ready) {
-    auto [s, e] = Clamp(*t.first_ready, t.last_ready.value_or(end), cursor, end);
-    trace.Complete(BucketTid(bucket), "wait for ready", "bucket", s, e, args(!t.last_ready));
-    cursor = e;
-  }
-  if (!t.launch) return;
-  auto [reduce_start, reduce_end] = Clamp(*t.launch, end, cursor, end);
-  trace.Complete(BucketTid(bucket), "reduce", "bucket", reduce_start, reduce_end, args(incomplete));
-
-  auto [local_start, local_end] =
-      Clamp(reduce_start, t.local_done.value_or(reduce_end), reduce_start, reduce_end);
-  trace.Complete(BucketTid(bucket), "local reduce", "bucket", local_start, local_end,
-                 args(!t.local_done));
-  // The cross-node step: recorded when it finished, or in flight on a
-  // multi-node job whose bucket is stuck after the local reduction.
-  const bool collective_open = multi_node && t.local_done && !t.collective_done && incomplete;
-  if (t.collective_done || collective_open) {
-    auto [s, e] = Clamp(local_end, t.collective_done.value_or(reduce_end), local_end, reduce_end);
-    trace.Complete(BucketTid(bucket), "collective", "bucket", s, e, args(collective_open));
-  }
 }
 
 }  // namespace
@@ -245,6 +89,38 @@ TraceSnapshot FlightRecorder::Snapshot() const {
   snap.recorded = head;
   snap.overwritten = head - snap.events.size();
   return snap;
+}
+
+FlightRecorder::Tail FlightRecorder::ReadFrom(uint64_t from, std::vector<TraceEvent>* out) const {
+  Tail tail;
+  const uint64_t head = head_.load(std::memory_order_acquire);
+  const uint64_t oldest = head > capacity_ ? head - capacity_ : 0;
+  if (from < oldest) {
+    tail.lost = oldest - from;
+    from = oldest;
+  }
+  for (uint64_t ticket = from; ticket < head; ++ticket) {
+    const Slot& slot = slots_[ticket & (capacity_ - 1)];
+    const uint64_t expected = 2 * ticket + 2;
+    uint64_t words[kWords];
+    bool intact = slot.seq.load(std::memory_order_acquire) == expected;
+    if (intact) {
+      for (size_t i = 0; i < kWords; ++i) words[i] = slot.words[i].load(std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      intact = slot.seq.load(std::memory_order_relaxed) == expected;
+    }
+    // Lapped while we read: this event is gone (what was copied before it
+    // was intact when copied, so it stays).
+    if (!intact) {
+      ++tail.lost;
+      continue;
+    }
+    TraceEvent e;
+    std::memcpy(&e, words, sizeof(e));
+    out->push_back(e);
+  }
+  tail.next = std::max(head, from);
+  return tail;
 }
 
 absl::Status FlightRecorder::WriteTraceFile(const std::string& path,

@@ -101,6 +101,16 @@ class FlightRecorder {
   // Copies out the events currently in the ring, oldest first.
   TraceSnapshot Snapshot() const;
 
+  // Tails the ring: appends to `out` the events recorded since ticket
+  // `from` (an earlier call's `next`; 0 at the start), oldest first. Events
+  // the ring overwrote before they were read are counted in `lost`. Never
+  // blocks writers; allocates only when `out` grows.
+  struct Tail {
+    uint64_t next = 0;  // pass as `from` next time
+    uint64_t lost = 0;
+  };
+  Tail ReadFrom(uint64_t from, std::vector<TraceEvent>* out) const;
+
   // Snapshot -> ToChromeTraceJson -> `path` (written to a temporary file
   // beside it, then renamed, so readers never see half a trace).
   absl::Status WriteTraceFile(const std::string& path, const TraceMetadata& metadata) const;

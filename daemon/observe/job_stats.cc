@@ -36,6 +36,15 @@ JobStats::JobStats(int rank_offset, int world_size, size_t recorder_events, std:
       tensor_names_(std::move(tensor_names)),
       recorder_(recorder_events) {}
 
+JobStats::~JobStats() {
+  if (timeline_ != nullptr) timeline_->Unfollow(&recorder_);
+}
+
+void JobStats::StreamTo(TimelineWriter* timeline) {
+  timeline_ = timeline;
+  timeline_->Follow(&recorder_, TimelineSource{job_id_, num_nodes_, tensor_names_});
+}
+
 JobStats::Bucket& JobStats::BucketAt(uint32_t id) {
   absl::MutexLock lock(&mu_);
   // Grows only when a plan with more buckets appears: at most a few times.
@@ -128,7 +137,7 @@ void JobStats::OnError(const std::string& message, bool write_trace) {
 void JobStats::WriteTrace(const std::string& reason) {
   if (trace_dir_.empty()) return;
   if (absl::Status room = MakeRoomForTrace(trace_dir_, kMaxKeptTraces); !room.ok()) {
-    spdlog::error("event=trace_write_failed dir={} error={}", LogValue(trace_dir_),
+    spdlog::error("event=trace_write_failed dir={} error={}", LogToken(trace_dir_),
                   LogValue(room.message()));
     return;
   }
@@ -143,11 +152,11 @@ void JobStats::WriteTrace(const std::string& reason) {
   meta.tensor_names = tensor_names_;
   absl::Status st = recorder_.WriteTraceFile(path, meta);
   if (st.ok()) {
-    spdlog::warn("event=trace_written path={} reason={}", path, LogValue(reason));
+    spdlog::warn("event=trace_written path={} reason={}", LogToken(path), LogValue(reason));
     absl::MutexLock lock(&mu_);
     last_trace_file_ = path;
   } else {
-    spdlog::error("event=trace_write_failed path={} error=\"{}\"", path, std::string(st.message()));
+    spdlog::error("event=trace_write_failed path={} error={}", LogToken(path), LogValue(st.message()));
   }
 }
 

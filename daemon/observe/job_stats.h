@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/observe/flight_recorder.h"
 #include "daemon/observe/latency_stats.h"
+#include "daemon/observe/timeline_writer.h"
 #include "daemon/engine/scheduler_observer.h"
 #include "gradsync/v1/control.pb.h"
 
@@ -31,6 +32,12 @@ class JobStats final : public SchedulerObserver {
   // `trace_dir`: where traces are written on stalls and timeouts.
   JobStats(int rank_offset, int world_size, size_t recorder_events, std::string trace_dir,
            std::string job_id, int node_rank, int num_nodes, std::vector<std::string> tensor_names);
+  // Writes the rest of this job into the timeline, if it streams to one.
+  ~JobStats() override;
+
+  // Streams the flight recorder into the whole-run timeline (--trace-file)
+  // until this JobStats goes. Call before the scheduler starts.
+  void StreamTo(TimelineWriter* timeline);
 
   void OnReady(uint64_t iteration, int local_rank, uint32_t tensor, bool unused,
                int64_t ns) override;
@@ -82,6 +89,7 @@ class JobStats final : public SchedulerObserver {
   const int node_rank_, num_nodes_;
   const std::vector<std::string> tensor_names_;
   FlightRecorder recorder_;
+  TimelineWriter* timeline_ = nullptr;  // see StreamTo
 
   mutable absl::Mutex mu_;  // buckets_ growth, errors, stalls, last iteration
   std::vector<std::unique_ptr<Bucket>> buckets_ ABSL_GUARDED_BY(mu_);

@@ -171,6 +171,37 @@ TEST(FlightRecorder, RingOverwritesOldestWhenFull) {
   for (size_t k = 0; k < 8; ++k) EXPECT_EQ(snap.events[k].iteration, 12 + k);
 }
 
+TEST(FlightRecorder, ReadFromTailsNewEventsAndCountsWhatTheRingLost) {
+  FlightRecorder recorder(8);
+  auto record = [&](uint64_t from, uint64_t to) {
+    for (uint64_t i = from; i < to; ++i) {
+      recorder.Record({static_cast<int64_t>(i), i, 0, kNoTensor, T::kBucketLaunch});
+    }
+  };
+  auto iterations = [](const std::vector<TraceEvent>& events) {
+    std::vector<uint64_t> out;
+    for (const TraceEvent& e : events) out.push_back(e.iteration);
+    return out;
+  };
+  record(0, 5);
+  std::vector<TraceEvent> got;
+  FlightRecorder::Tail tail = recorder.ReadFrom(0, &got);
+  EXPECT_EQ(iterations(got), (std::vector<uint64_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(tail.next, 5u);
+  EXPECT_EQ(tail.lost, 0u);
+
+  got.clear();
+  tail = recorder.ReadFrom(tail.next, &got);
+  EXPECT_TRUE(got.empty()) << "nothing new";
+  EXPECT_EQ(tail.next, 5u);
+
+  record(5, 28);  // the reader falls behind: 5..19 are overwritten
+  tail = recorder.ReadFrom(tail.next, &got);
+  EXPECT_EQ(iterations(got), (std::vector<uint64_t>{20, 21, 22, 23, 24, 25, 26, 27}));
+  EXPECT_EQ(tail.lost, 15u);
+  EXPECT_EQ(tail.next, 28u);
+}
+
 TEST(FlightRecorder, RecordNowUsesTheSteadyClock) {
   FlightRecorder r(4);
   const int64_t before = SteadyNowNs();

@@ -80,3 +80,18 @@ TEST(BucketPlanner, FollowsTheGivenOrder) {
 
 }  // namespace
 }  // namespace gradsync
+
+namespace gradsync {
+namespace {
+
+// The caps' defaults have one definition (common/defaults.h): the planner's
+// and the daemon's flags agree on it.
+TEST(BucketCapsDefaults, AreTheSharedDefaultsInBytes) {
+  EXPECT_EQ(BucketCaps{}.cap_bytes, uint64_t{kDefaultBucketCapMib} << 20);
+  EXPECT_EQ(BucketCaps{}.first_cap_bytes, uint64_t{kDefaultFirstBucketCapMib} << 20);
+  EXPECT_EQ(kDefaultBucketCapMib, 25);
+  EXPECT_EQ(kDefaultFirstBucketCapMib, 1);
+}
+
+}  // namespace
+}  // namespace gradsync

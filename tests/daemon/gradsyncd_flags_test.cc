@@ -98,12 +98,16 @@ TEST(GradsyncdFlagsTest, HelpListsEveryFlagWithDashedNameAndVariable) {
                            "shm-prefix",
                            "shm-group",
                            "reduce-threads",
-                           "wire-dtype"}) {
+                           "wire-dtype",
+                           "log-format",
+                           "trace-file"}) {
     EXPECT_THAT(r.out, HasSubstr(absl::StrCat("  --", name, " ("))) << name;
   }
   EXPECT_THAT(r.out, HasSubstr("env GRADSYNCD_FIRST_BUCKET_CAP_MB)"));
   EXPECT_THAT(r.out, HasSubstr("--num-nodes (int, default \"1\""));
   EXPECT_THAT(r.out, Not(HasSubstr("--node_rank")));
+  // --helpfull (Abseil's own listing) keeps underscored names: --help says so.
+  EXPECT_THAT(r.out, HasSubstr("--helpfull is Abseil's raw listing"));
 }
 
 TEST(GradsyncdFlagsTest, AutotuneIsADashedBoolFlagOffByDefaultWithItsVariable) {

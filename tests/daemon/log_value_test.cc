@@ -16,5 +16,16 @@ TEST(LogValueTest, QuotesAndEscapesWhatCouldEndTheFieldOrLine) {
   EXPECT_EQ(LogValue(""), "\"\"");
 }
 
+TEST(LogValueTest, TokensStayPlainAndAnythingElseIsQuotedAndEscaped) {
+  EXPECT_EQ(LogToken("default"), "default");
+  EXPECT_EQ(LogToken("/var/log/gradsync/trace-job.1.json"), "/var/log/gradsync/trace-job.1.json");
+  EXPECT_EQ(LogToken("node-0@host:7250"), "node-0@host:7250");
+  EXPECT_EQ(LogToken("my job"), "\"my job\"");
+  EXPECT_EQ(LogToken("a\" event=forged"), "\"a\\\" event=forged\"");
+  EXPECT_EQ(LogToken("x=y"), "\"x=y\"");
+  EXPECT_EQ(LogToken("line\nbreak"), "\"line\\nbreak\"");
+  EXPECT_EQ(LogToken(""), "\"\"");
+}
+
 }  // namespace
 }  // namespace gradsync
