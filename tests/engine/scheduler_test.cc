@@ -100,6 +100,7 @@ struct NodeSetup {
   int64_t timeout_ms = kNever;
   Scheduler::OrderAgreement agree_order;  // empty: this node's order
   std::function<absl::Status(const PlanStamp&)> check_plan;  // empty: one node
+  bool uneven_inputs = false;  // --uneven-inputs: gs_join allowed across nodes
 };
 
 // One node under test: its trainers' segments, a fake backend for the other
@@ -126,6 +127,7 @@ class SchedulerFixture {
     opts.caps = s.caps;
     opts.agree_order = s.agree_order;
     opts.check_plan = s.check_plan;
+    opts.uneven_inputs = s.uneven_inputs;
     scheduler_ = std::make_unique<Scheduler>(node_->trainers(), node_->layout(), node_->plan(),
                                              node_->arena(), backend_.get(), node_->ready_bell(),
                                              /*observer=*/nullptr, failures_.fn(), opts);
@@ -313,10 +315,12 @@ class SchedulerBehaviourTest : public SchedulerFixture, public ::testing::Test {
  protected:
   void TearDown() override { StopScheduler(); }
   // Two trainers on the second of two nodes (global ranks 2 and 3).
-  void Start(int64_t timeout_ms = kNever, BucketCaps caps = {256, 64}) {
+  void Start(int64_t timeout_ms = kNever, BucketCaps caps = {256, 64},
+             bool uneven_inputs = false) {
     NodeSetup s;
     s.timeout_ms = timeout_ms;
     s.caps = caps;
+    s.uneven_inputs = uneven_inputs;
     StartScheduler(s);
   }
 };
@@ -355,7 +359,7 @@ TEST_F(SchedulerBehaviourTest, LaunchesBucketsInPlanOrderAsSoonAsEachIsComplete)
 // size (divide_by_initial_world_size). Once the others join too, everyone
 // is told and nothing more is reduced.
 TEST_F(SchedulerBehaviourTest, JoinedTrainerIsNeitherSummedNorWrittenBack) {
-  Start();
+  Start(kNever, {256, 64}, /*uneven_inputs=*/true);
   RunIteration(0);
   ASSERT_TRUE(trainer(1).PostJoin(true).ok());
   const size_t arena_bytes = node_->arena().total_bytes;
@@ -377,6 +381,22 @@ TEST_F(SchedulerBehaviourTest, JoinedTrainerIsNeitherSummedNorWrittenBack) {
   EXPECT_EQ(scheduler_->active_trainers(), 0u);
   EXPECT_EQ(backend_->calls().size(), calls) << "a bucket was reduced after every trainer joined";
   EXPECT_TRUE(failures_.Peek().ok()) << failures_.Peek();
+}
+
+// Across nodes the per-iteration count exchange is opt-in: without
+// --uneven-inputs a gs_join fails the job with STATE naming the trainer and
+// the flag, and no iteration ever paid for an exchange.
+TEST_F(SchedulerBehaviourTest, JoinAcrossNodesWithoutUnevenInputsFailsWithStateNamingTheFlag) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  RunIteration(0);
+  const size_t calls = backend_->calls().size();
+  EXPECT_EQ(calls, node_->plan().buckets.size()) << "one collective per bucket, no count exchange";
+  ASSERT_TRUE(trainer(1).PostJoin(true).ok());
+  const absl::Status st = failures_.Wait(kBound);
+  EXPECT_EQ(CodeOf(st), v1::STATE) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr(absl::StrCat(Name(1), " called gs_join")));
+  EXPECT_THAT(std::string(st.message()), HasSubstr("--uneven-inputs"));
+  EXPECT_EQ(failures_.culprit(), 1);
 }
 
 TEST_F(SchedulerBehaviourTest, NoSyncIterationsAccumulateAndTheNextSyncedOneAveragesTheSum) {
