@@ -30,14 +30,6 @@ constexpr absl::Duration kSilencePoll = absl::Milliseconds(100);
 // of the cause (sent at once, one RPC) before reporting its own symptom.
 constexpr absl::Duration kCauseReportGrace = absl::Milliseconds(2 * 500);
 
-// Each node's --wire-dtype, published at join.
-std::string UnevenInputsKey(uint64_t generation) {
-  return absl::StrCat(GenerationKeyPrefix(generation), "uneven_inputs");
-}
-
-std::string WireDTypeKey(uint64_t generation, int node_rank) {
-  return absl::StrCat(GenerationKeyPrefix(generation), "wire_dtype/", node_rank);
-}
 
 // MISMATCH naming the first node that differs from node 0, and both values:
 // every node compares with node 0, so all report the same error.

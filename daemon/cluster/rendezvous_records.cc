@@ -87,6 +87,14 @@ std::string CapsKey(uint64_t generation) {
   return absl::StrCat(GenerationKeyPrefix(generation), "caps");
 }
 
+std::string WireDTypeKey(uint64_t generation, int node_rank) {
+  return absl::StrCat(GenerationKeyPrefix(generation), "wire_dtype/", node_rank);
+}
+
+std::string UnevenInputsKey(uint64_t generation) {
+  return absl::StrCat(GenerationKeyPrefix(generation), "uneven_inputs");
+}
+
 std::string EncodeCaps(double bucket_cap_mb, double first_bucket_cap_mb) {
   return CapsRecord(bucket_cap_mb, first_bucket_cap_mb).SerializeAsString();
 }

@@ -30,6 +30,11 @@ std::string EncodeCaps(double bucket_cap_mb, double first_bucket_cap_mb);
 absl::StatusOr<BucketCaps> DecodeCaps(absl::string_view key,
                                       const std::optional<std::string>& value);
 
+// Each node's --wire-dtype, published at join ("g<gen>/wire_dtype/<rank>").
+std::string WireDTypeKey(uint64_t generation, int node_rank);
+// Node 0's --uneven-inputs, "1" or "0" ("g<gen>/uneven_inputs").
+std::string UnevenInputsKey(uint64_t generation);
+
 // A job-wide caps change published by the leader, version `version` of the
 // generation's ordered config log ("g<gen>/config/<version>").
 struct JobConfigChange {

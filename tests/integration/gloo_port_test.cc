@@ -129,6 +129,7 @@ TEST(GlooPort, HostilePreambleOnTheLeadersGlooPortFailsOnlyTheJob) {
   absl::StatusOr<std::optional<std::string>> layout = node1->Get(LayoutKey(gen, 0));
   ASSERT_TRUE(layout.ok() && layout->has_value());
   ASSERT_TRUE(node1->Set(LayoutKey(gen, 1), **layout).ok());
+  ASSERT_TRUE(node1->Set(WireDTypeKey(gen, 1), "off").ok());
 
   // The leader's Gloo pair for node 1 is listening once its address is
   // published (Gloo's rendezvous key "<prefix>/0": one tcp::Address per
