@@ -10,6 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/backends/batch_scheduling.h"
 #include "daemon/backends/gloo_store.h"
 #include "daemon/backends/wire_cast.h"
 #include "common/half.h"
@@ -101,7 +102,14 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
     } else {
       attr.hostname = options.host;
     }
-    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    std::shared_ptr<gloo::transport::Device> device;
+    {
+      // The device starts Gloo's event-loop thread: SCHED_BATCH, so that
+      // it never preempts the thread whose send it waits for (see
+      // batch_scheduling.h).
+      InheritedBatchScheduling batch;
+      device = gloo::transport::tcp::CreateDevice(attr);
+    }
     auto context =
         std::make_shared<gloo::rendezvous::Context>(options.node_rank, options.num_nodes);
     // Gloo waits up to 5x the context timeout for a pair to connect; a fifth
