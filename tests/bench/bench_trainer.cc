@@ -39,7 +39,9 @@ int main(int argc, char** argv) {
       default: return 2;
     }
   }
-  gs_connect_options co{socket.empty() ? nullptr : socket.c_str(), -1, 10000};
+  gs_connect_options co = GS_CONNECT_OPTIONS_INIT;
+  co.socket_path = socket.empty() ? nullptr : socket.c_str();
+  co.timeout_ms = 10000;
   gs_client* c = nullptr;
   if (gs_connect(&co, &c) != GS_OK) {
     std::fprintf(stderr, "connect: %s\n", gs_last_error(c));

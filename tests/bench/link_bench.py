@@ -30,7 +30,6 @@ import argparse
 import atexit
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -42,10 +41,11 @@ import tempfile
 import time
 from typing import Dict, List, Optional
 
+import bench_report
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GRADSYNCD = os.path.join(ROOT, "bazel-bin/daemon/gradsyncd")
 BENCH_TRAINER = os.path.join(ROOT, "bazel-bin/tests/bench/bench_trainer")
-OUT_DIR = os.path.join(ROOT, "bench-results")
 
 # Names and a subnet only this benchmark uses.
 HOSTS = [("gsal-a", "gsal-va", "10.231.77.1"), ("gsal-b", "gsal-vb", "10.231.77.2")]
@@ -250,9 +250,9 @@ def run_cell(variant: str, args: argparse.Namespace, tmp: str) -> Dict[str, floa
     return {"step_s": max(medians), "link_mb_per_step": (link_bytes() - before) / steps / 1e6}
 
 
-def plot(rows: List[List], path: str) -> None:
+def plot(rows: List[List], report: "bench_report.Report") -> None:
     import matplotlib
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # no display: files only
     import matplotlib.pyplot as plt
     labels = sorted({(r[0], r[1]) for r in rows})
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -266,14 +266,14 @@ def plot(rows: List[List], path: str) -> None:
         ax.set_title(title)
         ax.legend()
     fig.suptitle("2 hosts (netns + veth + tbf) x 2 trainers: gradsync vs torch DDP")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    report.plot(fig, "link_bench")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description="gradsync vs torch DDP over a rate-limited veth")
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--warmup", type=int, default=2)
+    quick = bench_report.quick()  # scripts/bench.sh --quick: fewer steps
+    ap.add_argument("--steps", type=int, default=3 if quick else 8)
+    ap.add_argument("--warmup", type=int, default=1 if quick else 2)
     ap.add_argument("--rates", default="1gbit,10gbit")
     ap.add_argument("--workloads", default="mlp,grad")
     ap.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
@@ -297,51 +297,34 @@ def main() -> int:
     atexit.register(shutil.rmtree, tmp, True)
 
     workload_names = {"mlp": "25.2M MLP step", "grad": "100 MB gradients"}
+    rates, workloads = args.rates.split(","), args.workloads.split(",")
+    report = bench_report.Report("link_bench")
+    progress = bench_report.Progress("link_bench", 2 * len(rates) * len(workloads))
     rows: List[List] = []
-    for rate in args.rates.split(","):
+    for rate in rates:
         make_link(rate)
-        for w in args.workloads.split(","):
+        for w in workloads:
             for system, variant in (("gradsync", f"{w}_gradsync"), ("torch DDP (gloo)", f"{w}_ddp")):
+                progress.step(f"{rate} {workload_names[w]} {system}")
                 r = run_cell(variant, args, tmp)
                 rows.append([workload_names[w], rate, system, round(r["step_s"] * 1e3, 1),
                              round(r["link_mb_per_step"], 1)])
-                print(f"  {rate} {workload_names[w]} {system}: {r['step_s'] * 1e3:.1f} ms, "
-                      f"{r['link_mb_per_step']:.1f} MB/step on the link", file=sys.stderr,
-                      flush=True)
+    progress.finish()
     remove_link()
 
     for row in rows:  # the ratio against DDP in the same run, same link and workload
         ddp = next(r for r in rows if r[0] == row[0] and r[1] == row[1] and r[2] != "gradsync")
         row.append(f"{row[3] / ddp[3]:.2f}x" if ddp[3] else "-")
-    columns = ["workload", "link", "system", "step (ms)", "MB on link / step", "time vs DDP"]
-    print(f"\nLink benchmark: 2 hosts (network namespaces, veth, tc tbf) x 2 trainers, "
-          f"{args.steps} steps after {args.warmup} warm-up, median step of the slowest trainer; "
-          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}\n")
-    print("| " + " | ".join(columns) + " |")
-    print("|---|---|---|---:|---:|---:|")
-    for row in rows:
-        print("| " + " | ".join(str(c) for c in row) + " |")
-
-    os.makedirs(OUT_DIR, exist_ok=True)
-    png = os.path.join(OUT_DIR, "link_bench.png")
-    plots = []
+    report.table(
+        "gradsync vs torch DDP over a rate-limited veth (2 hosts x 2 trainers)",
+        ["workload", "link", "system", "step (ms)", "MB on link / step", "time vs DDP"], rows,
+        note=(f"{args.steps} steps after {args.warmup} warm-up, median step of the slowest "
+              f"trainer; bytes from the veth's tx counters"))
     try:
-        plot(rows, png)
-        plots.append(os.path.relpath(png, ROOT))
+        plot(rows, report)
     except ImportError as e:
         print(f"no plot: {e}", file=sys.stderr)
-    report = {
-        "name": "link_bench",
-        "command": "/usr/bin/python3 tests/bench/link_bench.py " + " ".join(sys.argv[1:]),
-        "machine": {"cores": os.cpu_count(), "kernel": platform.release(),
-                    "load_average": os.getloadavg()[0], "python": platform.python_version()},
-        "tables": [{"title": "gradsync vs torch DDP over a rate-limited veth (2 hosts x 2 trainers)",
-                    "columns": columns, "rows": rows}],
-        "plots": plots,
-    }
-    with open(os.path.join(OUT_DIR, "link_bench.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    print(f"\nwrote bench-results/link_bench.json {' '.join(plots)}")
+    report.write()
     return 0
 
 

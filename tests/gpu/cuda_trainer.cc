@@ -88,7 +88,10 @@ int main(int argc, char** argv) {
     return CudaFail(e, "cudaStreamCreate");
   }
 
-  gs_connect_options opts = {socket.empty() ? nullptr : socket.c_str(), local_rank, 30000};
+  gs_connect_options opts = GS_CONNECT_OPTIONS_INIT;
+  opts.socket_path = socket.empty() ? nullptr : socket.c_str();
+  opts.local_rank = local_rank;
+  opts.timeout_ms = 30000;
   gs_client* c = nullptr;
   if (gs_status st = gs_connect(&opts, &c); st != GS_OK) return Fail(c, st, "gs_connect");
   if (gs_status st = gs_set_cuda_stream(c, stream); st != GS_OK) return Fail(c, st, "gs_set_cuda_stream");
