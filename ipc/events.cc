@@ -16,7 +16,7 @@ absl::Status ValidateReadyEvent(const ReadyEvent& e, const ReadyExpectation& exp
   }
   if (e.kind == static_cast<uint32_t>(ReadyKind::kJoin)) {
     if ((e.tensor & ~kJoinDivideByInitialWorldSize) != 0) {
-      return absl::DataLossError(absl::StrCat("join entry has unknown flags ", e.tensor));
+      return absl::DataLossError(absl::StrCat("readiness entry of kind join has unknown flags ", e.tensor));
     }
   } else if (e.tensor >= expect.num_tensors) {
     return absl::OutOfRangeError(absl::StrCat("readiness entry names tensor ", e.tensor,

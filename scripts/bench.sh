@@ -27,6 +27,7 @@ benches() {
   py_bench sync_bench.py //daemon:gradsyncd //client:gradsyncctl //tests/bench:bench_trainer //tests/bench:gloo_allreduce_bench
   py_bench torch_step_bench.py //daemon:gradsyncd //client:libgradsync.so
   py_bench bucket_sweep_bench.py //daemon:gradsyncd //client:libgradsync.so
+  py_bench autotune_bench.py //daemon:gradsyncd //client:libgradsync.so
   py_bench link_bench.py //daemon:gradsyncd //client:libgradsync.so //tests/bench:bench_trainer
 }
 

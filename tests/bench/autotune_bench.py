@@ -32,6 +32,8 @@ import tempfile
 import time
 from typing import Dict, List
 
+import bench_report
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 
@@ -102,9 +104,12 @@ def run(model_name: str, steps: int, daemon_args: List[str], tmp: str, tag: str)
 
 def main() -> int:
     ap = argparse.ArgumentParser(description="--autotune vs the best fixed bucket cap")
-    ap.add_argument("--steps", type=int, default=10, help="timed steps per fixed cap / after the choice")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--models", default="mlp,narrow", help="mlp, narrow or both")
+    quick = bench_report.quick()  # scripts/bench.sh --quick: the small model, fewer steps
+    ap.add_argument("--steps", type=int, default=5 if quick else 10,
+                    help="timed steps per fixed cap / after the choice")
+    ap.add_argument("--warmup", type=int, default=2 if quick else 3)
+    ap.add_argument("--models", default="narrow" if quick else "mlp,narrow",
+                    help="mlp, narrow or both")
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -112,12 +117,16 @@ def main() -> int:
         return 0
 
     tmp = tempfile.mkdtemp(prefix="gsat.", dir="/tmp")
+    report = bench_report.Report("autotune_bench")
+    models = args.models.split(",")
+    progress = bench_report.Progress("autotune_bench", len(models) * (len(FIXED_CAPS_MB) + 1))
     rows = []
     try:
-        for model_name in args.models.split(","):
+        for model_name in models:
             label = MODELS[model_name][0]
             fixed: Dict[float, float] = {}
             for cap in FIXED_CAPS_MB:
+                progress.step(f"{model_name} cap {cap} MiB")
                 times, _ = run(model_name, args.warmup + args.steps,
                                [f"--bucket-cap-mb={cap}", "--first-bucket-cap-mb=1"], tmp,
                                f"fixed{cap}")
@@ -125,6 +134,7 @@ def main() -> int:
                 print(f"  {label}: cap {cap} MiB: {fixed[cap] * 1e3:.1f} ms", file=sys.stderr,
                       flush=True)
             total = MODELS[model_name][4] + args.steps
+            progress.step(f"{model_name} --autotune")
             times, log = run(model_name, total, ["--autotune"], tmp, "autotune")
             chosen = re.search(r"event=autotune_chosen index=\d+ first_bucket_cap_mb=(\S+) "
                                r"bucket_cap_mb=(\S+) median_step_s=\S+ at_iteration=(\d+)", log)
@@ -142,13 +152,12 @@ def main() -> int:
                   f"{tuned * 1e3:.1f} ms", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"\n--autotune vs fixed caps, 1 daemon x 2 trainers (DistributedOptimizer), median step; "
-          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}\n")
-    print("| model | fixed caps, MiB: ms | best fixed | autotune chose | steps after choice "
-          "| autotune step (ms) | vs best fixed |")
-    print("|---|---|---|---|---:|---:|---:|")
-    for r in rows:
-        print("| " + " | ".join(str(c) for c in r) + " |")
+    progress.finish()
+    report.table("--autotune vs fixed caps, 1 daemon x 2 trainers (DistributedOptimizer), "
+                 "median step",
+                 ["model", "fixed caps, MiB: ms", "best fixed", "autotune chose",
+                  "steps after choice", "autotune step (ms)", "vs best fixed"], rows)
+    report.write()
     return 0
 
 

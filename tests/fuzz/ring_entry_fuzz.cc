@@ -80,8 +80,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_CHECK(absl::StrContains(st.message(), "readiness entry"), st.ToString());
       break;  // the daemon fails this trainer and reads no further
     }
+    FUZZ_CHECK(e.sequence == expect.sequence && e.iteration == expect.iteration,
+               "accepted an entry out of sequence");
+    if (e.kind == static_cast<uint32_t>(ReadyKind::kJoin)) {
+      // gs_join: only known flags; the scheduler checks it came between
+      // iterations, and the trainer posts nothing after it.
+      FUZZ_CHECK((e.tensor & ~kJoinDivideByInitialWorldSize) == 0, "accepted unknown join flags");
+      break;
+    }
     // Accepted: the tensor index is in range and the sequence is the next.
-    FUZZ_CHECK(e.tensor < num_tensors && e.sequence == expect.sequence, "accepted a bad entry");
+    FUZZ_CHECK(e.tensor < num_tensors, "accepted a bad entry");
     expect.sequence++;
     if (seen[e.tensor]) break;  // marked twice in one iteration: the scheduler refuses it
     seen[e.tensor] = true;

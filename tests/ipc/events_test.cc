@@ -76,7 +76,7 @@ TEST(ValidateReadyEventTest, JoinCarriesFlagsNotATensor) {
   e.tensor = 2;
   const absl::Status st = ValidateReadyEvent(e, kExpect);
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(st.message(), HasSubstr("join entry has unknown flags 2"));
+  EXPECT_THAT(st.message(), HasSubstr("readiness entry of kind join has unknown flags 2"));
 }
 
 TEST(ValidateReadyEventTest, TensorOutOfRange) {
