@@ -10,6 +10,10 @@ scripts/setup || { echo "scripts/test.sh: setup failed"; exit 1; }
 
 BAZEL_FLAGS=(--color=no --curses=no)
 [ "${CI:-}" = "true" ] && BAZEL_FLAGS+=(--show_progress_rate_limit=30)
+# Builds in other output bases (thread-safety, sanitizers, fuzz) make no
+# bazel-* symlinks: repointed at their base, bazel-bin would no longer be
+# the gcc build's, and `//...` would walk into the foreign bazel-<dir> tree.
+OTHER_BASE_FLAGS=("${BAZEL_FLAGS[@]}" --symlink_prefix=/)
 
 status=0
 echo "== bazel build //..."
@@ -26,7 +30,7 @@ fi
 TSA_TARGETS=(//common/... //ipc/... //client/... //daemon/... //gpu/...)
 if [ $status -eq 0 ]; then
   echo "== clang thread-safety build"
-  bazel --output_base="${HOME}/.cache/gradsync-tsa" build "${BAZEL_FLAGS[@]}" \
+  bazel --output_base="${HOME}/.cache/gradsync-tsa" build "${OTHER_BASE_FLAGS[@]}" \
     --config=thread_safety --output_groups=compilation_outputs "${TSA_TARGETS[@]}" || status=1
   bazel --output_base="${HOME}/.cache/gradsync-tsa" shutdown >/dev/null 2>&1
 fi
@@ -50,7 +54,7 @@ ASAN_BASE="${HOME}/.cache/gradsync-asan"
 ASAN_TARGETS=(//tests:abi_contract_test //tests/daemon/... //tests/ipc/... //tests/engine/...
   //tests/control/... //tests/integration:equivalence_test //tests/integration:fault_test)
 if [ $status -eq 0 ]; then
-  stage asan_ubsan bazel --output_base="$ASAN_BASE" test "${BAZEL_FLAGS[@]}" --config=asan \
+  stage asan_ubsan bazel --output_base="$ASAN_BASE" test "${OTHER_BASE_FLAGS[@]}" --config=asan \
     "${ASAN_TARGETS[@]}"
   bazel --output_base="$ASAN_BASE" shutdown >/dev/null 2>&1
 fi
@@ -67,7 +71,7 @@ TSAN_BASE="${HOME}/.cache/gradsync-tsan"
 TSAN_TARGETS=(//tests/control:flight_recorder_test //tests/ipc:spsc_ring_test
   //tests/ipc:ring_stress_test //tests/ipc:doorbell_test)
 if [ $status -eq 0 ]; then
-  stage tsan bazel --output_base="$TSAN_BASE" test "${BAZEL_FLAGS[@]}" --config=tsan "${TSAN_TARGETS[@]}"
+  stage tsan bazel --output_base="$TSAN_BASE" test "${OTHER_BASE_FLAGS[@]}" --config=tsan "${TSAN_TARGETS[@]}"
   bazel --output_base="$TSAN_BASE" shutdown >/dev/null 2>&1
 fi
 
@@ -80,7 +84,7 @@ FUZZ_TARGETS=(ring_entry_fuzz segment_header_fuzz layout_fuzz rendezvous_records
 FUZZ_SECONDS="${FUZZ_SECONDS:-20}"
 run_fuzzers() {
   local bin scratch t rc=0 package=//tests/fuzz:
-  bazel --output_base="$FUZZ_BASE" build "${BAZEL_FLAGS[@]}" --config=fuzz \
+  bazel --output_base="$FUZZ_BASE" build "${OTHER_BASE_FLAGS[@]}" --config=fuzz \
     "${FUZZ_TARGETS[@]/#/$package}" || return 1
   bin="$(bazel --output_base="$FUZZ_BASE" info --config=fuzz bazel-bin 2>/dev/null)/tests/fuzz"
   scratch="$(mktemp -d)"
