@@ -60,21 +60,28 @@ void FlightRecorder::Record(const TraceEvent& event) {
   writer_lock_.clear(std::memory_order_release);
 }
 
+bool FlightRecorder::ReadSlot(uint64_t ticket, TraceEvent* e) const {
+  // Seqlock read: the slot holds `ticket` (2 * ticket + 2) before and after
+  // the copy, else the writer lapped this reader here.
+  const Slot& slot = slots_[ticket & (capacity_ - 1)];
+  const uint64_t expected = 2 * ticket + 2;
+  if (slot.seq.load(std::memory_order_acquire) != expected) return false;
+  uint64_t words[kWords];
+  for (size_t i = 0; i < kWords; ++i) words[i] = slot.words[i].load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (slot.seq.load(std::memory_order_relaxed) != expected) return false;
+  std::memcpy(e, words, sizeof(*e));
+  return true;
+}
+
 TraceSnapshot FlightRecorder::Snapshot() const {
   TraceSnapshot snap;
   const uint64_t head = head_.load(std::memory_order_acquire);
   const uint64_t first = head > capacity_ ? head - capacity_ : 0;
   snap.events.reserve(static_cast<size_t>(head - first));
   for (uint64_t ticket = first; ticket < head; ++ticket) {
-    const Slot& slot = slots_[ticket & (capacity_ - 1)];
-    const uint64_t expected = 2 * ticket + 2;
-    uint64_t words[kWords];
-    bool intact = slot.seq.load(std::memory_order_acquire) == expected;
-    if (intact) {
-      for (size_t i = 0; i < kWords; ++i) words[i] = slot.words[i].load(std::memory_order_relaxed);
-      std::atomic_thread_fence(std::memory_order_acquire);
-      intact = slot.seq.load(std::memory_order_relaxed) == expected;
-    }
+    TraceEvent e;
+    const bool intact = ReadSlot(ticket, &e);
     if (!intact) {
       // The writer lapped us here: this and everything older is being
       // overwritten. Keep only what follows, so the snapshot stays a
@@ -82,8 +89,6 @@ TraceSnapshot FlightRecorder::Snapshot() const {
       snap.events.clear();
       continue;
     }
-    TraceEvent e;
-    std::memcpy(&e, words, sizeof(e));
     snap.events.push_back(e);
   }
   snap.recorded = head;
@@ -100,23 +105,14 @@ FlightRecorder::Tail FlightRecorder::ReadFrom(uint64_t from, std::vector<TraceEv
     from = oldest;
   }
   for (uint64_t ticket = from; ticket < head; ++ticket) {
-    const Slot& slot = slots_[ticket & (capacity_ - 1)];
-    const uint64_t expected = 2 * ticket + 2;
-    uint64_t words[kWords];
-    bool intact = slot.seq.load(std::memory_order_acquire) == expected;
-    if (intact) {
-      for (size_t i = 0; i < kWords; ++i) words[i] = slot.words[i].load(std::memory_order_relaxed);
-      std::atomic_thread_fence(std::memory_order_acquire);
-      intact = slot.seq.load(std::memory_order_relaxed) == expected;
-    }
+    TraceEvent e;
+    const bool intact = ReadSlot(ticket, &e);
     // Lapped while we read: this event is gone (what was copied before it
     // was intact when copied, so it stays).
     if (!intact) {
       ++tail.lost;
       continue;
     }
-    TraceEvent e;
-    std::memcpy(&e, words, sizeof(e));
     out->push_back(e);
   }
   tail.next = std::max(head, from);

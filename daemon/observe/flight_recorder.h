@@ -119,6 +119,8 @@ class FlightRecorder {
   uint64_t recorded() const { return head_.load(std::memory_order_acquire); }
 
  private:
+  // Copies slot `ticket` into *e; false if the writer lapped it meanwhile.
+  bool ReadSlot(uint64_t ticket, TraceEvent* e) const;
   static constexpr size_t kWords = sizeof(TraceEvent) / sizeof(uint64_t);
 
   // seq == 2 * ticket + 2 once event `ticket` is fully written; odd while a
