@@ -55,6 +55,17 @@ class Backend {
   // TIMEOUT on timeout. After an error the backend is unusable until recreated.
   virtual absl::Status AllreduceSum(void* data, size_t count, DType dtype) = 0;
 
+  // The same sum, split in two so that several can be outstanding: Issue
+  // starts it, AwaitIssued waits for the oldest issued one not yet awaited
+  // (collectives complete in issue order, on every node alike). `data`
+  // must stay untouched until then. A backend whose collectives run on the
+  // calling thread completes it inside Issue (this default). Errors as
+  // AllreduceSum, from either call; after one, await nothing more.
+  virtual absl::Status IssueAllreduceSum(void* data, size_t count, DType dtype) {
+    return AllreduceSum(data, count, dtype);
+  }
+  virtual absl::Status AwaitIssued() { return absl::OkStatus(); }
+
   // Sums a few small counts across every node, in place (the scheduler's
   // per-iteration agreement on active trainers, uneven inputs): exact in
   // float64. Errors as AllreduceSum.

@@ -268,8 +268,12 @@ uint8_t* GlooWorkerBackend::Staging(uint64_t bytes) {
 }
 
 absl::Status GlooWorkerBackend::AllreduceSum(void* data, size_t count, DType dtype) {
+  if (absl::Status st = IssueAllreduceSum(data, count, dtype); !st.ok()) return st;
+  return AwaitIssued();
+}
+
+absl::Status GlooWorkerBackend::IssueAllreduceSum(void* data, size_t count, DType dtype) {
   if (absl::Status st = CheckAllreduceArgs(data, count, dtype, "gloo"); !st.ok()) return st;
-  if (count == 0) return absl::OkStatus();
   {
     absl::MutexLock lock(&mu_);
     if (!failure_.ok()) return failure_;
@@ -280,15 +284,26 @@ absl::Status GlooWorkerBackend::AllreduceSum(void* data, size_t count, DType dty
       return failure_;
     }
   }
-  if (num_nodes_ == 1) return absl::OkStatus();
+  Issued issued{count, dtype, false, nullptr};
+  if (count == 0 || num_nodes_ == 1) {
+    issued_.push_back(issued);
+    return absl::OkStatus();
+  }
   const size_t bytes = count * DTypeSize(dtype);
   uint8_t* const base = static_cast<uint8_t*>(buffer_);
   uint8_t* const begin = static_cast<uint8_t*>(data);
   // Data already in the shared buffer (Staging) is reduced where it is.
   const bool shared = base != nullptr && begin >= base && begin + bytes <= base + buffer_bytes_;
   if (!shared) {
+    // Copied to the buffer's start: it would overwrite one still in flight.
+    if (issued_head_ != issued_.size()) {
+      return Fail(MakeError(v1::INTERNAL,
+                            "gloo allreduce: data outside the shared buffer issued while another "
+                            "allreduce is in flight"));
+    }
     if (absl::Status st = EnsureBuffer(bytes); !st.ok()) return Fail(st);
     std::memcpy(buffer_, data, bytes);
+    issued.copy_back = data;
   }
   v1::GlooWorkerRequest request;
   v1::GlooWorkerAllreduce* allreduce = request.mutable_allreduce();
@@ -296,13 +311,32 @@ absl::Status GlooWorkerBackend::AllreduceSum(void* data, size_t count, DType dty
   allreduce->set_dtype(static_cast<v1::DType>(dtype));
   allreduce->set_buffer_bytes(buffer_bytes_);
   allreduce->set_offset(shared ? static_cast<uint64_t>(begin - base) : 0);
-  const std::string during = absl::StrCat("during an allreduce of ", count, " ", DTypeName(dtype));
-  if (!channel_.Send(request).ok()) return Fail(WorkerDied(during));
-  absl::Status status = AwaitDone(during, nullptr);
-  if (!status.ok()) return Fail(status);
-  if (!shared) std::memcpy(data, buffer_, bytes);
-  const bool compressed = wire_dtype_ != WireDType::kOff && dtype == DType::kFloat32;
-  wire_payload_bytes_.fetch_add(compressed ? count * sizeof(uint16_t) : bytes,
+  if (!channel_.Send(request).ok()) {
+    return Fail(WorkerDied(absl::StrCat("during an allreduce of ", count, " ", DTypeName(dtype))));
+  }
+  issued.sent = true;
+  issued_.push_back(issued);
+  return absl::OkStatus();
+}
+
+absl::Status GlooWorkerBackend::AwaitIssued() {
+  if (issued_head_ == issued_.size()) {
+    return MakeError(v1::INTERNAL, "gloo allreduce: awaited with none issued");
+  }
+  const Issued issued = issued_[issued_head_++];
+  if (issued_head_ == issued_.size()) issued_.clear(), issued_head_ = 0;
+  if (!issued.sent) return absl::OkStatus();
+  // The worker answers in the order it was asked: this `done` is `issued`'s.
+  absl::Status status = AwaitDone(
+      absl::StrCat("during an allreduce of ", issued.count, " ", DTypeName(issued.dtype)), nullptr);
+  if (!status.ok()) {
+    issued_.clear(), issued_head_ = 0;  // the worker is gone: nothing else will answer
+    return Fail(status);
+  }
+  const size_t bytes = issued.count * DTypeSize(issued.dtype);
+  if (issued.copy_back != nullptr) std::memcpy(issued.copy_back, buffer_, bytes);
+  const bool compressed = wire_dtype_ != WireDType::kOff && issued.dtype == DType::kFloat32;
+  wire_payload_bytes_.fetch_add(compressed ? issued.count * sizeof(uint16_t) : bytes,
                                 std::memory_order_relaxed);
   return absl::OkStatus();
 }

@@ -7,7 +7,9 @@
 // The bucket is reduced in a buffer shared with the worker (a memfd, grown
 // to the largest bucket): the daemon's local sum writes straight into it
 // (Staging); data elsewhere is copied in and the result copied back. One
-// command round trip over the channel per bucket. Errors: what the worker's GlooBackend
+// command round trip over the channel per collective; IssueAllreduceSum
+// keeps several in flight (pieces of a bucket in disjoint parts of the
+// shared buffer), the worker runs them one after another in that order. Errors: what the worker's GlooBackend
 // reported (same codes as GlooBackend), or PEER_FAILED when the worker
 // died, naming the generation, how it died and, when Gloo threw, what it
 // threw and the TCP peers the worker was connected to (a stranger that
@@ -59,6 +61,8 @@ class GlooWorkerBackend final : public Backend {
   std::string name() const override { return "gloo"; }
   int num_nodes() const override { return num_nodes_; }
   absl::Status AllreduceSum(void* data, size_t count, DType dtype) override;
+  absl::Status IssueAllreduceSum(void* data, size_t count, DType dtype) override;
+  absl::Status AwaitIssued() override;
   // The shared buffer itself: a bucket summed into it is not copied.
   uint8_t* Staging(uint64_t bytes) override;
   WireStats wire_stats() const override;
@@ -82,6 +86,14 @@ class GlooWorkerBackend final : public Backend {
   void Kill() ABSL_LOCKS_EXCLUDED(mu_);
   std::string Who() const;
 
+  // One issued allreduce, until AwaitIssued returns it.
+  struct Issued {
+    size_t count = 0;
+    DType dtype = DType::kFloat32;
+    bool sent = false;        // false: nothing to exchange (one node, empty)
+    void* copy_back = nullptr;  // data outside the shared buffer: copy the result there
+  };
+
   const int node_rank_;
   const int num_nodes_;
   const uint64_t generation_;
@@ -95,6 +107,9 @@ class GlooWorkerBackend final : public Backend {
   void* buffer_ = nullptr;
   size_t buffer_bytes_ = 0;
   std::string fatal_;  // what the worker said before it died
+  // Oldest first from issued_head_; capacity kept: no allocation per bucket.
+  std::vector<Issued> issued_;
+  size_t issued_head_ = 0;
 
   pid_t pid_ = 0;  // set by Spawn, before any other thread sees this object
   int pidfd_ = -1;  // signals never reach a reused pid

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/half.h"
+#include "daemon/engine/bucket_pieces.h"
 
 namespace gradsync {
 namespace {
@@ -52,6 +53,7 @@ struct ReduceWork {
   // 3: sum into trainer 0's memory; 4: divide trainer 0's memory, copy out.
   int phase;
   void (*kernel)(const ReduceWork&, size_t span, uint64_t first, uint64_t count, uint64_t staging_index);
+  BucketPiece piece;  // the cross-node pipeline's current piece (RunPieceSlice)
 };
 
 // Calls job.kernel for the piece of every span that falls in [begin, end) of
@@ -73,6 +75,15 @@ void RunSlice(void* context, size_t slice, size_t slices) {
   const uint64_t begin = std::min(job.total_elements, chunks * slice / slices * kChunkElements);
   const uint64_t end = std::min(job.total_elements, chunks * (slice + 1) / slices * kChunkElements);
   ForRange(job, begin, end);
+}
+
+// RunSlice over job.piece only: the cross-node path goes piece by piece.
+void RunPieceSlice(void* context, size_t slice, size_t slices) {
+  const ReduceWork& job = *static_cast<ReduceWork*>(context);
+  const uint64_t chunks = (job.piece.count + kChunkElements - 1) / kChunkElements;
+  const uint64_t begin = std::min(job.piece.count, chunks * slice / slices * kChunkElements);
+  const uint64_t end = std::min(job.piece.count, chunks * (slice + 1) / slices * kChunkElements);
+  ForRange(job, job.piece.first + begin, job.piece.first + end);
 }
 
 template <typename T, typename Access>
@@ -254,49 +265,43 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
   // A backend that reduces in another process offers its shared buffer as
   // staging: the local sum lands where the collective runs, no extra copy.
   uint8_t* shared = backend.Staging(job.total_elements * DTypeSize(staged));
-  if (shared == nullptr && spans.size() == 1 &&
-      (dtype == DType::kFloat32 || dtype == DType::kFloat64)) {
-    // In place: the local sum goes into trainer 0's arena, the backend
-    // reduces it there, and the average is copied out — no staging copy.
-    if (arenas.size() > 1) {
-      job.phase = 3;
-      pool_.Run(&RunSlice, &job, slices);
-    }
-    const int64_t t1 = NowNs();
-    absl::Status status =
-        backend.AllreduceSum(arenas[0] + spans[0].offset, job.total_elements, dtype);
-    const int64_t t2 = NowNs();
-    if (status.ok()) {
-      job.phase = 4;
-      pool_.Run(&RunSlice, &job, slices);
-    }
-    if (timings) {
-      const int64_t t3 = NowNs();
-      timings->local_reduce_ns = (t1 - t0) + (t3 - t2);
-      timings->collective_ns = t2 - t1;
-      timings->write_back_ns = t3 - t2;
-    }
-    return status;
-  }
-
-  if (shared == nullptr && job.total_elements * DTypeSize(staged) > staging_.size()) {
+  // In place (no staging): the local sum goes into trainer 0's arena, the
+  // backend reduces it there, and the average is copied out.
+  const bool in_place = shared == nullptr && spans.size() == 1 &&
+                        (dtype == DType::kFloat32 || dtype == DType::kFloat64);
+  if (!in_place && shared == nullptr && job.total_elements * DTypeSize(staged) > staging_.size()) {
     return absl::InternalError("bucket is larger than the staging buffer");
   }
-  job.staging = shared != nullptr ? shared : staging_.data();
-  job.phase = 1;
-  pool_.Run(&RunSlice, &job, slices);
-  const int64_t t1 = NowNs();
-  absl::Status status = backend.AllreduceSum(job.staging, job.total_elements, staged);
-  const int64_t t2 = NowNs();
-  if (status.ok()) {
-    job.phase = 2;
-    pool_.Run(&RunSlice, &job, slices);
-  }
+  job.staging = in_place ? nullptr : shared != nullptr ? shared : staging_.data();
+  // The same cut on every node: it depends on the plan's bucket only. The
+  // in-place path cuts by the staged size too, so all paths agree.
+  CutBucketPieces(job.total_elements, DTypeSize(staged), kPieceBytes, &pieces_);
+  auto run = [&](int phase, const BucketPiece& piece) {
+    job.phase = phase;
+    job.piece = piece;
+    const bool parallel = piece.count * job.elem_size >= kParallelThresholdBytes;
+    pool_.Run(&RunPieceSlice, &job, parallel ? slices : 1);
+  };
+  auto sum = [&](const BucketPiece& piece) {
+    if (!in_place) {
+      run(1, piece);
+    } else if (arenas.size() > 1) {
+      run(3, piece);
+    }
+  };
+  auto issue = [&](const BucketPiece& piece) {
+    uint8_t* data = in_place ? arenas[0] + spans[0].offset : job.staging;
+    return backend.IssueAllreduceSum(data + piece.first * DTypeSize(in_place ? dtype : staged),
+                                     piece.count, in_place ? dtype : staged);
+  };
+  auto write_back = [&](const BucketPiece& piece) { run(in_place ? 4 : 2, piece); };
+  PipelineTimings pipeline;
+  absl::Status status =
+      RunPiecePipeline(pieces_, backend, PieceSteps{sum, issue, write_back}, &pipeline);
   if (timings) {
-    const int64_t t3 = NowNs();
-    timings->local_reduce_ns = (t1 - t0) + (t3 - t2);
-    timings->collective_ns = t2 - t1;
-    timings->write_back_ns = t3 - t2;
+    timings->local_reduce_ns = pipeline.sum_ns + pipeline.write_back_ns;
+    timings->collective_ns = pipeline.collective_ns;
+    timings->write_back_ns = pipeline.write_back_ns;
   }
   return status;
 }
@@ -314,11 +319,23 @@ absl::Status LocalReducer::ReduceZeros(const std::vector<ReduceSpan>& spans, DTy
     }
     staging = staging_.data();
   }
-  const int64_t t0 = NowNs();
-  std::memset(staging, 0, elements * DTypeSize(staged));
-  const int64_t t1 = NowNs();
-  absl::Status status = backend.AllreduceSum(staging, elements, staged);
-  if (timings) timings->local_reduce_ns = t1 - t0, timings->collective_ns = NowNs() - t1;
+  // Zeros, cut into the same pieces as every other node's bucket.
+  CutBucketPieces(elements, DTypeSize(staged), kPieceBytes, &pieces_);
+  auto sum = [&](const BucketPiece& piece) {
+    std::memset(staging + piece.first * DTypeSize(staged), 0, piece.count * DTypeSize(staged));
+  };
+  auto issue = [&](const BucketPiece& piece) {
+    return backend.IssueAllreduceSum(staging + piece.first * DTypeSize(staged), piece.count,
+                                     staged);
+  };
+  auto write_back = [](const BucketPiece&) {};  // nothing of this node's is written
+  PipelineTimings pipeline;
+  absl::Status status =
+      RunPiecePipeline(pieces_, backend, PieceSteps{sum, issue, write_back}, &pipeline);
+  if (timings) {
+    timings->local_reduce_ns = pipeline.sum_ns;
+    timings->collective_ns = pipeline.collective_ns;
+  }
   return status;
 }
 

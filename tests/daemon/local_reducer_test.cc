@@ -25,6 +25,7 @@ class AddConstantBackend final : public Backend {
   int num_nodes() const override { return 2; }
   absl::Status AllreduceSum(void* data, size_t count, DType dtype) override {
     calls++;
+    counts.push_back(count);
     if (dtype == DType::kFloat64) {
       for (size_t i = 0; i < count; ++i) static_cast<double*>(data)[i] += remote_;
     } else if (dtype == DType::kFloat32) {
@@ -36,6 +37,7 @@ class AddConstantBackend final : public Backend {
   }
   void Abort(const std::string&) override {}
   int calls = 0;
+  std::vector<size_t> counts;  // of every call, in order
 
  private:
   double remote_;
@@ -175,6 +177,74 @@ std::vector<Case> AllCases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDtypes, LocalReducerTest, ::testing::ValuesIn(AllCases()));
+
+// A bucket over kPieceBytes goes across nodes in pieces (their collectives
+// pipelined), cut the same whether this node's trainers reduce it or have
+// all joined (zeros): every node must issue the same collectives. Pieces
+// cross span boundaries; the average is still exact in every element.
+class PiecewiseTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(PiecewiseTest, ABigBucketCrossesNodesInPiecesWithTheSameResult) {
+  const DType dtype = GetParam();
+  const size_t esize = DTypeSize(dtype);
+  const size_t first_elems = 3'000'001, second_elems = 2'500'003;
+  const uint64_t second_offset = (64 + first_elems * esize + 4095) / 4096 * 4096 + 4096;
+  const std::vector<ReduceSpan> spans = {{64, first_elems * esize},
+                                         {second_offset, second_elems * esize}};
+  const size_t arena_bytes = second_offset + second_elems * esize + 64;
+  const int trainers = 2, world = 4;  // 2 nodes x 2 trainers
+  const double remote = 1.5;
+  std::vector<std::vector<uint8_t>> arenas(trainers, std::vector<uint8_t>(arena_bytes, 0xAB));
+  std::vector<std::vector<double>> sums = {std::vector<double>(first_elems, remote),
+                                           std::vector<double>(second_elems, remote)};
+  for (int t = 0; t < trainers; ++t) {
+    for (size_t s = 0; s < spans.size(); ++s) {
+      for (size_t i = 0; i < sums[s].size(); ++i) {
+        const double v = static_cast<double>(static_cast<int>((i * 7 + s * 3 + t) % 33) - 16) / 2;
+        Store(dtype, arenas[t].data() + spans[s].offset, i, v);
+        sums[s][i] += v;
+      }
+    }
+  }
+  std::vector<uint8_t*> ptrs;
+  for (auto& a : arenas) ptrs.push_back(a.data());
+  const uint64_t total = first_elems + second_elems;
+  const size_t staged_size = dtype == DType::kFloat64 ? 8 : 4;
+  LocalReducer reducer(2, total * staged_size);
+  AddConstantBackend add(remote);
+  ReduceTimings timings;
+  ASSERT_TRUE(reducer.Reduce(ptrs, spans, dtype, world, add, &timings).ok());
+
+  std::vector<BucketPiece> pieces;
+  CutBucketPieces(total, staged_size, kPieceBytes, &pieces);
+  ASSERT_GT(pieces.size(), 2u);
+  std::vector<size_t> expected_counts;
+  for (const BucketPiece& p : pieces) expected_counts.push_back(p.count);
+  EXPECT_EQ(add.counts, expected_counts);
+  EXPECT_GT(timings.write_back_ns, 0);
+
+  for (int t = 0; t < trainers; ++t) {
+    for (size_t s = 0; s < spans.size(); ++s) {
+      for (size_t i = 0; i < sums[s].size(); ++i) {
+        const float quotient = static_cast<float>(sums[s][i]) / static_cast<float>(world);
+        const double want = dtype == DType::kFloat64 ? sums[s][i] / world : quotient;
+        ASSERT_EQ(Load(dtype, arenas[t].data() + spans[s].offset, i), want)
+            << "trainer " << t << " span " << s << " element " << i;
+      }
+    }
+    EXPECT_EQ(arenas[t][63], 0xAB);
+    EXPECT_EQ(arenas[t][second_offset - 1], 0xAB);
+    EXPECT_EQ(arenas[t][arena_bytes - 1], 0xAB);
+  }
+
+  // A node whose trainers all joined sends zeros in the same pieces.
+  AddConstantBackend joined(0);
+  ASSERT_TRUE(reducer.Reduce({}, spans, dtype, world, joined, &timings).ok());
+  EXPECT_EQ(joined.counts, expected_counts);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, PiecewiseTest,
+                         ::testing::Values(DType::kFloat32, DType::kFloat64, DType::kBFloat16));
 
 }  // namespace
 }  // namespace gradsync
