@@ -14,18 +14,29 @@ int64_t NowNs() {
       .count();
 }
 
+// Whole pages keep pieces apart in memory (no cache line or page shared
+// between a piece being written back and one being reduced).
+uint64_t UnitElements(size_t element_bytes) {
+  return std::max<uint64_t>(1, kPageBytes / std::max<size_t>(1, element_bytes));
+}
+
 }  // namespace
+
+uint64_t CountBucketPieces(uint64_t elements, size_t element_bytes, uint64_t piece_bytes) {
+  const uint64_t unit = UnitElements(element_bytes);
+  const uint64_t max_units =
+      std::max<uint64_t>(1, piece_bytes / std::max<size_t>(1, element_bytes) / unit);
+  const uint64_t units = (elements + unit - 1) / unit;
+  return (units + max_units - 1) / max_units;
+}
 
 void CutBucketPieces(uint64_t elements, size_t element_bytes, uint64_t piece_bytes,
                      std::vector<BucketPiece>* pieces) {
   pieces->clear();
   if (elements == 0) return;
-  // Whole pages keep pieces apart in memory (no cache line or page shared
-  // between a piece being written back and one being reduced).
-  const uint64_t unit = std::max<uint64_t>(1, kPageBytes / std::max<size_t>(1, element_bytes));
-  const uint64_t max_units = std::max<uint64_t>(1, piece_bytes / element_bytes / unit);
+  const uint64_t unit = UnitElements(element_bytes);
   const uint64_t units = (elements + unit - 1) / unit;
-  const uint64_t n = (units + max_units - 1) / max_units;
+  const uint64_t n = CountBucketPieces(elements, element_bytes, piece_bytes);
   uint64_t first = 0;
   for (uint64_t i = 0; i < n; ++i) {
     // Near-equal: piece i ends at unit floor(units * (i + 1) / n).

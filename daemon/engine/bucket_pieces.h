@@ -38,6 +38,8 @@ struct BucketPiece {
 // Empty for 0 elements. Replaces `*pieces` (its capacity is reused).
 void CutBucketPieces(uint64_t elements, size_t element_bytes, uint64_t piece_bytes,
                      std::vector<BucketPiece>* pieces);
+// How many pieces CutBucketPieces makes of the same bucket.
+uint64_t CountBucketPieces(uint64_t elements, size_t element_bytes, uint64_t piece_bytes);
 
 // The passes of one bucket, per piece.
 struct PieceSteps {

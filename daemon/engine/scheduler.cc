@@ -9,6 +9,7 @@
 #include "common/log_value.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
+#include "daemon/engine/bucket_pieces.h"
 #include "ipc/mark_checksum.h"
 #include "spdlog/spdlog.h"
 
@@ -107,7 +108,7 @@ static std::vector<ReduceSpan> TensorSpans(const PlannedBucket& bucket, const La
 
 void Scheduler::InstallPlan(BucketPlan plan) {
   std::vector<std::vector<ReduceSpan>> spans;
-  uint64_t staging = 0, bytes = 0;
+  uint64_t staging = 0, bytes = 0, pieces = 0;
   for (const PlannedBucket& b : plan.buckets) {
     spans.push_back(TensorSpans(b, layout_, arena_));
     uint64_t span_bytes = 0;
@@ -120,12 +121,19 @@ void Scheduler::InstallPlan(BucketPlan plan) {
       }
     }
     staging = std::max(staging, LocalReducer::StagingBytes(span_bytes, b.dtype));
+    pieces += CountBucketPieces(span_bytes / DTypeSize(b.dtype),
+                                LocalReducer::StagingBytes(DTypeSize(b.dtype), b.dtype), kPieceBytes);
     bytes += b.bytes;
   }
   // A backend that offers its own (shared) staging is sized here, once per
   // plan; the reducer's private staging is then never used.
   if (backend_->num_nodes() > 1 && !options_.gpu && backend_->Staging(staging) == nullptr) {
     reducer_.EnsureStaging(staging);
+  }
+  if (backend_->num_nodes() > 1 && !options_.gpu) {
+    // The collectives every node issues per iteration (bucket_pieces.h).
+    spdlog::info("event=plan_pieces buckets={} pieces={} piece_mb={}", plan.buckets.size(), pieces,
+                 kPieceBytes >> 20);
   }
   if (options_.gpu) {
     // Between iterations (or before the first): no collective is running.

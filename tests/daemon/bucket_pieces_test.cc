@@ -25,7 +25,9 @@ TEST(CutBucketPieces, CoversTheBucketInNearEqualPageAlignedPiecesOfAtMostTheCap)
     EXPECT_EQ(pieces[i].first, next);
     EXPECT_LE(pieces[i].count * 4, uint64_t{8 << 20});
     EXPECT_GE(pieces[i].count * 4, uint64_t{8 << 20} * 9 / 10);  // near-equal, no sliver
-    if (i + 1 < pieces.size()) EXPECT_EQ(pieces[i].count * 4 % 4096, 0u);
+    if (i + 1 < pieces.size()) {
+      EXPECT_EQ(pieces[i].count * 4 % 4096, 0u);
+    }
     next += pieces[i].count;
   }
   EXPECT_EQ(next, elements);
@@ -50,6 +52,7 @@ TEST(CutBucketPieces, DependsOnlyOnItsArguments) {
   CutBucketPieces(777, 4, 8 << 20, &b);  // reused vector: no leftovers
   CutBucketPieces(12'345'679, 4, 8 << 20, &b);
   ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(CountBucketPieces(12'345'679, 4, 8 << 20), a.size());
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i].first, b[i].first);
     EXPECT_EQ(a[i].count, b[i].count);

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "common/half.h"
+#include "daemon/engine/bucket_pieces.h"
 #include "tests/daemon/half_reference.h"
 
 namespace gradsync {

@@ -151,6 +151,40 @@ TEST(MultiNode, ThreeDaemonsTwoTrainersEachMatchSingleProcessTraining) {
   EXPECT_EQ(rebuilt, 3u) << logs;
 }
 
+// A bucket larger than a piece (kPieceBytes, 8 MiB) crosses nodes in
+// pieces whose collectives are pipelined with the local sum and the
+// write-back: training still equals single-process training, and every node
+// cut the bucket the same way (16 MiB of fp64 weights plus biases: 3 pieces).
+TEST(MultiNode, ABucketOfSeveralPiecesTrainsLikeOneProcess) {
+  Cluster cluster(2, 2, {"--bucket-cap-mb=32", "--first-bucket-cap-mb=32"});
+  const std::vector<std::string> common = {"--steps=6", "--batch=60", "--fp64", "--dim=1024",
+                                           "--hidden=2048"};
+  std::vector<Process> trainers;
+  std::vector<std::string> outs;
+  for (int n = 0; n < 2; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      outs.push_back(absl::StrCat(cluster.dir(), "/w", n, ".", r, ".txt"));
+      trainers.push_back(StartTrainer(cluster.node(n), r, common, outs.back()));
+    }
+  }
+  for (auto& t : trainers) {
+    ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
+  }
+  for (int n = 0; n < 2; ++n) {
+    EXPECT_NE(cluster.node(n).process().Log().find("event=plan_pieces buckets=1 pieces=3 piece_mb=8"),
+              std::string::npos)
+        << "node " << n << ":\n" << cluster.node(n).process().Log();
+  }
+  const std::vector<double> expected = Reference(cluster.dir(), common);
+  const std::vector<double> first = LoadWeights(outs[0]);
+  for (const std::string& out : outs) {
+    const std::vector<double> got = LoadWeights(out);
+    EXPECT_LE(RelativeDifference(got, expected), 1e-12) << out;
+    EXPECT_EQ(got, first) << out << " differs from node 0's trainer 0";
+  }
+}
+
 // A hardened leader binds one address (here 127.0.0.2, not 127.0.0.1): it
 // must join its own rendezvous there, not at 127.0.0.1 where nothing listens.
 TEST(MultiNode, LeaderListeningOnOneAddressOnlyJoinsItsOwnJobAndTrainsLikeOneProcess) {
