@@ -114,6 +114,18 @@ Process StartTrainer(const Daemon& daemon, int local_rank, const std::vector<std
                         options);
 }
 
+void ExpectTrains(Daemon& daemon, int trainers, const std::string& why,
+                  std::chrono::milliseconds bound, const std::vector<std::string>& args) {
+  std::vector<Process> ps;
+  for (int r = 0; r < trainers; ++r) ps.push_back(StartTrainer(daemon, r, args, ""));
+  for (int r = 0; r < trainers; ++r) {
+    const ExitStatus st = ps[r].Wait(bound);
+    EXPECT_TRUE(st.exited && st.code == 0) << why << ": trainer " << r << " " << st.ToString()
+                                           << "\n" << ps[r].Log() << "\ndaemon:\n"
+                                           << daemon.process().Log();
+  }
+}
+
 std::vector<double> LoadWeights(const std::string& path) {
   std::vector<double> out;
   std::ifstream in(path);

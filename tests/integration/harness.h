@@ -71,6 +71,12 @@ bool WaitStopped(Process& p, std::chrono::milliseconds timeout);
 Process StartTrainer(const Daemon& daemon, int local_rank, const std::vector<std::string>& args,
                      const std::string& out_path);
 
+// Starts `trainers` examples/mlp_trainer on `daemon` with `args` and expects
+// each to succeed within `bound`; `why` names the job in a failure.
+void ExpectTrains(Daemon& daemon, int trainers, const std::string& why,
+                  std::chrono::milliseconds bound = std::chrono::seconds(60),
+                  const std::vector<std::string>& args = {"--steps=5", "--batch=60"});
+
 // Loads a weights file ("name value" per line).
 std::vector<double> LoadWeights(const std::string& path);
 

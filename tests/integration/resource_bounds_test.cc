@@ -100,17 +100,6 @@ absl::StatusOr<v1::Stats> GetStats(int port) {
   return resp.stats();
 }
 
-void ExpectTrains(Daemon& daemon, int n, const std::string& why) {
-  std::vector<Process> ps;
-  for (int r = 0; r < n; ++r) ps.push_back(StartTrainer(daemon, r, {"--steps=5", "--batch=60"}, ""));
-  for (int r = 0; r < n; ++r) {
-    ExitStatus st = ps[r].Wait(kBound);
-    EXPECT_TRUE(st.exited && st.code == 0)
-        << why << ": trainer " << r << " " << st.ToString() << "\n" << ps[r].Log()
-        << "\ndaemon:\n" << daemon.process().Log();
-  }
-}
-
 // Issue 16 item 3: idle connections until accept fails with EMFILE, a
 // trainer's connection meanwhile, then all of them closed. gRPC's own
 // listener would never accept again (on either socket) while the daemon
