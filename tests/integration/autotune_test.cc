@@ -13,9 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "gradsync/v1/control.grpc.pb.h"
-#include "grpcpp/grpcpp.h"
 #include "tests/integration/cluster.h"
+#include "tests/integration/control_stats.h"
 #include "tests/integration/harness.h"
 
 namespace gradsync::testing {
@@ -60,14 +59,9 @@ JobRun RunJob(const std::vector<std::string>& extra, int steps) {
     const ExitStatus st = t.Wait(seconds(240));
     EXPECT_TRUE(st.exited && st.code == 0) << t.Log() << run.all_logs;
   }
-  auto stub = v1::Control::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", cluster.port()),
-                                                       grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + seconds(10));
-  v1::GetStatsResponse response;
-  const grpc::Status status = stub->GetStats(&context, v1::GetStatsRequest(), &response);
-  EXPECT_TRUE(status.ok()) << status.error_message();
-  run.leader_stats = response.stats();
+  const absl::StatusOr<v1::Stats> stats = GetStats(cluster.port());
+  EXPECT_TRUE(stats.ok()) << stats.status();
+  if (stats.ok()) run.leader_stats = *stats;
   run.all_logs.clear();
   for (int n = 0; n < 2; ++n) {
     run.logs.push_back(cluster.node(n).process().Log());

@@ -305,25 +305,37 @@ TEST(MisuseTest, WriteAfterMarkInDebugModeNamesTheTrainerAndTheTensor) {
   ExpectTrains(daemon, 2, "after a write after mark", kBound);
 }
 
+// Runs tests/integration/rogue_trainer in `mode` as local rank 1 next to an
+// honest trainer: the rogue is told INVALID_ARGUMENT naming itself (and
+// `rogue_says`), the honest one PEER_FAILED naming the rogue, and the
+// daemon survives to train the next job (`what` names it).
+void ExpectRogueFailsAlone(const std::string& mode, const std::string& rogue_says,
+                           const std::string& what) {
+  Daemon daemon(2, {"--timeout-s=20"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
+  Process honest = StartTrainer(daemon, 0, {"--steps=5", "--sleep-ms=300"}, "");
+  Process rogue =
+      Process::Spawn({Runfile("tests/integration/rogue_trainer"), daemon.socket(), "1", mode},
+                     daemon.dir() + "/rogue.log");
+  ExitStatus r = rogue.Wait(kBound), h = honest.Wait(kBound);
+  EXPECT_EQ(r.code, 1 /*INVALID_ARGUMENT*/) << rogue.Log() << daemon.process().Log();
+  EXPECT_NE(rogue.Log().find("rank 1 (local 1"), std::string::npos) << rogue.Log();
+  if (!rogue_says.empty()) {
+    EXPECT_NE(rogue.Log().find(rogue_says), std::string::npos) << rogue.Log();
+  }
+  EXPECT_EQ(h.code, kExitPeerFailed) << honest.Log();
+  EXPECT_NE(honest.Log().find("rank 1 (local 1"), std::string::npos) << honest.Log();
+  ASSERT_TRUE(daemon.process().Running()) << daemon.process().Log();
+  ExpectTrains(daemon, 2, what, kBound);
+}
+
 // A client that writes garbage into its readiness ring fails alone: it is
 // told what was wrong, its honest peer gets PEER_FAILED naming it, nobody's
 // gradients are touched, and the daemon keeps serving.
 class GarbageEntryTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GarbageEntryTest, FailsTheCulpritOnlyAndTheDaemonSurvives) {
-  Daemon daemon(2, {"--timeout-s=20"});
-  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
-  Process honest = StartTrainer(daemon, 0, {"--steps=5", "--sleep-ms=300"}, "");
-  Process rogue = Process::Spawn(
-      {Runfile("tests/integration/rogue_trainer"), daemon.socket(), "1", GetParam()},
-      daemon.dir() + "/rogue.log");
-  ExitStatus r = rogue.Wait(kBound), h = honest.Wait(kBound);
-  EXPECT_EQ(r.code, 1 /*INVALID_ARGUMENT*/) << rogue.Log() << daemon.process().Log();
-  EXPECT_NE(rogue.Log().find("rank 1 (local 1"), std::string::npos) << rogue.Log();
-  EXPECT_EQ(h.code, kExitPeerFailed) << honest.Log();
-  EXPECT_NE(honest.Log().find("rank 1 (local 1"), std::string::npos) << honest.Log();
-  EXPECT_TRUE(daemon.process().Running()) << daemon.process().Log();
-  ExpectTrains(daemon, 2, "after a garbage entry", kBound);
+  ExpectRogueFailsAlone(GetParam(), "", "after a garbage entry");
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, GarbageEntryTest,
@@ -342,21 +354,8 @@ INSTANTIATE_TEST_SUITE_P(Modes, GarbageEntryTest,
 class TruncatedSegmentTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TruncatedSegmentTest, FailsThatTrainersJobAndTheDaemonTrainsTheNext) {
-  Daemon daemon(2, {"--timeout-s=20"});
-  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
-  Process honest = StartTrainer(daemon, 0, {"--steps=5", "--sleep-ms=300"}, "");
-  Process rogue = Process::Spawn(
-      {Runfile("tests/integration/rogue_trainer"), daemon.socket(), "1", GetParam()},
-      daemon.dir() + "/rogue.log");
-  ExitStatus r = rogue.Wait(kBound), h = honest.Wait(kBound);
-  EXPECT_EQ(r.code, 1 /*INVALID_ARGUMENT*/) << rogue.Log() << daemon.process().Log();
-  EXPECT_NE(rogue.Log().find("rank 1 (local 1"), std::string::npos) << rogue.Log();
-  EXPECT_NE(rogue.Log().find("was truncated under the daemon"), std::string::npos)
-      << rogue.Log();
-  EXPECT_EQ(h.code, kExitPeerFailed) << honest.Log();
-  EXPECT_NE(honest.Log().find("rank 1 (local 1"), std::string::npos) << honest.Log();
-  ASSERT_TRUE(daemon.process().Running()) << daemon.process().Log();
-  ExpectTrains(daemon, 2, "after a trainer truncated its segment", kBound);
+  ExpectRogueFailsAlone(GetParam(), "was truncated under the daemon",
+                        "after a trainer truncated its segment");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuts, TruncatedSegmentTest,

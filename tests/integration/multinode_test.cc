@@ -21,6 +21,7 @@
 #include "grpcpp/grpcpp.h"
 #include "common/call_token.h"
 #include "tests/integration/cluster.h"
+#include "tests/integration/control_stats.h"
 #include "tests/integration/harness.h"
 
 namespace gradsync::testing {
@@ -421,17 +422,11 @@ std::string TrainTwoNodes(const std::string& wire_dtype, const std::vector<std::
 // thread may count the last bucket just after the trainers returned), or
 // the last Stats seen at the deadline.
 v1::Stats WaitForWireBytes(const Cluster& cluster, uint64_t bytes) {
-  auto stub = v1::Control::NewStub(grpc::CreateChannel(
-      absl::StrCat("127.0.0.1:", cluster.port()), grpc::InsecureChannelCredentials()));
   v1::Stats stats;
   const auto deadline = std::chrono::steady_clock::now() + kBound;
   while (std::chrono::steady_clock::now() < deadline) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + seconds(10));
-    AttachCallToken(&context, "s3cret");
-    v1::GetStatsResponse response;
-    if (stub->GetStats(&context, v1::GetStatsRequest(), &response).ok()) {
-      stats = response.stats();
+    if (const absl::StatusOr<v1::Stats> now = GetStats(cluster.port(), "s3cret"); now.ok()) {
+      stats = *now;
       if (stats.wire_bytes() >= bytes) break;
     }
     std::this_thread::sleep_for(milliseconds(10));  // polling pace, not synchronization
