@@ -46,14 +46,8 @@ JobRun RunJob(const std::vector<std::string>& extra, int steps) {
   std::vector<std::string> args = kModel;
   args.push_back(absl::StrCat("--steps=", steps));
   args.push_back("--sleep-ms=15");  // a realistic step: a few hundred iterations take seconds
-  std::vector<Process> trainers;
   std::vector<std::string> outs;
-  for (int n = 0; n < 2; ++n) {
-    for (int r = 0; r < 2; ++r) {
-      outs.push_back(absl::StrCat(cluster.dir(), "/w", n, ".", r, ".txt"));
-      trainers.push_back(StartTrainer(cluster.node(n), r, args, outs.back()));
-    }
-  }
+  std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
   run.all_logs = cluster.DaemonLogs();
   for (auto& t : trainers) {
     const ExitStatus st = t.Wait(seconds(240));

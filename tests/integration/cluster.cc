@@ -42,6 +42,19 @@ bool Cluster::StartNode(int n, const std::string& token_file) {
   return port_ != 0;
 }
 
+std::vector<Process> Cluster::StartTrainers(const std::vector<std::string>& args,
+                                            std::vector<std::string>* outs,
+                                            const std::string& tag) {
+  std::vector<Process> trainers;
+  for (int n = 0; n < options_.nodes; ++n) {
+    for (int r = 0; r < options_.local_size; ++r) {
+      outs->push_back(absl::StrCat(dir(), "/", tag, n, ".", r, ".txt"));
+      trainers.push_back(StartTrainer(node(n), r, args, outs->back()));
+    }
+  }
+  return trainers;
+}
+
 std::string Cluster::DaemonLogs() const {
   std::string out;
   for (const auto& d : daemons_) {

@@ -31,6 +31,12 @@ class Cluster {
   // overrides the job's. The leader keeps its port across restarts.
   bool StartNode(int n, const std::string& token_file = "");
 
+  // Starts local_size trainers (examples/mlp_trainer) on every node with
+  // `args`, node-major; each writes its weights to its own file in dir(),
+  // named after `tag`, and `outs` gets those paths in the same order.
+  std::vector<Process> StartTrainers(const std::vector<std::string>& args,
+                                     std::vector<std::string>* outs, const std::string& tag = "w");
+
   Daemon& node(int n) { return *daemons_[n]; }
   int port() const { return port_; }  // the leader's; 0 before it started
   const std::string& dir() const { return dir_.path(); }

@@ -282,14 +282,8 @@ TEST_P(FaultMatrixTest, SurvivorsGetTheCulpritsErrorInTimeAndTheNextJobTrains) {
     ASSERT_TRUE(cluster.StartNode(faulted_node)) << cluster.DaemonLogs();
   }
   const std::vector<std::string> args = {"--steps=5", "--batch=64", "--fp64"};
-  std::vector<Process> again;
   std::vector<std::string> outs;
-  for (int n = 0; n < kNodes; ++n) {
-    for (int r = 0; r < kLocal; ++r) {
-      outs.push_back(absl::StrCat(cluster.dir(), "/again", n, ".", r, ".txt"));
-      again.push_back(StartTrainer(cluster.node(n), r, args, outs.back()));
-    }
-  }
+  std::vector<Process> again = cluster.StartTrainers(args, &outs, "again");
   bool trained = true;
   for (Process& p : again) {
     const ExitStatus st = p.Wait(kStateBound * 2);

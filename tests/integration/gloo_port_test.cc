@@ -147,12 +147,8 @@ TEST(GlooPort, HostilePreambleOnTheLeadersGlooPortFailsOnlyTheJob) {
   ASSERT_TRUE(cluster.StartNode(1)) << cluster.DaemonLogs();
   Daemon& real1 = cluster.node(1);
   const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
-  std::vector<Process> trainers;
   std::vector<std::string> outs;
-  for (Daemon* d : {&leader, &real1}) {
-    outs.push_back(absl::StrCat(cluster.dir(), "/w", outs.size(), ".txt"));
-    trainers.push_back(StartTrainer(*d, 0, args, outs.back()));
-  }
+  std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
   for (Process& t : trainers) {
     const ExitStatus st = t.Wait(kBound);
     ASSERT_TRUE(st.exited && st.code == 0)
@@ -216,12 +212,8 @@ TEST(GlooPort, GlooWorkerKilledMidTrainingFailsTheJobOnEveryNodeOnly) {
   ASSERT_TRUE(node1.process().Running()) << node1.process().Log();
 
   const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
-  std::vector<Process> trainers;
   std::vector<std::string> outs;
-  for (Daemon* d : {&node0, &node1}) {
-    outs.push_back(absl::StrCat(cluster.dir(), "/w", outs.size(), ".txt"));
-    trainers.push_back(StartTrainer(*d, 0, args, outs.back()));
-  }
+  std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
   for (Process& t : trainers) {
     const ExitStatus st = t.Wait(kBound);
     ASSERT_TRUE(st.exited && st.code == 0)

@@ -91,12 +91,8 @@ TEST(MultiNode, LeaderListeningOnOneAddressOnlyJoinsItsOwnJobAndTrainsLikeOnePro
   Cluster cluster(Job(2, 1, {}, "s3cret", "127.0.0.2"));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
-  std::vector<Process> trainers;
   std::vector<std::string> outs;
-  for (int n = 0; n < 2; ++n) {
-    outs.push_back(absl::StrCat(cluster.dir(), "/w", n, ".txt"));
-    trainers.push_back(StartTrainer(cluster.node(n), 0, args, outs.back()));
-  }
+  std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
   for (auto& t : trainers) {
     ExitStatus st = t.Wait(kBound);
     ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
@@ -151,12 +147,8 @@ TEST(MultiNode, KilledDaemonFailsEveryTrainerThenTheJobReforms) {
   // Warm restart: the surviving daemons, untouched, plus a new node 1.
   ASSERT_TRUE(cluster.StartNode(1)) << cluster.DaemonLogs();
   const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
-  std::vector<Process> again;
   std::vector<std::string> outs;
-  for (int n = 0; n < 3; ++n) {
-    outs.push_back(absl::StrCat(cluster.dir(), "/again", n, ".txt"));
-    again.push_back(StartTrainer(cluster.node(n), 0, args, outs.back()));
-  }
+  std::vector<Process> again = cluster.StartTrainers(args, &outs, "again");
   for (auto& t : again) {
     ExitStatus st = t.Wait(kBound);
     ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
@@ -220,12 +212,8 @@ TEST(MultiNode, ConfigSetOnTheLeaderRePlansEveryNodeAtTheSameIteration) {
   Cluster cluster(Job(2, 1));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   const std::vector<std::string> args = {"--steps=150", "--fp64", "--sleep-ms=25"};
-  std::vector<Process> trainers;
   std::vector<std::string> outs;
-  for (int n = 0; n < 2; ++n) {
-    outs.push_back(absl::StrCat(cluster.dir(), "/w", n, ".txt"));
-    trainers.push_back(StartTrainer(cluster.node(n), 0, args, outs.back()));
-  }
+  std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
   ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_running", kBound));
   // Iteration 0 is done: the change lands mid-run.
   ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=plan_decided", kBound));
@@ -279,14 +267,8 @@ TEST(MultiNode, ConfigBurstsKeepEveryNodeOnTheSamePlanAndTrainingExact) {
   Cluster cluster(Job(2, 2));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   const std::vector<std::string> args = {"--steps=600", "--fp64", "--batch=60", "--sleep-ms=10"};
-  std::vector<Process> trainers;
   std::vector<std::string> outs;
-  for (int n = 0; n < 2; ++n) {
-    for (int r = 0; r < 2; ++r) {
-      outs.push_back(absl::StrCat(cluster.dir(), "/w", n, ".", r, ".txt"));
-      trainers.push_back(StartTrainer(cluster.node(n), r, args, outs.back()));
-    }
-  }
+  std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
   ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_running", kBound));
   std::atomic<bool> done{false};
   std::thread burst([&] {
