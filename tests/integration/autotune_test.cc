@@ -3,41 +3,24 @@
 // the choice at the same iteration, and training ends bit for bit where the
 // same job with fixed caps ends (bucket boundaries change which collective
 // carries a value, never how it is summed).
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <map>
-#include <memory>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "gradsync/v1/control.grpc.pb.h"
-#include "grpcpp/grpcpp.h"
+#include "tests/integration/cluster.h"
+#include "tests/integration/control_stats.h"
 #include "tests/integration/harness.h"
 
 namespace gradsync::testing {
 namespace {
 
 using std::chrono::seconds;
-
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 // 2 x 1 MiB-ish fp64 layers: caps from 0.25 MiB up give different plans.
 const std::vector<std::string> kModel = {"--dim=64", "--hidden=2048", "--fp64", "--batch=60",
@@ -53,48 +36,29 @@ struct JobRun {
 // Two daemons x two trainers, `steps` steps, the daemons given `extra`.
 JobRun RunJob(const std::vector<std::string>& extra, int steps) {
   JobRun run;
-  ScratchDir dir;
-  const std::string token = dir.File("token");
-  EXPECT_TRUE(WriteTokenFile(token, "s3cret"));
-  const int port = FreePort();
-  std::vector<std::unique_ptr<Daemon>> daemons;
-  for (int n = 0; n < 2; ++n) {
-    std::vector<std::string> args = {"--num-nodes=2", absl::StrCat("--node-rank=", n),
-                                     "--job-id=autotune", "--job-token-file=" + token,
-                                     "--timeout-s=30",
-                                     n == 0 ? absl::StrCat("--listen=127.0.0.1:", port)
-                                            : absl::StrCat("--leader=127.0.0.1:", port)};
-    args.insert(args.end(), extra.begin(), extra.end());
-    daemons.push_back(std::make_unique<Daemon>(2, args));
-    EXPECT_TRUE(daemons.back()->WaitReady(seconds(10))) << daemons.back()->process().Log();
-  }
+  ClusterOptions options;
+  options.local_size = 2;
+  options.job_id = "autotune";
+  options.flags = {"--timeout-s=30"};
+  options.flags.insert(options.flags.end(), extra.begin(), extra.end());
+  Cluster cluster(options);
+  EXPECT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<std::string> args = kModel;
   args.push_back(absl::StrCat("--steps=", steps));
   args.push_back("--sleep-ms=15");  // a realistic step: a few hundred iterations take seconds
-  std::vector<Process> trainers;
   std::vector<std::string> outs;
-  for (int n = 0; n < 2; ++n) {
-    for (int r = 0; r < 2; ++r) {
-      outs.push_back(absl::StrCat(dir.path(), "/w", n, ".", r, ".txt"));
-      trainers.push_back(StartTrainer(*daemons[n], r, args, outs.back()));
-    }
-  }
-  for (auto& d : daemons) run.all_logs += d->process().Log();
+  std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
+  run.all_logs = cluster.DaemonLogs();
   for (auto& t : trainers) {
     const ExitStatus st = t.Wait(seconds(240));
     EXPECT_TRUE(st.exited && st.code == 0) << t.Log() << run.all_logs;
   }
-  auto stub = v1::Control::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                                       grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + seconds(10));
-  v1::GetStatsResponse response;
-  const grpc::Status status = stub->GetStats(&context, v1::GetStatsRequest(), &response);
-  EXPECT_TRUE(status.ok()) << status.error_message();
-  run.leader_stats = response.stats();
+  const absl::StatusOr<v1::Stats> stats = GetStats(cluster.port());
+  EXPECT_TRUE(stats.ok()) << stats.status();
+  if (stats.ok()) run.leader_stats = *stats;
   run.all_logs.clear();
-  for (auto& d : daemons) {
-    run.logs.push_back(d->process().Log());
+  for (int n = 0; n < 2; ++n) {
+    run.logs.push_back(cluster.node(n).process().Log());
     run.all_logs += "---- node\n" + run.logs.back();
   }
   for (const std::string& out : outs) run.weights.push_back(LoadWeights(out));

@@ -25,6 +25,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "tests/integration/cluster.h"
 #include "tests/integration/harness.h"
 
 namespace gradsync::testing {
@@ -101,24 +102,9 @@ std::string PauseFor(const Case& c, int node, int local) {
   return "";
 }
 
-// Whether `pid` is stopped (state T in /proc/PID/stat).
-bool IsStopped(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t paren = stat.rfind(')');
-  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
-}
-
 // Waits until `p` said it paused and is stopped.
 bool WaitPaused(Process& p, const std::string& stage, milliseconds timeout) {
-  if (!WaitForLog(p, "mlp_trainer: paused at " + stage, timeout)) return false;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (IsStopped(p.pid())) return true;
-    if (!p.Running()) return false;
-    std::this_thread::sleep_for(milliseconds(5));
-  }
-  return false;
+  return WaitForLog(p, "mlp_trainer: paused at " + stage, timeout) && WaitStopped(p, timeout);
 }
 
 // The error a failed trainer printed (mlp_trainer's `error="..."`).
@@ -136,67 +122,32 @@ std::string CodeName(int code) {
   return absl::StrCat("exit ", code);
 }
 
-std::vector<double> Reference(const std::string& dir, const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {Runfile("examples/mlp_trainer"), "--single", "--quiet",
-                                   "--out=" + dir + "/reference.txt"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  Process p = Process::Spawn(argv, dir + "/reference.log");
-  EXPECT_EQ(p.Wait(seconds(60)).code, 0) << p.Log();
-  return LoadWeights(dir + "/reference.txt");
+// Each node's shm prefix, kept across its restarts so that the new daemon
+// removes what the dead one left in /dev/shm.
+std::vector<std::string> NodePrefixes() {
+  std::vector<std::string> out;
+  for (int n = 0; n < kNodes; ++n) {
+    out.push_back(absl::StrCat("gsfm", getpid(), "n", n, "r", rand() % 100000));
+  }
+  return out;
 }
 
 // Two daemons on loopback forming one job. A faulted node restarts with its
-// rank and shm prefix (the leader also with its port), so the new daemon
-// removes what the dead one left in /dev/shm.
-class Cluster {
- public:
-  Cluster() {
-    token_file_ = dir_.File("token");
-    EXPECT_TRUE(WriteTokenFile(token_file_, "matrix-token"));
-    for (int n = 0; n < kNodes; ++n) {
-      prefixes_.push_back(absl::StrCat("gsfm", getpid(), "n", n, "r", rand() % 100000));
-    }
-    // The leader's port: chosen by the kernel at its first start, reused after.
-    StartNode(0);
-    port_ = daemons_[0]->ListenPort(seconds(10));
-    EXPECT_NE(port_, 0) << daemons_[0]->process().Log();
-    StartNode(1);
+// rank and shm prefix (the leader also with its port: Cluster keeps it).
+ClusterOptions MatrixJob(const std::vector<std::string>& prefixes) {
+  ClusterOptions options;
+  options.nodes = kNodes;
+  options.local_size = kLocal;
+  options.job_id = "matrix";
+  options.token = "matrix-token";
+  options.flags = {"--bucket-cap-mb=0.001", "--first-bucket-cap-mb=0.0001",
+                   absl::StrCat("--timeout-s=", kTimeoutS), "--stall-threshold-s=1"};
+  // Last one wins over the Daemon's own --shm-prefix.
+  for (const std::string& prefix : prefixes) {
+    options.node_flags.push_back({"--shm-prefix=" + prefix});
   }
-
-  void StartNode(int n) {
-    std::vector<std::string> args = {
-        "--num-nodes=2", absl::StrCat("--node-rank=", n), "--job-id=matrix",
-        "--job-token-file=" + token_file_, "--bucket-cap-mb=0.001", "--first-bucket-cap-mb=0.0001",
-        absl::StrCat("--timeout-s=", kTimeoutS), "--stall-threshold-s=1",
-        // Last one wins: the node keeps its prefix across restarts.
-        "--shm-prefix=" + prefixes_[n]};
-    if (n == 0) {
-      args.push_back(port_ == 0 ? "--listen=127.0.0.1:0" : absl::StrCat("--listen=127.0.0.1:", port_));
-    } else {
-      args.push_back(absl::StrCat("--leader=127.0.0.1:", port_));
-    }
-    if (static_cast<int>(daemons_.size()) <= n) daemons_.resize(n + 1);
-    daemons_[n].reset();
-    daemons_[n] = std::make_unique<Daemon>(kLocal, args);
-    ASSERT_TRUE(daemons_[n]->WaitReady(seconds(10))) << daemons_[n]->process().Log();
-  }
-
-  Daemon& node(int n) { return *daemons_[n]; }
-  const std::string& prefix(int n) const { return prefixes_[n]; }
-  const std::string& dir() const { return dir_.path(); }
-  std::string DaemonLogs() {
-    std::string out;
-    for (auto& d : daemons_) out += "---- " + d->dir() + "\n" + d->process().Log();
-    return out;
-  }
-
- private:
-  ScratchDir dir_;  // removed after the daemons are gone
-  std::string token_file_;
-  int port_ = 0;
-  std::vector<std::string> prefixes_;
-  std::vector<std::unique_ptr<Daemon>> daemons_;
-};
+  return options;
+}
 
 // What a surviving trainer on `node` may find in its error to have been told
 // who failed (any one of them); `victim_daemon_pid` is the faulted daemon's.
@@ -233,7 +184,9 @@ class FaultMatrixTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(FaultMatrixTest, SurvivorsGetTheCulpritsErrorInTimeAndTheNextJobTrains) {
   const Case c = GetParam();
-  Cluster cluster;
+  const std::vector<std::string> prefixes = NodePrefixes();
+  Cluster cluster(MatrixJob(prefixes));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   const std::vector<std::string> fault_args = {"--steps=8", "--batch=64"};
   struct Trainer {
     int node, local;
@@ -325,23 +278,19 @@ TEST_P(FaultMatrixTest, SurvivorsGetTheCulpritsErrorInTimeAndTheNextJobTrains) {
   }
   ASSERT_TRUE(victim->Kill().ok());
   // 5. The next job: on the surviving daemons plus a restarted faulted one.
-  if (c.victim != Victim::kTrainer) cluster.StartNode(faulted_node);
-  const std::vector<std::string> args = {"--steps=5", "--batch=64", "--fp64"};
-  std::vector<Process> again;
-  std::vector<std::string> outs;
-  for (int n = 0; n < kNodes; ++n) {
-    for (int r = 0; r < kLocal; ++r) {
-      outs.push_back(absl::StrCat(cluster.dir(), "/again", n, ".", r, ".txt"));
-      again.push_back(StartTrainer(cluster.node(n), r, args, outs.back()));
-    }
+  if (c.victim != Victim::kTrainer) {
+    ASSERT_TRUE(cluster.StartNode(faulted_node)) << cluster.DaemonLogs();
   }
+  const std::vector<std::string> args = {"--steps=5", "--batch=64", "--fp64"};
+  std::vector<std::string> outs;
+  std::vector<Process> again = cluster.StartTrainers(args, &outs, "again");
   bool trained = true;
   for (Process& p : again) {
     const ExitStatus st = p.Wait(kStateBound * 2);
     trained = trained && st.exited && st.code == 0;
     EXPECT_TRUE(st.exited && st.code == 0) << p.Log() << cluster.DaemonLogs();
   }
-  const std::vector<double> expected = Reference(cluster.dir(), args);
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
   for (const std::string& out : outs) {
     const double diff = RelativeDifference(LoadWeights(out), expected);
     trained = trained && diff <= 1e-12;
@@ -351,7 +300,7 @@ TEST_P(FaultMatrixTest, SurvivorsGetTheCulpritsErrorInTimeAndTheNextJobTrains) {
   size_t left = 0;
   for (int n = 0; n < kNodes; ++n) {
     EXPECT_EQ(cluster.node(n).Stop().code, 0) << cluster.node(n).process().Log();
-    const std::vector<std::string> segments = SegmentsWithPrefix(cluster.prefix(n) + ".");
+    const std::vector<std::string> segments = SegmentsWithPrefix(prefixes[n] + ".");
     left += segments.size();
     EXPECT_TRUE(segments.empty()) << "node " << n << " left " << absl::StrJoin(segments, " ");
   }

@@ -41,17 +41,6 @@ bool WaitUntil(const std::function<bool()>& done, milliseconds timeout) {
   return true;
 }
 
-void ExpectTrains(Daemon& daemon, int n, const std::string& why) {
-  std::vector<Process> ps;
-  for (int r = 0; r < n; ++r) ps.push_back(StartTrainer(daemon, r, {"--steps=5", "--batch=60"}, ""));
-  for (int r = 0; r < n; ++r) {
-    ExitStatus st = ps[r].Wait(kBound);
-    EXPECT_TRUE(st.exited && st.code == 0)
-        << why << ": trainer " << r << " code " << st.code << "\n" << ps[r].Log() << "\ndaemon:\n"
-        << daemon.process().Log();
-  }
-}
-
 TEST(FaultTest, LayoutMismatchNamesTheFirstDifferingTensorAndTheDaemonKeepsServing) {
   Daemon daemon(2, {"--timeout-s=20"});
   ASSERT_TRUE(daemon.WaitReady(seconds(10)));
@@ -67,7 +56,7 @@ TEST(FaultTest, LayoutMismatchNamesTheFirstDifferingTensorAndTheDaemonKeepsServi
         << log;
   }
   EXPECT_TRUE(daemon.process().Running());
-  ExpectTrains(daemon, 2, "after a mismatch");
+  ExpectTrains(daemon, 2, "after a mismatch", kBound);
 }
 
 TEST(FaultTest, ExtraTensorIsReportedByName) {
@@ -99,7 +88,7 @@ TEST(FaultTest, TrainerKilledMidIterationFailsItsPeersThenNewTrainersTrain) {
     EXPECT_EQ(st.code, kExitPeerFailed) << ps[r].Log();
     EXPECT_NE(ps[r].Log().find("local 1"), std::string::npos) << ps[r].Log();
   }
-  ExpectTrains(daemon, 3, "after a trainer was killed");
+  ExpectTrains(daemon, 3, "after a trainer was killed", kBound);
 }
 
 TEST(FaultTest, WithheldGradientTimesOutNamingTrainerAndTensor) {
@@ -117,7 +106,7 @@ TEST(FaultTest, WithheldGradientTimesOutNamingTrainerAndTensor) {
   }
   const std::string dlog = daemon.process().Log();
   EXPECT_NE(dlog.find("event=stall"), std::string::npos) << dlog;
-  ExpectTrains(daemon, 2, "after a timeout");
+  ExpectTrains(daemon, 2, "after a timeout", kBound);
 }
 
 TEST(FaultTest, ClientSideTimeoutNamesUnmarkedTensors) {
@@ -207,7 +196,7 @@ TEST(FaultTest, TrainerThatDiesBeforeOpeningItsWatchStreamIsReaped) {
   // new trainers.
   ASSERT_TRUE(WaitForLog(daemon.process(), "never opened its Watch stream", seconds(40)))
       << daemon.process().Log();
-  ExpectTrains(daemon, 2, "after a silent attach");
+  ExpectTrains(daemon, 2, "after a silent attach", kBound);
 }
 
 // The daemon's first node segment ("<prefix>.<daemon pid>.node1.<random>"),
@@ -219,42 +208,45 @@ std::string FirstNodeSegmentPath(Daemon& daemon) {
 }
 
 // Anyone of the daemon's user can damage the node segment between jobs:
-// the next job must get a sound one (and the daemon must say so), and a
-// clean stop must still leave nothing behind.
-TEST(FaultTest, NodeSegmentWithOverwrittenMagicIsRecreatedAndTheNextJobTrains) {
+// the next job (`what` names it) must get a sound one (and the daemon must
+// say so, with `reason`), and a clean stop must still leave nothing behind.
+void ExpectNodeSegmentRecreatedAfter(const std::string& what,
+                                     const std::function<void(const std::string&)>& damage,
+                                     const std::string& reason) {
   Daemon daemon(2, {"--timeout-s=20"});
   ASSERT_TRUE(daemon.WaitReady(seconds(10)));
-  ExpectTrains(daemon, 2, "the first job");
-  const std::string path = FirstNodeSegmentPath(daemon);
-  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-  ASSERT_GE(fd, 0) << path << ": " << std::strerror(errno);
-  const char garbage[16] = "garbage-garbage";
-  EXPECT_EQ(pwrite(fd, garbage, sizeof(garbage), 0), static_cast<ssize_t>(sizeof(garbage)));
-  close(fd);
-  ExpectTrains(daemon, 2, "after the node segment's magic was overwritten");
+  ExpectTrains(daemon, 2, "the first job", kBound);
+  ASSERT_NO_FATAL_FAILURE(damage(FirstNodeSegmentPath(daemon)));
+  ExpectTrains(daemon, 2, what, kBound);
   const std::string log = daemon.process().Log();
   EXPECT_NE(log.find("event=node_segment_recreated reason=\"node segment"), std::string::npos)
       << log;
-  EXPECT_NE(log.find("has bad magic"), std::string::npos) << log;
+  EXPECT_NE(log.find(reason), std::string::npos) << log;
   EXPECT_EQ(daemon.Stop().code, 0) << daemon.process().Log();
   EXPECT_TRUE(SegmentsWithPrefix(daemon.shm_prefix() + ".").empty())
       << "segments left after a clean stop";
 }
 
+TEST(FaultTest, NodeSegmentWithOverwrittenMagicIsRecreatedAndTheNextJobTrains) {
+  ExpectNodeSegmentRecreatedAfter(
+      "after the node segment's magic was overwritten",
+      [](const std::string& path) {
+        const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+        ASSERT_GE(fd, 0) << path << ": " << std::strerror(errno);
+        const char garbage[16] = "garbage-garbage";
+        EXPECT_EQ(pwrite(fd, garbage, sizeof(garbage), 0), static_cast<ssize_t>(sizeof(garbage)));
+        close(fd);
+      },
+      "has bad magic");
+}
+
 TEST(FaultTest, UnlinkedNodeSegmentIsRecreatedAndTheNextJobTrains) {
-  Daemon daemon(2, {"--timeout-s=20"});
-  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
-  ExpectTrains(daemon, 2, "the first job");
-  const std::string path = FirstNodeSegmentPath(daemon);
-  ASSERT_EQ(unlink(path.c_str()), 0) << path << ": " << std::strerror(errno);
-  ExpectTrains(daemon, 2, "after the node segment was unlinked");
-  const std::string log = daemon.process().Log();
-  EXPECT_NE(log.find("event=node_segment_recreated reason=\"node segment"), std::string::npos)
-      << log;
-  EXPECT_NE(log.find("no longer names the daemon's segment"), std::string::npos) << log;
-  EXPECT_EQ(daemon.Stop().code, 0) << daemon.process().Log();
-  EXPECT_TRUE(SegmentsWithPrefix(daemon.shm_prefix() + ".").empty())
-      << "segments left after a clean stop";
+  ExpectNodeSegmentRecreatedAfter(
+      "after the node segment was unlinked",
+      [](const std::string& path) {
+        ASSERT_EQ(unlink(path.c_str()), 0) << path << ": " << std::strerror(errno);
+      },
+      "no longer names the daemon's segment");
 }
 
 // Issue 16 item 10, with real trainers: one accumulates two micro-batches
@@ -284,7 +276,7 @@ TEST(MisuseTest, NoSyncOnOneTrainerOnlyFailsBothWithMismatch) {
         << log;
   }
   ASSERT_TRUE(daemon.process().Running()) << daemon.process().Log();
-  ExpectTrains(daemon, 2, "after trainers out of step");
+  ExpectTrains(daemon, 2, "after trainers out of step", kBound);
 }
 
 // Issue 16 item 10: with GRADSYNC_DEBUG=detail a trainer that changes a
@@ -310,7 +302,31 @@ TEST(MisuseTest, WriteAfterMarkInDebugModeNamesTheTrainerAndTheTensor) {
   EXPECT_EQ(h.code, kExitPeerFailed) << honest.Log();
   EXPECT_NE(honest.Log().find("rank 1 (local 1"), std::string::npos) << honest.Log();
   ASSERT_TRUE(daemon.process().Running()) << daemon.process().Log();
-  ExpectTrains(daemon, 2, "after a write after mark");
+  ExpectTrains(daemon, 2, "after a write after mark", kBound);
+}
+
+// Runs tests/integration/rogue_trainer in `mode` as local rank 1 next to an
+// honest trainer: the rogue is told INVALID_ARGUMENT naming itself (and
+// `rogue_says`), the honest one PEER_FAILED naming the rogue, and the
+// daemon survives to train the next job (`what` names it).
+void ExpectRogueFailsAlone(const std::string& mode, const std::string& rogue_says,
+                           const std::string& what) {
+  Daemon daemon(2, {"--timeout-s=20"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
+  Process honest = StartTrainer(daemon, 0, {"--steps=5", "--sleep-ms=300"}, "");
+  Process rogue =
+      Process::Spawn({Runfile("tests/integration/rogue_trainer"), daemon.socket(), "1", mode},
+                     daemon.dir() + "/rogue.log");
+  ExitStatus r = rogue.Wait(kBound), h = honest.Wait(kBound);
+  EXPECT_EQ(r.code, 1 /*INVALID_ARGUMENT*/) << rogue.Log() << daemon.process().Log();
+  EXPECT_NE(rogue.Log().find("rank 1 (local 1"), std::string::npos) << rogue.Log();
+  if (!rogue_says.empty()) {
+    EXPECT_NE(rogue.Log().find(rogue_says), std::string::npos) << rogue.Log();
+  }
+  EXPECT_EQ(h.code, kExitPeerFailed) << honest.Log();
+  EXPECT_NE(honest.Log().find("rank 1 (local 1"), std::string::npos) << honest.Log();
+  ASSERT_TRUE(daemon.process().Running()) << daemon.process().Log();
+  ExpectTrains(daemon, 2, what, kBound);
 }
 
 // A client that writes garbage into its readiness ring fails alone: it is
@@ -319,19 +335,7 @@ TEST(MisuseTest, WriteAfterMarkInDebugModeNamesTheTrainerAndTheTensor) {
 class GarbageEntryTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GarbageEntryTest, FailsTheCulpritOnlyAndTheDaemonSurvives) {
-  Daemon daemon(2, {"--timeout-s=20"});
-  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
-  Process honest = StartTrainer(daemon, 0, {"--steps=5", "--sleep-ms=300"}, "");
-  Process rogue = Process::Spawn(
-      {Runfile("tests/integration/rogue_trainer"), daemon.socket(), "1", GetParam()},
-      daemon.dir() + "/rogue.log");
-  ExitStatus r = rogue.Wait(kBound), h = honest.Wait(kBound);
-  EXPECT_EQ(r.code, 1 /*INVALID_ARGUMENT*/) << rogue.Log() << daemon.process().Log();
-  EXPECT_NE(rogue.Log().find("rank 1 (local 1"), std::string::npos) << rogue.Log();
-  EXPECT_EQ(h.code, kExitPeerFailed) << honest.Log();
-  EXPECT_NE(honest.Log().find("rank 1 (local 1"), std::string::npos) << honest.Log();
-  EXPECT_TRUE(daemon.process().Running()) << daemon.process().Log();
-  ExpectTrains(daemon, 2, "after a garbage entry");
+  ExpectRogueFailsAlone(GetParam(), "", "after a garbage entry");
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, GarbageEntryTest,
@@ -350,21 +354,8 @@ INSTANTIATE_TEST_SUITE_P(Modes, GarbageEntryTest,
 class TruncatedSegmentTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TruncatedSegmentTest, FailsThatTrainersJobAndTheDaemonTrainsTheNext) {
-  Daemon daemon(2, {"--timeout-s=20"});
-  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
-  Process honest = StartTrainer(daemon, 0, {"--steps=5", "--sleep-ms=300"}, "");
-  Process rogue = Process::Spawn(
-      {Runfile("tests/integration/rogue_trainer"), daemon.socket(), "1", GetParam()},
-      daemon.dir() + "/rogue.log");
-  ExitStatus r = rogue.Wait(kBound), h = honest.Wait(kBound);
-  EXPECT_EQ(r.code, 1 /*INVALID_ARGUMENT*/) << rogue.Log() << daemon.process().Log();
-  EXPECT_NE(rogue.Log().find("rank 1 (local 1"), std::string::npos) << rogue.Log();
-  EXPECT_NE(rogue.Log().find("was truncated under the daemon"), std::string::npos)
-      << rogue.Log();
-  EXPECT_EQ(h.code, kExitPeerFailed) << honest.Log();
-  EXPECT_NE(honest.Log().find("rank 1 (local 1"), std::string::npos) << honest.Log();
-  ASSERT_TRUE(daemon.process().Running()) << daemon.process().Log();
-  ExpectTrains(daemon, 2, "after a trainer truncated its segment");
+  ExpectRogueFailsAlone(GetParam(), "was truncated under the daemon",
+                        "after a trainer truncated its segment");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuts, TruncatedSegmentTest,
@@ -394,7 +385,7 @@ TEST(FaultTest, TruncatedNodeSegmentFailsTheJobNotTheDaemonAndTheNextJobTrains) 
       << said;
   EXPECT_NE(said.find(" was truncated under the daemon"), std::string::npos) << said;
   ASSERT_TRUE(daemon.process().Running()) << daemon.process().Log();
-  ExpectTrains(daemon, 1, "after the node segment was truncated");
+  ExpectTrains(daemon, 1, "after the node segment was truncated", kBound);
   EXPECT_NE(daemon.process().Log().find("event=node_segment_recreated reason=\"node segment"),
             std::string::npos)
       << daemon.process().Log();

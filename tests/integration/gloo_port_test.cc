@@ -31,6 +31,7 @@
 #include "daemon/cluster/rendezvous_client.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "daemon/cluster/rendezvous_records.h"
+#include "tests/integration/cluster.h"
 #include "tests/integration/harness.h"
 
 namespace gradsync::testing {
@@ -41,18 +42,6 @@ using std::chrono::seconds;
 constexpr auto kBound = seconds(60);
 constexpr char kJob[] = "glooport";
 constexpr char kToken[] = "port-secret";
-
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 std::string Endpoint(const sockaddr_in& addr) {
   char host[INET_ADDRSTRLEN] = "?";
@@ -84,29 +73,21 @@ std::string SendHostilePreamble(const sockaddr_in& pair, int* fd_out) {
   return Endpoint(self);
 }
 
-std::vector<double> Reference(const std::string& dir, const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {Runfile("examples/mlp_trainer"), "--single", "--quiet",
-                                   "--out=" + dir + "/reference.txt"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  Process p = Process::Spawn(argv, dir + "/reference.log");
-  EXPECT_EQ(p.Wait(kBound).code, 0) << p.Log();
-  return LoadWeights(dir + "/reference.txt");
+// The job of both tests: two nodes, one trainer each; `flags` for both.
+ClusterOptions TwoNodes(const std::vector<std::string>& flags) {
+  ClusterOptions options;
+  options.job_id = kJob;
+  options.token = kToken;
+  options.flags = {"--timeout-s=20"};
+  options.flags.insert(options.flags.end(), flags.begin(), flags.end());
+  return options;
 }
 
 TEST(GlooPort, HostilePreambleOnTheLeadersGlooPortFailsOnlyTheJob) {
-  ScratchDir dir("gsport");
-  const std::string token_file = dir.File("token");
-  ASSERT_TRUE(WriteTokenFile(token_file, kToken));  // 0600: the daemon refuses looser
-  const int port = FreePort();
-  const std::string leader_address = absl::StrCat("127.0.0.1:", port);
-  const std::vector<std::string> job = {"--num-nodes=2", absl::StrCat("--job-id=", kJob),
-                                        "--job-token-file=" + token_file, "--timeout-s=20",
-                                        "--bucket-cap-mb=0.001", "--first-bucket-cap-mb=0.0001"};
-  std::vector<std::string> leader_args = job;
-  leader_args.push_back("--node-rank=0");
-  leader_args.push_back("--listen=" + leader_address);
-  Daemon leader(1, leader_args);
-  ASSERT_TRUE(leader.WaitReady(seconds(10))) << leader.process().Log();
+  Cluster cluster(TwoNodes({"--bucket-cap-mb=0.001", "--first-bucket-cap-mb=0.0001"}));
+  ASSERT_TRUE(cluster.StartNode(0)) << cluster.DaemonLogs();
+  Daemon& leader = cluster.node(0);
+  const std::string leader_address = absl::StrCat("127.0.0.1:", cluster.port());
 
   // Job 1: a trainer on the leader; node 1 is played here.
   Process victim = StartTrainer(leader, 0, {"--steps=3"}, "");
@@ -163,24 +144,17 @@ TEST(GlooPort, HostilePreambleOnTheLeadersGlooPortFailsOnlyTheJob) {
   node1->Leave(1, gen, "the test's node 1 is done").IgnoreError();
 
   // Job 2: a real node 1 joins the same leader; both train like one process.
-  std::vector<std::string> node1_args = job;
-  node1_args.push_back("--node-rank=1");
-  node1_args.push_back("--leader=" + leader_address);
-  Daemon real1(1, node1_args);
-  ASSERT_TRUE(real1.WaitReady(seconds(10))) << real1.process().Log();
+  ASSERT_TRUE(cluster.StartNode(1)) << cluster.DaemonLogs();
+  Daemon& real1 = cluster.node(1);
   const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
-  std::vector<Process> trainers;
   std::vector<std::string> outs;
-  for (Daemon* d : {&leader, &real1}) {
-    outs.push_back(absl::StrCat(dir.path(), "/w", outs.size(), ".txt"));
-    trainers.push_back(StartTrainer(*d, 0, args, outs.back()));
-  }
+  std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
   for (Process& t : trainers) {
     const ExitStatus st = t.Wait(kBound);
     ASSERT_TRUE(st.exited && st.code == 0)
         << t.Log() << leader.process().Log() << real1.process().Log();
   }
-  const std::vector<double> expected = Reference(dir.path(), args);
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
   for (const std::string& out : outs) {
     EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
   }
@@ -205,19 +179,10 @@ pid_t WorkerPid(const Process& daemon, uint64_t generation) {
 // killer would) fails the job on every node, naming the worker and how it
 // died; both daemons stay up and train the next job correctly.
 TEST(GlooPort, GlooWorkerKilledMidTrainingFailsTheJobOnEveryNodeOnly) {
-  ScratchDir dir("gsworker");
-  const std::string token_file = dir.File("token");
-  ASSERT_TRUE(WriteTokenFile(token_file, kToken));  // 0600: the daemon refuses looser
-  const std::string leader_address = absl::StrCat("127.0.0.1:", FreePort());
-  const std::vector<std::string> job = {"--num-nodes=2", absl::StrCat("--job-id=", kJob),
-                                        "--job-token-file=" + token_file, "--timeout-s=20"};
-  std::vector<std::string> args0 = job, args1 = job;
-  args0.insert(args0.end(), {"--node-rank=0", "--listen=" + leader_address});
-  args1.insert(args1.end(), {"--node-rank=1", "--leader=" + leader_address});
-  Daemon node0(1, args0);
-  ASSERT_TRUE(node0.WaitReady(seconds(10))) << node0.process().Log();
-  Daemon node1(1, args1);
-  ASSERT_TRUE(node1.WaitReady(seconds(10))) << node1.process().Log();
+  Cluster cluster(TwoNodes({}));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  Daemon& node0 = cluster.node(0);
+  Daemon& node1 = cluster.node(1);
 
   std::vector<Process> busy;
   for (Daemon* d : {&node0, &node1}) {
@@ -247,18 +212,14 @@ TEST(GlooPort, GlooWorkerKilledMidTrainingFailsTheJobOnEveryNodeOnly) {
   ASSERT_TRUE(node1.process().Running()) << node1.process().Log();
 
   const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
-  std::vector<Process> trainers;
   std::vector<std::string> outs;
-  for (Daemon* d : {&node0, &node1}) {
-    outs.push_back(absl::StrCat(dir.path(), "/w", outs.size(), ".txt"));
-    trainers.push_back(StartTrainer(*d, 0, args, outs.back()));
-  }
+  std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
   for (Process& t : trainers) {
     const ExitStatus st = t.Wait(kBound);
     ASSERT_TRUE(st.exited && st.code == 0)
         << t.Log() << node0.process().Log() << node1.process().Log();
   }
-  const std::vector<double> expected = Reference(dir.path(), args);
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
   for (const std::string& out : outs) {
     EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
   }

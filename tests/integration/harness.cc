@@ -12,6 +12,8 @@
 #include <fstream>
 #include <thread>
 
+#include <gtest/gtest.h>
+
 namespace gradsync::testing {
 
 Daemon::Daemon(int local_size, std::vector<std::string> args,
@@ -76,6 +78,28 @@ ExitStatus Daemon::Stop() {
   return process_.Wait(std::chrono::seconds(10));
 }
 
+namespace {
+
+// Whether `pid` is stopped (state T in /proc/PID/stat).
+bool IsStopped(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
+}
+
+}  // namespace
+
+bool WaitStopped(Process& p, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (IsStopped(p.pid())) return true;
+    if (!p.Running()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
 Process StartTrainer(const Daemon& daemon, int local_rank, const std::vector<std::string>& args,
                      const std::string& out_path) {
   std::vector<std::string> argv = {Runfile("examples/mlp_trainer"), "--socket=" + daemon.socket(),
@@ -90,6 +114,18 @@ Process StartTrainer(const Daemon& daemon, int local_rank, const std::vector<std
                         options);
 }
 
+void ExpectTrains(Daemon& daemon, int trainers, const std::string& why,
+                  std::chrono::milliseconds bound, const std::vector<std::string>& args) {
+  std::vector<Process> ps;
+  for (int r = 0; r < trainers; ++r) ps.push_back(StartTrainer(daemon, r, args, ""));
+  for (int r = 0; r < trainers; ++r) {
+    const ExitStatus st = ps[r].Wait(bound);
+    EXPECT_TRUE(st.exited && st.code == 0) << why << ": trainer " << r << " " << st.ToString()
+                                           << "\n" << ps[r].Log() << "\ndaemon:\n"
+                                           << daemon.process().Log();
+  }
+}
+
 std::vector<double> LoadWeights(const std::string& path) {
   std::vector<double> out;
   std::ifstream in(path);
@@ -97,6 +133,16 @@ std::vector<double> LoadWeights(const std::string& path) {
   double v;
   while (in >> name >> v) out.push_back(v);
   return out;
+}
+
+std::vector<double> SingleProcessReference(const std::string& dir,
+                                           const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {Runfile("examples/mlp_trainer"), "--single", "--quiet",
+                                   "--out=" + dir + "/reference.txt"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Process p = Process::Spawn(argv, dir + "/reference.log");
+  EXPECT_EQ(p.Wait(std::chrono::seconds(60)).code, 0) << p.Log();
+  return LoadWeights(dir + "/reference.txt");
 }
 
 double RelativeDifference(const std::vector<double>& a, const std::vector<double>& b) {

@@ -29,6 +29,7 @@ class Daemon {
   const std::string& dir() const { return dir_.path(); }
   const std::string& shm_prefix() const { return shm_prefix_; }
   Process& process() { return process_; }
+  const Process& process() const { return process_; }
   // Waits until the socket accepts connections (false on timeout / exit).
   bool WaitReady(std::chrono::milliseconds timeout);
   // The TCP port the daemon chose for --listen=127.0.0.1:0, read from its
@@ -62,12 +63,28 @@ inline constexpr int kExitPeerFailed = 14;
 inline constexpr int kExitTimeout = 15;
 inline constexpr int kExitState = 16;
 
+// Waits until `p` is stopped (state T: it raised SIGSTOP at a pause point);
+// false past `timeout` or once it exited.
+bool WaitStopped(Process& p, std::chrono::milliseconds timeout);
+
 // Starts examples/mlp_trainer with LOCAL_RANK=local_rank.
 Process StartTrainer(const Daemon& daemon, int local_rank, const std::vector<std::string>& args,
                      const std::string& out_path);
 
+// Starts `trainers` examples/mlp_trainer on `daemon` with `args` and expects
+// each to succeed within `bound`; `why` names the job in a failure.
+void ExpectTrains(Daemon& daemon, int trainers, const std::string& why,
+                  std::chrono::milliseconds bound = std::chrono::seconds(60),
+                  const std::vector<std::string>& args = {"--steps=5", "--batch=60"});
+
 // Loads a weights file ("name value" per line).
 std::vector<double> LoadWeights(const std::string& path);
+
+// The weights examples/mlp_trainer --single reaches with `args`: one process
+// training on the whole batch, what every distributed run must equal. Its
+// files go to `dir`; a failed run is a test failure (and gives no weights).
+std::vector<double> SingleProcessReference(const std::string& dir,
+                                           const std::vector<std::string>& args);
 
 // max |a - b| / max |b|: the normwise relative difference.
 double RelativeDifference(const std::vector<double>& a, const std::vector<double>& b);

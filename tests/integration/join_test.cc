@@ -9,12 +9,12 @@
 
 #include <gtest/gtest.h>
 
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "tests/integration/cluster.h"
 #include "tests/integration/harness.h"
 
 namespace gradsync::testing {
@@ -41,19 +41,10 @@ std::vector<std::string> CommonArgs(const Case& c) {
   return args;
 }
 
-std::vector<double> Reference(const std::string& dir, const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {Runfile("examples/mlp_trainer"), "--single", "--quiet",
-                                   "--out=" + dir + "/reference.txt"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  Process p = Process::Spawn(argv, dir + "/reference.log");
-  EXPECT_EQ(p.Wait(kBound).code, 0) << p.Log();
-  return LoadWeights(dir + "/reference.txt");
-}
-
 // The trainer with the most steps (rank 0) against the reference.
 void ExpectMatchesReference(const std::string& dir, const Case& c, const std::string& out0,
                             const std::string& logs) {
-  const std::vector<double> expected = Reference(dir, CommonArgs(c));
+  const std::vector<double> expected = SingleProcessReference(dir, CommonArgs(c));
   ASSERT_FALSE(expected.empty());
   const std::vector<double> got = LoadWeights(out0);
   ASSERT_EQ(got.size(), expected.size()) << logs;
@@ -99,51 +90,29 @@ class JoinTwoNodesTest : public ::testing::TestWithParam<Case> {};
 
 // Two daemons, two trainers each, on loopback; `uneven_inputs` passes
 // --uneven-inputs to both.
-struct TwoNodes {
-  ScratchDir dir;
-  std::vector<std::unique_ptr<Daemon>> nodes;
-  std::string Logs() const {
-    return "node 0:\n" + nodes[0]->process().Log() + "\nnode 1:\n" + nodes[1]->process().Log();
-  }
-};
-
-void StartTwoNodes(TwoNodes& t, bool uneven_inputs) {
-  const std::string token = t.dir.File("token");
-  ASSERT_TRUE(WriteTokenFile(token, "s3cret"));
-  std::vector<std::string> common = {"--num-nodes=2", "--job-id=joinjob",
-                                     "--job-token-file=" + token, "--bucket-cap-mb=0.001",
-                                     "--first-bucket-cap-mb=0.0001", "--timeout-s=30"};
-  if (uneven_inputs) common.push_back("--uneven-inputs");
-  std::vector<std::string> leader_args = common;
-  leader_args.push_back("--node-rank=0");
-  leader_args.push_back("--listen=127.0.0.1:0");
-  t.nodes.push_back(std::make_unique<Daemon>(2, leader_args));
-  ASSERT_TRUE(t.nodes[0]->WaitReady(seconds(10))) << t.nodes[0]->process().Log();
-  const int port = t.nodes[0]->ListenPort(seconds(10));
-  ASSERT_GT(port, 0) << t.nodes[0]->process().Log();
-  std::vector<std::string> follower_args = common;
-  follower_args.push_back("--node-rank=1");
-  follower_args.push_back(absl::StrCat("--leader=127.0.0.1:", port));
-  t.nodes.push_back(std::make_unique<Daemon>(2, follower_args));
-  ASSERT_TRUE(t.nodes[1]->WaitReady(seconds(10))) << t.nodes[1]->process().Log();
+ClusterOptions TwoNodes(bool uneven_inputs) {
+  ClusterOptions options;
+  options.local_size = 2;
+  options.job_id = "joinjob";
+  options.flags = {"--bucket-cap-mb=0.001", "--first-bucket-cap-mb=0.0001", "--timeout-s=30"};
+  if (uneven_inputs) options.flags.push_back("--uneven-inputs");
+  return options;
 }
 
 TEST_P(JoinTwoNodesTest, OneNodeJoinsWhileTheOtherTrains) {
   const Case& c = GetParam();
-  TwoNodes cluster;
-  ASSERT_NO_FATAL_FAILURE(StartTwoNodes(cluster, /*uneven_inputs=*/true));
-  ScratchDir& dir = cluster.dir;
-  std::vector<std::unique_ptr<Daemon>>& nodes = cluster.nodes;
-  auto logs = [&] { return cluster.Logs(); };
+  Cluster cluster(TwoNodes(/*uneven_inputs=*/true));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  auto logs = [&] { return cluster.DaemonLogs(); };
 
   std::vector<Process> trainers;
   std::vector<std::string> outs;
   for (int n = 0; n < 2; ++n) {
     for (int r = 0; r < 2; ++r) {
-      outs.push_back(absl::StrCat(dir.path(), "/w", n, ".", r, ".txt"));
+      outs.push_back(absl::StrCat(cluster.dir(), "/w", n, ".", r, ".txt"));
       std::vector<std::string> args = CommonArgs(c);
       args.push_back(absl::StrCat("--shuffle-seed=", 31 + 2 * n + r));
-      trainers.push_back(StartTrainer(*nodes[n], r, args, outs.back()));
+      trainers.push_back(StartTrainer(cluster.node(n), r, args, outs.back()));
     }
   }
   for (size_t t = 0; t < trainers.size(); ++t) {
@@ -151,8 +120,8 @@ TEST_P(JoinTwoNodesTest, OneNodeJoinsWhileTheOtherTrains) {
     ASSERT_TRUE(st.exited && st.code == 0)
         << "trainer " << t << " code " << st.code << "\n" << trainers[t].Log() << "\n" << logs();
   }
-  EXPECT_NE(nodes[1]->process().Log().find("event=all_joined"), std::string::npos) << logs();
-  ExpectMatchesReference(dir.path(), c, outs[0], logs());
+  EXPECT_NE(cluster.node(1).process().Log().find("event=all_joined"), std::string::npos) << logs();
+  ExpectMatchesReference(cluster.dir(), c, outs[0], logs());
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -165,21 +134,21 @@ INSTANTIATE_TEST_SUITE_P(
 // --uneven-inputs a gs_join is refused (STATE, naming the trainer and the
 // flag) instead of costing every multi-node job a collective per iteration.
 TEST(JoinTwoNodes, WithoutUnevenInputsGsJoinIsRefusedNamingTheFlag) {
-  TwoNodes cluster;
-  ASSERT_NO_FATAL_FAILURE(StartTwoNodes(cluster, /*uneven_inputs=*/false));
+  Cluster cluster(TwoNodes(/*uneven_inputs=*/false));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Process> trainers;
   for (int n = 0; n < 2; ++n) {
     for (int r = 0; r < 2; ++r) {
       std::vector<std::string> args = {"--batch=60", "--join-steps=4,4,2,4"};
       args.push_back(absl::StrCat("--shuffle-seed=", 41 + 2 * n + r));
-      trainers.push_back(StartTrainer(*cluster.nodes[n], r, args, ""));
+      trainers.push_back(StartTrainer(cluster.node(n), r, args, ""));
     }
   }
   // Rank 2 (node 1, local 0) joins after 2 steps.
   const ExitStatus st = trainers[2].Wait(kBound);
   const std::string log = trainers[2].Log();
   ASSERT_TRUE(st.exited) << st.ToString();
-  EXPECT_EQ(st.code, kExitState) << log << cluster.Logs();
+  EXPECT_EQ(st.code, kExitState) << log << cluster.DaemonLogs();
   EXPECT_NE(log.find("called gs_join"), std::string::npos) << log;
   EXPECT_NE(log.find("--uneven-inputs"), std::string::npos) << log;
   for (size_t t = 0; t < trainers.size(); ++t) {

@@ -33,17 +33,6 @@ class LocalTrustTest : public ::testing::Test {
   void SetUp() override {
     if (const std::string why = OtherUser::Unavailable(); !why.empty()) GTEST_SKIP() << why;
   }
-
-  void ExpectTrains(Daemon& daemon, int n, const std::string& why) {
-    std::vector<Process> ps;
-    for (int r = 0; r < n; ++r) ps.push_back(StartTrainer(daemon, r, {"--steps=3"}, ""));
-    for (int r = 0; r < n; ++r) {
-      ExitStatus st = ps[r].Wait(kBound);
-      EXPECT_TRUE(st.exited && st.code == 0) << why << ": trainer " << r << " " << st.ToString()
-                                             << "\n" << ps[r].Log() << "\ndaemon:\n"
-                                             << daemon.process().Log();
-    }
-  }
 };
 
 // The socket file is opened to everyone (as a careless deployment might):
@@ -73,7 +62,7 @@ TEST_F(LocalTrustTest, AnotherUserCannotAttachAndTheDaemonKeepsServing) {
       << daemon.process().Log();
   EXPECT_THAT(daemon.process().Log(), Not(HasSubstr("event=attach")));
   ASSERT_TRUE(daemon.process().Running()) << daemon.process().Log();
-  ExpectTrains(daemon, 2, "after a refused user");
+  ExpectTrains(daemon, 2, "after a refused user", kBound, {"--steps=3"});
 }
 
 // Another user runs a daemon (the real gradsyncd) on the socket a root
@@ -145,8 +134,9 @@ TEST_F(LocalTrustTest, AnotherUserCanNeitherOpenNorPlantTheDaemonsSegments) {
     ASSERT_EQ(stat(("/dev/shm/" + name).c_str(), &st), 0) << name;
     ASSERT_EQ(st.st_uid, OtherUser::kUid) << name;
   }
-  ExpectTrains(daemon, 1, "the first job, with its old segment names planted");
-  ExpectTrains(daemon, 1, "the second job");
+  ExpectTrains(daemon, 1, "the first job, with its old segment names planted", kBound,
+               {"--steps=3"});
+  ExpectTrains(daemon, 1, "the second job", kBound, {"--steps=3"});
 }
 
 }  // namespace

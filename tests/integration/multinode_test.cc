@@ -2,10 +2,7 @@
 // job, with real trainer processes: equivalence with single-process
 // training, layout mismatches between nodes, a daemon killed mid-iteration
 // and the job re-formed (warm restart), and refused joins.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -23,6 +20,8 @@
 #include "gradsync/v1/control.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "common/call_token.h"
+#include "tests/integration/cluster.h"
+#include "tests/integration/control_stats.h"
 #include "tests/integration/harness.h"
 
 namespace gradsync::testing {
@@ -33,91 +32,26 @@ using std::chrono::seconds;
 
 constexpr auto kBound = seconds(40);
 
-// A port nothing listens on at IPv4 address `host` right now.
-int FreePort(const std::string& host = "127.0.0.1") {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // A job of `nodes` daemons with `local` trainers each; node 0 leads and
-// listens on `leader_host` only.
-class Cluster {
- public:
-  // `node_extra[n]`: flags for node n only (after `extra`).
-  Cluster(int nodes, int local, std::vector<std::string> extra = {}, std::string token = "s3cret",
-          std::string leader_host = "127.0.0.1",
-          std::vector<std::vector<std::string>> node_extra = {})
-      : nodes_(nodes),
-        local_(local),
-        leader_host_(std::move(leader_host)),
-        port_(FreePort(leader_host_)),
-        extra_(std::move(extra)),
-        node_extra_(std::move(node_extra)) {
-    token_file_ = dir_.File("token");
-    EXPECT_TRUE(WriteTokenFile(token_file_, token));
-    for (int n = 0; n < nodes; ++n) StartNode(n);
-  }
-
-  void StartNode(int n, const std::string& token_file = "") {
-    std::vector<std::string> args = {"--num-nodes=" + std::to_string(nodes_),
-                                     "--node-rank=" + std::to_string(n), "--job-id=mnjob",
-                                     "--job-token-file=" + (token_file.empty() ? token_file_ : token_file),
-                                     "--bucket-cap-mb=0.001", "--first-bucket-cap-mb=0.0001",
-                                     "--timeout-s=15"};
-    if (n == 0) {
-      args.push_back(absl::StrCat("--listen=", leader_host_, ":", port_));
-    } else {
-      args.push_back(absl::StrCat("--leader=", leader_host_, ":", port_));
-    }
-    args.insert(args.end(), extra_.begin(), extra_.end());
-    if (n < static_cast<int>(node_extra_.size())) {
-      args.insert(args.end(), node_extra_[n].begin(), node_extra_[n].end());
-    }
-    if (static_cast<int>(daemons_.size()) <= n) daemons_.resize(n + 1);
-    daemons_[n] = std::make_unique<Daemon>(local_, args);
-    ASSERT_TRUE(daemons_[n]->WaitReady(seconds(10))) << daemons_[n]->process().Log();
-  }
-
-  Daemon& node(int n) { return *daemons_[n]; }
-  std::string DaemonLogs() {
-    std::string out;
-    for (auto& d : daemons_) {
-      if (d) out += "---- " + d->dir() + "\n" + d->process().Log();
-    }
-    return out;
-  }
-  int port() const { return port_; }
-  const std::string& dir() const { return dir_.path(); }
-
- private:
-  int nodes_, local_;
-  std::string leader_host_;
-  int port_;
-  std::vector<std::string> extra_;
-  std::vector<std::vector<std::string>> node_extra_;
-  ScratchDir dir_;  // removed after the daemons are gone
-  std::string token_file_;
-  std::vector<std::unique_ptr<Daemon>> daemons_;
-};
-
-std::vector<double> Reference(const std::string& dir, const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {Runfile("examples/mlp_trainer"), "--single", "--quiet",
-                                   "--out=" + dir + "/reference.txt"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  Process p = Process::Spawn(argv, dir + "/reference.log");
-  EXPECT_EQ(p.Wait(seconds(60)).code, 0) << p.Log();
-  return LoadWeights(dir + "/reference.txt");
+// listens on `leader_host` only. `node_extra[n]`: flags for node n only.
+ClusterOptions Job(int nodes, int local, std::vector<std::string> extra = {},
+                   std::string token = "s3cret", std::string leader_host = "127.0.0.1",
+                   std::vector<std::vector<std::string>> node_extra = {}) {
+  ClusterOptions options;
+  options.nodes = nodes;
+  options.local_size = local;
+  options.job_id = "mnjob";
+  options.token = std::move(token);
+  options.leader_host = std::move(leader_host);
+  options.flags = {"--bucket-cap-mb=0.001", "--first-bucket-cap-mb=0.0001", "--timeout-s=15"};
+  options.flags.insert(options.flags.end(), extra.begin(), extra.end());
+  options.node_flags = std::move(node_extra);
+  return options;
 }
 
 TEST(MultiNode, ThreeDaemonsTwoTrainersEachMatchSingleProcessTraining) {
-  Cluster cluster(3, 2);
+  Cluster cluster(Job(3, 2));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   const std::vector<std::string> common = {"--steps=20", "--batch=60", "--fp64", "--gate-every=3"};
   std::vector<Process> trainers;
   std::vector<std::string> outs;
@@ -134,7 +68,7 @@ TEST(MultiNode, ThreeDaemonsTwoTrainersEachMatchSingleProcessTraining) {
     ExitStatus st = t.Wait(kBound);
     ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
   }
-  const std::vector<double> expected = Reference(cluster.dir(), common);
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), common);
   const std::vector<double> first = LoadWeights(outs[0]);
   for (const std::string& out : outs) {
     const std::vector<double> got = LoadWeights(out);
@@ -188,26 +122,24 @@ TEST(MultiNode, ABucketOfSeveralPiecesTrainsLikeOneProcess) {
 // A hardened leader binds one address (here 127.0.0.2, not 127.0.0.1): it
 // must join its own rendezvous there, not at 127.0.0.1 where nothing listens.
 TEST(MultiNode, LeaderListeningOnOneAddressOnlyJoinsItsOwnJobAndTrainsLikeOneProcess) {
-  Cluster cluster(2, 1, {}, "s3cret", "127.0.0.2");
+  Cluster cluster(Job(2, 1, {}, "s3cret", "127.0.0.2"));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
-  std::vector<Process> trainers;
   std::vector<std::string> outs;
-  for (int n = 0; n < 2; ++n) {
-    outs.push_back(absl::StrCat(cluster.dir(), "/w", n, ".txt"));
-    trainers.push_back(StartTrainer(cluster.node(n), 0, args, outs.back()));
-  }
+  std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
   for (auto& t : trainers) {
     ExitStatus st = t.Wait(kBound);
     ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
   }
-  const std::vector<double> expected = Reference(cluster.dir(), args);
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
   for (const std::string& out : outs) {
     EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
   }
 }
 
 TEST(MultiNode, LayoutMismatchBetweenNodesIsAnErrorOnEveryTrainer) {
-  Cluster cluster(2, 1);
+  Cluster cluster(Job(2, 1));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   Process a = StartTrainer(cluster.node(0), 0, {"--steps=3"}, "");
   Process b = StartTrainer(cluster.node(1), 0, {"--steps=3", "--hidden=40"}, "");
   for (Process* p : {&a, &b}) {
@@ -221,7 +153,8 @@ TEST(MultiNode, LayoutMismatchBetweenNodesIsAnErrorOnEveryTrainer) {
 }
 
 TEST(MultiNode, KilledDaemonFailsEveryTrainerThenTheJobReforms) {
-  Cluster cluster(3, 1);
+  Cluster cluster(Job(3, 1));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Process> trainers;
   for (int n = 0; n < 3; ++n) {
     trainers.push_back(
@@ -246,26 +179,23 @@ TEST(MultiNode, KilledDaemonFailsEveryTrainerThenTheJobReforms) {
         << "trainer on node " << n << "\n" << trainers[n].Log() << cluster.DaemonLogs();
   }
   // Warm restart: the surviving daemons, untouched, plus a new node 1.
-  cluster.StartNode(1);
+  ASSERT_TRUE(cluster.StartNode(1)) << cluster.DaemonLogs();
   const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
-  std::vector<Process> again;
   std::vector<std::string> outs;
-  for (int n = 0; n < 3; ++n) {
-    outs.push_back(absl::StrCat(cluster.dir(), "/again", n, ".txt"));
-    again.push_back(StartTrainer(cluster.node(n), 0, args, outs.back()));
-  }
+  std::vector<Process> again = cluster.StartTrainers(args, &outs, "again");
   for (auto& t : again) {
     ExitStatus st = t.Wait(kBound);
     ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
   }
-  const std::vector<double> expected = Reference(cluster.dir(), args);
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
   for (const std::string& out : outs) EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12);
   EXPECT_NE(cluster.node(0).process().Log().find("event=joined generation=2"), std::string::npos)
       << cluster.DaemonLogs();
 }
 
 TEST(MultiNode, StallIsReportedByTheLeaderNamingNodeTrainerAndTensor) {
-  Cluster cluster(2, 1, {"--stall-threshold-s=1", "--timeout-s=4"});
+  Cluster cluster(Job(2, 1, {"--stall-threshold-s=1", "--timeout-s=4"}));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   Process ok = StartTrainer(cluster.node(0), 0, {"--steps=5"}, "");
   Process stuck = StartTrainer(cluster.node(1), 0, {"--steps=5", "--withhold=0"}, "");
   // Node 0 times out inside the collective node 1 never joins; the leader
@@ -294,7 +224,8 @@ TEST(MultiNode, StallIsReportedByTheLeaderNamingNodeTrainerAndTensor) {
 }
 
 TEST(MultiNode, DeadLeaderIsReportedAsSuch) {
-  Cluster cluster(2, 1);
+  Cluster cluster(Job(2, 1));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   Process a = StartTrainer(cluster.node(0), 0, {"--steps=2000", "--sleep-ms=20"}, "");
   Process b = StartTrainer(cluster.node(1), 0, {"--steps=2000", "--sleep-ms=20"}, "");
   for (int n = 0; n < 2; ++n) {
@@ -312,14 +243,11 @@ TEST(MultiNode, DeadLeaderIsReportedAsSuch) {
 }
 
 TEST(MultiNode, ConfigSetOnTheLeaderRePlansEveryNodeAtTheSameIteration) {
-  Cluster cluster(2, 1);
+  Cluster cluster(Job(2, 1));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   const std::vector<std::string> args = {"--steps=150", "--fp64", "--sleep-ms=25"};
-  std::vector<Process> trainers;
   std::vector<std::string> outs;
-  for (int n = 0; n < 2; ++n) {
-    outs.push_back(absl::StrCat(cluster.dir(), "/w", n, ".txt"));
-    trainers.push_back(StartTrainer(cluster.node(n), 0, args, outs.back()));
-  }
+  std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
   ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_running", kBound));
   // Iteration 0 is done: the change lands mid-run.
   ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=plan_decided", kBound));
@@ -351,7 +279,7 @@ TEST(MultiNode, ConfigSetOnTheLeaderRePlansEveryNodeAtTheSameIteration) {
   EXPECT_NE(at0, "none") << cluster.DaemonLogs();
   EXPECT_EQ(at0, rebuilt_at(cluster.node(1).process().Log())) << cluster.DaemonLogs();
   // ...and training stayed equivalent to one process on the whole batch.
-  const std::vector<double> expected = Reference(cluster.dir(), args);
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
   for (const std::string& out : outs) {
     EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
   }
@@ -370,16 +298,11 @@ std::string LastPlanDecision(const std::string& log) {
 // end on the same plan decision. (Before: nodes applied different versions
 // at different iterations, and a daemon aborted inside Gloo.)
 TEST(MultiNode, ConfigBurstsKeepEveryNodeOnTheSamePlanAndTrainingExact) {
-  Cluster cluster(2, 2);
+  Cluster cluster(Job(2, 2));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   const std::vector<std::string> args = {"--steps=600", "--fp64", "--batch=60", "--sleep-ms=10"};
-  std::vector<Process> trainers;
   std::vector<std::string> outs;
-  for (int n = 0; n < 2; ++n) {
-    for (int r = 0; r < 2; ++r) {
-      outs.push_back(absl::StrCat(cluster.dir(), "/w", n, ".", r, ".txt"));
-      trainers.push_back(StartTrainer(cluster.node(n), r, args, outs.back()));
-    }
-  }
+  std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
   ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_running", kBound));
   std::atomic<bool> done{false};
   std::thread burst([&] {
@@ -406,7 +329,7 @@ TEST(MultiNode, ConfigBurstsKeepEveryNodeOnTheSamePlanAndTrainingExact) {
   }
   done.store(true);
   burst.join();
-  const std::vector<double> expected = Reference(cluster.dir(), args);
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
   const std::vector<double> first = LoadWeights(outs[0]);
   for (const std::string& out : outs) {
     const std::vector<double> got = LoadWeights(out);
@@ -421,10 +344,12 @@ TEST(MultiNode, ConfigBurstsKeepEveryNodeOnTheSamePlanAndTrainingExact) {
 }
 
 TEST(MultiNode, BadTokenIsRefusedAndLogged) {
-  Cluster cluster(2, 1, {}, "right-token");
+  Cluster cluster(Job(2, 1, {}, "right-token"));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   const std::string wrong = cluster.dir() + "/wrong";
   ASSERT_TRUE(WriteTokenFile(wrong, "wrong-token"));
-  cluster.StartNode(1, wrong);  // replaces node 1 with one holding the wrong token
+  // Replaces node 1 with one holding the wrong token.
+  ASSERT_TRUE(cluster.StartNode(1, wrong)) << cluster.DaemonLogs();
   Process a = StartTrainer(cluster.node(1), 0, {"--steps=2"}, "");
   ExitStatus st = a.Wait(kBound);
   EXPECT_FALSE(st.timed_out);
@@ -439,7 +364,8 @@ TEST(MultiNode, BadTokenIsRefusedAndLogged) {
 }
 
 TEST(MultiNode, WrongNumberOfNodesAndDuplicateRanksAreRefused) {
-  Cluster cluster(2, 1);
+  Cluster cluster(Job(2, 1));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   // A third daemon that believes the job has 3 nodes.
   Daemon confused(1, {"--num-nodes=3", "--node-rank=2", "--job-id=mnjob",
                       absl::StrCat("--leader=127.0.0.1:", cluster.port()), "--timeout-s=5",
@@ -493,7 +419,8 @@ TEST(MultiNode, NonZeroRankWithoutLeaderExitsAtOnceNamingTheFlags) {
 std::string TrainTwoNodes(const std::string& wire_dtype, const std::vector<std::string>& args,
                           const std::string& out,
                           const std::function<void(Cluster&)>& after = nullptr) {
-  Cluster cluster(2, 1, {"--wire-dtype=" + wire_dtype});
+  Cluster cluster(Job(2, 1, {"--wire-dtype=" + wire_dtype}));
+  EXPECT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Process> trainers;
   for (int n = 0; n < 2; ++n) {
     trainers.push_back(StartTrainer(cluster.node(n), 0, args,
@@ -511,17 +438,11 @@ std::string TrainTwoNodes(const std::string& wire_dtype, const std::vector<std::
 // thread may count the last bucket just after the trainers returned), or
 // the last Stats seen at the deadline.
 v1::Stats WaitForWireBytes(const Cluster& cluster, uint64_t bytes) {
-  auto stub = v1::Control::NewStub(grpc::CreateChannel(
-      absl::StrCat("127.0.0.1:", cluster.port()), grpc::InsecureChannelCredentials()));
   v1::Stats stats;
   const auto deadline = std::chrono::steady_clock::now() + kBound;
   while (std::chrono::steady_clock::now() < deadline) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + seconds(10));
-    AttachCallToken(&context, "s3cret");
-    v1::GetStatsResponse response;
-    if (stub->GetStats(&context, v1::GetStatsRequest(), &response).ok()) {
-      stats = response.stats();
+    if (const absl::StatusOr<v1::Stats> now = GetStats(cluster.port(), "s3cret"); now.ok()) {
+      stats = *now;
       if (stats.wire_bytes() >= bytes) break;
     }
     std::this_thread::sleep_for(milliseconds(10));  // polling pace, not synchronization
@@ -549,7 +470,7 @@ std::vector<double> Losses(const std::string& log) {
 TEST(MultiNode, CompressedWireTrainsWithinTheCastsErrorOfSingleProcessTraining) {
   const std::vector<std::string> args = {"--steps=5", "--batch=64", "--quiet"};
   ScratchDir dir;
-  const std::vector<double> expected = Reference(dir.path(), args);
+  const std::vector<double> expected = SingleProcessReference(dir.path(), args);
   // Every step hands at least the whole model to the wire (buckets also
   // carry the alignment padding between neighbouring tensors).
   const uint64_t min_fp32_bytes = 5 * expected.size() * sizeof(float);
@@ -604,7 +525,9 @@ TEST(MultiNode, TrainingWithABf16WireConvergesLikeFp32) {
 }
 
 TEST(MultiNode, DifferentWireDtypesOnTwoNodesAreAMismatchNamingBoth) {
-  Cluster cluster(2, 1, {}, "s3cret", "127.0.0.1", {{"--wire-dtype=off"}, {"--wire-dtype=bf16"}});
+  Cluster cluster(
+      Job(2, 1, {}, "s3cret", "127.0.0.1", {{"--wire-dtype=off"}, {"--wire-dtype=bf16"}}));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   Process a = StartTrainer(cluster.node(0), 0, {"--steps=3"}, "");
   Process b = StartTrainer(cluster.node(1), 0, {"--steps=3"}, "");
   for (Process* p : {&a, &b}) {

@@ -22,6 +22,7 @@
 #include "gradsync/v1/control.grpc.pb.h"
 #include "gradsync/v1/local.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "tests/integration/control_stats.h"
 #include "tests/integration/harness.h"
 
 namespace gradsync::testing {
@@ -86,29 +87,6 @@ int ConnectUnix(const std::string& path) {
     return -1;
   }
   return fd;
-}
-
-absl::StatusOr<v1::Stats> GetStats(int port) {
-  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                     grpc::InsecureChannelCredentials());
-  auto stub = v1::Control::NewStub(channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
-  v1::GetStatsResponse resp;
-  const grpc::Status st = stub->GetStats(&ctx, v1::GetStatsRequest(), &resp);
-  if (!st.ok()) return absl::UnavailableError(absl::StrCat("GetStats: ", st.error_message()));
-  return resp.stats();
-}
-
-void ExpectTrains(Daemon& daemon, int n, const std::string& why) {
-  std::vector<Process> ps;
-  for (int r = 0; r < n; ++r) ps.push_back(StartTrainer(daemon, r, {"--steps=5", "--batch=60"}, ""));
-  for (int r = 0; r < n; ++r) {
-    ExitStatus st = ps[r].Wait(kBound);
-    EXPECT_TRUE(st.exited && st.code == 0)
-        << why << ": trainer " << r << " " << st.ToString() << "\n" << ps[r].Log()
-        << "\ndaemon:\n" << daemon.process().Log();
-  }
 }
 
 // Issue 16 item 3: idle connections until accept fails with EMFILE, a

@@ -29,6 +29,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "tests/integration/cluster.h"
 #include "tests/integration/harness.h"
 
 namespace gradsync::testing {
@@ -124,69 +125,24 @@ bool WaitForLogCount(const Process& p, const std::string& needle, size_t count,
   return false;
 }
 
-bool IsStopped(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t paren = stat.rfind(')');
-  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
+ClusterOptions SoakJob() {
+  ClusterOptions options;
+  options.nodes = kNodes;
+  options.local_size = kLocal;
+  options.job_id = "soak";
+  options.token = "soak-token";
+  options.flags = {"--bucket-cap-mb=0.001", "--first-bucket-cap-mb=0.0001", "--timeout-s=10"};
+  return options;
 }
-
-bool WaitStopped(Process& p, milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (IsStopped(p.pid())) return true;
-    if (!p.Running()) return false;
-    std::this_thread::sleep_for(milliseconds(5));
-  }
-  return false;
-}
-
-class SoakCluster {
- public:
-  SoakCluster() {
-    token_file_ = dir_.File("token");
-    EXPECT_TRUE(WriteTokenFile(token_file_, "soak-token"));
-    for (int n = 0; n < kNodes; ++n) {
-      std::vector<std::string> args = {
-          absl::StrCat("--num-nodes=", kNodes), absl::StrCat("--node-rank=", n), "--job-id=soak",
-          "--job-token-file=" + token_file_, "--bucket-cap-mb=0.001",
-          "--first-bucket-cap-mb=0.0001", "--timeout-s=10"};
-      args.push_back(n == 0 ? "--listen=127.0.0.1:0" : absl::StrCat("--leader=127.0.0.1:", port_));
-      daemons_.push_back(std::make_unique<Daemon>(kLocal, args));
-      EXPECT_TRUE(daemons_.back()->WaitReady(seconds(10))) << daemons_.back()->process().Log();
-      if (n == 0) port_ = daemons_[0]->ListenPort(seconds(10));
-    }
-  }
-  Daemon& node(int n) { return *daemons_[n]; }
-  const std::string& dir() const { return dir_.path(); }
-  int port() const { return port_; }
-  const std::string& token_file() const { return token_file_; }
-  std::string Logs() {
-    std::string out;
-    for (auto& d : daemons_) out += "---- " + d->dir() + "\n" + d->process().Log();
-    return out;
-  }
-
- private:
-  ScratchDir dir_;
-  std::string token_file_;
-  int port_ = 0;
-  std::vector<std::unique_ptr<Daemon>> daemons_;
-};
 
 TEST(Soak, RestartsAndConfigChangesLeakNothingAndEveryCompletedSegmentIsExact) {
-  SoakCluster cluster;
+  Cluster cluster(SoakJob());
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   const std::vector<std::string> args = {absl::StrCat("--steps=", kSegmentSteps), "--batch=48",
                                          "--fp64", "--quiet"};
-  std::vector<double> expected;
-  {
-    Process ref = Process::Spawn({Runfile("examples/mlp_trainer"), "--single", "--quiet",
-                                  "--out=" + cluster.dir() + "/reference.txt", args[0], args[1],
-                                  args[2]},
-                                 cluster.dir() + "/reference.log");
-    ASSERT_EQ(ref.Wait(seconds(60)).code, 0) << ref.Log();
-    expected = LoadWeights(cluster.dir() + "/reference.txt");
-  }
+  const std::vector<double> expected =
+      SingleProcessReference(cluster.dir(), {args[0], args[1], args[2]});
+  ASSERT_FALSE(expected.empty());
   const int segments = Iterations() / kSegmentSteps;
   std::vector<Resources> baseline(kNodes);
   int completed_iterations = 0, killed = 0, config_changes = 0;
@@ -228,13 +184,14 @@ TEST(Soak, RestartsAndConfigChangesLeakNothingAndEveryCompletedSegmentIsExact) {
     for (size_t i = 0; i < trainers.size(); ++i) {
       const bool victim = kill && static_cast<int>(i) == victim_node * kLocal + victim_local;
       const ExitStatus st = trainers[i].Wait(kBound);
-      ASSERT_TRUE(st.exited || victim) << st.ToString() << trainers[i].Log() << cluster.Logs();
+      ASSERT_TRUE(st.exited || victim)
+          << st.ToString() << trainers[i].Log() << cluster.DaemonLogs();
       if (victim) continue;
       if (kill) {
-        EXPECT_EQ(st.code, kExitPeerFailed) << trainers[i].Log() << cluster.Logs();
+        EXPECT_EQ(st.code, kExitPeerFailed) << trainers[i].Log() << cluster.DaemonLogs();
         continue;
       }
-      ASSERT_EQ(st.code, 0) << trainers[i].Log() << cluster.Logs();
+      ASSERT_EQ(st.code, 0) << trainers[i].Log() << cluster.DaemonLogs();
       EXPECT_LE(RelativeDifference(LoadWeights(outs[i]), expected), 1e-12)
           << "segment " << s << " " << outs[i];
     }
@@ -243,7 +200,7 @@ TEST(Soak, RestartsAndConfigChangesLeakNothingAndEveryCompletedSegmentIsExact) {
     // generation left); it keeps the finished job until the next one.
     for (int n = 0; n < kNodes; ++n) {
       ASSERT_TRUE(WaitForLogCount(cluster.node(n).process(), "event=job_released", s + 1, kBound))
-          << cluster.Logs();
+          << cluster.DaemonLogs();
     }
     // After the first job: what a daemon holds between jobs.
     if (s == 0) {
@@ -265,7 +222,7 @@ TEST(Soak, RestartsAndConfigChangesLeakNothingAndEveryCompletedSegmentIsExact) {
     EXPECT_EQ(now.segments, baseline[n].segments) << "node " << n;
     EXPECT_LE(now.executor_threads, kExecutorPoolBound) << "node " << n;
     EXPECT_LE(now.rss_bytes, baseline[n].rss_bytes + kRssSlackBytes) << "node " << n;
-    EXPECT_TRUE(cluster.node(n).process().Running()) << cluster.Logs();
+    EXPECT_TRUE(cluster.node(n).process().Running()) << cluster.DaemonLogs();
   }
 }
 

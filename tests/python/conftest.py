@@ -12,11 +12,12 @@ import multiprocessing
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import pytest
 
@@ -211,3 +212,19 @@ def gradsyncd(workdir: Path):
     yield start
     for c in clusters:
         c.close()
+
+
+def run_standalone_trainers(script: Path, workdir: Path, env: Dict[str, str], count: int,
+                            cwd: Optional[Path] = None) -> List[Tuple[int, str]]:
+    """Runs ``count`` copies of standalone_trainer.py (``script``, writing
+    into ``workdir``) as plain subprocesses, LOCAL_RANK and RANK 0..count-1
+    added to ``env``, as a launcher would; their exit codes and outputs."""
+    trainers = [subprocess.Popen([sys.executable, str(script), str(workdir)], cwd=cwd,
+                                 env={**env, "LOCAL_RANK": str(r), "RANK": str(r)},
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                for r in range(count)]
+    results = []
+    for t in trainers:
+        out, _ = t.communicate(timeout=90)
+        results.append((t.returncode, out.decode()))
+    return results

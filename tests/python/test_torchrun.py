@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conftest import PY_PACKAGE, TESTS_DIR
+from conftest import PY_PACKAGE, TESTS_DIR, run_standalone_trainers
 
 import standalone_trainer
 
@@ -47,15 +47,9 @@ def test_launcher_world_size_that_gradsync_does_not_have_is_refused(workdir: Pat
     cluster = gradsyncd(2)
     env = {**os.environ, "GRADSYNC_SOCKET": cluster.socket, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(PY_PACKAGE), "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
-    trainers = [subprocess.Popen([sys.executable, str(TESTS_DIR / "standalone_trainer.py"),
-                                  str(workdir)],
-                                 env={**env, "LOCAL_RANK": str(r), "RANK": str(r)},
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                for r in range(2)]
-    for t in trainers:
-        out, _ = t.communicate(timeout=90)
-        text = out.decode()
-        assert t.returncode != 0, text
+    script = TESTS_DIR / "standalone_trainer.py"
+    for code, text in run_standalone_trainers(script, workdir, env, 2):
+        assert code != 0, text
         assert "InvalidArgumentError: gs_register: $WORLD_SIZE is 4" in text, text
         assert "gradsync job has 2 trainers" in text, text
         assert "[INVALID_ARGUMENT]" in text, text

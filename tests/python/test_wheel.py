@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, TESTS_DIR
+from conftest import REPO_ROOT, TESTS_DIR, run_standalone_trainers
 
 import standalone_trainer
 
@@ -49,13 +49,8 @@ def test_installed_wheel_trains_outside_the_checkout(wheel: Path, workdir: Path,
     env = {k: v for k, v in os.environ.items()
            if k not in ("GRADSYNC_LIB", "PYTHONPATH", "LD_LIBRARY_PATH")}
     env.update(PYTHONPATH=str(target), GRADSYNC_SOCKET=cluster.socket, OMP_NUM_THREADS="1")
-    trainers = [subprocess.Popen([sys.executable, str(script), str(workdir)], cwd=target,
-                                 env={**env, "LOCAL_RANK": str(r)},
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                for r in range(2)]
-    for t in trainers:
-        out, _ = t.communicate(timeout=90)
-        assert t.returncode == 0, out.decode() + "\n" + cluster.logs()
+    for code, text in run_standalone_trainers(script, workdir, env, 2, cwd=target):
+        assert code == 0, text + "\n" + cluster.logs()
     expected = standalone_trainer.reference(2)
     for rank in range(2):
         result = json.loads((workdir / f"result.{rank}").read_text())

@@ -24,7 +24,7 @@ import threading
 import weakref
 from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
-from . import _launcher_env, _lib
+from . import _lib
 from .errors import Status, StateError, InvalidArgumentError, error_for_status
 
 __all__ = ["Client", "DType", "TensorSpec"]
@@ -173,7 +173,7 @@ class Client:
         job's world is formed (up to the daemon's timeout). Raises
         MismatchError naming the first difference if the layouts differ, and
         InvalidArgumentError if ``$WORLD_SIZE`` (torchrun's) is not the
-        job's world size.
+        job's world size (libgradsync's gs_register checks it).
         """
         specs = [t if isinstance(t, TensorSpec) else TensorSpec(t[0], DType.parse(t[1]), int(t[2]))
                  for t in tensors]
@@ -199,7 +199,6 @@ class Client:
             self._specs = specs
             self._buffers = [None] * len(specs)
             self._rank, self._world_size = rank.value, world.value
-        _launcher_env.check_world_size(world.value)
 
     @property
     def registered(self) -> bool:

@@ -1,0 +1,66 @@
+#include "tests/integration/cluster.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace gradsync::testing {
+
+using std::chrono::seconds;
+
+Cluster::Cluster(ClusterOptions options) : options_(std::move(options)) {
+  token_file_ = dir_.File("token");
+  // A daemon refuses to start on a missing token file, naming it.
+  WriteTokenFile(token_file_, options_.token);
+  daemons_.resize(options_.nodes);
+}
+
+bool Cluster::Start() {
+  for (int n = 0; n < options_.nodes; ++n) {
+    if (!StartNode(n)) return false;
+  }
+  return true;
+}
+
+bool Cluster::StartNode(int n, const std::string& token_file) {
+  std::vector<std::string> args = {
+      absl::StrCat("--num-nodes=", options_.nodes), absl::StrCat("--node-rank=", n),
+      "--job-id=" + options_.job_id,
+      "--job-token-file=" + (token_file.empty() ? token_file_ : token_file)};
+  // The leader's port is the kernel's choice at its first start, kept after.
+  args.push_back(
+      absl::StrCat(n == 0 ? "--listen=" : "--leader=", options_.leader_host, ":", port_));
+  args.insert(args.end(), options_.flags.begin(), options_.flags.end());
+  if (n < static_cast<int>(options_.node_flags.size())) {
+    args.insert(args.end(), options_.node_flags[n].begin(), options_.node_flags[n].end());
+  }
+  daemons_[n].reset();  // a restarted node reuses the port and shm names
+  daemons_[n] = std::make_unique<Daemon>(options_.local_size, args);
+  if (!daemons_[n]->WaitReady(seconds(10))) return false;
+  if (n == 0 && port_ == 0) port_ = daemons_[0]->ListenPort(seconds(10));
+  return port_ != 0;
+}
+
+std::vector<Process> Cluster::StartTrainers(const std::vector<std::string>& args,
+                                            std::vector<std::string>* outs,
+                                            const std::string& tag) {
+  std::vector<Process> trainers;
+  for (int n = 0; n < options_.nodes; ++n) {
+    for (int r = 0; r < options_.local_size; ++r) {
+      outs->push_back(absl::StrCat(dir(), "/", tag, n, ".", r, ".txt"));
+      trainers.push_back(StartTrainer(node(n), r, args, outs->back()));
+    }
+  }
+  return trainers;
+}
+
+std::string Cluster::DaemonLogs() const {
+  std::string out;
+  for (const auto& d : daemons_) {
+    if (d) out += "---- " + d->dir() + "\n" + d->process().Log();
+  }
+  return out;
+}
+
+}  // namespace gradsync::testing

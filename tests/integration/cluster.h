@@ -1,0 +1,56 @@
+// A job of several real gradsyncd on this machine: node 0 leads and listens
+// on a port the kernel picks, the others join it with the job's token.
+#ifndef GRADSYNC_TESTS_INTEGRATION_CLUSTER_H_
+#define GRADSYNC_TESTS_INTEGRATION_CLUSTER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/integration/harness.h"
+
+namespace gradsync::testing {
+
+struct ClusterOptions {
+  int nodes = 2;
+  int local_size = 1;  // trainers per node
+  std::string job_id = "job";
+  std::string token = "s3cret";
+  std::string leader_host = "127.0.0.1";             // node 0 listens on this address only
+  std::vector<std::string> flags;                    // for every node
+  std::vector<std::vector<std::string>> node_flags;  // node_flags[n]: node n only, after `flags`
+};
+
+class Cluster {
+ public:
+  explicit Cluster(ClusterOptions options);
+
+  // Starts every node; false as soon as one does not accept connections.
+  bool Start();
+  // Starts node n, replacing (stopping first) the one there; `token_file`
+  // overrides the job's. The leader keeps its port across restarts.
+  bool StartNode(int n, const std::string& token_file = "");
+
+  // Starts local_size trainers (examples/mlp_trainer) on every node with
+  // `args`, node-major; each writes its weights to its own file in dir(),
+  // named after `tag`, and `outs` gets those paths in the same order.
+  std::vector<Process> StartTrainers(const std::vector<std::string>& args,
+                                     std::vector<std::string>* outs, const std::string& tag = "w");
+
+  Daemon& node(int n) { return *daemons_[n]; }
+  int port() const { return port_; }  // the leader's; 0 before it started
+  const std::string& dir() const { return dir_.path(); }
+  const std::string& token_file() const { return token_file_; }
+  std::string DaemonLogs() const;
+
+ private:
+  ClusterOptions options_;
+  ScratchDir dir_;  // removed after the daemons are gone
+  std::string token_file_;
+  int port_ = 0;
+  std::vector<std::unique_ptr<Daemon>> daemons_;
+};
+
+}  // namespace gradsync::testing
+
+#endif  // GRADSYNC_TESTS_INTEGRATION_CLUSTER_H_
