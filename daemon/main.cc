@@ -34,6 +34,7 @@
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 #include "daemon/flags.h"
+#include "daemon/leader_self.h"
 #include "daemon/log_output.h"
 #include "daemon/run_gradsyncd.h"
 #include "spdlog/spdlog.h"
@@ -48,7 +49,8 @@ ABSL_FLAG(std::string, socket, kDefaults.socket_path,
 ABSL_FLAG(std::string, listen, kDefaults.listen,
           "HOST:PORT for control, health, reflection and (leader) rendezvous; empty: off");
 ABSL_FLAG(std::string, leader, kDefaults.leader,
-          "HOST:PORT of the leader daemon; empty: this daemon leads");
+          "HOST:PORT of the leader daemon (node 0 may name itself, so all nodes share one "
+          "--leader); empty: this daemon leads");
 ABSL_FLAG(std::string, metrics_listen, kDefaults.metrics_listen,
           "HOST:PORT serving Prometheus metrics at /metrics over plain HTTP, readable by anyone "
           "who reaches it; empty: off");
@@ -178,6 +180,9 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   config.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   config.tls_key = absl::GetFlag(FLAGS_tls_key);
   config.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  if (absl::Status st = gradsync::AdoptLeaderNamingSelf(&config); !st.ok()) {
+    return Fail(std::string(st.message()));
+  }
   if (absl::Status st = gradsync::ValidateConfig(config); !st.ok()) {
     return Fail(std::string(st.message()));
   }

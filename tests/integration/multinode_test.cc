@@ -53,13 +53,15 @@ class Cluster {
   // `node_extra[n]`: flags for node n only (after `extra`).
   Cluster(int nodes, int local, std::vector<std::string> extra = {}, std::string token = "s3cret",
           std::string leader_host = "127.0.0.1",
-          std::vector<std::vector<std::string>> node_extra = {})
+          std::vector<std::vector<std::string>> node_extra = {},
+          std::string node0_leader_host = "")
       : nodes_(nodes),
         local_(local),
         leader_host_(std::move(leader_host)),
         port_(FreePort(leader_host_)),
         extra_(std::move(extra)),
-        node_extra_(std::move(node_extra)) {
+        node_extra_(std::move(node_extra)),
+        node0_leader_host_(std::move(node0_leader_host)) {
     token_file_ = dir_.File("token");
     EXPECT_TRUE(WriteTokenFile(token_file_, token));
     for (int n = 0; n < nodes; ++n) StartNode(n);
@@ -73,6 +75,9 @@ class Cluster {
                                      "--timeout-s=15"};
     if (n == 0) {
       args.push_back(absl::StrCat("--listen=", leader_host_, ":", port_));
+      if (!node0_leader_host_.empty()) {
+        args.push_back(absl::StrCat("--leader=", node0_leader_host_, ":", port_));
+      }
     } else {
       args.push_back(absl::StrCat("--leader=", leader_host_, ":", port_));
     }
@@ -102,6 +107,7 @@ class Cluster {
   int port_;
   std::vector<std::string> extra_;
   std::vector<std::vector<std::string>> node_extra_;
+  std::string node0_leader_host_;  // node 0's own --leader host, if any
   ScratchDir dir_;  // removed after the daemons are gone
   std::string token_file_;
   std::vector<std::unique_ptr<Daemon>> daemons_;
@@ -155,6 +161,30 @@ TEST(MultiNode, ThreeDaemonsTwoTrainersEachMatchSingleProcessTraining) {
 // must join its own rendezvous there, not at 127.0.0.1 where nothing listens.
 TEST(MultiNode, LeaderListeningOnOneAddressOnlyJoinsItsOwnJobAndTrainsLikeOneProcess) {
   Cluster cluster(2, 1, {}, "s3cret", "127.0.0.2");
+  const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
+  std::vector<Process> trainers;
+  std::vector<std::string> outs;
+  for (int n = 0; n < 2; ++n) {
+    outs.push_back(absl::StrCat(cluster.dir(), "/w", n, ".txt"));
+    trainers.push_back(StartTrainer(cluster.node(n), 0, args, outs.back()));
+  }
+  for (auto& t : trainers) {
+    ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
+  }
+  const std::vector<double> expected = Reference(cluster.dir(), args);
+  for (const std::string& out : outs) {
+    EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
+  }
+}
+
+// Every node given the same --leader (as the k8s manifest does): node 0 sees
+// that "localhost:PORT" resolves to its own address and port, and leads.
+TEST(MultiNode, NodeZeroGivenALeaderNamingItselfLeadsAndTrainsLikeOneProcess) {
+  Cluster cluster(2, 1, {}, "s3cret", "127.0.0.1", {}, "localhost");
+  EXPECT_NE(cluster.node(0).process().Log().find("event=leader_is_self leader=localhost:"),
+            std::string::npos)
+      << cluster.DaemonLogs();
   const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
   std::vector<Process> trainers;
   std::vector<std::string> outs;
