@@ -29,6 +29,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/log_value.h"
 #include "common/token_file.h"
 #include "daemon/backends/gloo_worker.h"
 #include "daemon/config.h"
@@ -195,12 +196,12 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
     } else if (config.backend == "nccl") {
       return Fail(absl::StrCat("--backend=nccl: ", made.status().message()));
     } else {
-      spdlog::info("event=no_gpu_device reason=\"{}\"", std::string(made.status().message()));
+      spdlog::info("event=no_gpu_device reason={}", LogValue(made.status().message()));
     }
   }
   gradsync::Daemon daemon(config, std::move(gpu));
   if (absl::Status st = daemon.Start(); !st.ok()) {
-    spdlog::critical("event=start_failed error=\"{}\"", std::string(st.message()));
+    spdlog::critical("event=start_failed error={}", LogValue(st.message()));
     return 1;
   }
   sd_notify(0, "READY=1");
