@@ -229,7 +229,9 @@ double Sample(const std::string& text, const std::string& metric) {
 // (table) and the daemon's Prometheus endpoint, scraped by curl, while a
 // 2-node bf16-wire job runs.
 TEST(MultiNode, StatsTableAndMetricsShowTheWireDtypeBytesAndJoins) {
-  Cluster cluster(2, 1, {"--wire-dtype=bf16", "--metrics-listen=127.0.0.1:0"});
+  // --uneven-inputs: the nodes agree on the job's active trainers (without
+  // it each node counts only its own).
+  Cluster cluster(2, 1, {"--wire-dtype=bf16", "--metrics-listen=127.0.0.1:0", "--uneven-inputs"});
   std::vector<Process> trainers;
   for (int n = 0; n < 2; ++n) {
     trainers.push_back(StartTrainer(cluster.node(n), 0, {"--steps=150", "--sleep-ms=20"}, ""));
