@@ -295,6 +295,10 @@ class Ctl {
       std::cerr << "gradsyncctl: wrote " << trace["traceEvents"].size() << " trace events to "
                 << out << " (open it in https://ui.perfetto.dev or chrome://tracing)\n";
     }
+    if (resp.dropped_events() > 0) {
+      std::cerr << "gradsyncctl: the daemon left out the oldest " << resp.dropped_events()
+                << " events to fit a gRPC message (4 MiB); the newest are all there\n";
+    }
     return kOk;
   }
 

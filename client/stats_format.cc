@@ -243,6 +243,12 @@ std::string FormatStatsTable(const v1::Stats& s) {
                         s.world_size(), s.num_nodes(), s.local_size(), s.iterations(),
                         FormatBytes(s.bytes_reduced()), Gbps(s.algbw_gbps()), Gbps(s.busbw_gbps()),
                         s.errors());
+  // The cross-node hop (--wire-dtype) and uneven inputs (gs_join).
+  absl::StrAppendFormat(&out,
+                        "wire %s  %s sent to the cross-node allreduce  %d active trainers  "
+                        "%d joined here\n",
+                        s.wire_dtype().empty() ? "-" : s.wire_dtype(), FormatBytes(s.wire_bytes()),
+                        s.active_trainers(), s.joined_local_trainers());
 
   absl::StrAppend(&out, "\nTRAINERS\n");
   if (s.trainers_size() == 0) {
@@ -253,10 +259,12 @@ std::string FormatStatsTable(const v1::Stats& s) {
                  {"PID", TextTable::kRight},
                  {"STATE", TextTable::kLeft},
                  {"ITERATIONS", TextTable::kRight},
-                 {"REDUCED", TextTable::kRight}});
+                 {"REDUCED", TextTable::kRight},
+                 {"JOINED", TextTable::kLeft}});
     for (const v1::TrainerStats& tr : s.trainers()) {
       t.AddRow({absl::StrCat(tr.rank()), absl::StrCat(tr.local_rank()), absl::StrCat(tr.pid()),
-                tr.state(), absl::StrCat(tr.iterations()), FormatBytes(tr.bytes_reduced())});
+                tr.state(), absl::StrCat(tr.iterations()), FormatBytes(tr.bytes_reduced()),
+                tr.joined() ? "yes" : "no"});
     }
     absl::StrAppend(&out, t.Render());
   }
@@ -355,6 +363,16 @@ std::string FormatStatsPrometheus(const v1::Stats& s) {
           s.busbw_gbps() * 1e9);
   w.Counter("gradsync_errors_total", "Errors since the daemon started.", {}, s.errors());
   w.Gauge("gradsync_stalls", "Stall reports currently held by the daemon.", {}, s.stalls_size());
+  w.Gauge("gradsync_wire_info", "Constant 1; the cross-node hop's dtype (--wire-dtype) as a label.",
+          {{"wire_dtype", s.wire_dtype().empty() ? "off" : s.wire_dtype()}}, 1);
+  w.Counter("gradsync_wire_bytes_total",
+            "Gradient payload bytes this node handed to cross-node allreduces, in the wire dtype.",
+            {}, s.wire_bytes());
+  w.Gauge("gradsync_active_trainers",
+          "Trainers of the job still active (not joined) in the last agreed iteration.", {},
+          s.active_trainers());
+  w.Gauge("gradsync_joined_local_trainers", "This node's trainers that called gs_join.", {},
+          s.joined_local_trainers());
 
   for (const v1::TrainerStats& t : s.trainers()) {
     const Labels rank = {{"rank", absl::StrCat(t.rank())},
@@ -367,6 +385,8 @@ std::string FormatStatsPrometheus(const v1::Stats& s) {
               t.iterations());
     w.Counter("gradsync_trainer_reduced_bytes_total", "Gradient bytes reduced for the trainer.",
               rank, t.bytes_reduced());
+    w.Gauge("gradsync_trainer_joined", "1 once the trainer called gs_join (uneven inputs).", rank,
+            t.joined() ? 1 : 0);
   }
 
   for (const v1::BucketStats& b : s.buckets()) {

@@ -12,6 +12,29 @@
 #include "absl/strings/str_format.h"
 
 namespace gradsync {
+namespace {
+
+std::string ReadLink(const std::string& path) {
+  char target[4096];
+  const ssize_t n = readlink(path.c_str(), target, sizeof(target));
+  return n <= 0 ? std::string() : std::string(target, static_cast<size_t>(n));
+}
+
+// The kubelet's atomic-writer layout of a Secret volume: DIR/NAME is a
+// symlink to ..data/NAME, and DIR/..data a symlink to a ..<timestamp>
+// directory beside it. The kubelet alone writes it, and gives the files
+// the Pod's fsGroup on purpose; nobody makes this layout by mistake.
+bool InKubernetesSecretVolume(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (name.empty() || ReadLink(path) != "..data/" + name) return false;
+  const std::string data = ReadLink(dir + "/..data");
+  return data.size() > 2 && data.rfind("..", 0) == 0 && data.find('/') == std::string::npos &&
+         data != "..data";
+}
+
+}  // namespace
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   // Opened once and checked through the descriptor: the mode checked is the
@@ -26,11 +49,16 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
     close(fd);
     return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is not a regular file"));
   }
-  if ((st.st_mode & 077) != 0) {
+  // Group read only is allowed in a Secret volume: fsGroup makes its files
+  // 0440/0640, and the group is the Pod's. Others, or a group that may
+  // write, are always refused.
+  const mode_t allowed = InKubernetesSecretVolume(path) ? S_IRGRP : 0;
+  if ((st.st_mode & 077 & ~allowed) != 0) {
     close(fd);
-    return absl::InvalidArgumentError(
-        absl::StrFormat("token file %s has mode %04o: group or others may access it (chmod 600 %s)",
-                        path, st.st_mode & 07777, path));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "token file %s has mode %04o: %s may access it (chmod 600 %s%s)", path,
+        st.st_mode & 07777, allowed != 0 ? "others or a writing group" : "group or others", path,
+        allowed != 0 ? "; a Secret volume may be group-readable (defaultMode 0440), no more" : ""));
   }
   std::string content;
   char buffer[4096];

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/log_value.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
@@ -47,7 +48,7 @@ bool AutotuneDriver::PlaceCandidates(BucketAutotuner& tuner) {
     const CapsCandidate& c = tuner.results()[i].caps;
     absl::StatusOr<uint64_t> placed = publish_(c, at);
     if (!placed.ok()) {
-      spdlog::warn("event=autotune_abandoned reason=\"{}\"", std::string(placed.status().message()));
+      spdlog::warn("event=autotune_abandoned reason={}", LogValue(placed.status().message()));
       return false;
     }
     tuner.Place(i, *placed);
@@ -98,7 +99,7 @@ void AutotuneDriver::Handle(const Report& r) {
                      best.score_s, *at);
       } else {
         state_ = "abandoned: the job ended before the choice was applied";
-        spdlog::warn("event=autotune_abandoned reason=\"{}\"", std::string(at.status().message()));
+        spdlog::warn("event=autotune_abandoned reason={}", LogValue(at.status().message()));
       }
       finished = true;
     }

@@ -16,6 +16,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/log_value.h"
 #include "grpcpp/server_posix.h"
 #include "spdlog/spdlog.h"
 
@@ -169,8 +170,8 @@ bool ConnectionAcceptor::Admitted(int fd) {
   // A peer retrying in a loop is logged once; the memory is bounded.
   if (refusals_logged_.size() >= 1024) refusals_logged_.clear();
   if (refusals_logged_.insert(verdict.peer).second) {
-    spdlog::warn("event=peer_refused {} reason=\"{}\"", verdict.peer,
-                 std::string(verdict.status.message()));
+    spdlog::warn("event=peer_refused {} reason={}", verdict.peer,
+                 LogValue(verdict.status.message()));
   }
   return false;
 }
@@ -193,7 +194,7 @@ void ConnectionAcceptor::Loop(grpc::Server* server) {
   while (true) {
     const int n = poll(fds.data(), fds.size(), timeout_ms);
     if (n < 0 && errno != EINTR) {
-      spdlog::error("event=accept_poll_failed error=\"{}\"", std::strerror(errno));
+      spdlog::error("event=accept_poll_failed error={}", LogValue(std::strerror(errno)));
       timeout_ms = kExhaustedBackoffMs;
       continue;
     }
@@ -231,9 +232,9 @@ bool ConnectionAcceptor::AcceptAll(int listener, grpc::Server* server) {
     if (err == EMFILE || err == ENFILE) {
       if (!out_of_fds_) {
         out_of_fds_ = true;
-        spdlog::warn("event=accept_out_of_fds listener={} error=\"{}\" action=\"closing new "
+        spdlog::warn("event=accept_out_of_fds listener={} error={} action=\"closing new "
                      "connections until descriptors free up\"",
-                     listener, std::strerror(err));
+                     listener, LogValue(std::strerror(err)));
       }
       if (reserve_fd_ < 0 && (reserve_fd_ = OpenReserve()) < 0) {
         return false;  // nothing to give up: wait for descriptors to free
@@ -246,7 +247,7 @@ bool ConnectionAcceptor::AcceptAll(int listener, grpc::Server* server) {
       reserve_fd_ = OpenReserve();
       continue;
     }
-    spdlog::error("event=accept_failed listener={} error=\"{}\"", listener, std::strerror(err));
+    spdlog::error("event=accept_failed listener={} error={}", listener, LogValue(std::strerror(err)));
     return false;  // ENOBUFS, ENOMEM: back off rather than spin
   }
 }

@@ -6,11 +6,17 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/log_value.h"
 #include "common/status_code.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
 namespace {
+
+// A GetTrace reply must fit gRPC's default 4 MiB receive limit, which every
+// client has unless it raises it: the JSON gets 4 MiB less room for the
+// rest of the message.
+constexpr size_t kMaxTraceJsonBytes = (size_t{4} << 20) - (size_t{64} << 10);
 
 template <typename Response>
 grpc::Status Reply(Response* resp, const absl::Status& status) {
@@ -155,7 +161,7 @@ grpc::Status ControlService::SetConfig(grpc::ServerContext* context,
     }
   }
   if (!changed.empty()) config_version_.fetch_add(1);
-  spdlog::info("event=config_set changes=\"{}\" version={}", absl::StrJoin(changed, " "),
+  spdlog::info("event=config_set changes={} version={}", LogValue(absl::StrJoin(changed, " ")),
                config_version_.load());
   FillConfig(resp->mutable_config());
   return Reply(resp, absl::OkStatus());
@@ -166,9 +172,10 @@ grpc::Status ControlService::GetTrace(grpc::ServerContext* context, const v1::Ge
   if (grpc::Status st = auth_.CheckRead(*context, "Control.GetTrace"); !st.ok()) return st;
   std::shared_ptr<Job> job = jobs_->Current();
   if (!job) return Reply(resp, MakeError(v1::STATE, "no job has run on this daemon yet"));
-  absl::StatusOr<std::string> json = job->TraceJson();
-  if (!json.ok()) return Reply(resp, json.status());
-  resp->set_trace_json(std::move(*json));
+  absl::StatusOr<JobStats::BoundedTrace> trace = job->TraceJson(kMaxTraceJsonBytes);
+  if (!trace.ok()) return Reply(resp, trace.status());
+  resp->set_trace_json(std::move(trace->json));
+  resp->set_dropped_events(trace->dropped_events);
   return Reply(resp, absl::OkStatus());
 }
 

@@ -129,14 +129,14 @@ absl::Status Daemon::Start() {
     if (serving) {
       spdlog::info("event=health status=SERVING");
     } else {
-      spdlog::warn("event=health status=NOT_SERVING reason=\"{}\"", reason);
+      spdlog::warn("event=health status=NOT_SERVING reason={}", LogValue(reason));
     }
   };
   if (config_.num_nodes > 1) {
     hooks.report_forming = [this](const std::string& report) {
       if (absl::Status st = ClusterLink::ReportForming(jobs_->config(), leader_address_, report);
           !st.ok()) {
-        spdlog::info("event=forming_report_failed error=\"{}\"", std::string(st.message()));
+        spdlog::info("event=forming_report_failed error={}", LogValue(st.message()));
       }
     };
   }
@@ -306,14 +306,14 @@ std::shared_ptr<ipc::NodeSegment> Daemon::NodeSegmentForNewJob() {
   auto fresh = CreateNodeSegment(++node_generation_);
   if (!fresh.ok()) {
     // The job's trainers then get Open's clear error instead of a hang.
-    spdlog::error("event=node_segment_recreate_failed reason=\"{}\" error=\"{}\"",
-                  std::string(damage.message()), std::string(fresh.status().message()));
+    spdlog::error("event=node_segment_recreate_failed reason={} error={}",
+                  LogValue(damage.message()), LogValue(fresh.status().message()));
     return node_;
   }
   // A damaged header under our own name: nobody may open it any more.
   if (node_->StillNamed()) ipc::SharedSegment::Remove(node_->name()).IgnoreError();
-  spdlog::warn("event=node_segment_recreated reason=\"{}\" old={} new={}",
-               std::string(damage.message()), node_->name(), fresh->name());
+  spdlog::warn("event=node_segment_recreated reason={} old={} new={}",
+               LogValue(damage.message()), node_->name(), fresh->name());
   retired_nodes_.erase(std::remove_if(retired_nodes_.begin(), retired_nodes_.end(),
                                       [](const auto& w) { return w.expired(); }),
                        retired_nodes_.end());
@@ -445,7 +445,7 @@ void Daemon::Run() {
     mu_.Await(absl::Condition(&shutdown_));
     reason = shutdown_reason_;
   }
-  spdlog::info("event=shutdown reason=\"{}\"", reason);
+  spdlog::info("event=shutdown reason={}", LogValue(reason));
   if (listen_server_) listen_server_->GetHealthCheckService()->SetServingStatus(false);
   jobs_->FailAll(
       MakeError(v1::UNAVAILABLE, absl::StrCat("gradsyncd is shutting down (", reason, ")")));

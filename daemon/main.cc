@@ -29,11 +29,13 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/log_value.h"
 #include "common/token_file.h"
 #include "daemon/backends/gloo_worker.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 #include "daemon/flags.h"
+#include "daemon/leader_self.h"
 #include "daemon/log_output.h"
 #include "daemon/run_gradsyncd.h"
 #include "spdlog/spdlog.h"
@@ -48,7 +50,8 @@ ABSL_FLAG(std::string, socket, kDefaults.socket_path,
 ABSL_FLAG(std::string, listen, kDefaults.listen,
           "HOST:PORT for control, health, reflection and (leader) rendezvous; empty: off");
 ABSL_FLAG(std::string, leader, kDefaults.leader,
-          "HOST:PORT of the leader daemon; empty: this daemon leads");
+          "HOST:PORT of the leader daemon (node 0 may name itself, so all nodes share one "
+          "--leader); empty: this daemon leads");
 ABSL_FLAG(std::string, metrics_listen, kDefaults.metrics_listen,
           "HOST:PORT serving Prometheus metrics at /metrics over plain HTTP, readable by anyone "
           "who reaches it; empty: off");
@@ -178,6 +181,9 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   config.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   config.tls_key = absl::GetFlag(FLAGS_tls_key);
   config.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  if (absl::Status st = gradsync::AdoptLeaderNamingSelf(&config); !st.ok()) {
+    return Fail(std::string(st.message()));
+  }
   if (absl::Status st = gradsync::ValidateConfig(config); !st.ok()) {
     return Fail(std::string(st.message()));
   }
@@ -190,12 +196,12 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
     } else if (config.backend == "nccl") {
       return Fail(absl::StrCat("--backend=nccl: ", made.status().message()));
     } else {
-      spdlog::info("event=no_gpu_device reason=\"{}\"", std::string(made.status().message()));
+      spdlog::info("event=no_gpu_device reason={}", LogValue(made.status().message()));
     }
   }
   gradsync::Daemon daemon(config, std::move(gpu));
   if (absl::Status st = daemon.Start(); !st.ok()) {
-    spdlog::critical("event=start_failed error=\"{}\"", std::string(st.message()));
+    spdlog::critical("event=start_failed error={}", LogValue(st.message()));
     return 1;
   }
   sd_notify(0, "READY=1");

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/log_value.h"
 #include "grpcpp/resource_quota.h"
 #include "spdlog/spdlog.h"
 
@@ -35,15 +36,15 @@ void LimitServerThreads(grpc::ServerBuilder& builder, const std::string& name, i
 void RaiseOpenFileLimit() {
   rlimit limit{};
   if (getrlimit(RLIMIT_NOFILE, &limit) != 0) {
-    spdlog::warn("event=nofile_limit error=\"{}\"", std::strerror(errno));
+    spdlog::warn("event=nofile_limit error={}", LogValue(std::strerror(errno)));
     return;
   }
   const rlim_t before = limit.rlim_cur;
   if (limit.rlim_cur < limit.rlim_max) {
     limit.rlim_cur = limit.rlim_max;
     if (setrlimit(RLIMIT_NOFILE, &limit) != 0) {
-      spdlog::warn("event=nofile_limit soft={} hard={} error=\"{}\"", before, limit.rlim_max,
-                   std::strerror(errno));
+      spdlog::warn("event=nofile_limit soft={} hard={} error={}", before, limit.rlim_max,
+                   LogValue(std::strerror(errno)));
       return;
     }
   }

@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/log_value.h"
 #include "common/status_code.h"
 #include "daemon/backends/gloo_backend.h"
 #include "daemon/backends/gloo_store.h"
@@ -82,7 +83,7 @@ std::string GlooConnections() {
   }
   const std::string fatal = absl::StrCat("uncaught exception on a Gloo thread: ", what,
                                          "; the worker's Gloo connections: ", GlooConnections());
-  spdlog::critical("event=gloo_worker_fatal error=\"{}\"", fatal);
+  spdlog::critical("event=gloo_worker_fatal error={}", LogValue(fatal));
   if (g_channel != nullptr) {
     v1::GlooWorkerEvent event;
     event.set_fatal(fatal);

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/log_value.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
 #include "common/tls_credentials.h"
@@ -82,8 +83,8 @@ ClusterLink::~ClusterLink() {
   }
   absl::Status st = client_->Leave(config_.node_rank, generation_, "the job's trainers closed");
   if (!st.ok()) {
-    spdlog::info("event=leave_failed generation={} error=\"{}\"", generation_,
-                 std::string(st.message()));
+    spdlog::info("event=leave_failed generation={} error={}", generation_,
+                 LogValue(st.message()));
   }
 }
 
@@ -428,8 +429,8 @@ absl::Status ClusterLink::ApplyConfigLog(uint64_t newest) {
     const std::string key = ConfigKey(generation_, version);
     absl::StatusOr<std::optional<std::string>> value = client_->Get(key);
     if (!value.ok()) {
-      spdlog::warn("event=config_fetch_failed version={} error=\"{}\"", version,
-                   std::string(value.status().message()));
+      spdlog::warn("event=config_fetch_failed version={} error={}", version,
+                   LogValue(value.status().message()));
       return absl::OkStatus();  // the next heartbeat retries from here
     }
     if (!value->has_value()) {

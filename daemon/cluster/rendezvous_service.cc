@@ -31,8 +31,8 @@ int64_t Millis(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
 
 void LogRefusal(const char* rpc, const grpc::ServerContext* context, int node_rank,
                 const std::string& reason) {
-  spdlog::warn("event=rendezvous_refused rpc={} node_rank={} peer={} reason=\"{}\"", rpc, node_rank,
-               context->peer(), reason);
+  spdlog::warn("event=rendezvous_refused rpc={} node_rank={} peer={} reason={}", rpc, node_rank,
+               context->peer(), LogValue(reason));
 }
 
 grpc::Status Cancelled() { return grpc::Status(grpc::StatusCode::CANCELLED, "call cancelled"); }
@@ -45,7 +45,7 @@ uint64_t NewIncarnation() {
     const ssize_t n = getrandom(&id, sizeof(id), 0);
     if (n != static_cast<ssize_t>(sizeof(id)) && errno != EINTR) {
       // Only before the kernel's pool is initialised (early boot): say so.
-      spdlog::error("event=getrandom_failed error=\"{}\"", std::strerror(errno));
+      spdlog::error("event=getrandom_failed error={}", LogValue(std::strerror(errno)));
       id = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) ^ static_cast<uint64_t>(getpid());
     }
   }
@@ -106,7 +106,7 @@ void RendezvousService::AbortLocked(const std::string& reason) {
   aborted_ = true;
   abort_reason_ = reason;
   for (Member& m : members_) m.heard_since_abort = false;
-  spdlog::warn("event=generation_aborted generation={} reason=\"{}\"", generation_, reason);
+  spdlog::warn("event=generation_aborted generation={} reason={}", generation_, LogValue(reason));
   changed_.SignalAll();
 }
 
@@ -273,8 +273,8 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
                        " nodes joined; missing node ranks: ", absl::StrJoin(missing, ", "));
       pending_.erase(it);
       changed_.SignalAll();
-      spdlog::warn("event=join_timeout node_rank={} generation={} reason=\"{}\"", rank, target,
-                   message);
+      spdlog::warn("event=join_timeout node_rank={} generation={} reason={}", rank, target,
+                   LogValue(message));
       SetError(response->mutable_error(), v1::TIMEOUT, std::move(message));
       return grpc::Status::OK;
     }
@@ -637,8 +637,8 @@ grpc::Status RendezvousService::Leave(grpc::ServerContext* context, const v1::Le
     AbortLocked(absl::StrCat("node_rank=", rank, " (host=", members_[rank].host,
                              ") left: ", request->reason()));
   } else {
-    spdlog::info("event=leave node_rank={} generation={} current_generation={} reason=\"{}\"", rank,
-                 generation, generation_, request->reason());
+    spdlog::info("event=leave node_rank={} generation={} current_generation={} reason={}", rank,
+                 generation, generation_, LogValue(request->reason()));
   }
   // It answered: it is not among the silent (possibly dead) members.
   if (generation == generation_ && !members_.empty()) members_[rank].heard_since_abort = true;

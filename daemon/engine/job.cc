@@ -579,8 +579,8 @@ bool Job::RemoveTrainer(uint64_t session, bool graceful, const std::string& reas
   Trainer* t = FindLocked(session);
   if (t == nullptr) return false;
   t->gone.store(true);
-  spdlog::info("event=leave job={} local_rank={} pid={} graceful={} reason=\"{}\"", id_,
-               t->local_rank, t->pid, graceful, reason);
+  spdlog::info("event=leave job={} local_rank={} pid={} graceful={} reason={}", id_,
+               t->local_rank, t->pid, graceful, LogValue(reason));
   if (t->segment.header() != nullptr) ipc::SharedSegment::Remove(t->segment.name()).IgnoreError();
   if (state_ == JobState::kAttaching) {
     if (t->registered) --registered_;
@@ -740,10 +740,10 @@ void Job::FillStats(v1::Stats* out) const {
   }
 }
 
-absl::StatusOr<std::string> Job::TraceJson() const {
+absl::StatusOr<JobStats::BoundedTrace> Job::TraceJson(size_t max_bytes) const {
   absl::MutexLock lock(&mu_);
   if (!stats_) return MakeError(v1::STATE, "the job has not started: nothing recorded yet");
-  return stats_->TraceJson("GetTrace");
+  return stats_->TraceJsonWithin("GetTrace", max_bytes);
 }
 
 void Job::SetCaps(const BucketCaps& caps, uint64_t at_iteration) {

@@ -188,8 +188,10 @@ class Job {
   std::vector<TrainerInfo> Trainers() const ABSL_LOCKS_EXCLUDED(mu_);
   // Trainers, buckets, totals, errors, stalls (GetStats).
   void FillStats(v1::Stats* out) const ABSL_LOCKS_EXCLUDED(mu_);
-  // The flight recorder as Chrome trace JSON; STATE before the job runs.
-  absl::StatusOr<std::string> TraceJson() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The flight recorder as Chrome trace JSON within `max_bytes` (newest
+  // events kept); STATE before the job runs.
+  absl::StatusOr<JobStats::BoundedTrace> TraceJson(size_t max_bytes) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // New caps take effect at the boundary entering `at_iteration` (0: next).
   void SetCaps(const BucketCaps& caps, uint64_t at_iteration = 0) ABSL_LOCKS_EXCLUDED(mu_);
   // Synced iterations per second since the job started running (0 before),

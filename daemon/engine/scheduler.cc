@@ -615,8 +615,8 @@ bool Scheduler::CheckUnwrittenSinceMark(uint32_t bucket) {
                                              layout_[tensor].bytes());
       if (now == at_mark) continue;
       if (FailIfTruncated()) return false;
-      spdlog::error("event=written_after_mark iteration={} trainer=\"{}\" tensor={} name=\"{}\"",
-                    iteration(), t.Name(), tensor, layout_[tensor].name);
+      spdlog::error("event=written_after_mark iteration={} trainer=\"{}\" tensor={} name={}",
+                    iteration(), t.Name(), tensor, LogValue(layout_[tensor].name));
       fail_(MakeError(v1::INVALID_ARGUMENT,
                       absl::StrCat(t.Name(), " wrote tensor ", tensor, " '", layout_[tensor].name,
                                    "' after marking it in iteration ", iteration(),

@@ -165,14 +165,39 @@ std::string JobStats::last_trace_file() const {
   return last_trace_file_;
 }
 
-std::string JobStats::TraceJson(const std::string& reason) const {
+TraceMetadata JobStats::Metadata(const std::string& reason) const {
   TraceMetadata meta;
   meta.node_rank = node_rank_;
   meta.num_nodes = num_nodes_;
   meta.job_id = job_id_;
   meta.reason = reason;
   meta.tensor_names = tensor_names_;
-  return ToChromeTraceJson(recorder_.Snapshot(), meta);
+  return meta;
+}
+
+std::string JobStats::TraceJson(const std::string& reason) const {
+  return ToChromeTraceJson(recorder_.Snapshot(), Metadata(reason));
+}
+
+JobStats::BoundedTrace JobStats::TraceJsonWithin(const std::string& reason,
+                                                 size_t max_bytes) const {
+  TraceSnapshot snapshot = recorder_.Snapshot();
+  TraceMetadata meta = Metadata(reason);
+  BoundedTrace out{ToChromeTraceJson(snapshot, meta), 0};
+  while (out.json.size() > max_bytes && !snapshot.events.empty()) {
+    // JSON size is about proportional to the events: keep the newest share
+    // that should fit, less a margin, and render again.
+    const double fits = 0.9 * static_cast<double>(max_bytes) / static_cast<double>(out.json.size());
+    const size_t keep = std::min(snapshot.events.size() - 1,
+                                 static_cast<size_t>(snapshot.events.size() * fits));
+    const size_t drop = snapshot.events.size() - keep;
+    snapshot.events.erase(snapshot.events.begin(), snapshot.events.begin() + drop);
+    out.dropped_events += drop;
+    meta.reason = absl::StrCat(reason, " (the oldest ", out.dropped_events,
+                               " events left out to fit ", max_bytes, " bytes)");
+    out.json = ToChromeTraceJson(snapshot, meta);
+  }
+  return out;
 }
 
 void JobStats::FillStats(v1::Stats* out, const std::vector<uint32_t>& tensors_per_bucket) const {

@@ -69,11 +69,19 @@ class JobStats final : public SchedulerObserver {
   void FillStats(v1::Stats* out, const std::vector<uint32_t>& tensors_per_bucket) const
       ABSL_LOCKS_EXCLUDED(mu_);
   std::string TraceJson(const std::string& reason) const;
+  // The trace cut to at most `max_bytes` (a gRPC message must fit): the
+  // newest events kept, the oldest left out and counted (also in its reason).
+  struct BoundedTrace {
+    std::string json;
+    uint64_t dropped_events = 0;
+  };
+  BoundedTrace TraceJsonWithin(const std::string& reason, size_t max_bytes) const;
   // Path of the last trace written automatically ("" if none).
   std::string last_trace_file() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t bytes_per_iteration() const { return bytes_per_iteration_.load(); }
 
  private:
+  TraceMetadata Metadata(const std::string& reason) const;
   struct Bucket {
     LatencyStats total, wait_for_ready, local_reduce, collective, write_back;
     std::atomic<uint64_t> count{0};

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -198,6 +199,56 @@ TEST(GradsyncdFlagsTest, MetricsListenErrorsNameTheFlag) {
   close(taken);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.out + r.err, HasSubstr(absl::StrCat("cannot listen on --metrics-listen ", busy)));
+}
+
+// Node 0 may share every node's --leader only if it names node 0 itself;
+// one naming another host or port is refused before anything binds.
+TEST(GradsyncdFlagsTest, NodeZeroWithALeaderNamingAnotherDaemonIsRefused) {
+  const std::vector<std::string> node0 = {"--num-nodes=2", "--node-rank=0",
+                                          "--listen=127.0.0.1:7250", "--insecure"};
+  std::vector<std::string> args = node0;
+  args.push_back("--leader=192.0.2.1:7250");  // TEST-NET-1: never this host
+  Result r = RunDaemon(args);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.err, HasSubstr("--node-rank 0 hosts the rendezvous on its --listen "
+                               "127.0.0.1:7250, so its --leader must name this daemon"));
+  EXPECT_THAT(r.err, HasSubstr("--leader 192.0.2.1:7250 names another host (it resolves to "
+                               "192.0.2.1, none of them this host's)"));
+
+  args = node0;
+  args.push_back("--leader=127.0.0.1:7251");  // this host, another daemon's port
+  r = RunDaemon(args);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.err, HasSubstr("--leader 127.0.0.1:7251 names port 7251, not --listen's"));
+}
+
+// What the kubelet writes for a Secret volume with fsGroup: DIR/token ->
+// ..data/token, DIR/..data -> ..<timestamp>/, the file group-readable.
+std::string SecretVolumeToken(const std::string& name, mode_t mode) {
+  const std::string dir = absl::StrCat(TestTmpDir(), "/", name);
+  EXPECT_EQ(mkdir(dir.c_str(), 0755), 0);
+  EXPECT_EQ(mkdir((dir + "/..2026_11_23_07_00_00.42").c_str(), 0755), 0);
+  const std::string file = dir + "/..2026_11_23_07_00_00.42/token";
+  std::ofstream(file) << "s3cret\n";
+  EXPECT_EQ(chmod(file.c_str(), mode), 0);
+  EXPECT_EQ(symlink("..2026_11_23_07_00_00.42", (dir + "/..data").c_str()), 0);
+  EXPECT_EQ(symlink("..data/token", (dir + "/token").c_str()), 0);
+  return dir + "/token";
+}
+
+TEST(GradsyncdFlagsTest, GroupReadableTokenInASecretVolumeIsReadWorldReadableRefused) {
+  // Read, then the start stops at the next check (--num-nodes 0): the token passed.
+  const std::string ok = SecretVolumeToken("secret-0440", 0440);
+  Result r = RunDaemon({"--job-token-file=" + ok, "--num-nodes=0"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--num-nodes 0 is not in [1, 4096]"));
+  EXPECT_THAT(r.err, Not(HasSubstr("token file")));
+
+  const std::string world = SecretVolumeToken("secret-0444", 0444);
+  r = RunDaemon({"--job-token-file=" + world, "--num-nodes=0"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr(absl::StrCat("--job-token-file: token file ", world,
+                                            " has mode 0444: others or a writing group")));
 }
 
 }  // namespace

@@ -1,8 +1,11 @@
 """Checks the Kubernetes sidecar manifests: they parse, and the pieces that
 must agree do (socket path, shared memory, probes on the listen port, the
 leader's DNS name, the headless Service selecting the Job's Pods)."""
+import os
 import shlex
+import subprocess
 import sys
+import tempfile
 
 import yaml
 
@@ -37,7 +40,7 @@ def daemon_flag(script, env, name):
     return env[var] if env.get(var) is not None else flag(script, name)
 
 
-def main(paths):
+def main(paths, gradsyncd=None):
     docs = []
     for p in paths:
         with open(p) as f:
@@ -71,7 +74,13 @@ def main(paths):
     check(len(trainers) == 1, "one trainer container expected")
     trainer = trainers[0]
 
-    script = "\n".join(daemon.get("command", []) + daemon.get("args", []))
+    command = daemon.get("command", []) + daemon.get("args", [])
+    check(command and command[0].endswith("/gradsyncd"),
+          f"the sidecar must run gradsyncd itself, not {command[:2]}")
+    check(not any(c in ("sh", "bash") or c.endswith(("/sh", "/bash")) or c == "-c"
+                  for c in command),
+          f"no shell in the sidecar's command: {command}")
+    script = "\n".join(command)
     daemon_env = {e["name"]: e.get("value") for e in daemon.get("env", [])}
     socket = daemon_flag(script, daemon_env, "--socket")
     listen = daemon_flag(script, daemon_env, "--listen")
@@ -85,8 +94,8 @@ def main(paths):
         check(daemon.get(probe, {}).get("grpc", {}).get("port") == port,
               f"{probe} must be a grpc probe on port {port}")
     leader = f'{job["metadata"]["name"]}-0.{svc["metadata"]["name"]}:{port}'
-    check(f"--leader {leader}" in script or f"GRADSYNCD_LEADER={leader}" in script,
-          f"non-leaders must use --leader {leader}")
+    check(daemon_flag(script, daemon_env, "--leader") == leader,
+          f"every node (node 0 names itself) must use --leader {leader}")
     rank = next((e for e in daemon.get("env", []) if e["name"] == "GRADSYNCD_NODE_RANK"), {})
     check(rank.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
           == "metadata.annotations['batch.kubernetes.io/job-completion-index']",
@@ -131,8 +140,43 @@ def main(paths):
     for c in (daemon, trainer):
         for name in mounts(c):
             check(name in volumes, f"{c['name']} mounts unknown volume {name}")
+    token = daemon_flag(script, daemon_env, "--job-token-file")
+    secret_dirs = [path for n, path in mounts(daemon).items() if "secret" in volumes.get(n, {})]
+    check(token and any(token.startswith(d + "/") for d in secret_dirs),
+          f"--job-token-file {token} must be read in place from a Secret volume {secret_dirs}")
+    if gradsyncd:
+        check_flags_parse(gradsyncd, daemon, command)
     print(f"PASS: {len(docs)} documents in {len(paths)} file(s)")
 
 
+def check_flags_parse(gradsyncd, daemon, command):
+    """Runs the real gradsyncd with the sidecar's environment and arguments
+    (downward-API values filled in, the token copied to a scratch file),
+    plus --num-nodes=0 so it stops at validation: reaching that check means
+    every GRADSYNCD_* variable named a flag and every value parsed."""
+    with tempfile.TemporaryDirectory() as scratch:
+        token = os.path.join(scratch, "token")
+        with open(token, "w") as f:
+            f.write("s3cret\n")
+        os.chmod(token, 0o600)
+        env = {"PATH": "/usr/bin:/bin"}
+        for e in daemon.get("env", []):
+            value = e.get("value")
+            if value is None:  # the downward API: a rank and a Pod IP
+                value = {"GRADSYNCD_NODE_RANK": "1", "GRADSYNCD_HOST": "127.0.0.1"}[e["name"]]
+            env[e["name"]] = value
+        env["GRADSYNCD_JOB_TOKEN_FILE"] = token
+        env["GRADSYNCD_SOCKET"] = os.path.join(scratch, "s.sock")
+        run = subprocess.run([gradsyncd] + command[1:] + ["--num-nodes=0"], env=env,
+                             capture_output=True, text=True, timeout=60)
+        check(run.returncode == 2 and "--num-nodes 0 is not in [1, 4096]" in run.stderr,
+              f"gradsyncd did not accept the sidecar's flags: exit {run.returncode}, "
+              f"{run.stderr.strip()}")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    args = sys.argv[1:]
+    binary = None
+    if args and args[0].startswith("--gradsyncd="):
+        binary = args.pop(0).split("=", 1)[1]
+    main(args, binary)

@@ -1,5 +1,10 @@
 #include "tests/integration/cluster.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <utility>
 
@@ -23,14 +28,41 @@ bool Cluster::Start() {
   return true;
 }
 
+namespace {
+
+// A port the kernel has just handed out on `host` (bound, read, closed).
+int FreeTcpPort(const std::string& host) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  int port = 0;
+  socklen_t len = sizeof(addr);
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) == 1 &&
+      bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+}  // namespace
+
 bool Cluster::StartNode(int n, const std::string& token_file) {
   std::vector<std::string> args = {
       absl::StrCat("--num-nodes=", options_.nodes), absl::StrCat("--node-rank=", n),
       "--job-id=" + options_.job_id,
       "--job-token-file=" + (token_file.empty() ? token_file_ : token_file)};
   // The leader's port is the kernel's choice at its first start, kept after.
+  if (n == 0 && port_ == 0 && !options_.node0_leader_host.empty()) {
+    port_ = FreeTcpPort(options_.leader_host);  // --leader must name it before the start
+  }
   args.push_back(
       absl::StrCat(n == 0 ? "--listen=" : "--leader=", options_.leader_host, ":", port_));
+  if (n == 0 && !options_.node0_leader_host.empty()) {
+    args.push_back(absl::StrCat("--leader=", options_.node0_leader_host, ":", port_));
+  }
   args.insert(args.end(), options_.flags.begin(), options_.flags.end());
   if (n < static_cast<int>(options_.node_flags.size())) {
     args.insert(args.end(), options_.node_flags[n].begin(), options_.node_flags[n].end());

@@ -19,6 +19,9 @@ struct ClusterOptions {
   std::string leader_host = "127.0.0.1";             // node 0 listens on this address only
   std::vector<std::string> flags;                    // for every node
   std::vector<std::vector<std::string>> node_flags;  // node_flags[n]: node n only, after `flags`
+  // When set, node 0 is also given --leader=<this host>:<its own port>, as
+  // every node of the k8s manifest is; its port is then chosen before start.
+  std::string node0_leader_host;
 };
 
 class Cluster {

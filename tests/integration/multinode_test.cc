@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -90,17 +91,12 @@ TEST(MultiNode, ThreeDaemonsTwoTrainersEachMatchSingleProcessTraining) {
 // write-back: training still equals single-process training, and every node
 // cut the bucket the same way (16 MiB of fp64 weights plus biases: 3 pieces).
 TEST(MultiNode, ABucketOfSeveralPiecesTrainsLikeOneProcess) {
-  Cluster cluster(2, 2, {"--bucket-cap-mb=32", "--first-bucket-cap-mb=32"});
+  Cluster cluster(Job(2, 2, {"--bucket-cap-mb=32", "--first-bucket-cap-mb=32"}));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   const std::vector<std::string> common = {"--steps=6", "--batch=60", "--fp64", "--dim=1024",
                                            "--hidden=2048"};
-  std::vector<Process> trainers;
   std::vector<std::string> outs;
-  for (int n = 0; n < 2; ++n) {
-    for (int r = 0; r < 2; ++r) {
-      outs.push_back(absl::StrCat(cluster.dir(), "/w", n, ".", r, ".txt"));
-      trainers.push_back(StartTrainer(cluster.node(n), r, common, outs.back()));
-    }
-  }
+  std::vector<Process> trainers = cluster.StartTrainers(common, &outs);
   for (auto& t : trainers) {
     ExitStatus st = t.Wait(kBound);
     ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
@@ -110,7 +106,7 @@ TEST(MultiNode, ABucketOfSeveralPiecesTrainsLikeOneProcess) {
               std::string::npos)
         << "node " << n << ":\n" << cluster.node(n).process().Log();
   }
-  const std::vector<double> expected = Reference(cluster.dir(), common);
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), common);
   const std::vector<double> first = LoadWeights(outs[0]);
   for (const std::string& out : outs) {
     const std::vector<double> got = LoadWeights(out);
@@ -134,6 +130,100 @@ TEST(MultiNode, LeaderListeningOnOneAddressOnlyJoinsItsOwnJobAndTrainsLikeOnePro
   const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
   for (const std::string& out : outs) {
     EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
+  }
+}
+
+// Every node given the same --leader (as the k8s manifest does): node 0 sees
+// that "localhost:PORT" resolves to its own address and port, and leads.
+TEST(MultiNode, NodeZeroGivenALeaderNamingItselfLeadsAndTrainsLikeOneProcess) {
+  ClusterOptions options = Job(2, 1);
+  options.node0_leader_host = "localhost";
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  EXPECT_NE(cluster.node(0).process().Log().find("event=leader_is_self leader=localhost:"),
+            std::string::npos)
+      << cluster.DaemonLogs();
+  const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
+  for (auto& t : trainers) {
+    ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
+  }
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
+  for (const std::string& out : outs) {
+    EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
+  }
+}
+
+// The port a daemon logged for --metrics-listen=HOST:0 (0 if none).
+int MetricsPort(Daemon& daemon) {
+  if (!WaitForLog(daemon.process(), "event=metrics_listening", kBound)) return 0;
+  const std::string log = daemon.process().Log();
+  const size_t at = log.find(" port=", log.find("event=metrics_listening"));
+  return at == std::string::npos ? 0 : std::atoi(log.c_str() + at + 6);
+}
+
+// The value of the first sample of `metric` (name then '{' or ' '), or -1.
+double Sample(const std::string& text, const std::string& metric) {
+  for (size_t at = text.find(metric); at != std::string::npos; at = text.find(metric, at + 1)) {
+    if ((at > 0 && text[at - 1] != '\n') || (text[at + metric.size()] != '{' &&
+                                              text[at + metric.size()] != ' ')) {
+      continue;
+    }
+    const size_t end = text.find('\n', at);
+    const size_t space = text.rfind(' ', end);
+    return std::atof(text.substr(space + 1, end - space - 1).c_str());
+  }
+  return -1;
+}
+
+// Issue 15's wire and join fields reach the operator: `gradsyncctl stats`
+// (table) and the daemon's Prometheus endpoint, scraped by curl, while a
+// 2-node bf16-wire job runs.
+TEST(MultiNode, StatsTableAndMetricsShowTheWireDtypeBytesAndJoins) {
+  // --uneven-inputs: the nodes agree on the job's active trainers (without
+  // it each node counts only its own).
+  Cluster cluster(Job(2, 1, {"--wire-dtype=bf16", "--metrics-listen=127.0.0.1:0", "--uneven-inputs"}));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Process> trainers;
+  for (int n = 0; n < 2; ++n) {
+    trainers.push_back(StartTrainer(cluster.node(n), 0, {"--steps=150", "--sleep-ms=20"}, ""));
+  }
+  const int metrics_port = MetricsPort(cluster.node(0));
+  ASSERT_GT(metrics_port, 0) << cluster.DaemonLogs();
+  // Iteration 0 went through the wire: there are bytes to show.
+  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=plan_decided", kBound))
+      << cluster.DaemonLogs();
+
+  Process table = Process::Spawn({Runfile("client/gradsyncctl"),
+                                  absl::StrCat("--addr=127.0.0.1:", cluster.port()), "stats"},
+                                 cluster.dir() + "/table.log");
+  Process scrape = Process::Spawn(
+      {"/usr/bin/curl", "-sSf", absl::StrCat("http://127.0.0.1:", metrics_port, "/metrics")},
+      cluster.dir() + "/metrics.txt");
+  ASSERT_EQ(table.Wait(kBound).code, 0) << table.Log();
+  ASSERT_EQ(scrape.Wait(kBound).code, 0) << scrape.Log();
+  const std::string text = table.Log();
+  EXPECT_NE(text.find("wire bf16  "), std::string::npos) << text;
+  EXPECT_EQ(text.find("wire bf16  0 B"), std::string::npos) << text;
+  EXPECT_NE(text.find(" sent to the cross-node allreduce  2 active trainers  0 joined here"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("JOINED"), std::string::npos) << text;
+
+  const std::string metrics = scrape.Log();
+  EXPECT_NE(metrics.find("gradsync_wire_info{node=\"0\",job=\"mnjob\",wire_dtype=\"bf16\"} 1"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("# TYPE gradsync_wire_bytes_total counter"), std::string::npos);
+  EXPECT_GT(Sample(metrics, "gradsync_wire_bytes_total"), 0) << metrics;
+  EXPECT_EQ(Sample(metrics, "gradsync_active_trainers"), 2) << metrics;
+  EXPECT_EQ(Sample(metrics, "gradsync_joined_local_trainers"), 0) << metrics;
+  EXPECT_EQ(Sample(metrics, "gradsync_trainer_joined"), 0) << metrics;
+  for (auto& t : trainers) {
+    ExitStatus st = t.Wait(kBound);
+    EXPECT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
   }
 }
 
