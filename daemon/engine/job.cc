@@ -419,6 +419,7 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
   Scheduler::Options opts;
   opts.world_size = world_.world_size;
   opts.uneven_inputs = world_.uneven_inputs;
+  opts.node_rank = config_.node_rank;
   opts.timeout_ms = config_.timeout_ms;
   opts.stall_threshold_s = config_.stall_threshold_s;
   opts.caps = caps;
@@ -441,7 +442,6 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
       &node_->ready_bell(),
       stats_.get(), [this](const absl::Status& error, int culprit) { Fail(error, culprit); }, opts);
   state_ = JobState::kRunning;
-  running_since_ = std::chrono::steady_clock::now();
   if (world_.link) {
     Scheduler* scheduler = scheduler_.get();
     WorldLink* link = world_.link.get();
@@ -753,10 +753,8 @@ void Job::SetCaps(const BucketCaps& caps, uint64_t at_iteration) {
 
 double Job::IterationRate() const {
   absl::MutexLock lock(&mu_);
-  if (!scheduler_ || state_ != JobState::kRunning) return 0;
-  const double s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - running_since_).count();
-  return (scheduler_->iteration() + 1) / std::max(s, 0.01);
+  if (!stats_ || state_ != JobState::kRunning) return 0;
+  return stats_->RecentIterationRate();
 }
 
 bool Job::InIteration() const {

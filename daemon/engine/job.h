@@ -192,9 +192,9 @@ class Job {
   absl::StatusOr<std::string> TraceJson() const ABSL_LOCKS_EXCLUDED(mu_);
   // New caps take effect at the boundary entering `at_iteration` (0: next).
   void SetCaps(const BucketCaps& caps, uint64_t at_iteration = 0) ABSL_LOCKS_EXCLUDED(mu_);
-  // Synced iterations per second since the job started running (0 before),
-  // biased high: (iterations + 1) / max(elapsed, 10 ms), so a job that just
-  // started counts as fast (a job-wide change then lands later, not late).
+  // Synced iterations per second over the last few completions (0 before
+  // the first), biased high (IterationRateWindow): start-up time does not
+  // count, so a job-wide change early in a fast job lands later, not late.
   double IterationRate() const ABSL_LOCKS_EXCLUDED(mu_);
   // True while some trainer has marked gradients of an unfinished iteration.
   bool InIteration() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -296,7 +296,6 @@ class Job {
   // "gpu-cuda", "gpu-sim"; kept for stats after release.
   std::string gpu_backend_name_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<JobStats> stats_ ABSL_GUARDED_BY(mu_);
-  std::chrono::steady_clock::time_point running_since_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Scheduler> scheduler_ ABSL_GUARDED_BY(mu_);
   std::vector<HealthChange> health_queue_ ABSL_GUARDED_BY(mu_);
 };
