@@ -442,6 +442,7 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
       &node_->ready_bell(),
       stats_.get(), [this](const absl::Status& error, int culprit) { Fail(error, culprit); }, opts);
   state_ = JobState::kRunning;
+  running_since_ = std::chrono::steady_clock::now();
   if (world_.link) {
     Scheduler* scheduler = scheduler_.get();
     WorldLink* link = world_.link.get();
@@ -753,8 +754,13 @@ void Job::SetCaps(const BucketCaps& caps, uint64_t at_iteration) {
 
 double Job::IterationRate() const {
   absl::MutexLock lock(&mu_);
-  if (!stats_ || state_ != JobState::kRunning) return 0;
-  return stats_->RecentIterationRate();
+  if (!scheduler_ || !stats_ || state_ != JobState::kRunning) return 0;
+  // Before the first completions only the average since the start is
+  // known; biased high while the job is young (10 ms floor).
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - running_since_).count();
+  const double since_start = (scheduler_->iteration() + 1) / std::max(s, 0.01);
+  return std::max(since_start, stats_->RecentIterationRate());
 }
 
 bool Job::InIteration() const {

@@ -192,9 +192,10 @@ class Job {
   absl::StatusOr<std::string> TraceJson() const ABSL_LOCKS_EXCLUDED(mu_);
   // New caps take effect at the boundary entering `at_iteration` (0: next).
   void SetCaps(const BucketCaps& caps, uint64_t at_iteration = 0) ABSL_LOCKS_EXCLUDED(mu_);
-  // Synced iterations per second over the last few completions (0 before
-  // the first), biased high (IterationRateWindow): start-up time does not
-  // count, so a job-wide change early in a fast job lands later, not late.
+  // Synced iterations per second, biased high (0 before the job runs): the
+  // faster of the last few completions' rate (IterationRateWindow: start-up
+  // does not count) and (iterations + 1) / max(elapsed, 10 ms) since the
+  // job started running, so a job-wide change lands later, not late.
   double IterationRate() const ABSL_LOCKS_EXCLUDED(mu_);
   // True while some trainer has marked gradients of an unfinished iteration.
   bool InIteration() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -296,6 +297,7 @@ class Job {
   // "gpu-cuda", "gpu-sim"; kept for stats after release.
   std::string gpu_backend_name_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<JobStats> stats_ ABSL_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point running_since_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Scheduler> scheduler_ ABSL_GUARDED_BY(mu_);
   std::vector<HealthChange> health_queue_ ABSL_GUARDED_BY(mu_);
 };

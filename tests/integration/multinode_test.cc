@@ -348,17 +348,18 @@ bool WaitForLogAfter(const Process& p, const std::string& needle, size_t from,
 // Issue 16 (faults): a config change a few iterations into a job of fast
 // iterations. The switch iteration was chosen from the rate averaged since
 // the job started, start-up included: far too low early on, so the other
-// node got the change after it had passed that iteration (STATE). Five
+// node got the change after it had passed that iteration (STATE). Four
 // rounds: on the old code one round failed about every other time.
 TEST(MultiNode, ConfigChangeEarlyInAFastJobAppliesAtTheSameIterationOnBothNodes) {
   Cluster cluster(2, 1);
-  const std::vector<std::string> args = {"--steps=2500", "--fp64", "--batch=8"};
+  // Long enough for the switch iteration, ~2 s of iterations ahead.
+  const std::vector<std::string> args = {"--steps=4000", "--fp64", "--batch=8"};
   const std::vector<double> expected = Reference(cluster.dir(), args);
   std::vector<std::string> trainer_args = args;
   trainer_args.push_back("--print-loss");
   auto stub = v1::Control::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", cluster.port()),
                                                        grpc::InsecureChannelCredentials()));
-  for (int round = 0; round < 5; ++round) {
+  for (int round = 0; round < 4; ++round) {
     SCOPED_TRACE(absl::StrCat("round ", round));
     const size_t from0 = cluster.node(0).process().Log().size();
     const size_t from1 = cluster.node(1).process().Log().size();
