@@ -81,8 +81,9 @@ class Scheduler {
     // which local rank 0 marked its gradients ready.
     bool rebuild_after_first_iteration = true;
     // Across nodes, gs_join needs every iteration to start with an exchange
-    // of active-trainer counts; it costs one small collective per
-    // iteration, so a job pays it only when asked (--uneven-inputs).
+    // of active-trainer counts (one small collective per iteration). CPU
+    // jobs always exchange (it also compares the nodes' no_sync counts);
+    // GPU jobs only when asked (--uneven-inputs).
     bool uneven_inputs = false;
     // This node's rank: where it writes its no_sync count in the
     // per-iteration agreement (AgreeActiveTrainers).
