@@ -62,7 +62,8 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
       reducer_(options.reduce_threads, 0),
       spin_(SchedulerSpin()) {
   active_in_iteration_ = options_.world_size;
-  agreement_.assign(3 + static_cast<size_t>(std::max(1, backend_->num_nodes())), 0);
+  const int nodes = backend_ != nullptr ? backend_->num_nodes() : 1;
+  agreement_.assign(3 + static_cast<size_t>(std::max(1, nodes)), 0);
   active_trainers_.store(static_cast<uint32_t>(options_.world_size));
   for (Trainer* t : trainers_) {
     arenas_.push_back(t->segment.arena());
