@@ -15,14 +15,14 @@ double IterationRateWindow::PerSecond() const {
   absl::MutexLock lock(&mu_);
   if (recorded_ == 0) return 0;
   if (recorded_ == 1) return 1e9 / std::max<int64_t>(last_duration_ns_, 1000);
+  return std::max(RateOverLocked(kWindow), RateOverLocked(kShort));
+}
+
+double IterationRateWindow::RateOverLocked(uint64_t n) const {
+  n = std::min<uint64_t>({n, recorded_, kWindow});
   const int64_t newest = ends_ns_[(recorded_ - 1) % kWindow];
-  // Completions n-1 intervals back from the newest, if kept.
-  auto rate_over = [&](uint64_t n) {
-    n = std::min<uint64_t>({n, recorded_, kWindow});
-    const int64_t oldest = ends_ns_[(recorded_ - n) % kWindow];
-    return (n - 1) * 1e9 / std::max<int64_t>(newest - oldest, 1000);
-  };
-  return std::max(rate_over(kWindow), rate_over(kShort));
+  const int64_t oldest = ends_ns_[(recorded_ - n) % kWindow];
+  return (n - 1) * 1e9 / std::max<int64_t>(newest - oldest, 1000);
 }
 
 }  // namespace gradsync

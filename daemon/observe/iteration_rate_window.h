@@ -32,6 +32,9 @@ class IterationRateWindow {
   double PerSecond() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // Over the last n (>= 2) completions, or as many as are kept.
+  double RateOverLocked(uint64_t n) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   mutable absl::Mutex mu_;
   std::array<int64_t, kWindow> ends_ns_ ABSL_GUARDED_BY(mu_){};  // a ring
   uint64_t recorded_ ABSL_GUARDED_BY(mu_) = 0;
