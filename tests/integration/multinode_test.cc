@@ -345,11 +345,26 @@ bool WaitForLogAfter(const Process& p, const std::string& needle, size_t from,
   return false;
 }
 
+// True once process `pid` is stopped (state T in /proc/PID/stat).
+bool WaitUntilStopped(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t paren = stat.rfind(')');
+    if (paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T') return true;
+    std::this_thread::sleep_for(milliseconds(1));  // polling pace, not synchronization
+  }
+  return false;
+}
+
 // Issue 16 (faults): a config change a few iterations into a job of fast
-// iterations. The switch iteration was chosen from the rate averaged since
-// the job started, start-up included: far too low early on, so the other
-// node got the change after it had passed that iteration (STATE). Four
-// rounds: on the old code one round failed about every other time.
+// iterations that stalled once at its start (node 0's trainer stops in
+// step 2's backward for ~1 s: a slow first data load). The switch
+// iteration was chosen from the rate averaged since the job started, stall
+// included: far too low, so the other node got the change after it had
+// passed that iteration (STATE). Now the rate of the last iterations
+// counts. Four rounds, each a new job.
 TEST(MultiNode, ConfigChangeEarlyInAFastJobAppliesAtTheSameIterationOnBothNodes) {
   Cluster cluster(2, 1);
   // Long enough for the switch iteration, ~2 s of iterations ahead.
@@ -367,11 +382,19 @@ TEST(MultiNode, ConfigChangeEarlyInAFastJobAppliesAtTheSameIterationOnBothNodes)
     std::vector<std::string> outs;
     for (int n = 0; n < 2; ++n) {
       outs.push_back(absl::StrCat(cluster.dir(), "/fast", round, ".", n, ".txt"));
-      trainers.push_back(StartTrainer(cluster.node(n), 0, trainer_args, outs.back()));
+      std::vector<std::string> a = trainer_args;
+      if (n == 0) a.push_back("--pause-at=backward");
+      trainers.push_back(StartTrainer(cluster.node(n), 0, a, outs.back()));
     }
+    ASSERT_TRUE(WaitUntilStopped(trainers[0].pid(), kBound)) << trainers[0].Log();
+    // The stall's length is the scenario (well under the 15 s timeout), not
+    // synchronization: the test waits on states before and after it.
+    std::this_thread::sleep_for(seconds(1));
+    trainers[0].Signal(SIGCONT);
     // Rank 0 prints each step as it completes: the change lands a few
-    // iterations in. Rounds alternate the caps, so each one re-plans.
-    ASSERT_TRUE(WaitForLogAfter(trainers[0], "step   4 ", 0, kBound)) << trainers[0].Log();
+    // iterations after the stall. Rounds alternate the caps, so each one
+    // re-plans.
+    ASSERT_TRUE(WaitForLogAfter(trainers[0], "step   8 ", 0, kBound)) << trainers[0].Log();
     v1::SetConfigRequest request;
     (*request.mutable_values())["bucket_cap_mb"] = round % 2 == 0 ? "25" : "0.001";
     (*request.mutable_values())["first_bucket_cap_mb"] = round % 2 == 0 ? "1" : "0.0001";

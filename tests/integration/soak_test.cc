@@ -207,9 +207,8 @@ TEST(Soak, RestartsAndConfigChangesLeakNothingAndEveryCompletedSegmentIsExact) {
     const bool kill = s % 2 == 1;
     const int victim_node = (s / 2) % kNodes, victim_local = s % kLocal;
     // A config change on the leader between jobs: this segment's job plans
-    // with it. (Mid-run changes: multinode_test's ConfigBursts. Here, right
-    // after a job starts, the leader's iteration-rate estimate is too low
-    // and a fast node may get the change too late: STATE, see the issue.)
+    // with it. (Mid-run changes: multinode_test's ConfigBursts and
+    // ConfigChangeEarlyInAFastJob.)
     const bool big = s % 2 == 0;
     Process set = Process::Spawn(
         {Runfile("client/gradsyncctl"), absl::StrCat("--addr=127.0.0.1:", cluster.port()),
