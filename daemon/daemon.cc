@@ -394,6 +394,8 @@ uint64_t Daemon::EarliestJobWideIteration() {
   // This node's own count is fresh; the others' come with heartbeats.
   if (job) max_iteration = std::max(max_iteration, job->iteration());
   if (config_.num_nodes == 1) return max_iteration + 2;  // no other node to reach
+  // The rate of the last few iterations (not since the job started: its
+  // start-up would make a fast job look slow, and the switch land late).
   const double rate = job ? job->IterationRate() : 0;
   return max_iteration + 2 + static_cast<uint64_t>(rate * 2.0 + 0.5);
 }

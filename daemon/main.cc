@@ -33,6 +33,7 @@
 #include "common/token_file.h"
 #include "daemon/backends/gloo_worker.h"
 #include "daemon/config.h"
+#include "daemon/malloc_arenas.h"
 #include "daemon/daemon.h"
 #include "daemon/flags.h"
 #include "daemon/leader_self.h"
@@ -119,6 +120,7 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
       "--num-nodes N --local-size N ...");
   if (std::optional<int> exit_code = ParseDaemonFlags(argc, argv)) return *exit_code;
 
+  gradsync::LimitMallocArenas();  // before any thread starts
   // Block the stop signals before any thread starts; one thread waits for them.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);

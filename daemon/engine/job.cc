@@ -419,6 +419,7 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
   Scheduler::Options opts;
   opts.world_size = world_.world_size;
   opts.uneven_inputs = world_.uneven_inputs;
+  opts.node_rank = config_.node_rank;
   opts.timeout_ms = config_.timeout_ms;
   opts.stall_threshold_s = config_.stall_threshold_s;
   opts.caps = caps;
@@ -753,10 +754,13 @@ void Job::SetCaps(const BucketCaps& caps, uint64_t at_iteration) {
 
 double Job::IterationRate() const {
   absl::MutexLock lock(&mu_);
-  if (!scheduler_ || state_ != JobState::kRunning) return 0;
+  if (!scheduler_ || !stats_ || state_ != JobState::kRunning) return 0;
+  // Before the first completions only the average since the start is
+  // known; biased high while the job is young (10 ms floor).
   const double s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - running_since_).count();
-  return (scheduler_->iteration() + 1) / std::max(s, 0.01);
+  const double since_start = (scheduler_->iteration() + 1) / std::max(s, 0.01);
+  return std::max(since_start, stats_->RecentIterationRate());
 }
 
 bool Job::InIteration() const {

@@ -194,9 +194,10 @@ class Job {
       ABSL_LOCKS_EXCLUDED(mu_);
   // New caps take effect at the boundary entering `at_iteration` (0: next).
   void SetCaps(const BucketCaps& caps, uint64_t at_iteration = 0) ABSL_LOCKS_EXCLUDED(mu_);
-  // Synced iterations per second since the job started running (0 before),
-  // biased high: (iterations + 1) / max(elapsed, 10 ms), so a job that just
-  // started counts as fast (a job-wide change then lands later, not late).
+  // Synced iterations per second, biased high (0 before the job runs): the
+  // faster of the last few completions' rate (IterationRateWindow: start-up
+  // does not count) and (iterations + 1) / max(elapsed, 10 ms) since the
+  // job started running, so a job-wide change lands later, not late.
   double IterationRate() const ABSL_LOCKS_EXCLUDED(mu_);
   // True while some trainer has marked gradients of an unfinished iteration.
   bool InIteration() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -63,6 +63,8 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
       reducer_(options.reduce_threads, 0),
       spin_(SchedulerSpin()) {
   active_in_iteration_ = options_.world_size;
+  const int nodes = backend_ != nullptr ? backend_->num_nodes() : 1;
+  agreement_.assign(3 + static_cast<size_t>(std::max(1, nodes)), 0);
   active_trainers_.store(static_cast<uint32_t>(options_.world_size));
   for (Trainer* t : trainers_) {
     arenas_.push_back(t->segment.arena());
@@ -546,8 +548,8 @@ bool Scheduler::Join(Trainer& t, const ipc::ReadyEvent& e) {
 }
 
 bool Scheduler::AgreeActiveTrainers() {
-  // [active, joined asking divide_by_initial_world_size, joined asking not]
-  double counts[3] = {0, 0, 0};
+  double* counts = agreement_.data();
+  std::fill(agreement_.begin(), agreement_.end(), 0);
   for (const Trainer* t : trainers_) {
     if (!t->joined.load(std::memory_order_relaxed)) {
       counts[0] += 1;
@@ -555,16 +557,23 @@ bool Scheduler::AgreeActiveTrainers() {
       counts[t->divide_by_initial_world_size ? 1 : 2] += 1;
     }
   }
+  // Each node's trainers agree among themselves (CheckInStep); the nodes
+  // compare theirs here, before any collective sums their gradients.
+  const size_t slot_of_node = 3 + static_cast<size_t>(options_.node_rank);
+  if (no_sync_reference_ != nullptr && slot_of_node < agreement_.size()) {
+    counts[slot_of_node] = no_sync_iterations_ + 1.0;
+  }
   // Every node exchanges, every iteration: a node whose trainers all joined
   // still follows the others' collectives, and whether the exchange happens
   // must not depend on what only one node knows (node 0's --uneven-inputs
   // decides it for the job; without it gs_join is refused across nodes).
-  if (backend_->num_nodes() > 1 && options_.uneven_inputs) {
+  // CPU jobs always exchange, for the no_sync counts.
+  if (backend_->num_nodes() > 1 && (options_.uneven_inputs || !options_.gpu)) {
     if (!BeginReduction(0, NowNs())) {
       EndReduction();
       return false;
     }
-    const absl::Status st = backend_->AllreduceCounts(counts, 3);
+    const absl::Status st = backend_->AllreduceCounts(counts, agreement_.size());
     const int64_t slot = EndReduction();
     if (slot == kStopped) return false;
     if (!st.ok() || slot == kTimedOut) {
@@ -577,6 +586,7 @@ bool Scheduler::AgreeActiveTrainers() {
             kCollectiveFailed);
       return false;
     }
+    if (!CheckNodesInStep()) return false;
   }
   const int active = static_cast<int>(counts[0]);
   if (counts[1] > 0 && counts[2] > 0) {
@@ -603,6 +613,34 @@ bool Scheduler::AgreeActiveTrainers() {
   for (Trainer* t : trainers_) t->segment.header()->completion_bell.Ring();
   if (!st.ok()) fail_(MakeError(v1::PEER_FAILED, st.message()), culprit);
   return false;
+}
+
+bool Scheduler::CheckNodesInStep() {
+  const double* by_node = agreement_.data() + 3;
+  const int nodes = static_cast<int>(agreement_.size()) - 3;
+  int first = -1;
+  for (int n = 0; n < nodes; ++n) {
+    if (by_node[n] == 0) continue;  // every trainer of node n joined
+    if (first < 0) {
+      first = n;
+      continue;
+    }
+    if (by_node[n] == by_node[first]) continue;
+    const auto summed = [](double slot) { return static_cast<uint64_t>(slot); };
+    const std::string message = absl::StrCat(
+        "nodes out of step in iteration ", iteration(), ": node ", first, "'s trainers summed ",
+        summed(by_node[first]), " iteration(s) (", summed(by_node[first]) - 1,
+        " under no_sync) but node ", n, "'s summed ", summed(by_node[n]), " (",
+        summed(by_node[n]) - 1,
+        " under no_sync); every trainer of every node must skip synchronization "
+        "(gs_set_sync(0) / no_sync) in the same iterations");
+    spdlog::error("event=nodes_out_of_step iteration={} node={} no_sync={} other_node={} "
+                  "other_no_sync={}",
+                  iteration(), first, summed(by_node[first]) - 1, n, summed(by_node[n]) - 1);
+    fail_(MakeError(v1::MISMATCH, message), -1);
+    return false;
+  }
+  return true;
 }
 
 bool Scheduler::CheckUnwrittenSinceMark(uint32_t bucket) {

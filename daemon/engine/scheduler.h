@@ -81,9 +81,13 @@ class Scheduler {
     // which local rank 0 marked its gradients ready.
     bool rebuild_after_first_iteration = true;
     // Across nodes, gs_join needs every iteration to start with an exchange
-    // of active-trainer counts; it costs one small collective per
-    // iteration, so a job pays it only when asked (--uneven-inputs).
+    // of active-trainer counts (one small collective per iteration). CPU
+    // jobs always exchange (it also compares the nodes' no_sync counts);
+    // GPU jobs only when asked (--uneven-inputs).
     bool uneven_inputs = false;
+    // This node's rank: where it writes its no_sync count in the
+    // per-iteration agreement (AgreeActiveTrainers).
+    int node_rank = 0;
     OrderAgreement agree_order;  // empty: use the local order
     // Checks, before the first collective under a new plan decision, that
     // every node decided the same (MISMATCH naming both otherwise); may
@@ -186,6 +190,9 @@ class Scheduler {
   // the job failed, or when none is active: every trainer joined, the
   // joined trainers are told and the loop stops.
   bool AgreeActiveTrainers();
+  // After the agreement: MISMATCH naming two nodes whose trainers summed a
+  // different number of iterations (no_sync) into this iteration's gradients.
+  bool CheckNodesInStep();
   // What this iteration's sum is divided by (DDP's divide_by_initial_world_size):
   // the one place it is decided.
   int Divisor() const;
@@ -239,6 +246,10 @@ class Scheduler {
   // Uneven inputs: agreed (AgreeActiveTrainers) before the iteration's
   // first bucket; divide by the active count once a trainer joined asking so.
   bool active_agreed_ = false;
+  // The agreement's counts: [active, joined asking divide_by_initial_world_size,
+  // joined asking not], then per node its no_sync count + 1 (0: none of its
+  // trainers marked). Sized once: no allocation per iteration.
+  std::vector<double> agreement_;
   int active_in_iteration_ = 0;
   bool divide_by_active_ = false;
   std::atomic<uint32_t> active_trainers_{0};

@@ -93,8 +93,9 @@ void JobStats::OnBucketDone(const BucketTimeline& t) {
   pending_collective_ns_ += t.done_ns - t.launch_ns;
 }
 
-void JobStats::OnIterationDone(uint64_t iteration, uint64_t bytes_per_trainer, int64_t,
+void JobStats::OnIterationDone(uint64_t iteration, uint64_t bytes_per_trainer, int64_t start_ns,
                                int64_t end_ns) {
+  rate_window_.Record(start_ns, end_ns);
   if (iteration_listener_) iteration_listener_(iteration, bytes_per_trainer, end_ns);
   iterations_.fetch_add(1, std::memory_order_relaxed);
   bytes_reduced_.fetch_add(bytes_per_trainer, std::memory_order_relaxed);

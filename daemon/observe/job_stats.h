@@ -20,6 +20,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/observe/flight_recorder.h"
+#include "daemon/observe/iteration_rate_window.h"
 #include "daemon/observe/latency_stats.h"
 #include "daemon/observe/timeline_writer.h"
 #include "daemon/engine/scheduler_observer.h"
@@ -79,6 +80,8 @@ class JobStats final : public SchedulerObserver {
   // Path of the last trace written automatically ("" if none).
   std::string last_trace_file() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t bytes_per_iteration() const { return bytes_per_iteration_.load(); }
+  // Iterations per second lately (IterationRateWindow).
+  double RecentIterationRate() const { return rate_window_.PerSecond(); }
 
  private:
   TraceMetadata Metadata(const std::string& reason) const;
@@ -102,6 +105,7 @@ class JobStats final : public SchedulerObserver {
   mutable absl::Mutex mu_;  // buckets_ growth, errors, stalls, last iteration
   std::vector<std::unique_ptr<Bucket>> buckets_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> iterations_{0};
+  IterationRateWindow rate_window_;
   std::atomic<uint64_t> bytes_reduced_{0};
   std::atomic<uint64_t> bytes_per_iteration_{0};
   uint64_t last_iteration_bytes_ ABSL_GUARDED_BY(mu_) = 0;

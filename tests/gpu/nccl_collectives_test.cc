@@ -54,6 +54,8 @@ class InProcessStore {
       if (it != values_.end()) return it->second;
       const absl::Duration left = deadline - MonotonicNow();  // fetch deadlines are monotonic
       if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("no " + key);
+      ++fetches_waited_;
+      cv_.notify_all();  // for WaitUntilAFetchWaits
       cv_.wait_for(lock, absl::ToChronoNanoseconds(left));
     }
   }
@@ -61,11 +63,23 @@ class InProcessStore {
     std::lock_guard<std::mutex> lock(mu_);
     return static_cast<int>(values_.size());
   }
+  // The tests order events on these states, never on a guessed delay; false
+  // when `timeout` passes first.
+  bool WaitUntilPublished(int count, std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout,
+                        [&] { return static_cast<int>(values_.size()) >= count; });
+  }
+  bool WaitUntilAFetchWaits(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return fetches_waited_ > 0; });
+  }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, std::string> values_;
+  int64_t fetches_waited_ = 0;  // times a Fetch found no value and waited
 };
 
 CollectiveOptions Options(InProcessStore* store, std::vector<DeviceId> devices, int nranks,
@@ -255,14 +269,17 @@ TEST_F(NcclCollectivesTest, CancellingDuringInitReturnsPromptly) {
   std::atomic<bool> cancel{false};
   CollectiveOptions o = Options(&store_, {uuids_[0]}, 2, 0, 9, absl::Seconds(60));
   o.cancelled = [&] { return cancel.load(); };
+  // Rank 0 publishes the id, then waits in init for rank 1: cancel then.
+  bool init_under_way = false;
   std::thread canceller([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    init_under_way = store_.WaitUntilPublished(1, std::chrono::seconds(30));
     cancel = true;
   });
   const Clock::time_point start = Clock::now();
   auto group = CreateNcclCollectives(o);
   const double elapsed = SecondsSince(start);
   canceller.join();
+  EXPECT_TRUE(init_under_way) << "rank 0 never published the id";
   EXPECT_EQ(group.status().code(), absl::StatusCode::kCancelled) << group.status();
   EXPECT_LT(elapsed, 5.0);
 }
@@ -272,14 +289,16 @@ TEST_F(NcclCollectivesTest, CancellingWhileWaitingForTheIdReturnsPromptly) {
   // Rank 1 of 2: waits for an id nobody publishes.
   CollectiveOptions o = Options(&store_, {uuids_[0]}, 2, 1, 10, absl::Seconds(60));
   o.cancelled = [&] { return cancel.load(); };
+  bool waiting = false;
   std::thread canceller([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    waiting = store_.WaitUntilAFetchWaits(std::chrono::seconds(30));
     cancel = true;
   });
   const Clock::time_point start = Clock::now();
   auto group = CreateNcclCollectives(o);
   const double elapsed = SecondsSince(start);
   canceller.join();
+  EXPECT_TRUE(waiting) << "rank 1 never waited for the id";
   EXPECT_EQ(group.status().code(), absl::StatusCode::kCancelled) << group.status();
   EXPECT_LT(elapsed, 2.0);
 }
@@ -301,21 +320,23 @@ TEST_F(NcclCollectivesTest, AbortFromAnotherThreadFailsPromptly) {
   float* p = Filled(0, count, 1.0f);
   ASSERT_NE(p, nullptr);
   std::atomic<int64_t> aborted_at{0};
+  std::atomic<int> calls{0};
   std::thread aborter([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    // Once a collective has completed: the loop is running them.
+    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(30);
+    while (calls.load() == 0 && Clock::now() < deadline) std::this_thread::yield();
     aborted_at = Clock::now().time_since_epoch().count();
     (*group)->Abort("test abort");
   });
   absl::Status s;
-  int calls = 0;
   const Clock::time_point start = Clock::now();
   while (s.ok() && SecondsSince(start) < 30) {
     s = (*group)->AllreduceSum({DeviceBuffer{0, p, count}}, DType::kFloat32);
-    ++calls;
+    calls.fetch_add(1);
   }
   const Clock::time_point failed = Clock::now();
   aborter.join();
-  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s << " after " << calls << " calls";
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s << " after " << calls.load() << " calls";
   EXPECT_NE(s.message().find("test abort"), absl::string_view::npos) << s;
   const double latency =
       std::chrono::duration<double>(failed.time_since_epoch() -
@@ -369,16 +390,22 @@ TEST_F(NcclCollectivesTest, AbortStopsACollectiveThatAPeerSkipped) {
   ASSERT_TRUE(created[0].ok()) << created[0];
   ASSERT_TRUE(created[1].ok()) << created[1];
   float* p = Filled(0, 1 << 20, 1.0f);
+  // Aborts once rank 0 has entered the collective. Whether its kernel is
+  // already spinning is not observable from outside the group; either way
+  // the call must end kAborted (a call after Abort fails too: see above).
+  std::atomic<bool> entered{false};
   std::thread aborter([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(30);
+    while (!entered.load() && Clock::now() < deadline) std::this_thread::yield();
     groups[0]->Abort("peer skipped");
   });
   const Clock::time_point start = Clock::now();
+  entered.store(true);
   absl::Status s = groups[0]->AllreduceSum({DeviceBuffer{0, p, 1 << 20}}, DType::kFloat32);
   const double elapsed = SecondsSince(start);
   aborter.join();
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
-  EXPECT_LT(elapsed, 0.5 + 5.0);
+  EXPECT_LT(elapsed, 5.0);
   groups[1]->Abort("test over");
   groups[0].reset();
   groups[1].reset();
