@@ -418,10 +418,11 @@ bool WaitUntilStopped(pid_t pid, std::chrono::milliseconds timeout) {
 // passed that iteration (STATE). Now the rate of the last iterations
 // counts. Four rounds, each a new job.
 TEST(MultiNode, ConfigChangeEarlyInAFastJobAppliesAtTheSameIterationOnBothNodes) {
-  Cluster cluster(2, 1);
+  Cluster cluster(Job(2, 1));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   // Long enough for the switch iteration, ~2 s of iterations ahead.
   const std::vector<std::string> args = {"--steps=4000", "--fp64", "--batch=8"};
-  const std::vector<double> expected = Reference(cluster.dir(), args);
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
   std::vector<std::string> trainer_args = args;
   trainer_args.push_back("--print-loss");
   auto stub = v1::Control::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", cluster.port()),
@@ -536,7 +537,8 @@ TEST(MultiNode, ConfigBurstsKeepEveryNodeOnTheSamePlanAndTrainingExact) {
 // MISMATCH on every trainer, naming both nodes and what each summed,
 // instead of GS_OK and a 2-iteration sum averaged with a 1-iteration one.
 TEST(MultiNode, NoSyncOnEveryTrainerOfOneNodeOnlyFailsEveryTrainerWithMismatch) {
-  Cluster cluster(2, 2);
+  Cluster cluster(Job(2, 2));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Process> trainers;
   for (int n = 0; n < 2; ++n) {
     for (int r = 0; r < 2; ++r) {
