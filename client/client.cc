@@ -224,7 +224,6 @@ absl::Status Client::Register(const std::vector<TensorSpec>& specs) {
   }
   absl::StatusOr<Layout> layout = LayoutFromProto(req.tensors());
   if (!layout.ok()) return MakeError(v1::INVALID_ARGUMENT, layout.status().message());
-  std::unique_ptr<CudaTensors> cuda;
   if (!layout->empty() && (*layout)[0].device >= 0) {
     if (!device_) {
       absl::StatusOr<std::shared_ptr<gpu::TrainerDevice>> d = NewDefaultTrainerDevice();
@@ -238,8 +237,11 @@ absl::Status Client::Register(const std::vector<TensorSpec>& specs) {
     absl::StatusOr<std::unique_ptr<CudaTensors>> prepared =
         CudaTensors::Prepare(device_, specs, cuda_stream_, &req);
     if (!prepared.ok()) return prepared.status();
-    cuda = std::move(*prepared);
+    // From the request on the daemon may hold our events: every failure
+    // below leaves them to Close, which destroys them after Detach.
+    cuda_ = std::move(*prepared);
   }
+  CudaTensors* cuda = cuda_.get();
 
   v1::RegisterResponse resp;
   grpc::ClientContext ctx;
@@ -270,7 +272,6 @@ absl::Status Client::Register(const std::vector<TensorSpec>& specs) {
   if (cuda) {
     if (absl::Status st = cuda->Attach(resp, *layout); !st.ok()) return Failed(st);
     for (size_t i = 0; i < layout->size(); ++i) buffers_[i] = static_cast<uint8_t*>(cuda->ptr(i));
-    cuda_ = std::move(cuda);
   }
   for (size_t i = 0; !cuda_ && i < layout->size(); ++i) {
     const uint64_t off = resp.tensor_offsets(static_cast<int>(i));
@@ -528,6 +529,11 @@ absl::Status Client::Close() {
   closed_ = true;
   closing_.store(true);
   absl::Status result;
+  // CUDA teardown order (cuda_tensors.h): our mapping of the daemon's
+  // buffer goes before Detach (the daemon frees it from then on), our
+  // events after it (the daemon polls them until then).
+  constexpr absl::Duration kCudaDrain = absl::Seconds(10);  // queued backward kernels
+  if (cuda_) result = cuda_->ReleaseMemory(kCudaDrain);
   if (stub_ && session_ != 0) {
     v1::DetachRequest req;
     req.set_session_id(session_);
@@ -535,7 +541,7 @@ absl::Status Client::Close() {
     grpc::ClientContext ctx;
     ctx.set_deadline(DeadlineIn(10000));  // the last trainer's detach leaves the cluster
     grpc::Status s = stub_->Detach(&ctx, req, &resp);
-    if (!s.ok()) result = RpcError(s, "detach", socket_path_);
+    if (!s.ok() && result.ok()) result = RpcError(s, "detach", socket_path_);
   }
   if (watch_ctx_) watch_ctx_->TryCancel();
   if (watch_thread_.joinable()) watch_thread_.join();

@@ -157,4 +157,18 @@ absl::Status CudaTensors::Zero(size_t index, uint64_t bytes) {
 
 void CudaTensors::SetStream(void* native) { stream_ = device_->WrapStream(native); }
 
+absl::Status CudaTensors::ReleaseMemory(absl::Duration timeout) {
+  if (flat_base_ == nullptr) return absl::OkStatus();
+  if (absl::Status st = device_->SynchronizeStream(device_id_, stream_, timeout); !st.ok()) {
+    return DeviceError(st, absl::StrCat("draining the stream before unmapping the daemon's gradient "
+                                        "buffer on ", device_id_, " (left mapped)"));
+  }
+  void* base = flat_base_;
+  flat_base_ = nullptr;
+  if (absl::Status st = device_->CloseMemory(base); !st.ok()) {
+    return DeviceError(st, absl::StrCat("unmapping the daemon's gradient buffer on ", device_id_));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace gradsync

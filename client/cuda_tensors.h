@@ -15,6 +15,17 @@
 // daemon polls it before touching the tensor. The event is re-recorded only
 // in the next synced iteration, after gs_wait of this one returned, by
 // which time the daemon has observed it complete (see local.proto).
+//
+// Teardown order (CUDA calls both of these undefined behaviour: freeing
+// memory another process still maps, and using an imported event after its
+// exporter destroyed it):
+//   1. ReleaseMemory: our stream drained (its kernels may still write
+//      gradients into the flat buffer), then the flat buffer unmapped;
+//   2. the caller's Detach: the daemon may free the buffer from then on;
+//   3. the destructor: the events go, once the daemon no longer polls them
+//      (Detach returned, or the daemon is gone). Once Prepare's request was
+//      sent, the daemon may hold the events: a failed Register keeps this
+//      object until gs_close for the same reason.
 #ifndef GRADSYNC_CLIENT_CUDA_TENSORS_H_
 #define GRADSYNC_CLIENT_CUDA_TENSORS_H_
 
@@ -25,6 +36,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/layout.h"
 #include "gpu/device.h"
 #include "gradsync/v1/local.pb.h"
@@ -42,7 +54,7 @@ class CudaTensors {
   static absl::StatusOr<std::unique_ptr<CudaTensors>> Prepare(
       std::shared_ptr<gpu::TrainerDevice> device, const std::vector<TensorSpec>& specs,
       void* native_stream, v1::RegisterRequest* req);
-  ~CudaTensors();  // destroys the events, unmaps the flat buffer
+  ~CudaTensors();  // destroys the events (and unmaps, if ReleaseMemory did not)
   CudaTensors(const CudaTensors&) = delete;
   CudaTensors& operator=(const CudaTensors&) = delete;
 
@@ -60,6 +72,12 @@ class CudaTensors {
   absl::Status Zero(size_t index, uint64_t bytes);
   // The stream later records and zeroes go to (null: legacy default).
   void SetStream(void* native);
+
+  // Before Detach: waits (polling, up to `timeout`) for the current stream,
+  // then unmaps the flat buffer. If the stream does not drain, the mapping
+  // stays (unmapping under a running kernel would fault it) and the error
+  // says so. Idempotent.
+  absl::Status ReleaseMemory(absl::Duration timeout);
 
  private:
   CudaTensors() = default;

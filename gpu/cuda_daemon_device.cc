@@ -24,6 +24,7 @@
 #include "gpu/cuda_device_switch.h"
 #include "gpu/cuda_status.h"
 #include "gpu/cuda_uuid.h"
+#include "gpu/gated_daemon_device.h"
 #include "gpu/local_sum.h"
 
 namespace gradsync::gpu {
@@ -274,7 +275,15 @@ class CudaDaemonDevice final : public DaemonDevice {
     if (!poisoned_.ok()) return poisoned_;
     DeviceScope scope(e->ordinal);
     if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
-    return ToCompletion(cudaEventQuery(e->event), "cudaEventQuery on a trainer's event");
+    const cudaError_t err = cudaEventQuery(e->event);
+    // A trainer's event gone bad (its exporter destroyed it, its context
+    // died: undefined behaviour to use, typically cudaErrorInvalidResourceHandle)
+    // is that trainer's failure. A non-sticky error also stays in the
+    // runtime's per-thread last error until read: clear it here, or the next
+    // cudaGetLastError on this thread (NCCL's, another job's) reports it as
+    // its own. A sticky one poisons the device (Check), as it must.
+    if (err != cudaSuccess && err != cudaErrorNotReady) cudaGetLastError();
+    return ToCompletion(err, "cudaEventQuery on a trainer's event");
   }
 
   void CloseEvent(Event* event) override {
@@ -482,7 +491,12 @@ absl::StatusOr<std::unique_ptr<DaemonDevice>> NewCudaDaemonDevice(CollectiveFact
     g.max_blocks = 8 * std::max(1, prop.multiProcessorCount);
     gpus.push_back(std::move(g));
   }
-  return std::unique_ptr<DaemonDevice>(new CudaDaemonDevice(std::move(collectives), std::move(gpus)));
+  // Every job of this daemon shares the device, so its memory calls and
+  // collectives pass one gate (gated_daemon_device.h). The wait bound is
+  // above any sane collective timeout: a collective ends or is aborted by then.
+  return std::unique_ptr<DaemonDevice>(new GatedDaemonDevice(
+      std::make_unique<CudaDaemonDevice>(std::move(collectives), std::move(gpus)),
+      absl::Minutes(10)));
 }
 
 }  // namespace gradsync::gpu

@@ -49,7 +49,8 @@ using CollectiveFactory =
 
 // FAILED_PRECONDITION when the driver is missing or older than the runtime
 // gradsyncd was built with, UNAVAILABLE when no GPU is visible; never
-// aborts. `collectives` may be empty (CreateCollectives then fails).
+// aborts. `collectives` may be empty (CreateCollectives then fails). The
+// device comes behind a GatedDaemonDevice: every job shares it.
 absl::StatusOr<std::unique_ptr<DaemonDevice>> NewCudaDaemonDevice(CollectiveFactory collectives);
 
 }  // namespace gradsync::gpu

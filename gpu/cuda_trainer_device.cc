@@ -8,11 +8,13 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -23,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "gpu/cuda_uuid.h"
 
 namespace gradsync::gpu {
@@ -55,6 +58,7 @@ struct Driver {
   decltype(&cuEventRecord) EventRecord = nullptr;
   decltype(&cuIpcGetEventHandle) IpcGetEventHandle = nullptr;
   decltype(&cuMemsetD8Async) MemsetD8Async = nullptr;
+  decltype(&cuStreamQuery) StreamQuery = nullptr;
 
   // "what: CUDA_ERROR_X (description)".
   std::string Describe(CUresult r) const {
@@ -179,6 +183,7 @@ absl::StatusOr<std::unique_ptr<Driver>> LoadDriver(const std::string& library) {
   resolve("cuEventRecord", &driver->EventRecord);
   resolve("cuIpcGetEventHandle", &driver->IpcGetEventHandle);
   resolve("cuMemsetD8Async", &driver->MemsetD8Async);
+  resolve("cuStreamQuery", &driver->StreamQuery);
   if (!status.ok()) return status;
   return driver;
 }
@@ -379,6 +384,32 @@ class CudaTrainerDevice final : public TrainerDevice {
 
   // cudaStream_t and CUstream are the same handle.
   Stream* WrapStream(void* native) override { return reinterpret_cast<Stream*>(native); }
+
+  absl::Status SynchronizeStream(const DeviceId& device, Stream* stream,
+                                 absl::Duration timeout) override {
+    CUcontext context;
+    {
+      absl::MutexLock lock(&mu_);
+      absl::StatusOr<CUcontext> c = ContextOfDevice(device);
+      if (!c.ok()) return c.status();
+      context = *c;
+    }
+    // Polled, not cuStreamSynchronize: a wedged kernel must not hang gs_close.
+    ContextScope scope(*cu_, context);
+    if (!scope.ok()) return cu_->Error(scope.result(), "cuCtxPushCurrent");
+    const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(timeout);
+    while (true) {
+      const CUresult r = cu_->StreamQuery(NativeStream(stream));
+      if (r == CUDA_SUCCESS) return absl::OkStatus();
+      if (r != CUDA_ERROR_NOT_READY) return cu_->Error(r, "cuStreamQuery");
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "the trainer's stream on GPU ", device, " still has work after ",
+            absl::FormatDuration(timeout)));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
 
  private:
   // Makes `context` current for the scope and restores the caller's.

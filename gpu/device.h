@@ -106,6 +106,11 @@ class TrainerDevice {
   virtual absl::Status MemsetAsync(void* ptr, size_t bytes, Stream* stream) = 0;
   // Wraps a caller's native stream handle (cudaStream_t); null = default.
   virtual Stream* WrapStream(void* native) = 0;
+  // Waits until everything queued on `stream` (null: the legacy default
+  // stream of `device`) has run: before a trainer unmaps memory its
+  // kernels may still write. Polls; DEADLINE_EXCEEDED after `timeout`.
+  virtual absl::Status SynchronizeStream(const DeviceId& device, Stream* stream,
+                                         absl::Duration timeout) = 0;
 };
 
 // The outcome of polling an event or a stream.

@@ -174,6 +174,28 @@ class Node {
     return e != nullptr && events_.count(e) != 0 ? e : nullptr;
   }
 
+  // Collectives in flight per GPU, and the check CUDA + NCCL would need:
+  // memory management on a GPU while a collective runs there may
+  // synchronize the device and deadlock on the NCCL kernel (device_gate.h).
+  // The simulation cannot deadlock, so it refuses the call instead.
+  void CollectiveStarted(const std::vector<int>& devices) {
+    absl::MutexLock lock(&mu_);
+    for (int d : devices) ++in_flight_[d];
+  }
+  void CollectiveEnded(const std::vector<int>& devices) {
+    absl::MutexLock lock(&mu_);
+    for (int d : devices) --in_flight_[d];
+  }
+  absl::Status CheckNoCollective(int device_index, absl::string_view what) {
+    absl::MutexLock lock(&mu_);
+    auto it = in_flight_.find(device_index);
+    if (it == in_flight_.end() || it->second == 0) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " on ", SimDeviceId(device_index), " while ", it->second,
+        " collective(s) run there: CUDA may synchronize the device and deadlock on the NCCL "
+        "kernel"));
+  }
+
   void DeleteEvent(Event* handle) {
     std::unique_ptr<SimEvent> doomed;
     absl::MutexLock lock(&mu_);
@@ -190,6 +212,26 @@ class Node {
   std::map<int, std::unique_ptr<SimStream>> defaults_ ABSL_GUARDED_BY(mu_);
   std::map<SimEvent*, std::unique_ptr<SimEvent>> events_ ABSL_GUARDED_BY(mu_);
   std::set<void*> allocations_ ABSL_GUARDED_BY(mu_);
+  std::map<int, int> in_flight_ ABSL_GUARDED_BY(mu_);
+};
+
+// Counts the group's collectives as in flight on its GPUs (Node above).
+class CountedCollectives final : public CollectiveGroup {
+ public:
+  CountedCollectives(std::unique_ptr<CollectiveGroup> group, Node* node, std::vector<int> devices)
+      : group_(std::move(group)), node_(node), devices_(std::move(devices)) {}
+  absl::Status AllreduceSum(const std::vector<DeviceBuffer>& buffers, DType dtype) override {
+    node_->CollectiveStarted(devices_);
+    absl::Status st = group_->AllreduceSum(buffers, dtype);
+    node_->CollectiveEnded(devices_);
+    return st;
+  }
+  void Abort(const std::string& reason) override { group_->Abort(reason); }
+
+ private:
+  const std::unique_ptr<CollectiveGroup> group_;
+  Node* const node_;
+  const std::vector<int> devices_;
 };
 
 namespace {
@@ -384,6 +426,16 @@ absl::Status SimTrainerDevice::MemsetAsync(void* ptr, size_t bytes, Stream* stre
 
 Stream* SimTrainerDevice::WrapStream(void* native) { return static_cast<Stream*>(native); }
 
+absl::Status SimTrainerDevice::SynchronizeStream(const DeviceId& device, Stream* stream,
+                                                 absl::Duration timeout) {
+  absl::StatusOr<int> index = node_->IndexOf(device);
+  if (!index.ok()) return index.status();
+  // Null: this GPU's default stream (created on first use, like CUDA's).
+  absl::StatusOr<SimStream*> s = node_->Resolve(stream, *index, true);
+  if (!s.ok()) return s.status();
+  return node_->Synchronize((*s)->handle(), timeout);
+}
+
 absl::StatusOr<void*> SimTrainerDevice::Alloc(const DeviceId& device, size_t bytes) {
   absl::StatusOr<int> index = node_->IndexOf(device);
   if (!index.ok()) return index.status();
@@ -441,6 +493,7 @@ absl::Status SimDaemonDevice::CheckDevice(const DeviceId& device) {
 absl::StatusOr<void*> SimDaemonDevice::Alloc(const DeviceId& device, size_t bytes) {
   absl::StatusOr<int> index = node_->IndexOf(device);
   if (!index.ok()) return index.status();
+  if (auto st = node_->CheckNoCollective(*index, "cudaMalloc"); !st.ok()) return st;
   return node_->Allocate(*index, bytes);
 }
 
@@ -454,6 +507,7 @@ absl::Status SimDaemonDevice::Free(const DeviceId& device, void* ptr) {
                                                    SimDeviceId((*region)->device_index), ", not ",
                                                    device));
   }
+  if (auto st = node_->CheckNoCollective(*index, "cudaFree"); !st.ok()) return st;
   return node_->Free(ptr);
 }
 
@@ -473,6 +527,7 @@ absl::StatusOr<IpcHandle> SimDaemonDevice::ExportMemory(const DeviceId& device, 
 absl::StatusOr<void*> SimDaemonDevice::OpenMemory(const DeviceId& device, const IpcHandle& handle) {
   absl::StatusOr<int> index = node_->IndexOf(device);
   if (!index.ok()) return index.status();
+  if (auto st = node_->CheckNoCollective(*index, "cudaIpcOpenMemHandle"); !st.ok()) return st;
   absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().Open(handle, *index);
   if (!region.ok()) return region.status();
   return static_cast<void*>((*region)->base);
@@ -487,6 +542,7 @@ absl::Status SimDaemonDevice::CloseMemory(const DeviceId& device, void* base) {
                                                    " is on ", SimDeviceId((*region)->device_index),
                                                    ", not ", device));
   }
+  if (auto st = node_->CheckNoCollective(*index, "cudaIpcCloseMemHandle"); !st.ok()) return st;
   return Registry::Get().Close(base);
 }
 
@@ -567,8 +623,13 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> SimDaemonDevice::CreateCollecti
     absl::StatusOr<int> index = node_->IndexOf(d);
     if (!index.ok()) return index.status();
     indices.push_back(*index);
+    if (auto st = node_->CheckNoCollective(*index, "creating communicators"); !st.ok()) return st;
   }
-  return sim::CreateSimCollectives(options, indices, node_->options().prefix);
+  absl::StatusOr<std::unique_ptr<CollectiveGroup>> group =
+      sim::CreateSimCollectives(options, indices, node_->options().prefix);
+  if (!group.ok()) return group.status();
+  return std::unique_ptr<CollectiveGroup>(
+      new sim::CountedCollectives(*std::move(group), node_.get(), indices));
 }
 
 absl::Status SimDaemonDevice::Synchronize(Stream* stream, absl::Duration timeout) {

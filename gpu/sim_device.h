@@ -34,6 +34,16 @@
 // an ordinary in-order stream per GPU and does not synchronize with the
 // others; a process may open its own exported memory (CUDA refuses);
 // Free/Close never wait (queued operations keep their memory mapped).
+//
+// Rules the simulation checks where CUDA leaves undefined behaviour or a
+// deadlock (so that tests can assert them):
+//   Free of an allocation a live process still maps  FAILED_PRECONDITION
+//     naming that process (it is freed all the same; the mapping dangles)
+//   an imported event queried after its owner destroyed it  FAILED_PRECONDITION
+//   a daemon's Alloc/Free/OpenMemory/CloseMemory/CreateCollectives on a GPU
+//     where one of its collectives is in flight  FAILED_PRECONDITION (CUDA
+//     may synchronize the device and deadlock on the NCCL kernel; the
+//     daemon's GatedDaemonDevice prevents it)
 // DaemonDevice calls refuse a null stream: the daemon works on its own.
 //
 // Threads: as device.h, and every call is also safe from any thread.
@@ -90,6 +100,8 @@ class SimTrainerDevice final : public TrainerDevice {
   absl::Status RecordEvent(Event* event, Stream* stream) override;
   absl::Status MemsetAsync(void* ptr, size_t bytes, Stream* stream) override;
   Stream* WrapStream(void* native) override;
+  absl::Status SynchronizeStream(const DeviceId& device, Stream* stream,
+                                 absl::Duration timeout) override;
 
   // The framework's side (cudaMalloc, cudaFree, cudaStreamCreate, the
   // backward kernel, cudaStreamSynchronize). Memory is zeroed.

@@ -33,7 +33,10 @@ SimEvent::~SimEvent() {
     absl::MutexLock lock(&live_mu);
     Live().erase(this);
   }
-  if (owned_) ipc::SharedSegment::Remove(mapping_->name).IgnoreError();
+  if (owned_) {
+    mapping_->record()->destroyed.store(1, std::memory_order_release);
+    ipc::SharedSegment::Remove(mapping_->name).IgnoreError();
+  }
 }
 
 SimEvent* SimEvent::FromHandle(Event* event) {
@@ -96,6 +99,11 @@ void SimEvent::Record(SimStream* stream) {
 
 absl::StatusOr<Completion> SimEvent::Query() const {
   const EventRecord* r = mapping_->record();
+  if (!owned_ && r->destroyed.load(std::memory_order_acquire) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("event ", mapping_->name, " was destroyed by its owner process ",
+                     r->owner_pid, " while still opened here (undefined behaviour in CUDA)"));
+  }
   const uint64_t recorded = r->recorded.load(std::memory_order_acquire);
   const uint64_t completed = r->completed.load(std::memory_order_acquire);
   if (completed >= recorded) return Completion::kDone;

@@ -9,6 +9,11 @@
 // owner cannot leave a lock held; a pending event whose owner is dead is an
 // error, never pending forever.
 //
+// An importer's Query after the owner destroyed the event is an error
+// (FAILED_PRECONDITION naming the owner), never an answer: CUDA calls any
+// operation on an imported event after the exporter's cudaEventDestroy
+// undefined behaviour (cudaIpcOpenEventHandle).
+//
 // Where the simulation is kinder than CUDA: a real IPC event whose exporter
 // died (or destroyed it) is undefined to query (cudaErrorNotReady for
 // ever is one possible answer; unverified on a GPU). There a dead trainer
@@ -41,6 +46,7 @@ struct EventRecord {
   int32_t device_index;
   std::atomic<uint64_t> recorded;
   std::atomic<uint64_t> completed;
+  std::atomic<uint32_t> destroyed;  // set by the owner's DestroyEvent
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared counters must be lock-free");
 
@@ -65,7 +71,8 @@ class SimEvent {
   // Owner only: the event completes once everything queued on `stream`
   // before it has run.
   void Record(SimStream* stream);
-  // kDone / kPending; UNAVAILABLE if pending and its owner process is dead.
+  // kDone / kPending; UNAVAILABLE if pending and its owner process is dead;
+  // FAILED_PRECONDITION (importers) once the owner destroyed it.
   absl::StatusOr<Completion> Query() const;
 
  private:

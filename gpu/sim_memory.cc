@@ -26,12 +26,45 @@ constexpr size_t kNameOffset = 8;
 constexpr size_t kHeaderBytes = 4096;
 constexpr uint64_t kMemoryMagic = 0x314d454d4d495347ull;  // "GSIMMEM1"
 
+// Processes that map an allocation, one slot each (0: free). CUDA keeps
+// this bookkeeping in the driver; a dead process's mappings go with it, so
+// a slot whose pid is dead counts as unmapped.
+constexpr int kMaxImporters = 64;
+
 struct MemoryHeader {
   uint64_t magic;
   uint64_t size;
   int32_t device_index;
   int32_t owner_pid;
+  std::atomic<int32_t> importers[kMaxImporters];
 };
+static_assert(sizeof(MemoryHeader) <= kHeaderBytes, "the header fits its page");
+static_assert(std::atomic<int32_t>::is_always_lock_free, "shared slots must be lock-free");
+
+MemoryHeader* HeaderOf(const Region& region) {
+  return static_cast<MemoryHeader*>(region.segment.data());
+}
+
+// Counts this process among the allocation's importers (its first Open).
+absl::Status AddImporter(MemoryHeader* header, const std::string& name) {
+  const int32_t self = getpid();
+  for (auto& slot : header->importers) {
+    int32_t expected = 0;
+    if (slot.compare_exchange_strong(expected, self, std::memory_order_acq_rel)) {
+      return absl::OkStatus();
+    }
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat("allocation ", name, " is mapped by ", kMaxImporters, " processes already"));
+}
+
+void RemoveImporter(MemoryHeader* header) {
+  const int32_t self = getpid();
+  for (auto& slot : header->importers) {
+    int32_t expected = self;
+    if (slot.compare_exchange_strong(expected, 0, std::memory_order_acq_rel)) return;
+  }
+}
 
 bool IsNameChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
@@ -150,6 +183,18 @@ absl::Status Registry::Free(void* base) {
     by_base_.erase(it);
   }
   ipc::SharedSegment::Remove(region->name).IgnoreError();
+  // CUDA: "calling cudaFree on an exported memory region before calling
+  // cudaIpcCloseMemHandle in the importing context will result in undefined
+  // behavior" (cudaIpcOpenMemHandle). The importer keeps a dangling
+  // mapping; here it keeps the pages, and the caller hears of it.
+  for (const auto& slot : HeaderOf(*region)->importers) {
+    const int32_t pid = slot.load(std::memory_order_acquire);
+    if (pid != 0 && ProcessAlive(pid)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("Free: allocation ", region->name, " freed while mapped by process ", pid,
+                       " (it has not closed its IPC mapping; CUDA leaves it a dangling one)"));
+    }
+  }
   return absl::OkStatus();  // unmapped when the last queued operation lets go
 }
 
@@ -190,6 +235,7 @@ absl::StatusOr<std::shared_ptr<Region>> Registry::Open(const IpcHandle& handle, 
   region->base = static_cast<char*>(region->segment.data()) + kHeaderBytes;
   region->owned = false;
   region->open_count = 1;
+  if (absl::Status st = AddImporter(HeaderOf(*region), *name); !st.ok()) return st;
   opened_[*name] = region;
   by_base_[reinterpret_cast<uintptr_t>(region->base)] = region;
   return region;
@@ -203,6 +249,7 @@ absl::Status Registry::Close(void* base) {
                                                    " is not the base of an opened memory handle"));
   }
   if (--it->second->open_count > 0) return absl::OkStatus();
+  RemoveImporter(HeaderOf(*it->second));
   opened_.erase(it->second->name);
   by_base_.erase(it);
   return absl::OkStatus();

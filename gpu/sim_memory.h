@@ -8,6 +8,10 @@
 // stream holds the regions it touches, so Free or Close never pulls memory
 // out from under in-flight work (CUDA would synchronize instead).
 //
+// The header also lists the processes that map the allocation (their first
+// Open to their last Close), so that Free can report an importer still
+// alive: CUDA's undefined behaviour, turned into FAILED_PRECONDITION.
+//
 // Threads: the registry is process-wide and thread-safe. A forked child
 // inherits the parent's mappings but must create its own devices.
 #ifndef GRADSYNC_GPU_SIM_MEMORY_H_
@@ -65,7 +69,9 @@ class Registry {
   // A new zeroed allocation of `bytes` (> 0) on sim GPU `device_index`.
   absl::StatusOr<std::shared_ptr<Region>> Allocate(const std::string& prefix, int device_index,
                                                    size_t bytes);
-  // Frees an allocation of this process by its base (and unlinks its name).
+  // Frees an allocation of this process by its base (and unlinks its name);
+  // FAILED_PRECONDITION naming a live process that still maps it (freed
+  // all the same: that mapping dangles, as under CUDA).
   absl::Status Free(void* base);
 
   // Maps the allocation a handle names (once per process: reopening returns

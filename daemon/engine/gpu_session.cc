@@ -242,22 +242,28 @@ GpuSession::~GpuSession() {
   // The communicators go first: destroying them waits (bounded) for any
   // collective, so no kernel still reads the memory released below.
   collectives_.reset();
+  auto report = [](const absl::Status& st, const char* what, const std::string& whose) {
+    if (!st.ok()) {
+      spdlog::error("event=gpu_release_failed what={} trainer=\"{}\" error=\"{}\"", what, whose,
+                    std::string(st.message()));
+    }
+  };
   for (size_t d = 0; d < devices_.size(); ++d) {
     if (staging_.size() > d && staging_[d] != nullptr) {
-      device_->Free(devices_[d], staging_[d]).IgnoreError();
+      report(device_->Free(devices_[d], staging_[d]), "free_staging", devices_[d]);
     }
     if (streams_.size() > d) device_->DestroyStream(streams_[d]);
   }
   for (PerTrainer& p : trainers_) {
     for (gpu::Event* e : p.events) device_->CloseEvent(e);
-    for (void* base : p.opened) device_->CloseMemory(p.device, base).IgnoreError();
-    // Known gap (CUDA calls it undefined behaviour): a live trainer may
-    // still map this buffer (it closes its mapping after Detach returns, and
-    // survivors of a failed generation only at their next registration).
-    // Unverified on a GPU whether the driver keeps the pages until the last
-    // importer unmaps. The fix (the trainer closes its mapping before Detach)
-    // is in client.cc, outside the GPU path's files: see the audit note.
-    if (p.flat_base != nullptr) device_->Free(p.device, p.flat_base).IgnoreError();
+    for (void* base : p.opened) report(device_->CloseMemory(p.device, base), "close_memory", p.name);
+    // Invariant (CUDA: freeing memory another process still maps is
+    // undefined behaviour): we run only once every trainer of the job has
+    // left — detached, having unmapped this buffer first (Client::Close), or
+    // died, its mappings gone with its process — or before any trainer got
+    // the handle (Open failed). A trainer that broke that order is logged
+    // here by the device that can tell (the simulation), never crashed on.
+    if (p.flat_base != nullptr) report(device_->Free(p.device, p.flat_base), "free_flat_buffer", p.name);
   }
 }
 

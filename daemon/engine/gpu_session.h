@@ -9,7 +9,11 @@
 // the destructor, which must run only after the scheduler stopped — never
 // while a collective may be running (freeing or closing IPC memory then
 // can deadlock on the running kernel). Abort, from any thread, makes an
-// in-flight collective or poll return promptly.
+// in-flight collective or poll return promptly. The trainers' side of the
+// order (client/cuda_tensors.h): each unmaps its flat buffer before its
+// Detach, so by the time every trainer has left nobody maps what we free.
+// Memory calls of concurrent jobs on one GPU are kept apart from their
+// collectives by the device itself (gpu/gated_daemon_device.h).
 #ifndef GRADSYNC_DAEMON_ENGINE_GPU_SESSION_H_
 #define GRADSYNC_DAEMON_ENGINE_GPU_SESSION_H_
 

@@ -98,6 +98,27 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"unused_four_gpus_flat", 4, 4, {"--mode=flat", "--unused-every=2"}}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
+// gs_close drains the trainer's stream and unmaps the daemon's gradient
+// buffer before it detaches, so the daemon (which frees the buffer once the
+// trainers left) never frees memory a live trainer still maps: undefined
+// behaviour in CUDA, reported by the simulation and logged by the daemon.
+TEST(GpuPath, TrainersUnmapTheirBufferBeforeTheDaemonFreesIt) {
+  for (int n : {1, 2}) {
+    Daemon daemon(n, kDaemonArgs, SimEnv(1), "tests/gpu/gradsyncd_sim");
+    ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+    std::vector<Process> trainers = StartAll(daemon, Case{"release", n, 1, {"--steps=2"}});
+    for (auto& t : trainers) {
+      ExitStatus st = t.Wait(seconds(60));
+      ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << "\ndaemon:\n" << daemon.process().Log();
+    }
+    ASSERT_TRUE(WaitForLog(daemon.process(), "event=job_released", seconds(30)))
+        << daemon.process().Log();
+    const std::string log = daemon.process().Log();
+    EXPECT_EQ(log.find("freed while mapped"), std::string::npos) << n << " trainers\n" << log;
+    EXPECT_EQ(log.find("event=gpu_release_failed"), std::string::npos) << log;
+  }
+}
+
 // Two simulated nodes of 2 trainers each on 2 GPUs: node 0 the leader,
 // node 1 joining it. Fatal failures end the calling test.
 void StartTwoSimNodes(std::vector<std::string> common, std::unique_ptr<Daemon>* leader,

@@ -4,6 +4,7 @@
 // The simulated node comes from GRADSYNC_SIM_* (see gpu/sim_device.h).
 #include "absl/flags/flag.h"
 #include "daemon/run_gradsyncd.h"
+#include "gpu/gated_daemon_device.h"
 #include "gpu/sim_device.h"
 
 // Only here, never in the release binary: proves the tests catch a
@@ -17,7 +18,10 @@ int main(int argc, char** argv) {
         auto device = gradsync::gpu::SimDaemonDevice::CreateFromEnv();
         if (!device.ok()) return device.status();
         gradsync::GpuRuntime gpu;
-        gpu.device = std::move(*device);
+        // Gated like the release device (gpu/cuda_daemon_device): the
+        // simulation underneath refuses memory work overlapping a collective.
+        gpu.device = std::make_shared<gradsync::gpu::GatedDaemonDevice>(std::move(*device),
+                                                                        absl::Minutes(10));
         gpu.unsafe_skip_event_wait = absl::GetFlag(FLAGS_unsafe_skip_event_wait);
         return gpu;
       });

@@ -1022,5 +1022,138 @@ TEST_F(SimDeviceTest, APeerThatDiesMakesTheCollectiveUnavailableNamingIt) {
   EXPECT_THAT(st.message(), HasSubstr(absl::StrCat("rank 1 (process ", pid, ")")));
 }
 
+// CUDA: freeing exported memory before every importer closed its mapping
+// is undefined behaviour (the importer keeps a dangling mapping). The
+// simulation reports it, naming the importer, and tells a closed or dead
+// importer (whose mappings went with its process) from a live one.
+TEST_F(SimDeviceTest, FreeingMemoryALiveProcessStillMapsIsRefusedNamingIt) {
+  Channel handles_to_child, to_parent, to_child;
+  auto child = Process::Fork([&]() -> int {
+    auto trainer = SimTrainerDevice::Create(Options());
+    if (!trainer.ok()) return 1;
+    std::vector<void*> bases;
+    for (int i = 0; i < 3; ++i) {
+      auto handle = IpcHandle::FromBytes(handles_to_child.ReceiveHandle());
+      CHILD_OK(handle.status());
+      auto base = (*trainer)->OpenMemory("SIM-GPU-0", *handle);
+      CHILD_OK(base.status());
+      bases.push_back(*base);
+    }
+    CHILD_OK((*trainer)->CloseMemory(bases[1]));  // closed before the free
+    to_parent.Send("o");
+    if (to_child.Receive(1, absl::Seconds(60)) != "q") return 2;
+    return 0;  // exits still mapping bases[0] and bases[2]
+  });
+  ASSERT_TRUE(child.ok()) << child.status();
+  auto daemon = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(daemon.ok());
+  std::vector<void*> bases;
+  for (int i = 0; i < 3; ++i) {
+    auto base = (*daemon)->Alloc("SIM-GPU-0", 64);
+    ASSERT_TRUE(base.ok()) << base.status();
+    auto handle = (*daemon)->ExportMemory("SIM-GPU-0", *base);
+    ASSERT_TRUE(handle.ok()) << handle.status();
+    ASSERT_TRUE(handles_to_child.Send(handle->ToBytes()));
+    bases.push_back(*base);
+  }
+  ASSERT_EQ(to_parent.Receive(1), "o");
+  EXPECT_TRUE((*daemon)->Free("SIM-GPU-0", bases[1]).ok());
+  const absl::Status mapped = (*daemon)->Free("SIM-GPU-0", bases[0]);
+  EXPECT_EQ(mapped.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(mapped.message(), HasSubstr(absl::StrCat("freed while mapped by process ",
+                                                       child->pid())));
+  ASSERT_TRUE(to_child.Send("q"));
+  auto exit = child->Wait(std::chrono::seconds(30)).ExitCode();
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  ASSERT_EQ(*exit, 0);
+  EXPECT_TRUE((*daemon)->Free("SIM-GPU-0", bases[2]).ok());  // its importer is dead
+}
+
+// CUDA: using an imported event after its exporter destroyed it is
+// undefined behaviour. The simulation answers an error naming the owner,
+// never a stale kDone.
+TEST_F(SimDeviceTest, QueryingAnEventItsOwnerDestroyedIsAnErrorNamingTheOwner) {
+  Channel to_parent, to_child;
+  auto child = Process::Fork([&]() -> int {
+    auto trainer = SimTrainerDevice::Create(Options());
+    if (!trainer.ok()) return 1;
+    auto event = (*trainer)->CreateEvent("SIM-GPU-0");
+    CHILD_OK(event.status());
+    auto handle = (*trainer)->ExportEvent(*event);
+    CHILD_OK(handle.status());
+    to_parent.Send(handle->ToBytes());
+    if (to_child.Receive(1, absl::Seconds(60)) != "d") return 2;
+    (*trainer)->DestroyEvent(*event);
+    to_parent.Send("k");
+    if (to_child.Receive(1, absl::Seconds(60)) != "q") return 2;
+    return 0;
+  });
+  ASSERT_TRUE(child.ok()) << child.status();
+  auto daemon = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(daemon.ok());
+  auto handle = IpcHandle::FromBytes(to_parent.ReceiveHandle());
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  auto event = (*daemon)->OpenEvent("SIM-GPU-0", *handle);
+  ASSERT_TRUE(event.ok()) << event.status();
+  EXPECT_EQ(*(*daemon)->QueryEvent(*event), Completion::kDone);
+  ASSERT_TRUE(to_child.Send("d"));
+  ASSERT_EQ(to_parent.Receive(1), "k");
+  auto after = (*daemon)->QueryEvent(*event);
+  EXPECT_EQ(after.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(after.status().message(),
+              HasSubstr(absl::StrCat("destroyed by its owner process ", child->pid())));
+  (*daemon)->CloseEvent(*event);
+  ASSERT_TRUE(to_child.Send("q"));
+  auto exit = child->Wait(std::chrono::seconds(30)).ExitCode();
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(*exit, 0);
+}
+
+// Memory management on a GPU while one of the daemon's collectives runs
+// there can deadlock under CUDA + NCCL; the simulation refuses it, naming
+// the call and the GPU. Other GPUs are not concerned.
+TEST_F(SimDeviceTest, MemoryWorkOnAGpuWhereACollectiveRunsIsRefusedNamingIt) {
+  FileStore store;
+  auto dev = SimDaemonDevice::Create(Options());
+  auto peer_dev = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(dev.ok() && peer_dev.ok());
+  absl::StatusOr<std::unique_ptr<CollectiveGroup>> peer_group;
+  std::thread peer_init(
+      [&] { peer_group = (*peer_dev)->CreateCollectives(Group(2, 1, {"SIM-GPU-0"}, &store)); });
+  auto group = (*dev)->CreateCollectives(Group(2, 0, {"SIM-GPU-0"}, &store));
+  peer_init.join();
+  ASSERT_TRUE(group.ok()) << group.status();
+  ASSERT_TRUE(peer_group.ok()) << peer_group.status();
+  void* mine = Fill(**dev, "SIM-GPU-0", DType::kFloat32, 8, 0);
+  void* theirs = Fill(**peer_dev, "SIM-GPU-0", DType::kFloat32, 8, 1);
+
+  absl::Status collective;
+  std::thread running([&] { collective = (*group)->AllreduceSum({{0, mine, 8}}, DType::kFloat32); });
+  // The collective waits for its peer; wait for the refusal that shows it
+  // is in flight (until then an allocation is legitimate: free it again).
+  absl::Status refused;
+  std::vector<void*> later;  // allocated just before the collective started
+  const absl::Time deadline = MonotonicNow() + absl::Seconds(20);
+  while (refused.ok() && MonotonicNow() < deadline) {
+    absl::StatusOr<void*> p = (*dev)->Alloc("SIM-GPU-0", 64);
+    if (!p.ok()) {
+      refused = p.status();
+    } else if (!(*dev)->Free("SIM-GPU-0", *p).ok()) {
+      later.push_back(*p);
+    }
+  }
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("cudaMalloc on SIM-GPU-0 while 1 collective(s) run"));
+  EXPECT_TRUE((*dev)->Alloc("SIM-GPU-1", 64).ok());
+  EXPECT_EQ((*dev)->Free("SIM-GPU-0", mine).code(), absl::StatusCode::kFailedPrecondition);
+
+  EXPECT_TRUE((*peer_group)->AllreduceSum({{0, theirs, 8}}, DType::kFloat32).ok());
+  running.join();
+  EXPECT_TRUE(collective.ok()) << collective;
+  EXPECT_TRUE(HoldsSum(DType::kFloat32, mine, 8, 2));
+  EXPECT_TRUE((*dev)->Free("SIM-GPU-0", mine).ok());  // nothing runs there any more
+  for (void* p : later) EXPECT_TRUE((*dev)->Free("SIM-GPU-0", p).ok());
+}
+
 }  // namespace
 }  // namespace gradsync::gpu

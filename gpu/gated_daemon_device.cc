@@ -1,0 +1,126 @@
+#include "gpu/gated_daemon_device.h"
+
+#include <atomic>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/monotonic.h"
+
+namespace gradsync::gpu {
+namespace {
+
+// The group's collectives hold its GPUs shared; creating (NCCL's init
+// allocates) and destroying it (frees) is memory work.
+class GatedCollectiveGroup final : public CollectiveGroup {
+ public:
+  GatedCollectiveGroup(std::unique_ptr<CollectiveGroup> group, DeviceGate* gate,
+                       std::vector<DeviceId> devices, absl::Duration timeout,
+                       absl::Duration memory_wait)
+      : group_(std::move(group)),
+        gate_(gate),
+        devices_(std::move(devices)),
+        timeout_(timeout),
+        memory_wait_(memory_wait) {}
+
+  ~GatedCollectiveGroup() override {
+    const absl::Status st = gate_->EnterMemoryWork(devices_, MonotonicNow() + memory_wait_,
+                                                   "destroying the communicators");
+    group_.reset();  // even past the wait: a leaked communicator keeps its threads
+    if (st.ok()) gate_->ExitMemoryWork(devices_);
+  }
+
+  absl::Status AllreduceSum(const std::vector<DeviceBuffer>& buffers, DType dtype) override {
+    if (absl::Status st = gate_->EnterCollective(devices_, MonotonicNow() + timeout_, &aborted_);
+        !st.ok()) {
+      // The contract: a failed collective leaves the group aborted.
+      group_->Abort(std::string(st.message()));
+      return st;
+    }
+    absl::Status st = group_->AllreduceSum(buffers, dtype);
+    gate_->ExitCollective(devices_);
+    return st;
+  }
+
+  void Abort(const std::string& reason) override {
+    aborted_.store(true, std::memory_order_release);
+    group_->Abort(reason);
+    gate_->Wake();
+  }
+
+ private:
+  std::unique_ptr<CollectiveGroup> group_;
+  DeviceGate* const gate_;
+  const std::vector<DeviceId> devices_;
+  const absl::Duration timeout_;
+  const absl::Duration memory_wait_;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace
+
+GatedDaemonDevice::GatedDaemonDevice(std::unique_ptr<DaemonDevice> device,
+                                     absl::Duration memory_wait)
+    : device_(std::move(device)), memory_wait_(memory_wait) {}
+
+absl::StatusOr<void*> GatedDaemonDevice::Alloc(const DeviceId& device, size_t bytes) {
+  if (absl::Status st = gate_.EnterMemoryWork({device}, MonotonicNow() + memory_wait_,
+                                              absl::StrCat("allocating ", bytes, " bytes"));
+      !st.ok()) {
+    return st;
+  }
+  absl::StatusOr<void*> out = device_->Alloc(device, bytes);
+  gate_.ExitMemoryWork({device});
+  return out;
+}
+
+absl::Status GatedDaemonDevice::Free(const DeviceId& device, void* ptr) {
+  if (absl::Status st = gate_.EnterMemoryWork({device}, MonotonicNow() + memory_wait_, "freeing");
+      !st.ok()) {
+    return st;  // leaked rather than risk the deadlock
+  }
+  absl::Status out = device_->Free(device, ptr);
+  gate_.ExitMemoryWork({device});
+  return out;
+}
+
+absl::StatusOr<void*> GatedDaemonDevice::OpenMemory(const DeviceId& device,
+                                                    const IpcHandle& handle) {
+  if (absl::Status st = gate_.EnterMemoryWork({device}, MonotonicNow() + memory_wait_,
+                                              "opening an IPC memory handle");
+      !st.ok()) {
+    return st;
+  }
+  absl::StatusOr<void*> out = device_->OpenMemory(device, handle);
+  gate_.ExitMemoryWork({device});
+  return out;
+}
+
+absl::Status GatedDaemonDevice::CloseMemory(const DeviceId& device, void* base) {
+  if (absl::Status st = gate_.EnterMemoryWork({device}, MonotonicNow() + memory_wait_,
+                                              "closing an IPC memory handle");
+      !st.ok()) {
+    return st;
+  }
+  absl::Status out = device_->CloseMemory(device, base);
+  gate_.ExitMemoryWork({device});
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<CollectiveGroup>> GatedDaemonDevice::CreateCollectives(
+    const CollectiveOptions& options) {
+  // Creation waits for remote ranks (bounded by options.timeout) while it
+  // holds the GPUs: other jobs' collectives there pause meanwhile. The
+  // price of NCCL's init allocating device memory.
+  if (absl::Status st = gate_.EnterMemoryWork(options.devices, MonotonicNow() + memory_wait_,
+                                              "creating communicators");
+      !st.ok()) {
+    return st;
+  }
+  absl::StatusOr<std::unique_ptr<CollectiveGroup>> group = device_->CreateCollectives(options);
+  gate_.ExitMemoryWork(options.devices);
+  if (!group.ok()) return group.status();
+  return std::unique_ptr<CollectiveGroup>(new GatedCollectiveGroup(
+      *std::move(group), &gate_, options.devices, options.timeout, memory_wait_));
+}
+
+}  // namespace gradsync::gpu
