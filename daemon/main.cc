@@ -101,7 +101,8 @@ ABSL_FLAG(bool, uneven_inputs, kDefaults.uneven_inputs,
           "one small allreduce of active-trainer counts; node 0's value is the job's "
           "(one node: gs_join works without it)");
 ABSL_FLAG(int, reduce_threads, kDefaults.reduce_threads,
-          "threads for the local reduction; 0: the cores the trainers leave free (1..4)");
+          "threads for the local reduction; 0: the cores the trainers leave free (1..4), "
+          "and every core (1..4) for the buckets left once all trainers marked everything");
 
 namespace {
 

@@ -437,6 +437,9 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
   opts.reduce_threads = config_.reduce_threads > 0
                             ? config_.reduce_threads
                             : std::clamp(cores - config_.local_size, 1, 4);
+  // Once every trainer has marked everything, their cores are free too.
+  opts.tail_reduce_threads =
+      config_.reduce_threads > 0 ? config_.reduce_threads : std::clamp(cores, 1, 4);
   scheduler_ = std::make_unique<Scheduler>(
       trainers, layout_, std::move(plan), cuda ? flat_plan_ : arena_, world_.backend.get(),
       &node_->ready_bell(),

@@ -234,7 +234,8 @@ uint64_t LocalReducer::StagingBytes(uint64_t bytes, DType dtype) {
 
 absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
                                   const std::vector<ReduceSpan>& spans, DType dtype,
-                                  int world_size, Backend& backend, ReduceTimings* timings) {
+                                  int world_size, Backend& backend, ReduceTimings* timings,
+                                  size_t threads) {
   if ((arenas.empty() && backend.num_nodes() <= 1) || arenas.size() > kMaxLocalTrainers ||
       world_size <= 0) {
     return absl::InvalidArgumentError("bad reduction arguments");
@@ -249,7 +250,9 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
   uint64_t total_bytes = 0;
   for (const ReduceSpan& s : spans) total_bytes += s.bytes;
   job.total_elements = total_bytes / job.elem_size;
-  const size_t slices = total_bytes >= kParallelThresholdBytes ? pool_.size() : 1;
+  const size_t usable = (threads == 0) ? pool_.size() : std::min(threads, pool_.size());
+  const size_t slices = total_bytes >= kParallelThresholdBytes ? usable : 1;
+  if (timings) timings->threads = slices;
 
   const int64_t t0 = NowNs();
   if (backend.num_nodes() <= 1) {

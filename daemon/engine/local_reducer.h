@@ -34,6 +34,7 @@ struct ReduceTimings {
   // The part of local_reduce_ns after the collective that copies the result
   // into every arena (0 on one node: fused into the sum).
   int64_t write_back_ns = 0;
+  size_t threads = 1;  // threads the bucket was split across
 };
 
 inline constexpr size_t kMaxLocalTrainers = 256;
@@ -52,9 +53,12 @@ class LocalReducer {
   // a node of several whose trainers all joined (gs_join): it contributes
   // zeros to the collective and writes nothing back. Returns the backend's
   // error if the cross-node step fails (the arenas are then left partially
-  // summed, which does not matter: the iteration failed).
+  // summed, which does not matter: the iteration failed). `threads`: how
+  // many of the pool's threads to use (0: all); the split changes which
+  // thread sums an element, never how, so results are bit-identical.
   absl::Status Reduce(const std::vector<uint8_t*>& arenas, const std::vector<ReduceSpan>& spans,
-                      DType dtype, int world_size, Backend& backend, ReduceTimings* timings);
+                      DType dtype, int world_size, Backend& backend, ReduceTimings* timings,
+                      size_t threads = 0);
 
   size_t threads() const { return pool_.size(); }
   // Grows the staging buffer (at plan changes only, never per call).

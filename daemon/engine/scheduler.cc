@@ -60,7 +60,7 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
       observer_(observer),
       fail_(std::move(fail)),
       options_(options),
-      reducer_(options.reduce_threads, 0),
+      reducer_(std::max(options.reduce_threads, options.tail_reduce_threads), 0),
       spin_(SchedulerSpin()) {
   active_in_iteration_ = options_.world_size;
   const int nodes = backend_ != nullptr ? backend_->num_nodes() : 1;
@@ -682,8 +682,11 @@ bool Scheduler::Launch(uint32_t bucket) {
     return false;
   }
   ReduceTimings timings;
+  const size_t threads = backend_->num_nodes() <= 1 && LocalTrainersAllMarked()
+                             ? std::max(options_.reduce_threads, options_.tail_reduce_threads)
+                             : options_.reduce_threads;
   absl::Status st = reducer_.Reduce(active_arenas_, spans_[bucket], b.dtype, Divisor(),
-                                    *backend_, &timings);
+                                    *backend_, &timings, threads);
   const int64_t slot = EndReduction();
   if (slot == kStopped) return false;  // Stop aborted it: the job is over
   // A trainer's arena cut short mid-sum: the result is garbage, and says so.
@@ -701,6 +704,15 @@ bool Scheduler::Launch(uint32_t bucket) {
     return false;
   }
   return FinishLaunch(bucket, timings);
+}
+
+bool Scheduler::LocalTrainersAllMarked() const {
+  for (const Trainer* t : trainers_) {
+    if (!t->joined.load(std::memory_order_relaxed) && t->marked_count < layout_.size()) {
+      return false;
+    }
+  }
+  return true;
 }
 
 bool Scheduler::LaunchGpu(uint32_t bucket) {
@@ -755,6 +767,7 @@ bool Scheduler::FinishLaunch(uint32_t bucket, const ReduceTimings& timings) {
   tl.local_done_ns = tl.launch_ns + timings.local_reduce_ns;
   tl.collective_done_ns = tl.local_done_ns + timings.collective_ns;
   tl.write_back_ns = timings.write_back_ns;
+  tl.reduce_threads = timings.threads;
   // No per-bucket completion entry: trainers wait for the iteration, and a
   // model with more buckets than ring slots must not fill the ring.
   tl.done_ns = NowNs();

@@ -76,6 +76,10 @@ class Scheduler {
     int64_t timeout_ms = 300000;
     double stall_threshold_s = 60;
     size_t reduce_threads = 1;
+    // One node: threads for the buckets still to reduce once every local
+    // trainer has marked all its gradients (they sleep in gs_wait, so
+    // their cores are free: the step's tail). 0: reduce_threads.
+    size_t tail_reduce_threads = 0;
     BucketCaps caps;
     // DDP's one-time rebuild: after iteration 0, re-plan from the order in
     // which local rank 0 marked its gradients ready.
@@ -154,6 +158,9 @@ class Scheduler {
   // segment was truncated; only reads the guards' flags (cheap).
   bool FailIfTruncated();
   bool Launch(uint32_t bucket);
+  // True when every local trainer still in the job marked all its tensors
+  // this iteration: none computes any more, all wait for the result.
+  bool LocalTrainersAllMarked() const;
   bool LaunchGpu(uint32_t bucket);
   // The in-flight slot around a bucket's reduction. Begin publishes it and
   // returns false if the scheduler is stopping (then do not reduce); End

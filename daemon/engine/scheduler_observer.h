@@ -20,6 +20,7 @@ struct BucketTimeline {
   int64_t collective_done_ns = 0;
   int64_t done_ns = 0;           // completions posted
   int64_t write_back_ns = 0;     // of local_done..done: result copied into the arenas
+  size_t reduce_threads = 1;     // threads the local reduction was split across
 };
 
 class SchedulerObserver {

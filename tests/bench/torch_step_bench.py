@@ -29,7 +29,9 @@ Run from the repository root after
         [--quick]   (--quick, or GRADSYNC_BENCH_QUICK=1: 4 steps, 1 round)
 
 $GRADSYNC_BENCH_DAEMON_ARGS adds flags to the daemons it starts (e.g.
-"--reduce-threads=2" or "--bucket-cap-mb=10").
+"--reduce-threads=2" or "--bucket-cap-mb=10"). $GRADSYNC_BENCH_REFERENCE_DAEMON
+(a gradsyncd path, e.g. one built from main) adds a row: the
+DistributedOptimizer through that binary, for a before/after in one run.
 """
 from __future__ import annotations
 
@@ -169,6 +171,10 @@ def main() -> int:
                 ("torch DDP (gloo)", "ddp", 2, False),
                 ("gradsync DistributedOptimizer", "gradsync", 2, True),
                 ("gradsync DDP allreduce_hook", "gradsync_hook", 2, True)]
+    reference_daemon = os.environ.get("GRADSYNC_BENCH_REFERENCE_DAEMON")
+    if reference_daemon:
+        variants.append(("gradsync DistributedOptimizer, reference gradsyncd", "gradsync", 2,
+                         True))
     medians: Dict[str, List[float]] = {v[0]: [] for v in variants}
     report = bench_report.Report("torch_step_bench")
     progress = bench_report.Progress("torch_step_bench", args.rounds * len(variants))
@@ -178,7 +184,9 @@ def main() -> int:
             progress.step(f"round {rnd + 1}/{args.rounds}: {label}")
             daemon = None
             if needs_daemon:
+                binary = reference_daemon if label.endswith("reference gradsyncd") else None
                 daemon = LocalDaemon(sock, nproc, ["--timeout-s=300"] + os.environ.get("GRADSYNC_BENCH_DAEMON_ARGS", "").split(),
+                                     binary=binary,
                                      log_path=os.path.join(tmp, f"{variant}.log")).start()
             try:
                 r = run_variant(variant, nproc, args, sock if needs_daemon else None)
