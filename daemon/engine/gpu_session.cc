@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/log_value.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
 #include "spdlog/spdlog.h"
@@ -244,8 +245,8 @@ GpuSession::~GpuSession() {
   collectives_.reset();
   auto report = [](const absl::Status& st, const char* what, const std::string& whose) {
     if (!st.ok()) {
-      spdlog::error("event=gpu_release_failed what={} trainer=\"{}\" error=\"{}\"", what, whose,
-                    std::string(st.message()));
+      spdlog::error("event=gpu_release_failed what={} device={} error={}", what, LogValue(whose),
+                    LogValue(st.message()));
     }
   };
   for (size_t d = 0; d < devices_.size(); ++d) {
@@ -254,17 +255,35 @@ GpuSession::~GpuSession() {
     }
     if (streams_.size() > d) device_->DestroyStream(streams_[d]);
   }
-  for (PerTrainer& p : trainers_) {
-    for (gpu::Event* e : p.events) device_->CloseEvent(e);
-    for (void* base : p.opened) report(device_->CloseMemory(p.device, base), "close_memory", p.name);
-    // Invariant (CUDA: freeing memory another process still maps is
-    // undefined behaviour): we run only once every trainer of the job has
-    // left — detached, having unmapped this buffer first (Client::Close), or
-    // died, its mappings gone with its process — or before any trainer got
-    // the handle (Open failed). A trainer that broke that order is logged
-    // here by the device that can tell (the simulation), never crashed on.
-    if (p.flat_base != nullptr) report(device_->Free(p.device, p.flat_base), "free_flat_buffer", p.name);
+  for (PerTrainer& p : trainers_) Release(p);
+}
+
+void GpuSession::ReleaseTrainer(size_t t) {
+  if (t < trainers_.size()) Release(trainers_[t]);
+}
+
+void GpuSession::Release(PerTrainer& p) {
+  auto report = [&p](const absl::Status& st, const char* what) {
+    if (!st.ok()) {
+      spdlog::error("event=gpu_release_failed what={} trainer={} error={}", what,
+                    LogValue(p.name), LogValue(st.message()));
+    }
+  };
+  for (gpu::Event*& e : p.events) {
+    if (e != nullptr) device_->CloseEvent(e);
+    e = nullptr;
   }
+  for (void* base : p.opened) report(device_->CloseMemory(p.device, base), "close_memory");
+  p.opened.clear();
+  // Invariant (CUDA: freeing memory another process still maps is
+  // undefined behaviour): we run only once this trainer left — detached,
+  // having unmapped this buffer first (Client::Close), or died, its
+  // mappings gone with its process — or before any trainer got the handle
+  // (Open failed). A trainer that broke that order is logged here by the
+  // device that can tell (the simulation), never crashed on.
+  if (p.flat_base != nullptr) report(device_->Free(p.device, p.flat_base), "free_flat_buffer");
+  p.flat_base = nullptr;
+  std::fill(p.tensors.begin(), p.tensors.end(), nullptr);
 }
 
 }  // namespace gradsync

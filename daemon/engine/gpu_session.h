@@ -6,8 +6,9 @@
 //
 // Lifetime (the NCCL invariants, see /work/shared/reviews/nccl-backend.md):
 // everything is opened at job start, on the job's thread, and released by
-// the destructor, which must run only after the scheduler stopped — never
-// while a collective may be running (freeing or closing IPC memory then
+// ReleaseTrainer (a trainer leaving a job others are still in) or the
+// destructor, which must run only after the scheduler is idle for good or
+// stopped — never while a collective may be running (freeing or closing IPC memory then
 // can deadlock on the running kernel). Abort, from any thread, makes an
 // in-flight collective or poll return promptly. The trainers' side of the
 // order (client/cuda_tensors.h): each unmaps its flat buffer before its
@@ -113,6 +114,14 @@ class GpuSession {
   absl::Status EnsureStaging(uint64_t bytes);
   uint8_t* staging(int device_index) const { return staging_[device_index]; }
 
+  // Trainer t left while others of the job remain: its events, its mapped
+  // allocations (user-pointer mode) and its flat buffer go now, not when
+  // the last trainer leaves, since a trainer may free its memory or destroy
+  // its events once gs_close returns. Call only after the scheduler is idle
+  // for good (Scheduler::WaitIdle: halted, no reduction in flight, so
+  // nothing queries those events or touches that memory again). Idempotent.
+  void ReleaseTrainer(size_t t);
+
   gpu::CollectiveGroup& collectives() { return *collectives_; }
   // Any thread: an in-flight collective fails promptly; polls stop.
   void Abort(const std::string& reason);
@@ -130,6 +139,7 @@ class GpuSession {
     std::vector<gpu::Event*> events;       // per tensor
   };
   explicit GpuSession(gpu::DaemonDevice* device) : device_(device) {}
+  void Release(PerTrainer& p);
 
   gpu::DaemonDevice* device_;
   bool flat_ = true;

@@ -538,21 +538,29 @@ absl::Status Job::PeerError(const Trainer& t) const {
 }
 
 void Job::Leave(uint64_t session, bool graceful, const std::string& reason) {
-  const bool last = RemoveTrainer(session, graceful, reason);
+  int local_rank = -1;
+  const bool last = RemoveTrainer(session, graceful, reason, &local_rank);
   DeliverHealth();
   if (last) {
     ReleaseWorld();
     return;
   }
-  // GPU path: the trainer frees its gradient memory once gs_close returns
-  // (user-pointer mode), so its Detach returns only after no reduction
-  // can still write into it. The job failed above, so one in flight stops.
+  // GPU path: the trainer may free its gradient memory and destroy its
+  // events once gs_close returns (user-pointer mode), so its Detach returns
+  // only after no reduction can touch them and the daemon let go of them.
+  // The job failed above, so a reduction in flight stops.
   Scheduler* scheduler = nullptr;
   {
     absl::MutexLock lock(&mu_);
     if (gpu_session_) scheduler = scheduler_.get();
   }
-  if (scheduler) scheduler->WaitIdle();
+  if (scheduler == nullptr || local_rank < 0) return;
+  scheduler->WaitIdle();
+  // Under mu_ so ReleaseWorld (another trainer leaving last) cannot take
+  // the session meanwhile; the device calls are bounded (the device gate's
+  // deadline), and the halted scheduler needs no lock of ours.
+  absl::MutexLock lock(&mu_);
+  if (gpu_session_) gpu_session_->ReleaseTrainer(static_cast<size_t>(local_rank));
 }
 
 void Job::ReleaseWorld() {
@@ -578,10 +586,12 @@ void Job::ReleaseWorld() {
   spdlog::info("event=job_released job={}", id_);
 }
 
-bool Job::RemoveTrainer(uint64_t session, bool graceful, const std::string& reason) {
+bool Job::RemoveTrainer(uint64_t session, bool graceful, const std::string& reason,
+                        int* local_rank) {
   absl::MutexLock lock(&mu_);
   Trainer* t = FindLocked(session);
   if (t == nullptr) return false;
+  *local_rank = t->local_rank;
   t->gone.store(true);
   spdlog::info("event=leave job={} local_rank={} pid={} graceful={} reason={}", id_,
                t->local_rank, t->pid, graceful, LogValue(reason));

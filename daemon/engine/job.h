@@ -232,9 +232,10 @@ class Job {
   // The same, shared: for a caller that keeps it across releasing mu_.
   std::shared_ptr<Trainer> HoldLocked(uint64_t session) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Leave's work under mu_; true when this was the last trainer of a
-  // started job (its world is then released, outside mu_).
-  bool RemoveTrainer(uint64_t session, bool graceful, const std::string& reason)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // started job (its world is then released, outside mu_). `local_rank`:
+  // the leaving trainer's, or left as is when the session is unknown.
+  bool RemoveTrainer(uint64_t session, bool graceful, const std::string& reason,
+                     int* local_rank) ABSL_LOCKS_EXCLUDED(mu_);
   void ReleaseWorld() ABSL_LOCKS_EXCLUDED(mu_);
   // The GPU path's resources for a CUDA layout, opened in Form's unlocked
   // phase (they may wait on other nodes) and handed to StartLocked.

@@ -151,6 +151,7 @@ int main(int argc, char** argv) {
   const size_t elem = gradsync::DTypeSize(f.dtype);
   std::vector<gradsync::TensorSpec> specs;
   std::vector<void*> own(kTensors.size(), nullptr);
+  std::vector<void*> allocations;  // user mode: freed right after gs_close, as gradsync.h allows
   if (f.mode == "user") {
     // Two allocations, sub-allocated like a caching allocator does: the
     // client must export each base once and send offsets.
@@ -162,6 +163,7 @@ int main(int argc, char** argv) {
     auto b = device->Alloc(*id, second);
     if (!a.ok()) return Error(a.status());
     if (!b.ok()) return Error(b.status());
+    allocations = {*a, *b};
     uint64_t oa = 0, ob = 0;
     for (size_t i = 0; i < kTensors.size(); ++i) {
       uint64_t& o = i % 2 == 0 ? oa : ob;
@@ -255,5 +257,11 @@ int main(int argc, char** argv) {
   }
   std::printf("OK rank %d world %d steps %d\n", rank, world, f.steps);
   std::fflush(stdout);
-  return c.Close().ok() ? 0 : 2;
+  if (absl::Status st = c.Close(); !st.ok()) return Error(st);
+  // The contract ends at gs_close: the daemon no longer maps this memory
+  // (the simulation refuses a free while another live process maps it).
+  for (void* p : allocations) {
+    if (absl::Status st = device->Free(p); !st.ok()) return Error(st);
+  }
+  return 0;
 }
