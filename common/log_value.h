@@ -16,7 +16,22 @@
 namespace gradsync {
 
 inline std::string LogValue(absl::string_view value) {
-  return absl::StrCat("\"", absl::CHexEscape(value), "\"");
+  // CHexEscape also escapes ' (messages quote names in '...'); inside a
+  // double-quoted value it needs none, so each \' becomes ' again. Every '
+  // in CHexEscape's output follows its own backslash, so this is exact.
+  const std::string escaped = absl::CHexEscape(value);
+  std::string out = "\"";
+  out.reserve(escaped.size() + 2);
+  for (size_t i = 0; i < escaped.size(); ++i) {
+    if (escaped[i] == '\\' && i + 1 < escaped.size()) {
+      if (escaped[i + 1] != '\'') out += escaped[i];
+      out += escaped[++i];
+      continue;
+    }
+    out += escaped[i];
+  }
+  out += '"';
+  return out;
 }
 
 // For identifiers that are usually plain (job ids, paths): the value as is

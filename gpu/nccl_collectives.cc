@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/log_value.h"
 #include "common/monotonic.h"
 #include "gpu/cuda_device_switch.h"
 #include "gpu/cuda_status.h"
@@ -173,7 +174,7 @@ void AbortWithDeadline(const NcclApi& nccl, std::vector<ncclComm_t> comms,
         "ncclCommAbort did not return within ", absl::FormatDuration(kAbortDeadline), " on ",
         group, "; exiting with status ", kAbortOverrunExitCode,
         " so that the supervisor restarts the daemon");
-    spdlog::critical("event=nccl_abort_overrun error=\"{}\"", msg);
+    spdlog::critical("event=nccl_abort_overrun error={}", LogValue(msg));
     spdlog::default_logger()->flush();
     std::fprintf(stderr, "gradsyncd: %s\n", msg.c_str());
     std::fflush(stderr);
@@ -182,8 +183,8 @@ void AbortWithDeadline(const NcclApi& nccl, std::vector<ncclComm_t> comms,
   for (ncclResult_t r : done->results) {
     if (r != ncclSuccess) {
       // The communicator is gone whatever abort returned.
-      spdlog::warn("event=nccl_abort_failed group=\"{}\" error=\"{}\"", group,
-                   nccl.GetErrorString(r));
+      spdlog::warn("event=nccl_abort_failed group={} error={}", LogValue(group),
+                   LogValue(nccl.GetErrorString(r)));
     }
   }
   lock.unlock();
@@ -448,8 +449,8 @@ absl::Status NcclCollectives::AbortedStatus(absl::string_view what) {
 absl::Status NcclCollectives::Fail(absl::Status status) {
   if (failure_.ok()) {
     failure_ = status;
-    spdlog::error("event=nccl_failed group=\"{}\" code={} error=\"{}\"", describe_,
-                  absl::StatusCodeToString(status.code()), std::string(status.message()));
+    spdlog::error("event=nccl_failed group={} code={} error={}", LogValue(describe_),
+                  absl::StatusCodeToString(status.code()), LogValue(status.message()));
   }
   // After an async error or a timeout NCCL requires an abort, and aborting
   // also stops kernels spinning on a dead peer.
@@ -475,7 +476,7 @@ void NcclCollectives::Abort(const std::string& reason) {
     abort_reason_ = reason;
     abort_requested_.store(true, std::memory_order_release);
   }
-  spdlog::warn("event=nccl_abort_requested group=\"{}\" reason=\"{}\"", describe_, reason);
+  spdlog::warn("event=nccl_abort_requested group={} reason={}", LogValue(describe_), LogValue(reason));
 }
 
 absl::Status NcclCollectives::AllreduceSum(const std::vector<DeviceBuffer>& buffers,
@@ -560,8 +561,8 @@ NcclCollectives::~NcclCollectives() {
                      .ok()) {
         for (Rank& r : ranks_) {
           if (ncclResult_t res = nccl_.CommDestroy(r.comm); res != ncclSuccess) {
-            spdlog::warn("event=nccl_destroy_failed rank={} error=\"{}\"", r.rank,
-                         nccl_.GetErrorString(res));
+            spdlog::warn("event=nccl_destroy_failed rank={} error={}", r.rank,
+                         LogValue(nccl_.GetErrorString(res)));
           }
           r.comm = nullptr;
         }
@@ -767,7 +768,7 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateNcclCollectives(
     if (leaks_root) leaked_bootstrap_roots.fetch_add(1);
     return s;
   }
-  spdlog::info("event=nccl_connected group=\"{}\" nccl={}", group->describe(),
+  spdlog::info("event=nccl_connected group={} nccl={}", LogValue(group->describe()),
                NcclVersionString((*nccl)->version));
   return std::unique_ptr<CollectiveGroup>(std::move(group));
 }

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/log_value.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync::gpu {
@@ -154,8 +155,8 @@ absl::StatusOr<const NcclApi*> NcclApi::Get() {
                      NcclVersionString((*api)->version), NcclVersionString(NCCL_VERSION_CODE));
       }
     } else {
-      spdlog::error("event=nccl_unavailable header={} error=\"{}\"",
-                    NcclVersionString(NCCL_VERSION_CODE), std::string(api->status().message()));
+      spdlog::error("event=nccl_unavailable header={} error={}",
+                    NcclVersionString(NCCL_VERSION_CODE), LogValue(api->status().message()));
     }
     return api;
   }();

@@ -10,6 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/log_value.h"
 #include "daemon/backends/batch_scheduling.h"
 #include "daemon/backends/gloo_store.h"
 #include "daemon/backends/wire_cast.h"
@@ -123,8 +124,8 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
                                         *options.store);
     context->connectFullMesh(store, device);
     context->setTimeout(absl::ToChronoMilliseconds(options.timeout));
-    spdlog::info("event=gloo_connected node_rank={} num_nodes={} generation={} device=\"{}\"",
-                 options.node_rank, options.num_nodes, options.generation, device->str());
+    spdlog::info("event=gloo_connected node_rank={} num_nodes={} generation={} device={}",
+                 options.node_rank, options.num_nodes, options.generation, LogValue(device->str()));
     return std::unique_ptr<GlooBackend>(new GlooBackend(options, std::move(context)));
   } catch (const GlooStoreError& e) {
     return Annotate(e.status(), where);
@@ -251,9 +252,9 @@ absl::Status GlooBackend::Fail(absl::Status status) {
     }
     if (failure_.ok()) failure_ = status;
   }
-  spdlog::error("event=gloo_allreduce_failed node_rank={} generation={} code={} error=\"{}\"",
+  spdlog::error("event=gloo_allreduce_failed node_rank={} generation={} code={} error={}",
                 node_rank_, generation_, v1::Code_Name(CodeOf(status)),
-                std::string(status.message()));
+                LogValue(status.message()));
   // Neighbours blocked on this node learn of the failure now, not at their
   // timeout.
   CloseContext(absl::StrCat("gradsync: node_rank=", node_rank_, " failed"));
@@ -267,8 +268,8 @@ void GlooBackend::Abort(const std::string& reason) {
     aborted_ = true;
     abort_reason_ = reason;
   }
-  spdlog::warn("event=gloo_abort node_rank={} generation={} reason=\"{}\"", node_rank_, generation_,
-               reason);
+  spdlog::warn("event=gloo_abort node_rank={} generation={} reason={}", node_rank_, generation_,
+               LogValue(reason));
   CloseContext(absl::StrCat("gradsync abort: ", reason));
 }
 
@@ -286,8 +287,8 @@ void GlooBackend::CloseContext(const std::string& reason) {
   } catch (const std::exception&) {
     // Expected: the timeout we asked for (or the pairs had failed already).
   }
-  spdlog::info("event=gloo_context_closed node_rank={} generation={} reason=\"{}\"", node_rank_,
-               generation_, reason);
+  spdlog::info("event=gloo_context_closed node_rank={} generation={} reason={}", node_rank_,
+               generation_, LogValue(reason));
 }
 
 }  // namespace gradsync

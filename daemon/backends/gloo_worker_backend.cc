@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/log_value.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
 #include "daemon/backends/gloo_store.h"
@@ -238,8 +239,8 @@ absl::Status GlooWorkerBackend::WorkerDied(const std::string& during) {
     absl::MutexLock lock(&mu_);
     if (aborted_) absl::StrAppend(&message, " [aborted: ", abort_reason_, "]");
   }
-  spdlog::error("event=gloo_worker_died node_rank={} generation={} pid={} error=\"{}\"",
-                node_rank_, generation_, pid_, message);
+  spdlog::error("event=gloo_worker_died node_rank={} generation={} pid={} error={}",
+                node_rank_, generation_, pid_, LogValue(message));
   return MakeError(v1::PEER_FAILED, message);
 }
 
@@ -379,8 +380,8 @@ void GlooWorkerBackend::Abort(const std::string& reason) {
     aborted_ = true;
     abort_reason_ = reason;
   }
-  spdlog::warn("event=gloo_abort node_rank={} generation={} reason=\"{}\"", node_rank_, generation_,
-               reason);
+  spdlog::warn("event=gloo_abort node_rank={} generation={} reason={}", node_rank_, generation_,
+               LogValue(reason));
   // Its sockets close with it: the neighbours fail at once, and an
   // AllreduceSum waiting for it sees end of file.
   Kill();

@@ -556,9 +556,11 @@ void Job::Leave(uint64_t session, bool graceful, const std::string& reason) {
   }
   if (scheduler == nullptr || local_rank < 0) return;
   scheduler->WaitIdle();
-  // Under mu_ so ReleaseWorld (another trainer leaving last) cannot take
-  // the session meanwhile; the device calls are bounded (the device gate's
-  // deadline), and the halted scheduler needs no lock of ours.
+  // If another trainer left last meanwhile, ReleaseWorld holds
+  // gpu_release_mu_ until the whole session (ours included) is gone, and
+  // gpu_session_ is then empty. The device calls are bounded (the device
+  // gate's deadline), and the halted scheduler needs no lock of ours.
+  absl::MutexLock release(&gpu_release_mu_);
   absl::MutexLock lock(&mu_);
   if (gpu_session_) gpu_session_->ReleaseTrainer(static_cast<size_t>(local_rank));
 }
@@ -570,6 +572,7 @@ void Job::ReleaseWorld() {
   Scheduler* scheduler = nullptr;
   std::unique_ptr<GpuReducer> gpu_reducer;
   std::unique_ptr<GpuSession> gpu_session;
+  absl::ReleasableMutexLock release(&gpu_release_mu_);  // see Leave
   {
     absl::MutexLock lock(&mu_);
     link = std::move(world_.link);
@@ -582,6 +585,7 @@ void Job::ReleaseWorld() {
   // communicators, buffers, handles and events can go.
   gpu_reducer.reset();
   gpu_session.reset();
+  release.Release();
   link.reset();  // outside the lock: it talks to the leader
   spdlog::info("event=job_released job={}", id_);
 }

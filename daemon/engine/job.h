@@ -271,6 +271,10 @@ class Job {
   // when two threads deliver at once. Taken before mu_, never under it.
   absl::Mutex hooks_mu_ ABSL_ACQUIRED_BEFORE(mu_);
 
+  // Held while a departing trainer's GPU resources, or the whole job's, are
+  // released, so a Detach never returns while another thread (ReleaseWorld
+  // for the last trainer) still holds what that trainer may now free.
+  absl::Mutex gpu_release_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   JobState state_ ABSL_GUARDED_BY(mu_) = JobState::kAttaching;
   absl::Status error_ ABSL_GUARDED_BY(mu_);

@@ -64,7 +64,8 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
       spin_(SchedulerSpin()) {
   active_in_iteration_ = options_.world_size;
   const int nodes = backend_ != nullptr ? backend_->num_nodes() : 1;
-  agreement_.assign(3 + static_cast<size_t>(std::max(1, nodes)), 0);
+  agreement_nodes_ = std::max(1, nodes);
+  agreement_.assign(3 + 2 * static_cast<size_t>(agreement_nodes_), 0);
   active_trainers_.store(static_cast<uint32_t>(options_.world_size));
   for (Trainer* t : trainers_) {
     arenas_.push_back(t->segment.arena());
@@ -167,6 +168,14 @@ void Scheduler::SetCaps(const BucketCaps& caps, uint64_t at_iteration, uint64_t 
   pending_caps_.push_back(PendingCaps{caps, at_iteration, config_version});
 }
 
+uint64_t Scheduler::HeldConfigVersion() {
+  absl::MutexLock lock(&caps_mu_);
+  for (auto it = pending_caps_.rbegin(); it != pending_caps_.rend(); ++it) {
+    if (it->config_version != 0) return it->config_version;
+  }
+  return config_version_;
+}
+
 void Scheduler::MaybeRebuild() {
   bool decided = false;
   absl::Status late;
@@ -176,6 +185,20 @@ void Scheduler::MaybeRebuild() {
     // error, never a plan the other nodes do not have.
     while (!pending_caps_.empty()) {
       const PendingCaps& next = pending_caps_.front();
+      if (config_agreed_ && next.config_version != 0) {
+        // Nodes exchanged the versions they hold in this iteration's
+        // agreement: a version every node holds applies at the first
+        // boundary at or after its iteration, on every node alike, however
+        // late it reached one of them (no guess of how fast the log
+        // travels, no "too late").
+        if (next.config_version > agreed_config_version_) break;
+        if (next.at_iteration != 0 && iteration() < next.at_iteration) break;
+        options_.caps = next.caps;
+        config_version_ = next.config_version;
+        pending_caps_.pop_front();
+        decided = true;
+        continue;
+      }
       if (next.at_iteration != 0 && iteration() > next.at_iteration) {
         late = MakeError(
             v1::STATE,
@@ -193,6 +216,7 @@ void Scheduler::MaybeRebuild() {
       decided = true;
     }
   }
+  config_agreed_ = false;  // the next boundary needs the next iteration's agreement
   if (!late.ok()) {
     fail_(late, -1);  // outside caps_mu_: Fail takes the job's lock
     return;
@@ -379,8 +403,8 @@ void Scheduler::Loop() {
 bool Scheduler::FailIfTruncated() {
   for (const Trainer* t : trainers_) {
     if (!t->segment.Truncated()) continue;
-    spdlog::error("event=segment_truncated segment={} trainer=\"{}\"", t->segment.name(),
-                  t->Name());
+    spdlog::error("event=segment_truncated segment={} trainer={}", t->segment.name(),
+                  LogValue(t->Name()));
     fail_(MakeError(v1::INVALID_ARGUMENT,
                     absl::StrCat(t->Name(), ": its shared-memory segment ", t->segment.name(),
                                  " was truncated under the daemon (ftruncate while the job "
@@ -490,9 +514,9 @@ bool Scheduler::CheckInStep(const Trainer& t, const ipc::ReadyEvent& e) {
       no_sync_reference_->Name(), " summed ", no_sync_iterations_ + 1, " (", no_sync_iterations_,
       " under no_sync); every trainer must skip synchronization (gs_set_sync(0) / no_sync) in "
       "the same iterations");
-  spdlog::error("event=out_of_step iteration={} trainer=\"{}\" no_sync={} reference=\"{}\" "
+  spdlog::error("event=out_of_step iteration={} trainer={} no_sync={} reference={} "
                 "reference_no_sync={}",
-                iteration(), t.Name(), e.no_sync_iterations, no_sync_reference_->Name(),
+                iteration(), LogValue(t.Name()), e.no_sync_iterations, LogValue(no_sync_reference_->Name()),
                 no_sync_iterations_);
   fail_(MakeError(v1::MISMATCH, message), -1);
   return false;
@@ -541,9 +565,9 @@ bool Scheduler::Join(Trainer& t, const ipc::ReadyEvent& e) {
   for (size_t i = 0; i < trainers_.size(); ++i) {
     if (!trainers_[i]->joined.load(std::memory_order_relaxed)) active_arenas_.push_back(arenas_[i]);
   }
-  spdlog::info("event=trainer_joined iteration={} trainer=\"{}\" divide_by_initial_world_size={} "
+  spdlog::info("event=trainer_joined iteration={} trainer={} divide_by_initial_world_size={} "
                "local_active={}",
-               iteration(), t.Name(), t.divide_by_initial_world_size, active_arenas_.size());
+               iteration(), LogValue(t.Name()), t.divide_by_initial_world_size, active_arenas_.size());
   return true;
 }
 
@@ -563,6 +587,9 @@ bool Scheduler::AgreeActiveTrainers() {
   if (no_sync_reference_ != nullptr && slot_of_node < agreement_.size()) {
     counts[slot_of_node] = no_sync_iterations_ + 1.0;
   }
+  // And the newest job-wide config version each node holds (see MaybeRebuild).
+  const size_t config_slot = 3 + static_cast<size_t>(agreement_nodes_ + options_.node_rank);
+  if (config_slot < agreement_.size()) counts[config_slot] = static_cast<double>(HeldConfigVersion());
   // Every node exchanges, every iteration: a node whose trainers all joined
   // still follows the others' collectives, and whether the exchange happens
   // must not depend on what only one node knows (node 0's --uneven-inputs
@@ -587,6 +614,9 @@ bool Scheduler::AgreeActiveTrainers() {
       return false;
     }
     if (!CheckNodesInStep()) return false;
+    const double* held = agreement_.data() + 3 + agreement_nodes_;
+    agreed_config_version_ = static_cast<uint64_t>(*std::min_element(held, held + agreement_nodes_));
+    config_agreed_ = true;
   }
   const int active = static_cast<int>(counts[0]);
   if (counts[1] > 0 && counts[2] > 0) {
@@ -617,7 +647,7 @@ bool Scheduler::AgreeActiveTrainers() {
 
 bool Scheduler::CheckNodesInStep() {
   const double* by_node = agreement_.data() + 3;
-  const int nodes = static_cast<int>(agreement_.size()) - 3;
+  const int nodes = agreement_nodes_;
   int first = -1;
   for (int n = 0; n < nodes; ++n) {
     if (by_node[n] == 0) continue;  // every trainer of node n joined
@@ -653,8 +683,8 @@ bool Scheduler::CheckUnwrittenSinceMark(uint32_t bucket) {
                                              layout_[tensor].bytes());
       if (now == at_mark) continue;
       if (FailIfTruncated()) return false;
-      spdlog::error("event=written_after_mark iteration={} trainer=\"{}\" tensor={} name={}",
-                    iteration(), t.Name(), tensor, LogValue(layout_[tensor].name));
+      spdlog::error("event=written_after_mark iteration={} trainer={} tensor={} name={}",
+                    iteration(), LogValue(t.Name()), tensor, LogValue(layout_[tensor].name));
       fail_(MakeError(v1::INVALID_ARGUMENT,
                       absl::StrCat(t.Name(), " wrote tensor ", tensor, " '", layout_[tensor].name,
                                    "' after marking it in iteration ", iteration(),
@@ -752,8 +782,8 @@ bool Scheduler::LaunchGpu(uint32_t bucket) {
         options_.is_context_lost(options_.gpu->last_device_error())) {
       // A sticky CUDA error: this process can never use the GPU again. The
       // trainers already have the job's error; a fresh daemon recovers.
-      spdlog::critical("event=device_context_lost error=\"{}\" exit_code={}",
-                       std::string(st.message()), kDeviceLostExitCode);
+      spdlog::critical("event=device_context_lost error={} exit_code={}",
+                       LogValue(st.message()), kDeviceLostExitCode);
       spdlog::shutdown();
       std::_Exit(kDeviceLostExitCode);
     }

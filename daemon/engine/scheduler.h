@@ -185,6 +185,8 @@ class Scheduler {
   // Installs `plan`: spans, counters, staging. At iteration boundaries only.
   void InstallPlan(BucketPlan plan) ABSL_LOCKS_EXCLUDED(plan_mu_);
   void MaybeRebuild() ABSL_LOCKS_EXCLUDED(caps_mu_);
+  // The newest config version queued or applied here.
+  uint64_t HeldConfigVersion() ABSL_LOCKS_EXCLUDED(caps_mu_);
   void CheckDeadlines(int64_t now_ns);
   // Every entry of an iteration carries the same no_sync count; false (the
   // job failed, MISMATCH naming both trainers) when `e` disagrees.
@@ -227,6 +229,10 @@ class Scheduler {
   absl::Mutex caps_mu_;
   std::deque<PendingCaps> pending_caps_ ABSL_GUARDED_BY(caps_mu_);  // in order
   uint64_t config_version_ = 0;  // loop thread: the last version applied
+  // Loop thread: this iteration's agreement carried every node's held
+  // config version, and the lowest of them (what every node holds).
+  bool config_agreed_ = false;
+  uint64_t agreed_config_version_ = 0;
   std::vector<std::vector<ReduceSpan>> spans_;  // per bucket
   std::vector<uint8_t*> arenas_;                // per local trainer
   std::vector<uint8_t*> active_arenas_;         // of the trainers that have not joined
@@ -255,8 +261,10 @@ class Scheduler {
   bool active_agreed_ = false;
   // The agreement's counts: [active, joined asking divide_by_initial_world_size,
   // joined asking not], then per node its no_sync count + 1 (0: none of its
-  // trainers marked). Sized once: no allocation per iteration.
+  // trainers marked), then per node the newest config version it holds.
+  // Sized once: no allocation per iteration.
   std::vector<double> agreement_;
+  int agreement_nodes_ = 1;
   int active_in_iteration_ = 0;
   bool divide_by_active_ = false;
   std::atomic<uint32_t> active_trainers_{0};

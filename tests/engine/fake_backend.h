@@ -13,6 +13,7 @@
 #ifndef GRADSYNC_TESTS_ENGINE_FAKE_BACKEND_H_
 #define GRADSYNC_TESTS_ENGINE_FAKE_BACKEND_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -46,9 +47,17 @@ class FakeBackend final : public Backend {
   int num_nodes() const override { return num_nodes_; }
 
   // The other nodes are copies of this one: they report the same counts.
-  // Not recorded in calls(): those are the buckets' collectives.
+  // The scheduler's agreement is 3 job-wide counts (summed), then groups of
+  // one slot per node where only this node's is filled: a copy fills its
+  // own slot with the same value. Not recorded in calls(): those are the
+  // buckets' collectives.
   absl::Status AllreduceCounts(double* counts, size_t n) override {
-    for (size_t i = 0; i < n; ++i) counts[i] *= num_nodes_;
+    for (size_t i = 0; i < n && i < 3; ++i) counts[i] *= num_nodes_;
+    for (size_t group = 3; group + num_nodes_ <= n; group += num_nodes_) {
+      double ours = 0;
+      for (int k = 0; k < num_nodes_; ++k) ours = std::max(ours, counts[group + k]);
+      for (int k = 0; k < num_nodes_; ++k) counts[group + k] = ours;
+    }
     return absl::OkStatus();
   }
 
