@@ -238,7 +238,23 @@ TEST_P(FaultMatrixTest, SurvivorsGetTheCulpritsErrorInTimeAndTheNextJobTrains) {
   } else {
     victim = &cluster.node(faulted_node).process();
   }
+  const auto signalled_at = std::chrono::steady_clock::now();
   victim->Signal(c.signal);
+  if (c.signal == SIGSTOP) {
+    // kill() only makes the stop pending: until the victim's threads have
+    // all stopped it keeps working, and with the paused trainers resumed
+    // below a daemon could take its node through the rest of the job (the
+    // iterations are tiny) before its stop takes effect. The fault is in
+    // place once every thread of the victim is stopped.
+    ASSERT_TRUE(WaitStopped(*victim, kStateBound))
+        << VictimName(c.victim) << " (pid " << victim->pid() << ") never stopped after SIGSTOP\n"
+        << cluster.DaemonLogs();
+    std::printf("fault_matrix_detail %s SIGSTOP took effect after %.1f ms\n",
+                VictimName(c.victim).c_str(),
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                          signalled_at)
+                    .count());
+  }
   const auto faulted_at = std::chrono::steady_clock::now();
   for (Trainer& t : trainers) {
     if (!is_victim(t) && !t.pause.empty()) t.process.Signal(SIGCONT);

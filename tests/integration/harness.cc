@@ -80,12 +80,33 @@ ExitStatus Daemon::Stop() {
 
 namespace {
 
-// Whether `pid` is stopped (state T in /proc/PID/stat).
-bool IsStopped(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+// Whether /proc/.../stat at `path` says state T (stopped).
+bool StatSaysStopped(const std::string& path) {
+  std::ifstream in(path);
   std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const size_t paren = stat.rfind(')');
   return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
+}
+
+// Whether every thread of `pid` is stopped (state T in each
+// /proc/PID/task/TID/stat). A SIGSTOP sent with kill() is pending on the
+// process, and only the thread the kernel picked to take it starts the
+// group stop once it runs: on a loaded machine the other threads go on
+// for milliseconds after kill() returned (a daemon's scheduler and RPC
+// threads finishing whole iterations), so the main thread's state alone
+// says nothing about the process.
+bool IsStopped(pid_t pid) {
+  const std::string task_dir = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = opendir(task_dir.c_str());
+  if (d == nullptr) return false;
+  bool any = false, all = true;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    any = true;
+    all = all && StatSaysStopped(task_dir + "/" + e->d_name + "/stat");
+  }
+  closedir(d);
+  return any && all;
 }
 
 }  // namespace

@@ -63,8 +63,9 @@ inline constexpr int kExitPeerFailed = 14;
 inline constexpr int kExitTimeout = 15;
 inline constexpr int kExitState = 16;
 
-// Waits until `p` is stopped (state T: it raised SIGSTOP at a pause point);
-// false past `timeout` or once it exited.
+// Waits until `p` is stopped: every one of its threads in state T (it
+// raised SIGSTOP at a pause point, or a test sent it one: kill() returns
+// before the stop takes effect); false past `timeout` or once it exited.
 bool WaitStopped(Process& p, std::chrono::milliseconds timeout);
 
 // Starts examples/mlp_trainer with LOCAL_RANK=local_rank.
