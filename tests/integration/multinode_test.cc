@@ -425,8 +425,6 @@ TEST(MultiNode, ConfigChangeEarlyInAFastJobAppliesAtTheSameIterationOnBothNodes)
   const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
   std::vector<std::string> trainer_args = args;
   trainer_args.push_back("--print-loss");
-  auto stub = v1::Control::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", cluster.port()),
-                                                       grpc::InsecureChannelCredentials()));
   for (int round = 0; round < 4; ++round) {
     SCOPED_TRACE(absl::StrCat("round ", round));
     const size_t from0 = cluster.node(0).process().Log().size();
@@ -448,16 +446,10 @@ TEST(MultiNode, ConfigChangeEarlyInAFastJobAppliesAtTheSameIterationOnBothNodes)
     // iterations after the stall. Rounds alternate the caps, so each one
     // re-plans.
     ASSERT_TRUE(WaitForLogAfter(trainers[0], "step   8 ", 0, kBound)) << trainers[0].Log();
-    v1::SetConfigRequest request;
-    (*request.mutable_values())["bucket_cap_mb"] = round % 2 == 0 ? "25" : "0.001";
-    (*request.mutable_values())["first_bucket_cap_mb"] = round % 2 == 0 ? "1" : "0.0001";
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + seconds(10));
-    AttachCallToken(&context, "s3cret");  // the Cluster's job token
-    v1::SetConfigResponse response;
-    const grpc::Status status = stub->SetConfig(&context, request, &response);
-    ASSERT_TRUE(status.ok() && response.error().code() == v1::OK)
-        << status.error_message() << " " << response.error().message();
+    const absl::Status set = SetBucketCaps(cluster.port(), "s3cret",  // the Cluster's job token
+                                           round % 2 == 0 ? "25" : "0.001",
+                                           round % 2 == 0 ? "1" : "0.0001");
+    ASSERT_TRUE(set.ok()) << set.message();
     for (auto& t : trainers) {
       ExitStatus st = t.Wait(seconds(120));
       EXPECT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
@@ -494,20 +486,12 @@ TEST(MultiNode, ConfigBurstsKeepEveryNodeOnTheSamePlanAndTrainingExact) {
   ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_running", kBound));
   std::atomic<bool> done{false};
   std::thread burst([&] {
-    auto stub = v1::Control::NewStub(grpc::CreateChannel(
-        absl::StrCat("127.0.0.1:", cluster.port()), grpc::InsecureChannelCredentials()));
     for (int i = 0; !done.load(); ++i) {
-      v1::SetConfigRequest request;
       // Alternating between one bucket per tensor and one for all of them.
-      (*request.mutable_values())["bucket_cap_mb"] = i % 2 == 0 ? "25" : "0.001";
-      (*request.mutable_values())["first_bucket_cap_mb"] = i % 2 == 0 ? "1" : "0.0001";
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + seconds(10));
-      AttachCallToken(&context, "s3cret");  // the Cluster's job token
-      v1::SetConfigResponse response;
-      const grpc::Status status = stub->SetConfig(&context, request, &response);
-      EXPECT_TRUE(status.ok() && response.error().code() == v1::OK)
-          << status.error_message() << " " << response.error().message();
+      const absl::Status set = SetBucketCaps(cluster.port(), "s3cret",  // the Cluster's job token
+                                             i % 2 == 0 ? "25" : "0.001",
+                                             i % 2 == 0 ? "1" : "0.0001");
+      EXPECT_TRUE(set.ok()) << set.message();
       std::this_thread::sleep_for(milliseconds(20));  // the burst's pace
     }
   });
