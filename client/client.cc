@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cuda_tensors.h"
 #include "client/launcher_world_size.h"
+#include "client/local_rank.h"
 #include "client/daemon_connection.h"
 #include "client/trainer_device_factory.h"
 #include "common/default_socket.h"
@@ -79,12 +80,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
     const char* env = std::getenv("GRADSYNC_SOCKET");
     c->socket_path_ = (env && *env) ? env : ClientDefaultSocketPath();
   }
-  c->local_rank_ = options.local_rank;
+  absl::StatusOr<int> local_rank = ResolveLocalRank(options.local_rank, std::getenv("LOCAL_RANK"));
+  if (!local_rank.ok()) return local_rank.status();
+  c->local_rank_ = *local_rank;
   c->device_ = options.device;
-  if (c->local_rank_ < 0) {
-    const char* env = std::getenv("LOCAL_RANK");
-    c->local_rank_ = (env && *env) ? std::atoi(env) : 0;
-  }
   const int64_t timeout_ms = options.timeout_ms > 0 ? options.timeout_ms : 30000;
   if (const char* env = std::getenv("GRADSYNC_DEBUG"); env && std::string_view(env) == "detail") {
     c->checksum_marks_ = true;
