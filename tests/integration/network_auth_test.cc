@@ -138,6 +138,18 @@ TEST(NetworkAuth, DrainAndSetConfigWithoutTheTokenAreRefusedWhileTheJobKeepsTrai
   const CtlResult wrong = RunCtl(addr, {"--token-file=" + wrong_file, "drain"});
   EXPECT_EQ(wrong.code, 1) << wrong.err;
   EXPECT_THAT(wrong.err, HasSubstr("Control.Drain refused: the job token does not match"));
+  // Tokens as long as the job's that differ in one byte only, at the end and
+  // in the middle: a comparison that stops early or checks only a prefix or
+  // the length lets these through.
+  for (const size_t at : {sizeof(kToken) - 2, sizeof(kToken) / 2}) {
+    std::string near_miss = kToken;
+    near_miss[at] = near_miss[at] == 'x' ? 'y' : 'x';
+    const std::string near_file = secrets.File("near-" + std::to_string(at));
+    ASSERT_TRUE(WriteTokenFile(near_file, near_miss));
+    const CtlResult near = RunCtl(addr, {"--token-file=" + near_file, "drain"});
+    EXPECT_EQ(near.code, 1) << "byte " << at << ": " << near.err;
+    EXPECT_THAT(near.err, HasSubstr("Control.Drain refused: the job token does not match"));
+  }
 
   // The raw RPC: gRPC status UNAUTHENTICATED, nothing in the body.
   {
