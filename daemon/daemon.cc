@@ -23,8 +23,8 @@
 #include "daemon/listen_address.h"
 #include "daemon/observe/trace_directory.h"
 #include "daemon/server_limits.h"
+#include "daemon/server_reflection.h"
 #include "daemon/trainer_admission.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "ipc/random_segment_name.h"
 #include "ipc/shared_segment.h"
@@ -150,7 +150,7 @@ absl::Status Daemon::Start() {
   if (!config_.listen.empty()) {
     grpc::EnableDefaultHealthCheckService(true);
     // Reflection answers without a token: off when reads need one.
-    if (!config_.require_auth_for_reads) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+    if (!config_.require_auth_for_reads) EnableServerReflection();
     absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
         MakeServerCredentials(TlsFiles{config_.tls_cert, config_.tls_key, config_.tls_ca});
     if (!credentials.ok()) return credentials.status();

@@ -8,7 +8,8 @@
 //    boundary without changing the math; bad values change nothing;
 //  - `trace --out` holds nested spans for every bucket of the recent
 //    iterations, consistent with the trainers' ready marks;
-//  - server reflection lists the services; health follows job errors;
+//  - server reflection lists, describes and calls every service; health
+//    follows job errors;
 //  - a stall shows up in GetStats, the log and a trace file;
 //  - `drain` refuses new trainers and ends the daemon (exit 0) once the
 //    iteration in flight has ended.
@@ -21,7 +22,11 @@
 // plan's and the one-time rebuild changes nothing.
 #include <dirent.h>
 #include <gmock/gmock.h>
+#include <google/protobuf/descriptor.h>
 #include <google/protobuf/descriptor.pb.h>
+#include <google/protobuf/descriptor_database.h>
+#include <google/protobuf/dynamic_message.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -580,6 +585,114 @@ TEST(ControlE2eTest, ReflectionListsTheServicesAndHealthFollowsJobErrors) {
   h = RunCtl(addr, {"health"});
   EXPECT_EQ(h.code, 0) << h.err;
   EXPECT_EQ(h.out, "SERVING\n");
+}
+
+// What grpcurl does with no .proto files: list the services, fetch each
+// one's schema by its name, then call it with messages built from that
+// schema alone (a separate pool, dynamic messages, raw bytes on the wire).
+// Every listed service must be describable; the unary ones get called.
+TEST(ControlE2eTest, ReflectionAloneDescribesAndCallsEveryListedService) {
+  Daemon daemon(2, {"--timeout-s=30"});
+  const std::string addr = StartedAddr(daemon);
+  ASSERT_FALSE(addr.empty()) << daemon.process().Log();
+  namespace refl = grpc::reflection::v1alpha;
+  namespace pb = google::protobuf;
+
+  auto reflection = refl::ServerReflection::NewStub(Channel(addr));
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  auto stream = reflection->ServerReflectionInfo(&ctx);
+  refl::ServerReflectionRequest list;
+  list.set_list_services("");
+  ASSERT_TRUE(stream->Write(list));
+  refl::ServerReflectionResponse resp;
+  ASSERT_TRUE(stream->Read(&resp));
+  ASSERT_TRUE(resp.has_list_services_response()) << resp.DebugString();
+  std::vector<std::string> services;
+  for (const refl::ServiceResponse& s : resp.list_services_response().service()) {
+    services.push_back(s.name());
+  }
+  ASSERT_EQ(services.size(), 3u) << resp.DebugString();
+
+  pb::SimpleDescriptorDatabase schemas;
+  std::set<std::string> added;
+  for (const std::string& service : services) {
+    refl::ServerReflectionRequest symbol;
+    symbol.set_file_containing_symbol(service);
+    ASSERT_TRUE(stream->Write(symbol));
+    ASSERT_TRUE(stream->Read(&resp));
+    ASSERT_TRUE(resp.has_file_descriptor_response())
+        << service << " cannot be described: " << resp.DebugString();
+    for (const std::string& bytes : resp.file_descriptor_response().file_descriptor_proto()) {
+      pb::FileDescriptorProto file;
+      ASSERT_TRUE(file.ParseFromString(bytes)) << service;
+      if (added.insert(file.name()).second) {
+        ASSERT_TRUE(schemas.Add(file)) << file.name();
+      }
+    }
+  }
+  stream->WritesDone();
+  const grpc::Status reflection_status = stream->Finish();
+  EXPECT_TRUE(reflection_status.ok()) << reflection_status.error_message();
+
+  pb::DescriptorPool pool(&schemas);
+  pb::DynamicMessageFactory factory(&pool);
+  // The read-only unary method to call on each service (the reflection
+  // service itself was called above: it is a stream).
+  const std::map<std::string, std::string> calls = {{"gradsync.v1.Control", "GetStats"},
+                                                    {"grpc.health.v1.Health", "Check"}};
+  for (const std::string& service : services) {
+    const pb::ServiceDescriptor* described = pool.FindServiceByName(service);
+    ASSERT_NE(described, nullptr) << service << " is listed but its schema does not define it";
+    EXPECT_GT(described->method_count(), 0) << service;
+    const auto call = calls.find(service);
+    if (call == calls.end()) {
+      EXPECT_EQ(service, "grpc.reflection.v1alpha.ServerReflection");
+      continue;
+    }
+    const pb::MethodDescriptor* method = described->FindMethodByName(call->second);
+    ASSERT_NE(method, nullptr) << service << "." << call->second;
+    std::unique_ptr<pb::Message> request(factory.GetPrototype(method->input_type())->New());
+    std::string request_bytes;
+    ASSERT_TRUE(request->SerializeToString(&request_bytes));
+    grpc::Slice slice(request_bytes);
+    grpc::ByteBuffer request_buffer(&slice, 1);
+
+    grpc::GenericStub generic(Channel(addr));
+    grpc::ClientContext call_ctx;
+    SetDeadline(&call_ctx);
+    grpc::CompletionQueue cq;
+    const std::string path = absl::StrCat("/", service, "/", method->name());
+    auto reader = generic.PrepareUnaryCall(&call_ctx, path, request_buffer, &cq);
+    reader->StartCall();
+    grpc::ByteBuffer reply_buffer;
+    grpc::Status st;
+    reader->Finish(&reply_buffer, &st, reinterpret_cast<void*>(1));
+    void* tag = nullptr;
+    bool ok = false;
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    ASSERT_TRUE(ok);
+    ASSERT_TRUE(st.ok()) << path << ": " << st.error_message();
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(reply_buffer.Dump(&slices).ok());
+    std::string reply_bytes;
+    for (const grpc::Slice& s : slices) reply_bytes.append(s.begin(), s.end());
+    std::unique_ptr<pb::Message> reply(factory.GetPrototype(method->output_type())->New());
+    ASSERT_TRUE(reply->ParseFromString(reply_bytes)) << path;
+    const pb::Reflection* fields = reply->GetReflection();
+    if (service == "grpc.health.v1.Health") {
+      const pb::FieldDescriptor* status = method->output_type()->FindFieldByName("status");
+      ASSERT_NE(status, nullptr);
+      EXPECT_EQ(fields->GetEnum(*reply, status)->name(), "SERVING");
+    } else {
+      const pb::FieldDescriptor* stats = method->output_type()->FindFieldByName("stats");
+      ASSERT_NE(stats, nullptr);
+      EXPECT_TRUE(fields->HasField(*reply, stats)) << reply->DebugString();
+    }
+    cq.Shutdown();
+    while (cq.Next(&tag, &ok)) {
+    }
+  }
 }
 
 // ---- 5. stall --------------------------------------------------------------
