@@ -1,7 +1,7 @@
 // MonotonicNow(): the time every deadline, timeout and staleness check uses.
 //
 // absl::Now() is the wall clock: NTP or an operator may step it, and a step
-// of +30 s made a healthy job look 30 s silent (issue 16, item 6). This reads
+// of +30 s made a healthy job look 30 s silent. This reads
 // std::chrono::steady_clock instead, and returns it as an absl::Time so that
 // deadline code keeps absl's arithmetic (deadline - now, now + timeout).
 //

@@ -45,7 +45,7 @@ constexpr std::chrono::seconds kAllocZeroTimeout(60);
 std::string Describe(cudaError_t err) { return DescribeCudaError(err); }
 
 // Selects `ordinal` for the scope; the previous device comes back only where
-// the thread had a context (cuda_device_switch.h, review item 10).
+// the thread had a context (cuda_device_switch.h).
 class DeviceScope {
  public:
   explicit DeviceScope(int ordinal) : result_(switch_.Use(ordinal)) {}
@@ -203,7 +203,7 @@ class CudaDaemonDevice final : public DaemonDevice {
         Check(cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess),
               absl::StrCat("cudaIpcOpenMemHandle on GPU ", device));
     if (!status.ok()) return status;
-    // Review item 11: the allocation must live on the GPU the trainer named,
+    // The allocation must live on the GPU the trainer named,
     // whose NCCL rank reads it; with lazy peer access another GPU's memory
     // would map too and hide the misregistration behind slow peer reads.
     cudaPointerAttributes attr{};

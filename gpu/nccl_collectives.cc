@@ -58,7 +58,7 @@
 namespace gradsync::gpu {
 namespace {
 
-// Review item 6: deadlines on the monotonic clock; absl::Now() is the wall
+// Deadlines on the monotonic clock; absl::Now() is the wall
 // clock, which NTP may step.
 using Clock = std::chrono::steady_clock;
 
@@ -70,7 +70,7 @@ Clock::duration ToClock(absl::Duration d) {
 
 std::atomic<int> leaked_bootstrap_roots{0};
 
-// Review item 9: polling pause. A small allreduce completes in tens of
+// Polling pause. A small allreduce completes in tens of
 // microseconds, so the first rounds only yield; then sleeps double up to
 // 50 µs, which bounds how late a completion is noticed. (Linux adds the
 // thread's timer slack, 50 µs by default, to each sleep: a step is
@@ -94,7 +94,7 @@ class Backoff {
   int rounds_ = 0;
 };
 
-// Review item 10: CudaDeviceSwitch (cuda_device_switch.h) switches only when
+// CudaDeviceSwitch (cuda_device_switch.h) switches only when
 // needed and restores only where the thread had a context before.
 using DeviceGuard = CudaDeviceSwitch;
 
@@ -110,7 +110,7 @@ absl::Status CudaError(cudaError_t err, absl::string_view what) {
   return unavailable ? absl::UnavailableError(msg) : absl::InternalError(msg);
 }
 
-// Review item 12: ncclGetLastError reads one process-wide buffer that NCCL
+// ncclGetLastError reads one process-wide buffer that NCCL
 // never clears, so its text may describe an older failure.
 absl::Status NcclError(const NcclApi& nccl, ncclResult_t result, absl::string_view what,
                        absl::StatusCode code) {
@@ -143,7 +143,7 @@ bool ToNcclDataType(DType dtype, ncclDataType_t* out) {
   return false;
 }
 
-// Review item 1: ncclCommAbort waits for NCCL work in flight and is known to
+// ncclCommAbort waits for NCCL work in flight and is known to
 // hang on some failures. It runs on a thread of its own while the caller
 // waits at most kAbortDeadline; past that the process ends, so that the
 // supervisor restarts the daemon instead of every trainer of the node
@@ -323,7 +323,7 @@ absl::Status NcclCollectives::Init(const ncclUniqueId& id, Clock::time_point dea
     return s;
   }
 
-  // Review item 7: connect now. One float per rank, allocated before any
+  // Connect now. One float per rank, allocated before any
   // collective and freed after it completed (I5).
   std::vector<DeviceBuffer> warmup;
   for (size_t i = 0; i < ranks_.size(); ++i) {
@@ -361,7 +361,7 @@ absl::Status NcclCollectives::Launch(const std::vector<DeviceBuffer>& buffers,
   }
   for (const DeviceBuffer& b : buffers) {
     const Rank& r = ranks_[b.device_index];
-    // Review item 8: ncclSum over inputs the caller pre-scaled in fp32.
+    // ncclSum over inputs the caller pre-scaled in fp32.
     ncclResult_t res =
         nccl_.AllReduce(b.data, b.data, b.count, type, ncclSum, r.comm, r.stream);
     if (!Accepted(res)) {
@@ -512,7 +512,7 @@ absl::Status NcclCollectives::AllreduceSum(const std::vector<DeviceBuffer>& buff
       return absl::InvalidArgumentError("nccl allreduce: null buffer");
     }
 #ifndef NDEBUG
-    // Review item 11: the caller checks at registration; this debug check
+    // The caller checks at registration; this debug check
     // costs about a microsecond per buffer.
     if (b.count > 0) {
       cudaPointerAttributes attr{};
@@ -653,7 +653,7 @@ absl::StatusOr<ncclUniqueId> ExchangeUniqueId(const NcclApi& nccl, const Collect
     }
     *created = true;
     // NCCL applies its nccl.conf files at its first real call (this one):
-    // check again (review item 5).
+    // check again.
     if (std::getenv("NCCL_COMM_ID") != nullptr) {
       return absl::FailedPreconditionError(
           "nccl: NCCL_COMM_ID is set (nccl.conf?): generations would share one bootstrap "
@@ -722,11 +722,11 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateNcclCollectives(
     const CollectiveOptions& options) {
   const Clock::time_point deadline = Clock::now() + ToClock(options.timeout);
   if (absl::Status s = Validate(options); !s.ok()) return s;
-  // Review item 3: cancellation is polled before anything slow and in both
+  // Cancellation is polled before anything slow and in both
   // waits (the id exchange and init/warm-up).
   const std::function<bool()> cancelled = options.cancelled;
   if (cancelled && cancelled()) return absl::CancelledError("nccl: creation cancelled");
-  // Review item 5: with NCCL_COMM_ID every generation's unique id carries
+  // With NCCL_COMM_ID every generation's unique id carries
   // the same address and magic, so a late rank of an old generation could
   // join the new one.
   if (std::getenv("NCCL_COMM_ID") != nullptr) {

@@ -29,7 +29,7 @@
 // polled from the host. Buffers must live on their rank's GPU (the caller
 // checks at registration; debug builds re-check here).
 //
-// Trainer events (review item 2): the group never waits on them. A
+// Trainer events: the group never waits on them. A
 // cudaStreamWaitEvent on a trainer's IPC event would make NCCL's internal
 // stream depend on a foreign process, and abort/finalize would hang when
 // that trainer died. The caller polls each trainer's event with

@@ -28,7 +28,7 @@
 // a variable that is already set):
 //   NCCL_COMM_BLOCKING=0  forced: set to 1 it overrides config.blocking = 0
 //                         and ncclGroupEnd would wait for every peer with no
-//                         timeout (review item 4).
+//                         timeout.
 // Call NcclApi::Get early, on the main thread, before other threads could
 // read the environment (setenv is not thread-safe against getenv).
 #ifndef GRADSYNC_GPU_NCCL_LOADER_H_

@@ -1,4 +1,4 @@
-// Threads started under a SCHED_BATCH caller inherit SCHED_BATCH (issue 13).
+// Threads started under a SCHED_BATCH caller inherit SCHED_BATCH.
 //
 // Gloo's TCP device runs one event-loop thread that, when a peer's message
 // arrives while the user thread holds the pair's lock (mid-send), returns

@@ -196,7 +196,7 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
   }
   // o.cancelled stays unset: the session is not reachable (Abort) until Open
   // returns and Job has no cancellation signal to pass, so a generation that
-  // ends during init waits for it at most `timeout` (review item 3: the
+  // ends during init waits for it at most `timeout` (the
   // collectives poll `cancelled` once a caller provides it).
   absl::StatusOr<std::unique_ptr<gpu::CollectiveGroup>> group = device->CreateCollectives(o);
   if (!group.ok()) {

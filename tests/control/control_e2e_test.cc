@@ -1,4 +1,4 @@
-// End-to-end tests of the operator's view of a job (issue 6): a real
+// End-to-end tests of the operator's view of a job: a real
 // gradsyncd, real mlp_trainer processes, real gRPC on the daemon's --listen
 // port, and the real gradsyncctl binary.
 //

@@ -1,4 +1,4 @@
-// The whole-run timeline (--trace-file, issue 12): a real gradsyncd streams
+// The whole-run timeline (--trace-file): a real gradsyncd streams
 // every scheduling event of the run to a Chrome trace-event JSON array,
 // real mlp_trainer processes train through it.
 //

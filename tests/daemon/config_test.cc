@@ -153,7 +153,7 @@ TEST(ValidateConfig, StallThresholdSocketAndShmPrefixAreChecked) {
   ExpectRefused(c, {"--shm-prefix 'a/b'"});
 }
 
-// Issue 11: a stranger who reaches the rendezvous could join the job, read
+// A stranger who reaches the rendezvous could join the job, read
 // its layouts and abort it; said at start, not at the first trainer.
 TEST(ValidateConfig, SeveralNodesWithoutATokenAreRefusedUnlessInsecure) {
   for (DaemonConfig c : {Leader(), Follower()}) {

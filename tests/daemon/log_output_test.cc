@@ -1,4 +1,4 @@
-// --log-format (issue 12): key=value log lines as JSON lines or systemd
+// --log-format: key=value log lines as JSON lines or systemd
 // journal fields, with user-given values (tensor names holding quotes,
 // newlines and '=') escaped by LogValue and carried through intact.
 //

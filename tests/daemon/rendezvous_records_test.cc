@@ -92,7 +92,7 @@ TEST(RendezvousRecords, PlanStampRoundTrip) {
   ExpectRefused(DecodePlanStamp(PlanKey(1, 3, 2), std::nullopt).status(), "g1/plan/3/2");
 }
 
-// Issue 16 item 1: node 0 applied config version 43 at iteration 25, node 1
+// Node 0 applied config version 43 at iteration 25, node 1
 // version 44 there: that is MISMATCH naming both, not a crash in Gloo.
 TEST(RendezvousRecords, DivergedPlansAreAMismatchNamingBothVersions) {
   const PlanStamp zero{3, 0x1111, 25, 43};

@@ -1,5 +1,5 @@
 // ReadTokenFile: the job token on disk, refused like ssh refuses a private
-// key others may read (issue 11: a 0644 token file was accepted silently,
+// key others may read (a 0644 token file was accepted silently,
 // an empty one meant "no token" without a word).
 #include "common/token_file.h"
 

@@ -426,7 +426,7 @@ TEST_F(SchedulerBehaviourTest, NoSyncIterationsAccumulateAndTheNextSyncedOneAver
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(HoldsAverage(trainer(r), sums, remote(), world_size()));
 }
 
-// Issue 16 item 10: a trainer in no_sync while its peer syncs would mix a
+// A trainer in no_sync while its peer syncs would mix a
 // 2-iteration sum with a 1-iteration one and return GS_OK.
 TEST_F(SchedulerBehaviourTest, TrainerOutOfStepOnNoSyncFailsWithMismatchNamingBoth) {
   ASSERT_NO_FATAL_FAILURE(Start());
@@ -472,7 +472,7 @@ TEST_F(SchedulerBehaviourTest, TrainersInStepOnNoSyncWithChecksumsAverageTheSum)
   RunIteration(2);  // and the counts start over
 }
 
-// Issue 16 item 10: writing a buffer after marking it changes the result;
+// Writing a buffer after marking it changes the result;
 // GRADSYNC_DEBUG=detail names the trainer and the tensor instead.
 TEST_F(SchedulerBehaviourTest, WriteAfterMarkInDebugModeFailsWithInvalidArgumentNamingTheTensor) {
   ASSERT_NO_FATAL_FAILURE(Start(kNever, BucketCaps{}));  // one bucket: nothing reduced early
@@ -565,7 +565,7 @@ TEST_F(SchedulerBehaviourTest, NewCapsApplyAtTheIterationBoundaryTheyNameAndAver
   EXPECT_TRUE(failures_.Peek().ok()) << failures_.Peek();
 }
 
-// Issue 16 item 1: a burst of job-wide changes queues; none overwrites
+// A burst of job-wide changes queues; none overwrites
 // another, each applies at its own iteration, in order.
 TEST_F(SchedulerBehaviourTest, QueuedCapChangesApplyInOrderEachAtItsOwnIteration) {
   ASSERT_NO_FATAL_FAILURE(Start(kNever, BucketCaps{}));  // one bucket

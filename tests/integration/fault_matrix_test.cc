@@ -1,4 +1,4 @@
-// The fault matrix (issue 16): SIGKILL or SIGSTOP of a trainer, of the
+// The fault matrix: SIGKILL or SIGSTOP of a trainer, of the
 // leader daemon or of a non-leader daemon, at attach, register,
 // mid-backward, during the local reduction and during the cross-node
 // collective, in a 2-node x 2-trainer job of real daemons and trainers.

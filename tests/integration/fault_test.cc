@@ -249,7 +249,7 @@ TEST(FaultTest, UnlinkedNodeSegmentIsRecreatedAndTheNextJobTrains) {
       "no longer names the daemon's segment");
 }
 
-// Issue 16 item 10, with real trainers: one accumulates two micro-batches
+// With real trainers: one accumulates two micro-batches
 // under no_sync per step while its peer syncs every step. Both are told
 // MISMATCH naming both and what each summed, instead of GS_OK and an average
 // of a 2-iteration sum with a 1-iteration one; the daemon keeps serving.
@@ -279,7 +279,7 @@ TEST(MisuseTest, NoSyncOnOneTrainerOnlyFailsBothWithMismatch) {
   ExpectTrains(daemon, 2, "after trainers out of step", kBound);
 }
 
-// Issue 16 item 10: with GRADSYNC_DEBUG=detail a trainer that changes a
+// With GRADSYNC_DEBUG=detail a trainer that changes a
 // gradient after marking it (before the bucket is reduced: every gradient
 // here is in one bucket, marked after the write) is told INVALID_ARGUMENT
 // naming it and the tensor; its peer gets PEER_FAILED naming it.

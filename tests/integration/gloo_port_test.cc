@@ -1,4 +1,4 @@
-// A stranger on the leader's Gloo port (issue 11, item 4). While a
+// A stranger on the leader's Gloo port. While a
 // generation forms, each Gloo pair of the leader listens on a TCP port and
 // takes the first connection that arrives as its peer, with no credentials.
 // A 48-byte Gloo message preamble sent there (SEND_UNBOUND_BUFFER for a

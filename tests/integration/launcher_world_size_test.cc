@@ -1,5 +1,5 @@
 // gs_register checks $WORLD_SIZE (torchrun's) against the gradsync job's
-// world size (issue 12): real gradsyncd, real mlp_trainer processes through
+// world size: real gradsyncd, real mlp_trainer processes through
 // the C client (mlp_trainer exits 10 + gs_status). A launcher that counts a
 // different world is refused with GS_ERR_INVALID_ARGUMENT naming both
 // sizes; an equal one trains.

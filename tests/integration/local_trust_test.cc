@@ -1,4 +1,4 @@
-// The local trust boundary (issue 11), with a real second Unix user
+// The local trust boundary, with a real second Unix user
 // (tests/integration/other_user.h) against real daemons and trainers:
 // another user cannot attach to a daemon even when the socket file lets it
 // connect, cannot pose as the daemon to a root trainer, cannot open the

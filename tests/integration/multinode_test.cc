@@ -178,7 +178,7 @@ double Sample(const std::string& text, const std::string& metric) {
   return -1;
 }
 
-// Issue 15's wire and join fields reach the operator: `gradsyncctl stats`
+// The wire and join fields reach the operator: `gradsyncctl stats`
 // (table) and the daemon's Prometheus endpoint, scraped by curl, while a
 // 2-node bf16-wire job runs.
 TEST(MultiNode, StatsTableAndMetricsShowTheWireDtypeBytesAndJoins) {
@@ -410,7 +410,7 @@ bool WaitUntilStopped(pid_t pid, std::chrono::milliseconds timeout) {
   return false;
 }
 
-// Issue 16 (faults): a config change a few iterations into a job of fast
+// A config change a few iterations into a job of fast
 // iterations that stalled once at its start (node 0's trainer stops in
 // step 2's backward for ~1 s: a slow first data load). The switch
 // iteration was chosen from the rate averaged since the job started, stall
@@ -472,7 +472,7 @@ std::string LastPlanDecision(const std::string& log) {
   return log.substr(at, log.find('\n', at) - at);
 }
 
-// Issue 16 item 1: SetConfig every ~20 ms on the leader while a 2x2 job
+// SetConfig every ~20 ms on the leader while a 2x2 job
 // trains. Every version applies on every node, in order, at the same
 // iteration: no crash, training exactly like one process, and both nodes
 // end on the same plan decision. (Before: nodes applied different versions
@@ -515,7 +515,7 @@ TEST(MultiNode, ConfigBurstsKeepEveryNodeOnTheSamePlanAndTrainingExact) {
       << "no config version applied: " << last0;
 }
 
-// Issue 16 (faults): every trainer of node 1 accumulates two micro-batches
+// Every trainer of node 1 accumulates two micro-batches
 // under no_sync per step while node 0's sync every step. Each node is
 // consistent within itself, so only a cross-node comparison can see it:
 // MISMATCH on every trainer, naming both nodes and what each summed,

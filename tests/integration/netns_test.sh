@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Multi-node over a real interface (issue 16): two hosts in network
+# Multi-node over a real interface: two hosts in network
 # namespaces joined by a veth pair, the leader listening on its veth address
 # only. Checks: a 2x2 job trains exactly like one process; a partition
 # (link down on one side: no FIN, no RST) ends every waiting trainer with

@@ -1,4 +1,4 @@
-// The daemon's network boundary (issue 11), end to end: real gradsyncd
+// The daemon's network boundary, end to end: real gradsyncd
 // processes, real trainers, the real gradsyncctl, real gRPC and TLS.
 //
 //  - Drain and SetConfig without the job token (or with a wrong one) are

@@ -89,7 +89,7 @@ int ConnectUnix(const std::string& path) {
   return fd;
 }
 
-// Issue 16 item 3: idle connections until accept fails with EMFILE, a
+// Idle connections until accept fails with EMFILE, a
 // trainer's connection meanwhile, then all of them closed. gRPC's own
 // listener would never accept again (on either socket) while the daemon
 // lived on; now both serve again: Control answers and a job trains.
@@ -135,7 +135,7 @@ TEST(ResourceBoundsTest, ListenersRecoverAfterRunningOutOfDescriptors) {
   ASSERT_TRUE(daemon.process().Running());
 }
 
-// Issue 16 item 5: a flood of Attach calls while a job runs. Each used to
+// A flood of Attach calls while a job runs. Each used to
 // hold a server thread for up to 30 s; now one waits per local rank and the
 // rest are turned away at once with RESOURCE_EXHAUSTED naming the rank,
 // the daemon's threads stay bounded, and the running job keeps training.

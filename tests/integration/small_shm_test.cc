@@ -1,4 +1,4 @@
-// Issue 16 item 4, end to end: with a /dev/shm too small for the job (a
+// End to end: with a /dev/shm too small for the job (a
 // container's 64 MiB default, scaled down to 16 MiB here), two trainers of
 // ~10 MB each used to register fine — segments were sparse — and a trainer
 // or the daemon then died of SIGBUS writing gradients. Now registration

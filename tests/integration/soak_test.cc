@@ -1,4 +1,4 @@
-// Soak (issue 16): a 3-node x 2-trainer job of real daemons trains segment
+// Soak: a 3-node x 2-trainer job of real daemons trains segment
 // after segment of 50 iterations; every segment starts with a bucket-cap
 // change on the leader, and every second one a trainer is SIGKILLed
 // mid-run (its peers must end with PEER_FAILED) and the next segment starts

@@ -1,4 +1,4 @@
-// Issue 13: Gloo's event-loop thread runs SCHED_BATCH. That thread
+// Gloo's event-loop thread runs SCHED_BATCH. That thread
 // busy-polls epoll while the user thread holds a pair's lock; woken by a
 // peer's message it preempted the user thread mid-send and spun until the
 // next scheduler tick, which set the ~4 ms floor of a cross-node 4 KB

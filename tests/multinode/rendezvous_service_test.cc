@@ -388,7 +388,7 @@ TEST_F(RendezvousServiceTest, LeaveAbortsTheGeneration) {
   EXPECT_THAT(beat->abort_reason, HasSubstr("left: operator drained the node"));
 }
 
-// Issue 16 item 7: generations restart at 1 on a restarted leader; the old
+// Generations restart at 1 on a restarted leader; the old
 // leader's node 1 link, still around, sends its Leave(generation=1) late.
 // It names the old incarnation, so the fresh generation 1 is untouched.
 TEST_F(RendezvousServiceTest, StaleLeaveFromBeforeALeaderRestartLeavesTheNewGenerationAlone) {
@@ -461,7 +461,7 @@ TEST_F(RendezvousServiceTest, AWallClockStepDoesNotMakeAHealthyNodeStaleButRealS
   ASSERT_FALSE(Beat(0, 1)->abort);
   ASSERT_FALSE(Beat(1, 1)->abort);
 
-  // Issue 16 item 6: +30 s on the leader's wall clock, 3x the heartbeat
+  // +30 s on the leader's wall clock, 3x the heartbeat
   // timeout, failed a healthy job.
   clocks.StepWallClock(absl::Seconds(30));
   EXPECT_FALSE(leader_->service().GetStatus().aborted);
@@ -518,7 +518,7 @@ TEST_F(RendezvousServiceTest, HostingDaemonCanAbortTheGeneration) {
   EXPECT_EQ(beat->abort_reason, "leader saw a failure");
 }
 
-// Issue 16 item 1: the config log of a generation. Versions count 1, 2, ...
+// The config log of a generation. Versions count 1, 2, ...
 // and switch at strictly increasing iterations even when the leader asks
 // for an earlier one; heartbeats carry the newest; the log is bounded and
 // starts over with each generation.
