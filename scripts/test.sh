@@ -1,10 +1,22 @@
 #!/usr/bin/env bash
-# Runs every gradsync test from a fresh machine: installs the system packages,
+# Runs gradsync's tests from a fresh machine: installs the system packages,
 # builds everything, runs the Bazel tests (C++ unit + multi-process
 # integration tests), then the Python tests with Debian's /usr/bin/python3.
+#
+#   scripts/test.sh         the above: what a change needs before review
+#   scripts/test.sh --all   also clang's thread-safety build, ASan+UBSan,
+#                           TSan and fuzzing (what CI runs: .ci/run)
+#
 # Exits non-zero on any failure and prints the summary.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+ALL=0
+case "${1:-}" in
+  "") ;;
+  --all) ALL=1 ;;
+  *) echo "usage: scripts/test.sh [--all]" >&2; exit 2 ;;
+esac
 
 scripts/setup || { echo "scripts/test.sh: setup failed"; exit 1; }
 
@@ -22,6 +34,21 @@ bazel build "${BAZEL_FLAGS[@]}" //... || status=1
 if [ $status -eq 0 ]; then
   echo "== bazel test //..."
   bazel test "${BAZEL_FLAGS[@]}" //... || status=1
+fi
+
+if [ $status -eq 0 ] && [ -d tests/python ] && ls tests/python/test_*.py >/dev/null 2>&1; then
+  echo "== python tests (/usr/bin/python3 -m pytest tests/python)"
+  bazel build "${BAZEL_FLAGS[@]}" //client:libgradsync.so //daemon:gradsyncd || status=1
+  if [ $status -eq 0 ]; then
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python || status=1
+  fi
+fi
+
+# The rest is --all: each stage builds in an output base of its own.
+if [ $ALL -eq 0 ]; then
+  [ $status -eq 0 ] && echo "== scripts/test.sh: passed (scripts/test.sh --all adds thread-safety, sanitizers, fuzzing)"
+  [ $status -ne 0 ] && echo "== scripts/test.sh: FAILED"
+  exit $status
 fi
 
 # clang's thread-safety analysis (-Werror=thread-safety, see .bazelrc) over
@@ -103,14 +130,6 @@ run_fuzzers() {
 if [ $status -eq 0 ]; then
   stage fuzz run_fuzzers
   bazel --output_base="$FUZZ_BASE" shutdown >/dev/null 2>&1
-fi
-
-if [ $status -eq 0 ] && [ -d tests/python ] && ls tests/python/test_*.py >/dev/null 2>&1; then
-  echo "== python tests (/usr/bin/python3 -m pytest tests/python)"
-  bazel build "${BAZEL_FLAGS[@]}" //client:libgradsync.so //daemon:gradsyncd || status=1
-  if [ $status -eq 0 ]; then
-    /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python || status=1
-  fi
 fi
 
 if [ $status -eq 0 ]; then
