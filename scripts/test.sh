@@ -28,6 +28,9 @@ BAZEL_FLAGS=(--color=no --curses=no)
 OTHER_BASE_FLAGS=("${BAZEL_FLAGS[@]}" --symlink_prefix=/)
 
 status=0
+echo "== format (scripts/check-format.sh)"
+scripts/check-format.sh || status=1
+
 echo "== bazel build //..."
 bazel build "${BAZEL_FLAGS[@]}" //... || status=1
 
