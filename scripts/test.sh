@@ -28,8 +28,10 @@ BAZEL_FLAGS=(--color=no --curses=no)
 OTHER_BASE_FLAGS=("${BAZEL_FLAGS[@]}" --symlink_prefix=/)
 
 status=0
+# A format finding fails the run but does not stop the tests.
 echo "== format (scripts/check-format.sh)"
-scripts/check-format.sh || status=1
+format_status=0
+scripts/check-format.sh || format_status=1
 
 echo "== bazel build //..."
 bazel build "${BAZEL_FLAGS[@]}" //... || status=1
@@ -49,6 +51,7 @@ fi
 
 # The rest is --all: each stage builds in an output base of its own.
 if [ $ALL -eq 0 ]; then
+  [ $format_status -ne 0 ] && status=1
   [ $status -eq 0 ] && echo "== scripts/test.sh: passed (scripts/test.sh --all adds thread-safety, sanitizers, fuzzing)"
   [ $status -ne 0 ] && echo "== scripts/test.sh: FAILED"
   exit $status
@@ -135,6 +138,7 @@ if [ $status -eq 0 ]; then
   bazel --output_base="$FUZZ_BASE" shutdown >/dev/null 2>&1
 fi
 
+[ $format_status -ne 0 ] && status=1
 if [ $status -eq 0 ]; then
   echo "== scripts/test.sh: all tests passed"
 else
