@@ -16,6 +16,7 @@
 #define GRADSYNC_COMMON_MONOTONIC_H_
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 
 #include "absl/time/time.h"
@@ -29,6 +30,14 @@ inline absl::Time FromSteadyClock(std::chrono::steady_clock::time_point t) {
 }
 
 inline absl::Time MonotonicNow() { return FromSteadyClock(std::chrono::steady_clock::now()); }
+
+// The same clock in integer nanoseconds, for timestamps that hot paths
+// store and subtract (bucket phases, trace events, progress stamps).
+inline int64_t MonotonicNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // A clock that code wanting an injectable clock (tests) takes; defaults to
 // MonotonicNow.

@@ -1,18 +1,13 @@
 #include "daemon/engine/bucket_pieces.h"
 
 #include <algorithm>
-#include <chrono>
+
+#include "common/monotonic.h"
 
 namespace gradsync {
 namespace {
 
 constexpr uint64_t kPageBytes = 4096;
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // Whole pages keep pieces apart in memory (no cache line or page shared
 // between a piece being written back and one being reduced).
@@ -52,31 +47,31 @@ absl::Status RunPiecePipeline(const std::vector<BucketPiece>& pieces, Backend& b
   absl::Status status;
   size_t awaited = 0;  // pieces[0, awaited) are done and written back
   for (size_t k = 0; k < pieces.size() && status.ok(); ++k) {
-    const int64_t t0 = NowNs();
+    const int64_t t0 = MonotonicNowNs();
     steps.sum(pieces[k]);
-    const int64_t t1 = NowNs();
+    const int64_t t1 = MonotonicNowNs();
     status = steps.issue(pieces[k]);
     t.sum_ns += t1 - t0;
-    t.collective_ns += NowNs() - t1;
+    t.collective_ns += MonotonicNowNs() - t1;
     if (!status.ok()) break;
     if (k == 0) continue;
     // k-1's collective ran while k was summed; k's runs during this write-back.
-    const int64_t t2 = NowNs();
+    const int64_t t2 = MonotonicNowNs();
     status = backend.AwaitIssued();
-    const int64_t t3 = NowNs();
+    const int64_t t3 = MonotonicNowNs();
     t.collective_ns += t3 - t2;
     if (!status.ok()) break;
     steps.write_back(pieces[awaited++]);
-    t.write_back_ns += NowNs() - t3;
+    t.write_back_ns += MonotonicNowNs() - t3;
   }
   if (status.ok() && awaited < pieces.size()) {
-    const int64_t t2 = NowNs();
+    const int64_t t2 = MonotonicNowNs();
     status = backend.AwaitIssued();
-    const int64_t t3 = NowNs();
+    const int64_t t3 = MonotonicNowNs();
     t.collective_ns += t3 - t2;
     if (status.ok()) {
       steps.write_back(pieces[awaited++]);
-      t.write_back_ns += NowNs() - t3;
+      t.write_back_ns += MonotonicNowNs() - t3;
     }
   }
   if (timings != nullptr) *timings = t;

@@ -16,12 +16,6 @@ namespace {
 // of a simulated device (or a trainer) on a small machine.
 constexpr auto kPollPause = std::chrono::microseconds(20);
 
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 absl::Status Aborted() {
   return MakeError(v1::PEER_FAILED, "the job failed while this bucket was being reduced");
 }
@@ -157,7 +151,7 @@ absl::Status GpuReducer::Reduce(const PlannedBucket& bucket,
                                 ReduceTimings* timings, int* culprit) {
   *culprit = kNoCulprit;
   device_error_ = absl::OkStatus();
-  const int64_t start = NowNs();
+  const int64_t start = MonotonicNowNs();
   // TEST ONLY when skipped (gradsyncd_sim --unsafe-skip-event-wait): the
   // reduction then races the trainers' streams, which the tests must see.
   if (!skip_event_wait_) {
@@ -192,14 +186,14 @@ absl::Status GpuReducer::Reduce(const PlannedBucket& bucket,
   }
   // The collective never waits on our stream: it starts once the sums are seen done.
   if (absl::Status st = WaitStreams(deadline, "the local sum"); !st.ok()) return st;
-  const int64_t summed = NowNs();
+  const int64_t summed = MonotonicNowNs();
 
   if (absl::Status st = session_->collectives().AllreduceSum(buffers_, bucket.dtype); !st.ok()) {
     device_error_ = st;
     *culprit = kCollective;
     return st;
   }
-  const int64_t reduced = NowNs();
+  const int64_t reduced = MonotonicNowNs();
 
   for (size_t d = 0; d < trainers_on_device_.size(); ++d) {
     const std::vector<size_t>& here = trainers_on_device_[d];
@@ -218,7 +212,7 @@ absl::Status GpuReducer::Reduce(const PlannedBucket& bucket,
     }
   }
   if (absl::Status st = WaitStreams(deadline, "writing the result back"); !st.ok()) return st;
-  const int64_t done = NowNs();
+  const int64_t done = MonotonicNowNs();
   timings->local_reduce_ns = (summed - start) + (done - reduced);
   timings->collective_ns = reduced - summed;
   timings->write_back_ns = done - reduced;

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/half.h"
+#include "common/monotonic.h"
 #include "daemon/engine/bucket_pieces.h"
 
 namespace gradsync {
@@ -16,12 +17,6 @@ constexpr size_t kChunkElements = 2048;
 // Below this many bytes a bucket is reduced on the calling thread alone:
 // waking helpers costs more than it saves.
 constexpr uint64_t kParallelThresholdBytes = 256 << 10;
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // Native element access: float/double are summed in their own precision.
 template <typename T>
@@ -254,13 +249,13 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
   const size_t slices = total_bytes >= kParallelThresholdBytes ? usable : 1;
   if (timings) timings->threads = slices;
 
-  const int64_t t0 = NowNs();
+  const int64_t t0 = MonotonicNowNs();
   if (backend.num_nodes() <= 1) {
     job.staging = nullptr;
     job.phase = 0;
     job.kernel = AverageKernelFor(dtype);
     pool_.Run(&RunSlice, &job, slices);
-    if (timings) timings->local_reduce_ns = NowNs() - t0, timings->collective_ns = 0;
+    if (timings) timings->local_reduce_ns = MonotonicNowNs() - t0, timings->collective_ns = 0;
     return absl::OkStatus();
   }
 

@@ -16,12 +16,6 @@
 namespace gradsync {
 namespace {
 
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // How long the loop sleeps at most before re-checking deadlines and stop.
 constexpr auto kIdleWait = std::chrono::milliseconds(50);
 constexpr auto kSpin = std::chrono::microseconds(50);
@@ -275,7 +269,7 @@ void Scheduler::MaybeRebuild() {
 Scheduler::~Scheduler() { Stop(); }
 
 void Scheduler::Start() {
-  last_progress_ns_ = NowNs();
+  last_progress_ns_ = MonotonicNowNs();
   thread_ = std::thread([this] { Loop(); });
   watchdog_ = std::thread([this] { Watchdog(); });
 }
@@ -339,7 +333,7 @@ void Scheduler::Watchdog() {
       // Read before the exchange below, which proves they belong to `since`.
       const uint32_t bucket = inflight_bucket_.load();
       const uint64_t it = inflight_iteration_.load();
-      const int64_t left_ns = since + limit_ns - NowNs();
+      const int64_t left_ns = since + limit_ns - MonotonicNowNs();
       if (left_ns > 0) {
         wait_ns = left_ns;
       } else if (inflight_since_ns_.compare_exchange_strong(since, kTimedOut)) {
@@ -374,7 +368,7 @@ void Scheduler::Loop() {
       ready_bell_->Wait(seen, kIdleWait, std::chrono::nanoseconds(0));
       continue;
     }
-    const int64_t now = NowNs();
+    const int64_t now = MonotonicNowNs();
     bool progress = false;
     if (FailIfTruncated()) continue;
     for (Trainer* t : trainers_) {
@@ -392,7 +386,7 @@ void Scheduler::Loop() {
       progress = true;
     }
     if (progress) {
-      last_progress_ns_ = NowNs();
+      last_progress_ns_ = MonotonicNowNs();
       continue;
     }
     CheckDeadlines(now);
@@ -596,7 +590,7 @@ bool Scheduler::AgreeActiveTrainers() {
   // decides it for the job; without it gs_join is refused across nodes).
   // CPU jobs always exchange, for the no_sync counts.
   if (backend_->num_nodes() > 1 && (options_.uneven_inputs || !options_.gpu)) {
-    if (!BeginReduction(0, NowNs())) {
+    if (!BeginReduction(0, MonotonicNowNs())) {
       EndReduction();
       return false;
     }
@@ -703,7 +697,7 @@ bool Scheduler::Launch(uint32_t bucket) {
   const PlannedBucket& b = plan_.buckets[bucket];
   BucketTimeline& tl = timelines_[bucket];
   tl.iteration = iteration();
-  tl.launch_ns = NowNs();
+  tl.launch_ns = MonotonicNowNs();
   if (options_.gpu) return LaunchGpu(bucket);
   // Off by default: no entry carries a checksum, nothing is read.
   if (checksummed_marks_ != 0 && !CheckUnwrittenSinceMark(bucket)) return false;
@@ -800,7 +794,7 @@ bool Scheduler::FinishLaunch(uint32_t bucket, const ReduceTimings& timings) {
   tl.reduce_threads = timings.threads;
   // No per-bucket completion entry: trainers wait for the iteration, and a
   // model with more buckets than ring slots must not fill the ring.
-  tl.done_ns = NowNs();
+  tl.done_ns = MonotonicNowNs();
   if (observer_) observer_->OnBucketDone(tl);
   return true;
 }
@@ -841,7 +835,7 @@ void Scheduler::FinishIteration() {
   for (size_t b = 0; b < remaining_.size(); ++b) {
     remaining_[b] = static_cast<uint32_t>(plan_.buckets[b].tensors.size() * ActiveLocalTrainers());
   }
-  if (observer_) observer_->OnIterationDone(it, bytes_per_iteration_, start, NowNs());
+  if (observer_) observer_->OnIterationDone(it, bytes_per_iteration_, start, MonotonicNowNs());
 }
 
 absl::Status Scheduler::PostToAll(ipc::CompletionKind kind, uint64_t it, int* culprit) {

@@ -30,12 +30,6 @@ size_t RoundUpToPowerOfTwo(size_t n) {
 
 }  // namespace
 
-int64_t SteadyNowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 size_t FlightRecorder::CapacityFor(size_t iterations, size_t buckets, size_t tensors,
                                    size_t local_trainers) {
   // Six bucket events, plus one mark per tensor per trainer, per iteration.

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/monotonic.h"
 
 namespace gradsync {
 
@@ -48,7 +49,7 @@ inline constexpr uint32_t kNoTensor = 0xffffffffu;
 
 // One event. A POD copied into the ring as four 64-bit words.
 struct TraceEvent {
-  int64_t timestamp_ns;  // steady clock (SteadyNowNs)
+  int64_t timestamp_ns;  // MonotonicNowNs() (common/monotonic.h), the only clock allowed here
   uint64_t iteration;    // the daemon's synced-iteration counter
   uint32_t id;           // bucket id or trainer rank, per `type`
   uint32_t tensor;       // trainer events: registration index; else kNoTensor
@@ -56,9 +57,6 @@ struct TraceEvent {
 };
 static_assert(std::is_trivially_copyable_v<TraceEvent>);
 static_assert(sizeof(TraceEvent) == 32, "four words per ring slot");
-
-// The clock every TraceEvent timestamp must come from.
-int64_t SteadyNowNs();
 
 // What a snapshot holds: events oldest first.
 struct TraceSnapshot {
@@ -95,7 +93,7 @@ class FlightRecorder {
   // Appends one event, overwriting the oldest when full. Never allocates.
   void Record(const TraceEvent& event);
   void Record(TraceEventType type, uint64_t iteration, uint32_t id, uint32_t tensor = kNoTensor) {
-    Record(TraceEvent{SteadyNowNs(), iteration, id, tensor, type});
+    Record(TraceEvent{MonotonicNowNs(), iteration, id, tensor, type});
   }
 
   // Copies out the events currently in the ring, oldest first.

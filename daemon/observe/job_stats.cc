@@ -143,13 +143,13 @@ void JobStats::WriteTrace(const std::string& reason) {
     return;
   }
   const std::string path =
-      absl::StrCat(trace_dir_, "/", TraceFileName(job_id_, node_rank_, SteadyNowNs()));
+      absl::StrCat(trace_dir_, "/", TraceFileName(job_id_, node_rank_, MonotonicNowNs()));
   TraceMetadata meta;
   meta.node_rank = node_rank_;
   meta.num_nodes = num_nodes_;
   meta.job_id = job_id_;
   meta.reason = reason;
-  meta.end_ns = SteadyNowNs();
+  meta.end_ns = MonotonicNowNs();
   meta.tensor_names = tensor_names_;
   absl::Status st = recorder_.WriteTraceFile(path, meta);
   if (st.ok()) {

@@ -35,7 +35,7 @@ absl::StatusOr<std::unique_ptr<TimelineWriter>> TimelineWriter::Open(const std::
 }
 
 TimelineWriter::TimelineWriter(std::string path, std::FILE* file, int node_rank)
-    : path_(std::move(path)), node_rank_(node_rank), origin_ns_(SteadyNowNs()), file_(file) {
+    : path_(std::move(path)), node_rank_(node_rank), origin_ns_(MonotonicNowNs()), file_(file) {
   // Unbuffered: each pass's events go out in one write(2), whole lines
   // only, so a killed daemon leaves no half event behind.
   std::setvbuf(file_, nullptr, _IONBF, 0);
@@ -58,7 +58,7 @@ TimelineWriter::~TimelineWriter() {
   for (auto& f : followed_) DrainLocked(*f, /*final=*/true);
   followed_.clear();
   TraceBuilder trace(node_rank_ + 1, origin_ns_);
-  trace.Instant(0, "timeline end", "timeline", SteadyNowNs(), {{"events_lost", lost_}});
+  trace.Instant(0, "timeline end", "timeline", MonotonicNowNs(), {{"events_lost", lost_}});
   AppendLocked(trace.Take());
   std::fputs("\n]\n", file_);
   if (std::fclose(file_) != 0 && !write_failed_) {
@@ -108,7 +108,7 @@ void TimelineWriter::DrainLocked(Followed& f, bool final) {
     lost_ += tail.lost;
     spdlog::warn("event=timeline_lost_events job={} lost={} path={}", LogToken(f.source.job_id),
                  tail.lost, LogToken(path_));
-    trace.Instant(0, "timeline lost events", "timeline", SteadyNowNs(), {{"lost", tail.lost}});
+    trace.Instant(0, "timeline lost events", "timeline", MonotonicNowNs(), {{"lost", tail.lost}});
   }
   const bool multi_node = f.source.num_nodes > 1;
   for (const TraceEvent& e : f.batch) {
@@ -130,7 +130,7 @@ void TimelineWriter::DrainLocked(Followed& f, bool final) {
     }
   }
   // Buckets that will not complete: the job ended, or their end was lost.
-  const int64_t now = SteadyNowNs();
+  const int64_t now = MonotonicNowNs();
   while (!f.open.empty() && (final || f.open.size() > kMaxOpenBuckets)) {
     auto oldest = f.open.begin();
     for (auto it = f.open.begin(); it != f.open.end(); ++it) {

@@ -204,11 +204,11 @@ TEST(FlightRecorder, ReadFromTailsNewEventsAndCountsWhatTheRingLost) {
 
 TEST(FlightRecorder, RecordNowUsesTheSteadyClock) {
   FlightRecorder r(4);
-  const int64_t before = SteadyNowNs();
+  const int64_t before = MonotonicNowNs();
   r.Record(T::kTrainerReady, 3, 1, 7);
   const TraceEvent e = r.Snapshot().events.at(0);
   EXPECT_GE(e.timestamp_ns, before);
-  EXPECT_LE(e.timestamp_ns, SteadyNowNs());
+  EXPECT_LE(e.timestamp_ns, MonotonicNowNs());
   EXPECT_EQ(e.iteration, 3u);
   EXPECT_EQ(e.id, 1u);
   EXPECT_EQ(e.tensor, 7u);
