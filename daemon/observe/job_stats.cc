@@ -154,16 +154,9 @@ void JobStats::WriteTrace(const std::string& reason) {
   absl::Status st = recorder_.WriteTraceFile(path, meta);
   if (st.ok()) {
     spdlog::warn("event=trace_written path={} reason={}", LogToken(path), LogValue(reason));
-    absl::MutexLock lock(&mu_);
-    last_trace_file_ = path;
   } else {
     spdlog::error("event=trace_write_failed path={} error={}", LogToken(path), LogValue(st.message()));
   }
-}
-
-std::string JobStats::last_trace_file() const {
-  absl::MutexLock lock(&mu_);
-  return last_trace_file_;
 }
 
 TraceMetadata JobStats::Metadata(const std::string& reason) const {

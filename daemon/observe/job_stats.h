@@ -77,8 +77,6 @@ class JobStats final : public SchedulerObserver {
     uint64_t dropped_events = 0;
   };
   BoundedTrace TraceJsonWithin(const std::string& reason, size_t max_bytes) const;
-  // Path of the last trace written automatically ("" if none).
-  std::string last_trace_file() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t bytes_per_iteration() const { return bytes_per_iteration_.load(); }
   // Iterations per second lately (IterationRateWindow).
   double RecentIterationRate() const { return rate_window_.PerSecond(); }
@@ -115,7 +113,6 @@ class JobStats final : public SchedulerObserver {
   uint64_t errors_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<std::string> recent_errors_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::StallReport> stalls_ ABSL_GUARDED_BY(mu_);
-  std::string last_trace_file_ ABSL_GUARDED_BY(mu_);
   std::function<void(const std::string&)> stall_listener_;  // see set_stall_listener
   IterationListener iteration_listener_;                    // see set_iteration_listener
 };

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <ostream>
 #include <random>
 
 #include "common/half.h"
@@ -82,6 +83,13 @@ struct Case {
   bool remote;
   bool single_span;  // one span: the in-place cross-node path for fp32/fp64
 };
+
+// gtest prints a parameter it does not know as raw bytes.
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << DTypeName(c.dtype) << ", " << c.trainers << " trainers, " << c.threads << " threads, "
+      << (c.remote ? "across nodes" : "one node") << ", "
+      << (c.single_span ? "one span" : "several spans");
+}
 
 class LocalReducerTest : public ::testing::TestWithParam<Case> {};
 

@@ -9,6 +9,7 @@
 // rebuilt from rank 0's observed order after the first iteration.
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,13 @@ struct Case {
   std::vector<std::string> args;  // shared by the trainers and the reference
   std::string name;
 };
+
+// gtest prints a parameter it does not know as raw bytes.
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name << " (" << c.trainers << " trainers, " << (c.fp64 ? "fp64" : "fp32") << ",";
+  for (const std::string& arg : c.args) *os << " " << arg;
+  *os << ")";
+}
 
 class EquivalenceTest : public ::testing::TestWithParam<Case> {};
 
