@@ -1,5 +1,5 @@
-// GlooStore: Gloo's rendezvous::Store over the leader's key-value store
-// (RendezvousClient), so Gloo's context setup needs no file system, Redis or
+// GlooStore: Gloo's rendezvous::Store over the job's key-value store
+// (KeyValueStore: the leader's, through RendezvousClient), so Gloo's context setup needs no file system, Redis or
 // extra port. Gloo's Store reports failures by throwing: a failed call
 // throws GlooStoreError, a gloo::IoException that keeps the absl::Status
 // (TIMEOUT naming the missing keys, PEER_FAILED when the generation aborted,
@@ -14,7 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "daemon/cluster/rendezvous_client.h"
+#include "daemon/backends/key_value_store.h"
 #include "gloo/common/error.h"
 #include "gloo/rendezvous/store.h"
 
@@ -33,7 +33,7 @@ class GlooStoreError : public gloo::IoException {
 class GlooStore final : public gloo::rendezvous::Store {
  public:
   // `default_timeout` bounds get() and the wait() overload without timeout.
-  GlooStore(std::shared_ptr<RendezvousClient> client, absl::Duration default_timeout);
+  GlooStore(std::shared_ptr<KeyValueStore> store, absl::Duration default_timeout);
 
   void set(const std::string& key, const std::vector<char>& data) override;
   // Waits for the key (up to the default timeout) when it is not set yet.
@@ -43,7 +43,7 @@ class GlooStore final : public gloo::rendezvous::Store {
             const std::chrono::milliseconds& timeout) override;
 
  private:
-  const std::shared_ptr<RendezvousClient> client_;
+  const std::shared_ptr<KeyValueStore> store_;
   const absl::Duration default_timeout_;
 };
 

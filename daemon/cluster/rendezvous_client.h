@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "daemon/backends/key_value_store.h"
 #include "gradsync/v1/rendezvous.grpc.pb.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/security/credentials.h"
@@ -89,7 +90,7 @@ struct HeartbeatResult {
   std::vector<SilentMember> silent_members;
 };
 
-class RendezvousClient {
+class RendezvousClient final : public KeyValueStore {
  public:
   // Over a channel to options.leader with options.credentials (created
   // lazily by gRPC, so this cannot fail; an unreachable leader, or a failed
@@ -101,12 +102,12 @@ class RendezvousClient {
   // Blocks until every node has joined (or params.timeout, which must be
   // positive, passes: TIMEOUT naming the missing node ranks).
   absl::StatusOr<JoinResult> Join(const JoinParams& params);
-  absl::Status Set(std::string_view key, std::string_view value);
+  absl::Status Set(std::string_view key, std::string_view value) override;
   // nullopt when the key is not set.
-  absl::StatusOr<std::optional<std::string>> Get(std::string_view key);
+  absl::StatusOr<std::optional<std::string>> Get(std::string_view key) override;
   // Blocks until every key is set; TIMEOUT (after `timeout`, which must be
   // positive) names the missing keys.
-  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout);
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
   absl::StatusOr<HeartbeatResult> Heartbeat(const HeartbeatParams& params);
   // generation 0: the current one.
   absl::Status Leave(int node_rank, uint64_t generation, std::string_view reason);

@@ -37,7 +37,7 @@
 #include "daemon/observe/job_stats.h"
 #include "common/layout.h"
 #include "daemon/engine/scheduler.h"
-#include "daemon/engine/scheduler_observer.h"
+#include "daemon/observe/scheduler_observer.h"
 #include "daemon/engine/trainer.h"
 #include "ipc/arena.h"
 #include "ipc/node_segment.h"

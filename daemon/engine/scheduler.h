@@ -51,7 +51,7 @@
 #include "common/layout.h"
 #include "daemon/engine/gpu_reducer.h"
 #include "daemon/engine/local_reducer.h"
-#include "daemon/engine/scheduler_observer.h"
+#include "daemon/observe/scheduler_observer.h"
 #include "daemon/engine/trainer.h"
 #include "ipc/arena.h"
 #include "ipc/doorbell.h"

@@ -23,7 +23,7 @@
 #include "daemon/observe/iteration_rate_window.h"
 #include "daemon/observe/latency_stats.h"
 #include "daemon/observe/timeline_writer.h"
-#include "daemon/engine/scheduler_observer.h"
+#include "daemon/observe/scheduler_observer.h"
 #include "gradsync/v1/control.pb.h"
 
 namespace gradsync {

@@ -1,8 +1,8 @@
 // SchedulerObserver: what the scheduler reports as it works, for stats and
 // the flight recorder. Called on the scheduler thread: implementations must
 // be quick and must not allocate in steady state.
-#ifndef GRADSYNC_DAEMON_ENGINE_SCHEDULER_OBSERVER_H_
-#define GRADSYNC_DAEMON_ENGINE_SCHEDULER_OBSERVER_H_
+#ifndef GRADSYNC_DAEMON_OBSERVE_SCHEDULER_OBSERVER_H_
+#define GRADSYNC_DAEMON_OBSERVE_SCHEDULER_OBSERVER_H_
 
 #include <cstdint>
 
@@ -40,4 +40,4 @@ class SchedulerObserver {
 
 }  // namespace gradsync
 
-#endif  // GRADSYNC_DAEMON_ENGINE_SCHEDULER_OBSERVER_H_
+#endif  // GRADSYNC_DAEMON_OBSERVE_SCHEDULER_OBSERVER_H_
