@@ -17,13 +17,10 @@ namespace {
 
 constexpr absl::Duration kWait = absl::Milliseconds(300);
 
-template <typename Fn>
-long long ElapsedMs(Fn fn) {
-  const auto start = std::chrono::steady_clock::now();
-  fn();
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
-                                                               start)
-      .count();
+using Clock = std::chrono::steady_clock;
+
+long long MsSince(Clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
 }
 
 }  // namespace
@@ -36,14 +33,22 @@ int main(int argc, char** argv) {
     absl::Mutex mu;
     absl::CondVar cv;
     absl::MutexLock lock(&mu);
-    await_ms = ElapsedMs([&] { mu.AwaitWithTimeout(absl::Condition(&never), kWait); });
-    condvar_ms = ElapsedMs([&] { cv.WaitWithTimeout(&mu, kWait); });
+    Clock::time_point start = Clock::now();
+    mu.AwaitWithTimeout(absl::Condition(&never), kWait);
+    await_ms = MsSince(start);
+    start = Clock::now();
+    cv.WaitWithTimeout(&mu, kWait);
+    condvar_ms = MsSince(start);
   } else {
     gradsync::MonotonicMutex mu;
     gradsync::MonotonicCondVar cv;
     gradsync::MonotonicMutexLock lock(&mu);
-    await_ms = ElapsedMs([&] { mu.AwaitWithTimeout(absl::Condition(&never), kWait); });
-    condvar_ms = ElapsedMs([&] { cv.WaitWithTimeout(&mu, kWait); });
+    Clock::time_point start = Clock::now();
+    mu.AwaitWithTimeout(absl::Condition(&never), kWait);
+    await_ms = MsSince(start);
+    start = Clock::now();
+    cv.WaitWithTimeout(&mu, kWait);
+    condvar_ms = MsSince(start);
   }
   std::printf("wall_s=%lld await_ms=%lld condvar_ms=%lld\n",
               static_cast<long long>(absl::ToUnixSeconds(absl::Now())), await_ms, condvar_ms);
