@@ -52,7 +52,8 @@ bool MonotonicMutex::AwaitWithTimeout(const absl::Condition& cond, absl::Duratio
   return AwaitUntil(cond, /*timed=*/true, DeadlineIn(timeout));
 }
 
-bool MonotonicMutex::AwaitUntil(const absl::Condition& cond, bool timed, Clock::time_point deadline) {
+bool MonotonicMutex::AwaitUntil(const absl::Condition& cond, bool timed,
+                                Clock::time_point deadline) {
   if (cond.Eval()) return true;
   Waiter self(&cond);
   self.next = waiters_;

@@ -54,10 +54,9 @@ absl::StatusOr<int64_t> FakedUnixSeconds(const std::string& dir,
   Process date = Process::Spawn({"/bin/date", "+%s"}, dir + "/date.log", options);
   const ExitStatus st = date.Wait(seconds(10));
   int64_t s = 0;
-  if (!st.exited || st.code != 0 ||
-      !absl::SimpleAtoi(absl::StripAsciiWhitespace(date.Log()), &s)) {
-    return absl::InternalError(absl::StrCat("date under libfaketime: ", st.ToString(), " ",
-                                            date.Log()));
+  if (!st.exited || st.code != 0 || !absl::SimpleAtoi(absl::StripAsciiWhitespace(date.Log()), &s)) {
+    return absl::InternalError(
+        absl::StrCat("date under libfaketime: ", st.ToString(), " ", date.Log()));
   }
   return s;
 }
@@ -106,8 +105,8 @@ TEST_P(ClockStep, AWallClockStepOfThirtySecondsMidJobKeepsTrainingToTheExactResu
 
   for (Process& t : trainers) {
     const ExitStatus st = t.Wait(seconds(60));
-    ASSERT_TRUE(st.exited && st.code == 0)
-        << st.ToString() << "\n" << t.Log() << cluster.DaemonLogs();
+    ASSERT_TRUE(st.exited && st.code == 0) << st.ToString() << "\n"
+                                           << t.Log() << cluster.DaemonLogs();
   }
   EXPECT_EQ(cluster.DaemonLogs().find("sent no heartbeat"), std::string::npos)
       << cluster.DaemonLogs();
