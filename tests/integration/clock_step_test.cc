@@ -76,18 +76,18 @@ TEST_P(ClockStep, AWallClockStepOfThirtySecondsMidJobKeepsTrainingToTheExactResu
   options.nodes = 2;
   options.local_size = 1;
   options.job_id = "clockjob";
-  // --timeout-s=5: a node silent for 5 s is declared dead (the heartbeat
+  // --timeout-s=8: a node silent for 8 s is declared dead (the heartbeat
   // timeout is min(timeout, 10 s)), well within the job's length below.
-  options.flags = {"--bucket-cap-mb=0.001", "--first-bucket-cap-mb=0.0001", "--timeout-s=5"};
+  options.flags = {"--bucket-cap-mb=0.001", "--first-bucket-cap-mb=0.0001", "--timeout-s=8"};
   const std::map<std::string, std::string> faked_env = FaketimeEnv(offset_file);
   options.node_env.resize(2);
   options.node_env[stepped] = faked_env;
   Cluster cluster(options);
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
 
-  // 40 steps of at least 300 ms each (the trainers pause in backward): the
+  // 50 steps of at least 300 ms each (the trainers pause in backward): the
   // job outlives the heartbeat timeout by seconds after the step.
-  const std::vector<std::string> args = {"--steps=40", "--batch=60", "--fp64"};
+  const std::vector<std::string> args = {"--steps=50", "--batch=60", "--fp64"};
   std::vector<std::string> trainer_args = args;
   trainer_args.push_back("--sleep-ms=300");
   std::vector<std::string> outs;
