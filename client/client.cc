@@ -134,7 +134,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
   // right after connecting must still be noticed.
   bool established = false;
   {
-    absl::MutexLock lock(&raw->watch_mu_);
+    MonotonicMutexLock lock(&raw->watch_mu_);
     auto settled = [raw] {
       raw->watch_mu_.AssertReaderHeld();
       return raw->watch_established_ || !raw->watch_error_.ok() || raw->watch_ended_;
@@ -161,7 +161,7 @@ void Client::WatchLoop() {
       stub_->Watch(watch_ctx_.get(), req);
   v1::WatchEvent event;
   while (reader->Read(&event)) {
-    absl::MutexLock lock(&watch_mu_);
+    MonotonicMutexLock lock(&watch_mu_);
     watch_established_ = true;
     if (event.has_error() && event.error().code() != v1::OK) {
       if (watch_error_.ok()) watch_error_ = FromProto(event.error());
@@ -169,12 +169,12 @@ void Client::WatchLoop() {
     }
   }
   {
-    absl::MutexLock lock(&watch_mu_);
+    MonotonicMutexLock lock(&watch_mu_);
     watch_ended_ = true;
   }
   reader->Finish().IgnoreError();
   if (closing_.load()) return;
-  absl::MutexLock lock(&watch_mu_);
+  MonotonicMutexLock lock(&watch_mu_);
   if (watch_error_.ok()) {
     watch_error_ = MakeError(
         v1::PEER_FAILED, absl::StrCat("lost the connection to gradsyncd (pid ", daemon_pid_,
@@ -184,7 +184,7 @@ void Client::WatchLoop() {
 }
 
 absl::Status Client::ConnectionError() const {
-  absl::MutexLock lock(&watch_mu_);
+  MonotonicMutexLock lock(&watch_mu_);
   return watch_error_;
 }
 

@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/monotonic_mutex.h"
 #include "common/dtype.h"
 #include "common/layout.h"
 #include "gpu/device.h"
@@ -163,7 +164,7 @@ class Client {
   // The Watch stream (a thread): daemon-pushed errors and daemon death.
   std::unique_ptr<grpc::ClientContext> watch_ctx_;
   std::thread watch_thread_;
-  mutable absl::Mutex watch_mu_;
+  mutable MonotonicMutex watch_mu_;
   absl::Status watch_error_ ABSL_GUARDED_BY(watch_mu_);
   bool watch_established_ ABSL_GUARDED_BY(watch_mu_) = false;  // the first event arrived
   bool watch_ended_ ABSL_GUARDED_BY(watch_mu_) = false;

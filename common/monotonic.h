@@ -9,9 +9,10 @@
 // boot-time epoch, shown as if since 1970): only differences and comparisons
 // with other MonotonicNow() values mean anything. Never mix it with
 // absl::Now(), never print it as a date, and never hand it to an API that
-// expects a wall-clock absl::Time (absl::Mutex::AwaitWithDeadline,
-// CondVar::WaitWithDeadline, grpc deadlines): give those a timeout computed
-// as `deadline - MonotonicNow()`.
+// expects a wall-clock absl::Time (grpc deadlines): give those a timeout
+// computed as `deadline - MonotonicNow()`. Timed waits on a mutex use
+// MonotonicMutex (common/monotonic_mutex.h): absl's timed waits, even with
+// a timeout, sleep until a CLOCK_REALTIME deadline.
 #ifndef GRADSYNC_COMMON_MONOTONIC_H_
 #define GRADSYNC_COMMON_MONOTONIC_H_
 

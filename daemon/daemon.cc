@@ -333,7 +333,7 @@ void Daemon::BeatNodeSegments() {
 void Daemon::HeartbeatLoop() {
   while (true) {
     {
-      absl::MutexLock lock(&mu_);
+      MonotonicMutexLock lock(&mu_);
       if (shutdown_) return;
     }
     BeatNodeSegments();
@@ -343,13 +343,13 @@ void Daemon::HeartbeatLoop() {
         jobs_->RemoveSession(session);
       }
     }
-    absl::MutexLock lock(&mu_);
+    MonotonicMutexLock lock(&mu_);
     mu_.AwaitWithTimeout(absl::Condition(&shutdown_), absl::Milliseconds(100));
   }
 }
 
 void Daemon::RequestShutdown(const std::string& why) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   if (shutdown_) return;
   shutdown_ = true;
   shutdown_reason_ = why;
@@ -420,7 +420,7 @@ absl::StatusOr<uint64_t> Daemon::PublishAutotunedCaps(const CapsCandidate& caps,
 }
 
 void Daemon::Drain() {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   if (drain_.joinable() || shutdown_) return;
   jobs_->StopAccepting();
   drain_ = std::thread([this] {
@@ -443,7 +443,7 @@ void Daemon::Drain() {
 void Daemon::Run() {
   std::string reason;
   {
-    absl::MutexLock lock(&mu_);
+    MonotonicMutexLock lock(&mu_);
     mu_.Await(absl::Condition(&shutdown_));
     reason = shutdown_reason_;
   }
@@ -461,7 +461,7 @@ void Daemon::Run() {
   if (heartbeat_.joinable()) heartbeat_.join();
   std::thread drain;  // no Drain starts one after shutdown
   {
-    absl::MutexLock lock(&mu_);
+    MonotonicMutexLock lock(&mu_);
     drain = std::move(drain_);
   }
   if (drain.joinable()) drain.join();

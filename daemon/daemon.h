@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/monotonic_mutex.h"
 #include "daemon/autotune_driver.h"
 #include "daemon/config.h"
 #include "daemon/connection_acceptor.h"
@@ -102,7 +103,7 @@ class Daemon {
   // own listen server answers on. Set by Start before trainers can attach.
   std::string leader_address_;
 
-  absl::Mutex mu_;
+  MonotonicMutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   std::string shutdown_reason_ ABSL_GUARDED_BY(mu_);
   std::thread heartbeat_;  // started by Start, joined by Run or the destructor

@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/log_value.h"
+#include "common/monotonic.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
@@ -64,7 +65,7 @@ std::set<std::string> InterfaceAddresses() {
 
 // The host's addresses; retried while the name does not resolve yet.
 absl::StatusOr<std::vector<std::string>> Resolve(const std::string& host) {
-  const absl::Time deadline = absl::Now() + kResolveFor;
+  const absl::Time deadline = MonotonicNow() + kResolveFor;
   for (;;) {
     addrinfo hints{};
     hints.ai_socktype = SOCK_STREAM;
@@ -79,7 +80,7 @@ absl::StatusOr<std::vector<std::string>> Resolve(const std::string& host) {
       return addresses;
     }
     const bool may_appear = rc == EAI_AGAIN || rc == EAI_NONAME;
-    if (!may_appear || absl::Now() >= deadline) {
+    if (!may_appear || MonotonicNow() >= deadline) {
       return absl::InvalidArgumentError(
           absl::StrCat("--leader host ", host, " does not resolve: ", gai_strerror(rc)));
     }

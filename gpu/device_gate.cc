@@ -7,7 +7,7 @@ namespace gradsync::gpu {
 
 absl::Status DeviceGate::EnterCollective(const std::vector<DeviceId>& devices, absl::Time deadline,
                                          const std::atomic<bool>* cancelled) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   auto open = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (cancelled != nullptr && cancelled->load(std::memory_order_acquire)) return true;
     for (const DeviceId& d : devices) {
@@ -16,7 +16,7 @@ absl::Status DeviceGate::EnterCollective(const std::vector<DeviceId>& devices, a
     }
     return true;
   };
-  // Monotonic deadline turned into a timeout: absl::Mutex waits on its own clock.
+  // Monotonic deadline turned into a timeout (MonotonicMutex waits on steady_clock).
   const bool opened = mu_.AwaitWithTimeout(absl::Condition(&open), deadline - MonotonicNow());
   if (cancelled != nullptr && cancelled->load(std::memory_order_acquire)) {
     return absl::AbortedError("collective aborted while waiting for its GPUs' memory work");
@@ -31,13 +31,13 @@ absl::Status DeviceGate::EnterCollective(const std::vector<DeviceId>& devices, a
 }
 
 void DeviceGate::ExitCollective(const std::vector<DeviceId>& devices) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   for (const DeviceId& d : devices) --devices_[d].collectives;
 }
 
 absl::Status DeviceGate::EnterMemoryWork(const std::vector<DeviceId>& devices, absl::Time deadline,
                                          absl::string_view what) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   for (const DeviceId& d : devices) ++devices_[d].memory_waiting;
   auto idle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const DeviceId& d : devices) {
@@ -64,22 +64,22 @@ absl::Status DeviceGate::EnterMemoryWork(const std::vector<DeviceId>& devices, a
 }
 
 void DeviceGate::ExitMemoryWork(const std::vector<DeviceId>& devices) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   for (const DeviceId& d : devices) devices_[d].memory_work = false;
 }
 
 void DeviceGate::Wake() {
-  // Releasing the lock makes absl::Mutex re-evaluate the waiters' conditions.
-  absl::MutexLock lock(&mu_);
+  // Releasing the lock makes MonotonicMutex re-evaluate the waiters' conditions.
+  MonotonicMutexLock lock(&mu_);
 }
 
 int DeviceGate::collectives(const DeviceId& device) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   return devices_[device].collectives;
 }
 
 int DeviceGate::memory_waiting(const DeviceId& device) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   return devices_[device].memory_waiting;
 }
 

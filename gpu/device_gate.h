@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/monotonic_mutex.h"
 #include "absl/time/time.h"
 #include "gpu/device.h"
 
@@ -61,7 +62,7 @@ class DeviceGate {
     int memory_waiting = 0;  // blocks new collectives
   };
 
-  absl::Mutex mu_;
+  MonotonicMutex mu_;
   absl::flat_hash_map<DeviceId, PerDevice> devices_ ABSL_GUARDED_BY(mu_);
 };
 

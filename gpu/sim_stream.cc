@@ -35,7 +35,7 @@ SimStream::~SimStream() {
     Live().erase(this);
   }
   {
-    absl::MutexLock lock(&mu_);
+    MonotonicMutexLock lock(&mu_);
     stopping_ = true;
     paused_ = false;
   }
@@ -49,28 +49,28 @@ SimStream* SimStream::FromHandle(Stream* stream) {
 }
 
 void SimStream::Enqueue(std::function<void()> op) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   queue_.push_back(std::move(op));
 }
 
 bool SimStream::Idle() {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   return queue_.empty() && !busy_;
 }
 
 bool SimStream::WaitIdle(absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty() && !busy_; };
   return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
 }
 
 void SimStream::Pause() {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   paused_ = true;
 }
 
 void SimStream::Resume() {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   paused_ = false;
 }
 
@@ -78,7 +78,7 @@ void SimStream::Run() {
   const int64_t min_us = absl::ToInt64Microseconds(min_delay_);
   const int64_t max_us = absl::ToInt64Microseconds(max_delay_);
   std::uniform_int_distribution<int64_t> delay_us(min_us, max_us);
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   while (true) {
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return (!paused_ && !queue_.empty()) || (stopping_ && queue_.empty());

@@ -15,6 +15,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "common/monotonic_mutex.h"
 #include "absl/time/time.h"
 #include "gpu/device.h"
 
@@ -53,7 +54,7 @@ class SimStream {
   const absl::Duration max_delay_;
   std::mt19937_64 rng_;  // worker thread only
 
-  absl::Mutex mu_;
+  MonotonicMutex mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;

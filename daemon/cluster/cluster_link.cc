@@ -64,7 +64,7 @@ ClusterLink::ClusterLink(const DaemonConfig& config, std::shared_ptr<RendezvousC
 
 ClusterLink::~ClusterLink() {
   {
-    absl::MutexLock lock(&mu_);
+    MonotonicMutexLock lock(&mu_);
     stop_ = true;
   }
   if (heartbeat_.joinable()) heartbeat_.join();
@@ -73,7 +73,7 @@ ClusterLink::~ClusterLink() {
   // cause, which names the culprit, not "left".
   HeartbeatParams last;
   {
-    absl::MutexLock lock(&mu_);
+    MonotonicMutexLock lock(&mu_);
     if (!error_sent_) last.node_error = node_error_;
   }
   if (!last.node_error.ok()) {
@@ -330,7 +330,7 @@ absl::StatusOr<std::string> ClusterLink::Fetch(const std::string& name, absl::Ti
 }
 
 void ClusterLink::ReportError(const absl::Status& error) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   if (failed_) return;  // the failure came from elsewhere: already known
   failed_ = true;
   node_error_ = error;
@@ -414,14 +414,14 @@ absl::Status ClusterLink::NameFailedNodes(const absl::Status& error, const absl:
 
 void ClusterLink::SetConfigListener(
     std::function<void(const BucketCaps& caps, uint64_t at_iteration, uint64_t version)> listener) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   config_listener_ = std::move(listener);
 }
 
 absl::Status ClusterLink::ApplyConfigLog(uint64_t newest) {
   std::function<void(const BucketCaps&, uint64_t, uint64_t)> listener;
   {
-    absl::MutexLock lock(&mu_);
+    MonotonicMutexLock lock(&mu_);
     listener = config_listener_;
   }
   while (config_version_applied_ < newest) {
@@ -462,12 +462,12 @@ absl::Status ClusterLink::ApplyConfigLog(uint64_t newest) {
 }
 
 void ClusterLink::ReportStall(const std::string& description) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   stall_report_ = description;
 }
 
 void ClusterLink::SetProgress(std::function<uint64_t()> iteration) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   progress_ = std::move(iteration);
 }
 
@@ -477,7 +477,7 @@ void ClusterLink::HeartbeatLoop() {
     HeartbeatParams hb;
     bool sending_error = false;
     {
-      absl::MutexLock lock(&mu_);
+      MonotonicMutexLock lock(&mu_);
       if (stop_) return;
       hb.node_rank = config_.node_rank;
       hb.generation = generation_;
@@ -490,7 +490,7 @@ void ClusterLink::HeartbeatLoop() {
     // Without mu_: the RPC, and what it asks for (config, failing the job).
     absl::StatusOr<HeartbeatResult> r = client_->Heartbeat(hb);
     if (sending_error && r.ok()) {
-      absl::MutexLock lock(&mu_);
+      MonotonicMutexLock lock(&mu_);
       error_sent_ = true;
     }
     absl::Status config_error;
@@ -500,7 +500,7 @@ void ClusterLink::HeartbeatLoop() {
     absl::Status failure;
     if (!config_error.ok()) {
       failure = config_error;
-      absl::MutexLock lock(&mu_);
+      MonotonicMutexLock lock(&mu_);
       if (!failed_) node_error_ = config_error;  // the other nodes must stop too
     } else if (!r.ok()) {
       failure = MakeError(v1::PEER_FAILED,
@@ -514,7 +514,7 @@ void ClusterLink::HeartbeatLoop() {
     }
     bool notify = false;
     if (!failure.ok()) {
-      absl::MutexLock lock(&mu_);
+      MonotonicMutexLock lock(&mu_);
       if (!failed_ && !stop_) {
         failed_ = true;
         notify = true;
@@ -530,7 +530,7 @@ void ClusterLink::HeartbeatLoop() {
     if (notify) on_failure_(failure);
 
     // Until the next beat, or sooner for an error or stall to report.
-    absl::MutexLock lock(&mu_);
+    MonotonicMutexLock lock(&mu_);
     auto report_now = [this] {
       mu_.AssertReaderHeld();
       return stop_ || (!node_error_.ok() && !error_sent_) || !stall_report_.empty();

@@ -27,6 +27,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/monotonic_mutex.h"
 #include "daemon/config.h"
 #include "daemon/engine/job.h"
 #include "common/layout.h"
@@ -90,7 +91,7 @@ class ClusterLink final : public WorldLink {
   const uint64_t generation_;
   const std::function<void(const absl::Status&)> on_failure_;
 
-  absl::Mutex mu_;
+  MonotonicMutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status node_error_ ABSL_GUARDED_BY(mu_);  // reported with the next heartbeat
   bool error_sent_ ABSL_GUARDED_BY(mu_) = false;  // the leader has node_error_

@@ -209,7 +209,7 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
                   absl::StrCat("node_rank=", rank, " sent no host for its Gloo device"));
   }
 
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   const absl::Time now = clock_();
   CheckHeartbeatsLocked(now);
   if (active()) {
@@ -305,7 +305,7 @@ std::string RendezvousService::CheckKeyGenerationLocked(const std::string& key) 
 }
 
 std::vector<std::string> RendezvousService::RecentStallReports() {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   return std::vector<std::string>(stall_reports_.begin(), stall_reports_.end());
 }
 
@@ -377,7 +377,7 @@ std::map<std::string, std::string>::iterator RendezvousService::EraseLocked(
 }
 
 void RendezvousService::SetKey(const std::string& key, const std::string& value) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   // The hosting daemon's own keys are trusted: counted, never refused.
   StoreLocked(key, value);
   changed_.SignalAll();
@@ -400,7 +400,7 @@ grpc::Status RendezvousService::Set(grpc::ServerContext* context, const v1::SetR
     SetError(response->mutable_error(), v1::STATE, std::move(refusal));
     return grpc::Status::OK;
   }
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   CheckHeartbeatsLocked(clock_());
   if (std::string refusal = CheckKeyGenerationLocked(request->key()); !refusal.empty()) {
     LogRefusal("Set", context, -1, refusal);
@@ -455,7 +455,7 @@ grpc::Status RendezvousService::Get(grpc::ServerContext* context, const v1::GetR
     SetError(response->mutable_error(), v1::STATE, std::move(refusal));
     return grpc::Status::OK;
   }
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   CheckHeartbeatsLocked(clock_());
   if (std::string refusal = CheckKeyGenerationLocked(request->key()); !refusal.empty()) {
     SetError(response->mutable_error(), v1::STATE, std::move(refusal));
@@ -482,7 +482,7 @@ grpc::Status RendezvousService::Wait(grpc::ServerContext* context, const v1::Wai
     return grpc::Status::OK;
   }
   const absl::Duration timeout = RequestTimeout(request->timeout_ms());
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   const absl::Time deadline = clock_() + timeout;
   std::vector<std::string> missing;
   for (;;) {
@@ -542,7 +542,7 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
              absl::StrCat("node_rank=", rank, ": ", refusal));
     return grpc::Status::OK;
   }
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   const absl::Time now = clock_();
   CheckHeartbeatsLocked(now);
   response->set_generation(generation_);
@@ -619,7 +619,7 @@ grpc::Status RendezvousService::Leave(grpc::ServerContext* context, const v1::Le
              absl::StrCat("node_rank=", rank, ": ", refusal));
     return grpc::Status::OK;
   }
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   CheckHeartbeatsLocked(clock_());
   if (pending_.erase(rank) != 0) {
     spdlog::info("event=join_withdrawn node_rank={} generation={}", rank, generation_ + 1);
@@ -646,7 +646,7 @@ grpc::Status RendezvousService::Leave(grpc::ServerContext* context, const v1::Le
 }
 
 bool RendezvousService::AbortGeneration(uint64_t generation, const std::string& reason) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   if (generation != generation_ || !active()) return false;
   AbortLocked(reason);
   return true;
@@ -654,7 +654,7 @@ bool RendezvousService::AbortGeneration(uint64_t generation, const std::string& 
 
 absl::StatusOr<RendezvousService::ConfigEntry> RendezvousService::AppendConfig(
     uint64_t min_at_iteration, const ConfigWriter& write) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   CheckHeartbeatsLocked(clock_());
   if (!active()) {
     return absl::FailedPreconditionError(
@@ -679,7 +679,7 @@ absl::StatusOr<RendezvousService::ConfigEntry> RendezvousService::AppendConfig(
 }
 
 RendezvousStatus RendezvousService::GetStatus() {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   CheckHeartbeatsLocked(clock_());
   RendezvousStatus status;
   status.generation = generation_;

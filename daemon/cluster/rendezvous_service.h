@@ -52,6 +52,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/monotonic_mutex.h"
 #include "absl/time/time.h"
 #include "common/monotonic.h"
 #include "daemon/auth/call_auth.h"
@@ -222,9 +223,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
   const MonotonicClock clock_;
   const uint64_t incarnation_;
 
-  absl::Mutex mu_;
+  MonotonicMutex mu_;
   // Signalled on every change a blocked Join or Wait may be waiting for.
-  absl::CondVar changed_;
+  MonotonicCondVar changed_;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   std::string abort_reason_ ABSL_GUARDED_BY(mu_);

@@ -71,7 +71,7 @@ std::shared_ptr<Trainer> Job::HoldLocked(uint64_t session) const {
 }
 
 absl::StatusOr<uint64_t> Job::Attach(int local_rank, int64_t pid) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   bool all_gone = attached_ever_ > 0;
   for (const auto& t : trainers_) {
     if (t && !t->gone.load()) all_gone = false;
@@ -153,7 +153,7 @@ absl::StatusOr<RegisterResult> Job::RegisterAndWait(uint64_t session, Layout lay
   bool last = false;
   std::string forming_report;
   {
-    absl::MutexLock lock(&mu_);
+    MonotonicMutexLock lock(&mu_);
     t = HoldLocked(session);
     if (t == nullptr) return MakeError(v1::STATE, "unknown session: attach first");
     if (state_ == JobState::kFailed) return PeerError(*t);
@@ -181,12 +181,12 @@ absl::StatusOr<RegisterResult> Job::RegisterAndWait(uint64_t session, Layout lay
   // it waits for (a failure is only a less precise error elsewhere).
   if (!forming_report.empty() && hooks_.report_forming) hooks_.report_forming(forming_report);
 
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   auto settled = [this, &t] {
     mu_.AssertReaderHeld();
     return state_ == JobState::kRunning || state_ == JobState::kFailed || t->gone.load();
   };
-  // AwaitWithDeadline would read `deadline` as wall-clock time.
+  // `deadline` is on the monotonic scale: waits take what is left of it.
   bool done = mu_.AwaitWithTimeout(absl::Condition(&settled), deadline - MonotonicNow());
   if (!done && state_ == JobState::kForming) {
     // Forming across nodes has its own timeout, whose error names the
@@ -246,7 +246,7 @@ void Job::Form() {
   std::vector<GpuTrainerSpec> gpu_specs;
   std::vector<std::pair<int, int64_t>> gpu_trainers;  // local rank, pid
   {
-    absl::MutexLock lock(&mu_);
+    MonotonicMutexLock lock(&mu_);
     layout = BeginFormLocked();
     if (layout && !layout->empty() && (*layout)[0].device >= 0) {
       for (const auto& t : trainers_) {
@@ -275,7 +275,7 @@ void Job::Form() {
 
   // Phase 3, under mu_ again: start the job, unless it failed meanwhile.
   {
-    absl::MutexLock lock(&mu_);
+    MonotonicMutexLock lock(&mu_);
     if (state_ == JobState::kFailed) {
       // `world` (and `gpu`) are torn down below, without mu_: its link
       // joins a thread that may call Fail.
@@ -475,14 +475,14 @@ void Job::Fail(const absl::Status& error, int culprit) {
     // Ask the leader why, without holding the lock (it is an RPC).
     std::shared_ptr<WorldLink> link;
     {
-      absl::MutexLock lock(&mu_);
+      MonotonicMutexLock lock(&mu_);
       link = world_.link;
     }
     if (link) explained = link->Explain(error);
     culprit = -1;
   }
   {
-    absl::MutexLock lock(&mu_);
+    MonotonicMutexLock lock(&mu_);
     FailLocked(explained, culprit);
   }
   DeliverHealth();
@@ -523,7 +523,7 @@ void Job::DeliverHealth() {
   absl::MutexLock deliver(&hooks_mu_);
   std::vector<HealthChange> changes;
   {
-    absl::MutexLock lock(&mu_);
+    MonotonicMutexLock lock(&mu_);
     changes.swap(health_queue_);
   }
   for (const HealthChange& c : changes) hooks_.on_health(c.serving, c.reason);
@@ -551,7 +551,7 @@ void Job::Leave(uint64_t session, bool graceful, const std::string& reason) {
   // The job failed above, so a reduction in flight stops.
   Scheduler* scheduler = nullptr;
   {
-    absl::MutexLock lock(&mu_);
+    MonotonicMutexLock lock(&mu_);
     if (gpu_session_) scheduler = scheduler_.get();
   }
   if (scheduler == nullptr || local_rank < 0) return;
@@ -561,7 +561,7 @@ void Job::Leave(uint64_t session, bool graceful, const std::string& reason) {
   // gpu_session_ is then empty. The device calls are bounded (the device
   // gate's deadline), and the halted scheduler needs no lock of ours.
   absl::MutexLock release(&gpu_release_mu_);
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   if (gpu_session_) gpu_session_->ReleaseTrainer(static_cast<size_t>(local_rank));
 }
 
@@ -574,7 +574,7 @@ void Job::ReleaseWorld() {
   std::unique_ptr<GpuSession> gpu_session;
   absl::ReleasableMutexLock release(&gpu_release_mu_);  // see Leave
   {
-    absl::MutexLock lock(&mu_);
+    MonotonicMutexLock lock(&mu_);
     link = std::move(world_.link);
     scheduler = scheduler_.get();
     gpu_reducer = std::move(gpu_reducer_);
@@ -592,7 +592,7 @@ void Job::ReleaseWorld() {
 
 bool Job::RemoveTrainer(uint64_t session, bool graceful, const std::string& reason,
                         int* local_rank) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   Trainer* t = FindLocked(session);
   if (t == nullptr) return false;
   *local_rank = t->local_rank;
@@ -614,7 +614,7 @@ bool Job::RemoveTrainer(uint64_t session, bool graceful, const std::string& reas
 }
 
 absl::Status Job::WaitForChange(uint64_t session, absl::Duration timeout, bool* gone) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   auto changed = [this, session] {
     mu_.AssertReaderHeld();
     return state_ == JobState::kFailed || FindLocked(session) == nullptr;
@@ -627,7 +627,7 @@ absl::Status Job::WaitForChange(uint64_t session, absl::Duration timeout, bool* 
 }
 
 absl::Status Job::MarkWatched(uint64_t session) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   Trainer* t = FindLocked(session);
   if (t == nullptr) return absl::NotFoundError("unknown session");  // detached meanwhile
   if (t->watched.exchange(true)) {
@@ -642,7 +642,7 @@ absl::Status Job::MarkWatched(uint64_t session) {
 std::vector<uint64_t> Job::ReapUnwatched(std::chrono::milliseconds grace) {
   std::vector<uint64_t> lost;
   {
-    absl::MutexLock lock(&mu_);
+    MonotonicMutexLock lock(&mu_);
     const auto now = std::chrono::steady_clock::now();
     for (const auto& t : trainers_) {
       if (t && !t->gone.load() && !t->watched.load() && now - t->attached_at > grace) {
@@ -658,19 +658,19 @@ std::vector<uint64_t> Job::ReapUnwatched(std::chrono::milliseconds grace) {
 }
 
 bool Job::HasSession(uint64_t session) const {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   return FindLocked(session) != nullptr;
 }
 
 size_t Job::TrainerRecords() const {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   size_t n = 0;
   for (const auto& t : trainers_) n += t != nullptr;
   return n;
 }
 
 bool Job::Finished() const {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   if (attached_ever_ == 0) return false;
   for (const auto& t : trainers_) {
     if (t && !t->gone.load()) return false;
@@ -679,17 +679,17 @@ bool Job::Finished() const {
 }
 
 JobState Job::state() const {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   return state_;
 }
 
 absl::Status Job::error() const {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   return error_;
 }
 
 std::vector<Job::TrainerInfo> Job::Trainers() const {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   std::vector<TrainerInfo> out;
   for (const auto& t : trainers_) {
     if (!t) continue;
@@ -703,22 +703,22 @@ std::vector<Job::TrainerInfo> Job::Trainers() const {
 }
 
 int Job::world_size() const {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   return world_.world_size;
 }
 
 uint64_t Job::generation() const {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   return world_.generation;
 }
 
 std::string Job::backend_name() const {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   return BackendNameLocked();
 }
 
 void Job::FillStats(v1::Stats* out) const {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   out->set_generation(world_.generation);
   out->set_backend(BackendNameLocked());
   out->set_world_size(world_.world_size);
@@ -759,18 +759,18 @@ void Job::FillStats(v1::Stats* out) const {
 }
 
 absl::StatusOr<JobStats::BoundedTrace> Job::TraceJson(size_t max_bytes) const {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   if (!stats_) return MakeError(v1::STATE, "the job has not started: nothing recorded yet");
   return stats_->TraceJsonWithin("GetTrace", max_bytes);
 }
 
 void Job::SetCaps(const BucketCaps& caps, uint64_t at_iteration) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   if (scheduler_) scheduler_->SetCaps(caps, at_iteration);
 }
 
 double Job::IterationRate() const {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   if (!scheduler_ || !stats_ || state_ != JobState::kRunning) return 0;
   // Before the first completions only the average since the start is
   // known; biased high while the job is young (10 ms floor).
@@ -781,12 +781,12 @@ double Job::IterationRate() const {
 }
 
 bool Job::InIteration() const {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   return scheduler_ && state_ == JobState::kRunning && scheduler_->in_iteration();
 }
 
 uint64_t Job::iteration() const {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   return scheduler_ ? scheduler_->iteration() : 0;
 }
 

@@ -28,6 +28,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/monotonic_mutex.h"
 #include "absl/time/time.h"
 #include "daemon/backends/backend.h"
 #include "daemon/engine/bucket_planner.h"
@@ -275,7 +276,7 @@ class Job {
   // released, so a Detach never returns while another thread (ReleaseWorld
   // for the last trainer) still holds what that trainer may now free.
   absl::Mutex gpu_release_mu_ ABSL_ACQUIRED_BEFORE(mu_);
-  mutable absl::Mutex mu_;
+  mutable MonotonicMutex mu_;
   JobState state_ ABSL_GUARDED_BY(mu_) = JobState::kAttaching;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   int culprit_ ABSL_GUARDED_BY(mu_) = -1;

@@ -286,7 +286,7 @@ void Scheduler::Stop() {
   ready_bell_->Ring();
   if (thread_.joinable()) thread_.join();
   {
-    absl::MutexLock lock(&watchdog_mu_);
+    MonotonicMutexLock lock(&watchdog_mu_);
     watchdog_stop_ = true;
     watchdog_cv_.Signal();
   }
@@ -344,7 +344,7 @@ void Scheduler::Watchdog() {
                                     " s timeout"));
       }
     }
-    absl::MutexLock lock(&watchdog_mu_);
+    MonotonicMutexLock lock(&watchdog_mu_);
     if (watchdog_stop_) return;
     watchdog_cv_.WaitWithTimeout(&watchdog_mu_,
                                  absl::Nanoseconds(std::max<int64_t>(wait_ns, 1000000)));

@@ -46,6 +46,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/monotonic_mutex.h"
 #include "daemon/backends/backend.h"
 #include "daemon/engine/bucket_planner.h"
 #include "common/layout.h"
@@ -294,8 +295,8 @@ class Scheduler {
   std::atomic<int64_t> inflight_since_ns_{kIdle};
   std::atomic<uint32_t> inflight_bucket_{0};
   std::atomic<uint64_t> inflight_iteration_{0};
-  absl::Mutex watchdog_mu_;
-  absl::CondVar watchdog_cv_;
+  MonotonicMutex watchdog_mu_;
+  MonotonicCondVar watchdog_cv_;
   bool watchdog_stop_ ABSL_GUARDED_BY(watchdog_mu_) = false;
   std::thread watchdog_;
 };

@@ -39,7 +39,7 @@ TimelineWriter::TimelineWriter(std::string path, std::FILE* file, int node_rank)
   // Unbuffered: each pass's events go out in one write(2), whole lines
   // only, so a killed daemon leaves no half event behind.
   std::setvbuf(file_, nullptr, _IONBF, 0);
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   std::fputs("[", file_);
   // pid 0 means "no process" to some viewers: number nodes from 1.
   TraceBuilder trace(node_rank_ + 1, origin_ns_);
@@ -50,11 +50,11 @@ TimelineWriter::TimelineWriter(std::string path, std::FILE* file, int node_rank)
 
 TimelineWriter::~TimelineWriter() {
   {
-    absl::MutexLock lock(&mu_);
+    MonotonicMutexLock lock(&mu_);
     stop_ = true;
   }
   thread_.join();
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   for (auto& f : followed_) DrainLocked(*f, /*final=*/true);
   followed_.clear();
   TraceBuilder trace(node_rank_ + 1, origin_ns_);
@@ -72,12 +72,12 @@ void TimelineWriter::Follow(const FlightRecorder* recorder, TimelineSource sourc
   f->recorder = recorder;
   f->source = std::move(source);
   f->cursor = recorder->recorded();
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   followed_.push_back(std::move(f));
 }
 
 void TimelineWriter::Unfollow(const FlightRecorder* recorder) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   for (auto it = followed_.begin(); it != followed_.end(); ++it) {
     if ((*it)->recorder != recorder) continue;
     DrainLocked(**it, /*final=*/true);
@@ -87,7 +87,7 @@ void TimelineWriter::Unfollow(const FlightRecorder* recorder) {
 }
 
 void TimelineWriter::Run() {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   while (!stop_) {
     mu_.AwaitWithTimeout(absl::Condition(&stop_), kPollInterval);
     for (auto& f : followed_) DrainLocked(*f, /*final=*/false);

@@ -31,6 +31,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/monotonic_mutex.h"
 #include "daemon/observe/chrome_trace_spans.h"
 #include "daemon/observe/flight_recorder.h"
 
@@ -91,7 +92,7 @@ class TimelineWriter {
   const int node_rank_;
   const int64_t origin_ns_;  // ts 0 of the timeline: when it was opened
 
-  absl::Mutex mu_;
+  MonotonicMutex mu_;
   std::FILE* file_ ABSL_GUARDED_BY(mu_);
   bool first_event_ ABSL_GUARDED_BY(mu_) = true;
   bool write_failed_ ABSL_GUARDED_BY(mu_) = false;

@@ -3,6 +3,7 @@
 #ifndef GRADSYNC_TESTS_INTEGRATION_CLUSTER_H_
 #define GRADSYNC_TESTS_INTEGRATION_CLUSTER_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +20,8 @@ struct ClusterOptions {
   std::string leader_host = "127.0.0.1";             // node 0 listens on this address only
   std::vector<std::string> flags;                    // for every node
   std::vector<std::vector<std::string>> node_flags;  // node_flags[n]: node n only, after `flags`
+  // node_env[n]: added to node n's environment (e.g. a faked clock).
+  std::vector<std::map<std::string, std::string>> node_env;
   // When set, node 0 is also given --leader=<this host>:<its own port>, as
   // every node of the k8s manifest is; its port is then chosen before start.
   std::string node0_leader_host;
