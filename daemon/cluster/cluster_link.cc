@@ -58,7 +58,9 @@ ClusterLink::ClusterLink(const DaemonConfig& config, std::shared_ptr<RendezvousC
     : config_(config),
       client_(std::move(client)),
       generation_(generation),
-      on_failure_(std::move(on_failure)) {
+      on_failure_(std::move(on_failure)),
+      config_log_(generation, config.node_rank,
+                  [this](const std::string& key) { return client_->Get(key); }) {
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
 }
 
@@ -414,51 +416,7 @@ absl::Status ClusterLink::NameFailedNodes(const absl::Status& error, const absl:
 
 void ClusterLink::SetConfigListener(
     std::function<void(const BucketCaps& caps, uint64_t at_iteration, uint64_t version)> listener) {
-  absl::MutexLock lock(&mu_);
-  config_listener_ = std::move(listener);
-}
-
-absl::Status ClusterLink::ApplyConfigLog(uint64_t newest) {
-  std::function<void(const BucketCaps&, uint64_t, uint64_t)> listener;
-  {
-    absl::MutexLock lock(&mu_);
-    listener = config_listener_;
-  }
-  while (config_version_applied_ < newest) {
-    const uint64_t version = config_version_applied_ + 1;
-    const std::string key = ConfigKey(generation_, version);
-    absl::StatusOr<std::optional<std::string>> value = client_->Get(key);
-    if (!value.ok()) {
-      spdlog::warn("event=config_fetch_failed version={} error={}", version,
-                   LogValue(value.status().message()));
-      return absl::OkStatus();  // the next heartbeat retries from here
-    }
-    if (!value->has_value()) {
-      return MakeError(
-          v1::STATE,
-          absl::StrCat("job-wide config version ", version, " of generation ", generation_,
-                       " is no longer in the leader's log (it keeps the last ",
-                       kConfigLogKeep, "; node_rank=", config_.node_rank,
-                       " applied up to version ", config_version_applied_,
-                       "): it cannot change its bucket plan with the other nodes"));
-    }
-    absl::StatusOr<JobConfigChange> change = DecodeConfig(key, *value);
-    if (!change.ok()) return change.status();
-    if (change->at_iteration <= config_at_applied_) {
-      return MakeError(v1::INTERNAL,
-                       absl::StrCat("job-wide config version ", version, " switches at iteration ",
-                                    change->at_iteration, ", not after version ",
-                                    version - 1, "'s iteration ", config_at_applied_));
-    }
-    spdlog::info("event=job_config version={} at_iteration={} bucket_cap_mb={} "
-                 "first_bucket_cap_mb={}",
-                 version, change->at_iteration, change->bucket_cap_mb,
-                 change->first_bucket_cap_mb);
-    if (listener) listener(change->caps, change->at_iteration, version);
-    config_version_applied_ = version;
-    config_at_applied_ = change->at_iteration;
-  }
-  return absl::OkStatus();
+  config_log_.SetListener(std::move(listener));
 }
 
 void ClusterLink::ReportStall(const std::string& description) {
@@ -495,7 +453,7 @@ void ClusterLink::HeartbeatLoop() {
     }
     absl::Status config_error;
     if (r.ok() && r->generation == generation_ && !r->abort) {
-      config_error = ApplyConfigLog(r->config_version);
+      config_error = config_log_.CatchUp(r->config_version);
     }
     absl::Status failure;
     if (!config_error.ok()) {

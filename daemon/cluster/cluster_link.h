@@ -27,6 +27,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/cluster/config_log_follower.h"
 #include "daemon/config.h"
 #include "daemon/engine/job.h"
 #include "common/layout.h"
@@ -71,11 +72,6 @@ class ClusterLink final : public WorldLink {
   ClusterLink(const DaemonConfig& config, std::shared_ptr<RendezvousClient> client,
               uint64_t generation, std::function<void(const absl::Status&)> on_failure);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
-  // Fetches and hands on every config version after the last one applied,
-  // up to `newest`, in order. An error (a version gone from the leader's
-  // log, a record out of order) means this node cannot follow the job's
-  // plan; a transport error leaves the rest for the next heartbeat.
-  absl::Status ApplyConfigLog(uint64_t newest) ABSL_LOCKS_EXCLUDED(mu_);
   // After a failure: heart-beats the leader (with `report`, if not OK, which
   // aborts the generation) until every other member answered since the
   // abort or stayed silent past a few heartbeats; returns `error` naming the
@@ -98,11 +94,8 @@ class ClusterLink final : public WorldLink {
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   std::function<uint64_t()> progress_ ABSL_GUARDED_BY(mu_);
   std::string stall_report_ ABSL_GUARDED_BY(mu_);  // sent with the next heartbeat
-  std::function<void(const BucketCaps&, uint64_t, uint64_t)> config_listener_
-      ABSL_GUARDED_BY(mu_);
-  // Heartbeat thread only: the config log's last version and its iteration.
-  uint64_t config_version_applied_ = 0;
-  uint64_t config_at_applied_ = 0;
+  // The job-wide config log, read by the heartbeat thread.
+  ConfigLogFollower config_log_;
   std::thread heartbeat_;
 };
 
