@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/log_value.h"
@@ -11,6 +12,7 @@
 #include "common/tls_credentials.h"
 #include "daemon/backends/gloo_backend.h"
 #include "daemon/backends/gloo_store.h"
+#include "daemon/cluster/forming_watch.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "daemon/backends/gloo_worker_backend.h"
 #include "daemon/backends/wire_dtype.h"
@@ -238,16 +240,37 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   gloo.world_size = joined->world_size;
   // Gloo runs in a worker process: a malformed message on its port can only
   // fail this generation (daemon/backends/gloo_worker_backend.h).
-  absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> backend = GlooWorkerBackend::Create(gloo);
+  absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> backend = GlooWorkerBackend::Start(gloo);
+  if (backend.ok()) {
+    absl::Status connected;
+    {
+      // Another node failing while the mesh connects aborts the generation
+      // at the leader: stop connecting then, with its reason.
+      FormingWatch watch(client, config.node_rank, gen, backend->get(),
+                         std::chrono::milliseconds(absl::ToInt64Milliseconds(kHeartbeatEvery)));
+      connected = (*backend)->ConnectMesh(gloo);
+    }  // the watch is gone before the backend may be
+    if (!connected.ok()) backend = connected;
+  }
   if (!backend.ok()) {
     HeartbeatParams report;  // tell the leader, so the other nodes stop waiting
     report.node_rank = config.node_rank;
     report.generation = gen;
     report.node_error = backend.status();
-    client->Heartbeat(report).IgnoreError();
-    return MakeError(CodeOf(backend.status()) == v1::INTERNAL ? v1::PEER_FAILED
-                                                              : CodeOf(backend.status()),
-                     absl::StrCat("connecting Gloo: ", backend.status().message()));
+    const absl::StatusOr<HeartbeatResult> r = client->Heartbeat(report);
+    // Another node failed first and the leader aborted the generation for
+    // it: that is the cause, what Gloo saw here (a refused connection) only
+    // its symptom.
+    std::string leader_says;
+    if (r.ok() && r->abort && !r->abort_reason.empty() &&
+        !absl::StartsWith(r->abort_reason, absl::StrCat("node_rank=", config.node_rank, " ")) &&
+        !absl::StrContains(backend.status().message(), r->abort_reason)) {
+      leader_says = absl::StrCat("; the leader reports: ", r->abort_reason);
+    }
+    return MakeError(CodeOf(backend.status()) == v1::INTERNAL || !leader_says.empty()
+                         ? v1::PEER_FAILED
+                         : CodeOf(backend.status()),
+                     absl::StrCat("connecting Gloo: ", backend.status().message(), leader_says));
   }
 
   auto link = std::unique_ptr<ClusterLink>(new ClusterLink(config, client, gen, std::move(on_failure)));
