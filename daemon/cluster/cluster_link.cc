@@ -56,10 +56,12 @@ absl::Status CompareWireDTypes(RendezvousClient& client, uint64_t generation, in
 }  // namespace
 
 ClusterLink::ClusterLink(const DaemonConfig& config, std::shared_ptr<RendezvousClient> client,
-                         uint64_t generation, std::function<void(const absl::Status&)> on_failure)
+                         uint64_t generation, size_t num_tensors,
+                         std::function<void(const absl::Status&)> on_failure)
     : config_(config),
       client_(std::move(client)),
       generation_(generation),
+      num_tensors_(num_tensors),
       on_failure_(std::move(on_failure)),
       config_log_(generation, config.node_rank,
                   [this](const std::string& key) { return client_->Get(key); }) {
@@ -273,7 +275,8 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
                      absl::StrCat("connecting Gloo: ", backend.status().message(), leader_says));
   }
 
-  auto link = std::unique_ptr<ClusterLink>(new ClusterLink(config, client, gen, std::move(on_failure)));
+  auto link = std::unique_ptr<ClusterLink>(
+      new ClusterLink(config, client, gen, layout.size(), std::move(on_failure)));
   ClusterLink* raw = link.get();
   JobWorld world;
   world.world_size = joined->world_size;
@@ -306,7 +309,7 @@ absl::StatusOr<std::vector<uint32_t>> ClusterLink::AgreeOrder(const std::vector<
   }
   absl::StatusOr<std::optional<std::string>> value = client_->Get(key);
   if (!value.ok()) return Explain(value.status());
-  return DecodeOrder(key, *value, local.size());
+  return DecodeOrder(key, *value, num_tensors_);
 }
 
 absl::Status ClusterLink::CheckPlan(const PlanStamp& stamp) {

@@ -58,7 +58,8 @@ class ClusterLink final : public WorldLink {
       std::function<void(const BucketCaps& caps, uint64_t at_iteration, uint64_t version)>
           listener) override ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Node 0's order, distributed to every node (the plan rebuild).
+  // Node 0's order, distributed to every node (the plan rebuild); empty
+  // when node 0 observed none (see Scheduler::OrderAgreement).
   absl::StatusOr<std::vector<uint32_t>> AgreeOrder(const std::vector<uint32_t>& local);
   // Publishes this node's plan decision and compares every node's for the
   // same plan version (blocks until all published or the timeout).
@@ -70,7 +71,8 @@ class ClusterLink final : public WorldLink {
 
  private:
   ClusterLink(const DaemonConfig& config, std::shared_ptr<RendezvousClient> client,
-              uint64_t generation, std::function<void(const absl::Status&)> on_failure);
+              uint64_t generation, size_t num_tensors,
+              std::function<void(const absl::Status&)> on_failure);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // After a failure: heart-beats the leader (with `report`, if not OK, which
   // aborts the generation) until every other member answered since the
@@ -84,6 +86,7 @@ class ClusterLink final : public WorldLink {
   const DaemonConfig config_;
   const std::shared_ptr<RendezvousClient> client_;
   const uint64_t generation_;
+  const size_t num_tensors_;  // in the layout: a rebuilt order names each once
   const std::function<void(const absl::Status&)> on_failure_;
 
   absl::Mutex mu_;

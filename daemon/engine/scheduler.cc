@@ -235,9 +235,12 @@ void Scheduler::MaybeRebuild() {
     fail_(cannot_follow, -1);  // outside caps_mu_: Fail takes the job's lock
     return;
   }
-  if (iteration() == 1 && options_.rebuild_after_first_iteration &&
-      observed_order_.size() == layout_.size()) {
-    std::vector<uint32_t> order = observed_order_;
+  if (iteration() == 1 && options_.rebuild_after_first_iteration) {
+    // Across nodes every node asks, even one whose local rank 0 observed no
+    // order (it joined before iteration 0): the rebuild is node 0's order
+    // alone, so every node counts the same plan decisions.
+    std::vector<uint32_t> order;
+    if (observed_order_.size() == layout_.size()) order = observed_order_;
     if (options_.agree_order) {
       absl::StatusOr<std::vector<uint32_t>> agreed = options_.agree_order(order);
       if (!agreed.ok()) {

@@ -68,6 +68,9 @@ class Scheduler {
 
   // Decides the ready order the plan is rebuilt from, identically on every
   // node (node 0's order, through the rendezvous); one node: `local` itself.
+  // Every node calls it once, after iteration 0; `local` is empty where
+  // local rank 0 observed no order (it joined at once), and an empty
+  // answer means no node rebuilds.
   using OrderAgreement =
       std::function<absl::StatusOr<std::vector<uint32_t>>(const std::vector<uint32_t>& local)>;
 
