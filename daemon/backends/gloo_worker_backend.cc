@@ -98,6 +98,20 @@ GlooWorkerBackend::GlooWorkerBackend(const GlooBackendOptions& options)
 
 absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> GlooWorkerBackend::Create(
     const GlooBackendOptions& options, std::vector<std::string> worker_argv) {
+  absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> backend =
+      Start(options, std::move(worker_argv));
+  if (!backend.ok()) return backend.status();
+  if (absl::Status st = (*backend)->ConnectMesh(options); !st.ok()) return st;
+  return backend;
+}
+
+absl::Status GlooWorkerBackend::ConnectMesh(const GlooBackendOptions& options) {
+  if (num_nodes_ == 1) return absl::OkStatus();  // no worker
+  return Connect(options);
+}
+
+absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> GlooWorkerBackend::Start(
+    const GlooBackendOptions& options, std::vector<std::string> worker_argv) {
   if (options.num_nodes < 1 || options.node_rank < 0 || options.node_rank >= options.num_nodes) {
     return absl::InvalidArgumentError(absl::StrCat("gloo backend: node_rank=", options.node_rank,
                                                    " is out of range [0, ", options.num_nodes,
@@ -110,7 +124,6 @@ absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> GlooWorkerBackend::Create(
   if (options.num_nodes == 1) return backend;  // nothing crosses nodes: no worker
   if (options.store == nullptr) return absl::InvalidArgumentError("gloo backend: no rendezvous store");
   if (absl::Status st = backend->Spawn(worker_argv); !st.ok()) return st;
-  if (absl::Status st = backend->Connect(options); !st.ok()) return st;
   return backend;
 }
 

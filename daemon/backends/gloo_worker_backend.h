@@ -53,6 +53,15 @@ class GlooWorkerBackend final : public Backend {
   static absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> Create(
       const GlooBackendOptions& options,
       std::vector<std::string> worker_argv = {"/proc/self/exe", kGlooWorkerFlag});
+  // Create in two steps, for a caller that may Abort the connect from
+  // another thread (the leader aborting the generation while it forms):
+  // Start spawns the worker, ConnectMesh then blocks as Create does. An
+  // Abort meanwhile kills the worker and ConnectMesh returns PEER_FAILED
+  // with the reason.
+  static absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> Start(
+      const GlooBackendOptions& options,
+      std::vector<std::string> worker_argv = {"/proc/self/exe", kGlooWorkerFlag});
+  absl::Status ConnectMesh(const GlooBackendOptions& options);
   ~GlooWorkerBackend() override;
 
   GlooWorkerBackend(const GlooWorkerBackend&) = delete;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/log_value.h"
@@ -11,6 +12,7 @@
 #include "common/tls_credentials.h"
 #include "daemon/backends/gloo_backend.h"
 #include "daemon/backends/gloo_store.h"
+#include "daemon/cluster/forming_watch.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "daemon/backends/gloo_worker_backend.h"
 #include "daemon/backends/wire_dtype.h"
@@ -54,11 +56,15 @@ absl::Status CompareWireDTypes(RendezvousClient& client, uint64_t generation, in
 }  // namespace
 
 ClusterLink::ClusterLink(const DaemonConfig& config, std::shared_ptr<RendezvousClient> client,
-                         uint64_t generation, std::function<void(const absl::Status&)> on_failure)
+                         uint64_t generation, size_t num_tensors,
+                         std::function<void(const absl::Status&)> on_failure)
     : config_(config),
       client_(std::move(client)),
       generation_(generation),
-      on_failure_(std::move(on_failure)) {
+      num_tensors_(num_tensors),
+      on_failure_(std::move(on_failure)),
+      config_log_(generation, config.node_rank,
+                  [this](const std::string& key) { return client_->Get(key); }) {
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
 }
 
@@ -236,19 +242,41 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   gloo.world_size = joined->world_size;
   // Gloo runs in a worker process: a malformed message on its port can only
   // fail this generation (daemon/backends/gloo_worker_backend.h).
-  absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> backend = GlooWorkerBackend::Create(gloo);
+  absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> backend = GlooWorkerBackend::Start(gloo);
+  if (backend.ok()) {
+    absl::Status connected;
+    {
+      // Another node failing while the mesh connects aborts the generation
+      // at the leader: stop connecting then, with its reason.
+      FormingWatch watch(client, config.node_rank, gen, backend->get(),
+                         std::chrono::milliseconds(absl::ToInt64Milliseconds(kHeartbeatEvery)));
+      connected = (*backend)->ConnectMesh(gloo);
+    }  // the watch is gone before the backend may be
+    if (!connected.ok()) backend = connected;
+  }
   if (!backend.ok()) {
     HeartbeatParams report;  // tell the leader, so the other nodes stop waiting
     report.node_rank = config.node_rank;
     report.generation = gen;
     report.node_error = backend.status();
-    client->Heartbeat(report).IgnoreError();
-    return MakeError(CodeOf(backend.status()) == v1::INTERNAL ? v1::PEER_FAILED
-                                                              : CodeOf(backend.status()),
-                     absl::StrCat("connecting Gloo: ", backend.status().message()));
+    const absl::StatusOr<HeartbeatResult> r = client->Heartbeat(report);
+    // Another node failed first and the leader aborted the generation for
+    // it: that is the cause, what Gloo saw here (a refused connection) only
+    // its symptom.
+    std::string leader_says;
+    if (r.ok() && r->abort && !r->abort_reason.empty() &&
+        !absl::StartsWith(r->abort_reason, absl::StrCat("node_rank=", config.node_rank, " ")) &&
+        !absl::StrContains(backend.status().message(), r->abort_reason)) {
+      leader_says = absl::StrCat("; the leader reports: ", r->abort_reason);
+    }
+    return MakeError(CodeOf(backend.status()) == v1::INTERNAL || !leader_says.empty()
+                         ? v1::PEER_FAILED
+                         : CodeOf(backend.status()),
+                     absl::StrCat("connecting Gloo: ", backend.status().message(), leader_says));
   }
 
-  auto link = std::unique_ptr<ClusterLink>(new ClusterLink(config, client, gen, std::move(on_failure)));
+  auto link = std::unique_ptr<ClusterLink>(
+      new ClusterLink(config, client, gen, layout.size(), std::move(on_failure)));
   ClusterLink* raw = link.get();
   JobWorld world;
   world.world_size = joined->world_size;
@@ -281,7 +309,7 @@ absl::StatusOr<std::vector<uint32_t>> ClusterLink::AgreeOrder(const std::vector<
   }
   absl::StatusOr<std::optional<std::string>> value = client_->Get(key);
   if (!value.ok()) return Explain(value.status());
-  return DecodeOrder(key, *value, local.size());
+  return DecodeOrder(key, *value, num_tensors_);
 }
 
 absl::Status ClusterLink::CheckPlan(const PlanStamp& stamp) {
@@ -414,51 +442,7 @@ absl::Status ClusterLink::NameFailedNodes(const absl::Status& error, const absl:
 
 void ClusterLink::SetConfigListener(
     std::function<void(const BucketCaps& caps, uint64_t at_iteration, uint64_t version)> listener) {
-  MonotonicMutexLock lock(&mu_);
-  config_listener_ = std::move(listener);
-}
-
-absl::Status ClusterLink::ApplyConfigLog(uint64_t newest) {
-  std::function<void(const BucketCaps&, uint64_t, uint64_t)> listener;
-  {
-    MonotonicMutexLock lock(&mu_);
-    listener = config_listener_;
-  }
-  while (config_version_applied_ < newest) {
-    const uint64_t version = config_version_applied_ + 1;
-    const std::string key = ConfigKey(generation_, version);
-    absl::StatusOr<std::optional<std::string>> value = client_->Get(key);
-    if (!value.ok()) {
-      spdlog::warn("event=config_fetch_failed version={} error={}", version,
-                   LogValue(value.status().message()));
-      return absl::OkStatus();  // the next heartbeat retries from here
-    }
-    if (!value->has_value()) {
-      return MakeError(
-          v1::STATE,
-          absl::StrCat("job-wide config version ", version, " of generation ", generation_,
-                       " is no longer in the leader's log (it keeps the last ",
-                       kConfigLogKeep, "; node_rank=", config_.node_rank,
-                       " applied up to version ", config_version_applied_,
-                       "): it cannot change its bucket plan with the other nodes"));
-    }
-    absl::StatusOr<JobConfigChange> change = DecodeConfig(key, *value);
-    if (!change.ok()) return change.status();
-    if (change->at_iteration <= config_at_applied_) {
-      return MakeError(v1::INTERNAL,
-                       absl::StrCat("job-wide config version ", version, " switches at iteration ",
-                                    change->at_iteration, ", not after version ",
-                                    version - 1, "'s iteration ", config_at_applied_));
-    }
-    spdlog::info("event=job_config version={} at_iteration={} bucket_cap_mb={} "
-                 "first_bucket_cap_mb={}",
-                 version, change->at_iteration, change->bucket_cap_mb,
-                 change->first_bucket_cap_mb);
-    if (listener) listener(change->caps, change->at_iteration, version);
-    config_version_applied_ = version;
-    config_at_applied_ = change->at_iteration;
-  }
-  return absl::OkStatus();
+  config_log_.SetListener(std::move(listener));
 }
 
 void ClusterLink::ReportStall(const std::string& description) {
@@ -495,7 +479,7 @@ void ClusterLink::HeartbeatLoop() {
     }
     absl::Status config_error;
     if (r.ok() && r->generation == generation_ && !r->abort) {
-      config_error = ApplyConfigLog(r->config_version);
+      config_error = config_log_.CatchUp(r->config_version);
     }
     absl::Status failure;
     if (!config_error.ok()) {

@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/monotonic_mutex.h"
+#include "daemon/cluster/config_log_follower.h"
 #include "daemon/config.h"
 #include "daemon/engine/job.h"
 #include "common/layout.h"
@@ -58,7 +59,8 @@ class ClusterLink final : public WorldLink {
       std::function<void(const BucketCaps& caps, uint64_t at_iteration, uint64_t version)>
           listener) override ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Node 0's order, distributed to every node (the plan rebuild).
+  // Node 0's order, distributed to every node (the plan rebuild); empty
+  // when node 0 observed none (see Scheduler::OrderAgreement).
   absl::StatusOr<std::vector<uint32_t>> AgreeOrder(const std::vector<uint32_t>& local);
   // Publishes this node's plan decision and compares every node's for the
   // same plan version (blocks until all published or the timeout).
@@ -70,13 +72,9 @@ class ClusterLink final : public WorldLink {
 
  private:
   ClusterLink(const DaemonConfig& config, std::shared_ptr<RendezvousClient> client,
-              uint64_t generation, std::function<void(const absl::Status&)> on_failure);
+              uint64_t generation, size_t num_tensors,
+              std::function<void(const absl::Status&)> on_failure);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
-  // Fetches and hands on every config version after the last one applied,
-  // up to `newest`, in order. An error (a version gone from the leader's
-  // log, a record out of order) means this node cannot follow the job's
-  // plan; a transport error leaves the rest for the next heartbeat.
-  absl::Status ApplyConfigLog(uint64_t newest) ABSL_LOCKS_EXCLUDED(mu_);
   // After a failure: heart-beats the leader (with `report`, if not OK, which
   // aborts the generation) until every other member answered since the
   // abort or stayed silent past a few heartbeats; returns `error` naming the
@@ -89,6 +87,7 @@ class ClusterLink final : public WorldLink {
   const DaemonConfig config_;
   const std::shared_ptr<RendezvousClient> client_;
   const uint64_t generation_;
+  const size_t num_tensors_;  // in the layout: a rebuilt order names each once
   const std::function<void(const absl::Status&)> on_failure_;
 
   MonotonicMutex mu_;
@@ -99,11 +98,8 @@ class ClusterLink final : public WorldLink {
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   std::function<uint64_t()> progress_ ABSL_GUARDED_BY(mu_);
   std::string stall_report_ ABSL_GUARDED_BY(mu_);  // sent with the next heartbeat
-  std::function<void(const BucketCaps&, uint64_t, uint64_t)> config_listener_
-      ABSL_GUARDED_BY(mu_);
-  // Heartbeat thread only: the config log's last version and its iteration.
-  uint64_t config_version_applied_ = 0;
-  uint64_t config_at_applied_ = 0;
+  // The job-wide config log, read by the heartbeat thread.
+  ConfigLogFollower config_log_;
   std::thread heartbeat_;
 };
 

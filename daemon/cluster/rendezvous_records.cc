@@ -191,7 +191,7 @@ absl::StatusOr<std::vector<uint32_t>> DecodeOrder(absl::string_view key,
                                                   size_t num_tensors) {
   absl::StatusOr<v1::PlanOrderRecord> record = Parse<v1::PlanOrderRecord>(key, value);
   if (!record.ok()) return record.status();
-  if (static_cast<size_t>(record->order_size()) != num_tensors) {
+  if (record->order_size() != 0 && static_cast<size_t>(record->order_size()) != num_tensors) {
     return Malformed(key,
                      absl::StrCat(record->order_size(), " indices for ", num_tensors, " tensors"));
   }

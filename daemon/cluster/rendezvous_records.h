@@ -51,7 +51,8 @@ absl::StatusOr<JobConfigChange> DecodeConfig(absl::string_view key,
                                              const std::optional<std::string>& value);
 
 // Node 0's rebuilt bucket order in a generation ("g<gen>/order"): must be a
-// permutation of [0, num_tensors).
+// permutation of [0, num_tensors), or empty: node 0 observed no order (its
+// local rank 0 joined before the first iteration) and no node rebuilds.
 std::string OrderKey(uint64_t generation);
 std::string EncodeOrder(const std::vector<uint32_t>& order);
 absl::StatusOr<std::vector<uint32_t>> DecodeOrder(absl::string_view key,

@@ -159,6 +159,16 @@ BucketPlan Scheduler::plan() const {
 
 void Scheduler::SetCaps(const BucketCaps& caps, uint64_t at_iteration, uint64_t config_version) {
   absl::MutexLock lock(&caps_mu_);
+  if (config_version != 0) {
+    if (config_version != last_queued_version_ + 1 && caps_gap_.empty()) {
+      caps_gap_ = absl::StrCat("job-wide config version ", config_version,
+                               " reached this node's scheduler after version ",
+                               last_queued_version_, ": version ", last_queued_version_ + 1,
+                               " is missing here, so this node would count its plan decisions "
+                               "differently from the other nodes");
+    }
+    last_queued_version_ = config_version;
+  }
   pending_caps_.push_back(PendingCaps{caps, at_iteration, config_version});
 }
 
@@ -172,12 +182,16 @@ uint64_t Scheduler::HeldConfigVersion() {
 
 void Scheduler::MaybeRebuild() {
   bool decided = false;
-  absl::Status late;
+  absl::Status cannot_follow;
   {
     absl::MutexLock lock(&caps_mu_);
+    if (!caps_gap_.empty()) {
+      cannot_follow = MakeError(v1::INTERNAL, caps_gap_);
+      pending_caps_.clear();
+    }
     // Every queued change in order, each at its boundary; one missed is an
     // error, never a plan the other nodes do not have.
-    while (!pending_caps_.empty()) {
+    while (cannot_follow.ok() && !pending_caps_.empty()) {
       const PendingCaps& next = pending_caps_.front();
       if (config_agreed_ && next.config_version != 0) {
         // Nodes exchanged the versions they hold in this iteration's
@@ -194,7 +208,7 @@ void Scheduler::MaybeRebuild() {
         continue;
       }
       if (next.at_iteration != 0 && iteration() > next.at_iteration) {
-        late = MakeError(
+        cannot_follow = MakeError(
             v1::STATE,
             absl::StrCat("config version ", next.config_version,
                          ": a job-wide bucket-cap change for iteration ", next.at_iteration,
@@ -211,13 +225,16 @@ void Scheduler::MaybeRebuild() {
     }
   }
   config_agreed_ = false;  // the next boundary needs the next iteration's agreement
-  if (!late.ok()) {
-    fail_(late, -1);  // outside caps_mu_: Fail takes the job's lock
+  if (!cannot_follow.ok()) {
+    fail_(cannot_follow, -1);  // outside caps_mu_: Fail takes the job's lock
     return;
   }
-  if (iteration() == 1 && options_.rebuild_after_first_iteration &&
-      observed_order_.size() == layout_.size()) {
-    std::vector<uint32_t> order = observed_order_;
+  if (iteration() == 1 && options_.rebuild_after_first_iteration) {
+    // Across nodes every node asks, even one whose local rank 0 observed no
+    // order (it joined before iteration 0): the rebuild is node 0's order
+    // alone, so every node counts the same plan decisions.
+    std::vector<uint32_t> order;
+    if (observed_order_.size() == layout_.size()) order = observed_order_;
     if (options_.agree_order) {
       absl::StatusOr<std::vector<uint32_t>> agreed = options_.agree_order(order);
       if (!agreed.ok()) {

@@ -69,6 +69,9 @@ class Scheduler {
 
   // Decides the ready order the plan is rebuilt from, identically on every
   // node (node 0's order, through the rendezvous); one node: `local` itself.
+  // Every node calls it once, after iteration 0; `local` is empty where
+  // local rank 0 observed no order (it joined at once), and an empty
+  // answer means no node rebuilds.
   using OrderAgreement =
       std::function<absl::StatusOr<std::vector<uint32_t>>(const std::vector<uint32_t>& local)>;
 
@@ -139,7 +142,10 @@ class Scheduler {
   // config log gives strictly increasing iterations); every node of a job
   // gets the same ones so all re-plan together; reaching a boundary past a
   // change's first fails the job (STATE). `config_version`: the job-wide
-  // version it is, for the plan check. Thread-safe.
+  // version it is, for the plan check: job-wide versions must come 1, 2,
+  // 3, ... with none missing (the plan decisions every node counts are a
+  // function of them), else the job fails (INTERNAL) at the next boundary
+  // instead of deciding a plan the other nodes do not. Thread-safe.
   void SetCaps(const BucketCaps& caps, uint64_t at_iteration = 0, uint64_t config_version = 0)
       ABSL_LOCKS_EXCLUDED(caps_mu_);
   // True between an iteration's first mark and its completion.
@@ -229,6 +235,8 @@ class Scheduler {
   };
   absl::Mutex caps_mu_;
   std::deque<PendingCaps> pending_caps_ ABSL_GUARDED_BY(caps_mu_);  // in order
+  uint64_t last_queued_version_ ABSL_GUARDED_BY(caps_mu_) = 0;
+  std::string caps_gap_ ABSL_GUARDED_BY(caps_mu_);  // non-empty: a version went missing
   uint64_t config_version_ = 0;  // loop thread: the last version applied
   // Loop thread: this iteration's agreement carried every node's held
   // config version, and the lowest of them (what every node holds).

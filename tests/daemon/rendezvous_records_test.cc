@@ -115,6 +115,14 @@ TEST(RendezvousRecords, OrderRoundTrip) {
   EXPECT_EQ(*order, (std::vector<uint32_t>{2, 0, 1}));
 }
 
+// Node 0 observed no order (its local rank 0 joined at once): every node
+// reads "no rebuild".
+TEST(RendezvousRecords, EmptyOrderMeansNoRebuild) {
+  absl::StatusOr<std::vector<uint32_t>> order = DecodeOrder(OrderKey(1), EncodeOrder({}), 3);
+  ASSERT_TRUE(order.ok()) << order.status();
+  EXPECT_TRUE(order->empty());
+}
+
 TEST(RendezvousRecords, RefusesBadOrderNamingTheKey) {
   for (const std::string& garbage : kGarbage) {
     ExpectRefused(DecodeOrder(OrderKey(5), garbage, 3).status(), "g5/order");

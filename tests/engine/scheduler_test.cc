@@ -600,7 +600,7 @@ TEST_F(SchedulerBehaviourTest, EveryPlanDecisionIsCheckedWithItsStampBeforeItRun
   ASSERT_NO_FATAL_FAILURE(StartScheduler(s));
   RunIteration(0);
   RunIteration(1);
-  scheduler_->SetCaps({4, 4}, /*at_iteration=*/3, /*config_version=*/7);
+  scheduler_->SetCaps({4, 4}, /*at_iteration=*/3, /*config_version=*/1);
   RunIteration(2);
   RunIteration(3);
   const BucketPlan per_tensor = scheduler_->plan();
@@ -612,10 +612,59 @@ TEST_F(SchedulerBehaviourTest, EveryPlanDecisionIsCheckedWithItsStampBeforeItRun
   EXPECT_EQ(stamps[0].config_version, 0u);
   EXPECT_EQ(stamps[1].plan_version, 3u);
   EXPECT_EQ(stamps[1].iteration, 3u);
-  EXPECT_EQ(stamps[1].config_version, 7u);
+  EXPECT_EQ(stamps[1].config_version, 1u);
   EXPECT_EQ(stamps[1].fingerprint, PlanFingerprint(per_tensor));
   EXPECT_NE(stamps[0].fingerprint, stamps[1].fingerprint);
   EXPECT_EQ(scheduler_->plan_version(), 3u);
+}
+
+// The one-time rebuild entering iteration 1 and a burst of job-wide
+// versions for iterations 2-6, all queued before the job's first
+// iteration: one plan decision per boundary, numbered in order, each
+// stamped with the version it applied.
+TEST_F(SchedulerBehaviourTest, RebuildAndVersionsInConsecutiveIterationsAreDecidedInOrder) {
+  absl::Mutex mu;
+  std::vector<PlanStamp> stamps;
+  NodeSetup s;
+  s.caps = BucketCaps{};
+  s.check_plan = [&](const PlanStamp& stamp) {
+    absl::MutexLock lock(&mu);
+    stamps.push_back(stamp);
+    return absl::OkStatus();
+  };
+  ASSERT_NO_FATAL_FAILURE(StartScheduler(s));
+  for (uint64_t v = 1; v <= 5; ++v) {
+    scheduler_->SetCaps(v % 2 == 1 ? BucketCaps{4, 4} : BucketCaps{}, /*at_iteration=*/v + 1, v);
+  }
+  for (uint64_t it = 0; it < 8; ++it) RunIteration(it);
+  EXPECT_TRUE(failures_.Peek().ok()) << failures_.Peek();
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(stamps.size(), 6u);
+  for (size_t k = 0; k < stamps.size(); ++k) {
+    EXPECT_EQ(stamps[k].plan_version, k + 2) << "decision " << k;
+    EXPECT_EQ(stamps[k].iteration, k + 1) << "decision " << k;
+    EXPECT_EQ(stamps[k].config_version, k) << "decision " << k;
+  }
+  EXPECT_EQ(scheduler_->plan_version(), 7u);
+}
+
+// A node whose job never got version 1 of the config log but got 2 and 3
+// would apply version 2 where the other nodes apply 1, and count one plan
+// decision fewer: the others would wait on its plan check until the
+// timeout. It fails at the next boundary instead, naming what is missing.
+TEST_F(SchedulerBehaviourTest, ConfigVersionMissingOnThisNodeFailsWithInternalNamingIt) {
+  ASSERT_NO_FATAL_FAILURE(Start(kNever, BucketCaps{}));
+  RunIteration(0);
+  RunIteration(1);
+  scheduler_->SetCaps({4, 4}, /*at_iteration=*/3, /*config_version=*/2);
+  scheduler_->SetCaps(BucketCaps{}, /*at_iteration=*/4, /*config_version=*/3);
+  RunIteration(2);  // the boundary after it is where version 2 would apply
+  const absl::Status st = failures_.Wait(kBound);
+  EXPECT_EQ(CodeOf(st), v1::INTERNAL) << st;
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr("config version 2 reached this node's scheduler after version 0: "
+                        "version 1 is missing here"));
+  EXPECT_EQ(scheduler_->plan().buckets.size(), 1u);  // nothing applied
 }
 
 TEST_F(SchedulerBehaviourTest, DivergedPlanFailsWithMismatchBeforeItsFirstCollective) {

@@ -161,6 +161,75 @@ TEST(GlooPort, HostilePreambleOnTheLeadersGlooPortFailsOnlyTheJob) {
   EXPECT_TRUE(leader.process().Running()) << leader.process().Log();
 }
 
+// A stranger kills the leader's Gloo worker while the mesh connects: node
+// 0 fails at once and reports it, and the leader aborts the generation.
+// Node 1, still connecting (it has no heartbeat thread yet), must learn of
+// that abort from the leader within a heartbeat and fail with PEER_FAILED
+// naming node 0 and the cause, not wait out Gloo's own connect timeout
+// (twice the job's) and fail as TIMEOUT.
+//
+// Node 1's daemon is stopped (SIGSTOP) inside its Join, so the leader's
+// Gloo pair is deterministically still listening when the stranger
+// connects; the test publishes node 1's layout for it meanwhile, and
+// resumes it once the leader aborted the generation.
+TEST(GlooPort, LeadersWorkerKilledWhileFormingFailsTheOtherNodePromptlyNamingNodeZero) {
+  Cluster cluster(TwoNodes({"--bucket-cap-mb=0.001", "--first-bucket-cap-mb=0.0001"}));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  Daemon& node0 = cluster.node(0);
+  Daemon& node1 = cluster.node(1);
+
+  Process survivor = StartTrainer(node1, 0, {"--steps=3"}, "");
+  ASSERT_TRUE(WaitForLog(node0.process(), "event=join node_rank=1 ", kBound))
+      << cluster.DaemonLogs();
+  node1.process().Signal(SIGSTOP);
+  Process victim = StartTrainer(node0, 0, {"--steps=3"}, "");
+
+  RendezvousClientOptions options;
+  options.leader = absl::StrCat("127.0.0.1:", cluster.port());
+  options.job_id = kJob;
+  options.job_token = kToken;
+  std::shared_ptr<RendezvousClient> client = RendezvousClient::Connect(options);
+  const uint64_t gen = 1;  // the leader's first generation
+  ASSERT_TRUE(WaitForLog(node0.process(), "event=generation_formed generation=1 ", kBound))
+      << node0.process().Log();
+  ASSERT_TRUE(client->Wait({LayoutKey(gen, 0)}, absl::Seconds(30)).ok()) << cluster.DaemonLogs();
+  absl::StatusOr<std::optional<std::string>> layout = client->Get(LayoutKey(gen, 0));
+  ASSERT_TRUE(layout.ok() && layout->has_value());
+  ASSERT_TRUE(client->Set(LayoutKey(gen, 1), **layout).ok());
+  ASSERT_TRUE(client->Set(WireDTypeKey(gen, 1), "off").ok());
+  const std::string gloo_key = GenerationKeyPrefix(gen) + "gloo/0";
+  ASSERT_TRUE(client->Wait({gloo_key}, absl::Seconds(30)).ok()) << cluster.DaemonLogs();
+  absl::StatusOr<std::optional<std::string>> address = client->Get(gloo_key);
+  ASSERT_TRUE(address.ok() && address->has_value());
+  ASSERT_GE((*address)->size(), sizeof(sockaddr_in));
+  sockaddr_in pair{};
+  std::memcpy(&pair, (*address)->data(), sizeof(pair));
+  int stranger_fd = -1;
+  const std::string stranger = SendHostilePreamble(pair, &stranger_fd);
+  ASSERT_FALSE(stranger.empty()) << "could not reach the leader's Gloo pair at " << Endpoint(pair);
+  ASSERT_TRUE(WaitForLog(node0.process(), "event=generation_aborted generation=1 ", kBound))
+      << node0.process().Log();
+  node1.process().Signal(SIGCONT);
+
+  const ExitStatus failed = victim.Wait(kBound);
+  close(stranger_fd);
+  ASSERT_TRUE(failed.exited) << failed.ToString() << victim.Log();
+  EXPECT_EQ(failed.code, kExitPeerFailed) << victim.Log() << node0.process().Log();
+  // The deadline is a hang guard: Gloo's own connect timeout (40 s here)
+  // would end it too, as TIMEOUT.
+  const ExitStatus st = survivor.Wait(kBound);
+  ASSERT_TRUE(st.exited) << st.ToString() << survivor.Log() << cluster.DaemonLogs();
+  EXPECT_EQ(st.code, kExitPeerFailed) << survivor.Log() << node1.process().Log();
+  EXPECT_NE(survivor.Log().find("node_rank=0 (host=127.0.0.1) reported PEER_FAILED"),
+            std::string::npos)
+      << survivor.Log() << node1.process().Log();
+  EXPECT_NE(survivor.Log().find("<- " + stranger), std::string::npos)
+      << "node 1's error does not carry the cause (the stranger " << stranger << "):\n"
+      << survivor.Log();
+  EXPECT_TRUE(node0.process().Running()) << node0.process().Log();
+  EXPECT_TRUE(node1.process().Running()) << node1.process().Log();
+}
+
 // The worker's pid from the daemon's "event=gloo_worker_started ... pid=N"
 // line for `generation` (0 if absent).
 pid_t WorkerPid(const Process& daemon, uint64_t generation) {

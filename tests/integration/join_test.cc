@@ -127,7 +127,12 @@ TEST_P(JoinTwoNodesTest, OneNodeJoinsWhileTheOtherTrains) {
 INSTANTIATE_TEST_SUITE_P(
     Join, JoinTwoNodesTest,
     ::testing::Values(Case{{10, 8, 3, 2}, false, "divide_by_initial_world_size"},
-                      Case{{10, 8, 3, 2}, true, "divide_by_active_trainers"}),
+                      Case{{10, 8, 3, 2}, true, "divide_by_active_trainers"},
+                      // Node 1's local rank 0 joins before the first
+                      // iteration: it observed no order to rebuild from,
+                      // node 0's rank 0 did. Every node must still rebuild
+                      // (or not) alike, from node 0's order.
+                      Case{{10, 8, 0, 2}, false, "first_rank_of_a_node_joins_at_once"}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // Across nodes the per-iteration count exchange is opt-in: without

@@ -515,6 +515,48 @@ TEST(MultiNode, ConfigBurstsKeepEveryNodeOnTheSamePlanAndTrainingExact) {
       << "no config version applied: " << last0;
 }
 
+// SetConfig every ~20 ms on the leader from before the job forms, so the
+// first versions enter the log while both nodes are still forming (they
+// are scheduled just after the one-time rebuild at iteration 1). A node
+// that took versions from the log before its job listened for them dropped
+// them: the nodes then numbered their plan decisions differently and one
+// waited for the other's plan until the timeout. Every version must reach
+// every node's job, whenever it was published.
+TEST(MultiNode, ConfigBurstWhileTheJobFormsKeepsEveryNodeOnTheSamePlan) {
+  Cluster cluster(Job(2, 2));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::atomic<bool> done{false};
+  std::thread burst([&] {
+    for (int i = 0; !done.load(); ++i) {
+      const absl::Status set = SetBucketCaps(cluster.port(), "s3cret",  // the Cluster's job token
+                                             i % 2 == 0 ? "25" : "0.001",
+                                             i % 2 == 0 ? "1" : "0.0001");
+      EXPECT_TRUE(set.ok()) << set.message();
+      std::this_thread::sleep_for(milliseconds(20));  // the burst's pace
+    }
+  });
+  const std::vector<std::string> args = {"--steps=80", "--fp64", "--batch=60"};
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
+  for (auto& t : trainers) {
+    ExitStatus st = t.Wait(seconds(120));
+    EXPECT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
+  }
+  done.store(true);
+  burst.join();
+  const std::string log0 = cluster.node(0).process().Log();
+  const std::string log1 = cluster.node(1).process().Log();
+  EXPECT_EQ(log0.find("comparing plan version"), std::string::npos) << cluster.DaemonLogs();
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
+  for (const std::string& out : outs) {
+    EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
+  }
+  const std::string last0 = LastPlanDecision(log0);
+  EXPECT_EQ(last0, LastPlanDecision(log1)) << cluster.DaemonLogs();
+  EXPECT_EQ(last0.find("config_version=0 "), std::string::npos)
+      << "no config version applied: " << last0;
+}
+
 // Every trainer of node 1 accumulates two micro-batches
 // under no_sync per step while node 0's sync every step. Each node is
 // consistent within itself, so only a cross-node comparison can see it:

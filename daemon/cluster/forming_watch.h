@@ -1,0 +1,60 @@
+// FormingWatch: while a node connects its cross-node backend for a new
+// generation, it heart-beats the leader and aborts that connect as soon as
+// the leader aborts the generation (another node failed while forming it,
+// e.g. its Gloo worker was killed by a malformed message). Without it the
+// node has no heartbeat thread yet (ClusterLink starts one once the world
+// is formed), and Gloo retries a connection to a dead peer until its own
+// timeout, twice the job's: the node would fail long after the others, as
+// TIMEOUT and without the cause. The backend's error then carries the
+// leader's reason, which names the node that failed and why.
+//
+// Threads: the constructor looks once before it returns (so a generation
+// already aborted is never connected), then a thread of its own looks every
+// `every`; the destructor stops and joins it (at most one heartbeat RPC
+// later).
+#ifndef GRADSYNC_DAEMON_CLUSTER_FORMING_WATCH_H_
+#define GRADSYNC_DAEMON_CLUSTER_FORMING_WATCH_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "daemon/backends/backend.h"
+#include "daemon/cluster/rendezvous_client.h"
+
+namespace gradsync {
+
+class FormingWatch {
+ public:
+  // Heart-beats every `every` for `generation` as `node_rank`; on an abort
+  // (or a newer generation) calls backend->Abort with the leader's reason.
+  // `backend` must outlive the watch.
+  FormingWatch(std::shared_ptr<RendezvousClient> client, int node_rank, uint64_t generation,
+               Backend* backend, std::chrono::milliseconds every);
+  ~FormingWatch();
+  FormingWatch(const FormingWatch&) = delete;
+  FormingWatch& operator=(const FormingWatch&) = delete;
+
+ private:
+  // One heartbeat; true (and the backend aborted) when the generation is over.
+  bool AbortedAtLeader();
+  void Run();
+
+  const std::shared_ptr<RendezvousClient> client_;
+  const int node_rank_;
+  const uint64_t generation_;
+  Backend* const backend_;
+  const std::chrono::milliseconds every_;
+  // A steady_clock wait: the monotonic clock, whatever the wall clock does.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;  // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_CLUSTER_FORMING_WATCH_H_
