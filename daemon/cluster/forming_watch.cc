@@ -23,10 +23,9 @@ FormingWatch::FormingWatch(std::shared_ptr<RendezvousClient> client, int node_ra
 
 FormingWatch::~FormingWatch() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    MonotonicMutexLock lock(&mu_);
+    stop_ = true;  // the unlock wakes Run's wait
   }
-  cv_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -48,13 +47,12 @@ bool FormingWatch::AbortedAtLeader() {
 }
 
 void FormingWatch::Run() {
-  std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    cv_.wait_for(lock, every_, [this] { return stop_; });
-    if (stop_) return;
-    lock.unlock();
+    {
+      MonotonicMutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::FromChrono(every_))) return;
+    }
     if (AbortedAtLeader()) return;
-    lock.lock();
   }
 }
 

@@ -16,12 +16,12 @@
 #define GRADSYNC_DAEMON_CLUSTER_FORMING_WATCH_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
+#include "common/monotonic_mutex.h"
 #include "daemon/backends/backend.h"
 #include "daemon/cluster/rendezvous_client.h"
 
@@ -48,10 +48,9 @@ class FormingWatch {
   const uint64_t generation_;
   Backend* const backend_;
   const std::chrono::milliseconds every_;
-  // A steady_clock wait: the monotonic clock, whatever the wall clock does.
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;  // guarded by mu_
+  // Its wait is on the monotonic clock, whatever the wall clock does.
+  MonotonicMutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 
