@@ -15,8 +15,11 @@
 // --listen server's thread quota (server_limits.h) is the job's rendezvous.
 //
 // Threads: every method is thread-safe. One watchdog thread, started by the
-// constructor and joined by the destructor, ends overdue calls; mu_ guards
-// the calls.
+// constructor and joined by the destructor, ends overdue calls. mu_ guards
+// every field below it; it is a std::mutex because the watchdog's timed
+// wait must run on steady_clock (std::condition_variable::wait_until does;
+// absl 20220623's timed waits sleep to a CLOCK_REALTIME deadline, which a
+// wall-clock step stretches).
 #ifndef GRADSYNC_DAEMON_CONTROL_ADMISSION_H_
 #define GRADSYNC_DAEMON_CONTROL_ADMISSION_H_
 
@@ -92,7 +95,7 @@ class ControlAdmission {
 
   const ControlLimits limits_;
   mutable std::mutex mu_;
-  std::condition_variable changed_;  // on steady_clock: a wall-clock step cannot stretch it
+  std::condition_variable changed_;  // waited on with steady_clock deadlines
   std::map<uint64_t, Call> calls_;
   std::map<std::string, int> per_peer_;
   uint64_t next_id_ = 1;

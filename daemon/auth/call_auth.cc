@@ -71,7 +71,8 @@ grpc::Status CallAuth::CheckChange(const grpc::ServerContextBase& context,
                              "loopback (start it with --job-token-file)"));
 }
 
-grpc::Status CallAuth::CheckRead(const grpc::ServerContextBase& context, absl::string_view rpc) const {
+grpc::Status CallAuth::CheckRead(const grpc::ServerContextBase& context,
+                                 absl::string_view rpc) const {
   if (!policy_.require_auth_for_reads) return grpc::Status::OK;
   return CheckChange(context, rpc);
 }

@@ -4,7 +4,8 @@
 // traffic there: in the default configuration (reads open without a
 // token) a 2-node job trains to the exact single-process result while they
 // hammer its leader, a fresh client's GetStats answers while they are
-// still connected, and the leader stops promptly on SIGTERM.
+// still connected (or is refused naming the bound while they hold calls),
+// and the leader stops on SIGTERM while they hold calls.
 #include <signal.h>
 
 #include <gtest/gtest.h>
@@ -16,6 +17,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gradsync/v1/control.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
 #include "tests/integration/cluster.h"
 #include "tests/integration/control_stats.h"
 #include "tests/integration/harness.h"
@@ -29,6 +32,16 @@ using std::chrono::seconds;
 
 // Hang guards only: nothing here is a timing threshold.
 constexpr auto kBound = seconds(120);
+
+// Control.GetStats on 127.0.0.1:`port`, its gRPC status as is.
+grpc::Status ControlGetStats(int port) {
+  auto stub = v1::Control::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + seconds(10));
+  v1::GetStatsResponse response;
+  return stub->GetStats(&context, v1::GetStatsRequest(), &response);
+}
 
 size_t Count(const std::string& haystack, const std::string& needle) {
   size_t n = 0;
@@ -100,7 +113,24 @@ TEST(SlowReader, UnreadControlRepliesOnTheLeaderNeitherStopTheJobNorItsShutdown)
   const std::string leader_log = cluster.node(0).process().Log();
   EXPECT_GT(Count(leader_log, "event=control_reply_overdue"), 0u) << leader_log;
 
-  // SIGTERM with the readers still connected: the leader exits cleanly.
+  // The readers hold calls again: a fresh reader from their address is
+  // refused at once, naming the bound, instead of waiting behind them.
+  for (const auto& reader : readers) {
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(reader->Call("/gradsync.v1.Control/GetTrace").ok());
+  }
+  grpc::Status refused = ControlGetStats(cluster.port());
+  const auto held_by = std::chrono::steady_clock::now() + kBound;
+  while (refused.ok() && std::chrono::steady_clock::now() < held_by) {
+    std::this_thread::sleep_for(milliseconds(10));
+    refused = ControlGetStats(cluster.port());
+  }
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("Control.GetStats refused"), std::string::npos)
+      << refused.error_message();
+  EXPECT_NE(refused.error_message().find("max_control_calls_per_peer"), std::string::npos)
+      << refused.error_message();
+
+  // SIGTERM while they hold them: the leader exits cleanly.
   cluster.node(0).process().Signal(SIGTERM);
   const ExitStatus leader = cluster.node(0).process().Wait(kBound);
   EXPECT_TRUE(leader.exited && leader.code == 0)
