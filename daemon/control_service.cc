@@ -44,7 +44,8 @@ ControlService::ControlService(JobRegistry* jobs, std::function<void()> drain,
       job_stalls_(std::move(job_stalls)),
       auth_(std::move(auth)),
       started_(std::chrono::steady_clock::now()),
-      admission_(limits) {}
+      admission_(limits),
+      renders_(kMaxQueuedRenders) {}
 
 namespace {
 
@@ -73,7 +74,8 @@ grpc::Status ToGrpc(const absl::Status& status) {
 grpc::ServerUnaryReactor* ControlService::Serve(grpc::CallbackServerContext* context,
                                                 absl::string_view rpc,
                                                 google::protobuf::MessageLite* resp,
-                                                const std::function<grpc::Status()>& body) {
+                                                std::function<grpc::Status()> body,
+                                                bool render) {
   auto* reactor = new ControlReactor(&admission_);
   absl::StatusOr<uint64_t> id = admission_.Enter(PeerAddress(context->peer()), rpc);
   if (!id.ok()) {
@@ -81,59 +83,89 @@ grpc::ServerUnaryReactor* ControlService::Serve(grpc::CallbackServerContext* con
     return reactor;
   }
   reactor->set_id(*id);
-  grpc::Status status = body();
-  // The call stays alive until its reactor's OnDone, which Leave precedes:
-  // the watchdog takes its own reference under the admission's lock and
-  // cancels outside it (a cancel may complete the call inline).
-  grpc_call* call = context->c_call();
-  const std::string deadline_ms = std::to_string(admission_.limits().reply_deadline.count());
-  ControlAdmission::Overdue overdue = [call, deadline_ms]() -> std::function<void()> {
-    grpc_call_ref(call);
-    return [call, deadline_ms] {
-      const std::string why = absl::StrCat("the reply was not read within ", deadline_ms,
-                                           " ms (the Control reply deadline)");
-      grpc_call_cancel_with_status(call, GRPC_STATUS_DEADLINE_EXCEEDED, why.c_str(), nullptr);
-      grpc_call_unref(call);
+  // Sends `status` (and `resp` when OK) within the bytes bound, under the
+  // reply deadline. `reactor`, `context` and `resp` live until Finish.
+  auto finish = [this, reactor, context, resp, id = *id](grpc::Status status) {
+    // The call stays alive until its reactor's OnDone, which Leave precedes:
+    // the watchdog takes its own reference under the admission's lock and
+    // cancels outside it (a cancel may complete the call inline).
+    grpc_call* call = context->c_call();
+    const int64_t deadline_ms = admission_.limits().reply_deadline.count();
+    ControlAdmission::Overdue overdue = [call, deadline_ms]() -> std::function<void()> {
+      grpc_call_ref(call);
+      return [call, deadline_ms] {
+        const std::string why = absl::StrCat("the reply was not read within ", deadline_ms,
+                                             " ms (the Control reply deadline)");
+        grpc_call_cancel_with_status(call, GRPC_STATUS_DEADLINE_EXCEEDED, why.c_str(), nullptr);
+        grpc_call_unref(call);
+      };
     };
+    if (absl::Status held = admission_.Reply(id, status.ok() ? resp->ByteSizeLong() : 0,
+                                             std::move(overdue));
+        !held.ok()) {
+      resp->Clear();
+      status = ToGrpc(held);
+    }
+    reactor->Finish(status);
   };
-  if (absl::Status held = admission_.Reply(*id, status.ok() ? resp->ByteSizeLong() : 0,
-                                           std::move(overdue));
-      !held.ok()) {
-    resp->Clear();
-    status = ToGrpc(held);
+  // Runs the body unless the daemon is stopping or the caller left.
+  auto answer = [finish, context, body = std::move(body)](bool run) {
+    if (!run) {
+      finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "gradsyncd is shutting down"));
+    } else if (context->IsCancelled()) {
+      finish(grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled"));
+    } else {
+      finish(body());
+    }
+  };
+  if (!render) {
+    answer(!stopping_.load());
+  } else if (!renders_.Post(answer)) {
+    finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat(rpc, " refused: ", kMaxQueuedRenders,
+                                     " traces wait to be rendered already, the most this daemon "
+                                     "queues (max_queued_traces); retry later")));
   }
-  reactor->Finish(status);
   return reactor;
+}
+
+void ControlService::Stop() {
+  stopping_.store(true);
+  renders_.Stop();
 }
 
 grpc::ServerUnaryReactor* ControlService::GetStats(grpc::CallbackServerContext* context,
                                                    const v1::GetStatsRequest*,
                                                    v1::GetStatsResponse* resp) {
-  return Serve(context, "Control.GetStats", resp, [&] { return DoGetStats(*context, resp); });
+  return Serve(context, "Control.GetStats", resp,
+               [this, context, resp] { return DoGetStats(*context, resp); });
 }
 
 grpc::ServerUnaryReactor* ControlService::GetConfig(grpc::CallbackServerContext* context,
                                                     const v1::GetConfigRequest*,
                                                     v1::GetConfigResponse* resp) {
-  return Serve(context, "Control.GetConfig", resp, [&] { return DoGetConfig(*context, resp); });
+  return Serve(context, "Control.GetConfig", resp,
+               [this, context, resp] { return DoGetConfig(*context, resp); });
 }
 
 grpc::ServerUnaryReactor* ControlService::SetConfig(grpc::CallbackServerContext* context,
                                                     const v1::SetConfigRequest* req,
                                                     v1::SetConfigResponse* resp) {
   return Serve(context, "Control.SetConfig", resp,
-               [&] { return DoSetConfig(*context, req, resp); });
+               [this, context, req, resp] { return DoSetConfig(*context, req, resp); });
 }
 
 grpc::ServerUnaryReactor* ControlService::GetTrace(grpc::CallbackServerContext* context,
                                                    const v1::GetTraceRequest*,
                                                    v1::GetTraceResponse* resp) {
-  return Serve(context, "Control.GetTrace", resp, [&] { return DoGetTrace(*context, resp); });
+  return Serve(context, "Control.GetTrace", resp,
+               [this, context, resp] { return DoGetTrace(*context, resp); }, /*render=*/true);
 }
 
 grpc::ServerUnaryReactor* ControlService::Drain(grpc::CallbackServerContext* context,
                                                 const v1::DrainRequest*, v1::DrainResponse* resp) {
-  return Serve(context, "Control.Drain", resp, [&] { return DoDrain(*context, resp); });
+  return Serve(context, "Control.Drain", resp,
+               [this, context, resp] { return DoDrain(*context, resp); });
 }
 
 grpc::Status ControlService::DoGetStats(const grpc::ServerContextBase& context,

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/auth/call_auth.h"
 #include "daemon/control_admission.h"
+#include "daemon/serial_worker.h"
 #include "daemon/engine/job_registry.h"
 #include "gradsync/v1/control.grpc.pb.h"
 
@@ -49,17 +50,22 @@ class ControlService final : public v1::Control::CallbackService {
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext*, const v1::DrainRequest*,
                                   v1::DrainResponse*) override;
 
+  // From now on calls are answered UNAVAILABLE without doing their work,
+  // and queued trace renders are dropped: before the server shuts down, so
+  // it does not wait for them. Idempotent.
+  void Stop();
+
   // What GetStats answers (without the auth check): also the /metrics page.
   void FillStats(v1::Stats* s) const;
   // Adds more to every FillStats (the autotuner's fields). Set before serving.
   void set_extra_stats(std::function<void(v1::Stats*)> fill) { extra_stats_ = std::move(fill); }
 
  private:
-  // Admits the call `rpc`, runs `body` (which fills `resp`) and sends its
-  // answer within the admission's bounds.
+  // Admits the call `rpc`, runs `body` (which fills `resp`; on renders_
+  // when `render`) and sends its answer within the admission's bounds.
   grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, absl::string_view rpc,
                                   google::protobuf::MessageLite* resp,
-                                  const std::function<grpc::Status()>& body);
+                                  std::function<grpc::Status()> body, bool render = false);
   grpc::Status DoGetStats(const grpc::ServerContextBase& context, v1::GetStatsResponse* resp);
   grpc::Status DoGetConfig(const grpc::ServerContextBase& context, v1::GetConfigResponse* resp);
   grpc::Status DoSetConfig(const grpc::ServerContextBase& context, const v1::SetConfigRequest* req,
@@ -79,7 +85,12 @@ class ControlService final : public v1::Control::CallbackService {
   absl::Mutex set_mu_;
   const std::chrono::steady_clock::time_point started_;
   std::atomic<uint64_t> config_version_{1};
+  std::atomic<bool> stopping_{false};
   ControlAdmission admission_;
+  // GetTrace's JSON is rendered here, at most this many waiting: seconds of
+  // CPU each for a large job, kept off gRPC's threads and out of shutdown.
+  static constexpr size_t kMaxQueuedRenders = 4;
+  SerialWorker renders_;
 };
 
 }  // namespace gradsync

@@ -458,6 +458,9 @@ void Daemon::Run() {
   }
   spdlog::info("event=shutdown reason={}", LogValue(reason));
   if (listen_server_) listen_server_->GetHealthCheckService()->SetServingStatus(false);
+  // Control answers at once from now on: the server's shutdown does not wait
+  // on trace renders.
+  if (control_service_) control_service_->Stop();
   jobs_->FailAll(
       MakeError(v1::UNAVAILABLE, absl::StrCat("gradsyncd is shutting down (", reason, ")")));
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
