@@ -110,6 +110,13 @@ void ControlAdmission::Leave(uint64_t id) {
   calls_.erase(it);
 }
 
+absl::Status ControlAdmission::Refused(uint64_t id, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = calls_.find(id);
+  if (it == calls_.end()) return absl::ResourceExhaustedError(why);
+  return Refuse(it->second.rpc, it->second.peer, why);
+}
+
 ControlAdmission::Usage ControlAdmission::usage() const {
   std::lock_guard<std::mutex> lock(mu_);
   return Usage{static_cast<int>(calls_.size()), reply_bytes_, refused_, overdue_};

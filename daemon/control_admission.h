@@ -70,6 +70,9 @@ class ControlAdmission {
   absl::Status Reply(uint64_t id, size_t bytes, Overdue overdue);
   // Call `id` is over (answered, failed or cancelled): frees what it held.
   void Leave(uint64_t id);
+  // A bound the caller keeps itself refused call `id` (`why` names it):
+  // counted and logged like the others; the RESOURCE_EXHAUSTED to answer.
+  absl::Status Refused(uint64_t id, const std::string& why);
 
   struct Usage {
     int calls = 0;
@@ -90,6 +93,7 @@ class ControlAdmission {
     std::chrono::steady_clock::time_point deadline;
     Overdue overdue;
   };
+  // Counts and logs (rate-limited) a refusal; the caller holds mu_.
   absl::Status Refuse(absl::string_view rpc, const std::string& peer, const std::string& why);
   void Watch();
 

@@ -121,10 +121,10 @@ grpc::ServerUnaryReactor* ControlService::Serve(grpc::CallbackServerContext* con
   if (!render) {
     answer(!stopping_.load());
   } else if (!renders_.Post(answer)) {
-    finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrCat(rpc, " refused: ", kMaxQueuedRenders,
-                                     " traces wait to be rendered already, the most this daemon "
-                                     "queues (max_queued_traces); retry later")));
+    finish(ToGrpc(admission_.Refused(
+        *id, absl::StrCat(kMaxQueuedRenders,
+                          " traces wait to be rendered already, the most this daemon queues "
+                          "(max_queued_traces); retry later"))));
   }
   return reactor;
 }

@@ -78,6 +78,17 @@ TEST(ControlAdmissionTest, UnsentReplyBytesAreBoundedAndFreedByLeave) {
   admission.Leave(*c);
 }
 
+TEST(ControlAdmissionTest, ABoundTheCallerKeepsIsRefusedNamingTheCallAndCounted) {
+  ControlAdmission admission(Limits(8, 8, 100));
+  absl::StatusOr<uint64_t> a = admission.Enter("10.0.0.1", "Control.GetTrace");
+  ASSERT_TRUE(a.ok());
+  const absl::Status refused = admission.Refused(*a, "4 traces wait (max_queued_traces)");
+  ASSERT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(refused.message(), "Control.GetTrace refused: 4 traces wait (max_queued_traces)");
+  EXPECT_EQ(admission.usage().refused, 1u);
+  admission.Leave(*a);
+}
+
 TEST(ControlAdmissionTest, AReplyUnsentPastItsDeadlineIsEndedOnce) {
   ControlAdmission admission(Limits(8, 8, 100, std::chrono::milliseconds(1)));
   absl::StatusOr<uint64_t> a = admission.Enter("10.0.0.1", "Control.GetTrace");
