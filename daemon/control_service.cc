@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "grpc/grpc.h"
 #include "common/log_value.h"
 #include "common/status_code.h"
 #include "spdlog/spdlog.h"
@@ -35,17 +36,141 @@ bool ValidLogLevel(const std::string& level) {
 
 ControlService::ControlService(JobRegistry* jobs, std::function<void()> drain,
                                PublishCaps publish_caps,
-                               std::function<std::vector<std::string>()> job_stalls, CallAuth auth)
+                               std::function<std::vector<std::string>()> job_stalls, CallAuth auth,
+                               ControlLimits limits)
     : jobs_(jobs),
       drain_(std::move(drain)),
       publish_caps_(std::move(publish_caps)),
       job_stalls_(std::move(job_stalls)),
       auth_(std::move(auth)),
-      started_(std::chrono::steady_clock::now()) {}
+      started_(std::chrono::steady_clock::now()),
+      admission_(limits),
+      renders_(kMaxQueuedRenders) {}
 
-grpc::Status ControlService::GetStats(grpc::ServerContext* context, const v1::GetStatsRequest*,
-                                      v1::GetStatsResponse* resp) {
-  if (grpc::Status st = auth_.CheckRead(*context, "Control.GetStats"); !st.ok()) return st;
+namespace {
+
+// A Control call's reactor: frees the call's admission when gRPC is done
+// with it (answered, failed or cancelled).
+class ControlReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit ControlReactor(ControlAdmission* admission) : admission_(admission) {}
+  void set_id(uint64_t id) { id_ = id; }
+  void OnDone() override {
+    if (id_ != 0) admission_->Leave(id_);
+    delete this;
+  }
+
+ private:
+  ControlAdmission* const admission_;
+  uint64_t id_ = 0;  // 0: not admitted
+};
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* ControlService::Serve(grpc::CallbackServerContext* context,
+                                                absl::string_view rpc,
+                                                google::protobuf::MessageLite* resp,
+                                                std::function<grpc::Status()> body,
+                                                bool render) {
+  auto* reactor = new ControlReactor(&admission_);
+  absl::StatusOr<uint64_t> id = admission_.Enter(PeerAddress(context->peer()), rpc);
+  if (!id.ok()) {
+    reactor->Finish(ToGrpc(id.status()));
+    return reactor;
+  }
+  reactor->set_id(*id);
+  // Sends `status` (and `resp` when OK) within the bytes bound, under the
+  // reply deadline. `reactor`, `context` and `resp` live until Finish.
+  auto finish = [this, reactor, context, resp, id = *id](grpc::Status status) {
+    // The call stays alive until its reactor's OnDone, which Leave precedes:
+    // the watchdog takes its own reference under the admission's lock and
+    // cancels outside it (a cancel may complete the call inline).
+    grpc_call* call = context->c_call();
+    const int64_t deadline_ms = admission_.limits().reply_deadline.count();
+    ControlAdmission::Overdue overdue = [call, deadline_ms]() -> std::function<void()> {
+      grpc_call_ref(call);
+      return [call, deadline_ms] {
+        const std::string why = absl::StrCat("the reply was not read within ", deadline_ms,
+                                             " ms (the Control reply deadline)");
+        grpc_call_cancel_with_status(call, GRPC_STATUS_DEADLINE_EXCEEDED, why.c_str(), nullptr);
+        grpc_call_unref(call);
+      };
+    };
+    if (absl::Status held = admission_.Reply(id, status.ok() ? resp->ByteSizeLong() : 0,
+                                             std::move(overdue));
+        !held.ok()) {
+      resp->Clear();
+      status = ToGrpc(held);
+    }
+    reactor->Finish(status);
+  };
+  // Runs the body unless the daemon is stopping or the caller left.
+  auto answer = [finish, context, body = std::move(body)](bool run) {
+    if (!run) {
+      finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "gradsyncd is shutting down"));
+    } else if (context->IsCancelled()) {
+      finish(grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled"));
+    } else {
+      finish(body());
+    }
+  };
+  if (!render) {
+    answer(!stopping_.load());
+  } else if (!renders_.Post(answer)) {
+    finish(ToGrpc(admission_.Refused(
+        *id, absl::StrCat(kMaxQueuedRenders,
+                          " traces wait to be rendered already, the most this daemon queues "
+                          "(max_queued_traces); retry later"))));
+  }
+  return reactor;
+}
+
+void ControlService::Stop() {
+  stopping_.store(true);
+  renders_.Stop();
+}
+
+grpc::ServerUnaryReactor* ControlService::GetStats(grpc::CallbackServerContext* context,
+                                                   const v1::GetStatsRequest*,
+                                                   v1::GetStatsResponse* resp) {
+  return Serve(context, "Control.GetStats", resp,
+               [this, context, resp] { return DoGetStats(*context, resp); });
+}
+
+grpc::ServerUnaryReactor* ControlService::GetConfig(grpc::CallbackServerContext* context,
+                                                    const v1::GetConfigRequest*,
+                                                    v1::GetConfigResponse* resp) {
+  return Serve(context, "Control.GetConfig", resp,
+               [this, context, resp] { return DoGetConfig(*context, resp); });
+}
+
+grpc::ServerUnaryReactor* ControlService::SetConfig(grpc::CallbackServerContext* context,
+                                                    const v1::SetConfigRequest* req,
+                                                    v1::SetConfigResponse* resp) {
+  return Serve(context, "Control.SetConfig", resp,
+               [this, context, req, resp] { return DoSetConfig(*context, req, resp); });
+}
+
+grpc::ServerUnaryReactor* ControlService::GetTrace(grpc::CallbackServerContext* context,
+                                                   const v1::GetTraceRequest*,
+                                                   v1::GetTraceResponse* resp) {
+  return Serve(context, "Control.GetTrace", resp,
+               [this, context, resp] { return DoGetTrace(*context, resp); }, /*render=*/true);
+}
+
+grpc::ServerUnaryReactor* ControlService::Drain(grpc::CallbackServerContext* context,
+                                                const v1::DrainRequest*, v1::DrainResponse* resp) {
+  return Serve(context, "Control.Drain", resp,
+               [this, context, resp] { return DoDrain(*context, resp); });
+}
+
+grpc::Status ControlService::DoGetStats(const grpc::ServerContextBase& context,
+                                        v1::GetStatsResponse* resp) {
+  if (grpc::Status st = auth_.CheckRead(context, "Control.GetStats"); !st.ok()) return st;
   FillStats(resp->mutable_stats());
   return Reply(resp, absl::OkStatus());
 }
@@ -81,17 +206,17 @@ void ControlService::FillConfig(v1::Config* out) const {
   out->set_version(config_version_.load());
 }
 
-grpc::Status ControlService::GetConfig(grpc::ServerContext* context, const v1::GetConfigRequest*,
-                                       v1::GetConfigResponse* resp) {
-  if (grpc::Status st = auth_.CheckRead(*context, "Control.GetConfig"); !st.ok()) return st;
+grpc::Status ControlService::DoGetConfig(const grpc::ServerContextBase& context,
+                                         v1::GetConfigResponse* resp) {
+  if (grpc::Status st = auth_.CheckRead(context, "Control.GetConfig"); !st.ok()) return st;
   FillConfig(resp->mutable_config());
   return Reply(resp, absl::OkStatus());
 }
 
-grpc::Status ControlService::SetConfig(grpc::ServerContext* context,
-                                       const v1::SetConfigRequest* req,
-                                       v1::SetConfigResponse* resp) {
-  if (grpc::Status st = auth_.CheckChange(*context, "Control.SetConfig"); !st.ok()) return st;
+grpc::Status ControlService::DoSetConfig(const grpc::ServerContextBase& context,
+                                         const v1::SetConfigRequest* req,
+                                         v1::SetConfigResponse* resp) {
+  if (grpc::Status st = auth_.CheckChange(context, "Control.SetConfig"); !st.ok()) return st;
   absl::MutexLock serialize(&set_mu_);
   // All or nothing: parse and validate every key on a copy first.
   DaemonConfig next = jobs_->config();
@@ -167,9 +292,9 @@ grpc::Status ControlService::SetConfig(grpc::ServerContext* context,
   return Reply(resp, absl::OkStatus());
 }
 
-grpc::Status ControlService::GetTrace(grpc::ServerContext* context, const v1::GetTraceRequest*,
-                                      v1::GetTraceResponse* resp) {
-  if (grpc::Status st = auth_.CheckRead(*context, "Control.GetTrace"); !st.ok()) return st;
+grpc::Status ControlService::DoGetTrace(const grpc::ServerContextBase& context,
+                                        v1::GetTraceResponse* resp) {
+  if (grpc::Status st = auth_.CheckRead(context, "Control.GetTrace"); !st.ok()) return st;
   std::shared_ptr<Job> job = jobs_->Current();
   if (!job) return Reply(resp, MakeError(v1::STATE, "no job has run on this daemon yet"));
   absl::StatusOr<JobStats::BoundedTrace> trace = job->TraceJson(kMaxTraceJsonBytes);
@@ -179,10 +304,10 @@ grpc::Status ControlService::GetTrace(grpc::ServerContext* context, const v1::Ge
   return Reply(resp, absl::OkStatus());
 }
 
-grpc::Status ControlService::Drain(grpc::ServerContext* context, const v1::DrainRequest*,
-                                   v1::DrainResponse* resp) {
-  if (grpc::Status st = auth_.CheckChange(*context, "Control.Drain"); !st.ok()) return st;
-  spdlog::info("event=drain_requested peer={}", context->peer());
+grpc::Status ControlService::DoDrain(const grpc::ServerContextBase& context,
+                                     v1::DrainResponse* resp) {
+  if (grpc::Status st = auth_.CheckChange(context, "Control.Drain"); !st.ok()) return st;
+  spdlog::info("event=drain_requested peer={}", context.peer());
   drain_();
   return Reply(resp, absl::OkStatus());
 }

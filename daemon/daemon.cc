@@ -149,8 +149,14 @@ absl::Status Daemon::Start() {
 
   if (!config_.listen.empty()) {
     grpc::EnableDefaultHealthCheckService(true);
-    // Reflection answers without a token: off when reads need one.
-    if (!config_.require_auth_for_reads) EnableServerReflection();
+    // Reflection answers without a token: off when reads need one. Off on
+    // the leader of a multi-node job too: gRPC serves it on the server's
+    // threads (a stream holds one while open), which there are the job's
+    // rendezvous.
+    const bool hosts_rendezvous = config_.is_leader() && config_.num_nodes > 1;
+    if (!config_.require_auth_for_reads && !hosts_rendezvous) {
+      EnableServerReflection();
+    }
     absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
         MakeServerCredentials(TlsFiles{config_.tls_cert, config_.tls_key, config_.tls_ca});
     if (!credentials.ok()) return credentials.status();
@@ -200,10 +206,13 @@ absl::Status Daemon::Start() {
       // EMFILE then relies on the raised RLIMIT_NOFILE (server_limits).
       builder.AddListeningPort(config_.listen, *credentials, &listen_port_);
     }
+    // Control runs on gRPC's callback API within ControlAdmission's bounds:
+    // these threads serve the rendezvous (and reflection where it is on).
     LimitServerThreads(builder, "gradsyncd-listen", ListenServerMaxThreads(config_));
+    LimitStreamsPerConnection(builder, kMaxStreamsPerListenConnection);
     builder.SetMaxReceiveMessageSize(kMaxRendezvousMessageBytes);
     builder.RegisterService(control_service_.get());
-    if (config_.is_leader() && config_.num_nodes > 1) {
+    if (hosts_rendezvous) {
       // Silence longer than this marks a node dead (SIGKILL is noticed at
       // once through Gloo's sockets; this catches hung nodes).
       const absl::Duration heartbeat_timeout =
@@ -449,6 +458,9 @@ void Daemon::Run() {
   }
   spdlog::info("event=shutdown reason={}", LogValue(reason));
   if (listen_server_) listen_server_->GetHealthCheckService()->SetServingStatus(false);
+  // Control answers at once from now on: the server's shutdown does not wait
+  // on trace renders.
+  if (control_service_) control_service_->Stop();
   jobs_->FailAll(
       MakeError(v1::UNAVAILABLE, absl::StrCat("gradsyncd is shutting down (", reason, ")")));
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);

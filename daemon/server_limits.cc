@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/log_value.h"
+#include "grpc/grpc.h"
 #include "grpcpp/resource_quota.h"
 #include "spdlog/spdlog.h"
 
@@ -23,7 +24,7 @@ int LocalServerMaxThreads(const DaemonConfig& config) {
 
 int ListenServerMaxThreads(const DaemonConfig& config) {
   // A node holds at most a Join or Wait, a heartbeat and a store call at a
-  // time; one more for luck, and the operator's Control calls.
+  // time; one more for luck, and spares (reflection off the leader).
   return 4 * config.num_nodes + 2 * kSpareThreads;
 }
 
@@ -31,6 +32,10 @@ void LimitServerThreads(grpc::ServerBuilder& builder, const std::string& name, i
   grpc::ResourceQuota quota(name);
   quota.SetMaxThreads(max_threads);
   builder.SetResourceQuota(quota);
+}
+
+void LimitStreamsPerConnection(grpc::ServerBuilder& builder, int max_streams) {
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, max_streams);
 }
 
 void RaiseOpenFileLimit() {

@@ -17,12 +17,19 @@ namespace gradsync {
 // waiting for the job to form and one Attach waiting for a job to end (one
 // per local rank, see LocalService), plus short calls.
 int LocalServerMaxThreads(const DaemonConfig& config);
-// The --listen server: Control calls and, on the leader, the rendezvous
-// calls of every node.
+// The --listen server: on the leader, the rendezvous calls of every node
+// (Control runs on gRPC's callback API, bounded by ControlAdmission, and
+// holds none of these threads).
 int ListenServerMaxThreads(const DaemonConfig& config);
+
+// Calls one --listen connection may have open at once: a node's link needs
+// a handful; past the bound HTTP/2 refuses the stream before any handler.
+inline constexpr int kMaxStreamsPerListenConnection = 100;
 
 // Gives `builder` a resource quota named `name` allowing `max_threads`.
 void LimitServerThreads(grpc::ServerBuilder& builder, const std::string& name, int max_threads);
+// Caps the concurrent streams of each connection to `builder`'s server.
+void LimitStreamsPerConnection(grpc::ServerBuilder& builder, int max_streams);
 
 // Raises the soft RLIMIT_NOFILE to the hard limit; logs both.
 void RaiseOpenFileLimit();

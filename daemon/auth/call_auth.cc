@@ -10,7 +10,7 @@
 namespace gradsync {
 namespace {
 
-grpc::Status Refuse(const grpc::ServerContext& context, absl::string_view rpc,
+grpc::Status Refuse(const grpc::ServerContextBase& context, absl::string_view rpc,
                     absl::string_view reason, const std::string& message) {
   spdlog::warn("event=call_refused rpc={} peer={} reason={}", std::string(rpc), context.peer(),
                std::string(reason));
@@ -37,7 +37,7 @@ bool IsLoopbackPeer(absl::string_view peer) {
 
 CallAuth::CallAuth(CallAuthPolicy policy) : policy_(std::move(policy)) {}
 
-grpc::Status CallAuth::CheckChange(const grpc::ServerContext& context,
+grpc::Status CallAuth::CheckChange(const grpc::ServerContextBase& context,
                                    absl::string_view rpc) const {
   // With --tls-ca the handshake already refused every client without a
   // certificate that CA signed; a call that got here carries one.
@@ -71,7 +71,8 @@ grpc::Status CallAuth::CheckChange(const grpc::ServerContext& context,
                              "loopback (start it with --job-token-file)"));
 }
 
-grpc::Status CallAuth::CheckRead(const grpc::ServerContext& context, absl::string_view rpc) const {
+grpc::Status CallAuth::CheckRead(const grpc::ServerContextBase& context,
+                                 absl::string_view rpc) const {
   if (!policy_.require_auth_for_reads) return grpc::Status::OK;
   return CheckChange(context, rpc);
 }

@@ -40,8 +40,8 @@ class CallAuth {
   explicit CallAuth(CallAuthPolicy policy = {});
 
   // OK, or UNAUTHENTICATED naming `rpc` ("Control.Drain").
-  grpc::Status CheckChange(const grpc::ServerContext& context, absl::string_view rpc) const;
-  grpc::Status CheckRead(const grpc::ServerContext& context, absl::string_view rpc) const;
+  grpc::Status CheckChange(const grpc::ServerContextBase& context, absl::string_view rpc) const;
+  grpc::Status CheckRead(const grpc::ServerContextBase& context, absl::string_view rpc) const;
 
   // One line for the start-up log: what a caller needs (mode=token ...).
   std::string Describe() const;
