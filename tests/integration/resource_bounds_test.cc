@@ -135,6 +135,46 @@ TEST(ResourceBoundsTest, ListenersRecoverAfterRunningOutOfDescriptors) {
   ASSERT_TRUE(daemon.process().Running());
 }
 
+// A trainer that arrives while the daemon has no descriptor left is turned
+// away, and must be told that, not that the daemon "serves only its own
+// user" (what a silently closed connection used to read as). Once the
+// connections are released the same trainer trains.
+TEST(ResourceBoundsTest, TrainerTurnedAwayOutOfDescriptorsIsToldWhy) {
+  Daemon daemon(1, {"--timeout-s=20"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
+  const int port = daemon.ListenPort(seconds(10));
+  ASSERT_GT(port, 0) << daemon.process().Log();
+  const pid_t pid = daemon.process().pid();
+  const int baseline = OpenDescriptors(pid);
+  ASSERT_GT(baseline, 0);
+  const rlimit tight{static_cast<rlim_t>(baseline + 24), static_cast<rlim_t>(baseline + 24)};
+  ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &tight, nullptr), 0) << std::strerror(errno);
+  std::vector<int> held;
+  for (int i = 0; i < 64; ++i) {
+    const int fd = ConnectTcp(port);
+    if (fd >= 0) held.push_back(fd);
+  }
+  ASSERT_TRUE(WaitUntil([&] { return OpenDescriptors(pid) >= baseline + 23; }, kBound))
+      << "descriptors: " << OpenDescriptors(pid) << " of " << baseline + 24;
+
+  Process refused = StartTrainer(daemon, 0, {"--steps=1"}, "");
+  const ExitStatus st = refused.Wait(kBound);
+  EXPECT_TRUE(st.exited) << st.ToString() << "\n" << refused.Log();
+  EXPECT_EQ(st.code, kExitResourceExhausted) << refused.Log();
+  EXPECT_NE(refused.Log().find(absl::StrCat("gradsyncd (pid ", pid,
+                                            ") ran out of file descriptors")),
+            std::string::npos)
+      << refused.Log();
+  EXPECT_EQ(refused.Log().find("serves only its own user"), std::string::npos) << refused.Log();
+  EXPECT_TRUE(WaitForLog(daemon.process(), "event=accept_out_of_fds", kBound))
+      << daemon.process().Log();
+
+  for (int fd : held) close(fd);
+  EXPECT_TRUE(WaitUntil([&] { return OpenDescriptors(pid) <= baseline + 2; }, kBound))
+      << "the daemon still holds " << OpenDescriptors(pid) << " descriptors";
+  ExpectTrains(daemon, 1, "after a trainer was turned away for want of descriptors");
+}
+
 // Issue 16 item 5: a flood of Attach calls while a job runs. Each used to
 // hold a server thread for up to 30 s; now one waits per local rank and the
 // rest are turned away at once with RESOURCE_EXHAUSTED naming the rank,
