@@ -303,8 +303,9 @@ TEST(SharedSegmentTest, RootRefusesASegmentOfAnotherUserUnlessItIsTheExpectedOwn
   EXPECT_TRUE(expected.ok()) << expected.status();
 }
 
-TEST(SegmentNameTest, FollowsPrefixPidSuffix) {
-  EXPECT_EQ(SegmentName("gradsync", 1234, "t0"), "gradsync.1234.t0");
+TEST(SegmentNameTest, FollowsPrefixPidSuffixPidNamespace) {
+  EXPECT_EQ(SegmentName("gradsync", 1234, "t0"),
+            absl::StrCat("gradsync.1234.t0.pidns", OwnPidNamespace()));
 }
 
 // Unguessable, with prefix and pid first and the pid namespace last
