@@ -92,7 +92,8 @@ std::optional<absl::Status> DaemonRefusal(int fd, const std::string& socket_path
     if (n == 0) {
       return MakeError(v1::TIMEOUT, absl::StrCat("attach timed out waiting for gradsyncd at ",
                                                  socket_path, " (", DescribePeer(daemon),
-                                                 "): it accepted the connection but sent nothing"));
+                                                 "): connected, but the daemon sent nothing (stopped, overloaded or out of "
+                                                 "file descriptors? see its log)"));
     }
     break;
   }
