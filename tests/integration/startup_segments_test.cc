@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -175,6 +177,44 @@ TEST(StartupSegmentsTest, SweepKeepsOtherUsersAndOtherPidNamespacesSegments) {
       << "a segment of another pid namespace was removed\n" << daemon.Log();
   daemon.Signal(SIGTERM);
   EXPECT_EQ(daemon.Wait(kBound).code, 0) << daemon.Log();
+}
+
+// The record is the daemon's own: one started in a fresh pid namespace
+// (as a container's would be) names its segments with that namespace, not
+// ours, so the sweep above keeps them.
+TEST(StartupSegmentsTest, ADaemonInAnotherPidNamespaceRecordsThatNamespace) {
+  if (geteuid() != 0 || access("/usr/bin/unshare", X_OK) != 0) {
+    GTEST_SKIP() << "needs root and /usr/bin/unshare for a new pid namespace";
+  }
+  const std::string prefix = UniquePrefix("pidns");
+  ScratchDir dir("gspidns");
+  Process daemon = Process::Spawn(
+      {"/usr/bin/unshare", "--pid", "--kill-child=SIGTERM", Runfile("daemon/gradsyncd"),
+       "--socket=" + dir.File("d.sock"), "--listen=", "--shm-prefix=" + prefix, "--local-size=1"},
+      dir.File("daemon.log"));
+  ASSERT_TRUE(WaitForSocket(daemon, dir.File("d.sock"), kBound)) << daemon.Log();
+  const std::vector<std::string> node = SegmentsWithPrefix(prefix + ".");
+  ASSERT_EQ(node.size(), 1u) << daemon.Log();
+  // Its pid there is 1 (it is the namespace's first process).
+  EXPECT_THAT(node[0], ::testing::StartsWith(prefix + ".1.node1."));
+  const size_t tag = node[0].rfind(".pidns");
+  ASSERT_NE(tag, std::string::npos) << node[0];
+  EXPECT_NE(node[0].substr(tag), absl::StrCat(".pidns", ipc::OwnPidNamespace())) << node[0];
+  // unshare waits for its child, the daemon (its pid here is unshare's
+  // only child): stop the daemon, whose clean stop removes its segment.
+  const std::string children = ReadFile(absl::StrCat("/proc/", daemon.pid(), "/task/",
+                                                     daemon.pid(), "/children"));
+  const pid_t inner = std::atoi(children.c_str());
+  ASSERT_GT(inner, 0) << "unshare's children: '" << children << "'";
+  ASSERT_EQ(kill(inner, SIGTERM), 0);
+  EXPECT_TRUE(daemon.Wait(kBound).exited) << daemon.Log();
+  const auto deadline = std::chrono::steady_clock::now() + kBound;
+  while (!SegmentsWithPrefix(prefix + ".").empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  SegmentCleanup cleanup;
+  for (const std::string& name : SegmentsWithPrefix(prefix + ".")) cleanup.Add(name);
+  EXPECT_THAT(SegmentsWithPrefix(prefix + "."), ::testing::IsEmpty()) << daemon.Log();
 }
 
 }  // namespace
