@@ -1,5 +1,6 @@
 #include "client/daemon_connection.h"
 
+#include <poll.h>
 #include <pwd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -19,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "common/defaults.h"
 #include "common/monotonic.h"
+#include "common/refusal_note.h"
 #include "common/status_code.h"
 
 namespace gradsync {
@@ -73,6 +75,36 @@ int ConnectOnce(const std::string& path, int* fd_out) {
   }
   *fd_out = fd;
   return 0;
+}
+
+// Waits for the daemon's first bytes without taking them: gRPC's SETTINGS
+// frame on a served connection (gRPC then reads it), or a note saying why
+// the daemon turned this connection away (common/refusal_note.h), returned
+// as its error. A connection closed without a word (an older daemon) is
+// left to gRPC to report.
+std::optional<absl::Status> DaemonRefusal(int fd, const std::string& socket_path,
+                                          const PeerCredentials& daemon, absl::Time deadline) {
+  while (true) {
+    const absl::Duration left = deadline - MonotonicNow();
+    pollfd p{fd, POLLIN, 0};
+    const int n = poll(&p, 1, static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(left))));
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) {
+      return MakeError(v1::TIMEOUT, absl::StrCat("attach timed out waiting for gradsyncd at ",
+                                                 socket_path, " (", DescribePeer(daemon),
+                                                 "): connected, but the daemon sent nothing (stopped, overloaded or out of "
+                                                 "file descriptors? see its log)"));
+    }
+    break;
+  }
+  char buf[kMaxRefusalNoteBytes];
+  const ssize_t got = recv(fd, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
+  if (got <= 0) return std::nullopt;
+  std::optional<absl::Status> note = ParseRefusalNote(absl::string_view(buf, got));
+  if (!note) return std::nullopt;
+  return MakeError(CodeOf(*note), absl::StrCat("gradsyncd at ", socket_path, " (",
+                                              DescribePeer(daemon), ") refused this trainer: ",
+                                              note->message()));
 }
 
 }  // namespace
@@ -130,6 +162,10 @@ absl::StatusOr<DaemonConnection> ConnectToDaemon(const std::string& socket_path,
                      DescribePeer(*peer), ", and this trainer (uid ", geteuid(),
                      ") trusts only ", absl::StrJoin(whom, ", "),
                      " (name the daemon's user in $", kDaemonUidEnv, " if it is the right one)"));
+  }
+  if (std::optional<absl::Status> refused = DaemonRefusal(fd, socket_path, *peer, deadline)) {
+    close(fd);
+    return *std::move(refused);
   }
   return DaemonConnection{fd, *std::move(peer)};
 }

@@ -31,7 +31,9 @@ struct DaemonConnection {
 // common/monotonic.h) for a daemon to listen there, and verifies it.
 // UNAVAILABLE when nobody answers or an untrusted user does (the message
 // names the socket, the peer's uid and pid, and whom this process trusts);
-// INVALID_ARGUMENT for a bad $GRADSYNC_DAEMON_UID.
+// INVALID_ARGUMENT for a bad $GRADSYNC_DAEMON_UID; the daemon's own code
+// and reason when it turned the connection away (RESOURCE_EXHAUSTED: out
+// of file descriptors); TIMEOUT when it sent nothing by `deadline`.
 absl::StatusOr<DaemonConnection> ConnectToDaemon(const std::string& socket_path,
                                                  absl::Time deadline);
 

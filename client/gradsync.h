@@ -63,7 +63,12 @@ typedef enum {
   GS_ERR_PEER_FAILED = 4,      /* another trainer, daemon or node failed */
   GS_ERR_TIMEOUT = 5,          /* the wait passed its deadline */
   GS_ERR_STATE = 6,            /* call not valid now (e.g. mark before register) */
-  GS_ERR_INTERNAL = 7
+  GS_ERR_INTERNAL = 7,
+  /* The node ran short of something (room in /dev/shm for the job's
+   * segments, file descriptors): free it or ask for less, then retry.
+   * Additive: a library built before this code existed returns
+   * GS_ERR_INTERNAL for the same failure. */
+  GS_ERR_RESOURCE_EXHAUSTED = 8
 } gs_status;
 
 typedef enum { GS_FLOAT32 = 0, GS_FLOAT64 = 1, GS_FLOAT16 = 2, GS_BFLOAT16 = 3 } gs_dtype;

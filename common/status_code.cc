@@ -26,6 +26,8 @@ absl::StatusCode AbslCodeFor(v1::Code code) {
       return absl::StatusCode::kDeadlineExceeded;
     case v1::STATE:
       return absl::StatusCode::kFailedPrecondition;
+    case v1::RESOURCE_EXHAUSTED:
+      return absl::StatusCode::kResourceExhausted;
     default:
       return absl::StatusCode::kInternal;
   }
@@ -69,6 +71,8 @@ v1::Code CodeOf(const absl::Status& status) {
     case absl::StatusCode::kNotFound:
     case absl::StatusCode::kPermissionDenied:
       return v1::STATE;
+    case absl::StatusCode::kResourceExhausted:
+      return v1::RESOURCE_EXHAUSTED;
     default:
       return v1::INTERNAL;
   }

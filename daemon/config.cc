@@ -1,8 +1,11 @@
 #include "daemon/config.h"
 
+#include <utility>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/backends/wire_dtype.h"
+#include "daemon/host_syntax.h"
 #include "daemon/listen_address.h"
 
 namespace gradsync {
@@ -47,6 +50,18 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
       return bad(absl::StrCat("--metrics-listen ", c.metrics_listen,
                               " must be HOST:PORT (port in [0, 65535])"));
     }
+  }
+  // Addresses are checked for form here (nothing is resolved): a typo such
+  // as 256.1.1.1 would otherwise surface only when Gloo binds it, on a
+  // multi-node job, or never on one node.
+  if (!c.host.empty()) {
+    if (absl::Status st = CheckHost("--host", c.host); !st.ok()) return st;
+  }
+  const std::pair<const char*, const std::string*> host_ports[] = {
+      {"--listen", &c.listen}, {"--leader", &c.leader}, {"--metrics-listen", &c.metrics_listen}};
+  for (const auto& [flag, value] : host_ports) {
+    if (value->empty() || value->rfind("unix:", 0) == 0) continue;
+    if (absl::Status st = CheckHostPort(flag, *value); !st.ok()) return st;
   }
   if (c.num_nodes > 1 && c.listen.empty() && c.is_leader()) {
     return bad(absl::StrCat("--node-rank 0 of --num-nodes ", c.num_nodes,

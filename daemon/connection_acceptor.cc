@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/log_value.h"
+#include "common/refusal_note.h"
 #include "grpcpp/server_posix.h"
 #include "spdlog/spdlog.h"
 
@@ -26,6 +27,20 @@ namespace {
 // Out of descriptors and no reserve to make room: how long the loop waits
 // before trying again (connections wait in the backlog meanwhile).
 constexpr int kExhaustedBackoffMs = 100;
+
+// A trainer turned away says why (common/refusal_note.h) rather than
+// blaming its own user; gRPC clients on TCP would only read it as a broken
+// HTTP/2 preface, so they just see the connection close.
+void TellOutOfFds(int fd, int err) {
+  const std::string note = FormatRefusalNote(
+      v1::RESOURCE_EXHAUSTED,
+      absl::StrCat("gradsyncd (pid ", getpid(), ") ran out of file descriptors (",
+                   std::strerror(err), ") and turned this connection away: it serves again "
+                   "once connections are released (see event=accept_out_of_fds in its log)"));
+  // A fresh socket's buffer is empty: this never blocks, and a peer already
+  // gone (EPIPE) is no signal.
+  (void)!send(fd, note.data(), note.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+}
 
 absl::Status ErrnoError(int err, const std::string& what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(err)));
@@ -243,7 +258,10 @@ bool ConnectionAcceptor::AcceptAll(int listener, grpc::Server* server) {
       close(reserve_fd_);
       reserve_fd_ = -1;
       const int victim = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
-      if (victim >= 0) close(victim);
+      if (victim >= 0) {
+        if (!tcp_) TellOutOfFds(victim, err);
+        close(victim);
+      }
       reserve_fd_ = OpenReserve();
       continue;
     }

@@ -7,8 +7,10 @@
 // alive, never restarts it). Here, on EMFILE or ENFILE the acceptor gives
 // up its reserve descriptor, accepts the waiting connection and closes it at
 // once (the client sees the connection close instead of hanging in the
-// backlog), takes the reserve back and keeps listening: once descriptors
-// free up, the next connection is served.
+// backlog; on the unix socket a trainer first reads a note saying the
+// daemon ran out of descriptors, common/refusal_note.h), takes the reserve
+// back and keeps listening: once descriptors free up, the next connection
+// is served.
 //
 // An optional admission check runs on every accepted connection before gRPC
 // reads a byte of it (the unix socket's peer-credential check,

@@ -53,6 +53,8 @@ Daemon::Daemon(DaemonConfig config, GpuRuntime gpu)
 Daemon::~Daemon() {
   RequestShutdown("destroyed");
   if (heartbeat_.joinable()) heartbeat_.join();
+  // A start that failed after creating the node segment never runs Run.
+  RemoveNodeSegment();
 }
 
 absl::Status Daemon::PrepareSocketPath() {
@@ -91,15 +93,6 @@ absl::StatusOr<JobWorld> Daemon::FormWorld(const Layout& layout,
 
 absl::Status Daemon::Start() {
   RaiseOpenFileLimit();
-  for (const std::string& name : ipc::RemoveStaleSegments(config_.shm_prefix)) {
-    spdlog::info("event=stale_segment_removed name={}", name);
-  }
-  auto node = CreateNodeSegment(1);
-  if (!node.ok()) return node.status();
-  {
-    absl::MutexLock lock(&node_mu_);
-    node_ = std::make_shared<ipc::NodeSegment>(std::move(*node));
-  }
   JobHooks hooks;
   hooks.trace_dir = TraceDirectory(std::getenv);
   if (!config_.trace_file.empty()) {
@@ -261,7 +254,11 @@ absl::Status Daemon::Start() {
     }
   }
 
-  // Trainers can attach only once everything they may touch is up.
+  // Trainers can attach only once everything they may touch is up. The
+  // node segment comes after every port and file: a start that fails
+  // before leaves nothing in /dev/shm, one that fails after removes it
+  // (~Daemon).
+  if (absl::Status st = CreateFirstNodeSegment(); !st.ok()) return st;
   if (absl::Status st = PrepareSocketPath(); !st.ok()) return st;
   local_service_ = std::make_unique<LocalService>(jobs_.get());
   {
@@ -298,6 +295,24 @@ absl::Status Daemon::Start() {
       config_.num_nodes, config_.local_size, config_.bucket_cap_mb, config_.first_bucket_cap_mb,
       config_.timeout_ms / 1000.0);
   return absl::OkStatus();
+}
+
+absl::Status Daemon::CreateFirstNodeSegment() {
+  for (const std::string& name : ipc::RemoveStaleSegments(config_.shm_prefix)) {
+    spdlog::info("event=stale_segment_removed name={}", name);
+  }
+  auto node = CreateNodeSegment(1);
+  if (!node.ok()) return node.status();
+  absl::MutexLock lock(&node_mu_);
+  node_ = std::make_shared<ipc::NodeSegment>(std::move(*node));
+  return absl::OkStatus();
+}
+
+void Daemon::RemoveNodeSegment() {
+  absl::MutexLock lock(&node_mu_);
+  // Only while the name is still ours: someone of our user may have
+  // replaced the object under it.
+  if (node_ && node_->StillNamed()) ipc::SharedSegment::Remove(node_->name()).IgnoreError();
 }
 
 absl::StatusOr<ipc::NodeSegment> Daemon::CreateNodeSegment(int generation) const {
@@ -478,10 +493,7 @@ void Daemon::Run() {
   }
   if (drain.joinable()) drain.join();
   jobs_.reset();  // stops schedulers, removes trainer segments
-  {
-    absl::MutexLock lock(&node_mu_);
-    ipc::SharedSegment::Remove(node_->name()).IgnoreError();
-  }
+  RemoveNodeSegment();
   unlink(config_.socket_path.c_str());
   spdlog::info("event=stopped");
 }

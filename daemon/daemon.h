@@ -39,8 +39,9 @@ class Daemon {
   explicit Daemon(DaemonConfig config, GpuRuntime gpu = {});
   ~Daemon();
 
-  // Cleans up what a killed daemon left, creates the node segment, starts
-  // both servers. Errors name what could not be set up.
+  // Starts the servers, cleans up what a killed daemon left, creates the
+  // node segment. Errors name what could not be set up; a failed start
+  // leaves no segment behind (the destructor removes it).
   absl::Status Start();
   // Blocks until RequestShutdown, then stops cleanly: trainers get an
   // error, segments and the socket file are removed.
@@ -66,6 +67,10 @@ class Daemon {
   // the leader, the job itself on one node. Returns the iteration they apply at.
   absl::StatusOr<uint64_t> PublishAutotunedCaps(const CapsCandidate& caps, uint64_t at);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Sweeps what dead daemons of this prefix left, then creates node<1>.
+  absl::Status CreateFirstNodeSegment() ABSL_LOCKS_EXCLUDED(node_mu_);
+  // Unlinks the current node segment if its name is still ours (idempotent).
+  void RemoveNodeSegment() ABSL_LOCKS_EXCLUDED(node_mu_);
   // A node segment under a fresh random name ("node<generation>.<random>").
   absl::StatusOr<ipc::NodeSegment> CreateNodeSegment(int generation) const;
   // The node segment a fresh job gets: the current one if it is intact,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
@@ -161,8 +162,10 @@ grpc::Status LocalService::Watch(grpc::ServerContext* ctx, const v1::WatchReques
   // Refused before it holds this thread: one stream per session bounds the
   // threads a client can pin.
   if (absl::Status st = job->MarkWatched(session); !st.ok()) {
-    spdlog::warn("event=watch_refused session={:016x} error={}", session,
-                 LogValue(st.message()));
+    if (std::optional<LogRateLimiter::Line> line = watch_refusals_.Admit()) {
+      spdlog::warn("event=watch_refused session={:016x} error={} refused={} suppressed={}",
+                   session, LogValue(st.message()), line->count, line->suppressed);
+    }
     // absl and gRPC number their codes alike.
     return grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message()));
   }

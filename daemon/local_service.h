@@ -6,7 +6,8 @@
 // An Attach while a job runs waits (up to 30 s) for it to end, holding a
 // server thread: one such waiter per local rank, the others are refused at
 // once with gRPC RESOURCE_EXHAUSTED naming the rank — a flood of Attach
-// calls cannot pin more than local_size threads.
+// calls cannot pin more than local_size threads. A refused Watch (a second
+// stream for a session) is logged rate-limited (daemon/log_rate_limit.h).
 #ifndef GRADSYNC_DAEMON_LOCAL_SERVICE_H_
 #define GRADSYNC_DAEMON_LOCAL_SERVICE_H_
 
@@ -15,6 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/engine/job_registry.h"
+#include "daemon/log_rate_limit.h"
 #include "gradsync/v1/local.grpc.pb.h"
 
 namespace gradsync {
@@ -38,6 +40,8 @@ class LocalService final : public v1::Local::Service {
   void ReleaseWaiter(int local_rank) ABSL_LOCKS_EXCLUDED(waiting_mu_);
 
   JobRegistry* jobs_;
+  // A client can ask for a refused Watch in a loop: bounded log lines.
+  LogRateLimiter watch_refusals_{10, absl::Seconds(10), absl::Seconds(60)};
   absl::Mutex waiting_mu_;
   std::set<int> waiting_ranks_ ABSL_GUARDED_BY(waiting_mu_);
 };

@@ -1,7 +1,8 @@
-// Segment names nobody can guess ahead of time: "<prefix>.<pid>.<tag>.<r>",
-// r 64 bits from the kernel's CSPRNG. Predictable names let another user
-// plant objects at them (creation is exclusive, so the daemon's create
-// fails); the pid stays second so RemoveStaleSegments can still read it.
+// Segment names nobody can guess ahead of time:
+// "<prefix>.<pid>.<tag>.<r>.pidns<inode>", r 64 bits from the kernel's
+// CSPRNG. Predictable names let another user plant objects at them
+// (creation is exclusive, so the daemon's create fails); the pid stays
+// second and the pid namespace last so RemoveStaleSegments can judge them.
 #ifndef GRADSYNC_IPC_RANDOM_SEGMENT_NAME_H_
 #define GRADSYNC_IPC_RANDOM_SEGMENT_NAME_H_
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "boost/interprocess/exceptions.hpp"
 #include "boost/interprocess/shared_memory_object.hpp"
 
@@ -67,6 +68,9 @@ bool IsZombie(pid_t pid) {
 // Where POSIX shared memory lives on Linux (and where Boost puts it).
 constexpr char kShmDir[] = "/dev/shm";
 
+// The last field of every segment name: the creator's pid namespace.
+constexpr char kPidNamespaceTag[] = ".pidns";
+
 // Takes the segment's pages now: a sparse tmpfs file that outgrows /dev/shm
 // kills whoever touches the missing page with SIGBUS, long after creation.
 absl::Status ReserveSpace(int fd, const std::string& name, size_t size) {
@@ -97,8 +101,14 @@ bool ProcessAlive(pid_t pid) {
 
 }  // namespace
 
+uint64_t OwnPidNamespace() {
+  struct stat st;
+  if (stat("/proc/self/ns/pid", &st) != 0) return 0;
+  return st.st_ino;
+}
+
 std::string SegmentName(const std::string& prefix, pid_t daemon_pid, const std::string& suffix) {
-  return absl::StrCat(prefix, ".", daemon_pid, ".", suffix);
+  return absl::StrCat(prefix, ".", daemon_pid, ".", suffix, kPidNamespaceTag, OwnPidNamespace());
 }
 
 absl::StatusOr<SharedSegment> SharedSegment::Create(const std::string& name, size_t size,
@@ -214,15 +224,34 @@ absl::Status SharedSegment::Remove(const std::string& name) {
 
 std::vector<std::string> RemoveStaleSegments(const std::string& prefix) {
   std::vector<std::string> removed;
-  DIR* dir = opendir("/dev/shm");
+  // Without our own namespace no recorded pid can be judged: keep them all.
+  const uint64_t own_namespace = OwnPidNamespace();
+  if (own_namespace == 0) return removed;
+  DIR* dir = opendir(kShmDir);
   if (dir == nullptr) return removed;
   const std::string lead = prefix + ".";
+  const uid_t euid = geteuid();
   while (dirent* entry = readdir(dir)) {
     const std::string name = entry->d_name;
     if (name.rfind(lead, 0) != 0) continue;
     std::vector<std::string> parts = absl::StrSplit(name.substr(lead.size()), '.');
     int pid = 0;
-    if (parts.size() < 2 || !absl::SimpleAtoi(parts[0], &pid)) continue;
+    if (parts.size() < 3 || !absl::SimpleAtoi(parts[0], &pid)) continue;
+    // A pid is only meaningful in the namespace that recorded it: a daemon
+    // in a container, or on a host sharing this /dev/shm, may be alive
+    // under a pid that is dead (or someone else's) here.
+    uint64_t recorded_namespace = 0;
+    absl::string_view last = parts.back();
+    if (!absl::ConsumePrefix(&last, kPidNamespaceTag + 1) ||
+        !absl::SimpleAtoi(last, &recorded_namespace) || recorded_namespace != own_namespace) {
+      continue;
+    }
+    // Another user's segment is not ours to judge (root could unlink it).
+    struct stat st;
+    if (fstatat(dirfd(dir), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISREG(st.st_mode) || st.st_uid != euid) {
+      continue;
+    }
     if (ProcessAlive(pid)) continue;
     if (bip::shared_memory_object::remove(name.c_str())) removed.push_back(name);
   }

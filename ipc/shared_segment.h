@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -64,13 +65,21 @@ class SharedSegment {
   ino_t ino_ = 0;
 };
 
-// Removes every segment named "<prefix>.<pid>.*" whose pid is no longer a
-// live process (gone, or a zombie): what a daemon killed with SIGKILL left
-// behind. Returns the names removed.
+// Removes every segment named "<prefix>.<pid>.*" that this process's
+// effective uid owns, whose name records our pid namespace, and whose pid
+// is no longer a live process there (gone, or a zombie): what a daemon
+// killed with SIGKILL left behind. Another user's segment, one recorded in
+// another pid namespace (its pid means nothing here) and one that records
+// none are kept. Returns the names removed.
 std::vector<std::string> RemoveStaleSegments(const std::string& prefix);
 
-// "<prefix>.<pid>.<suffix>": the naming every gradsync segment follows.
+// "<prefix>.<pid>.<suffix>.pidns<inode>": the naming every gradsync segment
+// follows. The pid is the creator's view of `daemon_pid`, so the name also
+// records the creator's pid namespace (the inode of /proc/self/ns/pid).
 std::string SegmentName(const std::string& prefix, pid_t daemon_pid, const std::string& suffix);
+
+// The inode of this process's pid namespace; 0 when it cannot be read.
+uint64_t OwnPidNamespace();
 
 }  // namespace gradsync::ipc
 

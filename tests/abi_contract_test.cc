@@ -21,7 +21,8 @@ TEST(AbiContract, StatusCodesMatchProto) {
   EXPECT_EQ(GS_ERR_TIMEOUT, static_cast<int>(Code::TIMEOUT));
   EXPECT_EQ(GS_ERR_STATE, static_cast<int>(Code::STATE));
   EXPECT_EQ(GS_ERR_INTERNAL, static_cast<int>(Code::INTERNAL));
-  EXPECT_EQ(gradsync::v1::Code_MAX, GS_ERR_INTERNAL);
+  EXPECT_EQ(GS_ERR_RESOURCE_EXHAUSTED, static_cast<int>(Code::RESOURCE_EXHAUSTED));
+  EXPECT_EQ(gradsync::v1::Code_MAX, GS_ERR_RESOURCE_EXHAUSTED);
 }
 
 TEST(AbiContract, DTypesMatchProto) {

@@ -391,7 +391,13 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
         [&](const std::string& name) {
           return ipc::TrainerSegment::Create(name, spec, config_.shm_mode, config_.shm_group);
         });
-    if (!seg.ok()) return MakeError(v1::INTERNAL, seg.status().ToString());
+    if (!seg.ok()) {
+      // A /dev/shm too small for the job is the operator's to fix, not a bug.
+      if (seg.status().code() == absl::StatusCode::kResourceExhausted) {
+        return MakeError(v1::RESOURCE_EXHAUSTED, seg.status().message());
+      }
+      return MakeError(v1::INTERNAL, seg.status().ToString());
+    }
     t->segment = std::move(*seg);
     t->rank = world_.rank_offset + t->local_rank;
     trainers.push_back(t.get());

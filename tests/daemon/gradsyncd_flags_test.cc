@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -199,6 +200,26 @@ TEST(GradsyncdFlagsTest, MetricsListenErrorsNameTheFlag) {
   close(taken);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.out + r.err, HasSubstr(absl::StrCat("cannot listen on --metrics-listen ", busy)));
+}
+
+// An address that cannot be one is a flag error on any job, one node
+// included (--host used to be taken as is, and only Gloo on a multi-node
+// job would ever have tried it): exit 2 naming the flag and the value.
+TEST(GradsyncdFlagsTest, MalformedAddressesAreRefusedNamingTheFlagAndValue) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--host=256.1.1.1", "--host 256.1.1.1 is not a valid host"},
+      {"--host=1.2.3", "--host 1.2.3 is not a valid host"},
+      {"--host=bad host", "--host bad host is not a valid host"},
+      {"--listen=256.1.1.1:7250", "--listen 256.1.1.1:7250: host 256.1.1.1 is not"},
+      {"--listen=127.0.0.1:70000", "--listen 127.0.0.1:70000 must be HOST:PORT"},
+      {"--listen=::1:7250", "--listen ::1:7250: an IPv6 host must be [ADDRESS]:PORT"},
+      {"--metrics-listen=300.0.0.1:9100", "--metrics-listen 300.0.0.1:9100: host 300.0.0.1 is not"},
+  };
+  for (const auto& [arg, named] : cases) {
+    const Result r = RunDaemon({arg});
+    EXPECT_EQ(r.exit_code, 2) << arg << "\n" << r.out << r.err;
+    EXPECT_THAT(r.err, HasSubstr(named)) << arg;
+  }
 }
 
 // Node 0 may share every node's --leader only if it names node 0 itself;

@@ -62,6 +62,7 @@ inline constexpr int kExitMismatch = 13;
 inline constexpr int kExitPeerFailed = 14;
 inline constexpr int kExitTimeout = 15;
 inline constexpr int kExitState = 16;
+inline constexpr int kExitResourceExhausted = 18;
 
 // Waits until `p` is stopped: every one of its threads in state T (it
 // raised SIGSTOP at a pause point, or a test sent it one: kill() returns

@@ -135,6 +135,64 @@ TEST(ResourceBoundsTest, ListenersRecoverAfterRunningOutOfDescriptors) {
   ASSERT_TRUE(daemon.process().Running());
 }
 
+// A trainer that arrives while the daemon has no descriptor left is turned
+// away, and must be told that, not that the daemon "serves only its own
+// user" (what a silently closed connection used to read as). Once the
+// connections are released a trainer trains.
+TEST(ResourceBoundsTest, TrainerTurnedAwayOutOfDescriptorsIsToldWhy) {
+  Daemon daemon(1, {"--timeout-s=20"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
+  const int port = daemon.ListenPort(seconds(10));
+  ASSERT_GT(port, 0) << daemon.process().Log();
+  const pid_t pid = daemon.process().pid();
+  const int baseline = OpenDescriptors(pid);
+  ASSERT_GT(baseline, 0);
+  const rlimit tight{static_cast<rlim_t>(baseline + 24), static_cast<rlim_t>(baseline + 24)};
+  ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &tight, nullptr), 0) << std::strerror(errno);
+  std::vector<int> held;
+  // Descriptors come and go inside gRPC too: a trainer may find room and
+  // be served, or (rarely) arrive when the acceptor lost its reserve
+  // descriptor to another thread and can only leave it in the backlog
+  // (TIMEOUT, its message pointing at the daemon's log). Top up and try
+  // again until one is turned away; each one turned away must say why.
+  bool turned_away = false;
+  for (int attempt = 0; attempt < 10 && !turned_away; ++attempt) {
+    for (int i = 0; i < (attempt == 0 ? 64 : 16); ++i) {
+      const int fd = ConnectTcp(port);
+      if (fd >= 0) held.push_back(fd);
+    }
+    ASSERT_TRUE(WaitForLog(daemon.process(), "event=accept_out_of_fds", kBound))
+        << daemon.process().Log();
+    ASSERT_TRUE(WaitUntil([&] { return OpenDescriptors(pid) >= baseline + 24; }, kBound))
+        << "descriptors: " << OpenDescriptors(pid) << " of " << baseline + 24;
+    Process trainer = StartTrainer(daemon, 0, {"--steps=1"}, "");
+    const ExitStatus st = trainer.Wait(kBound);
+    ASSERT_TRUE(st.exited) << st.ToString() << "\n" << trainer.Log();
+    if (trainer.Log().find("gs_connect failed") == std::string::npos) continue;  // served
+    if (st.code == kExitTimeout) {
+      // Let the acceptor take a reserve back: release some connections.
+      for (int i = 0; i < 8 && !held.empty(); ++i) {
+        close(held.back());
+        held.pop_back();
+      }
+      continue;
+    }
+    turned_away = true;
+    EXPECT_EQ(st.code, kExitResourceExhausted) << trainer.Log();
+    EXPECT_NE(trainer.Log().find(absl::StrCat("gradsyncd (pid ", pid,
+                                              ") ran out of file descriptors")),
+              std::string::npos)
+        << trainer.Log();
+    EXPECT_EQ(trainer.Log().find("serves only its own user"), std::string::npos) << trainer.Log();
+  }
+  EXPECT_TRUE(turned_away) << "no trainer was turned away\n" << daemon.process().Log();
+
+  for (int fd : held) close(fd);
+  EXPECT_TRUE(WaitUntil([&] { return OpenDescriptors(pid) <= baseline + 2; }, kBound))
+      << "the daemon still holds " << OpenDescriptors(pid) << " descriptors";
+  ExpectTrains(daemon, 1, "after a trainer was turned away for want of descriptors");
+}
+
 // A flood of Attach calls while a job runs. Each used to
 // hold a server thread for up to 30 s; now one waits per local rank and the
 // rest are turned away at once with RESOURCE_EXHAUSTED naming the rank,

@@ -2,8 +2,8 @@
 // container's 64 MiB default, scaled down to 16 MiB here), two trainers of
 // ~10 MB each used to register fine — segments were sparse — and a trainer
 // or the daemon then died of SIGBUS writing gradients. Now registration
-// fails with an error naming the segment, the bytes it needs and the bytes
-// free; the daemon keeps serving a job that fits.
+// fails with GS_ERR_RESOURCE_EXHAUSTED naming the segment, the bytes it
+// needs and the bytes free; the daemon keeps serving a job that fits.
 //
 // The whole test process moves into a private mount namespace with its own
 // small /dev/shm (tests/testing/small_shm.h): a binary of its own.
@@ -37,7 +37,9 @@ TEST(SmallShmTest, RegisterSaysWhatDoesNotFitInsteadOfATrainerDyingOfSigbus) {
   for (int r = 0; r < 2; ++r) {
     const ExitStatus st = big[r].Wait(kBound);
     EXPECT_TRUE(st.exited) << "trainer " << r << " " << st.ToString() << "\n" << big[r].Log();
-    EXPECT_NE(st.code, 0) << "trainer " << r << " trained on a /dev/shm too small for it";
+    // A code the caller can act on (free /dev/shm or ask for less), not INTERNAL.
+    EXPECT_EQ(st.code, kExitResourceExhausted)
+        << "trainer " << r << " on a /dev/shm too small for it:\n" << big[r].Log();
     const std::string log = big[r].Log();
     if (log.find("segment " + daemon.shm_prefix()) != std::string::npos &&
         log.find(" bytes, /dev/shm has ") != std::string::npos &&

@@ -5,7 +5,10 @@
 
 #include <chrono>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -18,6 +21,8 @@
 #include "grpcpp/grpcpp.h"
 #include "ipc/node_segment.h"
 #include "ipc/shared_segment.h"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
 
 namespace gradsync {
 namespace {
@@ -112,6 +117,63 @@ TEST_F(WatchTest, SecondWatchOnASessionIsRefusedWithFailedPreconditionNamingItWh
   }
   const grpc::Status ended = first->Finish();
   EXPECT_TRUE(ended.ok()) << ended.error_message();
+}
+
+// A client asking for a second Watch in a loop used to write one warning
+// per refusal (799 lines in one probe). Now the lines are bounded and
+// carry the count: every refusal up to the last line is accounted for.
+TEST_F(WatchTest, AFloodOfRefusedWatchesLogsBoundedLinesWithTheCount) {
+  std::ostringstream captured;
+  const std::shared_ptr<spdlog::logger> previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(captured)));
+  const uint64_t session = Attach(0);
+  v1::WatchRequest req;
+  req.set_session_id(session);
+  grpc::ClientContext first_ctx;
+  auto first = stub_->Watch(&first_ctx, req);
+  v1::WatchEvent event;
+  ASSERT_TRUE(first->Read(&event));
+
+  constexpr int kRefusals = 300;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kRefusals; ++i) {
+    grpc::ClientContext ctx;
+    auto again = stub_->Watch(&ctx, req);
+    ASSERT_FALSE(again->Read(&event));
+    ASSERT_EQ(again->Finish().error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  const double elapsed_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  spdlog::default_logger()->flush();
+  spdlog::set_default_logger(previous);
+  first_ctx.TryCancel();
+  while (first->Read(&event)) {
+  }
+  first->Finish();
+
+  std::vector<std::string> refusals;
+  std::istringstream in(captured.str());
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("event=watch_refused") != std::string::npos) refusals.push_back(line);
+  }
+  // A burst of 10, a line each time the count doubles (20 .. 160), and at
+  // most one per 10 s of the flood.
+  const size_t bound = 10 + 4 + static_cast<size_t>(elapsed_s / 10) + 1;
+  ASSERT_LE(refusals.size(), bound) << kRefusals << " refused Watch streams";
+  ASSERT_FALSE(refusals.empty());
+  std::vector<std::pair<uint64_t, uint64_t>> lines;  // refused=, suppressed=
+  for (const std::string& line : refusals) {
+    const size_t r = line.find(" refused="), q = line.find(" suppressed=");
+    ASSERT_NE(r, std::string::npos) << line;
+    ASSERT_NE(q, std::string::npos) << line;
+    lines.emplace_back(std::stoull(line.substr(r + 9)), std::stoull(line.substr(q + 12)));
+  }
+  uint64_t accounted = 0;
+  for (const auto& [count, suppressed] : lines) accounted += 1 + suppressed;
+  EXPECT_EQ(accounted, lines.back().first) << captured.str();
+  EXPECT_GE(lines.back().first, 160u) << captured.str();
+  EXPECT_LE(lines.back().first, static_cast<uint64_t>(kRefusals));
 }
 
 }  // namespace

@@ -303,16 +303,21 @@ TEST(SharedSegmentTest, RootRefusesASegmentOfAnotherUserUnlessItIsTheExpectedOwn
   EXPECT_TRUE(expected.ok()) << expected.status();
 }
 
-TEST(SegmentNameTest, FollowsPrefixPidSuffix) {
-  EXPECT_EQ(SegmentName("gradsync", 1234, "t0"), "gradsync.1234.t0");
+TEST(SegmentNameTest, FollowsPrefixPidSuffixPidNamespace) {
+  EXPECT_EQ(SegmentName("gradsync", 1234, "t0"),
+            absl::StrCat("gradsync.1234.t0.pidns", OwnPidNamespace()));
 }
 
-// Unguessable, with prefix and pid first (RemoveStaleSegments reads the pid).
+// Unguessable, with prefix and pid first and the pid namespace last
+// (RemoveStaleSegments reads both).
 TEST(SegmentNameTest, RandomNamesKeepPrefixAndPidFirstAndNeverRepeat) {
   std::set<std::string> names;
+  ASSERT_NE(OwnPidNamespace(), 0u);
+  const std::string pidns = absl::StrCat("pidns", OwnPidNamespace());
   for (int i = 0; i < 1000; ++i) {
     const std::string name = RandomSegmentName("gradsync", 1234, "j1.r0");
-    EXPECT_THAT(name, MatchesRegex("gradsync\\.1234\\.j1\\.r0\\.[0-9a-f]{16}")) << name;
+    EXPECT_THAT(name, MatchesRegex("gradsync\\.1234\\.j1\\.r0\\.[0-9a-f]{16}\\." + pidns))
+        << name;
     names.insert(name);
   }
   EXPECT_EQ(names.size(), 1000u);
@@ -416,6 +421,41 @@ TEST(RemoveStaleSegmentsTest, ZombieCountsAsDead) {
   ASSERT_TRUE(SharedSegment::Create(name, 4096).ok());
   EXPECT_THAT(RemoveStaleSegments(prefix), UnorderedElementsAre(name));
   EXPECT_FALSE(SegmentExists(name));
+}
+
+// A pid says nothing about a segment this process may not judge: another
+// user's (root could unlink it, and it may be that user's live daemon),
+// one recorded in another pid namespace (a container's daemon, alive under
+// a pid that is dead here) or one that records no namespace. Only our own,
+// recorded here, with a dead pid goes.
+TEST(RemoveStaleSegmentsTest, KeepsOtherUsersAndOtherPidNamespacesSegments) {
+  if (geteuid() != 0) GTEST_SKIP() << "creating another user's segment needs root";
+  const std::string prefix = UniquePrefix("foreign");
+  SegmentCleanup cleanup;
+  const pid_t dead = DeadPid();
+  ASSERT_GT(dead, 0);
+  ASSERT_NE(OwnPidNamespace(), 0u);
+  const std::string own_stale = cleanup.Add(SegmentName(prefix, dead, "node1.a"));
+  const std::string other_user = cleanup.Add(SegmentName(prefix, dead, "node1.b"));
+  const std::string other_namespace = cleanup.Add(
+      absl::StrCat(prefix, ".", dead, ".node1.c.pidns", OwnPidNamespace() + 1));
+  const std::string unrecorded = cleanup.Add(absl::StrCat(prefix, ".", dead, ".node1.d"));
+  for (const std::string& name : {own_stale, other_namespace, unrecorded}) {
+    ASSERT_TRUE(SharedSegment::Create(name, 4096).ok()) << name;
+  }
+  constexpr uid_t kOtherUid = 48611;
+  auto creator = Process::Fork([&]() -> int {
+    if (setgid(kOtherUid) != 0 || setuid(kOtherUid) != 0) return 2;
+    return SharedSegment::Create(other_user, 4096).ok() ? 0 : 3;
+  });
+  ASSERT_TRUE(creator.ok()) << creator.status();
+  ASSERT_EQ(creator->Wait(kChildTimeout).code, 0);
+
+  EXPECT_THAT(RemoveStaleSegments(prefix), UnorderedElementsAre(own_stale));
+  EXPECT_FALSE(SegmentExists(own_stale));
+  for (const std::string& name : {other_user, other_namespace, unrecorded}) {
+    EXPECT_TRUE(SegmentExists(name)) << name << " was removed";
+  }
 }
 
 }  // namespace

@@ -149,6 +149,15 @@ def test_mismatched_layouts_raise_mismatch(gradsyncd) -> None:
         assert "layout mismatch" in str(r) and "b" in str(r)
 
 
+def test_resource_exhausted_has_its_own_status_and_exception() -> None:
+    # GS_ERR_RESOURCE_EXHAUSTED (a /dev/shm too small for the job, a daemon
+    # out of file descriptors): a code the caller can act on, not INTERNAL.
+    e = gradsync.errors.error_for_status(8, "segment gs.1.j1.r0 needs 10 bytes", "gs_register")
+    assert isinstance(e, gradsync.ResourceExhaustedError)
+    assert e.status is gradsync.Status.RESOURCE_EXHAUSTED
+    assert "segment gs.1.j1.r0 needs 10 bytes" in str(e) and "[RESOURCE_EXHAUSTED]" in str(e)
+
+
 def test_no_daemon_is_a_clear_error(workdir) -> None:
     missing = str(workdir / "nobody.sock")
     with pytest.raises(gradsync.UnavailableError) as e:

@@ -24,6 +24,7 @@ __all__ = [
     "GradsyncTimeoutError",
     "StateError",
     "InternalError",
+    "ResourceExhaustedError",
     "LibraryNotFoundError",
     "error_for_status",
 ]
@@ -40,6 +41,7 @@ class Status(enum.IntEnum):
     TIMEOUT = 5
     STATE = 6
     INTERNAL = 7
+    RESOURCE_EXHAUSTED = 8
 
 
 class GradsyncError(RuntimeError):
@@ -107,6 +109,13 @@ class InternalError(GradsyncError):
     status = Status.INTERNAL
 
 
+class ResourceExhaustedError(GradsyncError):
+    """The node ran short of something (room in /dev/shm, file descriptors):
+    free it or ask for less, then retry."""
+
+    status = Status.RESOURCE_EXHAUSTED
+
+
 class LibraryNotFoundError(GradsyncError, OSError):
     """libgradsync.so could not be found or loaded."""
 
@@ -119,6 +128,7 @@ _BY_STATUS = {
     Status.TIMEOUT: GradsyncTimeoutError,
     Status.STATE: StateError,
     Status.INTERNAL: InternalError,
+    Status.RESOURCE_EXHAUSTED: ResourceExhaustedError,
 }
 
 
