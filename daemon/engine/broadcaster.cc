@@ -121,7 +121,7 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
     } else if (call_.arrived[me]) {
       refused = MakeError(v1::INVALID_ARGUMENT,
                           absl::StrCat(caller.Name(), " called ", what, " twice"));
-    } else if (step == 0 && busy_) {
+    } else if (step == 0 && busy_ && call_.count == 0) {
       refused = MakeError(v1::INVALID_ARGUMENT,
                           absl::StrCat(caller.Name(), " began a gs_broadcast before the last one "
                                                       "ended"));
