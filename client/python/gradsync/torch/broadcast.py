@@ -28,6 +28,8 @@ from ..errors import InvalidArgumentError, StateError
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_tensors"]
 
+_ALIGN = 16
+
 # The client the last DistributedOptimizer / AllreduceHookState of this
 # process registered (weakly: closing it is not prevented).
 _current: Optional["weakref.ReferenceType[Client]"] = None
@@ -78,24 +80,26 @@ def broadcast_tensors(tensors: List[torch.Tensor], root_rank: int = 0, *,
     c = _client(client)
     flats = [t.detach().reshape(-1) for t in tensors]
     sizes = [f.numel() * f.element_size() for f in flats]
-    buf = torch.empty(sum(sizes), dtype=torch.uint8)
+    # Each tensor at an offset aligned for any dtype, so the received bytes
+    # can be viewed as it in place (the same layout on every trainer).
+    offsets = []
+    total = 0
+    for n in sizes:
+        offsets.append(total)
+        total += (n + _ALIGN - 1) // _ALIGN * _ALIGN
+    buf = torch.empty(total, dtype=torch.uint8)
     root = c.rank == root_rank
     if root:
-        offset = 0
-        for f, n in zip(flats, sizes):
+        for f, offset, n in zip(flats, offsets, sizes):
             if n:
                 buf[offset:offset + n].copy_(f.contiguous().cpu().view(torch.uint8))
-            offset += n
     c.broadcast(buf.data_ptr(), buf.numel(), root_rank, timeout_s)
     if root:
         return
-    offset = 0
     with torch.no_grad():
-        for t, n in zip(tensors, sizes):
+        for t, offset, n in zip(tensors, offsets, sizes):
             if n:
-                src = buf[offset:offset + n].view(t.dtype).view(t.shape)
-                t.copy_(src)
-            offset += n
+                t.copy_(buf[offset:offset + n].view(t.dtype).view(t.shape))
 
 
 def broadcast_parameters(params: Params, root_rank: int = 0, *,
