@@ -443,7 +443,7 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
       config_.reduce_threads > 0 ? config_.reduce_threads : std::clamp(cores, 1, 4);
   Broadcaster::Options bopts;
   bopts.node_rank = config_.node_rank;
-  bopts.num_nodes = world_.backend ? world_.backend->num_nodes() : 1;
+  bopts.num_nodes = config_.num_nodes;
   bopts.rank_offset = world_.rank_offset;
   bopts.world_size = world_.world_size;
   bopts.timeout_ms = config_.timeout_ms;
