@@ -160,7 +160,8 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
         ++calls_started_;
         running_ = true;
         mu_.Unlock();
-        absl::Status st = Run(call);
+        bool collective = false;
+        absl::Status st = Run(call, &collective);
         mu_.Lock();
         running_ = false;
         calls_done_ = mine + 1;
@@ -169,7 +170,7 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
         if (!st.ok()) {
           mu_.Unlock();
           // A collective's failure: the job asks the leader which node caused it.
-          FailJob(st, options_.num_nodes > 1 ? Scheduler::kCollectiveFailed : -1).IgnoreError();
+          FailJob(st, collective ? Scheduler::kCollectiveFailed : -1).IgnoreError();
           mu_.Lock();
           return failed_.ok() ? st : failed_;
         } else if (!failed_.ok()) {
@@ -218,7 +219,7 @@ absl::Status Broadcaster::EnsureSegment() {
   return absl::OkStatus();
 }
 
-absl::Status Broadcaster::Agree(const Call& call) {
+absl::Status Broadcaster::Agree(const Call& call, bool* collective) {
   const int nodes = options_.num_nodes;
   std::vector<double> v(kAgreementHead + kAgreementPerNode * static_cast<size_t>(nodes), 0.0);
   v[0] = 1;
@@ -228,6 +229,7 @@ absl::Status Broadcaster::Agree(const Call& call) {
   v[mine + 2] = call.root_rank >= options_.rank_offset &&
                 call.root_rank < options_.rank_offset + LocalTrainers();
   if (absl::Status st = backend_->AllreduceCounts(v.data(), v.size()); !st.ok()) {
+    *collective = true;
     return MakeError(CodeOf(st), absl::StrCat("gs_broadcast's agreement across nodes: ",
                                               st.message()));
   }
@@ -257,10 +259,10 @@ absl::Status Broadcaster::Agree(const Call& call) {
   return absl::OkStatus();
 }
 
-absl::Status Broadcaster::Run(const Call& call) {
+absl::Status Broadcaster::Run(const Call& call, bool* collective) {
   if (call.step == 0) {
     if (absl::Status st = EnsureSegment(); !st.ok()) return st;
-    if (options_.num_nodes > 1) return Agree(call);
+    if (options_.num_nodes > 1) return Agree(call, collective);
     return absl::OkStatus();
   }
   if (options_.num_nodes == 1) return absl::OkStatus();
@@ -268,6 +270,7 @@ absl::Status Broadcaster::Run(const Call& call) {
   const uint64_t len = std::min(kPieceBytes, call.bytes - piece * kPieceBytes);
   absl::Status st = backend_->Broadcast(Slot(piece), len, root_node_);
   if (!st.ok()) {
+    *collective = true;
     return MakeError(CodeOf(st), absl::StrCat("gs_broadcast, piece ", piece, " of ",
                                               Pieces(call.bytes), ": ", st.message()));
   }

@@ -108,9 +108,10 @@ class Broadcaster {
     int count = 0;
   };
   // The last arrival's work, with the lock released: the cross-node part
-  // of `call`.
-  absl::Status Run(const Call& call) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status Agree(const Call& call);
+  // of `call`. *collective: the error is a collective's failure (the job
+  // then asks the leader which node caused it), not a verdict.
+  absl::Status Run(const Call& call, bool* collective) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Agree(const Call& call, bool* collective);
   absl::Status EnsureSegment();
   uint8_t* Slot(uint64_t piece) const;
   // Fails the job (lock released) and returns `error`.

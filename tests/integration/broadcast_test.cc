@@ -96,6 +96,28 @@ TEST(BroadcastMisuse, DifferentSizesFailWithMismatchNamingBothTrainers) {
   }
 }
 
+// Across nodes the daemons compare what their trainers passed before the
+// first piece: node 1's size differs, every trainer gets MISMATCH naming
+// both nodes and their sizes.
+TEST(BroadcastMisuse, DifferentSizesAcrossNodesFailWithMismatchNamingBothNodes) {
+  ClusterOptions options = TwoNodes();
+  options.local_size = 1;
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Process> ps;
+  for (int n = 0; n < 2; ++n) {
+    ps.push_back(StartBroadcaster(cluster.node(n), 0, {"--sizes=100", "--size-plus-rank"}));
+  }
+  for (int n = 0; n < 2; ++n) {
+    EXPECT_EQ(ps[n].Wait(kBound).code, kExitMismatch) << ps[n].Log() << cluster.DaemonLogs();
+    const std::string log = ps[n].Log();
+    EXPECT_NE(log.find("nodes called gs_broadcast differently"), std::string::npos) << log;
+    EXPECT_NE(log.find("bytes=100,"), std::string::npos) << log;
+    EXPECT_NE(log.find("bytes=101,"), std::string::npos) << log;
+    EXPECT_NE(log.find("node_rank=1"), std::string::npos) << log;
+  }
+}
+
 TEST(BroadcastMisuse, DifferentRootsFailWithMismatchNamingBothTrainers) {
   Daemon daemon(2, {"--timeout-s=60"});
   ASSERT_TRUE(daemon.WaitReady(seconds(10)));
