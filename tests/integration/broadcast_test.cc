@@ -42,7 +42,7 @@ void ExpectAllSucceed(std::vector<Process>& ps, const std::string& logs) {
     const ExitStatus st = ps[r].Wait(kBound);
     EXPECT_TRUE(st.exited && st.code == 0)
         << "trainer " << r << " " << st.ToString() << "\n" << ps[r].Log() << "\n" << logs;
-    EXPECT_NE(ps[r].Log().find("broadcast ok rank=" + std::to_string(r) + " bytes=104857600"),
+    EXPECT_NE(ps[r].Log().find("broadcast ok rank=" + std::to_string(r) + " bytes=104857600 "),
               std::string::npos)
         << ps[r].Log();
     EXPECT_NE(ps[r].Log().find("iteration ok"), std::string::npos) << ps[r].Log();

@@ -19,8 +19,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "client/gradsync.h"
+
+static double NowMs(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
 
 static uint8_t Pattern(int rank, size_t i) { return (uint8_t)(i * 131u + (unsigned)rank * 7u + 1u); }
 
@@ -102,6 +109,7 @@ int main(int argc, char** argv) {
     for (size_t s = 0; s < num_sizes; ++s) {
       const size_t bytes = (size_t)sizes[s] + (size_plus_rank ? (size_t)rank : 0);
       for (size_t i = 0; i < bytes; ++i) buf[i] = Pattern(rank, i);
+      const double start = NowMs();
       if ((st = gs_broadcast(c, buf, bytes, root, -1)) != GS_OK) {
         free(buf);
         return Fail(c, "gs_broadcast", st);
@@ -115,7 +123,8 @@ int main(int argc, char** argv) {
           return 2;
         }
       }
-      printf("broadcast ok rank=%d bytes=%zu root=%d\n", rank, bytes, root);
+      const double ms = NowMs() - start;  /* informational: the tests assert no time */
+      printf("broadcast ok rank=%d bytes=%zu root=%d ms=%.1f\n", rank, bytes, root, ms);
     }
   }
   /* An iteration after the broadcasts: they left the job usable. */
