@@ -186,5 +186,28 @@ TEST(BroadcastFault, TrainerKilledDuringTheBroadcastFailsTheOthersNamingIt) {
       << ps[0].Log();
 }
 
+// Across nodes: node 1's only trainer is killed while node 0's waits in the
+// broadcast's agreement; node 0's trainer gets PEER_FAILED naming it.
+TEST(BroadcastFault, TrainerKilledOnAnotherNodeFailsTheBroadcastNamingIt) {
+  ClusterOptions options = TwoNodes();
+  options.local_size = 1;
+  options.flags = {"--timeout-s=120"};
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Process> ps;
+  for (int n = 0; n < 2; ++n) {
+    ps.push_back(StartBroadcaster(cluster.node(n), 0, {"--sizes=1000", "--stop-before-broadcast=1"}));
+  }
+  ASSERT_TRUE(WaitStopped(ps[1], kBound)) << ps[1].Log();
+  ps[1].Signal(SIGKILL);
+  EXPECT_EQ(ps[1].Wait(kBound).code, SIGKILL);
+  const ExitStatus st = ps[0].Wait(seconds(60));
+  EXPECT_FALSE(st.timed_out) << "trainer 0 hung";
+  EXPECT_EQ(st.code, kExitPeerFailed) << ps[0].Log() << cluster.DaemonLogs();
+  EXPECT_NE(ps[0].Log().find(absl::StrCat("rank 1 (local 0, pid ", ps[1].pid(), ")")),
+            std::string::npos)
+      << ps[0].Log() << cluster.DaemonLogs();
+}
+
 }  // namespace
 }  // namespace gradsync::testing
