@@ -182,6 +182,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False      # synchronize() ran, step() pending
         self._unused: Tuple[str, ...] = ()
         self._closed = False
+        self._buffers_paused = False    # inside gradsync.torch.join
         self._hooks = [register_grad_ready_hook(p, self._make_hook(i))
                        for i, p in enumerate(self._params)]
         if broadcast_buffers and self._buffers:
@@ -191,8 +192,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """``broadcast_buffers``: DDP syncs buffers before a forward whose
         backward will be synchronized; here only at an iteration boundary
         (nothing marked yet), where gs_broadcast is allowed."""
-        if (self._closed or not self._sync_enabled or not torch.is_grad_enabled()
-                or self._num_marked != 0):
+        if (self._closed or self._buffers_paused or not self._sync_enabled
+                or not torch.is_grad_enabled() or self._num_marked != 0):
             return
         broadcast_tensors(self._buffers, 0, client=self._client)
 
