@@ -186,7 +186,7 @@ def run_replicas(args: argparse.Namespace) -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    rank = int(os.environ["LOCAL_RANK"])
+    rank = int(os.environ["LOCAL_RANK"]) + args.rank_offset
     torch.manual_seed(100 + rank)
     model = BatchNormNet()
     initial = copy.deepcopy(model)
@@ -277,6 +277,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--mode", choices=["optimizer", "ddp", "replicas", "optimizer-state"],
                     default="optimizer")
     ap.add_argument("--no-broadcast-buffers", action="store_true")
+    ap.add_argument("--rank-offset", type=int, default=0,
+                    help="replicas mode: the node's first global rank")
     ap.add_argument("--model", choices=sorted(lib.MODELS), default="mlp")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ap.add_argument("--steps", type=int, default=20)
