@@ -186,6 +186,26 @@ TEST(BroadcastFault, TrainerKilledDuringTheBroadcastFailsTheOthersNamingIt) {
       << ps[0].Log();
 }
 
+// Rank 1 stops (alive, its connection open) instead of broadcasting: rank
+// 0 gets TIMEOUT naming it once the daemon's timeout passes.
+TEST(BroadcastFault, TrainerThatNeverCallsIsNamedByTheTimeout) {
+  Daemon daemon(2, {"--timeout-s=2"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10)));
+  std::vector<Process> ps;
+  for (int r = 0; r < 2; ++r) {
+    ps.push_back(StartBroadcaster(daemon, r, {"--sizes=1000", "--stop-before-broadcast=1"}));
+  }
+  ASSERT_TRUE(WaitStopped(ps[1], kBound)) << ps[1].Log();
+  const ExitStatus st = ps[0].Wait(kBound);
+  EXPECT_EQ(st.code, kExitTimeout) << ps[0].Log() << daemon.process().Log();
+  EXPECT_NE(ps[0].Log().find(absl::StrCat("rank 1 (local 1, pid ", ps[1].pid(),
+                                          ") did not call gs_broadcast(bytes=1000, root_rank=0)")),
+            std::string::npos)
+      << ps[0].Log();
+  ps[1].Signal(SIGKILL);
+  ps[1].Wait(kBound);
+}
+
 // Across nodes: node 1's only trainer is killed while node 0's waits in the
 // broadcast's agreement; node 0's trainer gets PEER_FAILED naming it.
 TEST(BroadcastFault, TrainerKilledOnAnotherNodeFailsTheBroadcastNamingIt) {
