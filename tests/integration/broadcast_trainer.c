@@ -14,6 +14,7 @@
  * Exits 10 + the gs_status that stopped it, after printing gs_last_error;
  * 2 when a byte differs.
  */
+#define _POSIX_C_SOURCE 200809L  /* clock_gettime under strict C */
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
