@@ -186,6 +186,31 @@ TEST(BroadcastFault, TrainerKilledDuringTheBroadcastFailsTheOthersNamingIt) {
       << ps[0].Log();
 }
 
+// Across nodes: node 1's trainer marked its gradient (it is in iteration
+// 0) while node 0's broadcasts. The two daemons' collectives differ in
+// length, so the pair fails at once: PEER_FAILED on both nodes, well
+// inside the timeout. (It names the Gloo worker and the generation, not the
+// trainer: the broadcast is not part of the per-iteration agreement yet.)
+TEST(BroadcastMisuse, TrainerMidIterationOnAnotherNodeFailsTheJob) {
+  ClusterOptions options = TwoNodes();
+  options.local_size = 1;
+  options.flags = {"--timeout-s=120"};
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Process> ps;
+  for (int n = 0; n < 2; ++n) {
+    ps.push_back(StartBroadcaster(cluster.node(n), 0, {"--sizes=64", "--mark-first=1"}));
+  }
+  for (int n = 0; n < 2; ++n) {
+    const ExitStatus st = ps[n].Wait(seconds(60));  // well inside the 120 s timeout
+    EXPECT_FALSE(st.timed_out) << "trainer " << n << " hung";
+    EXPECT_EQ(st.code, kExitPeerFailed) << ps[n].Log() << cluster.DaemonLogs();
+    EXPECT_NE(ps[n].Log().find("generation=1"), std::string::npos) << ps[n].Log();
+  }
+  EXPECT_NE(ps[0].Log().find("gs_broadcast's agreement across nodes"), std::string::npos)
+      << ps[0].Log();
+}
+
 // Rank 1 stops (alive, its connection open) instead of broadcasting: rank
 // 0 gets TIMEOUT naming it once the daemon's timeout passes.
 TEST(BroadcastFault, TrainerThatNeverCallsIsNamedByTheTimeout) {
