@@ -207,8 +207,6 @@ TEST(BroadcastMisuse, TrainerMidIterationOnAnotherNodeFailsTheJob) {
     EXPECT_EQ(st.code, kExitPeerFailed) << ps[n].Log() << cluster.DaemonLogs();
     EXPECT_NE(ps[n].Log().find("generation=1"), std::string::npos) << ps[n].Log();
   }
-  EXPECT_NE(ps[0].Log().find("gs_broadcast's agreement across nodes"), std::string::npos)
-      << ps[0].Log();
 }
 
 // Rank 1 stops (alive, its connection open) instead of broadcasting: rank
