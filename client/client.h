@@ -34,6 +34,7 @@
 #include "gradsync/v1/local.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "ipc/node_segment.h"
+#include "ipc/shared_segment.h"
 #include "ipc/trainer_segment.h"
 
 namespace gradsync {
@@ -97,6 +98,13 @@ class Client {
   // divisor of later iterations: the initial world size, or (false) the
   // trainers still active; every trainer must pass the same.
   absl::Status Join(bool divide_by_initial_world_size);
+  // Makes `bytes` bytes at `buffer` (host memory) equal, on every trainer
+  // of the job, to the trainer of global rank `root_rank`'s. Between
+  // iterations only (STATE otherwise), every trainer with the same bytes
+  // and root (else the job fails, MISMATCH naming them). timeout_ms <= 0:
+  // the daemon's timeout, for the other trainers to arrive. Defined in
+  // client_broadcast.cc.
+  absl::Status Broadcast(void* buffer, size_t bytes, int root_rank, int64_t timeout_ms);
   // Detaches (idempotent). Buffers become invalid.
   absl::Status Close();
 
@@ -160,6 +168,10 @@ class Client {
   std::vector<uint8_t> accumulated_;
   size_t marked_count_ = 0;
   absl::Status failure_;          // sticky
+
+  // gs_broadcast's staging segment (the daemon's, one per job), mapped at
+  // the first broadcast.
+  ipc::SharedSegment broadcast_segment_;
 
   // The Watch stream (a thread): daemon-pushed errors and daemon death.
   std::unique_ptr<grpc::ClientContext> watch_ctx_;

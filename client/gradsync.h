@@ -188,6 +188,31 @@ GS_API gs_status gs_set_sync(gs_client *c, int enabled);
  * GS_ERR_STATE naming the flag; one node needs nothing. */
 GS_API gs_status gs_join(gs_client *c, int divide_by_initial_world_size);
 
+/* Makes `bytes` bytes at `buf` on every trainer of the job, on every node,
+ * equal to those of the trainer whose global rank is `root_rank` (the
+ * root's buffer is only read): bytes, so any dtype; 0 bytes to GiBs, in
+ * pieces (no buffer of that size is allocated anywhere). What PyTorch DDP's
+ * constructor and Horovod's broadcast_parameters do with parameters,
+ * buffers and optimizer state. Every trainer of the job calls it, with the
+ * same bytes and root_rank, between iterations (after gs_wait, before any
+ * mark; a trainer with marked tensors gets GS_ERR_STATE and nothing
+ * happens). It returns GS_OK once this trainer's buffer holds the root's
+ * bytes, or an error that fails the job, naming the culprit:
+ * GS_ERR_STATE when another trainer is mid-iteration (it marked gradients)
+ * while this one broadcasts; GS_ERR_MISMATCH when trainers (or nodes)
+ * pass different bytes or root_rank; GS_ERR_INVALID_ARGUMENT for a
+ * root_rank outside the job; GS_ERR_TIMEOUT naming the trainers that did
+ * not call within timeout_ms (<= 0: the daemon's timeout); GS_ERR_PEER_FAILED
+ * naming a trainer, node or daemon that died meanwhile.
+ *
+ * `buf` is host memory. A job with CUDA gradients may broadcast host
+ * buffers on one node; across nodes it gets GS_ERR_INVALID_ARGUMENT (not
+ * supported yet). The bytes go through shared memory on the node (one copy
+ * out of the root, one into each other trainer) and once per node with the
+ * cross-node backend's broadcast. */
+GS_API gs_status gs_broadcast(gs_client *c, void *buf, size_t bytes, int root_rank,
+                              int64_t timeout_ms);
+
 /* CUDA tensors: the cudaStream_t (as void*) the readiness events are
  * recorded on and unused gradients zeroed on, from the next mark on; NULL:
  * the legacy default stream. Record after the stream's last write of the

@@ -183,6 +183,15 @@ gs_status gs_join(gs_client* c, int divide_by_initial_world_size) {
   GS_GUARD(c)
 }
 
+gs_status gs_broadcast(gs_client* c, void* buf, size_t bytes, int root_rank, int64_t timeout_ms) {
+  if (c == nullptr) return GS_ERR_INVALID_ARGUMENT;
+  if (!c->client) return NotConnected(c);
+  try {
+    return Record(c, c->client->Broadcast(buf, bytes, root_rank, timeout_ms));
+  }
+  GS_GUARD(c)
+}
+
 gs_status gs_set_cuda_stream(gs_client* c, void* stream) {
   if (c == nullptr) return GS_ERR_INVALID_ARGUMENT;
   if (!c->client) return NotConnected(c);

@@ -154,6 +154,21 @@ grpc::Status LocalService::Detach(grpc::ServerContext*, const v1::DetachRequest*
   return Reply(resp, absl::OkStatus());
 }
 
+grpc::Status LocalService::Broadcast(grpc::ServerContext*, const v1::BroadcastRequest* req,
+                                     v1::BroadcastResponse* resp) {
+  std::shared_ptr<Job> job = jobs_->JobOf(req->session_id());
+  if (!job) return Reply(resp, MakeError(v1::STATE, "unknown session"));
+  const int64_t timeout_ms = req->timeout_ms() > 0 ? req->timeout_ms() : jobs_->config().timeout_ms;
+  const absl::Time deadline = MonotonicNow() + absl::Milliseconds(timeout_ms);
+  absl::StatusOr<Broadcaster::StepResult> r =
+      job->Broadcast(req->session_id(), req->bytes(), req->root_rank(), req->step(), deadline);
+  if (!r.ok()) return Reply(resp, r.status());
+  resp->set_segment_name(r->segment_name);
+  resp->set_segment_bytes(r->segment_bytes);
+  resp->set_piece_bytes(r->piece_bytes);
+  return Reply(resp, absl::OkStatus());
+}
+
 grpc::Status LocalService::Watch(grpc::ServerContext* ctx, const v1::WatchRequest* req,
                                  grpc::ServerWriter<v1::WatchEvent>* writer) {
   const uint64_t session = req->session_id();

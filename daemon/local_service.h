@@ -31,6 +31,9 @@ class LocalService final : public v1::Local::Service {
                         v1::RegisterResponse* resp) override;
   grpc::Status Detach(grpc::ServerContext* ctx, const v1::DetachRequest* req,
                       v1::DetachResponse* resp) override;
+  // gs_broadcast, one step per call (daemon/engine/broadcaster.h).
+  grpc::Status Broadcast(grpc::ServerContext* ctx, const v1::BroadcastRequest* req,
+                         v1::BroadcastResponse* resp) override;
   grpc::Status Watch(grpc::ServerContext* ctx, const v1::WatchRequest* req,
                      grpc::ServerWriter<v1::WatchEvent>* writer) override;
 

@@ -52,7 +52,9 @@ def batch(step: int, size: int, seed: int) -> tuple:
 
 
 def make_model(hidden: int) -> torch.nn.Module:
-    torch.manual_seed(0)  # identical initial weights on every trainer
+    # The same start as --single; gradsync itself needs no common seed (the
+    # DistributedOptimizer starts every trainer from rank 0's weights).
+    torch.manual_seed(0)
     return torch.nn.Sequential(
         torch.nn.Linear(DIM, hidden), torch.nn.ReLU(),
         torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
@@ -77,7 +79,7 @@ def main() -> int:
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     rank, world = 0, 1
     if not args.single:
-        opt = gs_torch.DistributedOptimizer(opt, model.named_parameters())
+        opt = gs_torch.DistributedOptimizer(opt, model.named_parameters(), module=model)
         rank, world = opt.rank, opt.world_size
     # LR schedulers work on the DistributedOptimizer like on any optimizer.
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps)

@@ -73,6 +73,17 @@ class Backend {
     return AllreduceSum(counts, n, DType::kFloat64);
   }
 
+  // Makes `bytes` bytes at `data` on every node equal to node `root_node`'s
+  // (gs_broadcast's cross-node hop). Never concurrent with AllreduceSum:
+  // the caller runs it between iterations, when the scheduler issues
+  // nothing. Errors as AllreduceSum; UNIMPLEMENTED where the backend has
+  // no broadcast.
+  virtual absl::Status Broadcast(void* data, size_t bytes, int root_node) {
+    (void)data, (void)bytes;
+    if (num_nodes() == 1 && root_node == 0) return absl::OkStatus();
+    return absl::UnimplementedError(absl::StrCat(name(), " backend: no broadcast across nodes"));
+  }
+
   // A buffer of at least `bytes` that AllreduceSum reduces without copying
   // when `data` lies in it (a backend whose collectives run in another
   // process), or nullptr: any memory is as good. Valid until the next call;

@@ -17,6 +17,7 @@
 #include "common/half.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "gloo/allreduce.h"
+#include "gloo/broadcast.h"
 #include "gloo/common/error.h"
 #include "gloo/common/logging.h"
 #include "gloo/config.h"
@@ -239,6 +240,39 @@ absl::Status GlooBackend::AllreduceSum(void* data, size_t count, DType dtype) {
     return Fail(absl::InternalError(absl::StrCat(Describe(count, dtype), " failed: ", e.what())));
   } catch (...) {
     return Fail(absl::InternalError(absl::StrCat(Describe(count, dtype), " failed")));
+  }
+}
+
+absl::Status GlooBackend::Broadcast(void* data, size_t bytes, int root_node) {
+  const std::string what = absl::StrCat("broadcast of ", bytes, " bytes from node_rank=", root_node,
+                                        " on node_rank=", node_rank_, " generation=", generation_);
+  if (root_node < 0 || root_node >= num_nodes_) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": no such node"));
+  }
+  if (bytes != 0 && data == nullptr) return absl::InvalidArgumentError(what + ": null buffer");
+  {
+    absl::MutexLock lock(&mu_);
+    if (!failure_.ok()) return failure_;
+    if (aborted_) {
+      failure_ = MakeError(v1::PEER_FAILED, absl::StrCat(what, " aborted: ", abort_reason_));
+      return failure_;
+    }
+  }
+  if (context_ == nullptr || bytes == 0) return absl::OkStatus();
+  try {
+    gloo::BroadcastOptions opts(context_);
+    opts.setOutput<uint8_t>(static_cast<uint8_t*>(data), bytes);  // the root's is the input
+    opts.setRoot(root_node);
+    opts.setTimeout(absl::ToChronoMilliseconds(timeout_));
+    gloo::broadcast(opts);
+    return absl::OkStatus();
+  } catch (const gloo::IoException& e) {
+    const v1::Code code = LooksLikeTimeout(e.what()) ? v1::TIMEOUT : v1::PEER_FAILED;
+    return Fail(MakeError(code, absl::StrCat(what, " failed: ", e.what())));
+  } catch (const std::exception& e) {
+    return Fail(absl::InternalError(absl::StrCat(what, " failed: ", e.what())));
+  } catch (...) {
+    return Fail(absl::InternalError(what + " failed"));
   }
 }
 

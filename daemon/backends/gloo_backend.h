@@ -99,6 +99,8 @@ class GlooBackend final : public Backend {
   uint64_t generation() const { return generation_; }
 
   absl::Status AllreduceSum(void* data, size_t count, DType dtype) override;
+  // gloo::broadcast of the bytes, in place (the root's are the input).
+  absl::Status Broadcast(void* data, size_t bytes, int root_node) override;
   void Abort(const std::string& reason) override;
 
   // Sizes the bfloat16 staging buffer up front (elements), so that not even

@@ -212,6 +212,25 @@ int RunGlooWorker() {
 
   SharedBuffer buffer;
   while (channel.Receive(&request, absl::InfiniteFuture()).ok()) {
+    if (request.has_broadcast()) {
+      const v1::GlooWorkerBroadcast& broadcast = request.broadcast();
+      absl::Status status;
+      void* data = nullptr;
+      if (broadcast.offset() > broadcast.buffer_bytes() ||
+          broadcast.bytes() > broadcast.buffer_bytes() - broadcast.offset()) {
+        status = absl::InternalError(absl::StrCat(broadcast.bytes(), " bytes at offset ",
+                                                  broadcast.offset(), " exceed the ",
+                                                  broadcast.buffer_bytes(), "-byte shared buffer"));
+      } else if ((data = buffer.Map(broadcast.buffer_bytes())) == nullptr) {
+        status = absl::InternalError(absl::StrCat("cannot map the shared buffer's ",
+                                                  broadcast.buffer_bytes(), " bytes"));
+      } else {
+        status = (*backend)->Broadcast(static_cast<char*>(data) + broadcast.offset(),
+                                       broadcast.bytes(), broadcast.root_node());
+      }
+      if (!channel.Send(Done(status)).ok()) return 1;
+      continue;
+    }
     if (!request.has_allreduce()) return 1;
     const v1::GlooWorkerAllreduce& allreduce = request.allreduce();
     const auto dtype = static_cast<DType>(allreduce.dtype());

@@ -333,6 +333,43 @@ absl::Status GlooWorkerBackend::IssueAllreduceSum(void* data, size_t count, DTyp
   return absl::OkStatus();
 }
 
+absl::Status GlooWorkerBackend::Broadcast(void* data, size_t bytes, int root_node) {
+  if (root_node < 0 || root_node >= num_nodes_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo broadcast: root node_rank=", root_node, " of ", num_nodes_, " nodes"));
+  }
+  if (bytes != 0 && data == nullptr) return absl::InvalidArgumentError("gloo broadcast: null buffer");
+  const std::string during = absl::StrCat("during a broadcast of ", bytes, " bytes from node_rank=",
+                                          root_node);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!failure_.ok()) return failure_;
+    if (aborted_) {
+      failure_ = MakeError(v1::PEER_FAILED, absl::StrCat("gloo broadcast on node_rank=", node_rank_,
+                                                         " generation=", generation_,
+                                                         " aborted: ", abort_reason_));
+      return failure_;
+    }
+  }
+  if (num_nodes_ == 1 || bytes == 0) return absl::OkStatus();
+  if (issued_head_ != issued_.size()) {
+    return Fail(MakeError(v1::INTERNAL, "gloo broadcast issued while an allreduce is in flight"));
+  }
+  if (absl::Status st = EnsureBuffer(bytes); !st.ok()) return Fail(st);
+  if (node_rank_ == root_node) std::memcpy(buffer_, data, bytes);
+  v1::GlooWorkerRequest request;
+  v1::GlooWorkerBroadcast* broadcast = request.mutable_broadcast();
+  broadcast->set_bytes(bytes);
+  broadcast->set_root_node(root_node);
+  broadcast->set_buffer_bytes(buffer_bytes_);
+  broadcast->set_offset(0);
+  if (!channel_.Send(request).ok()) return Fail(WorkerDied(during));
+  if (absl::Status st = AwaitDone(during, nullptr); !st.ok()) return Fail(st);
+  if (node_rank_ != root_node) std::memcpy(data, buffer_, bytes);
+  wire_payload_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
 absl::Status GlooWorkerBackend::AwaitIssued() {
   if (issued_head_ == issued_.size()) {
     return MakeError(v1::INTERNAL, "gloo allreduce: awaited with none issued");

@@ -72,6 +72,9 @@ class GlooWorkerBackend final : public Backend {
   absl::Status AllreduceSum(void* data, size_t count, DType dtype) override;
   absl::Status IssueAllreduceSum(void* data, size_t count, DType dtype) override;
   absl::Status AwaitIssued() override;
+  // Through the shared buffer's start (copied in on the root, out elsewhere);
+  // nothing may be in flight.
+  absl::Status Broadcast(void* data, size_t bytes, int root_node) override;
   // The shared buffer itself: a bucket summed into it is not copied.
   uint8_t* Staging(uint64_t bytes) override;
   WireStats wire_stats() const override;

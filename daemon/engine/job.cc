@@ -53,6 +53,7 @@ Job::~Job() {
   if (scheduler_) scheduler_->Stop();
   world_.link.reset();  // stops heart-beating and leaves the generation
   scheduler_.reset();
+  broadcaster_.reset();
   // After the scheduler stopped: no collective can be running.
   gpu_reducer_.reset();
   gpu_session_.reset();
@@ -446,10 +447,25 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
   // Once every trainer has marked everything, their cores are free too.
   opts.tail_reduce_threads =
       config_.reduce_threads > 0 ? config_.reduce_threads : std::clamp(cores, 1, 4);
+  Broadcaster::Options bopts;
+  bopts.node_rank = config_.node_rank;
+  bopts.num_nodes = config_.num_nodes;
+  bopts.rank_offset = world_.rank_offset;
+  bopts.world_size = world_.world_size;
+  bopts.timeout_ms = config_.timeout_ms;
+  bopts.gpu = cuda;
+  bopts.shm_prefix = config_.shm_prefix;
+  bopts.shm_mode = config_.shm_mode;
+  bopts.shm_group = config_.shm_group;
+  broadcaster_ = std::make_unique<Broadcaster>(
+      trainers, world_.backend.get(),
+      [this](const absl::Status& error, int culprit) { Fail(error, culprit); }, bopts);
+  opts.allow_marks = [b = broadcaster_.get()](const Trainer& t) { return b->AllowMarks(t); };
   scheduler_ = std::make_unique<Scheduler>(
       trainers, layout_, std::move(plan), cuda ? flat_plan_ : arena_, world_.backend.get(),
       &node_->ready_bell(),
       stats_.get(), [this](const absl::Status& error, int culprit) { Fail(error, culprit); }, opts);
+  broadcaster_->set_scheduler(scheduler_.get());
   state_ = JobState::kRunning;
   running_since_ = std::chrono::steady_clock::now();
   if (world_.link) {
@@ -513,6 +529,7 @@ void Job::FailLocked(const absl::Status& error, int culprit, bool expected) {
   // when they do, and the leader should hear the cause first.
   if (world_.link) world_.link->ReportError(error);
   if (world_.backend) world_.backend->Abort(std::string(error.message()));
+  if (broadcaster_) broadcaster_->Abort(error);
   if (gpu_session_) gpu_session_->Abort(std::string(error.message()));
   for (auto& t : trainers_) {
     if (!t || t->gone.load() || t->segment.header() == nullptr) continue;
@@ -522,6 +539,30 @@ void Job::FailLocked(const absl::Status& error, int culprit, bool expected) {
                    CodeOf(mine), /*wake=*/true, /*patience_ms=*/20)
         .IgnoreError();
   }
+}
+
+absl::StatusOr<Broadcaster::StepResult> Job::Broadcast(uint64_t session, uint64_t bytes,
+                                                       int root_rank, uint64_t step,
+                                                       absl::Time deadline) {
+  std::shared_ptr<Trainer> t;
+  Broadcaster* broadcaster = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    t = HoldLocked(session);
+    if (!t) return MakeError(v1::STATE, "unknown session");
+    if (state_ == JobState::kFailed) return PeerError(*t);
+    if (state_ != JobState::kRunning || !broadcaster_) {
+      return MakeError(v1::STATE, "gs_broadcast before the job runs: call gs_register first");
+    }
+    broadcaster = broadcaster_.get();  // lives as long as the job
+  }
+  absl::StatusOr<Broadcaster::StepResult> r =
+      broadcaster->Step(*t, bytes, root_rank, step, deadline);
+  if (r.ok()) return r;
+  absl::MutexLock lock(&mu_);
+  // The job failed (by this call or another): the error this trainer gets.
+  if (state_ == JobState::kFailed) return PeerError(*t);
+  return r.status();
 }
 
 void Job::DeliverHealth() {

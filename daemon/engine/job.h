@@ -31,6 +31,7 @@
 #include "common/monotonic_mutex.h"
 #include "absl/time/time.h"
 #include "daemon/backends/backend.h"
+#include "daemon/engine/broadcaster.h"
 #include "daemon/engine/bucket_planner.h"
 #include "daemon/engine/gpu_reducer.h"
 #include "daemon/engine/gpu_session.h"
@@ -200,6 +201,12 @@ class Job {
   // does not count) and (iterations + 1) / max(elapsed, 10 ms) since the
   // job started running, so a job-wide change lands later, not late.
   double IterationRate() const ABSL_LOCKS_EXCLUDED(mu_);
+  // gs_broadcast: one step of the trainer's call (see broadcaster.h and
+  // local.proto's BroadcastRequest). STATE before the job runs; once the
+  // job failed, the error this trainer gets (PEER_FAILED naming a culprit).
+  absl::StatusOr<Broadcaster::StepResult> Broadcast(uint64_t session, uint64_t bytes,
+                                                    int root_rank, uint64_t step,
+                                                    absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
   // True while some trainer has marked gradients of an unfinished iteration.
   bool InIteration() const ABSL_LOCKS_EXCLUDED(mu_);
   int world_size() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -307,6 +314,8 @@ class Job {
   std::unique_ptr<JobStats> stats_ ABSL_GUARDED_BY(mu_);
   std::chrono::steady_clock::time_point running_since_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Scheduler> scheduler_ ABSL_GUARDED_BY(mu_);
+  // Created with the scheduler; destroyed after it (the scheduler asks it).
+  std::unique_ptr<Broadcaster> broadcaster_ ABSL_GUARDED_BY(mu_);
   std::vector<HealthChange> health_queue_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -491,6 +491,7 @@ bool Scheduler::Drain(Trainer& t, int64_t now_ns, bool* progress) {
       iteration_start_ns_ = now_ns;
       in_iteration_.store(true, std::memory_order_release);
     }
+    if (t.marked_count == 1 && options_.allow_marks && !options_.allow_marks(t)) return false;
     if (t.local_rank == 0 && iteration() == 0) observed_order_.push_back(e.tensor);
     const uint32_t b = plan_.bucket_of_tensor[e.tensor];
     BucketTimeline& tl = timelines_[b];

@@ -106,6 +106,10 @@ class Scheduler {
     GpuReducer* gpu = nullptr;
     // With gpu: true for an error that poisoned the device context.
     std::function<bool(const absl::Status&)> is_context_lost;
+    // Asked before each trainer's first mark of an iteration (after the
+    // iteration counts as started); false: the job failed (a gs_broadcast
+    // is under way, see broadcaster.h). Empty: always allowed.
+    std::function<bool(const Trainer&)> allow_marks;
     // The node segment the ready bell lives in: checked for truncation
     // like the trainers' segments. Owned by the job.
     const ipc::NodeSegment* node_segment = nullptr;

@@ -8,6 +8,8 @@ Modes:
   optimizer  train a gs_testlib model with gradsync.torch.DistributedOptimizer
   ddp        train with DistributedDataParallel (gloo), first plain, then
              with gradsync.torch.allreduce_hook; save both results
+  replicas   unseeded BatchNorm replicas: plain DDP, then DistributedOptimizer
+  optimizer-state  a checkpoint loaded on rank 0 only, then broadcast
 
 Results go to --out (torch.save). A GradsyncError ends the process with
 exit code 10 + its status and a "GRADSYNC_ERROR <class>: <message>" line on
@@ -156,6 +158,110 @@ def run_ddp(args: argparse.Namespace) -> dict:
     return {"plain": plain, "gradsync": hooked, "rank": rank}
 
 
+class BatchNormNet(torch.nn.Module):
+    """A small model with BatchNorm (running statistics are buffers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.bn = torch.nn.BatchNorm1d(16)
+        self.fc2 = torch.nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.bn(self.fc1(x))))
+
+
+def _replica_batch(step: int, rank: int):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(8, 8, generator=g)
+    return x, x.sum(dim=1, keepdim=True).sin()
+
+
+def run_replicas(args: argparse.Namespace) -> dict:
+    """Unseeded replicas (a different seed per rank, as a DDP user would
+    leave them): plain DDP, then DistributedOptimizer(module=...) from the
+    same per-rank initial state, both for --steps SGD steps."""
+    import copy
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank = int(os.environ["LOCAL_RANK"]) + args.rank_offset
+    torch.manual_seed(100 + rank)
+    model = BatchNormNet()
+    initial = copy.deepcopy(model)
+
+    def train(module: torch.nn.Module, opt) -> None:
+        for step in range(args.steps):
+            opt.zero_grad()
+            x, y = _replica_batch(step, rank)
+            torch.nn.functional.mse_loss(module(x), y).backward()
+            opt.step()
+
+    dist.init_process_group("gloo", init_method="file://" + args.store, rank=rank,
+                            world_size=args.world)
+    plain = copy.deepcopy(initial)
+    ddp = DDP(plain)
+    train(ddp, torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9))
+    dist.destroy_process_group()
+
+    opt = gst.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   model.named_parameters(), module=model,
+                                   broadcast_buffers=not args.no_broadcast_buffers)
+    train(model, opt)
+    out = {"rank": rank,
+           "initial": {k: v.detach().clone() for k, v in initial.state_dict().items()},
+           "plain": {k: v.detach().clone() for k, v in plain.state_dict().items()},
+           "gradsync": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    opt.close()
+    return out
+
+
+def run_optimizer_state(args: argparse.Namespace) -> dict:
+    """A checkpoint (model and Adam state after 3 local steps) loaded on
+    rank 0 only, then broadcast_parameters + broadcast_optimizer_state, then
+    --steps synchronized steps."""
+    import copy
+
+    rank = int(os.environ["LOCAL_RANK"])
+
+    def make():
+        torch.manual_seed(0)
+        return BatchNormNet()
+
+    # The checkpoint, computed identically on every rank so each can check
+    # what it received; only rank 0 loads it.
+    source = make()
+    source_opt = torch.optim.Adam(source.parameters(), lr=0.01)
+    for step in range(3):
+        source_opt.zero_grad()
+        x, y = _replica_batch(50 + step, 0)
+        torch.nn.functional.mse_loss(source(x), y).backward()
+        source_opt.step()
+    checkpoint = {"model": source.state_dict(), "opt": source_opt.state_dict()}
+
+    torch.manual_seed(7 + rank)  # unseeded: every rank starts elsewhere
+    model = BatchNormNet()
+    opt = gst.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
+                                   model.named_parameters(), module=model)
+    if rank == 0:
+        model.load_state_dict(checkpoint["model"])
+        opt.load_state_dict(checkpoint["opt"])
+    gst.broadcast_parameters(model.state_dict(), root_rank=0)
+    gst.broadcast_optimizer_state(opt, root_rank=0)
+    # A copy: state_dict() holds the live tensors, which the steps change.
+    after_broadcast = copy.deepcopy(opt.state_dict())
+    for step in range(args.steps):
+        opt.zero_grad()
+        x, y = _replica_batch(step, rank)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    out = {"rank": rank, "checkpoint": checkpoint, "after_broadcast": after_broadcast,
+           "final": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    opt.close()
+    return out
+
+
 class _StepModule:
     """Adapts ``model(x, step)`` calls to a DDP module's forward."""
 
@@ -168,7 +274,11 @@ class _StepModule:
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["optimizer", "ddp"], default="optimizer")
+    ap.add_argument("--mode", choices=["optimizer", "ddp", "replicas", "optimizer-state"],
+                    default="optimizer")
+    ap.add_argument("--no-broadcast-buffers", action="store_true")
+    ap.add_argument("--rank-offset", type=int, default=0,
+                    help="replicas mode: the node's first global rank")
     ap.add_argument("--model", choices=sorted(lib.MODELS), default="mlp")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ap.add_argument("--steps", type=int, default=20)
@@ -191,7 +301,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     try:
-        result = run_optimizer(args) if args.mode == "optimizer" else run_ddp(args)
+        result = {"optimizer": run_optimizer, "ddp": run_ddp, "replicas": run_replicas,
+                  "optimizer-state": run_optimizer_state}[args.mode](args)
     except gradsync.GradsyncError as e:
         print(f"GRADSYNC_ERROR {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return 10 + int(e.status) if e.status is not None else 9

@@ -134,6 +134,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "gs_wait": (status, [c_client_p, ctypes.c_int64]),
         "gs_set_sync": (status, [c_client_p, ctypes.c_int]),
         "gs_join": (status, [c_client_p, ctypes.c_int]),
+        "gs_broadcast": (status, [c_client_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                  ctypes.c_int64]),
         "gs_set_cuda_stream": (status, [c_client_p, ctypes.c_void_p]),
         "gs_last_error": (ctypes.c_char_p, [c_client_p]),
         "gs_close": (None, [c_client_p]),

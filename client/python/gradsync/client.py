@@ -322,6 +322,24 @@ class Client:
             self._check(self._lib.gs_set_sync(self._live_handle(), 1 if enabled else 0),
                         "gs_set_sync")
 
+    def broadcast(self, address: int, nbytes: int, root_rank: int = 0,
+                  timeout_s: Optional[float] = None) -> None:
+        """Makes ``nbytes`` bytes of host memory at ``address`` equal, on every
+        trainer of the job, to the root rank's (``gs_broadcast``). Between
+        iterations only; every trainer calls it with the same ``nbytes`` and
+        ``root_rank``. ``timeout_s``: how long to wait for the other
+        trainers; None: the daemon's timeout.
+
+        Raises:
+            StateError: a trainer is mid-iteration; MismatchError: trainers
+                passed different sizes or roots; PeerFailedError: another
+                trainer, node or the daemon failed meanwhile.
+        """
+        ms = -1 if timeout_s is None else max(1, int(timeout_s * 1000))
+        with self._mu:
+            self._check(self._lib.gs_broadcast(self._live_handle(), address or None, nbytes,
+                                               root_rank, ms), "gs_broadcast")
+
     def join(self, divide_by_initial_world_size: bool = True) -> None:
         """Uneven inputs (DDP's Join): this trainer is out of data. Between
         iterations only. From now on the job counts it as contributing zeros;

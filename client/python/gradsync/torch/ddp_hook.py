@@ -40,6 +40,7 @@ import torch.nn.parallel
 from ..client import Client
 from ..errors import InvalidArgumentError
 from ._common import StreamFollower, grad_tensor, tensor_spec, unique_named_parameters
+from .broadcast import set_current_client
 
 __all__ = ["AllreduceHookState", "allreduce_hook"]
 
@@ -93,6 +94,7 @@ class AllreduceHookState:
             socket_path, local_rank, connect_timeout_s=connect_timeout_s)
         try:
             self.client.register([tensor_spec(n, p) for n, p in named])
+            set_current_client(self.client)
             # Flat views of every parameter's slot in the daemon's buffers.
             self._slots = [grad_tensor(self.client, i, p, (p.numel(),))
                            for i, (_, p) in enumerate(named)]

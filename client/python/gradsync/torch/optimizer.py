@@ -38,6 +38,7 @@ from ..client import Client
 from ..errors import InvalidArgumentError, StateError
 from ._common import (StreamFollower, grad_tensor, register_grad_ready_hook, tensor_spec,
                       unique_named_parameters)
+from .broadcast import broadcast_tensors, set_current_client
 
 __all__ = ["DistributedOptimizer"]
 
@@ -68,6 +69,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         connect_timeout_s: how long to wait for the daemon to answer.
         wait_timeout_s: bound of each ``step()``'s wait; None: the daemon's
             ``--timeout-s``.
+        module: the model. Its buffers (BatchNorm's running statistics)
+            join the parameters broadcast at construction, and are kept in
+            step (``broadcast_buffers``). None: parameters only.
+        broadcast_buffers: DDP's argument of the same name (default True, as
+            DDP): before each forward of ``module`` that starts a
+            synchronized iteration (grad enabled, outside ``no_sync()``),
+            every trainer's buffers take rank 0's values. Needs ``module``.
+
+    Like DDP's constructor, construction makes every replica start from
+    rank 0's parameters (and ``module``'s buffers): no common seed is
+    needed. Every trainer of the job constructs it at the same point.
 
     Semantics worth knowing:
 
@@ -97,7 +109,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  socket_path: Optional[str] = None,
                  local_rank: Optional[int] = None,
                  connect_timeout_s: float = 30.0,
-                 wait_timeout_s: Optional[float] = None) -> None:
+                 wait_timeout_s: Optional[float] = None,
+                 module: Optional[torch.nn.Module] = None,
+                 broadcast_buffers: bool = True) -> None:
         # torch.optim.Optimizer.__init__ is deliberately not called: this
         # object *shares* the wrapped optimizer's param_groups, state and
         # defaults (properties below) instead of owning copies, so LR
@@ -130,6 +144,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._streams = StreamFollower(self._client)
         try:
             self._client.register(specs)
+            set_current_client(self._client)
             # The tensors that must be each p.grad: views of the daemon's buffers.
             self._grads: List[torch.Tensor] = []
             for i, p in enumerate(self._params):
@@ -140,6 +155,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     g.zero_()
                 p.grad = g
                 self._grads.append(g)
+            # DDP's constructor: every replica starts from rank 0's state.
+            self._module = module
+            self._buffers = ([b for _, b in module.named_buffers()]
+                             if module is not None else [])
+            start = list(self._params)
+            if module is not None:
+                registered = {id(p) for p in start}
+                start += [p for p in module.parameters() if id(p) not in registered]
+            try:
+                broadcast_tensors(start + self._buffers, 0, client=self._client)
+            except InvalidArgumentError as e:
+                # A multi-node job with CUDA gradients cannot broadcast yet
+                # (refused before anything moved, on every trainer alike):
+                # train as before, from the caller's own initialization.
+                if "not supported yet" not in str(e):
+                    raise
+                log.warning("replicas are not broadcast (%s): give every trainer the same "
+                            "initialization", e)
+                self._buffers = []
         except BaseException:
             # Leave the model as it was: no .grad may point into a mapping
             # that close() is about to remove.
@@ -158,8 +192,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False      # synchronize() ran, step() pending
         self._unused: Tuple[str, ...] = ()
         self._closed = False
+        self._buffers_paused = False    # inside gradsync.torch.join
         self._hooks = [register_grad_ready_hook(p, self._make_hook(i))
                        for i, p in enumerate(self._params)]
+        if broadcast_buffers and self._buffers:
+            self._hooks.append(module.register_forward_pre_hook(self._before_forward))
+
+    def _before_forward(self, module: torch.nn.Module, inputs: Any) -> None:
+        """``broadcast_buffers``: DDP syncs buffers before a forward whose
+        backward will be synchronized; here only at an iteration boundary
+        (nothing marked yet), where gs_broadcast is allowed."""
+        if (self._closed or self._buffers_paused or not self._sync_enabled
+                or not torch.is_grad_enabled() or self._num_marked != 0):
+            return
+        broadcast_tensors(self._buffers, 0, client=self._client)
 
     # -- construction helpers ----------------------------------------------
 

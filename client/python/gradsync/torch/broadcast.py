@@ -1,0 +1,152 @@
+"""Replicas that start equal: Horovod's ``broadcast_parameters`` and
+``broadcast_optimizer_state``, over ``gs_broadcast``.
+
+    opt = gst.DistributedOptimizer(torch.optim.Adam(model.parameters()),
+                                   model.named_parameters(), module=model)
+    if rank == 0:
+        opt.load_state_dict(torch.load("checkpoint.pt"))   # rank 0 only
+    gst.broadcast_parameters(model.state_dict(), root_rank=0)
+    gst.broadcast_optimizer_state(opt, root_rank=0)
+
+Both run between iterations on every trainer of the job (every trainer
+calls them, at the same point of its loop). Tensors of any dtype and device
+travel as bytes, packed into one host buffer: one ``gs_broadcast`` per call
+(CUDA tensors are copied to the host and back). Which client they use: the
+one passed, else the process's registered one (the DistributedOptimizer's
+or the AllreduceHookState's).
+"""
+from __future__ import annotations
+
+import io
+import weakref
+from typing import Any, Iterable, List, Mapping, Optional, Tuple, Union
+
+import torch
+
+from ..client import Client
+from ..errors import InvalidArgumentError, StateError
+
+__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_tensors"]
+
+_ALIGN = 16
+
+# The client the last DistributedOptimizer / AllreduceHookState of this
+# process registered (weakly: closing it is not prevented).
+_current: Optional["weakref.ReferenceType[Client]"] = None
+
+
+def set_current_client(client: Client) -> None:
+    """Makes ``client`` the one the broadcasts use by default."""
+    global _current
+    _current = weakref.ref(client)
+
+
+def _client(client: Optional[Client]) -> Client:
+    if client is not None:
+        return client
+    c = _current() if _current is not None else None
+    if c is None:
+        raise StateError("no gradsync client in this process: build the DistributedOptimizer "
+                         "(or AllreduceHookState) first, or pass client=",
+                         operation="gs_broadcast")
+    return c
+
+
+Params = Union[Mapping[str, Any], Iterable[Tuple[str, Any]]]
+
+
+def _named_tensors(params: Params) -> List[Tuple[str, torch.Tensor]]:
+    """Horovod's order: a mapping (state_dict) sorted by name; pairs
+    (named_parameters) as given. Non-tensor entries (a module's extra state)
+    are skipped."""
+    items = sorted(params.items()) if isinstance(params, Mapping) else list(params)
+    out = []
+    for item in items:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str)):
+            raise InvalidArgumentError(
+                "params must be a state_dict or (name, tensor) pairs such as "
+                f"model.named_parameters(), got an item of type {type(item).__name__}",
+                operation="broadcast_parameters")
+        if isinstance(item[1], torch.Tensor):
+            out.append((item[0], item[1]))
+    return out
+
+
+def broadcast_tensors(tensors: List[torch.Tensor], root_rank: int = 0, *,
+                      client: Optional[Client] = None,
+                      timeout_s: Optional[float] = None) -> None:
+    """Copies the root rank's values into ``tensors`` in place, on every
+    trainer (the same list, same shapes and dtypes, everywhere)."""
+    c = _client(client)
+    flats = [t.detach().reshape(-1) for t in tensors]
+    sizes = [f.numel() * f.element_size() for f in flats]
+    # Each tensor at an offset aligned for any dtype, so the received bytes
+    # can be viewed as it in place (the same layout on every trainer).
+    offsets = []
+    total = 0
+    for n in sizes:
+        offsets.append(total)
+        total += (n + _ALIGN - 1) // _ALIGN * _ALIGN
+    buf = torch.empty(total, dtype=torch.uint8)
+    root = c.rank == root_rank
+    if root:
+        for f, offset, n in zip(flats, offsets, sizes):
+            if n:
+                buf[offset:offset + n].copy_(f.contiguous().cpu().view(torch.uint8))
+    c.broadcast(buf.data_ptr(), buf.numel(), root_rank, timeout_s)
+    if root:
+        return
+    with torch.no_grad():
+        for t, offset, n in zip(tensors, offsets, sizes):
+            if n:
+                t.copy_(buf[offset:offset + n].view(t.dtype).view(t.shape))
+
+
+def broadcast_parameters(params: Params, root_rank: int = 0, *,
+                         client: Optional[Client] = None,
+                         timeout_s: Optional[float] = None) -> None:
+    """Horovod's ``broadcast_parameters``: every tensor of ``params`` (a
+    ``state_dict``, e.g. ``model.state_dict()`` with buffers, or
+    ``model.named_parameters()``) takes the root rank's value, in place.
+    Every trainer passes the same names, shapes and dtypes (a different
+    total size fails the job with MismatchError)."""
+    broadcast_tensors([t for _, t in _named_tensors(params)], root_rank, client=client,
+                      timeout_s=timeout_s)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, *, client: Optional[Client] = None,
+                     timeout_s: Optional[float] = None) -> Any:
+    """The root's ``obj`` on every trainer (pickled by ``torch.save``; the
+    size goes first, so only the root needs to know it)."""
+    c = _client(client)
+    root = c.rank == root_rank
+    payload = b""
+    if root:
+        stream = io.BytesIO()
+        torch.save(obj, stream)
+        payload = stream.getvalue()
+    size = torch.tensor([len(payload)], dtype=torch.int64)
+    c.broadcast(size.data_ptr(), 8, root_rank, timeout_s)
+    buf = torch.empty(int(size.item()), dtype=torch.uint8)
+    if root:
+        buf.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+    c.broadcast(buf.data_ptr(), buf.numel(), root_rank, timeout_s)
+    if root:
+        return obj
+    return torch.load(io.BytesIO(buf.numpy().tobytes()), map_location="cpu")
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0, *,
+                              client: Optional[Client] = None,
+                              timeout_s: Optional[float] = None) -> None:
+    """Horovod's ``broadcast_optimizer_state``: the root rank's whole
+    optimizer state (every tensor and scalar of ``state`` and
+    ``param_groups``: Adam's moments and step, learning rates...) becomes
+    every trainer's, including state that exists only on the root (a
+    checkpoint loaded on rank 0 only). Works on a DistributedOptimizer or
+    the optimizer it wraps; ``load_state_dict`` puts each tensor on its
+    parameter's device."""
+    state = optimizer.state_dict() if _client(client).rank == root_rank else None
+    state = broadcast_object(state, root_rank, client=client, timeout_s=timeout_s)
+    if _client(client).rank != root_rank:
+        optimizer.load_state_dict(state)

@@ -1,0 +1,280 @@
+#include "daemon/engine/broadcaster.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log_value.h"
+#include "common/monotonic.h"
+#include "common/status_code.h"
+#include "ipc/random_segment_name.h"
+#include "spdlog/spdlog.h"
+
+namespace gradsync {
+namespace {
+
+// How often a waiting call looks at its deadline.
+constexpr absl::Duration kPoll = absl::Milliseconds(100);
+
+// The cross-node agreement before a broadcast's first piece: a fixed head,
+// then per node [bytes + 1, root_rank + 1, holds the root]. Its length
+// differs from the scheduler's per-iteration agreement, so a node that is
+// mid-iteration while another broadcasts fails the collective instead of
+// reading the other's counts as its own.
+constexpr size_t kAgreementHead = 5;
+constexpr size_t kAgreementPerNode = 3;
+
+}  // namespace
+
+Broadcaster::Broadcaster(std::vector<Trainer*> trainers, Backend* backend, FailFn fail,
+                         Options options)
+    : trainers_(std::move(trainers)),
+      backend_(backend),
+      fail_(std::move(fail)),
+      options_(std::move(options)) {
+  call_.arrived.assign(trainers_.size(), 0);
+  marked_in_.assign(trainers_.size(), 0);
+}
+
+Broadcaster::~Broadcaster() {
+  if (segment_.valid()) ipc::SharedSegment::Remove(segment_.name()).IgnoreError();
+}
+
+int Broadcaster::LocalTrainers() const { return static_cast<int>(trainers_.size()); }
+
+std::string Broadcaster::Names(const std::vector<uint8_t>& which) const {
+  std::string out;
+  for (size_t i = 0; i < trainers_.size() && i < which.size(); ++i) {
+    if (!which[i]) continue;
+    absl::StrAppend(&out, out.empty() ? "" : ", ", trainers_[i]->Name());
+  }
+  return out;
+}
+
+uint8_t* Broadcaster::Slot(uint64_t piece) const {
+  return static_cast<uint8_t*>(segment_.data()) + (piece % 2) * kPieceBytes;
+}
+
+absl::Status Broadcaster::FailJob(const absl::Status& error, int culprit) {
+  spdlog::warn("event=broadcast_failed code={} error={}", v1::Code_Name(CodeOf(error)),
+               LogValue(error.message()));
+  fail_(error, culprit);
+  return error;
+}
+
+void Broadcaster::Abort(const absl::Status& error) {
+  absl::MutexLock lock(&mu_);
+  if (failed_.ok()) failed_ = error.ok() ? MakeError(v1::INTERNAL, "the job ended") : error;
+  cv_.SignalAll();
+}
+
+bool Broadcaster::AllowMarks(const Trainer& t) {
+  absl::Status refused;
+  {
+    absl::MutexLock lock(&mu_);
+    const uint64_t it = scheduler_ != nullptr ? scheduler_->iteration() : 0;
+    marked_in_[t.local_rank] = it + 1;
+    if (!busy_ || !failed_.ok()) return true;
+    const std::string waiting =
+        call_.count > 0 ? Names(call_.arrived) : std::string("every other local trainer");
+    refused = MakeError(
+        v1::STATE,
+        absl::StrCat(t.Name(), " marked a gradient of iteration ", it, " while ", waiting,
+                     " waits in gs_broadcast: gs_broadcast runs between iterations (after "
+                     "gs_wait, before any mark) on every trainer of the job"));
+  }
+  FailJob(refused).IgnoreError();
+  return false;
+}
+
+absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller, uint64_t bytes,
+                                                          int root_rank, uint64_t step,
+                                                          absl::Time deadline) {
+  const int me = caller.local_rank;
+  absl::Status refused;
+  StepResult result;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!failed_.ok()) return failed_;
+    if (me < 0 || me >= LocalTrainers()) return MakeError(v1::INTERNAL, "unknown local rank");
+    if (step == 0 && options_.gpu && options_.num_nodes > 1) {
+      // Nothing is under way yet: refused to this caller alone.
+      return MakeError(v1::INVALID_ARGUMENT,
+                       "gs_broadcast across nodes of a job with CUDA gradients is not supported "
+                       "yet (one node is)");
+    }
+    const std::string what = absl::StrCat("gs_broadcast(bytes=", bytes, ", root_rank=", root_rank,
+                                          step == 0 ? "" : absl::StrCat(", piece ", step - 1), ")");
+    if (root_rank < 0 || root_rank >= options_.world_size) {
+      refused = MakeError(v1::INVALID_ARGUMENT,
+                          absl::StrCat(caller.Name(), " called ", what, ": the job's ranks are 0..",
+                                       options_.world_size - 1));
+    } else if (call_.count > 0 &&
+               (call_.bytes != bytes || call_.root_rank != root_rank || call_.step != step)) {
+      refused = MakeError(
+          v1::MISMATCH,
+          absl::StrCat("trainers called gs_broadcast differently: ", trainers_[call_.first]->Name(),
+                       " with bytes=", call_.bytes, ", root_rank=", call_.root_rank, ", ",
+                       caller.Name(), " with bytes=", bytes, ", root_rank=", root_rank));
+    } else if (call_.arrived[me]) {
+      refused = MakeError(v1::INVALID_ARGUMENT,
+                          absl::StrCat(caller.Name(), " called ", what, " twice"));
+    } else if (step == 0 && busy_ && call_.count == 0) {
+      refused = MakeError(v1::INVALID_ARGUMENT,
+                          absl::StrCat(caller.Name(), " began a gs_broadcast before the last one "
+                                                      "ended"));
+    } else if (step > 0 && (!busy_ || step > Pieces(bytes))) {
+      refused = MakeError(v1::INVALID_ARGUMENT,
+                          absl::StrCat(caller.Name(), " sent ", what, " outside a broadcast"));
+    } else if (step == 0 && scheduler_ != nullptr && scheduler_->in_iteration()) {
+      const uint64_t it = scheduler_->iteration();
+      std::vector<uint8_t> marking(trainers_.size(), 0);
+      for (size_t i = 0; i < trainers_.size(); ++i) marking[i] = marked_in_[i] == it + 1;
+      const std::string who = Names(marking);
+      refused = MakeError(
+          v1::STATE,
+          absl::StrCat(caller.Name(), " called gs_broadcast while ",
+                       who.empty() ? std::string("another trainer") : who, " is in iteration ", it,
+                       " (it marked gradients): gs_broadcast runs between iterations (after "
+                       "gs_wait, before any mark) on every trainer of the job"));
+    }
+    if (refused.ok()) {
+      if (call_.count == 0) {
+        call_.bytes = bytes;
+        call_.root_rank = root_rank;
+        call_.step = step;
+        call_.first = me;
+      }
+      if (step == 0) busy_ = true;
+      call_.arrived[me] = 1;
+      ++call_.count;
+      const uint64_t mine = calls_started_;
+      if (call_.count == LocalTrainers()) {
+        // The last arrival runs the call; nobody can arrive meanwhile (every
+        // local trainer is in it).
+        const Call call = call_;
+        call_ = Call{};
+        call_.arrived.assign(trainers_.size(), 0);
+        ++calls_started_;
+        running_ = true;
+        mu_.Unlock();
+        bool collective = false;
+        absl::Status st = Run(call, &collective);
+        mu_.Lock();
+        running_ = false;
+        calls_done_ = mine + 1;
+        if (st.ok() && call.step == Pieces(call.bytes)) busy_ = false;
+        cv_.SignalAll();
+        if (!st.ok()) {
+          mu_.Unlock();
+          // A collective's failure: the job asks the leader which node caused it.
+          FailJob(st, collective ? Scheduler::kCollectiveFailed : -1).IgnoreError();
+          mu_.Lock();
+          return failed_.ok() ? st : failed_;
+        } else if (!failed_.ok()) {
+          return failed_;
+        }
+      } else {
+        while (calls_done_ <= mine && failed_.ok()) {
+          const absl::Time now = MonotonicNow();
+          if (!running_ && calls_started_ == mine && now >= deadline) {
+            std::vector<uint8_t> missing(trainers_.size(), 0);
+            for (size_t i = 0; i < trainers_.size(); ++i) missing[i] = !call_.arrived[i];
+            refused = MakeError(
+                v1::TIMEOUT,
+                absl::StrCat(Names(missing), " did not call ", what, " within the timeout; ",
+                             Names(call_.arrived), " waited for it"));
+            break;
+          }
+          cv_.WaitWithTimeout(&mu_, running_ ? kPoll
+                                          : std::clamp(deadline - now, absl::Milliseconds(1), kPoll));
+        }
+        if (refused.ok() && !failed_.ok()) return failed_;
+      }
+    }
+    if (refused.ok()) {
+      result.segment_name = segment_.name();
+      result.segment_bytes = segment_.size();
+      result.piece_bytes = kPieceBytes;
+      return result;
+    }
+  }
+  return FailJob(refused);
+}
+
+absl::Status Broadcaster::EnsureSegment() {
+  if (segment_.valid()) return absl::OkStatus();
+  auto seg = ipc::CreateUnderRandomName<ipc::SharedSegment>(
+      options_.shm_prefix, getpid(), "bcast", [&](const std::string& name) {
+        return ipc::SharedSegment::Create(name, 2 * kPieceBytes, options_.shm_mode,
+                                          options_.shm_group);
+      });
+  if (!seg.ok()) {
+    return MakeError(v1::INTERNAL,
+                     absl::StrCat("gs_broadcast's staging segment: ", seg.status().message()));
+  }
+  segment_ = std::move(*seg);
+  return absl::OkStatus();
+}
+
+absl::Status Broadcaster::Agree(const Call& call, bool* collective) {
+  const int nodes = options_.num_nodes;
+  std::vector<double> v(kAgreementHead + kAgreementPerNode * static_cast<size_t>(nodes), 0.0);
+  v[0] = 1;
+  const size_t mine = kAgreementHead + kAgreementPerNode * static_cast<size_t>(options_.node_rank);
+  v[mine] = static_cast<double>(call.bytes) + 1;
+  v[mine + 1] = call.root_rank + 1;
+  v[mine + 2] = call.root_rank >= options_.rank_offset &&
+                call.root_rank < options_.rank_offset + LocalTrainers();
+  if (absl::Status st = backend_->AllreduceCounts(v.data(), v.size()); !st.ok()) {
+    *collective = true;
+    return MakeError(CodeOf(st), absl::StrCat("gs_broadcast's agreement across nodes: ",
+                                              st.message()));
+  }
+  if (v[0] != nodes) {
+    return MakeError(v1::STATE, absl::StrCat("gs_broadcast's agreement across nodes saw ", v[0],
+                                             " of ", nodes, " nodes: the nodes are out of step"));
+  }
+  int root_node = -1;
+  for (int i = 0; i < nodes; ++i) {
+    const size_t at = kAgreementHead + kAgreementPerNode * static_cast<size_t>(i);
+    if (v[at] != v[mine] || v[at + 1] != v[mine + 1]) {
+      return MakeError(v1::MISMATCH,
+                       absl::StrCat("nodes called gs_broadcast differently: node_rank=",
+                                    options_.node_rank, " with bytes=", call.bytes,
+                                    ", root_rank=", call.root_rank, ", node_rank=", i,
+                                    " with bytes=", static_cast<int64_t>(v[at]) - 1,
+                                    ", root_rank=", static_cast<int64_t>(v[at + 1]) - 1));
+    }
+    if (v[at + 2] == 1 && root_node < 0) root_node = i;
+  }
+  if (root_node < 0) {
+    return MakeError(v1::INVALID_ARGUMENT,
+                     absl::StrCat("gs_broadcast: root_rank ", call.root_rank,
+                                  " is on no node of the job"));
+  }
+  root_node_ = root_node;
+  return absl::OkStatus();
+}
+
+absl::Status Broadcaster::Run(const Call& call, bool* collective) {
+  if (call.step == 0) {
+    if (absl::Status st = EnsureSegment(); !st.ok()) return st;
+    if (options_.num_nodes > 1) return Agree(call, collective);
+    return absl::OkStatus();
+  }
+  if (options_.num_nodes == 1) return absl::OkStatus();
+  const uint64_t piece = call.step - 1;
+  const uint64_t len = std::min(kPieceBytes, call.bytes - piece * kPieceBytes);
+  absl::Status st = backend_->Broadcast(Slot(piece), len, root_node_);
+  if (!st.ok()) {
+    *collective = true;
+    return MakeError(CodeOf(st), absl::StrCat("gs_broadcast, piece ", piece, " of ",
+                                              Pieces(call.bytes), ": ", st.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace gradsync

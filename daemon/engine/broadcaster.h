@@ -1,0 +1,147 @@
+// Broadcaster: gs_broadcast for one running job on this node.
+//
+// Every trainer of the job ends with the root rank's bytes. Locally the
+// bytes go through one staging segment per job (two slots of kPieceBytes,
+// created at the first broadcast): the root trainer writes a piece into a
+// slot, every other local trainer copies it out, so one copy leaves the
+// root and each reader makes one. Across nodes each piece crosses once per
+// node with the backend's broadcast (Gloo's), from the root's node into
+// the same slot. Any size, 0 bytes to GiBs, in pieces: the segment stays
+// small. The protocol (steps, slots) is written down in local.proto
+// (BroadcastRequest).
+//
+// A broadcast runs between iterations: the scheduler is idle then, so its
+// collectives and the broadcast's never overlap. A trainer mid-iteration
+// (it marked a gradient the iteration has not completed) while another
+// waits in gs_broadcast fails the job with STATE naming both, whichever
+// came first (the scheduler asks AllowMarks before a trainer's first mark
+// of an iteration; Step checks the scheduler). Trainers that disagree on
+// the size or the root fail it with MISMATCH naming them (nodes: with
+// each node's values); a trainer that never calls fails it with TIMEOUT
+// naming it; a trainer that dies fails the job as always (PEER_FAILED
+// naming it), and Abort wakes every waiting call.
+//
+// Threads: Step from RPC threads (one per trainer at a time), AllowMarks
+// from the scheduler thread, Abort from whoever fails the job. `fail` is
+// never called with the lock held (it takes the job's lock, which calls
+// Abort).
+#ifndef GRADSYNC_DAEMON_ENGINE_BROADCASTER_H_
+#define GRADSYNC_DAEMON_ENGINE_BROADCASTER_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/backends/backend.h"
+#include "daemon/engine/scheduler.h"
+#include "daemon/engine/trainer.h"
+#include "ipc/shared_segment.h"
+
+namespace gradsync {
+
+class Broadcaster {
+ public:
+  // Each slot of the staging segment (the segment holds two).
+  static constexpr uint64_t kPieceBytes = 4ull << 20;
+
+  struct Options {
+    int node_rank = 0;
+    int num_nodes = 1;
+    int rank_offset = 0;  // global rank of local rank 0
+    int world_size = 1;
+    int64_t timeout_ms = 300000;
+    bool gpu = false;  // a CUDA job: no cross-node broadcast yet
+    std::string shm_prefix = "gradsync";
+    mode_t shm_mode = 0600;
+    gid_t shm_group = static_cast<gid_t>(-1);
+  };
+  using FailFn = Scheduler::FailFn;
+
+  // `trainers` by local rank; they and `backend` outlive this object.
+  Broadcaster(std::vector<Trainer*> trainers, Backend* backend, FailFn fail, Options options);
+  // The job's scheduler (it outlives this object too): set once, before
+  // the scheduler starts and before any Step.
+  void set_scheduler(const Scheduler* scheduler) { scheduler_ = scheduler; }
+  ~Broadcaster();  // removes the staging segment's name
+
+  struct StepResult {
+    std::string segment_name;  // step 0
+    uint64_t segment_bytes = 0;
+    uint64_t piece_bytes = kPieceBytes;
+  };
+  // One trainer's call (BroadcastRequest); blocks until every local trainer
+  // made it, or the job fails, or (before every trainer arrived) the
+  // deadline, a MonotonicNow() time, passes. An error that concerns the
+  // job fails it first.
+  absl::StatusOr<StepResult> Step(const Trainer& caller, uint64_t bytes, int root_rank,
+                                  uint64_t step, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_)
+      // It releases mu_ around the call it runs, which the analysis cannot follow.
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
+  // The job failed: every waiting and later Step returns `error`.
+  void Abort(const absl::Status& error) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Scheduler thread, before trainer `t`'s first mark of an iteration (after
+  // the scheduler counts the iteration as started): false when a broadcast
+  // is under way (the job has then failed, naming both).
+  bool AllowMarks(const Trainer& t) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Pieces of a broadcast of `bytes` (steps 1..Pieces).
+  static uint64_t Pieces(uint64_t bytes) { return (bytes + kPieceBytes - 1) / kPieceBytes; }
+
+ private:
+  // The call every local trainer makes next.
+  struct Call {
+    uint64_t bytes = 0;
+    int root_rank = 0;
+    uint64_t step = 0;
+    int first = -1;               // local rank that arrived first
+    std::vector<uint8_t> arrived;  // per local rank
+    int count = 0;
+  };
+  // The last arrival's work, with the lock released: the cross-node part
+  // of `call`. *collective: the error is a collective's failure (the job
+  // then asks the leader which node caused it), not a verdict.
+  absl::Status Run(const Call& call, bool* collective) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Agree(const Call& call, bool* collective);
+  absl::Status EnsureSegment();
+  uint8_t* Slot(uint64_t piece) const;
+  // Fails the job (lock released) and returns `error`.
+  absl::Status FailJob(const absl::Status& error, int culprit = -1) ABSL_LOCKS_EXCLUDED(mu_);
+  std::string Names(const std::vector<uint8_t>& which) const;
+  int LocalTrainers() const;
+
+  const std::vector<Trainer*> trainers_;
+  const Scheduler* scheduler_ = nullptr;
+  Backend* const backend_;
+  const FailFn fail_;
+  const Options options_;
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);
+  Call call_ ABSL_GUARDED_BY(mu_);
+  uint64_t calls_started_ ABSL_GUARDED_BY(mu_) = 0;  // number of the call being collected
+  uint64_t calls_done_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status last_result_ ABSL_GUARDED_BY(mu_);
+  bool running_ ABSL_GUARDED_BY(mu_) = false;  // the last arrival runs the call
+  // From a broadcast's first arrival at step 0 until its last step is done.
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  // Per local rank: 1 + the iteration of its latest first mark (0: none).
+  std::vector<uint64_t> marked_in_ ABSL_GUARDED_BY(mu_);
+  // Written by the thread running step 0 (running_), read after it.
+  ipc::SharedSegment segment_;
+  int root_node_ = 0;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_ENGINE_BROADCASTER_H_
