@@ -179,6 +179,11 @@ class DaemonDevice {
   // may be running on it.
   virtual absl::StatusOr<void*> OpenMemory(const DeviceId& device, const IpcHandle& handle) = 0;
   virtual absl::Status CloseMemory(const DeviceId& device, void* base) = 0;
+  // The size in bytes of the allocation OpenMemory mapped at `base`, as the
+  // device knows it (never the trainer's word): what the tensors placed in
+  // it must fit, since a byte past it is an illegal address — a sticky
+  // error that ends every job of the daemon.
+  virtual absl::StatusOr<uint64_t> MappedSize(const DeviceId& device, void* base) = 0;
 
   // A trainer's readiness event. Query never blocks; an error (the trainer's
   // context died) is returned as such, not as kPending.

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <unistd.h>
 #include <map>
 #include <set>
 #include <utility>
@@ -277,6 +278,14 @@ using sim::SimStream;
 
 DeviceId SimDeviceId(int index) { return absl::StrCat("SIM-GPU-", index); }
 
+std::string SimHost(const SimOptions& options) {
+  if (!options.host.empty()) return options.host;
+  if (const char* id = std::getenv("NCCL_HOSTID"); id != nullptr && *id != '\0') return id;
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
 absl::StatusOr<SimOptions> SimOptions::FromEnv() {
   SimOptions o;
   int64_t gpus = o.num_gpus;
@@ -379,10 +388,18 @@ absl::StatusOr<IpcHandle> SimTrainerDevice::ExportMemory(void* base) {
 }
 
 absl::StatusOr<Event*> SimTrainerDevice::CreateEvent(const DeviceId& device) {
+  return NewEvent(device, /*interprocess=*/true);
+}
+
+absl::StatusOr<Event*> SimTrainerDevice::CreateLocalEvent(const DeviceId& device) {
+  return NewEvent(device, /*interprocess=*/false);
+}
+
+absl::StatusOr<Event*> SimTrainerDevice::NewEvent(const DeviceId& device, bool interprocess) {
   absl::StatusOr<int> index = node_->IndexOf(device);
   if (!index.ok()) return index.status();
   absl::StatusOr<std::unique_ptr<SimEvent>> event =
-      SimEvent::Create(node_->options().prefix, *index);
+      SimEvent::Create(node_->options().prefix, *index, interprocess);
   if (!event.ok()) return event.status();
   return node_->AdoptEvent(*std::move(event));
 }
@@ -391,6 +408,12 @@ absl::StatusOr<IpcHandle> SimTrainerDevice::ExportEvent(Event* event) {
   SimEvent* e = node_->FindEvent(event);
   if (e == nullptr || !e->owned()) {
     return absl::InvalidArgumentError("ExportEvent: not an event created by this device");
+  }
+  if (!e->interprocess()) {
+    return absl::InvalidArgumentError(
+        "ExportEvent: the event was not created with cudaEventInterprocess | "
+        "cudaEventDisableTiming, so CUDA cannot export it (cudaIpcGetEventHandle: "
+        "cudaErrorInvalidResourceHandle)");
   }
   return e->Export();
 }
@@ -546,6 +569,17 @@ absl::Status SimDaemonDevice::CloseMemory(const DeviceId& device, void* base) {
   return Registry::Get().Close(base);
 }
 
+absl::StatusOr<uint64_t> SimDaemonDevice::MappedSize(const DeviceId& device, void* base) {
+  absl::StatusOr<int> index = node_->IndexOf(device);
+  if (!index.ok()) return index.status();
+  absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().Find(base, 1);
+  if (!region.ok() || (*region)->base != base) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MappedSize: ", sim::PointerString(base), " is not a mapped allocation base"));
+  }
+  return static_cast<uint64_t>((*region)->size);
+}
+
 absl::StatusOr<Event*> SimDaemonDevice::OpenEvent(const DeviceId& device, const IpcHandle& handle) {
   absl::StatusOr<int> index = node_->IndexOf(device);
   if (!index.ok()) return index.status();
@@ -626,7 +660,8 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> SimDaemonDevice::CreateCollecti
     if (auto st = node_->CheckNoCollective(*index, "creating communicators"); !st.ok()) return st;
   }
   absl::StatusOr<std::unique_ptr<CollectiveGroup>> group =
-      sim::CreateSimCollectives(options, indices, node_->options().prefix);
+      sim::CreateSimCollectives(options, indices, node_->options().prefix,
+                                SimHost(node_->options()));
   if (!group.ok()) return group.status();
   return std::unique_ptr<CollectiveGroup>(
       new sim::CountedCollectives(*std::move(group), node_.get(), indices));

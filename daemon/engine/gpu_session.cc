@@ -122,8 +122,37 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
         }
         p.opened.push_back(*base);
       }
+      // Each tensor must lie inside its mapped allocation, aligned for its
+      // dtype: a byte outside would be an illegal address in the daemon's
+      // kernels — a sticky error that ends every job on the node.
+      std::vector<uint64_t> sizes;
+      for (size_t a = 0; a < p.opened.size(); ++a) {
+        absl::StatusOr<uint64_t> size = device->MappedSize(spec.device, p.opened[a]);
+        if (!size.ok()) {
+          return SetupError(size.status(),
+                            absl::StrCat("the size of allocation ", a, " of ", in.name));
+        }
+        sizes.push_back(*size);
+      }
       for (size_t i = 0; i < layout.size(); ++i) {
-        p.tensors[i] = static_cast<uint8_t*>(p.opened[spec.allocation[i]]) + spec.offset[i];
+        const uint64_t align = DTypeSize(layout[i].dtype);
+        const uint64_t offset = spec.offset[i], bytes = layout[i].bytes();
+        const uint64_t size = sizes[spec.allocation[i]];
+        if (offset % align != 0) {
+          return MakeError(v1::INVALID_ARGUMENT,
+                           absl::StrCat(in.name, "'s tensor ", i, " '", layout[i].name,
+                                        "': offset ", offset, " in allocation ",
+                                        spec.allocation[i], " is not aligned to its dtype's ",
+                                        align, " bytes"));
+        }
+        if (offset > size || bytes > size - offset) {
+          return MakeError(v1::INVALID_ARGUMENT,
+                           absl::StrCat(in.name, "'s tensor ", i, " '", layout[i].name,
+                                        "': bytes [", offset, ", ", offset + bytes,
+                                        ") lie outside allocation ", spec.allocation[i], " (",
+                                        size, " bytes mapped)"));
+        }
+        p.tensors[i] = static_cast<uint8_t*>(p.opened[spec.allocation[i]]) + offset;
       }
     }
     for (size_t i = 0; i < layout.size(); ++i) {

@@ -129,13 +129,17 @@ void StartTwoSimNodes(std::vector<std::string> common, std::unique_ptr<Daemon>* 
   common.push_back("--job-token-file=" + secrets.File("token"));
   std::vector<std::string> lead = common;
   lead.push_back("--node-rank=0");
-  *leader = std::make_unique<Daemon>(2, lead, SimEnv(2), "tests/gpu/gradsyncd_sim");
+  // One host per node, as NCCL_HOSTID makes two nodes of one machine.
+  std::map<std::string, std::string> env = SimEnv(2);
+  env["NCCL_HOSTID"] = "sim-node-0";
+  *leader = std::make_unique<Daemon>(2, lead, env, "tests/gpu/gradsyncd_sim");
   ASSERT_TRUE((*leader)->WaitReady(seconds(10))) << (*leader)->process().Log();
   const int port = (*leader)->ListenPort(seconds(10));
   ASSERT_GT(port, 0) << (*leader)->process().Log();
   std::vector<std::string> follow = common;
   follow.insert(follow.end(), {"--node-rank=1", absl::StrCat("--leader=127.0.0.1:", port)});
-  *follower = std::make_unique<Daemon>(2, follow, SimEnv(2), "tests/gpu/gradsyncd_sim");
+  env["NCCL_HOSTID"] = "sim-node-1";
+  *follower = std::make_unique<Daemon>(2, follow, env, "tests/gpu/gradsyncd_sim");
   ASSERT_TRUE((*follower)->WaitReady(seconds(10))) << (*follower)->process().Log();
 }
 
