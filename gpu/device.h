@@ -48,6 +48,13 @@
 
 namespace gradsync::gpu {
 
+// An error after which this process can never use its device again (a
+// sticky CUDA error poisons every context; too many leaked NCCL bootstrap
+// threads): the daemon exits with a distinct code and its supervisor
+// restarts it. Marks `status` (an error) so, whichever layer returns it.
+absl::Status MarkDeviceLost(absl::Status status);
+bool IsDeviceLost(const absl::Status& status);
+
 // A cross-process handle: cudaIpcMemHandle_t / cudaIpcEventHandle_t bytes,
 // or the simulation's segment name, zero-padded.
 struct IpcHandle {

@@ -297,6 +297,9 @@ absl::StatusOr<SimOptions> SimOptions::FromEnv() {
   o.num_gpus = static_cast<int>(std::min<int64_t>(gpus, 1 << 20));
   o.min_op_delay = absl::Microseconds(min_us);
   o.max_op_delay = absl::Microseconds(std::max(min_us, max_us));
+  if (const char* raw = std::getenv("GRADSYNC_SIM_LOSE_DEVICE_AT"); raw != nullptr) {
+    o.lose_device_at = raw;
+  }
   if (const char* raw = std::getenv("GRADSYNC_SIM_VISIBLE_DEVICES"); raw != nullptr && *raw) {
     for (absl::string_view part : absl::StrSplit(raw, ',')) {
       int v = 0;
@@ -509,11 +512,20 @@ absl::StatusOr<std::unique_ptr<SimDaemonDevice>> SimDaemonDevice::CreateFromEnv(
 SimDaemonDevice::SimDaemonDevice(std::unique_ptr<Node> node) : node_(std::move(node)) {}
 SimDaemonDevice::~SimDaemonDevice() = default;
 
+absl::Status SimDaemonDevice::Lost(const char* op) {
+  const std::string& at = node_->options().lose_device_at;
+  if (!lost_.load() && (at.empty() || at != op)) return absl::OkStatus();
+  lost_.store(true);
+  return MarkDeviceLost(absl::InternalError(absl::StrCat(
+      "simulated sticky error (lost at ", at, "; now ", op, "): the device is unusable")));
+}
+
 absl::Status SimDaemonDevice::CheckDevice(const DeviceId& device) {
   return node_->IndexOf(device).status();
 }
 
 absl::StatusOr<void*> SimDaemonDevice::Alloc(const DeviceId& device, size_t bytes) {
+  if (absl::Status st = Lost("alloc"); !st.ok()) return st;
   absl::StatusOr<int> index = node_->IndexOf(device);
   if (!index.ok()) return index.status();
   if (auto st = node_->CheckNoCollective(*index, "cudaMalloc"); !st.ok()) return st;
@@ -521,6 +533,7 @@ absl::StatusOr<void*> SimDaemonDevice::Alloc(const DeviceId& device, size_t byte
 }
 
 absl::Status SimDaemonDevice::Free(const DeviceId& device, void* ptr) {
+  if (absl::Status st = Lost("free"); !st.ok()) return st;
   absl::StatusOr<int> index = node_->IndexOf(device);
   if (!index.ok()) return index.status();
   absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().FindOwnedBase(ptr);
@@ -548,6 +561,7 @@ absl::StatusOr<IpcHandle> SimDaemonDevice::ExportMemory(const DeviceId& device, 
 }
 
 absl::StatusOr<void*> SimDaemonDevice::OpenMemory(const DeviceId& device, const IpcHandle& handle) {
+  if (absl::Status st = Lost("open_memory"); !st.ok()) return st;
   absl::StatusOr<int> index = node_->IndexOf(device);
   if (!index.ok()) return index.status();
   if (auto st = node_->CheckNoCollective(*index, "cudaIpcOpenMemHandle"); !st.ok()) return st;
@@ -557,6 +571,7 @@ absl::StatusOr<void*> SimDaemonDevice::OpenMemory(const DeviceId& device, const 
 }
 
 absl::Status SimDaemonDevice::CloseMemory(const DeviceId& device, void* base) {
+  if (absl::Status st = Lost("close_memory"); !st.ok()) return st;
   absl::StatusOr<int> index = node_->IndexOf(device);
   if (!index.ok()) return index.status();
   absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().Find(base, 1);
@@ -581,6 +596,7 @@ absl::StatusOr<uint64_t> SimDaemonDevice::MappedSize(const DeviceId& device, voi
 }
 
 absl::StatusOr<Event*> SimDaemonDevice::OpenEvent(const DeviceId& device, const IpcHandle& handle) {
+  if (absl::Status st = Lost("open_event"); !st.ok()) return st;
   absl::StatusOr<int> index = node_->IndexOf(device);
   if (!index.ok()) return index.status();
   absl::StatusOr<std::unique_ptr<SimEvent>> event = SimEvent::Open(handle, *index);
@@ -652,6 +668,7 @@ absl::Status SimDaemonDevice::SumAsync(void* dst, const std::vector<const void*>
 
 absl::StatusOr<std::unique_ptr<CollectiveGroup>> SimDaemonDevice::CreateCollectives(
     const CollectiveOptions& options) {
+  if (absl::Status st = Lost("create_collectives"); !st.ok()) return st;
   std::vector<int> indices;
   for (const DeviceId& d : options.devices) {
     absl::StatusOr<int> index = node_->IndexOf(d);

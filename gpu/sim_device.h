@@ -19,6 +19,8 @@
 //                                      CUDA_VISIBLE_DEVICES; default: all)
 //   GRADSYNC_SIM_MIN_DELAY_US / GRADSYNC_SIM_MAX_DELAY_US   per-operation
 //                                      delay on a stream (default 0 / 2000)
+//   GRADSYNC_SIM_LOSE_DEVICE_AT=OP     SimOptions::lose_device_at (tests of
+//                                      the daemon's exit on a sticky error)
 // or pass SimOptions to Create.
 //
 // What a trainer's framework does (allocate, launch the backward kernel
@@ -58,6 +60,7 @@
 #ifndef GRADSYNC_GPU_SIM_DEVICE_H_
 #define GRADSYNC_GPU_SIM_DEVICE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -82,6 +85,10 @@ struct SimOptions {
   std::string prefix = "gssim";  // segment names "<prefix>.<pid>.<n>"
   // The host NCCL would see; empty: $NCCL_HOSTID, else the hostname.
   std::string host;
+  // A daemon device's first call of this kind fails with a sticky error
+  // (marked IsDeviceLost), and so does every later call: "alloc", "free",
+  // "open_memory", "close_memory", "open_event", "create_collectives".
+  std::string lose_device_at;
 
   // From the GRADSYNC_SIM_* variables above; INVALID_ARGUMENT naming the
   // variable when one is malformed.
@@ -169,7 +176,10 @@ class SimDaemonDevice final : public DaemonDevice {
 
  private:
   explicit SimDaemonDevice(std::unique_ptr<sim::Node> node);
+  // OK, or the simulated sticky error (SimOptions::lose_device_at).
+  absl::Status Lost(const char* op);
   std::unique_ptr<sim::Node> node_;
+  std::atomic<bool> lost_{false};
 };
 
 // Test hooks on any simulated stream: hold its queued work until resumed,

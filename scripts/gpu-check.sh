@@ -102,8 +102,14 @@ try:
     import torch
 except Exception as e:
     sys.exit(f"gpu-check: {sys.executable} has no torch ({e}): run with PYTHON=<the python that has it>")
+try:
+    torch_nccl = torch.cuda.nccl.version()
+except Exception as e:  # a CPU-only build has none
+    torch_nccl = f"none ({e})"
 print("torch", torch.__version__, "built for CUDA", torch.version.cuda,
-      "cuda available", torch.cuda.is_available(), "torch's NCCL", torch.cuda.nccl.version())
+      "cuda available", torch.cuda.is_available(), "torch's NCCL", torch_nccl)
+if not torch.cuda.is_available():
+    sys.exit(f"gpu-check: {sys.executable}'s torch sees no CUDA device (a CPU-only build?)")
 try:
     import nvidia.nccl as n
 except Exception as e:
@@ -136,13 +142,15 @@ PY
 
   echo "-- C/C++ runtime"
   ldd --version 2>&1 | head -1
-  local libstdcxx
-  libstdcxx=$(ldd "$BUNDLE/bin/gradsyncd" 2>/dev/null | awk '/libstdc\+\+\.so/ {print $3; exit}')
-  echo "libstdc++ the binaries load: ${libstdcxx:-none found}"
-  local elves=()
+  local elves=() libstdcxx=""
   for f in "$BUNDLE"/bin/* "$BUNDLE"/lib/* "$BUNDLE"/python/gradsync/lib/*.so; do
     [ -f "$f" ] && elves+=("$f")
   done
+  for f in "${elves[@]}"; do
+    libstdcxx=$(ldd "$f" 2>/dev/null | awk '/libstdc\+\+\.so/ && $3 ~ /^\// {print $3; exit}')
+    [ -n "$libstdcxx" ] && break
+  done
+  echo "libstdc++ the binaries load: ${libstdcxx:-none (none of them loads one)}"
   echo "-- ldd of every shipped ELF file"
   for f in "${elves[@]}"; do
     echo "$f:"
@@ -169,7 +177,7 @@ need_c = max((v for f in files for v in versions(f, rb"GLIBC")), default=None)
 have_cxx = max(versions(libstdcxx, rb"GLIBCXX"), default=None) if libstdcxx else None
 print(f"GLIBCXX: the bundle needs up to {show(need_cxx)}, {libstdcxx or 'libstdc++'} offers up to {show(have_cxx)}")
 print(f"GLIBC: the bundle needs up to {show(need_c)}")
-if need_cxx and (have_cxx is None or have_cxx < need_cxx):
+if need_cxx and libstdcxx and (have_cxx is None or have_cxx < need_cxx):
     sys.exit("gpu-check: this node's libstdc++ is older than the bundle needs (shipping one would "
              "clash with torch's): build the bundle with an older compiler")
 PY

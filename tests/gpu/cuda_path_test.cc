@@ -189,8 +189,8 @@ INSTANTIATE_TEST_SUITE_P(OneGpu, CudaTwoNodesTest,
                                                std::get<1>(info.param));
                          });
 
-// Node 1's daemon stops (SIGSTOP) once its trainers registered: wherever
-// that catches it — forming the job, NCCL init, or its first collective —
+// Node 1's daemon stops (SIGSTOP) once both its trainers registered:
+// wherever that catches it — forming the job, NCCL init, or its warm-up —
 // node 0's trainers get TIMEOUT within the timeout (plus the abort), and
 // once node 1 is replaced a fresh generation trains on both nodes.
 TEST(CudaTwoNodesFaultTest, NodeThatNeverJoinsTimesOutThenAFreshGenerationTrains) {
@@ -200,7 +200,9 @@ TEST(CudaTwoNodesFaultTest, NodeThatNeverJoinsTimesOutThenAFreshGenerationTrains
   ASSERT_NO_FATAL_FAILURE(nodes.Start("never-joins", kTimeoutS));
   std::vector<Process> waiting = StartTrainers(nodes.node(0), 2, {"--steps=3"});
   std::vector<Process> lost = StartTrainers(nodes.node(1), 2, {"--steps=3"});
-  ASSERT_TRUE(WaitForLog(nodes.node(1).process(), "event=register job=", seconds(30)))
+  // Both of its trainers registered: the job forms across nodes next, then
+  // NCCL init; a node stopped now is most likely caught in either.
+  ASSERT_TRUE(WaitForLog(nodes.node(1).process(), "local_rank=1 tensors=", seconds(30)))
       << nodes.Logs();
   nodes.node(1).process().Signal(SIGSTOP);
   const auto start = std::chrono::steady_clock::now();

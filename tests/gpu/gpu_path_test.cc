@@ -325,6 +325,27 @@ TEST(GpuPath, MixingCpuAndCudaTensorsIsRefusedNamingOneOfEach) {
       << log;
 }
 
+// A sticky device error (simulated: GRADSYNC_SIM_LOSE_DEVICE_AT) leaves the
+// device unusable for the process, wherever it happens — opening a job's
+// trainer events, NCCL init, tearing the job down — so the daemon exits
+// with its distinct code for its supervisor to restart it, rather than
+// stay up failing every later GPU job.
+TEST(GpuPath, ALostDeviceOnAnyPathExitsTheDaemonWithItsCode) {
+  for (const std::string at : {"open_event", "create_collectives", "free"}) {
+    std::map<std::string, std::string> env = SimEnv(1);
+    env["GRADSYNC_SIM_LOSE_DEVICE_AT"] = at;
+    Daemon daemon(1, kDaemonArgs, env, "tests/gpu/gradsyncd_sim");
+    ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+    Process trainer = StartSimTrainer(daemon, 0, 1, {"--steps=1"});
+    const ExitStatus st = daemon.process().Wait(seconds(30));
+    const std::string log = daemon.process().Log();
+    EXPECT_TRUE(st.exited && st.code == 71) << at << ": " << st.ToString() << "\n" << log;
+    EXPECT_NE(log.find("event=device_context_lost"), std::string::npos) << at << "\n" << log;
+    EXPECT_NE(log.find("lost at " + at), std::string::npos) << log;
+    trainer.Wait(seconds(30));
+  }
+}
+
 // The release gradsyncd links no simulation: here (no GPU, or built
 // without CUDA) it has no device, so it refuses CUDA tensors, saying why,
 // and --backend=nccl at start.
