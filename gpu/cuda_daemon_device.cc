@@ -1,5 +1,7 @@
 #include "gpu/cuda_daemon_device.h"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -223,6 +225,41 @@ class CudaDaemonDevice final : public DaemonDevice {
     opened_[base] = Opened{key, (*gpu)->ordinal, 1};
     by_handle_[key] = base;
     return base;
+  }
+
+  // cuMemGetAddressRange (the runtime has no equivalent), through the
+  // runtime's driver entry point: no link against libcuda.
+  absl::StatusOr<uint64_t> MappedSize(const DeviceId& device, void* base) override {
+    absl::MutexLock lock(&mu_);
+    if (!poisoned_.ok()) return poisoned_;
+    auto it = opened_.find(base);
+    if (it == opened_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("MappedSize: ", Hex(base), " on GPU ", device,
+                                                     " is not a base OpenMemory returned"));
+    }
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    absl::Status status =
+        Check(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000,
+                                               cudaEnableDefault, &found),
+              "cudaGetDriverEntryPointByVersion(cuMemGetAddressRange)");
+    if (!status.ok()) return status;
+    if (fn == nullptr || found != cudaDriverEntryPointSuccess) {
+      return absl::FailedPreconditionError("the CUDA driver lacks cuMemGetAddressRange");
+    }
+    DeviceScope scope(it->second.ordinal);
+    if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
+    CUdeviceptr start = 0;
+    size_t size = 0;
+    const CUresult r = reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(fn)(
+        &start, &size, static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(base)));
+    if (r != CUDA_SUCCESS) {
+      return absl::InternalError(absl::StrCat("cuMemGetAddressRange(", Hex(base), ") on GPU ",
+                                              device, ": CUresult ", static_cast<int>(r)));
+    }
+    // A handle maps its allocation from the start: base is the range's start.
+    return static_cast<uint64_t>(size) -
+           (reinterpret_cast<uintptr_t>(base) - static_cast<uintptr_t>(start));
   }
 
   absl::Status CloseMemory(const DeviceId& device, void* base) override {

@@ -2,9 +2,22 @@
 
 #include <algorithm>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
 namespace gradsync::gpu {
+namespace {
+constexpr char kDeviceLostPayload[] = "type.gradsync.dev/device-lost";
+}  // namespace
+
+absl::Status MarkDeviceLost(absl::Status status) {
+  if (!status.ok()) status.SetPayload(kDeviceLostPayload, absl::Cord("1"));
+  return status;
+}
+
+bool IsDeviceLost(const absl::Status& status) {
+  return status.GetPayload(kDeviceLostPayload).has_value();
+}
 
 absl::StatusOr<IpcHandle> IpcHandle::FromBytes(const std::string& s) {
   if (s.size() != kSize) {

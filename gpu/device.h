@@ -48,6 +48,13 @@
 
 namespace gradsync::gpu {
 
+// An error after which this process can never use its device again (a
+// sticky CUDA error poisons every context; too many leaked NCCL bootstrap
+// threads): the daemon exits with a distinct code and its supervisor
+// restarts it. Marks `status` (an error) so, whichever layer returns it.
+absl::Status MarkDeviceLost(absl::Status status);
+bool IsDeviceLost(const absl::Status& status);
+
 // A cross-process handle: cudaIpcMemHandle_t / cudaIpcEventHandle_t bytes,
 // or the simulation's segment name, zero-padded.
 struct IpcHandle {
@@ -179,6 +186,11 @@ class DaemonDevice {
   // may be running on it.
   virtual absl::StatusOr<void*> OpenMemory(const DeviceId& device, const IpcHandle& handle) = 0;
   virtual absl::Status CloseMemory(const DeviceId& device, void* base) = 0;
+  // The size in bytes of the allocation OpenMemory mapped at `base`, as the
+  // device knows it (never the trainer's word): what the tensors placed in
+  // it must fit, since a byte past it is an illegal address — a sticky
+  // error that ends every job of the daemon.
+  virtual absl::StatusOr<uint64_t> MappedSize(const DeviceId& device, void* base) = 0;
 
   // A trainer's readiness event. Query never blocks; an error (the trainer's
   // context died) is returned as such, not as kPending.

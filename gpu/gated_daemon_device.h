@@ -34,6 +34,9 @@ class GatedDaemonDevice final : public DaemonDevice {
     return device_->ExportMemory(device, base);
   }
   absl::StatusOr<void*> OpenMemory(const DeviceId& device, const IpcHandle& handle) override;
+  absl::StatusOr<uint64_t> MappedSize(const DeviceId& device, void* base) override {
+    return device_->MappedSize(device, base);  // a host-side query: no gate needed
+  }
   absl::Status CloseMemory(const DeviceId& device, void* base) override;
   absl::StatusOr<Event*> OpenEvent(const DeviceId& device, const IpcHandle& handle) override {
     return device_->OpenEvent(device, handle);

@@ -738,9 +738,11 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateNcclCollectives(
   const bool all_local = static_cast<int>(options.devices.size()) == options.nranks;
   const bool leaks_root = options.first_rank == 0 && !all_local;
   if (leaks_root && LeakedBootstrapRoots() >= kMaxLeakedBootstrapRoots) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    // Every later multi-node job would be refused too: the daemon exits
+    // (and is restarted) rather than fail them all.
+    return MarkDeviceLost(absl::FailedPreconditionError(absl::StrCat(
         "nccl: ", LeakedBootstrapRoots(),
-        " failed generations left NCCL bootstrap threads and sockets behind; restart the daemon"));
+        " failed generations left NCCL bootstrap threads and sockets behind; restart the daemon")));
   }
 
   absl::StatusOr<std::vector<int>> ordinals = MapDevices(options.devices);

@@ -21,7 +21,7 @@
 // kDeadlineExceeded (a peer did not join in time), kUnavailable (NCCL or a
 // peer failed; no device), kInvalidArgument (bad options, unknown GPU),
 // kFailedPrecondition (NCCL missing or misconfigured; too many leaked
-// bootstrap listeners: restart the daemon).
+// bootstrap listeners, marked IsDeviceLost: the daemon exits).
 //
 // AllreduceSum: ncclSum (never ncclAvg: the caller pre-scales in fp32 in its
 // local-sum kernel, which is exact where ncclAvg's per-dtype 1/nranks is not,
@@ -76,7 +76,8 @@ inline constexpr int kAbortOverrunExitCode = 70;
 // Creations on the rank-0 node that failed after ncclGetUniqueId: each
 // leaves NCCL's bootstrap root thread and its socket behind (it exits only
 // once every rank connected). Past kMaxLeakedBootstrapRoots creation
-// refuses with kFailedPrecondition: the daemon should restart.
+// refuses with kFailedPrecondition marked IsDeviceLost (device.h): the
+// daemon exits with kDeviceLostExitCode and its supervisor restarts it.
 inline constexpr int kMaxLeakedBootstrapRoots = 16;
 int LeakedBootstrapRoots();
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <set>
@@ -31,6 +32,10 @@ struct RankSlot {
   std::atomic<uint64_t> instance;  // its group object (names its call segments)
   std::atomic<uint64_t> arrived;   // last collective whose input is published
   std::atomic<uint64_t> done;      // last collective whose inputs it has read
+  // Where the rank runs, as NCCL identifies it (host, GPU): written before
+  // its first `arrived`, read by peers after the warm-up.
+  int32_t device_index;
+  char host[64];
 };
 
 // The group segment: created by the node holding rank 0.
@@ -79,7 +84,7 @@ uint64_t NewInstance() {
 class SimCollectiveGroup final : public CollectiveGroup {
  public:
   SimCollectiveGroup(const CollectiveOptions& options, std::vector<int> device_indices,
-                     std::string prefix)
+                     std::string prefix, std::string host)
       : nranks_(options.nranks),
         first_rank_(options.first_rank),
         nlocal_(static_cast<int>(device_indices.size())),
@@ -87,6 +92,7 @@ class SimCollectiveGroup final : public CollectiveGroup {
         timeout_(options.timeout),
         device_indices_(std::move(device_indices)),
         prefix_(std::move(prefix)),
+        host_(std::move(host)),
         instance_(NewInstance()) {}
 
   ~SimCollectiveGroup() override {
@@ -107,6 +113,7 @@ class SimCollectiveGroup final : public CollectiveGroup {
       ipc::SharedSegment::Remove(group_.name()).IgnoreError();
       group_unlinked_ = true;
     }
+    if (warm.ok() && nranks_ > nlocal_) warm = CheckOneRankPerGpu();
     return warm;
   }
 
@@ -204,6 +211,36 @@ class SimCollectiveGroup final : public CollectiveGroup {
       }
       // Read by peers only after this rank's first `arrived` (release).
       slot.instance.store(instance_, std::memory_order_relaxed);
+      slot.device_index = device_indices_[j];
+      std::snprintf(slot.host, sizeof(slot.host), "%s", host_.c_str());
+    }
+    return absl::OkStatus();
+  }
+
+  // NCCL refuses two ranks of one communicator on one GPU of one host
+  // (ncclInvalidUsage, "Duplicate GPU detected") on every rank, telling
+  // hosts apart by NCCL_HOSTID: so does the simulation, once every rank
+  // has arrived (the warm-up) and published where it runs.
+  absl::Status CheckOneRankPerGpu() {
+    const GroupHeader* g = header();
+    for (int a = 0; a < nranks_; ++a) {
+      for (int b = a + 1; b < nranks_; ++b) {
+        const RankSlot& x = g->slots[a];
+        const RankSlot& y = g->slots[b];
+        if (x.device_index == y.device_index &&
+            std::strncmp(x.host, y.host, sizeof(x.host)) == 0) {
+          // Every rank reaches this verdict itself: telling the peers
+          // would turn theirs into a peer failure.
+          absl::Status st = absl::InvalidArgumentError(absl::StrCat(
+              "ranks ", a, " and ", b, " of one communicator are both on SIM-GPU-",
+              x.device_index, " of host '", std::string(x.host, strnlen(x.host, sizeof(x.host))),
+              "': NCCL refuses two ranks on one GPU of one host (give each node its own "
+              "NCCL_HOSTID)"));
+          absl::MutexLock lock(&mu_);
+          if (failure_.ok()) failure_ = st;
+          return st;
+        }
+      }
     }
     return absl::OkStatus();
   }
@@ -428,6 +465,7 @@ class SimCollectiveGroup final : public CollectiveGroup {
   const absl::Duration timeout_;
   const std::vector<int> device_indices_;
   const std::string prefix_;
+  const std::string host_;
   const uint64_t instance_;
 
   // Multi-node only. Written by Init before the group is shared.
@@ -446,7 +484,7 @@ class SimCollectiveGroup final : public CollectiveGroup {
 
 absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateSimCollectives(
     const CollectiveOptions& options, const std::vector<int>& device_indices,
-    const std::string& prefix) {
+    const std::string& prefix, const std::string& host) {
   const int nlocal = static_cast<int>(device_indices.size());
   if (nlocal == 0) return absl::InvalidArgumentError("a collective group needs local devices");
   if (options.nranks < nlocal || options.first_rank < 0 ||
@@ -458,7 +496,7 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateSimCollectives(
   if (std::set<int>(device_indices.begin(), device_indices.end()).size() != device_indices.size()) {
     return absl::InvalidArgumentError("a GPU appears twice in the collective group's devices");
   }
-  auto group = std::make_unique<SimCollectiveGroup>(options, device_indices, prefix);
+  auto group = std::make_unique<SimCollectiveGroup>(options, device_indices, prefix, host);
   if (auto st = group->Init(options); !st.ok()) return st;
   return std::unique_ptr<CollectiveGroup>(std::move(group));
 }

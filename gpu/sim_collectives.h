@@ -23,11 +23,13 @@
 
 namespace gradsync::gpu::sim {
 
-// `device_indices`: the sim GPU index of each of options.devices. Runs the
-// one-element warm-up collective before returning.
+// `device_indices`: the sim GPU index of each of options.devices; `host`:
+// this node's host as NCCL would see it (two ranks on one GPU of one host
+// are refused, as NCCL refuses them). Runs the one-element warm-up
+// collective before returning.
 absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateSimCollectives(
     const CollectiveOptions& options, const std::vector<int>& device_indices,
-    const std::string& prefix);
+    const std::string& prefix, const std::string& host);
 
 }  // namespace gradsync::gpu::sim
 

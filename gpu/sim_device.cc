@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <unistd.h>
 #include <map>
 #include <set>
 #include <utility>
@@ -277,6 +278,14 @@ using sim::SimStream;
 
 DeviceId SimDeviceId(int index) { return absl::StrCat("SIM-GPU-", index); }
 
+std::string SimHost(const SimOptions& options) {
+  if (!options.host.empty()) return options.host;
+  if (const char* id = std::getenv("NCCL_HOSTID"); id != nullptr && *id != '\0') return id;
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
 absl::StatusOr<SimOptions> SimOptions::FromEnv() {
   SimOptions o;
   int64_t gpus = o.num_gpus;
@@ -288,6 +297,9 @@ absl::StatusOr<SimOptions> SimOptions::FromEnv() {
   o.num_gpus = static_cast<int>(std::min<int64_t>(gpus, 1 << 20));
   o.min_op_delay = absl::Microseconds(min_us);
   o.max_op_delay = absl::Microseconds(std::max(min_us, max_us));
+  if (const char* raw = std::getenv("GRADSYNC_SIM_LOSE_DEVICE_AT"); raw != nullptr) {
+    o.lose_device_at = raw;
+  }
   if (const char* raw = std::getenv("GRADSYNC_SIM_VISIBLE_DEVICES"); raw != nullptr && *raw) {
     for (absl::string_view part : absl::StrSplit(raw, ',')) {
       int v = 0;
@@ -379,10 +391,18 @@ absl::StatusOr<IpcHandle> SimTrainerDevice::ExportMemory(void* base) {
 }
 
 absl::StatusOr<Event*> SimTrainerDevice::CreateEvent(const DeviceId& device) {
+  return NewEvent(device, /*interprocess=*/true);
+}
+
+absl::StatusOr<Event*> SimTrainerDevice::CreateLocalEvent(const DeviceId& device) {
+  return NewEvent(device, /*interprocess=*/false);
+}
+
+absl::StatusOr<Event*> SimTrainerDevice::NewEvent(const DeviceId& device, bool interprocess) {
   absl::StatusOr<int> index = node_->IndexOf(device);
   if (!index.ok()) return index.status();
   absl::StatusOr<std::unique_ptr<SimEvent>> event =
-      SimEvent::Create(node_->options().prefix, *index);
+      SimEvent::Create(node_->options().prefix, *index, interprocess);
   if (!event.ok()) return event.status();
   return node_->AdoptEvent(*std::move(event));
 }
@@ -391,6 +411,12 @@ absl::StatusOr<IpcHandle> SimTrainerDevice::ExportEvent(Event* event) {
   SimEvent* e = node_->FindEvent(event);
   if (e == nullptr || !e->owned()) {
     return absl::InvalidArgumentError("ExportEvent: not an event created by this device");
+  }
+  if (!e->interprocess()) {
+    return absl::InvalidArgumentError(
+        "ExportEvent: the event was not created with cudaEventInterprocess | "
+        "cudaEventDisableTiming, so CUDA cannot export it (cudaIpcGetEventHandle: "
+        "cudaErrorInvalidResourceHandle)");
   }
   return e->Export();
 }
@@ -486,11 +512,20 @@ absl::StatusOr<std::unique_ptr<SimDaemonDevice>> SimDaemonDevice::CreateFromEnv(
 SimDaemonDevice::SimDaemonDevice(std::unique_ptr<Node> node) : node_(std::move(node)) {}
 SimDaemonDevice::~SimDaemonDevice() = default;
 
+absl::Status SimDaemonDevice::Lost(const char* op) {
+  const std::string& at = node_->options().lose_device_at;
+  if (!lost_.load() && (at.empty() || at != op)) return absl::OkStatus();
+  lost_.store(true);
+  return MarkDeviceLost(absl::InternalError(absl::StrCat(
+      "simulated sticky error (lost at ", at, "; now ", op, "): the device is unusable")));
+}
+
 absl::Status SimDaemonDevice::CheckDevice(const DeviceId& device) {
   return node_->IndexOf(device).status();
 }
 
 absl::StatusOr<void*> SimDaemonDevice::Alloc(const DeviceId& device, size_t bytes) {
+  if (absl::Status st = Lost("alloc"); !st.ok()) return st;
   absl::StatusOr<int> index = node_->IndexOf(device);
   if (!index.ok()) return index.status();
   if (auto st = node_->CheckNoCollective(*index, "cudaMalloc"); !st.ok()) return st;
@@ -498,6 +533,7 @@ absl::StatusOr<void*> SimDaemonDevice::Alloc(const DeviceId& device, size_t byte
 }
 
 absl::Status SimDaemonDevice::Free(const DeviceId& device, void* ptr) {
+  if (absl::Status st = Lost("free"); !st.ok()) return st;
   absl::StatusOr<int> index = node_->IndexOf(device);
   if (!index.ok()) return index.status();
   absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().FindOwnedBase(ptr);
@@ -525,6 +561,7 @@ absl::StatusOr<IpcHandle> SimDaemonDevice::ExportMemory(const DeviceId& device, 
 }
 
 absl::StatusOr<void*> SimDaemonDevice::OpenMemory(const DeviceId& device, const IpcHandle& handle) {
+  if (absl::Status st = Lost("open_memory"); !st.ok()) return st;
   absl::StatusOr<int> index = node_->IndexOf(device);
   if (!index.ok()) return index.status();
   if (auto st = node_->CheckNoCollective(*index, "cudaIpcOpenMemHandle"); !st.ok()) return st;
@@ -534,6 +571,7 @@ absl::StatusOr<void*> SimDaemonDevice::OpenMemory(const DeviceId& device, const 
 }
 
 absl::Status SimDaemonDevice::CloseMemory(const DeviceId& device, void* base) {
+  if (absl::Status st = Lost("close_memory"); !st.ok()) return st;
   absl::StatusOr<int> index = node_->IndexOf(device);
   if (!index.ok()) return index.status();
   absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().Find(base, 1);
@@ -546,7 +584,19 @@ absl::Status SimDaemonDevice::CloseMemory(const DeviceId& device, void* base) {
   return Registry::Get().Close(base);
 }
 
+absl::StatusOr<uint64_t> SimDaemonDevice::MappedSize(const DeviceId& device, void* base) {
+  absl::StatusOr<int> index = node_->IndexOf(device);
+  if (!index.ok()) return index.status();
+  absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().Find(base, 1);
+  if (!region.ok() || (*region)->base != base) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MappedSize: ", sim::PointerString(base), " is not a mapped allocation base"));
+  }
+  return static_cast<uint64_t>((*region)->size);
+}
+
 absl::StatusOr<Event*> SimDaemonDevice::OpenEvent(const DeviceId& device, const IpcHandle& handle) {
+  if (absl::Status st = Lost("open_event"); !st.ok()) return st;
   absl::StatusOr<int> index = node_->IndexOf(device);
   if (!index.ok()) return index.status();
   absl::StatusOr<std::unique_ptr<SimEvent>> event = SimEvent::Open(handle, *index);
@@ -618,6 +668,7 @@ absl::Status SimDaemonDevice::SumAsync(void* dst, const std::vector<const void*>
 
 absl::StatusOr<std::unique_ptr<CollectiveGroup>> SimDaemonDevice::CreateCollectives(
     const CollectiveOptions& options) {
+  if (absl::Status st = Lost("create_collectives"); !st.ok()) return st;
   std::vector<int> indices;
   for (const DeviceId& d : options.devices) {
     absl::StatusOr<int> index = node_->IndexOf(d);
@@ -626,7 +677,8 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> SimDaemonDevice::CreateCollecti
     if (auto st = node_->CheckNoCollective(*index, "creating communicators"); !st.ok()) return st;
   }
   absl::StatusOr<std::unique_ptr<CollectiveGroup>> group =
-      sim::CreateSimCollectives(options, indices, node_->options().prefix);
+      sim::CreateSimCollectives(options, indices, node_->options().prefix,
+                                SimHost(node_->options()));
   if (!group.ok()) return group.status();
   return std::unique_ptr<CollectiveGroup>(
       new sim::CountedCollectives(*std::move(group), node_.get(), indices));

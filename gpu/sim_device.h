@@ -19,6 +19,8 @@
 //                                      CUDA_VISIBLE_DEVICES; default: all)
 //   GRADSYNC_SIM_MIN_DELAY_US / GRADSYNC_SIM_MAX_DELAY_US   per-operation
 //                                      delay on a stream (default 0 / 2000)
+//   GRADSYNC_SIM_LOSE_DEVICE_AT=OP     SimOptions::lose_device_at (tests of
+//                                      the daemon's exit on a sticky error)
 // or pass SimOptions to Create.
 //
 // What a trainer's framework does (allocate, launch the backward kernel
@@ -32,8 +34,15 @@
 //
 // Differences from CUDA worth knowing: the legacy default stream (null) is
 // an ordinary in-order stream per GPU and does not synchronize with the
-// others; a process may open its own exported memory (CUDA refuses);
-// Free/Close never wait (queued operations keep their memory mapped).
+// others; Free/Close never wait (queued operations keep their memory
+// mapped).
+//
+// Refused as CUDA and NCCL refuse them (INVALID_ARGUMENT, saying which):
+//   a process opening an IPC handle (memory or event) it exported itself;
+//   exporting an event not created interprocess (CreateLocalEvent);
+//   two ranks of one communicator on one GPU of one host, the host being
+//   SimOptions::host (default $NCCL_HOSTID, else the machine's hostname),
+//   as NCCL tells hosts apart — at creation, on every rank.
 //
 // Rules the simulation checks where CUDA leaves undefined behaviour or a
 // deadlock (so that tests can assert them):
@@ -51,6 +60,7 @@
 #ifndef GRADSYNC_GPU_SIM_DEVICE_H_
 #define GRADSYNC_GPU_SIM_DEVICE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -73,6 +83,12 @@ struct SimOptions {
   absl::Duration min_op_delay = absl::ZeroDuration();
   absl::Duration max_op_delay = absl::Milliseconds(2);
   std::string prefix = "gssim";  // segment names "<prefix>.<pid>.<n>"
+  // The host NCCL would see; empty: $NCCL_HOSTID, else the hostname.
+  std::string host;
+  // A daemon device's first call of this kind fails with a sticky error
+  // (marked IsDeviceLost), and so does every later call: "alloc", "free",
+  // "open_memory", "close_memory", "open_event", "create_collectives".
+  std::string lose_device_at;
 
   // From the GRADSYNC_SIM_* variables above; INVALID_ARGUMENT naming the
   // variable when one is malformed.
@@ -81,6 +97,8 @@ struct SimOptions {
 
 // "SIM-GPU-<index>".
 DeviceId SimDeviceId(int index);
+// options.host, else $NCCL_HOSTID, else the machine's hostname.
+std::string SimHost(const SimOptions& options);
 
 class SimTrainerDevice final : public TrainerDevice {
  public:
@@ -105,6 +123,9 @@ class SimTrainerDevice final : public TrainerDevice {
 
   // The framework's side (cudaMalloc, cudaFree, cudaStreamCreate, the
   // backward kernel, cudaStreamSynchronize). Memory is zeroed.
+  // An event as cudaEventCreate makes one (default flags): usable in this
+  // process, refused by ExportEvent as CUDA refuses it.
+  absl::StatusOr<Event*> CreateLocalEvent(const DeviceId& device);
   absl::StatusOr<void*> Alloc(const DeviceId& device, size_t bytes);
   absl::Status Free(void* base);
   absl::StatusOr<Stream*> CreateStream(const DeviceId& device);
@@ -119,6 +140,7 @@ class SimTrainerDevice final : public TrainerDevice {
 
  private:
   explicit SimTrainerDevice(std::unique_ptr<sim::Node> node);
+  absl::StatusOr<Event*> NewEvent(const DeviceId& device, bool interprocess);
   std::unique_ptr<sim::Node> node_;
 };
 
@@ -136,6 +158,7 @@ class SimDaemonDevice final : public DaemonDevice {
   absl::StatusOr<IpcHandle> ExportMemory(const DeviceId& device, void* base) override;
   absl::StatusOr<void*> OpenMemory(const DeviceId& device, const IpcHandle& handle) override;
   absl::Status CloseMemory(const DeviceId& device, void* base) override;
+  absl::StatusOr<uint64_t> MappedSize(const DeviceId& device, void* base) override;
   absl::StatusOr<Event*> OpenEvent(const DeviceId& device, const IpcHandle& handle) override;
   absl::StatusOr<Completion> QueryEvent(Event* event) override;
   void CloseEvent(Event* event) override;
@@ -153,7 +176,10 @@ class SimDaemonDevice final : public DaemonDevice {
 
  private:
   explicit SimDaemonDevice(std::unique_ptr<sim::Node> node);
+  // OK, or the simulated sticky error (SimOptions::lose_device_at).
+  absl::Status Lost(const char* op);
   std::unique_ptr<sim::Node> node_;
+  std::atomic<bool> lost_{false};
 };
 
 // Test hooks on any simulated stream: hold its queued work until resumed,

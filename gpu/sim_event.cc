@@ -46,7 +46,7 @@ SimEvent* SimEvent::FromHandle(Event* event) {
 }
 
 absl::StatusOr<std::unique_ptr<SimEvent>> SimEvent::Create(const std::string& prefix,
-                                                           int device_index) {
+                                                           int device_index, bool interprocess) {
   auto mapping = std::make_shared<Mapping>();
   mapping->name = NewSegmentName(prefix, "e");
   absl::StatusOr<ipc::SharedSegment> seg =
@@ -59,7 +59,9 @@ absl::StatusOr<std::unique_ptr<SimEvent>> SimEvent::Create(const std::string& pr
   r->device_index = device_index;
   std::atomic_thread_fence(std::memory_order_release);
   r->magic = kEventMagic;
-  return std::unique_ptr<SimEvent>(new SimEvent(std::move(mapping), /*owned=*/true));
+  auto event = std::unique_ptr<SimEvent>(new SimEvent(std::move(mapping), /*owned=*/true));
+  event->interprocess_ = interprocess;
+  return event;
 }
 
 absl::StatusOr<std::unique_ptr<SimEvent>> SimEvent::Open(const IpcHandle& handle,
@@ -82,6 +84,12 @@ absl::StatusOr<std::unique_ptr<SimEvent>> SimEvent::Open(const IpcHandle& handle
     return absl::InvalidArgumentError(absl::StrCat("event ", *name, " is on sim GPU ",
                                                    mapping->record()->device_index, ", not ",
                                                    device_index));
+  }
+  if (mapping->record()->owner_pid == getpid()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "event handle ", *name, " was exported by this process (pid ", getpid(),
+        "): CUDA refuses to open an IPC handle in the process that created it "
+        "(cudaIpcOpenEventHandle: cudaErrorInvalidContext)"));
   }
   return std::unique_ptr<SimEvent>(new SimEvent(std::move(mapping), /*owned=*/false));
 }

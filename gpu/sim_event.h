@@ -52,9 +52,10 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared counters must 
 
 class SimEvent {
  public:
-  // A new event owned by this process, on sim GPU `device_index`.
+  // A new event owned by this process, on sim GPU `device_index`;
+  // `interprocess`: created with cudaEventInterprocess (only those export).
   static absl::StatusOr<std::unique_ptr<SimEvent>> Create(const std::string& prefix,
-                                                          int device_index);
+                                                          int device_index, bool interprocess);
   // Opens an exported event, checking it lives on `device_index`.
   static absl::StatusOr<std::unique_ptr<SimEvent>> Open(const IpcHandle& handle, int device_index);
   ~SimEvent();  // the owner unlinks the name; mappings stay valid meanwhile
@@ -65,6 +66,7 @@ class SimEvent {
 
   IpcHandle Export() const;
   bool owned() const { return owned_; }
+  bool interprocess() const { return interprocess_; }
   int device_index() const { return mapping_->record()->device_index; }
   const std::string& name() const { return mapping_->name; }
 
@@ -87,6 +89,7 @@ class SimEvent {
   // Shared with completion operations still queued on a stream.
   std::shared_ptr<Mapping> mapping_;
   bool owned_;
+  bool interprocess_ = false;
 };
 
 }  // namespace gradsync::gpu::sim

@@ -227,6 +227,12 @@ absl::StatusOr<std::shared_ptr<Region>> Registry::Open(const IpcHandle& handle, 
     return absl::InvalidArgumentError(absl::StrCat("memory handle ", *name, " is on sim GPU ",
                                                    header->device_index, ", not ", device_index));
   }
+  if (header->owner_pid == getpid()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "memory handle ", *name, " was exported by this process (pid ", header->owner_pid,
+        "): CUDA refuses to open an IPC handle in the process that created it "
+        "(cudaIpcOpenMemHandle: cudaErrorInvalidContext)"));
+  }
   auto region = std::make_shared<Region>();
   region->size = header->size;
   region->device_index = header->device_index;

@@ -63,6 +63,7 @@ mkdir -p "$OUT/python/gradsync/lib"
 install -m 0755 "$(label_path //client:libgradsync.so)" "$OUT/python/gradsync/lib/"
 cp scripts/gpu-check.sh "$OUT/gpu-check.sh"
 cp -r tests/gpu/check "$OUT/check"
+rm -f "$OUT/check/BUILD"
 # The tests find their programs as Bazel runfiles ($TEST_SRCDIR/gradsync/
 # PACKAGE/NAME, see tests/testing/files.h): relative links into bin/.
 # shellcheck disable=SC2086

@@ -1,6 +1,7 @@
 #include "daemon/engine/gpu_session.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 
@@ -15,13 +16,19 @@
 namespace gradsync {
 namespace {
 
-// A device error while setting up, naming what was being done.
-absl::Status SetupError(const absl::Status& st, const std::string& what) {
-  return MakeError(CodeOf(st) == v1::INVALID_ARGUMENT ? v1::INVALID_ARGUMENT : v1::INTERNAL,
-                   absl::StrCat(what, ": ", st.message()));
-}
-
 }  // namespace
+
+void ExitIfDeviceLost(const std::function<bool(const absl::Status&)>& is_context_lost,
+                      const absl::Status& device_error, const std::string& where) {
+  if (device_error.ok()) return;
+  if (!gpu::IsDeviceLost(device_error) && !(is_context_lost && is_context_lost(device_error))) {
+    return;
+  }
+  spdlog::critical("event=device_context_lost where={} error={} exit_code={}", LogValue(where),
+                   LogValue(device_error.message()), kDeviceLostExitCode);
+  spdlog::shutdown();
+  std::_Exit(kDeviceLostExitCode);
+}
 
 absl::StatusOr<GpuTrainerSpec> GpuTrainerSpecFromProto(const v1::RegisterRequest& req) {
   const v1::CudaRegistration& c = req.cuda();
@@ -70,6 +77,14 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
     const std::vector<TrainerInput>& trainers, const WorldInput& world) {
   const uint64_t generation = world.generation;
   std::unique_ptr<GpuSession> s(new GpuSession(device));
+  s->is_context_lost_ = world.is_context_lost;
+  // A device error while setting up, naming what was being done; one that
+  // left the device unusable ends the process here (nothing later works).
+  auto SetupError = [&world](const absl::Status& st, const std::string& what) {
+    ExitIfDeviceLost(world.is_context_lost, st, what);
+    return MakeError(CodeOf(st) == v1::INVALID_ARGUMENT ? v1::INVALID_ARGUMENT : v1::INTERNAL,
+                     absl::StrCat(what, ": ", st.message()));
+  };
   s->flat_bytes_ = flat_plan.total_bytes;
   s->flat_ = trainers.empty() || trainers[0].spec->flat;
   // Built up as we go: on an error the destructor releases what was opened.
@@ -122,8 +137,37 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
         }
         p.opened.push_back(*base);
       }
+      // Each tensor must lie inside its mapped allocation, aligned for its
+      // dtype: a byte outside would be an illegal address in the daemon's
+      // kernels — a sticky error that ends every job on the node.
+      std::vector<uint64_t> sizes;
+      for (size_t a = 0; a < p.opened.size(); ++a) {
+        absl::StatusOr<uint64_t> size = device->MappedSize(spec.device, p.opened[a]);
+        if (!size.ok()) {
+          return SetupError(size.status(),
+                            absl::StrCat("the size of allocation ", a, " of ", in.name));
+        }
+        sizes.push_back(*size);
+      }
       for (size_t i = 0; i < layout.size(); ++i) {
-        p.tensors[i] = static_cast<uint8_t*>(p.opened[spec.allocation[i]]) + spec.offset[i];
+        const uint64_t align = DTypeSize(layout[i].dtype);
+        const uint64_t offset = spec.offset[i], bytes = layout[i].bytes();
+        const uint64_t size = sizes[spec.allocation[i]];
+        if (offset % align != 0) {
+          return MakeError(v1::INVALID_ARGUMENT,
+                           absl::StrCat(in.name, "'s tensor ", i, " '", layout[i].name,
+                                        "': offset ", offset, " in allocation ",
+                                        spec.allocation[i], " is not aligned to its dtype's ",
+                                        align, " bytes"));
+        }
+        if (offset > size || bytes > size - offset) {
+          return MakeError(v1::INVALID_ARGUMENT,
+                           absl::StrCat(in.name, "'s tensor ", i, " '", layout[i].name,
+                                        "': bytes [", offset, ", ", offset + bytes,
+                                        ") lie outside allocation ", spec.allocation[i], " (",
+                                        size, " bytes mapped)"));
+        }
+        p.tensors[i] = static_cast<uint8_t*>(p.opened[spec.allocation[i]]) + offset;
       }
     }
     for (size_t i = 0; i < layout.size(); ++i) {
@@ -200,6 +244,8 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
   // collectives poll `cancelled` once a caller provides it).
   absl::StatusOr<std::unique_ptr<gpu::CollectiveGroup>> group = device->CreateCollectives(o);
   if (!group.ok()) {
+    ExitIfDeviceLost(world.is_context_lost, group.status(),
+                     absl::StrCat("creating the communicators of generation ", generation));
     return MakeError(CodeOf(group.status()) == v1::INVALID_ARGUMENT ? v1::INTERNAL
                                                                     : CodeOf(group.status()),
                      absl::StrCat("creating the communicators of generation ", generation, " over ",
@@ -215,6 +261,11 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
 
 absl::Status GpuSession::EnsureStaging(uint64_t bytes) {
   if (bytes <= staging_bytes_) return absl::OkStatus();
+  auto SetupError = [this](const absl::Status& st, const std::string& what) {
+    ExitIfDeviceLost(is_context_lost_, st, what);
+    return MakeError(CodeOf(st) == v1::INVALID_ARGUMENT ? v1::INVALID_ARGUMENT : v1::INTERNAL,
+                     absl::StrCat(what, ": ", st.message()));
+  };
   for (size_t d = 0; d < devices_.size(); ++d) {
     if (staging_[d] != nullptr) {
       device_->Free(devices_[d], staging_[d]).IgnoreError();
@@ -243,10 +294,11 @@ GpuSession::~GpuSession() {
   // The communicators go first: destroying them waits (bounded) for any
   // collective, so no kernel still reads the memory released below.
   collectives_.reset();
-  auto report = [](const absl::Status& st, const char* what, const std::string& whose) {
+  auto report = [this](const absl::Status& st, const char* what, const std::string& whose) {
     if (!st.ok()) {
       spdlog::error("event=gpu_release_failed what={} device={} error={}", what, LogValue(whose),
                     LogValue(st.message()));
+      ExitIfDeviceLost(is_context_lost_, st, absl::StrCat("teardown: ", what));
     }
   };
   for (size_t d = 0; d < devices_.size(); ++d) {
@@ -263,10 +315,11 @@ void GpuSession::ReleaseTrainer(size_t t) {
 }
 
 void GpuSession::Release(PerTrainer& p) {
-  auto report = [&p](const absl::Status& st, const char* what) {
+  auto report = [this, &p](const absl::Status& st, const char* what) {
     if (!st.ok()) {
       spdlog::error("event=gpu_release_failed what={} trainer={} error={}", what,
                     LogValue(p.name), LogValue(st.message()));
+      ExitIfDeviceLost(is_context_lost_, st, absl::StrCat("teardown: ", what));
     }
   };
   for (gpu::Event*& e : p.events) {

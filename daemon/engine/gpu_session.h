@@ -59,10 +59,19 @@ struct GpuRuntime {
   // Whether a device error is a sticky CUDA error: the context is poisoned
   // and only a fresh process recovers (the daemon exits with
   // kDeviceLostExitCode after failing the job; the supervisor restarts it).
+  // Errors marked gpu::IsDeviceLost count as such too, on every device.
   std::function<bool(const absl::Status&)> is_context_lost;
 };
 
 inline constexpr int kDeviceLostExitCode = 71;
+
+// Exits the process with kDeviceLostExitCode, logging `where` and the
+// error, when `device_error` left the device unusable for good (sticky
+// CUDA error, or marked gpu::IsDeviceLost); returns otherwise. Every path
+// that sees a device error calls it: opening a job (memory, events, NCCL
+// init), the reductions (the scheduler) and teardown.
+void ExitIfDeviceLost(const std::function<bool(const absl::Status&)>& is_context_lost,
+                      const absl::Status& device_error, const std::string& where);
 
 class GpuSession {
  public:
@@ -81,6 +90,8 @@ class GpuSession {
     // there. One node: unused, nothing leaves the process.
     std::function<absl::Status(const std::string& name, const std::string& value)> publish;
     std::function<absl::StatusOr<std::string>(const std::string& name, absl::Time deadline)> fetch;
+    // GpuRuntime::is_context_lost (null: only gpu::IsDeviceLost counts).
+    std::function<bool(const absl::Status&)> is_context_lost;
   };
   // `flat_plan`: where tensors lie in a flat buffer (the arena planner's
   // offsets over the tensors' real sizes).
@@ -142,6 +153,7 @@ class GpuSession {
   void Release(PerTrainer& p);
 
   gpu::DaemonDevice* device_;
+  std::function<bool(const absl::Status&)> is_context_lost_;
   bool flat_ = true;
   uint64_t flat_bytes_ = 0;
   std::vector<PerTrainer> trainers_;

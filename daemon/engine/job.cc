@@ -344,6 +344,7 @@ absl::StatusOr<Job::GpuStart> Job::OpenGpu(const Layout& layout, const JobWorld&
   in.num_nodes = config_.num_nodes;
   in.publish = world.publish;
   in.fetch = world.fetch;
+  in.is_context_lost = hooks_.gpu.is_context_lost;
   if (in.num_nodes > 1 && (!in.publish || !in.fetch)) {
     return MakeError(v1::INTERNAL, "a multi-node world without the rendezvous exchange");
   }

@@ -790,15 +790,10 @@ bool Scheduler::LaunchGpu(uint32_t bucket) {
       fail_(MakeError(CodeOf(st), absl::StrCat(where, st.message())),
             culprit >= 0 ? trainers_[culprit]->local_rank : -1);
     }
-    if (options_.is_context_lost && !options_.gpu->last_device_error().ok() &&
-        options_.is_context_lost(options_.gpu->last_device_error())) {
-      // A sticky CUDA error: this process can never use the GPU again. The
-      // trainers already have the job's error; a fresh daemon recovers.
-      spdlog::critical("event=device_context_lost error={} exit_code={}",
-                       LogValue(st.message()), kDeviceLostExitCode);
-      spdlog::shutdown();
-      std::_Exit(kDeviceLostExitCode);
-    }
+    // A sticky CUDA error: this process can never use the GPU again. The
+    // trainers already have the job's error; a fresh daemon recovers.
+    ExitIfDeviceLost(options_.is_context_lost, options_.gpu->last_device_error(),
+                     "the GPU reduction");
     return false;
   }
   return FinishLaunch(bucket, timings);

@@ -2,13 +2,20 @@
 // cuda_trainer processes through the exported C ABI — 1, 2 and 4 trainers
 // sharing one GPU (the device-side local sum, then one NCCL rank), the
 // flat-buffer and user-pointer modes, fp32 and bf16; and a trainer
-// SIGKILLed mid-iteration, reported to its peers by name. Skips (saying why)
-// where no GPU is visible; on simulated devices the same path is
-// gpu_path_test.
+// SIGKILLed mid-iteration, reported to its peers by name. Then two gradsyncd
+// "nodes" on the one GPU: NCCL tells hosts apart by NCCL_HOSTID, so two
+// daemons with distinct values (over NCCL_SOCKET_IFNAME=lo) are two ranks
+// with real kernels on both — the cross-node path, a node that stops
+// answering, and a node that skips a collective. Skips (saying why) where no
+// GPU is visible; on simulated devices the same path is gpu_path_test.
+// Daemon timeouts are short: scripts/gpu-check.sh runs all of this in a
+// few minutes of borrowed GPU time.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -36,9 +43,13 @@ std::vector<Process> StartTrainers(const Daemon& daemon, int trainers,
   return ps;
 }
 
+const std::vector<std::string> kGpuDaemonArgs = {"--backend=nccl", "--bucket-cap-mb=0.5",
+                                                 "--first-bucket-cap-mb=0.1"};
+
 Daemon GpuDaemon(int trainers) {
-  return Daemon(trainers, {"--backend=nccl", "--timeout-s=60", "--bucket-cap-mb=0.5",
-                           "--first-bucket-cap-mb=0.1"});
+  std::vector<std::string> args = kGpuDaemonArgs;
+  args.push_back("--timeout-s=20");
+  return Daemon(trainers, args);
 }
 
 // (trainers sharing the GPU, "flat" | "user", "fp32" | "bf16")
@@ -51,7 +62,7 @@ TEST_P(CudaPathTest, EveryTrainerHoldsTheAverageAfterEveryStep) {
   ASSERT_TRUE(daemon.WaitReady(seconds(30))) << daemon.process().Log();
   std::vector<Process> ps = StartTrainers(daemon, trainers, {"--mode=" + mode, "--dtype=" + dtype});
   for (int r = 0; r < trainers; ++r) {
-    ExitStatus st = ps[r].Wait(seconds(120));
+    ExitStatus st = ps[r].Wait(seconds(60));
     EXPECT_TRUE(st.exited && st.code == 0) << "trainer " << r << "\n" << ps[r].Log()
                                            << "\ndaemon:\n" << daemon.process().Log();
     EXPECT_NE(ps[r].Log().find(absl::StrCat("world ", trainers)), std::string::npos)
@@ -98,6 +109,165 @@ TEST(CudaPathFaultTest, TrainerKilledMidIterationIsReportedToItsPeerByName) {
     ExitStatus s = next[r].Wait(seconds(120));
     EXPECT_TRUE(s.exited && s.code == 0) << next[r].Log() << "\ndaemon:\n" << daemon.process().Log();
   }
+}
+
+// ---- Two nodes on the one GPU ---------------------------------------------
+
+// Node n's daemon environment: its own NCCL host identity, loopback only.
+std::map<std::string, std::string> NodeEnv(int n) {
+  return {{"NCCL_HOSTID", absl::StrCat("gradsync-check-node", n)}, {"NCCL_SOCKET_IFNAME", "lo"}};
+}
+
+class TwoNodes {
+ public:
+  // Fatal failures end the calling test.
+  void Start(const std::string& job, double timeout_s) {
+    ASSERT_TRUE(WriteTokenFile(secrets_.File("token"), "cuda-path-token"));
+    common_ = kGpuDaemonArgs;
+    common_.insert(common_.end(), {absl::StrCat("--timeout-s=", timeout_s),
+                                   absl::StrCat("--stall-threshold-s=", timeout_s / 3),
+                                   "--num-nodes=2",
+                                   "--job-id=" + job, "--job-token-file=" + secrets_.File("token")});
+    std::vector<std::string> lead = common_;
+    lead.push_back("--node-rank=0");
+    nodes_[0] = std::make_unique<Daemon>(2, lead, NodeEnv(0));
+    ASSERT_TRUE(nodes_[0]->WaitReady(seconds(30))) << nodes_[0]->process().Log();
+    port_ = nodes_[0]->ListenPort(seconds(10));
+    ASSERT_GT(port_, 0) << nodes_[0]->process().Log();
+    ASSERT_NO_FATAL_FAILURE(StartFollower());
+  }
+  // (Re)starts node 1, replacing the daemon there.
+  void StartFollower() {
+    nodes_[1].reset();
+    std::vector<std::string> follow = common_;
+    follow.insert(follow.end(), {"--node-rank=1", absl::StrCat("--leader=127.0.0.1:", port_)});
+    nodes_[1] = std::make_unique<Daemon>(2, follow, NodeEnv(1));
+    ASSERT_TRUE(nodes_[1]->WaitReady(seconds(30))) << nodes_[1]->process().Log();
+  }
+  Daemon& node(int n) { return *nodes_[n]; }
+  std::string Logs() const {
+    return absl::StrCat("\nnode 0 daemon:\n", nodes_[0]->process().Log(), "\nnode 1 daemon:\n",
+                        nodes_[1] ? nodes_[1]->process().Log() : "(none)");
+  }
+
+ private:
+  ScratchDir secrets_;  // read at start only
+  std::vector<std::string> common_;
+  int port_ = 0;
+  std::unique_ptr<Daemon> nodes_[2];
+};
+
+// (flat | user, fp32 | bf16): 2 nodes x 2 trainers, every step the average
+// over all 4 trainers to the dtype's tolerance.
+class CudaTwoNodesTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(CudaTwoNodesTest, EveryTrainerHoldsTheAverageOverBothNodes) {
+  GS_SKIP_UNLESS_GPU();
+  const auto& [mode, dtype] = GetParam();
+  TwoNodes nodes;
+  ASSERT_NO_FATAL_FAILURE(nodes.Start("two-" + mode + "-" + dtype, 20));
+  std::vector<Process> ps;
+  for (int n = 0; n < 2; ++n) {
+    for (Process& p : StartTrainers(nodes.node(n), 2, {"--mode=" + mode, "--dtype=" + dtype})) {
+      ps.push_back(std::move(p));
+    }
+  }
+  for (Process& p : ps) {
+    ExitStatus st = p.Wait(seconds(60));
+    EXPECT_TRUE(st.exited && st.code == 0) << p.Log() << nodes.Logs();
+    EXPECT_NE(p.Log().find("world 4"), std::string::npos) << p.Log();
+  }
+  EXPECT_NE(nodes.node(1).process().Log().find("first_rank=1 nranks=2"), std::string::npos)
+      << nodes.Logs();
+}
+
+INSTANTIATE_TEST_SUITE_P(OneGpu, CudaTwoNodesTest,
+                         ::testing::Combine(::testing::Values("flat", "user"),
+                                            ::testing::Values("fp32", "bf16")),
+                         [](const auto& info) {
+                           return absl::StrCat(std::get<0>(info.param), "_",
+                                               std::get<1>(info.param));
+                         });
+
+// Node 1's daemon stops (SIGSTOP) once both its trainers registered:
+// wherever that catches it — forming the job, NCCL init, or its warm-up —
+// node 0's trainers get TIMEOUT within the timeout (plus the abort), and
+// once node 1 is replaced a fresh generation trains on both nodes.
+TEST(CudaTwoNodesFaultTest, NodeThatNeverJoinsTimesOutThenAFreshGenerationTrains) {
+  GS_SKIP_UNLESS_GPU();
+  constexpr double kTimeoutS = 6;
+  TwoNodes nodes;
+  ASSERT_NO_FATAL_FAILURE(nodes.Start("never-joins", kTimeoutS));
+  std::vector<Process> waiting = StartTrainers(nodes.node(0), 2, {"--steps=3"});
+  std::vector<Process> lost = StartTrainers(nodes.node(1), 2, {"--steps=3"});
+  // Both of its trainers registered: the job forms across nodes next, then
+  // NCCL init; a node stopped now is most likely caught in either.
+  ASSERT_TRUE(WaitForLog(nodes.node(1).process(), "local_rank=1 tensors=", seconds(30)))
+      << nodes.Logs();
+  nodes.node(1).process().Signal(SIGSTOP);
+  const auto start = std::chrono::steady_clock::now();
+  for (Process& p : waiting) {
+    // Registration and forming each have the timeout; then the abort.
+    ExitStatus st = p.Wait(seconds(static_cast<int>(3 * kTimeoutS + 30)));
+    ASSERT_TRUE(st.exited) << st.ToString() << "\n" << p.Log() << nodes.Logs();
+    EXPECT_EQ(st.code, 2) << p.Log();
+    EXPECT_NE(p.Log().find("error code=5"), std::string::npos) << p.Log() << nodes.Logs();
+  }
+  std::printf("node 0's trainers timed out %.1f s after node 1 stopped (timeout %.0f s)\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+              kTimeoutS);
+  nodes.node(1).process().Signal(SIGKILL);
+  for (Process& p : lost) p.Signal(SIGKILL);
+  ASSERT_NO_FATAL_FAILURE(nodes.StartFollower());
+  std::vector<Process> next;
+  for (int n = 0; n < 2; ++n) {
+    for (Process& p : StartTrainers(nodes.node(n), 2, {"--steps=2"})) next.push_back(std::move(p));
+  }
+  for (Process& p : next) {
+    ExitStatus st = p.Wait(seconds(60));
+    EXPECT_TRUE(st.exited && st.code == 0) << p.Log() << nodes.Logs();
+  }
+}
+
+// Node 1's trainer 0 never marks fc1.weight after step 0, so node 1 never
+// launches that bucket's collective while node 0's NCCL kernel for it
+// spins: the timeout aborts the spinning kernel, every trainer on both
+// nodes gets TIMEOUT or PEER_FAILED, and the leader's stall report names
+// the node, the trainer and the tensor.
+TEST(CudaTwoNodesFaultTest, NodeSkippingACollectiveFailsBothNodesNamingTheCulprit) {
+  GS_SKIP_UNLESS_GPU();
+  constexpr double kTimeoutS = 6;
+  TwoNodes nodes;
+  ASSERT_NO_FATAL_FAILURE(nodes.Start("skips", kTimeoutS));
+  std::vector<Process> ps = StartTrainers(nodes.node(0), 2, {"--steps=4"});
+  {
+    SpawnOptions options;
+    options.env = {{"LOCAL_RANK", "0"}};
+    ps.push_back(Process::Spawn({Runfile("tests/gpu/cuda_trainer"),
+                                 "--socket=" + nodes.node(1).socket(), "--steps=4", "--withhold=1"},
+                                nodes.node(1).dir() + "/trainer0.log", options));
+    options.env = {{"LOCAL_RANK", "1"}};
+    ps.push_back(Process::Spawn({Runfile("tests/gpu/cuda_trainer"),
+                                 "--socket=" + nodes.node(1).socket(), "--steps=4"},
+                                nodes.node(1).dir() + "/trainer1.log", options));
+  }
+  for (Process& p : ps) {
+    ExitStatus st = p.Wait(seconds(static_cast<int>(3 * kTimeoutS + 30)));
+    ASSERT_TRUE(st.exited) << st.ToString() << "\n" << p.Log() << nodes.Logs();
+    EXPECT_EQ(st.code, 2) << p.Log() << nodes.Logs();
+    EXPECT_TRUE(p.Log().find("error code=5") != std::string::npos ||
+                p.Log().find("error code=4") != std::string::npos)
+        << p.Log();
+  }
+  const std::string leader = nodes.node(0).process().Log();
+  const size_t at = leader.find("event=job_stall");
+  ASSERT_NE(at, std::string::npos) << nodes.Logs();
+  const std::string line = leader.substr(at, leader.find('\n', at) - at);
+  EXPECT_NE(line.find("node_rank=1"), std::string::npos) << line;
+  EXPECT_NE(line.find("rank 2 (local 0"), std::string::npos) << line;
+  EXPECT_NE(line.find("fc1.weight"), std::string::npos) << line;
+  // The daemons stay up (an aborted kernel is not a lost context).
+  EXPECT_TRUE(nodes.node(0).process().Running()) << nodes.Logs();
 }
 
 }  // namespace

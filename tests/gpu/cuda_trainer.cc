@@ -5,10 +5,13 @@
 // and every synced step compared with the average over all trainers.
 //
 //   cuda_trainer --socket=S [--mode=flat|user] [--dtype=fp32|bf16] [--steps=N]
-//                [--device=ORD] [--die-at-step=N]
+//                [--device=ORD] [--die-at-step=N] [--withhold=I]
 //
 // --die-at-step: SIGKILL itself in that step after marking two gradients
 // (a trainer dying mid-iteration; its peers must get GS_ERR_PEER_FAILED).
+// --withhold: after step 0, never mark tensor I (still waits): the bucket
+// holding it is never reduced on this node, so a peer node's collective
+// for it spins until the timeout aborts it.
 //
 // Exit codes as sim_trainer: 0 matched; 1 a result differed; 2 a call
 // failed ("error code=N: message"); 3 bad flags or no usable GPU.
@@ -58,7 +61,7 @@ int CudaFail(cudaError_t e, const char* what) {
 
 int main(int argc, char** argv) {
   std::string socket, mode = "flat", dtype_name = "fp32";
-  int steps = 5, device = -1, die_at_step = -1;
+  int steps = 5, device = -1, die_at_step = -1, withhold = -1;
   for (int a = 1; a < argc; ++a) {
     std::string arg = argv[a];
     const size_t eq = arg.find('=');
@@ -69,6 +72,7 @@ int main(int argc, char** argv) {
     else if (key == "--device") device = std::atoi(v.c_str());
     else if (key == "--dtype") dtype_name = v;
     else if (key == "--die-at-step") die_at_step = std::atoi(v.c_str());
+    else if (key == "--withhold") withhold = std::atoi(v.c_str());
     else return 3;
   }
   if (dtype_name != "fp32" && dtype_name != "bf16") return 3;
@@ -151,6 +155,7 @@ int main(int argc, char** argv) {
           e != cudaSuccess) {
         return CudaFail(e, "cudaMemcpyAsync");
       }
+      if (step > 0 && static_cast<int>(i) == withhold) continue;
       if (gs_status st = gs_mark_ready(c, i); st != GS_OK) return Fail(c, st, "gs_mark_ready");
     }
     if (gs_status st = gs_wait(c, -1); st != GS_OK) return Fail(c, st, "gs_wait");

@@ -26,10 +26,13 @@ namespace {
 
 using ::testing::HasSubstr;
 
-SimOptions Options() {
+// `host`: two nodes sharing SIM-GPU-0 need two hosts (NCCL refuses two
+// ranks on one GPU of one host).
+SimOptions Options(const std::string& host = "gate-node-0") {
   SimOptions o;
   o.num_gpus = 2;
   o.prefix = "gsgatetest";
+  o.host = host;
   return o;
 }
 
@@ -82,7 +85,7 @@ class GatedDaemonDeviceTest : public ::testing::Test {
     auto sim = SimDaemonDevice::Create(Options());
     ASSERT_TRUE(sim.ok()) << sim.status();
     gated_ = std::make_unique<GatedDaemonDevice>(*std::move(sim), absl::Seconds(60));
-    auto peer = SimDaemonDevice::Create(Options());
+    auto peer = SimDaemonDevice::Create(Options("gate-node-1"));
     ASSERT_TRUE(peer.ok()) << peer.status();
     peer_ = *std::move(peer);
     absl::StatusOr<std::unique_ptr<CollectiveGroup>> peer_group;

@@ -129,13 +129,17 @@ void StartTwoSimNodes(std::vector<std::string> common, std::unique_ptr<Daemon>* 
   common.push_back("--job-token-file=" + secrets.File("token"));
   std::vector<std::string> lead = common;
   lead.push_back("--node-rank=0");
-  *leader = std::make_unique<Daemon>(2, lead, SimEnv(2), "tests/gpu/gradsyncd_sim");
+  // One host per node, as NCCL_HOSTID makes two nodes of one machine.
+  std::map<std::string, std::string> env = SimEnv(2);
+  env["NCCL_HOSTID"] = "sim-node-0";
+  *leader = std::make_unique<Daemon>(2, lead, env, "tests/gpu/gradsyncd_sim");
   ASSERT_TRUE((*leader)->WaitReady(seconds(10))) << (*leader)->process().Log();
   const int port = (*leader)->ListenPort(seconds(10));
   ASSERT_GT(port, 0) << (*leader)->process().Log();
   std::vector<std::string> follow = common;
   follow.insert(follow.end(), {"--node-rank=1", absl::StrCat("--leader=127.0.0.1:", port)});
-  *follower = std::make_unique<Daemon>(2, follow, SimEnv(2), "tests/gpu/gradsyncd_sim");
+  env["NCCL_HOSTID"] = "sim-node-1";
+  *follower = std::make_unique<Daemon>(2, follow, env, "tests/gpu/gradsyncd_sim");
   ASSERT_TRUE((*follower)->WaitReady(seconds(10))) << (*follower)->process().Log();
 }
 
@@ -319,6 +323,27 @@ TEST(GpuPath, MixingCpuAndCudaTensorsIsRefusedNamingOneOfEach) {
   EXPECT_NE(log.find("tensor 1 'fc1.weight' is on the CPU and tensor 0 'embed' on cuda:0"),
             std::string::npos)
       << log;
+}
+
+// A sticky device error (simulated: GRADSYNC_SIM_LOSE_DEVICE_AT) leaves the
+// device unusable for the process, wherever it happens — opening a job's
+// trainer events, NCCL init, tearing the job down — so the daemon exits
+// with its distinct code for its supervisor to restart it, rather than
+// stay up failing every later GPU job.
+TEST(GpuPath, ALostDeviceOnAnyPathExitsTheDaemonWithItsCode) {
+  for (const std::string at : {"open_event", "create_collectives", "free"}) {
+    std::map<std::string, std::string> env = SimEnv(1);
+    env["GRADSYNC_SIM_LOSE_DEVICE_AT"] = at;
+    Daemon daemon(1, kDaemonArgs, env, "tests/gpu/gradsyncd_sim");
+    ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+    Process trainer = StartSimTrainer(daemon, 0, 1, {"--steps=1"});
+    const ExitStatus st = daemon.process().Wait(seconds(30));
+    const std::string log = daemon.process().Log();
+    EXPECT_TRUE(st.exited && st.code == 71) << at << ": " << st.ToString() << "\n" << log;
+    EXPECT_NE(log.find("event=device_context_lost"), std::string::npos) << at << "\n" << log;
+    EXPECT_NE(log.find("lost at " + at), std::string::npos) << log;
+    trainer.Wait(seconds(30));
+  }
 }
 
 // The release gradsyncd links no simulation: here (no GPU, or built

@@ -36,10 +36,13 @@ using ::testing::HasSubstr;
 
 constexpr char kPrefix[] = "gssimtest";
 
+// Each process its own host (as NCCL_HOSTID would make it), so that the
+// forked "nodes" may each use SIM-GPU-0.
 SimOptions Options(int gpus = 2) {
   SimOptions o;
   o.num_gpus = gpus;
   o.prefix = kPrefix;
+  o.host = absl::StrCat("test-host-", getpid());
   return o;
 }
 
@@ -214,13 +217,23 @@ TEST_F(SimDeviceTest, MemoryExportedByTheDaemonIsWrittenByATrainerProcess) {
 }
 
 TEST_F(SimDeviceTest, OpeningAHandleTwiceReturnsTheSameBaseAndClosesBalance) {
-  auto daemon = SimDaemonDevice::Create(Options());
+  Channel to_parent, to_child;
+  auto exporter = Process::Fork([&]() -> int {
+    auto daemon = SimDaemonDevice::Create(Options());
+    CHILD_OK(daemon.status());
+    auto base = (*daemon)->Alloc("SIM-GPU-0", 64);
+    CHILD_OK(base.status());
+    auto handle = (*daemon)->ExportMemory("SIM-GPU-0", *base);
+    CHILD_OK(handle.status());
+    to_parent.Send(handle->ToBytes());
+    to_child.Receive(1, absl::Seconds(60));  // keeps the allocation until the test is done
+    return 0;
+  });
+  ASSERT_TRUE(exporter.ok()) << exporter.status();
   auto trainer = SimTrainerDevice::Create(Options());
-  ASSERT_TRUE(daemon.ok() && trainer.ok());
-  auto base = (*daemon)->Alloc("SIM-GPU-0", 64);
-  ASSERT_TRUE(base.ok());
-  auto handle = (*daemon)->ExportMemory("SIM-GPU-0", *base);
-  ASSERT_TRUE(handle.ok());
+  ASSERT_TRUE(trainer.ok());
+  auto handle = IpcHandle::FromBytes(to_parent.ReceiveHandle());
+  ASSERT_TRUE(handle.ok()) << handle.status();
 
   auto first = (*trainer)->OpenMemory("SIM-GPU-0", *handle);
   auto second = (*trainer)->OpenMemory("SIM-GPU-0", *handle);
@@ -229,6 +242,55 @@ TEST_F(SimDeviceTest, OpeningAHandleTwiceReturnsTheSameBaseAndClosesBalance) {
   EXPECT_TRUE((*trainer)->CloseMemory(*first).ok());
   EXPECT_TRUE((*trainer)->CloseMemory(*first).ok());
   EXPECT_EQ((*trainer)->CloseMemory(*first).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(to_child.Send("q"));
+  EXPECT_EQ(*exporter->Wait(std::chrono::seconds(30)).ExitCode(), 0);
+}
+
+// CUDA refuses cudaIpcOpenMemHandle / cudaIpcOpenEventHandle in the process
+// that exported the handle; so does the simulation, naming the handle.
+TEST_F(SimDeviceTest, OpeningAHandleThisProcessExportedIsRefused) {
+  auto daemon = SimDaemonDevice::Create(Options());
+  auto trainer = SimTrainerDevice::Create(Options());
+  ASSERT_TRUE(daemon.ok() && trainer.ok());
+  auto flat = (*daemon)->Alloc("SIM-GPU-0", 64);
+  ASSERT_TRUE(flat.ok());
+  auto flat_handle = (*daemon)->ExportMemory("SIM-GPU-0", *flat);
+  ASSERT_TRUE(flat_handle.ok());
+  auto mapped = (*trainer)->OpenMemory("SIM-GPU-0", *flat_handle);
+  EXPECT_EQ(mapped.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(mapped.status().message(), HasSubstr("was exported by this process"));
+
+  auto grad = (*trainer)->Alloc("SIM-GPU-0", 64);
+  ASSERT_TRUE(grad.ok());
+  auto grad_handle = (*trainer)->ExportMemory(*grad);
+  ASSERT_TRUE(grad_handle.ok());
+  EXPECT_EQ((*daemon)->OpenMemory("SIM-GPU-0", *grad_handle).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  auto event = (*trainer)->CreateEvent("SIM-GPU-0");
+  ASSERT_TRUE(event.ok());
+  auto event_handle = (*trainer)->ExportEvent(*event);
+  ASSERT_TRUE(event_handle.ok());
+  auto opened = (*daemon)->OpenEvent("SIM-GPU-0", *event_handle);
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(opened.status().message(), HasSubstr("cudaIpcOpenEventHandle"));
+  EXPECT_TRUE((*daemon)->Free("SIM-GPU-0", *flat).ok());
+}
+
+// cudaIpcGetEventHandle needs an event created with cudaEventInterprocess |
+// cudaEventDisableTiming; one made with default flags does not export.
+TEST_F(SimDeviceTest, ExportingAnEventNotCreatedInterprocessIsRefused) {
+  auto trainer = SimTrainerDevice::Create(Options());
+  ASSERT_TRUE(trainer.ok());
+  auto local = (*trainer)->CreateLocalEvent("SIM-GPU-0");
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_TRUE((*trainer)->RecordEvent(*local, nullptr).ok());  // usable in its process
+  auto handle = (*trainer)->ExportEvent(*local);
+  EXPECT_EQ(handle.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(handle.status().message(), HasSubstr("cudaEventInterprocess"));
+  auto shared = (*trainer)->CreateEvent("SIM-GPU-0");
+  ASSERT_TRUE(shared.ok());
+  EXPECT_TRUE((*trainer)->ExportEvent(*shared).ok());
 }
 
 TEST_F(SimDeviceTest, GarbageOrMisdirectedHandlesAreRefused) {
@@ -326,38 +388,80 @@ TEST_F(SimDeviceTest, AnEventIsPendingUntilEverythingBeforeItOnItsStreamHasRun) 
 
 TEST_F(SimDeviceTest, EventsCompleteInRecordOrderUnderRandomDelays) {
   // No pausing: the stream's own random delays. Whenever the event reads
-  // done, every write recorded before it is visible.
-  auto trainer = SimTrainerDevice::Create(Options());
+  // done, every write recorded before it is visible. The trainer is a
+  // child (a process cannot open the handles it exported).
+  constexpr int kRounds = 20;
+  Channel to_parent, to_child;
+  auto child = Process::Fork([&]() -> int {
+    auto trainer = SimTrainerDevice::Create(Options());
+    CHILD_OK(trainer.status());
+    auto grad = (*trainer)->Alloc("SIM-GPU-0", sizeof(float));
+    CHILD_OK(grad.status());
+    auto event = (*trainer)->CreateEvent("SIM-GPU-0");
+    CHILD_OK(event.status());
+    auto mem = (*trainer)->ExportMemory(*grad);
+    CHILD_OK(mem.status());
+    auto ev = (*trainer)->ExportEvent(*event);
+    CHILD_OK(ev.status());
+    to_parent.Send(mem->ToBytes() + ev->ToBytes());
+    for (int i = 1; i <= kRounds; ++i) {
+      const float v = static_cast<float>(i);
+      CHILD_OK((*trainer)->WriteAsync(*grad, &v, sizeof(v), nullptr));
+      CHILD_OK((*trainer)->RecordEvent(*event, nullptr));
+      to_parent.Send("r");
+      if (to_child.Receive(1, absl::Seconds(60)) != "n") return 2;
+    }
+    to_child.Receive(1, absl::Seconds(60));  // keeps its memory until the test is done
+    return 0;
+  });
+  ASSERT_TRUE(child.ok()) << child.status();
   auto daemon = SimDaemonDevice::Create(Options());
-  ASSERT_TRUE(trainer.ok() && daemon.ok());
-  auto grad = (*trainer)->Alloc("SIM-GPU-0", sizeof(float));
-  auto event = (*trainer)->CreateEvent("SIM-GPU-0");
-  ASSERT_TRUE(grad.ok() && event.ok());
-  auto opened = (*daemon)->OpenEvent("SIM-GPU-0", *(*trainer)->ExportEvent(*event));
+  ASSERT_TRUE(daemon.ok());
+  const std::string handles = to_parent.Receive(2 * IpcHandle::kSize);
+  ASSERT_EQ(handles.size(), 2 * IpcHandle::kSize);
+  auto grad = (*daemon)->OpenMemory("SIM-GPU-0", *IpcHandle::FromBytes(handles.substr(0, 64)));
+  auto opened = (*daemon)->OpenEvent("SIM-GPU-0", *IpcHandle::FromBytes(handles.substr(64)));
+  ASSERT_TRUE(grad.ok()) << grad.status();
   ASSERT_TRUE(opened.ok()) << opened.status();
-  for (int i = 1; i <= 20; ++i) {
-    const float v = static_cast<float>(i);
-    ASSERT_TRUE((*trainer)->WriteAsync(*grad, &v, sizeof(v), nullptr).ok());
-    ASSERT_TRUE((*trainer)->RecordEvent(*event, nullptr).ok());
+  for (int i = 1; i <= kRounds; ++i) {
+    ASSERT_EQ(to_parent.Receive(1), "r") << i;
     auto done = AwaitEvent(**daemon, *opened);
     ASSERT_TRUE(done.ok() && *done == Completion::kDone) << i;
-    EXPECT_EQ(*static_cast<const float*>(*grad), v);
+    EXPECT_EQ(*static_cast<const float*>(*grad), static_cast<float>(i));
+    ASSERT_TRUE(to_child.Send("n"));
   }
+  (*daemon)->CloseEvent(*opened);
+  EXPECT_TRUE((*daemon)->CloseMemory("SIM-GPU-0", *grad).ok());
+  ASSERT_TRUE(to_child.Send("q"));
+  EXPECT_EQ(*child->Wait(std::chrono::seconds(30)).ExitCode(), 0);
 }
 
 TEST_F(SimDeviceTest, AnEventNeverRecordedIsDone) {
-  auto trainer = SimTrainerDevice::Create(Options());
+  Channel to_parent, to_child;
+  auto child = Process::Fork([&]() -> int {
+    auto trainer = SimTrainerDevice::Create(Options());
+    CHILD_OK(trainer.status());
+    auto event = (*trainer)->CreateEvent("SIM-GPU-1");
+    CHILD_OK(event.status());
+    auto handle = (*trainer)->ExportEvent(*event);
+    CHILD_OK(handle.status());
+    to_parent.Send(handle->ToBytes());
+    to_child.Receive(1, absl::Seconds(60));
+    return 0;
+  });
+  ASSERT_TRUE(child.ok()) << child.status();
   auto daemon = SimDaemonDevice::Create(Options());
-  ASSERT_TRUE(trainer.ok() && daemon.ok());
-  auto event = (*trainer)->CreateEvent("SIM-GPU-1");
-  ASSERT_TRUE(event.ok());
-  auto handle = (*trainer)->ExportEvent(*event);
-  ASSERT_TRUE(handle.ok());
+  ASSERT_TRUE(daemon.ok());
+  auto handle = IpcHandle::FromBytes(to_parent.ReceiveHandle());
+  ASSERT_TRUE(handle.ok()) << handle.status();
   EXPECT_EQ((*daemon)->OpenEvent("SIM-GPU-0", *handle).status().code(),
             absl::StatusCode::kInvalidArgument);
   auto opened = (*daemon)->OpenEvent("SIM-GPU-1", *handle);
   ASSERT_TRUE(opened.ok()) << opened.status();
   EXPECT_EQ(*(*daemon)->QueryEvent(*opened), Completion::kDone);
+  (*daemon)->CloseEvent(*opened);
+  ASSERT_TRUE(to_child.Send("q"));
+  EXPECT_EQ(*child->Wait(std::chrono::seconds(30)).ExitCode(), 0);
 }
 
 TEST_F(SimDeviceTest, RecordingOnAStreamOfAnotherGpuIsRefused) {
@@ -907,6 +1011,38 @@ TEST_F(SimDeviceTest, TwoNodesInOneProcessSumAcrossThreads) {
   EXPECT_EQ(peer_result, 0);
 }
 
+// NCCL refuses two ranks of one communicator on one GPU of one host, on
+// every rank; it tells hosts apart by NCCL_HOSTID, so the same two ranks
+// on two "hosts" (the one-GPU test node's trick) are accepted.
+TEST_F(SimDeviceTest, TwoRanksOnOneGpuOfOneHostAreRefusedOnEveryRank) {
+  for (const bool same_host : {true, false}) {
+    FileStore store;
+    SimOptions mine = Options(), theirs = Options();
+    mine.host = "node-a";
+    theirs.host = same_host ? "node-a" : "node-b";
+    absl::Status peer_status;
+    std::thread peer([&] {
+      auto dev = SimDaemonDevice::Create(theirs);
+      peer_status = dev.ok() ? (*dev)->CreateCollectives(Group(2, 1, {"SIM-GPU-0"}, &store)).status()
+                             : dev.status();
+    });
+    auto dev = SimDaemonDevice::Create(mine);
+    ASSERT_TRUE(dev.ok());
+    const absl::Status st = (*dev)->CreateCollectives(Group(2, 0, {"SIM-GPU-0"}, &store)).status();
+    peer.join();
+    if (same_host) {
+      for (const absl::Status& s : {st, peer_status}) {
+        EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+        EXPECT_THAT(s.message(), HasSubstr("ranks 0 and 1 of one communicator are both on "
+                                           "SIM-GPU-0 of host 'node-a'"));
+      }
+    } else {
+      EXPECT_TRUE(st.ok()) << st;
+      EXPECT_TRUE(peer_status.ok()) << peer_status;
+    }
+  }
+}
+
 TEST_F(SimDeviceTest, ARankThatNeverJoinsMakesCreationTimeOutNamingIt) {
   FileStore store;
   auto dev = SimDaemonDevice::Create(Options());
@@ -1114,8 +1250,10 @@ TEST_F(SimDeviceTest, QueryingAnEventItsOwnerDestroyedIsAnErrorNamingTheOwner) {
 // the call and the GPU. Other GPUs are not concerned.
 TEST_F(SimDeviceTest, MemoryWorkOnAGpuWhereACollectiveRunsIsRefusedNamingIt) {
   FileStore store;
+  SimOptions peer_host = Options();
+  peer_host.host += "-peer";  // two nodes, one GPU each: two hosts
   auto dev = SimDaemonDevice::Create(Options());
-  auto peer_dev = SimDaemonDevice::Create(Options());
+  auto peer_dev = SimDaemonDevice::Create(peer_host);
   ASSERT_TRUE(dev.ok() && peer_dev.ok());
   absl::StatusOr<std::unique_ptr<CollectiveGroup>> peer_group;
   std::thread peer_init(

@@ -1,18 +1,19 @@
-"""GPU benchmark: one synchronized iteration of gradsync vs the same
-gradients averaged in-process by torch DDP (NCCL) and by plain
-``ncclAllReduce`` calls (torch.distributed.all_reduce on the NCCL backend).
+"""GPU benchmark on the one GPU, every contender with 2 real NCCL ranks (two
+processes with distinct NCCL_HOSTID over NCCL_SOCKET_IFNAME=lo, so NCCL
+runs its network transport with kernels on both ranks):
 
-    bench.py gradsync OUT_JSON SIZE_BYTES   # under python3 -m gradsync.run --nproc N
-    bench.py torch OUT_JSON SIZE_BYTES      # one process: DDP and plain NCCL
-    bench.py table DIR                      # prints the table from DIR/*.json
+    bench.py gradsync OUT_JSON SIZE_BYTES   # under gradsync.run, 2 nodes x 1 trainer
+    bench.py torch OUT_JSON SIZE_BYTES...   # one of 2 ranks (RANK, WORLD_SIZE=2):
+                                            # torch DDP (NCCL) and plain ncclAllReduce
+    bench.py table DIR [JSON_OUT]           # prints the table from DIR/*.json
 
-The gradients: 4 fp32 tensors of SIZE/4 bytes each (buckets of the daemon's
-default 25 MB cap). An iteration writes every gradient on the current
-stream (the "backward"), marks it ready, and waits for the average; its time
-is host wall time until the average is usable, p50 over the timed
-iterations after warm-up. One GPU: gradsync can put several trainers on it
-(device-side local sum); DDP and plain NCCL cannot (one rank per GPU), so
-they run one rank.
+The gradients: 4 fp32 tensors of SIZE/4 bytes each (buckets of 25 MB, the
+daemon's and DDP's default cap). An iteration writes every gradient on the
+current stream (the "backward"), has it averaged, and ends when the average
+is usable on the host's side; its time is host wall time, p50 over the timed
+iterations after warm-up. "Plain ncclAllReduce" is torch.distributed's
+all_reduce on the NCCL backend, one call per tensor, no bucketing or
+overlap: the floor. "Added per bucket" is (gradsync - plain) / buckets.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from typing import Dict, List
 import torch
 
 WARMUP, ITERS, TENSORS = 5, 30, 4
+CAP = 25 << 20
 
 
 def tensor_numels(size: int) -> List[int]:
@@ -60,79 +62,91 @@ def bench_gradsync(out: str, size: int) -> None:
     opt.close()
 
 
-def bench_torch(out: str, size: int) -> None:
+def bench_torch(out: str, sizes: List[int]) -> None:
     import torch.distributed as dist
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29517")
-    dist.init_process_group("nccl", rank=0, world_size=1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("nccl", rank=rank, world_size=world)
     device = torch.device("cuda", 0)
-    results: Dict[str, float] = {}
+    torch.cuda.set_device(device)
+    results: Dict[int, Dict[str, float]] = {}
+    for size in sizes:
+        row = results.setdefault(size, {})
 
-    # The same backward, gradients averaged by DDP's reducer (NCCL).
-    class Model(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ps = torch.nn.ParameterList(
-                [torch.nn.Parameter(torch.zeros(n, device=device)) for n in tensor_numels(size)])
+        # The same backward, gradients averaged by DDP's reducer (NCCL).
+        class Model(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.ps = torch.nn.ParameterList(
+                    [torch.nn.Parameter(torch.zeros(n, device=device))
+                     for n in tensor_numels(size)])
 
-        def forward(self, k: float) -> torch.Tensor:
-            return sum((p * k).sum() for p in reversed(list(self.ps)))
+            def forward(self, k: float) -> torch.Tensor:
+                return sum((p * k).sum() for p in reversed(list(self.ps)))
 
-    ddp = torch.nn.parallel.DistributedDataParallel(Model(), device_ids=[0])
-    times = []
-    for it in range(WARMUP + ITERS):
-        start = time.perf_counter()
-        ddp(float(it + 1)).backward()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-        ddp.zero_grad()
-    results["torch DDP (NCCL)"] = p50_ms(times[WARMUP:])
+        ddp = torch.nn.parallel.DistributedDataParallel(Model(), device_ids=[0])
+        times = []
+        for it in range(WARMUP + ITERS):
+            start = time.perf_counter()
+            ddp(float(it + 1)).backward()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+            ddp.zero_grad()
+        row["torch DDP (NCCL)"] = p50_ms(times[WARMUP:])
+        del ddp
 
-    # Plain ncclAllReduce of the same gradients (no bucketing, no overlap).
-    grads = [torch.zeros(n, device=device) for n in tensor_numels(size)]
-    times = []
-    for it in range(WARMUP + ITERS):
-        start = time.perf_counter()
-        for g in reversed(grads):
-            g.fill_(float(it + 1))
-            dist.all_reduce(g)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    results["plain ncclAllReduce"] = p50_ms(times[WARMUP:])
+        # Plain ncclAllReduce of the same gradients (no bucketing, no overlap).
+        grads = [torch.zeros(n, device=device) for n in tensor_numels(size)]
+        times = []
+        for it in range(WARMUP + ITERS):
+            start = time.perf_counter()
+            for g in reversed(grads):
+                g.fill_(float(it + 1))
+                dist.all_reduce(g)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        row["plain ncclAllReduce"] = p50_ms(times[WARMUP:])
+        print(f"torch rank {rank}: {size} bytes done", flush=True)
     dist.destroy_process_group()
-    with open(out, "w") as f:
-        json.dump({"what": "torch", "world": 1, "size": size, "results": results}, f)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"what": "torch", "world": world,
+                       "results": {str(k): v for k, v in results.items()}}, f)
 
 
 def human(size: int) -> str:
     return f"{size // 1024} KB" if size < 1 << 20 else f"{size // (1 << 20)} MB"
 
 
-def table(directory: str) -> None:
+def table(directory: str, json_out: str = "") -> None:
     rows: Dict[int, Dict[str, float]] = {}
     for name in sorted(os.listdir(directory)):
         if not name.endswith(".json"):
             continue
         with open(os.path.join(directory, name)) as f:
             r = json.load(f)
-        row = rows.setdefault(r["size"], {})
         if r["what"] == "gradsync":
-            row[f"gradsync, {r['world']} trainer(s)"] = r["p50_ms"]
+            rows.setdefault(r["size"], {})[f"gradsync ({r['world']} ranks)"] = r["p50_ms"]
         else:
-            row.update(r["results"])
-    cap = 25 << 20
-    print("| size | what | p50 ms / iteration | vs plain NCCL | added per bucket |")
+            for size, res in r["results"].items():
+                rows.setdefault(int(size), {}).update(
+                    {f"{k} ({r['world']} ranks)": v for k, v in res.items()})
+    print("| size | what | p50 ms / iteration | vs plain NCCL | added per bucket vs plain |")
     print("|---|---|---:|---:|---:|")
+    summary = []
     for size in sorted(rows):
         row = rows[size]
-        buckets = max(1, -(-size // cap))
-        plain = row.get("plain ncclAllReduce")
+        buckets = max(1, -(-size // CAP))
+        plain = next((v for k, v in row.items() if k.startswith("plain")), None)
         for what, ms in sorted(row.items()):
             ratio = f"{ms / plain:.2f}x" if plain else "-"
-            added = (f"{(ms - plain) * 1e3 / buckets:.0f} µs"
-                     if plain and what.startswith("gradsync") else "")
+            added = (ms - plain) * 1e3 / buckets if plain and what.startswith("gradsync") else None
             print(f"| {human(size)} ({buckets} bucket{'s' if buckets > 1 else ''}) | {what} | "
-                  f"{ms:.3f} | {ratio} | {added} |")
+                  f"{ms:.3f} | {ratio} | {'' if added is None else f'{added:.0f} µs'} |")
+            summary.append({"size": size, "buckets": buckets, "what": what, "p50_ms": ms,
+                            "added_us_per_bucket": added})
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(summary, f, indent=1)
 
 
 def main() -> int:
@@ -141,13 +155,15 @@ def main() -> int:
         return 2
     mode = sys.argv[1]
     if mode == "table":
-        table(sys.argv[2])
+        table(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "")
         return 0
     if not torch.cuda.is_available():
         print("bench: no CUDA device", file=sys.stderr)
         return 2
-    size = int(sys.argv[3])
-    (bench_gradsync if mode == "gradsync" else bench_torch)(sys.argv[2], size)
+    if mode == "gradsync":
+        bench_gradsync(sys.argv[2], int(sys.argv[3]))
+    else:
+        bench_torch(sys.argv[2], [int(s) for s in sys.argv[3:]])
     return 0
 
 

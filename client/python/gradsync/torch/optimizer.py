@@ -421,9 +421,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        cloned_on = set()
         for p, g in zip(self._params, self._grads):
             if p.grad is g:  # a view of memory the daemon is about to release
                 p.grad = g.clone()
+                if g.device.type == "cuda":
+                    cloned_on.add(g.device)
+        # The clones are queued on torch's current stream, which gs_close does
+        # not drain (it drains the stream the last gradient was marked on):
+        # they must have read the daemon's buffer before it is unmapped.
+        for device in cloned_on:
+            torch.cuda.current_stream(device).synchronize()
         self._grads = []
         if self._owns_client:
             self._client.close()
