@@ -65,7 +65,7 @@ absl::Status Broadcaster::FailJob(const absl::Status& error, int culprit) {
 }
 
 void Broadcaster::Abort(const absl::Status& error) {
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   if (failed_.ok()) failed_ = error.ok() ? MakeError(v1::INTERNAL, "the job ended") : error;
   cv_.SignalAll();
 }
@@ -73,7 +73,7 @@ void Broadcaster::Abort(const absl::Status& error) {
 bool Broadcaster::AllowMarks(const Trainer& t) {
   absl::Status refused;
   {
-    absl::MutexLock lock(&mu_);
+    MonotonicMutexLock lock(&mu_);
     const uint64_t it = scheduler_ != nullptr ? scheduler_->iteration() : 0;
     marked_in_[t.local_rank] = it + 1;
     if (!busy_ || !failed_.ok()) return true;
@@ -96,7 +96,7 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
   absl::Status refused;
   StepResult result;
   {
-    absl::MutexLock lock(&mu_);
+    MonotonicMutexLock lock(&mu_);
     if (!failed_.ok()) return failed_;
     if (me < 0 || me >= LocalTrainers()) return MakeError(v1::INTERNAL, "unknown local rank");
     if (step == 0 && options_.gpu && options_.num_nodes > 1) {

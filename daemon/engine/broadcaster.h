@@ -39,6 +39,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/monotonic_mutex.h"
 #include "absl/time/time.h"
 #include "daemon/backends/backend.h"
 #include "daemon/engine/scheduler.h"
@@ -125,8 +126,8 @@ class Broadcaster {
   const FailFn fail_;
   const Options options_;
 
-  absl::Mutex mu_;
-  absl::CondVar cv_;
+  MonotonicMutex mu_;
+  MonotonicCondVar cv_;
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
   Call call_ ABSL_GUARDED_BY(mu_);
   uint64_t calls_started_ ABSL_GUARDED_BY(mu_) = 0;  // number of the call being collected

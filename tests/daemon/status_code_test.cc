@@ -27,7 +27,7 @@ TEST(StatusCode, EveryAbslCodeMapsToItsGradsyncCode) {
       {absl::StatusCode::kNotFound, v1::STATE},
       {absl::StatusCode::kAlreadyExists, v1::STATE},
       {absl::StatusCode::kPermissionDenied, v1::STATE},
-      {absl::StatusCode::kResourceExhausted, v1::INTERNAL},
+      {absl::StatusCode::kResourceExhausted, v1::RESOURCE_EXHAUSTED},
       {absl::StatusCode::kFailedPrecondition, v1::STATE},
       {absl::StatusCode::kAborted, v1::PEER_FAILED},
       {absl::StatusCode::kOutOfRange, v1::INVALID_ARGUMENT},
