@@ -548,7 +548,7 @@ absl::StatusOr<Broadcaster::StepResult> Job::Broadcast(uint64_t session, uint64_
   std::shared_ptr<Trainer> t;
   Broadcaster* broadcaster = nullptr;
   {
-    absl::MutexLock lock(&mu_);
+    MonotonicMutexLock lock(&mu_);
     t = HoldLocked(session);
     if (!t) return MakeError(v1::STATE, "unknown session");
     if (state_ == JobState::kFailed) return PeerError(*t);
@@ -560,7 +560,7 @@ absl::StatusOr<Broadcaster::StepResult> Job::Broadcast(uint64_t session, uint64_
   absl::StatusOr<Broadcaster::StepResult> r =
       broadcaster->Step(*t, bytes, root_rank, step, deadline);
   if (r.ok()) return r;
-  absl::MutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
   // The job failed (by this call or another): the error this trainer gets.
   if (state_ == JobState::kFailed) return PeerError(*t);
   return r.status();
