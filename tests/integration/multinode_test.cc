@@ -425,6 +425,10 @@ TEST(MultiNode, ConfigChangeEarlyInAFastJobAppliesAtTheSameIterationOnBothNodes)
   const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
   std::vector<std::string> trainer_args = args;
   trainer_args.push_back("--print-loss");
+  // The leader schedules a change ~2 s of iterations ahead: at most 1000
+  // iterations a second keeps that inside the job on a fast, idle machine
+  // (at 2000 a second it fell past the last step and nothing re-planned).
+  trainer_args.push_back("--sleep-ms=1");
   for (int round = 0; round < 4; ++round) {
     SCOPED_TRACE(absl::StrCat("round ", round));
     const size_t from0 = cluster.node(0).process().Log().size();
