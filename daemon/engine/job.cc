@@ -591,18 +591,40 @@ void Job::Leave(uint64_t session, bool graceful, const std::string& reason) {
   DeliverHealth();
   if (last) {
     ReleaseWorld();
-    return;
+  } else if (local_rank >= 0) {
+    if (hooks_.gpu.test_pause) hooks_.gpu.test_pause("departure");
+    ReleaseDeparted(local_rank);
   }
   // GPU path: the trainer may free its gradient memory and destroy its
   // events once gs_close returns (user-pointer mode), so its Detach returns
-  // only after no reduction can touch them and the daemon let go of them.
-  // The job failed above, so a reduction in flight stops.
+  // only after the daemon let go of them. Whoever releases them — this
+  // call, or the last trainer's ReleaseWorld (which may have taken the
+  // session before we looked), or another Leave of this same session (its
+  // Watch stream broke meanwhile) — is counted in departures_in_flight_:
+  // wait for every such release, ours counted off first.
+  MonotonicMutexLock lock(&mu_);
+  if (local_rank >= 0) --departures_in_flight_;
+  auto released = [this] {
+    mu_.AssertReaderHeld();
+    return departures_in_flight_ == 0;
+  };
+  // Each release is bounded (the scheduler's halt and the device gate's
+  // deadline); this bound only keeps a bug from pinning the RPC thread.
+  if (!mu_.AwaitWithTimeout(absl::Condition(&released),
+                            absl::Milliseconds(2 * config_.timeout_ms) + absl::Seconds(30))) {
+    spdlog::error("event=departure_release_overdue job={} local_rank={} in_flight={}", id_,
+                  local_rank, departures_in_flight_);
+  }
+}
+
+void Job::ReleaseDeparted(int local_rank) {
+  // The job failed in RemoveTrainer, so a reduction in flight stops.
   Scheduler* scheduler = nullptr;
   {
     MonotonicMutexLock lock(&mu_);
     if (gpu_session_) scheduler = scheduler_.get();
   }
-  if (scheduler == nullptr || local_rank < 0) return;
+  if (scheduler == nullptr) return;
   scheduler->WaitIdle();
   // If another trainer left last meanwhile, ReleaseWorld holds
   // gpu_release_mu_ until the whole session (ours included) is gone, and
@@ -628,6 +650,7 @@ void Job::ReleaseWorld() {
     gpu_reducer = std::move(gpu_reducer_);
     gpu_session = std::move(gpu_session_);
   }
+  if (hooks_.gpu.test_pause && gpu_session) hooks_.gpu.test_pause("world_release");
   if (scheduler) scheduler->Stop();
   // Only now, with the scheduler stopped, is no collective running: the
   // communicators, buffers, handles and events can go.
@@ -645,6 +668,7 @@ bool Job::RemoveTrainer(uint64_t session, bool graceful, const std::string& reas
   if (t == nullptr) return false;
   *local_rank = t->local_rank;
   t->gone.store(true);
+  ++departures_in_flight_;  // until its Leave released what it may free
   spdlog::info("event=leave job={} local_rank={} pid={} graceful={} reason={}", id_,
                t->local_rank, t->pid, graceful, LogValue(reason));
   if (t->segment.header() != nullptr) ipc::SharedSegment::Remove(t->segment.name()).IgnoreError();

@@ -245,6 +245,9 @@ class Job {
   bool RemoveTrainer(uint64_t session, bool graceful, const std::string& reason,
                      int* local_rank) ABSL_LOCKS_EXCLUDED(mu_);
   void ReleaseWorld() ABSL_LOCKS_EXCLUDED(mu_);
+  // A departing (not the last) trainer's GPU handles and events, closed
+  // once no reduction runs.
+  void ReleaseDeparted(int local_rank) ABSL_LOCKS_EXCLUDED(mu_);
   // The GPU path's resources for a CUDA layout, opened in Form's unlocked
   // phase (they may wait on other nodes) and handed to StartLocked.
   struct GpuStart {
@@ -296,6 +299,10 @@ class Job {
   // a new trainer takes the rank; the record is freed when that RPC ends.
   std::vector<std::shared_ptr<Trainer>> trainers_ ABSL_GUARDED_BY(mu_);
   int attached_ever_ ABSL_GUARDED_BY(mu_) = 0;
+  // Trainers marked gone whose Leave has not yet released what the daemon
+  // maps of theirs (directly, or through ReleaseWorld). A Detach returns
+  // only once it is zero.
+  int departures_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int registered_ ABSL_GUARDED_BY(mu_) = 0;
   // layout_, world_, arena_ and stats_ are written once, when the job
   // starts; the scheduler then reads them through references without mu_.
