@@ -603,7 +603,7 @@ void Job::Leave(uint64_t session, bool graceful, const std::string& reason) {
   // Watch stream broke meanwhile) — is counted in departures_in_flight_:
   // wait for every such release, ours counted off first.
   MonotonicMutexLock lock(&mu_);
-  if (local_rank >= 0) --departures_in_flight_;
+  if (!last && local_rank >= 0) --departures_in_flight_;  // ReleaseWorld counts off its own
   auto released = [this] {
     mu_.AssertReaderHeld();
     return departures_in_flight_ == 0;
@@ -657,6 +657,12 @@ void Job::ReleaseWorld() {
   gpu_reducer.reset();
   gpu_session.reset();
   release.Release();
+  {
+    // Every departed trainer's handles are closed: their Detach may return
+    // now, without waiting for the leader below.
+    MonotonicMutexLock lock(&mu_);
+    --departures_in_flight_;
+  }
   link.reset();  // outside the lock: it talks to the leader
   spdlog::info("event=job_released job={}", id_);
 }

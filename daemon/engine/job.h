@@ -244,6 +244,8 @@ class Job {
   // the leaving trainer's, or left as is when the session is unknown.
   bool RemoveTrainer(uint64_t session, bool graceful, const std::string& reason,
                      int* local_rank) ABSL_LOCKS_EXCLUDED(mu_);
+  // Also counts off the last trainer's departure (departures_in_flight_)
+  // once the GPU session is gone.
   void ReleaseWorld() ABSL_LOCKS_EXCLUDED(mu_);
   // A departing (not the last) trainer's GPU handles and events, closed
   // once no reduction runs.
