@@ -265,13 +265,28 @@ void Job::Form() {
   absl::StatusOr<JobWorld> world =
       former_(*layout, LayoutHash(*layout), [this](const absl::Status& error) { Fail(error, -1); });
   absl::StatusOr<GpuStart> gpu = GpuStart{};
+  bool mapping = false;  // counted in departures_in_flight_
   if (world.ok() && !gpu_specs.empty()) {
     std::vector<std::string> names;
     for (const auto& [local_rank, pid] : gpu_trainers) {
       names.push_back(absl::StrCat("rank ", world->rank_offset + local_rank, " (local ",
                                    local_rank, ", pid ", pid, ")"));
     }
-    gpu = OpenGpu(*layout, *world, gpu_specs, names);
+    // OpenGpu maps the trainers' memory outside gpu_session_: a trainer
+    // that leaves meanwhile (the job failed, its Register returned) must
+    // not get its Detach answered until that mapping is closed or handed to
+    // gpu_session_, where Leave finds it. A job that already failed maps
+    // nothing.
+    bool open = false;
+    {
+      MonotonicMutexLock lock(&mu_);
+      open = state_ != JobState::kFailed;
+      if (open) ++departures_in_flight_;
+    }
+    if (open) {
+      gpu = OpenGpu(*layout, *world, gpu_specs, names);
+      mapping = true;
+    }
   }
 
   // Phase 3, under mu_ again: start the job, unless it failed meanwhile.
@@ -288,6 +303,11 @@ void Job::Form() {
                !st.ok()) {
       FailLocked(st, -1);
     }
+  }
+  if (mapping) {
+    if (gpu.ok()) gpu->session.reset();  // not started: closes what phase 2 mapped
+    MonotonicMutexLock lock(&mu_);
+    --departures_in_flight_;
   }
 }
 
@@ -622,10 +642,11 @@ void Job::ReleaseDeparted(int local_rank) {
   Scheduler* scheduler = nullptr;
   {
     MonotonicMutexLock lock(&mu_);
-    if (gpu_session_) scheduler = scheduler_.get();
+    if (!gpu_session_) return;
+    scheduler = scheduler_.get();
   }
-  if (scheduler == nullptr) return;
-  scheduler->WaitIdle();
+  // No scheduler: the job failed while starting, and nothing reduces.
+  if (scheduler != nullptr) scheduler->WaitIdle();
   // If another trainer left last meanwhile, ReleaseWorld holds
   // gpu_release_mu_ until the whole session (ours included) is gone, and
   // gpu_session_ is then empty. The device calls are bounded (the device

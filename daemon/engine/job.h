@@ -301,9 +301,10 @@ class Job {
   // a new trainer takes the rank; the record is freed when that RPC ends.
   std::vector<std::shared_ptr<Trainer>> trainers_ ABSL_GUARDED_BY(mu_);
   int attached_ever_ ABSL_GUARDED_BY(mu_) = 0;
-  // Trainers marked gone whose Leave has not yet released what the daemon
-  // maps of theirs (directly, or through ReleaseWorld). A Detach returns
-  // only once it is zero.
+  // Releases of trainers' GPU mappings still to come: trainers marked gone
+  // whose Leave has not yet closed what the daemon maps of theirs
+  // (directly, or through ReleaseWorld), and a Form whose phase 2 maps
+  // them outside gpu_session_. A Detach returns only once it is zero.
   int departures_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int registered_ ABSL_GUARDED_BY(mu_) = 0;
   // layout_, world_, arena_ and stats_ are written once, when the job
