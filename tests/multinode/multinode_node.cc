@@ -21,12 +21,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "daemon/backends/gloo_backend.h"
-#include "daemon/backends/gloo_store.h"
 #include "common/dtype.h"
 #include "common/half.h"
-#include "daemon/cluster/rendezvous_client.h"
 #include "common/status_code.h"
+#include "daemon/backends/gloo_backend.h"
+#include "daemon/backends/gloo_store.h"
+#include "daemon/cluster/rendezvous_client.h"
 #include "tests/multinode/exit_codes.h"
 
 ABSL_FLAG(std::string, leader, "", "HOST:PORT of the leader");
