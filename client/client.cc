@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -537,7 +538,12 @@ absl::Status Client::Close() {
     req.set_session_id(session_);
     v1::DetachResponse resp;
     grpc::ClientContext ctx;
-    ctx.set_deadline(DeadlineIn(10000));  // the last trainer's detach leaves the cluster
+    // The last trainer's detach leaves the cluster; any detach waits until
+    // the daemon closed what it maps of ours (a release in flight, or a job
+    // still opening its GPU path, bounded by twice the daemon's timeout
+    // plus 30 s): answered only then, it must not be cut short here.
+    ctx.set_deadline(
+        DeadlineIn(std::max<int64_t>(10000, 2 * daemon_timeout_ms_ + 30000 + kGraceMs)));
     grpc::Status s = stub_->Detach(&ctx, req, &resp);
     if (!s.ok() && result.ok()) result = RpcError(s, "detach", socket_path_);
   }

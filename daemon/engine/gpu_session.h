@@ -61,6 +61,12 @@ struct GpuRuntime {
   // kDeviceLostExitCode after failing the job; the supervisor restarts it).
   // Errors marked gpu::IsDeviceLost count as such too, on every device.
   std::function<bool(const absl::Status&)> is_context_lost;
+  // TEST ONLY (set only in gradsyncd_sim): called at points of a trainer's
+  // departure ("departure": a trainer that is not the last, before it looks
+  // for the session; "world_release": the last trainer's release, the
+  // session taken, before it is closed), so a test can hold them open and
+  // make an ordering race certain. Never set in a release gradsyncd.
+  std::function<void(const std::string& point)> test_pause;
 };
 
 inline constexpr int kDeviceLostExitCode = 71;

@@ -270,13 +270,28 @@ void Job::Form() {
   absl::StatusOr<JobWorld> world =
       former_(*layout, LayoutHash(*layout), [this](const absl::Status& error) { Fail(error, -1); });
   absl::StatusOr<GpuStart> gpu = GpuStart{};
+  bool mapping = false;  // counted in departures_in_flight_
   if (world.ok() && !gpu_specs.empty()) {
     std::vector<std::string> names;
     for (const auto& [local_rank, pid] : gpu_trainers) {
       names.push_back(absl::StrCat("rank ", world->rank_offset + local_rank, " (local ", local_rank,
                                    ", pid ", pid, ")"));
     }
-    gpu = OpenGpu(*layout, *world, gpu_specs, names);
+    // OpenGpu maps the trainers' memory outside gpu_session_: a trainer
+    // that leaves meanwhile (the job failed, its Register returned) must
+    // not get its Detach answered until that mapping is closed or handed to
+    // gpu_session_, where Leave finds it. A job that already failed maps
+    // nothing.
+    bool open = false;
+    {
+      MonotonicMutexLock lock(&mu_);
+      open = state_ != JobState::kFailed;
+      if (open) ++departures_in_flight_;
+    }
+    if (open) {
+      gpu = OpenGpu(*layout, *world, gpu_specs, names);
+      mapping = true;
+    }
   }
 
   // Phase 3, under mu_ again: start the job, unless it failed meanwhile.
@@ -293,6 +308,11 @@ void Job::Form() {
                !st.ok()) {
       FailLocked(st, -1);
     }
+  }
+  if (mapping) {
+    if (gpu.ok()) gpu->session.reset();  // not started: closes what phase 2 mapped
+    MonotonicMutexLock lock(&mu_);
+    --departures_in_flight_;
   }
 }
 
@@ -596,19 +616,42 @@ void Job::Leave(uint64_t session, bool graceful, const std::string& reason) {
   DeliverHealth();
   if (last) {
     ReleaseWorld();
-    return;
+  } else if (local_rank >= 0) {
+    if (hooks_.gpu.test_pause) hooks_.gpu.test_pause("departure");
+    ReleaseDeparted(local_rank);
   }
   // GPU path: the trainer may free its gradient memory and destroy its
   // events once gs_close returns (user-pointer mode), so its Detach returns
-  // only after no reduction can touch them and the daemon let go of them.
-  // The job failed above, so a reduction in flight stops.
+  // only after the daemon let go of them. Whoever releases them — this
+  // call, or the last trainer's ReleaseWorld (which may have taken the
+  // session before we looked), or another Leave of this same session (its
+  // Watch stream broke meanwhile) — is counted in departures_in_flight_:
+  // wait for every such release, ours counted off first.
+  MonotonicMutexLock lock(&mu_);
+  if (!last && local_rank >= 0) --departures_in_flight_;  // ReleaseWorld counts off its own
+  auto released = [this] {
+    mu_.AssertReaderHeld();
+    return departures_in_flight_ == 0;
+  };
+  // Each release is bounded (the scheduler's halt and the device gate's
+  // deadline); this bound only keeps a bug from pinning the RPC thread.
+  if (!mu_.AwaitWithTimeout(absl::Condition(&released),
+                            absl::Milliseconds(2 * config_.timeout_ms) + absl::Seconds(30))) {
+    spdlog::error("event=departure_release_overdue job={} local_rank={} in_flight={}", id_,
+                  local_rank, departures_in_flight_);
+  }
+}
+
+void Job::ReleaseDeparted(int local_rank) {
+  // The job failed in RemoveTrainer, so a reduction in flight stops.
   Scheduler* scheduler = nullptr;
   {
     MonotonicMutexLock lock(&mu_);
-    if (gpu_session_) scheduler = scheduler_.get();
+    if (!gpu_session_) return;
+    scheduler = scheduler_.get();
   }
-  if (scheduler == nullptr || local_rank < 0) return;
-  scheduler->WaitIdle();
+  // No scheduler: the job failed while starting, and nothing reduces.
+  if (scheduler != nullptr) scheduler->WaitIdle();
   // If another trainer left last meanwhile, ReleaseWorld holds
   // gpu_release_mu_ until the whole session (ours included) is gone, and
   // gpu_session_ is then empty. The device calls are bounded (the device
@@ -633,12 +676,19 @@ void Job::ReleaseWorld() {
     gpu_reducer = std::move(gpu_reducer_);
     gpu_session = std::move(gpu_session_);
   }
+  if (hooks_.gpu.test_pause && gpu_session) hooks_.gpu.test_pause("world_release");
   if (scheduler) scheduler->Stop();
   // Only now, with the scheduler stopped, is no collective running: the
   // communicators, buffers, handles and events can go.
   gpu_reducer.reset();
   gpu_session.reset();
   release.Release();
+  {
+    // Every departed trainer's handles are closed: their Detach may return
+    // now, without waiting for the leader below.
+    MonotonicMutexLock lock(&mu_);
+    --departures_in_flight_;
+  }
   link.reset();  // outside the lock: it talks to the leader
   spdlog::info("event=job_released job={}", id_);
 }
@@ -650,6 +700,7 @@ bool Job::RemoveTrainer(uint64_t session, bool graceful, const std::string& reas
   if (t == nullptr) return false;
   *local_rank = t->local_rank;
   t->gone.store(true);
+  ++departures_in_flight_;  // until its Leave released what it may free
   spdlog::info("event=leave job={} local_rank={} pid={} graceful={} reason={}", id_, t->local_rank,
                t->pid, graceful, LogValue(reason));
   if (t->segment.header() != nullptr) ipc::SharedSegment::Remove(t->segment.name()).IgnoreError();

@@ -243,7 +243,12 @@ class Job {
   // the leaving trainer's, or left as is when the session is unknown.
   bool RemoveTrainer(uint64_t session, bool graceful, const std::string& reason, int* local_rank)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Also counts off the last trainer's departure (departures_in_flight_)
+  // once the GPU session is gone.
   void ReleaseWorld() ABSL_LOCKS_EXCLUDED(mu_);
+  // A departing (not the last) trainer's GPU handles and events, closed
+  // once no reduction runs.
+  void ReleaseDeparted(int local_rank) ABSL_LOCKS_EXCLUDED(mu_);
   // The GPU path's resources for a CUDA layout, opened in Form's unlocked
   // phase (they may wait on other nodes) and handed to StartLocked.
   struct GpuStart {
@@ -295,6 +300,11 @@ class Job {
   // a new trainer takes the rank; the record is freed when that RPC ends.
   std::vector<std::shared_ptr<Trainer>> trainers_ ABSL_GUARDED_BY(mu_);
   int attached_ever_ ABSL_GUARDED_BY(mu_) = 0;
+  // Releases of trainers' GPU mappings still to come: trainers marked gone
+  // whose Leave has not yet closed what the daemon maps of theirs
+  // (directly, or through ReleaseWorld), and a Form whose phase 2 maps
+  // them outside gpu_session_. A Detach returns only once it is zero.
+  int departures_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int registered_ ABSL_GUARDED_BY(mu_) = 0;
   // layout_, world_, arena_ and stats_ are written once, when the job
   // starts; the scheduler then reads them through references without mu_.

@@ -122,6 +122,30 @@ TEST(GpuPath, TrainersUnmapTheirBufferBeforeTheDaemonFreesIt) {
   }
 }
 
+// User-pointer mode: a trainer frees its gradient memory right after
+// gs_close, so its Detach must not be answered while the daemon still maps
+// that memory — here the last trainer's release of the whole session, which
+// took the session before the first trainer looked for it (a test-only
+// flag of gradsyncd_sim holds both departures open so this order is
+// certain, as heavy load makes it likely).
+TEST(GpuPath, DetachWaitsForTheLastTrainersReleaseOfItsMemory) {
+  Daemon daemon(2, {"--timeout-s=20", "--test-departure-race"}, SimEnv(1),
+                "tests/gpu/gradsyncd_sim");
+  ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+  std::vector<Process> trainers =
+      StartAll(daemon, Case{"race", 2, 1, {"--mode=user", "--steps=2"}});
+  for (auto& t : trainers) {
+    ExitStatus st = t.Wait(seconds(90));
+    EXPECT_TRUE(st.exited && st.code == 0) << t.Log() << "\ndaemon:\n" << daemon.process().Log();
+    EXPECT_EQ(t.Log().find("freed while mapped"), std::string::npos) << t.Log();
+  }
+  ASSERT_TRUE(WaitForLog(daemon.process(), "event=job_released", seconds(30)))
+      << daemon.process().Log();
+  const std::string log = daemon.process().Log();
+  EXPECT_EQ(log.find("event=gpu_release_failed"), std::string::npos) << log;
+  EXPECT_EQ(log.find("event=departure_release_overdue"), std::string::npos) << log;
+}
+
 // Two simulated nodes of 2 trainers each on 2 GPUs: node 0 the leader,
 // node 1 joining it. Fatal failures end the calling test.
 void StartTwoSimNodes(std::vector<std::string> common, std::unique_ptr<Daemon>* leader,
