@@ -19,9 +19,9 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/auth/call_auth.h"
 #include "daemon/control_admission.h"
-#include "daemon/serial_worker.h"
 #include "daemon/engine/job_registry.h"
 #include "daemon/observe/latency_stats.h"
+#include "daemon/serial_worker.h"
 #include "gradsync/v1/control.grpc.pb.h"
 
 namespace gradsync {

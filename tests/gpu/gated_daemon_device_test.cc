@@ -25,8 +25,8 @@
 namespace gradsync::gpu {
 namespace {
 
-using ::testing::HasSubstr;
 using ::gradsync::testing::WaitUntil;
+using ::testing::HasSubstr;
 
 // `host`: two nodes sharing SIM-GPU-0 need two hosts (NCCL refuses two
 // ranks on one GPU of one host).
@@ -127,8 +127,7 @@ TEST_F(GatedDaemonDeviceTest, MemoryWorkWaitsForACollectiveOnTheSameGpu) {
 
   absl::StatusOr<void*> allocated;
   std::thread allocating([&] { allocated = gated_->Alloc("SIM-GPU-0", 64); });
-  ASSERT_TRUE(
-      WaitUntil([&] { return gated_->gate().memory_waiting("SIM-GPU-0") == 1; }, kBound));
+  ASSERT_TRUE(WaitUntil([&] { return gated_->gate().memory_waiting("SIM-GPU-0") == 1; }, kBound));
   // The peer joins: the collective completes, then the allocation runs.
   EXPECT_TRUE(peer_group_->AllreduceSum({{0, theirs_, 4}}, DType::kFloat32).ok());
   running.join();

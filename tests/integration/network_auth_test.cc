@@ -31,9 +31,9 @@
 #include "common/tls_credentials.h"
 #include "gradsync/v1/control.grpc.pb.h"
 #include "tests/integration/harness.h"
-#include "tests/testing/wait.h"
 #include "tests/integration/recording_proxy.h"
 #include "tests/integration/test_pki.h"
+#include "tests/testing/wait.h"
 
 namespace gradsync::testing {
 namespace {
