@@ -103,12 +103,14 @@ class Channel {
 
 // Polls until the event completes (or fails, or 20 s pass: a hang guard).
 absl::StatusOr<Completion> AwaitEvent(SimDaemonDevice& dev, Event* event) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (true) {
-    absl::StatusOr<Completion> c = dev.QueryEvent(event);
-    if (!c.ok() || *c == Completion::kDone || absl::Now() > deadline) return c;
-    absl::SleepFor(absl::Microseconds(200));
-  }
+  absl::StatusOr<Completion> c = Completion::kPending;
+  WaitUntil(
+      [&] {
+        c = dev.QueryEvent(event);
+        return !c.ok() || *c == Completion::kDone;
+      },
+      absl::Seconds(20));
+  return c;
 }
 
 std::vector<float> ReadFloats(const void* p, size_t n) {
