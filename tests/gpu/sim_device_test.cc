@@ -74,10 +74,10 @@ class Channel {
   std::string Receive(size_t size, absl::Duration timeout = absl::Seconds(20)) {
     std::string out(size, '\0');
     size_t done = 0;
-    const absl::Time deadline = absl::Now() + timeout;
+    const absl::Time deadline = MonotonicNow() + timeout;
     while (done < size) {
       pollfd p{fds_[0], POLLIN, 0};
-      const int left_ms = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+      const int left_ms = static_cast<int>(absl::ToInt64Milliseconds(deadline - MonotonicNow()));
       if (left_ms <= 0 || poll(&p, 1, left_ms) <= 0) return "";
       const ssize_t n = read(fds_[0], &out[done], size - done);
       if (n <= 0) return "";
