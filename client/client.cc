@@ -9,9 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cuda_tensors.h"
+#include "client/daemon_connection.h"
 #include "client/launcher_world_size.h"
 #include "client/local_rank.h"
-#include "client/daemon_connection.h"
 #include "client/trainer_device_factory.h"
 #include "common/default_socket.h"
 #include "common/monotonic.h"
@@ -56,8 +56,8 @@ absl::Status RpcError(const grpc::Status& s, const std::string& what, const std:
     return MakeError(v1::TIMEOUT, absl::StrCat(what, " timed out waiting for gradsyncd at ", socket,
                                                " (", s.error_message(), ")"));
   }
-  return MakeError(v1::UNAVAILABLE, absl::StrCat(what, " failed: cannot reach gradsyncd at ", socket,
-                                                 " (", s.error_message(), ")"));
+  return MakeError(v1::UNAVAILABLE, absl::StrCat(what, " failed: cannot reach gradsyncd at ",
+                                                 socket, " (", s.error_message(), ")"));
 }
 
 // A call within a session: the daemon answered Attach, so a transport
@@ -157,8 +157,7 @@ Client::~Client() { Close().IgnoreError(); }
 void Client::WatchLoop() {
   v1::WatchRequest req;
   req.set_session_id(session_);
-  std::unique_ptr<grpc::ClientReader<v1::WatchEvent>> reader =
-      stub_->Watch(watch_ctx_.get(), req);
+  std::unique_ptr<grpc::ClientReader<v1::WatchEvent>> reader = stub_->Watch(watch_ctx_.get(), req);
   v1::WatchEvent event;
   while (reader->Read(&event)) {
     MonotonicMutexLock lock(&watch_mu_);
@@ -227,9 +226,9 @@ absl::Status Client::Register(const std::vector<TensorSpec>& specs) {
     if (!device_) {
       absl::StatusOr<std::shared_ptr<gpu::TrainerDevice>> d = NewDefaultTrainerDevice();
       if (!d.ok()) {
-        return MakeError(v1::INVALID_ARGUMENT,
-                         absl::StrCat("tensor 0 '", (*layout)[0].name, "' is on cuda:",
-                                      (*layout)[0].device, ": ", d.status().message()));
+        return MakeError(v1::INVALID_ARGUMENT, absl::StrCat("tensor 0 '", (*layout)[0].name,
+                                                            "' is on cuda:", (*layout)[0].device,
+                                                            ": ", d.status().message()));
       }
       device_ = std::move(*d);
     }
@@ -388,10 +387,9 @@ absl::Status Client::Join(bool divide_by_initial_world_size) {
   if (absl::Status st = CheckUsable(); !st.ok()) return st;
   if (absl::Status st = CheckNotJoined("gs_join"); !st.ok()) return st;
   if (marked_count_ != 0) {
-    return MakeError(v1::STATE,
-                     absl::StrCat("rank ", rank_, " (local ", local_rank_,
-                                  "): gs_join must be called between iterations (",
-                                  marked_count_, " tensors are marked)"));
+    return MakeError(v1::STATE, absl::StrCat("rank ", rank_, " (local ", local_rank_,
+                                             "): gs_join must be called between iterations (",
+                                             marked_count_, " tensors are marked)"));
   }
   ipc::ReadyEvent e{};
   e.kind = static_cast<uint32_t>(ipc::ReadyKind::kJoin);
@@ -433,8 +431,8 @@ absl::Status Client::Wait(int64_t timeout_ms) {
 }
 
 absl::Status Client::AwaitCompletion(int64_t budget, bool joined) {
-  const auto deadline = budget >= 0 ? Clock::now() + std::chrono::milliseconds(budget)
-                                    : Clock::time_point::max();
+  const auto deadline =
+      budget >= 0 ? Clock::now() + std::chrono::milliseconds(budget) : Clock::time_point::max();
   uint64_t heartbeat = node_.header()->heartbeat.load(std::memory_order_acquire);
   auto heartbeat_seen = Clock::now();
   ipc::Doorbell& bell = segment_.header()->completion_bell;
@@ -448,9 +446,9 @@ absl::Status Client::AwaitCompletion(int64_t budget, bool joined) {
     }
     if (r == ipc::PopResult::kOk) {
       if (e.sequence != completion_sequence_) {
-        return Failed(MakeError(v1::INTERNAL,
-                                absl::StrCat("completion entry has sequence ", e.sequence,
-                                             ", expected ", completion_sequence_)));
+        return Failed(
+            MakeError(v1::INTERNAL, absl::StrCat("completion entry has sequence ", e.sequence,
+                                                 ", expected ", completion_sequence_)));
       }
       ++completion_sequence_;
       switch (static_cast<ipc::CompletionKind>(e.kind)) {
@@ -458,14 +456,15 @@ absl::Status Client::AwaitCompletion(int64_t budget, bool joined) {
           continue;
         case ipc::CompletionKind::kAllJoined:
           if (!joined) {
-            return Failed(MakeError(v1::INTERNAL, "the daemon ended the join before this trainer joined"));
+            return Failed(
+                MakeError(v1::INTERNAL, "the daemon ended the join before this trainer joined"));
           }
           return absl::OkStatus();
         case ipc::CompletionKind::kIterationDone:
           if (joined || e.iteration != iteration_) {
-            return Failed(MakeError(v1::INTERNAL,
-                                    absl::StrCat("daemon completed iteration ", e.iteration,
-                                                 " while this trainer is at ", iteration_)));
+            return Failed(
+                MakeError(v1::INTERNAL, absl::StrCat("daemon completed iteration ", e.iteration,
+                                                     " while this trainer is at ", iteration_)));
           }
           ++iteration_;
           no_sync_iterations_ = 0;
@@ -498,8 +497,8 @@ absl::Status Client::AwaitCompletion(int64_t budget, bool joined) {
       const std::string unmarked = UnmarkedTensors();
       return MakeError(
           v1::TIMEOUT,
-          absl::StrCat("iteration ", iteration_, " not synchronized within ", budget, " ms on rank ",
-                       rank_, ": ",
+          absl::StrCat("iteration ", iteration_, " not synchronized within ", budget,
+                       " ms on rank ", rank_, ": ",
                        unmarked.empty()
                            ? "every tensor is marked here; other trainers have not marked theirs "
                              "or the collective is slow (see gradsyncctl stats)"

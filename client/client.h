@@ -27,9 +27,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/monotonic_mutex.h"
 #include "common/dtype.h"
 #include "common/layout.h"
+#include "common/monotonic_mutex.h"
 #include "gpu/device.h"
 #include "gradsync/v1/local.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -145,7 +145,7 @@ class Client {
   std::vector<uint8_t*> buffers_;
   std::shared_ptr<gpu::TrainerDevice> device_;  // from ConnectOptions, or the default
   void* cuda_stream_ = nullptr;
-  std::unique_ptr<CudaTensors> cuda_;           // set iff the layout is CUDA
+  std::unique_ptr<CudaTensors> cuda_;  // set iff the layout is CUDA
   ipc::NodeSegment node_;
   ipc::TrainerSegment segment_;
   int rank_ = -1;
@@ -159,15 +159,15 @@ class Client {
   // GRADSYNC_DEBUG=detail, read once at connect: checksum CPU gradients at
   // mark time so the daemon can name one written after its mark.
   bool checksum_marks_ = false;
-  uint64_t iteration_ = 0;        // synced iterations completed
+  uint64_t iteration_ = 0;  // synced iterations completed
   uint64_t ready_sequence_ = 0;
   uint64_t completion_sequence_ = 0;
-  std::vector<uint8_t> marked_;   // this iteration
+  std::vector<uint8_t> marked_;  // this iteration
   // Per tensor: gradient added since the last synced iteration completed
   // (marked ready, possibly in no_sync iterations).
   std::vector<uint8_t> accumulated_;
   size_t marked_count_ = 0;
-  absl::Status failure_;          // sticky
+  absl::Status failure_;  // sticky
 
   // gs_broadcast's staging segment (the daemon's, one per job), mapped at
   // the first broadcast.

@@ -36,9 +36,9 @@ absl::Status Client::Broadcast(void* buffer, size_t bytes, int root_rank, int64_
   const int64_t wait_ms = timeout_ms > 0 ? timeout_ms : daemon_timeout_ms_;
   auto step = [&](uint64_t k, v1::BroadcastResponse* resp) -> absl::Status {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::milliseconds(wait_ms + 2 * daemon_timeout_ms_ +
-                                               kBroadcastGraceMs));
+    ctx.set_deadline(
+        std::chrono::system_clock::now() +
+        std::chrono::milliseconds(wait_ms + 2 * daemon_timeout_ms_ + kBroadcastGraceMs));
     v1::BroadcastRequest req;
     req.set_session_id(session_);
     req.set_bytes(bytes);
@@ -49,13 +49,13 @@ absl::Status Client::Broadcast(void* buffer, size_t bytes, int root_rank, int64_
     if (s.ok()) return FromProto(resp->error());
     if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
       return Failed(MakeError(v1::TIMEOUT, absl::StrCat("gs_broadcast timed out waiting for "
-                                                        "gradsyncd (pid ", daemon_pid_, ") at ",
-                                                        socket_path_)));
+                                                        "gradsyncd (pid ",
+                                                        daemon_pid_, ") at ", socket_path_)));
     }
     return Failed(MakeError(
-        v1::PEER_FAILED, absl::StrCat("gs_broadcast failed: lost the connection to gradsyncd (pid ",
-                                      daemon_pid_, ") at ", socket_path_, ": the daemon died (",
-                                      s.error_message(), ")")));
+        v1::PEER_FAILED,
+        absl::StrCat("gs_broadcast failed: lost the connection to gradsyncd (pid ", daemon_pid_,
+                     ") at ", socket_path_, ": the daemon died (", s.error_message(), ")")));
   };
   // An error the daemon answers has failed the job (or concerned this call
   // alone): the job's error reaches gs_wait through the rings as well.

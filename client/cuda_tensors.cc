@@ -9,9 +9,7 @@
 namespace gradsync {
 namespace {
 
-absl::Status Bad(const std::string& message) {
-  return MakeError(v1::INVALID_ARGUMENT, message);
-}
+absl::Status Bad(const std::string& message) { return MakeError(v1::INVALID_ARGUMENT, message); }
 
 absl::Status DeviceError(const absl::Status& st, const std::string& what) {
   return MakeError(CodeOf(st) == v1::OK ? v1::INTERNAL : CodeOf(st),
@@ -41,8 +39,8 @@ absl::StatusOr<std::unique_ptr<CudaTensors>> CudaTensors::Prepare(
     }
     if ((s.cuda_ptr == nullptr) != flat) {
       return Bad(absl::StrCat(
-          "tensor ", i, " '", s.name, "' ", s.cuda_ptr ? "has" : "has no", " cuda_ptr but tensor 0 '",
-          first.name, "' ", flat ? "has none" : "has one",
+          "tensor ", i, " '", s.name, "' ", s.cuda_ptr ? "has" : "has no",
+          " cuda_ptr but tensor 0 '", first.name, "' ", flat ? "has none" : "has one",
           ": pass a cuda_ptr for every tensor (your memory) or for none (the daemon's buffer)"));
     }
   }
@@ -68,8 +66,10 @@ absl::StatusOr<std::unique_ptr<CudaTensors>> CudaTensors::Prepare(
     if (flat) continue;
     absl::StatusOr<gpu::Allocation> a = c->device_->FindAllocation(s.cuda_ptr);
     if (!a.ok()) {
-      return Bad(absl::StrCat("tensor ", i, " '", s.name, "': cuda_ptr is not device memory of "
-                              "this process: ", a.status().message()));
+      return Bad(absl::StrCat("tensor ", i, " '", s.name,
+                              "': cuda_ptr is not device memory of "
+                              "this process: ",
+                              a.status().message()));
     }
     if (a->device != c->device_id_) {
       return Bad(absl::StrCat("tensor ", i, " '", s.name, "': cuda_ptr lives on ", a->device,
@@ -85,8 +85,8 @@ absl::StatusOr<std::unique_ptr<CudaTensors>> CudaTensors::Prepare(
     if (inserted) {
       absl::StatusOr<gpu::IpcHandle> h = c->device_->ExportMemory(a->base);
       if (!h.ok()) {
-        return DeviceError(h.status(), absl::StrCat("exporting the allocation of tensor ", i,
-                                                    " '", s.name, "'"));
+        return DeviceError(
+            h.status(), absl::StrCat("exporting the allocation of tensor ", i, " '", s.name, "'"));
       }
       reg->add_allocation_handles(h->ToBytes());
     }
@@ -121,7 +121,8 @@ CudaTensors::~CudaTensors() {
 absl::Status CudaTensors::Attach(const v1::RegisterResponse& resp, const Layout& layout) {
   if (!flat_) return absl::OkStatus();
   absl::StatusOr<gpu::IpcHandle> h = gpu::IpcHandle::FromBytes(resp.flat_buffer_handle());
-  if (!h.ok()) return MakeError(v1::INTERNAL, absl::StrCat("flat buffer handle: ", h.status().message()));
+  if (!h.ok())
+    return MakeError(v1::INTERNAL, absl::StrCat("flat buffer handle: ", h.status().message()));
   absl::StatusOr<void*> base = device_->OpenMemory(device_id_, *h);
   if (!base.ok()) {
     return DeviceError(base.status(),
@@ -160,8 +161,10 @@ void CudaTensors::SetStream(void* native) { stream_ = device_->WrapStream(native
 absl::Status CudaTensors::ReleaseMemory(absl::Duration timeout) {
   if (flat_base_ == nullptr) return absl::OkStatus();
   if (absl::Status st = device_->SynchronizeStream(device_id_, stream_, timeout); !st.ok()) {
-    return DeviceError(st, absl::StrCat("draining the stream before unmapping the daemon's gradient "
-                                        "buffer on ", device_id_, " (left mapped)"));
+    return DeviceError(st,
+                       absl::StrCat("draining the stream before unmapping the daemon's gradient "
+                                    "buffer on ",
+                                    device_id_, " (left mapped)"));
   }
   void* base = flat_base_;
   flat_base_ = nullptr;

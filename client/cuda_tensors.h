@@ -86,9 +86,9 @@ class CudaTensors {
   gpu::DeviceId device_id_;
   bool flat_ = false;
   gpu::Stream* stream_ = nullptr;
-  std::vector<void*> ptrs_;            // per tensor, valid after Attach
-  std::vector<gpu::Event*> events_;    // per tensor
-  void* flat_base_ = nullptr;          // mapped daemon buffer (flat mode)
+  std::vector<void*> ptrs_;          // per tensor, valid after Attach
+  std::vector<gpu::Event*> events_;  // per tensor
+  void* flat_base_ = nullptr;        // mapped daemon buffer (flat mode)
   std::vector<std::string> names_;
 };
 

@@ -87,13 +87,16 @@ std::optional<absl::Status> DaemonRefusal(int fd, const std::string& socket_path
   while (true) {
     const absl::Duration left = deadline - MonotonicNow();
     pollfd p{fd, POLLIN, 0};
-    const int n = poll(&p, 1, static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(left))));
+    const int n =
+        poll(&p, 1, static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(left))));
     if (n < 0 && errno == EINTR) continue;
     if (n == 0) {
-      return MakeError(v1::TIMEOUT, absl::StrCat("attach timed out waiting for gradsyncd at ",
-                                                 socket_path, " (", DescribePeer(daemon),
-                                                 "): connected, but the daemon sent nothing (stopped, overloaded or out of "
-                                                 "file descriptors? see its log)"));
+      return MakeError(
+          v1::TIMEOUT,
+          absl::StrCat("attach timed out waiting for gradsyncd at ", socket_path, " (",
+                       DescribePeer(daemon),
+                       "): connected, but the daemon sent nothing (stopped, overloaded or out of "
+                       "file descriptors? see its log)"));
     }
     break;
   }
@@ -102,9 +105,9 @@ std::optional<absl::Status> DaemonRefusal(int fd, const std::string& socket_path
   if (got <= 0) return std::nullopt;
   std::optional<absl::Status> note = ParseRefusalNote(absl::string_view(buf, got));
   if (!note) return std::nullopt;
-  return MakeError(CodeOf(*note), absl::StrCat("gradsyncd at ", socket_path, " (",
-                                              DescribePeer(daemon), ") refused this trainer: ",
-                                              note->message()));
+  return MakeError(CodeOf(*note),
+                   absl::StrCat("gradsyncd at ", socket_path, " (", DescribePeer(daemon),
+                                ") refused this trainer: ", note->message()));
 }
 
 }  // namespace
@@ -141,16 +144,16 @@ absl::StatusOr<DaemonConnection> ConnectToDaemon(const std::string& socket_path,
       return MakeError(
           v1::UNAVAILABLE,
           absl::StrCat("cannot connect to gradsyncd at ", socket_path, " (", std::strerror(err),
-                       "): is the daemon running? (start it with `gradsyncd --socket ",
-                       socket_path, "`, or set GRADSYNC_SOCKET)"));
+                       "): is the daemon running? (start it with `gradsyncd --socket ", socket_path,
+                       "`, or set GRADSYNC_SOCKET)"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   absl::StatusOr<PeerCredentials> peer = ReadPeerCredentials(fd);
   if (!peer.ok()) {
     close(fd);
-    return MakeError(v1::UNAVAILABLE, absl::StrCat("gradsyncd at ", socket_path, ": ",
-                                                   peer.status().message()));
+    return MakeError(v1::UNAVAILABLE,
+                     absl::StrCat("gradsyncd at ", socket_path, ": ", peer.status().message()));
   }
   if (std::find(trusted->begin(), trusted->end(), peer->uid) == trusted->end()) {
     close(fd);
@@ -158,10 +161,10 @@ absl::StatusOr<DaemonConnection> ConnectToDaemon(const std::string& socket_path,
     for (uid_t uid : *trusted) whom.push_back(DescribeUser(uid));
     return MakeError(
         v1::UNAVAILABLE,
-        absl::StrCat("refusing the daemon at ", socket_path, ": it runs as ",
-                     DescribePeer(*peer), ", and this trainer (uid ", geteuid(),
-                     ") trusts only ", absl::StrJoin(whom, ", "),
-                     " (name the daemon's user in $", kDaemonUidEnv, " if it is the right one)"));
+        absl::StrCat("refusing the daemon at ", socket_path, ": it runs as ", DescribePeer(*peer),
+                     ", and this trainer (uid ", geteuid(), ") trusts only ",
+                     absl::StrJoin(whom, ", "), " (name the daemon's user in $", kDaemonUidEnv,
+                     " if it is the right one)"));
   }
   if (std::optional<absl::Status> refused = DaemonRefusal(fd, socket_path, *peer, deadline)) {
     close(fd);

@@ -46,7 +46,7 @@ extern "C" {
 #define GS_VERSION_MAJOR 0
 #define GS_VERSION_MINOR 1
 #define GS_VERSION_PATCH 0
-#define GS_VERSION_CODE(major, minor, patch) ((major) * 10000 + (minor) * 100 + (patch))
+#define GS_VERSION_CODE(major, minor, patch) ((major)*10000 + (minor)*100 + (patch))
 #define GS_VERSION GS_VERSION_CODE(GS_VERSION_MAJOR, GS_VERSION_MINOR, GS_VERSION_PATCH)
 
 /* GS_VERSION of the loaded library (it may be newer than this header). */
@@ -74,11 +74,11 @@ typedef enum {
 typedef enum { GS_FLOAT32 = 0, GS_FLOAT64 = 1, GS_FLOAT16 = 2, GS_BFLOAT16 = 3 } gs_dtype;
 
 typedef struct {
-  const char *name; /* unique in the layout; used in error messages */
+  const char* name; /* unique in the layout; used in error messages */
   gs_dtype dtype;
-  uint64_t numel;   /* element count, >= 1 */
-  int device;       /* -1: CPU (arena in shm); >= 0: CUDA ordinal */
-  void *cuda_ptr;   /* CUDA tensors only */
+  uint64_t numel; /* element count, >= 1 */
+  int device;     /* -1: CPU (arena in shm); >= 0: CUDA ordinal */
+  void* cuda_ptr; /* CUDA tensors only */
 } gs_tensor_spec;
 
 /* gs_connect verifies who runs the daemon (the socket's peer credentials)
@@ -101,13 +101,14 @@ typedef struct {
  * the original layout (client/gradsync_original_layout.cc).
  */
 typedef struct {
-  const char *socket_path; /* NULL: $GRADSYNC_SOCKET, else the default (below) */
+  const char* socket_path; /* NULL: $GRADSYNC_SOCKET, else the default (below) */
   int local_rank;          /* -1: $LOCAL_RANK, else 0 */
   int timeout_ms;          /* connect/attach timeout; <= 0: 30 s */
   size_t size;             /* sizeof(gs_connect_options), or 0 (above) */
 } gs_connect_options;
 
-#define GS_CONNECT_OPTIONS_INIT {NULL, -1, 0, sizeof(gs_connect_options)}
+#define GS_CONNECT_OPTIONS_INIT \
+  { NULL, -1, 0, sizeof(gs_connect_options) }
 
 /* A system-wide daemon's socket (systemd's RuntimeDirectory=gradsync), used
  * when neither the option nor $GRADSYNC_SOCKET names one and it exists; else
@@ -118,23 +119,23 @@ typedef struct {
 
 /* Attaches to the node's daemon. On failure *out is still set (when out is
  * not NULL) so that gs_last_error can describe the failure; gs_close it. */
-GS_API gs_status gs_connect(const gs_connect_options *opts, gs_client **out);
+GS_API gs_status gs_connect(const gs_connect_options* opts, gs_client** out);
 
 /* Registers the gradient layout; returns once every trainer of the node has
  * registered the same layout (GS_ERR_MISMATCH names the first difference).
  * GS_ERR_PEER_FAILED names the culprit when the daemon ("gradsyncd (pid N)")
  * died, or another node or the leader failed; GS_ERR_TIMEOUT names the local
  * ranks or the node ranks that never registered. */
-GS_API gs_status gs_register(gs_client *c, const gs_tensor_spec *specs, size_t count);
+GS_API gs_status gs_register(gs_client* c, const gs_tensor_spec* specs, size_t count);
 
 /* This trainer's global rank and the job's world size (after gs_register). */
-GS_API gs_status gs_world(gs_client *c, int *rank, int *world_size);
+GS_API gs_status gs_world(gs_client* c, int* rank, int* world_size);
 
 /* The gradient buffer of tensor `index`, valid until gs_close: shared
  * memory for CPU tensors, a device pointer for CUDA tensors (into the
  * daemon's flat buffer, or the caller's cuda_ptr); NULL for bad indices or
  * before gs_register. */
-GS_API void *gs_grad_buffer(gs_client *c, size_t index);
+GS_API void* gs_grad_buffer(gs_client* c, size_t index);
 
 /* Gradient `index` is final for this iteration: do not write its buffer
  * again until gs_wait returns. With GRADSYNC_DEBUG=detail in the environment
@@ -144,18 +145,18 @@ GS_API void *gs_grad_buffer(gs_client *c, size_t index);
  * GS_ERR_INVALID_ARGUMENT naming the trainer and the tensor (a misuse of
  * this call, not a disagreement between trainers); CUDA gradients are not
  * checked. A write after the daemon's check is not detected. */
-GS_API gs_status gs_mark_ready(gs_client *c, size_t index);
+GS_API gs_status gs_mark_ready(gs_client* c, size_t index);
 
 /* Gradient `index` was not produced this iteration: it contributes zeros
- * (its buffer is zeroed; CUDA: asynchronously on the chosen stream) — unless it accumulated a gradient in earlier
- * no_sync iterations, which is kept and reduced. Validated before anything
- * is touched: a refused call leaves the buffer alone. */
-GS_API gs_status gs_mark_unused(gs_client *c, size_t index);
+ * (its buffer is zeroed; CUDA: asynchronously on the chosen stream) — unless it accumulated a
+ * gradient in earlier no_sync iterations, which is kept and reduced. Validated before anything is
+ * touched: a refused call leaves the buffer alone. */
+GS_API gs_status gs_mark_unused(gs_client* c, size_t index);
 
 /* Waits until every bucket of this iteration is reduced. timeout_ms < 0:
  * the daemon's timeout. On GS_ERR_TIMEOUT the message names the tensors
  * this trainer has not marked, if any. */
-GS_API gs_status gs_wait(gs_client *c, int64_t timeout_ms);
+GS_API gs_status gs_wait(gs_client* c, int64_t timeout_ms);
 
 /* enabled = 0: following iterations post nothing and gradients accumulate
  * in the buffers; the next synced iteration reduces the accumulation.
@@ -163,7 +164,7 @@ GS_API gs_status gs_wait(gs_client *c, int64_t timeout_ms);
  * synced ones: one out of step fails the iteration with GS_ERR_MISMATCH
  * naming it and a peer with what each summed (checked among the trainers of
  * a node; trainers on different nodes are not compared). */
-GS_API gs_status gs_set_sync(gs_client *c, int enabled);
+GS_API gs_status gs_set_sync(gs_client* c, int enabled);
 
 /* Uneven inputs (PyTorch DDP's Join): this trainer ran out of data. Call it
  * between iterations (after gs_wait, before any mark; else GS_ERR_STATE).
@@ -186,7 +187,7 @@ GS_API gs_status gs_set_sync(gs_client *c, int enabled);
  * nodes the job must be started with gradsyncd --uneven-inputs (node 0's
  * value decides; it adds one small allreduce per iteration), else
  * GS_ERR_STATE naming the flag; one node needs nothing. */
-GS_API gs_status gs_join(gs_client *c, int divide_by_initial_world_size);
+GS_API gs_status gs_join(gs_client* c, int divide_by_initial_world_size);
 
 /* Makes `bytes` bytes at `buf` on every trainer of the job, on every node,
  * equal to those of the trainer whose global rank is `root_rank` (the
@@ -210,20 +211,20 @@ GS_API gs_status gs_join(gs_client *c, int divide_by_initial_world_size);
  * supported yet). The bytes go through shared memory on the node (one copy
  * out of the root, one into each other trainer) and once per node with the
  * cross-node backend's broadcast. */
-GS_API gs_status gs_broadcast(gs_client *c, void *buf, size_t bytes, int root_rank,
+GS_API gs_status gs_broadcast(gs_client* c, void* buf, size_t bytes, int root_rank,
                               int64_t timeout_ms);
 
 /* CUDA tensors: the cudaStream_t (as void*) the readiness events are
  * recorded on and unused gradients zeroed on, from the next mark on; NULL:
  * the legacy default stream. Record after the stream's last write of the
  * gradient, i.e. call gs_mark_ready after queueing backward's work there. */
-GS_API gs_status gs_set_cuda_stream(gs_client *c, void *stream);
+GS_API gs_status gs_set_cuda_stream(gs_client* c, void* stream);
 
 /* The message of the last failure on this client ("" if none). */
-GS_API const char *gs_last_error(const gs_client *c);
+GS_API const char* gs_last_error(const gs_client* c);
 
 /* Detaches and frees the client. Gradient buffers become invalid. */
-GS_API void gs_close(gs_client *c);
+GS_API void gs_close(gs_client* c);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -53,7 +53,8 @@ gs_status ReadConnectOptions(gs_client* c, const gs_connect_options& opts,
     c->last_error = "gs_connect_options.size is " + std::to_string(size) +
                     ", larger than this libgradsync's (" +
                     std::to_string(sizeof(gs_connect_options)) + ", version " +
-                    std::to_string(GS_VERSION) + "): the caller was built against a newer gradsync.h";
+                    std::to_string(GS_VERSION) +
+                    "): the caller was built against a newer gradsync.h";
     return GS_ERR_INVALID_ARGUMENT;
   }
   // Fields added after size are read only when size covers them.

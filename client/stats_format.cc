@@ -304,13 +304,13 @@ std::string FormatStatsTable(const v1::Stats& s) {
     for (int i = 0; i < s.autotune_candidates_size(); ++i) {
       const v1::AutotuneCandidate& c = s.autotune_candidates(i);
       const bool chosen = i == s.autotune_choice();
-      t.AddRow({absl::StrCat(i), absl::StrCat(c.first_bucket_cap_mb()),
-                absl::StrCat(c.bucket_cap_mb()), absl::StrCat(c.at_iteration()),
-                c.scored_iterations() > 0 ? absl::StrFormat("%.1f ms", c.median_step_s() * 1e3)
-                                          : "-",
-                absl::StrCat(c.scored_iterations()),
-                chosen ? absl::StrCat("chosen, from iteration ", s.autotune_chosen_at_iteration())
-                       : ""});
+      t.AddRow(
+          {absl::StrCat(i), absl::StrCat(c.first_bucket_cap_mb()), absl::StrCat(c.bucket_cap_mb()),
+           absl::StrCat(c.at_iteration()),
+           c.scored_iterations() > 0 ? absl::StrFormat("%.1f ms", c.median_step_s() * 1e3) : "-",
+           absl::StrCat(c.scored_iterations()),
+           chosen ? absl::StrCat("chosen, from iteration ", s.autotune_chosen_at_iteration())
+                  : ""});
     }
     absl::StrAppend(&out, t.Render());
   }

@@ -54,16 +54,16 @@ absl::StatusOr<Layout> LayoutFromProto(
       const int cuda = s.device() >= 0 ? i : first_of_other;
       return absl::InvalidArgumentError(absl::StrCat(
           "the layout mixes CPU and CUDA tensors: tensor ", cpu, " '", specs[cpu].name(),
-          "' is on the CPU and tensor ", cuda, " '", specs[cuda].name(), "' on cuda:",
-          specs[cuda].device(), "; register all gradients on one kind of device"));
+          "' is on the CPU and tensor ", cuda, " '", specs[cuda].name(),
+          "' on cuda:", specs[cuda].device(), "; register all gradients on one kind of device"));
     }
     if (first_of_kind < 0) (s.device() >= 0 ? first_cuda : first_cpu) = i;
     TensorInfo t{s.name(), static_cast<DType>(s.dtype()), s.numel(), s.device()};
     total += t.bytes();
     if (total > kMaxLayoutBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the layout is larger than ", kMaxLayoutBytes >> 30, " GiB at tensor ", i, " '",
-          s.name(), "'"));
+      return absl::InvalidArgumentError(absl::StrCat("the layout is larger than ",
+                                                     kMaxLayoutBytes >> 30, " GiB at tensor ", i,
+                                                     " '", s.name(), "'"));
     }
     layout.push_back(std::move(t));
   }

@@ -34,7 +34,8 @@ inline constexpr size_t kMaxTensorNameBytes = 1024;
 
 // Validates the specs (dtype, numel >= 1, names unique and non-empty, total
 // size) and converts them. Errors name the offending tensor.
-absl::StatusOr<Layout> LayoutFromProto(const google::protobuf::RepeatedPtrField<v1::TensorSpec>& specs);
+absl::StatusOr<Layout> LayoutFromProto(
+    const google::protobuf::RepeatedPtrField<v1::TensorSpec>& specs);
 
 // A stable 64-bit hash of the layout (names, dtypes, sizes, CPU/GPU).
 uint64_t LayoutHash(const Layout& layout);

@@ -39,8 +39,8 @@ inline std::string LogValue(absl::string_view value) {
 // `job=default path=/var/log/x.json` stay easy to grep; LogValue otherwise.
 inline std::string LogToken(absl::string_view value) {
   auto plain = [](char c) {
-    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' ||
-           c == '/' || c == ':' || c == '@' || c == '+' || c == '-';
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '/' ||
+           c == ':' || c == '@' || c == '+' || c == '-';
   };
   if (value.empty()) return LogValue(value);
   for (char c : value) {

@@ -5,9 +5,8 @@
 #ifndef GRADSYNC_COMMON_STATUS_CODE_H_
 #define GRADSYNC_COMMON_STATUS_CODE_H_
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "gradsync/v1/local.pb.h"
 
 namespace gradsync {

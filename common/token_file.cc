@@ -56,8 +56,8 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   if ((st.st_mode & 077 & ~allowed) != 0) {
     close(fd);
     return absl::InvalidArgumentError(absl::StrFormat(
-        "token file %s has mode %04o: %s may access it (chmod 600 %s%s)", path,
-        st.st_mode & 07777, allowed != 0 ? "others or a writing group" : "group or others", path,
+        "token file %s has mode %04o: %s may access it (chmod 600 %s%s)", path, st.st_mode & 07777,
+        allowed != 0 ? "others or a writing group" : "group or others", path,
         allowed != 0 ? "; a Secret volume may be group-readable (defaultMode 0440), no more" : ""));
   }
   std::string content;

@@ -52,9 +52,10 @@ bool AutotuneDriver::PlaceCandidates(BucketAutotuner& tuner) {
       return false;
     }
     tuner.Place(i, *placed);
-    spdlog::info("event=autotune_candidate index={} first_bucket_cap_mb={} bucket_cap_mb={} "
-                 "at_iteration={}",
-                 i, c.first_bucket_cap_mb, c.bucket_cap_mb, *placed);
+    spdlog::info(
+        "event=autotune_candidate index={} first_bucket_cap_mb={} bucket_cap_mb={} "
+        "at_iteration={}",
+        i, c.first_bucket_cap_mb, c.bucket_cap_mb, *placed);
     at = *placed + tuner.span();
   }
   return true;
@@ -72,7 +73,8 @@ void AutotuneDriver::Handle(const Report& r) {
       state_ = "waiting for the job's first iterations";
     }
     if (!tuner_ && r.iteration >= kFirstPlacedAfter) {
-      BucketAutotuner tuner(AutotuneCandidates(0.25, 200, static_cast<double>(r.bytes) / (1 << 20)));
+      BucketAutotuner tuner(
+          AutotuneCandidates(0.25, 200, static_cast<double>(r.bytes) / (1 << 20)));
       if (!PlaceCandidates(tuner)) {
         state_ = "abandoned: the job ended while placing candidates";
         finished = true;
@@ -85,18 +87,20 @@ void AutotuneDriver::Handle(const Report& r) {
       absl::StatusOr<uint64_t> at = publish_(best.caps, earliest_());
       for (size_t i = 0; i < tuner_->results().size(); ++i) {
         const BucketAutotuner::Result& c = tuner_->results()[i];
-        spdlog::info("event=autotune_score index={} first_bucket_cap_mb={} bucket_cap_mb={} "
-                     "at_iteration={} median_step_s={:.6f} iterations={}",
-                     i, c.caps.first_bucket_cap_mb, c.caps.bucket_cap_mb, c.at_iteration,
-                     c.score_s, c.step_s.size());
+        spdlog::info(
+            "event=autotune_score index={} first_bucket_cap_mb={} bucket_cap_mb={} "
+            "at_iteration={} median_step_s={:.6f} iterations={}",
+            i, c.caps.first_bucket_cap_mb, c.caps.bucket_cap_mb, c.at_iteration, c.score_s,
+            c.step_s.size());
       }
       if (at.ok()) {
         chosen_at_ = *at;
         state_ = "chosen";
-        spdlog::info("event=autotune_chosen index={} first_bucket_cap_mb={} bucket_cap_mb={} "
-                     "median_step_s={:.6f} at_iteration={}",
-                     *tuner_->choice(), best.caps.first_bucket_cap_mb, best.caps.bucket_cap_mb,
-                     best.score_s, *at);
+        spdlog::info(
+            "event=autotune_chosen index={} first_bucket_cap_mb={} bucket_cap_mb={} "
+            "median_step_s={:.6f} at_iteration={}",
+            *tuner_->choice(), best.caps.first_bucket_cap_mb, best.caps.bucket_cap_mb, best.score_s,
+            *at);
       } else {
         state_ = "abandoned: the job ended before the choice was applied";
         spdlog::warn("event=autotune_abandoned reason={}", LogValue(at.status().message()));

@@ -77,8 +77,8 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
     return bad(absl::StrCat("--backend ", c.backend, " must be auto, gloo, nccl or local"));
   }
   if (c.backend == "local" && c.num_nodes > 1) {
-    return bad(absl::StrCat("--backend local only works with --num-nodes 1 (not ", c.num_nodes,
-                            ")"));
+    return bad(
+        absl::StrCat("--backend local only works with --num-nodes 1 (not ", c.num_nodes, ")"));
   }
   if (!(c.bucket_cap_mb > 0 && c.bucket_cap_mb <= 4096)) {
     return bad(absl::StrCat("--bucket-cap-mb ", c.bucket_cap_mb, " is not in (0, 4096]"));
@@ -95,7 +95,8 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   }
   if (c.shm_prefix.empty() || c.shm_prefix.find('/') != std::string::npos ||
       c.shm_prefix.find('.') != std::string::npos) {
-    return bad(absl::StrCat("--shm-prefix '", c.shm_prefix, "' must be non-empty without '/' or '.'"));
+    return bad(
+        absl::StrCat("--shm-prefix '", c.shm_prefix, "' must be non-empty without '/' or '.'"));
   }
   if ((c.ring_capacity & (c.ring_capacity - 1)) != 0 || c.ring_capacity < 64) {
     return bad(absl::StrCat("ring capacity ", c.ring_capacity, " must be a power of two >= 64"));

@@ -31,7 +31,7 @@ struct DaemonConfig {
 
   int node_rank = 0;
   int num_nodes = 1;
-  int local_size = 1;  // trainers this daemon serves per job
+  int local_size = 1;            // trainers this daemon serves per job
   std::string backend = "auto";  // auto | gloo | nccl | local
   std::string host;              // address Gloo binds on this node ("" = from --listen)
   // The cross-node hop's element type for fp32 buckets: off | bf16 | fp16

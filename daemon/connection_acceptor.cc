@@ -35,7 +35,8 @@ void TellOutOfFds(int fd, int err) {
   const std::string note = FormatRefusalNote(
       v1::RESOURCE_EXHAUSTED,
       absl::StrCat("gradsyncd (pid ", getpid(), ") ran out of file descriptors (",
-                   std::strerror(err), ") and turned this connection away: it serves again "
+                   std::strerror(err),
+                   ") and turned this connection away: it serves again "
                    "once connections are released (see event=accept_out_of_fds in its log)"));
   // A fresh socket's buffer is empty: this never blocks, and a peer already
   // gone (EPIPE) is no signal.
@@ -52,15 +53,15 @@ int OpenReserve() { return open("/dev/null", O_RDONLY | O_CLOEXEC); }
 absl::Status SplitHostPort(const std::string& host_port, std::string* host, std::string* port) {
   const size_t colon = host_port.rfind(':');
   if (colon == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("listen address '", host_port,
-                                                   "' has no :PORT"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("listen address '", host_port, "' has no :PORT"));
   }
   *host = host_port.substr(0, colon);
   *port = host_port.substr(colon + 1);
   if (!host->empty() && host->front() == '[') {
     if (host->back() != ']') {
-      return absl::InvalidArgumentError(absl::StrCat("listen address '", host_port,
-                                                     "' has an unclosed '['"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("listen address '", host_port, "' has an unclosed '['"));
     }
     *host = host->substr(1, host->size() - 2);
   }
@@ -68,7 +69,8 @@ absl::Status SplitHostPort(const std::string& host_port, std::string* host, std:
 }
 
 absl::StatusOr<int> BindTcp(const addrinfo& ai, int port, const std::string& what) {
-  const int fd = socket(ai.ai_family, ai.ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai.ai_protocol);
+  const int fd =
+      socket(ai.ai_family, ai.ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai.ai_protocol);
   if (fd < 0) return ErrnoError(errno, absl::StrCat("socket for ", what));
   const int one = 1, zero = 0;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -104,18 +106,19 @@ absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> ConnectionAcceptor::ListenTc
   if (absl::Status st = SplitHostPort(host_port, &host, &port_text); !st.ok()) return st;
   int port = 0;
   if (!absl::SimpleAtoi(port_text, &port) || port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("listen address '", host_port,
-                                                   "' has a bad port"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("listen address '", host_port, "' has a bad port"));
   }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port_text.c_str(), &hints, &found);
+  const int rc =
+      getaddrinfo(host.empty() ? nullptr : host.c_str(), port_text.c_str(), &hints, &found);
   if (rc != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot resolve --listen ", host_port, ": ",
-                                               gai_strerror(rc)));
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve --listen ", host_port, ": ", gai_strerror(rc)));
   }
   std::vector<int> fds;
   absl::Status last;
@@ -247,9 +250,10 @@ bool ConnectionAcceptor::AcceptAll(int listener, grpc::Server* server) {
     if (err == EMFILE || err == ENFILE) {
       if (!out_of_fds_) {
         out_of_fds_ = true;
-        spdlog::warn("event=accept_out_of_fds listener={} error={} action=\"closing new "
-                     "connections until descriptors free up\"",
-                     listener, LogValue(std::strerror(err)));
+        spdlog::warn(
+            "event=accept_out_of_fds listener={} error={} action=\"closing new "
+            "connections until descriptors free up\"",
+            listener, LogValue(std::strerror(err)));
       }
       if (reserve_fd_ < 0 && (reserve_fd_ = OpenReserve()) < 0) {
         return false;  // nothing to give up: wait for descriptors to free
@@ -265,7 +269,8 @@ bool ConnectionAcceptor::AcceptAll(int listener, grpc::Server* server) {
       reserve_fd_ = OpenReserve();
       continue;
     }
-    spdlog::error("event=accept_failed listener={} error={}", listener, LogValue(std::strerror(err)));
+    spdlog::error("event=accept_failed listener={} error={}", listener,
+                  LogValue(std::strerror(err)));
     return false;  // ENOBUFS, ENOMEM: back off rather than spin
   }
 }

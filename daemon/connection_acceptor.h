@@ -80,8 +80,8 @@ class ConnectionAcceptor {
   std::vector<int> listeners_;  // closed by Stop
   const int port_;
   const bool tcp_;
-  int stop_fd_ = -1;   // eventfd: Stop wakes the loop's poll
-  int reserve_fd_ = -1;  // /dev/null, given up to accept-and-close on EMFILE
+  int stop_fd_ = -1;         // eventfd: Stop wakes the loop's poll
+  int reserve_fd_ = -1;      // /dev/null, given up to accept-and-close on EMFILE
   bool out_of_fds_ = false;  // logged once per episode, not per connection
   Admit admit_;
   absl::flat_hash_set<std::string> refusals_logged_;  // accept thread only; bounded

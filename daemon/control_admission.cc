@@ -10,8 +10,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/log_value.h"
 #include "spdlog/spdlog.h"
 
@@ -57,7 +57,8 @@ absl::StatusOr<uint64_t> ControlAdmission::Enter(const std::string& peer, absl::
   std::lock_guard<std::mutex> lock(mu_);
   if (static_cast<int>(calls_.size()) >= limits_.max_calls) {
     return Refuse(rpc, peer,
-                  absl::StrCat(calls_.size(), " Control calls are in progress on this daemon, the "
+                  absl::StrCat(calls_.size(),
+                               " Control calls are in progress on this daemon, the "
                                "most it serves at once (max_control_calls); retry later"));
   }
   int& mine = per_peer_[peer];
@@ -149,8 +150,7 @@ void ControlAdmission::Watch() {
             "event=control_reply_overdue calls={} first={} reply_deadline_ms={} "
             "overdue_since_last_log={} reason=\"the peer did not read its reply in time; "
             "the call is cancelled\"",
-            end.size(), LogValue(first), limits_.reply_deadline.count(),
-            overdue_ - overdue_logged);
+            end.size(), LogValue(first), limits_.reply_deadline.count(), overdue_ - overdue_logged);
         overdue_logged = overdue_;
         logged_at = now;
       }

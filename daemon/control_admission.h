@@ -40,9 +40,9 @@
 namespace gradsync {
 
 struct ControlLimits {
-  int max_calls = 32;           // Control calls in progress on this daemon
-  int max_calls_per_peer = 8;   // of them from one peer address
-  size_t max_reply_bytes = size_t{32} << 20;  // replies built, not yet sent
+  int max_calls = 32;                               // Control calls in progress on this daemon
+  int max_calls_per_peer = 8;                       // of them from one peer address
+  size_t max_reply_bytes = size_t{32} << 20;        // replies built, not yet sent
   std::chrono::milliseconds reply_deadline{10000};  // to send a reply once built
 };
 

@@ -6,10 +6,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "grpc/grpc.h"
 #include "common/log_value.h"
 #include "common/status_code.h"
 #include "daemon/observe/job_stats.h"
+#include "grpc/grpc.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
@@ -75,8 +75,7 @@ grpc::Status ToGrpc(const absl::Status& status) {
 grpc::ServerUnaryReactor* ControlService::Serve(grpc::CallbackServerContext* context,
                                                 absl::string_view rpc,
                                                 google::protobuf::MessageLite* resp,
-                                                std::function<grpc::Status()> body,
-                                                bool render) {
+                                                std::function<grpc::Status()> body, bool render) {
   auto* reactor = new ControlReactor(&admission_);
   absl::StatusOr<uint64_t> id = admission_.Enter(PeerAddress(context->peer()), rpc);
   if (!id.ok()) {
@@ -101,8 +100,8 @@ grpc::ServerUnaryReactor* ControlService::Serve(grpc::CallbackServerContext* con
         grpc_call_unref(call);
       };
     };
-    if (absl::Status held = admission_.Reply(id, status.ok() ? resp->ByteSizeLong() : 0,
-                                             std::move(overdue));
+    if (absl::Status held =
+            admission_.Reply(id, status.ok() ? resp->ByteSizeLong() : 0, std::move(overdue));
         !held.ok()) {
       resp->Clear();
       status = ToGrpc(held);
@@ -159,8 +158,9 @@ grpc::ServerUnaryReactor* ControlService::SetConfig(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* ControlService::GetTrace(grpc::CallbackServerContext* context,
                                                    const v1::GetTraceRequest*,
                                                    v1::GetTraceResponse* resp) {
-  return Serve(context, "Control.GetTrace", resp,
-               [this, context, resp] { return DoGetTrace(*context, resp); }, /*render=*/true);
+  return Serve(
+      context, "Control.GetTrace", resp,
+      [this, context, resp] { return DoGetTrace(*context, resp); }, /*render=*/true);
 }
 
 grpc::ServerUnaryReactor* ControlService::Drain(grpc::CallbackServerContext* context,

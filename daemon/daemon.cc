@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "client/stats_format.h"
 #include "common/default_socket.h"
 #include "common/log_value.h"
 #include "common/peer_credentials.h"
@@ -19,7 +20,6 @@
 #include "daemon/auth/call_auth.h"
 #include "daemon/cluster/cluster_link.h"
 #include "daemon/cluster/rendezvous_records.h"
-#include "client/stats_format.h"
 #include "daemon/listen_address.h"
 #include "daemon/observe/trace_directory.h"
 #include "daemon/server_limits.h"
@@ -71,8 +71,8 @@ absl::Status Daemon::PrepareSocketPath() {
         absl::StrCat("--socket ", config_.socket_path, " exists and is not a socket"));
   }
   if (SocketAnswers(config_.socket_path)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "another gradsyncd is already listening on ", config_.socket_path));
+    return absl::FailedPreconditionError(
+        absl::StrCat("another gradsyncd is already listening on ", config_.socket_path));
   }
   spdlog::info("event=stale_socket_removed path={}", LogToken(config_.socket_path));
   unlink(config_.socket_path.c_str());
@@ -113,8 +113,9 @@ absl::Status Daemon::Start() {
       tuner->OnIterationDone(job, it, bytes, end_ns);
     };
   } else if (config_.autotune) {
-    spdlog::info("event=autotune_on_leader reason=\"the leader tunes the caps; this node applies "
-                 "its choices\"");
+    spdlog::info(
+        "event=autotune_on_leader reason=\"the leader tunes the caps; this node applies "
+        "its choices\"");
   }
   hooks.on_health = [this](bool serving, const std::string& reason) {
     grpc::Server* server = listen_server_.get();
@@ -183,7 +184,8 @@ absl::Status Daemon::Start() {
         jobs_.get(), [this] { Drain(); }, std::move(publish), std::move(job_stalls), auth);
     control_service_->set_iteration_durations(&iteration_durations_);
     if (autotune_) {
-      control_service_->set_extra_stats([tuner = autotune_.get()](v1::Stats* s) { tuner->FillStats(s); });
+      control_service_->set_extra_stats(
+          [tuner = autotune_.get()](v1::Stats* s) { tuner->FillStats(s); });
     }
     grpc::ServerBuilder builder;
     if (config_.tls_cert.empty()) {
@@ -320,7 +322,8 @@ void Daemon::RemoveNodeSegment() {
 
 absl::StatusOr<ipc::NodeSegment> Daemon::CreateNodeSegment(int generation) const {
   return ipc::CreateUnderRandomName<ipc::NodeSegment>(
-      config_.shm_prefix, getpid(), absl::StrCat("node", generation), [this](const std::string& name) {
+      config_.shm_prefix, getpid(), absl::StrCat("node", generation),
+      [this](const std::string& name) {
         return ipc::NodeSegment::Create(name, getpid(), config_.shm_mode, config_.shm_group);
       });
 }
@@ -339,8 +342,8 @@ std::shared_ptr<ipc::NodeSegment> Daemon::NodeSegmentForNewJob() {
   }
   // A damaged header under our own name: nobody may open it any more.
   if (node_->StillNamed()) ipc::SharedSegment::Remove(node_->name()).IgnoreError();
-  spdlog::warn("event=node_segment_recreated reason={} old={} new={}",
-               LogValue(damage.message()), node_->name(), fresh->name());
+  spdlog::warn("event=node_segment_recreated reason={} old={} new={}", LogValue(damage.message()),
+               node_->name(), fresh->name());
   retired_nodes_.erase(std::remove_if(retired_nodes_.begin(), retired_nodes_.end(),
                                       [](const auto& w) { return w.expired(); }),
                        retired_nodes_.end());
@@ -393,16 +396,17 @@ absl::Status Daemon::PublishCaps(const DaemonConfig& next, uint64_t version) {
     return absl::OkStatus();  // no running job: the next generation plans with them
   }
   const uint64_t earliest = EarliestJobWideIteration();
-  absl::StatusOr<RendezvousService::ConfigEntry> entry = rendezvous_service_->AppendConfig(
-      earliest, [&next](const RendezvousService::ConfigEntry& e) {
+  absl::StatusOr<RendezvousService::ConfigEntry> entry =
+      rendezvous_service_->AppendConfig(earliest, [&next](const RendezvousService::ConfigEntry& e) {
         return std::make_pair(ConfigKey(e.generation, e.version),
                               EncodeConfig(e.generation, e.at_iteration, next.bucket_cap_mb,
                                            next.first_bucket_cap_mb));
       });
   if (!entry.ok()) return absl::OkStatus();  // the generation ended meanwhile: as above
-  spdlog::info("event=job_config_published config_version={} generation={} at_iteration={} "
-               "control_version={}",
-               entry->version, entry->generation, entry->at_iteration, version);
+  spdlog::info(
+      "event=job_config_published config_version={} generation={} at_iteration={} "
+      "control_version={}",
+      entry->version, entry->generation, entry->at_iteration, version);
   return absl::OkStatus();
 }
 
@@ -436,8 +440,8 @@ absl::StatusOr<uint64_t> Daemon::PublishAutotunedCaps(const CapsCandidate& caps,
     job->SetCaps(bytes, at);
     return at;
   }
-  absl::StatusOr<RendezvousService::ConfigEntry> entry = rendezvous_service_->AppendConfig(
-      at, [&caps](const RendezvousService::ConfigEntry& e) {
+  absl::StatusOr<RendezvousService::ConfigEntry> entry =
+      rendezvous_service_->AppendConfig(at, [&caps](const RendezvousService::ConfigEntry& e) {
         return std::make_pair(ConfigKey(e.generation, e.version),
                               EncodeConfig(e.generation, e.at_iteration, caps.bucket_cap_mb,
                                            caps.first_bucket_cap_mb));

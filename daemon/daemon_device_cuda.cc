@@ -6,9 +6,7 @@
 
 namespace gradsync {
 
-bool IsDeviceContextLost(const absl::Status& status) {
-  return gpu::IsCudaContextPoisoned(status);
-}
+bool IsDeviceContextLost(const absl::Status& status) { return gpu::IsCudaContextPoisoned(status); }
 
 absl::StatusOr<std::shared_ptr<gpu::DaemonDevice>> NewReleaseDaemonDevice() {
   absl::StatusOr<std::unique_ptr<gpu::DaemonDevice>> device =

@@ -55,15 +55,16 @@ absl::Status CheckHost(const std::string& flag, const std::string& value) {
   } else if (IsIpv4(host) || IsIpv6(host) || IsDnsName(host)) {
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      flag, " ", value, " is not a valid host: give an IPv4 address, an IPv6 address or a DNS name"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(flag, " ", value,
+                   " is not a valid host: give an IPv4 address, an IPv6 address or a DNS name"));
 }
 
 absl::Status CheckHostPort(const std::string& flag, const std::string& value) {
   const size_t colon = value.rfind(':');
   int port = -1;
-  if (colon == std::string::npos || !absl::SimpleAtoi(value.substr(colon + 1), &port) ||
-      port < 0 || port > 65535) {
+  if (colon == std::string::npos || !absl::SimpleAtoi(value.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat(flag, " ", value, " must be HOST:PORT (port in [0, 65535])"));
   }

@@ -100,8 +100,8 @@ absl::Status AdoptLeaderNamingSelf(DaemonConfig* config) {
       config->leader);
   HostPort leader, listen;
   if (!SplitHostPort(config->leader, &leader) || leader.host.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("--leader ", config->leader,
-                                                   " must be HOST:PORT"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--leader ", config->leader, " must be HOST:PORT"));
   }
   if (!SplitHostPort(config->listen, &listen) || listen.port != leader.port) {
     return absl::InvalidArgumentError(
@@ -119,9 +119,9 @@ absl::Status AdoptLeaderNamingSelf(DaemonConfig* config) {
     for (const std::string& a : resolved) self = self || mine.count(a) > 0;
   }
   if (!self) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        why, " names another host (it resolves to ", absl::StrJoin(resolved, ", "),
-        ", none of them this host's)"));
+    return absl::InvalidArgumentError(absl::StrCat(why, " names another host (it resolves to ",
+                                                   absl::StrJoin(resolved, ", "),
+                                                   ", none of them this host's)"));
   }
   spdlog::info("event=leader_is_self leader={} listen={}", LogToken(config->leader),
                LogToken(config->listen));

@@ -44,11 +44,11 @@ void LocalService::ReleaseWaiter(int local_rank) {
 grpc::Status LocalService::Attach(grpc::ServerContext* ctx, const v1::AttachRequest* req,
                                   v1::AttachResponse* resp) {
   if (req->protocol_version() != v1::PROTOCOL_VERSION_CURRENT) {
-    return Reply(resp, MakeError(v1::STATE,
-                                 absl::StrCat("client speaks protocol version ",
-                                              req->protocol_version(), ", this daemon speaks ",
-                                              static_cast<int>(v1::PROTOCOL_VERSION_CURRENT),
-                                              ": upgrade the client or the daemon")));
+    return Reply(resp,
+                 MakeError(v1::STATE, absl::StrCat("client speaks protocol version ",
+                                                   req->protocol_version(), ", this daemon speaks ",
+                                                   static_cast<int>(v1::PROTOCOL_VERSION_CURRENT),
+                                                   ": upgrade the client or the daemon")));
   }
   // A previous job may still be running or winding down (its trainers'
   // departures take a moment to be noticed): wait for it, within the
@@ -68,8 +68,8 @@ grpc::Status LocalService::Attach(grpc::ServerContext* ctx, const v1::AttachRequ
   while (true) {
     job = jobs_->JobForAttach();
     if (!job) {
-      return Reply(resp, MakeError(v1::UNAVAILABLE,
-                                   "gradsyncd is draining: it accepts no new trainers"));
+      return Reply(resp,
+                   MakeError(v1::UNAVAILABLE, "gradsyncd is draining: it accepts no new trainers"));
     }
     session = job->Attach(req->local_rank(), req->pid());
     if (session.ok() || (job->state() == JobState::kAttaching && !job->Finished()) ||
@@ -178,8 +178,8 @@ grpc::Status LocalService::Watch(grpc::ServerContext* ctx, const v1::WatchReques
   // threads a client can pin.
   if (absl::Status st = job->MarkWatched(session); !st.ok()) {
     if (std::optional<LogRateLimiter::Line> line = watch_refusals_.Admit()) {
-      spdlog::warn("event=watch_refused session={:016x} error={} refused={} suppressed={}",
-                   session, LogValue(st.message()), line->count, line->suppressed);
+      spdlog::warn("event=watch_refused session={:016x} error={} refused={} suppressed={}", session,
+                   LogValue(st.message()), line->count, line->suppressed);
     }
     // absl and gRPC number their codes alike.
     return grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message()));

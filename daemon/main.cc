@@ -33,11 +33,11 @@
 #include "common/token_file.h"
 #include "daemon/backends/gloo_worker.h"
 #include "daemon/config.h"
-#include "daemon/malloc_arenas.h"
 #include "daemon/daemon.h"
 #include "daemon/flags.h"
 #include "daemon/leader_self.h"
 #include "daemon/log_output.h"
+#include "daemon/malloc_arenas.h"
 #include "daemon/run_gradsyncd.h"
 #include "spdlog/spdlog.h"
 
@@ -79,7 +79,8 @@ ABSL_FLAG(bool, insecure, kDefaults.insecure,
           "join the job, drain or reconfigure it)");
 ABSL_FLAG(bool, require_auth_for_reads, kDefaults.require_auth_for_reads,
           "GetStats/GetConfig/GetTrace need the token (or a TLS client certificate) too");
-ABSL_FLAG(std::string, tls_cert, kDefaults.tls_cert, "PEM certificate of --listen and the rendezvous client");
+ABSL_FLAG(std::string, tls_cert, kDefaults.tls_cert,
+          "PEM certificate of --listen and the rendezvous client");
 ABSL_FLAG(std::string, tls_key, kDefaults.tls_key, "PEM private key of --tls-cert");
 ABSL_FLAG(std::string, tls_ca, kDefaults.tls_ca,
           "PEM CA: verifies the leader, and requires client certificates it signed (mutual TLS)");
@@ -131,8 +132,7 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   signal(SIGPIPE, SIG_IGN);
 
   if (absl::Status st = gradsync::ConfigureLogging(
-          absl::GetFlag(FLAGS_log_format),
-          "%Y-%m-%dT%H:%M:%S.%e level=%l component=gradsyncd %v");
+          absl::GetFlag(FLAGS_log_format), "%Y-%m-%dT%H:%M:%S.%e level=%l component=gradsyncd %v");
       !st.ok()) {
     return Fail(std::string(st.message()));
   }

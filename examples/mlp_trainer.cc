@@ -36,27 +36,27 @@ namespace {
 
 struct Options {
   int steps = 20;
-  int batch = 64;       // global batch per step (split across trainers)
+  int batch = 64;  // global batch per step (split across trainers)
   int dim = 16;
   int hidden = 32;
   double lr = 0.1;
   bool fp64 = false;
-  bool single = false;  // reference: one process, whole batch, no daemon
-  int accumulate = 1;   // micro-batches per optimizer step (no_sync for the first k-1)
-  int gate_every = 0;   // > 0: the "gate" parameter is unused on steps % gate_every == 0
+  bool single = false;         // reference: one process, whole batch, no daemon
+  int accumulate = 1;          // micro-batches per optimizer step (no_sync for the first k-1)
+  int gate_every = 0;          // > 0: the "gate" parameter is unused on steps % gate_every == 0
   int gate_unused_first = -1;  // >= 0: ... but only by samples [0, N) of the global batch
   bool stale_unused = false;   // leave non-zero garbage in a gradient before gs_mark_unused
-  unsigned shuffle_seed = 0;  // > 0: mark gradients ready in a random order
-  int sleep_ms = 0;           // pause inside backward (to kill a trainer mid-iteration)
+  unsigned shuffle_seed = 0;   // > 0: mark gradients ready in a random order
+  int sleep_ms = 0;            // pause inside backward (to kill a trainer mid-iteration)
   int rank_env = -1;
   int world_env = 1;
-  std::string out;            // write final parameters here
+  std::string out;  // write final parameters here
   std::string socket;
   int64_t wait_timeout_ms = -1;
   bool quiet = false;
-  bool print_loss = false;    // each step's loss even when quiet (convergence tests)
-  std::string extra_tensor;   // register one more tensor (layout mismatch tests)
-  int withhold = -1;          // never mark this parameter after step 0 (stall/timeout tests)
+  bool print_loss = false;   // each step's loss even when quiet (convergence tests)
+  std::string extra_tensor;  // register one more tensor (layout mismatch tests)
+  int withhold = -1;         // never mark this parameter after step 0 (stall/timeout tests)
   // Fault tests: stop this process (SIGSTOP) at a stage so a test can fault
   // it, or its daemon, there deterministically: "attach" (connected, not
   // registered), "register" (registered, nothing marked), "backward" (step
@@ -195,7 +195,7 @@ double Backward(const Model<T>& m, int step, int micro, int first, int last, dou
 int Die(gs_client* c, const char* what, gs_status st) {
   std::fprintf(stderr, "mlp_trainer: %s failed: status=%d error=\"%s\"\n", what, int(st),
                gs_last_error(c));
-  if (c) gs_close(c);  // LeakSanitizer (--config=asan) reports what is left open
+  if (c) gs_close(c);   // LeakSanitizer (--config=asan) reports what is left open
   return 10 + int(st);  // the exit code tells tests which gs_status it was
 }
 
@@ -223,7 +223,8 @@ int Run(const Options& opt) {
     for (int p = 0; p < nparams; ++p) {
       specs.push_back({model.names[p].c_str(), dtype, model.params[p].size(), -1, nullptr});
     }
-    if (!opt.extra_tensor.empty()) specs.push_back({opt.extra_tensor.c_str(), dtype, 1, -1, nullptr});
+    if (!opt.extra_tensor.empty())
+      specs.push_back({opt.extra_tensor.c_str(), dtype, 1, -1, nullptr});
     st = gs_register(c, specs.data(), specs.size());
     if (st != GS_OK) return Die(c, "gs_register", st);
     st = gs_world(c, &rank, &world);
@@ -244,8 +245,8 @@ int Run(const Options& opt) {
   const bool uneven = !opt.join_steps.empty();
   const int join_world = static_cast<int>(opt.join_steps.size());
   if (uneven && !opt.single && join_world != world) {
-    std::fprintf(stderr, "mlp_trainer: --join-steps lists %d ranks, the world has %d\n",
-                 join_world, world);
+    std::fprintf(stderr, "mlp_trainer: --join-steps lists %d ranks, the world has %d\n", join_world,
+                 world);
     return 2;
   }
   if (uneven && opt.single && opt.batch % join_world != 0) return 2;
@@ -291,8 +292,9 @@ int Run(const Options& opt) {
   for (int step = 0; step < steps; ++step) {
     const bool gate_step = opt.gate_every <= 0 || step % opt.gate_every != 0;
     // The first sample (global batch index) that uses the gate this step.
-    const int gate_from = gate_step ? 0 : opt.gate_unused_first >= 0 ? opt.gate_unused_first
-                                                                     : opt.batch;
+    const int gate_from = gate_step                    ? 0
+                          : opt.gate_unused_first >= 0 ? opt.gate_unused_first
+                                                       : opt.batch;
     const bool gate_used = last > gate_from;
     double loss = 0;
     if (uneven && opt.single) {
@@ -406,28 +408,72 @@ int main(int argc, char** argv) {
   int ch;
   while ((ch = getopt_long(argc, argv, "", longopts, nullptr)) != -1) {
     switch (ch) {
-      case 's': opt.steps = std::atoi(optarg); break;
-      case 'b': opt.batch = std::atoi(optarg); break;
-      case 'H': opt.hidden = std::atoi(optarg); break;
-      case 'D': opt.dim = std::atoi(optarg); break;
-      case 'l': opt.lr = std::atof(optarg); break;
-      case '6': opt.fp64 = true; break;
-      case '1': opt.single = true; break;
-      case 'a': opt.accumulate = std::max(1, std::atoi(optarg)); break;
-      case 'g': opt.gate_every = std::atoi(optarg); break;
-      case 'G': opt.gate_unused_first = std::atoi(optarg); break;
-      case 'u': opt.stale_unused = true; break;
-      case 'r': opt.shuffle_seed = static_cast<unsigned>(std::atoi(optarg)); break;
-      case 'z': opt.sleep_ms = std::atoi(optarg); break;
-      case 'o': opt.out = optarg; break;
-      case 'S': opt.socket = optarg; break;
-      case 'w': opt.wait_timeout_ms = std::atoll(optarg); break;
-      case 'x': opt.extra_tensor = optarg; break;
-      case 'q': opt.quiet = true; break;
-      case 'L': opt.print_loss = true; break;
-      case 'W': opt.withhold = std::atoi(optarg); break;
-      case 'P': opt.pause_at = optarg; break;
-      case 'A': opt.write_after_mark = true; break;
+      case 's':
+        opt.steps = std::atoi(optarg);
+        break;
+      case 'b':
+        opt.batch = std::atoi(optarg);
+        break;
+      case 'H':
+        opt.hidden = std::atoi(optarg);
+        break;
+      case 'D':
+        opt.dim = std::atoi(optarg);
+        break;
+      case 'l':
+        opt.lr = std::atof(optarg);
+        break;
+      case '6':
+        opt.fp64 = true;
+        break;
+      case '1':
+        opt.single = true;
+        break;
+      case 'a':
+        opt.accumulate = std::max(1, std::atoi(optarg));
+        break;
+      case 'g':
+        opt.gate_every = std::atoi(optarg);
+        break;
+      case 'G':
+        opt.gate_unused_first = std::atoi(optarg);
+        break;
+      case 'u':
+        opt.stale_unused = true;
+        break;
+      case 'r':
+        opt.shuffle_seed = static_cast<unsigned>(std::atoi(optarg));
+        break;
+      case 'z':
+        opt.sleep_ms = std::atoi(optarg);
+        break;
+      case 'o':
+        opt.out = optarg;
+        break;
+      case 'S':
+        opt.socket = optarg;
+        break;
+      case 'w':
+        opt.wait_timeout_ms = std::atoll(optarg);
+        break;
+      case 'x':
+        opt.extra_tensor = optarg;
+        break;
+      case 'q':
+        opt.quiet = true;
+        break;
+      case 'L':
+        opt.print_loss = true;
+        break;
+      case 'W':
+        opt.withhold = std::atoi(optarg);
+        break;
+      case 'P':
+        opt.pause_at = optarg;
+        break;
+      case 'A':
+        opt.write_after_mark = true;
+        break;
       case 'J':
         for (char* p = optarg;;) {
           char* end = nullptr;
@@ -438,19 +484,24 @@ int main(int argc, char** argv) {
           p = end + 1;
         }
         break;
-      case 'j': opt.join_divide_by_active = true; break;
-      case 'K': opt.after_join = optarg; break;
+      case 'j':
+        opt.join_divide_by_active = true;
+        break;
+      case 'K':
+        opt.after_join = optarg;
+        break;
       default:
-        std::fprintf(stderr,
-                     "usage: mlp_trainer [--steps N] [--batch N] [--hidden N] [--dim N] [--lr X]\n"
-                     "  [--fp64] [--single] [--accumulate K] [--gate-every K]\n"
-                     "  [--gate-unused-first N] [--stale-unused] [--shuffle-seed S] [--sleep-ms N]\n"
-                     "  [--out FILE] [--socket PATH] [--wait-timeout-ms N] [--quiet] [--print-loss]\n"
-                     "  fault tests: [--extra-tensor NAME] [--withhold P] [--write-after-mark]\n"
-                     "  [--pause-at attach|register|backward|marked]\n"
-                     "  uneven inputs: [--join-steps N0,N1,... (steps per rank, then gs_join)]\n"
-                     "  [--join-divide-by-active] [--after-join join|mark]\n"
-                     "  (LOCAL_RANK selects the trainer's local rank)\n");
+        std::fprintf(
+            stderr,
+            "usage: mlp_trainer [--steps N] [--batch N] [--hidden N] [--dim N] [--lr X]\n"
+            "  [--fp64] [--single] [--accumulate K] [--gate-every K]\n"
+            "  [--gate-unused-first N] [--stale-unused] [--shuffle-seed S] [--sleep-ms N]\n"
+            "  [--out FILE] [--socket PATH] [--wait-timeout-ms N] [--quiet] [--print-loss]\n"
+            "  fault tests: [--extra-tensor NAME] [--withhold P] [--write-after-mark]\n"
+            "  [--pause-at attach|register|backward|marked]\n"
+            "  uneven inputs: [--join-steps N0,N1,... (steps per rank, then gs_join)]\n"
+            "  [--join-divide-by-active] [--after-join join|mark]\n"
+            "  (LOCAL_RANK selects the trainer's local rank)\n");
         return 2;
     }
   }

@@ -156,8 +156,8 @@ class CudaDaemonDevice final : public DaemonDevice {
     absl::StatusOr<const Gpu*> gpu = Find(device);
     if (!gpu.ok()) return gpu.status();
     if (it == allocations_.end() || it->second != (*gpu)->ordinal) {
-      return absl::InvalidArgumentError(absl::StrCat("Free: ", Hex(ptr), " is not an allocation of ",
-                                                     "this device on GPU ", device));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Free: ", Hex(ptr), " is not an allocation of ", "this device on GPU ", device));
     }
     allocations_.erase(it);
     if (!poisoned_.ok()) return poisoned_;
@@ -173,8 +173,9 @@ class CudaDaemonDevice final : public DaemonDevice {
     if (!gpu.ok()) return gpu.status();
     auto it = allocations_.find(base);
     if (it == allocations_.end() || it->second != (*gpu)->ordinal) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ExportMemory: ", Hex(base), " is not the base of an allocation of this device on GPU ", device));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ExportMemory: ", Hex(base),
+                       " is not the base of an allocation of this device on GPU ", device));
     }
     DeviceScope scope((*gpu)->ordinal);
     if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
@@ -201,9 +202,8 @@ class CudaDaemonDevice final : public DaemonDevice {
     cudaIpcMemHandle_t h;
     std::memcpy(&h, handle.bytes.data(), IpcHandle::kSize);
     void* base = nullptr;
-    absl::Status status =
-        Check(cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess),
-              absl::StrCat("cudaIpcOpenMemHandle on GPU ", device));
+    absl::Status status = Check(cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess),
+                                absl::StrCat("cudaIpcOpenMemHandle on GPU ", device));
     if (!status.ok()) return status;
     // The allocation must live on the GPU the trainer named,
     // whose NCCL rank reads it; with lazy peer access another GPU's memory
@@ -211,10 +211,10 @@ class CudaDaemonDevice final : public DaemonDevice {
     cudaPointerAttributes attr{};
     status = Check(cudaPointerGetAttributes(&attr, base), "cudaPointerGetAttributes");
     if (status.ok() && (attr.type != cudaMemoryTypeDevice || attr.device != (*gpu)->ordinal)) {
-      status = absl::InvalidArgumentError(absl::StrCat(
-          "the allocation behind this IPC handle lives on CUDA ordinal ", attr.device,
-          " of gradsyncd, not on GPU ", device, " (ordinal ", (*gpu)->ordinal,
-          ") that the trainer named"));
+      status = absl::InvalidArgumentError(
+          absl::StrCat("the allocation behind this IPC handle lives on CUDA ordinal ", attr.device,
+                       " of gradsyncd, not on GPU ", device, " (ordinal ", (*gpu)->ordinal,
+                       ") that the trainer named"));
     }
     if (!status.ok()) {
       if (poisoned_.ok()) cudaIpcCloseMemHandle(base);
@@ -239,10 +239,9 @@ class CudaDaemonDevice final : public DaemonDevice {
     }
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    absl::Status status =
-        Check(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000,
-                                               cudaEnableDefault, &found),
-              "cudaGetDriverEntryPointByVersion(cuMemGetAddressRange)");
+    absl::Status status = Check(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000,
+                                                                 cudaEnableDefault, &found),
+                                "cudaGetDriverEntryPointByVersion(cuMemGetAddressRange)");
     if (!status.ok()) return status;
     if (fn == nullptr || found != cudaDriverEntryPointSuccess) {
       return absl::FailedPreconditionError("the CUDA driver lacks cuMemGetAddressRange");
@@ -266,8 +265,8 @@ class CudaDaemonDevice final : public DaemonDevice {
     absl::MutexLock lock(&mu_);
     auto it = opened_.find(base);
     if (it == opened_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "CloseMemory: ", Hex(base), " on GPU ", device, " is not open (closed twice?)"));
+      return absl::InvalidArgumentError(absl::StrCat("CloseMemory: ", Hex(base), " on GPU ", device,
+                                                     " is not open (closed twice?)"));
     }
     if (--it->second.refs > 0) return absl::OkStatus();
     const int ordinal = it->second.ordinal;
@@ -289,8 +288,8 @@ class CudaDaemonDevice final : public DaemonDevice {
     cudaIpcEventHandle_t h;
     std::memcpy(&h, handle.bytes.data(), IpcHandle::kSize);
     cudaEvent_t event = nullptr;
-    absl::Status status =
-        Check(cudaIpcOpenEventHandle(&event, h), absl::StrCat("cudaIpcOpenEventHandle on GPU ", device));
+    absl::Status status = Check(cudaIpcOpenEventHandle(&event, h),
+                                absl::StrCat("cudaIpcOpenEventHandle on GPU ", device));
     if (!status.ok()) return status;
     auto* e = new RtEvent{event, (*gpu)->ordinal};
     events_.insert(e);
@@ -381,7 +380,8 @@ class CudaDaemonDevice final : public DaemonDevice {
     if (!poisoned_.ok()) return poisoned_;
     DeviceScope scope(s->ordinal);
     if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
-    return Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s->stream), "cudaMemcpyAsync");
+    return Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s->stream),
+                 "cudaMemcpyAsync");
   }
 
   absl::Status SumAsync(void* dst, const std::vector<const void*>& srcs, size_t count, DType dtype,
@@ -390,7 +390,8 @@ class CudaDaemonDevice final : public DaemonDevice {
     if (s == nullptr) return absl::InvalidArgumentError("SumAsync: null stream");
     if (srcs.empty()) return absl::InvalidArgumentError("SumAsync: no sources");
     if (!IsValidDType(static_cast<int32_t>(dtype))) {
-      return absl::InvalidArgumentError(absl::StrCat("SumAsync: bad dtype ", static_cast<int>(dtype)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("SumAsync: bad dtype ", static_cast<int>(dtype)));
     }
     // More sources than one launch takes: later launches add to dst, so dst
     // must not be one of those later sources (it has been overwritten). fp16
@@ -420,9 +421,10 @@ class CudaDaemonDevice final : public DaemonDevice {
       while (n < kMaxLocalSumSources && next < srcs.size()) args.srcs[n++] = srcs[next++];
       args.nsrcs = n;
       args.scale = next == srcs.size() ? scale : 1.0;
-      absl::Status status = Check(
-          LaunchLocalSum(args, static_cast<LocalSumType>(dtype), max_blocks, s->stream),
-          absl::StrCat("local sum (", DTypeName(dtype), ", ", count, " elements, ", n, " sources)"));
+      absl::Status status =
+          Check(LaunchLocalSum(args, static_cast<LocalSumType>(dtype), max_blocks, s->stream),
+                absl::StrCat("local sum (", DTypeName(dtype), ", ", count, " elements, ", n,
+                             " sources)"));
       if (!status.ok()) return status;
     }
     return absl::OkStatus();
@@ -431,7 +433,8 @@ class CudaDaemonDevice final : public DaemonDevice {
   absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateCollectives(
       const CollectiveOptions& options) override {
     if (!collectives_) {
-      return absl::FailedPreconditionError("this CUDA device was created without collectives (NCCL)");
+      return absl::FailedPreconditionError(
+          "this CUDA device was created without collectives (NCCL)");
     }
     for (const DeviceId& d : options.devices) {
       absl::StatusOr<const Gpu*> gpu = Find(d);
@@ -462,9 +465,10 @@ class CudaDaemonDevice final : public DaemonDevice {
     std::vector<std::string> visible;
     for (const Gpu& g : gpus_) visible.push_back(g.id);
     const char* env = getenv("CUDA_VISIBLE_DEVICES");
-    return absl::InvalidArgumentError(absl::StrCat(
-        "no GPU visible to gradsyncd has id '", device, "' (visible: ", absl::StrJoin(visible, ", "),
-        "; CUDA_VISIBLE_DEVICES=", env ? env : "unset", ")"));
+    return absl::InvalidArgumentError(absl::StrCat("no GPU visible to gradsyncd has id '", device,
+                                                   "' (visible: ", absl::StrJoin(visible, ", "),
+                                                   "; CUDA_VISIBLE_DEVICES=", env ? env : "unset",
+                                                   ")"));
   }
 
   // OK for cudaSuccess; else the error, and a sticky one poisons the device.
@@ -489,7 +493,6 @@ class CudaDaemonDevice final : public DaemonDevice {
 
 }  // namespace
 
-
 absl::StatusOr<std::unique_ptr<DaemonDevice>> NewCudaDaemonDevice(CollectiveFactory collectives) {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
@@ -502,17 +505,18 @@ absl::StatusOr<std::unique_ptr<DaemonDevice>> NewCudaDaemonDevice(CollectiveFact
     // Also what the static runtime answers when libcuda.so.1 is missing.
     return absl::FailedPreconditionError(absl::StrCat(
         "CUDA driver (libcuda.so.1) not found or older than the CUDA runtime gradsyncd was built "
-        "with (", CUDART_VERSION / 1000, ".", CUDART_VERSION % 1000 / 10, "): ", Describe(err)));
+        "with (",
+        CUDART_VERSION / 1000, ".", CUDART_VERSION % 1000 / 10, "): ", Describe(err)));
   }
   if (err == cudaErrorNoDevice || (err == cudaSuccess && count == 0)) {
     const char* env = getenv("CUDA_VISIBLE_DEVICES");
-    return absl::UnavailableError(absl::StrCat("no CUDA device visible (CUDA_VISIBLE_DEVICES=",
-                                               env ? env : "unset", ")",
-                                               err == cudaSuccess ? "" : ": ",
-                                               err == cudaSuccess ? "" : Describe(err)));
+    return absl::UnavailableError(
+        absl::StrCat("no CUDA device visible (CUDA_VISIBLE_DEVICES=", env ? env : "unset", ")",
+                     err == cudaSuccess ? "" : ": ", err == cudaSuccess ? "" : Describe(err)));
   }
   if (err != cudaSuccess) {
-    return absl::UnavailableError(absl::StrCat("CUDA is unusable: cudaGetDeviceCount: ", Describe(err)));
+    return absl::UnavailableError(
+        absl::StrCat("CUDA is unusable: cudaGetDeviceCount: ", Describe(err)));
   }
   std::vector<Gpu> gpus;
   for (int i = 0; i < count; ++i) {
@@ -520,7 +524,8 @@ absl::StatusOr<std::unique_ptr<DaemonDevice>> NewCudaDaemonDevice(CollectiveFact
     cudaDeviceProp prop;
     err = cudaGetDeviceProperties(&prop, i);
     if (err != cudaSuccess) {
-      return absl::UnavailableError(absl::StrCat("cudaGetDeviceProperties(", i, "): ", Describe(err)));
+      return absl::UnavailableError(
+          absl::StrCat("cudaGetDeviceProperties(", i, "): ", Describe(err)));
     }
     Gpu g;
     g.id = FormatGpuUuid(prop.uuid.bytes);

@@ -26,7 +26,7 @@ class CudaDeviceSwitch {
   cudaError_t Use(int ordinal);
 
  private:
-  int saved_ = -1;     // the thread's device at construction, -1 if unknown
+  int saved_ = -1;        // the thread's device at construction, -1 if unknown
   bool restore_ = false;  // the thread had a context: put saved_ back
   int current_ = -1;
 };

@@ -38,7 +38,8 @@ absl::Status CudaRuntimeError(cudaError_t err, absl::string_view what) {
   std::string msg = absl::StrCat(what, ": ", DescribeCudaError(err));
   if (IsStickyCudaError(err)) {
     absl::Status s = absl::InternalError(absl::StrCat(
-        msg, "; the CUDA context is poisoned (sticky error): gradsyncd must exit and be restarted"));
+        msg,
+        "; the CUDA context is poisoned (sticky error): gradsyncd must exit and be restarted"));
     s.SetPayload(kPoisonedPayload, absl::Cord("1"));
     return s;
   }

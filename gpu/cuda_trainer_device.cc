@@ -107,30 +107,33 @@ absl::StatusOr<std::unique_ptr<Driver>> LoadDriver(const std::string& library) {
   void* lib = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
     const char* why = dlerror();
-    return absl::FailedPreconditionError(absl::StrCat("CUDA driver (", library, ") not found: ",
-                                                      why ? why : "dlopen failed"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA driver (", library, ") not found: ", why ? why : "dlopen failed"));
   }
   auto driver = std::make_unique<Driver>();
   driver->library = library;
   // Entry points whose ABI never changed are taken straight from the
   // library; everything else through cuGetProcAddress.
   auto init = reinterpret_cast<decltype(&cuInit)>(dlsym(lib, "cuInit"));
-  auto get_version = reinterpret_cast<decltype(&cuDriverGetVersion)>(dlsym(lib, "cuDriverGetVersion"));
+  auto get_version =
+      reinterpret_cast<decltype(&cuDriverGetVersion)>(dlsym(lib, "cuDriverGetVersion"));
   auto get_proc = reinterpret_cast<decltype(&cuGetProcAddress)>(dlsym(lib, "cuGetProcAddress_v2"));
   driver->GetErrorName = reinterpret_cast<decltype(&cuGetErrorName)>(dlsym(lib, "cuGetErrorName"));
-  driver->GetErrorString = reinterpret_cast<decltype(&cuGetErrorString)>(dlsym(lib, "cuGetErrorString"));
+  driver->GetErrorString =
+      reinterpret_cast<decltype(&cuGetErrorString)>(dlsym(lib, "cuGetErrorString"));
   if (init == nullptr || get_version == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("CUDA driver (", library, ") not found: the library has no cuInit"));
   }
   if (get_proc == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "CUDA driver (", library, ") is too old: no cuGetProcAddress_v2 (CUDA 12.0 or newer needed)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA driver (", library,
+                     ") is too old: no cuGetProcAddress_v2 (CUDA 12.0 or newer needed)"));
   }
   CUresult r = init(0);
   if (r != CUDA_SUCCESS) {
-    return absl::UnavailableError(absl::StrCat("CUDA driver (", library,
-                                               ") failed to initialize: cuInit: ", driver->Describe(r)));
+    return absl::UnavailableError(absl::StrCat(
+        "CUDA driver (", library, ") failed to initialize: cuInit: ", driver->Describe(r)));
   }
   int driver_version = 0;
   r = get_version(&driver_version);
@@ -139,10 +142,9 @@ absl::StatusOr<std::unique_ptr<Driver>> LoadDriver(const std::string& library) {
         absl::StrCat("CUDA driver (", library, "): cuDriverGetVersion: ", driver->Describe(r)));
   }
   if (driver_version < 12000) {
-    return absl::FailedPreconditionError(absl::StrCat("CUDA driver (", library, ") is too old: CUDA ",
-                                                      driver_version / 1000, ".",
-                                                      driver_version % 1000 / 10,
-                                                      "; CUDA 12.0 or newer needed"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA driver (", library, ") is too old: CUDA ", driver_version / 1000, ".",
+                     driver_version % 1000 / 10, "; CUDA 12.0 or newer needed"));
   }
   // The ABI of our headers, or the driver's newest when it is older: the
   // functions used here kept their prototypes from 12.0 on.
@@ -188,7 +190,9 @@ absl::StatusOr<std::unique_ptr<Driver>> LoadDriver(const std::string& library) {
   return driver;
 }
 
-CUdeviceptr ToDevicePtr(const void* p) { return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(p)); }
+CUdeviceptr ToDevicePtr(const void* p) {
+  return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(p));
+}
 void* FromDevicePtr(CUdeviceptr p) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p)); }
 
 // What Event* points to on the trainer side. Never defined as gpu::Event:
@@ -294,10 +298,10 @@ class CudaTrainerDevice final : public TrainerDevice {
     absl::StatusOr<PointerInfo> info = Lookup(base);
     if (!info.ok()) return info.status();
     if (info->base != ToDevicePtr(base)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ExportMemory: ", absl::Hex(reinterpret_cast<uintptr_t>(base)),
-          " is inside an allocation starting at ", absl::Hex(info->base),
-          "; export the base (FindAllocation) and send the offset"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ExportMemory: ", absl::Hex(reinterpret_cast<uintptr_t>(base)),
+                       " is inside an allocation starting at ", absl::Hex(info->base),
+                       "; export the base (FindAllocation) and send the offset"));
     }
     absl::StatusOr<CUcontext> context = ContextOfOrdinal(info->ordinal);
     if (!context.ok()) return context.status();
@@ -366,7 +370,8 @@ class CudaTrainerDevice final : public TrainerDevice {
   absl::Status MemsetAsync(void* ptr, size_t bytes, Stream* stream) override {
     if (bytes == 0) return absl::OkStatus();
     int ordinal = -1;
-    CUresult r = cu_->PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ToDevicePtr(ptr));
+    CUresult r =
+        cu_->PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ToDevicePtr(ptr));
     if (r != CUDA_SUCCESS) return cu_->Error(r, "MemsetAsync: not device memory");
     CUcontext context;
     {
@@ -403,9 +408,9 @@ class CudaTrainerDevice final : public TrainerDevice {
       if (r == CUDA_SUCCESS) return absl::OkStatus();
       if (r != CUDA_ERROR_NOT_READY) return cu_->Error(r, "cuStreamQuery");
       if (std::chrono::steady_clock::now() >= deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "the trainer's stream on GPU ", device, " still has work after ",
-            absl::FormatDuration(timeout)));
+        return absl::DeadlineExceededError(absl::StrCat("the trainer's stream on GPU ", device,
+                                                        " still has work after ",
+                                                        absl::FormatDuration(timeout)));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -415,7 +420,9 @@ class CudaTrainerDevice final : public TrainerDevice {
   // Makes `context` current for the scope and restores the caller's.
   class ContextScope {
    public:
-    ContextScope(const Driver& cu, CUcontext context) : cu_(cu) { result_ = cu_.CtxPushCurrent(context); }
+    ContextScope(const Driver& cu, CUcontext context) : cu_(cu) {
+      result_ = cu_.CtxPushCurrent(context);
+    }
     ~ContextScope() {
       if (result_ == CUDA_SUCCESS) {
         CUcontext popped;
@@ -468,9 +475,9 @@ class CudaTrainerDevice final : public TrainerDevice {
       if (*id == device) return i;
     }
     const char* visible = getenv("CUDA_VISIBLE_DEVICES");
-    return absl::InvalidArgumentError(absl::StrCat("GPU ", device, " is not visible to this process (",
-                                                   count, " visible; CUDA_VISIBLE_DEVICES=",
-                                                   visible ? visible : "unset", ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("GPU ", device, " is not visible to this process (", count,
+                     " visible; CUDA_VISIBLE_DEVICES=", visible ? visible : "unset", ")"));
   }
 
   absl::StatusOr<CUcontext> ContextOfOrdinal(int ordinal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -487,7 +494,8 @@ class CudaTrainerDevice final : public TrainerDevice {
     return context;
   }
 
-  absl::StatusOr<CUcontext> ContextOfDevice(const DeviceId& device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  absl::StatusOr<CUcontext> ContextOfDevice(const DeviceId& device)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::StatusOr<int> ordinal = OrdinalOf(device);
     if (!ordinal.ok()) return ordinal.status();
     return ContextOfOrdinal(*ordinal);
@@ -501,30 +509,32 @@ class CudaTrainerDevice final : public TrainerDevice {
     // attributes instead of an error, and needs no current context.
     unsigned int memory_type = 0;
     int ordinal = -1;
-    uint64_t is_managed = 0;   // "a boolean": wide and zeroed, whatever width is written
+    uint64_t is_managed = 0;  // "a boolean": wide and zeroed, whatever width is written
     uint64_t ipc_capable = 0;
-    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                   CU_POINTER_ATTRIBUTE_IS_MANAGED,
-                                   CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
+    CUpointer_attribute attrs[] = {
+        CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        CU_POINTER_ATTRIBUTE_IS_MANAGED, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
     void* data[] = {&memory_type, &ordinal, &is_managed, &ipc_capable};
     CUresult r = cu_->PointerGetAttributes(4, attrs, data, ToDevicePtr(ptr));
     const std::string where = absl::StrCat(absl::Hex(reinterpret_cast<uintptr_t>(ptr)));
     if (r != CUDA_SUCCESS) {
       // Drivers have answered foreign pointers both ways (zeroes, or an error).
       return absl::InvalidArgumentError(absl::StrCat(
-          where, " is not CUDA device memory of this process: cuPointerGetAttributes: ", cu_->Describe(r)));
+          where, " is not CUDA device memory of this process: cuPointerGetAttributes: ",
+          cu_->Describe(r)));
     }
     if (memory_type != CU_MEMORYTYPE_DEVICE || ordinal < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, " is not CUDA device memory of this process (a host pointer, or freed)"));
     }
     if (is_managed != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, " is managed memory (cudaMallocManaged), which CUDA IPC cannot share"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " is managed memory (cudaMallocManaged), which CUDA IPC cannot share"));
     }
     if (ipc_capable == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          where, " lives in an allocation CUDA IPC cannot export (virtual memory management, e.g. "
+          where,
+          " lives in an allocation CUDA IPC cannot export (virtual memory management, e.g. "
           "PyTorch's expandable_segments, or a stream-ordered pool); use daemon-owned buffers"));
     }
     absl::StatusOr<CUcontext> context = ContextOfOrdinal(ordinal);
@@ -550,7 +560,8 @@ class CudaTrainerDevice final : public TrainerDevice {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<TrainerDevice>> NewCudaTrainerDevice(const std::string& driver_library) {
+absl::StatusOr<std::unique_ptr<TrainerDevice>> NewCudaTrainerDevice(
+    const std::string& driver_library) {
   absl::StatusOr<std::unique_ptr<Driver>> driver = LoadDriver(driver_library);
   if (!driver.ok()) return driver.status();
   return std::unique_ptr<TrainerDevice>(new CudaTrainerDevice(*std::move(driver)));

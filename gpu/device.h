@@ -127,8 +127,8 @@ enum class Completion { kDone, kPending };
 // local GPU, created together and driven together (one thread owns them
 // all, so init and every collective are grouped).
 struct CollectiveOptions {
-  int nranks = 1;          // NCCL ranks in the whole job (GPUs, not trainers)
-  int first_rank = 0;      // global rank of this node's first local GPU
+  int nranks = 1;                 // NCCL ranks in the whole job (GPUs, not trainers)
+  int first_rank = 0;             // global rank of this node's first local GPU
   std::vector<DeviceId> devices;  // this node's GPUs, in rank order
   uint64_t generation = 0;
   absl::Duration timeout = absl::Seconds(300);

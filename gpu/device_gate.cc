@@ -52,12 +52,14 @@ absl::Status DeviceGate::EnterMemoryWork(const std::vector<DeviceId>& devices, a
     std::string busy;
     for (const DeviceId& d : devices) {
       const PerDevice& p = devices_[d];
-      if (p.collectives > 0) busy = absl::StrCat("GPU ", d, " still runs ", p.collectives, " collective(s)");
-      else if (p.memory_work) busy = absl::StrCat("GPU ", d, " is busy with other memory work");
+      if (p.collectives > 0)
+        busy = absl::StrCat("GPU ", d, " still runs ", p.collectives, " collective(s)");
+      else if (p.memory_work)
+        busy = absl::StrCat("GPU ", d, " is busy with other memory work");
     }
-    return absl::DeadlineExceededError(absl::StrCat(
-        what, " not started: ", busy,
-        " (it could synchronize the device and deadlock on a running NCCL kernel)"));
+    return absl::DeadlineExceededError(
+        absl::StrCat(what, " not started: ", busy,
+                     " (it could synchronize the device and deadlock on a running NCCL kernel)"));
   }
   for (const DeviceId& d : devices) devices_[d].memory_work = true;
   return absl::OkStatus();

@@ -32,8 +32,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "common/monotonic_mutex.h"
 #include "absl/time/time.h"
+#include "common/monotonic_mutex.h"
 #include "gpu/device.h"
 
 namespace gradsync::gpu {
@@ -57,7 +57,7 @@ class DeviceGate {
 
  private:
   struct PerDevice {
-    int collectives = 0;     // in flight
+    int collectives = 0;  // in flight
     bool memory_work = false;
     int memory_waiting = 0;  // blocks new collectives
   };

@@ -41,7 +41,9 @@ class GatedDaemonDevice final : public DaemonDevice {
   absl::StatusOr<Event*> OpenEvent(const DeviceId& device, const IpcHandle& handle) override {
     return device_->OpenEvent(device, handle);
   }
-  absl::StatusOr<Completion> QueryEvent(Event* event) override { return device_->QueryEvent(event); }
+  absl::StatusOr<Completion> QueryEvent(Event* event) override {
+    return device_->QueryEvent(event);
+  }
   void CloseEvent(Event* event) override { device_->CloseEvent(event); }
   absl::StatusOr<Stream*> CreateStream(const DeviceId& device) override {
     return device_->CreateStream(device);

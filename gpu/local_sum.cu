@@ -1,12 +1,12 @@
 // See local_sum.h. Memory bound: one pass over the sources, one store per
 // element. 16-byte vectors when aligned (4 fp32, 2 fp64, 8 fp16/bf16 per
 // load), a scalar tail, a grid-stride loop so the grid stays small.
-#include "gpu/local_sum.h"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+
+#include "gpu/local_sum.h"
 
 namespace gradsync::gpu {
 namespace {
@@ -32,13 +32,21 @@ __device__ __forceinline__ float ToAcc(__nv_bfloat16 x) { return __bfloat162floa
 template <typename T>
 __device__ __forceinline__ T FromAcc(typename Acc<T>::type x);
 template <>
-__device__ __forceinline__ float FromAcc<float>(float x) { return x; }
+__device__ __forceinline__ float FromAcc<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ double FromAcc<double>(double x) { return x; }
+__device__ __forceinline__ double FromAcc<double>(double x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ __half FromAcc<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half FromAcc<__half>(float x) {
+  return __float2half_rn(x);
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 FromAcc<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ __nv_bfloat16 FromAcc<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 
 // 16 bytes of T, loaded and stored as one vector access.
 template <typename T>
@@ -48,7 +56,8 @@ struct alignas(16) Pack {
 };
 
 template <typename T>
-__device__ __forceinline__ void SumOne(const LocalSumArgs& args, size_t i, typename Acc<T>::type scale) {
+__device__ __forceinline__ void SumOne(const LocalSumArgs& args, size_t i,
+                                       typename Acc<T>::type scale) {
   using A = typename Acc<T>::type;
   A acc = ToAcc(static_cast<const T*>(args.srcs[0])[i]);
   for (int k = 1; k < args.nsrcs; ++k) acc += ToAcc(static_cast<const T*>(args.srcs[k])[i]);
@@ -102,7 +111,8 @@ cudaError_t Launch(const LocalSumArgs& args, int max_blocks, cudaStream_t stream
   // cudaLaunchKernel returns this launch's own error; <<<>>> + cudaGetLastError
   // could report a stale error of an earlier call on this thread instead.
   // Launch errors only: the kernel runs later.
-  return cudaLaunchKernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), params, 0, stream);
+  return cudaLaunchKernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), params, 0,
+                          stream);
 }
 
 }  // namespace

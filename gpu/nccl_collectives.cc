@@ -170,10 +170,10 @@ void AbortWithDeadline(const NcclApi& nccl, std::vector<ncclComm_t> comms,
   std::unique_lock<std::mutex> lock(done->mu);
   if (!done->cv.wait_until(lock, Clock::now() + ToClock(kAbortDeadline),
                            [&] { return done->done; })) {
-    const std::string msg = absl::StrCat(
-        "ncclCommAbort did not return within ", absl::FormatDuration(kAbortDeadline), " on ",
-        group, "; exiting with status ", kAbortOverrunExitCode,
-        " so that the supervisor restarts the daemon");
+    const std::string msg =
+        absl::StrCat("ncclCommAbort did not return within ", absl::FormatDuration(kAbortDeadline),
+                     " on ", group, "; exiting with status ", kAbortOverrunExitCode,
+                     " so that the supervisor restarts the daemon");
     spdlog::critical("event=nccl_abort_overrun error={}", LogValue(msg));
     spdlog::default_logger()->flush();
     std::fprintf(stderr, "gradsyncd: %s\n", msg.c_str());
@@ -209,13 +209,13 @@ class NcclCollectives final : public CollectiveGroup {
         timeout_(ToClock(options.timeout)),
         timeout_text_(absl::FormatDuration(options.timeout)),
         ranks_(std::move(ranks)) {
-    describe_ = absl::StrCat(
-        "ranks ",
-        absl::StrJoin(ranks_, ", ",
-                      [](std::string* out, const Rank& r) {
-                        absl::StrAppend(out, r.rank, " (", r.id, " ordinal ", r.ordinal, ")");
-                      }),
-        " of nranks=", nranks_, " generation=", generation_);
+    describe_ = absl::StrCat("ranks ",
+                             absl::StrJoin(ranks_, ", ",
+                                           [](std::string* out, const Rank& r) {
+                                             absl::StrAppend(out, r.rank, " (", r.id, " ordinal ",
+                                                             r.ordinal, ")");
+                                           }),
+                             " of nranks=", nranks_, " generation=", generation_);
   }
   ~NcclCollectives() override;
 
@@ -292,18 +292,18 @@ absl::Status NcclCollectives::Init(const ncclUniqueId& id, Clock::time_point dea
   }
   for (Rank& r : ranks_) {
     if (cudaError_t err = guard.Use(r.ordinal); err != cudaSuccess) {
-      status = CudaError(err, absl::StrCat("nccl init of ", describe_, ": cudaSetDevice(",
-                                           r.ordinal, ")"));
+      status = CudaError(
+          err, absl::StrCat("nccl init of ", describe_, ": cudaSetDevice(", r.ordinal, ")"));
       break;
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // I2: a dead peer leaves init pending, not hung
     ncclResult_t res = nccl_.CommInitRankConfig(&r.comm, nranks_, id, r.rank, &config);
     if (!Accepted(res)) {
-      status = NcclError(nccl_, res,
-                         absl::StrCat("nccl init of ", describe_, ": ncclCommInitRankConfig(rank=",
-                                      r.rank, ")"),
-                         absl::StatusCode::kUnavailable);
+      status = NcclError(
+          nccl_, res,
+          absl::StrCat("nccl init of ", describe_, ": ncclCommInitRankConfig(rank=", r.rank, ")"),
+          absl::StatusCode::kUnavailable);
       break;
     }
   }
@@ -352,8 +352,8 @@ absl::Status NcclCollectives::Init(const ncclUniqueId& id, Clock::time_point dea
   return status;
 }
 
-absl::Status NcclCollectives::Launch(const std::vector<DeviceBuffer>& buffers,
-                                     ncclDataType_t type, absl::string_view what) {
+absl::Status NcclCollectives::Launch(const std::vector<DeviceBuffer>& buffers, ncclDataType_t type,
+                                     absl::string_view what) {
   absl::Status status;
   if (ncclResult_t r = nccl_.GroupStart(); r != ncclSuccess) {
     return Fail(NcclError(nccl_, r, absl::StrCat(what, " on ", describe_, ": ncclGroupStart"),
@@ -362,13 +362,11 @@ absl::Status NcclCollectives::Launch(const std::vector<DeviceBuffer>& buffers,
   for (const DeviceBuffer& b : buffers) {
     const Rank& r = ranks_[b.device_index];
     // ncclSum over inputs the caller pre-scaled in fp32.
-    ncclResult_t res =
-        nccl_.AllReduce(b.data, b.data, b.count, type, ncclSum, r.comm, r.stream);
+    ncclResult_t res = nccl_.AllReduce(b.data, b.data, b.count, type, ncclSum, r.comm, r.stream);
     if (!Accepted(res)) {
-      status = NcclError(nccl_, res,
-                         absl::StrCat(what, " on ", describe_, ": ncclAllReduce(rank=", r.rank,
-                                      ")"),
-                         absl::StatusCode::kUnavailable);
+      status = NcclError(
+          nccl_, res, absl::StrCat(what, " on ", describe_, ": ncclAllReduce(rank=", r.rank, ")"),
+          absl::StatusCode::kUnavailable);
       break;
     }
   }
@@ -380,8 +378,7 @@ absl::Status NcclCollectives::Launch(const std::vector<DeviceBuffer>& buffers,
   return absl::OkStatus();
 }
 
-absl::Status NcclCollectives::Poll(absl::string_view what, bool events,
-                                   Clock::time_point deadline,
+absl::Status NcclCollectives::Poll(absl::string_view what, bool events, Clock::time_point deadline,
                                    const std::function<bool()>* cancelled, DeviceGuard& guard) {
   // Per rank: the completion event was recorded. NCCL enqueues a
   // non-blocking group's kernels only when the communicator turns
@@ -394,10 +391,10 @@ absl::Status NcclCollectives::Poll(absl::string_view what, bool events,
       Rank& r = ranks_[i];
       ncclResult_t async = ncclSuccess;
       if (ncclResult_t res = nccl_.CommGetAsyncError(r.comm, &async); res != ncclSuccess) {
-        return Fail(NcclError(nccl_, res,
-                              absl::StrCat(what, " on ", describe_,
-                                           ": ncclCommGetAsyncError(rank=", r.rank, ")"),
-                              absl::StatusCode::kInternal));
+        return Fail(NcclError(
+            nccl_, res,
+            absl::StrCat(what, " on ", describe_, ": ncclCommGetAsyncError(rank=", r.rank, ")"),
+            absl::StatusCode::kInternal));
       }
       if (async == ncclInProgress) {
         pending = true;
@@ -414,8 +411,8 @@ absl::Status NcclCollectives::Poll(absl::string_view what, bool events,
         cudaError_t err = guard.Use(r.ordinal);
         if (err == cudaSuccess) err = cudaEventRecord(r.done, r.stream);
         if (err != cudaSuccess) {
-          return Fail(CudaError(err, absl::StrCat(what, " on ", describe_, ": rank ", r.rank,
-                                                  ": cudaEventRecord")));
+          return Fail(CudaError(
+              err, absl::StrCat(what, " on ", describe_, ": rank ", r.rank, ": cudaEventRecord")));
         }
         recorded[i] = 1;
       }
@@ -423,8 +420,8 @@ absl::Status NcclCollectives::Poll(absl::string_view what, bool events,
       if (err == cudaErrorNotReady) {
         pending = true;
       } else if (err != cudaSuccess) {
-        return Fail(CudaError(err, absl::StrCat(what, " on ", describe_, ": rank ", r.rank,
-                                                ": cudaEventQuery")));
+        return Fail(CudaError(
+            err, absl::StrCat(what, " on ", describe_, ": rank ", r.rank, ": cudaEventQuery")));
       }
     }
     if (!pending) return absl::OkStatus();
@@ -476,11 +473,11 @@ void NcclCollectives::Abort(const std::string& reason) {
     abort_reason_ = reason;
     abort_requested_.store(true, std::memory_order_release);
   }
-  spdlog::warn("event=nccl_abort_requested group={} reason={}", LogValue(describe_), LogValue(reason));
+  spdlog::warn("event=nccl_abort_requested group={} reason={}", LogValue(describe_),
+               LogValue(reason));
 }
 
-absl::Status NcclCollectives::AllreduceSum(const std::vector<DeviceBuffer>& buffers,
-                                           DType dtype) {
+absl::Status NcclCollectives::AllreduceSum(const std::vector<DeviceBuffer>& buffers, DType dtype) {
   if (!failure_.ok()) return failure_;
   if (abort_requested_.load(std::memory_order_acquire)) {
     return Fail(AbortedStatus("nccl allreduce"));
@@ -538,8 +535,8 @@ absl::Status NcclCollectives::AllreduceSum(const std::vector<DeviceBuffer>& buff
 
 NcclCollectives::~NcclCollectives() {
   DeviceGuard guard;
-  const bool any = std::any_of(ranks_.begin(), ranks_.end(),
-                               [](const Rank& r) { return r.comm != nullptr; });
+  const bool any =
+      std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.comm != nullptr; });
   if (any) {
     if (abort_requested_.load(std::memory_order_acquire) || !failure_.ok()) {
       AbortComms();
@@ -555,8 +552,8 @@ NcclCollectives::~NcclCollectives() {
         if (!Accepted(nccl_.GroupEnd())) ok = false;
       }
       if (!ok) {
-        (void)Fail(NcclError(nccl_, ncclInternalError,
-                       absl::StrCat("nccl finalize of ", describe_), absl::StatusCode::kInternal));
+        (void)Fail(NcclError(nccl_, ncclInternalError, absl::StrCat("nccl finalize of ", describe_),
+                             absl::StatusCode::kInternal));
       } else if (Poll("nccl finalize", /*events=*/false, Clock::now() + timeout_, nullptr, guard)
                      .ok()) {
         for (Rank& r : ranks_) {
@@ -627,9 +624,8 @@ absl::StatusOr<std::vector<int>> MapDevices(const std::vector<DeviceId>& devices
   for (const DeviceId& d : devices) {
     auto it = std::find(visible.begin(), visible.end(), absl::AsciiStrToLower(d));
     if (it == visible.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("nccl: no visible GPU has id ", d,
-                                                     " (visible: ", absl::StrJoin(visible, ", "),
-                                                     ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "nccl: no visible GPU has id ", d, " (visible: ", absl::StrJoin(visible, ", "), ")"));
     }
     ordinals.push_back(static_cast<int>(it - visible.begin()));
   }
@@ -678,21 +674,22 @@ absl::StatusOr<ncclUniqueId> ExchangeUniqueId(const NcclApi& nccl, const Collect
     }
     const Clock::time_point now = Clock::now();
     if (now >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("nccl: the unique id '", key, "' was not published in time (the node "
-                       "holding rank 0 did not create generation ", o.generation, "?)"));
+      return absl::DeadlineExceededError(absl::StrCat("nccl: the unique id '", key,
+                                                      "' was not published in time (the node "
+                                                      "holding rank 0 did not create generation ",
+                                                      o.generation, "?)"));
     }
     const auto slice = std::min<Clock::duration>(deadline - now, kSlice);
     // fetch takes a MonotonicNow() deadline: the end of this slice.
-    absl::StatusOr<std::string> value =
-        o.fetch(key, FromSteadyClock(now) + absl::FromChrono(
-                                       std::chrono::duration_cast<std::chrono::nanoseconds>(slice)));
+    absl::StatusOr<std::string> value = o.fetch(
+        key, FromSteadyClock(now) +
+                 absl::FromChrono(std::chrono::duration_cast<std::chrono::nanoseconds>(slice)));
     if (value.ok()) {
       std::string bytes;
       if (value->size() != 2 * sizeof(id.internal) ||
           (bytes = absl::HexStringToBytes(*value)).size() != sizeof(id.internal)) {
-        return absl::InvalidArgumentError(absl::StrCat("nccl: '", key, "' is not a ",
-                                                       sizeof(id.internal), "-byte hex id"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("nccl: '", key, "' is not a ", sizeof(id.internal), "-byte hex id"));
       }
       std::copy(bytes.begin(), bytes.end(), id.internal);
       return id;

@@ -75,15 +75,15 @@ absl::StatusOr<NcclApi> TryLoad(const std::string& file) {
   const int header_major = NCCL_MAJOR;
   const int lib_major = api.version / 10000;
   if (api.version < 10000 || lib_major != header_major) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        api.path, " is NCCL ", NcclVersionString(api.version), " but gradsync was built with nccl.h ",
-        NcclVersionString(NCCL_VERSION_CODE), " (major versions must match)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(api.path, " is NCCL ", NcclVersionString(api.version),
+                     " but gradsync was built with nccl.h ", NcclVersionString(NCCL_VERSION_CODE),
+                     " (major versions must match)"));
   }
   if (api.version < kMinNcclVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(api.path, " is NCCL ",
-                                                      NcclVersionString(api.version),
-                                                      "; gradsync needs >= ",
-                                                      NcclVersionString(kMinNcclVersion)));
+    return absl::FailedPreconditionError(
+        absl::StrCat(api.path, " is NCCL ", NcclVersionString(api.version),
+                     "; gradsync needs >= ", NcclVersionString(kMinNcclVersion)));
   }
   return api;
 }

@@ -227,13 +227,12 @@ class SimCollectiveGroup final : public CollectiveGroup {
       for (int b = a + 1; b < nranks_; ++b) {
         const RankSlot& x = g->slots[a];
         const RankSlot& y = g->slots[b];
-        if (x.device_index == y.device_index &&
-            std::strncmp(x.host, y.host, sizeof(x.host)) == 0) {
+        if (x.device_index == y.device_index && std::strncmp(x.host, y.host, sizeof(x.host)) == 0) {
           // Every rank reaches this verdict itself: telling the peers
           // would turn theirs into a peer failure.
           absl::Status st = absl::InvalidArgumentError(absl::StrCat(
-              "ranks ", a, " and ", b, " of one communicator are both on SIM-GPU-",
-              x.device_index, " of host '", std::string(x.host, strnlen(x.host, sizeof(x.host))),
+              "ranks ", a, " and ", b, " of one communicator are both on SIM-GPU-", x.device_index,
+              " of host '", std::string(x.host, strnlen(x.host, sizeof(x.host))),
               "': NCCL refuses two ranks on one GPU of one host (give each node its own "
               "NCCL_HOSTID)"));
           absl::MutexLock lock(&mu_);

@@ -1,8 +1,9 @@
 #include "gpu/sim_device.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
-#include <unistd.h>
 #include <map>
 #include <set>
 #include <utility>
@@ -676,9 +677,8 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> SimDaemonDevice::CreateCollecti
     indices.push_back(*index);
     if (auto st = node_->CheckNoCollective(*index, "creating communicators"); !st.ok()) return st;
   }
-  absl::StatusOr<std::unique_ptr<CollectiveGroup>> group =
-      sim::CreateSimCollectives(options, indices, node_->options().prefix,
-                                SimHost(node_->options()));
+  absl::StatusOr<std::unique_ptr<CollectiveGroup>> group = sim::CreateSimCollectives(
+      options, indices, node_->options().prefix, SimHost(node_->options()));
   if (!group.ok()) return group.status();
   return std::unique_ptr<CollectiveGroup>(
       new sim::CountedCollectives(*std::move(group), node_.get(), indices));

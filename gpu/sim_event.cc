@@ -86,10 +86,10 @@ absl::StatusOr<std::unique_ptr<SimEvent>> SimEvent::Open(const IpcHandle& handle
                                                    device_index));
   }
   if (mapping->record()->owner_pid == getpid()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "event handle ", *name, " was exported by this process (pid ", getpid(),
-        "): CUDA refuses to open an IPC handle in the process that created it "
-        "(cudaIpcOpenEventHandle: cudaErrorInvalidContext)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("event handle ", *name, " was exported by this process (pid ", getpid(),
+                     "): CUDA refuses to open an IPC handle in the process that created it "
+                     "(cudaIpcOpenEventHandle: cudaErrorInvalidContext)"));
   }
   return std::unique_ptr<SimEvent>(new SimEvent(std::move(mapping), /*owned=*/false));
 }
@@ -109,8 +109,8 @@ absl::StatusOr<Completion> SimEvent::Query() const {
   const EventRecord* r = mapping_->record();
   if (!owned_ && r->destroyed.load(std::memory_order_acquire) != 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("event ", mapping_->name, " was destroyed by its owner process ",
-                     r->owner_pid, " while still opened here (undefined behaviour in CUDA)"));
+        absl::StrCat("event ", mapping_->name, " was destroyed by its owner process ", r->owner_pid,
+                     " while still opened here (undefined behaviour in CUDA)"));
   }
   const uint64_t recorded = r->recorded.load(std::memory_order_acquire);
   const uint64_t completed = r->completed.load(std::memory_order_acquire);

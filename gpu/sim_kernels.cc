@@ -29,18 +29,20 @@ void SumKernel(void* dst, const std::vector<const void*>& srcs, size_t count, DT
   switch (dtype) {
     case DType::kFloat32:
       SumAs<float, float>(
-          dst, srcs, count, static_cast<float>(scale), [](float v) { return v; }, [](float v) { return v; });
+          dst, srcs, count, static_cast<float>(scale), [](float v) { return v; },
+          [](float v) { return v; });
       return;
     case DType::kFloat64:
       SumAs<double, double>(
-          dst, srcs, count, scale, [](double v) { return v; },
-          [](double v) { return v; });
+          dst, srcs, count, scale, [](double v) { return v; }, [](double v) { return v; });
       return;
     case DType::kFloat16:
-      SumAs<uint16_t, float>(dst, srcs, count, static_cast<float>(scale), Float16ToFloat, FloatToFloat16);
+      SumAs<uint16_t, float>(dst, srcs, count, static_cast<float>(scale), Float16ToFloat,
+                             FloatToFloat16);
       return;
     case DType::kBFloat16:
-      SumAs<uint16_t, float>(dst, srcs, count, static_cast<float>(scale), BFloat16ToFloat, FloatToBFloat16);
+      SumAs<uint16_t, float>(dst, srcs, count, static_cast<float>(scale), BFloat16ToFloat,
+                             FloatToBFloat16);
       return;
   }
 }

@@ -116,9 +116,9 @@ std::string NewSegmentName(const std::string& prefix, const std::string& tag) {
   // The random part: a pid reused after a killed trainer (whose segments
   // may still be there) must not collide with its leftovers. 32 bits keep
   // the name well inside the handle.
-  return ipc::SegmentName(prefix, getpid(),
-                          absl::StrCat(tag, counter.fetch_add(1), ".",
-                                       SecureRandomHex().substr(0, 8)));
+  return ipc::SegmentName(
+      prefix, getpid(),
+      absl::StrCat(tag, counter.fetch_add(1), ".", SecureRandomHex().substr(0, 8)));
 }
 
 std::string PointerString(const void* p) { return absl::StrFormat("%p", p); }

@@ -15,8 +15,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "common/monotonic_mutex.h"
 #include "absl/time/time.h"
+#include "common/monotonic_mutex.h"
 #include "gpu/device.h"
 
 namespace gradsync::gpu::sim {

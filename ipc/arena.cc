@@ -18,8 +18,8 @@ absl::StatusOr<ArenaLayout> PlanArena(const std::vector<uint64_t>& tensor_bytes,
     const uint64_t start = offset;
     for (uint32_t t : bucket) {
       if (t >= tensor_bytes.size()) {
-        return absl::InvalidArgumentError(absl::StrCat("bucket names tensor ", t, " of ",
-                                                       tensor_bytes.size()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("bucket names tensor ", t, " of ", tensor_bytes.size()));
       }
       if (layout.tensor_offsets[t] != kNone) {
         return absl::InvalidArgumentError(absl::StrCat("tensor ", t, " is in two buckets"));

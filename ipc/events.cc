@@ -6,8 +6,8 @@ namespace gradsync::ipc {
 
 absl::Status ValidateReadyEvent(const ReadyEvent& e, const ReadyExpectation& expect) {
   if (e.sequence != expect.sequence) {
-    return absl::DataLossError(absl::StrCat("readiness entry has sequence ", e.sequence,
-                                            ", expected ", expect.sequence));
+    return absl::DataLossError(
+        absl::StrCat("readiness entry has sequence ", e.sequence, ", expected ", expect.sequence));
   }
   if (e.kind != static_cast<uint32_t>(ReadyKind::kReady) &&
       e.kind != static_cast<uint32_t>(ReadyKind::kUnused) &&
@@ -16,11 +16,12 @@ absl::Status ValidateReadyEvent(const ReadyEvent& e, const ReadyExpectation& exp
   }
   if (e.kind == static_cast<uint32_t>(ReadyKind::kJoin)) {
     if ((e.tensor & ~kJoinDivideByInitialWorldSize) != 0) {
-      return absl::DataLossError(absl::StrCat("readiness entry of kind join has unknown flags ", e.tensor));
+      return absl::DataLossError(
+          absl::StrCat("readiness entry of kind join has unknown flags ", e.tensor));
     }
   } else if (e.tensor >= expect.num_tensors) {
-    return absl::OutOfRangeError(absl::StrCat("readiness entry names tensor ", e.tensor,
-                                              " of ", expect.num_tensors));
+    return absl::OutOfRangeError(
+        absl::StrCat("readiness entry names tensor ", e.tensor, " of ", expect.num_tensors));
   }
   if (e.iteration != expect.iteration) {
     return absl::DataLossError(absl::StrCat("readiness entry is for iteration ", e.iteration,

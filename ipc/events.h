@@ -46,11 +46,11 @@ enum class CompletionKind : uint32_t {
 };
 
 struct CompletionEvent {
-  uint32_t kind;       // CompletionKind
-  uint32_t bucket;     // bucket id (kBucketDone)
+  uint32_t kind;    // CompletionKind
+  uint32_t bucket;  // bucket id (kBucketDone)
   uint64_t iteration;
-  uint64_t sequence;   // 0, 1, 2, ... per ring
-  int32_t status;      // gs_status / gradsync.v1.Code; non-zero with kError
+  uint64_t sequence;  // 0, 1, 2, ... per ring
+  int32_t status;     // gs_status / gradsync.v1.Code; non-zero with kError
   uint32_t reserved;
 };
 static_assert(sizeof(CompletionEvent) == 32);

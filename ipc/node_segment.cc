@@ -25,8 +25,7 @@ absl::StatusOr<NodeSegment> NodeSegment::Create(const std::string& name, pid_t d
   return ns;
 }
 
-absl::StatusOr<NodeSegment> NodeSegment::Open(const std::string& name,
-                                              std::optional<uid_t> owner) {
+absl::StatusOr<NodeSegment> NodeSegment::Open(const std::string& name, std::optional<uid_t> owner) {
   auto segment = SharedSegment::Open(name, 0660, owner);
   if (!segment.ok()) return segment.status();
   if (segment->size() < sizeof(NodeSegmentHeader)) {
@@ -36,14 +35,14 @@ absl::StatusOr<NodeSegment> NodeSegment::Open(const std::string& name,
   ns.segment_ = std::move(*segment);
   ns.header_ = static_cast<NodeSegmentHeader*>(ns.segment_.data());
   if (ns.header_->magic != kNodeSegmentMagic) {
-    return absl::DataLossError(absl::StrCat("node segment ", name, " has bad magic 0x",
-                                            absl::Hex(ns.header_->magic)));
+    return absl::DataLossError(
+        absl::StrCat("node segment ", name, " has bad magic 0x", absl::Hex(ns.header_->magic)));
   }
   if (ns.header_->layout_version != kNodeSegmentVersion ||
       ns.header_->header_bytes != sizeof(NodeSegmentHeader)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("node segment ", name, " has layout version ", ns.header_->layout_version,
-                     ", this build speaks ", kNodeSegmentVersion));
+    return absl::FailedPreconditionError(absl::StrCat("node segment ", name, " has layout version ",
+                                                      ns.header_->layout_version,
+                                                      ", this build speaks ", kNodeSegmentVersion));
   }
   return ns;
 }

@@ -32,9 +32,8 @@ absl::StatusOr<Segment> CreateUnderRandomName(
     if (made.ok() || made.status().code() != absl::StatusCode::kAlreadyExists) return made;
     last = made.status();
   }
-  return absl::AlreadyExistsError(absl::StrCat(kRandomNameAttempts,
-                                               " random segment names were all taken (last: ",
-                                               last.message(), ")"));
+  return absl::AlreadyExistsError(absl::StrCat(
+      kRandomNameAttempts, " random segment names were all taken (last: ", last.message(), ")"));
 }
 
 }  // namespace gradsync::ipc

@@ -82,12 +82,11 @@ absl::Status ReserveSpace(int fd, const std::string& name, size_t size) {
   if (err == 0) return absl::OkStatus();
   if (err == ENOSPC) {
     struct statvfs fs;
-    const std::string free_bytes =
-        statvfs(kShmDir, &fs) == 0 ? absl::StrCat(uint64_t{fs.f_bavail} * fs.f_frsize)
-                                   : std::string("an unknown number of");
-    return absl::ResourceExhaustedError(absl::StrCat("segment ", name, " needs ", size,
-                                                     " bytes, ", kShmDir, " has ", free_bytes,
-                                                     " bytes free"));
+    const std::string free_bytes = statvfs(kShmDir, &fs) == 0
+                                       ? absl::StrCat(uint64_t{fs.f_bavail} * fs.f_frsize)
+                                       : std::string("an unknown number of");
+    return absl::ResourceExhaustedError(absl::StrCat("segment ", name, " needs ", size, " bytes, ",
+                                                     kShmDir, " has ", free_bytes, " bytes free"));
   }
   return absl::InternalError(
       absl::StrCat("segment ", name, ": reserving ", size, " bytes: ", std::strerror(err)));
@@ -248,8 +247,8 @@ std::vector<std::string> RemoveStaleSegments(const std::string& prefix) {
     }
     // Another user's segment is not ours to judge (root could unlink it).
     struct stat st;
-    if (fstatat(dirfd(dir), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
-        !S_ISREG(st.st_mode) || st.st_uid != euid) {
+    if (fstatat(dirfd(dir), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_uid != euid) {
       continue;
     }
     if (ProcessAlive(pid)) continue;

@@ -99,8 +99,8 @@ class SpscRing {
   // Checks the control block against the capacity this side expects.
   absl::Status Validate(uint64_t expected_capacity) const {
     if (control_->capacity != expected_capacity) {
-      return absl::DataLossError(absl::StrCat("ring capacity is ", control_->capacity,
-                                              ", expected ", expected_capacity));
+      return absl::DataLossError(
+          absl::StrCat("ring capacity is ", control_->capacity, ", expected ", expected_capacity));
     }
     const uint64_t head = control_->head.load(std::memory_order_acquire);
     const uint64_t tail = control_->tail.load(std::memory_order_acquire);

@@ -118,18 +118,18 @@ absl::Status TrainerSegment::Map(bool validate, uint64_t expected_hash,
   if (validate) {
     if (h.magic != kTrainerSegmentMagic) {
       return absl::DataLossError(absl::StrCat("segment ", name(), " has bad magic 0x",
-                                              absl::Hex(h.magic), ": not a gradsync trainer segment"));
+                                              absl::Hex(h.magic),
+                                              ": not a gradsync trainer segment"));
     }
     if (h.layout_version != kTrainerSegmentVersion) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("segment ", name(), " has layout version ", h.layout_version,
-                       ", this build speaks ", kTrainerSegmentVersion,
-                       ": daemon and client are from different releases"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "segment ", name(), " has layout version ", h.layout_version, ", this build speaks ",
+          kTrainerSegmentVersion, ": daemon and client are from different releases"));
     }
     if (h.layout_hash != expected_hash) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "segment ", name(), " has layout hash ", absl::Hex(h.layout_hash), ", expected ",
-          absl::Hex(expected_hash)));
+      return absl::FailedPreconditionError(absl::StrCat("segment ", name(), " has layout hash ",
+                                                        absl::Hex(h.layout_hash), ", expected ",
+                                                        absl::Hex(expected_hash)));
     }
     if (h.arena_bytes != expected_arena_bytes) {
       return absl::FailedPreconditionError(absl::StrCat("segment ", name(), " arena is ",
@@ -138,8 +138,8 @@ absl::Status TrainerSegment::Map(bool validate, uint64_t expected_hash,
     }
     if (!IsPowerOfTwo(h.ready_capacity) || h.ready_capacity != h.completion_capacity ||
         h.ready_capacity > (1u << 24)) {
-      return absl::DataLossError(absl::StrCat("segment ", name(), " has bad ring capacity ",
-                                              h.ready_capacity));
+      return absl::DataLossError(
+          absl::StrCat("segment ", name(), " has bad ring capacity ", h.ready_capacity));
     }
   }
   if (h.arena_bytes > kMaxArenaBytes || h.ready_capacity > (1u << 24)) {
@@ -149,16 +149,15 @@ absl::Status TrainerSegment::Map(bool validate, uint64_t expected_hash,
   if (h.header_bytes != sizeof(TrainerSegmentHeader) || h.segment_bytes != g.total ||
       h.ready_offset != g.ready_offset || h.completion_offset != g.completion_offset ||
       h.arena_offset != g.arena_offset || g.total > segment_.size()) {
-    return absl::DataLossError(absl::StrCat("segment ", name(),
-                                            " header geometry does not match its sizes"));
+    return absl::DataLossError(
+        absl::StrCat("segment ", name(), " header geometry does not match its sizes"));
   }
   auto* base = static_cast<uint8_t*>(segment_.data());
   ready_capacity_ = h.ready_capacity;
   completion_capacity_ = h.completion_capacity;
-  ready_ = SpscRing<ReadyEvent>(reinterpret_cast<RingControl*>(base + g.ready_offset),
-                                reinterpret_cast<ReadyEvent*>(base + g.ready_offset +
-                                                              sizeof(RingControl)),
-                                ready_capacity_);
+  ready_ = SpscRing<ReadyEvent>(
+      reinterpret_cast<RingControl*>(base + g.ready_offset),
+      reinterpret_cast<ReadyEvent*>(base + g.ready_offset + sizeof(RingControl)), ready_capacity_);
   completion_ = SpscRing<CompletionEvent>(
       reinterpret_cast<RingControl*>(base + g.completion_offset),
       reinterpret_cast<CompletionEvent*>(base + g.completion_offset + sizeof(RingControl)),
@@ -175,7 +174,8 @@ absl::Status TrainerSegment::ValidateHeader() const {
   }
   if (header_->layout_version != kTrainerSegmentVersion ||
       header_->ready_capacity != ready_capacity_ ||
-      header_->completion_capacity != completion_capacity_ || header_->arena_bytes != arena_bytes_) {
+      header_->completion_capacity != completion_capacity_ ||
+      header_->arena_bytes != arena_bytes_) {
     return absl::DataLossError(absl::StrCat("segment ", name(), " header was overwritten"));
   }
   if (auto st = ready_.Validate(ready_capacity_); !st.ok()) {

@@ -13,10 +13,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
-
-#include <memory>
 
 #include "absl/status/statusor.h"
 #include "ipc/doorbell.h"

@@ -90,8 +90,7 @@ absl::Status InstallOnce() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<TruncationGuard>> TruncationGuard::Watch(void* begin,
-                                                                        size_t bytes) {
+absl::StatusOr<std::unique_ptr<TruncationGuard>> TruncationGuard::Watch(void* begin, size_t bytes) {
   const auto b = reinterpret_cast<uintptr_t>(begin);
   if (b == 0 || bytes == 0) {
     return absl::InvalidArgumentError("TruncationGuard: nothing to guard");

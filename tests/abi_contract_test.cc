@@ -1,12 +1,11 @@
 // The C ABI (client/gradsync.h) and the wire protocol (local.proto) number
 // their status codes and dtypes the same way; the daemon sends proto codes
 // that the client returns unchanged as gs_status. This pins that contract.
-#include "client/gradsync.h"
-
 #include <gtest/gtest.h>
 
 #include <cstddef>
 
+#include "client/gradsync.h"
 #include "gradsync/v1/local.pb.h"
 
 namespace {

@@ -10,11 +10,12 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/half.h"
 #include "common/log_value.h"
+#include "common/status_code.h"
 #include "daemon/backends/batch_scheduling.h"
 #include "daemon/backends/gloo_store.h"
 #include "daemon/backends/wire_cast.h"
-#include "common/half.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "gloo/allreduce.h"
 #include "gloo/broadcast.h"
@@ -28,7 +29,6 @@
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "gloo/types.h"
-#include "common/status_code.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
@@ -287,8 +287,7 @@ absl::Status GlooBackend::Fail(absl::Status status) {
     if (failure_.ok()) failure_ = status;
   }
   spdlog::error("event=gloo_allreduce_failed node_rank={} generation={} code={} error={}",
-                node_rank_, generation_, v1::Code_Name(CodeOf(status)),
-                LogValue(status.message()));
+                node_rank_, generation_, v1::Code_Name(CodeOf(status)), LogValue(status.message()));
   // Neighbours blocked on this node learn of the failure now, not at their
   // timeout.
   CloseContext(absl::StrCat("gradsync: node_rank=", node_rank_, " failed"));

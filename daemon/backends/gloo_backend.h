@@ -49,9 +49,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/dtype.h"
 #include "daemon/backends/backend.h"
 #include "daemon/backends/wire_dtype.h"
-#include "common/dtype.h"
 
 namespace gloo {
 class Context;

@@ -1,9 +1,9 @@
 // GlooStore: Gloo's rendezvous::Store over the job's key-value store
-// (KeyValueStore: the leader's, through RendezvousClient), so Gloo's context setup needs no file system, Redis or
-// extra port. Gloo's Store reports failures by throwing: a failed call
-// throws GlooStoreError, a gloo::IoException that keeps the absl::Status
-// (TIMEOUT naming the missing keys, PEER_FAILED when the generation aborted,
-// UNAVAILABLE when the leader is gone) for GlooBackend to hand on.
+// (KeyValueStore: the leader's, through RendezvousClient), so Gloo's context setup needs no file
+// system, Redis or extra port. Gloo's Store reports failures by throwing: a failed call throws
+// GlooStoreError, a gloo::IoException that keeps the absl::Status (TIMEOUT naming the missing keys,
+// PEER_FAILED when the generation aborted, UNAVAILABLE when the leader is gone) for GlooBackend to
+// hand on.
 #ifndef GRADSYNC_DAEMON_BACKENDS_GLOO_STORE_H_
 #define GRADSYNC_DAEMON_BACKENDS_GLOO_STORE_H_
 

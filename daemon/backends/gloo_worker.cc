@@ -222,8 +222,8 @@ int RunGlooWorker() {
                                                   broadcast.offset(), " exceed the ",
                                                   broadcast.buffer_bytes(), "-byte shared buffer"));
       } else if ((data = buffer.Map(broadcast.buffer_bytes())) == nullptr) {
-        status = absl::InternalError(absl::StrCat("cannot map the shared buffer's ",
-                                                  broadcast.buffer_bytes(), " bytes"));
+        status = absl::InternalError(
+            absl::StrCat("cannot map the shared buffer's ", broadcast.buffer_bytes(), " bytes"));
       } else {
         status = (*backend)->Broadcast(static_cast<char*>(data) + broadcast.offset(),
                                        broadcast.bytes(), broadcast.root_node());
@@ -245,8 +245,8 @@ int RunGlooWorker() {
                                                 allreduce.offset(), " exceed the ",
                                                 allreduce.buffer_bytes(), "-byte shared buffer"));
     } else if ((data = buffer.Map(allreduce.buffer_bytes())) == nullptr) {
-      status = absl::InternalError(absl::StrCat("cannot map the shared buffer's ",
-                                                allreduce.buffer_bytes(), " bytes"));
+      status = absl::InternalError(
+          absl::StrCat("cannot map the shared buffer's ", allreduce.buffer_bytes(), " bytes"));
     } else {
       status = (*backend)->AllreduceSum(static_cast<char*>(data) + allreduce.offset(),
                                         allreduce.count(), dtype);

@@ -62,9 +62,9 @@ v1::GlooWorkerRequest Serve(const v1::GlooStoreRequest& request, gloo::rendezvou
     const std::vector<std::string> keys(request.keys().begin(), request.keys().end());
     for (const std::string& key : keys) {
       if (!absl::StartsWith(key, allowed)) {
-        status = MakeError(v1::INVALID_ARGUMENT,
-                           absl::StrCat("the Gloo worker asked for store key '", key.substr(0, 64),
-                                        "' outside ", allowed));
+        status =
+            MakeError(v1::INVALID_ARGUMENT, absl::StrCat("the Gloo worker asked for store key '",
+                                                         key.substr(0, 64), "' outside ", allowed));
       }
     }
     if (!status.ok()) {
@@ -122,7 +122,8 @@ absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> GlooWorkerBackend::Start(
   }
   std::unique_ptr<GlooWorkerBackend> backend(new GlooWorkerBackend(options));
   if (options.num_nodes == 1) return backend;  // nothing crosses nodes: no worker
-  if (options.store == nullptr) return absl::InvalidArgumentError("gloo backend: no rendezvous store");
+  if (options.store == nullptr)
+    return absl::InvalidArgumentError("gloo backend: no rendezvous store");
   if (absl::Status st = backend->Spawn(worker_argv); !st.ok()) return st;
   return backend;
 }
@@ -161,8 +162,8 @@ absl::Status GlooWorkerBackend::Spawn(const std::vector<std::string>& argv) {
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) {
-    return MakeError(v1::INTERNAL,
-                     absl::StrCat("cannot start the Gloo worker ", argv[0], ": ", std::strerror(rc)));
+    return MakeError(v1::INTERNAL, absl::StrCat("cannot start the Gloo worker ", argv[0], ": ",
+                                                std::strerror(rc)));
   }
   pid_ = pid;
   pidfd_ = PidfdOpen(pid);
@@ -241,8 +242,8 @@ absl::Status GlooWorkerBackend::WorkerDied(const std::string& during) {
     while (waitpid(pid_, &wait_status, 0) < 0 && errno == EINTR) {
     }
   }
-  std::string message = absl::StrCat(Who(), " ", reap ? DescribeExit(wait_status) : "ended", " ",
-                                     during);
+  std::string message =
+      absl::StrCat(Who(), " ", reap ? DescribeExit(wait_status) : "ended", " ", during);
   if (!fatal_.empty()) {
     absl::StrAppend(&message, ": ", fatal_,
                     " (a malformed Gloo message, from a peer or from a stranger on the "
@@ -252,8 +253,8 @@ absl::Status GlooWorkerBackend::WorkerDied(const std::string& during) {
     absl::MutexLock lock(&mu_);
     if (aborted_) absl::StrAppend(&message, " [aborted: ", abort_reason_, "]");
   }
-  spdlog::error("event=gloo_worker_died node_rank={} generation={} pid={} error={}",
-                node_rank_, generation_, pid_, LogValue(message));
+  spdlog::error("event=gloo_worker_died node_rank={} generation={} pid={} error={}", node_rank_,
+                generation_, pid_, LogValue(message));
   return MakeError(v1::PEER_FAILED, message);
 }
 
@@ -267,8 +268,8 @@ absl::Status GlooWorkerBackend::EnsureBuffer(size_t bytes) {
   }
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, buffer_fd_, 0);
   if (p == MAP_FAILED) {
-    return absl::InternalError(
-        absl::StrCat("mapping the Gloo worker's buffer (", size, " bytes): ", std::strerror(errno)));
+    return absl::InternalError(absl::StrCat("mapping the Gloo worker's buffer (", size,
+                                            " bytes): ", std::strerror(errno)));
   }
   if (buffer_ != nullptr) munmap(buffer_, buffer_bytes_);
   buffer_ = p;
@@ -292,9 +293,9 @@ absl::Status GlooWorkerBackend::IssueAllreduceSum(void* data, size_t count, DTyp
     absl::MutexLock lock(&mu_);
     if (!failure_.ok()) return failure_;
     if (aborted_) {
-      failure_ = MakeError(v1::PEER_FAILED, absl::StrCat("gloo allreduce on node_rank=", node_rank_,
-                                                         " generation=", generation_,
-                                                         " aborted: ", abort_reason_));
+      failure_ = MakeError(v1::PEER_FAILED,
+                           absl::StrCat("gloo allreduce on node_rank=", node_rank_,
+                                        " generation=", generation_, " aborted: ", abort_reason_));
       return failure_;
     }
   }
@@ -338,16 +339,17 @@ absl::Status GlooWorkerBackend::Broadcast(void* data, size_t bytes, int root_nod
     return absl::InvalidArgumentError(
         absl::StrCat("gloo broadcast: root node_rank=", root_node, " of ", num_nodes_, " nodes"));
   }
-  if (bytes != 0 && data == nullptr) return absl::InvalidArgumentError("gloo broadcast: null buffer");
-  const std::string during = absl::StrCat("during a broadcast of ", bytes, " bytes from node_rank=",
-                                          root_node);
+  if (bytes != 0 && data == nullptr)
+    return absl::InvalidArgumentError("gloo broadcast: null buffer");
+  const std::string during =
+      absl::StrCat("during a broadcast of ", bytes, " bytes from node_rank=", root_node);
   {
     absl::MutexLock lock(&mu_);
     if (!failure_.ok()) return failure_;
     if (aborted_) {
-      failure_ = MakeError(v1::PEER_FAILED, absl::StrCat("gloo broadcast on node_rank=", node_rank_,
-                                                         " generation=", generation_,
-                                                         " aborted: ", abort_reason_));
+      failure_ = MakeError(v1::PEER_FAILED,
+                           absl::StrCat("gloo broadcast on node_rank=", node_rank_,
+                                        " generation=", generation_, " aborted: ", abort_reason_));
       return failure_;
     }
   }

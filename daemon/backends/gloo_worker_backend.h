@@ -9,12 +9,11 @@
 // (Staging); data elsewhere is copied in and the result copied back. One
 // command round trip over the channel per collective; IssueAllreduceSum
 // keeps several in flight (pieces of a bucket in disjoint parts of the
-// shared buffer), the worker runs them one after another in that order. Errors: what the worker's GlooBackend
-// reported (same codes as GlooBackend), or PEER_FAILED when the worker
-// died, naming the generation, how it died and, when Gloo threw, what it
-// threw and the TCP peers the worker was connected to (a stranger that
-// took over a Gloo pair is among them). A worker that neither answers nor
-// dies within the timeout plus a grace period is killed (TIMEOUT).
+// shared buffer), the worker runs them one after another in that order. Errors: what the worker's
+// GlooBackend reported (same codes as GlooBackend), or PEER_FAILED when the worker died, naming the
+// generation, how it died and, when Gloo threw, what it threw and the TCP peers the worker was
+// connected to (a stranger that took over a Gloo pair is among them). A worker that neither answers
+// nor dies within the timeout plus a grace period is killed (TIMEOUT).
 //
 // Abort kills the worker: its sockets close, so the neighbours fail at once,
 // and an AllreduceSum in flight returns PEER_FAILED with the reason. After
@@ -102,7 +101,7 @@ class GlooWorkerBackend final : public Backend {
   struct Issued {
     size_t count = 0;
     DType dtype = DType::kFloat32;
-    bool sent = false;        // false: nothing to exchange (one node, empty)
+    bool sent = false;          // false: nothing to exchange (one node, empty)
     void* copy_back = nullptr;  // data outside the shared buffer: copy the result there
   };
 
@@ -123,7 +122,7 @@ class GlooWorkerBackend final : public Backend {
   std::vector<Issued> issued_;
   size_t issued_head_ = 0;
 
-  pid_t pid_ = 0;  // set by Spawn, before any other thread sees this object
+  pid_t pid_ = 0;   // set by Spawn, before any other thread sees this object
   int pidfd_ = -1;  // signals never reach a reused pid
   absl::Mutex mu_;
   bool reaped_ ABSL_GUARDED_BY(mu_) = false;

@@ -50,13 +50,13 @@ __attribute__((target("avx,f16c"))) inline __m256 Saturate8(__m256 x) {
   const __m256 magnitude = _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
   const __m256 is_inf = _mm256_cmp_ps(magnitude, _mm256_set1_ps(INFINITY), _CMP_EQ_OQ);
   // max/min return their second operand for a NaN: NaN stays NaN.
-  const __m256 clamped = _mm256_min_ps(_mm256_set1_ps(kFloat16Max),
-                                       _mm256_max_ps(_mm256_set1_ps(-kFloat16Max), x));
+  const __m256 clamped =
+      _mm256_min_ps(_mm256_set1_ps(kFloat16Max), _mm256_max_ps(_mm256_set1_ps(-kFloat16Max), x));
   return _mm256_blendv_ps(clamped, x, is_inf);
 }
 
-__attribute__((target("avx,f16c"))) void NarrowFloat16F16C(const float* in, uint16_t* out,
-                                                            size_t m, float scale) {
+__attribute__((target("avx,f16c"))) void NarrowFloat16F16C(const float* in, uint16_t* out, size_t m,
+                                                           float scale) {
   const __m256 s = _mm256_set1_ps(scale);
   size_t k = 0;
   for (; k + 8 <= m; k += 8) {
@@ -67,28 +67,27 @@ __attribute__((target("avx,f16c"))) void NarrowFloat16F16C(const float* in, uint
   for (; k < m; ++k) out[k] = ToFloat16Saturating(in[k] * scale);
 }
 
-__attribute__((target("avx,f16c"))) void WidenFloat16F16C(const uint16_t* in, float* out,
-                                                           size_t m, float unscale) {
+__attribute__((target("avx,f16c"))) void WidenFloat16F16C(const uint16_t* in, float* out, size_t m,
+                                                          float unscale) {
   const __m256 s = _mm256_set1_ps(unscale);
   size_t k = 0;
   for (; k + 8 <= m; k += 8) {
-    const __m256 x =
-        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + k)));
+    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + k)));
     _mm256_storeu_ps(out + k, _mm256_mul_ps(x, s));
   }
   for (; k < m; ++k) out[k] = Float16ToFloat(in[k]) * unscale;
 }
 
 __attribute__((target("avx,f16c"))) void SumFloat16F16C(void* c, const void* a, const void* b,
-                                                         size_t n) {
+                                                        size_t n) {
   const auto* x = static_cast<const uint16_t*>(a);
   const auto* y = static_cast<const uint16_t*>(b);
   auto* z = static_cast<uint16_t*>(c);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 sum = _mm256_add_ps(
-        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))),
-        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + i))));
+    const __m256 sum =
+        _mm256_add_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))),
+                      _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + i))));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(z + i),
                      _mm256_cvtps_ph(Saturate8(sum), _MM_FROUND_TO_NEAREST_INT));
   }
@@ -104,10 +103,9 @@ __attribute__((target("avx2"))) inline __m128i ToBFloat16x8(__m256 x) {
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
   const __m256i rounded = _mm256_srli_epi32(
       _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), lsb), 16);
-  const __m256i quiet_nan =
-      _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x0040));
-  const __m256i is_nan = _mm256_cmpgt_epi32(
-      _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  const __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x0040));
+  const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)),
+                                            _mm256_set1_epi32(0x7f800000));
   const __m256i r = _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
   // Packs within 128-bit lanes; the permute gathers elements 0..7 low.
   const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xD8);
@@ -115,13 +113,12 @@ __attribute__((target("avx2"))) inline __m128i ToBFloat16x8(__m256 x) {
 }
 
 __attribute__((target("avx2"))) inline __m256 FromBFloat16x8(const uint16_t* in) {
-  const __m256i wide =
-      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in)));
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 
 __attribute__((target("avx2"))) void NarrowBFloat16Avx2(const float* in, uint16_t* out, size_t m,
-                                                       float scale) {
+                                                        float scale) {
   const __m256 s = _mm256_set1_ps(scale);
   size_t k = 0;
   for (; k + 8 <= m; k += 8) {
@@ -132,7 +129,7 @@ __attribute__((target("avx2"))) void NarrowBFloat16Avx2(const float* in, uint16_
 }
 
 __attribute__((target("avx2"))) void WidenBFloat16Avx2(const uint16_t* in, float* out, size_t m,
-                                                      float unscale) {
+                                                       float unscale) {
   const __m256 s = _mm256_set1_ps(unscale);
   size_t k = 0;
   for (; k + 8 <= m; k += 8) _mm256_storeu_ps(out + k, _mm256_mul_ps(FromBFloat16x8(in + k), s));
@@ -140,7 +137,7 @@ __attribute__((target("avx2"))) void WidenBFloat16Avx2(const uint16_t* in, float
 }
 
 __attribute__((target("avx2"))) void SumBFloat16Avx2(void* c, const void* a, const void* b,
-                                                    size_t n) {
+                                                     size_t n) {
   const auto* x = static_cast<const uint16_t*>(a);
   const auto* y = static_cast<const uint16_t*>(b);
   auto* z = static_cast<uint16_t*>(c);
@@ -188,7 +185,8 @@ void SumFloat16(void* c, const void* a, const void* b, size_t n) {
   const auto* x = static_cast<const uint16_t*>(a);
   const auto* y = static_cast<const uint16_t*>(b);
   auto* z = static_cast<uint16_t*>(c);
-  for (size_t i = 0; i < n; ++i) z[i] = ToFloat16Saturating(Float16ToFloat(x[i]) + Float16ToFloat(y[i]));
+  for (size_t i = 0; i < n; ++i)
+    z[i] = ToFloat16Saturating(Float16ToFloat(x[i]) + Float16ToFloat(y[i]));
 }
 
 }  // namespace

@@ -50,8 +50,8 @@ absl::Status WorkerChannel::Send(const google::protobuf::MessageLite& message) {
     const ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
     if (n == static_cast<ssize_t>(bytes.size())) return absl::OkStatus();
     if (n < 0 && errno == EINTR) continue;
-    return MakeError(v1::UNAVAILABLE,
-                     absl::StrCat("worker channel closed: ", n < 0 ? std::strerror(errno) : "short write"));
+    return MakeError(v1::UNAVAILABLE, absl::StrCat("worker channel closed: ",
+                                                   n < 0 ? std::strerror(errno) : "short write"));
   }
 }
 
@@ -62,10 +62,10 @@ absl::Status WorkerChannel::Receive(google::protobuf::MessageLite* message, absl
     int wait_ms = -1;
     if (deadline != absl::InfiniteFuture()) {
       const absl::Duration left = deadline - MonotonicNow();
-      wait_ms = left <= absl::ZeroDuration()
-                    ? 0
-                    : static_cast<int>(
-                          std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
+      wait_ms =
+          left <= absl::ZeroDuration()
+              ? 0
+              : static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
     }
     pollfd p{fd_, POLLIN, 0};
     const int ready = ::poll(&p, 1, wait_ms);

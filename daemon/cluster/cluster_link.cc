@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/log_value.h"
@@ -12,10 +12,10 @@
 #include "common/tls_credentials.h"
 #include "daemon/backends/gloo_backend.h"
 #include "daemon/backends/gloo_store.h"
-#include "daemon/cluster/forming_watch.h"
-#include "daemon/cluster/rendezvous_keys.h"
 #include "daemon/backends/gloo_worker_backend.h"
 #include "daemon/backends/wire_dtype.h"
+#include "daemon/cluster/forming_watch.h"
+#include "daemon/cluster/rendezvous_keys.h"
 #include "daemon/cluster/rendezvous_records.h"
 #include "spdlog/spdlog.h"
 
@@ -32,7 +32,6 @@ constexpr absl::Duration kSilencePoll = absl::Milliseconds(100);
 // How long a node whose collective failed waits for another node's report
 // of the cause (sent at once, one RPC) before reporting its own symptom.
 constexpr absl::Duration kCauseReportGrace = absl::Milliseconds(2 * 500);
-
 
 // MISMATCH naming the first node that differs from node 0, and both values:
 // every node compares with node 0, so all report the same error.
@@ -89,16 +88,15 @@ ClusterLink::~ClusterLink() {
   }
   absl::Status st = client_->Leave(config_.node_rank, generation_, "the job's trainers closed");
   if (!st.ok()) {
-    spdlog::info("event=leave_failed generation={} error={}", generation_,
-                 LogValue(st.message()));
+    spdlog::info("event=leave_failed generation={} error={}", generation_, LogValue(st.message()));
   }
 }
 
 namespace {
 
-std::shared_ptr<RendezvousClient> ConnectToLeader(const DaemonConfig& config,
-                                                  const std::string& leader,
-                                                  std::shared_ptr<grpc::ChannelCredentials> credentials) {
+std::shared_ptr<RendezvousClient> ConnectToLeader(
+    const DaemonConfig& config, const std::string& leader,
+    std::shared_ptr<grpc::ChannelCredentials> credentials) {
   RendezvousClientOptions options;
   options.leader = leader;
   options.job_id = config.job_id;
@@ -177,14 +175,14 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   // halves with fp32 words (garbage sums, or Gloo aborting on sizes).
   absl::StatusOr<WireDType> wire_dtype = ParseWireDType(config.wire_dtype);
   if (!wire_dtype.ok()) return wire_dtype.status();
-  if (absl::Status st = client->Set(WireDTypeKey(gen, config.node_rank),
-                                    WireDTypeName(*wire_dtype));
+  if (absl::Status st =
+          client->Set(WireDTypeKey(gen, config.node_rank), WireDTypeName(*wire_dtype));
       !st.ok()) {
     return st;
   }
   if (config.node_rank == 0) {
-    if (absl::Status st = client->Set(
-            CapsKey(gen), EncodeCaps(config.bucket_cap_mb, config.first_bucket_cap_mb));
+    if (absl::Status st =
+            client->Set(CapsKey(gen), EncodeCaps(config.bucket_cap_mb, config.first_bucket_cap_mb));
         !st.ok()) {
       return st;
     }
@@ -417,12 +415,13 @@ absl::Status ClusterLink::NameFailedNodes(const absl::Status& error, const absl:
     if (!r->abort || !undecided || MonotonicNow() >= give_up) break;
     absl::SleepFor(kSilencePoll);
   }
-  const std::string leader_says =
-      r->abort && !r->abort_reason.empty() ? absl::StrCat("; the leader reports: ", r->abort_reason)
-                                           : "";
+  const std::string leader_says = r->abort && !r->abort_reason.empty()
+                                      ? absl::StrCat("; the leader reports: ", r->abort_reason)
+                                      : "";
   if (dead.empty()) {
-    return leader_says.empty() ? error
-                               : MakeError(CodeOf(error), absl::StrCat(error.message(), leader_says));
+    return leader_says.empty()
+               ? error
+               : MakeError(CodeOf(error), absl::StrCat(error.message(), leader_says));
   }
   std::string culprits;
   for (const SilentMember& m : dead) {
@@ -431,13 +430,12 @@ absl::Status ClusterLink::NameFailedNodes(const absl::Status& error, const absl:
     spdlog::error("event=node_presumed_dead generation={} node_rank={} host={} silent_ms={}",
                   generation_, m.node_rank, m.host, absl::ToInt64Milliseconds(m.silent));
   }
-  return MakeError(
-      v1::PEER_FAILED,
-      absl::StrCat(culprits, dead.size() == 1 ? " is" : " are",
-                   " dead: no heartbeat from its daemon for ",
-                   absl::ToInt64Milliseconds(dead[0].silent),
-                   " ms, while the other nodes answered after the failure; ", error.message(),
-                   leader_says));
+  return MakeError(v1::PEER_FAILED,
+                   absl::StrCat(culprits, dead.size() == 1 ? " is" : " are",
+                                " dead: no heartbeat from its daemon for ",
+                                absl::ToInt64Milliseconds(dead[0].silent),
+                                " ms, while the other nodes answered after the failure; ",
+                                error.message(), leader_says));
 }
 
 void ClusterLink::SetConfigListener(
@@ -491,10 +489,10 @@ void ClusterLink::HeartbeatLoop() {
                           absl::StrCat("the leader daemon at ", client_->leader(),
                                        " is unreachable (dead leader?): ", r.status().message()));
     } else if (r->abort || r->generation != generation_) {
-      failure = MakeError(v1::PEER_FAILED,
-                          absl::StrCat("the job was aborted by the leader: ",
-                                       r->abort_reason.empty() ? "a newer generation formed"
-                                                               : r->abort_reason));
+      failure = MakeError(
+          v1::PEER_FAILED,
+          absl::StrCat("the job was aborted by the leader: ",
+                       r->abort_reason.empty() ? "a newer generation formed" : r->abort_reason));
     }
     bool notify = false;
     if (!failure.ok()) {

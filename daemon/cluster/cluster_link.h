@@ -27,12 +27,12 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/layout.h"
 #include "common/monotonic_mutex.h"
 #include "daemon/cluster/config_log_follower.h"
+#include "daemon/cluster/rendezvous_client.h"
 #include "daemon/config.h"
 #include "daemon/engine/job.h"
-#include "common/layout.h"
-#include "daemon/cluster/rendezvous_client.h"
 
 namespace gradsync {
 
@@ -56,8 +56,8 @@ class ClusterLink final : public WorldLink {
   void ReportStall(const std::string& description) override ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Explain(const absl::Status& error) override;
   void SetConfigListener(
-      std::function<void(const BucketCaps& caps, uint64_t at_iteration, uint64_t version)>
-          listener) override ABSL_LOCKS_EXCLUDED(mu_);
+      std::function<void(const BucketCaps& caps, uint64_t at_iteration, uint64_t version)> listener)
+      override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Node 0's order, distributed to every node (the plan rebuild); empty
   // when node 0 observed none (see Scheduler::OrderAgreement).

@@ -40,10 +40,10 @@ absl::Status ConfigLogFollower::CatchUp(uint64_t newest) {
                                     change->at_iteration, ", not after version ", version - 1,
                                     "'s iteration ", read_at_));
     }
-    spdlog::info("event=job_config version={} at_iteration={} bucket_cap_mb={} "
-                 "first_bucket_cap_mb={}",
-                 version, change->at_iteration, change->bucket_cap_mb,
-                 change->first_bucket_cap_mb);
+    spdlog::info(
+        "event=job_config version={} at_iteration={} bucket_cap_mb={} "
+        "first_bucket_cap_mb={}",
+        version, change->at_iteration, change->bucket_cap_mb, change->first_bucket_cap_mb);
     {
       absl::MutexLock lock(&mu_);
       undelivered_.push_back(Change{change->caps, change->at_iteration, version});

@@ -37,9 +37,9 @@ bool FormingWatch::AbortedAtLeader() {
   // timeout, and the job's heartbeat thread judges the leader later.
   const absl::StatusOr<HeartbeatResult> r = client_->Heartbeat(hb);
   if (!r.ok() || (!r->abort && r->generation == generation_)) return false;
-  const std::string reason = absl::StrCat(
-      "the job was aborted by the leader while this node connected: ",
-      r->abort_reason.empty() ? "a newer generation formed" : r->abort_reason);
+  const std::string reason =
+      absl::StrCat("the job was aborted by the leader while this node connected: ",
+                   r->abort_reason.empty() ? "a newer generation formed" : r->abort_reason);
   spdlog::warn("event=forming_aborted node_rank={} generation={} reason={}", node_rank_,
                generation_, LogValue(reason));
   backend_->Abort(reason);

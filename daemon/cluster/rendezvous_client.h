@@ -71,7 +71,7 @@ struct HeartbeatParams {
   uint64_t generation = 0;
   uint64_t iteration = 0;
   int64_t last_launched_bucket = -1;
-  absl::Status node_error;  // non-OK: this node saw a failure (aborts the generation)
+  absl::Status node_error;   // non-OK: this node saw a failure (aborts the generation)
   std::string stall_report;  // non-empty: a local stall, for the leader's log
 };
 

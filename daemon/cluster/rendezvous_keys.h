@@ -69,7 +69,8 @@ inline std::optional<PlanKeyParts> ParsePlanKey(absl::string_view key) {
   const absl::string_view rest = key.substr(prefix.size());
   const size_t slash = rest.find('/');
   PlanKeyParts parts;
-  if (slash == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(0, slash), &parts.version) ||
+  if (slash == absl::string_view::npos ||
+      !absl::SimpleAtoi(rest.substr(0, slash), &parts.version) ||
       !absl::SimpleAtoi(rest.substr(slash + 1), &parts.node_rank)) {
     return std::nullopt;
   }

@@ -37,9 +37,9 @@ absl::StatusOr<BucketCaps> CapsFromRecord(absl::string_view key, const v1::Bucke
   // Beyond 2^44 MiB (or inf) the bytes do not fit in 64 bits: converting
   // them would be undefined (found by tests/fuzz:rendezvous_records_fuzz).
   if (!(r.bucket_cap_mb() < 0x1p44) || !(r.first_bucket_cap_mb() < 0x1p44)) {
-    return Malformed(key, absl::StrCat("bucket caps must be below 2^44 MiB, got ",
-                                       r.bucket_cap_mb(), " and ", r.first_bucket_cap_mb(),
-                                       " MiB"));
+    return Malformed(
+        key, absl::StrCat("bucket caps must be below 2^44 MiB, got ", r.bucket_cap_mb(), " and ",
+                          r.first_bucket_cap_mb(), " MiB"));
   }
   return BucketCaps{MibToBytes(r.bucket_cap_mb()), MibToBytes(r.first_bucket_cap_mb())};
 }
@@ -170,8 +170,8 @@ absl::Status ComparePlanStamps(const std::vector<PlanStamp>& by_node) {
     }
     return MakeError(v1::MISMATCH,
                      absl::StrCat("bucket plans diverged at plan version ", a.plan_version,
-                                  ": node 0 has ", describe(a), ", node ", n, " has ",
-                                  describe(b), " (plan version ", b.plan_version, ")"));
+                                  ": node 0 has ", describe(a), ", node ", n, " has ", describe(b),
+                                  " (plan version ", b.plan_version, ")"));
   }
   return absl::OkStatus();
 }

@@ -189,9 +189,10 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
   }
   if (request->num_nodes() != num_nodes_) {
     // A misconfigured node (a bad flag), not a layout disagreement.
-    return refuse(v1::INVALID_ARGUMENT, absl::StrCat("node_rank=", rank, " was started with num_nodes=",
-                                             request->num_nodes(), " but the leader runs job '",
-                                             job_id_, "' with num_nodes=", num_nodes_));
+    return refuse(
+        v1::INVALID_ARGUMENT,
+        absl::StrCat("node_rank=", rank, " was started with num_nodes=", request->num_nodes(),
+                     " but the leader runs job '", job_id_, "' with num_nodes=", num_nodes_));
   }
   if (rank < 0 || rank >= num_nodes_) {
     return refuse(v1::INVALID_ARGUMENT,
@@ -538,8 +539,7 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
   }
   if (std::string refusal = CheckIncarnation(request->incarnation()); !refusal.empty()) {
     LogRefusal("Heartbeat", context, rank, refusal);
-    SetError(response->mutable_error(), v1::STATE,
-             absl::StrCat("node_rank=", rank, ": ", refusal));
+    SetError(response->mutable_error(), v1::STATE, absl::StrCat("node_rank=", rank, ": ", refusal));
     return grpc::Status::OK;
   }
   MonotonicMutexLock lock(&mu_);
@@ -615,8 +615,7 @@ grpc::Status RendezvousService::Leave(grpc::ServerContext* context, const v1::Le
   }
   if (std::string refusal = CheckIncarnation(request->incarnation()); !refusal.empty()) {
     LogRefusal("Leave", context, rank, refusal);
-    SetError(response->mutable_error(), v1::STATE,
-             absl::StrCat("node_rank=", rank, ": ", refusal));
+    SetError(response->mutable_error(), v1::STATE, absl::StrCat("node_rank=", rank, ": ", refusal));
     return grpc::Status::OK;
   }
   MonotonicMutexLock lock(&mu_);

@@ -44,17 +44,17 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <utility>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/monotonic_mutex.h"
 #include "absl/time/time.h"
 #include "common/monotonic.h"
+#include "common/monotonic_mutex.h"
 #include "daemon/auth/call_auth.h"
 #include "gradsync/v1/rendezvous.grpc.pb.h"
 
@@ -154,8 +154,7 @@ class RendezvousService final : public v1::Rendezvous::Service {
     uint64_t version = 0;
     uint64_t at_iteration = 0;
   };
-  using ConfigWriter =
-      std::function<std::pair<std::string, std::string>(const ConfigEntry& entry)>;
+  using ConfigWriter = std::function<std::pair<std::string, std::string>(const ConfigEntry& entry)>;
   absl::StatusOr<ConfigEntry> AppendConfig(uint64_t min_at_iteration, const ConfigWriter& write)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -239,9 +238,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // The current generation's config log (reset when one forms).
   uint64_t config_version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t config_last_at_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<std::string> config_keys_ ABSL_GUARDED_BY(mu_);  // oldest first
+  std::deque<std::string> config_keys_ ABSL_GUARDED_BY(mu_);    // oldest first
   std::deque<std::string> stall_reports_ ABSL_GUARDED_BY(mu_);  // bounded
-  int blocked_waits_ ABSL_GUARDED_BY(mu_) = 0;  // observable (GetStatus)
+  int blocked_waits_ ABSL_GUARDED_BY(mu_) = 0;                  // observable (GetStatus)
 };
 
 }  // namespace gradsync

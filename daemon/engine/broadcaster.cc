@@ -119,12 +119,13 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
                        " with bytes=", call_.bytes, ", root_rank=", call_.root_rank, ", ",
                        caller.Name(), " with bytes=", bytes, ", root_rank=", root_rank));
     } else if (call_.arrived[me]) {
-      refused = MakeError(v1::INVALID_ARGUMENT,
-                          absl::StrCat(caller.Name(), " called ", what, " twice"));
+      refused =
+          MakeError(v1::INVALID_ARGUMENT, absl::StrCat(caller.Name(), " called ", what, " twice"));
     } else if (step == 0 && busy_ && call_.count == 0) {
-      refused = MakeError(v1::INVALID_ARGUMENT,
-                          absl::StrCat(caller.Name(), " began a gs_broadcast before the last one "
-                                                      "ended"));
+      refused =
+          MakeError(v1::INVALID_ARGUMENT, absl::StrCat(caller.Name(),
+                                                       " began a gs_broadcast before the last one "
+                                                       "ended"));
     } else if (step > 0 && (!busy_ || step > Pieces(bytes))) {
       refused = MakeError(v1::INVALID_ARGUMENT,
                           absl::StrCat(caller.Name(), " sent ", what, " outside a broadcast"));
@@ -182,14 +183,13 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
           if (!running_ && calls_started_ == mine && now >= deadline) {
             std::vector<uint8_t> missing(trainers_.size(), 0);
             for (size_t i = 0; i < trainers_.size(); ++i) missing[i] = !call_.arrived[i];
-            refused = MakeError(
-                v1::TIMEOUT,
-                absl::StrCat(Names(missing), " did not call ", what, " within the timeout; ",
-                             Names(call_.arrived), " waited for it"));
+            refused = MakeError(v1::TIMEOUT, absl::StrCat(Names(missing), " did not call ", what,
+                                                          " within the timeout; ",
+                                                          Names(call_.arrived), " waited for it"));
             break;
           }
-          cv_.WaitWithTimeout(&mu_, running_ ? kPoll
-                                          : std::clamp(deadline - now, absl::Milliseconds(1), kPoll));
+          cv_.WaitWithTimeout(
+              &mu_, running_ ? kPoll : std::clamp(deadline - now, absl::Milliseconds(1), kPoll));
         }
         if (refused.ok() && !failed_.ok()) return failed_;
       }
@@ -230,8 +230,8 @@ absl::Status Broadcaster::Agree(const Call& call, bool* collective) {
                 call.root_rank < options_.rank_offset + LocalTrainers();
   if (absl::Status st = backend_->AllreduceCounts(v.data(), v.size()); !st.ok()) {
     *collective = true;
-    return MakeError(CodeOf(st), absl::StrCat("gs_broadcast's agreement across nodes: ",
-                                              st.message()));
+    return MakeError(CodeOf(st),
+                     absl::StrCat("gs_broadcast's agreement across nodes: ", st.message()));
   }
   if (v[0] != nodes) {
     return MakeError(v1::STATE, absl::StrCat("gs_broadcast's agreement across nodes saw ", v[0],
@@ -241,19 +241,18 @@ absl::Status Broadcaster::Agree(const Call& call, bool* collective) {
   for (int i = 0; i < nodes; ++i) {
     const size_t at = kAgreementHead + kAgreementPerNode * static_cast<size_t>(i);
     if (v[at] != v[mine] || v[at + 1] != v[mine + 1]) {
-      return MakeError(v1::MISMATCH,
-                       absl::StrCat("nodes called gs_broadcast differently: node_rank=",
-                                    options_.node_rank, " with bytes=", call.bytes,
-                                    ", root_rank=", call.root_rank, ", node_rank=", i,
-                                    " with bytes=", static_cast<int64_t>(v[at]) - 1,
-                                    ", root_rank=", static_cast<int64_t>(v[at + 1]) - 1));
+      return MakeError(
+          v1::MISMATCH,
+          absl::StrCat("nodes called gs_broadcast differently: node_rank=", options_.node_rank,
+                       " with bytes=", call.bytes, ", root_rank=", call.root_rank,
+                       ", node_rank=", i, " with bytes=", static_cast<int64_t>(v[at]) - 1,
+                       ", root_rank=", static_cast<int64_t>(v[at + 1]) - 1));
     }
     if (v[at + 2] == 1 && root_node < 0) root_node = i;
   }
   if (root_node < 0) {
-    return MakeError(v1::INVALID_ARGUMENT,
-                     absl::StrCat("gs_broadcast: root_rank ", call.root_rank,
-                                  " is on no node of the job"));
+    return MakeError(v1::INVALID_ARGUMENT, absl::StrCat("gs_broadcast: root_rank ", call.root_rank,
+                                                        " is on no node of the job"));
   }
   root_node_ = root_node;
   return absl::OkStatus();

@@ -39,8 +39,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/monotonic_mutex.h"
 #include "absl/time/time.h"
+#include "common/monotonic_mutex.h"
 #include "daemon/backends/backend.h"
 #include "daemon/engine/scheduler.h"
 #include "daemon/engine/trainer.h"
@@ -104,7 +104,7 @@ class Broadcaster {
     uint64_t bytes = 0;
     int root_rank = 0;
     uint64_t step = 0;
-    int first = -1;               // local rank that arrived first
+    int first = -1;                // local rank that arrived first
     std::vector<uint8_t> arrived;  // per local rank
     int count = 0;
   };

@@ -41,7 +41,7 @@ class BucketAutotuner {
  public:
   struct Result {
     CapsCandidate caps;
-    uint64_t at_iteration = 0;  // the boundary it applied at (0: not yet placed)
+    uint64_t at_iteration = 0;   // the boundary it applied at (0: not yet placed)
     std::vector<double> step_s;  // the scored iterations' step times
     double score_s = 0;          // their median
   };

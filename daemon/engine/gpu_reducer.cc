@@ -88,10 +88,10 @@ absl::Status GpuReducer::WaitEvents(const PlannedBucket& bucket, absl::Time dead
         device_error_ = c.status();
         // The trainer's context died or its event is bad: its fault alone.
         *culprit = static_cast<int>(t);
-        return MakeError(v1::INTERNAL, absl::StrCat(session_->trainer_name(t),
-                                                    ": the readiness event of tensor ", i, " '",
-                                                    layout_[i].name, "' failed: ",
-                                                    c.status().message()));
+        return MakeError(
+            v1::INTERNAL,
+            absl::StrCat(session_->trainer_name(t), ": the readiness event of tensor ", i, " '",
+                         layout_[i].name, "' failed: ", c.status().message()));
       }
       if (*c == gpu::Completion::kPending) pending_[kept++] = {t, i};
     }
@@ -102,23 +102,22 @@ absl::Status GpuReducer::WaitEvents(const PlannedBucket& bucket, absl::Time dead
     if (!stall_reported && stall_ && now - start >= absl::Seconds(stall_threshold_s_)) {
       stall_reported = true;
       const auto& [t, i] = pending_.front();
-      stall_(bucket.id, absl::ToDoubleSeconds(now - start),
-             absl::StrCat(session_->trainer_name(t), "'s readiness event of tensor '",
-                          layout_[i].name, "' is pending",
-                          pending_.size() > 1
-                              ? absl::StrCat(" (", pending_.size() - 1, " more events)")
-                              : ""));
+      stall_(
+          bucket.id, absl::ToDoubleSeconds(now - start),
+          absl::StrCat(
+              session_->trainer_name(t), "'s readiness event of tensor '", layout_[i].name,
+              "' is pending",
+              pending_.size() > 1 ? absl::StrCat(" (", pending_.size() - 1, " more events)") : ""));
     }
     if (now >= deadline) {
       const auto& [t, i] = pending_.front();
-      return MakeError(v1::TIMEOUT,
-                       absl::StrCat(session_->trainer_name(t), " marked tensor ", i, " '",
-                                    layout_[i].name,
-                                    "' ready but its readiness event never completed (the work "
-                                    "queued before gs_mark_ready on its stream is stuck)",
-                                    pending_.size() > 1
-                                        ? absl::StrCat("; ", pending_.size() - 1, " more pending")
-                                        : ""));
+      return MakeError(
+          v1::TIMEOUT,
+          absl::StrCat(
+              session_->trainer_name(t), " marked tensor ", i, " '", layout_[i].name,
+              "' ready but its readiness event never completed (the work "
+              "queued before gs_mark_ready on its stream is stuck)",
+              pending_.size() > 1 ? absl::StrCat("; ", pending_.size() - 1, " more pending") : ""));
     }
     std::this_thread::sleep_for(kPollPause);
   }
@@ -175,7 +174,8 @@ absl::Status GpuReducer::Reduce(const PlannedBucket& bucket,
       srcs_.clear();
       for (size_t t : here) srcs_.push_back(At(t, p));
       void* out = in_place ? static_cast<void*>(dst) : dst + p.staging_offset;
-      if (absl::Status st = device.SumAsync(out, srcs_, p.bytes / elem, bucket.dtype, scale, stream);
+      if (absl::Status st =
+              device.SumAsync(out, srcs_, p.bytes / elem, bucket.dtype, scale, stream);
           !st.ok()) {
         device_error_ = st;
         return MakeError(v1::INTERNAL, absl::StrCat("summing bucket ", bucket.id, " on ",

@@ -14,9 +14,7 @@
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 void ExitIfDeviceLost(const std::function<bool(const absl::Status&)>& is_context_lost,
                       const absl::Status& device_error, const std::string& where) {
@@ -54,11 +52,12 @@ absl::StatusOr<GpuTrainerSpec> GpuTrainerSpecFromProto(const v1::RegisterRequest
     const v1::CudaBuffer& b = t.cuda();
     absl::StatusOr<gpu::IpcHandle> event = gpu::IpcHandle::FromBytes(b.event_handle());
     if (!event.ok()) {
-      return bad(absl::StrCat("tensor ", i, " '", t.name(), "': readiness event handle: ",
-                              event.status().message()));
+      return bad(absl::StrCat("tensor ", i, " '", t.name(),
+                              "': readiness event handle: ", event.status().message()));
     }
     if (!b.mem_handle().empty()) {
-      return bad(absl::StrCat("tensor ", i, " '", t.name(), "': mem_handle is unused; send "
+      return bad(absl::StrCat("tensor ", i, " '", t.name(),
+                              "': mem_handle is unused; send "
                               "allocation handles in CudaRegistration"));
     }
     if (!s.flat && b.allocation() >= s.allocations.size()) {
@@ -91,15 +90,16 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
   for (const TrainerInput& in : trainers) {
     const GpuTrainerSpec& spec = *in.spec;
     if (spec.flat != s->flat_) {
-      return MakeError(v1::MISMATCH,
-                       absl::StrCat(in.name, " registered ", spec.flat ? "without" : "with",
-                                    " cuda_ptr, ", trainers[0].name, " ",
-                                    s->flat_ ? "without" : "with",
-                                    ": every trainer of a job uses the same mode"));
+      return MakeError(
+          v1::MISMATCH,
+          absl::StrCat(in.name, " registered ", spec.flat ? "without" : "with", " cuda_ptr, ",
+                       trainers[0].name, " ", s->flat_ ? "without" : "with",
+                       ": every trainer of a job uses the same mode"));
     }
     if (spec.events.size() != layout.size()) {
-      return MakeError(v1::INVALID_ARGUMENT, absl::StrCat(in.name, " sent ", spec.events.size(),
-                                                          " events for ", layout.size(), " tensors"));
+      return MakeError(v1::INVALID_ARGUMENT,
+                       absl::StrCat(in.name, " sent ", spec.events.size(), " events for ",
+                                    layout.size(), " tensors"));
     }
     if (absl::Status st = device->CheckDevice(spec.device); !st.ok()) {
       return SetupError(st, absl::StrCat(in.name, "'s GPU ", spec.device));
@@ -132,8 +132,7 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
       for (size_t a = 0; a < spec.allocations.size(); ++a) {
         absl::StatusOr<void*> base = device->OpenMemory(spec.device, spec.allocations[a]);
         if (!base.ok()) {
-          return SetupError(base.status(),
-                            absl::StrCat("opening allocation ", a, " of ", in.name));
+          return SetupError(base.status(), absl::StrCat("opening allocation ", a, " of ", in.name));
         }
         p.opened.push_back(*base);
       }
@@ -156,16 +155,15 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
         if (offset % align != 0) {
           return MakeError(v1::INVALID_ARGUMENT,
                            absl::StrCat(in.name, "'s tensor ", i, " '", layout[i].name,
-                                        "': offset ", offset, " in allocation ",
-                                        spec.allocation[i], " is not aligned to its dtype's ",
-                                        align, " bytes"));
+                                        "': offset ", offset, " in allocation ", spec.allocation[i],
+                                        " is not aligned to its dtype's ", align, " bytes"));
         }
         if (offset > size || bytes > size - offset) {
-          return MakeError(v1::INVALID_ARGUMENT,
-                           absl::StrCat(in.name, "'s tensor ", i, " '", layout[i].name,
-                                        "': bytes [", offset, ", ", offset + bytes,
-                                        ") lie outside allocation ", spec.allocation[i], " (",
-                                        size, " bytes mapped)"));
+          return MakeError(
+              v1::INVALID_ARGUMENT,
+              absl::StrCat(in.name, "'s tensor ", i, " '", layout[i].name, "': bytes [", offset,
+                           ", ", offset + bytes, ") lie outside allocation ", spec.allocation[i],
+                           " (", size, " bytes mapped)"));
         }
         p.tensors[i] = static_cast<uint8_t*>(p.opened[spec.allocation[i]]) + offset;
       }
@@ -173,8 +171,10 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
     for (size_t i = 0; i < layout.size(); ++i) {
       absl::StatusOr<gpu::Event*> e = device->OpenEvent(spec.device, spec.events[i]);
       if (!e.ok()) {
-        return SetupError(e.status(), absl::StrCat("opening ", in.name, "'s readiness event of "
-                                                   "tensor ", i, " '", layout[i].name, "'"));
+        return SetupError(e.status(), absl::StrCat("opening ", in.name,
+                                                   "'s readiness event of "
+                                                   "tensor ",
+                                                   i, " '", layout[i].name, "'"));
       }
       p.events.push_back(*e);
     }
@@ -198,7 +198,8 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
     if (absl::Status st = world.publish(absl::StrCat("gpus/", world.node_rank),
                                         std::to_string(s->devices_.size()));
         !st.ok()) {
-      return MakeError(CodeOf(st), absl::StrCat("publishing this node's GPU count: ", st.message()));
+      return MakeError(CodeOf(st),
+                       absl::StrCat("publishing this node's GPU count: ", st.message()));
     }
     const absl::Time deadline = MonotonicNow() + world.timeout;
     o.nranks = 0;
@@ -228,8 +229,7 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
       }
       return absl::OkStatus();
     };
-    o.fetch = [store, store_mu](const std::string& key,
-                                absl::Time) -> absl::StatusOr<std::string> {
+    o.fetch = [store, store_mu](const std::string& key, absl::Time) -> absl::StatusOr<std::string> {
       std::lock_guard<std::mutex> lock(*store_mu);
       auto it = store->find(key);
       if (it == store->end()) {
@@ -246,16 +246,17 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
   if (!group.ok()) {
     ExitIfDeviceLost(world.is_context_lost, group.status(),
                      absl::StrCat("creating the communicators of generation ", generation));
-    return MakeError(CodeOf(group.status()) == v1::INVALID_ARGUMENT ? v1::INTERNAL
-                                                                    : CodeOf(group.status()),
-                     absl::StrCat("creating the communicators of generation ", generation, " over ",
-                                  s->devices_.size(), " GPUs: ", group.status().message()));
+    return MakeError(
+        CodeOf(group.status()) == v1::INVALID_ARGUMENT ? v1::INTERNAL : CodeOf(group.status()),
+        absl::StrCat("creating the communicators of generation ", generation, " over ",
+                     s->devices_.size(), " GPUs: ", group.status().message()));
   }
   s->collectives_ = std::move(*group);
-  spdlog::info("event=gpu_session_open device={} mode={} trainers={} gpus={} first_rank={} "
-               "nranks={} flat_bytes={}",
-               device->name(), s->flat_ ? "flat_buffer" : "user_pointer", s->trainers_.size(),
-               s->devices_.size(), o.first_rank, o.nranks, s->flat_bytes_);
+  spdlog::info(
+      "event=gpu_session_open device={} mode={} trainers={} gpus={} first_rank={} "
+      "nranks={} flat_bytes={}",
+      device->name(), s->flat_ ? "flat_buffer" : "user_pointer", s->trainers_.size(),
+      s->devices_.size(), o.first_rank, o.nranks, s->flat_bytes_);
   return s;
 }
 
@@ -276,8 +277,8 @@ absl::Status GpuSession::EnsureStaging(uint64_t bytes) {
   for (size_t d = 0; d < devices_.size(); ++d) {
     absl::StatusOr<void*> p = device_->Alloc(devices_[d], bytes);
     if (!p.ok()) {
-      return SetupError(p.status(), absl::StrCat("allocating ", bytes, " bytes of staging on ",
-                                                 devices_[d]));
+      return SetupError(p.status(),
+                        absl::StrCat("allocating ", bytes, " bytes of staging on ", devices_[d]));
     }
     staging_[d] = static_cast<uint8_t*>(*p);
   }
@@ -317,8 +318,8 @@ void GpuSession::ReleaseTrainer(size_t t) {
 void GpuSession::Release(PerTrainer& p) {
   auto report = [this, &p](const absl::Status& st, const char* what) {
     if (!st.ok()) {
-      spdlog::error("event=gpu_release_failed what={} trainer={} error={}", what,
-                    LogValue(p.name), LogValue(st.message()));
+      spdlog::error("event=gpu_release_failed what={} trainer={} error={}", what, LogValue(p.name),
+                    LogValue(st.message()));
       ExitIfDeviceLost(is_context_lost_, st, absl::StrCat("teardown: ", what));
     }
   };

@@ -95,9 +95,11 @@ class GpuSession {
   };
   // `flat_plan`: where tensors lie in a flat buffer (the arena planner's
   // offsets over the tensors' real sizes).
-  static absl::StatusOr<std::unique_ptr<GpuSession>> Open(
-      gpu::DaemonDevice* device, const Layout& layout, const ipc::ArenaLayout& flat_plan,
-      const std::vector<TrainerInput>& trainers, const WorldInput& world);
+  static absl::StatusOr<std::unique_ptr<GpuSession>> Open(gpu::DaemonDevice* device,
+                                                          const Layout& layout,
+                                                          const ipc::ArenaLayout& flat_plan,
+                                                          const std::vector<TrainerInput>& trainers,
+                                                          const WorldInput& world);
   ~GpuSession();
   GpuSession(const GpuSession&) = delete;
   GpuSession& operator=(const GpuSession&) = delete;
@@ -143,11 +145,11 @@ class GpuSession {
     std::string name;
     gpu::DeviceId device;
     int device_index = 0;
-    uint8_t* flat_base = nullptr;          // flat mode: daemon-owned
+    uint8_t* flat_base = nullptr;  // flat mode: daemon-owned
     gpu::IpcHandle flat_handle;
-    std::vector<void*> opened;             // user pointer: mapped allocation bases
-    std::vector<void*> tensors;            // per tensor
-    std::vector<gpu::Event*> events;       // per tensor
+    std::vector<void*> opened;        // user pointer: mapped allocation bases
+    std::vector<void*> tensors;       // per tensor
+    std::vector<gpu::Event*> events;  // per tensor
   };
   explicit GpuSession(gpu::DaemonDevice* device) : device_(device) {}
   void Release(PerTrainer& p);
@@ -157,9 +159,9 @@ class GpuSession {
   bool flat_ = true;
   uint64_t flat_bytes_ = 0;
   std::vector<PerTrainer> trainers_;
-  std::vector<gpu::DeviceId> devices_;   // distinct GPUs, by first local rank
-  std::vector<gpu::Stream*> streams_;    // per device
-  std::vector<uint8_t*> staging_;        // per device
+  std::vector<gpu::DeviceId> devices_;  // distinct GPUs, by first local rank
+  std::vector<gpu::Stream*> streams_;   // per device
+  std::vector<uint8_t*> staging_;       // per device
   uint64_t staging_bytes_ = 0;
   std::unique_ptr<gpu::CollectiveGroup> collectives_;
   std::atomic<bool> aborted_{false};

@@ -58,7 +58,8 @@ Job::~Job() {
   gpu_reducer_.reset();
   gpu_session_.reset();
   for (auto& t : trainers_) {
-    if (t && t->segment.header() != nullptr) ipc::SharedSegment::Remove(t->segment.name()).IgnoreError();
+    if (t && t->segment.header() != nullptr)
+      ipc::SharedSegment::Remove(t->segment.name()).IgnoreError();
   }
 }
 
@@ -91,13 +92,15 @@ absl::StatusOr<uint64_t> Job::Attach(int local_rank, int64_t pid) {
                                       : ""));
   }
   if (local_rank < 0 || local_rank >= config_.local_size) {
-    return MakeError(v1::INVALID_ARGUMENT,
-                     absl::StrCat("local rank ", local_rank, " is not in [0, ", config_.local_size,
-                                  ") (the daemon runs with --local-size ", config_.local_size, ")"));
+    return MakeError(
+        v1::INVALID_ARGUMENT,
+        absl::StrCat("local rank ", local_rank, " is not in [0, ", config_.local_size,
+                     ") (the daemon runs with --local-size ", config_.local_size, ")"));
   }
   if (trainers_[local_rank] && !trainers_[local_rank]->gone.load()) {
-    return MakeError(v1::STATE, absl::StrCat("local rank ", local_rank, " is already attached by pid ",
-                                             trainers_[local_rank]->pid));
+    return MakeError(v1::STATE,
+                     absl::StrCat("local rank ", local_rank, " is already attached by pid ",
+                                  trainers_[local_rank]->pid));
   }
   auto t = std::make_shared<Trainer>();
   t->session_id = NewSessionId();
@@ -118,7 +121,8 @@ absl::Status Job::CheckDeviceKind(const Layout& layout) const {
   if (first.device < 0) {
     if (config_.backend == "nccl") {
       return MakeError(v1::INVALID_ARGUMENT,
-                       absl::StrCat("tensor 0 '", first.name, "' is on the CPU, but this gradsyncd "
+                       absl::StrCat("tensor 0 '", first.name,
+                                    "' is on the CPU, but this gradsyncd "
                                     "runs --backend=nccl (CUDA tensors only); use auto or gloo"));
     }
     return absl::OkStatus();
@@ -131,7 +135,8 @@ absl::Status Job::CheckDeviceKind(const Layout& layout) const {
   }
   if (!hooks_.gpu.device) {
     return MakeError(v1::INVALID_ARGUMENT,
-                     absl::StrCat(where, ", but this gradsyncd has no GPU device (it was built "
+                     absl::StrCat(where,
+                                  ", but this gradsyncd has no GPU device (it was built "
                                   "without the CUDA device, or none could be opened at start)"));
   }
   return absl::OkStatus();
@@ -268,8 +273,8 @@ void Job::Form() {
   if (world.ok() && !gpu_specs.empty()) {
     std::vector<std::string> names;
     for (const auto& [local_rank, pid] : gpu_trainers) {
-      names.push_back(absl::StrCat("rank ", world->rank_offset + local_rank, " (local ",
-                                   local_rank, ", pid ", pid, ")"));
+      names.push_back(absl::StrCat("rank ", world->rank_offset + local_rank, " (local ", local_rank,
+                                   ", pid ", pid, ")"));
     }
     gpu = OpenGpu(*layout, *world, gpu_specs, names);
   }
@@ -299,8 +304,8 @@ std::optional<Layout> Job::BeginFormLocked() {
   for (int r = 1; r < config_.local_size; ++r) {
     if (auto diff = FirstDifference(reference, trainers_[r]->layout)) {
       FailLocked(MakeError(v1::MISMATCH,
-                           absl::StrCat("layout mismatch on node ", config_.node_rank, ": local rank ",
-                                        r, " (pid ", trainers_[r]->pid,
+                           absl::StrCat("layout mismatch on node ", config_.node_rank,
+                                        ": local rank ", r, " (pid ", trainers_[r]->pid,
                                         ") registered a different layout than local rank 0 (pid ",
                                         trainers_[0]->pid, "): first difference at ", *diff)),
                  -1);
@@ -323,7 +328,8 @@ absl::StatusOr<Job::GpuStart> Job::OpenGpu(const Layout& layout, const JobWorld&
                                            const std::vector<std::string>& names) const {
   // The same planner over the real sizes as StartLocked's arena: every
   // initial bucket is one contiguous range of each trainer's flat buffer.
-  BucketPlan plan = PlanBuckets(layout, ReverseRegistrationOrder(layout.size()), InitialCaps(world));
+  BucketPlan plan =
+      PlanBuckets(layout, ReverseRegistrationOrder(layout.size()), InitialCaps(world));
   std::vector<uint64_t> real_bytes;
   for (const TensorInfo& t : layout) real_bytes.push_back(t.bytes());
   std::vector<std::vector<uint32_t>> groups;
@@ -443,9 +449,8 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
   // while buckets are reduced), at least 1; more than 4 threads gain
   // nothing on a memory-bound sum.
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  opts.reduce_threads = config_.reduce_threads > 0
-                            ? config_.reduce_threads
-                            : std::clamp(cores - config_.local_size, 1, 4);
+  opts.reduce_threads = config_.reduce_threads > 0 ? config_.reduce_threads
+                                                   : std::clamp(cores - config_.local_size, 1, 4);
   // Once every trainer has marked everything, their cores are free too.
   opts.tail_reduce_threads =
       config_.reduce_threads > 0 ? config_.reduce_threads : std::clamp(cores, 1, 4);
@@ -465,8 +470,8 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
   opts.allow_marks = [b = broadcaster_.get()](const Trainer& t) { return b->AllowMarks(t); };
   scheduler_ = std::make_unique<Scheduler>(
       trainers, layout_, std::move(plan), cuda ? flat_plan_ : arena_, world_.backend.get(),
-      &node_->ready_bell(),
-      stats_.get(), [this](const absl::Status& error, int culprit) { Fail(error, culprit); }, opts);
+      &node_->ready_bell(), stats_.get(),
+      [this](const absl::Status& error, int culprit) { Fail(error, culprit); }, opts);
   broadcaster_->set_scheduler(scheduler_.get());
   state_ = JobState::kRunning;
   running_since_ = std::chrono::steady_clock::now();
@@ -646,8 +651,8 @@ bool Job::RemoveTrainer(uint64_t session, bool graceful, const std::string& reas
   if (t == nullptr) return false;
   *local_rank = t->local_rank;
   t->gone.store(true);
-  spdlog::info("event=leave job={} local_rank={} pid={} graceful={} reason={}", id_,
-               t->local_rank, t->pid, graceful, LogValue(reason));
+  spdlog::info("event=leave job={} local_rank={} pid={} graceful={} reason={}", id_, t->local_rank,
+               t->pid, graceful, LogValue(reason));
   if (t->segment.header() != nullptr) ipc::SharedSegment::Remove(t->segment.name()).IgnoreError();
   if (state_ == JobState::kAttaching) {
     if (t->registered) --registered_;

@@ -28,19 +28,19 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/monotonic_mutex.h"
 #include "absl/time/time.h"
+#include "common/layout.h"
+#include "common/monotonic_mutex.h"
 #include "daemon/backends/backend.h"
+#include "daemon/config.h"
 #include "daemon/engine/broadcaster.h"
 #include "daemon/engine/bucket_planner.h"
 #include "daemon/engine/gpu_reducer.h"
 #include "daemon/engine/gpu_session.h"
-#include "daemon/config.h"
-#include "daemon/observe/job_stats.h"
-#include "common/layout.h"
 #include "daemon/engine/scheduler.h"
-#include "daemon/observe/scheduler_observer.h"
 #include "daemon/engine/trainer.h"
+#include "daemon/observe/job_stats.h"
+#include "daemon/observe/scheduler_observer.h"
 #include "ipc/arena.h"
 #include "ipc/node_segment.h"
 
@@ -114,7 +114,7 @@ enum class JobState { kAttaching, kForming, kRunning, kFailed };
 
 // What a job tells the daemon around it.
 struct JobHooks {
-  std::string trace_dir;  // traces written on stalls and timeouts ("" = none)
+  std::string trace_dir;               // traces written on stalls and timeouts ("" = none)
   TimelineWriter* timeline = nullptr;  // --trace-file: every job streams into it (null = off)
   // Health: false with a reason when a job fails unexpectedly, true when a
   // job is running. Called without the job's lock, one call at a time per
@@ -195,8 +195,7 @@ class Job {
   void FillStats(v1::Stats* out) const ABSL_LOCKS_EXCLUDED(mu_);
   // The flight recorder as Chrome trace JSON within `max_bytes` (newest
   // events kept); STATE before the job runs.
-  absl::StatusOr<JobStats::BoundedTrace> TraceJson(size_t max_bytes) const
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<JobStats::BoundedTrace> TraceJson(size_t max_bytes) const ABSL_LOCKS_EXCLUDED(mu_);
   // New caps take effect at the boundary entering `at_iteration` (0: next).
   void SetCaps(const BucketCaps& caps, uint64_t at_iteration = 0) ABSL_LOCKS_EXCLUDED(mu_);
   // Synced iterations per second, biased high (0 before the job runs): the
@@ -207,9 +206,9 @@ class Job {
   // gs_broadcast: one step of the trainer's call (see broadcaster.h and
   // local.proto's BroadcastRequest). STATE before the job runs; once the
   // job failed, the error this trainer gets (PEER_FAILED naming a culprit).
-  absl::StatusOr<Broadcaster::StepResult> Broadcast(uint64_t session, uint64_t bytes,
-                                                    int root_rank, uint64_t step,
-                                                    absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<Broadcaster::StepResult> Broadcast(uint64_t session, uint64_t bytes, int root_rank,
+                                                    uint64_t step, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // True while some trainer has marked gradients of an unfinished iteration.
   bool InIteration() const ABSL_LOCKS_EXCLUDED(mu_);
   int world_size() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -245,13 +244,13 @@ class Job {
   // Leave's work under mu_; true when this was the last trainer of a
   // started job (its world is then released, outside mu_). `local_rank`:
   // the leaving trainer's, or left as is when the session is unknown.
-  bool RemoveTrainer(uint64_t session, bool graceful, const std::string& reason,
-                     int* local_rank) ABSL_LOCKS_EXCLUDED(mu_);
+  bool RemoveTrainer(uint64_t session, bool graceful, const std::string& reason, int* local_rank)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void ReleaseWorld() ABSL_LOCKS_EXCLUDED(mu_);
   // The GPU path's resources for a CUDA layout, opened in Form's unlocked
   // phase (they may wait on other nodes) and handed to StartLocked.
   struct GpuStart {
-    ipc::ArenaLayout flat_plan;            // where tensors lie in a flat buffer
+    ipc::ArenaLayout flat_plan;           // where tensors lie in a flat buffer
     std::unique_ptr<GpuSession> session;  // null: a CPU layout
   };
   absl::StatusOr<GpuStart> OpenGpu(const Layout& layout, const JobWorld& world,

@@ -47,7 +47,8 @@ struct ReduceWork {
   // 0: one node (AverageKernel); 1: sum into staging; 2: write back from staging;
   // 3: sum into trainer 0's memory; 4: divide trainer 0's memory, copy out.
   int phase;
-  void (*kernel)(const ReduceWork&, size_t span, uint64_t first, uint64_t count, uint64_t staging_index);
+  void (*kernel)(const ReduceWork&, size_t span, uint64_t first, uint64_t count,
+                 uint64_t staging_index);
   BucketPiece piece;  // the cross-node pipeline's current piece (RunPieceSlice)
 };
 
@@ -82,7 +83,8 @@ void RunPieceSlice(void* context, size_t slice, size_t slices) {
 }
 
 template <typename T, typename Access>
-void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count, uint64_t staging_index) {
+void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
+            uint64_t staging_index) {
   using Acc = typename Access::Acc;
   const auto& arenas = *job.arenas;
   const size_t local = arenas.size();
@@ -228,9 +230,8 @@ uint64_t LocalReducer::StagingBytes(uint64_t bytes, DType dtype) {
 }
 
 absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
-                                  const std::vector<ReduceSpan>& spans, DType dtype,
-                                  int world_size, Backend& backend, ReduceTimings* timings,
-                                  size_t threads) {
+                                  const std::vector<ReduceSpan>& spans, DType dtype, int world_size,
+                                  Backend& backend, ReduceTimings* timings, size_t threads) {
   if ((arenas.empty() && backend.num_nodes() <= 1) || arenas.size() > kMaxLocalTrainers ||
       world_size <= 0) {
     return absl::InvalidArgumentError("bad reduction arguments");

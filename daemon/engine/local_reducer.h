@@ -3,8 +3,8 @@
 //
 // The bucket is a list of byte spans, identical in every trainer's arena
 // (usually one contiguous span). One node: a single streaming pass (read
-// every trainer's gradient once, write the average into each once). Several nodes: sum into a staging buffer,
-// backend allreduce, then divide and write back, piece by piece with the
+// every trainer's gradient once, write the average into each once). Several nodes: sum into a
+// staging buffer, backend allreduce, then divide and write back, piece by piece with the
 // collectives pipelined (bucket_pieces.h). Half-precision gradients
 // are accumulated in fp32. Threads split the bucket; nothing is allocated
 // per call.
@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "daemon/backends/backend.h"
 #include "common/dtype.h"
+#include "daemon/backends/backend.h"
 #include "daemon/engine/bucket_pieces.h"
 #include "daemon/engine/worker_pool.h"
 
@@ -71,7 +71,7 @@ class LocalReducer {
                            ReduceTimings* timings);
 
   WorkerPool pool_;
-  std::vector<uint8_t> staging_;  // fp32 for half types; native otherwise
+  std::vector<uint8_t> staging_;     // fp32 for half types; native otherwise
   std::vector<BucketPiece> pieces_;  // the cross-node bucket's, reused
 };
 

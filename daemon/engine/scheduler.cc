@@ -72,10 +72,11 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
   if (options_.gpu) {
     // The loop is inside the reducer while it polls events: it reports.
     options_.gpu->SetStallReporter(
-        options_.stall_threshold_s, [this](uint32_t bucket, double waited_s, const std::string& what) {
+        options_.stall_threshold_s,
+        [this](uint32_t bucket, double waited_s, const std::string& what) {
           stall_reported_ = true;
-          spdlog::warn("event=stall iteration={} bucket={} waited_s={:.1f} missing={}",
-                       iteration(), bucket, waited_s, LogValue(what));
+          spdlog::warn("event=stall iteration={} bucket={} waited_s={:.1f} missing={}", iteration(),
+                       bucket, waited_s, LogValue(what));
           if (observer_) observer_->OnStall(iteration(), bucket, waited_s, what.c_str());
         });
   }
@@ -84,7 +85,7 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
 }
 
 static std::vector<ReduceSpan> TensorSpans(const PlannedBucket& bucket, const Layout& layout,
-                                    const ipc::ArenaLayout& arena) {
+                                           const ipc::ArenaLayout& arena) {
   std::vector<ReduceSpan> pieces;
   for (uint32_t t : bucket.tensors) pieces.push_back({arena.tensor_offsets[t], layout[t].bytes()});
   std::sort(pieces.begin(), pieces.end(),
@@ -118,8 +119,9 @@ void Scheduler::InstallPlan(BucketPlan plan) {
       }
     }
     staging = std::max(staging, LocalReducer::StagingBytes(span_bytes, b.dtype));
-    pieces += CountBucketPieces(span_bytes / DTypeSize(b.dtype),
-                                LocalReducer::StagingBytes(DTypeSize(b.dtype), b.dtype), kPieceBytes);
+    pieces +=
+        CountBucketPieces(span_bytes / DTypeSize(b.dtype),
+                          LocalReducer::StagingBytes(DTypeSize(b.dtype), b.dtype), kPieceBytes);
     bytes += b.bytes;
   }
   // A backend that offers its own (shared) staging is sized here, once per
@@ -263,8 +265,7 @@ void Scheduler::MaybeRebuild() {
         "event=plan_rebuilt iteration={} buckets_before={} buckets_after={} cap_mb={:.3f} "
         "first_cap_mb={:.3f}",
         iteration(), plan_.buckets.size(), next.buckets.size(),
-        options_.caps.cap_bytes / double(1 << 20),
-        options_.caps.first_cap_bytes / double(1 << 20));
+        options_.caps.cap_bytes / double(1 << 20), options_.caps.first_cap_bytes / double(1 << 20));
     InstallPlan(std::move(next));
     if (!bad_plan_.empty()) {
       fail_(MakeError(v1::INTERNAL, bad_plan_), -1);
@@ -272,10 +273,11 @@ void Scheduler::MaybeRebuild() {
     }
   }
   const PlanStamp stamp{version, PlanFingerprint(plan_), iteration(), config_version_};
-  spdlog::info("event=plan_decided plan_version={} fingerprint={:016x} iteration={} "
-               "config_version={} buckets={}",
-               stamp.plan_version, stamp.fingerprint, stamp.iteration, stamp.config_version,
-               plan_.buckets.size());
+  spdlog::info(
+      "event=plan_decided plan_version={} fingerprint={:016x} iteration={} "
+      "config_version={} buckets={}",
+      stamp.plan_version, stamp.fingerprint, stamp.iteration, stamp.config_version,
+      plan_.buckets.size());
   // Before this plan's first collective: a node that decided otherwise
   // would pair different buckets (wrong sums, or Gloo aborting the daemon).
   if (options_.check_plan) {
@@ -328,15 +330,14 @@ void Scheduler::AbortReduction(const std::string& reason) {
 absl::Status Scheduler::TimedOut(uint32_t bucket, const absl::Status& st) const {
   const std::string what =
       options_.gpu ? "GPU reduction" : absl::StrCat(backend_->name(), " allreduce");
-  return MakeError(
-      v1::TIMEOUT,
-      absl::StrCat("bucket ", bucket, " of iteration ", iteration(), ": the ", what,
-                   " did not complete within the ", options_.timeout_ms / 1000.0,
-                   " s timeout; the scheduler aborted it",
-                   // PEER_FAILED is the abort itself echoed back: nothing new.
-                   st.ok() || CodeOf(st) == v1::PEER_FAILED
-                       ? ""
-                       : absl::StrCat(" (it then returned: ", st.message(), ")")));
+  return MakeError(v1::TIMEOUT,
+                   absl::StrCat("bucket ", bucket, " of iteration ", iteration(), ": the ", what,
+                                " did not complete within the ", options_.timeout_ms / 1000.0,
+                                " s timeout; the scheduler aborted it",
+                                // PEER_FAILED is the abort itself echoed back: nothing new.
+                                st.ok() || CodeOf(st) == v1::PEER_FAILED
+                                    ? ""
+                                    : absl::StrCat(" (it then returned: ", st.message(), ")")));
 }
 
 void Scheduler::Watchdog() {
@@ -526,10 +527,11 @@ bool Scheduler::CheckInStep(const Trainer& t, const ipc::ReadyEvent& e) {
       no_sync_reference_->Name(), " summed ", no_sync_iterations_ + 1, " (", no_sync_iterations_,
       " under no_sync); every trainer must skip synchronization (gs_set_sync(0) / no_sync) in "
       "the same iterations");
-  spdlog::error("event=out_of_step iteration={} trainer={} no_sync={} reference={} "
-                "reference_no_sync={}",
-                iteration(), LogValue(t.Name()), e.no_sync_iterations, LogValue(no_sync_reference_->Name()),
-                no_sync_iterations_);
+  spdlog::error(
+      "event=out_of_step iteration={} trainer={} no_sync={} reference={} "
+      "reference_no_sync={}",
+      iteration(), LogValue(t.Name()), e.no_sync_iterations, LogValue(no_sync_reference_->Name()),
+      no_sync_iterations_);
   fail_(MakeError(v1::MISMATCH, message), -1);
   return false;
 }
@@ -545,16 +547,17 @@ int Scheduler::Divisor() const {
 bool Scheduler::Join(Trainer& t, const ipc::ReadyEvent& e) {
   if (options_.gpu) {
     fail_(MakeError(v1::INVALID_ARGUMENT,
-                    absl::StrCat(t.Name(), " called gs_join: uneven inputs are supported for CPU "
-                                           "gradients only")),
+                    absl::StrCat(t.Name(),
+                                 " called gs_join: uneven inputs are supported for CPU "
+                                 "gradients only")),
           t.local_rank);
     return false;
   }
   if (backend_->num_nodes() > 1 && !options_.uneven_inputs) {
-    fail_(MakeError(v1::STATE,
-                    absl::StrCat(t.Name(), " called gs_join, but this multi-node job runs "
-                                           "without --uneven-inputs on node 0's gradsyncd "
-                                           "(start every daemon with it to allow gs_join)")),
+    fail_(MakeError(v1::STATE, absl::StrCat(t.Name(),
+                                            " called gs_join, but this multi-node job runs "
+                                            "without --uneven-inputs on node 0's gradsyncd "
+                                            "(start every daemon with it to allow gs_join)")),
           t.local_rank);
     return false;
   }
@@ -577,9 +580,10 @@ bool Scheduler::Join(Trainer& t, const ipc::ReadyEvent& e) {
   for (size_t i = 0; i < trainers_.size(); ++i) {
     if (!trainers_[i]->joined.load(std::memory_order_relaxed)) active_arenas_.push_back(arenas_[i]);
   }
-  spdlog::info("event=trainer_joined iteration={} trainer={} divide_by_initial_world_size={} "
-               "local_active={}",
-               iteration(), LogValue(t.Name()), t.divide_by_initial_world_size, active_arenas_.size());
+  spdlog::info(
+      "event=trainer_joined iteration={} trainer={} divide_by_initial_world_size={} "
+      "local_active={}",
+      iteration(), LogValue(t.Name()), t.divide_by_initial_world_size, active_arenas_.size());
   return true;
 }
 
@@ -601,7 +605,8 @@ bool Scheduler::AgreeActiveTrainers() {
   }
   // And the newest job-wide config version each node holds (see MaybeRebuild).
   const size_t config_slot = 3 + static_cast<size_t>(agreement_nodes_ + options_.node_rank);
-  if (config_slot < agreement_.size()) counts[config_slot] = static_cast<double>(HeldConfigVersion());
+  if (config_slot < agreement_.size())
+    counts[config_slot] = static_cast<double>(HeldConfigVersion());
   // Every node exchanges, every iteration: a node whose trainers all joined
   // still follows the others' collectives, and whether the exchange happens
   // must not depend on what only one node knows (node 0's --uneven-inputs
@@ -627,7 +632,8 @@ bool Scheduler::AgreeActiveTrainers() {
     }
     if (!CheckNodesInStep()) return false;
     const double* held = agreement_.data() + 3 + agreement_nodes_;
-    agreed_config_version_ = static_cast<uint64_t>(*std::min_element(held, held + agreement_nodes_));
+    agreed_config_version_ =
+        static_cast<uint64_t>(*std::min_element(held, held + agreement_nodes_));
     config_agreed_ = true;
   }
   const int active = static_cast<int>(counts[0]);
@@ -669,16 +675,17 @@ bool Scheduler::CheckNodesInStep() {
     }
     if (by_node[n] == by_node[first]) continue;
     const auto summed = [](double slot) { return static_cast<uint64_t>(slot); };
-    const std::string message = absl::StrCat(
-        "nodes out of step in iteration ", iteration(), ": node ", first, "'s trainers summed ",
-        summed(by_node[first]), " iteration(s) (", summed(by_node[first]) - 1,
-        " under no_sync) but node ", n, "'s summed ", summed(by_node[n]), " (",
-        summed(by_node[n]) - 1,
-        " under no_sync); every trainer of every node must skip synchronization "
-        "(gs_set_sync(0) / no_sync) in the same iterations");
-    spdlog::error("event=nodes_out_of_step iteration={} node={} no_sync={} other_node={} "
-                  "other_no_sync={}",
-                  iteration(), first, summed(by_node[first]) - 1, n, summed(by_node[n]) - 1);
+    const std::string message =
+        absl::StrCat("nodes out of step in iteration ", iteration(), ": node ", first,
+                     "'s trainers summed ", summed(by_node[first]), " iteration(s) (",
+                     summed(by_node[first]) - 1, " under no_sync) but node ", n, "'s summed ",
+                     summed(by_node[n]), " (", summed(by_node[n]) - 1,
+                     " under no_sync); every trainer of every node must skip synchronization "
+                     "(gs_set_sync(0) / no_sync) in the same iterations");
+    spdlog::error(
+        "event=nodes_out_of_step iteration={} node={} no_sync={} other_node={} "
+        "other_no_sync={}",
+        iteration(), first, summed(by_node[first]) - 1, n, summed(by_node[n]) - 1);
     fail_(MakeError(v1::MISMATCH, message), -1);
     return false;
   }
@@ -691,8 +698,8 @@ bool Scheduler::CheckUnwrittenSinceMark(uint32_t bucket) {
     for (uint32_t tensor : plan_.buckets[bucket].tensors) {
       const uint32_t at_mark = t.mark_checksums[tensor];
       if (at_mark == 0) continue;
-      const uint32_t now = ipc::MarkChecksum(arenas_[i] + arena_.tensor_offsets[tensor],
-                                             layout_[tensor].bytes());
+      const uint32_t now =
+          ipc::MarkChecksum(arenas_[i] + arena_.tensor_offsets[tensor], layout_[tensor].bytes());
       if (now == at_mark) continue;
       if (FailIfTruncated()) return false;
       spdlog::error("event=written_after_mark iteration={} trainer={} tensor={} name={}",
@@ -727,8 +734,8 @@ bool Scheduler::Launch(uint32_t bucket) {
   const size_t threads = backend_->num_nodes() <= 1 && LocalTrainersAllMarked()
                              ? std::max(options_.reduce_threads, options_.tail_reduce_threads)
                              : options_.reduce_threads;
-  absl::Status st = reducer_.Reduce(active_arenas_, spans_[bucket], b.dtype, Divisor(),
-                                    *backend_, &timings, threads);
+  absl::Status st = reducer_.Reduce(active_arenas_, spans_[bucket], b.dtype, Divisor(), *backend_,
+                                    &timings, threads);
   const int64_t slot = EndReduction();
   if (slot == kStopped) return false;  // Stop aborted it: the job is over
   // A trainer's arena cut short mid-sum: the result is garbage, and says so.
@@ -880,10 +887,9 @@ void Scheduler::CheckDeadlines(int64_t now_ns) {
     if (observer_) observer_->OnStall(iteration(), next_bucket_, idle_s, missing.c_str());
   }
   if (idle_s * 1000 >= options_.timeout_ms) {
-    fail_(MakeError(v1::TIMEOUT,
-                    absl::StrCat("iteration ", iteration(), " made no progress for ",
-                                 options_.timeout_ms / 1000.0, " s; still waiting for ",
-                                 DescribeMissing(-1))),
+    fail_(MakeError(v1::TIMEOUT, absl::StrCat("iteration ", iteration(), " made no progress for ",
+                                              options_.timeout_ms / 1000.0,
+                                              " s; still waiting for ", DescribeMissing(-1))),
           -1);
   }
 }

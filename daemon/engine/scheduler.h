@@ -46,14 +46,14 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/layout.h"
 #include "common/monotonic_mutex.h"
 #include "daemon/backends/backend.h"
 #include "daemon/engine/bucket_planner.h"
-#include "common/layout.h"
 #include "daemon/engine/gpu_reducer.h"
 #include "daemon/engine/local_reducer.h"
-#include "daemon/observe/scheduler_observer.h"
 #include "daemon/engine/trainer.h"
+#include "daemon/observe/scheduler_observer.h"
 #include "ipc/arena.h"
 #include "ipc/doorbell.h"
 #include "ipc/node_segment.h"
@@ -191,8 +191,8 @@ class Scheduler {
   // joined one, while holding all their completion locks; on failure sets
   // *culprit to the trainer's local rank. It locks a run-time set of
   // mutexes, which the analysis cannot follow.
-  absl::Status PostToAll(ipc::CompletionKind kind, uint64_t it, int* culprit)
-      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  absl::Status PostToAll(ipc::CompletionKind kind, uint64_t it,
+                         int* culprit) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Installs `plan`: spans, counters, staging. At iteration boundaries only.
   void InstallPlan(BucketPlan plan) ABSL_LOCKS_EXCLUDED(plan_mu_);
   void MaybeRebuild() ABSL_LOCKS_EXCLUDED(caps_mu_);
@@ -230,8 +230,8 @@ class Scheduler {
   mutable absl::Mutex plan_mu_;
   BucketPlan published_plan_ ABSL_GUARDED_BY(plan_mu_);  // a copy of plan_, for plan()
   std::atomic<uint64_t> plan_version_{0};
-  std::vector<uint32_t> order_;                 // current ready order the plan follows
-  std::vector<uint32_t> observed_order_;        // local rank 0's marks in iteration 0
+  std::vector<uint32_t> order_;           // current ready order the plan follows
+  std::vector<uint32_t> observed_order_;  // local rank 0's marks in iteration 0
   struct PendingCaps {
     BucketCaps caps;
     uint64_t at_iteration = 0;
@@ -241,7 +241,7 @@ class Scheduler {
   std::deque<PendingCaps> pending_caps_ ABSL_GUARDED_BY(caps_mu_);  // in order
   uint64_t last_queued_version_ ABSL_GUARDED_BY(caps_mu_) = 0;
   std::string caps_gap_ ABSL_GUARDED_BY(caps_mu_);  // non-empty: a version went missing
-  uint64_t config_version_ = 0;  // loop thread: the last version applied
+  uint64_t config_version_ = 0;                     // loop thread: the last version applied
   // Loop thread: this iteration's agreement carried every node's held
   // config version, and the lowest of them (what every node holds).
   bool config_agreed_ = false;
@@ -260,12 +260,12 @@ class Scheduler {
   std::vector<uint32_t> remaining_;  // per bucket: marks still missing
   std::vector<BucketTimeline> timelines_;
   uint32_t next_bucket_ = 0;
-  uint64_t marks_ = 0;               // marks seen this iteration
+  uint64_t marks_ = 0;  // marks seen this iteration
   // The no_sync count of the iteration's first entry, and whose it was.
   uint32_t no_sync_iterations_ = 0;
   const Trainer* no_sync_reference_ = nullptr;
-  uint64_t checksummed_marks_ = 0;   // this iteration: entries with a checksum
-  int64_t iteration_start_ns_ = 0;   // first mark of the iteration
+  uint64_t checksummed_marks_ = 0;  // this iteration: entries with a checksum
+  int64_t iteration_start_ns_ = 0;  // first mark of the iteration
   int64_t last_progress_ns_ = 0;
   bool stall_reported_ = false;
   uint64_t bytes_per_iteration_ = 0;
@@ -288,7 +288,7 @@ class Scheduler {
   std::atomic<bool> stop_{false};
   std::atomic<bool> halted_{false};
   std::atomic<bool> in_iteration_{false};
-  std::string bad_plan_;  // non-empty: a plan that must not run (an internal bug)
+  std::string bad_plan_;           // non-empty: a plan that must not run (an internal bug)
   std::chrono::nanoseconds spin_;  // before sleeping on the node doorbell
   // Held by a GPU reduction (see WaitIdle); guards no field, orders
   // WaitIdle after any reduction that started before the Halt.

@@ -56,9 +56,9 @@ JobStats::Bucket& JobStats::BucketAt(uint32_t id) {
 
 void JobStats::OnReady(uint64_t iteration, int local_rank, uint32_t tensor, bool unused,
                        int64_t ns) {
-  recorder_.Record(TraceEvent{ns, iteration, static_cast<uint32_t>(rank_offset_ + local_rank),
-                              tensor,
-                              unused ? TraceEventType::kTrainerUnused : TraceEventType::kTrainerReady});
+  recorder_.Record(
+      TraceEvent{ns, iteration, static_cast<uint32_t>(rank_offset_ + local_rank), tensor,
+                 unused ? TraceEventType::kTrainerUnused : TraceEventType::kTrainerReady});
 }
 
 void JobStats::OnBucketFirstReady(uint64_t iteration, uint32_t bucket, int64_t ns) {
@@ -158,7 +158,8 @@ void JobStats::WriteTrace(const std::string& reason) {
   if (st.ok()) {
     spdlog::warn("event=trace_written path={} reason={}", LogToken(path), LogValue(reason));
   } else {
-    spdlog::error("event=trace_write_failed path={} error={}", LogToken(path), LogValue(st.message()));
+    spdlog::error("event=trace_write_failed path={} error={}", LogToken(path),
+                  LogValue(st.message()));
   }
 }
 
@@ -185,8 +186,8 @@ JobStats::BoundedTrace JobStats::TraceJsonWithin(const std::string& reason,
     // JSON size is about proportional to the events: keep the newest share
     // that should fit, less a margin, and render again.
     const double fits = 0.9 * static_cast<double>(max_bytes) / static_cast<double>(out.json.size());
-    const size_t keep = std::min(snapshot.events.size() - 1,
-                                 static_cast<size_t>(snapshot.events.size() * fits));
+    const size_t keep =
+        std::min(snapshot.events.size() - 1, static_cast<size_t>(snapshot.events.size() * fits));
     const size_t drop = snapshot.events.size() - keep;
     snapshot.events.erase(snapshot.events.begin(), snapshot.events.begin() + drop);
     out.dropped_events += drop;

@@ -22,8 +22,8 @@
 #include "daemon/observe/flight_recorder.h"
 #include "daemon/observe/iteration_rate_window.h"
 #include "daemon/observe/latency_stats.h"
-#include "daemon/observe/timeline_writer.h"
 #include "daemon/observe/scheduler_observer.h"
+#include "daemon/observe/timeline_writer.h"
 #include "gradsync/v1/control.pb.h"
 
 namespace gradsync {

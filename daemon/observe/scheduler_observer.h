@@ -12,15 +12,15 @@ namespace gradsync {
 struct BucketTimeline {
   uint64_t iteration = 0;
   uint32_t bucket = 0;
-  uint64_t bytes = 0;            // payload bytes per trainer
-  int64_t first_ready_ns = 0;    // first trainer marked a tensor of it
-  int64_t last_ready_ns = 0;     // the last mark that completed it
-  int64_t launch_ns = 0;         // the reduction started
-  int64_t local_done_ns = 0;     // local sum done (= written back on one node)
+  uint64_t bytes = 0;          // payload bytes per trainer
+  int64_t first_ready_ns = 0;  // first trainer marked a tensor of it
+  int64_t last_ready_ns = 0;   // the last mark that completed it
+  int64_t launch_ns = 0;       // the reduction started
+  int64_t local_done_ns = 0;   // local sum done (= written back on one node)
   int64_t collective_done_ns = 0;
-  int64_t done_ns = 0;           // completions posted
-  int64_t write_back_ns = 0;     // of local_done..done: result copied into the arenas
-  size_t reduce_threads = 1;     // threads the local reduction was split across
+  int64_t done_ns = 0;        // completions posted
+  int64_t write_back_ns = 0;  // of local_done..done: result copied into the arenas
+  size_t reduce_threads = 1;  // threads the local reduction was split across
 };
 
 class SchedulerObserver {

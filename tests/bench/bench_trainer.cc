@@ -30,13 +30,26 @@ int main(int argc, char** argv) {
   int ch;
   while ((ch = getopt_long(argc, argv, "", opts, nullptr)) != -1) {
     switch (ch) {
-      case 's': socket = optarg; break;
-      case 'b': bytes = std::strtoull(optarg, nullptr, 10); break;
-      case 't': tensors = std::atoi(optarg); break;
-      case 'i': iters = std::atoi(optarg); break;
-      case 'w': warmup = std::atoi(optarg); break;
-      case 'o': samples_out = optarg; break;
-      default: return 2;
+      case 's':
+        socket = optarg;
+        break;
+      case 'b':
+        bytes = std::strtoull(optarg, nullptr, 10);
+        break;
+      case 't':
+        tensors = std::atoi(optarg);
+        break;
+      case 'i':
+        iters = std::atoi(optarg);
+        break;
+      case 'w':
+        warmup = std::atoi(optarg);
+        break;
+      case 'o':
+        samples_out = optarg;
+        break;
+      default:
+        return 2;
     }
   }
   gs_connect_options co = GS_CONNECT_OPTIONS_INIT;
@@ -93,8 +106,8 @@ int main(int argc, char** argv) {
   double sum = 0;
   for (double v : us) sum += v;
   std::printf("result rank=%d world=%d iters=%zu p50_us=%.2f p99_us=%.2f mean_us=%.2f\n", rank,
-              world, us.size(), us[us.size() / 2], us[std::min(us.size() - 1, us.size() * 99 / 100)],
-              sum / us.size());
+              world, us.size(), us[us.size() / 2],
+              us[std::min(us.size() - 1, us.size() * 99 / 100)], sum / us.size());
   gs_close(c);
   return 0;
 }

@@ -28,9 +28,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,11 +38,11 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "daemon/backends/gloo_backend.h"
@@ -224,8 +224,8 @@ int Worker() {
   const int warmup = absl::GetFlag(FLAGS_warmup);
   const int rounds = absl::GetFlag(FLAGS_rounds);
   if (rank == 0) {
-    std::printf("%5s %9s %-11s %9s %9s %11s %11s %9s %9s\n", "nodes", "size_MB", "impl",
-                "time_ms", "min_ms", "algbw_GB/s", "busbw_GB/s", "vs_plain", "wire_MB");
+    std::printf("%5s %9s %-11s %9s %9s %11s %11s %9s %9s\n", "nodes", "size_MB", "impl", "time_ms",
+                "min_ms", "algbw_GB/s", "busbw_GB/s", "vs_plain", "wire_MB");
   }
   for (size_t bytes : SizesBytes()) {
     std::vector<float> data(bytes / sizeof(float));
@@ -245,8 +245,8 @@ int Worker() {
         for (int i = 0; i < warmup; ++i) run(impl, data);
         barrier();
         const pid_t writer = impl == 2 || impl == 3 ? (*worker)->worker_pid()
-                             : impl >= 4           ? wire_workers[impl - 4]->worker_pid()
-                                                   : getpid();
+                             : impl >= 4            ? wire_workers[impl - 4]->worker_pid()
+                                                    : getpid();
         const uint64_t written_before = BytesWritten(writer);
         for (int i = 0; i < iters; ++i) {
           const auto t0 = std::chrono::steady_clock::now();
@@ -265,12 +265,11 @@ int Worker() {
       const double mean_s = total_s[impl] / (rounds * iters);
       const double algbw = static_cast<double>(bytes) / mean_s / 1e9;
       busbw[impl] = algbw * 2.0 * (n - 1) / n;
-      const std::string ratio =
-          impl == 0 ? "" : absl::StrFormat("%.3f", busbw[impl] / busbw[0]);
+      const std::string ratio = impl == 0 ? "" : absl::StrFormat("%.3f", busbw[impl] / busbw[0]);
       const double wire_mb = wire_bytes[impl] / 1e6 / (rounds * iters);
       std::printf("%5d %9.3f %-11s %9.2f %9.2f %11.3f %11.3f %9s %9.2f\n", n, bytes / 1e6,
-                  kNames[impl], mean_s * 1e3, min_s[impl] * 1e3, algbw, busbw[impl],
-                  ratio.c_str(), wire_mb);
+                  kNames[impl], mean_s * 1e3, min_s[impl] * 1e3, algbw, busbw[impl], ratio.c_str(),
+                  wire_mb);
     }
     std::fflush(stdout);
   }

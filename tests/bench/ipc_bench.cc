@@ -56,8 +56,6 @@
 namespace {
 
 namespace bip = boost::interprocess;
-using gradsync::testing::ExitStatus;
-using gradsync::testing::Process;
 using gradsync::ipc::CompletionEvent;
 using gradsync::ipc::Doorbell;
 using gradsync::ipc::NodeSegment;
@@ -66,6 +64,8 @@ using gradsync::ipc::ReadyEvent;
 using gradsync::ipc::SharedSegment;
 using gradsync::ipc::TrainerSegment;
 using gradsync::ipc::TrainerSegmentSpec;
+using gradsync::testing::ExitStatus;
+using gradsync::testing::Process;
 using Clock = std::chrono::steady_clock;
 using std::chrono::nanoseconds;
 
@@ -621,8 +621,8 @@ int main() {
       {"gradsync ring (sleeping consumer, futex wake)",
        [&](int n) { return RingLatency(p + "_sleep", /*sleep=*/true, n); }, kSleepRounds / scale,
        [&] { return RingStream(p + "_sleeps", /*sleep=*/true, kSleepStream / scale); }, true},
-      {"boost message_queue", [&](int n) { return QueueLatency(p + "_mq", n); }, kSyscallRounds / scale,
-       [&] { return QueueStream(p + "_mqs"); }, true},
+      {"boost message_queue", [&](int n) { return QueueLatency(p + "_mq", n); },
+       kSyscallRounds / scale, [&] { return QueueStream(p + "_mqs"); }, true},
       {"unix socket ping-pong", [](int n) { return SocketLatency(n); }, kSyscallRounds / scale,
        [] { return SocketStream(); }, true},
   };

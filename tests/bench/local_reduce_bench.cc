@@ -51,7 +51,8 @@ double MedianSeconds(Fn fn) {
 template <typename Fn>
 void Parallel(int threads, size_t n, Fn fn) {
   std::vector<std::thread> ts;
-  for (int i = 1; i < threads; ++i) ts.emplace_back([&, i] { fn(n * i / threads, n * (i + 1) / threads); });
+  for (int i = 1; i < threads; ++i)
+    ts.emplace_back([&, i] { fn(n * i / threads, n * (i + 1) / threads); });
   fn(0, n / threads);
   for (auto& t : ts) t.join();
 }
@@ -71,7 +72,8 @@ int main() {
   double add_bw[3] = {0, 0, 0};
   for (int threads : {1, 2}) {
     const double tm = MedianSeconds([&] {
-      Parallel(threads, n, [&](size_t lo, size_t hi) { std::memcpy(a + lo, b + lo, (hi - lo) * 4); });
+      Parallel(threads, n,
+               [&](size_t lo, size_t hi) { std::memcpy(a + lo, b + lo, (hi - lo) * 4); });
     });
     std::printf("| memcpy (reference) | %d | %.1f | %.1f | %.1f | |\n", threads, tm * 1e3, gb / tm,
                 2 * gb / tm);

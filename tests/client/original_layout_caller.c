@@ -7,15 +7,15 @@
 
 typedef struct gs_client gs_client;
 typedef struct {
-  const char *socket_path;
+  const char* socket_path;
   int local_rank;
   int timeout_ms;
 } gs_connect_options; /* the original layout */
-int gs_connect(const gs_connect_options *opts, gs_client **out);
-const char *gs_last_error(const gs_client *c);
-void gs_close(gs_client *c);
+int gs_connect(const gs_connect_options* opts, gs_client** out);
+const char* gs_last_error(const gs_client* c);
+void gs_close(gs_client* c);
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   if (argc != 2) return 2;
   /* What follows the struct in the caller's memory is not the library's to
    * read: 0xff bytes, which a size field read past the end would see. */
@@ -27,7 +27,7 @@ int main(int argc, char **argv) {
   mem.opts.socket_path = argv[1];
   mem.opts.local_rank = 0;
   mem.opts.timeout_ms = 500;
-  gs_client *c = NULL;
+  gs_client* c = NULL;
   int st = gs_connect(&mem.opts, &c);
   printf("status=%d message=%s\n", st, gs_last_error(c));
   gs_close(c);

@@ -920,7 +920,8 @@ TEST(ControlE2eTest, DrainStopsAfterTheIterationInFlightWhileTrainersKeepTrainin
     EXPECT_FALSE(st.timed_out) << "trainer " << r << " hung";
     // The daemon went away after the drain: it says so, and why.
     EXPECT_TRUE(st.exited && st.code == kExitUnavailable)
-        << "trainer " << r << " code " << st.code << "\n" << ps[r].Log();
+        << "trainer " << r << " code " << st.code << "\n"
+        << ps[r].Log();
     EXPECT_THAT(ps[r].Log(), HasSubstr("drain")) << "trainer " << r;
   }
   // Steps 0..in_flight completed (the one in flight included), no more.

@@ -348,7 +348,8 @@ TEST_F(GradsyncctlAgainstFakeDaemon, TraceToFileAndStdout) {
 
   r = Ctl({"trace", "--out", TestTmpDir() + "/no/such/dir/trace.json"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.err, HasSubstr("cannot write " + TestTmpDir() + "/no/such/dir/trace.json: No such"));
+  EXPECT_THAT(r.err,
+              HasSubstr("cannot write " + TestTmpDir() + "/no/such/dir/trace.json: No such"));
 }
 
 TEST_F(GradsyncctlAgainstFakeDaemon, Drain) {

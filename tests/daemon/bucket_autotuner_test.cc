@@ -13,9 +13,9 @@ constexpr int64_t kMs = 1000000;
 
 TEST(AutotuneCandidates, LogSpacedFromQuarterMegabyteTo200WithSmallFirstCaps) {
   const std::vector<CapsCandidate> got = AutotuneCandidates(0.25, 200, 0);
-  const std::vector<CapsCandidate> want = {
-      {0.25, 0.25}, {0.25, 1}, {1, 1},   {0.25, 4},  {1, 4},   {0.25, 16},
-      {1, 16},      {0.25, 64}, {1, 64}, {0.25, 200}, {1, 200}};
+  const std::vector<CapsCandidate> want = {{0.25, 0.25}, {0.25, 1},   {1, 1},  {0.25, 4},
+                                           {1, 4},       {0.25, 16},  {1, 16}, {0.25, 64},
+                                           {1, 64},      {0.25, 200}, {1, 200}};
   EXPECT_EQ(got, want);
 }
 
@@ -59,7 +59,7 @@ TEST(BucketAutotuner, ScoresTheMedianSkippingTheReplanIterationAndPicksTheFastes
   tuner.Place(2, 18);
   const BucketAutotuner done = FeedSteps(tuner, 21, [](uint64_t it) -> int64_t {
     if (it == 10 || it == 14 || it == 18) return 900;  // re-plan: never scored
-    if (it == 12) return 500;                         // one outlier: the median ignores it
+    if (it == 12) return 500;                          // one outlier: the median ignores it
     if (it >= 10 && it < 14) return 100;
     if (it >= 14 && it < 18) return 80;
     if (it >= 18) return 120;

@@ -56,7 +56,8 @@ TEST(BucketPlanner, EveryTensorExactlyOnceForManyShapes) {
   for (int n : {1, 2, 7, 100}) {
     Layout layout;
     for (int i = 0; i < n; ++i) {
-      layout.push_back(TensorInfo{"t" + std::to_string(i), i % 3 == 0 ? DType::kFloat64 : DType::kFloat32,
+      layout.push_back(TensorInfo{"t" + std::to_string(i),
+                                  i % 3 == 0 ? DType::kFloat64 : DType::kFloat32,
                                   uint64_t(1 + (i * 7919) % 5000), -1});
     }
     BucketPlan plan = PlanBuckets(layout, ReverseRegistrationOrder(n), {8192, 1024});

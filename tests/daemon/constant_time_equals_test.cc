@@ -1,9 +1,8 @@
 // The job token comparison: equal only when every byte and the length match,
 // wherever the difference lies.
-#include "daemon/auth/call_auth.h"
-
 #include <string>
 
+#include "daemon/auth/call_auth.h"
 #include "gtest/gtest.h"
 
 namespace gradsync {

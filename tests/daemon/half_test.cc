@@ -44,9 +44,10 @@ const Conversions kFp16Conversions{kFp16, &Float16ToFloat, &FloatToFloat16, "fp1
 void ExpectRoundsLikeReference(const Conversions& c, float x) {
   const uint16_t got = c.from_float(x);
   if (std::isnan(x)) {
-    ASSERT_TRUE(IsHalfNan(c.format, got)) << c.name << " of float bits " << std::hex << BitsOf(x)
-                                          << " gave " << got;
-    ASSERT_EQ(got & 0x8000u, std::signbit(x) ? 0x8000u : 0u) << c.name << " " << std::hex << BitsOf(x);
+    ASSERT_TRUE(IsHalfNan(c.format, got))
+        << c.name << " of float bits " << std::hex << BitsOf(x) << " gave " << got;
+    ASSERT_EQ(got & 0x8000u, std::signbit(x) ? 0x8000u : 0u)
+        << c.name << " " << std::hex << BitsOf(x);
     ASSERT_NE(got & QuietBit(c.format), 0) << c.name << " " << std::hex << BitsOf(x);
     return;
   }
@@ -121,10 +122,10 @@ TEST_P(HalfConversionTest, RandomFloatsRoundLikeTheReference) {
 
 TEST_P(HalfConversionTest, InfinitiesNansAndZerosKeepTheirKindAndSign) {
   const Conversions& c = GetParam();
-  for (uint32_t bits : {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u,
-                        0x7fc00000u, 0xffc00000u,  // quiet NaNs
-                        0x7f800001u, 0xff800001u,  // signalling, payload only in the low bits
-                        0x7fa00000u, 0x7fffffffu, 0x00000001u, 0x80000001u}) {
+  for (uint32_t bits :
+       {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00000u,  // quiet NaNs
+        0x7f800001u, 0xff800001u,  // signalling, payload only in the low bits
+        0x7fa00000u, 0x7fffffffu, 0x00000001u, 0x80000001u}) {
     ASSERT_NO_FATAL_FAILURE(ExpectRoundsLikeReference(c, FloatFromBits(bits)));
   }
   EXPECT_EQ(c.from_float(INFINITY), c.format.inf);
@@ -178,10 +179,10 @@ TEST(Float16, RoundsTiesToEven) {
 }
 
 TEST(Float16, RoundsSubnormalsOnTheirOwnGrid) {
-  EXPECT_EQ(FloatToFloat16(std::ldexp(1.0f, -25)), 0x0000u);       // tie: 0 is even
-  EXPECT_EQ(FloatToFloat16(std::ldexp(3.0f, -25)), 0x0002u);       // tie: 2 is even
-  EXPECT_EQ(FloatToFloat16(std::ldexp(1.0f, -24)), 0x0001u);       // the smallest subnormal
-  EXPECT_EQ(FloatToFloat16(std::ldexp(1023.5f, -24)), 0x0400u);    // tie: up to the smallest normal
+  EXPECT_EQ(FloatToFloat16(std::ldexp(1.0f, -25)), 0x0000u);     // tie: 0 is even
+  EXPECT_EQ(FloatToFloat16(std::ldexp(3.0f, -25)), 0x0002u);     // tie: 2 is even
+  EXPECT_EQ(FloatToFloat16(std::ldexp(1.0f, -24)), 0x0001u);     // the smallest subnormal
+  EXPECT_EQ(FloatToFloat16(std::ldexp(1023.5f, -24)), 0x0400u);  // tie: up to the smallest normal
   EXPECT_EQ(FloatToFloat16(std::ldexp(1.0f, -26)), 0x0000u);
   EXPECT_EQ(Float16ToFloat(0x0001u), std::ldexp(1.0f, -24));
 }

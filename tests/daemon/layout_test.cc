@@ -35,7 +35,8 @@ TEST(Layout, RejectsBadRegistrationsNamingTheTensor) {
   EXPECT_NE(dtype.status().message().find("unknown dtype 9"), std::string::npos);
   auto empty_name = LayoutFromProto(Specs({{"", 0, 1}}));
   EXPECT_FALSE(empty_name.ok());
-  auto huge = LayoutFromProto(Specs({{"a", 1, kMaxLayoutBytes / 8}, {"b", 1, kMaxLayoutBytes / 8}}));
+  auto huge =
+      LayoutFromProto(Specs({{"a", 1, kMaxLayoutBytes / 8}, {"b", 1, kMaxLayoutBytes / 8}}));
   EXPECT_NE(huge.status().message().find("larger than"), std::string::npos) << huge.status();
 }
 

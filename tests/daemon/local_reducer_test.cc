@@ -152,7 +152,8 @@ TEST_P(LocalReducerTest, AveragesIntoEveryTrainer) {
           // The fp32 sum is exact here, so the fp32 quotient is the one the
           // reducer computes; it must then be rounded once, to nearest even.
           const float quotient = static_cast<float>(sums[s][i]) / static_cast<float>(world);
-          const uint16_t got = reinterpret_cast<const uint16_t*>(arenas[t].data() + spans[s].offset)[i];
+          const uint16_t got =
+              reinterpret_cast<const uint16_t*>(arenas[t].data() + spans[s].offset)[i];
           ASSERT_EQ(got, testing::RoundToHalf(format, quotient))
               << "trainer " << t << " span " << s << " element " << i << " sum " << sums[s][i]
               << " world " << world;

@@ -78,8 +78,8 @@ TEST(ReadTokenFile, GroupReadableFileInAKubernetesSecretVolumeIsAccepted) {
   ASSERT_EQ(symlink("real", dir.File("token").c_str()), 0);
   const absl::Status st = ReadTokenFile(dir.File("token")).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(st.message()), HasSubstr("token file " + dir.File("token") +
-                                                   " has mode 0440: group or others"));
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr("token file " + dir.File("token") + " has mode 0440: group or others"));
 }
 
 TEST(ReadTokenFile, SecretVolumeStillRefusesOthersAndAWritingGroup) {

@@ -108,7 +108,8 @@ TEST(WireCastFp16Test, PreScalingKeepsSumsAboveFp16RangeFinite) {
   for (size_t i = 0; i < a.size(); ++i) {
     const double exact = static_cast<double>(a[i]) + b[i];
     ASSERT_TRUE(std::isfinite(got[i])) << "element " << i;
-    ASSERT_LE(std::fabs(got[i] - exact), 2 * std::ldexp(1.0, -11) * (std::fabs(a[i]) + std::fabs(b[i])))
+    ASSERT_LE(std::fabs(got[i] - exact),
+              2 * std::ldexp(1.0, -11) * (std::fabs(a[i]) + std::fabs(b[i])))
         << "element " << i << ": " << exact << " came back as " << got[i];
   }
 }

@@ -273,7 +273,8 @@ TEST_F(JobTest, RunningJobRefusesNewTrainersAndEndsOnceEveryTrainerHasLeft) {
   EXPECT_THAT(std::string(next.status().message()), HasSubstr("this job has ended"));
 }
 
-TEST_F(JobTest, ThousandTrainersAttachingRegisteringAndLeavingBeforeTheJobStartsLeaveOneRecordPerRank) {
+TEST_F(JobTest,
+       ThousandTrainersAttachingRegisteringAndLeavingBeforeTheJobStartsLeaveOneRecordPerRank) {
   MakeJob(2);
   // Rank 1 stays attached, so the job keeps accepting while rank 0 comes
   // and goes; each rank 0 registers (holding its record while it waits)

@@ -98,7 +98,7 @@ struct NodeSetup {
   DType dtype = DType::kFloat32;
   BucketCaps caps;
   int64_t timeout_ms = kNever;
-  Scheduler::OrderAgreement agree_order;  // empty: this node's order
+  Scheduler::OrderAgreement agree_order;                     // empty: this node's order
   std::function<absl::Status(const PlanStamp&)> check_plan;  // empty: one node
   bool uneven_inputs = false;  // --uneven-inputs: gs_join allowed across nodes
 };
@@ -315,8 +315,7 @@ class SchedulerBehaviourTest : public SchedulerFixture, public ::testing::Test {
  protected:
   void TearDown() override { StopScheduler(); }
   // Two trainers on the second of two nodes (global ranks 2 and 3).
-  void Start(int64_t timeout_ms = kNever, BucketCaps caps = {256, 64},
-             bool uneven_inputs = false) {
+  void Start(int64_t timeout_ms = kNever, BucketCaps caps = {256, 64}, bool uneven_inputs = false) {
     NodeSetup s;
     s.timeout_ms = timeout_ms;
     s.caps = caps;
@@ -671,8 +670,9 @@ TEST_F(SchedulerBehaviourTest, DivergedPlanFailsWithMismatchBeforeItsFirstCollec
   NodeSetup s;
   s.caps = BucketCaps{};
   s.check_plan = [](const PlanStamp& stamp) {
-    return MakeError(v1::MISMATCH, absl::StrCat("bucket plans diverged at plan version ",
-                                                stamp.plan_version, ": node 0 has config version 4"));
+    return MakeError(v1::MISMATCH,
+                     absl::StrCat("bucket plans diverged at plan version ", stamp.plan_version,
+                                  ": node 0 has config version 4"));
   };
   ASSERT_NO_FATAL_FAILURE(StartScheduler(s));
   RunIteration(0);
@@ -697,9 +697,10 @@ TEST_F(SchedulerBehaviourTest, CapChangeArrivingAfterItsIterationFailsWithState)
   MarkAll(3);
   const absl::Status st = failures_.Wait(kBound);
   EXPECT_EQ(CodeOf(st), v1::STATE) << st;
-  EXPECT_THAT(std::string(st.message()),
-              AnyOf(HasSubstr("bucket-cap change for iteration 1 reached this node at iteration 3"),
-                    HasSubstr("bucket-cap change for iteration 1 reached this node at iteration 4")));
+  EXPECT_THAT(
+      std::string(st.message()),
+      AnyOf(HasSubstr("bucket-cap change for iteration 1 reached this node at iteration 3"),
+            HasSubstr("bucket-cap change for iteration 1 reached this node at iteration 4")));
 }
 
 TEST_F(SchedulerBehaviourTest, SkippedGradientTimesOutNamingTheRankAndTheTensor) {

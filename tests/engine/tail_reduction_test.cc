@@ -61,13 +61,14 @@ class TailReductionTest : public ::testing::Test {
     opts.stall_threshold_s = 3600;
     opts.reduce_threads = 1;
     opts.tail_reduce_threads = 2;
-    scheduler_ = std::make_unique<Scheduler>(node_->trainers(), node_->layout(), node_->plan(),
-                                             node_->arena(), backend_.get(), node_->ready_bell(),
-                                             &log_, [this](const absl::Status& error, int) {
-                                               absl::MutexLock lock(&mu_);
-                                               if (error_.ok()) error_ = error;
-                                             },
-                                             opts);
+    scheduler_ = std::make_unique<Scheduler>(
+        node_->trainers(), node_->layout(), node_->plan(), node_->arena(), backend_.get(),
+        node_->ready_bell(), &log_,
+        [this](const absl::Status& error, int) {
+          absl::MutexLock lock(&mu_);
+          if (error_.ok()) error_ = error;
+        },
+        opts);
     scheduler_->Start();
   }
   void TearDown() override {

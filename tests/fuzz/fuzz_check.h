@@ -8,13 +8,13 @@
 #include <cstdlib>
 #include <string>
 
-#define FUZZ_CHECK(cond, what)                                                  \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
-      std::fprintf(stderr, "FUZZ_CHECK failed: %s (%s) at %s:%d\n", #cond,      \
-                   std::string(what).c_str(), __FILE__, __LINE__);              \
-      std::abort();                                                             \
-    }                                                                           \
+#define FUZZ_CHECK(cond, what)                                             \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      std::fprintf(stderr, "FUZZ_CHECK failed: %s (%s) at %s:%d\n", #cond, \
+                   std::string(what).c_str(), __FILE__, __LINE__);         \
+      std::abort();                                                        \
+    }                                                                      \
   } while (0)
 
 #endif  // GRADSYNC_TESTS_FUZZ_FUZZ_CHECK_H_

@@ -8,8 +8,8 @@
 
 #include "common/layout.h"
 #include "daemon/cluster/rendezvous_records.h"
-#include "gradsync/v1/local.pb.h"
 #include "google/protobuf/stubs/logging.h"
+#include "gradsync/v1/local.pb.h"
 #include "tests/fuzz/fuzz_check.h"
 
 // Protobuf logs every string field that is not UTF-8: at fuzzing speed,

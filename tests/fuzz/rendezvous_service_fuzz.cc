@@ -15,8 +15,8 @@
 #include "absl/time/time.h"
 #include "daemon/auth/call_auth.h"
 #include "daemon/cluster/rendezvous_service.h"
-#include "gradsync/v1/rendezvous.pb.h"
 #include "google/protobuf/stubs/logging.h"
+#include "gradsync/v1/rendezvous.pb.h"
 #include "grpcpp/server_context.h"
 #include "spdlog/spdlog.h"
 #include "tests/fuzz/fuzz_check.h"
@@ -28,8 +28,7 @@ constexpr char kJobId[] = "fuzz-job";
 
 void ExpectAnswered(const grpc::Status& st, bool is_set) {
   if (st.ok()) return;
-  FUZZ_CHECK(is_set && st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED,
-             st.error_message());
+  FUZZ_CHECK(is_set && st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED, st.error_message());
 }
 
 template <typename Request>

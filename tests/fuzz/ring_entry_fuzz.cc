@@ -74,9 +74,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   while (ring.TryPop(&e) == PopResult::kOk) {
     const absl::Status st = ValidateReadyEvent(e, expect);
     if (!st.ok()) {
-      FUZZ_CHECK(st.code() == absl::StatusCode::kDataLoss ||
-                     st.code() == absl::StatusCode::kOutOfRange,
-                 st.ToString());
+      FUZZ_CHECK(
+          st.code() == absl::StatusCode::kDataLoss || st.code() == absl::StatusCode::kOutOfRange,
+          st.ToString());
       FUZZ_CHECK(absl::StrContains(st.message(), "readiness entry"), st.ToString());
       break;  // the daemon fails this trainer and reads no further
     }

@@ -39,15 +39,15 @@ int Fail(const std::string& message) {
   return 1;
 }
 
-#define HELPER_CUDA(expr)                                                                 \
-  do {                                                                                    \
-    cudaError_t err_ = (expr);                                                            \
+#define HELPER_CUDA(expr)                                                                      \
+  do {                                                                                         \
+    cudaError_t err_ = (expr);                                                                 \
     if (err_ != cudaSuccess) return Fail(absl::StrCat(#expr, ": ", cudaGetErrorString(err_))); \
   } while (0)
 
-#define HELPER_OK(expr)                                                 \
-  do {                                                                  \
-    absl::Status st_ = (expr);                                          \
+#define HELPER_OK(expr)                                                    \
+  do {                                                                     \
+    absl::Status st_ = (expr);                                             \
     if (!st_.ok()) return Fail(absl::StrCat(#expr, ": ", st_.ToString())); \
   } while (0)
 
@@ -68,7 +68,8 @@ int Id(TrainerDevice& dev) {
 
 void CUDART_CB Sleep(void*) { usleep(1500 * 1000); }
 
-int Trainer(TrainerDevice& dev, const std::string& device, const std::string& handle_hex, size_t count) {
+int Trainer(TrainerDevice& dev, const std::string& device, const std::string& handle_hex,
+            size_t count) {
   absl::StatusOr<IpcHandle> handle = IpcHandle::FromBytes(absl::HexStringToBytes(handle_hex));
   HELPER_OK(handle.status());
   absl::StatusOr<void*> base = dev.OpenMemory(device, *handle);
@@ -100,7 +101,8 @@ int Trainer(TrainerDevice& dev, const std::string& device, const std::string& ha
   HELPER_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   // The event must stay pending until the stream has passed the write.
   HELPER_CUDA(cudaLaunchHostFunc(stream, Sleep, nullptr));
-  HELPER_CUDA(cudaMemcpyAsync(*base, pinned, count * sizeof(float), cudaMemcpyHostToDevice, stream));
+  HELPER_CUDA(
+      cudaMemcpyAsync(*base, pinned, count * sizeof(float), cudaMemcpyHostToDevice, stream));
   HELPER_OK(dev.RecordEvent(*event, dev.WrapStream(stream)));
   std::cout << "EVENT " << absl::BytesToHexString(event_handle->ToBytes()) << std::endl;
 
@@ -109,7 +111,8 @@ int Trainer(TrainerDevice& dev, const std::string& device, const std::string& ha
   HELPER_CUDA(cudaStreamDestroy(stream));
   HELPER_CUDA(cudaFreeHost(pinned));
   HELPER_OK(dev.CloseMemory(*base));
-  if (dev.CloseMemory(*base).ok()) return Fail("a third CloseMemory of a twice-opened handle succeeded");
+  if (dev.CloseMemory(*base).ok())
+    return Fail("a third CloseMemory of a twice-opened handle succeeded");
   dev.DestroyEvent(*event);
   std::cout << "OK" << std::endl;
   return 0;
@@ -130,10 +133,12 @@ int Export(TrainerDevice& dev, size_t count, size_t offset) {
   }
   absl::StatusOr<DeviceId> id = dev.IdOfOrdinal(0);
   HELPER_OK(id.status());
-  if (alloc->device != *id) return Fail(absl::StrCat("FindAllocation: device ", alloc->device, " != ", *id));
+  if (alloc->device != *id)
+    return Fail(absl::StrCat("FindAllocation: device ", alloc->device, " != ", *id));
   absl::StatusOr<IpcHandle> handle = dev.ExportMemory(alloc->base);
   HELPER_OK(handle.status());
-  std::cout << "MEM " << absl::BytesToHexString(handle->ToBytes()) << " " << alloc->device << std::endl;
+  std::cout << "MEM " << absl::BytesToHexString(handle->ToBytes()) << " " << alloc->device
+            << std::endl;
   WaitForDone();
   HELPER_CUDA(cudaFree(base));
   std::cout << "OK" << std::endl;
@@ -150,7 +155,8 @@ int Main(int argc, char** argv) {
   if (mode == "trainer" && argc == 5 && absl::SimpleAtoi(argv[4], &a)) {
     return Trainer(**dev, argv[2], argv[3], a);
   }
-  if (mode == "export" && argc == 4 && absl::SimpleAtoi(argv[2], &a) && absl::SimpleAtoi(argv[3], &b)) {
+  if (mode == "export" && argc == 4 && absl::SimpleAtoi(argv[2], &a) &&
+      absl::SimpleAtoi(argv[3], &b)) {
     return Export(**dev, a, b);
   }
   return Fail(absl::StrCat("bad arguments for mode ", mode));

@@ -35,19 +35,18 @@
 #include "common/half.h"
 #include "gpu/cuda_daemon_device.h"
 #include "gpu/cuda_trainer_device.h"
-#include "tests/gpu/gpu_presence.h"
-#include "tests/testing/process.h"
 #include "gpu/cuda_uuid.h"
 #include "gpu/device.h"
 #include "gpu/local_sum.h"
 #include "gtest/gtest.h"
+#include "tests/gpu/gpu_presence.h"
+#include "tests/testing/process.h"
 
 namespace gradsync::gpu {
 namespace {
 
 using ::gradsync::testing::Process;
 using ::gradsync::testing::SpawnOptions;
-
 
 #define CUDA_OK(expr)                                                          \
   do {                                                                         \
@@ -97,7 +96,8 @@ TEST(CudaTrainerDeviceTest, TheToolkitStubIsNotADriver) {
 TEST(CudaTrainerDeviceTest, DefaultDriverLoadsOrSaysWhy) {
   auto dev = NewCudaTrainerDevice();
   if (!dev.ok()) {
-    EXPECT_TRUE(absl::StrContains(dev.status().message(), "CUDA driver (libcuda.so.1)")) << dev.status();
+    EXPECT_TRUE(absl::StrContains(dev.status().message(), "CUDA driver (libcuda.so.1)"))
+        << dev.status();
     EXPECT_TRUE(dev.status().code() == absl::StatusCode::kFailedPrecondition ||
                 dev.status().code() == absl::StatusCode::kUnavailable)
         << dev.status();
@@ -263,7 +263,8 @@ TEST_F(CudaGpuTest, DaemonBufferAndTrainerEventAcrossProcesses) {
   EXPECT_EQ(*first, Completion::kPending);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   absl::StatusOr<Completion> state = first;
-  while (state.ok() && *state == Completion::kPending && std::chrono::steady_clock::now() < deadline) {
+  while (state.ok() && *state == Completion::kPending &&
+         std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     state = daemon_->QueryEvent(*event);
   }
@@ -439,7 +440,8 @@ void RunSum(DaemonDevice& dev, const DeviceId& gpu, const SumCase& c) {
   ASSERT_TRUE(dev.SumAsync(dst, srcs, c.count, c.dtype, scale, *stream).ok());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   absl::StatusOr<Completion> state = dev.QueryStream(*stream);
-  while (state.ok() && *state == Completion::kPending && std::chrono::steady_clock::now() < deadline) {
+  while (state.ok() && *state == Completion::kPending &&
+         std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::microseconds(50));
     state = dev.QueryStream(*stream);
   }

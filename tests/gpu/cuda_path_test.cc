@@ -63,23 +63,24 @@ TEST_P(CudaPathTest, EveryTrainerHoldsTheAverageAfterEveryStep) {
   std::vector<Process> ps = StartTrainers(daemon, trainers, {"--mode=" + mode, "--dtype=" + dtype});
   for (int r = 0; r < trainers; ++r) {
     ExitStatus st = ps[r].Wait(seconds(60));
-    EXPECT_TRUE(st.exited && st.code == 0) << "trainer " << r << "\n" << ps[r].Log()
-                                           << "\ndaemon:\n" << daemon.process().Log();
-    EXPECT_NE(ps[r].Log().find(absl::StrCat("world ", trainers)), std::string::npos)
-        << ps[r].Log();
+    EXPECT_TRUE(st.exited && st.code == 0) << "trainer " << r << "\n"
+                                           << ps[r].Log() << "\ndaemon:\n"
+                                           << daemon.process().Log();
+    EXPECT_NE(ps[r].Log().find(absl::StrCat("world ", trainers)), std::string::npos) << ps[r].Log();
   }
   EXPECT_NE(daemon.process().Log().find("backend=gpu-cuda"), std::string::npos)
       << daemon.process().Log();
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    SharingOneGpu, CudaPathTest,
-    ::testing::Combine(::testing::Values(1, 2, 4), ::testing::Values("flat", "user"),
-                       ::testing::Values("fp32", "bf16")),
-    [](const auto& info) {
-      return absl::StrCat(std::get<0>(info.param), "Trainers_", std::get<1>(info.param), "_",
-                          std::get<2>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(SharingOneGpu, CudaPathTest,
+                         ::testing::Combine(::testing::Values(1, 2, 4),
+                                            ::testing::Values("flat", "user"),
+                                            ::testing::Values("fp32", "bf16")),
+                         [](const auto& info) {
+                           return absl::StrCat(std::get<0>(info.param), "Trainers_",
+                                               std::get<1>(info.param), "_",
+                                               std::get<2>(info.param));
+                         });
 
 TEST(CudaPathFaultTest, TrainerKilledMidIterationIsReportedToItsPeerByName) {
   GS_SKIP_UNLESS_GPU();
@@ -96,18 +97,19 @@ TEST(CudaPathFaultTest, TrainerKilledMidIterationIsReportedToItsPeerByName) {
                                 absl::StrCat(daemon.dir(), "/trainer1.log"), options));
   }
   ExitStatus dead = ps[1].Wait(seconds(120));
-  EXPECT_TRUE(!dead.exited && !dead.timed_out && dead.code == SIGKILL)
-      << dead.ToString() << "\n" << ps[1].Log();
+  EXPECT_TRUE(!dead.exited && !dead.timed_out && dead.code == SIGKILL) << dead.ToString() << "\n"
+                                                                       << ps[1].Log();
   ExitStatus st = ps[0].Wait(seconds(120));
   ASSERT_TRUE(st.exited) << ps[0].Log();
-  EXPECT_EQ(st.code, 2) << ps[0].Log();  // a call failed
+  EXPECT_EQ(st.code, 2) << ps[0].Log();                                           // a call failed
   EXPECT_NE(ps[0].Log().find("error code=4"), std::string::npos) << ps[0].Log();  // PEER_FAILED
   EXPECT_NE(ps[0].Log().find("rank 1 (local 1"), std::string::npos) << ps[0].Log();
   // The daemon keeps serving: a fresh job on the same GPU trains.
   std::vector<Process> next = StartTrainers(daemon, 2, {"--steps=2"});
   for (int r = 0; r < 2; ++r) {
     ExitStatus s = next[r].Wait(seconds(120));
-    EXPECT_TRUE(s.exited && s.code == 0) << next[r].Log() << "\ndaemon:\n" << daemon.process().Log();
+    EXPECT_TRUE(s.exited && s.code == 0) << next[r].Log() << "\ndaemon:\n"
+                                         << daemon.process().Log();
   }
 }
 
@@ -124,10 +126,10 @@ class TwoNodes {
   void Start(const std::string& job, double timeout_s) {
     ASSERT_TRUE(WriteTokenFile(secrets_.File("token"), "cuda-path-token"));
     common_ = kGpuDaemonArgs;
-    common_.insert(common_.end(), {absl::StrCat("--timeout-s=", timeout_s),
-                                   absl::StrCat("--stall-threshold-s=", timeout_s / 3),
-                                   "--num-nodes=2",
-                                   "--job-id=" + job, "--job-token-file=" + secrets_.File("token")});
+    common_.insert(common_.end(),
+                   {absl::StrCat("--timeout-s=", timeout_s),
+                    absl::StrCat("--stall-threshold-s=", timeout_s / 3), "--num-nodes=2",
+                    "--job-id=" + job, "--job-token-file=" + secrets_.File("token")});
     std::vector<std::string> lead = common_;
     lead.push_back("--node-rank=0");
     nodes_[0] = std::make_unique<Daemon>(2, lead, NodeEnv(0));
@@ -247,9 +249,9 @@ TEST(CudaTwoNodesFaultTest, NodeSkippingACollectiveFailsBothNodesNamingTheCulpri
                                  "--socket=" + nodes.node(1).socket(), "--steps=4", "--withhold=1"},
                                 nodes.node(1).dir() + "/trainer0.log", options));
     options.env = {{"LOCAL_RANK", "1"}};
-    ps.push_back(Process::Spawn({Runfile("tests/gpu/cuda_trainer"),
-                                 "--socket=" + nodes.node(1).socket(), "--steps=4"},
-                                nodes.node(1).dir() + "/trainer1.log", options));
+    ps.push_back(Process::Spawn(
+        {Runfile("tests/gpu/cuda_trainer"), "--socket=" + nodes.node(1).socket(), "--steps=4"},
+        nodes.node(1).dir() + "/trainer1.log", options));
   }
   for (Process& p : ps) {
     ExitStatus st = p.Wait(seconds(static_cast<int>(3 * kTimeoutS + 30)));

@@ -8,7 +8,8 @@ namespace gradsync::gpu {
 namespace {
 
 TEST(CudaStatusTest, StickyErrorsAreMarkedPoisonedAndNameTheCall) {
-  const absl::Status s = CudaRuntimeError(cudaErrorIllegalAddress, "nccl allreduce: cudaEventQuery");
+  const absl::Status s =
+      CudaRuntimeError(cudaErrorIllegalAddress, "nccl allreduce: cudaEventQuery");
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
   EXPECT_TRUE(IsCudaContextPoisoned(s)) << s;
   EXPECT_NE(s.message().find("nccl allreduce: cudaEventQuery"), std::string::npos) << s;

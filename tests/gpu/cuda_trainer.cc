@@ -35,8 +35,11 @@ struct Tensor {
   const char* name;
   uint64_t numel;
 };
-const Tensor kTensors[] = {{"embed", 70000}, {"fc1.weight", 262144}, {"fc1.bias", 513},
-                           {"fc2.weight", 4096}, {"fc2.bias", 1}};
+const Tensor kTensors[] = {{"embed", 70000},
+                           {"fc1.weight", 262144},
+                           {"fc1.bias", 513},
+                           {"fc2.weight", 4096},
+                           {"fc2.bias", 1}};
 constexpr size_t kNum = sizeof(kTensors) / sizeof(kTensors[0]);
 
 float Grad(int r, int step, size_t i, size_t j) {
@@ -65,15 +68,24 @@ int main(int argc, char** argv) {
   for (int a = 1; a < argc; ++a) {
     std::string arg = argv[a];
     const size_t eq = arg.find('=');
-    const std::string key = arg.substr(0, eq), v = eq == std::string::npos ? "" : arg.substr(eq + 1);
-    if (key == "--socket") socket = v;
-    else if (key == "--mode") mode = v;
-    else if (key == "--steps") steps = std::atoi(v.c_str());
-    else if (key == "--device") device = std::atoi(v.c_str());
-    else if (key == "--dtype") dtype_name = v;
-    else if (key == "--die-at-step") die_at_step = std::atoi(v.c_str());
-    else if (key == "--withhold") withhold = std::atoi(v.c_str());
-    else return 3;
+    const std::string key = arg.substr(0, eq),
+                      v = eq == std::string::npos ? "" : arg.substr(eq + 1);
+    if (key == "--socket")
+      socket = v;
+    else if (key == "--mode")
+      mode = v;
+    else if (key == "--steps")
+      steps = std::atoi(v.c_str());
+    else if (key == "--device")
+      device = std::atoi(v.c_str());
+    else if (key == "--dtype")
+      dtype_name = v;
+    else if (key == "--die-at-step")
+      die_at_step = std::atoi(v.c_str());
+    else if (key == "--withhold")
+      withhold = std::atoi(v.c_str());
+    else
+      return 3;
   }
   if (dtype_name != "fp32" && dtype_name != "bf16") return 3;
   const bool bf16 = dtype_name == "bf16";
@@ -98,7 +110,8 @@ int main(int argc, char** argv) {
   opts.timeout_ms = 30000;
   gs_client* c = nullptr;
   if (gs_status st = gs_connect(&opts, &c); st != GS_OK) return Fail(c, st, "gs_connect");
-  if (gs_status st = gs_set_cuda_stream(c, stream); st != GS_OK) return Fail(c, st, "gs_set_cuda_stream");
+  if (gs_status st = gs_set_cuda_stream(c, stream); st != GS_OK)
+    return Fail(c, st, "gs_set_cuda_stream");
 
   // User pointer: one allocation, sub-allocated (one exported base).
   void* pool = nullptr;
@@ -107,7 +120,8 @@ int main(int argc, char** argv) {
   if (mode == "user") {
     uint64_t total = 0;
     for (const Tensor& t : kTensors) total += (t.numel * elem + 511) / 512 * 512;
-    if (cudaError_t e = cudaMalloc(&pool, total); e != cudaSuccess) return CudaFail(e, "cudaMalloc");
+    if (cudaError_t e = cudaMalloc(&pool, total); e != cudaSuccess)
+      return CudaFail(e, "cudaMalloc");
   }
   for (const Tensor& t : kTensors) {
     void* p = pool ? static_cast<char*>(pool) + offset : nullptr;
@@ -126,8 +140,7 @@ int main(int argc, char** argv) {
   };
   std::vector<void*> pinned(kNum);
   for (size_t i = 0; i < kNum; ++i) {
-    if (cudaError_t e = cudaMallocHost(&pinned[i], kTensors[i].numel * elem);
-        e != cudaSuccess) {
+    if (cudaError_t e = cudaMallocHost(&pinned[i], kTensors[i].numel * elem); e != cudaSuccess) {
       return CudaFail(e, "cudaMallocHost");
     }
   }
@@ -161,8 +174,8 @@ int main(int argc, char** argv) {
     if (gs_status st = gs_wait(c, -1); st != GS_OK) return Fail(c, st, "gs_wait");
     for (size_t i = 0; i < kNum; ++i) {
       raw.resize(kTensors[i].numel * elem);
-      if (cudaError_t e = cudaMemcpy(raw.data(), gs_grad_buffer(c, i), raw.size(),
-                                     cudaMemcpyDeviceToHost);
+      if (cudaError_t e =
+              cudaMemcpy(raw.data(), gs_grad_buffer(c, i), raw.size(), cudaMemcpyDeviceToHost);
           e != cudaSuccess) {
         return CudaFail(e, "cudaMemcpy");
       }
@@ -179,8 +192,9 @@ int main(int argc, char** argv) {
           std::memcpy(&value, raw.data() + j * 4, 4);
         }
         if (std::fabs(value - expected) > tolerance * std::max(1.0, std::fabs(expected))) {
-          std::printf("MISMATCH rank %d step %d tensor %zu '%s' element %zu: got %.7g expected %.7g\n",
-                      rank, step, i, kTensors[i].name, j, value, expected);
+          std::printf(
+              "MISMATCH rank %d step %d tensor %zu '%s' element %zu: got %.7g expected %.7g\n",
+              rank, step, i, kTensors[i].name, j, value, expected);
           std::fflush(stdout);
           return 1;
         }

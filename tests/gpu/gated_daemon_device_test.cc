@@ -118,8 +118,7 @@ class GatedDaemonDeviceTest : public ::testing::Test {
 // succeed; the collective's result is intact.
 TEST_F(GatedDaemonDeviceTest, MemoryWorkWaitsForACollectiveOnTheSameGpu) {
   absl::Status collective;
-  std::thread running(
-      [&] { collective = group_->AllreduceSum({{0, mine_, 4}}, DType::kFloat32); });
+  std::thread running([&] { collective = group_->AllreduceSum({{0, mine_, 4}}, DType::kFloat32); });
   ASSERT_TRUE(WaitUntil([&] { return gated_->gate().collectives("SIM-GPU-0") == 1; }, kBound));
   // Another GPU is not held.
   absl::StatusOr<void*> elsewhere = gated_->Alloc("SIM-GPU-1", 64);
@@ -146,7 +145,8 @@ TEST_F(GatedDaemonDeviceTest, MemoryWorkWaitsForACollectiveOnTheSameGpu) {
 // GPU rather than risk the deadlock.
 TEST_F(GatedDaemonDeviceTest, MemoryWorkPastItsWaitNamesTheBusyGpu) {
   GatedDaemonDevice impatient(*SimDaemonDevice::Create(Options()), absl::Milliseconds(50));
-  impatient.gate().EnterCollective({"SIM-GPU-0"}, MonotonicNow() + absl::Seconds(1), nullptr)
+  impatient.gate()
+      .EnterCollective({"SIM-GPU-0"}, MonotonicNow() + absl::Seconds(1), nullptr)
       .IgnoreError();
   const absl::StatusOr<void*> p = impatient.Alloc("SIM-GPU-0", 64);
   impatient.gate().ExitCollective({"SIM-GPU-0"});
@@ -160,8 +160,7 @@ TEST_F(GatedDaemonDeviceTest, AbortEndsACollectiveWaitingForMemoryWork) {
                   .EnterMemoryWork({"SIM-GPU-0"}, MonotonicNow() + absl::Seconds(5), "test")
                   .ok());
   absl::Status collective;
-  std::thread running(
-      [&] { collective = group_->AllreduceSum({{0, mine_, 4}}, DType::kFloat32); });
+  std::thread running([&] { collective = group_->AllreduceSum({{0, mine_, 4}}, DType::kFloat32); });
   group_->Abort("generation ended");
   running.join();
   gated_->gate().ExitMemoryWork({"SIM-GPU-0"});

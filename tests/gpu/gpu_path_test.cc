@@ -47,10 +47,9 @@ Process StartSimTrainer(const Daemon& daemon, int local_rank, int gpus,
   env["LOCAL_RANK"] = std::to_string(local_rank);
   SpawnOptions options;
   options.env = env;
-  return Process::Spawn(argv,
-                        absl::StrCat(daemon.dir(), "/trainer", local_rank, ".", rand() % 1000000,
-                                     ".log"),
-                        options);
+  return Process::Spawn(
+      argv, absl::StrCat(daemon.dir(), "/trainer", local_rank, ".", rand() % 1000000, ".log"),
+      options);
 }
 
 std::vector<Process> StartAll(const Daemon& daemon, const Case& c) {
@@ -91,9 +90,13 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"four_gpus_user_fp32", 4, 4, {"--mode=user"}},
         Case{"two_same_gpu_user_bf16", 2, 1, {"--mode=user", "--dtype=bf16"}},
         Case{"four_on_two_gpus_user_fp32_held", 4, 2, {"--mode=user", "--hold-stream-ms=20"}},
-        Case{"no_sync_unused_two_gpus_flat", 2, 2,
+        Case{"no_sync_unused_two_gpus_flat",
+             2,
+             2,
              {"--mode=flat", "--accumulate=3", "--unused-every=2"}},
-        Case{"no_sync_unused_four_on_two_user_bf16", 4, 2,
+        Case{"no_sync_unused_four_on_two_user_bf16",
+             4,
+             2,
              {"--mode=user", "--dtype=bf16", "--accumulate=2", "--unused-every=3"}},
         Case{"unused_four_gpus_flat", 4, 4, {"--mode=flat", "--unused-every=2"}}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
@@ -163,9 +166,10 @@ TEST(GpuPath, TwoNodesAverageOverEveryTrainer) {
     }
     for (auto& t : trainers) {
       ExitStatus st = t.Wait(seconds(90));
-      EXPECT_TRUE(st.exited && st.code == 0)
-          << mode << "\n" << t.Log() << "\nleader:\n" << leader.process().Log()
-          << "\nfollower:\n" << follower.process().Log();
+      EXPECT_TRUE(st.exited && st.code == 0) << mode << "\n"
+                                             << t.Log() << "\nleader:\n"
+                                             << leader.process().Log() << "\nfollower:\n"
+                                             << follower.process().Log();
       EXPECT_NE(t.Log().find("world 4"), std::string::npos) << t.Log();
     }
     EXPECT_NE(follower.process().Log().find("first_rank=2 nranks=4"), std::string::npos)
@@ -212,8 +216,8 @@ TEST(GpuPath, SkippingTheEventWaitGivesWrongResults) {
     Daemon daemon(2, {"--timeout-s=20", "--unsafe-skip-event-wait"}, SimEnv(2),
                   "tests/gpu/gradsyncd_sim");
     ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
-    std::vector<Process> trainers =
-        StartAll(daemon, Case{"skip", 2, 2, {"--mode=" + mode, "--hold-stream-ms=30", "--steps=3"}});
+    std::vector<Process> trainers = StartAll(
+        daemon, Case{"skip", 2, 2, {"--mode=" + mode, "--hold-stream-ms=30", "--steps=3"}});
     int mismatches = 0;
     std::string logs;
     for (auto& t : trainers) {
@@ -302,9 +306,9 @@ TEST(GpuPath, StatsCoverGpuBuckets) {
     ExitStatus st = t.Wait(seconds(60));
     ASSERT_TRUE(st.exited && st.code == 0) << t.Log();
   }
-  Process stats = Process::Spawn({Runfile("client/gradsyncctl"),
-                                  absl::StrCat("--addr=127.0.0.1:", port), "stats", "--json"},
-                                 daemon.dir() + "/stats.log");
+  Process stats = Process::Spawn(
+      {Runfile("client/gradsyncctl"), absl::StrCat("--addr=127.0.0.1:", port), "stats", "--json"},
+      daemon.dir() + "/stats.log");
   ASSERT_EQ(stats.Wait(seconds(20)).code, 0) << stats.Log();
   const std::string json = stats.Log();
   EXPECT_NE(json.find("gpu-sim"), std::string::npos) << json;

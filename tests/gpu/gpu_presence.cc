@@ -30,8 +30,8 @@ GpuPresence ProbeGpu(std::string* why) {
     *why = "only the CUDA toolkit's stub libcuda is here, no driver";
     return GpuPresence::kAbsent;
   }
-  *why = absl::StrCat("cudaGetDeviceCount: ", cudaGetErrorName(e), " (", cudaGetErrorString(e),
-                      ")");
+  *why =
+      absl::StrCat("cudaGetDeviceCount: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
   return GpuPresence::kBroken;
 }
 

@@ -28,20 +28,20 @@ bool GpuRequired();
 
 // Skips the current test where no GPU is present, fails it where the driver is
 // broken or GRADSYNC_REQUIRE_GPU=1; falls through where a GPU is present.
-#define GS_SKIP_UNLESS_GPU()                                                           \
-  do {                                                                                 \
-    std::string gs_gpu_why_;                                                           \
-    switch (::gradsync::testing::ProbeGpu(&gs_gpu_why_)) {                             \
-      case ::gradsync::testing::GpuPresence::kPresent:                                 \
-        break;                                                                         \
-      case ::gradsync::testing::GpuPresence::kBroken:                                  \
-        GTEST_FAIL() << "the CUDA driver is present but fails: " << gs_gpu_why_;       \
-      case ::gradsync::testing::GpuPresence::kAbsent:                                  \
-        if (::gradsync::testing::GpuRequired()) {                                      \
-          GTEST_FAIL() << "GRADSYNC_REQUIRE_GPU=1 but " << gs_gpu_why_;                \
-        }                                                                              \
-        GTEST_SKIP() << gs_gpu_why_;                                                   \
-    }                                                                                  \
+#define GS_SKIP_UNLESS_GPU()                                                     \
+  do {                                                                           \
+    std::string gs_gpu_why_;                                                     \
+    switch (::gradsync::testing::ProbeGpu(&gs_gpu_why_)) {                       \
+      case ::gradsync::testing::GpuPresence::kPresent:                           \
+        break;                                                                   \
+      case ::gradsync::testing::GpuPresence::kBroken:                            \
+        GTEST_FAIL() << "the CUDA driver is present but fails: " << gs_gpu_why_; \
+      case ::gradsync::testing::GpuPresence::kAbsent:                            \
+        if (::gradsync::testing::GpuRequired()) {                                \
+          GTEST_FAIL() << "GRADSYNC_REQUIRE_GPU=1 but " << gs_gpu_why_;          \
+        }                                                                        \
+        GTEST_SKIP() << gs_gpu_why_;                                             \
+    }                                                                            \
   } while (0)
 
 // For a test that needs more GPUs than a present one (a two-rank collective):

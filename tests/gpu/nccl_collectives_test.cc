@@ -23,8 +23,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/monotonic.h"
-#include "tests/gpu/gpu_presence.h"
 #include "gtest/gtest.h"
+#include "tests/gpu/gpu_presence.h"
 
 namespace gradsync::gpu {
 namespace {
@@ -67,8 +67,7 @@ class InProcessStore {
   // when `timeout` passes first.
   bool WaitUntilPublished(int count, std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, timeout,
-                        [&] { return static_cast<int>(values_.size()) >= count; });
+    return cv_.wait_for(lock, timeout, [&] { return static_cast<int>(values_.size()) >= count; });
   }
   bool WaitUntilAFetchWaits(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -123,10 +122,10 @@ TEST(NcclCollectivesOptionsTest, RejectsBadOptions) {
   InProcessStore store;
   const absl::Duration t = absl::Seconds(5);
   for (const CollectiveOptions& o : {
-           Options(&store, {kSomeGpu}, 0, 0, 1, t),              // nranks < 1
-           Options(&store, {}, 1, 0, 1, t),                      // no devices
-           Options(&store, {kSomeGpu, kSomeGpu}, 2, 0, 1, t),    // one GPU twice
-           Options(&store, {kSomeGpu}, 2, 2, 1, t),              // rank out of range
+           Options(&store, {kSomeGpu}, 0, 0, 1, t),            // nranks < 1
+           Options(&store, {}, 1, 0, 1, t),                    // no devices
+           Options(&store, {kSomeGpu, kSomeGpu}, 2, 0, 1, t),  // one GPU twice
+           Options(&store, {kSomeGpu}, 2, 2, 1, t),            // rank out of range
            Options(&store, {kSomeGpu}, 1, 0, 1, absl::ZeroDuration()),
        }) {
     auto group = CreateNcclCollectives(o);
@@ -134,8 +133,7 @@ TEST(NcclCollectivesOptionsTest, RejectsBadOptions) {
   }
   CollectiveOptions no_publish = Options(&store, {kSomeGpu}, 2, 0, 1, t);
   no_publish.publish = nullptr;
-  EXPECT_EQ(CreateNcclCollectives(no_publish).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CreateNcclCollectives(no_publish).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Here: no device (kUnavailable) or no NCCL (kFailedPrecondition); on a GPU
@@ -153,10 +151,10 @@ TEST(NcclCollectivesOptionsTest, UnknownDeviceIsAnError) {
 
 // ---- On a device ----------------------------------------------------------
 
-#define CUDA_OK(expr)                                                            \
-  do {                                                                           \
-    cudaError_t err_ = (expr);                                                   \
-    ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_);   \
+#define CUDA_OK(expr)                                                          \
+  do {                                                                         \
+    cudaError_t err_ = (expr);                                                 \
+    ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_); \
   } while (0)
 
 std::string Uuid(int ordinal) {
@@ -229,9 +227,8 @@ TEST_F(NcclCollectivesTest, TwoLocalRanksSum) {
   const size_t count = (1 << 20) + 3;
   float* a = Filled(0, count, 1.0f);
   float* b = Filled(1, count, 2.0f);
-  absl::Status s =
-      (*group)->AllreduceSum({DeviceBuffer{0, a, count}, DeviceBuffer{1, b, count}},
-                             DType::kFloat32);
+  absl::Status s = (*group)->AllreduceSum({DeviceBuffer{0, a, count}, DeviceBuffer{1, b, count}},
+                                          DType::kFloat32);
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(Wrong(0, a, count, 3.0f), 0u);
   EXPECT_EQ(Wrong(1, b, count, 3.0f), 0u);
@@ -252,7 +249,7 @@ TEST_F(NcclCollectivesTest, RankThatNeverJoinsTimesOutThenAFreshGenerationWorks)
   EXPECT_EQ(group.status().code(), absl::StatusCode::kDeadlineExceeded) << group.status();
   EXPECT_GE(elapsed, 3.9);
   EXPECT_LT(elapsed, 4.0 + 10.0) << "abort took too long";
-  EXPECT_EQ(store_.published(), 1);  // the id, under generation 7's key
+  EXPECT_EQ(store_.published(), 1);                      // the id, under generation 7's key
   EXPECT_EQ(LeakedBootstrapRoots(), leaked_before + 1);  // its root never saw rank 1
 
   auto fresh = CreateNcclCollectives(Options(&store_, {uuids_[0]}, 1, 0, 8, timeout));
@@ -339,8 +336,7 @@ TEST_F(NcclCollectivesTest, AbortFromAnotherThreadFailsPromptly) {
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s << " after " << calls.load() << " calls";
   EXPECT_NE(s.message().find("test abort"), absl::string_view::npos) << s;
   const double latency =
-      std::chrono::duration<double>(failed.time_since_epoch() -
-                                    Clock::duration(aborted_at.load()))
+      std::chrono::duration<double>(failed.time_since_epoch() - Clock::duration(aborted_at.load()))
           .count();
   EXPECT_LT(latency, 2.0);
   absl::Status again = (*group)->AllreduceSum({DeviceBuffer{0, p, count}}, DType::kFloat32);
@@ -353,8 +349,7 @@ TEST_F(NcclCollectivesTest, RejectsBadBuffersWithoutFailingTheGroup) {
   auto group = CreateNcclCollectives(Options(&store_, {uuids_[0]}, 1, 0, 13, absl::Seconds(60)));
   ASSERT_TRUE(group.ok()) << group.status();
   float* p = Filled(0, 16, 1.0f);
-  EXPECT_EQ((*group)->AllreduceSum({}, DType::kFloat32).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*group)->AllreduceSum({}, DType::kFloat32).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*group)->AllreduceSum({DeviceBuffer{1, p, 16}}, DType::kFloat32).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*group)->AllreduceSum({DeviceBuffer{0, nullptr, 16}}, DType::kFloat32).code(),

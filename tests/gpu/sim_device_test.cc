@@ -715,8 +715,10 @@ TEST_F(SimDeviceTest, SumAsyncScalesFloat64InFloat64) {
     srcs.push_back(*p);
   }
   const double third = 1.0 / 3.0;
-  ASSERT_TRUE((*daemon)->SumAsync(srcs[0], {srcs[0], srcs[1], srcs[2]}, kCount, DType::kFloat64,
-                                  third, *stream).ok());
+  ASSERT_TRUE(
+      (*daemon)
+          ->SumAsync(srcs[0], {srcs[0], srcs[1], srcs[2]}, kCount, DType::kFloat64, third, *stream)
+          .ok());
   ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
   for (int i = 0; i < kCount; ++i) {
     const double sum = (Value(0, i) + 0.1 * i) + (Value(1, i) + 0.1 * i) + (Value(2, i) + 0.1 * i);
@@ -799,8 +801,7 @@ TEST_F(SimDeviceTest, FreeingMemoryWithWorkStillQueuedOnItIsSafe) {
   // The queued copy keeps both mapped until it has run.
   ASSERT_TRUE(SimResumeStream(*stream).ok());
   EXPECT_TRUE((*daemon)->Synchronize(*stream).ok());
-  EXPECT_EQ((*daemon)->CopyAsync(*b, *a, 4096, *stream).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*daemon)->CopyAsync(*b, *a, 4096, *stream).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(SimDeviceTest, MemsetAsyncZeroesInStreamOrder) {
@@ -994,9 +995,7 @@ TEST_F(SimDeviceTest, TwoNodesWithOneRankEachSumAcrossProcesses) {
 
 TEST_F(SimDeviceTest, TwoNodesWithTwoGpusEachSumOverFourRanks) {
   FileStore store;
-  auto peer = Process::Fork([&] {
-    return RunNode(store, 4, 2, {"SIM-GPU-0", "SIM-GPU-1"}, 2);
-  });
+  auto peer = Process::Fork([&] { return RunNode(store, 4, 2, {"SIM-GPU-0", "SIM-GPU-1"}, 2); });
   ASSERT_TRUE(peer.ok()) << peer.status();
   EXPECT_EQ(RunNode(store, 4, 0, {"SIM-GPU-1", "SIM-GPU-0"}, 2), 0);
   auto exit = peer->Wait(std::chrono::seconds(60)).ExitCode();
@@ -1027,8 +1026,9 @@ TEST_F(SimDeviceTest, TwoRanksOnOneGpuOfOneHostAreRefusedOnEveryRank) {
     absl::Status peer_status;
     std::thread peer([&] {
       auto dev = SimDaemonDevice::Create(theirs);
-      peer_status = dev.ok() ? (*dev)->CreateCollectives(Group(2, 1, {"SIM-GPU-0"}, &store)).status()
-                             : dev.status();
+      peer_status = dev.ok()
+                        ? (*dev)->CreateCollectives(Group(2, 1, {"SIM-GPU-0"}, &store)).status()
+                        : dev.status();
     });
     auto dev = SimDaemonDevice::Create(mine);
     ASSERT_TRUE(dev.ok());
@@ -1210,8 +1210,8 @@ TEST_F(SimDeviceTest, FreeingMemoryALiveProcessStillMapsIsRefusedNamingIt) {
   EXPECT_TRUE((*daemon)->Free("SIM-GPU-0", bases[1]).ok());
   const absl::Status mapped = (*daemon)->Free("SIM-GPU-0", bases[0]);
   EXPECT_EQ(mapped.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(mapped.message(), HasSubstr(absl::StrCat("freed while mapped by process ",
-                                                       child->pid())));
+  EXPECT_THAT(mapped.message(),
+              HasSubstr(absl::StrCat("freed while mapped by process ", child->pid())));
   ASSERT_TRUE(to_child.Send("q"));
   auto exit = child->Wait(std::chrono::seconds(30)).ExitCode();
   ASSERT_TRUE(exit.ok()) << exit.status();
@@ -1280,7 +1280,9 @@ TEST_F(SimDeviceTest, MemoryWorkOnAGpuWhereACollectiveRunsIsRefusedNamingIt) {
   void* theirs = Fill(**peer_dev, "SIM-GPU-0", DType::kFloat32, 8, 1);
 
   absl::Status collective;
-  std::thread running([&] { collective = (*group)->AllreduceSum({{0, mine, 8}}, DType::kFloat32); });
+  std::thread running([&] {
+    collective = (*group)->AllreduceSum({{0, mine, 8}}, DType::kFloat32);
+  });
   // The collective waits for its peer; wait for the refusal that shows it
   // is in flight (until then an allocation is legitimate: free it again).
   absl::Status refused;

@@ -41,15 +41,15 @@ struct Flags {
   std::string socket;
   std::string mode = "flat";  // flat | user
   DType dtype = DType::kFloat32;
-  int device = -1;            // CUDA ordinal; -1: LOCAL_RANK % visible GPUs
+  int device = -1;  // CUDA ordinal; -1: LOCAL_RANK % visible GPUs
   int steps = 6;
-  int accumulate = 1;         // micro-steps per synced step (no_sync for the first k-1)
-  int unused_every = 0;       // > 0: odd ranks leave "gate" unused every n-th micro-step
-  int hold_stream_ms = 0;     // hold the stream's writes this long after marking
+  int accumulate = 1;      // micro-steps per synced step (no_sync for the first k-1)
+  int unused_every = 0;    // > 0: odd ranks leave "gate" unused every n-th micro-step
+  int hold_stream_ms = 0;  // hold the stream's writes this long after marking
   unsigned shuffle_seed = 1;
-  int die_at_step = -1;       // SIGKILL self in this step after `die_after_marks` marks
+  int die_at_step = -1;  // SIGKILL self in this step after `die_after_marks` marks
   int die_after_marks = 2;
-  bool mix = false;           // register a CPU and a CUDA tensor (must be refused)
+  bool mix = false;  // register a CPU and a CUDA tensor (must be refused)
 };
 
 struct Tensor {
@@ -57,8 +57,8 @@ struct Tensor {
   uint64_t numel;
 };
 // Several buckets with small caps; "gate" is last (first in reverse order).
-const std::vector<Tensor> kTensors = {{"embed", 700}, {"fc1.weight", 2048}, {"fc1.bias", 33},
-                                      {"fc2.weight", 512}, {"fc2.bias", 1}, {"gate", 3}};
+const std::vector<Tensor> kTensors = {{"embed", 700},      {"fc1.weight", 2048}, {"fc1.bias", 33},
+                                      {"fc2.weight", 512}, {"fc2.bias", 1},      {"gate", 3}};
 const size_t kGate = 5;
 
 // Rank r's gradient contribution at (step, micro), element j of tensor i.
@@ -95,20 +95,34 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
   for (int a = 1; a < argc; ++a) {
     std::string arg = argv[a];
     const size_t eq = arg.find('=');
-    const std::string key = arg.substr(0, eq), v = eq == std::string::npos ? "" : arg.substr(eq + 1);
-    if (key == "--socket") f->socket = v;
-    else if (key == "--mode") f->mode = v;
-    else if (key == "--dtype") f->dtype = v == "bf16" ? DType::kBFloat16 : DType::kFloat32;
-    else if (key == "--device") f->device = std::atoi(v.c_str());
-    else if (key == "--steps") f->steps = std::atoi(v.c_str());
-    else if (key == "--accumulate") f->accumulate = std::max(1, std::atoi(v.c_str()));
-    else if (key == "--unused-every") f->unused_every = std::atoi(v.c_str());
-    else if (key == "--hold-stream-ms") f->hold_stream_ms = std::atoi(v.c_str());
-    else if (key == "--shuffle-seed") f->shuffle_seed = static_cast<unsigned>(std::atoi(v.c_str()));
-    else if (key == "--die-at-step") f->die_at_step = std::atoi(v.c_str());
-    else if (key == "--die-after-marks") f->die_after_marks = std::atoi(v.c_str());
-    else if (key == "--mix") f->mix = true;
-    else return false;
+    const std::string key = arg.substr(0, eq),
+                      v = eq == std::string::npos ? "" : arg.substr(eq + 1);
+    if (key == "--socket")
+      f->socket = v;
+    else if (key == "--mode")
+      f->mode = v;
+    else if (key == "--dtype")
+      f->dtype = v == "bf16" ? DType::kBFloat16 : DType::kFloat32;
+    else if (key == "--device")
+      f->device = std::atoi(v.c_str());
+    else if (key == "--steps")
+      f->steps = std::atoi(v.c_str());
+    else if (key == "--accumulate")
+      f->accumulate = std::max(1, std::atoi(v.c_str()));
+    else if (key == "--unused-every")
+      f->unused_every = std::atoi(v.c_str());
+    else if (key == "--hold-stream-ms")
+      f->hold_stream_ms = std::atoi(v.c_str());
+    else if (key == "--shuffle-seed")
+      f->shuffle_seed = static_cast<unsigned>(std::atoi(v.c_str()));
+    else if (key == "--die-at-step")
+      f->die_at_step = std::atoi(v.c_str());
+    else if (key == "--die-after-marks")
+      f->die_after_marks = std::atoi(v.c_str());
+    else if (key == "--mix")
+      f->mix = true;
+    else
+      return false;
   }
   return (f->mode == "flat" || f->mode == "user") && f->steps > 0;
 }
@@ -129,7 +143,8 @@ int main(int argc, char** argv) {
   if (f.device < 0) {
     auto opts = gradsync::gpu::SimOptions::FromEnv();
     if (!opts.ok()) return Error(opts.status());
-    const int visible = opts->visible.empty() ? opts->num_gpus : static_cast<int>(opts->visible.size());
+    const int visible =
+        opts->visible.empty() ? opts->num_gpus : static_cast<int>(opts->visible.size());
     f.device = local_rank % visible;
   }
 
@@ -213,7 +228,8 @@ int main(int argc, char** argv) {
           }
           src = host16[i].data();
         }
-        if (absl::Status st = device->WriteAsync(c.GradBuffer(i), src, host[i].size() * elem, *stream);
+        if (absl::Status st =
+                device->WriteAsync(c.GradBuffer(i), src, host[i].size() * elem, *stream);
             !st.ok()) {
           return Error(st);
         }
@@ -246,8 +262,9 @@ int main(int argc, char** argv) {
           value = v;
         }
         if (std::fabs(value - expected) > tol * std::max(1.0, std::fabs(expected))) {
-          std::printf("MISMATCH rank %d step %d tensor %zu '%s' element %zu: got %.7g expected %.7g\n",
-                      rank, step, i, kTensors[i].name.c_str(), j, value, expected);
+          std::printf(
+              "MISMATCH rank %d step %d tensor %zu '%s' element %zu: got %.7g expected %.7g\n",
+              rank, step, i, kTensors[i].name.c_str(), j, value, expected);
           std::fflush(stdout);
           return 1;
         }

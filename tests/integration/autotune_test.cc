@@ -114,7 +114,8 @@ TEST(Autotune, EveryNodeAppliesEachCandidateAndTheChoiceAtTheSameIterationAndTra
     EXPECT_TRUE(found) << "no plan decision '" << at << "' on node 0:\n" << tuned.all_logs;
   }
   size_t config_decisions = 0;
-  for (const std::string& d : node0) config_decisions += d.find("config_version=0 ") == std::string::npos;
+  for (const std::string& d : node0)
+    config_decisions += d.find("config_version=0 ") == std::string::npos;
   EXPECT_EQ(config_decisions, placed.size()) << tuned.all_logs;
   // Candidates of different caps gave different plans (this model has two
   // distinct ones between 0.25 and 4 MiB): it really re-planned.

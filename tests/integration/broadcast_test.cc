@@ -5,9 +5,8 @@
 // root on either node; then an iteration still averages. And the misuses
 // and faults: sizes or roots that differ, a trainer mid-iteration, a
 // trainer killed while the others wait in the broadcast.
-#include <signal.h>
-
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <string>
 #include <vector>
@@ -32,16 +31,16 @@ Process StartBroadcaster(const Daemon& daemon, int local_rank,
   argv.insert(argv.end(), args.begin(), args.end());
   SpawnOptions options;
   options.env = {{"LOCAL_RANK", std::to_string(local_rank)}};
-  return Process::Spawn(argv, absl::StrCat(daemon.dir(), "/broadcaster", local_rank, ".", rand(),
-                                           ".log"),
-                        options);
+  return Process::Spawn(
+      argv, absl::StrCat(daemon.dir(), "/broadcaster", local_rank, ".", rand(), ".log"), options);
 }
 
 void ExpectAllSucceed(std::vector<Process>& ps, const std::string& logs) {
   for (size_t r = 0; r < ps.size(); ++r) {
     const ExitStatus st = ps[r].Wait(kBound);
-    EXPECT_TRUE(st.exited && st.code == 0)
-        << "trainer " << r << " " << st.ToString() << "\n" << ps[r].Log() << "\n" << logs;
+    EXPECT_TRUE(st.exited && st.code == 0) << "trainer " << r << " " << st.ToString() << "\n"
+                                           << ps[r].Log() << "\n"
+                                           << logs;
     EXPECT_NE(ps[r].Log().find("broadcast ok rank=" + std::to_string(r) + " bytes=104857600 "),
               std::string::npos)
         << ps[r].Log();
@@ -153,7 +152,8 @@ TEST(BroadcastMisuse, TrainerMidIterationFailsTheBroadcastWithStateNamingIt) {
   Daemon daemon(2, {"--timeout-s=120"});
   ASSERT_TRUE(daemon.WaitReady(seconds(10)));
   std::vector<Process> ps;
-  for (int r = 0; r < 2; ++r) ps.push_back(StartBroadcaster(daemon, r, {"--sizes=64", "--mark-first=1"}));
+  for (int r = 0; r < 2; ++r)
+    ps.push_back(StartBroadcaster(daemon, r, {"--sizes=64", "--mark-first=1"}));
   for (int r = 0; r < 2; ++r) {
     const ExitStatus st = ps[r].Wait(seconds(60));  // well inside the 120 s timeout
     EXPECT_FALSE(st.timed_out) << "trainer " << r << " hung";
@@ -239,7 +239,8 @@ TEST(BroadcastFault, TrainerKilledOnAnotherNodeFailsTheBroadcastNamingIt) {
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Process> ps;
   for (int n = 0; n < 2; ++n) {
-    ps.push_back(StartBroadcaster(cluster.node(n), 0, {"--sizes=1000", "--stop-before-broadcast=1"}));
+    ps.push_back(
+        StartBroadcaster(cluster.node(n), 0, {"--sizes=1000", "--stop-before-broadcast=1"}));
   }
   ASSERT_TRUE(WaitStopped(ps[1], kBound)) << ps[1].Log();
   ps[1].Signal(SIGKILL);

@@ -14,7 +14,7 @@
  * Exits 10 + the gs_status that stopped it, after printing gs_last_error;
  * 2 when a byte differs.
  */
-#define _POSIX_C_SOURCE 200809L  /* clock_gettime under strict C */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime under strict C */
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -30,7 +30,9 @@ static double NowMs(void) {
   return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
-static uint8_t Pattern(int rank, size_t i) { return (uint8_t)(i * 131u + (unsigned)rank * 7u + 1u); }
+static uint8_t Pattern(int rank, size_t i) {
+  return (uint8_t)(i * 131u + (unsigned)rank * 7u + 1u);
+}
 
 static size_t ParseList(const char* s, long long* out, size_t max) {
   size_t n = 0;
@@ -124,7 +126,7 @@ int main(int argc, char** argv) {
           return 2;
         }
       }
-      const double ms = NowMs() - start;  /* informational: the tests assert no time */
+      const double ms = NowMs() - start; /* informational: the tests assert no time */
       printf("broadcast ok rank=%d bytes=%zu root=%d ms=%.1f\n", rank, bytes, root, ms);
     }
   }

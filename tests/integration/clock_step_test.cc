@@ -6,9 +6,8 @@
 // (absl's timed waits) lasts 30 s longer, the node's heartbeat loop falls
 // silent and the leader aborts the healthy job ("node_rank=0 sent no
 // heartbeat for ...").
-#include <unistd.h>
-
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>

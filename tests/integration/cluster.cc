@@ -68,10 +68,10 @@ bool Cluster::StartNode(int n, const std::string& token_file) {
     args.insert(args.end(), options_.node_flags[n].begin(), options_.node_flags[n].end());
   }
   daemons_[n].reset();  // a restarted node reuses the port and shm names
-  daemons_[n] = std::make_unique<Daemon>(
-      options_.local_size, args,
-      n < static_cast<int>(options_.node_env.size()) ? options_.node_env[n]
-                                                     : std::map<std::string, std::string>());
+  daemons_[n] = std::make_unique<Daemon>(options_.local_size, args,
+                                         n < static_cast<int>(options_.node_env.size())
+                                             ? options_.node_env[n]
+                                             : std::map<std::string, std::string>());
   if (!daemons_[n]->WaitReady(seconds(10))) return false;
   if (n == 0 && port_ == 0) port_ = daemons_[0]->ListenPort(seconds(10));
   return port_ != 0;

@@ -36,8 +36,8 @@ absl::Status SetBucketCaps(int port, const std::string& token, const std::string
   v1::SetConfigResponse response;
   const grpc::Status status = stub->SetConfig(&context, request, &response);
   if (!status.ok() || response.error().code() != v1::OK) {
-    return absl::UnknownError(absl::StrCat("SetConfig: ", status.error_message(), " ",
-                                           response.error().message()));
+    return absl::UnknownError(
+        absl::StrCat("SetConfig: ", status.error_message(), " ", response.error().message()));
   }
   return absl::OkStatus();
 }

@@ -59,9 +59,9 @@ TEST_P(EquivalenceTest, MatchesSingleProcessOnTheWholeBatch) {
   }
   for (int r = 0; r < c.trainers; ++r) {
     ExitStatus st = trainers[r].Wait(seconds(60));
-    ASSERT_TRUE(st.exited && st.code == 0)
-        << "trainer " << r << " code " << st.code << "\n" << trainers[r].Log() << "\ndaemon:\n"
-        << daemon.process().Log();
+    ASSERT_TRUE(st.exited && st.code == 0) << "trainer " << r << " code " << st.code << "\n"
+                                           << trainers[r].Log() << "\ndaemon:\n"
+                                           << daemon.process().Log();
   }
 
   std::vector<std::string> ref_args = {Runfile("examples/mlp_trainer"), "--single", "--quiet",
@@ -107,11 +107,16 @@ INSTANTIATE_TEST_SUITE_P(
                       // On every second step samples [0, 32) of the 64 skip the gate: rank 0
                       // of 2 (ranks 0-1 of 4) mark it unused over a buffer left holding 0.75,
                       // the others ready. Unused must contribute zeros, not what is there.
-                      Case{2, true, {"--gate-every=2", "--gate-unused-first=32", "--stale-unused"},
+                      Case{2,
+                           true,
+                           {"--gate-every=2", "--gate-unused-first=32", "--stale-unused"},
                            "partly_unused_stale_two_fp64"},
-                      Case{4, false, {"--gate-every=2", "--gate-unused-first=32", "--stale-unused"},
+                      Case{4,
+                           false,
+                           {"--gate-every=2", "--gate-unused-first=32", "--stale-unused"},
                            "partly_unused_stale_four_fp32"},
-                      Case{4, false,
+                      Case{4,
+                           false,
                            {"--accumulate=3", "--gate-every=2", "--gate-unused-first=32",
                             "--stale-unused"},
                            "partly_unused_stale_no_sync_four_fp32"}),

@@ -9,10 +9,9 @@
 // surviving daemons live, that the next job on them trains exactly like one
 // process, and that nothing is left in /dev/shm after shutdown. Each case
 // prints one row of the summary table (the closing note).
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdio>
@@ -53,20 +52,28 @@ struct Case {
 
 std::string VictimName(Victim v) {
   switch (v) {
-    case Victim::kTrainer: return "trainer";
-    case Victim::kLeader: return "leader_daemon";
-    case Victim::kNonLeader: return "nonleader_daemon";
+    case Victim::kTrainer:
+      return "trainer";
+    case Victim::kLeader:
+      return "leader_daemon";
+    case Victim::kNonLeader:
+      return "nonleader_daemon";
   }
   return "?";
 }
 
 std::string StageName(Stage s) {
   switch (s) {
-    case Stage::kAttach: return "attach";
-    case Stage::kRegister: return "register";
-    case Stage::kBackward: return "mid_backward";
-    case Stage::kReduction: return "local_reduction";
-    case Stage::kCollective: return "cross_node_collective";
+    case Stage::kAttach:
+      return "attach";
+    case Stage::kRegister:
+      return "register";
+    case Stage::kBackward:
+      return "mid_backward";
+    case Stage::kReduction:
+      return "local_reduction";
+    case Stage::kCollective:
+      return "cross_node_collective";
   }
   return "?";
 }
@@ -172,7 +179,8 @@ std::vector<std::string> Culprits(const Case& c, int node, pid_t victim_daemon_p
 // the documented contract.
 bool ExpectedCode(const Case& c, int node, int code) {
   if (c.signal == SIGKILL) {
-    if (c.stage == Stage::kAttach && (c.victim == Victim::kTrainer || node != VictimDaemonNode(c.victim))) {
+    if (c.stage == Stage::kAttach &&
+        (c.victim == Victim::kTrainer || node != VictimDaemonNode(c.victim))) {
       return code == kExitTimeout;
     }
     return code == kExitPeerFailed;
@@ -249,11 +257,10 @@ TEST_P(FaultMatrixTest, SurvivorsGetTheCulpritsErrorInTimeAndTheNextJobTrains) {
     ASSERT_TRUE(WaitStopped(*victim, kStateBound))
         << VictimName(c.victim) << " (pid " << victim->pid() << ") never stopped after SIGSTOP\n"
         << cluster.DaemonLogs();
-    std::printf("fault_matrix_detail %s SIGSTOP took effect after %.1f ms\n",
-                VictimName(c.victim).c_str(),
-                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                          signalled_at)
-                    .count());
+    std::printf(
+        "fault_matrix_detail %s SIGSTOP took effect after %.1f ms\n", VictimName(c.victim).c_str(),
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - signalled_at)
+            .count());
   }
   const auto faulted_at = std::chrono::steady_clock::now();
   for (Trainer& t : trainers) {
@@ -277,15 +284,19 @@ TEST_P(FaultMatrixTest, SurvivorsGetTheCulpritsErrorInTimeAndTheNextJobTrains) {
     EXPECT_FALSE(st.timed_out) << "trainer " << t.node << "." << t.local << " hung\n"
                                << log << cluster.DaemonLogs();
     ASSERT_TRUE(st.exited) << st.ToString();
-    EXPECT_TRUE(ExpectedCode(c, t.node, st.code)) << CodeName(st.code) << "\n" << log << cluster.DaemonLogs();
+    EXPECT_TRUE(ExpectedCode(c, t.node, st.code)) << CodeName(st.code) << "\n"
+                                                  << log << cluster.DaemonLogs();
     bool named = false;
-    for (const std::string& culprit : Culprits(c, t.node, victim_daemon_pid, victim_daemon_socket)) {
+    for (const std::string& culprit :
+         Culprits(c, t.node, victim_daemon_pid, victim_daemon_socket)) {
       named = named || error.find(culprit) != std::string::npos;
     }
     if (!named) saw.back() += "(culprit not named)";
     EXPECT_TRUE(named) << "trainer " << t.node << "." << t.local << " was not told the culprit ("
-                       << absl::StrJoin(Culprits(c, t.node, victim_daemon_pid, victim_daemon_socket), " | ")
-                       << "): " << error << "\n" << cluster.DaemonLogs();
+                       << absl::StrJoin(
+                              Culprits(c, t.node, victim_daemon_pid, victim_daemon_socket), " | ")
+                       << "): " << error << "\n"
+                       << cluster.DaemonLogs();
   }
   // 4. Survivors' daemons are alive; the victim goes for good.
   for (int n = 0; n < kNodes; ++n) {
@@ -320,11 +331,13 @@ TEST_P(FaultMatrixTest, SurvivorsGetTheCulpritsErrorInTimeAndTheNextJobTrains) {
     left += segments.size();
     EXPECT_TRUE(segments.empty()) << "node " << n << " left " << absl::StrJoin(segments, " ");
   }
-  std::printf("fault_matrix_row | %s %s | %s | %s | %.1f s | daemons %s, next job %s, %zu segments left |\n",
-              VictimName(c.victim).c_str(), c.signal == SIGKILL ? "SIGKILL" : "SIGSTOP",
-              StageName(c.stage).c_str(), absl::StrJoin(saw, " ").c_str(), slowest_s,
-              c.victim == Victim::kTrainer ? "alive" : "survivor alive, victim restarted",
-              trained ? "trained exactly" : "FAILED", left);
+  std::printf(
+      "fault_matrix_row | %s %s | %s | %s | %.1f s | daemons %s, next job %s, %zu segments left "
+      "|\n",
+      VictimName(c.victim).c_str(), c.signal == SIGKILL ? "SIGKILL" : "SIGSTOP",
+      StageName(c.stage).c_str(), absl::StrJoin(saw, " ").c_str(), slowest_s,
+      c.victim == Victim::kTrainer ? "alive" : "survivor alive, victim restarted",
+      trained ? "trained exactly" : "FAILED", left);
 }
 
 std::vector<Case> AllCases() {

@@ -86,7 +86,8 @@ TEST(FaultTest, WithheldGradientTimesOutNamingTrainerAndTensor) {
   Daemon daemon(2, {"--timeout-s=2", "--stall-threshold-s=1"});
   ASSERT_TRUE(daemon.WaitReady(seconds(10)));
   Process ok = StartTrainer(daemon, 0, {"--steps=5"}, "");
-  Process stuck = StartTrainer(daemon, 1, {"--steps=5", "--withhold=0", "--wait-timeout-ms=60000"}, "");
+  Process stuck =
+      StartTrainer(daemon, 1, {"--steps=5", "--withhold=0", "--wait-timeout-ms=60000"}, "");
   ExitStatus a = ok.Wait(kBound), b = stuck.Wait(kBound);
   EXPECT_EQ(a.code, kExitTimeout) << ok.Log();
   EXPECT_EQ(b.code, kExitTimeout) << stuck.Log();
@@ -114,7 +115,8 @@ TEST(FaultTest, DaemonKilledMidIterationThenRestarted) {
   const std::string socket = daemon->socket();
   const std::string prefix = daemon->shm_prefix();
   std::vector<Process> ps;
-  for (int r = 0; r < 2; ++r) ps.push_back(StartTrainer(*daemon, r, {"--steps=1000", "--sleep-ms=30"}, ""));
+  for (int r = 0; r < 2; ++r)
+    ps.push_back(StartTrainer(*daemon, r, {"--steps=1000", "--sleep-ms=30"}, ""));
   // Iteration 0 finished and the next is planned: iterations are in flight.
   ASSERT_TRUE(WaitForLog(daemon->process(), "event=plan_decided", kBound));
   const pid_t old_pid = daemon->process().pid();
@@ -128,13 +130,13 @@ TEST(FaultTest, DaemonKilledMidIterationThenRestarted) {
   // The killed daemon left its segments behind...
   EXPECT_FALSE(SegmentsWithPrefix(absl::StrCat(prefix, ".", old_pid, ".")).empty());
   // ...a new daemon on the same socket and prefix cleans them up and serves.
-  Process restarted = Process::Spawn(
-      {Runfile("daemon/gradsyncd"), "--socket=" + socket, "--listen=127.0.0.1:0",
-       "--shm-prefix=" + prefix, "--local-size=2"},
-      daemon->dir() + "/daemon2.log");
+  Process restarted =
+      Process::Spawn({Runfile("daemon/gradsyncd"), "--socket=" + socket, "--listen=127.0.0.1:0",
+                      "--shm-prefix=" + prefix, "--local-size=2"},
+                     daemon->dir() + "/daemon2.log");
   // The new daemon removes them as it starts: wait for that, with a deadline.
-  EXPECT_TRUE(WaitUntil([&] { return SegmentsWithPrefix(absl::StrCat(prefix, ".", old_pid, ".")).empty(); },
-                        kBound))
+  EXPECT_TRUE(WaitUntil(
+      [&] { return SegmentsWithPrefix(absl::StrCat(prefix, ".", old_pid, ".")).empty(); }, kBound))
       << ReadFile(restarted.log_path());
   std::vector<Process> again;
   for (int r = 0; r < 2; ++r) again.push_back(StartTrainer(*daemon, r, {"--steps=5"}, ""));
@@ -172,7 +174,8 @@ TEST(FaultTest, TrainerThatDiesBeforeOpeningItsWatchStreamIsReaped) {
   {
     // Attach as local rank 0 and vanish without ever opening the Watch
     // stream (a process killed right after attaching).
-    auto channel = grpc::CreateChannel("unix:" + daemon.socket(), grpc::InsecureChannelCredentials());
+    auto channel =
+        grpc::CreateChannel("unix:" + daemon.socket(), grpc::InsecureChannelCredentials());
     auto stub = v1::Local::NewStub(channel);
     v1::AttachRequest req;
     req.set_local_rank(0);
@@ -193,8 +196,8 @@ TEST(FaultTest, TrainerThatDiesBeforeOpeningItsWatchStreamIsReaped) {
 // The daemon's first node segment ("<prefix>.<daemon pid>.node1.<random>"),
 // the one the first job's trainers were told.
 std::string FirstNodeSegmentPath(Daemon& daemon) {
-  const std::vector<std::string> found = SegmentsWithPrefix(
-      absl::StrCat(daemon.shm_prefix(), ".", daemon.process().pid(), ".node1."));
+  const std::vector<std::string> found =
+      SegmentsWithPrefix(absl::StrCat(daemon.shm_prefix(), ".", daemon.process().pid(), ".node1."));
   return found.size() == 1 ? "/dev/shm/" + found[0] : "(no single first node segment)";
 }
 
@@ -260,8 +263,7 @@ TEST(MisuseTest, NoSyncOnOneTrainerOnlyFailsBothWithMismatch) {
     // Whichever trainer's entry arrived first is named first: "rank 0 ...
     // summed 1 iteration(s) ... but rank 1 ... summed 2 (1 under no_sync)" or
     // the other way round. Either way the accumulating rank 1 is named with 2.
-    const bool rank1_first =
-        log.find("rank 1 (local 1") < log.find("rank 0 (local 0");
+    const bool rank1_first = log.find("rank 1 (local 1") < log.find("rank 0 (local 0");
     EXPECT_NE(log.find(rank1_first ? "summed 2 iteration(s)" : "summed 2 (1 under no_sync)"),
               std::string::npos)
         << log;

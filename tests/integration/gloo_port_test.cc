@@ -12,12 +12,11 @@
 // deterministically still listening when the stranger — who holds no token
 // — connects.
 #include <arpa/inet.h>
-#include <signal.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <cstring>

@@ -1,6 +1,7 @@
 #include "tests/integration/harness.h"
 
 #include <dirent.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -12,8 +13,6 @@
 #include <fstream>
 #include <thread>
 
-#include <gtest/gtest.h>
-
 #include "tests/testing/wait.h"
 
 namespace gradsync::testing {
@@ -22,9 +21,7 @@ Daemon::Daemon(int local_size, std::vector<std::string> args,
                const std::map<std::string, std::string>& env, const std::string& binary) {
   socket_ = dir_.File("gradsyncd.sock");
   shm_prefix_ = "gst" + std::to_string(getpid()) + "x" + std::to_string(rand() % 100000);
-  std::vector<std::string> argv = {Runfile(binary),
-                                   "--socket=" + socket_,
-                                   "--listen=127.0.0.1:0",
+  std::vector<std::string> argv = {Runfile(binary), "--socket=" + socket_, "--listen=127.0.0.1:0",
                                    "--shm-prefix=" + shm_prefix_,
                                    "--local-size=" + std::to_string(local_size)};
   argv.insert(argv.end(), args.begin(), args.end());
@@ -148,9 +145,10 @@ void ExpectTrains(Daemon& daemon, int trainers, const std::string& why,
   for (int r = 0; r < trainers; ++r) ps.push_back(StartTrainer(daemon, r, args, ""));
   for (int r = 0; r < trainers; ++r) {
     const ExitStatus st = ps[r].Wait(bound);
-    EXPECT_TRUE(st.exited && st.code == 0) << why << ": trainer " << r << " " << st.ToString()
-                                           << "\n" << ps[r].Log() << "\ndaemon:\n"
-                                           << daemon.process().Log();
+    EXPECT_TRUE(st.exited && st.code == 0)
+        << why << ": trainer " << r << " " << st.ToString() << "\n"
+        << ps[r].Log() << "\ndaemon:\n"
+        << daemon.process().Log();
   }
 }
 

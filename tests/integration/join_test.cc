@@ -5,9 +5,8 @@
 // gradients of the ranks still running, divided by the world size or by how
 // many still run), on one node and across two; and the misuses and faults
 // around a join.
-#include <signal.h>
-
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <string>
 #include <vector>
@@ -77,11 +76,12 @@ TEST_P(JoinOneNodeTest, UnevenTrainersMatchDdpJoin) {
   ExpectMatchesReference(daemon.dir(), c, outs[0], log);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Join, JoinOneNodeTest,
-    ::testing::Values(Case{{10, 7, 3}, false, "divide_by_initial_world_size"},
-                      Case{{10, 7, 3}, true, "divide_by_active_trainers"}),
-    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Join, JoinOneNodeTest,
+                         ::testing::Values(Case{{10, 7, 3}, false, "divide_by_initial_world_size"},
+                                           Case{{10, 7, 3}, true, "divide_by_active_trainers"}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
 
 // Two daemons, two trainers each: node 1's trainers (ranks 2, 3) have both
 // joined after 3 steps while node 0's go on to 10 and 8; node 1 keeps
@@ -117,8 +117,9 @@ TEST_P(JoinTwoNodesTest, OneNodeJoinsWhileTheOtherTrains) {
   }
   for (size_t t = 0; t < trainers.size(); ++t) {
     ExitStatus st = trainers[t].Wait(kBound);
-    ASSERT_TRUE(st.exited && st.code == 0)
-        << "trainer " << t << " code " << st.code << "\n" << trainers[t].Log() << "\n" << logs();
+    ASSERT_TRUE(st.exited && st.code == 0) << "trainer " << t << " code " << st.code << "\n"
+                                           << trainers[t].Log() << "\n"
+                                           << logs();
   }
   EXPECT_NE(cluster.node(1).process().Log().find("event=all_joined"), std::string::npos) << logs();
   ExpectMatchesReference(cluster.dir(), c, outs[0], logs());
@@ -171,8 +172,8 @@ TEST(JoinMisuse, CallsAfterJoinAreRefusedNamingTheTrainer) {
     ASSERT_TRUE(daemon.WaitReady(seconds(10)));
     Process p = StartTrainer(daemon, 0, {"--join-steps=2", "--after-join=" + what}, "");
     EXPECT_EQ(p.Wait(kBound).code, kExitInvalidArgument) << what << "\n" << p.Log();
-    EXPECT_NE(p.Log().find("rank 0 (local 0) after its gs_join"), std::string::npos)
-        << what << "\n" << p.Log();
+    EXPECT_NE(p.Log().find("rank 0 (local 0) after its gs_join"), std::string::npos) << what << "\n"
+                                                                                     << p.Log();
   }
 }
 

@@ -22,9 +22,9 @@
 namespace gradsync::testing {
 namespace {
 
+using std::chrono::seconds;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using std::chrono::seconds;
 
 constexpr auto kBound = seconds(30);
 
@@ -51,14 +51,12 @@ TEST_F(LocalTrustTest, AnotherUserCannotAttachAndTheDaemonKeepsServing) {
       daemon.dir() + "/intruder.log", rank0);
   const ExitStatus st = intruder.Wait(kBound);
   EXPECT_EQ(st.code, kExitUnavailable) << st.ToString() << "\n" << intruder.Log();
-  EXPECT_THAT(intruder.Log(), HasSubstr("gradsyncd at " + daemon.socket() +
-                                        " (uid 0 (root) pid " +
-                                        std::to_string(daemon.process().pid()) +
-                                        ") dropped the connection"));
-  EXPECT_TRUE(WaitForLog(daemon.process(),
-                         absl::StrCat("event=peer_refused uid=", OtherUser::kUid,
-                                      " pid=", intruder.pid()),
-                         kBound))
+  EXPECT_THAT(intruder.Log(),
+              HasSubstr("gradsyncd at " + daemon.socket() + " (uid 0 (root) pid " +
+                        std::to_string(daemon.process().pid()) + ") dropped the connection"));
+  EXPECT_TRUE(WaitForLog(
+      daemon.process(),
+      absl::StrCat("event=peer_refused uid=", OtherUser::kUid, " pid=", intruder.pid()), kBound))
       << daemon.process().Log();
   EXPECT_THAT(daemon.process().Log(), Not(HasSubstr("event=attach")));
   ASSERT_TRUE(daemon.process().Running()) << daemon.process().Log();
@@ -76,14 +74,14 @@ TEST_F(LocalTrustTest, RootTrainerRefusesADaemonOfAnotherUser) {
   const std::string socket = dir.File("gradsyncd.sock");
   const std::string prefix = UniquePrefix("fake");
   Process fake = Process::Spawn(
-      other.Argv({other.Share("daemon/gradsyncd"), "--socket=" + socket, "--listen=",
-                  "--shm-prefix=" + prefix, "--local-size=1", "--timeout-s=20"}),
+      other.Argv({other.Share("daemon/gradsyncd"), "--socket=" + socket,
+                  "--listen=", "--shm-prefix=" + prefix, "--local-size=1", "--timeout-s=20"}),
       TestTmpDir() + "/fake_daemon.log");
   ASSERT_TRUE(WaitForSocket(fake, socket, seconds(10))) << fake.Log();
 
   const std::string trainer_bin = Runfile("examples/mlp_trainer");
-  Process fooled = Process::Spawn({trainer_bin, "--socket=" + socket, "--steps=3"},
-                                  dir.File("trainer.log"));
+  Process fooled =
+      Process::Spawn({trainer_bin, "--socket=" + socket, "--steps=3"}, dir.File("trainer.log"));
   EXPECT_EQ(fooled.Wait(kBound).code, kExitUnavailable) << fooled.Log();
   EXPECT_THAT(fooled.Log(), HasSubstr(absl::StrCat("refusing the daemon at ", socket,
                                                    ": it runs as uid ", OtherUser::kUid, " pid ",

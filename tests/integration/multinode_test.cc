@@ -2,10 +2,9 @@
 // job, with real trainer processes: equivalence with single-process
 // training, layout mismatches between nodes, a daemon killed mid-iteration
 // and the job re-formed (warm restart), and refused joins.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstdio>
@@ -18,9 +17,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/call_token.h"
 #include "gradsync/v1/control.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
-#include "common/call_token.h"
 #include "tests/integration/cluster.h"
 #include "tests/integration/control_stats.h"
 #include "tests/integration/harness.h"
@@ -103,9 +102,11 @@ TEST(MultiNode, ABucketOfSeveralPiecesTrainsLikeOneProcess) {
     ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
   }
   for (int n = 0; n < 2; ++n) {
-    EXPECT_NE(cluster.node(n).process().Log().find("event=plan_pieces buckets=1 pieces=3 piece_mb=8"),
-              std::string::npos)
-        << "node " << n << ":\n" << cluster.node(n).process().Log();
+    EXPECT_NE(
+        cluster.node(n).process().Log().find("event=plan_pieces buckets=1 pieces=3 piece_mb=8"),
+        std::string::npos)
+        << "node " << n << ":\n"
+        << cluster.node(n).process().Log();
   }
   const std::vector<double> expected = SingleProcessReference(cluster.dir(), common);
   const std::vector<double> first = LoadWeights(outs[0]);
@@ -168,8 +169,8 @@ int MetricsPort(Daemon& daemon) {
 // The value of the first sample of `metric` (name then '{' or ' '), or -1.
 double Sample(const std::string& text, const std::string& metric) {
   for (size_t at = text.find(metric); at != std::string::npos; at = text.find(metric, at + 1)) {
-    if ((at > 0 && text[at - 1] != '\n') || (text[at + metric.size()] != '{' &&
-                                              text[at + metric.size()] != ' ')) {
+    if ((at > 0 && text[at - 1] != '\n') ||
+        (text[at + metric.size()] != '{' && text[at + metric.size()] != ' ')) {
       continue;
     }
     const size_t end = text.find('\n', at);
@@ -185,7 +186,8 @@ double Sample(const std::string& text, const std::string& metric) {
 TEST(MultiNode, StatsTableAndMetricsShowTheWireDtypeBytesAndJoins) {
   // --uneven-inputs: the nodes agree on the job's active trainers (without
   // it each node counts only its own).
-  Cluster cluster(Job(2, 1, {"--wire-dtype=bf16", "--metrics-listen=127.0.0.1:0", "--uneven-inputs"}));
+  Cluster cluster(
+      Job(2, 1, {"--wire-dtype=bf16", "--metrics-listen=127.0.0.1:0", "--uneven-inputs"}));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Process> trainers;
   for (int n = 0; n < 2; ++n) {
@@ -197,9 +199,9 @@ TEST(MultiNode, StatsTableAndMetricsShowTheWireDtypeBytesAndJoins) {
   ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=plan_decided", kBound))
       << cluster.DaemonLogs();
 
-  Process table = Process::Spawn({Runfile("client/gradsyncctl"),
-                                  absl::StrCat("--addr=127.0.0.1:", cluster.port()), "stats"},
-                                 cluster.dir() + "/table.log");
+  Process table = Process::Spawn(
+      {Runfile("client/gradsyncctl"), absl::StrCat("--addr=127.0.0.1:", cluster.port()), "stats"},
+      cluster.dir() + "/table.log");
   Process scrape = Process::Spawn(
       {"/usr/bin/curl", "-sSf", absl::StrCat("http://127.0.0.1:", metrics_port, "/metrics")},
       cluster.dir() + "/metrics.txt");
@@ -267,7 +269,8 @@ TEST(MultiNode, KilledDaemonFailsEveryTrainerThenTheJobReforms) {
                                         << trainers[n].Log() << cluster.DaemonLogs();
     if (n == 1) continue;
     EXPECT_NE(trainers[n].Log().find("node_rank=1 (host=127.0.0.1) is dead"), std::string::npos)
-        << "trainer on node " << n << "\n" << trainers[n].Log() << cluster.DaemonLogs();
+        << "trainer on node " << n << "\n"
+        << trainers[n].Log() << cluster.DaemonLogs();
   }
   // Warm restart: the surviving daemons, untouched, plus a new node 1.
   ASSERT_TRUE(cluster.StartNode(1)) << cluster.DaemonLogs();
@@ -279,7 +282,8 @@ TEST(MultiNode, KilledDaemonFailsEveryTrainerThenTheJobReforms) {
     ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
   }
   const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
-  for (const std::string& out : outs) EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12);
+  for (const std::string& out : outs)
+    EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12);
   EXPECT_NE(cluster.node(0).process().Log().find("event=joined generation=2"), std::string::npos)
       << cluster.DaemonLogs();
 }
@@ -304,10 +308,10 @@ TEST(MultiNode, StallIsReportedByTheLeaderNamingNodeTrainerAndTensor) {
   EXPECT_NE(line.find("rank 1 (local 0"), std::string::npos) << line;
   EXPECT_NE(line.find("fc1.weight"), std::string::npos) << line;
   // The leader's stats carry node 1's report too.
-  Process stats = Process::Spawn({Runfile("client/gradsyncctl"),
-                                  absl::StrCat("--addr=127.0.0.1:", cluster.port()), "stats",
-                                  "--json"},
-                                 cluster.dir() + "/stats.log");
+  Process stats =
+      Process::Spawn({Runfile("client/gradsyncctl"),
+                      absl::StrCat("--addr=127.0.0.1:", cluster.port()), "stats", "--json"},
+                     cluster.dir() + "/stats.log");
   EXPECT_EQ(stats.Wait(kBound).code, 0) << stats.Log();
   const std::string json = stats.Log();
   EXPECT_NE(json.find("node_rank=1"), std::string::npos) << json;
@@ -330,7 +334,8 @@ TEST(MultiNode, DeadLeaderIsReportedAsSuch) {
   EXPECT_FALSE(sa.timed_out || sb.timed_out);
   EXPECT_EQ(sa.code, 14) << a.Log();  // its own daemon died
   EXPECT_EQ(sb.code, 14) << b.Log();
-  EXPECT_NE(b.Log().find("the leader is dead"), std::string::npos) << b.Log() << cluster.DaemonLogs();
+  EXPECT_NE(b.Log().find("the leader is dead"), std::string::npos)
+      << b.Log() << cluster.DaemonLogs();
 }
 
 TEST(MultiNode, ConfigSetOnTheLeaderRePlansEveryNodeAtTheSameIteration) {
@@ -442,9 +447,9 @@ TEST(MultiNode, ConfigChangeEarlyInAFastJobAppliesAtTheSameIterationOnBothNodes)
     // iterations after the stall. Rounds alternate the caps, so each one
     // re-plans.
     ASSERT_TRUE(WaitForLogAfter(trainers[0], "step   8 ", 0, kBound)) << trainers[0].Log();
-    const absl::Status set = SetBucketCaps(cluster.port(), "s3cret",  // the Cluster's job token
-                                           round % 2 == 0 ? "25" : "0.001",
-                                           round % 2 == 0 ? "1" : "0.0001");
+    const absl::Status set =
+        SetBucketCaps(cluster.port(), "s3cret",  // the Cluster's job token
+                      round % 2 == 0 ? "25" : "0.001", round % 2 == 0 ? "1" : "0.0001");
     ASSERT_TRUE(set.ok()) << set.message();
     for (auto& t : trainers) {
       ExitStatus st = t.Wait(seconds(120));
@@ -484,9 +489,9 @@ TEST(MultiNode, ConfigBurstsKeepEveryNodeOnTheSamePlanAndTrainingExact) {
   std::thread burst([&] {
     for (int i = 0; !done.load(); ++i) {
       // Alternating between one bucket per tensor and one for all of them.
-      const absl::Status set = SetBucketCaps(cluster.port(), "s3cret",  // the Cluster's job token
-                                             i % 2 == 0 ? "25" : "0.001",
-                                             i % 2 == 0 ? "1" : "0.0001");
+      const absl::Status set =
+          SetBucketCaps(cluster.port(), "s3cret",  // the Cluster's job token
+                        i % 2 == 0 ? "25" : "0.001", i % 2 == 0 ? "1" : "0.0001");
       EXPECT_TRUE(set.ok()) << set.message();
       std::this_thread::sleep_for(milliseconds(20));  // the burst's pace
     }
@@ -524,9 +529,9 @@ TEST(MultiNode, ConfigBurstWhileTheJobFormsKeepsEveryNodeOnTheSamePlan) {
   std::atomic<bool> done{false};
   std::thread burst([&] {
     for (int i = 0; !done.load(); ++i) {
-      const absl::Status set = SetBucketCaps(cluster.port(), "s3cret",  // the Cluster's job token
-                                             i % 2 == 0 ? "25" : "0.001",
-                                             i % 2 == 0 ? "1" : "0.0001");
+      const absl::Status set =
+          SetBucketCaps(cluster.port(), "s3cret",  // the Cluster's job token
+                        i % 2 == 0 ? "25" : "0.001", i % 2 == 0 ? "1" : "0.0001");
       EXPECT_TRUE(set.ok()) << set.message();
       std::this_thread::sleep_for(milliseconds(20));  // the burst's pace
     }
@@ -614,8 +619,7 @@ TEST(MultiNode, WrongNumberOfNodesAndDuplicateRanksAreRefused) {
   ASSERT_TRUE(confused.WaitReady(seconds(10)));
   Process c = StartTrainer(confused, 0, {"--steps=2"}, "");
   EXPECT_EQ(c.Wait(kBound).code, kExitInvalidArgument) << c.Log();
-  EXPECT_NE(c.Log().find("node_rank=2 was started with num_nodes=3"), std::string::npos)
-      << c.Log();
+  EXPECT_NE(c.Log().find("node_rank=2 was started with num_nodes=3"), std::string::npos) << c.Log();
 
   // A second daemon claiming node rank 1 while node 1 is in the round.
   Daemon twin(1, {"--num-nodes=2", "--node-rank=1", "--job-id=mnjob",
@@ -645,8 +649,7 @@ TEST(MultiNode, NonZeroRankWithoutLeaderExitsAtOnceNamingTheFlags) {
   EXPECT_TRUE(st.exited) << st.ToString();
   EXPECT_EQ(st.code, 2) << st.ToString();
   EXPECT_LT(std::chrono::steady_clock::now() - started, seconds(5));
-  EXPECT_NE(lost.process().Log().find(
-                "--node-rank 1 of --num-nodes 3 needs --leader HOST:PORT"),
+  EXPECT_NE(lost.process().Log().find("--node-rank 1 of --num-nodes 3 needs --leader HOST:PORT"),
             std::string::npos)
       << lost.process().Log();
   // Nothing was bound or created before the refusal.
@@ -719,9 +722,8 @@ TEST(MultiNode, CompressedWireTrainsWithinTheCastsErrorOfSingleProcessTraining) 
     const std::string out = dir.File(absl::StrCat("w.", wire, ".txt"));
     const uint64_t want_bytes = std::string(wire) == "off" ? min_fp32_bytes : min_fp32_bytes / 2;
     v1::Stats stats;
-    TrainTwoNodes(wire, args, out, [&](Cluster& cluster) {
-      stats = WaitForWireBytes(cluster, want_bytes);
-    });
+    TrainTwoNodes(wire, args, out,
+                  [&](Cluster& cluster) { stats = WaitForWireBytes(cluster, want_bytes); });
     EXPECT_EQ(stats.wire_dtype(), wire);
     EXPECT_GE(stats.wire_bytes(), want_bytes) << wire;
     const std::vector<double> got = LoadWeights(out);
@@ -762,8 +764,8 @@ TEST(MultiNode, TrainingWithABf16WireConvergesLikeFp32) {
   EXPECT_LT(fp32[47], 0.5 * fp32[0]) << "the fp32 run itself did not converge";
   std::printf("loss: step 0 %.6f, fp32 step 47 %.6f / 59 %.6f, bf16 step 59 %.6f\n", fp32[0],
               fp32[47], fp32.back(), bf16.back());
-  EXPECT_LT(bf16.back(), threshold) << "bf16 loss " << bf16.back() << " vs fp32 at step 47 "
-                                    << threshold;
+  EXPECT_LT(bf16.back(), threshold)
+      << "bf16 loss " << bf16.back() << " vs fp32 at step 47 " << threshold;
 }
 
 TEST(MultiNode, DifferentWireDtypesOnTwoNodesAreAMismatchNamingBoth) {

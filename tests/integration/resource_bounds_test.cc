@@ -2,6 +2,7 @@
 // not leave it deaf: connections until the process has no descriptor left
 // (then closed) and a flood of Attach calls during a running job — each
 // against a real gradsyncd, real sockets and real trainers.
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
@@ -11,7 +12,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <dirent.h>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -169,9 +169,9 @@ TEST(ResourceBoundsTest, TrainerTurnedAwayOutOfDescriptorsIsToldWhy) {
     }
     turned_away = true;
     EXPECT_EQ(st.code, kExitResourceExhausted) << trainer.Log();
-    EXPECT_NE(trainer.Log().find(absl::StrCat("gradsyncd (pid ", pid,
-                                              ") ran out of file descriptors")),
-              std::string::npos)
+    EXPECT_NE(
+        trainer.Log().find(absl::StrCat("gradsyncd (pid ", pid, ") ran out of file descriptors")),
+        std::string::npos)
         << trainer.Log();
     EXPECT_EQ(trainer.Log().find("serves only its own user"), std::string::npos) << trainer.Log();
   }
@@ -201,8 +201,7 @@ TEST(ResourceBoundsTest, AttachFloodDuringAJobIsBoundedAndTheJobKeepsTraining) {
   const pid_t pid = daemon.process().pid();
   const int threads_before = Threads(pid);
 
-  auto channel =
-      grpc::CreateChannel("unix:" + daemon.socket(), grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel("unix:" + daemon.socket(), grpc::InsecureChannelCredentials());
   auto stub = v1::Local::NewStub(channel);
   absl::Mutex mu;
   int returned = 0;

@@ -48,8 +48,8 @@ bool Truncate(const std::string& name, off_t size) {
 int main(int argc, char** argv) {
   if (argc != 4) return Fail("usage: rogue_trainer SOCKET LOCAL_RANK MODE");
   const std::string mode = argv[3];
-  auto channel = grpc::CreateChannel(std::string("unix:") + argv[1],
-                                     grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(std::string("unix:") + argv[1], grpc::InsecureChannelCredentials());
   auto stub = gradsync::v1::Local::NewStub(channel);
 
   gradsync::v1::AttachRequest attach;
@@ -104,8 +104,8 @@ int main(int argc, char** argv) {
     }
   }
   auto node = gradsync::ipc::NodeSegment::Open(registered.node_segment_name());
-  auto seg = gradsync::ipc::TrainerSegment::Open(registered.segment_name(), registered.layout_hash(),
-                                                 registered.arena_bytes());
+  auto seg = gradsync::ipc::TrainerSegment::Open(
+      registered.segment_name(), registered.layout_hash(), registered.arena_bytes());
   if (!node.ok() || !seg.ok()) return Fail("cannot open the segments");
 
   gradsync::ipc::ReadyEvent e{};
@@ -133,9 +133,9 @@ int main(int argc, char** argv) {
     const bool cut =
         mode == "truncate-node"
             ? Truncate(registered.node_segment_name(), 0)
-            : Truncate(registered.segment_name(),
-                       mode == "truncate-arena" ? static_cast<off_t>(seg->header()->arena_offset)
-                                                : 0);
+            : Truncate(
+                  registered.segment_name(),
+                  mode == "truncate-arena" ? static_cast<off_t>(seg->header()->arena_offset) : 0);
     if (!cut) return Fail("cannot truncate");
     gradsync::testing::WaitUntil(
         [&] {

@@ -6,9 +6,10 @@
 // hammer its leader, a fresh client's GetStats answers while they are
 // still connected (or is refused naming the bound while they hold calls),
 // and the leader stops on SIGTERM while they hold calls.
-#include <signal.h>
+#include "tests/integration/slow_reader.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <chrono>
 #include <memory>
@@ -22,7 +23,6 @@
 #include "tests/integration/cluster.h"
 #include "tests/integration/control_stats.h"
 #include "tests/integration/harness.h"
-#include "tests/integration/slow_reader.h"
 #include "tests/testing/wait.h"
 
 namespace gradsync::testing {
@@ -64,8 +64,7 @@ TEST(SlowReader, UnreadControlRepliesOnTheLeaderNeitherStopTheJobNorItsShutdown)
 
   // Long enough (sleep inside every backward) that the readers arrive while
   // the job trains and heart-beats through the leader's --listen port.
-  const std::vector<std::string> args = {"--steps=300", "--batch=60", "--fp64",
-                                         "--sleep-ms=40"};
+  const std::vector<std::string> args = {"--steps=300", "--batch=60", "--fp64", "--sleep-ms=40"};
   std::vector<std::string> outs;
   std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
   ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_running", kBound))
@@ -87,9 +86,8 @@ TEST(SlowReader, UnreadControlRepliesOnTheLeaderNeitherStopTheJobNorItsShutdown)
 
   for (size_t t = 0; t < trainers.size(); ++t) {
     const ExitStatus st = trainers[t].Wait(kBound);
-    ASSERT_TRUE(st.exited && st.code == 0)
-        << "trainer " << t << " ended with " << st.code << "\n"
-        << trainers[t].Log() << cluster.DaemonLogs();
+    ASSERT_TRUE(st.exited && st.code == 0) << "trainer " << t << " ended with " << st.code << "\n"
+                                           << trainers[t].Log() << cluster.DaemonLogs();
   }
   const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
   const std::vector<double> first = LoadWeights(outs[0]);
@@ -131,7 +129,8 @@ TEST(SlowReader, UnreadControlRepliesOnTheLeaderNeitherStopTheJobNorItsShutdown)
       kBound);
   for (const auto& reader : readers) ASSERT_FALSE(reader->closed()) << "the leader closed a reader";
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
-      << refused.error_message() << "\n" << cluster.node(0).process().Log();
+      << refused.error_message() << "\n"
+      << cluster.node(0).process().Log();
   EXPECT_NE(refused.error_message().find("Control.GetStats refused"), std::string::npos)
       << refused.error_message();
   EXPECT_NE(refused.error_message().find("max_control_calls_per_peer"), std::string::npos)
@@ -140,8 +139,8 @@ TEST(SlowReader, UnreadControlRepliesOnTheLeaderNeitherStopTheJobNorItsShutdown)
   // SIGTERM while they hold them: the leader exits cleanly.
   cluster.node(0).process().Signal(SIGTERM);
   const ExitStatus leader = cluster.node(0).process().Wait(kBound);
-  EXPECT_TRUE(leader.exited && leader.code == 0)
-      << "the leader did not exit on SIGTERM\n" << cluster.node(0).process().Log();
+  EXPECT_TRUE(leader.exited && leader.code == 0) << "the leader did not exit on SIGTERM\n"
+                                                 << cluster.node(0).process().Log();
 }
 
 }  // namespace

@@ -7,13 +7,14 @@
 //
 // The whole test process moves into a private mount namespace with its own
 // small /dev/shm (tests/testing/small_shm.h): a binary of its own.
+#include "tests/testing/small_shm.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
 #include "tests/integration/harness.h"
-#include "tests/testing/small_shm.h"
 
 namespace gradsync::testing {
 namespace {
@@ -39,7 +40,8 @@ TEST(SmallShmTest, RegisterSaysWhatDoesNotFitInsteadOfATrainerDyingOfSigbus) {
     EXPECT_TRUE(st.exited) << "trainer " << r << " " << st.ToString() << "\n" << big[r].Log();
     // A code the caller can act on (free /dev/shm or ask for less), not INTERNAL.
     EXPECT_EQ(st.code, kExitResourceExhausted)
-        << "trainer " << r << " on a /dev/shm too small for it:\n" << big[r].Log();
+        << "trainer " << r << " on a /dev/shm too small for it:\n"
+        << big[r].Log();
     const std::string log = big[r].Log();
     if (log.find("segment " + daemon.shm_prefix()) != std::string::npos &&
         log.find(" bytes, /dev/shm has ") != std::string::npos &&
@@ -48,7 +50,8 @@ TEST(SmallShmTest, RegisterSaysWhatDoesNotFitInsteadOfATrainerDyingOfSigbus) {
     }
   }
   EXPECT_TRUE(named) << "no trainer was told what did not fit:\n"
-                     << big[0].Log() << "\n" << big[1].Log() << "\ndaemon:\n"
+                     << big[0].Log() << "\n"
+                     << big[1].Log() << "\ndaemon:\n"
                      << daemon.process().Log();
   ASSERT_TRUE(daemon.process().Running()) << daemon.process().Log();
 

@@ -11,15 +11,14 @@
 // GRADSYNC_SOAK_ITERATIONS sets the total (default 300; the full
 // run: 2000). Each daemon's before/after numbers are printed as
 // `soak_resources` lines.
+#include <dirent.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <dirent.h>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -69,14 +68,14 @@ struct Resources {
   long fds = 0, threads = 0, segments = 0, rss_bytes = 0;
   // Of rss_bytes: the heap and stacks, and mapped shared memory (segments).
   long rss_anon_bytes = 0, rss_shmem_bytes = 0;
-  long executor_threads = 0;  // gRPC's pools, not in `threads`
+  long executor_threads = 0;                // gRPC's pools, not in `threads`
   std::map<std::string, int> thread_names;  // /proc/PID/task/*/comm, for the report
   bool operator==(const Resources& o) const {
     return fds == o.fds && threads == o.threads && segments == o.segments;
   }
   std::string ToString() const {
-    return absl::StrCat("fds=", fds, " threads=", threads, " grpc_executor_threads=",
-                        executor_threads, " segments=", segments,
+    return absl::StrCat("fds=", fds, " threads=", threads,
+                        " grpc_executor_threads=", executor_threads, " segments=", segments,
                         " rss_kib=", rss_bytes / 1024, " rss_anon_kib=", rss_anon_bytes / 1024,
                         " rss_shmem_kib=", rss_shmem_bytes / 1024);
   }
@@ -229,13 +228,17 @@ TEST(Soak, RestartsAndConfigChangesLeakNothingAndEveryCompletedSegmentIsExact) {
   for (int n = 0; n < kNodes; ++n) {
     const Resources now = Measure(cluster.node(n));
     std::string names_before, names_after;
-    for (const auto& [name, count] : baseline[n].thread_names) absl::StrAppend(&names_before, name, "x", count, " ");
-    for (const auto& [name, count] : now.thread_names) absl::StrAppend(&names_after, name, "x", count, " ");
-    std::printf("soak_threads node=%d before={%s} after={%s}\n", n, names_before.c_str(), names_after.c_str());
-    std::printf("soak_resources node=%d iterations=%d completed=%d kills=%d config_changes=%d "
-                "baseline{%s} after{%s}\n",
-                n, segments * kSegmentSteps, completed_iterations, killed, config_changes,
-                baseline[n].ToString().c_str(), now.ToString().c_str());
+    for (const auto& [name, count] : baseline[n].thread_names)
+      absl::StrAppend(&names_before, name, "x", count, " ");
+    for (const auto& [name, count] : now.thread_names)
+      absl::StrAppend(&names_after, name, "x", count, " ");
+    std::printf("soak_threads node=%d before={%s} after={%s}\n", n, names_before.c_str(),
+                names_after.c_str());
+    std::printf(
+        "soak_resources node=%d iterations=%d completed=%d kills=%d config_changes=%d "
+        "baseline{%s} after{%s}\n",
+        n, segments * kSegmentSteps, completed_iterations, killed, config_changes,
+        baseline[n].ToString().c_str(), now.ToString().c_str());
     EXPECT_EQ(now.fds, baseline[n].fds) << "node " << n;
     EXPECT_EQ(now.threads, baseline[n].threads) << "node " << n;
     EXPECT_EQ(now.segments, baseline[n].segments) << "node " << n;

@@ -25,8 +25,8 @@
 namespace gradsync::testing {
 namespace {
 
-using ::testing::HasSubstr;
 using std::chrono::seconds;
+using ::testing::HasSubstr;
 
 constexpr auto kBound = seconds(30);
 
@@ -152,8 +152,8 @@ TEST(StartupSegmentsTest, SweepKeepsOtherUsersAndOtherPidNamespacesSegments) {
   // What a SIGKILLed daemon of ours left: the sweep's job.
   const std::string own_stale = cleanup.Add(ipc::SegmentName(prefix, dead, "node1.0a"));
   // Recorded by a daemon in another pid namespace under a pid dead here.
-  const std::string other_namespace = cleanup.Add(
-      absl::StrCat(prefix, ".", dead, ".node1.0b.pidns", ipc::OwnPidNamespace() + 1));
+  const std::string other_namespace =
+      cleanup.Add(absl::StrCat(prefix, ".", dead, ".node1.0b.pidns", ipc::OwnPidNamespace() + 1));
   const std::string other_user = cleanup.Add(ipc::SegmentName(prefix, dead, "node1.0c"));
   for (const std::string& name : {own_stale, other_namespace}) {
     ASSERT_TRUE(ipc::SharedSegment::Create(name, 4096).ok()) << name;
@@ -174,8 +174,8 @@ TEST(StartupSegmentsTest, SweepKeepsOtherUsersAndOtherPidNamespacesSegments) {
   EXPECT_FALSE(SegmentExists(own_stale)) << daemon.Log();
   EXPECT_THAT(daemon.Log(), HasSubstr("event=stale_segment_removed name=" + own_stale));
   EXPECT_TRUE(SegmentExists(other_user)) << "another user's segment was removed\n" << daemon.Log();
-  EXPECT_TRUE(SegmentExists(other_namespace))
-      << "a segment of another pid namespace was removed\n" << daemon.Log();
+  EXPECT_TRUE(SegmentExists(other_namespace)) << "a segment of another pid namespace was removed\n"
+                                              << daemon.Log();
   daemon.Signal(SIGTERM);
   EXPECT_EQ(daemon.Wait(kBound).code, 0) << daemon.Log();
 }
@@ -203,8 +203,8 @@ TEST(StartupSegmentsTest, ADaemonInAnotherPidNamespaceRecordsThatNamespace) {
   EXPECT_NE(node[0].substr(tag), absl::StrCat(".pidns", ipc::OwnPidNamespace())) << node[0];
   // unshare waits for its child, the daemon (its pid here is unshare's
   // only child): stop the daemon, whose clean stop removes its segment.
-  const std::string children = ReadFile(absl::StrCat("/proc/", daemon.pid(), "/task/",
-                                                     daemon.pid(), "/children"));
+  const std::string children =
+      ReadFile(absl::StrCat("/proc/", daemon.pid(), "/task/", daemon.pid(), "/children"));
   const pid_t inner = std::atoi(children.c_str());
   ASSERT_GT(inner, 0) << "unshare's children: '" << children << "'";
   ASSERT_EQ(kill(inner, SIGTERM), 0);

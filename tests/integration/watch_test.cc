@@ -1,6 +1,8 @@
 // The Local service in-process over real gRPC: a session holds at most one
 // Watch stream. A second one is refused at once (it must not hold an RPC
 // thread for the session's life) and the first keeps serving.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -9,9 +11,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "absl/strings/str_format.h"
 #include "daemon/config.h"
@@ -34,8 +33,8 @@ class WatchTest : public ::testing::Test {
   void SetUp() override {
     config_.local_size = 2;  // the job never starts: only one trainer attaches
     config_.shm_prefix = absl::StrFormat("gsw%d", getpid());
-    auto node = ipc::NodeSegment::Create(ipc::SegmentName(config_.shm_prefix, getpid(), "node"),
-                                         getpid());
+    auto node =
+        ipc::NodeSegment::Create(ipc::SegmentName(config_.shm_prefix, getpid(), "node"), getpid());
     ASSERT_TRUE(node.ok()) << node.status();
     node_ = std::make_shared<ipc::NodeSegment>(std::move(*node));
     jobs_ = std::make_unique<JobRegistry>(
@@ -81,7 +80,8 @@ class WatchTest : public ::testing::Test {
   std::unique_ptr<v1::Local::Stub> stub_;
 };
 
-TEST_F(WatchTest, SecondWatchOnASessionIsRefusedWithFailedPreconditionNamingItWhileTheFirstKeepsServing) {
+TEST_F(WatchTest,
+       SecondWatchOnASessionIsRefusedWithFailedPreconditionNamingItWhileTheFirstKeepsServing) {
   const uint64_t session = Attach(0);
   v1::WatchRequest req;
   req.set_session_id(session);

@@ -16,8 +16,8 @@
 
 #include "gtest/gtest.h"
 #include "ipc/shared_segment.h"
-#include "tests/testing/process.h"
 #include "tests/ipc/segment_names.h"
+#include "tests/testing/process.h"
 
 namespace gradsync::ipc {
 

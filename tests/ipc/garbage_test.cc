@@ -16,8 +16,8 @@
 #include "ipc/events.h"
 #include "ipc/spsc_ring.h"
 #include "ipc/trainer_segment.h"
-#include "tests/testing/process.h"
 #include "tests/ipc/segment_names.h"
+#include "tests/testing/process.h"
 
 namespace gradsync::ipc {
 namespace {

@@ -11,8 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/process.h"
 #include "tests/ipc/segment_names.h"
+#include "tests/testing/process.h"
 
 namespace gradsync::ipc {
 namespace {

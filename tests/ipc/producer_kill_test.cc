@@ -17,8 +17,8 @@
 #include "ipc/node_segment.h"
 #include "ipc/shared_segment.h"
 #include "ipc/trainer_segment.h"
-#include "tests/testing/process.h"
 #include "tests/ipc/segment_names.h"
+#include "tests/testing/process.h"
 
 namespace gradsync::ipc {
 namespace {

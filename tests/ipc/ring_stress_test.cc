@@ -15,8 +15,8 @@
 #include "ipc/events.h"
 #include "ipc/node_segment.h"
 #include "ipc/trainer_segment.h"
-#include "tests/testing/process.h"
 #include "tests/ipc/segment_names.h"
+#include "tests/testing/process.h"
 
 namespace gradsync::ipc {
 namespace {
@@ -114,7 +114,7 @@ TEST(RingStressTest, TenMillionEventsBetweenProcesses) {
   ASSERT_TRUE(trainer.ok()) << trainer.status();
 
   auto child = Process::Fork([&] { return Produce(node_name, trainer_name); },
-                                   /*limit=*/seconds(240));
+                             /*limit=*/seconds(240));
   ASSERT_TRUE(child.ok()) << child.status();
 
   SpscRing<ReadyEvent>& ring = trainer->ready_ring();

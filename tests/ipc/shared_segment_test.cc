@@ -19,9 +19,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ipc/random_segment_name.h"
+#include "tests/ipc/segment_names.h"
 #include "tests/testing/process.h"
 #include "tests/testing/small_shm.h"
-#include "tests/ipc/segment_names.h"
 
 namespace gradsync::ipc {
 namespace {
@@ -316,8 +316,7 @@ TEST(SegmentNameTest, RandomNamesKeepPrefixAndPidFirstAndNeverRepeat) {
   const std::string pidns = absl::StrCat("pidns", OwnPidNamespace());
   for (int i = 0; i < 1000; ++i) {
     const std::string name = RandomSegmentName("gradsync", 1234, "j1.r0");
-    EXPECT_THAT(name, MatchesRegex("gradsync\\.1234\\.j1\\.r0\\.[0-9a-f]{16}\\." + pidns))
-        << name;
+    EXPECT_THAT(name, MatchesRegex("gradsync\\.1234\\.j1\\.r0\\.[0-9a-f]{16}\\." + pidns)) << name;
     names.insert(name);
   }
   EXPECT_EQ(names.size(), 1000u);
@@ -328,8 +327,8 @@ TEST(SegmentNameTest, CreateUnderRandomNameSkipsAPlantedName) {
   SegmentCleanup cleanup;
   const std::string prefix = UniquePrefix("plant");
   std::vector<std::string> tried;
-  auto seg = CreateUnderRandomName<SharedSegment>(
-      prefix, getpid(), "t0", [&](const std::string& name) {
+  auto seg =
+      CreateUnderRandomName<SharedSegment>(prefix, getpid(), "t0", [&](const std::string& name) {
         tried.push_back(cleanup.Add(name));
         if (tried.size() == 1) EXPECT_TRUE(SharedSegment::Create(name, 4096).ok());  // the plant
         return SharedSegment::Create(name, 4096);
@@ -345,8 +344,8 @@ TEST(SegmentNameTest, CreateUnderRandomNameGivesUpAfterBoundedAttempts) {
   SegmentCleanup cleanup;
   const std::string prefix = UniquePrefix("plant");
   int tries = 0;
-  auto seg = CreateUnderRandomName<SharedSegment>(
-      prefix, getpid(), "t0", [&](const std::string& name) {
+  auto seg =
+      CreateUnderRandomName<SharedSegment>(prefix, getpid(), "t0", [&](const std::string& name) {
         ++tries;
         EXPECT_TRUE(SharedSegment::Create(cleanup.Add(name), 4096).ok());  // the plant
         return SharedSegment::Create(name, 4096);
@@ -437,8 +436,8 @@ TEST(RemoveStaleSegmentsTest, KeepsOtherUsersAndOtherPidNamespacesSegments) {
   ASSERT_NE(OwnPidNamespace(), 0u);
   const std::string own_stale = cleanup.Add(SegmentName(prefix, dead, "node1.a"));
   const std::string other_user = cleanup.Add(SegmentName(prefix, dead, "node1.b"));
-  const std::string other_namespace = cleanup.Add(
-      absl::StrCat(prefix, ".", dead, ".node1.c.pidns", OwnPidNamespace() + 1));
+  const std::string other_namespace =
+      cleanup.Add(absl::StrCat(prefix, ".", dead, ".node1.c.pidns", OwnPidNamespace() + 1));
   const std::string unrecorded = cleanup.Add(absl::StrCat(prefix, ".", dead, ".node1.d"));
   for (const std::string& name : {own_stale, other_namespace, unrecorded}) {
     ASSERT_TRUE(SharedSegment::Create(name, 4096).ok()) << name;

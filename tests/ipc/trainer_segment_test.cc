@@ -14,8 +14,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ipc/arena.h"
-#include "tests/testing/process.h"
 #include "tests/ipc/segment_names.h"
+#include "tests/testing/process.h"
 
 namespace gradsync::ipc {
 namespace {

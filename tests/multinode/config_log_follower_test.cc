@@ -59,9 +59,8 @@ class ConfigLogFollowerTest : public ::testing::Test {
   }
 
   ConfigLogFollower Follower() {
-    return ConfigLogFollower(generation_, /*node_rank=*/1, [this](const std::string& key) {
-      return client_->Get(key);
-    });
+    return ConfigLogFollower(generation_, /*node_rank=*/1,
+                             [this](const std::string& key) { return client_->Get(key); });
   }
 
   std::unique_ptr<TestLeader> leader_;

@@ -109,7 +109,8 @@ TEST(GlooLoopSchedulingTest, EventLoopThreadsRunBatchAndCallersStayNormal) {
   for (int rank = 0; rank < 2; ++rank) {
     ASSERT_TRUE(reduced[rank].ok()) << "rank " << rank << ": " << reduced[rank];
     for (size_t i = 0; i < kCount; ++i) {
-      ASSERT_EQ(data[rank][i], static_cast<float>(3 + 2 * i)) << "rank " << rank << " element " << i;
+      ASSERT_EQ(data[rank][i], static_cast<float>(3 + 2 * i))
+          << "rank " << rank << " element " << i;
     }
   }
 }

@@ -45,8 +45,8 @@ class GlooMultiprocessTest : public ::testing::Test {
   }
 
   std::unique_ptr<Process> StartNode(const TestLeader& leader, int rank, int num_nodes,
-                                   const std::string& scenario,
-                                   std::vector<std::string> extra = {}) {
+                                     const std::string& scenario,
+                                     std::vector<std::string> extra = {}) {
     std::vector<std::string> args = {helper_,
                                      "--leader=" + leader.address(),
                                      "--job_id=" + std::string(kJob),
@@ -85,7 +85,8 @@ class GlooMultiprocessTest : public ::testing::Test {
     for (Process* c : children) {
       const ExitStatus status = c->Wait(kChildDeadline);  // reaped: returns at once
       EXPECT_TRUE(status.exited && status.code == static_cast<int>(code))
-          << status.ToString() << "\n" << Logs(children);
+          << status.ToString() << "\n"
+          << Logs(children);
     }
   }
 
@@ -121,8 +122,9 @@ TEST_F(GlooMultiprocessTest, JoinTimesOutWhenANodeNeverComes) {
   ExpectAllExit(Ptrs(nodes), ExitCode::kJoinFailed);
   for (const auto& node : nodes) {
     EXPECT_THAT(node->Log(), HasSubstr("DEADLINE_EXCEEDED"));
-    EXPECT_THAT(node->Log(), ::testing::ContainsRegex(
-                                 "missing node ranks: (node_rank=[01] \\([^,]*\\), )?node_rank=2 \\("));
+    EXPECT_THAT(node->Log(),
+                ::testing::ContainsRegex(
+                    "missing node ranks: (node_rank=[01] \\([^,]*\\), )?node_rank=2 \\("));
   }
   EXPECT_EQ(leader->service().GetStatus().generation, 0u);
   EXPECT_TRUE(leader->service().GetStatus().pending_node_ranks.empty());

@@ -16,11 +16,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "common/monotonic.h"
+#include "common/status_code.h"
 #include "daemon/cluster/rendezvous_client.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "common/status_code.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
 #include "tests/multinode/test_leader.h"
@@ -307,8 +307,10 @@ TEST_F(RendezvousServiceTest, JoinTimeoutNamesTheMissingNodesAndLeavesTheRound) 
     EXPECT_EQ(CodeOf(result.status()), v1::TIMEOUT);
     // Node 2 never came; the node that gave up first is missing for the
     // other one too.
-    EXPECT_THAT(Msg(result.status()), ContainsRegex(
-                    "missing node ranks: (node_rank=[01] \\([^,]*\\), )?node_rank=2 \\(no report from it"));
+    EXPECT_THAT(
+        Msg(result.status()),
+        ContainsRegex(
+            "missing node ranks: (node_rank=[01] \\([^,]*\\), )?node_rank=2 \\(no report from it"));
   }
   EXPECT_TRUE(leader_->service().GetStatus().pending_node_ranks.empty());
   // The timed-out nodes can join again and form the generation.
@@ -317,7 +319,10 @@ TEST_F(RendezvousServiceTest, JoinTimeoutNamesTheMissingNodesAndLeavesTheRound) 
 
 TEST_F(RendezvousServiceTest, JoinTimeoutQuotesWhatTheMissingNodeReportedAndAJoinDropsIt) {
   StartLeader(3);
-  ASSERT_TRUE(Client()->Set(FormingReportKey(2), "1 of 2 local trainers registered; missing local ranks 1").ok());
+  ASSERT_TRUE(
+      Client()
+          ->Set(FormingReportKey(2), "1 of 2 local trainers registered; missing local ranks 1")
+          .ok());
   const auto results = JoinAll({0, 1}, absl::Milliseconds(500));
   for (const auto& result : results) {
     ASSERT_FALSE(result.ok());

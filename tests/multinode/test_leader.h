@@ -20,8 +20,7 @@ class TestLeader {
   // Calls need `job_token` in their metadata, as on a daemon.
   TestLeader(const std::string& job_id, const std::string& job_token, int num_nodes,
              absl::Duration default_timeout, absl::Duration heartbeat_timeout,
-             MonotonicClock clock = MonotonicNow, int port = 0,
-             RendezvousStoreLimits limits = {});
+             MonotonicClock clock = MonotonicNow, int port = 0, RendezvousStoreLimits limits = {});
   ~TestLeader();
 
   // "127.0.0.1:PORT".
