@@ -373,6 +373,13 @@ std::string FormatStatsPrometheus(const v1::Stats& s) {
           s.active_trainers());
   w.Gauge("gradsync_joined_local_trainers", "This node's trainers that called gs_join.", {},
           s.joined_local_trainers());
+  if (s.has_iteration_duration()) {
+    // Daemon-wide and present from the start (zero counts): a scraper sees
+    // the family before the first job, unlike the per-bucket ones.
+    w.Histogram("gradsync_iteration_duration_seconds",
+                "Synced iterations' duration, every job since the daemon started.", {},
+                s.iteration_duration());
+  }
 
   for (const v1::TrainerStats& t : s.trainers()) {
     const Labels rank = {{"rank", absl::StrCat(t.rank())},

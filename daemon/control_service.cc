@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/log_value.h"
 #include "common/status_code.h"
+#include "daemon/observe/job_stats.h"
 #include "grpc/grpc.h"
 #include "spdlog/spdlog.h"
 
@@ -186,6 +187,9 @@ void ControlService::FillStats(v1::Stats* s) const {
   s->set_uptime_s(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
   if (std::shared_ptr<Job> job = jobs_->Current()) job->FillStats(s);
+  if (iteration_durations_ != nullptr) {
+    FillLatencyStats(*iteration_durations_, s->mutable_iteration_duration());
+  }
   if (extra_stats_) extra_stats_(s);
   if (job_stalls_) {
     // The leader also lists the stalls every node reported.

@@ -20,6 +20,7 @@
 #include "daemon/auth/call_auth.h"
 #include "daemon/control_admission.h"
 #include "daemon/engine/job_registry.h"
+#include "daemon/observe/latency_stats.h"
 #include "daemon/serial_worker.h"
 #include "gradsync/v1/control.grpc.pb.h"
 
@@ -59,6 +60,9 @@ class ControlService final : public v1::Control::CallbackService {
   void FillStats(v1::Stats* s) const;
   // Adds more to every FillStats (the autotuner's fields). Set before serving.
   void set_extra_stats(std::function<void(v1::Stats*)> fill) { extra_stats_ = std::move(fill); }
+  // The daemon's iteration-duration histogram (Stats.iteration_duration),
+  // which outlives this service. Set before serving; null = not reported.
+  void set_iteration_durations(const LatencyStats* durations) { iteration_durations_ = durations; }
 
  private:
   // Admits the call `rpc`, runs `body` (which fills `resp`; on renders_
@@ -79,6 +83,7 @@ class ControlService final : public v1::Control::CallbackService {
   PublishCaps publish_caps_;
   std::function<std::vector<std::string>()> job_stalls_;
   std::function<void(v1::Stats*)> extra_stats_;
+  const LatencyStats* iteration_durations_ = nullptr;  // see set_iteration_durations
   const CallAuth auth_;
   // One SetConfig at a time: its read-validate-publish-update of the
   // registry's configuration is one step. Guards no field of its own.

@@ -103,6 +103,7 @@ absl::Status Daemon::Start() {
     spdlog::info("event=timeline_started path={}", LogToken(config_.trace_file));
   }
   hooks.gpu = gpu_;
+  hooks.iteration_durations = &iteration_durations_;
   if (config_.autotune && (config_.num_nodes == 1 || config_.is_leader())) {
     autotune_ = std::make_unique<AutotuneDriver>(
         [this] { return EarliestJobWideIteration(); },
@@ -181,6 +182,7 @@ absl::Status Daemon::Start() {
     }
     control_service_ = std::make_unique<ControlService>(
         jobs_.get(), [this] { Drain(); }, std::move(publish), std::move(job_stalls), auth);
+    control_service_->set_iteration_durations(&iteration_durations_);
     if (autotune_) {
       control_service_->set_extra_stats(
           [tuner = autotune_.get()](v1::Stats* s) { tuner->FillStats(s); });
@@ -228,6 +230,7 @@ absl::Status Daemon::Start() {
     // Without --listen there is no Control service yet; /metrics needs its stats.
     if (!control_service_) {
       control_service_ = std::make_unique<ControlService>(jobs_.get(), [this] { Drain(); });
+      control_service_->set_iteration_durations(&iteration_durations_);
       if (autotune_) {
         control_service_->set_extra_stats(
             [tuner = autotune_.get()](v1::Stats* s) { tuner->FillStats(s); });

@@ -26,6 +26,7 @@
 #include "daemon/control_service.h"
 #include "daemon/engine/job_registry.h"
 #include "daemon/local_service.h"
+#include "daemon/observe/latency_stats.h"
 #include "daemon/observe/metrics_endpoint.h"
 #include "daemon/observe/timeline_writer.h"
 #include "grpcpp/grpcpp.h"
@@ -92,6 +93,10 @@ class Daemon {
   std::unique_ptr<AutotuneDriver> autotune_;
   // --trace-file; declared before jobs_ so that it outlives every job.
   std::unique_ptr<TimelineWriter> timeline_;
+  // Every job's iteration durations (Stats.iteration_duration, /metrics'
+  // gradsync_iteration_duration_seconds); declared before jobs_ so that it
+  // outlives every job.
+  LatencyStats iteration_durations_;
   std::unique_ptr<JobRegistry> jobs_;
   std::unique_ptr<LocalService> local_service_;
   std::unique_ptr<ControlService> control_service_;

@@ -442,6 +442,7 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
                                       hooks_.trace_dir, config_.job_id, config_.node_rank,
                                       config_.num_nodes, std::move(names));
   if (hooks_.timeline) stats_->StreamTo(hooks_.timeline);
+  stats_->set_iteration_durations(hooks_.iteration_durations);
 
   if (hooks_.on_iteration_done) {
     stats_->set_iteration_listener(

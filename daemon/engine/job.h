@@ -128,6 +128,9 @@ struct JobHooks {
   // Each completed iteration of job `job` (--autotune); scheduler thread.
   std::function<void(uint64_t job, uint64_t iteration, uint64_t bytes, int64_t end_ns)>
       on_iteration_done;
+  // The daemon's iteration-duration histogram across jobs (null = none);
+  // it outlives every job.
+  LatencyStats* iteration_durations = nullptr;
 };
 
 class Job {

@@ -11,7 +11,11 @@ namespace {
 constexpr size_t kKeepErrors = 16;
 constexpr size_t kKeepStalls = 16;
 
-void Fill(const LatencyStats& s, v1::LatencyStats* out) {
+void Fill(const LatencyStats& s, v1::LatencyStats* out) { FillLatencyStats(s, out); }
+
+}  // namespace
+
+void FillLatencyStats(const LatencyStats& s, v1::LatencyStats* out) {
   const LatencyStats::Summary sum = s.Summarize();
   out->set_last_us(sum.last_us);
   out->set_p50_us(sum.p50_us);
@@ -21,8 +25,6 @@ void Fill(const LatencyStats& s, v1::LatencyStats* out) {
   out->set_histogram_count(sum.histogram_total);
   out->set_histogram_sum_us(sum.histogram_sum_us);
 }
-
-}  // namespace
 
 JobStats::JobStats(int rank_offset, int world_size, size_t recorder_events, std::string trace_dir,
                    std::string job_id, int node_rank, int num_nodes,
@@ -96,6 +98,7 @@ void JobStats::OnBucketDone(const BucketTimeline& t) {
 void JobStats::OnIterationDone(uint64_t iteration, uint64_t bytes_per_trainer, int64_t start_ns,
                                int64_t end_ns) {
   rate_window_.Record(start_ns, end_ns);
+  if (iteration_durations_ != nullptr) iteration_durations_->RecordInterval(start_ns, end_ns);
   if (iteration_listener_) iteration_listener_(iteration, bytes_per_trainer, end_ns);
   iterations_.fetch_add(1, std::memory_order_relaxed);
   bytes_reduced_.fetch_add(bytes_per_trainer, std::memory_order_relaxed);

@@ -28,6 +28,9 @@
 
 namespace gradsync {
 
+// The proto form of `stats` (window percentiles and histogram).
+void FillLatencyStats(const LatencyStats& stats, v1::LatencyStats* out);
+
 class JobStats final : public SchedulerObserver {
  public:
   // `trace_dir`: where traces are written on stalls and timeouts.
@@ -62,6 +65,11 @@ class JobStats final : public SchedulerObserver {
   void set_iteration_listener(IterationListener listener) {
     iteration_listener_ = std::move(listener);
   }
+
+  // Also records each iteration's duration into `durations` (the daemon's
+  // histogram across jobs, which outlives this JobStats). Set before the
+  // scheduler starts; null = none.
+  void set_iteration_durations(LatencyStats* durations) { iteration_durations_ = durations; }
 
   // A job error: counted, kept, and (for timeouts) a trace file is written.
   void OnError(const std::string& message, bool write_trace) ABSL_LOCKS_EXCLUDED(mu_);
@@ -115,6 +123,7 @@ class JobStats final : public SchedulerObserver {
   std::deque<v1::StallReport> stalls_ ABSL_GUARDED_BY(mu_);
   std::function<void(const std::string&)> stall_listener_;  // see set_stall_listener
   IterationListener iteration_listener_;                    // see set_iteration_listener
+  LatencyStats* iteration_durations_ = nullptr;             // see set_iteration_durations
 };
 
 }  // namespace gradsync

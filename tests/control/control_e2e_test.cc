@@ -55,6 +55,7 @@
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/harness.h"
+#include "tests/testing/wait.h"
 
 namespace gradsync::testing {
 namespace {
@@ -119,13 +120,12 @@ std::optional<v1::Stats> GetStats(const std::string& addr, bool quiet = false) {
 // see an iteration done before the daemon's scheduler thread counts it, so
 // this also absorbs that (microseconds-long) lag after they exit.
 bool WaitForIterations(const std::string& addr, uint64_t iterations) {
-  const auto deadline = std::chrono::steady_clock::now() + kBound;
-  while (std::chrono::steady_clock::now() < deadline) {
-    std::optional<v1::Stats> s = GetStats(addr, /*quiet=*/true);
-    if (s && s->iterations() >= iterations) return true;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return false;
+  return WaitUntil(
+      [&] {
+        std::optional<v1::Stats> s = GetStats(addr, /*quiet=*/true);
+        return s && s->iterations() >= iterations;
+      },
+      kBound);
 }
 
 HealthResponse::ServingStatus Health(const std::string& addr) {
@@ -567,10 +567,7 @@ TEST(ControlE2eTest, ReflectionListsTheServicesAndHealthFollowsJobErrors) {
   EXPECT_FALSE(survivor.timed_out) << "the surviving trainer hung";
   EXPECT_EQ(survivor.code, kExitPeerFailed) << ps[0].Log();
   // The death is noticed asynchronously (its Watch stream breaks).
-  const auto deadline = std::chrono::steady_clock::now() + kBound;
-  while (Health(addr) == HealthResponse::SERVING && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(milliseconds(10));
-  }
+  WaitUntil([&] { return Health(addr) != HealthResponse::SERVING; }, kBound);
   EXPECT_EQ(Health(addr), HealthResponse::NOT_SERVING);
   h = RunCtl(addr, {"health"});
   EXPECT_EQ(h.code, 1) << h.err;
@@ -843,12 +840,7 @@ std::map<uint64_t, int> ReadyMarks(const std::string& addr) {
 
 // Polls until the recorder holds `count` ready marks of `iteration`.
 bool WaitForMarks(const std::string& addr, uint64_t iteration, int count) {
-  const auto deadline = std::chrono::steady_clock::now() + kBound;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (ReadyMarks(addr)[iteration] >= count) return true;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return false;
+  return WaitUntil([&] { return ReadyMarks(addr)[iteration] >= count; }, kBound);
 }
 
 // The iteration in flight at the drain cannot finish (rank 1 withholds a

@@ -367,6 +367,44 @@ TEST(StatsPrometheus, EmptyStatsStillWellFormed) {
   EXPECT_EQ(Find(samples, "gradsync_bucket_size_bytes", {}), nullptr);
 }
 
+// The daemon-wide iteration histogram is printed whenever the daemon set it,
+// with zero counts too: scrapers see the family before the first job.
+TEST(StatsPrometheus, IterationHistogramIsPrintedWheneverSetEvenWithZeroCounts) {
+  v1::Stats fresh;
+  v1::LatencyStats* zero = fresh.mutable_iteration_duration();
+  zero->add_histogram_bounds_us(1000);
+  zero->add_histogram_counts(0);
+  std::vector<Sample> samples = ParsePrometheus(FormatStatsPrometheus(fresh));
+  const Sample* count = Find(samples, "gradsync_iteration_duration_seconds_count", {});
+  ASSERT_NE(count, nullptr);
+  EXPECT_EQ(count->value, 0);
+
+  v1::Stats s;
+  v1::LatencyStats* d = s.mutable_iteration_duration();
+  d->add_histogram_bounds_us(1000);
+  d->add_histogram_bounds_us(2500);
+  d->add_histogram_counts(2);
+  d->add_histogram_counts(3);
+  d->set_histogram_count(4);
+  d->set_histogram_sum_us(6000);
+  samples = ParsePrometheus(FormatStatsPrometheus(s));
+  auto value = [&](const std::string& name, const std::map<std::string, std::string>& labels) {
+    const Sample* found = Find(samples, name, labels);
+    EXPECT_NE(found, nullptr) << name;
+    return found != nullptr ? found->value : -1;
+  };
+  EXPECT_EQ(value("gradsync_iteration_duration_seconds_bucket", {{"le", "0.001"}}), 2);
+  EXPECT_EQ(value("gradsync_iteration_duration_seconds_bucket", {{"le", "0.0025"}}), 3);
+  EXPECT_EQ(value("gradsync_iteration_duration_seconds_bucket", {{"le", "+Inf"}}), 4);
+  EXPECT_EQ(value("gradsync_iteration_duration_seconds_count", {}), 4);
+  EXPECT_DOUBLE_EQ(value("gradsync_iteration_duration_seconds_sum", {}), 0.006);
+
+  EXPECT_EQ(Find(ParsePrometheus(FormatStatsPrometheus(v1::Stats())),
+                 "gradsync_iteration_duration_seconds_count", {}),
+            nullptr)
+      << "not set: not printed";
+}
+
 TEST(ConfigFormat, KeyValueLinesInFieldOrder) {
   v1::Config c;
   c.set_bucket_cap_mb(25);

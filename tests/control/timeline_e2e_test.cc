@@ -27,6 +27,7 @@
 #include "gradsync/v1/control.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/harness.h"
+#include "tests/testing/wait.h"
 
 namespace gradsync::testing {
 namespace {
@@ -148,12 +149,8 @@ TEST(TimelineE2eTest, AKilledDaemonLeavesAnArrayThatParsesOnceClosed) {
 
   // The writer streams while the daemon runs: wait until the last bucket of
   // the last iteration is on disk, then kill the daemon without warning.
-  const auto deadline = std::chrono::steady_clock::now() + kBound;
   const std::string last = absl::StrCat("\"bucket\":", kBuckets - 1, ",\"iteration\":", kSteps - 1);
-  while (ReadFile(path).find(last) == std::string::npos &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::yield();
-  }
+  WaitUntil([&] { return ReadFile(path).find(last) != std::string::npos; }, kBound);
   daemon.process().Signal(SIGKILL);
   daemon.process().Wait(seconds(10));
 

@@ -14,9 +14,12 @@
 #include <chrono>
 #include <thread>
 
+#include "tests/testing/wait.h"
+
 namespace gradsync {
 namespace {
 
+using ::gradsync::testing::WaitUntil;
 using ::testing::HasSubstr;
 
 ControlLimits Limits(int calls, int per_peer, size_t bytes,
@@ -101,10 +104,7 @@ TEST(ControlAdmissionTest, AReplyUnsentPastItsDeadlineIsEndedOnce) {
                            return [&] { ++ended; };
                          })
                   .ok());
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (ended.load() == 0 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  WaitUntil([&] { return ended.load() != 0; }, std::chrono::seconds(30));
   ASSERT_EQ(ended.load(), 1);
   EXPECT_EQ(pinned.load(), 1);
   EXPECT_EQ(admission.usage().overdue, 1u);

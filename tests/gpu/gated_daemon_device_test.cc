@@ -20,10 +20,12 @@
 #include "gmock/gmock.h"
 #include "gpu/sim_device.h"
 #include "gtest/gtest.h"
+#include "tests/testing/wait.h"
 
 namespace gradsync::gpu {
 namespace {
 
+using ::gradsync::testing::WaitUntil;
 using ::testing::HasSubstr;
 
 // `host`: two nodes sharing SIM-GPU-0 need two hosts (NCCL refuses two
@@ -69,15 +71,7 @@ CollectiveOptions Group(int rank, Store* store) {
   return o;
 }
 
-// Waits (with a deadline) until `ready` holds.
-bool WaitFor(const std::function<bool()>& ready) {
-  const absl::Time deadline = MonotonicNow() + absl::Seconds(20);
-  while (!ready()) {
-    if (MonotonicNow() >= deadline) return false;
-    absl::SleepFor(absl::Milliseconds(1));  // polling observable state, not synchronizing
-  }
-  return true;
-}
+constexpr absl::Duration kBound = absl::Seconds(20);
 
 class GatedDaemonDeviceTest : public ::testing::Test {
  protected:
@@ -125,14 +119,14 @@ class GatedDaemonDeviceTest : public ::testing::Test {
 TEST_F(GatedDaemonDeviceTest, MemoryWorkWaitsForACollectiveOnTheSameGpu) {
   absl::Status collective;
   std::thread running([&] { collective = group_->AllreduceSum({{0, mine_, 4}}, DType::kFloat32); });
-  ASSERT_TRUE(WaitFor([&] { return gated_->gate().collectives("SIM-GPU-0") == 1; }));
+  ASSERT_TRUE(WaitUntil([&] { return gated_->gate().collectives("SIM-GPU-0") == 1; }, kBound));
   // Another GPU is not held.
   absl::StatusOr<void*> elsewhere = gated_->Alloc("SIM-GPU-1", 64);
   EXPECT_TRUE(elsewhere.ok()) << elsewhere.status();
 
   absl::StatusOr<void*> allocated;
   std::thread allocating([&] { allocated = gated_->Alloc("SIM-GPU-0", 64); });
-  ASSERT_TRUE(WaitFor([&] { return gated_->gate().memory_waiting("SIM-GPU-0") == 1; }));
+  ASSERT_TRUE(WaitUntil([&] { return gated_->gate().memory_waiting("SIM-GPU-0") == 1; }, kBound));
   // The peer joins: the collective completes, then the allocation runs.
   EXPECT_TRUE(peer_group_->AllreduceSum({{0, theirs_, 4}}, DType::kFloat32).ok());
   running.join();

@@ -27,11 +27,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/process.h"
+#include "tests/testing/wait.h"
 
 namespace gradsync::gpu {
 namespace {
 
 using ::gradsync::testing::Process;
+using ::gradsync::testing::WaitUntil;
 using ::testing::HasSubstr;
 
 constexpr char kPrefix[] = "gssimtest";
@@ -72,10 +74,10 @@ class Channel {
   std::string Receive(size_t size, absl::Duration timeout = absl::Seconds(20)) {
     std::string out(size, '\0');
     size_t done = 0;
-    const absl::Time deadline = absl::Now() + timeout;
+    const absl::Time deadline = MonotonicNow() + timeout;
     while (done < size) {
       pollfd p{fds_[0], POLLIN, 0};
-      const int left_ms = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+      const int left_ms = static_cast<int>(absl::ToInt64Milliseconds(deadline - MonotonicNow()));
       if (left_ms <= 0 || poll(&p, 1, left_ms) <= 0) return "";
       const ssize_t n = read(fds_[0], &out[done], size - done);
       if (n <= 0) return "";
@@ -101,12 +103,14 @@ class Channel {
 
 // Polls until the event completes (or fails, or 20 s pass: a hang guard).
 absl::StatusOr<Completion> AwaitEvent(SimDaemonDevice& dev, Event* event) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (true) {
-    absl::StatusOr<Completion> c = dev.QueryEvent(event);
-    if (!c.ok() || *c == Completion::kDone || absl::Now() > deadline) return c;
-    absl::SleepFor(absl::Microseconds(200));
-  }
+  absl::StatusOr<Completion> c = Completion::kPending;
+  WaitUntil(
+      [&] {
+        c = dev.QueryEvent(event);
+        return !c.ok() || *c == Completion::kDone;
+      },
+      absl::Seconds(20));
+  return c;
 }
 
 std::vector<float> ReadFloats(const void* p, size_t n) {
@@ -1104,8 +1108,18 @@ TEST_F(SimDeviceTest, AbortEndsAnInFlightCollectiveAndEveryLaterOne) {
   ASSERT_TRUE(group.ok()) << group.status();
   ASSERT_EQ(to_parent.Receive(1), "j");
   void* p = Fill(**dev, "SIM-GPU-0", DType::kFloat32, 8, 0);
+  // The collective is in flight once its input segment exists (it is
+  // created first and removed on return): abort it then, not before.
+  const std::string in_flight = absl::StrCat(kPrefix, ".", getpid(), ".c");
   std::thread aborter([&] {
-    absl::SleepFor(absl::Milliseconds(50));  // let the collective start waiting
+    EXPECT_TRUE(WaitUntil(
+        [&] {
+          for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+            if (e.path().filename().string().rfind(in_flight, 0) == 0) return true;
+          }
+          return false;
+        },
+        absl::Seconds(20)));
     (*group)->Abort("test: scheduler shutting down");
   });
   const absl::Status st = (*group)->AllreduceSum({{0, p, 8}}, DType::kFloat32);
@@ -1273,15 +1287,17 @@ TEST_F(SimDeviceTest, MemoryWorkOnAGpuWhereACollectiveRunsIsRefusedNamingIt) {
   // is in flight (until then an allocation is legitimate: free it again).
   absl::Status refused;
   std::vector<void*> later;  // allocated just before the collective started
-  const absl::Time deadline = MonotonicNow() + absl::Seconds(20);
-  while (refused.ok() && MonotonicNow() < deadline) {
-    absl::StatusOr<void*> p = (*dev)->Alloc("SIM-GPU-0", 64);
-    if (!p.ok()) {
-      refused = p.status();
-    } else if (!(*dev)->Free("SIM-GPU-0", *p).ok()) {
-      later.push_back(*p);
-    }
-  }
+  WaitUntil(
+      [&] {
+        absl::StatusOr<void*> p = (*dev)->Alloc("SIM-GPU-0", 64);
+        if (!p.ok()) {
+          refused = p.status();
+        } else if (!(*dev)->Free("SIM-GPU-0", *p).ok()) {
+          later.push_back(*p);
+        }
+        return !refused.ok();
+      },
+      absl::Seconds(20));
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(refused.message(), HasSubstr("cudaMalloc on SIM-GPU-0 while 1 collective(s) run"));
   EXPECT_TRUE((*dev)->Alloc("SIM-GPU-1", 64).ok());

@@ -19,6 +19,7 @@
 #include "gradsync/v1/local.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "tests/integration/harness.h"
+#include "tests/testing/wait.h"
 
 namespace gradsync::testing {
 namespace {
@@ -30,16 +31,6 @@ using std::chrono::seconds;
 
 // No hang means: every trainer ends well within this bound.
 constexpr auto kBound = seconds(30);
-
-// Polls `done` until it holds or `timeout` passes: tests wait on state.
-bool WaitUntil(const std::function<bool()>& done, milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return true;
-}
 
 TEST(FaultTest, LayoutMismatchNamesTheFirstDifferingTensorAndTheDaemonKeepsServing) {
   Daemon daemon(2, {"--timeout-s=20"});

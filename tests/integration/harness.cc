@@ -13,6 +13,8 @@
 #include <fstream>
 #include <thread>
 
+#include "tests/testing/wait.h"
+
 namespace gradsync::testing {
 
 Daemon::Daemon(int local_size, std::vector<std::string> args,
@@ -33,19 +35,20 @@ Daemon::~Daemon() {
 }
 
 bool WaitForSocket(Process& process, const std::string& path, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (!process.Running()) return false;
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-    const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    close(fd);
-    if (ok) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
+  bool connected = false;
+  WaitUntil(
+      [&] {
+        if (!process.Running()) return true;  // gave up: it will never answer
+        const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+        sockaddr_un addr{};
+        addr.sun_family = AF_UNIX;
+        std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+        connected = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+        close(fd);
+        return connected;
+      },
+      timeout);
+  return connected;
 }
 
 bool Daemon::WaitReady(std::chrono::milliseconds timeout) {
@@ -54,20 +57,23 @@ bool Daemon::WaitReady(std::chrono::milliseconds timeout) {
 
 int Daemon::ListenPort(std::chrono::milliseconds timeout) {
   static const std::string kKey = "listen_port=";
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (true) {
-    const std::string log = process_.Log();
-    const size_t started = log.find("event=started");
-    if (started != std::string::npos) {
-      const size_t at = log.find(kKey, started);
-      const size_t eol = log.find('\n', started);
-      if (at != std::string::npos && (eol == std::string::npos || at < eol)) {
-        return std::atoi(log.c_str() + at + kKey.size());
-      }
-    }
-    if (std::chrono::steady_clock::now() >= deadline || !process_.Running()) return 0;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  int port = 0;
+  WaitUntil(
+      [&] {
+        const std::string log = process_.Log();
+        const size_t started = log.find("event=started");
+        if (started != std::string::npos) {
+          const size_t at = log.find(kKey, started);
+          const size_t eol = log.find('\n', started);
+          if (at != std::string::npos && (eol == std::string::npos || at < eol)) {
+            port = std::atoi(log.c_str() + at + kKey.size());
+            return true;
+          }
+        }
+        return !process_.Running();  // gave up: it will never log it
+      },
+      timeout);
+  return port;
 }
 
 ExitStatus Daemon::Stop() {
@@ -109,13 +115,14 @@ bool IsStopped(pid_t pid) {
 }  // namespace
 
 bool WaitStopped(Process& p, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (IsStopped(p.pid())) return true;
-    if (!p.Running()) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return false;
+  bool stopped = false;
+  WaitUntil(
+      [&] {
+        stopped = IsStopped(p.pid());
+        return stopped || !p.Running();
+      },
+      timeout);
+  return stopped;
 }
 
 Process StartTrainer(const Daemon& daemon, int local_rank, const std::vector<std::string>& args,

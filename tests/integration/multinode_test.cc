@@ -23,6 +23,7 @@
 #include "tests/integration/cluster.h"
 #include "tests/integration/control_stats.h"
 #include "tests/integration/harness.h"
+#include "tests/testing/wait.h"
 
 namespace gradsync::testing {
 namespace {
@@ -394,26 +395,20 @@ std::string RebuildIterations(const std::string& log) {
 // Waits until `needle` is in the process's log past byte `from`.
 bool WaitForLogAfter(const Process& p, const std::string& needle, size_t from,
                      std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (p.Log().find(needle, from) != std::string::npos) return true;
-    std::this_thread::sleep_for(milliseconds(1));  // polling pace, not synchronization
-  }
-  return false;
+  return WaitUntil([&] { return p.Log().find(needle, from) != std::string::npos; }, timeout);
 }
 
 // True once process `pid` is stopped (state T in /proc/PID/stat).
 bool WaitUntilStopped(pid_t pid, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-    const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const size_t paren = stat.rfind(')');
-    if (paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T')
-      return true;
-    std::this_thread::sleep_for(milliseconds(1));  // polling pace, not synchronization
-  }
-  return false;
+  return WaitUntil(
+      [&] {
+        std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+        const std::string stat((std::istreambuf_iterator<char>(in)),
+                               std::istreambuf_iterator<char>());
+        const size_t paren = stat.rfind(')');
+        return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
+      },
+      timeout);
 }
 
 // A config change a few iterations into a job of fast
@@ -692,14 +687,13 @@ std::string TrainTwoNodes(const std::string& wire_dtype, const std::vector<std::
 // the last Stats seen at the deadline.
 v1::Stats WaitForWireBytes(const Cluster& cluster, uint64_t bytes) {
   v1::Stats stats;
-  const auto deadline = std::chrono::steady_clock::now() + kBound;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (const absl::StatusOr<v1::Stats> now = GetStats(cluster.port(), "s3cret"); now.ok()) {
-      stats = *now;
-      if (stats.wire_bytes() >= bytes) break;
-    }
-    std::this_thread::sleep_for(milliseconds(10));  // polling pace, not synchronization
-  }
+  WaitUntil(
+      [&] {
+        const absl::StatusOr<v1::Stats> now = GetStats(cluster.port(), "s3cret");
+        if (now.ok()) stats = *now;
+        return now.ok() && stats.wire_bytes() >= bytes;
+      },
+      kBound);
   return stats;
 }
 

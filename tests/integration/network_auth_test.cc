@@ -33,6 +33,7 @@
 #include "tests/integration/harness.h"
 #include "tests/integration/recording_proxy.h"
 #include "tests/integration/test_pki.h"
+#include "tests/testing/wait.h"
 
 namespace gradsync::testing {
 namespace {
@@ -91,13 +92,12 @@ grpc::Status Stats(const std::shared_ptr<grpc::Channel>& channel, uint64_t* iter
 // Polls GetStats until the daemon counted more than `iterations`.
 bool WaitForIterationsAbove(const std::string& addr, uint64_t iterations) {
   auto channel = Channel(addr);
-  const auto deadline = std::chrono::steady_clock::now() + kBound;
-  while (std::chrono::steady_clock::now() < deadline) {
-    uint64_t now = 0;
-    if (Stats(channel, &now).ok() && now > iterations) return true;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return false;
+  return WaitUntil(
+      [&] {
+        uint64_t now = 0;
+        return Stats(channel, &now).ok() && now > iterations;
+      },
+      kBound);
 }
 
 uint64_t Iterations(const std::string& addr) {

@@ -24,6 +24,7 @@
 #include "grpcpp/grpcpp.h"
 #include "tests/integration/control_stats.h"
 #include "tests/integration/harness.h"
+#include "tests/testing/wait.h"
 
 namespace gradsync::testing {
 namespace {
@@ -51,17 +52,6 @@ int Threads(pid_t pid) {
     if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
   }
   return -1;
-}
-
-// Polls `done` until it holds or `timeout` passes: a wait on state.
-template <typename F>
-bool WaitUntil(F done, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return true;
 }
 
 int ConnectTcp(int port) {

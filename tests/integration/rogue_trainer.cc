@@ -25,6 +25,7 @@
 #include "grpcpp/grpcpp.h"
 #include "ipc/node_segment.h"
 #include "ipc/trainer_segment.h"
+#include "tests/testing/wait.h"
 
 namespace {
 
@@ -136,20 +137,19 @@ int main(int argc, char** argv) {
                   registered.segment_name(),
                   mode == "truncate-arena" ? static_cast<off_t>(seg->header()->arena_offset) : 0);
     if (!cut) return Fail("cannot truncate");
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (std::chrono::steady_clock::now() < deadline) {
-      {
-        std::lock_guard<std::mutex> lock(watch_mu);
-        if (watch_error.code() != 0) {
-          std::printf("rogue_trainer: daemon said code=%d: %s\n", watch_error.code(),
-                      watch_error.message().c_str());
-          std::fflush(stdout);
-          // Exit without unmapping the cut segments' pages by touching them.
-          std::_Exit(watch_error.code());
-        }
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
+    gradsync::testing::WaitUntil(
+        [&] {
+          std::lock_guard<std::mutex> lock(watch_mu);
+          if (watch_error.code() != 0) {
+            std::printf("rogue_trainer: daemon said code=%d: %s\n", watch_error.code(),
+                        watch_error.message().c_str());
+            std::fflush(stdout);
+            // Exit without unmapping the cut segments' pages by touching them.
+            std::_Exit(watch_error.code());
+          }
+          return false;
+        },
+        std::chrono::seconds(20));
     std::_Exit(0);
   } else if (mode == "corrupt-head") {
     auto* control = reinterpret_cast<gradsync::ipc::RingControl*>(
@@ -162,18 +162,18 @@ int main(int argc, char** argv) {
   node->ready_bell().Ring();
 
   // The verdict arrives as an error entry in our completion ring.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (std::chrono::steady_clock::now() < deadline) {
-    gradsync::ipc::CompletionEvent c;
-    if (seg->completion_ring().TryPop(&c) == gradsync::ipc::PopResult::kOk &&
-        c.kind == static_cast<uint32_t>(gradsync::ipc::CompletionKind::kError)) {
-      std::printf("rogue_trainer: daemon said code=%d: %s\n", c.status,
-                  seg->ErrorMessage().c_str());
-      watch_ctx.TryCancel();
-      drain.join();
-      return c.status;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  gradsync::ipc::CompletionEvent c;
+  const bool error = gradsync::testing::WaitUntil(
+      [&] {
+        return seg->completion_ring().TryPop(&c) == gradsync::ipc::PopResult::kOk &&
+               c.kind == static_cast<uint32_t>(gradsync::ipc::CompletionKind::kError);
+      },
+      std::chrono::seconds(20));
+  if (error) {
+    std::printf("rogue_trainer: daemon said code=%d: %s\n", c.status, seg->ErrorMessage().c_str());
+    watch_ctx.TryCancel();
+    drain.join();
+    return c.status;
   }
   watch_ctx.TryCancel();
   drain.join();

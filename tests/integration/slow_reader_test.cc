@@ -23,6 +23,7 @@
 #include "tests/integration/cluster.h"
 #include "tests/integration/control_stats.h"
 #include "tests/integration/harness.h"
+#include "tests/testing/wait.h"
 
 namespace gradsync::testing {
 namespace {
@@ -98,12 +99,13 @@ TEST(SlowReader, UnreadControlRepliesOnTheLeaderNeitherStopTheJobNorItsShutdown)
 
   // With the readers still connected, a fresh client is served: the calls
   // they hold end once their replies are overdue.
-  absl::StatusOr<v1::Stats> stats = GetStats(cluster.port());
-  const auto deadline = std::chrono::steady_clock::now() + kBound;
-  while (!stats.ok() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(milliseconds(100));
-    stats = GetStats(cluster.port());
-  }
+  absl::StatusOr<v1::Stats> stats = absl::UnknownError("not asked");
+  WaitUntil(
+      [&] {
+        stats = GetStats(cluster.port());
+        return stats.ok();
+      },
+      kBound);
   ASSERT_TRUE(stats.ok()) << stats.status() << "\n" << cluster.DaemonLogs();
   EXPECT_EQ(stats->node_rank(), 0);
   for (const auto& reader : readers) EXPECT_EQ(reader->calls(), kCallsEach);
@@ -118,12 +120,13 @@ TEST(SlowReader, UnreadControlRepliesOnTheLeaderNeitherStopTheJobNorItsShutdown)
   for (const auto& reader : readers) {
     for (int i = 0; i < 4; ++i) ASSERT_TRUE(reader->Call("/gradsync.v1.Control/GetStats").ok());
   }
-  grpc::Status refused = ControlGetStats(cluster.port());
-  const auto held_by = std::chrono::steady_clock::now() + kBound;
-  while (refused.ok() && std::chrono::steady_clock::now() < held_by) {
-    std::this_thread::sleep_for(milliseconds(10));
-    refused = ControlGetStats(cluster.port());
-  }
+  grpc::Status refused;
+  WaitUntil(
+      [&] {
+        refused = ControlGetStats(cluster.port());
+        return !refused.ok();
+      },
+      kBound);
   for (const auto& reader : readers) ASSERT_FALSE(reader->closed()) << "the leader closed a reader";
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
       << refused.error_message() << "\n"

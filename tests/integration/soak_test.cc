@@ -30,6 +30,7 @@
 #include "absl/strings/str_join.h"
 #include "tests/integration/cluster.h"
 #include "tests/integration/harness.h"
+#include "tests/testing/wait.h"
 
 namespace gradsync::testing {
 namespace {
@@ -124,15 +125,16 @@ Resources Measure(Daemon& d) {
 // Waits until `needle` occurs at least `count` times in the process's log.
 bool WaitForLogCount(const Process& p, const std::string& needle, size_t count,
                      milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    const std::string log = p.Log();
-    size_t n = 0;
-    for (size_t at = log.find(needle); at != std::string::npos; at = log.find(needle, at + 1)) ++n;
-    if (n >= count) return true;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return false;
+  return WaitUntil(
+      [&] {
+        const std::string log = p.Log();
+        size_t n = 0;
+        for (size_t at = log.find(needle); at != std::string::npos; at = log.find(needle, at + 1)) {
+          ++n;
+        }
+        return n >= count;
+      },
+      timeout);
 }
 
 ClusterOptions SoakJob() {

@@ -20,6 +20,7 @@
 #include "tests/integration/harness.h"
 #include "tests/integration/other_user.h"
 #include "tests/ipc/segment_names.h"
+#include "tests/testing/wait.h"
 
 namespace gradsync::testing {
 namespace {
@@ -208,10 +209,7 @@ TEST(StartupSegmentsTest, ADaemonInAnotherPidNamespaceRecordsThatNamespace) {
   ASSERT_GT(inner, 0) << "unshare's children: '" << children << "'";
   ASSERT_EQ(kill(inner, SIGTERM), 0);
   EXPECT_TRUE(daemon.Wait(kBound).exited) << daemon.Log();
-  const auto deadline = std::chrono::steady_clock::now() + kBound;
-  while (!SegmentsWithPrefix(prefix + ".").empty() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  WaitUntil([&] { return SegmentsWithPrefix(prefix + ".").empty(); }, kBound);
   SegmentCleanup cleanup;
   for (const std::string& name : SegmentsWithPrefix(prefix + ".")) cleanup.Add(name);
   EXPECT_THAT(SegmentsWithPrefix(prefix + "."), ::testing::IsEmpty()) << daemon.Log();

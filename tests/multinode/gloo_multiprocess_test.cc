@@ -155,8 +155,9 @@ TEST_F(GlooMultiprocessTest, KilledNodeFailsPeersInsteadOfHanging) {
     ASSERT_TRUE(WaitForFile(dir_.File(absl::StrCat("ready", r)), kChildDeadline))
         << Logs(Ptrs(nodes));
   }
-  // The nodes allreduce back to back: the kill lands inside a collective.
-  absl::SleepFor(absl::Milliseconds(100));
+  // Each ready file is written after the node's first allreduce of the
+  // loop: every node is now in its back-to-back 2 MB allreduces, so the
+  // kill lands inside one (or between two: the next then fails the same).
   nodes[2]->Signal(SIGKILL);
   ExpectAllExit({nodes[0].get(), nodes[1].get()}, ExitCode::kFailedAsExpected);
   ASSERT_TRUE(WaitAll({nodes[2].get()}, kChildDeadline));
@@ -176,8 +177,7 @@ TEST_F(GlooMultiprocessTest, SurvivorsAndARestartedNodeFormTheNextGeneration) {
     ASSERT_TRUE(WaitForFile(dir_.File(absl::StrCat("ready", r)), kChildDeadline))
         << Logs(Ptrs(nodes));
   }
-  absl::SleepFor(absl::Milliseconds(100));
-  nodes[2]->Signal(SIGKILL);
+  nodes[2]->Signal(SIGKILL);  // in the allreduce loop, as above
   ASSERT_TRUE(WaitAll({nodes[2].get()}, kChildDeadline));
   // The replacement joins (retrying while generation 1 is still active)
   // together with the survivors, who report the failure and re-join.

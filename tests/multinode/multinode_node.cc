@@ -23,11 +23,13 @@
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "common/half.h"
+#include "common/monotonic.h"
 #include "common/status_code.h"
 #include "daemon/backends/gloo_backend.h"
 #include "daemon/backends/gloo_store.h"
 #include "daemon/cluster/rendezvous_client.h"
 #include "tests/multinode/exit_codes.h"
+#include "tests/testing/wait.h"
 
 ABSL_FLAG(std::string, leader, "", "HOST:PORT of the leader");
 ABSL_FLAG(std::string, job_id, "job", "job id");
@@ -75,20 +77,20 @@ bool IsPeerFailure(const absl::Status& status) {
 // a restarted node waits until the others have noticed the failure.
 absl::StatusOr<JoinResult> JoinWithRetry(RendezvousClient& client) {
   const absl::Time deadline =
-      absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_join_timeout_ms));
+      MonotonicNow() + absl::Milliseconds(absl::GetFlag(FLAGS_join_timeout_ms));
   JoinParams params;
   params.node_rank = absl::GetFlag(FLAGS_node_rank);
   params.num_nodes = absl::GetFlag(FLAGS_num_nodes);
   params.local_size = absl::GetFlag(FLAGS_local_size);
   params.host = "127.0.0.1";
   for (;;) {
-    params.timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+    params.timeout = std::max(deadline - MonotonicNow(), absl::Milliseconds(1));
     absl::StatusOr<JoinResult> result = client.Join(params);
-    if (result.ok() || CodeOf(result.status()) != v1::STATE || absl::Now() >= deadline) {
+    if (result.ok() || CodeOf(result.status()) != v1::STATE || MonotonicNow() >= deadline) {
       return result;
     }
     Say(absl::StrCat("join refused for now, retrying: ", result.status().ToString()));
-    absl::SleepFor(absl::Milliseconds(100));
+    absl::SleepFor(absl::Milliseconds(100));  // paces the retries; orders nothing
   }
 }
 
@@ -292,6 +294,10 @@ int Main() {
     std::unique_ptr<GlooBackend> backend = ConnectOrExit(client, joined.generation);
     // The peer never enters this allreduce; only Abort can end it before
     // the (long) timeout.
+    // Not an ordering the test relies on: an Abort that lands before the
+    // allreduce starts fails it the same way (the abort is sticky). The
+    // delay makes the intended case, a collective blocked in a receive,
+    // the likely one; Gloo exposes no state that says a receive is blocked.
     std::thread aborter([&backend] {
       absl::SleepFor(absl::Milliseconds(300));
       backend->Abort("test abort from the node itself");
@@ -314,10 +320,8 @@ int Main() {
     const JoinResult joined = JoinOrExit(*client, absl::GetFlag(FLAGS_expect_generation));
     std::unique_ptr<GlooBackend> backend = ConnectOrExit(client, joined.generation);
     const std::string go = absl::GetFlag(FLAGS_go_file);
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    while (!std::ifstream(go).good()) {
-      if (absl::Now() >= deadline) Exit(ExitCode::kFailed, "go file never appeared");
-      absl::SleepFor(absl::Milliseconds(10));
+    if (!testing::WaitUntil([&] { return std::ifstream(go).good(); }, absl::Seconds(30))) {
+      Exit(ExitCode::kFailed, "go file never appeared");
     }
     std::vector<float> data(1024, 1.0f);
     const absl::Status status = backend->AllreduceSum(data.data(), data.size(), DType::kFloat32);

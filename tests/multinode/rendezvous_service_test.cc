@@ -24,6 +24,7 @@
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
 #include "tests/multinode/test_leader.h"
+#include "tests/testing/wait.h"
 
 namespace gradsync::testing {
 namespace {
@@ -87,12 +88,8 @@ class RendezvousServiceTest : public ::testing::Test {
   // True once some Wait is blocked in the service on missing keys (polled
   // state, within 10 s).
   bool BlockedWaitSeen() {
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    while (leader_->service().GetStatus().blocked_waits == 0) {
-      if (absl::Now() >= deadline) return false;
-      absl::SleepFor(absl::Milliseconds(2));
-    }
-    return true;
+    return WaitUntil([&] { return leader_->service().GetStatus().blocked_waits != 0; },
+                     absl::Seconds(10));
   }
 
   std::unique_ptr<RendezvousClient> Client(const std::string& token = kToken,
@@ -281,10 +278,8 @@ TEST_F(RendezvousServiceTest, DuplicateNodeRankIsRefusedAndTheRoundStillForms) {
   absl::StatusOr<JoinResult> first = absl::UnknownError("not run");
   std::thread waiter([&] { first = Client()->Join(Params(0)); });
   // Wait until rank 0 is in the round (status, not timing).
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (leader_->service().GetStatus().pending_node_ranks.empty() && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  WaitUntil([&] { return !leader_->service().GetStatus().pending_node_ranks.empty(); },
+            absl::Seconds(10));
   const auto duplicate = Client()->Join(Params(0));
   ASSERT_FALSE(duplicate.ok());
   EXPECT_EQ(CodeOf(duplicate.status()), v1::INVALID_ARGUMENT);
@@ -446,13 +441,13 @@ TEST_F(RendezvousServiceTest, MissedHeartbeatsAbortNamingTheSilentNode) {
   // the abort comes and names node 1.
   bool aborted = false;
   std::string reason;
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (!aborted && absl::Now() < deadline) {
+  const absl::Time deadline = MonotonicNow() + absl::Seconds(20);
+  while (!aborted && MonotonicNow() < deadline) {
     auto beat = Beat(0, 1);
     ASSERT_TRUE(beat.ok()) << beat.status();
     aborted = beat->abort;
     reason = beat->abort_reason;
-    absl::SleepFor(absl::Milliseconds(50));
+    absl::SleepFor(absl::Milliseconds(50));  // paces node 0's heartbeats
   }
   ASSERT_TRUE(aborted);
   EXPECT_THAT(reason, HasSubstr("node_rank=1"));

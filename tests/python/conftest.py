@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import pytest
 
@@ -37,6 +37,19 @@ TEST_DEADLINE_S = 150  # a watchdog per test, on top of every wait's own timeout
 _PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "gradsync.torch", "gs_testlib",
             "trainer_worker"]
 _mp_context = None
+
+
+def wait_until(pred: Callable[[], object], timeout_s: float) -> bool:
+    """How a test waits for a daemon or a trainer instead of sleeping: polls
+    ``pred``, a read of observable state (a log, a file, a scrape), until it
+    is true or ``timeout_s`` has passed on the monotonic clock. Returns
+    whether it held (``pred`` runs at least once, every few milliseconds)."""
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def mp_context():
@@ -115,11 +128,9 @@ class Trainer:
         self.process.join(10)
 
     def wait_for_output(self, text: str, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while text not in self.log():
-            if time.monotonic() > deadline or not self.process.is_alive():
-                pytest.fail(f"trainer never printed {text!r}:\n{self.log()}")
-            time.sleep(0.05)
+        wait_until(lambda: text in self.log() or not self.process.is_alive(), timeout_s)
+        if text not in self.log():
+            pytest.fail(f"trainer never printed {text!r}:\n{self.log()}")
 
 
 def _trainer_child(argv: List[str], env: Dict[str, str], log_path: str) -> None:

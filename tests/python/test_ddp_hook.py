@@ -3,10 +3,10 @@ group for DDP's own broadcasts) gives the same parameters as plain DDP with
 gloo, including across DDP's bucket rebuild after the first iteration."""
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
+
+from conftest import wait_until
 
 
 @pytest.mark.parametrize("find_unused", [False, True])
@@ -51,12 +51,14 @@ def test_killed_trainer_under_ddp_makes_backward_raise(gradsyncd, workdir) -> No
     """A trainer dies while the other waits in the last bucket's hook: the
     other's backward() raises (DDP re-raises the hook's PeerFailedError as a
     RuntimeError with its message), no hang."""
-    cluster = gradsyncd(2, "--timeout-s=120")
+    # A stall report says rank 0 marked gradients of the iteration rank 1
+    # hangs before: rank 0 is in that iteration's hooks when rank 1 dies.
+    cluster = gradsyncd(2, "--timeout-s=120", "--stall-threshold-s=0.2")
     args = ["--mode=ddp", "--steps=10", "--batch=16", "--world=2",
             f"--store={workdir / 'store'}", "--hang-at=3", "--hang-rank=1"]
     trainers = [cluster.start(r, args) for r in range(2)]
     trainers[1].wait_for_output("HANG", timeout_s=60)
-    time.sleep(0.2)
+    assert wait_until(lambda: "event=stall " in cluster.daemon.log(), 60), cluster.logs()
     trainers[1].kill()
     assert cluster.wait(trainers[:1], timeout_s=30) == [8], cluster.logs()
     log = trainers[0].log()

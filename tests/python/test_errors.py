@@ -11,6 +11,7 @@ import torch
 import gradsync
 import gradsync.torch as gst
 import gs_testlib as lib
+from conftest import wait_until
 
 PEER_FAILED_EXIT = 10 + int(gradsync.Status.PEER_FAILED)  # trainer_worker's convention
 TIMEOUT_EXIT = 10 + int(gradsync.Status.TIMEOUT)
@@ -18,11 +19,8 @@ TIMEOUT_EXIT = 10 + int(gradsync.Status.TIMEOUT)
 
 def wait_for_daemon_log(cluster, text: str, timeout_s: float) -> None:
     """Waits on the daemon's state (a log event) instead of a delay."""
-    deadline = time.monotonic() + timeout_s
-    while text not in cluster.daemon.log():
-        if time.monotonic() > deadline:
-            pytest.fail(f"gradsyncd never logged {text!r}\n" + cluster.logs())
-        time.sleep(0.02)
+    if not wait_until(lambda: text in cluster.daemon.log(), timeout_s):
+        pytest.fail(f"gradsyncd never logged {text!r}\n" + cluster.logs())
 
 
 def test_no_daemon_raises_at_construction(workdir) -> None:

@@ -5,11 +5,11 @@ naming it.
 """
 from __future__ import annotations
 
-import time
 
 import pytest
 
 import gradsync
+from conftest import wait_until
 from gradsync import DType, TensorSpec
 
 EVIL = 'w "x" event=forged\nsecond line'
@@ -21,11 +21,8 @@ def test_stall_report_escapes_the_tensor_name(gradsyncd) -> None:
     with gradsync.Client(cluster.socket, 0, connect_timeout_s=10) as client:
         client.register([TensorSpec("ready", DType.FLOAT32, 4), TensorSpec(EVIL, DType.FLOAT32, 4)])
         client.mark_ready(0)  # the other tensor stays unmarked: the iteration stalls
-        deadline = time.monotonic() + 30
-        while "event=stall " not in cluster.daemon.log():
-            if time.monotonic() > deadline:
-                pytest.fail("no event=stall in the daemon's log\n" + cluster.logs())
-            time.sleep(0.05)  # polling the log for a state, bounded by the deadline
+        if not wait_until(lambda: "event=stall " in cluster.daemon.log(), 30):
+            pytest.fail("no event=stall in the daemon's log\n" + cluster.logs())
     lines = cluster.daemon.log().splitlines()
     stall = [line for line in lines if "event=stall " in line]
     assert len(stall) == 1, stall

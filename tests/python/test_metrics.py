@@ -5,7 +5,6 @@ prometheus_client's own parser (what a Prometheus server accepts).
 from __future__ import annotations
 
 import re
-import time
 import urllib.error
 import urllib.request
 
@@ -14,6 +13,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 import gradsync
+from conftest import wait_until
 from gradsync import DType, TensorSpec
 
 ITERATIONS = 5
@@ -21,12 +21,10 @@ ITERATIONS = 5
 
 def metrics_port(cluster, timeout_s: float = 20) -> int:
     """The port gradsyncd logged for --metrics-listen HOST:0."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        match = re.search(r"event=metrics_listening .* port=(\d+)", cluster.daemon.log())
-        if match:
-            return int(match.group(1))
-        time.sleep(0.05)  # polling the log for a state, bounded by the deadline
+    def port():
+        return re.search(r"event=metrics_listening .* port=(\d+)", cluster.daemon.log())
+    if wait_until(port, timeout_s):
+        return int(port().group(1))
     pytest.fail("no event=metrics_listening in the daemon's log\n" + cluster.logs())
 
 
@@ -78,3 +76,44 @@ def test_metrics_endpoint_serves_only_metrics(gradsyncd) -> None:
         scrape(port, "/")
     assert error.value.code == 404
     assert "gradsync_uptime_seconds" in scrape(port)
+
+
+def iteration_histogram(port: int):
+    """gradsync_iteration_duration_seconds as (its +Inf-ended cumulative bucket
+    counts, its count); fails the test when the family is missing."""
+    families = {f.name: f for f in text_string_to_metric_families(scrape(port))}
+    family = families.get("gradsync_iteration_duration_seconds")
+    assert family is not None, sorted(families)
+    assert family.type == "histogram"
+    buckets = [s for s in family.samples if s.name.endswith("_bucket")]
+    bounds = [float(s.labels["le"]) for s in buckets]
+    assert bounds == sorted(bounds) and bounds[-1] == float("inf"), bounds
+    counts = [s.value for s in buckets]
+    assert counts == sorted(counts), f"buckets are not cumulative: {counts}"
+    [count] = [s.value for s in family.samples if s.name.endswith("_count")]
+    assert counts[-1] == count
+    return counts, count
+
+
+def run_job(cluster, iterations: int) -> None:
+    with gradsync.Client(cluster.socket, 0, connect_timeout_s=10) as client:
+        client.register([TensorSpec("w", DType.FLOAT32, 100)])
+        for _ in range(iterations):
+            client.mark_ready(0)
+            client.wait(timeout_s=10)
+
+
+def test_iteration_histogram_is_there_from_the_start_and_counts_every_job(gradsyncd) -> None:
+    cluster = gradsyncd(1, "--metrics-listen=127.0.0.1:0")
+    port = metrics_port(cluster)
+    counts, count = iteration_histogram(port)
+    assert count == 0 and set(counts) == {0}, counts
+
+    # A trainer sees its iteration done just before the daemon counts it.
+    run_job(cluster, ITERATIONS)
+    assert wait_until(lambda: iteration_histogram(port)[1] >= ITERATIONS, 20)
+    assert iteration_histogram(port)[1] == ITERATIONS
+
+    run_job(cluster, 3)  # a second job adds to the same histogram
+    assert wait_until(lambda: iteration_histogram(port)[1] >= ITERATIONS + 3, 20)
+    assert iteration_histogram(port)[1] == ITERATIONS + 3

@@ -10,13 +10,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import List, Tuple
 
 import pytest
 
-from conftest import PY_PACKAGE, REPO_ROOT
+from conftest import PY_PACKAGE, REPO_ROOT, wait_until
 from gradsync.daemon import socket_answers
 
 JOB = textwrap.dedent('''
@@ -130,12 +129,12 @@ def test_uses_a_running_daemon_and_leaves_it_running(gradsyncd, workdir: Path) -
 
 def test_forwards_sigterm(workdir: Path) -> None:
     p = launch(workdir, 2, [str(workdir), "sleep"], "--grace-s=20")
-    deadline = time.monotonic() + 60
-    while not all((workdir / f"ready.{r}").exists() for r in range(2)):
-        if time.monotonic() > deadline or p.poll() is not None:
-            p.kill()
-            pytest.fail("trainers never got ready:\n" + "\n".join(p.communicate()))
-        time.sleep(0.05)
+    def ready() -> bool:
+        return all((workdir / f"ready.{r}").exists() for r in range(2))
+    wait_until(lambda: ready() or p.poll() is not None, 60)
+    if not ready():
+        p.kill()
+        pytest.fail("trainers never got ready:\n" + "\n".join(p.communicate()))
     p.send_signal(signal.SIGTERM)
     code, out, err = finish(p, timeout_s=30)
     assert code == 3, err  # the trainers' own exit code on SIGTERM

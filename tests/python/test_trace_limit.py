@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 
 import pytest
 
 import gradsync
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, wait_until
 from gradsync import DType, TensorSpec
 
 GRADSYNCCTL = REPO_ROOT / "bazel-bin" / "client" / "gradsyncctl"
@@ -22,12 +21,10 @@ ITERATIONS = 10
 
 
 def listen_port(cluster, timeout_s: float = 20) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        match = re.search(r"event=started .*listen_port=(\d+)", cluster.daemon.log())
-        if match:
-            return int(match.group(1))
-        time.sleep(0.05)  # polling the log for a state, bounded by the deadline
+    def port():
+        return re.search(r"event=started .*listen_port=(\d+)", cluster.daemon.log())
+    if wait_until(port, timeout_s):
+        return int(port().group(1))
     pytest.fail("no listen_port in the daemon's log\n" + cluster.logs())
 
 

@@ -9,6 +9,8 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/testing/wait.h"
+
 namespace gradsync::testing {
 namespace {
 
@@ -46,13 +48,8 @@ bool WriteTokenFile(const std::string& path, const std::string& token) {
 }
 
 bool WaitForFile(const std::string& path, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
   struct stat st;
-  while (::stat(path.c_str(), &st) != 0) {
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
+  return WaitUntil([&] { return ::stat(path.c_str(), &st) == 0; }, timeout);
 }
 
 std::string TestTmpDir() {

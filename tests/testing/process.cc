@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/testing/files.h"
+#include "tests/testing/wait.h"
 
 extern char** environ;
 
@@ -283,25 +284,21 @@ absl::Status Process::Kill() {
 }
 
 bool WaitAll(const std::vector<Process*>& processes, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::any_of(processes.begin(), processes.end(), [](Process* p) { return p->Running(); })) {
-    if (std::chrono::steady_clock::now() >= deadline) {
-      for (Process* p : processes) p->Kill().IgnoreError();
-      return false;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const bool ended = WaitUntil(
+      [&] {
+        return std::none_of(processes.begin(), processes.end(),
+                            [](Process* p) { return p->Running(); });
+      },
+      timeout);
+  if (!ended) {
+    for (Process* p : processes) p->Kill().IgnoreError();
   }
-  return true;
+  return ended;
 }
 
 bool WaitForLog(const Process& process, const std::string& needle,
                 std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (process.Log().find(needle) != std::string::npos) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
+  return WaitUntil([&] { return process.Log().find(needle) != std::string::npos; }, timeout);
 }
 
 }  // namespace gradsync::testing
