@@ -538,12 +538,16 @@ absl::Status Client::Close() {
     req.set_session_id(session_);
     v1::DetachResponse resp;
     grpc::ClientContext ctx;
-    // The last trainer's detach leaves the cluster; any detach waits until
-    // the daemon closed what it maps of ours (a release in flight, or a job
-    // still opening its GPU path, bounded by twice the daemon's timeout
-    // plus 30 s): answered only then, it must not be cut short here.
-    ctx.set_deadline(
-        DeadlineIn(std::max<int64_t>(10000, 2 * daemon_timeout_ms_ + 30000 + kGraceMs)));
+    // The last trainer's detach leaves the cluster. A CUDA trainer's detach
+    // also waits until the daemon closed what it maps of ours (a release in
+    // flight, or a job still opening its GPU path, bounded by twice the
+    // daemon's timeout plus 30 s): answered only then, it must not be cut
+    // short here, or the caller frees memory the daemon still maps. The
+    // daemon maps nothing of a CPU trainer's: 10 s, so a stopped daemon
+    // does not hold gs_close for minutes.
+    const int64_t detach_ms =
+        cuda_ ? std::max<int64_t>(10000, 2 * daemon_timeout_ms_ + 30000 + kGraceMs) : 10000;
+    ctx.set_deadline(DeadlineIn(detach_ms));
     grpc::Status s = stub_->Detach(&ctx, req, &resp);
     if (!s.ok() && result.ok()) result = RpcError(s, "detach", socket_path_);
   }
