@@ -49,6 +49,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "gradsync/v1/control.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -498,6 +499,28 @@ TEST(ControlE2eTest, TraceHasNestedSpansForEveryBucketOfTheRecordedIterations) {
 
 // ---- 4. reflection and health ----------------------------------------------
 
+using ReflectionStream =
+    grpc::ClientReaderWriter<grpc::reflection::v1alpha::ServerReflectionRequest,
+                             grpc::reflection::v1alpha::ServerReflectionResponse>;
+
+// The services reflection lists on `stream`, in its order (empty, with a
+// failure recorded, when it did not answer with a list).
+std::vector<std::string> ListServices(ReflectionStream& stream) {
+  namespace refl = grpc::reflection::v1alpha;
+  refl::ServerReflectionRequest list;
+  list.set_list_services("");
+  refl::ServerReflectionResponse resp;
+  if (!stream.Write(list) || !stream.Read(&resp) || !resp.has_list_services_response()) {
+    ADD_FAILURE() << "reflection did not list the services: " << resp.DebugString();
+    return {};
+  }
+  std::vector<std::string> services;
+  for (const refl::ServiceResponse& s : resp.list_services_response().service()) {
+    services.push_back(s.name());
+  }
+  return services;
+}
+
 TEST(ControlE2eTest, ReflectionListsTheServicesAndHealthFollowsJobErrors) {
   Daemon daemon(2, {"--timeout-s=30"});
   const std::string addr = StartedAddr(daemon);
@@ -509,16 +532,9 @@ TEST(ControlE2eTest, ReflectionListsTheServicesAndHealthFollowsJobErrors) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     auto stream = stub->ServerReflectionInfo(&ctx);
-    refl::ServerReflectionRequest list;
-    list.set_list_services("");
-    ASSERT_TRUE(stream->Write(list));
+    const std::vector<std::string> listed = ListServices(*stream);
+    const std::set<std::string> services(listed.begin(), listed.end());
     refl::ServerReflectionResponse resp;
-    ASSERT_TRUE(stream->Read(&resp));
-    ASSERT_TRUE(resp.has_list_services_response()) << resp.DebugString();
-    std::set<std::string> services;
-    for (const refl::ServiceResponse& s : resp.list_services_response().service()) {
-      services.insert(s.name());
-    }
     for (const char* s : {"gradsync.v1.Control", "grpc.health.v1.Health",
                           "grpc.reflection.v1alpha.ServerReflection"}) {
       EXPECT_EQ(services.count(s), 1u) << s;
@@ -599,17 +615,9 @@ TEST(ControlE2eTest, ReflectionAloneDescribesAndCallsEveryListedService) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   auto stream = reflection->ServerReflectionInfo(&ctx);
-  refl::ServerReflectionRequest list;
-  list.set_list_services("");
-  ASSERT_TRUE(stream->Write(list));
+  const std::vector<std::string> services = ListServices(*stream);
+  ASSERT_EQ(services.size(), 3u) << absl::StrJoin(services, ", ");
   refl::ServerReflectionResponse resp;
-  ASSERT_TRUE(stream->Read(&resp));
-  ASSERT_TRUE(resp.has_list_services_response()) << resp.DebugString();
-  std::vector<std::string> services;
-  for (const refl::ServiceResponse& s : resp.list_services_response().service()) {
-    services.push_back(s.name());
-  }
-  ASSERT_EQ(services.size(), 3u) << resp.DebugString();
 
   pb::SimpleDescriptorDatabase schemas;
   std::set<std::string> added;

@@ -69,7 +69,7 @@ class QueuedBackend final : public Backend {
     return absl::InternalError("the pipeline must issue, not call AllreduceSum");
   }
   absl::Status IssueAllreduceSum(void*, size_t count, DType) override {
-    log.push_back(absl::StrCat("issue ", count));
+    log.push_back(absl::StrCat("launch ", count));
     queue_.push_back(count);
     return absl::OkStatus();
   }
@@ -108,8 +108,8 @@ absl::Status RunLogged(const std::vector<BucketPiece>& pieces, QueuedBackend& ba
 TEST(RunPiecePipeline, SumsTheNextAndWritesBackThePreviousAroundEachCollective) {
   QueuedBackend backend;
   ASSERT_TRUE(RunLogged({{0, 1}, {1, 2}, {3, 3}}, backend).ok());
-  const std::vector<std::string> expected = {"sum 1",   "issue 1",      "sum 2",   "issue 2",
-                                             "await 1", "write_back 1", "sum 3",   "issue 3",
+  const std::vector<std::string> expected = {"sum 1",   "launch 1",     "sum 2",   "launch 2",
+                                             "await 1", "write_back 1", "sum 3",   "launch 3",
                                              "await 2", "write_back 2", "await 3", "write_back 3"};
   EXPECT_EQ(backend.log, expected);
 }
@@ -117,7 +117,7 @@ TEST(RunPiecePipeline, SumsTheNextAndWritesBackThePreviousAroundEachCollective) 
 TEST(RunPiecePipeline, OnePieceIsSumIssueAwaitWriteBack) {
   QueuedBackend backend;
   ASSERT_TRUE(RunLogged({{0, 5}}, backend).ok());
-  const std::vector<std::string> expected = {"sum 5", "issue 5", "await 5", "write_back 5"};
+  const std::vector<std::string> expected = {"sum 5", "launch 5", "await 5", "write_back 5"};
   EXPECT_EQ(backend.log, expected);
 }
 
@@ -128,9 +128,9 @@ TEST(RunPiecePipeline, AFailedPieceEndsTheBucketWithItsError) {
   EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(st.message(), "node_rank=1 died");
   // Piece 2 is not written back; nothing after the failure is issued.
-  const std::vector<std::string> expected = {"sum 1",   "issue 1", "sum 2",
-                                             "issue 2", "await 1", "write_back 1",
-                                             "sum 3",   "issue 3", "await 2"};
+  const std::vector<std::string> expected = {"sum 1",    "launch 1", "sum 2",
+                                             "launch 2", "await 1",  "write_back 1",
+                                             "sum 3",    "launch 3", "await 2"};
   EXPECT_EQ(backend.log, expected);
 }
 
