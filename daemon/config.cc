@@ -21,6 +21,26 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   if (c.num_nodes < 1 || c.num_nodes > 4096) {
     return bad(absl::StrCat("--num-nodes ", c.num_nodes, " is not in [1, 4096]"));
   }
+  if (c.min_nodes != 0 && (c.min_nodes < 1 || c.min_nodes > c.num_nodes)) {
+    return bad(absl::StrCat("--min-nodes ", c.min_nodes, " is not in [1, ", c.num_nodes,
+                            "] (--num-nodes ", c.num_nodes, "; 0 or unset: --num-nodes)"));
+  }
+  if (c.max_nodes != 0 && (c.max_nodes < c.num_nodes || c.max_nodes > 4096)) {
+    return bad(absl::StrCat("--max-nodes ", c.max_nodes, " is not in [", c.num_nodes,
+                            ", 4096] (--num-nodes ", c.num_nodes, "; 0 or unset: --num-nodes)"));
+  }
+  // An elastic job needs the survivors of a node's death to re-form the
+  // backend and redo the interrupted iteration (docs/DESIGN.md, "Elastic
+  // jobs"), which this daemon cannot do yet: refused at start rather than
+  // accepted and then ended by the first death like a fixed job.
+  if (c.min_nodes_or_num() != c.num_nodes || c.max_nodes_or_num() != c.num_nodes) {
+    return bad(absl::StrCat(
+        "--min-nodes ", c.min_nodes_or_num(), " --max-nodes ", c.max_nodes_or_num(),
+        " with --num-nodes ", c.num_nodes,
+        " asks for an elastic job, which this gradsyncd does not support yet (a node's death "
+        "ends the job with GS_ERR_PEER_FAILED naming it): give --min-nodes and --max-nodes "
+        "equal to --num-nodes, or leave them out"));
+  }
   if (c.node_rank < 0 || c.node_rank >= c.num_nodes) {
     return bad(absl::StrCat("--node-rank ", c.node_rank, " is not in [0, ", c.num_nodes,
                             ") (--num-nodes ", c.num_nodes, ")"));

@@ -31,6 +31,11 @@ struct DaemonConfig {
 
   int node_rank = 0;
   int num_nodes = 1;
+  // Elastic membership bounds (torchrun's --nnodes MIN:MAX); 0: --num-nodes.
+  // Only the fixed job (min = num = max) runs so far: see ValidateConfig and
+  // docs/DESIGN.md, "Elastic jobs".
+  int min_nodes = 0;
+  int max_nodes = 0;
   int local_size = 1;            // trainers this daemon serves per job
   std::string backend = "auto";  // auto | gloo | nccl | local
   std::string host;              // address Gloo binds on this node ("" = from --listen)
@@ -67,6 +72,8 @@ struct DaemonConfig {
     return static_cast<uint64_t>(first_bucket_cap_mb * (1 << 20));
   }
   bool is_leader() const { return leader.empty(); }
+  int min_nodes_or_num() const { return min_nodes == 0 ? num_nodes : min_nodes; }
+  int max_nodes_or_num() const { return max_nodes == 0 ? num_nodes : max_nodes; }
 };
 
 // Checks ranges and combinations; the message names the flag.

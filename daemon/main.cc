@@ -60,7 +60,16 @@ ABSL_FLAG(std::string, trace_file, kDefaults.trace_file,
           "PATH: stream every job's scheduling events here as Chrome trace JSON for the whole "
           "run (chrome://tracing, Perfetto); empty: off");
 ABSL_FLAG(int, node_rank, kDefaults.node_rank, "this node's rank in [0, num_nodes)");
-ABSL_FLAG(int, num_nodes, kDefaults.num_nodes, "daemons (nodes) in the job");
+ABSL_FLAG(int, num_nodes, kDefaults.num_nodes,
+          "daemons (nodes) in the job; node 0's daemon (the leader) hosts the rendezvous, so "
+          "its loss ends the job with an error naming it, elastic or not");
+ABSL_FLAG(int, min_nodes, kDefaults.min_nodes,
+          "fewest nodes an elastic job may shrink to (torchrun's --nnodes MIN); 0: --num-nodes. "
+          "Not supported yet: only --min-nodes = --num-nodes (a fixed job, where a node's death "
+          "ends the job with GS_ERR_PEER_FAILED naming it)");
+ABSL_FLAG(int, max_nodes, kDefaults.max_nodes,
+          "most nodes an elastic job may grow to (torchrun's --nnodes MAX); 0: --num-nodes. "
+          "Not supported yet: only --max-nodes = --num-nodes");
 ABSL_FLAG(int, local_size, kDefaults.local_size, "trainers on this node");
 ABSL_FLAG(std::string, backend, kDefaults.backend, "auto | gloo | nccl | local");
 ABSL_FLAG(std::string, host, kDefaults.host,
@@ -147,6 +156,8 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   config.trace_file = absl::GetFlag(FLAGS_trace_file);
   config.node_rank = absl::GetFlag(FLAGS_node_rank);
   config.num_nodes = absl::GetFlag(FLAGS_num_nodes);
+  config.min_nodes = absl::GetFlag(FLAGS_min_nodes);
+  config.max_nodes = absl::GetFlag(FLAGS_max_nodes);
   config.local_size = absl::GetFlag(FLAGS_local_size);
   config.backend = absl::GetFlag(FLAGS_backend);
   config.host = absl::GetFlag(FLAGS_host);

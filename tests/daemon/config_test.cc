@@ -93,6 +93,45 @@ TEST(ValidateConfig, NumNodesOutOfRangeIsRefused) {
   }
 }
 
+// A fixed job: unset (0) or equal to --num-nodes on every node.
+TEST(ValidateConfig, MinAndMaxNodesDefaultToNumNodes) {
+  DaemonConfig c = Follower();
+  EXPECT_EQ(c.min_nodes_or_num(), 3);
+  EXPECT_EQ(c.max_nodes_or_num(), 3);
+  c.min_nodes = 3;
+  c.max_nodes = 3;
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  DaemonConfig one;
+  one.min_nodes = 1;
+  one.max_nodes = 1;
+  EXPECT_TRUE(ValidateConfig(one).ok()) << ValidateConfig(one);
+}
+
+TEST(ValidateConfig, MinAndMaxNodesOutOfRangeAreRefused) {
+  for (int n : {-1, 4}) {
+    DaemonConfig c = Leader();
+    c.min_nodes = n;
+    ExpectRefused(c, {"--min-nodes " + std::to_string(n), "[1, 3]", "--num-nodes 3"});
+  }
+  for (int n : {-1, 2, 4097}) {
+    DaemonConfig c = Leader();
+    c.max_nodes = n;
+    ExpectRefused(c, {"--max-nodes " + std::to_string(n), "[3, 4096]", "--num-nodes 3"});
+  }
+}
+
+// Elastic membership is not implemented: a range is refused at start,
+// naming the flags, instead of running a job a death would still end.
+TEST(ValidateConfig, AnElasticRangeIsRefusedAsNotSupportedYet) {
+  DaemonConfig c = Follower();
+  c.min_nodes = 2;
+  ExpectRefused(c, {"--min-nodes 2 --max-nodes 3 with --num-nodes 3", "elastic",
+                    "not support", "GS_ERR_PEER_FAILED"});
+  c = Leader();
+  c.max_nodes = 5;
+  ExpectRefused(c, {"--min-nodes 3 --max-nodes 5 with --num-nodes 3", "elastic"});
+}
+
 TEST(ValidateConfig, MultiNodeLeaderWithoutListenIsRefused) {
   DaemonConfig c = Leader();
   c.listen.clear();

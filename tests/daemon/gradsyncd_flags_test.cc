@@ -82,6 +82,8 @@ TEST(GradsyncdFlagsTest, HelpListsEveryFlagWithDashedNameAndVariable) {
                            "leader",
                            "node-rank",
                            "num-nodes",
+                           "min-nodes",
+                           "max-nodes",
                            "local-size",
                            "backend",
                            "host",
@@ -110,6 +112,26 @@ TEST(GradsyncdFlagsTest, HelpListsEveryFlagWithDashedNameAndVariable) {
   EXPECT_THAT(r.out, Not(HasSubstr("--node_rank")));
   // --helpfull (Abseil's own listing) keeps underscored names: --help says so.
   EXPECT_THAT(r.out, HasSubstr("--helpfull is Abseil's raw listing"));
+}
+
+// --help says what the leader's loss does, and that elastic ranges are not
+// supported yet; one is refused at start naming the flags.
+TEST(GradsyncdFlagsTest, MinAndMaxNodesAreListedAndAnElasticRangeIsRefused) {
+  Result r = RunDaemon({"--help"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("--min-nodes (int, default \"0\""));
+  EXPECT_THAT(r.out, HasSubstr("env GRADSYNCD_MAX_NODES)"));
+  EXPECT_THAT(r.out, HasSubstr("the leader) hosts the rendezvous, so its loss ends the job"));
+  EXPECT_THAT(r.out, HasSubstr("Not supported yet"));
+
+  r = RunDaemon({"--num-nodes=3", "--node-rank=1", "--leader=192.0.2.1:7250", "--insecure",
+                 "--min-nodes=2"});
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.err, HasSubstr("--min-nodes 2 --max-nodes 3 with --num-nodes 3 asks for an "
+                               "elastic job, which this gradsyncd does not support yet"));
+  r = RunDaemon({}, {{"GRADSYNCD_MAX_NODES", "0"}, {"GRADSYNCD_MIN_NODES", "5"}});
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.err, HasSubstr("--min-nodes 5 is not in [1, 1]"));
 }
 
 TEST(GradsyncdFlagsTest, AutotuneIsADashedBoolFlagOffByDefaultWithItsVariable) {
