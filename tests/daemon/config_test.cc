@@ -125,8 +125,8 @@ TEST(ValidateConfig, MinAndMaxNodesOutOfRangeAreRefused) {
 TEST(ValidateConfig, AnElasticRangeIsRefusedAsNotSupportedYet) {
   DaemonConfig c = Follower();
   c.min_nodes = 2;
-  ExpectRefused(c, {"--min-nodes 2 --max-nodes 3 with --num-nodes 3", "elastic",
-                    "not support", "GS_ERR_PEER_FAILED"});
+  ExpectRefused(c, {"--min-nodes 2 --max-nodes 3 with --num-nodes 3", "elastic", "not support",
+                    "GS_ERR_PEER_FAILED"});
   c = Leader();
   c.max_nodes = 5;
   ExpectRefused(c, {"--min-nodes 3 --max-nodes 5 with --num-nodes 3", "elastic"});

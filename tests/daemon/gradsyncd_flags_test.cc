@@ -124,8 +124,8 @@ TEST(GradsyncdFlagsTest, MinAndMaxNodesAreListedAndAnElasticRangeIsRefused) {
   EXPECT_THAT(r.out, HasSubstr("the leader) hosts the rendezvous, so its loss ends the job"));
   EXPECT_THAT(r.out, HasSubstr("Not supported yet"));
 
-  r = RunDaemon({"--num-nodes=3", "--node-rank=1", "--leader=192.0.2.1:7250", "--insecure",
-                 "--min-nodes=2"});
+  r = RunDaemon(
+      {"--num-nodes=3", "--node-rank=1", "--leader=192.0.2.1:7250", "--insecure", "--min-nodes=2"});
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_THAT(r.err, HasSubstr("--min-nodes 2 --max-nodes 3 with --num-nodes 3 asks for an "
                                "elastic job, which this gradsyncd does not support yet"));
