@@ -51,6 +51,15 @@ struct TensorSpec {
 
 class CudaTensors;
 
+// What a trainer sees of its job after each synchronized iteration
+// (gs_get_job_info). Before the first one: iteration 0, the job's world
+// size and the trainer's rank from registration.
+struct JobInfo {
+  uint64_t iteration = 0;  // synchronized iterations completed job-wide
+  int world_size = 0;      // what the last iteration's sum was divided by
+  int rank = -1;           // this trainer's global rank in it
+};
+
 struct ConnectOptions {
   std::string socket_path;  // empty: $GRADSYNC_SOCKET, else ClientDefaultSocketPath()
   int local_rank = -1;      // -1: $LOCAL_RANK, else 0
@@ -109,6 +118,8 @@ class Client {
   absl::Status Close();
 
   uint64_t iteration() const { return iteration_; }
+  // After Register; refreshed by every Wait that returns OK.
+  JobInfo job_info() const { return {iteration_, job_world_size_, job_rank_}; }
 
  private:
   Client() = default;
@@ -150,6 +161,9 @@ class Client {
   ipc::TrainerSegment segment_;
   int rank_ = -1;
   int world_size_ = 0;
+  // From the last kIterationDone entry (registration's values before one).
+  int job_world_size_ = 0;
+  int job_rank_ = -1;
 
   bool sync_ = true;
   bool joined_ = false;  // gs_join was called

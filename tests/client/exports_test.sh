@@ -10,6 +10,7 @@ expected="gs_broadcast@@GRADSYNC_0.3
 gs_close@@GRADSYNC_0
 gs_connect@@GRADSYNC_0.1
 gs_connect@GRADSYNC_0
+gs_get_job_info@@GRADSYNC_0.4
 gs_grad_buffer@@GRADSYNC_0
 gs_join@@GRADSYNC_0.2
 gs_last_error@@GRADSYNC_0
