@@ -27,7 +27,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple, Union
 from . import _lib
 from .errors import Status, StateError, InvalidArgumentError, error_for_status
 
-__all__ = ["Client", "DType", "TensorSpec"]
+__all__ = ["Client", "DType", "JobInfo", "TensorSpec"]
 
 
 class DType(enum.IntEnum):
@@ -89,6 +89,25 @@ class TensorSpec:
     @property
     def nbytes(self) -> int:
         return self.numel * DType.parse(self.dtype).itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class JobInfo:
+    """What a trainer sees of its job after its last ``wait()``
+    (``gs_get_job_info``).
+
+    Attributes:
+        iteration: synchronized iterations the job completed, the same on
+            every trainer of every node (0 before the first ``wait()``).
+        world_size: how many trainers the last iteration's gradients were
+            averaged over: the job's world size, or the trainers still active
+            once some joined with ``divide_by_initial_world_size=False``.
+        rank: this trainer's global rank in that iteration.
+    """
+
+    iteration: int
+    world_size: int
+    rank: int
 
 
 SpecLike = Union[TensorSpec, Tuple[str, Union[DType, str, int], int]]
@@ -215,6 +234,18 @@ class Client:
         """Number of trainers in the whole job (all nodes), after register."""
         self._require_registered("world_size")
         return self._world_size
+
+    def job_info(self) -> JobInfo:
+        """The job's iteration count, world size and this trainer's rank as of
+        the last ``wait()`` (``gs_get_job_info``; read from shared memory the
+        wait already consumed, no call to the daemon). After register."""
+        self._require_registered("job_info")
+        info = _lib.JobInfoC(size=ctypes.sizeof(_lib.JobInfoC))
+        with self._mu:
+            self._check(self._lib.gs_get_job_info(self._live_handle(), ctypes.byref(info)),
+                        "gs_get_job_info")
+        return JobInfo(iteration=int(info.iteration), world_size=int(info.world_size),
+                       rank=int(info.rank))
 
     @property
     def specs(self) -> Sequence[TensorSpec]:
