@@ -286,6 +286,7 @@ absl::Status Client::Register(const std::vector<TensorSpec>& specs) {
   world_size_ = resp.world_size();
   job_rank_ = rank_;
   job_world_size_ = world_size_;
+  check_replicas_every_ = resp.check_replicas_every();
   completion_bell_.store(&segment_.header()->completion_bell);
   registered_ = true;
   return absl::OkStatus();

@@ -58,6 +58,9 @@ struct JobInfo {
   uint64_t iteration = 0;  // synchronized iterations completed job-wide
   int world_size = 0;      // what the last iteration's sum was divided by
   int rank = -1;           // this trainer's global rank in it
+  // gradsyncd --check-replicas-every: this trainer should send its
+  // parameter fingerprint (CheckReplicas) after its optimizer step.
+  bool check_replicas_due = false;
 };
 
 struct ConnectOptions {
@@ -119,7 +122,16 @@ class Client {
 
   uint64_t iteration() const { return iteration_; }
   // After Register; refreshed by every Wait that returns OK.
-  JobInfo job_info() const { return {iteration_, job_world_size_, job_rank_}; }
+  JobInfo job_info() const {
+    return {iteration_, job_world_size_, job_rank_, CheckReplicasDue()};
+  }
+  // gradsyncd --check-replicas-every: this trainer's parameter fingerprint
+  // (one hash per registered tensor, in registration order) after the
+  // iteration whose job_info() says a check is due; returns once every
+  // local trainer's were compared. MISMATCH (the job failed) names the
+  // first differing tensor and the trainers on each side. Defined in
+  // client_check_replicas.cc.
+  absl::Status CheckReplicas(const std::vector<uint64_t>& hashes);
 
  private:
   Client() = default;
@@ -164,6 +176,15 @@ class Client {
   // From the last kIterationDone entry (registration's values before one).
   int job_world_size_ = 0;
   int job_rank_ = -1;
+  // From registration: gradsyncd's --check-replicas-every (0: off), and the
+  // last iteration this trainer checked after.
+  int64_t check_replicas_every_ = 0;
+  uint64_t checked_iteration_ = 0;
+  bool CheckReplicasDue() const {
+    return check_replicas_every_ > 0 && iteration_ > 0 &&
+           iteration_ % static_cast<uint64_t>(check_replicas_every_) == 0 &&
+           checked_iteration_ != iteration_;
+  }
 
   bool sync_ = true;
   bool joined_ = false;  // gs_join was called

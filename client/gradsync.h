@@ -237,13 +237,30 @@ typedef struct {
                          after gs_join(c, 0); before the first gs_wait the
                          job's world size (gs_world) */
   int rank;           /* this trainer's global rank in that iteration */
+  int check_replicas_due; /* nonzero: call gs_check_replicas now (below) */
 } gs_job_info;
 
 #define GS_JOB_INFO_INIT \
-  { sizeof(gs_job_info), 0, 0, -1 }
+  { sizeof(gs_job_info), 0, 0, -1, 0 }
 
 /* Fills *info (above). GS_ERR_STATE before gs_register. */
 GS_API gs_status gs_get_job_info(gs_client* c, gs_job_info* info);
+
+/* gradsyncd --check-replicas-every N: after every N-th synchronized
+ * iteration (gs_job_info.check_replicas_due), once this trainer has
+ * applied that iteration's update to its parameters (after the optimizer
+ * step), it passes one 64-bit hash of each registered tensor's parameter
+ * (not gradient), `count` of them in registration order; any hash function,
+ * the same on every trainer (the Python package hashes the bytes). Every
+ * trainer of the job still iterating calls it; it returns once all local
+ * trainers' hashes were compared. GS_ERR_MISMATCH (the job fails) names
+ * the first tensor whose hashes differ and the trainers (and nodes) on
+ * each side; GS_ERR_TIMEOUT names the trainers that did not call within
+ * the daemon's timeout. GS_ERR_STATE when no check is due (not the N-th
+ * iteration, already checked, mid-iteration, or the daemon runs without
+ * the flag); GS_ERR_INVALID_ARGUMENT for a count other than the layout's.
+ * One node only for now: gradsyncd refuses the flag with --num-nodes > 1. */
+GS_API gs_status gs_check_replicas(gs_client* c, const uint64_t* hashes, size_t count);
 
 /* CUDA tensors: the cudaStream_t (as void*) the readiness events are
  * recorded on and unused gradients zeroed on, from the next mark on; NULL:

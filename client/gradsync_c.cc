@@ -156,8 +156,20 @@ gs_status gs_get_job_info(gs_client* c, gs_job_info* info) {
   info->iteration = j.iteration;
   info->world_size = j.world_size;
   info->rank = j.rank;
+  if (size >= offsetof(gs_job_info, check_replicas_due) + sizeof(int)) {
+    info->check_replicas_due = j.check_replicas_due ? 1 : 0;
+  }
   info->size = size < sizeof(gs_job_info) ? size : sizeof(gs_job_info);
   return GS_OK;
+}
+
+gs_status gs_check_replicas(gs_client* c, const uint64_t* hashes, size_t count) {
+  if (c == nullptr || (hashes == nullptr && count != 0)) return GS_ERR_INVALID_ARGUMENT;
+  if (!c->client) return NotConnected(c);
+  try {
+    return Record(c, c->client->CheckReplicas(std::vector<uint64_t>(hashes, hashes + count)));
+  }
+  GS_GUARD(c)
 }
 
 void* gs_grad_buffer(gs_client* c, size_t index) {

@@ -56,7 +56,10 @@ TEST(AbiContract, JobInfoGrowsAtTheEnd) {
   EXPECT_EQ(offsetof(gs_job_info, rank), sizeof(size_t) + sizeof(uint64_t) + sizeof(int));
   const gs_job_info init = GS_JOB_INFO_INIT;
   EXPECT_EQ(init.size, sizeof(gs_job_info));
+  EXPECT_EQ(offsetof(gs_job_info, check_replicas_due),
+            sizeof(size_t) + sizeof(uint64_t) + 2 * sizeof(int));
   EXPECT_EQ(init.rank, -1);
+  EXPECT_EQ(init.check_replicas_due, 0);
 }
 
 TEST(AbiContract, VersionCodeOrdersReleases) {

@@ -53,6 +53,10 @@ def run_optimizer(args: argparse.Namespace) -> dict:
     def on_step(step: int) -> None:
         unused_per_step.append(list(opt.unused_parameters))
         jobs.append((opt.iteration, opt.world_size, opt.rank))
+        if rank == args.drift_rank and step + 1 == args.drift_at:
+            # A replica that drifts (as after a nondeterministic kernel).
+            with torch.no_grad():
+                dict(model.named_parameters())["fc2.weight"][0, 0] += 1e-3
         if args.set_grad_none_at == step:
             # Something (e.g. torch 2.x's model.zero_grad()) drops the views:
             # the next backward must still land in the arena.
@@ -302,6 +306,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--join-steps", default="",
                     help="uneven inputs: steps per rank (comma-separated), then gradsync.torch.join")
     ap.add_argument("--join-divide-by-active", action="store_true")
+    ap.add_argument("--drift-rank", type=int, default=-1,
+                    help="optimizer mode: this rank perturbs fc2.weight after step --drift-at")
+    ap.add_argument("--drift-at", type=int, default=-1)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)

@@ -68,6 +68,7 @@ class JobInfoC(ctypes.Structure):
         ("iteration", ctypes.c_uint64),
         ("world_size", ctypes.c_int),
         ("rank", ctypes.c_int),
+        ("check_replicas_due", ctypes.c_int),
     ]
 
 
@@ -149,6 +150,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "gs_broadcast": (status, [c_client_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                                   ctypes.c_int64]),
         "gs_get_job_info": (status, [c_client_p, ctypes.POINTER(JobInfoC)]),
+        "gs_check_replicas": (status, [c_client_p, ctypes.POINTER(ctypes.c_uint64),
+                                       ctypes.c_size_t]),
         "gs_set_cuda_stream": (status, [c_client_p, ctypes.c_void_p]),
         "gs_last_error": (ctypes.c_char_p, [c_client_p]),
         "gs_close": (None, [c_client_p]),

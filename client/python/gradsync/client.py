@@ -103,11 +103,15 @@ class JobInfo:
             averaged over: the job's world size, or the trainers still active
             once some joined with ``divide_by_initial_world_size=False``.
         rank: this trainer's global rank in that iteration.
+        check_replicas_due: gradsyncd runs with ``--check-replicas-every``
+            and this iteration is one to check: call ``check_replicas()``
+            after the optimizer step (DistributedOptimizer does).
     """
 
     iteration: int
     world_size: int
     rank: int
+    check_replicas_due: bool = False
 
 
 SpecLike = Union[TensorSpec, Tuple[str, Union[DType, str, int], int]]
@@ -245,7 +249,23 @@ class Client:
             self._check(self._lib.gs_get_job_info(self._live_handle(), ctypes.byref(info)),
                         "gs_get_job_info")
         return JobInfo(iteration=int(info.iteration), world_size=int(info.world_size),
-                       rank=int(info.rank))
+                       rank=int(info.rank), check_replicas_due=bool(info.check_replicas_due))
+
+    def check_replicas(self, hashes: Sequence[int]) -> None:
+        """Sends this trainer's parameter fingerprint, one 64-bit hash per
+        registered tensor in registration order, when ``job_info()`` says a
+        check is due (``gs_check_replicas``); returns once every local
+        trainer's were compared.
+
+        Raises:
+            MismatchError: the replicas differ (the job failed), naming the
+                first differing tensor and the trainers on each side;
+            StateError: no check is due.
+        """
+        array = (ctypes.c_uint64 * len(hashes))(*[int(h) & 0xFFFFFFFFFFFFFFFF for h in hashes])
+        with self._mu:
+            self._check(self._lib.gs_check_replicas(self._live_handle(), array, len(hashes)),
+                        "gs_check_replicas")
 
     @property
     def specs(self) -> Sequence[TensorSpec]:

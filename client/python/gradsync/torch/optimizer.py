@@ -29,6 +29,8 @@ micro-iteration; not marking at all is simpler and cheaper).
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import hashlib
 import logging
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -204,6 +206,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # The job as of the last synchronization (registration's before one).
         self._job: JobInfo = self._client.job_info()
         self._world_callbacks: List[Callable[[int, int, int], None]] = []
+        self._check_pending = False     # --check-replicas-every: after this step
         if on_world_change is not None:
             self.on_world_change(on_world_change)
         self._hooks = [register_grad_ready_hook(p, self._make_hook(i))
@@ -398,6 +401,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._num_marked = 0
         self._synchronized = True
         previous, self._job = self._job, self._client.job_info()
+        self._check_pending = self._job.check_replicas_due
         if self._job.world_size != previous.world_size:
             log.info("world size changed from %d to %d at iteration %d (rank %d)",
                      previous.world_size, self._job.world_size, self._job.iteration,
@@ -422,7 +426,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.synchronize()
         self._synchronized = False
         self._optimizer.step()
+        if self._check_pending:
+            self._check_pending = False
+            self._check_replicas()
         return loss
+
+    def _check_replicas(self) -> None:
+        """gradsyncd ``--check-replicas-every``: one 64-bit hash of each
+        registered parameter's bytes, after the step that updated it; the
+        daemon compares them across the trainers (MismatchError names the
+        first differing parameter and the trainers on each side)."""
+        hashes = []
+        for p in self._params:
+            t = p.detach()
+            if t.device.type != "cpu":
+                t = t.cpu()
+            t = t.contiguous()
+            data = ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
+            hashes.append(int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little"))
+        self._client.check_replicas(hashes)
 
     def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
         """Zeroes the gradients in place; they stay views of the arena
