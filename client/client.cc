@@ -471,9 +471,10 @@ absl::Status Client::AwaitCompletion(int64_t budget, bool joined) {
                                                      " while this trainer is at ", iteration_)));
           }
           if (e.world_size == 0 || e.rank < 0) {
-            return Failed(MakeError(
-                v1::INTERNAL, absl::StrCat("daemon completed iteration ", e.iteration,
-                                           " with world size ", e.world_size, " and rank ", e.rank)));
+            return Failed(
+                MakeError(v1::INTERNAL,
+                          absl::StrCat("daemon completed iteration ", e.iteration,
+                                       " with world size ", e.world_size, " and rank ", e.rank)));
           }
           job_world_size_ = static_cast<int>(e.world_size);
           job_rank_ = e.rank;

@@ -122,9 +122,7 @@ class Client {
 
   uint64_t iteration() const { return iteration_; }
   // After Register; refreshed by every Wait that returns OK.
-  JobInfo job_info() const {
-    return {iteration_, job_world_size_, job_rank_, CheckReplicasDue()};
-  }
+  JobInfo job_info() const { return {iteration_, job_world_size_, job_rank_, CheckReplicasDue()}; }
   // gradsyncd --check-replicas-every: this trainer's parameter fingerprint
   // (one hash per registered tensor, in registration order) after the
   // iteration whose job_info() says a check is due; returns once every

@@ -36,10 +36,10 @@ absl::Status Client::CheckReplicas(const std::vector<uint64_t>& hashes) {
                                              marked_count_, " tensors are marked)"));
   }
   if (hashes.size() != layout_.size()) {
-    return MakeError(v1::INVALID_ARGUMENT,
-                     absl::StrCat("rank ", rank_, ": gs_check_replicas got ", hashes.size(),
-                                  " hashes for ", layout_.size(),
-                                  " registered tensors (one each, in registration order)"));
+    return MakeError(
+        v1::INVALID_ARGUMENT,
+        absl::StrCat("rank ", rank_, ": gs_check_replicas got ", hashes.size(), " hashes for ",
+                     layout_.size(), " registered tensors (one each, in registration order)"));
   }
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() +

@@ -91,8 +91,8 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
     return bad(absl::StrCat("--timeout-s ", c.timeout_ms / 1000.0, " is not in [0.1, 86400]"));
   }
   if (c.check_replicas_every < 0) {
-    return bad(absl::StrCat("--check-replicas-every ", c.check_replicas_every,
-                            " must be >= 0 (0: off)"));
+    return bad(
+        absl::StrCat("--check-replicas-every ", c.check_replicas_every, " must be >= 0 (0: off)"));
   }
   if (c.check_replicas_every > 0 && c.num_nodes > 1) {
     return bad(absl::StrCat("--check-replicas-every ", c.check_replicas_every,

@@ -22,10 +22,7 @@ std::string Hex(uint64_t v) { return absl::StrFormat("0x%016x", v); }
 
 ReplicaChecker::ReplicaChecker(std::vector<Trainer*> trainers, const Layout& layout, FailFn fail,
                                Options options)
-    : trainers_(std::move(trainers)),
-      layout_(layout),
-      fail_(std::move(fail)),
-      options_(options) {
+    : trainers_(std::move(trainers)), layout_(layout), fail_(std::move(fail)), options_(options) {
   hashes_.assign(trainers_.size(), {});
   arrived_.assign(trainers_.size(), 0);
 }
@@ -98,21 +95,20 @@ absl::Status ReplicaChecker::Check(const Trainer& caller, uint64_t iteration,
     MonotonicMutexLock lock(&mu_);
     if (!failed_.ok()) return failed_;
     if (arrived_[me]) {
-      return MakeError(v1::STATE, absl::StrCat(caller.Name(),
-                                               " called gs_check_replicas twice for iteration ",
-                                               iteration_));
+      return MakeError(v1::STATE,
+                       absl::StrCat(caller.Name(), " called gs_check_replicas twice for iteration ",
+                                    iteration_));
     }
     if (count_ > 0 && iteration != iteration_) {
       const Trainer* other = nullptr;
       for (size_t i = 0; i < trainers_.size() && other == nullptr; ++i) {
         if (arrived_[i]) other = trainers_[i];
       }
-      refused = MakeError(
-          v1::MISMATCH,
-          absl::StrCat("trainers out of step in gs_check_replicas: ", caller.Name(),
-                       " checks after iteration ", iteration, " but ",
-                       other ? other->Name() : std::string("another trainer"),
-                       " after iteration ", iteration_));
+      refused = MakeError(v1::MISMATCH,
+                          absl::StrCat("trainers out of step in gs_check_replicas: ", caller.Name(),
+                                       " checks after iteration ", iteration, " but ",
+                                       other ? other->Name() : std::string("another trainer"),
+                                       " after iteration ", iteration_));
     } else {
       iteration_ = iteration;
       hashes_[me] = hashes;

@@ -51,9 +51,8 @@ class ReplicaChecker {
   // were compared, or the job fails, or `deadline` (a MonotonicNow() time)
   // passes. A misuse by the caller alone (off, not due, wrong count) is
   // refused without failing the job.
-  absl::Status Check(const Trainer& caller, uint64_t iteration,
-                     const std::vector<uint64_t>& hashes, absl::Time deadline)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Check(const Trainer& caller, uint64_t iteration, const std::vector<uint64_t>& hashes,
+                     absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The job failed: every waiting and later Check returns `error`.
   void Abort(const absl::Status& error) ABSL_LOCKS_EXCLUDED(mu_);

@@ -46,8 +46,8 @@ Process StartReporter(const Daemon& daemon, int local_rank, const Case& c) {
 // contributions (rank + 1 each) divided by that.
 std::vector<std::string> Expected(const Case& c, int rank) {
   const int world = static_cast<int>(c.steps.size());
-  std::vector<std::string> lines = {absl::StrCat("job rank=", rank, " iteration=0 world_size=",
-                                                 world, " average=0")};
+  std::vector<std::string> lines = {
+      absl::StrCat("job rank=", rank, " iteration=0 world_size=", world, " average=0")};
   for (int k = 1; k <= c.steps[rank]; ++k) {
     int active = 0, sum = 0;
     for (int r = 0; r < world; ++r) {
@@ -78,9 +78,8 @@ void ExpectReports(std::vector<Process>& ps, const Case& c, const std::string& l
     ASSERT_TRUE(st.exited && st.code == 0) << "trainer " << r << " " << st.ToString() << "\n"
                                            << ps[r].Log() << "\n"
                                            << logs;
-    EXPECT_EQ(JobLines(ps[r].Log()), Expected(c, static_cast<int>(r)))
-        << "trainer " << r << "\n"
-        << ps[r].Log();
+    EXPECT_EQ(JobLines(ps[r].Log()), Expected(c, static_cast<int>(r))) << "trainer " << r << "\n"
+                                                                       << ps[r].Log();
   }
 }
 
