@@ -284,6 +284,9 @@ absl::Status Client::Register(const std::vector<TensorSpec>& specs) {
   accumulated_.assign(layout_.size(), 0);
   rank_ = resp.rank();
   world_size_ = resp.world_size();
+  job_rank_ = rank_;
+  job_world_size_ = world_size_;
+  check_replicas_every_ = resp.check_replicas_every();
   completion_bell_.store(&segment_.header()->completion_bell);
   registered_ = true;
   return absl::OkStatus();
@@ -467,6 +470,14 @@ absl::Status Client::AwaitCompletion(int64_t budget, bool joined) {
                 MakeError(v1::INTERNAL, absl::StrCat("daemon completed iteration ", e.iteration,
                                                      " while this trainer is at ", iteration_)));
           }
+          if (e.world_size == 0 || e.rank < 0) {
+            return Failed(
+                MakeError(v1::INTERNAL,
+                          absl::StrCat("daemon completed iteration ", e.iteration,
+                                       " with world size ", e.world_size, " and rank ", e.rank)));
+          }
+          job_world_size_ = static_cast<int>(e.world_size);
+          job_rank_ = e.rank;
           ++iteration_;
           no_sync_iterations_ = 0;
           std::fill(marked_.begin(), marked_.end(), 0);

@@ -51,6 +51,18 @@ struct TensorSpec {
 
 class CudaTensors;
 
+// What a trainer sees of its job after each synchronized iteration
+// (gs_get_job_info). Before the first one: iteration 0, the job's world
+// size and the trainer's rank from registration.
+struct JobInfo {
+  uint64_t iteration = 0;  // synchronized iterations completed job-wide
+  int world_size = 0;      // what the last iteration's sum was divided by
+  int rank = -1;           // this trainer's global rank in it
+  // gradsyncd --check-replicas-every: this trainer should send its
+  // parameter fingerprint (CheckReplicas) after its optimizer step.
+  bool check_replicas_due = false;
+};
+
 struct ConnectOptions {
   std::string socket_path;  // empty: $GRADSYNC_SOCKET, else ClientDefaultSocketPath()
   int local_rank = -1;      // -1: $LOCAL_RANK, else 0
@@ -109,6 +121,15 @@ class Client {
   absl::Status Close();
 
   uint64_t iteration() const { return iteration_; }
+  // After Register; refreshed by every Wait that returns OK.
+  JobInfo job_info() const { return {iteration_, job_world_size_, job_rank_, CheckReplicasDue()}; }
+  // gradsyncd --check-replicas-every: this trainer's parameter fingerprint
+  // (one hash per registered tensor, in registration order) after the
+  // iteration whose job_info() says a check is due; returns once every
+  // local trainer's were compared. MISMATCH (the job failed) names the
+  // first differing tensor and the trainers on each side. Defined in
+  // client_check_replicas.cc.
+  absl::Status CheckReplicas(const std::vector<uint64_t>& hashes);
 
  private:
   Client() = default;
@@ -150,6 +171,18 @@ class Client {
   ipc::TrainerSegment segment_;
   int rank_ = -1;
   int world_size_ = 0;
+  // From the last kIterationDone entry (registration's values before one).
+  int job_world_size_ = 0;
+  int job_rank_ = -1;
+  // From registration: gradsyncd's --check-replicas-every (0: off), and the
+  // last iteration this trainer checked after.
+  int64_t check_replicas_every_ = 0;
+  uint64_t checked_iteration_ = 0;
+  bool CheckReplicasDue() const {
+    return check_replicas_every_ > 0 && iteration_ > 0 &&
+           iteration_ % static_cast<uint64_t>(check_replicas_every_) == 0 &&
+           checked_iteration_ != iteration_;
+  }
 
   bool sync_ = true;
   bool joined_ = false;  // gs_join was called

@@ -214,6 +214,54 @@ GS_API gs_status gs_join(gs_client* c, int divide_by_initial_world_size);
 GS_API gs_status gs_broadcast(gs_client* c, void* buf, size_t bytes, int root_rank,
                               int64_t timeout_ms);
 
+/* What this trainer sees of its job: refreshed by every gs_wait that
+ * returns GS_OK (it rides on the completion entry gs_wait reads anyway: no
+ * extra call to the daemon), readable any time after gs_register.
+ *
+ * The struct grows at its end. Start from GS_JOB_INFO_INIT (which sets
+ * size) and pass it; on return size says how much of it this library
+ * filled (less than the caller's sizeof when the library is older: the
+ * fields past it were left as the caller set them). A size smaller than
+ * the first version of the struct is refused with GS_ERR_INVALID_ARGUMENT.
+ *
+ *   gs_job_info info = GS_JOB_INFO_INIT;
+ *   gs_wait(c, -1); gs_get_job_info(c, &info);
+ */
+typedef struct {
+  size_t size;            /* sizeof(gs_job_info): set by GS_JOB_INFO_INIT */
+  uint64_t iteration;     /* synchronized iterations the job completed: the same
+                             on every trainer of every node (no_sync iterations
+                             are not counted); 0 before the first gs_wait */
+  int world_size;         /* trainers the last iteration's sum was divided by:
+                             the job's world size, or the trainers still active
+                             after gs_join(c, 0); before the first gs_wait the
+                             job's world size (gs_world) */
+  int rank;               /* this trainer's global rank in that iteration */
+  int check_replicas_due; /* nonzero: call gs_check_replicas now (below) */
+} gs_job_info;
+
+#define GS_JOB_INFO_INIT \
+  { sizeof(gs_job_info), 0, 0, -1, 0 }
+
+/* Fills *info (above). GS_ERR_STATE before gs_register. */
+GS_API gs_status gs_get_job_info(gs_client* c, gs_job_info* info);
+
+/* gradsyncd --check-replicas-every N: after every N-th synchronized
+ * iteration (gs_job_info.check_replicas_due), once this trainer has
+ * applied that iteration's update to its parameters (after the optimizer
+ * step), it passes one 64-bit hash of each registered tensor's parameter
+ * (not gradient), `count` of them in registration order; any hash function,
+ * the same on every trainer (the Python package hashes the bytes). Every
+ * trainer of the job still iterating calls it; it returns once all local
+ * trainers' hashes were compared. GS_ERR_MISMATCH (the job fails) names
+ * the first tensor whose hashes differ and the trainers (and nodes) on
+ * each side; GS_ERR_TIMEOUT names the trainers that did not call within
+ * the daemon's timeout. GS_ERR_STATE when no check is due (not the N-th
+ * iteration, already checked, mid-iteration, or the daemon runs without
+ * the flag); GS_ERR_INVALID_ARGUMENT for a count other than the layout's.
+ * One node only for now: gradsyncd refuses the flag with --num-nodes > 1. */
+GS_API gs_status gs_check_replicas(gs_client* c, const uint64_t* hashes, size_t count);
+
 /* CUDA tensors: the cudaStream_t (as void*) the readiness events are
  * recorded on and unused gradients zeroed on, from the next mark on; NULL:
  * the legacy default stream. Record after the stream's last write of the

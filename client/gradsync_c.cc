@@ -134,6 +134,44 @@ gs_status gs_world(gs_client* c, int* rank, int* world_size) {
   return GS_OK;
 }
 
+// gs_job_info as first published: a caller's size below it cannot be one.
+constexpr size_t kJobInfoMin = offsetof(gs_job_info, rank) + sizeof(int);
+
+gs_status gs_get_job_info(gs_client* c, gs_job_info* info) {
+  if (c == nullptr || info == nullptr) return GS_ERR_INVALID_ARGUMENT;
+  if (!c->client) return NotConnected(c);
+  const size_t size = info->size;
+  if (size < kJobInfoMin) {
+    c->last_error = "gs_job_info.size is " + std::to_string(size) +
+                    ", smaller than any gs_job_info (" + std::to_string(kJobInfoMin) +
+                    "): start from GS_JOB_INFO_INIT";
+    return GS_ERR_INVALID_ARGUMENT;
+  }
+  if (c->client->world_size() <= 0) {
+    c->last_error = "gs_get_job_info is known after gs_register";
+    return GS_ERR_STATE;
+  }
+  const gradsync::JobInfo j = c->client->job_info();
+  // Fields are written only where the caller's struct has them.
+  info->iteration = j.iteration;
+  info->world_size = j.world_size;
+  info->rank = j.rank;
+  if (size >= offsetof(gs_job_info, check_replicas_due) + sizeof(int)) {
+    info->check_replicas_due = j.check_replicas_due ? 1 : 0;
+  }
+  info->size = size < sizeof(gs_job_info) ? size : sizeof(gs_job_info);
+  return GS_OK;
+}
+
+gs_status gs_check_replicas(gs_client* c, const uint64_t* hashes, size_t count) {
+  if (c == nullptr || (hashes == nullptr && count != 0)) return GS_ERR_INVALID_ARGUMENT;
+  if (!c->client) return NotConnected(c);
+  try {
+    return Record(c, c->client->CheckReplicas(std::vector<uint64_t>(hashes, hashes + count)));
+  }
+  GS_GUARD(c)
+}
+
 void* gs_grad_buffer(gs_client* c, size_t index) {
   if (c == nullptr || !c->client) return nullptr;
   return c->client->GradBuffer(index);

@@ -110,6 +110,15 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   if (c.timeout_ms < 100 || c.timeout_ms > 24ll * 3600 * 1000) {
     return bad(absl::StrCat("--timeout-s ", c.timeout_ms / 1000.0, " is not in [0.1, 86400]"));
   }
+  if (c.check_replicas_every < 0) {
+    return bad(
+        absl::StrCat("--check-replicas-every ", c.check_replicas_every, " must be >= 0 (0: off)"));
+  }
+  if (c.check_replicas_every > 0 && c.num_nodes > 1) {
+    return bad(absl::StrCat("--check-replicas-every ", c.check_replicas_every,
+                            " is supported on one node only for now (--num-nodes ", c.num_nodes,
+                            "): the daemons do not compare fingerprints across nodes yet"));
+  }
   if (!(c.stall_threshold_s > 0)) {
     return bad(absl::StrCat("--stall-threshold-s ", c.stall_threshold_s, " must be > 0"));
   }

@@ -45,6 +45,9 @@ struct DaemonConfig {
   // Multi-node uneven inputs (gs_join): every iteration then starts with a
   // tiny allreduce of the active-trainer counts. Node 0's value is the job's.
   bool uneven_inputs = false;
+  // Every this many synchronized iterations the trainers' parameter
+  // fingerprints are compared (gs_check_replicas); 0: never. One node only.
+  int64_t check_replicas_every = 0;
 
   double bucket_cap_mb = kDefaultBucketCapMib;
   double first_bucket_cap_mb = kDefaultFirstBucketCapMib;

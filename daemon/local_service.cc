@@ -136,6 +136,7 @@ grpc::Status LocalService::Register(grpc::ServerContext*, const v1::RegisterRequ
   resp->set_flat_buffer_bytes(r->flat_buffer_bytes);
   resp->set_rank(r->rank);
   resp->set_world_size(r->world_size);
+  resp->set_check_replicas_every(jobs_->config().check_replicas_every);
   for (const PlannedBucket& b : r->plan.buckets) {
     v1::Bucket* pb = resp->add_buckets();
     pb->set_id(b.id);
@@ -167,6 +168,15 @@ grpc::Status LocalService::Broadcast(grpc::ServerContext*, const v1::BroadcastRe
   resp->set_segment_bytes(r->segment_bytes);
   resp->set_piece_bytes(r->piece_bytes);
   return Reply(resp, absl::OkStatus());
+}
+
+grpc::Status LocalService::CheckReplicas(grpc::ServerContext*, const v1::CheckReplicasRequest* req,
+                                         v1::CheckReplicasResponse* resp) {
+  std::shared_ptr<Job> job = jobs_->JobOf(req->session_id());
+  if (!job) return Reply(resp, MakeError(v1::STATE, "unknown session"));
+  const absl::Time deadline = MonotonicNow() + absl::Milliseconds(jobs_->config().timeout_ms);
+  const std::vector<uint64_t> hashes(req->hashes().begin(), req->hashes().end());
+  return Reply(resp, job->CheckReplicas(req->session_id(), req->iteration(), hashes, deadline));
 }
 
 grpc::Status LocalService::Watch(grpc::ServerContext* ctx, const v1::WatchRequest* req,

@@ -34,6 +34,8 @@ class LocalService final : public v1::Local::Service {
   // gs_broadcast, one step per call (daemon/engine/broadcaster.h).
   grpc::Status Broadcast(grpc::ServerContext* ctx, const v1::BroadcastRequest* req,
                          v1::BroadcastResponse* resp) override;
+  grpc::Status CheckReplicas(grpc::ServerContext* ctx, const v1::CheckReplicasRequest* req,
+                             v1::CheckReplicasResponse* resp) override;
   grpc::Status Watch(grpc::ServerContext* ctx, const v1::WatchRequest* req,
                      grpc::ServerWriter<v1::WatchEvent>* writer) override;
 

@@ -110,6 +110,10 @@ ABSL_FLAG(bool, uneven_inputs, kDefaults.uneven_inputs,
           "allow gs_join (uneven inputs) in multi-node jobs: every iteration then starts with "
           "one small allreduce of active-trainer counts; node 0's value is the job's "
           "(one node: gs_join works without it)");
+ABSL_FLAG(int64_t, check_replicas_every, kDefaults.check_replicas_every,
+          "every N synchronized iterations compare a fingerprint (a hash per tensor) of every "
+          "trainer's parameters and fail the job with GS_ERR_MISMATCH naming the first tensor "
+          "that differs and the trainers on each side; 0: off. One node only for now");
 ABSL_FLAG(int, reduce_threads, kDefaults.reduce_threads,
           "threads for the local reduction; 0: the cores the trainers leave free (1..4), "
           "and every core (1..4) for the buckets left once all trainers marked everything");
@@ -179,6 +183,7 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   config.reduce_threads = absl::GetFlag(FLAGS_reduce_threads);
   config.wire_dtype = absl::GetFlag(FLAGS_wire_dtype);
   config.uneven_inputs = absl::GetFlag(FLAGS_uneven_inputs);
+  config.check_replicas_every = absl::GetFlag(FLAGS_check_replicas_every);
   if (const std::string group = absl::GetFlag(FLAGS_shm_group); !group.empty()) {
     const struct group* g = getgrnam(group.c_str());
     if (g == nullptr) return Fail(absl::StrCat("--shm-group ", group, ": no such group"));

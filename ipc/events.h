@@ -45,13 +45,21 @@ enum class CompletionKind : uint32_t {
   kAllJoined = 4
 };
 
+// kIterationDone also carries what the trainer sees of the job after its
+// gs_wait (gs_get_job_info): `iteration` is the job-wide index of the
+// iteration just completed (every trainer of every node posts the same),
+// `world_size` what its sum was divided by, `rank` the trainer's global rank
+// in it. They ride on the entry the trainer waits for anyway: no extra call.
 struct CompletionEvent {
-  uint32_t kind;    // CompletionKind
-  uint32_t bucket;  // bucket id (kBucketDone)
+  uint32_t kind;  // CompletionKind
+  union {
+    uint32_t bucket;      // bucket id (kBucketDone)
+    uint32_t world_size;  // kIterationDone: the iteration's divisor
+  };
   uint64_t iteration;
   uint64_t sequence;  // 0, 1, 2, ... per ring
   int32_t status;     // gs_status / gradsync.v1.Code; non-zero with kError
-  uint32_t reserved;
+  int32_t rank;       // kIterationDone: this trainer's global rank; else 0
 };
 static_assert(sizeof(CompletionEvent) == 32);
 

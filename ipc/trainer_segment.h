@@ -27,8 +27,9 @@
 namespace gradsync::ipc {
 
 inline constexpr uint64_t kTrainerSegmentMagic = 0x5473'636e'7973'6447ull;  // "GdsyncsT"
-// 2: ReadyEvent carries no_sync_iterations and checksum.
-inline constexpr uint32_t kTrainerSegmentVersion = 2;
+// 2: ReadyEvent carries no_sync_iterations and checksum. 3: kIterationDone
+// carries world_size and rank.
+inline constexpr uint32_t kTrainerSegmentVersion = 3;
 inline constexpr size_t kErrorMessageBytes = 1024;
 
 struct TrainerSegmentHeader {

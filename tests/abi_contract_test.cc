@@ -47,6 +47,21 @@ TEST(AbiContract, ConnectOptionsGrowAtTheEnd) {
   EXPECT_EQ(init.timeout_ms, 0);
 }
 
+// gs_job_info is read back by size, so size comes first and the struct
+// only grows at its end.
+TEST(AbiContract, JobInfoGrowsAtTheEnd) {
+  EXPECT_EQ(offsetof(gs_job_info, size), 0u);
+  EXPECT_EQ(offsetof(gs_job_info, iteration), sizeof(size_t));
+  EXPECT_EQ(offsetof(gs_job_info, world_size), sizeof(size_t) + sizeof(uint64_t));
+  EXPECT_EQ(offsetof(gs_job_info, rank), sizeof(size_t) + sizeof(uint64_t) + sizeof(int));
+  const gs_job_info init = GS_JOB_INFO_INIT;
+  EXPECT_EQ(init.size, sizeof(gs_job_info));
+  EXPECT_EQ(offsetof(gs_job_info, check_replicas_due),
+            sizeof(size_t) + sizeof(uint64_t) + 2 * sizeof(int));
+  EXPECT_EQ(init.rank, -1);
+  EXPECT_EQ(init.check_replicas_due, 0);
+}
+
 TEST(AbiContract, VersionCodeOrdersReleases) {
   EXPECT_EQ(GS_VERSION, GS_VERSION_CODE(GS_VERSION_MAJOR, GS_VERSION_MINOR, GS_VERSION_PATCH));
   EXPECT_LT(GS_VERSION_CODE(0, 9, 99), GS_VERSION_CODE(1, 0, 0));

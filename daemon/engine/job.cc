@@ -54,6 +54,7 @@ Job::~Job() {
   world_.link.reset();  // stops heart-beating and leaves the generation
   scheduler_.reset();
   broadcaster_.reset();
+  replica_checker_.reset();
   // After the scheduler stopped: no collective can be running.
   gpu_reducer_.reset();
   gpu_session_.reset();
@@ -493,6 +494,9 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
       &node_->ready_bell(), stats_.get(),
       [this](const absl::Status& error, int culprit) { Fail(error, culprit); }, opts);
   broadcaster_->set_scheduler(scheduler_.get());
+  replica_checker_ = std::make_unique<ReplicaChecker>(
+      trainers, layout_, [this](const absl::Status& error, int culprit) { Fail(error, culprit); },
+      ReplicaChecker::Options{config_.check_replicas_every, config_.node_rank});
   state_ = JobState::kRunning;
   running_since_ = std::chrono::steady_clock::now();
   if (world_.link) {
@@ -557,6 +561,7 @@ void Job::FailLocked(const absl::Status& error, int culprit, bool expected) {
   if (world_.link) world_.link->ReportError(error);
   if (world_.backend) world_.backend->Abort(std::string(error.message()));
   if (broadcaster_) broadcaster_->Abort(error);
+  if (replica_checker_) replica_checker_->Abort(error);
   if (gpu_session_) gpu_session_->Abort(std::string(error.message()));
   for (auto& t : trainers_) {
     if (!t || t->gone.load() || t->segment.header() == nullptr) continue;
@@ -590,6 +595,27 @@ absl::StatusOr<Broadcaster::StepResult> Job::Broadcast(uint64_t session, uint64_
   // The job failed (by this call or another): the error this trainer gets.
   if (state_ == JobState::kFailed) return PeerError(*t);
   return r.status();
+}
+
+absl::Status Job::CheckReplicas(uint64_t session, uint64_t iteration,
+                                const std::vector<uint64_t>& hashes, absl::Time deadline) {
+  std::shared_ptr<Trainer> t;
+  ReplicaChecker* checker = nullptr;
+  {
+    MonotonicMutexLock lock(&mu_);
+    t = HoldLocked(session);
+    if (!t) return MakeError(v1::STATE, "unknown session");
+    if (state_ == JobState::kFailed) return PeerError(*t);
+    if (state_ != JobState::kRunning || !replica_checker_) {
+      return MakeError(v1::STATE, "gs_check_replicas before the job runs: call gs_register first");
+    }
+    checker = replica_checker_.get();  // lives as long as the job
+  }
+  const absl::Status st = checker->Check(*t, iteration, hashes, deadline);
+  if (st.ok()) return st;
+  MonotonicMutexLock lock(&mu_);
+  if (state_ == JobState::kFailed) return PeerError(*t);
+  return st;
 }
 
 void Job::DeliverHealth() {

@@ -37,6 +37,7 @@
 #include "daemon/engine/bucket_planner.h"
 #include "daemon/engine/gpu_reducer.h"
 #include "daemon/engine/gpu_session.h"
+#include "daemon/engine/replica_checker.h"
 #include "daemon/engine/scheduler.h"
 #include "daemon/engine/trainer.h"
 #include "daemon/observe/job_stats.h"
@@ -209,6 +210,12 @@ class Job {
   absl::StatusOr<Broadcaster::StepResult> Broadcast(uint64_t session, uint64_t bytes, int root_rank,
                                                     uint64_t step, absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // gs_check_replicas: this trainer's parameter fingerprint after
+  // `iteration` (see replica_checker.h). STATE before the job runs; once the
+  // job failed, the error this trainer gets.
+  absl::Status CheckReplicas(uint64_t session, uint64_t iteration,
+                             const std::vector<uint64_t>& hashes, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // True while some trainer has marked gradients of an unfinished iteration.
   bool InIteration() const ABSL_LOCKS_EXCLUDED(mu_);
   int world_size() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -328,6 +335,8 @@ class Job {
   std::unique_ptr<Scheduler> scheduler_ ABSL_GUARDED_BY(mu_);
   // Created with the scheduler; destroyed after it (the scheduler asks it).
   std::unique_ptr<Broadcaster> broadcaster_ ABSL_GUARDED_BY(mu_);
+  // --check-replicas-every; created with the scheduler.
+  std::unique_ptr<ReplicaChecker> replica_checker_ ABSL_GUARDED_BY(mu_);
   std::vector<HealthChange> health_queue_ ABSL_GUARDED_BY(mu_);
 };
 

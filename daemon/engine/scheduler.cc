@@ -866,7 +866,10 @@ absl::Status Scheduler::PostToAll(ipc::CompletionKind kind, uint64_t it, int* cu
   for (Trainer* t : trainers_) {
     // A joined trainer waits for kAllJoined only.
     if (t->joined.load(std::memory_order_relaxed) != to_joined) continue;
-    st = PostCompletionLocked(*t, kind, 0, it, 0);
+    // Iteration done carries the divisor its trainers see (gs_get_job_info).
+    const uint32_t world =
+        kind == ipc::CompletionKind::kIterationDone ? static_cast<uint32_t>(Divisor()) : 0;
+    st = PostCompletionLocked(*t, kind, world, it, 0);
     if (!st.ok()) {
       *culprit = t->local_rank;
       break;

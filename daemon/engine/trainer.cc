@@ -27,6 +27,7 @@ absl::Status PostCompletionLocked(Trainer& trainer, ipc::CompletionKind kind, ui
   e.iteration = iteration;
   e.sequence = trainer.completion_sequence;
   e.status = status;
+  if (kind == ipc::CompletionKind::kIterationDone) e.rank = trainer.rank;
   auto& ring = trainer.segment.completion_ring();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(patience_ms);
   while (!ring.TryPush(e)) {

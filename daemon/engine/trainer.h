@@ -61,6 +61,8 @@ struct Trainer {
 };
 
 // Posts one completion entry and rings the trainer's doorbell when `wake`.
+// kIterationDone: `bucket` is the iteration's world size (the field they
+// share, ipc/events.h); the entry carries the trainer's rank.
 // A ring that stays full for `patience_ms` means the trainer stopped
 // consuming: the post fails (the caller treats the trainer as failed).
 absl::Status PostCompletion(Trainer& trainer, ipc::CompletionKind kind, uint32_t bucket,

@@ -7,9 +7,11 @@ lib=$(find -L "${TEST_SRCDIR:-.}" -name libgradsync.so -print -quit)
 [ -n "$lib" ] || { echo "libgradsync.so not in runfiles"; exit 1; }
 exported=$(nm -D --defined-only "$lib" | awk '$2 ~ /^[TtWDdBbRr]$/ {print $3}' | sort)
 expected="gs_broadcast@@GRADSYNC_0.3
+gs_check_replicas@@GRADSYNC_0.4
 gs_close@@GRADSYNC_0
 gs_connect@@GRADSYNC_0.1
 gs_connect@GRADSYNC_0
+gs_get_job_info@@GRADSYNC_0.4
 gs_grad_buffer@@GRADSYNC_0
 gs_join@@GRADSYNC_0.2
 gs_last_error@@GRADSYNC_0

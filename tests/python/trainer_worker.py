@@ -37,11 +37,13 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 def run_optimizer(args: argparse.Namespace) -> dict:
     dtype = DTYPES[args.dtype]
     model = lib.make_model(args.model, dtype)
-    opt = gst.DistributedOptimizer(lib.make_sgd(model), model.named_parameters(),
-                                   find_unused_parameters=True,
-                                   connect_timeout_s=args.connect_timeout_s,
-                                   wait_timeout_s=args.wait_timeout_s)
+    world_changes = []  # on_world_change's calls, with the iteration each came after
+    opt = gst.DistributedOptimizer(
+        lib.make_sgd(model), model.named_parameters(), find_unused_parameters=True,
+        connect_timeout_s=args.connect_timeout_s, wait_timeout_s=args.wait_timeout_s,
+        on_world_change=lambda old, new, r: world_changes.append((opt.iteration, old, new, r)))
     rank, world = opt.rank, opt.world_size
+    jobs = [(opt.iteration, opt.world_size, opt.rank)]  # before the first step, then per step
     assert rank == int(os.environ["LOCAL_RANK"]), (rank, os.environ["LOCAL_RANK"])
     params = [p for p in model.parameters() if p.requires_grad]
     grad_ptrs = [p.grad.data_ptr() for p in params]
@@ -50,6 +52,11 @@ def run_optimizer(args: argparse.Namespace) -> dict:
 
     def on_step(step: int) -> None:
         unused_per_step.append(list(opt.unused_parameters))
+        jobs.append((opt.iteration, opt.world_size, opt.rank))
+        if rank == args.drift_rank and step + 1 == args.drift_at:
+            # A replica that drifts (as after a nondeterministic kernel).
+            with torch.no_grad():
+                dict(model.named_parameters())["fc2.weight"][0, 0] += 1e-3
         if args.set_grad_none_at == step:
             # Something (e.g. torch 2.x's model.zero_grad()) drops the views:
             # the next backward must still land in the arena.
@@ -77,6 +84,8 @@ def run_optimizer(args: argparse.Namespace) -> dict:
         "grads_in_arena": set(grad_ptrs) == arena,
         "rank": rank,
         "world": world,
+        "jobs": jobs,
+        "world_changes": world_changes,
     }
     opt.close()
     return result
@@ -297,6 +306,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--join-steps", default="",
                     help="uneven inputs: steps per rank (comma-separated), then gradsync.torch.join")
     ap.add_argument("--join-divide-by-active", action="store_true")
+    ap.add_argument("--drift-rank", type=int, default=-1,
+                    help="optimizer mode: this rank perturbs fc2.weight after step --drift-at")
+    ap.add_argument("--drift-at", type=int, default=-1)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)

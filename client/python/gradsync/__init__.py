@@ -11,7 +11,7 @@ See docs/DESIGN.md in the repository for the daemon's design.
 from __future__ import annotations
 
 from ._lib import find_library, load_library
-from .client import Client, DType, TensorSpec
+from .client import Client, DType, JobInfo, TensorSpec
 from .errors import (
     GradsyncError,
     GradsyncTimeoutError,
@@ -31,6 +31,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Client",
     "DType",
+    "JobInfo",
     "TensorSpec",
     "Status",
     "GradsyncError",

@@ -1,7 +1,7 @@
 """Finding and loading libgradsync.so, and the ctypes prototypes of its C ABI.
 
 The C ABI (client/gradsync.h) is the only interface to the daemon; this
-module mirrors its two structs and declares every function's argument and
+module mirrors its structs and declares every function's argument and
 result types so that ctypes converts values correctly (a missing prototype
 would silently truncate 64-bit pointers to C ints).
 
@@ -56,6 +56,19 @@ class ConnectOptionsC(ctypes.Structure):
         ("local_rank", ctypes.c_int),
         ("timeout_ms", ctypes.c_int),
         ("size", ctypes.c_size_t),
+    ]
+
+
+class JobInfoC(ctypes.Structure):
+    """``gs_job_info``; ``size`` must be set to ``ctypes.sizeof`` of it
+    (what ``GS_JOB_INFO_INIT`` does in C)."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("iteration", ctypes.c_uint64),
+        ("world_size", ctypes.c_int),
+        ("rank", ctypes.c_int),
+        ("check_replicas_due", ctypes.c_int),
     ]
 
 
@@ -136,6 +149,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         "gs_join": (status, [c_client_p, ctypes.c_int]),
         "gs_broadcast": (status, [c_client_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                                   ctypes.c_int64]),
+        "gs_get_job_info": (status, [c_client_p, ctypes.POINTER(JobInfoC)]),
+        "gs_check_replicas": (status, [c_client_p, ctypes.POINTER(ctypes.c_uint64),
+                                       ctypes.c_size_t]),
         "gs_set_cuda_stream": (status, [c_client_p, ctypes.c_void_p]),
         "gs_last_error": (ctypes.c_char_p, [c_client_p]),
         "gs_close": (None, [c_client_p]),

@@ -27,7 +27,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple, Union
 from . import _lib
 from .errors import Status, StateError, InvalidArgumentError, error_for_status
 
-__all__ = ["Client", "DType", "TensorSpec"]
+__all__ = ["Client", "DType", "JobInfo", "TensorSpec"]
 
 
 class DType(enum.IntEnum):
@@ -89,6 +89,29 @@ class TensorSpec:
     @property
     def nbytes(self) -> int:
         return self.numel * DType.parse(self.dtype).itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class JobInfo:
+    """What a trainer sees of its job after its last ``wait()``
+    (``gs_get_job_info``).
+
+    Attributes:
+        iteration: synchronized iterations the job completed, the same on
+            every trainer of every node (0 before the first ``wait()``).
+        world_size: how many trainers the last iteration's gradients were
+            averaged over: the job's world size, or the trainers still active
+            once some joined with ``divide_by_initial_world_size=False``.
+        rank: this trainer's global rank in that iteration.
+        check_replicas_due: gradsyncd runs with ``--check-replicas-every``
+            and this iteration is one to check: call ``check_replicas()``
+            after the optimizer step (DistributedOptimizer does).
+    """
+
+    iteration: int
+    world_size: int
+    rank: int
+    check_replicas_due: bool = False
 
 
 SpecLike = Union[TensorSpec, Tuple[str, Union[DType, str, int], int]]
@@ -215,6 +238,34 @@ class Client:
         """Number of trainers in the whole job (all nodes), after register."""
         self._require_registered("world_size")
         return self._world_size
+
+    def job_info(self) -> JobInfo:
+        """The job's iteration count, world size and this trainer's rank as of
+        the last ``wait()`` (``gs_get_job_info``; read from shared memory the
+        wait already consumed, no call to the daemon). After register."""
+        self._require_registered("job_info")
+        info = _lib.JobInfoC(size=ctypes.sizeof(_lib.JobInfoC))
+        with self._mu:
+            self._check(self._lib.gs_get_job_info(self._live_handle(), ctypes.byref(info)),
+                        "gs_get_job_info")
+        return JobInfo(iteration=int(info.iteration), world_size=int(info.world_size),
+                       rank=int(info.rank), check_replicas_due=bool(info.check_replicas_due))
+
+    def check_replicas(self, hashes: Sequence[int]) -> None:
+        """Sends this trainer's parameter fingerprint, one 64-bit hash per
+        registered tensor in registration order, when ``job_info()`` says a
+        check is due (``gs_check_replicas``); returns once every local
+        trainer's were compared.
+
+        Raises:
+            MismatchError: the replicas differ (the job failed), naming the
+                first differing tensor and the trainers on each side;
+            StateError: no check is due.
+        """
+        array = (ctypes.c_uint64 * len(hashes))(*[int(h) & 0xFFFFFFFFFFFFFFFF for h in hashes])
+        with self._mu:
+            self._check(self._lib.gs_check_replicas(self._live_handle(), array, len(hashes)),
+                        "gs_check_replicas")
 
     @property
     def specs(self) -> Sequence[TensorSpec]:

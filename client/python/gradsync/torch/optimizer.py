@@ -29,12 +29,14 @@ micro-iteration; not marking at all is simpler and cheaper).
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import hashlib
 import logging
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..client import Client
+from ..client import Client, JobInfo
 from ..errors import InvalidArgumentError, StateError
 from ._common import (StreamFollower, grad_tensor, register_grad_ready_hook, tensor_spec,
                       unique_named_parameters)
@@ -76,6 +78,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
             DDP): before each forward of ``module`` that starts a
             synchronized iteration (grad enabled, outside ``no_sync()``),
             every trainer's buffers take rank 0's values. Needs ``module``.
+        on_world_change: called as ``on_world_change(old_world, new_world,
+            rank)`` after a synchronization whose world size (the trainers
+            the gradients were averaged over) differs from the previous
+            one's, before the wrapped optimizer steps: where a data sampler
+            re-shards (torchelastic users do it on a membership change).
+            More can be added with ``on_world_change()``. An exception it
+            raises propagates out of ``step()``/``synchronize()``.
 
     Like DDP's constructor, construction makes every replica start from
     rank 0's parameters (and ``module``'s buffers): no common seed is
@@ -96,6 +105,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     * Gradients read between ``backward()`` and ``step()`` are local and may
       be partly averaged already; call ``synchronize()`` first (e.g. before
       gradient clipping); ``step()`` then does not synchronize again.
+    * Under ``gradsyncd --check-replicas-every N`` (one node for now),
+      ``step()`` hashes the registered parameters after the wrapped
+      optimizer's step of every N-th synchronized iteration and the daemon
+      compares them across the trainers: ``MismatchError`` names the first
+      parameter that differs and the trainers on each side.
     * ``close()`` gives every parameter a private copy of its gradient and
       detaches from the daemon; ``.grad`` tensors saved elsewhere before then
       must not be used afterwards.
@@ -111,7 +125,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  connect_timeout_s: float = 30.0,
                  wait_timeout_s: Optional[float] = None,
                  module: Optional[torch.nn.Module] = None,
-                 broadcast_buffers: bool = True) -> None:
+                 broadcast_buffers: bool = True,
+                 on_world_change: Optional[Callable[[int, int, int], None]] = None) -> None:
         # torch.optim.Optimizer.__init__ is deliberately not called: this
         # object *shares* the wrapped optimizer's param_groups, state and
         # defaults (properties below) instead of owning copies, so LR
@@ -193,6 +208,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._unused: Tuple[str, ...] = ()
         self._closed = False
         self._buffers_paused = False    # inside gradsync.torch.join
+        # The job as of the last synchronization (registration's before one).
+        self._job: JobInfo = self._client.job_info()
+        self._world_callbacks: List[Callable[[int, int, int], None]] = []
+        self._check_pending = False     # --check-replicas-every: after this step
+        if on_world_change is not None:
+            self.on_world_change(on_world_change)
         self._hooks = [register_grad_ready_hook(p, self._make_hook(i))
                        for i, p in enumerate(self._params)]
         if broadcast_buffers and self._buffers:
@@ -290,13 +311,33 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @property
     def rank(self) -> int:
-        """This trainer's global rank in the gradsync job."""
-        return self._client.rank
+        """This trainer's global rank in the gradsync job (as of the last
+        synchronization)."""
+        return self._job.rank
 
     @property
     def world_size(self) -> int:
-        """Trainers in the job (gradients are averaged over this many)."""
-        return self._client.world_size
+        """How many trainers the last synchronization averaged the gradients
+        over: the job's world size, or fewer once trainers joined with
+        ``divide_by_initial_world_size=False``. Before the first: the job's."""
+        return self._job.world_size
+
+    @property
+    def iteration(self) -> int:
+        """Synchronized iterations the job completed (the same on every
+        trainer of every node; ``no_sync()`` iterations are not counted)."""
+        return self._job.iteration
+
+    def on_world_change(self, callback: Callable[[int, int, int], None]
+                        ) -> Callable[[int, int, int], None]:
+        """Adds a callback ``callback(old_world, new_world, rank)`` run after a
+        synchronization that changed ``world_size`` (see the constructor's
+        argument of the same name); returns it, so it works as a decorator."""
+        if not callable(callback):
+            raise InvalidArgumentError(
+                f"on_world_change takes a callable, got {type(callback).__name__}")
+        self._world_callbacks.append(callback)
+        return callback
 
     @property
     def parameter_names(self) -> Sequence[str]:
@@ -364,6 +405,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._touched = [False] * n
             self._num_marked = 0
         self._synchronized = True
+        previous, self._job = self._job, self._client.job_info()
+        self._check_pending = self._job.check_replicas_due
+        if self._job.world_size != previous.world_size:
+            log.info("world size changed from %d to %d at iteration %d (rank %d)",
+                     previous.world_size, self._job.world_size, self._job.iteration,
+                     self._job.rank)
+            for callback in list(self._world_callbacks):
+                callback(previous.world_size, self._job.world_size, self._job.rank)
 
     def _report_unused(self, unused: Tuple[str, ...]) -> None:
         if self._find_unused and unused != self._unused and unused:
@@ -382,7 +431,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.synchronize()
         self._synchronized = False
         self._optimizer.step()
+        if self._check_pending:
+            self._check_pending = False
+            self._check_replicas()
         return loss
+
+    def _check_replicas(self) -> None:
+        """gradsyncd ``--check-replicas-every``: one 64-bit hash of each
+        registered parameter's bytes, after the step that updated it; the
+        daemon compares them across the trainers (MismatchError names the
+        first differing parameter and the trainers on each side)."""
+        hashes = []
+        for p in self._params:
+            t = p.detach()
+            if t.device.type != "cpu":
+                t = t.cpu()
+            t = t.contiguous()
+            data = ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
+            hashes.append(int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little"))
+        self._client.check_replicas(hashes)
 
     def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
         """Zeroes the gradients in place; they stay views of the arena
