@@ -11,7 +11,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "client/stats_format.h"
+#include "common/stats_format.h"
 #include "common/default_socket.h"
 #include "common/log_value.h"
 #include "common/peer_credentials.h"

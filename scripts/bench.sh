@@ -24,7 +24,7 @@ benches() {
   bench ipc_bench
   bench local_reduce_bench
   bench gloo_allreduce_bench --nodes=2 $(quick && echo --iters=3 --rounds=2)
-  py_bench sync_bench.py //daemon:gradsyncd //client:gradsyncctl //tests/bench:bench_trainer //tests/bench:gloo_allreduce_bench
+  py_bench sync_bench.py //daemon:gradsyncd //tools/gradsyncctl //tests/bench:bench_trainer //tests/bench:gloo_allreduce_bench
   py_bench torch_step_bench.py //daemon:gradsyncd //client:libgradsync.so
   py_bench bucket_sweep_bench.py //daemon:gradsyncd //client:libgradsync.so
   py_bench autotune_bench.py //daemon:gradsyncd //client:libgradsync.so

@@ -68,4 +68,4 @@ fi
 
 echo
 echo "== gradsyncctl stats"
-bazel-bin/client/gradsyncctl --addr "127.0.0.1:$port" stats
+bazel-bin/tools/gradsyncctl/gradsyncctl --addr "127.0.0.1:$port" stats

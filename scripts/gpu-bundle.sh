@@ -29,7 +29,7 @@ fi
 # The programs the bundle ships (bin/) and the shared library (python/).
 BINARIES=(
   //daemon:gradsyncd
-  //client:gradsyncctl
+  //tools/gradsyncctl:gradsyncctl
   //daemon/backends:nccl_probe
 )
 # Tests and their helper programs that run on a real GPU carry the tag

@@ -7,7 +7,7 @@
 #   PREFIX/bin/gradsyncd, PREFIX/bin/gradsyncctl
 #
 # Usage: scripts/install.sh PREFIX
-# Build first: bazel build //client:libgradsync.so //client:gradsyncctl //daemon:gradsyncd
+# Build first: bazel build //client:libgradsync.so //tools/gradsyncctl //daemon:gradsyncd
 # $GRADSYNC_BUILD_DIR: where the built files are (default: the checkout's
 # bazel-bin; a Bazel test passes its runfiles directory).
 set -euo pipefail
@@ -18,7 +18,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${GRADSYNC_BUILD_DIR:-$repo/bazel-bin}
 header=$repo/client/gradsync.h
 
-for f in "$build/client/libgradsync.so" "$build/client/gradsyncctl" "$build/daemon/gradsyncd" "$header"; do
+for f in "$build/client/libgradsync.so" "$build/tools/gradsyncctl/gradsyncctl" "$build/daemon/gradsyncd" "$header"; do
   [ -f "$f" ] || { echo "install.sh: $f is missing (bazel build it first)" >&2; exit 1; }
 done
 
@@ -41,7 +41,7 @@ install -m 0755 "$build/client/libgradsync.so" "$prefix/lib/libgradsync.so.$vers
 ln -sfn "libgradsync.so.$version" "$prefix/lib/libgradsync.so.$major"
 ln -sfn "libgradsync.so.$major" "$prefix/lib/libgradsync.so"
 install -m 0755 "$build/daemon/gradsyncd" "$prefix/bin/gradsyncd"
-install -m 0755 "$build/client/gradsyncctl" "$prefix/bin/gradsyncctl"
+install -m 0755 "$build/tools/gradsyncctl/gradsyncctl" "$prefix/bin/gradsyncctl"
 
 cat > "$prefix/lib/pkgconfig/gradsync.pc" <<PC
 prefix=$prefix

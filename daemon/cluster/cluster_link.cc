@@ -9,6 +9,7 @@
 #include "common/log_value.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
+#include "common/status_macros.h"
 #include "common/tls_credentials.h"
 #include "daemon/backends/gloo_backend.h"
 #include "daemon/backends/gloo_store.h"
@@ -38,9 +39,8 @@ constexpr absl::Duration kCauseReportGrace = absl::Milliseconds(2 * 500);
 absl::Status CompareWireDTypes(RendezvousClient& client, uint64_t generation, int num_nodes) {
   std::vector<std::string> by_node;
   for (int n = 0; n < num_nodes; ++n) {
-    absl::StatusOr<std::optional<std::string>> value = client.Get(WireDTypeKey(generation, n));
-    if (!value.ok()) return value.status();
-    by_node.push_back(value->value_or("(none)"));
+    ASSIGN_OR_RETURN(std::optional<std::string> value, client.Get(WireDTypeKey(generation, n)));
+    by_node.push_back(value.value_or("(none)"));
   }
   for (int n = 1; n < num_nodes; ++n) {
     if (by_node[n] == by_node[0]) continue;
@@ -94,9 +94,12 @@ ClusterLink::~ClusterLink() {
 
 namespace {
 
-std::shared_ptr<RendezvousClient> ConnectToLeader(
-    const DaemonConfig& config, const std::string& leader,
-    std::shared_ptr<grpc::ChannelCredentials> credentials) {
+// The daemon's own certificate is its client certificate too.
+absl::StatusOr<std::shared_ptr<RendezvousClient>> ConnectToLeader(const DaemonConfig& config,
+                                                                  const std::string& leader) {
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<grpc::ChannelCredentials> credentials,
+      MakeChannelCredentials(TlsFiles{config.tls_cert, config.tls_key, config.tls_ca}));
   RendezvousClientOptions options;
   options.leader = leader;
   options.job_id = config.job_id;
@@ -107,38 +110,22 @@ std::shared_ptr<RendezvousClient> ConnectToLeader(
   return RendezvousClient::Connect(options);
 }
 
-}  // namespace
-
-absl::Status ClusterLink::ReportForming(const DaemonConfig& config, const std::string& leader,
-                                        const std::string& report) {
-  // The daemon's own certificate is its client certificate too.
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      MakeChannelCredentials(TlsFiles{config.tls_cert, config.tls_key, config.tls_ca});
-  if (!credentials.ok()) return credentials.status();
-  return ConnectToLeader(config, leader, std::move(*credentials))
-      ->Set(FormingReportKey(config.node_rank), report);
+// The address this node's Gloo device binds: --host, else --listen's host,
+// with loopback for none or a wildcard.
+std::string GlooHost(const DaemonConfig& config) {
+  if (!config.host.empty()) return config.host;
+  const std::vector<std::string> parts = absl::StrSplit(config.listen, ':');
+  std::string host = parts.empty() ? "" : parts[0];
+  if (host.empty() || host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";
+  return host;
 }
 
-absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std::string& leader,
-                                           const Layout& layout,
-                                           std::function<void(const absl::Status&)> on_failure) {
-  // The daemon's own certificate is its client certificate too.
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      MakeChannelCredentials(TlsFiles{config.tls_cert, config.tls_key, config.tls_ca});
-  if (!credentials.ok()) return credentials.status();
-  std::shared_ptr<RendezvousClient> client =
-      ConnectToLeader(config, leader, std::move(*credentials));
-
-  std::string host = config.host;
-  if (host.empty()) {
-    const std::vector<std::string> parts = absl::StrSplit(config.listen, ':');
-    host = parts.empty() ? "" : parts[0];
-    if (host.empty() || host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";
-  }
-
-  // Join; a node whose previous generation has not been aborted yet is told
-  // STATE: retry until the leader has moved on or the timeout passes.
-  const absl::Time deadline = MonotonicNow() + absl::Milliseconds(config.timeout_ms);
+// Joins the next generation. A node whose previous generation has not been
+// aborted yet is told STATE: retry until the leader has moved on or the
+// deadline passes.
+absl::StatusOr<JoinResult> JoinGeneration(RendezvousClient& client, const DaemonConfig& config,
+                                          const std::string& leader, const std::string& host,
+                                          absl::Time deadline) {
   JoinParams join;
   join.node_rank = config.node_rank;
   join.num_nodes = config.num_nodes;
@@ -147,7 +134,7 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   absl::StatusOr<JoinResult> joined;
   while (true) {
     join.timeout = std::max(absl::Seconds(1), deadline - MonotonicNow());
-    joined = client->Join(join);
+    joined = client.Join(join);
     if (joined.ok() || CodeOf(joined.status()) != v1::STATE || MonotonicNow() >= deadline) break;
     absl::SleepFor(absl::Milliseconds(100));
   }
@@ -156,58 +143,62 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
                      absl::StrCat("joining the job at the leader daemon (", leader,
                                   "): ", joined.status().message()));
   }
-  const uint64_t gen = joined->generation;
-  int rank_offset = 0;
-  for (const RendezvousPeer& p : joined->peers) {
-    if (p.node_rank < config.node_rank) rank_offset += p.local_size;
-  }
-  spdlog::info("event=joined generation={} node_rank={} num_nodes={} world_size={} rank_offset={}",
-               gen, config.node_rank, config.num_nodes, joined->world_size, rank_offset);
+  return joined;
+}
 
-  // Layout agreement: every node publishes its layout and compares every
-  // other node's with node 0's, so every node reports the same mismatch.
-  const absl::Duration wait = std::max(absl::Seconds(1), deadline - MonotonicNow());
-  if (absl::Status st = client->Set(LayoutKey(gen, config.node_rank), EncodeLayout(layout));
-      !st.ok()) {
-    return st;
+// The global rank of this node's local rank 0: the trainers of the nodes
+// before it.
+int RankOffset(const JoinResult& joined, int node_rank) {
+  int rank_offset = 0;
+  for (const RendezvousPeer& p : joined.peers) {
+    if (p.node_rank < node_rank) rank_offset += p.local_size;
   }
-  // The wire dtype too: nodes that cast differently would pair 16-bit
-  // halves with fp32 words (garbage sums, or Gloo aborting on sizes).
-  absl::StatusOr<WireDType> wire_dtype = ParseWireDType(config.wire_dtype);
-  if (!wire_dtype.ok()) return wire_dtype.status();
-  if (absl::Status st =
-          client->Set(WireDTypeKey(gen, config.node_rank), WireDTypeName(*wire_dtype));
-      !st.ok()) {
-    return st;
-  }
+  return rank_offset;
+}
+
+// Publishes this node's records: its layout and wire dtype (nodes that cast
+// differently would pair 16-bit halves with fp32 words: garbage sums, or
+// Gloo aborting on sizes); node 0 also the job's bucket caps and
+// --uneven-inputs. Returns the wire dtype published.
+absl::StatusOr<WireDType> PublishRecords(RendezvousClient& client, const DaemonConfig& config,
+                                         uint64_t gen, const Layout& layout) {
+  RETURN_IF_ERROR(client.Set(LayoutKey(gen, config.node_rank), EncodeLayout(layout)));
+  ASSIGN_OR_RETURN(WireDType wire_dtype, ParseWireDType(config.wire_dtype));
+  RETURN_IF_ERROR(client.Set(WireDTypeKey(gen, config.node_rank), WireDTypeName(wire_dtype)));
   if (config.node_rank == 0) {
-    if (absl::Status st =
-            client->Set(CapsKey(gen), EncodeCaps(config.bucket_cap_mb, config.first_bucket_cap_mb));
-        !st.ok()) {
-      return st;
-    }
-    if (absl::Status st = client->Set(UnevenInputsKey(gen), config.uneven_inputs ? "1" : "0");
-        !st.ok()) {
-      return st;
-    }
+    RETURN_IF_ERROR(
+        client.Set(CapsKey(gen), EncodeCaps(config.bucket_cap_mb, config.first_bucket_cap_mb)));
+    RETURN_IF_ERROR(client.Set(UnevenInputsKey(gen), config.uneven_inputs ? "1" : "0"));
   }
+  return wire_dtype;
+}
+
+// Until every node published its records (up to `wait`).
+absl::Status WaitForRecords(RendezvousClient& client, int num_nodes, uint64_t gen,
+                            absl::Duration wait) {
   std::vector<std::string> keys;
-  for (int n = 0; n < config.num_nodes; ++n) keys.push_back(LayoutKey(gen, n));
+  for (int n = 0; n < num_nodes; ++n) keys.push_back(LayoutKey(gen, n));
   keys.push_back(CapsKey(gen));
-  for (int n = 0; n < config.num_nodes; ++n) keys.push_back(WireDTypeKey(gen, n));
+  for (int n = 0; n < num_nodes; ++n) keys.push_back(WireDTypeKey(gen, n));
   keys.push_back(UnevenInputsKey(gen));
-  if (absl::Status st = client->Wait(keys, wait); !st.ok()) {
+  if (absl::Status st = client.Wait(keys, wait); !st.ok()) {
     return MakeError(CodeOf(st), absl::StrCat("waiting for every node's layout: ", st.message()));
   }
+  return absl::OkStatus();
+}
+
+// MISMATCH naming the first node whose layout differs from node 0's, and
+// the first differing tensor: every node compares with node 0, so all
+// report the same error.
+absl::Status CompareLayouts(RendezvousClient& client, uint64_t gen, int num_nodes) {
   std::vector<Layout> layouts;
-  for (int n = 0; n < config.num_nodes; ++n) {
-    absl::StatusOr<std::optional<std::string>> value = client->Get(keys[n]);
-    if (!value.ok()) return value.status();
-    absl::StatusOr<Layout> l = DecodeLayout(keys[n], *value);
-    if (!l.ok()) return l.status();
-    layouts.push_back(std::move(*l));
+  for (int n = 0; n < num_nodes; ++n) {
+    const std::string key = LayoutKey(gen, n);
+    ASSIGN_OR_RETURN(std::optional<std::string> value, client.Get(key));
+    ASSIGN_OR_RETURN(Layout layout, DecodeLayout(key, value));
+    layouts.push_back(std::move(layout));
   }
-  for (int n = 1; n < config.num_nodes; ++n) {
+  for (int n = 1; n < num_nodes; ++n) {
     if (auto diff = FirstDifference(layouts[0], layouts[n])) {
       return MakeError(v1::MISMATCH,
                        absl::StrCat("layout mismatch between nodes: node ", n,
@@ -216,15 +207,37 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
                                     *diff));
     }
   }
-  if (absl::Status st = CompareWireDTypes(*client, gen, config.num_nodes); !st.ok()) return st;
-  absl::StatusOr<std::optional<std::string>> caps_value = client->Get(CapsKey(gen));
-  if (!caps_value.ok()) return caps_value.status();
-  absl::StatusOr<BucketCaps> agreed = DecodeCaps(CapsKey(gen), *caps_value);
-  if (!agreed.ok()) return agreed.status();
-  absl::StatusOr<std::optional<std::string>> uneven_value = client->Get(UnevenInputsKey(gen));
-  if (!uneven_value.ok()) return uneven_value.status();
-  const bool uneven_inputs = uneven_value->has_value() && **uneven_value == "1";
+  return absl::OkStatus();
+}
 
+// What every node of the generation agreed on.
+struct Agreement {
+  WireDType wire_dtype = WireDType::kOff;
+  BucketCaps caps{0, 0};       // node 0's, so every node plans the same buckets
+  bool uneven_inputs = false;  // node 0's
+};
+
+// Every node publishes its records and compares every other node's with
+// node 0's (so every node reports the same mismatch); then reads node 0's
+// caps and --uneven-inputs.
+absl::StatusOr<Agreement> Agree(RendezvousClient& client, const DaemonConfig& config, uint64_t gen,
+                                const Layout& layout, absl::Time deadline) {
+  const absl::Duration wait = std::max(absl::Seconds(1), deadline - MonotonicNow());
+  Agreement agreed;
+  ASSIGN_OR_RETURN(agreed.wire_dtype, PublishRecords(client, config, gen, layout));
+  RETURN_IF_ERROR(WaitForRecords(client, config.num_nodes, gen, wait));
+  RETURN_IF_ERROR(CompareLayouts(client, gen, config.num_nodes));
+  RETURN_IF_ERROR(CompareWireDTypes(client, gen, config.num_nodes));
+  ASSIGN_OR_RETURN(std::optional<std::string> caps, client.Get(CapsKey(gen)));
+  ASSIGN_OR_RETURN(agreed.caps, DecodeCaps(CapsKey(gen), caps));
+  ASSIGN_OR_RETURN(std::optional<std::string> uneven, client.Get(UnevenInputsKey(gen)));
+  agreed.uneven_inputs = uneven.has_value() && *uneven == "1";
+  return agreed;
+}
+
+GlooBackendOptions GlooOptions(const DaemonConfig& config, std::shared_ptr<RendezvousClient> client,
+                               const std::string& host, uint64_t gen, WireDType wire_dtype,
+                               int world_size) {
   GlooBackendOptions gloo;
   gloo.node_rank = config.node_rank;
   gloo.num_nodes = config.num_nodes;
@@ -235,54 +248,88 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   // name here; a Gloo timeout first would only say "timed out waiting for
   // recv". A stopped node is caught by the leader's heartbeat timeout.
   gloo.timeout = 2 * absl::Milliseconds(config.timeout_ms);
-  gloo.store = std::make_shared<GlooStore>(client, absl::Milliseconds(config.timeout_ms));
-  gloo.wire_dtype = *wire_dtype;
-  gloo.world_size = joined->world_size;
-  // Gloo runs in a worker process: a malformed message on its port can only
-  // fail this generation (daemon/backends/gloo_worker_backend.h).
-  absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> backend = GlooWorkerBackend::Start(gloo);
-  if (backend.ok()) {
-    absl::Status connected;
-    {
-      // Another node failing while the mesh connects aborts the generation
-      // at the leader: stop connecting then, with its reason.
-      FormingWatch watch(client, config.node_rank, gen, backend->get(),
-                         std::chrono::milliseconds(absl::ToInt64Milliseconds(kHeartbeatEvery)));
-      connected = (*backend)->ConnectMesh(gloo);
-    }  // the watch is gone before the backend may be
-    if (!connected.ok()) backend = connected;
+  gloo.store =
+      std::make_shared<GlooStore>(std::move(client), absl::Milliseconds(config.timeout_ms));
+  gloo.wire_dtype = wire_dtype;
+  gloo.world_size = world_size;
+  return gloo;
+}
+
+// Gloo runs in a worker process: a malformed message on its port can only
+// fail this generation (daemon/backends/gloo_worker_backend.h).
+absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> ConnectGloo(
+    std::shared_ptr<RendezvousClient> client, int node_rank, const GlooBackendOptions& gloo) {
+  ASSIGN_OR_RETURN(std::unique_ptr<GlooWorkerBackend> backend, GlooWorkerBackend::Start(gloo));
+  absl::Status connected;
+  {
+    // Another node failing while the mesh connects aborts the generation
+    // at the leader: stop connecting then, with its reason.
+    FormingWatch watch(std::move(client), node_rank, gloo.generation, backend.get(),
+                       std::chrono::milliseconds(absl::ToInt64Milliseconds(kHeartbeatEvery)));
+    connected = backend->ConnectMesh(gloo);
+  }  // the watch is gone before the backend may be
+  RETURN_IF_ERROR(connected);
+  return backend;
+}
+
+// Gloo did not connect: tells the leader, so the other nodes stop waiting.
+// The error names the leader's abort reason when another node failed first
+// (that is the cause, what Gloo saw here, a refused connection, only its
+// symptom).
+absl::Status GlooFailed(RendezvousClient& client, int node_rank, uint64_t gen,
+                        const absl::Status& error) {
+  HeartbeatParams report;
+  report.node_rank = node_rank;
+  report.generation = gen;
+  report.node_error = error;
+  const absl::StatusOr<HeartbeatResult> r = client.Heartbeat(report);
+  std::string leader_says;
+  if (r.ok() && r->abort && !r->abort_reason.empty() &&
+      !absl::StartsWith(r->abort_reason, absl::StrCat("node_rank=", node_rank, " ")) &&
+      !absl::StrContains(error.message(), r->abort_reason)) {
+    leader_says = absl::StrCat("; the leader reports: ", r->abort_reason);
   }
-  if (!backend.ok()) {
-    HeartbeatParams report;  // tell the leader, so the other nodes stop waiting
-    report.node_rank = config.node_rank;
-    report.generation = gen;
-    report.node_error = backend.status();
-    const absl::StatusOr<HeartbeatResult> r = client->Heartbeat(report);
-    // Another node failed first and the leader aborted the generation for
-    // it: that is the cause, what Gloo saw here (a refused connection) only
-    // its symptom.
-    std::string leader_says;
-    if (r.ok() && r->abort && !r->abort_reason.empty() &&
-        !absl::StartsWith(r->abort_reason, absl::StrCat("node_rank=", config.node_rank, " ")) &&
-        !absl::StrContains(backend.status().message(), r->abort_reason)) {
-      leader_says = absl::StrCat("; the leader reports: ", r->abort_reason);
-    }
-    return MakeError(CodeOf(backend.status()) == v1::INTERNAL || !leader_says.empty()
-                         ? v1::PEER_FAILED
-                         : CodeOf(backend.status()),
-                     absl::StrCat("connecting Gloo: ", backend.status().message(), leader_says));
-  }
+  return MakeError(
+      CodeOf(error) == v1::INTERNAL || !leader_says.empty() ? v1::PEER_FAILED : CodeOf(error),
+      absl::StrCat("connecting Gloo: ", error.message(), leader_says));
+}
+
+}  // namespace
+
+absl::Status ClusterLink::ReportForming(const DaemonConfig& config, const std::string& leader,
+                                        const std::string& report) {
+  ASSIGN_OR_RETURN(std::shared_ptr<RendezvousClient> client, ConnectToLeader(config, leader));
+  return client->Set(FormingReportKey(config.node_rank), report);
+}
+
+absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std::string& leader,
+                                           const Layout& layout,
+                                           std::function<void(const absl::Status&)> on_failure) {
+  ASSIGN_OR_RETURN(std::shared_ptr<RendezvousClient> client, ConnectToLeader(config, leader));
+  const std::string host = GlooHost(config);
+  const absl::Time deadline = MonotonicNow() + absl::Milliseconds(config.timeout_ms);
+  ASSIGN_OR_RETURN(JoinResult joined, JoinGeneration(*client, config, leader, host, deadline));
+  const uint64_t gen = joined.generation;
+  const int rank_offset = RankOffset(joined, config.node_rank);
+  spdlog::info("event=joined generation={} node_rank={} num_nodes={} world_size={} rank_offset={}",
+               gen, config.node_rank, config.num_nodes, joined.world_size, rank_offset);
+  ASSIGN_OR_RETURN(Agreement agreed, Agree(*client, config, gen, layout, deadline));
+  const GlooBackendOptions gloo =
+      GlooOptions(config, client, host, gen, agreed.wire_dtype, joined.world_size);
+  absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> backend =
+      ConnectGloo(client, config.node_rank, gloo);
+  if (!backend.ok()) return GlooFailed(*client, config.node_rank, gen, backend.status());
 
   auto link = std::unique_ptr<ClusterLink>(
       new ClusterLink(config, client, gen, layout.size(), std::move(on_failure)));
   ClusterLink* raw = link.get();
   JobWorld world;
-  world.world_size = joined->world_size;
+  world.world_size = joined.world_size;
   world.rank_offset = rank_offset;
   world.generation = gen;
   world.backend = std::move(*backend);
-  world.caps = *agreed;
-  world.uneven_inputs = uneven_inputs;
+  world.caps = agreed.caps;
+  world.uneven_inputs = agreed.uneven_inputs;
   world.agree_order = [raw](const std::vector<uint32_t>& local) { return raw->AgreeOrder(local); };
   world.check_plan = [raw](const PlanStamp& stamp) { return raw->CheckPlan(stamp); };
   world.publish = [raw](const std::string& name, const std::string& value) {
@@ -329,9 +376,8 @@ absl::Status ClusterLink::CheckPlan(const PlanStamp& stamp) {
   for (const std::string& key : keys) {
     absl::StatusOr<std::optional<std::string>> value = client_->Get(key);
     if (!value.ok()) return Explain(value.status());
-    absl::StatusOr<PlanStamp> s = DecodePlanStamp(key, *value);
-    if (!s.ok()) return s.status();
-    stamps.push_back(*s);
+    ASSIGN_OR_RETURN(PlanStamp s, DecodePlanStamp(key, *value));
+    stamps.push_back(s);
   }
   return ComparePlanStamps(stamps);
 }
@@ -342,17 +388,12 @@ absl::Status ClusterLink::Publish(const std::string& name, const std::string& va
 
 absl::StatusOr<std::string> ClusterLink::Fetch(const std::string& name, absl::Time deadline) {
   const std::string key = GpuKey(generation_, name);
-  if (absl::Status st =
-          client_->Wait({key}, std::max(deadline - MonotonicNow(), absl::ZeroDuration()));
-      !st.ok()) {
-    return st;
-  }
-  absl::StatusOr<std::optional<std::string>> value = client_->Get(key);
-  if (!value.ok()) return value.status();
-  if (!value->has_value()) {
+  RETURN_IF_ERROR(client_->Wait({key}, std::max(deadline - MonotonicNow(), absl::ZeroDuration())));
+  ASSIGN_OR_RETURN(std::optional<std::string> value, client_->Get(key));
+  if (!value.has_value()) {
     return MakeError(v1::INTERNAL, absl::StrCat("rendezvous key ", key, " vanished"));
   }
-  return **value;
+  return *std::move(value);
 }
 
 void ClusterLink::ReportError(const absl::Status& error) {

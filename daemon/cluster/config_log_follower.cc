@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log_value.h"
 #include "common/status_code.h"
+#include "common/status_macros.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "daemon/cluster/rendezvous_records.h"
 #include "spdlog/spdlog.h"
@@ -32,25 +33,24 @@ absl::Status ConfigLogFollower::CatchUp(uint64_t newest) {
                        "; node_rank=", node_rank_, " applied up to version ", read_version_,
                        "): it cannot change its bucket plan with the other nodes"));
     }
-    absl::StatusOr<JobConfigChange> change = DecodeConfig(key, *value);
-    if (!change.ok()) return change.status();
-    if (change->at_iteration <= read_at_) {
+    ASSIGN_OR_RETURN(const JobConfigChange change, DecodeConfig(key, *value));
+    if (change.at_iteration <= read_at_) {
       return MakeError(v1::INTERNAL,
                        absl::StrCat("job-wide config version ", version, " switches at iteration ",
-                                    change->at_iteration, ", not after version ", version - 1,
+                                    change.at_iteration, ", not after version ", version - 1,
                                     "'s iteration ", read_at_));
     }
     spdlog::info(
         "event=job_config version={} at_iteration={} bucket_cap_mb={} "
         "first_bucket_cap_mb={}",
-        version, change->at_iteration, change->bucket_cap_mb, change->first_bucket_cap_mb);
+        version, change.at_iteration, change.bucket_cap_mb, change.first_bucket_cap_mb);
     {
       absl::MutexLock lock(&mu_);
-      undelivered_.push_back(Change{change->caps, change->at_iteration, version});
+      undelivered_.push_back(Change{change.caps, change.at_iteration, version});
       DeliverLocked();
     }
     read_version_ = version;
-    read_at_ = change->at_iteration;
+    read_at_ = change.at_iteration;
   }
   return absl::OkStatus();
 }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/call_token.h"
 #include "common/status_code.h"
+#include "common/status_macros.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -86,7 +87,7 @@ absl::StatusOr<JoinResult> RendezvousClient::Join(const JoinParams& params) {
   PrepareContext(&context, params.timeout + options_.rpc_timeout);
   const grpc::Status status = stub_->Join(&context, request, &response);
   if (!status.ok()) return TransportError("Join", status);
-  if (absl::Status error = FromProto(response.error()); !error.ok()) return error;
+  RETURN_IF_ERROR(FromProto(response.error()));
   incarnation_.store(response.incarnation(), std::memory_order_release);
   JoinResult result;
   result.incarnation = response.incarnation();
@@ -122,7 +123,7 @@ absl::StatusOr<std::optional<std::string>> RendezvousClient::Get(std::string_vie
   PrepareContext(&context, options_.rpc_timeout);
   const grpc::Status status = stub_->Get(&context, request, &response);
   if (!status.ok()) return TransportError("Get", status);
-  if (absl::Status error = FromProto(response.error()); !error.ok()) return error;
+  RETURN_IF_ERROR(FromProto(response.error()));
   if (!response.found()) return std::optional<std::string>();
   return std::optional<std::string>(std::move(*response.mutable_value()));
 }
@@ -159,7 +160,7 @@ absl::StatusOr<HeartbeatResult> RendezvousClient::Heartbeat(const HeartbeatParam
   PrepareContext(&context, options_.rpc_timeout);
   const grpc::Status status = stub_->Heartbeat(&context, request, &response);
   if (!status.ok()) return TransportError("Heartbeat", status);
-  if (absl::Status error = FromProto(response.error()); !error.ok()) return error;
+  RETURN_IF_ERROR(FromProto(response.error()));
   HeartbeatResult result;
   result.generation = response.generation();
   result.abort = response.abort();

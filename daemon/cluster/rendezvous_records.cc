@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_code.h"
+#include "common/status_macros.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "gradsync/v1/local.pb.h"
 #include "gradsync/v1/rendezvous.pb.h"
@@ -76,9 +77,8 @@ std::string EncodeLayout(const Layout& layout) {
 
 absl::StatusOr<Layout> DecodeLayout(absl::string_view key,
                                     const std::optional<std::string>& value) {
-  absl::StatusOr<v1::RegisterRequest> record = Parse<v1::RegisterRequest>(key, value);
-  if (!record.ok()) return record.status();
-  absl::StatusOr<Layout> layout = LayoutFromProto(record->tensors());
+  ASSIGN_OR_RETURN(v1::RegisterRequest record, Parse<v1::RegisterRequest>(key, value));
+  absl::StatusOr<Layout> layout = LayoutFromProto(record.tensors());
   if (!layout.ok()) return Malformed(key, layout.status().message());
   return layout;
 }
@@ -101,9 +101,8 @@ std::string EncodeCaps(double bucket_cap_mb, double first_bucket_cap_mb) {
 
 absl::StatusOr<BucketCaps> DecodeCaps(absl::string_view key,
                                       const std::optional<std::string>& value) {
-  absl::StatusOr<v1::BucketCapsRecord> record = Parse<v1::BucketCapsRecord>(key, value);
-  if (!record.ok()) return record.status();
-  return CapsFromRecord(key, *record);
+  ASSIGN_OR_RETURN(v1::BucketCapsRecord record, Parse<v1::BucketCapsRecord>(key, value));
+  return CapsFromRecord(key, record);
 }
 
 std::string ConfigKey(uint64_t generation, uint64_t version) {
@@ -121,17 +120,14 @@ std::string EncodeConfig(uint64_t generation, uint64_t at_iteration, double buck
 
 absl::StatusOr<JobConfigChange> DecodeConfig(absl::string_view key,
                                              const std::optional<std::string>& value) {
-  absl::StatusOr<v1::ConfigRecord> record = Parse<v1::ConfigRecord>(key, value);
-  if (!record.ok()) return record.status();
-  if (!record->has_caps()) return Malformed(key, "no bucket caps");
-  absl::StatusOr<BucketCaps> caps = CapsFromRecord(key, record->caps());
-  if (!caps.ok()) return caps.status();
+  ASSIGN_OR_RETURN(v1::ConfigRecord record, Parse<v1::ConfigRecord>(key, value));
+  if (!record.has_caps()) return Malformed(key, "no bucket caps");
   JobConfigChange change;
-  change.generation = record->generation();
-  change.at_iteration = record->at_iteration();
-  change.bucket_cap_mb = record->caps().bucket_cap_mb();
-  change.first_bucket_cap_mb = record->caps().first_bucket_cap_mb();
-  change.caps = *caps;
+  ASSIGN_OR_RETURN(change.caps, CapsFromRecord(key, record.caps()));
+  change.generation = record.generation();
+  change.at_iteration = record.at_iteration();
+  change.bucket_cap_mb = record.caps().bucket_cap_mb();
+  change.first_bucket_cap_mb = record.caps().first_bucket_cap_mb();
   return change;
 }
 
@@ -150,10 +146,9 @@ std::string EncodePlanStamp(const PlanStamp& stamp) {
 
 absl::StatusOr<PlanStamp> DecodePlanStamp(absl::string_view key,
                                           const std::optional<std::string>& value) {
-  absl::StatusOr<v1::PlanStampRecord> record = Parse<v1::PlanStampRecord>(key, value);
-  if (!record.ok()) return record.status();
-  return PlanStamp{record->plan_version(), record->fingerprint(), record->iteration(),
-                   record->config_version()};
+  ASSIGN_OR_RETURN(v1::PlanStampRecord record, Parse<v1::PlanStampRecord>(key, value));
+  return PlanStamp{record.plan_version(), record.fingerprint(), record.iteration(),
+                   record.config_version()};
 }
 
 absl::Status ComparePlanStamps(const std::vector<PlanStamp>& by_node) {
@@ -189,20 +184,19 @@ std::string EncodeOrder(const std::vector<uint32_t>& order) {
 absl::StatusOr<std::vector<uint32_t>> DecodeOrder(absl::string_view key,
                                                   const std::optional<std::string>& value,
                                                   size_t num_tensors) {
-  absl::StatusOr<v1::PlanOrderRecord> record = Parse<v1::PlanOrderRecord>(key, value);
-  if (!record.ok()) return record.status();
-  if (record->order_size() != 0 && static_cast<size_t>(record->order_size()) != num_tensors) {
+  ASSIGN_OR_RETURN(v1::PlanOrderRecord record, Parse<v1::PlanOrderRecord>(key, value));
+  if (record.order_size() != 0 && static_cast<size_t>(record.order_size()) != num_tensors) {
     return Malformed(key,
-                     absl::StrCat(record->order_size(), " indices for ", num_tensors, " tensors"));
+                     absl::StrCat(record.order_size(), " indices for ", num_tensors, " tensors"));
   }
   std::vector<bool> seen(num_tensors, false);
-  for (uint32_t v : record->order()) {
+  for (uint32_t v : record.order()) {
     if (v >= num_tensors || seen[v]) {
       return Malformed(key, absl::StrCat("index ", v, " is out of range or repeated"));
     }
     seen[v] = true;
   }
-  return std::vector<uint32_t>(record->order().begin(), record->order().end());
+  return std::vector<uint32_t>(record.order().begin(), record.order().end());
 }
 
 }  // namespace gradsync

@@ -175,6 +175,29 @@ void RendezvousService::FillJoinResponseLocked(v1::JoinResponse* response) const
   response->set_world_size(world_size);
 }
 
+std::string RendezvousService::CheckJoinRequest(const v1::JoinRequest& request) const {
+  if (std::string refusal = CheckCredentials(request.job()); !refusal.empty()) return refusal;
+  const int rank = request.node_rank();
+  if (request.num_nodes() != num_nodes_) {
+    // A misconfigured node (a bad flag), not a layout disagreement.
+    return absl::StrCat("node_rank=", rank, " was started with num_nodes=", request.num_nodes(),
+                        " but the leader runs job '", job_id_, "' with num_nodes=", num_nodes_);
+  }
+  if (rank < 0 || rank >= num_nodes_) {
+    return absl::StrCat("node_rank=", rank, " is out of range [0, ", num_nodes_, ")");
+  }
+  // Bounded: world sizes and rank offsets are sums of these, and no node
+  // serves more trainers than this.
+  if (request.local_size() < 1 || request.local_size() > kMaxJoinLocalSize) {
+    return absl::StrCat("node_rank=", rank, " sent local_size=", request.local_size(),
+                        "; it must be in [1, ", kMaxJoinLocalSize, "]");
+  }
+  if (request.host().empty()) {
+    return absl::StrCat("node_rank=", rank, " sent no host for its Gloo device");
+  }
+  return "";
+}
+
 grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::JoinRequest* request,
                                      v1::JoinResponse* response) {
   if (grpc::Status st = auth_.CheckChange(*context, "Rendezvous.Join"); !st.ok()) return st;
@@ -184,30 +207,8 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
     SetError(response->mutable_error(), code, std::move(message));
     return grpc::Status::OK;
   };
-  if (std::string refusal = CheckCredentials(request->job()); !refusal.empty()) {
+  if (std::string refusal = CheckJoinRequest(*request); !refusal.empty()) {
     return refuse(v1::INVALID_ARGUMENT, std::move(refusal));
-  }
-  if (request->num_nodes() != num_nodes_) {
-    // A misconfigured node (a bad flag), not a layout disagreement.
-    return refuse(
-        v1::INVALID_ARGUMENT,
-        absl::StrCat("node_rank=", rank, " was started with num_nodes=", request->num_nodes(),
-                     " but the leader runs job '", job_id_, "' with num_nodes=", num_nodes_));
-  }
-  if (rank < 0 || rank >= num_nodes_) {
-    return refuse(v1::INVALID_ARGUMENT,
-                  absl::StrCat("node_rank=", rank, " is out of range [0, ", num_nodes_, ")"));
-  }
-  // Bounded: world sizes and rank offsets are sums of these, and no node
-  // serves more trainers than this.
-  if (request->local_size() < 1 || request->local_size() > kMaxJoinLocalSize) {
-    return refuse(v1::INVALID_ARGUMENT,
-                  absl::StrCat("node_rank=", rank, " sent local_size=", request->local_size(),
-                               "; it must be in [1, ", kMaxJoinLocalSize, "]"));
-  }
-  if (request->host().empty()) {
-    return refuse(v1::INVALID_ARGUMENT,
-                  absl::StrCat("node_rank=", rank, " sent no host for its Gloo device"));
   }
 
   MonotonicMutexLock lock(&mu_);
@@ -237,9 +238,14 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
     FillJoinResponseLocked(response);
     return grpc::Status::OK;
   }
-
   const absl::Duration timeout = RequestTimeout(request->timeout_ms());
-  const absl::Time deadline = now + timeout;
+  return AwaitGenerationLocked(context, rank, join_id, target, timeout, now + timeout, response);
+}
+
+grpc::Status RendezvousService::AwaitGenerationLocked(grpc::ServerContext* context, int rank,
+                                                      uint64_t join_id, uint64_t target,
+                                                      absl::Duration timeout, absl::Time deadline,
+                                                      v1::JoinResponse* response) {
   while (generation_ < target) {
     auto it = pending_.find(rank);
     if (it == pending_.end() || it->second.join_id != join_id) {
@@ -255,23 +261,10 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
     }
     const absl::Time t = clock_();
     if (t >= deadline) {
-      // Each missing node with what it reported (its trainers it waits for).
-      std::vector<std::string> missing;
-      for (int r = 0; r < num_nodes_; ++r) {
-        if (pending_.count(r) != 0) continue;
-        const auto report = kv_.find(FormingReportKey(r));
-        missing.push_back(absl::StrCat(
-            "node_rank=", r, " (",
-            report != kv_.end() && !report->second.empty()
-                ? report->second
-                : "no report from it: its daemon is down or stopped or unreachable or none of "
-                  "its trainers registered",
-            ")"));
-      }
       std::string message =
           absl::StrCat("join timed out after ", Millis(timeout), " ms waiting for generation ",
                        target, ": ", pending_.size(), " of ", num_nodes_,
-                       " nodes joined; missing node ranks: ", absl::StrJoin(missing, ", "));
+                       " nodes joined; missing node ranks: ", MissingNodesLocked());
       pending_.erase(it);
       changed_.SignalAll();
       spdlog::warn("event=join_timeout node_rank={} generation={} reason={}", rank, target,
@@ -289,6 +282,22 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
   }
   FillJoinResponseLocked(response);
   return grpc::Status::OK;
+}
+
+std::string RendezvousService::MissingNodesLocked() const {
+  std::vector<std::string> missing;
+  for (int r = 0; r < num_nodes_; ++r) {
+    if (pending_.count(r) != 0) continue;
+    const auto report = kv_.find(FormingReportKey(r));
+    missing.push_back(absl::StrCat(
+        "node_rank=", r, " (",
+        report != kv_.end() && !report->second.empty()
+            ? report->second
+            : "no report from it: its daemon is down or stopped or unreachable or none of "
+              "its trainers registered",
+        ")"));
+  }
+  return absl::StrJoin(missing, ", ");
 }
 
 std::string RendezvousService::CheckKeyGenerationLocked(const std::string& key) const {

@@ -208,6 +208,18 @@ class RendezvousService final : public v1::Rendezvous::Service {
   void CheckHeartbeatsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FormGenerationLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillJoinResponseLocked(v1::JoinResponse* response) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Empty when a Join request is well formed for this job, else the
+  // INVALID_ARGUMENT refusal message naming the node and the field.
+  std::string CheckJoinRequest(const v1::JoinRequest& request) const;
+  // A Join whose node is pending for generation `target` (as `join_id`):
+  // waits until the generation forms, the node's entry goes, the call is
+  // cancelled or `deadline` passes (TIMEOUT naming the missing nodes).
+  grpc::Status AwaitGenerationLocked(grpc::ServerContext* context, int rank, uint64_t join_id,
+                                     uint64_t target, absl::Duration timeout, absl::Time deadline,
+                                     v1::JoinResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The nodes that have not joined the pending generation, each with what
+  // it reported while forming: "node_rank=N (report), ...".
+  std::string MissingNodesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Empty when `key` may be used now, else the STATE refusal message.
   std::string CheckKeyGenerationLocked(const std::string& key) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

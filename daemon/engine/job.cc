@@ -11,6 +11,7 @@
 #include "common/monotonic.h"
 #include "common/secure_random.h"
 #include "common/status_code.h"
+#include "common/status_macros.h"
 #include "ipc/random_segment_name.h"
 #include "spdlog/spdlog.h"
 
@@ -166,7 +167,7 @@ absl::StatusOr<RegisterResult> Job::RegisterAndWait(uint64_t session, Layout lay
     if (state_ == JobState::kFailed) return PeerError(*t);
     if (t->registered) return MakeError(v1::STATE, "this trainer already registered its layout");
     // Refused before counting: the trainer learns at once, the job is unharmed.
-    if (absl::Status st = CheckDeviceKind(layout); !st.ok()) return st;
+    RETURN_IF_ERROR(CheckDeviceKind(layout));
     const bool is_cuda = !layout.empty() && layout[0].device >= 0;
     if (is_cuda != cuda.has_value()) {
       return MakeError(v1::INVALID_ARGUMENT,
@@ -375,10 +376,8 @@ absl::StatusOr<Job::GpuStart> Job::OpenGpu(const Layout& layout, const JobWorld&
   if (in.num_nodes > 1 && (!in.publish || !in.fetch)) {
     return MakeError(v1::INTERNAL, "a multi-node world without the rendezvous exchange");
   }
-  absl::StatusOr<std::unique_ptr<GpuSession>> session =
-      GpuSession::Open(hooks_.gpu.device.get(), layout, start.flat_plan, inputs, in);
-  if (!session.ok()) return session.status();
-  start.session = std::move(*session);
+  ASSIGN_OR_RETURN(start.session,
+                   GpuSession::Open(hooks_.gpu.device.get(), layout, start.flat_plan, inputs, in));
   return start;
 }
 
@@ -406,88 +405,13 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
     }
   }
 
-  const uint64_t hash = LayoutHash(layout);
-  std::vector<Trainer*> trainers;
-  for (auto& t : trainers_) {
-    ipc::TrainerSegmentSpec spec;
-    spec.layout_hash = hash;
-    spec.arena_bytes = arena_.total_bytes;
-    spec.ring_capacity = config_.ring_capacity;
-    spec.local_rank = t->local_rank;
-    spec.daemon_pid = getpid();
-    auto seg = ipc::CreateUnderRandomName<ipc::TrainerSegment>(
-        config_.shm_prefix, getpid(), absl::StrCat("j", id_, ".r", t->local_rank),
-        [&](const std::string& name) {
-          return ipc::TrainerSegment::Create(name, spec, config_.shm_mode, config_.shm_group);
-        });
-    if (!seg.ok()) {
-      // A /dev/shm too small for the job is the operator's to fix, not a bug.
-      if (seg.status().code() == absl::StatusCode::kResourceExhausted) {
-        return MakeError(v1::RESOURCE_EXHAUSTED, seg.status().message());
-      }
-      return MakeError(v1::INTERNAL, seg.status().ToString());
-    }
-    t->segment = std::move(*seg);
-    t->rank = world_.rank_offset + t->local_rank;
-    trainers.push_back(t.get());
-  }
-
-  std::vector<std::string> names;
-  for (const TensorInfo& t : layout) names.push_back(t.name);
-  constexpr size_t kTracedIterations = 8;
-  size_t recorder_events = FlightRecorder::CapacityFor(kTracedIterations, plan.buckets.size(),
-                                                       layout.size(), trainers.size());
-  // The timeline's writer tails the ring: give it room to lag.
-  if (hooks_.timeline) recorder_events = std::max(recorder_events, TimelineWriter::kMinRingEvents);
-  stats_ = std::make_unique<JobStats>(world_.rank_offset, world_.world_size, recorder_events,
-                                      hooks_.trace_dir, config_.job_id, config_.node_rank,
-                                      config_.num_nodes, std::move(names));
-  if (hooks_.timeline) stats_->StreamTo(hooks_.timeline);
-  stats_->set_iteration_durations(hooks_.iteration_durations);
-
-  if (hooks_.on_iteration_done) {
-    stats_->set_iteration_listener(
-        [hook = hooks_.on_iteration_done, id = id_](uint64_t it, uint64_t bytes, int64_t end) {
-          hook(id, it, bytes, end);
-        });
-  }
-
-  Scheduler::Options opts;
-  opts.world_size = world_.world_size;
-  opts.uneven_inputs = world_.uneven_inputs;
-  opts.node_rank = config_.node_rank;
-  opts.timeout_ms = config_.timeout_ms;
-  opts.stall_threshold_s = config_.stall_threshold_s;
-  opts.caps = caps;
-  opts.agree_order = world_.agree_order;
-  opts.check_plan = world_.check_plan;
-  opts.node_segment = node_.get();
-  if (cuda) {
-    opts.gpu = gpu_reducer_.get();
-    opts.is_context_lost = hooks_.gpu.is_context_lost;
-  }
-  // Auto: the cores the node's trainers leave free (they compute backward
-  // while buckets are reduced), at least 1; more than 4 threads gain
-  // nothing on a memory-bound sum.
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  opts.reduce_threads = config_.reduce_threads > 0 ? config_.reduce_threads
-                                                   : std::clamp(cores - config_.local_size, 1, 4);
-  // Once every trainer has marked everything, their cores are free too.
-  opts.tail_reduce_threads =
-      config_.reduce_threads > 0 ? config_.reduce_threads : std::clamp(cores, 1, 4);
-  Broadcaster::Options bopts;
-  bopts.node_rank = config_.node_rank;
-  bopts.num_nodes = config_.num_nodes;
-  bopts.rank_offset = world_.rank_offset;
-  bopts.world_size = world_.world_size;
-  bopts.timeout_ms = config_.timeout_ms;
-  bopts.gpu = cuda;
-  bopts.shm_prefix = config_.shm_prefix;
-  bopts.shm_mode = config_.shm_mode;
-  bopts.shm_group = config_.shm_group;
+  ASSIGN_OR_RETURN(std::vector<Trainer*> trainers, CreateSegmentsLocked(LayoutHash(layout)));
+  CreateStatsLocked(layout, plan.buckets.size(), trainers.size());
+  Scheduler::Options opts = SchedulerOptionsLocked(caps, cuda);
   broadcaster_ = std::make_unique<Broadcaster>(
       trainers, world_.backend.get(),
-      [this](const absl::Status& error, int culprit) { Fail(error, culprit); }, bopts);
+      [this](const absl::Status& error, int culprit) { Fail(error, culprit); },
+      BroadcasterOptionsLocked(cuda));
   opts.allow_marks = [b = broadcaster_.get()](const Trainer& t) { return b->AllowMarks(t); };
   scheduler_ = std::make_unique<Scheduler>(
       trainers, layout_, std::move(plan), cuda ? flat_plan_ : arena_, world_.backend.get(),
@@ -515,6 +439,97 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
       id_, world_.world_size, world_.rank_offset, scheduler_->plan().buckets.size(),
       cuda ? flat_plan_.total_bytes : arena_.total_bytes, BackendNameLocked());
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<Trainer*>> Job::CreateSegmentsLocked(uint64_t layout_hash) {
+  std::vector<Trainer*> trainers;
+  for (auto& t : trainers_) {
+    ipc::TrainerSegmentSpec spec;
+    spec.layout_hash = layout_hash;
+    spec.arena_bytes = arena_.total_bytes;
+    spec.ring_capacity = config_.ring_capacity;
+    spec.local_rank = t->local_rank;
+    spec.daemon_pid = getpid();
+    auto seg = ipc::CreateUnderRandomName<ipc::TrainerSegment>(
+        config_.shm_prefix, getpid(), absl::StrCat("j", id_, ".r", t->local_rank),
+        [&](const std::string& name) {
+          return ipc::TrainerSegment::Create(name, spec, config_.shm_mode, config_.shm_group);
+        });
+    if (!seg.ok()) {
+      // A /dev/shm too small for the job is the operator's to fix, not a bug.
+      if (seg.status().code() == absl::StatusCode::kResourceExhausted) {
+        return MakeError(v1::RESOURCE_EXHAUSTED, seg.status().message());
+      }
+      return MakeError(v1::INTERNAL, seg.status().ToString());
+    }
+    t->segment = std::move(*seg);
+    t->rank = world_.rank_offset + t->local_rank;
+    trainers.push_back(t.get());
+  }
+  return trainers;
+}
+
+void Job::CreateStatsLocked(const Layout& layout, size_t num_buckets, size_t num_trainers) {
+  std::vector<std::string> names;
+  for (const TensorInfo& t : layout) names.push_back(t.name);
+  constexpr size_t kTracedIterations = 8;
+  size_t recorder_events =
+      FlightRecorder::CapacityFor(kTracedIterations, num_buckets, layout.size(), num_trainers);
+  // The timeline's writer tails the ring: give it room to lag.
+  if (hooks_.timeline) recorder_events = std::max(recorder_events, TimelineWriter::kMinRingEvents);
+  stats_ = std::make_unique<JobStats>(world_.rank_offset, world_.world_size, recorder_events,
+                                      hooks_.trace_dir, config_.job_id, config_.node_rank,
+                                      config_.num_nodes, std::move(names));
+  if (hooks_.timeline) stats_->StreamTo(hooks_.timeline);
+  stats_->set_iteration_durations(hooks_.iteration_durations);
+
+  if (hooks_.on_iteration_done) {
+    stats_->set_iteration_listener(
+        [hook = hooks_.on_iteration_done, id = id_](uint64_t it, uint64_t bytes, int64_t end) {
+          hook(id, it, bytes, end);
+        });
+  }
+}
+
+Scheduler::Options Job::SchedulerOptionsLocked(const BucketCaps& caps, bool cuda) const {
+  Scheduler::Options opts;
+  opts.world_size = world_.world_size;
+  opts.uneven_inputs = world_.uneven_inputs;
+  opts.node_rank = config_.node_rank;
+  opts.timeout_ms = config_.timeout_ms;
+  opts.stall_threshold_s = config_.stall_threshold_s;
+  opts.caps = caps;
+  opts.agree_order = world_.agree_order;
+  opts.check_plan = world_.check_plan;
+  opts.node_segment = node_.get();
+  if (cuda) {
+    opts.gpu = gpu_reducer_.get();
+    opts.is_context_lost = hooks_.gpu.is_context_lost;
+  }
+  // Auto: the cores the node's trainers leave free (they compute backward
+  // while buckets are reduced), at least 1; more than 4 threads gain
+  // nothing on a memory-bound sum.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  opts.reduce_threads = config_.reduce_threads > 0 ? config_.reduce_threads
+                                                   : std::clamp(cores - config_.local_size, 1, 4);
+  // Once every trainer has marked everything, their cores are free too.
+  opts.tail_reduce_threads =
+      config_.reduce_threads > 0 ? config_.reduce_threads : std::clamp(cores, 1, 4);
+  return opts;
+}
+
+Broadcaster::Options Job::BroadcasterOptionsLocked(bool cuda) const {
+  Broadcaster::Options bopts;
+  bopts.node_rank = config_.node_rank;
+  bopts.num_nodes = config_.num_nodes;
+  bopts.rank_offset = world_.rank_offset;
+  bopts.world_size = world_.world_size;
+  bopts.timeout_ms = config_.timeout_ms;
+  bopts.gpu = cuda;
+  bopts.shm_prefix = config_.shm_prefix;
+  bopts.shm_mode = config_.shm_mode;
+  bopts.shm_group = config_.shm_group;
+  return bopts;
 }
 
 std::string Job::BackendNameLocked() const {

@@ -272,6 +272,16 @@ class Job {
   BucketCaps InitialCaps(const JobWorld& world) const;
   absl::Status StartLocked(const Layout& layout, JobWorld world, GpuStart gpu)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // StartLocked's steps, in order: each trainer's segment (and global
+  // rank), returned in local-rank order; the job's stats; the options of
+  // the scheduler and the broadcaster it then creates.
+  absl::StatusOr<std::vector<Trainer*>> CreateSegmentsLocked(uint64_t layout_hash)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CreateStatsLocked(const Layout& layout, size_t num_buckets, size_t num_trainers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Scheduler::Options SchedulerOptionsLocked(const BucketCaps& caps, bool cuda) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  Broadcaster::Options BroadcasterOptionsLocked(bool cuda) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Whether this daemon can take a layout of this kind at all.
   absl::Status CheckDeviceKind(const Layout& layout) const;
   std::string BackendNameLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -23,7 +23,7 @@ Prints markdown tables; writes bench-results/sync_bench.json and
 bench-results/*.png (bench_report). Not a test: asserts nothing.
 
 Run from the repository root after `bazel build //daemon:gradsyncd
-//client:gradsyncctl //tests/bench:bench_trainer //tests/bench:gloo_allreduce_bench`:
+//tools/gradsyncctl //tests/bench:bench_trainer //tests/bench:gloo_allreduce_bench`:
   /usr/bin/python3 tests/bench/sync_bench.py [--quick]
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ GLOO_BENCH = None  # set in main
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DAEMON = os.path.join(ROOT, "bazel-bin/daemon/gradsyncd")
 TRAINER = os.path.join(ROOT, "bazel-bin/tests/bench/bench_trainer")
-CTL = os.path.join(ROOT, "bazel-bin/client/gradsyncctl")
+CTL = os.path.join(ROOT, "bazel-bin/tools/gradsyncctl/gradsyncctl")
 QUICK = bench_report.quick()
 # The bucket phases the daemon reports (control.proto BucketStats), in order.
 PHASES = ["wait_for_ready", "local_reduce", "collective", "write_back"]
@@ -433,7 +433,7 @@ def main() -> int:
     GLOO_BENCH = os.path.join(ROOT, "bazel-bin/tests/bench/gloo_allreduce_bench")
     for path in (DAEMON, TRAINER, GLOO_BENCH):
         if not os.path.exists(path):
-            print(f"missing {path}: run bazel build //daemon:gradsyncd //client:gradsyncctl "
+            print(f"missing {path}: run bazel build //daemon:gradsyncd //tools/gradsyncctl "
                   "//tests/bench:bench_trainer //tests/bench:gloo_allreduce_bench")
             return 1
     report = bench_report.Report("sync_bench")

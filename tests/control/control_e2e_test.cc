@@ -149,7 +149,7 @@ CtlResult RunCtl(const std::string& addr, const std::vector<std::string>& args) 
   static int counter = 0;
   const std::string base = absl::StrCat(TestTmpDir(), "/ctl.", getpid(), ".", counter++);
   const std::string out_path = base + ".out", err_path = base + ".err";
-  std::vector<std::string> argv = {Runfile("client/gradsyncctl"), "--addr=" + addr};
+  std::vector<std::string> argv = {Runfile("tools/gradsyncctl/gradsyncctl"), "--addr=" + addr};
   argv.insert(argv.end(), args.begin(), args.end());
   SpawnOptions options;
   options.err_path = err_path;

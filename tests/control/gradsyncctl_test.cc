@@ -63,7 +63,7 @@ Result RunCtl(const std::vector<std::string>& args, const std::string* env_addr 
   } else {
     options.unset_env.push_back("GRADSYNC_ADDR");
   }
-  std::vector<std::string> argv = {Runfile("client/gradsyncctl")};
+  std::vector<std::string> argv = {Runfile("tools/gradsyncctl/gradsyncctl")};
   argv.insert(argv.end(), args.begin(), args.end());
   testing::Process ctl = testing::Process::Spawn(argv, out_path, options);
   Result r;

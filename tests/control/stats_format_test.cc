@@ -1,7 +1,7 @@
 // stats_format on a hand-built Stats: the readable table, protobuf JSON
 // (parses, round-trips, every field present) and Prometheus text that a
 // strict line-by-line reading of the exposition format accepts.
-#include "client/stats_format.h"
+#include "common/stats_format.h"
 
 #include <google/protobuf/util/json_util.h>
 #include <google/protobuf/util/message_differencer.h>

@@ -331,7 +331,7 @@ TEST(GpuPath, StatsCoverGpuBuckets) {
     ASSERT_TRUE(st.exited && st.code == 0) << t.Log();
   }
   Process stats = Process::Spawn(
-      {Runfile("client/gradsyncctl"), absl::StrCat("--addr=127.0.0.1:", port), "stats", "--json"},
+      {Runfile("tools/gradsyncctl/gradsyncctl"), absl::StrCat("--addr=127.0.0.1:", port), "stats", "--json"},
       daemon.dir() + "/stats.log");
   ASSERT_EQ(stats.Wait(seconds(20)).code, 0) << stats.Log();
   const std::string json = stats.Log();

@@ -200,7 +200,7 @@ TEST(MultiNode, StatsTableAndMetricsShowTheWireDtypeBytesAndJoins) {
       << cluster.DaemonLogs();
 
   Process table = Process::Spawn(
-      {Runfile("client/gradsyncctl"), absl::StrCat("--addr=127.0.0.1:", cluster.port()), "stats"},
+      {Runfile("tools/gradsyncctl/gradsyncctl"), absl::StrCat("--addr=127.0.0.1:", cluster.port()), "stats"},
       cluster.dir() + "/table.log");
   Process scrape = Process::Spawn(
       {"/usr/bin/curl", "-sSf", absl::StrCat("http://127.0.0.1:", metrics_port, "/metrics")},
@@ -309,7 +309,7 @@ TEST(MultiNode, StallIsReportedByTheLeaderNamingNodeTrainerAndTensor) {
   EXPECT_NE(line.find("fc1.weight"), std::string::npos) << line;
   // The leader's stats carry node 1's report too.
   Process stats =
-      Process::Spawn({Runfile("client/gradsyncctl"),
+      Process::Spawn({Runfile("tools/gradsyncctl/gradsyncctl"),
                       absl::StrCat("--addr=127.0.0.1:", cluster.port()), "stats", "--json"},
                      cluster.dir() + "/stats.log");
   EXPECT_EQ(stats.Wait(kBound).code, 0) << stats.Log();
@@ -347,7 +347,7 @@ TEST(MultiNode, ConfigSetOnTheLeaderRePlansEveryNodeAtTheSameIteration) {
   ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_running", kBound));
   // Iteration 0 is done: the change lands mid-run.
   ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=plan_decided", kBound));
-  const std::string ctl = Runfile("client/gradsyncctl");
+  const std::string ctl = Runfile("tools/gradsyncctl/gradsyncctl");
   // A non-leader refuses: caps are job-wide.
   Process refused = Process::Spawn(
       {ctl, absl::StrCat("--addr=127.0.0.1:", cluster.node(1).ListenPort(seconds(10))),

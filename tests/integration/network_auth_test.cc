@@ -56,7 +56,7 @@ CtlResult RunCtl(const std::string& addr, const std::vector<std::string>& args,
                  const std::map<std::string, std::string>& env = {}) {
   static int counter = 0;
   const std::string base = absl::StrCat(TestTmpDir(), "/ctl.", getpid(), ".", counter++);
-  std::vector<std::string> argv = {Runfile("client/gradsyncctl"), "--addr=" + addr};
+  std::vector<std::string> argv = {Runfile("tools/gradsyncctl/gradsyncctl"), "--addr=" + addr};
   argv.insert(argv.end(), args.begin(), args.end());
   SpawnOptions options;
   options.err_path = base + ".err";

@@ -15,7 +15,7 @@ import gradsync
 from conftest import REPO_ROOT, wait_until
 from gradsync import DType, TensorSpec
 
-GRADSYNCCTL = REPO_ROOT / "bazel-bin" / "client" / "gradsyncctl"
+GRADSYNCCTL = REPO_ROOT / "bazel-bin" / "tools" / "gradsyncctl" / "gradsyncctl"
 TENSORS = 3000
 ITERATIONS = 10
 

@@ -1,4 +1,4 @@
-#include "client/stats_format.h"
+#include "common/stats_format.h"
 
 #include <algorithm>
 #include <charconv>

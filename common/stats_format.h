@@ -12,8 +12,8 @@
 //                          latencies as histograms; gradsyncctl and the
 //                          daemon's --metrics-listen endpoint both print it
 //   FormatConfig           `config get`: KEY=VALUE lines, the keys `config set` takes
-#ifndef GRADSYNC_CLIENT_STATS_FORMAT_H_
-#define GRADSYNC_CLIENT_STATS_FORMAT_H_
+#ifndef GRADSYNC_COMMON_STATS_FORMAT_H_
+#define GRADSYNC_COMMON_STATS_FORMAT_H_
 
 #include <cstdint>
 #include <string>
@@ -39,4 +39,4 @@ std::string FormatDuration(double seconds);
 
 }  // namespace gradsync
 
-#endif  // GRADSYNC_CLIENT_STATS_FORMAT_H_
+#endif  // GRADSYNC_COMMON_STATS_FORMAT_H_

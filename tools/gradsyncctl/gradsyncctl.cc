@@ -28,7 +28,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/stats_format.h"
+#include "common/stats_format.h"
 #include "common/call_token.h"
 #include "common/defaults.h"
 #include "common/tls_credentials.h"
