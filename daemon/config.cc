@@ -4,10 +4,10 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "daemon/backends/wire_dtype.h"
 #include "daemon/host_syntax.h"
 #include "daemon/listen_address.h"
-#include "common/status_macros.h"
 
 namespace gradsync {
 

@@ -18,9 +18,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/log_value.h"
 #include "common/refusal_note.h"
+#include "common/status_macros.h"
 #include "grpcpp/server_posix.h"
 #include "spdlog/spdlog.h"
-#include "common/status_macros.h"
 
 namespace gradsync {
 namespace {

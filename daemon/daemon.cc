@@ -11,10 +11,10 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/stats_format.h"
 #include "common/default_socket.h"
 #include "common/log_value.h"
 #include "common/peer_credentials.h"
+#include "common/stats_format.h"
 #include "common/status_code.h"
 #include "common/status_macros.h"
 #include "common/tls_credentials.h"

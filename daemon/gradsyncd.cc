@@ -1,7 +1,7 @@
 // gradsyncd, the release binary: run_gradsyncd with the real GPU device.
+#include "common/status_macros.h"
 #include "daemon/daemon_device_factory.h"
 #include "daemon/run_gradsyncd.h"
-#include "common/status_macros.h"
 
 int main(int argc, char** argv) {
   return gradsync::RunGradsyncd(

@@ -5,8 +5,8 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
-#include "ipc/arena.h"
 #include "common/status_macros.h"
+#include "ipc/arena.h"
 
 namespace gradsync::ipc {
 namespace {

@@ -9,9 +9,9 @@
 #include "common/log_value.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
+#include "common/status_macros.h"
 #include "ipc/random_segment_name.h"
 #include "spdlog/spdlog.h"
-#include "common/status_macros.h"
 
 namespace gradsync {
 namespace {

@@ -16,10 +16,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/half.h"
 #include "common/status_code.h"
+#include "common/status_macros.h"
 #include "ipc/mark_checksum.h"
 #include "ipc/shared_segment.h"
 #include "tests/engine/patience.h"
-#include "common/status_macros.h"
 
 namespace gradsync::testing {
 

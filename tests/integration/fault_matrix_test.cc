@@ -364,9 +364,7 @@ std::vector<Case> AllCases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, FaultMatrixTest, ::testing::ValuesIn(AllCases()),
-                         [](const ::testing::TestParamInfo<Case>& i) {
-                           return CaseName(i.param);
-                         });
+                         [](const ::testing::TestParamInfo<Case>& i) { return CaseName(i.param); });
 
 }  // namespace
 }  // namespace gradsync::testing

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "tests/testing/process.h"
 #include "common/status_macros.h"
+#include "tests/testing/process.h"
 
 namespace gradsync::testing {
 namespace {
