@@ -20,17 +20,17 @@
 #include "absl/status/statusor.h"
 
 // Evaluates `expr` (an absl::Status) once; returns it if it is an error.
-#define RETURN_IF_ERROR(expr)                                                     \
-  do {                                                                            \
+#define RETURN_IF_ERROR(expr)                                                         \
+  do {                                                                                \
     if (::absl::Status gradsync_status_macro_ = (expr); !gradsync_status_macro_.ok()) \
-      return gradsync_status_macro_;                                              \
+      return gradsync_status_macro_;                                                  \
   } while (false)
 
 // Evaluates `expr` (an absl::StatusOr<T>) once; returns its status if it is an
 // error, else moves its value into `lhs`.
-#define ASSIGN_OR_RETURN(lhs, expr)                                                        \
-  GRADSYNC_ASSIGN_OR_RETURN_IMPL_(                                                         \
-      GRADSYNC_STATUS_MACROS_CONCAT_(gradsync_statusor_, __LINE__), lhs, expr)
+#define ASSIGN_OR_RETURN(lhs, expr)                                                             \
+  GRADSYNC_ASSIGN_OR_RETURN_IMPL_(GRADSYNC_STATUS_MACROS_CONCAT_(gradsync_statusor_, __LINE__), \
+                                  lhs, expr)
 
 // Implementation details.
 #define GRADSYNC_STATUS_MACROS_CONCAT_INNER_(a, b) a##b

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace gradsync {
 namespace {
@@ -33,21 +34,17 @@ absl::Status CheckPair(const TlsFiles& files) {
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const TlsFiles& files) {
   if (!files.any()) return grpc::InsecureServerCredentials();
-  if (absl::Status st = CheckPair(files); !st.ok()) return st;
+  RETURN_IF_ERROR(CheckPair(files));
   if (files.cert.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--tls-ca ", files.ca, " needs --tls-cert and --tls-key (the server's own)"));
   }
-  absl::StatusOr<std::string> cert = ReadPem("--tls-cert", files.cert);
-  if (!cert.ok()) return cert.status();
-  absl::StatusOr<std::string> key = ReadPem("--tls-key", files.key);
-  if (!key.ok()) return key.status();
+  ASSIGN_OR_RETURN(std::string cert, ReadPem("--tls-cert", files.cert));
+  ASSIGN_OR_RETURN(std::string key, ReadPem("--tls-key", files.key));
   grpc::SslServerCredentialsOptions options(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
-  options.pem_key_cert_pairs.push_back({*key, *cert});
+  options.pem_key_cert_pairs.push_back({key, cert});
   if (!files.ca.empty()) {
-    absl::StatusOr<std::string> ca = ReadPem("--tls-ca", files.ca);
-    if (!ca.ok()) return ca.status();
-    options.pem_root_certs = *ca;
+    ASSIGN_OR_RETURN(options.pem_root_certs, ReadPem("--tls-ca", files.ca));
     options.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
   return grpc::SslServerCredentials(options);
@@ -56,20 +53,14 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
     const TlsFiles& files) {
   if (!files.any()) return grpc::InsecureChannelCredentials();
-  if (absl::Status st = CheckPair(files); !st.ok()) return st;
+  RETURN_IF_ERROR(CheckPair(files));
   grpc::SslCredentialsOptions options;
   if (!files.ca.empty()) {
-    absl::StatusOr<std::string> ca = ReadPem("--tls-ca", files.ca);
-    if (!ca.ok()) return ca.status();
-    options.pem_root_certs = *ca;
+    ASSIGN_OR_RETURN(options.pem_root_certs, ReadPem("--tls-ca", files.ca));
   }
   if (!files.cert.empty()) {
-    absl::StatusOr<std::string> cert = ReadPem("--tls-cert", files.cert);
-    if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key = ReadPem("--tls-key", files.key);
-    if (!key.ok()) return key.status();
-    options.pem_cert_chain = *cert;
-    options.pem_private_key = *key;
+    ASSIGN_OR_RETURN(options.pem_cert_chain, ReadPem("--tls-cert", files.cert));
+    ASSIGN_OR_RETURN(options.pem_private_key, ReadPem("--tls-key", files.key));
   }
   return grpc::SslCredentials(options);
 }

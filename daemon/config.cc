@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "daemon/backends/wire_dtype.h"
 #include "daemon/host_syntax.h"
 #include "daemon/listen_address.h"
@@ -75,13 +76,13 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   // as 256.1.1.1 would otherwise surface only when Gloo binds it, on a
   // multi-node job, or never on one node.
   if (!c.host.empty()) {
-    if (absl::Status st = CheckHost("--host", c.host); !st.ok()) return st;
+    RETURN_IF_ERROR(CheckHost("--host", c.host));
   }
   const std::pair<const char*, const std::string*> host_ports[] = {
       {"--listen", &c.listen}, {"--leader", &c.leader}, {"--metrics-listen", &c.metrics_listen}};
   for (const auto& [flag, value] : host_ports) {
     if (value->empty() || value->rfind("unix:", 0) == 0) continue;
-    if (absl::Status st = CheckHostPort(flag, *value); !st.ok()) return st;
+    RETURN_IF_ERROR(CheckHostPort(flag, *value));
   }
   if (c.num_nodes > 1 && c.listen.empty() && c.is_leader()) {
     return bad(absl::StrCat("--node-rank 0 of --num-nodes ", c.num_nodes,
@@ -130,7 +131,7 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   if ((c.ring_capacity & (c.ring_capacity - 1)) != 0 || c.ring_capacity < 64) {
     return bad(absl::StrCat("ring capacity ", c.ring_capacity, " must be a power of two >= 64"));
   }
-  if (absl::Status st = ValidateNetworkAuth(c); !st.ok()) return st;
+  RETURN_IF_ERROR(ValidateNetworkAuth(c));
   return absl::OkStatus();
 }
 

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log_value.h"
 #include "common/refusal_note.h"
+#include "common/status_macros.h"
 #include "grpcpp/server_posix.h"
 #include "spdlog/spdlog.h"
 
@@ -103,7 +104,7 @@ int BoundPort(int fd) {
 absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> ConnectionAcceptor::ListenTcp(
     const std::string& host_port) {
   std::string host, port_text;
-  if (absl::Status st = SplitHostPort(host_port, &host, &port_text); !st.ok()) return st;
+  RETURN_IF_ERROR(SplitHostPort(host_port, &host, &port_text));
   int port = 0;
   if (!absl::SimpleAtoi(port_text, &port) || port < 0 || port > 65535) {
     return absl::InvalidArgumentError(

@@ -32,16 +32,15 @@ ControlAdmission::ControlAdmission(ControlLimits limits)
 
 ControlAdmission::~ControlAdmission() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MonotonicMutexLock lock(&mu_);
     stop_ = true;
   }
-  changed_.notify_all();
+  changed_.SignalAll();
   watchdog_.join();
 }
 
 absl::Status ControlAdmission::Refuse(absl::string_view rpc, const std::string& peer,
                                       const std::string& why) {
-  // Under mu_.
   ++refused_;
   const auto now = std::chrono::steady_clock::now();
   if (refused_logged_ == 0 || now - refusal_logged_at_ >= kLogEvery) {
@@ -54,7 +53,7 @@ absl::Status ControlAdmission::Refuse(absl::string_view rpc, const std::string& 
 }
 
 absl::StatusOr<uint64_t> ControlAdmission::Enter(const std::string& peer, absl::string_view rpc) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MonotonicMutexLock lock(&mu_);
   if (static_cast<int>(calls_.size()) >= limits_.max_calls) {
     return Refuse(rpc, peer,
                   absl::StrCat(calls_.size(),
@@ -78,7 +77,7 @@ absl::StatusOr<uint64_t> ControlAdmission::Enter(const std::string& peer, absl::
 absl::Status ControlAdmission::Reply(uint64_t id, size_t bytes, Overdue overdue) {
   absl::Status status;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MonotonicMutexLock lock(&mu_);
     auto it = calls_.find(id);
     if (it == calls_.end()) return absl::InternalError("unknown Control call");
     Call& call = it->second;
@@ -97,12 +96,12 @@ absl::Status ControlAdmission::Reply(uint64_t id, size_t bytes, Overdue overdue)
     call.deadline = std::chrono::steady_clock::now() + limits_.reply_deadline;
     call.overdue = std::move(overdue);
   }
-  changed_.notify_all();
+  changed_.SignalAll();
   return status;
 }
 
 void ControlAdmission::Leave(uint64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MonotonicMutexLock lock(&mu_);
   auto it = calls_.find(id);
   if (it == calls_.end()) return;
   reply_bytes_ -= it->second.bytes;
@@ -112,21 +111,22 @@ void ControlAdmission::Leave(uint64_t id) {
 }
 
 absl::Status ControlAdmission::Refused(uint64_t id, const std::string& why) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MonotonicMutexLock lock(&mu_);
   auto it = calls_.find(id);
   if (it == calls_.end()) return absl::ResourceExhaustedError(why);
   return Refuse(it->second.rpc, it->second.peer, why);
 }
 
 ControlAdmission::Usage ControlAdmission::usage() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MonotonicMutexLock lock(&mu_);
   return Usage{static_cast<int>(calls_.size()), reply_bytes_, refused_, overdue_};
 }
 
 void ControlAdmission::Watch() {
   std::chrono::steady_clock::time_point logged_at{};
   uint64_t overdue_logged = 0;
-  std::unique_lock<std::mutex> lock(mu_);
+  // Locked by hand: the loop releases mu_ while it ends overdue calls.
+  mu_.Lock();
   while (!stop_) {
     const auto now = std::chrono::steady_clock::now();
     auto next = std::chrono::steady_clock::time_point::max();
@@ -154,19 +154,20 @@ void ControlAdmission::Watch() {
         overdue_logged = overdue_;
         logged_at = now;
       }
-      lock.unlock();
+      mu_.Unlock();
       for (auto& f : end) {
         if (f) f();
       }
-      lock.lock();
+      mu_.Lock();
       continue;
     }
     if (next == std::chrono::steady_clock::time_point::max()) {
-      changed_.wait(lock);
+      changed_.Wait(&mu_);
     } else {
-      changed_.wait_until(lock, next);
+      changed_.WaitWithTimeout(&mu_, absl::FromChrono(next - std::chrono::steady_clock::now()));
     }
   }
+  mu_.Unlock();
 }
 
 std::string PeerAddress(const std::string& grpc_peer) {

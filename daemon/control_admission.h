@@ -16,26 +16,25 @@
 //
 // Threads: every method is thread-safe. One watchdog thread, started by the
 // constructor and joined by the destructor, ends overdue calls. mu_ guards
-// every field below it; it is a std::mutex because the watchdog's timed
-// wait must run on steady_clock (std::condition_variable::wait_until does;
-// absl 20220623's timed waits sleep to a CLOCK_REALTIME deadline, which a
-// wall-clock step stretches).
+// every field below it; it is a MonotonicMutex because the watchdog's timed
+// wait must run on the monotonic clock (absl 20220623's timed waits sleep
+// to a CLOCK_REALTIME deadline, which a wall-clock step stretches).
 #ifndef GRADSYNC_DAEMON_CONTROL_ADMISSION_H_
 #define GRADSYNC_DAEMON_CONTROL_ADMISSION_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/monotonic_mutex.h"
 
 namespace gradsync {
 
@@ -61,18 +60,19 @@ class ControlAdmission {
 
   // A call of `rpc` ("Control.GetTrace") from `peer` (PeerAddress) starts:
   // its id, or RESOURCE_EXHAUSTED naming the rpc and the bound it is over.
-  absl::StatusOr<uint64_t> Enter(const std::string& peer, absl::string_view rpc);
+  absl::StatusOr<uint64_t> Enter(const std::string& peer, absl::string_view rpc)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Call `id`'s reply of `bytes` is built: it holds them until Leave, and is
   // ended by `overdue` if still in progress reply_deadline from now.
   // RESOURCE_EXHAUSTED naming the bound when the replies waiting to be sent
   // would exceed it: the call must then answer that instead (no bytes held;
   // its deadline still runs).
-  absl::Status Reply(uint64_t id, size_t bytes, Overdue overdue);
+  absl::Status Reply(uint64_t id, size_t bytes, Overdue overdue) ABSL_LOCKS_EXCLUDED(mu_);
   // Call `id` is over (answered, failed or cancelled): frees what it held.
-  void Leave(uint64_t id);
+  void Leave(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
   // A bound the caller keeps itself refused call `id` (`why` names it):
   // counted and logged like the others; the RESOURCE_EXHAUSTED to answer.
-  absl::Status Refused(uint64_t id, const std::string& why);
+  absl::Status Refused(uint64_t id, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
 
   struct Usage {
     int calls = 0;
@@ -80,7 +80,7 @@ class ControlAdmission {
     uint64_t refused = 0;  // since start
     uint64_t overdue = 0;  // calls the watchdog ended, since start
   };
-  Usage usage() const;
+  Usage usage() const ABSL_LOCKS_EXCLUDED(mu_);
   const ControlLimits& limits() const { return limits_; }
 
  private:
@@ -93,21 +93,23 @@ class ControlAdmission {
     std::chrono::steady_clock::time_point deadline;
     Overdue overdue;
   };
-  // Counts and logs (rate-limited) a refusal; the caller holds mu_.
-  absl::Status Refuse(absl::string_view rpc, const std::string& peer, const std::string& why);
-  void Watch();
+  // Counts and logs (rate-limited) a refusal.
+  absl::Status Refuse(absl::string_view rpc, const std::string& peer, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Watch() ABSL_LOCKS_EXCLUDED(mu_);
 
   const ControlLimits limits_;
-  mutable std::mutex mu_;
-  std::condition_variable changed_;  // waited on with steady_clock deadlines
-  std::map<uint64_t, Call> calls_;
-  std::map<std::string, int> per_peer_;
-  uint64_t next_id_ = 1;
-  size_t reply_bytes_ = 0;
-  uint64_t refused_ = 0, overdue_ = 0;
-  uint64_t refused_logged_ = 0;  // refused_ when last logged
-  std::chrono::steady_clock::time_point refusal_logged_at_{};
-  bool stop_ = false;
+  mutable MonotonicMutex mu_;
+  MonotonicCondVar changed_;  // the watchdog waits on it until the next deadline
+  std::map<uint64_t, Call> calls_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> per_peer_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  size_t reply_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t refused_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t overdue_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t refused_logged_ ABSL_GUARDED_BY(mu_) = 0;  // refused_ when last logged
+  std::chrono::steady_clock::time_point refusal_logged_at_ ABSL_GUARDED_BY(mu_){};
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread watchdog_;
 };
 

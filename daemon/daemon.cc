@@ -11,11 +11,12 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/stats_format.h"
 #include "common/default_socket.h"
 #include "common/log_value.h"
 #include "common/peer_credentials.h"
+#include "common/stats_format.h"
 #include "common/status_code.h"
+#include "common/status_macros.h"
 #include "common/tls_credentials.h"
 #include "daemon/auth/call_auth.h"
 #include "daemon/cluster/cluster_link.h"
@@ -62,7 +63,7 @@ absl::Status Daemon::PrepareSocketPath() {
   // systemd, RuntimeDirectory= made and owns it).
   const std::string dir = config_.socket_path.substr(0, config_.socket_path.rfind('/'));
   if (dir == PerUserSocketDirectory()) {
-    if (absl::Status st = EnsurePrivateDirectory(dir); !st.ok()) return st;
+    RETURN_IF_ERROR(EnsurePrivateDirectory(dir));
   }
   struct stat st;
   if (lstat(config_.socket_path.c_str(), &st) != 0) return absl::OkStatus();
@@ -93,12 +94,40 @@ absl::StatusOr<JobWorld> Daemon::FormWorld(const Layout& layout,
 
 absl::Status Daemon::Start() {
   RaiseOpenFileLimit();
+  ASSIGN_OR_RETURN(JobHooks hooks, MakeJobHooks());
+  jobs_ = std::make_unique<JobRegistry>(
+      config_, [this] { return NodeSegmentForNewJob(); },
+      [this](const Layout& layout, uint64_t, std::function<void(const absl::Status&)> on_failure) {
+        return FormWorld(layout, std::move(on_failure));
+      },
+      std::move(hooks));
+  if (!config_.listen.empty()) RETURN_IF_ERROR(StartListenServer());
+  if (!config_.metrics_listen.empty()) RETURN_IF_ERROR(StartMetricsEndpoint());
+  RETURN_IF_ERROR(ResolveLeaderAddress());
+
+  // Trainers can attach only once everything they may touch is up. The
+  // node segment comes after every port and file: a start that fails
+  // before leaves nothing in /dev/shm, one that fails after removes it
+  // (~Daemon).
+  RETURN_IF_ERROR(CreateFirstNodeSegment());
+  RETURN_IF_ERROR(PrepareSocketPath());
+  RETURN_IF_ERROR(StartLocalServer());
+
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  spdlog::info(
+      "event=started pid={} socket={} listen={} listen_port={} node_rank={} num_nodes={} "
+      "local_size={} bucket_cap_mb={} first_bucket_cap_mb={} timeout_s={}",
+      getpid(), config_.socket_path, config_.listen, listen_port_, config_.node_rank,
+      config_.num_nodes, config_.local_size, config_.bucket_cap_mb, config_.first_bucket_cap_mb,
+      config_.timeout_ms / 1000.0);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobHooks> Daemon::MakeJobHooks() {
   JobHooks hooks;
   hooks.trace_dir = TraceDirectory(std::getenv);
   if (!config_.trace_file.empty()) {
-    auto timeline = TimelineWriter::Open(config_.trace_file, config_.node_rank);
-    if (!timeline.ok()) return timeline.status();
-    timeline_ = std::move(*timeline);
+    ASSIGN_OR_RETURN(timeline_, TimelineWriter::Open(config_.trace_file, config_.node_rank));
     hooks.timeline = timeline_.get();
     spdlog::info("event=timeline_started path={}", LogToken(config_.trace_file));
   }
@@ -135,170 +164,165 @@ absl::Status Daemon::Start() {
       }
     };
   }
-  jobs_ = std::make_unique<JobRegistry>(
-      config_, [this] { return NodeSegmentForNewJob(); },
-      [this](const Layout& layout, uint64_t, std::function<void(const absl::Status&)> on_failure) {
-        return FormWorld(layout, std::move(on_failure));
-      },
-      std::move(hooks));
+  return hooks;
+}
 
-  if (!config_.listen.empty()) {
-    grpc::EnableDefaultHealthCheckService(true);
-    // Reflection answers without a token: off when reads need one. Off on
-    // the leader of a multi-node job too: gRPC serves it on the server's
-    // threads (a stream holds one while open), which there are the job's
-    // rendezvous.
-    const bool hosts_rendezvous = config_.is_leader() && config_.num_nodes > 1;
-    if (!config_.require_auth_for_reads && !hosts_rendezvous) {
-      EnableServerReflection();
-    }
-    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-        MakeServerCredentials(TlsFiles{config_.tls_cert, config_.tls_key, config_.tls_ca});
-    if (!credentials.ok()) return credentials.status();
-    const CallAuth auth(CallAuthPolicy{config_.job_token, !config_.tls_ca.empty(),
-                                       config_.require_auth_for_reads, config_.insecure,
-                                       ListensOnLoopbackOnly(config_.listen)});
-    const char* tls = config_.tls_cert.empty() ? "off" : "on";
-    if (config_.insecure && config_.job_token.empty()) {
-      spdlog::warn(
-          "event=network_auth {} tls={} listen={} risk=\"anyone reaching --listen may join the "
-          "job, drain or reconfigure this daemon\"",
-          auth.Describe(), tls, config_.listen);
-    } else {
-      spdlog::info("event=network_auth {} tls={} listen={}", auth.Describe(), tls, config_.listen);
-    }
-    ControlService::PublishCaps publish;
-    if (config_.num_nodes > 1) {
-      publish = [this](const DaemonConfig& next, uint64_t version) {
-        return PublishCaps(next, version);
-      };
-    }
-    std::function<std::vector<std::string>()> job_stalls;
-    if (config_.is_leader() && config_.num_nodes > 1) {
-      job_stalls = [this]() -> std::vector<std::string> {
-        return rendezvous_service_ ? rendezvous_service_->RecentStallReports()
-                                   : std::vector<std::string>{};
-      };
-    }
-    control_service_ = std::make_unique<ControlService>(
-        jobs_.get(), [this] { Drain(); }, std::move(publish), std::move(job_stalls), auth);
-    control_service_->set_iteration_durations(&iteration_durations_);
-    if (autotune_) {
-      control_service_->set_extra_stats(
-          [tuner = autotune_.get()](v1::Stats* s) { tuner->FillStats(s); });
-    }
-    grpc::ServerBuilder builder;
-    if (config_.tls_cert.empty()) {
-      // Plaintext: our own accept loop, which survives running out of fds
-      // (gRPC's own listener stops accepting for good after EMFILE).
-      auto acceptor = ConnectionAcceptor::ListenTcp(config_.listen);
-      if (!acceptor.ok()) {
-        return absl::UnavailableError(absl::StrCat("cannot listen on --listen ", config_.listen,
-                                                   ": ", acceptor.status().message()));
-      }
-      listen_acceptor_ = std::move(*acceptor);
-      listen_port_ = listen_acceptor_->port();
-    } else {
-      // TLS needs gRPC's own listener (a handed-over fd is plaintext only):
-      // EMFILE then relies on the raised RLIMIT_NOFILE (server_limits).
-      builder.AddListeningPort(config_.listen, *credentials, &listen_port_);
-    }
-    // Control runs on gRPC's callback API within ControlAdmission's bounds:
-    // these threads serve the rendezvous (and reflection where it is on).
-    LimitServerThreads(builder, "gradsyncd-listen", ListenServerMaxThreads(config_));
-    LimitStreamsPerConnection(builder, kMaxStreamsPerListenConnection);
-    builder.SetMaxReceiveMessageSize(kMaxRendezvousMessageBytes);
-    builder.RegisterService(control_service_.get());
-    if (hosts_rendezvous) {
-      // Silence longer than this marks a node dead (SIGKILL is noticed at
-      // once through Gloo's sockets; this catches hung nodes).
-      const absl::Duration heartbeat_timeout =
-          std::min(absl::Milliseconds(config_.timeout_ms), absl::Seconds(10));
-      rendezvous_service_ = std::make_unique<RendezvousService>(
-          config_.job_id, auth, config_.num_nodes, absl::Milliseconds(config_.timeout_ms),
-          heartbeat_timeout);
-      builder.RegisterService(rendezvous_service_.get());
-    }
-    listen_server_ = builder.BuildAndStart();
-    if (!listen_server_ || listen_port_ == 0) {
-      return absl::UnavailableError(absl::StrCat("cannot listen on --listen ", config_.listen));
-    }
-    listen_server_->GetHealthCheckService()->SetServingStatus(true);
-    if (listen_acceptor_) listen_acceptor_->Start(listen_server_.get());
+absl::Status Daemon::StartListenServer() {
+  grpc::EnableDefaultHealthCheckService(true);
+  // Reflection answers without a token: off when reads need one. Off on
+  // the leader of a multi-node job too: gRPC serves it on the server's
+  // threads (a stream holds one while open), which there are the job's
+  // rendezvous.
+  const bool hosts_rendezvous = config_.is_leader() && config_.num_nodes > 1;
+  if (!config_.require_auth_for_reads && !hosts_rendezvous) {
+    EnableServerReflection();
   }
-  if (!config_.metrics_listen.empty()) {
-    // Without --listen there is no Control service yet; /metrics needs its stats.
-    if (!control_service_) {
-      control_service_ = std::make_unique<ControlService>(jobs_.get(), [this] { Drain(); });
-      control_service_->set_iteration_durations(&iteration_durations_);
-      if (autotune_) {
-        control_service_->set_extra_stats(
-            [tuner = autotune_.get()](v1::Stats* s) { tuner->FillStats(s); });
-      }
-    }
-    const ControlService* control = control_service_.get();
-    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
-        MetricsEndpoint::Start(config_.metrics_listen, [control] {
-          v1::Stats stats;
-          control->FillStats(&stats);
-          return FormatStatsPrometheus(stats);
-        });
-    if (!metrics.ok()) return metrics.status();
-    metrics_ = std::move(*metrics);
-    spdlog::info("event=metrics_listening metrics_listen={} port={}", config_.metrics_listen,
-                 metrics_->port());
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<grpc::ServerCredentials> credentials,
+      MakeServerCredentials(TlsFiles{config_.tls_cert, config_.tls_key, config_.tls_ca}));
+  const CallAuth auth(CallAuthPolicy{config_.job_token, !config_.tls_ca.empty(),
+                                     config_.require_auth_for_reads, config_.insecure,
+                                     ListensOnLoopbackOnly(config_.listen)});
+  LogNetworkAuth(auth);
+  CreateListenControlService(auth);
+  grpc::ServerBuilder builder;
+  RETURN_IF_ERROR(AddListeningPort(builder, std::move(credentials)));
+  // Control runs on gRPC's callback API within ControlAdmission's bounds:
+  // these threads serve the rendezvous (and reflection where it is on).
+  LimitServerThreads(builder, "gradsyncd-listen", ListenServerMaxThreads(config_));
+  LimitStreamsPerConnection(builder, kMaxStreamsPerListenConnection);
+  builder.SetMaxReceiveMessageSize(kMaxRendezvousMessageBytes);
+  builder.RegisterService(control_service_.get());
+  if (hosts_rendezvous) {
+    // Silence longer than this marks a node dead (SIGKILL is noticed at
+    // once through Gloo's sockets; this catches hung nodes).
+    const absl::Duration heartbeat_timeout =
+        std::min(absl::Milliseconds(config_.timeout_ms), absl::Seconds(10));
+    rendezvous_service_ = std::make_unique<RendezvousService>(
+        config_.job_id, auth, config_.num_nodes, absl::Milliseconds(config_.timeout_ms),
+        heartbeat_timeout);
+    builder.RegisterService(rendezvous_service_.get());
   }
+  listen_server_ = builder.BuildAndStart();
+  if (!listen_server_ || listen_port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on --listen ", config_.listen));
+  }
+  listen_server_->GetHealthCheckService()->SetServingStatus(true);
+  if (listen_acceptor_) listen_acceptor_->Start(listen_server_.get());
+  return absl::OkStatus();
+}
+
+void Daemon::LogNetworkAuth(const CallAuth& auth) const {
+  const char* tls = config_.tls_cert.empty() ? "off" : "on";
+  if (config_.insecure && config_.job_token.empty()) {
+    spdlog::warn(
+        "event=network_auth {} tls={} listen={} risk=\"anyone reaching --listen may join the "
+        "job, drain or reconfigure this daemon\"",
+        auth.Describe(), tls, config_.listen);
+  } else {
+    spdlog::info("event=network_auth {} tls={} listen={}", auth.Describe(), tls, config_.listen);
+  }
+}
+
+void Daemon::CreateListenControlService(const CallAuth& auth) {
+  ControlService::PublishCaps publish;
   if (config_.num_nodes > 1) {
-    if (config_.is_leader()) {
-      // Not 127.0.0.1 blindly: a leader bound to one address listens there only.
-      absl::StatusOr<std::string> self = SelfDialAddress(config_.listen, listen_port_);
-      if (!self.ok()) return self.status();
-      leader_address_ = *self;
-    } else {
-      leader_address_ = config_.leader;
-    }
+    publish = [this](const DaemonConfig& next, uint64_t version) {
+      return PublishCaps(next, version);
+    };
   }
+  std::function<std::vector<std::string>()> job_stalls;
+  if (config_.is_leader() && config_.num_nodes > 1) {
+    job_stalls = [this]() -> std::vector<std::string> {
+      return rendezvous_service_ ? rendezvous_service_->RecentStallReports()
+                                 : std::vector<std::string>{};
+    };
+  }
+  control_service_ = std::make_unique<ControlService>(
+      jobs_.get(), [this] { Drain(); }, std::move(publish), std::move(job_stalls), auth);
+  AttachControlStats();
+}
 
-  // Trainers can attach only once everything they may touch is up. The
-  // node segment comes after every port and file: a start that fails
-  // before leaves nothing in /dev/shm, one that fails after removes it
-  // (~Daemon).
-  if (absl::Status st = CreateFirstNodeSegment(); !st.ok()) return st;
-  if (absl::Status st = PrepareSocketPath(); !st.ok()) return st;
+void Daemon::AttachControlStats() {
+  control_service_->set_iteration_durations(&iteration_durations_);
+  if (autotune_) {
+    control_service_->set_extra_stats(
+        [tuner = autotune_.get()](v1::Stats* s) { tuner->FillStats(s); });
+  }
+}
+
+absl::Status Daemon::AddListeningPort(grpc::ServerBuilder& builder,
+                                      std::shared_ptr<grpc::ServerCredentials> credentials) {
+  if (!config_.tls_cert.empty()) {
+    // TLS needs gRPC's own listener (a handed-over fd is plaintext only):
+    // EMFILE then relies on the raised RLIMIT_NOFILE (server_limits).
+    builder.AddListeningPort(config_.listen, std::move(credentials), &listen_port_);
+    return absl::OkStatus();
+  }
+  // Plaintext: our own accept loop, which survives running out of fds
+  // (gRPC's own listener stops accepting for good after EMFILE).
+  auto acceptor = ConnectionAcceptor::ListenTcp(config_.listen);
+  if (!acceptor.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on --listen ", config_.listen, ": ",
+                                               acceptor.status().message()));
+  }
+  listen_acceptor_ = std::move(*acceptor);
+  listen_port_ = listen_acceptor_->port();
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::StartMetricsEndpoint() {
+  // Without --listen there is no Control service yet; /metrics needs its stats.
+  if (!control_service_) {
+    control_service_ = std::make_unique<ControlService>(jobs_.get(), [this] { Drain(); });
+    AttachControlStats();
+  }
+  const ControlService* control = control_service_.get();
+  ASSIGN_OR_RETURN(metrics_, MetricsEndpoint::Start(config_.metrics_listen, [control] {
+                     v1::Stats stats;
+                     control->FillStats(&stats);
+                     return FormatStatsPrometheus(stats);
+                   }));
+  spdlog::info("event=metrics_listening metrics_listen={} port={}", config_.metrics_listen,
+               metrics_->port());
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::ResolveLeaderAddress() {
+  if (config_.num_nodes == 1) return absl::OkStatus();
+  if (!config_.is_leader()) {
+    leader_address_ = config_.leader;
+    return absl::OkStatus();
+  }
+  // Not 127.0.0.1 blindly: a leader bound to one address listens there only.
+  ASSIGN_OR_RETURN(leader_address_, SelfDialAddress(config_.listen, listen_port_));
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::StartLocalServer() {
   local_service_ = std::make_unique<LocalService>(jobs_.get());
-  {
-    // The socket is bound (with its mode) and listening before the server
-    // starts, but nothing is accepted until the acceptor starts below.
-    auto acceptor = ConnectionAcceptor::ListenUnix(config_.socket_path, config_.socket_mode);
-    if (!acceptor.ok()) return acceptor.status();
-    local_acceptor_ = std::move(*acceptor);
-    grpc::ServerBuilder builder;
-    LimitServerThreads(builder, "gradsyncd-local", LocalServerMaxThreads(config_));
-    builder.RegisterService(local_service_.get());
-    local_server_ = builder.BuildAndStart();
-    if (!local_server_) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot start the Local service for ", config_.socket_path));
-    }
-    // Every connection is checked on the kernel's word before gRPC reads it.
-    const std::string path = config_.socket_path;
-    local_acceptor_->Start(
-        local_server_.get(),
-        [uid = geteuid(), group = config_.shm_group, path](int fd) -> ConnectionAcceptor::Verdict {
-          absl::StatusOr<PeerCredentials> peer = ReadPeerCredentials(fd);
-          if (!peer.ok()) return {peer.status(), "uid=unknown"};
-          return {AdmitTrainer(*peer, uid, group),
-                  absl::StrCat("uid=", peer->uid, " pid=", peer->pid, " socket=", path)};
-        });
+  // The socket is bound (with its mode) and listening before the server
+  // starts, but nothing is accepted until the acceptor starts below.
+  ASSIGN_OR_RETURN(local_acceptor_,
+                   ConnectionAcceptor::ListenUnix(config_.socket_path, config_.socket_mode));
+  grpc::ServerBuilder builder;
+  LimitServerThreads(builder, "gradsyncd-local", LocalServerMaxThreads(config_));
+  builder.RegisterService(local_service_.get());
+  local_server_ = builder.BuildAndStart();
+  if (!local_server_) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot start the Local service for ", config_.socket_path));
   }
-
-  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
-  spdlog::info(
-      "event=started pid={} socket={} listen={} listen_port={} node_rank={} num_nodes={} "
-      "local_size={} bucket_cap_mb={} first_bucket_cap_mb={} timeout_s={}",
-      getpid(), config_.socket_path, config_.listen, listen_port_, config_.node_rank,
-      config_.num_nodes, config_.local_size, config_.bucket_cap_mb, config_.first_bucket_cap_mb,
-      config_.timeout_ms / 1000.0);
+  // Every connection is checked on the kernel's word before gRPC reads it.
+  const std::string path = config_.socket_path;
+  local_acceptor_->Start(
+      local_server_.get(),
+      [uid = geteuid(), group = config_.shm_group, path](int fd) -> ConnectionAcceptor::Verdict {
+        absl::StatusOr<PeerCredentials> peer = ReadPeerCredentials(fd);
+        if (!peer.ok()) return {peer.status(), "uid=unknown"};
+        return {AdmitTrainer(*peer, uid, group),
+                absl::StrCat("uid=", peer->uid, " pid=", peer->pid, " socket=", path)};
+      });
   return absl::OkStatus();
 }
 
@@ -306,10 +330,9 @@ absl::Status Daemon::CreateFirstNodeSegment() {
   for (const std::string& name : ipc::RemoveStaleSegments(config_.shm_prefix)) {
     spdlog::info("event=stale_segment_removed name={}", name);
   }
-  auto node = CreateNodeSegment(1);
-  if (!node.ok()) return node.status();
+  ASSIGN_OR_RETURN(ipc::NodeSegment node, CreateNodeSegment(1));
   absl::MutexLock lock(&node_mu_);
-  node_ = std::make_shared<ipc::NodeSegment>(std::move(*node));
+  node_ = std::make_shared<ipc::NodeSegment>(std::move(node));
   return absl::OkStatus();
 }
 
@@ -440,14 +463,14 @@ absl::StatusOr<uint64_t> Daemon::PublishAutotunedCaps(const CapsCandidate& caps,
     job->SetCaps(bytes, at);
     return at;
   }
-  absl::StatusOr<RendezvousService::ConfigEntry> entry =
+  ASSIGN_OR_RETURN(
+      RendezvousService::ConfigEntry entry,
       rendezvous_service_->AppendConfig(at, [&caps](const RendezvousService::ConfigEntry& e) {
         return std::make_pair(ConfigKey(e.generation, e.version),
                               EncodeConfig(e.generation, e.at_iteration, caps.bucket_cap_mb,
                                            caps.first_bucket_cap_mb));
-      });
-  if (!entry.ok()) return entry.status();
-  return entry->at_iteration;
+      }));
+  return entry.at_iteration;
 }
 
 void Daemon::Drain() {

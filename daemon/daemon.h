@@ -56,6 +56,26 @@ class Daemon {
   void Drain() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // Start's steps, in the order Start runs them.
+  // Opens --trace-file, starts --autotune's driver where this node tunes,
+  // and returns what every job reports through.
+  absl::StatusOr<JobHooks> MakeJobHooks();
+  // --listen: Control, health, reflection and (leader) the rendezvous.
+  absl::Status StartListenServer();
+  void LogNetworkAuth(const CallAuth& auth) const;
+  void CreateListenControlService(const CallAuth& auth);
+  // Control's stats beyond the jobs': iteration durations, autotuning.
+  void AttachControlStats();
+  // Plaintext through our own ConnectionAcceptor, TLS through gRPC's listener.
+  absl::Status AddListeningPort(grpc::ServerBuilder& builder,
+                                std::shared_ptr<grpc::ServerCredentials> credentials);
+  // --metrics-listen (with a Control service of its own without --listen).
+  absl::Status StartMetricsEndpoint();
+  // Where FormWorld joins: --leader, or on the leader its own listen address.
+  absl::Status ResolveLeaderAddress();
+  // The Local service on the unix socket, behind the peer-credential check.
+  absl::Status StartLocalServer();
+
   absl::StatusOr<JobWorld> FormWorld(const Layout& layout,
                                      std::function<void(const absl::Status&)> on_failure);
   absl::Status PrepareSocketPath();

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "common/status_macros.h"
 
 extern char** environ;
 
@@ -128,9 +129,8 @@ absl::StatusOr<std::vector<std::string>> DaemonArgs(const std::vector<std::strin
 
   std::vector<std::string> args = {argv.empty() ? "gradsyncd" : argv[0]};
   for (const std::string& path : config_files) {
-    absl::StatusOr<std::vector<std::string>> lines = ReadConfigFile(path);
-    if (!lines.ok()) return lines.status();
-    args.insert(args.end(), lines->begin(), lines->end());
+    ASSIGN_OR_RETURN(std::vector<std::string> lines, ReadConfigFile(path));
+    args.insert(args.end(), lines.begin(), lines.end());
   }
   std::map<std::string, std::string> flag_of_env;
   for (const absl::CommandLineFlag* flag : DaemonFlags()) {

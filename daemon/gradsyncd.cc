@@ -1,15 +1,13 @@
 // gradsyncd, the release binary: run_gradsyncd with the real GPU device.
+#include "common/status_macros.h"
 #include "daemon/daemon_device_factory.h"
 #include "daemon/run_gradsyncd.h"
 
 int main(int argc, char** argv) {
   return gradsync::RunGradsyncd(
       argc, argv, [](const gradsync::DaemonConfig&) -> absl::StatusOr<gradsync::GpuRuntime> {
-        absl::StatusOr<std::shared_ptr<gradsync::gpu::DaemonDevice>> device =
-            gradsync::NewReleaseDaemonDevice();
-        if (!device.ok()) return device.status();
         gradsync::GpuRuntime gpu;
-        gpu.device = std::move(*device);
+        ASSIGN_OR_RETURN(gpu.device, gradsync::NewReleaseDaemonDevice());
         gpu.is_context_lost = gradsync::IsDeviceContextLost;
         return gpu;
       });

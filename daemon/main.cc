@@ -30,6 +30,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/log_value.h"
+#include "common/status_macros.h"
 #include "common/token_file.h"
 #include "daemon/backends/gloo_worker.h"
 #include "daemon/config.h"
@@ -125,33 +126,21 @@ int Fail(const std::string& message) {
   return 2;
 }
 
-}  // namespace
-
-int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_factory) {
-  // This executable, started by a GlooWorkerBackend, is its Gloo worker.
-  if (argc == 2 && std::strcmp(argv[1], kGlooWorkerFlag) == 0) return RunGlooWorker();
-  absl::SetProgramUsageMessage(
-      "gradsyncd --socket PATH --listen HOST:PORT [--leader HOST:PORT] --node-rank N "
-      "--num-nodes N --local-size N ...");
-  if (std::optional<int> exit_code = ParseDaemonFlags(argc, argv)) return *exit_code;
-
-  gradsync::LimitMallocArenas();  // before any thread starts
-  // Block the stop signals before any thread starts; one thread waits for them.
+// Blocks the stop signals before any thread starts (every thread inherits
+// the mask); one thread then waits for them. Returns the set to wait on.
+sigset_t BlockStopSignals() {
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  return stop_signals;
+}
 
-  if (absl::Status st = gradsync::ConfigureLogging(
-          absl::GetFlag(FLAGS_log_format), "%Y-%m-%dT%H:%M:%S.%e level=%l component=gradsyncd %v");
-      !st.ok()) {
-    return Fail(std::string(st.message()));
-  }
-  const std::string level = absl::AsciiStrToLower(absl::GetFlag(FLAGS_log_level));
-  spdlog::set_level(spdlog::level::from_str(level));
-
+// The parsed flags as a checked DaemonConfig; an error's message is what
+// gradsyncd prints before exiting with 2.
+absl::StatusOr<gradsync::DaemonConfig> ConfigFromFlags(const std::string& log_level) {
   gradsync::DaemonConfig config;
   config.socket_path = absl::GetFlag(FLAGS_socket);
   config.listen = absl::GetFlag(FLAGS_listen);
@@ -173,11 +162,12 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   // integer is undefined. ValidateConfig checks the real range.
   const double timeout_s = absl::GetFlag(FLAGS_timeout_s);
   if (!(std::fabs(timeout_s) <= 1e12)) {
-    return Fail(absl::StrCat("--timeout-s ", timeout_s, " is not in [0.1, 86400]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--timeout-s ", timeout_s, " is not in [0.1, 86400]"));
   }
   config.timeout_ms = static_cast<int64_t>(timeout_s * 1000);
   config.stall_threshold_s = absl::GetFlag(FLAGS_stall_threshold_s);
-  config.log_level = level;
+  config.log_level = log_level;
   config.log_format = absl::GetFlag(FLAGS_log_format);
   config.shm_prefix = absl::GetFlag(FLAGS_shm_prefix);
   config.reduce_threads = absl::GetFlag(FLAGS_reduce_threads);
@@ -186,13 +176,18 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   config.check_replicas_every = absl::GetFlag(FLAGS_check_replicas_every);
   if (const std::string group = absl::GetFlag(FLAGS_shm_group); !group.empty()) {
     const struct group* g = getgrnam(group.c_str());
-    if (g == nullptr) return Fail(absl::StrCat("--shm-group ", group, ": no such group"));
+    if (g == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("--shm-group ", group, ": no such group"));
+    }
     config.shm_group = g->gr_gid;
     config.shm_mode = 0660;
   }
   if (const std::string f = absl::GetFlag(FLAGS_job_token_file); !f.empty()) {
     absl::StatusOr<std::string> token = gradsync::ReadTokenFile(f);
-    if (!token.ok()) return Fail(absl::StrCat("--job-token-file: ", token.status().message()));
+    if (!token.ok()) {
+      return absl::Status(token.status().code(),
+                          absl::StrCat("--job-token-file: ", token.status().message()));
+    }
     config.job_token = std::move(*token);
   }
   config.insecure = absl::GetFlag(FLAGS_insecure);
@@ -200,25 +195,52 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   config.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   config.tls_key = absl::GetFlag(FLAGS_tls_key);
   config.tls_ca = absl::GetFlag(FLAGS_tls_ca);
-  if (absl::Status st = gradsync::AdoptLeaderNamingSelf(&config); !st.ok()) {
-    return Fail(std::string(st.message()));
-  }
-  if (absl::Status st = gradsync::ValidateConfig(config); !st.ok()) {
-    return Fail(std::string(st.message()));
-  }
+  RETURN_IF_ERROR(gradsync::AdoptLeaderNamingSelf(&config));
+  RETURN_IF_ERROR(gradsync::ValidateConfig(config));
+  return config;
+}
 
-  gradsync::GpuRuntime gpu;
-  if (config.backend != "gloo" && config.backend != "local") {
-    absl::StatusOr<gradsync::GpuRuntime> made = gpu_factory(config);
-    if (made.ok()) {
-      gpu = std::move(*made);
-    } else if (config.backend == "nccl") {
-      return Fail(absl::StrCat("--backend=nccl: ", made.status().message()));
-    } else {
-      spdlog::info("event=no_gpu_device reason={}", LogValue(made.status().message()));
-    }
+// The GPU path's device where the backend may use one. No device is not an
+// error unless --backend=nccl asked for it (the error names the flag).
+absl::StatusOr<gradsync::GpuRuntime> MakeGpuRuntime(
+    const gradsync::DaemonConfig& config, const gradsync::GpuRuntimeFactory& gpu_factory) {
+  if (config.backend == "gloo" || config.backend == "local") return gradsync::GpuRuntime();
+  absl::StatusOr<gradsync::GpuRuntime> made = gpu_factory(config);
+  if (made.ok()) return made;
+  if (config.backend == "nccl") {
+    return absl::Status(made.status().code(),
+                        absl::StrCat("--backend=nccl: ", made.status().message()));
   }
-  gradsync::Daemon daemon(config, std::move(gpu));
+  spdlog::info("event=no_gpu_device reason={}", gradsync::LogValue(made.status().message()));
+  return gradsync::GpuRuntime();
+}
+
+}  // namespace
+
+int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_factory) {
+  // This executable, started by a GlooWorkerBackend, is its Gloo worker.
+  if (argc == 2 && std::strcmp(argv[1], kGlooWorkerFlag) == 0) return RunGlooWorker();
+  absl::SetProgramUsageMessage(
+      "gradsyncd --socket PATH --listen HOST:PORT [--leader HOST:PORT] --node-rank N "
+      "--num-nodes N --local-size N ...");
+  if (std::optional<int> exit_code = ParseDaemonFlags(argc, argv)) return *exit_code;
+
+  gradsync::LimitMallocArenas();  // before any thread starts
+  const sigset_t stop_signals = BlockStopSignals();
+
+  if (absl::Status st = gradsync::ConfigureLogging(
+          absl::GetFlag(FLAGS_log_format), "%Y-%m-%dT%H:%M:%S.%e level=%l component=gradsyncd %v");
+      !st.ok()) {
+    return Fail(std::string(st.message()));
+  }
+  const std::string level = absl::AsciiStrToLower(absl::GetFlag(FLAGS_log_level));
+  spdlog::set_level(spdlog::level::from_str(level));
+
+  absl::StatusOr<gradsync::DaemonConfig> config = ConfigFromFlags(level);
+  if (!config.ok()) return Fail(std::string(config.status().message()));
+  absl::StatusOr<gradsync::GpuRuntime> gpu = MakeGpuRuntime(*config, gpu_factory);
+  if (!gpu.ok()) return Fail(std::string(gpu.status().message()));
+  gradsync::Daemon daemon(*config, std::move(*gpu));
   if (absl::Status st = daemon.Start(); !st.ok()) {
     spdlog::critical("event=start_failed error={}", LogValue(st.message()));
     return 1;

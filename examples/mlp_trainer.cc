@@ -28,6 +28,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "client/gradsync.h"
@@ -199,159 +200,207 @@ int Die(gs_client* c, const char* what, gs_status st) {
   return 10 + int(st);  // the exit code tells tests which gs_status it was
 }
 
-template <typename T>
-int Run(const Options& opt) {
-  Model<T> model(opt.dim, opt.hidden);
-  const int nparams = Model<T>::kCount;
-  const gs_dtype dtype = std::is_same<T, double>::value ? GS_FLOAT64 : GS_FLOAT32;
+// What a gradsync call reported to the mark callback of Backward.
+struct MarkCtx {
+  gs_client* c;
+  bool gate_used;
+  int withhold;
+  bool stale_unused;
+  const Options* opt;
+  bool pause_step = false;  // this is step kPauseStep: pause after the first mark
+  int marked = 0;           // gradients marked this step
+  bool write_after_mark = false;
+  gs_status status = GS_OK;
+};
 
+template <typename T>
+void MarkGradient(int p, void* v) {
+  auto* m = static_cast<MarkCtx*>(v);
+  if (m->status != GS_OK || p == m->withhold) return;
+  if (p == Model<T>::kGate && !m->gate_used) {
+    // A framework may leave an old value in an unused gradient's buffer;
+    // gs_mark_unused promises the gradient contributes zeros regardless.
+    if (m->stale_unused) static_cast<T*>(gs_grad_buffer(m->c, p))[0] = T(0.75);
+    m->status = gs_mark_unused(m->c, p);
+  } else {
+    m->status = gs_mark_ready(m->c, p);
+    if (m->status == GS_OK && m->write_after_mark) {
+      // What GRADSYNC_DEBUG=detail exists to catch: the daemon may
+      // already be reading this gradient.
+      static_cast<T*>(gs_grad_buffer(m->c, p))[0] += T(1);
+      m->write_after_mark = false;
+    }
+  }
+  if (m->pause_step && ++m->marked == 1) PauseAt(*m->opt, "backward");
+}
+
+// One trainer's run: the model, where its gradients live (gradsync's
+// buffers, or local ones with --single) and its shard of every batch.
+template <typename T>
+struct Trainer {
+  explicit Trainer(const Options& o) : opt(o), model(o.dim, o.hidden) {}
+
+  const Options& opt;
+  Model<T> model;
   gs_client* c = nullptr;
   int rank = 0, world = 1;
-  std::vector<std::vector<T>> local_grads(nparams);
+  std::vector<std::vector<T>> local_grads = std::vector<std::vector<T>>(Model<T>::kCount);
   T* grads[Model<T>::kCount + 1];
-  std::vector<T> extra(1);
+  bool uneven = false;  // --join-steps
+  int join_world = 0;
+  int first = 0, last = 0;  // this trainer's samples of each global batch
+  int steps = 0;
+};
 
-  if (!opt.single) {
-    gs_connect_options co{};
-    co.socket_path = opt.socket.empty() ? nullptr : opt.socket.c_str();
-    co.local_rank = -1;
-    co.timeout_ms = 10000;
-    gs_status st = gs_connect(&co, &c);
-    if (st != GS_OK) return Die(c, "gs_connect", st);
-    PauseAt(opt, "attach");
-    std::vector<gs_tensor_spec> specs;
+// Connects and registers the model's gradients with gradsync (the
+// gradients then live in its buffers), or with --single gives them local
+// buffers. Returns 0, or the exit code.
+template <typename T>
+int Attach(Trainer<T>& t) {
+  const Options& opt = t.opt;
+  const int nparams = Model<T>::kCount;
+  if (opt.single) {
     for (int p = 0; p < nparams; ++p) {
-      specs.push_back({model.names[p].c_str(), dtype, model.params[p].size(), -1, nullptr});
+      t.local_grads[p].assign(t.model.params[p].size(), T(0));
+      t.grads[p] = t.local_grads[p].data();
     }
-    if (!opt.extra_tensor.empty())
-      specs.push_back({opt.extra_tensor.c_str(), dtype, 1, -1, nullptr});
-    st = gs_register(c, specs.data(), specs.size());
-    if (st != GS_OK) return Die(c, "gs_register", st);
-    st = gs_world(c, &rank, &world);
-    if (st != GS_OK) return Die(c, "gs_world", st);
-    PauseAt(opt, "register");
-    for (int p = 0; p < nparams; ++p) grads[p] = static_cast<T*>(gs_grad_buffer(c, p));
-  } else {
-    for (int p = 0; p < nparams; ++p) {
-      local_grads[p].assign(model.params[p].size(), T(0));
-      grads[p] = local_grads[p].data();
-    }
+    return 0;
   }
-  if (opt.batch % world != 0) {
+  const gs_dtype dtype = std::is_same<T, double>::value ? GS_FLOAT64 : GS_FLOAT32;
+  gs_connect_options co{};
+  co.socket_path = opt.socket.empty() ? nullptr : opt.socket.c_str();
+  co.local_rank = -1;
+  co.timeout_ms = 10000;
+  gs_status st = gs_connect(&co, &t.c);
+  if (st != GS_OK) return Die(t.c, "gs_connect", st);
+  PauseAt(opt, "attach");
+  std::vector<gs_tensor_spec> specs;
+  for (int p = 0; p < nparams; ++p) {
+    specs.push_back({t.model.names[p].c_str(), dtype, t.model.params[p].size(), -1, nullptr});
+  }
+  if (!opt.extra_tensor.empty()) specs.push_back({opt.extra_tensor.c_str(), dtype, 1, -1, nullptr});
+  st = gs_register(t.c, specs.data(), specs.size());
+  if (st != GS_OK) return Die(t.c, "gs_register", st);
+  st = gs_world(t.c, &t.rank, &t.world);
+  if (st != GS_OK) return Die(t.c, "gs_world", st);
+  PauseAt(opt, "register");
+  for (int p = 0; p < nparams; ++p) t.grads[p] = static_cast<T*>(gs_grad_buffer(t.c, p));
+  return 0;
+}
+
+// This trainer's shard and step count; 2 when the batch does not split.
+template <typename T>
+int PlanShard(Trainer<T>& t) {
+  const Options& opt = t.opt;
+  if (opt.batch % t.world != 0) {
     std::fprintf(stderr, "mlp_trainer: --batch %d is not divisible by the world size %d\n",
-                 opt.batch, world);
+                 opt.batch, t.world);
     return 2;
   }
-  const bool uneven = !opt.join_steps.empty();
-  const int join_world = static_cast<int>(opt.join_steps.size());
-  if (uneven && !opt.single && join_world != world) {
-    std::fprintf(stderr, "mlp_trainer: --join-steps lists %d ranks, the world has %d\n", join_world,
-                 world);
+  t.uneven = !opt.join_steps.empty();
+  t.join_world = static_cast<int>(opt.join_steps.size());
+  if (t.uneven && !opt.single && t.join_world != t.world) {
+    std::fprintf(stderr, "mlp_trainer: --join-steps lists %d ranks, the world has %d\n",
+                 t.join_world, t.world);
     return 2;
   }
-  if (uneven && opt.single && opt.batch % join_world != 0) return 2;
-  const int shard = opt.batch / world;
-  const int first = rank * shard, last = first + shard;
-  int steps = opt.steps;
-  if (uneven) {
-    steps = opt.single ? *std::max_element(opt.join_steps.begin(), opt.join_steps.end())
-                       : opt.join_steps[rank];
+  if (t.uneven && opt.single && opt.batch % t.join_world != 0) return 2;
+  const int shard = opt.batch / t.world;
+  t.first = t.rank * shard;
+  t.last = t.first + shard;
+  t.steps = opt.steps;
+  if (t.uneven) {
+    t.steps = opt.single ? *std::max_element(opt.join_steps.begin(), opt.join_steps.end())
+                         : opt.join_steps[t.rank];
   }
+  return 0;
+}
 
-  struct MarkCtx {
-    gs_client* c;
-    bool gate_used;
-    int withhold;
-    bool stale_unused;
-    const Options* opt;
-    bool pause_step = false;  // this is step kPauseStep: pause after the first mark
-    int marked = 0;           // gradients marked this step
-    bool write_after_mark = false;
-    gs_status status = GS_OK;
-  } mctx{c, true, -1, opt.stale_unused, &opt};
-  auto mark = [](int p, void* v) {
-    auto* m = static_cast<MarkCtx*>(v);
-    if (m->status != GS_OK || p == m->withhold) return;
-    if (p == Model<T>::kGate && !m->gate_used) {
-      // A framework may leave an old value in an unused gradient's buffer;
-      // gs_mark_unused promises the gradient contributes zeros regardless.
-      if (m->stale_unused) static_cast<T*>(gs_grad_buffer(m->c, p))[0] = T(0.75);
-      m->status = gs_mark_unused(m->c, p);
-    } else {
-      m->status = gs_mark_ready(m->c, p);
-      if (m->status == GS_OK && m->write_after_mark) {
-        // What GRADSYNC_DEBUG=detail exists to catch: the daemon may
-        // already be reading this gradient.
-        static_cast<T*>(gs_grad_buffer(m->c, p))[0] += T(1);
-        m->write_after_mark = false;
-      }
-    }
-    if (m->pause_step && ++m->marked == 1) PauseAt(*m->opt, "backward");
-  };
+// --single with --join-steps: DDP's Join, where the ranks still running
+// contribute and the joined ones zeros. Returns the summed loss.
+template <typename T>
+double JoinReferenceBackward(Trainer<T>& t, int step, int gate_from) {
+  const Options& opt = t.opt;
+  const int join_shard = opt.batch / t.join_world;
+  int active = 0;
+  double loss = 0;
+  for (int r = 0; r < t.join_world; ++r) {
+    if (opt.join_steps[r] <= step) continue;
+    ++active;
+    loss += Backward(t.model, step, 0, r * join_shard, (r + 1) * join_shard, double(join_shard),
+                     gate_from, t.grads, opt, nullptr, nullptr);
+  }
+  const T divisor = static_cast<T>(opt.join_divide_by_active ? active : t.join_world);
+  for (int p = 0; p < Model<T>::kCount; ++p) {
+    for (T& g : t.local_grads[p]) g /= divisor;
+  }
+  return loss;
+}
 
-  for (int step = 0; step < steps; ++step) {
-    const bool gate_step = opt.gate_every <= 0 || step % opt.gate_every != 0;
-    // The first sample (global batch index) that uses the gate this step.
-    const int gate_from = gate_step                    ? 0
-                          : opt.gate_unused_first >= 0 ? opt.gate_unused_first
-                                                       : opt.batch;
-    const bool gate_used = last > gate_from;
-    double loss = 0;
-    if (uneven && opt.single) {
-      // DDP's Join: the ranks still running contribute, the joined ones zeros.
-      const int join_shard = opt.batch / join_world;
-      int active = 0;
-      for (int r = 0; r < join_world; ++r) {
-        if (opt.join_steps[r] <= step) continue;
-        ++active;
-        loss += Backward(model, step, 0, r * join_shard, (r + 1) * join_shard, double(join_shard),
-                         gate_from, grads, opt, nullptr, nullptr);
-      }
-      const T divisor = static_cast<T>(opt.join_divide_by_active ? active : join_world);
-      for (int p = 0; p < nparams; ++p) {
-        for (T& g : local_grads[p]) g /= divisor;
-      }
-    }
-    for (int micro = 0; micro < (uneven && opt.single ? 0 : opt.accumulate); ++micro) {
-      const bool sync = micro == opt.accumulate - 1;
-      if (c) {
-        gs_status st = gs_set_sync(c, sync ? 1 : 0);
-        if (st != GS_OK) return Die(c, "gs_set_sync", st);
-        if (!opt.extra_tensor.empty()) {
-          st = gs_mark_ready(c, nparams);
-          if (st != GS_OK) return Die(c, "gs_mark_ready", st);
-        }
-      }
-      mctx.gate_used = gate_used;
-      mctx.withhold = step > 0 ? opt.withhold : -1;
-      mctx.pause_step = step == kPauseStep && sync;
-      mctx.marked = 0;
-      mctx.write_after_mark = opt.write_after_mark && step == 0 && sync;
-      loss += Backward(model, step, micro, first, last, double(last - first), gate_from, grads, opt,
-                       c ? +mark : nullptr, &mctx);
-      if (c && mctx.status != GS_OK) return Die(c, "gs_mark_ready", mctx.status);
-      if (mctx.pause_step) PauseAt(opt, "marked");
-      if (c) {
-        gs_status st = gs_wait(c, opt.wait_timeout_ms);
-        if (st != GS_OK) return Die(c, "gs_wait", st);
+// One optimizer step: its micro-batches' backward passes (each synced
+// through gradsync, the last one reduced), then SGD. Returns 0, or the
+// exit code.
+template <typename T>
+int Step(Trainer<T>& t, int step, MarkCtx& mctx) {
+  const Options& opt = t.opt;
+  const int nparams = Model<T>::kCount;
+  gs_client* c = t.c;
+  const bool gate_step = opt.gate_every <= 0 || step % opt.gate_every != 0;
+  // The first sample (global batch index) that uses the gate this step.
+  const int gate_from = gate_step                    ? 0
+                        : opt.gate_unused_first >= 0 ? opt.gate_unused_first
+                                                     : opt.batch;
+  const bool gate_used = t.last > gate_from;
+  double loss = 0;
+  if (t.uneven && opt.single) loss += JoinReferenceBackward(t, step, gate_from);
+  for (int micro = 0; micro < (t.uneven && opt.single ? 0 : opt.accumulate); ++micro) {
+    const bool sync = micro == opt.accumulate - 1;
+    if (c) {
+      gs_status st = gs_set_sync(c, sync ? 1 : 0);
+      if (st != GS_OK) return Die(c, "gs_set_sync", st);
+      if (!opt.extra_tensor.empty()) {
+        st = gs_mark_ready(c, nparams);
+        if (st != GS_OK) return Die(c, "gs_mark_ready", st);
       }
     }
-    // Single process: the gradient is already the mean over the batch. With
-    // gradsync it is the average of the trainers' shard means, the same thing.
-    for (int p = 0; p < nparams; ++p) {
-      T* g = grads[p];
-      for (size_t i = 0; i < model.params[p].size(); ++i) {
-        model.params[p][i] -= static_cast<T>(opt.lr) * g[i];
-        g[i] = T(0);  // zero_grad
-      }
-    }
-    if ((!opt.quiet || opt.print_loss) && rank == 0) {
-      std::printf("step %3d  loss %.6f  (rank %d of %d)\n", step,
-                  loss / (double(last - first) * opt.accumulate), rank, world);
-      std::fflush(stdout);
+    mctx.gate_used = gate_used;
+    mctx.withhold = step > 0 ? opt.withhold : -1;
+    mctx.pause_step = step == kPauseStep && sync;
+    mctx.marked = 0;
+    mctx.write_after_mark = opt.write_after_mark && step == 0 && sync;
+    loss += Backward(t.model, step, micro, t.first, t.last, double(t.last - t.first), gate_from,
+                     t.grads, opt, c ? &MarkGradient<T> : nullptr, &mctx);
+    if (c && mctx.status != GS_OK) return Die(c, "gs_mark_ready", mctx.status);
+    if (mctx.pause_step) PauseAt(opt, "marked");
+    if (c) {
+      gs_status st = gs_wait(c, opt.wait_timeout_ms);
+      if (st != GS_OK) return Die(c, "gs_wait", st);
     }
   }
-  if (c && uneven) {
+  // Single process: the gradient is already the mean over the batch. With
+  // gradsync it is the average of the trainers' shard means, the same thing.
+  for (int p = 0; p < nparams; ++p) {
+    T* g = t.grads[p];
+    for (size_t i = 0; i < t.model.params[p].size(); ++i) {
+      t.model.params[p][i] -= static_cast<T>(opt.lr) * g[i];
+      g[i] = T(0);  // zero_grad
+    }
+  }
+  if ((!opt.quiet || opt.print_loss) && t.rank == 0) {
+    std::printf("step %3d  loss %.6f  (rank %d of %d)\n", step,
+                loss / (double(t.last - t.first) * opt.accumulate), t.rank, t.world);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+// After the last step: gs_join when out of data (uneven inputs), then the
+// final weights (checksum, --out). Returns 0, or the exit code.
+template <typename T>
+int Finish(Trainer<T>& t) {
+  const Options& opt = t.opt;
+  gs_client* c = t.c;
+  if (c && t.uneven) {
     // Out of data: the others go on without this trainer; wait for them.
     gs_status st = gs_join(c, opt.join_divide_by_active ? 0 : 1);
     if (st != GS_OK) return Die(c, "gs_join", st);
@@ -359,15 +408,17 @@ int Run(const Options& opt) {
     if (opt.after_join == "mark") return Die(c, "gs_mark_ready after gs_join", gs_mark_ready(c, 0));
   }
   double checksum = 0;
-  for (const auto& p : model.params) {
+  for (const auto& p : t.model.params) {
     for (T v : p) checksum += double(v);
   }
-  if (!opt.quiet) std::printf("rank %d final weights checksum %.15g\n", rank, checksum);
+  if (!opt.quiet) std::printf("rank %d final weights checksum %.15g\n", t.rank, checksum);
   if (!opt.out.empty()) {
     FILE* f = std::fopen(opt.out.c_str(), "w");
     if (!f) return 3;
-    for (int p = 0; p < nparams; ++p) {
-      for (T v : model.params[p]) std::fprintf(f, "%s %.17g\n", model.names[p].c_str(), double(v));
+    for (int p = 0; p < Model<T>::kCount; ++p) {
+      for (T v : t.model.params[p]) {
+        std::fprintf(f, "%s %.17g\n", t.model.names[p].c_str(), double(v));
+      }
     }
     std::fclose(f);
   }
@@ -375,10 +426,38 @@ int Run(const Options& opt) {
   return 0;
 }
 
+template <typename T>
+int Run(const Options& opt) {
+  Trainer<T> t(opt);
+  if (int code = Attach(t); code != 0) return code;
+  if (int code = PlanShard(t); code != 0) return code;
+  MarkCtx mctx{t.c, true, -1, opt.stale_unused, &opt};
+  for (int step = 0; step < t.steps; ++step) {
+    if (int code = Step(t, step, mctx); code != 0) return code;
+  }
+  return Finish(t);
+}
+
 }  // namespace
 
-int main(int argc, char** argv) {
-  Options opt;
+namespace {
+
+void PrintUsage() {
+  std::fprintf(stderr,
+               "usage: mlp_trainer [--steps N] [--batch N] [--hidden N] [--dim N] [--lr X]\n"
+               "  [--fp64] [--single] [--accumulate K] [--gate-every K]\n"
+               "  [--gate-unused-first N] [--stale-unused] [--shuffle-seed S] [--sleep-ms N]\n"
+               "  [--out FILE] [--socket PATH] [--wait-timeout-ms N] [--quiet] [--print-loss]\n"
+               "  fault tests: [--extra-tensor NAME] [--withhold P] [--write-after-mark]\n"
+               "  [--pause-at attach|register|backward|marked]\n"
+               "  uneven inputs: [--join-steps N0,N1,... (steps per rank, then gs_join)]\n"
+               "  [--join-divide-by-active] [--after-join join|mark]\n"
+               "  (LOCAL_RANK selects the trainer's local rank)\n");
+}
+
+// The command line into `opt`; false (after a usage message where the flag
+// is unknown) when it does not parse.
+bool ParseFlags(int argc, char** argv, Options& opt) {
   static option longopts[] = {{"steps", required_argument, nullptr, 's'},
                               {"batch", required_argument, nullptr, 'b'},
                               {"hidden", required_argument, nullptr, 'H'},
@@ -478,7 +557,7 @@ int main(int argc, char** argv) {
         for (char* p = optarg;;) {
           char* end = nullptr;
           const long n = std::strtol(p, &end, 10);
-          if (end == p || n < 0) return 2;
+          if (end == p || n < 0) return false;
           opt.join_steps.push_back(static_cast<int>(n));
           if (*end != ',') break;
           p = end + 1;
@@ -491,19 +570,17 @@ int main(int argc, char** argv) {
         opt.after_join = optarg;
         break;
       default:
-        std::fprintf(
-            stderr,
-            "usage: mlp_trainer [--steps N] [--batch N] [--hidden N] [--dim N] [--lr X]\n"
-            "  [--fp64] [--single] [--accumulate K] [--gate-every K]\n"
-            "  [--gate-unused-first N] [--stale-unused] [--shuffle-seed S] [--sleep-ms N]\n"
-            "  [--out FILE] [--socket PATH] [--wait-timeout-ms N] [--quiet] [--print-loss]\n"
-            "  fault tests: [--extra-tensor NAME] [--withhold P] [--write-after-mark]\n"
-            "  [--pause-at attach|register|backward|marked]\n"
-            "  uneven inputs: [--join-steps N0,N1,... (steps per rank, then gs_join)]\n"
-            "  [--join-divide-by-active] [--after-join join|mark]\n"
-            "  (LOCAL_RANK selects the trainer's local rank)\n");
-        return 2;
+        PrintUsage();
+        return false;
     }
   }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  if (!ParseFlags(argc, argv, opt)) return 2;
   return opt.fp64 ? Run<double>(opt) : Run<float>(opt);
 }

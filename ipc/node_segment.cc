@@ -3,18 +3,18 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace gradsync::ipc {
 
 absl::StatusOr<NodeSegment> NodeSegment::Create(const std::string& name, pid_t daemon_pid,
                                                 mode_t mode, gid_t group) {
-  auto segment = SharedSegment::Create(name, sizeof(NodeSegmentHeader), mode, group);
-  if (!segment.ok()) return segment.status();
+  ASSIGN_OR_RETURN(SharedSegment segment,
+                   SharedSegment::Create(name, sizeof(NodeSegmentHeader), mode, group));
   NodeSegment ns;
-  ns.segment_ = std::move(*segment);
-  auto guard = TruncationGuard::Watch(ns.segment_.data(), ns.segment_.size());
-  if (!guard.ok()) return guard.status();
-  ns.truncation_guard_ = std::move(*guard);
+  ns.segment_ = std::move(segment);
+  ASSIGN_OR_RETURN(ns.truncation_guard_,
+                   TruncationGuard::Watch(ns.segment_.data(), ns.segment_.size()));
   ns.header_ = new (ns.segment_.data()) NodeSegmentHeader();
   ns.header_->layout_version = kNodeSegmentVersion;
   ns.header_->header_bytes = sizeof(NodeSegmentHeader);
@@ -26,13 +26,12 @@ absl::StatusOr<NodeSegment> NodeSegment::Create(const std::string& name, pid_t d
 }
 
 absl::StatusOr<NodeSegment> NodeSegment::Open(const std::string& name, std::optional<uid_t> owner) {
-  auto segment = SharedSegment::Open(name, 0660, owner);
-  if (!segment.ok()) return segment.status();
-  if (segment->size() < sizeof(NodeSegmentHeader)) {
+  ASSIGN_OR_RETURN(SharedSegment segment, SharedSegment::Open(name, 0660, owner));
+  if (segment.size() < sizeof(NodeSegmentHeader)) {
     return absl::DataLossError(absl::StrCat("node segment ", name, " is too small"));
   }
   NodeSegment ns;
-  ns.segment_ = std::move(*segment);
+  ns.segment_ = std::move(segment);
   ns.header_ = static_cast<NodeSegmentHeader*>(ns.segment_.data());
   if (ns.header_->magic != kNodeSegmentMagic) {
     return absl::DataLossError(

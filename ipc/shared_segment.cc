@@ -19,6 +19,7 @@
 #include "absl/strings/strip.h"
 #include "boost/interprocess/exceptions.hpp"
 #include "boost/interprocess/shared_memory_object.hpp"
+#include "common/status_macros.h"
 
 namespace gradsync::ipc {
 namespace bip = boost::interprocess;
@@ -112,7 +113,7 @@ std::string SegmentName(const std::string& prefix, pid_t daemon_pid, const std::
 
 absl::StatusOr<SharedSegment> SharedSegment::Create(const std::string& name, size_t size,
                                                     mode_t mode, gid_t group) {
-  if (auto st = CheckName(name); !st.ok()) return st;
+  RETURN_IF_ERROR(CheckName(name));
   SharedSegment seg;
   // Only a name we created may be removed on failure: when the name already
   // exists it belongs to someone else (a live daemon, another trainer).
@@ -155,7 +156,7 @@ absl::StatusOr<SharedSegment> SharedSegment::Create(const std::string& name, siz
 
 absl::StatusOr<SharedSegment> SharedSegment::Open(const std::string& name, mode_t max_mode,
                                                   std::optional<uid_t> owner) {
-  if (auto st = CheckName(name); !st.ok()) return st;
+  RETURN_IF_ERROR(CheckName(name));
   SharedSegment seg;
   try {
     bip::shared_memory_object shm(bip::open_only, name.c_str(), bip::read_write);

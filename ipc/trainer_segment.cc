@@ -5,6 +5,7 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "ipc/arena.h"
 
 namespace gradsync::ipc {
@@ -42,15 +43,13 @@ absl::StatusOr<TrainerSegment> TrainerSegment::Create(const std::string& name,
         absl::StrCat("arena of ", spec.arena_bytes, " bytes exceeds ", kMaxArenaBytes));
   }
   const Geometry g = ComputeGeometry(spec.ring_capacity, spec.arena_bytes);
-  auto segment = SharedSegment::Create(name, g.total, mode, group);
-  if (!segment.ok()) return segment.status();
+  ASSIGN_OR_RETURN(SharedSegment segment, SharedSegment::Create(name, g.total, mode, group));
 
   TrainerSegment ts;
-  ts.segment_ = std::move(*segment);
+  ts.segment_ = std::move(segment);
   // Before the first write: the name is visible from here on.
-  auto guard = TruncationGuard::Watch(ts.segment_.data(), ts.segment_.size());
-  if (!guard.ok()) return guard.status();
-  ts.truncation_guard_ = std::move(*guard);
+  ASSIGN_OR_RETURN(ts.truncation_guard_,
+                   TruncationGuard::Watch(ts.segment_.data(), ts.segment_.size()));
   auto* h = new (ts.segment_.data()) TrainerSegmentHeader();
   h->layout_version = kTrainerSegmentVersion;
   h->header_bytes = sizeof(TrainerSegmentHeader);
@@ -73,7 +72,7 @@ absl::StatusOr<TrainerSegment> TrainerSegment::Create(const std::string& name,
   // The magic goes last: a reader that sees it sees a complete header.
   std::atomic_thread_fence(std::memory_order_release);
   h->magic = kTrainerSegmentMagic;
-  if (auto st = ts.Map(/*validate=*/false, 0, 0); !st.ok()) return st;
+  RETURN_IF_ERROR(ts.Map(/*validate=*/false, 0, 0));
   return ts;
 }
 
@@ -81,13 +80,9 @@ absl::StatusOr<TrainerSegment> TrainerSegment::Open(const std::string& name,
                                                     uint64_t expected_layout_hash,
                                                     uint64_t expected_arena_bytes,
                                                     std::optional<uid_t> owner) {
-  auto segment = SharedSegment::Open(name, 0660, owner);
-  if (!segment.ok()) return segment.status();
   TrainerSegment ts;
-  ts.segment_ = std::move(*segment);
-  if (auto st = ts.Map(/*validate=*/true, expected_layout_hash, expected_arena_bytes); !st.ok()) {
-    return st;
-  }
+  ASSIGN_OR_RETURN(ts.segment_, SharedSegment::Open(name, 0660, owner));
+  RETURN_IF_ERROR(ts.Map(/*validate=*/true, expected_layout_hash, expected_arena_bytes));
   return ts;
 }
 

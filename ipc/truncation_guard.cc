@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace gradsync::ipc {
 namespace {
@@ -95,7 +96,7 @@ absl::StatusOr<std::unique_ptr<TruncationGuard>> TruncationGuard::Watch(void* be
   if (b == 0 || bytes == 0) {
     return absl::InvalidArgumentError("TruncationGuard: nothing to guard");
   }
-  if (absl::Status st = InstallOnce(); !st.ok()) return st;
+  RETURN_IF_ERROR(InstallOnce());
   for (int i = 0; i < kMaxGuards; ++i) {
     Slot& slot = g_slots[i];
     bool expected = false;

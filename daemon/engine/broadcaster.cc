@@ -9,6 +9,7 @@
 #include "common/log_value.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
+#include "common/status_macros.h"
 #include "ipc/random_segment_name.h"
 #include "spdlog/spdlog.h"
 
@@ -260,7 +261,7 @@ absl::Status Broadcaster::Agree(const Call& call, bool* collective) {
 
 absl::Status Broadcaster::Run(const Call& call, bool* collective) {
   if (call.step == 0) {
-    if (absl::Status st = EnsureSegment(); !st.ok()) return st;
+    RETURN_IF_ERROR(EnsureSegment());
     if (options_.num_nodes > 1) return Agree(call, collective);
     return absl::OkStatus();
   }

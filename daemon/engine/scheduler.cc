@@ -390,7 +390,7 @@ void Scheduler::Loop() {
     bool progress = false;
     if (FailIfTruncated()) continue;
     for (Trainer* t : trainers_) {
-      if (!Drain(*t, now, &progress)) break;
+      if (!ConsumeReadyRing(*t, now, &progress)) break;
     }
     while (!halted_.load(std::memory_order_acquire) && next_bucket_ < remaining_.size() &&
            remaining_[next_bucket_] == 0) {
@@ -437,7 +437,7 @@ bool Scheduler::FailIfTruncated() {
   return false;
 }
 
-bool Scheduler::Drain(Trainer& t, int64_t now_ns, bool* progress) {
+bool Scheduler::ConsumeReadyRing(Trainer& t, int64_t now_ns, bool* progress) {
   ipc::ReadyEvent e;
   while (true) {
     const ipc::PopResult r = t.segment.ready_ring().TryPop(&e);

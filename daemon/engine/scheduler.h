@@ -163,8 +163,9 @@ class Scheduler {
 
  private:
   void Loop();
-  // Drains one trainer's ring; false if it failed the job.
-  bool Drain(Trainer& t, int64_t now_ns, bool* progress);
+  // Consumes every entry waiting in one trainer's ready ring; false if it
+  // failed the job.
+  bool ConsumeReadyRing(Trainer& t, int64_t now_ns, bool* progress);
   // Fails the job and returns true when a trainer's segment or the node
   // segment was truncated; only reads the guards' flags (cheap).
   bool FailIfTruncated();

@@ -2,10 +2,14 @@
 // its registered layout, its shared-memory segment, and the scheduler's
 // per-iteration bookkeeping for it.
 //
-// Threads: the identity, layout, `registered`, `rank` and `segment` belong
-// to the Job and are guarded by its mutex until the job runs (then they are
-// read-only); the per-iteration fields belong to the scheduler thread; the
-// completion ring's producer side is guarded by `completion_mu`.
+// Threads: each field below sits in one of four groups, by who may touch
+// it (the Job's mutex lives in the Job, so the first group's guard is
+// written in words, not as ABSL_GUARDED_BY):
+//   - job-locked: guarded by the owning Job's mu_ while trainers attach and
+//     register; read-only once the job runs (the scheduler reads them);
+//   - atomic: any thread;
+//   - guarded by `completion_mu`: the completion ring's producer side;
+//   - scheduler-only: the scheduler thread's per-iteration bookkeeping.
 #ifndef GRADSYNC_DAEMON_ENGINE_TRAINER_H_
 #define GRADSYNC_DAEMON_ENGINE_TRAINER_H_
 
@@ -26,6 +30,7 @@
 namespace gradsync {
 
 struct Trainer {
+  // Job-locked (Job::mu_ until the job runs, then read-only).
   uint64_t session_id = 0;
   int local_rank = 0;
   int64_t pid = 0;
@@ -33,28 +38,31 @@ struct Trainer {
   Layout layout;
   std::optional<GpuTrainerSpec> cuda;  // CUDA layouts: what it registered
   bool registered = false;
+  std::chrono::steady_clock::time_point attached_at;
+  ipc::TrainerSegment segment;
+
+  // Atomic (any thread).
   std::atomic<bool> gone{false};
   // Liveness comes from the Watch stream: a trainer that never opens it
   // (it died right after attaching) is reaped after a while.
   std::atomic<bool> watched{false};
-  std::chrono::steady_clock::time_point attached_at;
-  ipc::TrainerSegment segment;
+  std::atomic<uint64_t> iterations{0};  // synced iterations completed
+  // gs_join: out of data, contributes zeros until every trainer joined
+  // (written by the scheduler, read by stats).
+  std::atomic<bool> joined{false};
 
-  // Producer side of the completion ring: the scheduler posts bucket and
-  // iteration completions, the control path posts errors.
+  // Guarded by completion_mu: the producer side of the completion ring (the
+  // scheduler posts bucket and iteration completions, the control path
+  // posts errors).
   absl::Mutex completion_mu;
   uint64_t completion_sequence ABSL_GUARDED_BY(completion_mu) = 0;
 
-  // Scheduler-only state for the iteration being collected.
+  // Scheduler-only: the iteration being collected.
   uint64_t ready_sequence = 0;
   std::vector<uint8_t> marked;  // per tensor: 0, or the ReadyKind seen
   uint32_t marked_count = 0;
   // Per tensor: the MarkChecksum its entry carried (GRADSYNC_DEBUG=detail), 0: none.
   std::vector<uint32_t> mark_checksums;
-  std::atomic<uint64_t> iterations{0};  // synced iterations completed
-  // gs_join: out of data, contributes zeros until every trainer joined
-  // (written by the scheduler, read by stats).
-  std::atomic<bool> joined{false};
   bool divide_by_initial_world_size = true;  // what its gs_join asked
 
   std::string Name() const;  // "rank 3 (local 1, pid 4242)"

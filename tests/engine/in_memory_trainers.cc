@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/half.h"
 #include "common/status_code.h"
+#include "common/status_macros.h"
 #include "ipc/mark_checksum.h"
 #include "ipc/shared_segment.h"
 #include "tests/engine/patience.h"
@@ -27,21 +28,20 @@ namespace gradsync::testing {
 absl::StatusOr<std::unique_ptr<InMemoryTrainer>> InMemoryTrainer::Open(const Attachment& at,
                                                                        const Layout& layout) {
   std::unique_ptr<InMemoryTrainer> t(new InMemoryTrainer());
-  auto node = ipc::NodeSegment::Open(at.node_segment_name);
-  if (!node.ok()) return node.status();
-  auto seg = ipc::TrainerSegment::Open(at.segment_name, at.layout_hash, at.arena_bytes);
-  if (!seg.ok()) return seg.status();
+  ASSIGN_OR_RETURN(ipc::NodeSegment node, ipc::NodeSegment::Open(at.node_segment_name));
+  ASSIGN_OR_RETURN(ipc::TrainerSegment seg,
+                   ipc::TrainerSegment::Open(at.segment_name, at.layout_hash, at.arena_bytes));
   if (at.tensor_offsets.size() != layout.size()) {
     return absl::InternalError("registration returned offsets for a different layout");
   }
   for (size_t i = 0; i < layout.size(); ++i) {
-    if (at.tensor_offsets[i] + layout[i].bytes() > seg->arena_bytes()) {
+    if (at.tensor_offsets[i] + layout[i].bytes() > seg.arena_bytes()) {
       return absl::InternalError(absl::StrCat("tensor ", i, " lies outside the arena"));
     }
   }
   t->layout_ = layout;
-  t->node_ = std::move(*node);
-  t->segment_ = std::move(*seg);
+  t->node_ = std::move(node);
+  t->segment_ = std::move(seg);
   t->offsets_ = at.tensor_offsets;
   t->marked_.assign(layout.size(), 0);
   t->accumulated_.assign(layout.size(), 0);
@@ -109,7 +109,7 @@ absl::Status InMemoryTrainer::Post(size_t i, ipc::ReadyKind kind) {
   e.sequence = ready_sequence_;
   e.no_sync_iterations = no_sync_iterations_;
   if (checksum_marks_) e.checksum = ipc::MarkChecksum(buffer(i), layout_[i].bytes());
-  if (absl::Status st = PostRaw(e); !st.ok()) return st;
+  RETURN_IF_ERROR(PostRaw(e));
   ++ready_sequence_;
   return absl::OkStatus();
 }
@@ -120,7 +120,7 @@ absl::Status InMemoryTrainer::PostJoin(bool divide_by_initial_world_size) {
   e.tensor = divide_by_initial_world_size ? ipc::kJoinDivideByInitialWorldSize : 0;
   e.iteration = iteration_;
   e.sequence = ready_sequence_;
-  if (absl::Status st = PostRaw(e); !st.ok()) return st;
+  RETURN_IF_ERROR(PostRaw(e));
   ++ready_sequence_;
   return absl::OkStatus();
 }
@@ -201,16 +201,13 @@ absl::StatusOr<std::unique_ptr<InMemoryNode>> InMemoryNode::Create(const std::st
   for (const TensorInfo& t : layout) bytes.push_back(t.bytes());
   std::vector<std::vector<uint32_t>> groups;
   for (const PlannedBucket& b : n->plan_.buckets) groups.push_back(b.tensors);
-  auto arena = ipc::PlanArena(bytes, groups);
-  if (!arena.ok()) return arena.status();
-  n->arena_ = std::move(*arena);
+  ASSIGN_OR_RETURN(n->arena_, ipc::PlanArena(bytes, groups));
 
   const std::string prefix = UniqueShmPrefix(tag);
   const std::string node_name = ipc::SegmentName(prefix, getpid(), "node");
-  auto node = ipc::NodeSegment::Create(node_name, getpid());
-  if (!node.ok()) return node.status();
+  ASSIGN_OR_RETURN(ipc::NodeSegment node, ipc::NodeSegment::Create(node_name, getpid()));
   n->names_.push_back(node_name);
-  n->node_ = std::move(*node);
+  n->node_ = std::move(node);
 
   const uint64_t hash = LayoutHash(layout);
   for (int r = 0; r < options.local_size; ++r) {
@@ -221,8 +218,7 @@ absl::StatusOr<std::unique_ptr<InMemoryNode>> InMemoryNode::Create(const std::st
     spec.local_rank = r;
     spec.daemon_pid = getpid();
     const std::string name = ipc::SegmentName(prefix, getpid(), absl::StrCat("r", r));
-    auto seg = ipc::TrainerSegment::Create(name, spec);
-    if (!seg.ok()) return seg.status();
+    ASSIGN_OR_RETURN(ipc::TrainerSegment seg, ipc::TrainerSegment::Create(name, spec));
     n->names_.push_back(name);
     auto t = std::make_unique<Trainer>();
     t->session_id = 100 + r;
@@ -232,13 +228,14 @@ absl::StatusOr<std::unique_ptr<InMemoryNode>> InMemoryNode::Create(const std::st
     t->rank = options.rank_offset + r;
     t->layout = layout;
     t->registered = true;
-    t->segment = std::move(*seg);
+    t->segment = std::move(seg);
     n->trainers_.push_back(std::move(t));
 
-    auto end = InMemoryTrainer::Open(
-        {name, node_name, hash, n->arena_.total_bytes, n->arena_.tensor_offsets}, layout);
-    if (!end.ok()) return end.status();
-    n->ends_.push_back(std::move(*end));
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<InMemoryTrainer> end,
+        InMemoryTrainer::Open(
+            {name, node_name, hash, n->arena_.total_bytes, n->arena_.tensor_offsets}, layout));
+    n->ends_.push_back(std::move(end));
   }
   return n;
 }

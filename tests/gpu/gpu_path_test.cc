@@ -330,9 +330,9 @@ TEST(GpuPath, StatsCoverGpuBuckets) {
     ExitStatus st = t.Wait(seconds(60));
     ASSERT_TRUE(st.exited && st.code == 0) << t.Log();
   }
-  Process stats = Process::Spawn(
-      {Runfile("tools/gradsyncctl/gradsyncctl"), absl::StrCat("--addr=127.0.0.1:", port), "stats", "--json"},
-      daemon.dir() + "/stats.log");
+  Process stats = Process::Spawn({Runfile("tools/gradsyncctl/gradsyncctl"),
+                                  absl::StrCat("--addr=127.0.0.1:", port), "stats", "--json"},
+                                 daemon.dir() + "/stats.log");
   ASSERT_EQ(stats.Wait(seconds(20)).code, 0) << stats.Log();
   const std::string json = stats.Log();
   EXPECT_NE(json.find("gpu-sim"), std::string::npos) << json;

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -77,6 +78,15 @@ std::string StageName(Stage s) {
   }
   return "?";
 }
+
+// "trainer_SIGKILL_mid_backward": the case's test name, and how gtest prints
+// it when one fails (it prints a parameter it does not know as raw bytes).
+std::string CaseName(const Case& c) {
+  return absl::StrCat(VictimName(c.victim), "_", c.signal == SIGKILL ? "SIGKILL" : "SIGSTOP", "_",
+                      StageName(c.stage));
+}
+
+void PrintTo(const Case& c, std::ostream* os) { *os << CaseName(c); }
 
 // The faulted trainer: node 1's local rank 1 (global rank 3).
 constexpr int kVictimNode = 1, kVictimLocal = 1;
@@ -354,11 +364,7 @@ std::vector<Case> AllCases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, FaultMatrixTest, ::testing::ValuesIn(AllCases()),
-                         [](const ::testing::TestParamInfo<Case>& i) {
-                           return absl::StrCat(VictimName(i.param.victim), "_",
-                                               i.param.signal == SIGKILL ? "SIGKILL" : "SIGSTOP",
-                                               "_", StageName(i.param.stage));
-                         });
+                         [](const ::testing::TestParamInfo<Case>& i) { return CaseName(i.param); });
 
 }  // namespace
 }  // namespace gradsync::testing

@@ -199,9 +199,9 @@ TEST(MultiNode, StatsTableAndMetricsShowTheWireDtypeBytesAndJoins) {
   ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=plan_decided", kBound))
       << cluster.DaemonLogs();
 
-  Process table = Process::Spawn(
-      {Runfile("tools/gradsyncctl/gradsyncctl"), absl::StrCat("--addr=127.0.0.1:", cluster.port()), "stats"},
-      cluster.dir() + "/table.log");
+  Process table = Process::Spawn({Runfile("tools/gradsyncctl/gradsyncctl"),
+                                  absl::StrCat("--addr=127.0.0.1:", cluster.port()), "stats"},
+                                 cluster.dir() + "/table.log");
   Process scrape = Process::Spawn(
       {"/usr/bin/curl", "-sSf", absl::StrCat("http://127.0.0.1:", metrics_port, "/metrics")},
       cluster.dir() + "/metrics.txt");

@@ -168,9 +168,9 @@ TEST(Soak, RestartsAndConfigChangesLeakNothingAndEveryCompletedSegmentIsExact) {
     // ConfigChangeEarlyInAFastJob.)
     const bool big = s % 2 == 0;
     Process set = Process::Spawn(
-        {Runfile("tools/gradsyncctl/gradsyncctl"), absl::StrCat("--addr=127.0.0.1:", cluster.port()),
-         "--token-file=" + cluster.token_file(), "config", "set",
-         big ? "bucket_cap_mb=0.002" : "bucket_cap_mb=0.001",
+        {Runfile("tools/gradsyncctl/gradsyncctl"),
+         absl::StrCat("--addr=127.0.0.1:", cluster.port()), "--token-file=" + cluster.token_file(),
+         "config", "set", big ? "bucket_cap_mb=0.002" : "bucket_cap_mb=0.001",
          big ? "first_bucket_cap_mb=0.0005" : "first_bucket_cap_mb=0.0001"},
         absl::StrCat(cluster.dir(), "/ctl", s, ".log"));
     ASSERT_EQ(set.Wait(kBound).code, 0) << set.Log();

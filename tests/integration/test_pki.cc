@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "tests/testing/process.h"
 
 namespace gradsync::testing {
@@ -41,7 +42,7 @@ absl::Status TestPki::Generate() {
     req.insert(req.end(), ec.begin(), ec.end());
     req.insert(req.end(), {"-keyout", File(name + ".key"), "-out", File(name + ".csr"), "-subj",
                            "/CN=" + name});
-    if (absl::Status st = run(req); !st.ok()) return st;
+    RETURN_IF_ERROR(run(req));
     return run({"x509", "-req", "-in", File(name + ".csr"), "-CA", File(ca + ".pem"), "-CAkey",
                 File(ca + ".key"), "-CAcreateserial", "-out", File(name + ".pem"), "-days", "2",
                 "-extfile", File("leaf.ext")});
