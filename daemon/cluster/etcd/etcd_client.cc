@@ -115,6 +115,22 @@ std::string GrpcMessage(const grpc::Status& status) {
                       ": ", status.error_message());
 }
 
+const char* StateName(grpc_connectivity_state state) {
+  switch (state) {
+    case GRPC_CHANNEL_IDLE:
+      return "idle";
+    case GRPC_CHANNEL_CONNECTING:
+      return "connecting";
+    case GRPC_CHANNEL_READY:
+      return "ready";
+    case GRPC_CHANNEL_TRANSIENT_FAILURE:
+      return "failing";
+    case GRPC_CHANNEL_SHUTDOWN:
+      return "shut down";
+  }
+  return "unknown";
+}
+
 }  // namespace
 
 std::string EtcdPrefixEnd(const std::string& prefix) {
@@ -148,7 +164,8 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(EtcdClientOption
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> tls =
         MakeChannelCredentials(options.tls);
     if (!tls.ok()) {
-      return absl::Status(tls.status().code(), absl::StrCat("etcd client: ", tls.status().message()));
+      return absl::Status(tls.status().code(),
+                          absl::StrCat("etcd client: ", tls.status().message()));
     }
     credentials = *std::move(tls);
   }
@@ -156,9 +173,11 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(EtcdClientOption
   for (size_t i = 0; i < client->options_.endpoints.size(); ++i) {
     grpc::ChannelArguments args;
     // A member that comes back should be tried again within a second, not
-    // after gRPC's default reconnect backoff (up to two minutes).
+    // after gRPC's default reconnect backoff (up to two minutes). The
+    // minimum backoff is left alone: gRPC also takes it as the connect
+    // timeout, and a loaded etcd may take over a second to answer the
+    // HTTP/2 handshake.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     // A watch stream to a member behind a dead network must end: pings, no
     // more often than etcd's default --grpc-keepalive-min-time (5 s) allows.
@@ -217,7 +236,6 @@ absl::Status EtcdClient::WithFailover(
     start = preferred_;
   }
   std::vector<std::string> last_error(n);
-  grpc::StatusCode last_code = grpc::StatusCode::UNAVAILABLE;
   bool reauthenticated = false;
   size_t position = 0;
   while (true) {
@@ -226,6 +244,12 @@ absl::Status EtcdClient::WithFailover(
     const Member& member = members_[(start + position) % n];
     grpc::ClientContext context;
     context.set_deadline(GrpcDeadline(std::min(left, options_.attempt_timeout)));
+    // First round: fail fast on a member gRPC knows to be down, so that the
+    // call moves on to a live one at once. Later rounds wait (within the
+    // attempt's deadline) for a member to come back: a channel in
+    // TRANSIENT_FAILURE may otherwise sit out its reconnect backoff while
+    // every fail-fast call to it is refused.
+    context.set_wait_for_ready(position >= n);
     const std::string token = Token();
     if (!token.empty()) context.AddMetadata(kTokenMetadataKey, token);
     const grpc::Status status = attempt(member, &context);
@@ -233,8 +257,8 @@ absl::Status EtcdClient::WithFailover(
       MarkHealthy(member.index);
       return absl::OkStatus();
     }
-    last_error[member.index] = GrpcMessage(status);
-    last_code = status.error_code();
+    last_error[member.index] = absl::StrCat(GrpcMessage(status), " (connection ",
+                                            StateName(member.channel->GetState(false)), ")");
     // etcd forgets tokens (a restart, a token's TTL): authenticate again,
     // once per call, and retry on the same member.
     if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED && !options_.user.empty() &&
@@ -261,13 +285,9 @@ absl::Status EtcdClient::WithFailover(
     per_member.push_back(absl::StrCat(members_[i].endpoint, ": ",
                                       last_error[i].empty() ? "not tried" : last_error[i]));
   }
-  const std::string message =
-      absl::StrCat(Describe(), ": ", what, " failed on every member within ",
-                   absl::FormatDuration(options_.call_timeout), " (", absl::StrJoin(per_member, "; "),
-                   ")");
-  if (last_code == grpc::StatusCode::DEADLINE_EXCEEDED) {
-    return absl::DeadlineExceededError(message);
-  }
+  const std::string message = absl::StrCat(
+      Describe(), ": ", what, " failed on every member within ",
+      absl::FormatDuration(options_.call_timeout), " (", absl::StrJoin(per_member, "; "), ")");
   return absl::UnavailableError(message);
 }
 
@@ -284,6 +304,7 @@ absl::Status EtcdClient::Authenticate(absl::Time deadline) {
     grpc::ClientContext context;
     context.set_deadline(
         GrpcDeadline(std::min(deadline - MonotonicNow(), options_.attempt_timeout)));
+    context.set_wait_for_ready(position >= n);  // as in WithFailover
     etcdserverpb::AuthenticateRequest request;
     request.set_name(options_.user);
     request.set_password(options_.password);
@@ -302,7 +323,8 @@ absl::Status EtcdClient::Authenticate(absl::Time deadline) {
                           absl::StrCat("etcd at ", member.endpoint, ": authenticating as user '",
                                        options_.user, "' failed: ", status.error_message()));
     }
-    if (errors.size() < n) errors.push_back(absl::StrCat(member.endpoint, ": ", GrpcMessage(status)));
+    if (errors.size() < n)
+      errors.push_back(absl::StrCat(member.endpoint, ": ", GrpcMessage(status)));
     if ((position + 1) % n == 0) {
       absl::SleepFor(std::min(absl::Milliseconds(100), deadline - MonotonicNow()));
     }
@@ -325,7 +347,8 @@ absl::StatusOr<std::optional<EtcdKeyValue>> EtcdClient::Get(const std::string& k
 }
 
 absl::StatusOr<EtcdRange> EtcdClient::GetPrefix(const std::string& prefix) {
-  if (prefix.empty()) return absl::InvalidArgumentError("etcd client: GetPrefix of an empty prefix");
+  if (prefix.empty())
+    return absl::InvalidArgumentError("etcd client: GetPrefix of an empty prefix");
   etcdserverpb::RangeRequest request;
   request.set_key(prefix);
   request.set_range_end(EtcdPrefixEnd(prefix));
@@ -422,8 +445,7 @@ absl::StatusOr<EtcdTxnResult> EtcdClient::CreateIfAbsent(const std::string& key,
 
 absl::StatusOr<EtcdTxnResult> EtcdClient::UpdateIfModRevision(const std::string& key,
                                                               const std::string& value,
-                                                              int64_t mod_revision,
-                                                              int64_t lease) {
+                                                              int64_t mod_revision, int64_t lease) {
   EtcdCompare unchanged;
   unchanged.key = key;
   unchanged.target = EtcdCompare::Target::kModRevision;
@@ -485,8 +507,8 @@ absl::StatusOr<absl::Duration> EtcdClient::KeepAliveOnce(int64_t id) {
       });
   if (!status.ok()) return status;
   if (response.ttl() <= 0) {
-    return absl::NotFoundError(absl::StrCat(Describe(), ": lease ", id,
-                                            " no longer exists (expired or revoked)"));
+    return absl::NotFoundError(
+        absl::StrCat(Describe(), ": lease ", id, " no longer exists (expired or revoked)"));
   }
   return absl::Seconds(response.ttl());
 }

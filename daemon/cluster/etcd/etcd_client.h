@@ -10,9 +10,9 @@
 // of it, so a blackholed member cannot eat the whole call.
 //
 // Errors: absl::Status whose message starts "etcd " and names the member
-// (or, when every member failed, all of them): kUnavailable when no member
-// could be reached, kDeadlineExceeded past the deadline, etcd's own gRPC
-// code otherwise (kInvalidArgument for a wrong password, ...).
+// (or, when every member failed, each of them with its last error):
+// kUnavailable when no member answered within the deadline, etcd's own
+// gRPC code otherwise (kInvalidArgument for a wrong password, ...).
 //
 // Security: TLS with an optional client certificate (common/tls_credentials
 // files), and etcd's auth: with a user, Connect calls Auth.Authenticate and
@@ -123,8 +123,7 @@ class EtcdClient {
   // Every key that starts with `prefix` (non-empty), by key.
   absl::StatusOr<EtcdRange> GetPrefix(const std::string& prefix);
   // Sets the key (attached to `lease` when non-zero); the new revision.
-  absl::StatusOr<int64_t> Put(const std::string& key, const std::string& value,
-                              int64_t lease = 0);
+  absl::StatusOr<int64_t> Put(const std::string& key, const std::string& value, int64_t lease = 0);
   // Removes the key; whether it existed.
   absl::StatusOr<bool> Delete(const std::string& key);
   // Removes every key under `prefix` (non-empty); how many.
@@ -143,8 +142,8 @@ class EtcdClient {
   // the caller read); on failure `current` is the record now there (absent
   // if the key was deleted).
   absl::StatusOr<EtcdTxnResult> UpdateIfModRevision(const std::string& key,
-                                                    const std::string& value,
-                                                    int64_t mod_revision, int64_t lease = 0);
+                                                    const std::string& value, int64_t mod_revision,
+                                                    int64_t lease = 0);
 
   // A lease of (at least, etcd may raise it) `ttl`, rounded up to seconds.
   absl::StatusOr<EtcdLease> GrantLease(absl::Duration ttl);

@@ -67,10 +67,10 @@ void EtcdLeaseKeeper::Run() {
     if (renewed.status().code() == absl::StatusCode::kNotFound) {
       lost = renewed.status();
     } else if (MonotonicNow() >= expires) {
-      lost = absl::UnavailableError(absl::StrCat(
-          client_->Describe(), ": lease ", lease_.id, " not renewed for its whole TTL (",
-          absl::FormatDuration(lease_.ttl), "); etcd may have expired it; last error: ",
-          renewed.status().message()));
+      lost = absl::UnavailableError(
+          absl::StrCat(client_->Describe(), ": lease ", lease_.id,
+                       " not renewed for its whole TTL (", absl::FormatDuration(lease_.ttl),
+                       "); etcd may have expired it; last error: ", renewed.status().message()));
     } else {
       // Try again soon, while the lease still lives.
       next = std::min(MonotonicNow() + std::min(interval, absl::Milliseconds(500)), expires);

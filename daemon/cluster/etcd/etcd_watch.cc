@@ -24,8 +24,7 @@ EtcdKeyValue FromProto(const mvccpb::KeyValue& kv) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<EtcdWatch>> EtcdWatch::Start(EtcdClient* client,
-                                                            std::string prefix,
+absl::StatusOr<std::unique_ptr<EtcdWatch>> EtcdWatch::Start(EtcdClient* client, std::string prefix,
                                                             int64_t start_revision,
                                                             EventsCallback on_events,
                                                             EndCallback on_end) {
@@ -115,10 +114,9 @@ void EtcdWatch::Run() {
   if (end.ok()) {
     std::string joined;
     for (const std::string& e : errors) absl::StrAppend(&joined, joined.empty() ? "" : "; ", e);
-    end = absl::UnavailableError(absl::StrCat(client_->Describe(), ": Watch of '", prefix_,
-                                              "' could not be served by any member within ",
-                                              absl::FormatDuration(options.call_timeout), " (",
-                                              joined, ")"));
+    end = absl::UnavailableError(absl::StrCat(
+        client_->Describe(), ": Watch of '", prefix_, "' could not be served by any member within ",
+        absl::FormatDuration(options.call_timeout), " (", joined, ")"));
   }
   bool report;
   {
@@ -190,8 +188,8 @@ absl::Status EtcdWatch::Serve(const EtcdClient::Member& member, bool* created) {
     events.reserve(response.events_size());
     for (const mvccpb::Event& event : response.events()) {
       EtcdEvent out;
-      out.type = event.type() == mvccpb::Event::DELETE ? EtcdEvent::Type::kDelete
-                                                       : EtcdEvent::Type::kPut;
+      out.type =
+          event.type() == mvccpb::Event::DELETE ? EtcdEvent::Type::kDelete : EtcdEvent::Type::kPut;
       out.kv = FromProto(event.kv());
       next_revision_ = std::max(next_revision_, out.kv.mod_revision + 1);
       events.push_back(std::move(out));
