@@ -50,7 +50,8 @@ std::string EtcdMissingReason() {
   return "";
 }
 
-EtcdCluster::EtcdCluster(int members, EtcdServerTls tls) : members_(members), tls_(std::move(tls)) {}
+EtcdCluster::EtcdCluster(int members, EtcdServerTls tls)
+    : members_(members), tls_(std::move(tls)) {}
 
 EtcdCluster::~EtcdCluster() = default;
 
@@ -146,9 +147,8 @@ absl::Status EtcdCluster::StartOnce() {
         },
         std::chrono::seconds(60));
     if (died || !ready) {
-      return absl::UnavailableError(absl::StrCat("etcd member ", i, " not ready (",
-                                                 died ? "a member exited" : "timeout", "):\n",
-                                                 Logs()));
+      return absl::UnavailableError(absl::StrCat(
+          "etcd member ", i, " not ready (", died ? "a member exited" : "timeout", "):\n", Logs()));
     }
   }
   return absl::OkStatus();
