@@ -1,0 +1,533 @@
+// The etcd client against real etcd members on loopback ports: reads,
+// writes and transactions (races between two clients), leases and their
+// keeper, prefix watches, an unreachable etcd, a 3-member cluster losing a
+// member, etcd auth and mutual TLS.
+#include "daemon/cluster/etcd/etcd_client.h"
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/cluster/etcd/etcd_lease_keeper.h"
+#include "daemon/cluster/etcd/etcd_watch.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/etcd/etcd_cluster.h"
+#include "tests/integration/test_pki.h"
+#include "tests/testing/process.h"
+#include "tests/testing/wait.h"
+
+namespace gradsync {
+namespace {
+
+using ::gradsync::testing::EtcdCluster;
+using ::gradsync::testing::WaitUntil;
+using ::testing::HasSubstr;
+
+constexpr auto kWait = std::chrono::seconds(60);
+
+#define SKIP_WITHOUT_ETCD()                                              \
+  do {                                                                   \
+    const std::string reason = ::gradsync::testing::EtcdMissingReason(); \
+    if (!reason.empty()) GTEST_SKIP() << reason;                         \
+  } while (0)
+
+std::unique_ptr<EtcdClient> ConnectOrDie(const std::vector<std::string>& endpoints,
+                                         absl::Duration call_timeout = absl::Seconds(10)) {
+  EtcdClientOptions options;
+  options.endpoints = endpoints;
+  options.call_timeout = call_timeout;
+  absl::StatusOr<std::unique_ptr<EtcdClient>> client = EtcdClient::Connect(options);
+  EXPECT_TRUE(client.ok()) << client.status();
+  return client.ok() ? *std::move(client) : nullptr;
+}
+
+// Events a watch delivered, read by the test thread.
+class EventLog {
+ public:
+  void Add(const std::vector<EtcdEvent>& events) {
+    absl::MutexLock lock(&mu_);
+    events_.insert(events_.end(), events.begin(), events.end());
+  }
+  std::vector<EtcdEvent> Get() const {
+    absl::MutexLock lock(&mu_);
+    return events_;
+  }
+  bool HasPut(const std::string& key, const std::string& value) const {
+    for (const EtcdEvent& e : Get()) {
+      if (e.type == EtcdEvent::Type::kPut && e.kv.key == key && e.kv.value == value) return true;
+    }
+    return false;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<EtcdEvent> events_;
+};
+
+TEST(EtcdClientTest, PutGetPrefixAndDelete) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  auto client = ConnectOrDie(etcd.endpoints());
+  ASSERT_NE(client, nullptr);
+
+  absl::StatusOr<int64_t> rev = client->Put("/job/a/1", "one");
+  ASSERT_TRUE(rev.ok()) << rev.status();
+  ASSERT_TRUE(client->Put("/job/a/2", "two").ok());
+  ASSERT_TRUE(client->Put("/job/b/1", "other").ok());
+  // A key whose last byte is 0xff: the prefix end must carry over.
+  ASSERT_TRUE(client->Put(std::string("/job/a\xff") + "x", "edge").ok());
+
+  absl::StatusOr<std::optional<EtcdKeyValue>> got = client->Get("/job/a/1");
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(got->has_value());
+  EXPECT_EQ((*got)->value, "one");
+  EXPECT_EQ((*got)->mod_revision, *rev);
+  EXPECT_EQ((*got)->create_revision, *rev);
+  EXPECT_EQ((*got)->version, 1);
+
+  absl::StatusOr<std::optional<EtcdKeyValue>> missing = client->Get("/job/a/3");
+  ASSERT_TRUE(missing.ok()) << missing.status();
+  EXPECT_FALSE(missing->has_value());
+
+  absl::StatusOr<EtcdRange> range = client->GetPrefix("/job/a/");
+  ASSERT_TRUE(range.ok()) << range.status();
+  ASSERT_EQ(range->kvs.size(), 2u);
+  EXPECT_EQ(range->kvs[0].key, "/job/a/1");
+  EXPECT_EQ(range->kvs[1].key, "/job/a/2");
+  EXPECT_EQ(range->kvs[1].value, "two");
+  EXPECT_GE(range->revision, *rev);
+
+  absl::StatusOr<EtcdRange> edge = client->GetPrefix("/job/a\xff");
+  ASSERT_TRUE(edge.ok()) << edge.status();
+  ASSERT_EQ(edge->kvs.size(), 1u);
+  EXPECT_EQ(edge->kvs[0].value, "edge");
+
+  absl::StatusOr<bool> deleted = client->Delete("/job/a/1");
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_TRUE(*deleted);
+  deleted = client->Delete("/job/a/1");
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_FALSE(*deleted);
+
+  absl::StatusOr<int64_t> removed = client->DeletePrefix("/job/");
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, 3);
+}
+
+TEST(EtcdClientTest, CreateIfAbsentRaceHasExactlyOneWinner) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  auto a = ConnectOrDie(etcd.endpoints());
+  auto b = ConnectOrDie(etcd.endpoints());
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+
+  constexpr int kKeys = 20;
+  std::vector<absl::StatusOr<EtcdTxnResult>> results_a(kKeys), results_b(kKeys);
+  std::atomic<int> ready{0};
+  auto race = [&](EtcdClient* client, const std::string& who,
+                  std::vector<absl::StatusOr<EtcdTxnResult>>* results) {
+    ready.fetch_add(1);
+    while (ready.load() < 2) {
+    }
+    for (int k = 0; k < kKeys; ++k) {
+      (*results)[k] = client->CreateIfAbsent(absl::StrCat("/race/", k), who);
+    }
+  };
+  std::thread ta(race, a.get(), "a", &results_a);
+  std::thread tb(race, b.get(), "b", &results_b);
+  ta.join();
+  tb.join();
+
+  for (int k = 0; k < kKeys; ++k) {
+    ASSERT_TRUE(results_a[k].ok()) << results_a[k].status();
+    ASSERT_TRUE(results_b[k].ok()) << results_b[k].status();
+    EXPECT_NE(results_a[k]->succeeded, results_b[k]->succeeded) << "key " << k;
+    const EtcdTxnResult& loser = results_a[k]->succeeded ? *results_b[k] : *results_a[k];
+    const std::string winner = results_a[k]->succeeded ? "a" : "b";
+    ASSERT_TRUE(loser.current.has_value()) << "key " << k;
+    EXPECT_EQ(loser.current->value, winner);
+    absl::StatusOr<std::optional<EtcdKeyValue>> stored = a->Get(absl::StrCat("/race/", k));
+    ASSERT_TRUE(stored.ok() && stored->has_value());
+    EXPECT_EQ((*stored)->value, winner);
+  }
+}
+
+TEST(EtcdClientTest, UpdateIfModRevisionRaceHasExactlyOneWinner) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  auto a = ConnectOrDie(etcd.endpoints());
+  auto b = ConnectOrDie(etcd.endpoints());
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(a->Put("/gen", "0").ok());
+  for (int round = 1; round <= 10; ++round) {
+    // Both read the same record, then both try to replace it.
+    absl::StatusOr<std::optional<EtcdKeyValue>> read_a = a->Get("/gen");
+    absl::StatusOr<std::optional<EtcdKeyValue>> read_b = b->Get("/gen");
+    ASSERT_TRUE(read_a.ok() && read_a->has_value());
+    ASSERT_TRUE(read_b.ok() && read_b->has_value());
+    ASSERT_EQ((*read_a)->mod_revision, (*read_b)->mod_revision);
+    absl::StatusOr<EtcdTxnResult> ra, rb;
+    std::thread ta([&] { ra = a->UpdateIfModRevision("/gen", "a", (*read_a)->mod_revision); });
+    std::thread tb([&] { rb = b->UpdateIfModRevision("/gen", "b", (*read_b)->mod_revision); });
+    ta.join();
+    tb.join();
+    ASSERT_TRUE(ra.ok()) << ra.status();
+    ASSERT_TRUE(rb.ok()) << rb.status();
+    EXPECT_NE(ra->succeeded, rb->succeeded) << "round " << round;
+    const EtcdTxnResult& winner = ra->succeeded ? *ra : *rb;
+    const EtcdTxnResult& loser = ra->succeeded ? *rb : *ra;
+    ASSERT_TRUE(loser.current.has_value());
+    EXPECT_EQ(loser.current->mod_revision, winner.revision);
+    EXPECT_EQ(loser.current->value, ra->succeeded ? "a" : "b");
+  }
+  // A compare on a deleted key fails and reports no current record.
+  absl::StatusOr<std::optional<EtcdKeyValue>> last = a->Get("/gen");
+  ASSERT_TRUE(last.ok() && last->has_value());
+  ASSERT_TRUE(a->Delete("/gen").ok());
+  absl::StatusOr<EtcdTxnResult> stale = a->UpdateIfModRevision("/gen", "x", (*last)->mod_revision);
+  ASSERT_TRUE(stale.ok()) << stale.status();
+  EXPECT_FALSE(stale->succeeded);
+  EXPECT_FALSE(stale->current.has_value());
+}
+
+TEST(EtcdClientTest, LeaseExpiryRemovesItsKeyAndTheKeeperKeepsItsOwn) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  auto client = ConnectOrDie(etcd.endpoints());
+  ASSERT_NE(client, nullptr);
+
+  // `kept` is granted first: without its keeper it would expire no later
+  // than `dropped`.
+  absl::StatusOr<EtcdLease> kept = client->GrantLease(absl::Seconds(2));
+  absl::StatusOr<EtcdLease> dropped = client->GrantLease(absl::Seconds(2));
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ASSERT_TRUE(dropped.ok()) << dropped.status();
+  ASSERT_TRUE(client->Put("/alive/kept", "1", kept->id).ok());
+  ASSERT_TRUE(client->Put("/alive/dropped", "1", dropped->id).ok());
+  std::atomic<bool> lost{false};
+  EtcdLeaseKeeper keeper(client.get(), *kept, [&](absl::Status) { lost = true; });
+
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        absl::StatusOr<std::optional<EtcdKeyValue>> kv = client->Get("/alive/dropped");
+        return kv.ok() && !kv->has_value();
+      },
+      kWait))
+      << "the key of a lease nobody renews was never removed";
+  absl::StatusOr<std::optional<EtcdKeyValue>> alive = client->Get("/alive/kept");
+  ASSERT_TRUE(alive.ok()) << alive.status();
+  EXPECT_TRUE(alive->has_value()) << "the kept lease's key was removed";
+  EXPECT_GT(keeper.renewals(), 0);
+  EXPECT_FALSE(lost.load());
+
+  // Revoking ends the lease at once, and takes its key with it.
+  keeper.Stop();
+  ASSERT_TRUE(client->RevokeLease(kept->id).ok());
+  alive = client->Get("/alive/kept");
+  ASSERT_TRUE(alive.ok()) << alive.status();
+  EXPECT_FALSE(alive->has_value());
+}
+
+TEST(EtcdClientTest, KeeperReportsALeaseRevokedElsewhere) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  auto client = ConnectOrDie(etcd.endpoints());
+  auto other = ConnectOrDie(etcd.endpoints());
+  ASSERT_NE(client, nullptr);
+  ASSERT_NE(other, nullptr);
+  absl::StatusOr<EtcdLease> lease = client->GrantLease(absl::Seconds(3));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+
+  absl::Mutex mu;
+  std::optional<absl::Status> reason;
+  EtcdLeaseKeeper keeper(client.get(), *lease, [&](absl::Status s) {
+    absl::MutexLock lock(&mu);
+    reason = s;
+  });
+  ASSERT_TRUE(other->RevokeLease(lease->id).ok());
+  ASSERT_TRUE(WaitUntil([&] { return keeper.lost(); }, kWait));
+  absl::MutexLock lock(&mu);
+  ASSERT_TRUE(reason.has_value());
+  EXPECT_EQ(reason->code(), absl::StatusCode::kNotFound) << *reason;
+  EXPECT_THAT(reason->message(), HasSubstr("etcd at " + etcd.endpoints()[0]));
+  EXPECT_THAT(reason->message(), HasSubstr(absl::StrCat("lease ", lease->id)));
+}
+
+TEST(EtcdClientTest, WatchSeesPutsFromNowAndFromARevision) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  auto client = ConnectOrDie(etcd.endpoints());
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<int64_t> first = client->Put("/w/early", "0");
+  ASSERT_TRUE(first.ok()) << first.status();
+
+  EventLog now_log, history_log;
+  absl::StatusOr<std::unique_ptr<EtcdWatch>> from_now = EtcdWatch::Start(
+      client.get(), "/w/", 0, [&](const std::vector<EtcdEvent>& e) { now_log.Add(e); }, nullptr);
+  ASSERT_TRUE(from_now.ok()) << from_now.status();
+  absl::StatusOr<std::unique_ptr<EtcdWatch>> from_rev = EtcdWatch::Start(
+      client.get(), "/w/", *first, [&](const std::vector<EtcdEvent>& e) { history_log.Add(e); },
+      nullptr);
+  ASSERT_TRUE(from_rev.ok()) << from_rev.status();
+
+  ASSERT_TRUE(client->Put("/w/k", "v").ok());
+  ASSERT_TRUE(client->Put("/elsewhere", "x").ok());
+  ASSERT_TRUE(client->Delete("/w/k").ok());
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        std::vector<EtcdEvent> events = now_log.Get();
+        return !events.empty() && events.back().type == EtcdEvent::Type::kDelete;
+      },
+      kWait));
+  std::vector<EtcdEvent> events = now_log.Get();
+  ASSERT_EQ(events.size(), 2u);  // the put and the delete, not /w/early nor /elsewhere
+  EXPECT_EQ(events[0].type, EtcdEvent::Type::kPut);
+  EXPECT_EQ(events[0].kv.key, "/w/k");
+  EXPECT_EQ(events[0].kv.value, "v");
+  EXPECT_EQ(events[1].kv.key, "/w/k");
+
+  ASSERT_TRUE(WaitUntil([&] { return history_log.Get().size() == 3u; }, kWait));
+  EXPECT_TRUE(history_log.HasPut("/w/early", "0"));
+  EXPECT_TRUE(history_log.HasPut("/w/k", "v"));
+}
+
+TEST(EtcdClientTest, UnreachableEtcdFailsWithinTheDeadlineNamingIt) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  const std::string endpoint = etcd.endpoints()[0];
+  auto client = ConnectOrDie(etcd.endpoints(), absl::Seconds(2));
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Put("/k", "v").ok());
+  absl::StatusOr<EtcdLease> lease = client->GrantLease(absl::Seconds(2));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  absl::Mutex mu;
+  std::optional<absl::Status> lost;
+  EtcdLeaseKeeper keeper(client.get(), *lease, [&](absl::Status s) {
+    absl::MutexLock lock(&mu);
+    lost = s;
+  });
+  EventLog log;
+  absl::Mutex end_mu;
+  std::optional<absl::Status> watch_end;
+  absl::StatusOr<std::unique_ptr<EtcdWatch>> watch = EtcdWatch::Start(
+      client.get(), "/", 0, [&](const std::vector<EtcdEvent>& e) { log.Add(e); },
+      [&](absl::Status s) {
+        absl::MutexLock lock(&end_mu);
+        watch_end = s;
+      });
+  ASSERT_TRUE(watch.ok()) << watch.status();
+
+  etcd.Kill(0);
+
+  // Every kind of call returns (its deadline is 2 s) with an error naming
+  // etcd and the member.
+  absl::StatusOr<std::optional<EtcdKeyValue>> got = client->Get("/k");
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
+  EXPECT_THAT(got.status().message(), HasSubstr("etcd at " + endpoint));
+  EXPECT_THAT(got.status().message(), HasSubstr("Range failed on every member"));
+  absl::StatusOr<EtcdTxnResult> txn = client->CreateIfAbsent("/k2", "v");
+  ASSERT_FALSE(txn.ok());
+  EXPECT_EQ(txn.status().code(), absl::StatusCode::kUnavailable) << txn.status();
+  EXPECT_THAT(txn.status().message(), HasSubstr("etcd at " + endpoint));
+
+  // The keeper cannot renew for a whole TTL: the lease is reported lost.
+  ASSERT_TRUE(WaitUntil([&] { return keeper.lost(); }, kWait));
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_EQ(lost->code(), absl::StatusCode::kUnavailable) << *lost;
+    EXPECT_THAT(lost->message(), HasSubstr("etcd at " + endpoint));
+    EXPECT_THAT(lost->message(), HasSubstr(absl::StrCat("lease ", lease->id)));
+  }
+  // The watch ends, saying why.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        absl::MutexLock lock(&end_mu);
+        return watch_end.has_value();
+      },
+      kWait));
+  absl::MutexLock lock(&end_mu);
+  EXPECT_EQ(watch_end->code(), absl::StatusCode::kUnavailable) << *watch_end;
+  EXPECT_THAT(watch_end->message(), HasSubstr("etcd at " + endpoint));
+}
+
+TEST(EtcdClientTest, NothingListeningFailsConnectFreeCallsNamingEtcd) {
+  SKIP_WITHOUT_ETCD();
+  // A cluster started and killed: its port is known to have nobody on it.
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  etcd.Kill(0);
+  auto client = ConnectOrDie(etcd.endpoints(), absl::Seconds(1));
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<int64_t> put = client->Put("/k", "v");
+  ASSERT_FALSE(put.ok());
+  EXPECT_EQ(put.status().code(), absl::StatusCode::kUnavailable) << put.status();
+  EXPECT_THAT(put.status().message(), HasSubstr("etcd at " + etcd.endpoints()[0]));
+  absl::StatusOr<std::unique_ptr<EtcdWatch>> watch =
+      EtcdWatch::Start(client.get(), "/", 0, nullptr, nullptr);
+  ASSERT_FALSE(watch.ok());
+  EXPECT_EQ(watch.status().code(), absl::StatusCode::kUnavailable) << watch.status();
+  EXPECT_THAT(watch.status().message(), HasSubstr("etcd at " + etcd.endpoints()[0]));
+}
+
+TEST(EtcdClientTest, ThreeMemberClusterKeepsServingWhenOneMemberIsKilled) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(3);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  // Long enough for the two survivors to elect a leader on a loaded machine.
+  auto client = ConnectOrDie(etcd.endpoints(), absl::Seconds(30));
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Put("/c/before", "1").ok());
+  EventLog log;
+  absl::StatusOr<std::unique_ptr<EtcdWatch>> watch = EtcdWatch::Start(
+      client.get(), "/c/", 0, [&](const std::vector<EtcdEvent>& e) { log.Add(e); }, nullptr);
+  ASSERT_TRUE(watch.ok()) << watch.status();
+  // The member serving the watch is the one the client's calls go to: the
+  // one to kill.
+  const std::string victim = (*watch)->endpoint();
+  int victim_index = -1;
+  for (int i = 0; i < 3; ++i) {
+    if (etcd.endpoints()[i] == victim) victim_index = i;
+  }
+  ASSERT_GE(victim_index, 0) << "watch served by '" << victim << "'";
+  // `lease` is kept alive, `control` (granted after it) is not.
+  absl::StatusOr<EtcdLease> lease = client->GrantLease(absl::Seconds(5));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  absl::StatusOr<EtcdLease> control = client->GrantLease(absl::Seconds(5));
+  ASSERT_TRUE(control.ok()) << control.status();
+  std::atomic<bool> lost{false};
+  EtcdLeaseKeeper keeper(client.get(), *lease, [&](absl::Status) { lost = true; });
+  ASSERT_TRUE(client->Put("/c/leased", "1", lease->id).ok());
+  ASSERT_TRUE(client->Put("/c/control", "1", control->id).ok());
+
+  etcd.Kill(victim_index);
+
+  absl::StatusOr<int64_t> put = client->Put("/c/after", "2");
+  ASSERT_TRUE(put.ok()) << put.status();
+  absl::StatusOr<std::optional<EtcdKeyValue>> got = client->Get("/c/before");
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(got->has_value());
+  EXPECT_EQ((*got)->value, "1");
+  absl::StatusOr<EtcdTxnResult> created = client->CreateIfAbsent("/c/once", "x");
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_TRUE(created->succeeded);
+  // The watch moved to a survivor and missed nothing.
+  ASSERT_TRUE(
+      WaitUntil([&] { return log.HasPut("/c/after", "2") && log.HasPut("/c/once", "x"); }, kWait));
+  EXPECT_NE((*watch)->endpoint(), victim);
+  // The kept lease lives on through the survivors past the control's expiry.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        absl::StatusOr<std::optional<EtcdKeyValue>> kv = client->Get("/c/control");
+        return kv.ok() && !kv->has_value();
+      },
+      kWait));
+  EXPECT_FALSE(lost.load());
+  absl::StatusOr<std::optional<EtcdKeyValue>> leased = client->Get("/c/leased");
+  ASSERT_TRUE(leased.ok()) << leased.status();
+  EXPECT_TRUE(leased->has_value());
+}
+
+// etcd's auth: the token from Authenticate on every call.
+TEST(EtcdClientTest, AuthenticatesAndSendsTheTokenOnEveryCall) {
+  SKIP_WITHOUT_ETCD();
+  if (::access(testing::kEtcdctlBinary, X_OK) != 0) {
+    GTEST_SKIP() << testing::kEtcdctlBinary << " is not installed (Debian's etcd-client)";
+  }
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  testing::ScratchDir dir("gsetcdctl");
+  auto etcdctl = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {testing::kEtcdctlBinary, "--endpoints=" + etcd.endpoints()[0]});
+    testing::SpawnOptions spawn;
+    spawn.env["ETCDCTL_API"] = "3";
+    testing::Process p = testing::Process::Spawn(args, dir.File("etcdctl.log"), spawn);
+    const testing::ExitStatus st = p.Wait(std::chrono::seconds(60));
+    return st.exited && st.code == 0 ? std::string() : st.ToString() + ": " + p.Log();
+  };
+  ASSERT_EQ(etcdctl({"user", "add", "root:s3cret"}), "");
+  ASSERT_EQ(etcdctl({"auth", "enable"}), "");
+
+  EtcdClientOptions options;
+  options.endpoints = etcd.endpoints();
+  options.call_timeout = absl::Seconds(10);
+  options.user = "root";
+  options.password = "s3cret";
+  absl::StatusOr<std::unique_ptr<EtcdClient>> client = EtcdClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->Put("/secured", "v").ok());
+  absl::StatusOr<std::optional<EtcdKeyValue>> got = (*client)->Get("/secured");
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(got->has_value());
+  EXPECT_EQ((*got)->value, "v");
+
+  options.password = "wrong";
+  absl::StatusOr<std::unique_ptr<EtcdClient>> wrong = EtcdClient::Connect(options);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument) << wrong.status();
+  EXPECT_THAT(wrong.status().message(), HasSubstr("etcd at " + etcd.endpoints()[0]));
+  EXPECT_THAT(wrong.status().message(), HasSubstr("user 'root'"));
+
+  auto anonymous = ConnectOrDie(etcd.endpoints());
+  ASSERT_NE(anonymous, nullptr);
+  absl::StatusOr<int64_t> put = anonymous->Put("/secured", "x");
+  ASSERT_FALSE(put.ok());
+  EXPECT_EQ(put.status().code(), absl::StatusCode::kInvalidArgument) << put.status();
+  EXPECT_THAT(put.status().message(), HasSubstr("etcd at " + etcd.endpoints()[0]));
+  EXPECT_THAT(put.status().message(), HasSubstr("Put failed"));
+}
+
+// Mutual TLS: etcd with --client-cert-auth serves a client whose certificate
+// its CA signed, and refuses one signed by another CA.
+TEST(EtcdClientTest, MutualTls) {
+  SKIP_WITHOUT_ETCD();
+  testing::TestPki pki;
+  ASSERT_TRUE(pki.Generate().ok());
+  EtcdCluster etcd(1, {pki.File("node.pem"), pki.File("node.key"), pki.File("ca.pem")});
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+
+  EtcdClientOptions options;
+  options.endpoints = etcd.endpoints();
+  options.call_timeout = absl::Seconds(3);
+  options.tls.ca = pki.File("ca.pem");
+  options.tls.cert = pki.File("operator.pem");
+  options.tls.key = pki.File("operator.key");
+  absl::StatusOr<std::unique_ptr<EtcdClient>> client = EtcdClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->Put("/tls", "v").ok());
+
+  options.tls.cert = pki.File("stranger.pem");
+  options.tls.key = pki.File("stranger.key");
+  absl::StatusOr<std::unique_ptr<EtcdClient>> stranger = EtcdClient::Connect(options);
+  ASSERT_TRUE(stranger.ok()) << stranger.status();
+  absl::StatusOr<int64_t> put = (*stranger)->Put("/tls", "x");
+  ASSERT_FALSE(put.ok());
+  EXPECT_EQ(put.status().code(), absl::StatusCode::kUnavailable) << put.status();
+  EXPECT_THAT(put.status().message(), HasSubstr("etcd at " + etcd.endpoints()[0]));
+
+  // A missing file is named before anything is sent.
+  options.tls.key = pki.File("absent.key");
+  absl::StatusOr<std::unique_ptr<EtcdClient>> broken = EtcdClient::Connect(options);
+  ASSERT_FALSE(broken.ok());
+  EXPECT_EQ(broken.status().code(), absl::StatusCode::kInvalidArgument) << broken.status();
+  EXPECT_THAT(broken.status().message(), HasSubstr("absent.key"));
+}
+
+}  // namespace
+}  // namespace gradsync
