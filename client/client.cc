@@ -468,6 +468,7 @@ absl::Status Client::AwaitCompletion(int64_t budget, bool joined) {
                                                      " while this trainer is at ", iteration_)));
           }
           ++iteration_;
+          step_skipped_ = (e.flags & ipc::kCompletionSkipStep) != 0;
           no_sync_iterations_ = 0;
           std::fill(marked_.begin(), marked_.end(), 0);
           std::fill(accumulated_.begin(), accumulated_.end(), 0);  // reduced: a fresh start

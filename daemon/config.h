@@ -40,6 +40,9 @@ struct DaemonConfig {
   // Multi-node uneven inputs (gs_join): every iteration then starts with a
   // tiny allreduce of the active-trainer counts. Node 0's value is the job's.
   bool uneven_inputs = false;
+  // NaN/Inf in an iteration's gradients: error | skip | off
+  // (daemon/engine/nonfinite_mode.h). CPU gradients only.
+  std::string nonfinite = "error";
 
   double bucket_cap_mb = kDefaultBucketCapMib;
   double first_bucket_cap_mb = kDefaultFirstBucketCapMib;

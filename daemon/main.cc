@@ -101,6 +101,10 @@ ABSL_FLAG(bool, uneven_inputs, kDefaults.uneven_inputs,
           "allow gs_join (uneven inputs) in multi-node jobs: every iteration then starts with "
           "one small allreduce of active-trainer counts; node 0's value is the job's "
           "(one node: gs_join works without it)");
+ABSL_FLAG(std::string, nonfinite, kDefaults.nonfinite,
+          "error | skip | off: a NaN or Inf in an iteration's CPU gradients fails the iteration "
+          "on every trainer naming the trainer, tensor, index and value (error), makes every "
+          "trainer skip that step (skip: gs_iteration_skipped), or is not checked (off)");
 ABSL_FLAG(int, reduce_threads, kDefaults.reduce_threads,
           "threads for the local reduction; 0: the cores the trainers leave free (1..4), "
           "and every core (1..4) for the buckets left once all trainers marked everything");
@@ -168,6 +172,7 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   config.reduce_threads = absl::GetFlag(FLAGS_reduce_threads);
   config.wire_dtype = absl::GetFlag(FLAGS_wire_dtype);
   config.uneven_inputs = absl::GetFlag(FLAGS_uneven_inputs);
+  config.nonfinite = absl::GetFlag(FLAGS_nonfinite);
   if (const std::string group = absl::GetFlag(FLAGS_shm_group); !group.empty()) {
     const struct group* g = getgrnam(group.c_str());
     if (g == nullptr) return Fail(absl::StrCat("--shm-group ", group, ": no such group"));

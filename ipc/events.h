@@ -51,8 +51,12 @@ struct CompletionEvent {
   uint64_t iteration;
   uint64_t sequence;  // 0, 1, 2, ... per ring
   int32_t status;     // gs_status / gradsync.v1.Code; non-zero with kError
-  uint32_t reserved;
+  uint32_t flags;     // kIterationDone: kCompletionSkipStep or 0
 };
+// kIterationDone's flags: the iteration's reduced gradients are not finite
+// and the job runs --nonfinite=skip: every trainer of the job gets the same
+// flag for the same iteration and must not apply the gradients.
+inline constexpr uint32_t kCompletionSkipStep = 1;
 static_assert(sizeof(CompletionEvent) == 32);
 
 // What the consumer of a readiness ring expects next.
