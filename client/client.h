@@ -163,7 +163,7 @@ class Client {
   // GRADSYNC_DEBUG=detail, read once at connect: checksum CPU gradients at
   // mark time so the daemon can name one written after its mark.
   bool checksum_marks_ = false;
-  uint64_t iteration_ = 0;  // synced iterations completed
+  uint64_t iteration_ = 0;     // synced iterations completed
   bool step_skipped_ = false;  // see step_skipped()
   uint64_t ready_sequence_ = 0;
   uint64_t completion_sequence_ = 0;

@@ -71,8 +71,8 @@ struct ReduceWork {
   int phase;
   void (*kernel)(const ReduceWork&, size_t span, uint64_t first, uint64_t count,
                  uint64_t staging_index, SliceFinding* found);
-  BucketPiece piece;        // the cross-node pipeline's current piece (RunPieceSlice)
-  SliceFinding* findings;   // per slice; the checking kernels write theirs
+  BucketPiece piece;       // the cross-node pipeline's current piece (RunPieceSlice)
+  SliceFinding* findings;  // per slice; the checking kernels write theirs
 };
 
 // The first non-finite input among the trainers' elements [first, first +
@@ -292,8 +292,7 @@ void AverageKernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t 
   }
 }
 
-using KernelFn = void (*)(const ReduceWork&, size_t, uint64_t, uint64_t, uint64_t,
-                          SliceFinding*);
+using KernelFn = void (*)(const ReduceWork&, size_t, uint64_t, uint64_t, uint64_t, SliceFinding*);
 
 template <bool kCheck>
 KernelFn AverageKernelFor(DType dtype) {

@@ -100,8 +100,8 @@ class LocalReducer {
                            ReduceTimings* timings);
 
   WorkerPool pool_;
-  std::vector<uint8_t> staging_;     // fp32 for half types; native otherwise
-  std::vector<BucketPiece> pieces_;  // the cross-node bucket's, reused
+  std::vector<uint8_t> staging_;        // fp32 for half types; native otherwise
+  std::vector<BucketPiece> pieces_;     // the cross-node bucket's, reused
   std::vector<SliceFinding> findings_;  // one per pool thread
 };
 

@@ -278,8 +278,8 @@ class Scheduler {
   // culprit this node saw ("" if none of its trainers holds one).
   bool skip_step_ = false;
   std::string skip_culprit_;
-  std::string skip_trainer_;  // skip_culprit_'s trainer part: the stats' key
-  std::string host_;  // this node's host name, for culprits' names
+  std::string skip_trainer_;        // skip_culprit_'s trainer part: the stats' key
+  std::string host_;                // this node's host name, for culprits' names
   int64_t iteration_start_ns_ = 0;  // first mark of the iteration
   int64_t last_progress_ns_ = 0;
   bool stall_reported_ = false;

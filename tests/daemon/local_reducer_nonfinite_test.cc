@@ -75,9 +75,9 @@ TEST(LocalReducerNonFiniteTest, NamesTheFirstBadElementsTrainerOffsetAndValue) {
       for (int nodes : {1, 2}) {
         for (size_t threads : {1, 2}) {
           for (double bad : {nan, -inf}) {
-            SCOPED_TRACE(testing::Message() << "dtype " << DTypeName(dtype) << " trainers "
-                                            << trainers << " nodes " << nodes << " threads "
-                                            << threads << " value " << bad);
+            SCOPED_TRACE(testing::Message()
+                         << "dtype " << DTypeName(dtype) << " trainers " << trainers << " nodes "
+                         << nodes << " threads " << threads << " value " << bad);
             Arenas a(trainers, dtype);
             const int culprit = trainers - 1;
             const size_t first = 150001, second = 170000;
@@ -89,10 +89,9 @@ TEST(LocalReducerNonFiniteTest, NamesTheFirstBadElementsTrainerOffsetAndValue) {
             Backend& backend = nodes == 1 ? static_cast<Backend&>(local) : remote;
             NonFiniteReport report;
             const std::vector<ReduceSpan> spans = {{0, kElements * DTypeSize(dtype)}};
-            ASSERT_TRUE(reducer
-                            .Reduce(a.ptrs, spans, dtype, trainers * nodes, backend, nullptr, 0,
-                                    &report)
-                            .ok());
+            ASSERT_TRUE(
+                reducer.Reduce(a.ptrs, spans, dtype, trainers * nodes, backend, nullptr, 0, &report)
+                    .ok());
             EXPECT_TRUE(report.result_non_finite);
             ASSERT_TRUE(report.local);
             EXPECT_EQ(report.trainer, size_t(culprit));

@@ -182,9 +182,10 @@ TEST(NonFiniteTwoNodesTest, SkipKeepsEveryReplicaEqual) {
                 absl::StrCat("rank 3 (local 1, pid ", trainers[3].pid(), ")")),
             std::string::npos)
       << cluster.DaemonLogs();
-  EXPECT_NE(cluster.node(0).process().Log().find(absl::StrCat(
-                "event=nonfinite_step_skipped iteration=", kPoisonStep, " culprit=\"another node\"")),
-            std::string::npos)
+  EXPECT_NE(
+      cluster.node(0).process().Log().find(absl::StrCat(
+          "event=nonfinite_step_skipped iteration=", kPoisonStep, " culprit=\"another node\"")),
+      std::string::npos)
       << cluster.DaemonLogs();
   ExpectSkippedReplicas(cluster.dir(), outs, TrainArgs(3), cluster.DaemonLogs());
 }
