@@ -206,9 +206,10 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
 // Streaming keeps the memory system busy (see docs/PERFORMANCE.md).
 constexpr size_t kStreamBlockElements = 64;  // 3+ trainers: 256 B of fp32 per trainer
 
-// Checking (kCheck): an element whose average is not finite is not written
-// back, so every trainer's input stays there for the culprit search after
-// the pass (a select on values already loaded: still one streaming pass).
+// Checking (kCheck): an average that is not finite is not written back
+// (one trainer: that element; more: its 64-element block), so every
+// trainer's input stays there for the culprit search after the pass. Still
+// one pass over memory; the check reads values already in registers or L1.
 template <typename T, typename Access, bool kCheck>
 void AverageKernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count, uint64_t,
                    SliceFinding* found) {
