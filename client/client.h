@@ -102,6 +102,10 @@ class Client {
   absl::Status MarkUnused(size_t index);
   // timeout_ms < 0: the daemon's timeout (plus a little grace).
   absl::Status Wait(int64_t timeout_ms);
+  // The last iteration Wait completed is not to be applied: its gradients
+  // hold a NaN or Inf and the daemon runs --nonfinite=skip (every trainer
+  // of the job is told alike).
+  bool step_skipped() const { return step_skipped_; }
   absl::Status SetSync(bool enabled);
   // Uneven inputs (DDP's Join): this trainer is out of data. From its next
   // iteration on the job counts it as contributing zeros; blocks until every
@@ -192,7 +196,8 @@ class Client {
   // GRADSYNC_DEBUG=detail, read once at connect: checksum CPU gradients at
   // mark time so the daemon can name one written after its mark.
   bool checksum_marks_ = false;
-  uint64_t iteration_ = 0;  // synced iterations completed
+  uint64_t iteration_ = 0;     // synced iterations completed
+  bool step_skipped_ = false;  // see step_skipped()
   uint64_t ready_sequence_ = 0;
   uint64_t completion_sequence_ = 0;
   std::vector<uint8_t> marked_;  // this iteration

@@ -268,6 +268,14 @@ GS_API gs_status gs_check_replicas(gs_client* c, const uint64_t* hashes, size_t 
  * gradient, i.e. call gs_mark_ready after queueing backward's work there. */
 GS_API gs_status gs_set_cuda_stream(gs_client* c, void* stream);
 
+/* 1 when the iteration the last successful gs_wait completed must not be
+ * applied, else 0: its gradients hold a NaN or Inf and gradsyncd runs
+ * --nonfinite=skip. Every trainer of the job gets the same answer for the
+ * same iteration (skip the optimizer step, like AMP's GradScaler), so the
+ * replicas stay equal; the gradient buffers then hold unspecified values.
+ * (--nonfinite=error, the default, fails such an iteration instead.) */
+GS_API int gs_iteration_skipped(const gs_client* c);
+
 /* The message of the last failure on this client ("" if none). */
 GS_API const char* gs_last_error(const gs_client* c);
 

@@ -240,6 +240,11 @@ gs_status gs_set_cuda_stream(gs_client* c, void* stream) {
   GS_GUARD(c)
 }
 
+int gs_iteration_skipped(const gs_client* c) {
+  if (c == nullptr || !c->client) return 0;
+  return c->client->step_skipped() ? 1 : 0;
+}
+
 const char* gs_last_error(const gs_client* c) {
   if (c == nullptr) return "null client";
   return c->last_error.c_str();

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "daemon/backends/wire_dtype.h"
+#include "daemon/engine/nonfinite_mode.h"
 #include "daemon/host_syntax.h"
 #include "daemon/listen_address.h"
 
@@ -90,6 +91,9 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   }
   if (absl::StatusOr<WireDType> wire = ParseWireDType(c.wire_dtype); !wire.ok()) {
     return absl::InvalidArgumentError(wire.status().message());
+  }
+  if (absl::StatusOr<NonFiniteMode> mode = ParseNonFiniteMode(c.nonfinite); !mode.ok()) {
+    return mode.status();
   }
   if (c.local_size < 1 || c.local_size > 256) {
     return bad(absl::StrCat("--local-size ", c.local_size, " is not in [1, 256]"));

@@ -115,6 +115,10 @@ ABSL_FLAG(int64_t, check_replicas_every, kDefaults.check_replicas_every,
           "every N synchronized iterations compare a fingerprint (a hash per tensor) of every "
           "trainer's parameters and fail the job with GS_ERR_MISMATCH naming the first tensor "
           "that differs and the trainers on each side; 0: off. One node only for now");
+ABSL_FLAG(std::string, nonfinite, kDefaults.nonfinite,
+          "error | skip | off: a NaN or Inf in an iteration's CPU gradients fails the iteration "
+          "on every trainer naming the trainer, tensor, index and value (error), makes every "
+          "trainer skip that step (skip: gs_iteration_skipped), or is not checked (off)");
 ABSL_FLAG(int, reduce_threads, kDefaults.reduce_threads,
           "threads for the local reduction; 0: the cores the trainers leave free (1..4), "
           "and every core (1..4) for the buckets left once all trainers marked everything");
@@ -174,6 +178,7 @@ absl::StatusOr<gradsync::DaemonConfig> ConfigFromFlags(const std::string& log_le
   config.wire_dtype = absl::GetFlag(FLAGS_wire_dtype);
   config.uneven_inputs = absl::GetFlag(FLAGS_uneven_inputs);
   config.check_replicas_every = absl::GetFlag(FLAGS_check_replicas_every);
+  config.nonfinite = absl::GetFlag(FLAGS_nonfinite);
   if (const std::string group = absl::GetFlag(FLAGS_shm_group); !group.empty()) {
     const struct group* g = getgrnam(group.c_str());
     if (g == nullptr) {

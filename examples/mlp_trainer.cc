@@ -72,7 +72,15 @@ struct Options {
   std::vector<int> join_steps;
   bool join_divide_by_active = false;
   std::string after_join;  // misuse tests: "join" or "mark" once gs_join returned
+  // Non-finite tests: rank poison_rank writes poison_value into fc1.weight's
+  // element kPoisonIndex at step poison_step, just before marking it. A
+  // step gs_iteration_skipped names is not applied; with --single the
+  // reference skips poison_step (what --nonfinite=skip must equal).
+  int poison_rank = -1, poison_step = -1;
+  double poison_value = std::nan("");
 };
+
+constexpr size_t kPoisonIndex = 5;
 
 constexpr int kPauseStep = 2;
 
@@ -210,6 +218,7 @@ struct MarkCtx {
   bool pause_step = false;  // this is step kPauseStep: pause after the first mark
   int marked = 0;           // gradients marked this step
   bool write_after_mark = false;
+  bool poison = false;  // this rank and step: poison fc1.weight before its mark
   gs_status status = GS_OK;
 };
 
@@ -223,6 +232,9 @@ void MarkGradient(int p, void* v) {
     if (m->stale_unused) static_cast<T*>(gs_grad_buffer(m->c, p))[0] = T(0.75);
     m->status = gs_mark_unused(m->c, p);
   } else {
+    if (m->poison && p == Model<T>::kW1) {
+      static_cast<T*>(gs_grad_buffer(m->c, p))[kPoisonIndex] = static_cast<T>(m->opt->poison_value);
+    }
     m->status = gs_mark_ready(m->c, p);
     if (m->status == GS_OK && m->write_after_mark) {
       // What GRADSYNC_DEBUG=detail exists to catch: the daemon may
@@ -368,6 +380,7 @@ int Step(Trainer<T>& t, int step, MarkCtx& mctx) {
     mctx.pause_step = step == kPauseStep && sync;
     mctx.marked = 0;
     mctx.write_after_mark = opt.write_after_mark && step == 0 && sync;
+    mctx.poison = sync && step == opt.poison_step && t.rank == opt.poison_rank;
     loss += Backward(t.model, step, micro, t.first, t.last, double(t.last - t.first), gate_from,
                      t.grads, opt, c ? &MarkGradient<T> : nullptr, &mctx);
     if (c && mctx.status != GS_OK) return Die(c, "gs_mark_ready", mctx.status);
@@ -379,10 +392,13 @@ int Step(Trainer<T>& t, int step, MarkCtx& mctx) {
   }
   // Single process: the gradient is already the mean over the batch. With
   // gradsync it is the average of the trainers' shard means, the same thing.
+  // A skipped step (--nonfinite=skip) only zeroes the gradients.
+  const bool apply = c ? gs_iteration_skipped(c) == 0 : step != opt.poison_step;
+  if (!apply && c && t.rank == 0) std::printf("step %d skipped: non-finite gradients\n", step);
   for (int p = 0; p < nparams; ++p) {
     T* g = t.grads[p];
     for (size_t i = 0; i < t.model.params[p].size(); ++i) {
-      t.model.params[p][i] -= static_cast<T>(opt.lr) * g[i];
+      if (apply) t.model.params[p][i] -= static_cast<T>(opt.lr) * g[i];
       g[i] = T(0);  // zero_grad
     }
   }
@@ -452,7 +468,19 @@ void PrintUsage() {
                "  [--pause-at attach|register|backward|marked]\n"
                "  uneven inputs: [--join-steps N0,N1,... (steps per rank, then gs_join)]\n"
                "  [--join-divide-by-active] [--after-join join|mark]\n"
+               "  non-finite gradients: [--poison RANK:STEP[:VALUE] (fc1.weight[5] = VALUE,\n"
+               "  default nan; --single: skip STEP's update, the --nonfinite=skip reference)]\n"
                "  (LOCAL_RANK selects the trainer's local rank)\n");
+}
+
+// --poison RANK:STEP[:VALUE] (VALUE: nan, inf, -inf, ...; default nan).
+bool ParsePoison(const char* arg, Options& opt) {
+  char* end = nullptr;
+  opt.poison_rank = static_cast<int>(std::strtol(arg, &end, 10));
+  if (*end != ':') return false;
+  opt.poison_step = static_cast<int>(std::strtol(end + 1, &end, 10));
+  if (*end == ':') opt.poison_value = std::strtod(end + 1, &end);
+  return *end == '\0';
 }
 
 // The command line into `opt`; false (after a usage message where the flag
@@ -483,6 +511,7 @@ bool ParseFlags(int argc, char** argv, Options& opt) {
                               {"join-steps", required_argument, nullptr, 'J'},
                               {"join-divide-by-active", no_argument, nullptr, 'j'},
                               {"after-join", required_argument, nullptr, 'K'},
+                              {"poison", required_argument, nullptr, 'N'},
                               {nullptr, 0, nullptr, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", longopts, nullptr)) != -1) {
@@ -568,6 +597,9 @@ bool ParseFlags(int argc, char** argv, Options& opt) {
         break;
       case 'K':
         opt.after_join = optarg;
+        break;
+      case 'N':
+        if (!ParsePoison(optarg, opt)) return false;
         break;
       default:
         PrintUsage();

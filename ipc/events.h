@@ -51,7 +51,8 @@ enum class CompletionKind : uint32_t {
 // `world_size` what its sum was divided by, `rank` the trainer's global rank
 // in it. They ride on the entry the trainer waits for anyway: no extra call.
 struct CompletionEvent {
-  uint32_t kind;  // CompletionKind
+  uint16_t kind;   // CompletionKind
+  uint16_t flags;  // kIterationDone: kCompletionSkipStep or 0
   union {
     uint32_t bucket;      // bucket id (kBucketDone)
     uint32_t world_size;  // kIterationDone: the iteration's divisor
@@ -61,6 +62,10 @@ struct CompletionEvent {
   int32_t status;     // gs_status / gradsync.v1.Code; non-zero with kError
   int32_t rank;       // kIterationDone: this trainer's global rank; else 0
 };
+// kIterationDone's flags: the iteration's reduced gradients are not finite
+// and the job runs --nonfinite=skip: every trainer of the job gets the same
+// flag for the same iteration and must not apply the gradients.
+inline constexpr uint16_t kCompletionSkipStep = 1;
 static_assert(sizeof(CompletionEvent) == 32);
 
 // What the consumer of a readiness ring expects next.

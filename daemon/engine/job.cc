@@ -495,6 +495,8 @@ Scheduler::Options Job::SchedulerOptionsLocked(const BucketCaps& caps, bool cuda
   Scheduler::Options opts;
   opts.world_size = world_.world_size;
   opts.uneven_inputs = world_.uneven_inputs;
+  // Validated at start-up (ValidateConfig).
+  opts.nonfinite = ParseNonFiniteMode(config_.nonfinite).value_or(NonFiniteMode::kError);
   opts.node_rank = config_.node_rank;
   opts.timeout_ms = config_.timeout_ms;
   opts.stall_threshold_s = config_.stall_threshold_s;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include "common/half.h"
@@ -18,22 +19,42 @@ constexpr size_t kChunkElements = 2048;
 // waking helpers costs more than it saves.
 constexpr uint64_t kParallelThresholdBytes = 256 << 10;
 
+using SliceFinding = LocalReducer::SliceFinding;
+
+// 1 when the exponent bits are all ones (NaN or Inf). Integer bit tests,
+// OR-ed into a flag: loops keep vectorizing (a float compare reduction
+// would not without -ffast-math).
+inline uint32_t NonFiniteBits(float v) {
+  uint32_t b;
+  std::memcpy(&b, &v, sizeof(b));
+  return (b & 0x7f800000u) == 0x7f800000u;
+}
+inline uint32_t NonFiniteBits(double v) {
+  uint64_t b;
+  std::memcpy(&b, &v, sizeof(b));
+  return (b & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+}
+
 // Native element access: float/double are summed in their own precision.
+// Bad(): the stored element is not finite.
 template <typename T>
 struct Native {
   using Acc = T;
   static Acc Load(const T& v) { return v; }
   static T Store(Acc v) { return v; }
+  static uint32_t Bad(T v) { return NonFiniteBits(v); }
 };
 struct Half16 {
   using Acc = float;
   static float Load(const uint16_t& v) { return Float16ToFloat(v); }
   static uint16_t Store(float v) { return FloatToFloat16(v); }
+  static uint32_t Bad(uint16_t v) { return (v & 0x7c00u) == 0x7c00u; }
 };
 struct BHalf16 {
   using Acc = float;
   static float Load(const uint16_t& v) { return BFloat16ToFloat(v); }
   static uint16_t Store(float v) { return FloatToBFloat16(v); }
+  static uint32_t Bad(uint16_t v) { return (v & 0x7f80u) == 0x7f80u; }
 };
 
 // The work of one Reduce call, shared with the worker threads.
@@ -45,21 +66,46 @@ struct ReduceWork {
   int world_size;
   uint8_t* staging;  // nullptr on one node
   // 0: one node (AverageKernel); 1: sum into staging; 2: write back from staging;
-  // 3: sum into trainer 0's memory; 4: divide trainer 0's memory, copy out.
+  // 3: sum into trainer 0's memory; 4: divide trainer 0's memory, copy out;
+  // 5: only check trainer 0's memory (one trainer, in place, checking).
   int phase;
   void (*kernel)(const ReduceWork&, size_t span, uint64_t first, uint64_t count,
-                 uint64_t staging_index);
-  BucketPiece piece;  // the cross-node pipeline's current piece (RunPieceSlice)
+                 uint64_t staging_index, SliceFinding* found);
+  BucketPiece piece;       // the cross-node pipeline's current piece (RunPieceSlice)
+  SliceFinding* findings;  // per slice; the checking kernels write theirs
 };
+
+// The first non-finite input among the trainers' elements [first, first +
+// count) of `span`, recorded in *found unless it holds an earlier one. Runs
+// only where the fused check found something (rare): plain loops suffice.
+template <typename T, typename Access>
+void FindCulprit(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
+                 SliceFinding* found) {
+  if (found->local) return;  // chunks run in order: the one recorded is earlier
+  const auto& arenas = *job.arenas;
+  const uint64_t offset = (*job.spans)[span].offset;
+  for (uint64_t i = 0; i < count; ++i) {
+    for (size_t t = 0; t < arenas.size(); ++t) {
+      const T* p = reinterpret_cast<const T*>(arenas[t] + offset) + first + i;
+      const auto v = Access::Load(*p);
+      if (std::isfinite(v)) continue;
+      found->local = true;
+      found->trainer = t;
+      found->arena_offset = offset + (first + i) * sizeof(T);
+      found->value = static_cast<double>(v);
+      return;
+    }
+  }
+}
 
 // Calls job.kernel for the piece of every span that falls in [begin, end) of
 // the spans' concatenation.
-void ForRange(const ReduceWork& job, uint64_t begin, uint64_t end) {
+void ForRange(const ReduceWork& job, uint64_t begin, uint64_t end, size_t slice) {
   uint64_t base = 0;
   for (size_t s = 0; s < job.spans->size() && base < end; ++s) {
     const uint64_t n = (*job.spans)[s].bytes / job.elem_size;
     const uint64_t lo = std::max(begin, base), hi = std::min(end, base + n);
-    if (lo < hi) job.kernel(job, s, lo - base, hi - lo, lo);
+    if (lo < hi) job.kernel(job, s, lo - base, hi - lo, lo, &job.findings[slice]);
     base += n;
   }
 }
@@ -70,7 +116,7 @@ void RunSlice(void* context, size_t slice, size_t slices) {
   const uint64_t chunks = (job.total_elements + kChunkElements - 1) / kChunkElements;
   const uint64_t begin = std::min(job.total_elements, chunks * slice / slices * kChunkElements);
   const uint64_t end = std::min(job.total_elements, chunks * (slice + 1) / slices * kChunkElements);
-  ForRange(job, begin, end);
+  ForRange(job, begin, end, slice);
 }
 
 // RunSlice over job.piece only: the cross-node path goes piece by piece.
@@ -79,12 +125,12 @@ void RunPieceSlice(void* context, size_t slice, size_t slices) {
   const uint64_t chunks = (job.piece.count + kChunkElements - 1) / kChunkElements;
   const uint64_t begin = std::min(job.piece.count, chunks * slice / slices * kChunkElements);
   const uint64_t end = std::min(job.piece.count, chunks * (slice + 1) / slices * kChunkElements);
-  ForRange(job, job.piece.first + begin, job.piece.first + end);
+  ForRange(job, job.piece.first + begin, job.piece.first + end, slice);
 }
 
-template <typename T, typename Access>
+template <typename T, typename Access, bool kCheck>
 void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
-            uint64_t staging_index) {
+            uint64_t staging_index, SliceFinding* found) {
   using Acc = typename Access::Acc;
   const auto& arenas = *job.arenas;
   const size_t local = arenas.size();
@@ -94,6 +140,7 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
   }
   const Acc divisor = static_cast<Acc>(job.world_size);
   Acc acc[kChunkElements];
+  uint32_t result_bad = 0;
   for (uint64_t c = 0; c < count; c += kChunkElements) {
     const size_t m = static_cast<size_t>(std::min<uint64_t>(kChunkElements, count - c));
     if (job.phase == 2) {
@@ -117,6 +164,13 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
         const T* at = src[t] + c;
         for (size_t i = 0; i < m; ++i) acc[i] += Access::Load(at[i]);
       }
+      if (kCheck) {
+        // The local sum, before anything is written: every input is still
+        // there for FindCulprit.
+        uint32_t bad = 0;
+        for (size_t i = 0; i < m; ++i) bad |= NonFiniteBits(acc[i]);
+        if (bad != 0) FindCulprit<T, Access>(job, span, first + c, m, found);
+      }
       if (job.phase == 1) {
         std::memcpy(reinterpret_cast<Acc*>(job.staging) + staging_index + c, acc, m * sizeof(Acc));
         continue;
@@ -126,13 +180,22 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
         for (size_t i = 0; i < m; ++i) out0[i] = Access::Store(acc[i]);
         continue;
       }
+      if (job.phase == 5) continue;
       for (size_t i = 0; i < m; ++i) acc[i] /= divisor;
     }
     // Write back: convert once into trainer 0's memory, copy to the others.
     T* out0 = src[0] + c;
-    for (size_t i = 0; i < m; ++i) out0[i] = Access::Store(acc[i]);
+    if (kCheck) {
+      for (size_t i = 0; i < m; ++i) {
+        out0[i] = Access::Store(acc[i]);
+        result_bad |= Access::Bad(out0[i]);
+      }
+    } else {
+      for (size_t i = 0; i < m; ++i) out0[i] = Access::Store(acc[i]);
+    }
     for (size_t t = 1; t < local; ++t) std::memcpy(src[t] + c, out0, m * sizeof(T));
   }
+  if (kCheck) found->result_bad |= result_bad;
 }
 
 // One node: every trainer's memory is read once and the average written
@@ -143,8 +206,13 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
 // Streaming keeps the memory system busy (see docs/PERFORMANCE.md).
 constexpr size_t kStreamBlockElements = 64;  // 3+ trainers: 256 B of fp32 per trainer
 
-template <typename T, typename Access>
-void AverageKernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count, uint64_t) {
+// Checking (kCheck): an average that is not finite is not written back
+// (one trainer: that element; more: its 64-element block), so every
+// trainer's input stays there for the culprit search after the pass. Still
+// one pass over memory; the check reads values already in registers or L1.
+template <typename T, typename Access, bool kCheck>
+void AverageKernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count, uint64_t,
+                   SliceFinding* found) {
   using Acc = typename Access::Acc;
   const auto& arenas = *job.arenas;
   const size_t local = arenas.size();
@@ -154,14 +222,46 @@ void AverageKernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t 
   if (local <= 2) {
     T* __restrict a0 = reinterpret_cast<T*>(arenas[0] + offset) + first;
     if (local == 1) {
-      for (uint64_t i = 0; i < count; ++i) a0[i] = Access::Store(Access::Load(a0[i]) / divisor);
+      if (!kCheck) {
+        for (uint64_t i = 0; i < count; ++i) a0[i] = Access::Store(Access::Load(a0[i]) / divisor);
+        return;
+      }
+      uint32_t bad = 0;
+      for (uint64_t i = 0; i < count; ++i) {
+        const T in = a0[i];
+        const T v = Access::Store(Access::Load(in) / divisor);
+        const uint32_t b = Access::Bad(v);
+        bad |= b;
+        a0[i] = b ? in : v;
+      }
+      found->result_bad |= bad;
       return;
     }
     T* __restrict a1 = reinterpret_cast<T*>(arenas[1] + offset) + first;
-    for (uint64_t i = 0; i < count; ++i) {
-      const T v = Access::Store((Access::Load(a0[i]) + Access::Load(a1[i])) / divisor);
-      a0[i] = v;
-      a1[i] = v;
+    if (!kCheck) {
+      for (uint64_t i = 0; i < count; ++i) {
+        const T v = Access::Store((Access::Load(a0[i]) + Access::Load(a1[i])) / divisor);
+        a0[i] = v;
+        a1[i] = v;
+      }
+      return;
+    }
+    // Blocks as for 3+ trainers below: the average lands in L1, the check
+    // reads it there, and a bad block keeps its inputs.
+    for (uint64_t c = 0; c < count; c += kStreamBlockElements) {
+      const size_t m = static_cast<size_t>(std::min<uint64_t>(kStreamBlockElements, count - c));
+      T average[kStreamBlockElements];
+      uint32_t bad = 0;
+      for (size_t i = 0; i < m; ++i) {
+        average[i] = Access::Store((Access::Load(a0[c + i]) + Access::Load(a1[c + i])) / divisor);
+        bad |= Access::Bad(average[i]);
+      }
+      if (bad != 0) {
+        found->result_bad = 1;
+        continue;
+      }
+      std::memcpy(a0 + c, average, m * sizeof(T));
+      std::memcpy(a1 + c, average, m * sizeof(T));
     }
     return;
   }
@@ -181,38 +281,85 @@ void AverageKernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t 
     }
     T average[kStreamBlockElements];
     for (size_t i = 0; i < m; ++i) average[i] = Access::Store(acc[i] / divisor);
+    if (kCheck) {
+      uint32_t bad = 0;
+      for (size_t i = 0; i < m; ++i) bad |= Access::Bad(average[i]);
+      if (bad != 0) {
+        found->result_bad = 1;
+        continue;  // the whole block keeps its inputs
+      }
+    }
     for (size_t t = 0; t < local; ++t) std::memcpy(src[t] + c, average, m * sizeof(T));
   }
 }
 
-using KernelFn = void (*)(const ReduceWork&, size_t, uint64_t, uint64_t, uint64_t);
+using KernelFn = void (*)(const ReduceWork&, size_t, uint64_t, uint64_t, uint64_t, SliceFinding*);
 
+template <bool kCheck>
 KernelFn AverageKernelFor(DType dtype) {
   switch (dtype) {
     case DType::kFloat32:
-      return &AverageKernel<float, Native<float>>;
+      return &AverageKernel<float, Native<float>, kCheck>;
     case DType::kFloat64:
-      return &AverageKernel<double, Native<double>>;
+      return &AverageKernel<double, Native<double>, kCheck>;
     case DType::kFloat16:
-      return &AverageKernel<uint16_t, Half16>;
+      return &AverageKernel<uint16_t, Half16, kCheck>;
     case DType::kBFloat16:
-      return &AverageKernel<uint16_t, BHalf16>;
+      return &AverageKernel<uint16_t, BHalf16, kCheck>;
   }
   return nullptr;
 }
 
+template <bool kCheck>
 KernelFn KernelFor(DType dtype) {
   switch (dtype) {
     case DType::kFloat32:
-      return &Kernel<float, Native<float>>;
+      return &Kernel<float, Native<float>, kCheck>;
     case DType::kFloat64:
-      return &Kernel<double, Native<double>>;
+      return &Kernel<double, Native<double>, kCheck>;
     case DType::kFloat16:
-      return &Kernel<uint16_t, Half16>;
+      return &Kernel<uint16_t, Half16, kCheck>;
     case DType::kBFloat16:
-      return &Kernel<uint16_t, BHalf16>;
+      return &Kernel<uint16_t, BHalf16, kCheck>;
   }
   return nullptr;
+}
+
+// The culprit search after a one-node pass (AverageKernel left the inputs
+// of every non-finite result element in place), over all spans.
+template <typename T, typename Access>
+void FindCulpritInSpans(const ReduceWork& job, SliceFinding* found) {
+  for (size_t s = 0; s < job.spans->size() && !found->local; ++s) {
+    FindCulprit<T, Access>(job, s, 0, (*job.spans)[s].bytes / sizeof(T), found);
+  }
+}
+
+void FindCulpritAfterPass(const ReduceWork& job, DType dtype, SliceFinding* found) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return FindCulpritInSpans<float, Native<float>>(job, found);
+    case DType::kFloat64:
+      return FindCulpritInSpans<double, Native<double>>(job, found);
+    case DType::kFloat16:
+      return FindCulpritInSpans<uint16_t, Half16>(job, found);
+    case DType::kBFloat16:
+      return FindCulpritInSpans<uint16_t, BHalf16>(job, found);
+  }
+}
+
+// Folds the slices' findings into the report (the lowest slice's culprit
+// is the earliest) and clears them for the next run.
+void Collect(std::vector<SliceFinding>& findings, NonFiniteReport* report) {
+  for (SliceFinding& f : findings) {
+    report->result_non_finite |= f.result_bad != 0;
+    if (f.local && !report->local) {
+      report->local = true;
+      report->trainer = f.trainer;
+      report->arena_offset = f.arena_offset;
+      report->value = f.value;
+    }
+    f = SliceFinding{};
+  }
 }
 
 // The dtype the staging buffer holds (and the backend reduces).
@@ -223,7 +370,7 @@ DType StagingDType(DType dtype) {
 }  // namespace
 
 LocalReducer::LocalReducer(size_t threads, uint64_t staging_bytes)
-    : pool_(std::max<size_t>(1, threads)), staging_(staging_bytes) {}
+    : pool_(std::max<size_t>(1, threads)), staging_(staging_bytes), findings_(pool_.size()) {}
 
 uint64_t LocalReducer::StagingBytes(uint64_t bytes, DType dtype) {
   return bytes / DTypeSize(dtype) * DTypeSize(StagingDType(dtype));
@@ -231,18 +378,24 @@ uint64_t LocalReducer::StagingBytes(uint64_t bytes, DType dtype) {
 
 absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
                                   const std::vector<ReduceSpan>& spans, DType dtype, int world_size,
-                                  Backend& backend, ReduceTimings* timings, size_t threads) {
+                                  Backend& backend, ReduceTimings* timings, size_t threads,
+                                  NonFiniteReport* nonfinite) {
   if ((arenas.empty() && backend.num_nodes() <= 1) || arenas.size() > kMaxLocalTrainers ||
       world_size <= 0) {
     return absl::InvalidArgumentError("bad reduction arguments");
   }
+  if (nonfinite) *nonfinite = NonFiniteReport{};
+  // A node whose trainers all joined contributes zeros and writes nothing:
+  // nothing of its own to check.
   if (arenas.empty()) return ReduceZeros(spans, dtype, backend, timings);
+  const bool check = nonfinite != nullptr;
   ReduceWork job;
   job.arenas = &arenas;
   job.spans = &spans;
   job.elem_size = DTypeSize(dtype);
   job.world_size = world_size;
-  job.kernel = KernelFor(dtype);
+  job.kernel = check ? KernelFor<true>(dtype) : KernelFor<false>(dtype);
+  job.findings = findings_.data();
   uint64_t total_bytes = 0;
   for (const ReduceSpan& s : spans) total_bytes += s.bytes;
   job.total_elements = total_bytes / job.elem_size;
@@ -254,8 +407,15 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
   if (backend.num_nodes() <= 1) {
     job.staging = nullptr;
     job.phase = 0;
-    job.kernel = AverageKernelFor(dtype);
+    job.kernel = check ? AverageKernelFor<true>(dtype) : AverageKernelFor<false>(dtype);
     pool_.Run(&RunSlice, &job, slices);
+    if (check) {
+      Collect(findings_, nonfinite);
+      if (nonfinite->result_non_finite) {
+        FindCulpritAfterPass(job, dtype, &findings_[0]);
+        Collect(findings_, nonfinite);
+      }
+    }
     if (timings) timings->local_reduce_ns = MonotonicNowNs() - t0, timings->collective_ns = 0;
     return absl::OkStatus();
   }
@@ -280,12 +440,15 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
     job.piece = piece;
     const bool parallel = piece.count * job.elem_size >= kParallelThresholdBytes;
     pool_.Run(&RunPieceSlice, &job, parallel ? slices : 1);
+    if (check) Collect(findings_, nonfinite);
   };
   auto sum = [&](const BucketPiece& piece) {
     if (!in_place) {
       run(1, piece);
     } else if (arenas.size() > 1) {
       run(3, piece);
+    } else if (check) {
+      run(5, piece);  // one trainer in place: no sum pass to fuse into, a read-only scan
     }
   };
   auto issue = [&](const BucketPiece& piece) {

@@ -39,6 +39,24 @@ struct ReduceTimings {
 
 inline constexpr size_t kMaxLocalTrainers = 256;
 
+// What the non-finite check (Reduce's `nonfinite`) found in one bucket. The
+// check is fused into the sum and the write-back (a bit test on values
+// already in registers); the slow search for the culprit runs only once
+// something was found.
+struct NonFiniteReport {
+  // The bucket's result holds a NaN or an Inf. Across nodes this is the
+  // allreduce's result, identical on every node: a non-finite local sum
+  // anywhere poisons it (NaN + x = NaN, Inf + x = Inf, Inf - Inf = NaN).
+  bool result_non_finite = false;
+  // A local trainer's gradient holds one: the first such element (lowest
+  // arena offset). False with result_non_finite: it came from another node,
+  // or a sum of finite values overflowed.
+  bool local = false;
+  size_t trainer = 0;         // index into Reduce's `arenas`
+  uint64_t arena_offset = 0;  // the element's byte offset in the arena
+  double value = 0;
+};
+
 class LocalReducer {
  public:
   // `threads`: workers including the caller. `staging_bytes`: the largest
@@ -56,11 +74,22 @@ class LocalReducer {
   // summed, which does not matter: the iteration failed). `threads`: how
   // many of the pool's threads to use (0: all); the split changes which
   // thread sums an element, never how, so results are bit-identical.
+  // `nonfinite` non-null: check every input and the result for NaN/Inf (see
+  // NonFiniteReport); where a result element is not finite the trainers'
+  // memory is left unspecified (the iteration is failed or skipped).
   absl::Status Reduce(const std::vector<uint8_t*>& arenas, const std::vector<ReduceSpan>& spans,
                       DType dtype, int world_size, Backend& backend, ReduceTimings* timings,
-                      size_t threads = 0);
+                      size_t threads = 0, NonFiniteReport* nonfinite = nullptr);
 
   size_t threads() const { return pool_.size(); }
+  // What one thread's slice of the non-finite check found (internal).
+  struct SliceFinding {
+    uint32_t result_bad = 0;
+    bool local = false;
+    size_t trainer = 0;
+    uint64_t arena_offset = 0;
+    double value = 0;
+  };
   // Grows the staging buffer (at plan changes only, never per call).
   void EnsureStaging(uint64_t bytes) {
     if (staging_.size() < bytes) staging_.resize(bytes);
@@ -71,8 +100,9 @@ class LocalReducer {
                            ReduceTimings* timings);
 
   WorkerPool pool_;
-  std::vector<uint8_t> staging_;     // fp32 for half types; native otherwise
-  std::vector<BucketPiece> pieces_;  // the cross-node bucket's, reused
+  std::vector<uint8_t> staging_;        // fp32 for half types; native otherwise
+  std::vector<BucketPiece> pieces_;     // the cross-node bucket's, reused
+  std::vector<SliceFinding> findings_;  // one per pool thread
 };
 
 }  // namespace gradsync

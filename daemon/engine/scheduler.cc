@@ -1,5 +1,7 @@
 #include "daemon/engine/scheduler.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -82,6 +84,8 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
   }
   InstallPlan(std::move(plan));
   plan_version_.store(1, std::memory_order_release);
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) == 0) host_ = host;
 }
 
 static std::vector<ReduceSpan> TensorSpans(const PlannedBucket& bucket, const Layout& layout,
@@ -378,6 +382,15 @@ void Scheduler::WaitIdle() {
 void Scheduler::Loop() {
   if (!bad_plan_.empty()) {
     fail_(MakeError(v1::INTERNAL, bad_plan_), -1);
+    halted_.store(true, std::memory_order_release);
+  }
+  if (options_.gpu && options_.nonfinite == NonFiniteMode::kSkip) {
+    // The GPU local sum does not check yet: refuse rather than never skip.
+    fail_(MakeError(v1::INVALID_ARGUMENT,
+                    "--nonfinite=skip is not supported for CUDA gradients yet (the non-finite "
+                    "check runs on the CPU path only); start gradsyncd with --nonfinite=error "
+                    "or --nonfinite=off"),
+          -1);
     halted_.store(true, std::memory_order_release);
   }
   while (!stop_.load(std::memory_order_acquire)) {
@@ -734,8 +747,10 @@ bool Scheduler::Launch(uint32_t bucket) {
   const size_t threads = backend_->num_nodes() <= 1 && LocalTrainersAllMarked()
                              ? std::max(options_.reduce_threads, options_.tail_reduce_threads)
                              : options_.reduce_threads;
-  absl::Status st = reducer_.Reduce(active_arenas_, spans_[bucket], b.dtype, Divisor(), *backend_,
-                                    &timings, threads);
+  NonFiniteReport nonfinite;
+  absl::Status st =
+      reducer_.Reduce(active_arenas_, spans_[bucket], b.dtype, Divisor(), *backend_, &timings,
+                      threads, options_.nonfinite == NonFiniteMode::kOff ? nullptr : &nonfinite);
   const int64_t slot = EndReduction();
   if (slot == kStopped) return false;  // Stop aborted it: the job is over
   // A trainer's arena cut short mid-sum: the result is garbage, and says so.
@@ -752,7 +767,63 @@ bool Scheduler::Launch(uint32_t bucket) {
           kCollectiveFailed);
     return false;
   }
+  if (nonfinite.result_non_finite && !HandleNonFinite(bucket, nonfinite)) return false;
   return FinishLaunch(bucket, timings);
+}
+
+std::string Scheduler::DescribeNonFinite(uint32_t bucket, const NonFiniteReport& report) const {
+  // report.trainer indexes the arenas reduced: the trainers that have not joined.
+  const Trainer* culprit = nullptr;
+  size_t active = 0;
+  for (const Trainer* t : trainers_) {
+    if (t->joined.load(std::memory_order_relaxed)) continue;
+    if (active++ == report.trainer) culprit = t;
+  }
+  std::string tensor = "?";
+  for (uint32_t i : plan_.buckets[bucket].tensors) {
+    const uint64_t at = arena_.tensor_offsets[i];
+    if (report.arena_offset < at || report.arena_offset >= at + layout_[i].bytes()) continue;
+    tensor = absl::StrCat(i, " '", layout_[i].name, "' element ",
+                          (report.arena_offset - at) / DTypeSize(layout_[i].dtype));
+    break;
+  }
+  return absl::StrCat(culprit ? culprit->Name() : "a trainer", " on node ", options_.node_rank,
+                      " (host ", host_, "): tensor ", tensor, " = ", report.value);
+}
+
+bool Scheduler::HandleNonFinite(uint32_t bucket, const NonFiniteReport& report) {
+  const bool nodes = backend_->num_nodes() > 1;
+  const std::string culprit = report.local ? DescribeNonFinite(bucket, report) : "";
+  if (options_.nonfinite == NonFiniteMode::kSkip) {
+    // Every node saw the same reduced result, so every node skips alike.
+    if (!skip_step_ || (skip_culprit_.empty() && !culprit.empty())) {
+      skip_culprit_ = culprit;
+      skip_trainer_ = culprit.substr(0, culprit.find(": tensor "));
+    }
+    skip_step_ = true;
+    return true;
+  }
+  spdlog::error("event=nonfinite_gradient iteration={} bucket={} culprit={}", iteration(), bucket,
+                LogValue(culprit.empty() ? "another node" : culprit));
+  if (!culprit.empty()) {
+    fail_(MakeError(v1::INVALID_ARGUMENT,
+                    absl::StrCat("iteration ", iteration(), ": non-finite gradient from ", culprit,
+                                 " (--nonfinite=error; --nonfinite=skip skips such steps)")),
+          -1);
+    return false;
+  }
+  // Only the node that holds it knows the culprit; it reports the job's
+  // failure to the leader, and the collective's explanation relays it.
+  fail_(MakeError(v1::INVALID_ARGUMENT,
+                  absl::StrCat("iteration ", iteration(), ": bucket ", bucket,
+                               " holds a non-finite gradient after the ",
+                               nodes ? "cross-node allreduce" : "local sum",
+                               nodes ? " but not in this node's trainers' gradients (the culprit "
+                                       "is another node's, or the sum overflowed)"
+                                     : " of finite gradients: the sum overflowed",
+                               " (--nonfinite=error)")),
+        nodes ? kCollectiveFailed : -1);
+  return false;
 }
 
 bool Scheduler::LocalTrainersAllMarked() const {
@@ -835,6 +906,15 @@ void Scheduler::FinishIteration() {
   in_iteration_.store(false, std::memory_order_release);
   stall_reported_ = false;
   const int64_t start = iteration_start_ns_;
+  const bool skip = skip_step_;
+  if (skip) {
+    spdlog::warn("event=nonfinite_step_skipped iteration={} culprit={}", it,
+                 LogValue(skip_culprit_.empty() ? "another node" : skip_culprit_));
+    if (observer_) observer_->OnNonFiniteSkipped(it, skip_trainer_);
+  }
+  skip_step_ = false;
+  skip_culprit_.clear();
+  skip_trainer_.clear();
   // The next iteration's entries can only arrive after "iteration done" is
   // seen, so all resets above happen first.
   iteration_.store(it + 1, std::memory_order_release);
@@ -843,7 +923,8 @@ void Scheduler::FinishIteration() {
   // and detaches at once cannot get its "detached" error posted ahead of
   // its peers' "iteration done".
   int culprit = -1;
-  const absl::Status st = PostToAll(ipc::CompletionKind::kIterationDone, it, &culprit);
+  const absl::Status st = PostToAll(ipc::CompletionKind::kIterationDone, it, &culprit,
+                                    skip ? ipc::kCompletionSkipStep : 0);
   for (Trainer* t : trainers_) t->segment.header()->completion_bell.Ring();
   if (!st.ok()) {
     fail_(MakeError(v1::PEER_FAILED, st.message()), culprit);
@@ -858,7 +939,8 @@ void Scheduler::FinishIteration() {
   if (observer_) observer_->OnIterationDone(it, bytes_per_iteration_, start, MonotonicNowNs());
 }
 
-absl::Status Scheduler::PostToAll(ipc::CompletionKind kind, uint64_t it, int* culprit) {
+absl::Status Scheduler::PostToAll(ipc::CompletionKind kind, uint64_t it, int* culprit,
+                                  uint32_t flags) {
   // Locked and unlocked by hand, in local-rank order: no allocation here.
   for (Trainer* t : trainers_) t->completion_mu.Lock();
   absl::Status st;
@@ -869,7 +951,7 @@ absl::Status Scheduler::PostToAll(ipc::CompletionKind kind, uint64_t it, int* cu
     // Iteration done carries the divisor its trainers see (gs_get_job_info).
     const uint32_t world =
         kind == ipc::CompletionKind::kIterationDone ? static_cast<uint32_t>(Divisor()) : 0;
-    st = PostCompletionLocked(*t, kind, world, it, 0);
+    st = PostCompletionLocked(*t, kind, world, it, 0, /*patience_ms=*/1000, flags);
     if (!st.ok()) {
       *culprit = t->local_rank;
       break;

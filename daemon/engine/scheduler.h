@@ -52,6 +52,7 @@
 #include "daemon/engine/bucket_planner.h"
 #include "daemon/engine/gpu_reducer.h"
 #include "daemon/engine/local_reducer.h"
+#include "daemon/engine/nonfinite_mode.h"
 #include "daemon/engine/trainer.h"
 #include "daemon/observe/scheduler_observer.h"
 #include "ipc/arena.h"
@@ -113,6 +114,9 @@ class Scheduler {
     // The node segment the ready bell lives in: checked for truncation
     // like the trainers' segments. Owned by the job.
     const ipc::NodeSegment* node_segment = nullptr;
+    // NaN/Inf in the gradients (CPU path; see HandleNonFinite). The same on
+    // every node of a job, like the other daemon flags.
+    NonFiniteMode nonfinite = NonFiniteMode::kError;
   };
 
   // `trainers` are indexed by local rank and outlive the scheduler.
@@ -185,6 +189,11 @@ class Scheduler {
   // Aborts whatever the reduction is blocked in. Any thread.
   void AbortReduction(const std::string& reason);
   void Watchdog() ABSL_LOCKS_EXCLUDED(watchdog_mu_);
+  // The bucket's reduced result holds a NaN or an Inf: fails the job
+  // (--nonfinite=error, false) or marks the iteration skipped (true).
+  bool HandleNonFinite(uint32_t bucket, const NonFiniteReport& report);
+  // "rank 1 (local 1, pid 7) on node 0 (host h): tensor 3 'fc.bias' element 5 = nan"
+  std::string DescribeNonFinite(uint32_t bucket, const NonFiniteReport& report) const;
   // The bucket's reduction succeeded: timeline and observer.
   bool FinishLaunch(uint32_t bucket, const ReduceTimings& timings);
   void FinishIteration();
@@ -192,8 +201,8 @@ class Scheduler {
   // joined one, while holding all their completion locks; on failure sets
   // *culprit to the trainer's local rank. It locks a run-time set of
   // mutexes, which the analysis cannot follow.
-  absl::Status PostToAll(ipc::CompletionKind kind, uint64_t it,
-                         int* culprit) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  absl::Status PostToAll(ipc::CompletionKind kind, uint64_t it, int* culprit,
+                         uint32_t flags = 0) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Installs `plan`: spans, counters, staging. At iteration boundaries only.
   void InstallPlan(BucketPlan plan) ABSL_LOCKS_EXCLUDED(plan_mu_);
   void MaybeRebuild() ABSL_LOCKS_EXCLUDED(caps_mu_);
@@ -266,6 +275,12 @@ class Scheduler {
   uint32_t no_sync_iterations_ = 0;
   const Trainer* no_sync_reference_ = nullptr;
   uint64_t checksummed_marks_ = 0;  // this iteration: entries with a checksum
+  // --nonfinite=skip: this iteration's result was not finite; the first
+  // culprit this node saw ("" if none of its trainers holds one).
+  bool skip_step_ = false;
+  std::string skip_culprit_;
+  std::string skip_trainer_;        // skip_culprit_'s trainer part: the stats' key
+  std::string host_;                // this node's host name, for culprits' names
   int64_t iteration_start_ns_ = 0;  // first mark of the iteration
   int64_t last_progress_ns_ = 0;
   bool stall_reported_ = false;

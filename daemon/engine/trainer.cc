@@ -20,14 +20,16 @@ absl::Status PostCompletion(Trainer& trainer, ipc::CompletionKind kind, uint32_t
 }
 
 absl::Status PostCompletionLocked(Trainer& trainer, ipc::CompletionKind kind, uint32_t bucket,
-                                  uint64_t iteration, int32_t status, int64_t patience_ms) {
+                                  uint64_t iteration, int32_t status, int64_t patience_ms,
+                                  uint32_t flags) {
   ipc::CompletionEvent e{};
-  e.kind = static_cast<uint32_t>(kind);
+  e.kind = static_cast<uint16_t>(kind);
   e.bucket = bucket;
   e.iteration = iteration;
   e.sequence = trainer.completion_sequence;
   e.status = status;
   if (kind == ipc::CompletionKind::kIterationDone) e.rank = trainer.rank;
+  e.flags = static_cast<uint16_t>(flags);
   auto& ring = trainer.segment.completion_ring();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(patience_ms);
   while (!ring.TryPush(e)) {

@@ -80,7 +80,8 @@ absl::Status PostCompletion(Trainer& trainer, ipc::CompletionKind kind, uint32_t
 // The same with trainer.completion_mu already held by the caller (to post
 // to several trainers as one step). Does not ring the doorbell.
 absl::Status PostCompletionLocked(Trainer& trainer, ipc::CompletionKind kind, uint32_t bucket,
-                                  uint64_t iteration, int32_t status, int64_t patience_ms = 1000)
+                                  uint64_t iteration, int32_t status, int64_t patience_ms = 1000,
+                                  uint32_t flags = 0)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(trainer.completion_mu);
 
 }  // namespace gradsync

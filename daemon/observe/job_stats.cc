@@ -109,6 +109,13 @@ void JobStats::OnIterationDone(uint64_t iteration, uint64_t bytes_per_trainer, i
   pending_collective_ns_ = 0;
 }
 
+void JobStats::OnNonFiniteSkipped(uint64_t, const std::string& trainer) {
+  absl::MutexLock lock(&mu_);
+  ++nonfinite_skipped_;
+  // Keyed by trainer: a job has a bounded number of them.
+  ++nonfinite_by_culprit_[trainer.empty() ? "another node" : trainer];
+}
+
 void JobStats::OnStall(uint64_t iteration, uint32_t bucket, double waited_s,
                        const char* description) {
   {
@@ -225,6 +232,10 @@ void JobStats::FillStats(v1::Stats* out, const std::vector<uint32_t>& tensors_pe
   out->set_errors(errors_);
   for (const std::string& e : recent_errors_) out->add_recent_errors(e);
   for (const v1::StallReport& s : stalls_) *out->add_stalls() = s;
+  out->set_nonfinite_skipped_iterations(nonfinite_skipped_);
+  for (const auto& [culprit, n] : nonfinite_by_culprit_) {
+    (*out->mutable_nonfinite_skipped_by_culprit())[culprit] = n;
+  }
 }
 
 }  // namespace gradsync

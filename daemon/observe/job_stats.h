@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +53,8 @@ class JobStats final : public SchedulerObserver {
                        int64_t end_ns) override;
   void OnStall(uint64_t iteration, uint32_t bucket, double waited_s,
                const char* description) override;
+  void OnNonFiniteSkipped(uint64_t iteration, const std::string& trainer) override
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Also told about stalls (the multi-node link forwards them to the leader).
   // Set before the scheduler starts.
@@ -121,6 +124,8 @@ class JobStats final : public SchedulerObserver {
   uint64_t errors_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<std::string> recent_errors_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::StallReport> stalls_ ABSL_GUARDED_BY(mu_);
+  uint64_t nonfinite_skipped_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, uint64_t> nonfinite_by_culprit_ ABSL_GUARDED_BY(mu_);
   std::function<void(const std::string&)> stall_listener_;  // see set_stall_listener
   IterationListener iteration_listener_;                    // see set_iteration_listener
   LatencyStats* iteration_durations_ = nullptr;             // see set_iteration_durations

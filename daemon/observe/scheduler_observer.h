@@ -5,6 +5,7 @@
 #define GRADSYNC_DAEMON_OBSERVE_SCHEDULER_OBSERVER_H_
 
 #include <cstdint>
+#include <string>
 
 namespace gradsync {
 
@@ -36,6 +37,9 @@ class SchedulerObserver {
                                int64_t /*start_ns*/, int64_t /*end_ns*/) {}
   virtual void OnStall(uint64_t /*iteration*/, uint32_t /*bucket*/, double /*waited_s*/,
                        const char* /*description*/) {}
+  // --nonfinite=skip skipped `iteration`; `trainer` names this node's
+  // culprit ("": the culprit is another node's).
+  virtual void OnNonFiniteSkipped(uint64_t /*iteration*/, const std::string& /*trainer*/) {}
 };
 
 }  // namespace gradsync

@@ -1,7 +1,8 @@
 // local_reduce_bench: the local reduction against the machine's physical
 // limit. Prints memcpy and `a += b` bandwidth (1 and 2 threads) and the
 // LocalReducer's time for 100 MB fp32 across 2 and 4 trainers' buffers,
-// with its bandwidth as a fraction of `a += b`. A table, not a test.
+// with its bandwidth as a fraction of `a += b`, without and with the fused
+// non-finite check. A table, not a test.
 //
 // Two bandwidths: payload (one buffer's bytes per second, as in
 // docs/PERFORMANCE.md; for the reduction one trainer's gradient bytes, what
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "daemon/engine/local_reducer.h"
@@ -46,6 +48,25 @@ double MedianSeconds(Fn fn) {
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// Medians of a and b, run alternately.
+template <typename A, typename B>
+std::pair<double, double> MedianSecondsPair(A a, B b) {
+  std::vector<double> ta, tb;
+  a();
+  b();  // warm-up
+  for (int i = 0; i < kReps; ++i) {
+    auto t0 = Clock::now();
+    a();
+    ta.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    t0 = Clock::now();
+    b();
+    tb.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(ta.begin(), ta.end());
+  std::sort(tb.begin(), tb.end());
+  return {ta[ta.size() / 2], tb[tb.size() / 2]};
 }
 
 template <typename Fn>
@@ -97,13 +118,30 @@ int main() {
       gradsync::LocalReducer reducer(threads, 0);
       gradsync::LocalBackend local;
       const std::vector<gradsync::ReduceSpan> spans = {{0, kBytes}};
-      const double tr = MedianSeconds([&] {
-        reducer.Reduce(arenas, spans, gradsync::DType::kFloat32, trainers, local, nullptr)
-            .IgnoreError();
-      });
+      gradsync::NonFiniteReport report;
+      // Plain and checked runs interleaved, so a load change on a shared
+      // machine hits both alike.
+      const auto [tr, tc] = MedianSecondsPair(
+          [&] {
+            reducer.Reduce(arenas, spans, gradsync::DType::kFloat32, trainers, local, nullptr)
+                .IgnoreError();
+          },
+          [&] {
+            reducer
+                .Reduce(arenas, spans, gradsync::DType::kFloat32, trainers, local, nullptr, 0,
+                        &report)
+                .IgnoreError();
+          });
       const double traffic = 2.0 * trainers * gb / tr;
       std::printf("| gradsync LocalReducer, %d trainers | %d | %.1f | %.1f | %.1f | %.0f%% |\n",
                   trainers, threads, tr * 1e3, gb / tr, traffic, 100.0 * traffic / add_bw[threads]);
+      // The same with the non-finite check fused in (--nonfinite=error|skip).
+      const double traffic_c = 2.0 * trainers * gb / tc;
+      std::printf(
+          "| gradsync LocalReducer + non-finite check, %d trainers | %d | %.1f | %.1f | %.1f | "
+          "%.0f%% (%+.1f%% time) |\n",
+          trainers, threads, tc * 1e3, gb / tc, traffic_c, 100.0 * traffic_c / add_bw[threads],
+          100.0 * (tc - tr) / tr);
     }
     for (float* f : bufs) munmap(f, kBytes);
   }

@@ -13,6 +13,7 @@ gs_connect@@GRADSYNC_0.1
 gs_connect@GRADSYNC_0
 gs_get_job_info@@GRADSYNC_0.4
 gs_grad_buffer@@GRADSYNC_0
+gs_iteration_skipped@@GRADSYNC_0.4
 gs_join@@GRADSYNC_0.2
 gs_last_error@@GRADSYNC_0
 gs_mark_ready@@GRADSYNC_0

@@ -9,7 +9,7 @@ gradients equals the gradient of the whole-batch mean loss.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -117,9 +117,11 @@ def train(model: torch.nn.Module, opt, *, steps: int, global_batch: int, rank: i
 
 
 def reference(model_name: str, dtype: torch.dtype, steps: int, global_batch: int,
-              accumulate: int = 1) -> Dict[str, torch.Tensor]:
+              accumulate: int = 1, skip_steps: Sequence[int] = ()) -> Dict[str, torch.Tensor]:
     """Single-process training on the whole batch (all micro-batches of a
-    step concatenated), gradients zeroed (never None) like gradsync's."""
+    step concatenated), gradients zeroed (never None) like gradsync's.
+    Steps in ``skip_steps`` compute gradients but take no optimizer step
+    (gradsyncd --nonfinite=skip)."""
     torch.set_num_threads(1)
     model = make_model(model_name, dtype)
     for p in model.parameters():
@@ -132,5 +134,6 @@ def reference(model_name: str, dtype: torch.dtype, steps: int, global_batch: int
         x = torch.cat([p[0] for p in parts])
         y = torch.cat([p[1] for p in parts])
         F.mse_loss(model(x, step), y).backward()
-        opt.step()
+        if step not in skip_steps:
+            opt.step()
     return {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -64,6 +64,20 @@ def run_optimizer(args: argparse.Namespace) -> dict:
                 p.grad = None
         maybe_hang(args, rank, step)
 
+    if args.nan_at is not None and rank == args.nan_rank:
+        # A NaN in this rank's first sample of that step: every gradient
+        # of this trainer turns NaN in that step's backward.
+        clean_batch = lib.batch
+
+        def poisoned(step: int, micro: int, size: int, dt: torch.dtype):
+            x, y = clean_batch(step, micro, size, dt)
+            if step == args.nan_at:
+                x = x.clone()
+                x[rank * (size // world), 0] = float("nan")
+            return x, y
+
+        lib.batch = poisoned
+
     steps = args.steps
     joining = contextlib.nullcontext()
     if args.join_steps:
@@ -86,6 +100,7 @@ def run_optimizer(args: argparse.Namespace) -> dict:
         "world": world,
         "jobs": jobs,
         "world_changes": world_changes,
+        "skipped_steps": opt.skipped_steps,
     }
     opt.close()
     return result
@@ -309,6 +324,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--drift-rank", type=int, default=-1,
                     help="optimizer mode: this rank perturbs fc2.weight after step --drift-at")
     ap.add_argument("--drift-at", type=int, default=-1)
+    ap.add_argument("--nan-at", type=int, default=None,
+                    help="optimizer mode: a NaN in --nan-rank's input at this step")
+    ap.add_argument("--nan-rank", type=int, default=-1)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)

@@ -153,6 +153,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "gs_check_replicas": (status, [c_client_p, ctypes.POINTER(ctypes.c_uint64),
                                        ctypes.c_size_t]),
         "gs_set_cuda_stream": (status, [c_client_p, ctypes.c_void_p]),
+        "gs_iteration_skipped": (ctypes.c_int, [c_client_p]),
         "gs_last_error": (ctypes.c_char_p, [c_client_p]),
         "gs_close": (None, [c_client_p]),
         "gs_version": (ctypes.c_int, []),

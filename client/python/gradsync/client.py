@@ -354,6 +354,15 @@ class Client:
         with self._mu:
             self._check(self._lib.gs_wait(self._live_handle(), ms), "gs_wait")
 
+    @property
+    def iteration_skipped(self) -> bool:
+        """True when the iteration the last ``wait()`` completed must not be
+        applied (``gs_iteration_skipped``): its gradients hold a NaN or Inf
+        and gradsyncd runs ``--nonfinite=skip``. Every trainer of the job
+        gets the same answer for the same iteration."""
+        with self._mu:
+            return bool(self._lib.gs_iteration_skipped(self._live_handle()))
+
     def set_cuda_stream(self, stream: Optional[int]) -> None:
         """CUDA tensors: the stream (a ``cudaStream_t`` as an int, e.g.
         ``torch.cuda.current_stream().cuda_stream``) on which later marks

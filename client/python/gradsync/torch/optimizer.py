@@ -205,6 +205,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._num_marked = 0
         self._sync_enabled = True
         self._synchronized = False      # synchronize() ran, step() pending
+        self._skipped_steps = 0         # --nonfinite=skip: optimizer steps not taken
         self._unused: Tuple[str, ...] = ()
         self._closed = False
         self._buffers_paused = False    # inside gradsync.torch.join
@@ -427,9 +428,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self._sync_enabled and not self._synchronized:
+        synced = self._sync_enabled
+        if synced and not self._synchronized:
             self.synchronize()
         self._synchronized = False
+        if synced and self._client.iteration_skipped:
+            # Non-finite gradients somewhere in the job (gradsyncd
+            # --nonfinite=skip): every trainer skips this step alike, like
+            # AMP's GradScaler, so the replicas stay equal.
+            if self._skipped_steps == 0:
+                log.warning("skipped an optimizer step: the job's gradients held a NaN or Inf "
+                            "(gradsyncd --nonfinite=skip; its log and stats name the trainer); "
+                            "see skipped_steps for the count")
+            self._skipped_steps += 1
+            return loss
         self._optimizer.step()
         if self._check_pending:
             self._check_pending = False
@@ -450,6 +462,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             data = ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
             hashes.append(int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little"))
         self._client.check_replicas(hashes)
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps not taken because the job's gradients were not
+        finite (gradsyncd ``--nonfinite=skip``)."""
+        return self._skipped_steps
 
     def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
         """Zeroes the gradients in place; they stay views of the arena

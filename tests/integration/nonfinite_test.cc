@@ -1,0 +1,229 @@
+// Non-finite gradients (--nonfinite) with real daemons and trainer
+// processes: one trainer writes a NaN (or Inf) into fc1.weight[5] at step 2
+// (examples/mlp_trainer --poison), on one node of 2 trainers and in a job of
+// 2 nodes x 2 trainers. error: every trainer fails with INVALID_ARGUMENT
+// naming the culprit trainer (rank, local rank, pid, node, host), the
+// tensor, the index and the value; skip: every trainer skips step 2's
+// update, so every replica is equal and equals a single process that
+// skipped that step; off: the NaN reaches every replica's weights.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/integration/cluster.h"
+#include "tests/integration/harness.h"
+
+namespace gradsync::testing {
+namespace {
+
+using std::chrono::seconds;
+
+constexpr auto kBound = seconds(60);
+constexpr int kPoisonStep = 2;
+
+std::vector<std::string> TrainArgs(int poison_rank, const std::string& value = "nan") {
+  return {"--steps=5", "--batch=60", "--fp64",
+          absl::StrCat("--poison=", poison_rank, ":", kPoisonStep, ":", value)};
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// What the culprit's own node says: the trainer, where it runs, the tensor,
+// the element and its value.
+std::string CulpritText(int rank, int local_rank, const Process& p, int node) {
+  return absl::StrCat("non-finite gradient from rank ", rank, " (local ", local_rank, ", pid ",
+                      p.pid(), ") on node ", node, " (host ");
+}
+
+// skip: all replicas equal each other and the reference that skipped the step.
+void ExpectSkippedReplicas(const std::string& dir, const std::vector<std::string>& outs,
+                           const std::vector<std::string>& args, const std::string& logs) {
+  const std::vector<double> expected = SingleProcessReference(dir, args);
+  ASSERT_FALSE(expected.empty());
+  const std::vector<double> first = LoadWeights(outs[0]);
+  ASSERT_EQ(first.size(), expected.size()) << logs;
+  for (const std::string& out : outs) {
+    EXPECT_EQ(LoadWeights(out), first) << out << "\n" << logs;
+  }
+  EXPECT_LE(RelativeDifference(first, expected), 1e-12) << logs;
+  // Not a reference that applied the step: the skip is visible.
+  std::vector<std::string> applied = args;
+  applied.back() = "--steps=5";  // no --poison: the single process applies every step
+  const std::vector<double> all_steps = SingleProcessReference(dir, applied);
+  EXPECT_GT(RelativeDifference(first, all_steps), 1e-6) << logs;
+}
+
+void ExpectNanWeights(const std::vector<std::string>& outs, const std::string& logs) {
+  for (const std::string& out : outs) {
+    const std::string text = ReadFile(out);
+    EXPECT_NE(text.find("nan"), std::string::npos) << out << ":\n" << text << logs;
+  }
+}
+
+TEST(NonFiniteOneNodeTest, ErrorNamesTheTrainerTensorIndexAndValue) {
+  Daemon daemon(2, {"--timeout-s=30"});  // --nonfinite=error is the default
+  ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+  std::vector<Process> trainers;
+  for (int r = 0; r < 2; ++r) trainers.push_back(StartTrainer(daemon, r, TrainArgs(1), ""));
+  const std::string culprit = CulpritText(1, 1, trainers[1], 0);
+  for (int r = 0; r < 2; ++r) {
+    const ExitStatus st = trainers[r].Wait(kBound);
+    const std::string log = trainers[r].Log();
+    EXPECT_EQ(st.code, kExitInvalidArgument) << log << daemon.process().Log();
+    EXPECT_NE(log.find(culprit), std::string::npos) << culprit << "\n" << log;
+    EXPECT_NE(log.find("tensor 0 'fc1.weight' element 5 = nan"), std::string::npos) << log;
+    EXPECT_NE(log.find(absl::StrCat("iteration ", kPoisonStep, ":")), std::string::npos) << log;
+  }
+}
+
+TEST(NonFiniteOneNodeTest, SkipKeepsReplicasEqualToAReferenceThatSkipped) {
+  Daemon daemon(2, {"--timeout-s=30", "--nonfinite=skip"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+  std::vector<Process> trainers;
+  std::vector<std::string> outs;
+  for (int r = 0; r < 2; ++r) {
+    outs.push_back(absl::StrCat(daemon.dir(), "/w", r, ".txt"));
+    trainers.push_back(StartTrainer(daemon, r, TrainArgs(1), outs.back()));
+  }
+  for (Process& t : trainers) {
+    const ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << daemon.process().Log();
+  }
+  EXPECT_NE(trainers[0].Log().find("step 2 skipped"), std::string::npos) << trainers[0].Log();
+  const std::string log = daemon.process().Log();
+  EXPECT_NE(log.find(absl::StrCat("event=nonfinite_step_skipped iteration=", kPoisonStep)),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find(absl::StrCat("rank 1 (local 1, pid ", trainers[1].pid(), ")")),
+            std::string::npos)
+      << log;
+  ExpectSkippedReplicas(daemon.dir(), outs, TrainArgs(1), log);
+}
+
+TEST(NonFiniteOneNodeTest, OffLetsTheNanThrough) {
+  Daemon daemon(2, {"--timeout-s=30", "--nonfinite=off"});
+  ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+  std::vector<Process> trainers;
+  std::vector<std::string> outs;
+  for (int r = 0; r < 2; ++r) {
+    outs.push_back(absl::StrCat(daemon.dir(), "/w", r, ".txt"));
+    trainers.push_back(StartTrainer(daemon, r, TrainArgs(1), outs.back()));
+  }
+  for (Process& t : trainers) {
+    const ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << daemon.process().Log();
+  }
+  ExpectNanWeights(outs, daemon.process().Log());
+}
+
+TEST(NonFiniteOneNodeTest, BadFlagIsRefusedNamingIt) {
+  Daemon daemon(1, {"--nonfinite=maybe"});
+  const ExitStatus st = daemon.process().Wait(seconds(10));
+  EXPECT_TRUE(st.exited && st.code != 0) << st.ToString();
+  EXPECT_NE(daemon.process().Log().find("--nonfinite maybe must be error, skip or off"),
+            std::string::npos)
+      << daemon.process().Log();
+}
+
+ClusterOptions TwoByTwo(const std::string& mode, std::vector<std::string> extra = {}) {
+  ClusterOptions options;
+  options.nodes = 2;
+  options.local_size = 2;
+  options.job_id = "nonfinite";
+  options.flags = {"--timeout-s=30", "--nonfinite=" + mode};
+  options.flags.insert(options.flags.end(), extra.begin(), extra.end());
+  return options;
+}
+
+// Rank 3 (node 1, local 1) writes the NaN. Node 1's trainers get the
+// culprit from their own daemon; node 0's from the leader's report of node
+// 1's failure, which names the node it came from.
+TEST(NonFiniteTwoNodesTest, ErrorNamesTheCulpritOnEveryNode) {
+  Cluster cluster(TwoByTwo("error"));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(TrainArgs(3), &outs);
+  ASSERT_EQ(trainers.size(), 4u);
+  const std::string culprit = CulpritText(3, 1, trainers[3], 1);
+  for (size_t t = 0; t < trainers.size(); ++t) {
+    const ExitStatus st = trainers[t].Wait(kBound);
+    const std::string log = trainers[t].Log();
+    EXPECT_EQ(st.code, kExitInvalidArgument) << "trainer " << t << "\n"
+                                             << log << cluster.DaemonLogs();
+    EXPECT_NE(log.find(culprit), std::string::npos) << culprit << "\n" << log;
+    EXPECT_NE(log.find("tensor 0 'fc1.weight' element 5 = nan"), std::string::npos) << log;
+    if (t < 2) {
+      EXPECT_NE(log.find("the leader reports: node_rank=1"), std::string::npos) << log;
+    }
+  }
+}
+
+TEST(NonFiniteTwoNodesTest, SkipKeepsEveryReplicaEqual) {
+  Cluster cluster(TwoByTwo("skip"));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(TrainArgs(3), &outs);
+  for (size_t t = 0; t < trainers.size(); ++t) {
+    const ExitStatus st = trainers[t].Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << "trainer " << t << "\n"
+                                           << trainers[t].Log() << cluster.DaemonLogs();
+  }
+  // Node 1 names its trainer; node 0 knows only that another node's was it.
+  EXPECT_NE(cluster.node(1).process().Log().find(
+                absl::StrCat("rank 3 (local 1, pid ", trainers[3].pid(), ")")),
+            std::string::npos)
+      << cluster.DaemonLogs();
+  EXPECT_NE(
+      cluster.node(0).process().Log().find(absl::StrCat(
+          "event=nonfinite_step_skipped iteration=", kPoisonStep, " culprit=\"another node\"")),
+      std::string::npos)
+      << cluster.DaemonLogs();
+  ExpectSkippedReplicas(cluster.dir(), outs, TrainArgs(3), cluster.DaemonLogs());
+}
+
+TEST(NonFiniteTwoNodesTest, OffLetsTheNanThrough) {
+  Cluster cluster(TwoByTwo("off"));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(TrainArgs(3), &outs);
+  for (size_t t = 0; t < trainers.size(); ++t) {
+    const ExitStatus st = trainers[t].Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << "trainer " << t << "\n"
+                                           << trainers[t].Log() << cluster.DaemonLogs();
+  }
+  ExpectNanWeights(outs, cluster.DaemonLogs());
+}
+
+// An Inf in fp32 crossing nodes as bf16 (--wire-dtype=bf16): it stays Inf
+// on the wire, and node 0's trainers still learn of it.
+TEST(NonFiniteTwoNodesTest, InfThroughTheBf16WireFailsEveryNode) {
+  ClusterOptions options = TwoByTwo("error", {"--wire-dtype=bf16"});
+  options.local_size = 1;
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<std::string> outs;
+  std::vector<Process> trainers =
+      cluster.StartTrainers({"--steps=5", "--batch=60", "--poison=1:2:inf"}, &outs);
+  ASSERT_EQ(trainers.size(), 2u);
+  const std::string culprit = CulpritText(1, 0, trainers[1], 1);
+  for (size_t t = 0; t < trainers.size(); ++t) {
+    const ExitStatus st = trainers[t].Wait(kBound);
+    const std::string log = trainers[t].Log();
+    EXPECT_EQ(st.code, kExitInvalidArgument) << "trainer " << t << "\n"
+                                             << log << cluster.DaemonLogs();
+    EXPECT_NE(log.find(culprit), std::string::npos) << culprit << "\n" << log;
+    EXPECT_NE(log.find("tensor 0 'fc1.weight' element 5 = inf"), std::string::npos) << log;
+  }
+}
+
+}  // namespace
+}  // namespace gradsync::testing
