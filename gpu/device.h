@@ -109,6 +109,12 @@ class TrainerDevice {
   // Records `event` on `stream` (null: the legacy default stream). Never
   // synchronizes the host with the device.
   virtual absl::Status RecordEvent(Event* event, Stream* stream) = 0;
+  // Makes `stream` (null: legacy default) wait, on the device, for
+  // `event`'s latest recording (cuStreamWaitEvent): only ever for an event
+  // this process recorded itself, so the wait completes without anyone
+  // else. Never synchronizes the host. Used before re-recording a pooled
+  // readiness event on another stream (client/cuda_tensors.h).
+  virtual absl::Status StreamWaitEvent(Stream* stream, Event* event) = 0;
   // Zeroes `bytes` at `ptr` on `stream` (null: legacy default), async.
   virtual absl::Status MemsetAsync(void* ptr, size_t bytes, Stream* stream) = 0;
   // Wraps a caller's native stream handle (cudaStream_t); null = default.

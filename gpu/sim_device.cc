@@ -440,6 +440,17 @@ absl::Status SimTrainerDevice::RecordEvent(Event* event, Stream* stream) {
   return absl::OkStatus();
 }
 
+absl::Status SimTrainerDevice::StreamWaitEvent(Stream* stream, Event* event) {
+  SimEvent* e = node_->FindEvent(event);
+  if (e == nullptr || !e->owned()) {
+    return absl::InvalidArgumentError("StreamWaitEvent: not an event created by this device");
+  }
+  absl::StatusOr<SimStream*> s = node_->Resolve(stream, e->device_index(), true);
+  if (!s.ok()) return s.status();
+  e->WaitOn(*s);
+  return absl::OkStatus();
+}
+
 absl::Status SimTrainerDevice::MemsetAsync(void* ptr, size_t bytes, Stream* stream) {
   absl::StatusOr<std::shared_ptr<Region>> region = node_->Range(ptr, bytes, -1, "MemsetAsync");
   if (!region.ok()) return region.status();

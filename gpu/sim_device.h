@@ -116,6 +116,7 @@ class SimTrainerDevice final : public TrainerDevice {
   absl::StatusOr<IpcHandle> ExportEvent(Event* event) override;
   void DestroyEvent(Event* event) override;
   absl::Status RecordEvent(Event* event, Stream* stream) override;
+  absl::Status StreamWaitEvent(Stream* stream, Event* event) override;
   absl::Status MemsetAsync(void* ptr, size_t bytes, Stream* stream) override;
   Stream* WrapStream(void* native) override;
   absl::Status SynchronizeStream(const DeviceId& device, Stream* stream,

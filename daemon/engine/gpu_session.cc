@@ -47,24 +47,32 @@ absl::StatusOr<GpuTrainerSpec> GpuTrainerSpecFromProto(const v1::RegisterRequest
   if (s.flat && !s.allocations.empty()) {
     return bad("a flat-buffer registration sends no allocation handles");
   }
+  if (c.event_handles_size() < 1 ||
+      static_cast<size_t>(c.event_handles_size()) > kMaxReadyEventSlots) {
+    return bad(absl::StrCat("a CUDA registration sends 1 to ", kMaxReadyEventSlots,
+                            " readiness event handles (a pool shared by the tensors), not ",
+                            c.event_handles_size()));
+  }
+  for (int k = 0; k < c.event_handles_size(); ++k) {
+    absl::StatusOr<gpu::IpcHandle> event = gpu::IpcHandle::FromBytes(c.event_handles(k));
+    if (!event.ok()) {
+      return bad(absl::StrCat("readiness event handle ", k, ": ", event.status().message()));
+    }
+    s.events.push_back(*event);
+  }
   for (int i = 0; i < req.tensors_size(); ++i) {
     const v1::TensorSpec& t = req.tensors(i);
     const v1::CudaBuffer& b = t.cuda();
-    absl::StatusOr<gpu::IpcHandle> event = gpu::IpcHandle::FromBytes(b.event_handle());
-    if (!event.ok()) {
-      return bad(absl::StrCat("tensor ", i, " '", t.name(),
-                              "': readiness event handle: ", event.status().message()));
-    }
-    if (!b.mem_handle().empty()) {
-      return bad(absl::StrCat("tensor ", i, " '", t.name(),
-                              "': mem_handle is unused; send "
-                              "allocation handles in CudaRegistration"));
+    if (!b.mem_handle().empty() || !b.event_handle().empty()) {
+      return bad(absl::StrCat("tensor ", i, " '", t.name(), "': ",
+                              b.mem_handle().empty() ? "event_handle" : "mem_handle",
+                              " is unused; send allocation and event handles in "
+                              "CudaRegistration"));
     }
     if (!s.flat && b.allocation() >= s.allocations.size()) {
       return bad(absl::StrCat("tensor ", i, " '", t.name(), "': allocation ", b.allocation(),
                               " of ", s.allocations.size(), " sent"));
     }
-    s.events.push_back(*event);
     s.allocation.push_back(b.allocation());
     s.offset.push_back(b.offset());
   }
@@ -96,10 +104,10 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
                        trainers[0].name, " ", s->flat_ ? "without" : "with",
                        ": every trainer of a job uses the same mode"));
     }
-    if (spec.events.size() != layout.size()) {
+    if (spec.allocation.size() != layout.size()) {
       return MakeError(v1::INVALID_ARGUMENT,
-                       absl::StrCat(in.name, " sent ", spec.events.size(), " events for ",
-                                    layout.size(), " tensors"));
+                       absl::StrCat(in.name, " sent ", spec.allocation.size(),
+                                    " CUDA buffers for ", layout.size(), " tensors"));
     }
     if (absl::Status st = device->CheckDevice(spec.device); !st.ok()) {
       return SetupError(st, absl::StrCat(in.name, "'s GPU ", spec.device));
@@ -168,16 +176,16 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
         p.tensors[i] = static_cast<uint8_t*>(p.opened[spec.allocation[i]]) + offset;
       }
     }
-    for (size_t i = 0; i < layout.size(); ++i) {
-      absl::StatusOr<gpu::Event*> e = device->OpenEvent(spec.device, spec.events[i]);
+    // The pool, not one event per tensor (GpuTrainerSpec::events).
+    for (size_t k = 0; k < spec.events.size(); ++k) {
+      absl::StatusOr<gpu::Event*> e = device->OpenEvent(spec.device, spec.events[k]);
       if (!e.ok()) {
-        return SetupError(e.status(), absl::StrCat("opening ", in.name,
-                                                   "'s readiness event of "
-                                                   "tensor ",
-                                                   i, " '", layout[i].name, "'"));
+        return SetupError(e.status(), absl::StrCat("opening ", in.name, "'s readiness event ", k,
+                                                   " of ", spec.events.size()));
       }
       p.events.push_back(*e);
     }
+    p.slot_of_tensor.assign(layout.size(), 0);
   }
   for (const gpu::DeviceId& d : s->devices_) {
     absl::StatusOr<gpu::Stream*> stream = device->CreateStream(d);
@@ -254,10 +262,17 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
   s->collectives_ = std::move(*group);
   spdlog::info(
       "event=gpu_session_open device={} mode={} trainers={} gpus={} first_rank={} "
-      "nranks={} flat_bytes={}",
+      "nranks={} flat_bytes={} tensors={} events_opened={}",
       device->name(), s->flat_ ? "flat_buffer" : "user_pointer", s->trainers_.size(),
-      s->devices_.size(), o.first_rank, o.nranks, s->flat_bytes_);
+      s->devices_.size(), o.first_rank, o.nranks, s->flat_bytes_, layout.size(),
+      s->events_opened());
   return s;
+}
+
+size_t GpuSession::events_opened() const {
+  size_t n = 0;
+  for (const PerTrainer& p : trainers_) n += p.events.size();
+  return n;
 }
 
 absl::Status GpuSession::EnsureStaging(uint64_t bytes) {
