@@ -149,6 +149,15 @@ struct CollectiveOptions {
   // generation ended while a peer was still joining). Unset: never.
   // Additive (g-nccl): an unset field keeps the behaviour above.
   std::function<bool()> cancelled;
+  // The device gate (gated_daemon_device.h), entered only around the phases
+  // that allocate device memory or create/destroy communicators and
+  // streams; never across a wait for other ranks (the unique id exchange,
+  // the arrival of every rank before init), so a slow peer of a new job
+  // does not hold up other jobs' collectives on these GPUs. An
+  // implementation calls exit exactly once per successful enter. Unset:
+  // nothing to enter.
+  std::function<absl::Status(const char* what)> enter_memory_work;
+  std::function<void()> exit_memory_work;
 };
 
 // One in-place sum over all ranks: `count` elements at device pointer

@@ -14,7 +14,37 @@
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
-namespace {}  // namespace
+namespace {
+
+// fetch(key) until `deadline`, in slices so that `cancelled` is seen
+// promptly whatever the store's own wait does; CANCELLED once it is set.
+absl::StatusOr<std::string> FetchCancellable(
+    const std::function<absl::StatusOr<std::string>(const std::string&, absl::Time)>& fetch,
+    const std::string& key, absl::Time deadline, const std::function<bool()>& cancelled,
+    uint64_t generation) {
+  constexpr absl::Duration kSlice = absl::Milliseconds(200);
+  while (true) {
+    if (cancelled && cancelled()) {
+      return absl::CancelledError(absl::StrCat("opening the GPU path of generation ", generation,
+                                    " was cancelled (the job failed) while waiting for '", key,
+                                    "'"));
+    }
+    const absl::Time now = MonotonicNow();
+    const absl::Time until = std::min(deadline, now + kSlice);
+    absl::StatusOr<std::string> value = fetch(key, until);
+    if (value.ok() || until >= deadline) return value;
+    // Not there yet: the store's "not yet" answers; anything else is final.
+    if (CodeOf(value.status()) != v1::TIMEOUT &&
+        value.status().code() != absl::StatusCode::kDeadlineExceeded &&
+        value.status().code() != absl::StatusCode::kNotFound) {
+      return value;
+    }
+    const absl::Time after = MonotonicNow();
+    if (after < until) absl::SleepFor(std::min(absl::Milliseconds(20), until - after));
+  }
+}
+
+}  // namespace
 
 void ExitIfDeviceLost(const std::function<bool(const absl::Status&)>& is_context_lost,
                       const absl::Status& device_error, const std::string& where) {
@@ -212,7 +242,8 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
     const absl::Time deadline = MonotonicNow() + world.timeout;
     o.nranks = 0;
     for (int n = 0; n < world.num_nodes; ++n) {
-      absl::StatusOr<std::string> count = world.fetch(absl::StrCat("gpus/", n), deadline);
+      absl::StatusOr<std::string> count = FetchCancellable(
+          world.fetch, absl::StrCat("gpus/", n), deadline, world.cancelled, generation);
       int gpus = 0;
       if (!count.ok() || !absl::SimpleAtoi(*count, &gpus) || gpus < 1) {
         return MakeError(count.ok() ? v1::INTERNAL : CodeOf(count.status()),
@@ -246,10 +277,9 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
       return it->second;
     };
   }
-  // o.cancelled stays unset: the session is not reachable (Abort) until Open
-  // returns and Job has no cancellation signal to pass, so a generation that
-  // ends during init waits for it at most `timeout` (the
-  // collectives poll `cancelled` once a caller provides it).
+  // Polled through the unique id exchange, init and warm-up: a job that
+  // fails meanwhile is answered now, not after `timeout`.
+  o.cancelled = world.cancelled;
   absl::StatusOr<std::unique_ptr<gpu::CollectiveGroup>> group = device->CreateCollectives(o);
   if (!group.ok()) {
     ExitIfDeviceLost(world.is_context_lost, group.status(),

@@ -105,6 +105,12 @@ class GpuSession {
     std::function<absl::StatusOr<std::string>(const std::string& name, absl::Time deadline)> fetch;
     // GpuRuntime::is_context_lost (null: only gpu::IsDeviceLost counts).
     std::function<bool(const absl::Status&)> is_context_lost;
+    // The job's cancellation of this opening (it failed, or its generation
+    // ended): polled from Open's thread while it waits for other nodes'
+    // GPU counts and through the communicators' creation (the unique id
+    // exchange, NCCL init and warm-up), so Open returns CANCELLED promptly
+    // instead of waiting out `timeout`. Unset: never cancelled.
+    std::function<bool()> cancelled;
   };
   // `flat_plan`: where tensors lie in a flat buffer (the arena planner's
   // offsets over the tensors' real sizes).

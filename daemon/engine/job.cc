@@ -371,6 +371,7 @@ absl::StatusOr<Job::GpuStart> Job::OpenGpu(const Layout& layout, const JobWorld&
   in.publish = world.publish;
   in.fetch = world.fetch;
   in.is_context_lost = hooks_.gpu.is_context_lost;
+  in.cancelled = [this] { return gpu_open_cancelled_.load(std::memory_order_acquire); };
   if (in.num_nodes > 1 && (!in.publish || !in.fetch)) {
     return MakeError(v1::INTERNAL, "a multi-node world without the rendezvous exchange");
   }
@@ -558,6 +559,7 @@ void Job::FailLocked(const absl::Status& error, int culprit, bool expected) {
   if (world_.backend) world_.backend->Abort(std::string(error.message()));
   if (broadcaster_) broadcaster_->Abort(error);
   if (gpu_session_) gpu_session_->Abort(std::string(error.message()));
+  gpu_open_cancelled_.store(true, std::memory_order_release);
   for (auto& t : trainers_) {
     if (!t || t->gone.load() || t->segment.header() == nullptr) continue;
     const absl::Status mine = PeerError(*t);

@@ -17,6 +17,7 @@
 #ifndef GRADSYNC_DAEMON_ENGINE_JOB_H_
 #define GRADSYNC_DAEMON_ENGINE_JOB_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -308,6 +309,9 @@ class Job {
   // (directly, or through ReleaseWorld), and a Form whose phase 2 maps
   // them outside gpu_session_. A Detach returns only once it is zero.
   int departures_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Set once the job failed: cancels an OpenGpu in progress (its wait for
+  // other nodes and the communicators' creation), which runs without mu_.
+  std::atomic<bool> gpu_open_cancelled_{false};
   int registered_ ABSL_GUARDED_BY(mu_) = 0;
   // layout_, world_, arena_ and stats_ are written once, when the job
   // starts; the scheduler then reads them through references without mu_.

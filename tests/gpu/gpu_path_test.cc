@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/integration/harness.h"
+#include "tests/testing/wait.h"
 
 namespace gradsync::testing {
 namespace {
@@ -167,6 +168,33 @@ TEST(GpuPath, PooledEventReRecordedOnAnotherStreamWaitsForItsEarlierRecording) {
           << daemon.process().Log();
     }
   }
+}
+
+// A job that fails while its communicators are being created (here a
+// simulated init whose peer never joins) is answered at once: the failure
+// cancels the init instead of waiting out the timeout (300 s; the test
+// gives the surviving trainer 60).
+TEST(GpuPath, JobFailingDuringCommunicatorInitIsAnsweredBeforeTheTimeout) {
+  std::map<std::string, std::string> env = SimEnv(1);
+  env["GRADSYNC_SIM_STALL_AT"] = "create_collectives";
+  Daemon daemon(2, {"--timeout-s=300"}, env, "tests/gpu/gradsyncd_sim");
+  ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+  Process victim = StartSimTrainer(daemon, 0, 1, {"--mode=flat"}, env);
+  Process peer = StartSimTrainer(daemon, 1, 1, {"--mode=flat"}, env);
+  ASSERT_TRUE(WaitUntil(
+      [&] { return daemon.process().Log().find("event=sim_stall") != std::string::npos; },
+      seconds(30)))
+      << daemon.process().Log();
+  const std::string victim_name = absl::StrCat("(local 0, pid ", victim.pid(), ")");
+  victim.Signal(SIGKILL);
+  ExitStatus st = peer.Wait(seconds(60));
+  const std::string log = peer.Log();
+  ASSERT_TRUE(st.exited && st.code == 2) << "code " << st.code << "\n"
+                                         << log << "\ndaemon:\n"
+                                         << daemon.process().Log();
+  EXPECT_NE(log.find("error code=4"), std::string::npos) << log;  // PEER_FAILED
+  EXPECT_NE(log.find(victim_name), std::string::npos) << log;
+  victim.Wait(seconds(10));
 }
 
 // gs_close drains the trainer's stream and unmaps the daemon's gradient
