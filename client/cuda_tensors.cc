@@ -101,15 +101,13 @@ absl::StatusOr<std::unique_ptr<CudaTensors>> CudaTensors::Prepare(
   for (size_t k = 0; k < pool; ++k) {
     absl::StatusOr<gpu::Event*> e = c->device_->CreateEvent(c->device_id_);
     if (!e.ok()) {
-      return DeviceError(e.status(),
-                         absl::StrCat("creating readiness event ", k, " of ", pool, " on ",
-                                      c->device_id_));
+      return DeviceError(e.status(), absl::StrCat("creating readiness event ", k, " of ", pool,
+                                                  " on ", c->device_id_));
     }
     c->events_.push_back(*e);
     absl::StatusOr<gpu::IpcHandle> h = c->device_->ExportEvent(*e);
     if (!h.ok()) {
-      return DeviceError(h.status(),
-                         absl::StrCat("exporting readiness event ", k, " of ", pool));
+      return DeviceError(h.status(), absl::StrCat("exporting readiness event ", k, " of ", pool));
     }
     reg->add_event_handles(h->ToBytes());
   }
@@ -155,8 +153,7 @@ absl::StatusOr<uint16_t> CudaTensors::Record(size_t index, uint64_t iteration) {
     // complete before that one, or the daemon would read that tensor early.
     if (absl::Status st = device_->StreamWaitEvent(stream_, event); !st.ok()) {
       return DeviceError(st, absl::StrCat("ordering readiness event ", slot, " of tensor ", index,
-                                          " '", names_[index],
-                                          "' after its previous recording"));
+                                          " '", names_[index], "' after its previous recording"));
     }
   }
   if (absl::Status st = device_->RecordEvent(event, stream_); !st.ok()) {

@@ -101,7 +101,7 @@ class CudaTensors {
   gpu::DeviceId device_id_;
   bool flat_ = false;
   gpu::Stream* stream_ = nullptr;
-  std::vector<void*> ptrs_;          // per tensor, valid after Attach
+  std::vector<void*> ptrs_;  // per tensor, valid after Attach
   // The pool; per slot, where its latest recording went (a recording of an
   // earlier iteration is known complete: it constrains nothing).
   std::vector<gpu::Event*> events_;
@@ -112,7 +112,7 @@ class CudaTensors {
   };
   std::vector<SlotUse> slot_use_;
   size_t next_slot_ = 0;
-  void* flat_base_ = nullptr;        // mapped daemon buffer (flat mode)
+  void* flat_base_ = nullptr;  // mapped daemon buffer (flat mode)
   std::vector<std::string> names_;
 };
 

@@ -656,8 +656,8 @@ absl::StatusOr<std::string> FetchSliced(const CollectiveOptions& o, const std::s
       // A store that answers "not yet" at once: do not hammer it.
       std::this_thread::sleep_for(std::min<Clock::duration>(slice, std::chrono::milliseconds(20)));
     } else if (code != absl::StatusCode::kDeadlineExceeded) {
-      return absl::Status(code, absl::StrCat("nccl: fetching '", key,
-                                             "': ", value.status().message()));
+      return absl::Status(code,
+                          absl::StrCat("nccl: fetching '", key, "': ", value.status().message()));
     }
   }
 }
@@ -724,8 +724,8 @@ absl::Status AwaitEveryRank(const CollectiveOptions& o, Clock::time_point deadli
   const int local = static_cast<int>(o.devices.size());
   for (int i = 0; i < local; ++i) {
     if (absl::Status s = o.publish(key(o.first_rank + i), "1"); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("nccl: announcing rank ", o.first_rank + i,
-                                                 ": ", s.message()));
+      return absl::Status(
+          s.code(), absl::StrCat("nccl: announcing rank ", o.first_rank + i, ": ", s.message()));
     }
   }
   for (int r = 0; r < o.nranks; ++r) {

@@ -62,8 +62,8 @@ static_assert(sizeof(CompletionEvent) == 32);
 // What the consumer of a readiness ring expects next.
 struct ReadyExpectation {
   uint32_t num_tensors;
-  uint64_t iteration;  // the iteration being collected
-  uint64_t sequence;   // the next sequence number
+  uint64_t iteration;        // the iteration being collected
+  uint64_t sequence;         // the next sequence number
   uint32_t event_slots = 0;  // the trainer's pooled CUDA events; 0: CPU (slot must be 0)
 };
 

@@ -25,9 +25,9 @@ absl::StatusOr<std::string> FetchCancellable(
   constexpr absl::Duration kSlice = absl::Milliseconds(200);
   while (true) {
     if (cancelled && cancelled()) {
-      return absl::CancelledError(absl::StrCat("opening the GPU path of generation ", generation,
-                                    " was cancelled (the job failed) while waiting for '", key,
-                                    "'"));
+      return absl::CancelledError(
+          absl::StrCat("opening the GPU path of generation ", generation,
+                       " was cancelled (the job failed) while waiting for '", key, "'"));
     }
     const absl::Time now = MonotonicNow();
     const absl::Time until = std::min(deadline, now + kSlice);
@@ -94,8 +94,8 @@ absl::StatusOr<GpuTrainerSpec> GpuTrainerSpecFromProto(const v1::RegisterRequest
     const v1::TensorSpec& t = req.tensors(i);
     const v1::CudaBuffer& b = t.cuda();
     if (!b.mem_handle().empty() || !b.event_handle().empty()) {
-      return bad(absl::StrCat("tensor ", i, " '", t.name(), "': ",
-                              b.mem_handle().empty() ? "event_handle" : "mem_handle",
+      return bad(absl::StrCat("tensor ", i, " '", t.name(),
+                              "': ", b.mem_handle().empty() ? "event_handle" : "mem_handle",
                               " is unused; send allocation and event handles in "
                               "CudaRegistration"));
     }
@@ -136,8 +136,8 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
     }
     if (spec.allocation.size() != layout.size()) {
       return MakeError(v1::INVALID_ARGUMENT,
-                       absl::StrCat(in.name, " sent ", spec.allocation.size(),
-                                    " CUDA buffers for ", layout.size(), " tensors"));
+                       absl::StrCat(in.name, " sent ", spec.allocation.size(), " CUDA buffers for ",
+                                    layout.size(), " tensors"));
     }
     if (absl::Status st = device->CheckDevice(spec.device); !st.ok()) {
       return SetupError(st, absl::StrCat(in.name, "'s GPU ", spec.device));
@@ -242,8 +242,8 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
     const absl::Time deadline = MonotonicNow() + world.timeout;
     o.nranks = 0;
     for (int n = 0; n < world.num_nodes; ++n) {
-      absl::StatusOr<std::string> count = FetchCancellable(
-          world.fetch, absl::StrCat("gpus/", n), deadline, world.cancelled, generation);
+      absl::StatusOr<std::string> count = FetchCancellable(world.fetch, absl::StrCat("gpus/", n),
+                                                           deadline, world.cancelled, generation);
       int gpus = 0;
       if (!count.ok() || !absl::SimpleAtoi(*count, &gpus) || gpus < 1) {
         return MakeError(count.ok() ? v1::INTERNAL : CodeOf(count.status()),

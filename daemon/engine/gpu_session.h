@@ -142,9 +142,7 @@ class GpuSession {
     return p.events[p.slot_of_tensor[i]];
   }
   // Trainer t's pooled events (what ipc::ReadyExpectation::event_slots is).
-  uint32_t event_slots(size_t t) const {
-    return static_cast<uint32_t>(trainers_[t].events.size());
-  }
+  uint32_t event_slots(size_t t) const { return static_cast<uint32_t>(trainers_[t].events.size()); }
   // Scheduler thread, as each readiness entry is consumed: tensor i's mark
   // recorded `slot` (already checked < event_slots(t)).
   void NoteReady(size_t t, uint32_t i, uint16_t slot) { trainers_[t].slot_of_tensor[i] = slot; }
@@ -180,10 +178,10 @@ class GpuSession {
     int device_index = 0;
     uint8_t* flat_base = nullptr;  // flat mode: daemon-owned
     gpu::IpcHandle flat_handle;
-    std::vector<void*> opened;        // user pointer: mapped allocation bases
-    std::vector<void*> tensors;       // per tensor
-    std::vector<gpu::Event*> events;         // the pool, per slot
-    std::vector<uint16_t> slot_of_tensor;    // per tensor: its last mark's slot
+    std::vector<void*> opened;             // user pointer: mapped allocation bases
+    std::vector<void*> tensors;            // per tensor
+    std::vector<gpu::Event*> events;       // the pool, per slot
+    std::vector<uint16_t> slot_of_tensor;  // per tensor: its last mark's slot
   };
   explicit GpuSession(gpu::DaemonDevice* device) : device_(device) {}
   void Release(PerTrainer& p);

@@ -122,10 +122,10 @@ TEST(GpuPath, FiveThousandTensorsShareEachTrainersPoolOfEvents) {
     }
     for (int r = 0; r < 4; ++r) {
       ExitStatus st = trainers[r].Wait(seconds(100));
-      ASSERT_TRUE(st.exited && st.code == 0) << mode << " trainer " << r << " code " << st.code
-                                             << "\n"
-                                             << trainers[r].Log() << "\ndaemon:\n"
-                                             << daemon.process().Log();
+      ASSERT_TRUE(st.exited && st.code == 0)
+          << mode << " trainer " << r << " code " << st.code << "\n"
+          << trainers[r].Log() << "\ndaemon:\n"
+          << daemon.process().Log();
       EXPECT_NE(trainers[r].Log().find("OK rank"), std::string::npos) << trainers[r].Log();
     }
     const std::string log = daemon.process().Log();
@@ -154,18 +154,17 @@ TEST(GpuPath, PooledEventReRecordedOnAnotherStreamWaitsForItsEarlierRecording) {
     ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
     std::vector<Process> trainers;
     for (int r = 0; r < 2; ++r) {
-      trainers.push_back(StartSimTrainer(daemon, r, 1,
-                                         {"--mode=" + mode, "--tensors=600",
-                                          "--switch-stream-at=300", "--hold-stream-ms=500",
-                                          "--steps=3"},
-                                         env));
+      trainers.push_back(
+          StartSimTrainer(daemon, r, 1,
+                          {"--mode=" + mode, "--tensors=600", "--switch-stream-at=300",
+                           "--hold-stream-ms=500", "--steps=3"},
+                          env));
     }
     for (auto& t : trainers) {
       ExitStatus st = t.Wait(seconds(90));
-      ASSERT_TRUE(st.exited && st.code == 0)
-          << mode << " code " << st.code << "\n"
-          << t.Log() << "\ndaemon:\n"
-          << daemon.process().Log();
+      ASSERT_TRUE(st.exited && st.code == 0) << mode << " code " << st.code << "\n"
+                                             << t.Log() << "\ndaemon:\n"
+                                             << daemon.process().Log();
     }
   }
 }
@@ -181,9 +180,9 @@ TEST(GpuPath, JobFailingDuringCommunicatorInitIsAnsweredBeforeTheTimeout) {
   ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
   Process victim = StartSimTrainer(daemon, 0, 1, {"--mode=flat"}, env);
   Process peer = StartSimTrainer(daemon, 1, 1, {"--mode=flat"}, env);
-  ASSERT_TRUE(WaitUntil(
-      [&] { return daemon.process().Log().find("event=sim_stall") != std::string::npos; },
-      seconds(30)))
+  ASSERT_TRUE(
+      WaitUntil([&] { return daemon.process().Log().find("event=sim_stall") != std::string::npos; },
+                seconds(30)))
       << daemon.process().Log();
   const std::string victim_name = absl::StrCat("(local 0, pid ", victim.pid(), ")");
   victim.Signal(SIGKILL);

@@ -66,7 +66,7 @@ struct Tensor {
 };
 // Several buckets with small caps; "gate" is last (first in reverse order).
 std::vector<Tensor> kTensors = {{"embed", 700},      {"fc1.weight", 2048}, {"fc1.bias", 33},
-                                      {"fc2.weight", 512}, {"fc2.bias", 1},      {"gate", 3}};
+                                {"fc2.weight", 512}, {"fc2.bias", 1},      {"gate", 3}};
 const size_t kGate = 5;
 
 // Rank r's gradient contribution at (step, micro), element j of tensor i.
