@@ -350,11 +350,15 @@ absl::Status Client::Post(size_t index, ipc::ReadyKind kind) {
     return absl::OkStatus();
   }
 
+  uint16_t event_slot = 0;
   if (cuda_) {
     // The daemon reads the gradient only once it sees this event complete.
-    if (absl::Status st = cuda_->Record(index); !st.ok()) return Failed(st);
+    absl::StatusOr<uint16_t> slot = cuda_->Record(index, iteration_);
+    if (!slot.ok()) return Failed(slot.status());
+    event_slot = *slot;
   }
   ipc::ReadyEvent e{};
+  e.event_slot = event_slot;
   e.tensor = static_cast<uint32_t>(index);
   e.kind = static_cast<uint32_t>(kind);
   e.iteration = iteration_;

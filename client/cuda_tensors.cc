@@ -1,5 +1,6 @@
 #include "client/cuda_tensors.h"
 
+#include <algorithm>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -96,20 +97,21 @@ absl::StatusOr<std::unique_ptr<CudaTensors>> CudaTensors::Prepare(
     c->ptrs_[i] = s.cuda_ptr;
   }
 
-  for (size_t i = 0; i < specs.size(); ++i) {
+  const size_t pool = std::min(specs.size(), kReadyEventPool);
+  for (size_t k = 0; k < pool; ++k) {
     absl::StatusOr<gpu::Event*> e = c->device_->CreateEvent(c->device_id_);
     if (!e.ok()) {
-      return DeviceError(e.status(), absl::StrCat("creating the readiness event of tensor ", i,
-                                                  " '", specs[i].name, "'"));
+      return DeviceError(e.status(), absl::StrCat("creating readiness event ", k, " of ", pool,
+                                                  " on ", c->device_id_));
     }
     c->events_.push_back(*e);
     absl::StatusOr<gpu::IpcHandle> h = c->device_->ExportEvent(*e);
     if (!h.ok()) {
-      return DeviceError(h.status(), absl::StrCat("exporting the readiness event of tensor ", i,
-                                                  " '", specs[i].name, "'"));
+      return DeviceError(h.status(), absl::StrCat("exporting readiness event ", k, " of ", pool));
     }
-    req->mutable_tensors(static_cast<int>(i))->mutable_cuda()->set_event_handle(h->ToBytes());
+    reg->add_event_handles(h->ToBytes());
   }
+  c->slot_use_.assign(pool, SlotUse{});
   return c;
 }
 
@@ -141,12 +143,26 @@ absl::Status CudaTensors::Attach(const v1::RegisterResponse& resp, const Layout&
   return absl::OkStatus();
 }
 
-absl::Status CudaTensors::Record(size_t index) {
-  if (absl::Status st = device_->RecordEvent(events_[index], stream_); !st.ok()) {
+absl::StatusOr<uint16_t> CudaTensors::Record(size_t index, uint64_t iteration) {
+  const size_t slot = next_slot_;
+  SlotUse& use = slot_use_[slot];
+  gpu::Event* event = events_[slot];
+  if (use.recorded && use.iteration == iteration && use.stream != stream_) {
+    // The daemon may still poll this slot for an earlier mark of this
+    // iteration, recorded on another stream: the new recording must not
+    // complete before that one, or the daemon would read that tensor early.
+    if (absl::Status st = device_->StreamWaitEvent(stream_, event); !st.ok()) {
+      return DeviceError(st, absl::StrCat("ordering readiness event ", slot, " of tensor ", index,
+                                          " '", names_[index], "' after its previous recording"));
+    }
+  }
+  if (absl::Status st = device_->RecordEvent(event, stream_); !st.ok()) {
     return DeviceError(st, absl::StrCat("recording the readiness event of tensor ", index, " '",
                                         names_[index], "'"));
   }
-  return absl::OkStatus();
+  use = SlotUse{true, iteration, stream_};
+  next_slot_ = (slot + 1) % events_.size();
+  return static_cast<uint16_t>(slot);
 }
 
 absl::Status CudaTensors::Zero(size_t index, uint64_t bytes) {

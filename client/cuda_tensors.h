@@ -10,11 +10,17 @@
 //                 allocated them; each distinct allocation base is exported
 //                 once. The trainer keeps them allocated until gs_close.
 //
-// Readiness: MarkReady records tensor i's interprocess event on the chosen
-// stream (never a host synchronize) before the ring entry is posted; the
-// daemon polls it before touching the tensor. The event is re-recorded only
-// in the next synced iteration, after gs_wait of this one returned, by
-// which time the daemon has observed it complete (see local.proto).
+// Readiness: a pool of at most kReadyEventPool interprocess events (a
+// process that opens tens of thousands of IPC events fails, and the daemon
+// opens every trainer's). A mark records the next slot, round-robin, on the
+// chosen stream (never a host synchronize) before the ring entry naming the
+// slot is posted; the daemon polls that slot before touching the tensor.
+// A slot already recorded in this synced iteration is re-recorded only in
+// a way that completes after its previous recording: on the same stream,
+// or after making the new stream wait for it (StreamWaitEvent). The next
+// synced iteration starts after gs_wait returned, when the daemon has seen
+// every recording complete, so every slot is free again (local.proto,
+// CudaRegistration.event_handles, states the invariant).
 //
 // Teardown order (CUDA calls both of these undefined behaviour: freeing
 // memory another process still maps, and using an imported event after its
@@ -45,6 +51,12 @@ namespace gradsync {
 
 struct TensorSpec;
 
+// Readiness events per trainer: enough that a bucket's marks rarely share
+// one (sharing only delays the daemon's view of the earlier mark to the
+// later one's completion), few enough that 8 trainers stay far below the
+// per-process limit on opened IPC events.
+inline constexpr size_t kReadyEventPool = 256;
+
 class CudaTensors {
  public:
   // Checks the specs (all on one CUDA ordinal, cuda_ptr all set or all
@@ -66,8 +78,11 @@ class CudaTensors {
   bool flat() const { return flat_; }
   const gpu::DeviceId& device_id() const { return device_id_; }
 
-  // Records tensor `index`'s event on the current stream.
-  absl::Status Record(size_t index);
+  // Records a readiness event for tensor `index` of synced iteration
+  // `iteration` on the current stream; returns the slot recorded, for the
+  // ring entry.
+  absl::StatusOr<uint16_t> Record(size_t index, uint64_t iteration);
+  size_t event_slots() const { return events_.size(); }
   // Zeroes tensor `index` on the current stream (asynchronously).
   absl::Status Zero(size_t index, uint64_t bytes);
   // The stream later records and zeroes go to (null: legacy default).
@@ -86,9 +101,18 @@ class CudaTensors {
   gpu::DeviceId device_id_;
   bool flat_ = false;
   gpu::Stream* stream_ = nullptr;
-  std::vector<void*> ptrs_;          // per tensor, valid after Attach
-  std::vector<gpu::Event*> events_;  // per tensor
-  void* flat_base_ = nullptr;        // mapped daemon buffer (flat mode)
+  std::vector<void*> ptrs_;  // per tensor, valid after Attach
+  // The pool; per slot, where its latest recording went (a recording of an
+  // earlier iteration is known complete: it constrains nothing).
+  std::vector<gpu::Event*> events_;
+  struct SlotUse {
+    bool recorded = false;
+    uint64_t iteration = 0;
+    gpu::Stream* stream = nullptr;
+  };
+  std::vector<SlotUse> slot_use_;
+  size_t next_slot_ = 0;
+  void* flat_base_ = nullptr;  // mapped daemon buffer (flat mode)
   std::vector<std::string> names_;
 };
 

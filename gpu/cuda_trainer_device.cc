@@ -56,6 +56,7 @@ struct Driver {
   decltype(&cuEventCreate) EventCreate = nullptr;
   decltype(&cuEventDestroy) EventDestroy = nullptr;
   decltype(&cuEventRecord) EventRecord = nullptr;
+  decltype(&cuStreamWaitEvent) StreamWaitEvent = nullptr;
   decltype(&cuIpcGetEventHandle) IpcGetEventHandle = nullptr;
   decltype(&cuMemsetD8Async) MemsetD8Async = nullptr;
   decltype(&cuStreamQuery) StreamQuery = nullptr;
@@ -183,6 +184,7 @@ absl::StatusOr<std::unique_ptr<Driver>> LoadDriver(const std::string& library) {
   resolve("cuEventCreate", &driver->EventCreate);
   resolve("cuEventDestroy", &driver->EventDestroy);
   resolve("cuEventRecord", &driver->EventRecord);
+  resolve("cuStreamWaitEvent", &driver->StreamWaitEvent);
   resolve("cuIpcGetEventHandle", &driver->IpcGetEventHandle);
   resolve("cuMemsetD8Async", &driver->MemsetD8Async);
   resolve("cuStreamQuery", &driver->StreamQuery);
@@ -364,6 +366,17 @@ class CudaTrainerDevice final : public TrainerDevice {
     if (!scope.ok()) return cu_->Error(scope.result(), "cuCtxPushCurrent");
     CUresult r = cu_->EventRecord(e->event, NativeStream(stream));
     if (r != CUDA_SUCCESS) return cu_->Error(r, "cuEventRecord");
+    return absl::OkStatus();
+  }
+
+  absl::Status StreamWaitEvent(Stream* stream, Event* event) override {
+    DriverEvent* e = Unwrap(event);
+    if (e == nullptr) return absl::InvalidArgumentError("StreamWaitEvent: null event");
+    ContextScope scope(*cu_, e->context);
+    if (!scope.ok()) return cu_->Error(scope.result(), "cuCtxPushCurrent");
+    // Flags 0 (CU_EVENT_WAIT_DEFAULT): wait for the event's latest recording.
+    CUresult r = cu_->StreamWaitEvent(NativeStream(stream), e->event, 0);
+    if (r != CUDA_SUCCESS) return cu_->Error(r, "cuStreamWaitEvent");
     return absl::OkStatus();
   }
 

@@ -109,6 +109,12 @@ class TrainerDevice {
   // Records `event` on `stream` (null: the legacy default stream). Never
   // synchronizes the host with the device.
   virtual absl::Status RecordEvent(Event* event, Stream* stream) = 0;
+  // Makes `stream` (null: legacy default) wait, on the device, for
+  // `event`'s latest recording (cuStreamWaitEvent): only ever for an event
+  // this process recorded itself, so the wait completes without anyone
+  // else. Never synchronizes the host. Used before re-recording a pooled
+  // readiness event on another stream (client/cuda_tensors.h).
+  virtual absl::Status StreamWaitEvent(Stream* stream, Event* event) = 0;
   // Zeroes `bytes` at `ptr` on `stream` (null: legacy default), async.
   virtual absl::Status MemsetAsync(void* ptr, size_t bytes, Stream* stream) = 0;
   // Wraps a caller's native stream handle (cudaStream_t); null = default.
@@ -143,6 +149,15 @@ struct CollectiveOptions {
   // generation ended while a peer was still joining). Unset: never.
   // Additive (g-nccl): an unset field keeps the behaviour above.
   std::function<bool()> cancelled;
+  // The device gate (gated_daemon_device.h), entered only around the phases
+  // that allocate device memory or create/destroy communicators and
+  // streams; never across a wait for other ranks (the unique id exchange,
+  // the arrival of every rank before init), so a slow peer of a new job
+  // does not hold up other jobs' collectives on these GPUs. An
+  // implementation calls exit exactly once per successful enter. Unset:
+  // nothing to enter.
+  std::function<absl::Status(const char* what)> enter_memory_work;
+  std::function<void()> exit_memory_work;
 };
 
 // One in-place sum over all ranks: `count` elements at device pointer

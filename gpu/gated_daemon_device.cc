@@ -108,16 +108,16 @@ absl::Status GatedDaemonDevice::CloseMemory(const DeviceId& device, void* base) 
 
 absl::StatusOr<std::unique_ptr<CollectiveGroup>> GatedDaemonDevice::CreateCollectives(
     const CollectiveOptions& options) {
-  // Creation waits for remote ranks (bounded by options.timeout) while it
-  // holds the GPUs: other jobs' collectives there pause meanwhile. The
-  // price of NCCL's init allocating device memory.
-  if (absl::Status st = gate_.EnterMemoryWork(options.devices, MonotonicNow() + memory_wait_,
-                                              "creating communicators");
-      !st.ok()) {
-    return st;
-  }
-  absl::StatusOr<std::unique_ptr<CollectiveGroup>> group = device_->CreateCollectives(options);
-  gate_.ExitMemoryWork(options.devices);
+  // The device enters the gate only around its allocating phases (streams,
+  // NCCL init and warm-up, a failed group's destruction), not while it
+  // waits for remote ranks: other jobs' collectives on these GPUs pause
+  // only while memory work really runs.
+  CollectiveOptions gated = options;
+  gated.enter_memory_work = [this, devices = options.devices](const char* what) {
+    return gate_.EnterMemoryWork(devices, MonotonicNow() + memory_wait_, what);
+  };
+  gated.exit_memory_work = [this, devices = options.devices] { gate_.ExitMemoryWork(devices); };
+  absl::StatusOr<std::unique_ptr<CollectiveGroup>> group = device_->CreateCollectives(gated);
   if (!group.ok()) return group.status();
   return std::unique_ptr<CollectiveGroup>(new GatedCollectiveGroup(
       *std::move(group), &gate_, options.devices, options.timeout, memory_wait_));

@@ -632,6 +632,36 @@ absl::StatusOr<std::vector<int>> MapDevices(const std::vector<DeviceId>& devices
   return ordinals;
 }
 
+// o.fetch(key) until `deadline`, in slices, so that cancellation is seen
+// promptly whatever the store's wait does. `late`: the message on deadline.
+absl::StatusOr<std::string> FetchSliced(const CollectiveOptions& o, const std::string& key,
+                                        Clock::time_point deadline,
+                                        const std::function<bool()>& cancelled,
+                                        const std::string& late) {
+  constexpr auto kSlice = std::chrono::milliseconds(200);
+  for (;;) {
+    if (cancelled && cancelled()) {
+      return absl::CancelledError(absl::StrCat("nccl: cancelled while waiting for '", key, "'"));
+    }
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) return absl::DeadlineExceededError(absl::StrCat("nccl: ", late));
+    const auto slice = std::min<Clock::duration>(deadline - now, kSlice);
+    // fetch takes a MonotonicNow() deadline: the end of this slice.
+    absl::StatusOr<std::string> value = o.fetch(
+        key, FromSteadyClock(now) +
+                 absl::FromChrono(std::chrono::duration_cast<std::chrono::nanoseconds>(slice)));
+    if (value.ok()) return value;
+    const absl::StatusCode code = value.status().code();
+    if (code == absl::StatusCode::kNotFound) {
+      // A store that answers "not yet" at once: do not hammer it.
+      std::this_thread::sleep_for(std::min<Clock::duration>(slice, std::chrono::milliseconds(20)));
+    } else if (code != absl::StatusCode::kDeadlineExceeded) {
+      return absl::Status(code,
+                          absl::StrCat("nccl: fetching '", key, "': ", value.status().message()));
+    }
+  }
+}
+
 // Rank 0's node publishes the id; the others fetch it. Hex: the store's
 // values travel as text.
 // `*created`: ncclGetUniqueId succeeded here, which starts NCCL's bootstrap
@@ -665,44 +695,48 @@ absl::StatusOr<ncclUniqueId> ExchangeUniqueId(const NcclApi& nccl, const Collect
     }
     return id;
   }
-  // Fetched in slices, so that cancellation is seen promptly whatever the
-  // store's wait does.
-  constexpr auto kSlice = std::chrono::milliseconds(200);
-  for (;;) {
-    if (cancelled && cancelled()) {
-      return absl::CancelledError(absl::StrCat("nccl: cancelled while waiting for '", key, "'"));
-    }
-    const Clock::time_point now = Clock::now();
-    if (now >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("nccl: the unique id '", key,
-                                                      "' was not published in time (the node "
-                                                      "holding rank 0 did not create generation ",
-                                                      o.generation, "?)"));
-    }
-    const auto slice = std::min<Clock::duration>(deadline - now, kSlice);
-    // fetch takes a MonotonicNow() deadline: the end of this slice.
-    absl::StatusOr<std::string> value = o.fetch(
-        key, FromSteadyClock(now) +
-                 absl::FromChrono(std::chrono::duration_cast<std::chrono::nanoseconds>(slice)));
-    if (value.ok()) {
-      std::string bytes;
-      if (value->size() != 2 * sizeof(id.internal) ||
-          (bytes = absl::HexStringToBytes(*value)).size() != sizeof(id.internal)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("nccl: '", key, "' is not a ", sizeof(id.internal), "-byte hex id"));
-      }
-      std::copy(bytes.begin(), bytes.end(), id.internal);
-      return id;
-    }
-    const absl::StatusCode code = value.status().code();
-    if (code == absl::StatusCode::kNotFound) {
-      // A store that answers "not yet" at once: do not hammer it.
-      std::this_thread::sleep_for(std::min<Clock::duration>(slice, std::chrono::milliseconds(20)));
-    } else if (code != absl::StatusCode::kDeadlineExceeded) {
-      return absl::Status(code, absl::StrCat("nccl: fetching the unique id '", key,
-                                             "': ", value.status().message()));
+  absl::StatusOr<std::string> value = FetchSliced(
+      o, key, deadline, cancelled,
+      absl::StrCat("the unique id '", key,
+                   "' was not published in time (the node holding rank 0 did not create "
+                   "generation ",
+                   o.generation, "?)"));
+  if (!value.ok()) return value.status();
+  std::string bytes;
+  if (value->size() != 2 * sizeof(id.internal) ||
+      (bytes = absl::HexStringToBytes(*value)).size() != sizeof(id.internal)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl: '", key, "' is not a ", sizeof(id.internal), "-byte hex id"));
+  }
+  std::copy(bytes.begin(), bytes.end(), id.internal);
+  return id;
+}
+
+// Every rank of the job has its unique id: each local rank says so, then
+// this node waits (cancellable, without the device gate) until every
+// other rank has. Init, which holds the gate while NCCL allocates, then
+// starts with no rank missing, so a slow peer is waited for here.
+absl::Status AwaitEveryRank(const CollectiveOptions& o, Clock::time_point deadline,
+                            const std::function<bool()>& cancelled) {
+  const auto key = [&o](int rank) {
+    return absl::StrCat("nccl/g", o.generation, "/arrived/", rank);
+  };
+  const int local = static_cast<int>(o.devices.size());
+  for (int i = 0; i < local; ++i) {
+    if (absl::Status s = o.publish(key(o.first_rank + i), "1"); !s.ok()) {
+      return absl::Status(
+          s.code(), absl::StrCat("nccl: announcing rank ", o.first_rank + i, ": ", s.message()));
     }
   }
+  for (int r = 0; r < o.nranks; ++r) {
+    if (r >= o.first_rank && r < o.first_rank + local) continue;
+    absl::StatusOr<std::string> v =
+        FetchSliced(o, key(r), deadline, cancelled,
+                    absl::StrCat("rank ", r, " of generation ", o.generation,
+                                 " never arrived to create its communicator"));
+    if (!v.ok()) return v.status();
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -752,21 +786,58 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateNcclCollectives(
     r.id = options.devices[i];
     ranks.push_back(std::move(r));
   }
-  // On any error below, the group's destructor releases what was created.
+  // The device gate (CollectiveOptions::enter_memory_work) is held only
+  // while streams and communicators are created or destroyed, never across
+  // the waits for other ranks.
+  const auto enter = [&options](const char* what) {
+    return options.enter_memory_work ? options.enter_memory_work(what) : absl::OkStatus();
+  };
+  const auto leave = [&options] {
+    if (options.exit_memory_work) options.exit_memory_work();
+  };
+  // On any error below, the group's destructor releases what was created
+  // (streams, communicators): memory work, so under the gate.
   auto group = std::make_unique<NcclCollectives>(**nccl, options, std::move(ranks));
-  if (absl::Status s = group->CreateStreams(); !s.ok()) return s;
+  const auto discard = [&] {
+    const bool entered = enter("destroying a failed group's communicators").ok();
+    group.reset();
+    if (entered) leave();
+  };
+  if (absl::Status s = enter("creating streams"); !s.ok()) return s;
+  if (absl::Status s = group->CreateStreams(); !s.ok()) {
+    group.reset();
+    leave();
+    return s;
+  }
+  leave();
   bool id_created = false;
   absl::StatusOr<ncclUniqueId> id =
       ExchangeUniqueId(**nccl, options, deadline, cancelled, &id_created);
   if (!id.ok()) {
     // A publish that failed after ncclGetUniqueId leaks the root too.
     if (leaks_root && id_created) leaked_bootstrap_roots.fetch_add(1);
+    discard();
     return id.status();
+  }
+  if (!all_local) {
+    if (absl::Status s = AwaitEveryRank(options, deadline, cancelled); !s.ok()) {
+      if (leaks_root) leaked_bootstrap_roots.fetch_add(1);
+      discard();
+      return s;
+    }
+  }
+  if (absl::Status s = enter("creating communicators"); !s.ok()) {
+    if (leaks_root) leaked_bootstrap_roots.fetch_add(1);
+    discard();
+    return s;
   }
   if (absl::Status s = group->Init(*id, deadline, cancelled); !s.ok()) {
     if (leaks_root) leaked_bootstrap_roots.fetch_add(1);
+    group.reset();
+    leave();
     return s;
   }
+  leave();
   spdlog::info("event=nccl_connected group={} nccl={}", LogValue(group->describe()),
                NcclVersionString((*nccl)->version));
   return std::unique_ptr<CollectiveGroup>(std::move(group));

@@ -104,6 +104,8 @@ class SimCollectiveGroup final : public CollectiveGroup {
   // Joins the group (multi-node) and runs the warm-up collective.
   absl::Status Init(const CollectiveOptions& options) {
     const absl::Time deadline = MonotonicNow() + timeout_;
+    // Polled by Await while joining and warming up, as NCCL's init polls it.
+    init_cancelled_ = options.cancelled;
     if (nranks_ > nlocal_) {
       if (auto st = Join(options, deadline); !st.ok()) return Fail(st);
     }
@@ -114,6 +116,7 @@ class SimCollectiveGroup final : public CollectiveGroup {
       group_unlinked_ = true;
     }
     if (warm.ok() && nranks_ > nlocal_) warm = CheckOneRankPerGpu();
+    init_cancelled_ = nullptr;
     return warm;
   }
 
@@ -429,6 +432,10 @@ class SimCollectiveGroup final : public CollectiveGroup {
     absl::Duration nap = absl::Microseconds(50);
     while (true) {
       if (absl::Status st = Unusable(); !st.ok()) return st;
+      if (init_cancelled_ && init_cancelled_()) {
+        return Fail(absl::CancelledError(
+            absl::StrCat("collective ", seq, " (generation ", generation_, "): init cancelled")));
+      }
       const int32_t failed = g->failed.load(std::memory_order_acquire);
       if (failed != 0) {
         return absl::UnavailableError(absl::StrCat("collective ", seq, ": the node of rank ",
@@ -466,6 +473,7 @@ class SimCollectiveGroup final : public CollectiveGroup {
   const std::string prefix_;
   const std::string host_;
   const uint64_t instance_;
+  std::function<bool()> init_cancelled_;  // during Init only (its thread)
 
   // Multi-node only. Written by Init before the group is shared.
   ipc::SharedSegment group_;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -301,6 +302,7 @@ absl::StatusOr<SimOptions> SimOptions::FromEnv() {
   if (const char* raw = std::getenv("GRADSYNC_SIM_LOSE_DEVICE_AT"); raw != nullptr) {
     o.lose_device_at = raw;
   }
+  if (const char* raw = std::getenv("GRADSYNC_SIM_STALL_AT"); raw != nullptr) o.stall_at = raw;
   if (const char* raw = std::getenv("GRADSYNC_SIM_VISIBLE_DEVICES"); raw != nullptr && *raw) {
     for (absl::string_view part : absl::StrSplit(raw, ',')) {
       int v = 0;
@@ -437,6 +439,17 @@ absl::Status SimTrainerDevice::RecordEvent(Event* event, Stream* stream) {
                                                    SimDeviceId((*s)->device_index())));
   }
   e->Record(*s);
+  return absl::OkStatus();
+}
+
+absl::Status SimTrainerDevice::StreamWaitEvent(Stream* stream, Event* event) {
+  SimEvent* e = node_->FindEvent(event);
+  if (e == nullptr || !e->owned()) {
+    return absl::InvalidArgumentError("StreamWaitEvent: not an event created by this device");
+  }
+  absl::StatusOr<SimStream*> s = node_->Resolve(stream, e->device_index(), true);
+  if (!s.ok()) return s.status();
+  e->WaitOn(*s);
   return absl::OkStatus();
 }
 
@@ -670,15 +683,44 @@ absl::Status SimDaemonDevice::SumAsync(void* dst, const std::vector<const void*>
 absl::StatusOr<std::unique_ptr<CollectiveGroup>> SimDaemonDevice::CreateCollectives(
     const CollectiveOptions& options) {
   if (absl::Status st = Lost("create_collectives"); !st.ok()) return st;
+  if (node_->options().stall_at == "create_collectives") {
+    std::fprintf(stderr, "event=sim_stall point=create_collectives generation=%llu\n",
+                 static_cast<unsigned long long>(options.generation));
+    std::fflush(stderr);
+    const absl::Time deadline = MonotonicNow() + options.timeout;
+    while (true) {
+      if (options.cancelled && options.cancelled()) {
+        return absl::CancelledError("communicator init cancelled (simulated peer never joined)");
+      }
+      if (MonotonicNow() >= deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("communicator init: a simulated peer never joined within ",
+                         absl::FormatDuration(options.timeout)));
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
   std::vector<int> indices;
   for (const DeviceId& d : options.devices) {
     absl::StatusOr<int> index = node_->IndexOf(d);
     if (!index.ok()) return index.status();
     indices.push_back(*index);
-    if (auto st = node_->CheckNoCollective(*index, "creating communicators"); !st.ok()) return st;
   }
-  absl::StatusOr<std::unique_ptr<CollectiveGroup>> group = sim::CreateSimCollectives(
-      options, indices, node_->options().prefix, SimHost(node_->options()));
+  // The simulated creation is all memory work (its waits for other ranks
+  // are short in tests): gated as a whole, but after the stall above.
+  if (options.enter_memory_work) {
+    if (absl::Status st = options.enter_memory_work("creating communicators"); !st.ok()) return st;
+  }
+  absl::Status check;
+  for (int index : indices) {
+    check = node_->CheckNoCollective(index, "creating communicators");
+    if (!check.ok()) break;
+  }
+  absl::StatusOr<std::unique_ptr<CollectiveGroup>> group =
+      check.ok() ? sim::CreateSimCollectives(options, indices, node_->options().prefix,
+                                             SimHost(node_->options()))
+                 : absl::StatusOr<std::unique_ptr<CollectiveGroup>>(check);
+  if (options.exit_memory_work) options.exit_memory_work();
   if (!group.ok()) return group.status();
   return std::unique_ptr<CollectiveGroup>(
       new sim::CountedCollectives(*std::move(group), node_.get(), indices));

@@ -21,6 +21,8 @@
 //                                      delay on a stream (default 0 / 2000)
 //   GRADSYNC_SIM_LOSE_DEVICE_AT=OP     SimOptions::lose_device_at (tests of
 //                                      the daemon's exit on a sticky error)
+//   GRADSYNC_SIM_STALL_AT=OP           SimOptions::stall_at (tests of
+//                                      cancelling a communicator init)
 // or pass SimOptions to Create.
 //
 // What a trainer's framework does (allocate, launch the backward kernel
@@ -89,6 +91,11 @@ struct SimOptions {
   // (marked IsDeviceLost), and so does every later call: "alloc", "free",
   // "open_memory", "close_memory", "open_event", "create_collectives".
   std::string lose_device_at;
+  // "create_collectives": the daemon device's CreateCollectives waits like
+  // an NCCL init whose peer never joins — until CollectiveOptions::cancelled
+  // (CANCELLED) or its timeout (DEADLINE_EXCEEDED) — after printing
+  // "event=sim_stall point=create_collectives" to stderr.
+  std::string stall_at;
 
   // From the GRADSYNC_SIM_* variables above; INVALID_ARGUMENT naming the
   // variable when one is malformed.
@@ -116,6 +123,7 @@ class SimTrainerDevice final : public TrainerDevice {
   absl::StatusOr<IpcHandle> ExportEvent(Event* event) override;
   void DestroyEvent(Event* event) override;
   absl::Status RecordEvent(Event* event, Stream* stream) override;
+  absl::Status StreamWaitEvent(Stream* stream, Event* event) override;
   absl::Status MemsetAsync(void* ptr, size_t bytes, Stream* stream) override;
   Stream* WrapStream(void* native) override;
   absl::Status SynchronizeStream(const DeviceId& device, Stream* stream,

@@ -2,11 +2,14 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/monotonic.h"
 #include "gpu/sim_memory.h"
 
 namespace gradsync::gpu::sim {
@@ -102,6 +105,17 @@ void SimEvent::Record(SimStream* stream) {
   stream->Enqueue([mapping = mapping_, generation] {
     // Release: whoever sees the generation also sees every earlier write.
     mapping->record()->completed.store(generation, std::memory_order_release);
+  });
+}
+
+void SimEvent::WaitOn(SimStream* stream) {
+  const uint64_t generation = mapping_->record()->recorded.load(std::memory_order_acquire);
+  stream->Enqueue([mapping = mapping_, generation] {
+    const absl::Time give_up = MonotonicNow() + kMaxStreamWait;
+    while (mapping->record()->completed.load(std::memory_order_acquire) < generation &&
+           MonotonicNow() < give_up) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
   });
 }
 

@@ -34,6 +34,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "gpu/device.h"
 #include "gpu/sim_stream.h"
 #include "ipc/shared_segment.h"
@@ -73,6 +74,12 @@ class SimEvent {
   // Owner only: the event completes once everything queued on `stream`
   // before it has run.
   void Record(SimStream* stream);
+  // Owner only: `stream`'s later work runs once the recording made before
+  // this call has completed (cuStreamWaitEvent). The stream's worker waits
+  // (bounded by kMaxStreamWait, then goes on: a simulated stream must not
+  // hang its process's teardown).
+  void WaitOn(SimStream* stream);
+  static constexpr absl::Duration kMaxStreamWait = absl::Seconds(60);
   // kDone / kPending; UNAVAILABLE if pending and its owner process is dead;
   // FAILED_PRECONDITION (importers) once the owner destroyed it.
   absl::StatusOr<Completion> Query() const;

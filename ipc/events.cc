@@ -23,6 +23,10 @@ absl::Status ValidateReadyEvent(const ReadyEvent& e, const ReadyExpectation& exp
     return absl::OutOfRangeError(
         absl::StrCat("readiness entry names tensor ", e.tensor, " of ", expect.num_tensors));
   }
+  if (e.event_slot != 0 && e.event_slot >= expect.event_slots) {
+    return absl::OutOfRangeError(absl::StrCat("readiness entry names event slot ", e.event_slot,
+                                              " of ", expect.event_slots));
+  }
   if (e.iteration != expect.iteration) {
     return absl::DataLossError(absl::StrCat("readiness entry is for iteration ", e.iteration,
                                             ", expected ", expect.iteration));

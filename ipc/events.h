@@ -22,8 +22,12 @@ enum class ReadyKind : uint32_t { kReady = 1, kUnused = 2, kJoin = 3 };
 inline constexpr uint32_t kJoinDivideByInitialWorldSize = 1;
 
 struct ReadyEvent {
-  uint32_t tensor;     // registration index
-  uint32_t kind;       // ReadyKind
+  uint32_t tensor;  // registration index
+  uint16_t kind;    // ReadyKind
+  // CUDA tensors: which of the trainer's pooled interprocess events
+  // (CudaRegistration.event_handles) was recorded for this mark; 0 for CPU
+  // tensors. The reuse rule is in local.proto (CudaRegistration).
+  uint16_t event_slot;
   uint64_t iteration;  // the trainer's synced-iteration counter, from 0
   uint64_t sequence;   // 0, 1, 2, ... per ring
   // Iterations the trainer accumulated under gs_set_sync(0) (no_sync) before
@@ -71,8 +75,9 @@ static_assert(sizeof(CompletionEvent) == 32);
 // What the consumer of a readiness ring expects next.
 struct ReadyExpectation {
   uint32_t num_tensors;
-  uint64_t iteration;  // the iteration being collected
-  uint64_t sequence;   // the next sequence number
+  uint64_t iteration;        // the iteration being collected
+  uint64_t sequence;         // the next sequence number
+  uint32_t event_slots = 0;  // the trainer's pooled CUDA events; 0: CPU (slot must be 0)
 };
 
 // Checks one entry read from a trainer's readiness ring. A failure names

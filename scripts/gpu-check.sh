@@ -21,6 +21,9 @@
 #   unit:*     the GPU unit tests (bin/*_test but cuda_path_test)
 #   cabi       C ABI equivalence: 1, 2, 4 trainers sharing the GPU; flat and
 #              user pointer; fp32 and bf16
+#   cabi:event-pool  pooled readiness events: 4 trainers x 5,000 tensors
+#              (1,024 IPC events opened, not 20,000); an event re-recorded
+#              on a second stream
 #   two-nodes: 2 gradsyncd "nodes" x 2 trainers on the one GPU (distinct
 #              NCCL_HOSTID, NCCL_SOCKET_IFNAME=lo: two real NCCL ranks):
 #              equivalence; a node that never joins -> TIMEOUT, then a fresh
@@ -53,6 +56,7 @@ ITEMS=(
   "unit:nccl_collectives 60 -    item_unit       bin/nccl_collectives_test"
   "unit:cuda_device     45 -     item_unit       bin/cuda_device_test,bin/cuda_device_helper"
   "cabi                 90 -     item_gtest      bin/cuda_path_test,bin/cuda_trainer"
+  "cabi:event-pool      60 -     item_gtest      bin/cuda_path_test,bin/cuda_trainer"
   "two-nodes:equivalence 60 -    item_gtest      bin/cuda_path_test,bin/cuda_trainer"
   "two-nodes:never-joins 60 -    item_gtest      bin/cuda_path_test,bin/cuda_trainer"
   "two-nodes:skip       50 -     item_gtest      bin/cuda_path_test,bin/cuda_trainer"
@@ -64,6 +68,7 @@ ITEMS=(
 gtest_filter() {
   case $1 in
     cabi) echo 'SharingOneGpu/CudaPathTest.*' ;;
+    cabi:event-pool) echo 'CudaPathPoolTest.*' ;;
     two-nodes:equivalence) echo 'OneGpu/CudaTwoNodesTest.*' ;;
     two-nodes:never-joins) echo 'CudaTwoNodesFaultTest.NodeThatNeverJoins*' ;;
     two-nodes:skip) echo 'CudaTwoNodesFaultTest.NodeSkippingACollective*' ;;

@@ -55,6 +55,10 @@ class GpuReducer {
                       absl::Time deadline, ReduceTimings* timings, int* culprit);
 
   void Abort(const std::string& reason) { session_->Abort(reason); }
+  // The scheduler's side of the readiness entries (GpuSession::NoteReady):
+  // trainer t's pool size, and the slot its mark of tensor i recorded.
+  uint32_t event_slots(size_t t) const { return session_->event_slots(t); }
+  void NoteReady(size_t t, uint32_t i, uint16_t slot) { session_->NoteReady(t, i, slot); }
   // Called at most once per Reduce when its events stay pending for
   // `threshold_s`: the scheduler's loop cannot report that stall itself
   // while it polls here. (bucket, waited seconds, what is pending.)

@@ -14,7 +14,37 @@
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
-namespace {}  // namespace
+namespace {
+
+// fetch(key) until `deadline`, in slices so that `cancelled` is seen
+// promptly whatever the store's own wait does; CANCELLED once it is set.
+absl::StatusOr<std::string> FetchCancellable(
+    const std::function<absl::StatusOr<std::string>(const std::string&, absl::Time)>& fetch,
+    const std::string& key, absl::Time deadline, const std::function<bool()>& cancelled,
+    uint64_t generation) {
+  constexpr absl::Duration kSlice = absl::Milliseconds(200);
+  while (true) {
+    if (cancelled && cancelled()) {
+      return absl::CancelledError(
+          absl::StrCat("opening the GPU path of generation ", generation,
+                       " was cancelled (the job failed) while waiting for '", key, "'"));
+    }
+    const absl::Time now = MonotonicNow();
+    const absl::Time until = std::min(deadline, now + kSlice);
+    absl::StatusOr<std::string> value = fetch(key, until);
+    if (value.ok() || until >= deadline) return value;
+    // Not there yet: the store's "not yet" answers; anything else is final.
+    if (CodeOf(value.status()) != v1::TIMEOUT &&
+        value.status().code() != absl::StatusCode::kDeadlineExceeded &&
+        value.status().code() != absl::StatusCode::kNotFound) {
+      return value;
+    }
+    const absl::Time after = MonotonicNow();
+    if (after < until) absl::SleepFor(std::min(absl::Milliseconds(20), until - after));
+  }
+}
+
+}  // namespace
 
 void ExitIfDeviceLost(const std::function<bool(const absl::Status&)>& is_context_lost,
                       const absl::Status& device_error, const std::string& where) {
@@ -47,24 +77,32 @@ absl::StatusOr<GpuTrainerSpec> GpuTrainerSpecFromProto(const v1::RegisterRequest
   if (s.flat && !s.allocations.empty()) {
     return bad("a flat-buffer registration sends no allocation handles");
   }
+  if (c.event_handles_size() < 1 ||
+      static_cast<size_t>(c.event_handles_size()) > kMaxReadyEventSlots) {
+    return bad(absl::StrCat("a CUDA registration sends 1 to ", kMaxReadyEventSlots,
+                            " readiness event handles (a pool shared by the tensors), not ",
+                            c.event_handles_size()));
+  }
+  for (int k = 0; k < c.event_handles_size(); ++k) {
+    absl::StatusOr<gpu::IpcHandle> event = gpu::IpcHandle::FromBytes(c.event_handles(k));
+    if (!event.ok()) {
+      return bad(absl::StrCat("readiness event handle ", k, ": ", event.status().message()));
+    }
+    s.events.push_back(*event);
+  }
   for (int i = 0; i < req.tensors_size(); ++i) {
     const v1::TensorSpec& t = req.tensors(i);
     const v1::CudaBuffer& b = t.cuda();
-    absl::StatusOr<gpu::IpcHandle> event = gpu::IpcHandle::FromBytes(b.event_handle());
-    if (!event.ok()) {
+    if (!b.mem_handle().empty() || !b.event_handle().empty()) {
       return bad(absl::StrCat("tensor ", i, " '", t.name(),
-                              "': readiness event handle: ", event.status().message()));
-    }
-    if (!b.mem_handle().empty()) {
-      return bad(absl::StrCat("tensor ", i, " '", t.name(),
-                              "': mem_handle is unused; send "
-                              "allocation handles in CudaRegistration"));
+                              "': ", b.mem_handle().empty() ? "event_handle" : "mem_handle",
+                              " is unused; send allocation and event handles in "
+                              "CudaRegistration"));
     }
     if (!s.flat && b.allocation() >= s.allocations.size()) {
       return bad(absl::StrCat("tensor ", i, " '", t.name(), "': allocation ", b.allocation(),
                               " of ", s.allocations.size(), " sent"));
     }
-    s.events.push_back(*event);
     s.allocation.push_back(b.allocation());
     s.offset.push_back(b.offset());
   }
@@ -96,9 +134,9 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
                        trainers[0].name, " ", s->flat_ ? "without" : "with",
                        ": every trainer of a job uses the same mode"));
     }
-    if (spec.events.size() != layout.size()) {
+    if (spec.allocation.size() != layout.size()) {
       return MakeError(v1::INVALID_ARGUMENT,
-                       absl::StrCat(in.name, " sent ", spec.events.size(), " events for ",
+                       absl::StrCat(in.name, " sent ", spec.allocation.size(), " CUDA buffers for ",
                                     layout.size(), " tensors"));
     }
     if (absl::Status st = device->CheckDevice(spec.device); !st.ok()) {
@@ -168,16 +206,16 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
         p.tensors[i] = static_cast<uint8_t*>(p.opened[spec.allocation[i]]) + offset;
       }
     }
-    for (size_t i = 0; i < layout.size(); ++i) {
-      absl::StatusOr<gpu::Event*> e = device->OpenEvent(spec.device, spec.events[i]);
+    // The pool, not one event per tensor (GpuTrainerSpec::events).
+    for (size_t k = 0; k < spec.events.size(); ++k) {
+      absl::StatusOr<gpu::Event*> e = device->OpenEvent(spec.device, spec.events[k]);
       if (!e.ok()) {
-        return SetupError(e.status(), absl::StrCat("opening ", in.name,
-                                                   "'s readiness event of "
-                                                   "tensor ",
-                                                   i, " '", layout[i].name, "'"));
+        return SetupError(e.status(), absl::StrCat("opening ", in.name, "'s readiness event ", k,
+                                                   " of ", spec.events.size()));
       }
       p.events.push_back(*e);
     }
+    p.slot_of_tensor.assign(layout.size(), 0);
   }
   for (const gpu::DeviceId& d : s->devices_) {
     absl::StatusOr<gpu::Stream*> stream = device->CreateStream(d);
@@ -204,7 +242,8 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
     const absl::Time deadline = MonotonicNow() + world.timeout;
     o.nranks = 0;
     for (int n = 0; n < world.num_nodes; ++n) {
-      absl::StatusOr<std::string> count = world.fetch(absl::StrCat("gpus/", n), deadline);
+      absl::StatusOr<std::string> count = FetchCancellable(world.fetch, absl::StrCat("gpus/", n),
+                                                           deadline, world.cancelled, generation);
       int gpus = 0;
       if (!count.ok() || !absl::SimpleAtoi(*count, &gpus) || gpus < 1) {
         return MakeError(count.ok() ? v1::INTERNAL : CodeOf(count.status()),
@@ -238,10 +277,9 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
       return it->second;
     };
   }
-  // o.cancelled stays unset: the session is not reachable (Abort) until Open
-  // returns and Job has no cancellation signal to pass, so a generation that
-  // ends during init waits for it at most `timeout` (the
-  // collectives poll `cancelled` once a caller provides it).
+  // Polled through the unique id exchange, init and warm-up: a job that
+  // fails meanwhile is answered now, not after `timeout`.
+  o.cancelled = world.cancelled;
   absl::StatusOr<std::unique_ptr<gpu::CollectiveGroup>> group = device->CreateCollectives(o);
   if (!group.ok()) {
     ExitIfDeviceLost(world.is_context_lost, group.status(),
@@ -254,10 +292,17 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
   s->collectives_ = std::move(*group);
   spdlog::info(
       "event=gpu_session_open device={} mode={} trainers={} gpus={} first_rank={} "
-      "nranks={} flat_bytes={}",
+      "nranks={} flat_bytes={} tensors={} events_opened={}",
       device->name(), s->flat_ ? "flat_buffer" : "user_pointer", s->trainers_.size(),
-      s->devices_.size(), o.first_rank, o.nranks, s->flat_bytes_);
+      s->devices_.size(), o.first_rank, o.nranks, s->flat_bytes_, layout.size(),
+      s->events_opened());
   return s;
+}
+
+size_t GpuSession::events_opened() const {
+  size_t n = 0;
+  for (const PerTrainer& p : trainers_) n += p.events.size();
+  return n;
 }
 
 absl::Status GpuSession::EnsureStaging(uint64_t bytes) {

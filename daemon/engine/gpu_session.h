@@ -42,8 +42,15 @@ struct GpuTrainerSpec {
   std::vector<gpu::IpcHandle> allocations;  // user pointer: one per distinct base
   std::vector<uint32_t> allocation;         // per tensor: index into allocations
   std::vector<uint64_t> offset;             // per tensor: bytes into its allocation
-  std::vector<gpu::IpcHandle> events;       // per tensor
+  // The trainer's pooled readiness events (1..kMaxReadyEventSlots); each
+  // readiness entry names the slot it recorded (local.proto).
+  std::vector<gpu::IpcHandle> events;
 };
+
+// The most readiness events a trainer may send: a process opening tens of
+// thousands of IPC events fails (PyTorch saw it above ~20k), so the daemon
+// opens at most this many per trainer, whatever the layout's size.
+inline constexpr size_t kMaxReadyEventSlots = 1024;
 
 // INVALID_ARGUMENT naming the tensor when the request is inconsistent.
 absl::StatusOr<GpuTrainerSpec> GpuTrainerSpecFromProto(const v1::RegisterRequest& req);
@@ -98,6 +105,12 @@ class GpuSession {
     std::function<absl::StatusOr<std::string>(const std::string& name, absl::Time deadline)> fetch;
     // GpuRuntime::is_context_lost (null: only gpu::IsDeviceLost counts).
     std::function<bool(const absl::Status&)> is_context_lost;
+    // The job's cancellation of this opening (it failed, or its generation
+    // ended): polled from Open's thread while it waits for other nodes'
+    // GPU counts and through the communicators' creation (the unique id
+    // exchange, NCCL init and warm-up), so Open returns CANCELLED promptly
+    // instead of waiting out `timeout`. Unset: never cancelled.
+    std::function<bool()> cancelled;
   };
   // `flat_plan`: where tensors lie in a flat buffer (the arena planner's
   // offsets over the tensors' real sizes).
@@ -122,7 +135,19 @@ class GpuSession {
   // Trainer t's tensor i on the device (flat mode: inside its flat buffer).
   void* tensor(size_t t, uint32_t i) const { return trainers_[t].tensors[i]; }
   uint8_t* flat_base(size_t t) const { return trainers_[t].flat_base; }
-  gpu::Event* event(size_t t, uint32_t i) const { return trainers_[t].events[i]; }
+  // The event to poll for trainer t's tensor i this iteration: the slot its
+  // readiness entry named (NoteReady).
+  gpu::Event* event(size_t t, uint32_t i) const {
+    const PerTrainer& p = trainers_[t];
+    return p.events[p.slot_of_tensor[i]];
+  }
+  // Trainer t's pooled events (what ipc::ReadyExpectation::event_slots is).
+  uint32_t event_slots(size_t t) const { return static_cast<uint32_t>(trainers_[t].events.size()); }
+  // Scheduler thread, as each readiness entry is consumed: tensor i's mark
+  // recorded `slot` (already checked < event_slots(t)).
+  void NoteReady(size_t t, uint32_t i, uint16_t slot) { trainers_[t].slot_of_tensor[i] = slot; }
+  // How many interprocess events Open opened, over all trainers.
+  size_t events_opened() const;
   // Flat mode: the handle trainer t maps, and the buffer's size.
   const gpu::IpcHandle& flat_handle(size_t t) const { return trainers_[t].flat_handle; }
   uint64_t flat_bytes() const { return flat_bytes_; }
@@ -153,9 +178,10 @@ class GpuSession {
     int device_index = 0;
     uint8_t* flat_base = nullptr;  // flat mode: daemon-owned
     gpu::IpcHandle flat_handle;
-    std::vector<void*> opened;        // user pointer: mapped allocation bases
-    std::vector<void*> tensors;       // per tensor
-    std::vector<gpu::Event*> events;  // per tensor
+    std::vector<void*> opened;             // user pointer: mapped allocation bases
+    std::vector<void*> tensors;            // per tensor
+    std::vector<gpu::Event*> events;       // the pool, per slot
+    std::vector<uint16_t> slot_of_tensor;  // per tensor: its last mark's slot
   };
   explicit GpuSession(gpu::DaemonDevice* device) : device_(device) {}
   void Release(PerTrainer& p);

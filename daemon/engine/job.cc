@@ -285,13 +285,17 @@ void Job::Form() {
     // gpu_session_, where Leave finds it. A job that already failed maps
     // nothing.
     bool open = false;
+    std::shared_ptr<std::atomic<bool>> cancel;
     {
       MonotonicMutexLock lock(&mu_);
       open = state_ != JobState::kFailed;
-      if (open) ++departures_in_flight_;
+      if (open) {
+        ++departures_in_flight_;
+        cancel = gpu_open_cancel_ = std::make_shared<std::atomic<bool>>(false);
+      }
     }
     if (open) {
-      gpu = OpenGpu(*layout, *world, gpu_specs, names);
+      gpu = OpenGpu(std::move(cancel), *layout, *world, gpu_specs, names);
       mapping = true;
     }
   }
@@ -345,7 +349,8 @@ BucketCaps Job::InitialCaps(const JobWorld& world) const {
              : BucketCaps{config_.bucket_cap_bytes(), config_.first_bucket_cap_bytes()};
 }
 
-absl::StatusOr<Job::GpuStart> Job::OpenGpu(const Layout& layout, const JobWorld& world,
+absl::StatusOr<Job::GpuStart> Job::OpenGpu(std::shared_ptr<std::atomic<bool>> cancel,
+                                           const Layout& layout, const JobWorld& world,
                                            const std::vector<GpuTrainerSpec>& specs,
                                            const std::vector<std::string>& names) const {
   // The same planner over the real sizes as StartLocked's arena: every
@@ -373,6 +378,7 @@ absl::StatusOr<Job::GpuStart> Job::OpenGpu(const Layout& layout, const JobWorld&
   in.publish = world.publish;
   in.fetch = world.fetch;
   in.is_context_lost = hooks_.gpu.is_context_lost;
+  in.cancelled = [cancel] { return cancel->load(std::memory_order_acquire); };
   if (in.num_nodes > 1 && (!in.publish || !in.fetch)) {
     return MakeError(v1::INTERNAL, "a multi-node world without the rendezvous exchange");
   }
@@ -580,6 +586,7 @@ void Job::FailLocked(const absl::Status& error, int culprit, bool expected) {
   if (broadcaster_) broadcaster_->Abort(error);
   if (replica_checker_) replica_checker_->Abort(error);
   if (gpu_session_) gpu_session_->Abort(std::string(error.message()));
+  if (gpu_open_cancel_) gpu_open_cancel_->store(true, std::memory_order_release);
   for (auto& t : trainers_) {
     if (!t || t->gone.load() || t->segment.header() == nullptr) continue;
     const absl::Status mine = PeerError(*t);

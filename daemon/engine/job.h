@@ -17,6 +17,7 @@
 #ifndef GRADSYNC_DAEMON_ENGINE_JOB_H_
 #define GRADSYNC_DAEMON_ENGINE_JOB_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -265,8 +266,9 @@ class Job {
     ipc::ArenaLayout flat_plan;           // where tensors lie in a flat buffer
     std::unique_ptr<GpuSession> session;  // null: a CPU layout
   };
-  absl::StatusOr<GpuStart> OpenGpu(const Layout& layout, const JobWorld& world,
-                                   const std::vector<GpuTrainerSpec>& specs,
+  // `cancel`: set (by Fail) to give up promptly.
+  absl::StatusOr<GpuStart> OpenGpu(std::shared_ptr<std::atomic<bool>> cancel, const Layout& layout,
+                                   const JobWorld& world, const std::vector<GpuTrainerSpec>& specs,
                                    const std::vector<std::string>& names) const
       ABSL_LOCKS_EXCLUDED(mu_);
   BucketCaps InitialCaps(const JobWorld& world) const;
@@ -325,6 +327,10 @@ class Job {
   // (directly, or through ReleaseWorld), and a Form whose phase 2 maps
   // them outside gpu_session_. A Detach returns only once it is zero.
   int departures_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // The cancellation of the OpenGpu in progress (its wait for other nodes
+  // and the communicators' creation, which run without mu_): a fresh token
+  // per opening, set by the job's failure.
+  std::shared_ptr<std::atomic<bool>> gpu_open_cancel_ ABSL_GUARDED_BY(mu_);
   int registered_ ABSL_GUARDED_BY(mu_) = 0;
   // layout_, world_, arena_ and stats_ are written once, when the job
   // starts; the scheduler then reads them through references without mu_.

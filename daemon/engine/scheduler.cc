@@ -465,8 +465,9 @@ bool Scheduler::ConsumeReadyRing(Trainer& t, int64_t now_ns, bool* progress) {
             t.local_rank);
       return false;
     }
-    const ipc::ReadyExpectation expect{static_cast<uint32_t>(layout_.size()), iteration(),
-                                       t.ready_sequence};
+    const ipc::ReadyExpectation expect{
+        static_cast<uint32_t>(layout_.size()), iteration(), t.ready_sequence,
+        options_.gpu ? options_.gpu->event_slots(static_cast<size_t>(t.local_rank)) : 0};
     if (absl::Status st = ipc::ValidateReadyEvent(e, expect); !st.ok()) {
       if (FailIfTruncated()) return false;
       fail_(MakeError(v1::INVALID_ARGUMENT,
@@ -495,6 +496,10 @@ bool Scheduler::ConsumeReadyRing(Trainer& t, int64_t now_ns, bool* progress) {
       return false;
     }
     if (!CheckInStep(t, e)) return false;
+    // The pooled event this mark recorded: what the reduction polls.
+    if (options_.gpu) {
+      options_.gpu->NoteReady(static_cast<size_t>(t.local_rank), e.tensor, e.event_slot);
+    }
     t.marked[e.tensor] = static_cast<uint8_t>(e.kind);
     ++t.marked_count;
     if (e.checksum != 0) {

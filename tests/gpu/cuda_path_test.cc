@@ -82,6 +82,41 @@ INSTANTIATE_TEST_SUITE_P(SharingOneGpu, CudaPathTest,
                                                std::get<2>(info.param));
                          });
 
+// Readiness events are pooled (256 per trainer): 4 trainers x 5,000 tensors
+// train exactly and the daemon opens 1,024 IPC events, not 20,000; and a
+// pooled event re-recorded on a second stream (600 tensors, switched after
+// 300 marks) still orders the daemon after the first stream's writes.
+TEST(CudaPathPoolTest, FiveThousandTensorsFourTrainersShareAPoolOfEvents) {
+  GS_SKIP_UNLESS_GPU();
+  Daemon daemon = GpuDaemon(4);
+  ASSERT_TRUE(daemon.WaitReady(seconds(30))) << daemon.process().Log();
+  std::vector<Process> ps = StartTrainers(daemon, 4, {"--tensors=5000", "--steps=3"});
+  for (int r = 0; r < 4; ++r) {
+    ExitStatus st = ps[r].Wait(seconds(90));
+    EXPECT_TRUE(st.exited && st.code == 0) << "trainer " << r << "\n"
+                                           << ps[r].Log() << "\ndaemon:\n"
+                                           << daemon.process().Log();
+  }
+  EXPECT_NE(daemon.process().Log().find("tensors=5000 events_opened=1024"), std::string::npos)
+      << daemon.process().Log();
+}
+
+TEST(CudaPathPoolTest, EventReRecordedOnASecondStreamWaitsForTheFirst) {
+  GS_SKIP_UNLESS_GPU();
+  for (const std::string mode : {"flat", "user"}) {
+    Daemon daemon = GpuDaemon(2);
+    ASSERT_TRUE(daemon.WaitReady(seconds(30))) << daemon.process().Log();
+    std::vector<Process> ps = StartTrainers(
+        daemon, 2, {"--mode=" + mode, "--tensors=600", "--switch-stream-at=300", "--steps=3"});
+    for (int r = 0; r < 2; ++r) {
+      ExitStatus st = ps[r].Wait(seconds(60));
+      EXPECT_TRUE(st.exited && st.code == 0) << mode << " trainer " << r << "\n"
+                                             << ps[r].Log() << "\ndaemon:\n"
+                                             << daemon.process().Log();
+    }
+  }
+}
+
 TEST(CudaPathFaultTest, TrainerKilledMidIterationIsReportedToItsPeerByName) {
   GS_SKIP_UNLESS_GPU();
   Daemon daemon = GpuDaemon(2);

@@ -6,12 +6,16 @@
 //
 //   cuda_trainer --socket=S [--mode=flat|user] [--dtype=fp32|bf16] [--steps=N]
 //                [--device=ORD] [--die-at-step=N] [--withhold=I]
+//                [--tensors=N] [--switch-stream-at=K]
 //
 // --die-at-step: SIGKILL itself in that step after marking two gradients
 // (a trainer dying mid-iteration; its peers must get GS_ERR_PEER_FAILED).
 // --withhold: after step 0, never mark tensor I (still waits): the bucket
 // holding it is never reduced on this node, so a peer node's collective
 // for it spins until the timeout aborts it.
+// --tensors: N small tensors instead of the model's (more than the client's
+// pool of readiness events); --switch-stream-at: from the K-th mark of each
+// step on, writes and marks go to a second stream.
 //
 // Exit codes as sim_trainer: 0 matched; 1 a result differed; 2 a call
 // failed ("error code=N: message"); 3 bad flags or no usable GPU.
@@ -35,12 +39,12 @@ struct Tensor {
   const char* name;
   uint64_t numel;
 };
-const Tensor kTensors[] = {{"embed", 70000},
-                           {"fc1.weight", 262144},
-                           {"fc1.bias", 513},
-                           {"fc2.weight", 4096},
-                           {"fc2.bias", 1}};
-constexpr size_t kNum = sizeof(kTensors) / sizeof(kTensors[0]);
+std::vector<Tensor> kTensors = {{"embed", 70000},
+                                {"fc1.weight", 262144},
+                                {"fc1.bias", 513},
+                                {"fc2.weight", 4096},
+                                {"fc2.bias", 1}};
+std::vector<std::string> generated_names;  // --tensors: owns the names
 
 float Grad(int r, int step, size_t i, size_t j) {
   return std::sin(0.37f * static_cast<float>(j % 1000 + 1) + 0.7f * static_cast<float>(i)) *
@@ -64,7 +68,7 @@ int CudaFail(cudaError_t e, const char* what) {
 
 int main(int argc, char** argv) {
   std::string socket, mode = "flat", dtype_name = "fp32";
-  int steps = 5, device = -1, die_at_step = -1, withhold = -1;
+  int steps = 5, device = -1, die_at_step = -1, withhold = -1, tensors = 0, switch_at = -1;
   for (int a = 1; a < argc; ++a) {
     std::string arg = argv[a];
     const size_t eq = arg.find('=');
@@ -84,10 +88,24 @@ int main(int argc, char** argv) {
       die_at_step = std::atoi(v.c_str());
     else if (key == "--withhold")
       withhold = std::atoi(v.c_str());
+    else if (key == "--tensors")
+      tensors = std::atoi(v.c_str());
+    else if (key == "--switch-stream-at")
+      switch_at = std::atoi(v.c_str());
     else
       return 3;
   }
   if (dtype_name != "fp32" && dtype_name != "bf16") return 3;
+  if (tensors > 0) {
+    // Many small tensors: more than the client's pool of readiness events.
+    generated_names.clear();
+    for (int i = 0; i < tensors; ++i) generated_names.push_back("p" + std::to_string(i));
+    kTensors.clear();
+    for (int i = 0; i < tensors; ++i) {
+      kTensors.push_back({generated_names[i].c_str(), static_cast<uint64_t>(1 + i % 37)});
+    }
+  }
+  const size_t kNum = kTensors.size();
   const bool bf16 = dtype_name == "bf16";
   const gs_dtype dtype = bf16 ? GS_BFLOAT16 : GS_FLOAT32;
   const size_t elem = bf16 ? 2 : 4;
@@ -99,8 +117,13 @@ int main(int argc, char** argv) {
   }
   if (device < 0) device = local_rank % gpus;
   if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) return CudaFail(e, "cudaSetDevice");
-  cudaStream_t stream;
+  cudaStream_t stream, second;
   if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess) {
+    return CudaFail(e, "cudaStreamCreate");
+  }
+  // --switch-stream-at: marks from then on are recorded on a second stream
+  // (pooled readiness events re-recorded across streams).
+  if (cudaError_t e = cudaStreamCreateWithFlags(&second, cudaStreamNonBlocking); e != cudaSuccess) {
     return CudaFail(e, "cudaStreamCreate");
   }
 
@@ -138,18 +161,32 @@ int main(int argc, char** argv) {
   auto stored = [bf16](float v) {
     return bf16 ? gradsync::BFloat16ToFloat(gradsync::FloatToBFloat16(v)) : v;
   };
+  // One pinned region (thousands of tensors: one cudaMallocHost).
   std::vector<void*> pinned(kNum);
-  for (size_t i = 0; i < kNum; ++i) {
-    if (cudaError_t e = cudaMallocHost(&pinned[i], kTensors[i].numel * elem); e != cudaSuccess) {
-      return CudaFail(e, "cudaMallocHost");
-    }
+  uint64_t pinned_bytes = 0;
+  for (const Tensor& t : kTensors) pinned_bytes += (t.numel * elem + 15) / 16 * 16;
+  void* pinned_region = nullptr;
+  if (cudaError_t e = cudaMallocHost(&pinned_region, pinned_bytes); e != cudaSuccess) {
+    return CudaFail(e, "cudaMallocHost");
+  }
+  for (size_t i = 0, at = 0; i < kNum; ++i) {
+    pinned[i] = static_cast<char*>(pinned_region) + at;
+    at += (kTensors[i].numel * elem + 15) / 16 * 16;
   }
   std::vector<unsigned char> raw;
   // bf16: the device sums in fp32 and rounds once; fp32: only summation order.
   const double tolerance = bf16 ? 1e-2 : 1e-5;
   for (int step = 0; step < steps; ++step) {
+    cudaStream_t current = stream;
+    if (gs_status st = gs_set_cuda_stream(c, current); st != GS_OK)
+      return Fail(c, st, "gs_set_cuda_stream");
     for (size_t k = 0; k < kNum; ++k) {
       const size_t i = kNum - 1 - k;  // backward: last layer first
+      if (static_cast<int>(k) == switch_at) {
+        current = second;
+        if (gs_status st = gs_set_cuda_stream(c, current); st != GS_OK)
+          return Fail(c, st, "gs_set_cuda_stream");
+      }
       if (step == die_at_step && k == 2) {
         std::printf("rank %d dying at step %d after 2 marks\n", rank, step);
         std::fflush(stdout);
@@ -164,7 +201,7 @@ int main(int argc, char** argv) {
         }
       }
       if (cudaError_t e = cudaMemcpyAsync(gs_grad_buffer(c, i), pinned[i], kTensors[i].numel * elem,
-                                          cudaMemcpyHostToDevice, stream);
+                                          cudaMemcpyHostToDevice, current);
           e != cudaSuccess) {
         return CudaFail(e, "cudaMemcpyAsync");
       }
@@ -204,7 +241,7 @@ int main(int argc, char** argv) {
   std::printf("OK rank %d world %d steps %d\n", rank, world, steps);
   std::fflush(stdout);
   gs_close(c);
-  for (void* p : pinned) cudaFreeHost(p);
+  cudaFreeHost(pinned_region);
   if (pool) cudaFree(pool);  // only after gs_close returned (gradsync.h)
   return 0;
 }

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/integration/harness.h"
+#include "tests/testing/wait.h"
 
 namespace gradsync::testing {
 namespace {
@@ -39,11 +40,13 @@ std::map<std::string, std::string> SimEnv(int gpus) {
 }
 
 Process StartSimTrainer(const Daemon& daemon, int local_rank, int gpus,
-                        const std::vector<std::string>& args) {
+                        const std::vector<std::string>& args,
+                        const std::map<std::string, std::string>& extra_env = {}) {
   std::vector<std::string> argv = {Runfile("tests/gpu/sim_trainer"), "--socket=" + daemon.socket(),
                                    absl::StrCat("--shuffle-seed=", 7 + local_rank)};
   argv.insert(argv.end(), args.begin(), args.end());
   std::map<std::string, std::string> env = SimEnv(gpus);
+  for (const auto& [k, v] : extra_env) env[k] = v;
   env["LOCAL_RANK"] = std::to_string(local_rank);
   SpawnOptions options;
   options.env = env;
@@ -100,6 +103,98 @@ INSTANTIATE_TEST_SUITE_P(
              {"--mode=user", "--dtype=bf16", "--accumulate=2", "--unused-every=3"}},
         Case{"unused_four_gpus_flat", 4, 4, {"--mode=flat", "--unused-every=2"}}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// Readiness events are pooled per trainer: 5,000 tensors x 4 trainers
+// train exactly, and the daemon opens at most the client's pool size
+// (256) of interprocess events per trainer, not one per tensor — a
+// process opening tens of thousands of them fails on a real GPU.
+TEST(GpuPath, FiveThousandTensorsShareEachTrainersPoolOfEvents) {
+  // Short simulated kernel delays: 5,000 writes and marks per iteration.
+  std::map<std::string, std::string> env = SimEnv(2);
+  env["GRADSYNC_SIM_MAX_DELAY_US"] = "20";
+  for (const std::string mode : {"flat", "user"}) {
+    Daemon daemon(4, kDaemonArgs, env, "tests/gpu/gradsyncd_sim");
+    ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+    std::vector<Process> trainers;
+    for (int r = 0; r < 4; ++r) {
+      trainers.push_back(
+          StartSimTrainer(daemon, r, 2, {"--mode=" + mode, "--tensors=5000", "--steps=3"}, env));
+    }
+    for (int r = 0; r < 4; ++r) {
+      ExitStatus st = trainers[r].Wait(seconds(100));
+      ASSERT_TRUE(st.exited && st.code == 0)
+          << mode << " trainer " << r << " code " << st.code << "\n"
+          << trainers[r].Log() << "\ndaemon:\n"
+          << daemon.process().Log();
+      EXPECT_NE(trainers[r].Log().find("OK rank"), std::string::npos) << trainers[r].Log();
+    }
+    const std::string log = daemon.process().Log();
+    const size_t at = log.find("event=gpu_session_open");
+    ASSERT_NE(at, std::string::npos) << log;
+    const std::string line = log.substr(at, log.find('\n', at) - at);
+    EXPECT_NE(line.find("tensors=5000 "), std::string::npos) << line;
+    EXPECT_NE(line.find("events_opened=1024"), std::string::npos)
+        << mode << ": 4 trainers x 256 pooled events expected, not one per tensor: " << line;
+  }
+}
+
+// A pooled readiness event re-recorded for a later mark on another stream
+// must not complete before its earlier recording: here every slot is
+// recorded first on a held stream and then again on a running one (600
+// tensors, 256 events, the stream switched after 300 marks). Were the
+// second recording unordered, the daemon would see it complete and read
+// the held stream's gradients before they are written.
+TEST(GpuPath, PooledEventReRecordedOnAnotherStreamWaitsForItsEarlierRecording) {
+  // Short simulated kernel delays: the running stream gets through its
+  // writes and recordings well within the other one's hold.
+  std::map<std::string, std::string> env = SimEnv(1);
+  env["GRADSYNC_SIM_MAX_DELAY_US"] = "20";
+  for (const std::string mode : {"flat", "user"}) {
+    Daemon daemon(2, kDaemonArgs, env, "tests/gpu/gradsyncd_sim");
+    ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+    std::vector<Process> trainers;
+    for (int r = 0; r < 2; ++r) {
+      trainers.push_back(
+          StartSimTrainer(daemon, r, 1,
+                          {"--mode=" + mode, "--tensors=600", "--switch-stream-at=300",
+                           "--hold-stream-ms=500", "--steps=3"},
+                          env));
+    }
+    for (auto& t : trainers) {
+      ExitStatus st = t.Wait(seconds(90));
+      ASSERT_TRUE(st.exited && st.code == 0) << mode << " code " << st.code << "\n"
+                                             << t.Log() << "\ndaemon:\n"
+                                             << daemon.process().Log();
+    }
+  }
+}
+
+// A job that fails while its communicators are being created (here a
+// simulated init whose peer never joins) is answered at once: the failure
+// cancels the init instead of waiting out the timeout (300 s; the test
+// gives the surviving trainer 60).
+TEST(GpuPath, JobFailingDuringCommunicatorInitIsAnsweredBeforeTheTimeout) {
+  std::map<std::string, std::string> env = SimEnv(1);
+  env["GRADSYNC_SIM_STALL_AT"] = "create_collectives";
+  Daemon daemon(2, {"--timeout-s=300"}, env, "tests/gpu/gradsyncd_sim");
+  ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+  Process victim = StartSimTrainer(daemon, 0, 1, {"--mode=flat"}, env);
+  Process peer = StartSimTrainer(daemon, 1, 1, {"--mode=flat"}, env);
+  ASSERT_TRUE(
+      WaitUntil([&] { return daemon.process().Log().find("event=sim_stall") != std::string::npos; },
+                seconds(30)))
+      << daemon.process().Log();
+  const std::string victim_name = absl::StrCat("(local 0, pid ", victim.pid(), ")");
+  victim.Signal(SIGKILL);
+  ExitStatus st = peer.Wait(seconds(60));
+  const std::string log = peer.Log();
+  ASSERT_TRUE(st.exited && st.code == 2) << "code " << st.code << "\n"
+                                         << log << "\ndaemon:\n"
+                                         << daemon.process().Log();
+  EXPECT_NE(log.find("error code=4"), std::string::npos) << log;  // PEER_FAILED
+  EXPECT_NE(log.find(victim_name), std::string::npos) << log;
+  victim.Wait(seconds(10));
+}
 
 // gs_close drains the trainer's stream and unmaps the daemon's gradient
 // buffer before it detaches, so the daemon (which frees the buffer once the

@@ -238,8 +238,9 @@ TEST_F(NcclCollectivesTest, TwoLocalRanksSum) {
   cudaFree(b);
 }
 
-// The review's one-GPU test: rank 1 never joins. Init times out within the
-// timeout (plus margin for the abort), and a fresh generation then works.
+// The review's one-GPU test: rank 1 never joins. Creation times out within
+// the timeout (waiting, before init, for rank 1's arrival), and a fresh
+// generation then works.
 TEST_F(NcclCollectivesTest, RankThatNeverJoinsTimesOutThenAFreshGenerationWorks) {
   const absl::Duration timeout = absl::Seconds(4);
   const int leaked_before = LeakedBootstrapRoots();
@@ -249,7 +250,7 @@ TEST_F(NcclCollectivesTest, RankThatNeverJoinsTimesOutThenAFreshGenerationWorks)
   EXPECT_EQ(group.status().code(), absl::StatusCode::kDeadlineExceeded) << group.status();
   EXPECT_GE(elapsed, 3.9);
   EXPECT_LT(elapsed, 4.0 + 10.0) << "abort took too long";
-  EXPECT_EQ(store_.published(), 1);                      // the id, under generation 7's key
+  EXPECT_EQ(store_.published(), 2);  // the id and rank 0's arrival, under generation 7's keys
   EXPECT_EQ(LeakedBootstrapRoots(), leaked_before + 1);  // its root never saw rank 1
 
   auto fresh = CreateNcclCollectives(Options(&store_, {uuids_[0]}, 1, 0, 8, timeout));
@@ -266,7 +267,7 @@ TEST_F(NcclCollectivesTest, CancellingDuringInitReturnsPromptly) {
   std::atomic<bool> cancel{false};
   CollectiveOptions o = Options(&store_, {uuids_[0]}, 2, 0, 9, absl::Seconds(60));
   o.cancelled = [&] { return cancel.load(); };
-  // Rank 0 publishes the id, then waits in init for rank 1: cancel then.
+  // Rank 0 publishes the id, then waits for rank 1 to arrive: cancel then.
   bool init_under_way = false;
   std::thread canceller([&] {
     init_under_way = store_.WaitUntilPublished(1, std::chrono::seconds(30));

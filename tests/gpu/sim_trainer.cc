@@ -50,6 +50,14 @@ struct Flags {
   int die_at_step = -1;  // SIGKILL self in this step after `die_after_marks` marks
   int die_after_marks = 2;
   bool mix = false;  // register a CPU and a CUDA tensor (must be refused)
+  // > 0: a layout of this many small tensors "p<i>" instead of the model's
+  // (more than the client's pool of readiness events).
+  int tensors = 0;
+  // >= 0: from this mark of each synced iteration on, writes and marks go
+  // to a second stream, which --hold-stream-ms never holds: pooled
+  // readiness events re-recorded there must still complete only after
+  // the held stream's writes.
+  int switch_stream_at = -1;
 };
 
 struct Tensor {
@@ -57,8 +65,8 @@ struct Tensor {
   uint64_t numel;
 };
 // Several buckets with small caps; "gate" is last (first in reverse order).
-const std::vector<Tensor> kTensors = {{"embed", 700},      {"fc1.weight", 2048}, {"fc1.bias", 33},
-                                      {"fc2.weight", 512}, {"fc2.bias", 1},      {"gate", 3}};
+std::vector<Tensor> kTensors = {{"embed", 700},      {"fc1.weight", 2048}, {"fc1.bias", 33},
+                                {"fc2.weight", 512}, {"fc2.bias", 1},      {"gate", 3}};
 const size_t kGate = 5;
 
 // Rank r's gradient contribution at (step, micro), element j of tensor i.
@@ -121,6 +129,10 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->die_after_marks = std::atoi(v.c_str());
     else if (key == "--mix")
       f->mix = true;
+    else if (key == "--tensors")
+      f->tensors = std::atoi(v.c_str());
+    else if (key == "--switch-stream-at")
+      f->switch_stream_at = std::atoi(v.c_str());
     else
       return false;
   }
@@ -134,6 +146,12 @@ int main(int argc, char** argv) {
   if (!ParseFlags(argc, argv, &f)) {
     std::fprintf(stderr, "sim_trainer: bad flags\n");
     return 3;
+  }
+  if (f.tensors > 0) {
+    kTensors.clear();
+    for (int i = 0; i < f.tensors; ++i) {
+      kTensors.push_back({absl::StrCat("p", i), static_cast<uint64_t>(1 + i % 5)});
+    }
   }
   const char* lr = std::getenv("LOCAL_RANK");
   const int local_rank = lr ? std::atoi(lr) : 0;
@@ -162,6 +180,12 @@ int main(int argc, char** argv) {
   if (!stream.ok()) return Error(stream.status());
   // Like a framework's current stream: the sim's "native" handle is its Stream*.
   if (absl::Status st = c.SetCudaStream(*stream); !st.ok()) return Error(st);
+  gradsync::gpu::Stream* second = nullptr;
+  if (f.switch_stream_at >= 0) {
+    auto s2 = device->CreateStream(*id);
+    if (!s2.ok()) return Error(s2.status());
+    second = *s2;
+  }
 
   const size_t elem = gradsync::DTypeSize(f.dtype);
   std::vector<gradsync::TensorSpec> specs;
@@ -207,7 +231,13 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
       std::shuffle(order.begin(), order.end(), shuffle);
       int marks = 0;
+      gradsync::gpu::Stream* current = *stream;
+      if (absl::Status st = c.SetCudaStream(current); !st.ok()) return Error(st);
       for (size_t i : order) {
+        if (second != nullptr && synced && marks == f.switch_stream_at) {
+          current = second;
+          if (absl::Status st = c.SetCudaStream(current); !st.ok()) return Error(st);
+        }
         if (step == f.die_at_step && synced && marks == f.die_after_marks) {
           std::printf("dying at step %d after %d marks\n", step, marks);
           std::fflush(stdout);
@@ -229,7 +259,7 @@ int main(int argc, char** argv) {
           src = host16[i].data();
         }
         if (absl::Status st =
-                device->WriteAsync(c.GradBuffer(i), src, host[i].size() * elem, *stream);
+                device->WriteAsync(c.GradBuffer(i), src, host[i].size() * elem, current);
             !st.ok()) {
           return Error(st);
         }

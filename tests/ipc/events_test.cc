@@ -55,13 +55,31 @@ TEST(ValidateReadyEventTest, RepeatedSequenceIsDataLoss) {
 }
 
 TEST(ValidateReadyEventTest, UnknownKindIsDataLoss) {
-  for (uint32_t kind : {0u, 4u, 0xffffffffu}) {
+  for (uint32_t kind : {0u, 4u, 0xffffu}) {
     ReadyEvent e = Good();
     e.kind = kind;
     const absl::Status st = ValidateReadyEvent(e, kExpect);
     EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << kind;
     EXPECT_THAT(st.message(), HasSubstr(absl::StrCat("unknown kind ", kind)));
   }
+}
+
+// A CUDA mark names one of the trainer's pooled events; a CPU trainer has
+// none, so any slot but 0 is refused for it.
+TEST(ValidateReadyEventTest, EventSlotMustBeInTheTrainersPool) {
+  ReadyEvent e = Good();
+  ReadyExpectation cuda = kExpect;
+  cuda.event_slots = 256;
+  e.event_slot = 255;
+  EXPECT_TRUE(ValidateReadyEvent(e, cuda).ok());
+  e.event_slot = 256;
+  absl::Status st = ValidateReadyEvent(e, cuda);
+  EXPECT_EQ(st.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(st.message(), HasSubstr("event slot 256 of 256"));
+  e.event_slot = 1;
+  st = ValidateReadyEvent(e, kExpect);
+  EXPECT_EQ(st.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(st.message(), HasSubstr("event slot 1 of 0"));
 }
 
 // A join entry (gs_join) carries flags, not a tensor index: only the known
