@@ -73,6 +73,20 @@ class Backend {
     return AllreduceSum(counts, n, DType::kFloat64);
   }
 
+  // The same exact sum, allowed to ride with the next IssueAllreduceSum
+  // (whose count must be > 0): a backend that runs its collectives in
+  // another process sends the counts in that collective's request, sums
+  // them there just before it (the same collectives, in the same order, as
+  // AllreduceCounts then IssueAllreduceSum) and fills `counts` when that
+  // collective is awaited, saving a round trip to the other process on the
+  // iteration's critical path. Sets *deferred then; otherwise (this
+  // default) sums at once and clears it. `counts` must stay valid until
+  // that await. Errors as AllreduceSum, from this call or that await.
+  virtual absl::Status AllreduceCountsWithNext(double* counts, size_t n, bool* deferred) {
+    *deferred = false;
+    return AllreduceCounts(counts, n);
+  }
+
   // Makes `bytes` bytes at `data` on every node equal to node `root_node`'s
   // (gs_broadcast's cross-node hop). Never concurrent with AllreduceSum:
   // the caller runs it between iterations, when the scheduler issues

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -196,7 +197,8 @@ absl::Status GlooWorkerBackend::Connect(const GlooBackendOptions& options) {
 }
 
 absl::Status GlooWorkerBackend::AwaitDone(const std::string& during,
-                                          gloo::rendezvous::Store* store) {
+                                          gloo::rendezvous::Store* store, double* counts,
+                                          size_t n) {
   while (true) {
     v1::GlooWorkerEvent event;
     absl::Status received = channel_.Receive(&event, MonotonicNow() + timeout_ + kGrace);
@@ -207,7 +209,17 @@ absl::Status GlooWorkerBackend::AwaitDone(const std::string& during,
                                                  during, " (killed)"));
     }
     if (!received.ok()) return WorkerDied(during);
-    if (event.has_done()) return FromProto(event.done());
+    if (event.has_done()) {
+      absl::Status status = FromProto(event.done());
+      if (!status.ok() || counts == nullptr) return status;
+      if (static_cast<size_t>(event.counts_size()) != n) {
+        Kill();
+        return MakeError(v1::INTERNAL, absl::StrCat(Who(), " answered ", event.counts_size(),
+                                                    " summed counts for ", n, " ", during));
+      }
+      std::copy(event.counts().begin(), event.counts().end(), counts);
+      return status;
+    }
     if (event.has_fatal()) {
       fatal_ = event.fatal().substr(0, kMaxFatalBytes);  // its end of file follows
     } else if (event.has_store_request() && store != nullptr) {
@@ -300,6 +312,10 @@ absl::Status GlooWorkerBackend::IssueAllreduceSum(void* data, size_t count, DTyp
     }
   }
   Issued issued{count, dtype, false, nullptr};
+  if (pending_counts_ != nullptr && count == 0) {
+    return Fail(MakeError(v1::INTERNAL,
+                          "gloo allreduce: counts to send with an allreduce of 0 elements"));
+  }
   if (count == 0 || num_nodes_ == 1) {
     issued_.push_back(issued);
     return absl::OkStatus();
@@ -326,11 +342,30 @@ absl::Status GlooWorkerBackend::IssueAllreduceSum(void* data, size_t count, DTyp
   allreduce->set_dtype(static_cast<v1::DType>(dtype));
   allreduce->set_buffer_bytes(buffer_bytes_);
   allreduce->set_offset(shared ? static_cast<uint64_t>(begin - base) : 0);
+  if (pending_counts_ != nullptr) {
+    allreduce->mutable_counts()->Add(pending_counts_, pending_counts_ + pending_counts_n_);
+    issued.counts = std::exchange(pending_counts_, nullptr);
+    issued.counts_n = std::exchange(pending_counts_n_, 0);
+  }
   if (!channel_.Send(request).ok()) {
     return Fail(WorkerDied(absl::StrCat("during an allreduce of ", count, " ", DTypeName(dtype))));
   }
   issued.sent = true;
   issued_.push_back(issued);
+  return absl::OkStatus();
+}
+
+absl::Status GlooWorkerBackend::AllreduceCountsWithNext(double* counts, size_t n,
+                                                        bool* deferred) {
+  *deferred = false;
+  if (num_nodes_ == 1 || n == 0) return AllreduceCounts(counts, n);
+  if (counts == nullptr) return absl::InvalidArgumentError("gloo allreduce: null counts");
+  if (pending_counts_ != nullptr) {
+    return Fail(MakeError(v1::INTERNAL, "gloo allreduce: counts deferred twice"));
+  }
+  pending_counts_ = counts;
+  pending_counts_n_ = n;
+  *deferred = true;
   return absl::OkStatus();
 }
 
@@ -354,7 +389,7 @@ absl::Status GlooWorkerBackend::Broadcast(void* data, size_t bytes, int root_nod
     }
   }
   if (num_nodes_ == 1 || bytes == 0) return absl::OkStatus();
-  if (issued_head_ != issued_.size()) {
+  if (issued_head_ != issued_.size() || pending_counts_ != nullptr) {
     return Fail(MakeError(v1::INTERNAL, "gloo broadcast issued while an allreduce is in flight"));
   }
   if (absl::Status st = EnsureBuffer(bytes); !st.ok()) return Fail(st);
@@ -381,7 +416,8 @@ absl::Status GlooWorkerBackend::AwaitIssued() {
   if (!issued.sent) return absl::OkStatus();
   // The worker answers in the order it was asked: this `done` is `issued`'s.
   absl::Status status = AwaitDone(
-      absl::StrCat("during an allreduce of ", issued.count, " ", DTypeName(issued.dtype)), nullptr);
+      absl::StrCat("during an allreduce of ", issued.count, " ", DTypeName(issued.dtype)), nullptr,
+      issued.counts, issued.counts_n);
   if (!status.ok()) {
     issued_.clear(), issued_head_ = 0;  // the worker is gone: nothing else will answer
     return Fail(status);
@@ -389,8 +425,10 @@ absl::Status GlooWorkerBackend::AwaitIssued() {
   const size_t bytes = issued.count * DTypeSize(issued.dtype);
   if (issued.copy_back != nullptr) std::memcpy(issued.copy_back, buffer_, bytes);
   const bool compressed = wire_dtype_ != WireDType::kOff && issued.dtype == DType::kFloat32;
-  wire_payload_bytes_.fetch_add(compressed ? issued.count * sizeof(uint16_t) : bytes,
-                                std::memory_order_relaxed);
+  // Counts sent with it crossed uncompressed, as float64.
+  wire_payload_bytes_.fetch_add(
+      (compressed ? issued.count * sizeof(uint16_t) : bytes) + issued.counts_n * sizeof(double),
+      std::memory_order_relaxed);
   return absl::OkStatus();
 }
 

@@ -71,6 +71,9 @@ class GlooWorkerBackend final : public Backend {
   absl::Status AllreduceSum(void* data, size_t count, DType dtype) override;
   absl::Status IssueAllreduceSum(void* data, size_t count, DType dtype) override;
   absl::Status AwaitIssued() override;
+  // Sent in the next IssueAllreduceSum's request; the worker sums them just
+  // before that collective (a one-node job sums nothing, at once).
+  absl::Status AllreduceCountsWithNext(double* counts, size_t n, bool* deferred) override;
   // Through the shared buffer's start (copied in on the root, out elsewhere);
   // nothing may be in flight.
   absl::Status Broadcast(void* data, size_t bytes, int root_node) override;
@@ -87,8 +90,10 @@ class GlooWorkerBackend final : public Backend {
   absl::Status Spawn(const std::vector<std::string>& argv) ABSL_LOCKS_EXCLUDED(mu_);
   // Sends `connect`, serves the worker's store requests, returns its answer.
   absl::Status Connect(const GlooBackendOptions& options);
-  // The worker's next `done` (serving store requests with `store`, if any).
-  absl::Status AwaitDone(const std::string& during, gloo::rendezvous::Store* store);
+  // The worker's next `done` (serving store requests with `store`, if any);
+  // with `counts`, the `n` summed counts it carries are copied there.
+  absl::Status AwaitDone(const std::string& during, gloo::rendezvous::Store* store,
+                         double* counts = nullptr, size_t n = 0);
   // Reaps the worker after its channel closed; says how and why it died.
   absl::Status WorkerDied(const std::string& during) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status EnsureBuffer(size_t bytes);
@@ -103,6 +108,8 @@ class GlooWorkerBackend final : public Backend {
     DType dtype = DType::kFloat32;
     bool sent = false;          // false: nothing to exchange (one node, empty)
     void* copy_back = nullptr;  // data outside the shared buffer: copy the result there
+    double* counts = nullptr;   // AllreduceCountsWithNext's, sent with this one
+    size_t counts_n = 0;
   };
 
   const int node_rank_;
@@ -121,6 +128,9 @@ class GlooWorkerBackend final : public Backend {
   // Oldest first from issued_head_; capacity kept: no allocation per bucket.
   std::vector<Issued> issued_;
   size_t issued_head_ = 0;
+  // AllreduceCountsWithNext's, until the next IssueAllreduceSum sends them.
+  double* pending_counts_ = nullptr;
+  size_t pending_counts_n_ = 0;
 
   pid_t pid_ = 0;   // set by Spawn, before any other thread sees this object
   int pidfd_ = -1;  // signals never reach a reused pid
