@@ -138,7 +138,19 @@ def stop_daemons(daemons: list) -> None:
 def run_gradsync_nodes(nodes: int, nbytes: int, warmup: int, iters: int,
                        samples_out: str | None = None, daemon: str | None = None) -> dict:
     """N daemons (node 0 leads) with one bench_trainer each; one bucket of
-    nbytes. Node 0's bucket phases in "stats"; node 0's samples to samples_out."""
+    nbytes. Node 0's bucket phases in "stats"; node 0's samples to samples_out.
+    One retry: at the end of a run a trainer that detached first can fail
+    its peer node's last wait ("detached: gs_close"), a known race."""
+    try:
+        return run_gradsync_nodes_once(nodes, nbytes, warmup, iters, samples_out, daemon)
+    except RuntimeError as e:
+        print(f"sync_bench: retrying a failed run of {nodes} daemons, {nbytes} B: "
+              f"{str(e)[-300:]}", file=sys.stderr)
+        return run_gradsync_nodes_once(nodes, nbytes, warmup, iters, samples_out, daemon)
+
+
+def run_gradsync_nodes_once(nodes: int, nbytes: int, warmup: int, iters: int,
+                            samples_out: str | None, daemon: str | None) -> dict:
     tmp = tempfile.mkdtemp(prefix="gsbn.", dir="/tmp")
     cap_mb = nbytes / (1 << 20)
     daemons = []
