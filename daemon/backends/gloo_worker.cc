@@ -256,16 +256,16 @@ int RunGlooWorker() {
       char* const elements = static_cast<char*>(data) + allreduce.offset();
       const size_t n = static_cast<size_t>(allreduce.counts_size());
       counts.assign(allreduce.counts().begin(), allreduce.counts().end());
-      if (n > 0 && CanFoldCounts(allreduce.count(), dtype, options.wire_dtype, options.num_nodes,
-                                 n)) {
+      if (n > 0 &&
+          CanFoldCounts(allreduce.count(), dtype, options.wire_dtype, options.num_nodes, n)) {
         // One collective: the bucket with the counts' limbs appended.
         const size_t bytes = allreduce.count() * DTypeSize(dtype);
         folded.resize(bytes + n * kCountLimbs * DTypeSize(dtype));
         std::memcpy(folded.data(), elements, bytes);
         status = EncodeCounts(counts.data(), n, dtype, folded.data() + bytes);
         if (status.ok()) {
-          status = (*backend)->AllreduceSum(folded.data(), allreduce.count() + n * kCountLimbs,
-                                            dtype);
+          status =
+              (*backend)->AllreduceSum(folded.data(), allreduce.count() + n * kCountLimbs, dtype);
         }
         if (status.ok()) {
           std::memcpy(elements, folded.data(), bytes);

@@ -196,9 +196,8 @@ absl::Status GlooWorkerBackend::Connect(const GlooBackendOptions& options) {
   return status;
 }
 
-absl::Status GlooWorkerBackend::AwaitDone(const std::string& during,
-                                          gloo::rendezvous::Store* store, double* counts,
-                                          size_t n) {
+absl::Status GlooWorkerBackend::AwaitDone(const std::string& during, gloo::rendezvous::Store* store,
+                                          double* counts, size_t n) {
   while (true) {
     v1::GlooWorkerEvent event;
     absl::Status received = channel_.Receive(&event, MonotonicNow() + timeout_ + kGrace);
@@ -313,8 +312,8 @@ absl::Status GlooWorkerBackend::IssueAllreduceSum(void* data, size_t count, DTyp
   }
   Issued issued{count, dtype, false, nullptr};
   if (pending_counts_ != nullptr && count == 0) {
-    return Fail(MakeError(v1::INTERNAL,
-                          "gloo allreduce: counts to send with an allreduce of 0 elements"));
+    return Fail(
+        MakeError(v1::INTERNAL, "gloo allreduce: counts to send with an allreduce of 0 elements"));
   }
   if (count == 0 || num_nodes_ == 1) {
     issued_.push_back(issued);
@@ -355,8 +354,7 @@ absl::Status GlooWorkerBackend::IssueAllreduceSum(void* data, size_t count, DTyp
   return absl::OkStatus();
 }
 
-absl::Status GlooWorkerBackend::AllreduceCountsWithNext(double* counts, size_t n,
-                                                        bool* deferred) {
+absl::Status GlooWorkerBackend::AllreduceCountsWithNext(double* counts, size_t n, bool* deferred) {
   *deferred = false;
   if (num_nodes_ == 1 || n == 0) return AllreduceCounts(counts, n);
   if (counts == nullptr) return absl::InvalidArgumentError("gloo allreduce: null counts");
@@ -415,9 +413,9 @@ absl::Status GlooWorkerBackend::AwaitIssued() {
   if (issued_head_ == issued_.size()) issued_.clear(), issued_head_ = 0;
   if (!issued.sent) return absl::OkStatus();
   // The worker answers in the order it was asked: this `done` is `issued`'s.
-  absl::Status status = AwaitDone(
-      absl::StrCat("during an allreduce of ", issued.count, " ", DTypeName(issued.dtype)), nullptr,
-      issued.counts, issued.counts_n);
+  absl::Status status =
+      AwaitDone(absl::StrCat("during an allreduce of ", issued.count, " ", DTypeName(issued.dtype)),
+                nullptr, issued.counts, issued.counts_n);
   if (!status.ok()) {
     issued_.clear(), issued_head_ = 0;  // the worker is gone: nothing else will answer
     return Fail(status);
