@@ -249,11 +249,13 @@ int RunGlooWorker() {
       status = absl::InternalError(absl::StrCat(allreduce.count(), " elements at offset ",
                                                 allreduce.offset(), " exceed the ",
                                                 allreduce.buffer_bytes(), "-byte shared buffer"));
-    } else if ((data = buffer.Map(allreduce.buffer_bytes())) == nullptr) {
+    } else if (allreduce.count() > 0 && (data = buffer.Map(allreduce.buffer_bytes())) == nullptr) {
       status = absl::InternalError(
           absl::StrCat("cannot map the shared buffer's ", allreduce.buffer_bytes(), " bytes"));
     } else {
-      char* const elements = static_cast<char*>(data) + allreduce.offset();
+      // No elements: the counts alone (started ahead of a larger bucket).
+      char* const elements =
+          data != nullptr ? static_cast<char*>(data) + allreduce.offset() : nullptr;
       const size_t n = static_cast<size_t>(allreduce.counts_size());
       counts.assign(allreduce.counts().begin(), allreduce.counts().end());
       if (n > 0 &&

@@ -18,6 +18,7 @@
 #include "common/log_value.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
+#include "daemon/backends/count_fold.h"
 #include "daemon/backends/gloo_store.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "gradsync/v1/gloo_worker.pb.h"
@@ -326,7 +327,7 @@ absl::Status GlooWorkerBackend::IssueAllreduceSum(void* data, size_t count, DTyp
   const bool shared = base != nullptr && begin >= base && begin + bytes <= base + buffer_bytes_;
   if (!shared) {
     // Copied to the buffer's start: it would overwrite one still in flight.
-    if (issued_head_ != issued_.size()) {
+    if (ElementsInFlight()) {
       return Fail(MakeError(v1::INTERNAL,
                             "gloo allreduce: data outside the shared buffer issued while another "
                             "allreduce is in flight"));
@@ -346,25 +347,55 @@ absl::Status GlooWorkerBackend::IssueAllreduceSum(void* data, size_t count, DTyp
     issued.counts = std::exchange(pending_counts_, nullptr);
     issued.counts_n = std::exchange(pending_counts_n_, 0);
   }
+  return SendIssued(request, issued);
+}
+
+absl::Status GlooWorkerBackend::SendIssued(const v1::GlooWorkerRequest& request, Issued issued) {
   if (!channel_.Send(request).ok()) {
-    return Fail(WorkerDied(absl::StrCat("during an allreduce of ", count, " ", DTypeName(dtype))));
+    return Fail(WorkerDied(
+        absl::StrCat("during an allreduce of ", issued.count, " ", DTypeName(issued.dtype))));
   }
   issued.sent = true;
   issued_.push_back(issued);
   return absl::OkStatus();
 }
 
-absl::Status GlooWorkerBackend::AllreduceCountsWithNext(double* counts, size_t n, bool* deferred) {
+bool GlooWorkerBackend::ElementsInFlight() const {
+  for (size_t i = issued_head_; i < issued_.size(); ++i) {
+    if (!issued_[i].counts_only) return true;
+  }
+  return false;
+}
+
+absl::Status GlooWorkerBackend::AllreduceCountsWithNext(double* counts, size_t n, size_t next_count,
+                                                        DType next_dtype, bool* deferred) {
   *deferred = false;
   if (num_nodes_ == 1 || n == 0) return AllreduceCounts(counts, n);
   if (counts == nullptr) return absl::InvalidArgumentError("gloo allreduce: null counts");
   if (pending_counts_ != nullptr) {
     return Fail(MakeError(v1::INTERNAL, "gloo allreduce: counts deferred twice"));
   }
-  pending_counts_ = counts;
-  pending_counts_n_ = n;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!failure_.ok()) return failure_;
+  }
   *deferred = true;
-  return absl::OkStatus();
+  // The worker folds them into a small collective (it decides the same
+  // from the request); a larger one's counts start now, on their own.
+  if (CanFoldCounts(next_count, next_dtype, wire_dtype_, num_nodes_, n)) {
+    pending_counts_ = counts;
+    pending_counts_n_ = n;
+    return absl::OkStatus();
+  }
+  v1::GlooWorkerRequest request;
+  v1::GlooWorkerAllreduce* allreduce = request.mutable_allreduce();
+  allreduce->set_count(0);
+  allreduce->set_dtype(static_cast<v1::DType>(DType::kFloat64));
+  allreduce->set_buffer_bytes(buffer_bytes_);
+  allreduce->set_offset(0);
+  allreduce->mutable_counts()->Add(counts, counts + n);
+  Issued issued{0, DType::kFloat64, false, nullptr, counts, n, /*counts_only=*/true};
+  return SendIssued(request, issued);
 }
 
 absl::Status GlooWorkerBackend::Broadcast(void* data, size_t bytes, int root_node) {
@@ -406,6 +437,18 @@ absl::Status GlooWorkerBackend::Broadcast(void* data, size_t bytes, int root_nod
 }
 
 absl::Status GlooWorkerBackend::AwaitIssued() {
+  // Counts started on their own complete ahead of the collective awaited.
+  while (issued_head_ < issued_.size() && issued_[issued_head_].counts_only) {
+    const Issued counts = issued_[issued_head_++];
+    absl::Status status =
+        AwaitDone(absl::StrCat("during an allreduce of ", counts.counts_n, " counts"), nullptr,
+                  counts.counts, counts.counts_n);
+    if (!status.ok()) {
+      issued_.clear(), issued_head_ = 0;
+      return Fail(status);
+    }
+    wire_payload_bytes_.fetch_add(counts.counts_n * sizeof(double), std::memory_order_relaxed);
+  }
   if (issued_head_ == issued_.size()) {
     return MakeError(v1::INTERNAL, "gloo allreduce: awaited with none issued");
   }

@@ -42,6 +42,9 @@
 #include "daemon/backends/worker_channel.h"
 
 namespace gradsync {
+namespace v1 {
+class GlooWorkerRequest;
+}  // namespace v1
 
 class GlooWorkerBackend final : public Backend {
  public:
@@ -71,9 +74,11 @@ class GlooWorkerBackend final : public Backend {
   absl::Status AllreduceSum(void* data, size_t count, DType dtype) override;
   absl::Status IssueAllreduceSum(void* data, size_t count, DType dtype) override;
   absl::Status AwaitIssued() override;
-  // Sent in the next IssueAllreduceSum's request; the worker sums them just
-  // before that collective (a one-node job sums nothing, at once).
-  absl::Status AllreduceCountsWithNext(double* counts, size_t n, bool* deferred) override;
+  // Sent in the next IssueAllreduceSum's request when the worker can fold
+  // them into it, else as a request of their own now (a one-node job sums
+  // nothing, at once).
+  absl::Status AllreduceCountsWithNext(double* counts, size_t n, size_t next_count,
+                                       DType next_dtype, bool* deferred) override;
   // Through the shared buffer's start (copied in on the root, out elsewhere);
   // nothing may be in flight.
   absl::Status Broadcast(void* data, size_t bytes, int root_node) override;
@@ -110,7 +115,12 @@ class GlooWorkerBackend final : public Backend {
     void* copy_back = nullptr;  // data outside the shared buffer: copy the result there
     double* counts = nullptr;   // AllreduceCountsWithNext's, sent with this one
     size_t counts_n = 0;
+    bool counts_only = false;  // no elements: AwaitIssued takes it on the way
   };
+  // Sends `request` for `issued`'s collective and queues it.
+  absl::Status SendIssued(const v1::GlooWorkerRequest& request, Issued issued);
+  // Whether an issued collective with elements is not yet awaited.
+  bool ElementsInFlight() const;
 
   const int node_rank_;
   const int num_nodes_;

@@ -616,23 +616,31 @@ bool Scheduler::AgreeActiveTrainers() {
   if (backend_->num_nodes() > 1 && (options_.uneven_inputs || !options_.gpu)) {
     // Without uneven inputs nobody joins (gs_join is refused across nodes),
     // so nothing before the first bucket's write-back needs the summed
-    // counts: they may ride with its first collective, one round trip to
-    // the backend's worker less per iteration. Whether they do depends only
-    // on what every node shares (node 0's --uneven-inputs, the plan), and
-    // the collectives are the same either way.
+    // counts: the backend may fold them into the first bucket's collective
+    // or run them while that bucket is summed, instead of a collective and
+    // a round trip the iteration waits for. Whether it does depends only
+    // on what every node shares (node 0's --uneven-inputs, the plan, the
+    // wire dtype), so every node issues the same collectives.
     uint64_t first_bucket_bytes = 0;
+    DType dtype = DType::kFloat32;
     if (next_bucket_ < spans_.size()) {
       for (const ReduceSpan& span : spans_[next_bucket_]) first_bucket_bytes += span.bytes;
+      dtype = plan_.buckets[next_bucket_].dtype;
     }
     const bool deferrable =
         !options_.uneven_inputs && counts[1] == 0 && counts[2] == 0 && first_bucket_bytes > 0;
+    // What the first collective will carry: the reducer widens halves to
+    // float32 (a guess that is off costs overlap, never correctness).
+    const DType staged = dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+    const size_t next_count = first_bucket_bytes / DTypeSize(dtype);
     if (!BeginReduction(0, MonotonicNowNs())) {
       EndReduction();
       return false;
     }
-    const absl::Status st =
-        deferrable ? backend_->AllreduceCountsWithNext(counts, agreement_.size(), &deferred)
-                   : backend_->AllreduceCounts(counts, agreement_.size());
+    const absl::Status st = deferrable
+                                ? backend_->AllreduceCountsWithNext(counts, agreement_.size(),
+                                                                    next_count, staged, &deferred)
+                                : backend_->AllreduceCounts(counts, agreement_.size());
     const int64_t slot = EndReduction();
     if (slot == kStopped) return false;
     if (!st.ok() || slot == kTimedOut) {

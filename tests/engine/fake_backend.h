@@ -59,7 +59,8 @@ class FakeBackend final : public Backend {
 
   // Like the daemon's Gloo worker: the counts ride with the next
   // collective and are summed when it is.
-  absl::Status AllreduceCountsWithNext(double* counts, size_t n, bool* deferred) override {
+  absl::Status AllreduceCountsWithNext(double* counts, size_t n, size_t, DType,
+                                       bool* deferred) override {
     absl::MutexLock lock(&mu_);
     if (pending_counts_ != nullptr) return absl::InternalError("fake: counts deferred twice");
     pending_counts_ = counts;
