@@ -73,6 +73,23 @@ class Backend {
     return AllreduceSum(counts, n, DType::kFloat64);
   }
 
+  // The same exact sum, allowed to complete with the next collective the
+  // caller issues (IssueAllreduceSum of `next_count` > 0 elements of
+  // `next_dtype`, then AwaitIssued): a backend that runs its collectives in
+  // another process folds the counts into that collective when it is small
+  // (count_fold.h), or else starts their own collective at once, so it runs
+  // while the caller sums the next bucket; either way `counts` is filled by
+  // the time that collective is awaited, and the collectives every node
+  // issues are the same. Sets *deferred then; otherwise (this default) sums
+  // at once and clears it. `counts` must stay valid until that await.
+  // Errors as AllreduceSum, from this call, that Issue or that await.
+  virtual absl::Status AllreduceCountsWithNext(double* counts, size_t n, size_t next_count,
+                                               DType next_dtype, bool* deferred) {
+    (void)next_count, (void)next_dtype;
+    *deferred = false;
+    return AllreduceCounts(counts, n);
+  }
+
   // Makes `bytes` bytes at `data` on every node equal to node `root_node`'s
   // (gs_broadcast's cross-node hop). Never concurrent with AllreduceSum:
   // the caller runs it between iterations, when the scheduler issues

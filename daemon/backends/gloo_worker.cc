@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <string>
@@ -21,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "common/log_value.h"
 #include "common/status_code.h"
+#include "daemon/backends/count_fold.h"
 #include "daemon/backends/gloo_backend.h"
 #include "daemon/backends/gloo_store.h"
 #include "daemon/backends/worker_channel.h"
@@ -211,6 +213,9 @@ int RunGlooWorker() {
   if (!channel.Send(Done(backend.status())).ok() || !backend.ok()) return 1;
 
   SharedBuffer buffer;
+  // Capacity kept across requests: no allocation per iteration.
+  std::vector<double> counts;
+  std::vector<char> folded;  // a small bucket and the counts it carries
   while (channel.Receive(&request, absl::InfiniteFuture()).ok()) {
     if (request.has_broadcast()) {
       const v1::GlooWorkerBroadcast& broadcast = request.broadcast();
@@ -244,14 +249,42 @@ int RunGlooWorker() {
       status = absl::InternalError(absl::StrCat(allreduce.count(), " elements at offset ",
                                                 allreduce.offset(), " exceed the ",
                                                 allreduce.buffer_bytes(), "-byte shared buffer"));
-    } else if ((data = buffer.Map(allreduce.buffer_bytes())) == nullptr) {
+    } else if (allreduce.count() > 0 && (data = buffer.Map(allreduce.buffer_bytes())) == nullptr) {
       status = absl::InternalError(
           absl::StrCat("cannot map the shared buffer's ", allreduce.buffer_bytes(), " bytes"));
     } else {
-      status = (*backend)->AllreduceSum(static_cast<char*>(data) + allreduce.offset(),
-                                        allreduce.count(), dtype);
+      // No elements: the counts alone (started ahead of a larger bucket).
+      char* const elements =
+          data != nullptr ? static_cast<char*>(data) + allreduce.offset() : nullptr;
+      const size_t n = static_cast<size_t>(allreduce.counts_size());
+      counts.assign(allreduce.counts().begin(), allreduce.counts().end());
+      if (n > 0 &&
+          CanFoldCounts(allreduce.count(), dtype, options.wire_dtype, options.num_nodes, n)) {
+        // One collective: the bucket with the counts' limbs appended.
+        const size_t bytes = allreduce.count() * DTypeSize(dtype);
+        folded.resize(bytes + n * kCountLimbs * DTypeSize(dtype));
+        std::memcpy(folded.data(), elements, bytes);
+        status = EncodeCounts(counts.data(), n, dtype, folded.data() + bytes);
+        if (status.ok()) {
+          status =
+              (*backend)->AllreduceSum(folded.data(), allreduce.count() + n * kCountLimbs, dtype);
+        }
+        if (status.ok()) {
+          std::memcpy(elements, folded.data(), bytes);
+          DecodeCounts(folded.data() + bytes, n, dtype, counts.data());
+        }
+      } else {
+        // The counts' own collective first, then the bucket's: the order
+        // every node issues.
+        if (n > 0) status = (*backend)->AllreduceCounts(counts.data(), n);
+        if (status.ok()) status = (*backend)->AllreduceSum(elements, allreduce.count(), dtype);
+      }
     }
-    if (!channel.Send(Done(status)).ok()) return 1;
+    v1::GlooWorkerEvent done = Done(status);
+    if (status.ok() && allreduce.counts_size() > 0) {
+      done.mutable_counts()->Add(counts.begin(), counts.end());
+    }
+    if (!channel.Send(done).ok()) return 1;
   }
   return 0;  // the daemon closed the channel: the generation is over
 }

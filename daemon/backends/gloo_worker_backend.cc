@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -17,6 +18,7 @@
 #include "common/log_value.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
+#include "daemon/backends/count_fold.h"
 #include "daemon/backends/gloo_store.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "gradsync/v1/gloo_worker.pb.h"
@@ -195,8 +197,8 @@ absl::Status GlooWorkerBackend::Connect(const GlooBackendOptions& options) {
   return status;
 }
 
-absl::Status GlooWorkerBackend::AwaitDone(const std::string& during,
-                                          gloo::rendezvous::Store* store) {
+absl::Status GlooWorkerBackend::AwaitDone(const std::string& during, gloo::rendezvous::Store* store,
+                                          double* counts, size_t n) {
   while (true) {
     v1::GlooWorkerEvent event;
     absl::Status received = channel_.Receive(&event, MonotonicNow() + timeout_ + kGrace);
@@ -207,7 +209,17 @@ absl::Status GlooWorkerBackend::AwaitDone(const std::string& during,
                                                  during, " (killed)"));
     }
     if (!received.ok()) return WorkerDied(during);
-    if (event.has_done()) return FromProto(event.done());
+    if (event.has_done()) {
+      absl::Status status = FromProto(event.done());
+      if (!status.ok() || counts == nullptr) return status;
+      if (static_cast<size_t>(event.counts_size()) != n) {
+        Kill();
+        return MakeError(v1::INTERNAL, absl::StrCat(Who(), " answered ", event.counts_size(),
+                                                    " summed counts for ", n, " ", during));
+      }
+      std::copy(event.counts().begin(), event.counts().end(), counts);
+      return status;
+    }
     if (event.has_fatal()) {
       fatal_ = event.fatal().substr(0, kMaxFatalBytes);  // its end of file follows
     } else if (event.has_store_request() && store != nullptr) {
@@ -300,6 +312,10 @@ absl::Status GlooWorkerBackend::IssueAllreduceSum(void* data, size_t count, DTyp
     }
   }
   Issued issued{count, dtype, false, nullptr};
+  if (pending_counts_ != nullptr && count == 0) {
+    return Fail(
+        MakeError(v1::INTERNAL, "gloo allreduce: counts to send with an allreduce of 0 elements"));
+  }
   if (count == 0 || num_nodes_ == 1) {
     issued_.push_back(issued);
     return absl::OkStatus();
@@ -311,7 +327,7 @@ absl::Status GlooWorkerBackend::IssueAllreduceSum(void* data, size_t count, DTyp
   const bool shared = base != nullptr && begin >= base && begin + bytes <= base + buffer_bytes_;
   if (!shared) {
     // Copied to the buffer's start: it would overwrite one still in flight.
-    if (issued_head_ != issued_.size()) {
+    if (ElementsInFlight()) {
       return Fail(MakeError(v1::INTERNAL,
                             "gloo allreduce: data outside the shared buffer issued while another "
                             "allreduce is in flight"));
@@ -326,12 +342,60 @@ absl::Status GlooWorkerBackend::IssueAllreduceSum(void* data, size_t count, DTyp
   allreduce->set_dtype(static_cast<v1::DType>(dtype));
   allreduce->set_buffer_bytes(buffer_bytes_);
   allreduce->set_offset(shared ? static_cast<uint64_t>(begin - base) : 0);
+  if (pending_counts_ != nullptr) {
+    allreduce->mutable_counts()->Add(pending_counts_, pending_counts_ + pending_counts_n_);
+    issued.counts = std::exchange(pending_counts_, nullptr);
+    issued.counts_n = std::exchange(pending_counts_n_, 0);
+  }
+  return SendIssued(request, issued);
+}
+
+absl::Status GlooWorkerBackend::SendIssued(const v1::GlooWorkerRequest& request, Issued issued) {
   if (!channel_.Send(request).ok()) {
-    return Fail(WorkerDied(absl::StrCat("during an allreduce of ", count, " ", DTypeName(dtype))));
+    return Fail(WorkerDied(
+        absl::StrCat("during an allreduce of ", issued.count, " ", DTypeName(issued.dtype))));
   }
   issued.sent = true;
   issued_.push_back(issued);
   return absl::OkStatus();
+}
+
+bool GlooWorkerBackend::ElementsInFlight() const {
+  for (size_t i = issued_head_; i < issued_.size(); ++i) {
+    if (!issued_[i].counts_only) return true;
+  }
+  return false;
+}
+
+absl::Status GlooWorkerBackend::AllreduceCountsWithNext(double* counts, size_t n, size_t next_count,
+                                                        DType next_dtype, bool* deferred) {
+  *deferred = false;
+  if (num_nodes_ == 1 || n == 0) return AllreduceCounts(counts, n);
+  if (counts == nullptr) return absl::InvalidArgumentError("gloo allreduce: null counts");
+  if (pending_counts_ != nullptr) {
+    return Fail(MakeError(v1::INTERNAL, "gloo allreduce: counts deferred twice"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!failure_.ok()) return failure_;
+  }
+  *deferred = true;
+  // The worker folds them into a small collective (it decides the same
+  // from the request); a larger one's counts start now, on their own.
+  if (CanFoldCounts(next_count, next_dtype, wire_dtype_, num_nodes_, n)) {
+    pending_counts_ = counts;
+    pending_counts_n_ = n;
+    return absl::OkStatus();
+  }
+  v1::GlooWorkerRequest request;
+  v1::GlooWorkerAllreduce* allreduce = request.mutable_allreduce();
+  allreduce->set_count(0);
+  allreduce->set_dtype(static_cast<v1::DType>(DType::kFloat64));
+  allreduce->set_buffer_bytes(buffer_bytes_);
+  allreduce->set_offset(0);
+  allreduce->mutable_counts()->Add(counts, counts + n);
+  Issued issued{0, DType::kFloat64, false, nullptr, counts, n, /*counts_only=*/true};
+  return SendIssued(request, issued);
 }
 
 absl::Status GlooWorkerBackend::Broadcast(void* data, size_t bytes, int root_node) {
@@ -354,7 +418,7 @@ absl::Status GlooWorkerBackend::Broadcast(void* data, size_t bytes, int root_nod
     }
   }
   if (num_nodes_ == 1 || bytes == 0) return absl::OkStatus();
-  if (issued_head_ != issued_.size()) {
+  if (issued_head_ != issued_.size() || pending_counts_ != nullptr) {
     return Fail(MakeError(v1::INTERNAL, "gloo broadcast issued while an allreduce is in flight"));
   }
   if (absl::Status st = EnsureBuffer(bytes); !st.ok()) return Fail(st);
@@ -373,6 +437,18 @@ absl::Status GlooWorkerBackend::Broadcast(void* data, size_t bytes, int root_nod
 }
 
 absl::Status GlooWorkerBackend::AwaitIssued() {
+  // Counts started on their own complete ahead of the collective awaited.
+  while (issued_head_ < issued_.size() && issued_[issued_head_].counts_only) {
+    const Issued counts = issued_[issued_head_++];
+    absl::Status status =
+        AwaitDone(absl::StrCat("during an allreduce of ", counts.counts_n, " counts"), nullptr,
+                  counts.counts, counts.counts_n);
+    if (!status.ok()) {
+      issued_.clear(), issued_head_ = 0;
+      return Fail(status);
+    }
+    wire_payload_bytes_.fetch_add(counts.counts_n * sizeof(double), std::memory_order_relaxed);
+  }
   if (issued_head_ == issued_.size()) {
     return MakeError(v1::INTERNAL, "gloo allreduce: awaited with none issued");
   }
@@ -380,8 +456,9 @@ absl::Status GlooWorkerBackend::AwaitIssued() {
   if (issued_head_ == issued_.size()) issued_.clear(), issued_head_ = 0;
   if (!issued.sent) return absl::OkStatus();
   // The worker answers in the order it was asked: this `done` is `issued`'s.
-  absl::Status status = AwaitDone(
-      absl::StrCat("during an allreduce of ", issued.count, " ", DTypeName(issued.dtype)), nullptr);
+  absl::Status status =
+      AwaitDone(absl::StrCat("during an allreduce of ", issued.count, " ", DTypeName(issued.dtype)),
+                nullptr, issued.counts, issued.counts_n);
   if (!status.ok()) {
     issued_.clear(), issued_head_ = 0;  // the worker is gone: nothing else will answer
     return Fail(status);
@@ -389,8 +466,10 @@ absl::Status GlooWorkerBackend::AwaitIssued() {
   const size_t bytes = issued.count * DTypeSize(issued.dtype);
   if (issued.copy_back != nullptr) std::memcpy(issued.copy_back, buffer_, bytes);
   const bool compressed = wire_dtype_ != WireDType::kOff && issued.dtype == DType::kFloat32;
-  wire_payload_bytes_.fetch_add(compressed ? issued.count * sizeof(uint16_t) : bytes,
-                                std::memory_order_relaxed);
+  // Counts sent with it crossed uncompressed, as float64.
+  wire_payload_bytes_.fetch_add(
+      (compressed ? issued.count * sizeof(uint16_t) : bytes) + issued.counts_n * sizeof(double),
+      std::memory_order_relaxed);
   return absl::OkStatus();
 }
 

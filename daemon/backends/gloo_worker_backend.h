@@ -42,6 +42,9 @@
 #include "daemon/backends/worker_channel.h"
 
 namespace gradsync {
+namespace v1 {
+class GlooWorkerRequest;
+}  // namespace v1
 
 class GlooWorkerBackend final : public Backend {
  public:
@@ -71,6 +74,11 @@ class GlooWorkerBackend final : public Backend {
   absl::Status AllreduceSum(void* data, size_t count, DType dtype) override;
   absl::Status IssueAllreduceSum(void* data, size_t count, DType dtype) override;
   absl::Status AwaitIssued() override;
+  // Sent in the next IssueAllreduceSum's request when the worker can fold
+  // them into it, else as a request of their own now (a one-node job sums
+  // nothing, at once).
+  absl::Status AllreduceCountsWithNext(double* counts, size_t n, size_t next_count,
+                                       DType next_dtype, bool* deferred) override;
   // Through the shared buffer's start (copied in on the root, out elsewhere);
   // nothing may be in flight.
   absl::Status Broadcast(void* data, size_t bytes, int root_node) override;
@@ -87,8 +95,10 @@ class GlooWorkerBackend final : public Backend {
   absl::Status Spawn(const std::vector<std::string>& argv) ABSL_LOCKS_EXCLUDED(mu_);
   // Sends `connect`, serves the worker's store requests, returns its answer.
   absl::Status Connect(const GlooBackendOptions& options);
-  // The worker's next `done` (serving store requests with `store`, if any).
-  absl::Status AwaitDone(const std::string& during, gloo::rendezvous::Store* store);
+  // The worker's next `done` (serving store requests with `store`, if any);
+  // with `counts`, the `n` summed counts it carries are copied there.
+  absl::Status AwaitDone(const std::string& during, gloo::rendezvous::Store* store,
+                         double* counts = nullptr, size_t n = 0);
   // Reaps the worker after its channel closed; says how and why it died.
   absl::Status WorkerDied(const std::string& during) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status EnsureBuffer(size_t bytes);
@@ -103,7 +113,14 @@ class GlooWorkerBackend final : public Backend {
     DType dtype = DType::kFloat32;
     bool sent = false;          // false: nothing to exchange (one node, empty)
     void* copy_back = nullptr;  // data outside the shared buffer: copy the result there
+    double* counts = nullptr;   // AllreduceCountsWithNext's, sent with this one
+    size_t counts_n = 0;
+    bool counts_only = false;  // no elements: AwaitIssued takes it on the way
   };
+  // Sends `request` for `issued`'s collective and queues it.
+  absl::Status SendIssued(const v1::GlooWorkerRequest& request, Issued issued);
+  // Whether an issued collective with elements is not yet awaited.
+  bool ElementsInFlight() const;
 
   const int node_rank_;
   const int num_nodes_;
@@ -121,6 +138,9 @@ class GlooWorkerBackend final : public Backend {
   // Oldest first from issued_head_; capacity kept: no allocation per bucket.
   std::vector<Issued> issued_;
   size_t issued_head_ = 0;
+  // AllreduceCountsWithNext's, until the next IssueAllreduceSum sends them.
+  double* pending_counts_ = nullptr;
+  size_t pending_counts_n_ = 0;
 
   pid_t pid_ = 0;   // set by Spawn, before any other thread sees this object
   int pidfd_ = -1;  // signals never reach a reused pid

@@ -616,7 +616,7 @@ bool Scheduler::AgreeActiveTrainers() {
     }
   }
   // Each node's trainers agree among themselves (CheckInStep); the nodes
-  // compare theirs here, before any collective sums their gradients.
+  // compare theirs here (before the first bucket counts as done).
   const size_t slot_of_node = 3 + static_cast<size_t>(options_.node_rank);
   if (no_sync_reference_ != nullptr && slot_of_node < agreement_.size()) {
     counts[slot_of_node] = no_sync_iterations_ + 1.0;
@@ -630,12 +630,35 @@ bool Scheduler::AgreeActiveTrainers() {
   // must not depend on what only one node knows (node 0's --uneven-inputs
   // decides it for the job; without it gs_join is refused across nodes).
   // CPU jobs always exchange, for the no_sync counts.
+  bool deferred = false;
   if (backend_->num_nodes() > 1 && (options_.uneven_inputs || !options_.gpu)) {
+    // Without uneven inputs nobody joins (gs_join is refused across nodes),
+    // so nothing before the first bucket's write-back needs the summed
+    // counts: the backend may fold them into the first bucket's collective
+    // or run them while that bucket is summed, instead of a collective and
+    // a round trip the iteration waits for. Whether it does depends only
+    // on what every node shares (node 0's --uneven-inputs, the plan, the
+    // wire dtype), so every node issues the same collectives.
+    uint64_t first_bucket_bytes = 0;
+    DType dtype = DType::kFloat32;
+    if (next_bucket_ < spans_.size()) {
+      for (const ReduceSpan& span : spans_[next_bucket_]) first_bucket_bytes += span.bytes;
+      dtype = plan_.buckets[next_bucket_].dtype;
+    }
+    const bool deferrable =
+        !options_.uneven_inputs && counts[1] == 0 && counts[2] == 0 && first_bucket_bytes > 0;
+    // What the first collective will carry: the reducer widens halves to
+    // float32 (a guess that is off costs overlap, never correctness).
+    const DType staged = dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+    const size_t next_count = first_bucket_bytes / DTypeSize(dtype);
     if (!BeginReduction(0, MonotonicNowNs())) {
       EndReduction();
       return false;
     }
-    const absl::Status st = backend_->AllreduceCounts(counts, agreement_.size());
+    const absl::Status st = deferrable
+                                ? backend_->AllreduceCountsWithNext(counts, agreement_.size(),
+                                                                    next_count, staged, &deferred)
+                                : backend_->AllreduceCounts(counts, agreement_.size());
     const int64_t slot = EndReduction();
     if (slot == kStopped) return false;
     if (!st.ok() || slot == kTimedOut) {
@@ -648,13 +671,15 @@ bool Scheduler::AgreeActiveTrainers() {
             kCollectiveFailed);
       return false;
     }
-    if (!CheckNodesInStep()) return false;
-    const double* held = agreement_.data() + 3 + agreement_nodes_;
-    agreed_config_version_ =
-        static_cast<uint64_t>(*std::min_element(held, held + agreement_nodes_));
-    config_agreed_ = true;
+    if (deferred) {
+      agreement_in_flight_ = true;  // Launch finishes it
+    } else if (!FinishAgreement()) {
+      return false;
+    }
   }
-  const int active = static_cast<int>(counts[0]);
+  // Deferred, the counts are still this node's; nobody joined, so the job's
+  // active count is its world size.
+  const int active = deferred ? options_.world_size : static_cast<int>(counts[0]);
   if (counts[1] > 0 && counts[2] > 0) {
     fail_(MakeError(v1::MISMATCH,
                     absl::StrCat("iteration ", iteration(), ": ", counts[1],
@@ -679,6 +704,14 @@ bool Scheduler::AgreeActiveTrainers() {
   for (Trainer* t : trainers_) t->segment.header()->completion_bell.Ring();
   if (!st.ok()) fail_(MakeError(v1::PEER_FAILED, st.message()), culprit);
   return false;
+}
+
+bool Scheduler::FinishAgreement() {
+  if (!CheckNodesInStep()) return false;
+  const double* held = agreement_.data() + 3 + agreement_nodes_;
+  agreed_config_version_ = static_cast<uint64_t>(*std::min_element(held, held + agreement_nodes_));
+  config_agreed_ = true;
+  return true;
 }
 
 bool Scheduler::CheckNodesInStep() {
@@ -771,6 +804,10 @@ bool Scheduler::Launch(uint32_t bucket) {
                                  backend_->name(), " allreduce failed: ", st.message())),
           kCollectiveFailed);
     return false;
+  }
+  if (agreement_in_flight_) {
+    agreement_in_flight_ = false;
+    if (!FinishAgreement()) return false;
   }
   if (nonfinite.result_non_finite && !HandleNonFinite(bucket, nonfinite)) return false;
   return FinishLaunch(bucket, timings);
@@ -905,6 +942,7 @@ void Scheduler::FinishIteration() {
   }
   next_bucket_ = 0;
   active_agreed_ = false;
+  agreement_in_flight_ = false;
   marks_ = 0;
   no_sync_reference_ = nullptr;
   checksummed_marks_ = 0;

@@ -220,6 +220,9 @@ class Scheduler {
   // the job failed, or when none is active: every trainer joined, the
   // joined trainers are told and the loop stops.
   bool AgreeActiveTrainers();
+  // The agreement's cross-node results, once summed: nodes in step, the
+  // config version every node holds.
+  bool FinishAgreement();
   // After the agreement: MISMATCH naming two nodes whose trainers summed a
   // different number of iterations (no_sync) into this iteration's gradients.
   bool CheckNodesInStep();
@@ -288,6 +291,11 @@ class Scheduler {
   // Uneven inputs: agreed (AgreeActiveTrainers) before the iteration's
   // first bucket; divide by the active count once a trainer joined asking so.
   bool active_agreed_ = false;
+  // The agreement rides with the first bucket's first collective
+  // (Backend::AllreduceCountsWithNext): its results are checked once that
+  // bucket's reduction returns (FinishAgreement), before the bucket counts
+  // as done.
+  bool agreement_in_flight_ = false;
   // The agreement's counts: [active, joined asking divide_by_initial_world_size,
   // joined asking not], then per node its no_sync count + 1 (0: none of its
   // trainers marked), then per node the newest config version it holds.

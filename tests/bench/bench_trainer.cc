@@ -2,7 +2,7 @@
 // Registers --tensors tensors of --bytes/--tensors bytes (fp32), then for
 // --iters iterations marks every tensor ready and waits, timing each
 // iteration from its first mark_ready to gs_wait's return. Prints one line:
-//   result rank=R iters=N p50_us=.. p99_us=.. mean_us=..
+//   result rank=R iters=N p50_us=.. p99_us=.. mean_us=.. p10_us=.. p90_us=..
 // --samples-out=FILE also writes every timed iteration (µs, one per line)
 // for the latency CDF.
 #include <getopt.h>
@@ -105,9 +105,11 @@ int main(int argc, char** argv) {
   std::sort(us.begin(), us.end());
   double sum = 0;
   for (double v : us) sum += v;
-  std::printf("result rank=%d world=%d iters=%zu p50_us=%.2f p99_us=%.2f mean_us=%.2f\n", rank,
-              world, us.size(), us[us.size() / 2],
-              us[std::min(us.size() - 1, us.size() * 99 / 100)], sum / us.size());
+  std::printf(
+      "result rank=%d world=%d iters=%zu p50_us=%.2f p99_us=%.2f mean_us=%.2f p10_us=%.2f "
+      "p90_us=%.2f\n",
+      rank, world, us.size(), us[us.size() / 2], us[std::min(us.size() - 1, us.size() * 99 / 100)],
+      sum / us.size(), us[us.size() / 10], us[std::min(us.size() - 1, us.size() * 9 / 10)]);
   gs_close(c);
   return 0;
 }

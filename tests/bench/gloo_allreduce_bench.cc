@@ -20,7 +20,9 @@
 // Gloo worker) wrote per allreduce: the kernel's wchar in /proc/PID/io,
 // i.e. what Gloo handed to its sockets (plus a few bytes of commands).
 // Rows alternate per round so drift on a noisy VM hits both alike. Node 0
-// prints, per size: mean time per allreduce, algbw = bytes / time and
+// prints, per size: mean time per allreduce, the p10 / p50 / p90 of the
+// single allreduces (the statistic sync_bench compares with gradsync's
+// iterations), algbw = bytes / mean time and
 // busbw = algbw * 2(n-1)/n (nccl-tests definitions), and gradsync's busbw as
 // a fraction of plain Gloo's (PERFORMANCE.md target: >= 0.95 at 100 MB).
 #include <signal.h>
@@ -224,8 +226,9 @@ int Worker() {
   const int warmup = absl::GetFlag(FLAGS_warmup);
   const int rounds = absl::GetFlag(FLAGS_rounds);
   if (rank == 0) {
-    std::printf("%5s %9s %-11s %9s %9s %11s %11s %9s %9s\n", "nodes", "size_MB", "impl", "time_ms",
-                "min_ms", "algbw_GB/s", "busbw_GB/s", "vs_plain", "wire_MB");
+    std::printf("%5s %9s %-11s %9s %9s %11s %11s %9s %9s %9s %9s %9s\n", "nodes", "size_MB", "impl",
+                "time_ms", "min_ms", "algbw_GB/s", "busbw_GB/s", "vs_plain", "wire_MB", "p10_ms",
+                "p50_ms", "p90_ms");
   }
   for (size_t bytes : SizesBytes()) {
     std::vector<float> data(bytes / sizeof(float));
@@ -233,6 +236,7 @@ int Worker() {
     uint64_t wire_bytes[kImpls] = {};
     double min_s[kImpls];
     std::fill(min_s, min_s + kImpls, 1e30);
+    std::vector<double> samples_s[kImpls];
     for (int round = 0; round < rounds; ++round) {
       for (int impl = 0; impl < kImpls; ++impl) {
         Fill(data, rank);
@@ -255,6 +259,7 @@ int Worker() {
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           total_s[impl] += s;
           min_s[impl] = std::min(min_s[impl], s);
+          samples_s[impl].push_back(s);
         }
         wire_bytes[impl] += BytesWritten(writer) - written_before;
       }
@@ -267,9 +272,14 @@ int Worker() {
       busbw[impl] = algbw * 2.0 * (n - 1) / n;
       const std::string ratio = impl == 0 ? "" : absl::StrFormat("%.3f", busbw[impl] / busbw[0]);
       const double wire_mb = wire_bytes[impl] / 1e6 / (rounds * iters);
-      std::printf("%5d %9.3f %-11s %9.2f %9.2f %11.3f %11.3f %9s %9.2f\n", n, bytes / 1e6,
-                  kNames[impl], mean_s * 1e3, min_s[impl] * 1e3, algbw, busbw[impl], ratio.c_str(),
-                  wire_mb);
+      std::vector<double>& v = samples_s[impl];
+      std::sort(v.begin(), v.end());
+      auto at = [&v](size_t num, size_t den) {
+        return v.empty() ? 0.0 : v[std::min(v.size() - 1, v.size() * num / den)] * 1e3;
+      };
+      std::printf("%5d %9.3f %-11s %9.2f %9.2f %11.3f %11.3f %9s %9.2f %9.3f %9.3f %9.3f\n", n,
+                  bytes / 1e6, kNames[impl], mean_s * 1e3, min_s[impl] * 1e3, algbw, busbw[impl],
+                  ratio.c_str(), wire_mb, at(1, 10), at(1, 2), at(9, 10));
     }
     std::fflush(stdout);
   }

@@ -19,6 +19,14 @@ gloo and plain Gloo, and plots bandwidth vs size, the latency CDF of the
 4 KB iteration, and where a bucket's time goes (the daemons' own stats:
 wait for ready, local reduce, collective, write-back).
 
+Every figure compared is the same statistic: the p50 of single iterations
+(gradsync: first mark_ready -> gs_wait; torch: one all_reduce and divide;
+plain Gloo: one gloo::allreduce), with the p10-p90 spread beside it.
+$GRADSYNC_BENCH_REFERENCE_DAEMON (a gradsyncd path, e.g. one built from
+main) adds a 2-daemon column for that binary to the sweep, alternated with
+this build's in $GRADSYNC_BENCH_XNODE_ROUNDS rounds per size (default 1;
+the median of the rounds' p50s): a before/after in one run.
+
 Prints markdown tables; writes bench-results/sync_bench.json and
 bench-results/*.png (bench_report). Not a test: asserts nothing.
 
@@ -53,16 +61,22 @@ SIZES = [("100 MB (4 x 25 MB buckets)", 100 << 20, 4, 5, 20), ("4 KB (1 bucket)"
 
 
 def collect(procs: list, stats: dict | None = None) -> dict:
-    """Median over the trainers of their p50/p99 iteration times (µs)."""
+    """Median over the trainers of their p10/p50/p90/p99 iteration times (µs)."""
     results = []
     for p in procs:
         out, _ = p.communicate(timeout=600)
-        m = re.search(r"p50_us=([\d.]+) p99_us=([\d.]+)", out)
+        m = re.search(r"p50_us=([\d.]+) p99_us=([\d.]+) mean_us=[\d.]+ p10_us=([\d.]+) "
+                      r"p90_us=([\d.]+)", out)
         if p.returncode != 0 or not m:
             raise RuntimeError(f"bench_trainer failed: {out}")
-        results.append((float(m.group(1)), float(m.group(2))))
-    return {"p50": statistics.median(r[0] for r in results),
-            "p99": statistics.median(r[1] for r in results), "stats": stats}
+        results.append([float(g) for g in m.groups()])
+    return {k: statistics.median(r[i] for r in results)
+            for i, k in enumerate(("p50", "p99", "p10", "p90"))} | {"stats": stats}
+
+
+def spread(r: dict | None) -> str | None:
+    """'p10-p90' of a result, for the tables."""
+    return f"{r['p10']:.0f}-{r['p90']:.0f}" if r and "p10" in r else None
 
 
 def daemon_phases(addr: str, token_file: str | None) -> dict | None:
@@ -89,7 +103,7 @@ def free_port_number() -> int:
         return s.getsockname()[1]
 
 
-def start_daemons(nodes: int, tmp: str, prefix: str, extra: list) -> list:
+def start_daemons(nodes: int, tmp: str, prefix: str, extra: list, daemon: str | None = None) -> list:
     """N daemons on loopback (node 0 leads), one socket each under tmp;
     returns once every socket exists."""
     port = free_port_number()
@@ -101,7 +115,7 @@ def start_daemons(nodes: int, tmp: str, prefix: str, extra: list) -> list:
         where = [f"--listen=127.0.0.1:{port}"] if n == 0 else [
             f"--leader=127.0.0.1:{port}", "--listen=127.0.0.1:0"]
         daemons.append(subprocess.Popen(
-            [DAEMON, f"--socket={tmp}/s{n}", f"--num-nodes={nodes}", f"--node-rank={n}",
+            [daemon or DAEMON, f"--socket={tmp}/s{n}", f"--num-nodes={nodes}", f"--node-rank={n}",
              "--local-size=1", f"--shm-prefix={prefix}{os.getpid()}x{n}", "--timeout-s=120",
              f"--job-token-file={token_file}",
              *extra, *where],
@@ -122,15 +136,28 @@ def stop_daemons(daemons: list) -> None:
 
 
 def run_gradsync_nodes(nodes: int, nbytes: int, warmup: int, iters: int,
-                       samples_out: str | None = None) -> dict:
+                       samples_out: str | None = None, daemon: str | None = None) -> dict:
     """N daemons (node 0 leads) with one bench_trainer each; one bucket of
-    nbytes. Node 0's bucket phases in "stats"; node 0's samples to samples_out."""
+    nbytes. Node 0's bucket phases in "stats"; node 0's samples to samples_out.
+    One retry: at the end of a run a trainer that detached first can fail
+    its peer node's last wait ("detached: gs_close"), a known race."""
+    try:
+        return run_gradsync_nodes_once(nodes, nbytes, warmup, iters, samples_out, daemon)
+    except RuntimeError as e:
+        print(f"sync_bench: retrying a failed run of {nodes} daemons, {nbytes} B: "
+              f"{str(e)[-300:]}", file=sys.stderr)
+        return run_gradsync_nodes_once(nodes, nbytes, warmup, iters, samples_out, daemon)
+
+
+def run_gradsync_nodes_once(nodes: int, nbytes: int, warmup: int, iters: int,
+                            samples_out: str | None, daemon: str | None) -> dict:
     tmp = tempfile.mkdtemp(prefix="gsbn.", dir="/tmp")
     cap_mb = nbytes / (1 << 20)
     daemons = []
     try:
         daemons = start_daemons(nodes, tmp, "gsbn",
-                                [f"--bucket-cap-mb={cap_mb}", f"--first-bucket-cap-mb={cap_mb}"])
+                                [f"--bucket-cap-mb={cap_mb}", f"--first-bucket-cap-mb={cap_mb}"],
+                                daemon)
         procs = [subprocess.Popen(
             [TRAINER, f"--socket={tmp}/s{n}", f"--bytes={nbytes}", "--tensors=1",
              f"--iters={iters}", f"--warmup={warmup}"]
@@ -169,19 +196,26 @@ def run_join(nodes: int) -> float:
 
 def run_plain_gloo(nodes: int, sizes_bytes=(25_000_000, 100_000_000), iters: int = 5,
                    rounds: int = 2) -> dict:
-    """Mean µs per size (bytes) from gloo_allreduce_bench's plain_gloo rows."""
+    """Per size (bytes), gloo_allreduce_bench's plain_gloo row in µs:
+    {"p50", "p10", "p90", "mean"} of single allreduces."""
     sizes_mb = ",".join(f"{b / 1e6:g}" for b in sizes_bytes)
     out = subprocess.run([GLOO_BENCH, f"--nodes={nodes}", f"--sizes_mb={sizes_mb}",
                           f"--warmup={1 if QUICK else 2}",
                           f"--iters={iters}", f"--rounds={rounds}"],
                          capture_output=True, text=True, timeout=900).stdout
-    rows = {}
+    rows, header = {}, []
     for line in out.splitlines():
         f = line.split()
-        if len(f) >= 4 and f[2] == "plain_gloo":
-            mb = float(f[1])
+        if f and f[0] == "nodes":
+            header = f
+        elif header and len(f) >= 4 and f[2] == "plain_gloo":
+            # The reference's own "vs_plain" is empty: index the tail from the end.
+            col = dict(zip(header[:4] + header[-3:], f[:4] + f[-3:]))
+            mb = float(col["size_MB"])
             nearest = min(sizes_bytes, key=lambda b: abs(b / 1e6 - mb))
-            rows[nearest] = float(f[3]) * 1000  # us
+            rows[nearest] = {"p50": float(col["p50_ms"]) * 1000, "p10": float(col["p10_ms"]) * 1000,
+                             "p90": float(col["p90_ms"]) * 1000,
+                             "mean": float(col["time_ms"]) * 1000}  # us
     return rows
 
 
@@ -242,8 +276,9 @@ for nbytes, warmup, iters, samples_out in spec:
         with open(samples_out, "w") as f:
             f.write("".join("%.3f\n" % v for v in times))
     times.sort()
-    print("result bytes=%d p50_us=%.2f p99_us=%.2f" % (nbytes, times[len(times) // 2],
-          times[min(len(times) - 1, len(times) * 99 // 100)]), flush=True)
+    print("result bytes=%d p50_us=%.2f p99_us=%.2f p10_us=%.2f p90_us=%.2f" % (
+          nbytes, times[len(times) // 2], times[min(len(times) - 1, len(times) * 99 // 100)],
+          times[len(times) // 10], times[min(len(times) - 1, len(times) * 9 // 10)]), flush=True)
 dist.destroy_process_group()
 """
 
@@ -273,10 +308,11 @@ def run_torch_sizes(nproc: int, spec: list) -> dict:
         out, _ = p.communicate(timeout=900)
         if p.returncode != 0:
             raise RuntimeError(f"torch gloo worker failed with code {p.returncode}: {out}")
-        for m in re.finditer(r"bytes=(\d+) p50_us=([\d.]+) p99_us=([\d.]+)", out):
-            per_size.setdefault(int(m.group(1)), []).append((float(m.group(2)),
-                                                             float(m.group(3))))
-    return {b: {"p50": statistics.median(r[0] for r in v), "p99": statistics.median(r[1] for r in v)}
+        for m in re.finditer(r"bytes=(\d+) p50_us=([\d.]+) p99_us=([\d.]+) p10_us=([\d.]+) "
+                             r"p90_us=([\d.]+)", out):
+            per_size.setdefault(int(m.group(1)), []).append([float(g) for g in m.groups()[1:]])
+    return {b: {k: statistics.median(r[i] for r in v)
+                for i, k in enumerate(("p50", "p99", "p10", "p90"))}
             for b, v in per_size.items()}
 
 
@@ -310,7 +346,7 @@ def algbw_gbps(nbytes: int, us: float | None) -> float | None:
 def plot_bandwidth(report, rows: list) -> None:
     fig, ax = bench_report.figure(
         "Allreduce bandwidth vs message size, 2 processes (higher is better)\n"
-        "gradsync, torch: p50 of iterations; plain Gloo: mean",
+        "p50 of single iterations / allreduces for every series",
         "message size (bytes, log scale)", "algorithm bandwidth (GB/s) = bytes / time")
     sizes = [r[0] for r in rows]
     series = [(1, "gradsync local: 1 daemon, 2 trainers (shared memory)", "o-"),
@@ -382,7 +418,9 @@ def run_sweep(report, progress) -> None:
         torch_spec.append((nbytes, warmup, max(3, iters // 2 if small else iters // 4),
                            paths["torch"] if small else None))
     torch_results = run_torch_sizes(2, torch_spec)
-    rows, phases, cdf = [], [], {}
+    reference = os.environ.get("GRADSYNC_BENCH_REFERENCE_DAEMON")
+    xnode_rounds = max(1, int(os.environ.get("GRADSYNC_BENCH_XNODE_ROUNDS", "1")))
+    rows, spreads, ref_rows, phases, cdf = [], [], [], [], {}
     for nbytes in sizes:
         label = bench_report.size_label(nbytes)
         warmup, iters = sweep_iters(nbytes)
@@ -391,13 +429,33 @@ def run_sweep(report, progress) -> None:
         loc = run_gradsync(2, nbytes, 1, warmup, iters, one_bucket=True,
                            samples_out=paths["local"] if small else None)
         progress.step(f"{label}: gradsync 2 daemons")
-        xn = run_gradsync_nodes(2, nbytes, warmup, iters,
-                                samples_out=paths["xnode"] if small else None)
+        # With a reference binary the two alternate, round by round, so the
+        # machine's drift hits both alike; each one's figure is the median
+        # of its rounds' p50s (spread: the median p10 and p90).
+        new_runs, ref_runs = [], []
+        for rnd in range(xnode_rounds if reference else 1):
+            new_runs.append(run_gradsync_nodes(
+                2, nbytes, warmup, iters,
+                samples_out=paths["xnode"] if small and rnd == 0 else None))
+            if reference:
+                ref_runs.append(run_gradsync_nodes(2, nbytes, warmup, iters, daemon=reference))
+        xn = {k: statistics.median(r[k] for r in new_runs) for k in ("p50", "p99", "p10", "p90")}
+        xn["stats"] = new_runs[0]["stats"]
         t = torch_results.get(nbytes)
-        p = plain.get(nbytes)
+        pg = plain.get(nbytes)
+        p = pg["p50"] if pg else None
         rows.append([nbytes, loc["p50"], xn["p50"], t["p50"] if t else None, p,
                      algbw_gbps(nbytes, loc["p50"]), algbw_gbps(nbytes, xn["p50"]),
                      algbw_gbps(nbytes, t["p50"]) if t else None, algbw_gbps(nbytes, p)])
+        spreads.append([label, spread(loc), spread(xn), spread(t), spread(pg),
+                        xn["p50"] / t["p50"] if t else None, xn["p50"] / p if p else None])
+        if reference:
+            ref = {k: statistics.median(r[k] for r in ref_runs) for k in ("p50", "p10", "p90")}
+            ref_rows.append([label, len(new_runs), xn["p50"], spread(xn), ref["p50"], spread(ref),
+                             xn["p50"] / ref["p50"],
+                             " ".join(f"{a['p50'] / b['p50']:.2f}"
+                                      for a, b in zip(new_runs, ref_runs)),
+                             t["p50"] if t else None, p])
         if small:
             cdf = {"gradsync local": read_samples(paths["local"]),
                    "gradsync 2 daemons": read_samples(paths["xnode"]),
@@ -410,9 +468,22 @@ def run_sweep(report, progress) -> None:
         "Allreduce vs message size, 2 processes, one bucket (p50 µs; algbw GB/s)",
         ["bytes", "gradsync local µs", "gradsync 2 daemons µs", "torch gloo µs", "plain Gloo µs",
          "local GB/s", "2 daemons GB/s", "torch gloo GB/s", "plain Gloo GB/s"], rows,
-        note="gradsync: one iteration (first mark_ready -> gs_wait); torch gloo: barrier, "
-             "all_reduce, divide; plain Gloo: the mean of one gloo::allreduce "
-             "(gloo_allreduce_bench). References measured in this run.")
+        note="Every column is the p50 of single iterations: gradsync: first mark_ready -> "
+             "gs_wait; torch gloo: barrier, all_reduce, divide (untimed barrier); plain Gloo: one "
+             "gloo::allreduce (gloo_allreduce_bench). References measured in this run.")
+    report.table(
+        "Spread of the same runs (p10-p90 µs) and the 2-daemon ratios (p50 / p50)",
+        ["bytes", "gradsync local", "gradsync 2 daemons", "torch gloo", "plain Gloo",
+         "2 daemons / torch gloo", "2 daemons / plain Gloo"], spreads,
+        note="Targets (docs/PERFORMANCE.md): 2 daemons <= 1.1x torch gloo at 4 KB-1 MB, "
+             "<= 1.05x at 16 MB and more; <= 1.1x plain Gloo at every size.")
+    if ref_rows:
+        report.table(
+            "2 daemons x 1 trainer: this build vs the reference gradsyncd, alternated "
+            "(median of rounds' p50 µs)",
+            ["bytes", "rounds", "this build p50", "p10-p90", "reference p50", "p10-p90",
+             "this / reference", "per-round ratios", "torch gloo p50", "plain Gloo p50"],
+            ref_rows, note=f"reference: {reference}")
     report.table("4 KB iteration latency percentiles (µs)", ["run", "p50", "p90", "p99", "max", "n"],
                  [[k, v[len(v) // 2], v[len(v) * 9 // 10], v[min(len(v) - 1, len(v) * 99 // 100)],
                    v[-1], len(v)] for k, v in cdf.items() if v])
@@ -476,7 +547,8 @@ def main() -> int:
             nbytes = mb << 20
             g = run_gradsync_nodes(nodes, nbytes, 2, 8)
             t = run_torch(nodes, nbytes, 2, 5)
-            p = plain.get(mb * 1_000_000)
+            pg = plain.get(mb * 1_000_000)
+            p = pg["p50"] if pg else None
             rows.append([f"{mb} MB", nodes, g["p50"], busbw(nbytes, nodes, g["p50"]),
                          p, busbw(mb * 1_000_000, nodes, p) if p else None,
                          t["p50"] if t else None, busbw(nbytes, nodes, t["p50"]) if t else None,
@@ -484,11 +556,11 @@ def main() -> int:
                          if p else None])
     if rows:
         report.table("Across nodes on loopback: N daemons x 1 trainer, one bucket per iteration",
-                     ["size", "nodes", "gradsync p50 µs", "busbw GB/s", "plain Gloo µs",
+                     ["size", "nodes", "gradsync p50 µs", "busbw GB/s", "plain Gloo p50 µs",
                       "busbw GB/s", "torch gloo µs", "busbw GB/s", "gradsync busbw / plain Gloo"],
                      rows, note="Target: busbw >= 0.95 of plain Gloo with 2 daemons. gradsync's "
                                 "time is a whole iteration (mark_ready -> gs_wait), plain Gloo's "
-                                "one allreduce call.")
+                                "one allreduce call; both p50s.")
 
     rows = []
     for nodes in join_nodes:

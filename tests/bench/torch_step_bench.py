@@ -16,9 +16,12 @@ run, measured one after the other (never overlapping):
   gradsync DDP allreduce_hook     DDP kept, buckets sent through gradsync
 
 The machine may be shared and noisy: the variants run in ``--rounds``
-interleaved rounds (A B C D E, A B C D E, ...), and the table reports, per
-variant, the median over rounds of each round's median step time, and the
-best round. Ratios use the medians. Prints one markdown table and writes it
+interleaved rounds (A B C D E, A B C D E, ...; at least 5, also with
+--quick), and the table reports, per variant, the median over rounds of
+each round's median step time, the spread of the rounds (min-max), and the
+ratios to compute only and to DDP: of the medians, and the min-max of the
+same ratio taken within each round (variants of one round ran minutes
+apart at most, so a round's ratio cancels most of the machine's drift). Prints one markdown table and writes it
 to bench-results/torch_step_bench.json with a bar plot
 (bench-results/torch_step.png). Not a test: asserts nothing.
 
@@ -26,7 +29,7 @@ Run from the repository root after
 `bazel build //client:libgradsync.so //daemon:gradsyncd`:
 
     /usr/bin/python3 tests/bench/torch_step_bench.py [--steps 20] [--rounds 3] [--threads 1]
-        [--quick]   (--quick, or GRADSYNC_BENCH_QUICK=1: 4 steps, 1 round)
+        [--quick]   (--quick, or GRADSYNC_BENCH_QUICK=1: 4 steps, 5 rounds)
 
 $GRADSYNC_BENCH_DAEMON_ARGS adds flags to the daemons it starts (e.g.
 "--reduce-threads=2" or "--bucket-cap-mb=10"). $GRADSYNC_BENCH_REFERENCE_DAEMON
@@ -149,9 +152,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=4 if quick else 20,
                     help="timed steps per variant")
     ap.add_argument("--warmup", type=int, default=2 if quick else 3)
-    ap.add_argument("--rounds", type=int, default=1 if quick else 3,
-                    help="interleaved repetitions")
-    ap.add_argument("--quick", action="store_true", help="fewer steps and rounds")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="interleaved repetitions (the median of them is reported)")
+    ap.add_argument("--quick", action="store_true", help="fewer steps (GRADSYNC_BENCH_QUICK=1 too)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per trainer")
     ap.add_argument("--worker", nargs=7, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -204,11 +207,19 @@ def main() -> int:
     params = LAYERS * (WIDTH * WIDTH + WIDTH)
     title = (f"Training step, {LAYERS} x Linear({WIDTH},{WIDTH}) = {params / 1e6:.1f}M fp32 "
              f"parameters, batch {BATCH}/trainer")
+    def round_ratios(label: str, ref: str) -> str:
+        r = [a / b for a, b in zip(medians[label], medians[ref])]
+        return f"{min(r):.3f}-{max(r):.3f}"
+
     report.table(
-        title, ["variant", "trainers", "step, median of rounds (ms)", "best round (ms)",
-                "vs compute only (2 proc)", "vs torch DDP"],
-        [[label, nproc, p50[label] * 1e3, min(medians[label]) * 1e3, p50[label] / compute2,
-          p50[label] / ddp] for label, _, nproc, _ in variants],
+        title, ["variant", "trainers", "step, median of rounds (ms)", "rounds min-max (ms)",
+                "vs compute only (2 proc)", "per round min-max", "vs torch DDP",
+                "per round min-max"],
+        [[label, nproc, p50[label] * 1e3,
+          f"{min(medians[label]) * 1e3:.1f}-{max(medians[label]) * 1e3:.1f}",
+          p50[label] / compute2, round_ratios(label, "compute only, 2 processes"),
+          p50[label] / ddp, round_ratios(label, "torch DDP (gloo)")]
+         for label, _, nproc, _ in variants],
         note=f"torch {torch.__version__}, {args.threads} thread(s)/trainer, {os.cpu_count()} "
              f"cores; per round the median of {args.steps} steps after {args.warmup} warm-up; "
              f"{args.rounds} interleaved rounds; load average {load_before:.1f} before, "

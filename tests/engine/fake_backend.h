@@ -36,6 +36,7 @@ class FakeBackend final : public Backend {
   struct Call {
     size_t count;
     DType dtype;
+    bool with_counts = false;  // carried AllreduceCountsWithNext's counts
   };
 
   // `num_nodes` > 1 makes the reducer take the cross-node path (staging,
@@ -52,18 +53,41 @@ class FakeBackend final : public Backend {
   // own slot with the same value. Not recorded in calls(): those are the
   // buckets' collectives.
   absl::Status AllreduceCounts(double* counts, size_t n) override {
+    SumCountsLikeCopies(counts, n);
+    return absl::OkStatus();
+  }
+
+  // Like the daemon's Gloo worker: the counts ride with the next
+  // collective and are summed when it is.
+  absl::Status AllreduceCountsWithNext(double* counts, size_t n, size_t, DType,
+                                       bool* deferred) override {
+    absl::MutexLock lock(&mu_);
+    if (pending_counts_ != nullptr) return absl::InternalError("fake: counts deferred twice");
+    pending_counts_ = counts;
+    pending_counts_n_ = n;
+    *deferred = true;
+    return absl::OkStatus();
+  }
+
+  void SumCountsLikeCopies(double* counts, size_t n) {
     for (size_t i = 0; i < n && i < 3; ++i) counts[i] *= num_nodes_;
     for (size_t group = 3; group + num_nodes_ <= n; group += num_nodes_) {
       double ours = 0;
       for (int k = 0; k < num_nodes_; ++k) ours = std::max(ours, counts[group + k]);
       for (int k = 0; k < num_nodes_; ++k) counts[group + k] = ours;
     }
-    return absl::OkStatus();
   }
 
   absl::Status AllreduceSum(void* data, size_t count, DType dtype) override {
     absl::MutexLock lock(&mu_);
-    calls_.push_back({count, dtype});
+    calls_.push_back({count, dtype, pending_counts_ != nullptr});
+    if (pending_counts_ != nullptr) {
+      if (count == 0) return absl::InternalError("fake: counts sent with 0 elements");
+      // Summed before the elements, as the worker does (a failed call
+      // below fails them both).
+      SumCountsLikeCopies(pending_counts_, pending_counts_n_);
+      pending_counts_ = nullptr;
+    }
     if (!aborted_.empty()) return absl::AbortedError(absl::StrCat("fake: aborted: ", aborted_));
     if (mode_ == Mode::kFail) return failure_;
     if (mode_ == Mode::kHang && hang_after_ > 0) {
@@ -177,6 +201,8 @@ class FakeBackend final : public Backend {
   int hang_after_ ABSL_GUARDED_BY(mu_) = 0;
   std::string aborted_ ABSL_GUARDED_BY(mu_);
   std::vector<Call> calls_ ABSL_GUARDED_BY(mu_);
+  double* pending_counts_ ABSL_GUARDED_BY(mu_) = nullptr;
+  size_t pending_counts_n_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace gradsync::testing

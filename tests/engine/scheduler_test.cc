@@ -352,6 +352,43 @@ TEST_F(SchedulerBehaviourTest, LaunchesBucketsInPlanOrderAsSoonAsEachIsComplete)
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(HoldsAverage(trainer(r), sums, remote(), world_size()));
 }
 
+// The per-iteration agreement (trainer counts, no_sync counts, config
+// versions) costs no exchange of its own without --uneven-inputs: it rides
+// with each iteration's first collective, and only that one. With the flag
+// the divisor depends on it before anything is written back, so it stays
+// a separate exchange ahead of the first bucket.
+TEST_F(SchedulerBehaviourTest, AgreementRidesWithEachIterationsFirstCollectiveOnlyWithoutUneven) {
+  for (bool uneven : {false, true}) {
+    ASSERT_NO_FATAL_FAILURE(Start(kNever, {256, 64}, uneven));
+    const size_t buckets = node_->plan().buckets.size();
+    ASSERT_GT(buckets, 1u);
+    for (uint64_t it = 0; it < 3; ++it) {
+      const Sums sums = WriteAll(it);
+      MarkAll(it);
+      WaitAllOk();
+      for (int r = 0; r < 2; ++r) {
+        EXPECT_TRUE(HoldsAverage(trainer(r), sums, remote(), world_size()))
+            << "uneven " << uneven << " iteration " << it << " local rank " << r;
+      }
+    }
+    const std::vector<FakeBackend::Call> calls = backend_->calls();
+    size_t first = 0;
+    for (uint64_t it = 0; it < 3; ++it) {
+      const size_t n = scheduler_->plan().buckets.size();  // rebuilt after iteration 0
+      const size_t in_it = it == 0 ? buckets : n;
+      ASSERT_LE(first + in_it, calls.size());
+      for (size_t c = first; c < first + in_it; ++c) {
+        EXPECT_EQ(calls[c].with_counts, !uneven && c == first)
+            << "uneven " << uneven << " iteration " << it << " call " << c - first;
+      }
+      first += in_it;
+    }
+    EXPECT_EQ(calls.size(), first);
+    EXPECT_TRUE(failures_.Peek().ok()) << failures_.Peek();
+    StopScheduler();
+  }
+}
+
 // Uneven inputs: a joined trainer counts as zeros. Its arena holds a
 // pattern that would poison any sum it entered, and keeps it: the local sum
 // skips it and the write-back leaves it alone. The divisor stays the world
