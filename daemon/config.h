@@ -47,7 +47,7 @@ struct DaemonConfig {
   bool uneven_inputs = false;
   // Every this many synchronized iterations the trainers' parameter
   // fingerprints are compared (gs_check_replicas); 0: never. One node only.
-  int64_t check_replicas_every = 0;
+  int check_replicas_every = 0;
   // NaN/Inf in an iteration's gradients: error | skip | off
   // (daemon/engine/nonfinite_mode.h). CPU gradients only.
   std::string nonfinite = "error";

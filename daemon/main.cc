@@ -111,7 +111,7 @@ ABSL_FLAG(bool, uneven_inputs, kDefaults.uneven_inputs,
           "allow gs_join (uneven inputs) in multi-node jobs: every iteration then starts with "
           "one small allreduce of active-trainer counts; node 0's value is the job's "
           "(one node: gs_join works without it)");
-ABSL_FLAG(int64_t, check_replicas_every, kDefaults.check_replicas_every,
+ABSL_FLAG(int, check_replicas_every, kDefaults.check_replicas_every,
           "every N synchronized iterations compare a fingerprint (a hash per tensor) of every "
           "trainer's parameters and fail the job with GS_ERR_MISMATCH naming the first tensor "
           "that differs and the trainers on each side; 0: off. One node only for now");

@@ -4,7 +4,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/log_value.h"
 #include "common/monotonic.h"
@@ -114,9 +113,14 @@ absl::StatusOr<std::shared_ptr<RendezvousClient>> ConnectToLeader(const DaemonCo
 // with loopback for none or a wildcard.
 std::string GlooHost(const DaemonConfig& config) {
   if (!config.host.empty()) return config.host;
-  const std::vector<std::string> parts = absl::StrSplit(config.listen, ':');
-  std::string host = parts.empty() ? "" : parts[0];
-  if (host.empty() || host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";
+  // --listen is HOST:PORT with an IPv6 host in brackets: the host is what
+  // precedes the last ':', without the brackets Gloo's resolver refuses.
+  const size_t colon = config.listen.rfind(':');
+  std::string host = colon == std::string::npos ? "" : config.listen.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host.empty() || host == "0.0.0.0" || host == "::") host = "127.0.0.1";
   return host;
 }
 

@@ -135,6 +135,25 @@ TEST(MultiNode, LeaderListeningOnOneAddressOnlyJoinsItsOwnJobAndTrainsLikeOnePro
   }
 }
 
+// Nodes listening on an IPv6 address: each Gloo device binds that address
+// (brackets stripped; Gloo wants one address family across the job), and
+// the job trains exactly.
+TEST(MultiNode, NodesListeningOnIpv6LoopbackTrainLikeOneProcess) {
+  Cluster cluster(Job(2, 1, {}, "s3cret", "[::1]", {{}, {"--listen=[::1]:0"}}));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
+  for (auto& t : trainers) {
+    ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
+  }
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
+  for (const std::string& out : outs) {
+    EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
+  }
+}
+
 // Every node given the same --leader (as the k8s manifest does): node 0 sees
 // that "localhost:PORT" resolves to its own address and port, and leads.
 TEST(MultiNode, NodeZeroGivenALeaderNamingItselfLeadsAndTrainsLikeOneProcess) {
