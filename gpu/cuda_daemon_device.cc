@@ -178,8 +178,7 @@ class CudaDaemonDevice final : public DaemonDevice {
     DeviceScope scope(gpu->ordinal);
     if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
     cudaIpcMemHandle_t h;
-    absl::Status status = Check(cudaIpcGetMemHandle(&h, base), "cudaIpcGetMemHandle");
-    if (!status.ok()) return status;
+    RETURN_IF_ERROR(Check(cudaIpcGetMemHandle(&h, base), "cudaIpcGetMemHandle"));
     IpcHandle out;
     std::memcpy(out.bytes.data(), &h, IpcHandle::kSize);
     return out;
@@ -236,10 +235,9 @@ class CudaDaemonDevice final : public DaemonDevice {
     }
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    absl::Status status = Check(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000,
-                                                                 cudaEnableDefault, &found),
-                                "cudaGetDriverEntryPointByVersion(cuMemGetAddressRange)");
-    if (!status.ok()) return status;
+    RETURN_IF_ERROR(Check(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000,
+                                                           cudaEnableDefault, &found),
+                          "cudaGetDriverEntryPointByVersion(cuMemGetAddressRange)"));
     if (fn == nullptr || found != cudaDriverEntryPointSuccess) {
       return absl::FailedPreconditionError("the CUDA driver lacks cuMemGetAddressRange");
     }
@@ -284,9 +282,8 @@ class CudaDaemonDevice final : public DaemonDevice {
     cudaIpcEventHandle_t h;
     std::memcpy(&h, handle.bytes.data(), IpcHandle::kSize);
     cudaEvent_t event = nullptr;
-    absl::Status status = Check(cudaIpcOpenEventHandle(&event, h),
-                                absl::StrCat("cudaIpcOpenEventHandle on GPU ", device));
-    if (!status.ok()) return status;
+    RETURN_IF_ERROR(Check(cudaIpcOpenEventHandle(&event, h),
+                          absl::StrCat("cudaIpcOpenEventHandle on GPU ", device)));
     auto* e = new RtEvent{event, gpu->ordinal};
     events_.insert(e);
     return reinterpret_cast<Event*>(e);
@@ -338,9 +335,8 @@ class CudaDaemonDevice final : public DaemonDevice {
     cudaStream_t stream = nullptr;
     // Non-blocking: no implicit ordering with the legacy default stream
     // (trainers in this process have none; NCCL's streams are the same).
-    absl::Status status = Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
-                                absl::StrCat("cudaStreamCreateWithFlags on GPU ", device));
-    if (!status.ok()) return status;
+    RETURN_IF_ERROR(Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                          absl::StrCat("cudaStreamCreateWithFlags on GPU ", device)));
     auto* s = new RtStream{stream, gpu->ordinal};
     streams_.insert(s);
     return reinterpret_cast<Stream*>(s);
@@ -416,11 +412,10 @@ class CudaDaemonDevice final : public DaemonDevice {
       while (n < kMaxLocalSumSources && next < srcs.size()) args.srcs[n++] = srcs[next++];
       args.nsrcs = n;
       args.scale = next == srcs.size() ? scale : 1.0;
-      absl::Status status =
+      RETURN_IF_ERROR(
           Check(LaunchLocalSum(args, static_cast<LocalSumType>(dtype), max_blocks, s->stream),
                 absl::StrCat("local sum (", DTypeName(dtype), ", ", count, " elements, ", n,
-                             " sources)"));
-      if (!status.ok()) return status;
+                             " sources)")));
     }
     return absl::OkStatus();
   }
