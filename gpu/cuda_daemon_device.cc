@@ -23,6 +23,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/dtype.h"
+#include "common/status_macros.h"
 #include "gpu/cuda_device_switch.h"
 #include "gpu/cuda_status.h"
 #include "gpu/cuda_uuid.h"
@@ -116,9 +117,8 @@ class CudaDaemonDevice final : public DaemonDevice {
     if (bytes == 0) return absl::InvalidArgumentError("Alloc of 0 bytes");
     absl::MutexLock lock(&mu_);
     if (!poisoned_.ok()) return poisoned_;
-    absl::StatusOr<const Gpu*> gpu = Find(device);
-    if (!gpu.ok()) return gpu.status();
-    DeviceScope scope((*gpu)->ordinal);
+    ASSIGN_OR_RETURN(const Gpu* gpu, Find(device));
+    DeviceScope scope(gpu->ordinal);
     if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
     void* ptr = nullptr;
     cudaError_t err = cudaMalloc(&ptr, bytes);
@@ -146,22 +146,21 @@ class CudaDaemonDevice final : public DaemonDevice {
       if (poisoned_.ok()) cudaFree(ptr);
       return status;
     }
-    allocations_[ptr] = (*gpu)->ordinal;
+    allocations_[ptr] = gpu->ordinal;
     return ptr;
   }
 
   absl::Status Free(const DeviceId& device, void* ptr) override {
     absl::MutexLock lock(&mu_);
     auto it = allocations_.find(ptr);
-    absl::StatusOr<const Gpu*> gpu = Find(device);
-    if (!gpu.ok()) return gpu.status();
-    if (it == allocations_.end() || it->second != (*gpu)->ordinal) {
+    ASSIGN_OR_RETURN(const Gpu* gpu, Find(device));
+    if (it == allocations_.end() || it->second != gpu->ordinal) {
       return absl::InvalidArgumentError(absl::StrCat(
           "Free: ", Hex(ptr), " is not an allocation of ", "this device on GPU ", device));
     }
     allocations_.erase(it);
     if (!poisoned_.ok()) return poisoned_;
-    DeviceScope scope((*gpu)->ordinal);
+    DeviceScope scope(gpu->ordinal);
     if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
     return Check(cudaFree(ptr), "cudaFree");
   }
@@ -169,19 +168,17 @@ class CudaDaemonDevice final : public DaemonDevice {
   absl::StatusOr<IpcHandle> ExportMemory(const DeviceId& device, void* base) override {
     absl::MutexLock lock(&mu_);
     if (!poisoned_.ok()) return poisoned_;
-    absl::StatusOr<const Gpu*> gpu = Find(device);
-    if (!gpu.ok()) return gpu.status();
+    ASSIGN_OR_RETURN(const Gpu* gpu, Find(device));
     auto it = allocations_.find(base);
-    if (it == allocations_.end() || it->second != (*gpu)->ordinal) {
+    if (it == allocations_.end() || it->second != gpu->ordinal) {
       return absl::InvalidArgumentError(
           absl::StrCat("ExportMemory: ", Hex(base),
                        " is not the base of an allocation of this device on GPU ", device));
     }
-    DeviceScope scope((*gpu)->ordinal);
+    DeviceScope scope(gpu->ordinal);
     if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
     cudaIpcMemHandle_t h;
-    absl::Status status = Check(cudaIpcGetMemHandle(&h, base), "cudaIpcGetMemHandle");
-    if (!status.ok()) return status;
+    RETURN_IF_ERROR(Check(cudaIpcGetMemHandle(&h, base), "cudaIpcGetMemHandle"));
     IpcHandle out;
     std::memcpy(out.bytes.data(), &h, IpcHandle::kSize);
     return out;
@@ -190,14 +187,13 @@ class CudaDaemonDevice final : public DaemonDevice {
   absl::StatusOr<void*> OpenMemory(const DeviceId& device, const IpcHandle& handle) override {
     absl::MutexLock lock(&mu_);
     if (!poisoned_.ok()) return poisoned_;
-    absl::StatusOr<const Gpu*> gpu = Find(device);
-    if (!gpu.ok()) return gpu.status();
+    ASSIGN_OR_RETURN(const Gpu* gpu, Find(device));
     const std::string key = handle.ToBytes();
     if (auto it = by_handle_.find(key); it != by_handle_.end()) {
       ++opened_.at(it->second).refs;
       return it->second;
     }
-    DeviceScope scope((*gpu)->ordinal);
+    DeviceScope scope(gpu->ordinal);
     if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
     cudaIpcMemHandle_t h;
     std::memcpy(&h, handle.bytes.data(), IpcHandle::kSize);
@@ -210,10 +206,10 @@ class CudaDaemonDevice final : public DaemonDevice {
     // would map too and hide the misregistration behind slow peer reads.
     cudaPointerAttributes attr{};
     status = Check(cudaPointerGetAttributes(&attr, base), "cudaPointerGetAttributes");
-    if (status.ok() && (attr.type != cudaMemoryTypeDevice || attr.device != (*gpu)->ordinal)) {
+    if (status.ok() && (attr.type != cudaMemoryTypeDevice || attr.device != gpu->ordinal)) {
       status = absl::InvalidArgumentError(
           absl::StrCat("the allocation behind this IPC handle lives on CUDA ordinal ", attr.device,
-                       " of gradsyncd, not on GPU ", device, " (ordinal ", (*gpu)->ordinal,
+                       " of gradsyncd, not on GPU ", device, " (ordinal ", gpu->ordinal,
                        ") that the trainer named"));
     }
     if (!status.ok()) {
@@ -222,7 +218,7 @@ class CudaDaemonDevice final : public DaemonDevice {
     }
     // CUDA also counts opens of one handle per context (the same pointer
     // back); ours mirror them, so each Close here balances one Open there.
-    opened_[base] = Opened{key, (*gpu)->ordinal, 1};
+    opened_[base] = Opened{key, gpu->ordinal, 1};
     by_handle_[key] = base;
     return base;
   }
@@ -239,10 +235,9 @@ class CudaDaemonDevice final : public DaemonDevice {
     }
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    absl::Status status = Check(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000,
-                                                                 cudaEnableDefault, &found),
-                                "cudaGetDriverEntryPointByVersion(cuMemGetAddressRange)");
-    if (!status.ok()) return status;
+    RETURN_IF_ERROR(Check(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000,
+                                                           cudaEnableDefault, &found),
+                          "cudaGetDriverEntryPointByVersion(cuMemGetAddressRange)"));
     if (fn == nullptr || found != cudaDriverEntryPointSuccess) {
       return absl::FailedPreconditionError("the CUDA driver lacks cuMemGetAddressRange");
     }
@@ -281,17 +276,15 @@ class CudaDaemonDevice final : public DaemonDevice {
   absl::StatusOr<Event*> OpenEvent(const DeviceId& device, const IpcHandle& handle) override {
     absl::MutexLock lock(&mu_);
     if (!poisoned_.ok()) return poisoned_;
-    absl::StatusOr<const Gpu*> gpu = Find(device);
-    if (!gpu.ok()) return gpu.status();
-    DeviceScope scope((*gpu)->ordinal);
+    ASSIGN_OR_RETURN(const Gpu* gpu, Find(device));
+    DeviceScope scope(gpu->ordinal);
     if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
     cudaIpcEventHandle_t h;
     std::memcpy(&h, handle.bytes.data(), IpcHandle::kSize);
     cudaEvent_t event = nullptr;
-    absl::Status status = Check(cudaIpcOpenEventHandle(&event, h),
-                                absl::StrCat("cudaIpcOpenEventHandle on GPU ", device));
-    if (!status.ok()) return status;
-    auto* e = new RtEvent{event, (*gpu)->ordinal};
+    RETURN_IF_ERROR(Check(cudaIpcOpenEventHandle(&event, h),
+                          absl::StrCat("cudaIpcOpenEventHandle on GPU ", device)));
+    auto* e = new RtEvent{event, gpu->ordinal};
     events_.insert(e);
     return reinterpret_cast<Event*>(e);
   }
@@ -336,17 +329,15 @@ class CudaDaemonDevice final : public DaemonDevice {
   absl::StatusOr<Stream*> CreateStream(const DeviceId& device) override {
     absl::MutexLock lock(&mu_);
     if (!poisoned_.ok()) return poisoned_;
-    absl::StatusOr<const Gpu*> gpu = Find(device);
-    if (!gpu.ok()) return gpu.status();
-    DeviceScope scope((*gpu)->ordinal);
+    ASSIGN_OR_RETURN(const Gpu* gpu, Find(device));
+    DeviceScope scope(gpu->ordinal);
     if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
     cudaStream_t stream = nullptr;
     // Non-blocking: no implicit ordering with the legacy default stream
     // (trainers in this process have none; NCCL's streams are the same).
-    absl::Status status = Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
-                                absl::StrCat("cudaStreamCreateWithFlags on GPU ", device));
-    if (!status.ok()) return status;
-    auto* s = new RtStream{stream, (*gpu)->ordinal};
+    RETURN_IF_ERROR(Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                          absl::StrCat("cudaStreamCreateWithFlags on GPU ", device)));
+    auto* s = new RtStream{stream, gpu->ordinal};
     streams_.insert(s);
     return reinterpret_cast<Stream*>(s);
   }
@@ -421,11 +412,10 @@ class CudaDaemonDevice final : public DaemonDevice {
       while (n < kMaxLocalSumSources && next < srcs.size()) args.srcs[n++] = srcs[next++];
       args.nsrcs = n;
       args.scale = next == srcs.size() ? scale : 1.0;
-      absl::Status status =
+      RETURN_IF_ERROR(
           Check(LaunchLocalSum(args, static_cast<LocalSumType>(dtype), max_blocks, s->stream),
                 absl::StrCat("local sum (", DTypeName(dtype), ", ", count, " elements, ", n,
-                             " sources)"));
-      if (!status.ok()) return status;
+                             " sources)")));
     }
     return absl::OkStatus();
   }
@@ -437,8 +427,7 @@ class CudaDaemonDevice final : public DaemonDevice {
           "this CUDA device was created without collectives (NCCL)");
     }
     for (const DeviceId& d : options.devices) {
-      absl::StatusOr<const Gpu*> gpu = Find(d);
-      if (!gpu.ok()) return gpu.status();
+      RETURN_IF_ERROR(Find(d).status());
     }
     {
       absl::MutexLock lock(&mu_);

@@ -26,6 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/status_macros.h"
 #include "gpu/cuda_uuid.h"
 
 namespace gradsync::gpu {
@@ -239,11 +240,9 @@ class CudaTrainerDevice final : public TrainerDevice {
 
   absl::StatusOr<Allocation> FindAllocation(const void* ptr) override {
     absl::MutexLock lock(&mu_);
-    absl::StatusOr<PointerInfo> info = Lookup(ptr);
-    if (!info.ok()) return info.status();
-    absl::StatusOr<DeviceId> id = IdOfOrdinalLocked(info->ordinal);
-    if (!id.ok()) return id.status();
-    return Allocation{FromDevicePtr(info->base), info->size, *std::move(id)};
+    ASSIGN_OR_RETURN(PointerInfo info, Lookup(ptr));
+    ASSIGN_OR_RETURN(DeviceId id, IdOfOrdinalLocked(info.ordinal));
+    return Allocation{FromDevicePtr(info.base), info.size, std::move(id)};
   }
 
   absl::StatusOr<DeviceId> IdOfOrdinal(int ordinal) override {
@@ -258,9 +257,8 @@ class CudaTrainerDevice final : public TrainerDevice {
       ++opened_.at(it->second).refs;
       return FromDevicePtr(it->second);
     }
-    absl::StatusOr<CUcontext> context = ContextOfDevice(device);
-    if (!context.ok()) return context.status();
-    ContextScope scope(*cu_, *context);
+    ASSIGN_OR_RETURN(CUcontext context, ContextOfDevice(device));
+    ContextScope scope(*cu_, context);
     if (!scope.ok()) return cu_->Error(scope.result(), "cuCtxPushCurrent");
     CUipcMemHandle h;
     std::memcpy(h.reserved, handle.bytes.data(), IpcHandle::kSize);
@@ -271,7 +269,7 @@ class CudaTrainerDevice final : public TrainerDevice {
     if (r != CUDA_SUCCESS) {
       return cu_->Error(r, absl::StrCat("cuIpcOpenMemHandle on GPU ", device));
     }
-    opened_[base] = Opened{key, *context, 1};
+    opened_[base] = Opened{key, context, 1};
     by_handle_[key] = base;
     return FromDevicePtr(base);
   }
@@ -297,20 +295,18 @@ class CudaTrainerDevice final : public TrainerDevice {
 
   absl::StatusOr<IpcHandle> ExportMemory(void* base) override {
     absl::MutexLock lock(&mu_);
-    absl::StatusOr<PointerInfo> info = Lookup(base);
-    if (!info.ok()) return info.status();
-    if (info->base != ToDevicePtr(base)) {
+    ASSIGN_OR_RETURN(PointerInfo info, Lookup(base));
+    if (info.base != ToDevicePtr(base)) {
       return absl::InvalidArgumentError(
           absl::StrCat("ExportMemory: ", absl::Hex(reinterpret_cast<uintptr_t>(base)),
-                       " is inside an allocation starting at ", absl::Hex(info->base),
+                       " is inside an allocation starting at ", absl::Hex(info.base),
                        "; export the base (FindAllocation) and send the offset"));
     }
-    absl::StatusOr<CUcontext> context = ContextOfOrdinal(info->ordinal);
-    if (!context.ok()) return context.status();
-    ContextScope scope(*cu_, *context);
+    ASSIGN_OR_RETURN(CUcontext context, ContextOfOrdinal(info.ordinal));
+    ContextScope scope(*cu_, context);
     if (!scope.ok()) return cu_->Error(scope.result(), "cuCtxPushCurrent");
     CUipcMemHandle h;
-    CUresult r = cu_->IpcGetMemHandle(&h, info->base);
+    CUresult r = cu_->IpcGetMemHandle(&h, info.base);
     if (r != CUDA_SUCCESS) return cu_->Error(r, "cuIpcGetMemHandle");
     IpcHandle out;
     std::memcpy(out.bytes.data(), h.reserved, IpcHandle::kSize);
@@ -319,15 +315,14 @@ class CudaTrainerDevice final : public TrainerDevice {
 
   absl::StatusOr<Event*> CreateEvent(const DeviceId& device) override {
     absl::MutexLock lock(&mu_);
-    absl::StatusOr<CUcontext> context = ContextOfDevice(device);
-    if (!context.ok()) return context.status();
-    ContextScope scope(*cu_, *context);
+    ASSIGN_OR_RETURN(CUcontext context, ContextOfDevice(device));
+    ContextScope scope(*cu_, context);
     if (!scope.ok()) return cu_->Error(scope.result(), "cuCtxPushCurrent");
     CUevent event = nullptr;
     // Interprocess events must not record timing.
     CUresult r = cu_->EventCreate(&event, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING);
     if (r != CUDA_SUCCESS) return cu_->Error(r, absl::StrCat("cuEventCreate on GPU ", device));
-    auto* e = new DriverEvent{event, *context};
+    auto* e = new DriverEvent{event, context};
     events_.insert(e);
     return Wrap(e);
   }
@@ -389,9 +384,7 @@ class CudaTrainerDevice final : public TrainerDevice {
     CUcontext context;
     {
       absl::MutexLock lock(&mu_);
-      absl::StatusOr<CUcontext> c = ContextOfOrdinal(ordinal);
-      if (!c.ok()) return c.status();
-      context = *c;
+      ASSIGN_OR_RETURN(context, ContextOfOrdinal(ordinal));
     }
     ContextScope scope(*cu_, context);
     if (!scope.ok()) return cu_->Error(scope.result(), "cuCtxPushCurrent");
@@ -408,9 +401,7 @@ class CudaTrainerDevice final : public TrainerDevice {
     CUcontext context;
     {
       absl::MutexLock lock(&mu_);
-      absl::StatusOr<CUcontext> c = ContextOfDevice(device);
-      if (!c.ok()) return c.status();
-      context = *c;
+      ASSIGN_OR_RETURN(context, ContextOfDevice(device));
     }
     // Polled, not cuStreamSynchronize: a wedged kernel must not hang gs_close.
     ContextScope scope(*cu_, context);
@@ -483,9 +474,8 @@ class CudaTrainerDevice final : public TrainerDevice {
     CUresult r = cu_->DeviceGetCount(&count);
     if (r != CUDA_SUCCESS) return cu_->Error(r, "cuDeviceGetCount");
     for (int i = 0; i < count; ++i) {
-      absl::StatusOr<DeviceId> id = IdOfOrdinalLocked(i);
-      if (!id.ok()) return id.status();
-      if (*id == device) return i;
+      ASSIGN_OR_RETURN(DeviceId id, IdOfOrdinalLocked(i));
+      if (id == device) return i;
     }
     const char* visible = getenv("CUDA_VISIBLE_DEVICES");
     return absl::InvalidArgumentError(
@@ -509,9 +499,8 @@ class CudaTrainerDevice final : public TrainerDevice {
 
   absl::StatusOr<CUcontext> ContextOfDevice(const DeviceId& device)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    absl::StatusOr<int> ordinal = OrdinalOf(device);
-    if (!ordinal.ok()) return ordinal.status();
-    return ContextOfOrdinal(*ordinal);
+    ASSIGN_OR_RETURN(int ordinal, OrdinalOf(device));
+    return ContextOfOrdinal(ordinal);
   }
 
   // The allocation containing `ptr`, which must be device memory that CUDA
@@ -550,9 +539,8 @@ class CudaTrainerDevice final : public TrainerDevice {
           " lives in an allocation CUDA IPC cannot export (virtual memory management, e.g. "
           "PyTorch's expandable_segments, or a stream-ordered pool); use daemon-owned buffers"));
     }
-    absl::StatusOr<CUcontext> context = ContextOfOrdinal(ordinal);
-    if (!context.ok()) return context.status();
-    ContextScope scope(*cu_, *context);
+    ASSIGN_OR_RETURN(CUcontext context, ContextOfOrdinal(ordinal));
+    ContextScope scope(*cu_, context);
     if (!scope.ok()) return cu_->Error(scope.result(), "cuCtxPushCurrent");
     PointerInfo info;
     info.ordinal = ordinal;
@@ -575,9 +563,8 @@ class CudaTrainerDevice final : public TrainerDevice {
 
 absl::StatusOr<std::unique_ptr<TrainerDevice>> NewCudaTrainerDevice(
     const std::string& driver_library) {
-  absl::StatusOr<std::unique_ptr<Driver>> driver = LoadDriver(driver_library);
-  if (!driver.ok()) return driver.status();
-  return std::unique_ptr<TrainerDevice>(new CudaTrainerDevice(*std::move(driver)));
+  ASSIGN_OR_RETURN(std::unique_ptr<Driver> driver, LoadDriver(driver_library));
+  return std::unique_ptr<TrainerDevice>(new CudaTrainerDevice(std::move(driver)));
 }
 
 }  // namespace gradsync::gpu

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/monotonic.h"
+#include "common/status_macros.h"
 
 namespace gradsync::gpu {
 namespace {
@@ -63,21 +64,16 @@ GatedDaemonDevice::GatedDaemonDevice(std::unique_ptr<DaemonDevice> device,
     : device_(std::move(device)), memory_wait_(memory_wait) {}
 
 absl::StatusOr<void*> GatedDaemonDevice::Alloc(const DeviceId& device, size_t bytes) {
-  if (absl::Status st = gate_.EnterMemoryWork({device}, MonotonicNow() + memory_wait_,
-                                              absl::StrCat("allocating ", bytes, " bytes"));
-      !st.ok()) {
-    return st;
-  }
+  RETURN_IF_ERROR(gate_.EnterMemoryWork({device}, MonotonicNow() + memory_wait_,
+                                        absl::StrCat("allocating ", bytes, " bytes")));
   absl::StatusOr<void*> out = device_->Alloc(device, bytes);
   gate_.ExitMemoryWork({device});
   return out;
 }
 
 absl::Status GatedDaemonDevice::Free(const DeviceId& device, void* ptr) {
-  if (absl::Status st = gate_.EnterMemoryWork({device}, MonotonicNow() + memory_wait_, "freeing");
-      !st.ok()) {
-    return st;  // leaked rather than risk the deadlock
-  }
+  // Not admitted: the memory is leaked rather than risk the deadlock.
+  RETURN_IF_ERROR(gate_.EnterMemoryWork({device}, MonotonicNow() + memory_wait_, "freeing"));
   absl::Status out = device_->Free(device, ptr);
   gate_.ExitMemoryWork({device});
   return out;
@@ -85,22 +81,16 @@ absl::Status GatedDaemonDevice::Free(const DeviceId& device, void* ptr) {
 
 absl::StatusOr<void*> GatedDaemonDevice::OpenMemory(const DeviceId& device,
                                                     const IpcHandle& handle) {
-  if (absl::Status st = gate_.EnterMemoryWork({device}, MonotonicNow() + memory_wait_,
-                                              "opening an IPC memory handle");
-      !st.ok()) {
-    return st;
-  }
+  RETURN_IF_ERROR(gate_.EnterMemoryWork({device}, MonotonicNow() + memory_wait_,
+                                        "opening an IPC memory handle"));
   absl::StatusOr<void*> out = device_->OpenMemory(device, handle);
   gate_.ExitMemoryWork({device});
   return out;
 }
 
 absl::Status GatedDaemonDevice::CloseMemory(const DeviceId& device, void* base) {
-  if (absl::Status st = gate_.EnterMemoryWork({device}, MonotonicNow() + memory_wait_,
-                                              "closing an IPC memory handle");
-      !st.ok()) {
-    return st;
-  }
+  RETURN_IF_ERROR(gate_.EnterMemoryWork({device}, MonotonicNow() + memory_wait_,
+                                        "closing an IPC memory handle"));
   absl::Status out = device_->CloseMemory(device, base);
   gate_.ExitMemoryWork({device});
   return out;
@@ -117,10 +107,9 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> GatedDaemonDevice::CreateCollec
     return gate_.EnterMemoryWork(devices, MonotonicNow() + memory_wait_, what);
   };
   gated.exit_memory_work = [this, devices = options.devices] { gate_.ExitMemoryWork(devices); };
-  absl::StatusOr<std::unique_ptr<CollectiveGroup>> group = device_->CreateCollectives(gated);
-  if (!group.ok()) return group.status();
+  ASSIGN_OR_RETURN(std::unique_ptr<CollectiveGroup> group, device_->CreateCollectives(gated));
   return std::unique_ptr<CollectiveGroup>(new GatedCollectiveGroup(
-      *std::move(group), &gate_, options.devices, options.timeout, memory_wait_));
+      std::move(group), &gate_, options.devices, options.timeout, memory_wait_));
 }
 
 }  // namespace gradsync::gpu

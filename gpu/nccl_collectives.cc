@@ -24,6 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "common/log_value.h"
 #include "common/monotonic.h"
+#include "common/status_macros.h"
 #include "gpu/cuda_device_switch.h"
 #include "gpu/cuda_status.h"
 #include "gpu/cuda_uuid.h"
@@ -319,9 +320,7 @@ absl::Status NcclCollectives::Init(const ncclUniqueId& id, Clock::time_point dea
     }
   }
   if (!status.ok()) return Fail(status);
-  if (absl::Status s = Poll("nccl init", /*events=*/false, deadline, &cancelled, guard); !s.ok()) {
-    return s;
-  }
+  RETURN_IF_ERROR(Poll("nccl init", /*events=*/false, deadline, &cancelled, guard));
 
   // Connect now. One float per rank, allocated before any
   // collective and freed after it completed (I5).
@@ -529,7 +528,7 @@ absl::Status NcclCollectives::AllreduceSum(const std::vector<DeviceBuffer>& buff
 
   const Clock::time_point deadline = Clock::now() + timeout_;
   DeviceGuard guard;
-  if (absl::Status s = Launch(buffers, type, "nccl allreduce(sum)"); !s.ok()) return s;
+  RETURN_IF_ERROR(Launch(buffers, type, "nccl allreduce(sum)"));
   return Poll("nccl allreduce(sum)", /*events=*/true, deadline, nullptr, guard);
 }
 
@@ -695,16 +694,17 @@ absl::StatusOr<ncclUniqueId> ExchangeUniqueId(const NcclApi& nccl, const Collect
     }
     return id;
   }
-  absl::StatusOr<std::string> value = FetchSliced(
-      o, key, deadline, cancelled,
-      absl::StrCat("the unique id '", key,
-                   "' was not published in time (the node holding rank 0 did not create "
-                   "generation ",
-                   o.generation, "?)"));
-  if (!value.ok()) return value.status();
+  ASSIGN_OR_RETURN(
+      std::string value,
+      FetchSliced(
+          o, key, deadline, cancelled,
+          absl::StrCat("the unique id '", key,
+                       "' was not published in time (the node holding rank 0 did not create "
+                       "generation ",
+                       o.generation, "?)")));
   std::string bytes;
-  if (value->size() != 2 * sizeof(id.internal) ||
-      (bytes = absl::HexStringToBytes(*value)).size() != sizeof(id.internal)) {
+  if (value.size() != 2 * sizeof(id.internal) ||
+      (bytes = absl::HexStringToBytes(value)).size() != sizeof(id.internal)) {
     return absl::InvalidArgumentError(
         absl::StrCat("nccl: '", key, "' is not a ", sizeof(id.internal), "-byte hex id"));
   }
@@ -730,11 +730,10 @@ absl::Status AwaitEveryRank(const CollectiveOptions& o, Clock::time_point deadli
   }
   for (int r = 0; r < o.nranks; ++r) {
     if (r >= o.first_rank && r < o.first_rank + local) continue;
-    absl::StatusOr<std::string> v =
-        FetchSliced(o, key(r), deadline, cancelled,
-                    absl::StrCat("rank ", r, " of generation ", o.generation,
-                                 " never arrived to create its communicator"));
-    if (!v.ok()) return v.status();
+    RETURN_IF_ERROR(FetchSliced(o, key(r), deadline, cancelled,
+                                absl::StrCat("rank ", r, " of generation ", o.generation,
+                                             " never arrived to create its communicator"))
+                        .status());
   }
   return absl::OkStatus();
 }
@@ -752,7 +751,7 @@ absl::Status LoadNcclBeforeThreads() { return NcclApi::Get().status(); }
 absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateNcclCollectives(
     const CollectiveOptions& options) {
   const Clock::time_point deadline = Clock::now() + ToClock(options.timeout);
-  if (absl::Status s = Validate(options); !s.ok()) return s;
+  RETURN_IF_ERROR(Validate(options));
   // Cancellation is polled before anything slow and in both
   // waits (the id exchange and init/warm-up).
   const std::function<bool()> cancelled = options.cancelled;
@@ -764,8 +763,7 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateNcclCollectives(
     return absl::FailedPreconditionError(
         "nccl: NCCL_COMM_ID is set: generations would share one bootstrap address; unset it");
   }
-  absl::StatusOr<const NcclApi*> nccl = NcclApi::Get();
-  if (!nccl.ok()) return nccl.status();
+  ASSIGN_OR_RETURN(const NcclApi* nccl, NcclApi::Get());
   const bool all_local = static_cast<int>(options.devices.size()) == options.nranks;
   const bool leaks_root = options.first_rank == 0 && !all_local;
   if (leaks_root && LeakedBootstrapRoots() >= kMaxLeakedBootstrapRoots) {
@@ -776,13 +774,12 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateNcclCollectives(
         " failed generations left NCCL bootstrap threads and sockets behind; restart the daemon")));
   }
 
-  absl::StatusOr<std::vector<int>> ordinals = MapDevices(options.devices);
-  if (!ordinals.ok()) return ordinals.status();
+  ASSIGN_OR_RETURN(std::vector<int> ordinals, MapDevices(options.devices));
   std::vector<NcclCollectives::Rank> ranks;
   for (size_t i = 0; i < options.devices.size(); ++i) {
     NcclCollectives::Rank r;
     r.rank = options.first_rank + static_cast<int>(i);
-    r.ordinal = (*ordinals)[i];
+    r.ordinal = ordinals[i];
     r.id = options.devices[i];
     ranks.push_back(std::move(r));
   }
@@ -797,13 +794,13 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateNcclCollectives(
   };
   // On any error below, the group's destructor releases what was created
   // (streams, communicators): memory work, so under the gate.
-  auto group = std::make_unique<NcclCollectives>(**nccl, options, std::move(ranks));
+  auto group = std::make_unique<NcclCollectives>(*nccl, options, std::move(ranks));
   const auto discard = [&] {
     const bool entered = enter("destroying a failed group's communicators").ok();
     group.reset();
     if (entered) leave();
   };
-  if (absl::Status s = enter("creating streams"); !s.ok()) return s;
+  RETURN_IF_ERROR(enter("creating streams"));
   if (absl::Status s = group->CreateStreams(); !s.ok()) {
     group.reset();
     leave();
@@ -812,7 +809,7 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateNcclCollectives(
   leave();
   bool id_created = false;
   absl::StatusOr<ncclUniqueId> id =
-      ExchangeUniqueId(**nccl, options, deadline, cancelled, &id_created);
+      ExchangeUniqueId(*nccl, options, deadline, cancelled, &id_created);
   if (!id.ok()) {
     // A publish that failed after ncclGetUniqueId leaks the root too.
     if (leaks_root && id_created) leaked_bootstrap_roots.fetch_add(1);
@@ -839,7 +836,7 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateNcclCollectives(
   }
   leave();
   spdlog::info("event=nccl_connected group={} nccl={}", LogValue(group->describe()),
-               NcclVersionString((*nccl)->version));
+               NcclVersionString(nccl->version));
   return std::unique_ptr<CollectiveGroup>(std::move(group));
 }
 

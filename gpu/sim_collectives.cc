@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/monotonic.h"
+#include "common/status_macros.h"
 #include "gpu/sim_kernels.h"
 #include "gpu/sim_memory.h"
 #include "ipc/shared_segment.h"
@@ -174,31 +175,28 @@ class SimCollectiveGroup final : public CollectiveGroup {
     if (first_rank_ == 0) {
       if (!options.publish) return absl::InvalidArgumentError("multi-node group without publish");
       const std::string name = NewSegmentName(prefix_, "g");
-      absl::StatusOr<ipc::SharedSegment> seg =
-          ipc::SharedSegment::Create(name, GroupBytes(nranks_));
-      if (!seg.ok()) return seg.status();
-      group_ = *std::move(seg);
+      ASSIGN_OR_RETURN(ipc::SharedSegment seg,
+                       ipc::SharedSegment::Create(name, GroupBytes(nranks_)));
+      group_ = std::move(seg);
       created_group_ = true;
       GroupHeader* g = header();
       g->generation = generation_;
       g->nranks = nranks_;
       std::atomic_thread_fence(std::memory_order_release);
       g->magic = kGroupMagic;
-      if (auto st = options.publish(key, name); !st.ok()) return st;
+      RETURN_IF_ERROR(options.publish(key, name));
     } else {
       if (!options.fetch) return absl::InvalidArgumentError("multi-node group without fetch");
-      absl::StatusOr<std::string> name = options.fetch(key, deadline);
-      if (!name.ok()) return name.status();
-      absl::StatusOr<ipc::SharedSegment> seg = ipc::SharedSegment::Open(*name, 0600);
+      ASSIGN_OR_RETURN(std::string name, options.fetch(key, deadline));
+      absl::StatusOr<ipc::SharedSegment> seg = ipc::SharedSegment::Open(name, 0600);
       if (!seg.ok()) {
-        return absl::UnavailableError(
-            absl::StrCat("collective group ", *name,
-                         " is gone (its rank 0 gave up?): ", seg.status().message()));
+        return absl::UnavailableError(absl::StrCat(
+            "collective group ", name, " is gone (its rank 0 gave up?): ", seg.status().message()));
       }
       const auto* g = static_cast<const GroupHeader*>(seg->data());
       if (seg->size() < GroupBytes(nranks_) || g->magic != kGroupMagic ||
           g->generation != generation_ || g->nranks != nranks_) {
-        return absl::InvalidArgumentError(absl::StrCat("collective group ", *name,
+        return absl::InvalidArgumentError(absl::StrCat("collective group ", name,
                                                        " is not generation ", generation_, " with ",
                                                        nranks_, " ranks"));
       }
@@ -248,7 +246,7 @@ class SimCollectiveGroup final : public CollectiveGroup {
   }
 
   absl::Status Run(const std::vector<DeviceBuffer>& buffers, DType dtype, absl::Time deadline) {
-    if (absl::Status st = Unusable(); !st.ok()) return st;
+    RETURN_IF_ERROR(Unusable());
     // Any failure, bad arguments included, ends the group: the peers may
     // already be waiting for a collective this node will never run.
     absl::StatusOr<std::vector<std::vector<DeviceBuffer>>> per_rank = Validate(buffers, dtype);
@@ -342,22 +340,21 @@ class SimCollectiveGroup final : public CollectiveGroup {
     const size_t head = CallHeaderBytes(nbuffers);
 
     const std::string mine = CallSegmentName(prefix_, getpid(), instance_, seq);
-    absl::StatusOr<ipc::SharedSegment> own =
-        ipc::SharedSegment::Create(mine, head + per_rank_bytes * nlocal_);
-    if (!own.ok()) return own.status();
+    ASSIGN_OR_RETURN(ipc::SharedSegment own,
+                     ipc::SharedSegment::Create(mine, head + per_rank_bytes * nlocal_));
     struct Unlink {
       std::string name;
       ~Unlink() { ipc::SharedSegment::Remove(name).IgnoreError(); }
     } unlink{mine};
 
-    auto* call = static_cast<CallHeader*>(own->data());
+    auto* call = static_cast<CallHeader*>(own.data());
     call->seq = seq;
     call->first_rank = first_rank_;
     call->nlocal = nlocal_;
     call->nbuffers = static_cast<int32_t>(nbuffers);
     call->dtype = static_cast<int32_t>(dtype);
     for (size_t k = 0; k < nbuffers; ++k) call->counts[k] = per_rank[0][k].count;
-    char* out = static_cast<char*>(own->data()) + head;
+    char* out = static_cast<char*>(own.data()) + head;
     for (int j = 0; j < nlocal_; ++j) {
       for (const DeviceBuffer& b : per_rank[j]) {
         std::memcpy(out, b.data, b.count * esize);
@@ -370,7 +367,7 @@ class SimCollectiveGroup final : public CollectiveGroup {
     for (int j = 0; j < nlocal_; ++j) {
       g->slots[first_rank_ + j].arrived.store(seq, std::memory_order_release);
     }
-    if (auto st = Await(&RankSlot::arrived, seq, deadline, "arrive at"); !st.ok()) return st;
+    RETURN_IF_ERROR(Await(&RankSlot::arrived, seq, deadline, "arrive at"));
 
     // Every rank's input, from its node's segment (ours included: the same
     // bytes every node reads, so every rank sums bit-identical inputs).
@@ -431,7 +428,7 @@ class SimCollectiveGroup final : public CollectiveGroup {
     GroupHeader* g = header();
     absl::Duration nap = absl::Microseconds(50);
     while (true) {
-      if (absl::Status st = Unusable(); !st.ok()) return st;
+      RETURN_IF_ERROR(Unusable());
       if (init_cancelled_ && init_cancelled_()) {
         return Fail(absl::CancelledError(
             absl::StrCat("collective ", seq, " (generation ", generation_, "): init cancelled")));
@@ -504,7 +501,7 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateSimCollectives(
     return absl::InvalidArgumentError("a GPU appears twice in the collective group's devices");
   }
   auto group = std::make_unique<SimCollectiveGroup>(options, device_indices, prefix, host);
-  if (auto st = group->Init(options); !st.ok()) return st;
+  RETURN_IF_ERROR(group->Init(options));
   return std::unique_ptr<CollectiveGroup>(std::move(group));
 }
 

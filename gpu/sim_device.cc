@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/monotonic.h"
+#include "common/status_macros.h"
 #include "gpu/sim_collectives.h"
 #include "gpu/sim_event.h"
 #include "gpu/sim_kernels.h"
@@ -43,16 +44,15 @@ class Node {
   }
 
   absl::StatusOr<void*> Allocate(int device_index, size_t bytes) {
-    absl::StatusOr<std::shared_ptr<Region>> region =
-        Registry::Get().Allocate(options_.prefix, device_index, bytes);
-    if (!region.ok()) return region.status();
+    ASSIGN_OR_RETURN(std::shared_ptr<Region> region,
+                     Registry::Get().Allocate(options_.prefix, device_index, bytes));
     absl::MutexLock lock(&mu_);
-    allocations_.insert((*region)->base);
-    return static_cast<void*>((*region)->base);
+    allocations_.insert(region->base);
+    return static_cast<void*>(region->base);
   }
 
   absl::Status Free(void* base) {
-    if (auto st = Registry::Get().Free(base); !st.ok()) return st;
+    RETURN_IF_ERROR(Registry::Get().Free(base));
     absl::MutexLock lock(&mu_);
     allocations_.erase(base);
     return absl::OkStatus();
@@ -293,9 +293,9 @@ absl::StatusOr<SimOptions> SimOptions::FromEnv() {
   int64_t gpus = o.num_gpus;
   int64_t min_us = 0;
   int64_t max_us = absl::ToInt64Microseconds(o.max_op_delay);
-  if (auto st = sim::EnvInt("GRADSYNC_SIM_GPUS", &gpus); !st.ok()) return st;
-  if (auto st = sim::EnvInt("GRADSYNC_SIM_MIN_DELAY_US", &min_us); !st.ok()) return st;
-  if (auto st = sim::EnvInt("GRADSYNC_SIM_MAX_DELAY_US", &max_us); !st.ok()) return st;
+  RETURN_IF_ERROR(sim::EnvInt("GRADSYNC_SIM_GPUS", &gpus));
+  RETURN_IF_ERROR(sim::EnvInt("GRADSYNC_SIM_MIN_DELAY_US", &min_us));
+  RETURN_IF_ERROR(sim::EnvInt("GRADSYNC_SIM_MAX_DELAY_US", &max_us));
   o.num_gpus = static_cast<int>(std::min<int64_t>(gpus, 1 << 20));
   o.min_op_delay = absl::Microseconds(min_us);
   o.max_op_delay = absl::Microseconds(std::max(min_us, max_us));
@@ -341,14 +341,13 @@ std::vector<std::string> RemoveStaleSimSegments(const std::string& prefix) {
 
 absl::StatusOr<std::unique_ptr<SimTrainerDevice>> SimTrainerDevice::Create(
     const SimOptions& options) {
-  if (auto st = sim::CheckOptions(options); !st.ok()) return st;
+  RETURN_IF_ERROR(sim::CheckOptions(options));
   return std::unique_ptr<SimTrainerDevice>(new SimTrainerDevice(std::make_unique<Node>(options)));
 }
 
 absl::StatusOr<std::unique_ptr<SimTrainerDevice>> SimTrainerDevice::CreateFromEnv() {
-  absl::StatusOr<SimOptions> options = SimOptions::FromEnv();
-  if (!options.ok()) return options.status();
-  return Create(*options);
+  ASSIGN_OR_RETURN(SimOptions options, SimOptions::FromEnv());
+  return Create(options);
 }
 
 SimTrainerDevice::SimTrainerDevice(std::unique_ptr<Node> node) : node_(std::move(node)) {}
@@ -378,19 +377,16 @@ absl::StatusOr<DeviceId> SimTrainerDevice::IdOfOrdinal(int ordinal) {
 
 absl::StatusOr<void*> SimTrainerDevice::OpenMemory(const DeviceId& device,
                                                    const IpcHandle& handle) {
-  absl::StatusOr<int> index = node_->IndexOf(device);
-  if (!index.ok()) return index.status();
-  absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().Open(handle, *index);
-  if (!region.ok()) return region.status();
-  return static_cast<void*>((*region)->base);
+  ASSIGN_OR_RETURN(int index, node_->IndexOf(device));
+  ASSIGN_OR_RETURN(std::shared_ptr<Region> region, Registry::Get().Open(handle, index));
+  return static_cast<void*>(region->base);
 }
 
 absl::Status SimTrainerDevice::CloseMemory(void* base) { return Registry::Get().Close(base); }
 
 absl::StatusOr<IpcHandle> SimTrainerDevice::ExportMemory(void* base) {
-  absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().FindOwnedBase(base);
-  if (!region.ok()) return region.status();
-  return sim::EncodeHandle(sim::HandleKind::kMemory, (*region)->name);
+  ASSIGN_OR_RETURN(std::shared_ptr<Region> region, Registry::Get().FindOwnedBase(base));
+  return sim::EncodeHandle(sim::HandleKind::kMemory, region->name);
 }
 
 absl::StatusOr<Event*> SimTrainerDevice::CreateEvent(const DeviceId& device) {
@@ -402,12 +398,10 @@ absl::StatusOr<Event*> SimTrainerDevice::CreateLocalEvent(const DeviceId& device
 }
 
 absl::StatusOr<Event*> SimTrainerDevice::NewEvent(const DeviceId& device, bool interprocess) {
-  absl::StatusOr<int> index = node_->IndexOf(device);
-  if (!index.ok()) return index.status();
-  absl::StatusOr<std::unique_ptr<SimEvent>> event =
-      SimEvent::Create(node_->options().prefix, *index, interprocess);
-  if (!event.ok()) return event.status();
-  return node_->AdoptEvent(*std::move(event));
+  ASSIGN_OR_RETURN(int index, node_->IndexOf(device));
+  ASSIGN_OR_RETURN(std::unique_ptr<SimEvent> event,
+                   SimEvent::Create(node_->options().prefix, index, interprocess));
+  return node_->AdoptEvent(std::move(event));
 }
 
 absl::StatusOr<IpcHandle> SimTrainerDevice::ExportEvent(Event* event) {
@@ -431,14 +425,13 @@ absl::Status SimTrainerDevice::RecordEvent(Event* event, Stream* stream) {
   if (e == nullptr || !e->owned()) {
     return absl::InvalidArgumentError("RecordEvent: not an event created by this device");
   }
-  absl::StatusOr<SimStream*> s = node_->Resolve(stream, e->device_index(), true);
-  if (!s.ok()) return s.status();
-  if ((*s)->device_index() != e->device_index()) {
+  ASSIGN_OR_RETURN(SimStream * s, node_->Resolve(stream, e->device_index(), true));
+  if (s->device_index() != e->device_index()) {
     return absl::InvalidArgumentError(absl::StrCat("RecordEvent: event on ",
                                                    SimDeviceId(e->device_index()), ", stream on ",
-                                                   SimDeviceId((*s)->device_index())));
+                                                   SimDeviceId(s->device_index())));
   }
-  e->Record(*s);
+  e->Record(s);
   return absl::OkStatus();
 }
 
@@ -447,20 +440,16 @@ absl::Status SimTrainerDevice::StreamWaitEvent(Stream* stream, Event* event) {
   if (e == nullptr || !e->owned()) {
     return absl::InvalidArgumentError("StreamWaitEvent: not an event created by this device");
   }
-  absl::StatusOr<SimStream*> s = node_->Resolve(stream, e->device_index(), true);
-  if (!s.ok()) return s.status();
-  e->WaitOn(*s);
+  ASSIGN_OR_RETURN(SimStream * s, node_->Resolve(stream, e->device_index(), true));
+  e->WaitOn(s);
   return absl::OkStatus();
 }
 
 absl::Status SimTrainerDevice::MemsetAsync(void* ptr, size_t bytes, Stream* stream) {
-  absl::StatusOr<std::shared_ptr<Region>> region = node_->Range(ptr, bytes, -1, "MemsetAsync");
-  if (!region.ok()) return region.status();
-  absl::StatusOr<SimStream*> s = node_->Resolve(stream, (*region)->device_index, true);
-  if (!s.ok()) return s.status();
-  region = node_->Range(ptr, bytes, (*s)->device_index(), "MemsetAsync");
-  if (!region.ok()) return region.status();
-  (*s)->Enqueue([hold = *region, ptr, bytes] { std::memset(ptr, 0, bytes); });
+  ASSIGN_OR_RETURN(std::shared_ptr<Region> region, node_->Range(ptr, bytes, -1, "MemsetAsync"));
+  ASSIGN_OR_RETURN(SimStream * s, node_->Resolve(stream, region->device_index, true));
+  ASSIGN_OR_RETURN(region, node_->Range(ptr, bytes, s->device_index(), "MemsetAsync"));
+  s->Enqueue([hold = region, ptr, bytes] { std::memset(ptr, 0, bytes); });
   return absl::OkStatus();
 }
 
@@ -468,40 +457,33 @@ Stream* SimTrainerDevice::WrapStream(void* native) { return static_cast<Stream*>
 
 absl::Status SimTrainerDevice::SynchronizeStream(const DeviceId& device, Stream* stream,
                                                  absl::Duration timeout) {
-  absl::StatusOr<int> index = node_->IndexOf(device);
-  if (!index.ok()) return index.status();
+  ASSIGN_OR_RETURN(int index, node_->IndexOf(device));
   // Null: this GPU's default stream (created on first use, like CUDA's).
-  absl::StatusOr<SimStream*> s = node_->Resolve(stream, *index, true);
-  if (!s.ok()) return s.status();
-  return node_->Synchronize((*s)->handle(), timeout);
+  ASSIGN_OR_RETURN(SimStream * s, node_->Resolve(stream, index, true));
+  return node_->Synchronize(s->handle(), timeout);
 }
 
 absl::StatusOr<void*> SimTrainerDevice::Alloc(const DeviceId& device, size_t bytes) {
-  absl::StatusOr<int> index = node_->IndexOf(device);
-  if (!index.ok()) return index.status();
-  return node_->Allocate(*index, bytes);
+  ASSIGN_OR_RETURN(int index, node_->IndexOf(device));
+  return node_->Allocate(index, bytes);
 }
 
 absl::Status SimTrainerDevice::Free(void* base) { return node_->Free(base); }
 
 absl::StatusOr<Stream*> SimTrainerDevice::CreateStream(const DeviceId& device) {
-  absl::StatusOr<int> index = node_->IndexOf(device);
-  if (!index.ok()) return index.status();
-  return node_->NewStream(*index)->handle();
+  ASSIGN_OR_RETURN(int index, node_->IndexOf(device));
+  return node_->NewStream(index)->handle();
 }
 
 void SimTrainerDevice::DestroyStream(Stream* stream) { node_->DeleteStream(stream); }
 
 absl::Status SimTrainerDevice::WriteAsync(void* dst, const void* src, size_t bytes,
                                           Stream* stream) {
-  absl::StatusOr<std::shared_ptr<Region>> region = node_->Range(dst, bytes, -1, "WriteAsync");
-  if (!region.ok()) return region.status();
-  absl::StatusOr<SimStream*> s = node_->Resolve(stream, (*region)->device_index, true);
-  if (!s.ok()) return s.status();
-  region = node_->Range(dst, bytes, (*s)->device_index(), "WriteAsync");
-  if (!region.ok()) return region.status();
+  ASSIGN_OR_RETURN(std::shared_ptr<Region> region, node_->Range(dst, bytes, -1, "WriteAsync"));
+  ASSIGN_OR_RETURN(SimStream * s, node_->Resolve(stream, region->device_index, true));
+  ASSIGN_OR_RETURN(region, node_->Range(dst, bytes, s->device_index(), "WriteAsync"));
   auto data = std::make_shared<std::string>(static_cast<const char*>(src), bytes);
-  (*s)->Enqueue([hold = *region, dst, data] { std::memcpy(dst, data->data(), data->size()); });
+  s->Enqueue([hold = region, dst, data] { std::memcpy(dst, data->data(), data->size()); });
   return absl::OkStatus();
 }
 
@@ -513,14 +495,13 @@ absl::Status SimTrainerDevice::Synchronize(Stream* stream, absl::Duration timeou
 
 absl::StatusOr<std::unique_ptr<SimDaemonDevice>> SimDaemonDevice::Create(
     const SimOptions& options) {
-  if (auto st = sim::CheckOptions(options); !st.ok()) return st;
+  RETURN_IF_ERROR(sim::CheckOptions(options));
   return std::unique_ptr<SimDaemonDevice>(new SimDaemonDevice(std::make_unique<Node>(options)));
 }
 
 absl::StatusOr<std::unique_ptr<SimDaemonDevice>> SimDaemonDevice::CreateFromEnv() {
-  absl::StatusOr<SimOptions> options = SimOptions::FromEnv();
-  if (!options.ok()) return options.status();
-  return Create(*options);
+  ASSIGN_OR_RETURN(SimOptions options, SimOptions::FromEnv());
+  return Create(options);
 }
 
 SimDaemonDevice::SimDaemonDevice(std::unique_ptr<Node> node) : node_(std::move(node)) {}
@@ -539,68 +520,59 @@ absl::Status SimDaemonDevice::CheckDevice(const DeviceId& device) {
 }
 
 absl::StatusOr<void*> SimDaemonDevice::Alloc(const DeviceId& device, size_t bytes) {
-  if (absl::Status st = Lost("alloc"); !st.ok()) return st;
-  absl::StatusOr<int> index = node_->IndexOf(device);
-  if (!index.ok()) return index.status();
-  if (auto st = node_->CheckNoCollective(*index, "cudaMalloc"); !st.ok()) return st;
-  return node_->Allocate(*index, bytes);
+  RETURN_IF_ERROR(Lost("alloc"));
+  ASSIGN_OR_RETURN(int index, node_->IndexOf(device));
+  RETURN_IF_ERROR(node_->CheckNoCollective(index, "cudaMalloc"));
+  return node_->Allocate(index, bytes);
 }
 
 absl::Status SimDaemonDevice::Free(const DeviceId& device, void* ptr) {
-  if (absl::Status st = Lost("free"); !st.ok()) return st;
-  absl::StatusOr<int> index = node_->IndexOf(device);
-  if (!index.ok()) return index.status();
-  absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().FindOwnedBase(ptr);
-  if (!region.ok()) return region.status();
-  if ((*region)->device_index != *index) {
+  RETURN_IF_ERROR(Lost("free"));
+  ASSIGN_OR_RETURN(int index, node_->IndexOf(device));
+  ASSIGN_OR_RETURN(std::shared_ptr<Region> region, Registry::Get().FindOwnedBase(ptr));
+  if (region->device_index != index) {
     return absl::InvalidArgumentError(absl::StrCat("Free: ", sim::PointerString(ptr), " is on ",
-                                                   SimDeviceId((*region)->device_index), ", not ",
+                                                   SimDeviceId(region->device_index), ", not ",
                                                    device));
   }
-  if (auto st = node_->CheckNoCollective(*index, "cudaFree"); !st.ok()) return st;
+  RETURN_IF_ERROR(node_->CheckNoCollective(index, "cudaFree"));
   return node_->Free(ptr);
 }
 
 absl::StatusOr<IpcHandle> SimDaemonDevice::ExportMemory(const DeviceId& device, void* base) {
-  absl::StatusOr<int> index = node_->IndexOf(device);
-  if (!index.ok()) return index.status();
-  absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().FindOwnedBase(base);
-  if (!region.ok()) return region.status();
-  if ((*region)->device_index != *index) {
+  ASSIGN_OR_RETURN(int index, node_->IndexOf(device));
+  ASSIGN_OR_RETURN(std::shared_ptr<Region> region, Registry::Get().FindOwnedBase(base));
+  if (region->device_index != index) {
     return absl::InvalidArgumentError(absl::StrCat("ExportMemory: ", sim::PointerString(base),
-                                                   " is on ", SimDeviceId((*region)->device_index),
+                                                   " is on ", SimDeviceId(region->device_index),
                                                    ", not ", device));
   }
-  return sim::EncodeHandle(sim::HandleKind::kMemory, (*region)->name);
+  return sim::EncodeHandle(sim::HandleKind::kMemory, region->name);
 }
 
 absl::StatusOr<void*> SimDaemonDevice::OpenMemory(const DeviceId& device, const IpcHandle& handle) {
-  if (absl::Status st = Lost("open_memory"); !st.ok()) return st;
-  absl::StatusOr<int> index = node_->IndexOf(device);
-  if (!index.ok()) return index.status();
-  if (auto st = node_->CheckNoCollective(*index, "cudaIpcOpenMemHandle"); !st.ok()) return st;
-  absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().Open(handle, *index);
-  if (!region.ok()) return region.status();
-  return static_cast<void*>((*region)->base);
+  RETURN_IF_ERROR(Lost("open_memory"));
+  ASSIGN_OR_RETURN(int index, node_->IndexOf(device));
+  RETURN_IF_ERROR(node_->CheckNoCollective(index, "cudaIpcOpenMemHandle"));
+  ASSIGN_OR_RETURN(std::shared_ptr<Region> region, Registry::Get().Open(handle, index));
+  return static_cast<void*>(region->base);
 }
 
 absl::Status SimDaemonDevice::CloseMemory(const DeviceId& device, void* base) {
-  if (absl::Status st = Lost("close_memory"); !st.ok()) return st;
-  absl::StatusOr<int> index = node_->IndexOf(device);
-  if (!index.ok()) return index.status();
+  RETURN_IF_ERROR(Lost("close_memory"));
+  ASSIGN_OR_RETURN(int index, node_->IndexOf(device));
   absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().Find(base, 1);
-  if (region.ok() && (*region)->device_index != *index) {
+  if (region.ok() && (*region)->device_index != index) {
     return absl::InvalidArgumentError(absl::StrCat("CloseMemory: ", sim::PointerString(base),
                                                    " is on ", SimDeviceId((*region)->device_index),
                                                    ", not ", device));
   }
-  if (auto st = node_->CheckNoCollective(*index, "cudaIpcCloseMemHandle"); !st.ok()) return st;
+  RETURN_IF_ERROR(node_->CheckNoCollective(index, "cudaIpcCloseMemHandle"));
   return Registry::Get().Close(base);
 }
 
 absl::StatusOr<uint64_t> SimDaemonDevice::MappedSize(const DeviceId& device, void* base) {
-  absl::StatusOr<int> index = node_->IndexOf(device);
-  if (!index.ok()) return index.status();
+  RETURN_IF_ERROR(node_->IndexOf(device).status());
   absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().Find(base, 1);
   if (!region.ok() || (*region)->base != base) {
     return absl::InvalidArgumentError(
@@ -610,12 +582,10 @@ absl::StatusOr<uint64_t> SimDaemonDevice::MappedSize(const DeviceId& device, voi
 }
 
 absl::StatusOr<Event*> SimDaemonDevice::OpenEvent(const DeviceId& device, const IpcHandle& handle) {
-  if (absl::Status st = Lost("open_event"); !st.ok()) return st;
-  absl::StatusOr<int> index = node_->IndexOf(device);
-  if (!index.ok()) return index.status();
-  absl::StatusOr<std::unique_ptr<SimEvent>> event = SimEvent::Open(handle, *index);
-  if (!event.ok()) return event.status();
-  return node_->AdoptEvent(*std::move(event));
+  RETURN_IF_ERROR(Lost("open_event"));
+  ASSIGN_OR_RETURN(int index, node_->IndexOf(device));
+  ASSIGN_OR_RETURN(std::unique_ptr<SimEvent> event, SimEvent::Open(handle, index));
+  return node_->AdoptEvent(std::move(event));
 }
 
 absl::StatusOr<Completion> SimDaemonDevice::QueryEvent(Event* event) {
@@ -627,28 +597,23 @@ absl::StatusOr<Completion> SimDaemonDevice::QueryEvent(Event* event) {
 void SimDaemonDevice::CloseEvent(Event* event) { node_->DeleteEvent(event); }
 
 absl::StatusOr<Stream*> SimDaemonDevice::CreateStream(const DeviceId& device) {
-  absl::StatusOr<int> index = node_->IndexOf(device);
-  if (!index.ok()) return index.status();
-  return node_->NewStream(*index)->handle();
+  ASSIGN_OR_RETURN(int index, node_->IndexOf(device));
+  return node_->NewStream(index)->handle();
 }
 
 void SimDaemonDevice::DestroyStream(Stream* stream) { node_->DeleteStream(stream); }
 
 absl::StatusOr<Completion> SimDaemonDevice::QueryStream(Stream* stream) {
-  absl::StatusOr<SimStream*> s = node_->Resolve(stream, 0, false);
-  if (!s.ok()) return s.status();
-  return (*s)->Idle() ? Completion::kDone : Completion::kPending;
+  ASSIGN_OR_RETURN(SimStream * s, node_->Resolve(stream, 0, false));
+  return s->Idle() ? Completion::kDone : Completion::kPending;
 }
 
 absl::Status SimDaemonDevice::CopyAsync(void* dst, const void* src, size_t bytes, Stream* stream) {
-  absl::StatusOr<SimStream*> s = node_->Resolve(stream, 0, false);
-  if (!s.ok()) return s.status();
-  const int device = (*s)->device_index();
-  absl::StatusOr<std::shared_ptr<Region>> to = node_->Range(dst, bytes, device, "CopyAsync dst");
-  if (!to.ok()) return to.status();
-  absl::StatusOr<std::shared_ptr<Region>> from = node_->Range(src, bytes, device, "CopyAsync src");
-  if (!from.ok()) return from.status();
-  (*s)->Enqueue([to = *to, from = *from, dst, src, bytes] { std::memmove(dst, src, bytes); });
+  ASSIGN_OR_RETURN(SimStream * s, node_->Resolve(stream, 0, false));
+  const int device = s->device_index();
+  ASSIGN_OR_RETURN(std::shared_ptr<Region> to, node_->Range(dst, bytes, device, "CopyAsync dst"));
+  ASSIGN_OR_RETURN(std::shared_ptr<Region> from, node_->Range(src, bytes, device, "CopyAsync src"));
+  s->Enqueue([to, from, dst, src, bytes] { std::memmove(dst, src, bytes); });
   return absl::OkStatus();
 }
 
@@ -659,22 +624,20 @@ absl::Status SimDaemonDevice::SumAsync(void* dst, const std::vector<const void*>
         absl::StrCat("SumAsync: bad dtype ", static_cast<int32_t>(dtype)));
   }
   if (srcs.empty()) return absl::InvalidArgumentError("SumAsync: no sources");
-  absl::StatusOr<SimStream*> s = node_->Resolve(stream, 0, false);
-  if (!s.ok()) return s.status();
-  const int device = (*s)->device_index();
+  ASSIGN_OR_RETURN(SimStream * s, node_->Resolve(stream, 0, false));
+  const int device = s->device_index();
   const size_t bytes = count * DTypeSize(dtype);
   if (bytes == 0) return absl::OkStatus();
   std::vector<std::shared_ptr<Region>> hold;
-  absl::StatusOr<std::shared_ptr<Region>> to = node_->Range(dst, bytes, device, "SumAsync dst");
-  if (!to.ok()) return to.status();
-  hold.push_back(*to);
+  ASSIGN_OR_RETURN(std::shared_ptr<Region> to, node_->Range(dst, bytes, device, "SumAsync dst"));
+  hold.push_back(to);
   for (size_t k = 0; k < srcs.size(); ++k) {
-    absl::StatusOr<std::shared_ptr<Region>> from =
-        node_->Range(srcs[k], bytes, device, absl::StrCat("SumAsync src ", k).c_str());
-    if (!from.ok()) return from.status();
-    hold.push_back(*from);
+    ASSIGN_OR_RETURN(
+        std::shared_ptr<Region> from,
+        node_->Range(srcs[k], bytes, device, absl::StrCat("SumAsync src ", k).c_str()));
+    hold.push_back(from);
   }
-  (*s)->Enqueue([hold = std::move(hold), dst, srcs, count, dtype, scale] {
+  s->Enqueue([hold = std::move(hold), dst, srcs, count, dtype, scale] {
     sim::SumKernel(dst, srcs, count, dtype, scale);
   });
   return absl::OkStatus();
@@ -682,7 +645,7 @@ absl::Status SimDaemonDevice::SumAsync(void* dst, const std::vector<const void*>
 
 absl::StatusOr<std::unique_ptr<CollectiveGroup>> SimDaemonDevice::CreateCollectives(
     const CollectiveOptions& options) {
-  if (absl::Status st = Lost("create_collectives"); !st.ok()) return st;
+  RETURN_IF_ERROR(Lost("create_collectives"));
   if (node_->options().stall_at == "create_collectives") {
     std::fprintf(stderr, "event=sim_stall point=create_collectives generation=%llu\n",
                  static_cast<unsigned long long>(options.generation));
@@ -702,14 +665,13 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> SimDaemonDevice::CreateCollecti
   }
   std::vector<int> indices;
   for (const DeviceId& d : options.devices) {
-    absl::StatusOr<int> index = node_->IndexOf(d);
-    if (!index.ok()) return index.status();
-    indices.push_back(*index);
+    ASSIGN_OR_RETURN(int index, node_->IndexOf(d));
+    indices.push_back(index);
   }
   // The simulated creation is all memory work (its waits for other ranks
   // are short in tests): gated as a whole, but after the stall above.
   if (options.enter_memory_work) {
-    if (absl::Status st = options.enter_memory_work("creating communicators"); !st.ok()) return st;
+    RETURN_IF_ERROR(options.enter_memory_work("creating communicators"));
   }
   absl::Status check;
   for (int index : indices) {

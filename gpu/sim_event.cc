@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/monotonic.h"
+#include "common/status_macros.h"
 #include "gpu/sim_memory.h"
 
 namespace gradsync::gpu::sim {
@@ -52,10 +53,9 @@ absl::StatusOr<std::unique_ptr<SimEvent>> SimEvent::Create(const std::string& pr
                                                            int device_index, bool interprocess) {
   auto mapping = std::make_shared<Mapping>();
   mapping->name = NewSegmentName(prefix, "e");
-  absl::StatusOr<ipc::SharedSegment> seg =
-      ipc::SharedSegment::Create(mapping->name, sizeof(EventRecord));
-  if (!seg.ok()) return seg.status();
-  mapping->segment = *std::move(seg);
+  ASSIGN_OR_RETURN(ipc::SharedSegment seg,
+                   ipc::SharedSegment::Create(mapping->name, sizeof(EventRecord)));
+  mapping->segment = std::move(seg);
   // The segment is zero-filled: both counters start at 0 (done).
   EventRecord* r = mapping->record();
   r->owner_pid = getpid();
@@ -69,28 +69,27 @@ absl::StatusOr<std::unique_ptr<SimEvent>> SimEvent::Create(const std::string& pr
 
 absl::StatusOr<std::unique_ptr<SimEvent>> SimEvent::Open(const IpcHandle& handle,
                                                          int device_index) {
-  absl::StatusOr<std::string> name = DecodeHandle(HandleKind::kEvent, handle);
-  if (!name.ok()) return name.status();
-  absl::StatusOr<ipc::SharedSegment> seg = ipc::SharedSegment::Open(*name, 0600);
+  ASSIGN_OR_RETURN(std::string name, DecodeHandle(HandleKind::kEvent, handle));
+  absl::StatusOr<ipc::SharedSegment> seg = ipc::SharedSegment::Open(name, 0600);
   if (!seg.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("event handle names no live event: ", seg.status().message()));
   }
   if (seg->size() < sizeof(EventRecord) ||
       static_cast<const EventRecord*>(seg->data())->magic != kEventMagic) {
-    return absl::InvalidArgumentError(absl::StrCat("segment ", *name, " is not a sim event"));
+    return absl::InvalidArgumentError(absl::StrCat("segment ", name, " is not a sim event"));
   }
   auto mapping = std::make_shared<Mapping>();
   mapping->segment = *std::move(seg);
-  mapping->name = *name;
+  mapping->name = name;
   if (mapping->record()->device_index != device_index) {
-    return absl::InvalidArgumentError(absl::StrCat("event ", *name, " is on sim GPU ",
+    return absl::InvalidArgumentError(absl::StrCat("event ", name, " is on sim GPU ",
                                                    mapping->record()->device_index, ", not ",
                                                    device_index));
   }
   if (mapping->record()->owner_pid == getpid()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("event handle ", *name, " was exported by this process (pid ", getpid(),
+        absl::StrCat("event handle ", name, " was exported by this process (pid ", getpid(),
                      "): CUDA refuses to open an IPC handle in the process that created it "
                      "(cudaIpcOpenEventHandle: cudaErrorInvalidContext)"));
   }

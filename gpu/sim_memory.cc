@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "common/secure_random.h"
+#include "common/status_macros.h"
 
 namespace gradsync::gpu::sim {
 namespace {
@@ -148,10 +149,9 @@ absl::StatusOr<std::shared_ptr<Region>> Registry::Allocate(const std::string& pr
                                                            int device_index, size_t bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("cannot allocate 0 bytes of device memory");
   const std::string name = NewSegmentName(prefix, "m");
-  absl::StatusOr<ipc::SharedSegment> seg = ipc::SharedSegment::Create(name, kHeaderBytes + bytes);
-  if (!seg.ok()) return seg.status();
+  ASSIGN_OR_RETURN(ipc::SharedSegment seg, ipc::SharedSegment::Create(name, kHeaderBytes + bytes));
   auto region = std::make_shared<Region>();
-  region->segment = *std::move(seg);
+  region->segment = std::move(seg);
   // Mappings stay valid after unlink; the name lives until Free so that
   // other processes can open it.
   auto* header = static_cast<MemoryHeader*>(region->segment.data());
@@ -199,37 +199,36 @@ absl::Status Registry::Free(void* base) {
 }
 
 absl::StatusOr<std::shared_ptr<Region>> Registry::Open(const IpcHandle& handle, int device_index) {
-  absl::StatusOr<std::string> name = DecodeHandle(HandleKind::kMemory, handle);
-  if (!name.ok()) return name.status();
+  ASSIGN_OR_RETURN(std::string name, DecodeHandle(HandleKind::kMemory, handle));
   absl::MutexLock lock(&mu_);
-  if (auto it = opened_.find(*name); it != opened_.end()) {
+  if (auto it = opened_.find(name); it != opened_.end()) {
     if (it->second->device_index != device_index) {
-      return absl::InvalidArgumentError(absl::StrCat("memory handle ", *name, " is on sim GPU ",
+      return absl::InvalidArgumentError(absl::StrCat("memory handle ", name, " is on sim GPU ",
                                                      it->second->device_index, ", not ",
                                                      device_index));
     }
     ++it->second->open_count;
     return it->second;
   }
-  absl::StatusOr<ipc::SharedSegment> seg = ipc::SharedSegment::Open(*name, 0600);
+  absl::StatusOr<ipc::SharedSegment> seg = ipc::SharedSegment::Open(name, 0600);
   if (!seg.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("memory handle names no live allocation: ", seg.status().message()));
   }
   if (seg->size() < kHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("segment ", *name, " is not sim device memory"));
+    return absl::InvalidArgumentError(absl::StrCat("segment ", name, " is not sim device memory"));
   }
   const auto* header = static_cast<const MemoryHeader*>(seg->data());
   if (header->magic != kMemoryMagic || header->size > seg->size() - kHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("segment ", *name, " is not sim device memory"));
+    return absl::InvalidArgumentError(absl::StrCat("segment ", name, " is not sim device memory"));
   }
   if (header->device_index != device_index) {
-    return absl::InvalidArgumentError(absl::StrCat("memory handle ", *name, " is on sim GPU ",
+    return absl::InvalidArgumentError(absl::StrCat("memory handle ", name, " is on sim GPU ",
                                                    header->device_index, ", not ", device_index));
   }
   if (header->owner_pid == getpid()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "memory handle ", *name, " was exported by this process (pid ", header->owner_pid,
+        "memory handle ", name, " was exported by this process (pid ", header->owner_pid,
         "): CUDA refuses to open an IPC handle in the process that created it "
         "(cudaIpcOpenMemHandle: cudaErrorInvalidContext)"));
   }
@@ -237,12 +236,12 @@ absl::StatusOr<std::shared_ptr<Region>> Registry::Open(const IpcHandle& handle, 
   region->size = header->size;
   region->device_index = header->device_index;
   region->segment = *std::move(seg);
-  region->name = *name;
+  region->name = name;
   region->base = static_cast<char*>(region->segment.data()) + kHeaderBytes;
   region->owned = false;
   region->open_count = 1;
-  if (absl::Status st = AddImporter(HeaderOf(*region), *name); !st.ok()) return st;
-  opened_[*name] = region;
+  RETURN_IF_ERROR(AddImporter(HeaderOf(*region), name));
+  opened_[name] = region;
   by_base_[reinterpret_cast<uintptr_t>(region->base)] = region;
   return region;
 }

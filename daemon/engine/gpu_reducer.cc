@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
+#include "common/status_macros.h"
 
 namespace gradsync {
 namespace {
@@ -154,7 +155,7 @@ absl::Status GpuReducer::Reduce(const PlannedBucket& bucket,
   // TEST ONLY when skipped (gradsyncd_sim --unsafe-skip-event-wait): the
   // reduction then races the trainers' streams, which the tests must see.
   if (!skip_event_wait_) {
-    if (absl::Status st = WaitEvents(bucket, deadline, culprit); !st.ok()) return st;
+    RETURN_IF_ERROR(WaitEvents(bucket, deadline, culprit));
   }
   gpu::DaemonDevice& device = session_->device();
   Pieces(bucket, flat_spans, &pieces_);
@@ -185,7 +186,7 @@ absl::Status GpuReducer::Reduce(const PlannedBucket& bucket,
     buffers_.push_back({static_cast<int>(d), dst, total / elem});
   }
   // The collective never waits on our stream: it starts once the sums are seen done.
-  if (absl::Status st = WaitStreams(deadline, "the local sum"); !st.ok()) return st;
+  RETURN_IF_ERROR(WaitStreams(deadline, "the local sum"));
   const int64_t summed = MonotonicNowNs();
 
   if (absl::Status st = session_->collectives().AllreduceSum(buffers_, bucket.dtype); !st.ok()) {
@@ -211,7 +212,7 @@ absl::Status GpuReducer::Reduce(const PlannedBucket& bucket,
       }
     }
   }
-  if (absl::Status st = WaitStreams(deadline, "writing the result back"); !st.ok()) return st;
+  RETURN_IF_ERROR(WaitStreams(deadline, "writing the result back"));
   const int64_t done = MonotonicNowNs();
   timings->local_reduce_ns = (summed - start) + (done - reduced);
   timings->collective_ns = reduced - summed;

@@ -11,6 +11,7 @@
 #include "common/log_value.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
+#include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
@@ -42,6 +43,57 @@ absl::StatusOr<std::string> FetchCancellable(
     const absl::Time after = MonotonicNow();
     if (after < until) absl::SleepFor(std::min(absl::Milliseconds(20), until - after));
   }
+}
+
+// Several nodes: one NCCL rank per GPU of every node, nodes in rank order.
+// Each node tells the others how many GPUs its trainers use (`local_gpus`)
+// and learns theirs, which places this node's ranks in `o`.
+absl::Status ExchangeGpuCounts(const GpuSession::WorldInput& world, size_t local_gpus,
+                               gpu::CollectiveOptions& o) {
+  if (absl::Status st =
+          world.publish(absl::StrCat("gpus/", world.node_rank), std::to_string(local_gpus));
+      !st.ok()) {
+    return MakeError(CodeOf(st), absl::StrCat("publishing this node's GPU count: ", st.message()));
+  }
+  const absl::Time deadline = MonotonicNow() + world.timeout;
+  o.nranks = 0;
+  for (int n = 0; n < world.num_nodes; ++n) {
+    absl::StatusOr<std::string> count = FetchCancellable(
+        world.fetch, absl::StrCat("gpus/", n), deadline, world.cancelled, world.generation);
+    int gpus = 0;
+    if (!count.ok() || !absl::SimpleAtoi(*count, &gpus) || gpus < 1) {
+      return MakeError(count.ok() ? v1::INTERNAL : CodeOf(count.status()),
+                       absl::StrCat("node ", n, "'s GPU count: ",
+                                    count.ok() ? absl::StrCat("'", *count, "'")
+                                               : std::string(count.status().message())));
+    }
+    if (n < world.node_rank) o.first_rank += gpus;
+    o.nranks += gpus;
+  }
+  o.publish = world.publish;
+  o.fetch = world.fetch;
+  return absl::OkStatus();
+}
+
+// One node: every rank is here, so the unique id never leaves the process.
+void UseInProcessExchange(gpu::CollectiveOptions& o) {
+  auto store = std::make_shared<std::map<std::string, std::string>>();
+  auto store_mu = std::make_shared<std::mutex>();
+  o.publish = [store, store_mu](const std::string& key, const std::string& value) {
+    std::lock_guard<std::mutex> lock(*store_mu);
+    if (!store->emplace(key, value).second) {
+      return MakeError(v1::INTERNAL, absl::StrCat("unique id key ", key, " published twice"));
+    }
+    return absl::OkStatus();
+  };
+  o.fetch = [store, store_mu](const std::string& key, absl::Time) -> absl::StatusOr<std::string> {
+    std::lock_guard<std::mutex> lock(*store_mu);
+    auto it = store->find(key);
+    if (it == store->end()) {
+      return MakeError(v1::INTERNAL, absl::StrCat("unique id key ", key, " was never published"));
+    }
+    return it->second;
+  };
 }
 
 }  // namespace
@@ -112,184 +164,17 @@ absl::StatusOr<GpuTrainerSpec> GpuTrainerSpecFromProto(const v1::RegisterRequest
 absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
     gpu::DaemonDevice* device, const Layout& layout, const ipc::ArenaLayout& flat_plan,
     const std::vector<TrainerInput>& trainers, const WorldInput& world) {
-  const uint64_t generation = world.generation;
   std::unique_ptr<GpuSession> s(new GpuSession(device));
   s->is_context_lost_ = world.is_context_lost;
-  // A device error while setting up, naming what was being done; one that
-  // left the device unusable ends the process here (nothing later works).
-  auto SetupError = [&world](const absl::Status& st, const std::string& what) {
-    ExitIfDeviceLost(world.is_context_lost, st, what);
-    return MakeError(CodeOf(st) == v1::INVALID_ARGUMENT ? v1::INVALID_ARGUMENT : v1::INTERNAL,
-                     absl::StrCat(what, ": ", st.message()));
-  };
   s->flat_bytes_ = flat_plan.total_bytes;
   s->flat_ = trainers.empty() || trainers[0].spec->flat;
   // Built up as we go: on an error the destructor releases what was opened.
   for (const TrainerInput& in : trainers) {
-    const GpuTrainerSpec& spec = *in.spec;
-    if (spec.flat != s->flat_) {
-      return MakeError(
-          v1::MISMATCH,
-          absl::StrCat(in.name, " registered ", spec.flat ? "without" : "with", " cuda_ptr, ",
-                       trainers[0].name, " ", s->flat_ ? "without" : "with",
-                       ": every trainer of a job uses the same mode"));
-    }
-    if (spec.allocation.size() != layout.size()) {
-      return MakeError(v1::INVALID_ARGUMENT,
-                       absl::StrCat(in.name, " sent ", spec.allocation.size(), " CUDA buffers for ",
-                                    layout.size(), " tensors"));
-    }
-    if (absl::Status st = device->CheckDevice(spec.device); !st.ok()) {
-      return SetupError(st, absl::StrCat(in.name, "'s GPU ", spec.device));
-    }
-    PerTrainer& p = s->trainers_.emplace_back();
-    p.name = in.name;
-    p.device = spec.device;
-    auto known = std::find(s->devices_.begin(), s->devices_.end(), spec.device);
-    p.device_index = static_cast<int>(known - s->devices_.begin());
-    if (known == s->devices_.end()) s->devices_.push_back(spec.device);
-    p.tensors.assign(layout.size(), nullptr);
-
-    if (s->flat_) {
-      // The daemon owns the trainer's gradients: nothing of the trainer's
-      // is ever mapped here, so nothing of it must outlive us.
-      absl::StatusOr<void*> base = device->Alloc(spec.device, s->flat_bytes_);
-      if (!base.ok()) {
-        return SetupError(base.status(), absl::StrCat("allocating the ", s->flat_bytes_,
-                                                      "-byte gradient buffer of ", in.name));
-      }
-      p.flat_base = static_cast<uint8_t*>(*base);
-      absl::StatusOr<gpu::IpcHandle> h = device->ExportMemory(spec.device, p.flat_base);
-      if (!h.ok()) return SetupError(h.status(), absl::StrCat("exporting ", in.name, "'s buffer"));
-      p.flat_handle = *h;
-      for (size_t i = 0; i < layout.size(); ++i) {
-        p.tensors[i] = p.flat_base + flat_plan.tensor_offsets[i];
-      }
-    } else {
-      // Opened once per registration, on the trainer's GPU (by UUID).
-      for (size_t a = 0; a < spec.allocations.size(); ++a) {
-        absl::StatusOr<void*> base = device->OpenMemory(spec.device, spec.allocations[a]);
-        if (!base.ok()) {
-          return SetupError(base.status(), absl::StrCat("opening allocation ", a, " of ", in.name));
-        }
-        p.opened.push_back(*base);
-      }
-      // Each tensor must lie inside its mapped allocation, aligned for its
-      // dtype: a byte outside would be an illegal address in the daemon's
-      // kernels — a sticky error that ends every job on the node.
-      std::vector<uint64_t> sizes;
-      for (size_t a = 0; a < p.opened.size(); ++a) {
-        absl::StatusOr<uint64_t> size = device->MappedSize(spec.device, p.opened[a]);
-        if (!size.ok()) {
-          return SetupError(size.status(),
-                            absl::StrCat("the size of allocation ", a, " of ", in.name));
-        }
-        sizes.push_back(*size);
-      }
-      for (size_t i = 0; i < layout.size(); ++i) {
-        const uint64_t align = DTypeSize(layout[i].dtype);
-        const uint64_t offset = spec.offset[i], bytes = layout[i].bytes();
-        const uint64_t size = sizes[spec.allocation[i]];
-        if (offset % align != 0) {
-          return MakeError(v1::INVALID_ARGUMENT,
-                           absl::StrCat(in.name, "'s tensor ", i, " '", layout[i].name,
-                                        "': offset ", offset, " in allocation ", spec.allocation[i],
-                                        " is not aligned to its dtype's ", align, " bytes"));
-        }
-        if (offset > size || bytes > size - offset) {
-          return MakeError(
-              v1::INVALID_ARGUMENT,
-              absl::StrCat(in.name, "'s tensor ", i, " '", layout[i].name, "': bytes [", offset,
-                           ", ", offset + bytes, ") lie outside allocation ", spec.allocation[i],
-                           " (", size, " bytes mapped)"));
-        }
-        p.tensors[i] = static_cast<uint8_t*>(p.opened[spec.allocation[i]]) + offset;
-      }
-    }
-    // The pool, not one event per tensor (GpuTrainerSpec::events).
-    for (size_t k = 0; k < spec.events.size(); ++k) {
-      absl::StatusOr<gpu::Event*> e = device->OpenEvent(spec.device, spec.events[k]);
-      if (!e.ok()) {
-        return SetupError(e.status(), absl::StrCat("opening ", in.name, "'s readiness event ", k,
-                                                   " of ", spec.events.size()));
-      }
-      p.events.push_back(*e);
-    }
-    p.slot_of_tensor.assign(layout.size(), 0);
+    RETURN_IF_ERROR(s->OpenTrainer(in, trainers[0].name, layout, flat_plan));
   }
-  for (const gpu::DeviceId& d : s->devices_) {
-    absl::StatusOr<gpu::Stream*> stream = device->CreateStream(d);
-    if (!stream.ok()) return SetupError(stream.status(), absl::StrCat("a stream on ", d));
-    s->streams_.push_back(*stream);
-    s->staging_.push_back(nullptr);
-  }
-
-  gpu::CollectiveOptions o;
-  o.nranks = static_cast<int>(s->devices_.size());
-  o.first_rank = 0;
-  o.devices = s->devices_;
-  o.generation = generation;
-  o.timeout = world.timeout;
-  if (world.num_nodes > 1) {
-    // One NCCL rank per GPU of every node, nodes in rank order: each node
-    // tells the others how many GPUs its trainers use.
-    if (absl::Status st = world.publish(absl::StrCat("gpus/", world.node_rank),
-                                        std::to_string(s->devices_.size()));
-        !st.ok()) {
-      return MakeError(CodeOf(st),
-                       absl::StrCat("publishing this node's GPU count: ", st.message()));
-    }
-    const absl::Time deadline = MonotonicNow() + world.timeout;
-    o.nranks = 0;
-    for (int n = 0; n < world.num_nodes; ++n) {
-      absl::StatusOr<std::string> count = FetchCancellable(world.fetch, absl::StrCat("gpus/", n),
-                                                           deadline, world.cancelled, generation);
-      int gpus = 0;
-      if (!count.ok() || !absl::SimpleAtoi(*count, &gpus) || gpus < 1) {
-        return MakeError(count.ok() ? v1::INTERNAL : CodeOf(count.status()),
-                         absl::StrCat("node ", n, "'s GPU count: ",
-                                      count.ok() ? absl::StrCat("'", *count, "'")
-                                                 : std::string(count.status().message())));
-      }
-      if (n < world.node_rank) o.first_rank += gpus;
-      o.nranks += gpus;
-    }
-    o.publish = world.publish;
-    o.fetch = world.fetch;
-  } else {
-    // One node: every rank is here, so the unique id never leaves the
-    // process.
-    auto store = std::make_shared<std::map<std::string, std::string>>();
-    auto store_mu = std::make_shared<std::mutex>();
-    o.publish = [store, store_mu](const std::string& key, const std::string& value) {
-      std::lock_guard<std::mutex> lock(*store_mu);
-      if (!store->emplace(key, value).second) {
-        return MakeError(v1::INTERNAL, absl::StrCat("unique id key ", key, " published twice"));
-      }
-      return absl::OkStatus();
-    };
-    o.fetch = [store, store_mu](const std::string& key, absl::Time) -> absl::StatusOr<std::string> {
-      std::lock_guard<std::mutex> lock(*store_mu);
-      auto it = store->find(key);
-      if (it == store->end()) {
-        return MakeError(v1::INTERNAL, absl::StrCat("unique id key ", key, " was never published"));
-      }
-      return it->second;
-    };
-  }
-  // Polled through the unique id exchange, init and warm-up: a job that
-  // fails meanwhile is answered now, not after `timeout`.
-  o.cancelled = world.cancelled;
-  absl::StatusOr<std::unique_ptr<gpu::CollectiveGroup>> group = device->CreateCollectives(o);
-  if (!group.ok()) {
-    ExitIfDeviceLost(world.is_context_lost, group.status(),
-                     absl::StrCat("creating the communicators of generation ", generation));
-    return MakeError(
-        CodeOf(group.status()) == v1::INVALID_ARGUMENT ? v1::INTERNAL : CodeOf(group.status()),
-        absl::StrCat("creating the communicators of generation ", generation, " over ",
-                     s->devices_.size(), " GPUs: ", group.status().message()));
-  }
-  s->collectives_ = std::move(*group);
+  RETURN_IF_ERROR(s->CreateStreams());
+  ASSIGN_OR_RETURN(const gpu::CollectiveOptions o, s->CollectiveOptionsFor(world));
+  RETURN_IF_ERROR(s->CreateCollectives(o, world.generation));
   spdlog::info(
       "event=gpu_session_open device={} mode={} trainers={} gpus={} first_rank={} "
       "nranks={} flat_bytes={} tensors={} events_opened={}",
@@ -297,6 +182,171 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
       s->devices_.size(), o.first_rank, o.nranks, s->flat_bytes_, layout.size(),
       s->events_opened());
   return s;
+}
+
+absl::Status GpuSession::SetupError(const absl::Status& st, const std::string& what) const {
+  ExitIfDeviceLost(is_context_lost_, st, what);
+  return MakeError(CodeOf(st) == v1::INVALID_ARGUMENT ? v1::INVALID_ARGUMENT : v1::INTERNAL,
+                   absl::StrCat(what, ": ", st.message()));
+}
+
+absl::Status GpuSession::OpenTrainer(const TrainerInput& in, const std::string& first_name,
+                                     const Layout& layout, const ipc::ArenaLayout& flat_plan) {
+  const GpuTrainerSpec& spec = *in.spec;
+  if (spec.flat != flat_) {
+    return MakeError(v1::MISMATCH,
+                     absl::StrCat(in.name, " registered ", spec.flat ? "without" : "with",
+                                  " cuda_ptr, ", first_name, " ", flat_ ? "without" : "with",
+                                  ": every trainer of a job uses the same mode"));
+  }
+  if (spec.allocation.size() != layout.size()) {
+    return MakeError(v1::INVALID_ARGUMENT,
+                     absl::StrCat(in.name, " sent ", spec.allocation.size(), " CUDA buffers for ",
+                                  layout.size(), " tensors"));
+  }
+  if (absl::Status st = device_->CheckDevice(spec.device); !st.ok()) {
+    return SetupError(st, absl::StrCat(in.name, "'s GPU ", spec.device));
+  }
+  // In trainers_ before anything is opened for it, so that the destructor
+  // releases whatever a failing step below leaves opened.
+  PerTrainer& p = trainers_.emplace_back();
+  p.name = in.name;
+  p.device = spec.device;
+  auto known = std::find(devices_.begin(), devices_.end(), spec.device);
+  p.device_index = static_cast<int>(known - devices_.begin());
+  if (known == devices_.end()) devices_.push_back(spec.device);
+  p.tensors.assign(layout.size(), nullptr);
+
+  if (flat_) {
+    RETURN_IF_ERROR(AllocFlatBuffer(p, layout, flat_plan));
+  } else {
+    RETURN_IF_ERROR(OpenAllocations(p, spec));
+    RETURN_IF_ERROR(PlaceUserTensors(p, spec, layout));
+  }
+  RETURN_IF_ERROR(OpenEvents(p, spec));
+  p.slot_of_tensor.assign(layout.size(), 0);
+  return absl::OkStatus();
+}
+
+absl::Status GpuSession::AllocFlatBuffer(PerTrainer& p, const Layout& layout,
+                                         const ipc::ArenaLayout& flat_plan) {
+  // The daemon owns the trainer's gradients: nothing of the trainer's
+  // is ever mapped here, so nothing of it must outlive us.
+  absl::StatusOr<void*> base = device_->Alloc(p.device, flat_bytes_);
+  if (!base.ok()) {
+    return SetupError(base.status(), absl::StrCat("allocating the ", flat_bytes_,
+                                                  "-byte gradient buffer of ", p.name));
+  }
+  p.flat_base = static_cast<uint8_t*>(*base);
+  absl::StatusOr<gpu::IpcHandle> h = device_->ExportMemory(p.device, p.flat_base);
+  if (!h.ok()) return SetupError(h.status(), absl::StrCat("exporting ", p.name, "'s buffer"));
+  p.flat_handle = *h;
+  for (size_t i = 0; i < layout.size(); ++i) {
+    p.tensors[i] = p.flat_base + flat_plan.tensor_offsets[i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuSession::OpenAllocations(PerTrainer& p, const GpuTrainerSpec& spec) {
+  // Opened once per registration, on the trainer's GPU (by UUID).
+  for (size_t a = 0; a < spec.allocations.size(); ++a) {
+    absl::StatusOr<void*> base = device_->OpenMemory(p.device, spec.allocations[a]);
+    if (!base.ok()) {
+      return SetupError(base.status(), absl::StrCat("opening allocation ", a, " of ", p.name));
+    }
+    p.opened.push_back(*base);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuSession::PlaceUserTensors(PerTrainer& p, const GpuTrainerSpec& spec,
+                                          const Layout& layout) {
+  // Each tensor must lie inside its mapped allocation, aligned for its
+  // dtype: a byte outside would be an illegal address in the daemon's
+  // kernels — a sticky error that ends every job on the node.
+  std::vector<uint64_t> sizes;
+  for (size_t a = 0; a < p.opened.size(); ++a) {
+    absl::StatusOr<uint64_t> size = device_->MappedSize(p.device, p.opened[a]);
+    if (!size.ok()) {
+      return SetupError(size.status(), absl::StrCat("the size of allocation ", a, " of ", p.name));
+    }
+    sizes.push_back(*size);
+  }
+  for (size_t i = 0; i < layout.size(); ++i) {
+    const uint64_t align = DTypeSize(layout[i].dtype);
+    const uint64_t offset = spec.offset[i], bytes = layout[i].bytes();
+    const uint64_t size = sizes[spec.allocation[i]];
+    if (offset % align != 0) {
+      return MakeError(v1::INVALID_ARGUMENT,
+                       absl::StrCat(p.name, "'s tensor ", i, " '", layout[i].name, "': offset ",
+                                    offset, " in allocation ", spec.allocation[i],
+                                    " is not aligned to its dtype's ", align, " bytes"));
+    }
+    if (offset > size || bytes > size - offset) {
+      return MakeError(v1::INVALID_ARGUMENT,
+                       absl::StrCat(p.name, "'s tensor ", i, " '", layout[i].name, "': bytes [",
+                                    offset, ", ", offset + bytes, ") lie outside allocation ",
+                                    spec.allocation[i], " (", size, " bytes mapped)"));
+    }
+    p.tensors[i] = static_cast<uint8_t*>(p.opened[spec.allocation[i]]) + offset;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuSession::OpenEvents(PerTrainer& p, const GpuTrainerSpec& spec) {
+  // The pool, not one event per tensor (GpuTrainerSpec::events).
+  for (size_t k = 0; k < spec.events.size(); ++k) {
+    absl::StatusOr<gpu::Event*> e = device_->OpenEvent(p.device, spec.events[k]);
+    if (!e.ok()) {
+      return SetupError(e.status(), absl::StrCat("opening ", p.name, "'s readiness event ", k,
+                                                 " of ", spec.events.size()));
+    }
+    p.events.push_back(*e);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuSession::CreateStreams() {
+  for (const gpu::DeviceId& d : devices_) {
+    absl::StatusOr<gpu::Stream*> stream = device_->CreateStream(d);
+    if (!stream.ok()) return SetupError(stream.status(), absl::StrCat("a stream on ", d));
+    streams_.push_back(*stream);
+    staging_.push_back(nullptr);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<gpu::CollectiveOptions> GpuSession::CollectiveOptionsFor(
+    const WorldInput& world) const {
+  gpu::CollectiveOptions o;
+  o.nranks = static_cast<int>(devices_.size());
+  o.first_rank = 0;
+  o.devices = devices_;
+  o.generation = world.generation;
+  o.timeout = world.timeout;
+  if (world.num_nodes > 1) {
+    RETURN_IF_ERROR(ExchangeGpuCounts(world, devices_.size(), o));
+  } else {
+    UseInProcessExchange(o);
+  }
+  // Polled through the unique id exchange, init and warm-up: a job that
+  // fails meanwhile is answered now, not after `timeout`.
+  o.cancelled = world.cancelled;
+  return o;
+}
+
+absl::Status GpuSession::CreateCollectives(const gpu::CollectiveOptions& o, uint64_t generation) {
+  absl::StatusOr<std::unique_ptr<gpu::CollectiveGroup>> group = device_->CreateCollectives(o);
+  if (!group.ok()) {
+    ExitIfDeviceLost(is_context_lost_, group.status(),
+                     absl::StrCat("creating the communicators of generation ", generation));
+    return MakeError(
+        CodeOf(group.status()) == v1::INVALID_ARGUMENT ? v1::INTERNAL : CodeOf(group.status()),
+        absl::StrCat("creating the communicators of generation ", generation, " over ",
+                     devices_.size(), " GPUs: ", group.status().message()));
+  }
+  collectives_ = std::move(*group);
+  return absl::OkStatus();
 }
 
 size_t GpuSession::events_opened() const {
@@ -307,11 +357,6 @@ size_t GpuSession::events_opened() const {
 
 absl::Status GpuSession::EnsureStaging(uint64_t bytes) {
   if (bytes <= staging_bytes_) return absl::OkStatus();
-  auto SetupError = [this](const absl::Status& st, const std::string& what) {
-    ExitIfDeviceLost(is_context_lost_, st, what);
-    return MakeError(CodeOf(st) == v1::INVALID_ARGUMENT ? v1::INVALID_ARGUMENT : v1::INTERNAL,
-                     absl::StrCat(what, ": ", st.message()));
-  };
   for (size_t d = 0; d < devices_.size(); ++d) {
     if (staging_[d] != nullptr) {
       device_->Free(devices_[d], staging_[d]).IgnoreError();

@@ -184,6 +184,20 @@ class GpuSession {
     std::vector<uint16_t> slot_of_tensor;  // per tensor: its last mark's slot
   };
   explicit GpuSession(gpu::DaemonDevice* device) : device_(device) {}
+  // Open's steps, in the order it takes them; each returns the first error.
+  absl::Status OpenTrainer(const TrainerInput& in, const std::string& first_name,
+                           const Layout& layout, const ipc::ArenaLayout& flat_plan);
+  absl::Status AllocFlatBuffer(PerTrainer& p, const Layout& layout,
+                               const ipc::ArenaLayout& flat_plan);
+  absl::Status OpenAllocations(PerTrainer& p, const GpuTrainerSpec& spec);
+  absl::Status PlaceUserTensors(PerTrainer& p, const GpuTrainerSpec& spec, const Layout& layout);
+  absl::Status OpenEvents(PerTrainer& p, const GpuTrainerSpec& spec);
+  absl::Status CreateStreams();
+  absl::StatusOr<gpu::CollectiveOptions> CollectiveOptionsFor(const WorldInput& world) const;
+  absl::Status CreateCollectives(const gpu::CollectiveOptions& o, uint64_t generation);
+  // A device error while setting up, naming what was being done; one that
+  // left the device unusable ends the process here (nothing later works).
+  absl::Status SetupError(const absl::Status& st, const std::string& what) const;
   void Release(PerTrainer& p);
 
   gpu::DaemonDevice* device_;
