@@ -2,6 +2,7 @@
 // in-process and in its worker process (what the daemon runs).
 //
 //   gloo_allreduce_bench [--nodes=2] [--sizes_mb=25,100] [--iters=10] [--rounds=4]
+//                        [--op=allreduce|broadcast]
 //
 // The launcher hosts a RendezvousService and starts --nodes worker processes
 // (this binary again, with --worker). Every worker joins, then connects two
