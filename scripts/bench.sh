@@ -25,6 +25,8 @@ benches() {
   bench local_reduce_bench
   bench gloo_allreduce_bench --nodes=2 $(quick && echo --iters=3 --rounds=2)
   py_bench sync_bench.py //daemon:gradsyncd //tools/gradsyncctl //tests/bench:bench_trainer //tests/bench:gloo_allreduce_bench
+  py_bench broadcast_bench.py //daemon:gradsyncd //tests/bench:bench_trainer //tests/bench:gloo_allreduce_bench
+  py_bench join_bench.py //daemon:gradsyncd //tests/bench:bench_trainer
   py_bench torch_step_bench.py //daemon:gradsyncd //client:libgradsync.so
   py_bench bucket_sweep_bench.py //daemon:gradsyncd //client:libgradsync.so
   py_bench autotune_bench.py //daemon:gradsyncd //client:libgradsync.so

@@ -2,6 +2,7 @@
 // in-process and in its worker process (what the daemon runs).
 //
 //   gloo_allreduce_bench [--nodes=2] [--sizes_mb=25,100] [--iters=10] [--rounds=4]
+//                        [--op=allreduce|broadcast]
 //
 // The launcher hosts a RendezvousService and starts --nodes worker processes
 // (this binary again, with --worker). Every worker joins, then connects two
@@ -19,6 +20,12 @@
 // wire_MB: bytes node 0's process running the collective (this one, or its
 // Gloo worker) wrote per allreduce: the kernel's wchar in /proc/PID/io,
 // i.e. what Gloo handed to its sockets (plus a few bytes of commands).
+// --op=broadcast times a broadcast of the same bytes from node 0 instead
+// (broadcast_bench's cross-node reference): plain_gloo is gloo::broadcast,
+// gradsync GlooBackend::Broadcast, worker_copy GlooWorkerBackend::Broadcast
+// on ordinary memory (what the daemon's Broadcaster runs per piece: copied
+// into the worker's buffer on the root, out of it elsewhere); busbw = algbw
+// for a broadcast (nccl-tests).
 // Rows alternate per round so drift on a noisy VM hits both alike. Node 0
 // prints, per size: mean time per allreduce, the p10 / p50 / p90 of the
 // single allreduces (the statistic sync_bench compares with gradsync's
@@ -56,6 +63,7 @@
 #include "daemon/cluster/rendezvous_service.h"
 #include "gloo/allreduce.h"
 #include "gloo/barrier.h"
+#include "gloo/broadcast.h"
 #include "gloo/config.h"
 #include "gloo/math.h"
 #include "gloo/rendezvous/context.h"
@@ -72,6 +80,7 @@ ABSL_FLAG(std::string, sizes_mb, "25,100", "comma-separated buffer sizes in MB (
 ABSL_FLAG(int, iters, 10, "timed allreduces per row and round");
 ABSL_FLAG(int, warmup, 2, "untimed allreduces before each timed block");
 ABSL_FLAG(int, rounds, 4, "alternating rounds of the two rows");
+ABSL_FLAG(std::string, op, "allreduce", "allreduce or broadcast (from node 0)");
 ABSL_FLAG(bool, worker, false, "internal: run as a worker");
 ABSL_FLAG(int, rank, 0, "internal: worker rank");
 ABSL_FLAG(std::string, leader, "", "internal: leader address");
@@ -123,6 +132,7 @@ int Worker() {
   spdlog::set_level(spdlog::level::warn);
   const int rank = absl::GetFlag(FLAGS_rank);
   const int n = absl::GetFlag(FLAGS_nodes);
+  const bool bcast = absl::GetFlag(FLAGS_op) == "broadcast";
   RendezvousClientOptions client_options;
   client_options.leader = absl::GetFlag(FLAGS_leader);
   client_options.job_id = kJob;
@@ -171,7 +181,7 @@ int Worker() {
   gloo::rendezvous::PrefixStore fp16_keys("worker_fp16", *store);
   gloo::rendezvous::PrefixStore* wire_keys[2] = {&bf16_keys, &fp16_keys};
   const WireDType wire_dtypes[2] = {WireDType::kBFloat16, WireDType::kFloat16};
-  for (int w = 0; w < 2; ++w) {
+  for (int w = 0; w < (bcast ? 0 : 2); ++w) {  // allreduce only
     GlooBackendOptions wire_options = options;
     wire_options.store = std::shared_ptr<gloo::rendezvous::Store>(store, wire_keys[w]);
     wire_options.wire_dtype = wire_dtypes[w];
@@ -198,7 +208,22 @@ int Worker() {
     absl::Status status = (*worker)->AllreduceSum(data, count, DType::kFloat32);
     if (!status.ok()) Die(status.ToString());
   };
+  auto broadcast = [&](int impl, std::vector<float>& data) {
+    const size_t bytes = data.size() * sizeof(float);
+    if (impl == 0) {
+      gloo::BroadcastOptions opts(plain);
+      opts.setOutput<float>(data.data(), data.size());
+      opts.setRoot(0);
+      opts.setTimeout(absl::ToChronoMilliseconds(kTimeout));
+      gloo::broadcast(opts);
+      return;
+    }
+    absl::Status status = impl == 1 ? (*backend)->Broadcast(data.data(), bytes, 0)
+                                    : (*worker)->Broadcast(data.data(), bytes, 0);
+    if (!status.ok()) Die(status.ToString());
+  };
   auto run = [&](int impl, std::vector<float>& data) {
+    if (bcast) return broadcast(impl, data);
     if (impl == 0) plain_allreduce(data);
     if (impl == 1) gradsync_allreduce(data);
     if (impl == 2) {
@@ -217,6 +242,9 @@ int Worker() {
   constexpr int kImpls = 6;
   const char* const kNames[kImpls] = {"plain_gloo",  "gradsync",    "gloo_worker",
                                       "worker_copy", "worker_bf16", "worker_fp16"};
+  // The rows each op runs (the compressed wire and the Staging buffer are
+  // allreduce only).
+  auto active = [&](int impl) { return !bcast || impl == 0 || impl == 1 || impl == 3; };
   auto barrier = [&] {
     gloo::BarrierOptions opts(plain);
     gloo::barrier(opts);
@@ -239,6 +267,7 @@ int Worker() {
     std::vector<double> samples_s[kImpls];
     for (int round = 0; round < rounds; ++round) {
       for (int impl = 0; impl < kImpls; ++impl) {
+        if (!active(impl)) continue;
         Fill(data, rank);
         if (impl == 2) {
           std::memcpy((*worker)->Staging(bytes), data.data(), bytes);
@@ -267,9 +296,10 @@ int Worker() {
     if (rank != 0) continue;
     double busbw[kImpls];
     for (int impl = 0; impl < kImpls; ++impl) {
+      if (!active(impl)) continue;
       const double mean_s = total_s[impl] / (rounds * iters);
       const double algbw = static_cast<double>(bytes) / mean_s / 1e9;
-      busbw[impl] = algbw * 2.0 * (n - 1) / n;
+      busbw[impl] = bcast ? algbw : algbw * 2.0 * (n - 1) / n;
       const std::string ratio = impl == 0 ? "" : absl::StrFormat("%.3f", busbw[impl] / busbw[0]);
       const double wire_mb = wire_bytes[impl] / 1e6 / (rounds * iters);
       std::vector<double>& v = samples_s[impl];
@@ -290,6 +320,8 @@ int Worker() {
 int Launcher(const char* self) {
   const int n = absl::GetFlag(FLAGS_nodes);
   if (n < 2) Die("--nodes must be >= 2");
+  const std::string op = absl::GetFlag(FLAGS_op);
+  if (op != "allreduce" && op != "broadcast") Die("--op must be allreduce or broadcast");
   RendezvousService service(kJob, CallAuth(CallAuthPolicy{kToken}), n, kTimeout,
                             absl::InfiniteDuration());
   int port = 0;
@@ -300,9 +332,11 @@ int Launcher(const char* self) {
   if (server == nullptr || port == 0) Die("cannot start the rendezvous server");
   const std::string leader = absl::StrCat("127.0.0.1:", port);
   std::printf(
-      "# gloo allreduce over loopback: %d processes, fp32, ring; Gloo %d.%d.%d; "
+      "# gloo %s over loopback: %d processes, fp32, %s; Gloo %d.%d.%d; "
       "iters=%d x rounds=%d (warmup %d)\n",
-      n, GLOO_VERSION_MAJOR, GLOO_VERSION_MINOR, GLOO_VERSION_PATCH, absl::GetFlag(FLAGS_iters),
+      absl::GetFlag(FLAGS_op).c_str(), n,
+      absl::GetFlag(FLAGS_op) == "broadcast" ? "from node 0" : "ring", GLOO_VERSION_MAJOR,
+      GLOO_VERSION_MINOR, GLOO_VERSION_PATCH, absl::GetFlag(FLAGS_iters),
       absl::GetFlag(FLAGS_rounds), absl::GetFlag(FLAGS_warmup));
   std::fflush(stdout);
 
@@ -316,7 +350,8 @@ int Launcher(const char* self) {
                                      "--sizes_mb=" + absl::GetFlag(FLAGS_sizes_mb),
                                      absl::StrCat("--iters=", absl::GetFlag(FLAGS_iters)),
                                      absl::StrCat("--warmup=", absl::GetFlag(FLAGS_warmup)),
-                                     absl::StrCat("--rounds=", absl::GetFlag(FLAGS_rounds))};
+                                     absl::StrCat("--rounds=", absl::GetFlag(FLAGS_rounds)),
+                                     "--op=" + absl::GetFlag(FLAGS_op)};
     workers.push_back(testing::Process::Spawn(args, ""));  // they print to our stdout
     if (!workers.back().started()) Die("cannot start a worker");
   }

@@ -1,0 +1,139 @@
+#!/usr/bin/python3
+"""join_bench: a job's start-up, from starting the daemons to the first
+completed iteration, with 16 daemons on loopback against 2.
+
+Each run starts N real gradsyncd on loopback (node 0 leads) and, at the
+same moment, one real trainer per daemon (bench_trainer: one 4 KB fp32
+tensor, one iteration, no warm-up; gs_connect retries until its daemon
+listens). The figure is the time from just before the first daemon is
+started to the last trainer's first gs_wait returning (each trainer prints
+that moment on the monotonic clock): daemon and trainer process start-up,
+the rendezvous, the layout agreement, the Gloo workers' connect and one
+collective. Beside it: when every daemon's socket existed (polled every
+2 ms), the part that is process start-up alone.
+
+The daemon counts alternate within each round (2 and 16 with --quick,
+2, 4, 8 and 16 otherwise; 5 rounds with --quick, else 9), so the machine's
+drift hits all alike; each figure is the median of the rounds with their
+min-max and every round's value, and the ratio to 2 daemons is also given
+per round. Everything shares the machine's cores (16 daemons, 16 Gloo
+workers and 16 trainers on 2 cores here).
+
+Prints markdown tables; writes bench-results/join_bench.json. Not a test:
+asserts nothing.
+
+Run from the repository root after `bazel build //daemon:gradsyncd
+//tests/bench:bench_trainer`:
+  /usr/bin/python3 tests/bench/join_bench.py [--quick]
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import bench_report
+import sync_bench
+
+DAEMON = sync_bench.DAEMON
+TRAINER = sync_bench.TRAINER
+QUICK = bench_report.quick()
+NODES = (2, 16) if QUICK else (2, 4, 8, 16)
+ROUNDS = 5 if QUICK else 9
+
+
+def run_join(nodes: int) -> tuple:
+    """(seconds to every trainer's first gs_wait, seconds to every daemon's
+    socket existing), both from just before the first daemon started."""
+    tmp = tempfile.mkdtemp(prefix="gsbj.", dir="/tmp")
+    port = sync_bench.free_port_number()
+    token_file = f"{tmp}/token"
+    with open(os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write("join-bench-token\n")  # multi-node daemons need one (mode 0600)
+    daemons, trainers = [], []
+    try:
+        start = time.monotonic()
+        for n in range(nodes):
+            where = [f"--listen=127.0.0.1:{port}"] if n == 0 else [
+                f"--leader=127.0.0.1:{port}", "--listen=127.0.0.1:0"]
+            daemons.append(subprocess.Popen(
+                [DAEMON, f"--socket={tmp}/s{n}", f"--num-nodes={nodes}", f"--node-rank={n}",
+                 "--local-size=1", f"--shm-prefix=gsbj{os.getpid()}x{n}", "--timeout-s=120",
+                 f"--job-token-file={token_file}", *where],
+                stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/d{n}.log", "w")))
+        for n in range(nodes):
+            trainers.append(subprocess.Popen(
+                [TRAINER, f"--socket={tmp}/s{n}", "--bytes=4096", "--tensors=1", "--iters=1",
+                 "--warmup=0", "--connect-timeout-ms=120000"],
+                env={**os.environ, "LOCAL_RANK": "0"}, stdout=subprocess.PIPE, text=True))
+        listening = None
+        while listening is None and time.monotonic() - start < 120:
+            if all(os.path.exists(f"{tmp}/s{n}") for n in range(nodes)):
+                listening = time.monotonic() - start
+            elif any(t.poll() not in (None, 0) for t in trainers):
+                break
+            else:
+                time.sleep(0.002)
+        done = []
+        for t in trainers:
+            out, _ = t.communicate(timeout=300)
+            m = re.search(r"first_done_mono_us=([\d.]+)", out)
+            if t.returncode != 0 or not m:
+                logs = "".join(open(f"{tmp}/d{n}.log").read()[-1500:] for n in range(min(2, nodes)))
+                raise RuntimeError(f"bench_trainer failed with {nodes} daemons: {out}\n{logs}")
+            done.append(float(m.group(1)) / 1e6)
+        return max(done) - start, listening
+    finally:
+        for t in trainers:
+            if t.poll() is None:
+                t.kill()
+                t.wait()
+        sync_bench.stop_daemons(daemons)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> int:
+    for path in (DAEMON, TRAINER):
+        if not os.path.exists(path):
+            print(f"missing {path}: run bazel build //daemon:gradsyncd //tests/bench:bench_trainer")
+            return 1
+    report = bench_report.Report("join_bench")
+    progress = bench_report.Progress("join_bench", ROUNDS * len(NODES))
+    first = {n: [] for n in NODES}
+    listen = {n: [] for n in NODES}
+    for rnd in range(ROUNDS):
+        for nodes in NODES:
+            progress.step(f"round {rnd + 1}: {nodes} daemons")
+            secs, up = run_join(nodes)
+            first[nodes].append(secs)
+            listen[nodes].append(up)
+    rows = []
+    base = NODES[0]
+    for nodes in NODES:
+        v = first[nodes]
+        up = [u for u in listen[nodes] if u is not None]
+        rows.append([nodes, statistics.median(v), f"{min(v):.3f}-{max(v):.3f}",
+                     " ".join(f"{s:.3f}" for s in v),
+                     statistics.median(up) if up else None,
+                     statistics.median(v) / statistics.median(first[base]),
+                     " ".join(f"{a / b:.2f}" for a, b in zip(v, first[base]))])
+    report.table(
+        f"Join + first iteration: N daemons on loopback x 1 trainer, 4 KB layout "
+        f"(seconds, median of {ROUNDS} alternated rounds)",
+        ["daemons", "start -> every first gs_wait s", "min-max s", "per round s",
+         "start -> every daemon listening s", f"vs {base} daemons", "per-round ratios"], rows,
+        note="From just before the first daemon is started (trainers started at the same time) "
+             "to the last trainer's first gs_wait returning. Target for 16 daemons: < 0.5 s. "
+             "Daemons, Gloo workers and trainers all share the machine's cores.")
+    progress.finish()
+    report.write()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
