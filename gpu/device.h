@@ -17,7 +17,7 @@
 //                             without CUDA; only a CUDA registration needs it.
 //   gpu/cuda_daemon_device    CUDA runtime (static), the local-sum kernel, and
 //                             NCCL loaded with dlopen at run time.
-//   gpu/sim_device            tests only (testonly = True; never linked into a
+//   gpu/sim/sim_device        tests only (testonly = True; never linked into a
 //                             release gradsyncd): host shared memory as device
 //                             memory, segment names as IPC handles, events as
 //                             shared counters completed by a simulated stream

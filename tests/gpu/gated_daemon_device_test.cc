@@ -18,7 +18,7 @@
 #include "absl/time/time.h"
 #include "common/monotonic.h"
 #include "gmock/gmock.h"
-#include "gpu/sim_device.h"
+#include "gpu/sim/sim_device.h"
 #include "gtest/gtest.h"
 #include "tests/testing/wait.h"
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/status_code.h"
-#include "gpu/sim_device.h"
+#include "gpu/sim/sim_device.h"
 #include "tests/testing/process.h"
 
 namespace gradsync {

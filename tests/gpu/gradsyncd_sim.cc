@@ -1,7 +1,7 @@
-// gradsyncd_sim: gradsyncd with the simulated GPU device (gpu/sim_device),
+// gradsyncd_sim: gradsyncd with the simulated GPU device (gpu/sim/sim_device),
 // for the GPU path's tests on machines without a GPU. testonly: it can
 // never ship; the release gradsyncd does not link the simulation at all.
-// The simulated node comes from GRADSYNC_SIM_* (see gpu/sim_device.h).
+// The simulated node comes from GRADSYNC_SIM_* (see gpu/sim/sim_device.h).
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -11,7 +11,7 @@
 #include "absl/flags/flag.h"
 #include "daemon/run_gradsyncd.h"
 #include "gpu/gated_daemon_device.h"
-#include "gpu/sim_device.h"
+#include "gpu/sim/sim_device.h"
 
 // Only here, never in the release binary: proves the tests catch a
 // daemon that reduces without waiting for the trainers' readiness events.

@@ -2,7 +2,7 @@
 // processes (fork), stream ordering, SumAsync, dead owners, collectives.
 // The point of the simulation is that a missing wait gives a wrong result:
 // several tests prove that it does.
-#include "gpu/sim_device.h"
+#include "gpu/sim/sim_device.h"
 
 #include <fcntl.h>
 #include <poll.h>

@@ -1,5 +1,5 @@
 // sim_trainer: a data-parallel trainer with CUDA gradients on the simulated
-// device (gpu/sim_device), driving the C++ client the way a framework
+// device (gpu/sim/sim_device), driving the C++ client the way a framework
 // drives libgradsync: its backward "kernels" (WriteAsync on its stream)
 // write each gradient, it marks the gradient ready at once — without
 // synchronizing its stream — and waits for the iteration.
@@ -31,7 +31,7 @@
 #include "client/client.h"
 #include "common/half.h"
 #include "common/status_code.h"
-#include "gpu/sim_device.h"
+#include "gpu/sim/sim_device.h"
 
 namespace {
 

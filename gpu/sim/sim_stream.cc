@@ -1,4 +1,4 @@
-#include "gpu/sim_stream.h"
+#include "gpu/sim/sim_stream.h"
 
 #include <algorithm>
 #include <set>

@@ -59,8 +59,8 @@
 //
 // Threads: as device.h, and every call is also safe from any thread.
 // Fork before creating a device, or create new devices in the child.
-#ifndef GRADSYNC_GPU_SIM_DEVICE_H_
-#define GRADSYNC_GPU_SIM_DEVICE_H_
+#ifndef GRADSYNC_GPU_SIM_SIM_DEVICE_H_
+#define GRADSYNC_GPU_SIM_SIM_DEVICE_H_
 
 #include <atomic>
 #include <cstddef>
@@ -202,4 +202,4 @@ std::vector<std::string> RemoveStaleSimSegments(const std::string& prefix = "gss
 
 }  // namespace gradsync::gpu
 
-#endif  // GRADSYNC_GPU_SIM_DEVICE_H_
+#endif  // GRADSYNC_GPU_SIM_SIM_DEVICE_H_

@@ -1,4 +1,4 @@
-#include "gpu/sim_memory.h"
+#include "gpu/sim/sim_memory.h"
 
 #include <fcntl.h>
 #include <signal.h>

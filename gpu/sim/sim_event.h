@@ -22,8 +22,8 @@
 // tests of a killed trainer must not depend on it.
 //
 // Threads: Record from the owner's calling thread; Query from any thread.
-#ifndef GRADSYNC_GPU_SIM_EVENT_H_
-#define GRADSYNC_GPU_SIM_EVENT_H_
+#ifndef GRADSYNC_GPU_SIM_SIM_EVENT_H_
+#define GRADSYNC_GPU_SIM_SIM_EVENT_H_
 
 #include <sys/types.h>
 
@@ -36,7 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "gpu/device.h"
-#include "gpu/sim_stream.h"
+#include "gpu/sim/sim_stream.h"
 #include "ipc/shared_segment.h"
 
 namespace gradsync::gpu::sim {
@@ -101,4 +101,4 @@ class SimEvent {
 
 }  // namespace gradsync::gpu::sim
 
-#endif  // GRADSYNC_GPU_SIM_EVENT_H_
+#endif  // GRADSYNC_GPU_SIM_SIM_EVENT_H_

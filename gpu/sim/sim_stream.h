@@ -5,8 +5,8 @@
 //
 // Threads: Enqueue, Idle, WaitIdle, Pause and Resume from any thread.
 // Operations run on the worker thread, one at a time, in enqueue order.
-#ifndef GRADSYNC_GPU_SIM_STREAM_H_
-#define GRADSYNC_GPU_SIM_STREAM_H_
+#ifndef GRADSYNC_GPU_SIM_SIM_STREAM_H_
+#define GRADSYNC_GPU_SIM_SIM_STREAM_H_
 
 #include <deque>
 #include <functional>
@@ -64,4 +64,4 @@ class SimStream {
 
 }  // namespace gradsync::gpu::sim
 
-#endif  // GRADSYNC_GPU_SIM_STREAM_H_
+#endif  // GRADSYNC_GPU_SIM_SIM_STREAM_H_

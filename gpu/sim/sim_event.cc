@@ -1,4 +1,4 @@
-#include "gpu/sim_event.h"
+#include "gpu/sim/sim_event.h"
 
 #include <unistd.h>
 
@@ -11,7 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/monotonic.h"
 #include "common/status_macros.h"
-#include "gpu/sim_memory.h"
+#include "gpu/sim/sim_memory.h"
 
 namespace gradsync::gpu::sim {
 namespace {

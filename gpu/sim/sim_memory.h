@@ -14,8 +14,8 @@
 //
 // Threads: the registry is process-wide and thread-safe. A forked child
 // inherits the parent's mappings but must create its own devices.
-#ifndef GRADSYNC_GPU_SIM_MEMORY_H_
-#define GRADSYNC_GPU_SIM_MEMORY_H_
+#ifndef GRADSYNC_GPU_SIM_SIM_MEMORY_H_
+#define GRADSYNC_GPU_SIM_SIM_MEMORY_H_
 
 #include <sys/types.h>
 
@@ -96,4 +96,4 @@ class Registry {
 
 }  // namespace gradsync::gpu::sim
 
-#endif  // GRADSYNC_GPU_SIM_MEMORY_H_
+#endif  // GRADSYNC_GPU_SIM_SIM_MEMORY_H_

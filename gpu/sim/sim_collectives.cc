@@ -1,4 +1,4 @@
-#include "gpu/sim_collectives.h"
+#include "gpu/sim/sim_collectives.h"
 
 #include <unistd.h>
 
@@ -17,8 +17,8 @@
 #include "absl/time/clock.h"
 #include "common/monotonic.h"
 #include "common/status_macros.h"
-#include "gpu/sim_kernels.h"
-#include "gpu/sim_memory.h"
+#include "gpu/sim/sim_kernels.h"
+#include "gpu/sim/sim_memory.h"
 #include "ipc/shared_segment.h"
 
 namespace gradsync::gpu::sim {

@@ -1,8 +1,8 @@
 // The simulation's "kernels": what the CUDA local-sum kernel computes, on
 // the host. Shared by SumAsync and the simulated collectives, so that every
 // rank sums in the same order and gets bit-identical results.
-#ifndef GRADSYNC_GPU_SIM_KERNELS_H_
-#define GRADSYNC_GPU_SIM_KERNELS_H_
+#ifndef GRADSYNC_GPU_SIM_SIM_KERNELS_H_
+#define GRADSYNC_GPU_SIM_SIM_KERNELS_H_
 
 #include <cstddef>
 #include <vector>
@@ -19,4 +19,4 @@ void SumKernel(void* dst, const std::vector<const void*>& srcs, size_t count, DT
 
 }  // namespace gradsync::gpu::sim
 
-#endif  // GRADSYNC_GPU_SIM_KERNELS_H_
+#endif  // GRADSYNC_GPU_SIM_SIM_KERNELS_H_

@@ -11,8 +11,8 @@
 // for all again before removing its segment. Waits end at the deadline
 // (DEADLINE_EXCEEDED naming the missing ranks), on a dead or failed peer
 // (UNAVAILABLE) or on Abort (ABORTED). Simple and correct, not fast.
-#ifndef GRADSYNC_GPU_SIM_COLLECTIVES_H_
-#define GRADSYNC_GPU_SIM_COLLECTIVES_H_
+#ifndef GRADSYNC_GPU_SIM_SIM_COLLECTIVES_H_
+#define GRADSYNC_GPU_SIM_SIM_COLLECTIVES_H_
 
 #include <memory>
 #include <string>
@@ -33,4 +33,4 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateSimCollectives(
 
 }  // namespace gradsync::gpu::sim
 
-#endif  // GRADSYNC_GPU_SIM_COLLECTIVES_H_
+#endif  // GRADSYNC_GPU_SIM_SIM_COLLECTIVES_H_

@@ -1,4 +1,4 @@
-#include "gpu/sim_kernels.h"
+#include "gpu/sim/sim_kernels.h"
 
 #include <cstdint>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "gpu/sim_device.h"
+#include "gpu/sim/sim_device.h"
 
 #include <unistd.h>
 
@@ -16,11 +16,11 @@
 #include "absl/synchronization/mutex.h"
 #include "common/monotonic.h"
 #include "common/status_macros.h"
-#include "gpu/sim_collectives.h"
-#include "gpu/sim_event.h"
-#include "gpu/sim_kernels.h"
-#include "gpu/sim_memory.h"
-#include "gpu/sim_stream.h"
+#include "gpu/sim/sim_collectives.h"
+#include "gpu/sim/sim_event.h"
+#include "gpu/sim/sim_kernels.h"
+#include "gpu/sim/sim_memory.h"
+#include "gpu/sim/sim_stream.h"
 #include "ipc/shared_segment.h"
 
 namespace gradsync::gpu {
