@@ -12,6 +12,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "grpcpp/support/time.h"
 
 namespace gradsync {
 
@@ -34,12 +35,12 @@ RendezvousClient::RendezvousClient(std::shared_ptr<grpc::Channel> channel,
 
 void RendezvousClient::PrepareContext(grpc::ClientContext* context, absl::Duration timeout) const {
   // Bounded, so that an "infinite" wait still gets a representable deadline.
-  // gRPC wants a system_clock deadline and turns it into its own monotonic
-  // one at once: taken from the wall clock right before the call, a step
-  // cannot land in between.
-  context->set_deadline(std::chrono::system_clock::now() +
-                        std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                            absl::ToChronoNanoseconds(std::min(timeout, absl::Hours(24 * 7)))));
+  // A deadline on gRPC's monotonic clock: one taken from the wall clock
+  // expires at once when the clock steps forward between this line and the
+  // call's start (a preempted thread on a loaded machine is enough).
+  const int64_t ms = absl::ToInt64Milliseconds(std::min(timeout, absl::Hours(24 * 7)));
+  context->set_deadline(
+      gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(ms, GPR_TIMESPAN)));
   // Wait for the channel to (re)connect within the deadline instead of
   // failing at once: followers may start before the leader listens.
   context->set_wait_for_ready(true);

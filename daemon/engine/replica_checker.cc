@@ -122,13 +122,17 @@ absl::Status ReplicaChecker::Check(const Trainer& caller, uint64_t iteration,
         if (refused.ok()) {
           spdlog::info("event=replicas_equal iteration={} trainers={} tensors={}", iteration_,
                        count_, layout_.size());
+          std::fill(arrived_.begin(), arrived_.end(), 0);
+          count_ = 0;
+          last_result_ = refused;
+          ++rounds_done_;
+          cv_.SignalAll();
+          return absl::OkStatus();
         }
-        std::fill(arrived_.begin(), arrived_.end(), 0);
-        count_ = 0;
-        last_result_ = refused;
-        ++rounds_done_;
-        cv_.SignalAll();
-        if (refused.ok()) return absl::OkStatus();
+        // A difference fails the job before any waiting trainer hears of
+        // it (the job's failure reaches them through Abort): one told
+        // first could close, and its departure would fail the job in its
+        // own name instead of the mismatch's.
       } else {
         while (rounds_done_ == mine && failed_.ok()) {
           const absl::Time now = MonotonicNow();
