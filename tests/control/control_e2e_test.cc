@@ -308,9 +308,9 @@ TEST(ControlE2eTest, ConfigSetMidRunRebuildsThePlanAtABoundaryAndTrainingStaysEx
     ps.push_back(StartTrainer(daemon, r, {steps, "--fp64", "--sleep-ms=40"}, outs.back()));
   }
   const std::string ref_out = daemon.dir() + "/weights.single";
-  Process ref = Process::Spawn(
-      {Runfile("examples/mlp_trainer"), "--single", "--quiet", "--fp64", steps, "--out=" + ref_out},
-      daemon.dir() + "/single.log");
+  Process ref = Process::Spawn({Runfile("tests/testing/fault_trainer"), "--single", "--quiet",
+                                "--fp64", steps, "--out=" + ref_out},
+                               daemon.dir() + "/single.log");
 
   ASSERT_TRUE(WaitForIterations(addr, 3)) << daemon.process().Log();
   const CtlResult get0 = RunCtl(addr, {"config", "get"});
@@ -910,8 +910,8 @@ TEST(ControlE2eTest, DrainStopsAfterTheIterationInFlightWhileTrainersKeepTrainin
   for (int r = 0; r < 2; ++r) {
     SpawnOptions options;
     options.env = {{"LOCAL_RANK", std::to_string(r)}};
-    ps.push_back(Process::Spawn({Runfile("examples/mlp_trainer"), "--socket=" + daemon.socket(),
-                                 "--steps=1000", "--sleep-ms=1500"},
+    ps.push_back(Process::Spawn({Runfile("tests/testing/fault_trainer"),
+                                 "--socket=" + daemon.socket(), "--steps=1000", "--sleep-ms=1500"},
                                 absl::StrCat(daemon.dir(), "/drain.trainer", r), options));
   }
   ASSERT_TRUE(WaitForIterations(addr, 2)) << daemon.process().Log();

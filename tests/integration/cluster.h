@@ -37,7 +37,7 @@ class Cluster {
   // overrides the job's. The leader keeps its port across restarts.
   bool StartNode(int n, const std::string& token_file = "");
 
-  // Starts local_size trainers (examples/mlp_trainer) on every node with
+  // Starts local_size trainers (tests/testing/fault_trainer) on every node with
   // `args`, node-major; each writes its weights to its own file in dir(),
   // named after `tag`, and `outs` gets those paths in the same order.
   std::vector<Process> StartTrainers(const std::vector<std::string>& args,

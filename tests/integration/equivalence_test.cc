@@ -1,6 +1,6 @@
 // Training through gradsync equals single-process training on the whole
 // batch: N trainers, each on 1/N of every global batch, against
-// `mlp_trainer --single` on the whole batch, after 20 steps. The layout has
+// `fault_trainer --single` on the whole batch, after 20 steps. The layout has
 // several buckets (tiny caps), a tensor larger than the cap (fc1.weight)
 // and 1-element tensors (fc2.bias, gate); "gate" is unused on some steps,
 // by every trainer or (partly_unused cases) by some trainers only, whose
@@ -64,8 +64,8 @@ TEST_P(EquivalenceTest, MatchesSingleProcessOnTheWholeBatch) {
                                            << daemon.process().Log();
   }
 
-  std::vector<std::string> ref_args = {Runfile("examples/mlp_trainer"), "--single", "--quiet",
-                                       "--out=" + daemon.dir() + "/reference.txt"};
+  std::vector<std::string> ref_args = {Runfile("tests/testing/fault_trainer"), "--single",
+                                       "--quiet", "--out=" + daemon.dir() + "/reference.txt"};
   ref_args.insert(ref_args.end(), args.begin(), args.end());
   Process ref = Process::Spawn(ref_args, daemon.dir() + "/reference.log");
   ExitStatus rs = ref.Wait(seconds(60));
@@ -90,6 +90,51 @@ TEST_P(EquivalenceTest, MatchesSingleProcessOnTheWholeBatch) {
   // plan was rebuilt after iteration 0 (buckets no longer contiguous), and
   // training stayed equivalent across the change.
   EXPECT_NE(log.find("event=plan_rebuilt iteration=1"), std::string::npos) << log;
+}
+
+// The example the demo runs (examples/mlp_trainer, no fault flags) trains
+// through gradsync to what it trains alone, and to what the tests' trainer
+// (the same model with fault flags) trains alone.
+TEST(ExampleTrainerTest, TwoExampleTrainersEqualTheExampleAndTheTestTrainerOnTheWholeBatch) {
+  Daemon daemon(2, kSmallBuckets);
+  ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+  const std::vector<std::string> args = {"--steps=10", "--fp64", "--accumulate=2"};
+  auto argv = [&](const std::string& binary, const std::vector<std::string>& more) {
+    std::vector<std::string> v = {Runfile(binary), "--quiet"};
+    v.insert(v.end(), args.begin(), args.end());
+    v.insert(v.end(), more.begin(), more.end());
+    return v;
+  };
+  std::vector<Process> trainers;
+  for (int r = 0; r < 2; ++r) {
+    SpawnOptions options;
+    options.env = {{"LOCAL_RANK", std::to_string(r)}};
+    trainers.push_back(Process::Spawn(
+        argv("examples/mlp_trainer", {"--socket=" + daemon.socket(),
+                                      absl::StrCat("--out=", daemon.dir(), "/w", r, ".txt")}),
+        absl::StrCat(daemon.dir(), "/trainer", r, ".log"), options));
+  }
+  for (int r = 0; r < 2; ++r) {
+    const ExitStatus st = trainers[r].Wait(seconds(60));
+    ASSERT_TRUE(st.exited && st.code == 0) << "trainer " << r << " " << st.ToString() << "\n"
+                                           << trainers[r].Log() << "\ndaemon:\n"
+                                           << daemon.process().Log();
+  }
+  for (const std::string binary : {"examples/mlp_trainer", "tests/testing/fault_trainer"}) {
+    const std::string out = daemon.dir() + "/" + (binary[0] == 'e' ? "example" : "test") + ".txt";
+    Process single = Process::Spawn(argv(binary, {"--single", "--out=" + out}), out + ".log");
+    const ExitStatus st = single.Wait(seconds(60));
+    ASSERT_TRUE(st.exited && st.code == 0) << binary << " " << st.ToString() << single.Log();
+  }
+  const std::vector<double> example = LoadWeights(daemon.dir() + "/example.txt");
+  ASSERT_FALSE(example.empty());
+  EXPECT_EQ(LoadWeights(daemon.dir() + "/test.txt"), example);
+  for (int r = 0; r < 2; ++r) {
+    const std::vector<double> got = LoadWeights(absl::StrCat(daemon.dir(), "/w", r, ".txt"));
+    ASSERT_EQ(got.size(), example.size()) << "trainer " << r;
+    EXPECT_LE(RelativeDifference(got, example), 1e-12) << "trainer " << r;
+  }
+  EXPECT_EQ(LoadWeights(daemon.dir() + "/w0.txt"), LoadWeights(daemon.dir() + "/w1.txt"));
 }
 
 INSTANTIATE_TEST_SUITE_P(

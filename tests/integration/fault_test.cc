@@ -282,9 +282,10 @@ TEST(MisuseTest, WriteAfterMarkInDebugModeNamesTheTrainerAndTheTensor) {
   Process honest = StartTrainer(daemon, 0, {"--steps=3"}, "");
   SpawnOptions debug;
   debug.env = {{"LOCAL_RANK", "1"}, {"GRADSYNC_DEBUG", "detail"}};
-  Process writer = Process::Spawn({Runfile("examples/mlp_trainer"), "--socket=" + daemon.socket(),
-                                   "--quiet", "--steps=3", "--write-after-mark"},
-                                  daemon.dir() + "/writer.log", debug);
+  Process writer =
+      Process::Spawn({Runfile("tests/testing/fault_trainer"), "--socket=" + daemon.socket(),
+                      "--quiet", "--steps=3", "--write-after-mark"},
+                     daemon.dir() + "/writer.log", debug);
   ExitStatus w = writer.Wait(kBound), h = honest.Wait(kBound);
   EXPECT_EQ(w.code, 10 + 1 /*INVALID_ARGUMENT*/) << writer.Log() << daemon.process().Log();
   EXPECT_NE(writer.Log().find("rank 1 (local 1"), std::string::npos) << writer.Log();
@@ -387,7 +388,7 @@ TEST(FaultTest, TruncatedNodeSegmentFailsTheJobNotTheDaemonAndTheNextJobTrains) 
 TEST(FaultTest, ConnectWithoutDaemonIsUnavailable) {
   ScratchDir dir;
   Process p = Process::Spawn(
-      {Runfile("examples/mlp_trainer"), "--socket=" + dir.File("none.sock"), "--steps=1"},
+      {Runfile("tests/testing/fault_trainer"), "--socket=" + dir.File("none.sock"), "--steps=1"},
       dir.File("t.log"));
   EXPECT_EQ(p.Wait(kBound).code, 10 + 2 /*UNAVAILABLE*/);
   EXPECT_NE(p.Log().find("is the daemon running?"), std::string::npos) << p.Log();

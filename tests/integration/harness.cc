@@ -127,8 +127,8 @@ bool WaitStopped(Process& p, std::chrono::milliseconds timeout) {
 
 Process StartTrainer(const Daemon& daemon, int local_rank, const std::vector<std::string>& args,
                      const std::string& out_path) {
-  std::vector<std::string> argv = {Runfile("examples/mlp_trainer"), "--socket=" + daemon.socket(),
-                                   "--quiet"};
+  std::vector<std::string> argv = {Runfile("tests/testing/fault_trainer"),
+                                   "--socket=" + daemon.socket(), "--quiet"};
   if (!out_path.empty()) argv.push_back("--out=" + out_path);
   argv.insert(argv.end(), args.begin(), args.end());
   SpawnOptions options;
@@ -163,7 +163,7 @@ std::vector<double> LoadWeights(const std::string& path) {
 
 std::vector<double> SingleProcessReference(const std::string& dir,
                                            const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {Runfile("examples/mlp_trainer"), "--single", "--quiet",
+  std::vector<std::string> argv = {Runfile("tests/testing/fault_trainer"), "--single", "--quiet",
                                    "--out=" + dir + "/reference.txt"};
   argv.insert(argv.end(), args.begin(), args.end());
   Process p = Process::Spawn(argv, dir + "/reference.log");

@@ -48,13 +48,13 @@ class Daemon {
 // `timeout` or once `process` (the one that should listen) exited.
 bool WaitForSocket(Process& process, const std::string& path, std::chrono::milliseconds timeout);
 
-// Trainer flags and outputs for examples/mlp_trainer.
+// Trainer flags and outputs for tests/testing/fault_trainer.
 struct TrainerRun {
   std::vector<std::string> args;  // extra flags
   std::string out;                // weights file
 };
 
-// examples/mlp_trainer exits with 10 + the gs_status that stopped it
+// tests/testing/fault_trainer exits with 10 + the gs_status that stopped it
 // (client/gradsync.h), so tests can assert the exact code.
 inline constexpr int kExitInvalidArgument = 11;
 inline constexpr int kExitUnavailable = 12;
@@ -69,11 +69,11 @@ inline constexpr int kExitResourceExhausted = 18;
 // before the stop takes effect); false past `timeout` or once it exited.
 bool WaitStopped(Process& p, std::chrono::milliseconds timeout);
 
-// Starts examples/mlp_trainer with LOCAL_RANK=local_rank.
+// Starts tests/testing/fault_trainer with LOCAL_RANK=local_rank.
 Process StartTrainer(const Daemon& daemon, int local_rank, const std::vector<std::string>& args,
                      const std::string& out_path);
 
-// Starts `trainers` examples/mlp_trainer on `daemon` with `args` and expects
+// Starts `trainers` tests/testing/fault_trainer on `daemon` with `args` and expects
 // each to succeed within `bound`; `why` names the job in a failure.
 void ExpectTrains(Daemon& daemon, int trainers, const std::string& why,
                   std::chrono::milliseconds bound = std::chrono::seconds(60),
@@ -82,7 +82,7 @@ void ExpectTrains(Daemon& daemon, int trainers, const std::string& why,
 // Loads a weights file ("name value" per line).
 std::vector<double> LoadWeights(const std::string& path);
 
-// The weights examples/mlp_trainer --single reaches with `args`: one process
+// The weights tests/testing/fault_trainer --single reaches with `args`: one process
 // training on the whole batch, what every distributed run must equal. Its
 // files go to `dir`; a failed run is a test failure (and gives no weights).
 std::vector<double> SingleProcessReference(const std::string& dir,

@@ -22,9 +22,9 @@ Process StartTrainerWithWorldSize(const Daemon& daemon, int local_rank,
                                   const std::string& world_size) {
   SpawnOptions options;
   options.env = {{"LOCAL_RANK", std::to_string(local_rank)}, {"WORLD_SIZE", world_size}};
-  return Process::Spawn(
-      {Runfile("examples/mlp_trainer"), "--socket=" + daemon.socket(), "--quiet", "--steps=3"},
-      daemon.dir() + "/trainer" + std::to_string(local_rank) + ".log", options);
+  return Process::Spawn({Runfile("tests/testing/fault_trainer"), "--socket=" + daemon.socket(),
+                         "--quiet", "--steps=3"},
+                        daemon.dir() + "/trainer" + std::to_string(local_rank) + ".log", options);
 }
 
 TEST(LauncherWorldSizeTest, AMismatchIsRefusedAtRegisterNamingBothSizes) {

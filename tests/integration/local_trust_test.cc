@@ -46,9 +46,9 @@ TEST_F(LocalTrustTest, AnotherUserCannotAttachAndTheDaemonKeepsServing) {
 
   SpawnOptions rank0;
   rank0.env = {{"LOCAL_RANK", "0"}};
-  Process intruder = Process::Spawn(
-      other.Argv({other.Share("examples/mlp_trainer"), "--socket=" + daemon.socket(), "--steps=1"}),
-      daemon.dir() + "/intruder.log", rank0);
+  Process intruder = Process::Spawn(other.Argv({other.Share("tests/testing/fault_trainer"),
+                                                "--socket=" + daemon.socket(), "--steps=1"}),
+                                    daemon.dir() + "/intruder.log", rank0);
   const ExitStatus st = intruder.Wait(kBound);
   EXPECT_EQ(st.code, kExitUnavailable) << st.ToString() << "\n" << intruder.Log();
   EXPECT_THAT(intruder.Log(),
@@ -79,7 +79,7 @@ TEST_F(LocalTrustTest, RootTrainerRefusesADaemonOfAnotherUser) {
       TestTmpDir() + "/fake_daemon.log");
   ASSERT_TRUE(WaitForSocket(fake, socket, seconds(10))) << fake.Log();
 
-  const std::string trainer_bin = Runfile("examples/mlp_trainer");
+  const std::string trainer_bin = Runfile("tests/testing/fault_trainer");
   Process fooled =
       Process::Spawn({trainer_bin, "--socket=" + socket, "--steps=3"}, dir.File("trainer.log"));
   EXPECT_EQ(fooled.Wait(kBound).code, kExitUnavailable) << fooled.Log();

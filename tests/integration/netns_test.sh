@@ -13,7 +13,7 @@ set -euo pipefail
 
 root=$(pwd)
 daemon=$root/daemon/gradsyncd
-trainer=$root/examples/mlp_trainer
+trainer=$root/tests/testing/fault_trainer
 tag=gsn$$
 ns0=${tag}a ns1=${tag}b
 if0=${tag}0 if1=${tag}1

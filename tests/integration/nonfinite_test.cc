@@ -1,6 +1,6 @@
 // Non-finite gradients (--nonfinite) with real daemons and trainer
 // processes: one trainer writes a NaN (or Inf) into fc1.weight[5] at step 2
-// (examples/mlp_trainer --poison), on one node of 2 trainers and in a job of
+// (tests/testing/fault_trainer --poison), on one node of 2 trainers and in a job of
 // 2 nodes x 2 trainers. error: every trainer fails with INVALID_ARGUMENT
 // naming the culprit trainer (rank, local rank, pid, node, host), the
 // tensor, the index and the value; skip: every trainer skips step 2's

@@ -1,0 +1,505 @@
+// fault_trainer: examples/mlp_trainer (the model and its training in
+// examples/mlp_training.h) with the flags the integration tests use to
+// fault it and to reach every corner of the C ABI: pause points (SIGSTOP at
+// a stage), withheld or late-written gradients, an extra tensor, a slow
+// backward, a random marking order, unused parameters (the "gate": unused
+// on steps % --gate-every == 0, by the first --gate-unused-first samples
+// only), uneven inputs (gs_join), poisoned gradients, a bounded gs_wait.
+// `--single` runs the one-process reference of each (no daemon).
+//
+// It exits with 10 + the gs_status that stopped it, and prints the lines
+// the tests wait for under mlp_trainer's name ("mlp_trainer: paused at
+// backward", "mlp_trainer: gs_wait failed: ... error=\"...\"").
+#include <getopt.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/gradsync.h"
+#include "examples/mlp_training.h"
+
+namespace {
+
+using mlp::Die;
+using mlp::Model;
+
+struct Options {
+  int steps = 20;
+  int batch = 64;  // global batch per step (split across trainers)
+  int dim = 16;
+  int hidden = 32;
+  double lr = 0.1;
+  bool fp64 = false;
+  bool single = false;         // reference: one process, whole batch, no daemon
+  int accumulate = 1;          // micro-batches per optimizer step (no_sync for the first k-1)
+  int gate_every = 0;          // > 0: the "gate" parameter is unused on steps % gate_every == 0
+  int gate_unused_first = -1;  // >= 0: ... but only by samples [0, N) of the global batch
+  bool stale_unused = false;   // leave non-zero garbage in a gradient before gs_mark_unused
+  unsigned shuffle_seed = 0;   // > 0: mark gradients ready in a random order
+  int sleep_ms = 0;            // pause inside backward (to kill a trainer mid-iteration)
+  int rank_env = -1;
+  int world_env = 1;
+  std::string out;  // write final parameters here
+  std::string socket;
+  int64_t wait_timeout_ms = -1;
+  bool quiet = false;
+  bool print_loss = false;   // each step's loss even when quiet (convergence tests)
+  std::string extra_tensor;  // register one more tensor (layout mismatch tests)
+  int withhold = -1;         // never mark this parameter after step 0 (stall/timeout tests)
+  // Fault tests: stop this process (SIGSTOP) at a stage so a test can fault
+  // it, or its daemon, there deterministically: "attach" (connected, not
+  // registered), "register" (registered, nothing marked), "backward" (step
+  // kPauseStep, one gradient marked), "marked" (step kPauseStep, every
+  // gradient marked, before gs_wait). SIGCONT resumes it.
+  std::string pause_at;
+  bool write_after_mark = false;  // misuse: change step 0's first marked gradient after its mark
+  // Uneven inputs (gs_join): rank r runs join_steps[r] steps, then joins.
+  // With --single: the reference DDP's Join defines — each step, the sum of
+  // the shard gradients of the ranks still running, divided by the world
+  // size or (join_divide_by_active) by how many still run.
+  std::vector<int> join_steps;
+  bool join_divide_by_active = false;
+  std::string after_join;  // misuse tests: "join" or "mark" once gs_join returned
+  // Non-finite tests: rank poison_rank writes poison_value into fc1.weight's
+  // element kPoisonIndex at step poison_step, just before marking it. A
+  // step gs_iteration_skipped names is not applied; with --single the
+  // reference skips poison_step (what --nonfinite=skip must equal).
+  int poison_rank = -1, poison_step = -1;
+  double poison_value = std::nan("");
+};
+
+constexpr size_t kPoisonIndex = 5;
+
+constexpr int kPauseStep = 2;
+
+// Says where it stops, then stops: the test waits for the line and for the
+// stopped state in /proc rather than guessing a delay.
+void PauseAt(const Options& opt, const char* stage) {
+  if (opt.pause_at != stage) return;
+  std::fprintf(stderr, "mlp_trainer: paused at %s\n", stage);
+  std::fflush(stderr);
+  raise(SIGSTOP);
+}
+
+// mlp::Backward over samples [first, last) with the fault flags' twists:
+// --shuffle-seed marks the gradients in a random order, --sleep-ms pauses
+// after fc2.weight (to kill a trainer mid-iteration). `mark` is called as
+// each gradient is final.
+template <typename T>
+double Backward(const Model<T>& m, int step, int micro, int first, int last, double denominator,
+                int gate_from, T* const* grads, const Options& opt, void (*mark)(int, void*),
+                void* mark_ctx) {
+  std::vector<int> order = mlp::BackwardOrder();
+  if (opt.shuffle_seed != 0) {
+    std::mt19937 gen(opt.shuffle_seed * 7919 + step * 31 + micro);
+    std::shuffle(order.begin(), order.end(), gen);
+  }
+  const mlp::Samples samples{step, micro, first, last, denominator, gate_from};
+  return mlp::Backward(m, samples, grads, order, [&](int p) {
+    if (opt.sleep_ms > 0 && p == Model<T>::kW2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(opt.sleep_ms));
+    }
+    if (mark) mark(p, mark_ctx);
+  });
+}
+
+// What a gradsync call reported to the mark callback of Backward.
+struct MarkCtx {
+  gs_client* c;
+  bool gate_used;
+  int withhold;
+  bool stale_unused;
+  const Options* opt;
+  bool pause_step = false;  // this is step kPauseStep: pause after the first mark
+  int marked = 0;           // gradients marked this step
+  bool write_after_mark = false;
+  bool poison = false;  // this rank and step: poison fc1.weight before its mark
+  gs_status status = GS_OK;
+};
+
+template <typename T>
+void MarkGradient(int p, void* v) {
+  auto* m = static_cast<MarkCtx*>(v);
+  if (m->status != GS_OK || p == m->withhold) return;
+  if (p == Model<T>::kGate && !m->gate_used) {
+    // A framework may leave an old value in an unused gradient's buffer;
+    // gs_mark_unused promises the gradient contributes zeros regardless.
+    if (m->stale_unused) static_cast<T*>(gs_grad_buffer(m->c, p))[0] = T(0.75);
+    m->status = gs_mark_unused(m->c, p);
+  } else {
+    if (m->poison && p == Model<T>::kW1) {
+      static_cast<T*>(gs_grad_buffer(m->c, p))[kPoisonIndex] = static_cast<T>(m->opt->poison_value);
+    }
+    m->status = gs_mark_ready(m->c, p);
+    if (m->status == GS_OK && m->write_after_mark) {
+      // What GRADSYNC_DEBUG=detail exists to catch: the daemon may
+      // already be reading this gradient.
+      static_cast<T*>(gs_grad_buffer(m->c, p))[0] += T(1);
+      m->write_after_mark = false;
+    }
+  }
+  if (m->pause_step && ++m->marked == 1) PauseAt(*m->opt, "backward");
+}
+
+// One trainer's run: the model, where its gradients live (gradsync's
+// buffers, or local ones with --single) and its shard of every batch.
+template <typename T>
+struct Trainer {
+  explicit Trainer(const Options& o) : opt(o), model(o.dim, o.hidden) {}
+
+  const Options& opt;
+  Model<T> model;
+  gs_client* c = nullptr;
+  int rank = 0, world = 1;
+  std::vector<std::vector<T>> local_grads = std::vector<std::vector<T>>(Model<T>::kCount);
+  T* grads[Model<T>::kCount + 1];
+  bool uneven = false;  // --join-steps
+  int join_world = 0;
+  int first = 0, last = 0;  // this trainer's samples of each global batch
+  int steps = 0;
+};
+
+// Connects and registers the model's gradients with gradsync (the
+// gradients then live in its buffers), or with --single gives them local
+// buffers. Returns 0, or the exit code.
+template <typename T>
+int Attach(Trainer<T>& t) {
+  const Options& opt = t.opt;
+  const int nparams = Model<T>::kCount;
+  if (opt.single) {
+    for (int p = 0; p < nparams; ++p) {
+      t.local_grads[p].assign(t.model.params[p].size(), T(0));
+      t.grads[p] = t.local_grads[p].data();
+    }
+    return 0;
+  }
+  gs_connect_options co{};
+  co.socket_path = opt.socket.empty() ? nullptr : opt.socket.c_str();
+  co.local_rank = -1;
+  co.timeout_ms = 10000;
+  gs_status st = gs_connect(&co, &t.c);
+  if (st != GS_OK) return Die(t.c, "gs_connect", st);
+  PauseAt(opt, "attach");
+  std::vector<gs_tensor_spec> specs = mlp::TensorSpecs(t.model);
+  if (!opt.extra_tensor.empty()) {
+    specs.push_back({opt.extra_tensor.c_str(), specs[0].dtype, 1, -1, nullptr});
+  }
+  st = gs_register(t.c, specs.data(), specs.size());
+  if (st != GS_OK) return Die(t.c, "gs_register", st);
+  st = gs_world(t.c, &t.rank, &t.world);
+  if (st != GS_OK) return Die(t.c, "gs_world", st);
+  PauseAt(opt, "register");
+  for (int p = 0; p < nparams; ++p) t.grads[p] = static_cast<T*>(gs_grad_buffer(t.c, p));
+  return 0;
+}
+
+// This trainer's shard and step count; 2 when the batch does not split.
+template <typename T>
+int PlanShard(Trainer<T>& t) {
+  const Options& opt = t.opt;
+  if (opt.batch % t.world != 0) {
+    std::fprintf(stderr, "mlp_trainer: --batch %d is not divisible by the world size %d\n",
+                 opt.batch, t.world);
+    return 2;
+  }
+  t.uneven = !opt.join_steps.empty();
+  t.join_world = static_cast<int>(opt.join_steps.size());
+  if (t.uneven && !opt.single && t.join_world != t.world) {
+    std::fprintf(stderr, "mlp_trainer: --join-steps lists %d ranks, the world has %d\n",
+                 t.join_world, t.world);
+    return 2;
+  }
+  if (t.uneven && opt.single && opt.batch % t.join_world != 0) return 2;
+  const int shard = opt.batch / t.world;
+  t.first = t.rank * shard;
+  t.last = t.first + shard;
+  t.steps = opt.steps;
+  if (t.uneven) {
+    t.steps = opt.single ? *std::max_element(opt.join_steps.begin(), opt.join_steps.end())
+                         : opt.join_steps[t.rank];
+  }
+  return 0;
+}
+
+// --single with --join-steps: DDP's Join, where the ranks still running
+// contribute and the joined ones zeros. Returns the summed loss.
+template <typename T>
+double JoinReferenceBackward(Trainer<T>& t, int step, int gate_from) {
+  const Options& opt = t.opt;
+  const int join_shard = opt.batch / t.join_world;
+  int active = 0;
+  double loss = 0;
+  for (int r = 0; r < t.join_world; ++r) {
+    if (opt.join_steps[r] <= step) continue;
+    ++active;
+    loss += Backward(t.model, step, 0, r * join_shard, (r + 1) * join_shard, double(join_shard),
+                     gate_from, t.grads, opt, nullptr, nullptr);
+  }
+  const T divisor = static_cast<T>(opt.join_divide_by_active ? active : t.join_world);
+  for (int p = 0; p < Model<T>::kCount; ++p) {
+    for (T& g : t.local_grads[p]) g /= divisor;
+  }
+  return loss;
+}
+
+// One optimizer step: its micro-batches' backward passes (each synced
+// through gradsync, the last one reduced), then SGD. Returns 0, or the
+// exit code.
+template <typename T>
+int Step(Trainer<T>& t, int step, MarkCtx& mctx) {
+  const Options& opt = t.opt;
+  const int nparams = Model<T>::kCount;
+  gs_client* c = t.c;
+  const bool gate_step = opt.gate_every <= 0 || step % opt.gate_every != 0;
+  // The first sample (global batch index) that uses the gate this step.
+  const int gate_from = gate_step                    ? 0
+                        : opt.gate_unused_first >= 0 ? opt.gate_unused_first
+                                                     : opt.batch;
+  const bool gate_used = t.last > gate_from;
+  double loss = 0;
+  if (t.uneven && opt.single) loss += JoinReferenceBackward(t, step, gate_from);
+  for (int micro = 0; micro < (t.uneven && opt.single ? 0 : opt.accumulate); ++micro) {
+    const bool sync = micro == opt.accumulate - 1;
+    if (c) {
+      gs_status st = gs_set_sync(c, sync ? 1 : 0);
+      if (st != GS_OK) return Die(c, "gs_set_sync", st);
+      if (!opt.extra_tensor.empty()) {
+        st = gs_mark_ready(c, nparams);
+        if (st != GS_OK) return Die(c, "gs_mark_ready", st);
+      }
+    }
+    mctx.gate_used = gate_used;
+    mctx.withhold = step > 0 ? opt.withhold : -1;
+    mctx.pause_step = step == kPauseStep && sync;
+    mctx.marked = 0;
+    mctx.write_after_mark = opt.write_after_mark && step == 0 && sync;
+    mctx.poison = sync && step == opt.poison_step && t.rank == opt.poison_rank;
+    loss += Backward(t.model, step, micro, t.first, t.last, double(t.last - t.first), gate_from,
+                     t.grads, opt, c ? &MarkGradient<T> : nullptr, &mctx);
+    if (c && mctx.status != GS_OK) return Die(c, "gs_mark_ready", mctx.status);
+    if (mctx.pause_step) PauseAt(opt, "marked");
+    if (c) {
+      gs_status st = gs_wait(c, opt.wait_timeout_ms);
+      if (st != GS_OK) return Die(c, "gs_wait", st);
+    }
+  }
+  // Single process: the gradient is already the mean over the batch. With
+  // gradsync it is the average of the trainers' shard means, the same thing.
+  // A skipped step (--nonfinite=skip) only zeroes the gradients.
+  const bool apply = c ? gs_iteration_skipped(c) == 0 : step != opt.poison_step;
+  if (!apply && c && t.rank == 0) std::printf("step %d skipped: non-finite gradients\n", step);
+  mlp::SgdStep(t.model, t.grads, opt.lr, apply);
+  if ((!opt.quiet || opt.print_loss) && t.rank == 0) {
+    std::printf("step %3d  loss %.6f  (rank %d of %d)\n", step,
+                loss / (double(t.last - t.first) * opt.accumulate), t.rank, t.world);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+// After the last step: gs_join when out of data (uneven inputs), then the
+// final weights (checksum, --out). Returns 0, or the exit code.
+template <typename T>
+int Finish(Trainer<T>& t) {
+  const Options& opt = t.opt;
+  gs_client* c = t.c;
+  if (c && t.uneven) {
+    // Out of data: the others go on without this trainer; wait for them.
+    gs_status st = gs_join(c, opt.join_divide_by_active ? 0 : 1);
+    if (st != GS_OK) return Die(c, "gs_join", st);
+    if (opt.after_join == "join") return Die(c, "second gs_join", gs_join(c, 1));
+    if (opt.after_join == "mark") return Die(c, "gs_mark_ready after gs_join", gs_mark_ready(c, 0));
+  }
+  if (!opt.quiet) {
+    std::printf("rank %d final weights checksum %.15g\n", t.rank, mlp::Checksum(t.model));
+  }
+  if (!opt.out.empty() && !mlp::WriteWeights(t.model, opt.out)) return 3;
+  if (c) gs_close(c);
+  return 0;
+}
+
+template <typename T>
+int Run(const Options& opt) {
+  Trainer<T> t(opt);
+  if (int code = Attach(t); code != 0) return code;
+  if (int code = PlanShard(t); code != 0) return code;
+  MarkCtx mctx{t.c, true, -1, opt.stale_unused, &opt};
+  for (int step = 0; step < t.steps; ++step) {
+    if (int code = Step(t, step, mctx); code != 0) return code;
+  }
+  return Finish(t);
+}
+
+}  // namespace
+
+namespace {
+
+void PrintUsage() {
+  std::fprintf(stderr,
+               "usage: fault_trainer [--steps N] [--batch N] [--hidden N] [--dim N] [--lr X]\n"
+               "  [--fp64] [--single] [--accumulate K] [--gate-every K]\n"
+               "  [--gate-unused-first N] [--stale-unused] [--shuffle-seed S] [--sleep-ms N]\n"
+               "  [--out FILE] [--socket PATH] [--wait-timeout-ms N] [--quiet] [--print-loss]\n"
+               "  fault tests: [--extra-tensor NAME] [--withhold P] [--write-after-mark]\n"
+               "  [--pause-at attach|register|backward|marked]\n"
+               "  uneven inputs: [--join-steps N0,N1,... (steps per rank, then gs_join)]\n"
+               "  [--join-divide-by-active] [--after-join join|mark]\n"
+               "  non-finite gradients: [--poison RANK:STEP[:VALUE] (fc1.weight[5] = VALUE,\n"
+               "  default nan; --single: skip STEP's update, the --nonfinite=skip reference)]\n"
+               "  (LOCAL_RANK selects the trainer's local rank)\n");
+}
+
+// --poison RANK:STEP[:VALUE] (VALUE: nan, inf, -inf, ...; default nan).
+bool ParsePoison(const char* arg, Options& opt) {
+  char* end = nullptr;
+  opt.poison_rank = static_cast<int>(std::strtol(arg, &end, 10));
+  if (*end != ':') return false;
+  opt.poison_step = static_cast<int>(std::strtol(end + 1, &end, 10));
+  if (*end == ':') opt.poison_value = std::strtod(end + 1, &end);
+  return *end == '\0';
+}
+
+// The command line into `opt`; false (after a usage message where the flag
+// is unknown) when it does not parse.
+bool ParseFlags(int argc, char** argv, Options& opt) {
+  static option longopts[] = {{"steps", required_argument, nullptr, 's'},
+                              {"batch", required_argument, nullptr, 'b'},
+                              {"hidden", required_argument, nullptr, 'H'},
+                              {"dim", required_argument, nullptr, 'D'},
+                              {"lr", required_argument, nullptr, 'l'},
+                              {"fp64", no_argument, nullptr, '6'},
+                              {"single", no_argument, nullptr, '1'},
+                              {"accumulate", required_argument, nullptr, 'a'},
+                              {"gate-every", required_argument, nullptr, 'g'},
+                              {"gate-unused-first", required_argument, nullptr, 'G'},
+                              {"stale-unused", no_argument, nullptr, 'u'},
+                              {"shuffle-seed", required_argument, nullptr, 'r'},
+                              {"sleep-ms", required_argument, nullptr, 'z'},
+                              {"out", required_argument, nullptr, 'o'},
+                              {"socket", required_argument, nullptr, 'S'},
+                              {"wait-timeout-ms", required_argument, nullptr, 'w'},
+                              {"extra-tensor", required_argument, nullptr, 'x'},
+                              {"quiet", no_argument, nullptr, 'q'},
+                              {"print-loss", no_argument, nullptr, 'L'},
+                              {"withhold", required_argument, nullptr, 'W'},
+                              {"pause-at", required_argument, nullptr, 'P'},
+                              {"write-after-mark", no_argument, nullptr, 'A'},
+                              {"join-steps", required_argument, nullptr, 'J'},
+                              {"join-divide-by-active", no_argument, nullptr, 'j'},
+                              {"after-join", required_argument, nullptr, 'K'},
+                              {"poison", required_argument, nullptr, 'N'},
+                              {nullptr, 0, nullptr, 0}};
+  int ch;
+  while ((ch = getopt_long(argc, argv, "", longopts, nullptr)) != -1) {
+    switch (ch) {
+      case 's':
+        opt.steps = std::atoi(optarg);
+        break;
+      case 'b':
+        opt.batch = std::atoi(optarg);
+        break;
+      case 'H':
+        opt.hidden = std::atoi(optarg);
+        break;
+      case 'D':
+        opt.dim = std::atoi(optarg);
+        break;
+      case 'l':
+        opt.lr = std::atof(optarg);
+        break;
+      case '6':
+        opt.fp64 = true;
+        break;
+      case '1':
+        opt.single = true;
+        break;
+      case 'a':
+        opt.accumulate = std::max(1, std::atoi(optarg));
+        break;
+      case 'g':
+        opt.gate_every = std::atoi(optarg);
+        break;
+      case 'G':
+        opt.gate_unused_first = std::atoi(optarg);
+        break;
+      case 'u':
+        opt.stale_unused = true;
+        break;
+      case 'r':
+        opt.shuffle_seed = static_cast<unsigned>(std::atoi(optarg));
+        break;
+      case 'z':
+        opt.sleep_ms = std::atoi(optarg);
+        break;
+      case 'o':
+        opt.out = optarg;
+        break;
+      case 'S':
+        opt.socket = optarg;
+        break;
+      case 'w':
+        opt.wait_timeout_ms = std::atoll(optarg);
+        break;
+      case 'x':
+        opt.extra_tensor = optarg;
+        break;
+      case 'q':
+        opt.quiet = true;
+        break;
+      case 'L':
+        opt.print_loss = true;
+        break;
+      case 'W':
+        opt.withhold = std::atoi(optarg);
+        break;
+      case 'P':
+        opt.pause_at = optarg;
+        break;
+      case 'A':
+        opt.write_after_mark = true;
+        break;
+      case 'J':
+        for (char* p = optarg;;) {
+          char* end = nullptr;
+          const long n = std::strtol(p, &end, 10);
+          if (end == p || n < 0) return false;
+          opt.join_steps.push_back(static_cast<int>(n));
+          if (*end != ',') break;
+          p = end + 1;
+        }
+        break;
+      case 'j':
+        opt.join_divide_by_active = true;
+        break;
+      case 'K':
+        opt.after_join = optarg;
+        break;
+      case 'N':
+        if (!ParsePoison(optarg, opt)) return false;
+        break;
+      default:
+        PrintUsage();
+        return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  if (!ParseFlags(argc, argv, opt)) return 2;
+  return opt.fp64 ? Run<double>(opt) : Run<float>(opt);
+}
