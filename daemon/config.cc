@@ -1,5 +1,6 @@
 #include "daemon/config.h"
 
+#include <string>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -12,23 +13,23 @@
 
 namespace gradsync {
 
-absl::Status ValidateConfig(const DaemonConfig& c) {
-  // Every message names the flags and the values given: the operator sees at
-  // start what to fix, instead of a rendezvous timeout once trainers arrive.
-  auto bad = [](const std::string& m) { return absl::InvalidArgumentError(m); };
-  if (c.socket_path.empty() || c.socket_path.size() >= 100) {
-    return bad(absl::StrCat("--socket '", c.socket_path,
-                            "' must be a path shorter than 100 bytes (unix socket limit)"));
-  }
+namespace {
+
+// Every message names the flags and the values given: the operator sees at
+// start what to fix, instead of a rendezvous timeout once trainers arrive.
+absl::Status Bad(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+// How many nodes, which one this is, and the elastic range.
+absl::Status ValidateJobShape(const DaemonConfig& c) {
   if (c.num_nodes < 1 || c.num_nodes > 4096) {
-    return bad(absl::StrCat("--num-nodes ", c.num_nodes, " is not in [1, 4096]"));
+    return Bad(absl::StrCat("--num-nodes ", c.num_nodes, " is not in [1, 4096]"));
   }
   if (c.min_nodes != 0 && (c.min_nodes < 1 || c.min_nodes > c.num_nodes)) {
-    return bad(absl::StrCat("--min-nodes ", c.min_nodes, " is not in [1, ", c.num_nodes,
+    return Bad(absl::StrCat("--min-nodes ", c.min_nodes, " is not in [1, ", c.num_nodes,
                             "] (--num-nodes ", c.num_nodes, "; 0 or unset: --num-nodes)"));
   }
   if (c.max_nodes != 0 && (c.max_nodes < c.num_nodes || c.max_nodes > 4096)) {
-    return bad(absl::StrCat("--max-nodes ", c.max_nodes, " is not in [", c.num_nodes,
+    return Bad(absl::StrCat("--max-nodes ", c.max_nodes, " is not in [", c.num_nodes,
                             ", 4096] (--num-nodes ", c.num_nodes, "; 0 or unset: --num-nodes)"));
   }
   // An elastic job needs the survivors of a node's death to re-form the
@@ -36,7 +37,7 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   // jobs"), which this daemon cannot do yet: refused at start rather than
   // accepted and then ended by the first death like a fixed job.
   if (c.min_nodes_or_num() != c.num_nodes || c.max_nodes_or_num() != c.num_nodes) {
-    return bad(absl::StrCat(
+    return Bad(absl::StrCat(
         "--min-nodes ", c.min_nodes_or_num(), " --max-nodes ", c.max_nodes_or_num(),
         " with --num-nodes ", c.num_nodes,
         " asks for an elastic job, which this gradsyncd does not support yet (a node's death "
@@ -44,32 +45,37 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
         "equal to --num-nodes, or leave them out"));
   }
   if (c.node_rank < 0 || c.node_rank >= c.num_nodes) {
-    return bad(absl::StrCat("--node-rank ", c.node_rank, " is not in [0, ", c.num_nodes,
+    return Bad(absl::StrCat("--node-rank ", c.node_rank, " is not in [0, ", c.num_nodes,
                             ") (--num-nodes ", c.num_nodes, ")"));
   }
+  return absl::OkStatus();
+}
+
+// Who hosts the rendezvous, and the form of every address flag.
+absl::Status ValidateAddresses(const DaemonConfig& c) {
   // Without --leader a daemon hosts the rendezvous; only node 0 may.
   if (c.num_nodes > 1 && c.node_rank > 0 && c.leader.empty()) {
-    return bad(absl::StrCat("--node-rank ", c.node_rank, " of --num-nodes ", c.num_nodes,
+    return Bad(absl::StrCat("--node-rank ", c.node_rank, " of --num-nodes ", c.num_nodes,
                             " needs --leader HOST:PORT (only node 0 hosts the rendezvous)"));
   }
   if (c.num_nodes > 1 && c.node_rank == 0 && !c.leader.empty()) {
-    return bad(absl::StrCat("--node-rank 0 of --num-nodes ", c.num_nodes,
+    return Bad(absl::StrCat("--node-rank 0 of --num-nodes ", c.num_nodes,
                             " hosts the rendezvous and must not be given --leader ", c.leader,
                             " (drop --leader, or give this node its own --node-rank)"));
   }
   if (c.num_nodes == 1 && !c.leader.empty()) {
-    return bad(absl::StrCat("--leader ", c.leader,
+    return Bad(absl::StrCat("--leader ", c.leader,
                             " needs --num-nodes > 1 (--num-nodes 1 is a single-node job)"));
   }
   if (!c.leader.empty() && c.leader.rfind(':') == std::string::npos) {
-    return bad(absl::StrCat("--leader ", c.leader, " must be HOST:PORT"));
+    return Bad(absl::StrCat("--leader ", c.leader, " must be HOST:PORT"));
   }
   if (!c.metrics_listen.empty()) {
     const size_t colon = c.metrics_listen.rfind(':');
     int port = -1;
     if (colon == std::string::npos || colon == 0 ||
         !absl::SimpleAtoi(c.metrics_listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
-      return bad(absl::StrCat("--metrics-listen ", c.metrics_listen,
+      return Bad(absl::StrCat("--metrics-listen ", c.metrics_listen,
                               " must be HOST:PORT (port in [0, 65535])"));
     }
   }
@@ -86,9 +92,15 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
     RETURN_IF_ERROR(CheckHostPort(flag, *value));
   }
   if (c.num_nodes > 1 && c.listen.empty() && c.is_leader()) {
-    return bad(absl::StrCat("--node-rank 0 of --num-nodes ", c.num_nodes,
+    return Bad(absl::StrCat("--node-rank 0 of --num-nodes ", c.num_nodes,
                             " needs --listen HOST:PORT: the leader serves the rendezvous there"));
   }
+  return absl::OkStatus();
+}
+
+// The engine's modes, sizes and limits, and this node's local resources
+// (trainers, shared memory).
+absl::Status ValidateEngine(const DaemonConfig& c) {
   if (absl::StatusOr<WireDType> wire = ParseWireDType(c.wire_dtype); !wire.ok()) {
     return absl::InvalidArgumentError(wire.status().message());
   }
@@ -96,62 +108,74 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
     return mode.status();
   }
   if (c.local_size < 1 || c.local_size > 256) {
-    return bad(absl::StrCat("--local-size ", c.local_size, " is not in [1, 256]"));
+    return Bad(absl::StrCat("--local-size ", c.local_size, " is not in [1, 256]"));
   }
   if (c.backend != "auto" && c.backend != "gloo" && c.backend != "nccl" && c.backend != "local") {
-    return bad(absl::StrCat("--backend ", c.backend, " must be auto, gloo, nccl or local"));
+    return Bad(absl::StrCat("--backend ", c.backend, " must be auto, gloo, nccl or local"));
   }
   if (c.backend == "local" && c.num_nodes > 1) {
-    return bad(
+    return Bad(
         absl::StrCat("--backend local only works with --num-nodes 1 (not ", c.num_nodes, ")"));
   }
   if (!(c.bucket_cap_mb > 0 && c.bucket_cap_mb <= 4096)) {
-    return bad(absl::StrCat("--bucket-cap-mb ", c.bucket_cap_mb, " is not in (0, 4096]"));
+    return Bad(absl::StrCat("--bucket-cap-mb ", c.bucket_cap_mb, " is not in (0, 4096]"));
   }
   if (!(c.first_bucket_cap_mb > 0 && c.first_bucket_cap_mb <= 4096)) {
-    return bad(
+    return Bad(
         absl::StrCat("--first-bucket-cap-mb ", c.first_bucket_cap_mb, " is not in (0, 4096]"));
   }
   if (c.timeout_ms < 100 || c.timeout_ms > 24ll * 3600 * 1000) {
-    return bad(absl::StrCat("--timeout-s ", c.timeout_ms / 1000.0, " is not in [0.1, 86400]"));
+    return Bad(absl::StrCat("--timeout-s ", c.timeout_ms / 1000.0, " is not in [0.1, 86400]"));
   }
   if (c.check_replicas_every < 0) {
-    return bad(
+    return Bad(
         absl::StrCat("--check-replicas-every ", c.check_replicas_every, " must be >= 0 (0: off)"));
   }
   if (c.check_replicas_every > 0 && c.num_nodes > 1) {
-    return bad(absl::StrCat("--check-replicas-every ", c.check_replicas_every,
+    return Bad(absl::StrCat("--check-replicas-every ", c.check_replicas_every,
                             " is supported on one node only for now (--num-nodes ", c.num_nodes,
                             "): the daemons do not compare fingerprints across nodes yet"));
   }
   if (!(c.stall_threshold_s > 0)) {
-    return bad(absl::StrCat("--stall-threshold-s ", c.stall_threshold_s, " must be > 0"));
+    return Bad(absl::StrCat("--stall-threshold-s ", c.stall_threshold_s, " must be > 0"));
   }
   if (c.shm_prefix.empty() || c.shm_prefix.find('/') != std::string::npos ||
       c.shm_prefix.find('.') != std::string::npos) {
-    return bad(
+    return Bad(
         absl::StrCat("--shm-prefix '", c.shm_prefix, "' must be non-empty without '/' or '.'"));
   }
   if ((c.ring_capacity & (c.ring_capacity - 1)) != 0 || c.ring_capacity < 64) {
-    return bad(absl::StrCat("ring capacity ", c.ring_capacity, " must be a power of two >= 64"));
+    return Bad(absl::StrCat("ring capacity ", c.ring_capacity, " must be a power of two >= 64"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateConfig(const DaemonConfig& c) {
+  if (c.socket_path.empty() || c.socket_path.size() >= 100) {
+    return Bad(absl::StrCat("--socket '", c.socket_path,
+                            "' must be a path shorter than 100 bytes (unix socket limit)"));
+  }
+  RETURN_IF_ERROR(ValidateJobShape(c));
+  RETURN_IF_ERROR(ValidateAddresses(c));
+  RETURN_IF_ERROR(ValidateEngine(c));
   RETURN_IF_ERROR(ValidateNetworkAuth(c));
   return absl::OkStatus();
 }
 
 absl::Status ValidateNetworkAuth(const DaemonConfig& c) {
-  auto bad = [](const std::string& m) { return absl::InvalidArgumentError(m); };
   if (c.tls_cert.empty() != c.tls_key.empty()) {
-    return bad(c.tls_cert.empty() ? absl::StrCat("--tls-key ", c.tls_key, " needs --tls-cert")
+    return Bad(c.tls_cert.empty() ? absl::StrCat("--tls-key ", c.tls_key, " needs --tls-cert")
                                   : absl::StrCat("--tls-cert ", c.tls_cert, " needs --tls-key"));
   }
   if (!c.tls_ca.empty() && c.tls_cert.empty()) {
-    return bad(absl::StrCat("--tls-ca ", c.tls_ca, " needs --tls-cert and --tls-key"));
+    return Bad(absl::StrCat("--tls-ca ", c.tls_ca, " needs --tls-cert and --tls-key"));
   }
   // /metrics has no token check: where reads need one, only this host may scrape.
   if (c.require_auth_for_reads && !c.metrics_listen.empty() &&
       !ListensOnLoopbackOnly(c.metrics_listen)) {
-    return bad(absl::StrCat("--metrics-listen ", c.metrics_listen,
+    return Bad(absl::StrCat("--metrics-listen ", c.metrics_listen,
                             " serves stats without a token, which --require-auth-for-reads "
                             "forbids: bind it to 127.0.0.1 or drop one of the two"));
   }
@@ -159,13 +183,13 @@ absl::Status ValidateNetworkAuth(const DaemonConfig& c) {
   // Anyone who reaches the rendezvous could join the job, read its layouts
   // and abort it: said at start, not at the first trainer.
   if (c.num_nodes > 1) {
-    return bad(absl::StrCat("--num-nodes ", c.num_nodes,
+    return Bad(absl::StrCat("--num-nodes ", c.num_nodes,
                             " needs --job-token-file (mode 0600, the same on every node); "
                             "--insecure runs the job without one"));
   }
   const bool mutual_tls = !c.tls_ca.empty();
   if (!c.listen.empty() && !mutual_tls && !ListensOnLoopbackOnly(c.listen)) {
-    return bad(absl::StrCat("--listen ", c.listen,
+    return Bad(absl::StrCat("--listen ", c.listen,
                             " is reachable from other hosts: give --job-token-file (mode 0600) "
                             "or --tls-ca (mutual TLS), or --insecure to accept changes from "
                             "anyone"));
