@@ -18,6 +18,7 @@
 #include "common/monotonic.h"
 #include "common/peer_credentials.h"
 #include "common/status_code.h"
+#include "common/status_macros.h"
 #include "grpcpp/create_channel_posix.h"
 #include "ipc/mark_checksum.h"
 
@@ -81,9 +82,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
     const char* env = std::getenv("GRADSYNC_SOCKET");
     c->socket_path_ = (env && *env) ? env : ClientDefaultSocketPath();
   }
-  absl::StatusOr<int> local_rank = ResolveLocalRank(options.local_rank, std::getenv("LOCAL_RANK"));
-  if (!local_rank.ok()) return local_rank.status();
-  c->local_rank_ = *local_rank;
+  ASSIGN_OR_RETURN(c->local_rank_, ResolveLocalRank(options.local_rank, std::getenv("LOCAL_RANK")));
   c->device_ = options.device;
   const int64_t timeout_ms = options.timeout_ms > 0 ? options.timeout_ms : 30000;
   if (const char* env = std::getenv("GRADSYNC_DEBUG"); env && std::string_view(env) == "detail") {
@@ -92,14 +91,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
 
   // Verified before gRPC sees the connection, which it then uses as is: a
   // channel from an fd never reconnects to whoever holds the path later.
-  absl::StatusOr<DaemonConnection> daemon =
-      ConnectToDaemon(c->socket_path_, MonotonicNow() + absl::Milliseconds(timeout_ms));
-  if (!daemon.ok()) return daemon.status();
-  c->daemon_uid_ = daemon->daemon.uid;
-  c->daemon_peer_ = DescribePeer(daemon->daemon);
+  ASSIGN_OR_RETURN(
+      const DaemonConnection daemon,
+      ConnectToDaemon(c->socket_path_, MonotonicNow() + absl::Milliseconds(timeout_ms)));
+  c->daemon_uid_ = daemon.daemon.uid;
+  c->daemon_peer_ = DescribePeer(daemon.daemon);
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
-  c->channel_ = grpc::CreateCustomInsecureChannelFromFd("gradsyncd", daemon->fd, args);
+  c->channel_ = grpc::CreateCustomInsecureChannelFromFd("gradsyncd", daemon.fd, args);
   c->stub_ = v1::Local::NewStub(c->channel_);
 
   v1::AttachRequest req;
@@ -121,7 +120,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
                                   "): a daemon serves only its own user, root and members of its "
                                   "--shm-group (see its log)"));
   }
-  if (absl::Status st = FromProto(resp.error()); !st.ok()) return st;
+  RETURN_IF_ERROR(FromProto(resp.error()));
   c->session_ = resp.session_id();
   c->daemon_pid_ = resp.daemon_pid();
   c->daemon_timeout_ms_ = resp.timeout_ms();
@@ -203,14 +202,14 @@ absl::Status Client::CheckNotJoined(const char* call) const {
 
 absl::Status Client::CheckUsable() const {
   if (closed_) return MakeError(v1::STATE, "the client is closed");
-  if (!failure_.ok()) return failure_;
+  RETURN_IF_ERROR(failure_);
   if (!registered_) return MakeError(v1::STATE, "register the gradient layout first");
   return absl::OkStatus();
 }
 
 absl::Status Client::Register(const std::vector<TensorSpec>& specs) {
   if (closed_) return MakeError(v1::STATE, "the client is closed");
-  if (!failure_.ok()) return failure_;
+  RETURN_IF_ERROR(failure_);
   if (registered_) return MakeError(v1::STATE, "the layout is already registered");
   v1::RegisterRequest req;
   req.set_session_id(session_);
@@ -233,12 +232,9 @@ absl::Status Client::Register(const std::vector<TensorSpec>& specs) {
       }
       device_ = std::move(*d);
     }
-    absl::StatusOr<std::unique_ptr<CudaTensors>> prepared =
-        CudaTensors::Prepare(device_, specs, cuda_stream_, &req);
-    if (!prepared.ok()) return prepared.status();
     // From the request on the daemon may hold our events: every failure
     // below leaves them to Close, which destroys them after Detach.
-    cuda_ = std::move(*prepared);
+    ASSIGN_OR_RETURN(cuda_, CudaTensors::Prepare(device_, specs, cuda_stream_, &req));
   }
   CudaTensors* cuda = cuda_.get();
 
@@ -305,14 +301,14 @@ absl::Status Client::SetCudaStream(void* stream) {
 }
 
 absl::Status Client::MarkReady(size_t index) {
-  if (absl::Status st = CheckMarkable(index); !st.ok()) return st;
+  RETURN_IF_ERROR(CheckMarkable(index));
   accumulated_[index] = 1;
   return Post(index, ipc::ReadyKind::kReady);
 }
 
 absl::Status Client::MarkUnused(size_t index) {
   // Validate first: a refused call must leave the gradient alone.
-  if (absl::Status st = CheckMarkable(index); !st.ok()) return st;
+  RETURN_IF_ERROR(CheckMarkable(index));
   if (accumulated_[index]) {
     // Gradients accumulated in earlier no_sync iterations stay: "unused"
     // means nothing was added this iteration, not that the sum is lost.
@@ -328,8 +324,8 @@ absl::Status Client::MarkUnused(size_t index) {
 }
 
 absl::Status Client::CheckMarkable(size_t index) const {
-  if (absl::Status st = CheckUsable(); !st.ok()) return st;
-  if (absl::Status st = CheckNotJoined("gs_mark_ready/gs_mark_unused"); !st.ok()) return st;
+  RETURN_IF_ERROR(CheckUsable());
+  RETURN_IF_ERROR(CheckNotJoined("gs_mark_ready/gs_mark_unused"));
   if (index >= layout_.size()) {
     return MakeError(v1::INVALID_ARGUMENT,
                      absl::StrCat("tensor index ", index, " is out of range (", layout_.size(),
@@ -368,7 +364,7 @@ absl::Status Client::Post(size_t index, ipc::ReadyKind kind) {
   if (checksum_marks_ && !cuda_) {
     e.checksum = ipc::MarkChecksum(buffers_[index], layout_[index].bytes());
   }
-  if (absl::Status st = PushReady(e); !st.ok()) return st;
+  RETURN_IF_ERROR(PushReady(e));
   marked_[index] = 1;  // only once the daemon can see it
   ++marked_count_;
   return absl::OkStatus();
@@ -392,8 +388,8 @@ absl::Status Client::PushReady(const ipc::ReadyEvent& e) {
 }
 
 absl::Status Client::Join(bool divide_by_initial_world_size) {
-  if (absl::Status st = CheckUsable(); !st.ok()) return st;
-  if (absl::Status st = CheckNotJoined("gs_join"); !st.ok()) return st;
+  RETURN_IF_ERROR(CheckUsable());
+  RETURN_IF_ERROR(CheckNotJoined("gs_join"));
   if (marked_count_ != 0) {
     return MakeError(v1::STATE, absl::StrCat("rank ", rank_, " (local ", local_rank_,
                                              "): gs_join must be called between iterations (",
@@ -404,7 +400,7 @@ absl::Status Client::Join(bool divide_by_initial_world_size) {
   e.tensor = divide_by_initial_world_size ? ipc::kJoinDivideByInitialWorldSize : 0;
   e.iteration = iteration_;
   e.sequence = ready_sequence_;
-  if (absl::Status st = PushReady(e); !st.ok()) return st;
+  RETURN_IF_ERROR(PushReady(e));
   joined_ = true;
   // No deadline of its own: the other trainers may run many iterations;
   // the job's failure, the daemon's death or its hang end the wait.
@@ -424,8 +420,8 @@ std::string Client::UnmarkedTensors() const {
 }
 
 absl::Status Client::Wait(int64_t timeout_ms) {
-  if (absl::Status st = CheckUsable(); !st.ok()) return st;
-  if (absl::Status st = CheckNotJoined("gs_wait"); !st.ok()) return st;
+  RETURN_IF_ERROR(CheckUsable());
+  RETURN_IF_ERROR(CheckNotJoined("gs_wait"));
   if (!sync_) {
     // Accumulating: nothing was posted, the next synced iteration reduces
     // the sum. The marks start over.
@@ -530,8 +526,8 @@ absl::Status Client::AwaitCompletion(int64_t budget, bool joined) {
 }
 
 absl::Status Client::SetSync(bool enabled) {
-  if (absl::Status st = CheckUsable(); !st.ok()) return st;
-  if (absl::Status st = CheckNotJoined("gs_set_sync"); !st.ok()) return st;
+  RETURN_IF_ERROR(CheckUsable());
+  RETURN_IF_ERROR(CheckNotJoined("gs_set_sync"));
   if (marked_count_ != 0) {
     return MakeError(v1::STATE, "gs_set_sync must be called between iterations");
   }

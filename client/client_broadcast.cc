@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "common/status_code.h"
+#include "common/status_macros.h"
 
 namespace gradsync {
 namespace {
@@ -21,8 +22,8 @@ constexpr int64_t kBroadcastGraceMs = 5000;
 }  // namespace
 
 absl::Status Client::Broadcast(void* buffer, size_t bytes, int root_rank, int64_t timeout_ms) {
-  if (absl::Status st = CheckUsable(); !st.ok()) return st;
-  if (absl::Status st = CheckNotJoined("gs_broadcast"); !st.ok()) return st;
+  RETURN_IF_ERROR(CheckUsable());
+  RETURN_IF_ERROR(CheckNotJoined("gs_broadcast"));
   if (marked_count_ != 0) {
     return MakeError(v1::STATE,
                      absl::StrCat("rank ", rank_, " (local ", local_rank_,
@@ -60,7 +61,7 @@ absl::Status Client::Broadcast(void* buffer, size_t bytes, int root_rank, int64_
   // An error the daemon answers has failed the job (or concerned this call
   // alone): the job's error reaches gs_wait through the rings as well.
   v1::BroadcastResponse begin;
-  if (absl::Status st = step(0, &begin); !st.ok()) return st;
+  RETURN_IF_ERROR(step(0, &begin));
   const uint64_t piece = begin.piece_bytes();
   if (bytes == 0) return absl::OkStatus();
   if (piece == 0 || begin.segment_bytes() < 2 * piece) {
@@ -85,7 +86,7 @@ absl::Status Client::Broadcast(void* buffer, size_t bytes, int root_rank, int64_
     uint8_t* slot = slots + (k % 2) * piece;
     if (root) std::memcpy(slot, data + offset, len);
     v1::BroadcastResponse resp;
-    if (absl::Status st = step(k + 1, &resp); !st.ok()) return st;
+    RETURN_IF_ERROR(step(k + 1, &resp));
     if (!root) std::memcpy(data + offset, slot, len);
   }
   return absl::OkStatus();

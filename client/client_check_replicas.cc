@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "common/status_code.h"
+#include "common/status_macros.h"
 
 namespace gradsync {
 namespace {
@@ -16,8 +17,8 @@ constexpr int64_t kCheckGraceMs = 5000;
 }  // namespace
 
 absl::Status Client::CheckReplicas(const std::vector<uint64_t>& hashes) {
-  if (absl::Status st = CheckUsable(); !st.ok()) return st;
-  if (absl::Status st = CheckNotJoined("gs_check_replicas"); !st.ok()) return st;
+  RETURN_IF_ERROR(CheckUsable());
+  RETURN_IF_ERROR(CheckNotJoined("gs_check_replicas"));
   if (!CheckReplicasDue()) {
     return MakeError(
         v1::STATE,

@@ -22,6 +22,7 @@
 #include "common/monotonic.h"
 #include "common/refusal_note.h"
 #include "common/status_code.h"
+#include "common/status_macros.h"
 
 namespace gradsync {
 namespace {
@@ -115,9 +116,8 @@ std::optional<absl::Status> DaemonRefusal(int fd, const std::string& socket_path
 absl::StatusOr<std::vector<uid_t>> TrustedDaemonUids(const std::string& socket_path) {
   std::vector<uid_t> uids = {0, geteuid()};
   if (const char* env = std::getenv(kDaemonUidEnv); env && *env) {
-    absl::StatusOr<uid_t> named = ParseUser(env);
-    if (!named.ok()) return named.status();
-    uids.push_back(*named);
+    ASSIGN_OR_RETURN(const uid_t named, ParseUser(env));
+    uids.push_back(named);
   }
   if (std::optional<uid_t> owner = SystemSocketDirOwner(socket_path)) uids.push_back(*owner);
   std::sort(uids.begin(), uids.end());
@@ -127,8 +127,7 @@ absl::StatusOr<std::vector<uid_t>> TrustedDaemonUids(const std::string& socket_p
 
 absl::StatusOr<DaemonConnection> ConnectToDaemon(const std::string& socket_path,
                                                  absl::Time deadline) {
-  absl::StatusOr<std::vector<uid_t>> trusted = TrustedDaemonUids(socket_path);
-  if (!trusted.ok()) return trusted.status();
+  ASSIGN_OR_RETURN(const std::vector<uid_t> trusted, TrustedDaemonUids(socket_path));
   if (socket_path.size() >= sizeof(sockaddr_un::sun_path)) {
     return MakeError(v1::INVALID_ARGUMENT,
                      absl::StrCat("socket path ", socket_path, " is longer than ",
@@ -155,10 +154,10 @@ absl::StatusOr<DaemonConnection> ConnectToDaemon(const std::string& socket_path,
     return MakeError(v1::UNAVAILABLE,
                      absl::StrCat("gradsyncd at ", socket_path, ": ", peer.status().message()));
   }
-  if (std::find(trusted->begin(), trusted->end(), peer->uid) == trusted->end()) {
+  if (std::find(trusted.begin(), trusted.end(), peer->uid) == trusted.end()) {
     close(fd);
     std::vector<std::string> whom;
-    for (uid_t uid : *trusted) whom.push_back(DescribeUser(uid));
+    for (uid_t uid : trusted) whom.push_back(DescribeUser(uid));
     return MakeError(
         v1::UNAVAILABLE,
         absl::StrCat("refusing the daemon at ", socket_path, ": it runs as ", DescribePeer(*peer),

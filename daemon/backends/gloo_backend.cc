@@ -13,6 +13,7 @@
 #include "common/half.h"
 #include "common/log_value.h"
 #include "common/status_code.h"
+#include "common/status_macros.h"
 #include "daemon/backends/batch_scheduling.h"
 #include "daemon/backends/gloo_store.h"
 #include "daemon/backends/wire_cast.h"
@@ -189,11 +190,11 @@ void GlooBackend::RunCompressedAllreduce(float* data, size_t count) {
 }
 
 absl::Status GlooBackend::AllreduceSum(void* data, size_t count, DType dtype) {
-  if (absl::Status st = CheckAllreduceArgs(data, count, dtype, "gloo"); !st.ok()) return st;
+  RETURN_IF_ERROR(CheckAllreduceArgs(data, count, dtype, "gloo"));
   if (count == 0) return absl::OkStatus();
   {
     absl::MutexLock lock(&mu_);
-    if (!failure_.ok()) return failure_;
+    RETURN_IF_ERROR(failure_);
     if (aborted_) {
       failure_ = MakeError(v1::PEER_FAILED,
                            absl::StrCat(Describe(count, dtype), " aborted: ", abort_reason_));
@@ -252,7 +253,7 @@ absl::Status GlooBackend::Broadcast(void* data, size_t bytes, int root_node) {
   if (bytes != 0 && data == nullptr) return absl::InvalidArgumentError(what + ": null buffer");
   {
     absl::MutexLock lock(&mu_);
-    if (!failure_.ok()) return failure_;
+    RETURN_IF_ERROR(failure_);
     if (aborted_) {
       failure_ = MakeError(v1::PEER_FAILED, absl::StrCat(what, " aborted: ", abort_reason_));
       return failure_;

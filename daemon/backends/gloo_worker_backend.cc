@@ -18,6 +18,7 @@
 #include "common/log_value.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
+#include "common/status_macros.h"
 #include "daemon/backends/count_fold.h"
 #include "daemon/backends/gloo_store.h"
 #include "daemon/cluster/rendezvous_keys.h"
@@ -100,10 +101,9 @@ GlooWorkerBackend::GlooWorkerBackend(const GlooBackendOptions& options)
 
 absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> GlooWorkerBackend::Create(
     const GlooBackendOptions& options, std::vector<std::string> worker_argv) {
-  absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> backend =
-      Start(options, std::move(worker_argv));
-  if (!backend.ok()) return backend.status();
-  if (absl::Status st = (*backend)->ConnectMesh(options); !st.ok()) return st;
+  ASSIGN_OR_RETURN(std::unique_ptr<GlooWorkerBackend> backend,
+                   Start(options, std::move(worker_argv)));
+  RETURN_IF_ERROR(backend->ConnectMesh(options));
   return backend;
 }
 
@@ -126,13 +126,12 @@ absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> GlooWorkerBackend::Start(
   if (options.num_nodes == 1) return backend;  // nothing crosses nodes: no worker
   if (options.store == nullptr)
     return absl::InvalidArgumentError("gloo backend: no rendezvous store");
-  if (absl::Status st = backend->Spawn(worker_argv); !st.ok()) return st;
+  RETURN_IF_ERROR(backend->Spawn(worker_argv));
   return backend;
 }
 
 absl::Status GlooWorkerBackend::Spawn(const std::vector<std::string>& argv) {
-  absl::StatusOr<std::pair<WorkerChannel, WorkerChannel>> ends = WorkerChannel::CreatePair();
-  if (!ends.ok()) return ends.status();
+  ASSIGN_OR_RETURN(auto ends, WorkerChannel::CreatePair());  // (this end, the child's)
   buffer_fd_ = memfd_create("gradsync-gloo-buffer", MFD_CLOEXEC);
   if (buffer_fd_ < 0) {
     return MakeError(v1::INTERNAL, absl::StrCat("memfd_create: ", std::strerror(errno)));
@@ -142,7 +141,7 @@ absl::Status GlooWorkerBackend::Spawn(const std::vector<std::string>& argv) {
   // descriptors stay behind).
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, ends->second.fd(), kGlooWorkerChannelFd);
+  posix_spawn_file_actions_adddup2(&actions, ends.second.fd(), kGlooWorkerChannelFd);
   posix_spawn_file_actions_adddup2(&actions, buffer_fd_, kGlooWorkerBufferFd);
   // The daemon blocks its stop signals for its signal thread: the worker
   // gets an empty mask and their default actions back.
@@ -169,7 +168,7 @@ absl::Status GlooWorkerBackend::Spawn(const std::vector<std::string>& argv) {
   }
   pid_ = pid;
   pidfd_ = PidfdOpen(pid);
-  channel_ = std::move(ends->first);  // the child's end closes with `ends`
+  channel_ = std::move(ends.first);  // the child's end closes with `ends`
   spdlog::info("event=gloo_worker_started node_rank={} generation={} pid={}", node_rank_,
                generation_, pid_);
   return absl::OkStatus();
@@ -295,15 +294,15 @@ uint8_t* GlooWorkerBackend::Staging(uint64_t bytes) {
 }
 
 absl::Status GlooWorkerBackend::AllreduceSum(void* data, size_t count, DType dtype) {
-  if (absl::Status st = IssueAllreduceSum(data, count, dtype); !st.ok()) return st;
+  RETURN_IF_ERROR(IssueAllreduceSum(data, count, dtype));
   return AwaitIssued();
 }
 
 absl::Status GlooWorkerBackend::IssueAllreduceSum(void* data, size_t count, DType dtype) {
-  if (absl::Status st = CheckAllreduceArgs(data, count, dtype, "gloo"); !st.ok()) return st;
+  RETURN_IF_ERROR(CheckAllreduceArgs(data, count, dtype, "gloo"));
   {
     absl::MutexLock lock(&mu_);
-    if (!failure_.ok()) return failure_;
+    RETURN_IF_ERROR(failure_);
     if (aborted_) {
       failure_ = MakeError(v1::PEER_FAILED,
                            absl::StrCat("gloo allreduce on node_rank=", node_rank_,
@@ -377,7 +376,7 @@ absl::Status GlooWorkerBackend::AllreduceCountsWithNext(double* counts, size_t n
   }
   {
     absl::MutexLock lock(&mu_);
-    if (!failure_.ok()) return failure_;
+    RETURN_IF_ERROR(failure_);
   }
   *deferred = true;
   // The worker folds them into a small collective (it decides the same
@@ -409,7 +408,7 @@ absl::Status GlooWorkerBackend::Broadcast(void* data, size_t bytes, int root_nod
       absl::StrCat("during a broadcast of ", bytes, " bytes from node_rank=", root_node);
   {
     absl::MutexLock lock(&mu_);
-    if (!failure_.ok()) return failure_;
+    RETURN_IF_ERROR(failure_);
     if (aborted_) {
       failure_ = MakeError(v1::PEER_FAILED,
                            absl::StrCat("gloo broadcast on node_rank=", node_rank_,
