@@ -6,9 +6,7 @@
 namespace gradsync {
 
 absl::StatusOr<std::shared_ptr<gpu::TrainerDevice>> NewDefaultTrainerDevice() {
-  absl::StatusOr<std::unique_ptr<gpu::TrainerDevice>> device = gpu::NewCudaTrainerDevice();
-  if (!device.ok()) return device.status();
-  return std::shared_ptr<gpu::TrainerDevice>(std::move(*device));
+  return gpu::NewCudaTrainerDevice();  // unique_ptr converts to shared_ptr; an error passes as is
 }
 
 }  // namespace gradsync

@@ -28,10 +28,13 @@ BAZEL_FLAGS=(--color=no --curses=no)
 OTHER_BASE_FLAGS=("${BAZEL_FLAGS[@]}" --symlink_prefix=/)
 
 status=0
-# A format finding fails the run but does not stop the tests.
+# A format or function-length finding fails the run but does not stop the
+# tests.
 echo "== format (scripts/check-format.sh)"
 format_status=0
 scripts/check-format.sh || format_status=1
+echo "== function length (scripts/check-function-length.py)"
+scripts/check-function-length.py || format_status=1
 
 echo "== bazel build //..."
 bazel build "${BAZEL_FLAGS[@]}" //... || status=1
