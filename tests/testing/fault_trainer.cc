@@ -370,6 +370,114 @@ bool ParsePoison(const char* arg, Options& opt) {
   return *end == '\0';
 }
 
+// --join-steps N0,N1,...: the steps of each rank, then gs_join.
+bool ParseJoinSteps(const char* arg, Options& opt) {
+  for (const char* p = arg;;) {
+    char* end = nullptr;
+    const long n = std::strtol(p, &end, 10);
+    if (end == p || n < 0) return false;
+    opt.join_steps.push_back(static_cast<int>(n));
+    if (*end != ',') return true;
+    p = end + 1;
+  }
+}
+
+enum class Flag { kTaken, kUnknown, kBadValue };
+
+// One of the flags the example trainer has too.
+Flag TrainingFlag(int ch, const char* arg, Options& opt) {
+  switch (ch) {
+    case 's':
+      opt.steps = std::atoi(arg);
+      break;
+    case 'b':
+      opt.batch = std::atoi(arg);
+      break;
+    case 'H':
+      opt.hidden = std::atoi(arg);
+      break;
+    case 'D':
+      opt.dim = std::atoi(arg);
+      break;
+    case 'l':
+      opt.lr = std::atof(arg);
+      break;
+    case '6':
+      opt.fp64 = true;
+      break;
+    case '1':
+      opt.single = true;
+      break;
+    case 'a':
+      opt.accumulate = std::max(1, std::atoi(arg));
+      break;
+    case 'o':
+      opt.out = arg;
+      break;
+    case 'S':
+      opt.socket = arg;
+      break;
+    case 'q':
+      opt.quiet = true;
+      break;
+    default:
+      return Flag::kUnknown;
+  }
+  return Flag::kTaken;
+}
+
+// One of the flags that fault the trainer or reach a corner of the C ABI.
+Flag FaultFlag(int ch, const char* arg, Options& opt) {
+  switch (ch) {
+    case 'g':
+      opt.gate_every = std::atoi(arg);
+      break;
+    case 'G':
+      opt.gate_unused_first = std::atoi(arg);
+      break;
+    case 'u':
+      opt.stale_unused = true;
+      break;
+    case 'r':
+      opt.shuffle_seed = static_cast<unsigned>(std::atoi(arg));
+      break;
+    case 'z':
+      opt.sleep_ms = std::atoi(arg);
+      break;
+    case 'w':
+      opt.wait_timeout_ms = std::atoll(arg);
+      break;
+    case 'x':
+      opt.extra_tensor = arg;
+      break;
+    case 'L':
+      opt.print_loss = true;
+      break;
+    case 'W':
+      opt.withhold = std::atoi(arg);
+      break;
+    case 'P':
+      opt.pause_at = arg;
+      break;
+    case 'A':
+      opt.write_after_mark = true;
+      break;
+    case 'J':
+      return ParseJoinSteps(arg, opt) ? Flag::kTaken : Flag::kBadValue;
+    case 'j':
+      opt.join_divide_by_active = true;
+      break;
+    case 'K':
+      opt.after_join = arg;
+      break;
+    case 'N':
+      return ParsePoison(arg, opt) ? Flag::kTaken : Flag::kBadValue;
+    default:
+      return Flag::kUnknown;
+  }
+  return Flag::kTaken;
+}
+
 // The command line into `opt`; false (after a usage message where the flag
 // is unknown) when it does not parse.
 bool ParseFlags(int argc, char** argv, Options& opt) {
@@ -402,95 +510,12 @@ bool ParseFlags(int argc, char** argv, Options& opt) {
                               {nullptr, 0, nullptr, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", longopts, nullptr)) != -1) {
-    switch (ch) {
-      case 's':
-        opt.steps = std::atoi(optarg);
-        break;
-      case 'b':
-        opt.batch = std::atoi(optarg);
-        break;
-      case 'H':
-        opt.hidden = std::atoi(optarg);
-        break;
-      case 'D':
-        opt.dim = std::atoi(optarg);
-        break;
-      case 'l':
-        opt.lr = std::atof(optarg);
-        break;
-      case '6':
-        opt.fp64 = true;
-        break;
-      case '1':
-        opt.single = true;
-        break;
-      case 'a':
-        opt.accumulate = std::max(1, std::atoi(optarg));
-        break;
-      case 'g':
-        opt.gate_every = std::atoi(optarg);
-        break;
-      case 'G':
-        opt.gate_unused_first = std::atoi(optarg);
-        break;
-      case 'u':
-        opt.stale_unused = true;
-        break;
-      case 'r':
-        opt.shuffle_seed = static_cast<unsigned>(std::atoi(optarg));
-        break;
-      case 'z':
-        opt.sleep_ms = std::atoi(optarg);
-        break;
-      case 'o':
-        opt.out = optarg;
-        break;
-      case 'S':
-        opt.socket = optarg;
-        break;
-      case 'w':
-        opt.wait_timeout_ms = std::atoll(optarg);
-        break;
-      case 'x':
-        opt.extra_tensor = optarg;
-        break;
-      case 'q':
-        opt.quiet = true;
-        break;
-      case 'L':
-        opt.print_loss = true;
-        break;
-      case 'W':
-        opt.withhold = std::atoi(optarg);
-        break;
-      case 'P':
-        opt.pause_at = optarg;
-        break;
-      case 'A':
-        opt.write_after_mark = true;
-        break;
-      case 'J':
-        for (char* p = optarg;;) {
-          char* end = nullptr;
-          const long n = std::strtol(p, &end, 10);
-          if (end == p || n < 0) return false;
-          opt.join_steps.push_back(static_cast<int>(n));
-          if (*end != ',') break;
-          p = end + 1;
-        }
-        break;
-      case 'j':
-        opt.join_divide_by_active = true;
-        break;
-      case 'K':
-        opt.after_join = optarg;
-        break;
-      case 'N':
-        if (!ParsePoison(optarg, opt)) return false;
-        break;
-      default:
-        PrintUsage();
-        return false;
+    Flag flag = TrainingFlag(ch, optarg, opt);
+    if (flag == Flag::kUnknown) flag = FaultFlag(ch, optarg, opt);
+    if (flag == Flag::kBadValue) return false;
+    if (flag == Flag::kUnknown) {
+      PrintUsage();
+      return false;
     }
   }
   return true;
