@@ -48,9 +48,7 @@ struct Options {
   bool stale_unused = false;   // leave non-zero garbage in a gradient before gs_mark_unused
   unsigned shuffle_seed = 0;   // > 0: mark gradients ready in a random order
   int sleep_ms = 0;            // pause inside backward (to kill a trainer mid-iteration)
-  int rank_env = -1;
-  int world_env = 1;
-  std::string out;  // write final parameters here
+  std::string out;             // write final parameters here
   std::string socket;
   int64_t wait_timeout_ms = -1;
   bool quiet = false;
@@ -340,10 +338,6 @@ int Run(const Options& opt) {
   }
   return Finish(t);
 }
-
-}  // namespace
-
-namespace {
 
 void PrintUsage() {
   std::fprintf(stderr,
