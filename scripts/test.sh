@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs gradsync's tests from a fresh machine: installs the system packages,
-# builds everything, runs the Bazel tests (C++ unit + multi-process
-# integration tests), then the Python tests with Debian's /usr/bin/python3.
+# checks the format and function lengths, builds everything, runs the Bazel
+# tests (C++ unit + multi-process integration tests), then the Python tests
+# with Debian's /usr/bin/python3.
 #
 #   scripts/test.sh         the above: what a change needs before review
 #   scripts/test.sh --all   also clang's thread-safety build, ASan+UBSan,
