@@ -425,8 +425,10 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
       [this](const absl::Status& error, int culprit) { Fail(error, culprit); }, opts);
   broadcaster_->set_scheduler(scheduler_.get());
   replica_checker_ = std::make_unique<ReplicaChecker>(
-      trainers, layout_, [this](const absl::Status& error, int culprit) { Fail(error, culprit); },
-      ReplicaChecker::Options{config_.check_replicas_every, config_.node_rank});
+      trainers, layout_, world_.backend.get(),
+      [this](const absl::Status& error, int culprit) { Fail(error, culprit); },
+      ReplicaChecker::Options{config_.check_replicas_every, config_.node_rank, world_.world_size,
+                              world_.uneven_inputs});
   state_ = JobState::kRunning;
   running_since_ = std::chrono::steady_clock::now();
   if (world_.link) {

@@ -1,0 +1,162 @@
+#include "daemon/engine/replica_exchange.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_code.h"
+
+namespace gradsync {
+namespace {
+
+std::string Hex(uint64_t v) { return absl::StrFormat("0x%016x", v); }
+
+// A 64-bit value as two 32-bit limbs, each exact in a double.
+void PutLimbs(uint64_t v, double* out) {
+  out[0] = static_cast<double>(v >> 32);
+  out[1] = static_cast<double>(v & 0xffffffffu);
+}
+uint64_t GetLimbs(const double* in) {
+  return (static_cast<uint64_t>(in[0]) << 32) | static_cast<uint64_t>(in[1]);
+}
+
+// FNV-1a over the hashes' bytes, low byte first: the same on every node.
+uint64_t Digest(const std::vector<uint64_t>& hashes) {
+  uint64_t d = 1469598103934665603ull;
+  for (uint64_t h : hashes) {
+    for (int byte = 0; byte < 8; ++byte) {
+      d ^= (h >> (8 * byte)) & 0xffu;
+      d *= 1099511628211ull;
+    }
+  }
+  return d;
+}
+
+// Step 1: a head [nodes], then per node [present, iteration (2 limbs),
+// every, trainers, digest (2 limbs), trainers equal]. Its length (2 + 8n)
+// differs from the scheduler's agreement (3 + 2n) and gs_broadcast's
+// (5 + 3n), so a node that is elsewhere fails the collective instead of
+// reading another's counts as its own.
+constexpr size_t kSummaryHead = 2;
+constexpr size_t kSummaryPerNode = 8;
+// Step 2: a head [nodes], then per rank [present, node, local rank, pid,
+// hashes (2 limbs each)].
+constexpr size_t kTableHead = 1;
+constexpr size_t kTablePerRank = 4;
+
+absl::Status CollectiveError(const absl::Status& st, const char* step, bool* collective) {
+  *collective = true;
+  return MakeError(CodeOf(st),
+                   absl::StrCat("gs_check_replicas' ", step, " across nodes: ", st.message()));
+}
+
+// Step 2: every trainer's hashes, then the comparison of CompareReplicas.
+absl::Status CompareEveryTrainer(Backend& backend, const Layout& layout, const NodeRound& round,
+                                 bool* collective) {
+  const size_t tensors = layout.size();
+  const size_t per_rank = kTablePerRank + 2 * tensors;
+  std::vector<double> v(kTableHead + per_rank * static_cast<size_t>(round.world_size), 0.0);
+  v[0] = 1;
+  for (const ReplicaFingerprint& r : round.local) {
+    if (r.rank < 0 || r.rank >= round.world_size) {
+      return MakeError(v1::INTERNAL, absl::StrCat("rank ", r.rank, " outside the job's world of ",
+                                                  round.world_size));
+    }
+    double* slot = &v[kTableHead + per_rank * static_cast<size_t>(r.rank)];
+    slot[0] = 1;
+    slot[1] = r.node_rank;
+    slot[2] = r.local_rank;
+    slot[3] = static_cast<double>(r.pid);
+    for (size_t t = 0; t < tensors; ++t) PutLimbs(r.hashes[t], &slot[kTablePerRank + 2 * t]);
+  }
+  if (absl::Status st = backend.AllreduceCounts(v.data(), v.size()); !st.ok()) {
+    return CollectiveError(st, "comparison of every trainer", collective);
+  }
+  std::vector<ReplicaFingerprint> everyone;
+  for (int rank = 0; rank < round.world_size; ++rank) {
+    const double* slot = &v[kTableHead + per_rank * static_cast<size_t>(rank)];
+    if (slot[0] != 1) continue;
+    ReplicaFingerprint r;
+    r.rank = rank;
+    r.node_rank = static_cast<int>(slot[1]);
+    r.local_rank = static_cast<int>(slot[2]);
+    r.pid = static_cast<int64_t>(slot[3]);
+    for (size_t t = 0; t < tensors; ++t) r.hashes.push_back(GetLimbs(&slot[kTablePerRank + 2 * t]));
+    everyone.push_back(std::move(r));
+  }
+  return CompareReplicas(round.iteration, layout, everyone);
+}
+
+}  // namespace
+
+std::string ReplicaName(const ReplicaFingerprint& r) {
+  return absl::StrCat("rank ", r.rank, " (local ", r.local_rank, ", pid ", r.pid, ") on node ",
+                      r.node_rank);
+}
+
+absl::Status CompareReplicas(uint64_t iteration, const Layout& layout,
+                             const std::vector<ReplicaFingerprint>& replicas) {
+  if (replicas.empty()) return absl::OkStatus();
+  const ReplicaFingerprint& ref = replicas.front();
+  for (size_t tensor = 0; tensor < layout.size(); ++tensor) {
+    for (const ReplicaFingerprint& r : replicas) {
+      if (r.hashes[tensor] == ref.hashes[tensor]) continue;
+      return MakeError(
+          v1::MISMATCH,
+          absl::StrCat("replicas differ after iteration ", iteration, ": tensor '",
+                       layout[tensor].name, "' (index ", tensor, ") has fingerprint ",
+                       Hex(ref.hashes[tensor]), " on ", ReplicaName(ref), " but ",
+                       Hex(r.hashes[tensor]), " on ", ReplicaName(r),
+                       "; the parameters of data-parallel replicas must stay equal (a "
+                       "nondeterministic kernel, a skipped or extra step, or corrupted memory)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CompareAcrossNodes(Backend& backend, const Layout& layout, const NodeRound& round,
+                                bool* collective) {
+  const int nodes = backend.num_nodes();
+  std::vector<double> v(kSummaryHead + kSummaryPerNode * static_cast<size_t>(nodes), 0.0);
+  v[0] = 1;
+  double* mine = &v[kSummaryHead + kSummaryPerNode * static_cast<size_t>(round.node_rank)];
+  mine[0] = 1;
+  PutLimbs(round.iteration, &mine[1]);
+  mine[3] = static_cast<double>(round.every);
+  mine[4] = static_cast<double>(round.local.size());
+  const std::vector<uint64_t> none;
+  const std::vector<uint64_t>& reference = round.local.empty() ? none : round.local[0].hashes;
+  PutLimbs(Digest(reference), &mine[5]);
+  mine[7] = CompareReplicas(round.iteration, layout, round.local).ok();
+  if (absl::Status st = backend.AllreduceCounts(v.data(), v.size()); !st.ok()) {
+    return CollectiveError(st, "summary", collective);
+  }
+  if (v[0] != nodes) {
+    return MakeError(v1::STATE, absl::StrCat("gs_check_replicas' summary across nodes saw ", v[0],
+                                             " of ", nodes, " nodes: the nodes are out of step"));
+  }
+  const double* first = &v[kSummaryHead];
+  bool equal = true;
+  for (int n = 0; n < nodes; ++n) {
+    const double* node = &v[kSummaryHead + kSummaryPerNode * static_cast<size_t>(n)];
+    if (GetLimbs(&node[1]) != GetLimbs(&first[1])) {
+      return MakeError(v1::MISMATCH,
+                       absl::StrCat("nodes out of step in gs_check_replicas: node 0 checks after "
+                                    "iteration ",
+                                    GetLimbs(&first[1]), " but node ", n, " after iteration ",
+                                    GetLimbs(&node[1])));
+    }
+    if (node[3] != first[3]) {
+      return MakeError(
+          v1::MISMATCH,
+          absl::StrCat("nodes run different --check-replicas-every: node 0 runs ",
+                       static_cast<int64_t>(first[3]), " but node ", n, " runs ",
+                       static_cast<int64_t>(node[3]), "; every node of the job needs the same"));
+    }
+    equal = equal && node[7] == 1 && node[5] == first[5] && node[6] == first[6];
+  }
+  if (equal) return absl::OkStatus();
+  return CompareEveryTrainer(backend, layout, round, collective);
+}
+
+}  // namespace gradsync
