@@ -178,5 +178,27 @@ TEST(ReplicaCheckTwoNodes, NodeWhoseReplicasDriftedAlikeIsNamedOnBothNodes) {
   ExpectNamedOnEveryNode(ps, "rank 2 (local 0, pid", cluster.DaemonLogs());
 }
 
+// The nodes compare together, so they must check at the same iterations:
+// node 1 running another N fails the job at start on both nodes with
+// MISMATCH naming both values.
+TEST(ReplicaCheckTwoNodes, DifferentIntervalsOnTwoNodesAreAMismatchNamingBoth) {
+  ClusterOptions options = TwoNodesOfTwo();
+  options.flags = {"--timeout-s=30"};
+  options.node_flags = {{"--check-replicas-every=2"}, {"--check-replicas-every=3"}};
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Process> ps = StartOnTwoNodes(cluster, {"--steps=4"});
+  for (int rank = 0; rank < 4; ++rank) {
+    const ExitStatus st = ps[rank].Wait(kBound);
+    const std::string log = ps[rank].Log();
+    ASSERT_TRUE(st.exited) << st.ToString() << "\n" << log;
+    EXPECT_EQ(st.code, kExitMismatch) << log << "\n" << cluster.DaemonLogs();
+    EXPECT_NE(log.find("--check-replicas-every differs between nodes: node 0 runs 2 but node 1 "
+                       "runs 3"),
+              std::string::npos)
+        << log;
+  }
+}
+
 }  // namespace
 }  // namespace gradsync::testing

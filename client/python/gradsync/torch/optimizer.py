@@ -105,11 +105,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     * Gradients read between ``backward()`` and ``step()`` are local and may
       be partly averaged already; call ``synchronize()`` first (e.g. before
       gradient clipping); ``step()`` then does not synchronize again.
-    * Under ``gradsyncd --check-replicas-every N`` (one node for now),
-      ``step()`` hashes the registered parameters after the wrapped
-      optimizer's step of every N-th synchronized iteration and the daemon
-      compares them across the trainers: ``MismatchError`` names the first
-      parameter that differs and the trainers on each side.
+    * Under ``gradsyncd --check-replicas-every N``, ``step()`` hashes the
+      registered parameters after the wrapped optimizer's step of every
+      N-th synchronized iteration and the daemons compare them across every
+      trainer of every node: ``MismatchError`` names the first parameter
+      that differs and the trainers and nodes on each side.
     * ``close()`` gives every parameter a private copy of its gradient and
       detaches from the daemon; ``.grad`` tensors saved elsewhere before then
       must not be used afterwards.
