@@ -58,6 +58,13 @@ struct Flags {
   // readiness events re-recorded there must still complete only after
   // the held stream's writes.
   int switch_stream_at = -1;
+  // Under gradsyncd --check-replicas-every: keep host parameters (SGD on
+  // the averaged gradients, equal on every trainer) and send their
+  // fingerprints when a check is due; rank `drift_rank` perturbs
+  // fc1.weight after step `drift_at` (a drifted replica).
+  bool check_replicas = false;
+  int drift_rank = -1;
+  int drift_at = -1;
 };
 
 struct Tensor {
@@ -90,6 +97,17 @@ float Stored(const Flags& f, int r, int step, size_t i, size_t j) {
     if (Used(f, r, step, m, i)) h += Grad(r, step, m, i, j);
   }
   return f.dtype == DType::kBFloat16 ? gradsync::BFloat16ToFloat(gradsync::FloatToBFloat16(h)) : h;
+}
+
+// FNV-1a of the bytes: a parameter's fingerprint.
+uint64_t Fingerprint(const std::vector<float>& values) {
+  const auto* p = reinterpret_cast<const unsigned char*>(values.data());
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < values.size() * sizeof(float); ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
 }
 
 int Error(const absl::Status& st) {
@@ -133,6 +151,12 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->tensors = std::atoi(v.c_str());
     else if (key == "--switch-stream-at")
       f->switch_stream_at = std::atoi(v.c_str());
+    else if (key == "--check-replicas")
+      f->check_replicas = true;
+    else if (key == "--drift-rank")
+      f->drift_rank = std::atoi(v.c_str());
+    else if (key == "--drift-at")
+      f->drift_at = std::atoi(v.c_str());
     else
       return false;
   }
@@ -221,6 +245,8 @@ int main(int argc, char** argv) {
   std::vector<std::vector<float>> host(kTensors.size());
   std::vector<std::vector<uint16_t>> host16(kTensors.size());
   for (size_t i = 0; i < kTensors.size(); ++i) host[i].assign(kTensors[i].numel, 0.f);
+  std::vector<std::vector<float>> params(kTensors.size());
+  for (size_t i = 0; i < kTensors.size(); ++i) params[i].assign(kTensors[i].numel, 1.f);
 
   for (int step = 0; step < f.steps; ++step) {
     for (int m = 0; m < f.accumulate; ++m) {
@@ -291,6 +317,7 @@ int main(int argc, char** argv) {
           std::memcpy(&v, got + j * elem, elem);
           value = v;
         }
+        params[i][j] -= 0.1f * static_cast<float>(value);
         if (std::fabs(value - expected) > tol * std::max(1.0, std::fabs(expected))) {
           std::printf(
               "MISMATCH rank %d step %d tensor %zu '%s' element %zu: got %.7g expected %.7g\n",
@@ -300,6 +327,15 @@ int main(int argc, char** argv) {
         }
       }
       std::fill(host[i].begin(), host[i].end(), 0.f);  // the optimizer consumed it
+    }
+    if (rank == f.drift_rank && step == f.drift_at) params[1][1] += 1e-3f;
+    if (f.check_replicas && c.job_info().check_replicas_due) {
+      std::vector<uint64_t> hashes;
+      for (const std::vector<float>& p : params) hashes.push_back(Fingerprint(p));
+      if (absl::Status st = c.CheckReplicas(hashes); !st.ok()) return Error(st);
+      std::printf("check ok rank %d iteration %llu\n", rank,
+                  static_cast<unsigned long long>(c.job_info().iteration));
+      std::fflush(stdout);
     }
   }
   std::printf("OK rank %d world %d steps %d\n", rank, world, f.steps);
