@@ -65,7 +65,20 @@ struct Flags {
   bool check_replicas = false;
   int drift_rank = -1;
   int drift_at = -1;
+  // >= 0: gs_broadcast a host buffer of kBroadcastBytes from this rank
+  // before the first step and after the first, checking the root's bytes
+  // arrived (what DistributedOptimizer's constructor and broadcast_buffers
+  // do with CUDA tensors, through the host).
+  int broadcast_root = -1;
 };
+
+// Two 4 MiB pieces and an odd tail.
+constexpr size_t kBroadcastBytes = (5u << 20) + 3;
+
+// Rank r's byte i before a broadcast.
+unsigned char BroadcastByte(int r, size_t i) {
+  return static_cast<unsigned char>((i * 131 + static_cast<size_t>(r) * 17 + i / 4096) & 0xff);
+}
 
 struct Tensor {
   std::string name;
@@ -108,6 +121,27 @@ uint64_t Fingerprint(const std::vector<float>& values) {
     h *= 1099511628211ull;
   }
   return h;
+}
+
+int Error(const absl::Status& st);
+
+// gs_broadcast from f.broadcast_root; 0 when every byte is the root's.
+int BroadcastAndCheck(gradsync::Client& c, const Flags& f, int rank, const char* when) {
+  std::vector<unsigned char> buf(kBroadcastBytes);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = BroadcastByte(rank, i);
+  if (absl::Status st = c.Broadcast(buf.data(), buf.size(), f.broadcast_root, -1); !st.ok()) {
+    return Error(st);
+  }
+  for (size_t i = 0; i < buf.size(); ++i) {
+    if (buf[i] == BroadcastByte(f.broadcast_root, i)) continue;
+    std::printf("BROADCAST MISMATCH rank %d %s byte %zu: got %d expected %d\n", rank, when, i,
+                buf[i], BroadcastByte(f.broadcast_root, i));
+    std::fflush(stdout);
+    return 1;
+  }
+  std::printf("broadcast ok rank %d %s\n", rank, when);
+  std::fflush(stdout);
+  return 0;
 }
 
 int Error(const absl::Status& st) {
@@ -157,6 +191,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->drift_rank = std::atoi(v.c_str());
     else if (key == "--drift-at")
       f->drift_at = std::atoi(v.c_str());
+    else if (key == "--broadcast-root")
+      f->broadcast_root = std::atoi(v.c_str());
     else
       return false;
   }
@@ -248,7 +284,13 @@ int main(int argc, char** argv) {
   std::vector<std::vector<float>> params(kTensors.size());
   for (size_t i = 0; i < kTensors.size(); ++i) params[i].assign(kTensors[i].numel, 1.f);
 
+  if (f.broadcast_root >= 0) {
+    if (int rc = BroadcastAndCheck(c, f, rank, "at start"); rc != 0) return rc;
+  }
   for (int step = 0; step < f.steps; ++step) {
+    if (f.broadcast_root >= 0 && step == 1) {
+      if (int rc = BroadcastAndCheck(c, f, rank, "between steps"); rc != 0) return rc;
+    }
     for (int m = 0; m < f.accumulate; ++m) {
       const bool synced = m == f.accumulate - 1;
       if (absl::Status st = c.SetSync(synced); !st.ok()) return Error(st);

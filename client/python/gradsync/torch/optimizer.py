@@ -178,17 +178,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if module is not None:
                 registered = {id(p) for p in start}
                 start += [p for p in module.parameters() if id(p) not in registered]
-            try:
-                broadcast_tensors(start + self._buffers, 0, client=self._client)
-            except InvalidArgumentError as e:
-                # A multi-node job with CUDA gradients cannot broadcast yet
-                # (refused before anything moved, on every trainer alike):
-                # train as before, from the caller's own initialization.
-                if "not supported yet" not in str(e):
-                    raise
-                log.warning("replicas are not broadcast (%s): give every trainer the same "
-                            "initialization", e)
-                self._buffers = []
+            broadcast_tensors(start + self._buffers, 0, client=self._client)
         except BaseException:
             # Leave the model as it was: no .grad may point into a mapping
             # that close() is about to remove.
