@@ -6,6 +6,7 @@
 // a replica drifted on node 1 (alone, or with its whole node) is named on
 // both nodes.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <string>
 #include <vector>
@@ -197,6 +198,30 @@ TEST(ReplicaCheckTwoNodes, DifferentIntervalsOnTwoNodesAreAMismatchNamingBoth) {
                        "runs 3"),
               std::string::npos)
         << log;
+  }
+}
+
+// Rank 3 (node 1) is killed instead of checking: node 0's trainers, whose
+// daemon already waits in the comparison across nodes, and rank 2 fail with
+// PEER_FAILED naming it, long before the timeout.
+TEST(ReplicaCheckTwoNodes, TrainerKilledBeforeItsCheckFailsEveryNodeNamingIt) {
+  ClusterOptions options = TwoNodesOfTwo();
+  options.flags = {"--timeout-s=120", "--check-replicas-every=2"};
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Process> ps = StartOnTwoNodes(cluster, {"--steps=4", "--stop-before-check=3"});
+  ASSERT_TRUE(WaitStopped(ps[3], kBound)) << ps[3].Log();
+  ps[3].Signal(SIGKILL);
+  EXPECT_EQ(ps[3].Wait(kBound).code, SIGKILL);
+  for (int rank = 0; rank < 3; ++rank) {
+    const ExitStatus st = ps[rank].Wait(seconds(60));
+    const std::string log = ps[rank].Log();
+    ASSERT_TRUE(st.exited) << "rank " << rank << " hung: " << st.ToString() << "\n" << log;
+    EXPECT_EQ(st.code, kExitPeerFailed) << log << "\n" << cluster.DaemonLogs();
+    EXPECT_NE(log.find("gs_check_replicas failed"), std::string::npos) << log;
+    EXPECT_NE(log.find(absl::StrCat("rank 3 (local 1, pid ", ps[3].pid(), ")")), std::string::npos)
+        << log << "\n"
+        << cluster.DaemonLogs();
   }
 }
 
