@@ -39,10 +39,10 @@ uint64_t Digest(const std::vector<uint64_t>& hashes) {
 // reading another's counts as its own.
 constexpr size_t kSummaryHead = 2;
 constexpr size_t kSummaryPerNode = 8;
-// Step 2: a head [nodes], then per rank [present, node, local rank, pid,
-// hashes (2 limbs each)].
+// Step 3: a head [nodes], then per rank [present, node, local rank, pid,
+// the hash of the first differing tensor (2 limbs)].
 constexpr size_t kTableHead = 1;
-constexpr size_t kTablePerRank = 4;
+constexpr size_t kTablePerRank = 6;
 
 absl::Status CollectiveError(const absl::Status& st, const char* step, bool* collective) {
   *collective = true;
@@ -50,41 +50,84 @@ absl::Status CollectiveError(const absl::Status& st, const char* step, bool* col
                    absl::StrCat("gs_check_replicas' ", step, " across nodes: ", st.message()));
 }
 
-// Step 2: every trainer's hashes, then the comparison of CompareReplicas.
-absl::Status CompareEveryTrainer(Backend& backend, const Layout& layout, const NodeRound& round,
+// The MISMATCH of CompareReplicas: `tensor` differs, `ref` has `ref_hash`.
+absl::Status Difference(uint64_t iteration, const Layout& layout, size_t tensor,
+                        const ReplicaFingerprint& ref, uint64_t ref_hash,
+                        const ReplicaFingerprint& other, uint64_t other_hash) {
+  return MakeError(
+      v1::MISMATCH,
+      absl::StrCat("replicas differ after iteration ", iteration, ": tensor '", layout[tensor].name,
+                   "' (index ", tensor, ") has fingerprint ", Hex(ref_hash), " on ",
+                   ReplicaName(ref), " but ", Hex(other_hash), " on ", ReplicaName(other),
+                   "; the parameters of data-parallel replicas must stay equal (a "
+                   "nondeterministic kernel, a skipped or extra step, or corrupted memory)"));
+}
+
+// Step 2, only after step 1 saw a difference: node 0 broadcasts rank 0's
+// hashes; each node finds the first tensor where one of its trainers
+// differs from them; the least of those is the job's first differing
+// tensor. Step 3: every trainer's hash of that tensor, so every node names
+// rank 0 and the lowest rank that differs there. What crosses grows with
+// the tensors and the trainers, never with their product.
+absl::Status NameFirstDifference(Backend& backend, const Layout& layout, const NodeRound& round,
                                  bool* collective) {
   const size_t tensors = layout.size();
-  const size_t per_rank = kTablePerRank + 2 * tensors;
-  std::vector<double> v(kTableHead + per_rank * static_cast<size_t>(round.world_size), 0.0);
+  const int nodes = backend.num_nodes();
+  std::vector<uint64_t> reference(tensors, 0);
+  if (round.node_rank == 0 && !round.local.empty()) reference = round.local[0].hashes;
+  if (absl::Status st = backend.Broadcast(reference.data(), tensors * sizeof(uint64_t), 0);
+      !st.ok()) {
+    return CollectiveError(st, "broadcast of rank 0's fingerprints", collective);
+  }
+  size_t mine = tensors;
+  for (const ReplicaFingerprint& r : round.local) {
+    for (size_t t = 0; t < mine; ++t) {
+      if (r.hashes[t] != reference[t]) mine = t;
+    }
+  }
+  std::vector<double> first(1 + static_cast<size_t>(nodes), 0.0);
+  first[0] = 1;
+  first[1 + static_cast<size_t>(round.node_rank)] = static_cast<double>(mine);
+  if (absl::Status st = backend.AllreduceCounts(first.data(), first.size()); !st.ok()) {
+    return CollectiveError(st, "search for the first differing tensor", collective);
+  }
+  const size_t tensor = static_cast<size_t>(*std::min_element(first.begin() + 1, first.end()));
+  if (tensor >= tensors) return absl::OkStatus();  // no tensor differs after all
+
+  std::vector<double> v(kTableHead + kTablePerRank * static_cast<size_t>(round.world_size), 0.0);
   v[0] = 1;
   for (const ReplicaFingerprint& r : round.local) {
     if (r.rank < 0 || r.rank >= round.world_size) {
       return MakeError(v1::INTERNAL, absl::StrCat("rank ", r.rank, " outside the job's world of ",
                                                   round.world_size));
     }
-    double* slot = &v[kTableHead + per_rank * static_cast<size_t>(r.rank)];
+    double* slot = &v[kTableHead + kTablePerRank * static_cast<size_t>(r.rank)];
     slot[0] = 1;
     slot[1] = r.node_rank;
     slot[2] = r.local_rank;
     slot[3] = static_cast<double>(r.pid);
-    for (size_t t = 0; t < tensors; ++t) PutLimbs(r.hashes[t], &slot[kTablePerRank + 2 * t]);
+    PutLimbs(r.hashes[tensor], &slot[4]);
   }
   if (absl::Status st = backend.AllreduceCounts(v.data(), v.size()); !st.ok()) {
     return CollectiveError(st, "comparison of every trainer", collective);
   }
-  std::vector<ReplicaFingerprint> everyone;
+  std::vector<std::pair<ReplicaFingerprint, uint64_t>> everyone;  // by rank, with the hash
   for (int rank = 0; rank < round.world_size; ++rank) {
-    const double* slot = &v[kTableHead + per_rank * static_cast<size_t>(rank)];
+    const double* slot = &v[kTableHead + kTablePerRank * static_cast<size_t>(rank)];
     if (slot[0] != 1) continue;
     ReplicaFingerprint r;
     r.rank = rank;
     r.node_rank = static_cast<int>(slot[1]);
     r.local_rank = static_cast<int>(slot[2]);
     r.pid = static_cast<int64_t>(slot[3]);
-    for (size_t t = 0; t < tensors; ++t) r.hashes.push_back(GetLimbs(&slot[kTablePerRank + 2 * t]));
-    everyone.push_back(std::move(r));
+    everyone.emplace_back(std::move(r), GetLimbs(&slot[4]));
   }
-  return CompareReplicas(round.iteration, layout, everyone);
+  for (const auto& [r, hash] : everyone) {
+    if (hash == everyone.front().second) continue;
+    return Difference(round.iteration, layout, tensor, everyone.front().first,
+                      everyone.front().second, r, hash);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -101,14 +144,7 @@ absl::Status CompareReplicas(uint64_t iteration, const Layout& layout,
   for (size_t tensor = 0; tensor < layout.size(); ++tensor) {
     for (const ReplicaFingerprint& r : replicas) {
       if (r.hashes[tensor] == ref.hashes[tensor]) continue;
-      return MakeError(
-          v1::MISMATCH,
-          absl::StrCat("replicas differ after iteration ", iteration, ": tensor '",
-                       layout[tensor].name, "' (index ", tensor, ") has fingerprint ",
-                       Hex(ref.hashes[tensor]), " on ", ReplicaName(ref), " but ",
-                       Hex(r.hashes[tensor]), " on ", ReplicaName(r),
-                       "; the parameters of data-parallel replicas must stay equal (a "
-                       "nondeterministic kernel, a skipped or extra step, or corrupted memory)"));
+      return Difference(iteration, layout, tensor, ref, ref.hashes[tensor], r, r.hashes[tensor]);
     }
   }
   return absl::OkStatus();
@@ -156,7 +192,7 @@ absl::Status CompareAcrossNodes(Backend& backend, const Layout& layout, const No
     equal = equal && node[7] == 1 && node[5] == first[5] && node[6] == first[6];
   }
   if (equal) return absl::OkStatus();
-  return CompareEveryTrainer(backend, layout, round, collective);
+  return NameFirstDifference(backend, layout, round, collective);
 }
 
 }  // namespace gradsync

@@ -8,11 +8,13 @@
 // so the sum is an allgather, exact for values below 2^53 (hashes travel
 // as two 32-bit limbs). Step 1, every check: each node's iteration, flag
 // value, a digest of its reference trainer's hashes and whether its own
-// trainers agree; equal everywhere means equal replicas. Step 2, only when
-// step 1 saw a difference: every trainer's hashes, so that every node
-// names the same first differing tensor and the same trainers on each
-// side. Every node sees the same sums, so every node issues the same
-// collectives and reaches the same verdict.
+// trainers agree; equal everywhere means equal replicas. Only when step 1
+// saw a difference: node 0 broadcasts rank 0's hashes, the nodes find the
+// first tensor where any trainer differs from them (one value per node),
+// then exchange every trainer's hash of that tensor, so that every node
+// names the same tensor and the same trainers on each side. Every node
+// sees the same sums, so every node issues the same collectives and
+// reaches the same verdict.
 #ifndef GRADSYNC_DAEMON_ENGINE_REPLICA_EXCHANGE_H_
 #define GRADSYNC_DAEMON_ENGINE_REPLICA_EXCHANGE_H_
 

@@ -160,12 +160,13 @@ void ExpectNamedOnEveryNode(std::vector<Process>& ps, const std::string& culprit
 }
 
 // Rank 3 (node 1, local 1) drifts: node 1's own trainers differ, and both
-// nodes name it against rank 0.
+// nodes name it against rank 0. Rank 1 (node 0) drifts too, in a later
+// tensor (fc.bias): the job's first differing tensor is node 1's.
 TEST(ReplicaCheckTwoNodes, ReplicaDriftedOnNodeOneIsNamedOnBothNodes) {
   Cluster cluster(TwoNodesOfTwo());
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Process> ps =
-      StartOnTwoNodes(cluster, {"--steps=8", "--drift-rank=3", "--drift-at=3"});
+      StartOnTwoNodes(cluster, {"--steps=8", "--drift-rank=3", "--drift-rank=1:2", "--drift-at=3"});
   ExpectNamedOnEveryNode(ps, "rank 3 (local 1, pid", cluster.DaemonLogs());
 }
 
