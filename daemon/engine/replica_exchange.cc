@@ -153,6 +153,10 @@ absl::Status CompareReplicas(uint64_t iteration, const Layout& layout,
 absl::Status CompareAcrossNodes(Backend& backend, const Layout& layout, const NodeRound& round,
                                 bool* collective) {
   const int nodes = backend.num_nodes();
+  if (round.node_rank < 0 || round.node_rank >= nodes) {
+    return MakeError(v1::INTERNAL, absl::StrCat("gs_check_replicas: node_rank ", round.node_rank,
+                                                " outside the backend's ", nodes, " nodes"));
+  }
   std::vector<double> v(kSummaryHead + kSummaryPerNode * static_cast<size_t>(nodes), 0.0);
   v[0] = 1;
   double* mine = &v[kSummaryHead + kSummaryPerNode * static_cast<size_t>(round.node_rank)];
