@@ -206,11 +206,10 @@ GS_API gs_status gs_join(gs_client* c, int divide_by_initial_world_size);
  * not call within timeout_ms (<= 0: the daemon's timeout); GS_ERR_PEER_FAILED
  * naming a trainer, node or daemon that died meanwhile.
  *
- * `buf` is host memory. A job with CUDA gradients may broadcast host
- * buffers on one node; across nodes it gets GS_ERR_INVALID_ARGUMENT (not
- * supported yet). The bytes go through shared memory on the node (one copy
- * out of the root, one into each other trainer) and once per node with the
- * cross-node backend's broadcast. */
+ * `buf` is host memory, also in a job with CUDA gradients (device memory
+ * is not accepted yet: copy it through the host). The bytes go through
+ * shared memory on the node (one copy out of the root, one into each other
+ * trainer) and once per node with the cross-node backend's broadcast. */
 GS_API gs_status gs_broadcast(gs_client* c, void* buf, size_t bytes, int root_rank,
                               int64_t timeout_ms);
 

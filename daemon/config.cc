@@ -131,10 +131,11 @@ absl::Status ValidateEngine(const DaemonConfig& c) {
     return Bad(
         absl::StrCat("--check-replicas-every ", c.check_replicas_every, " must be >= 0 (0: off)"));
   }
-  if (c.check_replicas_every > 0 && c.num_nodes > 1) {
+  if (c.check_replicas_every > 0 && c.num_nodes > 1 && c.uneven_inputs) {
     return Bad(absl::StrCat("--check-replicas-every ", c.check_replicas_every,
-                            " is supported on one node only for now (--num-nodes ", c.num_nodes,
-                            "): the daemons do not compare fingerprints across nodes yet"));
+                            " with --uneven-inputs is supported on one node only (--num-nodes ",
+                            c.num_nodes,
+                            "): a node whose trainers all joined would never compare"));
   }
   if (!(c.stall_threshold_s > 0)) {
     return Bad(absl::StrCat("--stall-threshold-s ", c.stall_threshold_s, " must be > 0"));

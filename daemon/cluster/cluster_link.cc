@@ -51,6 +51,27 @@ absl::Status CompareWireDTypes(RendezvousClient& client, uint64_t generation, in
   return absl::OkStatus();
 }
 
+// Every node's --check-replicas-every against node 0's: one that checked at
+// other iterations would meet the others' comparison with a collective of
+// its own. A node that published none (an older daemon) runs 0 (off).
+absl::Status CompareCheckReplicasEvery(RendezvousClient& client, uint64_t generation,
+                                       int num_nodes) {
+  std::vector<std::string> by_node;
+  for (int n = 0; n < num_nodes; ++n) {
+    ASSIGN_OR_RETURN(std::optional<std::string> value,
+                     client.Get(CheckReplicasEveryKey(generation, n)));
+    by_node.push_back(value.value_or("0"));
+  }
+  for (int n = 1; n < num_nodes; ++n) {
+    if (by_node[n] == by_node[0]) continue;
+    return MakeError(v1::MISMATCH,
+                     absl::StrCat("--check-replicas-every differs between nodes: node 0 runs ",
+                                  by_node[0], " but node ", n, " runs ", by_node[n],
+                                  "; every node of a job must run the same (0: off)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 ClusterLink::ClusterLink(const DaemonConfig& config, std::shared_ptr<RendezvousClient> client,
@@ -160,12 +181,16 @@ int RankOffset(const JoinResult& joined, int node_rank) {
   return rank_offset;
 }
 
-// Publishes this node's records: its layout and wire dtype (nodes that cast
-// differently would pair 16-bit halves with fp32 words: garbage sums, or
-// Gloo aborting on sizes); node 0 also the job's bucket caps and
+// Publishes this node's records: its --check-replicas-every, layout and
+// wire dtype (nodes that cast differently would pair 16-bit halves with
+// fp32 words: garbage sums, or Gloo aborting on sizes); node 0 also the
+// job's bucket caps and
 // --uneven-inputs. Returns the wire dtype published.
 absl::StatusOr<WireDType> PublishRecords(RendezvousClient& client, const DaemonConfig& config,
                                          uint64_t gen, const Layout& layout) {
+  // Before the layout, which the others wait for: once it is there, so is this.
+  RETURN_IF_ERROR(client.Set(CheckReplicasEveryKey(gen, config.node_rank),
+                             absl::StrCat(config.check_replicas_every)));
   RETURN_IF_ERROR(client.Set(LayoutKey(gen, config.node_rank), EncodeLayout(layout)));
   ASSIGN_OR_RETURN(WireDType wire_dtype, ParseWireDType(config.wire_dtype));
   RETURN_IF_ERROR(client.Set(WireDTypeKey(gen, config.node_rank), WireDTypeName(wire_dtype)));
@@ -232,6 +257,7 @@ absl::StatusOr<Agreement> Agree(RendezvousClient& client, const DaemonConfig& co
   RETURN_IF_ERROR(WaitForRecords(client, config.num_nodes, gen, wait));
   RETURN_IF_ERROR(CompareLayouts(client, gen, config.num_nodes));
   RETURN_IF_ERROR(CompareWireDTypes(client, gen, config.num_nodes));
+  RETURN_IF_ERROR(CompareCheckReplicasEvery(client, gen, config.num_nodes));
   ASSIGN_OR_RETURN(std::optional<std::string> caps, client.Get(CapsKey(gen)));
   ASSIGN_OR_RETURN(agreed.caps, DecodeCaps(CapsKey(gen), caps));
   ASSIGN_OR_RETURN(std::optional<std::string> uneven, client.Get(UnevenInputsKey(gen)));

@@ -34,6 +34,10 @@ absl::StatusOr<BucketCaps> DecodeCaps(absl::string_view key,
 std::string WireDTypeKey(uint64_t generation, int node_rank);
 // Node 0's --uneven-inputs, "1" or "0" ("g<gen>/uneven_inputs").
 std::string UnevenInputsKey(uint64_t generation);
+// Each node's --check-replicas-every, published at join before its layout
+// ("g<gen>/check_replicas_every/<rank>"): the nodes compare fingerprints
+// together, so all must check at the same iterations.
+std::string CheckReplicasEveryKey(uint64_t generation, int node_rank);
 
 // A job-wide caps change published by the leader, version `version` of the
 // generation's ordered config log ("g<gen>/config/<version>").

@@ -100,12 +100,6 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
     MonotonicMutexLock lock(&mu_);
     if (!failed_.ok()) return failed_;
     if (me < 0 || me >= LocalTrainers()) return MakeError(v1::INTERNAL, "unknown local rank");
-    if (step == 0 && options_.gpu && options_.num_nodes > 1) {
-      // Nothing is under way yet: refused to this caller alone.
-      return MakeError(v1::INVALID_ARGUMENT,
-                       "gs_broadcast across nodes of a job with CUDA gradients is not supported "
-                       "yet (one node is)");
-    }
     const std::string what = absl::StrCat("gs_broadcast(bytes=", bytes, ", root_rank=", root_rank,
                                           step == 0 ? "" : absl::StrCat(", piece ", step - 1), ")");
     if (root_rank < 0 || root_rank >= options_.world_size) {

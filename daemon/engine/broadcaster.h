@@ -6,7 +6,9 @@
 // slot, every other local trainer copies it out, so one copy leaves the
 // root and each reader makes one. Across nodes each piece crosses once per
 // node with the backend's broadcast (Gloo's), from the root's node into
-// the same slot. Any size, 0 bytes to GiBs, in pieces: the segment stays
+// the same slot; in a job with CUDA gradients too (host buffers: those
+// gradients go through the device's collectives, the Gloo worker is idle
+// between iterations). Any size, 0 bytes to GiBs, in pieces: the segment stays
 // small. The protocol (steps, slots) is written down in local.proto
 // (BroadcastRequest).
 //
@@ -59,7 +61,6 @@ class Broadcaster {
     int rank_offset = 0;  // global rank of local rank 0
     int world_size = 1;
     int64_t timeout_ms = 300000;
-    bool gpu = false;  // a CUDA job: no cross-node broadcast yet
     std::string shm_prefix = "gradsync";
     mode_t shm_mode = 0600;
     gid_t shm_group = static_cast<gid_t>(-1);

@@ -417,7 +417,7 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
   broadcaster_ = std::make_unique<Broadcaster>(
       trainers, world_.backend.get(),
       [this](const absl::Status& error, int culprit) { Fail(error, culprit); },
-      BroadcasterOptionsLocked(cuda));
+      BroadcasterOptionsLocked());
   opts.allow_marks = [b = broadcaster_.get()](const Trainer& t) { return b->AllowMarks(t); };
   scheduler_ = std::make_unique<Scheduler>(
       trainers, layout_, std::move(plan), cuda ? flat_plan_ : arena_, world_.backend.get(),
@@ -425,8 +425,10 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
       [this](const absl::Status& error, int culprit) { Fail(error, culprit); }, opts);
   broadcaster_->set_scheduler(scheduler_.get());
   replica_checker_ = std::make_unique<ReplicaChecker>(
-      trainers, layout_, [this](const absl::Status& error, int culprit) { Fail(error, culprit); },
-      ReplicaChecker::Options{config_.check_replicas_every, config_.node_rank});
+      trainers, layout_, world_.backend.get(),
+      [this](const absl::Status& error, int culprit) { Fail(error, culprit); },
+      ReplicaChecker::Options{config_.check_replicas_every, config_.node_rank, world_.world_size,
+                              world_.uneven_inputs});
   state_ = JobState::kRunning;
   running_since_ = std::chrono::steady_clock::now();
   if (world_.link) {
@@ -526,14 +528,13 @@ Scheduler::Options Job::SchedulerOptionsLocked(const BucketCaps& caps, bool cuda
   return opts;
 }
 
-Broadcaster::Options Job::BroadcasterOptionsLocked(bool cuda) const {
+Broadcaster::Options Job::BroadcasterOptionsLocked() const {
   Broadcaster::Options bopts;
   bopts.node_rank = config_.node_rank;
   bopts.num_nodes = config_.num_nodes;
   bopts.rank_offset = world_.rank_offset;
   bopts.world_size = world_.world_size;
   bopts.timeout_ms = config_.timeout_ms;
-  bopts.gpu = cuda;
   bopts.shm_prefix = config_.shm_prefix;
   bopts.shm_mode = config_.shm_mode;
   bopts.shm_group = config_.shm_group;

@@ -283,7 +283,7 @@ class Job {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Scheduler::Options SchedulerOptionsLocked(const BucketCaps& caps, bool cuda) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  Broadcaster::Options BroadcasterOptionsLocked(bool cuda) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  Broadcaster::Options BroadcasterOptionsLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Whether this daemon can take a layout of this kind at all.
   absl::Status CheckDeviceKind(const Layout& layout) const;
   std::string BackendNameLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -8,6 +8,7 @@
 #include "common/log_value.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
+#include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
@@ -16,25 +17,23 @@ namespace {
 // How often a waiting call looks at its deadline.
 constexpr absl::Duration kPoll = absl::Milliseconds(100);
 
-std::string Hex(uint64_t v) { return absl::StrFormat("0x%016x", v); }
-
 }  // namespace
 
-ReplicaChecker::ReplicaChecker(std::vector<Trainer*> trainers, const Layout& layout, FailFn fail,
-                               Options options)
-    : trainers_(std::move(trainers)), layout_(layout), fail_(std::move(fail)), options_(options) {
+ReplicaChecker::ReplicaChecker(std::vector<Trainer*> trainers, const Layout& layout,
+                               Backend* backend, FailFn fail, Options options)
+    : trainers_(std::move(trainers)),
+      layout_(layout),
+      backend_(backend),
+      fail_(std::move(fail)),
+      options_(options) {
   hashes_.assign(trainers_.size(), {});
   arrived_.assign(trainers_.size(), 0);
 }
 
-std::string ReplicaChecker::Where(const Trainer& t) const {
-  return absl::StrCat(t.Name(), " on node ", options_.node_rank);
-}
-
-absl::Status ReplicaChecker::FailJob(const absl::Status& error) {
+absl::Status ReplicaChecker::FailJob(const absl::Status& error, int culprit) {
   spdlog::error("event=replica_check_failed code={} error={}", v1::Code_Name(CodeOf(error)),
                 LogValue(error.message()));
-  fail_(error, -1);
+  fail_(error, culprit);
   return error;
 }
 
@@ -44,38 +43,19 @@ void ReplicaChecker::Abort(const absl::Status& error) {
   cv_.SignalAll();
 }
 
-absl::Status ReplicaChecker::CompareLocked() const {
-  int reference = -1;
-  for (size_t i = 0; i < trainers_.size(); ++i) {
-    if (arrived_[i]) {
-      reference = static_cast<int>(i);
-      break;
-    }
-  }
-  if (reference < 0) return absl::OkStatus();
-  const std::vector<uint64_t>& ref = hashes_[reference];
-  for (size_t tensor = 0; tensor < layout_.size(); ++tensor) {
-    for (size_t i = 0; i < trainers_.size(); ++i) {
-      if (!arrived_[i] || hashes_[i][tensor] == ref[tensor]) continue;
-      return MakeError(
-          v1::MISMATCH,
-          absl::StrCat("replicas differ after iteration ", iteration_, ": tensor '",
-                       layout_[tensor].name, "' (index ", tensor, ") has fingerprint ",
-                       Hex(ref[tensor]), " on ", Where(*trainers_[reference]), " but ",
-                       Hex(hashes_[i][tensor]), " on ", Where(*trainers_[i]),
-                       "; the parameters of data-parallel replicas must stay equal (a "
-                       "nondeterministic kernel, a skipped or extra step, or corrupted memory)"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ReplicaChecker::Check(const Trainer& caller, uint64_t iteration,
-                                   const std::vector<uint64_t>& hashes, absl::Time deadline) {
+absl::Status ReplicaChecker::Refusal(const Trainer& caller, uint64_t iteration,
+                                     size_t hashes) const {
   if (options_.every <= 0) {
     return MakeError(v1::STATE, absl::StrCat(caller.Name(),
                                              " called gs_check_replicas, but gradsyncd runs "
                                              "without --check-replicas-every"));
+  }
+  if (AcrossNodes() && options_.uneven_inputs) {
+    return MakeError(v1::INVALID_ARGUMENT,
+                     absl::StrCat(caller.Name(),
+                                  " called gs_check_replicas in a multi-node job with "
+                                  "--uneven-inputs: not supported (a node whose trainers all "
+                                  "joined would never compare); one node is"));
   }
   if (iteration == 0 || iteration % static_cast<uint64_t>(options_.every) != 0) {
     return MakeError(v1::INVALID_ARGUMENT,
@@ -83,14 +63,88 @@ absl::Status ReplicaChecker::Check(const Trainer& caller, uint64_t iteration,
                                   iteration, ", where no check is due (every ", options_.every,
                                   " iterations: see gs_job_info.check_replicas_due)"));
   }
-  if (hashes.size() != layout_.size()) {
+  if (hashes != layout_.size()) {
     return MakeError(v1::INVALID_ARGUMENT,
-                     absl::StrCat(caller.Name(), " passed ", hashes.size(),
+                     absl::StrCat(caller.Name(), " passed ", hashes,
                                   " hashes to gs_check_replicas; its layout has ", layout_.size(),
                                   " tensors (one hash each, in registration order)"));
   }
+  return absl::OkStatus();
+}
+
+std::vector<ReplicaFingerprint> ReplicaChecker::RoundLocked() const {
+  std::vector<ReplicaFingerprint> round;
+  for (size_t i = 0; i < trainers_.size(); ++i) {
+    if (!arrived_[i]) continue;
+    const Trainer& t = *trainers_[i];
+    round.push_back({t.rank, t.local_rank, options_.node_rank, t.pid, hashes_[i]});
+  }
+  std::sort(
+      round.begin(), round.end(),
+      [](const ReplicaFingerprint& a, const ReplicaFingerprint& b) { return a.rank < b.rank; });
+  return round;
+}
+
+absl::Status ReplicaChecker::CompareRound(int* culprit) {
+  // Until the round ends, waiters keep waiting without a deadline: a
+  // difference ends nothing, it fails the job (whose Abort wakes them)
+  // before any waiting trainer hears of it, since one told first could
+  // close, and its departure would fail the job in its own name instead of
+  // the mismatch's; nor may one time out meanwhile.
+  comparing_ = true;
+  absl::Status verdict;
+  if (!AcrossNodes()) {
+    verdict = CompareReplicas(iteration_, layout_, RoundLocked());
+  } else {
+    NodeRound round{options_.node_rank, options_.world_size, options_.every, iteration_,
+                    RoundLocked()};
+    mu_.Unlock();
+    bool collective = false;
+    verdict = CompareAcrossNodes(*backend_, layout_, round, &collective);
+    mu_.Lock();
+    // A collective's failure: the job asks the leader which node caused it.
+    if (collective) *culprit = Scheduler::kCollectiveFailed;
+    if (verdict.ok() && !failed_.ok()) return failed_;
+  }
+  if (!verdict.ok()) return verdict;
+  comparing_ = false;
+  spdlog::info("event=replicas_equal iteration={} trainers={} tensors={} nodes={}", iteration_,
+               count_, layout_.size(), backend_ != nullptr ? backend_->num_nodes() : 1);
+  std::fill(arrived_.begin(), arrived_.end(), 0);
+  count_ = 0;
+  last_result_ = absl::OkStatus();
+  ++rounds_done_;
+  cv_.SignalAll();
+  return absl::OkStatus();
+}
+
+absl::Status ReplicaChecker::WaitLocked(const Trainer& caller, uint64_t round,
+                                        absl::Time deadline) {
+  while (rounds_done_ == round && failed_.ok()) {
+    const absl::Time now = MonotonicNow();
+    if (!comparing_ && now >= deadline) {
+      std::string missing;
+      for (size_t i = 0; i < trainers_.size(); ++i) {
+        if (arrived_[i] || trainers_[i]->joined.load(std::memory_order_relaxed)) continue;
+        absl::StrAppend(&missing, missing.empty() ? "" : ", ", trainers_[i]->Name());
+      }
+      return MakeError(
+          v1::TIMEOUT,
+          absl::StrCat(missing, " did not call gs_check_replicas after iteration ", iteration_,
+                       " within the timeout; ", caller.Name(), " waited for it"));
+    }
+    cv_.WaitWithTimeout(
+        &mu_, comparing_ ? kPoll : std::clamp(deadline - now, absl::Milliseconds(1), kPoll));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReplicaChecker::Check(const Trainer& caller, uint64_t iteration,
+                                   const std::vector<uint64_t>& hashes, absl::Time deadline) {
+  RETURN_IF_ERROR(Refusal(caller, iteration, hashes.size()));
   const size_t me = static_cast<size_t>(caller.local_rank);
   absl::Status refused;
+  int culprit = -1;
   {
     MonotonicMutexLock lock(&mu_);
     if (!failed_.ok()) return failed_;
@@ -114,47 +168,20 @@ absl::Status ReplicaChecker::Check(const Trainer& caller, uint64_t iteration,
       hashes_[me] = hashes;
       arrived_[me] = 1;
       ++count_;
-      const uint64_t mine = rounds_done_;
+      const uint64_t round = rounds_done_;
       int expected = 0;
       for (const Trainer* t : trainers_) expected += !t->joined.load(std::memory_order_relaxed);
       if (count_ >= expected) {
-        refused = CompareLocked();
-        if (refused.ok()) {
-          spdlog::info("event=replicas_equal iteration={} trainers={} tensors={}", iteration_,
-                       count_, layout_.size());
-          std::fill(arrived_.begin(), arrived_.end(), 0);
-          count_ = 0;
-          last_result_ = refused;
-          ++rounds_done_;
-          cv_.SignalAll();
-          return absl::OkStatus();
-        }
-        // A difference fails the job before any waiting trainer hears of
-        // it (the job's failure reaches them through Abort): one told
-        // first could close, and its departure would fail the job in its
-        // own name instead of the mismatch's.
+        refused = CompareRound(&culprit);
+        if (refused.ok()) return refused;
+        if (!failed_.ok()) return failed_;
       } else {
-        while (rounds_done_ == mine && failed_.ok()) {
-          const absl::Time now = MonotonicNow();
-          if (now >= deadline) {
-            std::string missing;
-            for (size_t i = 0; i < trainers_.size(); ++i) {
-              if (arrived_[i] || trainers_[i]->joined.load(std::memory_order_relaxed)) continue;
-              absl::StrAppend(&missing, missing.empty() ? "" : ", ", trainers_[i]->Name());
-            }
-            refused = MakeError(
-                v1::TIMEOUT,
-                absl::StrCat(missing, " did not call gs_check_replicas after iteration ",
-                             iteration_, " within the timeout; ", caller.Name(), " waited for it"));
-            break;
-          }
-          cv_.WaitWithTimeout(&mu_, std::clamp(deadline - now, absl::Milliseconds(1), kPoll));
-        }
+        refused = WaitLocked(caller, round, deadline);
         if (refused.ok()) return failed_.ok() ? last_result_ : failed_;
       }
     }
   }
-  return FailJob(refused);
+  return FailJob(refused, culprit);
 }
 
 }  // namespace gradsync

@@ -5,15 +5,19 @@
 // parameters (one 64-bit hash per registered tensor) and sends them; once
 // every local trainer still in the job (not joined) has, the last arrival
 // compares them tensor by tensor in registration order against the lowest
-// local rank's. A difference fails the job with MISMATCH naming the first
-// differing tensor and the trainers (and node) on each side: replicas that
-// drifted apart (a nondeterministic kernel, a skipped step, corrupted
-// memory) are named instead of trained on. A trainer that never sends
-// within the timeout fails the job with TIMEOUT naming it; trainers that
-// send for different iterations fail it with MISMATCH naming both.
+// rank's: on one node at once, across nodes with every other node through
+// the backend (replica_exchange.h), while the others wait. A difference
+// fails the job, on every node, with MISMATCH naming the first differing
+// tensor and the trainers and nodes on each side, before any waiting
+// trainer returns: replicas that drifted apart (a nondeterministic kernel,
+// a skipped step, corrupted memory) are named instead of trained on. A
+// trainer that never sends within the timeout fails the job with TIMEOUT
+// naming it; trainers that send for different iterations fail it with
+// MISMATCH naming both (nodes: naming the nodes).
 //
-// One node only: the daemon refuses the flag on a multi-node job at start
-// (daemon/config.cc); comparing across nodes is not implemented yet.
+// Across nodes a job with --uneven-inputs is refused (a node whose
+// trainers all joined would never compare): Check returns
+// INVALID_ARGUMENT to the caller alone.
 //
 // Threads: Check from RPC threads (one per trainer at a time), Abort from
 // whoever fails the job. `fail` is never called with the lock held.
@@ -29,6 +33,8 @@
 #include "absl/time/time.h"
 #include "common/layout.h"
 #include "common/monotonic_mutex.h"
+#include "daemon/backends/backend.h"
+#include "daemon/engine/replica_exchange.h"
 #include "daemon/engine/scheduler.h"
 #include "daemon/engine/trainer.h"
 
@@ -39,12 +45,14 @@ class ReplicaChecker {
   struct Options {
     int64_t every = 0;  // --check-replicas-every; 0: off (every Check is refused)
     int node_rank = 0;
+    int world_size = 1;
+    bool uneven_inputs = false;  // the job's (node 0's) --uneven-inputs
   };
   using FailFn = Scheduler::FailFn;
 
-  // `trainers` by local rank and `layout` outlive this object.
-  ReplicaChecker(std::vector<Trainer*> trainers, const Layout& layout, FailFn fail,
-                 Options options);
+  // `trainers` by local rank, `layout` and `backend` outlive this object.
+  ReplicaChecker(std::vector<Trainer*> trainers, const Layout& layout, Backend* backend,
+                 FailFn fail, Options options);
 
   // One trainer's fingerprint after synchronized iteration `iteration`;
   // blocks until every local trainer still in the job sent its and they
@@ -52,20 +60,33 @@ class ReplicaChecker {
   // passes. A misuse by the caller alone (off, not due, wrong count) is
   // refused without failing the job.
   absl::Status Check(const Trainer& caller, uint64_t iteration, const std::vector<uint64_t>& hashes,
-                     absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+                     absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_)
+      // It releases mu_ around the comparison across nodes, which the
+      // analysis cannot follow.
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
   // The job failed: every waiting and later Check returns `error`.
   void Abort(const absl::Status& error) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  // The comparison, once everyone arrived: OK or the job's MISMATCH.
-  absl::Status CompareLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string Where(const Trainer& t) const;  // "rank 1 (local 1, pid 7) on node 0"
+  // A misuse by the caller alone, or OK.
+  absl::Status Refusal(const Trainer& caller, uint64_t iteration, size_t hashes) const;
+  // The fingerprints of the round being collected, by rank.
+  std::vector<ReplicaFingerprint> RoundLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The last arrival: compares the round (across nodes with the lock
+  // released) and, when equal, ends it. *culprit: for the job's failure.
+  absl::Status CompareRound(int* culprit)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Any other arrival: waits for round `round` to end.
+  absl::Status WaitLocked(const Trainer& caller, uint64_t round, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AcrossNodes() const { return backend_ != nullptr && backend_->num_nodes() > 1; }
   // Fails the job (lock released) and returns `error`.
-  absl::Status FailJob(const absl::Status& error) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status FailJob(const absl::Status& error, int culprit = -1) ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::vector<Trainer*> trainers_;
   const Layout& layout_;
+  Backend* const backend_;
   const FailFn fail_;
   const Options options_;
 
@@ -79,6 +100,9 @@ class ReplicaChecker {
   std::vector<uint8_t> arrived_ ABSL_GUARDED_BY(mu_);
   int count_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rounds_done_ ABSL_GUARDED_BY(mu_) = 0;
+  // The last arrival compares across nodes (the others wait, without a
+  // deadline of their own: the collectives have theirs).
+  bool comparing_ ABSL_GUARDED_BY(mu_) = false;
   // The last round's outcome: set before its waiters wake, so none returns
   // OK for a round that failed before the job's Abort reaches them.
   absl::Status last_result_ ABSL_GUARDED_BY(mu_);

@@ -261,21 +261,28 @@ TEST(ValidateConfig, MetricsListenIsCheckedAndKeptLocalWhenReadsNeedAuth) {
 }
 
 // --check-replicas-every: 0 (off) by default; negative is refused naming
-// the flag; comparing fingerprints across nodes is not implemented, so a
-// multi-node job is refused at start instead of checking one node only.
-TEST(ValidateConfig, CheckReplicasEveryIsOneNodeOnlyAndNotNegative) {
+// the flag; across nodes it works, except with --uneven-inputs (a node
+// whose trainers all joined would never compare), refused at start.
+TEST(ValidateConfig, CheckReplicasEveryIsNotNegativeNorUnevenAcrossNodes) {
   EXPECT_EQ(DaemonConfig{}.check_replicas_every, 0);
   DaemonConfig one;
   one.check_replicas_every = 5;
+  EXPECT_TRUE(ValidateConfig(one).ok()) << ValidateConfig(one);
+  one.uneven_inputs = true;
   EXPECT_TRUE(ValidateConfig(one).ok()) << ValidateConfig(one);
   one.check_replicas_every = -1;
   ExpectRefused(one, {"--check-replicas-every -1", ">= 0"});
   DaemonConfig leader = Leader();
   leader.check_replicas_every = 5;
-  ExpectRefused(leader, {"--check-replicas-every 5", "one node only", "--num-nodes 3"});
+  EXPECT_TRUE(ValidateConfig(leader).ok()) << ValidateConfig(leader);
+  leader.uneven_inputs = true;
+  ExpectRefused(leader,
+                {"--check-replicas-every 5", "--uneven-inputs", "one node only", "--num-nodes 3"});
   DaemonConfig follower = Follower();
   follower.check_replicas_every = 5;
-  ExpectRefused(follower, {"--check-replicas-every 5", "one node only"});
+  EXPECT_TRUE(ValidateConfig(follower).ok()) << ValidateConfig(follower);
+  follower.uneven_inputs = true;
+  ExpectRefused(follower, {"--check-replicas-every 5", "--uneven-inputs", "one node only"});
 }
 
 }  // namespace

@@ -33,6 +33,7 @@ TEST(RendezvousRecords, KeysAreScopedAsBefore) {
   EXPECT_EQ(OrderKey(3), "g3/order");
   EXPECT_EQ(ConfigKey(3, 9), "g3/config/9");
   EXPECT_EQ(PlanKey(3, 4, 1), "g3/plan/4/1");
+  EXPECT_EQ(CheckReplicasEveryKey(3, 1), "g3/check_replicas_every/1");
 }
 
 TEST(RendezvousRecords, CapsRoundTrip) {

@@ -296,6 +296,87 @@ TEST(GpuPath, TwoNodesAverageOverEveryTrainer) {
   }
 }
 
+// gradsyncd --check-replicas-every in a job with CUDA gradients on two
+// nodes: the fingerprints are host values, compared across nodes through
+// the Gloo worker while the gradients go through the device's collectives.
+// Equal replicas pass every check; rank 3 (node 1) drifting after step
+// index 2 (iteration 3) is named on both nodes at the check after
+// iteration 4.
+TEST(GpuPath, TwoNodesCheckReplicasAndNameADriftedOne) {
+  for (const bool drift : {false, true}) {
+    std::vector<std::string> common = kDaemonArgs;
+    common.insert(common.end(), {"--num-nodes=2", "--check-replicas-every=2",
+                                 absl::StrCat("--job-id=gpucheck-", drift)});
+    std::unique_ptr<Daemon> leader, follower;
+    ASSERT_NO_FATAL_FAILURE(StartTwoSimNodes(common, &leader, &follower));
+    std::vector<std::string> args = {"--steps=6", "--check-replicas"};
+    if (drift) args.insert(args.end(), {"--drift-rank=3", "--drift-at=2"});
+    std::vector<Process> trainers;
+    for (Daemon* d : {leader.get(), follower.get()}) {
+      for (int r = 0; r < 2; ++r) trainers.push_back(StartSimTrainer(*d, r, 2, args));
+    }
+    for (size_t rank = 0; rank < trainers.size(); ++rank) {
+      const ExitStatus st = trainers[rank].Wait(seconds(90));
+      const std::string log = trainers[rank].Log();
+      const std::string daemons =
+          "\nleader:\n" + leader->process().Log() + "\nfollower:\n" + follower->process().Log();
+      ASSERT_TRUE(st.exited) << st.ToString() << "\n" << log;
+      EXPECT_NE(log.find(absl::StrCat("check ok rank ", rank, " iteration 2\n")), std::string::npos)
+          << log;
+      if (!drift) {
+        EXPECT_EQ(st.code, 0) << log << daemons;
+        EXPECT_NE(log.find(absl::StrCat("check ok rank ", rank, " iteration 6\n")),
+                  std::string::npos)
+            << log;
+        continue;
+      }
+      EXPECT_EQ(st.code, 2) << log << daemons;
+      EXPECT_NE(log.find("error code=3: replicas differ after iteration 4: tensor 'fc1.weight' "
+                         "(index 1)"),
+                std::string::npos)
+          << log;
+      EXPECT_NE(log.find(") on node 0 but "), std::string::npos) << log;
+      EXPECT_NE(log.find(" on rank 3 (local 1, pid "), std::string::npos) << log;
+      EXPECT_EQ(log.find("iteration 4\n"), std::string::npos) << log;
+    }
+  }
+}
+
+// gs_broadcast of a host buffer (two pieces and a tail) in a job with CUDA
+// gradients on two nodes, from a root on either node, before the first
+// step and between steps: every trainer of both nodes gets the root's
+// bytes, and every step still averages over all 4 trainers.
+TEST(GpuPath, TwoNodesBroadcastHostBuffersFromARootOnEitherNode) {
+  for (const int root : {3, 0}) {
+    std::vector<std::string> common = kDaemonArgs;
+    common.insert(common.end(), {"--num-nodes=2", absl::StrCat("--job-id=gpubcast-", root)});
+    std::unique_ptr<Daemon> leader, follower;
+    ASSERT_NO_FATAL_FAILURE(StartTwoSimNodes(common, &leader, &follower));
+    std::vector<Process> trainers;
+    for (Daemon* d : {leader.get(), follower.get()}) {
+      for (int r = 0; r < 2; ++r) {
+        trainers.push_back(
+            StartSimTrainer(*d, r, 2, {"--steps=3", absl::StrCat("--broadcast-root=", root)}));
+      }
+    }
+    for (size_t rank = 0; rank < trainers.size(); ++rank) {
+      const ExitStatus st = trainers[rank].Wait(seconds(90));
+      const std::string log = trainers[rank].Log();
+      EXPECT_TRUE(st.exited && st.code == 0) << "root " << root << "\n"
+                                             << log << "\nleader:\n"
+                                             << leader->process().Log() << "\nfollower:\n"
+                                             << follower->process().Log();
+      for (const char* when : {"at start", "between steps"}) {
+        EXPECT_NE(log.find(absl::StrCat("broadcast ok rank ", rank, " ", when, "\n")),
+                  std::string::npos)
+            << log;
+      }
+      EXPECT_NE(log.find("OK rank " + std::to_string(rank) + " world 4 steps 3"), std::string::npos)
+          << log;
+    }
+  }
+}
+
 // A node dies mid-job (its daemon SIGKILLed): the surviving node's
 // collective fails or times out, the group is aborted, and its trainers get
 // PEER_FAILED (or TIMEOUT) within the timeout — no hang.

@@ -58,7 +58,27 @@ struct Flags {
   // readiness events re-recorded there must still complete only after
   // the held stream's writes.
   int switch_stream_at = -1;
+  // Under gradsyncd --check-replicas-every: keep host parameters (SGD on
+  // the averaged gradients, equal on every trainer) and send their
+  // fingerprints when a check is due; rank `drift_rank` perturbs
+  // fc1.weight after step `drift_at` (a drifted replica).
+  bool check_replicas = false;
+  int drift_rank = -1;
+  int drift_at = -1;
+  // >= 0: gs_broadcast a host buffer of kBroadcastBytes from this rank
+  // before the first step and after the first, checking the root's bytes
+  // arrived (what DistributedOptimizer's constructor and broadcast_buffers
+  // do with CUDA tensors, through the host).
+  int broadcast_root = -1;
 };
+
+// Two 4 MiB pieces and an odd tail.
+constexpr size_t kBroadcastBytes = (5u << 20) + 3;
+
+// Rank r's byte i before a broadcast.
+unsigned char BroadcastByte(int r, size_t i) {
+  return static_cast<unsigned char>((i * 131 + static_cast<size_t>(r) * 17 + i / 4096) & 0xff);
+}
 
 struct Tensor {
   std::string name;
@@ -90,6 +110,38 @@ float Stored(const Flags& f, int r, int step, size_t i, size_t j) {
     if (Used(f, r, step, m, i)) h += Grad(r, step, m, i, j);
   }
   return f.dtype == DType::kBFloat16 ? gradsync::BFloat16ToFloat(gradsync::FloatToBFloat16(h)) : h;
+}
+
+// FNV-1a of the bytes: a parameter's fingerprint.
+uint64_t Fingerprint(const std::vector<float>& values) {
+  const auto* p = reinterpret_cast<const unsigned char*>(values.data());
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < values.size() * sizeof(float); ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+int Error(const absl::Status& st);
+
+// gs_broadcast from f.broadcast_root; 0 when every byte is the root's.
+int BroadcastAndCheck(gradsync::Client& c, const Flags& f, int rank, const char* when) {
+  std::vector<unsigned char> buf(kBroadcastBytes);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = BroadcastByte(rank, i);
+  if (absl::Status st = c.Broadcast(buf.data(), buf.size(), f.broadcast_root, -1); !st.ok()) {
+    return Error(st);
+  }
+  for (size_t i = 0; i < buf.size(); ++i) {
+    if (buf[i] == BroadcastByte(f.broadcast_root, i)) continue;
+    std::printf("BROADCAST MISMATCH rank %d %s byte %zu: got %d expected %d\n", rank, when, i,
+                buf[i], BroadcastByte(f.broadcast_root, i));
+    std::fflush(stdout);
+    return 1;
+  }
+  std::printf("broadcast ok rank %d %s\n", rank, when);
+  std::fflush(stdout);
+  return 0;
 }
 
 int Error(const absl::Status& st) {
@@ -133,6 +185,14 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->tensors = std::atoi(v.c_str());
     else if (key == "--switch-stream-at")
       f->switch_stream_at = std::atoi(v.c_str());
+    else if (key == "--check-replicas")
+      f->check_replicas = true;
+    else if (key == "--drift-rank")
+      f->drift_rank = std::atoi(v.c_str());
+    else if (key == "--drift-at")
+      f->drift_at = std::atoi(v.c_str());
+    else if (key == "--broadcast-root")
+      f->broadcast_root = std::atoi(v.c_str());
     else
       return false;
   }
@@ -221,8 +281,16 @@ int main(int argc, char** argv) {
   std::vector<std::vector<float>> host(kTensors.size());
   std::vector<std::vector<uint16_t>> host16(kTensors.size());
   for (size_t i = 0; i < kTensors.size(); ++i) host[i].assign(kTensors[i].numel, 0.f);
+  std::vector<std::vector<float>> params(kTensors.size());
+  for (size_t i = 0; i < kTensors.size(); ++i) params[i].assign(kTensors[i].numel, 1.f);
 
+  if (f.broadcast_root >= 0) {
+    if (int rc = BroadcastAndCheck(c, f, rank, "at start"); rc != 0) return rc;
+  }
   for (int step = 0; step < f.steps; ++step) {
+    if (f.broadcast_root >= 0 && step == 1) {
+      if (int rc = BroadcastAndCheck(c, f, rank, "between steps"); rc != 0) return rc;
+    }
     for (int m = 0; m < f.accumulate; ++m) {
       const bool synced = m == f.accumulate - 1;
       if (absl::Status st = c.SetSync(synced); !st.ok()) return Error(st);
@@ -291,6 +359,7 @@ int main(int argc, char** argv) {
           std::memcpy(&v, got + j * elem, elem);
           value = v;
         }
+        params[i][j] -= 0.1f * static_cast<float>(value);
         if (std::fabs(value - expected) > tol * std::max(1.0, std::fabs(expected))) {
           std::printf(
               "MISMATCH rank %d step %d tensor %zu '%s' element %zu: got %.7g expected %.7g\n",
@@ -300,6 +369,15 @@ int main(int argc, char** argv) {
         }
       }
       std::fill(host[i].begin(), host[i].end(), 0.f);  // the optimizer consumed it
+    }
+    if (rank == f.drift_rank && step == f.drift_at) params[1][1] += 1e-3f;
+    if (f.check_replicas && c.job_info().check_replicas_due) {
+      std::vector<uint64_t> hashes;
+      for (const std::vector<float>& p : params) hashes.push_back(Fingerprint(p));
+      if (absl::Status st = c.CheckReplicas(hashes); !st.ok()) return Error(st);
+      std::printf("check ok rank %d iteration %llu\n", rank,
+                  static_cast<unsigned long long>(c.job_info().iteration));
+      std::fflush(stdout);
     }
   }
   std::printf("OK rank %d world %d steps %d\n", rank, world, f.steps);

@@ -44,7 +44,7 @@ def run_optimizer(args: argparse.Namespace) -> dict:
         on_world_change=lambda old, new, r: world_changes.append((opt.iteration, old, new, r)))
     rank, world = opt.rank, opt.world_size
     jobs = [(opt.iteration, opt.world_size, opt.rank)]  # before the first step, then per step
-    assert rank == int(os.environ["LOCAL_RANK"]), (rank, os.environ["LOCAL_RANK"])
+    assert rank == int(os.environ["LOCAL_RANK"]) + args.rank_offset, (rank, args.rank_offset)
     params = [p for p in model.parameters() if p.requires_grad]
     grad_ptrs = [p.grad.data_ptr() for p in params]
     arena = {opt.client.buffer_address(i) for i in range(len(params))}

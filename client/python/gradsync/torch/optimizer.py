@@ -105,11 +105,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     * Gradients read between ``backward()`` and ``step()`` are local and may
       be partly averaged already; call ``synchronize()`` first (e.g. before
       gradient clipping); ``step()`` then does not synchronize again.
-    * Under ``gradsyncd --check-replicas-every N`` (one node for now),
-      ``step()`` hashes the registered parameters after the wrapped
-      optimizer's step of every N-th synchronized iteration and the daemon
-      compares them across the trainers: ``MismatchError`` names the first
-      parameter that differs and the trainers on each side.
+    * Under ``gradsyncd --check-replicas-every N``, ``step()`` hashes the
+      registered parameters after the wrapped optimizer's step of every
+      N-th synchronized iteration and the daemons compare them across every
+      trainer of every node: ``MismatchError`` names the first parameter
+      that differs and the trainers and nodes on each side.
     * ``close()`` gives every parameter a private copy of its gradient and
       detaches from the daemon; ``.grad`` tensors saved elsewhere before then
       must not be used afterwards.
@@ -178,17 +178,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if module is not None:
                 registered = {id(p) for p in start}
                 start += [p for p in module.parameters() if id(p) not in registered]
-            try:
-                broadcast_tensors(start + self._buffers, 0, client=self._client)
-            except InvalidArgumentError as e:
-                # A multi-node job with CUDA gradients cannot broadcast yet
-                # (refused before anything moved, on every trainer alike):
-                # train as before, from the caller's own initialization.
-                if "not supported yet" not in str(e):
-                    raise
-                log.warning("replicas are not broadcast (%s): give every trainer the same "
-                            "initialization", e)
-                self._buffers = []
+            broadcast_tensors(start + self._buffers, 0, client=self._client)
         except BaseException:
             # Leave the model as it was: no .grad may point into a mapping
             # that close() is about to remove.
