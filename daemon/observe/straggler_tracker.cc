@@ -41,8 +41,11 @@ StragglerTracker::StragglerTracker(std::string job_id, int node_rank, int num_no
 
 void StragglerTracker::SetOptions(const StragglerOptions& options) {
   absl::MutexLock lock(&mu_);
+  // The windows are sized at Begin: a running tracker keeps its size.
+  const uint32_t window =
+      windows_.empty() ? std::max<uint32_t>(options.window, 1) : options_.window;
   options_ = options;
-  options_.window = std::max<uint32_t>(options_.window, 1);
+  options_.window = window;
 }
 
 void StragglerTracker::Begin(const std::vector<TrainerId>& trainers, bool exchanged) {
