@@ -953,7 +953,7 @@ void Scheduler::FinishIteration() {
   const uint64_t it = iteration();
   // The last bucket's reduction returned: its collective completed.
   if (options_.stragglers && !timelines_.empty()) {
-    options_.stragglers->OnIterationDone(timelines_.back().done_ns);
+    options_.stragglers->OnIterationDone(it, timelines_.back().done_ns);
   }
   for (Trainer* t : trainers_) {
     std::fill(t->marked.begin(), t->marked.end(), 0);

@@ -37,7 +37,11 @@ JobStats::JobStats(int rank_offset, int world_size, size_t recorder_events, std:
       num_nodes_(num_nodes),
       tensor_names_(std::move(tensor_names)),
       recorder_(recorder_events),
-      stragglers_(job_id_, node_rank, num_nodes) {}
+      stragglers_(job_id_, node_rank, num_nodes) {
+  stragglers_.set_named_listener([this](uint64_t iteration, int rank) {
+    recorder_.Record(TraceEventType::kTrainerStraggler, iteration, static_cast<uint32_t>(rank));
+  });
+}
 
 JobStats::~JobStats() {
   if (timeline_ != nullptr) timeline_->Unfollow(&recorder_);

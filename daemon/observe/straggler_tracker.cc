@@ -85,7 +85,7 @@ void StragglerTracker::OnMark(int local_rank, uint32_t bucket, int64_t ns) {
   at = std::max(at, ns);
 }
 
-void StragglerTracker::OnIterationDone(int64_t done_ns) {
+void StragglerTracker::OnIterationDone(uint64_t iteration, int64_t done_ns) {
   const size_t n = last_mark_ns_.size();
   // The bucket each trainer was latest for, against its node's first.
   std::fill(pending_bucket_.begin(), pending_bucket_.end(), -1);
@@ -103,6 +103,7 @@ void StragglerTracker::OnIterationDone(int64_t done_ns) {
     }
   }
   pending_ = false;
+  pending_iteration_ = iteration;
   pending_last_ = -1;
   int64_t latest_ns = 0;
   for (size_t t = 0; t < n; ++t) {
@@ -213,6 +214,7 @@ void StragglerTracker::MaybeLog(size_t t, const Verdict& v) {
       "late_p50_ms={:.3f} late_mean_ms={:.3f} late_p99_ms={:.3f} window={} scope={}",
       LogToken(job_id_), id.rank, id.local_rank, node_rank_, LogToken(host_), id.pid, v.share_last,
       v.p50_us / 1000, v.mean_us / 1000, v.p99_us / 1000, v.n, exchanged_ ? "job" : "node_clock");
+  if (named_listener_) named_listener_(pending_iteration_, id.rank);
 }
 
 void StragglerTracker::Fill(google::protobuf::RepeatedPtrField<v1::TrainerLateness>* out,

@@ -34,6 +34,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,15 +72,19 @@ class StragglerTracker {
   StragglerTracker(std::string job_id, int node_rank, int num_nodes);
 
   void SetOptions(const StragglerOptions& options) ABSL_LOCKS_EXCLUDED(mu_);
+  // Told, with the log line, when a trainer is named (the flight
+  // recorder's trace marker). Set before the scheduler starts.
+  using NamedListener = std::function<void(uint64_t iteration, int rank)>;
+  void set_named_listener(NamedListener listener) { named_listener_ = std::move(listener); }
 
   // The scheduler's trainers (indexed by local rank), and whether the nodes
   // exchange an agreement every iteration (ReadAgreement will be called).
   void Begin(const std::vector<TrainerId>& trainers, bool exchanged) ABSL_LOCKS_EXCLUDED(mu_);
   // A mark of `local_rank`'s for a tensor of `bucket`, seen at `ns`.
   void OnMark(int local_rank, uint32_t bucket, int64_t ns);
-  // The iteration's last collective completed at `done_ns`; trainers that
-  // marked nothing (joined) are left out.
-  void OnIterationDone(int64_t done_ns) ABSL_LOCKS_EXCLUDED(mu_);
+  // Iteration `iteration`'s last collective completed at `done_ns`;
+  // trainers that marked nothing (joined) are left out.
+  void OnIterationDone(uint64_t iteration, int64_t done_ns) ABSL_LOCKS_EXCLUDED(mu_);
 
   size_t agreement_slots() const {
     return kHeadSlots + kSlotsPerNode * static_cast<size_t>(num_nodes_);
@@ -120,6 +125,7 @@ class StragglerTracker {
   const std::string job_id_;
   const int node_rank_, num_nodes_;
   std::string host_;
+  NamedListener named_listener_;
 
   // Scheduler thread only.
   bool exchanged_ = false;
@@ -129,6 +135,7 @@ class StragglerTracker {
   // The iteration done, waiting for the agreement: per trainer its slack
   // in µs (-1: marked nothing) and the bucket it was latest for.
   bool pending_ = false;
+  uint64_t pending_iteration_ = 0;
   std::vector<int64_t> pending_slack_us_;
   std::vector<int32_t> pending_bucket_;
   int pending_last_ = -1;  // the local trainer strictly last, -1: a tie or none

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace gradsync {
@@ -23,7 +24,7 @@ struct Mark {
 // One iteration: the marks, then the last collective completing at `done_ns`.
 void Iteration(StragglerTracker& t, const std::vector<Mark>& marks, int64_t done_ns) {
   for (const Mark& m : marks) t.OnMark(m.local_rank, m.bucket, m.ns);
-  t.OnIterationDone(done_ns);
+  t.OnIterationDone(static_cast<uint64_t>(done_ns / (100 * kMs)), done_ns);
 }
 
 std::vector<v1::TrainerLateness> Rows(const StragglerTracker& t, v1::StragglerSettings* set) {
@@ -44,6 +45,8 @@ std::unique_ptr<StragglerTracker> OneNode(int trainers, StragglerOptions options
 TEST(StragglerTrackerTest, TheTrainerLateForBucket1IsNamedWithItsLatenessAndBucket) {
   std::unique_ptr<StragglerTracker> owned = OneNode(3);
   StragglerTracker& t = *owned;
+  std::vector<std::pair<uint64_t, int>> named;
+  t.set_named_listener([&](uint64_t it, int rank) { named.push_back({it, rank}); });
   for (int it = 0; it < 12; ++it) {
     const int64_t base = it * 100 * kMs;
     // Bucket 0 together; trainer 2 completes bucket 1 15 ms after the others.
@@ -77,6 +80,9 @@ TEST(StragglerTrackerTest, TheTrainerLateForBucket1IsNamedWithItsLatenessAndBuck
   EXPECT_EQ(rows[1].usual_bucket(), 1);
   EXPECT_FALSE(rows[0].straggler());
   EXPECT_FALSE(rows[1].straggler());
+  // Named once (with its log line), as soon as the window held enough
+  // iterations: the 10th, iteration 9.
+  EXPECT_EQ(named, (std::vector<std::pair<uint64_t, int>>{{9, 2}}));
 }
 
 TEST(StragglerTrackerTest, MarksSeenAtTheSameInstantNameNobodyLast) {

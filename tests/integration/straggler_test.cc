@@ -4,9 +4,9 @@
 // it, and only it, after 20 iterations — on one node of 3 trainers, and
 // across 2 nodes of 1 trainer each (where no node has a local peer to
 // compare with: only the nodes' exchange can tell). A balanced job names
-// nobody. No timing threshold is asserted: the delayed trainer must be the
-// one the daemon names and the one last most often; the balanced job must
-// name nobody under the daemon's own verdict.
+// nobody; the log and the timeline mark the straggler. No timing threshold is asserted: the delayed
+// trainer must be the one the daemon names and the one last most often; the balanced job must name
+// nobody under the daemon's own verdict.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -104,7 +104,9 @@ Named Read(const nlohmann::json& j) {
 }
 
 TEST(StragglerOneNodeTest, TheTrainerSleepingInEveryBackwardIsNamedWithin20Iterations) {
-  Daemon daemon(3, {"--timeout-s=60"});
+  ScratchDir scratch;
+  const std::string timeline = scratch.File("timeline.json");
+  Daemon daemon(3, {"--timeout-s=60", "--trace-file=" + timeline});
   ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
   const int port = daemon.ListenPort(seconds(10));
   ASSERT_NE(port, 0) << daemon.process().Log();
@@ -135,8 +137,18 @@ TEST(StragglerOneNodeTest, TheTrainerSleepingInEveryBackwardIsNamedWithin20Itera
             std::string::npos)
       << prom.out;
   EXPECT_NE(prom.out.find("gradsync_trainer_lateness_seconds_bucket{"), std::string::npos);
-  // And the log says so, once.
+  // And the log says so, and the whole-run timeline marks it on rank 2's track.
   EXPECT_NE(daemon.process().Log().find("event=straggler "), std::string::npos);
+  daemon.Stop();
+  const nlohmann::json trace = nlohmann::json::parse(ReadFile(timeline), nullptr, false);
+  ASSERT_TRUE(trace.is_array()) << ReadFile(timeline).substr(0, 500);
+  int markers = 0;
+  for (const nlohmann::json& e : trace) {
+    if (e.value("name", "") != "straggler") continue;
+    ++markers;
+    EXPECT_EQ(e["args"]["rank"], 2) << e.dump();
+  }
+  EXPECT_EQ(markers, 1);
 }
 
 TEST(StragglerOneNodeTest, ABalancedJobNamesNobody) {
