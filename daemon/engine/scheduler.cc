@@ -951,10 +951,6 @@ bool Scheduler::FinishLaunch(uint32_t bucket, const ReduceTimings& timings) {
 
 void Scheduler::FinishIteration() {
   const uint64_t it = iteration();
-  // The last bucket's reduction returned: its collective completed.
-  if (options_.stragglers && !timelines_.empty()) {
-    options_.stragglers->OnIterationDone(it, timelines_.back().done_ns);
-  }
   for (Trainer* t : trainers_) {
     std::fill(t->marked.begin(), t->marked.end(), 0);
     if (checksummed_marks_ != 0) std::fill(t->mark_checksums.begin(), t->mark_checksums.end(), 0);
@@ -993,6 +989,11 @@ void Scheduler::FinishIteration() {
   if (!st.ok()) {
     fail_(MakeError(v1::PEER_FAILED, st.message()), culprit);
     return;
+  }
+  // Once the trainers are on their way: when the last bucket's reduction
+  // returned, its collective had completed.
+  if (options_.stragglers && !timelines_.empty()) {
+    options_.stragglers->OnIterationDone(it, timelines_.back().done_ns);
   }
   // The next iteration's entries wait in the rings until this returns: the
   // plan changes exactly at the boundary.

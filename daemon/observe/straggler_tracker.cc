@@ -176,7 +176,9 @@ void StragglerTracker::Finish(int64_t job_max_slack_us, bool node_has_last) {
     w.bucket[slot] = pending_bucket_[t];
     ++w.count;
     w.histogram->Record(late_us * 1000);
-    MaybeLog(t, Judge(w, &scratch_));
+    // Only a trainer last this time can have become a straggler, and one
+    // already named is judged again only when its log line is due.
+    if (w.last[slot] != 0 && LogDue(w)) MaybeLog(t, Judge(w, &scratch_));
   }
 }
 
@@ -201,13 +203,16 @@ StragglerTracker::Verdict StragglerTracker::Judge(const Window& w,
   return v;
 }
 
+bool StragglerTracker::LogDue(const Window& w) const {
+  return !w.logged ||
+         MonotonicNowNs() - w.logged_ns >= static_cast<int64_t>(options_.log_every_s * 1e9);
+}
+
 void StragglerTracker::MaybeLog(size_t t, const Verdict& v) {
   Window& w = windows_[t];
   if (!v.straggler) return;
-  const int64_t now = MonotonicNowNs();
-  if (w.logged && now - w.logged_ns < static_cast<int64_t>(options_.log_every_s * 1e9)) return;
   w.logged = true;
-  w.logged_ns = now;
+  w.logged_ns = MonotonicNowNs();
   const TrainerId& id = trainers_[t];
   spdlog::warn(
       "event=straggler job={} rank={} local_rank={} node={} host={} pid={} share_last={:.2f} "

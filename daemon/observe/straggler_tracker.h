@@ -120,6 +120,7 @@ class StragglerTracker {
   void Finish(int64_t job_max_slack_us, bool node_has_last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Verdict Judge(const Window& w, std::vector<int64_t>* scratch) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool LogDue(const Window& w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeLog(size_t t, const Verdict& v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string job_id_;
