@@ -315,6 +315,17 @@ std::string FormatStatsTable(const v1::Stats& s) {
     absl::StrAppend(&out, t.Render());
   }
 
+  // Who is the straggler, in one line per named trainer (details:
+  // `gradsyncctl stragglers`).
+  for (const v1::TrainerLateness& t : s.stragglers()) {
+    if (!t.straggler()) continue;
+    absl::StrAppendFormat(&out,
+                          "\nSTRAGGLER rank %d (node %d, pid %d): late by %.3f ms on average, last "
+                          "in %.0f%% of %d iterations\n",
+                          t.rank(), t.node_rank(), t.pid(), t.late_mean_us() / 1000,
+                          t.share_last() * 100, t.window_iterations());
+  }
+
   if (s.stalls_size() > 0) {
     absl::StrAppend(&out, "\nSTALLS\n");
     for (const v1::StallReport& st : s.stalls()) {

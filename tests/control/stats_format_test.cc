@@ -442,6 +442,12 @@ TEST(StragglersTable, ListsEveryTrainerAndNamesTheStraggler) {
   EXPECT_NE(table.find("40.854"), std::string::npos);  // p99
   EXPECT_NE(table.find("97%"), std::string::npos);
   EXPECT_NE(table.find("straggler: rank 1\n"), std::string::npos);
+  v1::Stats stats;
+  *stats.mutable_stragglers() = r.trainers();
+  EXPECT_NE(FormatStatsTable(stats).find("STRAGGLER rank 1 (node 1, pid 4001): late by 20.427 ms "
+                                         "on average, last in 97% of 100 iterations\n"),
+            std::string::npos)
+      << FormatStatsTable(stats);
   r.mutable_trainers()->RemoveLast();
   EXPECT_NE(FormatStragglersTable(r).find("no straggler\n"), std::string::npos);
   r.clear_trainers();

@@ -127,10 +127,14 @@ TEST(StragglerOneNodeTest, TheTrainerSleepingInEveryBackwardIsNamedWithin20Itera
       EXPECT_EQ(t["pid"].get<std::string>(), absl::StrCat(trainers[2].pid())) << j.dump(2);
     }
   }
-  // The table names it too, and /metrics' text marks it.
+  // The tables name it too, and /metrics' text marks it.
   const CtlResult table = RunCtl({"--addr=" + Addr(port), "stragglers"}, daemon.dir());
   EXPECT_EQ(table.exit_code, 0) << table.err;
   EXPECT_NE(table.out.find("straggler: rank 2\n"), std::string::npos) << table.out;
+  const CtlResult stats = RunCtl({"--addr=" + Addr(port), "stats"}, daemon.dir());
+  EXPECT_NE(stats.out.find(absl::StrCat("STRAGGLER rank 2 (node 0, pid ", trainers[2].pid(), ")")),
+            std::string::npos)
+      << stats.out;
   const CtlResult prom = RunCtl({"--addr=" + Addr(port), "stats", "--prometheus"}, daemon.dir());
   EXPECT_NE(prom.out.find("gradsync_trainer_straggler{node=\"0\",job=\"default\",rank=\"2\","
                           "local_rank=\"2\"} 1"),
