@@ -993,7 +993,7 @@ void Scheduler::FinishIteration() {
   // Once the trainers are on their way: when the last bucket's reduction
   // returned, its collective had completed.
   if (options_.stragglers && !timelines_.empty()) {
-    options_.stragglers->OnIterationDone(it, timelines_.back().done_ns);
+    options_.stragglers->OnIterationDone(it, timelines_);
   }
   // The next iteration's entries wait in the rings until this returns: the
   // plan changes exactly at the boundary.

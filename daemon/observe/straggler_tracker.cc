@@ -56,8 +56,10 @@ void StragglerTracker::Begin(const std::vector<TrainerId>& trainers, bool exchan
   buckets_ = 0;
   pending_ = false;
   pending_slack_us_.assign(n, -1);
-  pending_bucket_.assign(n, -1);
-  bucket_late_ns_.assign(n, 0);
+  pending_buckets_ = 0;
+  pending_bucket_slack_us_.clear();
+  node_bucket_max_us_.clear();
+  job_bucket_max_us_.assign(kExchangedBuckets, -1);
   absl::MutexLock lock(&mu_);
   scope_job_ = exchanged;
   scratch_.assign(options_.window, 0);
@@ -85,21 +87,23 @@ void StragglerTracker::OnMark(int local_rank, uint32_t bucket, int64_t ns) {
   at = std::max(at, ns);
 }
 
-void StragglerTracker::OnIterationDone(uint64_t iteration, int64_t done_ns) {
+void StragglerTracker::OnIterationDone(uint64_t iteration,
+                                       const std::vector<BucketTimeline>& buckets) {
   const size_t n = last_mark_ns_.size();
-  // The bucket each trainer was latest for, against its node's first.
-  std::fill(pending_bucket_.begin(), pending_bucket_.end(), -1);
-  std::fill(bucket_late_ns_.begin(), bucket_late_ns_.end(), 0);
+  const int64_t done_ns = buckets.empty() ? 0 : buckets.back().done_ns;
+  // Per bucket: each trainer's slack to that bucket's reduction returning.
+  // Grows with the plan only (an allocation at a rebuild, never per iteration).
+  pending_bucket_slack_us_.resize(buckets_ * n, -1);
+  node_bucket_max_us_.resize(buckets_, -1);
+  pending_buckets_ = buckets_;
   for (size_t b = 0; b < buckets_; ++b) {
-    const int64_t* marks = &bucket_mark_ns_[b * n];
-    int64_t first = 0;
+    const int64_t bucket_done_ns = b < buckets.size() ? buckets[b].done_ns : done_ns;
+    node_bucket_max_us_[b] = -1;
     for (size_t t = 0; t < n; ++t) {
-      if (marks[t] != 0 && (first == 0 || marks[t] < first)) first = marks[t];
-    }
-    for (size_t t = 0; t < n; ++t) {
-      if (marks[t] == 0 || marks[t] - first <= bucket_late_ns_[t]) continue;
-      bucket_late_ns_[t] = marks[t] - first;
-      pending_bucket_[t] = static_cast<int32_t>(b);
+      const int64_t mark = bucket_mark_ns_[b * n + t];
+      const int64_t slack = mark == 0 ? -1 : std::max<int64_t>(0, bucket_done_ns - mark) / 1000;
+      pending_bucket_slack_us_[b * n + t] = slack;
+      node_bucket_max_us_[b] = std::max(node_bucket_max_us_[b], slack);
     }
   }
   pending_ = false;
@@ -127,7 +131,26 @@ void StragglerTracker::OnIterationDone(uint64_t iteration, int64_t done_ns) {
   std::fill(bucket_mark_ns_.begin(), bucket_mark_ns_.end(), 0);
   if (!pending_ || exchanged_) return;
   absl::MutexLock lock(&mu_);
-  Finish(pending_max_us_, /*node_has_last=*/true);
+  Finish(pending_max_us_, /*node_has_last=*/true, nullptr);
+}
+
+int32_t StragglerTracker::LatestBucket(size_t t, const int64_t* job_bucket_max_us) const {
+  const size_t n = last_mark_ns_.size();
+  int32_t latest = -1;
+  int64_t latest_us = 0;
+  for (size_t b = 0; b < pending_buckets_; ++b) {
+    const int64_t slack = pending_bucket_slack_us_[b * n + t];
+    if (slack < 0) continue;
+    int64_t first = node_bucket_max_us_[b];
+    if (job_bucket_max_us != nullptr && b < kExchangedBuckets) {
+      first = std::max(first, job_bucket_max_us[b]);
+    }
+    if (first - slack > latest_us) {
+      latest_us = first - slack;
+      latest = static_cast<int32_t>(b);
+    }
+  }
+  return latest;
 }
 
 void StragglerTracker::WriteAgreement(double* slots) const {
@@ -137,6 +160,11 @@ void StragglerTracker::WriteAgreement(double* slots) const {
   // +1: zero means "this node has no figures" (all its trainers joined).
   slots[kHeadSlots + kSlotsPerNode * node_rank_] = static_cast<double>(pending_max_us_ + 1);
   slots[kHeadSlots + kSlotsPerNode * node_rank_ + 1] = static_cast<double>(pending_min_us_ + 1);
+  double* buckets =
+      slots + kHeadSlots + kSlotsPerNode * num_nodes_ + kExchangedBuckets * node_rank_;
+  for (size_t b = 0; b < kExchangedBuckets && b < pending_buckets_; ++b) {
+    buckets[b] = static_cast<double>(node_bucket_max_us_[b] + 1);
+  }
 }
 
 void StragglerTracker::ReadAgreement(const double* agreement) {
@@ -159,11 +187,22 @@ void StragglerTracker::ReadAgreement(const double* agreement) {
     ++at_min;
   }
   if (at_min != 1) last_node = -1;
+  // Per exchanged bucket, the job's largest slack (its first trainer).
+  const double* buckets = slots + kSlotsPerNode * num_nodes_;
+  for (size_t b = 0; b < kExchangedBuckets; ++b) {
+    job_bucket_max_us_[b] = -1;
+    for (int node = 0; node < num_nodes_; ++node) {
+      const double slot = buckets[kExchangedBuckets * node + b];
+      if (slot > 0)
+        job_bucket_max_us_[b] = std::max(job_bucket_max_us_[b], static_cast<int64_t>(slot) - 1);
+    }
+  }
   absl::MutexLock lock(&mu_);
-  Finish(job_max, last_node == node_rank_);
+  Finish(job_max, last_node == node_rank_, job_bucket_max_us_.data());
 }
 
-void StragglerTracker::Finish(int64_t job_max_slack_us, bool node_has_last) {
+void StragglerTracker::Finish(int64_t job_max_slack_us, bool node_has_last,
+                              const int64_t* job_bucket_max_us) {
   pending_ = false;
   const uint32_t window = options_.window;
   for (size_t t = 0; t < windows_.size() && t < pending_slack_us_.size(); ++t) {
@@ -173,7 +212,7 @@ void StragglerTracker::Finish(int64_t job_max_slack_us, bool node_has_last) {
     const int64_t late_us = std::max<int64_t>(0, job_max_slack_us - pending_slack_us_[t]);
     w.late_us[slot] = late_us;
     w.last[slot] = node_has_last && pending_last_ == static_cast<int>(t);
-    w.bucket[slot] = pending_bucket_[t];
+    w.bucket[slot] = LatestBucket(t, job_bucket_max_us);
     ++w.count;
     w.histogram->Record(late_us * 1000);
     // Only a trainer last this time can have become a straggler, and one

@@ -22,9 +22,13 @@
 // --uneven-inputs) lateness is measured against the node's own first
 // trainer ("node clock" scope).
 //
-// Per bucket, lateness is against the first trainer of the same node to
-// complete that bucket; the bucket a trainer is most often latest for is
-// its "usual bucket".
+// Per bucket the same, with that bucket's reduction in place of the last
+// one: a trainer's bucket slack runs from its last mark of the bucket to
+// the bucket's reduction returning on its node, and each node's largest
+// bucket slack of the first kExchangedBuckets buckets rides in the
+// agreement too (later buckets: against the node's own first trainer).
+// The bucket a trainer was latest for, most often in the window, is its
+// "usual bucket".
 //
 // Threads: Begin, OnMark, OnIterationDone, WriteAgreement and ReadAgreement
 // are the scheduler thread's (no allocation in steady state); SetOptions
@@ -42,6 +46,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/observe/latency_stats.h"
+#include "daemon/observe/scheduler_observer.h"
 #include "gradsync/v1/control.pb.h"
 
 namespace gradsync {
@@ -66,6 +71,8 @@ class StragglerTracker {
   // broadcaster.cc), which a node mid-iteration relies on.
   static constexpr size_t kHeadSlots = 1;
   static constexpr size_t kSlotsPerNode = 2;
+  // Then per node its largest slack for each of the plan's first buckets.
+  static constexpr size_t kExchangedBuckets = 16;
   // Fewer iterations than this name nobody.
   static constexpr uint32_t kMinVerdictIterations = 10;
 
@@ -82,12 +89,15 @@ class StragglerTracker {
   void Begin(const std::vector<TrainerId>& trainers, bool exchanged) ABSL_LOCKS_EXCLUDED(mu_);
   // A mark of `local_rank`'s for a tensor of `bucket`, seen at `ns`.
   void OnMark(int local_rank, uint32_t bucket, int64_t ns);
-  // Iteration `iteration`'s last collective completed at `done_ns`;
-  // trainers that marked nothing (joined) are left out.
-  void OnIterationDone(uint64_t iteration, int64_t done_ns) ABSL_LOCKS_EXCLUDED(mu_);
+  // Iteration `iteration` is done: `buckets` indexed by bucket id, each
+  // with the moment its reduction returned (done_ns), the last one's
+  // collective completing last. Trainers that marked nothing (joined) are
+  // left out.
+  void OnIterationDone(uint64_t iteration, const std::vector<BucketTimeline>& buckets)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   size_t agreement_slots() const {
-    return kHeadSlots + kSlotsPerNode * static_cast<size_t>(num_nodes_);
+    return kHeadSlots + (kSlotsPerNode + kExchangedBuckets) * static_cast<size_t>(num_nodes_);
   }
   // Writes this node's slots of the last iteration not yet agreed on
   // (zeros when there is none) into `slots` (agreement_slots() of them).
@@ -115,9 +125,13 @@ class StragglerTracker {
     int32_t usual_bucket = -1;
     bool straggler = false;
   };
-  // Records the pending iteration given the job's largest slack and whether
-  // this node holds the job's last trainer.
-  void Finish(int64_t job_max_slack_us, bool node_has_last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the pending iteration given the job's largest slack, whether
+  // this node holds the job's last trainer and the job's largest slack per
+  // exchanged bucket (-1: none; null: this node's figures only).
+  void Finish(int64_t job_max_slack_us, bool node_has_last, const int64_t* job_bucket_max_us)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The bucket trainer `t` of the pending iteration was latest for, -1: none.
+  int32_t LatestBucket(size_t t, const int64_t* job_bucket_max_us) const;
   Verdict Judge(const Window& w, std::vector<int64_t>* scratch) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool LogDue(const Window& w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -132,17 +146,19 @@ class StragglerTracker {
   bool exchanged_ = false;
   size_t buckets_ = 0;
   std::vector<int64_t> last_mark_ns_;    // per trainer, this iteration (0: none)
-  std::vector<int64_t> bucket_mark_ns_;  // [trainer * buckets_ + bucket]
+  std::vector<int64_t> bucket_mark_ns_;  // [bucket * trainers + trainer]
   // The iteration done, waiting for the agreement: per trainer its slack
   // in µs (-1: marked nothing) and the bucket it was latest for.
   bool pending_ = false;
   uint64_t pending_iteration_ = 0;
   std::vector<int64_t> pending_slack_us_;
-  std::vector<int32_t> pending_bucket_;
+  size_t pending_buckets_ = 0;
+  std::vector<int64_t> pending_bucket_slack_us_;  // [bucket * trainers + trainer], -1: none
+  std::vector<int64_t> node_bucket_max_us_;       // per bucket, -1: none
+  std::vector<int64_t> job_bucket_max_us_;        // kExchangedBuckets, ReadAgreement's
   int pending_last_ = -1;  // the local trainer strictly last, -1: a tie or none
   int64_t pending_max_us_ = 0, pending_min_us_ = 0;
-  std::vector<int64_t> bucket_late_ns_;  // per trainer: its largest per-bucket lateness
-  std::vector<int64_t> scratch_;         // Judge's, sized at Begin
+  std::vector<int64_t> scratch_;  // Judge's, sized at Begin
 
   mutable absl::Mutex mu_;
   StragglerOptions options_ ABSL_GUARDED_BY(mu_);

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -21,10 +22,21 @@ struct Mark {
   int64_t ns;
 };
 
-// One iteration: the marks, then the last collective completing at `done_ns`.
-void Iteration(StragglerTracker& t, const std::vector<Mark>& marks, int64_t done_ns) {
-  for (const Mark& m : marks) t.OnMark(m.local_rank, m.bucket, m.ns);
-  t.OnIterationDone(static_cast<uint64_t>(done_ns / (100 * kMs)), done_ns);
+// One iteration: the marks, then each bucket's reduction returning at
+// `bucket_done_ns` (the last at `done_ns`, the default for every bucket).
+void Iteration(StragglerTracker& t, const std::vector<Mark>& marks, int64_t done_ns,
+               std::vector<int64_t> bucket_done_ns = {}) {
+  uint32_t buckets = 0;
+  for (const Mark& m : marks) {
+    t.OnMark(m.local_rank, m.bucket, m.ns);
+    buckets = std::max(buckets, m.bucket + 1);
+  }
+  std::vector<BucketTimeline> timelines(buckets);
+  for (uint32_t b = 0; b < buckets; ++b) {
+    timelines[b].bucket = b;
+    timelines[b].done_ns = b < bucket_done_ns.size() ? bucket_done_ns[b] : done_ns;
+  }
+  t.OnIterationDone(static_cast<uint64_t>(done_ns / (100 * kMs)), timelines);
 }
 
 std::vector<v1::TrainerLateness> Rows(const StragglerTracker& t, v1::StragglerSettings* set) {
@@ -140,10 +152,13 @@ TEST(StragglerTrackerTest, TwoNodesWithUnrelatedClocksAgreeThroughTheirSlots) {
   const int64_t offset1 = 3600000 * kMs;  // node 1's clock reads an hour ahead
   for (int it = 0; it < 12; ++it) {
     const int64_t base = it * 100 * kMs;
-    // In true time: node 0's trainer marks at +5 ms, node 1's at +18 ms,
-    // and the last collective completes on both at +20 ms.
-    Iteration(node0, {{0, 0, base + 5 * kMs}}, base + 20 * kMs);
-    Iteration(node1, {{0, 0, offset1 + base + 18 * kMs}}, offset1 + base + 20 * kMs);
+    // In true time: both trainers mark bucket 0 at +2 ms, whose reduction
+    // returns at +3 ms on both nodes; node 0's trainer marks bucket 1 at
+    // +5 ms, node 1's at +18 ms, and bucket 1 returns on both at +20 ms.
+    Iteration(node0, {{0, 0, base + 2 * kMs}, {0, 1, base + 5 * kMs}}, base + 20 * kMs,
+              {base + 3 * kMs, base + 20 * kMs});
+    Iteration(node1, {{0, 0, offset1 + base + 2 * kMs}, {0, 1, offset1 + base + 18 * kMs}},
+              offset1 + base + 20 * kMs, {offset1 + base + 3 * kMs, offset1 + base + 20 * kMs});
     // The next iteration's agreement: each writes its slots, the allreduce sums.
     std::vector<double> a(node0.agreement_slots()), b(node1.agreement_slots()), sum(a.size());
     node0.WriteAgreement(a.data());
@@ -159,11 +174,14 @@ TEST(StragglerTrackerTest, TwoNodesWithUnrelatedClocksAgreeThroughTheirSlots) {
   ASSERT_EQ(rows1.size(), 1u);
   EXPECT_DOUBLE_EQ(rows0[0].late_mean_us(), 0);
   EXPECT_DOUBLE_EQ(rows0[0].share_last(), 0);
+  EXPECT_EQ(rows0[0].usual_bucket(), -1);
   EXPECT_FALSE(rows0[0].straggler());
   EXPECT_EQ(rows1[0].rank(), 1);
   EXPECT_EQ(rows1[0].node_rank(), 1);
   EXPECT_DOUBLE_EQ(rows1[0].late_mean_us(), 13000);
   EXPECT_DOUBLE_EQ(rows1[0].share_last(), 1);
+  // Alone on its node, it is late for bucket 1 against node 0's trainer.
+  EXPECT_EQ(rows1[0].usual_bucket(), 1);
   EXPECT_TRUE(rows1[0].straggler());
   EXPECT_EQ(rows1[0].scope(), "job");
 }
