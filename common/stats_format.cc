@@ -315,6 +315,17 @@ std::string FormatStatsTable(const v1::Stats& s) {
     absl::StrAppend(&out, t.Render());
   }
 
+  // Who is the straggler, in one line per named trainer (details:
+  // `gradsyncctl stragglers`).
+  for (const v1::TrainerLateness& t : s.stragglers()) {
+    if (!t.straggler()) continue;
+    absl::StrAppendFormat(&out,
+                          "\nSTRAGGLER rank %d (node %d, pid %d): late by %.3f ms on average, last "
+                          "in %.0f%% of %d iterations\n",
+                          t.rank(), t.node_rank(), t.pid(), t.late_mean_us() / 1000,
+                          t.share_last() * 100, t.window_iterations());
+  }
+
   if (s.stalls_size() > 0) {
     absl::StrAppend(&out, "\nSTALLS\n");
     for (const v1::StallReport& st : s.stalls()) {
@@ -396,6 +407,25 @@ std::string FormatStatsPrometheus(const v1::Stats& s) {
             t.joined() ? 1 : 0);
   }
 
+  for (const v1::TrainerLateness& t : s.stragglers()) {
+    const Labels rank = {{"rank", absl::StrCat(t.rank())},
+                         {"local_rank", absl::StrCat(t.local_rank())}};
+    // Buckets, not quantiles: every node's trainers can be summed.
+    w.Histogram("gradsync_trainer_lateness_seconds",
+                "Per iteration, how long after the job's first trainer marked its last gradient "
+                "this trainer marked its own last one; every iteration of the job.",
+                rank, t.lateness());
+    w.Gauge("gradsync_trainer_lateness_mean_seconds",
+            "The trainer's mean lateness over the straggler window.", rank, t.late_mean_us() / 1e6);
+    w.Gauge("gradsync_trainer_last_share",
+            "Share of the straggler window's iterations in which the trainer marked last of "
+            "the job.",
+            rank, t.share_last());
+    w.Gauge("gradsync_trainer_straggler",
+            "1 while the trainer is named a straggler (--straggler-share, --straggler-late-ms).",
+            rank, t.straggler() ? 1 : 0);
+  }
+
   for (const v1::BucketStats& b : s.buckets()) {
     const Labels bucket = {{"bucket", absl::StrCat(b.id())}};
     w.Gauge("gradsync_bucket_size_bytes", "Bytes in the bucket.", bucket, b.bytes());
@@ -420,6 +450,42 @@ std::string FormatStatsPrometheus(const v1::Stats& s) {
     }
   }
   return w.Render();
+}
+
+std::string FormatStragglersTable(const v1::GetStragglersResponse& r) {
+  const v1::StragglerSettings& set = r.settings();
+  std::string out = absl::StrFormat(
+      "job %s  window %d iterations  straggler: last in more than %.0f%% and median late by "
+      "more than %s ms\n",
+      r.job_id().empty() ? "-" : r.job_id(), set.window(), set.share() * 100,
+      absl::StrFormat("%.1f", set.late_us() / 1000));
+  if (r.trainers_size() == 0) return out + "(no trainer measured yet)\n";
+  TextTable t({{"RANK", TextTable::kRight},
+               {"NODE", TextTable::kRight},
+               {"HOST", TextTable::kLeft},
+               {"PID", TextTable::kRight},
+               {"ITERS", TextTable::kRight},
+               {"LATE MEAN ms", TextTable::kRight},
+               {"LATE P99 ms", TextTable::kRight},
+               {"LAST", TextTable::kRight},
+               {"USUAL BUCKET", TextTable::kRight},
+               {"STRAGGLER", TextTable::kLeft}});
+  std::vector<std::string> named;
+  for (const v1::TrainerLateness& tr : r.trainers()) {
+    t.AddRow({absl::StrCat(tr.rank()), absl::StrCat(tr.node_rank()), tr.host(),
+              absl::StrCat(tr.pid()), absl::StrCat(tr.window_iterations()),
+              absl::StrFormat("%.3f", tr.late_mean_us() / 1000),
+              absl::StrFormat("%.3f", tr.late_p99_us() / 1000),
+              absl::StrFormat("%.0f%%", tr.share_last() * 100),
+              tr.usual_bucket() < 0 ? "-" : absl::StrCat(tr.usual_bucket()),
+              tr.straggler() ? "yes" : "no"});
+    if (tr.straggler()) named.push_back(absl::StrCat("rank ", tr.rank()));
+  }
+  absl::StrAppend(&out, t.Render());
+  absl::StrAppend(&out, named.empty()
+                            ? "no straggler\n"
+                            : absl::StrCat("straggler: ", absl::StrJoin(named, ", "), "\n"));
+  return out;
 }
 
 std::string FormatConfig(const v1::Config& config) {

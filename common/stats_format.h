@@ -11,6 +11,9 @@
 //                          metrics named gradsync_*, base units (seconds, bytes),
 //                          latencies as histograms; gradsyncctl and the
 //                          daemon's --metrics-listen endpoint both print it
+//   FormatStragglersTable  `gradsyncctl stragglers`: the settings, then one row per
+//                          trainer (rank, node, host, pid, lateness, share last,
+//                          usual bucket, straggler) and who is named
 //   FormatConfig           `config get`: KEY=VALUE lines, the keys `config set` takes
 #ifndef GRADSYNC_COMMON_STATS_FORMAT_H_
 #define GRADSYNC_COMMON_STATS_FORMAT_H_
@@ -29,6 +32,8 @@ std::string FormatStatsTable(const v1::Stats& stats);
 absl::StatusOr<std::string> FormatJson(const google::protobuf::Message& message);
 
 std::string FormatStatsPrometheus(const v1::Stats& stats);
+
+std::string FormatStragglersTable(const v1::GetStragglersResponse& stragglers);
 
 std::string FormatConfig(const v1::Config& config);
 

@@ -51,6 +51,12 @@ struct DaemonConfig {
   // NaN/Inf in an iteration's gradients: error | skip | off
   // (daemon/engine/nonfinite_mode.h). CPU gradients only.
   std::string nonfinite = "error";
+  // Who is the straggler (daemon/observe/straggler_tracker.h): a trainer
+  // last in more than `straggler_share` of the last `straggler_window`
+  // iterations, with a median lateness above `straggler_late_ms`, is named.
+  int straggler_window = 100;
+  double straggler_share = 0.5;
+  double straggler_late_ms = 10;
 
   double bucket_cap_mb = kDefaultBucketCapMib;
   double first_bucket_cap_mb = kDefaultFirstBucketCapMib;

@@ -169,6 +169,31 @@ grpc::ServerUnaryReactor* ControlService::Drain(grpc::CallbackServerContext* con
                [this, context, resp] { return DoDrain(*context, resp); });
 }
 
+grpc::ServerUnaryReactor* ControlService::GetStragglers(grpc::CallbackServerContext* context,
+                                                        const v1::GetStragglersRequest*,
+                                                        v1::GetStragglersResponse* resp) {
+  return Serve(context, "Control.GetStragglers", resp,
+               [this, context, resp] { return DoGetStragglers(*context, resp); });
+}
+
+grpc::Status ControlService::DoGetStragglers(const grpc::ServerContextBase& context,
+                                             v1::GetStragglersResponse* resp) {
+  if (grpc::Status st = auth_.CheckRead(context, "Control.GetStragglers"); !st.ok()) return st;
+  const DaemonConfig c = jobs_->config();
+  resp->set_job_id(c.job_id);
+  resp->set_node_rank(c.node_rank);
+  resp->set_num_nodes(c.num_nodes);
+  v1::StragglerSettings* settings = resp->mutable_settings();
+  settings->set_window(static_cast<uint32_t>(c.straggler_window));
+  settings->set_share(c.straggler_share);
+  settings->set_late_us(c.straggler_late_ms * 1000);
+  // The current job's (or the last one's, which stays readable).
+  v1::Stats stats;
+  if (std::shared_ptr<Job> job = jobs_->Current()) job->FillStats(&stats);
+  *resp->mutable_trainers() = stats.stragglers();
+  return Reply(resp, absl::OkStatus());
+}
+
 grpc::Status ControlService::DoGetStats(const grpc::ServerContextBase& context,
                                         v1::GetStatsResponse* resp) {
   if (grpc::Status st = auth_.CheckRead(context, "Control.GetStats"); !st.ok()) return st;

@@ -50,6 +50,9 @@ class ControlService final : public v1::Control::CallbackService {
                                      v1::GetTraceResponse*) override;
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext*, const v1::DrainRequest*,
                                   v1::DrainResponse*) override;
+  grpc::ServerUnaryReactor* GetStragglers(grpc::CallbackServerContext*,
+                                          const v1::GetStragglersRequest*,
+                                          v1::GetStragglersResponse*) override;
 
   // From now on calls are answered UNAVAILABLE without doing their work,
   // and queued trace renders are dropped: before the server shuts down, so
@@ -76,6 +79,8 @@ class ControlService final : public v1::Control::CallbackService {
                            v1::SetConfigResponse* resp) ABSL_LOCKS_EXCLUDED(set_mu_);
   grpc::Status DoGetTrace(const grpc::ServerContextBase& context, v1::GetTraceResponse* resp);
   grpc::Status DoDrain(const grpc::ServerContextBase& context, v1::DrainResponse* resp);
+  grpc::Status DoGetStragglers(const grpc::ServerContextBase& context,
+                               v1::GetStragglersResponse* resp);
   void FillConfig(v1::Config* out) const;
 
   JobRegistry* jobs_;

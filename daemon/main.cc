@@ -119,6 +119,15 @@ ABSL_FLAG(std::string, nonfinite, kDefaults.nonfinite,
           "error | skip | off: a NaN or Inf in an iteration's CPU gradients fails the iteration "
           "on every trainer naming the trainer, tensor, index and value (error), makes every "
           "trainer skip that step (skip: gs_iteration_skipped), or is not checked (off)");
+ABSL_FLAG(int, straggler_window, kDefaults.straggler_window,
+          "who is the straggler: iterations each trainer's lateness figures cover "
+          "(gradsyncctl stragglers, /metrics)");
+ABSL_FLAG(double, straggler_share, kDefaults.straggler_share,
+          "a trainer last of the job in more than this share of the window's iterations, and "
+          "late by more than --straggler-late-ms (median), is named a straggler (log line "
+          "event=straggler, at most once a minute per trainer)");
+ABSL_FLAG(double, straggler_late_ms, kDefaults.straggler_late_ms,
+          "see --straggler-share: the median lateness, in ms, a straggler exceeds");
 ABSL_FLAG(int, reduce_threads, kDefaults.reduce_threads,
           "threads for the local reduction; 0: the cores the trainers leave free (1..4), "
           "and every core (1..4) for the buckets left once all trainers marked everything");
@@ -179,6 +188,9 @@ absl::StatusOr<gradsync::DaemonConfig> ConfigFromFlags(const std::string& log_le
   config.uneven_inputs = absl::GetFlag(FLAGS_uneven_inputs);
   config.check_replicas_every = absl::GetFlag(FLAGS_check_replicas_every);
   config.nonfinite = absl::GetFlag(FLAGS_nonfinite);
+  config.straggler_window = absl::GetFlag(FLAGS_straggler_window);
+  config.straggler_share = absl::GetFlag(FLAGS_straggler_share);
+  config.straggler_late_ms = absl::GetFlag(FLAGS_straggler_late_ms);
   if (const std::string group = absl::GetFlag(FLAGS_shm_group); !group.empty()) {
     const struct group* g = getgrnam(group.c_str());
     if (g == nullptr) {

@@ -2,7 +2,8 @@
 # The gradsync demo, from a fresh machine: installs what is needed, builds,
 # starts a gradsyncd, runs two trainers doing real synced training (a
 # hand-written C++ MLP over the C ABI, then a PyTorch MLP through the Python
-# package when torch is available), and prints the daemon's stats.
+# package when torch is available), and prints the daemon's stats and who
+# the straggler was.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,8 +40,12 @@ for _ in $(seq 100); do [ -S "$socket" ] && break; sleep 0.05; done
 
 echo
 echo "== 2 C++ trainers (examples/mlp_trainer), each on half of every batch of 64"
+# Trainer 1 sleeps 20 ms in every backward: the straggler gradsyncctl names below.
 for rank in 0 1; do
-  LOCAL_RANK=$rank bazel-bin/examples/mlp_trainer --socket "$socket" --steps 30 --fp64 \
+  delay=""
+  [ "$rank" = 1 ] && delay="--sleep-ms 20"
+  # shellcheck disable=SC2086
+  LOCAL_RANK=$rank bazel-bin/examples/mlp_trainer --socket "$socket" --steps 30 --fp64 $delay \
     --out "$work/weights$rank.txt" >"$work/trainer$rank.log" 2>&1 &
 done
 wait %2 %3
@@ -58,6 +63,10 @@ a, ref = load(d + "/weights0.txt"), load(d + "/single.txt")
 diff = max(abs(x - y) for x, y in zip(a, ref)) / max(abs(y) for y in ref)
 print(f"vs one process on the whole batch: max relative difference {diff:.2e}")
 PY
+
+echo
+echo "== gradsyncctl stragglers (trainer 1 slept 20 ms in every backward)"
+bazel-bin/tools/gradsyncctl/gradsyncctl --addr "127.0.0.1:$port" stragglers
 
 if [ -d client/python/gradsync ] && /usr/bin/python3 -c "import torch" 2>/dev/null; then
   echo

@@ -9,7 +9,7 @@
 //     certificate that CA signed, or
 //   - the daemon has no token: with --insecure from anyone, else only from a
 //     loopback peer (a single-node daemon on its default 127.0.0.1 listen).
-// Read-only calls (GetStats, GetConfig, GetTrace) are open unless
+// Read-only calls (GetStats, GetConfig, GetTrace, GetStragglers) are open unless
 // --require-auth-for-reads, which puts them under the same rule.
 // A refusal is UNAUTHENTICATED naming the RPC (never the token) and is
 // logged as event=call_refused with the peer.

@@ -489,6 +489,9 @@ void Job::CreateStatsLocked(const Layout& layout, size_t num_buckets, size_t num
                                       hooks_.trace_dir, config_.job_id, config_.node_rank,
                                       config_.num_nodes, std::move(names));
   if (hooks_.timeline) stats_->StreamTo(hooks_.timeline);
+  stats_->stragglers().SetOptions(StragglerOptions{static_cast<uint32_t>(config_.straggler_window),
+                                                   config_.straggler_share,
+                                                   config_.straggler_late_ms});
   stats_->set_iteration_durations(hooks_.iteration_durations);
 
   if (hooks_.on_iteration_done) {
@@ -512,6 +515,7 @@ Scheduler::Options Job::SchedulerOptionsLocked(const BucketCaps& caps, bool cuda
   opts.agree_order = world_.agree_order;
   opts.check_plan = world_.check_plan;
   opts.node_segment = node_.get();
+  opts.stragglers = stats_ ? &stats_->stragglers() : nullptr;
   if (cuda) {
     opts.gpu = gpu_reducer_.get();
     opts.is_context_lost = hooks_.gpu.is_context_lost;

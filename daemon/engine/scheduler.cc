@@ -61,7 +61,17 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
   active_in_iteration_ = options_.world_size;
   const int nodes = backend_ != nullptr ? backend_->num_nodes() : 1;
   agreement_nodes_ = std::max(1, nodes);
-  agreement_.assign(3 + 2 * static_cast<size_t>(agreement_nodes_), 0);
+  straggler_slot_ = 3 + 2 * static_cast<size_t>(agreement_nodes_);
+  const bool exchanged = nodes > 1 && (options_.uneven_inputs || !options_.gpu);
+  agreement_.assign(
+      straggler_slot_ +
+          (options_.stragglers && exchanged ? options_.stragglers->agreement_slots() : 0),
+      0);
+  if (options_.stragglers) {
+    std::vector<StragglerTracker::TrainerId> ids;
+    for (const Trainer* t : trainers_) ids.push_back({t->local_rank, t->rank, t->pid});
+    options_.stragglers->Begin(ids, exchanged);
+  }
   active_trainers_.store(static_cast<uint32_t>(options_.world_size));
   for (Trainer* t : trainers_) {
     arenas_.push_back(t->segment.arena());
@@ -522,6 +532,7 @@ bool Scheduler::ConsumeReadyRing(Trainer& t, int64_t now_ns, bool* progress) {
       tl.last_ready_ns = now_ns;
       if (observer_) observer_->OnBucketLastReady(iteration(), b, now_ns);
     }
+    if (options_.stragglers) options_.stragglers->OnMark(t.local_rank, b, now_ns);
     if (observer_) {
       observer_->OnReady(iteration(), t.local_rank, e.tensor,
                          e.kind == static_cast<uint32_t>(ipc::ReadyKind::kUnused), now_ns);
@@ -625,6 +636,9 @@ bool Scheduler::AgreeActiveTrainers() {
   const size_t config_slot = 3 + static_cast<size_t>(agreement_nodes_ + options_.node_rank);
   if (config_slot < agreement_.size())
     counts[config_slot] = static_cast<double>(HeldConfigVersion());
+  if (agreement_.size() > straggler_slot_) {
+    options_.stragglers->WriteAgreement(counts + straggler_slot_);
+  }
   // Every node exchanges, every iteration: a node whose trainers all joined
   // still follows the others' collectives, and whether the exchange happens
   // must not depend on what only one node knows (node 0's --uneven-inputs
@@ -711,6 +725,9 @@ bool Scheduler::FinishAgreement() {
   const double* held = agreement_.data() + 3 + agreement_nodes_;
   agreed_config_version_ = static_cast<uint64_t>(*std::min_element(held, held + agreement_nodes_));
   config_agreed_ = true;
+  if (agreement_.size() > straggler_slot_) {
+    options_.stragglers->ReadAgreement(agreement_.data() + straggler_slot_);
+  }
   return true;
 }
 
@@ -972,6 +989,11 @@ void Scheduler::FinishIteration() {
   if (!st.ok()) {
     fail_(MakeError(v1::PEER_FAILED, st.message()), culprit);
     return;
+  }
+  // Once the trainers are on their way: when the last bucket's reduction
+  // returned, its collective had completed.
+  if (options_.stragglers && !timelines_.empty()) {
+    options_.stragglers->OnIterationDone(it, timelines_);
   }
   // The next iteration's entries wait in the rings until this returns: the
   // plan changes exactly at the boundary.

@@ -55,6 +55,7 @@
 #include "daemon/engine/nonfinite_mode.h"
 #include "daemon/engine/trainer.h"
 #include "daemon/observe/scheduler_observer.h"
+#include "daemon/observe/straggler_tracker.h"
 #include "ipc/arena.h"
 #include "ipc/doorbell.h"
 #include "ipc/node_segment.h"
@@ -117,6 +118,10 @@ class Scheduler {
     // NaN/Inf in the gradients (CPU path; see HandleNonFinite). The same on
     // every node of a job, like the other daemon flags.
     NonFiniteMode nonfinite = NonFiniteMode::kError;
+    // Told every mark and iteration (who is the straggler); across nodes
+    // its figures ride in the per-iteration agreement. Owned by the job's
+    // stats; null: none.
+    StragglerTracker* stragglers = nullptr;
   };
 
   // `trainers` are indexed by local rank and outlive the scheduler.
@@ -298,9 +303,11 @@ class Scheduler {
   bool agreement_in_flight_ = false;
   // The agreement's counts: [active, joined asking divide_by_initial_world_size,
   // joined asking not], then per node its no_sync count + 1 (0: none of its
-  // trainers marked), then per node the newest config version it holds.
-  // Sized once: no allocation per iteration.
+  // trainers marked), then per node the newest config version it holds,
+  // then the straggler tracker's slots (from straggler_slot_; none without
+  // a tracker or an exchange). Sized once: no allocation per iteration.
   std::vector<double> agreement_;
+  size_t straggler_slot_ = 0;
   int agreement_nodes_ = 1;
   int active_in_iteration_ = 0;
   bool divide_by_active_ = false;

@@ -101,6 +101,13 @@ json TraceBuilder::Take() {
   return taken;
 }
 
+void AddStragglerMarker(TraceBuilder& trace, const TraceEvent& e) {
+  trace.Instant(TrainerTid(e.id), "straggler", "straggler", e.timestamp_ns,
+                {{"iteration", e.iteration},
+                 {"rank", e.id},
+                 {"see", "gradsyncctl stragglers (last of the job most of the window)"}});
+}
+
 void AddBucketSpans(TraceBuilder& trace, uint32_t bucket, uint64_t iteration, const BucketTimes& t,
                     int64_t trace_end_ns, bool multi_node) {
   // The parent: first ready -> completion. If the ring lost the start, the

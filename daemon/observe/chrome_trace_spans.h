@@ -55,6 +55,9 @@ class TraceBuilder {
   nlohmann::json events_ = nlohmann::json::array();
 };
 
+// A kTrainerStraggler event as an instant on the trainer's track.
+void AddStragglerMarker(TraceBuilder& trace, const TraceEvent& e);
+
 // Per bucket and iteration, complete events nested in time:
 //   bucket <id>                first ready -> completion
 //     wait for ready           first ready -> last ready

@@ -140,7 +140,8 @@ std::string ToChromeTraceJson(const TraceSnapshot& snapshot, const TraceMetadata
     if (IsBucketEvent(e.type)) {
       buckets[{e.id, e.iteration}].Add(e);
     } else if (e.type == TraceEventType::kTrainerReady ||
-               e.type == TraceEventType::kTrainerUnused) {
+               e.type == TraceEventType::kTrainerUnused ||
+               e.type == TraceEventType::kTrainerStraggler) {
       trainers.insert(e.id);
     }
   }
@@ -150,6 +151,10 @@ std::string ToChromeTraceJson(const TraceSnapshot& snapshot, const TraceMetadata
   for (uint32_t id : bucket_ids) trace.NameTrack(BucketTid(id), absl::StrCat("bucket ", id));
 
   for (const TraceEvent& e : snapshot.events) {
+    if (e.type == TraceEventType::kTrainerStraggler) {
+      AddStragglerMarker(trace, e);
+      continue;
+    }
     if (e.type != TraceEventType::kTrainerReady && e.type != TraceEventType::kTrainerUnused) {
       continue;
     }

@@ -43,6 +43,9 @@ enum class TraceEventType : uint8_t {
   // Trainer events: `id` is the trainer's global rank, `tensor` its index.
   kTrainerReady = 7,
   kTrainerUnused = 8,
+  // A trainer named a straggler (StragglerTracker, with its log line):
+  // `id` is its global rank, `tensor` kNoTensor.
+  kTrainerStraggler = 9,
 };
 
 inline constexpr uint32_t kNoTensor = 0xffffffffu;

@@ -36,7 +36,12 @@ JobStats::JobStats(int rank_offset, int world_size, size_t recorder_events, std:
       node_rank_(node_rank),
       num_nodes_(num_nodes),
       tensor_names_(std::move(tensor_names)),
-      recorder_(recorder_events) {}
+      recorder_(recorder_events),
+      stragglers_(job_id_, node_rank, num_nodes) {
+  stragglers_.set_named_listener([this](uint64_t iteration, int rank) {
+    recorder_.Record(TraceEventType::kTrainerStraggler, iteration, static_cast<uint32_t>(rank));
+  });
+}
 
 JobStats::~JobStats() {
   if (timeline_ != nullptr) timeline_->Unfollow(&recorder_);
@@ -232,6 +237,7 @@ void JobStats::FillStats(v1::Stats* out, const std::vector<uint32_t>& tensors_pe
   out->set_errors(errors_);
   for (const std::string& e : recent_errors_) out->add_recent_errors(e);
   for (const v1::StallReport& s : stalls_) *out->add_stalls() = s;
+  stragglers_.Fill(out->mutable_stragglers(), out->mutable_straggler_settings());
   out->set_nonfinite_skipped_iterations(nonfinite_skipped_);
   for (const auto& [culprit, n] : nonfinite_by_culprit_) {
     (*out->mutable_nonfinite_skipped_by_culprit())[culprit] = n;

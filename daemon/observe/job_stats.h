@@ -24,6 +24,7 @@
 #include "daemon/observe/iteration_rate_window.h"
 #include "daemon/observe/latency_stats.h"
 #include "daemon/observe/scheduler_observer.h"
+#include "daemon/observe/straggler_tracker.h"
 #include "daemon/observe/timeline_writer.h"
 #include "gradsync/v1/control.pb.h"
 
@@ -89,6 +90,9 @@ class JobStats final : public SchedulerObserver {
   };
   BoundedTrace TraceJsonWithin(const std::string& reason, size_t max_bytes) const;
   uint64_t bytes_per_iteration() const { return bytes_per_iteration_.load(); }
+  // Who is the straggler (the scheduler feeds it; FillStats reports it).
+  StragglerTracker& stragglers() { return stragglers_; }
+  const StragglerTracker& stragglers() const { return stragglers_; }
   // Iterations per second lately (IterationRateWindow).
   double RecentIterationRate() const { return rate_window_.PerSecond(); }
 
@@ -109,6 +113,7 @@ class JobStats final : public SchedulerObserver {
   const int node_rank_, num_nodes_;
   const std::vector<std::string> tensor_names_;
   FlightRecorder recorder_;
+  StragglerTracker stragglers_;
   TimelineWriter* timeline_ = nullptr;  // see StreamTo
 
   mutable absl::Mutex mu_;  // buckets_ growth, errors, stalls, last iteration

@@ -119,6 +119,9 @@ void TimelineWriter::DrainLocked(Followed& f, bool final) {
       NameTrackOnceLocked(trace, BucketTid(e.id), absl::StrCat("bucket ", e.id));
       AddBucketSpans(trace, e.id, e.iteration, times, e.timestamp_ns, multi_node);
       f.open.erase({e.id, e.iteration});
+    } else if (e.type == TraceEventType::kTrainerStraggler) {
+      NameTrackOnceLocked(trace, TrainerTid(e.id), absl::StrCat("trainer ", e.id));
+      AddStragglerMarker(trace, e);
     } else {
       NameTrackOnceLocked(trace, TrainerTid(e.id), absl::StrCat("trainer ", e.id));
       const char* verb = e.type == TraceEventType::kTrainerReady ? "ready " : "unused ";

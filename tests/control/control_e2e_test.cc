@@ -555,8 +555,8 @@ TEST(ControlE2eTest, ReflectionListsTheServicesAndHealthFollowsJobErrors) {
       EXPECT_EQ(file.service(0).name(), "Control");
       std::set<std::string> methods;
       for (const auto& m : file.service(0).method()) methods.insert(m.name());
-      EXPECT_EQ(methods,
-                (std::set<std::string>{"GetStats", "GetConfig", "SetConfig", "GetTrace", "Drain"}));
+      EXPECT_EQ(methods, (std::set<std::string>{"GetStats", "GetConfig", "SetConfig", "GetTrace",
+                                                "Drain", "GetStragglers"}));
       found_control = true;
     }
     EXPECT_TRUE(found_control);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/observe/chrome_trace_spans.h"
 #include "nlohmann/json.hpp"
 
 namespace gradsync {
@@ -138,6 +139,23 @@ void ExpectInside(const Span& child, const Span& parent) {
   EXPECT_GE(child.start, parent.start) << child.name << " starts before " << parent.name;
   EXPECT_LE(child.end, parent.end) << child.name << " ends after " << parent.name;
   EXPECT_EQ(child.tid, parent.tid);
+}
+
+TEST(FlightRecorder, AStragglerIsAnInstantOnItsTrainersTrack) {
+  FlightRecorder r(64);
+  for (const TraceEvent& e : MakeIterations(0, 1, 1, 2, 1, false)) r.Record(e);
+  r.Record({2'000'000, 7, 1, kNoTensor, T::kTrainerStraggler});
+  const json doc = Export(r);
+  int markers = 0;
+  for (const json& e : doc["traceEvents"]) {
+    if (e.value("name", "") != "straggler") continue;
+    ++markers;
+    EXPECT_EQ(e["ph"], "i");
+    EXPECT_EQ(e["tid"], TrainerTid(1));
+    EXPECT_EQ(e["args"]["iteration"], 7);
+    EXPECT_EQ(e["args"]["rank"], 1);
+  }
+  EXPECT_EQ(markers, 1) << doc.dump(1);
 }
 
 TEST(FlightRecorder, CapacityRoundsUpToPowerOfTwo) {

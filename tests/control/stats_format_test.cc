@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 
@@ -403,6 +404,77 @@ TEST(StatsPrometheus, IterationHistogramIsPrintedWheneverSetEvenWithZeroCounts) 
                  "gradsync_iteration_duration_seconds_count", {}),
             nullptr)
       << "not set: not printed";
+}
+
+v1::TrainerLateness Lateness(int rank, int node, double mean_us, double share, bool straggler) {
+  v1::TrainerLateness t;
+  t.set_rank(rank);
+  t.set_node_rank(node);
+  t.set_host(absl::StrCat("host", node));
+  t.set_pid(4000 + rank);
+  t.set_window_iterations(100);
+  t.set_late_mean_us(mean_us);
+  t.set_late_p99_us(mean_us * 2);
+  t.set_share_last(share);
+  t.set_usual_bucket(straggler ? 3 : -1);
+  t.set_straggler(straggler);
+  t.mutable_lateness()->add_histogram_bounds_us(10000);
+  t.mutable_lateness()->add_histogram_counts(straggler ? 0 : 100);
+  t.mutable_lateness()->set_histogram_count(100);
+  t.mutable_lateness()->set_histogram_sum_us(mean_us * 100);
+  return t;
+}
+
+TEST(StragglersTable, ListsEveryTrainerAndNamesTheStraggler) {
+  v1::GetStragglersResponse r;
+  r.set_job_id("j");
+  r.mutable_settings()->set_window(100);
+  r.mutable_settings()->set_share(0.5);
+  r.mutable_settings()->set_late_us(10000);
+  *r.add_trainers() = Lateness(0, 0, 31, 0.02, false);
+  *r.add_trainers() = Lateness(1, 1, 20427, 0.97, true);
+  const std::string table = FormatStragglersTable(r);
+  SCOPED_TRACE(table);
+  EXPECT_NE(table.find("more than 50% and median late by more than 10.0 ms"), std::string::npos);
+  EXPECT_NE(table.find("host1"), std::string::npos);
+  EXPECT_NE(table.find("4001"), std::string::npos);
+  EXPECT_NE(table.find("20.427"), std::string::npos);
+  EXPECT_NE(table.find("40.854"), std::string::npos);  // p99
+  EXPECT_NE(table.find("97%"), std::string::npos);
+  EXPECT_NE(table.find("straggler: rank 1\n"), std::string::npos);
+  v1::Stats stats;
+  *stats.mutable_stragglers() = r.trainers();
+  EXPECT_NE(FormatStatsTable(stats).find("STRAGGLER rank 1 (node 1, pid 4001): late by 20.427 ms "
+                                         "on average, last in 97% of 100 iterations\n"),
+            std::string::npos)
+      << FormatStatsTable(stats);
+  r.mutable_trainers()->RemoveLast();
+  EXPECT_NE(FormatStragglersTable(r).find("no straggler\n"), std::string::npos);
+  r.clear_trainers();
+  EXPECT_NE(FormatStragglersTable(r).find("(no trainer measured yet)"), std::string::npos);
+}
+
+TEST(StatsPrometheus, CarriesEachTrainersLatenessHistogramShareAndVerdict) {
+  v1::Stats stats;
+  *stats.add_stragglers() = Lateness(0, 0, 31, 0.02, false);
+  *stats.add_stragglers() = Lateness(1, 0, 20427, 0.97, true);
+  const std::vector<Sample> samples = ParsePrometheus(FormatStatsPrometheus(stats));
+  const Sample* late =
+      Find(samples, "gradsync_trainer_lateness_seconds_bucket", {{"rank", "1"}, {"le", "0.01"}});
+  ASSERT_NE(late, nullptr);
+  EXPECT_EQ(late->value, 0);
+  const Sample* all = Find(samples, "gradsync_trainer_lateness_seconds_count", {{"rank", "1"}});
+  ASSERT_NE(all, nullptr);
+  EXPECT_EQ(all->value, 100);
+  const Sample* share = Find(samples, "gradsync_trainer_last_share", {{"rank", "1"}});
+  ASSERT_NE(share, nullptr);
+  EXPECT_DOUBLE_EQ(share->value, 0.97);
+  const Sample* named = Find(samples, "gradsync_trainer_straggler", {{"rank", "1"}});
+  ASSERT_NE(named, nullptr);
+  EXPECT_EQ(named->value, 1);
+  const Sample* other = Find(samples, "gradsync_trainer_straggler", {{"rank", "0"}});
+  ASSERT_NE(other, nullptr);
+  EXPECT_EQ(other->value, 0);
 }
 
 TEST(ConfigFormat, KeyValueLinesInFieldOrder) {

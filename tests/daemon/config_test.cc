@@ -146,6 +146,27 @@ TEST(ValidateConfig, LocalSizeOutOfRangeIsRefused) {
   }
 }
 
+TEST(ValidateConfig, StragglerSettingsOutOfRangeAreRefusedNamingTheFlag) {
+  for (int window : {0, -5, 100001}) {
+    DaemonConfig c;
+    c.straggler_window = window;
+    ExpectRefused(c, {"--straggler-window " + std::to_string(window)});
+  }
+  for (double share : {-0.1, 1.0, 2.0}) {
+    DaemonConfig c;
+    c.straggler_share = share;
+    ExpectRefused(c, {"--straggler-share"});
+  }
+  DaemonConfig late;
+  late.straggler_late_ms = -1;
+  ExpectRefused(late, {"--straggler-late-ms -1"});
+  DaemonConfig edges;
+  edges.straggler_window = 1;
+  edges.straggler_share = 0;
+  edges.straggler_late_ms = 0;
+  EXPECT_TRUE(ValidateConfig(edges).ok()) << ValidateConfig(edges);
+}
+
 TEST(ValidateConfig, NonPositiveOrHugeTimeoutIsRefused) {
   for (int64_t ms : {int64_t{0}, int64_t{-1000}, int64_t{99}, int64_t{86400001}}) {
     DaemonConfig c;

@@ -9,6 +9,7 @@
 //   3  the daemon cannot be reached
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -63,6 +64,12 @@ commands:
   trace --out FILE.json      saves the flight recorder as Chrome trace-event JSON
                              (--out - for stdout); open it in ui.perfetto.dev
   drain                      asks the daemon to drain
+  stragglers [ADDR...]       who is the straggler: each trainer's lateness (mean,
+                             p99 in ms) behind the job's first trainer, share of
+                             iterations it was last, its usual bucket; asks
+                             --addr and every ADDR (one daemon per node gives the
+                             whole job)
+  stragglers --json          the same as protobuf JSON (GetStragglersResponse)
 
 options:
   --addr HOST:PORT           the daemon's --listen address; default $GRADSYNC_ADDR,
@@ -302,6 +309,27 @@ class Ctl {
     return kOk;
   }
 
+  // Adds this daemon's trainers to `merged` (its header too when empty).
+  int Stragglers(v1::GetStragglersResponse* merged) {
+    v1::GetStragglersResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    const grpc::Status status = control_->GetStragglers(&ctx, v1::GetStragglersRequest(), &resp);
+    if (int rc = Check(status, resp.error()); rc != kOk) return rc;
+    if (merged->job_id().empty()) {
+      merged->set_job_id(resp.job_id());
+      merged->set_node_rank(resp.node_rank());
+      merged->set_num_nodes(resp.num_nodes());
+      *merged->mutable_settings() = resp.settings();
+    } else if (resp.job_id() != merged->job_id()) {
+      std::cerr << "gradsyncctl: gradsyncd at " << opts_.addr << " serves job " << resp.job_id()
+                << ", not " << merged->job_id() << "\n";
+      return kDaemonError;
+    }
+    for (v1::TrainerLateness& t : *resp.mutable_trainers()) *merged->add_trainers() = std::move(t);
+    return kOk;
+  }
+
   int Drain() {
     v1::DrainResponse resp;
     grpc::ClientContext ctx;
@@ -450,6 +478,32 @@ int Run(int argc, char** argv) {
     if (!opts.has_out) return UsageError("trace needs --out FILE.json (or --out - for stdout)");
     if (operands != 0) return UsageError("trace takes no operands");
     return ctl().Trace(opts.out);
+  }
+  if (cmd == "stragglers") {
+    if (auto f = only(true, false, false); !f.empty()) return misplaced(f);
+    std::vector<std::string> addrs = {opts.addr};
+    addrs.insert(addrs.end(), opts.args.begin() + 1, opts.args.end());
+    v1::GetStragglersResponse merged;
+    for (const std::string& addr : addrs) {
+      Options one = opts;
+      one.addr = addr;
+      if (int rc = Ctl(one, token, *credentials).Stragglers(&merged); rc != kOk) return rc;
+    }
+    std::sort(merged.mutable_trainers()->begin(), merged.mutable_trainers()->end(),
+              [](const v1::TrainerLateness& a, const v1::TrainerLateness& b) {
+                return a.rank() < b.rank();
+              });
+    if (opts.json) {
+      absl::StatusOr<std::string> json = FormatJson(merged);
+      if (!json.ok()) {
+        std::cerr << "gradsyncctl: " << json.status().message() << "\n";
+        return kDaemonError;
+      }
+      std::cout << *json << (json->empty() || json->back() != '\n' ? "\n" : "");
+      return kOk;
+    }
+    std::cout << FormatStragglersTable(merged);
+    return kOk;
   }
   if (cmd == "drain") {
     if (auto f = only(false, false, false); !f.empty()) return misplaced(f);
