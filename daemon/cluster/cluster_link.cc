@@ -440,6 +440,11 @@ absl::Status ClusterLink::LeaderUnreachable(const absl::Status& error,
 }
 
 absl::Status ClusterLink::Explain(const absl::Status& error) {
+  {
+    // DeadNodes answers for this explanation only (a dead leader names none).
+    MonotonicMutexLock lock(&mu_);
+    dead_nodes_.clear();
+  }
   // A failed collective is a symptom. The node that saw the cause (e.g. its
   // own trainer stopped) reports it when it closes its Gloo sockets, which
   // is what failed here: give that report a moment to become the leader's

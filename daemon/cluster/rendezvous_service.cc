@@ -800,6 +800,11 @@ RendezvousService::RoundVerdict RendezvousService::JudgeRoundLocked(absl::Time n
 
 void RendezvousService::SettleRoundLocked(absl::Time now) {
   if (active() || pending_.empty()) return;
+  // A failed round stays failed until its waiters took the error (one that
+  // left first must not turn the split into "too few").
+  for (const auto& [rank, join] : pending_) {
+    if (!join.error.empty()) return;
+  }
   const RoundVerdict verdict = JudgeRoundLocked(now);
   if (verdict.form) {
     FormGenerationLocked(now);

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -94,8 +95,7 @@ std::string TrainerError(const std::string& log) {
   return log.substr(start, log.find("\"\n", start) - start);
 }
 
-std::string PauseFor(Stage stage, int node) {
-  const bool victim = node == kVictimNode;
+std::string PauseFor(Stage stage, bool victim) {
   switch (stage) {
     case Stage::kBackward:
       return "backward";
@@ -114,14 +114,21 @@ struct Trainer {
   Process process;
 };
 
+bool IsVictim(int node, const std::vector<int>& victims) {
+  return std::find(victims.begin(), victims.end(), node) != victims.end();
+}
+
 // Starts every trainer paused as `stage` says and waits until all stopped
-// and the daemons are where the stage needs them; then SIGKILLs node 2's
-// daemon and trainers and resumes the others. Returns the kill's time.
+// and the daemons are where the stage needs them; then SIGKILLs the
+// victims' daemons and trainers and resumes the others. Returns the kill's
+// time.
 std::chrono::steady_clock::time_point RunUntilKilled(Cluster& cluster, Stage stage,
-                                                     std::vector<Trainer>* trainers) {
+                                                     std::vector<Trainer>* trainers,
+                                                     const std::vector<int>& victims = {
+                                                         kVictimNode}) {
   for (int n = 0; n < kNodes; ++n) {
     for (int r = 0; r < kLocal; ++r) {
-      const std::string pause = PauseFor(stage, n);
+      const std::string pause = PauseFor(stage, IsVictim(n, victims));
       const std::string out = absl::StrCat(cluster.dir(), "/w", n, "_", r);
       std::vector<std::string> args = TrainArgs();
       args.push_back("--pause-at=" + pause);
@@ -144,12 +151,12 @@ std::chrono::steady_clock::time_point RunUntilKilled(Cluster& cluster, Stage sta
         << cluster.DaemonLogs();
   }
   const auto killed_at = std::chrono::steady_clock::now();
-  cluster.node(kVictimNode).process().Signal(SIGKILL);
+  for (int n : victims) cluster.node(n).process().Signal(SIGKILL);
   for (Trainer& t : *trainers) {
-    if (t.node == kVictimNode) t.process.Signal(SIGKILL);
+    if (IsVictim(t.node, victims)) t.process.Signal(SIGKILL);
   }
   for (Trainer& t : *trainers) {
-    if (t.node != kVictimNode) t.process.Signal(SIGCONT);
+    if (!IsVictim(t.node, victims)) t.process.Signal(SIGCONT);
   }
   return killed_at;
 }
@@ -213,6 +220,45 @@ TEST(ElasticJob, NodeKilledInsideTheCollectiveSurvivorsRedoTheIterationAndTrainO
 
 TEST(ElasticJob, SurvivorsInsideTheCollectiveRedoFromTheirKeptSumsAndTrainOn) {
   KillNodeTwoAndExpectSurvivorsTrainOn(Stage::kSurvivorsInCollective);
+}
+
+TEST(ElasticJob, BelowMinNodesTheSurvivorFailsNamingMinNodesAndTheDeadNodes) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  const auto killed_at = RunUntilKilled(cluster, Stage::kBackward, &trainers, {1, 2});
+  for (Trainer& t : trainers) {
+    if (t.node != 0) continue;
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    const double failed_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+    const std::string error = TrainerError(t.process.Log());
+    std::printf("elastic_job below_min_nodes: exit %d after %.1f s error=\"%s\"\n", st.code,
+                failed_s, error.c_str());
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitPeerFailed) << cluster.DaemonLogs();
+    for (const char* needle : {"--min-nodes=2", "node_rank=1", "node_rank=2"}) {
+      EXPECT_NE(error.find(needle), std::string::npos) << needle << " in " << error;
+    }
+  }
+  EXPECT_TRUE(cluster.node(0).process().Running()) << cluster.DaemonLogs();
+}
+
+// The embedded rendezvous lives in node 0's daemon: its loss ends an
+// elastic job too, with the error that says so.
+TEST(ElasticJob, LeaderKilledEndsTheJobNamingTheDeadLeader) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilKilled(cluster, Stage::kBackward, &trainers, {0});
+  for (Trainer& t : trainers) {
+    if (t.node == 0) continue;
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    const std::string error = TrainerError(t.process.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitPeerFailed) << cluster.DaemonLogs();
+    EXPECT_NE(error.find("the leader is dead"), std::string::npos) << error;
+  }
 }
 
 void KillNodeTwoAndExpectPeerFailed(Stage stage) {
