@@ -765,6 +765,18 @@ void Job::ReleaseWorld() {
   spdlog::info("event=job_released job={}", id_);
 }
 
+bool Job::ShrinksOnTrainerDeathLocked(const Trainer& dead) const {
+  if (state_ != JobState::kRunning || !scheduler_ || gpu_session_ || !elastic() || !world_.link ||
+      !hooks_.reform_world) {
+    return false;
+  }
+  // The last trainer of a node takes its node out: that ends the job.
+  for (const auto& other : trainers_) {
+    if (other && other.get() != &dead && !other->gone.load()) return true;
+  }
+  return false;
+}
+
 bool Job::RemoveTrainer(uint64_t session, bool graceful, const std::string& reason,
                         int* local_rank) {
   MonotonicMutexLock lock(&mu_);
@@ -778,6 +790,9 @@ bool Job::RemoveTrainer(uint64_t session, bool graceful, const std::string& reas
   if (t->segment.header() != nullptr) ipc::SharedSegment::Remove(t->segment.name()).IgnoreError();
   if (state_ == JobState::kAttaching) {
     if (t->registered) --registered_;
+  } else if (!graceful && ShrinksOnTrainerDeathLocked(*t)) {
+    // Its node stays in the elastic job (scheduler_departure.cc).
+    scheduler_->RequestDeparture(t->local_rank, reason);
   } else if (state_ != JobState::kFailed) {
     FailLocked(MakeError(v1::PEER_FAILED,
                          absl::StrCat(t->Name(), graceful ? " detached" : " died", ": ", reason)),

@@ -322,6 +322,9 @@ class Job {
   absl::StatusOr<Scheduler::Reformed> InstallReformedLocked(JobWorld world)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool elastic() const { return config_.min_nodes_or_num() < config_.num_nodes; }
+  // A running elastic CPU job across nodes where `dead` (already marked
+  // gone) is not the node's last trainer: the world shrinks by it.
+  bool ShrinksOnTrainerDeathLocked(const Trainer& dead) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Runs the health hook for every queued change, in order. Called by each
   // public method that may change the job's health, after releasing mu_.
   void DeliverHealth() ABSL_LOCKS_EXCLUDED(mu_, hooks_mu_);

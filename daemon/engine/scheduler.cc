@@ -487,6 +487,7 @@ void Scheduler::Loop() {
       ready_bell_->Wait(seen, kIdleWait, std::chrono::nanoseconds(0));
       continue;
     }
+    if (departures_requested_.load(std::memory_order_acquire) && !TakeDepartures()) continue;
     if (reform_requested_.load(std::memory_order_acquire)) {
       absl::Status error;
       {
@@ -684,7 +685,12 @@ bool Scheduler::Join(Trainer& t, const ipc::ReadyEvent& e) {
           t.local_rank);
     return false;
   }
-  t.divide_by_initial_world_size = (e.tensor & ipc::kJoinDivideByInitialWorldSize) != 0;
+  CountAsJoined(t, (e.tensor & ipc::kJoinDivideByInitialWorldSize) != 0);
+  return true;
+}
+
+void Scheduler::CountAsJoined(Trainer& t, bool divide_by_initial_world_size) {
+  t.divide_by_initial_world_size = divide_by_initial_world_size;
   t.joined.store(true, std::memory_order_relaxed);
   joined_local_.fetch_add(1, std::memory_order_acq_rel);
   // Ready with zeros for every bucket: nothing of it is read or written.
@@ -699,7 +705,6 @@ bool Scheduler::Join(Trainer& t, const ipc::ReadyEvent& e) {
       "event=trainer_joined iteration={} trainer={} divide_by_initial_world_size={} "
       "local_active={}",
       iteration(), LogValue(t.Name()), t.divide_by_initial_world_size, active_arenas_.size());
-  return true;
 }
 
 bool Scheduler::AgreeActiveTrainers() {
@@ -742,8 +747,10 @@ bool Scheduler::AgreeActiveTrainers() {
       for (const ReduceSpan& span : spans_[next_bucket_]) first_bucket_bytes += span.bytes;
       dtype = plan_.buckets[next_bucket_].dtype;
     }
-    const bool deferrable =
-        !options_.uneven_inputs && counts[1] == 0 && counts[2] == 0 && first_bucket_bytes > 0;
+    // Elastic jobs never defer: a node whose trainer died counts it as
+    // joined (scheduler_departure.cc), which only that node knows.
+    const bool deferrable = !options_.uneven_inputs && !options_.reform && counts[1] == 0 &&
+                            counts[2] == 0 && first_bucket_bytes > 0;
     // What the first collective will carry: the reducer widens halves to
     // float32 (a guess that is off costs overlap, never correctness).
     const DType staged = dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
@@ -1032,6 +1039,14 @@ bool Scheduler::FinishLaunch(uint32_t bucket, const ReduceTimings& timings) {
 
 void Scheduler::FinishIteration() {
   const uint64_t it = iteration();
+  // Trainers that died after marking everything: members of this
+  // iteration, gone from the next.
+  for (Trainer* t : trainers_) {
+    if (t->departing) {
+      t->departing = false;
+      CountAsJoined(*t, /*divide_by_initial_world_size=*/false);
+    }
+  }
   // Every bucket's average is in every arena: nothing is redone any more.
   for (KeptSums& kept : kept_sums_) kept.pieces = 0;
   for (Trainer* t : trainers_) {

@@ -188,6 +188,12 @@ class Scheduler {
   // Elastic jobs: the world failed outside a collective (the leader aborted
   // the generation): the loop re-forms at its next pass. Any thread.
   void RequestReform(const absl::Status& error) ABSL_LOCKS_EXCLUDED(reform_mu_);
+  // Elastic jobs: local trainer `local_rank` died (its node stays). It
+  // leaves the world at once if it marked nothing this iteration, at the
+  // iteration's end if it marked everything (its gradient is complete in
+  // its segment); a trainer that died mid-backward fails the job. The loop
+  // decides at its next pass. Any thread.
+  void RequestDeparture(int local_rank, const std::string& reason) ABSL_LOCKS_EXCLUDED(reform_mu_);
 
  private:
   void Loop();
@@ -245,6 +251,9 @@ class Scheduler {
   // A trainer's gs_join entry: from now on it counts as ready with zeros
   // for every bucket (skipped by the local sum and the write-back).
   bool Join(Trainer& t, const ipc::ReadyEvent& e);
+  void CountAsJoined(Trainer& t, bool divide_by_initial_world_size);
+  // RequestDeparture's work on the loop thread; false: the job failed.
+  bool TakeDepartures() ABSL_LOCKS_EXCLUDED(reform_mu_);
   // Before an iteration's first collective: the trainers of the job still
   // active in it, the same on every node (see docs/DESIGN.md). False when
   // the job failed, or when none is active: every trainer joined, the
@@ -298,6 +307,8 @@ class Scheduler {
   absl::Mutex reform_mu_;
   absl::Status reform_request_ ABSL_GUARDED_BY(reform_mu_);
   std::atomic<bool> reform_requested_{false};
+  std::vector<std::pair<int, std::string>> departures_ ABSL_GUARDED_BY(reform_mu_);
+  std::atomic<bool> departures_requested_{false};
   std::vector<uint8_t*> arenas_;         // per local trainer
   std::vector<uint8_t*> active_arenas_;  // of the trainers that have not joined
   Backend* backend_;

@@ -12,6 +12,11 @@
 // must come from the kept local sums). Each prints the time from the kill
 // to the survivors' completion of the redone iteration.
 //
+// A trainer of an elastic job SIGKILLed (its node stays): after marking
+// the iteration's gradients, the others finish with it counted in that
+// iteration and gone from the next; after only its first mark, the job
+// fails naming it. Node 0 (the leader) SIGKILLed ends the job naming it.
+//
 // Fixed (--min-nodes 3 = --num-nodes): a death ends every survivor with
 // GS_ERR_PEER_FAILED naming node_rank=2 and --min-nodes.
 #include <gtest/gtest.h>
@@ -242,6 +247,84 @@ TEST(ElasticJob, BelowMinNodesTheSurvivorFailsNamingMinNodesAndTheDeadNodes) {
     }
   }
   EXPECT_TRUE(cluster.node(0).process().Running()) << cluster.DaemonLogs();
+}
+
+// Trainer kTrainerVictim (rank 3: node 1, local rank 1) pauses at
+// `victim_pause`, the others at "backward"; once all stopped it is
+// SIGKILLed (its daemon stays) and the others resume.
+constexpr int kTrainerVictim = 3;
+
+void RunUntilTrainerKilled(Cluster& cluster, const std::string& victim_pause,
+                           std::vector<Trainer>* trainers) {
+  for (int n = 0; n < kNodes; ++n) {
+    for (int r = 0; r < kLocal; ++r) {
+      const bool victim = n * kLocal + r == kTrainerVictim;
+      const std::string pause = victim ? victim_pause : "backward";
+      const std::string out = absl::StrCat(cluster.dir(), "/w", n, "_", r);
+      std::vector<std::string> args = TrainArgs();
+      args.push_back("--pause-at=" + pause);
+      trainers->push_back({n, pause, out, StartTrainer(cluster.node(n), r, args, out)});
+    }
+  }
+  for (Trainer& t : *trainers) {
+    ASSERT_TRUE(WaitForLog(t.process, "mlp_trainer: paused at " + t.pause, kStateBound) &&
+                WaitStopped(t.process, kStateBound))
+        << t.process.Log() << cluster.DaemonLogs();
+  }
+  (*trainers)[kTrainerVictim].process.Signal(SIGKILL);
+  for (size_t i = 0; i < trainers->size(); ++i) {
+    if (static_cast<int>(i) != kTrainerVictim) (*trainers)[i].process.Signal(SIGCONT);
+  }
+}
+
+// Rank 3 died after marking iteration 2's gradients: iteration 2 is
+// averaged over all 6 (its gradient is complete in its segment), 3-7 over
+// the other 5, whose weights then equal DDP's Join with divide-by-active.
+TEST(ElasticJob, TrainerKilledAfterMarkingLeavesTheWorldFromTheNextIteration) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilTrainerKilled(cluster, "marked", &trainers);
+  std::vector<std::string> reference_args = TrainArgs();
+  reference_args.push_back(absl::StrCat("--join-steps=", kSteps, ",", kSteps, ",", kSteps, ",",
+                                        kKilledStep + 1, ",", kSteps, ",", kSteps));
+  reference_args.push_back("--join-divide-by-active");
+  const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
+  ASSERT_FALSE(reference.empty());
+  std::vector<double> first;
+  for (size_t i = 0; i < trainers.size(); ++i) {
+    if (static_cast<int>(i) == kTrainerVictim) continue;
+    Trainer& t = trainers[i];
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    ASSERT_EQ(st.code, 0) << "trainer " << i << ": " << TrainerError(t.process.Log()) << "\n"
+                          << cluster.DaemonLogs();
+    const std::vector<double> weights = LoadWeights(t.out);
+    ASSERT_EQ(weights.size(), reference.size()) << t.out;
+    if (first.empty()) first = weights;
+    EXPECT_EQ(weights, first) << "trainer " << i << " ended with other weights";
+    EXPECT_LT(RelativeDifference(weights, reference), 1e-12) << "trainer " << i;
+  }
+}
+
+// Rank 3 died after its first mark: part of its gradient may be summed,
+// part is missing, so no survivors' average exists; the job fails naming it.
+TEST(ElasticJob, TrainerKilledMidBackwardFailsTheJobNamingIt) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilTrainerKilled(cluster, "backward", &trainers);
+  for (size_t i = 0; i < trainers.size(); ++i) {
+    if (static_cast<int>(i) == kTrainerVictim) continue;
+    Trainer& t = trainers[i];
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    const std::string error = TrainerError(t.process.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitPeerFailed) << error << cluster.DaemonLogs();
+    EXPECT_NE(error.find("rank 3 (local 1"), std::string::npos) << "trainer " << i << ": " << error;
+    EXPECT_NE(error.find("after marking 1 of"), std::string::npos)
+        << "trainer " << i << ": " << error;
+  }
 }
 
 // The embedded rendezvous lives in node 0's daemon: its loss ends an
