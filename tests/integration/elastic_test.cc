@@ -71,7 +71,7 @@ const char* StageName(Stage stage) {
 // The first bucket holds only the first gradient mlp_trainer marks (the
 // 1-element gate), so a trainer paused after its first mark has completed
 // it: that bucket's average is written back before node 2 dies.
-ClusterOptions JobOptions(int min_nodes) {
+ClusterOptions JobOptions(int min_nodes, int timeout_s = kTimeoutS) {
   ClusterOptions options;
   options.nodes = kNodes;
   options.local_size = kLocal;
@@ -79,7 +79,7 @@ ClusterOptions JobOptions(int min_nodes) {
   options.token = "elastic-token";
   options.flags = {"--bucket-cap-mb=0.001",
                    "--first-bucket-cap-mb=0.000001",
-                   absl::StrCat("--timeout-s=", kTimeoutS),
+                   absl::StrCat("--timeout-s=", timeout_s),
                    "--stall-threshold-s=1",
                    absl::StrCat("--min-nodes=", min_nodes),
                    absl::StrCat("--max-nodes=", kNodes)};
@@ -123,14 +123,19 @@ bool IsVictim(int node, const std::vector<int>& victims) {
   return std::find(victims.begin(), victims.end(), node) != victims.end();
 }
 
+void ResumeSurvivors(std::vector<Trainer>* trainers, const std::vector<int>& victims) {
+  for (Trainer& t : *trainers) {
+    if (!IsVictim(t.node, victims)) t.process.Signal(SIGCONT);
+  }
+}
+
 // Starts every trainer paused as `stage` says and waits until all stopped
 // and the daemons are where the stage needs them; then SIGKILLs the
 // victims' daemons and trainers and resumes the others. Returns the kill's
 // time.
-std::chrono::steady_clock::time_point RunUntilKilled(Cluster& cluster, Stage stage,
-                                                     std::vector<Trainer>* trainers,
-                                                     const std::vector<int>& victims = {
-                                                         kVictimNode}) {
+std::chrono::steady_clock::time_point RunUntilKilled(
+    Cluster& cluster, Stage stage, std::vector<Trainer>* trainers,
+    const std::vector<int>& victims = {kVictimNode}, bool resume = true) {
   for (int n = 0; n < kNodes; ++n) {
     for (int r = 0; r < kLocal; ++r) {
       const std::string pause = PauseFor(stage, IsVictim(n, victims));
@@ -160,17 +165,27 @@ std::chrono::steady_clock::time_point RunUntilKilled(Cluster& cluster, Stage sta
   for (Trainer& t : *trainers) {
     if (IsVictim(t.node, victims)) t.process.Signal(SIGKILL);
   }
-  for (Trainer& t : *trainers) {
-    if (!IsVictim(t.node, victims)) t.process.Signal(SIGCONT);
-  }
+  if (resume) ResumeSurvivors(trainers, victims);
   return killed_at;
 }
 
-void KillNodeTwoAndExpectSurvivorsTrainOn(Stage stage) {
-  Cluster cluster(JobOptions(/*min_nodes=*/2));
+// `found_by_heartbeat`: node 0's trainers stay stopped until its daemon
+// re-formed, so no collective of its own notices the death: node 1's
+// does, the leader aborts the generation, and node 0 learns it from its
+// heartbeat and re-forms while it waits for its trainers (a longer
+// timeout, so that holding them is no stall).
+void KillNodeTwoAndExpectSurvivorsTrainOn(Stage stage, bool found_by_heartbeat = false) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2, found_by_heartbeat ? 4 * kTimeoutS : kTimeoutS));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Trainer> trainers;
-  const auto killed_at = RunUntilKilled(cluster, stage, &trainers);
+  const auto killed_at =
+      RunUntilKilled(cluster, stage, &trainers, {kVictimNode}, !found_by_heartbeat);
+  if (found_by_heartbeat) {
+    ResumeSurvivors(&trainers, {0, kVictimNode});  // node 1's
+    EXPECT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_reformed", kErrorBound))
+        << cluster.DaemonLogs();
+    ResumeSurvivors(&trainers, {1, kVictimNode});  // node 0's
+  }
   Trainer& rank0 = trainers[0];
   // mlp_trainer's rank 0 prints each completed step.
   const std::string redone = absl::StrCat("step   ", kKilledStep, "  loss");
@@ -210,9 +225,11 @@ void KillNodeTwoAndExpectSurvivorsTrainOn(Stage stage) {
     EXPECT_TRUE(cluster.node(n).process().Running()) << cluster.DaemonLogs();
   }
   std::printf(
-      "elastic_job %s: SIGKILL of node 2 to the survivors' completion of the redone iteration "
-      "%d: %.2f s\n",
-      StageName(stage), kKilledStep, redo_s);
+      "elastic_job %s%s: SIGKILL of node 2 to the survivors' completion of the redone "
+      "iteration %d: %.2f s\n",
+      StageName(stage),
+      found_by_heartbeat ? " (node 0 learns it from the leader, trainers held)" : "", kKilledStep,
+      redo_s);
 }
 
 TEST(ElasticJob, NodeKilledMidBackwardSurvivorsRedoTheIterationAndTrainOn) {
@@ -225,6 +242,10 @@ TEST(ElasticJob, NodeKilledInsideTheCollectiveSurvivorsRedoTheIterationAndTrainO
 
 TEST(ElasticJob, SurvivorsInsideTheCollectiveRedoFromTheirKeptSumsAndTrainOn) {
   KillNodeTwoAndExpectSurvivorsTrainOn(Stage::kSurvivorsInCollective);
+}
+
+TEST(ElasticJob, ASurvivorWaitingForItsTrainersLearnsTheDeathFromTheLeaderAndRedoesToo) {
+  KillNodeTwoAndExpectSurvivorsTrainOn(Stage::kBackward, /*found_by_heartbeat=*/true);
 }
 
 TEST(ElasticJob, BelowMinNodesTheSurvivorFailsNamingMinNodesAndTheDeadNodes) {
