@@ -169,6 +169,28 @@ int RankOffset(const JoinResult& joined, int node_rank) {
   return rank_offset;
 }
 
+// A node that would fail at a death while the others re-form (or the
+// reverse) is refused when the job forms, not found out at the first death:
+// MISMATCH naming the first node that differs from the first member, on
+// every node alike.
+absl::Status CompareMinNodes(RendezvousClient& client, uint64_t generation,
+                             const std::vector<int>& members) {
+  std::vector<std::string> by_node;
+  for (int n : members) {
+    ASSIGN_OR_RETURN(std::optional<std::string> value, client.Get(MinNodesKey(generation, n)));
+    by_node.push_back(value.value_or("(none)"));
+  }
+  for (size_t i = 1; i < members.size(); ++i) {
+    if (by_node[i] == by_node[0]) continue;
+    return MakeError(v1::MISMATCH,
+                     absl::StrCat("--min-nodes mismatch between nodes: node ", members[0],
+                                  " runs --min-nodes=", by_node[0], " but node ", members[i],
+                                  " runs --min-nodes=", by_node[i],
+                                  "; every node of a job must use the same --min-nodes"));
+  }
+  return absl::OkStatus();
+}
+
 // Publishes this node's records: its layout and wire dtype (nodes that cast
 // differently would pair 16-bit halves with fp32 words: garbage sums, or
 // Gloo aborting on sizes); node 0 also the job's bucket caps and
@@ -178,6 +200,8 @@ absl::StatusOr<WireDType> PublishRecords(RendezvousClient& client, const DaemonC
   RETURN_IF_ERROR(client.Set(LayoutKey(gen, config.node_rank), EncodeLayout(layout)));
   ASSIGN_OR_RETURN(WireDType wire_dtype, ParseWireDType(config.wire_dtype));
   RETURN_IF_ERROR(client.Set(WireDTypeKey(gen, config.node_rank), WireDTypeName(wire_dtype)));
+  RETURN_IF_ERROR(
+      client.Set(MinNodesKey(gen, config.node_rank), absl::StrCat(config.min_nodes_or_num())));
   if (config.node_rank == 0) {
     RETURN_IF_ERROR(
         client.Set(CapsKey(gen), EncodeCaps(config.bucket_cap_mb, config.first_bucket_cap_mb)));
@@ -194,6 +218,7 @@ absl::Status WaitForRecords(RendezvousClient& client, const std::vector<int>& me
   keys.push_back(CapsKey(gen));
   for (int n : members) keys.push_back(WireDTypeKey(gen, n));
   keys.push_back(UnevenInputsKey(gen));
+  for (int n : members) keys.push_back(MinNodesKey(gen, n));
   if (absl::Status st = client.Wait(keys, wait); !st.ok()) {
     return MakeError(CodeOf(st), absl::StrCat("waiting for every node's layout: ", st.message()));
   }
@@ -246,6 +271,7 @@ absl::StatusOr<Agreement> Agree(RendezvousClient& client, const DaemonConfig& co
   ASSIGN_OR_RETURN(agreed.caps, DecodeCaps(CapsKey(gen), caps));
   ASSIGN_OR_RETURN(std::optional<std::string> uneven, client.Get(UnevenInputsKey(gen)));
   agreed.uneven_inputs = uneven.has_value() && *uneven == "1";
+  RETURN_IF_ERROR(CompareMinNodes(client, gen, members));
   return agreed;
 }
 

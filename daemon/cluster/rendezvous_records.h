@@ -34,6 +34,9 @@ absl::StatusOr<BucketCaps> DecodeCaps(absl::string_view key,
 std::string WireDTypeKey(uint64_t generation, int node_rank);
 // Node 0's --uneven-inputs, "1" or "0" ("g<gen>/uneven_inputs").
 std::string UnevenInputsKey(uint64_t generation);
+// Each node's --min-nodes, decimal ("g<gen>/min_nodes/<rank>"): a node that
+// would fail at a death while the others re-form must not join them.
+std::string MinNodesKey(uint64_t generation, int node_rank);
 
 // A job-wide caps change published by the leader, version `version` of the
 // generation's ordered config log ("g<gen>/config/<version>").

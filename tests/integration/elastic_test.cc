@@ -348,6 +348,26 @@ TEST(ElasticJob, TrainerKilledMidBackwardFailsTheJobNamingIt) {
   }
 }
 
+// A node that would end the job at a death while the others re-form is
+// refused when the job forms, on every node alike.
+TEST(ElasticJob, NodesGivenDifferentMinNodesAreRefusedWhenTheJobForms) {
+  ClusterOptions options = JobOptions(/*min_nodes=*/2);
+  options.node_flags = {{}, {"--min-nodes=3"}, {}};
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(TrainArgs(), &outs);
+  for (Process& p : trainers) {
+    const ExitStatus st = p.Wait(kErrorBound);
+    const std::string error = TrainerError(p.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << p.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitMismatch) << error << cluster.DaemonLogs();
+    EXPECT_NE(error.find("node 0 runs --min-nodes=2 but node 1 runs --min-nodes=3"),
+              std::string::npos)
+        << error;
+  }
+}
+
 // The embedded rendezvous lives in node 0's daemon: its loss ends an
 // elastic job too, with the error that says so.
 TEST(ElasticJob, LeaderKilledEndsTheJobNamingTheDeadLeader) {
