@@ -218,6 +218,12 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
   MonotonicMutexLock lock(&mu_);
   const absl::Time now = clock_();
   CheckHeartbeatsLocked(now);
+  if (active() && request->resume_generation() != 0 && !members_[rank].member()) {
+    return refuse(v1::STATE,
+                  absl::StrCat("generation ", generation_, " re-formed without node_rank=", rank,
+                               ", which stayed silent past ", Millis(kPresumedDeadAfter),
+                               " ms and was presumed dead"));
+  }
   if (active()) {
     return refuse(v1::STATE,
                   absl::StrCat("node_rank=", rank, " is already a member of active generation ",

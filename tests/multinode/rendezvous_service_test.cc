@@ -741,6 +741,12 @@ TEST_F(ElasticRendezvousTest, SurvivorsReformWithoutTheSilentNodeWhichIsThenNoMe
   EXPECT_EQ(status.world_size, 3);
   EXPECT_EQ(status.nodes.size(), 2u);
   // Node 2 comes back (it was only stopped): told it is out.
+  JoinParams late = Params(2);
+  late.resume_generation = 1;
+  const absl::StatusOr<JoinResult> refused = Client()->Join(late);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(CodeOf(refused.status()), v1::STATE);
+  EXPECT_THAT(Msg(refused.status()), HasSubstr("re-formed without node_rank=2"));
   auto beat = Beat(2, 2);
   ASSERT_TRUE(beat.ok()) << beat.status();
   EXPECT_TRUE(beat->abort);
