@@ -32,17 +32,22 @@ absl::Status ValidateJobShape(const DaemonConfig& c) {
     return Bad(absl::StrCat("--max-nodes ", c.max_nodes, " is not in [", c.num_nodes,
                             ", 4096] (--num-nodes ", c.num_nodes, "; 0 or unset: --num-nodes)"));
   }
-  // An elastic job needs the survivors of a node's death to re-form the
-  // backend and redo the interrupted iteration (docs/DESIGN.md, "Elastic
-  // jobs"), which this daemon cannot do yet: refused at start rather than
-  // accepted and then ended by the first death like a fixed job.
-  if (c.min_nodes_or_num() != c.num_nodes || c.max_nodes_or_num() != c.num_nodes) {
+  // Elastic jobs shrink only (docs/DESIGN.md, "Elastic jobs"): survivors of
+  // a node's death re-form and redo the iteration; a node joining a running
+  // job is not built, so a range above --num-nodes is refused at start
+  // rather than accepted and never used.
+  if (c.max_nodes_or_num() != c.num_nodes) {
     return Bad(absl::StrCat(
-        "--min-nodes ", c.min_nodes_or_num(), " --max-nodes ", c.max_nodes_or_num(),
-        " with --num-nodes ", c.num_nodes,
-        " asks for an elastic job, which this gradsyncd does not support yet (a node's death "
-        "ends the job with GS_ERR_PEER_FAILED naming it): give --min-nodes and --max-nodes "
-        "equal to --num-nodes, or leave them out"));
+        "--max-nodes ", c.max_nodes_or_num(), " above --num-nodes ", c.num_nodes,
+        " asks for nodes joining a running job, which this gradsyncd does not support yet "
+        "(an elastic job shrinks down to --min-nodes): give --max-nodes equal to --num-nodes, "
+        "or leave it out"));
+  }
+  if (c.min_nodes_or_num() < c.num_nodes && c.backend == "nccl") {
+    return Bad(absl::StrCat("--min-nodes ", c.min_nodes_or_num(), " < --num-nodes ", c.num_nodes,
+                            " (an elastic job) with --backend=nccl: re-forming the NCCL path "
+                            "among survivors is not supported yet; elastic jobs run on the "
+                            "CPU/Gloo path (--backend=auto or gloo)"));
   }
   if (c.node_rank < 0 || c.node_rank >= c.num_nodes) {
     return Bad(absl::StrCat("--node-rank ", c.node_rank, " is not in [0, ", c.num_nodes,

@@ -156,6 +156,13 @@ absl::StatusOr<JobHooks> Daemon::MakeJobHooks() {
       spdlog::warn("event=health status=NOT_SERVING reason={}", LogValue(reason));
     }
   };
+  if (config_.num_nodes > 1 && config_.min_nodes_or_num() < config_.num_nodes) {
+    hooks.reform_world = [this](const Layout& layout, const ResumePoint& resume,
+                                std::function<void(const absl::Status&)> on_failure) {
+      return ClusterLink::Form(jobs_->config(), leader_address_, layout, std::move(on_failure),
+                               resume);
+    };
+  }
   if (config_.num_nodes > 1) {
     hooks.report_forming = [this](const std::string& report) {
       if (absl::Status st = ClusterLink::ReportForming(jobs_->config(), leader_address_, report);
@@ -201,6 +208,7 @@ absl::Status Daemon::StartListenServer() {
     rendezvous_service_ = std::make_unique<RendezvousService>(
         config_.job_id, auth, config_.num_nodes, absl::Milliseconds(config_.timeout_ms),
         heartbeat_timeout);
+    rendezvous_service_->set_min_nodes(config_.min_nodes_or_num());
     builder.RegisterService(rendezvous_service_.get());
   }
   listen_server_ = builder.BuildAndStart();

@@ -65,12 +65,14 @@ ABSL_FLAG(int, num_nodes, kDefaults.num_nodes,
           "daemons (nodes) in the job; node 0's daemon (the leader) hosts the rendezvous, so "
           "its loss ends the job with an error naming it, elastic or not");
 ABSL_FLAG(int, min_nodes, kDefaults.min_nodes,
-          "fewest nodes an elastic job may shrink to (torchrun's --nnodes MIN); 0: --num-nodes. "
-          "Not supported yet: only --min-nodes = --num-nodes (a fixed job, where a node's death "
-          "ends the job with GS_ERR_PEER_FAILED naming it)");
+          "fewest nodes an elastic job may shrink to (torchrun's --nnodes MIN); 0: --num-nodes "
+          "(a fixed job: a node's death ends it with GS_ERR_PEER_FAILED naming the node). "
+          "Below --num-nodes, when a node other than node 0 dies the survivors re-form and "
+          "redo the interrupted iteration over their trainers (CPU gradients only; node 0's "
+          "loss still ends the job)");
 ABSL_FLAG(int, max_nodes, kDefaults.max_nodes,
           "most nodes an elastic job may grow to (torchrun's --nnodes MAX); 0: --num-nodes. "
-          "Not supported yet: only --max-nodes = --num-nodes");
+          "Not supported yet: only --max-nodes = --num-nodes (nodes cannot join a running job)");
 ABSL_FLAG(int, local_size, kDefaults.local_size, "trainers on this node");
 ABSL_FLAG(std::string, backend, kDefaults.backend, "auto | gloo | nccl | local");
 ABSL_FLAG(std::string, host, kDefaults.host,

@@ -40,14 +40,12 @@ for _ in $(seq 100); do [ -S "$socket" ] && break; sleep 0.05; done
 
 echo
 echo "== 2 C++ trainers (examples/mlp_trainer), each on half of every batch of 64"
-# Trainer 1 sleeps 20 ms in every backward: the straggler gradsyncctl names below.
-for rank in 0 1; do
-  delay=""
-  [ "$rank" = 1 ] && delay="--sleep-ms 20"
-  # shellcheck disable=SC2086
-  LOCAL_RANK=$rank bazel-bin/examples/mlp_trainer --socket "$socket" --steps 30 --fp64 $delay \
-    --out "$work/weights$rank.txt" >"$work/trainer$rank.log" 2>&1 &
-done
+# Trainer 1 is the same model from the test trainer (tests/testing/fault_trainer),
+# told to sleep 20 ms in every backward: the straggler gradsyncctl names below.
+LOCAL_RANK=0 bazel-bin/examples/mlp_trainer --socket "$socket" --steps 30 --fp64 \
+  --out "$work/weights0.txt" >"$work/trainer0.log" 2>&1 &
+LOCAL_RANK=1 bazel-bin/tests/testing/fault_trainer --socket "$socket" --steps 30 --fp64 \
+  --sleep-ms 20 --out "$work/weights1.txt" >"$work/trainer1.log" 2>&1 &
 wait %2 %3
 grep -E "step +(0|5|10|15|20|25|29) " "$work/trainer0.log"
 grep -h "checksum" "$work"/trainer*.log

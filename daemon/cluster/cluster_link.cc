@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -33,53 +34,55 @@ constexpr absl::Duration kSilencePoll = absl::Milliseconds(100);
 // of the cause (sent at once, one RPC) before reporting its own symptom.
 constexpr absl::Duration kCauseReportGrace = absl::Milliseconds(2 * 500);
 
-// MISMATCH naming the first node that differs from node 0, and both values:
-// every node compares with node 0, so all report the same error.
-absl::Status CompareWireDTypes(RendezvousClient& client, uint64_t generation, int num_nodes) {
+// MISMATCH naming the first member whose `flag` (published under
+// key_of(node)) differs from the first member's, and both values: every node
+// compares with the same first member, so all report the same error. A
+// member that published none (an older daemon) counts as `if_absent`.
+absl::Status CompareFlagAcrossNodes(RendezvousClient& client, const std::vector<int>& members,
+                                    absl::FunctionRef<std::string(int)> key_of,
+                                    absl::string_view flag, absl::string_view if_absent) {
   std::vector<std::string> by_node;
-  for (int n = 0; n < num_nodes; ++n) {
-    ASSIGN_OR_RETURN(std::optional<std::string> value, client.Get(WireDTypeKey(generation, n)));
-    by_node.push_back(value.value_or("(none)"));
+  for (int n : members) {
+    ASSIGN_OR_RETURN(std::optional<std::string> value, client.Get(key_of(n)));
+    by_node.push_back(value.value_or(std::string(if_absent)));
   }
-  for (int n = 1; n < num_nodes; ++n) {
-    if (by_node[n] == by_node[0]) continue;
+  for (size_t i = 1; i < members.size(); ++i) {
+    if (by_node[i] == by_node[0]) continue;
     return MakeError(v1::MISMATCH,
-                     absl::StrCat("wire dtype mismatch between nodes: node 0 runs --wire-dtype=",
-                                  by_node[0], " but node ", n, " runs --wire-dtype=", by_node[n],
-                                  "; every node of a job must use the same --wire-dtype"));
+                     absl::StrCat(flag, " differs between nodes: node ", members[0], " runs ",
+                                  flag, "=", by_node[0], " but node ", members[i], " runs ", flag,
+                                  "=", by_node[i], "; every node of a job must use the same ",
+                                  flag));
   }
   return absl::OkStatus();
 }
 
-// Every node's --check-replicas-every against node 0's: one that checked at
-// other iterations would meet the others' comparison with a collective of
-// its own. A node that published none (an older daemon) runs 0 (off).
-absl::Status CompareCheckReplicasEvery(RendezvousClient& client, uint64_t generation,
-                                       int num_nodes) {
-  std::vector<std::string> by_node;
-  for (int n = 0; n < num_nodes; ++n) {
-    ASSIGN_OR_RETURN(std::optional<std::string> value,
-                     client.Get(CheckReplicasEveryKey(generation, n)));
-    by_node.push_back(value.value_or("0"));
-  }
-  for (int n = 1; n < num_nodes; ++n) {
-    if (by_node[n] == by_node[0]) continue;
-    return MakeError(v1::MISMATCH,
-                     absl::StrCat("--check-replicas-every differs between nodes: node 0 runs ",
-                                  by_node[0], " but node ", n, " runs ", by_node[n],
-                                  "; every node of a job must run the same (0: off)"));
-  }
-  return absl::OkStatus();
+// The flags every node of a job must share, compared when the job forms
+// rather than found out later: --wire-dtype (nodes that cast differently
+// would pair 16-bit halves with fp32 words), --check-replicas-every (a node
+// checking at other iterations would meet the others' comparison with a
+// collective of its own) and --min-nodes (a node that would fail at a death
+// while the others re-form, or the reverse).
+absl::Status CompareSharedFlags(RendezvousClient& client, uint64_t gen,
+                                const std::vector<int>& members) {
+  RETURN_IF_ERROR(CompareFlagAcrossNodes(
+      client, members, [gen](int n) { return WireDTypeKey(gen, n); }, "--wire-dtype", "(none)"));
+  RETURN_IF_ERROR(CompareFlagAcrossNodes(
+      client, members, [gen](int n) { return CheckReplicasEveryKey(gen, n); },
+      "--check-replicas-every", "0"));
+  return CompareFlagAcrossNodes(
+      client, members, [gen](int n) { return MinNodesKey(gen, n); }, "--min-nodes", "(none)");
 }
 
 }  // namespace
 
 ClusterLink::ClusterLink(const DaemonConfig& config, std::shared_ptr<RendezvousClient> client,
-                         uint64_t generation, size_t num_tensors,
+                         uint64_t generation, std::vector<int> members, size_t num_tensors,
                          std::function<void(const absl::Status&)> on_failure)
     : config_(config),
       client_(std::move(client)),
       generation_(generation),
+      members_(std::move(members)),
       num_tensors_(num_tensors),
       on_failure_(std::move(on_failure)),
       config_log_(generation, config.node_rank,
@@ -150,8 +153,10 @@ std::string GlooHost(const DaemonConfig& config) {
 // deadline passes.
 absl::StatusOr<JoinResult> JoinGeneration(RendezvousClient& client, const DaemonConfig& config,
                                           const std::string& leader, const std::string& host,
-                                          absl::Time deadline) {
+                                          const ResumePoint& resume, absl::Time deadline) {
   JoinParams join;
+  join.resume_generation = resume.generation;
+  join.resume_iteration = resume.iteration;
   join.node_rank = config.node_rank;
   join.num_nodes = config.num_nodes;
   join.local_size = config.local_size;
@@ -160,7 +165,11 @@ absl::StatusOr<JoinResult> JoinGeneration(RendezvousClient& client, const Daemon
   while (true) {
     join.timeout = std::max(absl::Seconds(1), deadline - MonotonicNow());
     joined = client.Join(join);
-    if (joined.ok() || CodeOf(joined.status()) != v1::STATE || MonotonicNow() >= deadline) break;
+    // A survivor's refusal (STATE) will not change: it fails at once.
+    if (joined.ok() || CodeOf(joined.status()) != v1::STATE || MonotonicNow() >= deadline ||
+        resume.generation != 0) {
+      break;
+    }
     absl::SleepFor(absl::Milliseconds(100));
   }
   if (!joined.ok()) {
@@ -181,10 +190,8 @@ int RankOffset(const JoinResult& joined, int node_rank) {
   return rank_offset;
 }
 
-// Publishes this node's records: its --check-replicas-every, layout and
-// wire dtype (nodes that cast differently would pair 16-bit halves with
-// fp32 words: garbage sums, or Gloo aborting on sizes); node 0 also the
-// job's bucket caps and
+// Publishes this node's records: its --check-replicas-every, --min-nodes,
+// layout and wire dtype; node 0 also the job's bucket caps and
 // --uneven-inputs. Returns the wire dtype published.
 absl::StatusOr<WireDType> PublishRecords(RendezvousClient& client, const DaemonConfig& config,
                                          uint64_t gen, const Layout& layout) {
@@ -194,6 +201,8 @@ absl::StatusOr<WireDType> PublishRecords(RendezvousClient& client, const DaemonC
   RETURN_IF_ERROR(client.Set(LayoutKey(gen, config.node_rank), EncodeLayout(layout)));
   ASSIGN_OR_RETURN(WireDType wire_dtype, ParseWireDType(config.wire_dtype));
   RETURN_IF_ERROR(client.Set(WireDTypeKey(gen, config.node_rank), WireDTypeName(wire_dtype)));
+  RETURN_IF_ERROR(
+      client.Set(MinNodesKey(gen, config.node_rank), absl::StrCat(config.min_nodes_or_num())));
   if (config.node_rank == 0) {
     RETURN_IF_ERROR(
         client.Set(CapsKey(gen), EncodeCaps(config.bucket_cap_mb, config.first_bucket_cap_mb)));
@@ -203,13 +212,15 @@ absl::StatusOr<WireDType> PublishRecords(RendezvousClient& client, const DaemonC
 }
 
 // Until every node published its records (up to `wait`).
-absl::Status WaitForRecords(RendezvousClient& client, int num_nodes, uint64_t gen,
+absl::Status WaitForRecords(RendezvousClient& client, const std::vector<int>& members, uint64_t gen,
                             absl::Duration wait) {
   std::vector<std::string> keys;
-  for (int n = 0; n < num_nodes; ++n) keys.push_back(LayoutKey(gen, n));
+  for (int n : members) keys.push_back(LayoutKey(gen, n));
   keys.push_back(CapsKey(gen));
-  for (int n = 0; n < num_nodes; ++n) keys.push_back(WireDTypeKey(gen, n));
+  for (int n : members) keys.push_back(WireDTypeKey(gen, n));
   keys.push_back(UnevenInputsKey(gen));
+  for (int n : members) keys.push_back(MinNodesKey(gen, n));
+  for (int n : members) keys.push_back(CheckReplicasEveryKey(gen, n));
   if (absl::Status st = client.Wait(keys, wait); !st.ok()) {
     return MakeError(CodeOf(st), absl::StrCat("waiting for every node's layout: ", st.message()));
   }
@@ -219,21 +230,21 @@ absl::Status WaitForRecords(RendezvousClient& client, int num_nodes, uint64_t ge
 // MISMATCH naming the first node whose layout differs from node 0's, and
 // the first differing tensor: every node compares with node 0, so all
 // report the same error.
-absl::Status CompareLayouts(RendezvousClient& client, uint64_t gen, int num_nodes) {
+absl::Status CompareLayouts(RendezvousClient& client, uint64_t gen,
+                            const std::vector<int>& members) {
   std::vector<Layout> layouts;
-  for (int n = 0; n < num_nodes; ++n) {
+  for (int n : members) {
     const std::string key = LayoutKey(gen, n);
     ASSIGN_OR_RETURN(std::optional<std::string> value, client.Get(key));
     ASSIGN_OR_RETURN(Layout layout, DecodeLayout(key, value));
     layouts.push_back(std::move(layout));
   }
-  for (int n = 1; n < num_nodes; ++n) {
-    if (auto diff = FirstDifference(layouts[0], layouts[n])) {
+  for (size_t i = 1; i < members.size(); ++i) {
+    if (auto diff = FirstDifference(layouts[0], layouts[i])) {
       return MakeError(v1::MISMATCH,
-                       absl::StrCat("layout mismatch between nodes: node ", n,
-                                    " registered a different layout than node 0: first difference "
-                                    "at ",
-                                    *diff));
+                       absl::StrCat("layout mismatch between nodes: node ", members[i],
+                                    " registered a different layout than node ", members[0],
+                                    ": first difference at ", *diff));
     }
   }
   return absl::OkStatus();
@@ -250,27 +261,31 @@ struct Agreement {
 // node 0's (so every node reports the same mismatch); then reads node 0's
 // caps and --uneven-inputs.
 absl::StatusOr<Agreement> Agree(RendezvousClient& client, const DaemonConfig& config, uint64_t gen,
-                                const Layout& layout, absl::Time deadline) {
+                                const std::vector<int>& members, const Layout& layout,
+                                absl::Time deadline) {
   const absl::Duration wait = std::max(absl::Seconds(1), deadline - MonotonicNow());
   Agreement agreed;
   ASSIGN_OR_RETURN(agreed.wire_dtype, PublishRecords(client, config, gen, layout));
-  RETURN_IF_ERROR(WaitForRecords(client, config.num_nodes, gen, wait));
-  RETURN_IF_ERROR(CompareLayouts(client, gen, config.num_nodes));
-  RETURN_IF_ERROR(CompareWireDTypes(client, gen, config.num_nodes));
-  RETURN_IF_ERROR(CompareCheckReplicasEvery(client, gen, config.num_nodes));
+  RETURN_IF_ERROR(WaitForRecords(client, members, gen, wait));
+  RETURN_IF_ERROR(CompareLayouts(client, gen, members));
+  RETURN_IF_ERROR(CompareSharedFlags(client, gen, members));
   ASSIGN_OR_RETURN(std::optional<std::string> caps, client.Get(CapsKey(gen)));
   ASSIGN_OR_RETURN(agreed.caps, DecodeCaps(CapsKey(gen), caps));
   ASSIGN_OR_RETURN(std::optional<std::string> uneven, client.Get(UnevenInputsKey(gen)));
   agreed.uneven_inputs = uneven.has_value() && *uneven == "1";
+  RETURN_IF_ERROR(CompareMinNodes(client, gen, members));
   return agreed;
 }
 
+// Gloo ranks are places in the generation's member list: node ranks keep
+// naming daemons when an elastic job re-formed without some.
 GlooBackendOptions GlooOptions(const DaemonConfig& config, std::shared_ptr<RendezvousClient> client,
                                const std::string& host, uint64_t gen, WireDType wire_dtype,
-                               int world_size) {
+                               int world_size, const std::vector<int>& members) {
   GlooBackendOptions gloo;
-  gloo.node_rank = config.node_rank;
-  gloo.num_nodes = config.num_nodes;
+  gloo.node_rank = static_cast<int>(std::find(members.begin(), members.end(), config.node_rank) -
+                                    members.begin());
+  gloo.num_nodes = static_cast<int>(members.size());
   gloo.host = host;
   gloo.generation = gen;
   // Longer than the timeout: a node waiting for its own stopped trainer
@@ -334,29 +349,43 @@ absl::Status ClusterLink::ReportForming(const DaemonConfig& config, const std::s
 
 absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std::string& leader,
                                            const Layout& layout,
-                                           std::function<void(const absl::Status&)> on_failure) {
+                                           std::function<void(const absl::Status&)> on_failure,
+                                           const ResumePoint& resume) {
   ASSIGN_OR_RETURN(std::shared_ptr<RendezvousClient> client, ConnectToLeader(config, leader));
   const std::string host = GlooHost(config);
   const absl::Time deadline = MonotonicNow() + absl::Milliseconds(config.timeout_ms);
-  ASSIGN_OR_RETURN(JoinResult joined, JoinGeneration(*client, config, leader, host, deadline));
+  ASSIGN_OR_RETURN(JoinResult joined,
+                   JoinGeneration(*client, config, leader, host, resume, deadline));
   const uint64_t gen = joined.generation;
   const int rank_offset = RankOffset(joined, config.node_rank);
-  spdlog::info("event=joined generation={} node_rank={} num_nodes={} world_size={} rank_offset={}",
-               gen, config.node_rank, config.num_nodes, joined.world_size, rank_offset);
-  ASSIGN_OR_RETURN(Agreement agreed, Agree(*client, config, gen, layout, deadline));
+  std::vector<int> members;
+  for (const RendezvousPeer& p : joined.peers) {
+    if (p.local_size > 0) members.push_back(p.node_rank);
+  }
+  if (std::find(members.begin(), members.end(), config.node_rank) == members.end()) {
+    return MakeError(v1::INTERNAL, absl::StrCat("generation ", gen, " formed without node_rank=",
+                                                config.node_rank, ", which joined it"));
+  }
+  spdlog::info(
+      "event=joined generation={} node_rank={} num_nodes={} members={} world_size={} "
+      "rank_offset={}",
+      gen, config.node_rank, config.num_nodes, members.size(), joined.world_size, rank_offset);
+  ASSIGN_OR_RETURN(Agreement agreed, Agree(*client, config, gen, members, layout, deadline));
   const GlooBackendOptions gloo =
-      GlooOptions(config, client, host, gen, agreed.wire_dtype, joined.world_size);
+      GlooOptions(config, client, host, gen, agreed.wire_dtype, joined.world_size, members);
   absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> backend =
       ConnectGloo(client, config.node_rank, gloo);
   if (!backend.ok()) return GlooFailed(*client, config.node_rank, gen, backend.status());
 
   auto link = std::unique_ptr<ClusterLink>(
-      new ClusterLink(config, client, gen, layout.size(), std::move(on_failure)));
+      new ClusterLink(config, client, gen, members, layout.size(), std::move(on_failure)));
   ClusterLink* raw = link.get();
   JobWorld world;
   world.world_size = joined.world_size;
   world.rank_offset = rank_offset;
   world.generation = gen;
+  world.num_nodes = static_cast<int>(members.size());
+  world.node_index = gloo.node_rank;
   world.backend = std::move(*backend);
   world.caps = agreed.caps;
   world.uneven_inputs = agreed.uneven_inputs;
@@ -395,9 +424,7 @@ absl::Status ClusterLink::CheckPlan(const PlanStamp& stamp) {
     return Explain(st);
   }
   std::vector<std::string> keys;
-  for (int n = 0; n < config_.num_nodes; ++n) {
-    keys.push_back(PlanKey(generation_, stamp.plan_version, n));
-  }
+  for (int n : members_) keys.push_back(PlanKey(generation_, stamp.plan_version, n));
   if (absl::Status st = client_->Wait(keys, absl::Milliseconds(config_.timeout_ms)); !st.ok()) {
     return Explain(MakeError(CodeOf(st), absl::StrCat("comparing plan version ", stamp.plan_version,
                                                       " with the other nodes: ", st.message())));
@@ -441,6 +468,11 @@ absl::Status ClusterLink::LeaderUnreachable(const absl::Status& error,
 }
 
 absl::Status ClusterLink::Explain(const absl::Status& error) {
+  {
+    // DeadNodes answers for this explanation only (a dead leader names none).
+    MonotonicMutexLock lock(&mu_);
+    dead_nodes_.clear();
+  }
   // A failed collective is a symptom. The node that saw the cause (e.g. its
   // own trainer stopped) reports it when it closes its Gloo sockets, which
   // is what failed here: give that report a moment to become the leader's
@@ -494,6 +526,11 @@ absl::Status ClusterLink::NameFailedNodes(const absl::Status& error, const absl:
                ? error
                : MakeError(CodeOf(error), absl::StrCat(error.message(), leader_says));
   }
+  {
+    MonotonicMutexLock lock(&mu_);
+    dead_nodes_.clear();
+    for (const SilentMember& m : dead) dead_nodes_.push_back(m.node_rank);
+  }
   std::string culprits;
   for (const SilentMember& m : dead) {
     absl::StrAppend(&culprits, culprits.empty() ? "" : ", ", "node_rank=", m.node_rank,
@@ -501,12 +538,23 @@ absl::Status ClusterLink::NameFailedNodes(const absl::Status& error, const absl:
     spdlog::error("event=node_presumed_dead generation={} node_rank={} host={} silent_ms={}",
                   generation_, m.node_rank, m.host, absl::ToInt64Milliseconds(m.silent));
   }
+  // A fixed job cannot lose a node; an elastic one re-forms (job_reform.cc).
+  const std::string fixed =
+      config_.min_nodes_or_num() < config_.num_nodes
+          ? ""
+          : absl::StrCat(" (a fixed job: --min-nodes ", config_.min_nodes_or_num(),
+                         " = --num-nodes, so it ends)");
   return MakeError(v1::PEER_FAILED,
                    absl::StrCat(culprits, dead.size() == 1 ? " is" : " are",
                                 " dead: no heartbeat from its daemon for ",
                                 absl::ToInt64Milliseconds(dead[0].silent),
-                                " ms, while the other nodes answered after the failure; ",
-                                error.message(), leader_says));
+                                " ms, while the other nodes answered after the failure", fixed,
+                                "; ", error.message(), leader_says));
+}
+
+std::vector<int> ClusterLink::DeadNodes() {
+  MonotonicMutexLock lock(&mu_);
+  return dead_nodes_;
 }
 
 void ClusterLink::SetConfigListener(

@@ -41,9 +41,12 @@ class ClusterLink final : public WorldLink {
   // Forms the world for `layout` (blocks up to the config's timeout).
   // `leader`: HOST:PORT of the rendezvous. `on_failure` is called from the
   // heartbeat thread when another node (or the leader) fails.
+  // `resume`: an elastic job's survivor re-forming the generation a node's
+  // death aborted (rendezvous_service.h, set_min_nodes); {} joins afresh.
   static absl::StatusOr<JobWorld> Form(const DaemonConfig& config, const std::string& leader,
                                        const Layout& layout,
-                                       std::function<void(const absl::Status&)> on_failure);
+                                       std::function<void(const absl::Status&)> on_failure,
+                                       const ResumePoint& resume = {});
   ~ClusterLink() override;
   // Before this node joins: tells the leader why it has not yet (`report`,
   // e.g. the local trainers it still waits for), so that the other nodes'
@@ -55,6 +58,7 @@ class ClusterLink final : public WorldLink {
   void SetProgress(std::function<uint64_t()> iteration) override ABSL_LOCKS_EXCLUDED(mu_);
   void ReportStall(const std::string& description) override ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Explain(const absl::Status& error) override;
+  std::vector<int> DeadNodes() override ABSL_LOCKS_EXCLUDED(mu_);
   void SetConfigListener(
       std::function<void(const BucketCaps& caps, uint64_t at_iteration, uint64_t version)> listener)
       override ABSL_LOCKS_EXCLUDED(mu_);
@@ -72,7 +76,7 @@ class ClusterLink final : public WorldLink {
 
  private:
   ClusterLink(const DaemonConfig& config, std::shared_ptr<RendezvousClient> client,
-              uint64_t generation, size_t num_tensors,
+              uint64_t generation, std::vector<int> members, size_t num_tensors,
               std::function<void(const absl::Status&)> on_failure);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // After a failure: heart-beats the leader (with `report`, if not OK, which
@@ -87,7 +91,8 @@ class ClusterLink final : public WorldLink {
   const DaemonConfig config_;
   const std::shared_ptr<RendezvousClient> client_;
   const uint64_t generation_;
-  const size_t num_tensors_;  // in the layout: a rebuilt order names each once
+  const std::vector<int> members_;  // node ranks of the generation, ascending
+  const size_t num_tensors_;        // in the layout: a rebuilt order names each once
   const std::function<void(const absl::Status&)> on_failure_;
 
   MonotonicMutex mu_;
@@ -97,7 +102,8 @@ class ClusterLink final : public WorldLink {
   // on_failure_ was called (or the error came from here).
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   std::function<uint64_t()> progress_ ABSL_GUARDED_BY(mu_);
-  std::string stall_report_ ABSL_GUARDED_BY(mu_);  // sent with the next heartbeat
+  std::string stall_report_ ABSL_GUARDED_BY(mu_);     // sent with the next heartbeat
+  std::vector<int> dead_nodes_ ABSL_GUARDED_BY(mu_);  // named by the last NameFailedNodes
   // The job-wide config log, read by the heartbeat thread.
   ConfigLogFollower config_log_;
   std::thread heartbeat_;

@@ -83,6 +83,8 @@ absl::StatusOr<JoinResult> RendezvousClient::Join(const JoinParams& params) {
   request.set_local_size(params.local_size);
   request.set_host(params.host);
   request.set_timeout_ms(absl::ToInt64Milliseconds(params.timeout));
+  request.set_resume_generation(params.resume_generation);
+  request.set_resume_iteration(params.resume_iteration);
   v1::JoinResponse response;
   grpc::ClientContext context;
   PrepareContext(&context, params.timeout + options_.rpc_timeout);

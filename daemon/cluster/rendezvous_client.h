@@ -56,6 +56,10 @@ struct JoinParams {
   int num_nodes = 1;
   int local_size = 1;
   std::string host;  // the address this node's Gloo device binds
+  // Elastic re-formation (rendezvous.proto): the aborted generation this
+  // node survived and the iteration it redoes; 0: a fresh join.
+  uint64_t resume_generation = 0;
+  uint64_t resume_iteration = 0;
   absl::Duration timeout = absl::Seconds(300);
 };
 

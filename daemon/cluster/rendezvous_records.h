@@ -38,6 +38,9 @@ std::string UnevenInputsKey(uint64_t generation);
 // ("g<gen>/check_replicas_every/<rank>"): the nodes compare fingerprints
 // together, so all must check at the same iterations.
 std::string CheckReplicasEveryKey(uint64_t generation, int node_rank);
+// Each node's --min-nodes, decimal ("g<gen>/min_nodes/<rank>"): a node that
+// would fail at a death while the others re-form must not join them.
+std::string MinNodesKey(uint64_t generation, int node_rank);
 
 // A job-wide caps change published by the leader, version `version` of the
 // generation's ordered config log ("g<gen>/config/<version>").

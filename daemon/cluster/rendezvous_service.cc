@@ -71,7 +71,8 @@ RendezvousService::RendezvousService(std::string job_id, CallAuth auth, int num_
       default_timeout_(default_timeout),
       heartbeat_timeout_(heartbeat_timeout),
       clock_(clock ? std::move(clock) : MonotonicClock(MonotonicNow)),
-      incarnation_(NewIncarnation()) {
+      incarnation_(NewIncarnation()),
+      min_nodes_(std::max(num_nodes, 1)) {
   if (num_nodes < 1) spdlog::error("event=rendezvous_bad_config num_nodes={} using=1", num_nodes);
   spdlog::info(
       "event=rendezvous_started job_id={} incarnation={:016x} num_nodes={} default_timeout={} "
@@ -115,7 +116,7 @@ void RendezvousService::CheckHeartbeatsLocked(absl::Time now) {
   int stalest = -1;
   int late = 0;
   for (int r = 0; r < num_nodes_; ++r) {
-    if (now - members_[r].last_seen <= heartbeat_timeout_) continue;
+    if (!members_[r].member() || now - members_[r].last_seen <= heartbeat_timeout_) continue;
     ++late;
     if (stalest < 0 || members_[r].last_seen < members_[stalest].last_seen) stalest = r;
   }
@@ -133,6 +134,7 @@ void RendezvousService::FormGenerationLocked(absl::Time now) {
   aborted_ = false;
   abort_reason_.clear();
   members_.assign(num_nodes_, Member{});
+  const size_t pending_count = pending_.size();
   int world_size = 0;
   for (const auto& [rank, join] : pending_) {
     Member& m = members_[rank];
@@ -156,8 +158,10 @@ void RendezvousService::FormGenerationLocked(absl::Time now) {
       ++it;
     }
   }
-  spdlog::info("event=generation_formed generation={} num_nodes={} world_size={} discarded_keys={}",
-               generation_, num_nodes_, world_size, discarded);
+  spdlog::info(
+      "event=generation_formed generation={} num_nodes={} members={} world_size={} "
+      "discarded_keys={}",
+      generation_, num_nodes_, pending_count, world_size, discarded);
   changed_.SignalAll();
 }
 
@@ -214,11 +218,20 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
   MonotonicMutexLock lock(&mu_);
   const absl::Time now = clock_();
   CheckHeartbeatsLocked(now);
+  if (active() && request->resume_generation() != 0 && !members_[rank].member()) {
+    return refuse(v1::STATE,
+                  absl::StrCat("generation ", generation_, " re-formed without node_rank=", rank,
+                               ", which stayed silent past ", Millis(kPresumedDeadAfter),
+                               " ms and was presumed dead"));
+  }
   if (active()) {
     return refuse(v1::STATE,
                   absl::StrCat("node_rank=", rank, " is already a member of active generation ",
                                generation_, " (host=", members_[rank].host,
                                "); a node joins again once that generation aborts"));
+  }
+  if (std::string refusal = CheckResumeLocked(rank, *request); !refusal.empty()) {
+    return refuse(v1::STATE, std::move(refusal));
   }
   const uint64_t target = generation_ + 1;
   if (auto it = pending_.find(rank); it != pending_.end()) {
@@ -228,13 +241,21 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
                                ", again from host=", request->host(), ")"));
   }
   const uint64_t join_id = next_join_id_++;
-  pending_[rank] = PendingJoin{join_id, request->host(), request->local_size()};
+  pending_[rank] = PendingJoin{join_id,
+                               request->host(),
+                               request->local_size(),
+                               request->resume_generation(),
+                               request->resume_iteration(),
+                               ""};
   // Joined: what it reported while waiting for its trainers is over.
   if (auto report = kv_.find(FormingReportKey(rank)); report != kv_.end()) EraseLocked(report);
-  spdlog::info("event=join node_rank={} host={} local_size={} generation={} joined={}/{}", rank,
-               request->host(), request->local_size(), target, pending_.size(), num_nodes_);
-  if (static_cast<int>(pending_.size()) == num_nodes_) {
-    FormGenerationLocked(now);
+  spdlog::info(
+      "event=join node_rank={} host={} local_size={} generation={} joined={}/{} "
+      "resume_generation={} resume_iteration={}",
+      rank, request->host(), request->local_size(), target, pending_.size(), num_nodes_,
+      request->resume_generation(), request->resume_iteration());
+  SettleRoundLocked(now);
+  if (generation_ == target) {
     FillJoinResponseLocked(response);
     return grpc::Status::OK;
   }
@@ -251,6 +272,12 @@ grpc::Status RendezvousService::AwaitGenerationLocked(grpc::ServerContext* conte
     if (it == pending_.end() || it->second.join_id != join_id) {
       SetError(response->mutable_error(), v1::STATE,
                absl::StrCat("node_rank=", rank, " left before generation ", target, " formed"));
+      return grpc::Status::OK;
+    }
+    if (!it->second.error.empty()) {
+      SetError(response->mutable_error(), v1::PEER_FAILED, it->second.error);
+      pending_.erase(it);
+      changed_.SignalAll();
       return grpc::Status::OK;
     }
     if (context->IsCancelled()) {
@@ -273,6 +300,8 @@ grpc::Status RendezvousService::AwaitGenerationLocked(grpc::ServerContext* conte
       return grpc::Status::OK;
     }
     changed_.WaitWithTimeout(&mu_, std::min(deadline - t, kWaitSlice));
+    // A re-formation round decides on silence too, not only on Joins.
+    if (generation_ < target) SettleRoundLocked(clock_());
   }
   if (generation_ != target) {
     SetError(response->mutable_error(), v1::STATE,
@@ -571,6 +600,14 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
     return grpc::Status::OK;
   }
   Member& member = members_[rank];
+  if (!member.member()) {
+    // A node presumed dead that was only stopped: the others re-formed.
+    response->set_abort(true);
+    response->set_abort_reason(absl::StrCat("node_rank=", rank, " is not a member of generation ",
+                                            generation_,
+                                            ": the other nodes re-formed the job without it"));
+    return grpc::Status::OK;
+  }
   member.last_seen = now;
   member.iteration = request->iteration();
   member.last_launched_bucket = request->last_launched_bucket();
@@ -596,7 +633,7 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
   response->set_abort_reason(abort_reason_);
   if (aborted_) {
     for (int r = 0; r < num_nodes_; ++r) {
-      if (members_[r].heard_since_abort) continue;
+      if (members_[r].heard_since_abort || !members_[r].member()) continue;
       v1::SilentMember* silent = response->add_silent_members();
       silent->set_node_rank(r);
       silent->set_host(members_[r].host);
@@ -686,6 +723,106 @@ absl::StatusOr<RendezvousService::ConfigEntry> RendezvousService::AppendConfig(
   return entry;
 }
 
+void RendezvousService::set_min_nodes(int min_nodes) {
+  MonotonicMutexLock lock(&mu_);
+  min_nodes_ = std::clamp(min_nodes, 1, num_nodes_);
+}
+
+std::string RendezvousService::CheckResumeLocked(int rank, const v1::JoinRequest& request) const {
+  bool resuming_round = false, fresh_round = false;
+  for (const auto& [r, join] : pending_) {
+    (join.resume_generation != 0 ? resuming_round : fresh_round) = true;
+  }
+  const uint64_t resume = request.resume_generation();
+  if (resume == 0) {
+    if (!resuming_round) return "";
+    return absl::StrCat("node_rank=", rank, " joins afresh while generation ", generation_,
+                        " re-forms among its surviving nodes; nodes joining a running elastic "
+                        "job are not supported yet");
+  }
+  if (min_nodes_ >= num_nodes_) {
+    return absl::StrCat("node_rank=", rank, " resumes generation ", resume,
+                        ", but this job is not elastic (--min-nodes = --num-nodes ", num_nodes_,
+                        ")");
+  }
+  if (resume != generation_ || !aborted_) {
+    return absl::StrCat("node_rank=", rank, " resumes generation ", resume,
+                        ", but the current generation is ", generation_,
+                        aborted_ ? " (aborted)" : "");
+  }
+  if (!members_[rank].member()) {
+    return absl::StrCat("node_rank=", rank, " resumes generation ", resume,
+                        ", of which it is not a member");
+  }
+  if (fresh_round) {
+    return absl::StrCat("node_rank=", rank, " resumes generation ", resume,
+                        " while other nodes join a fresh job");
+  }
+  return "";
+}
+
+RendezvousService::RoundVerdict RendezvousService::JudgeRoundLocked(absl::Time now) const {
+  RoundVerdict verdict;
+  bool resuming = false;
+  for (const auto& [rank, join] : pending_) resuming |= join.resume_generation != 0;
+  if (!resuming) {
+    verdict.form = static_cast<int>(pending_.size()) == num_nodes_;
+    return verdict;
+  }
+  // A member of the aborted generation is alive when it joined again,
+  // dead when silent this long; the round waits for every other one.
+  std::vector<std::string> dead;
+  for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
+    if (!members_[r].member() || pending_.count(r) != 0) continue;
+    const absl::Duration silent = now - members_[r].last_seen;
+    if (silent < kPresumedDeadAfter) return verdict;
+    dead.push_back(absl::StrCat("node_rank=", r, " (host=", members_[r].host, ", silent ",
+                                Millis(silent), " ms)"));
+  }
+  const std::string dead_list = dead.empty() ? "none" : absl::StrJoin(dead, ", ");
+  if (static_cast<int>(pending_.size()) < min_nodes_) {
+    // Nodes joining a running job are not built: nothing can make up the
+    // number, so the survivors fail now instead of at their timeout.
+    verdict.error = absl::StrCat("only ", pending_.size(), " node(s) survive generation ",
+                                 generation_, ", fewer than --min-nodes=", min_nodes_,
+                                 "; dead: ", dead_list, "; the job ends");
+    return verdict;
+  }
+  const PendingJoin& first = pending_.begin()->second;
+  for (const auto& [rank, join] : pending_) {
+    if (join.resume_iteration == first.resume_iteration) continue;
+    verdict.error = absl::StrCat(
+        "the survivors of generation ", generation_,
+        " stopped in different iterations (node_rank=", pending_.begin()->first, " in ",
+        first.resume_iteration, ", node_rank=", rank, " in ", join.resume_iteration,
+        "): the dead node starved some of the last collective after others completed it, and "
+        "committing that iteration with the old membership is not supported yet; dead: ",
+        dead_list);
+    return verdict;
+  }
+  verdict.form = true;
+  return verdict;
+}
+
+void RendezvousService::SettleRoundLocked(absl::Time now) {
+  if (active() || pending_.empty()) return;
+  // A failed round stays failed until its waiters took the error (one that
+  // left first must not turn the split into "too few").
+  for (const auto& [rank, join] : pending_) {
+    if (!join.error.empty()) return;
+  }
+  const RoundVerdict verdict = JudgeRoundLocked(now);
+  if (verdict.form) {
+    FormGenerationLocked(now);
+    return;
+  }
+  if (verdict.error.empty()) return;
+  spdlog::error("event=reformation_failed generation={} reason={}", generation_,
+                LogValue(verdict.error));
+  for (auto& [rank, join] : pending_) join.error = verdict.error;
+  changed_.SignalAll();
+}
+
 RendezvousStatus RendezvousService::GetStatus() {
   MonotonicMutexLock lock(&mu_);
   CheckHeartbeatsLocked(clock_());
@@ -699,6 +836,7 @@ RendezvousStatus RendezvousService::GetStatus() {
   status.blocked_waits = blocked_waits_;
   for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
     const Member& m = members_[r];
+    if (!m.member()) continue;
     status.nodes.push_back(RendezvousStatus::Node{
         r, m.host, m.local_size, m.iteration, m.last_launched_bucket, m.heartbeats, m.last_seen});
     status.world_size += m.local_size;

@@ -170,6 +170,16 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // This run's id (never 0), as Join returns it.
   uint64_t incarnation() const { return incarnation_; }
 
+  // Elastic jobs (--min-nodes < --num-nodes): an aborted generation whose
+  // survivors join again with its number (JoinRequest.resume_generation)
+  // re-forms among them once every member of it has joined or stayed
+  // silent past kPresumedDeadAfter, if at least `min_nodes` joined and all
+  // redo the same iteration; otherwise every waiting survivor gets
+  // PEER_FAILED naming --min-nodes and the dead node ranks (or the split).
+  // Default: num_nodes (a fixed job: every node, every time).
+  void set_min_nodes(int min_nodes) ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr absl::Duration kPresumedDeadAfter = absl::Milliseconds(2000);
+
  private:
   struct Member {
     std::string host;
@@ -179,11 +189,22 @@ class RendezvousService final : public v1::Rendezvous::Service {
     uint64_t heartbeats = 0;
     absl::Time last_seen;
     bool heard_since_abort = false;  // a Heartbeat or Leave after the abort
+    // Every Join carries local_size >= 1: 0 marks a rank that is not a
+    // member of the generation (an elastic job re-formed without it).
+    bool member() const { return local_size > 0; }
   };
   struct PendingJoin {
     uint64_t join_id = 0;  // tells a waiter whether its entry is still its own
     std::string host;
     int local_size = 0;
+    uint64_t resume_generation = 0;  // elastic re-formation (see set_min_nodes)
+    uint64_t resume_iteration = 0;
+    std::string error;  // non-empty: the round failed; the waiter returns it
+  };
+  // What a round of pending Joins does now: wait, form, or fail with `error`.
+  struct RoundVerdict {
+    bool form = false;
+    std::string error;
   };
 
   bool active() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return generation_ > 0 && !aborted_; }
@@ -208,6 +229,15 @@ class RendezvousService final : public v1::Rendezvous::Service {
   void CheckHeartbeatsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FormGenerationLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillJoinResponseLocked(v1::JoinResponse* response) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A fresh round forms with every node; a re-formation round (some Join
+  // resumes the aborted generation) as set_min_nodes says.
+  RoundVerdict JudgeRoundLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forms the generation, or hands the round's error to every waiter.
+  void SettleRoundLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Empty when a resuming Join of `rank` may enter the round, else the
+  // STATE refusal message.
+  std::string CheckResumeLocked(int rank, const v1::JoinRequest& request) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Empty when a Join request is well formed for this job, else the
   // INVALID_ARGUMENT refusal message naming the node and the field.
   std::string CheckJoinRequest(const v1::JoinRequest& request) const;
@@ -237,6 +267,7 @@ class RendezvousService final : public v1::Rendezvous::Service {
   MonotonicMutex mu_;
   // Signalled on every change a blocked Join or Wait may be waiting for.
   MonotonicCondVar changed_;
+  int min_nodes_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   std::string abort_reason_ ABSL_GUARDED_BY(mu_);

@@ -270,7 +270,8 @@ void Job::Form() {
   // opening the GPU path (handles, buffers, the communicators, whose GPU
   // counts and unique id cross nodes through the rendezvous store).
   absl::StatusOr<JobWorld> world =
-      former_(*layout, LayoutHash(*layout), [this](const absl::Status& error) { Fail(error, -1); });
+      former_(*layout, LayoutHash(*layout),
+              [this](const absl::Status& error) { OnWorldFailure(/*epoch=*/0, error); });
   absl::StatusOr<GpuStart> gpu = GpuStart{};
   bool mapping = false;  // counted in departures_in_flight_
   if (world.ok() && !gpu_specs.empty()) {
@@ -389,6 +390,14 @@ absl::StatusOr<Job::GpuStart> Job::OpenGpu(std::shared_ptr<std::atomic<bool>> ca
 
 absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu) {
   world_ = std::move(world);
+  if (elastic() && gpu.session != nullptr) {
+    return MakeError(v1::INVALID_ARGUMENT,
+                     absl::StrCat("this elastic job (--min-nodes ", config_.min_nodes_or_num(),
+                                  " < --num-nodes ", config_.num_nodes,
+                                  ") registered CUDA gradients: re-forming the NCCL path among "
+                                  "survivors is not supported yet; elastic jobs take CPU "
+                                  "gradients (Gloo), or give --min-nodes = --num-nodes"));
+  }
   const BucketCaps caps = InitialCaps(world_);
   BucketPlan plan = PlanBuckets(layout, ReverseRegistrationOrder(layout.size()), caps);
   std::vector<uint64_t> tensor_bytes;
@@ -414,6 +423,11 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
   ASSIGN_OR_RETURN(std::vector<Trainer*> trainers, CreateSegmentsLocked(LayoutHash(layout)));
   CreateStatsLocked(layout, plan.buckets.size(), trainers.size());
   Scheduler::Options opts = SchedulerOptionsLocked(caps, cuda);
+  if (elastic() && world_.link && hooks_.reform_world) {
+    opts.reform = [this](const absl::Status& error, uint64_t iteration) {
+      return Reform(error, iteration);
+    };
+  }
   broadcaster_ = std::make_unique<Broadcaster>(
       trainers, world_.backend.get(),
       [this](const absl::Status& error, int culprit) { Fail(error, culprit); },
@@ -509,6 +523,7 @@ Scheduler::Options Job::SchedulerOptionsLocked(const BucketCaps& caps, bool cuda
   // Validated at start-up (ValidateConfig).
   opts.nonfinite = ParseNonFiniteMode(config_.nonfinite).value_or(NonFiniteMode::kError);
   opts.node_rank = config_.node_rank;
+  opts.node_index = world_.node_index;
   opts.timeout_ms = config_.timeout_ms;
   opts.stall_threshold_s = config_.stall_threshold_s;
   opts.caps = caps;
@@ -614,6 +629,12 @@ absl::StatusOr<Broadcaster::StepResult> Job::Broadcast(uint64_t session, uint64_
     if (state_ == JobState::kFailed) return PeerError(*t);
     if (state_ != JobState::kRunning || !broadcaster_) {
       return MakeError(v1::STATE, "gs_broadcast before the job runs: call gs_register first");
+    }
+    if (reformations_ > 0) {
+      // The broadcaster's node count and offsets are the first world's.
+      return MakeError(v1::STATE,
+                       "gs_broadcast after the elastic job re-formed without a dead node is not "
+                       "supported yet");
     }
     broadcaster = broadcaster_.get();  // lives as long as the job
   }
@@ -749,6 +770,18 @@ void Job::ReleaseWorld() {
   spdlog::info("event=job_released job={}", id_);
 }
 
+bool Job::ShrinksOnTrainerDeathLocked(const Trainer& dead) const {
+  if (state_ != JobState::kRunning || !scheduler_ || gpu_session_ || !elastic() || !world_.link ||
+      !hooks_.reform_world) {
+    return false;
+  }
+  // The last trainer of a node takes its node out: that ends the job.
+  for (const auto& other : trainers_) {
+    if (other && other.get() != &dead && !other->gone.load()) return true;
+  }
+  return false;
+}
+
 bool Job::RemoveTrainer(uint64_t session, bool graceful, const std::string& reason,
                         int* local_rank) {
   MonotonicMutexLock lock(&mu_);
@@ -762,6 +795,9 @@ bool Job::RemoveTrainer(uint64_t session, bool graceful, const std::string& reas
   if (t->segment.header() != nullptr) ipc::SharedSegment::Remove(t->segment.name()).IgnoreError();
   if (state_ == JobState::kAttaching) {
     if (t->registered) --registered_;
+  } else if (!graceful && ShrinksOnTrainerDeathLocked(*t)) {
+    // Its node stays in the elastic job (scheduler_departure.cc).
+    scheduler_->RequestDeparture(t->local_rank, reason);
   } else if (state_ != JobState::kFailed) {
     FailLocked(MakeError(v1::PEER_FAILED,
                          absl::StrCat(t->Name(), graceful ? " detached" : " died", ": ", reason)),

@@ -62,6 +62,9 @@ class WorldLink {
   // Adds what the leader knows to a collective's failure (which node
   // failed, or that the leader itself is dead). May block briefly.
   virtual absl::Status Explain(const absl::Status& error) = 0;
+  // The node ranks the last Explain named dead (none: the failure was not
+  // a node's death). An elastic job re-forms only without dead nodes.
+  virtual std::vector<int> DeadNodes() { return {}; }
   // Called with each job-wide config version in order: its bucket caps and
   // the iteration they start at.
   virtual void SetConfigListener(
@@ -69,11 +72,23 @@ class WorldLink {
           listener) = 0;
 };
 
+// Where an elastic job's survivor re-forms: the generation a node's death
+// aborted and the iteration the survivor redoes. generation 0: a fresh job.
+struct ResumePoint {
+  uint64_t generation = 0;
+  uint64_t iteration = 0;
+};
+
 // What forming the job across nodes yields (one node: trivial).
 struct JobWorld {
   int world_size = 1;
   int rank_offset = 0;  // global rank of this node's local rank 0
   uint64_t generation = 0;
+  // The generation's nodes, and this node's place among them (its Gloo
+  // rank, its slot in the per-iteration agreement): node ranks 0..n-1
+  // unless an elastic job re-formed without some.
+  int num_nodes = 1;
+  int node_index = 0;
   std::unique_ptr<Backend> backend;
   // How the nodes agree on the rebuilt plan's order (empty on one node).
   Scheduler::OrderAgreement agree_order;
@@ -133,6 +148,11 @@ struct JobHooks {
   // The daemon's iteration-duration histogram across jobs (null = none);
   // it outlives every job.
   LatencyStats* iteration_durations = nullptr;
+  // Elastic jobs (--min-nodes < --num-nodes): forms the world again among
+  // the survivors of a node's death (null: a death ends the job).
+  std::function<absl::StatusOr<JobWorld>(const Layout& layout, const ResumePoint& resume,
+                                         std::function<void(const absl::Status&)> on_failure)>
+      reform_world;
 };
 
 class Job {
@@ -291,6 +311,20 @@ class Job {
   void FailLocked(const absl::Status& error, int culprit, bool expected = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PeerError(const Trainer& t) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The world of formation `epoch` failed (the cluster link's heartbeat):
+  // a running elastic job re-forms (the scheduler does it), anything else
+  // fails. A stale epoch's report is dropped.
+  void OnWorldFailure(uint64_t epoch, const absl::Status& error) ABSL_LOCKS_EXCLUDED(mu_);
+  // Scheduler::Options::reform (the scheduler thread; daemon/engine/job_reform.cc).
+  absl::StatusOr<Scheduler::Reformed> Reform(const absl::Status& error, uint64_t iteration)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Reform's last step: installs the survivors' world.
+  absl::StatusOr<Scheduler::Reformed> InstallReformedLocked(JobWorld world)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool elastic() const { return config_.min_nodes_or_num() < config_.num_nodes; }
+  // A running elastic CPU job across nodes where `dead` (already marked
+  // gone) is not the node's last trainer: the world shrinks by it.
+  bool ShrinksOnTrainerDeathLocked(const Trainer& dead) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Runs the health hook for every queued change, in order. Called by each
   // public method that may change the job's health, after releasing mu_.
   void DeliverHealth() ABSL_LOCKS_EXCLUDED(mu_, hooks_mu_);
@@ -354,6 +388,12 @@ class Job {
   // --check-replicas-every; created with the scheduler.
   std::unique_ptr<ReplicaChecker> replica_checker_ ABSL_GUARDED_BY(mu_);
   std::vector<HealthChange> health_queue_ ABSL_GUARDED_BY(mu_);
+  // Elastic jobs: bumped at each re-formation (stale failure reports of
+  // an old world are dropped); the old worlds' backends, kept until the
+  // job ends (the scheduler and broadcaster held raw pointers to them).
+  uint64_t world_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  int reformations_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::unique_ptr<Backend>> retired_backends_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gradsync

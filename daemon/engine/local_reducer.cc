@@ -379,7 +379,7 @@ uint64_t LocalReducer::StagingBytes(uint64_t bytes, DType dtype) {
 absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
                                   const std::vector<ReduceSpan>& spans, DType dtype, int world_size,
                                   Backend& backend, ReduceTimings* timings, size_t threads,
-                                  NonFiniteReport* nonfinite) {
+                                  NonFiniteReport* nonfinite, KeptSums* kept) {
   if ((arenas.empty() && backend.num_nodes() <= 1) || arenas.size() > kMaxLocalTrainers ||
       world_size <= 0) {
     return absl::InvalidArgumentError("bad reduction arguments");
@@ -442,13 +442,27 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
     pool_.Run(&RunPieceSlice, &job, parallel ? slices : 1);
     if (check) Collect(findings_, nonfinite);
   };
+  // Where piece's collective input lies (in place: halves never are).
+  const size_t unit = DTypeSize(staged);
+  auto input = [&](const BucketPiece& piece) {
+    return (in_place ? arenas[0] + spans[0].offset : job.staging) + piece.first * unit;
+  };
   auto sum = [&](const BucketPiece& piece) {
+    const size_t index = static_cast<size_t>(&piece - pieces_.data());
+    if (kept != nullptr && index < kept->pieces) {
+      std::memcpy(input(piece), kept->sums + piece.first * unit, piece.count * unit);
+      return;
+    }
     if (!in_place) {
       run(1, piece);
     } else if (arenas.size() > 1) {
       run(3, piece);
     } else if (check) {
       run(5, piece);  // one trainer in place: no sum pass to fuse into, a read-only scan
+    }
+    if (kept != nullptr) {
+      std::memcpy(kept->sums + piece.first * unit, input(piece), piece.count * unit);
+      kept->pieces = index + 1;
     }
   };
   auto issue = [&](const BucketPiece& piece) {

@@ -39,6 +39,16 @@ struct ReduceTimings {
 
 inline constexpr size_t kMaxLocalTrainers = 256;
 
+// Elastic jobs: one bucket's local sum (the collective's input, staged
+// dtype), kept so that an iteration a node's death interrupted can be
+// redone after the trainers' memory already received an average. Reduce
+// takes pieces [0, pieces) from `sums` instead of summing the arenas, and
+// copies each piece it sums there (pieces counts them).
+struct KeptSums {
+  uint8_t* sums = nullptr;
+  size_t pieces = 0;
+};
+
 // What the non-finite check (Reduce's `nonfinite`) found in one bucket. The
 // check is fused into the sum and the write-back (a bit test on values
 // already in registers); the slow search for the culprit runs only once
@@ -79,7 +89,8 @@ class LocalReducer {
   // memory is left unspecified (the iteration is failed or skipped).
   absl::Status Reduce(const std::vector<uint8_t*>& arenas, const std::vector<ReduceSpan>& spans,
                       DType dtype, int world_size, Backend& backend, ReduceTimings* timings,
-                      size_t threads = 0, NonFiniteReport* nonfinite = nullptr);
+                      size_t threads = 0, NonFiniteReport* nonfinite = nullptr,
+                      KeptSums* kept = nullptr);
 
   size_t threads() const { return pool_.size(); }
   // What one thread's slice of the non-finite check found (internal).

@@ -140,8 +140,23 @@ void Scheduler::InstallPlan(BucketPlan plan) {
   }
   // A backend that offers its own (shared) staging is sized here, once per
   // plan; the reducer's private staging is then never used.
+  staging_bytes_ = staging;
   if (backend_->num_nodes() > 1 && !options_.gpu && backend_->Staging(staging) == nullptr) {
     reducer_.EnsureStaging(staging);
+  }
+  if (options_.reform) {
+    // Between iterations: no bucket's sum is kept yet.
+    kept_offset_.clear();
+    uint64_t kept_bytes = 0;
+    for (size_t b = 0; b < plan.buckets.size(); ++b) {
+      uint64_t span_bytes = 0;
+      for (const ReduceSpan& sp : spans[b]) span_bytes += sp.bytes;
+      kept_offset_.push_back(kept_bytes);
+      kept_bytes += LocalReducer::StagingBytes(span_bytes, plan.buckets[b].dtype);
+    }
+    kept_.resize(kept_bytes);
+    kept_sums_.clear();
+    for (uint64_t offset : kept_offset_) kept_sums_.push_back(KeptSums{kept_.data() + offset, 0});
   }
   if (backend_->num_nodes() > 1 && !options_.gpu) {
     // The collectives every node issues per iteration (bucket_pieces.h).
@@ -384,6 +399,79 @@ void Scheduler::Watchdog() {
   }
 }
 
+void Scheduler::RequestReform(const absl::Status& error) {
+  {
+    absl::MutexLock lock(&reform_mu_);
+    reform_request_ = error;
+    reform_requested_.store(true, std::memory_order_release);
+  }
+  ready_bell_->Ring();
+}
+
+bool Scheduler::CollectiveFailed(const absl::Status& error) {
+  if (!options_.reform || halted_.load(std::memory_order_acquire)) {
+    fail_(error, kCollectiveFailed);
+    return false;
+  }
+  return Recover(error);
+}
+
+bool Scheduler::Recover(const absl::Status& error) {
+  spdlog::warn("event=iteration_interrupted iteration={} next_bucket={} error={}", iteration(),
+               next_bucket_, LogValue(error.message()));
+  absl::StatusOr<Reformed> world = options_.reform(error, iteration());
+  {
+    // Requests of the old world are answered by this re-formation.
+    absl::MutexLock lock(&reform_mu_);
+    reform_requested_.store(false, std::memory_order_release);
+    reform_request_ = absl::OkStatus();
+  }
+  if (!world.ok()) {
+    fail_(world.status(), -1);
+    return false;
+  }
+  if (halted_.load(std::memory_order_acquire)) return false;
+  backend_ = world->backend;
+  options_.world_size = world->world_size;
+  options_.node_index = world->node_index;
+  options_.agree_order = std::move(world->agree_order);
+  options_.check_plan = std::move(world->check_plan);
+  agreement_nodes_ = std::max(1, backend_->num_nodes());
+  agreement_.assign(3 + 2 * static_cast<size_t>(agreement_nodes_), 0);
+  active_in_iteration_ = options_.world_size;
+  active_trainers_.store(static_cast<uint32_t>(options_.world_size));
+  if (backend_->num_nodes() > 1 && backend_->Staging(staging_bytes_) == nullptr) {
+    reducer_.EnsureStaging(staging_bytes_);
+  }
+  // The new generation's config log starts at version 1.
+  {
+    absl::MutexLock lock(&caps_mu_);
+    pending_caps_.clear();
+    last_queued_version_ = 0;
+    caps_gap_.clear();
+  }
+  config_version_ = 0;
+  config_agreed_ = false;
+  // Rewind: every bucket again in plan order, those launched from their
+  // kept sums (their arenas may hold the old world's average already).
+  size_t kept = 0;
+  for (const KeptSums& k : kept_sums_) kept += k.pieces > 0;
+  next_bucket_ = 0;
+  active_agreed_ = false;
+  agreement_in_flight_ = false;
+  divide_by_active_ = false;
+  skip_step_ = false;
+  skip_culprit_.clear();
+  skip_trainer_.clear();
+  last_progress_ns_ = MonotonicNowNs();
+  spdlog::warn(
+      "event=iteration_redo iteration={} world_size={} nodes={} node_index={} "
+      "kept_buckets={}",
+      iteration(), options_.world_size, agreement_nodes_, options_.node_index, kept);
+  ready_bell_->Ring();
+  return true;
+}
+
 void Scheduler::WaitIdle() {
   Halt();
   absl::MutexLock lock(&launch_mu_);
@@ -407,6 +495,16 @@ void Scheduler::Loop() {
     const uint32_t seen = ready_bell_->Sequence();
     if (halted_.load(std::memory_order_acquire)) {
       ready_bell_->Wait(seen, kIdleWait, std::chrono::nanoseconds(0));
+      continue;
+    }
+    if (departures_requested_.load(std::memory_order_acquire) && !TakeDepartures()) continue;
+    if (reform_requested_.load(std::memory_order_acquire)) {
+      absl::Status error;
+      {
+        absl::MutexLock lock(&reform_mu_);
+        error = reform_request_;
+      }
+      Recover(error);
       continue;
     }
     const int64_t now = MonotonicNowNs();
@@ -598,7 +696,12 @@ bool Scheduler::Join(Trainer& t, const ipc::ReadyEvent& e) {
           t.local_rank);
     return false;
   }
-  t.divide_by_initial_world_size = (e.tensor & ipc::kJoinDivideByInitialWorldSize) != 0;
+  CountAsJoined(t, (e.tensor & ipc::kJoinDivideByInitialWorldSize) != 0);
+  return true;
+}
+
+void Scheduler::CountAsJoined(Trainer& t, bool divide_by_initial_world_size) {
+  t.divide_by_initial_world_size = divide_by_initial_world_size;
   t.joined.store(true, std::memory_order_relaxed);
   joined_local_.fetch_add(1, std::memory_order_acq_rel);
   // Ready with zeros for every bucket: nothing of it is read or written.
@@ -613,7 +716,6 @@ bool Scheduler::Join(Trainer& t, const ipc::ReadyEvent& e) {
       "event=trainer_joined iteration={} trainer={} divide_by_initial_world_size={} "
       "local_active={}",
       iteration(), LogValue(t.Name()), t.divide_by_initial_world_size, active_arenas_.size());
-  return true;
 }
 
 bool Scheduler::AgreeActiveTrainers() {
@@ -628,12 +730,12 @@ bool Scheduler::AgreeActiveTrainers() {
   }
   // Each node's trainers agree among themselves (CheckInStep); the nodes
   // compare theirs here (before the first bucket counts as done).
-  const size_t slot_of_node = 3 + static_cast<size_t>(options_.node_rank);
+  const size_t slot_of_node = 3 + static_cast<size_t>(options_.node_index);
   if (no_sync_reference_ != nullptr && slot_of_node < agreement_.size()) {
     counts[slot_of_node] = no_sync_iterations_ + 1.0;
   }
   // And the newest job-wide config version each node holds (see MaybeRebuild).
-  const size_t config_slot = 3 + static_cast<size_t>(agreement_nodes_ + options_.node_rank);
+  const size_t config_slot = 3 + static_cast<size_t>(agreement_nodes_ + options_.node_index);
   if (config_slot < agreement_.size())
     counts[config_slot] = static_cast<double>(HeldConfigVersion());
   if (agreement_.size() > straggler_slot_) {
@@ -659,8 +761,10 @@ bool Scheduler::AgreeActiveTrainers() {
       for (const ReduceSpan& span : spans_[next_bucket_]) first_bucket_bytes += span.bytes;
       dtype = plan_.buckets[next_bucket_].dtype;
     }
-    const bool deferrable =
-        !options_.uneven_inputs && counts[1] == 0 && counts[2] == 0 && first_bucket_bytes > 0;
+    // Elastic jobs never defer: a node whose trainer died counts it as
+    // joined (scheduler_departure.cc), which only that node knows.
+    const bool deferrable = !options_.uneven_inputs && !options_.reform && counts[1] == 0 &&
+                            counts[2] == 0 && first_bucket_bytes > 0;
     // What the first collective will carry: the reducer widens halves to
     // float32 (a guess that is off costs overlap, never correctness).
     const DType staged = dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
@@ -676,13 +780,13 @@ bool Scheduler::AgreeActiveTrainers() {
     const int64_t slot = EndReduction();
     if (slot == kStopped) return false;
     if (!st.ok() || slot == kTimedOut) {
-      fail_(slot == kTimedOut && CodeOf(st) != v1::TIMEOUT
-                ? TimedOut(0, st)
-                : MakeError(CodeOf(st) == v1::INTERNAL ? v1::PEER_FAILED : CodeOf(st),
-                            absl::StrCat("iteration ", iteration(),
-                                         ": agreeing how many trainers are active: ",
-                                         backend_->name(), " allreduce failed: ", st.message())),
-            kCollectiveFailed);
+      CollectiveFailed(
+          slot == kTimedOut && CodeOf(st) != v1::TIMEOUT
+              ? TimedOut(0, st)
+              : MakeError(CodeOf(st) == v1::INTERNAL ? v1::PEER_FAILED : CodeOf(st),
+                          absl::StrCat("iteration ", iteration(),
+                                       ": agreeing how many trainers are active: ",
+                                       backend_->name(), " allreduce failed: ", st.message())));
       return false;
     }
     if (deferred) {
@@ -805,21 +909,22 @@ bool Scheduler::Launch(uint32_t bucket) {
   NonFiniteReport nonfinite;
   absl::Status st =
       reducer_.Reduce(active_arenas_, spans_[bucket], b.dtype, Divisor(), *backend_, &timings,
-                      threads, options_.nonfinite == NonFiniteMode::kOff ? nullptr : &nonfinite);
+                      threads, options_.nonfinite == NonFiniteMode::kOff ? nullptr : &nonfinite,
+                      options_.reform ? &kept_sums_[bucket] : nullptr);
   const int64_t slot = EndReduction();
   if (slot == kStopped) return false;  // Stop aborted it: the job is over
   // A trainer's arena cut short mid-sum: the result is garbage, and says so.
   if (FailIfTruncated()) return false;
   // The backend's own timeout, if it won the race, says more: keep it.
   if (slot == kTimedOut && CodeOf(st) != v1::TIMEOUT) {
-    fail_(TimedOut(bucket, st), kCollectiveFailed);
+    CollectiveFailed(TimedOut(bucket, st));
     return false;
   }
   if (!st.ok()) {
-    fail_(MakeError(CodeOf(st) == v1::INTERNAL ? v1::PEER_FAILED : CodeOf(st),
-                    absl::StrCat("bucket ", bucket, " of iteration ", iteration(), ": ",
-                                 backend_->name(), " allreduce failed: ", st.message())),
-          kCollectiveFailed);
+    CollectiveFailed(
+        MakeError(CodeOf(st) == v1::INTERNAL ? v1::PEER_FAILED : CodeOf(st),
+                  absl::StrCat("bucket ", bucket, " of iteration ", iteration(), ": ",
+                               backend_->name(), " allreduce failed: ", st.message())));
     return false;
   }
   if (agreement_in_flight_) {
@@ -951,6 +1056,16 @@ bool Scheduler::FinishLaunch(uint32_t bucket, const ReduceTimings& timings) {
 
 void Scheduler::FinishIteration() {
   const uint64_t it = iteration();
+  // Trainers that died after marking everything: members of this
+  // iteration, gone from the next.
+  for (Trainer* t : trainers_) {
+    if (t->departing) {
+      t->departing = false;
+      CountAsJoined(*t, /*divide_by_initial_world_size=*/false);
+    }
+  }
+  // Every bucket's average is in every arena: nothing is redone any more.
+  for (KeptSums& kept : kept_sums_) kept.pieces = 0;
   for (Trainer* t : trainers_) {
     std::fill(t->marked.begin(), t->marked.end(), 0);
     if (checksummed_marks_ != 0) std::fill(t->mark_checksums.begin(), t->mark_checksums.end(), 0);

@@ -77,6 +77,21 @@ class Scheduler {
   using OrderAgreement =
       std::function<absl::StatusOr<std::vector<uint32_t>>(const std::vector<uint32_t>& local)>;
 
+  // An elastic job's world re-formed among the survivors of a node's death
+  // (the Job owns everything; the old backend outlives the scheduler).
+  struct Reformed {
+    Backend* backend = nullptr;
+    int world_size = 1;
+    int node_index = 0;
+    OrderAgreement agree_order;
+    std::function<absl::Status(const PlanStamp&)> check_plan;
+  };
+  // Given the failed collective's error and the iteration being redone,
+  // re-forms the world, or returns the job's error (no node died, fewer
+  // than --min-nodes survive, the leader is gone). Runs on the loop thread.
+  using ReformFn =
+      std::function<absl::StatusOr<Reformed>(const absl::Status& error, uint64_t iteration)>;
+
   struct Options {
     int world_size = 1;
     int64_t timeout_ms = 300000;
@@ -98,7 +113,13 @@ class Scheduler {
     // This node's rank: where it writes its no_sync count in the
     // per-iteration agreement (AgreeActiveTrainers).
     int node_rank = 0;
+    // Its place among the generation's nodes (the agreement's slots); node
+    // ranks 0..n-1 unless an elastic job re-formed without some.
+    int node_index = 0;
     OrderAgreement agree_order;  // empty: use the local order
+    // Elastic jobs: set, a failed cross-node collective re-forms the world
+    // and redoes the iteration (every bucket's local sum is kept for it).
+    ReformFn reform;
     // Checks, before the first collective under a new plan decision, that
     // every node decided the same (MISMATCH naming both otherwise); may
     // block on the other nodes. Empty on one node.
@@ -169,6 +190,15 @@ class Scheduler {
   uint32_t active_trainers() const { return active_trainers_.load(std::memory_order_acquire); }
   uint32_t joined_local_trainers() const { return joined_local_.load(std::memory_order_acquire); }
   bool all_joined() const { return all_joined_.load(std::memory_order_acquire); }
+  // Elastic jobs: the world failed outside a collective (the leader aborted
+  // the generation): the loop re-forms at its next pass. Any thread.
+  void RequestReform(const absl::Status& error) ABSL_LOCKS_EXCLUDED(reform_mu_);
+  // Elastic jobs: local trainer `local_rank` died (its node stays). It
+  // leaves the world at once if it marked nothing this iteration, at the
+  // iteration's end if it marked everything (its gradient is complete in
+  // its segment); a trainer that died mid-backward fails the job. The loop
+  // decides at its next pass. Any thread.
+  void RequestDeparture(int local_rank, const std::string& reason) ABSL_LOCKS_EXCLUDED(reform_mu_);
 
  private:
   void Loop();
@@ -194,6 +224,12 @@ class Scheduler {
   // Aborts whatever the reduction is blocked in. Any thread.
   void AbortReduction(const std::string& reason);
   void Watchdog() ABSL_LOCKS_EXCLUDED(watchdog_mu_);
+  // A cross-node collective failed: re-form and redo the iteration where
+  // the job is elastic (then true), else fail the job. False: it failed.
+  bool CollectiveFailed(const absl::Status& error);
+  // Re-forms the world (Options::reform) and rewinds the iteration to its
+  // first bucket: launched buckets are redone from their kept sums.
+  bool Recover(const absl::Status& error);
   // The bucket's reduced result holds a NaN or an Inf: fails the job
   // (--nonfinite=error, false) or marks the iteration skipped (true).
   bool HandleNonFinite(uint32_t bucket, const NonFiniteReport& report);
@@ -220,6 +256,9 @@ class Scheduler {
   // A trainer's gs_join entry: from now on it counts as ready with zeros
   // for every bucket (skipped by the local sum and the write-back).
   bool Join(Trainer& t, const ipc::ReadyEvent& e);
+  void CountAsJoined(Trainer& t, bool divide_by_initial_world_size);
+  // RequestDeparture's work on the loop thread; false: the job failed.
+  bool TakeDepartures() ABSL_LOCKS_EXCLUDED(reform_mu_);
   // Before an iteration's first collective: the trainers of the job still
   // active in it, the same on every node (see docs/DESIGN.md). False when
   // the job failed, or when none is active: every trainer joined, the
@@ -265,8 +304,18 @@ class Scheduler {
   bool config_agreed_ = false;
   uint64_t agreed_config_version_ = 0;
   std::vector<std::vector<ReduceSpan>> spans_;  // per bucket
-  std::vector<uint8_t*> arenas_;                // per local trainer
-  std::vector<uint8_t*> active_arenas_;         // of the trainers that have not joined
+  uint64_t staging_bytes_ = 0;                  // the largest bucket's, staged
+  // Elastic jobs: every bucket's local sum this iteration, at kept_offset_[b].
+  std::vector<uint8_t> kept_;
+  std::vector<uint64_t> kept_offset_;
+  std::vector<KeptSums> kept_sums_;  // per bucket: pointers into kept_
+  absl::Mutex reform_mu_;
+  absl::Status reform_request_ ABSL_GUARDED_BY(reform_mu_);
+  std::atomic<bool> reform_requested_{false};
+  std::vector<std::pair<int, std::string>> departures_ ABSL_GUARDED_BY(reform_mu_);
+  std::atomic<bool> departures_requested_{false};
+  std::vector<uint8_t*> arenas_;         // per local trainer
+  std::vector<uint8_t*> active_arenas_;  // of the trainers that have not joined
   Backend* backend_;
   ipc::Doorbell* ready_bell_;
   SchedulerObserver* observer_;

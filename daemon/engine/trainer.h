@@ -64,6 +64,9 @@ struct Trainer {
   // Per tensor: the MarkChecksum its entry carried (GRADSYNC_DEBUG=detail), 0: none.
   std::vector<uint32_t> mark_checksums;
   bool divide_by_initial_world_size = true;  // what its gs_join asked
+  // Elastic jobs: died after marking this iteration's gradients; leaves the
+  // world when the iteration completes (scheduler thread only).
+  bool departing = false;
 
   std::string Name() const;  // "rank 3 (local 1, pid 4242)"
 };

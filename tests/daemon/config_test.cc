@@ -120,16 +120,32 @@ TEST(ValidateConfig, MinAndMaxNodesOutOfRangeAreRefused) {
   }
 }
 
-// Elastic membership is not implemented: a range is refused at start,
-// naming the flags, instead of running a job a death would still end.
-TEST(ValidateConfig, AnElasticRangeIsRefusedAsNotSupportedYet) {
+// Elastic jobs shrink: --min-nodes below --num-nodes is accepted (CPU/Gloo
+// path); nodes joining (--max-nodes above) and the NCCL backend are refused
+// at start, naming the flags, instead of promising what the daemon cannot do.
+TEST(ValidateConfig, AMinNodesBelowNumNodesIsAccepted) {
   DaemonConfig c = Follower();
   c.min_nodes = 2;
-  ExpectRefused(c, {"--min-nodes 2 --max-nodes 3 with --num-nodes 3", "elastic", "not support",
-                    "GS_ERR_PEER_FAILED"});
-  c = Leader();
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  c.max_nodes = 3;
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  c.min_nodes = 1;
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+}
+
+TEST(ValidateConfig, AMaxNodesAboveNumNodesIsRefusedAsNotSupportedYet) {
+  DaemonConfig c = Leader();
   c.max_nodes = 5;
-  ExpectRefused(c, {"--min-nodes 3 --max-nodes 5 with --num-nodes 3", "elastic"});
+  ExpectRefused(c, {"--max-nodes 5 above --num-nodes 3", "joining", "not support"});
+  c.min_nodes = 2;
+  ExpectRefused(c, {"--max-nodes 5 above --num-nodes 3", "joining"});
+}
+
+TEST(ValidateConfig, AnElasticJobOnTheNcclBackendIsRefused) {
+  DaemonConfig c = Follower();
+  c.min_nodes = 2;
+  c.backend = "nccl";
+  ExpectRefused(c, {"--min-nodes 2 < --num-nodes 3", "--backend=nccl", "not supported yet"});
 }
 
 TEST(ValidateConfig, MultiNodeLeaderWithoutListenIsRefused) {

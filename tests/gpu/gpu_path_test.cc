@@ -408,6 +408,30 @@ TEST(GpuPath, NodeKilledMidJobFailsTheOtherNodesTrainers) {
   for (auto& t : doomed) t.Wait(seconds(40));
 }
 
+// Re-forming the NCCL path among survivors is not built: an elastic job
+// (--min-nodes below --num-nodes) whose trainers register CUDA gradients
+// fails at start saying so, on every node, instead of failing at a death.
+TEST(GpuPath, AnElasticJobRefusesCudaGradientsSayingSo) {
+  std::vector<std::string> common = {"--timeout-s=10", "--num-nodes=2", "--job-id=gpuelastic",
+                                     "--min-nodes=1"};
+  std::unique_ptr<Daemon> leader_node, follower_node;
+  ASSERT_NO_FATAL_FAILURE(StartTwoSimNodes(common, &leader_node, &follower_node));
+  std::vector<Process> trainers;
+  for (int r = 0; r < 2; ++r) {
+    trainers.push_back(StartSimTrainer(*leader_node, r, 2, {"--mode=flat", "--steps=3"}));
+    trainers.push_back(StartSimTrainer(*follower_node, r, 2, {"--mode=flat", "--steps=3"}));
+  }
+  for (auto& t : trainers) {
+    ExitStatus st = t.Wait(seconds(40));
+    const std::string log = t.Log();
+    ASSERT_TRUE(st.exited && st.code == 2) << log << "\nleader:\n" << leader_node->process().Log();
+    EXPECT_NE(log.find("error code=1: this elastic job (--min-nodes 1 < --num-nodes 2) "
+                       "registered CUDA gradients"),
+              std::string::npos)
+        << log;
+  }
+}
+
 // The equivalence check can fail: a daemon that reduces without polling the
 // readiness events (a test-only flag of gradsyncd_sim) reads gradients the
 // trainers' streams have not written yet, and the trainers notice.

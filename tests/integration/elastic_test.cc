@@ -1,14 +1,28 @@
-// --min-nodes / --max-nodes on a running job of real daemons and trainers.
-// Elastic membership (a range below or above --num-nodes) is refused at
-// start (tests/daemon:gradsyncd_flags_test); the flags given equal to
-// --num-nodes keep today's fixed job: node 2 of 3 x 2 trainers SIGKILLed
-// (its daemon and its trainers) mid-backward or mid cross-node collective
-// ends every survivor with GS_ERR_PEER_FAILED naming node_rank=2 within the
-// timeout. Each case prints the time from the kill to the last survivor's
-// error: the detection part of what an elastic re-formation would cost.
+// --min-nodes on a running job of real daemons and trainers: 3 nodes x 2
+// trainers (tests/testing/fault_trainer, fp64), node 2 SIGKILLed (its daemon and
+// its trainers) while iteration 2 is under way.
+//
+// Elastic (--min-nodes 2): the survivors re-form and redo iteration 2 over
+// their 4 trainers; every survivor finishes with GS_OK and the weights of a
+// single process that averages iterations 0-1 over all 6 trainers' shards
+// and 2-7 over ranks 0-3's (fault_trainer --single --join-steps, DDP's Join
+// with divide-by-active: the same sums). Killed mid-backward, with the
+// victim inside the cross-node collective, and with the survivors inside it
+// (their first buckets already averaged over 6 and written back, so the redo
+// must come from the kept local sums). Each prints the time from the kill
+// to the survivors' completion of the redone iteration.
+//
+// A trainer of an elastic job SIGKILLed (its node stays): after marking
+// the iteration's gradients, the others finish with it counted in that
+// iteration and gone from the next; after only its first mark, the job
+// fails naming it. Node 0 (the leader) SIGKILLed ends the job naming it.
+//
+// Fixed (--min-nodes 3 = --num-nodes): a death ends every survivor with
+// GS_ERR_PEER_FAILED naming node_rank=2 and --min-nodes.
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -16,6 +30,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/integration/cluster.h"
+#include "tests/integration/control_stats.h"
 #include "tests/integration/harness.h"
 
 namespace gradsync::testing {
@@ -29,22 +44,52 @@ constexpr int kTimeoutS = 5;
 constexpr auto kErrorBound = seconds(2 * kTimeoutS + 20);
 constexpr auto kStateBound = seconds(30);
 constexpr int kNodes = 3, kLocal = 2, kVictimNode = 2;
+constexpr int kSteps = 8;
+// fault_trainer pauses in step 2 (kPauseStep): node 2 dies during it.
+constexpr int kKilledStep = 2;
 
-enum class Stage { kBackward, kCollective };
+// Where node 2 dies. kBackward: every trainer has marked one gradient.
+// kVictimInCollective: node 2's trainers marked all, so its daemon waits in
+// the cross-node collective for the others, which are mid-backward.
+// kSurvivorsInCollective: the survivors' trainers marked all and node 2's
+// one gradient (the first bucket alone), so the survivors averaged that
+// bucket over 6, wrote it back, and wait in the next bucket's collective.
+enum class Stage { kBackward, kVictimInCollective, kSurvivorsInCollective };
 
-ClusterOptions FixedJobSpelledOut() {
+const char* StageName(Stage stage) {
+  switch (stage) {
+    case Stage::kBackward:
+      return "mid_backward";
+    case Stage::kVictimInCollective:
+      return "victim_mid_collective";
+    case Stage::kSurvivorsInCollective:
+      return "survivors_mid_collective";
+  }
+  return "?";
+}
+
+// The first bucket holds only the first gradient mlp_trainer marks (the
+// 1-element gate), so a trainer paused after its first mark has completed
+// it: that bucket's average is written back before node 2 dies.
+ClusterOptions JobOptions(int min_nodes, int timeout_s = kTimeoutS) {
   ClusterOptions options;
   options.nodes = kNodes;
   options.local_size = kLocal;
   options.job_id = "elastic";
   options.token = "elastic-token";
   options.flags = {"--bucket-cap-mb=0.001",
-                   "--first-bucket-cap-mb=0.0001",
-                   absl::StrCat("--timeout-s=", kTimeoutS),
+                   "--first-bucket-cap-mb=0.000001",
+                   absl::StrCat("--timeout-s=", timeout_s),
                    "--stall-threshold-s=1",
-                   absl::StrCat("--min-nodes=", kNodes),
+                   absl::StrCat("--min-nodes=", min_nodes),
                    absl::StrCat("--max-nodes=", kNodes)};
   return options;
+}
+
+const std::vector<std::string>& TrainArgs() {
+  static const std::vector<std::string> args = {absl::StrCat("--steps=", kSteps), "--batch=60",
+                                                "--fp64"};
+  return args;
 }
 
 // The error a failed trainer printed (mlp_trainer's `error="..."`).
@@ -55,51 +100,296 @@ std::string TrainerError(const std::string& log) {
   return log.substr(start, log.find("\"\n", start) - start);
 }
 
-// Where trainer (node, local) stops itself. Mid-backward: every trainer
-// has marked one gradient. Mid-collective: node 2's trainers marked all,
-// so its daemon waits in the cross-node collective for the others, which
-// are mid-backward.
-std::string PauseFor(Stage stage, int node) {
-  if (stage == Stage::kBackward) return "backward";
-  return node == kVictimNode ? "marked" : "backward";
+std::string PauseFor(Stage stage, bool victim) {
+  switch (stage) {
+    case Stage::kBackward:
+      return "backward";
+    case Stage::kVictimInCollective:
+      return victim ? "marked" : "backward";
+    case Stage::kSurvivorsInCollective:
+      return victim ? "backward" : "marked";
+  }
+  return "";
 }
 
-void KillNodeTwoAndExpectPeerFailed(Stage stage) {
-  Cluster cluster(FixedJobSpelledOut());
-  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
-  struct Trainer {
-    int node;
-    std::string pause;
-    Process process;
-  };
-  std::vector<Trainer> trainers;
+struct Trainer {
+  int node;
+  std::string pause;
+  std::string out;
+  Process process;
+};
+
+bool IsVictim(int node, const std::vector<int>& victims) {
+  return std::find(victims.begin(), victims.end(), node) != victims.end();
+}
+
+void ResumeSurvivors(std::vector<Trainer>* trainers, const std::vector<int>& victims) {
+  for (Trainer& t : *trainers) {
+    if (!IsVictim(t.node, victims)) t.process.Signal(SIGCONT);
+  }
+}
+
+// Starts every trainer paused as `stage` says and waits until all stopped
+// and the daemons are where the stage needs them; then SIGKILLs the
+// victims' daemons and trainers and resumes the others. Returns the kill's
+// time.
+std::chrono::steady_clock::time_point RunUntilKilled(
+    Cluster& cluster, Stage stage, std::vector<Trainer>* trainers,
+    const std::vector<int>& victims = {kVictimNode}, bool resume = true) {
   for (int n = 0; n < kNodes; ++n) {
     for (int r = 0; r < kLocal; ++r) {
-      const std::string pause = PauseFor(stage, n);
-      trainers.push_back({n, pause,
-                          StartTrainer(cluster.node(n), r,
-                                       {"--steps=8", "--batch=60", "--pause-at=" + pause}, "")});
+      const std::string pause = PauseFor(stage, IsVictim(n, victims));
+      const std::string out = absl::StrCat(cluster.dir(), "/w", n, "_", r);
+      std::vector<std::string> args = TrainArgs();
+      args.push_back("--pause-at=" + pause);
+      args.push_back("--print-loss");  // rank 0 prints each completed step
+      trainers->push_back({n, pause, out, StartTrainer(cluster.node(n), r, args, out)});
     }
   }
+  for (Trainer& t : *trainers) {
+    EXPECT_TRUE(WaitForLog(t.process, "mlp_trainer: paused at " + t.pause, kStateBound) &&
+                WaitStopped(t.process, kStateBound))
+        << t.process.Log() << cluster.DaemonLogs();
+  }
+  // The waiting daemons log nothing when they enter a collective; the
+  // daemon still waiting for its paused trainers reports a stall.
+  if (stage == Stage::kVictimInCollective) {
+    EXPECT_TRUE(WaitForLog(cluster.node(0).process(), "event=stall", kStateBound))
+        << cluster.DaemonLogs();
+  } else if (stage == Stage::kSurvivorsInCollective) {
+    EXPECT_TRUE(WaitForLog(cluster.node(kVictimNode).process(), "event=stall", kStateBound))
+        << cluster.DaemonLogs();
+  }
+  const auto killed_at = std::chrono::steady_clock::now();
+  for (int n : victims) cluster.node(n).process().Signal(SIGKILL);
+  for (Trainer& t : *trainers) {
+    if (IsVictim(t.node, victims)) t.process.Signal(SIGKILL);
+  }
+  if (resume) ResumeSurvivors(trainers, victims);
+  return killed_at;
+}
+
+// `found_by_heartbeat`: node 0's trainers stay stopped until its daemon
+// re-formed, so no collective of its own notices the death: node 1's
+// does, the leader aborts the generation, and node 0 learns it from its
+// heartbeat and re-forms while it waits for its trainers (a longer
+// timeout, so that holding them is no stall).
+void KillNodeTwoAndExpectSurvivorsTrainOn(Stage stage, bool found_by_heartbeat = false) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2, found_by_heartbeat ? 4 * kTimeoutS : kTimeoutS));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  const auto killed_at =
+      RunUntilKilled(cluster, stage, &trainers, {kVictimNode}, !found_by_heartbeat);
+  if (found_by_heartbeat) {
+    ResumeSurvivors(&trainers, {0, kVictimNode});  // node 1's
+    EXPECT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_reformed", kErrorBound))
+        << cluster.DaemonLogs();
+    ResumeSurvivors(&trainers, {1, kVictimNode});  // node 0's
+  }
+  Trainer& rank0 = trainers[0];
+  // mlp_trainer's rank 0 prints each completed step.
+  const std::string redone = absl::StrCat("step   ", kKilledStep, "  loss");
+  ASSERT_TRUE(WaitForLog(rank0.process, redone, kErrorBound))
+      << rank0.process.Log() << cluster.DaemonLogs();
+  const double redo_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+
+  // Iterations before the kill over all 6 shards, from it on over ranks 0-3.
+  std::vector<std::string> reference_args = TrainArgs();
+  reference_args.push_back(absl::StrCat("--join-steps=", kSteps, ",", kSteps, ",", kSteps, ",",
+                                        kSteps, ",", kKilledStep, ",", kKilledStep));
+  reference_args.push_back("--join-divide-by-active");
+  const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
+  ASSERT_FALSE(reference.empty());
+  std::vector<double> first;
   for (Trainer& t : trainers) {
+    if (t.node == kVictimNode) continue;
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    ASSERT_EQ(st.code, 0) << "node " << t.node << ": " << TrainerError(t.process.Log()) << "\n"
+                          << cluster.DaemonLogs();
+    const std::vector<double> weights = LoadWeights(t.out);
+    ASSERT_EQ(weights.size(), reference.size()) << t.out;
+    if (first.empty()) first = weights;
+    EXPECT_EQ(weights, first) << "node " << t.node << " ended with other weights";
+    EXPECT_LT(RelativeDifference(weights, reference), 1e-12) << "node " << t.node;
+  }
+  // The survivors' world: their 4 trainers (what gs_get_job_info reports
+  // after each iteration is this divisor).
+  absl::StatusOr<v1::Stats> stats = GetStats(cluster.port(), "elastic-token");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->world_size(), 4) << cluster.DaemonLogs();
+  EXPECT_GE(stats->generation(), 2u);
+  for (int n = 0; n < kNodes; ++n) {
+    if (n == kVictimNode) continue;
+    EXPECT_TRUE(cluster.node(n).process().Running()) << cluster.DaemonLogs();
+  }
+  std::printf(
+      "elastic_job %s%s: SIGKILL of node 2 to the survivors' completion of the redone "
+      "iteration %d: %.2f s\n",
+      StageName(stage),
+      found_by_heartbeat ? " (node 0 learns it from the leader, trainers held)" : "", kKilledStep,
+      redo_s);
+}
+
+TEST(ElasticJob, NodeKilledMidBackwardSurvivorsRedoTheIterationAndTrainOn) {
+  KillNodeTwoAndExpectSurvivorsTrainOn(Stage::kBackward);
+}
+
+TEST(ElasticJob, NodeKilledInsideTheCollectiveSurvivorsRedoTheIterationAndTrainOn) {
+  KillNodeTwoAndExpectSurvivorsTrainOn(Stage::kVictimInCollective);
+}
+
+TEST(ElasticJob, SurvivorsInsideTheCollectiveRedoFromTheirKeptSumsAndTrainOn) {
+  KillNodeTwoAndExpectSurvivorsTrainOn(Stage::kSurvivorsInCollective);
+}
+
+TEST(ElasticJob, ASurvivorWaitingForItsTrainersLearnsTheDeathFromTheLeaderAndRedoesToo) {
+  KillNodeTwoAndExpectSurvivorsTrainOn(Stage::kBackward, /*found_by_heartbeat=*/true);
+}
+
+TEST(ElasticJob, BelowMinNodesTheSurvivorFailsNamingMinNodesAndTheDeadNodes) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  const auto killed_at = RunUntilKilled(cluster, Stage::kBackward, &trainers, {1, 2});
+  for (Trainer& t : trainers) {
+    if (t.node != 0) continue;
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    const double failed_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+    const std::string error = TrainerError(t.process.Log());
+    std::printf("elastic_job below_min_nodes: exit %d after %.1f s error=\"%s\"\n", st.code,
+                failed_s, error.c_str());
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitPeerFailed) << cluster.DaemonLogs();
+    for (const char* needle : {"--min-nodes=2", "node_rank=1", "node_rank=2"}) {
+      EXPECT_NE(error.find(needle), std::string::npos) << needle << " in " << error;
+    }
+  }
+  EXPECT_TRUE(cluster.node(0).process().Running()) << cluster.DaemonLogs();
+}
+
+// Trainer kTrainerVictim (rank 3: node 1, local rank 1) pauses at
+// `victim_pause`, the others at "backward"; once all stopped it is
+// SIGKILLed (its daemon stays) and the others resume.
+constexpr int kTrainerVictim = 3;
+
+void RunUntilTrainerKilled(Cluster& cluster, const std::string& victim_pause,
+                           std::vector<Trainer>* trainers) {
+  for (int n = 0; n < kNodes; ++n) {
+    for (int r = 0; r < kLocal; ++r) {
+      const bool victim = n * kLocal + r == kTrainerVictim;
+      const std::string pause = victim ? victim_pause : "backward";
+      const std::string out = absl::StrCat(cluster.dir(), "/w", n, "_", r);
+      std::vector<std::string> args = TrainArgs();
+      args.push_back("--pause-at=" + pause);
+      trainers->push_back({n, pause, out, StartTrainer(cluster.node(n), r, args, out)});
+    }
+  }
+  for (Trainer& t : *trainers) {
     ASSERT_TRUE(WaitForLog(t.process, "mlp_trainer: paused at " + t.pause, kStateBound) &&
                 WaitStopped(t.process, kStateBound))
         << t.process.Log() << cluster.DaemonLogs();
   }
-  if (stage == Stage::kCollective) {
-    // Node 0 waits for its trainers, so node 2 (all marked) waits in the
-    // collective: a daemon logs nothing when it enters one.
-    ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=stall", kStateBound))
-        << cluster.DaemonLogs();
+  (*trainers)[kTrainerVictim].process.Signal(SIGKILL);
+  for (size_t i = 0; i < trainers->size(); ++i) {
+    if (static_cast<int>(i) != kTrainerVictim) (*trainers)[i].process.Signal(SIGCONT);
   }
-  const auto killed_at = std::chrono::steady_clock::now();
-  cluster.node(kVictimNode).process().Signal(SIGKILL);
+}
+
+// Rank 3 died after marking iteration 2's gradients: iteration 2 is
+// averaged over all 6 (its gradient is complete in its segment), 3-7 over
+// the other 5, whose weights then equal DDP's Join with divide-by-active.
+TEST(ElasticJob, TrainerKilledAfterMarkingLeavesTheWorldFromTheNextIteration) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilTrainerKilled(cluster, "marked", &trainers);
+  std::vector<std::string> reference_args = TrainArgs();
+  reference_args.push_back(absl::StrCat("--join-steps=", kSteps, ",", kSteps, ",", kSteps, ",",
+                                        kKilledStep + 1, ",", kSteps, ",", kSteps));
+  reference_args.push_back("--join-divide-by-active");
+  const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
+  ASSERT_FALSE(reference.empty());
+  std::vector<double> first;
+  for (size_t i = 0; i < trainers.size(); ++i) {
+    if (static_cast<int>(i) == kTrainerVictim) continue;
+    Trainer& t = trainers[i];
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    ASSERT_EQ(st.code, 0) << "trainer " << i << ": " << TrainerError(t.process.Log()) << "\n"
+                          << cluster.DaemonLogs();
+    const std::vector<double> weights = LoadWeights(t.out);
+    ASSERT_EQ(weights.size(), reference.size()) << t.out;
+    if (first.empty()) first = weights;
+    EXPECT_EQ(weights, first) << "trainer " << i << " ended with other weights";
+    EXPECT_LT(RelativeDifference(weights, reference), 1e-12) << "trainer " << i;
+  }
+}
+
+// Rank 3 died after its first mark: part of its gradient may be summed,
+// part is missing, so no survivors' average exists; the job fails naming it.
+TEST(ElasticJob, TrainerKilledMidBackwardFailsTheJobNamingIt) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilTrainerKilled(cluster, "backward", &trainers);
+  for (size_t i = 0; i < trainers.size(); ++i) {
+    if (static_cast<int>(i) == kTrainerVictim) continue;
+    Trainer& t = trainers[i];
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    const std::string error = TrainerError(t.process.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitPeerFailed) << error << cluster.DaemonLogs();
+    EXPECT_NE(error.find("rank 3 (local 1"), std::string::npos) << "trainer " << i << ": " << error;
+    EXPECT_NE(error.find("after marking 1 of"), std::string::npos)
+        << "trainer " << i << ": " << error;
+  }
+}
+
+// A node that would end the job at a death while the others re-form is
+// refused when the job forms, on every node alike.
+TEST(ElasticJob, NodesGivenDifferentMinNodesAreRefusedWhenTheJobForms) {
+  ClusterOptions options = JobOptions(/*min_nodes=*/2);
+  options.node_flags = {{}, {"--min-nodes=3"}, {}};
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(TrainArgs(), &outs);
+  for (Process& p : trainers) {
+    const ExitStatus st = p.Wait(kErrorBound);
+    const std::string error = TrainerError(p.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << p.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitMismatch) << error << cluster.DaemonLogs();
+    EXPECT_NE(error.find("node 0 runs --min-nodes=2 but node 1 runs --min-nodes=3"),
+              std::string::npos)
+        << error;
+  }
+}
+
+// The embedded rendezvous lives in node 0's daemon: its loss ends an
+// elastic job too, with the error that says so.
+TEST(ElasticJob, LeaderKilledEndsTheJobNamingTheDeadLeader) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilKilled(cluster, Stage::kBackward, &trainers, {0});
   for (Trainer& t : trainers) {
-    if (t.node == kVictimNode) t.process.Signal(SIGKILL);
+    if (t.node == 0) continue;
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    const std::string error = TrainerError(t.process.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitPeerFailed) << cluster.DaemonLogs();
+    EXPECT_NE(error.find("the leader is dead"), std::string::npos) << error;
   }
-  for (Trainer& t : trainers) {
-    if (t.node != kVictimNode) t.process.Signal(SIGCONT);
-  }
+}
+
+void KillNodeTwoAndExpectPeerFailed(Stage stage) {
+  Cluster cluster(JobOptions(/*min_nodes=*/kNodes));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  const auto killed_at = RunUntilKilled(cluster, stage, &trainers);
   double slowest_s = 0;
   for (Trainer& t : trainers) {
     if (t.node == kVictimNode) continue;
@@ -108,13 +398,17 @@ void KillNodeTwoAndExpectPeerFailed(Stage stage) {
         slowest_s,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count());
     const std::string log = t.process.Log();
+    const std::string error = TrainerError(log);
     std::printf("elastic_fixed_job trainer on node %d: exit %d error=\"%s\"\n", t.node, st.code,
-                TrainerError(log).c_str());
+                error.c_str());
     EXPECT_FALSE(st.timed_out) << log << cluster.DaemonLogs();
     ASSERT_TRUE(st.exited) << st.ToString();
     EXPECT_EQ(st.code, kExitPeerFailed) << log << cluster.DaemonLogs();
-    EXPECT_NE(TrainerError(log).find("node_rank=2"), std::string::npos)
-        << "node " << t.node << ": " << TrainerError(log) << "\n"
+    EXPECT_NE(error.find("node_rank=2"), std::string::npos)
+        << "node " << t.node << ": " << error << "\n"
+        << cluster.DaemonLogs();
+    EXPECT_NE(error.find("--min-nodes 3"), std::string::npos)
+        << "node " << t.node << ": " << error << "\n"
         << cluster.DaemonLogs();
   }
   for (int n = 0; n < kNodes; ++n) {
@@ -122,15 +416,15 @@ void KillNodeTwoAndExpectPeerFailed(Stage stage) {
     EXPECT_TRUE(cluster.node(n).process().Running()) << cluster.DaemonLogs();
   }
   std::printf("elastic_fixed_job %s: SIGKILL of node 2 to the last survivor's PEER_FAILED %.1f s\n",
-              stage == Stage::kBackward ? "mid_backward" : "mid_collective", slowest_s);
+              StageName(stage), slowest_s);
 }
 
-TEST(FixedJob, NodeKilledMidBackwardFailsSurvivorsNamingIt) {
+TEST(FixedJob, NodeKilledMidBackwardFailsSurvivorsNamingItAndMinNodes) {
   KillNodeTwoAndExpectPeerFailed(Stage::kBackward);
 }
 
-TEST(FixedJob, NodeKilledMidCollectiveFailsSurvivorsNamingIt) {
-  KillNodeTwoAndExpectPeerFailed(Stage::kCollective);
+TEST(FixedJob, NodeKilledMidCollectiveFailsSurvivorsNamingItAndMinNodes) {
+  KillNodeTwoAndExpectPeerFailed(Stage::kVictimInCollective);
 }
 
 }  // namespace

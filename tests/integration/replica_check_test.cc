@@ -195,8 +195,8 @@ TEST(ReplicaCheckTwoNodes, DifferentIntervalsOnTwoNodesAreAMismatchNamingBoth) {
     const std::string log = ps[rank].Log();
     ASSERT_TRUE(st.exited) << st.ToString() << "\n" << log;
     EXPECT_EQ(st.code, kExitMismatch) << log << "\n" << cluster.DaemonLogs();
-    EXPECT_NE(log.find("--check-replicas-every differs between nodes: node 0 runs 2 but node 1 "
-                       "runs 3"),
+    EXPECT_NE(log.find("--check-replicas-every differs between nodes: node 0 runs "
+                       "--check-replicas-every=2 but node 1 runs --check-replicas-every=3"),
               std::string::npos)
         << log;
   }

@@ -1,6 +1,6 @@
 // Who is the straggler, with real daemons, real trainer processes and the
 // real gradsyncctl: one trainer sleeps 20 ms inside every backward
-// (examples/mlp_trainer --sleep-ms=20) and `gradsyncctl stragglers` names
+// (tests/testing/fault_trainer --sleep-ms=20) and `gradsyncctl stragglers` names
 // it, and only it, after 20 iterations — on one node of 3 trainers, and
 // across 2 nodes of 1 trainer each (where no node has a local peer to
 // compare with: only the nodes' exchange can tell). A balanced job names

@@ -689,5 +689,103 @@ TEST_F(RendezvousServiceTest, UnreachableLeaderIsATransportErrorNamingIt) {
   EXPECT_THAT(Msg(status), HasSubstr("127.0.0.1:1"));
 }
 
+// Elastic jobs (set_min_nodes): survivors of an aborted generation join it
+// again with its number; the leader re-forms among those that did once
+// every other member stayed silent past kPresumedDeadAfter (a fake
+// monotonic clock moves time). Results by position in `ranks`.
+class ElasticRendezvousTest : public RendezvousServiceTest {
+ protected:
+  void StartElastic(int num_nodes, int min_nodes) {
+    StartLeader(num_nodes, /*heartbeat_timeout=*/absl::Minutes(10), clocks_.Monotonic());
+    leader_->service().set_min_nodes(min_nodes);
+    ASSERT_EQ(FormGeneration(), 1u);
+    ASSERT_TRUE(Beat(0, 1, MakeError(v1::PEER_FAILED, "allreduce failed")).ok());
+  }
+
+  // `ranks` resume generation 1 at `iterations` (same positions); once all
+  // wait in the round, the other members' silence passes the bound.
+  std::vector<absl::StatusOr<JoinResult>> Resume(const std::vector<int>& ranks,
+                                                 const std::vector<uint64_t>& iterations) {
+    std::vector<absl::StatusOr<JoinResult>> results(ranks.size(), absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      threads.emplace_back([&, i] {
+        JoinParams p = Params(ranks[i]);
+        p.resume_generation = 1;
+        p.resume_iteration = iterations[i];
+        results[i] = Client()->Join(p);
+      });
+    }
+    EXPECT_TRUE(WaitUntil(
+        [&] { return leader_->service().GetStatus().pending_node_ranks.size() == ranks.size(); },
+        absl::Seconds(10)));
+    clocks_.Elapse(RendezvousService::kPresumedDeadAfter + absl::Milliseconds(1));
+    for (auto& t : threads) t.join();
+    return results;
+  }
+
+  FakeMachineClocks clocks_;
+};
+
+TEST_F(ElasticRendezvousTest, SurvivorsReformWithoutTheSilentNodeWhichIsThenNoMember) {
+  StartElastic(3, /*min_nodes=*/2);
+  const auto results = Resume({0, 1}, {5, 5});
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->generation, 2u);
+    EXPECT_EQ(r->world_size, 1 + 2);  // local sizes 1 and 2; node 2's 3 gone
+    ASSERT_EQ(r->peers.size(), 3u);
+    EXPECT_EQ(r->peers[2].local_size, 0);
+  }
+  const RendezvousStatus status = leader_->service().GetStatus();
+  EXPECT_EQ(status.world_size, 3);
+  EXPECT_EQ(status.nodes.size(), 2u);
+  // Node 2 comes back (it was only stopped): told it is out.
+  JoinParams late = Params(2);
+  late.resume_generation = 1;
+  const absl::StatusOr<JoinResult> refused = Client()->Join(late);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(CodeOf(refused.status()), v1::STATE);
+  EXPECT_THAT(Msg(refused.status()), HasSubstr("re-formed without node_rank=2"));
+  auto beat = Beat(2, 2);
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_TRUE(beat->abort);
+  EXPECT_THAT(beat->abort_reason, HasSubstr("not a member of generation 2"));
+}
+
+TEST_F(ElasticRendezvousTest, BelowMinNodesEverySurvivorFailsNamingMinNodesAndTheDead) {
+  StartElastic(3, /*min_nodes=*/2);
+  const auto results = Resume({0}, {5});
+  ASSERT_FALSE(results[0].ok());
+  EXPECT_EQ(CodeOf(results[0].status()), v1::PEER_FAILED);
+  EXPECT_THAT(Msg(results[0].status()), HasSubstr("fewer than --min-nodes=2"));
+  EXPECT_THAT(Msg(results[0].status()), HasSubstr("node_rank=1"));
+  EXPECT_THAT(Msg(results[0].status()), HasSubstr("node_rank=2"));
+  EXPECT_EQ(leader_->service().GetStatus().generation, 1u);
+}
+
+TEST_F(ElasticRendezvousTest, SurvivorsInDifferentIterationsFailNamingTheSplit) {
+  StartElastic(3, /*min_nodes=*/2);
+  const auto results = Resume({0, 1}, {5, 6});
+  for (const auto& r : results) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(CodeOf(r.status()), v1::PEER_FAILED);
+    EXPECT_THAT(Msg(r.status()), HasSubstr("stopped in different iterations"));
+    EXPECT_THAT(Msg(r.status()), HasSubstr("node_rank=1 in 6"));
+  }
+}
+
+TEST_F(ElasticRendezvousTest, AFixedJobRefusesAResumingJoin) {
+  StartLeader(2);
+  ASSERT_EQ(FormGeneration(), 1u);
+  ASSERT_TRUE(Beat(0, 1, MakeError(v1::PEER_FAILED, "allreduce failed")).ok());
+  JoinParams p = Params(0);
+  p.resume_generation = 1;
+  const absl::StatusOr<JoinResult> r = Client()->Join(p);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(CodeOf(r.status()), v1::STATE);
+  EXPECT_THAT(Msg(r.status()), HasSubstr("not elastic"));
+}
+
 }  // namespace
 }  // namespace gradsync::testing

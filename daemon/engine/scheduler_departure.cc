@@ -1,0 +1,63 @@
+// Scheduler: a trainer's death in an elastic job (docs/DESIGN.md, "Elastic
+// jobs"). Its node stays in; the trainer counts as joined (gs_join with
+// divide_by_initial_world_size=0), so the per-iteration agreement, which
+// elastic jobs always run on its own, divides by the trainers still active.
+#include "absl/strings/str_cat.h"
+#include "common/log_value.h"
+#include "common/monotonic.h"
+#include "common/status_code.h"
+#include "daemon/engine/scheduler.h"
+#include "spdlog/spdlog.h"
+
+namespace gradsync {
+
+void Scheduler::RequestDeparture(int local_rank, const std::string& reason) {
+  {
+    absl::MutexLock lock(&reform_mu_);
+    departures_.emplace_back(local_rank, reason);
+    departures_requested_.store(true, std::memory_order_release);
+  }
+  ready_bell_->Ring();
+}
+
+bool Scheduler::TakeDepartures() {
+  std::vector<std::pair<int, std::string>> departures;
+  {
+    absl::MutexLock lock(&reform_mu_);
+    departures.swap(departures_);
+    departures_requested_.store(false, std::memory_order_release);
+  }
+  for (const auto& [local_rank, reason] : departures) {
+    if (local_rank < 0 || static_cast<size_t>(local_rank) >= trainers_.size()) continue;
+    Trainer& t = *trainers_[local_rank];
+    if (t.joined.load(std::memory_order_relaxed) || t.departing) continue;
+    // What it marked before dying may still wait in its ring: count it.
+    bool progress = false;
+    if (!ConsumeReadyRing(t, MonotonicNowNs(), &progress)) return false;
+    if (t.joined.load(std::memory_order_relaxed)) continue;  // its last entry was a gs_join
+    spdlog::warn("event=trainer_departed iteration={} trainer={} marked={}/{} reason={}",
+                 iteration(), LogValue(t.Name()), t.marked_count, layout_.size(), LogValue(reason));
+    if (t.marked_count == 0) {
+      // Nothing of it was summed this iteration (a bucket waits for every
+      // local trainer): it leaves now, this iteration already without it.
+      CountAsJoined(t, /*divide_by_initial_world_size=*/false);
+    } else if (t.marked_count == layout_.size()) {
+      // Its gradient is complete in its segment, which the daemon still
+      // maps: this iteration counts it, the next ones do not.
+      t.departing = true;
+    } else {
+      // Part of its gradient may be summed already, part is missing: no
+      // average over the survivors can be formed from what is left.
+      fail_(MakeError(v1::PEER_FAILED,
+                      absl::StrCat(t.Name(), " died in iteration ", iteration(), " after marking ",
+                                   t.marked_count, " of ", layout_.size(), " gradients (", reason,
+                                   "): an elastic job loses a trainer only before its first or "
+                                   "after its last mark of an iteration")),
+            t.local_rank);
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace gradsync
