@@ -113,13 +113,13 @@ absl::Status ValidateEngine(const DaemonConfig& c) {
     return mode.status();
   }
   if (c.straggler_window < 1 || c.straggler_window > 100000) {
-    return bad(absl::StrCat("--straggler-window ", c.straggler_window, " is not in [1, 100000]"));
+    return Bad(absl::StrCat("--straggler-window ", c.straggler_window, " is not in [1, 100000]"));
   }
   if (!(c.straggler_share >= 0 && c.straggler_share < 1)) {
-    return bad(absl::StrCat("--straggler-share ", c.straggler_share, " is not in [0, 1)"));
+    return Bad(absl::StrCat("--straggler-share ", c.straggler_share, " is not in [0, 1)"));
   }
   if (!(c.straggler_late_ms >= 0 && c.straggler_late_ms <= 3600e3)) {
-    return bad(
+    return Bad(
         absl::StrCat("--straggler-late-ms ", c.straggler_late_ms, " is not in [0, 3600000]"));
   }
   if (c.local_size < 1 || c.local_size > 256) {

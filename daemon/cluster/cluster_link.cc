@@ -273,7 +273,6 @@ absl::StatusOr<Agreement> Agree(RendezvousClient& client, const DaemonConfig& co
   ASSIGN_OR_RETURN(agreed.caps, DecodeCaps(CapsKey(gen), caps));
   ASSIGN_OR_RETURN(std::optional<std::string> uneven, client.Get(UnevenInputsKey(gen)));
   agreed.uneven_inputs = uneven.has_value() && *uneven == "1";
-  RETURN_IF_ERROR(CompareMinNodes(client, gen, members));
   return agreed;
 }
 
