@@ -49,10 +49,9 @@ absl::Status CompareFlagAcrossNodes(RendezvousClient& client, const std::vector<
   for (size_t i = 1; i < members.size(); ++i) {
     if (by_node[i] == by_node[0]) continue;
     return MakeError(v1::MISMATCH,
-                     absl::StrCat(flag, " differs between nodes: node ", members[0], " runs ",
-                                  flag, "=", by_node[0], " but node ", members[i], " runs ", flag,
-                                  "=", by_node[i], "; every node of a job must use the same ",
-                                  flag));
+                     absl::StrCat(flag, " differs between nodes: node ", members[0], " runs ", flag,
+                                  "=", by_node[0], " but node ", members[i], " runs ", flag, "=",
+                                  by_node[i], "; every node of a job must use the same ", flag));
   }
   return absl::OkStatus();
 }
