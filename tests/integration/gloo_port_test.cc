@@ -108,6 +108,7 @@ TEST(GlooPort, HostilePreambleOnTheLeadersGlooPortFailsOnlyTheJob) {
   ASSERT_TRUE(node1->Wait({LayoutKey(gen, 0)}, absl::Seconds(30)).ok()) << leader.process().Log();
   absl::StatusOr<std::optional<std::string>> layout = node1->Get(LayoutKey(gen, 0));
   ASSERT_TRUE(layout.ok() && layout->has_value());
+  ASSERT_TRUE(node1->Set(MinNodesKey(gen, 1), "2").ok());  // a fixed 2-node job, as node 0
   ASSERT_TRUE(node1->Set(LayoutKey(gen, 1), **layout).ok());
   ASSERT_TRUE(node1->Set(WireDTypeKey(gen, 1), "off").ok());
 
@@ -194,6 +195,7 @@ TEST(GlooPort, LeadersWorkerKilledWhileFormingFailsTheOtherNodePromptlyNamingNod
   ASSERT_TRUE(client->Wait({LayoutKey(gen, 0)}, absl::Seconds(30)).ok()) << cluster.DaemonLogs();
   absl::StatusOr<std::optional<std::string>> layout = client->Get(LayoutKey(gen, 0));
   ASSERT_TRUE(layout.ok() && layout->has_value());
+  ASSERT_TRUE(client->Set(MinNodesKey(gen, 1), "2").ok());  // a fixed 2-node job, as node 0
   ASSERT_TRUE(client->Set(LayoutKey(gen, 1), **layout).ok());
   ASSERT_TRUE(client->Set(WireDTypeKey(gen, 1), "off").ok());
   const std::string gloo_key = GenerationKeyPrefix(gen) + "gloo/0";
