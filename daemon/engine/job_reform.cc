@@ -50,10 +50,12 @@ absl::StatusOr<Scheduler::Reformed> Job::Reform(const absl::Status& error, uint6
                id_, old_generation, iteration, absl::StrJoin(dead, ","),
                LogValue(explained.message()));
   uint64_t epoch = 0;
+  Layout layout;  // copied under mu_: reform_world runs without it
   {
     MonotonicMutexLock lock(&mu_);
     if (state_ == JobState::kFailed) return error_;
     epoch = ++world_epoch_;
+    layout = layout_;
     retired_backends_.push_back(std::move(world_.backend));
     world_.link.reset();
     if (stats_) stats_->set_stall_listener(nullptr);
@@ -61,7 +63,7 @@ absl::StatusOr<Scheduler::Reformed> Job::Reform(const absl::Status& error, uint6
   // Stops its heartbeats and leaves the aborted generation.
   old_link.reset();
   absl::StatusOr<JobWorld> world =
-      hooks_.reform_world(layout_, ResumePoint{old_generation, iteration},
+      hooks_.reform_world(layout, ResumePoint{old_generation, iteration},
                           [this, epoch](const absl::Status& e) { OnWorldFailure(epoch, e); });
   if (!world.ok()) {
     return MakeError(
