@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -51,6 +52,17 @@ def wait_until(pred: Callable[[], object], timeout_s: float) -> bool:
         time.sleep(0.01)
     return True
 
+
+
+def listen_port(cluster, timeout_s: float = 20) -> int:
+    """The --listen port a daemon started with --listen=HOST:0 chose, read
+    from its `event=started` log line once it is there (the daemon writes it
+    after binding, so a test that reads the log at once can find nothing)."""
+    def port():
+        return re.search(r"event=started .*listen_port=(\d+)", cluster.daemon.log())
+    if wait_until(port, timeout_s):
+        return int(port().group(1))
+    pytest.fail("no listen_port in the daemon's log\n" + cluster.logs())
 
 def mp_context():
     """multiprocessing with a forkserver that imported torch once: a trainer

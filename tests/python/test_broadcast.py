@@ -14,9 +14,10 @@ with a real gradsyncd and two real trainer processes.
 from __future__ import annotations
 
 import os
-import re
 
 import torch
+
+from conftest import listen_port
 
 STEPS = 6
 
@@ -56,7 +57,7 @@ def test_unseeded_replicas_across_two_nodes_end_equal_to_plain_ddp(gradsyncd, wo
     os.chmod(token, 0o600)
     common = ["--num-nodes=2", "--job-id=pyreplicas", f"--job-token-file={token}"]
     node0 = gradsyncd(2, *common, "--node-rank=0", "--listen=127.0.0.1:0")
-    port = re.search(r"listen_port=(\d+)", node0.daemon.log()).group(1)
+    port = listen_port(node0)
     node1 = gradsyncd(2, *common, "--node-rank=1", f"--leader=127.0.0.1:{port}")
     args = ["--mode=replicas", f"--steps={STEPS}", "--world=4", f"--store={workdir / 'store'}"]
     trainers = [node0.start(r, args) for r in range(2)]

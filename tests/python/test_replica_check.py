@@ -13,6 +13,7 @@ import os
 import re
 
 import gs_testlib  # noqa: F401  (the forkserver preloads it)
+from conftest import listen_port
 
 MISMATCH_EXIT = 10 + 3  # trainer_worker: 10 + gs_status
 
@@ -44,7 +45,7 @@ def _two_nodes(gradsyncd, workdir, job_id: str):
     common = ["--num-nodes=2", f"--job-id={job_id}", f"--job-token-file={token}",
               "--check-replicas-every=2"]
     node0 = gradsyncd(2, *common, "--node-rank=0", "--listen=127.0.0.1:0")
-    port = re.search(r"listen_port=(\d+)", node0.daemon.log()).group(1)
+    port = listen_port(node0)
     node1 = gradsyncd(2, *common, "--node-rank=1", f"--leader=127.0.0.1:{port}")
     return node0, node1
 

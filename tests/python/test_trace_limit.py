@@ -12,20 +12,12 @@ import subprocess
 import pytest
 
 import gradsync
-from conftest import REPO_ROOT, wait_until
+from conftest import REPO_ROOT, listen_port
 from gradsync import DType, TensorSpec
 
 GRADSYNCCTL = REPO_ROOT / "bazel-bin" / "tools" / "gradsyncctl" / "gradsyncctl"
 TENSORS = 3000
 ITERATIONS = 10
-
-
-def listen_port(cluster, timeout_s: float = 20) -> int:
-    def port():
-        return re.search(r"event=started .*listen_port=(\d+)", cluster.daemon.log())
-    if wait_until(port, timeout_s):
-        return int(port().group(1))
-    pytest.fail("no listen_port in the daemon's log\n" + cluster.logs())
 
 
 def test_trace_larger_than_a_grpc_message_keeps_the_newest_events(gradsyncd, workdir) -> None:
