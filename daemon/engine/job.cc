@@ -438,6 +438,7 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
       &node_->ready_bell(), stats_.get(),
       [this](const absl::Status& error, int culprit) { Fail(error, culprit); }, opts);
   broadcaster_->set_scheduler(scheduler_.get());
+  broadcaster_->set_gpu(gpu_session_.get());
   replica_checker_ = std::make_unique<ReplicaChecker>(
       trainers, layout_, world_.backend.get(),
       [this](const absl::Status& error, int culprit) { Fail(error, culprit); },
@@ -618,7 +619,7 @@ void Job::FailLocked(const absl::Status& error, int culprit, bool expected) {
 }
 
 absl::StatusOr<Broadcaster::StepResult> Job::Broadcast(uint64_t session, uint64_t bytes,
-                                                       int root_rank, uint64_t step,
+                                                       int root_rank, uint64_t step, bool device,
                                                        absl::Time deadline) {
   std::shared_ptr<Trainer> t;
   Broadcaster* broadcaster = nullptr;
@@ -639,7 +640,7 @@ absl::StatusOr<Broadcaster::StepResult> Job::Broadcast(uint64_t session, uint64_
     broadcaster = broadcaster_.get();  // lives as long as the job
   }
   absl::StatusOr<Broadcaster::StepResult> r =
-      broadcaster->Step(*t, bytes, root_rank, step, deadline);
+      broadcaster->Step(*t, bytes, root_rank, step, device, deadline);
   if (r.ok()) return r;
   MonotonicMutexLock lock(&mu_);
   // The job failed (by this call or another): the error this trainer gets.
