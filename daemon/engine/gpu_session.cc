@@ -406,6 +406,8 @@ absl::Status GpuSession::EnsureBroadcastSlots(uint64_t slot_bytes) {
   }
   broadcast_slots_ = std::move(slots);
   broadcast_handles_ = std::move(handles);
+  spdlog::info("event=gpu_broadcast_staging gpus={} bytes_per_gpu={}", devices_.size(),
+               2 * slot_bytes);
   return absl::OkStatus();
 }
 
