@@ -310,6 +310,7 @@ absl::Status Broadcaster::RunDevicePiece(const Call& call, uint64_t piece, bool*
   // collective waits on no trainer.
   absl::Status st = gpu_->collectives().Broadcast(buffers, root_nccl_rank_);
   if (!st.ok()) {
+    gpu_->ExitIfLost(st, "gs_broadcast's ncclBroadcast");
     *collective = true;
     return MakeError(CodeOf(st) == v1::OK ? v1::INTERNAL : CodeOf(st),
                      absl::StrCat("gs_broadcast of device memory, piece ", piece, " of ",

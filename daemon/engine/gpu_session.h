@@ -176,6 +176,11 @@ class GpuSession {
   const gpu::IpcHandle& broadcast_handle(int device_index) const {
     return broadcast_handles_[device_index];
   }
+  // A device error of a broadcast piece: one that left the device
+  // unusable ends the process here, as on every other path.
+  void ExitIfLost(const absl::Status& device_error, const std::string& where) const {
+    ExitIfDeviceLost(is_context_lost_, device_error, where);
+  }
   // The job's NCCL ranks (one per GPU of every node) and devices()[d]'s.
   int nccl_ranks() const { return nranks_; }
   int nccl_rank(int device_index) const { return first_rank_ + device_index; }
