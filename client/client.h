@@ -165,8 +165,7 @@ class Client {
   absl::Status BroadcastStep(const BroadcastCall& call, uint64_t k, v1::BroadcastResponse* resp);
   absl::StatusOr<uint8_t*> MapHostSlots(const v1::BroadcastResponse& begin);
   absl::StatusOr<uint8_t*> MapDeviceSlots(const v1::BroadcastResponse& begin);
-  absl::Status CopyPiece(const BroadcastCall& call, uint8_t* to, const uint8_t* from,
-                         uint64_t len);
+  absl::Status CopyPiece(const BroadcastCall& call, uint8_t* to, const uint8_t* from, uint64_t len);
 
   std::string socket_path_;
   // Who the daemon is (SO_PEERCRED at connect): every segment must be its.

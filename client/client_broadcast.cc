@@ -32,15 +32,16 @@ absl::StatusOr<bool> Client::BroadcastOnDevice(const void* buffer, size_t bytes)
   absl::StatusOr<gpu::DeviceId> where = cuda_->device().DeviceOfPointer(buffer);
   if (absl::IsNotFound(where.status())) return false;
   if (!where.ok()) {
-    return MakeError(v1::INTERNAL, absl::StrCat("rank ", rank_, ": gs_broadcast could not tell "
+    return MakeError(v1::INTERNAL, absl::StrCat("rank ", rank_,
+                                                ": gs_broadcast could not tell "
                                                 "whether its buffer is device memory: ",
                                                 where.status().message()));
   }
   if (*where != cuda_->device_id()) {
     return MakeError(v1::INVALID_ARGUMENT,
                      absl::StrCat("rank ", rank_, ": gs_broadcast of device memory on GPU ", *where,
-                                  ", but this trainer's gradients are on GPU ",
-                                  cuda_->device_id(), ": broadcast a buffer on that GPU"));
+                                  ", but this trainer's gradients are on GPU ", cuda_->device_id(),
+                                  ": broadcast a buffer on that GPU"));
   }
   return true;
 }
@@ -48,9 +49,9 @@ absl::StatusOr<bool> Client::BroadcastOnDevice(const void* buffer, size_t bytes)
 absl::Status Client::BroadcastStep(const BroadcastCall& call, uint64_t k,
                                    v1::BroadcastResponse* resp) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(call.wait_ms + 2 * daemon_timeout_ms_ +
-                                             kBroadcastGraceMs));
+  ctx.set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(call.wait_ms + 2 * daemon_timeout_ms_ + kBroadcastGraceMs));
   v1::BroadcastRequest req;
   req.set_session_id(session_);
   req.set_bytes(call.bytes);
@@ -139,10 +140,9 @@ absl::StatusOr<uint8_t*> Client::MapHostSlots(const v1::BroadcastResponse& begin
 absl::StatusOr<uint8_t*> Client::MapDeviceSlots(const v1::BroadcastResponse& begin) {
   absl::StatusOr<uint8_t*> slots = cuda_->BroadcastSlots(begin.device_handle());
   if (!slots.ok()) {
-    return Failed(MakeError(CodeOf(slots.status()) == v1::OK ? v1::INTERNAL
-                                                             : CodeOf(slots.status()),
-                            absl::StrCat("rank ", rank_, ": gs_broadcast: ",
-                                         slots.status().message())));
+    return Failed(
+        MakeError(CodeOf(slots.status()) == v1::OK ? v1::INTERNAL : CodeOf(slots.status()),
+                  absl::StrCat("rank ", rank_, ": gs_broadcast: ", slots.status().message())));
   }
   return *slots;
 }

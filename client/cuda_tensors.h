@@ -119,7 +119,7 @@ class CudaTensors {
   };
   std::vector<SlotUse> slot_use_;
   size_t next_slot_ = 0;
-  void* flat_base_ = nullptr;  // mapped daemon buffer (flat mode)
+  void* flat_base_ = nullptr;       // mapped daemon buffer (flat mode)
   void* broadcast_base_ = nullptr;  // mapped broadcast staging, and its handle
   std::string broadcast_handle_;
   std::vector<std::string> names_;

@@ -409,8 +409,8 @@ class CudaTrainerDevice final : public TrainerDevice {
     // Managed memory is host-addressable: it takes the host path.
     if (r != CUDA_SUCCESS || memory_type != CU_MEMORYTYPE_DEVICE || ordinal < 0 ||
         is_managed != 0) {
-      return absl::NotFoundError(absl::StrCat(absl::Hex(reinterpret_cast<uintptr_t>(ptr)),
-                                              " is not CUDA device memory"));
+      return absl::NotFoundError(
+          absl::StrCat(absl::Hex(reinterpret_cast<uintptr_t>(ptr)), " is not CUDA device memory"));
     }
     absl::MutexLock lock(&mu_);
     return IdOfOrdinalLocked(ordinal);

@@ -371,11 +371,11 @@ absl::Status NcclCollectives::Launch(const std::vector<DeviceBuffer>& buffers, n
         root < 0 ? nccl_.AllReduce(b.data, b.data, b.count, type, ncclSum, r.comm, r.stream)
                  : nccl_.Broadcast(b.data, b.data, b.count, type, root, r.comm, r.stream);
     if (!Accepted(res)) {
-      status = NcclError(nccl_, res,
-                         absl::StrCat(what, " on ", describe_, ": ",
-                                      root < 0 ? "ncclAllReduce" : "ncclBroadcast",
-                                      "(rank=", r.rank, ")"),
-                         absl::StatusCode::kUnavailable);
+      status = NcclError(
+          nccl_, res,
+          absl::StrCat(what, " on ", describe_, ": ", root < 0 ? "ncclAllReduce" : "ncclBroadcast",
+                       "(rank=", r.rank, ")"),
+          absl::StatusCode::kUnavailable);
       break;
     }
   }
@@ -499,9 +499,9 @@ absl::Status NcclCollectives::CheckBuffers(const std::vector<DeviceBuffer>& buff
   for (const DeviceBuffer& b : buffers) {
     if (b.device_index < 0 || b.device_index >= static_cast<int>(ranks_.size()) ||
         seen[b.device_index]++) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": device_index ", b.device_index, " out of range or given twice (",
-                       ranks_.size(), " local ranks)"));
+      return absl::InvalidArgumentError(absl::StrCat(what, ": device_index ", b.device_index,
+                                                     " out of range or given twice (",
+                                                     ranks_.size(), " local ranks)"));
     }
     if (b.count != buffers.front().count) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": buffers differ in count"));

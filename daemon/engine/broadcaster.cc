@@ -92,10 +92,9 @@ bool Broadcaster::AllowMarks(const Trainer& t) {
 
 absl::Status Broadcaster::Refusal(const Trainer& caller, uint64_t bytes, int root_rank,
                                   uint64_t step, bool device) {
-  const std::string what =
-      absl::StrCat("gs_broadcast(bytes=", bytes, ", root_rank=", root_rank,
-                   device ? ", device memory" : "", step == 0 ? "" : absl::StrCat(", piece ", step - 1),
-                   ")");
+  const std::string what = absl::StrCat("gs_broadcast(bytes=", bytes, ", root_rank=", root_rank,
+                                        device ? ", device memory" : "",
+                                        step == 0 ? "" : absl::StrCat(", piece ", step - 1), ")");
   if (root_rank < 0 || root_rank >= options_.world_size) {
     return MakeError(v1::INVALID_ARGUMENT,
                      absl::StrCat(caller.Name(), " called ", what, ": the job's ranks are 0..",
@@ -121,10 +120,9 @@ absl::Status Broadcaster::Refusal(const Trainer& caller, uint64_t bytes, int roo
     return MakeError(v1::INVALID_ARGUMENT, absl::StrCat(caller.Name(), " called ", what, " twice"));
   }
   if (step == 0 && busy_ && call_.count == 0) {
-    return MakeError(v1::INVALID_ARGUMENT,
-                     absl::StrCat(caller.Name(),
-                                  " began a gs_broadcast before the last one "
-                                  "ended"));
+    return MakeError(v1::INVALID_ARGUMENT, absl::StrCat(caller.Name(),
+                                                        " began a gs_broadcast before the last one "
+                                                        "ended"));
   }
   if (step > 0 && (!busy_ || step > Pieces(bytes))) {
     return MakeError(v1::INVALID_ARGUMENT,
@@ -146,8 +144,8 @@ absl::Status Broadcaster::Refusal(const Trainer& caller, uint64_t bytes, int roo
 }
 
 absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller, uint64_t bytes,
-                                                          int root_rank, uint64_t step,
-                                                          bool device, absl::Time deadline) {
+                                                          int root_rank, uint64_t step, bool device,
+                                                          absl::Time deadline) {
   const int me = caller.local_rank;
   absl::Status refused;
   StepResult result;
@@ -216,7 +214,8 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
       result.segment_name = segment_.name();
       result.segment_bytes = segment_.size();
       result.piece_bytes = kPieceBytes;
-      if (device && step == 0 && gpu_ != nullptr && static_cast<size_t>(me) < gpu_->num_trainers()) {
+      if (device && step == 0 && gpu_ != nullptr &&
+          static_cast<size_t>(me) < gpu_->num_trainers()) {
         result.device_handle = gpu_->broadcast_handle(gpu_->device_index(me)).ToBytes();
       }
       return result;
@@ -268,12 +267,13 @@ absl::Status Broadcaster::Agree(const Call& call, bool* collective) {
     if (v[at] != v[mine] || v[at + 1] != v[mine + 1]) {
       return MakeError(
           v1::MISMATCH,
-          absl::StrCat("nodes called gs_broadcast differently: node_rank=", options_.node_rank,
-                       " with bytes=", call.bytes, ", root_rank=", call.root_rank,
-                       call.device ? " (device memory)" : " (host memory)", ", node_rank=", i,
-                       " with bytes=", static_cast<int64_t>(v[at]) - 1,
-                       ", root_rank=", static_cast<int64_t>(v[at + 1]) / 2 - 1,
-                       static_cast<int64_t>(v[at + 1]) % 2 ? " (device memory)" : " (host memory)"));
+          absl::StrCat(
+              "nodes called gs_broadcast differently: node_rank=", options_.node_rank,
+              " with bytes=", call.bytes, ", root_rank=", call.root_rank,
+              call.device ? " (device memory)" : " (host memory)", ", node_rank=", i,
+              " with bytes=", static_cast<int64_t>(v[at]) - 1,
+              ", root_rank=", static_cast<int64_t>(v[at + 1]) / 2 - 1,
+              static_cast<int64_t>(v[at + 1]) % 2 ? " (device memory)" : " (host memory)"));
     }
     if (v[at + 2] >= 1 && root_node < 0) {
       root_node = i;
@@ -300,10 +300,9 @@ absl::Status Broadcaster::RunDevicePiece(const Call& call, uint64_t piece, bool*
   const uint64_t len = std::min(kPieceBytes, call.bytes - piece * kPieceBytes);
   std::vector<gpu::DeviceBuffer> buffers;
   for (size_t d = 0; d < gpu_->devices().size(); ++d) {
-    buffers.push_back(gpu::DeviceBuffer{static_cast<int>(d),
-                                        gpu_->broadcast_slots(static_cast<int>(d)) +
-                                            (piece % 2) * kPieceBytes,
-                                        static_cast<size_t>(len)});
+    buffers.push_back(gpu::DeviceBuffer{
+        static_cast<int>(d), gpu_->broadcast_slots(static_cast<int>(d)) + (piece % 2) * kPieceBytes,
+        static_cast<size_t>(len)});
   }
   // The root synchronized its copy into the slot before its call, and
   // every reader finished the piece that used this slot before: the
@@ -312,10 +311,10 @@ absl::Status Broadcaster::RunDevicePiece(const Call& call, uint64_t piece, bool*
   if (!st.ok()) {
     gpu_->ExitIfLost(st, "gs_broadcast's ncclBroadcast");
     *collective = true;
-    return MakeError(CodeOf(st) == v1::OK ? v1::INTERNAL : CodeOf(st),
-                     absl::StrCat("gs_broadcast of device memory, piece ", piece, " of ",
-                                  Pieces(call.bytes), " (ncclBroadcast from NCCL rank ",
-                                  root_nccl_rank_, "): ", st.message()));
+    return MakeError(
+        CodeOf(st) == v1::OK ? v1::INTERNAL : CodeOf(st),
+        absl::StrCat("gs_broadcast of device memory, piece ", piece, " of ", Pieces(call.bytes),
+                     " (ncclBroadcast from NCCL rank ", root_nccl_rank_, "): ", st.message()));
   }
   return absl::OkStatus();
 }

@@ -419,7 +419,8 @@ class SimCollectiveGroup final : public CollectiveGroup {
       }
       const auto* theirs = static_cast<const CallHeader*>(it->second.data());
       if (it->second.size() < head || theirs->magic != kCallMagic || theirs->seq != seq ||
-          theirs->nbuffers != call->nbuffers || theirs->dtype != call->dtype || theirs->root != call->root ||
+          theirs->nbuffers != call->nbuffers || theirs->dtype != call->dtype ||
+          theirs->root != call->root ||
           !std::equal(call->counts, call->counts + nbuffers, theirs->counts) ||
           r < theirs->first_rank || r >= theirs->first_rank + theirs->nlocal ||
           it->second.size() < head + per_rank_bytes * theirs->nlocal) {

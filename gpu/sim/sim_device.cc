@@ -469,8 +469,7 @@ absl::StatusOr<DeviceId> SimTrainerDevice::DeviceOfPointer(const void* ptr) {
   return SimDeviceId((*region)->device_index);
 }
 
-absl::Status SimTrainerDevice::CopyAsync(void* dst, const void* src, size_t bytes,
-                                         Stream* stream) {
+absl::Status SimTrainerDevice::CopyAsync(void* dst, const void* src, size_t bytes, Stream* stream) {
   if (bytes == 0) return absl::OkStatus();
   ASSIGN_OR_RETURN(std::shared_ptr<Region> to, node_->Range(dst, bytes, -1, "CopyAsync dst"));
   ASSIGN_OR_RETURN(SimStream * s, node_->Resolve(stream, to->device_index, true));

@@ -80,8 +80,7 @@ int DeviceBroadcast(gs_client* c, cudaStream_t stream, int rank, int root, size_
   void* buf = nullptr;
   if (cudaError_t e = cudaMalloc(&buf, bytes); e != cudaSuccess) return CudaFail(e, "cudaMalloc");
   // Queued on the stream gs_set_cuda_stream named: gs_broadcast's copies follow it.
-  if (cudaError_t e =
-          cudaMemcpyAsync(buf, host.data(), bytes, cudaMemcpyHostToDevice, stream);
+  if (cudaError_t e = cudaMemcpyAsync(buf, host.data(), bytes, cudaMemcpyHostToDevice, stream);
       e != cudaSuccess) {
     return CudaFail(e, "cudaMemcpyAsync");
   }

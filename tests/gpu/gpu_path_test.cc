@@ -390,21 +390,22 @@ TEST(GpuPath, OneNodeBroadcastsDeviceBuffersOfEverySizeToEveryTrainer) {
     const int root = gpus - 1;
     std::vector<Process> trainers;
     for (int r = 0; r < 2; ++r) {
-      trainers.push_back(StartSimTrainer(
-          daemon, r, gpus,
-          {"--steps=2", absl::StrCat("--broadcast-root=", root), "--broadcast-memory=device",
-           "--broadcast-sizes=0,1,4099,67108867"}));
+      trainers.push_back(
+          StartSimTrainer(daemon, r, gpus,
+                          {"--steps=2", absl::StrCat("--broadcast-root=", root),
+                           "--broadcast-memory=device", "--broadcast-sizes=0,1,4099,67108867"}));
     }
     for (int rank = 0; rank < 2; ++rank) {
       const ExitStatus st = trainers[rank].Wait(seconds(120));
       const std::string log = trainers[rank].Log();
-      ASSERT_TRUE(st.exited && st.code == 0)
-          << "gpus " << gpus << "\n" << log << "\ndaemon:\n" << daemon.process().Log();
+      ASSERT_TRUE(st.exited && st.code == 0) << "gpus " << gpus << "\n"
+                                             << log << "\ndaemon:\n"
+                                             << daemon.process().Log();
       for (const char* when : {"at start", "between steps"}) {
         for (const char* size : {"0", "1", "4099", "67108867"}) {
-          EXPECT_NE(log.find(absl::StrCat("broadcast ok rank ", rank, " ", when, " device ", size,
-                                          "\n")),
-                    std::string::npos)
+          EXPECT_NE(
+              log.find(absl::StrCat("broadcast ok rank ", rank, " ", when, " device ", size, "\n")),
+              std::string::npos)
               << log;
         }
       }
@@ -412,8 +413,8 @@ TEST(GpuPath, OneNodeBroadcastsDeviceBuffersOfEverySizeToEveryTrainer) {
           << log;
     }
     // Through the device staging, not host memory.
-    EXPECT_NE(daemon.process().Log().find(
-                  absl::StrCat("event=gpu_broadcast_staging gpus=", gpus, " bytes_per_gpu=8388608")),
+    EXPECT_NE(daemon.process().Log().find(absl::StrCat("event=gpu_broadcast_staging gpus=", gpus,
+                                                       " bytes_per_gpu=8388608")),
               std::string::npos)
         << daemon.process().Log();
   }
@@ -436,9 +437,9 @@ TEST(GpuPath, HostAndDeviceBroadcastsMixInOneJob) {
     const std::string log = trainers[rank].Log();
     ASSERT_TRUE(st.exited && st.code == 0) << log << "\ndaemon:\n" << daemon.process().Log();
     for (const char* kind : {"host", "device"}) {
-      EXPECT_NE(log.find(absl::StrCat("broadcast ok rank ", rank, " between steps ", kind,
-                                      " 5242883\n")),
-                std::string::npos)
+      EXPECT_NE(
+          log.find(absl::StrCat("broadcast ok rank ", rank, " between steps ", kind, " 5242883\n")),
+          std::string::npos)
           << log;
     }
   }
@@ -457,10 +458,10 @@ TEST(GpuPath, TwoNodesBroadcastDeviceBuffersFromARootOnEitherNode) {
     std::vector<Process> trainers;
     for (Daemon* d : {leader.get(), follower.get()}) {
       for (int r = 0; r < 2; ++r) {
-        trainers.push_back(StartSimTrainer(
-            *d, r, 2,
-            {"--steps=2", absl::StrCat("--broadcast-root=", root), "--broadcast-memory=device",
-             "--broadcast-sizes=" + sizes}));
+        trainers.push_back(
+            StartSimTrainer(*d, r, 2,
+                            {"--steps=2", absl::StrCat("--broadcast-root=", root),
+                             "--broadcast-memory=device", "--broadcast-sizes=" + sizes}));
       }
     }
     for (size_t rank = 0; rank < trainers.size(); ++rank) {
@@ -489,8 +490,8 @@ TEST(GpuPath, TrainerKilledMidDeviceBroadcastFailsItsPeersNamingIt) {
   ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
   std::vector<Process> trainers;
   for (int r = 0; r < 3; ++r) {
-    std::vector<std::string> args = {"--steps=2", "--broadcast-root=1",
-                                     "--broadcast-memory=device", "--broadcast-sizes=16777216"};
+    std::vector<std::string> args = {"--steps=2", "--broadcast-root=1", "--broadcast-memory=device",
+                                     "--broadcast-sizes=16777216"};
     if (r == 1) args.push_back("--die-in-broadcast");
     trainers.push_back(StartSimTrainer(daemon, r, 2, args));
   }

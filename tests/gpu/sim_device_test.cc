@@ -1029,8 +1029,9 @@ int RunBroadcastNode(const FileStore& store, int nranks, int first_rank,
 
 TEST_F(SimDeviceTest, TwoNodesWithTwoGpusEachBroadcastTheRootsBytesToAllFourRanks) {
   FileStore store;
-  auto peer = Process::Fork(
-      [&] { return RunBroadcastNode(store, 4, 2, {"SIM-GPU-0", "SIM-GPU-1"}, 3, 5000, 2); });
+  auto peer = Process::Fork([&] {
+    return RunBroadcastNode(store, 4, 2, {"SIM-GPU-0", "SIM-GPU-1"}, 3, 5000, 2);
+  });
   ASSERT_TRUE(peer.ok()) << peer.status();
   EXPECT_EQ(RunBroadcastNode(store, 4, 0, {"SIM-GPU-1", "SIM-GPU-0"}, 3, 5000, 2), 0);
   auto exit = peer->Wait(std::chrono::seconds(60)).ExitCode();

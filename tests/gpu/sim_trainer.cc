@@ -140,8 +140,8 @@ int CheckBroadcast(const unsigned char* got, size_t bytes, const Flags& f, int r
                    const std::string& what) {
   for (size_t i = 0; i < bytes; ++i) {
     if (got[i] == BroadcastByte(f.broadcast_root, i)) continue;
-    std::printf("BROADCAST MISMATCH rank %d %s byte %zu: got %d expected %d\n", rank,
-                what.c_str(), i, got[i], BroadcastByte(f.broadcast_root, i));
+    std::printf("BROADCAST MISMATCH rank %d %s byte %zu: got %d expected %d\n", rank, what.c_str(),
+                i, got[i], BroadcastByte(f.broadcast_root, i));
     std::fflush(stdout);
     return 1;
   }
@@ -162,8 +162,8 @@ int HostBroadcast(gradsync::Client& c, const Flags& f, int rank, size_t bytes,
 // The same with a device buffer on this trainer's GPU, written on `stream`
 // (the client's) and not synchronized: the client's copies must follow it.
 int DeviceBroadcast(gradsync::Client& c, gradsync::gpu::SimTrainerDevice& device,
-                    const gradsync::gpu::DeviceId& id, gradsync::gpu::Stream* stream,
-                    Flags& f, int rank, size_t bytes, const std::string& what) {
+                    const gradsync::gpu::DeviceId& id, gradsync::gpu::Stream* stream, Flags& f,
+                    int rank, size_t bytes, const std::string& what) {
   auto buf = device.Alloc(id, std::max<size_t>(bytes, 1));
   if (!buf.ok()) return Error(buf.status());
   std::vector<unsigned char> mine(bytes);
@@ -373,8 +373,7 @@ int main(int argc, char** argv) {
   }
   for (int step = 0; step < f.steps; ++step) {
     if (f.broadcast_root >= 0 && step == 1) {
-      if (int rc = BroadcastAndCheck(c, *device, *id, *stream, f, rank, "between steps");
-          rc != 0) {
+      if (int rc = BroadcastAndCheck(c, *device, *id, *stream, f, rank, "between steps"); rc != 0) {
         return rc;
       }
     }
