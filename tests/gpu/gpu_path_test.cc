@@ -482,6 +482,29 @@ TEST(GpuPath, TwoNodesBroadcastDeviceBuffersFromARootOnEitherNode) {
   }
 }
 
+// One trainer broadcasts a host buffer, the other a device buffer of the
+// same size: the job fails with MISMATCH naming both and each one's kind.
+TEST(GpuPath, HostAndDeviceBuffersInOneBroadcastAreAMismatchNamingBoth) {
+  Daemon daemon(2, kDaemonArgs, SimEnv(2), "tests/gpu/gradsyncd_sim");
+  ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+  std::vector<Process> trainers;
+  for (int r = 0; r < 2; ++r) {
+    trainers.push_back(
+        StartSimTrainer(daemon, r, 2,
+                        {"--steps=1", "--broadcast-root=0", "--broadcast-sizes=4099",
+                         r == 0 ? "--broadcast-memory=host" : "--broadcast-memory=device"}));
+  }
+  for (int r = 0; r < 2; ++r) {
+    const ExitStatus st = trainers[r].Wait(seconds(60));
+    const std::string log = trainers[r].Log();
+    ASSERT_TRUE(st.exited && st.code == 2) << log << "\ndaemon:\n" << daemon.process().Log();
+    EXPECT_NE(log.find("error code=3"), std::string::npos) << log;  // MISMATCH
+    EXPECT_NE(log.find("trainers called gs_broadcast differently"), std::string::npos) << log;
+    EXPECT_NE(log.find("(host memory)"), std::string::npos) << log;
+    EXPECT_NE(log.find("(device memory)"), std::string::npos) << log;
+  }
+}
+
 // The root of a device broadcast dies mid-broadcast (its copy of the first
 // piece held on its stream): the others, waiting for that piece, get
 // PEER_FAILED naming it, long before the timeout.
