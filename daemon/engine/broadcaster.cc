@@ -71,6 +71,18 @@ void Broadcaster::Abort(const absl::Status& error) {
   cv_.SignalAll();
 }
 
+void Broadcaster::StopAndWait(absl::Duration timeout) {
+  MonotonicMutexLock lock(&mu_);
+  if (failed_.ok()) failed_ = MakeError(v1::INTERNAL, "the job ended");
+  cv_.SignalAll();
+  const absl::Time deadline = MonotonicNow() + timeout;
+  while (running_ && MonotonicNow() < deadline) cv_.WaitWithTimeout(&mu_, kPoll);
+  if (running_) {
+    spdlog::error("event=broadcast_still_running timeout_ms={}",
+                  absl::ToInt64Milliseconds(timeout));
+  }
+}
+
 bool Broadcaster::AllowMarks(const Trainer& t) {
   absl::Status refused;
   {

@@ -106,6 +106,11 @@ class Broadcaster {
 
   // The job failed: every waiting and later Step returns `error`.
   void Abort(const absl::Status& error) ABSL_LOCKS_EXCLUDED(mu_);
+  // Before the job's device resources go (the GpuSession a device piece
+  // runs on): no later Step runs anything, and this returns once the call
+  // being run, if any, has returned (the job failed, so its collective
+  // was aborted and returns promptly), or after `timeout` (logged).
+  void StopAndWait(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Scheduler thread, before trainer `t`'s first mark of an iteration (after
   // the scheduler counts the iteration as started): false when a broadcast

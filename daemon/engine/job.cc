@@ -746,16 +746,22 @@ void Job::ReleaseWorld() {
   Scheduler* scheduler = nullptr;
   std::unique_ptr<GpuReducer> gpu_reducer;
   std::unique_ptr<GpuSession> gpu_session;
+  Broadcaster* broadcaster = nullptr;
   absl::ReleasableMutexLock release(&gpu_release_mu_);  // see Leave
   {
     MonotonicMutexLock lock(&mu_);
     link = std::move(world_.link);
     scheduler = scheduler_.get();
+    broadcaster = broadcaster_.get();  // lives as long as the job
     gpu_reducer = std::move(gpu_reducer_);
     gpu_session = std::move(gpu_session_);
   }
   if (hooks_.gpu.test_pause && gpu_session) hooks_.gpu.test_pause("world_release");
   if (scheduler) scheduler->Stop();
+  // A device broadcast's piece runs on the session too (an RPC thread's).
+  if (broadcaster && gpu_session) {
+    broadcaster->StopAndWait(absl::Milliseconds(2 * config_.timeout_ms) + absl::Seconds(30));
+  }
   // Only now, with the scheduler stopped, is no collective running: the
   // communicators, buffers, handles and events can go.
   gpu_reducer.reset();
