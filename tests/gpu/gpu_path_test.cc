@@ -412,6 +412,9 @@ TEST(GpuPath, OneNodeBroadcastsDeviceBuffersOfEverySizeToEveryTrainer) {
       EXPECT_NE(log.find(absl::StrCat("OK rank ", rank, " world 2 steps 2")), std::string::npos)
           << log;
     }
+    // The trainers unmapped the staging before the daemon freed it.
+    EXPECT_EQ(daemon.process().Log().find("event=gpu_release_failed"), std::string::npos)
+        << daemon.process().Log();
     // Through the device staging, not host memory.
     EXPECT_NE(daemon.process().Log().find(absl::StrCat("event=gpu_broadcast_staging gpus=", gpus,
                                                        " bytes_per_gpu=8388608")),
