@@ -114,8 +114,10 @@ class Client {
   // divisor of later iterations: the initial world size, or (false) the
   // trainers still active; every trainer must pass the same.
   absl::Status Join(bool divide_by_initial_world_size);
-  // Makes `bytes` bytes at `buffer` (host memory) equal, on every trainer
-  // of the job, to the trainer of global rank `root_rank`'s. Between
+  // Makes `bytes` bytes at `buffer` equal, on every trainer of the job, to
+  // the trainer of global rank `root_rank`'s. Host memory, or (a job with
+  // CUDA gradients) device memory on this trainer's GPU, told apart by the
+  // pointer; every trainer passes the same kind. Between
   // iterations only (STATE otherwise), every trainer with the same bytes
   // and root (else the job fails, MISMATCH naming them). timeout_ms <= 0:
   // the daemon's timeout, for the other trainers to arrive. Defined in
@@ -152,6 +154,18 @@ class Client {
   absl::Status ConnectionError() const ABSL_LOCKS_EXCLUDED(watch_mu_);
   std::string UnmarkedTensors() const;
   void WatchLoop() ABSL_LOCKS_EXCLUDED(watch_mu_);
+  // gs_broadcast's parts (client_broadcast.cc).
+  struct BroadcastCall {
+    uint64_t bytes = 0;
+    int root_rank = 0;
+    int64_t wait_ms = 0;
+    bool device = false;  // the buffer is device memory on this trainer's GPU
+  };
+  absl::StatusOr<bool> BroadcastOnDevice(const void* buffer, size_t bytes) const;
+  absl::Status BroadcastStep(const BroadcastCall& call, uint64_t k, v1::BroadcastResponse* resp);
+  absl::StatusOr<uint8_t*> MapHostSlots(const v1::BroadcastResponse& begin);
+  absl::StatusOr<uint8_t*> MapDeviceSlots(const v1::BroadcastResponse& begin);
+  absl::Status CopyPiece(const BroadcastCall& call, uint8_t* to, const uint8_t* from, uint64_t len);
 
   std::string socket_path_;
   // Who the daemon is (SO_PEERCRED at connect): every segment must be its.

@@ -1,13 +1,17 @@
 // Client::Broadcast: gs_broadcast's trainer side. The bytes travel through
-// the daemon's staging segment in pieces (daemon/engine/broadcaster.h,
+// the daemon's staging in pieces (daemon/engine/broadcaster.h,
 // local.proto's BroadcastRequest): the root copies each piece in, the
-// others copy it out; one Broadcast RPC per piece orders the two.
+// others copy it out; one Broadcast RPC per piece orders the two. Host
+// buffers go through the job's staging segment (memcpy); device buffers
+// (a job with CUDA gradients) through device staging on the trainer's GPU
+// (device-to-device copies on its stream, synchronized before each call).
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "client/cuda_tensors.h"
 #include "common/status_code.h"
 #include "common/status_macros.h"
 
@@ -20,6 +24,53 @@ namespace {
 constexpr int64_t kBroadcastGraceMs = 5000;
 
 }  // namespace
+
+absl::StatusOr<bool> Client::BroadcastOnDevice(const void* buffer, size_t bytes) const {
+  // A host-only job cannot hold device buffers we could tell apart without
+  // loading CUDA: its buffers are host memory.
+  if (!cuda_ || bytes == 0) return false;
+  absl::StatusOr<gpu::DeviceId> where = cuda_->device().DeviceOfPointer(buffer);
+  if (absl::IsNotFound(where.status())) return false;
+  if (!where.ok()) {
+    return MakeError(v1::INTERNAL, absl::StrCat("rank ", rank_,
+                                                ": gs_broadcast could not tell "
+                                                "whether its buffer is device memory: ",
+                                                where.status().message()));
+  }
+  if (*where != cuda_->device_id()) {
+    return MakeError(v1::INVALID_ARGUMENT,
+                     absl::StrCat("rank ", rank_, ": gs_broadcast of device memory on GPU ", *where,
+                                  ", but this trainer's gradients are on GPU ", cuda_->device_id(),
+                                  ": broadcast a buffer on that GPU"));
+  }
+  return true;
+}
+
+absl::Status Client::BroadcastStep(const BroadcastCall& call, uint64_t k,
+                                   v1::BroadcastResponse* resp) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(call.wait_ms + 2 * daemon_timeout_ms_ + kBroadcastGraceMs));
+  v1::BroadcastRequest req;
+  req.set_session_id(session_);
+  req.set_bytes(call.bytes);
+  req.set_root_rank(call.root_rank);
+  req.set_step(k);
+  req.set_timeout_ms(call.wait_ms);
+  req.set_device(call.device);
+  const grpc::Status s = stub_->Broadcast(&ctx, req, resp);
+  if (s.ok()) return FromProto(resp->error());
+  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return Failed(MakeError(v1::TIMEOUT, absl::StrCat("gs_broadcast timed out waiting for "
+                                                      "gradsyncd (pid ",
+                                                      daemon_pid_, ") at ", socket_path_)));
+  }
+  return Failed(MakeError(
+      v1::PEER_FAILED,
+      absl::StrCat("gs_broadcast failed: lost the connection to gradsyncd (pid ", daemon_pid_,
+                   ") at ", socket_path_, ": the daemon died (", s.error_message(), ")")));
+}
 
 absl::Status Client::Broadcast(void* buffer, size_t bytes, int root_rank, int64_t timeout_ms) {
   RETURN_IF_ERROR(CheckUsable());
@@ -34,37 +85,44 @@ absl::Status Client::Broadcast(void* buffer, size_t bytes, int root_rank, int64_
     return MakeError(v1::INVALID_ARGUMENT,
                      absl::StrCat("rank ", rank_, ": gs_broadcast of ", bytes, " bytes from NULL"));
   }
-  const int64_t wait_ms = timeout_ms > 0 ? timeout_ms : daemon_timeout_ms_;
-  auto step = [&](uint64_t k, v1::BroadcastResponse* resp) -> absl::Status {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(
-        std::chrono::system_clock::now() +
-        std::chrono::milliseconds(wait_ms + 2 * daemon_timeout_ms_ + kBroadcastGraceMs));
-    v1::BroadcastRequest req;
-    req.set_session_id(session_);
-    req.set_bytes(bytes);
-    req.set_root_rank(root_rank);
-    req.set_step(k);
-    req.set_timeout_ms(wait_ms);
-    const grpc::Status s = stub_->Broadcast(&ctx, req, resp);
-    if (s.ok()) return FromProto(resp->error());
-    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-      return Failed(MakeError(v1::TIMEOUT, absl::StrCat("gs_broadcast timed out waiting for "
-                                                        "gradsyncd (pid ",
-                                                        daemon_pid_, ") at ", socket_path_)));
-    }
-    return Failed(MakeError(
-        v1::PEER_FAILED,
-        absl::StrCat("gs_broadcast failed: lost the connection to gradsyncd (pid ", daemon_pid_,
-                     ") at ", socket_path_, ": the daemon died (", s.error_message(), ")")));
-  };
+  BroadcastCall call;
+  call.bytes = bytes;
+  call.root_rank = root_rank;
+  call.wait_ms = timeout_ms > 0 ? timeout_ms : daemon_timeout_ms_;
+  ASSIGN_OR_RETURN(call.device, BroadcastOnDevice(buffer, bytes));
   // An error the daemon answers has failed the job (or concerned this call
   // alone): the job's error reaches gs_wait through the rings as well.
   v1::BroadcastResponse begin;
-  RETURN_IF_ERROR(step(0, &begin));
+  RETURN_IF_ERROR(BroadcastStep(call, 0, &begin));
   const uint64_t piece = begin.piece_bytes();
   if (bytes == 0) return absl::OkStatus();
-  if (piece == 0 || begin.segment_bytes() < 2 * piece) {
+  if (piece == 0) {
+    return Failed(MakeError(v1::INTERNAL, "gs_broadcast: the daemon answered no piece size"));
+  }
+  uint8_t* slots = nullptr;
+  if (call.device) {
+    ASSIGN_OR_RETURN(slots, MapDeviceSlots(begin));
+  } else {
+    ASSIGN_OR_RETURN(slots, MapHostSlots(begin));
+  }
+  uint8_t* const data = static_cast<uint8_t*>(buffer);
+  const bool root = root_rank == rank_;
+  const uint64_t pieces = (bytes + piece - 1) / piece;
+  for (uint64_t k = 0; k < pieces; ++k) {
+    const uint64_t offset = k * piece;
+    const uint64_t len = std::min<uint64_t>(piece, bytes - offset);
+    uint8_t* slot = slots + (k % 2) * piece;
+    if (root) RETURN_IF_ERROR(CopyPiece(call, slot, data + offset, len));
+    v1::BroadcastResponse resp;
+    RETURN_IF_ERROR(BroadcastStep(call, k + 1, &resp));
+    if (!root) RETURN_IF_ERROR(CopyPiece(call, data + offset, slot, len));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint8_t*> Client::MapHostSlots(const v1::BroadcastResponse& begin) {
+  const uint64_t piece = begin.piece_bytes();
+  if (begin.segment_bytes() < 2 * piece) {
     return Failed(MakeError(v1::INTERNAL, "gs_broadcast: the daemon answered no staging segment"));
   }
   if (!broadcast_segment_.valid() || broadcast_segment_.name() != begin.segment_name()) {
@@ -76,20 +134,38 @@ absl::Status Client::Broadcast(void* buffer, size_t bytes, int root_rank, int64_
     }
     broadcast_segment_ = std::move(*seg);
   }
-  uint8_t* const slots = static_cast<uint8_t*>(broadcast_segment_.data());
-  uint8_t* const data = static_cast<uint8_t*>(buffer);
-  const bool root = root_rank == rank_;
-  const uint64_t pieces = (bytes + piece - 1) / piece;
-  for (uint64_t k = 0; k < pieces; ++k) {
-    const uint64_t offset = k * piece;
-    const uint64_t len = std::min<uint64_t>(piece, bytes - offset);
-    uint8_t* slot = slots + (k % 2) * piece;
-    if (root) std::memcpy(slot, data + offset, len);
-    v1::BroadcastResponse resp;
-    RETURN_IF_ERROR(step(k + 1, &resp));
-    if (!root) std::memcpy(data + offset, slot, len);
+  return static_cast<uint8_t*>(broadcast_segment_.data());
+}
+
+absl::StatusOr<uint8_t*> Client::MapDeviceSlots(const v1::BroadcastResponse& begin) {
+  absl::StatusOr<uint8_t*> slots = cuda_->BroadcastSlots(begin.device_handle());
+  if (!slots.ok()) {
+    return Failed(
+        MakeError(CodeOf(slots.status()) == v1::OK ? v1::INTERNAL : CodeOf(slots.status()),
+                  absl::StrCat("rank ", rank_, ": gs_broadcast: ", slots.status().message())));
   }
-  return absl::OkStatus();
+  return *slots;
+}
+
+absl::Status Client::CopyPiece(const BroadcastCall& call, uint8_t* to, const uint8_t* from,
+                               uint64_t len) {
+  if (!call.device) {
+    std::memcpy(to, from, len);
+    return absl::OkStatus();
+  }
+  // On the trainer's stream, after its earlier work on the buffer; done
+  // before the next call, so the daemon and the other trainers never wait
+  // on this trainer's device work.
+  gpu::TrainerDevice& device = cuda_->device();
+  absl::Status st = device.CopyAsync(to, from, len, cuda_->stream());
+  if (st.ok()) {
+    st = device.SynchronizeStream(cuda_->device_id(), cuda_->stream(),
+                                  absl::Milliseconds(call.wait_ms));
+  }
+  if (st.ok()) return st;
+  return Failed(MakeError(CodeOf(st) == v1::OK ? v1::INTERNAL : CodeOf(st),
+                          absl::StrCat("rank ", rank_, ": gs_broadcast's device copy on ",
+                                       cuda_->device_id(), ": ", st.message())));
 }
 
 }  // namespace gradsync

@@ -118,6 +118,7 @@ absl::StatusOr<std::unique_ptr<CudaTensors>> CudaTensors::Prepare(
 CudaTensors::~CudaTensors() {
   for (gpu::Event* e : events_) device_->DestroyEvent(e);
   if (flat_base_ != nullptr) device_->CloseMemory(flat_base_).IgnoreError();
+  if (broadcast_base_ != nullptr) device_->CloseMemory(broadcast_base_).IgnoreError();
 }
 
 absl::Status CudaTensors::Attach(const v1::RegisterResponse& resp, const Layout& layout) {
@@ -174,14 +175,46 @@ absl::Status CudaTensors::Zero(size_t index, uint64_t bytes) {
 
 void CudaTensors::SetStream(void* native) { stream_ = device_->WrapStream(native); }
 
+absl::StatusOr<uint8_t*> CudaTensors::BroadcastSlots(const std::string& handle) {
+  if (broadcast_base_ != nullptr && handle == broadcast_handle_) {
+    return static_cast<uint8_t*>(broadcast_base_);
+  }
+  if (broadcast_base_ != nullptr) {
+    // One staging per job and GPU: a different handle is a daemon bug.
+    return absl::InternalError("gs_broadcast: the daemon answered another device staging");
+  }
+  absl::StatusOr<gpu::IpcHandle> h = gpu::IpcHandle::FromBytes(handle);
+  if (!h.ok()) {
+    return MakeError(v1::INTERNAL,
+                     absl::StrCat("gs_broadcast's device staging handle: ", h.status().message()));
+  }
+  absl::StatusOr<void*> base = device_->OpenMemory(device_id_, *h);
+  if (!base.ok()) {
+    return DeviceError(base.status(),
+                       absl::StrCat("mapping gs_broadcast's device staging on ", device_id_));
+  }
+  broadcast_base_ = *base;
+  broadcast_handle_ = handle;
+  return static_cast<uint8_t*>(broadcast_base_);
+}
+
 absl::Status CudaTensors::ReleaseMemory(absl::Duration timeout) {
-  if (flat_base_ == nullptr) return absl::OkStatus();
+  if (flat_base_ == nullptr && broadcast_base_ == nullptr) return absl::OkStatus();
   if (absl::Status st = device_->SynchronizeStream(device_id_, stream_, timeout); !st.ok()) {
     return DeviceError(st,
                        absl::StrCat("draining the stream before unmapping the daemon's gradient "
                                     "buffer on ",
                                     device_id_, " (left mapped)"));
   }
+  if (broadcast_base_ != nullptr) {
+    void* slots = broadcast_base_;
+    broadcast_base_ = nullptr;
+    if (absl::Status st = device_->CloseMemory(slots); !st.ok()) {
+      return DeviceError(st,
+                         absl::StrCat("unmapping gs_broadcast's device staging on ", device_id_));
+    }
+  }
+  if (flat_base_ == nullptr) return absl::OkStatus();
   void* base = flat_base_;
   flat_base_ = nullptr;
   if (absl::Status st = device_->CloseMemory(base); !st.ok()) {

@@ -87,9 +87,16 @@ class CudaTensors {
   absl::Status Zero(size_t index, uint64_t bytes);
   // The stream later records and zeroes go to (null: legacy default).
   void SetStream(void* native);
+  gpu::Stream* stream() const { return stream_; }
+  gpu::TrainerDevice& device() const { return *device_; }
+
+  // gs_broadcast of a device buffer: the daemon's two staging slots on our
+  // GPU (`handle`, from the broadcast's first step), mapped at the first
+  // device broadcast and kept until ReleaseMemory unmaps them.
+  absl::StatusOr<uint8_t*> BroadcastSlots(const std::string& handle);
 
   // Before Detach: waits (polling, up to `timeout`) for the current stream,
-  // then unmaps the flat buffer. If the stream does not drain, the mapping
+  // then unmaps the flat buffer and the broadcast slots. If the stream does not drain, the mapping
   // stays (unmapping under a running kernel would fault it) and the error
   // says so. Idempotent.
   absl::Status ReleaseMemory(absl::Duration timeout);
@@ -112,7 +119,9 @@ class CudaTensors {
   };
   std::vector<SlotUse> slot_use_;
   size_t next_slot_ = 0;
-  void* flat_base_ = nullptr;  // mapped daemon buffer (flat mode)
+  void* flat_base_ = nullptr;       // mapped daemon buffer (flat mode)
+  void* broadcast_base_ = nullptr;  // mapped broadcast staging, and its handle
+  std::string broadcast_handle_;
   std::vector<std::string> names_;
 };
 

@@ -206,10 +206,19 @@ GS_API gs_status gs_join(gs_client* c, int divide_by_initial_world_size);
  * not call within timeout_ms (<= 0: the daemon's timeout); GS_ERR_PEER_FAILED
  * naming a trainer, node or daemon that died meanwhile.
  *
- * `buf` is host memory, also in a job with CUDA gradients (device memory
- * is not accepted yet: copy it through the host). The bytes go through
- * shared memory on the node (one copy out of the root, one into each other
- * trainer) and once per node with the cross-node backend's broadcast. */
+ * `buf` is host memory, or, in a job whose gradients are CUDA tensors,
+ * CUDA device memory on this trainer's GPU (told apart by the pointer,
+ * cuPointerGetAttributes; managed memory counts as host): every trainer
+ * of the job passes the same kind, else GS_ERR_MISMATCH. Host bytes go
+ * through shared memory on the node (one copy out of the root, one into
+ * each other trainer) and once per node with the cross-node backend's
+ * broadcast. Device bytes never touch host memory: they go through the
+ * daemon's device staging on each GPU, copied device to device on the
+ * stream set by gs_set_cuda_stream (after the work queued there, which
+ * this call then waits for), and across GPUs and nodes with ncclBroadcast;
+ * the call returns with the bytes in device memory. Device memory on
+ * another GPU than the gradients' is refused (GS_ERR_INVALID_ARGUMENT). In
+ * a job with CPU gradients `buf` must be host memory. */
 GS_API gs_status gs_broadcast(gs_client* c, void* buf, size_t bytes, int root_rank,
                               int64_t timeout_ms);
 

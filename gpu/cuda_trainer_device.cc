@@ -61,6 +61,7 @@ struct Driver {
   decltype(&cuIpcGetEventHandle) IpcGetEventHandle = nullptr;
   decltype(&cuMemsetD8Async) MemsetD8Async = nullptr;
   decltype(&cuStreamQuery) StreamQuery = nullptr;
+  decltype(&cuMemcpyDtoDAsync) MemcpyDtoDAsync = nullptr;
 
   // "what: CUDA_ERROR_X (description)".
   std::string Describe(CUresult r) const {
@@ -189,6 +190,7 @@ absl::StatusOr<std::unique_ptr<Driver>> LoadDriver(const std::string& library) {
   resolve("cuIpcGetEventHandle", &driver->IpcGetEventHandle);
   resolve("cuMemsetD8Async", &driver->MemsetD8Async);
   resolve("cuStreamQuery", &driver->StreamQuery);
+  resolve("cuMemcpyDtoDAsync", &driver->MemcpyDtoDAsync);
   if (!status.ok()) return status;
   return driver;
 }
@@ -390,6 +392,45 @@ class CudaTrainerDevice final : public TrainerDevice {
     if (!scope.ok()) return cu_->Error(scope.result(), "cuCtxPushCurrent");
     r = cu_->MemsetD8Async(ToDevicePtr(ptr), 0, bytes, NativeStream(stream));
     if (r != CUDA_SUCCESS) return cu_->Error(r, "cuMemsetD8Async");
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<DeviceId> DeviceOfPointer(const void* ptr) override {
+    if (ptr == nullptr) return absl::NotFoundError("a null pointer is not device memory");
+    // As Lookup: "not a CUDA pointer" comes back as zeroes or as an error.
+    unsigned int memory_type = 0;
+    int ordinal = -1;
+    uint64_t is_managed = 0;
+    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                   CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                   CU_POINTER_ATTRIBUTE_IS_MANAGED};
+    void* data[] = {&memory_type, &ordinal, &is_managed};
+    const CUresult r = cu_->PointerGetAttributes(3, attrs, data, ToDevicePtr(ptr));
+    // Managed memory is host-addressable: it takes the host path.
+    if (r != CUDA_SUCCESS || memory_type != CU_MEMORYTYPE_DEVICE || ordinal < 0 ||
+        is_managed != 0) {
+      return absl::NotFoundError(
+          absl::StrCat(absl::Hex(reinterpret_cast<uintptr_t>(ptr)), " is not CUDA device memory"));
+    }
+    absl::MutexLock lock(&mu_);
+    return IdOfOrdinalLocked(ordinal);
+  }
+
+  absl::Status CopyAsync(void* dst, const void* src, size_t bytes, Stream* stream) override {
+    if (bytes == 0) return absl::OkStatus();
+    int ordinal = -1;
+    CUresult r =
+        cu_->PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ToDevicePtr(dst));
+    if (r != CUDA_SUCCESS) return cu_->Error(r, "CopyAsync: the destination is not device memory");
+    CUcontext context;
+    {
+      absl::MutexLock lock(&mu_);
+      ASSIGN_OR_RETURN(context, ContextOfOrdinal(ordinal));
+    }
+    ContextScope scope(*cu_, context);
+    if (!scope.ok()) return cu_->Error(scope.result(), "cuCtxPushCurrent");
+    r = cu_->MemcpyDtoDAsync(ToDevicePtr(dst), ToDevicePtr(src), bytes, NativeStream(stream));
+    if (r != CUDA_SUCCESS) return cu_->Error(r, "cuMemcpyDtoDAsync");
     return absl::OkStatus();
   }
 

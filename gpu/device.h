@@ -117,6 +117,15 @@ class TrainerDevice {
   virtual absl::Status StreamWaitEvent(Stream* stream, Event* event) = 0;
   // Zeroes `bytes` at `ptr` on `stream` (null: legacy default), async.
   virtual absl::Status MemsetAsync(void* ptr, size_t bytes, Stream* stream) = 0;
+  // The GPU whose device memory `ptr` points into (this process's own
+  // allocation or a mapping); NOT_FOUND when it is not device memory (a
+  // pageable or pinned host pointer, managed memory): how gs_broadcast
+  // tells a device buffer from a host one.
+  virtual absl::StatusOr<DeviceId> DeviceOfPointer(const void* ptr) = 0;
+  // Copies `bytes` from `src` to `dst`, both device memory this process
+  // can address (its own or mapped), on `stream` (null: legacy default),
+  // async (cuMemcpyDtoDAsync). gs_broadcast's pieces of a device buffer.
+  virtual absl::Status CopyAsync(void* dst, const void* src, size_t bytes, Stream* stream) = 0;
   // Wraps a caller's native stream handle (cudaStream_t); null = default.
   virtual Stream* WrapStream(void* native) = 0;
   // Waits until everything queued on `stream` (null: the legacy default
@@ -162,6 +171,7 @@ struct CollectiveOptions {
 
 // One in-place sum over all ranks: `count` elements at device pointer
 // `data` on local GPU `device_index` (index into CollectiveOptions.devices).
+// For Broadcast, `count` is in bytes.
 struct DeviceBuffer {
   int device_index = 0;
   void* data = nullptr;
@@ -178,6 +188,11 @@ class CollectiveGroup {
   // every input's writes complete (events polled): the collective never
   // waits on a trainer's event.
   virtual absl::Status AllreduceSum(const std::vector<DeviceBuffer>& buffers, DType dtype) = 0;
+  // Copies the `count` bytes of global rank `root`'s buffer into every
+  // other rank's (ncclBroadcast, in place), one buffer per local rank,
+  // launched as one group; completion, failure and abort as AllreduceSum.
+  // gs_broadcast's pieces of device buffers (its staging slots).
+  virtual absl::Status Broadcast(const std::vector<DeviceBuffer>& buffers, int root) = 0;
   // Makes an in-flight or future AllreduceSum fail promptly. Any thread.
   virtual void Abort(const std::string& reason) = 0;
 };

@@ -31,15 +31,10 @@ class GatedCollectiveGroup final : public CollectiveGroup {
   }
 
   absl::Status AllreduceSum(const std::vector<DeviceBuffer>& buffers, DType dtype) override {
-    if (absl::Status st = gate_->EnterCollective(devices_, MonotonicNow() + timeout_, &aborted_);
-        !st.ok()) {
-      // The contract: a failed collective leaves the group aborted.
-      group_->Abort(std::string(st.message()));
-      return st;
-    }
-    absl::Status st = group_->AllreduceSum(buffers, dtype);
-    gate_->ExitCollective(devices_);
-    return st;
+    return Gated([&] { return group_->AllreduceSum(buffers, dtype); });
+  }
+  absl::Status Broadcast(const std::vector<DeviceBuffer>& buffers, int root) override {
+    return Gated([&] { return group_->Broadcast(buffers, root); });
   }
 
   void Abort(const std::string& reason) override {
@@ -49,6 +44,20 @@ class GatedCollectiveGroup final : public CollectiveGroup {
   }
 
  private:
+  // Runs `collective` holding the group's GPUs shared.
+  template <typename Fn>
+  absl::Status Gated(Fn collective) {
+    if (absl::Status st = gate_->EnterCollective(devices_, MonotonicNow() + timeout_, &aborted_);
+        !st.ok()) {
+      // The contract: a failed collective leaves the group aborted.
+      group_->Abort(std::string(st.message()));
+      return st;
+    }
+    absl::Status st = collective();
+    gate_->ExitCollective(devices_);
+    return st;
+  }
+
   std::unique_ptr<CollectiveGroup> group_;
   DeviceGate* const gate_;
   const std::vector<DeviceId> devices_;

@@ -224,14 +224,19 @@ class NcclCollectives final : public CollectiveGroup {
   absl::Status Init(const ncclUniqueId& id, Clock::time_point deadline,
                     const std::function<bool()>& cancelled);
   absl::Status AllreduceSum(const std::vector<DeviceBuffer>& buffers, DType dtype) override;
+  absl::Status Broadcast(const std::vector<DeviceBuffer>& buffers, int root) override;
   void Abort(const std::string& reason) override;
 
   const std::string& describe() const { return describe_; }
 
  private:
-  // One grouped ncclAllReduce(ncclSum), in place.
+  // One grouped ncclAllReduce(ncclSum), in place; with root >= 0 one
+  // grouped ncclBroadcast from that global rank instead.
   absl::Status Launch(const std::vector<DeviceBuffer>& buffers, ncclDataType_t type,
-                      absl::string_view what);
+                      absl::string_view what, int root = -1);
+  // The checks every collective makes before launching: one buffer per
+  // local rank, equal counts, no null data (debug builds: on its GPU).
+  absl::Status CheckBuffers(const std::vector<DeviceBuffer>& buffers, absl::string_view what);
   // Polls every communicator until ready and, with `events`, records each
   // rank's completion event once its communicator accepted the work and
   // waits for it. Fails (aborting) on error, deadline, Abort or `cancelled`.
@@ -352,7 +357,7 @@ absl::Status NcclCollectives::Init(const ncclUniqueId& id, Clock::time_point dea
 }
 
 absl::Status NcclCollectives::Launch(const std::vector<DeviceBuffer>& buffers, ncclDataType_t type,
-                                     absl::string_view what) {
+                                     absl::string_view what, int root) {
   absl::Status status;
   if (ncclResult_t r = nccl_.GroupStart(); r != ncclSuccess) {
     return Fail(NcclError(nccl_, r, absl::StrCat(what, " on ", describe_, ": ncclGroupStart"),
@@ -360,11 +365,16 @@ absl::Status NcclCollectives::Launch(const std::vector<DeviceBuffer>& buffers, n
   }
   for (const DeviceBuffer& b : buffers) {
     const Rank& r = ranks_[b.device_index];
-    // ncclSum over inputs the caller pre-scaled in fp32.
-    ncclResult_t res = nccl_.AllReduce(b.data, b.data, b.count, type, ncclSum, r.comm, r.stream);
+    // ncclSum over inputs the caller pre-scaled in fp32; a broadcast is in
+    // place (sendbuff == recvbuff), as NCCL allows.
+    ncclResult_t res =
+        root < 0 ? nccl_.AllReduce(b.data, b.data, b.count, type, ncclSum, r.comm, r.stream)
+                 : nccl_.Broadcast(b.data, b.data, b.count, type, root, r.comm, r.stream);
     if (!Accepted(res)) {
       status = NcclError(
-          nccl_, res, absl::StrCat(what, " on ", describe_, ": ncclAllReduce(rank=", r.rank, ")"),
+          nccl_, res,
+          absl::StrCat(what, " on ", describe_, ": ", root < 0 ? "ncclAllReduce" : "ncclBroadcast",
+                       "(rank=", r.rank, ")"),
           absl::StatusCode::kUnavailable);
       break;
     }
@@ -476,36 +486,28 @@ void NcclCollectives::Abort(const std::string& reason) {
                LogValue(reason));
 }
 
-absl::Status NcclCollectives::AllreduceSum(const std::vector<DeviceBuffer>& buffers, DType dtype) {
-  if (!failure_.ok()) return failure_;
-  if (abort_requested_.load(std::memory_order_acquire)) {
-    return Fail(AbortedStatus("nccl allreduce"));
-  }
-  ncclDataType_t type;
-  if (!IsValidDType(static_cast<int32_t>(dtype)) || !ToNcclDataType(dtype, &type)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("nccl allreduce: invalid dtype ", static_cast<int32_t>(dtype)));
-  }
+absl::Status NcclCollectives::CheckBuffers(const std::vector<DeviceBuffer>& buffers,
+                                           absl::string_view what) {
   // Every local rank takes part with the same count: a rank left out would
   // make every peer wait for it until the timeout.
   if (buffers.size() != ranks_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("nccl allreduce: ", buffers.size(),
-                                                   " buffers for ", ranks_.size(),
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", buffers.size(), " buffers for ",
+                                                   ranks_.size(),
                                                    " local ranks (each must take part once)"));
   }
   std::vector<char> seen(ranks_.size(), 0);
   for (const DeviceBuffer& b : buffers) {
     if (b.device_index < 0 || b.device_index >= static_cast<int>(ranks_.size()) ||
         seen[b.device_index]++) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("nccl allreduce: device_index ", b.device_index,
-                       " out of range or given twice (", ranks_.size(), " local ranks)"));
+      return absl::InvalidArgumentError(absl::StrCat(what, ": device_index ", b.device_index,
+                                                     " out of range or given twice (",
+                                                     ranks_.size(), " local ranks)"));
     }
     if (b.count != buffers.front().count) {
-      return absl::InvalidArgumentError("nccl allreduce: buffers differ in count");
+      return absl::InvalidArgumentError(absl::StrCat(what, ": buffers differ in count"));
     }
     if (b.count > 0 && b.data == nullptr) {
-      return absl::InvalidArgumentError("nccl allreduce: null buffer");
+      return absl::InvalidArgumentError(absl::StrCat(what, ": null buffer"));
     }
 #ifndef NDEBUG
     // The caller checks at registration; this debug check
@@ -517,12 +519,26 @@ absl::Status NcclCollectives::AllreduceSum(const std::vector<DeviceBuffer>& buff
       if (err != cudaSuccess || attr.type != cudaMemoryTypeDevice || attr.device != ordinal) {
         cudaGetLastError();  // not sticky; do not leave it for the next caller
         return absl::InvalidArgumentError(absl::StrCat(
-            "nccl allreduce: buffer ", absl::StrFormat("%p", b.data), " is not device memory of ",
+            what, ": buffer ", absl::StrFormat("%p", b.data), " is not device memory of ",
             ranks_[b.device_index].id, " (ordinal ", ordinal, ")"));
       }
     }
 #endif
   }
+  return absl::OkStatus();
+}
+
+absl::Status NcclCollectives::AllreduceSum(const std::vector<DeviceBuffer>& buffers, DType dtype) {
+  if (!failure_.ok()) return failure_;
+  if (abort_requested_.load(std::memory_order_acquire)) {
+    return Fail(AbortedStatus("nccl allreduce"));
+  }
+  ncclDataType_t type;
+  if (!IsValidDType(static_cast<int32_t>(dtype)) || !ToNcclDataType(dtype, &type)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl allreduce: invalid dtype ", static_cast<int32_t>(dtype)));
+  }
+  RETURN_IF_ERROR(CheckBuffers(buffers, "nccl allreduce"));
   // Every rank sees the same count, so every rank skips consistently.
   if (buffers.front().count == 0) return absl::OkStatus();
 
@@ -530,6 +546,24 @@ absl::Status NcclCollectives::AllreduceSum(const std::vector<DeviceBuffer>& buff
   DeviceGuard guard;
   RETURN_IF_ERROR(Launch(buffers, type, "nccl allreduce(sum)"));
   return Poll("nccl allreduce(sum)", /*events=*/true, deadline, nullptr, guard);
+}
+
+absl::Status NcclCollectives::Broadcast(const std::vector<DeviceBuffer>& buffers, int root) {
+  if (!failure_.ok()) return failure_;
+  if (abort_requested_.load(std::memory_order_acquire)) {
+    return Fail(AbortedStatus("nccl broadcast"));
+  }
+  if (root < 0 || root >= nranks_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl broadcast: root ", root, " is not a rank of ", describe_));
+  }
+  RETURN_IF_ERROR(CheckBuffers(buffers, "nccl broadcast"));
+  if (buffers.front().count == 0) return absl::OkStatus();
+  const Clock::time_point deadline = Clock::now() + timeout_;
+  DeviceGuard guard;
+  // Bytes: ncclUint8 moves any dtype unchanged.
+  RETURN_IF_ERROR(Launch(buffers, ncclUint8, "nccl broadcast", root));
+  return Poll("nccl broadcast", /*events=*/true, deadline, nullptr, guard);
 }
 
 NcclCollectives::~NcclCollectives() {

@@ -57,6 +57,7 @@ absl::StatusOr<NcclApi> TryLoad(const std::string& file) {
   Resolve(handle, "ncclGroupStart", &api.GroupStart, &missing);
   Resolve(handle, "ncclGroupEnd", &api.GroupEnd, &missing);
   Resolve(handle, "ncclAllReduce", &api.AllReduce, &missing);
+  Resolve(handle, "ncclBroadcast", &api.Broadcast, &missing);
   if (!missing.empty()) {
     dlclose(handle);  // nothing of it ran yet, so unloading is safe
     return absl::FailedPreconditionError(

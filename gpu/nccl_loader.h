@@ -78,6 +78,8 @@ struct NcclApi {
   ncclResult_t (*GroupEnd)() = nullptr;
   ncclResult_t (*AllReduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
                             cudaStream_t) = nullptr;
+  ncclResult_t (*Broadcast)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
+                            cudaStream_t) = nullptr;
 
   // The process-wide NCCL: loaded once from NcclSearchFromEnv() (after
   // forcing NCCL_COMM_BLOCKING=0); later calls return the same table, or the

@@ -31,6 +31,8 @@
 #   torch      PyTorch, 2 nodes x 1 trainer: DistributedOptimizer and the
 #              DDP hook equal single-process training
 #   killed     a trainer SIGKILLed mid-iteration, named to its peer
+#   broadcast  gs_broadcast of a 64 MiB device buffer: 2 trainers sharing
+#              the GPU, then 2 "nodes" x 2 trainers (ncclBroadcast)
 #   bench      gradsync vs torch DDP vs plain ncclAllReduce, 2 ranks each
 # Ends with one table (item, result, seconds); with $OUT set, writes
 # $OUT/gpu-check.log (everything printed) and $OUT/gpu-check.json.
@@ -62,6 +64,7 @@ ITEMS=(
   "two-nodes:skip       50 -     item_gtest      bin/cuda_path_test,bin/cuda_trainer"
   "torch                90 -     item_check      check/torch_job.sh,check/torch_equivalence.py,check/two_nodes.sh"
   "killed               40 -     item_gtest      bin/cuda_path_test,bin/cuda_trainer"
+  "broadcast            45 -     item_gtest      bin/cuda_path_test,bin/cuda_trainer"
   "bench               120 -     item_check      check/bench.sh,check/bench.py,check/two_nodes.sh"
 )
 # The gtest filter of each item_gtest item.
@@ -73,6 +76,7 @@ gtest_filter() {
     two-nodes:never-joins) echo 'CudaTwoNodesFaultTest.NodeThatNeverJoins*' ;;
     two-nodes:skip) echo 'CudaTwoNodesFaultTest.NodeSkippingACollective*' ;;
     killed) echo 'CudaPathFaultTest.*' ;;
+    broadcast) echo 'CudaBroadcastTest.*' ;;
   esac
 }
 

@@ -71,6 +71,18 @@ void Broadcaster::Abort(const absl::Status& error) {
   cv_.SignalAll();
 }
 
+void Broadcaster::StopAndWait(absl::Duration timeout) {
+  MonotonicMutexLock lock(&mu_);
+  if (failed_.ok()) failed_ = MakeError(v1::INTERNAL, "the job ended");
+  cv_.SignalAll();
+  const absl::Time deadline = MonotonicNow() + timeout;
+  while (running_ && MonotonicNow() < deadline) cv_.WaitWithTimeout(&mu_, kPoll);
+  if (running_) {
+    spdlog::error("event=broadcast_still_running timeout_ms={}",
+                  absl::ToInt64Milliseconds(timeout));
+  }
+}
+
 bool Broadcaster::AllowMarks(const Trainer& t) {
   absl::Status refused;
   {
@@ -90,8 +102,61 @@ bool Broadcaster::AllowMarks(const Trainer& t) {
   return false;
 }
 
+absl::Status Broadcaster::Refusal(const Trainer& caller, uint64_t bytes, int root_rank,
+                                  uint64_t step, bool device) {
+  const std::string what = absl::StrCat("gs_broadcast(bytes=", bytes, ", root_rank=", root_rank,
+                                        device ? ", device memory" : "",
+                                        step == 0 ? "" : absl::StrCat(", piece ", step - 1), ")");
+  if (root_rank < 0 || root_rank >= options_.world_size) {
+    return MakeError(v1::INVALID_ARGUMENT,
+                     absl::StrCat(caller.Name(), " called ", what, ": the job's ranks are 0..",
+                                  options_.world_size - 1));
+  }
+  if (device && gpu_ == nullptr) {
+    return MakeError(v1::INVALID_ARGUMENT,
+                     absl::StrCat(caller.Name(), " called ", what,
+                                  ": device buffers are broadcast only in a job whose gradients "
+                                  "are CUDA tensors (this job's are host memory)"));
+  }
+  if (call_.count > 0 && (call_.bytes != bytes || call_.root_rank != root_rank ||
+                          call_.step != step || call_.device != device)) {
+    return MakeError(
+        v1::MISMATCH,
+        absl::StrCat("trainers called gs_broadcast differently: ", trainers_[call_.first]->Name(),
+                     " with bytes=", call_.bytes, ", root_rank=", call_.root_rank,
+                     call_.device ? " (device memory)" : " (host memory)", ", ", caller.Name(),
+                     " with bytes=", bytes, ", root_rank=", root_rank,
+                     device ? " (device memory)" : " (host memory)"));
+  }
+  if (call_.arrived[caller.local_rank]) {
+    return MakeError(v1::INVALID_ARGUMENT, absl::StrCat(caller.Name(), " called ", what, " twice"));
+  }
+  if (step == 0 && busy_ && call_.count == 0) {
+    return MakeError(v1::INVALID_ARGUMENT, absl::StrCat(caller.Name(),
+                                                        " began a gs_broadcast before the last one "
+                                                        "ended"));
+  }
+  if (step > 0 && (!busy_ || step > Pieces(bytes))) {
+    return MakeError(v1::INVALID_ARGUMENT,
+                     absl::StrCat(caller.Name(), " sent ", what, " outside a broadcast"));
+  }
+  if (step == 0 && scheduler_ != nullptr && scheduler_->in_iteration()) {
+    const uint64_t it = scheduler_->iteration();
+    std::vector<uint8_t> marking(trainers_.size(), 0);
+    for (size_t i = 0; i < trainers_.size(); ++i) marking[i] = marked_in_[i] == it + 1;
+    const std::string who = Names(marking);
+    return MakeError(
+        v1::STATE,
+        absl::StrCat(caller.Name(), " called gs_broadcast while ",
+                     who.empty() ? std::string("another trainer") : who, " is in iteration ", it,
+                     " (it marked gradients): gs_broadcast runs between iterations (after "
+                     "gs_wait, before any mark) on every trainer of the job"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller, uint64_t bytes,
-                                                          int root_rank, uint64_t step,
+                                                          int root_rank, uint64_t step, bool device,
                                                           absl::Time deadline) {
   const int me = caller.local_rank;
   absl::Status refused;
@@ -102,45 +167,13 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
     if (me < 0 || me >= LocalTrainers()) return MakeError(v1::INTERNAL, "unknown local rank");
     const std::string what = absl::StrCat("gs_broadcast(bytes=", bytes, ", root_rank=", root_rank,
                                           step == 0 ? "" : absl::StrCat(", piece ", step - 1), ")");
-    if (root_rank < 0 || root_rank >= options_.world_size) {
-      refused = MakeError(v1::INVALID_ARGUMENT,
-                          absl::StrCat(caller.Name(), " called ", what, ": the job's ranks are 0..",
-                                       options_.world_size - 1));
-    } else if (call_.count > 0 &&
-               (call_.bytes != bytes || call_.root_rank != root_rank || call_.step != step)) {
-      refused = MakeError(
-          v1::MISMATCH,
-          absl::StrCat("trainers called gs_broadcast differently: ", trainers_[call_.first]->Name(),
-                       " with bytes=", call_.bytes, ", root_rank=", call_.root_rank, ", ",
-                       caller.Name(), " with bytes=", bytes, ", root_rank=", root_rank));
-    } else if (call_.arrived[me]) {
-      refused =
-          MakeError(v1::INVALID_ARGUMENT, absl::StrCat(caller.Name(), " called ", what, " twice"));
-    } else if (step == 0 && busy_ && call_.count == 0) {
-      refused =
-          MakeError(v1::INVALID_ARGUMENT, absl::StrCat(caller.Name(),
-                                                       " began a gs_broadcast before the last one "
-                                                       "ended"));
-    } else if (step > 0 && (!busy_ || step > Pieces(bytes))) {
-      refused = MakeError(v1::INVALID_ARGUMENT,
-                          absl::StrCat(caller.Name(), " sent ", what, " outside a broadcast"));
-    } else if (step == 0 && scheduler_ != nullptr && scheduler_->in_iteration()) {
-      const uint64_t it = scheduler_->iteration();
-      std::vector<uint8_t> marking(trainers_.size(), 0);
-      for (size_t i = 0; i < trainers_.size(); ++i) marking[i] = marked_in_[i] == it + 1;
-      const std::string who = Names(marking);
-      refused = MakeError(
-          v1::STATE,
-          absl::StrCat(caller.Name(), " called gs_broadcast while ",
-                       who.empty() ? std::string("another trainer") : who, " is in iteration ", it,
-                       " (it marked gradients): gs_broadcast runs between iterations (after "
-                       "gs_wait, before any mark) on every trainer of the job"));
-    }
+    refused = Refusal(caller, bytes, root_rank, step, device);
     if (refused.ok()) {
       if (call_.count == 0) {
         call_.bytes = bytes;
         call_.root_rank = root_rank;
         call_.step = step;
+        call_.device = device;
         call_.first = me;
       }
       if (step == 0) busy_ = true;
@@ -193,6 +226,10 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
       result.segment_name = segment_.name();
       result.segment_bytes = segment_.size();
       result.piece_bytes = kPieceBytes;
+      if (device && step == 0 && gpu_ != nullptr &&
+          static_cast<size_t>(me) < gpu_->num_trainers()) {
+        result.device_handle = gpu_->broadcast_handle(gpu_->device_index(me)).ToBytes();
+      }
       return result;
     }
   }
@@ -220,9 +257,13 @@ absl::Status Broadcaster::Agree(const Call& call, bool* collective) {
   v[0] = 1;
   const size_t mine = kAgreementHead + kAgreementPerNode * static_cast<size_t>(options_.node_rank);
   v[mine] = static_cast<double>(call.bytes) + 1;
-  v[mine + 1] = call.root_rank + 1;
-  v[mine + 2] = call.root_rank >= options_.rank_offset &&
-                call.root_rank < options_.rank_offset + LocalTrainers();
+  // Whether the buffers are device memory rides with the root, so that a
+  // node broadcasting host memory and one device memory disagree.
+  v[mine + 1] = 2.0 * (call.root_rank + 1) + (call.device ? 1 : 0);
+  // The node holding the root: 1, plus (device) the NCCL rank of its GPU.
+  const bool holds_root = call.root_rank >= options_.rank_offset &&
+                          call.root_rank < options_.rank_offset + LocalTrainers();
+  if (holds_root) v[mine + 2] = 1 + (call.device ? LocalRootNcclRank(call.root_rank) : 0);
   if (absl::Status st = backend_->AllreduceCounts(v.data(), v.size()); !st.ok()) {
     *collective = true;
     return MakeError(CodeOf(st),
@@ -238,12 +279,18 @@ absl::Status Broadcaster::Agree(const Call& call, bool* collective) {
     if (v[at] != v[mine] || v[at + 1] != v[mine + 1]) {
       return MakeError(
           v1::MISMATCH,
-          absl::StrCat("nodes called gs_broadcast differently: node_rank=", options_.node_rank,
-                       " with bytes=", call.bytes, ", root_rank=", call.root_rank,
-                       ", node_rank=", i, " with bytes=", static_cast<int64_t>(v[at]) - 1,
-                       ", root_rank=", static_cast<int64_t>(v[at + 1]) - 1));
+          absl::StrCat(
+              "nodes called gs_broadcast differently: node_rank=", options_.node_rank,
+              " with bytes=", call.bytes, ", root_rank=", call.root_rank,
+              call.device ? " (device memory)" : " (host memory)", ", node_rank=", i,
+              " with bytes=", static_cast<int64_t>(v[at]) - 1,
+              ", root_rank=", static_cast<int64_t>(v[at + 1]) / 2 - 1,
+              static_cast<int64_t>(v[at + 1]) % 2 ? " (device memory)" : " (host memory)"));
     }
-    if (v[at + 2] == 1 && root_node < 0) root_node = i;
+    if (v[at + 2] >= 1 && root_node < 0) {
+      root_node = i;
+      root_nccl_rank_ = static_cast<int>(v[at + 2]) - 1;
+    }
   }
   if (root_node < 0) {
     return MakeError(v1::INVALID_ARGUMENT, absl::StrCat("gs_broadcast: root_rank ", call.root_rank,
@@ -253,12 +300,49 @@ absl::Status Broadcaster::Agree(const Call& call, bool* collective) {
   return absl::OkStatus();
 }
 
+int Broadcaster::LocalRootNcclRank(int root_rank) const {
+  const int local = root_rank - options_.rank_offset;
+  if (gpu_ == nullptr || local < 0 || static_cast<size_t>(local) >= gpu_->num_trainers()) return -1;
+  return gpu_->nccl_rank(gpu_->device_index(static_cast<size_t>(local)));
+}
+
+absl::Status Broadcaster::RunDevicePiece(const Call& call, uint64_t piece, bool* collective) {
+  // One GPU on one node: the trainers share the root's slots.
+  if (gpu_->nccl_ranks() == 1) return absl::OkStatus();
+  const uint64_t len = std::min(kPieceBytes, call.bytes - piece * kPieceBytes);
+  std::vector<gpu::DeviceBuffer> buffers;
+  for (size_t d = 0; d < gpu_->devices().size(); ++d) {
+    buffers.push_back(gpu::DeviceBuffer{
+        static_cast<int>(d), gpu_->broadcast_slots(static_cast<int>(d)) + (piece % 2) * kPieceBytes,
+        static_cast<size_t>(len)});
+  }
+  // The root synchronized its copy into the slot before its call, and
+  // every reader finished the piece that used this slot before: the
+  // collective waits on no trainer.
+  absl::Status st = gpu_->collectives().Broadcast(buffers, root_nccl_rank_);
+  if (!st.ok()) {
+    gpu_->ExitIfLost(st, "gs_broadcast's ncclBroadcast");
+    *collective = true;
+    return MakeError(
+        CodeOf(st) == v1::OK ? v1::INTERNAL : CodeOf(st),
+        absl::StrCat("gs_broadcast of device memory, piece ", piece, " of ", Pieces(call.bytes),
+                     " (ncclBroadcast from NCCL rank ", root_nccl_rank_, "): ", st.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Broadcaster::Run(const Call& call, bool* collective) {
   if (call.step == 0) {
-    RETURN_IF_ERROR(EnsureSegment());
+    if (call.device) {
+      RETURN_IF_ERROR(gpu_->EnsureBroadcastSlots(kPieceBytes));
+      root_nccl_rank_ = LocalRootNcclRank(call.root_rank);
+    } else {
+      RETURN_IF_ERROR(EnsureSegment());
+    }
     if (options_.num_nodes > 1) return Agree(call, collective);
     return absl::OkStatus();
   }
+  if (call.device) return RunDevicePiece(call, call.step - 1, collective);
   if (options_.num_nodes == 1) return absl::OkStatus();
   const uint64_t piece = call.step - 1;
   const uint64_t len = std::min(kPieceBytes, call.bytes - piece * kPieceBytes);

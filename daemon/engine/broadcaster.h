@@ -12,6 +12,16 @@
 // small. The protocol (steps, slots) is written down in local.proto
 // (BroadcastRequest).
 //
+// Device buffers (a job with CUDA gradients; BroadcastRequest.device): the
+// same steps, with the slots in device memory, two per GPU of the node
+// (GpuSession::EnsureBroadcastSlots), mapped by the trainers on that GPU:
+// the root copies a piece in on its stream and synchronizes it before its
+// call, the others copy it out after theirs (device to device, no host
+// copy). Each piece crosses GPUs and nodes with one ncclBroadcast over the
+// job's communicators, from the root's GPU's NCCL rank (one GPU on one
+// node: nothing to move). Across nodes the agreement carries that rank
+// and whether the buffer is device memory.
+//
 // A broadcast runs between iterations: the scheduler is idle then, so its
 // collectives and the broadcast's never overlap. A trainer mid-iteration
 // (it marked a gradient the iteration has not completed) while another
@@ -44,6 +54,7 @@
 #include "absl/time/time.h"
 #include "common/monotonic_mutex.h"
 #include "daemon/backends/backend.h"
+#include "daemon/engine/gpu_session.h"
 #include "daemon/engine/scheduler.h"
 #include "daemon/engine/trainer.h"
 #include "ipc/shared_segment.h"
@@ -72,24 +83,34 @@ class Broadcaster {
   // The job's scheduler (it outlives this object too): set once, before
   // the scheduler starts and before any Step.
   void set_scheduler(const Scheduler* scheduler) { scheduler_ = scheduler; }
+  // The job's device resources when its gradients are CUDA tensors (null:
+  // host buffers only). Set once, before any Step; it outlives this object.
+  void set_gpu(GpuSession* gpu) { gpu_ = gpu; }
   ~Broadcaster();  // removes the staging segment's name
 
   struct StepResult {
     std::string segment_name;  // step 0
     uint64_t segment_bytes = 0;
     uint64_t piece_bytes = kPieceBytes;
+    std::string device_handle;  // step 0 of a device broadcast: the caller's GPU's slots
   };
   // One trainer's call (BroadcastRequest); blocks until every local trainer
   // made it, or the job fails, or (before every trainer arrived) the
   // deadline, a MonotonicNow() time, passes. An error that concerns the
   // job fails it first.
   absl::StatusOr<StepResult> Step(const Trainer& caller, uint64_t bytes, int root_rank,
-                                  uint64_t step, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_)
+                                  uint64_t step, bool device, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_)
       // It releases mu_ around the call it runs, which the analysis cannot follow.
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
   // The job failed: every waiting and later Step returns `error`.
   void Abort(const absl::Status& error) ABSL_LOCKS_EXCLUDED(mu_);
+  // Before the job's device resources go (the GpuSession a device piece
+  // runs on): no later Step runs anything, and this returns once the call
+  // being run, if any, has returned (the job failed, so its collective
+  // was aborted and returns promptly), or after `timeout` (logged).
+  void StopAndWait(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Scheduler thread, before trainer `t`'s first mark of an iteration (after
   // the scheduler counts the iteration as started): false when a broadcast
@@ -105,6 +126,7 @@ class Broadcaster {
     uint64_t bytes = 0;
     int root_rank = 0;
     uint64_t step = 0;
+    bool device = false;           // device buffers (BroadcastRequest.device)
     int first = -1;                // local rank that arrived first
     std::vector<uint8_t> arrived;  // per local rank
     int count = 0;
@@ -114,6 +136,13 @@ class Broadcaster {
   // then asks the leader which node caused it), not a verdict.
   absl::Status Run(const Call& call, bool* collective) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Agree(const Call& call, bool* collective);
+  // A device broadcast's piece `piece` across the node's GPUs and nodes.
+  absl::Status RunDevicePiece(const Call& call, uint64_t piece, bool* collective);
+  // The NCCL rank of the root's GPU when this node holds the root, else -1.
+  int LocalRootNcclRank(int root_rank) const;
+  // Why `caller`'s call cannot go on (OK: it can), under mu_.
+  absl::Status Refusal(const Trainer& caller, uint64_t bytes, int root_rank, uint64_t step,
+                       bool device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status EnsureSegment();
   uint8_t* Slot(uint64_t piece) const;
   // Fails the job (lock released) and returns `error`.
@@ -123,6 +152,7 @@ class Broadcaster {
 
   const std::vector<Trainer*> trainers_;
   const Scheduler* scheduler_ = nullptr;
+  GpuSession* gpu_ = nullptr;
   Backend* const backend_;
   const FailFn fail_;
   const Options options_;
@@ -142,6 +172,7 @@ class Broadcaster {
   // Written by the thread running step 0 (running_), read after it.
   ipc::SharedSegment segment_;
   int root_node_ = 0;
+  int root_nccl_rank_ = 0;  // device broadcasts
 };
 
 }  // namespace gradsync

@@ -175,6 +175,8 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
   RETURN_IF_ERROR(s->CreateStreams());
   ASSIGN_OR_RETURN(const gpu::CollectiveOptions o, s->CollectiveOptionsFor(world));
   RETURN_IF_ERROR(s->CreateCollectives(o, world.generation));
+  s->first_rank_ = o.first_rank;
+  s->nranks_ = o.nranks;
   spdlog::info(
       "event=gpu_session_open device={} mode={} trainers={} gpus={} first_rank={} "
       "nranks={} flat_bytes={} tensors={} events_opened={}",
@@ -376,6 +378,39 @@ absl::Status GpuSession::EnsureStaging(uint64_t bytes) {
   return absl::OkStatus();
 }
 
+absl::Status GpuSession::EnsureBroadcastSlots(uint64_t slot_bytes) {
+  if (!broadcast_slots_.empty()) return absl::OkStatus();
+  std::vector<uint8_t*> slots;
+  std::vector<gpu::IpcHandle> handles;
+  absl::Status failed;
+  for (size_t d = 0; d < devices_.size() && failed.ok(); ++d) {
+    absl::StatusOr<void*> p = device_->Alloc(devices_[d], 2 * slot_bytes);
+    if (!p.ok()) {
+      failed = SetupError(p.status(), absl::StrCat("allocating gs_broadcast's ", 2 * slot_bytes,
+                                                   " bytes of device staging on ", devices_[d]));
+      break;
+    }
+    slots.push_back(static_cast<uint8_t*>(*p));
+    absl::StatusOr<gpu::IpcHandle> h = device_->ExportMemory(devices_[d], *p);
+    if (!h.ok()) {
+      failed = SetupError(h.status(),
+                          absl::StrCat("exporting gs_broadcast's device staging on ", devices_[d]));
+      break;
+    }
+    handles.push_back(*h);
+  }
+  if (!failed.ok()) {
+    // Nobody mapped them yet: the handles were never sent.
+    for (size_t d = 0; d < slots.size(); ++d) device_->Free(devices_[d], slots[d]).IgnoreError();
+    return failed;
+  }
+  broadcast_slots_ = std::move(slots);
+  broadcast_handles_ = std::move(handles);
+  spdlog::info("event=gpu_broadcast_staging gpus={} bytes_per_gpu={}", devices_.size(),
+               2 * slot_bytes);
+  return absl::OkStatus();
+}
+
 void GpuSession::Abort(const std::string& reason) {
   aborted_.store(true, std::memory_order_release);
   if (collectives_) collectives_->Abort(reason);
@@ -395,6 +430,10 @@ GpuSession::~GpuSession() {
   for (size_t d = 0; d < devices_.size(); ++d) {
     if (staging_.size() > d && staging_[d] != nullptr) {
       report(device_->Free(devices_[d], staging_[d]), "free_staging", devices_[d]);
+    }
+    if (broadcast_slots_.size() > d) {
+      report(device_->Free(devices_[d], broadcast_slots_[d]), "free_broadcast_staging",
+             devices_[d]);
     }
     if (streams_.size() > d) device_->DestroyStream(streams_[d]);
   }

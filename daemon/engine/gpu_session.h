@@ -166,6 +166,25 @@ class GpuSession {
   // nothing queries those events or touches that memory again). Idempotent.
   void ReleaseTrainer(size_t t);
 
+  // gs_broadcast of device buffers (daemon/engine/broadcaster.h): two
+  // slots of `slot_bytes` on every GPU of the node, allocated at the first
+  // device broadcast and exported for the trainers on that GPU to map;
+  // freed with the session (the trainers unmap them before they detach).
+  // Called between iterations by the broadcast's last arrival.
+  absl::Status EnsureBroadcastSlots(uint64_t slot_bytes);
+  uint8_t* broadcast_slots(int device_index) const { return broadcast_slots_[device_index]; }
+  const gpu::IpcHandle& broadcast_handle(int device_index) const {
+    return broadcast_handles_[device_index];
+  }
+  // A device error of a broadcast piece: one that left the device
+  // unusable ends the process here, as on every other path.
+  void ExitIfLost(const absl::Status& device_error, const std::string& where) const {
+    ExitIfDeviceLost(is_context_lost_, device_error, where);
+  }
+  // The job's NCCL ranks (one per GPU of every node) and devices()[d]'s.
+  int nccl_ranks() const { return nranks_; }
+  int nccl_rank(int device_index) const { return first_rank_ + device_index; }
+
   gpu::CollectiveGroup& collectives() { return *collectives_; }
   // Any thread: an in-flight collective fails promptly; polls stop.
   void Abort(const std::string& reason);
@@ -209,6 +228,10 @@ class GpuSession {
   std::vector<gpu::Stream*> streams_;   // per device
   std::vector<uint8_t*> staging_;       // per device
   uint64_t staging_bytes_ = 0;
+  std::vector<uint8_t*> broadcast_slots_;  // per device, once a device broadcast ran
+  std::vector<gpu::IpcHandle> broadcast_handles_;
+  int first_rank_ = 0;
+  int nranks_ = 1;
   std::unique_ptr<gpu::CollectiveGroup> collectives_;
   std::atomic<bool> aborted_{false};
 };

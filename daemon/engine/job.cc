@@ -438,6 +438,7 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
       &node_->ready_bell(), stats_.get(),
       [this](const absl::Status& error, int culprit) { Fail(error, culprit); }, opts);
   broadcaster_->set_scheduler(scheduler_.get());
+  broadcaster_->set_gpu(gpu_session_.get());
   replica_checker_ = std::make_unique<ReplicaChecker>(
       trainers, layout_, world_.backend.get(),
       [this](const absl::Status& error, int culprit) { Fail(error, culprit); },
@@ -618,7 +619,7 @@ void Job::FailLocked(const absl::Status& error, int culprit, bool expected) {
 }
 
 absl::StatusOr<Broadcaster::StepResult> Job::Broadcast(uint64_t session, uint64_t bytes,
-                                                       int root_rank, uint64_t step,
+                                                       int root_rank, uint64_t step, bool device,
                                                        absl::Time deadline) {
   std::shared_ptr<Trainer> t;
   Broadcaster* broadcaster = nullptr;
@@ -639,7 +640,7 @@ absl::StatusOr<Broadcaster::StepResult> Job::Broadcast(uint64_t session, uint64_
     broadcaster = broadcaster_.get();  // lives as long as the job
   }
   absl::StatusOr<Broadcaster::StepResult> r =
-      broadcaster->Step(*t, bytes, root_rank, step, deadline);
+      broadcaster->Step(*t, bytes, root_rank, step, device, deadline);
   if (r.ok()) return r;
   MonotonicMutexLock lock(&mu_);
   // The job failed (by this call or another): the error this trainer gets.
@@ -745,16 +746,22 @@ void Job::ReleaseWorld() {
   Scheduler* scheduler = nullptr;
   std::unique_ptr<GpuReducer> gpu_reducer;
   std::unique_ptr<GpuSession> gpu_session;
+  Broadcaster* broadcaster = nullptr;
   absl::ReleasableMutexLock release(&gpu_release_mu_);  // see Leave
   {
     MonotonicMutexLock lock(&mu_);
     link = std::move(world_.link);
     scheduler = scheduler_.get();
+    broadcaster = broadcaster_.get();  // lives as long as the job
     gpu_reducer = std::move(gpu_reducer_);
     gpu_session = std::move(gpu_session_);
   }
   if (hooks_.gpu.test_pause && gpu_session) hooks_.gpu.test_pause("world_release");
   if (scheduler) scheduler->Stop();
+  // A device broadcast's piece runs on the session too (an RPC thread's).
+  if (broadcaster && gpu_session) {
+    broadcaster->StopAndWait(absl::Milliseconds(2 * config_.timeout_ms) + absl::Seconds(30));
+  }
   // Only now, with the scheduler stopped, is no collective running: the
   // communicators, buffers, handles and events can go.
   gpu_reducer.reset();

@@ -62,7 +62,8 @@ struct CallHeader {
   int32_t nlocal;
   int32_t nbuffers;
   int32_t dtype;
-  uint64_t counts[1];  // [nbuffers]
+  int32_t root;        // a broadcast from this rank; -1: a sum
+  uint64_t counts[1];  // [nbuffers], in elements (a broadcast's: bytes)
 };
 
 size_t CallHeaderBytes(size_t nbuffers) {
@@ -123,6 +124,16 @@ class SimCollectiveGroup final : public CollectiveGroup {
 
   absl::Status AllreduceSum(const std::vector<DeviceBuffer>& buffers, DType dtype) override {
     return Run(buffers, dtype, MonotonicNow() + timeout_);
+  }
+
+  absl::Status Broadcast(const std::vector<DeviceBuffer>& buffers, int root) override {
+    if (root < 0 || root >= nranks_) {
+      RETURN_IF_ERROR(Unusable());
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("Broadcast: root ", root, " is not one of ", nranks_, " ranks")));
+    }
+    // Bytes: counted as one-byte elements; the dtype only names them.
+    return Run(buffers, DType::kFloat32, MonotonicNow() + timeout_, root);
   }
 
   void Abort(const std::string& reason) override {
@@ -245,18 +256,34 @@ class SimCollectiveGroup final : public CollectiveGroup {
     return absl::OkStatus();
   }
 
-  absl::Status Run(const std::vector<DeviceBuffer>& buffers, DType dtype, absl::Time deadline) {
+  // root < 0: a sum of `dtype` elements; else a broadcast of bytes from
+  // global rank `root`.
+  absl::Status Run(const std::vector<DeviceBuffer>& buffers, DType dtype, absl::Time deadline,
+                   int root = -1) {
     RETURN_IF_ERROR(Unusable());
     // Any failure, bad arguments included, ends the group: the peers may
     // already be waiting for a collective this node will never run.
-    absl::StatusOr<std::vector<std::vector<DeviceBuffer>>> per_rank = Validate(buffers, dtype);
+    absl::StatusOr<std::vector<std::vector<DeviceBuffer>>> per_rank =
+        Validate(buffers, dtype, root);
     if (!per_rank.ok()) return Fail(per_rank.status());
     if ((*per_rank)[0].empty()) return absl::OkStatus();
     const uint64_t seq = ++seq_;
-    absl::Status st =
-        nranks_ == nlocal_ ? LocalSum(*per_rank, dtype) : NodeSum(*per_rank, dtype, seq, deadline);
+    absl::Status st = nranks_ == nlocal_ ? LocalSum(*per_rank, dtype, root)
+                                         : NodeSum(*per_rank, dtype, root, seq, deadline);
     return st.ok() ? st : Fail(st);
   }
+
+  // Each k-th output: the sum of `srcs` (one per rank, in rank order), or
+  // the root's bytes.
+  static void Combine(char* out, const std::vector<const void*>& srcs, size_t count, DType dtype,
+                      int root) {
+    if (root >= 0) {
+      std::memcpy(out, srcs[root], count);
+    } else {
+      SumKernel(out, srcs, count, dtype, 1.0f);
+    }
+  }
+  static size_t ElementSize(DType dtype, int root) { return root >= 0 ? 1 : DTypeSize(dtype); }
 
   // One float on every local GPU: connection failures surface at creation.
   absl::Status WarmUp(absl::Time deadline) {
@@ -277,7 +304,7 @@ class SimCollectiveGroup final : public CollectiveGroup {
   // The buffers of each local rank, in order; every rank has the same
   // number, and the k-th ones agree in size (else NCCL would hang).
   absl::StatusOr<std::vector<std::vector<DeviceBuffer>>> Validate(
-      const std::vector<DeviceBuffer>& buffers, DType dtype) {
+      const std::vector<DeviceBuffer>& buffers, DType dtype, int root) {
     if (!IsValidDType(static_cast<int32_t>(dtype))) {
       return absl::InvalidArgumentError(
           absl::StrCat("AllreduceSum: bad dtype ", static_cast<int32_t>(dtype)));
@@ -289,7 +316,7 @@ class SimCollectiveGroup final : public CollectiveGroup {
             absl::StrCat("AllreduceSum: device_index ", b.device_index, " of ", nlocal_));
       }
       absl::StatusOr<std::shared_ptr<Region>> r =
-          Registry::Get().Find(b.data, b.count * DTypeSize(dtype));
+          Registry::Get().Find(b.data, b.count * ElementSize(dtype, root));
       if (!r.ok())
         return absl::InvalidArgumentError(absl::StrCat("AllreduceSum: ", r.status().message()));
       if ((*r)->device_index != device_indices_[b.device_index]) {
@@ -317,13 +344,14 @@ class SimCollectiveGroup final : public CollectiveGroup {
   }
 
   // All ranks are here: sum each k-th buffer over ranks in rank order.
-  absl::Status LocalSum(const std::vector<std::vector<DeviceBuffer>>& per_rank, DType dtype) {
+  absl::Status LocalSum(const std::vector<std::vector<DeviceBuffer>>& per_rank, DType dtype,
+                        int root) {
     for (size_t k = 0; k < per_rank[0].size(); ++k) {
       const size_t count = per_rank[0][k].count;
       std::vector<const void*> srcs;
       for (int j = 0; j < nlocal_; ++j) srcs.push_back(per_rank[j][k].data);
-      std::string sum(count * DTypeSize(dtype), '\0');
-      SumKernel(sum.data(), srcs, count, dtype, 1.0f);
+      std::string sum(count * ElementSize(dtype, root), '\0');
+      Combine(sum.data(), srcs, count, dtype, root);
       for (int j = 0; j < nlocal_; ++j) std::memcpy(per_rank[j][k].data, sum.data(), sum.size());
     }
     return Unusable();  // an Abort during the sum still fails the call
@@ -332,9 +360,9 @@ class SimCollectiveGroup final : public CollectiveGroup {
   // Ranks in other processes: publish this node's inputs, wait for every
   // rank, sum all inputs in rank order, wait until all have read.
   absl::Status NodeSum(const std::vector<std::vector<DeviceBuffer>>& per_rank, DType dtype,
-                       uint64_t seq, absl::Time deadline) {
+                       int root, uint64_t seq, absl::Time deadline) {
     const size_t nbuffers = per_rank[0].size();
-    const size_t esize = DTypeSize(dtype);
+    const size_t esize = ElementSize(dtype, root);
     size_t per_rank_bytes = 0;
     for (const DeviceBuffer& b : per_rank[0]) per_rank_bytes += b.count * esize;
     const size_t head = CallHeaderBytes(nbuffers);
@@ -353,6 +381,7 @@ class SimCollectiveGroup final : public CollectiveGroup {
     call->nlocal = nlocal_;
     call->nbuffers = static_cast<int32_t>(nbuffers);
     call->dtype = static_cast<int32_t>(dtype);
+    call->root = root;
     for (size_t k = 0; k < nbuffers; ++k) call->counts[k] = per_rank[0][k].count;
     char* out = static_cast<char*>(own.data()) + head;
     for (int j = 0; j < nlocal_; ++j) {
@@ -391,6 +420,7 @@ class SimCollectiveGroup final : public CollectiveGroup {
       const auto* theirs = static_cast<const CallHeader*>(it->second.data());
       if (it->second.size() < head || theirs->magic != kCallMagic || theirs->seq != seq ||
           theirs->nbuffers != call->nbuffers || theirs->dtype != call->dtype ||
+          theirs->root != call->root ||
           !std::equal(call->counts, call->counts + nbuffers, theirs->counts) ||
           r < theirs->first_rank || r >= theirs->first_rank + theirs->nlocal ||
           it->second.size() < head + per_rank_bytes * theirs->nlocal) {
@@ -410,7 +440,7 @@ class SimCollectiveGroup final : public CollectiveGroup {
       std::vector<const void*> srcs;
       for (int r = 0; r < nranks_; ++r) srcs.push_back(inputs[r] + offset);
       std::string sum(count * esize, '\0');
-      SumKernel(sum.data(), srcs, count, dtype, 1.0f);
+      Combine(sum.data(), srcs, count, dtype, root);
       for (int j = 0; j < nlocal_; ++j) std::memcpy(per_rank[j][k].data, sum.data(), sum.size());
       offset += count * esize;
     }

@@ -229,6 +229,12 @@ class CountedCollectives final : public CollectiveGroup {
     node_->CollectiveEnded(devices_);
     return st;
   }
+  absl::Status Broadcast(const std::vector<DeviceBuffer>& buffers, int root) override {
+    node_->CollectiveStarted(devices_);
+    absl::Status st = group_->Broadcast(buffers, root);
+    node_->CollectiveEnded(devices_);
+    return st;
+  }
   void Abort(const std::string& reason) override { group_->Abort(reason); }
 
  private:
@@ -450,6 +456,27 @@ absl::Status SimTrainerDevice::MemsetAsync(void* ptr, size_t bytes, Stream* stre
   ASSIGN_OR_RETURN(SimStream * s, node_->Resolve(stream, region->device_index, true));
   ASSIGN_OR_RETURN(region, node_->Range(ptr, bytes, s->device_index(), "MemsetAsync"));
   s->Enqueue([hold = region, ptr, bytes] { std::memset(ptr, 0, bytes); });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DeviceId> SimTrainerDevice::DeviceOfPointer(const void* ptr) {
+  // Owned or mapped here: what CUDA's pointer attributes would call device memory.
+  absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().Find(ptr, 1);
+  if (!region.ok()) {
+    return absl::NotFoundError(
+        absl::StrCat(sim::PointerString(ptr), " is not simulated device memory"));
+  }
+  return SimDeviceId((*region)->device_index);
+}
+
+absl::Status SimTrainerDevice::CopyAsync(void* dst, const void* src, size_t bytes, Stream* stream) {
+  if (bytes == 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::shared_ptr<Region> to, node_->Range(dst, bytes, -1, "CopyAsync dst"));
+  ASSIGN_OR_RETURN(SimStream * s, node_->Resolve(stream, to->device_index, true));
+  ASSIGN_OR_RETURN(to, node_->Range(dst, bytes, s->device_index(), "CopyAsync dst"));
+  ASSIGN_OR_RETURN(std::shared_ptr<Region> from,
+                   node_->Range(src, bytes, s->device_index(), "CopyAsync src"));
+  s->Enqueue([to, from, dst, src, bytes] { std::memmove(dst, src, bytes); });
   return absl::OkStatus();
 }
 

@@ -125,6 +125,8 @@ class SimTrainerDevice final : public TrainerDevice {
   absl::Status RecordEvent(Event* event, Stream* stream) override;
   absl::Status StreamWaitEvent(Stream* stream, Event* event) override;
   absl::Status MemsetAsync(void* ptr, size_t bytes, Stream* stream) override;
+  absl::StatusOr<DeviceId> DeviceOfPointer(const void* ptr) override;
+  absl::Status CopyAsync(void* dst, const void* src, size_t bytes, Stream* stream) override;
   Stream* WrapStream(void* native) override;
   absl::Status SynchronizeStream(const DeviceId& device, Stream* stream,
                                  absl::Duration timeout) override;

@@ -226,6 +226,43 @@ INSTANTIATE_TEST_SUITE_P(OneGpu, CudaTwoNodesTest,
                                                std::get<1>(info.param));
                          });
 
+// gs_broadcast of device buffers on a real GPU, through the C ABI: 64 MiB
+// + 3 bytes (17 pieces) from rank 1 to 2 trainers sharing the GPU (one
+// device staging), then from rank 3 across two nodes (ncclBroadcast over
+// 2 real NCCL ranks); every byte the root's, every step still averaged.
+TEST(CudaBroadcastTest, DeviceBuffersReachEveryTrainerOnOneGpuAndAcrossTwoNodes) {
+  GS_SKIP_UNLESS_GPU();
+  const std::string bytes = "--broadcast-bytes=67108867";
+  {
+    Daemon daemon = GpuDaemon(2);
+    ASSERT_TRUE(daemon.WaitReady(seconds(30))) << daemon.process().Log();
+    std::vector<Process> ps = StartTrainers(daemon, 2, {"--broadcast-root=1", bytes, "--steps=2"});
+    for (int r = 0; r < 2; ++r) {
+      ExitStatus st = ps[r].Wait(seconds(60));
+      EXPECT_TRUE(st.exited && st.code == 0) << ps[r].Log() << "\ndaemon:\n"
+                                             << daemon.process().Log();
+      EXPECT_NE(ps[r].Log().find(absl::StrCat("broadcast ok rank ", r, " device 67108867")),
+                std::string::npos)
+          << ps[r].Log();
+    }
+  }
+  TwoNodes nodes;
+  ASSERT_NO_FATAL_FAILURE(nodes.Start("two-broadcast", 20));
+  std::vector<Process> ps;
+  for (int n = 0; n < 2; ++n) {
+    for (Process& p : StartTrainers(nodes.node(n), 2, {"--broadcast-root=3", bytes, "--steps=2"})) {
+      ps.push_back(std::move(p));
+    }
+  }
+  for (size_t r = 0; r < ps.size(); ++r) {
+    ExitStatus st = ps[r].Wait(seconds(60));
+    EXPECT_TRUE(st.exited && st.code == 0) << ps[r].Log() << nodes.Logs();
+    EXPECT_NE(ps[r].Log().find(absl::StrCat("broadcast ok rank ", r, " device 67108867")),
+              std::string::npos)
+        << ps[r].Log();
+  }
+}
+
 // Node 1's daemon stops (SIGSTOP) once both its trainers registered:
 // wherever that catches it — forming the job, NCCL init, or its warm-up —
 // node 0's trainers get TIMEOUT within the timeout (plus the abort), and

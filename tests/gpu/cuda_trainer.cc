@@ -7,6 +7,7 @@
 //   cuda_trainer --socket=S [--mode=flat|user] [--dtype=fp32|bf16] [--steps=N]
 //                [--device=ORD] [--die-at-step=N] [--withhold=I]
 //                [--tensors=N] [--switch-stream-at=K]
+//                [--broadcast-root=R --broadcast-bytes=N]
 //
 // --die-at-step: SIGKILL itself in that step after marking two gradients
 // (a trainer dying mid-iteration; its peers must get GS_ERR_PEER_FAILED).
@@ -16,6 +17,9 @@
 // --tensors: N small tensors instead of the model's (more than the client's
 // pool of readiness events); --switch-stream-at: from the K-th mark of each
 // step on, writes and marks go to a second stream.
+// --broadcast-root: before the first step, gs_broadcast a device buffer of
+// --broadcast-bytes (cudaMalloc'ed, written on the trainer's stream right
+// before the call, not synchronized) from rank R, and check every byte.
 //
 // Exit codes as sim_trainer: 0 matched; 1 a result differed; 2 a call
 // failed ("error code=N: message"); 3 bad flags or no usable GPU.
@@ -64,11 +68,50 @@ int CudaFail(cudaError_t e, const char* what) {
   return 3;
 }
 
+unsigned char BroadcastByte(int rank, size_t i) {
+  return static_cast<unsigned char>((i * 131 + static_cast<size_t>(rank) * 17 + i / 4096) & 0xff);
+}
+
+// gs_broadcast of a device buffer of `bytes` from `root`; 0 when every
+// byte of it is the root's afterwards.
+int DeviceBroadcast(gs_client* c, cudaStream_t stream, int rank, int root, size_t bytes) {
+  std::vector<unsigned char> host(bytes);
+  for (size_t i = 0; i < bytes; ++i) host[i] = BroadcastByte(rank, i);
+  void* buf = nullptr;
+  if (cudaError_t e = cudaMalloc(&buf, bytes); e != cudaSuccess) return CudaFail(e, "cudaMalloc");
+  // Queued on the stream gs_set_cuda_stream named: gs_broadcast's copies follow it.
+  if (cudaError_t e = cudaMemcpyAsync(buf, host.data(), bytes, cudaMemcpyHostToDevice, stream);
+      e != cudaSuccess) {
+    return CudaFail(e, "cudaMemcpyAsync");
+  }
+  if (gs_status st = gs_broadcast(c, buf, bytes, root, -1); st != GS_OK) {
+    return Fail(c, st, "gs_broadcast");
+  }
+  // gs_broadcast returned with the bytes in device memory.
+  if (cudaError_t e = cudaMemcpy(host.data(), buf, bytes, cudaMemcpyDeviceToHost);
+      e != cudaSuccess) {
+    return CudaFail(e, "cudaMemcpy");
+  }
+  cudaFree(buf);
+  for (size_t i = 0; i < bytes; ++i) {
+    if (host[i] == BroadcastByte(root, i)) continue;
+    std::printf("BROADCAST MISMATCH rank %d byte %zu: got %d expected %d\n", rank, i, host[i],
+                BroadcastByte(root, i));
+    std::fflush(stdout);
+    return 1;
+  }
+  std::printf("broadcast ok rank %d device %zu\n", rank, bytes);
+  std::fflush(stdout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string socket, mode = "flat", dtype_name = "fp32";
   int steps = 5, device = -1, die_at_step = -1, withhold = -1, tensors = 0, switch_at = -1;
+  int broadcast_root = -1;
+  size_t broadcast_bytes = 0;
   for (int a = 1; a < argc; ++a) {
     std::string arg = argv[a];
     const size_t eq = arg.find('=');
@@ -92,6 +135,10 @@ int main(int argc, char** argv) {
       tensors = std::atoi(v.c_str());
     else if (key == "--switch-stream-at")
       switch_at = std::atoi(v.c_str());
+    else if (key == "--broadcast-root")
+      broadcast_root = std::atoi(v.c_str());
+    else if (key == "--broadcast-bytes")
+      broadcast_bytes = std::strtoull(v.c_str(), nullptr, 10);
     else
       return 3;
   }
@@ -156,6 +203,11 @@ int main(int argc, char** argv) {
   }
   int rank = 0, world = 1;
   gs_world(c, &rank, &world);
+  if (broadcast_root >= 0) {
+    if (int rc = DeviceBroadcast(c, stream, rank, broadcast_root, broadcast_bytes); rc != 0) {
+      return rc;
+    }
+  }
 
   // What a trainer's gradient holds as stored in the dtype (bf16 rounds).
   auto stored = [bf16](float v) {

@@ -377,6 +377,166 @@ TEST(GpuPath, TwoNodesBroadcastHostBuffersFromARootOnEitherNode) {
   }
 }
 
+// gs_broadcast of device buffers (each trainer's own allocation on its
+// GPU, written on its stream just before the call, never synchronized by
+// the trainer): 0 B, 1 B, an odd size and 64 MiB + 3 (17 pieces), before
+// the first step and between steps. One GPU: both trainers share the
+// root's device staging; two GPUs: each piece crosses with the simulated
+// ncclBroadcast. Every byte is the root's, and every step still averages.
+TEST(GpuPath, OneNodeBroadcastsDeviceBuffersOfEverySizeToEveryTrainer) {
+  for (const int gpus : {1, 2}) {
+    Daemon daemon(2, kDaemonArgs, SimEnv(gpus), "tests/gpu/gradsyncd_sim");
+    ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+    const int root = gpus - 1;
+    std::vector<Process> trainers;
+    for (int r = 0; r < 2; ++r) {
+      trainers.push_back(
+          StartSimTrainer(daemon, r, gpus,
+                          {"--steps=2", absl::StrCat("--broadcast-root=", root),
+                           "--broadcast-memory=device", "--broadcast-sizes=0,1,4099,67108867"}));
+    }
+    for (int rank = 0; rank < 2; ++rank) {
+      const ExitStatus st = trainers[rank].Wait(seconds(120));
+      const std::string log = trainers[rank].Log();
+      ASSERT_TRUE(st.exited && st.code == 0) << "gpus " << gpus << "\n"
+                                             << log << "\ndaemon:\n"
+                                             << daemon.process().Log();
+      for (const char* when : {"at start", "between steps"}) {
+        for (const char* size : {"0", "1", "4099", "67108867"}) {
+          EXPECT_NE(
+              log.find(absl::StrCat("broadcast ok rank ", rank, " ", when, " device ", size, "\n")),
+              std::string::npos)
+              << log;
+        }
+      }
+      EXPECT_NE(log.find(absl::StrCat("OK rank ", rank, " world 2 steps 2")), std::string::npos)
+          << log;
+    }
+    // The trainers unmapped the staging before the daemon freed it.
+    EXPECT_EQ(daemon.process().Log().find("event=gpu_release_failed"), std::string::npos)
+        << daemon.process().Log();
+    // Through the device staging, not host memory.
+    EXPECT_NE(daemon.process().Log().find(absl::StrCat("event=gpu_broadcast_staging gpus=", gpus,
+                                                       " bytes_per_gpu=8388608")),
+              std::string::npos)
+        << daemon.process().Log();
+  }
+}
+
+// Host and device broadcasts in turn in one job with CUDA gradients
+// (user-pointer gradients, 3 trainers on 2 GPUs): each kind through its own
+// staging, every byte the root's.
+TEST(GpuPath, HostAndDeviceBroadcastsMixInOneJob) {
+  Daemon daemon(3, kDaemonArgs, SimEnv(2), "tests/gpu/gradsyncd_sim");
+  ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+  std::vector<Process> trainers;
+  for (int r = 0; r < 3; ++r) {
+    trainers.push_back(StartSimTrainer(daemon, r, 2,
+                                       {"--mode=user", "--steps=2", "--broadcast-root=2",
+                                        "--broadcast-memory=mix", "--broadcast-sizes=1,5242883"}));
+  }
+  for (int rank = 0; rank < 3; ++rank) {
+    const ExitStatus st = trainers[rank].Wait(seconds(90));
+    const std::string log = trainers[rank].Log();
+    ASSERT_TRUE(st.exited && st.code == 0) << log << "\ndaemon:\n" << daemon.process().Log();
+    for (const char* kind : {"host", "device"}) {
+      EXPECT_NE(
+          log.find(absl::StrCat("broadcast ok rank ", rank, " between steps ", kind, " 5242883\n")),
+          std::string::npos)
+          << log;
+    }
+  }
+}
+
+// Device buffers across two nodes of 2 trainers on 2 GPUs each: every
+// piece crosses with one ncclBroadcast over the job's 4 NCCL ranks, from
+// the root's GPU on either node.
+TEST(GpuPath, TwoNodesBroadcastDeviceBuffersFromARootOnEitherNode) {
+  for (const int root : {3, 0}) {
+    std::vector<std::string> common = kDaemonArgs;
+    common.insert(common.end(), {"--num-nodes=2", absl::StrCat("--job-id=gpudevbcast-", root)});
+    std::unique_ptr<Daemon> leader, follower;
+    ASSERT_NO_FATAL_FAILURE(StartTwoSimNodes(common, &leader, &follower));
+    const std::string sizes = root == 3 ? "0,1,4099,67108867" : "1,4099";
+    std::vector<Process> trainers;
+    for (Daemon* d : {leader.get(), follower.get()}) {
+      for (int r = 0; r < 2; ++r) {
+        trainers.push_back(
+            StartSimTrainer(*d, r, 2,
+                            {"--steps=2", absl::StrCat("--broadcast-root=", root),
+                             "--broadcast-memory=device", "--broadcast-sizes=" + sizes}));
+      }
+    }
+    for (size_t rank = 0; rank < trainers.size(); ++rank) {
+      const ExitStatus st = trainers[rank].Wait(seconds(180));
+      const std::string log = trainers[rank].Log();
+      ASSERT_TRUE(st.exited && st.code == 0) << "root " << root << "\n"
+                                             << log << "\nleader:\n"
+                                             << leader->process().Log() << "\nfollower:\n"
+                                             << follower->process().Log();
+      for (const char* when : {"at start", "between steps"}) {
+        EXPECT_NE(log.find(absl::StrCat("broadcast ok rank ", rank, " ", when, " device 4099\n")),
+                  std::string::npos)
+            << log;
+      }
+      EXPECT_NE(log.find(absl::StrCat("OK rank ", rank, " world 4 steps 2")), std::string::npos)
+          << log;
+    }
+  }
+}
+
+// One trainer broadcasts a host buffer, the other a device buffer of the
+// same size: the job fails with MISMATCH naming both and each one's kind.
+TEST(GpuPath, HostAndDeviceBuffersInOneBroadcastAreAMismatchNamingBoth) {
+  Daemon daemon(2, kDaemonArgs, SimEnv(2), "tests/gpu/gradsyncd_sim");
+  ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+  std::vector<Process> trainers;
+  for (int r = 0; r < 2; ++r) {
+    trainers.push_back(
+        StartSimTrainer(daemon, r, 2,
+                        {"--steps=1", "--broadcast-root=0", "--broadcast-sizes=4099",
+                         r == 0 ? "--broadcast-memory=host" : "--broadcast-memory=device"}));
+  }
+  for (int r = 0; r < 2; ++r) {
+    const ExitStatus st = trainers[r].Wait(seconds(60));
+    const std::string log = trainers[r].Log();
+    ASSERT_TRUE(st.exited && st.code == 2) << log << "\ndaemon:\n" << daemon.process().Log();
+    EXPECT_NE(log.find("error code=3"), std::string::npos) << log;  // MISMATCH
+    EXPECT_NE(log.find("trainers called gs_broadcast differently"), std::string::npos) << log;
+    EXPECT_NE(log.find("(host memory)"), std::string::npos) << log;
+    EXPECT_NE(log.find("(device memory)"), std::string::npos) << log;
+  }
+}
+
+// The root of a device broadcast dies mid-broadcast (its copy of the first
+// piece held on its stream): the others, waiting for that piece, get
+// PEER_FAILED naming it, long before the timeout.
+TEST(GpuPath, TrainerKilledMidDeviceBroadcastFailsItsPeersNamingIt) {
+  Daemon daemon(3, {"--timeout-s=120"}, SimEnv(2), "tests/gpu/gradsyncd_sim");
+  ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+  std::vector<Process> trainers;
+  for (int r = 0; r < 3; ++r) {
+    std::vector<std::string> args = {"--steps=2", "--broadcast-root=1", "--broadcast-memory=device",
+                                     "--broadcast-sizes=16777216"};
+    if (r == 1) args.push_back("--die-in-broadcast");
+    trainers.push_back(StartSimTrainer(daemon, r, 2, args));
+  }
+  const ExitStatus victim = trainers[1].Wait(seconds(60));
+  EXPECT_FALSE(victim.exited) << trainers[1].Log();
+  EXPECT_EQ(victim.code, SIGKILL);
+  EXPECT_NE(trainers[1].Log().find("dying in the broadcast"), std::string::npos)
+      << trainers[1].Log();
+  for (int r : {0, 2}) {
+    const ExitStatus st = trainers[r].Wait(seconds(60));
+    const std::string log = trainers[r].Log();
+    ASSERT_TRUE(st.exited && st.code == 2) << "trainer " << r << "\n" << log;
+    EXPECT_NE(log.find("error code=4"), std::string::npos) << log;  // PEER_FAILED
+    EXPECT_NE(log.find(absl::StrCat("rank 1 (local 1, pid ", trainers[1].pid(), ")")),
+              std::string::npos)
+        << log;
+  }
+}
+
 // A node dies mid-job (its daemon SIGKILLed): the surviving node's
 // collective fails or times out, the group is aborted, and its trainers get
 // PEER_FAILED (or TIMEOUT) within the timeout — no hang.

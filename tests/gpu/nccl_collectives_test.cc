@@ -238,6 +238,40 @@ TEST_F(NcclCollectivesTest, TwoLocalRanksSum) {
   cudaFree(b);
 }
 
+// ncclBroadcast of bytes (gs_broadcast's device pieces): one rank keeps
+// its bytes, an odd count included; a root outside the group is refused.
+TEST_F(NcclCollectivesTest, OneRankBroadcastKeepsTheRootsBytes) {
+  auto group = CreateNcclCollectives(Options(&store_, {uuids_[0]}, 1, 0, 1, absl::Seconds(60)));
+  ASSERT_TRUE(group.ok()) << group.status();
+  const size_t count = (1 << 20) + 3;
+  float* p = Filled(0, count, 7.25f);
+  ASSERT_NE(p, nullptr);
+  absl::Status s = (*group)->Broadcast({DeviceBuffer{0, p, count * sizeof(float)}}, 0);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(Wrong(0, p, count, 7.25f), 0u);
+  EXPECT_EQ((*group)->Broadcast({DeviceBuffer{0, p, 4}}, 1).code(),
+            absl::StatusCode::kInvalidArgument);
+  cudaFree(p);
+}
+
+TEST_F(NcclCollectivesTest, TwoLocalRanksBroadcastFromRankOne) {
+  GS_SKIP_UNLESS_GPUS(uuids_.size(), 2u);
+  auto group = CreateNcclCollectives(Options(&store_, uuids_, 2, 0, 1, absl::Seconds(60)));
+  ASSERT_TRUE(group.ok()) << group.status();
+  const size_t count = (1 << 20) + 3;
+  float* a = Filled(0, count, 1.0f);
+  float* b = Filled(1, count, 2.0f);
+  absl::Status s = (*group)->Broadcast(
+      {DeviceBuffer{0, a, count * sizeof(float)}, DeviceBuffer{1, b, count * sizeof(float)}}, 1);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(Wrong(0, a, count, 2.0f), 0u);
+  EXPECT_EQ(Wrong(1, b, count, 2.0f), 0u);
+  cudaSetDevice(0);
+  cudaFree(a);
+  cudaSetDevice(1);
+  cudaFree(b);
+}
+
 // The review's one-GPU test: rank 1 never joins. Creation times out within
 // the timeout (waiting, before init, for rank 1's arrival), and a fresh
 // generation then works.

@@ -959,6 +959,108 @@ TEST_F(SimDeviceTest, ACollectiveRefusesBuffersThatDoNotMatchItsGpus) {
       absl::StatusCode::kInvalidArgument);
 }
 
+// Rank r's byte i before a broadcast.
+unsigned char BroadcastByte(int rank, size_t i) {
+  return static_cast<unsigned char>(i * 7 + static_cast<size_t>(rank) * 31 + 1);
+}
+
+// `bytes` of rank `rank`'s pattern on `device`.
+void* FillBytes(SimDaemonDevice& dev, const DeviceId& device, size_t bytes, int rank) {
+  auto* p = static_cast<unsigned char*>(*dev.Alloc(device, bytes));
+  for (size_t i = 0; i < bytes; ++i) p[i] = BroadcastByte(rank, i);
+  return p;
+}
+
+// Whether `p` holds rank `root`'s pattern.
+bool HoldsBytesOf(const void* p, size_t bytes, int root) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < bytes; ++i) {
+    if (b[i] != BroadcastByte(root, i)) {
+      std::fprintf(stderr, "byte %zu: %d, want rank %d's %d\n", i, b[i], root,
+                   BroadcastByte(root, i));
+      return false;
+    }
+  }
+  return true;
+}
+
+TEST_F(SimDeviceTest, ABroadcastOverTwoLocalGpusCopiesTheRootsBytesToBoth) {
+  auto dev = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(dev.ok());
+  auto group = (*dev)->CreateCollectives(Group(2, 0, {"SIM-GPU-0", "SIM-GPU-1"}, nullptr));
+  ASSERT_TRUE(group.ok()) << group.status();
+  for (const int root : {1, 0}) {
+    void* a = FillBytes(**dev, "SIM-GPU-0", 4099, 0);
+    void* b = FillBytes(**dev, "SIM-GPU-1", 4099, 1);
+    ASSERT_TRUE((*group)->Broadcast({{0, a, 4099}, {1, b, 4099}}, root).ok());
+    EXPECT_TRUE(HoldsBytesOf(a, 4099, root));
+    EXPECT_TRUE(HoldsBytesOf(b, 4099, root));
+  }
+  // A root outside the group: refused, and the group is unusable after it.
+  void* a = FillBytes(**dev, "SIM-GPU-0", 8, 0);
+  void* b = FillBytes(**dev, "SIM-GPU-1", 8, 1);
+  const absl::Status bad = (*group)->Broadcast({{0, a, 8}, {1, b, 8}}, 2);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("root 2"), std::string::npos) << bad;
+}
+
+// A simulated node in a child process broadcasting `bytes` from global
+// rank `root` over its ranks first_rank.., `rounds` times.
+int RunBroadcastNode(const FileStore& store, int nranks, int first_rank,
+                     std::vector<DeviceId> devices, int root, size_t bytes, int rounds) {
+  auto dev = SimDaemonDevice::Create(Options());
+  if (!dev.ok()) return 1;
+  auto group = (*dev)->CreateCollectives(Group(nranks, first_rank, devices, &store));
+  CHILD_OK(group.status());
+  for (int round = 0; round < rounds; ++round) {
+    std::vector<DeviceBuffer> buffers;
+    for (size_t j = 0; j < devices.size(); ++j) {
+      buffers.push_back({static_cast<int>(j),
+                         FillBytes(**dev, devices[j], bytes, first_rank + static_cast<int>(j)),
+                         bytes});
+    }
+    CHILD_OK((*group)->Broadcast(buffers, root));
+    for (const DeviceBuffer& b : buffers) {
+      if (!HoldsBytesOf(b.data, bytes, root)) return 3;
+    }
+  }
+  return 0;
+}
+
+TEST_F(SimDeviceTest, TwoNodesWithTwoGpusEachBroadcastTheRootsBytesToAllFourRanks) {
+  FileStore store;
+  auto peer = Process::Fork([&] {
+    return RunBroadcastNode(store, 4, 2, {"SIM-GPU-0", "SIM-GPU-1"}, 3, 5000, 2);
+  });
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  EXPECT_EQ(RunBroadcastNode(store, 4, 0, {"SIM-GPU-1", "SIM-GPU-0"}, 3, 5000, 2), 0);
+  auto exit = peer->Wait(std::chrono::seconds(60)).ExitCode();
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(*exit, 0);
+}
+
+TEST_F(SimDeviceTest, ATrainerCopiesDeviceMemoryInStreamOrderAndTellsItFromHostMemory) {
+  auto trainer = SimTrainerDevice::Create(Options());
+  ASSERT_TRUE(trainer.ok());
+  auto src = (*trainer)->Alloc("SIM-GPU-1", 4099);
+  auto dst = (*trainer)->Alloc("SIM-GPU-1", 4099);
+  ASSERT_TRUE(src.ok() && dst.ok());
+  auto stream = (*trainer)->CreateStream("SIM-GPU-1");
+  ASSERT_TRUE(stream.ok());
+  std::vector<unsigned char> pattern(4099);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = BroadcastByte(5, i);
+  // The write and the copy on one stream: the copy sees the write.
+  ASSERT_TRUE((*trainer)->WriteAsync(*src, pattern.data(), pattern.size(), *stream).ok());
+  ASSERT_TRUE((*trainer)->CopyAsync(*dst, *src, pattern.size(), *stream).ok());
+  ASSERT_TRUE((*trainer)->SynchronizeStream("SIM-GPU-1", *stream, absl::Seconds(10)).ok());
+  EXPECT_TRUE(HoldsBytesOf(*dst, 4099, 5));
+  auto where = (*trainer)->DeviceOfPointer(static_cast<unsigned char*>(*dst) + 17);
+  ASSERT_TRUE(where.ok()) << where.status();
+  EXPECT_EQ(*where, "SIM-GPU-1");
+  EXPECT_EQ((*trainer)->DeviceOfPointer(pattern.data()).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 // A simulated node in a child process: a daemon owning `devices` as ranks
 // first_rank.., running `rounds` collectives over every dtype.
 int RunNode(const FileStore& store, int nranks, int first_rank, std::vector<DeviceId> devices,

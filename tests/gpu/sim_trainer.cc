@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "common/half.h"
 #include "common/status_code.h"
@@ -70,6 +71,15 @@ struct Flags {
   // arrived (what DistributedOptimizer's constructor and broadcast_buffers
   // do with CUDA tensors, through the host).
   int broadcast_root = -1;
+  // What --broadcast-root broadcasts at each point: "host" buffers,
+  // "device" buffers (on this trainer's GPU, written on its stream right
+  // before the call, never synchronized by the trainer), or "mix" (a host
+  // then a device broadcast), of each of these sizes.
+  std::string broadcast_memory = "host";
+  std::vector<size_t> broadcast_sizes;
+  // The root of the first device broadcast holds its stream (its copy of
+  // piece 0 never runs) and SIGKILLs itself 300 ms into the broadcast.
+  bool die_in_broadcast = false;
 };
 
 // Two 4 MiB pieces and an odd tail.
@@ -125,19 +135,80 @@ uint64_t Fingerprint(const std::vector<float>& values) {
 
 int Error(const absl::Status& st);
 
-// gs_broadcast from f.broadcast_root; 0 when every byte is the root's.
-int BroadcastAndCheck(gradsync::Client& c, const Flags& f, int rank, const char* when) {
-  std::vector<unsigned char> buf(kBroadcastBytes);
+// 0 when every byte of `got` is the root's.
+int CheckBroadcast(const unsigned char* got, size_t bytes, const Flags& f, int rank,
+                   const std::string& what) {
+  for (size_t i = 0; i < bytes; ++i) {
+    if (got[i] == BroadcastByte(f.broadcast_root, i)) continue;
+    std::printf("BROADCAST MISMATCH rank %d %s byte %zu: got %d expected %d\n", rank, what.c_str(),
+                i, got[i], BroadcastByte(f.broadcast_root, i));
+    std::fflush(stdout);
+    return 1;
+  }
+  return 0;
+}
+
+// gs_broadcast of a host buffer of `bytes` from f.broadcast_root.
+int HostBroadcast(gradsync::Client& c, const Flags& f, int rank, size_t bytes,
+                  const std::string& what) {
+  std::vector<unsigned char> buf(bytes);
   for (size_t i = 0; i < buf.size(); ++i) buf[i] = BroadcastByte(rank, i);
   if (absl::Status st = c.Broadcast(buf.data(), buf.size(), f.broadcast_root, -1); !st.ok()) {
     return Error(st);
   }
-  for (size_t i = 0; i < buf.size(); ++i) {
-    if (buf[i] == BroadcastByte(f.broadcast_root, i)) continue;
-    std::printf("BROADCAST MISMATCH rank %d %s byte %zu: got %d expected %d\n", rank, when, i,
-                buf[i], BroadcastByte(f.broadcast_root, i));
+  return CheckBroadcast(buf.data(), bytes, f, rank, what);
+}
+
+// The same with a device buffer on this trainer's GPU, written on `stream`
+// (the client's) and not synchronized: the client's copies must follow it.
+int DeviceBroadcast(gradsync::Client& c, gradsync::gpu::SimTrainerDevice& device,
+                    const gradsync::gpu::DeviceId& id, gradsync::gpu::Stream* stream, Flags& f,
+                    int rank, size_t bytes, const std::string& what) {
+  auto buf = device.Alloc(id, std::max<size_t>(bytes, 1));
+  if (!buf.ok()) return Error(buf.status());
+  std::vector<unsigned char> mine(bytes);
+  for (size_t i = 0; i < bytes; ++i) mine[i] = BroadcastByte(rank, i);
+  if (bytes > 0) {
+    if (absl::Status st = device.WriteAsync(*buf, mine.data(), bytes, stream); !st.ok()) {
+      return Error(st);
+    }
+  }
+  if (f.die_in_broadcast && rank == f.broadcast_root) {
+    f.die_in_broadcast = false;
+    gradsync::gpu::SimPauseStream(stream).IgnoreError();
+    std::printf("dying in the broadcast of %zu bytes\n", bytes);
     std::fflush(stdout);
-    return 1;
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      raise(SIGKILL);
+    }).detach();
+  }
+  if (absl::Status st = c.Broadcast(*buf, bytes, f.broadcast_root, -1); !st.ok()) {
+    return Error(st);
+  }
+  // The client synchronized its stream after its last copy: read in place.
+  const int rc = CheckBroadcast(static_cast<const unsigned char*>(*buf), bytes, f, rank, what);
+  if (absl::Status st = device.Free(*buf); !st.ok()) return Error(st);
+  return rc;
+}
+
+// Every broadcast of one point of the run ("at start", "between steps").
+int BroadcastAndCheck(gradsync::Client& c, gradsync::gpu::SimTrainerDevice& device,
+                      const gradsync::gpu::DeviceId& id, gradsync::gpu::Stream* stream, Flags& f,
+                      int rank, const char* when) {
+  const bool host = f.broadcast_memory != "device";
+  const bool on_device = f.broadcast_memory != "host";
+  for (size_t bytes : f.broadcast_sizes) {
+    if (host) {
+      const std::string what = absl::StrCat(when, " host ", bytes);
+      if (int rc = HostBroadcast(c, f, rank, bytes, what); rc != 0) return rc;
+      std::printf("broadcast ok rank %d %s\n", rank, what.c_str());
+    }
+    if (on_device) {
+      const std::string what = absl::StrCat(when, " device ", bytes);
+      if (int rc = DeviceBroadcast(c, device, id, stream, f, rank, bytes, what); rc != 0) return rc;
+      std::printf("broadcast ok rank %d %s\n", rank, what.c_str());
+    }
   }
   std::printf("broadcast ok rank %d %s\n", rank, when);
   std::fflush(stdout);
@@ -193,10 +264,21 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->drift_at = std::atoi(v.c_str());
     else if (key == "--broadcast-root")
       f->broadcast_root = std::atoi(v.c_str());
+    else if (key == "--broadcast-memory")
+      f->broadcast_memory = v;
+    else if (key == "--broadcast-sizes")
+      for (absl::string_view n : absl::StrSplit(v, ',')) {
+        f->broadcast_sizes.push_back(std::strtoull(std::string(n).c_str(), nullptr, 10));
+      }
+    else if (key == "--die-in-broadcast")
+      f->die_in_broadcast = true;
     else
       return false;
   }
-  return (f->mode == "flat" || f->mode == "user") && f->steps > 0;
+  if (f->broadcast_sizes.empty()) f->broadcast_sizes.push_back(kBroadcastBytes);
+  return (f->mode == "flat" || f->mode == "user") && f->steps > 0 &&
+         (f->broadcast_memory == "host" || f->broadcast_memory == "device" ||
+          f->broadcast_memory == "mix");
 }
 
 }  // namespace
@@ -285,11 +367,15 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < kTensors.size(); ++i) params[i].assign(kTensors[i].numel, 1.f);
 
   if (f.broadcast_root >= 0) {
-    if (int rc = BroadcastAndCheck(c, f, rank, "at start"); rc != 0) return rc;
+    if (int rc = BroadcastAndCheck(c, *device, *id, *stream, f, rank, "at start"); rc != 0) {
+      return rc;
+    }
   }
   for (int step = 0; step < f.steps; ++step) {
     if (f.broadcast_root >= 0 && step == 1) {
-      if (int rc = BroadcastAndCheck(c, f, rank, "between steps"); rc != 0) return rc;
+      if (int rc = BroadcastAndCheck(c, *device, *id, *stream, f, rank, "between steps"); rc != 0) {
+        return rc;
+      }
     }
     for (int m = 0; m < f.accumulate; ++m) {
       const bool synced = m == f.accumulate - 1;

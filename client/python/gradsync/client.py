@@ -384,8 +384,10 @@ class Client:
 
     def broadcast(self, address: int, nbytes: int, root_rank: int = 0,
                   timeout_s: Optional[float] = None) -> None:
-        """Makes ``nbytes`` bytes of host memory at ``address`` equal, on every
-        trainer of the job, to the root rank's (``gs_broadcast``). Between
+        """Makes ``nbytes`` bytes at ``address`` equal, on every trainer of the
+        job, to the root rank's (``gs_broadcast``): host memory, or in a job
+        whose gradients are CUDA tensors a device pointer on their GPU
+        (copied device to device; every trainer passes the same kind). Between
         iterations only; every trainer calls it with the same ``nbytes`` and
         ``root_rank``. ``timeout_s``: how long to wait for the other
         trainers; None: the daemon's timeout.

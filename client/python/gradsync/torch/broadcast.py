@@ -9,11 +9,14 @@
     gst.broadcast_optimizer_state(opt, root_rank=0)
 
 Both run between iterations on every trainer of the job (every trainer
-calls them, at the same point of its loop). Tensors of any dtype and device
-travel as bytes, packed into one host buffer: one ``gs_broadcast`` per call
-(CUDA tensors are copied to the host and back). Which client they use: the
-one passed, else the process's registered one (the DistributedOptimizer's
-or the AllreduceHookState's).
+calls them, at the same point of its loop). Tensors of any dtype travel as
+bytes, packed into one buffer: one ``gs_broadcast`` per call. CUDA tensors
+on the job's GPU (a job whose gradients are CUDA tensors) are packed into
+a device buffer and broadcast device to device (gradsyncd's device staging
+and ncclBroadcast), never through host memory; CPU tensors, or CUDA tensors
+in a CPU job or on another GPU, through a host buffer. Which client they
+use: the one passed, else the process's registered one (the
+DistributedOptimizer's or the AllreduceHookState's).
 """
 from __future__ import annotations
 
@@ -72,13 +75,26 @@ def _named_tensors(params: Params) -> List[Tuple[str, torch.Tensor]]:
     return out
 
 
+def _job_device(c: Client) -> Optional[torch.device]:
+    """The GPU of the job's gradients (one per trainer), or None for a CPU
+    job: device buffers can be broadcast only there."""
+    devices = {s.device for s in c.specs}
+    if len(devices) != 1 or min(devices) < 0:
+        return None
+    return torch.device("cuda", min(devices))
+
+
 def broadcast_tensors(tensors: List[torch.Tensor], root_rank: int = 0, *,
                       client: Optional[Client] = None,
                       timeout_s: Optional[float] = None) -> None:
     """Copies the root rank's values into ``tensors`` in place, on every
-    trainer (the same list, same shapes and dtypes, everywhere)."""
+    trainer (the same list, same shapes and dtypes, everywhere). All on
+    the job's GPU: device to device; else through a host buffer."""
     c = _client(client)
     flats = [t.detach().reshape(-1) for t in tensors]
+    job_device = _job_device(c)
+    on_device = (job_device is not None and bool(flats)
+                 and all(f.device == job_device for f in flats))
     sizes = [f.numel() * f.element_size() for f in flats]
     # Each tensor at an offset aligned for any dtype, so the received bytes
     # can be viewed as it in place (the same layout on every trainer).
@@ -87,12 +103,18 @@ def broadcast_tensors(tensors: List[torch.Tensor], root_rank: int = 0, *,
     for n in sizes:
         offsets.append(total)
         total += (n + _ALIGN - 1) // _ALIGN * _ALIGN
-    buf = torch.empty(total, dtype=torch.uint8)
+    buf = torch.empty(total, dtype=torch.uint8, device=job_device if on_device else "cpu")
     root = c.rank == root_rank
     if root:
         for f, offset, n in zip(flats, offsets, sizes):
             if n:
-                buf[offset:offset + n].copy_(f.contiguous().cpu().view(torch.uint8))
+                buf[offset:offset + n].copy_(f.contiguous().to(buf.device).view(torch.uint8))
+    if on_device:
+        # gs_broadcast copies on the client's stream: torch's work on the
+        # buffer (the root's packing, the allocator's earlier users) first.
+        torch.cuda.current_stream(job_device).synchronize()
+    # A device buffer comes back with its bytes in device memory (the
+    # client synchronized its copies), so torch's streams may read it.
     c.broadcast(buf.data_ptr(), buf.numel(), root_rank, timeout_s)
     if root:
         return
@@ -136,6 +158,51 @@ def broadcast_object(obj: Any, root_rank: int = 0, *, client: Optional[Client] =
     return torch.load(io.BytesIO(buf.numpy().tobytes()), map_location="cpu")
 
 
+# Where a tensor of the root's optimizer state goes: (_SLOT, index, shape,
+# dtype name, on a GPU). Its bytes travel apart from the pickled structure,
+# on the GPU when they live there. Plain values only, which torch.load's
+# weights_only mode accepts.
+_SLOT = "__gradsync_broadcast_tensor__"
+
+
+def _is_slot(obj: Any) -> bool:
+    return type(obj) is tuple and len(obj) == 5 and obj[0] == _SLOT
+
+
+def _take_tensors(obj: Any, out: List[torch.Tensor]) -> Any:
+    """``obj`` with every tensor replaced by a slot; the tensors in ``out``."""
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+        return (_SLOT, len(out) - 1, list(obj.shape), str(obj.dtype).split(".")[-1], obj.is_cuda)
+    if isinstance(obj, dict):
+        return {k: _take_tensors(v, out) for k, v in obj.items()}
+    if type(obj) in (list, tuple):
+        return type(obj)(_take_tensors(v, out) for v in obj)
+    return obj
+
+
+def _put_tensors(obj: Any, tensors: List[torch.Tensor]) -> Any:
+    if _is_slot(obj):
+        return tensors[obj[1]]
+    if isinstance(obj, dict):
+        return {k: _put_tensors(v, tensors) for k, v in obj.items()}
+    if type(obj) in (list, tuple):
+        return type(obj)(_put_tensors(v, tensors) for v in obj)
+    return obj
+
+
+def _slots(obj: Any, out: List[tuple]) -> List[tuple]:
+    if _is_slot(obj):
+        out.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _slots(v, out)
+    elif type(obj) in (list, tuple):
+        for v in obj:
+            _slots(v, out)
+    return out
+
+
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0, *,
                               client: Optional[Client] = None,
                               timeout_s: Optional[float] = None) -> None:
@@ -145,8 +212,22 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     every trainer's, including state that exists only on the root (a
     checkpoint loaded on rank 0 only). Works on a DistributedOptimizer or
     the optimizer it wraps; ``load_state_dict`` puts each tensor on its
-    parameter's device."""
-    state = optimizer.state_dict() if _client(client).rank == root_rank else None
-    state = broadcast_object(state, root_rank, client=client, timeout_s=timeout_s)
-    if _client(client).rank != root_rank:
-        optimizer.load_state_dict(state)
+    parameter's device. The structure travels pickled; the tensors' bytes
+    with broadcast_tensors, CUDA ones device to device."""
+    c = _client(client)
+    root = c.rank == root_rank
+    tensors: List[torch.Tensor] = []
+    skeleton = _take_tensors(optimizer.state_dict(), tensors) if root else None
+    skeleton = broadcast_object(skeleton, root_rank, client=c, timeout_s=timeout_s)
+    slots = sorted(_slots(skeleton, []), key=lambda t: t[1])
+    if not root:
+        device = _job_device(c) or torch.device("cpu")
+        tensors = [torch.empty(shape, dtype=getattr(torch, dtype), device=device if cuda else "cpu")
+                   for _, _, shape, dtype, cuda in slots]
+    # CUDA state and host state apart, so the CUDA bytes stay on the GPU.
+    for on_gpu in (True, False):
+        group = [tensors[t[1]] for t in slots if t[4] == on_gpu]
+        if group:
+            broadcast_tensors(group, root_rank, client=c, timeout_s=timeout_s)
+    if not root:
+        optimizer.load_state_dict(_put_tensors(skeleton, tensors))
