@@ -437,7 +437,7 @@ void RunSum(DaemonDevice& dev, const DeviceId& gpu, const SumCase& c) {
   }
   auto stream = dev.CreateStream(gpu);
   ASSERT_TRUE(stream.ok()) << stream.status();
-  ASSERT_TRUE(dev.SumAsync(dst, srcs, c.count, c.dtype, scale, *stream).ok());
+  ASSERT_TRUE(dev.SumAsync(dst, srcs, c.count, c.dtype, scale, {}, *stream).ok());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   absl::StatusOr<Completion> state = dev.QueryStream(*stream);
   while (state.ok() && *state == Completion::kPending &&
@@ -497,7 +497,7 @@ TEST_F(CudaGpuTest, CopyAsyncAndBadArguments) {
 
   EXPECT_EQ(daemon_->Alloc("GPU-00000000-0000-0000-0000-000000000000", 16).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(daemon_->SumAsync(*b, {}, 16, DType::kFloat32, 1.0f, *stream).code(),
+  EXPECT_EQ(daemon_->SumAsync(*b, {}, 16, DType::kFloat32, 1.0f, {}, *stream).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(daemon_->ExportMemory(ids_[0], static_cast<char*>(*a) + 16).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -585,7 +585,7 @@ TEST_F(SimDeviceTest, ADaemonThatSumsBeforeTheTrainersEventCompletesGetsStaleGra
   ASSERT_TRUE(event.ok()) << event.status();
 
   // The bug: reducing on "marked ready" without polling the event.
-  ASSERT_TRUE((*daemon)->SumAsync(*out, {*flat, *own}, 4, DType::kFloat32, 1.0f, *stream).ok());
+  ASSERT_TRUE((*daemon)->SumAsync(*out, {*flat, *own}, 4, DType::kFloat32, 1.0f, {}, *stream).ok());
   ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
   EXPECT_EQ(ReadFloats(*out, 4), (std::vector<float>{1, 1, 1, 1}))
       << "the simulation must expose the missing wait as a wrong sum";
@@ -594,7 +594,7 @@ TEST_F(SimDeviceTest, ADaemonThatSumsBeforeTheTrainersEventCompletesGetsStaleGra
   ASSERT_TRUE(to_child.Send("g"));
   auto done = AwaitEvent(**daemon, *event);
   ASSERT_TRUE(done.ok() && *done == Completion::kDone) << done.status();
-  ASSERT_TRUE((*daemon)->SumAsync(*out, {*flat, *own}, 4, DType::kFloat32, 1.0f, *stream).ok());
+  ASSERT_TRUE((*daemon)->SumAsync(*out, {*flat, *own}, 4, DType::kFloat32, 1.0f, {}, *stream).ok());
   ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
   EXPECT_EQ(ReadFloats(*out, 4), (std::vector<float>{11, 21, 31, 41}));
   ASSERT_TRUE(to_child.Send("x"));
@@ -681,9 +681,9 @@ TEST_P(SumAsyncTest, SumsEverySourceScalesAndMayWriteOverTheFirst) {
   ASSERT_TRUE(out.ok());
 
   ASSERT_TRUE(
-      (*daemon)->SumAsync(*out, {srcs[0], srcs[1], srcs[2]}, kCount, t, 0.5f, *stream).ok());
+      (*daemon)->SumAsync(*out, {srcs[0], srcs[1], srcs[2]}, kCount, t, 0.5f, {}, *stream).ok());
   // In place: dst is the first source.
-  ASSERT_TRUE((*daemon)->SumAsync(srcs[0], {srcs[0], srcs[1]}, kCount, t, 1.0f, *stream).ok());
+  ASSERT_TRUE((*daemon)->SumAsync(srcs[0], {srcs[0], srcs[1]}, kCount, t, 1.0f, {}, *stream).ok());
   ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
   for (int i = 0; i < kCount; ++i) {
     const double sum3 = Value(0, i) + Value(1, i) + Value(2, i);
@@ -715,10 +715,10 @@ TEST_F(SimDeviceTest, SumAsyncScalesFloat64InFloat64) {
     srcs.push_back(*p);
   }
   const double third = 1.0 / 3.0;
-  ASSERT_TRUE(
-      (*daemon)
-          ->SumAsync(srcs[0], {srcs[0], srcs[1], srcs[2]}, kCount, DType::kFloat64, third, *stream)
-          .ok());
+  ASSERT_TRUE((*daemon)
+                  ->SumAsync(srcs[0], {srcs[0], srcs[1], srcs[2]}, kCount, DType::kFloat64, third,
+                             {}, *stream)
+                  .ok());
   ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
   for (int i = 0; i < kCount; ++i) {
     const double sum = (Value(0, i) + 0.1 * i) + (Value(1, i) + 0.1 * i) + (Value(2, i) + 0.1 * i);
@@ -750,7 +750,7 @@ TEST_P(HalfSumAsyncTest, AccumulatesInFloat32AndRoundsOnce) {
   }
   auto out = (*daemon)->Alloc("SIM-GPU-0", 2);
   ASSERT_TRUE(out.ok());
-  ASSERT_TRUE((*daemon)->SumAsync(*out, srcs, 1, t, 1.0f, *stream).ok());
+  ASSERT_TRUE((*daemon)->SumAsync(*out, srcs, 1, t, 1.0f, {}, *stream).ok());
   ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
   EXPECT_EQ(Load(t, *out, 0), 1.0 + ulp);
 }
@@ -775,12 +775,12 @@ TEST_F(SimDeviceTest, DeviceOperationsRefuseMemoryOfAnotherGpuOutOfBoundsOrOnThe
   EXPECT_EQ(code((*daemon)->CopyAsync(*here, host, 64, *stream)),
             absl::StatusCode::kInvalidArgument);
   const absl::Status past_end =
-      (*daemon)->SumAsync(*here, {*here}, 17, DType::kFloat32, 1.0f, *stream);
+      (*daemon)->SumAsync(*here, {*here}, 17, DType::kFloat32, 1.0f, {}, *stream);
   EXPECT_EQ(past_end.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(past_end.message(), HasSubstr("past the end"));
-  EXPECT_EQ(code((*daemon)->SumAsync(*here, {}, 16, DType::kFloat32, 1.0f, *stream)),
+  EXPECT_EQ(code((*daemon)->SumAsync(*here, {}, 16, DType::kFloat32, 1.0f, {}, *stream)),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(code((*daemon)->SumAsync(*here, {*here}, 16, static_cast<DType>(9), 1.0f, *stream)),
+  EXPECT_EQ(code((*daemon)->SumAsync(*here, {*here}, 16, static_cast<DType>(9), 1.0f, {}, *stream)),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code((*daemon)->CopyAsync(*here, *here, 64, nullptr)),
             absl::StatusCode::kInvalidArgument);
