@@ -18,7 +18,8 @@
 #              GLIBCXX offered vs needed (read from the files by python3,
 #              no `strings` needed)                       -- stops all if it fails
 #   canary     one daemon, one trainer, one iteration    -- stops all if it fails
-#   unit:*     the GPU unit tests (bin/*_test but cuda_path_test)
+#   unit:*     the GPU unit tests (bin/*_test but cuda_path_test); cuda_device
+#              includes the local-sum kernel's non-finite flag
 #   cabi       C ABI equivalence: 1, 2, 4 trainers sharing the GPU; flat and
 #              user pointer; fp32 and bf16
 #   cabi:event-pool  pooled readiness events: 4 trainers x 5,000 tensors
