@@ -239,13 +239,11 @@ absl::Status GpuReducer::LaunchSums(const PlannedBucket& bucket, bool in_place, 
 absl::Status GpuReducer::CheckSums(const PlannedBucket& bucket, uint32_t token, absl::Time deadline,
                                    GpuNonFiniteReport* report) {
   const GpuSession::HostWindow& w = session_->host_window();
-  std::vector<bool> hit(buffers_.size(), false);
   bool any = false;
-  for (size_t d = 0; d < buffers_.size(); ++d) {
-    hit[d] = w.flags[d] == token;
-    any = any || hit[d];
-  }
+  for (size_t d = 0; d < buffers_.size(); ++d) any = any || w.flags[d] == token;
   if (!any) return absl::OkStatus();
+  std::vector<bool> hit(buffers_.size());  // rare from here on: allocating is fine
+  for (size_t d = 0; d < buffers_.size(); ++d) hit[d] = w.flags[d] == token;
   RETURN_IF_ERROR(FindCulprit(bucket, hit, deadline, report));
   // A NaN in the collective's input: every node's result holds one, so
   // every node sees this bucket fail (or skip) alike, whatever it summed.
