@@ -31,7 +31,8 @@
 #              generation; a node skipping a collective -> both fail naming it
 #   torch      PyTorch, 2 nodes x 1 trainer: DistributedOptimizer and the
 #              DDP hook equal single-process training
-#   killed     a trainer SIGKILLed mid-iteration, named to its peer
+#   killed     a trainer SIGKILLed mid-iteration, named to its peer; an Inf
+#              from one trainer fails both, naming it (--nonfinite=error)
 #   bench      gradsync vs torch DDP vs plain ncclAllReduce, 2 ranks each
 # Ends with one table (item, result, seconds); with $OUT set, writes
 # $OUT/gpu-check.log (everything printed) and $OUT/gpu-check.json.

@@ -6,7 +6,7 @@
 //
 //   cuda_trainer --socket=S [--mode=flat|user] [--dtype=fp32|bf16] [--steps=N]
 //                [--device=ORD] [--die-at-step=N] [--withhold=I]
-//                [--tensors=N] [--switch-stream-at=K]
+//                [--tensors=N] [--switch-stream-at=K] [--inf-at=R:S:I:J]
 //
 // --die-at-step: SIGKILL itself in that step after marking two gradients
 // (a trainer dying mid-iteration; its peers must get GS_ERR_PEER_FAILED).
@@ -16,6 +16,8 @@
 // --tensors: N small tensors instead of the model's (more than the client's
 // pool of readiness events); --switch-stream-at: from the K-th mark of each
 // step on, writes and marks go to a second stream.
+// --inf-at: rank R writes +Inf at element J of tensor I in step S (the
+// daemon's --nonfinite=error must then fail every trainer naming it).
 //
 // Exit codes as sim_trainer: 0 matched; 1 a result differed; 2 a call
 // failed ("error code=N: message"); 3 bad flags or no usable GPU.
@@ -27,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -69,6 +72,8 @@ int CudaFail(cudaError_t e, const char* what) {
 int main(int argc, char** argv) {
   std::string socket, mode = "flat", dtype_name = "fp32";
   int steps = 5, device = -1, die_at_step = -1, withhold = -1, tensors = 0, switch_at = -1;
+  int inf_rank = -1, inf_step = -1, inf_tensor = -1;
+  long long inf_element = -1;
   for (int a = 1; a < argc; ++a) {
     std::string arg = argv[a];
     const size_t eq = arg.find('=');
@@ -92,7 +97,12 @@ int main(int argc, char** argv) {
       tensors = std::atoi(v.c_str());
     else if (key == "--switch-stream-at")
       switch_at = std::atoi(v.c_str());
-    else
+    else if (key == "--inf-at") {
+      if (std::sscanf(v.c_str(), "%d:%d:%d:%lld", &inf_rank, &inf_step, &inf_tensor,
+                      &inf_element) != 4) {
+        return 3;
+      }
+    } else
       return 3;
   }
   if (dtype_name != "fp32" && dtype_name != "bf16") return 3;
@@ -193,7 +203,10 @@ int main(int argc, char** argv) {
         raise(SIGKILL);
       }
       for (size_t j = 0; j < kTensors[i].numel; ++j) {
-        const float g = Grad(rank, step, i, j);
+        const bool inf = rank == inf_rank && step == inf_step &&
+                         static_cast<int>(i) == inf_tensor &&
+                         static_cast<long long>(j) == inf_element;
+        const float g = inf ? std::numeric_limits<float>::infinity() : Grad(rank, step, i, j);
         if (bf16) {
           static_cast<uint16_t*>(pinned[i])[j] = gradsync::FloatToBFloat16(g);
         } else {
