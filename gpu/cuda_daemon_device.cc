@@ -107,6 +107,7 @@ class CudaDaemonDevice final : public DaemonDevice {
       DeviceScope scope(ordinal);
       cudaFree(ptr);
     }
+    for (void* ptr : host_allocations_) cudaFreeHost(ptr);
   }
 
   std::string name() const override { return "cuda"; }
@@ -364,19 +365,48 @@ class CudaDaemonDevice final : public DaemonDevice {
   }
 
   absl::Status CopyAsync(void* dst, const void* src, size_t bytes, Stream* stream) override {
-    RtStream* s = Unwrap(stream);
-    if (s == nullptr) return absl::InvalidArgumentError("CopyAsync: null stream");
-    if (bytes == 0) return absl::OkStatus();
+    return Copy(dst, src, bytes, cudaMemcpyDeviceToDevice, stream, "CopyAsync");
+  }
+
+  absl::StatusOr<void*> AllocHost(const DeviceId& device, size_t bytes) override {
+    if (bytes == 0) return absl::InvalidArgumentError("AllocHost of 0 bytes");
     absl::MutexLock lock(&mu_);
     if (!poisoned_.ok()) return poisoned_;
-    DeviceScope scope(s->ordinal);
+    ASSIGN_OR_RETURN(const Gpu* gpu, Find(device));
+    DeviceScope scope(gpu->ordinal);
     if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
-    return Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s->stream),
-                 "cudaMemcpyAsync");
+    void* ptr = nullptr;
+    // Portable: pinned for every context of this process, whichever GPU reads it.
+    RETURN_IF_ERROR(Check(cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable),
+                          absl::StrCat("cudaHostAlloc(", bytes, " bytes)")));
+    host_allocations_.insert(ptr);
+    return ptr;
+  }
+
+  absl::Status FreeHost(const DeviceId& device, void* ptr) override {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(const Gpu* gpu, Find(device));
+    if (host_allocations_.erase(ptr) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("FreeHost: ", Hex(ptr), " is not host memory of this device"));
+    }
+    if (!poisoned_.ok()) return poisoned_;
+    DeviceScope scope(gpu->ordinal);
+    if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
+    return Check(cudaFreeHost(ptr), "cudaFreeHost");
+  }
+
+  absl::Status CopyToHostAsync(void* host, const void* src, size_t bytes, Stream* stream) override {
+    return Copy(host, src, bytes, cudaMemcpyDeviceToHost, stream, "CopyToHostAsync");
+  }
+
+  absl::Status CopyFromHostAsync(void* dst, const void* host, size_t bytes,
+                                 Stream* stream) override {
+    return Copy(dst, host, bytes, cudaMemcpyHostToDevice, stream, "CopyFromHostAsync");
   }
 
   absl::Status SumAsync(void* dst, const std::vector<const void*>& srcs, size_t count, DType dtype,
-                        double scale, Stream* stream) override {
+                        double scale, const NonFiniteCheck& check, Stream* stream) override {
     RtStream* s = Unwrap(stream);
     if (s == nullptr) return absl::InvalidArgumentError("SumAsync: null stream");
     if (srcs.empty()) return absl::InvalidArgumentError("SumAsync: no sources");
@@ -412,6 +442,9 @@ class CudaDaemonDevice final : public DaemonDevice {
       while (n < kMaxLocalSumSources && next < srcs.size()) args.srcs[n++] = srcs[next++];
       args.nsrcs = n;
       args.scale = next == srcs.size() ? scale : 1.0;
+      // Every launch checks into the same flag: a hit in any one counts.
+      args.nonfinite_flag = check.flag;
+      args.nonfinite_token = check.token;
       RETURN_IF_ERROR(
           Check(LaunchLocalSum(args, static_cast<LocalSumType>(dtype), max_blocks, s->stream),
                 absl::StrCat("local sum (", DTypeName(dtype), ", ", count, " elements, ", n,
@@ -460,6 +493,18 @@ class CudaDaemonDevice final : public DaemonDevice {
                                                    ")"));
   }
 
+  absl::Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, Stream* stream,
+                    const char* what) {
+    RtStream* s = Unwrap(stream);
+    if (s == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": null stream"));
+    if (bytes == 0) return absl::OkStatus();
+    absl::MutexLock lock(&mu_);
+    if (!poisoned_.ok()) return poisoned_;
+    DeviceScope scope(s->ordinal);
+    if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
+    return Check(cudaMemcpyAsync(dst, src, bytes, kind, s->stream), "cudaMemcpyAsync");
+  }
+
   // OK for cudaSuccess; else the error, and a sticky one poisons the device.
   absl::Status Check(cudaError_t err, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (err == cudaSuccess) return absl::OkStatus();
@@ -478,6 +523,7 @@ class CudaDaemonDevice final : public DaemonDevice {
   absl::flat_hash_map<std::string, void*> by_handle_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<RtEvent*> events_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<RtStream*> streams_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<void*> host_allocations_ ABSL_GUARDED_BY(mu_);  // AllocHost's
 };
 
 }  // namespace

@@ -22,7 +22,8 @@
 //    where possible; a trainer that died leaves a handle the daemon may still
 //    query (the result is then an error or kDone, never a wait).
 //  - Nothing here synchronizes the host with the device except Alloc, which
-//    polls its zeroing memset to completion within a bounded time.
+//    polls its zeroing memset to completion within a bounded time (and
+//    AllocHost/FreeHost, pinned host memory: memory work, gated like Alloc).
 //  - A sticky CUDA error (illegal address, launch failure, ...) poisons the
 //    process's contexts: every later call returns the same error, marked so
 //    that IsCudaContextPoisoned() is true. The daemon must exit and let its

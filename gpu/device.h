@@ -197,6 +197,12 @@ class CollectiveGroup {
   virtual void Abort(const std::string& reason) = 0;
 };
 
+// SumAsync's non-finite check (--nonfinite=error|skip).
+struct NonFiniteCheck {
+  uint32_t* flag = nullptr;  // device memory (Alloc) of the stream's GPU; null: no check
+  uint32_t token = 0;        // what a hit stores: new per bucket, so the flag is never reset
+};
+
 class DaemonDevice {
  public:
   virtual ~DaemonDevice() = default;
@@ -238,9 +244,27 @@ class DaemonDevice {
   // the stream's GPU). `scale` is double so that fp64 gradients are scaled
   // by 1/world_size in fp64 (a float 1/3 is off by 3e-8 relative); the
   // other types round it to fp32 once.
+  // `check.flag` non-null: the non-finite check (gpu/local_sum.h): where a
+  // result element is not finite dst receives srcs[0]'s element instead,
+  // and *check.flag becomes check.token.
   virtual absl::Status CopyAsync(void* dst, const void* src, size_t bytes, Stream* stream) = 0;
   virtual absl::Status SumAsync(void* dst, const std::vector<const void*>& srcs, size_t count,
-                                DType dtype, double scale, Stream* stream) = 0;
+                                DType dtype, double scale, const NonFiniteCheck& check,
+                                Stream* stream) = 0;
+
+  // Host memory the device copies to and from without the host waiting
+  // (cudaMallocHost; a copy into pageable memory would block until the
+  // stream got there): where small results (the non-finite flag) are read
+  // back. Memory work like Alloc (gated the same way).
+  virtual absl::StatusOr<void*> AllocHost(const DeviceId& device, size_t bytes) = 0;
+  virtual absl::Status FreeHost(const DeviceId& device, void* ptr) = 0;
+  // Async on `stream`: device memory of the stream's GPU to or from `host`
+  // (from AllocHost); the host sees or may reuse `host` once the stream is
+  // seen done (QueryStream).
+  virtual absl::Status CopyToHostAsync(void* host, const void* src, size_t bytes,
+                                       Stream* stream) = 0;
+  virtual absl::Status CopyFromHostAsync(void* dst, const void* host, size_t bytes,
+                                         Stream* stream) = 0;
 
   // Creates the group's communicators (bounded by options.timeout, and by a
   // one-element warm-up collective so connection failures surface here).

@@ -88,6 +88,25 @@ absl::Status GatedDaemonDevice::Free(const DeviceId& device, void* ptr) {
   return out;
 }
 
+// Pinned host memory: cudaHostAlloc/cudaFreeHost can wait on the device's
+// running work, as cudaMalloc/cudaFree can.
+absl::StatusOr<void*> GatedDaemonDevice::AllocHost(const DeviceId& device, size_t bytes) {
+  RETURN_IF_ERROR(
+      gate_.EnterMemoryWork({device}, MonotonicNow() + memory_wait_,
+                            absl::StrCat("allocating ", bytes, " bytes of host memory")));
+  absl::StatusOr<void*> out = device_->AllocHost(device, bytes);
+  gate_.ExitMemoryWork({device});
+  return out;
+}
+
+absl::Status GatedDaemonDevice::FreeHost(const DeviceId& device, void* ptr) {
+  RETURN_IF_ERROR(
+      gate_.EnterMemoryWork({device}, MonotonicNow() + memory_wait_, "freeing host memory"));
+  absl::Status out = device_->FreeHost(device, ptr);
+  gate_.ExitMemoryWork({device});
+  return out;
+}
+
 absl::StatusOr<void*> GatedDaemonDevice::OpenMemory(const DeviceId& device,
                                                     const IpcHandle& handle) {
   RETURN_IF_ERROR(gate_.EnterMemoryWork({device}, MonotonicNow() + memory_wait_,

@@ -56,8 +56,17 @@ class GatedDaemonDevice final : public DaemonDevice {
     return device_->CopyAsync(dst, src, bytes, stream);
   }
   absl::Status SumAsync(void* dst, const std::vector<const void*>& srcs, size_t count, DType dtype,
-                        double scale, Stream* stream) override {
-    return device_->SumAsync(dst, srcs, count, dtype, scale, stream);
+                        double scale, const NonFiniteCheck& check, Stream* stream) override {
+    return device_->SumAsync(dst, srcs, count, dtype, scale, check, stream);
+  }
+  absl::StatusOr<void*> AllocHost(const DeviceId& device, size_t bytes) override;
+  absl::Status FreeHost(const DeviceId& device, void* ptr) override;
+  absl::Status CopyToHostAsync(void* host, const void* src, size_t bytes, Stream* stream) override {
+    return device_->CopyToHostAsync(host, src, bytes, stream);
+  }
+  absl::Status CopyFromHostAsync(void* dst, const void* host, size_t bytes,
+                                 Stream* stream) override {
+    return device_->CopyFromHostAsync(dst, host, bytes, stream);
   }
   absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateCollectives(
       const CollectiveOptions& options) override;

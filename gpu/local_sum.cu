@@ -1,6 +1,6 @@
 // See local_sum.h. Memory bound: one pass over the sources, one store per
-// element. 16-byte vectors when aligned (4 fp32, 2 fp64, 8 fp16/bf16 per
-// load), a scalar tail, a grid-stride loop so the grid stays small.
+// element; the non-finite check tests the results in registers. 16-byte vectors when aligned (4
+// fp32, 2 fp64, 8 fp16/bf16 per load), a scalar tail, a grid-stride loop so the grid stays small.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -55,44 +55,82 @@ struct alignas(16) Pack {
   T v[kN];
 };
 
-template <typename T>
-__device__ __forceinline__ void SumOne(const LocalSumArgs& args, size_t i,
-                                       typename Acc<T>::type scale) {
-  using A = typename Acc<T>::type;
-  A acc = ToAcc(static_cast<const T*>(args.srcs[0])[i]);
-  for (int k = 1; k < args.nsrcs; ++k) acc += ToAcc(static_cast<const T*>(args.srcs[k])[i]);
-  static_cast<T*>(args.dst)[i] = FromAcc<T>(acc * scale);
+// Exponent bits all ones: Inf or NaN, tested on the stored representation.
+__device__ __forceinline__ bool NotFinite(float x) {
+  return (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u;
+}
+__device__ __forceinline__ bool NotFinite(double x) {
+  return (static_cast<unsigned long long>(__double_as_longlong(x)) & 0x7ff0000000000000ull) ==
+         0x7ff0000000000000ull;
+}
+__device__ __forceinline__ bool NotFinite(__half x) {
+  return (__half_as_ushort(x) & 0x7c00u) == 0x7c00u;
+}
+__device__ __forceinline__ bool NotFinite(__nv_bfloat16 x) {
+  return (__bfloat16_as_ushort(x) & 0x7f80u) == 0x7f80u;
 }
 
-// kVector: every pointer is 16-byte aligned.
-template <typename T, bool kVector>
+// Returns whether element i's result was not finite (kCheck only).
+template <typename T, bool kCheck>
+__device__ __forceinline__ bool SumOne(const LocalSumArgs& args, size_t i,
+                                       typename Acc<T>::type scale) {
+  using A = typename Acc<T>::type;
+  const T first = static_cast<const T*>(args.srcs[0])[i];
+  A acc = ToAcc(first);
+  for (int k = 1; k < args.nsrcs; ++k) acc += ToAcc(static_cast<const T*>(args.srcs[k])[i]);
+  T out = FromAcc<T>(acc * scale);
+  const bool bad = kCheck && NotFinite(out);
+  if (bad) out = first;  // keeps srcs[0]'s input for the culprit search
+  static_cast<T*>(args.dst)[i] = out;
+  return bad;
+}
+
+// kVector: every pointer is 16-byte aligned. kCheck: args.nonfinite_flag is set.
+template <typename T, bool kVector, bool kCheck>
 __global__ void __launch_bounds__(kThreads) LocalSumKernel(const LocalSumArgs args) {
   using A = typename Acc<T>::type;
   const A scale = static_cast<A>(args.scale);
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   const size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   size_t scalar_from = 0;
+  bool hit = false;
   if (kVector) {
     constexpr int kN = Pack<T>::kN;
     const size_t npacks = args.count / kN;
     for (size_t p = first; p < npacks; p += stride) {
       A acc[kN];
-      Pack<T> in = static_cast<const Pack<T>*>(args.srcs[0])[p];
+      const Pack<T> in0 = static_cast<const Pack<T>*>(args.srcs[0])[p];
 #pragma unroll
-      for (int j = 0; j < kN; ++j) acc[j] = ToAcc(in.v[j]);
+      for (int j = 0; j < kN; ++j) acc[j] = ToAcc(in0.v[j]);
       for (int k = 1; k < args.nsrcs; ++k) {
-        in = static_cast<const Pack<T>*>(args.srcs[k])[p];
+        const Pack<T> in = static_cast<const Pack<T>*>(args.srcs[k])[p];
 #pragma unroll
         for (int j = 0; j < kN; ++j) acc[j] += ToAcc(in.v[j]);
       }
       Pack<T> out;
 #pragma unroll
       for (int j = 0; j < kN; ++j) out.v[j] = FromAcc<T>(acc[j] * scale);
+      if (kCheck) {
+        bool bad = false;
+#pragma unroll
+        for (int j = 0; j < kN; ++j) bad |= NotFinite(out.v[j]);
+        if (bad) {  // rare: keep srcs[0]'s inputs where the result is not finite
+#pragma unroll
+          for (int j = 0; j < kN; ++j) {
+            if (NotFinite(out.v[j])) out.v[j] = in0.v[j];
+          }
+          hit = true;
+        }
+      }
       static_cast<Pack<T>*>(args.dst)[p] = out;
     }
     scalar_from = npacks * kN;
   }
-  for (size_t i = scalar_from + first; i < args.count; i += stride) SumOne<T>(args, i, scale);
+  for (size_t i = scalar_from + first; i < args.count; i += stride) {
+    if (SumOne<T, kCheck>(args, i, scale)) hit = true;
+  }
+  // Every hitting thread stores the same token: no atomic needed.
+  if (kCheck && hit) *args.nonfinite_flag = args.nonfinite_token;
 }
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -105,8 +143,14 @@ cudaError_t Launch(const LocalSumArgs& args, int max_blocks, cudaStream_t stream
   const size_t cap = static_cast<size_t>(max_blocks > 0 ? max_blocks : kDefaultMaxBlocks);
   size_t blocks = (work + kThreads - 1) / kThreads;
   if (blocks > cap) blocks = cap;
-  const void* kernel = vector ? reinterpret_cast<const void*>(&LocalSumKernel<T, true>)
-                              : reinterpret_cast<const void*>(&LocalSumKernel<T, false>);
+  const void* kernel = nullptr;
+  if (args.nonfinite_flag != nullptr) {
+    kernel = vector ? reinterpret_cast<const void*>(&LocalSumKernel<T, true, true>)
+                    : reinterpret_cast<const void*>(&LocalSumKernel<T, false, true>);
+  } else {
+    kernel = vector ? reinterpret_cast<const void*>(&LocalSumKernel<T, true, false>)
+                    : reinterpret_cast<const void*>(&LocalSumKernel<T, false, false>);
+  }
   void* params[] = {const_cast<LocalSumArgs*>(&args)};
   // cudaLaunchKernel returns this launch's own error; <<<>>> + cudaGetLastError
   // could report a stale error of an earlier call on this thread instead.

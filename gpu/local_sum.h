@@ -6,6 +6,15 @@
 // fp32 in fp32, fp64 in fp64. Sources are added in order 0, 1, ..., then
 // multiplied by `scale`: a host loop doing the same gives the same bits.
 //
+// The non-finite check (LocalSumArgs::nonfinite_flag set): a result element
+// that is not finite (exponent bits all ones, tested on the value as
+// stored, so Inf or NaN in any source and an overflowing sum alike) is not
+// written; dst receives srcs[0]'s element there instead (unchanged when dst
+// is srcs[0], so that trainer's input survives for the culprit search), and
+// the launch stores nonfinite_token in *nonfinite_flag (a plain store, only
+// on a hit). The flag is never cleared here: a fresh token per launch says
+// which launch hit.
+//
 // Aliasing: dst may be any of the sources (each element is read by the
 // thread that writes it, before it writes it); otherwise dst must not
 // overlap a source. All pointers are device memory of the stream's GPU
@@ -31,9 +40,11 @@ inline constexpr int kMaxLocalSumSources = 16;
 struct LocalSumArgs {
   const void* srcs[kMaxLocalSumSources] = {};
   void* dst = nullptr;
-  int nsrcs = 0;       // 1..kMaxLocalSumSources
-  size_t count = 0;    // elements
-  double scale = 1.0;  // rounded once to the accumulation type, then applied
+  int nsrcs = 0;                           // 1..kMaxLocalSumSources
+  size_t count = 0;                        // elements
+  double scale = 1.0;                      // rounded once to the accumulation type, then applied
+  unsigned int* nonfinite_flag = nullptr;  // device memory; null: no check
+  unsigned int nonfinite_token = 0;
 };
 
 // Enqueues the sum on `stream` and returns at once (cudaErrorInvalidValue

@@ -18,7 +18,8 @@
 #              GLIBCXX offered vs needed (read from the files by python3,
 #              no `strings` needed)                       -- stops all if it fails
 #   canary     one daemon, one trainer, one iteration    -- stops all if it fails
-#   unit:*     the GPU unit tests (bin/*_test but cuda_path_test)
+#   unit:*     the GPU unit tests (bin/*_test but cuda_path_test); cuda_device
+#              includes the local-sum kernel's non-finite flag
 #   cabi       C ABI equivalence: 1, 2, 4 trainers sharing the GPU; flat and
 #              user pointer; fp32 and bf16
 #   cabi:event-pool  pooled readiness events: 4 trainers x 5,000 tensors
@@ -30,7 +31,8 @@
 #              generation; a node skipping a collective -> both fail naming it
 #   torch      PyTorch, 2 nodes x 1 trainer: DistributedOptimizer and the
 #              DDP hook equal single-process training
-#   killed     a trainer SIGKILLed mid-iteration, named to its peer
+#   killed     a trainer SIGKILLed mid-iteration, named to its peer; an Inf
+#              from one trainer fails both, naming it (--nonfinite=error)
 #   broadcast  gs_broadcast of a 64 MiB device buffer: 2 trainers sharing
 #              the GPU, then 2 "nodes" x 2 trainers (ncclBroadcast)
 #   bench      gradsync vs torch DDP vs plain ncclAllReduce, 2 ranks each

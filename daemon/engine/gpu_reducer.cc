@@ -1,10 +1,15 @@
 #include "daemon/engine/gpu_reducer.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/half.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
 #include "common/status_macros.h"
@@ -19,6 +24,50 @@ constexpr auto kPollPause = std::chrono::microseconds(20);
 
 absl::Status Aborted() {
   return MakeError(v1::PEER_FAILED, "the job failed while this bucket was being reduced");
+}
+
+// One element of `dtype` at `p`, as a double (NaN and Inf kept).
+double ElementValue(const uint8_t* p, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: {
+      float v;
+      std::memcpy(&v, p, sizeof v);
+      return v;
+    }
+    case DType::kFloat64: {
+      double v;
+      std::memcpy(&v, p, sizeof v);
+      return v;
+    }
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      uint16_t v;
+      std::memcpy(&v, p, sizeof v);
+      return dtype == DType::kFloat16 ? Float16ToFloat(v) : BFloat16ToFloat(v);
+    }
+  }
+  return 0;
+}
+
+// A quiet NaN of `dtype` at `p`.
+void WriteNaN(DType dtype, uint8_t* p) {
+  const float f = std::numeric_limits<float>::quiet_NaN();
+  const double d = std::numeric_limits<double>::quiet_NaN();
+  const uint16_t half = 0x7e00, bf16 = 0x7fc0;
+  switch (dtype) {
+    case DType::kFloat32:
+      std::memcpy(p, &f, sizeof f);
+      return;
+    case DType::kFloat64:
+      std::memcpy(p, &d, sizeof d);
+      return;
+    case DType::kFloat16:
+      std::memcpy(p, &half, sizeof half);
+      return;
+    case DType::kBFloat16:
+      std::memcpy(p, &bf16, sizeof bf16);
+      return;
+  }
 }
 
 }  // namespace
@@ -146,56 +195,143 @@ absl::Status GpuReducer::WaitStreams(absl::Time deadline, const char* what) {
   return absl::OkStatus();
 }
 
-absl::Status GpuReducer::Reduce(const PlannedBucket& bucket,
-                                const std::vector<ReduceSpan>& flat_spans, absl::Time deadline,
-                                ReduceTimings* timings, int* culprit) {
-  *culprit = kNoCulprit;
-  device_error_ = absl::OkStatus();
-  const int64_t start = MonotonicNowNs();
-  // TEST ONLY when skipped (gradsyncd_sim --unsafe-skip-event-wait): the
-  // reduction then races the trainers' streams, which the tests must see.
-  if (!skip_event_wait_) {
-    RETURN_IF_ERROR(WaitEvents(bucket, deadline, culprit));
-  }
+absl::Status GpuReducer::LaunchSums(const PlannedBucket& bucket, bool in_place, uint32_t token) {
   gpu::DaemonDevice& device = session_->device();
-  Pieces(bucket, flat_spans, &pieces_);
-  const bool in_place = pieces_.size() == 1;
   const size_t elem = DTypeSize(bucket.dtype);
   const uint64_t total = pieces_.back().staging_offset + pieces_.back().bytes;
   // In double: fp64 buckets are scaled in fp64; the kernel rounds it to fp32
   // for the other types.
   const double scale = 1.0 / static_cast<double>(world_size_);
-
   buffers_.clear();
   for (size_t d = 0; d < trainers_on_device_.size(); ++d) {
     const std::vector<size_t>& here = trainers_on_device_[d];
     gpu::Stream* stream = session_->stream(static_cast<int>(d));
     uint8_t* dst = in_place ? static_cast<uint8_t*>(At(here[0], pieces_[0])) : session_->staging(d);
+    gpu::NonFiniteCheck check;
+    if (token != 0) check = {session_->nonfinite_flag(static_cast<int>(d)), token};
     for (const Piece& p : pieces_) {
       srcs_.clear();
       for (size_t t : here) srcs_.push_back(At(t, p));
       void* out = in_place ? static_cast<void*>(dst) : dst + p.staging_offset;
       if (absl::Status st =
-              device.SumAsync(out, srcs_, p.bytes / elem, bucket.dtype, scale, stream);
+              device.SumAsync(out, srcs_, p.bytes / elem, bucket.dtype, scale, check, stream);
           !st.ok()) {
         device_error_ = st;
         return MakeError(v1::INTERNAL, absl::StrCat("summing bucket ", bucket.id, " on ",
                                                     session_->devices()[d], ": ", st.message()));
       }
     }
+    // Behind the sums on the same stream: read once WaitStreams saw it done.
+    if (token != 0) {
+      if (absl::Status st = device.CopyToHostAsync(&session_->host_window().flags[d], check.flag,
+                                                   sizeof(uint32_t), stream);
+          !st.ok()) {
+        device_error_ = st;
+        return MakeError(v1::INTERNAL, absl::StrCat("reading the non-finite flag on ",
+                                                    session_->devices()[d], ": ", st.message()));
+      }
+    }
     buffers_.push_back({static_cast<int>(d), dst, total / elem});
   }
-  // The collective never waits on our stream: it starts once the sums are seen done.
-  RETURN_IF_ERROR(WaitStreams(deadline, "the local sum"));
-  const int64_t summed = MonotonicNowNs();
+  return absl::OkStatus();
+}
 
-  if (absl::Status st = session_->collectives().AllreduceSum(buffers_, bucket.dtype); !st.ok()) {
-    device_error_ = st;
-    *culprit = kCollective;
-    return st;
+absl::Status GpuReducer::CheckSums(const PlannedBucket& bucket, uint32_t token, absl::Time deadline,
+                                   GpuNonFiniteReport* report) {
+  const GpuSession::HostWindow& w = session_->host_window();
+  bool any = false;
+  for (size_t d = 0; d < buffers_.size(); ++d) any = any || w.flags[d] == token;
+  if (!any) return absl::OkStatus();
+  std::vector<bool> hit(buffers_.size());  // rare from here on: allocating is fine
+  for (size_t d = 0; d < buffers_.size(); ++d) hit[d] = w.flags[d] == token;
+  RETURN_IF_ERROR(FindCulprit(bucket, hit, deadline, report));
+  // A NaN in the collective's input: every node's result holds one, so
+  // every node sees this bucket fail (or skip) alike, whatever it summed.
+  const size_t elem = DTypeSize(bucket.dtype);
+  WriteNaN(bucket.dtype, w.nan);
+  for (size_t d = 0; d < buffers_.size(); ++d) {
+    if (!hit[d]) continue;
+    if (absl::Status st = session_->device().CopyFromHostAsync(
+            buffers_[d].data, w.nan, elem, session_->stream(static_cast<int>(d)));
+        !st.ok()) {
+      device_error_ = st;
+      return MakeError(v1::INTERNAL,
+                       absl::StrCat("marking bucket ", bucket.id, " not finite: ", st.message()));
+    }
   }
-  const int64_t reduced = MonotonicNowNs();
+  RETURN_IF_ERROR(WaitStreams(deadline, "marking the bucket not finite"));
+  report->result_non_finite = true;
+  return absl::OkStatus();
+}
 
+absl::Status GpuReducer::FindCulprit(const PlannedBucket& bucket, const std::vector<bool>& hit,
+                                     absl::Time deadline, GpuNonFiniteReport* report) {
+  // Rare: read the gradients through the host window, piece by piece in the
+  // bucket's order. Where a result was not finite, a trainer summed into in
+  // place still holds its own input (the kernel keeps it); elsewhere it
+  // holds a finite sum, as its input was.
+  const GpuSession::HostWindow& w = session_->host_window();
+  const size_t elem = DTypeSize(bucket.dtype);
+  const uint64_t window = GpuSession::kSearchBytes / elem * elem;
+  for (const Piece& p : pieces_) {
+    for (uint64_t from = 0; from < p.bytes; from += window) {
+      const uint64_t bytes = std::min(window, p.bytes - from);
+      bool found = false;
+      uint64_t first = 0;
+      for (size_t t = 0; t < session_->num_trainers(); ++t) {
+        if (!hit[session_->device_index(t)]) continue;  // its GPU's sum was finite
+        gpu::Stream* stream = session_->stream(session_->device_index(t));
+        if (absl::Status st = session_->device().CopyToHostAsync(
+                w.search, static_cast<const uint8_t*>(At(t, p)) + from, bytes, stream);
+            !st.ok()) {
+          device_error_ = st;
+          return MakeError(v1::INTERNAL, absl::StrCat("reading ", session_->trainer_name(t),
+                                                      "'s gradients: ", st.message()));
+        }
+        RETURN_IF_ERROR(WaitStreams(deadline, "reading gradients for the non-finite search"));
+        const uint64_t limit = found ? first : bytes;
+        for (uint64_t at = 0; at < limit; at += elem) {
+          const double v = ElementValue(w.search + at, bucket.dtype);
+          if (std::isfinite(v)) continue;
+          found = true;
+          first = at;
+          report->local = true;
+          report->trainer = t;
+          report->value = v;
+          break;
+        }
+      }
+      if (found) {
+        Locate(bucket, p, from + first, report);
+        return absl::OkStatus();
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void GpuReducer::Locate(const PlannedBucket& bucket, const Piece& p, uint64_t at,
+                        GpuNonFiniteReport* report) const {
+  const size_t elem = DTypeSize(bucket.dtype);
+  if (!session_->flat()) {
+    report->tensor = p.tensor;
+    report->element = at / elem;
+    return;
+  }
+  // Flat mode: which of the bucket's tensors holds that flat offset.
+  const uint64_t flat = p.flat_offset + at;
+  const uint8_t* base = session_->flat_base(report->trainer);
+  for (uint32_t i : bucket.tensors) {
+    const uint64_t begin = static_cast<const uint8_t*>(session_->tensor(report->trainer, i)) - base;
+    if (flat < begin || flat >= begin + layout_[i].bytes()) continue;
+    report->tensor = i;
+    report->element = (flat - begin) / elem;
+    return;
+  }
+}
+
+absl::Status GpuReducer::WriteBack(const PlannedBucket& bucket, bool in_place) {
+  gpu::DaemonDevice& device = session_->device();
   for (size_t d = 0; d < trainers_on_device_.size(); ++d) {
     const std::vector<size_t>& here = trainers_on_device_[d];
     gpu::Stream* stream = session_->stream(static_cast<int>(d));
@@ -212,7 +348,59 @@ absl::Status GpuReducer::Reduce(const PlannedBucket& bucket,
       }
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status GpuReducer::Reduce(const PlannedBucket& bucket,
+                                const std::vector<ReduceSpan>& flat_spans, absl::Time deadline,
+                                ReduceTimings* timings, int* culprit,
+                                GpuNonFiniteReport* nonfinite) {
+  *culprit = kNoCulprit;
+  device_error_ = absl::OkStatus();
+  const int64_t start = MonotonicNowNs();
+  // TEST ONLY when skipped (gradsyncd_sim --unsafe-skip-event-wait): the
+  // reduction then races the trainers' streams, which the tests must see.
+  if (!skip_event_wait_) {
+    RETURN_IF_ERROR(WaitEvents(bucket, deadline, culprit));
+  }
+  Pieces(bucket, flat_spans, &pieces_);
+  const bool in_place = pieces_.size() == 1;
+  uint32_t token = 0;
+  if (nonfinite != nullptr) {
+    *nonfinite = GpuNonFiniteReport();
+    if (++last_token_ == 0) ++last_token_;  // 0 is the flags' initial value
+    token = last_token_;
+  }
+  RETURN_IF_ERROR(LaunchSums(bucket, in_place, token));
+  // The collective never waits on our stream: it starts once the sums are seen done.
+  RETURN_IF_ERROR(WaitStreams(deadline, "the local sum"));
+  if (token != 0) RETURN_IF_ERROR(CheckSums(bucket, token, deadline, nonfinite));
+  const int64_t summed = MonotonicNowNs();
+
+  if (absl::Status st = session_->collectives().AllreduceSum(buffers_, bucket.dtype); !st.ok()) {
+    device_error_ = st;
+    *culprit = kCollective;
+    return st;
+  }
+  const int64_t reduced = MonotonicNowNs();
+
+  const GpuSession::HostWindow& w = session_->host_window();
+  if (token != 0) {
+    // The result's first element, behind the collective: another node's
+    // NaN (CheckSums) arrives there.
+    if (absl::Status st = session_->device().CopyToHostAsync(
+            w.probe, buffers_[0].data, DTypeSize(bucket.dtype), session_->stream(0));
+        !st.ok()) {
+      device_error_ = st;
+      return MakeError(v1::INTERNAL,
+                       absl::StrCat("reading bucket ", bucket.id, "'s result: ", st.message()));
+    }
+  }
+  RETURN_IF_ERROR(WriteBack(bucket, in_place));
   RETURN_IF_ERROR(WaitStreams(deadline, "writing the result back"));
+  if (token != 0 && !std::isfinite(ElementValue(w.probe, bucket.dtype))) {
+    nonfinite->result_non_finite = true;
+  }
   const int64_t done = MonotonicNowNs();
   timings->local_reduce_ns = (summed - start) + (done - reduced);
   timings->collective_ns = reduced - summed;

@@ -15,6 +15,12 @@
 //      AllreduceSum over the node's GPUs;
 //   4. CopyAsync the result to every other trainer's memory on each GPU
 //      (and out of staging), and wait for the streams again.
+// The non-finite check (Reduce given a report) rides on the same waits:
+// the sums set each GPU's flag, copied to the host behind them (2.), and the
+// result's first element is copied back behind the write-back (4.). On a hit
+// (rare) the reducer searches the trainers' gradients for the culprit and
+// writes a NaN into the collective's input, so that every node's result
+// says so (docs/DESIGN.md "Non-finite gradients").
 // Only then does the scheduler count the bucket done: a trainer's gs_wait
 // returns after the results are in its memory.
 #ifndef GRADSYNC_DAEMON_ENGINE_GPU_REDUCER_H_
@@ -34,6 +40,21 @@
 
 namespace gradsync {
 
+// What the non-finite check found in one bucket (LocalReducer's
+// NonFiniteReport, in the GPU path's terms).
+struct GpuNonFiniteReport {
+  // The collective's result holds a NaN or an Inf: identical on every node.
+  bool result_non_finite = false;
+  // A local trainer's gradient holds one: the first such element (lowest
+  // offset in the bucket's order), lowest trainer first. False with
+  // result_non_finite: another node's, or a local sum overflowed.
+  bool local = false;
+  size_t trainer = 0;  // index into the session
+  uint32_t tensor = 0;
+  uint64_t element = 0;
+  double value = 0;
+};
+
 class GpuReducer {
  public:
   // Who a failed Reduce blames: a trainer (index into the session, which
@@ -51,8 +72,11 @@ class GpuReducer {
   // `flat_spans`: the bucket's ranges in a flat buffer (flat mode). Errors
   // name the trainer and tensor; *culprit says whom to blame. `deadline`
   // is a MonotonicNow() time (common/monotonic.h).
+  // `nonfinite` non-null: check for NaN/Inf (--nonfinite=error|skip); where
+  // a result is not finite the trainers' memory is left unspecified.
   absl::Status Reduce(const PlannedBucket& bucket, const std::vector<ReduceSpan>& flat_spans,
-                      absl::Time deadline, ReduceTimings* timings, int* culprit);
+                      absl::Time deadline, ReduceTimings* timings, int* culprit,
+                      GpuNonFiniteReport* nonfinite);
 
   void Abort(const std::string& reason) { session_->Abort(reason); }
   // The scheduler's side of the readiness entries (GpuSession::NoteReady):
@@ -84,6 +108,18 @@ class GpuReducer {
   void* At(size_t trainer, const Piece& p) const;
   absl::Status WaitEvents(const PlannedBucket& bucket, absl::Time deadline, int* culprit);
   absl::Status WaitStreams(absl::Time deadline, const char* what);
+  // Queues every GPU's local sum (and, with `token`, its flag's copy back).
+  absl::Status LaunchSums(const PlannedBucket& bucket, bool in_place, uint32_t token);
+  // After the sums are done: a flag that holds `token` is a hit; then the
+  // culprit search and the NaN written into that GPU's collective input.
+  absl::Status CheckSums(const PlannedBucket& bucket, uint32_t token, absl::Time deadline,
+                         GpuNonFiniteReport* report);
+  absl::Status FindCulprit(const PlannedBucket& bucket, const std::vector<bool>& hit,
+                           absl::Time deadline, GpuNonFiniteReport* report);
+  // The tensor and element at byte `at` of piece p.
+  void Locate(const PlannedBucket& bucket, const Piece& p, uint64_t at,
+              GpuNonFiniteReport* report) const;
+  absl::Status WriteBack(const PlannedBucket& bucket, bool in_place);
 
   GpuSession* session_;
   const Layout& layout_;
@@ -96,6 +132,7 @@ class GpuReducer {
   std::vector<gpu::DeviceBuffer> buffers_;
   std::vector<std::pair<size_t, uint32_t>> pending_;
   absl::Status device_error_;
+  uint32_t last_token_ = 0;  // the non-finite check's, one per checked bucket
   double stall_threshold_s_ = 0;
   StallReporter stall_;
 };

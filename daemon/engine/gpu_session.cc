@@ -173,6 +173,7 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
     RETURN_IF_ERROR(s->OpenTrainer(in, trainers[0].name, layout, flat_plan));
   }
   RETURN_IF_ERROR(s->CreateStreams());
+  RETURN_IF_ERROR(s->AllocNonFiniteMemory());
   ASSIGN_OR_RETURN(const gpu::CollectiveOptions o, s->CollectiveOptionsFor(world));
   RETURN_IF_ERROR(s->CreateCollectives(o, world.generation));
   s->first_rank_ = o.first_rank;
@@ -318,6 +319,29 @@ absl::Status GpuSession::CreateStreams() {
   return absl::OkStatus();
 }
 
+absl::Status GpuSession::AllocNonFiniteMemory() {
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    // Zeroed by Alloc: no bucket's token is 0.
+    absl::StatusOr<void*> flag = device_->Alloc(devices_[d], sizeof(uint32_t));
+    if (!flag.ok()) {
+      return SetupError(flag.status(), absl::StrCat("the non-finite flag on ", devices_[d]));
+    }
+    nonfinite_flags_.push_back(static_cast<uint32_t*>(*flag));
+  }
+  if (devices_.empty()) return absl::OkStatus();
+  // 8-byte aligned pieces: flags, probe, NaN, then the search window.
+  const size_t flags_bytes = (devices_.size() * sizeof(uint32_t) + 7) / 8 * 8;
+  absl::StatusOr<void*> host = device_->AllocHost(devices_[0], flags_bytes + 16 + kSearchBytes);
+  if (!host.ok()) return SetupError(host.status(), "host memory for the non-finite check");
+  host_memory_ = *host;
+  auto* base = static_cast<uint8_t*>(host_memory_);
+  host_window_.flags = reinterpret_cast<uint32_t*>(base);
+  host_window_.probe = base + flags_bytes;
+  host_window_.nan = base + flags_bytes + 8;
+  host_window_.search = base + flags_bytes + 16;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<gpu::CollectiveOptions> GpuSession::CollectiveOptionsFor(
     const WorldInput& world) const {
   gpu::CollectiveOptions o;
@@ -435,7 +459,13 @@ GpuSession::~GpuSession() {
       report(device_->Free(devices_[d], broadcast_slots_[d]), "free_broadcast_staging",
              devices_[d]);
     }
+    if (nonfinite_flags_.size() > d) {
+      report(device_->Free(devices_[d], nonfinite_flags_[d]), "free_nonfinite_flag", devices_[d]);
+    }
     if (streams_.size() > d) device_->DestroyStream(streams_[d]);
+  }
+  if (host_memory_ != nullptr) {
+    report(device_->FreeHost(devices_[0], host_memory_), "free_host", devices_[0]);
   }
   for (PerTrainer& p : trainers_) Release(p);
 }

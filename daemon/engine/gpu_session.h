@@ -158,6 +158,21 @@ class GpuSession {
   absl::Status EnsureStaging(uint64_t bytes);
   uint8_t* staging(int device_index) const { return staging_[device_index]; }
 
+  // The non-finite check's memory (the GPU reducer's; docs/DESIGN.md
+  // "Non-finite gradients"): a flag per GPU in device memory that SumAsync
+  // sets, and host memory the device copies into without the host waiting
+  // (flags read back, the result's first element, a NaN to write, and a
+  // window the rare culprit search reads trainers' gradients through).
+  uint32_t* nonfinite_flag(int device_index) const { return nonfinite_flags_[device_index]; }
+  struct HostWindow {
+    uint32_t* flags = nullptr;  // one per GPU
+    uint8_t* probe = nullptr;   // 8 bytes: a result's first element
+    uint8_t* nan = nullptr;     // 8 bytes: a NaN of the bucket's dtype
+    uint8_t* search = nullptr;  // kSearchBytes
+  };
+  static constexpr size_t kSearchBytes = size_t{1} << 20;
+  const HostWindow& host_window() const { return host_window_; }
+
   // Trainer t left while others of the job remain: its events, its mapped
   // allocations (user-pointer mode) and its flat buffer go now, not when
   // the last trainer leaves, since a trainer may free its memory or destroy
@@ -212,6 +227,7 @@ class GpuSession {
   absl::Status PlaceUserTensors(PerTrainer& p, const GpuTrainerSpec& spec, const Layout& layout);
   absl::Status OpenEvents(PerTrainer& p, const GpuTrainerSpec& spec);
   absl::Status CreateStreams();
+  absl::Status AllocNonFiniteMemory();
   absl::StatusOr<gpu::CollectiveOptions> CollectiveOptionsFor(const WorldInput& world) const;
   absl::Status CreateCollectives(const gpu::CollectiveOptions& o, uint64_t generation);
   // A device error while setting up, naming what was being done; one that
@@ -232,6 +248,9 @@ class GpuSession {
   std::vector<gpu::IpcHandle> broadcast_handles_;
   int first_rank_ = 0;
   int nranks_ = 1;
+  std::vector<uint32_t*> nonfinite_flags_;  // per device
+  void* host_memory_ = nullptr;             // host_window_'s, from AllocHost on devices_[0]
+  HostWindow host_window_;
   std::unique_ptr<gpu::CollectiveGroup> collectives_;
   std::atomic<bool> aborted_{false};
 };

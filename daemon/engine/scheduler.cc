@@ -482,15 +482,6 @@ void Scheduler::Loop() {
     fail_(MakeError(v1::INTERNAL, bad_plan_), -1);
     halted_.store(true, std::memory_order_release);
   }
-  if (options_.gpu && options_.nonfinite == NonFiniteMode::kSkip) {
-    // The GPU local sum does not check yet: refuse rather than never skip.
-    fail_(MakeError(v1::INVALID_ARGUMENT,
-                    "--nonfinite=skip is not supported for CUDA gradients yet (the non-finite "
-                    "check runs on the CPU path only); start gradsyncd with --nonfinite=error "
-                    "or --nonfinite=off"),
-          -1);
-    halted_.store(true, std::memory_order_release);
-  }
   while (!stop_.load(std::memory_order_acquire)) {
     const uint32_t seen = ready_bell_->Sequence();
     if (halted_.load(std::memory_order_acquire)) {
@@ -931,7 +922,10 @@ bool Scheduler::Launch(uint32_t bucket) {
     agreement_in_flight_ = false;
     if (!FinishAgreement()) return false;
   }
-  if (nonfinite.result_non_finite && !HandleNonFinite(bucket, nonfinite)) return false;
+  if (nonfinite.result_non_finite &&
+      !HandleNonFinite(bucket, nonfinite.local ? DescribeNonFinite(bucket, nonfinite) : "")) {
+    return false;
+  }
   return FinishLaunch(bucket, timings);
 }
 
@@ -951,13 +945,26 @@ std::string Scheduler::DescribeNonFinite(uint32_t bucket, const NonFiniteReport&
                           (report.arena_offset - at) / DTypeSize(layout_[i].dtype));
     break;
   }
-  return absl::StrCat(culprit ? culprit->Name() : "a trainer", " on node ", options_.node_rank,
-                      " (host ", host_, "): tensor ", tensor, " = ", report.value);
+  return DescribeCulprit(culprit, tensor, report.value);
 }
 
-bool Scheduler::HandleNonFinite(uint32_t bucket, const NonFiniteReport& report) {
+std::string Scheduler::DescribeGpuNonFinite(const GpuNonFiniteReport& report) const {
+  // The GPU session's trainers are this node's, in local-rank order.
+  const Trainer* culprit = report.trainer < trainers_.size() ? trainers_[report.trainer] : nullptr;
+  return DescribeCulprit(
+      culprit,
+      absl::StrCat(report.tensor, " '", layout_[report.tensor].name, "' element ", report.element),
+      report.value);
+}
+
+std::string Scheduler::DescribeCulprit(const Trainer* trainer, const std::string& tensor,
+                                       double value) const {
+  return absl::StrCat(trainer ? trainer->Name() : "a trainer", " on node ", options_.node_rank,
+                      " (host ", host_, "): tensor ", tensor, " = ", value);
+}
+
+bool Scheduler::HandleNonFinite(uint32_t bucket, const std::string& culprit) {
   const bool nodes = backend_->num_nodes() > 1;
-  const std::string culprit = report.local ? DescribeNonFinite(bucket, report) : "";
   if (options_.nonfinite == NonFiniteMode::kSkip) {
     // Every node saw the same reduced result, so every node skips alike.
     if (!skip_step_ || (skip_culprit_.empty() && !culprit.empty())) {
@@ -1013,7 +1020,10 @@ bool Scheduler::LaunchGpu(uint32_t bucket) {
   ReduceTimings timings;
   int culprit = GpuReducer::kNoCulprit;
   const absl::Time deadline = MonotonicNow() + absl::Milliseconds(options_.timeout_ms);
-  absl::Status st = options_.gpu->Reduce(b, spans_[bucket], deadline, &timings, &culprit);
+  GpuNonFiniteReport nonfinite;
+  absl::Status st =
+      options_.gpu->Reduce(b, spans_[bucket], deadline, &timings, &culprit,
+                           options_.nonfinite == NonFiniteMode::kOff ? nullptr : &nonfinite);
   const int64_t slot = EndReduction();
   if (slot == kStopped) return false;  // Stop aborted it: the job is over
   if (!st.ok() || slot == kTimedOut) {
@@ -1036,6 +1046,10 @@ bool Scheduler::LaunchGpu(uint32_t bucket) {
     // trainers already have the job's error; a fresh daemon recovers.
     ExitIfDeviceLost(options_.is_context_lost, options_.gpu->last_device_error(),
                      "the GPU reduction");
+    return false;
+  }
+  if (nonfinite.result_non_finite &&
+      !HandleNonFinite(bucket, nonfinite.local ? DescribeGpuNonFinite(nonfinite) : "")) {
     return false;
   }
   return FinishLaunch(bucket, timings);

@@ -136,7 +136,7 @@ class Scheduler {
     // The node segment the ready bell lives in: checked for truncation
     // like the trainers' segments. Owned by the job.
     const ipc::NodeSegment* node_segment = nullptr;
-    // NaN/Inf in the gradients (CPU path; see HandleNonFinite). The same on
+    // NaN/Inf in the gradients (CPU and GPU paths; see HandleNonFinite). The same on
     // every node of a job, like the other daemon flags.
     NonFiniteMode nonfinite = NonFiniteMode::kError;
     // Told every mark and iteration (who is the straggler); across nodes
@@ -232,9 +232,13 @@ class Scheduler {
   bool Recover(const absl::Status& error);
   // The bucket's reduced result holds a NaN or an Inf: fails the job
   // (--nonfinite=error, false) or marks the iteration skipped (true).
-  bool HandleNonFinite(uint32_t bucket, const NonFiniteReport& report);
+  // `culprit`: a Describe* string, or empty when no local trainer holds one.
+  bool HandleNonFinite(uint32_t bucket, const std::string& culprit);
   // "rank 1 (local 1, pid 7) on node 0 (host h): tensor 3 'fc.bias' element 5 = nan"
   std::string DescribeNonFinite(uint32_t bucket, const NonFiniteReport& report) const;
+  std::string DescribeGpuNonFinite(const GpuNonFiniteReport& report) const;
+  std::string DescribeCulprit(const Trainer* trainer, const std::string& tensor,
+                              double value) const;
   // The bucket's reduction succeeded: timeline and observer.
   bool FinishLaunch(uint32_t bucket, const ReduceTimings& timings);
   void FinishIteration();

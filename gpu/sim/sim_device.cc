@@ -645,7 +645,8 @@ absl::Status SimDaemonDevice::CopyAsync(void* dst, const void* src, size_t bytes
 }
 
 absl::Status SimDaemonDevice::SumAsync(void* dst, const std::vector<const void*>& srcs,
-                                       size_t count, DType dtype, double scale, Stream* stream) {
+                                       size_t count, DType dtype, double scale,
+                                       const NonFiniteCheck& check, Stream* stream) {
   if (!IsValidDType(static_cast<int32_t>(dtype))) {
     return absl::InvalidArgumentError(
         absl::StrCat("SumAsync: bad dtype ", static_cast<int32_t>(dtype)));
@@ -664,9 +665,74 @@ absl::Status SimDaemonDevice::SumAsync(void* dst, const std::vector<const void*>
         node_->Range(srcs[k], bytes, device, absl::StrCat("SumAsync src ", k).c_str()));
     hold.push_back(from);
   }
-  s->Enqueue([hold = std::move(hold), dst, srcs, count, dtype, scale] {
-    sim::SumKernel(dst, srcs, count, dtype, scale);
+  if (check.flag != nullptr) {
+    ASSIGN_OR_RETURN(std::shared_ptr<Region> flag,
+                     node_->Range(check.flag, sizeof(uint32_t), device, "SumAsync flag"));
+    hold.push_back(flag);
+  }
+  s->Enqueue([hold = std::move(hold), dst, srcs, count, dtype, scale, check] {
+    sim::SumKernel(dst, srcs, count, dtype, scale, check.flag, check.token);
   });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> SimDaemonDevice::AllocHost(const DeviceId& device, size_t bytes) {
+  RETURN_IF_ERROR(Lost("alloc_host"));
+  RETURN_IF_ERROR(node_->IndexOf(device).status());
+  if (bytes == 0) return absl::InvalidArgumentError("AllocHost of 0 bytes");
+  auto block = std::make_shared<std::vector<uint8_t>>(bytes);
+  absl::MutexLock lock(&host_mu_);
+  host_[block->data()] = block;
+  return static_cast<void*>(block->data());
+}
+
+absl::Status SimDaemonDevice::FreeHost(const DeviceId& device, void* ptr) {
+  RETURN_IF_ERROR(node_->IndexOf(device).status());
+  absl::MutexLock lock(&host_mu_);
+  if (host_.erase(static_cast<const uint8_t*>(ptr)) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("FreeHost: ", sim::PointerString(ptr), " is not host memory of this device"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<std::vector<uint8_t>>> SimDaemonDevice::HostBlock(const void* host,
+                                                                                 size_t bytes,
+                                                                                 const char* what) {
+  const auto* p = static_cast<const uint8_t*>(host);
+  absl::MutexLock lock(&host_mu_);
+  auto it = host_.upper_bound(p);
+  if (it != host_.begin()) {
+    --it;
+    const std::vector<uint8_t>& block = *it->second;
+    if (p >= block.data() && bytes <= block.size() &&
+        static_cast<size_t>(p - block.data()) <= block.size() - bytes) {
+      return it->second;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(what, ": ", sim::PointerString(host), " + ", bytes,
+                                                 " is not host memory from AllocHost"));
+}
+
+absl::Status SimDaemonDevice::CopyToHostAsync(void* host, const void* src, size_t bytes,
+                                              Stream* stream) {
+  ASSIGN_OR_RETURN(SimStream * s, node_->Resolve(stream, 0, false));
+  ASSIGN_OR_RETURN(std::shared_ptr<std::vector<uint8_t>> to,
+                   HostBlock(host, bytes, "CopyToHostAsync dst"));
+  ASSIGN_OR_RETURN(std::shared_ptr<Region> from,
+                   node_->Range(src, bytes, s->device_index(), "CopyToHostAsync src"));
+  s->Enqueue([to, from, host, src, bytes] { std::memcpy(host, src, bytes); });
+  return absl::OkStatus();
+}
+
+absl::Status SimDaemonDevice::CopyFromHostAsync(void* dst, const void* host, size_t bytes,
+                                                Stream* stream) {
+  ASSIGN_OR_RETURN(SimStream * s, node_->Resolve(stream, 0, false));
+  ASSIGN_OR_RETURN(std::shared_ptr<std::vector<uint8_t>> from,
+                   HostBlock(host, bytes, "CopyFromHostAsync src"));
+  ASSIGN_OR_RETURN(std::shared_ptr<Region> to,
+                   node_->Range(dst, bytes, s->device_index(), "CopyFromHostAsync dst"));
+  s->Enqueue([to, from, dst, host, bytes] { std::memcpy(dst, host, bytes); });
   return absl::OkStatus();
 }
 

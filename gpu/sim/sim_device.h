@@ -64,12 +64,15 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gpu/device.h"
 
@@ -177,7 +180,14 @@ class SimDaemonDevice final : public DaemonDevice {
   absl::StatusOr<Completion> QueryStream(Stream* stream) override;
   absl::Status CopyAsync(void* dst, const void* src, size_t bytes, Stream* stream) override;
   absl::Status SumAsync(void* dst, const std::vector<const void*>& srcs, size_t count, DType dtype,
-                        double scale, Stream* stream) override;
+                        double scale, const NonFiniteCheck& check, Stream* stream) override;
+  // Plain process memory (the simulation has no pinned memory); copies
+  // must stay within one block of it.
+  absl::StatusOr<void*> AllocHost(const DeviceId& device, size_t bytes) override;
+  absl::Status FreeHost(const DeviceId& device, void* ptr) override;
+  absl::Status CopyToHostAsync(void* host, const void* src, size_t bytes, Stream* stream) override;
+  absl::Status CopyFromHostAsync(void* dst, const void* host, size_t bytes,
+                                 Stream* stream) override;
   absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateCollectives(
       const CollectiveOptions& options) override;
 
@@ -188,8 +198,14 @@ class SimDaemonDevice final : public DaemonDevice {
   explicit SimDaemonDevice(std::unique_ptr<sim::Node> node);
   // OK, or the simulated sticky error (SimOptions::lose_device_at).
   absl::Status Lost(const char* op);
+  // The AllocHost block holding [host, host + bytes): INVALID_ARGUMENT
+  // otherwise. Queued copies hold it, so a FreeHost never frees under them.
+  absl::StatusOr<std::shared_ptr<std::vector<uint8_t>>> HostBlock(const void* host, size_t bytes,
+                                                                  const char* what);
   std::unique_ptr<sim::Node> node_;
   std::atomic<bool> lost_{false};
+  absl::Mutex host_mu_;
+  std::map<const uint8_t*, std::shared_ptr<std::vector<uint8_t>>> host_ ABSL_GUARDED_BY(host_mu_);
 };
 
 // Test hooks on any simulated stream: hold its queued work until resumed,

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -437,7 +438,7 @@ void RunSum(DaemonDevice& dev, const DeviceId& gpu, const SumCase& c) {
   }
   auto stream = dev.CreateStream(gpu);
   ASSERT_TRUE(stream.ok()) << stream.status();
-  ASSERT_TRUE(dev.SumAsync(dst, srcs, c.count, c.dtype, scale, *stream).ok());
+  ASSERT_TRUE(dev.SumAsync(dst, srcs, c.count, c.dtype, scale, {}, *stream).ok());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   absl::StatusOr<Completion> state = dev.QueryStream(*stream);
   while (state.ok() && *state == Completion::kPending &&
@@ -476,6 +477,86 @@ TEST_F(CudaGpuTest, SumAsyncMatchesHostReference) {
   RunSum(*daemon_, ids_[0], {DType::kFloat32, 65536 + 5, kMaxLocalSumSources + 4, 0, true});
 }
 
+// Polls `stream` until its work is done (bounded).
+void WaitDone(DaemonDevice& dev, Stream* stream) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  absl::StatusOr<Completion> state = dev.QueryStream(stream);
+  while (state.ok() && *state == Completion::kPending &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    state = dev.QueryStream(stream);
+  }
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ(*state, Completion::kDone);
+}
+
+// The kernel's non-finite check: a NaN in one source and an Inf at the last
+// element of srcs[0] (dst) set the flag to the launch's token read back
+// through pinned memory, and dst keeps srcs[0]'s values there; finite sums
+// leave the flag alone. Vector and scalar paths, chained launches.
+void RunCheckedSum(DaemonDevice& dev, const DeviceId& gpu, DType t, size_t count, int nsrcs,
+                   size_t misalign) {
+  SCOPED_TRACE(
+      absl::StrCat(DTypeName(t), " count=", count, " nsrcs=", nsrcs, " misalign=", misalign));
+  const size_t esize = DTypeSize(t);
+  std::vector<void*> bufs;
+  std::vector<const void*> srcs;
+  std::vector<char> one(count * esize);
+  for (size_t i = 0; i < count; ++i) Store(t, 1.0, one.data() + i * esize);
+  for (int k = 0; k < nsrcs; ++k) {
+    auto b = dev.Alloc(gpu, (count + misalign) * esize);
+    ASSERT_TRUE(b.ok()) << b.status();
+    bufs.push_back(*b);
+    char* data = static_cast<char*>(*b) + misalign * esize;
+    CUDA_OK(cudaMemcpy(data, one.data(), one.size(), cudaMemcpyHostToDevice));
+    srcs.push_back(data);
+  }
+  auto flag = dev.Alloc(gpu, sizeof(uint32_t));
+  auto host = dev.AllocHost(gpu, sizeof(uint32_t));
+  auto stream = dev.CreateStream(gpu);
+  ASSERT_TRUE(flag.ok() && host.ok() && stream.ok());
+  auto* f = static_cast<uint32_t*>(*flag);
+  auto* seen = static_cast<uint32_t*>(*host);
+  void* dst = const_cast<void*>(srcs[0]);
+  ASSERT_TRUE(dev.SumAsync(dst, srcs, count, t, 1.0, {f, 5}, *stream).ok());
+  ASSERT_TRUE(dev.CopyToHostAsync(seen, f, sizeof(uint32_t), *stream).ok());
+  ASSERT_NO_FATAL_FAILURE(WaitDone(dev, *stream));
+  EXPECT_EQ(*seen, 0u);
+
+  const size_t nan_at = count / 2;
+  std::vector<char> v(esize);
+  Store(t, std::nan(""), v.data());
+  CUDA_OK(cudaMemcpy(const_cast<char*>(static_cast<const char*>(srcs[nsrcs - 1])) + nan_at * esize,
+                     v.data(), esize, cudaMemcpyHostToDevice));
+  Store(t, std::numeric_limits<double>::infinity(), v.data());
+  CUDA_OK(cudaMemcpy(static_cast<char*>(dst) + (count - 1) * esize, v.data(), esize,
+                     cudaMemcpyHostToDevice));
+  ASSERT_TRUE(dev.SumAsync(dst, srcs, count, t, 0.5, {f, 6}, *stream).ok());
+  ASSERT_TRUE(dev.CopyToHostAsync(seen, f, sizeof(uint32_t), *stream).ok());
+  ASSERT_NO_FATAL_FAILURE(WaitDone(dev, *stream));
+  EXPECT_EQ(*seen, 6u);
+  std::vector<char> out(count * esize);
+  CUDA_OK(cudaMemcpy(out.data(), dst, out.size(), cudaMemcpyDeviceToHost));
+  const double sum = static_cast<double>(nsrcs);  // srcs[0] after the first sum
+  // Chained launches: the NaN's launch keeps the running sum of the first.
+  const double kept = nsrcs <= kMaxLocalSumSources ? sum : sum + (kMaxLocalSumSources - 1);
+  EXPECT_EQ(Load(t, out.data() + nan_at * esize), kept) << "srcs[0]'s value kept";
+  EXPECT_EQ(Load(t, out.data() + (count - 1) * esize), std::numeric_limits<double>::infinity());
+  if (nan_at > 0) EXPECT_EQ(Load(t, out.data()), 0.5 * (sum + nsrcs - 1));
+  dev.DestroyStream(*stream);
+  EXPECT_TRUE(dev.FreeHost(gpu, *host).ok());
+  EXPECT_TRUE(dev.Free(gpu, *flag).ok());
+  for (void* b : bufs) EXPECT_TRUE(dev.Free(gpu, b).ok());
+}
+
+TEST_F(CudaGpuTest, SumAsyncFlagsNonFiniteResultsAndKeepsTheFirstSource) {
+  for (DType t : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    RunCheckedSum(*daemon_, ids_[0], t, (1 << 16) + 3, 2, 0);  // vector path + tail
+    RunCheckedSum(*daemon_, ids_[0], t, 4097, 3, 1);           // scalar path
+  }
+  RunCheckedSum(*daemon_, ids_[0], DType::kFloat32, 1029, kMaxLocalSumSources + 3, 0);
+}
+
 TEST_F(CudaGpuTest, CopyAsyncAndBadArguments) {
   auto a = daemon_->Alloc(ids_[0], 4096);
   auto b = daemon_->Alloc(ids_[0], 4096);
@@ -497,7 +578,7 @@ TEST_F(CudaGpuTest, CopyAsyncAndBadArguments) {
 
   EXPECT_EQ(daemon_->Alloc("GPU-00000000-0000-0000-0000-000000000000", 16).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(daemon_->SumAsync(*b, {}, 16, DType::kFloat32, 1.0f, *stream).code(),
+  EXPECT_EQ(daemon_->SumAsync(*b, {}, 16, DType::kFloat32, 1.0f, {}, *stream).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(daemon_->ExportMemory(ids_[0], static_cast<char*>(*a) + 16).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -1,8 +1,9 @@
 // The GPU data path on a real GPU: the release gradsyncd (CUDA + NCCL) and
 // cuda_trainer processes through the exported C ABI — 1, 2 and 4 trainers
 // sharing one GPU (the device-side local sum, then one NCCL rank), the
-// flat-buffer and user-pointer modes, fp32 and bf16; and a trainer
-// SIGKILLed mid-iteration, reported to its peers by name. Then two gradsyncd
+// flat-buffer and user-pointer modes, fp32 and bf16; a trainer SIGKILLed
+// mid-iteration, reported to its peers by name; an Inf from one trainer,
+// named to every trainer (the local-sum kernel's non-finite check). Then two gradsyncd
 // "nodes" on the one GPU: NCCL tells hosts apart by NCCL_HOSTID, so two
 // daemons with distinct values (over NCCL_SOCKET_IFNAME=lo) are two ranks
 // with real kernels on both — the cross-node path, a node that stops
@@ -114,6 +115,30 @@ TEST(CudaPathPoolTest, EventReRecordedOnASecondStreamWaitsForTheFirst) {
                                              << ps[r].Log() << "\ndaemon:\n"
                                              << daemon.process().Log();
     }
+  }
+}
+
+// The local-sum kernel's non-finite check on the real GPU: rank 1's +Inf
+// at the last element of fc1.weight (summed in place into rank 0's memory,
+// sharing the GPU) fails both trainers' gs_wait with INVALID_ARGUMENT
+// naming rank 1, the tensor, the element and the value (--nonfinite=error,
+// the default).
+TEST(CudaPathFaultTest, InfFromOneTrainerFailsEveryTrainerNamingIt) {
+  GS_SKIP_UNLESS_GPU();
+  Daemon daemon = GpuDaemon(2);
+  ASSERT_TRUE(daemon.WaitReady(seconds(30))) << daemon.process().Log();
+  std::vector<Process> ps =
+      StartTrainers(daemon, 2, {"--steps=3", "--dtype=bf16", "--inf-at=1:1:1:262143"});
+  for (int r = 0; r < 2; ++r) {
+    ExitStatus st = ps[r].Wait(seconds(60));
+    const std::string log = ps[r].Log();
+    ASSERT_TRUE(st.exited && st.code == 2) << log << "\ndaemon:\n" << daemon.process().Log();
+    EXPECT_NE(log.find("error code=1:"), std::string::npos) << log;  // INVALID_ARGUMENT
+    EXPECT_NE(log.find(absl::StrCat("non-finite gradient from rank 1 (local 1, pid ", ps[1].pid(),
+                                    ") on node 0 (host ")),
+              std::string::npos)
+        << log;
+    EXPECT_NE(log.find("tensor 1 'fc1.weight' element 262143 = inf"), std::string::npos) << log;
   }
 }
 

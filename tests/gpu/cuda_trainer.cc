@@ -6,7 +6,7 @@
 //
 //   cuda_trainer --socket=S [--mode=flat|user] [--dtype=fp32|bf16] [--steps=N]
 //                [--device=ORD] [--die-at-step=N] [--withhold=I]
-//                [--tensors=N] [--switch-stream-at=K]
+//                [--tensors=N] [--switch-stream-at=K] [--inf-at=R:S:I:J]
 //                [--broadcast-root=R --broadcast-bytes=N]
 //
 // --die-at-step: SIGKILL itself in that step after marking two gradients
@@ -20,6 +20,8 @@
 // --broadcast-root: before the first step, gs_broadcast a device buffer of
 // --broadcast-bytes (cudaMalloc'ed, written on the trainer's stream right
 // before the call, not synchronized) from rank R, and check every byte.
+// --inf-at: rank R writes +Inf at element J of tensor I in step S (the
+// daemon's --nonfinite=error must then fail every trainer naming it).
 //
 // Exit codes as sim_trainer: 0 matched; 1 a result differed; 2 a call
 // failed ("error code=N: message"); 3 bad flags or no usable GPU.
@@ -31,6 +33,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -112,6 +115,8 @@ int main(int argc, char** argv) {
   int steps = 5, device = -1, die_at_step = -1, withhold = -1, tensors = 0, switch_at = -1;
   int broadcast_root = -1;
   size_t broadcast_bytes = 0;
+  int inf_rank = -1, inf_step = -1, inf_tensor = -1;
+  long long inf_element = -1;
   for (int a = 1; a < argc; ++a) {
     std::string arg = argv[a];
     const size_t eq = arg.find('=');
@@ -139,7 +144,12 @@ int main(int argc, char** argv) {
       broadcast_root = std::atoi(v.c_str());
     else if (key == "--broadcast-bytes")
       broadcast_bytes = std::strtoull(v.c_str(), nullptr, 10);
-    else
+    else if (key == "--inf-at") {
+      if (std::sscanf(v.c_str(), "%d:%d:%d:%lld", &inf_rank, &inf_step, &inf_tensor,
+                      &inf_element) != 4) {
+        return 3;
+      }
+    } else
       return 3;
   }
   if (dtype_name != "fp32" && dtype_name != "bf16") return 3;
@@ -245,7 +255,10 @@ int main(int argc, char** argv) {
         raise(SIGKILL);
       }
       for (size_t j = 0; j < kTensors[i].numel; ++j) {
-        const float g = Grad(rank, step, i, j);
+        const bool inf = rank == inf_rank && step == inf_step &&
+                         static_cast<int>(i) == inf_tensor &&
+                         static_cast<long long>(j) == inf_element;
+        const float g = inf ? std::numeric_limits<float>::infinity() : Grad(rank, step, i, j);
         if (bf16) {
           static_cast<uint16_t*>(pinned[i])[j] = gradsync::FloatToBFloat16(g);
         } else {

@@ -154,6 +154,24 @@ TEST_F(GatedDaemonDeviceTest, MemoryWorkPastItsWaitNamesTheBusyGpu) {
   EXPECT_THAT(p.status().message(), HasSubstr("GPU SIM-GPU-0 still runs 1 collective(s)"));
 }
 
+// Pinned host memory (the non-finite check's read-back) is memory work too:
+// cudaHostAlloc and cudaFreeHost can wait on the device like cudaMalloc.
+TEST_F(GatedDaemonDeviceTest, HostMemoryWorkWaitsForTheGpusCollectivesLikeAlloc) {
+  GatedDaemonDevice impatient(*SimDaemonDevice::Create(Options()), absl::Milliseconds(50));
+  const absl::StatusOr<void*> host = impatient.AllocHost("SIM-GPU-0", 64);
+  ASSERT_TRUE(host.ok()) << host.status();
+  impatient.gate()
+      .EnterCollective({"SIM-GPU-0"}, MonotonicNow() + absl::Seconds(1), nullptr)
+      .IgnoreError();
+  const absl::StatusOr<void*> blocked = impatient.AllocHost("SIM-GPU-0", 64);
+  const absl::Status freed = impatient.FreeHost("SIM-GPU-0", *host);
+  impatient.gate().ExitCollective({"SIM-GPU-0"});
+  EXPECT_EQ(blocked.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(blocked.status().message(), HasSubstr("GPU SIM-GPU-0 still runs 1 collective(s)"));
+  EXPECT_EQ(freed.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(impatient.FreeHost("SIM-GPU-0", *host).ok());
+}
+
 // Abort reaches a collective waiting behind memory work at once.
 TEST_F(GatedDaemonDeviceTest, AbortEndsACollectiveWaitingForMemoryWork) {
   ASSERT_TRUE(gated_->gate()

@@ -616,23 +616,6 @@ TEST(GpuPath, SkippingTheEventWaitGivesWrongResults) {
   }
 }
 
-// The non-finite check runs on the CPU path only: --nonfinite=skip would
-// never skip a CUDA job's step, so such a job fails at once saying so.
-TEST(GpuPath, NonFiniteSkipIsRefusedForCudaGradients) {
-  Daemon daemon(2, {"--timeout-s=20", "--nonfinite=skip"}, SimEnv(2), "tests/gpu/gradsyncd_sim");
-  ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
-  std::vector<Process> trainers =
-      StartAll(daemon, Case{"nonfinite", 2, 2, {"--mode=flat", "--steps=3"}});
-  for (auto& t : trainers) {
-    ExitStatus st = t.Wait(seconds(60));
-    const std::string log = t.Log();
-    ASSERT_TRUE(st.exited && st.code == 2) << log << "\ndaemon:\n" << daemon.process().Log();
-    EXPECT_NE(log.find("error code=1"), std::string::npos) << log;  // INVALID_ARGUMENT
-    EXPECT_NE(log.find("--nonfinite=skip is not supported for CUDA gradients"), std::string::npos)
-        << log;
-  }
-}
-
 TEST(GpuPath, TrainerKilledMidIterationFailsItsPeersNamingIt) {
   Daemon daemon(3, {"--timeout-s=20"}, SimEnv(2), "tests/gpu/gradsyncd_sim");
   ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();

@@ -9,11 +9,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -585,7 +587,7 @@ TEST_F(SimDeviceTest, ADaemonThatSumsBeforeTheTrainersEventCompletesGetsStaleGra
   ASSERT_TRUE(event.ok()) << event.status();
 
   // The bug: reducing on "marked ready" without polling the event.
-  ASSERT_TRUE((*daemon)->SumAsync(*out, {*flat, *own}, 4, DType::kFloat32, 1.0f, *stream).ok());
+  ASSERT_TRUE((*daemon)->SumAsync(*out, {*flat, *own}, 4, DType::kFloat32, 1.0f, {}, *stream).ok());
   ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
   EXPECT_EQ(ReadFloats(*out, 4), (std::vector<float>{1, 1, 1, 1}))
       << "the simulation must expose the missing wait as a wrong sum";
@@ -594,7 +596,7 @@ TEST_F(SimDeviceTest, ADaemonThatSumsBeforeTheTrainersEventCompletesGetsStaleGra
   ASSERT_TRUE(to_child.Send("g"));
   auto done = AwaitEvent(**daemon, *event);
   ASSERT_TRUE(done.ok() && *done == Completion::kDone) << done.status();
-  ASSERT_TRUE((*daemon)->SumAsync(*out, {*flat, *own}, 4, DType::kFloat32, 1.0f, *stream).ok());
+  ASSERT_TRUE((*daemon)->SumAsync(*out, {*flat, *own}, 4, DType::kFloat32, 1.0f, {}, *stream).ok());
   ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
   EXPECT_EQ(ReadFloats(*out, 4), (std::vector<float>{11, 21, 31, 41}));
   ASSERT_TRUE(to_child.Send("x"));
@@ -681,9 +683,9 @@ TEST_P(SumAsyncTest, SumsEverySourceScalesAndMayWriteOverTheFirst) {
   ASSERT_TRUE(out.ok());
 
   ASSERT_TRUE(
-      (*daemon)->SumAsync(*out, {srcs[0], srcs[1], srcs[2]}, kCount, t, 0.5f, *stream).ok());
+      (*daemon)->SumAsync(*out, {srcs[0], srcs[1], srcs[2]}, kCount, t, 0.5f, {}, *stream).ok());
   // In place: dst is the first source.
-  ASSERT_TRUE((*daemon)->SumAsync(srcs[0], {srcs[0], srcs[1]}, kCount, t, 1.0f, *stream).ok());
+  ASSERT_TRUE((*daemon)->SumAsync(srcs[0], {srcs[0], srcs[1]}, kCount, t, 1.0f, {}, *stream).ok());
   ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
   for (int i = 0; i < kCount; ++i) {
     const double sum3 = Value(0, i) + Value(1, i) + Value(2, i);
@@ -715,10 +717,10 @@ TEST_F(SimDeviceTest, SumAsyncScalesFloat64InFloat64) {
     srcs.push_back(*p);
   }
   const double third = 1.0 / 3.0;
-  ASSERT_TRUE(
-      (*daemon)
-          ->SumAsync(srcs[0], {srcs[0], srcs[1], srcs[2]}, kCount, DType::kFloat64, third, *stream)
-          .ok());
+  ASSERT_TRUE((*daemon)
+                  ->SumAsync(srcs[0], {srcs[0], srcs[1], srcs[2]}, kCount, DType::kFloat64, third,
+                             {}, *stream)
+                  .ok());
   ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
   for (int i = 0; i < kCount; ++i) {
     const double sum = (Value(0, i) + 0.1 * i) + (Value(1, i) + 0.1 * i) + (Value(2, i) + 0.1 * i);
@@ -750,7 +752,7 @@ TEST_P(HalfSumAsyncTest, AccumulatesInFloat32AndRoundsOnce) {
   }
   auto out = (*daemon)->Alloc("SIM-GPU-0", 2);
   ASSERT_TRUE(out.ok());
-  ASSERT_TRUE((*daemon)->SumAsync(*out, srcs, 1, t, 1.0f, *stream).ok());
+  ASSERT_TRUE((*daemon)->SumAsync(*out, srcs, 1, t, 1.0f, {}, *stream).ok());
   ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
   EXPECT_EQ(Load(t, *out, 0), 1.0 + ulp);
 }
@@ -760,6 +762,85 @@ INSTANTIATE_TEST_SUITE_P(HalfDTypes, HalfSumAsyncTest,
                          [](const ::testing::TestParamInfo<DType>& info) {
                            return std::string(DTypeName(info.param));
                          });
+
+// The non-finite check (gpu/local_sum.h's semantics): a result element that
+// is not finite sets the flag to the launch's token and leaves dst holding
+// srcs[0]'s element; finite results store the sum and leave the flag alone.
+class SumAsyncCheckTest : public SumAsyncTest {};
+
+TEST_P(SumAsyncCheckTest, NonFiniteResultSetsTheFlagAndKeepsTheFirstSourcesElement) {
+  const DType t = GetParam();
+  constexpr int kCount = 37;
+  auto daemon = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(daemon.ok());
+  auto stream = (*daemon)->CreateStream("SIM-GPU-0");
+  auto a = (*daemon)->Alloc("SIM-GPU-0", kCount * DTypeSize(t));
+  auto b = (*daemon)->Alloc("SIM-GPU-0", kCount * DTypeSize(t));
+  auto flag = (*daemon)->Alloc("SIM-GPU-0", sizeof(uint32_t));
+  auto host = (*daemon)->AllocHost("SIM-GPU-0", sizeof(uint32_t));
+  ASSERT_TRUE(stream.ok() && a.ok() && b.ok() && flag.ok() && host.ok());
+  for (int i = 0; i < kCount; ++i) {
+    Store(t, *a, i, Value(0, i));
+    Store(t, *b, i, Value(1, i));
+  }
+  auto* f = static_cast<uint32_t*>(*flag);
+  const NonFiniteCheck first{f, 7};
+  // All finite: summed in place, flag untouched.
+  ASSERT_TRUE((*daemon)->SumAsync(*a, {*a, *b}, kCount, t, 1.0, first, *stream).ok());
+  ASSERT_TRUE((*daemon)->CopyToHostAsync(*host, f, sizeof(uint32_t), *stream).ok());
+  ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
+  EXPECT_EQ(*static_cast<uint32_t*>(*host), 0u) << DTypeName(t);
+  for (int i = 0; i < kCount; ++i) {
+    ASSERT_EQ(Load(t, *a, i), Value(0, i) + Value(1, i)) << DTypeName(t) << " element " << i;
+  }
+  // A NaN in the second source and an Inf at the last element of the
+  // first: those results are not finite, the first source keeps its values.
+  Store(t, *b, 3, std::nan(""));
+  Store(t, *a, kCount - 1, std::numeric_limits<double>::infinity());
+  const double a3 = Load(t, *a, 3);
+  ASSERT_TRUE((*daemon)->SumAsync(*a, {*a, *b}, kCount, t, 0.5, {f, 8}, *stream).ok());
+  ASSERT_TRUE((*daemon)->CopyToHostAsync(*host, f, sizeof(uint32_t), *stream).ok());
+  ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
+  EXPECT_EQ(*static_cast<uint32_t*>(*host), 8u) << DTypeName(t);
+  EXPECT_EQ(Load(t, *a, 3), a3) << DTypeName(t);
+  EXPECT_EQ(Load(t, *a, kCount - 1), std::numeric_limits<double>::infinity()) << DTypeName(t);
+  EXPECT_TRUE(std::isfinite(Load(t, *a, 4))) << DTypeName(t);
+  EXPECT_TRUE((*daemon)->FreeHost("SIM-GPU-0", *host).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDTypes, SumAsyncCheckTest,
+                         ::testing::Values(DType::kFloat32, DType::kFloat64, DType::kFloat16,
+                                           DType::kBFloat16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(DTypeName(info.param));
+                         });
+
+TEST_F(SimDeviceTest, HostCopiesGoThroughAllocHostMemoryOnly) {
+  auto daemon = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(daemon.ok());
+  auto stream = (*daemon)->CreateStream("SIM-GPU-0");
+  auto dev = (*daemon)->Alloc("SIM-GPU-0", 64);
+  auto host = (*daemon)->AllocHost("SIM-GPU-0", 64);
+  ASSERT_TRUE(stream.ok() && dev.ok() && host.ok());
+  std::memset(*host, 0x5a, 64);
+  ASSERT_TRUE((*daemon)->CopyFromHostAsync(*dev, *host, 64, *stream).ok());
+  ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
+  EXPECT_EQ(static_cast<unsigned char*>(*dev)[63], 0x5a);
+  static_cast<unsigned char*>(*dev)[0] = 0x11;
+  ASSERT_TRUE((*daemon)->CopyToHostAsync(*host, *dev, 1, *stream).ok());
+  ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
+  EXPECT_EQ(static_cast<unsigned char*>(*host)[0], 0x11);
+  unsigned char pageable[64] = {};
+  const absl::Status st = (*daemon)->CopyToHostAsync(pageable, *dev, 64, *stream);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("not host memory from AllocHost"));
+  EXPECT_EQ((*daemon)->CopyToHostAsync(static_cast<char*>(*host) + 1, *dev, 64, *stream).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*daemon)->CopyFromHostAsync(*host, *dev, 64, *stream).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*daemon)->FreeHost("SIM-GPU-0", *host).ok());
+  EXPECT_EQ((*daemon)->FreeHost("SIM-GPU-0", *host).code(), absl::StatusCode::kInvalidArgument);
+}
 
 TEST_F(SimDeviceTest, DeviceOperationsRefuseMemoryOfAnotherGpuOutOfBoundsOrOnTheHost) {
   auto daemon = SimDaemonDevice::Create(Options());
@@ -775,12 +856,12 @@ TEST_F(SimDeviceTest, DeviceOperationsRefuseMemoryOfAnotherGpuOutOfBoundsOrOnThe
   EXPECT_EQ(code((*daemon)->CopyAsync(*here, host, 64, *stream)),
             absl::StatusCode::kInvalidArgument);
   const absl::Status past_end =
-      (*daemon)->SumAsync(*here, {*here}, 17, DType::kFloat32, 1.0f, *stream);
+      (*daemon)->SumAsync(*here, {*here}, 17, DType::kFloat32, 1.0f, {}, *stream);
   EXPECT_EQ(past_end.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(past_end.message(), HasSubstr("past the end"));
-  EXPECT_EQ(code((*daemon)->SumAsync(*here, {}, 16, DType::kFloat32, 1.0f, *stream)),
+  EXPECT_EQ(code((*daemon)->SumAsync(*here, {}, 16, DType::kFloat32, 1.0f, {}, *stream)),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(code((*daemon)->SumAsync(*here, {*here}, 16, static_cast<DType>(9), 1.0f, *stream)),
+  EXPECT_EQ(code((*daemon)->SumAsync(*here, {*here}, 16, static_cast<DType>(9), 1.0f, {}, *stream)),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code((*daemon)->CopyAsync(*here, *here, 64, nullptr)),
             absl::StatusCode::kInvalidArgument);

@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -80,6 +81,20 @@ struct Flags {
   // The root of the first device broadcast holds its stream (its copy of
   // piece 0 never runs) and SIGKILLs itself 300 ms into the broadcast.
   bool die_in_broadcast = false;
+  // >= 0: rank `bad_rank` writes `bad_value` (nan or inf) at element
+  // `bad_element` (-1: the last) of tensor `bad_tensor` in step `bad_step`;
+  // `nonfinite` is the daemon's --nonfinite, what the trainer then expects:
+  // error (gs_wait fails), skip (that step alone is skipped, everywhere) or
+  // off (the value reaches every trainer's result). Under skip the trainer
+  // also keeps host parameters (SGD on the results) next to a reference
+  // that skipped the step, compares them at the end and prints their
+  // fingerprint.
+  int bad_rank = -1;
+  int bad_step = -1;
+  int bad_tensor = 0;
+  int bad_element = 0;
+  std::string bad_value = "nan";
+  std::string nonfinite = "error";
 };
 
 // Two 4 MiB pieces and an odd tail.
@@ -272,13 +287,72 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       }
     else if (key == "--die-in-broadcast")
       f->die_in_broadcast = true;
+    else if (key == "--bad-rank")
+      f->bad_rank = std::atoi(v.c_str());
+    else if (key == "--bad-step")
+      f->bad_step = std::atoi(v.c_str());
+    else if (key == "--bad-tensor")
+      f->bad_tensor = std::atoi(v.c_str());
+    else if (key == "--bad-element")
+      f->bad_element = std::atoi(v.c_str());
+    else if (key == "--bad-value")
+      f->bad_value = v;
+    else if (key == "--nonfinite")
+      f->nonfinite = v;
     else
       return false;
   }
   if (f->broadcast_sizes.empty()) f->broadcast_sizes.push_back(kBroadcastBytes);
   return (f->mode == "flat" || f->mode == "user") && f->steps > 0 &&
          (f->broadcast_memory == "host" || f->broadcast_memory == "device" ||
-          f->broadcast_memory == "mix");
+          f->broadcast_memory == "mix") &&
+         (f->bad_value == "nan" || f->bad_value == "inf");
+}
+
+bool IsBad(const Flags& f, int rank, int step, size_t i, size_t j) {
+  if (rank != f.bad_rank || step != f.bad_step || i != static_cast<size_t>(f.bad_tensor)) {
+    return false;
+  }
+  return f.bad_element < 0 ? j + 1 == kTensors[i].numel : j == static_cast<size_t>(f.bad_element);
+}
+
+float BadValue(const Flags& f) {
+  return f.bad_value == "inf" ? std::numeric_limits<float>::infinity()
+                              : std::numeric_limits<float>::quiet_NaN();
+}
+
+// Under --nonfinite=skip: the step the job skipped must be exactly the bad one.
+int CheckSkip(const Flags& f, bool skipped, int rank, int step) {
+  const bool expected = f.nonfinite == "skip" && step == f.bad_step;
+  if (skipped == expected) return 0;
+  std::printf("%s rank %d step %d\n", skipped ? "UNEXPECTED SKIP" : "MISSING SKIP", rank, step);
+  std::fflush(stdout);
+  return 1;
+}
+
+// Under --nonfinite=skip: the parameters equal the reference's (which
+// skipped the bad step) and their fingerprint is printed for the test to
+// compare across trainers.
+int CheckParameters(const Flags& f, int rank, const std::vector<std::vector<float>>& params,
+                    const std::vector<std::vector<double>>& reference) {
+  const double tol = f.dtype == DType::kBFloat16 ? 5e-2 : 1e-4;
+  uint64_t print = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    for (size_t j = 0; j < params[i].size(); ++j) {
+      if (std::fabs(params[i][j] - reference[i][j]) <=
+          tol * std::max(1.0, std::fabs(reference[i][j]))) {
+        continue;
+      }
+      std::printf("PARAMETER MISMATCH rank %d tensor %zu element %zu: %.7g vs reference %.7g\n",
+                  rank, i, j, params[i][j], reference[i][j]);
+      std::fflush(stdout);
+      return 1;
+    }
+    print = print * 31 + Fingerprint(params[i]);
+  }
+  std::printf("params rank %d fingerprint %llu\n", rank, static_cast<unsigned long long>(print));
+  std::fflush(stdout);
+  return 0;
 }
 
 }  // namespace
@@ -365,6 +439,8 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < kTensors.size(); ++i) host[i].assign(kTensors[i].numel, 0.f);
   std::vector<std::vector<float>> params(kTensors.size());
   for (size_t i = 0; i < kTensors.size(); ++i) params[i].assign(kTensors[i].numel, 1.f);
+  std::vector<std::vector<double>> reference(kTensors.size());
+  for (size_t i = 0; i < kTensors.size(); ++i) reference[i].assign(kTensors[i].numel, 1.0);
 
   if (f.broadcast_root >= 0) {
     if (int rc = BroadcastAndCheck(c, *device, *id, *stream, f, rank, "at start"); rc != 0) {
@@ -404,6 +480,11 @@ int main(int argc, char** argv) {
         }
         // Backward accumulates into the gradient (after a sync: from zero).
         for (size_t j = 0; j < host[i].size(); ++j) host[i][j] += Grad(rank, step, m, i, j);
+        if (synced) {
+          for (size_t j = 0; j < host[i].size(); ++j) {
+            if (IsBad(f, rank, step, i, j)) host[i][j] = BadValue(f);
+          }
+        }
         const void* src = host[i].data();
         if (f.dtype == DType::kBFloat16) {
           host16[i].resize(host[i].size());
@@ -426,6 +507,13 @@ int main(int argc, char** argv) {
       }
       if (absl::Status st = c.Wait(-1); !st.ok()) return Error(st);
     }
+    if (int rc = CheckSkip(f, c.step_skipped(), rank, step); rc != 0) return rc;
+    if (c.step_skipped()) {
+      std::printf("skipped rank %d step %d\n", rank, step);
+      std::fflush(stdout);
+      for (auto& h : host) std::fill(h.begin(), h.end(), 0.f);
+      continue;  // neither the parameters nor the reference take this step
+    }
 
     // The step's result: the average over every trainer.
     const double tol = f.dtype == DType::kBFloat16 ? 2e-2 : 1e-5;
@@ -433,8 +521,13 @@ int main(int argc, char** argv) {
       const uint8_t* got = static_cast<const uint8_t*>(c.GradBuffer(i));
       for (size_t j = 0; j < kTensors[i].numel; ++j) {
         double expected = 0;
-        for (int r = 0; r < world; ++r) expected += Stored(f, r, step, i, j);
+        bool bad = false;
+        for (int r = 0; r < world; ++r) {
+          expected += Stored(f, r, step, i, j);
+          bad = bad || IsBad(f, r, step, i, j);
+        }
         expected /= world;
+        if (bad) expected = BadValue(f);
         double value;
         if (f.dtype == DType::kBFloat16) {
           uint16_t v;
@@ -446,6 +539,13 @@ int main(int argc, char** argv) {
           value = v;
         }
         params[i][j] -= 0.1f * static_cast<float>(value);
+        reference[i][j] -= 0.1 * expected;
+        if (bad && !std::isfinite(value)) {
+          std::printf("nonfinite through rank %d step %d tensor %zu element %zu = %g\n", rank, step,
+                      i, j, value);
+          std::fflush(stdout);
+          continue;
+        }
         if (std::fabs(value - expected) > tol * std::max(1.0, std::fabs(expected))) {
           std::printf(
               "MISMATCH rank %d step %d tensor %zu '%s' element %zu: got %.7g expected %.7g\n",
@@ -465,6 +565,9 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(c.job_info().iteration));
       std::fflush(stdout);
     }
+  }
+  if (f.bad_rank >= 0 && f.nonfinite == "skip") {
+    if (int rc = CheckParameters(f, rank, params, reference); rc != 0) return rc;
   }
   std::printf("OK rank %d world %d steps %d\n", rank, world, f.steps);
   std::fflush(stdout);
