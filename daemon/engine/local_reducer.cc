@@ -92,25 +92,44 @@ struct ReduceWork {
   SliceFinding* findings;  // per slice; the checking kernels write theirs
 };
 
+// One node: every trainer's memory is read once and the average written
+// back once, in a single streaming pass, in blocks of this many elements
+// where it needs them (3+ trainers: 256 B of fp32 per trainer). See
+// AverageKernel below.
+constexpr size_t kStreamBlockElements = 64;
+
 // The first non-finite input among the trainers' elements [first, first +
 // count) of `span`, recorded in *found unless it holds an earlier one. Runs
-// only where the fused check found something (rare): plain loops suffice.
+// only where the fused check found something: blocks without a bad input
+// are passed over at vector speed (the one-node search covers the whole
+// bucket), the bad block is searched element by element.
 template <typename T, typename Access>
 void FindCulprit(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
                  SliceFinding* found) {
   if (found->local) return;  // chunks run in order: the one recorded is earlier
   const auto& arenas = *job.arenas;
   const uint64_t offset = (*job.spans)[span].offset;
-  for (uint64_t i = 0; i < count; ++i) {
+  auto input = [&](size_t t, uint64_t i) {
+    return reinterpret_cast<const T*>(arenas[t] + offset) + first + i;
+  };
+  for (uint64_t c = 0; c < count; c += kStreamBlockElements) {
+    const size_t m = static_cast<size_t>(std::min<uint64_t>(kStreamBlockElements, count - c));
+    typename Access::Flag poison = 0;
     for (size_t t = 0; t < arenas.size(); ++t) {
-      const T* p = reinterpret_cast<const T*>(arenas[t] + offset) + first + i;
-      const auto v = Access::Load(*p);
-      if (std::isfinite(v)) continue;
-      found->local = true;
-      found->trainer = t;
-      found->arena_offset = offset + (first + i) * sizeof(T);
-      found->value = static_cast<double>(v);
-      return;
+      const T* block = input(t, c);
+      for (size_t i = 0; i < m; ++i) poison |= Access::Poison(block[i]);
+    }
+    if (poison == 0) continue;
+    for (uint64_t i = c; i < c + m; ++i) {
+      for (size_t t = 0; t < arenas.size(); ++t) {
+        const auto v = Access::Load(*input(t, i));
+        if (std::isfinite(v)) continue;
+        found->local = true;
+        found->trainer = t;
+        found->arena_offset = offset + (first + i) * sizeof(T);
+        found->value = static_cast<double>(v);
+        return;
+      }
     }
   }
 }
@@ -221,8 +240,7 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
 // which no loads are in flight; how much of that the hardware prefetcher
 // hides depends on the machine (52% vs 91% of `a += b` on two 2-core VMs).
 // Streaming keeps the memory system busy (see docs/PERFORMANCE.md).
-constexpr size_t kStreamBlockElements = 64;  // 3+ trainers: 256 B of fp32 per trainer
-
+//
 // Checking (kCheck) stays one pass over memory, and a trainer's input
 // that is not finite stays where the culprit search after the pass finds it:
 // with one trainer its average is itself not finite (x / world with world
