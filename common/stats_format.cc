@@ -233,6 +233,21 @@ std::string FormatDuration(double seconds) {
   return absl::StrFormat("%dd%02dh%02dm", s / 86400, s / 3600 % 24, s / 60 % 60);
 }
 
+// --nonfinite=skip: the iterations not applied, and whose gradient was to
+// blame (sorted: a protobuf map's order is unspecified).
+static std::string NonFiniteLine(const v1::Stats& s) {
+  std::string out = absl::StrFormat("non-finite gradients: %d iterations skipped",
+                                    s.nonfinite_skipped_iterations());
+  const std::map<std::string, uint64_t> culprits(s.nonfinite_skipped_by_culprit().begin(),
+                                                 s.nonfinite_skipped_by_culprit().end());
+  if (!culprits.empty()) {
+    std::vector<std::string> parts;
+    for (const auto& [culprit, n] : culprits) parts.push_back(absl::StrCat(n, " from ", culprit));
+    absl::StrAppend(&out, " (", absl::StrJoin(parts, "; "), ")");
+  }
+  return absl::StrCat(out, "\n");
+}
+
 std::string FormatStatsTable(const v1::Stats& s) {
   std::string out = absl::StrFormat(
       "gradsyncd node %d of %d  job %s  generation %d  backend %s  uptime %s\n", s.node_rank(),
@@ -250,18 +265,7 @@ std::string FormatStatsTable(const v1::Stats& s) {
                         "%d joined here\n",
                         s.wire_dtype().empty() ? "-" : s.wire_dtype(), FormatBytes(s.wire_bytes()),
                         s.active_trainers(), s.joined_local_trainers());
-  // --nonfinite=skip: the iterations not applied, and whose gradient was to blame.
-  absl::StrAppendFormat(&out, "non-finite gradients: %d iterations skipped",
-                        s.nonfinite_skipped_iterations());
-  if (!s.nonfinite_skipped_by_culprit().empty()) {
-    // A protobuf map's order is unspecified: sorted, for a stable table.
-    std::map<std::string, uint64_t> culprits(s.nonfinite_skipped_by_culprit().begin(),
-                                             s.nonfinite_skipped_by_culprit().end());
-    std::vector<std::string> parts;
-    for (const auto& [culprit, n] : culprits) parts.push_back(absl::StrCat(n, " from ", culprit));
-    absl::StrAppend(&out, " (", absl::StrJoin(parts, "; "), ")");
-  }
-  absl::StrAppend(&out, "\n");
+  absl::StrAppend(&out, NonFiniteLine(s));
 
   absl::StrAppend(&out, "\nTRAINERS\n");
   if (s.trainers_size() == 0) {

@@ -164,6 +164,44 @@ void RunPieceSlice(void* context, size_t slice, size_t slices) {
   ForRange(job, job.piece.first + begin, job.piece.first + end, slice);
 }
 
+// acc[0, m) = the sum of the local trainers' elements [c, c + m): (a0 + a1)
+// + a2 ... With kCheck, returns the sum's poison word, taken in the loop
+// that finishes acc (no extra pass over it); else 0.
+template <typename T, typename Access, bool kCheck>
+auto SumChunk(T* const* src, size_t local, uint64_t c, size_t m, typename Access::Acc* acc) {
+  decltype(Poison(acc[0])) poison = 0;
+  const T* a0 = src[0] + c;
+  if (local == 1) {
+    for (size_t i = 0; i < m; ++i) {
+      acc[i] = Access::Load(a0[i]);
+      if (kCheck) poison |= Poison(acc[i]);
+    }
+    return poison;
+  }
+  // The first two trainers in one pass: one fewer sweep over acc.
+  const T* a1 = src[1] + c;
+  if (kCheck && local == 2) {
+    for (size_t i = 0; i < m; ++i) {
+      acc[i] = Access::Load(a0[i]) + Access::Load(a1[i]);
+      poison |= Poison(acc[i]);
+    }
+    return poison;
+  }
+  for (size_t i = 0; i < m; ++i) acc[i] = Access::Load(a0[i]) + Access::Load(a1[i]);
+  for (size_t t = 2; t < local; ++t) {
+    const T* at = src[t] + c;
+    if (kCheck && t + 1 == local) {
+      for (size_t i = 0; i < m; ++i) {
+        acc[i] += Access::Load(at[i]);
+        poison |= Poison(acc[i]);
+      }
+    } else {
+      for (size_t i = 0; i < m; ++i) acc[i] += Access::Load(at[i]);
+    }
+  }
+  return poison;
+}
+
 template <typename T, typename Access, bool kCheck>
 void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
             uint64_t staging_index, SliceFinding* found) {
@@ -186,26 +224,10 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
       const T* a0 = src[0] + c;
       for (size_t i = 0; i < m; ++i) acc[i] = Access::Load(a0[i]) / divisor;
     } else {
-      const T* a0 = src[0] + c;
-      size_t t = 1;
-      if (local >= 2) {
-        // The first two trainers in one pass: one fewer sweep over acc.
-        const T* a1 = src[1] + c;
-        for (size_t i = 0; i < m; ++i) acc[i] = Access::Load(a0[i]) + Access::Load(a1[i]);
-        t = 2;
-      } else {
-        for (size_t i = 0; i < m; ++i) acc[i] = Access::Load(a0[i]);
-      }
-      for (; t < local; ++t) {
-        const T* at = src[t] + c;
-        for (size_t i = 0; i < m; ++i) acc[i] += Access::Load(at[i]);
-      }
-      if (kCheck) {
-        // The local sum, before anything is written: every input is still
-        // there for FindCulprit.
-        decltype(Poison(Acc{})) bad = 0;
-        for (size_t i = 0; i < m; ++i) bad |= Poison(acc[i]);
-        if (bad != 0) FindCulprit<T, Access>(job, span, first + c, m, found);
+      // The local sum is checked before anything is written: every input is
+      // still there for FindCulprit.
+      if (SumChunk<T, Access, kCheck>(src, local, c, m, acc) != 0) {
+        FindCulprit<T, Access>(job, span, first + c, m, found);
       }
       if (job.phase == 1) {
         std::memcpy(reinterpret_cast<Acc*>(job.staging) + staging_index + c, acc, m * sizeof(Acc));

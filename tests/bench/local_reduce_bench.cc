@@ -5,9 +5,13 @@
 // non-finite check. A table, not a test.
 //
 //   local_reduce_bench [--dtype=float32|float64|float16|bfloat16]
-//                      [--trainers=2,4]
+//                      [--trainers=2,4] [--nodes=1|2]
 // The gradients' dtype (default float32; the references stay fp32 over the
-// same bytes) and the trainer counts of the LocalReducer rows.
+// same bytes), the trainer counts of the LocalReducer rows, and --nodes=2:
+// the cross-node path's local part (sum into staging or trainer 0's
+// memory, then divide and write back, in pipelined pieces) with a backend
+// that stands for other nodes contributing zeros, so the collective costs
+// nothing; its traffic column still counts the one-node minimum 2Lx.
 //
 // Two bandwidths: payload (one buffer's bytes per second, as in
 // docs/PERFORMANCE.md; for the reduction one trainer's gradient bytes, what
@@ -27,7 +31,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "common/half.h"
+#include "daemon/backends/backend.h"
 #include "daemon/engine/local_reducer.h"
 
 namespace {
@@ -69,6 +75,17 @@ uint8_t* AllocGradient(gradsync::DType dtype, float value) {
 struct Options {
   gradsync::DType dtype = gradsync::DType::kFloat32;
   std::vector<int> trainers = {2, 4};
+  int nodes = 1;
+};
+
+// --nodes=2: every other node contributes zeros, so the allreduce's sum is
+// this node's own (nothing to add) and the local part is all that is timed.
+class OtherNodesContributeZeros final : public gradsync::Backend {
+ public:
+  std::string name() const override { return "zeros-from-other-nodes"; }
+  int num_nodes() const override { return 2; }
+  absl::Status AllreduceSum(void*, size_t, gradsync::DType) override { return absl::OkStatus(); }
+  void Abort(const std::string&) override {}
 };
 
 bool ParseOptions(int argc, char** argv, Options* options) {
@@ -83,6 +100,8 @@ bool ParseOptions(int argc, char** argv, Options* options) {
         }
       }
       if (!known) return false;
+    } else if (arg == "--nodes=1" || arg == "--nodes=2") {
+      options->nodes = arg.back() - '0';
     } else if (arg.rfind("--trainers=", 0) == 0) {
       options->trainers.clear();
       for (const char* p = arg.c_str() + 11; *p != 0;) {
@@ -147,7 +166,7 @@ int main(int argc, char** argv) {
   if (!ParseOptions(argc, argv, &options)) {
     std::fprintf(stderr,
                  "usage: local_reduce_bench [--dtype=float32|float64|float16|bfloat16] "
-                 "[--trainers=2,4]\n");
+                 "[--trainers=2,4] [--nodes=1|2]\n");
     return 2;
   }
   const gradsync::DType dtype = options.dtype;
@@ -156,8 +175,8 @@ int main(int argc, char** argv) {
   float* b = Alloc(kBytes, 2.0f);
   const double gb = kBytes / 1e9;
 
-  std::printf("## Local reduction, 100 MB %s (median of %d)\n\n", gradsync::DTypeName(dtype),
-              kReps);
+  std::printf("## Local reduction, 100 MB %s, %s (median of %d)\n\n", gradsync::DTypeName(dtype),
+              options.nodes == 1 ? "one node" : "two nodes' local part", kReps);
   std::printf(
       "| what | threads | time ms | GB/s payload | GB/s memory traffic | traffic vs `a += b` |\n");
   std::printf("|---|---|---|---|---|---|\n");
@@ -182,17 +201,21 @@ int main(int argc, char** argv) {
     std::vector<uint8_t*> arenas;
     for (int t = 0; t < trainers; ++t) arenas.push_back(AllocGradient(dtype, float(t)));
     for (int threads : {1, 2}) {
-      gradsync::LocalReducer reducer(threads, 0);
-      gradsync::LocalBackend local;
+      gradsync::LocalReducer reducer(
+          threads, options.nodes == 1 ? 0 : gradsync::LocalReducer::StagingBytes(kBytes, dtype));
+      gradsync::LocalBackend one_node;
+      OtherNodesContributeZeros two_nodes;
+      gradsync::Backend& backend =
+          options.nodes == 1 ? static_cast<gradsync::Backend&>(one_node) : two_nodes;
+      const int world = trainers * options.nodes;
       const std::vector<gradsync::ReduceSpan> spans = {{0, kBytes}};
       gradsync::NonFiniteReport report;
       // Plain and checked runs interleaved, so a load change on a shared
       // machine hits both alike.
       const auto [tr, tc] = MedianSecondsPair(
-          [&] { reducer.Reduce(arenas, spans, dtype, trainers, local, nullptr).IgnoreError(); },
+          [&] { reducer.Reduce(arenas, spans, dtype, world, backend, nullptr).IgnoreError(); },
           [&] {
-            reducer.Reduce(arenas, spans, dtype, trainers, local, nullptr, 0, &report)
-                .IgnoreError();
+            reducer.Reduce(arenas, spans, dtype, world, backend, nullptr, 0, &report).IgnoreError();
           });
       const double traffic = 2.0 * trainers * gb / tr;
       std::printf("| gradsync LocalReducer, %d trainers | %d | %.1f | %.1f | %.1f | %.0f%% |\n",
