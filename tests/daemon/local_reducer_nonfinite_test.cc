@@ -113,8 +113,9 @@ TEST(LocalReducerNonFiniteTest, NamesTheFirstBadElementsTrainerOffsetAndValue) {
 
 // A bucket of 64 chunks of 2048 elements (one node: 2048 blocks of 64; two
 // threads: split at element 65536) plus a 64-element block plus 3: a tail
-// shorter than a vector of any dtype (fp64: N - 1 is odd). Bytes enough for
-// two threads in every dtype.
+// after the last block shorter than a 16-byte vector of fp32 or of the
+// halves, whose last element is left over by fp64's 2-wide vectors too.
+// Bytes enough for two threads in every dtype.
 constexpr size_t kBoundaryElements = 64 * 2048 + 64 + 3;
 
 struct Boundary {
