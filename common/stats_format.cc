@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <map>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -232,6 +233,21 @@ std::string FormatDuration(double seconds) {
   return absl::StrFormat("%dd%02dh%02dm", s / 86400, s / 3600 % 24, s / 60 % 60);
 }
 
+// --nonfinite=skip: the iterations not applied, and whose gradient was to
+// blame (sorted: a protobuf map's order is unspecified).
+static std::string NonFiniteLine(const v1::Stats& s) {
+  std::string out = absl::StrFormat("non-finite gradients: %d iterations skipped",
+                                    s.nonfinite_skipped_iterations());
+  const std::map<std::string, uint64_t> culprits(s.nonfinite_skipped_by_culprit().begin(),
+                                                 s.nonfinite_skipped_by_culprit().end());
+  if (!culprits.empty()) {
+    std::vector<std::string> parts;
+    for (const auto& [culprit, n] : culprits) parts.push_back(absl::StrCat(n, " from ", culprit));
+    absl::StrAppend(&out, " (", absl::StrJoin(parts, "; "), ")");
+  }
+  return absl::StrCat(out, "\n");
+}
+
 std::string FormatStatsTable(const v1::Stats& s) {
   std::string out = absl::StrFormat(
       "gradsyncd node %d of %d  job %s  generation %d  backend %s  uptime %s\n", s.node_rank(),
@@ -249,6 +265,7 @@ std::string FormatStatsTable(const v1::Stats& s) {
                         "%d joined here\n",
                         s.wire_dtype().empty() ? "-" : s.wire_dtype(), FormatBytes(s.wire_bytes()),
                         s.active_trainers(), s.joined_local_trainers());
+  absl::StrAppend(&out, NonFiniteLine(s));
 
   absl::StrAppend(&out, "\nTRAINERS\n");
   if (s.trainers_size() == 0) {
@@ -384,6 +401,17 @@ std::string FormatStatsPrometheus(const v1::Stats& s) {
           s.active_trainers());
   w.Gauge("gradsync_joined_local_trainers", "This node's trainers that called gs_join.", {},
           s.joined_local_trainers());
+  w.Counter("gradsync_nonfinite_skipped_iterations_total",
+            "Iterations not applied because a gradient held a NaN or an Inf (--nonfinite=skip).",
+            {}, s.nonfinite_skipped_iterations());
+  const std::map<std::string, uint64_t> culprits(s.nonfinite_skipped_by_culprit().begin(),
+                                                 s.nonfinite_skipped_by_culprit().end());
+  for (const auto& [culprit, n] : culprits) {
+    w.Counter("gradsync_nonfinite_skipped_by_culprit_total",
+              "Iterations skipped (--nonfinite=skip) per trainer whose gradient held the first "
+              "NaN or Inf (\"another node\": none of this node's trainers).",
+              {{"culprit", culprit}}, n);
+  }
   if (s.has_iteration_duration()) {
     // Daemon-wide and present from the start (zero counts): a scraper sees
     // the family before the first job, unlike the per-bucket ones.

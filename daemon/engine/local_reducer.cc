@@ -21,40 +21,57 @@ constexpr uint64_t kParallelThresholdBytes = 256 << 10;
 
 using SliceFinding = LocalReducer::SliceFinding;
 
-// 1 when the exponent bits are all ones (NaN or Inf). Integer bit tests,
-// OR-ed into a flag: loops keep vectorizing (a float compare reduction
-// would not without -ffast-math).
-inline uint32_t NonFiniteBits(float v) {
-  uint32_t b;
-  std::memcpy(&b, &v, sizeof(b));
-  return (b & 0x7f800000u) == 0x7f800000u;
+// The non-finite check accumulates a "poison" word per block: zero for every
+// finite element, nonzero for an Inf or a NaN, OR-ed together and tested
+// once per block. It must vectorize at the reducer's -O3 without
+// -ffast-math (a float compare reduction does not) and add as few
+// instructions per vector as possible (the plain loops are close to the
+// memory's limit): x - x is +0 (no bits set) for every finite x and NaN for
+// an Inf or a NaN, so floats cost a subtract and an OR.
+#if defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__
+#error "local_reducer's non-finite check needs IEEE x - x: build without -ffinite-math-only"
+#endif
+inline uint32_t Poison(float v) {
+  const float zero_if_finite = v - v;
+  uint32_t bits;
+  std::memcpy(&bits, &zero_if_finite, sizeof(bits));
+  return bits;
 }
-inline uint32_t NonFiniteBits(double v) {
-  uint64_t b;
-  std::memcpy(&b, &v, sizeof(b));
-  return (b & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+inline uint64_t Poison(double v) {
+  const double zero_if_finite = v - v;
+  uint64_t bits;
+  std::memcpy(&bits, &zero_if_finite, sizeof(bits));
+  return bits;
+}
+// Halves, on the stored bits: an all-ones exponent plus one carries into
+// the sign bit (16-bit lanes, three integer instructions).
+inline uint16_t HalfPoison(uint16_t v, uint16_t exponent_mask, uint16_t exponent_one) {
+  return static_cast<uint16_t>(((v & exponent_mask) + exponent_one) & 0x8000u);
 }
 
 // Native element access: float/double are summed in their own precision.
-// Bad(): the stored element is not finite.
+// Poison(): the stored element's poison word (see above).
 template <typename T>
 struct Native {
   using Acc = T;
+  using Flag = decltype(gradsync::Poison(T{}));
   static Acc Load(const T& v) { return v; }
   static T Store(Acc v) { return v; }
-  static uint32_t Bad(T v) { return NonFiniteBits(v); }
+  static Flag Poison(T v) { return gradsync::Poison(v); }
 };
 struct Half16 {
   using Acc = float;
+  using Flag = uint16_t;
   static float Load(const uint16_t& v) { return Float16ToFloat(v); }
   static uint16_t Store(float v) { return FloatToFloat16(v); }
-  static uint32_t Bad(uint16_t v) { return (v & 0x7c00u) == 0x7c00u; }
+  static Flag Poison(uint16_t v) { return HalfPoison(v, 0x7c00u, 0x0400u); }
 };
 struct BHalf16 {
   using Acc = float;
+  using Flag = uint16_t;
   static float Load(const uint16_t& v) { return BFloat16ToFloat(v); }
   static uint16_t Store(float v) { return FloatToBFloat16(v); }
-  static uint32_t Bad(uint16_t v) { return (v & 0x7f80u) == 0x7f80u; }
+  static Flag Poison(uint16_t v) { return HalfPoison(v, 0x7f80u, 0x0080u); }
 };
 
 // The work of one Reduce call, shared with the worker threads.
@@ -75,25 +92,44 @@ struct ReduceWork {
   SliceFinding* findings;  // per slice; the checking kernels write theirs
 };
 
+// One node: every trainer's memory is read once and the average written
+// back once, in a single streaming pass, in blocks of this many elements
+// where it needs them (3+ trainers: 256 B of fp32 per trainer). See
+// AverageKernel below.
+constexpr size_t kStreamBlockElements = 64;
+
 // The first non-finite input among the trainers' elements [first, first +
 // count) of `span`, recorded in *found unless it holds an earlier one. Runs
-// only where the fused check found something (rare): plain loops suffice.
+// only where the fused check found something: blocks without a bad input
+// are passed over at vector speed (the one-node search covers the whole
+// bucket), the bad block is searched element by element.
 template <typename T, typename Access>
 void FindCulprit(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
                  SliceFinding* found) {
   if (found->local) return;  // chunks run in order: the one recorded is earlier
   const auto& arenas = *job.arenas;
   const uint64_t offset = (*job.spans)[span].offset;
-  for (uint64_t i = 0; i < count; ++i) {
+  auto input = [&](size_t t, uint64_t i) {
+    return reinterpret_cast<const T*>(arenas[t] + offset) + first + i;
+  };
+  for (uint64_t c = 0; c < count; c += kStreamBlockElements) {
+    const size_t m = static_cast<size_t>(std::min<uint64_t>(kStreamBlockElements, count - c));
+    typename Access::Flag poison = 0;
     for (size_t t = 0; t < arenas.size(); ++t) {
-      const T* p = reinterpret_cast<const T*>(arenas[t] + offset) + first + i;
-      const auto v = Access::Load(*p);
-      if (std::isfinite(v)) continue;
-      found->local = true;
-      found->trainer = t;
-      found->arena_offset = offset + (first + i) * sizeof(T);
-      found->value = static_cast<double>(v);
-      return;
+      const T* block = input(t, c);
+      for (size_t i = 0; i < m; ++i) poison |= Access::Poison(block[i]);
+    }
+    if (poison == 0) continue;
+    for (uint64_t i = c; i < c + m; ++i) {
+      for (size_t t = 0; t < arenas.size(); ++t) {
+        const auto v = Access::Load(*input(t, i));
+        if (std::isfinite(v)) continue;
+        found->local = true;
+        found->trainer = t;
+        found->arena_offset = offset + (first + i) * sizeof(T);
+        found->value = static_cast<double>(v);
+        return;
+      }
     }
   }
 }
@@ -128,6 +164,44 @@ void RunPieceSlice(void* context, size_t slice, size_t slices) {
   ForRange(job, job.piece.first + begin, job.piece.first + end, slice);
 }
 
+// acc[0, m) = the sum of the local trainers' elements [c, c + m): (a0 + a1)
+// + a2 ... With kCheck, returns the sum's poison word, taken in the loop
+// that finishes acc (no extra pass over it); else 0.
+template <typename T, typename Access, bool kCheck>
+auto SumChunk(T* const* src, size_t local, uint64_t c, size_t m, typename Access::Acc* acc) {
+  decltype(Poison(acc[0])) poison = 0;
+  const T* a0 = src[0] + c;
+  if (local == 1) {
+    for (size_t i = 0; i < m; ++i) {
+      acc[i] = Access::Load(a0[i]);
+      if (kCheck) poison |= Poison(acc[i]);
+    }
+    return poison;
+  }
+  // The first two trainers in one pass: one fewer sweep over acc.
+  const T* a1 = src[1] + c;
+  if (kCheck && local == 2) {
+    for (size_t i = 0; i < m; ++i) {
+      acc[i] = Access::Load(a0[i]) + Access::Load(a1[i]);
+      poison |= Poison(acc[i]);
+    }
+    return poison;
+  }
+  for (size_t i = 0; i < m; ++i) acc[i] = Access::Load(a0[i]) + Access::Load(a1[i]);
+  for (size_t t = 2; t < local; ++t) {
+    const T* at = src[t] + c;
+    if (kCheck && t + 1 == local) {
+      for (size_t i = 0; i < m; ++i) {
+        acc[i] += Access::Load(at[i]);
+        poison |= Poison(acc[i]);
+      }
+    } else {
+      for (size_t i = 0; i < m; ++i) acc[i] += Access::Load(at[i]);
+    }
+  }
+  return poison;
+}
+
 template <typename T, typename Access, bool kCheck>
 void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
             uint64_t staging_index, SliceFinding* found) {
@@ -140,7 +214,7 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
   }
   const Acc divisor = static_cast<Acc>(job.world_size);
   Acc acc[kChunkElements];
-  uint32_t result_bad = 0;
+  typename Access::Flag result_bad = 0;
   for (uint64_t c = 0; c < count; c += kChunkElements) {
     const size_t m = static_cast<size_t>(std::min<uint64_t>(kChunkElements, count - c));
     if (job.phase == 2) {
@@ -150,26 +224,10 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
       const T* a0 = src[0] + c;
       for (size_t i = 0; i < m; ++i) acc[i] = Access::Load(a0[i]) / divisor;
     } else {
-      const T* a0 = src[0] + c;
-      size_t t = 1;
-      if (local >= 2) {
-        // The first two trainers in one pass: one fewer sweep over acc.
-        const T* a1 = src[1] + c;
-        for (size_t i = 0; i < m; ++i) acc[i] = Access::Load(a0[i]) + Access::Load(a1[i]);
-        t = 2;
-      } else {
-        for (size_t i = 0; i < m; ++i) acc[i] = Access::Load(a0[i]);
-      }
-      for (; t < local; ++t) {
-        const T* at = src[t] + c;
-        for (size_t i = 0; i < m; ++i) acc[i] += Access::Load(at[i]);
-      }
-      if (kCheck) {
-        // The local sum, before anything is written: every input is still
-        // there for FindCulprit.
-        uint32_t bad = 0;
-        for (size_t i = 0; i < m; ++i) bad |= NonFiniteBits(acc[i]);
-        if (bad != 0) FindCulprit<T, Access>(job, span, first + c, m, found);
+      // The local sum is checked before anything is written: every input is
+      // still there for FindCulprit.
+      if (SumChunk<T, Access, kCheck>(src, local, c, m, acc) != 0) {
+        FindCulprit<T, Access>(job, span, first + c, m, found);
       }
       if (job.phase == 1) {
         std::memcpy(reinterpret_cast<Acc*>(job.staging) + staging_index + c, acc, m * sizeof(Acc));
@@ -188,14 +246,14 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
     if (kCheck) {
       for (size_t i = 0; i < m; ++i) {
         out0[i] = Access::Store(acc[i]);
-        result_bad |= Access::Bad(out0[i]);
+        result_bad |= Access::Poison(out0[i]);
       }
     } else {
       for (size_t i = 0; i < m; ++i) out0[i] = Access::Store(acc[i]);
     }
     for (size_t t = 1; t < local; ++t) std::memcpy(src[t] + c, out0, m * sizeof(T));
   }
-  if (kCheck) found->result_bad |= result_bad;
+  if (kCheck) found->result_bad |= result_bad != 0;
 }
 
 // One node: every trainer's memory is read once and the average written
@@ -204,71 +262,103 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
 // which no loads are in flight; how much of that the hardware prefetcher
 // hides depends on the machine (52% vs 91% of `a += b` on two 2-core VMs).
 // Streaming keeps the memory system busy (see docs/PERFORMANCE.md).
-constexpr size_t kStreamBlockElements = 64;  // 3+ trainers: 256 B of fp32 per trainer
-
-// Checking (kCheck): an average that is not finite is not written back
-// (one trainer: that element; more: its 64-element block), so every
-// trainer's input stays there for the culprit search after the pass. Still
-// one pass over memory; the check reads values already in registers or L1.
+//
+// Checking (kCheck) stays one pass over memory, and a trainer's input
+// that is not finite stays where the culprit search after the pass finds it:
+// with one trainer its average is itself not finite (x / world with world
+// >= 1 keeps an Inf an Inf of that sign and a NaN a NaN), with more an
+// average that is not finite is not written back (its 64-element block
+// keeps every trainer's input).
 template <typename T, typename Access, bool kCheck>
-void AverageKernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count, uint64_t,
-                   SliceFinding* found) {
-  using Acc = typename Access::Acc;
-  const auto& arenas = *job.arenas;
-  const size_t local = arenas.size();
-  const uint64_t offset = (*job.spans)[span].offset;
-  const Acc divisor = static_cast<Acc>(job.world_size);
-  // Same operations in the same order as Kernel: ((a0 + a1) + a2 ...) / world.
-  if (local <= 2) {
-    T* __restrict a0 = reinterpret_cast<T*>(arenas[0] + offset) + first;
-    if (local == 1) {
-      if (!kCheck) {
-        for (uint64_t i = 0; i < count; ++i) a0[i] = Access::Store(Access::Load(a0[i]) / divisor);
-        return;
+void AverageOne(T* __restrict a0, uint64_t count, typename Access::Acc divisor,
+                SliceFinding* found) {
+  typename Access::Flag poison = 0;
+  for (uint64_t i = 0; i < count; ++i) {
+    const T v = Access::Store(Access::Load(a0[i]) / divisor);
+    if (kCheck) poison |= Access::Poison(v);
+    a0[i] = v;
+  }
+  if (kCheck) found->result_bad |= poison != 0;
+}
+
+// Two trainers, checking: one loop sums and checks block k into one half of
+// `ring` while it stores block k - 1, found clean, from the other half, so
+// loads and stores stream together as in the unchecked loop (a separate
+// store pass per block cost ~20%; this ~1% on the bench's machine). A bad
+// block is never stored. Returns whether any block was bad.
+template <typename T, typename Access>
+bool AverageTwoChecked(T* a0, T* a1, uint64_t count, typename Access::Acc divisor) {
+  constexpr size_t kBlock = kStreamBlockElements;
+  alignas(64) T ring[2][kBlock];
+  size_t half = 0;
+  bool any_bad = false;
+  bool pending = false;  // ring[half ^ 1] holds the clean block at `pending_at`
+  uint64_t pending_at = 0;
+  uint64_t c = 0;
+  for (; c + kBlock <= count; c += kBlock, half ^= 1) {
+    const T* __restrict x0 = a0 + c;
+    const T* __restrict x1 = a1 + c;
+    T* __restrict next = ring[half];
+    typename Access::Flag poison = 0;
+    if (pending) {
+      const T* __restrict clean = ring[half ^ 1];
+      T* __restrict out0 = a0 + pending_at;
+      T* __restrict out1 = a1 + pending_at;
+      for (size_t i = 0; i < kBlock; ++i) {
+        const T v = Access::Store((Access::Load(x0[i]) + Access::Load(x1[i])) / divisor);
+        next[i] = v;
+        poison |= Access::Poison(v);
+        out0[i] = clean[i];
+        out1[i] = clean[i];
       }
-      uint32_t bad = 0;
-      for (uint64_t i = 0; i < count; ++i) {
-        const T in = a0[i];
-        const T v = Access::Store(Access::Load(in) / divisor);
-        const uint32_t b = Access::Bad(v);
-        bad |= b;
-        a0[i] = b ? in : v;
+    } else {
+      for (size_t i = 0; i < kBlock; ++i) {
+        const T v = Access::Store((Access::Load(x0[i]) + Access::Load(x1[i])) / divisor);
+        next[i] = v;
+        poison |= Access::Poison(v);
       }
-      found->result_bad |= bad;
-      return;
     }
-    T* __restrict a1 = reinterpret_cast<T*>(arenas[1] + offset) + first;
-    if (!kCheck) {
-      for (uint64_t i = 0; i < count; ++i) {
-        const T v = Access::Store((Access::Load(a0[i]) + Access::Load(a1[i])) / divisor);
-        a0[i] = v;
-        a1[i] = v;
-      }
-      return;
+    any_bad |= poison != 0;
+    pending = poison == 0;
+    pending_at = c;
+  }
+  if (pending) {
+    std::memcpy(a0 + pending_at, ring[half ^ 1], kBlock * sizeof(T));
+    std::memcpy(a1 + pending_at, ring[half ^ 1], kBlock * sizeof(T));
+  }
+  // The tail, shorter than a block: element by element.
+  for (; c < count; ++c) {
+    const T v = Access::Store((Access::Load(a0[c]) + Access::Load(a1[c])) / divisor);
+    if (Access::Poison(v) != 0) {
+      any_bad = true;
+      continue;
     }
-    // Blocks as for 3+ trainers below: the average lands in L1, the check
-    // reads it there, and a bad block keeps its inputs.
-    for (uint64_t c = 0; c < count; c += kStreamBlockElements) {
-      const size_t m = static_cast<size_t>(std::min<uint64_t>(kStreamBlockElements, count - c));
-      T average[kStreamBlockElements];
-      uint32_t bad = 0;
-      for (size_t i = 0; i < m; ++i) {
-        average[i] = Access::Store((Access::Load(a0[c + i]) + Access::Load(a1[c + i])) / divisor);
-        bad |= Access::Bad(average[i]);
-      }
-      if (bad != 0) {
-        found->result_bad = 1;
-        continue;
-      }
-      std::memcpy(a0 + c, average, m * sizeof(T));
-      std::memcpy(a1 + c, average, m * sizeof(T));
-    }
+    a0[c] = v;
+    a1[c] = v;
+  }
+  return any_bad;
+}
+
+template <typename T, typename Access, bool kCheck>
+void AverageTwo(T* __restrict a0, T* __restrict a1, uint64_t count, typename Access::Acc divisor,
+                SliceFinding* found) {
+  if (kCheck) {
+    if (AverageTwoChecked<T, Access>(a0, a1, count, divisor)) found->result_bad = 1;
     return;
   }
-  // 3+ trainers: blocks small enough that every trainer's stream stays in
-  // flight (measured: 64 elements beat 16 and 1024 by 1.3-2x).
-  T* src[kMaxLocalTrainers];
-  for (size_t t = 0; t < local; ++t) src[t] = reinterpret_cast<T*>(arenas[t] + offset) + first;
+  for (uint64_t i = 0; i < count; ++i) {
+    const T v = Access::Store((Access::Load(a0[i]) + Access::Load(a1[i])) / divisor);
+    a0[i] = v;
+    a1[i] = v;
+  }
+}
+
+// 3+ trainers: blocks small enough that every trainer's stream stays in
+// flight (measured: 64 elements beat 16 and 1024 by 1.3-2x).
+template <typename T, typename Access, bool kCheck>
+void AverageMany(T* const* src, size_t local, uint64_t count, typename Access::Acc divisor,
+                 SliceFinding* found) {
+  using Acc = typename Access::Acc;
   for (uint64_t c = 0; c < count; c += kStreamBlockElements) {
     const size_t m = static_cast<size_t>(std::min<uint64_t>(kStreamBlockElements, count - c));
     Acc acc[kStreamBlockElements];
@@ -280,17 +370,36 @@ void AverageKernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t 
       for (size_t i = 0; i < m; ++i) acc[i] += Access::Load(at[i]);
     }
     T average[kStreamBlockElements];
-    for (size_t i = 0; i < m; ++i) average[i] = Access::Store(acc[i] / divisor);
     if (kCheck) {
-      uint32_t bad = 0;
-      for (size_t i = 0; i < m; ++i) bad |= Access::Bad(average[i]);
-      if (bad != 0) {
+      typename Access::Flag poison = 0;
+      for (size_t i = 0; i < m; ++i) {
+        average[i] = Access::Store(acc[i] / divisor);
+        poison |= Access::Poison(average[i]);
+      }
+      if (poison != 0) {
         found->result_bad = 1;
         continue;  // the whole block keeps its inputs
       }
+    } else {
+      for (size_t i = 0; i < m; ++i) average[i] = Access::Store(acc[i] / divisor);
     }
     for (size_t t = 0; t < local; ++t) std::memcpy(src[t] + c, average, m * sizeof(T));
   }
+}
+
+template <typename T, typename Access, bool kCheck>
+void AverageKernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count, uint64_t,
+                   SliceFinding* found) {
+  const auto& arenas = *job.arenas;
+  const size_t local = arenas.size();
+  const uint64_t offset = (*job.spans)[span].offset;
+  const auto divisor = static_cast<typename Access::Acc>(job.world_size);
+  T* src[kMaxLocalTrainers];
+  for (size_t t = 0; t < local; ++t) src[t] = reinterpret_cast<T*>(arenas[t] + offset) + first;
+  // Same operations in the same order as Kernel: ((a0 + a1) + a2 ...) / world.
+  if (local == 1) return AverageOne<T, Access, kCheck>(src[0], count, divisor, found);
+  if (local == 2) return AverageTwo<T, Access, kCheck>(src[0], src[1], count, divisor, found);
+  AverageMany<T, Access, kCheck>(src, local, count, divisor, found);
 }
 
 using KernelFn = void (*)(const ReduceWork&, size_t, uint64_t, uint64_t, uint64_t, SliceFinding*);

@@ -50,9 +50,9 @@ struct KeptSums {
 };
 
 // What the non-finite check (Reduce's `nonfinite`) found in one bucket. The
-// check is fused into the sum and the write-back (a bit test on values
-// already in registers); the slow search for the culprit runs only once
-// something was found.
+// check is fused into the sum and the write-back (a per-block OR of values
+// already in registers, tested once per block); the search for the culprit
+// runs only once something was found.
 struct NonFiniteReport {
   // The bucket's result holds a NaN or an Inf. Across nodes this is the
   // allreduce's result, identical on every node: a non-finite local sum

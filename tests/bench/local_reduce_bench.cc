@@ -1,8 +1,17 @@
 // local_reduce_bench: the local reduction against the machine's physical
 // limit. Prints memcpy and `a += b` bandwidth (1 and 2 threads) and the
-// LocalReducer's time for 100 MB fp32 across 2 and 4 trainers' buffers,
+// LocalReducer's time for 100 MB (fp32 unless told) across 2 and 4 trainers' buffers,
 // with its bandwidth as a fraction of `a += b`, without and with the fused
 // non-finite check. A table, not a test.
+//
+//   local_reduce_bench [--dtype=float32|float64|float16|bfloat16]
+//                      [--trainers=2,4] [--nodes=1|2]
+// The gradients' dtype (default float32; the references stay fp32 over the
+// same bytes), the trainer counts of the LocalReducer rows, and --nodes=2:
+// the cross-node path's local part (sum into staging or trainer 0's
+// memory, then divide and write back, in pipelined pieces) with a backend
+// that stands for other nodes contributing zeros, so the collective costs
+// nothing; its traffic column still counts the one-node minimum 2Lx.
 //
 // Two bandwidths: payload (one buffer's bytes per second, as in
 // docs/PERFORMANCE.md; for the reduction one trainer's gradient bytes, what
@@ -15,11 +24,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "common/half.h"
+#include "daemon/backends/backend.h"
 #include "daemon/engine/local_reducer.h"
 
 namespace {
@@ -35,6 +49,73 @@ float* Alloc(size_t bytes, float value) {
   auto* f = static_cast<float*>(p);
   std::fill(f, f + bytes / sizeof(float), value);
   return f;
+}
+
+// A trainer's gradient of kBytes in `dtype`, every element `value`.
+uint8_t* AllocGradient(gradsync::DType dtype, float value) {
+  auto* p = reinterpret_cast<uint8_t*>(Alloc(kBytes, 0.0f));
+  const size_t n = kBytes / gradsync::DTypeSize(dtype);
+  switch (dtype) {
+    case gradsync::DType::kFloat32:
+      std::fill_n(reinterpret_cast<float*>(p), n, value);
+      break;
+    case gradsync::DType::kFloat64:
+      std::fill_n(reinterpret_cast<double*>(p), n, double(value));
+      break;
+    case gradsync::DType::kFloat16:
+      std::fill_n(reinterpret_cast<uint16_t*>(p), n, gradsync::FloatToFloat16(value));
+      break;
+    case gradsync::DType::kBFloat16:
+      std::fill_n(reinterpret_cast<uint16_t*>(p), n, gradsync::FloatToBFloat16(value));
+      break;
+  }
+  return p;
+}
+
+struct Options {
+  gradsync::DType dtype = gradsync::DType::kFloat32;
+  std::vector<int> trainers = {2, 4};
+  int nodes = 1;
+};
+
+// --nodes=2: every other node contributes zeros, so the allreduce's sum is
+// this node's own (nothing to add) and the local part is all that is timed.
+class OtherNodesContributeZeros final : public gradsync::Backend {
+ public:
+  std::string name() const override { return "zeros-from-other-nodes"; }
+  int num_nodes() const override { return 2; }
+  absl::Status AllreduceSum(void*, size_t, gradsync::DType) override { return absl::OkStatus(); }
+  void Abort(const std::string&) override {}
+};
+
+bool ParseOptions(int argc, char** argv, Options* options) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--dtype=", 0) == 0) {
+      bool known = false;
+      for (int d = 0; d <= 3; ++d) {
+        if (arg.substr(8) == gradsync::DTypeName(gradsync::DType(d))) {
+          options->dtype = gradsync::DType(d);
+          known = true;
+        }
+      }
+      if (!known) return false;
+    } else if (arg == "--nodes=1" || arg == "--nodes=2") {
+      options->nodes = arg.back() - '0';
+    } else if (arg.rfind("--trainers=", 0) == 0) {
+      options->trainers.clear();
+      for (const char* p = arg.c_str() + 11; *p != 0;) {
+        char* end = nullptr;
+        const long t = std::strtol(p, &end, 10);
+        if (end == p || t < 1 || t > 8) return false;
+        options->trainers.push_back(int(t));
+        p = *end == ',' ? end + 1 : end;
+      }
+    } else {
+      return false;
+    }
+  }
+  return !options->trainers.empty();
 }
 
 template <typename Fn>
@@ -80,13 +161,22 @@ void Parallel(int threads, size_t n, Fn fn) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  Options options;
+  if (!ParseOptions(argc, argv, &options)) {
+    std::fprintf(stderr,
+                 "usage: local_reduce_bench [--dtype=float32|float64|float16|bfloat16] "
+                 "[--trainers=2,4] [--nodes=1|2]\n");
+    return 2;
+  }
+  const gradsync::DType dtype = options.dtype;
   const size_t n = kBytes / sizeof(float);
   float* a = Alloc(kBytes, 1.0f);
   float* b = Alloc(kBytes, 2.0f);
   const double gb = kBytes / 1e9;
 
-  std::printf("## Local reduction, 100 MB fp32 (median of %d)\n\n", kReps);
+  std::printf("## Local reduction, 100 MB %s, %s (median of %d)\n\n", gradsync::DTypeName(dtype),
+              options.nodes == 1 ? "one node" : "two nodes' local part", kReps);
   std::printf(
       "| what | threads | time ms | GB/s payload | GB/s memory traffic | traffic vs `a += b` |\n");
   std::printf("|---|---|---|---|---|---|\n");
@@ -107,30 +197,25 @@ int main() {
     std::printf("| `a += b` (reference) | %d | %.1f | %.1f | %.1f | 100%% |\n", threads, ta * 1e3,
                 gb / ta, 3 * gb / ta);
   }
-  for (int trainers : {2, 4}) {
-    std::vector<float*> bufs;
+  for (int trainers : options.trainers) {
     std::vector<uint8_t*> arenas;
-    for (int t = 0; t < trainers; ++t) {
-      bufs.push_back(Alloc(kBytes, float(t)));
-      arenas.push_back(reinterpret_cast<uint8_t*>(bufs.back()));
-    }
+    for (int t = 0; t < trainers; ++t) arenas.push_back(AllocGradient(dtype, float(t)));
     for (int threads : {1, 2}) {
-      gradsync::LocalReducer reducer(threads, 0);
-      gradsync::LocalBackend local;
+      gradsync::LocalReducer reducer(
+          threads, options.nodes == 1 ? 0 : gradsync::LocalReducer::StagingBytes(kBytes, dtype));
+      gradsync::LocalBackend one_node;
+      OtherNodesContributeZeros two_nodes;
+      gradsync::Backend& backend =
+          options.nodes == 1 ? static_cast<gradsync::Backend&>(one_node) : two_nodes;
+      const int world = trainers * options.nodes;
       const std::vector<gradsync::ReduceSpan> spans = {{0, kBytes}};
       gradsync::NonFiniteReport report;
       // Plain and checked runs interleaved, so a load change on a shared
       // machine hits both alike.
       const auto [tr, tc] = MedianSecondsPair(
+          [&] { reducer.Reduce(arenas, spans, dtype, world, backend, nullptr).IgnoreError(); },
           [&] {
-            reducer.Reduce(arenas, spans, gradsync::DType::kFloat32, trainers, local, nullptr)
-                .IgnoreError();
-          },
-          [&] {
-            reducer
-                .Reduce(arenas, spans, gradsync::DType::kFloat32, trainers, local, nullptr, 0,
-                        &report)
-                .IgnoreError();
+            reducer.Reduce(arenas, spans, dtype, world, backend, nullptr, 0, &report).IgnoreError();
           });
       const double traffic = 2.0 * trainers * gb / tr;
       std::printf("| gradsync LocalReducer, %d trainers | %d | %.1f | %.1f | %.1f | %.0f%% |\n",
@@ -143,7 +228,7 @@ int main() {
           trainers, threads, tc * 1e3, gb / tc, traffic_c, 100.0 * traffic_c / add_bw[threads],
           100.0 * (tc - tr) / tr);
     }
-    for (float* f : bufs) munmap(f, kBytes);
+    for (uint8_t* p : arenas) munmap(p, kBytes);
   }
   std::printf(
       "\nTarget (docs/PERFORMANCE.md): local reduction bandwidth >= 75%% of `a += b` "

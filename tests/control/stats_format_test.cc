@@ -80,6 +80,9 @@ v1::Stats SampleStats() {
   st->set_waited_s(61);
   st->set_description("trainer 3 has not marked fc9.weight");
   s.add_recent_errors("trainer 3 detached");
+  s.set_nonfinite_skipped_iterations(3);
+  (*s.mutable_nonfinite_skipped_by_culprit())["rank 3 (local 1, pid 4243) on node 1 (host h)"] = 2;
+  (*s.mutable_nonfinite_skipped_by_culprit())["another node"] = 1;
   return s;
 }
 
@@ -120,6 +123,9 @@ TEST(StatsTable, ShowsHeaderTrainersBucketsAndProblems) {
   EXPECT_NE(text.find("STALLS\niteration 1199 bucket 1 waited 1m01s: trainer 3 has not marked"),
             std::string::npos);
   EXPECT_NE(text.find("RECENT ERRORS\ntrainer 3 detached\n"), std::string::npos);
+  EXPECT_NE(text.find("non-finite gradients: 3 iterations skipped (1 from another node; 2 from "
+                      "rank 3 (local 1, pid 4243) on node 1 (host h))\n"),
+            std::string::npos);
 
   // Rows and right-aligned columns: a cell ends where its header ends.
   std::string bucket_header, bucket0, bucket1, trainer_header, trainer2;
@@ -360,12 +366,20 @@ TEST(StatsPrometheus, ParsesStrictlyAndCarriesTheFigures) {
       value("gradsync_bucket_last_latency_seconds", {{"bucket", "0"}, {"phase", "write_back"}}),
       12.5e-6);
   EXPECT_EQ(value("gradsync_stalls", {}), 1);
+  EXPECT_EQ(value("gradsync_nonfinite_skipped_iterations_total", {}), 3);
+  EXPECT_EQ(value("gradsync_nonfinite_skipped_by_culprit_total",
+                  {{"culprit", "rank 3 (local 1, pid 4243) on node 1 (host h)"}}),
+            2);
+  EXPECT_EQ(value("gradsync_nonfinite_skipped_by_culprit_total", {{"culprit", "another node"}}), 1);
 }
 
 TEST(StatsPrometheus, EmptyStatsStillWellFormed) {
   const std::vector<Sample> samples = ParsePrometheus(FormatStatsPrometheus(v1::Stats()));
   EXPECT_NE(Find(samples, "gradsync_iterations_total", {}), nullptr);
   EXPECT_EQ(Find(samples, "gradsync_bucket_size_bytes", {}), nullptr);
+  // Zero skipped iterations is a figure too; no culprit, no per-culprit sample.
+  EXPECT_NE(Find(samples, "gradsync_nonfinite_skipped_iterations_total", {}), nullptr);
+  EXPECT_EQ(Find(samples, "gradsync_nonfinite_skipped_by_culprit_total", {}), nullptr);
 }
 
 // The daemon-wide iteration histogram is printed whenever the daemon set it,

@@ -3,7 +3,10 @@
 // Inf in one trainer's gradient is reported with that trainer, the
 // element's arena offset and its value; a clean bucket reports nothing; a
 // non-finite value from the other nodes is seen in the result but blamed
-// on no local trainer; without a report nothing is checked.
+// on no local trainer; without a report nothing is checked. The check is
+// tested once per block of elements, so bad values sit on both sides of
+// every boundary the reduction has (blocks, chunks, threads' slices) and in
+// the last elements, after the vector loops.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -100,6 +103,84 @@ TEST(LocalReducerNonFiniteTest, NamesTheFirstBadElementsTrainerOffsetAndValue) {
               EXPECT_TRUE(std::isnan(report.value)) << report.value;
             } else {
               EXPECT_EQ(report.value, bad);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// A bucket of 64 chunks of 2048 elements (one node: 2048 blocks of 64; two
+// threads: split at element 65536) plus a 64-element block plus 3: a tail
+// after the last block shorter than a 16-byte vector of fp32 or of the
+// halves, whose last element is left over by fp64's 2-wide vectors too.
+// Bytes enough for two threads in every dtype.
+constexpr size_t kBoundaryElements = 64 * 2048 + 64 + 3;
+
+struct Boundary {
+  const char* what;
+  size_t index;
+};
+
+const Boundary kBoundaries[] = {
+    {"first element", 0},
+    {"last element of the first block", 63},
+    {"first element after a block boundary", 64},
+    {"last element of a chunk", 2047},
+    {"first element after a chunk boundary", 2048},
+    {"last element of the first thread's slice", 32 * 2048 - 1},
+    {"first element of the second thread's slice", 32 * 2048},
+    {"last element of the last whole block", 64 * 2048 + 63},
+    {"first element of the tail", 64 * 2048 + 64},
+    {"last element: in a tail shorter than a vector", kBoundaryElements - 1},
+};
+
+TEST(LocalReducerNonFiniteTest, FindsABadValueOnEitherSideOfEveryBlockBoundaryAndInTheTail) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    const size_t esize = DTypeSize(dtype);
+    for (int trainers : {1, 2, 3}) {
+      for (int nodes : {1, 2}) {
+        for (size_t threads : {1, 2}) {
+          for (const Boundary& boundary : kBoundaries) {
+            for (size_t culprit : {size_t{0}, size_t(trainers - 1)}) {
+              // The value alternates, so both kinds are found at some boundary.
+              const double bad = boundary.index % 2 == 0 ? nan : -inf;
+              SCOPED_TRACE(testing::Message()
+                           << DTypeName(dtype) << ", " << trainers << " trainers, " << nodes
+                           << " nodes, " << threads << " threads, " << boundary.what << " ("
+                           << boundary.index << "), trainer " << culprit << ", value " << bad);
+              std::vector<std::vector<uint8_t>> memory(
+                  trainers, std::vector<uint8_t>(kBoundaryElements * esize));
+              std::vector<uint8_t*> arenas;
+              for (int t = 0; t < trainers; ++t) {
+                for (size_t i = 0; i < kBoundaryElements; ++i) {
+                  Store(dtype, memory[t].data(), i, 0.5 * (t + 1));
+                }
+                arenas.push_back(memory[t].data());
+              }
+              Store(dtype, arenas[culprit], boundary.index, bad);
+              LocalReducer reducer(threads,
+                                   LocalReducer::StagingBytes(kBoundaryElements * 8, dtype));
+              LocalBackend local;
+              AddConstantBackend remote(0.5);
+              Backend& backend = nodes == 1 ? static_cast<Backend&>(local) : remote;
+              NonFiniteReport report;
+              ASSERT_TRUE(reducer
+                              .Reduce(arenas, {{0, kBoundaryElements * esize}}, dtype,
+                                      trainers * nodes, backend, nullptr, 0, &report)
+                              .ok());
+              EXPECT_TRUE(report.result_non_finite);
+              ASSERT_TRUE(report.local);
+              EXPECT_EQ(report.trainer, culprit);
+              EXPECT_EQ(report.arena_offset, boundary.index * esize);
+              if (std::isnan(bad)) {
+                EXPECT_TRUE(std::isnan(report.value)) << report.value;
+              } else {
+                EXPECT_EQ(report.value, bad);
+              }
             }
           }
         }

@@ -1,5 +1,6 @@
 // The local reduction's arithmetic: sum over trainers / world size, written
-// back to every trainer, for every dtype, span layout and thread count —
+// back to every trainer, for every dtype, span layout and thread count, with
+// and without the non-finite check (its kernels write the same results) —
 // against a straightforward double-precision reference; fp16/bf16 results
 // bit for bit against the reducer's contract (sum in fp32, divide, round
 // once to nearest even, reference rounding from half_reference.h).
@@ -82,13 +83,14 @@ struct Case {
   size_t threads;
   bool remote;
   bool single_span;  // one span: the in-place cross-node path for fp32/fp64
+  bool check;        // with the non-finite check (a NonFiniteReport)
 };
 
 // gtest prints a parameter it does not know as raw bytes.
 void PrintTo(const Case& c, std::ostream* os) {
   *os << DTypeName(c.dtype) << ", " << c.trainers << " trainers, " << c.threads << " threads, "
       << (c.remote ? "across nodes" : "one node") << ", "
-      << (c.single_span ? "one span" : "several spans");
+      << (c.single_span ? "one span" : "several spans") << (c.check ? ", non-finite check" : "");
 }
 
 class LocalReducerTest : public ::testing::TestWithParam<Case> {};
@@ -132,7 +134,11 @@ TEST_P(LocalReducerTest, AveragesIntoEveryTrainer) {
   LocalBackend local;
   Backend& backend = c.remote ? static_cast<Backend&>(add) : local;
   ReduceTimings timings;
-  ASSERT_TRUE(reducer.Reduce(ptrs, spans, c.dtype, world, backend, &timings).ok());
+  NonFiniteReport report;
+  ASSERT_TRUE(
+      reducer.Reduce(ptrs, spans, c.dtype, world, backend, &timings, 0, c.check ? &report : nullptr)
+          .ok());
+  EXPECT_FALSE(report.result_non_finite);
   if (c.remote) {
     EXPECT_EQ(add.calls, 1);
     // The copy back into the arenas after the collective is timed on its own
@@ -178,7 +184,11 @@ std::vector<Case> AllCases() {
     for (int trainers : {1, 2, 3}) {
       for (size_t threads : {1, 2}) {
         for (bool remote : {false, true}) {
-          for (bool single : {false, true}) out.push_back({d, trainers, threads, remote, single});
+          for (bool single : {false, true}) {
+            for (bool check : {false, true}) {
+              out.push_back({d, trainers, threads, remote, single, check});
+            }
+          }
         }
       }
     }
