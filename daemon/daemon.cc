@@ -94,6 +94,8 @@ absl::StatusOr<JobWorld> Daemon::FormWorld(const Layout& layout,
 
 absl::Status Daemon::Start() {
   RaiseOpenFileLimit();
+  // Early, while few descriptors are open: it starts up while this daemon does.
+  if (config_.num_nodes > 1) ClusterLink::PrepareGlooWorker();
   ASSIGN_OR_RETURN(JobHooks hooks, MakeJobHooks());
   jobs_ = std::make_unique<JobRegistry>(
       config_, [this] { return NodeSegmentForNewJob(); },
