@@ -108,9 +108,14 @@ def summary_rows(first: dict, listen: dict) -> list:
     for nodes in NODES:
         v = first[nodes]
         up = [u for u in listen[nodes] if u is not None]
+        # The part after process start-up: the trainers' connect, the join,
+        # the agreement, the Gloo mesh and the first iteration.
+        after = [s - u for s, u in zip(v, listen[nodes]) if u is not None]
         rows.append([nodes, statistics.median(v), f"{min(v):.3f}-{max(v):.3f}",
                      " ".join(f"{s:.3f}" for s in v),
                      statistics.median(up) if up else None,
+                     statistics.median(after) if after else None,
+                     f"{min(after):.3f}-{max(after):.3f}" if after else None,
                      statistics.median(v) / statistics.median(first[base]),
                      " ".join(f"{a / b:.2f}" for a, b in zip(v, first[base]))])
     return rows
@@ -135,7 +140,8 @@ def main() -> int:
                 first[build][nodes].append(secs)
                 listen[build][nodes].append(up)
     columns = ["daemons", "start -> every first gs_wait s", "min-max s", "per round s",
-               "start -> every daemon listening s", f"vs {NODES[0]} daemons", "per-round ratios"]
+               "start -> every daemon listening s", "every daemon listening -> every first "
+               "gs_wait s", "min-max s", f"vs {NODES[0]} daemons", "per-round ratios"]
     report.table(
         f"Join + first iteration: N daemons on loopback x 1 trainer, 4 KB layout "
         f"(seconds, median of {ROUNDS} alternated rounds)",
@@ -146,14 +152,21 @@ def main() -> int:
     if reference:
         report.table(f"The same, reference gradsyncd {reference} (alternated with this build)",
                      columns, summary_rows(first["reference"], listen["reference"]))
-        report.table(
-            "This build / reference, per daemon count (median; every round's ratio)",
-            ["daemons", "this build / reference", "per-round ratios"],
-            [[n, statistics.median(first["this build"][n]) / statistics.median(
-                first["reference"][n]),
-              " ".join(f"{a / b:.2f}" for a, b in zip(first["this build"][n],
-                                                      first["reference"][n]))]
-             for n in NODES])
+
+        def after_listen(build: str, n: int) -> list:
+            return [s - u for s, u in zip(first[build][n], listen[build][n]) if u is not None]
+
+        rows = []
+        for n in NODES:
+            new, ref = first["this build"][n], first["reference"][n]
+            new_after, ref_after = after_listen("this build", n), after_listen("reference", n)
+            rows.append([n, statistics.median(new) / statistics.median(ref),
+                         " ".join(f"{a / b:.2f}" for a, b in zip(new, ref)),
+                         statistics.median(new_after) / statistics.median(ref_after)
+                         if new_after and ref_after else None])
+        report.table("This build / reference, per daemon count (medians; every round's ratio)",
+                     ["daemons", "start -> every first gs_wait", "per-round ratios",
+                      "every daemon listening -> every first gs_wait"], rows)
     progress.finish()
     report.write()
     return 0
