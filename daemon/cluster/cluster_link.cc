@@ -202,14 +202,14 @@ int RankOffset(const JoinResult& joined, int node_rank) {
 // --uneven-inputs. Returns the wire dtype published.
 absl::StatusOr<WireDType> PublishRecords(RendezvousClient& client, const DaemonConfig& config,
                                          uint64_t gen, const Layout& layout) {
-  // Before the layout, which the others wait for: once it is there, so is this.
+  // Before the layout, which the others wait for: once it is there, so are these.
   RETURN_IF_ERROR(client.Set(CheckReplicasEveryKey(gen, config.node_rank),
                              absl::StrCat(config.check_replicas_every)));
+  RETURN_IF_ERROR(
+      client.Set(MinNodesKey(gen, config.node_rank), absl::StrCat(config.min_nodes_or_num())));
   RETURN_IF_ERROR(client.Set(LayoutKey(gen, config.node_rank), EncodeLayout(layout)));
   ASSIGN_OR_RETURN(WireDType wire_dtype, ParseWireDType(config.wire_dtype));
   RETURN_IF_ERROR(client.Set(WireDTypeKey(gen, config.node_rank), WireDTypeName(wire_dtype)));
-  RETURN_IF_ERROR(
-      client.Set(MinNodesKey(gen, config.node_rank), absl::StrCat(config.min_nodes_or_num())));
   if (config.node_rank == 0) {
     RETURN_IF_ERROR(
         client.Set(CapsKey(gen), EncodeCaps(config.bucket_cap_mb, config.first_bucket_cap_mb)));
@@ -226,9 +226,12 @@ absl::StatusOr<Records> WaitForRecords(RendezvousClient& client, const std::vect
   keys.push_back(CapsKey(gen));
   for (int n : members) keys.push_back(WireDTypeKey(gen, n));
   keys.push_back(UnevenInputsKey(gen));
-  for (int n : members) keys.push_back(MinNodesKey(gen, n));
-  for (int n : members) keys.push_back(CheckReplicasEveryKey(gen, n));
-  absl::StatusOr<Records> records = client.WaitForValues(keys, wait);
+  // Published before each node's layout, read in the same answer; one a
+  // node did not publish (an older daemon) counts as its flag's default.
+  std::vector<std::string> read_keys;
+  for (int n : members) read_keys.push_back(MinNodesKey(gen, n));
+  for (int n : members) read_keys.push_back(CheckReplicasEveryKey(gen, n));
+  absl::StatusOr<Records> records = client.WaitForValues(keys, read_keys, wait);
   if (!records.ok()) {
     return MakeError(CodeOf(records.status()),
                      absl::StrCat("waiting for every node's layout: ", records.status().message()));

@@ -54,8 +54,8 @@ class ClusterLink final : public WorldLink {
   static absl::Status ReportForming(const DaemonConfig& config, const std::string& leader,
                                     const std::string& report);
   // Starts the Gloo worker process the next Form adopts, so that its
-  // start-up overlaps the wait for the trainers and the join: at daemon
-  // start, and when a generation ends (for the next job or re-formation).
+  // start-up overlaps the wait for the trainers and the join: once the
+  // daemon serves, and when a generation ends (next job or re-formation).
   static void PrepareGlooWorker();
 
   void ReportError(const absl::Status& error) override ABSL_LOCKS_EXCLUDED(mu_);

@@ -132,6 +132,7 @@ absl::StatusOr<std::optional<std::string>> RendezvousClient::Get(std::string_vie
 }
 
 absl::Status RendezvousClient::CallWait(const std::vector<std::string>& keys,
+                                        const std::vector<std::string>& read_keys,
                                         absl::Duration timeout, bool return_values,
                                         v1::WaitResponse* response) {
   if (timeout <= absl::ZeroDuration()) {
@@ -141,6 +142,7 @@ absl::Status RendezvousClient::CallWait(const std::vector<std::string>& keys,
   SetCredentials(options_, &request);
   request.set_incarnation(incarnation());
   for (const std::string& key : keys) request.add_keys(key);
+  for (const std::string& key : read_keys) request.add_read_keys(key);
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   request.set_return_values(return_values);
   grpc::ClientContext context;
@@ -152,13 +154,19 @@ absl::Status RendezvousClient::CallWait(const std::vector<std::string>& keys,
 
 absl::Status RendezvousClient::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
   v1::WaitResponse response;
-  return CallWait(keys, timeout, /*return_values=*/false, &response);
+  return CallWait(keys, {}, timeout, /*return_values=*/false, &response);
 }
 
 absl::StatusOr<std::map<std::string, std::string>> RendezvousClient::WaitForValues(
     const std::vector<std::string>& keys, absl::Duration timeout) {
+  return WaitForValues(keys, {}, timeout);
+}
+
+absl::StatusOr<std::map<std::string, std::string>> RendezvousClient::WaitForValues(
+    const std::vector<std::string>& keys, const std::vector<std::string>& read_keys,
+    absl::Duration timeout) {
   v1::WaitResponse response;
-  RETURN_IF_ERROR(CallWait(keys, timeout, /*return_values=*/true, &response));
+  RETURN_IF_ERROR(CallWait(keys, read_keys, timeout, /*return_values=*/true, &response));
   std::map<std::string, std::string> values;
   for (v1::KeyValue& kv : *response.mutable_values()) {
     values[kv.key()] = std::move(*kv.mutable_value());
@@ -172,6 +180,12 @@ absl::StatusOr<std::map<std::string, std::string>> RendezvousClient::WaitForValu
                        absl::StrCat("rendezvous key ", key, " vanished right after Wait saw it"));
     }
     values[key] = *std::move(value);
+  }
+  for (const std::string& key : read_keys) {
+    if (values.count(key) != 0) continue;
+    // Not set, past the size bound, or a leader that sends no values.
+    ASSIGN_OR_RETURN(std::optional<std::string> value, Get(key));
+    if (value.has_value()) values[key] = *std::move(value);
   }
   return values;
 }

@@ -564,14 +564,17 @@ grpc::Status RendezvousService::Wait(grpc::ServerContext* context, const v1::Wai
 void RendezvousService::FillWaitValuesLocked(const v1::WaitRequest& request,
                                              v1::WaitResponse* response) const {
   size_t bytes = 0;
-  for (const std::string& key : request.keys()) {
-    const auto it = kv_.find(key);
-    if (it == kv_.end()) continue;  // asked twice, or an odd key: the caller gets it
-    bytes += key.size() + it->second.size();
-    if (bytes > kMaxWaitValuesBytes) return;
-    v1::KeyValue* kv = response->add_values();
-    kv->set_key(key);
-    kv->set_value(it->second);
+  for (const auto* keys : {&request.keys(), &request.read_keys()}) {
+    for (const std::string& key : *keys) {
+      const auto it = kv_.find(key);
+      if (it == kv_.end()) continue;  // a read key not set: the caller sees it missing
+      const size_t size = key.size() + it->second.size();
+      if (bytes + size > kMaxWaitValuesBytes) continue;  // left for the caller to get
+      bytes += size;
+      v1::KeyValue* kv = response->add_values();
+      kv->set_key(key);
+      kv->set_value(it->second);
+    }
   }
 }
 

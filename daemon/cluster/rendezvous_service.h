@@ -233,8 +233,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
   void CheckHeartbeatsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FormGenerationLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillJoinResponseLocked(v1::JoinResponse* response) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A Wait asking for values, every key set: their values up to
-  // kMaxWaitValuesBytes, in the order asked.
+  // A Wait asking for values, every key set: their values, then those of
+  // the read keys that are set, in the order asked, each that still fits
+  // kMaxWaitValuesBytes.
   void FillWaitValuesLocked(const v1::WaitRequest& request, v1::WaitResponse* response) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A fresh round forms with every node; a re-formation round (some Join

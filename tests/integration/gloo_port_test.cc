@@ -21,7 +21,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -73,23 +72,6 @@ std::string SendHostilePreamble(const sockaddr_in& pair, int* fd_out) {
   return Endpoint(self);
 }
 
-// Plays node 1 joining `gen`: publishes, as node 1's, every record node 0
-// published (layout, wire dtype, --min-nodes, --check-replicas-every), which
-// the nodes compare before they connect Gloo. False if one is missing.
-bool PublishNodeZerosRecordsAsNodeOne(RendezvousClient& client, uint64_t gen) {
-  using KeyOf = std::string (*)(uint64_t, int);
-  const KeyOf records[] = {&LayoutKey, &WireDTypeKey, &MinNodesKey, &CheckReplicasEveryKey};
-  std::vector<std::string> zeros;
-  for (KeyOf key : records) zeros.push_back(key(gen, 0));
-  absl::StatusOr<std::map<std::string, std::string>> values =
-      client.WaitForValues(zeros, absl::Seconds(30));
-  if (!values.ok()) return false;
-  for (KeyOf key : records) {
-    if (!client.Set(key(gen, 1), (*values)[key(gen, 0)]).ok()) return false;
-  }
-  return true;
-}
-
 // The job of both tests: two nodes, one trainer each; `flags` for both.
 ClusterOptions TwoNodes(const std::vector<std::string>& flags) {
   ClusterOptions options;
@@ -122,8 +104,13 @@ TEST(GlooPort, HostilePreambleOnTheLeadersGlooPortFailsOnlyTheJob) {
   absl::StatusOr<JoinResult> joined = node1->Join(join);
   ASSERT_TRUE(joined.ok()) << joined.status() << leader.process().Log();
   const uint64_t gen = joined->generation;
-  // Node 1 registers node 0's layout and flags, so the leader goes on to Gloo.
-  ASSERT_TRUE(PublishNodeZerosRecordsAsNodeOne(*node1, gen)) << leader.process().Log();
+  // Node 1 registers node 0's layout, so the leader goes on to Gloo.
+  ASSERT_TRUE(node1->Wait({LayoutKey(gen, 0)}, absl::Seconds(30)).ok()) << leader.process().Log();
+  absl::StatusOr<std::optional<std::string>> layout = node1->Get(LayoutKey(gen, 0));
+  ASSERT_TRUE(layout.ok() && layout->has_value());
+  ASSERT_TRUE(node1->Set(MinNodesKey(gen, 1), "2").ok());  // a fixed 2-node job, as node 0
+  ASSERT_TRUE(node1->Set(LayoutKey(gen, 1), **layout).ok());
+  ASSERT_TRUE(node1->Set(WireDTypeKey(gen, 1), "off").ok());
 
   // The leader's Gloo pair for node 1 is listening once its address is
   // published (Gloo's rendezvous key "<prefix>/0": one tcp::Address per
@@ -205,7 +192,12 @@ TEST(GlooPort, LeadersWorkerKilledWhileFormingFailsTheOtherNodePromptlyNamingNod
   const uint64_t gen = 1;  // the leader's first generation
   ASSERT_TRUE(WaitForLog(node0.process(), "event=generation_formed generation=1 ", kBound))
       << node0.process().Log();
-  ASSERT_TRUE(PublishNodeZerosRecordsAsNodeOne(*client, gen)) << cluster.DaemonLogs();
+  ASSERT_TRUE(client->Wait({LayoutKey(gen, 0)}, absl::Seconds(30)).ok()) << cluster.DaemonLogs();
+  absl::StatusOr<std::optional<std::string>> layout = client->Get(LayoutKey(gen, 0));
+  ASSERT_TRUE(layout.ok() && layout->has_value());
+  ASSERT_TRUE(client->Set(MinNodesKey(gen, 1), "2").ok());  // a fixed 2-node job, as node 0
+  ASSERT_TRUE(client->Set(LayoutKey(gen, 1), **layout).ok());
+  ASSERT_TRUE(client->Set(WireDTypeKey(gen, 1), "off").ok());
   const std::string gloo_key = GenerationKeyPrefix(gen) + "gloo/0";
   ASSERT_TRUE(client->Wait({gloo_key}, absl::Seconds(30)).ok()) << cluster.DaemonLogs();
   absl::StatusOr<std::optional<std::string>> address = client->Get(gloo_key);

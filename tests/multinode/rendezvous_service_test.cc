@@ -622,6 +622,8 @@ TEST_F(RendezvousServiceTest, WaitForValuesAnswersEveryValueOnceTheLastKeyIsSet)
   v1::WaitRequest request;
   request.mutable_job()->set_job_id(kJob);
   for (const char* key : {"job/c", "job/a", "job/big"}) request.add_keys(key);
+  request.add_read_keys("job/none");
+  request.add_read_keys("job/c");
   request.set_timeout_ms(20000);
   request.set_return_values(true);
   v1::WaitResponse response;
@@ -629,11 +631,19 @@ TEST_F(RendezvousServiceTest, WaitForValuesAnswersEveryValueOnceTheLastKeyIsSet)
   AttachCallToken(&context, kToken);
   ASSERT_TRUE(stub->Wait(&context, request, &response).ok());
   EXPECT_EQ(response.error().code(), v1::OK) << response.error().message();
-  ASSERT_EQ(response.values_size(), 2);
+  ASSERT_EQ(response.values_size(), 3);
   EXPECT_EQ(response.values(0).key(), "job/c");
   EXPECT_EQ(response.values(0).value(), "3");
   EXPECT_EQ(response.values(1).key(), "job/a");
   EXPECT_EQ(response.values(1).value(), binary);
+  EXPECT_EQ(response.values(2).key(), "job/c");  // the read key, after the bound's gap
+
+  // Read keys are answered when set and never waited for.
+  const auto read =
+      client->WaitForValues({"job/a"}, {"job/none", "job/c", "job/big"}, absl::Seconds(20));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, (std::map<std::string, std::string>{
+                       {"job/a", binary}, {"job/c", "3"}, {"job/big", big}}));
 
   // A timeout still names the missing keys.
   const auto missing = client->WaitForValues({"job/a", "job/d"}, absl::Milliseconds(200));
