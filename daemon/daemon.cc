@@ -120,6 +120,9 @@ absl::Status Daemon::Start() {
       getpid(), config_.socket_path, config_.listen, listen_port_, config_.node_rank,
       config_.num_nodes, config_.local_size, config_.bucket_cap_mb, config_.first_bucket_cap_mb,
       config_.timeout_ms / 1000.0);
+  // Once this daemon serves (its own start-up comes first): the worker
+  // starts up while the daemon waits for its trainers and the join.
+  if (config_.num_nodes > 1) ClusterLink::PrepareGlooWorker();
   return absl::OkStatus();
 }
 

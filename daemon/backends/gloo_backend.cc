@@ -15,6 +15,7 @@
 #include "common/status_code.h"
 #include "common/status_macros.h"
 #include "daemon/backends/batch_scheduling.h"
+#include "daemon/backends/gloo_mesh.h"
 #include "daemon/backends/gloo_store.h"
 #include "daemon/backends/wire_cast.h"
 #include "daemon/cluster/rendezvous_keys.h"
@@ -113,8 +114,7 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
       InheritedBatchScheduling batch;
       device = gloo::transport::tcp::CreateDevice(attr);
     }
-    auto context =
-        std::make_shared<gloo::rendezvous::Context>(options.node_rank, options.num_nodes);
+    auto context = std::make_shared<MeshContext>(options.node_rank, options.num_nodes);
     // Gloo waits up to 5x the context timeout for a pair to connect; a fifth
     // of ours while connecting keeps Create within about `timeout` when a
     // peer dies mid-connect. Allreduces get the full timeout explicitly.
@@ -124,7 +124,7 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
     // generation is over, and a Wait on them fails when it aborts.
     gloo::rendezvous::PrefixStore store(GenerationKeyPrefix(options.generation) + "gloo",
                                         *options.store);
-    context->connectFullMesh(store, device);
+    context->ConnectAllPairs(store, device);
     context->setTimeout(absl::ToChronoMilliseconds(options.timeout));
     spdlog::info("event=gloo_connected node_rank={} num_nodes={} generation={} device={}",
                  options.node_rank, options.num_nodes, options.generation, LogValue(device->str()));

@@ -16,6 +16,14 @@ void GlooStore::set(const std::string& key, const std::vector<char>& data) {
 
 std::vector<char> GlooStore::get(const std::string& key) {
   for (int attempt = 0; attempt < 2; ++attempt) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (auto it = fetched_.find(key); it != fetched_.end()) {
+        std::vector<char> value(it->second.begin(), it->second.end());
+        fetched_.erase(it);
+        return value;
+      }
+    }
     absl::StatusOr<std::optional<std::string>> value = store_->Get(key);
     if (!value.ok()) throw GlooStoreError(value.status());
     if (value->has_value()) return std::vector<char>((*value)->begin(), (*value)->end());
@@ -26,17 +34,19 @@ std::vector<char> GlooStore::get(const std::string& key) {
       absl::StrCat("key '", key, "' is missing right after Wait reported it set")));
 }
 
-void GlooStore::wait(const std::vector<std::string>& keys) {
-  absl::Status status = store_->Wait(keys, default_timeout_);
-  if (!status.ok()) throw GlooStoreError(std::move(status));
+void GlooStore::WaitAndKeep(const std::vector<std::string>& keys, absl::Duration timeout) {
+  absl::StatusOr<std::map<std::string, std::string>> values = store_->WaitForValues(keys, timeout);
+  if (!values.ok()) throw GlooStoreError(values.status());
+  absl::MutexLock lock(&mu_);
+  fetched_.merge(*values);
 }
+
+void GlooStore::wait(const std::vector<std::string>& keys) { WaitAndKeep(keys, default_timeout_); }
 
 void GlooStore::wait(const std::vector<std::string>& keys,
                      const std::chrono::milliseconds& timeout) {
   // Gloo passes 0 for "no timeout": use ours rather than waiting forever.
-  const absl::Duration d = timeout.count() > 0 ? absl::FromChrono(timeout) : default_timeout_;
-  absl::Status status = store_->Wait(keys, d);
-  if (!status.ok()) throw GlooStoreError(std::move(status));
+  WaitAndKeep(keys, timeout.count() > 0 ? absl::FromChrono(timeout) : default_timeout_);
 }
 
 }  // namespace gradsync

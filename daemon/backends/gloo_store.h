@@ -8,11 +8,14 @@
 #define GRADSYNC_DAEMON_BACKENDS_GLOO_STORE_H_
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/backends/key_value_store.h"
 #include "gloo/common/error.h"
@@ -37,14 +40,21 @@ class GlooStore final : public gloo::rendezvous::Store {
 
   void set(const std::string& key, const std::vector<char>& data) override;
   // Waits for the key (up to the default timeout) when it is not set yet.
-  std::vector<char> get(const std::string& key) override;
-  void wait(const std::vector<std::string>& keys) override;
-  void wait(const std::vector<std::string>& keys,
-            const std::chrono::milliseconds& timeout) override;
+  // A key a wait() fetched is answered from memory, once: Gloo waits for
+  // its peers' addresses and then gets each, and the wait brought them.
+  std::vector<char> get(const std::string& key) override ABSL_LOCKS_EXCLUDED(mu_);
+  void wait(const std::vector<std::string>& keys) override ABSL_LOCKS_EXCLUDED(mu_);
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  void WaitAndKeep(const std::vector<std::string>& keys, absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   const std::shared_ptr<KeyValueStore> store_;
   const absl::Duration default_timeout_;
+  absl::Mutex mu_;  // Gloo may call from several threads
+  std::map<std::string, std::string> fetched_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gradsync

@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -21,17 +20,15 @@
 #include "common/status_macros.h"
 #include "daemon/backends/count_fold.h"
 #include "daemon/backends/gloo_store.h"
+#include "daemon/backends/gloo_worker_process.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "gradsync/v1/gloo_worker.pb.h"
 #include "spdlog/spdlog.h"
 
-extern char** environ;
-
 namespace gradsync {
 namespace {
 
-// Debian 12's <sys/pidfd.h> lacks extern "C": the system calls directly.
-int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+// Debian 12's <sys/pidfd.h> lacks extern "C": the system call directly.
 int PidfdKill(int pidfd) {
   return static_cast<int>(syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0));
 }
@@ -108,6 +105,7 @@ absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> GlooWorkerBackend::Create(
 }
 
 absl::Status GlooWorkerBackend::ConnectMesh(const GlooBackendOptions& options) {
+  wire_dtype_ = options.wire_dtype;
   if (num_nodes_ == 1) return absl::OkStatus();  // no worker
   return Connect(options);
 }
@@ -131,47 +129,24 @@ absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> GlooWorkerBackend::Start(
 }
 
 absl::Status GlooWorkerBackend::Spawn(const std::vector<std::string>& argv) {
-  ASSIGN_OR_RETURN(auto ends, WorkerChannel::CreatePair());  // (this end, the child's)
-  buffer_fd_ = memfd_create("gradsync-gloo-buffer", MFD_CLOEXEC);
-  if (buffer_fd_ < 0) {
-    return MakeError(v1::INTERNAL, absl::StrCat("memfd_create: ", std::strerror(errno)));
+  std::optional<GlooWorkerProcess> worker = TakeSpareGlooWorker(argv);
+  const bool spare = worker.has_value();
+  if (!spare) {
+    ASSIGN_OR_RETURN(GlooWorkerProcess spawned, SpawnGlooWorkerProcess(argv));
+    worker.emplace(std::move(spawned));
   }
-  // The worker finds its channel and buffer at fixed descriptors; dup2
-  // clears close-on-exec there (and only there: the daemon's other
-  // descriptors stay behind).
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, ends.second.fd(), kGlooWorkerChannelFd);
-  posix_spawn_file_actions_adddup2(&actions, buffer_fd_, kGlooWorkerBufferFd);
-  // The daemon blocks its stop signals for its signal thread: the worker
-  // gets an empty mask and their default actions back.
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none, defaults;
-  sigemptyset(&none);
-  sigemptyset(&defaults);
-  sigaddset(&defaults, SIGTERM);
-  sigaddset(&defaults, SIGINT);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, args[0], &actions, &attr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) {
-    return MakeError(v1::INTERNAL, absl::StrCat("cannot start the Gloo worker ", argv[0], ": ",
-                                                std::strerror(rc)));
-  }
-  pid_ = pid;
-  pidfd_ = PidfdOpen(pid);
-  channel_ = std::move(ends.first);  // the child's end closes with `ends`
-  spdlog::info("event=gloo_worker_started node_rank={} generation={} pid={}", node_rank_,
-               generation_, pid_);
+  // Adopted: this object reaps it from now on.
+  pid_ = std::exchange(worker->pid, 0);
+  pidfd_ = std::exchange(worker->pidfd, -1);
+  buffer_fd_ = std::exchange(worker->buffer_fd, -1);
+  channel_ = std::move(worker->channel);
+  spdlog::info("event=gloo_worker_started node_rank={} generation={} pid={} spare={}", node_rank_,
+               generation_, pid_, spare);
   return absl::OkStatus();
+}
+
+void GlooWorkerBackend::PrepareSpare(const std::vector<std::string>& worker_argv) {
+  PrepareSpareGlooWorker(worker_argv);
 }
 
 std::string GlooWorkerBackend::Who() const {

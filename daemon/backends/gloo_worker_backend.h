@@ -59,11 +59,17 @@ class GlooWorkerBackend final : public Backend {
   // another thread (the leader aborting the generation while it forms):
   // Start spawns the worker, ConnectMesh then blocks as Create does. An
   // Abort meanwhile kills the worker and ConnectMesh returns PEER_FAILED
-  // with the reason.
+  // with the reason. ConnectMesh's options are Start's, except that their
+  // wire dtype (agreed between Start and ConnectMesh) is the one used.
   static absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> Start(
       const GlooBackendOptions& options,
       std::vector<std::string> worker_argv = {"/proc/self/exe", kGlooWorkerFlag});
   absl::Status ConnectMesh(const GlooBackendOptions& options);
+  // Spawns a worker ahead of the next Start, which adopts it instead of
+  // spawning its own (gloo_worker_process.h): its start-up then overlaps the
+  // wait for the join. Without one (or with a dead one) Start spawns.
+  static void PrepareSpare(const std::vector<std::string>& worker_argv = {"/proc/self/exe",
+                                                                          kGlooWorkerFlag});
   ~GlooWorkerBackend() override;
 
   GlooWorkerBackend(const GlooWorkerBackend&) = delete;
@@ -126,7 +132,7 @@ class GlooWorkerBackend final : public Backend {
   const int num_nodes_;
   const uint64_t generation_;
   const absl::Duration timeout_;
-  const WireDType wire_dtype_;
+  WireDType wire_dtype_;  // set before the mesh connects
   std::atomic<uint64_t> wire_payload_bytes_{0};
 
   // The calling thread's (Create, then AllreduceSum's).

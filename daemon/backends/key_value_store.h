@@ -10,6 +10,7 @@
 #ifndef GRADSYNC_DAEMON_BACKENDS_KEY_VALUE_STORE_H_
 #define GRADSYNC_DAEMON_BACKENDS_KEY_VALUE_STORE_H_
 
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -31,6 +32,10 @@ class KeyValueStore {
   // Blocks until every key is set; TIMEOUT (after `timeout`, which must be
   // positive) names the missing keys.
   virtual absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) = 0;
+  // Wait, then every key's value (key -> value): one round trip where the
+  // store can answer with the values.
+  virtual absl::StatusOr<std::map<std::string, std::string>> WaitForValues(
+      const std::vector<std::string>& keys, absl::Duration timeout) = 0;
 };
 
 }  // namespace gradsync

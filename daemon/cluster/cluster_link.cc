@@ -1,6 +1,8 @@
 #include "daemon/cluster/cluster_link.h"
 
 #include <algorithm>
+#include <map>
+#include <optional>
 
 #include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
@@ -34,17 +36,20 @@ constexpr absl::Duration kSilencePoll = absl::Milliseconds(100);
 // of the cause (sent at once, one RPC) before reporting its own symptom.
 constexpr absl::Duration kCauseReportGrace = absl::Milliseconds(2 * 500);
 
+// Every node's records of a generation, key -> value, fetched in one Wait.
+using Records = std::map<std::string, std::string>;
+
 // MISMATCH naming the first member whose `flag` (published under
 // key_of(node)) differs from the first member's, and both values: every node
 // compares with the same first member, so all report the same error. A
 // member that published none (an older daemon) counts as `if_absent`.
-absl::Status CompareFlagAcrossNodes(RendezvousClient& client, const std::vector<int>& members,
+absl::Status CompareFlagAcrossNodes(const Records& records, const std::vector<int>& members,
                                     absl::FunctionRef<std::string(int)> key_of,
                                     absl::string_view flag, absl::string_view if_absent) {
   std::vector<std::string> by_node;
   for (int n : members) {
-    ASSIGN_OR_RETURN(std::optional<std::string> value, client.Get(key_of(n)));
-    by_node.push_back(value.value_or(std::string(if_absent)));
+    const auto it = records.find(key_of(n));
+    by_node.push_back(it != records.end() ? it->second : std::string(if_absent));
   }
   for (size_t i = 1; i < members.size(); ++i) {
     if (by_node[i] == by_node[0]) continue;
@@ -62,15 +67,15 @@ absl::Status CompareFlagAcrossNodes(RendezvousClient& client, const std::vector<
 // checking at other iterations would meet the others' comparison with a
 // collective of its own) and --min-nodes (a node that would fail at a death
 // while the others re-form, or the reverse).
-absl::Status CompareSharedFlags(RendezvousClient& client, uint64_t gen,
+absl::Status CompareSharedFlags(const Records& records, uint64_t gen,
                                 const std::vector<int>& members) {
   RETURN_IF_ERROR(CompareFlagAcrossNodes(
-      client, members, [gen](int n) { return WireDTypeKey(gen, n); }, "--wire-dtype", "(none)"));
+      records, members, [gen](int n) { return WireDTypeKey(gen, n); }, "--wire-dtype", "(none)"));
   RETURN_IF_ERROR(CompareFlagAcrossNodes(
-      client, members, [gen](int n) { return CheckReplicasEveryKey(gen, n); },
+      records, members, [gen](int n) { return CheckReplicasEveryKey(gen, n); },
       "--check-replicas-every", "0"));
   return CompareFlagAcrossNodes(
-      client, members, [gen](int n) { return MinNodesKey(gen, n); }, "--min-nodes", "(none)");
+      records, members, [gen](int n) { return MinNodesKey(gen, n); }, "--min-nodes", "(none)");
 }
 
 }  // namespace
@@ -112,7 +117,10 @@ ClusterLink::~ClusterLink() {
   if (!st.ok()) {
     spdlog::info("event=leave_failed generation={} error={}", generation_, LogValue(st.message()));
   }
+  PrepareGlooWorker();
 }
+
+void ClusterLink::PrepareGlooWorker() { GlooWorkerBackend::PrepareSpare(); }
 
 namespace {
 
@@ -210,30 +218,40 @@ absl::StatusOr<WireDType> PublishRecords(RendezvousClient& client, const DaemonC
   return wire_dtype;
 }
 
-// Until every node published its records (up to `wait`).
-absl::Status WaitForRecords(RendezvousClient& client, const std::vector<int>& members, uint64_t gen,
-                            absl::Duration wait) {
+// Every node's records, once all are published (up to `wait`).
+absl::StatusOr<Records> WaitForRecords(RendezvousClient& client, const std::vector<int>& members,
+                                       uint64_t gen, absl::Duration wait) {
   std::vector<std::string> keys;
   for (int n : members) keys.push_back(LayoutKey(gen, n));
   keys.push_back(CapsKey(gen));
   for (int n : members) keys.push_back(WireDTypeKey(gen, n));
   keys.push_back(UnevenInputsKey(gen));
-  if (absl::Status st = client.Wait(keys, wait); !st.ok()) {
-    return MakeError(CodeOf(st), absl::StrCat("waiting for every node's layout: ", st.message()));
+  // Published before each node's layout, read in the same answer; one a
+  // node did not publish (an older daemon) counts as its flag's default.
+  std::vector<std::string> read_keys;
+  for (int n : members) read_keys.push_back(MinNodesKey(gen, n));
+  for (int n : members) read_keys.push_back(CheckReplicasEveryKey(gen, n));
+  absl::StatusOr<Records> records = client.WaitForValues(keys, read_keys, wait);
+  if (!records.ok()) {
+    return MakeError(CodeOf(records.status()),
+                     absl::StrCat("waiting for every node's layout: ", records.status().message()));
   }
-  return absl::OkStatus();
+  return records;
+}
+
+std::optional<std::string> Lookup(const Records& records, const std::string& key) {
+  const auto it = records.find(key);
+  return it == records.end() ? std::nullopt : std::optional<std::string>(it->second);
 }
 
 // MISMATCH naming the first node whose layout differs from node 0's, and
 // the first differing tensor: every node compares with node 0, so all
 // report the same error.
-absl::Status CompareLayouts(RendezvousClient& client, uint64_t gen,
-                            const std::vector<int>& members) {
+absl::Status CompareLayouts(const Records& records, uint64_t gen, const std::vector<int>& members) {
   std::vector<Layout> layouts;
   for (int n : members) {
     const std::string key = LayoutKey(gen, n);
-    ASSIGN_OR_RETURN(std::optional<std::string> value, client.Get(key));
-    ASSIGN_OR_RETURN(Layout layout, DecodeLayout(key, value));
+    ASSIGN_OR_RETURN(Layout layout, DecodeLayout(key, Lookup(records, key)));
     layouts.push_back(std::move(layout));
   }
   for (size_t i = 1; i < members.size(); ++i) {
@@ -263,12 +281,11 @@ absl::StatusOr<Agreement> Agree(RendezvousClient& client, const DaemonConfig& co
   const absl::Duration wait = std::max(absl::Seconds(1), deadline - MonotonicNow());
   Agreement agreed;
   ASSIGN_OR_RETURN(agreed.wire_dtype, PublishRecords(client, config, gen, layout));
-  RETURN_IF_ERROR(WaitForRecords(client, members, gen, wait));
-  RETURN_IF_ERROR(CompareLayouts(client, gen, members));
-  RETURN_IF_ERROR(CompareSharedFlags(client, gen, members));
-  ASSIGN_OR_RETURN(std::optional<std::string> caps, client.Get(CapsKey(gen)));
-  ASSIGN_OR_RETURN(agreed.caps, DecodeCaps(CapsKey(gen), caps));
-  ASSIGN_OR_RETURN(std::optional<std::string> uneven, client.Get(UnevenInputsKey(gen)));
+  ASSIGN_OR_RETURN(const Records records, WaitForRecords(client, members, gen, wait));
+  RETURN_IF_ERROR(CompareLayouts(records, gen, members));
+  RETURN_IF_ERROR(CompareSharedFlags(records, gen, members));
+  ASSIGN_OR_RETURN(agreed.caps, DecodeCaps(CapsKey(gen), Lookup(records, CapsKey(gen))));
+  const std::optional<std::string> uneven = Lookup(records, UnevenInputsKey(gen));
   agreed.uneven_inputs = uneven.has_value() && *uneven == "1";
   return agreed;
 }
@@ -297,10 +314,12 @@ GlooBackendOptions GlooOptions(const DaemonConfig& config, std::shared_ptr<Rende
 }
 
 // Gloo runs in a worker process: a malformed message on its port can only
-// fail this generation (daemon/backends/gloo_worker_backend.h).
+// fail this generation (daemon/backends/gloo_worker_backend.h). `backend`
+// was started before the agreement, so that the worker's process start-up
+// overlaps the rendezvous traffic.
 absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> ConnectGloo(
-    std::shared_ptr<RendezvousClient> client, int node_rank, const GlooBackendOptions& gloo) {
-  ASSIGN_OR_RETURN(std::unique_ptr<GlooWorkerBackend> backend, GlooWorkerBackend::Start(gloo));
+    std::shared_ptr<RendezvousClient> client, int node_rank, const GlooBackendOptions& gloo,
+    std::unique_ptr<GlooWorkerBackend> backend) {
   absl::Status connected;
   {
     // Another node failing while the mesh connects aborts the generation
@@ -366,11 +385,14 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
       "event=joined generation={} node_rank={} num_nodes={} members={} world_size={} "
       "rank_offset={}",
       gen, config.node_rank, config.num_nodes, members.size(), joined.world_size, rank_offset);
+  // Started now, connected once the agreement has the wire dtype.
+  GlooBackendOptions gloo =
+      GlooOptions(config, client, host, gen, WireDType::kOff, joined.world_size, members);
+  absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> backend = GlooWorkerBackend::Start(gloo);
+  if (!backend.ok()) return GlooFailed(*client, config.node_rank, gen, backend.status());
   ASSIGN_OR_RETURN(Agreement agreed, Agree(*client, config, gen, members, layout, deadline));
-  const GlooBackendOptions gloo =
-      GlooOptions(config, client, host, gen, agreed.wire_dtype, joined.world_size, members);
-  absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> backend =
-      ConnectGloo(client, config.node_rank, gloo);
+  gloo.wire_dtype = agreed.wire_dtype;
+  backend = ConnectGloo(client, config.node_rank, gloo, *std::move(backend));
   if (!backend.ok()) return GlooFailed(*client, config.node_rank, gen, backend.status());
 
   auto link = std::unique_ptr<ClusterLink>(
@@ -404,12 +426,10 @@ absl::StatusOr<std::vector<uint32_t>> ClusterLink::AgreeOrder(const std::vector<
   if (config_.node_rank == 0) {
     if (absl::Status st = client_->Set(key, EncodeOrder(local)); !st.ok()) return Explain(st);
   }
-  if (absl::Status st = client_->Wait({key}, absl::Milliseconds(config_.timeout_ms)); !st.ok()) {
-    return Explain(st);
-  }
-  absl::StatusOr<std::optional<std::string>> value = client_->Get(key);
+  absl::StatusOr<Records> value =
+      client_->WaitForValues({key}, absl::Milliseconds(config_.timeout_ms));
   if (!value.ok()) return Explain(value.status());
-  return DecodeOrder(key, *value, num_tensors_);
+  return DecodeOrder(key, Lookup(*value, key), num_tensors_);
 }
 
 absl::Status ClusterLink::CheckPlan(const PlanStamp& stamp) {
@@ -421,15 +441,16 @@ absl::Status ClusterLink::CheckPlan(const PlanStamp& stamp) {
   }
   std::vector<std::string> keys;
   for (int n : members_) keys.push_back(PlanKey(generation_, stamp.plan_version, n));
-  if (absl::Status st = client_->Wait(keys, absl::Milliseconds(config_.timeout_ms)); !st.ok()) {
+  absl::StatusOr<Records> values =
+      client_->WaitForValues(keys, absl::Milliseconds(config_.timeout_ms));
+  if (!values.ok()) {
+    const absl::Status& st = values.status();
     return Explain(MakeError(CodeOf(st), absl::StrCat("comparing plan version ", stamp.plan_version,
                                                       " with the other nodes: ", st.message())));
   }
   std::vector<PlanStamp> stamps;
   for (const std::string& key : keys) {
-    absl::StatusOr<std::optional<std::string>> value = client_->Get(key);
-    if (!value.ok()) return Explain(value.status());
-    ASSIGN_OR_RETURN(PlanStamp s, DecodePlanStamp(key, *value));
+    ASSIGN_OR_RETURN(PlanStamp s, DecodePlanStamp(key, Lookup(*values, key)));
     stamps.push_back(s);
   }
   return ComparePlanStamps(stamps);
@@ -441,12 +462,9 @@ absl::Status ClusterLink::Publish(const std::string& name, const std::string& va
 
 absl::StatusOr<std::string> ClusterLink::Fetch(const std::string& name, absl::Time deadline) {
   const std::string key = GpuKey(generation_, name);
-  RETURN_IF_ERROR(client_->Wait({key}, std::max(deadline - MonotonicNow(), absl::ZeroDuration())));
-  ASSIGN_OR_RETURN(std::optional<std::string> value, client_->Get(key));
-  if (!value.has_value()) {
-    return MakeError(v1::INTERNAL, absl::StrCat("rendezvous key ", key, " vanished"));
-  }
-  return *std::move(value);
+  ASSIGN_OR_RETURN(Records value, client_->WaitForValues({key}, std::max(deadline - MonotonicNow(),
+                                                                         absl::ZeroDuration())));
+  return std::move(value[key]);
 }
 
 void ClusterLink::ReportError(const absl::Status& error) {

@@ -53,6 +53,10 @@ class ClusterLink final : public WorldLink {
   // Join timeout names the culprit (RendezvousService quotes it).
   static absl::Status ReportForming(const DaemonConfig& config, const std::string& leader,
                                     const std::string& report);
+  // Starts the Gloo worker process the next Form adopts, so that its
+  // start-up overlaps the wait for the trainers and the join: once the
+  // daemon serves, and when a generation ends (next job or re-formation).
+  static void PrepareGlooWorker();
 
   void ReportError(const absl::Status& error) override ABSL_LOCKS_EXCLUDED(mu_);
   void SetProgress(std::function<uint64_t()> iteration) override ABSL_LOCKS_EXCLUDED(mu_);

@@ -131,7 +131,10 @@ absl::StatusOr<std::optional<std::string>> RendezvousClient::Get(std::string_vie
   return std::optional<std::string>(std::move(*response.mutable_value()));
 }
 
-absl::Status RendezvousClient::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
+absl::Status RendezvousClient::CallWait(const std::vector<std::string>& keys,
+                                        const std::vector<std::string>& read_keys,
+                                        absl::Duration timeout, bool return_values,
+                                        v1::WaitResponse* response) {
   if (timeout <= absl::ZeroDuration()) {
     return MakeError(v1::INVALID_ARGUMENT, "rendezvous Wait: timeout must be positive");
   }
@@ -139,13 +142,52 @@ absl::Status RendezvousClient::Wait(const std::vector<std::string>& keys, absl::
   SetCredentials(options_, &request);
   request.set_incarnation(incarnation());
   for (const std::string& key : keys) request.add_keys(key);
+  for (const std::string& key : read_keys) request.add_read_keys(key);
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
-  v1::WaitResponse response;
+  request.set_return_values(return_values);
   grpc::ClientContext context;
   PrepareContext(&context, timeout + options_.rpc_timeout);
-  const grpc::Status status = stub_->Wait(&context, request, &response);
+  const grpc::Status status = stub_->Wait(&context, request, response);
   if (!status.ok()) return TransportError("Wait", status);
-  return FromProto(response.error());
+  return FromProto(response->error());
+}
+
+absl::Status RendezvousClient::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
+  v1::WaitResponse response;
+  return CallWait(keys, {}, timeout, /*return_values=*/false, &response);
+}
+
+absl::StatusOr<std::map<std::string, std::string>> RendezvousClient::WaitForValues(
+    const std::vector<std::string>& keys, absl::Duration timeout) {
+  return WaitForValues(keys, {}, timeout);
+}
+
+absl::StatusOr<std::map<std::string, std::string>> RendezvousClient::WaitForValues(
+    const std::vector<std::string>& keys, const std::vector<std::string>& read_keys,
+    absl::Duration timeout) {
+  v1::WaitResponse response;
+  RETURN_IF_ERROR(CallWait(keys, read_keys, timeout, /*return_values=*/true, &response));
+  std::map<std::string, std::string> values;
+  for (v1::KeyValue& kv : *response.mutable_values()) {
+    values[kv.key()] = std::move(*kv.mutable_value());
+  }
+  for (const std::string& key : keys) {
+    if (values.count(key) != 0) continue;
+    ASSIGN_OR_RETURN(std::optional<std::string> value, Get(key));
+    // Keys are removed only with their generation, which would fail the Get.
+    if (!value.has_value()) {
+      return MakeError(v1::INTERNAL,
+                       absl::StrCat("rendezvous key ", key, " vanished right after Wait saw it"));
+    }
+    values[key] = *std::move(value);
+  }
+  for (const std::string& key : read_keys) {
+    if (values.count(key) != 0) continue;
+    // Not set, past the size bound, or a leader that sends no values.
+    ASSIGN_OR_RETURN(std::optional<std::string> value, Get(key));
+    if (value.has_value()) values[key] = *std::move(value);
+  }
+  return values;
 }
 
 absl::StatusOr<HeartbeatResult> RendezvousClient::Heartbeat(const HeartbeatParams& params) {

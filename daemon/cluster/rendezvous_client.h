@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -112,6 +113,15 @@ class RendezvousClient final : public KeyValueStore {
   // Blocks until every key is set; TIMEOUT (after `timeout`, which must be
   // positive) names the missing keys.
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
+  // One Wait answered with the values (a Get each for any the leader left
+  // out: over its size bound, or a leader that does not send them).
+  absl::StatusOr<std::map<std::string, std::string>> WaitForValues(
+      const std::vector<std::string>& keys, absl::Duration timeout) override;
+  // The same, plus the values of `read_keys` that are set (not waited for;
+  // one that is not set is absent from the answer).
+  absl::StatusOr<std::map<std::string, std::string>> WaitForValues(
+      const std::vector<std::string>& keys, const std::vector<std::string>& read_keys,
+      absl::Duration timeout);
   absl::StatusOr<HeartbeatResult> Heartbeat(const HeartbeatParams& params);
   // generation 0: the current one.
   absl::Status Leave(int node_rank, uint64_t generation, std::string_view reason);
@@ -123,6 +133,9 @@ class RendezvousClient final : public KeyValueStore {
  private:
   void PrepareContext(grpc::ClientContext* context, absl::Duration timeout) const;
   absl::Status TransportError(const char* rpc, const grpc::Status& status) const;
+  absl::Status CallWait(const std::vector<std::string>& keys,
+                        const std::vector<std::string>& read_keys, absl::Duration timeout,
+                        bool return_values, v1::WaitResponse* response);
 
   const RendezvousClientOptions options_;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;

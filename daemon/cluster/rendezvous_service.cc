@@ -538,7 +538,10 @@ grpc::Status RendezvousService::Wait(grpc::ServerContext* context, const v1::Wai
       missing.push_back(key);
       if (aborted_ && KeyGeneration(key) == generation_) in_aborted_generation = true;
     }
-    if (missing.empty()) return grpc::Status::OK;
+    if (missing.empty()) {
+      if (request->return_values()) FillWaitValuesLocked(*request, response);
+      return grpc::Status::OK;
+    }
     if (in_aborted_generation) {
       SetError(response->mutable_error(), v1::PEER_FAILED,
                absl::StrCat("generation ", generation_, " aborted while waiting for keys [",
@@ -555,6 +558,23 @@ grpc::Status RendezvousService::Wait(grpc::ServerContext* context, const v1::Wai
     ++blocked_waits_;
     changed_.WaitWithTimeout(&mu_, std::min(deadline - now, kWaitSlice));
     --blocked_waits_;
+  }
+}
+
+void RendezvousService::FillWaitValuesLocked(const v1::WaitRequest& request,
+                                             v1::WaitResponse* response) const {
+  size_t bytes = 0;
+  for (const auto* keys : {&request.keys(), &request.read_keys()}) {
+    for (const std::string& key : *keys) {
+      const auto it = kv_.find(key);
+      if (it == kv_.end()) continue;  // a read key not set: the caller sees it missing
+      const size_t size = key.size() + it->second.size();
+      if (bytes + size > kMaxWaitValuesBytes) continue;  // left for the caller to get
+      bytes += size;
+      v1::KeyValue* kv = response->add_values();
+      kv->set_key(key);
+      kv->set_value(it->second);
+    }
   }
 }
 

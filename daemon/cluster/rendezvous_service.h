@@ -108,6 +108,10 @@ struct RendezvousStoreLimits {
 // key and framing, so the store's bound, not gRPC's, answers an oversized Set.
 inline constexpr int kMaxRendezvousMessageBytes = (4 << 20) + (64 << 10);
 
+// The most key and value bytes a Wait answers with (WaitRequest.return_values):
+// well inside a client's default 4 MiB receive limit; the caller gets the rest.
+inline constexpr size_t kMaxWaitValuesBytes = size_t{1} << 20;
+
 class RendezvousService final : public v1::Rendezvous::Service {
  public:
   // `auth`: who may call (the job token, TLS client certificates).
@@ -229,6 +233,11 @@ class RendezvousService final : public v1::Rendezvous::Service {
   void CheckHeartbeatsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FormGenerationLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillJoinResponseLocked(v1::JoinResponse* response) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A Wait asking for values, every key set: their values, then those of
+  // the read keys that are set, in the order asked, each that still fits
+  // kMaxWaitValuesBytes.
+  void FillWaitValuesLocked(const v1::WaitRequest& request, v1::WaitResponse* response) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A fresh round forms with every node; a re-formation round (some Join
   // resumes the aborted generation) as set_min_nodes says.
   RoundVerdict JudgeRoundLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -19,6 +19,10 @@ min-max and every round's value, and the ratio to 2 daemons is also given
 per round. Everything shares the machine's cores (16 daemons, 16 Gloo
 workers and 16 trainers on 2 cores here).
 
+$GRADSYNC_BENCH_REFERENCE_DAEMON (a gradsyncd path, e.g. one built from
+the integration branch) adds that binary to every round, alternated with
+this build's at each daemon count: a before/after in one run.
+
 Prints markdown tables; writes bench-results/join_bench.json. Not a test:
 asserts nothing.
 
@@ -47,7 +51,7 @@ NODES = (2, 16) if QUICK else (2, 4, 8, 16)
 ROUNDS = 5 if QUICK else 9
 
 
-def run_join(nodes: int) -> tuple:
+def run_join(nodes: int, daemon: str = DAEMON) -> tuple:
     """(seconds to every trainer's first gs_wait, seconds to every daemon's
     socket existing), both from just before the first daemon started."""
     tmp = tempfile.mkdtemp(prefix="gsbj.", dir="/tmp")
@@ -62,7 +66,7 @@ def run_join(nodes: int) -> tuple:
             where = [f"--listen=127.0.0.1:{port}"] if n == 0 else [
                 f"--leader=127.0.0.1:{port}", "--listen=127.0.0.1:0"]
             daemons.append(subprocess.Popen(
-                [DAEMON, f"--socket={tmp}/s{n}", f"--num-nodes={nodes}", f"--node-rank={n}",
+                [daemon, f"--socket={tmp}/s{n}", f"--num-nodes={nodes}", f"--node-rank={n}",
                  "--local-size=1", f"--shm-prefix=gsbj{os.getpid()}x{n}", "--timeout-s=120",
                  f"--job-token-file={token_file}", *where],
                 stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/d{n}.log", "w")))
@@ -97,39 +101,72 @@ def run_join(nodes: int) -> tuple:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def main() -> int:
-    for path in (DAEMON, TRAINER):
-        if not os.path.exists(path):
-            print(f"missing {path}: run bazel build //daemon:gradsyncd //tests/bench:bench_trainer")
-            return 1
-    report = bench_report.Report("join_bench")
-    progress = bench_report.Progress("join_bench", ROUNDS * len(NODES))
-    first = {n: [] for n in NODES}
-    listen = {n: [] for n in NODES}
-    for rnd in range(ROUNDS):
-        for nodes in NODES:
-            progress.step(f"round {rnd + 1}: {nodes} daemons")
-            secs, up = run_join(nodes)
-            first[nodes].append(secs)
-            listen[nodes].append(up)
+def summary_rows(first: dict, listen: dict) -> list:
+    """One row per daemon count: median, min-max, every round, listening, ratios."""
     rows = []
     base = NODES[0]
     for nodes in NODES:
         v = first[nodes]
         up = [u for u in listen[nodes] if u is not None]
+        # The part after process start-up: the trainers' connect, the join,
+        # the agreement, the Gloo mesh and the first iteration.
+        after = [s - u for s, u in zip(v, listen[nodes]) if u is not None]
         rows.append([nodes, statistics.median(v), f"{min(v):.3f}-{max(v):.3f}",
                      " ".join(f"{s:.3f}" for s in v),
                      statistics.median(up) if up else None,
+                     statistics.median(after) if after else None,
+                     f"{min(after):.3f}-{max(after):.3f}" if after else None,
                      statistics.median(v) / statistics.median(first[base]),
                      " ".join(f"{a / b:.2f}" for a, b in zip(v, first[base]))])
+    return rows
+
+
+def main() -> int:
+    for path in (DAEMON, TRAINER):
+        if not os.path.exists(path):
+            print(f"missing {path}: run bazel build //daemon:gradsyncd //tests/bench:bench_trainer")
+            return 1
+    reference = os.environ.get("GRADSYNC_BENCH_REFERENCE_DAEMON")
+    builds = [("this build", DAEMON)] + ([("reference", reference)] if reference else [])
+    report = bench_report.Report("join_bench")
+    progress = bench_report.Progress("join_bench", ROUNDS * len(NODES) * len(builds))
+    first = {b: {n: [] for n in NODES} for b, _ in builds}
+    listen = {b: {n: [] for n in NODES} for b, _ in builds}
+    for rnd in range(ROUNDS):
+        for nodes in NODES:
+            for build, binary in builds:
+                progress.step(f"round {rnd + 1}: {nodes} daemons, {build}")
+                secs, up = run_join(nodes, binary)
+                first[build][nodes].append(secs)
+                listen[build][nodes].append(up)
+    columns = ["daemons", "start -> every first gs_wait s", "min-max s", "per round s",
+               "start -> every daemon listening s", "every daemon listening -> every first "
+               "gs_wait s", "min-max s", f"vs {NODES[0]} daemons", "per-round ratios"]
     report.table(
         f"Join + first iteration: N daemons on loopback x 1 trainer, 4 KB layout "
         f"(seconds, median of {ROUNDS} alternated rounds)",
-        ["daemons", "start -> every first gs_wait s", "min-max s", "per round s",
-         "start -> every daemon listening s", f"vs {base} daemons", "per-round ratios"], rows,
+        columns, summary_rows(first["this build"], listen["this build"]),
         note="From just before the first daemon is started (trainers started at the same time) "
              "to the last trainer's first gs_wait returning. Target for 16 daemons: < 0.5 s. "
              "Daemons, Gloo workers and trainers all share the machine's cores.")
+    if reference:
+        report.table(f"The same, reference gradsyncd {reference} (alternated with this build)",
+                     columns, summary_rows(first["reference"], listen["reference"]))
+
+        def after_listen(build: str, n: int) -> list:
+            return [s - u for s, u in zip(first[build][n], listen[build][n]) if u is not None]
+
+        rows = []
+        for n in NODES:
+            new, ref = first["this build"][n], first["reference"][n]
+            new_after, ref_after = after_listen("this build", n), after_listen("reference", n)
+            rows.append([n, statistics.median(new) / statistics.median(ref),
+                         " ".join(f"{a / b:.2f}" for a, b in zip(new, ref)),
+                         statistics.median(new_after) / statistics.median(ref_after)
+                         if new_after and ref_after else None])
+        report.table("This build / reference, per daemon count (medians; every round's ratio)",
+                     ["daemons", "start -> every first gs_wait", "per-round ratios",
+                      "every daemon listening -> every first gs_wait"], rows)
     progress.finish()
     report.write()
     return 0

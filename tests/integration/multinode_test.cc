@@ -559,7 +559,12 @@ TEST(MultiNode, ConfigBurstWhileTheJobFormsKeepsEveryNodeOnTheSamePlan) {
       std::this_thread::sleep_for(milliseconds(20));  // the burst's pace
     }
   });
-  const std::vector<std::string> args = {"--steps=80", "--fp64", "--batch=60"};
+  // Past the switch horizon: a version published once the job runs applies
+  // about 2 s of iterations later, estimated high while the job is young
+  // (iteration ~200); paced steps (at most ~100 a second) run past it, so
+  // some version applies however quickly the job formed (one published
+  // while it formed applies at once).
+  const std::vector<std::string> args = {"--steps=300", "--fp64", "--batch=60", "--sleep-ms=10"};
   std::vector<std::string> outs;
   std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
   for (auto& t : trainers) {

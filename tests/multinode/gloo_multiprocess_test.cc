@@ -113,6 +113,18 @@ TEST_F(GlooMultiprocessTest, ThreeNodesAllreduceExactSums) {
   EXPECT_EQ(leader->service().GetStatus().world_size, 1 + 2 + 3);
 }
 
+// Every pair of a six-node mesh connects at once (each node's pairs from
+// threads of their own) and carries data: each node broadcasts to all.
+TEST_F(GlooMultiprocessTest, SixNodesConnectEveryPairAndSumAndBroadcastExactly) {
+  auto leader = StartLeader(6);
+  std::vector<std::unique_ptr<Process>> nodes;
+  for (int r = 0; r < 6; ++r) nodes.push_back(StartNode(*leader, r, 6, "mesh"));
+  ExpectAllExit(Ptrs(nodes), ExitCode::kOk);
+  for (const auto& node : nodes) {
+    EXPECT_THAT(node->Log(), HasSubstr("verified a broadcast from each of 6 nodes")) << node->Log();
+  }
+}
+
 TEST_F(GlooMultiprocessTest, JoinTimesOutWhenANodeNeverComes) {
   auto leader = StartLeader(3);
   std::vector<std::unique_ptr<Process>> nodes;

@@ -38,7 +38,7 @@ ABSL_FLAG(int, node_rank, 0, "this node's rank");
 ABSL_FLAG(int, num_nodes, 2, "nodes in the job");
 ABSL_FLAG(int, local_size, 1, "trainers on this node (only for world_size)");
 ABSL_FLAG(std::string, scenario, "allreduce",
-          "allreduce | until_failure | abort_self | wait_then_allreduce");
+          "allreduce | mesh | until_failure | abort_self | wait_then_allreduce");
 ABSL_FLAG(int64_t, timeout_ms, 20000, "Gloo connect and per-allreduce timeout");
 ABSL_FLAG(int64_t, join_timeout_ms, 20000, "how long to try to join");
 ABSL_FLAG(uint64_t, expect_generation, 0, "generation the first Join must return (0: any)");
@@ -233,6 +233,28 @@ void RunSuiteOrExit(GlooBackend& backend, bool small) {
   Say(absl::StrCat("verified ", cases.size(), " allreduces"));
 }
 
+// A broadcast from every node in turn: each root reaches every other node
+// over their own pair, so every pair of the mesh carries data.
+void BroadcastFromEveryRootOrExit(GlooBackend& backend) {
+  const int rank = absl::GetFlag(FLAGS_node_rank);
+  const int n = absl::GetFlag(FLAGS_num_nodes);
+  for (int root = 0; root < n; ++root) {
+    std::vector<int32_t> data(1000, rank == root ? -1 : 0);
+    for (size_t i = 0; rank == root && i < data.size(); ++i) data[i] = root * 100000 + i;
+    if (absl::Status s = backend.Broadcast(data.data(), data.size() * sizeof(int32_t), root);
+        !s.ok()) {
+      Exit(ExitCode::kFailed, absl::StrCat("broadcast from node ", root, ": ", s.ToString()));
+    }
+    for (size_t i = 0; i < data.size(); ++i) {
+      if (data[i] != static_cast<int32_t>(root * 100000 + i)) {
+        Exit(ExitCode::kFailed,
+             absl::StrFormat("broadcast from node %d: element %d is %d", root, i, data[i]));
+      }
+    }
+  }
+  Say(absl::StrCat("verified a broadcast from each of ", n, " nodes"));
+}
+
 int Main() {
   RendezvousClientOptions options;
   options.leader = absl::GetFlag(FLAGS_leader);
@@ -246,6 +268,18 @@ int Main() {
     const JoinResult joined = JoinOrExit(*client, absl::GetFlag(FLAGS_expect_generation));
     std::unique_ptr<GlooBackend> backend = ConnectOrExit(client, joined.generation);
     RunSuiteOrExit(*backend, /*small=*/false);
+    Say(absl::StrCat("ok generation=", joined.generation));
+    return static_cast<int>(ExitCode::kOk);
+  }
+
+  if (scenario == "mesh") {
+    // Sums exact at any node count (fp64), then data over every pair.
+    const JoinResult joined = JoinOrExit(*client, absl::GetFlag(FLAGS_expect_generation));
+    std::unique_ptr<GlooBackend> backend = ConnectOrExit(client, joined.generation);
+    if (absl::Status s = CheckOne(*backend, DType::kFloat64, 1000); !s.ok()) {
+      Exit(ExitCode::kFailed, s.ToString());
+    }
+    BroadcastFromEveryRootOrExit(*backend);
     Say(absl::StrCat("ok generation=", joined.generation));
     return static_cast<int>(ExitCode::kOk);
   }

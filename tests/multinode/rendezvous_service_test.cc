@@ -5,6 +5,7 @@
 #include "daemon/cluster/rendezvous_service.h"
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -15,11 +16,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "common/call_token.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
 #include "daemon/cluster/rendezvous_client.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
@@ -588,6 +592,63 @@ TEST_F(RendezvousServiceTest, WaitTimeoutNamesTheMissingKeys) {
   ASSERT_TRUE(value.ok());
   ASSERT_TRUE(value->has_value());
   EXPECT_EQ(**value, std::string("\0\x01binary", 8));
+}
+
+// A Wait asking for values answers, once the last key is set, with every
+// value in the order asked (one round trip instead of a Get per key), up to
+// kMaxWaitValuesBytes; WaitForValues gets the ones left out.
+TEST_F(RendezvousServiceTest, WaitForValuesAnswersEveryValueOnceTheLastKeyIsSet) {
+  StartLeader(2);
+  auto client = Client();
+  const std::string binary("\0\x01binary", 8);
+  const std::string big(kMaxWaitValuesBytes, 'b');  // over the bound with its key
+  ASSERT_TRUE(client->Set("job/a", binary).ok());
+  ASSERT_TRUE(client->Set("job/big", big).ok());
+
+  absl::StatusOr<std::map<std::string, std::string>> values = absl::UnknownError("not run");
+  std::thread waiter([&] {
+    values = Client()->WaitForValues({"job/a", "job/c", "job/big"}, absl::Seconds(20));
+  });
+  ASSERT_TRUE(BlockedWaitSeen());  // blocked on job/c
+  ASSERT_TRUE(client->Set("job/c", "3").ok());
+  waiter.join();
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_EQ(*values, (std::map<std::string, std::string>{
+                         {"job/a", binary}, {"job/c", "3"}, {"job/big", big}}));
+
+  // On the wire: the values within the bound, in the order asked, none past it.
+  auto stub = v1::Rendezvous::NewStub(
+      grpc::CreateChannel(leader_->address(), grpc::InsecureChannelCredentials()));
+  v1::WaitRequest request;
+  request.mutable_job()->set_job_id(kJob);
+  for (const char* key : {"job/c", "job/a", "job/big"}) request.add_keys(key);
+  request.add_read_keys("job/none");
+  request.add_read_keys("job/c");
+  request.set_timeout_ms(20000);
+  request.set_return_values(true);
+  v1::WaitResponse response;
+  grpc::ClientContext context;
+  AttachCallToken(&context, kToken);
+  ASSERT_TRUE(stub->Wait(&context, request, &response).ok());
+  EXPECT_EQ(response.error().code(), v1::OK) << response.error().message();
+  ASSERT_EQ(response.values_size(), 3);
+  EXPECT_EQ(response.values(0).key(), "job/c");
+  EXPECT_EQ(response.values(0).value(), "3");
+  EXPECT_EQ(response.values(1).key(), "job/a");
+  EXPECT_EQ(response.values(1).value(), binary);
+  EXPECT_EQ(response.values(2).key(), "job/c");  // the read key, after the bound's gap
+
+  // Read keys are answered when set and never waited for.
+  const auto read =
+      client->WaitForValues({"job/a"}, {"job/none", "job/c", "job/big"}, absl::Seconds(20));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, (std::map<std::string, std::string>{
+                       {"job/a", binary}, {"job/c", "3"}, {"job/big", big}}));
+
+  // A timeout still names the missing keys.
+  const auto missing = client->WaitForValues({"job/a", "job/d"}, absl::Milliseconds(200));
+  EXPECT_EQ(CodeOf(missing.status()), v1::TIMEOUT);
+  EXPECT_THAT(Msg(missing.status()), HasSubstr("missing keys: job/d"));
 }
 
 TEST_F(RendezvousServiceTest, GenerationKeysAreScopedAbortedAndDiscarded) {
