@@ -609,6 +609,10 @@ TEST(MultiNode, ConfigSetWhileTheLeaderWaitsForTheOtherNodesAppliesToTheJob) {
       << cluster.DaemonLogs();
   const absl::Status set = SetBucketCaps(cluster.port(), "s3cret", "25", "1");
   ASSERT_TRUE(set.ok()) << set.message();
+  // No generation had formed: the leader held the change.
+  EXPECT_NE(cluster.node(0).process().Log().find("event=job_config_held generation=1"),
+            std::string::npos)
+      << cluster.DaemonLogs();
   ASSERT_TRUE(cluster.StartNode(1)) << cluster.DaemonLogs();
   trainers.push_back(StartTrainer(cluster.node(1), 0, args, outs[1]));
   for (auto& t : trainers) {
