@@ -125,6 +125,7 @@ class GlooWorkerBackend final : public Backend {
   const int node_rank_;
   const int num_nodes_;
   const uint64_t generation_;
+  const std::string store_prefix_;  // the worker's store requests stay under it
   const absl::Duration timeout_;
   const WireDType wire_dtype_;
   std::atomic<uint64_t> wire_payload_bytes_{0};

@@ -286,6 +286,7 @@ GlooBackendOptions GlooOptions(const DaemonConfig& config, std::shared_ptr<Rende
   gloo.num_nodes = static_cast<int>(members.size());
   gloo.host = host;
   gloo.generation = gen;
+  gloo.store_prefix = GlooKeyPrefix(gen);
   // Longer than the timeout: a node waiting for its own stopped trainer
   // fails at the timeout naming it, and the leader's abort carries that
   // name here; a Gloo timeout first would only say "timed out waiting for
