@@ -269,9 +269,8 @@ std::string RebuildTo(const std::string& log, const std::string& caps) {
 // SetConfig on the leader while the survivors re-form (generation 1
 // aborted, 2 not formed): the change is held and is generation 2's config
 // version 1, so both survivors re-plan to it at the same iteration after
-// the redone one, and training stays exact. (Versions a re-formed link read
-// before its job listened were dropped by the scheduler's restart of the
-// log on one node and not the other.)
+// the redone one, and training stays exact. (Before, the change was kept
+// only in the leader's settings: the re-formed job kept its old buckets.)
 TEST(ElasticJob, ConfigSetWhileTheSurvivorsReformAppliesOnEverySurvivorAlike) {
   Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
