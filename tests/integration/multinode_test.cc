@@ -601,7 +601,9 @@ std::string RebuildTo(const std::string& log, const std::string& caps) {
 TEST(MultiNode, ConfigSetWhileTheLeaderWaitsForTheOtherNodesAppliesToTheJob) {
   Cluster cluster(Job(2, 1));
   ASSERT_TRUE(cluster.StartNode(0)) << cluster.DaemonLogs();
-  const std::vector<std::string> args = {"--steps=20", "--fp64", "--batch=60"};
+  // --sleep-ms paces the job (a few hundred ms of iterations past the
+  // switch), not synchronization: the test waits on logged states.
+  const std::vector<std::string> args = {"--steps=40", "--fp64", "--batch=60", "--sleep-ms=5"};
   std::vector<std::string> outs = {cluster.dir() + "/held0.txt", cluster.dir() + "/held1.txt"};
   std::vector<Process> trainers;
   trainers.push_back(StartTrainer(cluster.node(0), 0, args, outs[0]));
