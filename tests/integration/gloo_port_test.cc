@@ -24,7 +24,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -47,36 +46,6 @@ std::string Endpoint(const sockaddr_in& addr) {
   char host[INET_ADDRSTRLEN] = "?";
   inet_ntop(AF_INET, &addr.sin_addr, host, sizeof(host));
   return absl::StrCat(host, ":", ntohs(addr.sin_port));
-}
-
-// Node 1's records, played here as its daemon publishes them when the
-// generation forms (cluster_link.cc): node 0's layout, --min-nodes and
-// --check-replicas-every (so they agree), and no wire compression. The
-// leader goes on to Gloo once every node's are there.
-::testing::AssertionResult PublishNodeOneRecords(RendezvousClient& node1, uint64_t gen) {
-  if (absl::Status st =
-          node1.Wait({LayoutKey(gen, 0), MinNodesKey(gen, 0), CheckReplicasEveryKey(gen, 0)},
-                     absl::Seconds(30));
-      !st.ok()) {
-    return ::testing::AssertionFailure() << "node 0's records: " << st;
-  }
-  const std::pair<std::string, std::string> copied[] = {
-      {LayoutKey(gen, 0), LayoutKey(gen, 1)},
-      {MinNodesKey(gen, 0), MinNodesKey(gen, 1)},
-      {CheckReplicasEveryKey(gen, 0), CheckReplicasEveryKey(gen, 1)}};
-  for (const auto& [from, to] : copied) {
-    absl::StatusOr<std::optional<std::string>> value = node1.Get(from);
-    if (!value.ok() || !value->has_value()) {
-      return ::testing::AssertionFailure() << "reading " << from;
-    }
-    if (absl::Status st = node1.Set(to, **value); !st.ok()) {
-      return ::testing::AssertionFailure() << "setting " << to << ": " << st;
-    }
-  }
-  if (absl::Status st = node1.Set(WireDTypeKey(gen, 1), "off"); !st.ok()) {
-    return ::testing::AssertionFailure() << "setting the wire dtype: " << st;
-  }
-  return ::testing::AssertionSuccess();
 }
 
 // Connects to a Gloo pair's listening socket without any credentials and
@@ -135,12 +104,17 @@ TEST(GlooPort, HostilePreambleOnTheLeadersGlooPortFailsOnlyTheJob) {
   absl::StatusOr<JoinResult> joined = node1->Join(join);
   ASSERT_TRUE(joined.ok()) << joined.status() << leader.process().Log();
   const uint64_t gen = joined->generation;
-  ASSERT_TRUE(PublishNodeOneRecords(*node1, gen)) << leader.process().Log();
+  // Node 1 registers node 0's layout, so the leader goes on to Gloo.
+  ASSERT_TRUE(node1->Wait({LayoutKey(gen, 0)}, absl::Seconds(30)).ok()) << leader.process().Log();
+  absl::StatusOr<std::optional<std::string>> layout = node1->Get(LayoutKey(gen, 0));
+  ASSERT_TRUE(layout.ok() && layout->has_value());
+  ASSERT_TRUE(node1->Set(LayoutKey(gen, 1), **layout).ok());
+  ASSERT_TRUE(node1->Set(WireDTypeKey(gen, 1), "off").ok());
 
   // The leader's Gloo pair for node 1 is listening once its address is
   // published (Gloo's rendezvous key "<prefix>/0": one tcp::Address per
   // other rank, starting with the listening socket's sockaddr).
-  const std::string gloo_key = GlooKeyPrefix(gen) + "/0";
+  const std::string gloo_key = GenerationKeyPrefix(gen) + "gloo/0";
   ASSERT_TRUE(node1->Wait({gloo_key}, absl::Seconds(30)).ok()) << leader.process().Log();
   absl::StatusOr<std::optional<std::string>> address = node1->Get(gloo_key);
   ASSERT_TRUE(address.ok() && address->has_value());
@@ -217,8 +191,12 @@ TEST(GlooPort, LeadersWorkerKilledWhileFormingFailsTheOtherNodePromptlyNamingNod
   const uint64_t gen = 1;  // the leader's first generation
   ASSERT_TRUE(WaitForLog(node0.process(), "event=generation_formed generation=1 ", kBound))
       << node0.process().Log();
-  ASSERT_TRUE(PublishNodeOneRecords(*client, gen)) << cluster.DaemonLogs();
-  const std::string gloo_key = GlooKeyPrefix(gen) + "/0";
+  ASSERT_TRUE(client->Wait({LayoutKey(gen, 0)}, absl::Seconds(30)).ok()) << cluster.DaemonLogs();
+  absl::StatusOr<std::optional<std::string>> layout = client->Get(LayoutKey(gen, 0));
+  ASSERT_TRUE(layout.ok() && layout->has_value());
+  ASSERT_TRUE(client->Set(LayoutKey(gen, 1), **layout).ok());
+  ASSERT_TRUE(client->Set(WireDTypeKey(gen, 1), "off").ok());
+  const std::string gloo_key = GenerationKeyPrefix(gen) + "gloo/0";
   ASSERT_TRUE(client->Wait({gloo_key}, absl::Seconds(30)).ok()) << cluster.DaemonLogs();
   absl::StatusOr<std::optional<std::string>> address = client->Get(gloo_key);
   ASSERT_TRUE(address.ok() && address->has_value());
