@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/default_socket.h"
@@ -425,18 +426,19 @@ absl::Status Daemon::PublishCaps(const DaemonConfig& next, uint64_t version) {
                                              "daemon (node 0) at ",
                                              config_.leader));
   }
-  const RendezvousStatus status = rendezvous_service_->GetStatus();
-  if (status.generation == 0 || status.aborted) {
-    return absl::OkStatus();  // no running job: the next generation plans with them
-  }
-  const uint64_t earliest = EarliestJobWideIteration();
-  absl::StatusOr<RendezvousService::ConfigEntry> entry =
-      rendezvous_service_->AppendConfig(earliest, [&next](const RendezvousService::ConfigEntry& e) {
-        return std::make_pair(ConfigKey(e.generation, e.version),
-                              EncodeConfig(e.generation, e.at_iteration, next.bucket_cap_mb,
-                                           next.first_bucket_cap_mb));
-      });
-  if (!entry.ok()) return absl::OkStatus();  // the generation ended meanwhile: as above
+  const double cap_mb = next.bucket_cap_mb;
+  const double first_cap_mb = next.first_bucket_cap_mb;
+  // Held when no generation runs (the leader's job may be waiting for the
+  // other nodes, its Join already made with the old caps): it becomes the
+  // next generation's version 1 (RendezvousService::AppendOrHoldConfig).
+  const std::optional<RendezvousService::ConfigEntry> entry =
+      rendezvous_service_->AppendOrHoldConfig(
+          EarliestJobWideIteration(),
+          [cap_mb, first_cap_mb](const RendezvousService::ConfigEntry& e) {
+            return std::make_pair(ConfigKey(e.generation, e.version),
+                                  EncodeConfig(e.generation, e.at_iteration, cap_mb, first_cap_mb));
+          });
+  if (!entry) return absl::OkStatus();
   spdlog::info(
       "event=job_config_published config_version={} generation={} at_iteration={} "
       "control_version={}",

@@ -79,7 +79,8 @@ class Daemon {
   absl::StatusOr<JobWorld> FormWorld(const Layout& layout,
                                      std::function<void(const absl::Status&)> on_failure);
   absl::Status PrepareSocketPath();
-  // The leader's job-wide caps change (ControlService::PublishCaps).
+  // The leader's job-wide caps change (ControlService::PublishCaps): into
+  // the running generation's config log, or held for the next generation.
   absl::Status PublishCaps(const DaemonConfig& next, uint64_t version);
   // The first iteration a job-wide change published now can start at on
   // every node (ahead of the fastest one).

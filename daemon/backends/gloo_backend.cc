@@ -18,7 +18,6 @@
 #include "daemon/backends/gloo_mesh.h"
 #include "daemon/backends/gloo_store.h"
 #include "daemon/backends/wire_cast.h"
-#include "daemon/cluster/rendezvous_keys.h"
 #include "gloo/allreduce.h"
 #include "gloo/broadcast.h"
 #include "gloo/common/error.h"
@@ -91,6 +90,9 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
   if (options.store == nullptr) {
     return absl::InvalidArgumentError("gloo backend: no rendezvous store");
   }
+  if (options.store_prefix.empty()) {
+    return absl::InvalidArgumentError("gloo backend: no key prefix in the rendezvous store");
+  }
   if (options.host.empty() && options.iface.empty()) {
     return absl::InvalidArgumentError("gloo backend: neither host nor iface given");
   }
@@ -122,8 +124,7 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
         absl::ToChronoMilliseconds(std::max(options.timeout / 5, absl::Seconds(1))));
     // Generation-scoped keys: the leader refuses and discards them once the
     // generation is over, and a Wait on them fails when it aborts.
-    gloo::rendezvous::PrefixStore store(GenerationKeyPrefix(options.generation) + "gloo",
-                                        *options.store);
+    gloo::rendezvous::PrefixStore store(options.store_prefix, *options.store);
     context->ConnectAllPairs(store, device);
     context->setTimeout(absl::ToChronoMilliseconds(options.timeout));
     spdlog::info("event=gloo_connected node_rank={} num_nodes={} generation={} device={}",

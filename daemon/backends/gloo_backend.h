@@ -1,7 +1,8 @@
 // GlooBackend: the cross-node allreduce on CPU, through Gloo's ring
 // allreduce over its TCP transport. One backend = one Gloo context = one job
 // generation: rank = node_rank, size = num_nodes, connected through the
-// rendezvous store under the key prefix "g<generation>/gloo". After a failure
+// rendezvous store under the generation's key prefix (store_prefix, given
+// by whoever forms the world: "g<generation>/gloo"). After a failure
 // or Abort the backend stays failed; the daemon re-joins and creates a new
 // one for the next generation.
 //
@@ -70,6 +71,10 @@ struct GlooBackendOptions {
   std::string host;
   std::string iface;
   uint64_t generation = 0;
+  // Where this generation's Gloo keys live in `store` (GlooKeyPrefix,
+  // daemon/cluster/rendezvous_keys.h: the leader scopes them to the
+  // generation). Not needed when num_nodes == 1.
+  std::string store_prefix;
   // Per-allreduce timeout; Create (store waits + TCP connects) also ends
   // within about this long.
   absl::Duration timeout = absl::Seconds(300);

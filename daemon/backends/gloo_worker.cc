@@ -205,6 +205,7 @@ int RunGlooWorker() {
   options.host = connect.host();
   options.iface = connect.iface();
   options.generation = connect.generation();
+  options.store_prefix = connect.store_prefix();
   options.timeout = absl::Milliseconds(connect.timeout_ms());
   options.wire_dtype = static_cast<WireDType>(connect.wire_dtype());
   options.world_size = connect.world_size();

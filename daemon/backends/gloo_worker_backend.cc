@@ -21,7 +21,6 @@
 #include "daemon/backends/count_fold.h"
 #include "daemon/backends/gloo_store.h"
 #include "daemon/backends/gloo_worker_process.h"
-#include "daemon/cluster/rendezvous_keys.h"
 #include "gradsync/v1/gloo_worker.pb.h"
 #include "spdlog/spdlog.h"
 
@@ -93,6 +92,7 @@ GlooWorkerBackend::GlooWorkerBackend(const GlooBackendOptions& options)
     : node_rank_(options.node_rank),
       num_nodes_(options.num_nodes),
       generation_(options.generation),
+      store_prefix_(options.store_prefix),
       timeout_(options.timeout),
       wire_dtype_(options.wire_dtype) {}
 
@@ -162,6 +162,7 @@ absl::Status GlooWorkerBackend::Connect(const GlooBackendOptions& options) {
   connect->set_host(options.host);
   connect->set_iface(options.iface);
   connect->set_generation(options.generation);
+  connect->set_store_prefix(options.store_prefix);
   connect->set_timeout_ms(absl::ToInt64Milliseconds(options.timeout));
   connect->set_wire_dtype(static_cast<int32_t>(options.wire_dtype));
   connect->set_world_size(options.world_size);
@@ -197,7 +198,7 @@ absl::Status GlooWorkerBackend::AwaitDone(const std::string& during, gloo::rende
     if (event.has_fatal()) {
       fatal_ = event.fatal().substr(0, kMaxFatalBytes);  // its end of file follows
     } else if (event.has_store_request() && store != nullptr) {
-      const std::string allowed = GenerationKeyPrefix(generation_) + "gloo/";
+      const std::string allowed = store_prefix_ + "/";
       if (!channel_.Send(Serve(event.store_request(), *store, allowed)).ok()) {
         return WorkerDied(during);
       }

@@ -131,6 +131,7 @@ class GlooWorkerBackend final : public Backend {
   const int node_rank_;
   const int num_nodes_;
   const uint64_t generation_;
+  const std::string store_prefix_;  // the worker's store requests stay under it
   const absl::Duration timeout_;
   WireDType wire_dtype_;  // set before the mesh connects
   std::atomic<uint64_t> wire_payload_bytes_{0};

@@ -26,6 +26,9 @@ namespace gradsync {
 namespace {
 
 constexpr absl::Duration kHeartbeatEvery = absl::Milliseconds(500);
+// Each RPC to the leader. Short: a dead leader must not hold up a node's
+// shutdown for long.
+constexpr absl::Duration kLeaderRpcTimeout = absl::Seconds(3);
 // After an abort, a member that stays silent this long while the others
 // answer is presumed dead (four missed heartbeats: a loaded but live node
 // answers well within it).
@@ -135,8 +138,7 @@ absl::StatusOr<std::shared_ptr<RendezvousClient>> ConnectToLeader(const DaemonCo
   options.job_id = config.job_id;
   options.job_token = config.job_token;
   options.credentials = std::move(credentials);
-  // Short: a dead leader must not hold up a node's shutdown for long.
-  options.rpc_timeout = absl::Seconds(3);
+  options.rpc_timeout = kLeaderRpcTimeout;
   return RendezvousClient::Connect(options);
 }
 
@@ -301,6 +303,7 @@ GlooBackendOptions GlooOptions(const DaemonConfig& config, std::shared_ptr<Rende
   gloo.num_nodes = static_cast<int>(members.size());
   gloo.host = host;
   gloo.generation = gen;
+  gloo.store_prefix = GlooKeyPrefix(gen);
   // Longer than the timeout: a node waiting for its own stopped trainer
   // fails at the timeout naming it, and the leader's abort carries that
   // name here; a Gloo timeout first would only say "timed out waiting for
@@ -398,6 +401,11 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   auto link = std::unique_ptr<ClusterLink>(
       new ClusterLink(config, client, gen, members, layout.size(), std::move(on_failure)));
   ClusterLink* raw = link.get();
+  // The job gets the config log as it stood when the world formed before
+  // its first iteration: a change held meanwhile is version 1 at iteration
+  // 2, which a GPU node (no agreement on versions held) must have by then.
+  // Bounded like one heartbeat RPC; a slower leader is the loop's to judge.
+  raw->AwaitFirstHeartbeat(kLeaderRpcTimeout);
   JobWorld world;
   world.world_size = joined.world_size;
   world.rank_offset = rank_offset;
@@ -586,6 +594,11 @@ void ClusterLink::SetProgress(std::function<uint64_t()> iteration) {
   progress_ = std::move(iteration);
 }
 
+void ClusterLink::AwaitFirstHeartbeat(absl::Duration limit) {
+  MonotonicMutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&first_beat_done_), limit);
+}
+
 void ClusterLink::HeartbeatLoop() {
   while (true) {
     // Under mu_: what this heartbeat carries.
@@ -646,6 +659,7 @@ void ClusterLink::HeartbeatLoop() {
 
     // Until the next beat, or sooner for an error or stall to report.
     MonotonicMutexLock lock(&mu_);
+    first_beat_done_ = true;
     auto report_now = [this] {
       mu_.AssertReaderHeld();
       return stop_ || (!node_error_.ok() && !error_sent_) || !stall_report_.empty();

@@ -83,6 +83,9 @@ class ClusterLink final : public WorldLink {
               uint64_t generation, std::vector<int> members, size_t num_tensors,
               std::function<void(const absl::Status&)> on_failure);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Until the heartbeat loop's first round is over (the config log read up
+  // to what the leader had then), at most `limit`.
+  void AwaitFirstHeartbeat(absl::Duration limit) ABSL_LOCKS_EXCLUDED(mu_);
   // After a failure: heart-beats the leader (with `report`, if not OK, which
   // aborts the generation) until every other member answered since the
   // abort or stayed silent past a few heartbeats; returns `error` naming the
@@ -101,6 +104,7 @@ class ClusterLink final : public WorldLink {
 
   MonotonicMutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool first_beat_done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status node_error_ ABSL_GUARDED_BY(mu_);  // reported with the next heartbeat
   bool error_sent_ ABSL_GUARDED_BY(mu_) = false;  // the leader has node_error_
   // on_failure_ was called (or the error came from here).

@@ -41,6 +41,14 @@ inline std::optional<uint64_t> KeyGeneration(absl::string_view key) {
   return generation;
 }
 
+// "g<generation>/gloo": where that generation's Gloo rendezvous keys live
+// (GlooBackendOptions::store_prefix). Generation-scoped: the leader refuses
+// and discards them once the generation is over, and a Wait on them fails
+// when it aborts.
+inline std::string GlooKeyPrefix(uint64_t generation) {
+  return absl::StrCat(GenerationKeyPrefix(generation), "gloo");
+}
+
 // The job-wide key where node `node_rank` reports, before it joins, why it
 // has not joined yet (which local trainers it still waits for); the leader
 // quotes it when a Join times out and drops it when that node joins.

@@ -143,6 +143,9 @@ void RendezvousService::FormGenerationLocked(absl::Time now) {
     m.last_seen = now;
     world_size += join.local_size;
   }
+  // Survivors re-forming an elastic job all resume one iteration.
+  uint64_t starts_at = 0;
+  for (const auto& [rank, join] : pending_) starts_at = std::max(starts_at, join.resume_iteration);
   pending_.clear();
   config_version_ = 0;  // each generation has its own config log
   config_last_at_ = 0;
@@ -162,6 +165,14 @@ void RendezvousService::FormGenerationLocked(absl::Time now) {
       "event=generation_formed generation={} num_nodes={} members={} world_size={} "
       "discarded_keys={}",
       generation_, num_nodes_, pending_count, world_size, discarded);
+  if (held_config_) {
+    const ConfigEntry entry = AppendConfigLocked(starts_at + kHeldConfigAfter, held_config_);
+    held_config_ = nullptr;
+    spdlog::info(
+        "event=job_config_published config_version={} generation={} at_iteration={} "
+        "held=1",
+        entry.version, entry.generation, entry.at_iteration);
+  }
   changed_.SignalAll();
 }
 
@@ -726,6 +737,22 @@ absl::StatusOr<RendezvousService::ConfigEntry> RendezvousService::AppendConfig(
         absl::StrCat("no active generation to change (generation ", generation_,
                      aborted_ ? " aborted" : " has not formed", ")"));
   }
+  return AppendConfigLocked(min_at_iteration, write);
+}
+
+std::optional<RendezvousService::ConfigEntry> RendezvousService::AppendOrHoldConfig(
+    uint64_t min_at_iteration, ConfigWriter write) {
+  MonotonicMutexLock lock(&mu_);
+  CheckHeartbeatsLocked(clock_());
+  if (active()) return AppendConfigLocked(min_at_iteration, write);
+  held_config_ = std::move(write);
+  spdlog::info("event=job_config_held generation={} state={}", generation_ + 1,
+               generation_ == 0 ? "forming" : "re-forming");
+  return std::nullopt;
+}
+
+RendezvousService::ConfigEntry RendezvousService::AppendConfigLocked(uint64_t min_at_iteration,
+                                                                     const ConfigWriter& write) {
   // Strictly increasing: two versions never switch at the same boundary,
   // and a later one never switches before an earlier one.
   ConfigEntry entry{generation_, config_version_ + 1,

@@ -45,6 +45,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -161,6 +162,19 @@ class RendezvousService final : public v1::Rendezvous::Service {
   using ConfigWriter = std::function<std::pair<std::string, std::string>(const ConfigEntry& entry)>;
   absl::StatusOr<ConfigEntry> AppendConfig(uint64_t min_at_iteration, const ConfigWriter& write)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // An operator's change (Control.SetConfig on the leader): appended as
+  // AppendConfig does while a generation is active. Otherwise (none formed
+  // yet, or the last one aborted) `write` is held, replacing any change held
+  // before, and becomes version 1 of the next generation as it forms, at
+  // iteration kHeldConfigAfter past the one that generation starts in (0,
+  // or the iteration survivors resume): a node may have read the old caps
+  // for its Join already, so the change must come through the log to reach
+  // every node at one boundary. Returns the entry, or nullopt when held.
+  std::optional<ConfigEntry> AppendOrHoldConfig(uint64_t min_at_iteration, ConfigWriter write)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Iteration 1's boundary is the one-time order rebuild: a held change
+  // gets the next one to itself.
+  static constexpr uint64_t kHeldConfigAfter = 2;
 
   // Stall reports nodes sent with their heartbeats, newest last:
   // "node_rank=N (host=H) iteration=I: <report>".
@@ -232,6 +246,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
   void AbortLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckHeartbeatsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FormGenerationLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends the next version of the active generation's log.
+  ConfigEntry AppendConfigLocked(uint64_t min_at_iteration, const ConfigWriter& write)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillJoinResponseLocked(v1::JoinResponse* response) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A Wait asking for values, every key set: their values, then those of
   // the read keys that are set, in the order asked, each that still fits
@@ -290,6 +307,8 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // The current generation's config log (reset when one forms).
   uint64_t config_version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t config_last_at_ ABSL_GUARDED_BY(mu_) = 0;
+  // An operator's change made while no generation was active (empty: none).
+  ConfigWriter held_config_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> config_keys_ ABSL_GUARDED_BY(mu_);    // oldest first
   std::deque<std::string> stall_reports_ ABSL_GUARDED_BY(mu_);  // bounded
   int blocked_waits_ ABSL_GUARDED_BY(mu_) = 0;                  // observable (GetStatus)

@@ -96,6 +96,7 @@ absl::StatusOr<Scheduler::Reformed> Job::InstallReformedLocked(JobWorld world) {
   Scheduler* scheduler = scheduler_.get();
   WorldLink* link = world_.link.get();
   link->SetProgress([scheduler] { return scheduler->iteration(); });
+  scheduler->RestartConfigLog();  // before the listener hands over what the link read
   link->SetConfigListener([scheduler](const BucketCaps& caps, uint64_t at, uint64_t version) {
     scheduler->SetCaps(caps, at, version);
   });

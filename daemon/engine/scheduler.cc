@@ -203,6 +203,13 @@ void Scheduler::SetCaps(const BucketCaps& caps, uint64_t at_iteration, uint64_t 
   pending_caps_.push_back(PendingCaps{caps, at_iteration, config_version});
 }
 
+void Scheduler::RestartConfigLog() {
+  absl::MutexLock lock(&caps_mu_);
+  pending_caps_.clear();
+  last_queued_version_ = 0;
+  caps_gap_.clear();
+}
+
 uint64_t Scheduler::HeldConfigVersion() {
   absl::MutexLock lock(&caps_mu_);
   for (auto it = pending_caps_.rbegin(); it != pending_caps_.rend(); ++it) {
@@ -443,13 +450,8 @@ bool Scheduler::Recover(const absl::Status& error) {
   if (backend_->num_nodes() > 1 && backend_->Staging(staging_bytes_) == nullptr) {
     reducer_.EnsureStaging(staging_bytes_);
   }
-  // The new generation's config log starts at version 1.
-  {
-    absl::MutexLock lock(&caps_mu_);
-    pending_caps_.clear();
-    last_queued_version_ = 0;
-    caps_gap_.clear();
-  }
+  // The new generation's config log starts at version 1 (its queue was
+  // restarted by the re-formation: RestartConfigLog).
   config_version_ = 0;
   config_agreed_ = false;
   // Rewind: every bucket again in plan order, those launched from their

@@ -182,6 +182,12 @@ class Scheduler {
   // instead of deciding a plan the other nodes do not. Thread-safe.
   void SetCaps(const BucketCaps& caps, uint64_t at_iteration = 0, uint64_t config_version = 0)
       ABSL_LOCKS_EXCLUDED(caps_mu_);
+  // Elastic jobs: a re-formed generation's config log starts at version 1,
+  // so the old one's queued versions go. Call once the old generation's
+  // link is gone and before the new one's listener is set: the new link may
+  // have read versions already, which the listener hands over at once.
+  // Thread-safe.
+  void RestartConfigLog() ABSL_LOCKS_EXCLUDED(caps_mu_);
   // True between an iteration's first mark and its completion.
   bool in_iteration() const { return in_iteration_.load(std::memory_order_acquire); }
   // Uneven inputs (gs_join): trainers of the job still active in the last

@@ -163,6 +163,7 @@ int Worker() {
   options.num_nodes = n;
   options.host = "127.0.0.1";
   options.generation = joined->generation;
+  options.store_prefix = GlooKeyPrefix(joined->generation);
   options.timeout = kTimeout;
   options.store = store;
   absl::StatusOr<std::unique_ptr<GlooBackend>> backend = GlooBackend::Create(options);

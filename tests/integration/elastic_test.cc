@@ -169,6 +169,31 @@ std::chrono::steady_clock::time_point RunUntilKilled(
   return killed_at;
 }
 
+// Every survivor's trainer ends with GS_OK and the same weights as one
+// process that averages iterations before the kill over all 6 shards and
+// from it on over ranks 0-3.
+void ExpectSurvivorsTrainedLikeTheReference(Cluster& cluster, std::vector<Trainer>& trainers) {
+  std::vector<std::string> reference_args = TrainArgs();
+  reference_args.push_back(absl::StrCat("--join-steps=", kSteps, ",", kSteps, ",", kSteps, ",",
+                                        kSteps, ",", kKilledStep, ",", kKilledStep));
+  reference_args.push_back("--join-divide-by-active");
+  const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
+  ASSERT_FALSE(reference.empty());
+  std::vector<double> first;
+  for (Trainer& t : trainers) {
+    if (t.node == kVictimNode) continue;
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    ASSERT_EQ(st.code, 0) << "node " << t.node << ": " << TrainerError(t.process.Log()) << "\n"
+                          << cluster.DaemonLogs();
+    const std::vector<double> weights = LoadWeights(t.out);
+    ASSERT_EQ(weights.size(), reference.size()) << t.out;
+    if (first.empty()) first = weights;
+    EXPECT_EQ(weights, first) << "node " << t.node << " ended with other weights";
+    EXPECT_LT(RelativeDifference(weights, reference), 1e-12) << "node " << t.node;
+  }
+}
+
 // `found_by_heartbeat`: node 0's trainers stay stopped until its daemon
 // re-formed, so no collective of its own notices the death: node 1's
 // does, the leader aborts the generation, and node 0 learns it from its
@@ -194,26 +219,8 @@ void KillNodeTwoAndExpectSurvivorsTrainOn(Stage stage, bool found_by_heartbeat =
   const double redo_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
 
-  // Iterations before the kill over all 6 shards, from it on over ranks 0-3.
-  std::vector<std::string> reference_args = TrainArgs();
-  reference_args.push_back(absl::StrCat("--join-steps=", kSteps, ",", kSteps, ",", kSteps, ",",
-                                        kSteps, ",", kKilledStep, ",", kKilledStep));
-  reference_args.push_back("--join-divide-by-active");
-  const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
-  ASSERT_FALSE(reference.empty());
-  std::vector<double> first;
-  for (Trainer& t : trainers) {
-    if (t.node == kVictimNode) continue;
-    const ExitStatus st = t.process.Wait(kErrorBound);
-    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
-    ASSERT_EQ(st.code, 0) << "node " << t.node << ": " << TrainerError(t.process.Log()) << "\n"
-                          << cluster.DaemonLogs();
-    const std::vector<double> weights = LoadWeights(t.out);
-    ASSERT_EQ(weights.size(), reference.size()) << t.out;
-    if (first.empty()) first = weights;
-    EXPECT_EQ(weights, first) << "node " << t.node << " ended with other weights";
-    EXPECT_LT(RelativeDifference(weights, reference), 1e-12) << "node " << t.node;
-  }
+  ExpectSurvivorsTrainedLikeTheReference(cluster, trainers);
+  if (::testing::Test::HasFatalFailure()) return;
   // The survivors' world: their 4 trainers (what gs_get_job_info reports
   // after each iteration is this divisor).
   absl::StatusOr<v1::Stats> stats = GetStats(cluster.port(), "elastic-token");
@@ -246,6 +253,46 @@ TEST(ElasticJob, SurvivorsInsideTheCollectiveRedoFromTheirKeptSumsAndTrainOn) {
 
 TEST(ElasticJob, ASurvivorWaitingForItsTrainersLearnsTheDeathFromTheLeaderAndRedoesToo) {
   KillNodeTwoAndExpectSurvivorsTrainOn(Stage::kBackward, /*found_by_heartbeat=*/true);
+}
+
+// The line of the first "event=plan_rebuilt" in `log` that names `caps`,
+// from the event on; "none".
+std::string RebuildTo(const std::string& log, const std::string& caps) {
+  for (size_t at = log.find("event=plan_rebuilt"); at != std::string::npos;
+       at = log.find("event=plan_rebuilt", at + 1)) {
+    const std::string line = log.substr(at, log.find('\n', at) - at);
+    if (line.find(caps) != std::string::npos) return line;
+  }
+  return "none";
+}
+
+// SetConfig on the leader while the survivors re-form (generation 1
+// aborted, 2 not formed): the change is held and is generation 2's config
+// version 1, so both survivors re-plan to it at the same iteration after
+// the redone one, and training stays exact. (Before, the change was kept
+// only in the leader's settings: the re-formed job kept its old buckets.)
+TEST(ElasticJob, ConfigSetWhileTheSurvivorsReformAppliesOnEverySurvivorAlike) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilKilled(cluster, Stage::kBackward, &trainers, {kVictimNode}, /*resume=*/false);
+  ResumeSurvivors(&trainers, {0, kVictimNode});  // node 1's: its collective fails
+  ASSERT_TRUE(
+      WaitForLog(cluster.node(0).process(), "event=generation_aborted generation=1", kErrorBound))
+      << cluster.DaemonLogs();
+  const absl::Status set = SetBucketCaps(cluster.port(), "elastic-token", "25", "1");
+  ASSERT_TRUE(set.ok()) << set.message();
+  EXPECT_NE(cluster.node(0).process().Log().find("event=job_config_held generation=2"),
+            std::string::npos)
+      << cluster.DaemonLogs();
+  EXPECT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_reformed", kErrorBound))
+      << cluster.DaemonLogs();
+  ResumeSurvivors(&trainers, {1, kVictimNode});  // node 0's
+  ExpectSurvivorsTrainedLikeTheReference(cluster, trainers);
+  const std::string caps = "cap_mb=25.000 first_cap_mb=1.000";
+  const std::string rebuilt0 = RebuildTo(cluster.node(0).process().Log(), caps);
+  EXPECT_NE(rebuilt0, "none") << cluster.DaemonLogs();
+  EXPECT_EQ(rebuilt0, RebuildTo(cluster.node(1).process().Log(), caps)) << cluster.DaemonLogs();
 }
 
 TEST(ElasticJob, BelowMinNodesTheSurvivorFailsNamingMinNodesAndTheDeadNodes) {

@@ -586,6 +586,61 @@ TEST(MultiNode, ConfigBurstWhileTheJobFormsKeepsEveryNodeOnTheSamePlan) {
       << "no config version applied: " << last0;
 }
 
+// The line of the first "event=plan_rebuilt" in `log` that names
+// `caps` ("cap_mb=25.000 first_cap_mb=1.000"), from the event on; "none".
+std::string RebuildTo(const std::string& log, const std::string& caps) {
+  for (size_t at = log.find("event=plan_rebuilt"); at != std::string::npos;
+       at = log.find("event=plan_rebuilt", at + 1)) {
+    const std::string line = log.substr(at, log.find('\n', at) - at);
+    if (line.find(caps) != std::string::npos) return line;
+  }
+  return "none";
+}
+
+// SetConfig on the leader while its job has formed locally and waits in
+// Join for node 1, which has not started: no generation runs yet, so the
+// change has no log to enter. The leader's Join had already read the old
+// caps, so the job ran with them while GetConfig showed the new ones. The
+// change is held and becomes the generation's config version 1: both
+// nodes re-plan to it at the same iteration, and training stays exact.
+TEST(MultiNode, ConfigSetWhileTheLeaderWaitsForTheOtherNodesAppliesToTheJob) {
+  Cluster cluster(Job(2, 1));
+  ASSERT_TRUE(cluster.StartNode(0)) << cluster.DaemonLogs();
+  // --sleep-ms paces the job (a few hundred ms of iterations past the
+  // switch), not synchronization: the test waits on logged states.
+  const std::vector<std::string> args = {"--steps=40", "--fp64", "--batch=60", "--sleep-ms=5"};
+  std::vector<std::string> outs = {cluster.dir() + "/held0.txt", cluster.dir() + "/held1.txt"};
+  std::vector<Process> trainers;
+  trainers.push_back(StartTrainer(cluster.node(0), 0, args, outs[0]));
+  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=join node_rank=0", kBound))
+      << cluster.DaemonLogs();
+  const absl::Status set = SetBucketCaps(cluster.port(), "s3cret", "25", "1");
+  ASSERT_TRUE(set.ok()) << set.message();
+  // No generation had formed: the leader held the change.
+  EXPECT_NE(cluster.node(0).process().Log().find("event=job_config_held generation=1"),
+            std::string::npos)
+      << cluster.DaemonLogs();
+  ASSERT_TRUE(cluster.StartNode(1)) << cluster.DaemonLogs();
+  trainers.push_back(StartTrainer(cluster.node(1), 0, args, outs[1]));
+  for (auto& t : trainers) {
+    ExitStatus st = t.Wait(seconds(60));
+    EXPECT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
+  }
+  // Job-wide: the same re-plan, to the new caps, at the same iteration.
+  const std::string caps = "cap_mb=25.000 first_cap_mb=1.000";
+  const std::string rebuilt0 = RebuildTo(cluster.node(0).process().Log(), caps);
+  const std::string rebuilt1 = RebuildTo(cluster.node(1).process().Log(), caps);
+  EXPECT_NE(rebuilt0, "none") << cluster.DaemonLogs();
+  EXPECT_EQ(rebuilt0, rebuilt1) << cluster.DaemonLogs();
+  const std::string decided0 = LastPlanDecision(cluster.node(0).process().Log());
+  EXPECT_NE(decided0.find("config_version=1 "), std::string::npos) << decided0;
+  EXPECT_EQ(decided0, LastPlanDecision(cluster.node(1).process().Log())) << cluster.DaemonLogs();
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
+  for (const std::string& out : outs) {
+    EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
+  }
+}
+
 // Every trainer of node 1 accumulates two micro-batches
 // under no_sync per step while node 0's sync every step. Each node is
 // consistent within itself, so only a cross-node comparison can see it:

@@ -61,6 +61,7 @@ TEST(GlooLoopSchedulingTest, EventLoopThreadsRunBatchAndCallersStayNormal) {
         options.num_nodes = 2;
         options.host = "127.0.0.1";
         options.generation = 1;
+        options.store_prefix = "gloo";
         options.timeout = absl::Seconds(60);
         options.world_size = 2;
         options.store = store;

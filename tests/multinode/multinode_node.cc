@@ -28,6 +28,7 @@
 #include "daemon/backends/gloo_backend.h"
 #include "daemon/backends/gloo_store.h"
 #include "daemon/cluster/rendezvous_client.h"
+#include "daemon/cluster/rendezvous_keys.h"
 #include "tests/multinode/exit_codes.h"
 #include "tests/testing/wait.h"
 
@@ -128,6 +129,7 @@ std::unique_ptr<GlooBackend> ConnectOrExit(std::shared_ptr<RendezvousClient> cli
   options.num_nodes = absl::GetFlag(FLAGS_num_nodes);
   options.host = "127.0.0.1";
   options.generation = generation;
+  options.store_prefix = GlooKeyPrefix(generation);
   options.timeout = timeout;
   options.store = std::make_shared<GlooStore>(std::move(client), timeout);
   absl::StatusOr<std::unique_ptr<GlooBackend>> backend = GlooBackend::Create(options);

@@ -567,6 +567,47 @@ TEST_F(RendezvousServiceTest, ConfigLogVersionsSwitchAtStrictlyIncreasingIterati
   EXPECT_EQ(fresh->at_iteration, 5u);
 }
 
+// An operator's change while no generation runs (the leader's job waits
+// for the other nodes) is held, the newest replacing older ones, and is the
+// next generation's version 1, two iterations in; while one runs it is
+// appended at once; after an abort it is held for the next one again.
+TEST_F(RendezvousServiceTest, ConfigSetWhileNoGenerationRunsIsTheNextGenerationsFirstVersion) {
+  StartLeader(2);
+  RendezvousService& service = leader_->service();
+  auto write = [](std::string caps) {
+    return [caps](const RendezvousService::ConfigEntry& e) {
+      return std::make_pair(absl::StrCat("g", e.generation, "/config/", e.version),
+                            absl::StrCat(caps, "@", e.at_iteration));
+    };
+  };
+  EXPECT_FALSE(service.AppendOrHoldConfig(10, write("old")).has_value());
+  EXPECT_FALSE(service.AppendOrHoldConfig(10, write("new")).has_value());
+  EXPECT_EQ(service.GetStatus().config_version, 0u);
+  ASSERT_EQ(FormGeneration(), 1u);
+  auto beat = Beat(0, 1);
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_EQ(beat->config_version, 1u);
+  auto client = Client();
+  EXPECT_EQ(client->Get("g1/config/1")->value_or("none"),
+            absl::StrCat("new@", RendezvousService::kHeldConfigAfter));
+  EXPECT_FALSE(client->Get("g1/config/2")->has_value());
+
+  const auto appended = service.AppendOrHoldConfig(10, write("running"));
+  ASSERT_TRUE(appended.has_value());
+  EXPECT_EQ(appended->version, 2u);
+  EXPECT_EQ(appended->at_iteration, 10u);
+
+  ASSERT_TRUE(service.AbortGeneration(1, "the job's trainers closed"));
+  EXPECT_FALSE(service.AppendOrHoldConfig(10, write("between")).has_value());
+  ASSERT_EQ(FormGeneration(), 2u);
+  EXPECT_EQ(client->Get("g2/config/1")->value_or("none"),
+            absl::StrCat("between@", RendezvousService::kHeldConfigAfter));
+  // Taken by generation 2: generation 3 starts with an empty log.
+  ASSERT_TRUE(service.AbortGeneration(2, "the job's trainers closed"));
+  ASSERT_EQ(FormGeneration(), 3u);
+  EXPECT_EQ(service.GetStatus().config_version, 0u);
+}
+
 TEST_F(RendezvousServiceTest, WaitTimeoutNamesTheMissingKeys) {
   StartLeader(2);
   auto client = Client();
@@ -812,6 +853,21 @@ TEST_F(ElasticRendezvousTest, SurvivorsReformWithoutTheSilentNodeWhichIsThenNoMe
   ASSERT_TRUE(beat.ok()) << beat.status();
   EXPECT_TRUE(beat->abort);
   EXPECT_THAT(beat->abort_reason, HasSubstr("not a member of generation 2"));
+}
+
+// Survivors re-form at the iteration they stopped in: a change held
+// meanwhile switches two iterations after it, not at the fresh job's 2.
+TEST_F(ElasticRendezvousTest, ConfigHeldWhileSurvivorsReformSwitchesAfterTheirIteration) {
+  StartElastic(3, /*min_nodes=*/2);
+  auto write = [](const RendezvousService::ConfigEntry& e) {
+    return std::make_pair(absl::StrCat("g", e.generation, "/config/", e.version),
+                          absl::StrCat(e.at_iteration));
+  };
+  EXPECT_FALSE(leader_->service().AppendOrHoldConfig(0, write).has_value());
+  for (const auto& r : Resume({0, 1}, {5, 5})) ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(leader_->service().GetStatus().config_version, 1u);
+  EXPECT_EQ(Client()->Get("g2/config/1")->value_or("none"),
+            absl::StrCat(5 + RendezvousService::kHeldConfigAfter));
 }
 
 TEST_F(ElasticRendezvousTest, BelowMinNodesEverySurvivorFailsNamingMinNodesAndTheDead) {
