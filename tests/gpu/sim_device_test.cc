@@ -642,6 +642,30 @@ TEST_F(SimDeviceTest, AThreadThatNeverSetADeviceUsesDeviceZero) {
   EXPECT_EQ((*trainer)->CurrentDevice(), "SIM-GPU-1");
 }
 
+TEST_F(SimDeviceTest, ADaemonCallLeavesItsGpuCurrentOnlyOnAThreadThatNeverChoseOne) {
+  auto trainer = SimTrainerDevice::Create(Options());
+  auto daemon = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(trainer.ok() && daemon.ok());
+  // CudaDeviceSwitch restores the previous device only where the thread had
+  // a context: restoring "device 0" would create one on a GPU it never used.
+  DeviceId fresh, chosen;
+  std::thread([&] {
+    auto stream = (*daemon)->CreateStream("SIM-GPU-1");
+    ASSERT_TRUE(stream.ok());
+    fresh = (*trainer)->CurrentDevice();
+    (*daemon)->DestroyStream(*stream);
+  }).join();
+  std::thread([&] {
+    ASSERT_TRUE((*trainer)->SetDevice("SIM-GPU-0").ok());
+    auto stream = (*daemon)->CreateStream("SIM-GPU-1");
+    ASSERT_TRUE(stream.ok());
+    chosen = (*trainer)->CurrentDevice();
+    (*daemon)->DestroyStream(*stream);
+  }).join();
+  EXPECT_EQ(fresh, "SIM-GPU-1");
+  EXPECT_EQ(chosen, "SIM-GPU-0");
+}
+
 TEST_F(SimDeviceTest, APendingEventOfADeadTrainerIsUnavailableNamingItsPid) {
   Channel to_parent;
   auto started = Process::Fork([&]() -> int {
