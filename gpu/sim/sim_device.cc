@@ -17,6 +17,7 @@
 #include "common/monotonic.h"
 #include "common/status_macros.h"
 #include "gpu/sim/sim_collectives.h"
+#include "gpu/sim/sim_current_device.h"
 #include "gpu/sim/sim_event.h"
 #include "gpu/sim/sim_kernels.h"
 #include "gpu/sim/sim_memory.h"
@@ -75,6 +76,13 @@ class Node {
                      absl::StrJoin(Visible(), ", ",
                                    [](std::string* out, int i) { out->append(SimDeviceId(i)); }),
                      ")"));
+  }
+
+  // The GPU index of this thread's current device: the one it chose, else
+  // ordinal 0, as CUDA answers for a thread that never called cudaSetDevice.
+  int CurrentIndex() const {
+    const int chosen = ChosenDevice();
+    return chosen >= 0 ? chosen : Visible().front();
   }
 
   std::vector<int> Visible() const {
@@ -433,9 +441,11 @@ absl::Status SimTrainerDevice::RecordEvent(Event* event, Stream* stream) {
   }
   ASSIGN_OR_RETURN(SimStream * s, node_->Resolve(stream, e->device_index(), true));
   if (s->device_index() != e->device_index()) {
-    return absl::InvalidArgumentError(absl::StrCat("RecordEvent: event on ",
-                                                   SimDeviceId(e->device_index()), ", stream on ",
-                                                   SimDeviceId(s->device_index())));
+    // What the real trainer device returns (cuEventRecord refuses an event
+    // and a stream of different devices).
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuEventRecord: event on ", SimDeviceId(e->device_index()), ", stream on ",
+        SimDeviceId(s->device_index()), ": CUDA_ERROR_INVALID_HANDLE (invalid resource handle)"));
   }
   e->Record(s);
   return absl::OkStatus();
@@ -506,13 +516,25 @@ void SimTrainerDevice::DestroyStream(Stream* stream) { node_->DeleteStream(strea
 
 absl::Status SimTrainerDevice::WriteAsync(void* dst, const void* src, size_t bytes,
                                           Stream* stream) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Region> region, node_->Range(dst, bytes, -1, "WriteAsync"));
-  ASSIGN_OR_RETURN(SimStream * s, node_->Resolve(stream, region->device_index, true));
-  ASSIGN_OR_RETURN(region, node_->Range(dst, bytes, s->device_index(), "WriteAsync"));
+  // A kernel: null is the current device's default stream, and a stream of
+  // another device is refused.
+  const int current = node_->CurrentIndex();
+  ASSIGN_OR_RETURN(SimStream * s, node_->Resolve(stream, current, true));
+  RETURN_IF_ERROR(sim::CheckLaunchDevice("WriteAsync", s->device_index(), current));
+  ASSIGN_OR_RETURN(std::shared_ptr<Region> region,
+                   node_->Range(dst, bytes, s->device_index(), "WriteAsync"));
   auto data = std::make_shared<std::string>(static_cast<const char*>(src), bytes);
   s->Enqueue([hold = region, dst, data] { std::memcpy(dst, data->data(), data->size()); });
   return absl::OkStatus();
 }
+
+absl::Status SimTrainerDevice::SetDevice(const DeviceId& device) {
+  ASSIGN_OR_RETURN(int index, node_->IndexOf(device));
+  sim::ChooseDevice(index);
+  return absl::OkStatus();
+}
+
+DeviceId SimTrainerDevice::CurrentDevice() const { return SimDeviceId(node_->CurrentIndex()); }
 
 absl::Status SimTrainerDevice::Synchronize(Stream* stream, absl::Duration timeout) {
   return node_->Synchronize(stream, timeout);
@@ -549,6 +571,7 @@ absl::Status SimDaemonDevice::CheckDevice(const DeviceId& device) {
 absl::StatusOr<void*> SimDaemonDevice::Alloc(const DeviceId& device, size_t bytes) {
   RETURN_IF_ERROR(Lost("alloc"));
   ASSIGN_OR_RETURN(int index, node_->IndexOf(device));
+  sim::DeviceSwitch use(index);  // as the real daemon device selects the GPU
   RETURN_IF_ERROR(node_->CheckNoCollective(index, "cudaMalloc"));
   return node_->Allocate(index, bytes);
 }
@@ -556,6 +579,7 @@ absl::StatusOr<void*> SimDaemonDevice::Alloc(const DeviceId& device, size_t byte
 absl::Status SimDaemonDevice::Free(const DeviceId& device, void* ptr) {
   RETURN_IF_ERROR(Lost("free"));
   ASSIGN_OR_RETURN(int index, node_->IndexOf(device));
+  sim::DeviceSwitch use(index);  // as the real daemon device selects the GPU
   ASSIGN_OR_RETURN(std::shared_ptr<Region> region, Registry::Get().FindOwnedBase(ptr));
   if (region->device_index != index) {
     return absl::InvalidArgumentError(absl::StrCat("Free: ", sim::PointerString(ptr), " is on ",
@@ -568,6 +592,7 @@ absl::Status SimDaemonDevice::Free(const DeviceId& device, void* ptr) {
 
 absl::StatusOr<IpcHandle> SimDaemonDevice::ExportMemory(const DeviceId& device, void* base) {
   ASSIGN_OR_RETURN(int index, node_->IndexOf(device));
+  sim::DeviceSwitch use(index);  // as the real daemon device selects the GPU
   ASSIGN_OR_RETURN(std::shared_ptr<Region> region, Registry::Get().FindOwnedBase(base));
   if (region->device_index != index) {
     return absl::InvalidArgumentError(absl::StrCat("ExportMemory: ", sim::PointerString(base),
@@ -580,6 +605,7 @@ absl::StatusOr<IpcHandle> SimDaemonDevice::ExportMemory(const DeviceId& device, 
 absl::StatusOr<void*> SimDaemonDevice::OpenMemory(const DeviceId& device, const IpcHandle& handle) {
   RETURN_IF_ERROR(Lost("open_memory"));
   ASSIGN_OR_RETURN(int index, node_->IndexOf(device));
+  sim::DeviceSwitch use(index);  // as the real daemon device selects the GPU
   RETURN_IF_ERROR(node_->CheckNoCollective(index, "cudaIpcOpenMemHandle"));
   ASSIGN_OR_RETURN(std::shared_ptr<Region> region, Registry::Get().Open(handle, index));
   return static_cast<void*>(region->base);
@@ -588,6 +614,7 @@ absl::StatusOr<void*> SimDaemonDevice::OpenMemory(const DeviceId& device, const 
 absl::Status SimDaemonDevice::CloseMemory(const DeviceId& device, void* base) {
   RETURN_IF_ERROR(Lost("close_memory"));
   ASSIGN_OR_RETURN(int index, node_->IndexOf(device));
+  sim::DeviceSwitch use(index);  // as the real daemon device selects the GPU
   absl::StatusOr<std::shared_ptr<Region>> region = Registry::Get().Find(base, 1);
   if (region.ok() && (*region)->device_index != index) {
     return absl::InvalidArgumentError(absl::StrCat("CloseMemory: ", sim::PointerString(base),
@@ -611,6 +638,7 @@ absl::StatusOr<uint64_t> SimDaemonDevice::MappedSize(const DeviceId& device, voi
 absl::StatusOr<Event*> SimDaemonDevice::OpenEvent(const DeviceId& device, const IpcHandle& handle) {
   RETURN_IF_ERROR(Lost("open_event"));
   ASSIGN_OR_RETURN(int index, node_->IndexOf(device));
+  sim::DeviceSwitch use(index);  // as the real daemon device selects the GPU
   ASSIGN_OR_RETURN(std::unique_ptr<SimEvent> event, SimEvent::Open(handle, index));
   return node_->AdoptEvent(std::move(event));
 }
@@ -618,6 +646,7 @@ absl::StatusOr<Event*> SimDaemonDevice::OpenEvent(const DeviceId& device, const 
 absl::StatusOr<Completion> SimDaemonDevice::QueryEvent(Event* event) {
   SimEvent* e = node_->FindEvent(event);
   if (e == nullptr) return absl::InvalidArgumentError("QueryEvent: not an event opened here");
+  sim::DeviceSwitch use(e->device_index());
   return e->Query();
 }
 
@@ -625,6 +654,7 @@ void SimDaemonDevice::CloseEvent(Event* event) { node_->DeleteEvent(event); }
 
 absl::StatusOr<Stream*> SimDaemonDevice::CreateStream(const DeviceId& device) {
   ASSIGN_OR_RETURN(int index, node_->IndexOf(device));
+  sim::DeviceSwitch use(index);  // as the real daemon device selects the GPU
   return node_->NewStream(index)->handle();
 }
 
@@ -632,11 +662,13 @@ void SimDaemonDevice::DestroyStream(Stream* stream) { node_->DeleteStream(stream
 
 absl::StatusOr<Completion> SimDaemonDevice::QueryStream(Stream* stream) {
   ASSIGN_OR_RETURN(SimStream * s, node_->Resolve(stream, 0, false));
+  sim::DeviceSwitch use(s->device_index());
   return s->Idle() ? Completion::kDone : Completion::kPending;
 }
 
 absl::Status SimDaemonDevice::CopyAsync(void* dst, const void* src, size_t bytes, Stream* stream) {
   ASSIGN_OR_RETURN(SimStream * s, node_->Resolve(stream, 0, false));
+  sim::DeviceSwitch use(s->device_index());
   const int device = s->device_index();
   ASSIGN_OR_RETURN(std::shared_ptr<Region> to, node_->Range(dst, bytes, device, "CopyAsync dst"));
   ASSIGN_OR_RETURN(std::shared_ptr<Region> from, node_->Range(src, bytes, device, "CopyAsync src"));
@@ -654,6 +686,9 @@ absl::Status SimDaemonDevice::SumAsync(void* dst, const std::vector<const void*>
   if (srcs.empty()) return absl::InvalidArgumentError("SumAsync: no sources");
   ASSIGN_OR_RETURN(SimStream * s, node_->Resolve(stream, 0, false));
   const int device = s->device_index();
+  // The real daemon device selects the stream's GPU before its launch.
+  sim::DeviceSwitch use(device);
+  RETURN_IF_ERROR(sim::CheckLaunchDevice("SumAsync", device, node_->CurrentIndex()));
   const size_t bytes = count * DTypeSize(dtype);
   if (bytes == 0) return absl::OkStatus();
   std::vector<std::shared_ptr<Region>> hold;
@@ -717,6 +752,7 @@ absl::StatusOr<std::shared_ptr<std::vector<uint8_t>>> SimDaemonDevice::HostBlock
 absl::Status SimDaemonDevice::CopyToHostAsync(void* host, const void* src, size_t bytes,
                                               Stream* stream) {
   ASSIGN_OR_RETURN(SimStream * s, node_->Resolve(stream, 0, false));
+  sim::DeviceSwitch use(s->device_index());
   ASSIGN_OR_RETURN(std::shared_ptr<std::vector<uint8_t>> to,
                    HostBlock(host, bytes, "CopyToHostAsync dst"));
   ASSIGN_OR_RETURN(std::shared_ptr<Region> from,
@@ -728,6 +764,7 @@ absl::Status SimDaemonDevice::CopyToHostAsync(void* host, const void* src, size_
 absl::Status SimDaemonDevice::CopyFromHostAsync(void* dst, const void* host, size_t bytes,
                                                 Stream* stream) {
   ASSIGN_OR_RETURN(SimStream * s, node_->Resolve(stream, 0, false));
+  sim::DeviceSwitch use(s->device_index());
   ASSIGN_OR_RETURN(std::shared_ptr<std::vector<uint8_t>> from,
                    HostBlock(host, bytes, "CopyFromHostAsync src"));
   ASSIGN_OR_RETURN(std::shared_ptr<Region> to,

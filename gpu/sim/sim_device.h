@@ -44,7 +44,16 @@
 //   exporting an event not created interprocess (CreateLocalEvent);
 //   two ranks of one communicator on one GPU of one host, the host being
 //   SimOptions::host (default $NCCL_HOSTID, else the machine's hostname),
-//   as NCCL tells hosts apart — at creation, on every rank.
+//   as NCCL tells hosts apart — at creation, on every rank;
+//   a kernel launch (WriteAsync, SumAsync) on a stream of another GPU than
+//   the calling thread's current device, and recording an event on a stream
+//   of another GPU (cudaErrorInvalidResourceHandle / CUDA_ERROR_INVALID_HANDLE).
+//
+// The current device (sim_current_device.h): per host thread, ordinal 0
+// until SimTrainerDevice::SetDevice (cudaSetDevice). The daemon device's
+// calls select their GPU as the real one does (CudaDeviceSwitch: a thread
+// that never chose a device keeps the last one selected). Copies, stream
+// waits and event queries work across devices, as in CUDA.
 //
 // Rules the simulation checks where CUDA leaves undefined behaviour or a
 // deadlock (so that tests can assert them):
@@ -135,7 +144,9 @@ class SimTrainerDevice final : public TrainerDevice {
                                  absl::Duration timeout) override;
 
   // The framework's side (cudaMalloc, cudaFree, cudaStreamCreate, the
-  // backward kernel, cudaStreamSynchronize). Memory is zeroed.
+  // backward kernel, cudaStreamSynchronize). Memory is zeroed. Those naming
+  // a device act on it as a framework's device guard would, leaving the
+  // thread's current device as it was.
   // An event as cudaEventCreate makes one (default flags): usable in this
   // process, refused by ExportEvent as CUDA refuses it.
   absl::StatusOr<Event*> CreateLocalEvent(const DeviceId& device);
@@ -144,9 +155,14 @@ class SimTrainerDevice final : public TrainerDevice {
   absl::StatusOr<Stream*> CreateStream(const DeviceId& device);
   void DestroyStream(Stream* stream);
   // Copies `bytes` from host `src` (captured now) to device `dst` on
-  // `stream` (null: default stream of dst's GPU), later: a simulated kernel
-  // producing a gradient.
+  // `stream` (null: default stream of the current device), later: a
+  // simulated kernel producing a gradient, so refused (INVALID_ARGUMENT)
+  // when `stream` is not on the calling thread's current device.
   absl::Status WriteAsync(void* dst, const void* src, size_t bytes, Stream* stream);
+  // cudaSetDevice / cudaGetDevice for the calling thread (any device of
+  // this process; INVALID_ARGUMENT naming an unknown one).
+  absl::Status SetDevice(const DeviceId& device);
+  DeviceId CurrentDevice() const;
   // DEADLINE_EXCEEDED if `stream` (null: every default stream) still has
   // work after `timeout`.
   absl::Status Synchronize(Stream* stream, absl::Duration timeout = absl::Seconds(10));

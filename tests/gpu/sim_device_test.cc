@@ -200,6 +200,7 @@ TEST_F(SimDeviceTest, MemoryExportedByTheDaemonIsWrittenByATrainerProcess) {
       auto base = (*trainer)->OpenMemory("SIM-GPU-1", *handle);
       CHILD_OK(base.status());
       const std::vector<float> grad = {1.5f, -2.0f, 3.25f, 4.0f};
+      CHILD_OK((*trainer)->SetDevice("SIM-GPU-1"));  // its kernels run there
       CHILD_OK((*trainer)->WriteAsync(*base, grad.data(), 16, nullptr));
       CHILD_OK((*trainer)->Synchronize(nullptr));
       CHILD_OK((*trainer)->CloseMemory(*base));
@@ -351,6 +352,7 @@ TEST_F(SimDeviceTest, AnEventIsPendingUntilEverythingBeforeItOnItsStreamHasRun) 
     Stream* s = (*trainer)->WrapStream(*stream);  // the test's "native" stream
     CHILD_OK(SimPauseStream(s));
     const std::vector<float> values = {1, 2, 3, 4};
+    CHILD_OK((*trainer)->SetDevice("SIM-GPU-0"));
     CHILD_OK((*trainer)->WriteAsync(*grad, values.data(), 16, s));
     CHILD_OK((*trainer)->RecordEvent(*event, s));
     auto mem = (*trainer)->ExportMemory(*grad);
@@ -410,6 +412,7 @@ TEST_F(SimDeviceTest, EventsCompleteInRecordOrderUnderRandomDelays) {
     auto ev = (*trainer)->ExportEvent(*event);
     CHILD_OK(ev.status());
     to_parent.Send(mem->ToBytes() + ev->ToBytes());
+    CHILD_OK((*trainer)->SetDevice("SIM-GPU-0"));
     for (int i = 1; i <= kRounds; ++i) {
       const float v = static_cast<float>(i);
       CHILD_OK((*trainer)->WriteAsync(*grad, &v, sizeof(v), nullptr));
@@ -476,10 +479,191 @@ TEST_F(SimDeviceTest, RecordingOnAStreamOfAnotherGpuIsRefused) {
   auto event = (*trainer)->CreateEvent("SIM-GPU-0");
   auto stream = (*trainer)->CreateStream("SIM-GPU-1");
   ASSERT_TRUE(event.ok() && stream.ok());
-  EXPECT_EQ((*trainer)->RecordEvent(*event, *stream).code(), absl::StatusCode::kInvalidArgument);
+  const absl::Status refused = (*trainer)->RecordEvent(*event, *stream);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("event on SIM-GPU-0, stream on SIM-GPU-1"));
+  EXPECT_THAT(refused.message(), HasSubstr("CUDA_ERROR_INVALID_HANDLE"));
   (*trainer)->DestroyStream(*stream);
   // A destroyed stream is not a stream any more.
   EXPECT_EQ((*trainer)->RecordEvent(*event, *stream).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ------------------------------------------------------ the current device
+// Each runs on a fresh thread: the current device is per thread, and the
+// test thread's is whatever earlier tests left.
+
+TEST_F(SimDeviceTest, AKernelLaunchOnAStreamOfAnotherDeviceIsRefusedNamingBoth) {
+  auto trainer = SimTrainerDevice::Create(Options());
+  ASSERT_TRUE(trainer.ok());
+  auto grad = (*trainer)->Alloc("SIM-GPU-1", 16);
+  auto stream = (*trainer)->CreateStream("SIM-GPU-1");
+  ASSERT_TRUE(grad.ok() && stream.ok());
+  const std::vector<float> v = {1, 2, 3, 4};
+  absl::Status wrong, right;
+  std::thread([&] {
+    ASSERT_TRUE((*trainer)->SetDevice("SIM-GPU-0").ok());
+    wrong = (*trainer)->WriteAsync(*grad, v.data(), 16, *stream);
+    ASSERT_TRUE((*trainer)->SetDevice("SIM-GPU-1").ok());
+    right = (*trainer)->WriteAsync(*grad, v.data(), 16, *stream);
+  }).join();
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(wrong.message(), HasSubstr("stream of SIM-GPU-1"));
+  EXPECT_THAT(wrong.message(), HasSubstr("current device is SIM-GPU-0"));
+  EXPECT_THAT(wrong.message(), HasSubstr("cudaErrorInvalidResourceHandle"));
+  EXPECT_TRUE(right.ok()) << right;
+  ASSERT_TRUE((*trainer)->Synchronize(*stream).ok());
+  EXPECT_EQ(ReadFloats(*grad, 4), v);
+}
+
+TEST_F(SimDeviceTest, ACopyOnAStreamOfAnotherDeviceThanTheCurrentOneSucceeds) {
+  auto trainer = SimTrainerDevice::Create(Options());
+  auto daemon = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(trainer.ok() && daemon.ok());
+  auto src = (*daemon)->Alloc("SIM-GPU-1", 16);
+  auto dst = (*daemon)->Alloc("SIM-GPU-1", 16);
+  auto host = (*daemon)->AllocHost("SIM-GPU-1", 16);
+  auto stream = (*daemon)->CreateStream("SIM-GPU-1");
+  auto trainer_dst = (*trainer)->Alloc("SIM-GPU-1", 16);
+  auto trainer_stream = (*trainer)->CreateStream("SIM-GPU-1");
+  ASSERT_TRUE(src.ok() && dst.ok() && host.ok() && stream.ok());
+  ASSERT_TRUE(trainer_dst.ok() && trainer_stream.ok());
+  const std::vector<float> v = {7, 8, 9, 10};
+  std::memcpy(*host, v.data(), 16);
+  absl::Status up, across, trainer_copy;
+  DeviceId current_after;
+  std::thread([&] {
+    ASSERT_TRUE((*trainer)->SetDevice("SIM-GPU-0").ok());
+    up = (*daemon)->CopyFromHostAsync(*src, *host, 16, *stream);
+    across = (*daemon)->CopyAsync(*dst, *src, 16, *stream);
+    // Another stream: it may read dst only once the daemon's is done.
+    ASSERT_TRUE((*daemon)->Synchronize(*stream).ok());
+    trainer_copy = (*trainer)->CopyAsync(*trainer_dst, *dst, 16, *trainer_stream);
+    current_after = (*trainer)->CurrentDevice();
+  }).join();
+  EXPECT_TRUE(up.ok()) << up;
+  EXPECT_TRUE(across.ok()) << across;
+  EXPECT_TRUE(trainer_copy.ok()) << trainer_copy;
+  // The daemon's calls select their GPU for the call only, on a thread that
+  // chose one.
+  EXPECT_EQ(current_after, "SIM-GPU-0");
+  ASSERT_TRUE((*trainer)->Synchronize(*trainer_stream).ok());
+  EXPECT_EQ(ReadFloats(*trainer_dst, 4), v);
+}
+
+TEST_F(SimDeviceTest, AnEventOfOneDeviceRecordedOnAStreamOfAnotherIsRefused) {
+  auto trainer = SimTrainerDevice::Create(Options());
+  ASSERT_TRUE(trainer.ok());
+  auto event = (*trainer)->CreateEvent("SIM-GPU-1");
+  auto stream = (*trainer)->CreateStream("SIM-GPU-0");
+  ASSERT_TRUE(event.ok() && stream.ok());
+  absl::Status refused;
+  std::thread([&] {
+    // Whatever the current device: CUDA refuses the pair, not the thread.
+    ASSERT_TRUE((*trainer)->SetDevice("SIM-GPU-1").ok());
+    refused = (*trainer)->RecordEvent(*event, *stream);
+  }).join();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("event on SIM-GPU-1, stream on SIM-GPU-0"));
+  EXPECT_THAT(refused.message(), HasSubstr("CUDA_ERROR_INVALID_HANDLE"));
+}
+
+TEST_F(SimDeviceTest, WaitingOnAndQueryingAnEventOfAnotherDeviceSucceed) {
+  Channel to_parent;
+  Channel release;
+  auto child = Process::Fork([&]() -> int {
+    auto trainer = SimTrainerDevice::Create(Options());
+    CHILD_OK(trainer.status());
+    auto event = (*trainer)->CreateEvent("SIM-GPU-1");
+    auto on_1 = (*trainer)->CreateStream("SIM-GPU-1");
+    auto on_0 = (*trainer)->CreateStream("SIM-GPU-0");
+    auto grad = (*trainer)->Alloc("SIM-GPU-0", 16);
+    CHILD_OK(event.status());
+    CHILD_OK(on_1.status());
+    CHILD_OK(on_0.status());
+    CHILD_OK(grad.status());
+    CHILD_OK((*trainer)->SetDevice("SIM-GPU-0"));
+    CHILD_OK((*trainer)->RecordEvent(*event, *on_1));
+    // A stream of GPU 0 waits on GPU 1's event, from a thread on GPU 0.
+    CHILD_OK((*trainer)->StreamWaitEvent(*on_0, *event));
+    const std::vector<float> v = {1, 2, 3, 4};
+    CHILD_OK((*trainer)->WriteAsync(*grad, v.data(), 16, *on_0));
+    CHILD_OK((*trainer)->Synchronize(*on_0));
+    if (ReadFloats(*grad, 4) != v) return 2;
+    auto handle = (*trainer)->ExportEvent(*event);
+    CHILD_OK(handle.status());
+    to_parent.Send(handle->ToBytes());
+    release.Receive(1, absl::Seconds(30));
+    return 0;
+  });
+  ASSERT_TRUE(child.ok()) << child.status();
+  auto handle = IpcHandle::FromBytes(to_parent.ReceiveHandle());
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  auto daemon = SimDaemonDevice::Create(Options());
+  auto trainer = SimTrainerDevice::Create(Options());
+  ASSERT_TRUE(daemon.ok() && trainer.ok());
+  auto opened = (*daemon)->OpenEvent("SIM-GPU-1", *handle);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  absl::StatusOr<Completion> query = absl::UnknownError("not queried");
+  std::thread([&] {
+    ASSERT_TRUE((*trainer)->SetDevice("SIM-GPU-0").ok());
+    query = AwaitEvent(**daemon, *opened);
+  }).join();
+  ASSERT_TRUE(query.ok()) << query.status();
+  EXPECT_EQ(*query, Completion::kDone);
+  (*daemon)->CloseEvent(*opened);
+  release.Send("x");
+  EXPECT_EQ(*child->Wait(std::chrono::seconds(30)).ExitCode(), 0);
+}
+
+TEST_F(SimDeviceTest, AThreadThatNeverSetADeviceUsesDeviceZero) {
+  auto trainer = SimTrainerDevice::Create(Options());
+  ASSERT_TRUE(trainer.ok());
+  // Another thread's choice is not this one's.
+  ASSERT_TRUE((*trainer)->SetDevice("SIM-GPU-1").ok());
+  auto on_0 = (*trainer)->Alloc("SIM-GPU-0", 16);
+  auto on_1 = (*trainer)->Alloc("SIM-GPU-1", 16);
+  auto stream_1 = (*trainer)->CreateStream("SIM-GPU-1");
+  ASSERT_TRUE(on_0.ok() && on_1.ok() && stream_1.ok());
+  const std::vector<float> v = {3, 1, 4, 1};
+  DeviceId current;
+  absl::Status on_default, on_other;
+  std::thread([&] {
+    current = (*trainer)->CurrentDevice();
+    // Null: the legacy default stream of the current device, GPU 0.
+    on_default = (*trainer)->WriteAsync(*on_0, v.data(), 16, nullptr);
+    on_other = (*trainer)->WriteAsync(*on_1, v.data(), 16, *stream_1);
+  }).join();
+  EXPECT_EQ(current, "SIM-GPU-0");
+  EXPECT_TRUE(on_default.ok()) << on_default;
+  EXPECT_EQ(on_other.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(on_other.message(), HasSubstr("current device is SIM-GPU-0"));
+  ASSERT_TRUE((*trainer)->Synchronize(nullptr).ok());
+  EXPECT_EQ(ReadFloats(*on_0, 4), v);
+  EXPECT_EQ((*trainer)->CurrentDevice(), "SIM-GPU-1");
+}
+
+TEST_F(SimDeviceTest, ADaemonCallLeavesItsGpuCurrentOnlyOnAThreadThatNeverChoseOne) {
+  auto trainer = SimTrainerDevice::Create(Options());
+  auto daemon = SimDaemonDevice::Create(Options());
+  ASSERT_TRUE(trainer.ok() && daemon.ok());
+  // CudaDeviceSwitch restores the previous device only where the thread had
+  // a context: restoring "device 0" would create one on a GPU it never used.
+  DeviceId fresh, chosen;
+  std::thread([&] {
+    auto stream = (*daemon)->CreateStream("SIM-GPU-1");
+    ASSERT_TRUE(stream.ok());
+    fresh = (*trainer)->CurrentDevice();
+    (*daemon)->DestroyStream(*stream);
+  }).join();
+  std::thread([&] {
+    ASSERT_TRUE((*trainer)->SetDevice("SIM-GPU-0").ok());
+    auto stream = (*daemon)->CreateStream("SIM-GPU-1");
+    ASSERT_TRUE(stream.ok());
+    chosen = (*trainer)->CurrentDevice();
+    (*daemon)->DestroyStream(*stream);
+  }).join();
+  EXPECT_EQ(fresh, "SIM-GPU-1");
+  EXPECT_EQ(chosen, "SIM-GPU-0");
 }
 
 TEST_F(SimDeviceTest, APendingEventOfADeadTrainerIsUnavailableNamingItsPid) {
@@ -561,6 +745,7 @@ TEST_F(SimDeviceTest, ADaemonThatSumsBeforeTheTrainersEventCompletesGetsStaleGra
     // then the gradient is marked ready — the kernel has not run yet.
     CHILD_OK(SimPauseStream(*stream));
     const std::vector<float> grad = {10, 20, 30, 40};
+    CHILD_OK((*trainer)->SetDevice("SIM-GPU-0"));
     CHILD_OK((*trainer)->WriteAsync(*flat, grad.data(), 16, *stream));
     CHILD_OK((*trainer)->RecordEvent(*event, *stream));
     auto ev = (*trainer)->ExportEvent(*event);
@@ -892,6 +1077,7 @@ TEST_F(SimDeviceTest, MemsetAsyncZeroesInStreamOrder) {
   auto stream = (*trainer)->CreateStream("SIM-GPU-0");
   ASSERT_TRUE(grad.ok() && stream.ok());
   const std::vector<float> v = {5, 6, 7, 8};
+  ASSERT_TRUE((*trainer)->SetDevice("SIM-GPU-0").ok());
   ASSERT_TRUE((*trainer)->WriteAsync(*grad, v.data(), 16, *stream).ok());
   ASSERT_TRUE((*trainer)->MemsetAsync(static_cast<char*>(*grad) + 4, 8, *stream).ok());
   ASSERT_TRUE((*trainer)->Synchronize(*stream).ok());
@@ -1131,6 +1317,7 @@ TEST_F(SimDeviceTest, ATrainerCopiesDeviceMemoryInStreamOrderAndTellsItFromHostM
   std::vector<unsigned char> pattern(4099);
   for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = BroadcastByte(5, i);
   // The write and the copy on one stream: the copy sees the write.
+  ASSERT_TRUE((*trainer)->SetDevice("SIM-GPU-1").ok());
   ASSERT_TRUE((*trainer)->WriteAsync(*src, pattern.data(), pattern.size(), *stream).ok());
   ASSERT_TRUE((*trainer)->CopyAsync(*dst, *src, pattern.size(), *stream).ok());
   ASSERT_TRUE((*trainer)->SynchronizeStream("SIM-GPU-1", *stream, absl::Seconds(10)).ok());

@@ -392,6 +392,9 @@ int main(int argc, char** argv) {
 
   auto id = device->IdOfOrdinal(f.device);
   if (!id.ok()) return Error(id.status());
+  // As a framework's trainer does (torch.cuda.set_device): its kernels go to
+  // the current device, and a launch on another device's stream fails.
+  if (absl::Status st = device->SetDevice(*id); !st.ok()) return Error(st);
   auto stream = device->CreateStream(*id);
   if (!stream.ok()) return Error(stream.status());
   // Like a framework's current stream: the sim's "native" handle is its Stream*.
