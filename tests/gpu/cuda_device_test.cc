@@ -542,7 +542,9 @@ void RunCheckedSum(DaemonDevice& dev, const DeviceId& gpu, DType t, size_t count
   const double kept = nsrcs <= kMaxLocalSumSources ? sum : sum + (kMaxLocalSumSources - 1);
   EXPECT_EQ(Load(t, out.data() + nan_at * esize), kept) << "srcs[0]'s value kept";
   EXPECT_EQ(Load(t, out.data() + (count - 1) * esize), std::numeric_limits<double>::infinity());
-  if (nan_at > 0) EXPECT_EQ(Load(t, out.data()), 0.5 * (sum + nsrcs - 1));
+  if (nan_at > 0) {
+    EXPECT_EQ(Load(t, out.data()), 0.5 * (sum + nsrcs - 1));
+  }
   dev.DestroyStream(*stream);
   EXPECT_TRUE(dev.FreeHost(gpu, *host).ok());
   EXPECT_TRUE(dev.Free(gpu, *flag).ok());
