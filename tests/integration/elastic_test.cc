@@ -255,22 +255,10 @@ TEST(ElasticJob, ASurvivorWaitingForItsTrainersLearnsTheDeathFromTheLeaderAndRed
   KillNodeTwoAndExpectSurvivorsTrainOn(Stage::kBackward, /*found_by_heartbeat=*/true);
 }
 
-// The line of the first "event=plan_rebuilt" in `log` that names `caps`,
-// from the event on; "none".
-std::string RebuildTo(const std::string& log, const std::string& caps) {
-  for (size_t at = log.find("event=plan_rebuilt"); at != std::string::npos;
-       at = log.find("event=plan_rebuilt", at + 1)) {
-    const std::string line = log.substr(at, log.find('\n', at) - at);
-    if (line.find(caps) != std::string::npos) return line;
-  }
-  return "none";
-}
-
 // SetConfig on the leader while the survivors re-form (generation 1
 // aborted, 2 not formed): the change is held and is generation 2's config
 // version 1, so both survivors re-plan to it at the same iteration after
-// the redone one, and training stays exact. (Before, the change was kept
-// only in the leader's settings: the re-formed job kept its old buckets.)
+// the redone one, and training stays exact.
 TEST(ElasticJob, ConfigSetWhileTheSurvivorsReformAppliesOnEverySurvivorAlike) {
   Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();

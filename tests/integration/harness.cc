@@ -192,4 +192,13 @@ std::vector<std::string> SegmentsWithPrefix(const std::string& prefix) {
   return out;
 }
 
+std::string RebuildTo(const std::string& log, const std::string& caps) {
+  for (size_t at = log.find("event=plan_rebuilt"); at != std::string::npos;
+       at = log.find("event=plan_rebuilt", at + 1)) {
+    const std::string line = log.substr(at, log.find('\n', at) - at);
+    if (line.find(caps) != std::string::npos) return line;
+  }
+  return "none";
+}
+
 }  // namespace gradsync::testing

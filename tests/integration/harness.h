@@ -94,6 +94,10 @@ double RelativeDifference(const std::vector<double>& a, const std::vector<double
 // Segment names under /dev/shm that start with `prefix`.
 std::vector<std::string> SegmentsWithPrefix(const std::string& prefix);
 
+// The line of the first "event=plan_rebuilt" in a daemon's `log` that names
+// `caps` ("cap_mb=25.000 first_cap_mb=1.000"), from the event on; "none".
+std::string RebuildTo(const std::string& log, const std::string& caps);
+
 }  // namespace gradsync::testing
 
 #endif  // GRADSYNC_TESTS_INTEGRATION_HARNESS_H_

@@ -586,17 +586,6 @@ TEST(MultiNode, ConfigBurstWhileTheJobFormsKeepsEveryNodeOnTheSamePlan) {
       << "no config version applied: " << last0;
 }
 
-// The line of the first "event=plan_rebuilt" in `log` that names
-// `caps` ("cap_mb=25.000 first_cap_mb=1.000"), from the event on; "none".
-std::string RebuildTo(const std::string& log, const std::string& caps) {
-  for (size_t at = log.find("event=plan_rebuilt"); at != std::string::npos;
-       at = log.find("event=plan_rebuilt", at + 1)) {
-    const std::string line = log.substr(at, log.find('\n', at) - at);
-    if (line.find(caps) != std::string::npos) return line;
-  }
-  return "none";
-}
-
 // SetConfig on the leader while its job has formed locally and waits in
 // Join for node 1, which has not started: no generation runs yet, so the
 // change has no log to enter. The leader's Join had already read the old

@@ -670,7 +670,8 @@ TEST_F(RendezvousServiceTest, WaitForValuesAnswersEveryValueOnceTheLastKeyIsSet)
   v1::WaitResponse response;
   grpc::ClientContext context;
   AttachCallToken(&context, kToken);
-  ASSERT_TRUE(stub->Wait(&context, request, &response).ok());
+  const grpc::Status rpc = stub->Wait(&context, request, &response);
+  ASSERT_TRUE(rpc.ok()) << rpc.error_message();
   EXPECT_EQ(response.error().code(), v1::OK) << response.error().message();
   ASSERT_EQ(response.values_size(), 3);
   EXPECT_EQ(response.values(0).key(), "job/c");
