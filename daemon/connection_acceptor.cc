@@ -227,10 +227,27 @@ void ConnectionAcceptor::Loop(grpc::Server* server) {
   }
 }
 
+void ConnectionAcceptor::NoteOutOfFds(int listener, int err) {
+  if (out_of_fds_) return;
+  out_of_fds_ = true;
+  spdlog::warn(
+      "event=accept_out_of_fds listener={} error={} action=\"closing new "
+      "connections until descriptors free up\"",
+      listener, LogValue(std::strerror(err)));
+}
+
 bool ConnectionAcceptor::AcceptAll(int listener, grpc::Server* server) {
   while (true) {
     const int fd = accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd >= 0) {
+      if (reserve_fd_ < 0 && (reserve_fd_ = OpenReserve()) < 0) {
+        // This connection took the last descriptor: give it back (header).
+        NoteOutOfFds(listener, EMFILE);
+        if (!tcp_) TellOutOfFds(fd, EMFILE);
+        close(fd);
+        reserve_fd_ = OpenReserve();
+        continue;
+      }
       if (out_of_fds_) {
         out_of_fds_ = false;
         spdlog::info("event=accept_recovered listener={}", listener);
@@ -249,13 +266,7 @@ bool ConnectionAcceptor::AcceptAll(int listener, grpc::Server* server) {
       return true;
     }
     if (err == EMFILE || err == ENFILE) {
-      if (!out_of_fds_) {
-        out_of_fds_ = true;
-        spdlog::warn(
-            "event=accept_out_of_fds listener={} error={} action=\"closing new "
-            "connections until descriptors free up\"",
-            listener, LogValue(std::strerror(err)));
-      }
+      NoteOutOfFds(listener, err);
       if (reserve_fd_ < 0 && (reserve_fd_ = OpenReserve()) < 0) {
         return false;  // nothing to give up: wait for descriptors to free
       }

@@ -10,7 +10,11 @@
 // backlog; on the unix socket a trainer first reads a note saying the
 // daemon ran out of descriptors, common/refusal_note.h), takes the reserve
 // back and keeps listening: once descriptors free up, the next connection
-// is served.
+// is served. A connection accepted while the reserve is lost (another
+// thread took the descriptor it freed) gets the same answer if the reserve
+// cannot be taken back first: serving it would leave nothing to turn the
+// next one away with, and that one would wait in the backlog until it
+// timed out.
 //
 // An optional admission check runs on every accepted connection before gRPC
 // reads a byte of it (the unix socket's peer-credential check,
@@ -76,6 +80,8 @@ class ConnectionAcceptor {
   // Drains one listener's backlog; returns false when out of descriptors
   // without a reserve to make room (the loop then backs off).
   bool AcceptAll(int listener, grpc::Server* server);
+  // Logs the start of an out-of-descriptors episode (once per episode).
+  void NoteOutOfFds(int listener, int err);
 
   std::vector<int> listeners_;  // closed by Stop
   const int port_;
