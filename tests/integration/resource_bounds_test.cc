@@ -153,8 +153,9 @@ TEST(ResourceBoundsTest, TrainerTurnedAwayOutOfDescriptorsIsToldWhy) {
     }
     ASSERT_TRUE(WaitForLog(daemon.process(), "event=accept_out_of_fds", kBound))
         << daemon.process().Log();
-    ASSERT_TRUE(WaitUntil([&] { return OpenDescriptors(pid) >= baseline + 24; }, kBound))
-        << "descriptors: " << OpenDescriptors(pid) << " of " << baseline + 24;
+    // gRPC's own transient descriptors may have been counted when the
+    // flood stopped: not full yet means the next attempt tops up.
+    if (!WaitUntil([&] { return OpenDescriptors(pid) >= baseline + 24; }, seconds(5))) continue;
     Process trainer = StartTrainer(daemon, 0, {"--steps=1"}, "");
     const ExitStatus st = trainer.Wait(kBound);
     ASSERT_TRUE(st.exited) << st.ToString() << "\n" << trainer.Log();
