@@ -11,7 +11,10 @@ gradsync's communication hook, over a gloo process group that only carries
 DDP's start-up broadcast) averages the gradients through the daemons (flat
 device buffer, CUDA IPC, readiness events on torch's current stream); the
 weights must then equal single-process training on the whole batch, and
-every trainer's weights must be identical.
+every trainer's weights must be identical. Under DistributedOptimizer each
+trainer builds its model from its own seed (RANK): the optimizer's
+construction must make every replica start from rank 0's parameters (a
+device-to-device gs_broadcast), as DDP's constructor does.
 """
 from __future__ import annotations
 
@@ -26,8 +29,8 @@ STEPS, BATCH, DIM, HIDDEN, CLASSES = 20, 96, 32, 256, 8
 RTOL, ATOL = 1e-4, 1e-6
 
 
-def make_model(device: torch.device) -> torch.nn.Module:
-    torch.manual_seed(0)
+def make_model(device: torch.device, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
     return torch.nn.Sequential(
         torch.nn.Linear(DIM, HIDDEN), torch.nn.Tanh(),
         torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.Tanh(),
@@ -43,7 +46,9 @@ def global_batch(step: int, device: torch.device):
 
 def train(out_dir: str, how: str) -> None:
     device = torch.device("cuda", torch.cuda.current_device())
-    model = make_model(device)
+    # Rank 0's seed is the reference's: the others must be made equal to it.
+    seed = int(os.environ.get("RANK", "0")) if how == "optimizer" else 0
+    model = make_model(device, seed)
     net = model
     closer = None
     rank, world = 0, 1
