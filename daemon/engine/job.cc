@@ -799,8 +799,15 @@ bool Job::RemoveTrainer(uint64_t session, bool graceful, const std::string& reas
     // Its node stays in the elastic job (scheduler_departure.cc).
     scheduler_->RequestDeparture(t->local_rank, reason);
   } else if (state_ != JobState::kFailed) {
+    // Said so, since the job is elastic: only the CPU path drops a trainer.
+    const bool elastic_gpu = !graceful && state_ == JobState::kRunning && gpu_session_ &&
+                             elastic() && world_.link != nullptr;
     FailLocked(MakeError(v1::PEER_FAILED,
-                         absl::StrCat(t->Name(), graceful ? " detached" : " died", ": ", reason)),
+                         absl::StrCat(t->Name(), graceful ? " detached" : " died", ": ", reason,
+                                      elastic_gpu ? " (an elastic job with CUDA gradients goes on "
+                                                    "without a dead node, not without a dead "
+                                                    "trainer)"
+                                                  : "")),
                t->local_rank, /*expected=*/graceful);
   }
   for (const auto& other : trainers_) {

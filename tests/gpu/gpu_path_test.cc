@@ -721,6 +721,87 @@ INSTANTIATE_TEST_SUITE_P(Sim, GpuElasticTest,
                            return "unknown";
                          });
 
+// Nodes 1 and 2 SIGKILLed mid-backward: one node is left, below
+// --min-nodes 2, and its trainers fail with PEER_FAILED naming the flag and
+// both dead nodes (the leader's verdict, as on the CPU path).
+TEST(GpuElasticJob, BelowMinNodesTheSurvivorFailsNamingMinNodesAndTheDeadNodes) {
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  ASSERT_NO_FATAL_FAILURE(StartSimNodes(
+      {"--timeout-s=10", "--num-nodes=3", "--min-nodes=2", "--job-id=gpubelowmin"}, &nodes));
+  std::vector<std::vector<Process>> trainers(kElasticNodes);
+  for (int n = 0; n < kElasticNodes; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      trainers[n].push_back(StartSimTrainer(
+          *nodes[n], r, 2,
+          {"--mode=flat", "--steps=5", absl::StrCat("--pause-at-step=", kElasticStep),
+           "--pause-after-marks=1"}));
+    }
+  }
+  for (auto& on_node : trainers) {
+    for (Process& p : on_node) {
+      ASSERT_TRUE(WaitForLog(p, "paused at step", seconds(60)) && WaitStopped(p, seconds(30)))
+          << p.Log() << Logs(nodes);
+    }
+  }
+  for (int n : {1, 2}) {
+    nodes[n]->process().Signal(SIGKILL);
+    for (Process& p : trainers[n]) p.Signal(SIGKILL);
+  }
+  for (Process& p : trainers[0]) p.Signal(SIGCONT);
+  for (Process& p : trainers[0]) {
+    const ExitStatus st = p.Wait(seconds(60));
+    const std::string log = p.Log();
+    ASSERT_TRUE(st.exited && st.code == 2) << st.ToString() << "\n" << log << Logs(nodes);
+    for (const char* needle : {"error code=4", "--min-nodes=2", "node_rank=1", "node_rank=2"}) {
+      EXPECT_NE(log.find(needle), std::string::npos) << needle << " in " << log;
+    }
+  }
+  EXPECT_TRUE(nodes[0]->process().Running()) << Logs(nodes);
+  for (int n : {1, 2}) {
+    for (Process& p : trainers[n]) p.Wait(seconds(10));
+  }
+}
+
+// Not built on the GPU path: going on without one dead trainer (its node
+// stays). Rank 3 (node 1, local rank 1) SIGKILLs itself mid-backward: every
+// other trainer fails with PEER_FAILED naming it, and its node's says why
+// the elastic job did not go on.
+TEST(GpuElasticJob, ATrainersDeathEndsTheJobNamingItAndSayingWhy) {
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  ASSERT_NO_FATAL_FAILURE(StartSimNodes(
+      {"--timeout-s=10", "--num-nodes=3", "--min-nodes=2", "--job-id=gputrainerdeath"}, &nodes));
+  std::vector<Process> survivors;
+  Process victim;
+  for (int n = 0; n < kElasticNodes; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> args = {"--mode=flat", "--steps=5"};
+      if (n == 1 && r == 1) {
+        args.insert(args.end(),
+                    {absl::StrCat("--die-at-step=", kElasticStep), "--die-after-marks=2"});
+        victim = StartSimTrainer(*nodes[n], r, 2, args);
+      } else {
+        survivors.push_back(StartSimTrainer(*nodes[n], r, 2, args));
+      }
+    }
+  }
+  for (Process& p : survivors) {
+    const ExitStatus st = p.Wait(seconds(60));
+    const std::string log = p.Log();
+    ASSERT_TRUE(st.exited && st.code == 2) << st.ToString() << "\n" << log << Logs(nodes);
+    EXPECT_NE(log.find("error code=4"), std::string::npos) << log;
+    EXPECT_NE(log.find("rank 3 (local 1"), std::string::npos) << log << Logs(nodes);
+  }
+  EXPECT_NE(nodes[1]->process().Log().find("rank 3 (local 1, pid " + std::to_string(victim.pid()) +
+                                           ") died"),
+            std::string::npos)
+      << Logs(nodes);
+  EXPECT_NE(nodes[1]->process().Log().find("goes on without a dead node, not without a dead "
+                                           "trainer"),
+            std::string::npos)
+      << Logs(nodes);
+  victim.Wait(seconds(10));
+}
+
 // The equivalence check can fail: a daemon that reduces without polling the
 // readiness events (a test-only flag of gradsyncd_sim) reads gradients the
 // trainers' streams have not written yet, and the trainers notice.
