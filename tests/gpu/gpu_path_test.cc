@@ -569,7 +569,8 @@ TEST(GpuPath, NodeKilledMidJobFailsTheOtherNodesTrainers) {
 }
 
 // An elastic GPU job (docs/DESIGN.md "Elastic jobs"): 3 simulated nodes x
-// 2 trainers on 2 GPUs each, fp64, --min-nodes 2; node 2 (its daemon and
+// 2 trainers on 2 GPUs each, fp64 (user-pointer mode in one case, flat
+// buffers in the others), --min-nodes 2; node 2 (its daemon and
 // its trainers) SIGKILLed in step 2. The survivors abort their
 // communicators, re-form as generation 2, create new ones among their 4
 // GPUs and redo step 2 from the local sums kept in device memory; every
@@ -645,13 +646,16 @@ TEST_P(GpuElasticTest, SurvivorsOfAKilledNodeRedoTheStepOverTheirTrainersAndFini
   for (int n = 0; n < kElasticNodes; ++n) {
     for (int r = 0; r < 2; ++r) {
       const int marks = MarksBeforePause(GetParam(), n == 2);
-      runs.push_back({n, StartSimTrainer(*nodes[n], r, 2,
-                                         {"--mode=flat", "--dtype=fp64", "--in-order",
-                                          absl::StrCat("--steps=", kElasticSteps),
-                                          absl::StrCat("--pause-at-step=", kElasticStep),
-                                          absl::StrCat("--pause-after-marks=", marks),
-                                          absl::StrCat("--members-from-step=", kElasticStep),
-                                          "--members=0,1,2,3"})});
+      // Both registration modes: the trainers' own allocations there.
+      const std::string mode =
+          GetParam() == ElasticStage::kVictimInCollective ? "--mode=user" : "--mode=flat";
+      runs.push_back(
+          {n, StartSimTrainer(
+                  *nodes[n], r, 2,
+                  {mode, "--dtype=fp64", "--in-order", absl::StrCat("--steps=", kElasticSteps),
+                   absl::StrCat("--pause-at-step=", kElasticStep),
+                   absl::StrCat("--pause-after-marks=", marks),
+                   absl::StrCat("--members-from-step=", kElasticStep), "--members=0,1,2,3"})});
     }
   }
   for (Run& run : runs) {
