@@ -43,12 +43,6 @@ absl::Status ValidateJobShape(const DaemonConfig& c) {
         "(an elastic job shrinks down to --min-nodes): give --max-nodes equal to --num-nodes, "
         "or leave it out"));
   }
-  if (c.min_nodes_or_num() < c.num_nodes && c.backend == "nccl") {
-    return Bad(absl::StrCat("--min-nodes ", c.min_nodes_or_num(), " < --num-nodes ", c.num_nodes,
-                            " (an elastic job) with --backend=nccl: re-forming the NCCL path "
-                            "among survivors is not supported yet; elastic jobs run on the "
-                            "CPU/Gloo path (--backend=auto or gloo)"));
-  }
   if (c.node_rank < 0 || c.node_rank >= c.num_nodes) {
     return Bad(absl::StrCat("--node-rank ", c.node_rank, " is not in [0, ", c.num_nodes,
                             ") (--num-nodes ", c.num_nodes, ")"));

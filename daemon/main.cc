@@ -68,8 +68,9 @@ ABSL_FLAG(int, min_nodes, kDefaults.min_nodes,
           "fewest nodes an elastic job may shrink to (torchrun's --nnodes MIN); 0: --num-nodes "
           "(a fixed job: a node's death ends it with GS_ERR_PEER_FAILED naming the node). "
           "Below --num-nodes, when a node other than node 0 dies the survivors re-form and "
-          "redo the interrupted iteration over their trainers (CPU gradients only; node 0's "
-          "loss still ends the job)");
+          "redo the interrupted iteration over their trainers (CPU and CUDA gradients; with "
+          "CUDA gradients a trainer's death still ends the job; node 0's loss still ends the "
+          "job)");
 ABSL_FLAG(int, max_nodes, kDefaults.max_nodes,
           "most nodes an elastic job may grow to (torchrun's --nnodes MAX); 0: --num-nodes. "
           "Not supported yet: only --max-nodes = --num-nodes (nodes cannot join a running job)");

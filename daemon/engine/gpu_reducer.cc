@@ -73,11 +73,12 @@ void WriteNaN(DType dtype, uint8_t* p) {
 }  // namespace
 
 GpuReducer::GpuReducer(GpuSession* session, const Layout& layout, int world_size,
-                       bool skip_event_wait)
+                       bool skip_event_wait, bool keep_sums)
     : session_(session),
       layout_(layout),
       world_size_(world_size),
       skip_event_wait_(skip_event_wait),
+      keep_sums_(keep_sums),
       trainers_on_device_(session->devices().size()) {
   for (size_t t = 0; t < session->num_trainers(); ++t) {
     trainers_on_device_[session->device_index(t)].push_back(t);
@@ -113,11 +114,21 @@ void* GpuReducer::At(size_t trainer, const Piece& p) const {
 absl::Status GpuReducer::Prepare(const BucketPlan& plan,
                                  const std::vector<std::vector<ReduceSpan>>& flat_spans) {
   uint64_t staging = 0;
+  uint64_t kept = 0;
+  kept_offset_.assign(plan.buckets.size(), 0);
+  kept_world_.assign(plan.buckets.size(), 0);
   for (const PlannedBucket& b : plan.buckets) {
     Pieces(b, flat_spans[b.id], &pieces_);
-    if (pieces_.size() <= 1) continue;  // reduced in place
-    staging = std::max(staging, pieces_.back().staging_offset + pieces_.back().bytes);
+    if (pieces_.empty()) continue;
+    const uint64_t bytes = pieces_.back().staging_offset + pieces_.back().bytes;
+    if (keep_sums_) {
+      kept_offset_[b.id] = kept;
+      kept += bytes;
+    }
+    if (pieces_.size() <= 1 && !keep_sums_) continue;  // reduced in place
+    staging = std::max(staging, bytes);
   }
+  if (keep_sums_) RETURN_IF_ERROR(session_->EnsureKeptSums(kept));
   return session_->EnsureStaging(staging);
 }
 
@@ -195,31 +206,52 @@ absl::Status GpuReducer::WaitStreams(absl::Time deadline, const char* what) {
   return absl::OkStatus();
 }
 
+absl::Status GpuReducer::SumTrainers(const PlannedBucket& bucket, size_t d, uint8_t* dst,
+                                     bool in_place, const gpu::NonFiniteCheck& check) {
+  const size_t elem = DTypeSize(bucket.dtype);
+  // In double: fp64 buckets are scaled in fp64; the kernel rounds it to fp32
+  // for the other types.
+  const double scale = 1.0 / static_cast<double>(world_size_);
+  for (const Piece& p : pieces_) {
+    srcs_.clear();
+    for (size_t t : trainers_on_device_[d]) srcs_.push_back(At(t, p));
+    void* out = in_place ? static_cast<void*>(dst) : dst + p.staging_offset;
+    RETURN_IF_ERROR(session_->device().SumAsync(out, srcs_, p.bytes / elem, bucket.dtype, scale,
+                                                check, session_->stream(static_cast<int>(d))));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GpuReducer::LaunchSums(const PlannedBucket& bucket, bool in_place, uint32_t token) {
   gpu::DaemonDevice& device = session_->device();
   const size_t elem = DTypeSize(bucket.dtype);
   const uint64_t total = pieces_.back().staging_offset + pieces_.back().bytes;
-  // In double: fp64 buckets are scaled in fp64; the kernel rounds it to fp32
-  // for the other types.
-  const double scale = 1.0 / static_cast<double>(world_size_);
+  const int kept_world = keep_sums_ ? kept_world_[bucket.id] : 0;
   buffers_.clear();
   for (size_t d = 0; d < trainers_on_device_.size(); ++d) {
     const std::vector<size_t>& here = trainers_on_device_[d];
     gpu::Stream* stream = session_->stream(static_cast<int>(d));
     uint8_t* dst = in_place ? static_cast<uint8_t*>(At(here[0], pieces_[0])) : session_->staging(d);
+    uint8_t* kept =
+        keep_sums_ ? session_->kept_sums(static_cast<int>(d)) + kept_offset_[bucket.id] : nullptr;
     gpu::NonFiniteCheck check;
     if (token != 0) check = {session_->nonfinite_flag(static_cast<int>(d)), token};
-    for (const Piece& p : pieces_) {
-      srcs_.clear();
-      for (size_t t : here) srcs_.push_back(At(t, p));
-      void* out = in_place ? static_cast<void*>(dst) : dst + p.staging_offset;
-      if (absl::Status st =
-              device.SumAsync(out, srcs_, p.bytes / elem, bucket.dtype, scale, check, stream);
-          !st.ok()) {
-        device_error_ = st;
-        return MakeError(v1::INTERNAL, absl::StrCat("summing bucket ", bucket.id, " on ",
-                                                    session_->devices()[d], ": ", st.message()));
-      }
+    absl::Status st;
+    if (kept_world > 0) {
+      // The redo: the kept sum was pre-scaled by 1/kept_world; the
+      // trainers' memory may hold an average already.
+      srcs_.assign(1, kept);
+      st = device.SumAsync(dst, srcs_, total / elem, bucket.dtype,
+                           static_cast<double>(kept_world) / world_size_, check, stream);
+    } else {
+      st = SumTrainers(bucket, d, dst, in_place, check);
+      // Behind the sum on the same stream: complete once WaitStreams saw it.
+      if (st.ok() && kept != nullptr) st = device.CopyAsync(kept, dst, total, stream);
+    }
+    if (!st.ok()) {
+      device_error_ = st;
+      return MakeError(v1::INTERNAL, absl::StrCat("summing bucket ", bucket.id, " on ",
+                                                  session_->devices()[d], ": ", st.message()));
     }
     // Behind the sums on the same stream: read once WaitStreams saw it done.
     if (token != 0) {
@@ -251,9 +283,14 @@ absl::Status GpuReducer::CheckSums(const PlannedBucket& bucket, uint32_t token, 
   WriteNaN(bucket.dtype, w.nan);
   for (size_t d = 0; d < buffers_.size(); ++d) {
     if (!hit[d]) continue;
-    if (absl::Status st = session_->device().CopyFromHostAsync(
-            buffers_[d].data, w.nan, elem, session_->stream(static_cast<int>(d)));
-        !st.ok()) {
+    gpu::Stream* stream = session_->stream(static_cast<int>(d));
+    absl::Status st = session_->device().CopyFromHostAsync(buffers_[d].data, w.nan, elem, stream);
+    // A redo from the kept sum must carry the mark too.
+    if (st.ok() && keep_sums_) {
+      st = session_->device().CopyFromHostAsync(
+          session_->kept_sums(static_cast<int>(d)) + kept_offset_[bucket.id], w.nan, elem, stream);
+    }
+    if (!st.ok()) {
       device_error_ = st;
       return MakeError(v1::INTERNAL,
                        absl::StrCat("marking bucket ", bucket.id, " not finite: ", st.message()));
@@ -364,7 +401,8 @@ absl::Status GpuReducer::Reduce(const PlannedBucket& bucket,
     RETURN_IF_ERROR(WaitEvents(bucket, deadline, culprit));
   }
   Pieces(bucket, flat_spans, &pieces_);
-  const bool in_place = pieces_.size() == 1;
+  // Kept sums: the trainers' memory is written only by the write-back.
+  const bool in_place = pieces_.size() == 1 && !keep_sums_;
   uint32_t token = 0;
   if (nonfinite != nullptr) {
     *nonfinite = GpuNonFiniteReport();
@@ -375,6 +413,9 @@ absl::Status GpuReducer::Reduce(const PlannedBucket& bucket,
   // The collective never waits on our stream: it starts once the sums are seen done.
   RETURN_IF_ERROR(WaitStreams(deadline, "the local sum"));
   if (token != 0) RETURN_IF_ERROR(CheckSums(bucket, token, deadline, nonfinite));
+  // The kept sum is complete (the stream passed its copy): from now on a
+  // redo of this iteration starts from it.
+  if (keep_sums_ && kept_world_[bucket.id] == 0) kept_world_[bucket.id] = world_size_;
   const int64_t summed = MonotonicNowNs();
 
   if (absl::Status st = session_->collectives().AllreduceSum(buffers_, bucket.dtype); !st.ok()) {

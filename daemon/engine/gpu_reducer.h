@@ -23,9 +23,19 @@
 // says so (docs/DESIGN.md "Non-finite gradients").
 // Only then does the scheduler count the bucket done: a trainer's gs_wait
 // returns after the results are in its memory.
+//
+// Elastic jobs (keep_sums): the write-back overwrites the trainers'
+// gradients with the average, so an iteration a node's death interrupted
+// cannot be summed from them again. Each bucket is then summed into the
+// staging buffer (never in place into a trainer's memory) and copied, behind
+// the sum, into the GPU's kept-sums buffer, where it stays until the
+// iteration completes (DropKeptSums). A bucket reduced again in the same
+// iteration (the survivors' redo, after SetWorldSize) starts from its kept
+// sum, rescaled from the old world size's pre-scaling to the new one's.
 #ifndef GRADSYNC_DAEMON_ENGINE_GPU_REDUCER_H_
 #define GRADSYNC_DAEMON_ENGINE_GPU_REDUCER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -62,7 +72,8 @@ class GpuReducer {
   static constexpr int kNoCulprit = -1;
   static constexpr int kCollective = -2;
 
-  GpuReducer(GpuSession* session, const Layout& layout, int world_size, bool skip_event_wait);
+  GpuReducer(GpuSession* session, const Layout& layout, int world_size, bool skip_event_wait,
+             bool keep_sums = false);
 
   // At plan installs (between iterations, no collective running): the
   // staging the plan's non-contiguous buckets need.
@@ -79,6 +90,16 @@ class GpuReducer {
                       GpuNonFiniteReport* nonfinite);
 
   void Abort(const std::string& reason) { session_->Abort(reason); }
+  // Elastic jobs, between reductions: the survivors' world size, for the
+  // pre-scaling of every reduction from now on (the redo included).
+  void SetWorldSize(int world_size) { world_size_ = world_size; }
+  // The iteration completed: no bucket is redone from its kept sum any more.
+  void DropKeptSums() { std::fill(kept_world_.begin(), kept_world_.end(), 0); }
+  // Buckets a redo would take from their kept sums now.
+  size_t kept_buckets() const {
+    return static_cast<size_t>(
+        std::count_if(kept_world_.begin(), kept_world_.end(), [](int w) { return w > 0; }));
+  }
   // The scheduler's side of the readiness entries (GpuSession::NoteReady):
   // trainer t's pool size, and the slot its mark of tensor i recorded.
   uint32_t event_slots(size_t t) const { return session_->event_slots(t); }
@@ -108,8 +129,13 @@ class GpuReducer {
   void* At(size_t trainer, const Piece& p) const;
   absl::Status WaitEvents(const PlannedBucket& bucket, absl::Time deadline, int* culprit);
   absl::Status WaitStreams(absl::Time deadline, const char* what);
-  // Queues every GPU's local sum (and, with `token`, its flag's copy back).
+  // Queues every GPU's local sum (and, with `token`, its flag's copy back):
+  // from the trainers' memory (kept: copied into the kept sums behind it),
+  // or from the bucket's kept sum when it was summed before.
   absl::Status LaunchSums(const PlannedBucket& bucket, bool in_place, uint32_t token);
+  // One GPU's sum from the trainers on it into `dst`.
+  absl::Status SumTrainers(const PlannedBucket& bucket, size_t d, uint8_t* dst, bool in_place,
+                           const gpu::NonFiniteCheck& check);
   // After the sums are done: a flag that holds `token` is a hit; then the
   // culprit search and the NaN written into that GPU's collective input.
   absl::Status CheckSums(const PlannedBucket& bucket, uint32_t token, absl::Time deadline,
@@ -123,8 +149,13 @@ class GpuReducer {
 
   GpuSession* session_;
   const Layout& layout_;
-  const int world_size_;
+  int world_size_;
   const bool skip_event_wait_;
+  const bool keep_sums_;
+  // keep_sums: per bucket id, its offset in each GPU's kept sums, and the
+  // world size its kept sum was pre-scaled by (0: not summed this iteration).
+  std::vector<uint64_t> kept_offset_;
+  std::vector<int> kept_world_;
   std::vector<std::vector<size_t>> trainers_on_device_;  // per device index
   // Scratch, reused per call (no allocation in steady state).
   std::vector<Piece> pieces_;

@@ -161,6 +161,52 @@ absl::StatusOr<GpuTrainerSpec> GpuTrainerSpecFromProto(const v1::RegisterRequest
   return s;
 }
 
+// The current generation's communicators behind one object that outlives
+// them: Reform replaces them while the scheduler and gs_broadcast keep the
+// reference collectives() gave them, and a call in flight holds its
+// generation's group until it returns.
+class GpuSession::CurrentGroup final : public gpu::CollectiveGroup {
+ public:
+  absl::Status AllreduceSum(const std::vector<gpu::DeviceBuffer>& buffers, DType dtype) override {
+    std::shared_ptr<gpu::CollectiveGroup> group = Get();
+    if (!group) return Missing();
+    return group->AllreduceSum(buffers, dtype);
+  }
+  absl::Status Broadcast(const std::vector<gpu::DeviceBuffer>& buffers, int root) override {
+    std::shared_ptr<gpu::CollectiveGroup> group = Get();
+    if (!group) return Missing();
+    return group->Broadcast(buffers, root);
+  }
+  void Abort(const std::string& reason) override {
+    if (std::shared_ptr<gpu::CollectiveGroup> group = Get()) group->Abort(reason);
+  }
+  void Install(std::unique_ptr<gpu::CollectiveGroup> group) {
+    std::lock_guard<std::mutex> lock(mu_);
+    group_ = std::move(group);
+  }
+  std::shared_ptr<gpu::CollectiveGroup> Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::move(group_);
+  }
+
+ private:
+  std::shared_ptr<gpu::CollectiveGroup> Get() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return group_;
+  }
+  static absl::Status Missing() {
+    return absl::UnavailableError(
+        "no communicators: the previous generation's were destroyed and the survivors' were "
+        "not created");
+  }
+
+  std::mutex mu_;
+  std::shared_ptr<gpu::CollectiveGroup> group_;
+};
+
+GpuSession::GpuSession(gpu::DaemonDevice* device)
+    : device_(device), collectives_(std::make_unique<CurrentGroup>()) {}
+
 absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
     gpu::DaemonDevice* device, const Layout& layout, const ipc::ArenaLayout& flat_plan,
     const std::vector<TrainerInput>& trainers, const WorldInput& world) {
@@ -176,8 +222,9 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(
   RETURN_IF_ERROR(s->AllocNonFiniteMemory());
   ASSIGN_OR_RETURN(const gpu::CollectiveOptions o, s->CollectiveOptionsFor(world));
   RETURN_IF_ERROR(s->CreateCollectives(o, world.generation));
-  s->first_rank_ = o.first_rank;
-  s->nranks_ = o.nranks;
+  s->first_rank_.store(o.first_rank, std::memory_order_release);
+  s->nranks_.store(o.nranks, std::memory_order_release);
+  s->generation_ = world.generation;
   spdlog::info(
       "event=gpu_session_open device={} mode={} trainers={} gpus={} first_rank={} "
       "nranks={} flat_bytes={} tensors={} events_opened={}",
@@ -315,6 +362,7 @@ absl::Status GpuSession::CreateStreams() {
     if (!stream.ok()) return SetupError(stream.status(), absl::StrCat("a stream on ", d));
     streams_.push_back(*stream);
     staging_.push_back(nullptr);
+    kept_sums_.push_back(nullptr);
   }
   return absl::OkStatus();
 }
@@ -371,7 +419,45 @@ absl::Status GpuSession::CreateCollectives(const gpu::CollectiveOptions& o, uint
         absl::StrCat("creating the communicators of generation ", generation, " over ",
                      devices_.size(), " GPUs: ", group.status().message()));
   }
-  collectives_ = std::move(*group);
+  collectives_->Install(std::move(*group));
+  return absl::OkStatus();
+}
+
+gpu::CollectiveGroup& GpuSession::collectives() { return *collectives_; }
+
+void GpuSession::AbortCollectives(const std::string& reason) { collectives_->Abort(reason); }
+
+absl::Status GpuSession::Reform(const WorldInput& world) {
+  const std::string what = absl::StrCat("re-forming the GPU communicators of generation ",
+                                        generation_, " as generation ", world.generation);
+  // NCCL: abort the whole old group and let its destruction finish before
+  // the next is created. Its destructor is bounded (gpu/nccl_collectives.h:
+  // an ncclCommAbort that overruns kAbortDeadline exits the daemon).
+  if (std::shared_ptr<gpu::CollectiveGroup> old = collectives_->Take()) {
+    old->Abort(absl::StrCat("generation ", generation_, " ended: a node died"));
+    // A gs_broadcast still inside the old group returns promptly now.
+    const absl::Time until = MonotonicNow() + world.timeout;
+    while (old.use_count() > 1 && MonotonicNow() < until) absl::SleepFor(absl::Milliseconds(1));
+    if (old.use_count() > 1) {
+      return MakeError(v1::TIMEOUT, absl::StrCat(what,
+                                                 ": a call into the old communicators did "
+                                                 "not return within the timeout"));
+    }
+    old.reset();
+  }
+  generation_ = world.generation;
+  absl::StatusOr<gpu::CollectiveOptions> o = CollectiveOptionsFor(world);
+  if (!o.ok()) return MakeError(CodeOf(o.status()), absl::StrCat(what, ": ", o.status().message()));
+  RETURN_IF_ERROR(CreateCollectives(*o, world.generation));
+  first_rank_.store(o->first_rank, std::memory_order_release);
+  nranks_.store(o->nranks, std::memory_order_release);
+  if (aborted()) {
+    // The job failed while they were created: they must not run.
+    collectives_->Abort("the job failed");
+    return absl::CancelledError(absl::StrCat(what, ": the job failed meanwhile"));
+  }
+  spdlog::warn("event=gpu_session_reformed generation={} gpus={} first_rank={} nranks={}",
+               world.generation, devices_.size(), o->first_rank, o->nranks);
   return absl::OkStatus();
 }
 
@@ -382,23 +468,32 @@ size_t GpuSession::events_opened() const {
 }
 
 absl::Status GpuSession::EnsureStaging(uint64_t bytes) {
-  if (bytes <= staging_bytes_) return absl::OkStatus();
+  return EnsurePerDevice(staging_, &staging_bytes_, bytes, "staging");
+}
+
+absl::Status GpuSession::EnsureKeptSums(uint64_t bytes) {
+  return EnsurePerDevice(kept_sums_, &kept_sums_bytes_, bytes, "kept local sums");
+}
+
+absl::Status GpuSession::EnsurePerDevice(std::vector<uint8_t*>& buffers, uint64_t* have,
+                                         uint64_t bytes, const char* what) {
+  if (bytes <= *have) return absl::OkStatus();
   for (size_t d = 0; d < devices_.size(); ++d) {
-    if (staging_[d] != nullptr) {
-      device_->Free(devices_[d], staging_[d]).IgnoreError();
-      staging_[d] = nullptr;
+    if (buffers[d] != nullptr) {
+      device_->Free(devices_[d], buffers[d]).IgnoreError();
+      buffers[d] = nullptr;
     }
   }
-  staging_bytes_ = 0;
+  *have = 0;
   for (size_t d = 0; d < devices_.size(); ++d) {
     absl::StatusOr<void*> p = device_->Alloc(devices_[d], bytes);
     if (!p.ok()) {
-      return SetupError(p.status(),
-                        absl::StrCat("allocating ", bytes, " bytes of staging on ", devices_[d]));
+      return SetupError(
+          p.status(), absl::StrCat("allocating ", bytes, " bytes of ", what, " on ", devices_[d]));
     }
-    staging_[d] = static_cast<uint8_t*>(*p);
+    buffers[d] = static_cast<uint8_t*>(*p);
   }
-  staging_bytes_ = bytes;
+  *have = bytes;
   return absl::OkStatus();
 }
 
@@ -454,6 +549,9 @@ GpuSession::~GpuSession() {
   for (size_t d = 0; d < devices_.size(); ++d) {
     if (staging_.size() > d && staging_[d] != nullptr) {
       report(device_->Free(devices_[d], staging_[d]), "free_staging", devices_[d]);
+    }
+    if (kept_sums_.size() > d && kept_sums_[d] != nullptr) {
+      report(device_->Free(devices_[d], kept_sums_[d]), "free_kept_sums", devices_[d]);
     }
     if (broadcast_slots_.size() > d) {
       report(device_->Free(devices_[d], broadcast_slots_[d]), "free_broadcast_staging",

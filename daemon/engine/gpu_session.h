@@ -3,6 +3,8 @@
 // trainer's own allocations opened through IPC handles), its readiness
 // events, the daemon's streams and staging buffers (one per GPU), and the
 // NCCL communicators of this generation (one rank per GPU of the node).
+// An elastic job that lost a node replaces the communicators with the
+// survivors' (Reform) and keeps everything else.
 //
 // Lifetime (the NCCL invariants, see /work/shared/reviews/nccl-backend.md):
 // everything is opened at job start, on the job's thread, and released by
@@ -157,6 +159,12 @@ class GpuSession {
   // from the scheduler thread between iterations (no collective running).
   absl::Status EnsureStaging(uint64_t bytes);
   uint8_t* staging(int device_index) const { return staging_[device_index]; }
+  // Elastic jobs: a daemon-owned buffer of at least `bytes` on every GPU
+  // where each bucket's local sum is kept until its iteration completes
+  // (GpuReducer), so that an iteration a node's death interrupted is
+  // redone without summing written-back averages. Grown like the staging.
+  absl::Status EnsureKeptSums(uint64_t bytes);
+  uint8_t* kept_sums(int device_index) const { return kept_sums_[device_index]; }
 
   // The non-finite check's memory (the GPU reducer's; docs/DESIGN.md
   // "Non-finite gradients"): a flag per GPU in device memory that SumAsync
@@ -197,15 +205,32 @@ class GpuSession {
     ExitIfDeviceLost(is_context_lost_, device_error, where);
   }
   // The job's NCCL ranks (one per GPU of every node) and devices()[d]'s.
-  int nccl_ranks() const { return nranks_; }
-  int nccl_rank(int device_index) const { return first_rank_ + device_index; }
+  int nccl_ranks() const { return nranks_.load(std::memory_order_acquire); }
+  int nccl_rank(int device_index) const {
+    return first_rank_.load(std::memory_order_acquire) + device_index;
+  }
 
-  gpu::CollectiveGroup& collectives() { return *collectives_; }
-  // Any thread: an in-flight collective fails promptly; polls stop.
+  // The current generation's communicators. The reference stays valid
+  // across Reform: a call made through it runs on the generation current
+  // when it started (which lives until the call returns).
+  gpu::CollectiveGroup& collectives();
+  // Any thread: an in-flight collective fails promptly; polls stop. For
+  // good: the job failed.
   void Abort(const std::string& reason);
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+  // Any thread: only the current generation's communicators fail (a node
+  // died: an elastic job re-forms and goes on with new ones).
+  void AbortCollectives(const std::string& reason);
+  // Elastic jobs, on the scheduler thread with no reduction in flight: the
+  // survivors of a node's death formed generation `world.generation`.
+  // Aborts this generation's communicators, waits (bounded by
+  // world.timeout) until no call uses them and destroys them, then creates
+  // the survivors' (a fresh unique id under the new generation's keys).
+  // CANCELLED once Abort was called meanwhile (the job failed).
+  absl::Status Reform(const WorldInput& world);
 
  private:
+  class CurrentGroup;
   struct PerTrainer {
     std::string name;
     gpu::DeviceId device;
@@ -217,7 +242,7 @@ class GpuSession {
     std::vector<gpu::Event*> events;       // the pool, per slot
     std::vector<uint16_t> slot_of_tensor;  // per tensor: its last mark's slot
   };
-  explicit GpuSession(gpu::DaemonDevice* device) : device_(device) {}
+  explicit GpuSession(gpu::DaemonDevice* device);
   // Open's steps, in the order it takes them; each returns the first error.
   absl::Status OpenTrainer(const TrainerInput& in, const std::string& first_name,
                            const Layout& layout, const ipc::ArenaLayout& flat_plan);
@@ -230,6 +255,10 @@ class GpuSession {
   absl::Status AllocNonFiniteMemory();
   absl::StatusOr<gpu::CollectiveOptions> CollectiveOptionsFor(const WorldInput& world) const;
   absl::Status CreateCollectives(const gpu::CollectiveOptions& o, uint64_t generation);
+  // (Re)allocates `buffers` (one per device) to `bytes` unless `*have` is
+  // enough already; `what` names them in errors.
+  absl::Status EnsurePerDevice(std::vector<uint8_t*>& buffers, uint64_t* have, uint64_t bytes,
+                               const char* what);
   // A device error while setting up, naming what was being done; one that
   // left the device unusable ends the process here (nothing later works).
   absl::Status SetupError(const absl::Status& st, const std::string& what) const;
@@ -244,14 +273,18 @@ class GpuSession {
   std::vector<gpu::Stream*> streams_;   // per device
   std::vector<uint8_t*> staging_;       // per device
   uint64_t staging_bytes_ = 0;
+  std::vector<uint8_t*> kept_sums_;  // per device, elastic jobs only
+  uint64_t kept_sums_bytes_ = 0;
   std::vector<uint8_t*> broadcast_slots_;  // per device, once a device broadcast ran
   std::vector<gpu::IpcHandle> broadcast_handles_;
-  int first_rank_ = 0;
-  int nranks_ = 1;
+  // Written by Open and Reform; read by gs_broadcast's RPC threads too.
+  std::atomic<int> first_rank_{0};
+  std::atomic<int> nranks_{1};
+  uint64_t generation_ = 0;
   std::vector<uint32_t*> nonfinite_flags_;  // per device
   void* host_memory_ = nullptr;             // host_window_'s, from AllocHost on devices_[0]
   HostWindow host_window_;
-  std::unique_ptr<gpu::CollectiveGroup> collectives_;
+  std::unique_ptr<CurrentGroup> collectives_;
   std::atomic<bool> aborted_{false};
 };
 

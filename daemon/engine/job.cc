@@ -390,14 +390,6 @@ absl::StatusOr<Job::GpuStart> Job::OpenGpu(std::shared_ptr<std::atomic<bool>> ca
 
 absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu) {
   world_ = std::move(world);
-  if (elastic() && gpu.session != nullptr) {
-    return MakeError(v1::INVALID_ARGUMENT,
-                     absl::StrCat("this elastic job (--min-nodes ", config_.min_nodes_or_num(),
-                                  " < --num-nodes ", config_.num_nodes,
-                                  ") registered CUDA gradients: re-forming the NCCL path among "
-                                  "survivors is not supported yet; elastic jobs take CPU "
-                                  "gradients (Gloo), or give --min-nodes = --num-nodes"));
-  }
   const BucketCaps caps = InitialCaps(world_);
   BucketPlan plan = PlanBuckets(layout, ReverseRegistrationOrder(layout.size()), caps);
   std::vector<uint64_t> tensor_bytes;
@@ -413,8 +405,9 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
     gpu_session_ = std::move(gpu.session);
     gpu_backend_name_ = absl::StrCat("gpu-", gpu_session_->device().name());
     // (It sizes its staging when the scheduler installs a plan.)
+    // Elastic jobs keep every bucket's local sum for a redo (Reform).
     gpu_reducer_ = std::make_unique<GpuReducer>(gpu_session_.get(), layout_, world_.world_size,
-                                                hooks_.gpu.unsafe_skip_event_wait);
+                                                hooks_.gpu.unsafe_skip_event_wait, reforms());
     if (hooks_.gpu.unsafe_skip_event_wait) {
       spdlog::warn("event=unsafe_skip_event_wait job={} (test-only: results may be wrong)", id_);
     }
@@ -423,7 +416,7 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
   ASSIGN_OR_RETURN(std::vector<Trainer*> trainers, CreateSegmentsLocked(LayoutHash(layout)));
   CreateStatsLocked(layout, plan.buckets.size(), trainers.size());
   Scheduler::Options opts = SchedulerOptionsLocked(caps, cuda);
-  if (elastic() && world_.link && hooks_.reform_world) {
+  if (reforms()) {
     opts.reform = [this](const absl::Status& error, uint64_t iteration) {
       return Reform(error, iteration);
     };
@@ -806,8 +799,15 @@ bool Job::RemoveTrainer(uint64_t session, bool graceful, const std::string& reas
     // Its node stays in the elastic job (scheduler_departure.cc).
     scheduler_->RequestDeparture(t->local_rank, reason);
   } else if (state_ != JobState::kFailed) {
+    // Said so, since the job is elastic: only the CPU path drops a trainer.
+    const bool elastic_gpu = !graceful && state_ == JobState::kRunning && gpu_session_ &&
+                             elastic() && world_.link != nullptr;
     FailLocked(MakeError(v1::PEER_FAILED,
-                         absl::StrCat(t->Name(), graceful ? " detached" : " died", ": ", reason)),
+                         absl::StrCat(t->Name(), graceful ? " detached" : " died", ": ", reason,
+                                      elastic_gpu ? " (an elastic job with CUDA gradients goes on "
+                                                    "without a dead node, not without a dead "
+                                                    "trainer)"
+                                                  : "")),
                t->local_rank, /*expected=*/graceful);
   }
   for (const auto& other : trainers_) {

@@ -318,10 +318,18 @@ class Job {
   // Scheduler::Options::reform (the scheduler thread; daemon/engine/job_reform.cc).
   absl::StatusOr<Scheduler::Reformed> Reform(const absl::Status& error, uint64_t iteration)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Reform's GPU step: the survivors' NCCL communicators, created in the
+  // new generation (`world`, returned on success); no lock held.
+  absl::StatusOr<JobWorld> ReformGpu(GpuSession& gpu, JobWorld world) ABSL_LOCKS_EXCLUDED(mu_);
   // Reform's last step: installs the survivors' world.
   absl::StatusOr<Scheduler::Reformed> InstallReformedLocked(JobWorld world)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool elastic() const { return config_.min_nodes_or_num() < config_.num_nodes; }
+  // An elastic job across nodes that re-forms at a node's death (CPU and
+  // GPU paths alike).
+  bool reforms() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return elastic() && world_.link && hooks_.reform_world;
+  }
   // A running elastic CPU job across nodes where `dead` (already marked
   // gone) is not the node's last trainer: the world shrinks by it.
   bool ShrinksOnTrainerDeathLocked(const Trainer& dead) const ABSL_SHARED_LOCKS_REQUIRED(mu_);

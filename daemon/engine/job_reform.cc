@@ -19,6 +19,8 @@ void Job::OnWorldFailure(uint64_t epoch, const absl::Status& error) {
       // A collective in flight waits for a dead peer: end it now, the
       // scheduler's failure path then re-forms.
       if (world_.backend) world_.backend->Abort(std::string(error.message()));
+      // The GPU path's collective waits for the dead peer the same way.
+      if (gpu_session_) gpu_session_->AbortCollectives(std::string(error.message()));
       scheduler = scheduler_.get();
     }
   }
@@ -50,12 +52,14 @@ absl::StatusOr<Scheduler::Reformed> Job::Reform(const absl::Status& error, uint6
                id_, old_generation, iteration, absl::StrJoin(dead, ","),
                LogValue(explained.message()));
   uint64_t epoch = 0;
-  Layout layout;  // copied under mu_: reform_world runs without it
+  Layout layout;              // copied under mu_: reform_world runs without it
+  GpuSession* gpu = nullptr;  // the scheduler's, alive while it runs
   {
     MonotonicMutexLock lock(&mu_);
     if (state_ == JobState::kFailed) return error_;
     epoch = ++world_epoch_;
     layout = layout_;
+    gpu = gpu_session_.get();
     retired_backends_.push_back(std::move(world_.backend));
     world_.link.reset();
     if (stats_) stats_->set_stall_listener(nullptr);
@@ -65,6 +69,7 @@ absl::StatusOr<Scheduler::Reformed> Job::Reform(const absl::Status& error, uint6
   absl::StatusOr<JobWorld> world =
       hooks_.reform_world(layout, ResumePoint{old_generation, iteration},
                           [this, epoch](const absl::Status& e) { OnWorldFailure(epoch, e); });
+  if (world.ok() && gpu != nullptr) world = ReformGpu(*gpu, *std::move(world));
   if (!world.ok()) {
     return MakeError(
         v1::PEER_FAILED,
@@ -78,6 +83,25 @@ absl::StatusOr<Scheduler::Reformed> Job::Reform(const absl::Status& error, uint6
     failed = error_;
   }
   return failed;  // `world` is torn down unused, without mu_ (its link calls back)
+}
+
+absl::StatusOr<JobWorld> Job::ReformGpu(GpuSession& gpu, JobWorld world) {
+  GpuSession::WorldInput in;
+  in.generation = world.generation;
+  in.timeout = absl::Milliseconds(config_.timeout_ms);
+  // The survivors' positions: their GPU counts and the unique id travel
+  // under the new generation's keys.
+  in.node_rank = world.node_index;
+  in.num_nodes = world.num_nodes;
+  in.publish = world.publish;
+  in.fetch = world.fetch;
+  in.is_context_lost = hooks_.gpu.is_context_lost;
+  in.cancelled = [&gpu] { return gpu.aborted(); };
+  if (in.num_nodes > 1 && (!in.publish || !in.fetch)) {
+    return MakeError(v1::INTERNAL, "a multi-node world without the rendezvous exchange");
+  }
+  if (absl::Status st = gpu.Reform(in); !st.ok()) return st;
+  return world;
 }
 
 absl::StatusOr<Scheduler::Reformed> Job::InstallReformedLocked(JobWorld world) {

@@ -144,8 +144,9 @@ void Scheduler::InstallPlan(BucketPlan plan) {
   if (backend_->num_nodes() > 1 && !options_.gpu && backend_->Staging(staging) == nullptr) {
     reducer_.EnsureStaging(staging);
   }
-  if (options_.reform) {
-    // Between iterations: no bucket's sum is kept yet.
+  if (options_.reform && !options_.gpu) {
+    // Between iterations: no bucket's sum is kept yet (the GPU reducer
+    // keeps its own in device memory).
     kept_offset_.clear();
     uint64_t kept_bytes = 0;
     for (size_t b = 0; b < plan.buckets.size(); ++b) {
@@ -447,7 +448,10 @@ bool Scheduler::Recover(const absl::Status& error) {
   agreement_.assign(3 + 2 * static_cast<size_t>(agreement_nodes_), 0);
   active_in_iteration_ = options_.world_size;
   active_trainers_.store(static_cast<uint32_t>(options_.world_size));
-  if (backend_->num_nodes() > 1 && backend_->Staging(staging_bytes_) == nullptr) {
+  if (options_.gpu) {
+    // Its communicators were re-formed with the world (Job::Reform).
+    options_.gpu->SetWorldSize(options_.world_size);
+  } else if (backend_->num_nodes() > 1 && backend_->Staging(staging_bytes_) == nullptr) {
     reducer_.EnsureStaging(staging_bytes_);
   }
   // The new generation's config log starts at version 1 (its queue was
@@ -456,7 +460,7 @@ bool Scheduler::Recover(const absl::Status& error) {
   config_agreed_ = false;
   // Rewind: every bucket again in plan order, those launched from their
   // kept sums (their arenas may hold the old world's average already).
-  size_t kept = 0;
+  size_t kept = options_.gpu ? options_.gpu->kept_buckets() : 0;
   for (const KeptSums& k : kept_sums_) kept += k.pieces > 0;
   next_bucket_ = 0;
   active_agreed_ = false;
@@ -1012,7 +1016,7 @@ bool Scheduler::LaunchGpu(uint32_t bucket) {
   // WaitIdle's other half: a reduction starts only under launch_mu_ and
   // not after Halt, so once a detaching trainer's WaitIdle got the lock,
   // nothing writes into its memory again.
-  absl::MutexLock lock(&launch_mu_);
+  absl::ReleasableMutexLock lock(&launch_mu_);
   if (halted_.load(std::memory_order_acquire)) return false;
   if (!BeginReduction(bucket, timelines_[bucket].launch_ns)) {
     EndReduction();
@@ -1037,9 +1041,17 @@ bool Scheduler::LaunchGpu(uint32_t bucket) {
     } else if (culprit == GpuReducer::kCollective) {
       // A peer died (UNAVAILABLE), the group was aborted, or it hung past
       // its timeout: the trainers see PEER_FAILED or TIMEOUT, nothing else.
-      fail_(MakeError(CodeOf(st) == v1::TIMEOUT ? v1::TIMEOUT : v1::PEER_FAILED,
-                      absl::StrCat(where, "the GPU allreduce failed: ", st.message())),
-            kCollectiveFailed);
+      const absl::Status error =
+          MakeError(CodeOf(st) == v1::TIMEOUT ? v1::TIMEOUT : v1::PEER_FAILED,
+                    absl::StrCat(where, "the GPU allreduce failed: ", st.message()));
+      if (!DeviceLost(options_.gpu->last_device_error())) {
+        // Re-forming waits on other nodes: a detaching trainer's WaitIdle
+        // need not wait for it (nothing touches trainers' memory meanwhile).
+        lock.Release();
+        CollectiveFailed(error);  // elastic: the loop then redoes the iteration
+        return false;
+      }
+      fail_(error, kCollectiveFailed);
     } else {
       fail_(MakeError(CodeOf(st), absl::StrCat(where, st.message())),
             culprit >= 0 ? trainers_[culprit]->local_rank : -1);
@@ -1055,6 +1067,12 @@ bool Scheduler::LaunchGpu(uint32_t bucket) {
     return false;
   }
   return FinishLaunch(bucket, timings);
+}
+
+bool Scheduler::DeviceLost(const absl::Status& device_error) const {
+  return !device_error.ok() &&
+         (gpu::IsDeviceLost(device_error) ||
+          (options_.is_context_lost && options_.is_context_lost(device_error)));
 }
 
 bool Scheduler::FinishLaunch(uint32_t bucket, const ReduceTimings& timings) {
@@ -1082,6 +1100,7 @@ void Scheduler::FinishIteration() {
   }
   // Every bucket's average is in every arena: nothing is redone any more.
   for (KeptSums& kept : kept_sums_) kept.pieces = 0;
+  if (options_.gpu) options_.gpu->DropKeptSums();
   for (Trainer* t : trainers_) {
     std::fill(t->marked.begin(), t->marked.end(), 0);
     if (checksummed_marks_ != 0) std::fill(t->mark_checksums.begin(), t->mark_checksums.end(), 0);

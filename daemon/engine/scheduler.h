@@ -219,6 +219,9 @@ class Scheduler {
   // this iteration: none computes any more, all wait for the result.
   bool LocalTrainersAllMarked() const;
   bool LaunchGpu(uint32_t bucket);
+  // A GPU reduction's device error left the device unusable (sticky CUDA
+  // error): the daemon exits; nothing is re-formed.
+  bool DeviceLost(const absl::Status& device_error) const;
   // The in-flight slot around a bucket's reduction. Begin publishes it and
   // returns false if the scheduler is stopping (then do not reduce); End
   // clears it and returns what it held: the start, kTimedOut or kStopped.

@@ -10,7 +10,10 @@
 // answering, and a node that skips a collective. Skips (saying why) where no
 // GPU is visible; on simulated devices the same path is gpu_path_test.
 // Daemon timeouts are short: scripts/gpu-check.sh runs all of this in a
-// few minutes of borrowed GPU time.
+// few minutes of borrowed GPU time. Last, an elastic job of three such
+// nodes: one SIGKILLed while the others wait inside a collective for it;
+// the survivors abort their communicators, create new ones and redo the
+// step.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -367,6 +370,84 @@ TEST(CudaTwoNodesFaultTest, NodeSkippingACollectiveFailsBothNodesNamingTheCulpri
   EXPECT_NE(line.find("fc1.weight"), std::string::npos) << line;
   // The daemons stay up (an aborted kernel is not a lost context).
   EXPECT_TRUE(nodes.node(0).process().Running()) << nodes.Logs();
+}
+
+// An elastic job (--min-nodes 2) of three "nodes" x 2 trainers on the one
+// GPU: in step 2 node 2's trainers stop after their first mark (the first
+// bucket, fc2.bias alone, is averaged over 6 and written back everywhere)
+// while the survivors' trainers mark everything, so the survivors' NCCL
+// kernels wait for node 2 in the next bucket's collective. Node 2 is
+// SIGKILLed: the survivors abort those kernels, re-form as generation 2
+// with new communicators (2 NCCL ranks, a fresh unique id) and redo step 2
+// from the local sums kept in device memory; every survivor ends with
+// GS_OK, steps 0-1 averaged over ranks 0-5 and 2 on over ranks 0-3.
+TEST(CudaElasticTest, SurvivorsOfAKilledNodeReCreateTheirCommunicatorsAndRedoTheStep) {
+  GS_SKIP_UNLESS_GPU();
+  constexpr int kNodes = 3, kStep = 2;
+  ScratchDir secrets;
+  ASSERT_TRUE(WriteTokenFile(secrets.File("token"), "cuda-path-token"));
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  int port = 0;
+  for (int n = 0; n < kNodes; ++n) {
+    std::vector<std::string> args = {"--backend=nccl",
+                                     "--bucket-cap-mb=0.5",
+                                     "--first-bucket-cap-mb=0.000001",
+                                     "--timeout-s=10",
+                                     "--stall-threshold-s=1",
+                                     "--num-nodes=3",
+                                     "--min-nodes=2",
+                                     "--job-id=elastic",
+                                     "--job-token-file=" + secrets.File("token"),
+                                     absl::StrCat("--node-rank=", n)};
+    if (n > 0) args.push_back(absl::StrCat("--leader=127.0.0.1:", port));
+    nodes.push_back(std::make_unique<Daemon>(2, args, NodeEnv(n)));
+    ASSERT_TRUE(nodes.back()->WaitReady(seconds(30))) << nodes.back()->process().Log();
+    if (n == 0) port = nodes.back()->ListenPort(seconds(10));
+    ASSERT_GT(port, 0) << nodes[0]->process().Log();
+  }
+  auto logs = [&nodes] {
+    std::string out;
+    for (size_t n = 0; n < nodes.size(); ++n) {
+      out += absl::StrCat("\nnode ", n, " daemon:\n", nodes[n]->process().Log());
+    }
+    return out;
+  };
+  std::vector<std::vector<Process>> trainers;
+  for (int n = 0; n < kNodes; ++n) {
+    const int marks = n == 2 ? 1 : 5;  // cuda_trainer's 5 tensors
+    trainers.push_back(StartTrainers(*nodes[n], 2,
+                                     {"--steps=4", absl::StrCat("--pause-at=", kStep, ":", marks),
+                                      absl::StrCat("--members-from=", kStep, ":0,1,2,3")}));
+  }
+  for (auto& on_node : trainers) {
+    for (Process& p : on_node) {
+      ASSERT_TRUE(WaitForLog(p, absl::StrCat("paused at step ", kStep), seconds(60)) &&
+                  WaitStopped(p, seconds(30)))
+          << p.Log() << logs();
+    }
+  }
+  // Node 2 waits for its stopped trainers; the survivors wait inside NCCL.
+  ASSERT_TRUE(WaitForLog(nodes[2]->process(), "event=stall", seconds(30))) << logs();
+  nodes[2]->process().Signal(SIGKILL);
+  for (Process& p : trainers[2]) p.Signal(SIGKILL);
+  for (int n = 0; n < 2; ++n) {
+    for (Process& p : trainers[n]) p.Signal(SIGCONT);
+  }
+  for (int n = 0; n < 2; ++n) {
+    for (Process& p : trainers[n]) {
+      ExitStatus st = p.Wait(seconds(60));
+      EXPECT_TRUE(st.exited && st.code == 0) << st.ToString() << "\n" << p.Log() << logs();
+    }
+    const std::string log = nodes[n]->process().Log();
+    EXPECT_NE(log.find(absl::StrCat("event=gpu_session_reformed generation=2 gpus=1 first_rank=", n,
+                                    " nranks=2")),
+              std::string::npos)
+        << logs();
+    EXPECT_NE(log.find(absl::StrCat("event=iteration_redo iteration=", kStep, " world_size=4")),
+              std::string::npos)
+        << logs();
+  }
+  for (Process& p : trainers[2]) p.Wait(seconds(10));
 }
 
 }  // namespace

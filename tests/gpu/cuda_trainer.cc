@@ -8,6 +8,7 @@
 //                [--device=ORD] [--die-at-step=N] [--withhold=I]
 //                [--tensors=N] [--switch-stream-at=K] [--inf-at=R:S:I:J]
 //                [--broadcast-root=R --broadcast-bytes=N]
+//                [--pause-at=S:K] [--members-from=S:R,R,...]
 //
 // --die-at-step: SIGKILL itself in that step after marking two gradients
 // (a trainer dying mid-iteration; its peers must get GS_ERR_PEER_FAILED).
@@ -22,6 +23,12 @@
 // before the call, not synchronized) from rank R, and check every byte.
 // --inf-at: rank R writes +Inf at element J of tensor I in step S (the
 // daemon's --nonfinite=error must then fail every trainer naming it).
+// --pause-at: in step S, after K marks (K = the tensor count: after every
+// mark, before gs_wait), synchronize the stream, print "paused at step S"
+// and stop (SIGSTOP) until a test continues it (an elastic job's node is
+// killed meanwhile). --members-from: from step S on, each result is the
+// average over ranks R,... only (the survivors of an elastic job), and
+// gs_get_job_info's world size must say so.
 //
 // Exit codes as sim_trainer: 0 matched; 1 a result differed; 2 a call
 // failed ("error code=N: message"); 3 bad flags or no usable GPU.
@@ -117,6 +124,8 @@ int main(int argc, char** argv) {
   size_t broadcast_bytes = 0;
   int inf_rank = -1, inf_step = -1, inf_tensor = -1;
   long long inf_element = -1;
+  int pause_step = -1, pause_marks = 0, members_from = -1;
+  std::vector<int> members;
   for (int a = 1; a < argc; ++a) {
     std::string arg = argv[a];
     const size_t eq = arg.find('=');
@@ -148,6 +157,17 @@ int main(int argc, char** argv) {
       if (std::sscanf(v.c_str(), "%d:%d:%d:%lld", &inf_rank, &inf_step, &inf_tensor,
                       &inf_element) != 4) {
         return 3;
+      }
+    } else if (key == "--pause-at") {
+      if (std::sscanf(v.c_str(), "%d:%d", &pause_step, &pause_marks) != 2) return 3;
+    } else if (key == "--members-from") {
+      const size_t colon = v.find(':');
+      if (colon == std::string::npos) return 3;
+      members_from = std::atoi(v.substr(0, colon).c_str());
+      for (size_t at = colon + 1; at < v.size();) {
+        const size_t comma = std::min(v.find(',', at), v.size());
+        members.push_back(std::atoi(v.substr(at, comma - at).c_str()));
+        at = comma + 1;
       }
     } else
       return 3;
@@ -242,8 +262,20 @@ int main(int argc, char** argv) {
     cudaStream_t current = stream;
     if (gs_status st = gs_set_cuda_stream(c, current); st != GS_OK)
       return Fail(c, st, "gs_set_cuda_stream");
+    auto maybe_pause = [&](size_t marks) -> int {
+      if (step != pause_step || static_cast<int>(marks) != pause_marks) return 0;
+      // The marks so far complete before this process stops.
+      if (cudaError_t e = cudaStreamSynchronize(current); e != cudaSuccess) {
+        return CudaFail(e, "cudaStreamSynchronize");
+      }
+      std::printf("rank %d paused at step %d after %zu marks\n", rank, step, marks);
+      std::fflush(stdout);
+      raise(SIGSTOP);
+      return 0;
+    };
     for (size_t k = 0; k < kNum; ++k) {
       const size_t i = kNum - 1 - k;  // backward: last layer first
+      if (int rc = maybe_pause(k); rc != 0) return rc;
       if (static_cast<int>(k) == switch_at) {
         current = second;
         if (gs_status st = gs_set_cuda_stream(c, current); st != GS_OK)
@@ -273,7 +305,23 @@ int main(int argc, char** argv) {
       if (step > 0 && static_cast<int>(i) == withhold) continue;
       if (gs_status st = gs_mark_ready(c, i); st != GS_OK) return Fail(c, st, "gs_mark_ready");
     }
+    if (int rc = maybe_pause(kNum); rc != 0) return rc;
     if (gs_status st = gs_wait(c, -1); st != GS_OK) return Fail(c, st, "gs_wait");
+    // The ranks this step averaged over: all, or the survivors.
+    std::vector<int> in_step = members;
+    if (members_from < 0 || step < members_from) {
+      in_step.clear();
+      for (int r = 0; r < world; ++r) in_step.push_back(r);
+    }
+    gs_job_info info = GS_JOB_INFO_INIT;
+    if (gs_status st = gs_get_job_info(c, &info); st != GS_OK)
+      return Fail(c, st, "gs_get_job_info");
+    if (info.world_size != static_cast<int>(in_step.size())) {
+      std::printf("WORLD MISMATCH rank %d step %d: the daemon divided by %d, expected %zu\n", rank,
+                  step, info.world_size, in_step.size());
+      std::fflush(stdout);
+      return 1;
+    }
     for (size_t i = 0; i < kNum; ++i) {
       raw.resize(kTensors[i].numel * elem);
       if (cudaError_t e =
@@ -283,8 +331,8 @@ int main(int argc, char** argv) {
       }
       for (size_t j = 0; j < kTensors[i].numel; ++j) {
         double expected = 0;
-        for (int r = 0; r < world; ++r) expected += stored(Grad(r, step, i, j));
-        expected /= world;
+        for (int r : in_step) expected += stored(Grad(r, step, i, j));
+        expected /= static_cast<double>(in_step.size());
         float value;
         if (bf16) {
           uint16_t b;

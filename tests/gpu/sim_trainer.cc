@@ -51,6 +51,18 @@ struct Flags {
   unsigned shuffle_seed = 1;
   int die_at_step = -1;  // SIGKILL self in this step after `die_after_marks` marks
   int die_after_marks = 2;
+  // >= 0: stop self (SIGSTOP, after printing "paused at step S after K
+  // marks") in this synced step after `pause_after_marks` marks (the
+  // tensor count: after every mark, before gs_wait), for a test to SIGKILL
+  // a node meanwhile and SIGCONT the survivors.
+  int pause_at_step = -1;
+  int pause_after_marks = 0;
+  bool in_order = false;  // mark in reverse registration order every step (no shuffle)
+  // An elastic job that lost a node: from this step on, each result is
+  // the average over `members` (global ranks) only, and gs_get_job_info's
+  // world size must say so.
+  int members_from_step = -1;
+  std::vector<int> members;
   bool mix = false;  // register a CPU and a CUDA tensor (must be refused)
   // > 0: a layout of this many small tensors "p<i>" instead of the model's
   // (more than the client's pool of readiness events).
@@ -248,7 +260,7 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     else if (key == "--mode")
       f->mode = v;
     else if (key == "--dtype")
-      f->dtype = v == "bf16" ? DType::kBFloat16 : DType::kFloat32;
+      f->dtype = v == "bf16" ? DType::kBFloat16 : v == "fp64" ? DType::kFloat64 : DType::kFloat32;
     else if (key == "--device")
       f->device = std::atoi(v.c_str());
     else if (key == "--steps")
@@ -267,6 +279,17 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->die_after_marks = std::atoi(v.c_str());
     else if (key == "--mix")
       f->mix = true;
+    else if (key == "--pause-at-step")
+      f->pause_at_step = std::atoi(v.c_str());
+    else if (key == "--pause-after-marks")
+      f->pause_after_marks = std::atoi(v.c_str());
+    else if (key == "--in-order")
+      f->in_order = true;
+    else if (key == "--members-from-step")
+      f->members_from_step = std::atoi(v.c_str());
+    else if (key == "--members")
+      for (absl::string_view n : absl::StrSplit(v, ','))
+        f->members.push_back(std::atoi(std::string(n).c_str()));
     else if (key == "--tensors")
       f->tensors = std::atoi(v.c_str());
     else if (key == "--switch-stream-at")
@@ -439,11 +462,14 @@ int main(int argc, char** argv) {
   std::mt19937 shuffle(f.shuffle_seed + 101 * rank);
   std::vector<std::vector<float>> host(kTensors.size());
   std::vector<std::vector<uint16_t>> host16(kTensors.size());
+  std::vector<std::vector<double>> host64(kTensors.size());  // --dtype=fp64's writes
   for (size_t i = 0; i < kTensors.size(); ++i) host[i].assign(kTensors[i].numel, 0.f);
   std::vector<std::vector<float>> params(kTensors.size());
   for (size_t i = 0; i < kTensors.size(); ++i) params[i].assign(kTensors[i].numel, 1.f);
   std::vector<std::vector<double>> reference(kTensors.size());
   for (size_t i = 0; i < kTensors.size(); ++i) reference[i].assign(kTensors[i].numel, 1.0);
+  // SGD in double on the results received.
+  std::vector<std::vector<double>> weights = reference;
 
   if (f.broadcast_root >= 0) {
     if (int rc = BroadcastAndCheck(c, *device, *id, *stream, f, rank, "at start"); rc != 0) {
@@ -462,11 +488,27 @@ int main(int argc, char** argv) {
       if (f.hold_stream_ms > 0) gradsync::gpu::SimPauseStream(*stream).IgnoreError();
       std::vector<size_t> order(kTensors.size());
       for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
-      std::shuffle(order.begin(), order.end(), shuffle);
+      if (!f.in_order) std::shuffle(order.begin(), order.end(), shuffle);
       int marks = 0;
       gradsync::gpu::Stream* current = *stream;
       if (absl::Status st = c.SetCudaStream(current); !st.ok()) return Error(st);
+      auto maybe_pause = [&]() -> absl::Status {
+        if (step != f.pause_at_step || !synced || marks != f.pause_after_marks) {
+          return absl::OkStatus();
+        }
+        // The simulated stream runs in this process: drain it first, so the
+        // marks made so far are complete while it is stopped.
+        if (absl::Status st = device->SynchronizeStream(*id, current, absl::Seconds(30));
+            !st.ok()) {
+          return st;
+        }
+        std::printf("paused at step %d after %d marks\n", step, marks);
+        std::fflush(stdout);
+        raise(SIGSTOP);
+        return absl::OkStatus();
+      };
       for (size_t i : order) {
+        if (absl::Status st = maybe_pause(); !st.ok()) return Error(st);
         if (second != nullptr && synced && marks == f.switch_stream_at) {
           current = second;
           if (absl::Status st = c.SetCudaStream(current); !st.ok()) return Error(st);
@@ -495,6 +537,9 @@ int main(int argc, char** argv) {
             host16[i][j] = gradsync::FloatToBFloat16(host[i][j]);
           }
           src = host16[i].data();
+        } else if (f.dtype == DType::kFloat64) {
+          host64[i].assign(host[i].begin(), host[i].end());
+          src = host64[i].data();
         }
         if (absl::Status st =
                 device->WriteAsync(c.GradBuffer(i), src, host[i].size() * elem, current);
@@ -504,6 +549,7 @@ int main(int argc, char** argv) {
         // No synchronize: the readiness event orders the daemon after the write.
         if (absl::Status st = c.MarkReady(i); !st.ok()) return Error(st);
       }
+      if (absl::Status st = maybe_pause(); !st.ok()) return Error(st);
       if (f.hold_stream_ms > 0) {
         std::this_thread::sleep_for(std::chrono::milliseconds(f.hold_stream_ms));
         gradsync::gpu::SimResumeStream(*stream).IgnoreError();
@@ -518,30 +564,47 @@ int main(int argc, char** argv) {
       continue;  // neither the parameters nor the reference take this step
     }
 
-    // The step's result: the average over every trainer.
-    const double tol = f.dtype == DType::kBFloat16 ? 2e-2 : 1e-5;
+    // The step's result: the average over every trainer that was a member
+    // of this iteration (all of them, unless an elastic job lost a node).
+    std::vector<int> in_step = f.members;
+    if (f.members_from_step < 0 || step < f.members_from_step) {
+      in_step.clear();
+      for (int r = 0; r < world; ++r) in_step.push_back(r);
+    }
+    if (c.job_info().world_size != static_cast<int>(in_step.size())) {
+      std::printf("WORLD MISMATCH rank %d step %d: the daemon divided by %d, expected %zu\n", rank,
+                  step, c.job_info().world_size, in_step.size());
+      std::fflush(stdout);
+      return 1;
+    }
+    const double tol = f.dtype == DType::kBFloat16  ? 2e-2
+                       : f.dtype == DType::kFloat64 ? 1e-12
+                                                    : 1e-5;
     for (size_t i = 0; i < kTensors.size(); ++i) {
       const uint8_t* got = static_cast<const uint8_t*>(c.GradBuffer(i));
       for (size_t j = 0; j < kTensors[i].numel; ++j) {
         double expected = 0;
         bool bad = false;
-        for (int r = 0; r < world; ++r) {
+        for (int r : in_step) {
           expected += Stored(f, r, step, i, j);
           bad = bad || IsBad(f, r, step, i, j);
         }
-        expected /= world;
+        expected /= static_cast<double>(in_step.size());
         if (bad) expected = BadValue(f);
         double value;
         if (f.dtype == DType::kBFloat16) {
           uint16_t v;
           std::memcpy(&v, got + j * elem, elem);
           value = gradsync::BFloat16ToFloat(v);
+        } else if (f.dtype == DType::kFloat64) {
+          std::memcpy(&value, got + j * elem, elem);
         } else {
           float v;
           std::memcpy(&v, got + j * elem, elem);
           value = v;
         }
         params[i][j] -= 0.1f * static_cast<float>(value);
+        weights[i][j] -= 0.1 * value;
         reference[i][j] -= 0.1 * expected;
         if (bad && !std::isfinite(value)) {
           std::printf("nonfinite through rank %d step %d tensor %zu element %zu = %g\n", rank, step,
@@ -572,6 +635,15 @@ int main(int argc, char** argv) {
   if (f.bad_rank >= 0 && f.nonfinite == "skip") {
     if (int rc = CheckParameters(f, rank, params, reference); rc != 0) return rc;
   }
+  // Bit for bit: replicas that trained alike end with the same hash.
+  uint64_t weights_hash = 0;
+  for (const std::vector<double>& w : weights) {
+    const auto* p = reinterpret_cast<const unsigned char*>(w.data());
+    for (size_t k = 0; k < w.size() * sizeof(double); ++k) {
+      weights_hash = (weights_hash ^ p[k]) * 1099511628211ull;
+    }
+  }
+  std::printf("weights %016llx\n", static_cast<unsigned long long>(weights_hash));
   std::printf("OK rank %d world %d steps %d\n", rank, world, f.steps);
   std::fflush(stdout);
   if (absl::Status st = c.Close(); !st.ok()) return Error(st);
