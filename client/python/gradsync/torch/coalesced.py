@@ -44,10 +44,6 @@ class CoalescedBroadcast:
                 view = self._buffer[offset:offset + n].view(t.dtype).view(t.shape)
                 self._pairs.append((t, view))
 
-    @property
-    def nbytes(self) -> int:
-        return self._buffer.numel()
-
     def __call__(self, client: Client, root_rank: int,
                  timeout_s: Optional[float] = None) -> None:
         """Copies the root rank's values into the tensors, in place."""
