@@ -160,8 +160,14 @@ class Client {
     int root_rank = 0;
     int64_t wait_ms = 0;
     bool device = false;  // the buffer is device memory on this trainer's GPU
+    int fused_slot = -1;  // the host slot step 0 may move the buffer through (FusedSlot)
   };
   absl::StatusOr<bool> BroadcastOnDevice(const void* buffer, size_t bytes) const;
+  // The host slot a broadcast of one piece may fill before its step 0, so
+  // that the broadcast is one call (local.proto, BroadcastRequest), or -1.
+  int FusedSlot(const BroadcastCall& call) const;
+  absl::Status FinishFused(const BroadcastCall& call, const v1::BroadcastResponse& begin,
+                           uint8_t* data, bool root);
   absl::Status BroadcastStep(const BroadcastCall& call, uint64_t k, v1::BroadcastResponse* resp);
   absl::StatusOr<uint8_t*> MapHostSlots(const v1::BroadcastResponse& begin);
   absl::StatusOr<uint8_t*> MapDeviceSlots(const v1::BroadcastResponse& begin);
@@ -224,6 +230,10 @@ class Client {
   // gs_broadcast's staging segment (the daemon's, one per job), mapped at
   // the first broadcast.
   ipc::SharedSegment broadcast_segment_;
+  uint64_t broadcast_piece_bytes_ = 0;
+  // The host slot no trainer can still be reading: the one the last host
+  // broadcast did not end in (-1 before the first that moved a byte).
+  int broadcast_free_slot_ = -1;
 
   // The Watch stream (a thread): daemon-pushed errors and daemon death.
   std::unique_ptr<grpc::ClientContext> watch_ctx_;

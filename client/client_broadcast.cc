@@ -59,6 +59,8 @@ absl::Status Client::BroadcastStep(const BroadcastCall& call, uint64_t k,
   req.set_step(k);
   req.set_timeout_ms(call.wait_ms);
   req.set_device(call.device);
+  if (k == 0 && call.fused_slot >= 0)
+    req.set_fused_slot(static_cast<uint32_t>(call.fused_slot) + 1);
   const grpc::Status s = stub_->Broadcast(&ctx, req, resp);
   if (s.ok()) return FromProto(resp->error());
   if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
@@ -90,10 +92,19 @@ absl::Status Client::Broadcast(void* buffer, size_t bytes, int root_rank, int64_
   call.root_rank = root_rank;
   call.wait_ms = timeout_ms > 0 ? timeout_ms : daemon_timeout_ms_;
   ASSIGN_OR_RETURN(call.device, BroadcastOnDevice(buffer, bytes));
+  uint8_t* const data = static_cast<uint8_t*>(buffer);
+  const bool root = root_rank == rank_;
+  call.fused_slot = FusedSlot(call);
+  if (call.fused_slot >= 0 && root) {
+    std::memcpy(static_cast<uint8_t*>(broadcast_segment_.data()) +
+                    static_cast<uint64_t>(call.fused_slot) * broadcast_piece_bytes_,
+                data, bytes);
+  }
   // An error the daemon answers has failed the job (or concerned this call
   // alone): the job's error reaches gs_wait through the rings as well.
   v1::BroadcastResponse begin;
   RETURN_IF_ERROR(BroadcastStep(call, 0, &begin));
+  if (begin.fused()) return FinishFused(call, begin, data, root);
   const uint64_t piece = begin.piece_bytes();
   if (bytes == 0) return absl::OkStatus();
   if (piece == 0) {
@@ -105,8 +116,6 @@ absl::Status Client::Broadcast(void* buffer, size_t bytes, int root_rank, int64_
   } else {
     ASSIGN_OR_RETURN(slots, MapHostSlots(begin));
   }
-  uint8_t* const data = static_cast<uint8_t*>(buffer);
-  const bool root = root_rank == rank_;
   const uint64_t pieces = (bytes + piece - 1) / piece;
   for (uint64_t k = 0; k < pieces; ++k) {
     const uint64_t offset = k * piece;
@@ -117,6 +126,33 @@ absl::Status Client::Broadcast(void* buffer, size_t bytes, int root_rank, int64_
     RETURN_IF_ERROR(BroadcastStep(call, k + 1, &resp));
     if (!root) RETURN_IF_ERROR(CopyPiece(call, data + offset, slot, len));
   }
+  if (!call.device) {
+    broadcast_piece_bytes_ = piece;
+    broadcast_free_slot_ = static_cast<int>(pieces % 2);  // the last piece went through the other
+  }
+  return absl::OkStatus();
+}
+
+int Client::FusedSlot(const BroadcastCall& call) const {
+  if (call.device || call.bytes == 0 || call.bytes > broadcast_piece_bytes_ ||
+      !broadcast_segment_.valid() || broadcast_free_slot_ < 0) {
+    return -1;
+  }
+  return broadcast_free_slot_;
+}
+
+absl::Status Client::FinishFused(const BroadcastCall& call, const v1::BroadcastResponse& begin,
+                                 uint8_t* data, bool root) {
+  // The daemon moved the slot this trainer asked for, in the segment it mapped.
+  if (call.fused_slot < 0 || begin.segment_name() != broadcast_segment_.name()) {
+    return Failed(MakeError(v1::INTERNAL,
+                            "gs_broadcast: the daemon answered a fused broadcast this trainer "
+                            "did not ask for"));
+  }
+  const uint8_t* slot = static_cast<const uint8_t*>(broadcast_segment_.data()) +
+                        static_cast<uint64_t>(call.fused_slot) * broadcast_piece_bytes_;
+  if (!root) std::memcpy(data, slot, call.bytes);
+  broadcast_free_slot_ = 1 - call.fused_slot;
   return absl::OkStatus();
 }
 

@@ -161,13 +161,19 @@ grpc::Status LocalService::Broadcast(grpc::ServerContext*, const v1::BroadcastRe
   if (!job) return Reply(resp, MakeError(v1::STATE, "unknown session"));
   const int64_t timeout_ms = req->timeout_ms() > 0 ? req->timeout_ms() : jobs_->config().timeout_ms;
   const absl::Time deadline = MonotonicNow() + absl::Milliseconds(timeout_ms);
-  absl::StatusOr<Broadcaster::StepResult> r = job->Broadcast(
-      req->session_id(), req->bytes(), req->root_rank(), req->step(), req->device(), deadline);
+  // 1 + a slot (0 or 1); anything else is no fused call.
+  const int fused_slot = req->fused_slot() == 1 || req->fused_slot() == 2
+                             ? static_cast<int>(req->fused_slot()) - 1
+                             : -1;
+  absl::StatusOr<Broadcaster::StepResult> r =
+      job->Broadcast(req->session_id(), req->bytes(), req->root_rank(), req->step(), req->device(),
+                     fused_slot, deadline);
   if (!r.ok()) return Reply(resp, r.status());
   resp->set_segment_name(r->segment_name);
   resp->set_segment_bytes(r->segment_bytes);
   resp->set_piece_bytes(r->piece_bytes);
   resp->set_device_handle(r->device_handle);
+  resp->set_fused(r->fused);
   return Reply(resp, absl::OkStatus());
 }
 

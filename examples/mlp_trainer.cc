@@ -8,7 +8,14 @@
 // the weights follow exactly what one process training on the whole batch
 // computes. `--single` runs that reference in-process (no daemon) for
 // comparison. LOCAL_RANK selects the trainer's local rank.
+//
+// --checkpoint FILE: rank 0 saves the weights and the next step there every
+// --checkpoint-every steps; a trainer started when FILE exists resumes
+// from it (restarting a job from its last checkpoint). --timestamps adds
+// to rank 0's step lines when the step completed on the monotonic clock
+// (tests/bench/elastic_recovery_bench.py times recoveries with it).
 #include <getopt.h>
+#include <time.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -33,7 +40,28 @@ struct Options {
   bool quiet = false;
   std::string socket;
   std::string out;  // write final parameters here
+  std::string checkpoint;
+  int checkpoint_every = 1;
+  bool timestamps = false;
 };
+
+long long MonotonicMicros() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<long long>(t.tv_sec) * 1000000 + t.tv_nsec / 1000;
+}
+
+// The step to start at: 0, or the checkpoint's when --checkpoint names an
+// existing file (loaded into `model`); -1 when that file cannot be loaded.
+template <typename T>
+int StartStep(const Options& opt, mlp::Model<T>& model) {
+  if (opt.checkpoint.empty()) return 0;
+  FILE* probe = std::fopen(opt.checkpoint.c_str(), "r");
+  if (!probe) return 0;
+  std::fclose(probe);
+  int next_step = 0;
+  return mlp::LoadCheckpoint(model, &next_step, opt.checkpoint) ? next_step : -1;
+}
 
 template <typename T>
 int Run(const Options& opt) {
@@ -70,7 +98,12 @@ int Run(const Options& opt) {
     return 2;
   }
   const int shard = opt.batch / world;
-  for (int step = 0; step < opt.steps; ++step) {
+  const int start = StartStep(opt, model);
+  if (start < 0) {
+    if (c) gs_close(c);
+    return 2;
+  }
+  for (int step = start; step < opt.steps; ++step) {
     double loss = 0;
     for (int micro = 0; micro < opt.accumulate; ++micro) {
       // Only the last micro-batch is reduced; the others accumulate locally.
@@ -93,9 +126,17 @@ int Run(const Options& opt) {
       }
     }
     mlp::SgdStep(model, grads, opt.lr, /*apply=*/true);
+    if (rank == 0 && !opt.checkpoint.empty() && (step + 1) % opt.checkpoint_every == 0 &&
+        !mlp::SaveCheckpoint(model, step + 1, opt.checkpoint)) {
+      std::fprintf(stderr, "mlp_trainer: cannot write the checkpoint %s\n", opt.checkpoint.c_str());
+      if (c) gs_close(c);
+      return 3;
+    }
     if (!opt.quiet && rank == 0) {
-      std::printf("step %3d  loss %.6f  (rank %d of %d)\n", step,
+      std::printf("step %3d  loss %.6f  (rank %d of %d)", step,
                   loss / (double(shard) * opt.accumulate), rank, world);
+      if (opt.timestamps) std::printf(" mono_us=%lld", MonotonicMicros());
+      std::printf("\n");
       std::fflush(stdout);
     }
   }
@@ -110,13 +151,21 @@ int Run(const Options& opt) {
 // The command line into `opt`; false (after a usage message) when it does
 // not parse.
 bool ParseFlags(int argc, char** argv, Options& opt) {
-  static option longopts[] = {
-      {"steps", required_argument, nullptr, 's'},  {"batch", required_argument, nullptr, 'b'},
-      {"hidden", required_argument, nullptr, 'H'}, {"dim", required_argument, nullptr, 'D'},
-      {"lr", required_argument, nullptr, 'l'},     {"accumulate", required_argument, nullptr, 'a'},
-      {"fp64", no_argument, nullptr, '6'},         {"single", no_argument, nullptr, '1'},
-      {"quiet", no_argument, nullptr, 'q'},        {"socket", required_argument, nullptr, 'S'},
-      {"out", required_argument, nullptr, 'o'},    {nullptr, 0, nullptr, 0}};
+  static option longopts[] = {{"steps", required_argument, nullptr, 's'},
+                              {"batch", required_argument, nullptr, 'b'},
+                              {"hidden", required_argument, nullptr, 'H'},
+                              {"dim", required_argument, nullptr, 'D'},
+                              {"lr", required_argument, nullptr, 'l'},
+                              {"accumulate", required_argument, nullptr, 'a'},
+                              {"fp64", no_argument, nullptr, '6'},
+                              {"single", no_argument, nullptr, '1'},
+                              {"quiet", no_argument, nullptr, 'q'},
+                              {"socket", required_argument, nullptr, 'S'},
+                              {"out", required_argument, nullptr, 'o'},
+                              {"checkpoint", required_argument, nullptr, 'c'},
+                              {"checkpoint-every", required_argument, nullptr, 'e'},
+                              {"timestamps", no_argument, nullptr, 't'},
+                              {nullptr, 0, nullptr, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", longopts, nullptr)) != -1) {
     switch (ch) {
@@ -153,11 +202,20 @@ bool ParseFlags(int argc, char** argv, Options& opt) {
       case 'o':
         opt.out = optarg;
         break;
+      case 'c':
+        opt.checkpoint = optarg;
+        break;
+      case 'e':
+        opt.checkpoint_every = std::max(1, std::atoi(optarg));
+        break;
+      case 't':
+        opt.timestamps = true;
+        break;
       default:
         std::fprintf(stderr,
                      "usage: mlp_trainer [--steps N] [--batch N] [--hidden N] [--dim N] [--lr X]\n"
                      "  [--accumulate K] [--fp64] [--single] [--quiet] [--socket PATH]\n"
-                     "  [--out FILE]\n"
+                     "  [--out FILE] [--checkpoint FILE] [--checkpoint-every N] [--timestamps]\n"
                      "  (LOCAL_RANK selects the trainer's local rank)\n");
         return false;
     }

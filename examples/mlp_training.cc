@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <type_traits>
 
 namespace mlp {
@@ -116,6 +117,49 @@ bool WriteWeights(const Model<T>& model, const std::string& path) {
   return std::fclose(f) == 0;
 }
 
+constexpr char kCheckpointMagic[] = "mlp-checkpoint-v1";
+
+template <typename T>
+bool SaveCheckpoint(const Model<T>& model, int next_step, const std::string& path) {
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f) return false;
+  std::fprintf(f, "%s next_step %d\n", kCheckpointMagic, next_step);
+  for (int p = 0; p < Model<T>::kCount; ++p) {
+    for (T v : model.params[p]) std::fprintf(f, "%s %.17g\n", model.names[p].c_str(), double(v));
+  }
+  if (std::fclose(f) != 0) return false;
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+template <typename T>
+bool LoadCheckpoint(Model<T>& model, int* next_step, const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) {
+    std::fprintf(stderr, "mlp_trainer: cannot open the checkpoint %s\n", path.c_str());
+    return false;
+  }
+  char magic[32] = {0};
+  bool ok = std::fscanf(f, "%31s next_step %d", magic, next_step) == 2 &&
+            std::string(magic) == kCheckpointMagic;
+  char name[64];
+  double v = 0;
+  for (int p = 0; ok && p < Model<T>::kCount; ++p) {
+    for (T& w : model.params[p]) {
+      ok = std::fscanf(f, "%63s %lf", name, &v) == 2 && model.names[p] == name;
+      if (!ok) break;
+      w = static_cast<T>(v);
+    }
+  }
+  ok = ok && std::fscanf(f, "%63s", name) == EOF;  // nothing more: the same model's shape
+  std::fclose(f);
+  if (!ok) {
+    std::fprintf(stderr, "mlp_trainer: %s is not a checkpoint of this model (--dim, --hidden)\n",
+                 path.c_str());
+  }
+  return ok;
+}
+
 template <typename T>
 std::vector<gs_tensor_spec> TensorSpecs(const Model<T>& model) {
   const gs_dtype dtype = std::is_same<T, double>::value ? GS_FLOAT64 : GS_FLOAT32;
@@ -139,6 +183,8 @@ int Die(gs_client* c, const char* what, gs_status st) {
   template void SgdStep<T>(Model<T>&, T* const*, double, bool);                                    \
   template double Checksum<T>(const Model<T>&);                                                    \
   template bool WriteWeights<T>(const Model<T>&, const std::string&);                              \
+  template bool SaveCheckpoint<T>(const Model<T>&, int, const std::string&);                       \
+  template bool LoadCheckpoint<T>(Model<T>&, int*, const std::string&);                            \
   template std::vector<gs_tensor_spec> TensorSpecs<T>(const Model<T>&);
 GRADSYNC_MLP_INSTANTIATE(float)
 GRADSYNC_MLP_INSTANTIATE(double)

@@ -78,6 +78,18 @@ double Checksum(const Model<T>& model);
 template <typename T>
 bool WriteWeights(const Model<T>& model, const std::string& path);
 
+// A checkpoint: the weights and the step to resume at, written to a
+// temporary file renamed over `path` (a reader never sees half of one);
+// false when it cannot be written.
+template <typename T>
+bool SaveCheckpoint(const Model<T>& model, int next_step, const std::string& path);
+
+// Loads a checkpoint SaveCheckpoint wrote for a model of the same shape
+// into `model` and `*next_step`; false (with a message on stderr) when it
+// is missing, truncated or for another model.
+template <typename T>
+bool LoadCheckpoint(Model<T>& model, int* next_step, const std::string& path);
+
 // The model's gradients as gradsync tensors, in registration order.
 template <typename T>
 std::vector<gs_tensor_spec> TensorSpecs(const Model<T>& model);

@@ -157,7 +157,7 @@ absl::Status Broadcaster::Refusal(const Trainer& caller, uint64_t bytes, int roo
 
 absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller, uint64_t bytes,
                                                           int root_rank, uint64_t step, bool device,
-                                                          absl::Time deadline) {
+                                                          int fused_slot, absl::Time deadline) {
   const int me = caller.local_rank;
   absl::Status refused;
   StepResult result;
@@ -175,6 +175,9 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
         call_.step = step;
         call_.device = device;
         call_.first = me;
+        call_.fused_slot = fused_slot;
+      } else if (call_.fused_slot != fused_slot) {
+        call_.fused_slot = -1;  // a plain step 0: everyone goes on with step 1
       }
       if (step == 0) busy_ = true;
       call_.arrived[me] = 1;
@@ -194,7 +197,9 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
         mu_.Lock();
         running_ = false;
         calls_done_ = mine + 1;
-        if (st.ok() && call.step == Pieces(call.bytes)) busy_ = false;
+        if (st.ok() && (call.step == Pieces(call.bytes) || (call.step == 0 && fused_))) {
+          busy_ = false;
+        }
         cv_.SignalAll();
         if (!st.ok()) {
           mu_.Unlock();
@@ -226,6 +231,7 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
       result.segment_name = segment_.name();
       result.segment_bytes = segment_.size();
       result.piece_bytes = kPieceBytes;
+      result.fused = step == 0 && fused_;
       if (device && step == 0 && gpu_ != nullptr &&
           static_cast<size_t>(me) < gpu_->num_trainers()) {
         result.device_handle = gpu_->broadcast_handle(gpu_->device_index(me)).ToBytes();
@@ -251,10 +257,11 @@ absl::Status Broadcaster::EnsureSegment() {
   return absl::OkStatus();
 }
 
-absl::Status Broadcaster::Agree(const Call& call, bool* collective) {
+absl::Status Broadcaster::Agree(const Call& call, bool* fused, bool* collective) {
   const int nodes = options_.num_nodes;
   std::vector<double> v(kAgreementHead + kAgreementPerNode * static_cast<size_t>(nodes), 0.0);
   v[0] = 1;
+  v[1] = *fused ? 1 : 0;  // fused only when every node can
   const size_t mine = kAgreementHead + kAgreementPerNode * static_cast<size_t>(options_.node_rank);
   v[mine] = static_cast<double>(call.bytes) + 1;
   // Whether the buffers are device memory rides with the root, so that a
@@ -297,6 +304,7 @@ absl::Status Broadcaster::Agree(const Call& call, bool* collective) {
                                                         " is on no node of the job"));
   }
   root_node_ = root_node;
+  *fused = v[1] == nodes;
   return absl::OkStatus();
 }
 
@@ -331,22 +339,39 @@ absl::Status Broadcaster::RunDevicePiece(const Call& call, uint64_t piece, bool*
   return absl::OkStatus();
 }
 
+bool Broadcaster::CanFuse(const Call& call) const {
+  // The segment exists: the callers mapped it in an earlier broadcast.
+  return !call.device && call.fused_slot >= 0 && call.fused_slot <= 1 && call.bytes > 0 &&
+         call.bytes <= kPieceBytes && segment_.valid();
+}
+
 absl::Status Broadcaster::Run(const Call& call, bool* collective) {
   if (call.step == 0) {
+    fused_ = false;
     if (call.device) {
       RETURN_IF_ERROR(gpu_->EnsureBroadcastSlots(kPieceBytes));
       root_nccl_rank_ = LocalRootNcclRank(call.root_rank);
     } else {
       RETURN_IF_ERROR(EnsureSegment());
     }
-    if (options_.num_nodes > 1) return Agree(call, collective);
+    bool fused = CanFuse(call);
+    if (options_.num_nodes > 1) RETURN_IF_ERROR(Agree(call, &fused, collective));
+    if (!fused) return absl::OkStatus();
+    // The root filled the whole buffer into that slot before its call.
+    RETURN_IF_ERROR(
+        RunHostPiece(call, 0, Slot(static_cast<uint64_t>(call.fused_slot)), collective));
+    fused_ = true;
     return absl::OkStatus();
   }
   if (call.device) return RunDevicePiece(call, call.step - 1, collective);
+  return RunHostPiece(call, call.step - 1, Slot(call.step - 1), collective);
+}
+
+absl::Status Broadcaster::RunHostPiece(const Call& call, uint64_t piece, uint8_t* slot,
+                                       bool* collective) {
   if (options_.num_nodes == 1) return absl::OkStatus();
-  const uint64_t piece = call.step - 1;
   const uint64_t len = std::min(kPieceBytes, call.bytes - piece * kPieceBytes);
-  absl::Status st = backend_->Broadcast(Slot(piece), len, root_node_);
+  absl::Status st = backend_->Broadcast(slot, len, root_node_);
   if (!st.ok()) {
     *collective = true;
     return MakeError(CodeOf(st), absl::StrCat("gs_broadcast, piece ", piece, " of ",

@@ -93,13 +93,16 @@ class Broadcaster {
     uint64_t segment_bytes = 0;
     uint64_t piece_bytes = kPieceBytes;
     std::string device_handle;  // step 0 of a device broadcast: the caller's GPU's slots
+    bool fused = false;         // step 0 also moved the buffer (fused_slot): it is done
   };
   // One trainer's call (BroadcastRequest); blocks until every local trainer
   // made it, or the job fails, or (before every trainer arrived) the
   // deadline, a MonotonicNow() time, passes. An error that concerns the
-  // job fails it first.
+  // job fails it first. `fused_slot` (step 0 of a host broadcast of one
+  // piece; -1: none): the slot the caller's root filled with the whole
+  // buffer, so that step 0 may move it too (local.proto, BroadcastRequest).
   absl::StatusOr<StepResult> Step(const Trainer& caller, uint64_t bytes, int root_rank,
-                                  uint64_t step, bool device, absl::Time deadline)
+                                  uint64_t step, bool device, int fused_slot, absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu_)
       // It releases mu_ around the call it runs, which the analysis cannot follow.
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
@@ -126,7 +129,10 @@ class Broadcaster {
     uint64_t bytes = 0;
     int root_rank = 0;
     uint64_t step = 0;
-    bool device = false;           // device buffers (BroadcastRequest.device)
+    bool device = false;  // device buffers (BroadcastRequest.device)
+    // The slot every arrival so far filled for a fused step 0; -1: not fused
+    // (an arrival sent none, or another slot).
+    int fused_slot = -1;
     int first = -1;                // local rank that arrived first
     std::vector<uint8_t> arrived;  // per local rank
     int count = 0;
@@ -135,7 +141,12 @@ class Broadcaster {
   // of `call`. *collective: the error is a collective's failure (the job
   // then asks the leader which node caused it), not a verdict.
   absl::Status Run(const Call& call, bool* collective) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status Agree(const Call& call, bool* collective);
+  // Step 0's agreement across nodes; *fused: every node fuses too.
+  absl::Status Agree(const Call& call, bool* fused, bool* collective);
+  // Whether step 0 of `call` may move the buffer too (this node's view).
+  bool CanFuse(const Call& call) const;
+  // Piece `piece` of a host broadcast, through `slot`, across nodes.
+  absl::Status RunHostPiece(const Call& call, uint64_t piece, uint8_t* slot, bool* collective);
   // A device broadcast's piece `piece` across the node's GPUs and nodes.
   absl::Status RunDevicePiece(const Call& call, uint64_t piece, bool* collective);
   // The NCCL rank of the root's GPU when this node holds the root, else -1.
@@ -173,6 +184,7 @@ class Broadcaster {
   ipc::SharedSegment segment_;
   int root_node_ = 0;
   int root_nccl_rank_ = 0;  // device broadcasts
+  bool fused_ = false;      // the last step 0 moved the buffer too
 };
 
 }  // namespace gradsync

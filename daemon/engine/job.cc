@@ -613,7 +613,7 @@ void Job::FailLocked(const absl::Status& error, int culprit, bool expected) {
 
 absl::StatusOr<Broadcaster::StepResult> Job::Broadcast(uint64_t session, uint64_t bytes,
                                                        int root_rank, uint64_t step, bool device,
-                                                       absl::Time deadline) {
+                                                       int fused_slot, absl::Time deadline) {
   std::shared_ptr<Trainer> t;
   Broadcaster* broadcaster = nullptr;
   {
@@ -633,7 +633,7 @@ absl::StatusOr<Broadcaster::StepResult> Job::Broadcast(uint64_t session, uint64_
     broadcaster = broadcaster_.get();  // lives as long as the job
   }
   absl::StatusOr<Broadcaster::StepResult> r =
-      broadcaster->Step(*t, bytes, root_rank, step, device, deadline);
+      broadcaster->Step(*t, bytes, root_rank, step, device, fused_slot, deadline);
   if (r.ok()) return r;
   MonotonicMutexLock lock(&mu_);
   // The job failed (by this call or another): the error this trainer gets.

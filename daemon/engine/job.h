@@ -229,8 +229,8 @@ class Job {
   // local.proto's BroadcastRequest). STATE before the job runs; once the
   // job failed, the error this trainer gets (PEER_FAILED naming a culprit).
   absl::StatusOr<Broadcaster::StepResult> Broadcast(uint64_t session, uint64_t bytes, int root_rank,
-                                                    uint64_t step, bool device, absl::Time deadline)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                                                    uint64_t step, bool device, int fused_slot,
+                                                    absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
   // gs_check_replicas: this trainer's parameter fingerprint after
   // `iteration` (see replica_checker.h). STATE before the job runs; once the
   // job failed, the error this trainer gets.

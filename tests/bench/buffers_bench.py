@@ -20,8 +20,13 @@ SGD. Two figures per framework, measured in one run:
 
 Variants alternate round by round (DDP on, DDP off, gradsync on, gradsync
 off), so the machine's drift hits all alike; each figure is the median of
-its rounds. Prints one markdown table, writes
-bench-results/buffers_bench.json. Not a test: asserts nothing.
+its rounds, with the rounds' min-max beside the sync's. Prints one markdown
+table, writes bench-results/buffers_bench.json. Not a test: asserts nothing.
+
+$GRADSYNC_BENCH_REFERENCE_ROOT (a checkout of another revision, e.g. the
+integration branch, built with `bazel build //client:libgradsync.so
+//daemon:gradsyncd`) adds that revision's daemon, library and Python
+package as a third framework in every round: a before/after in one run.
 
 Run from the repository root after
 `bazel build //client:libgradsync.so //daemon:gradsyncd`:
@@ -43,7 +48,10 @@ import time
 from typing import Dict, List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+REFERENCE_ROOT = os.environ.get("GRADSYNC_BENCH_REFERENCE_ROOT", "")
+# Whose gradsync package a worker imports (the driver sets it per variant).
+PACKAGE_ROOT = os.environ.get("GRADSYNC_BENCH_PACKAGE_ROOT", ROOT)
+sys.path.insert(0, os.path.join(PACKAGE_ROOT, "client", "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_report  # noqa: E402
@@ -166,9 +174,12 @@ def run_variant(variant: str, buffers: bool, args: argparse.Namespace,
                 socket_path: Optional[str]) -> Dict[str, float]:
     port = free_port()
     procs = []
+    root = REFERENCE_ROOT if variant == "reference" else ROOT
     for rank in range(2):
         env = dict(os.environ, LOCAL_RANK=str(rank), OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.path.join(ROOT, "client", "python"))
+                   PYTHONPATH=os.path.join(root, "client", "python"),
+                   GRADSYNC_BENCH_PACKAGE_ROOT=root,
+                   GRADSYNC_LIB=os.path.join(root, "bazel-bin", "client", "libgradsync.so"))
         if socket_path:
             env["GRADSYNC_SOCKET"] = socket_path
         procs.append(subprocess.Popen(
@@ -208,6 +219,8 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="gsbuf.", dir="/tmp")
     sock = os.path.join(tmp, "gs.sock")
     variants = [("ddp", True), ("ddp", False), ("gradsync", True), ("gradsync", False)]
+    if REFERENCE_ROOT:
+        variants += [("reference", True), ("reference", False)]
     runs: Dict[tuple, List[Dict[str, float]]] = {v: [] for v in variants}
     report = bench_report.Report("buffers_bench")
     progress = bench_report.Progress("buffers_bench", args.rounds * len(variants))
@@ -215,8 +228,10 @@ def main() -> int:
         for variant, buffers in variants:
             progress.step(f"round {rnd + 1}/{args.rounds}: {variant} broadcast_buffers={buffers}")
             daemon = None
-            if variant == "gradsync":
+            if variant != "ddp":
+                root = REFERENCE_ROOT if variant == "reference" else ROOT
                 daemon = LocalDaemon(sock, 2, ["--timeout-s=300"],
+                                     binary=os.path.join(root, "bazel-bin", "daemon", "gradsyncd"),
                                      log_path=os.path.join(tmp, "daemon.log")).start()
             try:
                 runs[(variant, buffers)].append(
@@ -235,15 +250,21 @@ def main() -> int:
              for a, b in zip(runs[(variant, True)], runs[(variant, False)])]
         return " ".join(f"{v:+.1f}" for v in d)
 
+    def spread(variant: str) -> str:
+        syncs = [r["sync"] * 1e6 for r in runs[(variant, True)]]
+        return f"{min(syncs):.0f}-{max(syncs):.0f}"
+
     ddp_sync = med("ddp", True, "sync")
     rows = []
-    for variant, label in (("ddp", "torch DDP (gloo), broadcast_buffers=True (reference)"),
-                           ("gradsync", "gradsync DistributedOptimizer(module=), "
-                                        "broadcast_buffers=True")):
+    labels = [("ddp", "torch DDP (gloo), broadcast_buffers=True (reference)"),
+              ("gradsync", "gradsync DistributedOptimizer(module=), broadcast_buffers=True")]
+    if REFERENCE_ROOT:
+        labels.append(("reference", f"the same, built from {REFERENCE_ROOT}"))
+    for variant, label in labels:
         sync = med(variant, True, "sync")
         on, off = med(variant, True, "step"), med(variant, False, "step")
-        rows.append([label, sync * 1e6, sync / ddp_sync, on * 1e3, off * 1e3, (on - off) * 1e3,
-                     per_round(variant)])
+        rows.append([label, sync * 1e6, spread(variant), sync / ddp_sync, on * 1e3, off * 1e3,
+                     (on - off) * 1e3, per_round(variant)])
     model = resnet18()
     buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
     params = sum(p.numel() for p in model.parameters())
@@ -251,7 +272,8 @@ def main() -> int:
         f"broadcast_buffers per step, ResNet-18 ({params / 1e6:.1f}M parameters, "
         f"{buffer_bytes / 1e3:.1f} KB of buffers in {len(list(model.buffers()))} tensors), "
         f"1 node x 2 trainers (median of {args.rounds} alternated rounds)",
-        ["what", "buffer sync alone, p50 (us)", "vs DDP's", "step, on (ms)", "step, off (ms)",
+        ["what", "buffer sync alone, p50 (us)", "rounds min-max (us)", "vs DDP's",
+         "step, on (ms)", "step, off (ms)",
          "step on - off (ms)", "per-round on - off (ms)"],
         rows,
         note=f"torch {torch.__version__}, 1 thread/trainer, {os.cpu_count()} cores; input "

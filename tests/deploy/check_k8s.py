@@ -1,6 +1,10 @@
-"""Checks the Kubernetes sidecar manifests: they parse, and the pieces that
-must agree do (socket path, shared memory, probes on the listen port, the
-leader's DNS name, the headless Service selecting the Job's Pods)."""
+"""Checks the Kubernetes sidecar manifests, file by file: they parse, and the
+pieces that must agree do (socket path, shared memory, probes on the listen
+port, the leader's DNS name, the headless Service selecting the Pods). Each
+file holds one headless Service and one workload: an Indexed Job (a fixed
+job) or a StatefulSet (an elastic job: --min-nodes below --num-nodes,
+replicas = --num-nodes = --max-nodes, since nodes cannot join yet); the
+real gradsyncd accepts each sidecar's flags."""
 import os
 import shlex
 import subprocess
@@ -40,30 +44,76 @@ def daemon_flag(script, env, name):
     return env[var] if env.get(var) is not None else flag(script, name)
 
 
+# Where each workload's Pods read their node rank from (the downward API).
+RANK_FIELD = {
+    "Job": "metadata.annotations['batch.kubernetes.io/job-completion-index']",
+    "StatefulSet": "metadata.labels['apps.kubernetes.io/pod-index']",
+}
+
+
 def main(paths, gradsyncd=None):
-    docs = []
+    total = 0
     for p in paths:
         with open(p) as f:
-            docs += [d for d in yaml.safe_load_all(f) if d]
+            docs = [d for d in yaml.safe_load_all(f) if d]
+        check_manifest(p, docs, gradsyncd)
+        total += len(docs)
+    print(f"PASS: {total} documents in {len(paths)} file(s)")
+
+
+def check_workload(path, workload, svc):
+    """The Job's or StatefulSet's own rules; returns its Pod template."""
+    name = svc["metadata"]["name"]
+    spec = workload["spec"]
+    pod = spec["template"]
+    if workload["kind"] == "Job":
+        check(spec.get("completionMode") == "Indexed", f"{path}: the Job must be Indexed")
+        check(pod["spec"].get("subdomain") == name, f"{path}: Pod subdomain must name the Service")
+    else:
+        check(spec.get("serviceName") == name, f"{path}: serviceName must name the Service")
+        # The daemons rendezvous before any is ready: OrderedReady would
+        # wait forever for Pod 0.
+        check(spec.get("podManagementPolicy") == "Parallel",
+              f"{path}: the StatefulSet needs podManagementPolicy: Parallel")
+        labels = pod["metadata"]["labels"]
+        for k, v in spec["selector"]["matchLabels"].items():
+            check(labels.get(k) == v, f"{path}: selector {k}={v} does not match the Pod labels")
+    return pod
+
+
+def check_elastic(path, workload, env):
+    """A StatefulSet is an elastic job whose replicas are its nodes."""
+    num = int(env["GRADSYNCD_NUM_NODES"])
+    low = int(env.get("GRADSYNCD_MIN_NODES") or num)
+    high = int(env.get("GRADSYNCD_MAX_NODES") or num)
+    replicas = workload["spec"].get("replicas", 1)
+    check(replicas == num, f"{path}: replicas {replicas} must equal --num-nodes {num}")
+    check(1 <= low < num, f"{path}: --min-nodes {low} must be in [1, --num-nodes {num}) "
+                          "for the StatefulSet to be elastic")
+    check(high == num, f"{path}: --max-nodes {high} must equal --num-nodes {num} "
+                       "(nodes cannot join a running job yet)")
+    check(env.get("GRADSYNCD_BACKEND") != "nccl", f"{path}: elastic jobs run on the Gloo path")
+
+
+def check_manifest(path, docs, gradsyncd):
     for d in docs:
         check("apiVersion" in d and "kind" in d and d.get("metadata", {}).get("name"),
-              f"document without apiVersion/kind/name: {d}")
+              f"{path}: document without apiVersion/kind/name: {d}")
     services = [d for d in docs if d["kind"] == "Service"]
-    jobs = [d for d in docs if d["kind"] == "Job"]
-    check(len(services) == 1 and len(jobs) == 1, "expected one Service and one Job")
-    svc, job = services[0], jobs[0]
+    workloads = [d for d in docs if d["kind"] in RANK_FIELD]
+    check(len(services) == 1 and len(workloads) == 1,
+          f"{path}: expected one Service and one Job or StatefulSet")
+    svc, job = services[0], workloads[0]
 
     check(svc["spec"].get("clusterIP") == "None", "the Service must be headless")
     check(svc["spec"].get("publishNotReadyAddresses") is True,
           "the leader must resolve before it is ready")
-    check(job["spec"].get("completionMode") == "Indexed", "the Job must be Indexed")
 
-    pod = job["spec"]["template"]
+    pod = check_workload(path, job, svc)
     spec = pod["spec"]
     labels = pod["metadata"]["labels"]
     for k, v in svc["spec"]["selector"].items():
         check(labels.get(k) == v, f"Service selector {k}={v} does not match the Pod labels")
-    check(spec.get("subdomain") == svc["metadata"]["name"], "Pod subdomain must name the Service")
     check(spec.get("shareProcessNamespace") is True, "shareProcessNamespace must be true")
 
     sidecars = [c for c in spec.get("initContainers", []) if c["name"] == "gradsyncd"]
@@ -97,9 +147,10 @@ def main(paths, gradsyncd=None):
     check(daemon_flag(script, daemon_env, "--leader") == leader,
           f"every node (node 0 names itself) must use --leader {leader}")
     rank = next((e for e in daemon.get("env", []) if e["name"] == "GRADSYNCD_NODE_RANK"), {})
-    check(rank.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
-          == "metadata.annotations['batch.kubernetes.io/job-completion-index']",
-          "GRADSYNCD_NODE_RANK must be the Job's completion index")
+    check(rank.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == RANK_FIELD[job["kind"]],
+          f"GRADSYNCD_NODE_RANK must be the {job['kind']}'s Pod index ({RANK_FIELD[job['kind']]})")
+    if job["kind"] == "StatefulSet":
+        check_elastic(path, job, daemon_env)
 
     metrics = daemon_flag(script, daemon_env, "--metrics-listen")
     check(metrics, "gradsyncd needs --metrics-listen for Prometheus")
@@ -146,14 +197,14 @@ def main(paths, gradsyncd=None):
           f"--job-token-file {token} must be read in place from a Secret volume {secret_dirs}")
     if gradsyncd:
         check_flags_parse(gradsyncd, daemon, command)
-    print(f"PASS: {len(docs)} documents in {len(paths)} file(s)")
+        if job["kind"] == "StatefulSet":
+            check_shape_accepted(gradsyncd, daemon, command, int(daemon_env["GRADSYNCD_NUM_NODES"]))
 
 
-def check_flags_parse(gradsyncd, daemon, command):
-    """Runs the real gradsyncd with the sidecar's environment and arguments
-    (downward-API values filled in, the token copied to a scratch file),
-    plus --num-nodes=0 so it stops at validation: reaching that check means
-    every GRADSYNCD_* variable named a flag and every value parsed."""
+def run_sidecar(gradsyncd, daemon, command, extra):
+    """The real gradsyncd with the sidecar's environment and arguments
+    (downward-API values filled in, the token copied to a scratch file) and
+    `extra` flags that make it stop at validation."""
     with tempfile.TemporaryDirectory() as scratch:
         token = os.path.join(scratch, "token")
         with open(token, "w") as f:
@@ -167,11 +218,28 @@ def check_flags_parse(gradsyncd, daemon, command):
             env[e["name"]] = value
         env["GRADSYNCD_JOB_TOKEN_FILE"] = token
         env["GRADSYNCD_SOCKET"] = os.path.join(scratch, "s.sock")
-        run = subprocess.run([gradsyncd] + command[1:] + ["--num-nodes=0"], env=env,
-                             capture_output=True, text=True, timeout=60)
-        check(run.returncode == 2 and "--num-nodes 0 is not in [1, 4096]" in run.stderr,
-              f"gradsyncd did not accept the sidecar's flags: exit {run.returncode}, "
-              f"{run.stderr.strip()}")
+        return subprocess.run([gradsyncd] + command[1:] + extra, env=env,
+                              capture_output=True, text=True, timeout=60)
+
+
+def check_flags_parse(gradsyncd, daemon, command):
+    """--num-nodes=0 stops gradsyncd at its first check: reaching it means
+    every GRADSYNCD_* variable named a flag and every value parsed."""
+    run = run_sidecar(gradsyncd, daemon, command, ["--num-nodes=0"])
+    check(run.returncode == 2 and "--num-nodes 0 is not in [1, 4096]" in run.stderr,
+          f"gradsyncd did not accept the sidecar's flags: exit {run.returncode}, "
+          f"{run.stderr.strip()}")
+
+
+def check_shape_accepted(gradsyncd, daemon, command, num_nodes):
+    """--node-rank=num_nodes is the job shape's last check, after the
+    elastic range's (--min-nodes, --max-nodes, the backend): reaching it
+    means gradsyncd accepts that range."""
+    run = run_sidecar(gradsyncd, daemon, command, [f"--node-rank={num_nodes}"])
+    want = f"--node-rank {num_nodes} is not in [0, {num_nodes})"
+    check(run.returncode == 2 and want in run.stderr,
+          f"gradsyncd refused the elastic sidecar's job shape: exit {run.returncode}, "
+          f"{run.stderr.strip()}")
 
 
 if __name__ == "__main__":

@@ -2,12 +2,15 @@
  *
  *   broadcast_trainer --socket=PATH [--sizes=0,1,4099] [--roots=0,3]
  *                     [--size-plus-rank] [--root-is-rank] [--stop-before-broadcast=R]
- *                     [--mark-first=R]
+ *                     [--mark-first=R] [--repeat=N]
  *
  * LOCAL_RANK picks the local rank. It registers one small tensor, then for
  * every root and every size fills a buffer with a pattern of its own rank,
  * calls gs_broadcast and checks, byte for byte, that the buffer now holds
- * the root's pattern. --size-plus-rank and --root-is-rank make trainers
+ * the root's pattern (a new one for every call, so that a reader that got
+ * an earlier call's bytes fails). --repeat=N runs the roots and sizes N
+ * times (back-to-back broadcasts reuse the daemon's two staging slots).
+ * --size-plus-rank and --root-is-rank make trainers
  * disagree; --stop-before-broadcast=R makes global rank R raise SIGSTOP
  * instead of broadcasting (a test kills it there); --mark-first=R makes
  * rank R mark its tensor (mid-iteration) and wait instead of broadcasting.
@@ -30,8 +33,8 @@ static double NowMs(void) {
   return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
-static uint8_t Pattern(int rank, size_t i) {
-  return (uint8_t)(i * 131u + (unsigned)rank * 7u + 1u);
+static uint8_t Pattern(int rank, unsigned call, size_t i) {
+  return (uint8_t)(i * 131u + (unsigned)rank * 7u + call * 29u + 1u);
 }
 
 static size_t ParseList(const char* s, long long* out, size_t max) {
@@ -57,7 +60,7 @@ int main(int argc, char** argv) {
   size_t num_sizes = 3;
   long long roots[8] = {0};
   size_t num_roots = 1;
-  int size_plus_rank = 0, root_is_rank = 0, stop_rank = -1, mark_rank = -1;
+  int size_plus_rank = 0, root_is_rank = 0, stop_rank = -1, mark_rank = -1, repeat = 1;
   for (int i = 1; i < argc; ++i) {
     if (strncmp(argv[i], "--socket=", 9) == 0) {
       socket_path = argv[i] + 9;
@@ -73,6 +76,8 @@ int main(int argc, char** argv) {
       stop_rank = atoi(argv[i] + 24);
     } else if (strncmp(argv[i], "--mark-first=", 13) == 0) {
       mark_rank = atoi(argv[i] + 13);
+    } else if (strncmp(argv[i], "--repeat=", 9) == 0) {
+      repeat = atoi(argv[i] + 9);
     } else {
       fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 1;
@@ -107,27 +112,30 @@ int main(int argc, char** argv) {
   }
   uint8_t* buf = (uint8_t*)malloc(largest > 0 ? largest : 1);
   if (buf == NULL) return 3;
-  for (size_t r = 0; r < num_roots; ++r) {
-    const int root = root_is_rank ? rank : (int)roots[r];
-    for (size_t s = 0; s < num_sizes; ++s) {
-      const size_t bytes = (size_t)sizes[s] + (size_plus_rank ? (size_t)rank : 0);
-      for (size_t i = 0; i < bytes; ++i) buf[i] = Pattern(rank, i);
-      const double start = NowMs();
-      if ((st = gs_broadcast(c, buf, bytes, root, -1)) != GS_OK) {
-        free(buf);
-        return Fail(c, "gs_broadcast", st);
-      }
-      for (size_t i = 0; i < bytes; ++i) {
-        if (buf[i] != Pattern(root, i)) {
-          fprintf(stderr, "rank %d: byte %zu of %zu is %u, root %d's is %u\n", rank, i, bytes,
-                  buf[i], root, Pattern(root, i));
+  unsigned call = 0;
+  for (int rep = 0; rep < repeat; ++rep) {
+    for (size_t r = 0; r < num_roots; ++r) {
+      const int root = root_is_rank ? rank : (int)roots[r];
+      for (size_t s = 0; s < num_sizes; ++s, ++call) {
+        const size_t bytes = (size_t)sizes[s] + (size_plus_rank ? (size_t)rank : 0);
+        for (size_t i = 0; i < bytes; ++i) buf[i] = Pattern(rank, call, i);
+        const double start = NowMs();
+        if ((st = gs_broadcast(c, buf, bytes, root, -1)) != GS_OK) {
           free(buf);
-          gs_close(c);
-          return 2;
+          return Fail(c, "gs_broadcast", st);
         }
+        for (size_t i = 0; i < bytes; ++i) {
+          if (buf[i] != Pattern(root, call, i)) {
+            fprintf(stderr, "rank %d: call %u: byte %zu of %zu is %u, root %d's is %u\n", rank,
+                    call, i, bytes, buf[i], root, Pattern(root, call, i));
+            free(buf);
+            gs_close(c);
+            return 2;
+          }
+        }
+        const double ms = NowMs() - start; /* informational: the tests assert no time */
+        printf("broadcast ok rank=%d bytes=%zu root=%d ms=%.1f\n", rank, bytes, root, ms);
       }
-      const double ms = NowMs() - start; /* informational: the tests assert no time */
-      printf("broadcast ok rank=%d bytes=%zu root=%d ms=%.1f\n", rank, bytes, root, ms);
     }
   }
   /* An iteration after the broadcasts: they left the job usable. */

@@ -137,6 +137,66 @@ TEST(ExampleTrainerTest, TwoExampleTrainersEqualTheExampleAndTheTestTrainerOnThe
   EXPECT_EQ(LoadWeights(daemon.dir() + "/w0.txt"), LoadWeights(daemon.dir() + "/w1.txt"));
 }
 
+// Two example trainers through `daemon`, each with `args`, to completion;
+// trainer r writes its final weights to <daemon dir>/w<r>.txt. *rank0_log:
+// what rank 0 printed (each step it completed).
+void RunTwoExampleTrainers(const Daemon& daemon, const std::vector<std::string>& args,
+                           std::string* rank0_log) {
+  std::vector<Process> trainers;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> argv = {Runfile("examples/mlp_trainer"), "--socket=" + daemon.socket(),
+                                     absl::StrCat("--out=", daemon.dir(), "/w", r, ".txt")};
+    argv.insert(argv.end(), args.begin(), args.end());
+    SpawnOptions options;
+    options.env = {{"LOCAL_RANK", std::to_string(r)}};
+    trainers.push_back(
+        Process::Spawn(argv, absl::StrCat(daemon.dir(), "/trainer", r, ".log"), options));
+  }
+  for (int r = 0; r < 2; ++r) {
+    const ExitStatus st = trainers[r].Wait(seconds(60));
+    ASSERT_TRUE(st.exited && st.code == 0) << "trainer " << r << " " << st.ToString() << "\n"
+                                           << trainers[r].Log() << "\ndaemon:\n"
+                                           << daemon.process().Log();
+  }
+  *rank0_log = trainers[0].Log();
+}
+
+// The restart-everything path (tests/bench/elastic_recovery_bench.py's
+// baseline): a job of two example trainers stops after 6 steps with rank
+// 0's --checkpoint; a new daemon and two new trainers resume from it to
+// step 12 and end where one process training 12 steps on the whole batch
+// ends.
+TEST(ExampleTrainerTest, TrainersRestartedFromTheCheckpointEndWhereAnUninterruptedRunEnds) {
+  Daemon first(2, kSmallBuckets);
+  ASSERT_TRUE(first.WaitReady(seconds(10))) << first.process().Log();
+  const std::string checkpoint = first.dir() + "/checkpoint.txt";
+  std::string log;
+  RunTwoExampleTrainers(first, {"--steps=6", "--fp64", "--checkpoint=" + checkpoint}, &log);
+  if (::testing::Test::HasFatalFailure()) return;
+  Daemon second(2, kSmallBuckets);
+  ASSERT_TRUE(second.WaitReady(seconds(10))) << second.process().Log();
+  RunTwoExampleTrainers(second, {"--steps=12", "--fp64", "--checkpoint=" + checkpoint}, &log);
+  if (::testing::Test::HasFatalFailure()) return;
+  // It resumed at step 6 (12 steps from the start would end at the same
+  // weights).
+  EXPECT_NE(log.find("step   6  loss"), std::string::npos) << log;
+  EXPECT_EQ(log.find("step   5  loss"), std::string::npos) << log;
+
+  const std::string out = second.dir() + "/single.txt";
+  Process single = Process::Spawn({Runfile("examples/mlp_trainer"), "--quiet", "--single",
+                                   "--steps=12", "--fp64", "--out=" + out},
+                                  out + ".log");
+  const ExitStatus st = single.Wait(seconds(60));
+  ASSERT_TRUE(st.exited && st.code == 0) << st.ToString() << single.Log();
+  const std::vector<double> want = LoadWeights(out);
+  ASSERT_FALSE(want.empty());
+  for (int r = 0; r < 2; ++r) {
+    const std::vector<double> got = LoadWeights(absl::StrCat(second.dir(), "/w", r, ".txt"));
+    ASSERT_EQ(got.size(), want.size()) << "trainer " << r;
+    EXPECT_LE(RelativeDifference(got, want), 1e-12) << "trainer " << r;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Trainers, EquivalenceTest,
     ::testing::Values(Case{1, true, {"--gate-every=3"}, "one_fp64"},

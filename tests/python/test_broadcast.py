@@ -7,6 +7,8 @@ with a real gradsyncd and two real trainer processes.
   and broadcast_buffers=True re-broadcasts the buffers before each
   synchronized forward as DDP does; on one node (2 trainers) and across
   two nodes of two trainers each.
+- broadcast_buffers gives every forward rank 0's buffers of every kind
+  (dtypes, a 0-dim counter, empty and non-contiguous ones), step after step.
 - broadcast_optimizer_state after a checkpoint loaded on rank 0 only makes
   Adam's state (moments, step, learning rate) equal everywhere, and the
   next steps equal on every rank.
@@ -67,6 +69,25 @@ def test_unseeded_replicas_across_two_nodes_end_equal_to_plain_ddp(gradsyncd, wo
     results = [t.result() for t in trainers]
     assert [r["rank"] for r in results] == [0, 1, 2, 3]
     _check_replicas(results)
+
+
+def test_broadcast_buffers_gives_every_forward_rank_0s_buffers_of_every_dtype(gradsyncd) -> None:
+    """The packed buffer laid out once (several dtypes, a 0-dim counter, an
+    empty and a non-contiguous buffer): each rank overwrites its buffers with
+    values of its own before every forward, and every forward sees rank 0's,
+    step after step (back-to-back one-call broadcasts through the daemon's
+    alternating staging slots)."""
+    results = gradsyncd(2).run(2, ["--mode=buffers", "--steps=8"])
+    by_rank = {r["rank"]: r for r in results}
+    root = by_rank[0]
+    for step in range(8):
+        assert any(not torch.equal(root["set"][step][k], by_rank[1]["set"][step][k])
+                   for k in root["set"][step]), step  # the ranks set different values
+        for r in results:
+            seen = r["seen"][step]
+            for k, want in root["set"][step].items():
+                assert seen[k].dtype == want.dtype and torch.equal(seen[k], want), (
+                    r["rank"], step, k)
 
 
 def test_broadcast_optimizer_state_after_a_checkpoint_on_rank_0_only(gradsyncd, workdir) -> None:

@@ -241,6 +241,51 @@ def run_replicas(args: argparse.Namespace) -> dict:
     return out
 
 
+class ManyBuffers(torch.nn.Module):
+    """Buffers of every kind the packed broadcast must lay out: several
+    dtypes and sizes, a 0-dim counter, an empty one and a non-contiguous
+    view. The forward records what it sees (after broadcast_buffers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 1)
+        self.register_buffer("f32", torch.zeros(3, 5))
+        self.register_buffer("f64", torch.zeros(7, dtype=torch.float64))
+        self.register_buffer("f16", torch.zeros(3, dtype=torch.float16))
+        self.register_buffer("count", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("i8", torch.zeros(5, dtype=torch.int8))
+        self.register_buffer("flags", torch.zeros(3, dtype=torch.bool))
+        self.register_buffer("empty", torch.zeros(0, 4))
+        self.register_buffer("strided", torch.zeros(4, 6)[:, ::2])
+        self.seen: List[Dict[str, torch.Tensor]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append({k: v.clone() for k, v in self.named_buffers()})
+        return self.fc(x)
+
+
+def run_buffers(args: argparse.Namespace) -> dict:
+    """broadcast_buffers over ManyBuffers: before each forward every rank
+    sets its buffers to values of its own (rank, step); the forward must see
+    rank 0's, every step."""
+    rank = int(os.environ["LOCAL_RANK"])
+    model = ManyBuffers()
+    opt = gst.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   model.named_parameters(), module=model)
+    mine = []
+    for step in range(args.steps):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        with torch.no_grad():
+            for b in model.buffers():
+                b.copy_(torch.randint(0, 100, b.shape, generator=g).to(b.dtype))
+        mine.append({k: v.clone() for k, v in model.named_buffers()})
+        opt.zero_grad()
+        model(torch.ones(2, 4)).sum().backward()
+        opt.step()
+    opt.close()
+    return {"rank": rank, "set": mine, "seen": model.seen}
+
+
 def run_optimizer_state(args: argparse.Namespace) -> dict:
     """A checkpoint (model and Adam state after 3 local steps) loaded on
     rank 0 only, then broadcast_parameters + broadcast_optimizer_state, then
@@ -298,7 +343,8 @@ class _StepModule:
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["optimizer", "ddp", "replicas", "optimizer-state"],
+    ap.add_argument("--mode", choices=["optimizer", "ddp", "replicas", "optimizer-state",
+                                       "buffers"],
                     default="optimizer")
     ap.add_argument("--no-broadcast-buffers", action="store_true")
     ap.add_argument("--rank-offset", type=int, default=0,
@@ -332,7 +378,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch.set_num_threads(1)
     try:
         result = {"optimizer": run_optimizer, "ddp": run_ddp, "replicas": run_replicas,
-                  "optimizer-state": run_optimizer_state}[args.mode](args)
+                  "optimizer-state": run_optimizer_state, "buffers": run_buffers}[args.mode](args)
     except gradsync.GradsyncError as e:
         print(f"GRADSYNC_ERROR {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return 10 + int(e.status) if e.status is not None else 9

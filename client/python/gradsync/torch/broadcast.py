@@ -28,10 +28,9 @@ import torch
 
 from ..client import Client
 from ..errors import InvalidArgumentError, StateError
+from .coalesced import broadcast_once, job_device
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_tensors"]
-
-_ALIGN = 16
 
 # The client the last DistributedOptimizer / AllreduceHookState of this
 # process registered (weakly: closing it is not prevented).
@@ -75,15 +74,6 @@ def _named_tensors(params: Params) -> List[Tuple[str, torch.Tensor]]:
     return out
 
 
-def _job_device(c: Client) -> Optional[torch.device]:
-    """The GPU of the job's gradients (one per trainer), or None for a CPU
-    job: device buffers can be broadcast only there."""
-    devices = {s.device for s in c.specs}
-    if len(devices) != 1 or min(devices) < 0:
-        return None
-    return torch.device("cuda", min(devices))
-
-
 def broadcast_tensors(tensors: List[torch.Tensor], root_rank: int = 0, *,
                       client: Optional[Client] = None,
                       timeout_s: Optional[float] = None) -> None:
@@ -91,37 +81,7 @@ def broadcast_tensors(tensors: List[torch.Tensor], root_rank: int = 0, *,
     trainer (the same list, same shapes and dtypes, everywhere). All on
     the job's GPU: device to device; else through a host buffer."""
     c = _client(client)
-    flats = [t.detach().reshape(-1) for t in tensors]
-    job_device = _job_device(c)
-    on_device = (job_device is not None and bool(flats)
-                 and all(f.device == job_device for f in flats))
-    sizes = [f.numel() * f.element_size() for f in flats]
-    # Each tensor at an offset aligned for any dtype, so the received bytes
-    # can be viewed as it in place (the same layout on every trainer).
-    offsets = []
-    total = 0
-    for n in sizes:
-        offsets.append(total)
-        total += (n + _ALIGN - 1) // _ALIGN * _ALIGN
-    buf = torch.empty(total, dtype=torch.uint8, device=job_device if on_device else "cpu")
-    root = c.rank == root_rank
-    if root:
-        for f, offset, n in zip(flats, offsets, sizes):
-            if n:
-                buf[offset:offset + n].copy_(f.contiguous().to(buf.device).view(torch.uint8))
-    if on_device:
-        # gs_broadcast copies on the client's stream: torch's work on the
-        # buffer (the root's packing, the allocator's earlier users) first.
-        torch.cuda.current_stream(job_device).synchronize()
-    # A device buffer comes back with its bytes in device memory (the
-    # client synchronized its copies), so torch's streams may read it.
-    c.broadcast(buf.data_ptr(), buf.numel(), root_rank, timeout_s)
-    if root:
-        return
-    with torch.no_grad():
-        for t, offset, n in zip(tensors, offsets, sizes):
-            if n:
-                t.copy_(buf[offset:offset + n].view(t.dtype).view(t.shape))
+    broadcast_once(tensors, c, root_rank, timeout_s)
 
 
 def broadcast_parameters(params: Params, root_rank: int = 0, *,
@@ -221,7 +181,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     skeleton = broadcast_object(skeleton, root_rank, client=c, timeout_s=timeout_s)
     slots = sorted(_slots(skeleton, []), key=lambda t: t[1])
     if not root:
-        device = _job_device(c) or torch.device("cpu")
+        device = job_device(c) or torch.device("cpu")
         tensors = [torch.empty(shape, dtype=getattr(torch, dtype), device=device if cuda else "cpu")
                    for _, _, shape, dtype, cuda in slots]
     # CUDA state and host state apart, so the CUDA bytes stay on the GPU.

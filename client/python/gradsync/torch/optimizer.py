@@ -41,6 +41,7 @@ from ..errors import InvalidArgumentError, StateError
 from ._common import (StreamFollower, grad_tensor, register_grad_ready_hook, tensor_spec,
                       unique_named_parameters)
 from .broadcast import broadcast_tensors, set_current_client
+from .coalesced import CoalescedBroadcast, job_device
 
 __all__ = ["DistributedOptimizer"]
 
@@ -207,7 +208,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.on_world_change(on_world_change)
         self._hooks = [register_grad_ready_hook(p, self._make_hook(i))
                        for i, p in enumerate(self._params)]
-        if broadcast_buffers and self._buffers:
+        # Laid out once: each forward's broadcast then allocates nothing.
+        self._buffer_sync = (CoalescedBroadcast(self._buffers, job_device(self._client))
+                             if broadcast_buffers and self._buffers else None)
+        if self._buffer_sync is not None:
             self._hooks.append(module.register_forward_pre_hook(self._before_forward))
 
     def _before_forward(self, module: torch.nn.Module, inputs: Any) -> None:
@@ -217,7 +221,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if (self._closed or self._buffers_paused or not self._sync_enabled
                 or not torch.is_grad_enabled() or self._num_marked != 0):
             return
-        broadcast_tensors(self._buffers, 0, client=self._client)
+        self._buffer_sync(self._client, 0)
 
     # -- construction helpers ----------------------------------------------
 
