@@ -20,21 +20,21 @@ namespace {
 constexpr absl::Duration kPoll = absl::Milliseconds(100);
 
 // The cross-node agreement before a broadcast's first piece: a fixed head,
-// then per node [bytes + 1, root_rank + 1, holds the root]. Its length
+// then per node [bytes + 1, root_rank + 1, holds the root, node rank + 1]
+// (after an elastic re-formation slots are places among the members, so
+// each names its node rank for the errors). Its length
 // differs from the scheduler's per-iteration agreement, so a node that is
 // mid-iteration while another broadcasts fails the collective instead of
 // reading the other's counts as its own.
 constexpr size_t kAgreementHead = 5;
-constexpr size_t kAgreementPerNode = 3;
+constexpr size_t kAgreementPerNode = 4;
 
 }  // namespace
 
 Broadcaster::Broadcaster(std::vector<Trainer*> trainers, Backend* backend, FailFn fail,
                          Options options)
-    : trainers_(std::move(trainers)),
-      backend_(backend),
-      fail_(std::move(fail)),
-      options_(std::move(options)) {
+    : trainers_(std::move(trainers)), fail_(std::move(fail)), options_(std::move(options)) {
+  world_ = World{backend, options_.num_nodes, options_.node_rank};
   call_.arrived.assign(trainers_.size(), 0);
   marked_in_.assign(trainers_.size(), 0);
 }
@@ -69,6 +69,12 @@ void Broadcaster::Abort(const absl::Status& error) {
   MonotonicMutexLock lock(&mu_);
   if (failed_.ok()) failed_ = error.ok() ? MakeError(v1::INTERNAL, "the job ended") : error;
   cv_.SignalAll();
+}
+
+void Broadcaster::SetWorld(Backend* backend, int num_nodes, int node_index) {
+  MonotonicMutexLock lock(&mu_);
+  world_ = World{backend, num_nodes, node_index};
+  spdlog::info("event=broadcast_world nodes={} node_index={}", num_nodes, node_index);
 }
 
 void Broadcaster::StopAndWait(absl::Duration timeout) {
@@ -183,7 +189,8 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
       if (call_.count == LocalTrainers()) {
         // The last arrival runs the call; nobody can arrive meanwhile (every
         // local trainer is in it).
-        const Call call = call_;
+        Call call = call_;
+        call.world = world_;
         call_ = Call{};
         call_.arrived.assign(trainers_.size(), 0);
         ++calls_started_;
@@ -252,10 +259,11 @@ absl::Status Broadcaster::EnsureSegment() {
 }
 
 absl::Status Broadcaster::Agree(const Call& call, bool* collective) {
-  const int nodes = options_.num_nodes;
+  const int nodes = call.world.num_nodes;
   std::vector<double> v(kAgreementHead + kAgreementPerNode * static_cast<size_t>(nodes), 0.0);
   v[0] = 1;
-  const size_t mine = kAgreementHead + kAgreementPerNode * static_cast<size_t>(options_.node_rank);
+  const size_t mine =
+      kAgreementHead + kAgreementPerNode * static_cast<size_t>(call.world.node_index);
   v[mine] = static_cast<double>(call.bytes) + 1;
   // Whether the buffers are device memory rides with the root, so that a
   // node broadcasting host memory and one device memory disagree.
@@ -264,7 +272,8 @@ absl::Status Broadcaster::Agree(const Call& call, bool* collective) {
   const bool holds_root = call.root_rank >= options_.rank_offset &&
                           call.root_rank < options_.rank_offset + LocalTrainers();
   if (holds_root) v[mine + 2] = 1 + (call.device ? LocalRootNcclRank(call.root_rank) : 0);
-  if (absl::Status st = backend_->AllreduceCounts(v.data(), v.size()); !st.ok()) {
+  v[mine + 3] = options_.node_rank + 1;
+  if (absl::Status st = call.world.backend->AllreduceCounts(v.data(), v.size()); !st.ok()) {
     *collective = true;
     return MakeError(CodeOf(st),
                      absl::StrCat("gs_broadcast's agreement across nodes: ", st.message()));
@@ -282,8 +291,8 @@ absl::Status Broadcaster::Agree(const Call& call, bool* collective) {
           absl::StrCat(
               "nodes called gs_broadcast differently: node_rank=", options_.node_rank,
               " with bytes=", call.bytes, ", root_rank=", call.root_rank,
-              call.device ? " (device memory)" : " (host memory)", ", node_rank=", i,
-              " with bytes=", static_cast<int64_t>(v[at]) - 1,
+              call.device ? " (device memory)" : " (host memory)", ", node_rank=",
+              static_cast<int64_t>(v[at + 3]) - 1, " with bytes=", static_cast<int64_t>(v[at]) - 1,
               ", root_rank=", static_cast<int64_t>(v[at + 1]) / 2 - 1,
               static_cast<int64_t>(v[at + 1]) % 2 ? " (device memory)" : " (host memory)"));
     }
@@ -293,8 +302,10 @@ absl::Status Broadcaster::Agree(const Call& call, bool* collective) {
     }
   }
   if (root_node < 0) {
-    return MakeError(v1::INVALID_ARGUMENT, absl::StrCat("gs_broadcast: root_rank ", call.root_rank,
-                                                        " is on no node of the job"));
+    return MakeError(v1::INVALID_ARGUMENT,
+                     absl::StrCat("gs_broadcast: root_rank ", call.root_rank,
+                                  " is on no node of the job (after an elastic re-formation: "
+                                  "its node is no longer a member)"));
   }
   root_node_ = root_node;
   return absl::OkStatus();
@@ -339,14 +350,14 @@ absl::Status Broadcaster::Run(const Call& call, bool* collective) {
     } else {
       RETURN_IF_ERROR(EnsureSegment());
     }
-    if (options_.num_nodes > 1) return Agree(call, collective);
+    if (call.world.num_nodes > 1) return Agree(call, collective);
     return absl::OkStatus();
   }
   if (call.device) return RunDevicePiece(call, call.step - 1, collective);
-  if (options_.num_nodes == 1) return absl::OkStatus();
+  if (call.world.num_nodes == 1) return absl::OkStatus();
   const uint64_t piece = call.step - 1;
   const uint64_t len = std::min(kPieceBytes, call.bytes - piece * kPieceBytes);
-  absl::Status st = backend_->Broadcast(Slot(piece), len, root_node_);
+  absl::Status st = call.world.backend->Broadcast(Slot(piece), len, root_node_);
   if (!st.ok()) {
     *collective = true;
     return MakeError(CodeOf(st), absl::StrCat("gs_broadcast, piece ", piece, " of ",

@@ -631,12 +631,6 @@ absl::StatusOr<Broadcaster::StepResult> Job::Broadcast(uint64_t session, uint64_
     if (state_ != JobState::kRunning || !broadcaster_) {
       return MakeError(v1::STATE, "gs_broadcast before the job runs: call gs_register first");
     }
-    if (reformations_ > 0) {
-      // The broadcaster's node count and offsets are the first world's.
-      return MakeError(v1::STATE,
-                       "gs_broadcast after the elastic job re-formed without a dead node is not "
-                       "supported yet");
-    }
     broadcaster = broadcaster_.get();  // lives as long as the job
   }
   absl::StatusOr<Broadcaster::StepResult> r =
@@ -659,6 +653,12 @@ absl::Status Job::CheckReplicas(uint64_t session, uint64_t iteration,
     if (state_ == JobState::kFailed) return PeerError(*t);
     if (state_ != JobState::kRunning || !replica_checker_) {
       return MakeError(v1::STATE, "gs_check_replicas before the job runs: call gs_register first");
+    }
+    if (reformations_ > 0) {
+      // Its exchange numbers slots by node rank among the first world's nodes.
+      return MakeError(v1::STATE,
+                       "gs_check_replicas after an elastic job re-formed is not supported yet: "
+                       "the replica check runs among the first generation's nodes only");
     }
     checker = replica_checker_.get();  // lives as long as the job
   }

@@ -17,6 +17,10 @@
 // iteration and gone from the next; after only its first mark, the job
 // fails naming it. Node 0 (the leader) SIGKILLed ends the job naming it.
 //
+// gs_broadcast after a re-formation runs among the survivors: node 1
+// killed, a broadcast from rank 4 (node 2, now the second member) reaches
+// every survivor's trainers.
+//
 // Fixed (--min-nodes 3 = --num-nodes): a death ends every survivor with
 // GS_ERR_PEER_FAILED naming node_rank=2 and --min-nodes.
 #include <gtest/gtest.h>
@@ -29,6 +33,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "tests/integration/cluster.h"
 #include "tests/integration/control_stats.h"
 #include "tests/integration/harness.h"
@@ -135,7 +140,8 @@ void ResumeSurvivors(std::vector<Trainer>* trainers, const std::vector<int>& vic
 // time.
 std::chrono::steady_clock::time_point RunUntilKilled(
     Cluster& cluster, Stage stage, std::vector<Trainer>* trainers,
-    const std::vector<int>& victims = {kVictimNode}, bool resume = true) {
+    const std::vector<int>& victims = {kVictimNode}, bool resume = true,
+    const std::vector<std::string>& extra_args = {}) {
   for (int n = 0; n < kNodes; ++n) {
     for (int r = 0; r < kLocal; ++r) {
       const std::string pause = PauseFor(stage, IsVictim(n, victims));
@@ -143,6 +149,7 @@ std::chrono::steady_clock::time_point RunUntilKilled(
       std::vector<std::string> args = TrainArgs();
       args.push_back("--pause-at=" + pause);
       args.push_back("--print-loss");  // rank 0 prints each completed step
+      args.insert(args.end(), extra_args.begin(), extra_args.end());
       trainers->push_back({n, pause, out, StartTrainer(cluster.node(n), r, args, out)});
     }
   }
@@ -171,17 +178,22 @@ std::chrono::steady_clock::time_point RunUntilKilled(
 
 // Every survivor's trainer ends with GS_OK and the same weights as one
 // process that averages iterations before the kill over all 6 shards and
-// from it on over ranks 0-3.
-void ExpectSurvivorsTrainedLikeTheReference(Cluster& cluster, std::vector<Trainer>& trainers) {
+// from it on over the survivors' ranks.
+void ExpectSurvivorsTrainedLikeTheReference(Cluster& cluster, std::vector<Trainer>& trainers,
+                                            int victim = kVictimNode) {
+  std::vector<std::string> steps;
+  for (int n = 0; n < kNodes; ++n) {
+    for (int r = 0; r < kLocal; ++r)
+      steps.push_back(absl::StrCat(n == victim ? kKilledStep : kSteps));
+  }
   std::vector<std::string> reference_args = TrainArgs();
-  reference_args.push_back(absl::StrCat("--join-steps=", kSteps, ",", kSteps, ",", kSteps, ",",
-                                        kSteps, ",", kKilledStep, ",", kKilledStep));
+  reference_args.push_back(absl::StrCat("--join-steps=", absl::StrJoin(steps, ",")));
   reference_args.push_back("--join-divide-by-active");
   const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
   ASSERT_FALSE(reference.empty());
   std::vector<double> first;
   for (Trainer& t : trainers) {
-    if (t.node == kVictimNode) continue;
+    if (t.node == victim) continue;
     const ExitStatus st = t.process.Wait(kErrorBound);
     ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
     ASSERT_EQ(st.code, 0) << "node " << t.node << ": " << TrainerError(t.process.Log()) << "\n"
@@ -253,6 +265,52 @@ TEST(ElasticJob, SurvivorsInsideTheCollectiveRedoFromTheirKeptSumsAndTrainOn) {
 
 TEST(ElasticJob, ASurvivorWaitingForItsTrainersLearnsTheDeathFromTheLeaderAndRedoesToo) {
   KillNodeTwoAndExpectSurvivorsTrainOn(Stage::kBackward, /*found_by_heartbeat=*/true);
+}
+
+// Node 1 dies, so node 2 is the second of the survivors' two members (its
+// Gloo rank 1); its rank 4 then broadcasts a buffer of two pieces to every
+// survivor's trainers, which check each byte, and training stays exact.
+TEST(ElasticJob, BroadcastAfterAReformationRunsAmongTheSurvivors) {
+  constexpr int kVictim = 1, kBroadcastStep = 4, kRoot = 4;
+  Cluster cluster(JobOptions(/*min_nodes=*/2));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilKilled(cluster, Stage::kBackward, &trainers, {kVictim}, /*resume=*/true,
+                 {absl::StrCat("--broadcast-after=", kBroadcastStep, ":", kRoot)});
+  ExpectSurvivorsTrainedLikeTheReference(cluster, trainers, kVictim);
+  if (::testing::Test::HasFatalFailure()) return;
+  const std::string received = absl::StrCat("mlp_trainer: gs_broadcast from rank ", kRoot,
+                                            " after step ", kBroadcastStep, ": 5242883 bytes ok");
+  for (Trainer& t : trainers) {
+    if (t.node == kVictim) continue;
+    EXPECT_NE(t.process.Log().find(received), std::string::npos)
+        << "node " << t.node << ": " << t.process.Log();
+  }
+  EXPECT_NE(cluster.node(0).process().Log().find("event=broadcast_world nodes=2 node_index=0"),
+            std::string::npos)
+      << cluster.DaemonLogs();
+  EXPECT_NE(cluster.node(2).process().Log().find("event=broadcast_world nodes=2 node_index=1"),
+            std::string::npos)
+      << cluster.DaemonLogs();
+}
+
+// A root on the dead node is no member's: every survivor's trainer gets
+// INVALID_ARGUMENT naming the rank.
+TEST(ElasticJob, BroadcastFromADeadNodesRankAfterAReformationFailsNamingTheRank) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilKilled(cluster, Stage::kBackward, &trainers, {kVictimNode}, /*resume=*/true,
+                 {"--broadcast-after=4:5"});
+  for (Trainer& t : trainers) {
+    if (t.node == kVictimNode) continue;
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    const std::string error = TrainerError(t.process.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitInvalidArgument) << error << cluster.DaemonLogs();
+    EXPECT_NE(error.find("root_rank 5 is on no node of the job"), std::string::npos)
+        << "node " << t.node << ": " << error;
+  }
 }
 
 // SetConfig on the leader while the survivors re-form (generation 1

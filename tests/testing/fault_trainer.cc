@@ -4,7 +4,8 @@
 // a stage), withheld or late-written gradients, an extra tensor, a slow
 // backward, a random marking order, unused parameters (the "gate": unused
 // on steps % --gate-every == 0, by the first --gate-unused-first samples
-// only), uneven inputs (gs_join), poisoned gradients, a bounded gs_wait.
+// only), uneven inputs (gs_join), poisoned gradients, a bounded gs_wait,
+// a checked gs_broadcast between two steps.
 // `--single` runs the one-process reference of each (no daemon).
 //
 // It exits with 10 + the gs_status that stopped it, and prints the lines
@@ -75,7 +76,15 @@ struct Options {
   // reference skips poison_step (what --nonfinite=skip must equal).
   int poison_rank = -1, poison_step = -1;
   double poison_value = std::nan("");
+  // After step broadcast_step, every trainer fills a buffer with a pattern
+  // of its own rank, gs_broadcasts it from broadcast_root and checks that
+  // it holds the root's pattern (the weights are untouched).
+  int broadcast_step = -1, broadcast_root = -1;
 };
+
+// Over one staging piece (4 MiB), and odd: a broadcast of two pieces, the
+// second partial.
+constexpr size_t kBroadcastBytes = (5u << 20) + 3;
 
 constexpr size_t kPoisonIndex = 5;
 
@@ -251,6 +260,32 @@ double JoinReferenceBackward(Trainer<T>& t, int step, int gate_from) {
   return loss;
 }
 
+// The byte at `i` of rank `rank`'s --broadcast-after buffer.
+uint8_t BroadcastPattern(int rank, size_t i) {
+  return static_cast<uint8_t>((static_cast<size_t>(rank) * 131 + i * 7 + i / 4099) & 0xff);
+}
+
+// --broadcast-after: returns 0, or the exit code (4: wrong bytes).
+int CheckedBroadcast(gs_client* c, int rank, int step, int root) {
+  std::vector<uint8_t> buf(kBroadcastBytes);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = BroadcastPattern(rank, i);
+  const gs_status st = gs_broadcast(c, buf.data(), buf.size(), root, -1);
+  if (st != GS_OK) return Die(c, "gs_broadcast", st);
+  for (size_t i = 0; i < buf.size(); ++i) {
+    if (buf[i] != BroadcastPattern(root, i)) {
+      std::fprintf(stderr,
+                   "mlp_trainer: gs_broadcast from rank %d after step %d: byte %zu is %d, the "
+                   "root's is %d\n",
+                   root, step, i, int(buf[i]), int(BroadcastPattern(root, i)));
+      gs_close(c);
+      return 4;
+    }
+  }
+  std::fprintf(stderr, "mlp_trainer: gs_broadcast from rank %d after step %d: %zu bytes ok\n", root,
+               step, buf.size());
+  return 0;
+}
+
 // One optimizer step: its micro-batches' backward passes (each synced
 // through gradsync, the last one reduced), then SGD. Returns 0, or the
 // exit code.
@@ -303,6 +338,7 @@ int Step(Trainer<T>& t, int step, MarkCtx& mctx) {
                 loss / (double(t.last - t.first) * opt.accumulate), t.rank, t.world);
     std::fflush(stdout);
   }
+  if (c && step == opt.broadcast_step) return CheckedBroadcast(c, t.rank, step, opt.broadcast_root);
   return 0;
 }
 
@@ -351,6 +387,7 @@ void PrintUsage() {
                "  [--join-divide-by-active] [--after-join join|mark]\n"
                "  non-finite gradients: [--poison RANK:STEP[:VALUE] (fc1.weight[5] = VALUE,\n"
                "  default nan; --single: skip STEP's update, the --nonfinite=skip reference)]\n"
+               "  [--broadcast-after STEP:ROOT (a checked gs_broadcast after STEP)]\n"
                "  (LOCAL_RANK selects the trainer's local rank)\n");
 }
 
@@ -362,6 +399,15 @@ bool ParsePoison(const char* arg, Options& opt) {
   opt.poison_step = static_cast<int>(std::strtol(end + 1, &end, 10));
   if (*end == ':') opt.poison_value = std::strtod(end + 1, &end);
   return *end == '\0';
+}
+
+// --broadcast-after STEP:ROOT.
+bool ParseBroadcastAfter(const char* arg, Options& opt) {
+  char* end = nullptr;
+  opt.broadcast_step = static_cast<int>(std::strtol(arg, &end, 10));
+  if (*end != ':') return false;
+  opt.broadcast_root = static_cast<int>(std::strtol(end + 1, &end, 10));
+  return *end == '\0' && opt.broadcast_step >= 0 && opt.broadcast_root >= 0;
 }
 
 // --join-steps N0,N1,...: the steps of each rank, then gs_join.
@@ -466,6 +512,8 @@ Flag FaultFlag(int ch, const char* arg, Options& opt) {
       break;
     case 'N':
       return ParsePoison(arg, opt) ? Flag::kTaken : Flag::kBadValue;
+    case 'B':
+      return ParseBroadcastAfter(arg, opt) ? Flag::kTaken : Flag::kBadValue;
     default:
       return Flag::kUnknown;
   }
@@ -501,6 +549,7 @@ bool ParseFlags(int argc, char** argv, Options& opt) {
                               {"join-divide-by-active", no_argument, nullptr, 'j'},
                               {"after-join", required_argument, nullptr, 'K'},
                               {"poison", required_argument, nullptr, 'N'},
+                              {"broadcast-after", required_argument, nullptr, 'B'},
                               {nullptr, 0, nullptr, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", longopts, nullptr)) != -1) {
