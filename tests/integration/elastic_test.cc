@@ -313,6 +313,43 @@ TEST(ElasticJob, BroadcastFromADeadNodesRankAfterAReformationFailsNamingTheRank)
   }
 }
 
+// A replacement node 2 (a fresh daemon and trainers) while the survivors'
+// generation runs: admitting a node into a running job is not built, so
+// its trainers fail at once with STATE saying so, naming the members, and
+// the survivors train on exactly. Node 0's trainers are held (the longer
+// timeout keeps that from being a stall) so that generation 2 is still
+// running when the replacement asks to join.
+TEST(ElasticJob, AReplacementNodeIsRefusedSayingJoiningIsNotSupportedAndTheSurvivorsTrainOn) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilKilled(cluster, Stage::kBackward, &trainers, {kVictimNode}, /*resume=*/false);
+  ResumeSurvivors(&trainers, {0, kVictimNode});  // node 1's: its collective fails
+  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_reformed", kErrorBound))
+      << cluster.DaemonLogs();
+  ASSERT_TRUE(cluster.StartNode(kVictimNode)) << cluster.DaemonLogs();
+  std::vector<Process> replacements;
+  for (int r = 0; r < kLocal; ++r) {
+    replacements.push_back(StartTrainer(cluster.node(kVictimNode), r, TrainArgs(),
+                                        absl::StrCat(cluster.dir(), "/replacement_", r)));
+  }
+  for (Process& p : replacements) {
+    const ExitStatus st = p.Wait(kErrorBound);
+    const std::string error = TrainerError(p.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << p.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitState) << error << cluster.DaemonLogs();
+    EXPECT_NE(error.find("node_rank=2 asks to join running generation 2 of elastic job "
+                         "'elastic' (members: node_rank=0,1)"),
+              std::string::npos)
+        << error;
+    EXPECT_NE(error.find("nodes joining a running job are not supported yet"), std::string::npos)
+        << error;
+  }
+  EXPECT_TRUE(cluster.node(kVictimNode).process().Running()) << cluster.DaemonLogs();
+  ResumeSurvivors(&trainers, {1, kVictimNode});  // node 0's
+  ExpectSurvivorsTrainedLikeTheReference(cluster, trainers);
+}
+
 // SetConfig on the leader while the survivors re-form (generation 1
 // aborted, 2 not formed): the change is held and is generation 2's config
 // version 1, so both survivors re-plan to it at the same iteration after
