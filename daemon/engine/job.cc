@@ -654,12 +654,6 @@ absl::Status Job::CheckReplicas(uint64_t session, uint64_t iteration,
     if (state_ != JobState::kRunning || !replica_checker_) {
       return MakeError(v1::STATE, "gs_check_replicas before the job runs: call gs_register first");
     }
-    if (reformations_ > 0) {
-      // Its exchange numbers slots by node rank among the first world's nodes.
-      return MakeError(v1::STATE,
-                       "gs_check_replicas after an elastic job re-formed is not supported yet: "
-                       "the replica check runs among the first generation's nodes only");
-    }
     checker = replica_checker_.get();  // lives as long as the job
   }
   const absl::Status st = checker->Check(*t, iteration, hashes, deadline);

@@ -97,6 +97,7 @@ absl::StatusOr<Scheduler::Reformed> Job::InstallReformedLocked(JobWorld world) {
   if (broadcaster_) {
     broadcaster_->SetWorld(world_.backend.get(), world_.num_nodes, world_.node_index);
   }
+  if (replica_checker_) replica_checker_->SetWorld(world_.backend.get(), world_.node_index);
   Scheduler* scheduler = scheduler_.get();
   WorldLink* link = world_.link.get();
   link->SetProgress([scheduler] { return scheduler->iteration(); });

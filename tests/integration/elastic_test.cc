@@ -176,6 +176,17 @@ std::chrono::steady_clock::time_point RunUntilKilled(
   return killed_at;
 }
 
+// Each trainer's error line, for a failure's message: the first to fail
+// is often not the one a test waits for first.
+std::string AllTrainerErrors(std::vector<Trainer>& trainers) {
+  std::string out;
+  for (size_t i = 0; i < trainers.size(); ++i) {
+    absl::StrAppend(&out, "trainer ", i, " (node ", trainers[i].node,
+                    "): ", TrainerError(trainers[i].process.Log()), "\n");
+  }
+  return out;
+}
+
 // Every survivor's trainer ends with GS_OK and the same weights as one
 // process that averages iterations before the kill over all 6 shards and
 // from it on over the survivors' ranks.
@@ -197,7 +208,7 @@ void ExpectSurvivorsTrainedLikeTheReference(Cluster& cluster, std::vector<Traine
     const ExitStatus st = t.process.Wait(kErrorBound);
     ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
     ASSERT_EQ(st.code, 0) << "node " << t.node << ": " << TrainerError(t.process.Log()) << "\n"
-                          << cluster.DaemonLogs();
+                          << AllTrainerErrors(trainers) << cluster.DaemonLogs();
     const std::vector<double> weights = LoadWeights(t.out);
     ASSERT_EQ(weights.size(), reference.size()) << t.out;
     if (first.empty()) first = weights;
@@ -292,6 +303,35 @@ TEST(ElasticJob, BroadcastAfterAReformationRunsAmongTheSurvivors) {
   EXPECT_NE(cluster.node(2).process().Log().find("event=broadcast_world nodes=2 node_index=1"),
             std::string::npos)
       << cluster.DaemonLogs();
+}
+
+// The same for --check-replicas-every: node 1 dies, and the checks after
+// iterations 4, 6 and 8 compare the survivors' replicas across node 0 and
+// node 2 (its second member), training staying exact.
+TEST(ElasticJob, ReplicaChecksAfterAReformationCompareAmongTheSurvivors) {
+  constexpr int kVictim = 1;
+  ClusterOptions options = JobOptions(/*min_nodes=*/2);
+  options.flags.push_back("--check-replicas-every=2");
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilKilled(cluster, Stage::kBackward, &trainers, {kVictim}, /*resume=*/true,
+                 {"--check-replicas"});
+  ExpectSurvivorsTrainedLikeTheReference(cluster, trainers, kVictim);
+  if (::testing::Test::HasFatalFailure()) return;
+  for (Trainer& t : trainers) {
+    if (t.node == kVictim) continue;
+    EXPECT_NE(t.process.Log().find("replicas checked after iteration 8 (world size 4)"),
+              std::string::npos)
+        << "node " << t.node << ": " << t.process.Log();
+  }
+  for (int n : {0, 2}) {
+    const std::string log = cluster.node(n).process().Log();
+    const size_t at = log.find("event=replicas_equal iteration=8 trainers=2 ");
+    ASSERT_NE(at, std::string::npos) << "node " << n << "\n" << cluster.DaemonLogs();
+    const std::string line = log.substr(at, log.find('\n', at) - at);
+    EXPECT_NE(line.find(" nodes=2"), std::string::npos) << line;
+  }
 }
 
 // A root on the dead node is no member's: every survivor's trainer gets

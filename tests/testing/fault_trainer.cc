@@ -5,7 +5,7 @@
 // backward, a random marking order, unused parameters (the "gate": unused
 // on steps % --gate-every == 0, by the first --gate-unused-first samples
 // only), uneven inputs (gs_join), poisoned gradients, a bounded gs_wait,
-// a checked gs_broadcast between two steps.
+// a checked gs_broadcast between two steps, gs_check_replicas when due.
 // `--single` runs the one-process reference of each (no daemon).
 //
 // It exits with 10 + the gs_status that stopped it, and prints the lines
@@ -80,6 +80,9 @@ struct Options {
   // of its own rank, gs_broadcasts it from broadcast_root and checks that
   // it holds the root's pattern (the weights are untouched).
   int broadcast_step = -1, broadcast_root = -1;
+  // After each synchronized step that gs_job_info says is due (gradsyncd
+  // --check-replicas-every), hash each parameter and gs_check_replicas.
+  bool check_replicas = false;
 };
 
 // Over one staging piece (4 MiB), and odd: a broadcast of two pieces, the
@@ -286,6 +289,31 @@ int CheckedBroadcast(gs_client* c, int rank, int step, int root) {
   return 0;
 }
 
+// FNV-1a of a parameter's bytes: --check-replicas' fingerprint.
+template <typename T>
+uint64_t Fingerprint(const std::vector<T>& values) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(values.data());
+  for (size_t i = 0; i < values.size() * sizeof(T); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  return h;
+}
+
+// --check-replicas: returns 0, or the exit code.
+template <typename T>
+int CheckReplicasIfDue(gs_client* c, const Model<T>& model) {
+  gs_job_info info = GS_JOB_INFO_INIT;
+  gs_status st = gs_get_job_info(c, &info);
+  if (st != GS_OK) return Die(c, "gs_get_job_info", st);
+  if (!info.check_replicas_due) return 0;
+  std::vector<uint64_t> hashes;
+  for (int p = 0; p < Model<T>::kCount; ++p) hashes.push_back(Fingerprint(model.params[p]));
+  st = gs_check_replicas(c, hashes.data(), hashes.size());
+  if (st != GS_OK) return Die(c, "gs_check_replicas", st);
+  std::fprintf(stderr, "mlp_trainer: replicas checked after iteration %llu (world size %d)\n",
+               static_cast<unsigned long long>(info.iteration), info.world_size);
+  return 0;
+}
+
 // One optimizer step: its micro-batches' backward passes (each synced
 // through gradsync, the last one reduced), then SGD. Returns 0, or the
 // exit code.
@@ -338,6 +366,9 @@ int Step(Trainer<T>& t, int step, MarkCtx& mctx) {
                 loss / (double(t.last - t.first) * opt.accumulate), t.rank, t.world);
     std::fflush(stdout);
   }
+  if (c && opt.check_replicas) {
+    if (int code = CheckReplicasIfDue(c, t.model); code != 0) return code;
+  }
   if (c && step == opt.broadcast_step) return CheckedBroadcast(c, t.rank, step, opt.broadcast_root);
   return 0;
 }
@@ -388,6 +419,7 @@ void PrintUsage() {
                "  non-finite gradients: [--poison RANK:STEP[:VALUE] (fc1.weight[5] = VALUE,\n"
                "  default nan; --single: skip STEP's update, the --nonfinite=skip reference)]\n"
                "  [--broadcast-after STEP:ROOT (a checked gs_broadcast after STEP)]\n"
+               "  [--check-replicas (gs_check_replicas when gs_job_info says it is due)]\n"
                "  (LOCAL_RANK selects the trainer's local rank)\n");
 }
 
@@ -514,6 +546,9 @@ Flag FaultFlag(int ch, const char* arg, Options& opt) {
       return ParsePoison(arg, opt) ? Flag::kTaken : Flag::kBadValue;
     case 'B':
       return ParseBroadcastAfter(arg, opt) ? Flag::kTaken : Flag::kBadValue;
+    case 'C':
+      opt.check_replicas = true;
+      break;
     default:
       return Flag::kUnknown;
   }
@@ -550,6 +585,7 @@ bool ParseFlags(int argc, char** argv, Options& opt) {
                               {"after-join", required_argument, nullptr, 'K'},
                               {"poison", required_argument, nullptr, 'N'},
                               {"broadcast-after", required_argument, nullptr, 'B'},
+                              {"check-replicas", no_argument, nullptr, 'C'},
                               {nullptr, 0, nullptr, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", longopts, nullptr)) != -1) {
