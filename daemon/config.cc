@@ -49,9 +49,12 @@ absl::Status ValidateJobShape(const DaemonConfig& c) {
                             "among survivors is not supported yet; elastic jobs run on the "
                             "CPU/Gloo path (--backend=auto or gloo)"));
   }
-  if (c.node_rank < 0 || c.node_rank >= c.num_nodes) {
-    return Bad(absl::StrCat("--node-rank ", c.node_rank, " is not in [0, ", c.num_nodes,
-                            ") (--num-nodes ", c.num_nodes, ")"));
+  // Node ranks name daemons; --max-nodes bounds them (it equals
+  // --num-nodes while nodes cannot join a running job).
+  if (c.node_rank < 0 || c.node_rank >= c.max_nodes_or_num()) {
+    return Bad(absl::StrCat("--node-rank ", c.node_rank, " is not in [0, ", c.max_nodes_or_num(),
+                            ") (--num-nodes ", c.num_nodes, ", --max-nodes ", c.max_nodes_or_num(),
+                            ")"));
   }
   return absl::OkStatus();
 }
