@@ -244,6 +244,16 @@ void KillNodeTwoAndExpectSurvivorsTrainOn(Stage stage, bool found_by_heartbeat =
 
   ExpectSurvivorsTrainedLikeTheReference(cluster, trainers);
   if (::testing::Test::HasFatalFailure()) return;
+  // gs_job_info after the redone iteration: one membership change, the
+  // survivors' world, each trainer's own rank.
+  for (size_t i = 0; i < trainers.size(); ++i) {
+    if (trainers[i].node == kVictimNode) continue;
+    const std::string changed =
+        absl::StrCat("mlp_trainer: the job's members changed (1 times) by iteration ",
+                     kKilledStep + 1, ": world size 4, rank ", i, "\n");
+    EXPECT_NE(trainers[i].process.Log().find(changed), std::string::npos)
+        << "trainer " << i << ": " << trainers[i].process.Log();
+  }
   // The survivors' world: their 4 trainers (what gs_get_job_info reports
   // after each iteration is this divisor).
   absl::StatusOr<v1::Stats> stats = GetStats(cluster.port(), "elastic-token");

@@ -178,6 +178,7 @@ struct Trainer {
   int join_world = 0;
   int first = 0, last = 0;  // this trainer's samples of each global batch
   int steps = 0;
+  uint64_t membership_changes = 0;  // gs_job_info's, as last seen
 };
 
 // Connects and registers the model's gradients with gradsync (the
@@ -298,15 +299,27 @@ uint64_t Fingerprint(const std::vector<T>& values) {
   return h;
 }
 
-// --check-replicas: returns 0, or the exit code.
+// After a step's SGD: says when the job's members changed (an elastic
+// re-formation: "mlp_trainer: the job's members changed ...") and, with
+// --check-replicas, checks the replicas when due. Returns 0, or the exit
+// code.
 template <typename T>
-int CheckReplicasIfDue(gs_client* c, const Model<T>& model) {
+int AfterStep(Trainer<T>& t) {
+  gs_client* c = t.c;
   gs_job_info info = GS_JOB_INFO_INIT;
   gs_status st = gs_get_job_info(c, &info);
   if (st != GS_OK) return Die(c, "gs_get_job_info", st);
-  if (!info.check_replicas_due) return 0;
+  if (info.membership_changes != t.membership_changes) {
+    t.membership_changes = info.membership_changes;
+    std::fprintf(stderr,
+                 "mlp_trainer: the job's members changed (%llu times) by iteration %llu: world "
+                 "size %d, rank %d\n",
+                 static_cast<unsigned long long>(info.membership_changes),
+                 static_cast<unsigned long long>(info.iteration), info.world_size, info.rank);
+  }
+  if (!t.opt.check_replicas || !info.check_replicas_due) return 0;
   std::vector<uint64_t> hashes;
-  for (int p = 0; p < Model<T>::kCount; ++p) hashes.push_back(Fingerprint(model.params[p]));
+  for (int p = 0; p < Model<T>::kCount; ++p) hashes.push_back(Fingerprint(t.model.params[p]));
   st = gs_check_replicas(c, hashes.data(), hashes.size());
   if (st != GS_OK) return Die(c, "gs_check_replicas", st);
   std::fprintf(stderr, "mlp_trainer: replicas checked after iteration %llu (world size %d)\n",
@@ -366,8 +379,8 @@ int Step(Trainer<T>& t, int step, MarkCtx& mctx) {
                 loss / (double(t.last - t.first) * opt.accumulate), t.rank, t.world);
     std::fflush(stdout);
   }
-  if (c && opt.check_replicas) {
-    if (int code = CheckReplicasIfDue(c, t.model); code != 0) return code;
+  if (c) {
+    if (int code = AfterStep(t); code != 0) return code;
   }
   if (c && step == opt.broadcast_step) return CheckedBroadcast(c, t.rank, step, opt.broadcast_root);
   return 0;
