@@ -17,9 +17,12 @@
 // iteration and gone from the next; after only its first mark, the job
 // fails naming it. Node 0 (the leader) SIGKILLed ends the job naming it.
 //
-// gs_broadcast after a re-formation runs among the survivors: node 1
-// killed, a broadcast from rank 4 (node 2, now the second member) reaches
-// every survivor's trainers.
+// gs_broadcast and gs_check_replicas after a re-formation run among the
+// survivors: node 1 killed, a broadcast from rank 4 (node 2, now the
+// second member) reaches every survivor's trainers, replica checks compare
+// node 0's and node 2's. Every survivor's gs_job_info counts one
+// membership change. A replacement node asking to join the running job is
+// refused with STATE saying joining is not supported.
 //
 // Fixed (--min-nodes 3 = --num-nodes): a death ends every survivor with
 // GS_ERR_PEER_FAILED naming node_rank=2 and --min-nodes.
