@@ -85,10 +85,16 @@ absl::StatusOr<uint64_t> Job::Attach(int local_rank, int64_t pid) {
     return MakeError(v1::STATE, "this job has ended; attach to the next one");
   }
   if (state_ != JobState::kAttaching) {
+    // An elastic job's dead trainer leaves a free local rank: taking it
+    // back (a trainer joining a running job) is not built.
+    const bool elastic_running = state_ == JobState::kRunning && elastic();
     return MakeError(v1::STATE,
                      absl::StrCat("a job is ", StateName(state_),
                                   " on this daemon; new trainers can attach once its trainers "
                                   "have all closed",
+                                  elastic_running ? " (trainers joining a running elastic job "
+                                                    "are not supported yet)"
+                                                  : "",
                                   state_ == JobState::kFailed
                                       ? absl::StrCat(" (it failed: ", error_.message(), ")")
                                       : ""));

@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -459,7 +460,8 @@ TEST(ElasticJob, BelowMinNodesTheSurvivorFailsNamingMinNodesAndTheDeadNodes) {
 constexpr int kTrainerVictim = 3;
 
 void RunUntilTrainerKilled(Cluster& cluster, const std::string& victim_pause,
-                           std::vector<Trainer>* trainers) {
+                           std::vector<Trainer>* trainers,
+                           const std::function<void()>& before_resuming = nullptr) {
   for (int n = 0; n < kNodes; ++n) {
     for (int r = 0; r < kLocal; ++r) {
       const bool victim = n * kLocal + r == kTrainerVictim;
@@ -476,6 +478,7 @@ void RunUntilTrainerKilled(Cluster& cluster, const std::string& victim_pause,
         << t.process.Log() << cluster.DaemonLogs();
   }
   (*trainers)[kTrainerVictim].process.Signal(SIGKILL);
+  if (before_resuming) before_resuming();
   for (size_t i = 0; i < trainers->size(); ++i) {
     if (static_cast<int>(i) != kTrainerVictim) (*trainers)[i].process.Signal(SIGCONT);
   }
@@ -484,11 +487,29 @@ void RunUntilTrainerKilled(Cluster& cluster, const std::string& victim_pause,
 // Rank 3 died after marking iteration 2's gradients: iteration 2 is
 // averaged over all 6 (its gradient is complete in its segment), 3-7 over
 // the other 5, whose weights then equal DDP's Join with divide-by-active.
+// A replacement for it, started while the others are still stopped (the
+// job runs), is refused: trainers joining a running job are not built.
 TEST(ElasticJob, TrainerKilledAfterMarkingLeavesTheWorldFromTheNextIteration) {
-  Cluster cluster(JobOptions(/*min_nodes=*/2));
+  // The longer timeout: the others stay stopped mid-iteration meanwhile.
+  Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Trainer> trainers;
-  RunUntilTrainerKilled(cluster, "marked", &trainers);
+  RunUntilTrainerKilled(cluster, "marked", &trainers, [&] {
+    // The same local rank (1) on node 1, once its daemon saw the death.
+    ASSERT_TRUE(
+        WaitForLog(cluster.node(1).process(), "event=leave job=1 local_rank=1", kStateBound))
+        << cluster.DaemonLogs();
+    Process replacement = StartTrainer(cluster.node(1), kTrainerVictim % kLocal, TrainArgs(),
+                                       absl::StrCat(cluster.dir(), "/replacement"));
+    const ExitStatus st = replacement.Wait(kErrorBound);
+    const std::string error = TrainerError(replacement.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << replacement.Log();
+    EXPECT_EQ(st.code, kExitState) << error;
+    EXPECT_NE(error.find("a job is running on this daemon"), std::string::npos) << error;
+    EXPECT_NE(error.find("trainers joining a running elastic job are not supported yet"),
+              std::string::npos)
+        << error;
+  });
   std::vector<std::string> reference_args = TrainArgs();
   reference_args.push_back(absl::StrCat("--join-steps=", kSteps, ",", kSteps, ",", kSteps, ",",
                                         kKilledStep + 1, ",", kSteps, ",", kSteps));
