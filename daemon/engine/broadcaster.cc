@@ -201,6 +201,7 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
         mu_.Lock();
         running_ = false;
         calls_done_ = mine + 1;
+        last_result_ = st;
         if (st.ok() && call.step == Pieces(call.bytes)) busy_ = false;
         cv_.SignalAll();
         if (!st.ok()) {
@@ -226,7 +227,17 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
           cv_.WaitWithTimeout(
               &mu_, running_ ? kPoll : std::clamp(deadline - now, absl::Milliseconds(1), kPoll));
         }
-        if (refused.ok() && !failed_.ok()) return failed_;
+        // The call's own outcome once it completed: one that succeeded
+        // stands even if the job failed since (a peer that closes right
+        // after it); one that failed is answered with the job's failure,
+        // which its last arrival is recording now (a trainer told first
+        // could close and fail the job in its own name instead).
+        if (refused.ok() && calls_done_ <= mine) return failed_;
+        if (refused.ok() && !last_result_.ok()) {
+          const absl::Time until = MonotonicNow() + absl::Milliseconds(options_.timeout_ms);
+          while (failed_.ok() && MonotonicNow() < until) cv_.WaitWithTimeout(&mu_, kPoll);
+          return failed_.ok() ? last_result_ : failed_;
+        }
       }
     }
     if (refused.ok()) {

@@ -183,8 +183,8 @@ class Broadcaster {
   Call call_ ABSL_GUARDED_BY(mu_);
   uint64_t calls_started_ ABSL_GUARDED_BY(mu_) = 0;  // number of the call being collected
   uint64_t calls_done_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Status last_result_ ABSL_GUARDED_BY(mu_);
-  bool running_ ABSL_GUARDED_BY(mu_) = false;  // the last arrival runs the call
+  absl::Status last_result_ ABSL_GUARDED_BY(mu_);  // the last completed call's
+  bool running_ ABSL_GUARDED_BY(mu_) = false;      // the last arrival runs the call
   // From a broadcast's first arrival at step 0 until its last step is done.
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   // Per local rank: 1 + the iteration of its latest first mark (0: none).

@@ -185,7 +185,10 @@ absl::Status ReplicaChecker::Check(const Trainer& caller, uint64_t iteration,
         if (!failed_.ok()) return failed_;
       } else {
         refused = WaitLocked(caller, round, deadline);
-        if (refused.ok()) return failed_.ok() ? last_result_ : failed_;
+        // A round that completed is this caller's answer even when the job
+        // failed since: a peer that closes right after its check ends the
+        // job before a waiter woken by the round's end has returned.
+        if (refused.ok()) return rounds_done_ > round ? last_result_ : failed_;
       }
     }
   }
