@@ -480,6 +480,7 @@ absl::Status Client::AwaitCompletion(int64_t budget, bool joined) {
           job_rank_ = e.rank;
           ++iteration_;
           step_skipped_ = (e.flags & ipc::kCompletionSkipStep) != 0;
+          if ((e.flags & ipc::kCompletionMembersChanged) != 0) ++membership_changes_;
           no_sync_iterations_ = 0;
           std::fill(marked_.begin(), marked_.end(), 0);
           std::fill(accumulated_.begin(), accumulated_.end(), 0);  // reduced: a fresh start

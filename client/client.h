@@ -61,6 +61,9 @@ struct JobInfo {
   // gradsyncd --check-replicas-every: this trainer should send its
   // parameter fingerprint (CheckReplicas) after its optimizer step.
   bool check_replicas_due = false;
+  // How many times an elastic job's members changed (the survivors of a
+  // node's death re-formed) in the iterations this trainer completed.
+  uint64_t membership_changes = 0;
 };
 
 struct ConnectOptions {
@@ -128,7 +131,9 @@ class Client {
 
   uint64_t iteration() const { return iteration_; }
   // After Register; refreshed by every Wait that returns OK.
-  JobInfo job_info() const { return {iteration_, job_world_size_, job_rank_, CheckReplicasDue()}; }
+  JobInfo job_info() const {
+    return {iteration_, job_world_size_, job_rank_, CheckReplicasDue(), membership_changes_};
+  }
   // gradsyncd --check-replicas-every: this trainer's parameter fingerprint
   // (one hash per registered tensor, in registration order) after the
   // iteration whose job_info() says a check is due; returns once every
@@ -216,8 +221,9 @@ class Client {
   // GRADSYNC_DEBUG=detail, read once at connect: checksum CPU gradients at
   // mark time so the daemon can name one written after its mark.
   bool checksum_marks_ = false;
-  uint64_t iteration_ = 0;     // synced iterations completed
-  bool step_skipped_ = false;  // see step_skipped()
+  uint64_t iteration_ = 0;           // synced iterations completed
+  bool step_skipped_ = false;        // see step_skipped()
+  uint64_t membership_changes_ = 0;  // see JobInfo
   uint64_t ready_sequence_ = 0;
   uint64_t completion_sequence_ = 0;
   std::vector<uint8_t> marked_;  // this iteration

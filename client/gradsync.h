@@ -236,20 +236,27 @@ GS_API gs_status gs_broadcast(gs_client* c, void* buf, size_t bytes, int root_ra
  *   gs_wait(c, -1); gs_get_job_info(c, &info);
  */
 typedef struct {
-  size_t size;            /* sizeof(gs_job_info): set by GS_JOB_INFO_INIT */
-  uint64_t iteration;     /* synchronized iterations the job completed: the same
-                             on every trainer of every node (no_sync iterations
-                             are not counted); 0 before the first gs_wait */
-  int world_size;         /* trainers the last iteration's sum was divided by:
-                             the job's world size, or the trainers still active
-                             after gs_join(c, 0); before the first gs_wait the
-                             job's world size (gs_world) */
-  int rank;               /* this trainer's global rank in that iteration */
-  int check_replicas_due; /* nonzero: call gs_check_replicas now (below) */
+  size_t size;                 /* sizeof(gs_job_info): set by GS_JOB_INFO_INIT */
+  uint64_t iteration;          /* synchronized iterations the job completed: the same
+                                  on every trainer of every node (no_sync iterations
+                                  are not counted); 0 before the first gs_wait */
+  int world_size;              /* trainers the last iteration's sum was divided by:
+                                  the job's world size, or the trainers still active
+                                  after gs_join(c, 0); before the first gs_wait the
+                                  job's world size (gs_world) */
+  int rank;                    /* this trainer's global rank in that iteration */
+  int check_replicas_due;      /* nonzero: call gs_check_replicas now (below) */
+  uint64_t membership_changes; /* how many times an elastic job's members
+                                  changed (the survivors of a node's death
+                                  re-formed) in the iterations completed so
+                                  far: it grows after the gs_wait of the
+                                  iteration where they did, whose world_size
+                                  is then the new world's (re-shard data
+                                  here); 0 in a fixed job */
 } gs_job_info;
 
 #define GS_JOB_INFO_INIT \
-  { sizeof(gs_job_info), 0, 0, -1, 0 }
+  { sizeof(gs_job_info), 0, 0, -1, 0, 0 }
 
 /* Fills *info (above). GS_ERR_STATE before gs_register. */
 GS_API gs_status gs_get_job_info(gs_client* c, gs_job_info* info);

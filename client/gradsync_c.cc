@@ -159,6 +159,9 @@ gs_status gs_get_job_info(gs_client* c, gs_job_info* info) {
   if (size >= offsetof(gs_job_info, check_replicas_due) + sizeof(int)) {
     info->check_replicas_due = j.check_replicas_due ? 1 : 0;
   }
+  if (size >= offsetof(gs_job_info, membership_changes) + sizeof(uint64_t)) {
+    info->membership_changes = j.membership_changes;
+  }
   info->size = size < sizeof(gs_job_info) ? size : sizeof(gs_job_info);
   return GS_OK;
 }

@@ -43,9 +43,12 @@ absl::Status ValidateJobShape(const DaemonConfig& c) {
         "(an elastic job shrinks down to --min-nodes): give --max-nodes equal to --num-nodes, "
         "or leave it out"));
   }
-  if (c.node_rank < 0 || c.node_rank >= c.num_nodes) {
-    return Bad(absl::StrCat("--node-rank ", c.node_rank, " is not in [0, ", c.num_nodes,
-                            ") (--num-nodes ", c.num_nodes, ")"));
+  // Node ranks name daemons; --max-nodes bounds them (it equals
+  // --num-nodes while nodes cannot join a running job).
+  if (c.node_rank < 0 || c.node_rank >= c.max_nodes_or_num()) {
+    return Bad(absl::StrCat("--node-rank ", c.node_rank, " is not in [0, ", c.max_nodes_or_num(),
+                            ") (--num-nodes ", c.num_nodes, ", --max-nodes ", c.max_nodes_or_num(),
+                            ")"));
   }
   return absl::OkStatus();
 }

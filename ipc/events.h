@@ -70,6 +70,10 @@ struct CompletionEvent {
 // and the job runs --nonfinite=skip: every trainer of the job gets the same
 // flag for the same iteration and must not apply the gradients.
 inline constexpr uint16_t kCompletionSkipStep = 1;
+// kIterationDone's flags: an elastic job's members changed during the
+// iteration (the survivors of a node's death re-formed): its divisor is the
+// new world's. Trainers count these (gs_job_info.membership_changes).
+inline constexpr uint16_t kCompletionMembersChanged = 2;
 static_assert(sizeof(CompletionEvent) == 32);
 
 // What the consumer of a readiness ring expects next.

@@ -60,6 +60,11 @@ TEST(AbiContract, JobInfoGrowsAtTheEnd) {
             sizeof(size_t) + sizeof(uint64_t) + 2 * sizeof(int));
   EXPECT_EQ(init.rank, -1);
   EXPECT_EQ(init.check_replicas_due, 0);
+  // Added after check_replicas_due, at the end (after its padding).
+  EXPECT_GE(offsetof(gs_job_info, membership_changes),
+            offsetof(gs_job_info, check_replicas_due) + sizeof(int));
+  EXPECT_EQ(sizeof(gs_job_info), offsetof(gs_job_info, membership_changes) + sizeof(uint64_t));
+  EXPECT_EQ(init.membership_changes, 0u);
 }
 
 TEST(AbiContract, VersionCodeOrdersReleases) {

@@ -174,9 +174,11 @@ absl::StatusOr<JoinResult> JoinGeneration(RendezvousClient& client, const Daemon
   while (true) {
     join.timeout = std::max(absl::Seconds(1), deadline - MonotonicNow());
     joined = client.Join(join);
-    // A survivor's refusal (STATE) will not change: it fails at once.
+    // A survivor's refusal (STATE) will not change, nor will that of a node
+    // the running elastic job left out: they fail at once.
     if (joined.ok() || CodeOf(joined.status()) != v1::STATE || MonotonicNow() >= deadline ||
-        resume.generation != 0) {
+        resume.generation != 0 ||
+        absl::StrContains(joined.status().message(), kJoiningARunningJobUnsupported)) {
       break;
     }
     absl::SleepFor(absl::Milliseconds(100));

@@ -85,6 +85,12 @@ inline std::optional<PlanKeyParts> ParsePlanKey(absl::string_view key) {
   return parts;
 }
 
+// Part of the leader's refusal of a node that joins afresh while the
+// elastic job runs without it: that refusal is final (no retry), so the
+// joining node reports it at once.
+inline constexpr absl::string_view kJoiningARunningJobUnsupported =
+    "nodes joining a running job are not supported yet";
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_KEYS_H_

@@ -235,6 +235,22 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
                                ", which stayed silent past ", Millis(kPresumedDeadAfter),
                                " ms and was presumed dead"));
   }
+  if (active() && !members_[rank].member()) {
+    // A replacement (or restarted) node of an elastic job that went on
+    // without it: admitting it at an iteration boundary is not built.
+    std::vector<int> members;
+    for (int r = 0; r < num_nodes_; ++r) {
+      if (members_[r].member()) members.push_back(r);
+    }
+    return refuse(
+        v1::STATE,
+        absl::StrCat("node_rank=", rank, " asks to join running generation ", generation_,
+                     " of elastic job '", job_id_,
+                     "' (members: node_rank=", absl::StrJoin(members, ","),
+                     "), which re-formed without it: ", kJoiningARunningJobUnsupported,
+                     " (an elastic job only shrinks, down to --min-nodes); the node takes part "
+                     "again when the job restarts"));
+  }
   if (active()) {
     return refuse(v1::STATE,
                   absl::StrCat("node_rank=", rank, " is already a member of active generation ",

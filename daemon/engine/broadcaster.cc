@@ -20,21 +20,21 @@ namespace {
 constexpr absl::Duration kPoll = absl::Milliseconds(100);
 
 // The cross-node agreement before a broadcast's first piece: a fixed head,
-// then per node [bytes + 1, root_rank + 1, holds the root]. Its length
+// then per node [bytes + 1, root_rank + 1, holds the root, node rank + 1]
+// (after an elastic re-formation slots are places among the members, so
+// each names its node rank for the errors). Its length
 // differs from the scheduler's per-iteration agreement, so a node that is
 // mid-iteration while another broadcasts fails the collective instead of
 // reading the other's counts as its own.
 constexpr size_t kAgreementHead = 5;
-constexpr size_t kAgreementPerNode = 3;
+constexpr size_t kAgreementPerNode = 4;
 
 }  // namespace
 
 Broadcaster::Broadcaster(std::vector<Trainer*> trainers, Backend* backend, FailFn fail,
                          Options options)
-    : trainers_(std::move(trainers)),
-      backend_(backend),
-      fail_(std::move(fail)),
-      options_(std::move(options)) {
+    : trainers_(std::move(trainers)), fail_(std::move(fail)), options_(std::move(options)) {
+  world_ = World{backend, options_.num_nodes, options_.node_rank};
   call_.arrived.assign(trainers_.size(), 0);
   marked_in_.assign(trainers_.size(), 0);
 }
@@ -69,6 +69,12 @@ void Broadcaster::Abort(const absl::Status& error) {
   MonotonicMutexLock lock(&mu_);
   if (failed_.ok()) failed_ = error.ok() ? MakeError(v1::INTERNAL, "the job ended") : error;
   cv_.SignalAll();
+}
+
+void Broadcaster::SetWorld(Backend* backend, int num_nodes, int node_index) {
+  MonotonicMutexLock lock(&mu_);
+  world_ = World{backend, num_nodes, node_index};
+  spdlog::info("event=broadcast_world nodes={} node_index={}", num_nodes, node_index);
 }
 
 void Broadcaster::StopAndWait(absl::Duration timeout) {
@@ -186,7 +192,8 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
       if (call_.count == LocalTrainers()) {
         // The last arrival runs the call; nobody can arrive meanwhile (every
         // local trainer is in it).
-        const Call call = call_;
+        Call call = call_;
+        call.world = world_;
         call_ = Call{};
         call_.arrived.assign(trainers_.size(), 0);
         ++calls_started_;
@@ -197,6 +204,7 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
         mu_.Lock();
         running_ = false;
         calls_done_ = mine + 1;
+        last_result_ = st;
         if (st.ok() && (call.step == Pieces(call.bytes) || (call.step == 0 && fused_))) {
           busy_ = false;
         }
@@ -224,7 +232,17 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
           cv_.WaitWithTimeout(
               &mu_, running_ ? kPoll : std::clamp(deadline - now, absl::Milliseconds(1), kPoll));
         }
-        if (refused.ok() && !failed_.ok()) return failed_;
+        // The call's own outcome once it completed: one that succeeded
+        // stands even if the job failed since (a peer that closes right
+        // after it); one that failed is answered with the job's failure,
+        // which its last arrival is recording now (a trainer told first
+        // could close and fail the job in its own name instead).
+        if (refused.ok() && calls_done_ <= mine) return failed_;
+        if (refused.ok() && !last_result_.ok()) {
+          const absl::Time until = MonotonicNow() + absl::Milliseconds(options_.timeout_ms);
+          while (failed_.ok() && MonotonicNow() < until) cv_.WaitWithTimeout(&mu_, kPoll);
+          return failed_.ok() ? last_result_ : failed_;
+        }
       }
     }
     if (refused.ok()) {
@@ -258,11 +276,12 @@ absl::Status Broadcaster::EnsureSegment() {
 }
 
 absl::Status Broadcaster::Agree(const Call& call, bool* fused, bool* collective) {
-  const int nodes = options_.num_nodes;
+  const int nodes = call.world.num_nodes;
   std::vector<double> v(kAgreementHead + kAgreementPerNode * static_cast<size_t>(nodes), 0.0);
   v[0] = 1;
   v[1] = *fused ? 1 : 0;  // fused only when every node can
-  const size_t mine = kAgreementHead + kAgreementPerNode * static_cast<size_t>(options_.node_rank);
+  const size_t mine =
+      kAgreementHead + kAgreementPerNode * static_cast<size_t>(call.world.node_index);
   v[mine] = static_cast<double>(call.bytes) + 1;
   // Whether the buffers are device memory rides with the root, so that a
   // node broadcasting host memory and one device memory disagree.
@@ -271,7 +290,8 @@ absl::Status Broadcaster::Agree(const Call& call, bool* fused, bool* collective)
   const bool holds_root = call.root_rank >= options_.rank_offset &&
                           call.root_rank < options_.rank_offset + LocalTrainers();
   if (holds_root) v[mine + 2] = 1 + (call.device ? LocalRootNcclRank(call.root_rank) : 0);
-  if (absl::Status st = backend_->AllreduceCounts(v.data(), v.size()); !st.ok()) {
+  v[mine + 3] = options_.node_rank + 1;
+  if (absl::Status st = call.world.backend->AllreduceCounts(v.data(), v.size()); !st.ok()) {
     *collective = true;
     return MakeError(CodeOf(st),
                      absl::StrCat("gs_broadcast's agreement across nodes: ", st.message()));
@@ -289,8 +309,8 @@ absl::Status Broadcaster::Agree(const Call& call, bool* fused, bool* collective)
           absl::StrCat(
               "nodes called gs_broadcast differently: node_rank=", options_.node_rank,
               " with bytes=", call.bytes, ", root_rank=", call.root_rank,
-              call.device ? " (device memory)" : " (host memory)", ", node_rank=", i,
-              " with bytes=", static_cast<int64_t>(v[at]) - 1,
+              call.device ? " (device memory)" : " (host memory)", ", node_rank=",
+              static_cast<int64_t>(v[at + 3]) - 1, " with bytes=", static_cast<int64_t>(v[at]) - 1,
               ", root_rank=", static_cast<int64_t>(v[at + 1]) / 2 - 1,
               static_cast<int64_t>(v[at + 1]) % 2 ? " (device memory)" : " (host memory)"));
     }
@@ -300,8 +320,10 @@ absl::Status Broadcaster::Agree(const Call& call, bool* fused, bool* collective)
     }
   }
   if (root_node < 0) {
-    return MakeError(v1::INVALID_ARGUMENT, absl::StrCat("gs_broadcast: root_rank ", call.root_rank,
-                                                        " is on no node of the job"));
+    return MakeError(v1::INVALID_ARGUMENT,
+                     absl::StrCat("gs_broadcast: root_rank ", call.root_rank,
+                                  " is on no node of the job (after an elastic re-formation: "
+                                  "its node is no longer a member)"));
   }
   root_node_ = root_node;
   *fused = v[1] == nodes;
@@ -355,7 +377,7 @@ absl::Status Broadcaster::Run(const Call& call, bool* collective) {
       RETURN_IF_ERROR(EnsureSegment());
     }
     bool fused = CanFuse(call);
-    if (options_.num_nodes > 1) RETURN_IF_ERROR(Agree(call, &fused, collective));
+    if (call.world.num_nodes > 1) RETURN_IF_ERROR(Agree(call, &fused, collective));
     if (!fused) return absl::OkStatus();
     // The root filled the whole buffer into that slot before its call.
     RETURN_IF_ERROR(
@@ -369,9 +391,9 @@ absl::Status Broadcaster::Run(const Call& call, bool* collective) {
 
 absl::Status Broadcaster::RunHostPiece(const Call& call, uint64_t piece, uint8_t* slot,
                                        bool* collective) {
-  if (options_.num_nodes == 1) return absl::OkStatus();
+  if (call.world.num_nodes == 1) return absl::OkStatus();
   const uint64_t len = std::min(kPieceBytes, call.bytes - piece * kPieceBytes);
-  absl::Status st = backend_->Broadcast(slot, len, root_node_);
+  absl::Status st = call.world.backend->Broadcast(slot, len, root_node_);
   if (!st.ok()) {
     *collective = true;
     return MakeError(CodeOf(st), absl::StrCat("gs_broadcast, piece ", piece, " of ",

@@ -33,6 +33,13 @@
 // naming it; a trainer that dies fails the job as always (PEER_FAILED
 // naming it), and Abort wakes every waiting call.
 //
+// Elastic jobs: after a re-formation the job hands over the new
+// generation's backend and this node's place among its members
+// (SetWorld); each call runs on the world it was collected in. Trainers
+// keep the ranks they registered with, so a root is any rank of the first
+// world; one on a node that is no longer a member fails the agreement
+// ("is on no node of the job").
+//
 // Threads: Step from RPC threads (one per trainer at a time), AllowMarks
 // from the scheduler thread, Abort from whoever fails the job. `fail` is
 // never called with the lock held (it takes the job's lock, which calls
@@ -70,7 +77,7 @@ class Broadcaster {
     int node_rank = 0;
     int num_nodes = 1;
     int rank_offset = 0;  // global rank of local rank 0
-    int world_size = 1;
+    int world_size = 1;   // ranks are 0..world_size-1 (the first world's)
     int64_t timeout_ms = 300000;
     std::string shm_prefix = "gradsync";
     mode_t shm_mode = 0600;
@@ -109,6 +116,12 @@ class Broadcaster {
 
   // The job failed: every waiting and later Step returns `error`.
   void Abort(const absl::Status& error) ABSL_LOCKS_EXCLUDED(mu_);
+  // An elastic job re-formed: later calls run on `backend` (it outlives
+  // this object), among `num_nodes` nodes where this one is `node_index`
+  // (its Gloo rank). Called between iterations' collectives, never while
+  // a call runs on the old world (that call failed with it).
+  void SetWorld(Backend* backend, int num_nodes, int node_index) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Before the job's device resources go (the GpuSession a device piece
   // runs on): no later Step runs anything, and this returns once the call
   // being run, if any, has returned (the job failed, so its collective
@@ -124,6 +137,12 @@ class Broadcaster {
   static uint64_t Pieces(uint64_t bytes) { return (bytes + kPieceBytes - 1) / kPieceBytes; }
 
  private:
+  // The generation a call runs in: its backend and this node's place.
+  struct World {
+    Backend* backend = nullptr;
+    int num_nodes = 1;
+    int node_index = 0;
+  };
   // The call every local trainer makes next.
   struct Call {
     uint64_t bytes = 0;
@@ -136,6 +155,7 @@ class Broadcaster {
     int first = -1;                // local rank that arrived first
     std::vector<uint8_t> arrived;  // per local rank
     int count = 0;
+    World world;  // set by the last arrival
   };
   // The last arrival's work, with the lock released: the cross-node part
   // of `call`. *collective: the error is a collective's failure (the job
@@ -164,18 +184,18 @@ class Broadcaster {
   const std::vector<Trainer*> trainers_;
   const Scheduler* scheduler_ = nullptr;
   GpuSession* gpu_ = nullptr;
-  Backend* const backend_;
   const FailFn fail_;
   const Options options_;
 
   MonotonicMutex mu_;
   MonotonicCondVar cv_;
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
+  World world_ ABSL_GUARDED_BY(mu_);
   Call call_ ABSL_GUARDED_BY(mu_);
   uint64_t calls_started_ ABSL_GUARDED_BY(mu_) = 0;  // number of the call being collected
   uint64_t calls_done_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Status last_result_ ABSL_GUARDED_BY(mu_);
-  bool running_ ABSL_GUARDED_BY(mu_) = false;  // the last arrival runs the call
+  absl::Status last_result_ ABSL_GUARDED_BY(mu_);  // the last completed call's
+  bool running_ ABSL_GUARDED_BY(mu_) = false;      // the last arrival runs the call
   // From a broadcast's first arrival at step 0 until its last step is done.
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   // Per local rank: 1 + the iteration of its latest first mark (0: none).

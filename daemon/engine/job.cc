@@ -85,10 +85,16 @@ absl::StatusOr<uint64_t> Job::Attach(int local_rank, int64_t pid) {
     return MakeError(v1::STATE, "this job has ended; attach to the next one");
   }
   if (state_ != JobState::kAttaching) {
+    // An elastic job's dead trainer leaves a free local rank: taking it
+    // back (a trainer joining a running job) is not built.
+    const bool elastic_running = state_ == JobState::kRunning && elastic();
     return MakeError(v1::STATE,
                      absl::StrCat("a job is ", StateName(state_),
                                   " on this daemon; new trainers can attach once its trainers "
                                   "have all closed",
+                                  elastic_running ? " (trainers joining a running elastic job "
+                                                    "are not supported yet)"
+                                                  : "",
                                   state_ == JobState::kFailed
                                       ? absl::StrCat(" (it failed: ", error_.message(), ")")
                                       : ""));
@@ -623,12 +629,6 @@ absl::StatusOr<Broadcaster::StepResult> Job::Broadcast(uint64_t session, uint64_
     if (state_ == JobState::kFailed) return PeerError(*t);
     if (state_ != JobState::kRunning || !broadcaster_) {
       return MakeError(v1::STATE, "gs_broadcast before the job runs: call gs_register first");
-    }
-    if (reformations_ > 0) {
-      // The broadcaster's node count and offsets are the first world's.
-      return MakeError(v1::STATE,
-                       "gs_broadcast after the elastic job re-formed without a dead node is not "
-                       "supported yet");
     }
     broadcaster = broadcaster_.get();  // lives as long as the job
   }

@@ -117,6 +117,11 @@ absl::StatusOr<Scheduler::Reformed> Job::InstallReformedLocked(JobWorld world) {
   world_.fetch = std::move(world.fetch);
   world_.link = std::move(world.link);
   ++reformations_;
+  // Broadcasts from now on run among the new generation's members.
+  if (broadcaster_) {
+    broadcaster_->SetWorld(world_.backend.get(), world_.num_nodes, world_.node_index);
+  }
+  if (replica_checker_) replica_checker_->SetWorld(world_.backend.get(), world_.node_index);
   Scheduler* scheduler = scheduler_.get();
   WorldLink* link = world_.link.get();
   link->SetProgress([scheduler] { return scheduler->iteration(); });

@@ -23,9 +23,10 @@ ReplicaChecker::ReplicaChecker(std::vector<Trainer*> trainers, const Layout& lay
                                Backend* backend, FailFn fail, Options options)
     : trainers_(std::move(trainers)),
       layout_(layout),
-      backend_(backend),
       fail_(std::move(fail)),
-      options_(options) {
+      options_(options),
+      backend_(backend),
+      node_index_(options.node_rank) {
   hashes_.assign(trainers_.size(), {});
   arrived_.assign(trainers_.size(), 0);
 }
@@ -41,6 +42,12 @@ void ReplicaChecker::Abort(const absl::Status& error) {
   MonotonicMutexLock lock(&mu_);
   if (failed_.ok()) failed_ = error.ok() ? MakeError(v1::INTERNAL, "the job ended") : error;
   cv_.SignalAll();
+}
+
+void ReplicaChecker::SetWorld(Backend* backend, int node_index) {
+  MonotonicMutexLock lock(&mu_);
+  backend_ = backend;
+  node_index_ = node_index;
 }
 
 absl::Status ReplicaChecker::Refusal(const Trainer& caller, uint64_t iteration,
@@ -96,11 +103,12 @@ absl::Status ReplicaChecker::CompareRound(int* culprit) {
   if (!AcrossNodes()) {
     verdict = CompareReplicas(iteration_, layout_, RoundLocked());
   } else {
-    NodeRound round{options_.node_rank, options_.world_size, options_.every, iteration_,
-                    RoundLocked()};
+    NodeRound round{options_.node_rank, node_index_, options_.world_size,
+                    options_.every,     iteration_,  RoundLocked()};
+    Backend* backend = backend_;
     mu_.Unlock();
     bool collective = false;
-    verdict = CompareAcrossNodes(*backend_, layout_, round, &collective);
+    verdict = CompareAcrossNodes(*backend, layout_, round, &collective);
     mu_.Lock();
     // A collective's failure: the job asks the leader which node caused it.
     if (collective) *culprit = Scheduler::kCollectiveFailed;
@@ -141,12 +149,12 @@ absl::Status ReplicaChecker::WaitLocked(const Trainer& caller, uint64_t round,
 
 absl::Status ReplicaChecker::Check(const Trainer& caller, uint64_t iteration,
                                    const std::vector<uint64_t>& hashes, absl::Time deadline) {
-  RETURN_IF_ERROR(Refusal(caller, iteration, hashes.size()));
   const size_t me = static_cast<size_t>(caller.local_rank);
   absl::Status refused;
   int culprit = -1;
   {
     MonotonicMutexLock lock(&mu_);
+    RETURN_IF_ERROR(Refusal(caller, iteration, hashes.size()));
     if (!failed_.ok()) return failed_;
     if (arrived_[me]) {
       return MakeError(v1::STATE,
@@ -177,7 +185,10 @@ absl::Status ReplicaChecker::Check(const Trainer& caller, uint64_t iteration,
         if (!failed_.ok()) return failed_;
       } else {
         refused = WaitLocked(caller, round, deadline);
-        if (refused.ok()) return failed_.ok() ? last_result_ : failed_;
+        // A round that completed is this caller's answer even when the job
+        // failed since: a peer that closes right after its check ends the
+        // job before a waiter woken by the round's end has returned.
+        if (refused.ok()) return rounds_done_ > round ? last_result_ : failed_;
       }
     }
   }

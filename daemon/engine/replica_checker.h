@@ -54,6 +54,12 @@ class ReplicaChecker {
   ReplicaChecker(std::vector<Trainer*> trainers, const Layout& layout, Backend* backend,
                  FailFn fail, Options options);
 
+  // An elastic job re-formed: later comparisons run on `backend` (it
+  // outlives this object), where this node is member `node_index`. Called
+  // between iterations' collectives; a comparison running on the old
+  // world failed with it.
+  void SetWorld(Backend* backend, int node_index) ABSL_LOCKS_EXCLUDED(mu_);
+
   // One trainer's fingerprint after synchronized iteration `iteration`;
   // blocks until every local trainer still in the job sent its and they
   // were compared, or the job fails, or `deadline` (a MonotonicNow() time)
@@ -70,7 +76,8 @@ class ReplicaChecker {
 
  private:
   // A misuse by the caller alone, or OK.
-  absl::Status Refusal(const Trainer& caller, uint64_t iteration, size_t hashes) const;
+  absl::Status Refusal(const Trainer& caller, uint64_t iteration, size_t hashes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The fingerprints of the round being collected, by rank.
   std::vector<ReplicaFingerprint> RoundLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The last arrival: compares the round (across nodes with the lock
@@ -80,19 +87,23 @@ class ReplicaChecker {
   // Any other arrival: waits for round `round` to end.
   absl::Status WaitLocked(const Trainer& caller, uint64_t round, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool AcrossNodes() const { return backend_ != nullptr && backend_->num_nodes() > 1; }
+  bool AcrossNodes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return backend_ != nullptr && backend_->num_nodes() > 1;
+  }
   // Fails the job (lock released) and returns `error`.
   absl::Status FailJob(const absl::Status& error, int culprit = -1) ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::vector<Trainer*> trainers_;
   const Layout& layout_;
-  Backend* const backend_;
+
   const FailFn fail_;
   const Options options_;
 
   MonotonicMutex mu_;
   MonotonicCondVar cv_;
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
+  Backend* backend_ ABSL_GUARDED_BY(mu_);
+  int node_index_ ABSL_GUARDED_BY(mu_);
   // The round being collected: its iteration (valid once count_ > 0), who
   // sent what.
   uint64_t iteration_ ABSL_GUARDED_BY(mu_) = 0;

@@ -38,7 +38,7 @@ uint64_t Digest(const std::vector<uint64_t>& hashes) {
 // (5 + 3n), so a node that is elsewhere fails the collective instead of
 // reading another's counts as its own.
 constexpr size_t kSummaryHead = 2;
-constexpr size_t kSummaryPerNode = 8;
+constexpr size_t kSummaryPerNode = 9;
 // Step 3: a head [nodes], then per rank [present, node, local rank, pid,
 // the hash of the first differing tensor (2 limbs)].
 constexpr size_t kTableHead = 1;
@@ -74,7 +74,7 @@ absl::Status NameFirstDifference(Backend& backend, const Layout& layout, const N
   const size_t tensors = layout.size();
   const int nodes = backend.num_nodes();
   std::vector<uint64_t> reference(tensors, 0);
-  if (round.node_rank == 0 && !round.local.empty()) reference = round.local[0].hashes;
+  if (round.node_index == 0 && !round.local.empty()) reference = round.local[0].hashes;
   if (absl::Status st = backend.Broadcast(reference.data(), tensors * sizeof(uint64_t), 0);
       !st.ok()) {
     return CollectiveError(st, "broadcast of rank 0's fingerprints", collective);
@@ -87,7 +87,7 @@ absl::Status NameFirstDifference(Backend& backend, const Layout& layout, const N
   }
   std::vector<double> first(1 + static_cast<size_t>(nodes), 0.0);
   first[0] = 1;
-  first[1 + static_cast<size_t>(round.node_rank)] = static_cast<double>(mine);
+  first[1 + static_cast<size_t>(round.node_index)] = static_cast<double>(mine);
   if (absl::Status st = backend.AllreduceCounts(first.data(), first.size()); !st.ok()) {
     return CollectiveError(st, "search for the first differing tensor", collective);
   }
@@ -153,13 +153,13 @@ absl::Status CompareReplicas(uint64_t iteration, const Layout& layout,
 absl::Status CompareAcrossNodes(Backend& backend, const Layout& layout, const NodeRound& round,
                                 bool* collective) {
   const int nodes = backend.num_nodes();
-  if (round.node_rank < 0 || round.node_rank >= nodes) {
-    return MakeError(v1::INTERNAL, absl::StrCat("gs_check_replicas: node_rank ", round.node_rank,
+  if (round.node_index < 0 || round.node_index >= nodes) {
+    return MakeError(v1::INTERNAL, absl::StrCat("gs_check_replicas: node_index ", round.node_index,
                                                 " outside the backend's ", nodes, " nodes"));
   }
   std::vector<double> v(kSummaryHead + kSummaryPerNode * static_cast<size_t>(nodes), 0.0);
   v[0] = 1;
-  double* mine = &v[kSummaryHead + kSummaryPerNode * static_cast<size_t>(round.node_rank)];
+  double* mine = &v[kSummaryHead + kSummaryPerNode * static_cast<size_t>(round.node_index)];
   mine[0] = 1;
   PutLimbs(round.iteration, &mine[1]);
   mine[3] = static_cast<double>(round.every);
@@ -168,6 +168,8 @@ absl::Status CompareAcrossNodes(Backend& backend, const Layout& layout, const No
   const std::vector<uint64_t>& reference = round.local.empty() ? none : round.local[0].hashes;
   PutLimbs(Digest(reference), &mine[5]);
   mine[7] = CompareReplicas(round.iteration, layout, round.local).ok();
+  // Slots are places among the members: each names its node for the errors.
+  mine[8] = round.node_rank;
   if (absl::Status st = backend.AllreduceCounts(v.data(), v.size()); !st.ok()) {
     return CollectiveError(st, "summary", collective);
   }
@@ -176,20 +178,21 @@ absl::Status CompareAcrossNodes(Backend& backend, const Layout& layout, const No
                                              " of ", nodes, " nodes: the nodes are out of step"));
   }
   const double* first = &v[kSummaryHead];
+  const int64_t first_rank = static_cast<int64_t>(first[8]);
   bool equal = true;
-  for (int n = 0; n < nodes; ++n) {
-    const double* node = &v[kSummaryHead + kSummaryPerNode * static_cast<size_t>(n)];
+  for (int i = 0; i < nodes; ++i) {
+    const double* node = &v[kSummaryHead + kSummaryPerNode * static_cast<size_t>(i)];
+    const int64_t n = static_cast<int64_t>(node[8]);
     if (GetLimbs(&node[1]) != GetLimbs(&first[1])) {
       return MakeError(v1::MISMATCH,
-                       absl::StrCat("nodes out of step in gs_check_replicas: node 0 checks after "
-                                    "iteration ",
-                                    GetLimbs(&first[1]), " but node ", n, " after iteration ",
-                                    GetLimbs(&node[1])));
+                       absl::StrCat("nodes out of step in gs_check_replicas: node ", first_rank,
+                                    " checks after iteration ", GetLimbs(&first[1]), " but node ",
+                                    n, " after iteration ", GetLimbs(&node[1])));
     }
     if (node[3] != first[3]) {
       return MakeError(
           v1::MISMATCH,
-          absl::StrCat("nodes run different --check-replicas-every: node 0 runs ",
+          absl::StrCat("nodes run different --check-replicas-every: node ", first_rank, " runs ",
                        static_cast<int64_t>(first[3]), " but node ", n, " runs ",
                        static_cast<int64_t>(node[3]), "; every node of the job needs the same"));
     }

@@ -50,8 +50,11 @@ absl::Status CompareReplicas(uint64_t iteration, const Layout& layout,
 // This node's round, compared across the job.
 struct NodeRound {
   int node_rank = 0;
-  int world_size = 1;
-  int64_t every = 0;  // --check-replicas-every
+  // This node's place among the generation's members (its Gloo rank):
+  // node_rank until an elastic job re-formed without some node.
+  int node_index = 0;
+  int world_size = 1;  // ranks are below it (the first world's size)
+  int64_t every = 0;   // --check-replicas-every
   uint64_t iteration = 0;
   std::vector<ReplicaFingerprint> local;  // the node's trainers that sent, by rank
 };

@@ -469,6 +469,7 @@ bool Scheduler::Recover(const absl::Status& error) {
   skip_step_ = false;
   skip_culprit_.clear();
   skip_trainer_.clear();
+  members_changed_ = true;
   last_progress_ns_ = MonotonicNowNs();
   spdlog::warn(
       "event=iteration_redo iteration={} world_size={} nodes={} node_index={} "
@@ -1133,8 +1134,10 @@ void Scheduler::FinishIteration() {
   // and detaches at once cannot get its "detached" error posted ahead of
   // its peers' "iteration done".
   int culprit = -1;
-  const absl::Status st = PostToAll(ipc::CompletionKind::kIterationDone, it, &culprit,
-                                    skip ? ipc::kCompletionSkipStep : 0);
+  const uint32_t flags = (skip ? ipc::kCompletionSkipStep : 0) |
+                         (members_changed_ ? ipc::kCompletionMembersChanged : 0);
+  members_changed_ = false;
+  const absl::Status st = PostToAll(ipc::CompletionKind::kIterationDone, it, &culprit, flags);
   for (Trainer* t : trainers_) t->segment.header()->completion_bell.Ring();
   if (!st.ok()) {
     fail_(MakeError(v1::PEER_FAILED, st.message()), culprit);

@@ -348,6 +348,9 @@ class Scheduler {
   // --nonfinite=skip: this iteration's result was not finite; the first
   // culprit this node saw ("" if none of its trainers holds one).
   bool skip_step_ = false;
+  // An elastic re-formation happened in this iteration: its "iteration
+  // done" entry says so (kCompletionMembersChanged).
+  bool members_changed_ = false;
   std::string skip_culprit_;
   std::string skip_trainer_;        // skip_culprit_'s trainer part: the stats' key
   std::string host_;                // this node's host name, for culprits' names

@@ -85,6 +85,16 @@ TEST(ValidateConfig, RankAtOrAboveNumNodesIsRefused) {
   }
 }
 
+// An elastic job's node ranks stay below --max-nodes (= --num-nodes): a
+// node started beyond it is refused naming both.
+TEST(ValidateConfig, AnElasticJobsNodeRankAtOrAboveMaxNodesIsRefusedNamingMaxNodes) {
+  DaemonConfig c = Follower();
+  c.min_nodes = 2;
+  c.max_nodes = 3;
+  c.node_rank = 3;
+  ExpectRefused(c, {"--node-rank 3 is not in [0, 3)", "--num-nodes 3", "--max-nodes 3"});
+}
+
 TEST(ValidateConfig, NumNodesOutOfRangeIsRefused) {
   for (int n : {0, -2, 4097}) {
     DaemonConfig c;

@@ -17,6 +17,13 @@
 // iteration and gone from the next; after only its first mark, the job
 // fails naming it. Node 0 (the leader) SIGKILLed ends the job naming it.
 //
+// gs_broadcast and gs_check_replicas after a re-formation run among the
+// survivors: node 1 killed, a broadcast from rank 4 (node 2, now the
+// second member) reaches every survivor's trainers, replica checks compare
+// node 0's and node 2's. Every survivor's gs_job_info counts one
+// membership change. A replacement node asking to join the running job is
+// refused with STATE saying joining is not supported.
+//
 // Fixed (--min-nodes 3 = --num-nodes): a death ends every survivor with
 // GS_ERR_PEER_FAILED naming node_rank=2 and --min-nodes.
 #include <gtest/gtest.h>
@@ -25,10 +32,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "tests/integration/cluster.h"
 #include "tests/integration/control_stats.h"
 #include "tests/integration/harness.h"
@@ -135,7 +144,8 @@ void ResumeSurvivors(std::vector<Trainer>* trainers, const std::vector<int>& vic
 // time.
 std::chrono::steady_clock::time_point RunUntilKilled(
     Cluster& cluster, Stage stage, std::vector<Trainer>* trainers,
-    const std::vector<int>& victims = {kVictimNode}, bool resume = true) {
+    const std::vector<int>& victims = {kVictimNode}, bool resume = true,
+    const std::vector<std::string>& extra_args = {}) {
   for (int n = 0; n < kNodes; ++n) {
     for (int r = 0; r < kLocal; ++r) {
       const std::string pause = PauseFor(stage, IsVictim(n, victims));
@@ -143,6 +153,7 @@ std::chrono::steady_clock::time_point RunUntilKilled(
       std::vector<std::string> args = TrainArgs();
       args.push_back("--pause-at=" + pause);
       args.push_back("--print-loss");  // rank 0 prints each completed step
+      args.insert(args.end(), extra_args.begin(), extra_args.end());
       trainers->push_back({n, pause, out, StartTrainer(cluster.node(n), r, args, out)});
     }
   }
@@ -169,23 +180,39 @@ std::chrono::steady_clock::time_point RunUntilKilled(
   return killed_at;
 }
 
+// Each trainer's error line, for a failure's message: the first to fail
+// is often not the one a test waits for first.
+std::string AllTrainerErrors(std::vector<Trainer>& trainers) {
+  std::string out;
+  for (size_t i = 0; i < trainers.size(); ++i) {
+    absl::StrAppend(&out, "trainer ", i, " (node ", trainers[i].node,
+                    "): ", TrainerError(trainers[i].process.Log()), "\n");
+  }
+  return out;
+}
+
 // Every survivor's trainer ends with GS_OK and the same weights as one
 // process that averages iterations before the kill over all 6 shards and
-// from it on over ranks 0-3.
-void ExpectSurvivorsTrainedLikeTheReference(Cluster& cluster, std::vector<Trainer>& trainers) {
+// from it on over the survivors' ranks.
+void ExpectSurvivorsTrainedLikeTheReference(Cluster& cluster, std::vector<Trainer>& trainers,
+                                            int victim = kVictimNode) {
+  std::vector<std::string> steps;
+  for (int n = 0; n < kNodes; ++n) {
+    for (int r = 0; r < kLocal; ++r)
+      steps.push_back(absl::StrCat(n == victim ? kKilledStep : kSteps));
+  }
   std::vector<std::string> reference_args = TrainArgs();
-  reference_args.push_back(absl::StrCat("--join-steps=", kSteps, ",", kSteps, ",", kSteps, ",",
-                                        kSteps, ",", kKilledStep, ",", kKilledStep));
+  reference_args.push_back(absl::StrCat("--join-steps=", absl::StrJoin(steps, ",")));
   reference_args.push_back("--join-divide-by-active");
   const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
   ASSERT_FALSE(reference.empty());
   std::vector<double> first;
   for (Trainer& t : trainers) {
-    if (t.node == kVictimNode) continue;
+    if (t.node == victim) continue;
     const ExitStatus st = t.process.Wait(kErrorBound);
     ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
     ASSERT_EQ(st.code, 0) << "node " << t.node << ": " << TrainerError(t.process.Log()) << "\n"
-                          << cluster.DaemonLogs();
+                          << AllTrainerErrors(trainers) << cluster.DaemonLogs();
     const std::vector<double> weights = LoadWeights(t.out);
     ASSERT_EQ(weights.size(), reference.size()) << t.out;
     if (first.empty()) first = weights;
@@ -221,6 +248,16 @@ void KillNodeTwoAndExpectSurvivorsTrainOn(Stage stage, bool found_by_heartbeat =
 
   ExpectSurvivorsTrainedLikeTheReference(cluster, trainers);
   if (::testing::Test::HasFatalFailure()) return;
+  // gs_job_info after the redone iteration: one membership change, the
+  // survivors' world, each trainer's own rank.
+  for (size_t i = 0; i < trainers.size(); ++i) {
+    if (trainers[i].node == kVictimNode) continue;
+    const std::string changed =
+        absl::StrCat("mlp_trainer: the job's members changed (1 times) by iteration ",
+                     kKilledStep + 1, ": world size 4, rank ", i, "\n");
+    EXPECT_NE(trainers[i].process.Log().find(changed), std::string::npos)
+        << "trainer " << i << ": " << trainers[i].process.Log();
+  }
   // The survivors' world: their 4 trainers (what gs_get_job_info reports
   // after each iteration is this divisor).
   absl::StatusOr<v1::Stats> stats = GetStats(cluster.port(), "elastic-token");
@@ -253,6 +290,118 @@ TEST(ElasticJob, SurvivorsInsideTheCollectiveRedoFromTheirKeptSumsAndTrainOn) {
 
 TEST(ElasticJob, ASurvivorWaitingForItsTrainersLearnsTheDeathFromTheLeaderAndRedoesToo) {
   KillNodeTwoAndExpectSurvivorsTrainOn(Stage::kBackward, /*found_by_heartbeat=*/true);
+}
+
+// Node 1 dies, so node 2 is the second of the survivors' two members (its
+// Gloo rank 1); its rank 4 then broadcasts a buffer of two pieces to every
+// survivor's trainers, which check each byte, and training stays exact.
+TEST(ElasticJob, BroadcastAfterAReformationRunsAmongTheSurvivors) {
+  constexpr int kVictim = 1, kBroadcastStep = 4, kRoot = 4;
+  Cluster cluster(JobOptions(/*min_nodes=*/2));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilKilled(cluster, Stage::kBackward, &trainers, {kVictim}, /*resume=*/true,
+                 {absl::StrCat("--broadcast-after=", kBroadcastStep, ":", kRoot)});
+  ExpectSurvivorsTrainedLikeTheReference(cluster, trainers, kVictim);
+  if (::testing::Test::HasFatalFailure()) return;
+  const std::string received = absl::StrCat("mlp_trainer: gs_broadcast from rank ", kRoot,
+                                            " after step ", kBroadcastStep, ": 5242883 bytes ok");
+  for (Trainer& t : trainers) {
+    if (t.node == kVictim) continue;
+    EXPECT_NE(t.process.Log().find(received), std::string::npos)
+        << "node " << t.node << ": " << t.process.Log();
+  }
+  EXPECT_NE(cluster.node(0).process().Log().find("event=broadcast_world nodes=2 node_index=0"),
+            std::string::npos)
+      << cluster.DaemonLogs();
+  EXPECT_NE(cluster.node(2).process().Log().find("event=broadcast_world nodes=2 node_index=1"),
+            std::string::npos)
+      << cluster.DaemonLogs();
+}
+
+// The same for --check-replicas-every: node 1 dies, and the checks after
+// iterations 4, 6 and 8 compare the survivors' replicas across node 0 and
+// node 2 (its second member), training staying exact.
+TEST(ElasticJob, ReplicaChecksAfterAReformationCompareAmongTheSurvivors) {
+  constexpr int kVictim = 1;
+  ClusterOptions options = JobOptions(/*min_nodes=*/2);
+  options.flags.push_back("--check-replicas-every=2");
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilKilled(cluster, Stage::kBackward, &trainers, {kVictim}, /*resume=*/true,
+                 {"--check-replicas"});
+  ExpectSurvivorsTrainedLikeTheReference(cluster, trainers, kVictim);
+  if (::testing::Test::HasFatalFailure()) return;
+  for (Trainer& t : trainers) {
+    if (t.node == kVictim) continue;
+    EXPECT_NE(t.process.Log().find("replicas checked after iteration 8 (world size 4)"),
+              std::string::npos)
+        << "node " << t.node << ": " << t.process.Log();
+  }
+  for (int n : {0, 2}) {
+    const std::string log = cluster.node(n).process().Log();
+    const size_t at = log.find("event=replicas_equal iteration=8 trainers=2 ");
+    ASSERT_NE(at, std::string::npos) << "node " << n << "\n" << cluster.DaemonLogs();
+    const std::string line = log.substr(at, log.find('\n', at) - at);
+    EXPECT_NE(line.find(" nodes=2"), std::string::npos) << line;
+  }
+}
+
+// A root on the dead node is no member's: every survivor's trainer gets
+// INVALID_ARGUMENT naming the rank.
+TEST(ElasticJob, BroadcastFromADeadNodesRankAfterAReformationFailsNamingTheRank) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilKilled(cluster, Stage::kBackward, &trainers, {kVictimNode}, /*resume=*/true,
+                 {"--broadcast-after=4:5"});
+  for (Trainer& t : trainers) {
+    if (t.node == kVictimNode) continue;
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    const std::string error = TrainerError(t.process.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitInvalidArgument) << error << cluster.DaemonLogs();
+    EXPECT_NE(error.find("root_rank 5 is on no node of the job"), std::string::npos)
+        << "node " << t.node << ": " << error;
+  }
+}
+
+// A replacement node 2 (a fresh daemon and trainers) while the survivors'
+// generation runs: admitting a node into a running job is not built, so
+// its trainers fail at once with STATE saying so, naming the members, and
+// the survivors train on exactly. Node 0's trainers are held (the longer
+// timeout keeps that from being a stall) so that generation 2 is still
+// running when the replacement asks to join.
+TEST(ElasticJob, AReplacementNodeIsRefusedSayingJoiningIsNotSupportedAndTheSurvivorsTrainOn) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilKilled(cluster, Stage::kBackward, &trainers, {kVictimNode}, /*resume=*/false);
+  ResumeSurvivors(&trainers, {0, kVictimNode});  // node 1's: its collective fails
+  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_reformed", kErrorBound))
+      << cluster.DaemonLogs();
+  ASSERT_TRUE(cluster.StartNode(kVictimNode)) << cluster.DaemonLogs();
+  std::vector<Process> replacements;
+  for (int r = 0; r < kLocal; ++r) {
+    replacements.push_back(StartTrainer(cluster.node(kVictimNode), r, TrainArgs(),
+                                        absl::StrCat(cluster.dir(), "/replacement_", r)));
+  }
+  for (Process& p : replacements) {
+    const ExitStatus st = p.Wait(kErrorBound);
+    const std::string error = TrainerError(p.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << p.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitState) << error << cluster.DaemonLogs();
+    EXPECT_NE(error.find("node_rank=2 asks to join running generation 2 of elastic job "
+                         "'elastic' (members: node_rank=0,1)"),
+              std::string::npos)
+        << error;
+    EXPECT_NE(error.find("nodes joining a running job are not supported yet"), std::string::npos)
+        << error;
+  }
+  EXPECT_TRUE(cluster.node(kVictimNode).process().Running()) << cluster.DaemonLogs();
+  ResumeSurvivors(&trainers, {1, kVictimNode});  // node 0's
+  ExpectSurvivorsTrainedLikeTheReference(cluster, trainers);
 }
 
 // SetConfig on the leader while the survivors re-form (generation 1
@@ -311,7 +460,8 @@ TEST(ElasticJob, BelowMinNodesTheSurvivorFailsNamingMinNodesAndTheDeadNodes) {
 constexpr int kTrainerVictim = 3;
 
 void RunUntilTrainerKilled(Cluster& cluster, const std::string& victim_pause,
-                           std::vector<Trainer>* trainers) {
+                           std::vector<Trainer>* trainers,
+                           const std::function<void()>& before_resuming = nullptr) {
   for (int n = 0; n < kNodes; ++n) {
     for (int r = 0; r < kLocal; ++r) {
       const bool victim = n * kLocal + r == kTrainerVictim;
@@ -328,6 +478,7 @@ void RunUntilTrainerKilled(Cluster& cluster, const std::string& victim_pause,
         << t.process.Log() << cluster.DaemonLogs();
   }
   (*trainers)[kTrainerVictim].process.Signal(SIGKILL);
+  if (before_resuming) before_resuming();
   for (size_t i = 0; i < trainers->size(); ++i) {
     if (static_cast<int>(i) != kTrainerVictim) (*trainers)[i].process.Signal(SIGCONT);
   }
@@ -336,11 +487,29 @@ void RunUntilTrainerKilled(Cluster& cluster, const std::string& victim_pause,
 // Rank 3 died after marking iteration 2's gradients: iteration 2 is
 // averaged over all 6 (its gradient is complete in its segment), 3-7 over
 // the other 5, whose weights then equal DDP's Join with divide-by-active.
+// A replacement for it, started while the others are still stopped (the
+// job runs), is refused: trainers joining a running job are not built.
 TEST(ElasticJob, TrainerKilledAfterMarkingLeavesTheWorldFromTheNextIteration) {
-  Cluster cluster(JobOptions(/*min_nodes=*/2));
+  // The longer timeout: the others stay stopped mid-iteration meanwhile.
+  Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Trainer> trainers;
-  RunUntilTrainerKilled(cluster, "marked", &trainers);
+  RunUntilTrainerKilled(cluster, "marked", &trainers, [&] {
+    // The same local rank (1) on node 1, once its daemon saw the death.
+    ASSERT_TRUE(
+        WaitForLog(cluster.node(1).process(), "event=leave job=1 local_rank=1", kStateBound))
+        << cluster.DaemonLogs();
+    Process replacement = StartTrainer(cluster.node(1), kTrainerVictim % kLocal, TrainArgs(),
+                                       absl::StrCat(cluster.dir(), "/replacement"));
+    const ExitStatus st = replacement.Wait(kErrorBound);
+    const std::string error = TrainerError(replacement.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << replacement.Log();
+    EXPECT_EQ(st.code, kExitState) << error;
+    EXPECT_NE(error.find("a job is running on this daemon"), std::string::npos) << error;
+    EXPECT_NE(error.find("trainers joining a running elastic job are not supported yet"),
+              std::string::npos)
+        << error;
+  });
   std::vector<std::string> reference_args = TrainArgs();
   reference_args.push_back(absl::StrCat("--join-steps=", kSteps, ",", kSteps, ",", kSteps, ",",
                                         kKilledStep + 1, ",", kSteps, ",", kSteps));

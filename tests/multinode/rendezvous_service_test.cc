@@ -856,6 +856,25 @@ TEST_F(ElasticRendezvousTest, SurvivorsReformWithoutTheSilentNodeWhichIsThenNoMe
   EXPECT_THAT(beat->abort_reason, HasSubstr("not a member of generation 2"));
 }
 
+// A replacement node 2 (a fresh daemon: it joins afresh) while the
+// survivors' generation runs: refused, naming the members and saying
+// joining is not supported.
+TEST_F(ElasticRendezvousTest,
+       AFreshJoinOfANodeTheSurvivorsLeftOutIsRefusedSayingJoiningIsNotSupported) {
+  StartElastic(3, /*min_nodes=*/2);
+  for (const auto& r : Resume({0, 1}, {5, 5})) ASSERT_TRUE(r.ok()) << r.status();
+  const absl::StatusOr<JoinResult> refused = Client()->Join(Params(2));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(CodeOf(refused.status()), v1::STATE);
+  EXPECT_THAT(Msg(refused.status()),
+              HasSubstr("node_rank=2 asks to join running generation 2 of elastic job"));
+  EXPECT_THAT(Msg(refused.status()), HasSubstr("(members: node_rank=0,1)"));
+  EXPECT_THAT(Msg(refused.status()),
+              HasSubstr("nodes joining a running job are not supported yet"));
+  EXPECT_EQ(leader_->service().GetStatus().generation, 2u);
+  EXPECT_TRUE(leader_->service().GetStatus().pending_node_ranks.empty());
+}
+
 // Survivors re-form at the iteration they stopped in: a change held
 // meanwhile switches two iterations after it, not at the fresh job's 2.
 TEST_F(ElasticRendezvousTest, ConfigHeldWhileSurvivorsReformSwitchesAfterTheirIteration) {

@@ -100,6 +100,7 @@ def run_optimizer(args: argparse.Namespace) -> dict:
         "world": world,
         "jobs": jobs,
         "world_changes": world_changes,
+        "membership_changes": opt.membership_changes,
         "skipped_steps": opt.skipped_steps,
     }
     opt.close()

@@ -4,7 +4,8 @@
 // a stage), withheld or late-written gradients, an extra tensor, a slow
 // backward, a random marking order, unused parameters (the "gate": unused
 // on steps % --gate-every == 0, by the first --gate-unused-first samples
-// only), uneven inputs (gs_join), poisoned gradients, a bounded gs_wait.
+// only), uneven inputs (gs_join), poisoned gradients, a bounded gs_wait,
+// a checked gs_broadcast between two steps, gs_check_replicas when due.
 // `--single` runs the one-process reference of each (no daemon).
 //
 // It exits with 10 + the gs_status that stopped it, and prints the lines
@@ -75,7 +76,18 @@ struct Options {
   // reference skips poison_step (what --nonfinite=skip must equal).
   int poison_rank = -1, poison_step = -1;
   double poison_value = std::nan("");
+  // After step broadcast_step, every trainer fills a buffer with a pattern
+  // of its own rank, gs_broadcasts it from broadcast_root and checks that
+  // it holds the root's pattern (the weights are untouched).
+  int broadcast_step = -1, broadcast_root = -1;
+  // After each synchronized step that gs_job_info says is due (gradsyncd
+  // --check-replicas-every), hash each parameter and gs_check_replicas.
+  bool check_replicas = false;
 };
+
+// Over one staging piece (4 MiB), and odd: a broadcast of two pieces, the
+// second partial.
+constexpr size_t kBroadcastBytes = (5u << 20) + 3;
 
 constexpr size_t kPoisonIndex = 5;
 
@@ -166,6 +178,7 @@ struct Trainer {
   int join_world = 0;
   int first = 0, last = 0;  // this trainer's samples of each global batch
   int steps = 0;
+  uint64_t membership_changes = 0;  // gs_job_info's, as last seen
 };
 
 // Connects and registers the model's gradients with gradsync (the
@@ -251,6 +264,69 @@ double JoinReferenceBackward(Trainer<T>& t, int step, int gate_from) {
   return loss;
 }
 
+// The byte at `i` of rank `rank`'s --broadcast-after buffer.
+uint8_t BroadcastPattern(int rank, size_t i) {
+  return static_cast<uint8_t>((static_cast<size_t>(rank) * 131 + i * 7 + i / 4099) & 0xff);
+}
+
+// --broadcast-after: returns 0, or the exit code (4: wrong bytes).
+int CheckedBroadcast(gs_client* c, int rank, int step, int root) {
+  std::vector<uint8_t> buf(kBroadcastBytes);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = BroadcastPattern(rank, i);
+  const gs_status st = gs_broadcast(c, buf.data(), buf.size(), root, -1);
+  if (st != GS_OK) return Die(c, "gs_broadcast", st);
+  for (size_t i = 0; i < buf.size(); ++i) {
+    if (buf[i] != BroadcastPattern(root, i)) {
+      std::fprintf(stderr,
+                   "mlp_trainer: gs_broadcast from rank %d after step %d: byte %zu is %d, the "
+                   "root's is %d\n",
+                   root, step, i, int(buf[i]), int(BroadcastPattern(root, i)));
+      gs_close(c);
+      return 4;
+    }
+  }
+  std::fprintf(stderr, "mlp_trainer: gs_broadcast from rank %d after step %d: %zu bytes ok\n", root,
+               step, buf.size());
+  return 0;
+}
+
+// FNV-1a of a parameter's bytes: --check-replicas' fingerprint.
+template <typename T>
+uint64_t Fingerprint(const std::vector<T>& values) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(values.data());
+  for (size_t i = 0; i < values.size() * sizeof(T); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  return h;
+}
+
+// After a step's SGD: says when the job's members changed (an elastic
+// re-formation: "mlp_trainer: the job's members changed ...") and, with
+// --check-replicas, checks the replicas when due. Returns 0, or the exit
+// code.
+template <typename T>
+int AfterStep(Trainer<T>& t) {
+  gs_client* c = t.c;
+  gs_job_info info = GS_JOB_INFO_INIT;
+  gs_status st = gs_get_job_info(c, &info);
+  if (st != GS_OK) return Die(c, "gs_get_job_info", st);
+  if (info.membership_changes != t.membership_changes) {
+    t.membership_changes = info.membership_changes;
+    std::fprintf(stderr,
+                 "mlp_trainer: the job's members changed (%llu times) by iteration %llu: world "
+                 "size %d, rank %d\n",
+                 static_cast<unsigned long long>(info.membership_changes),
+                 static_cast<unsigned long long>(info.iteration), info.world_size, info.rank);
+  }
+  if (!t.opt.check_replicas || !info.check_replicas_due) return 0;
+  std::vector<uint64_t> hashes;
+  for (int p = 0; p < Model<T>::kCount; ++p) hashes.push_back(Fingerprint(t.model.params[p]));
+  st = gs_check_replicas(c, hashes.data(), hashes.size());
+  if (st != GS_OK) return Die(c, "gs_check_replicas", st);
+  std::fprintf(stderr, "mlp_trainer: replicas checked after iteration %llu (world size %d)\n",
+               static_cast<unsigned long long>(info.iteration), info.world_size);
+  return 0;
+}
+
 // One optimizer step: its micro-batches' backward passes (each synced
 // through gradsync, the last one reduced), then SGD. Returns 0, or the
 // exit code.
@@ -303,6 +379,10 @@ int Step(Trainer<T>& t, int step, MarkCtx& mctx) {
                 loss / (double(t.last - t.first) * opt.accumulate), t.rank, t.world);
     std::fflush(stdout);
   }
+  if (c) {
+    if (int code = AfterStep(t); code != 0) return code;
+  }
+  if (c && step == opt.broadcast_step) return CheckedBroadcast(c, t.rank, step, opt.broadcast_root);
   return 0;
 }
 
@@ -351,6 +431,8 @@ void PrintUsage() {
                "  [--join-divide-by-active] [--after-join join|mark]\n"
                "  non-finite gradients: [--poison RANK:STEP[:VALUE] (fc1.weight[5] = VALUE,\n"
                "  default nan; --single: skip STEP's update, the --nonfinite=skip reference)]\n"
+               "  [--broadcast-after STEP:ROOT (a checked gs_broadcast after STEP)]\n"
+               "  [--check-replicas (gs_check_replicas when gs_job_info says it is due)]\n"
                "  (LOCAL_RANK selects the trainer's local rank)\n");
 }
 
@@ -362,6 +444,15 @@ bool ParsePoison(const char* arg, Options& opt) {
   opt.poison_step = static_cast<int>(std::strtol(end + 1, &end, 10));
   if (*end == ':') opt.poison_value = std::strtod(end + 1, &end);
   return *end == '\0';
+}
+
+// --broadcast-after STEP:ROOT.
+bool ParseBroadcastAfter(const char* arg, Options& opt) {
+  char* end = nullptr;
+  opt.broadcast_step = static_cast<int>(std::strtol(arg, &end, 10));
+  if (*end != ':') return false;
+  opt.broadcast_root = static_cast<int>(std::strtol(end + 1, &end, 10));
+  return *end == '\0' && opt.broadcast_step >= 0 && opt.broadcast_root >= 0;
 }
 
 // --join-steps N0,N1,...: the steps of each rank, then gs_join.
@@ -466,6 +557,11 @@ Flag FaultFlag(int ch, const char* arg, Options& opt) {
       break;
     case 'N':
       return ParsePoison(arg, opt) ? Flag::kTaken : Flag::kBadValue;
+    case 'B':
+      return ParseBroadcastAfter(arg, opt) ? Flag::kTaken : Flag::kBadValue;
+    case 'C':
+      opt.check_replicas = true;
+      break;
     default:
       return Flag::kUnknown;
   }
@@ -501,6 +597,8 @@ bool ParseFlags(int argc, char** argv, Options& opt) {
                               {"join-divide-by-active", no_argument, nullptr, 'j'},
                               {"after-join", required_argument, nullptr, 'K'},
                               {"poison", required_argument, nullptr, 'N'},
+                              {"broadcast-after", required_argument, nullptr, 'B'},
+                              {"check-replicas", no_argument, nullptr, 'C'},
                               {nullptr, 0, nullptr, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", longopts, nullptr)) != -1) {

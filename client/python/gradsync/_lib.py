@@ -69,6 +69,7 @@ class JobInfoC(ctypes.Structure):
         ("world_size", ctypes.c_int),
         ("rank", ctypes.c_int),
         ("check_replicas_due", ctypes.c_int),
+        ("membership_changes", ctypes.c_uint64),
     ]
 
 

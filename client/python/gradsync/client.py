@@ -106,12 +106,17 @@ class JobInfo:
         check_replicas_due: gradsyncd runs with ``--check-replicas-every``
             and this iteration is one to check: call ``check_replicas()``
             after the optimizer step (DistributedOptimizer does).
+        membership_changes: how many times an elastic job's members changed
+            (the survivors of a node's death re-formed) in the iterations
+            completed so far; 0 in a fixed job, and unchanged by trainers
+            that join (``world_size`` alone shrinks then).
     """
 
     iteration: int
     world_size: int
     rank: int
     check_replicas_due: bool = False
+    membership_changes: int = 0
 
 
 SpecLike = Union[TensorSpec, Tuple[str, Union[DType, str, int], int]]
@@ -249,7 +254,8 @@ class Client:
             self._check(self._lib.gs_get_job_info(self._live_handle(), ctypes.byref(info)),
                         "gs_get_job_info")
         return JobInfo(iteration=int(info.iteration), world_size=int(info.world_size),
-                       rank=int(info.rank), check_replicas_due=bool(info.check_replicas_due))
+                       rank=int(info.rank), check_replicas_due=bool(info.check_replicas_due),
+                       membership_changes=int(info.membership_changes))
 
     def check_replicas(self, hashes: Sequence[int]) -> None:
         """Sends this trainer's parameter fingerprint, one 64-bit hash per

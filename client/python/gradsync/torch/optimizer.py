@@ -323,6 +323,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         trainer of every node; ``no_sync()`` iterations are not counted)."""
         return self._job.iteration
 
+    @property
+    def membership_changes(self) -> int:
+        """How many times the elastic job's members changed (the survivors
+        of a node's death re-formed) by the last synchronization; 0 in a
+        fixed job. A change also changes ``world_size`` (on_world_change)."""
+        return self._job.membership_changes
+
     def on_world_change(self, callback: Callable[[int, int, int], None]
                         ) -> Callable[[int, int, int], None]:
         """Adds a callback ``callback(old_world, new_world, rank)`` run after a
