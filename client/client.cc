@@ -15,6 +15,7 @@
 #include "client/local_rank.h"
 #include "client/trainer_device_factory.h"
 #include "common/default_socket.h"
+#include "common/hop_trace.h"
 #include "common/monotonic.h"
 #include "common/peer_credentials.h"
 #include "common/status_code.h"
@@ -303,6 +304,7 @@ absl::Status Client::SetCudaStream(void* stream) {
 absl::Status Client::MarkReady(size_t index) {
   RETURN_IF_ERROR(CheckMarkable(index));
   accumulated_[index] = 1;
+  RecordHop(Hop::kTrainerMark, rank_);
   return Post(index, ipc::ReadyKind::kReady);
 }
 
@@ -484,6 +486,7 @@ absl::Status Client::AwaitCompletion(int64_t budget, bool joined) {
           std::fill(marked_.begin(), marked_.end(), 0);
           std::fill(accumulated_.begin(), accumulated_.end(), 0);  // reduced: a fresh start
           marked_count_ = 0;
+          RecordHop(Hop::kTrainerWoken, rank_);
           return absl::OkStatus();
         case ipc::CompletionKind::kError: {
           std::string message = segment_.ErrorMessage();

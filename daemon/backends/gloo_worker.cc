@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/hop_trace.h"
 #include "common/log_value.h"
 #include "common/status_code.h"
 #include "daemon/backends/count_fold.h"
@@ -239,6 +240,7 @@ int RunGlooWorker() {
     }
     if (!request.has_allreduce()) return 1;
     const v1::GlooWorkerAllreduce& allreduce = request.allreduce();
+    if (allreduce.count() > 0) RecordHop(Hop::kWorkerReceived, options.node_rank);
     const auto dtype = static_cast<DType>(allreduce.dtype());
     absl::Status status;
     void* data = nullptr;
@@ -267,8 +269,10 @@ int RunGlooWorker() {
         std::memcpy(folded.data(), elements, bytes);
         status = EncodeCounts(counts.data(), n, dtype, folded.data() + bytes);
         if (status.ok()) {
+          RecordHop(Hop::kWorkerGlooStart, options.node_rank);
           status =
               (*backend)->AllreduceSum(folded.data(), allreduce.count() + n * kCountLimbs, dtype);
+          RecordHop(Hop::kWorkerGlooDone, options.node_rank);
         }
         if (status.ok()) {
           std::memcpy(elements, folded.data(), bytes);
@@ -278,7 +282,13 @@ int RunGlooWorker() {
         // The counts' own collective first, then the bucket's: the order
         // every node issues.
         if (n > 0) status = (*backend)->AllreduceCounts(counts.data(), n);
-        if (status.ok()) status = (*backend)->AllreduceSum(elements, allreduce.count(), dtype);
+        if (status.ok() && allreduce.count() > 0) {
+          RecordHop(Hop::kWorkerGlooStart, options.node_rank);
+          status = (*backend)->AllreduceSum(elements, allreduce.count(), dtype);
+          RecordHop(Hop::kWorkerGlooDone, options.node_rank);
+        } else if (status.ok()) {
+          status = (*backend)->AllreduceSum(elements, allreduce.count(), dtype);
+        }
       }
     }
     v1::GlooWorkerEvent done = Done(status);
