@@ -15,9 +15,11 @@
 #include "common/status_code.h"
 #include "common/status_macros.h"
 #include "daemon/backends/batch_scheduling.h"
+#include "daemon/backends/gather_sum.h"
 #include "daemon/backends/gloo_mesh.h"
 #include "daemon/backends/gloo_store.h"
 #include "daemon/backends/wire_cast.h"
+#include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/broadcast.h"
 #include "gloo/common/error.h"
@@ -176,6 +178,21 @@ void GlooBackend::RunAllreduce(T* data, size_t count) {
   gloo::allreduce(opts);
 }
 
+template <typename T>
+void GlooBackend::RunGatherSum(T* data, size_t count) {
+  const size_t bytes = count * sizeof(T) * static_cast<size_t>(num_nodes_);
+  if (gathered_.size() * sizeof(double) < bytes) {
+    gathered_.resize((bytes + sizeof(double) - 1) / sizeof(double));
+  }
+  T* gathered = reinterpret_cast<T*>(gathered_.data());
+  gloo::AllgatherOptions opts(context_);
+  opts.setInput<T>(data, count);
+  opts.setOutput<T>(gathered, count * static_cast<size_t>(num_nodes_));
+  opts.setTimeout(absl::ToChronoMilliseconds(timeout_));
+  gloo::allgather(opts);
+  SumGathered(gathered, count, num_nodes_, data);
+}
+
 void GlooBackend::RunCompressedAllreduce(float* data, size_t count) {
   // The casts run where the buffer is (the worker's shared memory): no
   // copy; the ring moves half the bytes.
@@ -209,12 +226,18 @@ absl::Status GlooBackend::AllreduceSum(void* data, size_t count, DType dtype) {
       case DType::kFloat32:
         if (wire_dtype_ != WireDType::kOff) {
           RunCompressedAllreduce(static_cast<float*>(data), count);
+        } else if (UseGatherSum(count, dtype, wire_dtype_, num_nodes_)) {
+          RunGatherSum(static_cast<float*>(data), count);
         } else {
           RunAllreduce(static_cast<float*>(data), count);
         }
         break;
       case DType::kFloat64:
-        RunAllreduce(static_cast<double*>(data), count);
+        if (UseGatherSum(count, dtype, wire_dtype_, num_nodes_)) {
+          RunGatherSum(static_cast<double*>(data), count);
+        } else {
+          RunAllreduce(static_cast<double*>(data), count);
+        }
         break;
       case DType::kFloat16:
         RunAllreduce(static_cast<gloo::float16*>(data), count);

@@ -117,6 +117,9 @@ class GlooBackend final : public Backend {
 
   template <typename T>
   void RunAllreduce(T* data, size_t count);
+  // gather_sum.h: every node's buffer gathered, then added in node order.
+  template <typename T>
+  void RunGatherSum(T* data, size_t count);
   // fp32 in place, through the 16-bit wire type.
   void RunCompressedAllreduce(float* data, size_t count);
   // Records the first failure, closes this node's connections, returns it.
@@ -141,6 +144,9 @@ class GlooBackend final : public Backend {
 
   // Only touched by the (single) thread calling AllreduceSum.
   std::vector<float> staging_;
+  // RunGatherSum's copies (grows to the largest, then kept: no allocation
+  // per iteration); double for float64's alignment.
+  std::vector<double> gathered_;
 };
 
 }  // namespace gradsync
