@@ -269,10 +269,11 @@ int RunGlooWorker() {
         std::memcpy(folded.data(), elements, bytes);
         status = EncodeCounts(counts.data(), n, dtype, folded.data() + bytes);
         if (status.ok()) {
-          RecordHop(Hop::kWorkerGlooStart, options.node_rank);
+          // The counts alone (no elements) are not a bucket's hop.
+          if (allreduce.count() > 0) RecordHop(Hop::kWorkerGlooStart, options.node_rank);
           status =
               (*backend)->AllreduceSum(folded.data(), allreduce.count() + n * kCountLimbs, dtype);
-          RecordHop(Hop::kWorkerGlooDone, options.node_rank);
+          if (allreduce.count() > 0) RecordHop(Hop::kWorkerGlooDone, options.node_rank);
         }
         if (status.ok()) {
           std::memcpy(elements, folded.data(), bytes);
