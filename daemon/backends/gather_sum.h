@@ -29,8 +29,11 @@
 
 namespace gradsync {
 
-// The gathered copies (node count x the buffer) stay within this.
-inline constexpr size_t kGatherSumMaxBytes = size_t{1} << 20;
+// The gathered copies (node count x the buffer) stay within this. Measured
+// on loopback, 2 nodes (docs/PERFORMANCE.md): gathering wins at 4 KB (ring
+// 176 -> 104 µs) and 64 KB, loses at 256 KB (627 vs 514 µs) and 1 MB: there
+// the bytes, not the latencies, set the time.
+inline constexpr size_t kGatherSumMaxBytes = size_t{256} << 10;
 
 // float32 (uncompressed wire) and float64 only: the dtypes a cross-node
 // bucket is staged in, and the counts.
