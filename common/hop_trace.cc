@@ -89,4 +89,8 @@ void RecordHop(Hop hop, int node) {
   if (Trace* trace = TheTrace()) trace->Add(hop, node);
 }
 
+void FlushHopTrace() {
+  if (Trace* trace = TheTrace()) trace->Flush();
+}
+
 }  // namespace gradsync

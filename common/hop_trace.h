@@ -34,6 +34,8 @@ bool HopTraceEnabled();
 // `node`: the recording process's node rank (the trainer's global rank for
 // one trainer per node), -1 where unknown.
 void RecordHop(Hop hop, int node);
+// Writes what is recorded so far (a process about to _exit, a test).
+void FlushHopTrace();
 
 }  // namespace gradsync
 
