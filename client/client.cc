@@ -15,6 +15,7 @@
 #include "client/local_rank.h"
 #include "client/trainer_device_factory.h"
 #include "common/default_socket.h"
+#include "common/hop_trace.h"
 #include "common/monotonic.h"
 #include "common/peer_credentials.h"
 #include "common/status_code.h"
@@ -39,14 +40,21 @@ constexpr auto kDefaultSpin = std::chrono::microseconds(30);
 // How long gs_wait spins before sleeping. Spinning wins only when every
 // spinning process (the node's trainers and the daemon) has a core of its
 // own; otherwise spinners steal the CPU the daemon needs to finish the
-// bucket. $GRADSYNC_SPIN_US overrides.
-std::chrono::nanoseconds WaitSpin(int local_size) {
+// bucket. Never across nodes: the collective takes at least a network round
+// trip (a 4 KB iteration on loopback ~150 µs), so a 30 µs spin right after
+// the marks almost never sees the completion, and it holds the core the
+// daemon, woken by those marks, and the Gloo worker need (2 daemons x 1
+// trainer on 2 cores, 4 KB: 33 µs from mark to the daemon seeing it with the
+// spin, 2.5 µs without; p50 iteration 329 -> 190 µs; docs/PERFORMANCE.md).
+// $GRADSYNC_SPIN_US overrides.
+std::chrono::nanoseconds WaitSpin(int local_size, int num_nodes) {
   if (const char* env = std::getenv("GRADSYNC_SPIN_US"); env && *env) {
     return std::chrono::microseconds(std::max(0, std::atoi(env)));
   }
   const unsigned cores = std::thread::hardware_concurrency();
-  return static_cast<unsigned>(local_size) + 1 <= cores ? kDefaultSpin
-                                                        : std::chrono::nanoseconds(0);
+  return num_nodes <= 1 && static_cast<unsigned>(local_size) + 1 <= cores
+             ? kDefaultSpin
+             : std::chrono::nanoseconds(0);
 }
 
 std::chrono::system_clock::time_point DeadlineIn(int64_t ms) {
@@ -124,7 +132,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
   c->session_ = resp.session_id();
   c->daemon_pid_ = resp.daemon_pid();
   c->daemon_timeout_ms_ = resp.timeout_ms();
-  c->spin_ = WaitSpin(resp.local_size());
+  c->spin_ = WaitSpin(resp.local_size(), resp.num_nodes());
 
   // The Watch stream lets the daemon notice our death and push errors.
   c->watch_ctx_ = std::make_unique<grpc::ClientContext>();
@@ -303,6 +311,7 @@ absl::Status Client::SetCudaStream(void* stream) {
 absl::Status Client::MarkReady(size_t index) {
   RETURN_IF_ERROR(CheckMarkable(index));
   accumulated_[index] = 1;
+  RecordHop(Hop::kTrainerMark, rank_);
   return Post(index, ipc::ReadyKind::kReady);
 }
 
@@ -485,6 +494,7 @@ absl::Status Client::AwaitCompletion(int64_t budget, bool joined) {
           std::fill(marked_.begin(), marked_.end(), 0);
           std::fill(accumulated_.begin(), accumulated_.end(), 0);  // reduced: a fresh start
           marked_count_ = 0;
+          RecordHop(Hop::kTrainerWoken, rank_);
           return absl::OkStatus();
         case ipc::CompletionKind::kError: {
           std::string message = segment_.ErrorMessage();

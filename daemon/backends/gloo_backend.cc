@@ -15,9 +15,11 @@
 #include "common/status_code.h"
 #include "common/status_macros.h"
 #include "daemon/backends/batch_scheduling.h"
+#include "daemon/backends/gather_sum.h"
 #include "daemon/backends/gloo_mesh.h"
 #include "daemon/backends/gloo_store.h"
 #include "daemon/backends/wire_cast.h"
+#include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/broadcast.h"
 #include "gloo/common/error.h"
@@ -176,6 +178,34 @@ void GlooBackend::RunAllreduce(T* data, size_t count) {
   gloo::allreduce(opts);
 }
 
+template <typename T>
+absl::Status GlooBackend::RunGatherSum(T* data, size_t count) {
+  const size_t row = GatherRowElements(count);
+  const size_t doubles = (row * sizeof(T) + sizeof(double) - 1) / sizeof(double);
+  if (gather_send_.size() < doubles) gather_send_.resize(doubles);
+  if (gathered_.size() < doubles * static_cast<size_t>(num_nodes_)) {
+    gathered_.resize(doubles * static_cast<size_t>(num_nodes_));
+  }
+  T* send = reinterpret_cast<T*>(gather_send_.data());
+  T* gathered = reinterpret_cast<T*>(gathered_.data());
+  PrepareGather(data, count, num_nodes_, send, gathered);
+  gloo::AllgatherOptions opts(context_);
+  opts.setInput<T>(send, row);
+  opts.setOutput<T>(gathered, row * static_cast<size_t>(num_nodes_));
+  opts.setTimeout(absl::ToChronoMilliseconds(timeout_));
+  gloo::allgather(opts);
+  if (const int node = CheckGatheredRows(gathered, count, num_nodes_); node >= 0) {
+    return MakeError(v1::PEER_FAILED,
+                     absl::StrCat(Describe(count, sizeof(T) == sizeof(float) ? DType::kFloat32
+                                                                             : DType::kFloat64),
+                                  ": node_rank=", node,
+                                  " sent a collective of another length (the nodes issued "
+                                  "different collectives)"));
+  }
+  SumGathered(gathered, count, num_nodes_, data);
+  return absl::OkStatus();
+}
+
 void GlooBackend::RunCompressedAllreduce(float* data, size_t count) {
   // The casts run where the buffer is (the worker's shared memory): no
   // copy; the ring moves half the bytes.
@@ -209,12 +239,18 @@ absl::Status GlooBackend::AllreduceSum(void* data, size_t count, DType dtype) {
       case DType::kFloat32:
         if (wire_dtype_ != WireDType::kOff) {
           RunCompressedAllreduce(static_cast<float*>(data), count);
+        } else if (UseGatherSum(count, dtype, wire_dtype_, num_nodes_)) {
+          RETURN_IF_ERROR(FailIfError(RunGatherSum(static_cast<float*>(data), count)));
         } else {
           RunAllreduce(static_cast<float*>(data), count);
         }
         break;
       case DType::kFloat64:
-        RunAllreduce(static_cast<double*>(data), count);
+        if (UseGatherSum(count, dtype, wire_dtype_, num_nodes_)) {
+          RETURN_IF_ERROR(FailIfError(RunGatherSum(static_cast<double*>(data), count)));
+        } else {
+          RunAllreduce(static_cast<double*>(data), count);
+        }
         break;
       case DType::kFloat16:
         RunAllreduce(static_cast<gloo::float16*>(data), count);

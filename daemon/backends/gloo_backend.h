@@ -117,6 +117,14 @@ class GlooBackend final : public Backend {
 
   template <typename T>
   void RunAllreduce(T* data, size_t count);
+  // gather_sum.h: every node's buffer gathered, then added in node order.
+  // PEER_FAILED naming the node whose row came short.
+  template <typename T>
+  absl::Status RunGatherSum(T* data, size_t count);
+  // Fail(status) unless it is OK.
+  absl::Status FailIfError(absl::Status status) {
+    return status.ok() ? status : Fail(std::move(status));
+  }
   // fp32 in place, through the 16-bit wire type.
   void RunCompressedAllreduce(float* data, size_t count);
   // Records the first failure, closes this node's connections, returns it.
@@ -141,6 +149,10 @@ class GlooBackend final : public Backend {
 
   // Only touched by the (single) thread calling AllreduceSum.
   std::vector<float> staging_;
+  // RunGatherSum's copies (grows to the largest, then kept: no allocation
+  // per iteration); double for float64's alignment.
+  std::vector<double> gathered_;
+  std::vector<double> gather_send_;  // this node's row
 };
 
 }  // namespace gradsync

@@ -20,8 +20,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/hop_trace.h"
 #include "common/log_value.h"
 #include "common/status_code.h"
+#include "common/status_macros.h"
 #include "daemon/backends/count_fold.h"
 #include "daemon/backends/gloo_backend.h"
 #include "daemon/backends/gloo_store.h"
@@ -177,6 +179,40 @@ v1::GlooWorkerEvent Done(const absl::Status& status) {
   return event;
 }
 
+// One allreduce request's collectives: `count` elements at `elements` (none:
+// the counts alone) and the `counts`, summed in place — folded into the
+// bucket's collective where they fold (count_fold.h), else their own
+// collective first, then the bucket's: the order every node issues.
+absl::Status RunCollectives(GlooBackend& backend, const GlooBackendOptions& options, char* elements,
+                            size_t count, DType dtype, std::vector<double>* counts,
+                            std::vector<char>* folded) {
+  const size_t n = counts->size();
+  absl::Status status;
+  // The counts alone (no elements) are not a bucket's hop.
+  const auto hop = [&](Hop h) {
+    if (count > 0) RecordHop(h, options.node_rank);
+  };
+  if (n > 0 && CanFoldCounts(count, dtype, options.wire_dtype, options.num_nodes, n)) {
+    // One collective: the bucket with the counts' limbs appended.
+    const size_t bytes = count * DTypeSize(dtype);
+    folded->resize(bytes + n * kCountLimbs * DTypeSize(dtype));
+    std::memcpy(folded->data(), elements, bytes);
+    RETURN_IF_ERROR(EncodeCounts(counts->data(), n, dtype, folded->data() + bytes));
+    hop(Hop::kWorkerGlooStart);
+    status = backend.AllreduceSum(folded->data(), count + n * kCountLimbs, dtype);
+    hop(Hop::kWorkerGlooDone);
+    RETURN_IF_ERROR(status);
+    std::memcpy(elements, folded->data(), bytes);
+    DecodeCounts(folded->data() + bytes, n, dtype, counts->data());
+    return absl::OkStatus();
+  }
+  if (n > 0) RETURN_IF_ERROR(backend.AllreduceCounts(counts->data(), n));
+  hop(Hop::kWorkerGlooStart);
+  status = backend.AllreduceSum(elements, count, dtype);
+  hop(Hop::kWorkerGlooDone);
+  return status;
+}
+
 }  // namespace
 
 int RunGlooWorker() {
@@ -239,6 +275,7 @@ int RunGlooWorker() {
     }
     if (!request.has_allreduce()) return 1;
     const v1::GlooWorkerAllreduce& allreduce = request.allreduce();
+    if (allreduce.count() > 0) RecordHop(Hop::kWorkerReceived, options.node_rank);
     const auto dtype = static_cast<DType>(allreduce.dtype());
     absl::Status status;
     void* data = nullptr;
@@ -257,29 +294,9 @@ int RunGlooWorker() {
       // No elements: the counts alone (started ahead of a larger bucket).
       char* const elements =
           data != nullptr ? static_cast<char*>(data) + allreduce.offset() : nullptr;
-      const size_t n = static_cast<size_t>(allreduce.counts_size());
       counts.assign(allreduce.counts().begin(), allreduce.counts().end());
-      if (n > 0 &&
-          CanFoldCounts(allreduce.count(), dtype, options.wire_dtype, options.num_nodes, n)) {
-        // One collective: the bucket with the counts' limbs appended.
-        const size_t bytes = allreduce.count() * DTypeSize(dtype);
-        folded.resize(bytes + n * kCountLimbs * DTypeSize(dtype));
-        std::memcpy(folded.data(), elements, bytes);
-        status = EncodeCounts(counts.data(), n, dtype, folded.data() + bytes);
-        if (status.ok()) {
-          status =
-              (*backend)->AllreduceSum(folded.data(), allreduce.count() + n * kCountLimbs, dtype);
-        }
-        if (status.ok()) {
-          std::memcpy(elements, folded.data(), bytes);
-          DecodeCounts(folded.data() + bytes, n, dtype, counts.data());
-        }
-      } else {
-        // The counts' own collective first, then the bucket's: the order
-        // every node issues.
-        if (n > 0) status = (*backend)->AllreduceCounts(counts.data(), n);
-        if (status.ok()) status = (*backend)->AllreduceSum(elements, allreduce.count(), dtype);
-      }
+      status =
+          RunCollectives(**backend, options, elements, allreduce.count(), dtype, &counts, &folded);
     }
     v1::GlooWorkerEvent done = Done(status);
     if (status.ok() && allreduce.counts_size() > 0) {

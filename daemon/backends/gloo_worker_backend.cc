@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/hop_trace.h"
 #include "common/log_value.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
@@ -326,6 +327,7 @@ absl::Status GlooWorkerBackend::IssueAllreduceSum(void* data, size_t count, DTyp
 }
 
 absl::Status GlooWorkerBackend::SendIssued(const v1::GlooWorkerRequest& request, Issued issued) {
+  if (!issued.counts_only) RecordHop(Hop::kDaemonIssue, node_rank_);
   if (!channel_.Send(request).ok()) {
     return Fail(WorkerDied(
         absl::StrCat("during an allreduce of ", issued.count, " ", DTypeName(issued.dtype))));
@@ -438,6 +440,7 @@ absl::Status GlooWorkerBackend::AwaitIssued() {
     issued_.clear(), issued_head_ = 0;  // the worker is gone: nothing else will answer
     return Fail(status);
   }
+  RecordHop(Hop::kDaemonDoneReceived, node_rank_);
   const size_t bytes = issued.count * DTypeSize(issued.dtype);
   if (issued.copy_back != nullptr) std::memcpy(issued.copy_back, buffer_, bytes);
   const bool compressed = wire_dtype_ != WireDType::kOff && issued.dtype == DType::kFloat32;

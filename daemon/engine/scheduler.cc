@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/hop_trace.h"
 #include "common/log_value.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
@@ -602,6 +603,7 @@ bool Scheduler::ConsumeReadyRing(Trainer& t, int64_t now_ns, bool* progress) {
       return false;
     }
     if (!CheckInStep(t, e)) return false;
+    RecordHop(Hop::kDaemonMarkSeen, options_.node_rank);
     // The pooled event this mark recorded: what the reduction polls.
     if (options_.gpu) {
       options_.gpu->NoteReady(static_cast<size_t>(t.local_rank), e.tensor, e.event_slot);
@@ -893,6 +895,7 @@ bool Scheduler::Launch(uint32_t bucket) {
   BucketTimeline& tl = timelines_[bucket];
   tl.iteration = iteration();
   tl.launch_ns = MonotonicNowNs();
+  RecordHop(Hop::kDaemonLaunch, options_.node_rank);
   if (options_.gpu) return LaunchGpu(bucket);
   // Off by default: no entry carries a checksum, nothing is read.
   if (checksummed_marks_ != 0 && !CheckUnwrittenSinceMark(bucket)) return false;
@@ -1139,6 +1142,7 @@ void Scheduler::FinishIteration() {
   members_changed_ = false;
   const absl::Status st = PostToAll(ipc::CompletionKind::kIterationDone, it, &culprit, flags);
   for (Trainer* t : trainers_) t->segment.header()->completion_bell.Ring();
+  RecordHop(Hop::kDaemonPosted, options_.node_rank);
   if (!st.ok()) {
     fail_(MakeError(v1::PEER_FAILED, st.message()), culprit);
     return;

@@ -27,6 +27,13 @@ main) adds a 2-daemon column for that binary to the sweep, alternated with
 this build's in $GRADSYNC_BENCH_XNODE_ROUNDS rounds per size (default 1;
 the median of the rounds' p50s): a before/after in one run.
 
+--xnode-only runs only 2 daemons x 1 trainer at $GRADSYNC_BENCH_XNODE_SIZES
+(bytes, default 4096,65536,1048576) against torch gloo and plain Gloo, and
+the reference (with $GRADSYNC_BENCH_REFERENCE_TRAINER, a bench_trainer
+built with the reference's client library, if given), each once per round
+for $GRADSYNC_BENCH_XNODE_ROUNDS rounds (default 5): medians of the rounds'
+p50s with their min-max, and ratios taken within each round.
+
 Prints markdown tables; writes bench-results/sync_bench.json and
 bench-results/*.png (bench_report). Not a test: asserts nothing.
 
@@ -136,21 +143,23 @@ def stop_daemons(daemons: list) -> None:
 
 
 def run_gradsync_nodes(nodes: int, nbytes: int, warmup: int, iters: int,
-                       samples_out: str | None = None, daemon: str | None = None) -> dict:
+                       samples_out: str | None = None, daemon: str | None = None,
+                       trainer: str | None = None) -> dict:
     """N daemons (node 0 leads) with one bench_trainer each; one bucket of
     nbytes. Node 0's bucket phases in "stats"; node 0's samples to samples_out.
     One retry: at the end of a run a trainer that detached first can fail
     its peer node's last wait ("detached: gs_close"), a known race."""
     try:
-        return run_gradsync_nodes_once(nodes, nbytes, warmup, iters, samples_out, daemon)
+        return run_gradsync_nodes_once(nodes, nbytes, warmup, iters, samples_out, daemon, trainer)
     except RuntimeError as e:
         print(f"sync_bench: retrying a failed run of {nodes} daemons, {nbytes} B: "
               f"{str(e)[-300:]}", file=sys.stderr)
-        return run_gradsync_nodes_once(nodes, nbytes, warmup, iters, samples_out, daemon)
+        return run_gradsync_nodes_once(nodes, nbytes, warmup, iters, samples_out, daemon, trainer)
 
 
 def run_gradsync_nodes_once(nodes: int, nbytes: int, warmup: int, iters: int,
-                            samples_out: str | None, daemon: str | None) -> dict:
+                            samples_out: str | None, daemon: str | None,
+                            trainer: str | None = None) -> dict:
     tmp = tempfile.mkdtemp(prefix="gsbn.", dir="/tmp")
     cap_mb = nbytes / (1 << 20)
     daemons = []
@@ -159,7 +168,7 @@ def run_gradsync_nodes_once(nodes: int, nbytes: int, warmup: int, iters: int,
                                 [f"--bucket-cap-mb={cap_mb}", f"--first-bucket-cap-mb={cap_mb}"],
                                 daemon)
         procs = [subprocess.Popen(
-            [TRAINER, f"--socket={tmp}/s{n}", f"--bytes={nbytes}", "--tensors=1",
+            [trainer or TRAINER, f"--socket={tmp}/s{n}", f"--bytes={nbytes}", "--tensors=1",
              f"--iters={iters}", f"--warmup={warmup}"]
             + ([f"--samples-out={samples_out}"] if samples_out and n == 0 else []),
             env={**os.environ, "LOCAL_RANK": "0"}, stdout=subprocess.PIPE, text=True)
@@ -501,6 +510,64 @@ def run_sweep(report, progress) -> None:
         plot_phases(report, phases)
 
 
+def ratio_cell(ratios: list) -> str:
+    """'median (min-max)' of per-round ratios."""
+    return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+
+
+def run_xnode_rounds(report) -> None:
+    """--xnode-only: 2 daemons x 1 trainer against torch gloo and plain Gloo
+    (and the reference build, given), every variant once per round, rounds
+    back to back, so the machine's drift hits all alike. Per variant: the
+    median of the rounds' p50s (min-max of the rounds' p50s); the ratios
+    are taken within each round (median, min-max)."""
+    sizes = [int(b) for b in os.environ.get("GRADSYNC_BENCH_XNODE_SIZES",
+                                            "4096,65536,1048576").split(",")]
+    rounds = max(1, int(os.environ.get("GRADSYNC_BENCH_XNODE_ROUNDS", "5")))
+    ref_daemon = os.environ.get("GRADSYNC_BENCH_REFERENCE_DAEMON")
+    ref_trainer = os.environ.get("GRADSYNC_BENCH_REFERENCE_TRAINER")
+    progress = bench_report.Progress("sync_bench --xnode-only", rounds * (2 + 2 * len(sizes)))
+    p50 = {k: {b: [] for b in sizes} for k in ("this", "reference", "torch", "plain")}
+    for rnd in range(rounds):
+        progress.step(f"round {rnd + 1}: torch gloo")
+        torch_results = run_torch_sizes(
+            2, [(b, *(lambda w, i: (w, max(3, i // 2)))(*sweep_iters(b)), None) for b in sizes])
+        progress.step(f"round {rnd + 1}: plain Gloo")
+        plain = run_plain_gloo(2, sizes, iters=200, rounds=1)
+        for b in sizes:
+            p50["torch"][b].append(torch_results[b]["p50"] if b in torch_results else None)
+            p50["plain"][b].append(plain[b]["p50"] if b in plain else None)
+            warmup, iters = sweep_iters(b)
+            progress.step(f"round {rnd + 1}: {b} B, this build")
+            p50["this"][b].append(run_gradsync_nodes(2, b, warmup, iters)["p50"])
+            if ref_daemon:
+                progress.step(f"round {rnd + 1}: {b} B, reference")
+                p50["reference"][b].append(run_gradsync_nodes(2, b, warmup, iters,
+                                                              daemon=ref_daemon,
+                                                              trainer=ref_trainer)["p50"])
+    variants = ["this", "reference", "torch", "plain"] if ref_daemon else ["this", "torch", "plain"]
+    rows = []
+    for b in sizes:
+        row = [bench_report.size_label(b), rounds]
+        for v in variants:
+            vals = [x for x in p50[v][b] if x is not None]
+            row.append(f"{statistics.median(vals):.0f} ({min(vals):.0f}-{max(vals):.0f})"
+                       if vals else None)
+        for v in variants[1:]:
+            pairs = [a / c for a, c in zip(p50["this"][b], p50[v][b]) if c]
+            row.append(ratio_cell(pairs) if pairs else None)
+        rows.append(row)
+    names = {"this": "this build", "reference": "reference build", "torch": "torch gloo",
+             "plain": "plain Gloo"}
+    report.table(
+        "2 daemons x 1 trainer vs torch gloo and plain Gloo, alternated in rounds (p50 µs: "
+        "median of the rounds' p50s, min-max of the rounds)",
+        ["bytes", "rounds"] + [names[v] for v in variants]
+        + [f"this / {names[v]} (per round: median, min-max)" for v in variants[1:]], rows,
+        note=f"reference: {ref_daemon} with trainer {ref_trainer or TRAINER}; load average "
+             f"{os.getloadavg()[0]:.1f} at the end")
+
+
 def main() -> int:
     global GLOO_BENCH
     GLOO_BENCH = os.path.join(ROOT, "bazel-bin/tests/bench/gloo_allreduce_bench")
@@ -509,6 +576,11 @@ def main() -> int:
             print(f"missing {path}: run bazel build //daemon:gradsyncd //tools/gradsyncctl "
                   "//tests/bench:bench_trainer //tests/bench:gloo_allreduce_bench")
             return 1
+    if "--xnode-only" in sys.argv:
+        report = bench_report.Report("sync_bench_xnode")
+        run_xnode_rounds(report)
+        report.write()
+        return 0
     report = bench_report.Report("sync_bench")
     procs_local = (2,) if QUICK else (2, 4)
     cross_nodes = () if QUICK else (2, 4)  # --quick: the sweep's 2-daemon column covers it

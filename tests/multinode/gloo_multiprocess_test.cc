@@ -90,6 +90,10 @@ class GlooMultiprocessTest : public ::testing::Test {
     }
   }
 
+  // Three nodes in back-to-back allreduces of `loop_elements` float32; one
+  // is killed: the other two fail (not hang) and it died of the signal.
+  void ExpectKilledNodeFailsItsPeers(int64_t loop_elements);
+
   ScratchDir dir_{"gsmn"};
   std::string helper_;
   int next_log_ = 0;
@@ -157,18 +161,27 @@ TEST_F(GlooMultiprocessTest, RefusedNodesExitWithClearErrors) {
 }
 
 TEST_F(GlooMultiprocessTest, KilledNodeFailsPeersInsteadOfHanging) {
+  ExpectKilledNodeFailsItsPeers(512 * 1024);  // 2 MB: Gloo's ring allreduce
+}
+
+TEST_F(GlooMultiprocessTest, KilledNodeFailsPeersOfASmallBufferGatherInsteadOfHanging) {
+  ExpectKilledNodeFailsItsPeers(1024);  // 4 KB: gathered, then added (gather_sum.h)
+}
+
+void GlooMultiprocessTest::ExpectKilledNodeFailsItsPeers(int64_t loop_elements) {
   auto leader = StartLeader(3);
   std::vector<std::unique_ptr<Process>> nodes;
   for (int r = 0; r < 3; ++r) {
     nodes.push_back(StartNode(*leader, r, 3, "until_failure",
-                              {"--ready_file=" + dir_.File(absl::StrCat("ready", r))}));
+                              {"--ready_file=" + dir_.File(absl::StrCat("ready", r)),
+                               absl::StrCat("--loop_elements=", loop_elements)}));
   }
   for (int r = 0; r < 3; ++r) {
     ASSERT_TRUE(WaitForFile(dir_.File(absl::StrCat("ready", r)), kChildDeadline))
         << Logs(Ptrs(nodes));
   }
   // Each ready file is written after the node's first allreduce of the
-  // loop: every node is now in its back-to-back 2 MB allreduces, so the
+  // loop: every node is now in its back-to-back allreduces, so the
   // kill lands inside one (or between two: the next then fails the same).
   nodes[2]->Signal(SIGKILL);
   ExpectAllExit({nodes[0].get(), nodes[1].get()}, ExitCode::kFailedAsExpected);

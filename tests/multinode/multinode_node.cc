@@ -46,6 +46,9 @@ ABSL_FLAG(uint64_t, expect_generation, 0, "generation the first Join must return
 ABSL_FLAG(bool, rejoin, false, "until_failure: report the failure, re-join, verify again");
 ABSL_FLAG(std::string, ready_file, "", "created once the node is in its steady state");
 ABSL_FLAG(std::string, go_file, "", "wait_then_allreduce: file to wait for");
+ABSL_FLAG(int64_t, loop_elements, 512 * 1024,
+          "until_failure: float32 elements of each allreduce (2 MB: Gloo's ring; 1024: the "
+          "small-buffer gather, gather_sum.h)");
 
 namespace gradsync {
 namespace {
@@ -290,7 +293,7 @@ int Main() {
     const JoinResult joined = JoinOrExit(*client, absl::GetFlag(FLAGS_expect_generation));
     std::unique_ptr<GlooBackend> backend = ConnectOrExit(client, joined.generation);
     RunSuiteOrExit(*backend, /*small=*/true);
-    std::vector<float> data(512 * 1024);  // 2 MB
+    std::vector<float> data(static_cast<size_t>(absl::GetFlag(FLAGS_loop_elements)));
     absl::Status failure;
     uint64_t iteration = 0;
     for (; iteration < 10'000'000; ++iteration) {
