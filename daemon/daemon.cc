@@ -302,6 +302,10 @@ absl::Status Daemon::StartMetricsEndpoint() {
 
 absl::Status Daemon::ResolveLeaderAddress() {
   if (config_.num_nodes == 1) return absl::OkStatus();
+  if (!config_.rendezvous.empty()) {
+    leader_address_ = config_.rendezvous;  // ClusterLink reaches etcd through it
+    return absl::OkStatus();
+  }
   if (!config_.is_leader()) {
     leader_address_ = config_.leader;
     return absl::OkStatus();
@@ -421,6 +425,11 @@ void Daemon::RequestShutdown(const std::string& why) {
 }
 
 absl::Status Daemon::PublishCaps(const DaemonConfig& next, uint64_t version) {
+  if (!config_.rendezvous.empty()) {
+    return MakeError(v1::STATE, absl::StrCat("bucket caps are job-wide, and the job-wide config "
+                                             "log is not supported on an etcd rendezvous (",
+                                             config_.rendezvous, ") yet"));
+  }
   if (!config_.is_leader() || !rendezvous_service_) {
     return MakeError(v1::STATE, absl::StrCat("bucket caps are job-wide: set them on the leader "
                                              "daemon (node 0) at ",

@@ -54,6 +54,19 @@ ABSL_FLAG(std::string, listen, kDefaults.listen,
 ABSL_FLAG(std::string, leader, kDefaults.leader,
           "HOST:PORT of the leader daemon (node 0 may name itself, so all nodes share one "
           "--leader); empty: this daemon leads");
+ABSL_FLAG(std::string, rendezvous, kDefaults.rendezvous,
+          "where the job's rendezvous lives: empty (default) for node 0's daemon (the leader; "
+          "its loss ends the job), or etcd://HOST:PORT[,HOST:PORT...]/PREFIX for an etcd "
+          "cluster every daemon talks to (no --leader; no node special)");
+ABSL_FLAG(std::string, etcd_cert, kDefaults.etcd_cert,
+          "PEM client certificate for etcd's --client-cert-auth (with --etcd-key)");
+ABSL_FLAG(std::string, etcd_key, kDefaults.etcd_key, "PEM private key of --etcd-cert");
+ABSL_FLAG(std::string, etcd_ca, kDefaults.etcd_ca,
+          "PEM CA that verifies etcd's server certificate: TLS to etcd (https client URLs)");
+ABSL_FLAG(std::string, etcd_user, kDefaults.etcd_user,
+          "etcd auth user (with --etcd-password-file)");
+ABSL_FLAG(std::string, etcd_password_file, "",
+          "file holding --etcd-user's password (mode 0600, as --job-token-file)");
 ABSL_FLAG(std::string, metrics_listen, kDefaults.metrics_listen,
           "HOST:PORT serving Prometheus metrics at /metrics over plain HTTP, readable by anyone "
           "who reaches it; empty: off");
@@ -153,6 +166,24 @@ sigset_t BlockStopSignals() {
   return stop_signals;
 }
 
+// --rendezvous and how to reach etcd.
+absl::Status RendezvousFromFlags(gradsync::DaemonConfig* config) {
+  config->rendezvous = absl::GetFlag(FLAGS_rendezvous);
+  config->etcd_cert = absl::GetFlag(FLAGS_etcd_cert);
+  config->etcd_key = absl::GetFlag(FLAGS_etcd_key);
+  config->etcd_ca = absl::GetFlag(FLAGS_etcd_ca);
+  config->etcd_user = absl::GetFlag(FLAGS_etcd_user);
+  if (const std::string f = absl::GetFlag(FLAGS_etcd_password_file); !f.empty()) {
+    absl::StatusOr<std::string> password = gradsync::ReadTokenFile(f);
+    if (!password.ok()) {
+      return absl::Status(password.status().code(),
+                          absl::StrCat("--etcd-password-file: ", password.status().message()));
+    }
+    config->etcd_password = std::move(*password);
+  }
+  return absl::OkStatus();
+}
+
 // The parsed flags as a checked DaemonConfig; an error's message is what
 // gradsyncd prints before exiting with 2.
 absl::StatusOr<gradsync::DaemonConfig> ConfigFromFlags(const std::string& log_level) {
@@ -214,6 +245,7 @@ absl::StatusOr<gradsync::DaemonConfig> ConfigFromFlags(const std::string& log_le
   config.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   config.tls_key = absl::GetFlag(FLAGS_tls_key);
   config.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  RETURN_IF_ERROR(RendezvousFromFlags(&config));
   RETURN_IF_ERROR(gradsync::AdoptLeaderNamingSelf(&config));
   RETURN_IF_ERROR(gradsync::ValidateConfig(config));
   return config;
