@@ -1,0 +1,112 @@
+// Jobs whose rendezvous lives in etcd (--rendezvous etcd://...): real
+// gradsyncd daemons and trainers, a real etcd member on a loopback port.
+// Two nodes of two trainers train exactly like one process on the whole
+// batch; etcd killed for longer than the timeout fails every trainer with
+// an error naming etcd, never a hang.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/etcd/etcd_cluster.h"
+#include "tests/integration/cluster.h"
+#include "tests/integration/harness.h"
+#include "tests/testing/wait.h"
+
+namespace gradsync::testing {
+namespace {
+
+using std::chrono::seconds;
+
+constexpr auto kBound = seconds(60);
+
+#define SKIP_WITHOUT_ETCD()                         \
+  do {                                              \
+    const std::string reason = EtcdMissingReason(); \
+    if (!reason.empty()) GTEST_SKIP() << reason;    \
+  } while (0)
+
+ClusterOptions OnEtcd(const EtcdCluster& etcd, int nodes, int local,
+                      std::vector<std::string> extra = {}) {
+  ClusterOptions options;
+  options.nodes = nodes;
+  options.local_size = local;
+  options.job_id = "etcdjob";
+  options.token = "etcd-s3cret";
+  options.rendezvous = absl::StrCat("etcd://", etcd.endpoints()[0], "/gradsync-test");
+  options.flags = {"--bucket-cap-mb=0.001", "--first-bucket-cap-mb=0.0001"};
+  options.flags.insert(options.flags.end(), extra.begin(), extra.end());
+  return options;
+}
+
+// The error a failed trainer printed (mlp_trainer's `error="..."`).
+std::string TrainerError(const std::string& log) {
+  const size_t at = log.find("error=\"");
+  if (at == std::string::npos) return "(no error line)";
+  const size_t start = at + 7;
+  return log.substr(start, log.find("\"\n", start) - start);
+}
+
+TEST(EtcdJob, TwoNodesOfTwoTrainersMatchSingleProcessTraining) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  Cluster cluster(OnEtcd(etcd, 2, 2, {"--timeout-s=15"}));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  const std::vector<std::string> common = {"--steps=20", "--batch=60", "--fp64", "--gate-every=3"};
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(common, &outs);
+  for (Process& t : trainers) {
+    ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs() << etcd.Logs();
+  }
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), common);
+  const std::vector<double> first = LoadWeights(outs[0]);
+  for (const std::string& out : outs) {
+    const std::vector<double> got = LoadWeights(out);
+    EXPECT_LE(RelativeDifference(got, expected), 1e-12) << out;
+    EXPECT_EQ(got, first) << out << " differs from node 0's trainer 0";
+  }
+  // Every node met the others in etcd; none served a rendezvous.
+  for (int n = 0; n < 2; ++n) {
+    const std::string log = cluster.node(n).process().Log();
+    EXPECT_NE(log.find("event=etcd_session"), std::string::npos) << log;
+    EXPECT_NE(log.find("event=joined generation=1"), std::string::npos) << log;
+  }
+}
+
+TEST(EtcdJob, EtcdUnreachableLongerThanTheTimeoutFailsEveryTrainerNamingEtcd) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  Cluster cluster(OnEtcd(etcd, 2, 1, {"--timeout-s=3"}));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(
+      {"--steps=100000", "--batch=60", "--sleep-ms=20", "--print-loss"}, &outs);
+  // Training is under way (rank 0 prints each completed step) when etcd goes.
+  ASSERT_TRUE(WaitForLog(trainers[0], "step   3  loss", kBound))
+      << trainers[0].Log() << cluster.DaemonLogs();
+  etcd.Kill(0);
+  const auto killed_at = std::chrono::steady_clock::now();
+  for (Process& t : trainers) {
+    ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited) << "a trainer still runs " << kBound.count() << " s after etcd died:\n"
+                           << t.Log() << cluster.DaemonLogs();
+    EXPECT_NE(st.code, 0) << t.Log();
+    const std::string error = TrainerError(t.Log());
+    EXPECT_NE(error.find(absl::StrCat("etcd at ", etcd.endpoints()[0])), std::string::npos)
+        << error << "\n"
+        << cluster.DaemonLogs();
+    EXPECT_NE(error.find("unreachable"), std::string::npos) << error;
+    std::printf("etcd_job etcd killed: trainer exit %d after %.1f s error=\"%s\"\n", st.code,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count(),
+                error.c_str());
+  }
+}
+
+}  // namespace
+}  // namespace gradsync::testing
