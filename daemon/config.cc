@@ -193,12 +193,6 @@ absl::Status ValidateRendezvous(const DaemonConfig& c) {
   }
   // Not built on etcd yet (docs/DESIGN.md, "Rendezvous on etcd"): refused
   // rather than accepted and failing later.
-  if (c.min_nodes_or_num() < c.num_nodes) {
-    return Bad(absl::StrCat(flag, " with --min-nodes ", c.min_nodes_or_num(), " < --num-nodes ",
-                            c.num_nodes,
-                            ": elastic jobs on an etcd rendezvous are not supported yet; run a "
-                            "fixed job on etcd, or an elastic one on the embedded leader"));
-  }
   if (c.autotune) {
     return Bad(absl::StrCat(flag,
                             " with --autotune: the job-wide config log is not supported "

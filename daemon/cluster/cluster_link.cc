@@ -149,6 +149,7 @@ absl::StatusOr<std::shared_ptr<JobRendezvous>> ConnectRendezvous(const DaemonCon
     // The embedded leader's heartbeat timeout (daemon.cc): a silent node
     // is dead after as long on either rendezvous.
     options.lease_ttl = std::min(absl::Milliseconds(config.timeout_ms), absl::Seconds(10));
+    options.min_nodes = config.min_nodes_or_num();
     ASSIGN_OR_RETURN(std::shared_ptr<EtcdRendezvous> etcd,
                      EtcdRendezvous::Connect(std::move(options)));
     return std::shared_ptr<JobRendezvous>(std::move(etcd));
@@ -242,10 +243,11 @@ int RankOffset(const JoinResult& joined, int node_rank) {
 }
 
 // Publishes this node's records: its --check-replicas-every, --min-nodes,
-// layout and wire dtype; node 0 also the job's bucket caps and
+// layout and wire dtype; the generation's first member (node 0 unless it
+// died: on etcd any node may) also the job's bucket caps and
 // --uneven-inputs. Returns the wire dtype published.
 absl::StatusOr<WireDType> PublishRecords(JobRendezvous& client, const DaemonConfig& config,
-                                         uint64_t gen, const Layout& layout) {
+                                         uint64_t gen, int first_member, const Layout& layout) {
   // Before the layout, which the others wait for: once it is there, so are these.
   RETURN_IF_ERROR(client.Set(CheckReplicasEveryKey(gen, config.node_rank),
                              absl::StrCat(config.check_replicas_every)));
@@ -254,7 +256,7 @@ absl::StatusOr<WireDType> PublishRecords(JobRendezvous& client, const DaemonConf
   RETURN_IF_ERROR(client.Set(LayoutKey(gen, config.node_rank), EncodeLayout(layout)));
   ASSIGN_OR_RETURN(WireDType wire_dtype, ParseWireDType(config.wire_dtype));
   RETURN_IF_ERROR(client.Set(WireDTypeKey(gen, config.node_rank), WireDTypeName(wire_dtype)));
-  if (config.node_rank == 0) {
+  if (config.node_rank == first_member) {
     RETURN_IF_ERROR(
         client.Set(CapsKey(gen), EncodeCaps(config.bucket_cap_mb, config.first_bucket_cap_mb)));
     RETURN_IF_ERROR(client.Set(UnevenInputsKey(gen), config.uneven_inputs ? "1" : "0"));
@@ -324,7 +326,7 @@ absl::StatusOr<Agreement> Agree(JobRendezvous& client, const DaemonConfig& confi
                                 absl::Time deadline) {
   const absl::Duration wait = std::max(absl::Seconds(1), deadline - MonotonicNow());
   Agreement agreed;
-  ASSIGN_OR_RETURN(agreed.wire_dtype, PublishRecords(client, config, gen, layout));
+  ASSIGN_OR_RETURN(agreed.wire_dtype, PublishRecords(client, config, gen, members.front(), layout));
   ASSIGN_OR_RETURN(const Records records, WaitForRecords(client, members, gen, wait));
   RETURN_IF_ERROR(CompareLayouts(records, gen, members));
   RETURN_IF_ERROR(CompareSharedFlags(records, gen, members));
@@ -473,7 +475,7 @@ absl::StatusOr<std::vector<uint32_t>> ClusterLink::AgreeOrder(const std::vector<
   const std::string key = OrderKey(generation_);
   // A failed exchange is explained like a failed collective: a dead leader
   // or node is named, not the RPC that noticed it (the fault matrix).
-  if (config_.node_rank == 0) {
+  if (config_.node_rank == members_.front()) {
     if (absl::Status st = client_->Set(key, EncodeOrder(local)); !st.ok()) return Explain(st);
   }
   absl::StatusOr<Records> value =

@@ -207,6 +207,7 @@ absl::StatusOr<EtcdRendezvous::GenerationState> EtcdRendezvous::ReadGeneration(
   GenerationState state;
   const std::string join_prefix = GenKey(generation, "join/");
   const std::string ack_prefix = GenKey(generation, "ack/");
+  const std::string dead_prefix = GenKey(generation, "dead/");
   for (const EtcdKeyValue& kv : range.kvs) {
     if (kv.key == GenKey(generation, "abort")) {
       state.abort_reason = kv.value;
@@ -214,6 +215,8 @@ absl::StatusOr<EtcdRendezvous::GenerationState> EtcdRendezvous::ReadGeneration(
       state.alive.insert(rank);
     } else if (int acked = RankAfter(kv.key, ack_prefix); acked >= 0) {
       state.acked.insert(acked);
+    } else if (int dead = RankAfter(kv.key, dead_prefix); dead >= 0) {
+      state.dead[dead] = kv.value;
     }
   }
   return state;
@@ -328,28 +331,28 @@ std::string EtcdRendezvous::JoinTimeoutMessage(const JoinStep& step, int num_nod
 }
 
 absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::TryJoin(const JoinParams& params) {
-  int64_t current_revision = 0;
-  ASSIGN_OR_RETURN(std::optional<v1::JoinResponse> current, ReadCurrent(&current_revision));
+  ASSIGN_OR_RETURN(std::optional<v1::JoinResponse> current, ReadCurrent(nullptr));
   const uint64_t g = current ? current->generation() : 0;
+  GenerationState state;
   if (g > 0) {
-    ASSIGN_OR_RETURN(GenerationState state, ReadGeneration(g));
+    ASSIGN_OR_RETURN(state, ReadGeneration(g));
     int64_t lease = 0;
     {
       MonotonicMutexLock lock(&mu_);
       lease = lease_.id;
     }
     std::optional<std::string> dead = DeadMemberReason(*current, state.alive);
-    if (!state.abort_reason && IsMember(*current, params.node_rank) && !dead) {
+    const bool member = IsMember(*current, params.node_rank);
+    if (!state.abort_reason && member && !dead) {
       ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> mine,
                        client_->Get(GenKey(g, absl::StrCat("join/", params.node_rank))));
+      JoinStep step;
       if (mine && mine->lease == lease) {
-        JoinStep step;
         step.formed = ToJoinResult(*current);
         return step;
       }
       // An earlier daemon of this node is still a member: its lease must
       // expire (or it leaves) before the job can form again.
-      JoinStep step;
       step.target = g + 1;
       step.blocked_by =
           absl::StrCat("node_rank=", params.node_rank, " is still a member of active generation ",
@@ -358,44 +361,84 @@ absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::TryJoin(const JoinParam
       return step;
     }
     if (!state.abort_reason && dead) {
-      RETURN_IF_ERROR(AbortGeneration(g, *dead).status());
+      ASSIGN_OR_RETURN(std::string stands, AbortGeneration(g, *dead));
+      state.abort_reason = stands;
     } else if (!state.abort_reason) {
       return MakeError(
-          v1::STATE, absl::StrCat("node_rank=", params.node_rank, " joins afresh while generation ",
-                                  g, " is active without it in ", Describe(),
-                                  " (nodes joining a running job are not supported)"));
+          v1::STATE,
+          params.resume_generation != 0
+              ? absl::StrCat("generation ", g, " re-formed without node_rank=", params.node_rank,
+                             ", which stayed silent past ", Millis(kPresumedDeadAfter),
+                             " ms and was presumed dead")
+              : absl::StrCat("node_rank=", params.node_rank, " joins afresh while generation ", g,
+                             " is active without it in ", Describe(),
+                             " (nodes joining a running job are not supported)"));
     }
   }
-  return JoinRound(params, g + 1);
+  return JoinRound(params, current, state);
 }
 
-absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::JoinRound(const JoinParams& params,
-                                                                   uint64_t target) {
+absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::FromOutcome(
+    const v1::JoinResponse& outcome, const JoinParams& params) {
+  if (outcome.has_error() && outcome.error().code() != v1::OK) {
+    return MakeError(outcome.error().code(), outcome.error().message());
+  }
+  RETURN_IF_ERROR(AdvanceCurrent(outcome));
+  if (!IsMember(outcome, params.node_rank)) {
+    return MakeError(v1::STATE,
+                     absl::StrCat("generation ", outcome.generation(),
+                                  " re-formed without node_rank=", params.node_rank,
+                                  ", which stayed silent past ", Millis(kPresumedDeadAfter),
+                                  " ms and was presumed dead"));
+  }
   JoinStep step;
-  step.target = target;
+  step.target = outcome.generation();
+  step.formed = ToJoinResult(outcome);
+  return step;
+}
+
+absl::Status EtcdRendezvous::PutJoinOnce(const JoinParams& params, uint64_t target) {
   int64_t lease = 0;
-  bool put = false;
   {
     MonotonicMutexLock lock(&mu_);
+    if (joined_target_ == target) return absl::OkStatus();
     lease = lease_.id;
-    put = joined_target_ != target;
   }
   // Once per round: every put wakes the other nodes' watches.
-  if (put) {
-    v1::JoinRequest join;
-    join.set_node_rank(params.node_rank);
-    join.set_num_nodes(params.num_nodes);
-    join.set_local_size(params.local_size);
-    join.set_host(params.host);
-    RETURN_IF_ERROR(client_
-                        ->Put(GenKey(target, absl::StrCat("join/", params.node_rank)),
-                              join.SerializeAsString(), lease)
-                        .status());
-    MonotonicMutexLock lock(&mu_);
-    joined_target_ = target;
-    spdlog::info("event=join_round node_rank={} generation={} etcd={}", params.node_rank, target,
-                 LogValue(Describe()));
+  v1::JoinRequest join;
+  join.set_node_rank(params.node_rank);
+  join.set_num_nodes(params.num_nodes);
+  join.set_local_size(params.local_size);
+  join.set_host(params.host);
+  join.set_resume_generation(params.resume_generation);
+  join.set_resume_iteration(params.resume_iteration);
+  RETURN_IF_ERROR(client_
+                      ->Put(GenKey(target, absl::StrCat("join/", params.node_rank)),
+                            join.SerializeAsString(), lease)
+                      .status());
+  MonotonicMutexLock lock(&mu_);
+  joined_target_ = target;
+  round_started_.emplace(target, MonotonicNow());
+  spdlog::info("event=join_round node_rank={} generation={} resume_generation={} etcd={}",
+               params.node_rank, target, params.resume_generation, LogValue(Describe()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::JoinRound(
+    const JoinParams& params, const std::optional<v1::JoinResponse>& current,
+    const GenerationState& state) {
+  const uint64_t g = current ? current->generation() : 0;
+  const uint64_t target = g + 1;
+  // A decided round is everyone's answer, a survivor left out included.
+  ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> decided, client_->Get(GenKey(target, "outcome")));
+  if (decided) {
+    v1::JoinResponse outcome;
+    if (outcome.ParseFromString(decided->value)) return FromOutcome(outcome, params);
   }
+  if (params.resume_generation != 0) {
+    RETURN_IF_ERROR(CheckResume(params, current, state));
+  }
+  RETURN_IF_ERROR(PutJoinOnce(params, target));
   ASSIGN_OR_RETURN(EtcdRange range, client_->GetPrefix(GenKey(target, "join/")));
   std::map<int, v1::JoinRequest> joins;
   for (const EtcdKeyValue& kv : range.kvs) {
@@ -408,25 +451,138 @@ absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::JoinRound(const JoinPar
                                     " with num_nodes=", params.num_nodes,
                                     "; every node of a job must use the same --num-nodes"));
     }
+    if ((join.resume_generation() != 0) != (params.resume_generation != 0)) {
+      return MakeError(
+          v1::STATE,
+          params.resume_generation != 0
+              ? absl::StrCat("node_rank=", params.node_rank, " resumes generation ",
+                             params.resume_generation, " while other nodes join a fresh job")
+              : absl::StrCat("node_rank=", params.node_rank, " joins afresh while generation ", g,
+                             " re-forms among its surviving nodes; nodes joining a running "
+                             "elastic job are not supported yet"));
+    }
     if (join.node_rank() >= 0 && join.node_rank() < params.num_nodes) {
       joins[join.node_rank()] = std::move(join);
     }
   }
+  JoinStep step;
+  step.target = target;
   for (const auto& [rank, join] : joins) step.joined.insert(rank);
-  if (joins.size() < static_cast<size_t>(params.num_nodes)) return step;
-  int64_t current_revision = 0;
-  ASSIGN_OR_RETURN(std::optional<v1::JoinResponse> current, ReadCurrent(&current_revision));
-  const uint64_t g = current ? current->generation() : 0;
-  if (g + 1 == target) RETURN_IF_ERROR(FormGeneration(joins, target, current_revision));
-  ASSIGN_OR_RETURN(current, ReadCurrent(nullptr));
-  if (current && current->generation() == target && IsMember(*current, params.node_rank)) {
-    step.formed = ToJoinResult(*current);
+  v1::JoinResponse outcome;
+  if (params.resume_generation != 0) {
+    ASSIGN_OR_RETURN(std::optional<v1::JoinResponse> judged, JudgeResume(*current, state, joins));
+    if (!judged) {
+      step.blocked_by =
+          "waiting for the members of the aborted generation to join again or be "
+          "presumed dead";
+      return step;
+    }
+    outcome = *std::move(judged);
+  } else if (joins.size() < static_cast<size_t>(params.num_nodes)) {
+    return step;
+  } else {
+    outcome = MakeGeneration(joins, target);
   }
-  return step;
+  // Of the nodes racing to decide the round, the first writes the outcome;
+  // the others read it.
+  ASSIGN_OR_RETURN(EtcdTxnResult r,
+                   client_->CreateIfAbsent(GenKey(target, "outcome"), outcome.SerializeAsString()));
+  if (!r.succeeded && r.current && !outcome.ParseFromString(r.current->value)) {
+    return MakeError(v1::INTERNAL, absl::StrCat(Describe(), ": key ", GenKey(target, "outcome"),
+                                                " does not hold a generation record"));
+  }
+  if (r.succeeded) {
+    spdlog::info("event=generation_decided generation={} members={} error={} etcd={}", target,
+                 outcome.peers_size(), LogValue(outcome.error().message()), LogValue(Describe()));
+  }
+  return FromOutcome(outcome, params);
 }
 
-absl::Status EtcdRendezvous::FormGeneration(const std::map<int, v1::JoinRequest>& joins,
-                                            uint64_t target, int64_t current_mod_revision) {
+absl::Status EtcdRendezvous::CheckResume(const JoinParams& params,
+                                         const std::optional<v1::JoinResponse>& current,
+                                         const GenerationState& state) const {
+  const uint64_t resume = params.resume_generation;
+  const std::string who =
+      absl::StrCat("node_rank=", params.node_rank, " resumes generation ", resume);
+  if (options_.min_nodes >= params.num_nodes) {
+    return MakeError(v1::STATE, absl::StrCat(who,
+                                             ", but this job is not elastic (--min-nodes = "
+                                             "--num-nodes ",
+                                             params.num_nodes, ")"));
+  }
+  const uint64_t g = current ? current->generation() : 0;
+  if (resume != g || !state.abort_reason) {
+    return MakeError(v1::STATE, absl::StrCat(who, ", but the current generation is ", g,
+                                             state.abort_reason ? " (aborted)" : ""));
+  }
+  if (!IsMember(*current, params.node_rank)) {
+    return MakeError(v1::STATE, absl::StrCat(who, ", of which it is not a member"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<v1::JoinResponse>> EtcdRendezvous::JudgeResume(
+    const v1::JoinResponse& aborted, const GenerationState& state,
+    const std::map<int, v1::JoinRequest>& joins) {
+  const uint64_t g = aborted.generation();
+  absl::Duration waited;
+  {
+    MonotonicMutexLock lock(&mu_);
+    waited = MonotonicNow() - round_started_[g + 1];
+  }
+  // A member of the aborted generation is alive when it joined again, dead
+  // when a survivor presumed it so, its lease went unacknowledged, or it
+  // stays silent; the round waits for every other one.
+  std::vector<std::string> dead;
+  for (const v1::Peer& p : aborted.peers()) {
+    const int r = p.node_rank();
+    if (p.local_size() == 0 || joins.count(r) != 0) continue;
+    const bool acked = state.acked.count(r) != 0;
+    std::string silent;
+    if (auto it = state.dead.find(r); it != state.dead.end()) {
+      silent = it->second;
+    } else if (!acked && state.alive.count(r) == 0) {
+      silent = absl::StrCat("its lease expired, TTL ", Millis(options_.lease_ttl), " ms");
+    } else if ((!acked && waited >= kPresumedDeadAfter) ||
+               waited >= options_.lease_ttl + kPresumedDeadAfter) {
+      silent = absl::StrCat("silent ", Millis(waited), " ms");
+    } else {
+      return std::optional<v1::JoinResponse>();
+    }
+    dead.push_back(absl::StrCat("node_rank=", r, " (host=", p.host(), ", ", silent, ")"));
+  }
+  const std::string dead_list = dead.empty() ? "none" : absl::StrJoin(dead, ", ");
+  v1::JoinResponse outcome;
+  outcome.set_generation(g + 1);
+  if (static_cast<int>(joins.size()) < options_.min_nodes) {
+    // Nodes joining a running job are not built: nothing can make up the
+    // number, so the survivors fail now instead of at their timeout.
+    outcome.mutable_error()->set_code(v1::PEER_FAILED);
+    outcome.mutable_error()->set_message(absl::StrCat(
+        "only ", joins.size(), " node(s) survive generation ", g,
+        ", fewer than --min-nodes=", options_.min_nodes, "; dead: ", dead_list, "; the job ends"));
+    return std::optional<v1::JoinResponse>(std::move(outcome));
+  }
+  const auto& [first_rank, first] = *joins.begin();
+  for (const auto& [rank, join] : joins) {
+    if (join.resume_iteration() == first.resume_iteration()) continue;
+    outcome.mutable_error()->set_code(v1::PEER_FAILED);
+    outcome.mutable_error()->set_message(absl::StrCat(
+        "the survivors of generation ", g,
+        " stopped in different iterations (node_rank=", first_rank, " in ",
+        first.resume_iteration(), ", node_rank=", rank, " in ", join.resume_iteration(),
+        "): the dead node starved some of the last collective after others completed it, and "
+        "committing that iteration with the old membership is not supported yet; dead: ",
+        dead_list));
+    return std::optional<v1::JoinResponse>(std::move(outcome));
+  }
+  spdlog::warn("event=reforming generation={} survivors={} dead={}", g + 1, joins.size(),
+               LogValue(dead_list));
+  return std::optional<v1::JoinResponse>(MakeGeneration(joins, g + 1));
+}
+
+v1::JoinResponse EtcdRendezvous::MakeGeneration(const std::map<int, v1::JoinRequest>& joins,
+                                                uint64_t target) const {
   v1::JoinResponse record;
   record.set_generation(target);
   record.set_incarnation(SecureRandom64() | 1);
@@ -439,26 +595,39 @@ absl::Status EtcdRendezvous::FormGeneration(const std::map<int, v1::JoinRequest>
     world_size += join.local_size();
   }
   record.set_world_size(world_size);
-  // Of the nodes racing to form it, the one whose compare holds writes it;
-  // the others read the winner's record.
-  EtcdCompare unchanged;
-  unchanged.key = Key("current");
-  unchanged.target = EtcdCompare::Target::kModRevision;
-  unchanged.op = EtcdCompare::Op::kEqual;
-  unchanged.number = current_mod_revision;
-  ASSIGN_OR_RETURN(EtcdTxnResult r, client_->Txn({unchanged},
-                                                 {EtcdTxnOp{EtcdTxnOp::Kind::kPut, Key("current"),
-                                                            record.SerializeAsString(), 0}},
-                                                 {}));
-  if (!r.succeeded) return absl::OkStatus();
-  spdlog::info("event=generation_formed generation={} members={} world_size={} etcd={}", target,
-               joins.size(), world_size, LogValue(Describe()));
-  // The previous generation's keys are of no use to anyone now.
-  if (target > 1) {
-    client_->DeletePrefix(StoreKey(GenerationKeyPrefix(target - 1))).IgnoreError();
-    client_->DeletePrefix(GenKey(target - 1, "")).IgnoreError();
+  return record;
+}
+
+absl::Status EtcdRendezvous::AdvanceCurrent(const v1::JoinResponse& formed) {
+  // A compare-and-swap on the revision read: ROOT/current only moves
+  // forward, whoever of the members writes it.
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    int64_t revision = 0;
+    ASSIGN_OR_RETURN(std::optional<v1::JoinResponse> current, ReadCurrent(&revision));
+    if (current && current->generation() >= formed.generation()) return absl::OkStatus();
+    EtcdCompare unchanged;
+    unchanged.key = Key("current");
+    unchanged.target = EtcdCompare::Target::kModRevision;
+    unchanged.op = EtcdCompare::Op::kEqual;
+    unchanged.number = revision;
+    ASSIGN_OR_RETURN(EtcdTxnResult r, client_->Txn({unchanged},
+                                                   {EtcdTxnOp{EtcdTxnOp::Kind::kPut, Key("current"),
+                                                              formed.SerializeAsString(), 0}},
+                                                   {}));
+    if (!r.succeeded) continue;
+    spdlog::info("event=generation_formed generation={} members={} world_size={} etcd={}",
+                 formed.generation(), formed.peers_size(), formed.world_size(),
+                 LogValue(Describe()));
+    // The previous generation's keys are of no use to anyone now.
+    if (formed.generation() > 1) {
+      client_->DeletePrefix(StoreKey(GenerationKeyPrefix(formed.generation() - 1))).IgnoreError();
+      client_->DeletePrefix(GenKey(formed.generation() - 1, "")).IgnoreError();
+    }
+    return absl::OkStatus();
   }
-  return absl::OkStatus();
+  return MakeError(v1::INTERNAL, absl::StrCat(Describe(), ": key ", Key("current"),
+                                              " kept changing while generation ",
+                                              formed.generation(), " was recorded"));
 }
 
 absl::Status EtcdRendezvous::Set(std::string_view key, std::string_view value) {
@@ -638,8 +807,16 @@ absl::StatusOr<HeartbeatResult> EtcdRendezvous::ReadHeartbeat(const HeartbeatPar
     }
     // A member whose lease is gone has been silent a whole TTL at least.
     const bool alive = state.alive.count(p.node_rank()) != 0;
-    result.silent_members.push_back(
-        SilentMember{p.node_rank(), p.host(), alive ? since : std::max(since, options_.lease_ttl)});
+    const absl::Duration silent = alive ? since : std::max(since, options_.lease_ttl);
+    result.silent_members.push_back(SilentMember{p.node_rank(), p.host(), silent});
+    // Presumed dead: said in etcd, so that every survivor's re-formation
+    // round counts it out at once.
+    if (silent >= kPresumedDeadAfter && state.dead.count(p.node_rank()) == 0) {
+      client_
+          ->Put(GenKey(gen, absl::StrCat("dead/", p.node_rank())),
+                absl::StrCat("silent ", Millis(silent), " ms after the abort"))
+          .IgnoreError();
+    }
   }
   return result;
 }

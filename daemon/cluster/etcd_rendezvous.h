@@ -18,7 +18,11 @@
 //   error, a Leave, a member whose lease expired), created if absent.
 // - ROOT/gen/<g>/ack/<rank>: node `rank` heard of that abort. A member that
 //   has not acknowledged it, the others have, and stays silent longer than
-//   the embedded leader's kPresumedDeadAfter, is presumed dead (as there).
+//   the embedded leader's kPresumedDeadAfter, is presumed dead (as there),
+//   and ROOT/gen/<g>/dead/<rank> says so for every survivor.
+// - ROOT/gen/<g>/outcome: how round g ended (created if absent, so every
+//   node of the round reads the same): generation g's record, or the error
+//   every survivor of a failed re-formation gets.
 // - ROOT/kv/<key>: the key-value records (Gloo's store, layouts, plan
 //   stamps, forming reports); "g<g>/" keys belong to generation g: a Wait on
 //   them ends with PEER_FAILED once g aborts, and they are deleted with
@@ -26,10 +30,10 @@
 // Waits are woken by one etcd watch on ROOT (a poll every second is the
 // fallback); heartbeats read etcd.
 //
-// Not built on etcd (refused at start, see DaemonConfig validation):
-// elastic re-formation (--min-nodes < --num-nodes) and the job-wide config
-// log (config set, --autotune); heartbeats therefore answer config
-// version 0.
+// Elastic jobs re-form here as on the leader (JudgeRoundLocked's rules),
+// node 0 included: any node may die. Not built on etcd (refused at start,
+// see DaemonConfig validation): the job-wide config log (config set,
+// --autotune); heartbeats therefore answer config version 0.
 //
 // Errors name etcd and its members (EtcdClient's messages). etcd
 // unreachable: Join and Wait keep trying until their timeout, then
@@ -68,6 +72,9 @@ struct EtcdRendezvousOptions {
   std::string job_token;  // only its proof goes to etcd
   // A daemon that renewed no lease for this long is dead to the others.
   absl::Duration lease_ttl = absl::Seconds(10);
+  // --min-nodes: the fewest survivors a re-formation may leave (= num_nodes
+  // or 0: a fixed job, whose survivors never resume).
+  int min_nodes = 0;
 };
 
 class EtcdRendezvous final : public JobRendezvous {
@@ -109,6 +116,7 @@ class EtcdRendezvous final : public JobRendezvous {
   struct GenerationState {
     std::set<int> alive;  // members whose join key (lease) exists
     std::set<int> acked;
+    std::map<int, std::string> dead;  // presumed dead by a survivor: why
     std::optional<std::string> abort_reason;
   };
 
@@ -121,11 +129,29 @@ class EtcdRendezvous final : public JobRendezvous {
   absl::Status EnsureSession() ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckTokenProof();
   absl::StatusOr<JoinStep> TryJoin(const JoinParams& params) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<JoinStep> JoinRound(const JoinParams& params, uint64_t target)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Forms `target` from the round's joins unless another node did first.
-  absl::Status FormGeneration(const std::map<int, v1::JoinRequest>& joins, uint64_t target,
-                              int64_t current_mod_revision);
+  // The round after `current` (with `state`, its generation's): joins it,
+  // and decides it once every node joined (a fresh job) or every member of
+  // the aborted generation joined again or is dead (a re-formation).
+  absl::StatusOr<JoinStep> JoinRound(const JoinParams& params,
+                                     const std::optional<v1::JoinResponse>& current,
+                                     const GenerationState& state) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status PutJoinOnce(const JoinParams& params, uint64_t target) ABSL_LOCKS_EXCLUDED(mu_);
+  // STATE unless a resuming join may enter the round.
+  absl::Status CheckResume(const JoinParams& params, const std::optional<v1::JoinResponse>& current,
+                           const GenerationState& state) const;
+  // The embedded leader's JudgeRoundLocked on etcd: nullopt while a member
+  // of `aborted` is undecided, else the round's outcome (the survivors'
+  // generation, or an error for every one of them).
+  absl::StatusOr<std::optional<v1::JoinResponse>> JudgeResume(
+      const v1::JoinResponse& aborted, const GenerationState& state,
+      const std::map<int, v1::JoinRequest>& joins) ABSL_LOCKS_EXCLUDED(mu_);
+  v1::JoinResponse MakeGeneration(const std::map<int, v1::JoinRequest>& joins,
+                                  uint64_t target) const;
+  // What a decided round means for this node: its generation, its error,
+  // or STATE when the survivors re-formed without it.
+  absl::StatusOr<JoinStep> FromOutcome(const v1::JoinResponse& outcome, const JoinParams& params);
+  // Moves ROOT/current to `formed` unless it is there or past it.
+  absl::Status AdvanceCurrent(const v1::JoinResponse& formed);
   std::string JoinTimeoutMessage(const JoinStep& step, int num_nodes, absl::Duration timeout);
   // ROOT/current and its mod_revision (0 when absent).
   absl::StatusOr<std::optional<v1::JoinResponse>> ReadCurrent(int64_t* mod_revision);
@@ -155,6 +181,7 @@ class EtcdRendezvous final : public JobRendezvous {
   absl::Status lease_lost_ ABSL_GUARDED_BY(mu_);
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t joined_target_ ABSL_GUARDED_BY(mu_) = 0;  // the round this node's join key is in
+  std::map<uint64_t, absl::Time> round_started_ ABSL_GUARDED_BY(mu_);  // when it joined each
   std::string host_ ABSL_GUARDED_BY(mu_);
   std::set<uint64_t> aborted_ ABSL_GUARDED_BY(mu_);                 // generations known to be over
   std::set<uint64_t> acked_ ABSL_GUARDED_BY(mu_);                   // aborts this node acknowledged

@@ -39,7 +39,8 @@ constexpr char kToken[] = "the-job-token-s3cret";
 
 std::shared_ptr<EtcdRendezvous> Rendezvous(const std::vector<std::string>& endpoints,
                                            const std::string& token = kToken,
-                                           absl::Duration lease_ttl = absl::Seconds(10)) {
+                                           absl::Duration lease_ttl = absl::Seconds(10),
+                                           int min_nodes = 0) {
   EtcdRendezvousOptions options;
   options.etcd.endpoints = endpoints;
   options.etcd.call_timeout = absl::Seconds(3);
@@ -48,6 +49,7 @@ std::shared_ptr<EtcdRendezvous> Rendezvous(const std::vector<std::string>& endpo
   options.job_id = "job1";
   options.job_token = token;
   options.lease_ttl = lease_ttl;
+  options.min_nodes = min_nodes;
   absl::StatusOr<std::shared_ptr<EtcdRendezvous>> r = EtcdRendezvous::Connect(options);
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? *r : nullptr;
@@ -205,6 +207,93 @@ TEST(EtcdRendezvousTest, ANodeErrorAbortsTheGenerationForEveryMember) {
   EXPECT_THAT(r->abort_reason, HasSubstr("node_rank=1 (host=10.0.0.2) reported"));
   EXPECT_THAT(r->abort_reason, HasSubstr("trainer 3 stopped"));
   EXPECT_TRUE(r->silent_members.empty());  // node 1 acknowledged its own abort
+}
+
+// Three nodes of an elastic job (--min-nodes 2) formed generation 1; each
+// node in `dead` is gone (its lease revoked, as one that expired, never
+// having heard of the abort); the others report a failure and join again to
+// resume generation 1 at `iterations[rank]`.
+std::vector<absl::StatusOr<JoinResult>> ResumeAfterDeaths(const std::vector<std::string>& endpoints,
+                                                          const std::vector<int>& dead,
+                                                          const std::vector<uint64_t>& iterations) {
+  std::vector<std::shared_ptr<EtcdRendezvous>> nodes;
+  for (int i = 0; i < 3; ++i) {
+    nodes.push_back(Rendezvous(endpoints, kToken, absl::Seconds(10), /*min_nodes=*/2));
+  }
+  for (const absl::StatusOr<JoinResult>& r : JoinAll(nodes)) {
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return {};
+  }
+  for (int d : dead) nodes[d].reset();
+  std::vector<absl::StatusOr<JoinResult>> results(3, absl::UnknownError("dead"));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    if (!nodes[i]) continue;
+    threads.emplace_back([&, i] {
+      HeartbeatParams report;
+      report.node_rank = i;
+      report.generation = 1;
+      report.node_error = absl::UnavailableError("a collective failed");
+      EXPECT_TRUE(nodes[i]->Heartbeat(report).ok());
+      // The survivor's link leaves; a new one joins (as job_reform does).
+      EXPECT_TRUE(nodes[i]->Leave(i, 1, "re-forming").ok());
+      nodes[i] = Rendezvous(endpoints, kToken, absl::Seconds(10), /*min_nodes=*/2);
+      JoinParams p = Node(i, 3);
+      p.resume_generation = 1;
+      p.resume_iteration = iterations[i];
+      results[i] = nodes[i]->Join(p);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
+TEST(EtcdRendezvousTest, SurvivorsReformWithoutADeadNodeZero) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  std::vector<absl::StatusOr<JoinResult>> results =
+      ResumeAfterDeaths(etcd.endpoints(), {0}, {7, 7, 7});
+  ASSERT_EQ(results.size(), 3u);
+  for (int i : {1, 2}) {
+    ASSERT_TRUE(results[i].ok()) << "node " << i << ": " << results[i].status();
+    EXPECT_EQ(results[i]->generation, 2u);
+    ASSERT_EQ(results[i]->peers.size(), 2u);
+    EXPECT_EQ(results[i]->peers[0].node_rank, 1);
+    EXPECT_EQ(results[i]->peers[1].node_rank, 2);
+    EXPECT_EQ(results[i]->world_size, 2 + 3);
+    EXPECT_EQ(results[i]->incarnation, results[1]->incarnation);
+  }
+}
+
+TEST(EtcdRendezvousTest, FewerSurvivorsThanMinNodesFailNamingMinNodesAndTheDead) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  std::vector<absl::StatusOr<JoinResult>> results =
+      ResumeAfterDeaths(etcd.endpoints(), {1, 2}, {7, 7, 7});
+  ASSERT_EQ(results.size(), 3u);
+  ASSERT_FALSE(results[0].ok());
+  EXPECT_EQ(CodeOf(results[0].status()), v1::PEER_FAILED) << results[0].status();
+  EXPECT_THAT(results[0].status().message(),
+              HasSubstr("only 1 node(s) survive generation 1, fewer than --min-nodes=2"));
+  EXPECT_THAT(results[0].status().message(), HasSubstr("node_rank=1 (host=10.0.0.2"));
+  EXPECT_THAT(results[0].status().message(), HasSubstr("node_rank=2 (host=10.0.0.3"));
+}
+
+TEST(EtcdRendezvousTest, SurvivorsInDifferentIterationsAllFailNamingBoth) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  std::vector<absl::StatusOr<JoinResult>> results =
+      ResumeAfterDeaths(etcd.endpoints(), {2}, {4, 5, 0});
+  ASSERT_EQ(results.size(), 3u);
+  for (int i : {0, 1}) {
+    ASSERT_FALSE(results[i].ok()) << "node " << i;
+    EXPECT_EQ(CodeOf(results[i].status()), v1::PEER_FAILED) << results[i].status();
+    EXPECT_THAT(results[i].status().message(),
+                HasSubstr("stopped in different iterations (node_rank=0 in 4, node_rank=1 in 5)"));
+  }
 }
 
 TEST(EtcdRendezvousTest, UnreachableEtcdFailsTheJoinWithinItsTimeoutNamingEtcd) {
