@@ -78,7 +78,11 @@ bool Cluster::StartNode(int n, const std::string& token_file) {
                                              ? options_.node_env[n]
                                              : std::map<std::string, std::string>());
   if (!daemons_[n]->WaitReady(seconds(10))) return false;
-  if (!options_.rendezvous.empty()) return daemons_[n]->ListenPort(seconds(10)) != 0;
+  if (!options_.rendezvous.empty()) {
+    const int port = daemons_[n]->ListenPort(seconds(10));
+    if (n == 0) port_ = port;  // Control's, as the leader's is
+    return port != 0;
+  }
   if (n == 0 && port_ == 0) port_ = daemons_[0]->ListenPort(seconds(10));
   return port_ != 0;
 }

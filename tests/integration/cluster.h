@@ -48,7 +48,8 @@ class Cluster {
                                      std::vector<std::string>* outs, const std::string& tag = "w");
 
   Daemon& node(int n) { return *daemons_[n]; }
-  int port() const { return port_; }  // the leader's; 0 before it started
+  // The leader's (on etcd: node 0's --listen); 0 before it started.
+  int port() const { return port_; }
   const std::string& dir() const { return dir_.path(); }
   const std::string& token_file() const { return token_file_; }
   std::string DaemonLogs() const;
