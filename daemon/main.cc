@@ -76,13 +76,14 @@ ABSL_FLAG(std::string, trace_file, kDefaults.trace_file,
 ABSL_FLAG(int, node_rank, kDefaults.node_rank, "this node's rank in [0, num_nodes)");
 ABSL_FLAG(int, num_nodes, kDefaults.num_nodes,
           "daemons (nodes) in the job; node 0's daemon (the leader) hosts the rendezvous, so "
-          "its loss ends the job with an error naming it, elastic or not");
+          "its loss ends the job with an error naming it, elastic or not (with --rendezvous "
+          "etcd://... no node is special)");
 ABSL_FLAG(int, min_nodes, kDefaults.min_nodes,
           "fewest nodes an elastic job may shrink to (torchrun's --nnodes MIN); 0: --num-nodes "
           "(a fixed job: a node's death ends it with GS_ERR_PEER_FAILED naming the node). "
           "Below --num-nodes, when a node other than node 0 dies the survivors re-form and "
           "redo the interrupted iteration over their trainers (CPU gradients only; node 0's "
-          "loss still ends the job)");
+          "loss still ends the job, unless the rendezvous is in etcd: --rendezvous)");
 ABSL_FLAG(int, max_nodes, kDefaults.max_nodes,
           "most nodes an elastic job may grow to (torchrun's --nnodes MAX); 0: --num-nodes. "
           "Not supported yet: only --max-nodes = --num-nodes (nodes cannot join a running job)");
@@ -272,8 +273,8 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   // This executable, started by a GlooWorkerBackend, is its Gloo worker.
   if (argc == 2 && std::strcmp(argv[1], kGlooWorkerFlag) == 0) return RunGlooWorker();
   absl::SetProgramUsageMessage(
-      "gradsyncd --socket PATH --listen HOST:PORT [--leader HOST:PORT] --node-rank N "
-      "--num-nodes N --local-size N ...");
+      "gradsyncd --socket PATH --listen HOST:PORT [--leader HOST:PORT | --rendezvous "
+      "etcd://HOST:PORT/PREFIX] --node-rank N --num-nodes N --local-size N ...");
   if (std::optional<int> exit_code = ParseDaemonFlags(argc, argv)) return *exit_code;
 
   gradsync::LimitMallocArenas();  // before any thread starts

@@ -50,20 +50,13 @@ def main(paths, gradsyncd=None):
               f"document without apiVersion/kind/name: {d}")
     services = [d for d in docs if d["kind"] == "Service"]
     jobs = [d for d in docs if d["kind"] == "Job"]
-    check(len(services) == 1 and len(jobs) == 1, "expected one Service and one Job")
-    svc, job = services[0], jobs[0]
-
-    check(svc["spec"].get("clusterIP") == "None", "the Service must be headless")
-    check(svc["spec"].get("publishNotReadyAddresses") is True,
-          "the leader must resolve before it is ready")
+    check(len(jobs) == 1, "expected one Job")
+    job = jobs[0]
     check(job["spec"].get("completionMode") == "Indexed", "the Job must be Indexed")
 
     pod = job["spec"]["template"]
     spec = pod["spec"]
     labels = pod["metadata"]["labels"]
-    for k, v in svc["spec"]["selector"].items():
-        check(labels.get(k) == v, f"Service selector {k}={v} does not match the Pod labels")
-    check(spec.get("subdomain") == svc["metadata"]["name"], "Pod subdomain must name the Service")
     check(spec.get("shareProcessNamespace") is True, "shareProcessNamespace must be true")
 
     sidecars = [c for c in spec.get("initContainers", []) if c["name"] == "gradsyncd"]
@@ -89,13 +82,14 @@ def main(paths, gradsyncd=None):
     check(listen.startswith("0.0.0.0:"), "--listen must bind the Pod IP for probes and peers")
     check(any(p["containerPort"] == port for p in daemon.get("ports", [])),
           "the listen port must be a containerPort")
-    check(svc["spec"]["ports"][0]["port"] == port, "the Service must expose the listen port")
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         check(daemon.get(probe, {}).get("grpc", {}).get("port") == port,
               f"{probe} must be a grpc probe on port {port}")
-    leader = f'{job["metadata"]["name"]}-0.{svc["metadata"]["name"]}:{port}'
-    check(daemon_flag(script, daemon_env, "--leader") == leader,
-          f"every node (node 0 names itself) must use --leader {leader}")
+    rendezvous = daemon_flag(script, daemon_env, "--rendezvous")
+    if rendezvous:
+        check_etcd_rendezvous(rendezvous, script, daemon, daemon_env, services, spec)
+    else:
+        check_leader_rendezvous(job, services, labels, spec, port, script, daemon_env)
     rank = next((e for e in daemon.get("env", []) if e["name"] == "GRADSYNCD_NODE_RANK"), {})
     check(rank.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
           == "metadata.annotations['batch.kubernetes.io/job-completion-index']",
@@ -147,6 +141,43 @@ def main(paths, gradsyncd=None):
     if gradsyncd:
         check_flags_parse(gradsyncd, daemon, command)
     print(f"PASS: {len(docs)} documents in {len(paths)} file(s)")
+
+
+def check_leader_rendezvous(job, services, labels, spec, port, script, daemon_env):
+    """The embedded rendezvous: node 0 leads, reached through a headless
+    Service that names every Pod."""
+    check(len(services) == 1, "expected one Service (the leader's DNS name)")
+    svc = services[0]
+    check(svc["spec"].get("clusterIP") == "None", "the Service must be headless")
+    check(svc["spec"].get("publishNotReadyAddresses") is True,
+          "the leader must resolve before it is ready")
+    for k, v in svc["spec"]["selector"].items():
+        check(labels.get(k) == v, f"Service selector {k}={v} does not match the Pod labels")
+    check(spec.get("subdomain") == svc["metadata"]["name"], "Pod subdomain must name the Service")
+    check(svc["spec"]["ports"][0]["port"] == port, "the Service must expose the listen port")
+    leader = f'{job["metadata"]["name"]}-0.{svc["metadata"]["name"]}:{port}'
+    check(daemon_flag(script, daemon_env, "--leader") == leader,
+          f"every node (node 0 names itself) must use --leader {leader}")
+
+
+def check_etcd_rendezvous(rendezvous, script, daemon, daemon_env, services, spec):
+    """The rendezvous in etcd: every node names the same etcd cluster, none
+    leads, and etcd's client certificate is read from a Secret volume."""
+    check(rendezvous.startswith("etcd://") and "/" in rendezvous[len("etcd://"):],
+          f"--rendezvous {rendezvous} must be etcd://HOST:PORT[,HOST:PORT...]/PREFIX")
+    check(daemon_flag(script, daemon_env, "--leader") is None,
+          "with --rendezvous etcd:// no node is given --leader")
+    check(not services, "the etcd variant needs no Service: no node is reached by name")
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    secret_dirs = [path for n, path in mounts(daemon).items() if "secret" in volumes.get(n, {})]
+    for name in ("--etcd-cert", "--etcd-key", "--etcd-ca"):
+        value = daemon_flag(script, daemon_env, name)
+        check(value and any(value.startswith(d + "/") for d in secret_dirs),
+              f"{name} {value} must be read from a Secret volume {secret_dirs}")
+    min_nodes = daemon_flag(script, daemon_env, "--min-nodes")
+    num_nodes = daemon_flag(script, daemon_env, "--num-nodes")
+    check(min_nodes and num_nodes and int(min_nodes) < int(num_nodes),
+          "the etcd variant shows an elastic job: --min-nodes below --num-nodes")
 
 
 def check_flags_parse(gradsyncd, daemon, command):
