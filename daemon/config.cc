@@ -195,8 +195,8 @@ absl::Status ValidateRendezvous(const DaemonConfig& c) {
   // rather than accepted and failing later.
   if (c.autotune) {
     return Bad(absl::StrCat(flag,
-                            " with --autotune: the job-wide config log is not supported "
-                            "on an etcd rendezvous yet"));
+                            " with --autotune: the tuner runs on the leader daemon, and "
+                            "it is not supported on an etcd rendezvous yet"));
   }
   return absl::OkStatus();
 }

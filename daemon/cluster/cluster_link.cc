@@ -17,12 +17,11 @@
 #include "daemon/backends/gloo_store.h"
 #include "daemon/backends/gloo_worker_backend.h"
 #include "daemon/backends/wire_dtype.h"
-#include "daemon/cluster/etcd_rendezvous.h"
+#include "daemon/cluster/etcd_rendezvous_config.h"
 #include "daemon/cluster/forming_watch.h"
 #include "daemon/cluster/rendezvous_client.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "daemon/cluster/rendezvous_records.h"
-#include "daemon/rendezvous_address.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
@@ -135,23 +134,7 @@ namespace {
 absl::StatusOr<std::shared_ptr<JobRendezvous>> ConnectRendezvous(const DaemonConfig& config,
                                                                  const std::string& leader) {
   if (!config.rendezvous.empty()) {
-    ASSIGN_OR_RETURN(EtcdRendezvousAddress address, ParseEtcdRendezvous(config.rendezvous));
-    EtcdRendezvousOptions options;
-    options.etcd.endpoints = address.endpoints;
-    options.etcd.tls = TlsFiles{config.etcd_cert, config.etcd_key, config.etcd_ca};
-    options.etcd.user = config.etcd_user;
-    options.etcd.password = config.etcd_password;
-    options.etcd.call_timeout = kLeaderRpcTimeout;
-    options.etcd.attempt_timeout = kLeaderRpcTimeout / 2;
-    options.prefix = address.prefix;
-    options.job_id = config.job_id;
-    options.job_token = config.job_token;
-    // The embedded leader's heartbeat timeout (daemon.cc): a silent node
-    // is dead after as long on either rendezvous.
-    options.lease_ttl = std::min(absl::Milliseconds(config.timeout_ms), absl::Seconds(10));
-    options.min_nodes = config.min_nodes_or_num();
-    ASSIGN_OR_RETURN(std::shared_ptr<EtcdRendezvous> etcd,
-                     EtcdRendezvous::Connect(std::move(options)));
+    ASSIGN_OR_RETURN(std::shared_ptr<EtcdRendezvous> etcd, ConnectEtcdRendezvous(config));
     return std::shared_ptr<JobRendezvous>(std::move(etcd));
   }
   ASSIGN_OR_RETURN(

@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/log_value.h"
 #include "common/monotonic.h"
@@ -14,6 +15,7 @@
 #include "common/status_macros.h"
 #include "daemon/cluster/etcd_token_proof.h"
 #include "daemon/cluster/rendezvous_keys.h"
+#include "daemon/cluster/rendezvous_records.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
@@ -217,6 +219,13 @@ absl::StatusOr<EtcdRendezvous::GenerationState> EtcdRendezvous::ReadGeneration(
       state.acked.insert(acked);
     } else if (int dead = RankAfter(kv.key, dead_prefix); dead >= 0) {
       state.dead[dead] = kv.value;
+    } else if (kv.key == GenKey(generation, "config_head")) {
+      const std::vector<std::string> parts = absl::StrSplit(kv.value, ' ');
+      if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &state.config_version) ||
+          !absl::SimpleAtoi(parts[1], &state.config_at)) {
+        return MakeError(v1::INTERNAL, absl::StrCat(Describe(), ": key ", kv.key,
+                                                    " does not hold a config log head"));
+      }
     }
   }
   return state;
@@ -782,6 +791,7 @@ absl::StatusOr<HeartbeatResult> EtcdRendezvous::ReadHeartbeat(const HeartbeatPar
                                              ", which has not formed in ", Describe()));
   }
   ASSIGN_OR_RETURN(GenerationState state, ReadGeneration(gen));
+  result.config_version = state.config_version;
   if (!state.abort_reason) {
     if (std::optional<std::string> dead = DeadMemberReason(*current, state.alive)) {
       ASSIGN_OR_RETURN(std::string stands, AbortGeneration(gen, *dead));
@@ -819,6 +829,49 @@ absl::StatusOr<HeartbeatResult> EtcdRendezvous::ReadHeartbeat(const HeartbeatPar
     }
   }
   return result;
+}
+
+absl::StatusOr<EtcdConfigEntry> EtcdRendezvous::AppendConfig(
+    uint64_t min_at_iteration, const std::function<std::string(const EtcdConfigEntry&)>& value) {
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    int64_t current_revision = 0;
+    ASSIGN_OR_RETURN(std::optional<v1::JoinResponse> current, ReadCurrent(&current_revision));
+    const uint64_t g = current ? current->generation() : 0;
+    GenerationState state;
+    if (g > 0) {
+      ASSIGN_OR_RETURN(state, ReadGeneration(g));
+    }
+    if (g == 0 || state.abort_reason) {
+      return MakeError(
+          v1::STATE, absl::StrCat("no active generation to change in ", Describe(), " (generation ",
+                                  g, g == 0 ? " has not formed" : " aborted",
+                                  "); set the caps again once the job runs"));
+    }
+    ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> head, client_->Get(GenKey(g, "config_head")));
+    // Strictly increasing: two versions never switch at the same boundary,
+    // and a later one never switches before an earlier one.
+    const EtcdConfigEntry entry{g, state.config_version + 1,
+                                std::max(min_at_iteration, state.config_at + 1)};
+    std::vector<EtcdCompare> compares(3);
+    compares[0] = {Key("current"), EtcdCompare::Target::kModRevision, EtcdCompare::Op::kEqual,
+                   current_revision, ""};
+    compares[1] = {GenKey(g, "config_head"), EtcdCompare::Target::kModRevision,
+                   EtcdCompare::Op::kEqual, head ? head->mod_revision : 0, ""};
+    compares[2] = {GenKey(g, "abort"), EtcdCompare::Target::kVersion, EtcdCompare::Op::kEqual, 0,
+                   ""};
+    std::vector<EtcdTxnOp> ops = {
+        {EtcdTxnOp::Kind::kPut, StoreKey(ConfigKey(g, entry.version)), value(entry), 0},
+        {EtcdTxnOp::Kind::kPut, GenKey(g, "config_head"),
+         absl::StrCat(entry.version, " ", entry.at_iteration), 0}};
+    if (entry.version > kConfigLogKeep) {
+      ops.push_back({EtcdTxnOp::Kind::kDelete,
+                     StoreKey(ConfigKey(g, entry.version - kConfigLogKeep)), "", 0});
+    }
+    ASSIGN_OR_RETURN(EtcdTxnResult r, client_->Txn(compares, ops, {}));
+    if (r.succeeded) return entry;
+  }
+  return MakeError(v1::STATE, absl::StrCat("the config log in ", Describe(),
+                                           " kept changing while this change was appended"));
 }
 
 absl::Status EtcdRendezvous::Leave(int node_rank, uint64_t generation, std::string_view reason) {

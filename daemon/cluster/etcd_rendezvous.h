@@ -23,6 +23,9 @@
 // - ROOT/gen/<g>/outcome: how round g ended (created if absent, so every
 //   node of the round reads the same): generation g's record, or the error
 //   every survivor of a failed re-formation gets.
+// - ROOT/gen/<g>/config_head: generation g's config log's newest version
+//   and the iteration it switches at ("<version> <iteration>"); the
+//   versions themselves are records (ConfigKey, rendezvous_records.h).
 // - ROOT/kv/<key>: the key-value records (Gloo's store, layouts, plan
 //   stamps, forming reports); "g<g>/" keys belong to generation g: a Wait on
 //   them ends with PEER_FAILED once g aborts, and they are deleted with
@@ -45,6 +48,7 @@
 #define GRADSYNC_DAEMON_CLUSTER_ETCD_RENDEZVOUS_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -77,6 +81,13 @@ struct EtcdRendezvousOptions {
   int min_nodes = 0;
 };
 
+// One version of a generation's job-wide config log.
+struct EtcdConfigEntry {
+  uint64_t generation = 0;
+  uint64_t version = 0;       // 1, 2, ...
+  uint64_t at_iteration = 0;  // every node switches at this iteration
+};
+
 class EtcdRendezvous final : public JobRendezvous {
  public:
   // Builds the client (no round trip without etcd auth); the lease, the
@@ -100,6 +111,16 @@ class EtcdRendezvous final : public JobRendezvous {
   std::string Describe() const override;
   bool embedded() const override { return false; }
 
+  // Appends the next version of the active generation's config log (the
+  // leader's AppendConfig on etcd, from any node): switching at iteration
+  // max(min_at_iteration, the previous version's + 1), its record (`value`
+  // of the entry) stored under ConfigKey(generation, version), heartbeats
+  // then answering that version. One transaction, retried when another
+  // node appended first. STATE when no generation is active (none formed
+  // yet, or the last one aborted): a change is not held for the next one.
+  absl::StatusOr<EtcdConfigEntry> AppendConfig(
+      uint64_t min_at_iteration, const std::function<std::string(const EtcdConfigEntry&)>& value);
+
   // Where the job's keys live: PREFIX/job/<job id>/.
   const std::string& root() const { return root_; }
 
@@ -118,6 +139,8 @@ class EtcdRendezvous final : public JobRendezvous {
     std::set<int> acked;
     std::map<int, std::string> dead;  // presumed dead by a survivor: why
     std::optional<std::string> abort_reason;
+    uint64_t config_version = 0;  // the config log's newest version
+    uint64_t config_at = 0;       // and the iteration it switches at
   };
 
   EtcdRendezvous(EtcdRendezvousOptions options, std::unique_ptr<EtcdClient> client);

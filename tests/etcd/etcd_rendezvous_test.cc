@@ -296,6 +296,41 @@ TEST(EtcdRendezvousTest, SurvivorsInDifferentIterationsAllFailNamingBoth) {
   }
 }
 
+TEST(EtcdRendezvousTest, TheConfigLogGrowsInOrderAndHeartbeatsAnswerItsNewestVersion) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  std::vector<std::shared_ptr<EtcdRendezvous>> nodes = {Rendezvous(etcd.endpoints()),
+                                                        Rendezvous(etcd.endpoints())};
+  auto value = [](const EtcdConfigEntry& e) { return absl::StrCat("v", e.version); };
+  // No generation yet: nothing to change, and nothing held.
+  absl::StatusOr<EtcdConfigEntry> early = nodes[1]->AppendConfig(5, value);
+  ASSERT_FALSE(early.ok());
+  EXPECT_EQ(CodeOf(early.status()), v1::STATE) << early.status();
+  EXPECT_THAT(early.status().message(), HasSubstr("no active generation"));
+
+  for (const absl::StatusOr<JoinResult>& r : JoinAll(nodes)) ASSERT_TRUE(r.ok()) << r.status();
+  absl::StatusOr<EtcdConfigEntry> first = nodes[1]->AppendConfig(10, value);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->generation, 1u);
+  EXPECT_EQ(first->version, 1u);
+  EXPECT_EQ(first->at_iteration, 10u);
+  // Asked for an earlier switch: still after the previous version's.
+  absl::StatusOr<EtcdConfigEntry> second = nodes[0]->AppendConfig(3, value);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->version, 2u);
+  EXPECT_EQ(second->at_iteration, 11u);
+  absl::StatusOr<std::optional<std::string>> stored = nodes[0]->Get("g1/config/2");
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->value_or("none"), "v2");
+  HeartbeatParams hb;
+  hb.node_rank = 0;
+  hb.generation = 1;
+  absl::StatusOr<HeartbeatResult> r = nodes[0]->Heartbeat(hb);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->config_version, 2u);
+}
+
 TEST(EtcdRendezvousTest, UnreachableEtcdFailsTheJoinWithinItsTimeoutNamingEtcd) {
   SKIP_WITHOUT_ETCD();
   EtcdCluster etcd(1);

@@ -304,7 +304,7 @@ TEST(ElasticJob, ASurvivorWaitingForItsTrainersLearnsTheDeathFromTheLeaderAndRed
 // version 1, so both survivors re-plan to it at the same iteration after
 // the redone one, and training stays exact.
 TEST(ElasticJob, ConfigSetWhileTheSurvivorsReformAppliesOnEverySurvivorAlike) {
-  if (kOnEtcd) GTEST_SKIP() << "the job-wide config log is not built on an etcd rendezvous";
+  if (kOnEtcd) GTEST_SKIP() << "a change held while no generation runs is not built on etcd";
   Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Trainer> trainers;

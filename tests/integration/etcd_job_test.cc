@@ -1,8 +1,8 @@
 // Jobs whose rendezvous lives in etcd (--rendezvous etcd://...): real
 // gradsyncd daemons and trainers, a real etcd member on a loopback port.
 // Two nodes of two trainers train exactly like one process on the whole
-// batch; etcd killed for longer than the timeout fails every trainer with
-// an error naming etcd, never a hang.
+// batch; `config set` on node 1 re-plans both nodes alike; etcd killed for longer than the timeout
+// fails every trainer with an error naming etcd, never a hang.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "tests/etcd/etcd_cluster.h"
 #include "tests/integration/cluster.h"
+#include "tests/integration/control_stats.h"
 #include "tests/integration/harness.h"
 #include "tests/testing/wait.h"
 
@@ -75,6 +76,37 @@ TEST(EtcdJob, TwoNodesOfTwoTrainersMatchSingleProcessTraining) {
     const std::string log = cluster.node(n).process().Log();
     EXPECT_NE(log.find("event=etcd_session"), std::string::npos) << log;
     EXPECT_NE(log.find("event=joined generation=1"), std::string::npos) << log;
+  }
+}
+
+// No node leads on etcd: `config set` on node 1 appends to the job-wide
+// log in etcd, and both nodes re-plan to the new caps at the same
+// iteration; training stays exact.
+TEST(EtcdJob, ConfigSetOnAnyNodeAppliesOnEveryNodeAtTheSameIteration) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  Cluster cluster(OnEtcd(etcd, 2, 2, {"--timeout-s=15"}));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  const std::vector<std::string> args = {"--steps=400", "--fp64", "--batch=60", "--sleep-ms=10"};
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
+  ASSERT_TRUE(WaitForLog(cluster.node(1).process(), "event=job_running", kBound))
+      << cluster.DaemonLogs();
+  const absl::Status set =
+      SetBucketCaps(cluster.node(1).ListenPort(seconds(10)), "etcd-s3cret", "25", "1");
+  ASSERT_TRUE(set.ok()) << set.message() << cluster.DaemonLogs();
+  for (Process& t : trainers) {
+    ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
+  }
+  const std::string caps = "cap_mb=25.000 first_cap_mb=1.000";
+  const std::string rebuilt0 = RebuildTo(cluster.node(0).process().Log(), caps);
+  EXPECT_NE(rebuilt0, "none") << cluster.DaemonLogs();
+  EXPECT_EQ(rebuilt0, RebuildTo(cluster.node(1).process().Log(), caps)) << cluster.DaemonLogs();
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
+  for (const std::string& out : outs) {
+    EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
   }
 }
 
