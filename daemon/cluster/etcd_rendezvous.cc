@@ -390,6 +390,10 @@ absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::TryJoin(const JoinParam
 absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::FromOutcome(
     const v1::JoinResponse& outcome, const JoinParams& params) {
   if (outcome.has_error() && outcome.error().code() != v1::OK) {
+    // The failed round becomes a generation without members, over before
+    // it is current: a later fresh job forms the one after it.
+    RETURN_IF_ERROR(AbortGeneration(outcome.generation(), outcome.error().message()).status());
+    RETURN_IF_ERROR(AdvanceCurrent(outcome));
     return MakeError(outcome.error().code(), outcome.error().message());
   }
   RETURN_IF_ERROR(AdvanceCurrent(outcome));
@@ -425,6 +429,8 @@ absl::Status EtcdRendezvous::PutJoinOnce(const JoinParams& params, uint64_t targ
                       ->Put(GenKey(target, absl::StrCat("join/", params.node_rank)),
                             join.SerializeAsString(), lease)
                       .status());
+  // Joined: its report of why it had not is stale (the leader drops it too).
+  client_->Delete(StoreKey(FormingReportKey(params.node_rank))).IgnoreError();
   MonotonicMutexLock lock(&mu_);
   joined_target_ = target;
   round_started_.emplace(target, MonotonicNow());
@@ -674,6 +680,7 @@ absl::StatusOr<std::map<std::string, std::string>> EtcdRendezvous::WaitForValues
   for (const std::string& k : keys) etcd_keys.push_back(StoreKey(k));
   for (const std::string& k : read_keys) etcd_keys.push_back(StoreKey(k));
   for (uint64_t g : generations) etcd_keys.push_back(GenKey(g, "abort"));
+  etcd_keys.push_back(Key("current"));
   while (true) {
     const uint64_t seen = Changes();
     std::vector<std::optional<EtcdKeyValue>> values;
@@ -711,6 +718,15 @@ absl::StatusOr<std::map<std::string, std::string>> EtcdRendezvous::WaitForValues
                                         absl::StrJoin(missing, ", "), "]: ", abort->value));
         }
       }
+      // A newer generation formed (its predecessor's abort key is gone).
+      v1::JoinResponse current;
+      if (values[at] && current.ParseFromString(values[at]->value) && !generations.empty() &&
+          current.generation() > *generations.begin()) {
+        return MakeError(v1::PEER_FAILED,
+                         absl::StrCat("generation ", *generations.begin(), " is over (generation ",
+                                      current.generation(), " formed) while waiting for keys [",
+                                      absl::StrJoin(missing, ", "), "]"));
+      }
       if (MonotonicNow() >= deadline) {
         return MakeError(v1::TIMEOUT,
                          absl::StrCat("wait timed out after ", Millis(timeout),
@@ -746,12 +762,7 @@ absl::StatusOr<HeartbeatResult> EtcdRendezvous::Heartbeat(const HeartbeatParams&
   if (!Unreachable(r.status())) return r;
   // etcd out of reach for less than a lease: the other nodes do not count
   // this one dead yet, so neither does it give up on them.
-  if (last_ok_ != absl::Time() && now - last_ok_ < options_.lease_ttl) {
-    HeartbeatResult stale = last_result_;
-    stale.abort = false;
-    stale.silent_members.clear();
-    return stale;
-  }
+  if (last_ok_ != absl::Time() && now - last_ok_ < options_.lease_ttl) return last_result_;
   return MakeError(v1::UNAVAILABLE,
                    absl::StrCat(Describe(), " has not answered for ", Millis(now - last_ok_),
                                 " ms, longer than the lease TTL (", Millis(options_.lease_ttl),

@@ -279,6 +279,18 @@ TEST(EtcdRendezvousTest, FewerSurvivorsThanMinNodesFailNamingMinNodesAndTheDead)
               HasSubstr("only 1 node(s) survive generation 1, fewer than --min-nodes=2"));
   EXPECT_THAT(results[0].status().message(), HasSubstr("node_rank=1 (host=10.0.0.2"));
   EXPECT_THAT(results[0].status().message(), HasSubstr("node_rank=2 (host=10.0.0.3"));
+
+  // The failed round does not stand in the way of the next job: three
+  // fresh daemons form the generation after it.
+  std::vector<std::shared_ptr<EtcdRendezvous>> fresh;
+  for (int i = 0; i < 3; ++i) {
+    fresh.push_back(Rendezvous(etcd.endpoints(), kToken, absl::Seconds(10), /*min_nodes=*/2));
+  }
+  for (const absl::StatusOr<JoinResult>& r : JoinAll(fresh)) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->generation, 3u);
+    EXPECT_EQ(r->peers.size(), 3u);
+  }
 }
 
 TEST(EtcdRendezvousTest, SurvivorsInDifferentIterationsAllFailNamingBoth) {
