@@ -1,6 +1,6 @@
 // EtcdClient: a small synchronous client of etcd's v3 gRPC API (the protos
 // beside this file), the foundation of a rendezvous that lives in etcd
-// instead of inside node 0's daemon. The daemon does not use it yet.
+// instead of inside node 0's daemon (EtcdRendezvous, etcd_rendezvous.h).
 //
 // Endpoints: a list of HOST:PORT members of one etcd cluster. A call goes to
 // the member that answered last; when that member is unreachable (or answers
