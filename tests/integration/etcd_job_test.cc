@@ -1,7 +1,8 @@
 // Jobs whose rendezvous lives in etcd (--rendezvous etcd://...): real
 // gradsyncd daemons and trainers, a real etcd member on a loopback port.
 // Two nodes of two trainers train exactly like one process on the whole
-// batch; `config set` on node 1 re-plans both nodes alike; etcd killed for longer than the timeout
+// batch; `config set` on node 1 re-plans both nodes alike; etcd's client
+// certificates reach a TLS etcd (and a stranger's do not); etcd killed for longer than the timeout
 // fails every trainer with an error naming etcd, never a hang.
 #include <gtest/gtest.h>
 
@@ -15,6 +16,7 @@
 #include "tests/integration/cluster.h"
 #include "tests/integration/control_stats.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/test_pki.h"
 #include "tests/testing/wait.h"
 
 namespace gradsync::testing {
@@ -107,6 +109,54 @@ TEST(EtcdJob, ConfigSetOnAnyNodeAppliesOnEveryNodeAtTheSameIteration) {
   const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
   for (const std::string& out : outs) {
     EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
+  }
+}
+
+// etcd serving TLS and requiring client certificates: the daemons reach it
+// with --etcd-cert/--etcd-key/--etcd-ca and train; a daemon with a
+// certificate etcd's CA did not sign cannot join, and its trainer's error
+// names etcd.
+TEST(EtcdJob, DaemonsReachAnEtcdThatRequiresClientCertificates) {
+  SKIP_WITHOUT_ETCD();
+  TestPki pki;
+  ASSERT_TRUE(pki.Generate().ok());
+  EtcdCluster etcd(1, {pki.File("node.pem"), pki.File("node.key"), pki.File("ca.pem")});
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  const std::vector<std::string> tls = {"--etcd-cert=" + pki.File("operator.pem"),
+                                        "--etcd-key=" + pki.File("operator.key"),
+                                        "--etcd-ca=" + pki.File("ca.pem"), "--timeout-s=5"};
+  {
+    Cluster cluster(OnEtcd(etcd, 2, 1, tls));
+    ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+    const std::vector<std::string> args = {"--steps=5", "--batch=60", "--fp64"};
+    std::vector<std::string> outs;
+    std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
+    for (Process& t : trainers) {
+      ExitStatus st = t.Wait(kBound);
+      ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs() << etcd.Logs();
+    }
+    const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
+    for (const std::string& out : outs) {
+      EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
+    }
+  }
+  ClusterOptions stranger =
+      OnEtcd(etcd, 2, 1,
+             {"--etcd-cert=" + pki.File("stranger.pem"), "--etcd-key=" + pki.File("stranger.key"),
+              "--etcd-ca=" + pki.File("ca.pem"), "--timeout-s=3"});
+  stranger.job_id = "stranger-job";
+  Cluster cluster(stranger);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers({"--steps=5", "--batch=60"}, &outs);
+  for (Process& t : trainers) {
+    ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited) << t.Log() << cluster.DaemonLogs();
+    EXPECT_NE(st.code, 0) << t.Log();
+    const std::string error = TrainerError(t.Log());
+    EXPECT_NE(error.find(absl::StrCat("etcd at ", etcd.endpoints()[0])), std::string::npos)
+        << error << "\n"
+        << cluster.DaemonLogs();
   }
 }
 
