@@ -302,8 +302,8 @@ struct Agreement {
 };
 
 // Every node publishes its records and compares every other node's with
-// node 0's (so every node reports the same mismatch); then reads node 0's
-// caps and --uneven-inputs.
+// the first member's (node 0's unless it died; so every node reports the
+// same mismatch); then reads that member's caps and --uneven-inputs.
 absl::StatusOr<Agreement> Agree(JobRendezvous& client, const DaemonConfig& config, uint64_t gen,
                                 const std::vector<int>& members, const Layout& layout,
                                 absl::Time deadline) {
