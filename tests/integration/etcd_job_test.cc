@@ -1,10 +1,12 @@
 // Jobs whose rendezvous lives in etcd (--rendezvous etcd://...): real
 // gradsyncd daemons and trainers, a real etcd member on a loopback port.
 // Two nodes of two trainers train exactly like one process on the whole
-// batch; `config set` on node 1 re-plans both nodes alike; etcd's client
+// batch; node 0 killed fails the job naming it, and the job forms again
+// with node 0 restarted; `config set` on node 1 re-plans both nodes alike; etcd's client
 // certificates reach a TLS etcd (and a stranger's do not); etcd killed for longer than the timeout
 // fails every trainer with an error naming etcd, never a hang.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <chrono>
 #include <cstdio>
@@ -79,6 +81,50 @@ TEST(EtcdJob, TwoNodesOfTwoTrainersMatchSingleProcessTraining) {
     EXPECT_NE(log.find("event=etcd_session"), std::string::npos) << log;
     EXPECT_NE(log.find("event=joined generation=1"), std::string::npos) << log;
   }
+}
+
+// A fixed job on etcd loses node 0's daemon (SIGKILL) mid-training: every
+// trainer fails naming it (node 0 is not special: no "dead leader"); node
+// 0 restarted, new trainers form generation 2 and train like one process.
+TEST(EtcdJob, KilledNodeZeroFailsEveryTrainerNamingItThenTheJobReforms) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  Cluster cluster(OnEtcd(etcd, 3, 1, {"--timeout-s=5"}));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<std::string> first_outs;
+  std::vector<Process> trainers =
+      cluster.StartTrainers({"--steps=2000", "--sleep-ms=20", "--batch=60"}, &first_outs, "first");
+  // Node 0 decided its next plan: iterations are in flight.
+  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=plan_decided", kBound))
+      << cluster.DaemonLogs();
+  cluster.node(0).process().Signal(SIGKILL);
+  cluster.node(0).process().Wait(kBound);
+  for (int n = 0; n < 3; ++n) {
+    ExitStatus st = trainers[n].Wait(kBound);
+    ASSERT_TRUE(st.exited) << "trainer on node " << n << " hung\n" << cluster.DaemonLogs();
+    EXPECT_NE(st.code, 0) << trainers[n].Log();
+    if (n == 0) continue;  // it lost its own daemon
+    const std::string error = TrainerError(trainers[n].Log());
+    EXPECT_NE(error.find("node_rank=0 (host=127.0.0.1) is dead"), std::string::npos)
+        << "trainer on node " << n << ": " << error << "\n"
+        << cluster.DaemonLogs();
+    EXPECT_EQ(error.find("leader is dead"), std::string::npos) << error;
+  }
+  ASSERT_TRUE(cluster.StartNode(0)) << cluster.DaemonLogs();
+  const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
+  std::vector<std::string> outs;
+  std::vector<Process> again = cluster.StartTrainers(args, &outs, "again");
+  for (Process& t : again) {
+    ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
+  }
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
+  for (const std::string& out : outs) {
+    EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
+  }
+  EXPECT_NE(cluster.node(1).process().Log().find("event=joined generation=2"), std::string::npos)
+      << cluster.DaemonLogs();
 }
 
 // No node leads on etcd: `config set` on node 1 appends to the job-wide
