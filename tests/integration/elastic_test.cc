@@ -79,6 +79,16 @@ const char* StageName(Stage stage) {
 
 #ifdef GRADSYNC_ELASTIC_ON_ETCD
 constexpr bool kOnEtcd = true;
+// Every case skips where Debian's etcd is not installed, as tests/etcd do.
+class EtcdInstalled : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    const std::string reason = EtcdMissingReason();
+    if (!reason.empty()) GTEST_SKIP() << reason;
+  }
+};
+::testing::Environment* const kEtcdInstalled =
+    ::testing::AddGlobalTestEnvironment(new EtcdInstalled);
 // One etcd member for the whole binary; each test's job under a prefix of
 // its own.
 std::string TestRendezvous() {
