@@ -543,7 +543,9 @@ absl::StatusOr<std::optional<v1::JoinResponse>> EtcdRendezvous::JudgeResume(
   absl::Duration waited;
   {
     MonotonicMutexLock lock(&mu_);
-    waited = MonotonicNow() - round_started_[g + 1];
+    // Since this node joined the round (PutJoinOnce), or from now.
+    const absl::Time now = MonotonicNow();
+    waited = now - round_started_.emplace(g + 1, now).first->second;
   }
   // A member of the aborted generation is alive when it joined again, dead
   // when a survivor presumed it so, its lease went unacknowledged, or it
