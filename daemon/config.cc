@@ -10,6 +10,7 @@
 #include "daemon/engine/nonfinite_mode.h"
 #include "daemon/host_syntax.h"
 #include "daemon/listen_address.h"
+#include "daemon/rendezvous_address.h"
 
 namespace gradsync {
 
@@ -55,8 +56,8 @@ absl::Status ValidateJobShape(const DaemonConfig& c) {
 
 // Who hosts the rendezvous, and the form of every address flag.
 absl::Status ValidateAddresses(const DaemonConfig& c) {
-  // Without --leader a daemon hosts the rendezvous; only node 0 may.
-  if (c.num_nodes > 1 && c.node_rank > 0 && c.leader.empty()) {
+  // Without --leader (or etcd) a daemon hosts the rendezvous; only node 0 may.
+  if (c.num_nodes > 1 && c.node_rank > 0 && c.leader.empty() && c.rendezvous.empty()) {
     return Bad(absl::StrCat("--node-rank ", c.node_rank, " of --num-nodes ", c.num_nodes,
                             " needs --leader HOST:PORT (only node 0 hosts the rendezvous)"));
   }
@@ -163,6 +164,40 @@ absl::Status ValidateEngine(const DaemonConfig& c) {
   return absl::OkStatus();
 }
 
+// --rendezvous etcd://...: its form, and what a job on etcd cannot do yet.
+absl::Status ValidateRendezvous(const DaemonConfig& c) {
+  const bool etcd_flags = !c.etcd_cert.empty() || !c.etcd_key.empty() || !c.etcd_ca.empty() ||
+                          !c.etcd_user.empty() || !c.etcd_password.empty();
+  if (c.rendezvous.empty()) {
+    if (!etcd_flags) return absl::OkStatus();
+    return Bad(
+        "--etcd-cert, --etcd-key, --etcd-ca, --etcd-user and --etcd-password-file need "
+        "--rendezvous etcd://HOST:PORT/PREFIX");
+  }
+  RETURN_IF_ERROR(ParseEtcdRendezvous(c.rendezvous).status());
+  const std::string flag = absl::StrCat("--rendezvous ", c.rendezvous);
+  if (c.num_nodes == 1) {
+    return Bad(absl::StrCat(flag, " needs --num-nodes > 1 (a single node has no rendezvous)"));
+  }
+  if (!c.leader.empty()) {
+    return Bad(absl::StrCat(flag, " keeps the rendezvous in etcd: drop --leader ", c.leader));
+  }
+  if (c.etcd_cert.empty() != c.etcd_key.empty()) {
+    return Bad("--etcd-cert and --etcd-key go together (etcd's client certificate)");
+  }
+  if (c.etcd_password.empty() != c.etcd_user.empty()) {
+    return Bad("--etcd-user and --etcd-password-file go together (etcd auth)");
+  }
+  // Not built on etcd yet (docs/DESIGN.md, "Rendezvous on etcd"): refused
+  // rather than accepted and failing later.
+  if (c.autotune) {
+    return Bad(absl::StrCat(flag,
+                            " with --autotune: the tuner runs on the leader daemon, and "
+                            "it is not supported on an etcd rendezvous yet"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateConfig(const DaemonConfig& c) {
@@ -172,6 +207,7 @@ absl::Status ValidateConfig(const DaemonConfig& c) {
   }
   RETURN_IF_ERROR(ValidateJobShape(c));
   RETURN_IF_ERROR(ValidateAddresses(c));
+  RETURN_IF_ERROR(ValidateRendezvous(c));
   RETURN_IF_ERROR(ValidateEngine(c));
   RETURN_IF_ERROR(ValidateNetworkAuth(c));
   return absl::OkStatus();

@@ -24,6 +24,13 @@ struct DaemonConfig {
   // Control + rendezvous (on the leader) + health + reflection. Empty: off.
   std::string listen = kDefaultListenAddress;
   std::string leader;  // HOST:PORT of the leader; empty: this daemon leads
+  // Where the job's rendezvous lives: empty for the leader's (node 0's
+  // daemon), or etcd://HOST:PORT[,HOST:PORT...]/PREFIX (rendezvous_address.h).
+  std::string rendezvous;
+  // Reaching etcd: TLS files (common/tls_credentials.h) and etcd auth.
+  std::string etcd_cert, etcd_key, etcd_ca;
+  std::string etcd_user;
+  std::string etcd_password;  // read from --etcd-password-file
   // HOST:PORT of the Prometheus /metrics endpoint (HTTP, no auth). Empty: off.
   std::string metrics_listen;
   // The whole-run timeline (Chrome trace JSON) streamed here. Empty: off.
@@ -83,7 +90,8 @@ struct DaemonConfig {
   uint64_t first_bucket_cap_bytes() const {
     return static_cast<uint64_t>(first_bucket_cap_mb * (1 << 20));
   }
-  bool is_leader() const { return leader.empty(); }
+  // Hosts the job's rendezvous: no --leader, and no etcd to hold it.
+  bool is_leader() const { return leader.empty() && rendezvous.empty(); }
   int min_nodes_or_num() const { return min_nodes == 0 ? num_nodes : min_nodes; }
   int max_nodes_or_num() const { return max_nodes == 0 ? num_nodes : max_nodes; }
 };

@@ -21,6 +21,7 @@
 #include "common/tls_credentials.h"
 #include "daemon/auth/call_auth.h"
 #include "daemon/cluster/cluster_link.h"
+#include "daemon/cluster/etcd_rendezvous_config.h"
 #include "daemon/cluster/rendezvous_records.h"
 #include "daemon/listen_address.h"
 #include "daemon/observe/trace_directory.h"
@@ -302,6 +303,10 @@ absl::Status Daemon::StartMetricsEndpoint() {
 
 absl::Status Daemon::ResolveLeaderAddress() {
   if (config_.num_nodes == 1) return absl::OkStatus();
+  if (!config_.rendezvous.empty()) {
+    leader_address_ = config_.rendezvous;  // ClusterLink reaches etcd through it
+    return absl::OkStatus();
+  }
   if (!config_.is_leader()) {
     leader_address_ = config_.leader;
     return absl::OkStatus();
@@ -421,6 +426,7 @@ void Daemon::RequestShutdown(const std::string& why) {
 }
 
 absl::Status Daemon::PublishCaps(const DaemonConfig& next, uint64_t version) {
+  if (!config_.rendezvous.empty()) return PublishCapsOnEtcd(next);
   if (!config_.is_leader() || !rendezvous_service_) {
     return MakeError(v1::STATE, absl::StrCat("bucket caps are job-wide: set them on the leader "
                                              "daemon (node 0) at ",
@@ -443,6 +449,24 @@ absl::Status Daemon::PublishCaps(const DaemonConfig& next, uint64_t version) {
       "event=job_config_published config_version={} generation={} at_iteration={} "
       "control_version={}",
       entry->version, entry->generation, entry->at_iteration, version);
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::PublishCapsOnEtcd(const DaemonConfig& next) {
+  // No leader: any node appends to the job-wide log in etcd. The nodes run
+  // in lockstep, so this node's iteration stands for the job's.
+  ASSIGN_OR_RETURN(std::shared_ptr<EtcdRendezvous> etcd, ConnectEtcdRendezvous(config_));
+  const double cap_mb = next.bucket_cap_mb;
+  const double first_cap_mb = next.first_bucket_cap_mb;
+  ASSIGN_OR_RETURN(EtcdConfigEntry entry,
+                   etcd->AppendConfig(EarliestJobWideIteration(), [cap_mb, first_cap_mb](
+                                                                      const EtcdConfigEntry& e) {
+                     return EncodeConfig(e.generation, e.at_iteration, cap_mb, first_cap_mb);
+                   }));
+  spdlog::info(
+      "event=job_config_published config_version={} generation={} at_iteration={} "
+      "rendezvous=etcd",
+      entry.version, entry.generation, entry.at_iteration);
   return absl::OkStatus();
 }
 

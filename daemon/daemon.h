@@ -82,6 +82,8 @@ class Daemon {
   // The leader's job-wide caps change (ControlService::PublishCaps): into
   // the running generation's config log, or held for the next generation.
   absl::Status PublishCaps(const DaemonConfig& next, uint64_t version);
+  // PublishCaps with the rendezvous in etcd.
+  absl::Status PublishCapsOnEtcd(const DaemonConfig& next);
   // The first iteration a job-wide change published now can start at on
   // every node (ahead of the fastest one).
   uint64_t EarliestJobWideIteration();

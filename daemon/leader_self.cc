@@ -91,7 +91,8 @@ absl::StatusOr<std::vector<std::string>> Resolve(const std::string& host) {
 }  // namespace
 
 absl::Status AdoptLeaderNamingSelf(DaemonConfig* config) {
-  if (config->num_nodes <= 1 || config->node_rank != 0 || config->leader.empty()) {
+  if (config->num_nodes <= 1 || config->node_rank != 0 || config->leader.empty() ||
+      !config->rendezvous.empty()) {
     return absl::OkStatus();
   }
   const std::string why = absl::StrCat(

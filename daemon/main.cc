@@ -54,6 +54,19 @@ ABSL_FLAG(std::string, listen, kDefaults.listen,
 ABSL_FLAG(std::string, leader, kDefaults.leader,
           "HOST:PORT of the leader daemon (node 0 may name itself, so all nodes share one "
           "--leader); empty: this daemon leads");
+ABSL_FLAG(std::string, rendezvous, kDefaults.rendezvous,
+          "where the job's rendezvous lives: empty (default) for node 0's daemon (the leader; "
+          "its loss ends the job), or etcd://HOST:PORT[,HOST:PORT...]/PREFIX for an etcd "
+          "cluster every daemon talks to (no --leader; no node special)");
+ABSL_FLAG(std::string, etcd_cert, kDefaults.etcd_cert,
+          "PEM client certificate for etcd's --client-cert-auth (with --etcd-key)");
+ABSL_FLAG(std::string, etcd_key, kDefaults.etcd_key, "PEM private key of --etcd-cert");
+ABSL_FLAG(std::string, etcd_ca, kDefaults.etcd_ca,
+          "PEM CA that verifies etcd's server certificate: TLS to etcd (https client URLs)");
+ABSL_FLAG(std::string, etcd_user, kDefaults.etcd_user,
+          "etcd auth user (with --etcd-password-file)");
+ABSL_FLAG(std::string, etcd_password_file, "",
+          "file holding --etcd-user's password (mode 0600, as --job-token-file)");
 ABSL_FLAG(std::string, metrics_listen, kDefaults.metrics_listen,
           "HOST:PORT serving Prometheus metrics at /metrics over plain HTTP, readable by anyone "
           "who reaches it; empty: off");
@@ -63,14 +76,15 @@ ABSL_FLAG(std::string, trace_file, kDefaults.trace_file,
 ABSL_FLAG(int, node_rank, kDefaults.node_rank, "this node's rank in [0, num_nodes)");
 ABSL_FLAG(int, num_nodes, kDefaults.num_nodes,
           "daemons (nodes) in the job; node 0's daemon (the leader) hosts the rendezvous, so "
-          "its loss ends the job with an error naming it, elastic or not");
+          "its loss ends the job with an error naming it, elastic or not (with --rendezvous "
+          "etcd://... no node is special)");
 ABSL_FLAG(int, min_nodes, kDefaults.min_nodes,
           "fewest nodes an elastic job may shrink to (torchrun's --nnodes MIN); 0: --num-nodes "
           "(a fixed job: a node's death ends it with GS_ERR_PEER_FAILED naming the node). "
           "Below --num-nodes, when a node other than node 0 dies the survivors re-form and "
           "redo the interrupted iteration over their trainers (CPU and CUDA gradients; with "
           "CUDA gradients a trainer's death still ends the job; node 0's loss still ends the "
-          "job)");
+          "job, unless the rendezvous is in etcd: --rendezvous)");
 ABSL_FLAG(int, max_nodes, kDefaults.max_nodes,
           "most nodes an elastic job may grow to (torchrun's --nnodes MAX); 0: --num-nodes. "
           "Not supported yet: only --max-nodes = --num-nodes (nodes cannot join a running job)");
@@ -154,6 +168,24 @@ sigset_t BlockStopSignals() {
   return stop_signals;
 }
 
+// --rendezvous and how to reach etcd.
+absl::Status RendezvousFromFlags(gradsync::DaemonConfig* config) {
+  config->rendezvous = absl::GetFlag(FLAGS_rendezvous);
+  config->etcd_cert = absl::GetFlag(FLAGS_etcd_cert);
+  config->etcd_key = absl::GetFlag(FLAGS_etcd_key);
+  config->etcd_ca = absl::GetFlag(FLAGS_etcd_ca);
+  config->etcd_user = absl::GetFlag(FLAGS_etcd_user);
+  if (const std::string f = absl::GetFlag(FLAGS_etcd_password_file); !f.empty()) {
+    absl::StatusOr<std::string> password = gradsync::ReadTokenFile(f);
+    if (!password.ok()) {
+      return absl::Status(password.status().code(),
+                          absl::StrCat("--etcd-password-file: ", password.status().message()));
+    }
+    config->etcd_password = std::move(*password);
+  }
+  return absl::OkStatus();
+}
+
 // The parsed flags as a checked DaemonConfig; an error's message is what
 // gradsyncd prints before exiting with 2.
 absl::StatusOr<gradsync::DaemonConfig> ConfigFromFlags(const std::string& log_level) {
@@ -215,6 +247,7 @@ absl::StatusOr<gradsync::DaemonConfig> ConfigFromFlags(const std::string& log_le
   config.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   config.tls_key = absl::GetFlag(FLAGS_tls_key);
   config.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  RETURN_IF_ERROR(RendezvousFromFlags(&config));
   RETURN_IF_ERROR(gradsync::AdoptLeaderNamingSelf(&config));
   RETURN_IF_ERROR(gradsync::ValidateConfig(config));
   return config;
@@ -241,8 +274,8 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   // This executable, started by a GlooWorkerBackend, is its Gloo worker.
   if (argc == 2 && std::strcmp(argv[1], kGlooWorkerFlag) == 0) return RunGlooWorker();
   absl::SetProgramUsageMessage(
-      "gradsyncd --socket PATH --listen HOST:PORT [--leader HOST:PORT] --node-rank N "
-      "--num-nodes N --local-size N ...");
+      "gradsyncd --socket PATH --listen HOST:PORT [--leader HOST:PORT | --rendezvous "
+      "etcd://HOST:PORT/PREFIX] --node-rank N --num-nodes N --local-size N ...");
   if (std::optional<int> exit_code = ParseDaemonFlags(argc, argv)) return *exit_code;
 
   gradsync::LimitMallocArenas();  // before any thread starts

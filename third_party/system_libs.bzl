@@ -2,7 +2,7 @@
 
 `system_libs(name = "system")` creates `@system//:<lib>` cc_libraries
 (grpc, grpc_reflection, protobuf, absl, spdlog, gloo, boost, gtest, gtest_main, gmock,
-benchmark, systemd, json, httplib). Link flags and -D defines come from pkg-config at
+benchmark, systemd, json, httplib, crypto). Link flags and -D defines come from pkg-config at
 fetch time, so nothing is pasted by hand and a newer Debian just works.
 """
 
@@ -29,6 +29,8 @@ _LIBS = {
     "boost": ([], ["-lrt", "-pthread"]),
     # cpp-httplib: the daemon's Prometheus /metrics endpoint.
     "httplib": (["cpp-httplib"], []),
+    # OpenSSL's libcrypto: HMAC-SHA256, the job token's proof kept in etcd.
+    "crypto": (["libcrypto"], []),
     # nlohmann-json is header-only.
     "json": ([], []),
 }

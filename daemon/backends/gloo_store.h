@@ -1,5 +1,5 @@
 // GlooStore: Gloo's rendezvous::Store over the job's key-value store
-// (KeyValueStore: the leader's, through RendezvousClient), so Gloo's context setup needs no file
+// (KeyValueStore: the leader's or etcd's, a JobRendezvous), so Gloo's context setup needs no file
 // system, Redis or extra port. Gloo's Store reports failures by throwing: a failed call throws
 // GlooStoreError, a gloo::IoException that keeps the absl::Status (TIMEOUT naming the missing keys,
 // PEER_FAILED when the generation aborted, UNAVAILABLE when the leader is gone) for GlooBackend to

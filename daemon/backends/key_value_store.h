@@ -1,7 +1,7 @@
 // KeyValueStore: what a backend needs of the job's key-value store to set
 // itself up (Gloo's rendezvous, NCCL's unique id): set, get, and wait for
-// keys with a deadline. The store lives above the backends (the leader's
-// rendezvous, reached through daemon/cluster's RendezvousClient), so the
+// keys with a deadline. The store lives above the backends (the job's
+// rendezvous, the leader's or etcd's: daemon/cluster's JobRendezvous), so the
 // backends see only this interface and never depend on the cluster layer.
 //
 // Errors are the store's own: TIMEOUT naming the missing keys, PEER_FAILED

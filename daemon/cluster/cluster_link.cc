@@ -17,7 +17,9 @@
 #include "daemon/backends/gloo_store.h"
 #include "daemon/backends/gloo_worker_backend.h"
 #include "daemon/backends/wire_dtype.h"
+#include "daemon/cluster/etcd_rendezvous_config.h"
 #include "daemon/cluster/forming_watch.h"
+#include "daemon/cluster/rendezvous_client.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "daemon/cluster/rendezvous_records.h"
 #include "spdlog/spdlog.h"
@@ -83,7 +85,7 @@ absl::Status CompareSharedFlags(const Records& records, uint64_t gen,
 
 }  // namespace
 
-ClusterLink::ClusterLink(const DaemonConfig& config, std::shared_ptr<RendezvousClient> client,
+ClusterLink::ClusterLink(const DaemonConfig& config, std::shared_ptr<JobRendezvous> client,
                          uint64_t generation, std::vector<int> members, size_t num_tensors,
                          std::function<void(const absl::Status&)> on_failure)
     : config_(config),
@@ -127,9 +129,14 @@ void ClusterLink::PrepareGlooWorker() { GlooWorkerBackend::PrepareSpare(); }
 
 namespace {
 
-// The daemon's own certificate is its client certificate too.
-absl::StatusOr<std::shared_ptr<RendezvousClient>> ConnectToLeader(const DaemonConfig& config,
-                                                                  const std::string& leader) {
+// The daemon's own certificate is its client certificate too. With
+// --rendezvous etcd://..., etcd instead of the leader daemon.
+absl::StatusOr<std::shared_ptr<JobRendezvous>> ConnectRendezvous(const DaemonConfig& config,
+                                                                 const std::string& leader) {
+  if (!config.rendezvous.empty()) {
+    ASSIGN_OR_RETURN(std::shared_ptr<EtcdRendezvous> etcd, ConnectEtcdRendezvous(config));
+    return std::shared_ptr<JobRendezvous>(std::move(etcd));
+  }
   ASSIGN_OR_RETURN(
       std::shared_ptr<grpc::ChannelCredentials> credentials,
       MakeChannelCredentials(TlsFiles{config.tls_cert, config.tls_key, config.tls_ca}));
@@ -139,7 +146,23 @@ absl::StatusOr<std::shared_ptr<RendezvousClient>> ConnectToLeader(const DaemonCo
   options.job_token = config.job_token;
   options.credentials = std::move(credentials);
   options.rpc_timeout = kLeaderRpcTimeout;
-  return RendezvousClient::Connect(options);
+  return std::shared_ptr<JobRendezvous>(RendezvousClient::Connect(options));
+}
+
+// Who aborted a generation, as errors name it.
+std::string AbortSource(const JobRendezvous& client) {
+  return client.embedded() ? "the leader" : "etcd";
+}
+
+// How a rendezvous that did not answer is named: the leader daemon, whose
+// loss is the leader's death, or etcd.
+std::string Unreachable(const JobRendezvous& client, const absl::Status& transport) {
+  if (client.embedded()) {
+    return absl::StrCat(client.Describe(), " is unreachable: the leader is dead (",
+                        transport.message(), ")");
+  }
+  return absl::StrCat("the job's rendezvous, ", client.Describe(), ", is unreachable (",
+                      transport.message(), ")");
 }
 
 // The address this node's Gloo device binds: --host, else --listen's host,
@@ -160,7 +183,7 @@ std::string GlooHost(const DaemonConfig& config) {
 // Joins the next generation. A node whose previous generation has not been
 // aborted yet is told STATE: retry until the leader has moved on or the
 // deadline passes.
-absl::StatusOr<JoinResult> JoinGeneration(RendezvousClient& client, const DaemonConfig& config,
+absl::StatusOr<JoinResult> JoinGeneration(JobRendezvous& client, const DaemonConfig& config,
                                           const std::string& leader, const std::string& host,
                                           const ResumePoint& resume, absl::Time deadline) {
   JoinParams join;
@@ -184,9 +207,12 @@ absl::StatusOr<JoinResult> JoinGeneration(RendezvousClient& client, const Daemon
     absl::SleepFor(absl::Milliseconds(100));
   }
   if (!joined.ok()) {
-    return MakeError(CodeOf(joined.status()),
-                     absl::StrCat("joining the job at the leader daemon (", leader,
-                                  "): ", joined.status().message()));
+    return MakeError(
+        CodeOf(joined.status()),
+        absl::StrCat("joining the job at ",
+                     client.embedded() ? absl::StrCat("the leader daemon (", leader, ")")
+                                       : client.Describe(),
+                     ": ", joined.status().message()));
   }
   return joined;
 }
@@ -202,10 +228,11 @@ int RankOffset(const JoinResult& joined, int node_rank) {
 }
 
 // Publishes this node's records: its --check-replicas-every, --min-nodes,
-// layout and wire dtype; node 0 also the job's bucket caps and
+// layout and wire dtype; the generation's first member (node 0 unless it
+// died: on etcd any node may) also the job's bucket caps and
 // --uneven-inputs. Returns the wire dtype published.
-absl::StatusOr<WireDType> PublishRecords(RendezvousClient& client, const DaemonConfig& config,
-                                         uint64_t gen, const Layout& layout) {
+absl::StatusOr<WireDType> PublishRecords(JobRendezvous& client, const DaemonConfig& config,
+                                         uint64_t gen, int first_member, const Layout& layout) {
   // Before the layout, which the others wait for: once it is there, so are these.
   RETURN_IF_ERROR(client.Set(CheckReplicasEveryKey(gen, config.node_rank),
                              absl::StrCat(config.check_replicas_every)));
@@ -214,7 +241,7 @@ absl::StatusOr<WireDType> PublishRecords(RendezvousClient& client, const DaemonC
   RETURN_IF_ERROR(client.Set(LayoutKey(gen, config.node_rank), EncodeLayout(layout)));
   ASSIGN_OR_RETURN(WireDType wire_dtype, ParseWireDType(config.wire_dtype));
   RETURN_IF_ERROR(client.Set(WireDTypeKey(gen, config.node_rank), WireDTypeName(wire_dtype)));
-  if (config.node_rank == 0) {
+  if (config.node_rank == first_member) {
     RETURN_IF_ERROR(
         client.Set(CapsKey(gen), EncodeCaps(config.bucket_cap_mb, config.first_bucket_cap_mb)));
     RETURN_IF_ERROR(client.Set(UnevenInputsKey(gen), config.uneven_inputs ? "1" : "0"));
@@ -223,7 +250,7 @@ absl::StatusOr<WireDType> PublishRecords(RendezvousClient& client, const DaemonC
 }
 
 // Every node's records, once all are published (up to `wait`).
-absl::StatusOr<Records> WaitForRecords(RendezvousClient& client, const std::vector<int>& members,
+absl::StatusOr<Records> WaitForRecords(JobRendezvous& client, const std::vector<int>& members,
                                        uint64_t gen, absl::Duration wait) {
   std::vector<std::string> keys;
   for (int n : members) keys.push_back(LayoutKey(gen, n));
@@ -277,14 +304,14 @@ struct Agreement {
 };
 
 // Every node publishes its records and compares every other node's with
-// node 0's (so every node reports the same mismatch); then reads node 0's
-// caps and --uneven-inputs.
-absl::StatusOr<Agreement> Agree(RendezvousClient& client, const DaemonConfig& config, uint64_t gen,
+// the first member's (node 0's unless it died; so every node reports the
+// same mismatch); then reads that member's caps and --uneven-inputs.
+absl::StatusOr<Agreement> Agree(JobRendezvous& client, const DaemonConfig& config, uint64_t gen,
                                 const std::vector<int>& members, const Layout& layout,
                                 absl::Time deadline) {
   const absl::Duration wait = std::max(absl::Seconds(1), deadline - MonotonicNow());
   Agreement agreed;
-  ASSIGN_OR_RETURN(agreed.wire_dtype, PublishRecords(client, config, gen, layout));
+  ASSIGN_OR_RETURN(agreed.wire_dtype, PublishRecords(client, config, gen, members.front(), layout));
   ASSIGN_OR_RETURN(const Records records, WaitForRecords(client, members, gen, wait));
   RETURN_IF_ERROR(CompareLayouts(records, gen, members));
   RETURN_IF_ERROR(CompareSharedFlags(records, gen, members));
@@ -296,7 +323,7 @@ absl::StatusOr<Agreement> Agree(RendezvousClient& client, const DaemonConfig& co
 
 // Gloo ranks are places in the generation's member list: node ranks keep
 // naming daemons when an elastic job re-formed without some.
-GlooBackendOptions GlooOptions(const DaemonConfig& config, std::shared_ptr<RendezvousClient> client,
+GlooBackendOptions GlooOptions(const DaemonConfig& config, std::shared_ptr<JobRendezvous> client,
                                const std::string& host, uint64_t gen, WireDType wire_dtype,
                                int world_size, const std::vector<int>& members) {
   GlooBackendOptions gloo;
@@ -323,7 +350,7 @@ GlooBackendOptions GlooOptions(const DaemonConfig& config, std::shared_ptr<Rende
 // was started before the agreement, so that the worker's process start-up
 // overlaps the rendezvous traffic.
 absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> ConnectGloo(
-    std::shared_ptr<RendezvousClient> client, int node_rank, const GlooBackendOptions& gloo,
+    std::shared_ptr<JobRendezvous> client, int node_rank, const GlooBackendOptions& gloo,
     std::unique_ptr<GlooWorkerBackend> backend) {
   absl::Status connected;
   {
@@ -341,7 +368,7 @@ absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> ConnectGloo(
 // The error names the leader's abort reason when another node failed first
 // (that is the cause, what Gloo saw here, a refused connection, only its
 // symptom).
-absl::Status GlooFailed(RendezvousClient& client, int node_rank, uint64_t gen,
+absl::Status GlooFailed(JobRendezvous& client, int node_rank, uint64_t gen,
                         const absl::Status& error) {
   HeartbeatParams report;
   report.node_rank = node_rank;
@@ -352,7 +379,7 @@ absl::Status GlooFailed(RendezvousClient& client, int node_rank, uint64_t gen,
   if (r.ok() && r->abort && !r->abort_reason.empty() &&
       !absl::StartsWith(r->abort_reason, absl::StrCat("node_rank=", node_rank, " ")) &&
       !absl::StrContains(error.message(), r->abort_reason)) {
-    leader_says = absl::StrCat("; the leader reports: ", r->abort_reason);
+    leader_says = absl::StrCat("; ", AbortSource(client), " reports: ", r->abort_reason);
   }
   return MakeError(
       CodeOf(error) == v1::INTERNAL || !leader_says.empty() ? v1::PEER_FAILED : CodeOf(error),
@@ -363,7 +390,7 @@ absl::Status GlooFailed(RendezvousClient& client, int node_rank, uint64_t gen,
 
 absl::Status ClusterLink::ReportForming(const DaemonConfig& config, const std::string& leader,
                                         const std::string& report) {
-  ASSIGN_OR_RETURN(std::shared_ptr<RendezvousClient> client, ConnectToLeader(config, leader));
+  ASSIGN_OR_RETURN(std::shared_ptr<JobRendezvous> client, ConnectRendezvous(config, leader));
   return client->Set(FormingReportKey(config.node_rank), report);
 }
 
@@ -371,7 +398,7 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
                                            const Layout& layout,
                                            std::function<void(const absl::Status&)> on_failure,
                                            const ResumePoint& resume) {
-  ASSIGN_OR_RETURN(std::shared_ptr<RendezvousClient> client, ConnectToLeader(config, leader));
+  ASSIGN_OR_RETURN(std::shared_ptr<JobRendezvous> client, ConnectRendezvous(config, leader));
   const std::string host = GlooHost(config);
   const absl::Time deadline = MonotonicNow() + absl::Milliseconds(config.timeout_ms);
   ASSIGN_OR_RETURN(JoinResult joined,
@@ -433,7 +460,7 @@ absl::StatusOr<std::vector<uint32_t>> ClusterLink::AgreeOrder(const std::vector<
   const std::string key = OrderKey(generation_);
   // A failed exchange is explained like a failed collective: a dead leader
   // or node is named, not the RPC that noticed it (the fault matrix).
-  if (config_.node_rank == 0) {
+  if (config_.node_rank == members_.front()) {
     if (absl::Status st = client_->Set(key, EncodeOrder(local)); !st.ok()) return Explain(st);
   }
   absl::StatusOr<Records> value =
@@ -487,8 +514,7 @@ void ClusterLink::ReportError(const absl::Status& error) {
 absl::Status ClusterLink::LeaderUnreachable(const absl::Status& error,
                                             const absl::Status& transport) const {
   return MakeError(v1::PEER_FAILED,
-                   absl::StrCat(error.message(), "; the leader daemon at ", client_->leader(),
-                                " is unreachable: the leader is dead (", transport.message(), ")"));
+                   absl::StrCat(error.message(), "; ", Unreachable(*client_, transport)));
 }
 
 absl::Status ClusterLink::Explain(const absl::Status& error) {
@@ -542,9 +568,10 @@ absl::Status ClusterLink::NameFailedNodes(const absl::Status& error, const absl:
     if (!r->abort || !undecided || MonotonicNow() >= give_up) break;
     absl::SleepFor(kSilencePoll);
   }
-  const std::string leader_says = r->abort && !r->abort_reason.empty()
-                                      ? absl::StrCat("; the leader reports: ", r->abort_reason)
-                                      : "";
+  const std::string leader_says =
+      r->abort && !r->abort_reason.empty()
+          ? absl::StrCat("; ", AbortSource(*client_), " reports: ", r->abort_reason)
+          : "";
   if (dead.empty()) {
     return leader_says.empty()
                ? error
@@ -633,13 +660,16 @@ void ClusterLink::HeartbeatLoop() {
       MonotonicMutexLock lock(&mu_);
       if (!failed_) node_error_ = config_error;  // the other nodes must stop too
     } else if (!r.ok()) {
-      failure = MakeError(v1::PEER_FAILED,
-                          absl::StrCat("the leader daemon at ", client_->leader(),
-                                       " is unreachable (dead leader?): ", r.status().message()));
+      failure =
+          MakeError(v1::PEER_FAILED,
+                    client_->embedded()
+                        ? absl::StrCat(client_->Describe(),
+                                       " is unreachable (dead leader?): ", r.status().message())
+                        : Unreachable(*client_, r.status()));
     } else if (r->abort || r->generation != generation_) {
       failure = MakeError(
           v1::PEER_FAILED,
-          absl::StrCat("the job was aborted by the leader: ",
+          absl::StrCat("the job was aborted by ", AbortSource(*client_), ": ",
                        r->abort_reason.empty() ? "a newer generation formed" : r->abort_reason));
     }
     bool notify = false;
@@ -653,7 +683,8 @@ void ClusterLink::HeartbeatLoop() {
     // An abort: which node died, if one did (the leader only knows who
     // reported the failure first, usually a survivor).
     if (notify && r.ok() && r->abort && !r->abort_reason.empty()) {
-      failure = NameFailedNodes(MakeError(v1::PEER_FAILED, "the job was aborted by the leader"),
+      failure = NameFailedNodes(MakeError(v1::PEER_FAILED, absl::StrCat("the job was aborted by ",
+                                                                        AbortSource(*client_))),
                                 absl::OkStatus());
     }
     // Fails the local job; it reports back via ReportError (ignored).

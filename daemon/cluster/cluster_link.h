@@ -30,7 +30,7 @@
 #include "common/layout.h"
 #include "common/monotonic_mutex.h"
 #include "daemon/cluster/config_log_follower.h"
-#include "daemon/cluster/rendezvous_client.h"
+#include "daemon/cluster/job_rendezvous.h"
 #include "daemon/config.h"
 #include "daemon/engine/job.h"
 
@@ -79,7 +79,7 @@ class ClusterLink final : public WorldLink {
   absl::StatusOr<std::string> Fetch(const std::string& name, absl::Time deadline);
 
  private:
-  ClusterLink(const DaemonConfig& config, std::shared_ptr<RendezvousClient> client,
+  ClusterLink(const DaemonConfig& config, std::shared_ptr<JobRendezvous> client,
               uint64_t generation, std::vector<int> members, size_t num_tensors,
               std::function<void(const absl::Status&)> on_failure);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
@@ -96,7 +96,7 @@ class ClusterLink final : public WorldLink {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   const DaemonConfig config_;
-  const std::shared_ptr<RendezvousClient> client_;
+  const std::shared_ptr<JobRendezvous> client_;
   const uint64_t generation_;
   const std::vector<int> members_;  // node ranks of the generation, ascending
   const size_t num_tensors_;        // in the layout: a rebuilt order names each once

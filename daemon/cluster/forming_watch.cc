@@ -9,7 +9,7 @@
 
 namespace gradsync {
 
-FormingWatch::FormingWatch(std::shared_ptr<RendezvousClient> client, int node_rank,
+FormingWatch::FormingWatch(std::shared_ptr<JobRendezvous> client, int node_rank,
                            uint64_t generation, Backend* backend, std::chrono::milliseconds every)
     : client_(std::move(client)),
       node_rank_(node_rank),

@@ -23,7 +23,7 @@
 #include "absl/base/thread_annotations.h"
 #include "common/monotonic_mutex.h"
 #include "daemon/backends/backend.h"
-#include "daemon/cluster/rendezvous_client.h"
+#include "daemon/cluster/job_rendezvous.h"
 
 namespace gradsync {
 
@@ -32,7 +32,7 @@ class FormingWatch {
   // Heart-beats every `every` for `generation` as `node_rank`; on an abort
   // (or a newer generation) calls backend->Abort with the leader's reason.
   // `backend` must outlive the watch.
-  FormingWatch(std::shared_ptr<RendezvousClient> client, int node_rank, uint64_t generation,
+  FormingWatch(std::shared_ptr<JobRendezvous> client, int node_rank, uint64_t generation,
                Backend* backend, std::chrono::milliseconds every);
   ~FormingWatch();
   FormingWatch(const FormingWatch&) = delete;
@@ -43,7 +43,7 @@ class FormingWatch {
   bool AbortedAtLeader();
   void Run();
 
-  const std::shared_ptr<RendezvousClient> client_;
+  const std::shared_ptr<JobRendezvous> client_;
   const int node_rank_;
   const uint64_t generation_;
   Backend* const backend_;

@@ -218,6 +218,10 @@ absl::StatusOr<HeartbeatResult> RendezvousClient::Heartbeat(const HeartbeatParam
   return result;
 }
 
+std::string RendezvousClient::Describe() const {
+  return absl::StrCat("the leader daemon at ", options_.leader);
+}
+
 absl::Status RendezvousClient::Leave(int node_rank, uint64_t generation, std::string_view reason) {
   v1::LeaveRequest request;
   SetCredentials(options_, &request);

@@ -30,7 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "daemon/backends/key_value_store.h"
+#include "daemon/cluster/job_rendezvous.h"
 #include "gradsync/v1/rendezvous.grpc.pb.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/security/credentials.h"
@@ -46,56 +46,7 @@ struct RendezvousClientOptions {
   absl::Duration rpc_timeout = absl::Seconds(10);  // non-blocking calls
 };
 
-struct RendezvousPeer {
-  int node_rank = 0;
-  std::string host;
-  int local_size = 0;
-};
-
-struct JoinParams {
-  int node_rank = 0;
-  int num_nodes = 1;
-  int local_size = 1;
-  std::string host;  // the address this node's Gloo device binds
-  // Elastic re-formation (rendezvous.proto): the aborted generation this
-  // node survived and the iteration it redoes; 0: a fresh join.
-  uint64_t resume_generation = 0;
-  uint64_t resume_iteration = 0;
-  absl::Duration timeout = absl::Seconds(300);
-};
-
-struct JoinResult {
-  uint64_t incarnation = 0;  // the leader's run
-  uint64_t generation = 0;
-  std::vector<RendezvousPeer> peers;  // ordered by node rank
-  int world_size = 0;
-};
-
-struct HeartbeatParams {
-  int node_rank = 0;
-  uint64_t generation = 0;
-  uint64_t iteration = 0;
-  int64_t last_launched_bucket = -1;
-  absl::Status node_error;   // non-OK: this node saw a failure (aborts the generation)
-  std::string stall_report;  // non-empty: a local stall, for the leader's log
-};
-
-struct SilentMember {
-  int node_rank = 0;
-  std::string host;
-  absl::Duration silent;  // since its last heartbeat
-};
-
-struct HeartbeatResult {
-  uint64_t generation = 0;
-  bool abort = false;
-  std::string abort_reason;
-  uint64_t config_version = 0;
-  // With abort: members not heard from since (see rendezvous.proto).
-  std::vector<SilentMember> silent_members;
-};
-
-class RendezvousClient final : public KeyValueStore {
+class RendezvousClient final : public JobRendezvous {
  public:
   // Over a channel to options.leader with options.credentials (created
   // lazily by gRPC, so this cannot fail; an unreachable leader, or a failed
@@ -106,7 +57,7 @@ class RendezvousClient final : public KeyValueStore {
 
   // Blocks until every node has joined (or params.timeout, which must be
   // positive, passes: TIMEOUT naming the missing node ranks).
-  absl::StatusOr<JoinResult> Join(const JoinParams& params);
+  absl::StatusOr<JoinResult> Join(const JoinParams& params) override;
   absl::Status Set(std::string_view key, std::string_view value) override;
   // nullopt when the key is not set.
   absl::StatusOr<std::optional<std::string>> Get(std::string_view key) override;
@@ -121,12 +72,14 @@ class RendezvousClient final : public KeyValueStore {
   // one that is not set is absent from the answer).
   absl::StatusOr<std::map<std::string, std::string>> WaitForValues(
       const std::vector<std::string>& keys, const std::vector<std::string>& read_keys,
-      absl::Duration timeout);
-  absl::StatusOr<HeartbeatResult> Heartbeat(const HeartbeatParams& params);
+      absl::Duration timeout) override;
+  absl::StatusOr<HeartbeatResult> Heartbeat(const HeartbeatParams& params) override;
   // generation 0: the current one.
-  absl::Status Leave(int node_rank, uint64_t generation, std::string_view reason);
+  absl::Status Leave(int node_rank, uint64_t generation, std::string_view reason) override;
 
   const std::string& leader() const { return options_.leader; }
+  std::string Describe() const override;
+  bool embedded() const override { return true; }
   // The leader incarnation of the last successful Join; 0 before one.
   uint64_t incarnation() const { return incarnation_.load(std::memory_order_acquire); }
 

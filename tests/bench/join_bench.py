@@ -19,6 +19,12 @@ min-max and every round's value, and the ratio to 2 daemons is also given
 per round. Everything shares the machine's cores (16 daemons, 16 Gloo
 workers and 16 trainers on 2 cores here).
 
+Where Debian's etcd is installed (/usr/bin/etcd), each round also runs 16
+daemons with their rendezvous in etcd (--rendezvous etcd://..., one etcd
+member on loopback started once for the whole run, a key prefix per run),
+alternated with 16 on the embedded leader: the "16 daemons on etcd vs the
+embedded leader" table. `--etcd` runs that comparison alone.
+
 $GRADSYNC_BENCH_REFERENCE_DAEMON (a gradsyncd path, e.g. one built from
 the integration branch) adds that binary to every round, alternated with
 this build's at each daemon count: a before/after in one run.
@@ -28,7 +34,7 @@ asserts nothing.
 
 Run from the repository root after `bazel build //daemon:gradsyncd
 //tests/bench:bench_trainer`:
-  /usr/bin/python3 tests/bench/join_bench.py [--quick]
+  /usr/bin/python3 tests/bench/join_bench.py [--quick] [--etcd]
 """
 from __future__ import annotations
 
@@ -47,13 +53,41 @@ import sync_bench
 DAEMON = sync_bench.DAEMON
 TRAINER = sync_bench.TRAINER
 QUICK = bench_report.quick()
-NODES = (2, 16) if QUICK else (2, 4, 8, 16)
+ETCD_ONLY = "--etcd" in sys.argv[1:]
+NODES = () if ETCD_ONLY else (2, 16) if QUICK else (2, 4, 8, 16)
 ROUNDS = 5 if QUICK else 9
+ETCD = "/usr/bin/etcd"
+ETCD_NODES = 16
 
 
-def run_join(nodes: int, daemon: str = DAEMON) -> tuple:
+def start_etcd(tmp: str) -> tuple:
+    """One etcd member on loopback ports (its data under tmp): (the
+    process, its client URL's HOST:PORT), once it answers a write."""
+    client, peer = sync_bench.free_port_number(), sync_bench.free_port_number()
+    proc = subprocess.Popen(
+        [ETCD, "--name=bench", f"--data-dir={tmp}/etcd",
+         f"--listen-client-urls=http://127.0.0.1:{client}",
+         f"--advertise-client-urls=http://127.0.0.1:{client}",
+         f"--listen-peer-urls=http://127.0.0.1:{peer}",
+         f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+         f"--initial-cluster=bench=http://127.0.0.1:{peer}"],
+        stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/etcd.log", "w"))
+    endpoint = f"127.0.0.1:{client}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        put = subprocess.run(["/usr/bin/etcdctl", f"--endpoints={endpoint}", "put", "ready", "1"],
+                             env={**os.environ, "ETCDCTL_API": "3"}, capture_output=True)
+        if put.returncode == 0:
+            return proc, endpoint
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"etcd did not start: {open(f'{tmp}/etcd.log').read()[-1500:]}")
+
+
+def run_join(nodes: int, daemon: str = DAEMON, etcd: str | None = None) -> tuple:
     """(seconds to every trainer's first gs_wait, seconds to every daemon's
-    socket existing), both from just before the first daemon started."""
+    socket existing), both from just before the first daemon started.
+    `etcd` (HOST:PORT): every daemon rendezvouses there instead of on node 0."""
     tmp = tempfile.mkdtemp(prefix="gsbj.", dir="/tmp")
     port = sync_bench.free_port_number()
     token_file = f"{tmp}/token"
@@ -65,6 +99,9 @@ def run_join(nodes: int, daemon: str = DAEMON) -> tuple:
         for n in range(nodes):
             where = [f"--listen=127.0.0.1:{port}"] if n == 0 else [
                 f"--leader=127.0.0.1:{port}", "--listen=127.0.0.1:0"]
+            if etcd:  # a key prefix of its own: every run is a fresh job
+                where = [f"--rendezvous=etcd://{etcd}/{os.path.basename(tmp)}",
+                         "--listen=127.0.0.1:0"]
             daemons.append(subprocess.Popen(
                 [daemon, f"--socket={tmp}/s{n}", f"--num-nodes={nodes}", f"--node-rank={n}",
                  "--local-size=1", f"--shm-prefix=gsbj{os.getpid()}x{n}", "--timeout-s=120",
@@ -126,6 +163,14 @@ def main() -> int:
         if not os.path.exists(path):
             print(f"missing {path}: run bazel build //daemon:gradsyncd //tests/bench:bench_trainer")
             return 1
+    if ETCD_ONLY:
+        if not os.path.exists(ETCD):
+            print(f"missing {ETCD}: scripts/setup installs etcd-server")
+            return 1
+        report = bench_report.Report("join_bench")
+        etcd_table(report)
+        report.write()
+        return 0
     reference = os.environ.get("GRADSYNC_BENCH_REFERENCE_DAEMON")
     builds = [("this build", DAEMON)] + ([("reference", reference)] if reference else [])
     report = bench_report.Report("join_bench")
@@ -167,9 +212,41 @@ def main() -> int:
         report.table("This build / reference, per daemon count (medians; every round's ratio)",
                      ["daemons", "start -> every first gs_wait", "per-round ratios",
                       "every daemon listening -> every first gs_wait"], rows)
+    if os.path.exists(ETCD) and (ETCD_ONLY or not reference):
+        etcd_table(report)
     progress.finish()
     report.write()
     return 0
+
+
+def etcd_table(report) -> None:
+    """16 daemons on etcd vs the embedded leader, alternated each round."""
+    tmp = tempfile.mkdtemp(prefix="gsbje.", dir="/tmp")
+    proc, endpoint = start_etcd(tmp)
+    progress = bench_report.Progress("join_bench etcd", ROUNDS * 2)
+    runs = {"embedded leader": [], "etcd": []}
+    try:
+        for rnd in range(ROUNDS):
+            for kind in runs:
+                progress.step(f"round {rnd + 1}: {ETCD_NODES} daemons, {kind}")
+                secs, _ = run_join(ETCD_NODES, DAEMON, endpoint if kind == "etcd" else None)
+                runs[kind].append(secs)
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+    leader = statistics.median(runs["embedded leader"])
+    rows = [[kind, ETCD_NODES, statistics.median(v), f"{min(v):.3f}-{max(v):.3f}",
+             " ".join(f"{x:.3f}" for x in v), statistics.median(v) / leader]
+            for kind, v in runs.items()]
+    report.table(
+        f"Join + first iteration, {ETCD_NODES} daemons on etcd vs the embedded leader "
+        f"(seconds, median of {ROUNDS} alternated rounds)",
+        ["rendezvous", "daemons", "start -> every first gs_wait s", "min-max s", "per round s",
+         "vs the embedded leader"], rows,
+        note="etcd: one member on loopback (started before the rounds, not timed), every "
+             "daemon given --rendezvous etcd://...; the embedded leader: node 0's daemon. "
+             "Daemons, Gloo workers, trainers and etcd share the machine's cores.")
 
 
 if __name__ == "__main__":

@@ -77,6 +77,63 @@ TEST(ValidateConfig, LeaderWithoutPortIsRefused) {
   ExpectRefused(c, {"--leader 10.0.0.1", "HOST:PORT"});
 }
 
+// Node 1 of 3 meeting the others in etcd: no --leader, no node leads.
+DaemonConfig OnEtcd() {
+  DaemonConfig c = Follower();
+  c.leader.clear();
+  c.rendezvous = "etcd://10.0.0.5:2379,etcd-1.example:2379/gradsync";
+  return c;
+}
+
+TEST(ValidateConfig, EveryNodeOfAnEtcdJobIsValidWithoutALeader) {
+  DaemonConfig c = OnEtcd();
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  EXPECT_FALSE(c.is_leader());
+  c.node_rank = 0;
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  EXPECT_FALSE(c.is_leader());  // node 0 hosts nothing either
+  c.min_nodes = 1;              // elastic: node 0 may die too
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+}
+
+TEST(ValidateConfig, AMalformedRendezvousIsRefusedNamingIt) {
+  DaemonConfig c = OnEtcd();
+  c.rendezvous = "http://10.0.0.5:2379/gradsync";
+  ExpectRefused(c, {"--rendezvous http://10.0.0.5:2379/gradsync", "etcd://"});
+  c.rendezvous = "etcd://10.0.0.5:2379";
+  ExpectRefused(c, {"--rendezvous etcd://10.0.0.5:2379", "names no PREFIX"});
+  c.rendezvous = "etcd://10.0.0.5/gradsync";
+  ExpectRefused(c, {"--rendezvous", "10.0.0.5"});
+}
+
+TEST(ValidateConfig, EtcdWithALeaderOrASingleNodeIsRefused) {
+  DaemonConfig c = OnEtcd();
+  c.leader = "10.0.0.1:7000";
+  ExpectRefused(c, {"--rendezvous etcd://", "drop --leader 10.0.0.1:7000"});
+  c = OnEtcd();
+  c.num_nodes = 1;
+  c.node_rank = 0;
+  ExpectRefused(c, {"--rendezvous etcd://", "--num-nodes > 1"});
+}
+
+TEST(ValidateConfig, EtcdCredentialsComeInPairsAndOnlyWithEtcd) {
+  DaemonConfig c = OnEtcd();
+  c.etcd_cert = "/etc/etcd/client.crt";
+  ExpectRefused(c, {"--etcd-cert and --etcd-key"});
+  c = OnEtcd();
+  c.etcd_user = "gradsync";
+  ExpectRefused(c, {"--etcd-user and --etcd-password-file"});
+  c = Follower();
+  c.etcd_ca = "/etc/etcd/ca.crt";
+  ExpectRefused(c, {"--etcd-ca", "need --rendezvous etcd://"});
+}
+
+TEST(ValidateConfig, AutotuneOnEtcdIsRefusedAsNotSupportedYet) {
+  DaemonConfig c = OnEtcd();
+  c.autotune = true;
+  ExpectRefused(c, {"--rendezvous etcd://", "--autotune", "not supported on an etcd rendezvous"});
+}
+
 TEST(ValidateConfig, RankAtOrAboveNumNodesIsRefused) {
   for (int rank : {3, 7, -1}) {
     DaemonConfig c = Follower();

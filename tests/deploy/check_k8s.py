@@ -1,10 +1,12 @@
 """Checks the Kubernetes sidecar manifests, file by file: they parse, and the
 pieces that must agree do (socket path, shared memory, probes on the listen
 port, the leader's DNS name, the headless Service selecting the Pods). Each
-file holds one headless Service and one workload: an Indexed Job (a fixed
-job) or a StatefulSet (an elastic job: --min-nodes below --num-nodes,
-replicas = --num-nodes = --max-nodes, since nodes cannot join yet); the
-real gradsyncd accepts each sidecar's flags."""
+file holds one workload: an Indexed Job (a fixed job) or a StatefulSet (an
+elastic job: --min-nodes below --num-nodes, replicas = --num-nodes =
+--max-nodes, since nodes cannot join yet), with the headless Service the
+daemons reach the leader through; or, with the rendezvous in etcd
+(--rendezvous etcd://...), no Service at all; the real gradsyncd accepts
+each sidecar's flags."""
 import os
 import shlex
 import subprocess
@@ -62,15 +64,18 @@ def main(paths, gradsyncd=None):
 
 
 def check_workload(path, workload, svc):
-    """The Job's or StatefulSet's own rules; returns its Pod template."""
-    name = svc["metadata"]["name"]
+    """The Job's or StatefulSet's own rules; returns its Pod template. `svc`:
+    the leader's Service, None with the rendezvous in etcd."""
     spec = workload["spec"]
     pod = spec["template"]
     if workload["kind"] == "Job":
         check(spec.get("completionMode") == "Indexed", f"{path}: the Job must be Indexed")
-        check(pod["spec"].get("subdomain") == name, f"{path}: Pod subdomain must name the Service")
+        if svc is not None:
+            check(pod["spec"].get("subdomain") == svc["metadata"]["name"],
+                  f"{path}: Pod subdomain must name the Service")
     else:
-        check(spec.get("serviceName") == name, f"{path}: serviceName must name the Service")
+        check(svc is not None and spec.get("serviceName") == svc["metadata"]["name"],
+              f"{path}: serviceName must name the Service")
         # The daemons rendezvous before any is ready: OrderedReady would
         # wait forever for Pod 0.
         check(spec.get("podManagementPolicy") == "Parallel",
@@ -92,7 +97,6 @@ def check_elastic(path, workload, env):
                           "for the StatefulSet to be elastic")
     check(high == num, f"{path}: --max-nodes {high} must equal --num-nodes {num} "
                        "(nodes cannot join a running job yet)")
-    check(env.get("GRADSYNCD_BACKEND") != "nccl", f"{path}: elastic jobs run on the Gloo path")
 
 
 def check_manifest(path, docs, gradsyncd):
@@ -101,19 +105,14 @@ def check_manifest(path, docs, gradsyncd):
               f"{path}: document without apiVersion/kind/name: {d}")
     services = [d for d in docs if d["kind"] == "Service"]
     workloads = [d for d in docs if d["kind"] in RANK_FIELD]
-    check(len(services) == 1 and len(workloads) == 1,
-          f"{path}: expected one Service and one Job or StatefulSet")
-    svc, job = services[0], workloads[0]
-
-    check(svc["spec"].get("clusterIP") == "None", "the Service must be headless")
-    check(svc["spec"].get("publishNotReadyAddresses") is True,
-          "the leader must resolve before it is ready")
+    check(len(workloads) == 1, f"{path}: expected one Job or StatefulSet")
+    check(len(services) <= 1, f"{path}: expected at most one Service")
+    job = workloads[0]
+    svc = services[0] if services else None
 
     pod = check_workload(path, job, svc)
     spec = pod["spec"]
     labels = pod["metadata"]["labels"]
-    for k, v in svc["spec"]["selector"].items():
-        check(labels.get(k) == v, f"Service selector {k}={v} does not match the Pod labels")
     check(spec.get("shareProcessNamespace") is True, "shareProcessNamespace must be true")
 
     sidecars = [c for c in spec.get("initContainers", []) if c["name"] == "gradsyncd"]
@@ -139,13 +138,14 @@ def check_manifest(path, docs, gradsyncd):
     check(listen.startswith("0.0.0.0:"), "--listen must bind the Pod IP for probes and peers")
     check(any(p["containerPort"] == port for p in daemon.get("ports", [])),
           "the listen port must be a containerPort")
-    check(svc["spec"]["ports"][0]["port"] == port, "the Service must expose the listen port")
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         check(daemon.get(probe, {}).get("grpc", {}).get("port") == port,
               f"{probe} must be a grpc probe on port {port}")
-    leader = f'{job["metadata"]["name"]}-0.{svc["metadata"]["name"]}:{port}'
-    check(daemon_flag(script, daemon_env, "--leader") == leader,
-          f"every node (node 0 names itself) must use --leader {leader}")
+    rendezvous = daemon_flag(script, daemon_env, "--rendezvous")
+    if rendezvous:
+        check_etcd_rendezvous(rendezvous, script, daemon, daemon_env, svc, spec)
+    else:
+        check_leader_rendezvous(job, svc, labels, port, script, daemon_env)
     rank = next((e for e in daemon.get("env", []) if e["name"] == "GRADSYNCD_NODE_RANK"), {})
     check(rank.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == RANK_FIELD[job["kind"]],
           f"GRADSYNCD_NODE_RANK must be the {job['kind']}'s Pod index ({RANK_FIELD[job['kind']]})")
@@ -199,6 +199,41 @@ def check_manifest(path, docs, gradsyncd):
         check_flags_parse(gradsyncd, daemon, command)
         if job["kind"] == "StatefulSet":
             check_shape_accepted(gradsyncd, daemon, command, int(daemon_env["GRADSYNCD_NUM_NODES"]))
+
+
+def check_leader_rendezvous(job, svc, labels, port, script, daemon_env):
+    """The embedded rendezvous: node 0 leads, reached through a headless
+    Service that names every Pod."""
+    check(svc is not None, "expected one Service (the leader's DNS name)")
+    check(svc["spec"].get("clusterIP") == "None", "the Service must be headless")
+    check(svc["spec"].get("publishNotReadyAddresses") is True,
+          "the leader must resolve before it is ready")
+    for k, v in svc["spec"]["selector"].items():
+        check(labels.get(k) == v, f"Service selector {k}={v} does not match the Pod labels")
+    check(svc["spec"]["ports"][0]["port"] == port, "the Service must expose the listen port")
+    leader = f'{job["metadata"]["name"]}-0.{svc["metadata"]["name"]}:{port}'
+    check(daemon_flag(script, daemon_env, "--leader") == leader,
+          f"every node (node 0 names itself) must use --leader {leader}")
+
+
+def check_etcd_rendezvous(rendezvous, script, daemon, daemon_env, svc, spec):
+    """The rendezvous in etcd: every node names the same etcd cluster, none
+    leads, and etcd's client certificate is read from a Secret volume."""
+    check(rendezvous.startswith("etcd://") and "/" in rendezvous[len("etcd://"):],
+          f"--rendezvous {rendezvous} must be etcd://HOST:PORT[,HOST:PORT...]/PREFIX")
+    check(daemon_flag(script, daemon_env, "--leader") is None,
+          "with --rendezvous etcd:// no node is given --leader")
+    check(svc is None, "the etcd variant needs no Service: no node is reached by name")
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    secret_dirs = [path for n, path in mounts(daemon).items() if "secret" in volumes.get(n, {})]
+    for name in ("--etcd-cert", "--etcd-key", "--etcd-ca"):
+        value = daemon_flag(script, daemon_env, name)
+        check(value and any(value.startswith(d + "/") for d in secret_dirs),
+              f"{name} {value} must be read from a Secret volume {secret_dirs}")
+    min_nodes = daemon_flag(script, daemon_env, "--min-nodes")
+    num_nodes = daemon_flag(script, daemon_env, "--num-nodes")
+    check(min_nodes and num_nodes and int(min_nodes) < int(num_nodes),
+          "the etcd variant shows an elastic job: --min-nodes below --num-nodes")
 
 
 def run_sidecar(gradsyncd, daemon, command, extra):

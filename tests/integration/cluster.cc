@@ -58,8 +58,13 @@ bool Cluster::StartNode(int n, const std::string& token_file) {
   if (n == 0 && port_ == 0 && !options_.node0_leader_host.empty()) {
     port_ = FreeTcpPort(options_.leader_host);  // --leader must name it before the start
   }
-  args.push_back(
-      absl::StrCat(n == 0 ? "--listen=" : "--leader=", options_.leader_host, ":", port_));
+  if (!options_.rendezvous.empty()) {
+    args.push_back("--rendezvous=" + options_.rendezvous);
+    args.push_back(absl::StrCat("--listen=", options_.leader_host, ":0"));
+  } else {
+    args.push_back(
+        absl::StrCat(n == 0 ? "--listen=" : "--leader=", options_.leader_host, ":", port_));
+  }
   if (n == 0 && !options_.node0_leader_host.empty()) {
     args.push_back(absl::StrCat("--leader=", options_.node0_leader_host, ":", port_));
   }
@@ -73,6 +78,11 @@ bool Cluster::StartNode(int n, const std::string& token_file) {
                                              ? options_.node_env[n]
                                              : std::map<std::string, std::string>());
   if (!daemons_[n]->WaitReady(seconds(10))) return false;
+  if (!options_.rendezvous.empty()) {
+    const int port = daemons_[n]->ListenPort(seconds(10));
+    if (n == 0) port_ = port;  // Control's, as the leader's is
+    return port != 0;
+  }
   if (n == 0 && port_ == 0) port_ = daemons_[0]->ListenPort(seconds(10));
   return port_ != 0;
 }

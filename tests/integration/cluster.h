@@ -1,5 +1,6 @@
 // A job of several real gradsyncd on this machine: node 0 leads and listens
-// on a port the kernel picks, the others join it with the job's token.
+// on a port the kernel picks, the others join it with the job's token; or,
+// with ClusterOptions::rendezvous, every node meets the others in etcd.
 #ifndef GRADSYNC_TESTS_INTEGRATION_CLUSTER_H_
 #define GRADSYNC_TESTS_INTEGRATION_CLUSTER_H_
 
@@ -22,6 +23,9 @@ struct ClusterOptions {
   std::vector<std::vector<std::string>> node_flags;  // node_flags[n]: node n only, after `flags`
   // node_env[n]: added to node n's environment (e.g. a faked clock).
   std::vector<std::map<std::string, std::string>> node_env;
+  // When set (etcd://HOST:PORT/PREFIX), every node is given --rendezvous
+  // with it and listens on a port of its own: no node leads.
+  std::string rendezvous;
   // When set, node 0 is also given --leader=<this host>:<its own port>, as
   // every node of the k8s manifest is; its port is then chosen before start.
   std::string node0_leader_host;
@@ -44,7 +48,8 @@ class Cluster {
                                      std::vector<std::string>* outs, const std::string& tag = "w");
 
   Daemon& node(int n) { return *daemons_[n]; }
-  int port() const { return port_; }  // the leader's; 0 before it started
+  // The leader's (on etcd: node 0's --listen); 0 before it started.
+  int port() const { return port_; }
   const std::string& dir() const { return dir_.path(); }
   const std::string& token_file() const { return token_file_; }
   std::string DaemonLogs() const;

@@ -365,6 +365,32 @@ absl::StatusOr<EtcdRange> EtcdClient::GetPrefix(const std::string& prefix) {
   return range;
 }
 
+absl::StatusOr<std::vector<std::optional<EtcdKeyValue>>> EtcdClient::GetMany(
+    const std::vector<std::string>& keys) {
+  etcdserverpb::TxnRequest request;
+  for (const std::string& key : keys) {
+    *request.add_success() = ToProto(EtcdTxnOp{EtcdTxnOp::Kind::kGet, key, "", 0});
+  }
+  etcdserverpb::TxnResponse response;
+  absl::Status status = WithFailover("Txn", [&](const Member& m, grpc::ClientContext* context) {
+    return etcdserverpb::KV::NewStub(m.channel)->Txn(context, request, &response);
+  });
+  if (!status.ok()) return status;
+  if (response.responses_size() != static_cast<int>(keys.size())) {
+    return absl::InternalError(absl::StrCat("etcd answered ", response.responses_size(),
+                                            " reads for ", keys.size(), " keys"));
+  }
+  std::vector<std::optional<EtcdKeyValue>> out;
+  for (const etcdserverpb::ResponseOp& op : response.responses()) {
+    if (op.has_response_range() && op.response_range().kvs_size() > 0) {
+      out.push_back(FromProto(op.response_range().kvs(0)));
+    } else {
+      out.push_back(std::nullopt);
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<int64_t> EtcdClient::Put(const std::string& key, const std::string& value,
                                         int64_t lease) {
   etcdserverpb::PutRequest request;

@@ -1,6 +1,6 @@
 // EtcdClient: a small synchronous client of etcd's v3 gRPC API (the protos
 // beside this file), the foundation of a rendezvous that lives in etcd
-// instead of inside node 0's daemon. The daemon does not use it yet.
+// instead of inside node 0's daemon (EtcdRendezvous, etcd_rendezvous.h).
 //
 // Endpoints: a list of HOST:PORT members of one etcd cluster. A call goes to
 // the member that answered last; when that member is unreachable (or answers
@@ -122,6 +122,11 @@ class EtcdClient {
   absl::StatusOr<std::optional<EtcdKeyValue>> Get(const std::string& key);
   // Every key that starts with `prefix` (non-empty), by key.
   absl::StatusOr<EtcdRange> GetPrefix(const std::string& prefix);
+  // Several keys read at one revision (one transaction of Gets; etcd's
+  // --max-txn-ops, 128 by default, bounds how many): each key's record in
+  // the order asked, nullopt where it does not exist.
+  absl::StatusOr<std::vector<std::optional<EtcdKeyValue>>> GetMany(
+      const std::vector<std::string>& keys);
   // Sets the key (attached to `lease` when non-zero); the new revision.
   absl::StatusOr<int64_t> Put(const std::string& key, const std::string& value, int64_t lease = 0);
   // Removes the key; whether it existed.

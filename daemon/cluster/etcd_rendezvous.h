@@ -1,0 +1,220 @@
+// EtcdRendezvous: the job's rendezvous kept in etcd (--rendezvous
+// etcd://HOST:PORT[,...]/PREFIX) instead of inside node 0's daemon, so that
+// no node of the job is special. Every daemon talks to etcd through
+// EtcdClient; the contract is JobRendezvous's (the embedded leader's).
+//
+// What lives where, under ROOT = PREFIX/job/<job id>/:
+// - ROOT/token_proof: the job token's proof (etcd_token_proof.h), never the
+//   token; a daemon whose token does not match is refused UNAUTHENTICATED.
+// - ROOT/current: the newest formed generation (a gradsync.v1.JoinResponse:
+//   its number, members and world size). Forming generation g is one etcd
+//   transaction comparing ROOT/current's mod_revision with the one read:
+//   of daemons racing to form, exactly one writes it and all read the same.
+// - ROOT/gen/<g>/join/<rank>: node `rank`'s Join of round g (a
+//   gradsync.v1.JoinRequest), put with the daemon's etcd lease. It is the
+//   node's liveness for generation g too: its lease expires when the daemon
+//   stops renewing it (dead, stopped, cut off) and the key goes with it.
+// - ROOT/gen/<g>/abort: the first reason generation g ended (a node's
+//   error, a Leave, a member whose lease expired), created if absent.
+// - ROOT/gen/<g>/ack/<rank>: node `rank` heard of that abort. A member that
+//   has not acknowledged it, the others have, and stays silent longer than
+//   the embedded leader's kPresumedDeadAfter, is presumed dead (as there),
+//   and ROOT/gen/<g>/dead/<rank> says so for every survivor.
+// - ROOT/gen/<g>/outcome: how round g ended (created if absent, so every
+//   node of the round reads the same): generation g's record, or the error
+//   every survivor of a failed re-formation gets.
+// - ROOT/gen/<g>/config_head: generation g's config log's newest version
+//   and the iteration it switches at ("<version> <iteration>"); the
+//   versions themselves are records (ConfigKey, rendezvous_records.h).
+// - ROOT/kv/<key>: the key-value records (Gloo's store, layouts, plan
+//   stamps, forming reports); "g<g>/" keys belong to generation g: a Wait on
+//   them ends with PEER_FAILED once g aborts, and they are deleted with
+//   generation g's keys when g+1 forms.
+// Waits are woken by one etcd watch on ROOT (a poll every second is the
+// fallback); heartbeats read etcd.
+//
+// Elastic jobs re-form here as on the leader (JudgeRoundLocked's rules),
+// node 0 included: any node may die. Not built on etcd (refused at start,
+// see DaemonConfig validation): the job-wide config log (config set,
+// --autotune); heartbeats therefore answer config version 0.
+//
+// Errors name etcd and its members (EtcdClient's messages). etcd
+// unreachable: Join and Wait keep trying until their timeout, then
+// UNAVAILABLE naming etcd; a Heartbeat fails once no read succeeded for a
+// whole lease TTL (by then the other nodes count this one dead).
+//
+// Thread-safe.
+#ifndef GRADSYNC_DAEMON_CLUSTER_ETCD_RENDEZVOUS_H_
+#define GRADSYNC_DAEMON_CLUSTER_ETCD_RENDEZVOUS_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/monotonic_mutex.h"
+#include "daemon/cluster/etcd/etcd_client.h"
+#include "daemon/cluster/etcd/etcd_lease_keeper.h"
+#include "daemon/cluster/etcd/etcd_watch.h"
+#include "daemon/cluster/job_rendezvous.h"
+#include "gradsync/v1/rendezvous.pb.h"
+
+namespace gradsync {
+
+struct EtcdRendezvousOptions {
+  EtcdClientOptions etcd;  // endpoints, TLS, user, call timeouts
+  std::string prefix;      // PREFIX of --rendezvous: the job's keys live under it
+  std::string job_id;
+  std::string job_token;  // only its proof goes to etcd
+  // A daemon that renewed no lease for this long is dead to the others.
+  absl::Duration lease_ttl = absl::Seconds(10);
+  // --min-nodes: the fewest survivors a re-formation may leave (= num_nodes
+  // or 0: a fixed job, whose survivors never resume).
+  int min_nodes = 0;
+};
+
+// One version of a generation's job-wide config log.
+struct EtcdConfigEntry {
+  uint64_t generation = 0;
+  uint64_t version = 0;       // 1, 2, ...
+  uint64_t at_iteration = 0;  // every node switches at this iteration
+};
+
+class EtcdRendezvous final : public JobRendezvous {
+ public:
+  // Builds the client (no round trip without etcd auth); the lease, the
+  // token check and the watch come with the first Join.
+  static absl::StatusOr<std::shared_ptr<EtcdRendezvous>> Connect(EtcdRendezvousOptions options);
+  // Stops the watch and the lease keeper and revokes the lease (this node's
+  // join keys go with it).
+  ~EtcdRendezvous() override;
+
+  absl::StatusOr<JoinResult> Join(const JoinParams& params) override;
+  absl::Status Set(std::string_view key, std::string_view value) override;
+  absl::StatusOr<std::optional<std::string>> Get(std::string_view key) override;
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
+  absl::StatusOr<std::map<std::string, std::string>> WaitForValues(
+      const std::vector<std::string>& keys, absl::Duration timeout) override;
+  absl::StatusOr<std::map<std::string, std::string>> WaitForValues(
+      const std::vector<std::string>& keys, const std::vector<std::string>& read_keys,
+      absl::Duration timeout) override;
+  absl::StatusOr<HeartbeatResult> Heartbeat(const HeartbeatParams& params) override;
+  absl::Status Leave(int node_rank, uint64_t generation, std::string_view reason) override;
+  std::string Describe() const override;
+  bool embedded() const override { return false; }
+
+  // Appends the next version of the active generation's config log (the
+  // leader's AppendConfig on etcd, from any node): switching at iteration
+  // max(min_at_iteration, the previous version's + 1), its record (`value`
+  // of the entry) stored under ConfigKey(generation, version), heartbeats
+  // then answering that version. One transaction, retried when another
+  // node appended first. STATE when no generation is active (none formed
+  // yet, or the last one aborted): a change is not held for the next one.
+  absl::StatusOr<EtcdConfigEntry> AppendConfig(
+      uint64_t min_at_iteration, const std::function<std::string(const EtcdConfigEntry&)>& value);
+
+  // Where the job's keys live: PREFIX/job/<job id>/.
+  const std::string& root() const { return root_; }
+
+ private:
+  // One look at the round this node is in: the generation it formed, or
+  // what it still waits for.
+  struct JoinStep {
+    std::optional<JoinResult> formed;
+    uint64_t target = 0;     // the generation being formed
+    std::set<int> joined;    // node ranks in that round
+    std::string blocked_by;  // non-empty: why the round cannot start yet
+  };
+  // The generation state a heartbeat reads.
+  struct GenerationState {
+    std::set<int> alive;  // members whose join key (lease) exists
+    std::set<int> acked;
+    std::map<int, std::string> dead;  // presumed dead by a survivor: why
+    std::optional<std::string> abort_reason;
+    uint64_t config_version = 0;  // the config log's newest version
+    uint64_t config_at = 0;       // and the iteration it switches at
+  };
+
+  EtcdRendezvous(EtcdRendezvousOptions options, std::unique_ptr<EtcdClient> client);
+
+  std::string Key(absl::string_view suffix) const;
+  std::string StoreKey(absl::string_view key) const;
+  std::string GenKey(uint64_t generation, absl::string_view suffix) const;
+  // The lease (kept alive), the token check and the watch, once.
+  absl::Status EnsureSession() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CheckTokenProof();
+  absl::StatusOr<JoinStep> TryJoin(const JoinParams& params) ABSL_LOCKS_EXCLUDED(mu_);
+  // The round after `current` (with `state`, its generation's): joins it,
+  // and decides it once every node joined (a fresh job) or every member of
+  // the aborted generation joined again or is dead (a re-formation).
+  absl::StatusOr<JoinStep> JoinRound(const JoinParams& params,
+                                     const std::optional<v1::JoinResponse>& current,
+                                     const GenerationState& state) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status PutJoinOnce(const JoinParams& params, uint64_t target) ABSL_LOCKS_EXCLUDED(mu_);
+  // STATE unless a resuming join may enter the round.
+  absl::Status CheckResume(const JoinParams& params, const std::optional<v1::JoinResponse>& current,
+                           const GenerationState& state) const;
+  // The embedded leader's JudgeRoundLocked on etcd: nullopt while a member
+  // of `aborted` is undecided, else the round's outcome (the survivors'
+  // generation, or an error for every one of them).
+  absl::StatusOr<std::optional<v1::JoinResponse>> JudgeResume(
+      const v1::JoinResponse& aborted, const GenerationState& state,
+      const std::map<int, v1::JoinRequest>& joins) ABSL_LOCKS_EXCLUDED(mu_);
+  v1::JoinResponse MakeGeneration(const std::map<int, v1::JoinRequest>& joins,
+                                  uint64_t target) const;
+  // What a decided round means for this node: its generation, its error,
+  // or STATE when the survivors re-formed without it.
+  absl::StatusOr<JoinStep> FromOutcome(const v1::JoinResponse& outcome, const JoinParams& params);
+  // Moves ROOT/current to `formed` unless it is there or past it.
+  absl::Status AdvanceCurrent(const v1::JoinResponse& formed);
+  std::string JoinTimeoutMessage(const JoinStep& step, int num_nodes, absl::Duration timeout);
+  // ROOT/current and its mod_revision (0 when absent).
+  absl::StatusOr<std::optional<v1::JoinResponse>> ReadCurrent(int64_t* mod_revision);
+  absl::StatusOr<GenerationState> ReadGeneration(uint64_t generation);
+  // Ends `generation` with `reason` unless it ended already; the reason
+  // that stands.
+  absl::StatusOr<std::string> AbortGeneration(uint64_t generation, const std::string& reason)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<HeartbeatResult> ReadHeartbeat(const HeartbeatParams& params)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The first member of `current` whose lease is gone, with the reason.
+  std::optional<std::string> DeadMemberReason(const v1::JoinResponse& current,
+                                              const std::set<int>& alive) const;
+  uint64_t Changes() ABSL_LOCKS_EXCLUDED(mu_);
+  // Until the watch reports a change after `seen`, or `until` (monotonic).
+  void AwaitChange(uint64_t seen, absl::Time until) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnWatchEvents() ABSL_LOCKS_EXCLUDED(mu_);
+
+  const EtcdRendezvousOptions options_;
+  const std::unique_ptr<EtcdClient> client_;
+  const std::string root_;
+
+  MonotonicMutex session_mu_;  // one EnsureSession at a time
+  MonotonicMutex mu_;
+  bool session_ ABSL_GUARDED_BY(mu_) = false;
+  EtcdLease lease_ ABSL_GUARDED_BY(mu_);
+  absl::Status lease_lost_ ABSL_GUARDED_BY(mu_);
+  uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t joined_target_ ABSL_GUARDED_BY(mu_) = 0;  // the round this node's join key is in
+  std::map<uint64_t, absl::Time> round_started_ ABSL_GUARDED_BY(mu_);  // when it joined each
+  std::string host_ ABSL_GUARDED_BY(mu_);
+  std::set<uint64_t> aborted_ ABSL_GUARDED_BY(mu_);                 // generations known to be over
+  std::set<uint64_t> acked_ ABSL_GUARDED_BY(mu_);                   // aborts this node acknowledged
+  std::map<uint64_t, absl::Time> abort_seen_ ABSL_GUARDED_BY(mu_);  // when first read here
+  absl::Time last_ok_ ABSL_GUARDED_BY(mu_);  // last heartbeat read that succeeded
+  HeartbeatResult last_result_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<EtcdLeaseKeeper> keeper_;  // set once under session_mu_
+  std::unique_ptr<EtcdWatch> watch_;         // set once under session_mu_
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_DAEMON_CLUSTER_ETCD_RENDEZVOUS_H_

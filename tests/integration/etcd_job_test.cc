@@ -1,0 +1,240 @@
+// Jobs whose rendezvous lives in etcd (--rendezvous etcd://...): real
+// gradsyncd daemons and trainers, a real etcd member on a loopback port.
+// Two nodes of two trainers train exactly like one process on the whole
+// batch; node 0 killed fails the job naming it, and the job forms again
+// with node 0 restarted; `config set` on node 1 re-plans both nodes alike; etcd's client
+// certificates reach a TLS etcd (and a stranger's do not); etcd killed for longer than the timeout
+// fails every trainer with an error naming etcd, never a hang.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/etcd/etcd_cluster.h"
+#include "tests/integration/cluster.h"
+#include "tests/integration/control_stats.h"
+#include "tests/integration/harness.h"
+#include "tests/integration/test_pki.h"
+#include "tests/testing/wait.h"
+
+namespace gradsync::testing {
+namespace {
+
+using std::chrono::seconds;
+
+constexpr auto kBound = seconds(60);
+
+#define SKIP_WITHOUT_ETCD()                         \
+  do {                                              \
+    const std::string reason = EtcdMissingReason(); \
+    if (!reason.empty()) GTEST_SKIP() << reason;    \
+  } while (0)
+
+ClusterOptions OnEtcd(const EtcdCluster& etcd, int nodes, int local,
+                      std::vector<std::string> extra = {}) {
+  ClusterOptions options;
+  options.nodes = nodes;
+  options.local_size = local;
+  options.job_id = "etcdjob";
+  options.token = "etcd-s3cret";
+  options.rendezvous = absl::StrCat("etcd://", etcd.endpoints()[0], "/gradsync-test");
+  options.flags = {"--bucket-cap-mb=0.001", "--first-bucket-cap-mb=0.0001"};
+  options.flags.insert(options.flags.end(), extra.begin(), extra.end());
+  return options;
+}
+
+// The error a failed trainer printed (mlp_trainer's `error="..."`).
+std::string TrainerError(const std::string& log) {
+  const size_t at = log.find("error=\"");
+  if (at == std::string::npos) return "(no error line)";
+  const size_t start = at + 7;
+  return log.substr(start, log.find("\"\n", start) - start);
+}
+
+TEST(EtcdJob, TwoNodesOfTwoTrainersMatchSingleProcessTraining) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  Cluster cluster(OnEtcd(etcd, 2, 2, {"--timeout-s=15"}));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  const std::vector<std::string> common = {"--steps=20", "--batch=60", "--fp64", "--gate-every=3"};
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(common, &outs);
+  for (Process& t : trainers) {
+    ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs() << etcd.Logs();
+  }
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), common);
+  const std::vector<double> first = LoadWeights(outs[0]);
+  for (const std::string& out : outs) {
+    const std::vector<double> got = LoadWeights(out);
+    EXPECT_LE(RelativeDifference(got, expected), 1e-12) << out;
+    EXPECT_EQ(got, first) << out << " differs from node 0's trainer 0";
+  }
+  // Every node met the others in etcd; none served a rendezvous.
+  for (int n = 0; n < 2; ++n) {
+    const std::string log = cluster.node(n).process().Log();
+    EXPECT_NE(log.find("event=etcd_session"), std::string::npos) << log;
+    EXPECT_NE(log.find("event=joined generation=1"), std::string::npos) << log;
+  }
+}
+
+// A fixed job on etcd loses node 0's daemon (SIGKILL) mid-training: every
+// trainer fails naming it (node 0 is not special: no "dead leader"); node
+// 0 restarted, new trainers form generation 2 and train like one process.
+TEST(EtcdJob, KilledNodeZeroFailsEveryTrainerNamingItThenTheJobReforms) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  Cluster cluster(OnEtcd(etcd, 3, 1, {"--timeout-s=5"}));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<std::string> first_outs;
+  std::vector<Process> trainers =
+      cluster.StartTrainers({"--steps=2000", "--sleep-ms=20", "--batch=60"}, &first_outs, "first");
+  // Node 0 decided its next plan: iterations are in flight.
+  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=plan_decided", kBound))
+      << cluster.DaemonLogs();
+  cluster.node(0).process().Signal(SIGKILL);
+  cluster.node(0).process().Wait(kBound);
+  for (int n = 0; n < 3; ++n) {
+    ExitStatus st = trainers[n].Wait(kBound);
+    ASSERT_TRUE(st.exited) << "trainer on node " << n << " hung\n" << cluster.DaemonLogs();
+    EXPECT_NE(st.code, 0) << trainers[n].Log();
+    if (n == 0) continue;  // it lost its own daemon
+    const std::string error = TrainerError(trainers[n].Log());
+    EXPECT_NE(error.find("node_rank=0 (host=127.0.0.1) is dead"), std::string::npos)
+        << "trainer on node " << n << ": " << error << "\n"
+        << cluster.DaemonLogs();
+    EXPECT_EQ(error.find("leader is dead"), std::string::npos) << error;
+  }
+  ASSERT_TRUE(cluster.StartNode(0)) << cluster.DaemonLogs();
+  const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
+  std::vector<std::string> outs;
+  std::vector<Process> again = cluster.StartTrainers(args, &outs, "again");
+  for (Process& t : again) {
+    ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
+  }
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
+  for (const std::string& out : outs) {
+    EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
+  }
+  EXPECT_NE(cluster.node(1).process().Log().find("event=joined generation=2"), std::string::npos)
+      << cluster.DaemonLogs();
+}
+
+// No node leads on etcd: `config set` on node 1 appends to the job-wide
+// log in etcd, and both nodes re-plan to the new caps at the same
+// iteration; training stays exact.
+TEST(EtcdJob, ConfigSetOnAnyNodeAppliesOnEveryNodeAtTheSameIteration) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  Cluster cluster(OnEtcd(etcd, 2, 2, {"--timeout-s=15"}));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  const std::vector<std::string> args = {"--steps=400", "--fp64", "--batch=60", "--sleep-ms=10"};
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
+  ASSERT_TRUE(WaitForLog(cluster.node(1).process(), "event=job_running", kBound))
+      << cluster.DaemonLogs();
+  const absl::Status set =
+      SetBucketCaps(cluster.node(1).ListenPort(seconds(10)), "etcd-s3cret", "25", "1");
+  ASSERT_TRUE(set.ok()) << set.message() << cluster.DaemonLogs();
+  for (Process& t : trainers) {
+    ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
+  }
+  const std::string caps = "cap_mb=25.000 first_cap_mb=1.000";
+  const std::string rebuilt0 = RebuildTo(cluster.node(0).process().Log(), caps);
+  EXPECT_NE(rebuilt0, "none") << cluster.DaemonLogs();
+  EXPECT_EQ(rebuilt0, RebuildTo(cluster.node(1).process().Log(), caps)) << cluster.DaemonLogs();
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
+  for (const std::string& out : outs) {
+    EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
+  }
+}
+
+// etcd serving TLS and requiring client certificates: the daemons reach it
+// with --etcd-cert/--etcd-key/--etcd-ca and train; a daemon with a
+// certificate etcd's CA did not sign cannot join, and its trainer's error
+// names etcd.
+TEST(EtcdJob, DaemonsReachAnEtcdThatRequiresClientCertificates) {
+  SKIP_WITHOUT_ETCD();
+  TestPki pki;
+  ASSERT_TRUE(pki.Generate().ok());
+  EtcdCluster etcd(1, {pki.File("node.pem"), pki.File("node.key"), pki.File("ca.pem")});
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  const std::vector<std::string> tls = {"--etcd-cert=" + pki.File("operator.pem"),
+                                        "--etcd-key=" + pki.File("operator.key"),
+                                        "--etcd-ca=" + pki.File("ca.pem"), "--timeout-s=5"};
+  {
+    Cluster cluster(OnEtcd(etcd, 2, 1, tls));
+    ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+    const std::vector<std::string> args = {"--steps=5", "--batch=60", "--fp64"};
+    std::vector<std::string> outs;
+    std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
+    for (Process& t : trainers) {
+      ExitStatus st = t.Wait(kBound);
+      ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs() << etcd.Logs();
+    }
+    const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
+    for (const std::string& out : outs) {
+      EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
+    }
+  }
+  ClusterOptions stranger =
+      OnEtcd(etcd, 2, 1,
+             {"--etcd-cert=" + pki.File("stranger.pem"), "--etcd-key=" + pki.File("stranger.key"),
+              "--etcd-ca=" + pki.File("ca.pem"), "--timeout-s=3"});
+  stranger.job_id = "stranger-job";
+  Cluster cluster(stranger);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers({"--steps=5", "--batch=60"}, &outs);
+  for (Process& t : trainers) {
+    ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited) << t.Log() << cluster.DaemonLogs();
+    EXPECT_NE(st.code, 0) << t.Log();
+    const std::string error = TrainerError(t.Log());
+    EXPECT_NE(error.find(absl::StrCat("etcd at ", etcd.endpoints()[0])), std::string::npos)
+        << error << "\n"
+        << cluster.DaemonLogs();
+  }
+}
+
+TEST(EtcdJob, EtcdUnreachableLongerThanTheTimeoutFailsEveryTrainerNamingEtcd) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  Cluster cluster(OnEtcd(etcd, 2, 1, {"--timeout-s=3"}));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(
+      {"--steps=100000", "--batch=60", "--sleep-ms=20", "--print-loss"}, &outs);
+  // Training is under way (rank 0 prints each completed step) when etcd goes.
+  ASSERT_TRUE(WaitForLog(trainers[0], "step   3  loss", kBound))
+      << trainers[0].Log() << cluster.DaemonLogs();
+  etcd.Kill(0);
+  const auto killed_at = std::chrono::steady_clock::now();
+  for (Process& t : trainers) {
+    ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited) << "a trainer still runs " << kBound.count() << " s after etcd died:\n"
+                           << t.Log() << cluster.DaemonLogs();
+    EXPECT_NE(st.code, 0) << t.Log();
+    const std::string error = TrainerError(t.Log());
+    EXPECT_NE(error.find(absl::StrCat("etcd at ", etcd.endpoints()[0])), std::string::npos)
+        << error << "\n"
+        << cluster.DaemonLogs();
+    EXPECT_NE(error.find("unreachable"), std::string::npos) << error;
+    std::printf("etcd_job etcd killed: trainer exit %d after %.1f s error=\"%s\"\n", st.code,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count(),
+                error.c_str());
+  }
+}
+
+}  // namespace
+}  // namespace gradsync::testing
