@@ -45,6 +45,14 @@ bool IsMember(const v1::JoinResponse& generation, int node_rank) {
   return false;
 }
 
+std::vector<int> MemberRanks(const v1::JoinResponse& generation) {
+  std::vector<int> ranks;
+  for (const v1::Peer& p : generation.peers()) {
+    if (p.local_size() > 0) ranks.push_back(p.node_rank());
+  }
+  return ranks;
+}
+
 JoinResult ToJoinResult(const v1::JoinResponse& generation) {
   JoinResult result;
   result.incarnation = generation.incarnation();
@@ -373,15 +381,13 @@ absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::TryJoin(const JoinParam
       ASSIGN_OR_RETURN(std::string stands, AbortGeneration(g, *dead));
       state.abort_reason = stands;
     } else if (!state.abort_reason) {
-      return MakeError(
-          v1::STATE,
-          params.resume_generation != 0
-              ? absl::StrCat("generation ", g, " re-formed without node_rank=", params.node_rank,
-                             ", which stayed silent past ", Millis(kPresumedDeadAfter),
-                             " ms and was presumed dead")
-              : absl::StrCat("node_rank=", params.node_rank, " joins afresh while generation ", g,
-                             " is active without it in ", Describe(),
-                             " (nodes joining a running job are not supported)"));
+      return MakeError(v1::STATE,
+                       params.resume_generation != 0
+                           ? absl::StrCat("generation ", g, " re-formed without node_rank=",
+                                          params.node_rank, ", which stayed silent past ",
+                                          Millis(kPresumedDeadAfter), " ms and was presumed dead")
+                           : JoiningARunningJobRefusal(params.node_rank, g, options_.job_id,
+                                                       MemberRanks(*current)));
     }
   }
   return JoinRound(params, current, state);

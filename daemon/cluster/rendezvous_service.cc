@@ -242,14 +242,7 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
     for (int r = 0; r < num_nodes_; ++r) {
       if (members_[r].member()) members.push_back(r);
     }
-    return refuse(
-        v1::STATE,
-        absl::StrCat("node_rank=", rank, " asks to join running generation ", generation_,
-                     " of elastic job '", job_id_,
-                     "' (members: node_rank=", absl::StrJoin(members, ","),
-                     "), which re-formed without it: ", kJoiningARunningJobUnsupported,
-                     " (an elastic job only shrinks, down to --min-nodes); the node takes part "
-                     "again when the job restarts"));
+    return refuse(v1::STATE, JoiningARunningJobRefusal(rank, generation_, job_id_, members));
   }
   if (active()) {
     return refuse(v1::STATE,
