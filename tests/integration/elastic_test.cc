@@ -186,13 +186,10 @@ void ResumeSurvivors(std::vector<Trainer>* trainers, const std::vector<int>& vic
 }
 
 // Starts every trainer paused as `stage` says and waits until all stopped
-// and the daemons are where the stage needs them; then SIGKILLs the
-// victims' daemons and trainers and resumes the others. Returns the kill's
-// time.
-std::chrono::steady_clock::time_point RunUntilKilled(
-    Cluster& cluster, Stage stage, std::vector<Trainer>* trainers,
-    const std::vector<int>& victims = {kVictimNode}, bool resume = true,
-    const std::vector<std::string>& extra_args = {}) {
+// and the daemons are where the stage needs them.
+void RunUntilPaused(Cluster& cluster, Stage stage, std::vector<Trainer>* trainers,
+                    const std::vector<int>& victims,
+                    const std::vector<std::string>& extra_args = {}) {
   for (int n = 0; n < kNodes; ++n) {
     for (int r = 0; r < kLocal; ++r) {
       const std::string pause = PauseFor(stage, IsVictim(n, victims));
@@ -218,6 +215,15 @@ std::chrono::steady_clock::time_point RunUntilKilled(
     EXPECT_TRUE(WaitForLog(cluster.node(kVictimNode).process(), "event=stall", kStateBound))
         << cluster.DaemonLogs();
   }
+}
+
+// RunUntilPaused, then SIGKILLs the victims' daemons and trainers and
+// resumes the others. Returns the kill's time.
+std::chrono::steady_clock::time_point RunUntilKilled(
+    Cluster& cluster, Stage stage, std::vector<Trainer>* trainers,
+    const std::vector<int>& victims = {kVictimNode}, bool resume = true,
+    const std::vector<std::string>& extra_args = {}) {
+  RunUntilPaused(cluster, stage, trainers, victims, extra_args);
   const auto killed_at = std::chrono::steady_clock::now();
   for (int n : victims) cluster.node(n).process().Signal(SIGKILL);
   for (Trainer& t : *trainers) {
@@ -337,6 +343,55 @@ TEST(ElasticJob, SurvivorsInsideTheCollectiveRedoFromTheirKeptSumsAndTrainOn) {
 
 TEST(ElasticJob, ASurvivorWaitingForItsTrainersLearnsTheDeathFromTheLeaderAndRedoesToo) {
   KillNodeTwoAndExpectSurvivorsTrainOn(Stage::kBackward, /*found_by_heartbeat=*/true);
+}
+
+// Node 2's daemon stopped with SIGTERM mid-backward (a scale-down): it
+// leaves the job, its trainers (resumed after the signal) get the shutdown
+// error naming SIGTERM, and the survivors re-form without it at once (the
+// leader counts it out as departed, no silence waited out) and train like
+// the reference.
+TEST(ElasticJob, NodeStoppedWithSigtermLeavesAndTheSurvivorsReformWithoutItAtOnce) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilPaused(cluster, Stage::kBackward, &trainers, {kVictimNode});
+  const auto stopped_at = std::chrono::steady_clock::now();
+  cluster.node(kVictimNode).process().Signal(SIGTERM);
+  ASSERT_TRUE(WaitForLog(cluster.node(kVictimNode).process(), "event=departing", kErrorBound))
+      << cluster.DaemonLogs();
+  ResumeSurvivors(&trainers, {});  // node 2's too: they learn of the shutdown
+  for (Trainer& t : trainers) {
+    if (t.node != kVictimNode) continue;
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    const std::string error = TrainerError(t.process.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitUnavailable) << error << cluster.DaemonLogs();
+    EXPECT_NE(error.find("gradsyncd is shutting down (SIGTERM)"), std::string::npos) << error;
+  }
+  const ExitStatus stopped = cluster.node(kVictimNode).process().Wait(kErrorBound);
+  EXPECT_TRUE(stopped.exited && stopped.code == 0) << stopped.ToString() << cluster.DaemonLogs();
+  ExpectSurvivorsTrainedLikeTheReference(cluster, trainers);
+  if (::testing::Test::HasFatalFailure()) return;
+  std::printf("elastic_job sigterm: SIGTERM of node 2 to the survivors' completion: %.2f s\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count());
+  // Counted out as departed, never presumed dead after its silence.
+  for (int n = 0; n < kNodes; ++n) {
+    if (n == kVictimNode) continue;
+    const std::string log = cluster.node(n).process().Log();
+    EXPECT_NE(log.find("event=node_departed generation=1 node_rank=2"), std::string::npos)
+        << "node " << n << "\n"
+        << cluster.DaemonLogs();
+    EXPECT_NE(log.find("event=job_reformed job="), std::string::npos) << cluster.DaemonLogs();
+    EXPECT_EQ(log.find("event=node_presumed_dead"), std::string::npos) << "node " << n << "\n"
+                                                                       << cluster.DaemonLogs();
+    EXPECT_TRUE(cluster.node(n).process().Running()) << cluster.DaemonLogs();
+  }
+  if (!kOnEtcd) {
+    // The leader formed generation 2 with node 2 named as having left.
+    const std::string leader = cluster.node(0).process().Log();
+    EXPECT_NE(leader.find("event=member_departed generation=1 node_rank=2"), std::string::npos)
+        << cluster.DaemonLogs();
+  }
 }
 
 // Node 1 dies, so node 2 is the second of the survivors' two members (its
