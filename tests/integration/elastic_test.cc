@@ -350,26 +350,40 @@ TEST(ElasticJob, ASurvivorWaitingForItsTrainersLearnsTheDeathFromTheLeaderAndRed
 // error naming SIGTERM, and the survivors re-form without it at once (the
 // leader counts it out as departed, no silence waited out) and train like
 // the reference.
+// Every trainer paused mid-backward, `node`'s daemon gets SIGTERM and every
+// trainer resumes: `node`'s get the shutdown error naming SIGTERM, and its
+// daemon exits 0. Returns the signal's time.
+std::chrono::steady_clock::time_point StopNodeWithSigterm(Cluster& cluster,
+                                                          std::vector<Trainer>* trainers,
+                                                          int node) {
+  RunUntilPaused(cluster, Stage::kBackward, trainers, {node});
+  const auto stopped_at = std::chrono::steady_clock::now();
+  cluster.node(node).process().Signal(SIGTERM);
+  EXPECT_TRUE(
+      WaitForLog(cluster.node(node).process(), "event=shutdown reason=\"SIGTERM\"", kErrorBound))
+      << cluster.DaemonLogs();
+  ResumeSurvivors(trainers, {});  // the stopped node's too: they learn of the shutdown
+  for (Trainer& t : *trainers) {
+    if (t.node != node) continue;
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    const std::string error = TrainerError(t.process.Log());
+    EXPECT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitUnavailable) << error << cluster.DaemonLogs();
+    EXPECT_NE(error.find("gradsyncd is shutting down (SIGTERM)"), std::string::npos) << error;
+  }
+  const ExitStatus stopped = cluster.node(node).process().Wait(kErrorBound);
+  EXPECT_TRUE(stopped.exited && stopped.code == 0) << stopped.ToString() << cluster.DaemonLogs();
+  return stopped_at;
+}
+
 TEST(ElasticJob, NodeStoppedWithSigtermLeavesAndTheSurvivorsReformWithoutItAtOnce) {
   Cluster cluster(JobOptions(/*min_nodes=*/2));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Trainer> trainers;
-  RunUntilPaused(cluster, Stage::kBackward, &trainers, {kVictimNode});
-  const auto stopped_at = std::chrono::steady_clock::now();
-  cluster.node(kVictimNode).process().Signal(SIGTERM);
-  ASSERT_TRUE(WaitForLog(cluster.node(kVictimNode).process(), "event=departing", kErrorBound))
+  const auto stopped_at = StopNodeWithSigterm(cluster, &trainers, kVictimNode);
+  EXPECT_NE(cluster.node(kVictimNode).process().Log().find("event=departing generation=1"),
+            std::string::npos)
       << cluster.DaemonLogs();
-  ResumeSurvivors(&trainers, {});  // node 2's too: they learn of the shutdown
-  for (Trainer& t : trainers) {
-    if (t.node != kVictimNode) continue;
-    const ExitStatus st = t.process.Wait(kErrorBound);
-    const std::string error = TrainerError(t.process.Log());
-    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
-    EXPECT_EQ(st.code, kExitUnavailable) << error << cluster.DaemonLogs();
-    EXPECT_NE(error.find("gradsyncd is shutting down (SIGTERM)"), std::string::npos) << error;
-  }
-  const ExitStatus stopped = cluster.node(kVictimNode).process().Wait(kErrorBound);
-  EXPECT_TRUE(stopped.exited && stopped.code == 0) << stopped.ToString() << cluster.DaemonLogs();
   ExpectSurvivorsTrainedLikeTheReference(cluster, trainers);
   if (::testing::Test::HasFatalFailure()) return;
   std::printf("elastic_job sigterm: SIGTERM of node 2 to the survivors' completion: %.2f s\n",
@@ -711,6 +725,33 @@ TEST(ElasticJob, NodeZeroKilledOnEtcdSurvivorsTrainOn) {
   for (int n : {1, 2}) EXPECT_TRUE(cluster.node(n).process().Running()) << cluster.DaemonLogs();
 }
 
+// The embedded rendezvous lives in node 0's daemon: stopping it ends the
+// job (it does not leave it), named by the leader's abort or its absence.
+// On etcd node 0 leaves like any node and the others train on.
+TEST(ElasticJob, NodeZeroStoppedWithSigtermEndsTheJobOnTheLeaderAndLeavesItOnEtcd) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  StopNodeWithSigterm(cluster, &trainers, 0);
+  if (kOnEtcd) {
+    ExpectSurvivorsTrainedLikeTheReference(cluster, trainers, /*victim=*/0);
+    return;
+  }
+  for (Trainer& t : trainers) {
+    if (t.node == 0) continue;
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    const std::string error = TrainerError(t.process.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitPeerFailed) << error << cluster.DaemonLogs();
+    // Whichever the survivor heard first: the leader's abort naming node 0's
+    // shutdown, or the leader gone.
+    EXPECT_TRUE(error.find("node_rank=0 (host=127.0.0.1) reported UNAVAILABLE: gradsyncd is "
+                           "shutting down (SIGTERM)") != std::string::npos ||
+                error.find("the leader is dead") != std::string::npos)
+        << error << cluster.DaemonLogs();
+  }
+}
+
 #ifdef GRADSYNC_ELASTIC_ON_ETCD
 // A 3-member etcd cluster loses the member every daemon talks to first
 // while node 2's death makes the survivors re-form: they re-form through
@@ -774,6 +815,29 @@ TEST(FixedJob, NodeKilledMidBackwardFailsSurvivorsNamingItAndMinNodes) {
 
 TEST(FixedJob, NodeKilledMidCollectiveFailsSurvivorsNamingItAndMinNodes) {
   KillNodeTwoAndExpectPeerFailed(Stage::kVictimInCollective);
+}
+
+// A fixed job cannot go on without a node: a SIGTERM'd daemon reports its
+// shutdown as an error, which ends the job on every node, named.
+TEST(FixedJob, NodeStoppedWithSigtermFailsSurvivorsNamingItsShutdown) {
+  Cluster cluster(JobOptions(/*min_nodes=*/kNodes));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  StopNodeWithSigterm(cluster, &trainers, kVictimNode);
+  for (Trainer& t : trainers) {
+    if (t.node == kVictimNode) continue;
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    const std::string error = TrainerError(t.process.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitPeerFailed) << error << cluster.DaemonLogs();
+    EXPECT_NE(error.find("node_rank=2 (host=127.0.0.1) reported UNAVAILABLE: gradsyncd is "
+                         "shutting down (SIGTERM)"),
+              std::string::npos)
+        << "node " << t.node << ": " << error << cluster.DaemonLogs();
+  }
+  for (int n = 0; n < kNodes; ++n) {
+    if (n != kVictimNode) EXPECT_TRUE(cluster.node(n).process().Running()) << cluster.DaemonLogs();
+  }
 }
 
 }  // namespace
