@@ -598,6 +598,7 @@ void Job::FailLocked(const absl::Status& error, int culprit, bool expected, bool
   error_ = error;
   culprit_ = culprit;
   failure_expected_ = expected;
+  departing_ = departing;
   spdlog::log(expected ? spdlog::level::info : spdlog::level::err,
               "event={} job={} code={} culprit_local_rank={} message={}",
               expected ? "job_closing" : "job_failed", id_, v1::Code_Name(CodeOf(error)), culprit,

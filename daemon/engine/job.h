@@ -366,6 +366,9 @@ class Job {
   int culprit_ ABSL_GUARDED_BY(mu_) = -1;
   // The job ended because a trainer closed.
   bool failure_expected_ ABSL_GUARDED_BY(mu_) = false;
+  // The job ended because the daemon shuts down (Depart): a world formed
+  // after that (a re-formation in flight) is left the same way.
+  bool departing_ ABSL_GUARDED_BY(mu_) = false;
   // By local rank; null if not attached. A Trainer's own fields (layout,
   // registered, rank, segment) are also guarded by mu_, except what the
   // scheduler owns once the job runs (see trainer.h). Shared so that an
