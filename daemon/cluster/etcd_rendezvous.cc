@@ -375,26 +375,16 @@ absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::TryJoin(const JoinParam
     if (!state.abort_reason && dead) {
       ASSIGN_OR_RETURN(std::string stands, AbortGeneration(g, *dead));
       state.abort_reason = stands;
-    } else if (!state.abort_reason && params.resume_generation != 0) {
-      return MakeError(v1::STATE,
-                       absl::StrCat("generation ", g, " re-formed without node_rank=",
-                                    params.node_rank, ", which stayed silent past ",
-                                    Millis(kPresumedDeadAfter), " ms and was presumed dead"));
     } else if (!state.abort_reason) {
-      // The leader's words: the joining daemon recognises the phrase and
-      // does not retry (a running job does not admit nodes).
-      std::vector<int> members;
-      for (const v1::Peer& p : current->peers()) {
-        if (p.local_size() > 0) members.push_back(p.node_rank());
-      }
       return MakeError(
           v1::STATE,
-          absl::StrCat("node_rank=", params.node_rank, " asks to join running generation ", g,
-                       " of elastic job '", options_.job_id,
-                       "' (members: node_rank=", absl::StrJoin(members, ","), ") in ", Describe(),
-                       ", which re-formed without it: ", kJoiningARunningJobUnsupported,
-                       " (an elastic job only shrinks, down to --min-nodes); the node takes part "
-                       "again when the job restarts"));
+          params.resume_generation != 0
+              ? absl::StrCat("generation ", g, " re-formed without node_rank=", params.node_rank,
+                             ", which stayed silent past ", Millis(kPresumedDeadAfter),
+                             " ms and was presumed dead")
+              : absl::StrCat("node_rank=", params.node_rank, " joins afresh while generation ", g,
+                             " is active without it in ", Describe(),
+                             " (nodes joining a running job are not supported)"));
     }
   }
   return JoinRound(params, current, state);
