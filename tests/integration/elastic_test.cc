@@ -27,6 +27,11 @@
 // Fixed (--min-nodes 3 = --num-nodes): a death ends every survivor with
 // GS_ERR_PEER_FAILED naming node_rank=2 and --min-nodes.
 //
+// SIGTERM instead of SIGKILL (node 2's daemon only; its trainers resume
+// and get the shutdown error): an elastic job's node leaves and the
+// survivors re-form without it at once, as departed, never presumed dead;
+// node 0 hosting the leader ends the job; a fixed job ends, naming it.
+//
 // elastic_etcd_test runs every case on an etcd rendezvous (a real etcd
 // member; --rendezvous etcd://...) instead of the embedded leader, except
 // the two that need the leader (config set, its death), plus what only
