@@ -543,7 +543,7 @@ void Daemon::Run() {
   // Control answers at once from now on: the server's shutdown does not wait
   // on trace renders.
   if (control_service_) control_service_->Stop();
-  jobs_->FailAll(
+  jobs_->DepartAll(
       MakeError(v1::UNAVAILABLE, absl::StrCat("gradsyncd is shutting down (", reason, ")")));
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
   // No connection may be handed to a server that is shutting down.

@@ -84,7 +84,8 @@ ABSL_FLAG(int, min_nodes, kDefaults.min_nodes,
           "Below --num-nodes, when a node other than node 0 dies the survivors re-form and "
           "redo the interrupted iteration over their trainers (CPU and CUDA gradients; with "
           "CUDA gradients a trainer's death still ends the job; node 0's loss still ends the "
-          "job, unless the rendezvous is in etcd: --rendezvous)");
+          "job, unless the rendezvous is in etcd: --rendezvous). A daemon stopped with "
+          "SIGTERM or SIGINT leaves such a job, and the survivors re-form without it at once");
 ABSL_FLAG(int, max_nodes, kDefaults.max_nodes,
           "most nodes an elastic job may grow to (torchrun's --nnodes MAX); 0: --num-nodes. "
           "Not supported yet: only --max-nodes = --num-nodes (nodes cannot join a running job)");

@@ -105,6 +105,17 @@ ClusterLink::~ClusterLink() {
     stop_ = true;
   }
   if (heartbeat_.joinable()) heartbeat_.join();
+  // Departing, the Depart is this node's last word (the loop may have sent it).
+  bool departing = false;
+  {
+    MonotonicMutexLock lock(&mu_);
+    departing = !departure_.ok();
+  }
+  if (departing) {
+    SendDeparture();
+    PrepareGlooWorker();
+    return;
+  }
   // An error reported just before the job ended (its trainers left at
   // once) goes before the Leave: the leader's abort reason must be the
   // cause, which names the culprit, not "left".
@@ -386,6 +397,36 @@ absl::Status GlooFailed(JobRendezvous& client, int node_rank, uint64_t gen,
       absl::StrCat("connecting Gloo: ", error.message(), leader_says));
 }
 
+// The members a failure lost, logged and named: those that left the job
+// (their daemon shut down) and those presumed dead (silent while the
+// others answered).
+std::string DescribeLostNodes(uint64_t generation, const std::vector<SilentMember>& lost) {
+  std::string departed, dead;
+  int dead_count = 0;
+  absl::Duration silent;
+  for (const SilentMember& m : lost) {
+    std::string& list = m.departed ? departed : dead;
+    absl::StrAppend(&list, list.empty() ? "" : ", ", "node_rank=", m.node_rank, " (host=", m.host,
+                    ")");
+    if (m.departed) {
+      spdlog::warn("event=node_departed generation={} node_rank={} host={}", generation,
+                   m.node_rank, m.host);
+      continue;
+    }
+    if (dead_count++ == 0) silent = m.silent;
+    spdlog::error("event=node_presumed_dead generation={} node_rank={} host={} silent_ms={}",
+                  generation, m.node_rank, m.host, absl::ToInt64Milliseconds(m.silent));
+  }
+  std::string out;
+  if (!departed.empty()) absl::StrAppend(&out, departed, " left the job: its daemon shut down");
+  if (!dead.empty()) {
+    absl::StrAppend(&out, out.empty() ? "" : "; ", dead, dead_count == 1 ? " is" : " are",
+                    " dead: no heartbeat from its daemon for ", absl::ToInt64Milliseconds(silent),
+                    " ms, while the other nodes answered after the failure");
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::Status ClusterLink::ReportForming(const DaemonConfig& config, const std::string& leader,
@@ -511,6 +552,39 @@ void ClusterLink::ReportError(const absl::Status& error) {
   node_error_ = error;
 }
 
+void ClusterLink::ReportDeparture(const absl::Status& why) {
+  // The embedded leader's node takes the job's membership with it.
+  const bool job_goes_on = config_.min_nodes_or_num() < config_.num_nodes &&
+                           !(client_->embedded() && config_.is_leader());
+  if (!job_goes_on) {
+    ReportError(why);
+    return;
+  }
+  MonotonicMutexLock lock(&mu_);
+  // Even after another node's failure: the survivors' re-formation must
+  // count this node out rather than wait for its silence.
+  if (!departure_.ok()) return;
+  failed_ = true;
+  departure_ = why.ok() ? MakeError(v1::UNAVAILABLE, "the daemon is shutting down") : why;
+}
+
+bool ClusterLink::SendDeparture() {
+  std::string reason;
+  {
+    MonotonicMutexLock lock(&mu_);
+    if (departure_.ok() || departure_sent_) return false;
+    departure_sent_ = true;
+    reason = std::string(departure_.message());
+  }
+  spdlog::warn("event=departing generation={} node_rank={} reason={}", generation_,
+               config_.node_rank, LogValue(reason));
+  absl::Status st = client_->Depart(config_.node_rank, generation_, reason);
+  if (!st.ok()) {
+    spdlog::warn("event=depart_failed generation={} error={}", generation_, LogValue(st.message()));
+  }
+  return true;
+}
+
 absl::Status ClusterLink::LeaderUnreachable(const absl::Status& error,
                                             const absl::Status& transport) const {
   return MakeError(v1::PEER_FAILED,
@@ -559,7 +633,7 @@ absl::Status ClusterLink::NameFailedNodes(const absl::Status& error, const absl:
     bool undecided = false;
     for (const SilentMember& m : r->silent_members) {
       if (m.node_rank == config_.node_rank) continue;
-      if (m.silent >= kPresumedDeadAfter) {
+      if (m.departed || m.silent >= kPresumedDeadAfter) {
         dead.push_back(m);
       } else {
         undecided = true;
@@ -582,25 +656,14 @@ absl::Status ClusterLink::NameFailedNodes(const absl::Status& error, const absl:
     dead_nodes_.clear();
     for (const SilentMember& m : dead) dead_nodes_.push_back(m.node_rank);
   }
-  std::string culprits;
-  for (const SilentMember& m : dead) {
-    absl::StrAppend(&culprits, culprits.empty() ? "" : ", ", "node_rank=", m.node_rank,
-                    " (host=", m.host, ")");
-    spdlog::error("event=node_presumed_dead generation={} node_rank={} host={} silent_ms={}",
-                  generation_, m.node_rank, m.host, absl::ToInt64Milliseconds(m.silent));
-  }
   // A fixed job cannot lose a node; an elastic one re-forms (job_reform.cc).
   const std::string fixed =
       config_.min_nodes_or_num() < config_.num_nodes
           ? ""
           : absl::StrCat(" (a fixed job: --min-nodes ", config_.min_nodes_or_num(),
                          " = --num-nodes, so it ends)");
-  return MakeError(v1::PEER_FAILED,
-                   absl::StrCat(culprits, dead.size() == 1 ? " is" : " are",
-                                " dead: no heartbeat from its daemon for ",
-                                absl::ToInt64Milliseconds(dead[0].silent),
-                                " ms, while the other nodes answered after the failure", fixed,
-                                "; ", error.message(), leader_says));
+  return MakeError(v1::PEER_FAILED, absl::StrCat(DescribeLostNodes(generation_, dead), fixed, "; ",
+                                                 error.message(), leader_says));
 }
 
 std::vector<int> ClusterLink::DeadNodes() {
@@ -630,6 +693,12 @@ void ClusterLink::AwaitFirstHeartbeat(absl::Duration limit) {
 
 void ClusterLink::HeartbeatLoop() {
   while (true) {
+    // Departed: no more heartbeats (this node is no member any more).
+    if (SendDeparture()) {
+      MonotonicMutexLock lock(&mu_);
+      mu_.Await(absl::Condition(&stop_));
+      return;
+    }
     // Under mu_: what this heartbeat carries.
     HeartbeatParams hb;
     bool sending_error = false;
@@ -695,7 +764,8 @@ void ClusterLink::HeartbeatLoop() {
     first_beat_done_ = true;
     auto report_now = [this] {
       mu_.AssertReaderHeld();
-      return stop_ || (!node_error_.ok() && !error_sent_) || !stall_report_.empty();
+      return stop_ || (!node_error_.ok() && !error_sent_) || !stall_report_.empty() ||
+             (!departure_.ok() && !departure_sent_);
     };
     mu_.AwaitWithTimeout(absl::Condition(&report_now), kHeartbeatEvery);
   }

@@ -7,7 +7,9 @@
 // ordered config log is applied version by version. While the job runs it
 // heart-beats the leader: a node error is reported there (the leader then
 // aborts the generation everywhere), and an abort or an unreachable leader
-// fails the local job. It leaves the generation when the job ends.
+// fails the local job. It leaves the generation when the job ends, and the
+// job for good when the daemon shuts down (an elastic job's survivors then
+// re-form without this node at once).
 //
 // Threads: the WorldLink methods are thread-safe and called by the job
 // (under its lock: they never block on the network, except Explain and
@@ -59,6 +61,11 @@ class ClusterLink final : public WorldLink {
   static void PrepareGlooWorker();
 
   void ReportError(const absl::Status& error) override ABSL_LOCKS_EXCLUDED(mu_);
+  // An elastic job's node other than the embedded leader's leaves the job
+  // for good (JobRendezvous::Depart, sent by the heartbeat thread at once);
+  // a fixed job, or node 0 hosting the leader, reports the error instead:
+  // the job cannot go on without it.
+  void ReportDeparture(const absl::Status& why) override ABSL_LOCKS_EXCLUDED(mu_);
   void SetProgress(std::function<uint64_t()> iteration) override ABSL_LOCKS_EXCLUDED(mu_);
   void ReportStall(const std::string& description) override ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Explain(const absl::Status& error) override;
@@ -83,6 +90,8 @@ class ClusterLink final : public WorldLink {
               uint64_t generation, std::vector<int> members, size_t num_tensors,
               std::function<void(const absl::Status&)> on_failure);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Sends a pending departure (JobRendezvous::Depart) once; true if one was.
+  bool SendDeparture() ABSL_LOCKS_EXCLUDED(mu_);
   // Until the heartbeat loop's first round is over (the config log read up
   // to what the leader had then), at most `limit`.
   void AwaitFirstHeartbeat(absl::Duration limit) ABSL_LOCKS_EXCLUDED(mu_);
@@ -107,6 +116,9 @@ class ClusterLink final : public WorldLink {
   bool first_beat_done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status node_error_ ABSL_GUARDED_BY(mu_);  // reported with the next heartbeat
   bool error_sent_ ABSL_GUARDED_BY(mu_) = false;  // the leader has node_error_
+  // This node leaves the job for good (ReportDeparture), why; sent once.
+  absl::Status departure_ ABSL_GUARDED_BY(mu_);
+  bool departure_sent_ ABSL_GUARDED_BY(mu_) = false;
   // on_failure_ was called (or the error came from here).
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   std::function<uint64_t()> progress_ ABSL_GUARDED_BY(mu_);

@@ -218,6 +218,7 @@ absl::StatusOr<EtcdRendezvous::GenerationState> EtcdRendezvous::ReadGeneration(
   const std::string join_prefix = GenKey(generation, "join/");
   const std::string ack_prefix = GenKey(generation, "ack/");
   const std::string dead_prefix = GenKey(generation, "dead/");
+  const std::string left_prefix = GenKey(generation, "left/");
   for (const EtcdKeyValue& kv : range.kvs) {
     if (kv.key == GenKey(generation, "abort")) {
       state.abort_reason = kv.value;
@@ -227,6 +228,8 @@ absl::StatusOr<EtcdRendezvous::GenerationState> EtcdRendezvous::ReadGeneration(
       state.acked.insert(acked);
     } else if (int dead = RankAfter(kv.key, dead_prefix); dead >= 0) {
       state.dead[dead] = kv.value;
+    } else if (int left = RankAfter(kv.key, left_prefix); left >= 0) {
+      state.left[left] = kv.value;
     } else if (kv.key == GenKey(generation, "config_head")) {
       const std::vector<std::string> parts = absl::StrSplit(kv.value, ' ');
       if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &state.config_version) ||
@@ -562,7 +565,9 @@ absl::StatusOr<std::optional<v1::JoinResponse>> EtcdRendezvous::JudgeResume(
     if (p.local_size() == 0 || joins.count(r) != 0) continue;
     const bool acked = state.acked.count(r) != 0;
     std::string silent;
-    if (auto it = state.dead.find(r); it != state.dead.end()) {
+    if (auto it = state.left.find(r); it != state.left.end()) {
+      silent = absl::StrCat("left the job: ", it->second);
+    } else if (auto it = state.dead.find(r); it != state.dead.end()) {
       silent = it->second;
     } else if (!acked && state.alive.count(r) == 0) {
       silent = absl::StrCat("its lease expired, TTL ", Millis(options_.lease_ttl), " ms");
@@ -831,9 +836,12 @@ absl::StatusOr<HeartbeatResult> EtcdRendezvous::ReadHeartbeat(const HeartbeatPar
   if (ack) RETURN_IF_ERROR(client_->Put(GenKey(gen, absl::StrCat("ack/", rank)), "").status());
   const absl::Duration since = MonotonicNow() - seen_at;
   for (const v1::Peer& p : current->peers()) {
-    if (p.node_rank() == rank || p.local_size() == 0 || state.acked.count(p.node_rank()) != 0) {
+    if (p.node_rank() == rank || p.local_size() == 0) continue;
+    if (state.left.count(p.node_rank()) != 0) {
+      result.silent_members.push_back(SilentMember{p.node_rank(), p.host(), since, true});
       continue;
     }
+    if (state.acked.count(p.node_rank()) != 0) continue;
     // A member whose lease is gone has been silent a whole TTL at least.
     const bool alive = state.alive.count(p.node_rank()) != 0;
     const absl::Duration silent = alive ? since : std::max(since, options_.lease_ttl);
@@ -894,6 +902,15 @@ absl::StatusOr<EtcdConfigEntry> EtcdRendezvous::AppendConfig(
 }
 
 absl::Status EtcdRendezvous::Leave(int node_rank, uint64_t generation, std::string_view reason) {
+  return LeaveGeneration(node_rank, generation, reason, /*departing=*/false);
+}
+
+absl::Status EtcdRendezvous::Depart(int node_rank, uint64_t generation, std::string_view reason) {
+  return LeaveGeneration(node_rank, generation, reason, /*departing=*/true);
+}
+
+absl::Status EtcdRendezvous::LeaveGeneration(int node_rank, uint64_t generation,
+                                             std::string_view reason, bool departing) {
   std::string host;
   {
     MonotonicMutexLock lock(&mu_);
@@ -906,8 +923,14 @@ absl::Status EtcdRendezvous::Leave(int node_rank, uint64_t generation, std::stri
                  LogValue(std::string(reason)));
     return absl::OkStatus();
   }
-  RETURN_IF_ERROR(AbortGeneration(g, absl::StrCat("node_rank=", node_rank, " (host=", host,
-                                                  ") left: ", std::string(reason)))
+  if (departing) {
+    // Before the abort: a survivor that reads the abort finds it too.
+    RETURN_IF_ERROR(
+        client_->Put(GenKey(g, absl::StrCat("left/", node_rank)), std::string(reason)).status());
+  }
+  RETURN_IF_ERROR(AbortGeneration(g, absl::StrCat("node_rank=", node_rank, " (host=", host, ") ",
+                                                  departing ? "left the job" : "left", ": ",
+                                                  std::string(reason)))
                       .status());
   {
     MonotonicMutexLock lock(&mu_);

@@ -20,6 +20,9 @@
 //   has not acknowledged it, the others have, and stays silent longer than
 //   the embedded leader's kPresumedDeadAfter, is presumed dead (as there),
 //   and ROOT/gen/<g>/dead/<rank> says so for every survivor.
+// - ROOT/gen/<g>/left/<rank>: node `rank` left the job for good (Depart:
+//   its daemon shut down), why; written before it aborts g, so every
+//   survivor counts it out of the re-formation at once.
 // - ROOT/gen/<g>/outcome: how round g ended (created if absent, so every
 //   node of the round reads the same): generation g's record, or the error
 //   every survivor of a failed re-formation gets.
@@ -108,6 +111,7 @@ class EtcdRendezvous final : public JobRendezvous {
       absl::Duration timeout) override;
   absl::StatusOr<HeartbeatResult> Heartbeat(const HeartbeatParams& params) override;
   absl::Status Leave(int node_rank, uint64_t generation, std::string_view reason) override;
+  absl::Status Depart(int node_rank, uint64_t generation, std::string_view reason) override;
   std::string Describe() const override;
   bool embedded() const override { return false; }
 
@@ -138,6 +142,7 @@ class EtcdRendezvous final : public JobRendezvous {
     std::set<int> alive;  // members whose join key (lease) exists
     std::set<int> acked;
     std::map<int, std::string> dead;  // presumed dead by a survivor: why
+    std::map<int, std::string> left;  // left the job for good (Depart): why
     std::optional<std::string> abort_reason;
     uint64_t config_version = 0;  // the config log's newest version
     uint64_t config_at = 0;       // and the iteration it switches at
@@ -159,6 +164,9 @@ class EtcdRendezvous final : public JobRendezvous {
                                      const std::optional<v1::JoinResponse>& current,
                                      const GenerationState& state) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status PutJoinOnce(const JoinParams& params, uint64_t target) ABSL_LOCKS_EXCLUDED(mu_);
+  // Leave and Depart: `departing` first records ROOT/gen/<g>/left/<rank>.
+  absl::Status LeaveGeneration(int node_rank, uint64_t generation, std::string_view reason,
+                               bool departing) ABSL_LOCKS_EXCLUDED(mu_);
   // STATE unless a resuming join may enter the round.
   absl::Status CheckResume(const JoinParams& params, const std::optional<v1::JoinResponse>& current,
                            const GenerationState& state) const;

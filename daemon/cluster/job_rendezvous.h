@@ -8,7 +8,7 @@
 // generation forms (TIMEOUT naming the missing node ranks); keys under
 // "g<generation>/" belong to that generation and a Wait on them ends with
 // PEER_FAILED once it aborts; a Heartbeat reporting a node error, a Leave,
-// or a silent (dead) member aborts the generation, and every later
+// a Depart, or a silent (dead) member aborts the generation, and every later
 // Heartbeat answers abort with the reason and the members not heard from
 // since. The store's errors are KeyValueStore's.
 //
@@ -67,6 +67,7 @@ struct SilentMember {
   int node_rank = 0;
   std::string host;
   absl::Duration silent;  // since its last heartbeat
+  bool departed = false;  // it left the job for good (Depart): gone at once
 };
 
 struct HeartbeatResult {
@@ -92,6 +93,11 @@ class JobRendezvous : public KeyValueStore {
   virtual absl::StatusOr<HeartbeatResult> Heartbeat(const HeartbeatParams& params) = 0;
   // generation 0: the current one.
   virtual absl::Status Leave(int node_rank, uint64_t generation, std::string_view reason) = 0;
+  // Leaves the job for good (the daemon shuts down), not only `generation`:
+  // aborts it with `reason`, and every later Heartbeat names this node among
+  // the silent members as departed, so that an elastic job's survivors
+  // re-form without it at once rather than after kPresumedDeadAfter.
+  virtual absl::Status Depart(int node_rank, uint64_t generation, std::string_view reason) = 0;
   // How errors name the rendezvous: "the leader daemon at HOST:PORT",
   // "etcd at HOST:PORT,...".
   virtual std::string Describe() const = 0;

@@ -213,7 +213,7 @@ absl::StatusOr<HeartbeatResult> RendezvousClient::Heartbeat(const HeartbeatParam
   result.config_version = response.config_version();
   for (const v1::SilentMember& m : response.silent_members()) {
     result.silent_members.push_back(
-        SilentMember{m.node_rank(), m.host(), absl::Milliseconds(m.silent_ms())});
+        SilentMember{m.node_rank(), m.host(), absl::Milliseconds(m.silent_ms()), m.departed()});
   }
   return result;
 }
@@ -223,7 +223,17 @@ std::string RendezvousClient::Describe() const {
 }
 
 absl::Status RendezvousClient::Leave(int node_rank, uint64_t generation, std::string_view reason) {
+  return SendLeave(node_rank, generation, reason, /*departing=*/false);
+}
+
+absl::Status RendezvousClient::Depart(int node_rank, uint64_t generation, std::string_view reason) {
+  return SendLeave(node_rank, generation, reason, /*departing=*/true);
+}
+
+absl::Status RendezvousClient::SendLeave(int node_rank, uint64_t generation,
+                                         std::string_view reason, bool departing) {
   v1::LeaveRequest request;
+  request.set_departing(departing);
   SetCredentials(options_, &request);
   request.set_incarnation(incarnation());
   request.set_node_rank(node_rank);

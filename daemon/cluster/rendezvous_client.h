@@ -76,6 +76,7 @@ class RendezvousClient final : public JobRendezvous {
   absl::StatusOr<HeartbeatResult> Heartbeat(const HeartbeatParams& params) override;
   // generation 0: the current one.
   absl::Status Leave(int node_rank, uint64_t generation, std::string_view reason) override;
+  absl::Status Depart(int node_rank, uint64_t generation, std::string_view reason) override;
 
   const std::string& leader() const { return options_.leader; }
   std::string Describe() const override;
@@ -89,6 +90,9 @@ class RendezvousClient final : public JobRendezvous {
   absl::Status CallWait(const std::vector<std::string>& keys,
                         const std::vector<std::string>& read_keys, absl::Duration timeout,
                         bool return_values, v1::WaitResponse* response);
+  // Leave and Depart: one RPC, `departing` telling them apart.
+  absl::Status SendLeave(int node_rank, uint64_t generation, std::string_view reason,
+                         bool departing);
 
   const RendezvousClientOptions options_;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;

@@ -673,11 +673,13 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
   response->set_abort_reason(abort_reason_);
   if (aborted_) {
     for (int r = 0; r < num_nodes_; ++r) {
-      if (members_[r].heard_since_abort || !members_[r].member()) continue;
+      const Member& m = members_[r];
+      if (!m.member() || (m.heard_since_abort && m.departed.empty())) continue;
       v1::SilentMember* silent = response->add_silent_members();
       silent->set_node_rank(r);
-      silent->set_host(members_[r].host);
-      silent->set_silent_ms(Millis(now - members_[r].last_seen));
+      silent->set_host(m.host);
+      silent->set_silent_ms(Millis(now - m.last_seen));
+      silent->set_departed(!m.departed.empty());
     }
   }
   return grpc::Status::OK;
@@ -718,16 +720,32 @@ grpc::Status RendezvousService::Leave(grpc::ServerContext* context, const v1::Le
                           ", which has not formed (current generation ", generation_, ")"));
     return grpc::Status::OK;
   }
+  LeaveGenerationLocked(rank, generation, request->reason(), request->departing());
+  return grpc::Status::OK;
+}
+
+void RendezvousService::LeaveGenerationLocked(int rank, uint64_t generation,
+                                              const std::string& reason, bool departing) {
+  const bool current_member =
+      generation == generation_ && !members_.empty() && members_[rank].member();
+  if (departing && current_member) {
+    // Gone for good: the survivors need not wait out its silence.
+    members_[rank].departed = reason.empty() ? "no reason given" : reason;
+    spdlog::warn("event=member_departed generation={} node_rank={} host={} reason={}", generation_,
+                 rank, members_[rank].host, LogValue(reason));
+  }
   if (generation == generation_ && active()) {
-    AbortLocked(absl::StrCat("node_rank=", rank, " (host=", members_[rank].host,
-                             ") left: ", request->reason()));
+    AbortLocked(absl::StrCat("node_rank=", rank, " (host=", members_[rank].host, ") ",
+                             departing ? "left the job" : "left", ": ", reason));
   } else {
-    spdlog::info("event=leave node_rank={} generation={} current_generation={} reason={}", rank,
-                 generation, generation_, LogValue(request->reason()));
+    spdlog::info(
+        "event=leave node_rank={} generation={} current_generation={} departing={} "
+        "reason={}",
+        rank, generation, generation_, departing, LogValue(reason));
   }
   // It answered: it is not among the silent (possibly dead) members.
   if (generation == generation_ && !members_.empty()) members_[rank].heard_since_abort = true;
-  return grpc::Status::OK;
+  changed_.SignalAll();  // a re-formation round may now be complete
 }
 
 bool RendezvousService::AbortGeneration(uint64_t generation, const std::string& reason) {
@@ -830,6 +848,11 @@ RendezvousService::RoundVerdict RendezvousService::JudgeRoundLocked(absl::Time n
   std::vector<std::string> dead;
   for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
     if (!members_[r].member() || pending_.count(r) != 0) continue;
+    if (!members_[r].departed.empty()) {
+      dead.push_back(absl::StrCat("node_rank=", r, " (host=", members_[r].host,
+                                  ", left the job: ", members_[r].departed, ")"));
+      continue;
+    }
     const absl::Duration silent = now - members_[r].last_seen;
     if (silent < kPresumedDeadAfter) return verdict;
     dead.push_back(absl::StrCat("node_rank=", r, " (host=", members_[r].host, ", silent ",

@@ -9,9 +9,11 @@
 //   cannot join again: a restarted node re-joins once the generation aborts.
 // - Abort: a node that reports an error in Heartbeat, calls Leave, or stops
 //   heart-beating for longer than the heartbeat timeout aborts the current
-//   generation; every Heartbeat then answers abort=true with the reason and
-//   the members not heard from since (a dead node stays among them), and
-//   the nodes Join again to form generation+1 (warm restart).
+//   generation (a Leave with `departing`, a daemon shutting down, also
+//   marks the node departed: Heartbeat answers name it so, and an elastic
+//   re-formation counts it out at once); every Heartbeat then answers abort=true with the reason
+//   and the members not heard from since (a dead node stays among them), and the nodes Join again
+//   to form generation+1 (warm restart).
 // - Incarnation: a random id drawn (getrandom) when the service starts and
 //   returned by Join. Generations restart at 1 with a new leader, so every
 //   later request names (incarnation, generation); one naming another
@@ -191,7 +193,7 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // Elastic jobs (--min-nodes < --num-nodes): an aborted generation whose
   // survivors join again with its number (JoinRequest.resume_generation)
   // re-forms among them once every member of it has joined or stayed
-  // silent past kPresumedDeadAfter, if at least `min_nodes` joined and all
+  // silent past kPresumedDeadAfter (or departed: at once), if at least `min_nodes` joined and all
   // redo the same iteration; otherwise every waiting survivor gets
   // PEER_FAILED naming --min-nodes and the dead node ranks (or the split).
   // Default: num_nodes (a fixed job: every node, every time).
@@ -207,6 +209,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
     uint64_t heartbeats = 0;
     absl::Time last_seen;
     bool heard_since_abort = false;  // a Heartbeat or Leave after the abort
+    // Non-empty: it left the job for good (LeaveRequest.departing), why.
+    // Counted out of a re-formation at once, never presumed dead.
+    std::string departed;
     // Every Join carries local_size >= 1: 0 marks a rank that is not a
     // member of the generation (an elastic job re-formed without it).
     bool member() const { return local_size > 0; }
@@ -258,6 +263,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // A fresh round forms with every node; a re-formation round (some Join
   // resumes the aborted generation) as set_min_nodes says.
   RoundVerdict JudgeRoundLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Leave's work on the generation it names (`departing`: for good).
+  void LeaveGenerationLocked(int rank, uint64_t generation, const std::string& reason,
+                             bool departing) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forms the generation, or hands the round's error to every waiter.
   void SettleRoundLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Empty when a resuming Join of `rank` may enter the round, else the

@@ -584,12 +584,21 @@ void Job::Fail(const absl::Status& error, int culprit) {
   DeliverHealth();
 }
 
-void Job::FailLocked(const absl::Status& error, int culprit, bool expected) {
+void Job::Depart(const absl::Status& error) {
+  {
+    MonotonicMutexLock lock(&mu_);
+    FailLocked(error, -1, /*expected=*/false, /*departing=*/true);
+  }
+  DeliverHealth();
+}
+
+void Job::FailLocked(const absl::Status& error, int culprit, bool expected, bool departing) {
   if (state_ == JobState::kFailed) return;
   state_ = JobState::kFailed;
   error_ = error;
   culprit_ = culprit;
   failure_expected_ = expected;
+  departing_ = departing;
   spdlog::log(expected ? spdlog::level::info : spdlog::level::err,
               "event={} job={} code={} culprit_local_rank={} message={}",
               expected ? "job_closing" : "job_failed", id_, v1::Code_Name(CodeOf(error)), culprit,
@@ -601,7 +610,11 @@ void Job::FailLocked(const absl::Status& error, int culprit, bool expected) {
   }
   // Reported before the sockets close: the other nodes' collectives fail
   // when they do, and the leader should hear the cause first.
-  if (world_.link) world_.link->ReportError(error);
+  if (world_.link && departing) {
+    world_.link->ReportDeparture(error);
+  } else if (world_.link) {
+    world_.link->ReportError(error);
+  }
   if (world_.backend) world_.backend->Abort(std::string(error.message()));
   if (broadcaster_) broadcaster_->Abort(error);
   if (replica_checker_) replica_checker_->Abort(error);

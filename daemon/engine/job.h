@@ -55,6 +55,10 @@ class WorldLink {
   virtual ~WorldLink() = default;
   // The local job failed: tell the other nodes (through the leader).
   virtual void ReportError(const absl::Status& error) = 0;
+  // The local job ends because this daemon shuts down (`why`): where the
+  // job can go on without this node (elastic), it leaves the job for good
+  // so that the others re-form without it at once; otherwise as ReportError.
+  virtual void ReportDeparture(const absl::Status& why) { ReportError(why); }
   // Where to read this node's progress for heartbeats.
   virtual void SetProgress(std::function<uint64_t()> iteration) = 0;
   // A local stall, reported to the leader's log.
@@ -183,6 +187,10 @@ class Job {
   // Fails the job (idempotent; the first error wins). `culprit` (a local
   // rank) gets `error` itself; the other trainers get PEER_FAILED naming it.
   void Fail(const absl::Status& error, int culprit = -1) ABSL_LOCKS_EXCLUDED(mu_);
+  // The daemon shuts down: fails the job as Fail does, every trainer
+  // getting `error`, and this node leaves a multi-node job for good
+  // (WorldLink::ReportDeparture), which an elastic job survives.
+  void Depart(const absl::Status& error) ABSL_LOCKS_EXCLUDED(mu_);
 
   // For Watch streams: waits up to `timeout` for the job to fail or the
   // trainer to leave. Returns the job's error (OK while healthy); *gone is
@@ -308,8 +316,9 @@ class Job {
   absl::Status CheckDeviceKind(const Layout& layout) const;
   std::string BackendNameLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // `expected`: a normal end (a trainer closed): logged at info level.
-  void FailLocked(const absl::Status& error, int culprit, bool expected = false)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `departing`: the daemon shuts down (Depart).
+  void FailLocked(const absl::Status& error, int culprit, bool expected = false,
+                  bool departing = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PeerError(const Trainer& t) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The world of formation `epoch` failed (the cluster link's heartbeat):
   // a running elastic job re-forms (the scheduler does it), anything else
@@ -357,6 +366,9 @@ class Job {
   int culprit_ ABSL_GUARDED_BY(mu_) = -1;
   // The job ended because a trainer closed.
   bool failure_expected_ ABSL_GUARDED_BY(mu_) = false;
+  // The job ended because the daemon shuts down (Depart): a world formed
+  // after that (a re-formation in flight) is left the same way.
+  bool departing_ ABSL_GUARDED_BY(mu_) = false;
   // By local rank; null if not attached. A Trainer's own fields (layout,
   // registered, rank, segment) are also guarded by mu_, except what the
   // scheduler owns once the job runs (see trainer.h). Shared so that an

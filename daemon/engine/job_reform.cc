@@ -81,6 +81,9 @@ absl::StatusOr<Scheduler::Reformed> Job::Reform(const absl::Status& error, uint6
     MonotonicMutexLock lock(&mu_);
     if (state_ != JobState::kFailed) return InstallReformedLocked(*std::move(world));
     failed = error_;
+    // Stopped while re-forming: leave the new generation as the old one
+    // would have been left, so the others need not wait out this node.
+    if (departing_ && world->link) world->link->ReportDeparture(error_);
   }
   return failed;  // `world` is torn down unused, without mu_ (its link calls back)
 }

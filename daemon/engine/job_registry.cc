@@ -60,10 +60,10 @@ std::shared_ptr<Job> JobRegistry::Current() const {
   return current_;
 }
 
-void JobRegistry::FailAll(const absl::Status& error) {
+void JobRegistry::DepartAll(const absl::Status& error) {
   absl::MutexLock lock(&mu_);
-  if (current_) current_->Fail(error);
-  for (auto& [session, job] : sessions_) job->Fail(error);
+  if (current_) current_->Depart(error);
+  for (auto& [session, job] : sessions_) job->Depart(error);
 }
 
 }  // namespace gradsync

@@ -3,7 +3,7 @@
 // replaced by a fresh one on the next Attach: the daemon outlives jobs.
 //
 // Threads: every method is thread-safe. The registry's lock is taken before
-// a job's own lock (JobForAttach and FailAll call into the job under it),
+// a job's own lock (JobForAttach and DepartAll call into the job under it),
 // never the other way round.
 #ifndef GRADSYNC_DAEMON_ENGINE_JOB_REGISTRY_H_
 #define GRADSYNC_DAEMON_ENGINE_JOB_REGISTRY_H_
@@ -41,8 +41,9 @@ class JobRegistry {
   void RemoveSession(uint64_t session) ABSL_LOCKS_EXCLUDED(mu_);
   // The current job (may be finished), for stats.
   std::shared_ptr<Job> Current() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Stops every job (daemon shutdown): trainers see the error.
-  void FailAll(const absl::Status& error) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stops every job (daemon shutdown): trainers see the error, and this
+  // node leaves its multi-node job (Job::Depart).
+  void DepartAll(const absl::Status& error) ABSL_LOCKS_EXCLUDED(mu_);
   // The configuration new jobs get (a copy: it changes at run time).
   DaemonConfig config() const ABSL_LOCKS_EXCLUDED(mu_);
   // Applies `update` to the configuration under the lock.

@@ -266,6 +266,57 @@ TEST(EtcdRendezvousTest, SurvivorsReformWithoutADeadNodeZero) {
   }
 }
 
+// Node 2 departs (its daemon shuts down) while its lease lives on: every
+// heartbeat names it departed and the survivors re-form without it at
+// once. Counted out by silence instead, the round would wait the lease
+// TTL and kPresumedDeadAfter (62 s), past the survivors' 20 s join timeout.
+TEST(EtcdRendezvousTest, ADepartedNodeIsNamedSoAndTheSurvivorsReformWithoutItAtOnce) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  const absl::Duration ttl = absl::Seconds(60);
+  std::vector<std::shared_ptr<EtcdRendezvous>> nodes;
+  for (int i = 0; i < 3; ++i) nodes.push_back(Rendezvous(etcd.endpoints(), kToken, ttl, 2));
+  for (const absl::StatusOr<JoinResult>& r : JoinAll(nodes)) ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(nodes[2]->Depart(2, 1, "gradsyncd is shutting down (SIGTERM)").ok());
+  HeartbeatParams hb;
+  hb.node_rank = 0;
+  hb.generation = 1;
+  const absl::StatusOr<HeartbeatResult> beat = nodes[0]->Heartbeat(hb);
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_TRUE(beat->abort);
+  EXPECT_THAT(beat->abort_reason,
+              HasSubstr("node_rank=2 (host=10.0.0.3) left the job: gradsyncd is shutting down "
+                        "(SIGTERM)"));
+  bool named = false;
+  for (const SilentMember& m : beat->silent_members) {
+    EXPECT_EQ(m.departed, m.node_rank == 2) << "node_rank=" << m.node_rank;
+    named |= m.node_rank == 2;
+  }
+  EXPECT_TRUE(named) << "node 2 missing from the silent members";
+  std::vector<absl::StatusOr<JoinResult>> results(2, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int i : {0, 1}) {
+    threads.emplace_back([&, i] {
+      EXPECT_TRUE(nodes[i]->Leave(i, 1, "re-forming").ok());
+      nodes[i] = Rendezvous(etcd.endpoints(), kToken, ttl, /*min_nodes=*/2);
+      JoinParams p = Node(i, 3, absl::Seconds(20));
+      p.resume_generation = 1;
+      p.resume_iteration = 7;
+      results[i] = nodes[i]->Join(p);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::StatusOr<JoinResult>& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->generation, 2u);
+    ASSERT_EQ(r->peers.size(), 2u);
+    EXPECT_EQ(r->peers[0].node_rank, 0);
+    EXPECT_EQ(r->peers[1].node_rank, 1);
+    EXPECT_EQ(r->world_size, 1 + 2);
+  }
+}
+
 TEST(EtcdRendezvousTest, FewerSurvivorsThanMinNodesFailNamingMinNodesAndTheDead) {
   SKIP_WITHOUT_ETCD();
   EtcdCluster etcd(1);

@@ -632,9 +632,10 @@ std::string Logs(const std::vector<std::unique_ptr<Daemon>>& nodes) {
   return out;
 }
 
-class GpuElasticTest : public ::testing::TestWithParam<ElasticStage> {};
-
-TEST_P(GpuElasticTest, SurvivorsOfAKilledNodeRedoTheStepOverTheirTrainersAndFinish) {
+// `sigterm`: node 2's daemon is stopped with SIGTERM instead (its trainers
+// resume and get the shutdown error): it leaves the job, and the survivors
+// count it out without waiting for its silence.
+void RunUntilNodeTwoGoesAndExpectSurvivorsFinish(ElasticStage stage, bool sigterm) {
   std::vector<std::unique_ptr<Daemon>> nodes;
   ASSERT_NO_FATAL_FAILURE(StartSimNodes(
       {"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001", "--timeout-s=10",
@@ -647,10 +648,10 @@ TEST_P(GpuElasticTest, SurvivorsOfAKilledNodeRedoTheStepOverTheirTrainersAndFini
   std::vector<Run> runs;
   for (int n = 0; n < kElasticNodes; ++n) {
     for (int r = 0; r < 2; ++r) {
-      const int marks = MarksBeforePause(GetParam(), n == 2);
+      const int marks = MarksBeforePause(stage, n == 2);
       // Both registration modes: the trainers' own allocations there.
       const std::string mode =
-          GetParam() == ElasticStage::kVictimInCollective ? "--mode=user" : "--mode=flat";
+          stage == ElasticStage::kVictimInCollective ? "--mode=user" : "--mode=flat";
       runs.push_back(
           {n, StartSimTrainer(
                   *nodes[n], r, 2,
@@ -668,15 +669,15 @@ TEST_P(GpuElasticTest, SurvivorsOfAKilledNodeRedoTheStepOverTheirTrainersAndFini
   }
   // Only a daemon still waiting for its paused trainers reports a stall:
   // the other side then waits inside a collective.
-  if (GetParam() == ElasticStage::kVictimInCollective) {
+  if (stage == ElasticStage::kVictimInCollective) {
     ASSERT_TRUE(WaitForLog(nodes[0]->process(), "event=stall", seconds(30))) << Logs(nodes);
-  } else if (GetParam() == ElasticStage::kSurvivorsInCollective) {
+  } else if (stage == ElasticStage::kSurvivorsInCollective) {
     ASSERT_TRUE(WaitForLog(nodes[2]->process(), "event=stall", seconds(30))) << Logs(nodes);
   }
   const auto killed_at = std::chrono::steady_clock::now();
-  nodes[2]->process().Signal(SIGKILL);
+  nodes[2]->process().Signal(sigterm ? SIGTERM : SIGKILL);
   for (Run& run : runs) {
-    if (run.node == 2) run.process.Signal(SIGKILL);
+    if (run.node == 2) run.process.Signal(sigterm ? SIGCONT : SIGKILL);
   }
   for (Run& run : runs) {
     if (run.node != 2) run.process.Signal(SIGCONT);
@@ -706,14 +707,34 @@ TEST_P(GpuElasticTest, SurvivorsOfAKilledNodeRedoTheStepOverTheirTrainersAndFini
                                     " world_size=4 nodes=2")),
               std::string::npos)
         << log;
-    if (GetParam() == ElasticStage::kSurvivorsInCollective) {
+    if (stage == ElasticStage::kSurvivorsInCollective) {
       // The first bucket was written back before the death: kept.
       EXPECT_EQ(log.find("kept_buckets=0"), std::string::npos) << log;
     }
   }
   for (Run& run : runs) {
-    if (run.node == 2) run.process.Wait(seconds(10));
+    if (run.node != 2) continue;
+    const ExitStatus st = run.process.Wait(seconds(sigterm ? 60 : 10));
+    if (!sigterm) continue;
+    const std::string log = run.process.Log();
+    EXPECT_TRUE(st.exited && st.code != 0) << st.ToString() << "\n" << log;
+    EXPECT_NE(log.find("gradsyncd is shutting down (SIGTERM)"), std::string::npos) << log;
   }
+  for (int n = 0; sigterm && n < 2; ++n) {
+    const std::string log = nodes[n]->process().Log();
+    EXPECT_NE(log.find("event=node_departed generation=1 node_rank=2"), std::string::npos) << log;
+    EXPECT_EQ(log.find("event=node_presumed_dead"), std::string::npos) << log;
+  }
+}
+
+class GpuElasticTest : public ::testing::TestWithParam<ElasticStage> {};
+
+TEST_P(GpuElasticTest, SurvivorsOfAKilledNodeRedoTheStepOverTheirTrainersAndFinish) {
+  RunUntilNodeTwoGoesAndExpectSurvivorsFinish(GetParam(), /*sigterm=*/false);
+}
+
+TEST(GpuElasticJob, ANodeStoppedWithSigtermLeavesAndTheSurvivorsRedoTheStepWithoutIt) {
+  RunUntilNodeTwoGoesAndExpectSurvivorsFinish(ElasticStage::kBackward, /*sigterm=*/true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Sim, GpuElasticTest,

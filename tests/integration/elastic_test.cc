@@ -27,6 +27,11 @@
 // Fixed (--min-nodes 3 = --num-nodes): a death ends every survivor with
 // GS_ERR_PEER_FAILED naming node_rank=2 and --min-nodes.
 //
+// SIGTERM instead of SIGKILL (node 2's daemon only; its trainers resume
+// and get the shutdown error): an elastic job's node leaves and the
+// survivors re-form without it at once, as departed, never presumed dead;
+// node 0 hosting the leader ends the job; a fixed job ends, naming it.
+//
 // elastic_etcd_test runs every case on an etcd rendezvous (a real etcd
 // member; --rendezvous etcd://...) instead of the embedded leader, except
 // the two that need the leader (config set, its death), plus what only
@@ -186,13 +191,10 @@ void ResumeSurvivors(std::vector<Trainer>* trainers, const std::vector<int>& vic
 }
 
 // Starts every trainer paused as `stage` says and waits until all stopped
-// and the daemons are where the stage needs them; then SIGKILLs the
-// victims' daemons and trainers and resumes the others. Returns the kill's
-// time.
-std::chrono::steady_clock::time_point RunUntilKilled(
-    Cluster& cluster, Stage stage, std::vector<Trainer>* trainers,
-    const std::vector<int>& victims = {kVictimNode}, bool resume = true,
-    const std::vector<std::string>& extra_args = {}) {
+// and the daemons are where the stage needs them.
+void RunUntilPaused(Cluster& cluster, Stage stage, std::vector<Trainer>* trainers,
+                    const std::vector<int>& victims,
+                    const std::vector<std::string>& extra_args = {}) {
   for (int n = 0; n < kNodes; ++n) {
     for (int r = 0; r < kLocal; ++r) {
       const std::string pause = PauseFor(stage, IsVictim(n, victims));
@@ -218,6 +220,15 @@ std::chrono::steady_clock::time_point RunUntilKilled(
     EXPECT_TRUE(WaitForLog(cluster.node(kVictimNode).process(), "event=stall", kStateBound))
         << cluster.DaemonLogs();
   }
+}
+
+// RunUntilPaused, then SIGKILLs the victims' daemons and trainers and
+// resumes the others. Returns the kill's time.
+std::chrono::steady_clock::time_point RunUntilKilled(
+    Cluster& cluster, Stage stage, std::vector<Trainer>* trainers,
+    const std::vector<int>& victims = {kVictimNode}, bool resume = true,
+    const std::vector<std::string>& extra_args = {}) {
+  RunUntilPaused(cluster, stage, trainers, victims, extra_args);
   const auto killed_at = std::chrono::steady_clock::now();
   for (int n : victims) cluster.node(n).process().Signal(SIGKILL);
   for (Trainer& t : *trainers) {
@@ -337,6 +348,69 @@ TEST(ElasticJob, SurvivorsInsideTheCollectiveRedoFromTheirKeptSumsAndTrainOn) {
 
 TEST(ElasticJob, ASurvivorWaitingForItsTrainersLearnsTheDeathFromTheLeaderAndRedoesToo) {
   KillNodeTwoAndExpectSurvivorsTrainOn(Stage::kBackward, /*found_by_heartbeat=*/true);
+}
+
+// Node 2's daemon stopped with SIGTERM mid-backward (a scale-down): it
+// leaves the job, its trainers (resumed after the signal) get the shutdown
+// error naming SIGTERM, and the survivors re-form without it at once (the
+// leader counts it out as departed, no silence waited out) and train like
+// the reference.
+// Every trainer paused mid-backward, `node`'s daemon gets SIGTERM and every
+// trainer resumes: `node`'s get the shutdown error naming SIGTERM, and its
+// daemon exits 0. Returns the signal's time.
+std::chrono::steady_clock::time_point StopNodeWithSigterm(Cluster& cluster,
+                                                          std::vector<Trainer>* trainers,
+                                                          int node) {
+  RunUntilPaused(cluster, Stage::kBackward, trainers, {node});
+  const auto stopped_at = std::chrono::steady_clock::now();
+  cluster.node(node).process().Signal(SIGTERM);
+  EXPECT_TRUE(
+      WaitForLog(cluster.node(node).process(), "event=shutdown reason=\"SIGTERM\"", kErrorBound))
+      << cluster.DaemonLogs();
+  ResumeSurvivors(trainers, {});  // the stopped node's too: they learn of the shutdown
+  for (Trainer& t : *trainers) {
+    if (t.node != node) continue;
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    const std::string error = TrainerError(t.process.Log());
+    EXPECT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitUnavailable) << error << cluster.DaemonLogs();
+    EXPECT_NE(error.find("gradsyncd is shutting down (SIGTERM)"), std::string::npos) << error;
+  }
+  const ExitStatus stopped = cluster.node(node).process().Wait(kErrorBound);
+  EXPECT_TRUE(stopped.exited && stopped.code == 0) << stopped.ToString() << cluster.DaemonLogs();
+  return stopped_at;
+}
+
+TEST(ElasticJob, NodeStoppedWithSigtermLeavesAndTheSurvivorsReformWithoutItAtOnce) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  const auto stopped_at = StopNodeWithSigterm(cluster, &trainers, kVictimNode);
+  EXPECT_NE(cluster.node(kVictimNode).process().Log().find("event=departing generation=1"),
+            std::string::npos)
+      << cluster.DaemonLogs();
+  ExpectSurvivorsTrainedLikeTheReference(cluster, trainers);
+  if (::testing::Test::HasFatalFailure()) return;
+  std::printf("elastic_job sigterm: SIGTERM of node 2 to the survivors' completion: %.2f s\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count());
+  // Counted out as departed, never presumed dead after its silence.
+  for (int n = 0; n < kNodes; ++n) {
+    if (n == kVictimNode) continue;
+    const std::string log = cluster.node(n).process().Log();
+    EXPECT_NE(log.find("event=node_departed generation=1 node_rank=2"), std::string::npos)
+        << "node " << n << "\n"
+        << cluster.DaemonLogs();
+    EXPECT_NE(log.find("event=job_reformed job="), std::string::npos) << cluster.DaemonLogs();
+    EXPECT_EQ(log.find("event=node_presumed_dead"), std::string::npos) << "node " << n << "\n"
+                                                                       << cluster.DaemonLogs();
+    EXPECT_TRUE(cluster.node(n).process().Running()) << cluster.DaemonLogs();
+  }
+  if (!kOnEtcd) {
+    // The leader formed generation 2 with node 2 named as having left.
+    const std::string leader = cluster.node(0).process().Log();
+    EXPECT_NE(leader.find("event=member_departed generation=1 node_rank=2"), std::string::npos)
+        << cluster.DaemonLogs();
+  }
 }
 
 // Node 1 dies, so node 2 is the second of the survivors' two members (its
@@ -656,6 +730,33 @@ TEST(ElasticJob, NodeZeroKilledOnEtcdSurvivorsTrainOn) {
   for (int n : {1, 2}) EXPECT_TRUE(cluster.node(n).process().Running()) << cluster.DaemonLogs();
 }
 
+// The embedded rendezvous lives in node 0's daemon: stopping it ends the
+// job (it does not leave it), named by the leader's abort or its absence.
+// On etcd node 0 leaves like any node and the others train on.
+TEST(ElasticJob, NodeZeroStoppedWithSigtermEndsTheJobOnTheLeaderAndLeavesItOnEtcd) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  StopNodeWithSigterm(cluster, &trainers, 0);
+  if (kOnEtcd) {
+    ExpectSurvivorsTrainedLikeTheReference(cluster, trainers, /*victim=*/0);
+    return;
+  }
+  for (Trainer& t : trainers) {
+    if (t.node == 0) continue;
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    const std::string error = TrainerError(t.process.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitPeerFailed) << error << cluster.DaemonLogs();
+    // Whichever the survivor heard first: the leader's abort naming node 0's
+    // shutdown, or the leader gone.
+    EXPECT_TRUE(error.find("node_rank=0 (host=127.0.0.1) reported UNAVAILABLE: gradsyncd is "
+                           "shutting down (SIGTERM)") != std::string::npos ||
+                error.find("the leader is dead") != std::string::npos)
+        << error << cluster.DaemonLogs();
+  }
+}
+
 #ifdef GRADSYNC_ELASTIC_ON_ETCD
 // A 3-member etcd cluster loses the member every daemon talks to first
 // while node 2's death makes the survivors re-form: they re-form through
@@ -719,6 +820,29 @@ TEST(FixedJob, NodeKilledMidBackwardFailsSurvivorsNamingItAndMinNodes) {
 
 TEST(FixedJob, NodeKilledMidCollectiveFailsSurvivorsNamingItAndMinNodes) {
   KillNodeTwoAndExpectPeerFailed(Stage::kVictimInCollective);
+}
+
+// A fixed job cannot go on without a node: a SIGTERM'd daemon reports its
+// shutdown as an error, which ends the job on every node, named.
+TEST(FixedJob, NodeStoppedWithSigtermFailsSurvivorsNamingItsShutdown) {
+  Cluster cluster(JobOptions(/*min_nodes=*/kNodes));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  StopNodeWithSigterm(cluster, &trainers, kVictimNode);
+  for (Trainer& t : trainers) {
+    if (t.node == kVictimNode) continue;
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    const std::string error = TrainerError(t.process.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitPeerFailed) << error << cluster.DaemonLogs();
+    EXPECT_NE(error.find("node_rank=2 (host=127.0.0.1) reported UNAVAILABLE: gradsyncd is "
+                         "shutting down (SIGTERM)"),
+              std::string::npos)
+        << "node " << t.node << ": " << error << cluster.DaemonLogs();
+  }
+  for (int n = 0; n < kNodes; ++n) {
+    if (n != kVictimNode) EXPECT_TRUE(cluster.node(n).process().Running()) << cluster.DaemonLogs();
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // heartbeats), re-forming, and the generation-scoped key-value store.
 #include "daemon/cluster/rendezvous_service.h"
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -827,8 +828,80 @@ class ElasticRendezvousTest : public RendezvousServiceTest {
     return results;
   }
 
+  // `ranks` resume generation 1 at iteration 5 while the fake clock stands
+  // still: only departed members may be counted out. Should the round wait
+  // on silence after all, the clock is moved (bounded) and the results say
+  // "waited on silence".
+  std::vector<absl::StatusOr<JoinResult>> ResumeWithoutTimePassing(const std::vector<int>& ranks) {
+    std::vector<absl::StatusOr<JoinResult>> results(ranks.size(), absl::UnknownError("not run"));
+    std::atomic<size_t> done{0};
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      threads.emplace_back([&, i] {
+        JoinParams p = Params(ranks[i]);
+        p.resume_generation = 1;
+        p.resume_iteration = 5;
+        results[i] = Client()->Join(p);
+        ++done;
+      });
+    }
+    const bool decided = WaitUntil([&] { return done.load() == ranks.size(); }, absl::Seconds(10));
+    if (!decided) clocks_.Elapse(RendezvousService::kPresumedDeadAfter + absl::Milliseconds(1));
+    for (auto& t : threads) t.join();
+    if (!decided) {
+      for (auto& r : results) r = absl::DeadlineExceededError("waited on silence");
+    }
+    return results;
+  }
+
+  // Generation 1 of 3 nodes (--min-nodes 2) formed; `departing` leave it
+  // for good, as a daemon stopped with SIGTERM does.
+  void FormAndDepart(const std::vector<int>& departing) {
+    StartLeader(3, /*heartbeat_timeout=*/absl::Minutes(10), clocks_.Monotonic());
+    leader_->service().set_min_nodes(2);
+    ASSERT_EQ(FormGeneration(), 1u);
+    for (int rank : departing) {
+      ASSERT_TRUE(Client()->Depart(rank, 1, "gradsyncd is shutting down (SIGTERM)").ok());
+    }
+  }
+
   FakeMachineClocks clocks_;
 };
+
+TEST_F(ElasticRendezvousTest, ADepartedNodeIsNamedSoAndTheSurvivorsReformWithoutItAtOnce) {
+  FormAndDepart({2});
+  const auto beat = Beat(0, 1);
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_TRUE(beat->abort);
+  EXPECT_THAT(beat->abort_reason,
+              HasSubstr("node_rank=2 (host=10.0.0.3) left the job: gradsyncd is shutting down "
+                        "(SIGTERM)"));
+  bool named = false;
+  for (const SilentMember& m : beat->silent_members) {
+    EXPECT_EQ(m.departed, m.node_rank == 2) << "node_rank=" << m.node_rank;
+    named |= m.node_rank == 2;
+  }
+  EXPECT_TRUE(named) << "node 2 missing from the silent members";
+  for (const auto& r : ResumeWithoutTimePassing({0, 1})) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->generation, 2u);
+    EXPECT_EQ(r->world_size, 1 + 2);
+    ASSERT_EQ(r->peers.size(), 3u);
+    EXPECT_EQ(r->peers[2].local_size, 0);
+  }
+}
+
+TEST_F(ElasticRendezvousTest, DeparturesBelowMinNodesFailTheSurvivorNamingMinNodesAndThem) {
+  FormAndDepart({1, 2});
+  const auto results = ResumeWithoutTimePassing({0});
+  ASSERT_FALSE(results[0].ok());
+  EXPECT_EQ(CodeOf(results[0].status()), v1::PEER_FAILED) << results[0].status();
+  EXPECT_THAT(Msg(results[0].status()), HasSubstr("fewer than --min-nodes=2"));
+  EXPECT_THAT(Msg(results[0].status()),
+              HasSubstr("node_rank=1 (host=10.0.0.2, left the job: gradsyncd is shutting down "
+                        "(SIGTERM))"));
+  EXPECT_THAT(Msg(results[0].status()), HasSubstr("node_rank=2 (host=10.0.0.3, left the job"));
+}
 
 TEST_F(ElasticRendezvousTest, SurvivorsReformWithoutTheSilentNodeWhichIsThenNoMember) {
   StartElastic(3, /*min_nodes=*/2);
