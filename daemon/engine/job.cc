@@ -426,6 +426,7 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
     opts.reform = [this](const absl::Status& error, uint64_t iteration) {
       return Reform(error, iteration);
     };
+    opts.leave_job = [this](const absl::Status& error, int culprit) { Depart(error, culprit); };
   }
   broadcaster_ = std::make_unique<Broadcaster>(
       trainers, world_.backend.get(),
@@ -584,10 +585,10 @@ void Job::Fail(const absl::Status& error, int culprit) {
   DeliverHealth();
 }
 
-void Job::Depart(const absl::Status& error) {
+void Job::Depart(const absl::Status& error, int culprit) {
   {
     MonotonicMutexLock lock(&mu_);
-    FailLocked(error, -1, /*expected=*/false, /*departing=*/true);
+    FailLocked(error, culprit, /*expected=*/false, /*departing=*/true);
   }
   DeliverHealth();
 }
@@ -788,11 +789,19 @@ bool Job::ShrinksOnTrainerDeathLocked(const Trainer& dead) const {
       !hooks_.reform_world) {
     return false;
   }
-  // The last trainer of a node takes its node out: that ends the job.
+  // The last trainer of a node takes its node out instead (below).
   for (const auto& other : trainers_) {
     if (other && other.get() != &dead && !other->gone.load()) return true;
   }
   return false;
+}
+
+bool Job::NodeLeavesOnTrainerDeathLocked(const Trainer& dead) const {
+  if (state_ != JobState::kRunning || !elastic() || !world_.link) return false;
+  for (const auto& other : trainers_) {
+    if (other && other.get() != &dead && !other->gone.load()) return false;
+  }
+  return true;
 }
 
 bool Job::RemoveTrainer(uint64_t session, bool graceful, const std::string& reason,
@@ -811,6 +820,16 @@ bool Job::RemoveTrainer(uint64_t session, bool graceful, const std::string& reas
   } else if (!graceful && ShrinksOnTrainerDeathLocked(*t)) {
     // Its node stays in the elastic job (scheduler_departure.cc).
     scheduler_->RequestDeparture(t->local_rank, reason);
+  } else if (!graceful && NodeLeavesOnTrainerDeathLocked(*t)) {
+    // Nothing of this node can take part any more: it leaves the elastic
+    // job as a daemon stopped by SIGTERM does, and the others go on
+    // without it. Kubernetes stops a Pod's trainers before its sidecar,
+    // so this is what a scale-down looks like.
+    FailLocked(MakeError(v1::PEER_FAILED,
+                         absl::StrCat(t->Name(), " died: ", reason,
+                                      "; it was its node's last trainer, so the node leaves the "
+                                      "elastic job")),
+               t->local_rank, /*expected=*/false, /*departing=*/true);
   } else if (state_ != JobState::kFailed) {
     // Said so, since the job is elastic: only the CPU path drops a trainer.
     const bool elastic_gpu = !graceful && state_ == JobState::kRunning && gpu_session_ &&

@@ -187,10 +187,11 @@ class Job {
   // Fails the job (idempotent; the first error wins). `culprit` (a local
   // rank) gets `error` itself; the other trainers get PEER_FAILED naming it.
   void Fail(const absl::Status& error, int culprit = -1) ABSL_LOCKS_EXCLUDED(mu_);
-  // The daemon shuts down: fails the job as Fail does, every trainer
-  // getting `error`, and this node leaves a multi-node job for good
-  // (WorldLink::ReportDeparture), which an elastic job survives.
-  void Depart(const absl::Status& error) ABSL_LOCKS_EXCLUDED(mu_);
+  // The daemon shuts down, or (culprit >= 0) a trainer died where no
+  // survivors' average can absorb it: fails the job as Fail does, and this
+  // node leaves a multi-node job for good (WorldLink::ReportDeparture),
+  // which an elastic job survives.
+  void Depart(const absl::Status& error, int culprit = -1) ABSL_LOCKS_EXCLUDED(mu_);
 
   // For Watch streams: waits up to `timeout` for the job to fail or the
   // trainer to leave. Returns the job's error (OK while healthy); *gone is
@@ -342,6 +343,9 @@ class Job {
   // A running elastic CPU job across nodes where `dead` (already marked
   // gone) is not the node's last trainer: the world shrinks by it.
   bool ShrinksOnTrainerDeathLocked(const Trainer& dead) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // A running elastic job across nodes where `dead` was the node's last
+  // trainer: the node leaves the job (a departure, as on SIGTERM).
+  bool NodeLeavesOnTrainerDeathLocked(const Trainer& dead) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Runs the health hook for every queued change, in order. Called by each
   // public method that may change the job's health, after releasing mu_.
   void DeliverHealth() ABSL_LOCKS_EXCLUDED(mu_, hooks_mu_);

@@ -120,6 +120,10 @@ class Scheduler {
     // Elastic jobs: set, a failed cross-node collective re-forms the world
     // and redoes the iteration (every bucket's local sum is kept for it).
     ReformFn reform;
+    // Elastic jobs across nodes: a trainer that died after marking only
+    // part of an iteration takes its node out of the job through this (the
+    // other nodes redo the iteration without it). Empty: the job fails.
+    FailFn leave_job;
     // Checks, before the first collective under a new plan decision, that
     // every node decided the same (MISMATCH naming both otherwise); may
     // block on the other nodes. Empty on one node.

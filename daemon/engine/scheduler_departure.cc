@@ -47,13 +47,17 @@ bool Scheduler::TakeDepartures() {
       t.departing = true;
     } else {
       // Part of its gradient may be summed already, part is missing: no
-      // average over the survivors can be formed from what is left.
-      fail_(MakeError(v1::PEER_FAILED,
-                      absl::StrCat(t.Name(), " died in iteration ", iteration(), " after marking ",
-                                   t.marked_count, " of ", layout_.size(), " gradients (", reason,
-                                   "): an elastic job loses a trainer only before its first or "
-                                   "after its last mark of an iteration")),
-            t.local_rank);
+      // average over this node's survivors can be formed from what is left,
+      // but one over the other nodes can: the node leaves the job.
+      const bool node_leaves = static_cast<bool>(options_.leave_job);
+      (node_leaves ? options_.leave_job : fail_)(
+          MakeError(v1::PEER_FAILED,
+                    absl::StrCat(t.Name(), " died in iteration ", iteration(), " after marking ",
+                                 t.marked_count, " of ", layout_.size(), " gradients (", reason,
+                                 "): an elastic job loses a trainer only before its first or "
+                                 "after its last mark of an iteration",
+                                 node_leaves ? ", so its node leaves the job" : "")),
+          t.local_rank);
       return false;
     }
   }

@@ -14,8 +14,10 @@
 //
 // A trainer of an elastic job SIGKILLed (its node stays): after marking
 // the iteration's gradients, the others finish with it counted in that
-// iteration and gone from the next; after only its first mark, the job
-// fails naming it. Node 0 (the leader) SIGKILLed ends the job naming it.
+// iteration and gone from the next; after only its first mark, its node
+// leaves the job (its other trainer is told why) and the other nodes train
+// on; so does a node whose trainers all died while its daemon lives on.
+// Node 0 (the leader) SIGKILLed ends the job naming it.
 //
 // gs_broadcast and gs_check_replicas after a re-formation run among the
 // survivors: node 1 killed, a broadcast from rank 4 (node 2, now the
@@ -413,6 +415,41 @@ TEST(ElasticJob, NodeStoppedWithSigtermLeavesAndTheSurvivorsReformWithoutItAtOnc
   }
 }
 
+// Node 2's trainers SIGKILLed mid-backward while its daemon lives on (what
+// a Kubernetes scale-down does: it stops a Pod's trainers before its
+// sidecar): with its last trainer gone the node leaves the job, and the
+// survivors re-form without it at once.
+TEST(ElasticJob, ANodeWhoseTrainersAllDiedLeavesAndTheSurvivorsReformWithoutIt) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilPaused(cluster, Stage::kBackward, &trainers, {kVictimNode});
+  for (Trainer& t : trainers) {
+    if (t.node == kVictimNode) t.process.Signal(SIGKILL);
+  }
+  ASSERT_TRUE(
+      WaitForLog(cluster.node(kVictimNode).process(), "event=departing generation=1", kErrorBound))
+      << cluster.DaemonLogs();
+  // Whichever death the daemon handled first takes the node out: the first
+  // (it had marked part of the iteration) or the last.
+  const std::string victim_log = cluster.node(kVictimNode).process().Log();
+  EXPECT_TRUE(victim_log.find("so its node leaves the job") != std::string::npos ||
+              victim_log.find("its node's last trainer") != std::string::npos)
+      << cluster.DaemonLogs();
+  ResumeSurvivors(&trainers, {kVictimNode});
+  ExpectSurvivorsTrainedLikeTheReference(cluster, trainers);
+  for (int n = 0; n < kNodes; ++n) {
+    const std::string log = cluster.node(n).process().Log();
+    if (n == kVictimNode) continue;
+    EXPECT_NE(log.find("event=node_departed generation=1 node_rank=2"), std::string::npos)
+        << "node " << n << "\n"
+        << cluster.DaemonLogs();
+    EXPECT_EQ(log.find("event=node_presumed_dead"), std::string::npos) << "node " << n << "\n"
+                                                                       << cluster.DaemonLogs();
+  }
+  EXPECT_TRUE(cluster.node(kVictimNode).process().Running()) << cluster.DaemonLogs();
+}
+
 // Node 1 dies, so node 2 is the second of the survivors' two members (its
 // Gloo rank 1); its rank 4 then broadcasts a buffer of two pieces to every
 // survivor's trainers, which check each byte, and training stays exact.
@@ -655,22 +692,30 @@ TEST(ElasticJob, TrainerKilledAfterMarkingLeavesTheWorldFromTheNextIteration) {
 }
 
 // Rank 3 died after its first mark: part of its gradient may be summed,
-// part is missing, so no survivors' average exists; the job fails naming it.
-TEST(ElasticJob, TrainerKilledMidBackwardFailsTheJobNamingIt) {
+// part is missing, so no average over its node's survivors exists; its node
+// leaves the job (rank 2, its other trainer, fails naming rank 3) and the
+// other two nodes redo the iteration without it and train on.
+TEST(ElasticJob, TrainerKilledMidBackwardTakesItsNodeOutAndTheOthersTrainOn) {
+  constexpr int kVictimsNode = kTrainerVictim / kLocal;
   Cluster cluster(JobOptions(/*min_nodes=*/2));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Trainer> trainers;
   RunUntilTrainerKilled(cluster, "backward", &trainers);
-  for (size_t i = 0; i < trainers.size(); ++i) {
-    if (static_cast<int>(i) == kTrainerVictim) continue;
-    Trainer& t = trainers[i];
-    const ExitStatus st = t.process.Wait(kErrorBound);
-    const std::string error = TrainerError(t.process.Log());
-    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
-    EXPECT_EQ(st.code, kExitPeerFailed) << error << cluster.DaemonLogs();
-    EXPECT_NE(error.find("rank 3 (local 1"), std::string::npos) << "trainer " << i << ": " << error;
-    EXPECT_NE(error.find("after marking 1 of"), std::string::npos)
-        << "trainer " << i << ": " << error;
+  Trainer& other = trainers[kVictimsNode * kLocal];  // rank 2
+  const ExitStatus st = other.process.Wait(kErrorBound);
+  const std::string error = TrainerError(other.process.Log());
+  ASSERT_TRUE(st.exited) << st.ToString() << other.process.Log() << cluster.DaemonLogs();
+  EXPECT_EQ(st.code, kExitPeerFailed) << error << cluster.DaemonLogs();
+  for (const char* needle : {"rank 3 (local 1", "after marking 1 of", "its node leaves the job"}) {
+    EXPECT_NE(error.find(needle), std::string::npos) << needle << " in " << error;
+  }
+  ExpectSurvivorsTrainedLikeTheReference(cluster, trainers, kVictimsNode);
+  for (int n = 0; n < kNodes; ++n) {
+    if (n == kVictimsNode) continue;
+    EXPECT_NE(cluster.node(n).process().Log().find("event=node_departed generation=1 node_rank=1"),
+              std::string::npos)
+        << "node " << n << "\n"
+        << cluster.DaemonLogs();
   }
 }
 
