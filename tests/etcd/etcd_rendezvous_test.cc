@@ -3,8 +3,9 @@
 // it, the job token never reaches etcd in plain text and a wrong one is
 // refused, a missing node is named when a join times out, a member whose
 // lease is gone aborts the generation naming it, a wait on an aborted
-// generation's keys ends, and an unreachable etcd is named within the
-// timeout.
+// generation's keys ends, a config change made while no generation runs
+// becomes the next one's version 1, and an unreachable etcd is named within
+// the timeout.
 #include "daemon/cluster/etcd_rendezvous.h"
 
 #include <chrono>
