@@ -454,19 +454,17 @@ absl::Status Daemon::PublishCaps(const DaemonConfig& next, uint64_t version) {
 
 absl::Status Daemon::PublishCapsOnEtcd(const DaemonConfig& next) {
   // No leader: any node appends to the job-wide log in etcd. The nodes run
-  // in lockstep, so this node's iteration stands for the job's.
+  // in lockstep, so this node's iteration stands for the job's. Held while
+  // no generation runs, as the leader holds it.
   ASSIGN_OR_RETURN(std::shared_ptr<EtcdRendezvous> etcd, ConnectEtcdRendezvous(config_));
-  const double cap_mb = next.bucket_cap_mb;
-  const double first_cap_mb = next.first_bucket_cap_mb;
-  ASSIGN_OR_RETURN(EtcdConfigEntry entry,
-                   etcd->AppendConfig(EarliestJobWideIteration(), [cap_mb, first_cap_mb](
-                                                                      const EtcdConfigEntry& e) {
-                     return EncodeConfig(e.generation, e.at_iteration, cap_mb, first_cap_mb);
-                   }));
+  ASSIGN_OR_RETURN(std::optional<EtcdConfigEntry> entry,
+                   etcd->AppendOrHoldConfig(EarliestJobWideIteration(), next.bucket_cap_mb,
+                                            next.first_bucket_cap_mb));
+  if (!entry) return absl::OkStatus();
   spdlog::info(
       "event=job_config_published config_version={} generation={} at_iteration={} "
       "rendezvous=etcd",
-      entry.version, entry.generation, entry.at_iteration);
+      entry->version, entry->generation, entry->at_iteration);
   return absl::OkStatus();
 }
 

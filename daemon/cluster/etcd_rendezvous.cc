@@ -396,16 +396,21 @@ absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::TryJoin(const JoinParam
   return JoinRound(params, current, state);
 }
 
-absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::FromOutcome(
-    const v1::JoinResponse& outcome, const JoinParams& params) {
+absl::Status EtcdRendezvous::RecordOutcome(const v1::JoinResponse& outcome) {
   if (outcome.has_error() && outcome.error().code() != v1::OK) {
     // The failed round becomes a generation without members, over before
     // it is current: a later fresh job forms the one after it.
     RETURN_IF_ERROR(AbortGeneration(outcome.generation(), outcome.error().message()).status());
-    RETURN_IF_ERROR(AdvanceCurrent(outcome));
+  }
+  return AdvanceCurrent(outcome);
+}
+
+absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::FromOutcome(
+    const v1::JoinResponse& outcome, const JoinParams& params) {
+  RETURN_IF_ERROR(RecordOutcome(outcome));
+  if (outcome.has_error() && outcome.error().code() != v1::OK) {
     return MakeError(outcome.error().code(), outcome.error().message());
   }
-  RETURN_IF_ERROR(AdvanceCurrent(outcome));
   if (!IsMember(outcome, params.node_rank)) {
     return MakeError(v1::STATE,
                      absl::StrCat("generation ", outcome.generation(),
@@ -491,7 +496,12 @@ absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::JoinRound(
   }
   JoinStep step;
   step.target = target;
-  for (const auto& [rank, join] : joins) step.joined.insert(rank);
+  // Survivors re-forming an elastic job all resume one iteration.
+  uint64_t starts_at = 0;
+  for (const auto& [rank, join] : joins) {
+    step.joined.insert(rank);
+    starts_at = std::max(starts_at, join.resume_iteration());
+  }
   v1::JoinResponse outcome;
   if (params.resume_generation != 0) {
     ASSIGN_OR_RETURN(std::optional<v1::JoinResponse> judged, JudgeResume(*current, state, joins));
@@ -507,19 +517,64 @@ absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::JoinRound(
   } else {
     outcome = MakeGeneration(joins, target);
   }
-  // Of the nodes racing to decide the round, the first writes the outcome;
-  // the others read it.
-  ASSIGN_OR_RETURN(EtcdTxnResult r,
-                   client_->CreateIfAbsent(GenKey(target, "outcome"), outcome.SerializeAsString()));
-  if (!r.succeeded && r.current && !outcome.ParseFromString(r.current->value)) {
-    return MakeError(v1::INTERNAL, absl::StrCat(Describe(), ": key ", GenKey(target, "outcome"),
-                                                " does not hold a generation record"));
-  }
-  if (r.succeeded) {
-    spdlog::info("event=generation_decided generation={} members={} error={} etcd={}", target,
-                 outcome.peers_size(), LogValue(outcome.error().message()), LogValue(Describe()));
-  }
+  ASSIGN_OR_RETURN(outcome, DecideRound(std::move(outcome), starts_at));
   return FromOutcome(outcome, params);
+}
+
+absl::StatusOr<v1::JoinResponse> EtcdRendezvous::DecideRound(v1::JoinResponse outcome,
+                                                             uint64_t starts_at) {
+  const uint64_t target = outcome.generation();
+  const std::string outcome_key = GenKey(target, "outcome");
+  const bool forms = !outcome.has_error() || outcome.error().code() == v1::OK;
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    // Of the nodes racing to decide the round, the first writes the
+    // outcome; the others read it. A change held meanwhile (its key's
+    // revision moved) makes the writer read it again.
+    std::vector<EtcdCompare> compares = {
+        {outcome_key, EtcdCompare::Target::kVersion, EtcdCompare::Op::kEqual, 0, ""}};
+    std::vector<EtcdTxnOp> ops = {
+        {EtcdTxnOp::Kind::kPut, outcome_key, outcome.SerializeAsString(), 0}};
+    std::optional<JobConfigChange> held;
+    if (forms) {
+      ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> held_kv, client_->Get(Key("config_held")));
+      compares.push_back({Key("config_held"), EtcdCompare::Target::kModRevision,
+                          EtcdCompare::Op::kEqual, held_kv ? held_kv->mod_revision : 0, ""});
+      if (held_kv) {
+        ASSIGN_OR_RETURN(held, DecodeConfig(Key("config_held"), held_kv->value));
+        held->generation = target;
+        held->at_iteration = starts_at + kHeldConfigAfter;
+        ops.push_back({EtcdTxnOp::Kind::kPut, StoreKey(ConfigKey(target, 1)),
+                       EncodeConfig(target, held->at_iteration, held->bucket_cap_mb,
+                                    held->first_bucket_cap_mb),
+                       0});
+        ops.push_back({EtcdTxnOp::Kind::kPut, GenKey(target, "config_head"),
+                       absl::StrCat(1, " ", held->at_iteration), 0});
+        ops.push_back({EtcdTxnOp::Kind::kDelete, Key("config_held"), "", 0});
+      }
+    }
+    ASSIGN_OR_RETURN(EtcdTxnResult r, client_->Txn(compares, ops, {}));
+    if (r.succeeded) {
+      spdlog::info("event=generation_decided generation={} members={} error={} etcd={}", target,
+                   outcome.peers_size(), LogValue(outcome.error().message()), LogValue(Describe()));
+      if (held) {
+        spdlog::info(
+            "event=job_config_published config_version=1 generation={} at_iteration={} held=1 "
+            "rendezvous=etcd",
+            target, held->at_iteration);
+      }
+      return outcome;
+    }
+    ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> decided, client_->Get(outcome_key));
+    if (!decided) continue;
+    if (!outcome.ParseFromString(decided->value)) {
+      return MakeError(v1::INTERNAL, absl::StrCat(Describe(), ": key ", outcome_key,
+                                                  " does not hold a generation record"));
+    }
+    return outcome;
+  }
+  return MakeError(v1::INTERNAL,
+                   absl::StrCat(Describe(), ": key ", Key("config_held"),
+                                " kept changing while generation ", target, " was decided"));
 }
 
 absl::Status EtcdRendezvous::CheckResume(const JoinParams& params,
@@ -858,46 +913,114 @@ absl::StatusOr<HeartbeatResult> EtcdRendezvous::ReadHeartbeat(const HeartbeatPar
   return result;
 }
 
+absl::StatusOr<EtcdRendezvous::ConfigTarget> EtcdRendezvous::ReadConfigTarget() {
+  ConfigTarget target;
+  ASSIGN_OR_RETURN(std::optional<v1::JoinResponse> current, ReadCurrent(&target.current_revision));
+  target.generation = current ? current->generation() : 0;
+  if (target.generation == 0) return target;
+  ASSIGN_OR_RETURN(GenerationState state, ReadGeneration(target.generation));
+  target.active = !state.abort_reason;
+  target.config_version = state.config_version;
+  target.config_at = state.config_at;
+  return target;
+}
+
+absl::StatusOr<std::optional<EtcdConfigEntry>> EtcdRendezvous::TryAppendConfig(
+    const ConfigTarget& target, uint64_t min_at_iteration,
+    const std::function<std::string(const EtcdConfigEntry&)>& value) {
+  const uint64_t g = target.generation;
+  ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> head, client_->Get(GenKey(g, "config_head")));
+  // Strictly increasing: two versions never switch at the same boundary,
+  // and a later one never switches before an earlier one.
+  const EtcdConfigEntry entry{g, target.config_version + 1,
+                              std::max(min_at_iteration, target.config_at + 1)};
+  std::vector<EtcdCompare> compares(3);
+  compares[0] = {Key("current"), EtcdCompare::Target::kModRevision, EtcdCompare::Op::kEqual,
+                 target.current_revision, ""};
+  compares[1] = {GenKey(g, "config_head"), EtcdCompare::Target::kModRevision,
+                 EtcdCompare::Op::kEqual, head ? head->mod_revision : 0, ""};
+  compares[2] = {GenKey(g, "abort"), EtcdCompare::Target::kVersion, EtcdCompare::Op::kEqual, 0, ""};
+  std::vector<EtcdTxnOp> ops = {
+      {EtcdTxnOp::Kind::kPut, StoreKey(ConfigKey(g, entry.version)), value(entry), 0},
+      {EtcdTxnOp::Kind::kPut, GenKey(g, "config_head"),
+       absl::StrCat(entry.version, " ", entry.at_iteration), 0}};
+  if (entry.version > kConfigLogKeep) {
+    ops.push_back(
+        {EtcdTxnOp::Kind::kDelete, StoreKey(ConfigKey(g, entry.version - kConfigLogKeep)), "", 0});
+  }
+  ASSIGN_OR_RETURN(EtcdTxnResult r, client_->Txn(compares, ops, {}));
+  if (!r.succeeded) return std::optional<EtcdConfigEntry>();
+  return std::optional<EtcdConfigEntry>(entry);
+}
+
+absl::StatusOr<bool> EtcdRendezvous::TryHoldConfig(const ConfigTarget& target,
+                                                   const std::string& record) {
+  // Held only while ROOT/current is as read and the next round undecided:
+  // a round decided first takes no change written after it.
+  const std::vector<EtcdCompare> compares = {
+      {Key("current"), EtcdCompare::Target::kModRevision, EtcdCompare::Op::kEqual,
+       target.current_revision, ""},
+      {GenKey(target.generation + 1, "outcome"), EtcdCompare::Target::kVersion,
+       EtcdCompare::Op::kEqual, 0, ""}};
+  ASSIGN_OR_RETURN(
+      EtcdTxnResult r,
+      client_->Txn(compares, {{EtcdTxnOp::Kind::kPut, Key("config_held"), record, 0}}, {}));
+  return r.succeeded;
+}
+
 absl::StatusOr<EtcdConfigEntry> EtcdRendezvous::AppendConfig(
     uint64_t min_at_iteration, const std::function<std::string(const EtcdConfigEntry&)>& value) {
   for (int attempt = 0; attempt < 16; ++attempt) {
-    int64_t current_revision = 0;
-    ASSIGN_OR_RETURN(std::optional<v1::JoinResponse> current, ReadCurrent(&current_revision));
-    const uint64_t g = current ? current->generation() : 0;
-    GenerationState state;
-    if (g > 0) {
-      ASSIGN_OR_RETURN(state, ReadGeneration(g));
-    }
-    if (g == 0 || state.abort_reason) {
+    ASSIGN_OR_RETURN(const ConfigTarget target, ReadConfigTarget());
+    if (!target.active) {
       return MakeError(
-          v1::STATE, absl::StrCat("no active generation to change in ", Describe(), " (generation ",
-                                  g, g == 0 ? " has not formed" : " aborted",
-                                  "); set the caps again once the job runs"));
+          v1::STATE,
+          absl::StrCat("no active generation to change in ", Describe(), " (generation ",
+                       target.generation, target.generation == 0 ? " has not formed" : " aborted",
+                       "); set the caps again once the job runs"));
     }
-    ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> head, client_->Get(GenKey(g, "config_head")));
-    // Strictly increasing: two versions never switch at the same boundary,
-    // and a later one never switches before an earlier one.
-    const EtcdConfigEntry entry{g, state.config_version + 1,
-                                std::max(min_at_iteration, state.config_at + 1)};
-    std::vector<EtcdCompare> compares(3);
-    compares[0] = {Key("current"), EtcdCompare::Target::kModRevision, EtcdCompare::Op::kEqual,
-                   current_revision, ""};
-    compares[1] = {GenKey(g, "config_head"), EtcdCompare::Target::kModRevision,
-                   EtcdCompare::Op::kEqual, head ? head->mod_revision : 0, ""};
-    compares[2] = {GenKey(g, "abort"), EtcdCompare::Target::kVersion, EtcdCompare::Op::kEqual, 0,
-                   ""};
-    std::vector<EtcdTxnOp> ops = {
-        {EtcdTxnOp::Kind::kPut, StoreKey(ConfigKey(g, entry.version)), value(entry), 0},
-        {EtcdTxnOp::Kind::kPut, GenKey(g, "config_head"),
-         absl::StrCat(entry.version, " ", entry.at_iteration), 0}};
-    if (entry.version > kConfigLogKeep) {
-      ops.push_back({EtcdTxnOp::Kind::kDelete,
-                     StoreKey(ConfigKey(g, entry.version - kConfigLogKeep)), "", 0});
-    }
-    ASSIGN_OR_RETURN(EtcdTxnResult r, client_->Txn(compares, ops, {}));
-    if (r.succeeded) return entry;
+    ASSIGN_OR_RETURN(std::optional<EtcdConfigEntry> entry,
+                     TryAppendConfig(target, min_at_iteration, value));
+    if (entry) return *entry;
   }
   return MakeError(v1::STATE, absl::StrCat("the config log in ", Describe(),
+                                           " kept changing while this change was appended"));
+}
+
+absl::StatusOr<std::optional<EtcdConfigEntry>> EtcdRendezvous::AppendOrHoldConfig(
+    uint64_t min_at_iteration, double bucket_cap_mb, double first_bucket_cap_mb) {
+  auto value = [bucket_cap_mb, first_bucket_cap_mb](const EtcdConfigEntry& e) {
+    return EncodeConfig(e.generation, e.at_iteration, bucket_cap_mb, first_bucket_cap_mb);
+  };
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    ASSIGN_OR_RETURN(const ConfigTarget target, ReadConfigTarget());
+    if (target.active) {
+      ASSIGN_OR_RETURN(std::optional<EtcdConfigEntry> entry,
+                       TryAppendConfig(target, min_at_iteration, value));
+      if (entry) return entry;
+      continue;
+    }
+    // The next round decided but not yet current: it is formed (or failed),
+    // so make it current and go on from there rather than hold past it.
+    const std::string next_key = GenKey(target.generation + 1, "outcome");
+    ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> decided, client_->Get(next_key));
+    if (decided) {
+      v1::JoinResponse outcome;
+      if (!outcome.ParseFromString(decided->value)) {
+        return MakeError(v1::INTERNAL, absl::StrCat(Describe(), ": key ", next_key,
+                                                    " does not hold a generation record"));
+      }
+      RETURN_IF_ERROR(RecordOutcome(outcome));
+      continue;
+    }
+    // Generation 0 marks it as not yet placed in any log.
+    ASSIGN_OR_RETURN(bool held, TryHoldConfig(target, value(EtcdConfigEntry{})));
+    if (!held) continue;
+    spdlog::info("event=job_config_held generation={} state={} rendezvous=etcd",
+                 target.generation + 1, target.generation == 0 ? "forming" : "re-forming");
+    return std::optional<EtcdConfigEntry>();
+  }
+  return MakeError(v1::STATE, absl::StrCat("the rendezvous in ", Describe(),
                                            " kept changing while this change was appended"));
 }
 

@@ -29,6 +29,10 @@
 // - ROOT/gen/<g>/config_head: generation g's config log's newest version
 //   and the iteration it switches at ("<version> <iteration>"); the
 //   versions themselves are records (ConfigKey, rendezvous_records.h).
+// - ROOT/config_held: a config change made while no generation runs (a
+//   ConfigRecord with generation 0), the newest replacing older ones. The
+//   transaction that decides the next generation's outcome moves it into
+//   that generation's log as version 1 and deletes it.
 // - ROOT/kv/<key>: the key-value records (Gloo's store, layouts, plan
 //   stamps, forming reports); "g<g>/" keys belong to generation g: a Wait on
 //   them ends with PEER_FAILED once g aborts, and they are deleted with
@@ -38,8 +42,7 @@
 //
 // Elastic jobs re-form here as on the leader (JudgeRoundLocked's rules),
 // node 0 included: any node may die. Not built on etcd (refused at start,
-// see DaemonConfig validation): the job-wide config log (config set,
-// --autotune); heartbeats therefore answer config version 0.
+// see DaemonConfig validation): --autotune.
 //
 // Errors name etcd and its members (EtcdClient's messages). etcd
 // unreachable: Join and Wait keep trying until their timeout, then
@@ -121,9 +124,20 @@ class EtcdRendezvous final : public JobRendezvous {
   // of the entry) stored under ConfigKey(generation, version), heartbeats
   // then answering that version. One transaction, retried when another
   // node appended first. STATE when no generation is active (none formed
-  // yet, or the last one aborted): a change is not held for the next one.
+  // yet, or the last one aborted).
   absl::StatusOr<EtcdConfigEntry> AppendConfig(
       uint64_t min_at_iteration, const std::function<std::string(const EtcdConfigEntry&)>& value);
+  // An operator's change of the bucket caps (config set on any node), as
+  // the leader's RendezvousService::AppendOrHoldConfig: appended as
+  // AppendConfig does while a generation is active. Otherwise it is held
+  // (ROOT/config_held, replacing any change held before) and becomes
+  // version 1 of the next generation, switching at kHeldConfigAfter past
+  // the iteration that generation starts in, written by the transaction
+  // that forms it, so every node reads it with the generation. Returns the
+  // entry, or nullopt when held.
+  absl::StatusOr<std::optional<EtcdConfigEntry>> AppendOrHoldConfig(uint64_t min_at_iteration,
+                                                                    double bucket_cap_mb,
+                                                                    double first_bucket_cap_mb);
 
   // Where the job's keys live: PREFIX/job/<job id>/.
   const std::string& root() const { return root_; }
@@ -136,6 +150,14 @@ class EtcdRendezvous final : public JobRendezvous {
     uint64_t target = 0;     // the generation being formed
     std::set<int> joined;    // node ranks in that round
     std::string blocked_by;  // non-empty: why the round cannot start yet
+  };
+  // Where a config change goes: the current generation as read.
+  struct ConfigTarget {
+    int64_t current_revision = 0;  // ROOT/current's mod_revision (0: absent)
+    uint64_t generation = 0;       // 0: none formed
+    bool active = false;           // formed and not aborted
+    uint64_t config_version = 0;
+    uint64_t config_at = 0;
   };
   // The generation state a heartbeat reads.
   struct GenerationState {
@@ -181,6 +203,23 @@ class EtcdRendezvous final : public JobRendezvous {
   // What a decided round means for this node: its generation, its error,
   // or STATE when the survivors re-formed without it.
   absl::StatusOr<JoinStep> FromOutcome(const v1::JoinResponse& outcome, const JoinParams& params);
+  // Makes a decided round current (a failed one aborted first).
+  absl::Status RecordOutcome(const v1::JoinResponse& outcome);
+  // Writes round `outcome.generation()`'s outcome unless another node did
+  // first; the outcome that stands. A generation that forms takes the held
+  // config change (ROOT/config_held) as its version 1, at iteration
+  // starts_at + kHeldConfigAfter, in the same transaction.
+  absl::StatusOr<v1::JoinResponse> DecideRound(v1::JoinResponse outcome, uint64_t starts_at)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<ConfigTarget> ReadConfigTarget();
+  // One try at appending to `target`'s log; nullopt when another node
+  // changed it first.
+  absl::StatusOr<std::optional<EtcdConfigEntry>> TryAppendConfig(
+      const ConfigTarget& target, uint64_t min_at_iteration,
+      const std::function<std::string(const EtcdConfigEntry&)>& value);
+  // One try at holding `record` while `target` is not active; false when
+  // ROOT/current changed or the next round was decided first.
+  absl::StatusOr<bool> TryHoldConfig(const ConfigTarget& target, const std::string& record);
   // Moves ROOT/current to `formed` unless it is there or past it.
   absl::Status AdvanceCurrent(const v1::JoinResponse& formed);
   std::string JoinTimeoutMessage(const JoinStep& step, int num_nodes, absl::Duration timeout);

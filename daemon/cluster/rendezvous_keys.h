@@ -24,6 +24,12 @@ namespace gradsync {
 // keeps (ConfigKey in rendezvous_records.h); a node further behind fails.
 inline constexpr size_t kConfigLogKeep = 256;
 
+// A config change made while no generation runs is held and becomes version
+// 1 of the next generation at this many iterations past the one it starts
+// in (0, or the iteration survivors resume): iteration 1's boundary is the
+// one-time order rebuild, so the held change gets the next one to itself.
+inline constexpr uint64_t kHeldConfigAfter = 2;
+
 // "g<generation>/", the prefix of every key scoped to `generation`.
 inline std::string GenerationKeyPrefix(uint64_t generation) {
   return absl::StrCat("g", generation, "/");

@@ -59,6 +59,7 @@
 #include "common/monotonic.h"
 #include "common/monotonic_mutex.h"
 #include "daemon/auth/call_auth.h"
+#include "daemon/cluster/rendezvous_keys.h"
 #include "gradsync/v1/rendezvous.grpc.pb.h"
 
 namespace gradsync {
@@ -174,9 +175,8 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // every node at one boundary. Returns the entry, or nullopt when held.
   std::optional<ConfigEntry> AppendOrHoldConfig(uint64_t min_at_iteration, ConfigWriter write)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Iteration 1's boundary is the one-time order rebuild: a held change
-  // gets the next one to itself.
-  static constexpr uint64_t kHeldConfigAfter = 2;
+  // The same on the leader and on etcd (rendezvous_keys.h).
+  static constexpr uint64_t kHeldConfigAfter = ::gradsync::kHeldConfigAfter;
 
   // Stall reports nodes sent with their heartbeats, newest last:
   // "node_rank=N (host=H) iteration=I: <report>".

@@ -3,8 +3,9 @@
 // it, the job token never reaches etcd in plain text and a wrong one is
 // refused, a missing node is named when a join times out, a member whose
 // lease is gone aborts the generation naming it, a wait on an aborted
-// generation's keys ends, and an unreachable etcd is named within the
-// timeout.
+// generation's keys ends, a config change made while no generation runs
+// becomes the next one's version 1, and an unreachable etcd is named within
+// the timeout.
 #include "daemon/cluster/etcd_rendezvous.h"
 
 #include <chrono>
@@ -18,6 +19,8 @@
 #include "absl/time/clock.h"
 #include "common/status_code.h"
 #include "daemon/cluster/etcd/etcd_client.h"
+#include "daemon/cluster/rendezvous_keys.h"
+#include "daemon/cluster/rendezvous_records.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/etcd/etcd_cluster.h"
@@ -366,7 +369,7 @@ TEST(EtcdRendezvousTest, TheConfigLogGrowsInOrderAndHeartbeatsAnswerItsNewestVer
   std::vector<std::shared_ptr<EtcdRendezvous>> nodes = {Rendezvous(etcd.endpoints()),
                                                         Rendezvous(etcd.endpoints())};
   auto value = [](const EtcdConfigEntry& e) { return absl::StrCat("v", e.version); };
-  // No generation yet: nothing to change, and nothing held.
+  // No generation yet: nothing to change (AppendOrHoldConfig holds it).
   absl::StatusOr<EtcdConfigEntry> early = nodes[1]->AppendConfig(5, value);
   ASSERT_FALSE(early.ok());
   EXPECT_EQ(CodeOf(early.status()), v1::STATE) << early.status();
@@ -392,6 +395,82 @@ TEST(EtcdRendezvousTest, TheConfigLogGrowsInOrderAndHeartbeatsAnswerItsNewestVer
   absl::StatusOr<HeartbeatResult> r = nodes[0]->Heartbeat(hb);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->config_version, 2u);
+}
+
+// Version `version` of `generation`'s config log, as every node reads it.
+absl::StatusOr<JobConfigChange> ReadConfig(EtcdRendezvous& node, uint64_t generation,
+                                           uint64_t version) {
+  absl::StatusOr<std::optional<std::string>> stored = node.Get(ConfigKey(generation, version));
+  if (!stored.ok()) return stored.status();
+  return DecodeConfig(ConfigKey(generation, version), *stored);
+}
+
+TEST(EtcdRendezvousTest, AChangeMadeWhileNoGenerationRunsBecomesTheNextGenerationsVersionOne) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  auto node = [&] { return Rendezvous(etcd.endpoints(), kToken, absl::Seconds(10), 1); };
+  std::vector<std::shared_ptr<EtcdRendezvous>> nodes = {node(), node()};
+  // Before the job forms: held, the newer change replacing the older.
+  absl::StatusOr<std::optional<EtcdConfigEntry>> older = nodes[1]->AppendOrHoldConfig(5, 50, 1);
+  ASSERT_TRUE(older.ok()) << older.status();
+  EXPECT_FALSE(older->has_value());
+  absl::StatusOr<std::optional<EtcdConfigEntry>> newer = nodes[0]->AppendOrHoldConfig(5, 25, 2);
+  ASSERT_TRUE(newer.ok()) << newer.status();
+  EXPECT_FALSE(newer->has_value());
+  for (const absl::StatusOr<JoinResult>& r : JoinAll(nodes)) ASSERT_TRUE(r.ok()) << r.status();
+  absl::StatusOr<JobConfigChange> first = ReadConfig(*nodes[1], 1, 1);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->generation, 1u);
+  EXPECT_EQ(first->at_iteration, kHeldConfigAfter);
+  EXPECT_EQ(first->bucket_cap_mb, 25);
+  EXPECT_EQ(first->first_bucket_cap_mb, 2);
+  HeartbeatParams hb;
+  hb.node_rank = 1;
+  hb.generation = 1;
+  absl::StatusOr<HeartbeatResult> beat = nodes[1]->Heartbeat(hb);
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_EQ(beat->config_version, 1u);
+  EtcdClientOptions raw;
+  raw.endpoints = etcd.endpoints();
+  absl::StatusOr<std::unique_ptr<EtcdClient>> client = EtcdClient::Connect(raw);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<std::optional<EtcdKeyValue>> held = (*client)->Get("gs/job/job1/config_held");
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_FALSE(held->has_value()) << "the held change stayed after generation 1 took it";
+
+  // While generation 1 runs a change is appended, not held.
+  absl::StatusOr<std::optional<EtcdConfigEntry>> running = nodes[1]->AppendOrHoldConfig(10, 30, 1);
+  ASSERT_TRUE(running.ok()) << running.status();
+  ASSERT_TRUE(running->has_value());
+  EXPECT_EQ((*running)->generation, 1u);
+  EXPECT_EQ((*running)->version, 2u);
+  EXPECT_EQ((*running)->at_iteration, 10u);
+
+  // Node 1 dies; node 0 (--min-nodes 1) re-forms alone from iteration 7,
+  // and a change made meanwhile is generation 2's version 1 at 7 + 2.
+  nodes[1].reset();
+  HeartbeatParams report;
+  report.node_rank = 0;
+  report.generation = 1;
+  report.node_error = absl::UnavailableError("a collective failed");
+  ASSERT_TRUE(nodes[0]->Heartbeat(report).ok());
+  ASSERT_TRUE(nodes[0]->Leave(0, 1, "re-forming").ok());
+  absl::StatusOr<std::optional<EtcdConfigEntry>> reforming = nodes[0]->AppendOrHoldConfig(3, 8, 1);
+  ASSERT_TRUE(reforming.ok()) << reforming.status();
+  EXPECT_FALSE(reforming->has_value());
+  nodes[0] = node();
+  JoinParams resume = Node(0, 2);
+  resume.resume_generation = 1;
+  resume.resume_iteration = 7;
+  absl::StatusOr<JoinResult> reformed = nodes[0]->Join(resume);
+  ASSERT_TRUE(reformed.ok()) << reformed.status();
+  EXPECT_EQ(reformed->generation, 2u);
+  absl::StatusOr<JobConfigChange> second = ReadConfig(*nodes[0], 2, 1);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->generation, 2u);
+  EXPECT_EQ(second->at_iteration, 7 + kHeldConfigAfter);
+  EXPECT_EQ(second->bucket_cap_mb, 8);
 }
 
 TEST(EtcdRendezvousTest, UnreachableEtcdFailsTheJoinWithinItsTimeoutNamingEtcd) {
