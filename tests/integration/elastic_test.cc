@@ -893,7 +893,9 @@ TEST(FixedJob, NodeStoppedWithSigtermFailsSurvivorsNamingItsShutdown) {
         << "node " << t.node << ": " << error << cluster.DaemonLogs();
   }
   for (int n = 0; n < kNodes; ++n) {
-    if (n != kVictimNode) EXPECT_TRUE(cluster.node(n).process().Running()) << cluster.DaemonLogs();
+    if (n != kVictimNode) {
+      EXPECT_TRUE(cluster.node(n).process().Running()) << cluster.DaemonLogs();
+    }
   }
 }
 
