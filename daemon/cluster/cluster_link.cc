@@ -166,10 +166,12 @@ std::string AbortSource(const JobRendezvous& client) {
 }
 
 // How a rendezvous that did not answer is named: the leader daemon, whose
-// loss is the leader's death, or etcd.
+// loss ends the job, or etcd. A node cut off by a partition sees the same
+// silence as at the leader's death, so the error names both.
 std::string Unreachable(const JobRendezvous& client, const absl::Status& transport) {
   if (client.embedded()) {
-    return absl::StrCat(client.Describe(), " is unreachable: the leader is dead (",
+    return absl::StrCat(client.Describe(),
+                        " is unreachable: the leader is dead or this node is cut off from it (",
                         transport.message(), ")");
   }
   return absl::StrCat("the job's rendezvous, ", client.Describe(), ", is unreachable (",
