@@ -594,11 +594,17 @@ absl::Status ClusterLink::LeaderUnreachable(const absl::Status& error,
 }
 
 absl::Status ClusterLink::Explain(const absl::Status& error) {
+  absl::Status silent;
   {
     // DeadNodes answers for this explanation only (a dead leader names none).
     MonotonicMutexLock lock(&mu_);
     dead_nodes_.clear();
+    silent = rendezvous_silent_;
   }
+  // A heartbeat already waited out a whole RPC deadline (a partition, a
+  // dead leader): asking again would only make the error later than the
+  // job's timeout.
+  if (!silent.ok()) return LeaderUnreachable(error, silent);
   // A failed collective is a symptom. The node that saw the cause (e.g. its
   // own trainer stopped) reports it when it closes its Gloo sockets, which
   // is what failed here: give that report a moment to become the leader's
@@ -746,6 +752,7 @@ void ClusterLink::HeartbeatLoop() {
     bool notify = false;
     if (!failure.ok()) {
       MonotonicMutexLock lock(&mu_);
+      if (!r.ok()) rendezvous_silent_ = r.status();
       if (!failed_ && !stop_) {
         failed_ = true;
         notify = true;

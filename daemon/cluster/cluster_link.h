@@ -124,6 +124,9 @@ class ClusterLink final : public WorldLink {
   std::function<uint64_t()> progress_ ABSL_GUARDED_BY(mu_);
   std::string stall_report_ ABSL_GUARDED_BY(mu_);     // sent with the next heartbeat
   std::vector<int> dead_nodes_ ABSL_GUARDED_BY(mu_);  // named by the last NameFailedNodes
+  // A heartbeat the rendezvous did not answer (its RPC error): Explain does
+  // not wait out another deadline asking it.
+  absl::Status rendezvous_silent_ ABSL_GUARDED_BY(mu_);
   // The job-wide config log, read by the heartbeat thread.
   ConfigLogFollower config_log_;
   std::thread heartbeat_;
