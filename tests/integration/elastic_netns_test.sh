@@ -33,8 +33,7 @@ port=$((20000 + RANDOM % 20000))
 tmp=$(mktemp -d /tmp/gse.XXXXXX)  # short: unix socket paths
 nodes=3 local_size=2 victim=2
 steps=8 killed_step=2  # fault_trainer pauses in step 2 (--pause-at)
-train_args=(--steps=$steps --batch=60 --fp64)
-pids=()
+train_args=("--steps=$steps" --batch=60 --fp64)
 
 # Node n: namespace ns_of n, interface if_of n (its bridge port: port_of n),
 # address addr_of n.
@@ -43,7 +42,13 @@ if_of() { echo "${tag}i$1"; }
 port_of() { echo "${tag}p$1"; }
 addr_of() { echo "$net.$(($1 + 1))"; }
 
+# This shell's children that still run (a reaped pid may be someone
+# else's by now).
 cleanup() {
+  local pids=()
+  for p in $(jobs -p); do
+    [[ "$(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | cut -d' ' -f2)" == "$$" ]] && pids+=("$p")
+  done
   for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do
@@ -102,7 +107,7 @@ wait_for() {
 # --timeout-s=$2; their pids in dpids.
 start_daemons() {
   local job=$1 timeout_s=$2
-  local common=(--local-size=$local_size --num-nodes=$nodes --min-nodes=2 --max-nodes=$nodes
+  local common=("--local-size=$local_size" "--num-nodes=$nodes" --min-nodes=2 "--max-nodes=$nodes"
                 --job-id="$job" --job-token-file="$tmp/token" --timeout-s="$timeout_s"
                 --stall-threshold-s=1 --bucket-cap-mb=0.001 --first-bucket-cap-mb=0.000001)
   dpids=()
@@ -112,7 +117,6 @@ start_daemons() {
     ip netns exec "$(ns_of "$n")" "$daemon" "${common[@]}" --node-rank="$n" "${where[@]}" \
       --socket="$tmp/$job.d$n.sock" --shm-prefix="${tag}${job}n$n" \
       >"$tmp/$job.daemon$n.log" 2>&1 &
-    pids+=($!)
     dpids+=($!)
   done
   for n in $(seq 0 $((nodes - 1))); do
@@ -134,8 +138,7 @@ start_paused_trainers() {
       LOCAL_RANK=$r "$trainer" --socket="$tmp/$job.d$n.sock" "${train_args[@]}" \
         --pause-at=backward --print-loss --out="$tmp/$job.w$n.$r.txt" \
         >"$tmp/$job.trainer$n.$r.log" 2>&1 &
-      pids+=($!)
-      tpids+=($!)
+        tpids+=($!)
     done
   done
   for i in "${!tpids[@]}"; do
@@ -263,8 +266,7 @@ heal_link $victim
 for r in 0 1; do
   LOCAL_RANK=$r "$trainer" --socket="$tmp/heal.d2.sock" "${train_args[@]}" \
     --out="$tmp/heal.healed$r.txt" >"$tmp/heal.healed$r.log" 2>&1 &
-  pids+=($!)
-  healed[$r]=$!
+  healed[r]=$!
 done
 # ---- HEALED NODE: what node 2's fresh trainers get once its link is back.
 # Today a fresh join of a running job is refused at once (STATE), the
