@@ -114,7 +114,8 @@ start_daemons() {
   for n in $(seq 0 $((nodes - 1))); do
     local where=(--listen="$(addr_of "$n"):0" --leader="$leader")
     ((n == 0)) && where=(--listen="$leader")
-    ip netns exec "$(ns_of "$n")" "$daemon" "${common[@]}" --node-rank="$n" "${where[@]}" \
+    # LOGS_DIRECTORY: the stall traces go to $tmp, removed at the end.
+    LOGS_DIRECTORY=$tmp ip netns exec "$(ns_of "$n")" "$daemon" "${common[@]}" --node-rank="$n" "${where[@]}" \
       --socket="$tmp/$job.d$n.sock" --shm-prefix="${tag}${job}n$n" \
       >"$tmp/$job.daemon$n.log" 2>&1 &
     dpids+=($!)
