@@ -1,0 +1,225 @@
+// --autotune on a job whose rendezvous lives in etcd (real gradsyncd
+// daemons and trainers, a real etcd member on a loopback port): no node
+// leads, so the generation's first member tunes and appends its candidates
+// and its choice to the job's config log in etcd; every node re-plans to
+// each at the same iteration and training equals one process on the whole
+// batch. Node 0 SIGKILLed while its candidates run: the survivors re-form,
+// the new first member tunes afresh and every survivor applies its choice
+// alike, still training like the reference.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/etcd/etcd_cluster.h"
+#include "tests/integration/cluster.h"
+#include "tests/integration/control_stats.h"
+#include "tests/integration/harness.h"
+
+namespace gradsync::testing {
+namespace {
+
+using std::chrono::seconds;
+
+// A hang check, not a performance bound: a few hundred iterations and
+// every node's re-plans on a loaded 2-core machine.
+constexpr auto kBound = seconds(240);
+constexpr char kToken[] = "etcd-tune-s3cret";
+
+#define SKIP_WITHOUT_ETCD()                         \
+  do {                                              \
+    const std::string reason = EtcdMissingReason(); \
+    if (!reason.empty()) GTEST_SKIP() << reason;    \
+  } while (0)
+
+// 2 x 1 MiB-ish fp64 layers: caps from 0.25 MiB up give different plans.
+std::vector<std::string> ModelArgs(int steps) {
+  return {"--dim=64", "--hidden=2048", "--fp64", "--batch=60", absl::StrCat("--steps=", steps)};
+}
+
+ClusterOptions TunedOnEtcd(const EtcdCluster& etcd, int nodes, int local,
+                           std::vector<std::string> extra = {}) {
+  ClusterOptions options;
+  options.nodes = nodes;
+  options.local_size = local;
+  options.job_id = "etcdtune";
+  options.token = kToken;
+  options.rendezvous = absl::StrCat("etcd://", etcd.endpoints()[0], "/gradsync-tune");
+  options.flags = {"--autotune"};
+  options.flags.insert(options.flags.end(), extra.begin(), extra.end());
+  return options;
+}
+
+// "iteration=I config_version=V fingerprint=F" of every plan decision in a log.
+std::vector<std::string> PlanDecisions(const std::string& log) {
+  static const std::regex kDecided(
+      "event=plan_decided plan_version=(\\d+) fingerprint=(\\w+) iteration=(\\d+) "
+      "config_version=(\\d+)");
+  std::vector<std::string> out;
+  for (std::sregex_iterator it(log.begin(), log.end(), kDecided), end; it != end; ++it) {
+    out.push_back(absl::StrCat("iteration=", (*it)[3].str(), " config_version=", (*it)[4].str(),
+                               " fingerprint=", (*it)[2].str()));
+  }
+  return out;
+}
+
+// The config versions `stats` says the tuner placed (its candidates, then
+// its choice, versions 1, 2, ... of its generation's log), each found as a
+// plan decision at that iteration in `decisions`; "" when all are.
+std::string MissingPlacements(const v1::Stats& stats, const std::vector<std::string>& decisions) {
+  std::vector<uint64_t> placed;
+  for (const v1::AutotuneCandidate& c : stats.autotune_candidates())
+    placed.push_back(c.at_iteration());
+  placed.push_back(stats.autotune_chosen_at_iteration());
+  std::string missing;
+  for (size_t i = 0; i < placed.size(); ++i) {
+    const std::string at = absl::StrCat("iteration=", placed[i], " config_version=", i + 1, " ");
+    bool found = false;
+    for (const std::string& d : decisions) found = found || d.rfind(at, 0) == 0;
+    if (!found) absl::StrAppend(&missing, "'", at, "' ");
+  }
+  return missing;
+}
+
+// Every candidate scored, one chosen.
+void ExpectChosen(const v1::Stats& s, const std::string& logs) {
+  EXPECT_EQ(s.autotune_state(), "chosen") << logs;
+  ASSERT_GE(s.autotune_candidates_size(), 3) << logs;
+  ASSERT_GE(s.autotune_choice(), 0) << logs;
+  ASSERT_LT(s.autotune_choice(), s.autotune_candidates_size());
+  for (const v1::AutotuneCandidate& c : s.autotune_candidates()) {
+    EXPECT_EQ(c.scored_iterations(), 3u) << c.ShortDebugString();
+    EXPECT_GT(c.median_step_s(), 0) << c.ShortDebugString();
+  }
+}
+
+absl::StatusOr<v1::Stats> NodeStats(Cluster& cluster, int n) {
+  return GetStats(cluster.node(n).ListenPort(seconds(10)), kToken);
+}
+
+TEST(EtcdAutotune, TwoNodesApplyEveryCandidateAndTheChoiceAtTheSameIterationAndTrainExactly) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  Cluster cluster(TunedOnEtcd(etcd, 2, 2, {"--timeout-s=30"}));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<std::string> args = ModelArgs(400);
+  args.push_back("--shuffle-seed=7");
+  std::vector<std::string> run_args = args;
+  run_args.push_back("--sleep-ms=15");  // a realistic step: a few hundred take seconds
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(run_args, &outs);
+  for (Process& t : trainers) {
+    const ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs() << etcd.Logs();
+  }
+  const std::string logs = cluster.DaemonLogs();
+
+  // Node 0, the generation's first member, tuned; node 1 says so.
+  absl::StatusOr<v1::Stats> tuner = NodeStats(cluster, 0);
+  ASSERT_TRUE(tuner.ok()) << tuner.status();
+  ExpectChosen(*tuner, logs);
+  absl::StatusOr<v1::Stats> other = NodeStats(cluster, 1);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->autotune_state(),
+            "node_rank=0 tunes (the first member of generation 1); this node applies its choices");
+  EXPECT_EQ(other->autotune_choice(), -1);
+
+  // Both nodes made the same plan decisions at the same iterations: one per
+  // candidate and one for the choice, where the tuner placed them.
+  const std::vector<std::string> node0 = PlanDecisions(cluster.node(0).process().Log());
+  const std::vector<std::string> node1 = PlanDecisions(cluster.node(1).process().Log());
+  EXPECT_EQ(node0, node1) << logs;
+  EXPECT_EQ(MissingPlacements(*tuner, node0), "") << logs;
+  size_t config_decisions = 0;
+  for (const std::string& d : node0) config_decisions += d.find("config_version=0 ") == d.npos;
+  EXPECT_EQ(config_decisions, static_cast<size_t>(tuner->autotune_candidates_size()) + 1) << logs;
+
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
+  const std::vector<double> first = LoadWeights(outs[0]);
+  for (const std::string& out : outs) {
+    const std::vector<double> got = LoadWeights(out);
+    EXPECT_LE(RelativeDifference(got, expected), 1e-12) << out;
+    EXPECT_EQ(got, first) << out << " differs from node 0's trainer 0";
+  }
+}
+
+// The iteration the survivors redid (Job::Reform's log line): node 0's
+// trainer contributed every iteration before it; -1 when absent.
+int RedoneIteration(const std::string& log) {
+  static const std::regex kReforming("event=job_reforming job=\\d+ generation=1 iteration=(\\d+)");
+  std::smatch m;
+  if (!std::regex_search(log, m, kReforming)) return -1;
+  return std::stoi(m[1].str());
+}
+
+// An elastic job of 3 nodes x 1 trainer: node 0 (the tuner) SIGKILLed once
+// its first candidate runs. Nodes 1 and 2 re-form generation 2; node 1, its
+// first member, tunes afresh there and both apply its candidates and its
+// choice at the same iterations; both end with the reference's weights.
+TEST(EtcdAutotune, TunerKilledMidTuningTheNewFirstMemberTunesAfreshAndSurvivorsTrainExactly) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  Cluster cluster(TunedOnEtcd(etcd, 3, 1, {"--timeout-s=5", "--min-nodes=2", "--max-nodes=3"}));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  constexpr int kSteps = 700;
+  std::vector<std::string> run_args = ModelArgs(kSteps);
+  run_args.push_back("--sleep-ms=15");
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(run_args, &outs);
+  // The first candidate re-planned node 1: tuning is under way.
+  ASSERT_TRUE(WaitForLog(cluster.node(1).process(), "config_version=1 buckets=", kBound))
+      << cluster.DaemonLogs();
+  cluster.node(0).process().Signal(SIGKILL);
+  trainers[0].Signal(SIGKILL);
+  cluster.node(0).process().Wait(seconds(10));
+  for (int n : {1, 2}) {
+    const ExitStatus st = trainers[n].Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0)
+        << "node " << n << ": " << trainers[n].Log() << cluster.DaemonLogs() << etcd.Logs();
+  }
+  const std::string logs = cluster.DaemonLogs();
+  const std::string log1 = cluster.node(1).process().Log();
+  const std::string log2 = cluster.node(2).process().Log();
+  EXPECT_NE(log1.find("event=autotune_seat generation=2 tuner_node_rank=1 here=true resumed=true "
+                      "restarted=true"),
+            std::string::npos)
+      << logs;
+  EXPECT_NE(log2.find("event=autotune_seat generation=2 tuner_node_rank=1 here=false"),
+            std::string::npos)
+      << logs;
+
+  absl::StatusOr<v1::Stats> tuner = NodeStats(cluster, 1);
+  ASSERT_TRUE(tuner.ok()) << tuner.status();
+  ExpectChosen(*tuner, logs);
+  EXPECT_EQ(tuner->generation(), 2u);
+  absl::StatusOr<v1::Stats> other = NodeStats(cluster, 2);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->autotune_state(),
+            "node_rank=1 tunes (the first member of generation 2); this node applies its choices");
+
+  // The survivors decided alike throughout, generation 2's log included.
+  const std::vector<std::string> node1 = PlanDecisions(log1);
+  EXPECT_EQ(node1, PlanDecisions(log2)) << logs;
+  EXPECT_EQ(MissingPlacements(*tuner, node1), "") << logs;
+
+  const int redone = RedoneIteration(log1);
+  ASSERT_GT(redone, 0) << logs;
+  EXPECT_EQ(redone, RedoneIteration(log2)) << logs;
+  std::vector<std::string> reference_args = ModelArgs(kSteps);
+  reference_args.push_back(absl::StrCat("--join-steps=", redone, ",", kSteps, ",", kSteps));
+  reference_args.push_back("--join-divide-by-active");
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), reference_args);
+  ASSERT_FALSE(expected.empty());
+  const std::vector<double> first = LoadWeights(outs[1]);
+  EXPECT_LE(RelativeDifference(first, expected), 1e-12) << outs[1];
+  EXPECT_EQ(LoadWeights(outs[2]), first) << "node 2 ended with other weights than node 1";
+}
+
+}  // namespace
+}  // namespace gradsync::testing
