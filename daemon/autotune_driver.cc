@@ -11,16 +11,21 @@ namespace gradsync {
 AutotuneDriver::AutotuneDriver(EarliestIteration earliest, Publish publish)
     : earliest_(std::move(earliest)), publish_(std::move(publish)), thread_([this] { Loop(); }) {}
 
-AutotuneDriver::~AutotuneDriver() {
+AutotuneDriver::~AutotuneDriver() { Stop(); }
+
+void AutotuneDriver::Stop() {
   {
     absl::MutexLock lock(&queue_mu_);
     stop_ = true;
+    accepting_ = false;
+    queue_.clear();
   }
-  thread_.join();
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }
 
 void AutotuneDriver::OnWorldFormed(const TuningSeat& seat) {
   absl::MutexLock lock(&queue_mu_);
+  if (stop_) return;
   ++seat_sequence_;
   accepting_ = seat.here;
   queue_.push_back(SeatChange{seat, seat_sequence_});
@@ -129,6 +134,8 @@ bool AutotuneDriver::HandleReport(const Report& r) {
   // re-formation keeps it.
   if (r.iteration < chosen_at_) return false;
   choice_in_effect_ = true;
+  spdlog::info("event=autotune_in_effect generation={} at_iteration={} iteration={}",
+               seat_.generation, chosen_at_, r.iteration);
   return true;
 }
 

@@ -62,7 +62,11 @@ class AutotuneDriver {
                                                          uint64_t generation)>;
 
   AutotuneDriver(EarliestIteration earliest, Publish publish);
-  ~AutotuneDriver();  // joins the thread
+  ~AutotuneDriver();  // Stop()
+
+  // Ends the thread once the event in hand is handled (no callback runs
+  // after it returns); later events are dropped. Idempotent.
+  void Stop() ABSL_LOCKS_EXCLUDED(queue_mu_);
 
   // A world formed (a job's first, or survivors' re-formation): `seat` says
   // who tunes it. Before its first iteration completes.

@@ -597,7 +597,8 @@ void Daemon::Run() {
     drain = std::move(drain_);
   }
   if (drain.joinable()) drain.join();
-  jobs_.reset();  // stops schedulers, removes trainer segments
+  if (autotune_) autotune_->Stop();  // its thread reads jobs_
+  jobs_.reset();                     // stops schedulers, removes trainer segments
   RemoveNodeSegment();
   unlink(config_.socket_path.c_str());
   spdlog::info("event=stopped");

@@ -117,12 +117,13 @@ class Daemon {
   // trainers still watch their heartbeat.
   std::vector<std::weak_ptr<ipc::NodeSegment>> retired_nodes_ ABSL_GUARDED_BY(node_mu_);
   int node_generation_ ABSL_GUARDED_BY(node_mu_) = 1;
+  // The tuner's connection to etcd, made on its first publish; only the
+  // driver's thread uses it (declared first: it outlives the driver).
+  std::shared_ptr<EtcdRendezvous> tuner_etcd_;
   // --autotune (every node; the generation's first member tunes); declared
   // before jobs_ so the jobs' schedulers, which report to it, stop first.
+  // Run stops its thread before the jobs go: it reads them.
   std::unique_ptr<AutotuneDriver> autotune_;
-  // The tuner's connection to etcd, made on its first publish; only the
-  // driver's thread uses it.
-  std::shared_ptr<EtcdRendezvous> tuner_etcd_;
   // --trace-file; declared before jobs_ so that it outlives every job.
   std::unique_ptr<TimelineWriter> timeline_;
   // Every job's iteration durations (Stats.iteration_duration, /metrics'

@@ -5,7 +5,8 @@
 // each at the same iteration and training equals one process on the whole
 // batch. Node 0 SIGKILLed while its candidates run: the survivors re-form,
 // the new first member tunes afresh and every survivor applies its choice
-// alike, still training like the reference.
+// alike, still training like the reference; a node killed after the choice
+// took effect: the survivors keep it.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "tests/etcd/etcd_cluster.h"
 #include "tests/integration/cluster.h"
 #include "tests/integration/control_stats.h"
@@ -148,8 +150,8 @@ TEST(EtcdAutotune, TwoNodesApplyEveryCandidateAndTheChoiceAtTheSameIterationAndT
   }
 }
 
-// The iteration the survivors redid (Job::Reform's log line): node 0's
-// trainer contributed every iteration before it; -1 when absent.
+// The iteration the survivors redid (Job::Reform's log line): the dead
+// node's trainer contributed every iteration before it; -1 when absent.
 int RedoneIteration(const std::string& log) {
   static const std::regex kReforming("event=job_reforming job=\\d+ generation=1 iteration=(\\d+)");
   std::smatch m;
@@ -157,40 +159,83 @@ int RedoneIteration(const std::string& log) {
   return std::stoi(m[1].str());
 }
 
-// An elastic job of 3 nodes x 1 trainer: node 0 (the tuner) SIGKILLed once
-// its first candidate runs. Nodes 1 and 2 re-form generation 2; node 1, its
-// first member, tunes afresh there and both apply its candidates and its
-// choice at the same iterations; both end with the reference's weights.
+// 3 nodes x 1 trainer of an elastic job on etcd, tuning, --steps=`steps`.
+struct ElasticRun {
+  explicit ElasticRun(const EtcdCluster& etcd)
+      : cluster(TunedOnEtcd(etcd, 3, 1, {"--timeout-s=5", "--min-nodes=2", "--max-nodes=3"})) {}
+  Cluster cluster;
+  std::vector<std::string> outs;
+  std::vector<Process> trainers;
+};
+
+void StartElastic(ElasticRun& run, int steps) {
+  ASSERT_TRUE(run.cluster.Start()) << run.cluster.DaemonLogs();
+  std::vector<std::string> args = ModelArgs(steps);
+  args.push_back("--sleep-ms=15");  // a realistic step: a few hundred take seconds
+  run.trainers = run.cluster.StartTrainers(args, &run.outs);
+}
+
+// SIGKILLs node `victim`'s daemon and trainer; the others finish with GS_OK,
+// decided every plan alike, and end with the weights of one process in
+// which the victim's trainer stopped at the iteration the survivors redid.
+void KillAndExpectSurvivorsTrainExactly(ElasticRun& run, int victim, int steps) {
+  Cluster& cluster = run.cluster;
+  cluster.node(victim).process().Signal(SIGKILL);
+  run.trainers[victim].Signal(SIGKILL);
+  cluster.node(victim).process().Wait(seconds(10));
+  std::vector<int> survivors;
+  for (int n = 0; n < 3; ++n) {
+    if (n == victim) continue;
+    survivors.push_back(n);
+    const ExitStatus st = run.trainers[n].Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0)
+        << "node " << n << ": " << run.trainers[n].Log() << cluster.DaemonLogs();
+  }
+  const std::string log_a = cluster.node(survivors[0]).process().Log();
+  const std::string log_b = cluster.node(survivors[1]).process().Log();
+  EXPECT_EQ(PlanDecisions(log_a), PlanDecisions(log_b)) << cluster.DaemonLogs();
+  const int redone = RedoneIteration(log_a);
+  ASSERT_GT(redone, 0) << cluster.DaemonLogs();
+  EXPECT_EQ(redone, RedoneIteration(log_b)) << cluster.DaemonLogs();
+  std::vector<std::string> join_steps(3, absl::StrCat(steps));
+  join_steps[victim] = absl::StrCat(redone);
+  std::vector<std::string> reference_args = ModelArgs(steps);
+  reference_args.push_back("--join-steps=" + absl::StrJoin(join_steps, ","));
+  reference_args.push_back("--join-divide-by-active");
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), reference_args);
+  ASSERT_FALSE(expected.empty());
+  const std::vector<double> first = LoadWeights(run.outs[survivors[0]]);
+  EXPECT_LE(RelativeDifference(first, expected), 1e-12) << run.outs[survivors[0]];
+  EXPECT_EQ(LoadWeights(run.outs[survivors[1]]), first)
+      << "node " << survivors[1] << " ended with other weights than node " << survivors[0];
+}
+
+// Node 0 (the tuner) SIGKILLed once its first candidate runs. Nodes 1 and
+// 2 re-form generation 2; node 1, its first member, tunes afresh there and
+// both apply its candidates and its choice at the same iterations; both
+// end with the reference's weights.
 TEST(EtcdAutotune, TunerKilledMidTuningTheNewFirstMemberTunesAfreshAndSurvivorsTrainExactly) {
   SKIP_WITHOUT_ETCD();
   EtcdCluster etcd(1);
   ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
-  Cluster cluster(TunedOnEtcd(etcd, 3, 1, {"--timeout-s=5", "--min-nodes=2", "--max-nodes=3"}));
-  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   constexpr int kSteps = 700;
-  std::vector<std::string> run_args = ModelArgs(kSteps);
-  run_args.push_back("--sleep-ms=15");
-  std::vector<std::string> outs;
-  std::vector<Process> trainers = cluster.StartTrainers(run_args, &outs);
+  ElasticRun run(etcd);
+  StartElastic(run, kSteps);
+  if (::testing::Test::HasFatalFailure()) return;
+  Cluster& cluster = run.cluster;
   // The first candidate re-planned node 1: tuning is under way.
   ASSERT_TRUE(WaitForLog(cluster.node(1).process(), "config_version=1 buckets=", kBound))
       << cluster.DaemonLogs();
-  cluster.node(0).process().Signal(SIGKILL);
-  trainers[0].Signal(SIGKILL);
-  cluster.node(0).process().Wait(seconds(10));
-  for (int n : {1, 2}) {
-    const ExitStatus st = trainers[n].Wait(kBound);
-    ASSERT_TRUE(st.exited && st.code == 0)
-        << "node " << n << ": " << trainers[n].Log() << cluster.DaemonLogs() << etcd.Logs();
-  }
+  KillAndExpectSurvivorsTrainExactly(run, /*victim=*/0, kSteps);
+  if (::testing::Test::HasFatalFailure()) return;
   const std::string logs = cluster.DaemonLogs();
-  const std::string log1 = cluster.node(1).process().Log();
-  const std::string log2 = cluster.node(2).process().Log();
-  EXPECT_NE(log1.find("event=autotune_seat generation=2 tuner_node_rank=1 here=true resumed=true "
-                      "restarted=true"),
+  EXPECT_NE(cluster.node(1).process().Log().find(
+                "event=autotune_seat generation=2 tuner_node_rank=1 here=true resumed=true "
+                "restarted=true"),
             std::string::npos)
       << logs;
-  EXPECT_NE(log2.find("event=autotune_seat generation=2 tuner_node_rank=1 here=false"),
+  EXPECT_NE(cluster.node(2).process().Log().find(
+                "event=autotune_seat generation=2 tuner_node_rank=1 here=false"),
             std::string::npos)
       << logs;
 
@@ -198,27 +243,55 @@ TEST(EtcdAutotune, TunerKilledMidTuningTheNewFirstMemberTunesAfreshAndSurvivorsT
   ASSERT_TRUE(tuner.ok()) << tuner.status();
   ExpectChosen(*tuner, logs);
   EXPECT_EQ(tuner->generation(), 2u);
+  // Generation 2's log: every candidate and the choice where node 1 placed them.
+  EXPECT_EQ(MissingPlacements(*tuner, PlanDecisions(cluster.node(1).process().Log())), "") << logs;
   absl::StatusOr<v1::Stats> other = NodeStats(cluster, 2);
   ASSERT_TRUE(other.ok()) << other.status();
   EXPECT_EQ(other->autotune_state(),
             "node_rank=1 tunes (the first member of generation 2); this node applies its choices");
+}
 
-  // The survivors decided alike throughout, generation 2's log included.
-  const std::vector<std::string> node1 = PlanDecisions(log1);
-  EXPECT_EQ(node1, PlanDecisions(log2)) << logs;
-  EXPECT_EQ(MissingPlacements(*tuner, node1), "") << logs;
-
-  const int redone = RedoneIteration(log1);
-  ASSERT_GT(redone, 0) << logs;
-  EXPECT_EQ(redone, RedoneIteration(log2)) << logs;
-  std::vector<std::string> reference_args = ModelArgs(kSteps);
-  reference_args.push_back(absl::StrCat("--join-steps=", redone, ",", kSteps, ",", kSteps));
-  reference_args.push_back("--join-divide-by-active");
-  const std::vector<double> expected = SingleProcessReference(cluster.dir(), reference_args);
-  ASSERT_FALSE(expected.empty());
-  const std::vector<double> first = LoadWeights(outs[1]);
-  EXPECT_LE(RelativeDifference(first, expected), 1e-12) << outs[1];
-  EXPECT_EQ(LoadWeights(outs[2]), first) << "node 2 ended with other weights than node 1";
+// The choice took effect on every node, then node 2 SIGKILLed: the
+// survivors keep it (node 0 tunes nothing more) and train exactly.
+TEST(EtcdAutotune, NodeKilledAfterTheChoiceTookEffectTheSurvivorsKeepIt) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  constexpr int kSteps = 500;
+  ElasticRun run(etcd);
+  StartElastic(run, kSteps);
+  if (::testing::Test::HasFatalFailure()) return;
+  Cluster& cluster = run.cluster;
+  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=autotune_in_effect", kBound))
+      << cluster.DaemonLogs();
+  absl::StatusOr<v1::Stats> before = NodeStats(cluster, 0);
+  ASSERT_TRUE(before.ok()) << before.status();
+  KillAndExpectSurvivorsTrainExactly(run, /*victim=*/2, kSteps);
+  if (::testing::Test::HasFatalFailure()) return;
+  const std::string logs = cluster.DaemonLogs();
+  const std::string log0 = cluster.node(0).process().Log();
+  EXPECT_NE(log0.find("event=autotune_kept generation=2"), std::string::npos) << logs;
+  EXPECT_EQ(log0.find("event=autotune_candidate", log0.find("event=autotune_kept")),
+            std::string::npos)
+      << "node 0 tuned again after the re-formation\n"
+      << logs;
+  absl::StatusOr<v1::Stats> after = NodeStats(cluster, 0);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->generation(), 2u);
+  EXPECT_EQ(after->autotune_state(), "chosen");
+  EXPECT_EQ(after->autotune_choice(), before->autotune_choice());
+  EXPECT_EQ(after->autotune_chosen_at_iteration(), before->autotune_chosen_at_iteration());
+  // No config version in generation 2: the survivors run the choice as it was.
+  for (const std::string& d : PlanDecisions(log0)) {
+    const uint64_t at = std::stoull(d.substr(d.find('=') + 1));
+    if (at > after->autotune_chosen_at_iteration()) {
+      EXPECT_NE(d.find("config_version=0 "), std::string::npos) << d << "\n" << logs;
+    }
+  }
+  absl::StatusOr<v1::Stats> other = NodeStats(cluster, 1);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->autotune_state(),
+            "node_rank=0 tunes (the first member of generation 2); this node applies its choices");
 }
 
 }  // namespace
