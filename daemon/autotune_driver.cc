@@ -109,37 +109,40 @@ bool AutotuneDriver::HandleSeat(const SeatChange& change) {
 }
 
 bool AutotuneDriver::HandleReport(const Report& r) {
-  absl::MutexLock lock(&state_mu_);
-  if (!seat_.here) return true;
-  if (job_ == 0) job_ = r.job;
-  if (r.job != job_) return false;  // an ended job's last report
-  if (!tuner_) {
-    if (r.iteration < seat_.first_iteration + kFirstPlacedAfter) return false;
-    BucketAutotuner tuner(AutotuneCandidates(0.25, 200, static_cast<double>(r.bytes) / (1 << 20)));
-    if (!PlaceCandidates(tuner, seat_.generation)) {
-      state_ = absl::StrCat("abandoned: generation ", seat_.generation,
-                            " ended while placing candidates");
+  uint64_t generation = 0;
+  std::optional<CapsCandidate> best;  // every candidate scored: publish it
+  {
+    absl::MutexLock lock(&state_mu_);
+    if (!seat_.here) return true;
+    if (job_ == 0) job_ = r.job;
+    if (r.job != job_) return false;  // an ended job's last report
+    generation = seat_.generation;
+    if (tuner_ && tuner_->done()) {
+      // Chosen: watched until its iteration completed, after which a
+      // re-formation keeps it.
+      if (r.iteration < chosen_at_) return false;
+      choice_in_effect_ = true;
+      spdlog::info("event=autotune_in_effect generation={} at_iteration={} iteration={}",
+                   generation, chosen_at_, r.iteration);
       return true;
     }
-    tuner_ = std::move(tuner);
-    state_ = "tuning";
-    return false;
+    if (tuner_) {
+      if (!tuner_->OnIterationDone(r.iteration, r.end_ns)) return false;
+      LogScoresLocked();
+      best = tuner_->results()[*tuner_->choice()].caps;
+    } else {
+      if (r.iteration < seat_.first_iteration + kFirstPlacedAfter) return false;
+      state_ = "placing candidates";
+    }
   }
-  if (!tuner_->done()) {
-    if (!tuner_->OnIterationDone(r.iteration, r.end_ns)) return false;
-    PublishChoice();
-    return state_ != "chosen";
-  }
-  // Chosen: watched until its iteration completed, after which a
-  // re-formation keeps it.
-  if (r.iteration < chosen_at_) return false;
-  choice_in_effect_ = true;
-  spdlog::info("event=autotune_in_effect generation={} at_iteration={} iteration={}",
-               seat_.generation, chosen_at_, r.iteration);
-  return true;
+  // The config log may be a network away (etcd): published without the
+  // lock, so stats never wait on it. Only this thread changes the state.
+  if (best) return PublishChoice(*best, generation);
+  return !PlaceCandidates(static_cast<double>(r.bytes) / (1 << 20), generation);
 }
 
-bool AutotuneDriver::PlaceCandidates(BucketAutotuner& tuner, uint64_t generation) {
+bool AutotuneDriver::PlaceCandidates(double gradient_mb, uint64_t generation) {
+  BucketAutotuner tuner(AutotuneCandidates(0.25, 200, gradient_mb));
   uint64_t at = earliest_();
   for (size_t i = 0; i < tuner.results().size(); ++i) {
     const CapsCandidate& c = tuner.results()[i].caps;
@@ -147,6 +150,9 @@ bool AutotuneDriver::PlaceCandidates(BucketAutotuner& tuner, uint64_t generation
     if (!placed.ok()) {
       spdlog::warn("event=autotune_abandoned generation={} reason={}", generation,
                    LogValue(placed.status().message()));
+      absl::MutexLock lock(&state_mu_);
+      state_ =
+          absl::StrCat("abandoned: generation ", generation, " ended while placing candidates");
       return false;
     }
     tuner.Place(i, *placed);
@@ -156,12 +162,13 @@ bool AutotuneDriver::PlaceCandidates(BucketAutotuner& tuner, uint64_t generation
         i, c.first_bucket_cap_mb, c.bucket_cap_mb, *placed, generation);
     at = *placed + tuner.span();
   }
+  absl::MutexLock lock(&state_mu_);
+  tuner_ = std::move(tuner);
+  state_ = "tuning";
   return true;
 }
 
-void AutotuneDriver::PublishChoice() {
-  const BucketAutotuner::Result& best = tuner_->results()[*tuner_->choice()];
-  absl::StatusOr<uint64_t> at = publish_(best.caps, earliest_(), seat_.generation);
+void AutotuneDriver::LogScoresLocked() const {
   for (size_t i = 0; i < tuner_->results().size(); ++i) {
     const BucketAutotuner::Result& c = tuner_->results()[i];
     spdlog::info(
@@ -170,20 +177,27 @@ void AutotuneDriver::PublishChoice() {
         i, c.caps.first_bucket_cap_mb, c.caps.bucket_cap_mb, c.at_iteration, c.score_s,
         c.step_s.size());
   }
+}
+
+bool AutotuneDriver::PublishChoice(const CapsCandidate& best, uint64_t generation) {
+  absl::StatusOr<uint64_t> at = publish_(best, earliest_(), generation);
+  absl::MutexLock lock(&state_mu_);
   if (!at.ok()) {
-    state_ = absl::StrCat("abandoned: generation ", seat_.generation,
-                          " ended before the choice was applied");
-    spdlog::warn("event=autotune_abandoned generation={} reason={}", seat_.generation,
+    state_ =
+        absl::StrCat("abandoned: generation ", generation, " ended before the choice was applied");
+    spdlog::warn("event=autotune_abandoned generation={} reason={}", generation,
                  LogValue(at.status().message()));
-    return;
+    return true;
   }
   chosen_at_ = *at;
   state_ = "chosen";
+  const BucketAutotuner::Result& chosen = tuner_->results()[*tuner_->choice()];
   spdlog::info(
       "event=autotune_chosen index={} first_bucket_cap_mb={} bucket_cap_mb={} "
       "median_step_s={:.6f} at_iteration={} generation={}",
-      *tuner_->choice(), best.caps.first_bucket_cap_mb, best.caps.bucket_cap_mb, best.score_s, *at,
-      seat_.generation);
+      *tuner_->choice(), best.first_bucket_cap_mb, best.bucket_cap_mb, chosen.score_s, *at,
+      generation);
+  return false;
 }
 
 void AutotuneDriver::FillStats(v1::Stats* out) const {

@@ -20,8 +20,9 @@
 //
 // Threads: OnIterationDone is called on the scheduler thread (quick: it
 // queues the report, or drops it where this node does not tune); a thread
-// of its own places, scores and publishes, so the scheduler never waits on
-// the config log. OnWorldFormed from the thread forming the world, before
+// of its own places, scores and publishes (without state_mu_: the config
+// log may be in etcd), so neither the scheduler nor stats wait on the
+// config log. OnWorldFormed from the thread forming the world, before
 // its first iteration. FillStats from any thread.
 #ifndef GRADSYNC_DAEMON_AUTOTUNE_DRIVER_H_
 #define GRADSYNC_DAEMON_AUTOTUNE_DRIVER_H_
@@ -95,11 +96,14 @@ class AutotuneDriver {
   // are then dropped on arrival).
   bool HandleSeat(const SeatChange& change) ABSL_LOCKS_EXCLUDED(state_mu_);
   bool HandleReport(const Report& r) ABSL_LOCKS_EXCLUDED(state_mu_);
-  // Places every candidate of a fresh tuner; false (logged) when the
-  // generation ended.
-  bool PlaceCandidates(BucketAutotuner& tuner, uint64_t generation);
-  // Scored every candidate: appends the fastest. State under state_mu_.
-  void PublishChoice() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_);
+  // Places every candidate of a fresh tuner for a model of `gradient_mb`
+  // and installs it; false (logged, the state says so) when the generation
+  // ended.
+  bool PlaceCandidates(double gradient_mb, uint64_t generation) ABSL_LOCKS_EXCLUDED(state_mu_);
+  void LogScoresLocked() const ABSL_SHARED_LOCKS_REQUIRED(state_mu_);
+  // Every candidate scored: appends the fastest, `best`. Returns true when
+  // that failed (the tuning is then abandoned).
+  bool PublishChoice(const CapsCandidate& best, uint64_t generation) ABSL_LOCKS_EXCLUDED(state_mu_);
   // Stops queueing reports, unless a newer seat arrived meanwhile.
   void StopReports(uint64_t sequence) ABSL_LOCKS_EXCLUDED(queue_mu_);
 

@@ -153,16 +153,35 @@ TEST(EtcdAutotune, TwoNodesApplyEveryCandidateAndTheChoiceAtTheSameIterationAndT
 // The iteration the survivors redid (Job::Reform's log line): the dead
 // node's trainer contributed every iteration before it; -1 when absent.
 int RedoneIteration(const std::string& log) {
-  static const std::regex kReforming("event=job_reforming job=\\d+ generation=1 iteration=(\\d+)");
+  static const std::regex kReforming(
+      "event=job_reforming job=\\d+ generation=\\d+ iteration=(\\d+)");
   std::smatch m;
   if (!std::regex_search(log, m, kReforming)) return -1;
   return std::stoi(m[1].str());
 }
 
-// 3 nodes x 1 trainer of an elastic job on etcd, tuning, --steps=`steps`.
+const std::vector<std::string>& ElasticFlags() {
+  static const std::vector<std::string> flags = {"--timeout-s=5", "--min-nodes=2", "--max-nodes=3"};
+  return flags;
+}
+
+// The embedded leader's counterpart of TunedOnEtcd.
+ClusterOptions TunedOnTheLeader(int nodes, int local, std::vector<std::string> extra) {
+  ClusterOptions options;
+  options.nodes = nodes;
+  options.local_size = local;
+  options.job_id = "leadertune";
+  options.token = kToken;
+  options.flags = {"--autotune"};
+  options.flags.insert(options.flags.end(), extra.begin(), extra.end());
+  return options;
+}
+
+// 3 nodes x 1 trainer of an elastic job, tuning, on etcd (or, without
+// one, on the embedded leader).
 struct ElasticRun {
-  explicit ElasticRun(const EtcdCluster& etcd)
-      : cluster(TunedOnEtcd(etcd, 3, 1, {"--timeout-s=5", "--min-nodes=2", "--max-nodes=3"})) {}
+  explicit ElasticRun(const EtcdCluster& etcd) : cluster(TunedOnEtcd(etcd, 3, 1, ElasticFlags())) {}
+  ElasticRun() : cluster(TunedOnTheLeader(3, 1, ElasticFlags())) {}
   Cluster cluster;
   std::vector<std::string> outs;
   std::vector<Process> trainers;
@@ -292,6 +311,37 @@ TEST(EtcdAutotune, NodeKilledAfterTheChoiceTookEffectTheSurvivorsKeepIt) {
   ASSERT_TRUE(other.ok()) << other.status();
   EXPECT_EQ(other->autotune_state(),
             "node_rank=0 tunes (the first member of generation 2); this node applies its choices");
+}
+
+// The same on the embedded leader, where node 0 always tunes: node 2
+// SIGKILLed once the first candidate runs; node 0 tunes afresh in the
+// survivors' generation (its candidates of the old one are gone on every
+// node alike), and the survivors train exactly.
+TEST(EtcdAutotune, OnTheEmbeddedLeaderANodeKilledMidTuningNodeZeroTunesAfresh) {
+  constexpr int kSteps = 700;
+  ElasticRun run;
+  StartElastic(run, kSteps);
+  if (::testing::Test::HasFatalFailure()) return;
+  Cluster& cluster = run.cluster;
+  ASSERT_TRUE(WaitForLog(cluster.node(1).process(), "config_version=1 buckets=", kBound))
+      << cluster.DaemonLogs();
+  KillAndExpectSurvivorsTrainExactly(run, /*victim=*/2, kSteps);
+  if (::testing::Test::HasFatalFailure()) return;
+  const std::string logs = cluster.DaemonLogs();
+  absl::StatusOr<v1::Stats> tuner = GetStats(cluster.port(), kToken);
+  ASSERT_TRUE(tuner.ok()) << tuner.status();
+  ExpectChosen(*tuner, logs);
+  ASSERT_GE(tuner->generation(), 2u);
+  const std::string seat =
+      absl::StrCat("event=autotune_seat generation=", tuner->generation(), " tuner_node_rank=0");
+  EXPECT_NE(cluster.node(0).process().Log().find(
+                absl::StrCat(seat, " here=true resumed=true restarted=true")),
+            std::string::npos)
+      << logs;
+  EXPECT_NE(cluster.node(1).process().Log().find(absl::StrCat(seat, " here=false")),
+            std::string::npos)
+      << logs;
+  EXPECT_EQ(MissingPlacements(*tuner, PlanDecisions(cluster.node(0).process().Log())), "") << logs;
 }
 
 }  // namespace
