@@ -981,9 +981,10 @@ absl::StatusOr<EtcdConfigEntry> EtcdRendezvous::AppendConfig(
                        "); set the caps again once the job runs"));
     }
     if (generation != 0 && target.generation != generation) {
-      return MakeError(v1::STATE,
-                       absl::StrCat("generation ", generation, " is over in ", Describe(),
-                                    " (generation ", target.generation, " is active)"));
+      return MakeError(
+          v1::STATE,
+          absl::StrCat("generation ", generation, " is not the job's active generation in ",
+                       Describe(), " (generation ", target.generation, " is)"));
     }
     ASSIGN_OR_RETURN(std::optional<EtcdConfigEntry> entry,
                      TryAppendConfig(target, min_at_iteration, value));
