@@ -311,6 +311,9 @@ std::string FormatStatsTable(const v1::Stats& s) {
 
   if (!s.autotune_state().empty()) {
     absl::StrAppendFormat(&out, "\nAUTOTUNE (%s)\n", s.autotune_state());
+  }
+  // Only the tuning node lists candidates; the others' state names it.
+  if (s.autotune_candidates_size() > 0) {
     TextTable t({{"#", TextTable::kRight},
                  {"FIRST CAP MiB", TextTable::kRight},
                  {"CAP MiB", TextTable::kRight},
