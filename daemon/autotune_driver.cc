@@ -20,7 +20,7 @@ void AutotuneDriver::Stop() {
     accepting_ = false;
     queue_.clear();
   }
-  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void AutotuneDriver::OnWorldFormed(const TuningSeat& seat) {
@@ -87,7 +87,6 @@ bool AutotuneDriver::HandleSeat(const SeatChange& change) {
   tuner_.reset();
   chosen_at_ = 0;
   choice_in_effect_ = false;
-  if (!seat.resumed) job_ = 0;
   if (!seat.here) {
     state_ =
         absl::StrCat("node_rank=", seat.tuner_node_rank, " tunes (the first member of generation ",
@@ -114,8 +113,7 @@ bool AutotuneDriver::HandleReport(const Report& r) {
   {
     absl::MutexLock lock(&state_mu_);
     if (!seat_.here) return true;
-    if (job_ == 0) job_ = r.job;
-    if (r.job != job_) return false;  // an ended job's last report
+    if (r.job != seat_.job) return false;  // an ended job's last report
     generation = seat_.generation;
     if (tuner_ && tuner_->done()) {
       // Chosen: watched until its iteration completed, after which a

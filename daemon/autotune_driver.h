@@ -45,6 +45,7 @@ namespace gradsync {
 
 // Who tunes a generation that just formed.
 struct TuningSeat {
+  uint64_t job = 0;  // the daemon's job (JobRegistry's id) the world is for
   uint64_t generation = 0;
   int tuner_node_rank = 0;       // the generation's first member
   bool here = false;             // this daemon is it
@@ -127,7 +128,6 @@ class AutotuneDriver {
 
   mutable absl::Mutex state_mu_;
   TuningSeat seat_ ABSL_GUARDED_BY(state_mu_);
-  uint64_t job_ ABSL_GUARDED_BY(state_mu_) = 0;  // the tuned job (0: none reported yet)
   std::optional<BucketAutotuner> tuner_ ABSL_GUARDED_BY(state_mu_);
   std::string state_ ABSL_GUARDED_BY(state_mu_) = "waiting for a job";
   uint64_t chosen_at_ ABSL_GUARDED_BY(state_mu_) = 0;

@@ -102,6 +102,8 @@ absl::StatusOr<JobWorld> Daemon::FormWorld(const Layout& layout,
 void Daemon::SeatTuner(const JobWorld& world, const ResumePoint& resume) {
   if (!autotune_) return;
   TuningSeat seat;
+  // The job forming this world is the registry's current one.
+  if (std::shared_ptr<Job> job = jobs_->Current()) seat.job = job->id();
   seat.generation = world.generation;
   seat.tuner_node_rank = world.first_member;
   seat.here = world.node_index == 0;
