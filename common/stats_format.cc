@@ -206,6 +206,35 @@ std::string FieldText(const google::protobuf::Message& m,
   }
 }
 
+// --autotune's section: the state, and on the tuning node its candidates.
+void AppendAutotune(const v1::Stats& s, std::string* out) {
+  if (!s.autotune_state().empty()) {
+    absl::StrAppendFormat(out, "\nAUTOTUNE (%s)\n", s.autotune_state());
+  }
+  // Only the tuning node lists candidates; the others' state names it.
+  if (s.autotune_candidates_size() > 0) {
+    TextTable t({{"#", TextTable::kRight},
+                 {"FIRST CAP MiB", TextTable::kRight},
+                 {"CAP MiB", TextTable::kRight},
+                 {"AT ITERATION", TextTable::kRight},
+                 {"MEDIAN STEP", TextTable::kRight},
+                 {"SCORED", TextTable::kRight},
+                 {"", TextTable::kLeft}});
+    for (int i = 0; i < s.autotune_candidates_size(); ++i) {
+      const v1::AutotuneCandidate& c = s.autotune_candidates(i);
+      const bool chosen = i == s.autotune_choice();
+      t.AddRow(
+          {absl::StrCat(i), absl::StrCat(c.first_bucket_cap_mb()), absl::StrCat(c.bucket_cap_mb()),
+           absl::StrCat(c.at_iteration()),
+           c.scored_iterations() > 0 ? absl::StrFormat("%.1f ms", c.median_step_s() * 1e3) : "-",
+           absl::StrCat(c.scored_iterations()),
+           chosen ? absl::StrCat("chosen, from iteration ", s.autotune_chosen_at_iteration())
+                  : ""});
+    }
+    absl::StrAppend(out, t.Render());
+  }
+}
+
 }  // namespace
 
 std::string FormatBytes(uint64_t bytes) {
@@ -309,28 +338,7 @@ std::string FormatStatsTable(const v1::Stats& s) {
     absl::StrAppend(&out, t.Render());
   }
 
-  if (!s.autotune_state().empty()) {
-    absl::StrAppendFormat(&out, "\nAUTOTUNE (%s)\n", s.autotune_state());
-    TextTable t({{"#", TextTable::kRight},
-                 {"FIRST CAP MiB", TextTable::kRight},
-                 {"CAP MiB", TextTable::kRight},
-                 {"AT ITERATION", TextTable::kRight},
-                 {"MEDIAN STEP", TextTable::kRight},
-                 {"SCORED", TextTable::kRight},
-                 {"", TextTable::kLeft}});
-    for (int i = 0; i < s.autotune_candidates_size(); ++i) {
-      const v1::AutotuneCandidate& c = s.autotune_candidates(i);
-      const bool chosen = i == s.autotune_choice();
-      t.AddRow(
-          {absl::StrCat(i), absl::StrCat(c.first_bucket_cap_mb()), absl::StrCat(c.bucket_cap_mb()),
-           absl::StrCat(c.at_iteration()),
-           c.scored_iterations() > 0 ? absl::StrFormat("%.1f ms", c.median_step_s() * 1e3) : "-",
-           absl::StrCat(c.scored_iterations()),
-           chosen ? absl::StrCat("chosen, from iteration ", s.autotune_chosen_at_iteration())
-                  : ""});
-    }
-    absl::StrAppend(&out, t.Render());
-  }
+  AppendAutotune(s, &out);
 
   // Who is the straggler, in one line per named trainer (details:
   // `gradsyncctl stragglers`).

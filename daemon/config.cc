@@ -188,13 +188,6 @@ absl::Status ValidateRendezvous(const DaemonConfig& c) {
   if (c.etcd_password.empty() != c.etcd_user.empty()) {
     return Bad("--etcd-user and --etcd-password-file go together (etcd auth)");
   }
-  // Not built on etcd yet (docs/DESIGN.md, "Rendezvous on etcd"): refused
-  // rather than accepted and failing later.
-  if (c.autotune) {
-    return Bad(absl::StrCat(flag,
-                            " with --autotune: the tuner runs on the leader daemon, and "
-                            "it is not supported on an etcd rendezvous yet"));
-  }
   return absl::OkStatus();
 }
 

@@ -85,13 +85,31 @@ absl::Status Daemon::PrepareSocketPath() {
 absl::StatusOr<JobWorld> Daemon::FormWorld(const Layout& layout,
                                            std::function<void(const absl::Status&)> on_failure) {
   if (config_.num_nodes > 1) {
-    return ClusterLink::Form(jobs_->config(), leader_address_, layout, std::move(on_failure));
+    ASSIGN_OR_RETURN(JobWorld world, ClusterLink::Form(jobs_->config(), leader_address_, layout,
+                                                       std::move(on_failure)));
+    SeatTuner(world, ResumePoint{});
+    return world;
   }
   JobWorld world;
   world.world_size = config_.local_size;
   world.rank_offset = 0;
+  world.first_member = config_.node_rank;
   world.backend = std::make_unique<LocalBackend>();
+  SeatTuner(world, ResumePoint{});
   return world;
+}
+
+void Daemon::SeatTuner(const JobWorld& world, const ResumePoint& resume) {
+  if (!autotune_) return;
+  TuningSeat seat;
+  // The job forming this world is the registry's current one.
+  if (std::shared_ptr<Job> job = jobs_->Current()) seat.job = job->id();
+  seat.generation = world.generation;
+  seat.tuner_node_rank = world.first_member;
+  seat.here = world.node_index == 0;
+  seat.resumed = resume.generation != 0;
+  seat.first_iteration = resume.iteration;
+  autotune_->OnWorldFormed(seat);
 }
 
 absl::Status Daemon::Start() {
@@ -138,18 +156,17 @@ absl::StatusOr<JobHooks> Daemon::MakeJobHooks() {
   }
   hooks.gpu = gpu_;
   hooks.iteration_durations = &iteration_durations_;
-  if (config_.autotune && (config_.num_nodes == 1 || config_.is_leader())) {
+  if (config_.autotune) {
+    // On every node: which one tunes is known once a generation forms.
     autotune_ = std::make_unique<AutotuneDriver>(
         [this] { return EarliestJobWideIteration(); },
-        [this](const CapsCandidate& caps, uint64_t at) { return PublishAutotunedCaps(caps, at); });
+        [this](const CapsCandidate& caps, uint64_t at, uint64_t generation) {
+          return PublishAutotunedCaps(caps, at, generation);
+        });
     hooks.on_iteration_done = [tuner = autotune_.get()](uint64_t job, uint64_t it, uint64_t bytes,
                                                         int64_t end_ns) {
       tuner->OnIterationDone(job, it, bytes, end_ns);
     };
-  } else if (config_.autotune) {
-    spdlog::info(
-        "event=autotune_on_leader reason=\"the leader tunes the caps; this node applies "
-        "its choices\"");
   }
   hooks.on_health = [this](bool serving, const std::string& reason) {
     grpc::Server* server = listen_server_.get();
@@ -162,10 +179,13 @@ absl::StatusOr<JobHooks> Daemon::MakeJobHooks() {
     }
   };
   if (config_.num_nodes > 1 && config_.min_nodes_or_num() < config_.num_nodes) {
-    hooks.reform_world = [this](const Layout& layout, const ResumePoint& resume,
-                                std::function<void(const absl::Status&)> on_failure) {
-      return ClusterLink::Form(jobs_->config(), leader_address_, layout, std::move(on_failure),
-                               resume);
+    hooks.reform_world =
+        [this](const Layout& layout, const ResumePoint& resume,
+               std::function<void(const absl::Status&)> on_failure) -> absl::StatusOr<JobWorld> {
+      ASSIGN_OR_RETURN(JobWorld world, ClusterLink::Form(jobs_->config(), leader_address_, layout,
+                                                         std::move(on_failure), resume));
+      SeatTuner(world, resume);
+      return world;
     };
   }
   if (config_.num_nodes > 1) {
@@ -489,14 +509,36 @@ uint64_t Daemon::EarliestJobWideIteration() {
   return max_iteration + 2 + static_cast<uint64_t>(rate * 2.0 + 0.5);
 }
 
-absl::StatusOr<uint64_t> Daemon::PublishAutotunedCaps(const CapsCandidate& caps, uint64_t at) {
+absl::StatusOr<uint64_t> Daemon::PublishAutotunedCaps(const CapsCandidate& caps, uint64_t at,
+                                                      uint64_t generation) {
   const BucketCaps bytes{static_cast<uint64_t>(caps.bucket_cap_mb * (1 << 20)),
                          static_cast<uint64_t>(caps.first_bucket_cap_mb * (1 << 20))};
-  if (!rendezvous_service_) {
+  if (config_.num_nodes == 1) {
     std::shared_ptr<Job> job = jobs_->Current();
     if (!job) return MakeError(v1::STATE, "no running job to tune");
     job->SetCaps(bytes, at);
     return at;
+  }
+  if (!config_.rendezvous.empty()) {
+    // No leader: the tuning node appends to the job-wide log in etcd, as a
+    // `config set` on it does.
+    if (!tuner_etcd_) {
+      ASSIGN_OR_RETURN(tuner_etcd_, ConnectEtcdRendezvous(config_));
+    }
+    auto record = [&caps](const EtcdConfigEntry& e) {
+      return EncodeConfig(e.generation, e.at_iteration, caps.bucket_cap_mb,
+                          caps.first_bucket_cap_mb);
+    };
+    ASSIGN_OR_RETURN(EtcdConfigEntry entry, tuner_etcd_->AppendConfig(at, record, generation));
+    return entry.at_iteration;
+  }
+  if (!rendezvous_service_) {
+    return MakeError(v1::STATE, "only the leader daemon (node 0) tunes the job's caps");
+  }
+  // The leader's log belongs to its active generation: candidates of an
+  // older one must not land in a re-formed job's.
+  if (std::shared_ptr<Job> job = jobs_->Current(); !job || job->generation() != generation) {
+    return MakeError(v1::STATE, absl::StrCat("generation ", generation, " is over"));
   }
   ASSIGN_OR_RETURN(
       RendezvousService::ConfigEntry entry,
@@ -557,7 +599,8 @@ void Daemon::Run() {
     drain = std::move(drain_);
   }
   if (drain.joinable()) drain.join();
-  jobs_.reset();  // stops schedulers, removes trainer segments
+  if (autotune_) autotune_->Stop();  // its thread reads jobs_
+  jobs_.reset();                     // stops schedulers, removes trainer segments
   RemoveNodeSegment();
   unlink(config_.socket_path.c_str());
   spdlog::info("event=stopped");

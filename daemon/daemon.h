@@ -34,6 +34,8 @@
 
 namespace gradsync {
 
+class EtcdRendezvous;
+
 class Daemon {
  public:
   // `gpu`: the GPU path's device, chosen by main (none: CUDA tensors are refused).
@@ -87,9 +89,13 @@ class Daemon {
   // The first iteration a job-wide change published now can start at on
   // every node (ahead of the fastest one).
   uint64_t EarliestJobWideIteration();
-  // --autotune's way to change the running job's caps: the config log on
-  // the leader, the job itself on one node. Returns the iteration they apply at.
-  absl::StatusOr<uint64_t> PublishAutotunedCaps(const CapsCandidate& caps, uint64_t at);
+  // --autotune's way to change the running job's caps: generation
+  // `generation`'s config log (the leader's, or etcd's), the job itself on
+  // one node. Returns the iteration they apply at.
+  absl::StatusOr<uint64_t> PublishAutotunedCaps(const CapsCandidate& caps, uint64_t at,
+                                                uint64_t generation);
+  // Tells --autotune's driver who tunes a world that formed: its first member.
+  void SeatTuner(const JobWorld& world, const ResumePoint& resume);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // Sweeps what dead daemons of this prefix left, then creates node<1>.
   absl::Status CreateFirstNodeSegment() ABSL_LOCKS_EXCLUDED(node_mu_);
@@ -111,8 +117,12 @@ class Daemon {
   // trainers still watch their heartbeat.
   std::vector<std::weak_ptr<ipc::NodeSegment>> retired_nodes_ ABSL_GUARDED_BY(node_mu_);
   int node_generation_ ABSL_GUARDED_BY(node_mu_) = 1;
-  // --autotune on the daemon deciding job-wide caps; declared before jobs_
-  // so the jobs' schedulers, which report to it, stop first.
+  // The tuner's connection to etcd, made on its first publish; only the
+  // driver's thread uses it (declared first: it outlives the driver).
+  std::shared_ptr<EtcdRendezvous> tuner_etcd_;
+  // --autotune (every node; the generation's first member tunes); declared
+  // before jobs_ so the jobs' schedulers, which report to it, stop first.
+  // Run stops its thread before the jobs go: it reads them.
   std::unique_ptr<AutotuneDriver> autotune_;
   // --trace-file; declared before jobs_ so that it outlives every job.
   std::unique_ptr<TimelineWriter> timeline_;

@@ -96,9 +96,11 @@ ABSL_FLAG(std::string, host, kDefaults.host,
 ABSL_FLAG(double, bucket_cap_mb, kDefaults.bucket_cap_mb, "bucket size cap in MiB");
 ABSL_FLAG(double, first_bucket_cap_mb, kDefaults.first_bucket_cap_mb, "first bucket's cap in MiB");
 ABSL_FLAG(bool, autotune, kDefaults.autotune,
-          "the leader tries candidate bucket caps (0.25-200 MiB) for a few iterations each, "
-          "then applies the fastest job-wide; until then --bucket-cap-mb and "
-          "--first-bucket-cap-mb apply");
+          "one node (the generation's first member: node 0 unless it died, which on "
+          "--rendezvous etcd:// the others survive) tries candidate bucket caps "
+          "(0.25-200 MiB) for a few iterations each, then applies the fastest job-wide; "
+          "until then --bucket-cap-mb and --first-bucket-cap-mb apply. Give it to every "
+          "node of the job");
 ABSL_FLAG(std::string, job_id, kDefaults.job_id, "job identifier shared by all daemons of a job");
 ABSL_FLAG(std::string, job_token_file, "",
           "file holding the job's shared secret (mode 0600); needed by multi-node daemons");

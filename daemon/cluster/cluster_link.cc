@@ -484,6 +484,7 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   world.generation = gen;
   world.num_nodes = static_cast<int>(members.size());
   world.node_index = gloo.node_rank;
+  world.first_member = members.front();
   world.backend = std::move(*backend);
   world.caps = agreed.caps;
   world.uneven_inputs = agreed.uneven_inputs;

@@ -969,7 +969,8 @@ absl::StatusOr<bool> EtcdRendezvous::TryHoldConfig(const ConfigTarget& target,
 }
 
 absl::StatusOr<EtcdConfigEntry> EtcdRendezvous::AppendConfig(
-    uint64_t min_at_iteration, const std::function<std::string(const EtcdConfigEntry&)>& value) {
+    uint64_t min_at_iteration, const std::function<std::string(const EtcdConfigEntry&)>& value,
+    uint64_t generation) {
   for (int attempt = 0; attempt < 16; ++attempt) {
     ASSIGN_OR_RETURN(const ConfigTarget target, ReadConfigTarget());
     if (!target.active) {
@@ -978,6 +979,12 @@ absl::StatusOr<EtcdConfigEntry> EtcdRendezvous::AppendConfig(
           absl::StrCat("no active generation to change in ", Describe(), " (generation ",
                        target.generation, target.generation == 0 ? " has not formed" : " aborted",
                        "); set the caps again once the job runs"));
+    }
+    if (generation != 0 && target.generation != generation) {
+      return MakeError(
+          v1::STATE,
+          absl::StrCat("generation ", generation, " is not the job's active generation in ",
+                       Describe(), " (generation ", target.generation, " is)"));
     }
     ASSIGN_OR_RETURN(std::optional<EtcdConfigEntry> entry,
                      TryAppendConfig(target, min_at_iteration, value));

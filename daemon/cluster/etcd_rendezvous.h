@@ -41,8 +41,8 @@
 // fallback); heartbeats read etcd.
 //
 // Elastic jobs re-form here as on the leader (JudgeRoundLocked's rules),
-// node 0 included: any node may die. Not built on etcd (refused at start,
-// see DaemonConfig validation): --autotune.
+// node 0 included: any node may die. --autotune runs on the generation's
+// first member (daemon/autotune_driver.h) and appends through AppendConfig.
 //
 // Errors name etcd and its members (EtcdClient's messages). etcd
 // unreachable: Join and Wait keep trying until their timeout, then
@@ -124,9 +124,11 @@ class EtcdRendezvous final : public JobRendezvous {
   // of the entry) stored under ConfigKey(generation, version), heartbeats
   // then answering that version. One transaction, retried when another
   // node appended first. STATE when no generation is active (none formed
-  // yet, or the last one aborted).
+  // yet, or the last one aborted), or when `generation` (0: any) is not the
+  // active one: --autotune's candidates belong to the generation it tunes.
   absl::StatusOr<EtcdConfigEntry> AppendConfig(
-      uint64_t min_at_iteration, const std::function<std::string(const EtcdConfigEntry&)>& value);
+      uint64_t min_at_iteration, const std::function<std::string(const EtcdConfigEntry&)>& value,
+      uint64_t generation = 0);
   // An operator's change of the bucket caps (config set on any node), as
   // the leader's RendezvousService::AppendOrHoldConfig: appended as
   // AppendConfig does while a generation is active. Otherwise it is held

@@ -93,6 +93,9 @@ struct JobWorld {
   // unless an elastic job re-formed without some.
   int num_nodes = 1;
   int node_index = 0;
+  // The generation's first member's node rank (node_index 0): it publishes
+  // the job's caps and runs --autotune.
+  int first_member = 0;
   std::unique_ptr<Backend> backend;
   // How the nodes agree on the rebuilt plan's order (empty on one node).
   Scheduler::OrderAgreement agree_order;

@@ -189,6 +189,20 @@ TEST(StatsTable, AutotuneListsCandidatesScoresAndTheChoice) {
   EXPECT_EQ(FormatStatsTable(v1::Stats()).find("AUTOTUNE"), std::string::npos);
 }
 
+// A node that does not tune says which one does, without an empty table.
+TEST(StatsTable, AutotuneOnANodeThatDoesNotTuneNamesTheTunerWithoutATable) {
+  v1::Stats s;
+  s.set_autotune_state(
+      "node_rank=1 tunes (the first member of generation 2); this node applies its choices");
+  s.set_autotune_choice(-1);
+  const std::string table = FormatStatsTable(s);
+  EXPECT_NE(table.find("AUTOTUNE (node_rank=1 tunes (the first member of generation 2); this "
+                       "node applies its choices)\n"),
+            std::string::npos)
+      << table;
+  EXPECT_EQ(table.find("FIRST CAP MiB"), std::string::npos) << table;
+}
+
 TEST(StatsJson, ParsesRoundTripsAndPrintsEveryField) {
   const v1::Stats s = SampleStats();
   absl::StatusOr<std::string> text = FormatJson(s);

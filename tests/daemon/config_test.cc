@@ -128,10 +128,14 @@ TEST(ValidateConfig, EtcdCredentialsComeInPairsAndOnlyWithEtcd) {
   ExpectRefused(c, {"--etcd-ca", "need --rendezvous etcd://"});
 }
 
-TEST(ValidateConfig, AutotuneOnEtcdIsRefusedAsNotSupportedYet) {
-  DaemonConfig c = OnEtcd();
-  c.autotune = true;
-  ExpectRefused(c, {"--rendezvous etcd://", "--autotune", "not supported on an etcd rendezvous"});
+// The generation's first member tunes on etcd as node 0 does on the leader.
+TEST(ValidateConfig, AutotuneIsAcceptedOnEveryNodeOfAnEtcdRendezvous) {
+  for (int rank : {0, 1, 2}) {
+    DaemonConfig c = OnEtcd();
+    c.node_rank = rank;
+    c.autotune = true;
+    EXPECT_TRUE(ValidateConfig(c).ok()) << "node " << rank << ": " << ValidateConfig(c);
+  }
 }
 
 TEST(ValidateConfig, RankAtOrAboveNumNodesIsRefused) {

@@ -397,6 +397,33 @@ TEST(EtcdRendezvousTest, TheConfigLogGrowsInOrderAndHeartbeatsAnswerItsNewestVer
   EXPECT_EQ(r->config_version, 2u);
 }
 
+// --autotune's appends name the generation they tune: once survivors
+// re-formed, a candidate meant for the old generation is refused instead of
+// landing in the new one's log; the new generation's log takes its own.
+TEST(EtcdRendezvousTest, AnAppendForAGenerationThatIsNoLongerActiveIsRefusedNamingBoth) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  std::vector<absl::StatusOr<JoinResult>> results =
+      ResumeAfterDeaths(etcd.endpoints(), {0}, {7, 7, 7});
+  ASSERT_EQ(results.size(), 3u);
+  ASSERT_TRUE(results[1].ok()) << results[1].status();
+  ASSERT_EQ(results[1]->generation, 2u);
+  std::shared_ptr<EtcdRendezvous> tuner = Rendezvous(etcd.endpoints());
+  auto value = [](const EtcdConfigEntry& e) { return absl::StrCat("v", e.version); };
+  absl::StatusOr<EtcdConfigEntry> stale = tuner->AppendConfig(9, value, /*generation=*/1);
+  ASSERT_FALSE(stale.ok());
+  EXPECT_EQ(CodeOf(stale.status()), v1::STATE) << stale.status();
+  EXPECT_THAT(stale.status().message(),
+              HasSubstr("generation 1 is not the job's active generation in etcd at"));
+  EXPECT_THAT(stale.status().message(), HasSubstr("(generation 2 is)"));
+  absl::StatusOr<EtcdConfigEntry> current = tuner->AppendConfig(9, value, /*generation=*/2);
+  ASSERT_TRUE(current.ok()) << current.status();
+  EXPECT_EQ(current->generation, 2u);
+  EXPECT_EQ(current->version, 1u);
+  EXPECT_EQ(current->at_iteration, 9u);
+}
+
 // Version `version` of `generation`'s config log, as every node reads it.
 absl::StatusOr<JobConfigChange> ReadConfig(EtcdRendezvous& node, uint64_t generation,
                                            uint64_t version) {
