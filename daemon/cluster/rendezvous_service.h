@@ -198,7 +198,24 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // PEER_FAILED naming --min-nodes and the dead node ranks (or the split).
   // Default: num_nodes (a fixed job: every node, every time).
   void set_min_nodes(int min_nodes) ABSL_LOCKS_EXCLUDED(mu_);
+  // Elastic jobs: a node that is no member of the running generation (a
+  // replacement for a dead node, a restarted one) and joins afresh is held,
+  // not refused: the generation's config log gets a grow entry (at an
+  // iteration kGrowAfter past the furthest member's), every member leaves
+  // the generation at that boundary and joins the next one with it
+  // (JoinRequest.resume_generation = the running one), which forms once
+  // every member did or is gone (departed, or silent kPresumedDeadAfter);
+  // JoinResponse.start_iteration tells everyone the iteration it starts
+  // at. A joiner while the survivors of a death re-form waits for the
+  // generation they form and joins it at its first grow boundary. More
+  // nodes than `max_nodes` (members and held joiners) are refused with
+  // STATE naming --max-nodes. Default: num_nodes.
+  void set_max_nodes(int max_nodes) ABSL_LOCKS_EXCLUDED(mu_);
   static constexpr absl::Duration kPresumedDeadAfter = absl::Milliseconds(2000);
+  // A joiner's grow entry switches this many iterations past the furthest
+  // member's last heartbeat (a lower bound: every member switches at the
+  // first boundary at or after it where all hold the entry).
+  static constexpr uint64_t kGrowAfter = 2;
 
  private:
   struct Member {
@@ -223,6 +240,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
     uint64_t resume_generation = 0;  // elastic re-formation (see set_min_nodes)
     uint64_t resume_iteration = 0;
     std::string error;  // non-empty: the round failed; the waiter returns it
+    // A node joining the running elastic job (not a member of it): held
+    // until the members reach the grow entry's boundary (AdmitJoinerLocked).
+    bool joins_running = false;
   };
   // What a round of pending Joins does now: wait, form, or fail with `error`.
   struct RoundVerdict {
@@ -250,7 +270,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
       std::map<std::string, std::string>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckHeartbeatsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FormGenerationLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `with_joiners`: the nodes joining the running job are members too;
+  // otherwise they stay pending for the next generation's grow entry.
+  void FormGenerationLocked(absl::Time now, bool with_joiners) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends the next version of the active generation's log.
   ConfigEntry AppendConfigLocked(uint64_t min_at_iteration, const ConfigWriter& write)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -268,6 +290,18 @@ class RendezvousService final : public v1::Rendezvous::Service {
                              bool departing) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forms the generation, or hands the round's error to every waiter.
   void SettleRoundLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Nodes wait to join the active generation: it forms the next one once
+  // every member left it at the grow entry's boundary (or is dead).
+  RoundVerdict JudgeGrowLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A Join of a node that is no member of the running elastic job: empty
+  // when it is held (and the grow entry scheduled), else the refusal.
+  std::string AdmitJoinerLocked(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends the grow entry to the active generation's log, at an
+  // iteration no member has started.
+  void ScheduleGrowLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A Join joins the running job rather than forming or re-forming it.
+  bool JoinsRunningLocked(int rank, const v1::JoinRequest& request) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Empty when a resuming Join of `rank` may enter the round, else the
   // STATE refusal message.
   std::string CheckResumeLocked(int rank, const v1::JoinRequest& request) const
@@ -284,6 +318,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // The nodes that have not joined the pending generation, each with what
   // it reported while forming: "node_rank=N (report), ...".
   std::string MissingNodesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The members of the current generation and the iteration each last
+  // reported: "node_rank=N at iteration I, ...".
+  std::string MembersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Empty when `key` may be used now, else the STATE refusal message.
   std::string CheckKeyGenerationLocked(const std::string& key) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -302,11 +339,16 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // Signalled on every change a blocked Join or Wait may be waiting for.
   MonotonicCondVar changed_;
   int min_nodes_ ABSL_GUARDED_BY(mu_);
+  int max_nodes_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   std::string abort_reason_ ABSL_GUARDED_BY(mu_);
   std::vector<Member> members_ ABSL_GUARDED_BY(mu_);  // by node rank
   std::map<int, PendingJoin> pending_ ABSL_GUARDED_BY(mu_);
+  // The active generation's log has a grow entry: its members join the
+  // next generation with the held joiners at its boundary.
+  bool grow_scheduled_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t started_at_ ABSL_GUARDED_BY(mu_) = 0;  // the generation's first iteration
   uint64_t next_join_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
   size_t kv_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // keys + values

@@ -190,6 +190,13 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
       ++call_.count;
       const uint64_t mine = calls_started_;
       if (call_.count == LocalTrainers()) {
+        // Nodes join at this boundary: the call runs in the grown world
+        // (the job installs it, SetWorld, before the scheduler says so).
+        while (scheduler_ != nullptr && scheduler_->growing() && failed_.ok() &&
+               MonotonicNow() < deadline + absl::Milliseconds(options_.timeout_ms)) {
+          cv_.WaitWithTimeout(&mu_, kPoll);
+        }
+        if (!failed_.ok()) return failed_;
         // The last arrival runs the call; nobody can arrive meanwhile (every
         // local trainer is in it).
         Call call = call_;

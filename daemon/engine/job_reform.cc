@@ -129,8 +129,9 @@ absl::StatusOr<Scheduler::Reformed> Job::InstallReformedLocked(JobWorld world) {
   WorldLink* link = world_.link.get();
   link->SetProgress([scheduler] { return scheduler->iteration(); });
   scheduler->RestartConfigLog();  // before the listener hands over what the link read
-  link->SetConfigListener([scheduler](const BucketCaps& caps, uint64_t at, uint64_t version) {
-    scheduler->SetCaps(caps, at, version);
+  link->SetConfigListener([scheduler](const BucketCaps& caps, uint64_t at, uint64_t version,
+                                      bool grow) {
+    scheduler->SetCaps(caps, at, version, grow);
   });
   // On the scheduler thread, the only one that reports stalls.
   if (stats_) stats_->set_stall_listener([link](const std::string& d) { link->ReportStall(d); });

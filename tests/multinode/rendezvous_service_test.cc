@@ -22,6 +22,7 @@
 #include "common/status_code.h"
 #include "daemon/cluster/rendezvous_client.h"
 #include "daemon/cluster/rendezvous_keys.h"
+#include "daemon/cluster/rendezvous_records.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -929,22 +930,107 @@ TEST_F(ElasticRendezvousTest, SurvivorsReformWithoutTheSilentNodeWhichIsThenNoMe
   EXPECT_THAT(beat->abort_reason, HasSubstr("not a member of generation 2"));
 }
 
+// Generation 2 of nodes 0 and 1 (node 2 died in generation 1, both
+// survivors redid iteration 5); node 2 joins afresh from its own thread.
+// Returns once the leader holds it.
+struct HeldJoin {
+  absl::StatusOr<JoinResult> result = absl::UnknownError("not run");
+  std::thread thread;
+};
+
 // A replacement node 2 (a fresh daemon: it joins afresh) while the
-// survivors' generation runs: refused, naming the members and saying
-// joining is not supported.
-TEST_F(ElasticRendezvousTest,
-       AFreshJoinOfANodeTheSurvivorsLeftOutIsRefusedSayingJoiningIsNotSupported) {
+// survivors' generation runs: held, not refused; the leader's config log
+// gets a grow entry two iterations past where generation 2 started, the
+// members leave generation 2 there and all three form generation 3, which
+// starts at that iteration.
+TEST_F(ElasticRendezvousTest, AFreshJoinOfANodeTheSurvivorsLeftOutIsHeldUntilTheMembersGrow) {
   StartElastic(3, /*min_nodes=*/2);
+  for (const auto& r : Resume({0, 1}, {5, 5})) ASSERT_TRUE(r.ok()) << r.status();
+  HeldJoin joiner;
+  joiner.thread = std::thread([&] { joiner.result = Client()->Join(Params(2)); });
+  ASSERT_TRUE(WaitUntil(
+      [&] { return leader_->service().GetStatus().pending_node_ranks == std::vector<int>{2}; },
+      absl::Seconds(10)));
+  EXPECT_EQ(leader_->service().GetStatus().generation, 2u);
+  EXPECT_EQ(leader_->service().GetStatus().config_version, 1u);
+  const absl::StatusOr<std::optional<std::string>> grow = Client()->Get("g2/config/1");
+  ASSERT_TRUE(grow.ok() && grow->has_value()) << grow.status();
+  const absl::StatusOr<JobConfigChange> change = DecodeConfig("g2/config/1", **grow);
+  ASSERT_TRUE(change.ok()) << change.status();
+  EXPECT_TRUE(change->grow);
+  EXPECT_EQ(change->at_iteration, 5 + RendezvousService::kGrowAfter);
+  // A member still in generation 2 heart-beats on untouched meanwhile.
+  const absl::StatusOr<HeartbeatResult> beat = Beat(1, 2);
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_FALSE(beat->abort);
+  std::vector<absl::StatusOr<JoinResult>> members(2, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r : {0, 1}) {
+    threads.emplace_back([&, r] {
+      JoinParams p = Params(r);
+      p.resume_generation = 2;
+      p.resume_iteration = 7;
+      members[r] = Client()->Join(p);
+    });
+  }
+  for (auto& t : threads) t.join();
+  joiner.thread.join();
+  ASSERT_TRUE(joiner.result.ok()) << joiner.result.status();
+  for (const auto& r : members) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->generation, 3u);
+    EXPECT_EQ(r->start_iteration, 7u);
+    EXPECT_EQ(r->world_size, 1 + 2 + 3);
+  }
+  EXPECT_EQ(joiner.result->generation, 3u);
+  EXPECT_EQ(joiner.result->start_iteration, 7u);
+  EXPECT_EQ(joiner.result->peers[2].local_size, 3);
+  EXPECT_TRUE(leader_->service().GetStatus().pending_node_ranks.empty());
+}
+
+// A member that dies at the grow boundary (silent while the other one
+// switched) is counted out as in any re-formation: the next generation
+// forms with the other member and the joiner.
+TEST_F(ElasticRendezvousTest, AMemberSilentAtTheGrowBoundaryIsLeftOutAndTheOthersGrow) {
+  StartElastic(3, /*min_nodes=*/2);
+  for (const auto& r : Resume({0, 1}, {5, 5})) ASSERT_TRUE(r.ok()) << r.status();
+  HeldJoin joiner;
+  joiner.thread = std::thread([&] { joiner.result = Client()->Join(Params(2)); });
+  ASSERT_TRUE(WaitUntil(
+      [&] { return leader_->service().GetStatus().config_version == 1u; }, absl::Seconds(10)));
+  absl::StatusOr<JoinResult> member = absl::UnknownError("not run");
+  std::thread switching([&] {
+    JoinParams p = Params(0);
+    p.resume_generation = 2;
+    p.resume_iteration = 7;
+    member = Client()->Join(p);
+  });
+  ASSERT_TRUE(WaitUntil(
+      [&] { return leader_->service().GetStatus().pending_node_ranks.size() == 2u; },
+      absl::Seconds(10)));
+  clocks_.Elapse(RendezvousService::kPresumedDeadAfter + absl::Milliseconds(1));
+  switching.join();
+  joiner.thread.join();
+  ASSERT_TRUE(member.ok()) << member.status();
+  ASSERT_TRUE(joiner.result.ok()) << joiner.result.status();
+  EXPECT_EQ(member->generation, 3u);
+  EXPECT_EQ(member->world_size, 1 + 3);
+  EXPECT_EQ(member->peers[1].local_size, 0);  // node 1 is no member
+}
+
+// More nodes than --max-nodes: the joiner is refused at once with STATE
+// naming the flag and the members.
+TEST_F(ElasticRendezvousTest, AJoinerBeyondMaxNodesIsRefusedNamingMaxNodes) {
+  StartElastic(3, /*min_nodes=*/2);
+  leader_->service().set_max_nodes(2);
   for (const auto& r : Resume({0, 1}, {5, 5})) ASSERT_TRUE(r.ok()) << r.status();
   const absl::StatusOr<JoinResult> refused = Client()->Join(Params(2));
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(CodeOf(refused.status()), v1::STATE);
   EXPECT_THAT(Msg(refused.status()),
-              HasSubstr("node_rank=2 asks to join running generation 2 of elastic job"));
-  EXPECT_THAT(Msg(refused.status()), HasSubstr("(members: node_rank=0,1)"));
-  EXPECT_THAT(Msg(refused.status()),
-              HasSubstr("nodes joining a running job are not supported yet"));
-  EXPECT_EQ(leader_->service().GetStatus().generation, 2u);
+              HasSubstr("node_rank=2 asks to join elastic job 'rdv-job', which has 2 node(s)"));
+  EXPECT_THAT(Msg(refused.status()), HasSubstr("the job takes at most --max-nodes=2"));
+  EXPECT_EQ(leader_->service().GetStatus().config_version, 0u);
   EXPECT_TRUE(leader_->service().GetStatus().pending_node_ranks.empty());
 }
 
