@@ -34,7 +34,9 @@ constexpr size_t kAgreementPerNode = 4;
 Broadcaster::Broadcaster(std::vector<Trainer*> trainers, Backend* backend, FailFn fail,
                          Options options)
     : trainers_(std::move(trainers)), fail_(std::move(fail)), options_(std::move(options)) {
-  world_ = World{backend, options_.num_nodes, options_.node_rank};
+  // The first world: node ranks 0..n-1 in a job that started here; a
+  // node that joined a running job starts at its place among the members.
+  world_ = World{backend, options_.num_nodes, options_.node_index};
   call_.arrived.assign(trainers_.size(), 0);
   marked_in_.assign(trainers_.size(), 0);
 }

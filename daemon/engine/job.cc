@@ -568,7 +568,8 @@ Scheduler::Options Job::SchedulerOptionsLocked(const BucketCaps& caps, bool cuda
 Broadcaster::Options Job::BroadcasterOptionsLocked() const {
   Broadcaster::Options bopts;
   bopts.node_rank = config_.node_rank;
-  bopts.num_nodes = config_.num_nodes;
+  bopts.num_nodes = world_.num_nodes;
+  bopts.node_index = world_.node_index;
   bopts.rank_offset = world_.rank_offset;
   bopts.world_size = world_.world_size;
   bopts.timeout_ms = config_.timeout_ms;

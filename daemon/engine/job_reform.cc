@@ -67,7 +67,7 @@ absl::StatusOr<Scheduler::Reformed> Job::Reform(const absl::Status& error, uint6
   // Stops its heartbeats and leaves the aborted generation.
   old_link.reset();
   absl::StatusOr<JobWorld> world =
-      hooks_.reform_world(layout, ResumePoint{old_generation, iteration},
+      hooks_.reform_world(layout, ResumePoint{old_generation, iteration, false, {}},
                           [this, epoch](const absl::Status& e) { OnWorldFailure(epoch, e); });
   if (world.ok() && gpu != nullptr) world = ReformGpu(*gpu, *std::move(world));
   if (!world.ok()) {
