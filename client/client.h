@@ -138,7 +138,7 @@ class Client {
   uint64_t iteration() const { return iteration_; }
   // After Register; refreshed by every Wait that returns OK.
   JobInfo job_info() const {
-    return {iteration_,          job_world_size_, job_rank_,           CheckReplicasDue(),
+    return {iteration_,          job_world_size_, job_rank_,          CheckReplicasDue(),
             membership_changes_, nodes_joined_,   joined_running_job_};
   }
   // gradsyncd --check-replicas-every: this trainer's parameter fingerprint

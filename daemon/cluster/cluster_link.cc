@@ -292,8 +292,8 @@ std::optional<std::string> Lookup(const Records& records, const std::string& key
 absl::StatusOr<RunningPlan> FetchRunningPlan(JobRendezvous& client, uint64_t gen,
                                              size_t num_tensors, absl::Time deadline) {
   const std::string key = RunningPlanKey(gen);
-  absl::StatusOr<Records> value = client.WaitForValues(
-      {key}, std::max(absl::Seconds(1), deadline - MonotonicNow()));
+  absl::StatusOr<Records> value =
+      client.WaitForValues({key}, std::max(absl::Seconds(1), deadline - MonotonicNow()));
   if (!value.ok()) {
     return MakeError(CodeOf(value.status()),
                      absl::StrCat("joining the running job: waiting for the members' plan: ",
@@ -710,8 +710,8 @@ std::vector<int> ClusterLink::DeadNodes() {
 }
 
 void ClusterLink::SetConfigListener(
-    std::function<void(const BucketCaps& caps, uint64_t at_iteration, uint64_t version,
-                         bool grow)> listener) {
+    std::function<void(const BucketCaps& caps, uint64_t at_iteration, uint64_t version, bool grow)>
+        listener) {
   config_log_.SetListener(std::move(listener));
 }
 

@@ -71,10 +71,9 @@ class ClusterLink final : public WorldLink {
   absl::Status Explain(const absl::Status& error) override;
   std::vector<int> DeadNodes() override ABSL_LOCKS_EXCLUDED(mu_);
   void Retire() override ABSL_LOCKS_EXCLUDED(mu_);
-  void SetConfigListener(
-      std::function<void(const BucketCaps& caps, uint64_t at_iteration, uint64_t version,
-                         bool grow)> listener)
-      override ABSL_LOCKS_EXCLUDED(mu_);
+  void SetConfigListener(std::function<void(const BucketCaps& caps, uint64_t at_iteration,
+                                            uint64_t version, bool grow)>
+                             listener) override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Node 0's order, distributed to every node (the plan rebuild); empty
   // when node 0 observed none (see Scheduler::OrderAgreement).

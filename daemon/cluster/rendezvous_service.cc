@@ -74,7 +74,8 @@ RendezvousService::RendezvousService(std::string job_id, CallAuth auth, int num_
       clock_(clock ? std::move(clock) : MonotonicClock(MonotonicNow)),
       incarnation_(NewIncarnation()),
       min_nodes_(std::max(num_nodes, 1)),
-      max_nodes_(std::max(num_nodes, 1)) {
+      max_nodes_(std::max(num_nodes, 1)),
+      rank_limit_(std::max(num_nodes, 1)) {
   if (num_nodes < 1) spdlog::error("event=rendezvous_bad_config num_nodes={} using=1", num_nodes);
   spdlog::info(
       "event=rendezvous_started job_id={} incarnation={:016x} num_nodes={} default_timeout={} "
@@ -117,7 +118,7 @@ void RendezvousService::CheckHeartbeatsLocked(absl::Time now) {
   if (!active() || heartbeat_timeout_ == absl::InfiniteDuration()) return;
   int stalest = -1;
   int late = 0;
-  for (int r = 0; r < num_nodes_; ++r) {
+  for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
     if (!members_[r].member() || now - members_[r].last_seen <= heartbeat_timeout_) continue;
     if (pending_.count(r) != 0) continue;  // left it at the grow boundary
     ++late;
@@ -136,7 +137,7 @@ void RendezvousService::FormGenerationLocked(absl::Time now, bool with_joiners) 
   ++generation_;
   aborted_ = false;
   abort_reason_.clear();
-  members_.assign(num_nodes_, Member{});
+  members_.assign(rank_limit_.load(), Member{});
   size_t pending_count = 0;
   int world_size = 0;
   // Survivors re-forming an elastic job all resume one iteration; members
@@ -195,7 +196,7 @@ void RendezvousService::FillJoinResponseLocked(v1::JoinResponse* response) const
   response->set_generation(generation_);
   response->set_incarnation(incarnation_);
   int world_size = 0;
-  for (int r = 0; r < num_nodes_; ++r) {
+  for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
     v1::Peer* peer = response->add_peers();
     peer->set_node_rank(r);
     peer->set_host(members_[r].host);
@@ -206,6 +207,15 @@ void RendezvousService::FillJoinResponseLocked(v1::JoinResponse* response) const
   response->set_start_iteration(started_at_);
 }
 
+std::string RendezvousService::CheckRank(int rank) const {
+  const int limit = rank_limit_.load();
+  if (rank >= 0 && rank < limit) return "";
+  return absl::StrCat("node_rank=", rank, " is out of range [0, ", limit, ")",
+                      limit > num_nodes_ || rank >= num_nodes_
+                          ? absl::StrCat(": the job takes at most --max-nodes=", limit, " nodes")
+                          : "");
+}
+
 std::string RendezvousService::CheckJoinRequest(const v1::JoinRequest& request) const {
   if (std::string refusal = CheckCredentials(request.job()); !refusal.empty()) return refusal;
   const int rank = request.node_rank();
@@ -214,9 +224,7 @@ std::string RendezvousService::CheckJoinRequest(const v1::JoinRequest& request) 
     return absl::StrCat("node_rank=", rank, " was started with num_nodes=", request.num_nodes(),
                         " but the leader runs job '", job_id_, "' with num_nodes=", num_nodes_);
   }
-  if (rank < 0 || rank >= num_nodes_) {
-    return absl::StrCat("node_rank=", rank, " is out of range [0, ", num_nodes_, ")");
-  }
+  if (std::string refusal = CheckRank(rank); !refusal.empty()) return refusal;
   // Bounded: world sizes and rank offsets are sums of these, and no node
   // serves more trainers than this.
   if (request.local_size() < 1 || request.local_size() > kMaxJoinLocalSize) {
@@ -256,9 +264,7 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
   const bool grows = active() && grow_scheduled_ && members_[rank].member() &&
                      request->resume_generation() == generation_;
   if (joins_running) {
-    if (std::string refusal = AdmitJoinerLocked(rank); !refusal.empty()) {
-      return refuse(v1::STATE, std::move(refusal));
-    }
+    HoldJoinerLocked(rank);
   } else if (active() && !grows) {
     return refuse(v1::STATE,
                   absl::StrCat("node_rank=", rank, " is already a member of active generation ",
@@ -337,8 +343,8 @@ grpc::Status RendezvousService::AwaitGenerationLocked(grpc::ServerContext* conte
                              ")")
               : absl::StrCat("join timed out after ", Millis(timeout),
                              " ms waiting for generation ", target, ": ", pending_.size(), " of ",
-                             num_nodes_, " nodes joined; missing node ranks: ",
-                             MissingNodesLocked());
+                             num_nodes_,
+                             " nodes joined; missing node ranks: ", MissingNodesLocked());
       pending_.erase(it);
       changed_.SignalAll();
       spdlog::warn("event=join_timeout node_rank={} generation={} reason={}", rank, target,
@@ -380,8 +386,9 @@ std::string RendezvousService::MembersLocked() const {
   std::vector<std::string> members;
   for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
     if (!members_[r].member()) continue;
-    members.push_back(absl::StrCat("node_rank=", r, " at iteration ", members_[r].iteration,
-                                   pending_.count(r) != 0 ? " (left for the next generation)" : ""));
+    members.push_back(
+        absl::StrCat("node_rank=", r, " at iteration ", members_[r].iteration,
+                     pending_.count(r) != 0 ? " (left for the next generation)" : ""));
   }
   return members.empty() ? "none" : absl::StrJoin(members, ", ");
 }
@@ -645,9 +652,7 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
     SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(refusal));
     return grpc::Status::OK;
   }
-  if (rank < 0 || rank >= num_nodes_) {
-    std::string message =
-        absl::StrCat("node_rank=", rank, " is out of range [0, ", num_nodes_, ")");
+  if (std::string message = CheckRank(rank); !message.empty()) {
     LogRefusal("Heartbeat", context, rank, message);
     SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(message));
     return grpc::Status::OK;
@@ -709,7 +714,7 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
   response->set_abort(aborted_);
   response->set_abort_reason(abort_reason_);
   if (aborted_) {
-    for (int r = 0; r < num_nodes_; ++r) {
+    for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
       const Member& m = members_[r];
       if (!m.member() || (m.heard_since_abort && m.departed.empty())) continue;
       v1::SilentMember* silent = response->add_silent_members();
@@ -731,9 +736,7 @@ grpc::Status RendezvousService::Leave(grpc::ServerContext* context, const v1::Le
     SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(refusal));
     return grpc::Status::OK;
   }
-  if (rank < 0 || rank >= num_nodes_) {
-    std::string message =
-        absl::StrCat("node_rank=", rank, " is out of range [0, ", num_nodes_, ")");
+  if (std::string message = CheckRank(rank); !message.empty()) {
     LogRefusal("Leave", context, rank, message);
     SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(message));
     return grpc::Status::OK;
@@ -852,18 +855,11 @@ bool RendezvousService::JoinsRunningLocked(int rank, const v1::JoinRequest& requ
   return false;
 }
 
-std::string RendezvousService::AdmitJoinerLocked(int rank) {
-  int taken = 0;
-  for (const Member& m : members_) taken += m.member() ? 1 : 0;
-  for (const auto& [r, join] : pending_) taken += join.joins_running ? 1 : 0;
-  if (taken >= max_nodes_) {
-    return absl::StrCat("node_rank=", rank, " asks to join elastic job '", job_id_, "', which has ",
-                        taken, " node(s) already (members: ", MembersLocked(),
-                        "): the job takes at most --max-nodes=", max_nodes_);
-  }
+void RendezvousService::HoldJoinerLocked(int rank) {
+  // Its rank is below --max-nodes (CheckRank) and no member's: the job
+  // never holds more nodes than --max-nodes.
   spdlog::info("event=join_held node_rank={} generation={} members={}", rank, generation_,
                LogValue(MembersLocked()));
-  return "";
 }
 
 void RendezvousService::ScheduleGrowLocked() {
@@ -871,11 +867,10 @@ void RendezvousService::ScheduleGrowLocked() {
   for (const Member& m : members_) {
     if (m.member()) furthest = std::max(furthest, m.iteration);
   }
-  const ConfigEntry entry =
-      AppendConfigLocked(furthest + kGrowAfter, [](const ConfigEntry& e) {
-        return std::make_pair(ConfigKey(e.generation, e.version),
-                              EncodeGrowConfig(e.generation, e.at_iteration));
-      });
+  const ConfigEntry entry = AppendConfigLocked(furthest + kGrowAfter, [](const ConfigEntry& e) {
+    return std::make_pair(ConfigKey(e.generation, e.version),
+                          EncodeGrowConfig(e.generation, e.at_iteration));
+  });
   grow_scheduled_ = true;
   spdlog::info("event=job_grow_published config_version={} generation={} at_iteration={}",
                entry.version, entry.generation, entry.at_iteration);
@@ -883,7 +878,10 @@ void RendezvousService::ScheduleGrowLocked() {
 
 void RendezvousService::set_max_nodes(int max_nodes) {
   MonotonicMutexLock lock(&mu_);
-  max_nodes_ = std::clamp(max_nodes, 1, num_nodes_);
+  // Members are indexed by rank: the range is fixed once a generation formed.
+  if (generation_ != 0) return;
+  max_nodes_ = std::clamp(max_nodes, num_nodes_, kMaxNodes);
+  rank_limit_.store(max_nodes_);
 }
 
 std::string RendezvousService::CheckResumeLocked(int rank, const v1::JoinRequest& request) const {
@@ -955,9 +953,9 @@ RendezvousService::RoundVerdict RendezvousService::JudgeRoundLocked(absl::Time n
   if (survivors < min_nodes_) {
     // Joiners only join a running generation: nothing can make up the
     // number, so the survivors fail now instead of at their timeout.
-    verdict.error = absl::StrCat("only ", survivors, " node(s) survive generation ",
-                                 generation_, ", fewer than --min-nodes=", min_nodes_,
-                                 "; dead: ", dead_list, "; the job ends");
+    verdict.error = absl::StrCat("only ", survivors, " node(s) survive generation ", generation_,
+                                 ", fewer than --min-nodes=", min_nodes_, "; dead: ", dead_list,
+                                 "; the job ends");
     return verdict;
   }
   int first_rank = -1;
@@ -972,8 +970,8 @@ RendezvousService::RoundVerdict RendezvousService::JudgeRoundLocked(absl::Time n
     if (join.joins_running || join.resume_iteration == first.resume_iteration) continue;
     verdict.error = absl::StrCat(
         "the survivors of generation ", generation_,
-        " stopped in different iterations (node_rank=", first_rank, " in ",
-        first.resume_iteration, ", node_rank=", rank, " in ", join.resume_iteration,
+        " stopped in different iterations (node_rank=", first_rank, " in ", first.resume_iteration,
+        ", node_rank=", rank, " in ", join.resume_iteration,
         "): the dead node starved some of the last collective after others completed it, and "
         "committing that iteration with the old membership is not supported yet; dead: ",
         dead_list);
@@ -1033,23 +1031,24 @@ RendezvousService::RoundVerdict RendezvousService::JudgeGrowLocked(absl::Time no
   }
   const std::string dead_list = dead.empty() ? "none" : absl::StrJoin(dead, ", ");
   if (switched + joiners < min_nodes_) {
-    verdict.error = absl::StrCat("only ", switched, " member(s) of generation ", generation_,
-                                 " and ", joiners, " joiner(s) remain, fewer than --min-nodes=",
-                                 min_nodes_, "; dead: ", dead_list, "; the job ends");
+    verdict.error =
+        absl::StrCat("only ", switched, " member(s) of generation ", generation_, " and ", joiners,
+                     " joiner(s) remain, fewer than --min-nodes=", min_nodes_,
+                     "; dead: ", dead_list, "; the job ends");
     return verdict;
   }
   const PendingJoin& first = pending_.at(first_rank);
   for (const auto& [rank, join] : pending_) {
     if (join.joins_running || join.resume_iteration == first.resume_iteration) continue;
-    verdict.error = absl::StrCat("the members of generation ", generation_,
-                                 " reached the grow boundary at different iterations (node_rank=",
-                                 first_rank, " at ", first.resume_iteration, ", node_rank=", rank,
-                                 " at ", join.resume_iteration, "); dead: ", dead_list);
+    verdict.error =
+        absl::StrCat("the members of generation ", generation_,
+                     " reached the grow boundary at different iterations (node_rank=", first_rank,
+                     " at ", first.resume_iteration, ", node_rank=", rank, " at ",
+                     join.resume_iteration, "); dead: ", dead_list);
     return verdict;
   }
   if (!dead.empty()) {
-    spdlog::warn("event=grow_without_dead generation={} dead={}", generation_,
-                 LogValue(dead_list));
+    spdlog::warn("event=grow_without_dead generation={} dead={}", generation_, LogValue(dead_list));
   }
   verdict.form = true;
   return verdict;

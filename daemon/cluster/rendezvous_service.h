@@ -43,6 +43,7 @@
 #ifndef GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_SERVICE_H_
 #define GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -207,15 +208,19 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // every member did or is gone (departed, or silent kPresumedDeadAfter);
   // JoinResponse.start_iteration tells everyone the iteration it starts
   // at. A joiner while the survivors of a death re-form waits for the
-  // generation they form and joins it at its first grow boundary. More
-  // nodes than `max_nodes` (members and held joiners) are refused with
-  // STATE naming --max-nodes. Default: num_nodes.
+  // generation they form and joins it at its first grow boundary. Node
+  // ranks are below max_nodes (a rank outside is refused naming
+  // --max-nodes, so the job never holds more nodes; clamped to
+  // [num_nodes, kMaxNodes]): a fresh job forms with any num_nodes of them,
+  // and ranks above num_nodes - 1 join it running. Call before the first
+  // generation forms (members are indexed by rank). Default: num_nodes.
   void set_max_nodes(int max_nodes) ABSL_LOCKS_EXCLUDED(mu_);
   static constexpr absl::Duration kPresumedDeadAfter = absl::Milliseconds(2000);
   // A joiner's grow entry switches this many iterations past the furthest
   // member's last heartbeat (a lower bound: every member switches at the
   // first boundary at or after it where all hold the entry).
   static constexpr uint64_t kGrowAfter = 2;
+  static constexpr int kMaxNodes = 4096;  // as --max-nodes
 
  private:
   struct Member {
@@ -293,9 +298,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // Nodes wait to join the active generation: it forms the next one once
   // every member left it at the grow entry's boundary (or is dead).
   RoundVerdict JudgeGrowLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A Join of a node that is no member of the running elastic job: empty
-  // when it is held (and the grow entry scheduled), else the refusal.
-  std::string AdmitJoinerLocked(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A Join of a node that is no member of the running elastic job: held
+  // until the members reach the grow entry's boundary.
+  void HoldJoinerLocked(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends the grow entry to the active generation's log, at an
   // iteration no member has started.
   void ScheduleGrowLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -309,6 +314,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // Empty when a Join request is well formed for this job, else the
   // INVALID_ARGUMENT refusal message naming the node and the field.
   std::string CheckJoinRequest(const v1::JoinRequest& request) const;
+  // Empty when `rank` may name a node of this job, else the refusal
+  // naming the range (and --max-nodes).
+  std::string CheckRank(int rank) const;
   // A Join whose node is pending for generation `target` (as `join_id`):
   // waits until the generation forms, the node's entry goes, the call is
   // cancelled or `deadline` passes (TIMEOUT naming the missing nodes).
@@ -340,6 +348,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
   MonotonicCondVar changed_;
   int min_nodes_ ABSL_GUARDED_BY(mu_);
   int max_nodes_ ABSL_GUARDED_BY(mu_);
+  // Node ranks are below it (--max-nodes); read without mu_ by the checks
+  // every RPC makes first.
+  std::atomic<int> rank_limit_;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   std::string abort_reason_ ABSL_GUARDED_BY(mu_);

@@ -466,10 +466,10 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
     Scheduler* scheduler = scheduler_.get();
     WorldLink* link = world_.link.get();
     link->SetProgress([scheduler] { return scheduler->iteration(); });
-    link->SetConfigListener([scheduler](const BucketCaps& caps, uint64_t at, uint64_t version,
-                                        bool grow) {
-      scheduler->SetCaps(caps, at, version, grow);
-    });
+    link->SetConfigListener(
+        [scheduler](const BucketCaps& caps, uint64_t at, uint64_t version, bool grow) {
+          scheduler->SetCaps(caps, at, version, grow);
+        });
     stats_->set_stall_listener([link](const std::string& d) { link->ReportStall(d); });
   }
   scheduler_->Start();

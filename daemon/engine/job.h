@@ -75,10 +75,9 @@ class WorldLink {
   virtual void Retire() {}
   // Called with each job-wide config version in order: its bucket caps and
   // the iteration they start at.
-  virtual void SetConfigListener(
-      std::function<void(const BucketCaps& caps, uint64_t at_iteration, uint64_t version,
-                         bool grow)>
-          listener) = 0;
+  virtual void SetConfigListener(std::function<void(const BucketCaps& caps, uint64_t at_iteration,
+                                                    uint64_t version, bool grow)>
+                                     listener) = 0;
 };
 
 // Where an elastic job's survivor re-forms: the generation a node's death

@@ -44,10 +44,8 @@ absl::StatusOr<Scheduler::Reformed> Job::Grow(uint64_t iteration, const RunningP
   resume.iteration = iteration;
   resume.grow = true;
   resume.plan = plan;
-  absl::StatusOr<JobWorld> world =
-      hooks_.reform_world(layout, resume, [this, epoch](const absl::Status& e) {
-        OnWorldFailure(epoch, e);
-      });
+  absl::StatusOr<JobWorld> world = hooks_.reform_world(
+      layout, resume, [this, epoch](const absl::Status& e) { OnWorldFailure(epoch, e); });
   if (world.ok() && gpu != nullptr) world = ReformGpu(*gpu, *std::move(world));
   if (!world.ok()) {
     return MakeError(v1::PEER_FAILED,

@@ -130,9 +130,7 @@ absl::StatusOr<Scheduler::Reformed> Job::InstallReformedLocked(JobWorld world) {
   link->SetProgress([scheduler] { return scheduler->iteration(); });
   scheduler->RestartConfigLog();  // before the listener hands over what the link read
   link->SetConfigListener([scheduler](const BucketCaps& caps, uint64_t at, uint64_t version,
-                                      bool grow) {
-    scheduler->SetCaps(caps, at, version, grow);
-  });
+                                      bool grow) { scheduler->SetCaps(caps, at, version, grow); });
   // On the scheduler thread, the only one that reports stalls.
   if (stats_) stats_->set_stall_listener([link](const std::string& d) { link->ReportStall(d); });
   spdlog::warn("event=job_reformed job={} generation={} nodes={} node_index={} world_size={}", id_,

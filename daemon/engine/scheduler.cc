@@ -1201,10 +1201,9 @@ void Scheduler::FinishIteration() {
   // before the next iteration, to hand the joiners their state.
   const bool grow = options_.grow && GrowDueAt(it + 1);
   if (grow) growing_.store(true, std::memory_order_release);
-  const uint32_t flags =
-      (skip ? ipc::kCompletionSkipStep : 0) |
-      (members_changed_ || grow ? ipc::kCompletionMembersChanged : 0) |
-      (grow ? ipc::kCompletionNodesJoined : 0);
+  const uint32_t flags = (skip ? ipc::kCompletionSkipStep : 0) |
+                         (members_changed_ || grow ? ipc::kCompletionMembersChanged : 0) |
+                         (grow ? ipc::kCompletionNodesJoined : 0);
   members_changed_ = false;
   const absl::Status st = PostToAll(ipc::CompletionKind::kIterationDone, it, &culprit, flags);
   for (Trainer* t : trainers_) t->segment.header()->completion_bell.Ring();

@@ -573,8 +573,8 @@ TEST(ElasticJob, AReplacementNodeJoinsTheRunningJobCatchesUpAndTrainsOverAllAgai
   ASSERT_GT(m, kKilledStep);
   ASSERT_LT(m, kSteps) << "the survivors finished before the replacement joined";
   for (size_t i = 0; i < replacements.size(); ++i) {
-    const std::string line = absl::StrCat(joined, m, ": state from rank 0, world size 6, rank ",
-                                          4 + i, "\n");
+    const std::string line =
+        absl::StrCat(joined, m, ": state from rank 0, world size 6, rank ", 4 + i, "\n");
     EXPECT_TRUE(WaitForLog(replacements[i].process, line, kErrorBound))
         << replacements[i].process.Log();
   }
@@ -605,8 +605,8 @@ TEST(ElasticJob, AReplacementNodeJoinsTheRunningJobCatchesUpAndTrainsOverAllAgai
   }
   // The survivors: the death, then the join (its completion entry is the
   // iteration before m, still divided over 4), each a membership change.
-  const std::string sent = absl::StrCat("mlp_trainer: nodes joined after iteration ", m,
-                                        ": state sent from rank 0\n");
+  const std::string sent =
+      absl::StrCat("mlp_trainer: nodes joined after iteration ", m, ": state sent from rank 0\n");
   for (size_t i = 0; i < 4; ++i) {
     EXPECT_NE(everyone[i]->process.Log().find(sent), std::string::npos)
         << everyone[i]->process.Log();
@@ -650,9 +650,8 @@ TEST(ElasticJob, AReplacementNodeIsRefusedOnEtcd) {
                          "'elastic' (members: node_rank=0,1)"),
               std::string::npos)
         << error;
-    EXPECT_NE(
-        error.find("nodes joining a running job are built on the embedded rendezvous only"),
-        std::string::npos)
+    EXPECT_NE(error.find("nodes joining a running job are built on the embedded rendezvous only"),
+              std::string::npos)
         << error;
   }
   EXPECT_TRUE(cluster.node(kVictimNode).process().Running()) << cluster.DaemonLogs();

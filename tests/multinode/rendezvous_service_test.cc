@@ -800,9 +800,10 @@ TEST_F(RendezvousServiceTest, UnreachableLeaderIsATransportErrorNamingIt) {
 // monotonic clock moves time). Results by position in `ranks`.
 class ElasticRendezvousTest : public RendezvousServiceTest {
  protected:
-  void StartElastic(int num_nodes, int min_nodes) {
+  void StartElastic(int num_nodes, int min_nodes, int max_nodes = 0) {
     StartLeader(num_nodes, /*heartbeat_timeout=*/absl::Minutes(10), clocks_.Monotonic());
     leader_->service().set_min_nodes(min_nodes);
+    if (max_nodes != 0) leader_->service().set_max_nodes(max_nodes);
     ASSERT_EQ(FormGeneration(), 1u);
     ASSERT_TRUE(Beat(0, 1, MakeError(v1::PEER_FAILED, "allreduce failed")).ok());
   }
@@ -996,8 +997,8 @@ TEST_F(ElasticRendezvousTest, AMemberSilentAtTheGrowBoundaryIsLeftOutAndTheOther
   for (const auto& r : Resume({0, 1}, {5, 5})) ASSERT_TRUE(r.ok()) << r.status();
   HeldJoin joiner;
   joiner.thread = std::thread([&] { joiner.result = Client()->Join(Params(2)); });
-  ASSERT_TRUE(WaitUntil(
-      [&] { return leader_->service().GetStatus().config_version == 1u; }, absl::Seconds(10)));
+  ASSERT_TRUE(WaitUntil([&] { return leader_->service().GetStatus().config_version == 1u; },
+                        absl::Seconds(10)));
   absl::StatusOr<JoinResult> member = absl::UnknownError("not run");
   std::thread switching([&] {
     JoinParams p = Params(0);
@@ -1005,9 +1006,9 @@ TEST_F(ElasticRendezvousTest, AMemberSilentAtTheGrowBoundaryIsLeftOutAndTheOther
     p.resume_iteration = 7;
     member = Client()->Join(p);
   });
-  ASSERT_TRUE(WaitUntil(
-      [&] { return leader_->service().GetStatus().pending_node_ranks.size() == 2u; },
-      absl::Seconds(10)));
+  ASSERT_TRUE(
+      WaitUntil([&] { return leader_->service().GetStatus().pending_node_ranks.size() == 2u; },
+                absl::Seconds(10)));
   clocks_.Elapse(RendezvousService::kPresumedDeadAfter + absl::Milliseconds(1));
   switching.join();
   joiner.thread.join();
@@ -1018,20 +1019,53 @@ TEST_F(ElasticRendezvousTest, AMemberSilentAtTheGrowBoundaryIsLeftOutAndTheOther
   EXPECT_EQ(member->peers[1].local_size, 0);  // node 1 is no member
 }
 
-// More nodes than --max-nodes: the joiner is refused at once with STATE
-// naming the flag and the members.
-TEST_F(ElasticRendezvousTest, AJoinerBeyondMaxNodesIsRefusedNamingMaxNodes) {
-  StartElastic(3, /*min_nodes=*/2);
-  leader_->service().set_max_nodes(2);
-  for (const auto& r : Resume({0, 1}, {5, 5})) ASSERT_TRUE(r.ok()) << r.status();
-  const absl::StatusOr<JoinResult> refused = Client()->Join(Params(2));
+// A node rank at or above --max-nodes is refused at once naming the flag;
+// below it (--max-nodes 4 > --num-nodes 3) a new rank 3 joins the running
+// job like a replacement.
+TEST_F(ElasticRendezvousTest, ARankBeyondMaxNodesIsRefusedNamingItAndOneBelowJoinsTheRunningJob) {
+  StartElastic(3, /*min_nodes=*/2, /*max_nodes=*/4);
+  JoinParams beyond = Params(4);
+  const absl::StatusOr<JoinResult> refused = Client()->Join(beyond);
   ASSERT_FALSE(refused.ok());
-  EXPECT_EQ(CodeOf(refused.status()), v1::STATE);
+  EXPECT_EQ(CodeOf(refused.status()), v1::INVALID_ARGUMENT);
   EXPECT_THAT(Msg(refused.status()),
-              HasSubstr("node_rank=2 asks to join elastic job 'rdv-job', which has 2 node(s)"));
-  EXPECT_THAT(Msg(refused.status()), HasSubstr("the job takes at most --max-nodes=2"));
-  EXPECT_EQ(leader_->service().GetStatus().config_version, 0u);
-  EXPECT_TRUE(leader_->service().GetStatus().pending_node_ranks.empty());
+              HasSubstr("node_rank=4 is out of range [0, 4): the job takes at most "
+                        "--max-nodes=4 nodes"));
+  for (const auto& r : Resume({0, 1}, {5, 5})) ASSERT_TRUE(r.ok()) << r.status();
+  HeldJoin joiner;
+  joiner.thread = std::thread([&] { joiner.result = Client()->Join(Params(3)); });
+  ASSERT_TRUE(WaitUntil([&] { return leader_->service().GetStatus().config_version == 1u; },
+                        absl::Seconds(10)));
+  std::vector<absl::StatusOr<JoinResult>> members(2, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r : {0, 1}) {
+    threads.emplace_back([&, r] {
+      JoinParams p = Params(r);
+      p.resume_generation = 2;
+      p.resume_iteration = 7;
+      members[r] = Client()->Join(p);
+    });
+  }
+  for (auto& t : threads) t.join();
+  joiner.thread.join();
+  ASSERT_TRUE(joiner.result.ok()) << joiner.result.status();
+  EXPECT_EQ(joiner.result->generation, 3u);
+  EXPECT_EQ(joiner.result->world_size, 1 + 2 + 4);
+  ASSERT_EQ(joiner.result->peers.size(), 4u);
+  EXPECT_EQ(joiner.result->peers[2].local_size, 0);  // node 2 died in generation 1
+  EXPECT_EQ(joiner.result->peers[3].local_size, 4);
+}
+
+// Without --max-nodes (= --num-nodes) a rank past the job's is refused
+// naming the flag too.
+TEST_F(ElasticRendezvousTest, ARankAtNumNodesIsRefusedNamingMaxNodes) {
+  StartElastic(3, /*min_nodes=*/2);
+  const absl::StatusOr<JoinResult> refused = Client()->Join(Params(3));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(CodeOf(refused.status()), v1::INVALID_ARGUMENT);
+  EXPECT_THAT(Msg(refused.status()),
+              HasSubstr("node_rank=3 is out of range [0, 3): the job takes at most "
+                        "--max-nodes=3 nodes"));
 }
 
 // Survivors re-form at the iteration they stopped in: a change held
