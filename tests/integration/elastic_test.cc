@@ -623,6 +623,84 @@ TEST(ElasticJob, AReplacementNodeJoinsTheRunningJobCatchesUpAndTrainsOverAllAgai
               kKilledStep, m);
 }
 
+// --max-nodes above --num-nodes: a job of nodes 0 and 1 (--num-nodes 2,
+// --min-nodes 1, --max-nodes 3; 2 trainers each, every trainer on a sixth
+// of the batch) takes a new node 2 while it runs. Node 0's trainers are
+// held in iteration 2 until both members read the grow entry; from the
+// join iteration m on the job averages over 6 trainers instead of 4, and
+// all six end within 1e-12 of the reference (ranks 4-5 inactive before m).
+TEST(ElasticJob, ANewRankBelowMaxNodesJoinsTheRunningJobAndTrainsWithIt) {
+  if (kOnEtcd) GTEST_SKIP() << "on etcd --max-nodes above --num-nodes is refused";
+  ClusterOptions options = JobOptions(/*min_nodes=*/1, 4 * kTimeoutS);
+  options.nodes = 2;
+  options.spare_nodes = 1;
+  options.flags.back() = "--max-nodes=3";
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  for (int n = 0; n < 3; ++n) {
+    if (n == 2) {
+      // Once the members are in iteration 2 (node 0's trainers paused).
+      for (Trainer& t : trainers) {
+        if (t.node != 0) continue;
+        ASSERT_TRUE(WaitForLog(t.process, "mlp_trainer: paused at backward", kStateBound) &&
+                    WaitStopped(t.process, kStateBound))
+            << t.process.Log() << cluster.DaemonLogs();
+      }
+      ASSERT_TRUE(cluster.StartNode(2)) << cluster.DaemonLogs();
+    }
+    for (int r = 0; r < kLocal; ++r) {
+      std::vector<std::string> args = TrainArgs();
+      args.insert(args.end(), {"--catch-up", "--shard-world=6"});
+      if (n == 0) args.push_back("--pause-at=backward");
+      const std::string out = absl::StrCat(cluster.dir(), "/w", n, "_", r);
+      trainers.push_back({n, "", out, StartTrainer(cluster.node(n), r, args, out)});
+    }
+  }
+  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_grow_published", kErrorBound))
+      << cluster.DaemonLogs();
+  for (int n : {0, 1}) {
+    ASSERT_TRUE(WaitForLog(cluster.node(n).process(), "event=job_grow_read", kErrorBound))
+        << cluster.DaemonLogs();
+  }
+  for (Trainer& t : trainers) {
+    if (t.node == 0) t.process.Signal(SIGCONT);
+  }
+  const std::string joined = "mlp_trainer: joined the running job at iteration ";
+  ASSERT_TRUE(WaitForLog(trainers[4].process, joined, kErrorBound))
+      << trainers[4].process.Log() << cluster.DaemonLogs();
+  const std::string log = trainers[4].process.Log();
+  const int m = std::atoi(log.c_str() + log.find(joined) + joined.size());
+  ASSERT_GT(m, kKilledStep);
+  ASSERT_LT(m, kSteps) << "the members finished before node 2 joined";
+  std::vector<std::string> reference_args = TrainArgs();
+  reference_args.insert(
+      reference_args.end(),
+      {"--join-steps=8,8,8,8,0,0", "--join-divide-by-active", absl::StrCat("--rejoin-at=", m)});
+  const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
+  ASSERT_FALSE(reference.empty());
+  std::vector<double> first;
+  for (Trainer& t : trainers) {
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    ASSERT_EQ(st.code, 0) << "node " << t.node << ": " << TrainerError(t.process.Log()) << "\n"
+                          << AllTrainerErrors(trainers) << cluster.DaemonLogs();
+    const std::vector<double> weights = LoadWeights(t.out);
+    ASSERT_EQ(weights.size(), reference.size()) << t.out;
+    if (first.empty()) first = weights;
+    EXPECT_EQ(weights, first) << "node " << t.node << " ended with other weights";
+    EXPECT_LT(RelativeDifference(weights, reference), 1e-12) << "node " << t.node;
+  }
+  EXPECT_NE(trainers[5].process.Log().find(
+                absl::StrCat(joined, m, ": state from rank 0, world size 6, rank 5\n")),
+            std::string::npos)
+      << trainers[5].process.Log();
+  absl::StatusOr<v1::Stats> stats = GetStats(cluster.port(), "elastic-token");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->world_size(), 6) << cluster.DaemonLogs();
+  EXPECT_EQ(stats->generation(), 2u);
+}
+
 // On etcd a replacement node asking to join the running job is refused
 // with STATE saying joining is built on the embedded rendezvous only,
 // naming the members, and the survivors train on exactly.

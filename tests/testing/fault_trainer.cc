@@ -91,6 +91,9 @@ struct Options {
   // --single with --join-steps: ranks that stopped are active again from
   // this step on (a replacement node's trainers joined).
   int rejoin_at = -1;
+  // > 0: every trainer's shard is --batch / this, whatever the world size
+  // it registered in (a job that grows keeps its shards).
+  int shard_world = 0;
 };
 
 // Over one staging piece (4 MiB), and odd: a broadcast of two pieces, the
@@ -241,7 +244,7 @@ int PlanShard(Trainer<T>& t) {
     return 2;
   }
   if (t.uneven && opt.single && opt.batch % t.join_world != 0) return 2;
-  const int shard = opt.batch / t.world;
+  const int shard = opt.batch / (opt.shard_world > 0 ? opt.shard_world : t.world);
   t.first = t.rank * shard;
   t.last = t.first + shard;
   t.steps = opt.steps;
@@ -504,7 +507,8 @@ void PrintUsage() {
                "  [--check-replicas (gs_check_replicas when gs_job_info says it is due)]\n"
                "  elastic jobs: [--catch-up (a joiner receives the state from rank 0, the\n"
                "  others send it when nodes join)] [--rejoin-at STEP (--single: ranks past\n"
-               "  their --join-steps are active again from STEP)]\n"
+               "  their --join-steps are active again from STEP)] [--shard-world N (shards of\n"
+               "  --batch / N, whatever the world size)]\n"
                "  (LOCAL_RANK selects the trainer's local rank)\n");
 }
 
@@ -640,6 +644,9 @@ Flag FaultFlag(int ch, const char* arg, Options& opt) {
     case 'R':
       opt.rejoin_at = std::atoi(arg);
       break;
+    case 'Y':
+      opt.shard_world = std::atoi(arg);
+      break;
     default:
       return Flag::kUnknown;
   }
@@ -679,6 +686,7 @@ bool ParseFlags(int argc, char** argv, Options& opt) {
                               {"check-replicas", no_argument, nullptr, 'C'},
                               {"catch-up", no_argument, nullptr, 'U'},
                               {"rejoin-at", required_argument, nullptr, 'R'},
+                              {"shard-world", required_argument, nullptr, 'Y'},
                               {nullptr, 0, nullptr, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", longopts, nullptr)) != -1) {
