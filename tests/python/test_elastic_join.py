@@ -7,7 +7,8 @@ each, Adam and BatchNorm, every rank seeded differently) train; both wait
 before step 2 until node 2's daemon and trainer are in and the leader's
 grow entry reached both members. Node 2's trainer starts at the job's
 iteration with the members' parameters, buffers and Adam state; every
-trainer ends with the same model and optimizer state, bit for bit.
+trainer ends with the same parameters and optimizer state, bit for bit
+(buffers are each rank's own after its last forward, as in DDP).
 """
 from __future__ import annotations
 

@@ -355,7 +355,9 @@ def run_elastic_join(args: argparse.Namespace) -> dict:
     out = {"rank": opt.rank, "start_iteration": job.iteration,
            "joined_running_job": job.joined_running_job, "nodes_joined": after.nodes_joined,
            "membership_changes": after.membership_changes, "world_size": after.world_size,
-           "final": {k: v.detach().clone() for k, v in model.state_dict().items()},
+           # Buffers: each rank's last forward updated its own (DDP syncs
+           # them before the next forward), so parameters are what must match.
+           "final": {k: v.detach().clone() for k, v in model.named_parameters()},
            "opt_state": copy_state(opt.state_dict())}
     opt.close()
     return out
