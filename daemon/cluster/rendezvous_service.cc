@@ -271,6 +271,9 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
                                generation_, " (host=", members_[rank].host,
                                "); a node joins again once that generation aborts"));
   } else if (!grows) {
+    if (std::string refusal = CheckRestartedMemberLocked(rank, *request); !refusal.empty()) {
+      return refuse(v1::STATE, std::move(refusal));
+    }
     if (std::string refusal = CheckResumeLocked(rank, *request); !refusal.empty()) {
       return refuse(v1::STATE, std::move(refusal));
     }
@@ -768,6 +771,7 @@ void RendezvousService::LeaveGenerationLocked(int rank, uint64_t generation,
                                               const std::string& reason, bool departing) {
   const bool current_member =
       generation == generation_ && !members_.empty() && members_[rank].member();
+  if (current_member) members_[rank].left = true;
   if (departing && current_member) {
     // Gone for good: the survivors need not wait out its silence.
     members_[rank].departed = reason.empty() ? "no reason given" : reason;
@@ -840,6 +844,26 @@ RendezvousService::ConfigEntry RendezvousService::AppendConfigLocked(uint64_t mi
 void RendezvousService::set_min_nodes(int min_nodes) {
   MonotonicMutexLock lock(&mu_);
   min_nodes_ = std::clamp(min_nodes, 1, num_nodes_);
+}
+
+std::string RendezvousService::CheckRestartedMemberLocked(int rank,
+                                                          const v1::JoinRequest& request) const {
+  if (request.resume_generation() != 0 || min_nodes_ >= num_nodes_ || generation_ == 0 ||
+      !aborted_ || !members_[rank].member()) {
+    return "";
+  }
+  // Another member that neither left (the job ended) nor went silent (it
+  // died too) may be re-forming the generation.
+  const absl::Time now = clock_();
+  for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
+    const Member& m = members_[r];
+    if (r == rank || !m.member() || m.left || !m.departed.empty()) continue;
+    if (pending_.count(r) == 0 && now - m.last_seen >= kPresumedDeadAfter) continue;
+    return absl::StrCat("node_rank=", rank, " joins afresh while generation ", generation_,
+                        ", of which it is a member, may still re-form among its surviving "
+                        "nodes; it joins the generation they form");
+  }
+  return "";
 }
 
 bool RendezvousService::JoinsRunningLocked(int rank, const v1::JoinRequest& request) const {

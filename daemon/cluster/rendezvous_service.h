@@ -234,6 +234,7 @@ class RendezvousService final : public v1::Rendezvous::Service {
     // Non-empty: it left the job for good (LeaveRequest.departing), why.
     // Counted out of a re-formation at once, never presumed dead.
     std::string departed;
+    bool left = false;  // a Leave of this generation (the job ended here)
     // Every Join carries local_size >= 1: 0 marks a rank that is not a
     // member of the generation (an elastic job re-formed without it).
     bool member() const { return local_size > 0; }
@@ -304,6 +305,12 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // Appends the grow entry to the active generation's log, at an
   // iteration no member has started.
   void ScheduleGrowLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A fresh Join of `rank`, a member of the aborted elastic generation
+  // (its daemon restarted), while the others may still re-form it: the
+  // STATE refusal its daemon retries until they formed (it then joins what
+  // they form), else empty.
+  std::string CheckRestartedMemberLocked(int rank, const v1::JoinRequest& request) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A Join joins the running job rather than forming or re-forming it.
   bool JoinsRunningLocked(int rank, const v1::JoinRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -989,6 +989,42 @@ TEST_F(ElasticRendezvousTest, AFreshJoinOfANodeTheSurvivorsLeftOutIsHeldUntilThe
   EXPECT_TRUE(leader_->service().GetStatus().pending_node_ranks.empty());
 }
 
+// A replacement for node 2 restarted so fast that the survivors of
+// generation 1 have not re-formed yet (its rank is still a member there):
+// refused with STATE, which its daemon retries; once they formed
+// generation 2 without it, it is held like any joiner.
+TEST_F(ElasticRendezvousTest, AReplacementFasterThanTheReformationWaitsForIt) {
+  StartElastic(3, /*min_nodes=*/2);
+  ASSERT_TRUE(Beat(1, 1).ok());  // node 1 answered the abort: alive
+  const absl::StatusOr<JoinResult> early = Client()->Join(Params(2));
+  ASSERT_FALSE(early.ok());
+  EXPECT_EQ(CodeOf(early.status()), v1::STATE);
+  EXPECT_THAT(Msg(early.status()),
+              HasSubstr("node_rank=2 joins afresh while generation 1, of which it is a member, "
+                        "may still re-form among its surviving nodes"));
+  EXPECT_TRUE(leader_->service().GetStatus().pending_node_ranks.empty());
+  for (const auto& r : Resume({0, 1}, {5, 5})) ASSERT_TRUE(r.ok()) << r.status();
+  HeldJoin joiner;
+  joiner.thread = std::thread([&] { joiner.result = Client()->Join(Params(2)); });
+  ASSERT_TRUE(WaitUntil([&] { return leader_->service().GetStatus().config_version == 1u; },
+                        absl::Seconds(10)));
+  EXPECT_EQ(leader_->service().GetStatus().pending_node_ranks, std::vector<int>{2});
+  // The members leave at the grow boundary; the joiner's Join returns.
+  std::vector<std::thread> threads;
+  for (int r : {0, 1}) {
+    threads.emplace_back([&, r] {
+      JoinParams p = Params(r);
+      p.resume_generation = 2;
+      p.resume_iteration = 7;
+      EXPECT_TRUE(Client()->Join(p).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  joiner.thread.join();
+  ASSERT_TRUE(joiner.result.ok()) << joiner.result.status();
+  EXPECT_EQ(joiner.result->generation, 3u);
+}
+
 // A member that dies at the grow boundary (silent while the other one
 // switched) is counted out as in any re-formation: the next generation
 // forms with the other member and the joiner.
