@@ -143,6 +143,11 @@ class Job:
     def rank0_alive(self) -> bool:
         return self.trainers[0][0].poll() is None
 
+    def joins(self) -> int:
+        """Replacements node 0 admitted (its `event=job_grown` lines)."""
+        return open(os.path.join(self.tmp, f"{self.tag}.d0.0.log")).read().count(
+            "event=job_grown")
+
     def rank0_error(self) -> str:
         log = open(os.path.join(self.tmp, f"{self.tag}.t00.0.log")).read().strip()
         return log.splitlines()[-1][:200] if log else "no output"
@@ -174,7 +179,8 @@ def run_job(tmp: str, tag: str, warm_s: float, duration_s: float, period_s: floa
             time.sleep(0.02)
         if not job.rank0_alive():
             return {"failed": job.rank0_error(), "kills": kills}
-        return {"rate": job.counter.count_between(start, end) / duration_s, "kills": kills}
+        return {"rate": job.counter.count_between(start, end) / duration_s, "kills": kills,
+                "joins": job.joins()}
     finally:
         job.stop()
 
@@ -210,11 +216,12 @@ def main() -> int:
     for rnd, (f, e) in enumerate(zip(free, elastic)):
         goodput = (f"{100 * e['rate'] / f['rate']:.1f}%" if "rate" in f and "rate" in e else "")
         rows.append([rnd + 1, f.get("rate", f"failed: {f.get('failed')}"),
-                     e.get("rate", f"failed: {e.get('failed')}"), e.get("kills", ""), goodput])
+                     e.get("rate", f"failed: {e.get('failed')}"), e.get("kills", ""),
+                     e.get("joins", ""), goodput])
     ok = [(f["rate"], e["rate"]) for f, e in zip(free, elastic) if "rate" in f and "rate" in e]
     if ok:
         rows.append(["median", statistics.median(f for f, _ in ok),
-                     statistics.median(e for _, e in ok), "",
+                     statistics.median(e for _, e in ok), "", "",
                      f"{100 * statistics.median(e / f for f, e in ok):.1f}%"])
     report = bench_report.Report("elastic_goodput_bench")
     report.table(
@@ -222,7 +229,7 @@ def main() -> int:
         f"--min-nodes 2 --max-nodes 3, node 2 SIGKILLed and replaced every {args.period:g} s "
         f"({args.duration:g} s windows, loopback)",
         ["round", "failure-free (it/s)", "with kills + replacements (it/s)", "kills",
-         "goodput"],
+         "replacements admitted (by the window's end)", "goodput"],
         rows,
         note=f"{os.cpu_count()} cores shared by {NODES} daemons, their Gloo workers and "
              f"{NODES * LOCAL} trainers; rank 0's completed iterations per second within the "
