@@ -291,6 +291,10 @@ absl::Status Client::Register(const std::vector<TensorSpec>& specs) {
   job_rank_ = rank_;
   job_world_size_ = world_size_;
   check_replicas_every_ = resp.check_replicas_every();
+  // A node that joined a running job: its iterations continue the job's.
+  iteration_ = resp.start_iteration();
+  checked_iteration_ = iteration_;
+  joined_running_job_ = resp.joined_running_job();
   completion_bell_.store(&segment_.header()->completion_bell);
   registered_ = true;
   return absl::OkStatus();
@@ -490,6 +494,7 @@ absl::Status Client::AwaitCompletion(int64_t budget, bool joined) {
           ++iteration_;
           step_skipped_ = (e.flags & ipc::kCompletionSkipStep) != 0;
           if ((e.flags & ipc::kCompletionMembersChanged) != 0) ++membership_changes_;
+          if ((e.flags & ipc::kCompletionNodesJoined) != 0) ++nodes_joined_;
           no_sync_iterations_ = 0;
           std::fill(marked_.begin(), marked_.end(), 0);
           std::fill(accumulated_.begin(), accumulated_.end(), 0);  // reduced: a fresh start

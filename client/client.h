@@ -64,6 +64,12 @@ struct JobInfo {
   // How many times an elastic job's members changed (the survivors of a
   // node's death re-formed) in the iterations this trainer completed.
   uint64_t membership_changes = 0;
+  // How many times nodes joined the running elastic job right after an
+  // iteration this trainer completed: it then hands its state to theirs.
+  uint64_t nodes_joined = 0;
+  // This trainer's node joined the job while it ran: `iteration` started
+  // at the job's, and it fetches the job's state before its first one.
+  bool joined_running_job = false;
 };
 
 struct ConnectOptions {
@@ -132,7 +138,8 @@ class Client {
   uint64_t iteration() const { return iteration_; }
   // After Register; refreshed by every Wait that returns OK.
   JobInfo job_info() const {
-    return {iteration_, job_world_size_, job_rank_, CheckReplicasDue(), membership_changes_};
+    return {iteration_,          job_world_size_, job_rank_,          CheckReplicasDue(),
+            membership_changes_, nodes_joined_,   joined_running_job_};
   }
   // gradsyncd --check-replicas-every: this trainer's parameter fingerprint
   // (one hash per registered tensor, in registration order) after the
@@ -224,6 +231,8 @@ class Client {
   uint64_t iteration_ = 0;           // synced iterations completed
   bool step_skipped_ = false;        // see step_skipped()
   uint64_t membership_changes_ = 0;  // see JobInfo
+  uint64_t nodes_joined_ = 0;        // see JobInfo
+  bool joined_running_job_ = false;  // see JobInfo
   uint64_t ready_sequence_ = 0;
   uint64_t completion_sequence_ = 0;
   std::vector<uint8_t> marked_;  // this iteration

@@ -252,11 +252,26 @@ typedef struct {
                                   far: it grows after the gs_wait of the
                                   iteration where they did, whose world_size
                                   is then the new world's (re-shard data
-                                  here); 0 in a fixed job */
+                                  here); 0 in a fixed job. It also grows
+                                  when nodes join (nodes_joined) */
+  uint64_t nodes_joined;       /* how many times nodes joined the running elastic
+                                  job right after an iteration completed so far:
+                                  it grows after that iteration's gs_wait (whose
+                                  world_size is still the old world's; the next
+                                  iteration's is the grown one), and every
+                                  trainer then calls gs_broadcast of its state
+                                  (parameters, buffers, optimizer state, the
+                                  iteration) from rank 0 before its next mark,
+                                  as the joiners' trainers do */
+  int joined_running_job;      /* nonzero: this trainer's node joined the job
+                                  while it ran; `iteration` is the job's
+                                  iteration count it starts at, and before its
+                                  first mark it receives the job's state with
+                                  gs_broadcast from rank 0 (above) */
 } gs_job_info;
 
 #define GS_JOB_INFO_INIT \
-  { sizeof(gs_job_info), 0, 0, -1, 0, 0 }
+  { sizeof(gs_job_info), 0, 0, -1, 0, 0, 0, 0 }
 
 /* Fills *info (above). GS_ERR_STATE before gs_register. */
 GS_API gs_status gs_get_job_info(gs_client* c, gs_job_info* info);

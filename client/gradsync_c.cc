@@ -162,6 +162,12 @@ gs_status gs_get_job_info(gs_client* c, gs_job_info* info) {
   if (size >= offsetof(gs_job_info, membership_changes) + sizeof(uint64_t)) {
     info->membership_changes = j.membership_changes;
   }
+  if (size >= offsetof(gs_job_info, nodes_joined) + sizeof(uint64_t)) {
+    info->nodes_joined = j.nodes_joined;
+  }
+  if (size >= offsetof(gs_job_info, joined_running_job) + sizeof(int)) {
+    info->joined_running_job = j.joined_running_job ? 1 : 0;
+  }
   info->size = size < sizeof(gs_job_info) ? size : sizeof(gs_job_info);
   return GS_OK;
 }

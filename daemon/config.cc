@@ -33,19 +33,23 @@ absl::Status ValidateJobShape(const DaemonConfig& c) {
     return Bad(absl::StrCat("--max-nodes ", c.max_nodes, " is not in [", c.num_nodes,
                             ", 4096] (--num-nodes ", c.num_nodes, "; 0 or unset: --num-nodes)"));
   }
-  // Elastic jobs shrink only (docs/DESIGN.md, "Elastic jobs"): survivors of
-  // a node's death re-form and redo the iteration; a node joining a running
-  // job is not built, so a range above --num-nodes is refused at start
-  // rather than accepted and never used.
-  if (c.max_nodes_or_num() != c.num_nodes) {
-    return Bad(absl::StrCat(
-        "--max-nodes ", c.max_nodes_or_num(), " above --num-nodes ", c.num_nodes,
-        " asks for nodes joining a running job, which this gradsyncd does not support yet "
-        "(an elastic job shrinks down to --min-nodes): give --max-nodes equal to --num-nodes, "
-        "or leave it out"));
+  // Nodes join a running job (docs/DESIGN.md, "Elastic jobs") on the
+  // embedded leader, in an elastic job (the one that re-forms at a death):
+  // a range above --num-nodes anywhere else is refused at start rather
+  // than accepted and never used.
+  if (c.max_nodes_or_num() != c.num_nodes && c.min_nodes_or_num() == c.num_nodes) {
+    return Bad(absl::StrCat("--max-nodes ", c.max_nodes_or_num(), " above --num-nodes ",
+                            c.num_nodes,
+                            " needs an elastic job: give --min-nodes below --num-nodes too"));
   }
-  // Node ranks name daemons; --max-nodes bounds them (it equals
-  // --num-nodes while nodes cannot join a running job).
+  if (c.max_nodes_or_num() != c.num_nodes && !c.rendezvous.empty()) {
+    return Bad(absl::StrCat("--max-nodes ", c.max_nodes_or_num(), " above --num-nodes ",
+                            c.num_nodes,
+                            " asks for nodes joining a running job, which is built on the "
+                            "embedded rendezvous only, not with --rendezvous"));
+  }
+  // Node ranks name daemons; --max-nodes bounds them (ranks from
+  // --num-nodes on join the job while it runs).
   if (c.node_rank < 0 || c.node_rank >= c.max_nodes_or_num()) {
     return Bad(absl::StrCat("--node-rank ", c.node_rank, " is not in [0, ", c.max_nodes_or_num(),
                             ") (--num-nodes ", c.num_nodes, ", --max-nodes ", c.max_nodes_or_num(),

@@ -234,6 +234,7 @@ absl::Status Daemon::StartListenServer() {
         config_.job_id, auth, config_.num_nodes, absl::Milliseconds(config_.timeout_ms),
         heartbeat_timeout);
     rendezvous_service_->set_min_nodes(config_.min_nodes_or_num());
+    rendezvous_service_->set_max_nodes(config_.max_nodes_or_num());
     builder.RegisterService(rendezvous_service_.get());
   }
   listen_server_ = builder.BuildAndStart();

@@ -74,6 +74,11 @@ inline constexpr uint16_t kCompletionSkipStep = 1;
 // iteration (the survivors of a node's death re-formed): its divisor is the
 // new world's. Trainers count these (gs_job_info.membership_changes).
 inline constexpr uint16_t kCompletionMembersChanged = 2;
+// kIterationDone's flags: nodes join the running elastic job right after
+// this iteration (with kCompletionMembersChanged; its divisor is still the
+// old world's): every trainer hands its state to the joiners' trainers
+// (gs_broadcast) before the next iteration (gs_job_info.nodes_joined).
+inline constexpr uint16_t kCompletionNodesJoined = 4;
 static_assert(sizeof(CompletionEvent) == 32);
 
 // What the consumer of a readiness ring expects next.

@@ -28,6 +28,7 @@ benches() {
   py_bench broadcast_bench.py //daemon:gradsyncd //tests/bench:bench_trainer //tests/bench:gloo_allreduce_bench
   py_bench join_bench.py //daemon:gradsyncd //tests/bench:bench_trainer
   py_bench elastic_recovery_bench.py //daemon:gradsyncd //examples:mlp_trainer
+  py_bench elastic_goodput_bench.py //daemon:gradsyncd //tests/testing:fault_trainer
   py_bench torch_step_bench.py //daemon:gradsyncd //client:libgradsync.so
   py_bench buffers_bench.py //daemon:gradsyncd //client:libgradsync.so
   py_bench bucket_sweep_bench.py //daemon:gradsyncd //client:libgradsync.so

@@ -63,8 +63,15 @@ TEST(AbiContract, JobInfoGrowsAtTheEnd) {
   // Added after check_replicas_due, at the end (after its padding).
   EXPECT_GE(offsetof(gs_job_info, membership_changes),
             offsetof(gs_job_info, check_replicas_due) + sizeof(int));
-  EXPECT_EQ(sizeof(gs_job_info), offsetof(gs_job_info, membership_changes) + sizeof(uint64_t));
   EXPECT_EQ(init.membership_changes, 0u);
+  // Then nodes_joined and joined_running_job (joining a running job).
+  EXPECT_EQ(offsetof(gs_job_info, nodes_joined),
+            offsetof(gs_job_info, membership_changes) + sizeof(uint64_t));
+  EXPECT_EQ(offsetof(gs_job_info, joined_running_job),
+            offsetof(gs_job_info, nodes_joined) + sizeof(uint64_t));
+  EXPECT_GE(sizeof(gs_job_info), offsetof(gs_job_info, joined_running_job) + sizeof(int));
+  EXPECT_EQ(init.nodes_joined, 0u);
+  EXPECT_EQ(init.joined_running_job, 0);
 }
 
 TEST(AbiContract, VersionCodeOrdersReleases) {

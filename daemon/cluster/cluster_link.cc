@@ -110,6 +110,7 @@ ClusterLink::~ClusterLink() {
   {
     MonotonicMutexLock lock(&mu_);
     departing = !departure_.ok();
+    if (retired_ && !departing) return;  // its Join of the next generation says it all
   }
   if (departing) {
     SendDeparture();
@@ -286,6 +287,21 @@ absl::StatusOr<Records> WaitForRecords(JobRendezvous& client, const std::vector<
 std::optional<std::string> Lookup(const Records& records, const std::string& key) {
   const auto it = records.find(key);
   return it == records.end() ? std::nullopt : std::optional<std::string>(it->second);
+}
+
+// A node joining the running job: the members' plan, published by the
+// generation's first member (up to `deadline`).
+absl::StatusOr<RunningPlan> FetchRunningPlan(JobRendezvous& client, uint64_t gen,
+                                             size_t num_tensors, absl::Time deadline) {
+  const std::string key = RunningPlanKey(gen);
+  absl::StatusOr<Records> value =
+      client.WaitForValues({key}, std::max(absl::Seconds(1), deadline - MonotonicNow()));
+  if (!value.ok()) {
+    return MakeError(CodeOf(value.status()),
+                     absl::StrCat("joining the running job: waiting for the members' plan: ",
+                                  value.status().message()));
+  }
+  return DecodeRunningPlan(key, Lookup(*value, key), num_tensors);
 }
 
 // MISMATCH naming the first node whose layout differs from node 0's, and
@@ -465,8 +481,21 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
       GlooOptions(config, client, host, gen, WireDType::kOff, joined.world_size, members);
   absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> backend = GlooWorkerBackend::Start(gloo);
   if (!backend.ok()) return GlooFailed(*client, config.node_rank, gen, backend.status());
+  // Nodes join the running job: the first member hands them the plan.
+  if (resume.grow && config.node_rank == members.front()) {
+    RETURN_IF_ERROR(client->Set(RunningPlanKey(gen), EncodeRunningPlan(resume.plan)));
+  }
   ASSIGN_OR_RETURN(Agreement agreed, Agree(*client, config, gen, members, layout, deadline));
   gloo.wire_dtype = agreed.wire_dtype;
+  const bool joins_running = resume.generation == 0 && joined.start_iteration > 0;
+  RunningPlan running;
+  if (joins_running) {
+    ASSIGN_OR_RETURN(running, FetchRunningPlan(*client, gen, layout.size(), deadline));
+    spdlog::info(
+        "event=joined_running_job generation={} node_rank={} start_iteration={} "
+        "plan_version={}",
+        gen, config.node_rank, joined.start_iteration, running.plan_version);
+  }
   backend = ConnectGloo(client, config.node_rank, gloo, *std::move(backend));
   if (!backend.ok()) return GlooFailed(*client, config.node_rank, gen, backend.status());
 
@@ -488,6 +517,10 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   world.backend = std::move(*backend);
   world.caps = agreed.caps;
   world.uneven_inputs = agreed.uneven_inputs;
+  if (joins_running) {
+    world.start_iteration = joined.start_iteration;
+    world.running_plan = std::move(running);
+  }
   world.agree_order = [raw](const std::vector<uint32_t>& local) { return raw->AgreeOrder(local); };
   world.check_plan = [raw](const PlanStamp& stamp) { return raw->CheckPlan(stamp); };
   world.publish = [raw](const std::string& name, const std::string& value) {
@@ -675,13 +708,19 @@ absl::Status ClusterLink::NameFailedNodes(const absl::Status& error, const absl:
                                                  error.message(), leader_says));
 }
 
+void ClusterLink::Retire() {
+  MonotonicMutexLock lock(&mu_);
+  retired_ = true;
+}
+
 std::vector<int> ClusterLink::DeadNodes() {
   MonotonicMutexLock lock(&mu_);
   return dead_nodes_;
 }
 
 void ClusterLink::SetConfigListener(
-    std::function<void(const BucketCaps& caps, uint64_t at_iteration, uint64_t version)> listener) {
+    std::function<void(const BucketCaps& caps, uint64_t at_iteration, uint64_t version, bool grow)>
+        listener) {
   config_log_.SetListener(std::move(listener));
 }
 

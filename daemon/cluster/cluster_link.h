@@ -70,9 +70,10 @@ class ClusterLink final : public WorldLink {
   void ReportStall(const std::string& description) override ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Explain(const absl::Status& error) override;
   std::vector<int> DeadNodes() override ABSL_LOCKS_EXCLUDED(mu_);
-  void SetConfigListener(
-      std::function<void(const BucketCaps& caps, uint64_t at_iteration, uint64_t version)> listener)
-      override ABSL_LOCKS_EXCLUDED(mu_);
+  void Retire() override ABSL_LOCKS_EXCLUDED(mu_);
+  void SetConfigListener(std::function<void(const BucketCaps& caps, uint64_t at_iteration,
+                                            uint64_t version, bool grow)>
+                             listener) override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Node 0's order, distributed to every node (the plan rebuild); empty
   // when node 0 observed none (see Scheduler::OrderAgreement).
@@ -119,6 +120,9 @@ class ClusterLink final : public WorldLink {
   // This node leaves the job for good (ReportDeparture), why; sent once.
   absl::Status departure_ ABSL_GUARDED_BY(mu_);
   bool departure_sent_ ABSL_GUARDED_BY(mu_) = false;
+  // The members move to the next generation together (nodes join): the
+  // destructor sends no Leave, which would abort it for the others.
+  bool retired_ ABSL_GUARDED_BY(mu_) = false;
   // on_failure_ was called (or the error came from here).
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   std::function<uint64_t()> progress_ ABSL_GUARDED_BY(mu_);

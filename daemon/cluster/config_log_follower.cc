@@ -40,13 +40,17 @@ absl::Status ConfigLogFollower::CatchUp(uint64_t newest) {
                                     change.at_iteration, ", not after version ", version - 1,
                                     "'s iteration ", read_at_));
     }
-    spdlog::info(
-        "event=job_config version={} at_iteration={} bucket_cap_mb={} "
-        "first_bucket_cap_mb={}",
-        version, change.at_iteration, change.bucket_cap_mb, change.first_bucket_cap_mb);
+    if (change.grow) {
+      spdlog::info("event=job_grow_read version={} at_iteration={}", version, change.at_iteration);
+    } else {
+      spdlog::info(
+          "event=job_config version={} at_iteration={} bucket_cap_mb={} "
+          "first_bucket_cap_mb={}",
+          version, change.at_iteration, change.bucket_cap_mb, change.first_bucket_cap_mb);
+    }
     {
       absl::MutexLock lock(&mu_);
-      undelivered_.push_back(Change{change.caps, change.at_iteration, version});
+      undelivered_.push_back(Change{change.caps, change.at_iteration, version, change.grow});
       DeliverLocked();
     }
     read_version_ = version;
@@ -63,7 +67,7 @@ void ConfigLogFollower::SetListener(Listener listener) {
 
 void ConfigLogFollower::DeliverLocked() {
   if (!listener_) return;  // kept for the job: it has not started listening
-  for (const Change& c : undelivered_) listener_(c.caps, c.at_iteration, c.version);
+  for (const Change& c : undelivered_) listener_(c.caps, c.at_iteration, c.version, c.grow);
   undelivered_.clear();
 }
 

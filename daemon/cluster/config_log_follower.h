@@ -32,9 +32,10 @@ namespace gradsync {
 
 class ConfigLogFollower {
  public:
-  // A version's caps, the iteration they start at, and the version.
-  using Listener =
-      std::function<void(const BucketCaps& caps, uint64_t at_iteration, uint64_t version)>;
+  // A version's caps, the iteration they start at, and the version; `grow`:
+  // not caps but nodes joining the running job at that iteration.
+  using Listener = std::function<void(const BucketCaps& caps, uint64_t at_iteration,
+                                      uint64_t version, bool grow)>;
   // Reads one key of the rendezvous store; nullopt when it is not set.
   using Getter = std::function<absl::StatusOr<std::optional<std::string>>(const std::string& key)>;
 
@@ -54,6 +55,7 @@ class ConfigLogFollower {
     BucketCaps caps;
     uint64_t at_iteration = 0;
     uint64_t version = 0;
+    bool grow = false;
   };
   void DeliverLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -52,6 +52,8 @@ struct JoinResult {
   uint64_t generation = 0;
   std::vector<RendezvousPeer> peers;  // ordered by node rank
   int world_size = 0;
+  // The iteration the generation starts at (JoinResponse.start_iteration).
+  uint64_t start_iteration = 0;
 };
 
 struct HeartbeatParams {

@@ -93,11 +93,11 @@ inline std::optional<PlanKeyParts> ParsePlanKey(absl::string_view key) {
   return parts;
 }
 
-// Part of the leader's refusal of a node that joins afresh while the
-// elastic job runs without it: that refusal is final (no retry), so the
-// joining node reports it at once.
+// Part of the etcd rendezvous's refusal of a node that joins afresh while
+// the elastic job runs without it (the embedded leader admits it): that
+// refusal is final (no retry), so the joining node reports it at once.
 inline constexpr absl::string_view kJoiningARunningJobUnsupported =
-    "nodes joining a running job are not supported yet";
+    "nodes joining a running job are built on the embedded rendezvous only";
 
 // That refusal, the same from either rendezvous (embedded or etcd).
 inline std::string JoiningARunningJobRefusal(int node_rank, uint64_t generation,
@@ -107,8 +107,8 @@ inline std::string JoiningARunningJobRefusal(int node_rank, uint64_t generation,
                       " of elastic job '", job_id,
                       "' (members: node_rank=", absl::StrJoin(members, ","),
                       "), which re-formed without it: ", kJoiningARunningJobUnsupported,
-                      " (an elastic job only shrinks, down to --min-nodes); the node takes part "
-                      "again when the job restarts");
+                      " (on etcd an elastic job only shrinks, down to --min-nodes); the node "
+                      "takes part again when the job restarts");
 }
 
 }  // namespace gradsync

@@ -126,17 +126,61 @@ std::string EncodeConfig(uint64_t generation, uint64_t at_iteration, double buck
   return record.SerializeAsString();
 }
 
+std::string EncodeGrowConfig(uint64_t generation, uint64_t at_iteration) {
+  v1::ConfigRecord record;
+  record.set_generation(generation);
+  record.set_at_iteration(at_iteration);
+  record.set_grow(true);
+  return record.SerializeAsString();
+}
+
 absl::StatusOr<JobConfigChange> DecodeConfig(absl::string_view key,
                                              const std::optional<std::string>& value) {
   ASSIGN_OR_RETURN(v1::ConfigRecord record, Parse<v1::ConfigRecord>(key, value));
-  if (!record.has_caps()) return Malformed(key, "no bucket caps");
   JobConfigChange change;
+  if (record.grow()) {
+    change.grow = true;
+    change.generation = record.generation();
+    change.at_iteration = record.at_iteration();
+    return change;
+  }
+  if (!record.has_caps()) return Malformed(key, "no bucket caps");
   ASSIGN_OR_RETURN(change.caps, CapsFromRecord(key, record.caps()));
   change.generation = record.generation();
   change.at_iteration = record.at_iteration();
   change.bucket_cap_mb = record.caps().bucket_cap_mb();
   change.first_bucket_cap_mb = record.caps().first_bucket_cap_mb();
   return change;
+}
+
+std::string RunningPlanKey(uint64_t generation) {
+  return absl::StrCat(GenerationKeyPrefix(generation), "running_plan");
+}
+
+std::string EncodeRunningPlan(const RunningPlan& plan) {
+  v1::RunningPlanRecord record;
+  for (uint32_t t : plan.order) record.add_order(t);
+  // Bytes to MiB and back are exact: a division by a power of two.
+  *record.mutable_caps() = CapsRecord(plan.caps.cap_bytes / double(1 << 20),
+                                      plan.caps.first_cap_bytes / double(1 << 20));
+  record.set_plan_version(plan.plan_version);
+  return record.SerializeAsString();
+}
+
+absl::StatusOr<RunningPlan> DecodeRunningPlan(absl::string_view key,
+                                              const std::optional<std::string>& value,
+                                              size_t num_tensors) {
+  ASSIGN_OR_RETURN(v1::RunningPlanRecord record, Parse<v1::RunningPlanRecord>(key, value));
+  RunningPlan plan;
+  ASSIGN_OR_RETURN(plan.caps, CapsFromRecord(key, record.caps()));
+  plan.plan_version = record.plan_version();
+  // The same checks as node 0's rebuilt order: a permutation of the layout.
+  v1::PlanOrderRecord order;
+  *order.mutable_order() = record.order();
+  ASSIGN_OR_RETURN(plan.order, DecodeOrder(key, order.SerializeAsString(), num_tensors));
+  if (plan.order.empty()) return Malformed(key, "no order");
+  if (plan.plan_version == 0) return Malformed(key, "plan_version 0");
+  return plan;
 }
 
 std::string PlanKey(uint64_t generation, uint64_t plan_version, int node_rank) {

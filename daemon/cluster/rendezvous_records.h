@@ -50,8 +50,13 @@ struct JobConfigChange {
   double bucket_cap_mb = 0;
   double first_bucket_cap_mb = 0;
   BucketCaps caps;  // the same caps in bytes
+  // Not a caps change (no caps): nodes join the running job at this
+  // iteration's boundary (ConfigRecord.grow).
+  bool grow = false;
 };
 std::string ConfigKey(uint64_t generation, uint64_t version);
+// The leader's entry admitting nodes that wait to join the running job.
+std::string EncodeGrowConfig(uint64_t generation, uint64_t at_iteration);
 std::string EncodeConfig(uint64_t generation, uint64_t at_iteration, double bucket_cap_mb,
                          double first_bucket_cap_mb);
 absl::StatusOr<JobConfigChange> DecodeConfig(absl::string_view key,
@@ -65,6 +70,14 @@ std::string EncodeOrder(const std::vector<uint32_t>& order);
 absl::StatusOr<std::vector<uint32_t>> DecodeOrder(absl::string_view key,
                                                   const std::optional<std::string>& value,
                                                   size_t num_tensors);
+
+// What a node joining a running job plans with ("g<gen>/running_plan"):
+// the members' ready order, caps and plan decisions so far.
+std::string RunningPlanKey(uint64_t generation);
+std::string EncodeRunningPlan(const RunningPlan& plan);
+absl::StatusOr<RunningPlan> DecodeRunningPlan(absl::string_view key,
+                                              const std::optional<std::string>& value,
+                                              size_t num_tensors);
 
 // A node's plan decision ("g<gen>/plan/<plan_version>/<rank>").
 std::string PlanKey(uint64_t generation, uint64_t plan_version, int node_rank);

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "common/log_value.h"
 #include "daemon/cluster/rendezvous_keys.h"
+#include "daemon/cluster/rendezvous_records.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
@@ -72,7 +73,9 @@ RendezvousService::RendezvousService(std::string job_id, CallAuth auth, int num_
       heartbeat_timeout_(heartbeat_timeout),
       clock_(clock ? std::move(clock) : MonotonicClock(MonotonicNow)),
       incarnation_(NewIncarnation()),
-      min_nodes_(std::max(num_nodes, 1)) {
+      min_nodes_(std::max(num_nodes, 1)),
+      max_nodes_(std::max(num_nodes, 1)),
+      rank_limit_(std::max(num_nodes, 1)) {
   if (num_nodes < 1) spdlog::error("event=rendezvous_bad_config num_nodes={} using=1", num_nodes);
   spdlog::info(
       "event=rendezvous_started job_id={} incarnation={:016x} num_nodes={} default_timeout={} "
@@ -115,8 +118,9 @@ void RendezvousService::CheckHeartbeatsLocked(absl::Time now) {
   if (!active() || heartbeat_timeout_ == absl::InfiniteDuration()) return;
   int stalest = -1;
   int late = 0;
-  for (int r = 0; r < num_nodes_; ++r) {
+  for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
     if (!members_[r].member() || now - members_[r].last_seen <= heartbeat_timeout_) continue;
+    if (pending_.count(r) != 0) continue;  // left it at the grow boundary
     ++late;
     if (stalest < 0 || members_[r].last_seen < members_[stalest].last_seen) stalest = r;
   }
@@ -129,24 +133,33 @@ void RendezvousService::CheckHeartbeatsLocked(absl::Time now) {
   AbortLocked(reason);
 }
 
-void RendezvousService::FormGenerationLocked(absl::Time now) {
+void RendezvousService::FormGenerationLocked(absl::Time now, bool with_joiners) {
   ++generation_;
   aborted_ = false;
   abort_reason_.clear();
-  members_.assign(num_nodes_, Member{});
-  const size_t pending_count = pending_.size();
+  members_.assign(rank_limit_.load(), Member{});
+  size_t pending_count = 0;
   int world_size = 0;
-  for (const auto& [rank, join] : pending_) {
-    Member& m = members_[rank];
+  // Survivors re-forming an elastic job all resume one iteration; members
+  // admitting joiners all enter one.
+  uint64_t starts_at = 0;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    const PendingJoin& join = it->second;
+    if (join.joins_running && !with_joiners) {
+      ++it;  // waits for this generation's grow entry
+      continue;
+    }
+    Member& m = members_[it->first];
     m.host = join.host;
     m.local_size = join.local_size;
     m.last_seen = now;
     world_size += join.local_size;
+    starts_at = std::max(starts_at, join.resume_iteration);
+    ++pending_count;
+    it = pending_.erase(it);
   }
-  // Survivors re-forming an elastic job all resume one iteration.
-  uint64_t starts_at = 0;
-  for (const auto& [rank, join] : pending_) starts_at = std::max(starts_at, join.resume_iteration);
-  pending_.clear();
+  started_at_ = starts_at;
+  grow_scheduled_ = false;
   config_version_ = 0;  // each generation has its own config log
   config_last_at_ = 0;
   config_keys_.clear();
@@ -173,6 +186,9 @@ void RendezvousService::FormGenerationLocked(absl::Time now) {
         "held=1",
         entry.version, entry.generation, entry.at_iteration);
   }
+  // Joiners that came while the survivors re-formed join this generation
+  // at its next grow boundary.
+  if (!pending_.empty()) ScheduleGrowLocked();
   changed_.SignalAll();
 }
 
@@ -180,7 +196,7 @@ void RendezvousService::FillJoinResponseLocked(v1::JoinResponse* response) const
   response->set_generation(generation_);
   response->set_incarnation(incarnation_);
   int world_size = 0;
-  for (int r = 0; r < num_nodes_; ++r) {
+  for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
     v1::Peer* peer = response->add_peers();
     peer->set_node_rank(r);
     peer->set_host(members_[r].host);
@@ -188,6 +204,16 @@ void RendezvousService::FillJoinResponseLocked(v1::JoinResponse* response) const
     world_size += members_[r].local_size;
   }
   response->set_world_size(world_size);
+  response->set_start_iteration(started_at_);
+}
+
+std::string RendezvousService::CheckRank(int rank) const {
+  const int limit = rank_limit_.load();
+  if (rank >= 0 && rank < limit) return "";
+  return absl::StrCat("node_rank=", rank, " is out of range [0, ", limit, ")",
+                      limit > num_nodes_ || rank >= num_nodes_
+                          ? absl::StrCat(": the job takes at most --max-nodes=", limit, " nodes")
+                          : "");
 }
 
 std::string RendezvousService::CheckJoinRequest(const v1::JoinRequest& request) const {
@@ -198,9 +224,7 @@ std::string RendezvousService::CheckJoinRequest(const v1::JoinRequest& request) 
     return absl::StrCat("node_rank=", rank, " was started with num_nodes=", request.num_nodes(),
                         " but the leader runs job '", job_id_, "' with num_nodes=", num_nodes_);
   }
-  if (rank < 0 || rank >= num_nodes_) {
-    return absl::StrCat("node_rank=", rank, " is out of range [0, ", num_nodes_, ")");
-  }
+  if (std::string refusal = CheckRank(rank); !refusal.empty()) return refusal;
   // Bounded: world sizes and rank offsets are sums of these, and no node
   // serves more trainers than this.
   if (request.local_size() < 1 || request.local_size() > kMaxJoinLocalSize) {
@@ -235,23 +259,24 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
                                ", which stayed silent past ", Millis(kPresumedDeadAfter),
                                " ms and was presumed dead"));
   }
-  if (active() && !members_[rank].member()) {
-    // A replacement (or restarted) node of an elastic job that went on
-    // without it: admitting it at an iteration boundary is not built.
-    std::vector<int> members;
-    for (int r = 0; r < num_nodes_; ++r) {
-      if (members_[r].member()) members.push_back(r);
-    }
-    return refuse(v1::STATE, JoiningARunningJobRefusal(rank, generation_, job_id_, members));
-  }
-  if (active()) {
+  const bool joins_running = JoinsRunningLocked(rank, *request);
+  // A member leaving the active generation at its grow boundary.
+  const bool grows = active() && grow_scheduled_ && members_[rank].member() &&
+                     request->resume_generation() == generation_;
+  if (joins_running) {
+    HoldJoinerLocked(rank);
+  } else if (active() && !grows) {
     return refuse(v1::STATE,
                   absl::StrCat("node_rank=", rank, " is already a member of active generation ",
                                generation_, " (host=", members_[rank].host,
                                "); a node joins again once that generation aborts"));
-  }
-  if (std::string refusal = CheckResumeLocked(rank, *request); !refusal.empty()) {
-    return refuse(v1::STATE, std::move(refusal));
+  } else if (!grows) {
+    if (std::string refusal = CheckRestartedMemberLocked(rank, *request); !refusal.empty()) {
+      return refuse(v1::STATE, std::move(refusal));
+    }
+    if (std::string refusal = CheckResumeLocked(rank, *request); !refusal.empty()) {
+      return refuse(v1::STATE, std::move(refusal));
+    }
   }
   const uint64_t target = generation_ + 1;
   if (auto it = pending_.find(rank); it != pending_.end()) {
@@ -266,7 +291,9 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
                                request->local_size(),
                                request->resume_generation(),
                                request->resume_iteration(),
-                               ""};
+                               "",
+                               joins_running};
+  if (joins_running && active() && !grow_scheduled_) ScheduleGrowLocked();
   // Joined: what it reported while waiting for its trainers is over.
   if (auto report = kv_.find(FormingReportKey(rank)); report != kv_.end()) EraseLocked(report);
   spdlog::info(
@@ -287,13 +314,16 @@ grpc::Status RendezvousService::AwaitGenerationLocked(grpc::ServerContext* conte
                                                       uint64_t join_id, uint64_t target,
                                                       absl::Duration timeout, absl::Time deadline,
                                                       v1::JoinResponse* response) {
-  while (generation_ < target) {
+  while (true) {
     auto it = pending_.find(rank);
     if (it == pending_.end() || it->second.join_id != join_id) {
+      if (generation_ >= target) break;  // formed with it (its entry went)
       SetError(response->mutable_error(), v1::STATE,
                absl::StrCat("node_rank=", rank, " left before generation ", target, " formed"));
       return grpc::Status::OK;
     }
+    // A joiner left out of a re-formation joins the next generation.
+    if (generation_ >= target) target = generation_ + 1;
     if (!it->second.error.empty()) {
       SetError(response->mutable_error(), v1::PEER_FAILED, it->second.error);
       pending_.erase(it);
@@ -309,9 +339,15 @@ grpc::Status RendezvousService::AwaitGenerationLocked(grpc::ServerContext* conte
     const absl::Time t = clock_();
     if (t >= deadline) {
       std::string message =
-          absl::StrCat("join timed out after ", Millis(timeout), " ms waiting for generation ",
-                       target, ": ", pending_.size(), " of ", num_nodes_,
-                       " nodes joined; missing node ranks: ", MissingNodesLocked());
+          it->second.joins_running
+              ? absl::StrCat("join timed out after ", Millis(timeout), " ms waiting to join ",
+                             "running generation ", generation_,
+                             ": its members did not reach the grow boundary (", MembersLocked(),
+                             ")")
+              : absl::StrCat("join timed out after ", Millis(timeout),
+                             " ms waiting for generation ", target, ": ", pending_.size(), " of ",
+                             num_nodes_,
+                             " nodes joined; missing node ranks: ", MissingNodesLocked());
       pending_.erase(it);
       changed_.SignalAll();
       spdlog::warn("event=join_timeout node_rank={} generation={} reason={}", rank, target,
@@ -347,6 +383,17 @@ std::string RendezvousService::MissingNodesLocked() const {
         ")"));
   }
   return absl::StrJoin(missing, ", ");
+}
+
+std::string RendezvousService::MembersLocked() const {
+  std::vector<std::string> members;
+  for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
+    if (!members_[r].member()) continue;
+    members.push_back(
+        absl::StrCat("node_rank=", r, " at iteration ", members_[r].iteration,
+                     pending_.count(r) != 0 ? " (left for the next generation)" : ""));
+  }
+  return members.empty() ? "none" : absl::StrJoin(members, ", ");
 }
 
 std::string RendezvousService::CheckKeyGenerationLocked(const std::string& key) const {
@@ -608,9 +655,7 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
     SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(refusal));
     return grpc::Status::OK;
   }
-  if (rank < 0 || rank >= num_nodes_) {
-    std::string message =
-        absl::StrCat("node_rank=", rank, " is out of range [0, ", num_nodes_, ")");
+  if (std::string message = CheckRank(rank); !message.empty()) {
     LogRefusal("Heartbeat", context, rank, message);
     SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(message));
     return grpc::Status::OK;
@@ -672,7 +717,7 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
   response->set_abort(aborted_);
   response->set_abort_reason(abort_reason_);
   if (aborted_) {
-    for (int r = 0; r < num_nodes_; ++r) {
+    for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
       const Member& m = members_[r];
       if (!m.member() || (m.heard_since_abort && m.departed.empty())) continue;
       v1::SilentMember* silent = response->add_silent_members();
@@ -694,9 +739,7 @@ grpc::Status RendezvousService::Leave(grpc::ServerContext* context, const v1::Le
     SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(refusal));
     return grpc::Status::OK;
   }
-  if (rank < 0 || rank >= num_nodes_) {
-    std::string message =
-        absl::StrCat("node_rank=", rank, " is out of range [0, ", num_nodes_, ")");
+  if (std::string message = CheckRank(rank); !message.empty()) {
     LogRefusal("Leave", context, rank, message);
     SetError(response->mutable_error(), v1::INVALID_ARGUMENT, std::move(message));
     return grpc::Status::OK;
@@ -728,6 +771,7 @@ void RendezvousService::LeaveGenerationLocked(int rank, uint64_t generation,
                                               const std::string& reason, bool departing) {
   const bool current_member =
       generation == generation_ && !members_.empty() && members_[rank].member();
+  if (current_member) members_[rank].left = true;
   if (departing && current_member) {
     // Gone for good: the survivors need not wait out its silence.
     members_[rank].departed = reason.empty() ? "no reason given" : reason;
@@ -802,17 +846,82 @@ void RendezvousService::set_min_nodes(int min_nodes) {
   min_nodes_ = std::clamp(min_nodes, 1, num_nodes_);
 }
 
+std::string RendezvousService::CheckRestartedMemberLocked(int rank,
+                                                          const v1::JoinRequest& request) const {
+  if (request.resume_generation() != 0 || min_nodes_ >= num_nodes_ || generation_ == 0 ||
+      !aborted_ || !members_[rank].member()) {
+    return "";
+  }
+  // Another member that neither left (the job ended) nor went silent (it
+  // died too) may be re-forming the generation.
+  const absl::Time now = clock_();
+  for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
+    const Member& m = members_[r];
+    if (r == rank || !m.member() || m.left || !m.departed.empty()) continue;
+    if (pending_.count(r) == 0 && now - m.last_seen >= kPresumedDeadAfter) continue;
+    return absl::StrCat("node_rank=", rank, " joins afresh while generation ", generation_,
+                        ", of which it is a member, may still re-form among its surviving "
+                        "nodes; it joins the generation they form");
+  }
+  return "";
+}
+
+bool RendezvousService::JoinsRunningLocked(int rank, const v1::JoinRequest& request) const {
+  if (request.resume_generation() != 0 || min_nodes_ >= num_nodes_ || generation_ == 0 ||
+      members_[rank].member()) {
+    return false;
+  }
+  if (active()) return true;
+  // The survivors of an aborted generation re-form: it joins what they form.
+  for (const auto& [r, join] : pending_) {
+    if (join.resume_generation != 0) return true;
+  }
+  return false;
+}
+
+void RendezvousService::HoldJoinerLocked(int rank) {
+  // Its rank is below --max-nodes (CheckRank) and no member's: the job
+  // never holds more nodes than --max-nodes.
+  spdlog::info("event=join_held node_rank={} generation={} members={}", rank, generation_,
+               LogValue(MembersLocked()));
+}
+
+void RendezvousService::ScheduleGrowLocked() {
+  uint64_t furthest = started_at_;
+  for (const Member& m : members_) {
+    if (m.member()) furthest = std::max(furthest, m.iteration);
+  }
+  const ConfigEntry entry = AppendConfigLocked(furthest + kGrowAfter, [](const ConfigEntry& e) {
+    return std::make_pair(ConfigKey(e.generation, e.version),
+                          EncodeGrowConfig(e.generation, e.at_iteration));
+  });
+  grow_scheduled_ = true;
+  spdlog::info("event=job_grow_published config_version={} generation={} at_iteration={}",
+               entry.version, entry.generation, entry.at_iteration);
+}
+
+void RendezvousService::set_max_nodes(int max_nodes) {
+  MonotonicMutexLock lock(&mu_);
+  // Members are indexed by rank: the range is fixed once a generation formed.
+  if (generation_ != 0) return;
+  max_nodes_ = std::clamp(max_nodes, num_nodes_, kMaxNodes);
+  rank_limit_.store(max_nodes_);
+}
+
 std::string RendezvousService::CheckResumeLocked(int rank, const v1::JoinRequest& request) const {
   bool resuming_round = false, fresh_round = false;
   for (const auto& [r, join] : pending_) {
+    if (join.joins_running) continue;  // waits for what the others form
     (join.resume_generation != 0 ? resuming_round : fresh_round) = true;
   }
   const uint64_t resume = request.resume_generation();
   if (resume == 0) {
     if (!resuming_round) return "";
+    // A restarted member: it joins what the survivors form (its retry
+    // finds it no member then).
     return absl::StrCat("node_rank=", rank, " joins afresh while generation ", generation_,
-                        " re-forms among its surviving nodes; nodes joining a running elastic "
-                        "job are not supported yet");
+                        ", of which it is a member, re-forms among its surviving nodes; it can "
+                        "join the generation they form");
   }
   if (min_nodes_ >= num_nodes_) {
     return absl::StrCat("node_rank=", rank, " resumes generation ", resume,
@@ -838,11 +947,17 @@ std::string RendezvousService::CheckResumeLocked(int rank, const v1::JoinRequest
 RendezvousService::RoundVerdict RendezvousService::JudgeRoundLocked(absl::Time now) const {
   RoundVerdict verdict;
   bool resuming = false;
-  for (const auto& [rank, join] : pending_) resuming |= join.resume_generation != 0;
+  int joiners = 0;
+  for (const auto& [rank, join] : pending_) {
+    resuming |= join.resume_generation != 0;
+    joiners += join.joins_running ? 1 : 0;
+  }
   if (!resuming) {
-    verdict.form = static_cast<int>(pending_.size()) == num_nodes_;
+    verdict.form = joiners == 0 && static_cast<int>(pending_.size()) == num_nodes_;
     return verdict;
   }
+  // Joiners wait for the generation the survivors form.
+  const int survivors = static_cast<int>(pending_.size()) - joiners;
   // A member of the aborted generation is alive when it joined again,
   // dead when silent this long; the round waits for every other one.
   std::vector<std::string> dead;
@@ -859,21 +974,28 @@ RendezvousService::RoundVerdict RendezvousService::JudgeRoundLocked(absl::Time n
                                 Millis(silent), " ms)"));
   }
   const std::string dead_list = dead.empty() ? "none" : absl::StrJoin(dead, ", ");
-  if (static_cast<int>(pending_.size()) < min_nodes_) {
-    // Nodes joining a running job are not built: nothing can make up the
+  if (survivors < min_nodes_) {
+    // Joiners only join a running generation: nothing can make up the
     // number, so the survivors fail now instead of at their timeout.
-    verdict.error = absl::StrCat("only ", pending_.size(), " node(s) survive generation ",
-                                 generation_, ", fewer than --min-nodes=", min_nodes_,
-                                 "; dead: ", dead_list, "; the job ends");
+    verdict.error = absl::StrCat("only ", survivors, " node(s) survive generation ", generation_,
+                                 ", fewer than --min-nodes=", min_nodes_, "; dead: ", dead_list,
+                                 "; the job ends");
     return verdict;
   }
-  const PendingJoin& first = pending_.begin()->second;
+  int first_rank = -1;
   for (const auto& [rank, join] : pending_) {
-    if (join.resume_iteration == first.resume_iteration) continue;
+    if (!join.joins_running) {
+      first_rank = rank;
+      break;
+    }
+  }
+  const PendingJoin& first = pending_.at(first_rank);
+  for (const auto& [rank, join] : pending_) {
+    if (join.joins_running || join.resume_iteration == first.resume_iteration) continue;
     verdict.error = absl::StrCat(
         "the survivors of generation ", generation_,
-        " stopped in different iterations (node_rank=", pending_.begin()->first, " in ",
-        first.resume_iteration, ", node_rank=", rank, " in ", join.resume_iteration,
+        " stopped in different iterations (node_rank=", first_rank, " in ", first.resume_iteration,
+        ", node_rank=", rank, " in ", join.resume_iteration,
         "): the dead node starved some of the last collective after others completed it, and "
         "committing that iteration with the old membership is not supported yet; dead: ",
         dead_list);
@@ -884,22 +1006,76 @@ RendezvousService::RoundVerdict RendezvousService::JudgeRoundLocked(absl::Time n
 }
 
 void RendezvousService::SettleRoundLocked(absl::Time now) {
-  if (active() || pending_.empty()) return;
+  if (pending_.empty() || (active() && !grow_scheduled_)) return;
   // A failed round stays failed until its waiters took the error (one that
   // left first must not turn the split into "too few").
   for (const auto& [rank, join] : pending_) {
     if (!join.error.empty()) return;
   }
-  const RoundVerdict verdict = JudgeRoundLocked(now);
+  const bool growing = active();
+  const RoundVerdict verdict = growing ? JudgeGrowLocked(now) : JudgeRoundLocked(now);
   if (verdict.form) {
-    FormGenerationLocked(now);
+    FormGenerationLocked(now, growing);
     return;
   }
   if (verdict.error.empty()) return;
   spdlog::error("event=reformation_failed generation={} reason={}", generation_,
                 LogValue(verdict.error));
+  // The members still in the generation must stop too.
+  if (growing) AbortLocked(verdict.error);
   for (auto& [rank, join] : pending_) join.error = verdict.error;
   changed_.SignalAll();
+}
+
+RendezvousService::RoundVerdict RendezvousService::JudgeGrowLocked(absl::Time now) const {
+  RoundVerdict verdict;
+  // Every member of the running generation left it at the grow boundary,
+  // or is gone (departed, or silent this long while the others switched:
+  // the usual shrink rules).
+  std::vector<std::string> dead;
+  int switched = 0, joiners = 0, first_rank = -1;
+  for (const auto& [rank, join] : pending_) {
+    if (join.joins_running) {
+      ++joiners;
+      continue;
+    }
+    ++switched;
+    if (first_rank < 0) first_rank = rank;
+  }
+  if (switched == 0) return verdict;
+  for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
+    if (!members_[r].member() || pending_.count(r) != 0) continue;
+    const absl::Duration silent = now - members_[r].last_seen;
+    if (members_[r].departed.empty() && silent < kPresumedDeadAfter) return verdict;
+    dead.push_back(absl::StrCat("node_rank=", r, " (host=", members_[r].host, ", ",
+                                members_[r].departed.empty()
+                                    ? absl::StrCat("silent ", Millis(silent), " ms")
+                                    : absl::StrCat("left the job: ", members_[r].departed),
+                                ")"));
+  }
+  const std::string dead_list = dead.empty() ? "none" : absl::StrJoin(dead, ", ");
+  if (switched + joiners < min_nodes_) {
+    verdict.error =
+        absl::StrCat("only ", switched, " member(s) of generation ", generation_, " and ", joiners,
+                     " joiner(s) remain, fewer than --min-nodes=", min_nodes_,
+                     "; dead: ", dead_list, "; the job ends");
+    return verdict;
+  }
+  const PendingJoin& first = pending_.at(first_rank);
+  for (const auto& [rank, join] : pending_) {
+    if (join.joins_running || join.resume_iteration == first.resume_iteration) continue;
+    verdict.error =
+        absl::StrCat("the members of generation ", generation_,
+                     " reached the grow boundary at different iterations (node_rank=", first_rank,
+                     " at ", first.resume_iteration, ", node_rank=", rank, " at ",
+                     join.resume_iteration, "); dead: ", dead_list);
+    return verdict;
+  }
+  if (!dead.empty()) {
+    spdlog::warn("event=grow_without_dead generation={} dead={}", generation_, LogValue(dead_list));
+  }
+  verdict.form = true;
+  return verdict;
 }
 
 RendezvousStatus RendezvousService::GetStatus() {

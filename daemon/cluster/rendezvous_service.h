@@ -43,6 +43,7 @@
 #ifndef GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_SERVICE_H_
 #define GRADSYNC_DAEMON_CLUSTER_RENDEZVOUS_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -198,7 +199,28 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // PEER_FAILED naming --min-nodes and the dead node ranks (or the split).
   // Default: num_nodes (a fixed job: every node, every time).
   void set_min_nodes(int min_nodes) ABSL_LOCKS_EXCLUDED(mu_);
+  // Elastic jobs: a node that is no member of the running generation (a
+  // replacement for a dead node, a restarted one) and joins afresh is held,
+  // not refused: the generation's config log gets a grow entry (at an
+  // iteration kGrowAfter past the furthest member's), every member leaves
+  // the generation at that boundary and joins the next one with it
+  // (JoinRequest.resume_generation = the running one), which forms once
+  // every member did or is gone (departed, or silent kPresumedDeadAfter);
+  // JoinResponse.start_iteration tells everyone the iteration it starts
+  // at. A joiner while the survivors of a death re-form waits for the
+  // generation they form and joins it at its first grow boundary. Node
+  // ranks are below max_nodes (a rank outside is refused naming
+  // --max-nodes, so the job never holds more nodes; clamped to
+  // [num_nodes, kMaxNodes]): a fresh job forms with any num_nodes of them,
+  // and ranks above num_nodes - 1 join it running. Call before the first
+  // generation forms (members are indexed by rank). Default: num_nodes.
+  void set_max_nodes(int max_nodes) ABSL_LOCKS_EXCLUDED(mu_);
   static constexpr absl::Duration kPresumedDeadAfter = absl::Milliseconds(2000);
+  // A joiner's grow entry switches this many iterations past the furthest
+  // member's last heartbeat (a lower bound: every member switches at the
+  // first boundary at or after it where all hold the entry).
+  static constexpr uint64_t kGrowAfter = 2;
+  static constexpr int kMaxNodes = 4096;  // as --max-nodes
 
  private:
   struct Member {
@@ -212,6 +234,7 @@ class RendezvousService final : public v1::Rendezvous::Service {
     // Non-empty: it left the job for good (LeaveRequest.departing), why.
     // Counted out of a re-formation at once, never presumed dead.
     std::string departed;
+    bool left = false;  // a Leave of this generation (the job ended here)
     // Every Join carries local_size >= 1: 0 marks a rank that is not a
     // member of the generation (an elastic job re-formed without it).
     bool member() const { return local_size > 0; }
@@ -223,6 +246,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
     uint64_t resume_generation = 0;  // elastic re-formation (see set_min_nodes)
     uint64_t resume_iteration = 0;
     std::string error;  // non-empty: the round failed; the waiter returns it
+    // A node joining the running elastic job (not a member of it): held
+    // until the members reach the grow entry's boundary (AdmitJoinerLocked).
+    bool joins_running = false;
   };
   // What a round of pending Joins does now: wait, form, or fail with `error`.
   struct RoundVerdict {
@@ -250,7 +276,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
       std::map<std::string, std::string>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckHeartbeatsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FormGenerationLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `with_joiners`: the nodes joining the running job are members too;
+  // otherwise they stay pending for the next generation's grow entry.
+  void FormGenerationLocked(absl::Time now, bool with_joiners) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends the next version of the active generation's log.
   ConfigEntry AppendConfigLocked(uint64_t min_at_iteration, const ConfigWriter& write)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -268,6 +296,24 @@ class RendezvousService final : public v1::Rendezvous::Service {
                              bool departing) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forms the generation, or hands the round's error to every waiter.
   void SettleRoundLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Nodes wait to join the active generation: it forms the next one once
+  // every member left it at the grow entry's boundary (or is dead).
+  RoundVerdict JudgeGrowLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A Join of a node that is no member of the running elastic job: held
+  // until the members reach the grow entry's boundary.
+  void HoldJoinerLocked(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends the grow entry to the active generation's log, at an
+  // iteration no member has started.
+  void ScheduleGrowLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A fresh Join of `rank`, a member of the aborted elastic generation
+  // (its daemon restarted), while the others may still re-form it: the
+  // STATE refusal its daemon retries until they formed (it then joins what
+  // they form), else empty.
+  std::string CheckRestartedMemberLocked(int rank, const v1::JoinRequest& request) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A Join joins the running job rather than forming or re-forming it.
+  bool JoinsRunningLocked(int rank, const v1::JoinRequest& request) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Empty when a resuming Join of `rank` may enter the round, else the
   // STATE refusal message.
   std::string CheckResumeLocked(int rank, const v1::JoinRequest& request) const
@@ -275,6 +321,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // Empty when a Join request is well formed for this job, else the
   // INVALID_ARGUMENT refusal message naming the node and the field.
   std::string CheckJoinRequest(const v1::JoinRequest& request) const;
+  // Empty when `rank` may name a node of this job, else the refusal
+  // naming the range (and --max-nodes).
+  std::string CheckRank(int rank) const;
   // A Join whose node is pending for generation `target` (as `join_id`):
   // waits until the generation forms, the node's entry goes, the call is
   // cancelled or `deadline` passes (TIMEOUT naming the missing nodes).
@@ -284,6 +333,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // The nodes that have not joined the pending generation, each with what
   // it reported while forming: "node_rank=N (report), ...".
   std::string MissingNodesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The members of the current generation and the iteration each last
+  // reported: "node_rank=N at iteration I, ...".
+  std::string MembersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Empty when `key` may be used now, else the STATE refusal message.
   std::string CheckKeyGenerationLocked(const std::string& key) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -302,11 +354,19 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // Signalled on every change a blocked Join or Wait may be waiting for.
   MonotonicCondVar changed_;
   int min_nodes_ ABSL_GUARDED_BY(mu_);
+  int max_nodes_ ABSL_GUARDED_BY(mu_);
+  // Node ranks are below it (--max-nodes); read without mu_ by the checks
+  // every RPC makes first.
+  std::atomic<int> rank_limit_;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   std::string abort_reason_ ABSL_GUARDED_BY(mu_);
   std::vector<Member> members_ ABSL_GUARDED_BY(mu_);  // by node rank
   std::map<int, PendingJoin> pending_ ABSL_GUARDED_BY(mu_);
+  // The active generation's log has a grow entry: its members join the
+  // next generation with the held joiners at its boundary.
+  bool grow_scheduled_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t started_at_ ABSL_GUARDED_BY(mu_) = 0;  // the generation's first iteration
   uint64_t next_join_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
   size_t kv_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // keys + values

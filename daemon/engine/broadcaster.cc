@@ -34,7 +34,9 @@ constexpr size_t kAgreementPerNode = 4;
 Broadcaster::Broadcaster(std::vector<Trainer*> trainers, Backend* backend, FailFn fail,
                          Options options)
     : trainers_(std::move(trainers)), fail_(std::move(fail)), options_(std::move(options)) {
-  world_ = World{backend, options_.num_nodes, options_.node_rank};
+  // The first world: node ranks 0..n-1 in a job that started here; a
+  // node that joined a running job starts at its place among the members.
+  world_ = World{backend, options_.num_nodes, options_.node_index};
   call_.arrived.assign(trainers_.size(), 0);
   marked_in_.assign(trainers_.size(), 0);
 }
@@ -190,6 +192,13 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
       ++call_.count;
       const uint64_t mine = calls_started_;
       if (call_.count == LocalTrainers()) {
+        // Nodes join at this boundary: the call runs in the grown world
+        // (the job installs it, SetWorld, before the scheduler says so).
+        while (scheduler_ != nullptr && scheduler_->growing() && failed_.ok() &&
+               MonotonicNow() < deadline + absl::Milliseconds(options_.timeout_ms)) {
+          cv_.WaitWithTimeout(&mu_, kPoll);
+        }
+        if (!failed_.ok()) return failed_;
         // The last arrival runs the call; nobody can arrive meanwhile (every
         // local trainer is in it).
         Call call = call_;

@@ -75,7 +75,8 @@ class Broadcaster {
 
   struct Options {
     int node_rank = 0;
-    int num_nodes = 1;
+    int num_nodes = 1;    // the first world's nodes
+    int node_index = 0;   // this node's place among them (its Gloo rank)
     int rank_offset = 0;  // global rank of local rank 0
     int world_size = 1;   // ranks are 0..world_size-1 (the first world's)
     int64_t timeout_ms = 300000;

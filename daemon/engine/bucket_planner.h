@@ -44,6 +44,15 @@ struct PlanStamp {
   uint64_t config_version = 0;  // the last job-wide config version applied
 };
 
+// The plan the members of a running job follow, what a node joining it
+// must plan with to issue the same collectives: the ready order, the caps
+// in force and the plan decisions counted so far.
+struct RunningPlan {
+  std::vector<uint32_t> order;
+  BucketCaps caps;
+  uint64_t plan_version = 0;
+};
+
 // `order` must be a permutation of 0..layout.size()-1.
 BucketPlan PlanBuckets(const Layout& layout, const std::vector<uint32_t>& order,
                        const BucketCaps& caps);

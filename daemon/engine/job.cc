@@ -236,6 +236,8 @@ absl::StatusOr<RegisterResult> Job::RegisterAndWait(uint64_t session, Layout lay
   r.rank = t->rank;
   r.world_size = world_.world_size;
   r.plan = scheduler_->plan();
+  r.start_iteration = world_.start_iteration;
+  r.joined_running_job = world_.start_iteration > 0;
   return r;
 }
 
@@ -380,8 +382,10 @@ absl::StatusOr<Job::GpuStart> Job::OpenGpu(std::shared_ptr<std::atomic<bool>> ca
   // communicators are a fresh generation.
   in.generation = world.generation != 0 ? world.generation : id_;
   in.timeout = absl::Milliseconds(config_.timeout_ms);
-  in.node_rank = config_.node_rank;
-  in.num_nodes = config_.num_nodes;
+  // Its place among the generation's members: node ranks 0..n-1 in a job
+  // that starts here, other places for a node joining a re-formed one.
+  in.node_rank = world.node_index;
+  in.num_nodes = world.num_nodes;
   in.publish = world.publish;
   in.fetch = world.fetch;
   in.is_context_lost = hooks_.gpu.is_context_lost;
@@ -396,8 +400,10 @@ absl::StatusOr<Job::GpuStart> Job::OpenGpu(std::shared_ptr<std::atomic<bool>> ca
 
 absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu) {
   world_ = std::move(world);
-  const BucketCaps caps = InitialCaps(world_);
+  BucketCaps caps = InitialCaps(world_);
   BucketPlan plan = PlanBuckets(layout, ReverseRegistrationOrder(layout.size()), caps);
+  // The arena is laid out by the initial plan, as on every member (the
+  // order of a bucket's elements on the wire follows it).
   std::vector<uint64_t> tensor_bytes;
   for (const TensorInfo& t : layout) tensor_bytes.push_back(t.device >= 0 ? 0 : t.bytes());
   std::vector<std::vector<uint32_t>> groups;
@@ -405,6 +411,11 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
   auto arena = ipc::PlanArena(tensor_bytes, groups);
   if (!arena.ok()) return MakeError(v1::INTERNAL, arena.status().message());
   arena_ = std::move(*arena);
+  if (world_.start_iteration > 0) {
+    // Joined a running job: the members' plan from the first iteration.
+    caps = world_.running_plan.caps;
+    plan = PlanBuckets(layout, world_.running_plan.order, caps);
+  }
   const bool cuda = gpu.session != nullptr;
   if (cuda) {
     flat_plan_ = std::move(gpu.flat_plan);
@@ -427,7 +438,12 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
       return Reform(error, iteration);
     };
     opts.leave_job = [this](const absl::Status& error, int culprit) { Depart(error, culprit); };
+    opts.grow = [this](uint64_t iteration, const RunningPlan& running) {
+      return Grow(iteration, running);
+    };
   }
+  opts.start_iteration = world_.start_iteration;
+  opts.running_plan = world_.running_plan;
   broadcaster_ = std::make_unique<Broadcaster>(
       trainers, world_.backend.get(),
       [this](const absl::Status& error, int culprit) { Fail(error, culprit); },
@@ -450,9 +466,10 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
     Scheduler* scheduler = scheduler_.get();
     WorldLink* link = world_.link.get();
     link->SetProgress([scheduler] { return scheduler->iteration(); });
-    link->SetConfigListener([scheduler](const BucketCaps& caps, uint64_t at, uint64_t version) {
-      scheduler->SetCaps(caps, at, version);
-    });
+    link->SetConfigListener(
+        [scheduler](const BucketCaps& caps, uint64_t at, uint64_t version, bool grow) {
+          scheduler->SetCaps(caps, at, version, grow);
+        });
     stats_->set_stall_listener([link](const std::string& d) { link->ReportStall(d); });
   }
   scheduler_->Start();
@@ -551,7 +568,8 @@ Scheduler::Options Job::SchedulerOptionsLocked(const BucketCaps& caps, bool cuda
 Broadcaster::Options Job::BroadcasterOptionsLocked() const {
   Broadcaster::Options bopts;
   bopts.node_rank = config_.node_rank;
-  bopts.num_nodes = config_.num_nodes;
+  bopts.num_nodes = world_.num_nodes;
+  bopts.node_index = world_.node_index;
   bopts.rank_offset = world_.rank_offset;
   bopts.world_size = world_.world_size;
   bopts.timeout_ms = config_.timeout_ms;

@@ -69,11 +69,15 @@ class WorldLink {
   // The node ranks the last Explain named dead (none: the failure was not
   // a node's death). An elastic job re-forms only without dead nodes.
   virtual std::vector<int> DeadNodes() { return {}; }
+  // The generation goes on without this link, for the other members too
+  // (nodes join at this boundary and every member moves to the next one):
+  // dropping it then must not leave or abort the generation.
+  virtual void Retire() {}
   // Called with each job-wide config version in order: its bucket caps and
   // the iteration they start at.
-  virtual void SetConfigListener(
-      std::function<void(const BucketCaps& caps, uint64_t at_iteration, uint64_t version)>
-          listener) = 0;
+  virtual void SetConfigListener(std::function<void(const BucketCaps& caps, uint64_t at_iteration,
+                                                    uint64_t version, bool grow)>
+                                     listener) = 0;
 };
 
 // Where an elastic job's survivor re-forms: the generation a node's death
@@ -81,6 +85,10 @@ class WorldLink {
 struct ResumePoint {
   uint64_t generation = 0;
   uint64_t iteration = 0;
+  // Nodes join the running generation at `iteration` (nothing to redo):
+  // the members' plan, which the joiners plan with.
+  bool grow = false;
+  RunningPlan plan;
 };
 
 // What forming the job across nodes yields (one node: trivial).
@@ -110,6 +118,10 @@ struct JobWorld {
   BucketCaps caps{0, 0};
   // Node 0's --uneven-inputs: gs_join allowed across nodes.
   bool uneven_inputs = false;
+  // This node joined an elastic job while it ran: the job's iteration it
+  // starts at and the members' plan (`start_iteration` 0: it did not).
+  uint64_t start_iteration = 0;
+  RunningPlan running_plan;
   std::shared_ptr<WorldLink> link;
 };
 
@@ -132,6 +144,10 @@ struct RegisterResult {
   int rank = 0;
   int world_size = 1;
   BucketPlan plan;
+  // The node joined the running job (JobWorld::start_iteration): where
+  // this trainer's iterations start.
+  uint64_t start_iteration = 0;
+  bool joined_running_job = false;
 };
 
 enum class JobState { kAttaching, kForming, kRunning, kFailed };
@@ -334,6 +350,10 @@ class Job {
   // Reform's GPU step: the survivors' NCCL communicators, created in the
   // new generation (`world`, returned on success); no lock held.
   absl::StatusOr<JobWorld> ReformGpu(GpuSession& gpu, JobWorld world) ABSL_LOCKS_EXCLUDED(mu_);
+  // Scheduler::Options::grow (the scheduler thread; daemon/engine/job_grow.cc):
+  // nodes join the running job at the boundary entering `iteration`.
+  absl::StatusOr<Scheduler::Reformed> Grow(uint64_t iteration, const RunningPlan& plan)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Reform's last step: installs the survivors' world.
   absl::StatusOr<Scheduler::Reformed> InstallReformedLocked(JobWorld world)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

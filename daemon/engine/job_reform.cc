@@ -67,7 +67,7 @@ absl::StatusOr<Scheduler::Reformed> Job::Reform(const absl::Status& error, uint6
   // Stops its heartbeats and leaves the aborted generation.
   old_link.reset();
   absl::StatusOr<JobWorld> world =
-      hooks_.reform_world(layout, ResumePoint{old_generation, iteration},
+      hooks_.reform_world(layout, ResumePoint{old_generation, iteration, false, {}},
                           [this, epoch](const absl::Status& e) { OnWorldFailure(epoch, e); });
   if (world.ok() && gpu != nullptr) world = ReformGpu(*gpu, *std::move(world));
   if (!world.ok()) {
@@ -129,9 +129,8 @@ absl::StatusOr<Scheduler::Reformed> Job::InstallReformedLocked(JobWorld world) {
   WorldLink* link = world_.link.get();
   link->SetProgress([scheduler] { return scheduler->iteration(); });
   scheduler->RestartConfigLog();  // before the listener hands over what the link read
-  link->SetConfigListener([scheduler](const BucketCaps& caps, uint64_t at, uint64_t version) {
-    scheduler->SetCaps(caps, at, version);
-  });
+  link->SetConfigListener([scheduler](const BucketCaps& caps, uint64_t at, uint64_t version,
+                                      bool grow) { scheduler->SetCaps(caps, at, version, grow); });
   // On the scheduler thread, the only one that reports stalls.
   if (stats_) stats_->set_stall_listener([link](const std::string& d) { link->ReportStall(d); });
   spdlog::warn("event=job_reformed job={} generation={} nodes={} node_index={} world_size={}", id_,

@@ -64,9 +64,13 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
   agreement_nodes_ = std::max(1, nodes);
   straggler_slot_ = 3 + 2 * static_cast<size_t>(agreement_nodes_);
   const bool exchanged = nodes > 1 && (options_.uneven_inputs || !options_.gpu);
+  // A node joining a running job exchanges what its members do: they took
+  // over a re-formed world (AdoptWorld), whose agreement has no straggler
+  // slots.
+  const bool straggler_slots = exchanged && options_.start_iteration == 0;
   agreement_.assign(
       straggler_slot_ +
-          (options_.stragglers && exchanged ? options_.stragglers->agreement_slots() : 0),
+          (options_.stragglers && straggler_slots ? options_.stragglers->agreement_slots() : 0),
       0);
   if (options_.stragglers) {
     std::vector<StragglerTracker::TrainerId> ids;
@@ -95,6 +99,12 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
   }
   InstallPlan(std::move(plan));
   plan_version_.store(1, std::memory_order_release);
+  if (options_.start_iteration > 0) {
+    // Joined a running job: the members' order and plan decisions.
+    iteration_.store(options_.start_iteration, std::memory_order_release);
+    order_ = options_.running_plan.order;
+    plan_version_.store(options_.running_plan.plan_version, std::memory_order_release);
+  }
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) == 0) host_ = host;
 }
@@ -190,7 +200,8 @@ BucketPlan Scheduler::plan() const {
   return published_plan_;
 }
 
-void Scheduler::SetCaps(const BucketCaps& caps, uint64_t at_iteration, uint64_t config_version) {
+void Scheduler::SetCaps(const BucketCaps& caps, uint64_t at_iteration, uint64_t config_version,
+                        bool grow) {
   absl::MutexLock lock(&caps_mu_);
   if (config_version != 0) {
     if (config_version != last_queued_version_ + 1 && caps_gap_.empty()) {
@@ -202,7 +213,7 @@ void Scheduler::SetCaps(const BucketCaps& caps, uint64_t at_iteration, uint64_t 
     }
     last_queued_version_ = config_version;
   }
-  pending_caps_.push_back(PendingCaps{caps, at_iteration, config_version});
+  pending_caps_.push_back(PendingCaps{caps, at_iteration, config_version, grow});
 }
 
 void Scheduler::RestartConfigLog() {
@@ -233,6 +244,7 @@ void Scheduler::MaybeRebuild() {
     // error, never a plan the other nodes do not have.
     while (cannot_follow.ok() && !pending_caps_.empty()) {
       const PendingCaps& next = pending_caps_.front();
+      if (next.grow) break;  // Grow's, after this boundary's plan decision
       if (config_agreed_ && next.config_version != 0) {
         // Nodes exchanged the versions they hold in this iteration's
         // agreement: a version every node holds applies at the first
@@ -440,25 +452,7 @@ bool Scheduler::Recover(const absl::Status& error) {
     return false;
   }
   if (halted_.load(std::memory_order_acquire)) return false;
-  backend_ = world->backend;
-  options_.world_size = world->world_size;
-  options_.node_index = world->node_index;
-  options_.agree_order = std::move(world->agree_order);
-  options_.check_plan = std::move(world->check_plan);
-  agreement_nodes_ = std::max(1, backend_->num_nodes());
-  agreement_.assign(3 + 2 * static_cast<size_t>(agreement_nodes_), 0);
-  active_in_iteration_ = options_.world_size;
-  active_trainers_.store(static_cast<uint32_t>(options_.world_size));
-  if (options_.gpu) {
-    // Its communicators were re-formed with the world (Job::Reform).
-    options_.gpu->SetWorldSize(options_.world_size);
-  } else if (backend_->num_nodes() > 1 && backend_->Staging(staging_bytes_) == nullptr) {
-    reducer_.EnsureStaging(staging_bytes_);
-  }
-  // The new generation's config log starts at version 1 (its queue was
-  // restarted by the re-formation: RestartConfigLog).
-  config_version_ = 0;
-  config_agreed_ = false;
+  AdoptWorld(*world);
   // Rewind: every bucket again in plan order, those launched from their
   // kept sums (their arenas may hold the old world's average already).
   size_t kept = options_.gpu ? options_.gpu->kept_buckets() : 0;
@@ -477,6 +471,72 @@ bool Scheduler::Recover(const absl::Status& error) {
       "kept_buckets={}",
       iteration(), options_.world_size, agreement_nodes_, options_.node_index, kept);
   ready_bell_->Ring();
+  return true;
+}
+
+void Scheduler::AdoptWorld(Reformed& world) {
+  backend_ = world.backend;
+  options_.world_size = world.world_size;
+  options_.node_index = world.node_index;
+  options_.agree_order = std::move(world.agree_order);
+  options_.check_plan = std::move(world.check_plan);
+  agreement_nodes_ = std::max(1, backend_->num_nodes());
+  agreement_.assign(3 + 2 * static_cast<size_t>(agreement_nodes_), 0);
+  // No straggler slots in a re-formed world: a node joining it later must
+  // size its agreement alike (see the constructor).
+  straggler_slot_ = agreement_.size();
+  active_in_iteration_ = options_.world_size;
+  active_trainers_.store(static_cast<uint32_t>(options_.world_size));
+  if (options_.gpu) {
+    // Its communicators were re-formed with the world (Job::Reform).
+    options_.gpu->SetWorldSize(options_.world_size);
+  } else if (backend_->num_nodes() > 1 && backend_->Staging(staging_bytes_) == nullptr) {
+    reducer_.EnsureStaging(staging_bytes_);
+  }
+  // The new generation's config log starts at version 1 (its queue was
+  // restarted by the re-formation: RestartConfigLog).
+  config_version_ = 0;
+  config_agreed_ = false;
+}
+
+bool Scheduler::GrowDueAt(uint64_t next) {
+  absl::MutexLock lock(&caps_mu_);
+  if (!caps_gap_.empty()) return false;  // MaybeRebuild fails the job
+  // Walks the queue as MaybeRebuild will: changes that apply at this
+  // boundary, then a grow entry that does too.
+  for (const PendingCaps& c : pending_caps_) {
+    const bool agreed = config_agreed_ && c.config_version != 0;
+    if (agreed && c.config_version > agreed_config_version_) return false;
+    if (c.at_iteration != 0 && next < c.at_iteration) return false;
+    if (c.grow) return true;
+  }
+  return false;
+}
+
+bool Scheduler::Grow() {
+  {
+    absl::MutexLock lock(&caps_mu_);
+    // Any later entry belongs to this generation's log, which ends here:
+    // the grown generation's log starts afresh (RestartConfigLog).
+    if (!pending_caps_.empty() && pending_caps_.front().grow) pending_caps_.pop_front();
+  }
+  const RunningPlan plan{order_, options_.caps, plan_version()};
+  spdlog::info("event=job_growing iteration={} plan_version={} world_size={}", iteration(),
+               plan.plan_version, options_.world_size);
+  absl::StatusOr<Reformed> world = options_.grow(iteration(), plan);
+  if (!world.ok()) {
+    fail_(world.status(), -1);  // it aborts a broadcast waiting for the grown world
+    growing_.store(false, std::memory_order_release);
+    return false;
+  }
+  if (halted_.load(std::memory_order_acquire)) {
+    growing_.store(false, std::memory_order_release);
+    return false;
+  }
+  AdoptWorld(*world);
+  growing_.store(false, std::memory_order_release);
+  spdlog::warn("event=job_grown iteration={} world_size={} nodes={} node_index={}", iteration(),
+               options_.world_size, agreement_nodes_, options_.node_index);
   return true;
 }
 
@@ -1137,8 +1197,13 @@ void Scheduler::FinishIteration() {
   // and detaches at once cannot get its "detached" error posted ahead of
   // its peers' "iteration done".
   int culprit = -1;
+  // Nodes join at this boundary: the trainers learn it from this entry,
+  // before the next iteration, to hand the joiners their state.
+  const bool grow = options_.grow && GrowDueAt(it + 1);
+  if (grow) growing_.store(true, std::memory_order_release);
   const uint32_t flags = (skip ? ipc::kCompletionSkipStep : 0) |
-                         (members_changed_ ? ipc::kCompletionMembersChanged : 0);
+                         (members_changed_ || grow ? ipc::kCompletionMembersChanged : 0) |
+                         (grow ? ipc::kCompletionNodesJoined : 0);
   members_changed_ = false;
   const absl::Status st = PostToAll(ipc::CompletionKind::kIterationDone, it, &culprit, flags);
   for (Trainer* t : trainers_) t->segment.header()->completion_bell.Ring();
@@ -1155,6 +1220,7 @@ void Scheduler::FinishIteration() {
   // The next iteration's entries wait in the rings until this returns: the
   // plan changes exactly at the boundary.
   MaybeRebuild();
+  if (grow && !Grow()) return;
   for (size_t b = 0; b < remaining_.size(); ++b) {
     remaining_[b] = static_cast<uint32_t>(plan_.buckets[b].tensors.size() * ActiveLocalTrainers());
   }

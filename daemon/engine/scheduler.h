@@ -91,6 +91,12 @@ class Scheduler {
   // than --min-nodes survive, the leader is gone). Runs on the loop thread.
   using ReformFn =
       std::function<absl::StatusOr<Reformed>(const absl::Status& error, uint64_t iteration)>;
+  // Nodes join the running elastic job at the boundary entering
+  // `iteration` (nothing in flight): forms the next generation with them,
+  // handing them `plan` (the members' plan) to plan alike, or returns the
+  // job's error. Runs on the loop thread.
+  using GrowFn =
+      std::function<absl::StatusOr<Reformed>(uint64_t iteration, const RunningPlan& plan)>;
 
   struct Options {
     int world_size = 1;
@@ -120,6 +126,14 @@ class Scheduler {
     // Elastic jobs: set, a failed cross-node collective re-forms the world
     // and redoes the iteration (every bucket's local sum is kept for it).
     ReformFn reform;
+    // Elastic jobs across nodes: nodes joining the running job (a "grow"
+    // entry of the config log) are admitted through this.
+    GrowFn grow;
+    // A node that joined a running job: the job's iteration its scheduler
+    // starts at and the members' plan (`plan` passed to the constructor is
+    // already built from it); 0: a job that starts here.
+    uint64_t start_iteration = 0;
+    RunningPlan running_plan;
     // Elastic jobs across nodes: a trainer that died after marking only
     // part of an iteration takes its node out of the job through this (the
     // other nodes redo the iteration without it). Empty: the job fails.
@@ -184,8 +198,10 @@ class Scheduler {
   // 3, ... with none missing (the plan decisions every node counts are a
   // function of them), else the job fails (INTERNAL) at the next boundary
   // instead of deciding a plan the other nodes do not. Thread-safe.
-  void SetCaps(const BucketCaps& caps, uint64_t at_iteration = 0, uint64_t config_version = 0)
-      ABSL_LOCKS_EXCLUDED(caps_mu_);
+  // `grow`: not caps but nodes joining the running job at that boundary
+  // (Options::grow; the caps stay).
+  void SetCaps(const BucketCaps& caps, uint64_t at_iteration = 0, uint64_t config_version = 0,
+               bool grow = false) ABSL_LOCKS_EXCLUDED(caps_mu_);
   // Elastic jobs: a re-formed generation's config log starts at version 1,
   // so the old one's queued versions go. Call once the old generation's
   // link is gone and before the new one's listener is set: the new link may
@@ -194,6 +210,10 @@ class Scheduler {
   void RestartConfigLog() ABSL_LOCKS_EXCLUDED(caps_mu_);
   // True between an iteration's first mark and its completion.
   bool in_iteration() const { return in_iteration_.load(std::memory_order_acquire); }
+  // True from the completion entry before nodes join (the trainers may
+  // call gs_broadcast at once) until the grown world is installed or the
+  // job failed: a broadcast must run in the grown world.
+  bool growing() const { return growing_.load(std::memory_order_acquire); }
   // Uneven inputs (gs_join): trainers of the job still active in the last
   // iteration every node agreed on (the world size before any join), and
   // local trainers that joined.
@@ -243,6 +263,15 @@ class Scheduler {
   // Re-forms the world (Options::reform) and rewinds the iteration to its
   // first bucket: launched buckets are redone from their kept sums.
   bool Recover(const absl::Status& error);
+  // Takes over a re-formed or grown world: backend, world size, place,
+  // the agreement's size; the new generation's config log starts afresh.
+  void AdoptWorld(Reformed& world);
+  // Whether the queued config changes reach a grow entry at the boundary
+  // entering `next` (the same rule MaybeRebuild applies). Loop thread.
+  bool GrowDueAt(uint64_t next) ABSL_LOCKS_EXCLUDED(caps_mu_);
+  // Admits the nodes waiting to join (Options::grow) at this boundary;
+  // false: the job failed.
+  bool Grow() ABSL_LOCKS_EXCLUDED(caps_mu_);
   // The bucket's reduced result holds a NaN or an Inf: fails the job
   // (--nonfinite=error, false) or marks the iteration skipped (true).
   // `culprit`: a Describe* string, or empty when no local trainer holds one.
@@ -310,6 +339,7 @@ class Scheduler {
     BucketCaps caps;
     uint64_t at_iteration = 0;
     uint64_t config_version = 0;
+    bool grow = false;
   };
   absl::Mutex caps_mu_;
   std::deque<PendingCaps> pending_caps_ ABSL_GUARDED_BY(caps_mu_);  // in order
@@ -388,6 +418,7 @@ class Scheduler {
   std::atomic<bool> stop_{false};
   std::atomic<bool> halted_{false};
   std::atomic<bool> in_iteration_{false};
+  std::atomic<bool> growing_{false};
   std::string bad_plan_;           // non-empty: a plan that must not run (an internal bug)
   std::chrono::nanoseconds spin_;  // before sleeping on the node doorbell
   // Held by a GPU reduction (see WaitIdle); guards no field, orders

@@ -191,9 +191,7 @@ TEST(ValidateConfig, MinAndMaxNodesOutOfRangeAreRefused) {
   }
 }
 
-// Elastic jobs shrink: --min-nodes below --num-nodes is accepted (CPU/Gloo
-// path); nodes joining (--max-nodes above) and the NCCL backend are refused
-// at start, naming the flags, instead of promising what the daemon cannot do.
+// Elastic jobs: --min-nodes below --num-nodes is accepted.
 TEST(ValidateConfig, AMinNodesBelowNumNodesIsAccepted) {
   DaemonConfig c = Follower();
   c.min_nodes = 2;
@@ -204,12 +202,23 @@ TEST(ValidateConfig, AMinNodesBelowNumNodesIsAccepted) {
   EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
 }
 
-TEST(ValidateConfig, AMaxNodesAboveNumNodesIsRefusedAsNotSupportedYet) {
-  DaemonConfig c = Leader();
+// Nodes join a running elastic job on the embedded leader: --max-nodes
+// above --num-nodes is accepted there (a node rank up to it too), refused
+// for a fixed job and on etcd, naming the flags.
+TEST(ValidateConfig, AMaxNodesAboveNumNodesIsAcceptedForAnElasticJobOnTheEmbeddedLeader) {
+  DaemonConfig c = Follower();
   c.max_nodes = 5;
-  ExpectRefused(c, {"--max-nodes 5 above --num-nodes 3", "joining", "not support"});
+  ExpectRefused(c, {"--max-nodes 5 above --num-nodes 3", "--min-nodes below --num-nodes"});
   c.min_nodes = 2;
-  ExpectRefused(c, {"--max-nodes 5 above --num-nodes 3", "joining"});
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  c.node_rank = 4;
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  c.node_rank = 5;
+  ExpectRefused(c, {"--node-rank 5 is not in [0, 5)", "--max-nodes 5"});
+  c.node_rank = 1;
+  c.leader.clear();
+  c.rendezvous = "etcd://127.0.0.1:2379/job";
+  ExpectRefused(c, {"--max-nodes 5 above --num-nodes 3", "embedded rendezvous only"});
 }
 
 TEST(ValidateConfig, AnElasticJobOnTheNcclBackendIsAccepted) {

@@ -115,7 +115,7 @@ TEST(GradsyncdFlagsTest, HelpListsEveryFlagWithDashedNameAndVariable) {
 }
 
 // --help says what the leader's loss does, that an elastic job shrinks,
-// and that growing is not supported yet; a --max-nodes above --num-nodes is
+// and how nodes join; a --max-nodes above --num-nodes of a fixed job is
 // refused at start naming the flags.
 TEST(GradsyncdFlagsTest, MinAndMaxNodesAreListedAndAGrowingRangeIsRefused) {
   Result r = RunDaemon({"--help"});
@@ -123,14 +123,14 @@ TEST(GradsyncdFlagsTest, MinAndMaxNodesAreListedAndAGrowingRangeIsRefused) {
   EXPECT_THAT(r.out, HasSubstr("--min-nodes (int, default \"0\""));
   EXPECT_THAT(r.out, HasSubstr("env GRADSYNCD_MAX_NODES)"));
   EXPECT_THAT(r.out, HasSubstr("the leader) hosts the rendezvous, so its loss ends the job"));
-  EXPECT_THAT(r.out, HasSubstr("Not supported yet: only --max-nodes = --num-nodes"));
+  EXPECT_THAT(r.out, HasSubstr("joins it at an iteration boundary"));
   EXPECT_THAT(r.out, HasSubstr("node 0's loss still ends the job"));
 
   r = RunDaemon(
       {"--num-nodes=3", "--node-rank=1", "--leader=192.0.2.1:7250", "--insecure", "--max-nodes=4"});
   EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_THAT(r.err, HasSubstr("--max-nodes 4 above --num-nodes 3 asks for nodes joining a "
-                               "running job, which this gradsyncd does not support yet"));
+  EXPECT_THAT(r.err, HasSubstr("--max-nodes 4 above --num-nodes 3 needs an elastic job: give "
+                               "--min-nodes below --num-nodes too"));
   r = RunDaemon({}, {{"GRADSYNCD_MAX_NODES", "0"}, {"GRADSYNCD_MIN_NODES", "5"}});
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_THAT(r.err, HasSubstr("--min-nodes 5 is not in [1, 1]"));

@@ -18,7 +18,7 @@ Cluster::Cluster(ClusterOptions options) : options_(std::move(options)) {
   token_file_ = dir_.File("token");
   // A daemon refuses to start on a missing token file, naming it.
   WriteTokenFile(token_file_, options_.token);
-  daemons_.resize(options_.nodes);
+  daemons_.resize(options_.nodes + options_.spare_nodes);
 }
 
 bool Cluster::Start() {

@@ -15,6 +15,9 @@ namespace gradsync::testing {
 
 struct ClusterOptions {
   int nodes = 2;
+  // Node ranks from `nodes` on that Start leaves out: StartNode starts
+  // them (nodes joining a running job, --max-nodes).
+  int spare_nodes = 0;
   int local_size = 1;  // trainers per node
   std::string job_id = "job";
   std::string token = "s3cret";

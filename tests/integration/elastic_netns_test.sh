@@ -16,8 +16,11 @@
 # 2. Heal: node 0's trainers are held (a longer timeout keeps that from
 #    being a stall) so the survivors' generation still runs when node 2's
 #    link comes back up and fresh trainers register on node 2's daemon.
-#    What happens to them is asserted in one marked place (HEALED NODE).
-#    The survivors then finish exactly as in 1.
+#    Node 2's daemon joins the running job like a replacement: admitted at
+#    an iteration boundary m, its trainers receive rank 0's state
+#    (fault_trainer --catch-up), and all six end with the same weights,
+#    within 1e-12 of the reference that takes ranks 4-5 back from m on
+#    (--rejoin-at=m).
 # Trainers stay in the root namespace: the daemons' unix sockets and
 # /dev/shm are shared. Skips only when namespaces are not permitted.
 set -euo pipefail
@@ -129,15 +132,17 @@ start_daemons() {
 proc_state() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1; }
 
 # Starts job $1's six trainers, each pausing mid-backward in iteration 2
-# (fault_trainer --pause-at=backward), and waits until all stopped there.
-# Trainer i (node i / 2, local rank i % 2) has pid tpids[i].
+# (fault_trainer --pause-at=backward; more flags after $1), and waits until
+# all stopped there. Trainer i (node i / 2, local rank i % 2) has pid
+# tpids[i].
 start_paused_trainers() {
   local job=$1
+  local extra=("${@:2}")
   tpids=()
   for n in $(seq 0 $((nodes - 1))); do
     for r in $(seq 0 $((local_size - 1))); do
       LOCAL_RANK=$r "$trainer" --socket="$tmp/$job.d$n.sock" "${train_args[@]}" \
-        --pause-at=backward --print-loss --out="$tmp/$job.w$n.$r.txt" \
+        --pause-at=backward --print-loss "${extra[@]}" --out="$tmp/$job.w$n.$r.txt" \
         >"$tmp/$job.trainer$n.$r.log" 2>&1 &
         tpids+=($!)
     done
@@ -257,7 +262,7 @@ heal_link $victim
 timeout_s=30  # holding node 0's trainers is no stall; the heartbeat timeout stays 10 s
 bound=$((2 * timeout_s + 20))
 start_daemons heal $timeout_s
-start_paused_trainers heal
+start_paused_trainers heal --catch-up
 cut_link $victim
 resume_node 1  # its collective waits for node 2, the leader aborts on its silence
 resume_node 2
@@ -266,27 +271,47 @@ expect_cut_off_trainers_told_the_leader_is_unreachable heal $bound
 heal_link $victim
 for r in 0 1; do
   LOCAL_RANK=$r "$trainer" --socket="$tmp/heal.d2.sock" "${train_args[@]}" \
-    --out="$tmp/heal.healed$r.txt" >"$tmp/heal.healed$r.log" 2>&1 &
+    --catch-up --out="$tmp/heal.healed$r.txt" >"$tmp/heal.healed$r.log" 2>&1 &
   healed[r]=$!
 done
-# ---- HEALED NODE: what node 2's fresh trainers get once its link is back.
-# Today a fresh join of a running job is refused at once (STATE), the
-# refusal naming the running generation and its members, and node 2 stays
-# out. When nodes can join a running job, replace this block with: they
-# are admitted at the next iteration boundary and end with the survivors'
-# weights.
-for r in 0 1; do
-  log=$tmp/heal.healed$r.log
-  wait_exit "${healed[$r]}" $bound || fail "heal: node 2's fresh trainer $r still runs"
-  ((code == 16)) || fail "heal: node 2's fresh trainer $r exited $code, want 16 (STATE): $(cat "$log")"
-  grep -q "node_rank=2 asks to join running generation 2 of elastic job 'heal' (members: node_rank=0,1)" \
-    "$log" || fail "heal: trainer $r was not told the running generation: $(cat "$log")"
-  grep -q "nodes joining a running job are not supported yet" "$log" ||
-    fail "heal: trainer $r was not told joining is not supported: $(cat "$log")"
-  grep -h "error=" "$log" | head -1
+# The healed node joins: the leader holds its Join and publishes the grow
+# entry; node 0's trainers go on once both members read it.
+wait_for "$tmp/heal.daemon0.log" $bound "event=job_grow_published" || fail "heal: no grow entry"
+for n in 0 1; do
+  wait_for "$tmp/heal.daemon$n.log" $bound "event=job_grow_read" || fail "heal: node $n never read the grow entry"
 done
-# ---- end HEALED NODE
 resume_node 0
-expect_survivors_trained_like_the_reference heal $bound
+joined="mlp_trainer: joined the running job at iteration "
+wait_for "$tmp/heal.healed0.log" $bound "$joined" || fail "heal: node 2's trainers never joined"
+m=$(sed -n "s/^$joined\([0-9]*\):.*/\1/p" "$tmp/heal.healed0.log" | head -1)
+((m > killed_step && m < steps)) || fail "heal: joined at iteration '$m', want one in ($killed_step, $steps)"
+for r in 0 1; do
+  grep -q "$joined$m: state from rank 0, world size 6, rank $((4 + r))" "$tmp/heal.healed$r.log" ||
+    fail "heal: node 2's trainer $r did not start at $m with rank 0's state: $(cat "$tmp/heal.healed$r.log")"
+done
+"$trainer" --single --quiet "${train_args[@]}" \
+  --join-steps=$steps,$steps,$steps,$steps,$killed_step,$killed_step --join-divide-by-active \
+  --rejoin-at="$m" --out="$tmp/rejoin_reference.txt" >"$tmp/rejoin_reference.log" 2>&1 ||
+  fail "the rejoin reference did not run"
+outs=()
+for i in 0 1 2 3; do
+  wait_exit "${tpids[$i]}" "$bound" || fail "heal: survivor trainer $i still runs after ${bound} s"
+  ((code == 0)) || fail "heal: survivor trainer $i exited $code: $(grep -h error= \
+    "$tmp/heal.trainer$((i / 2)).$((i % 2)).log")"
+  grep -q "the job's members changed (2 times) by iteration $m: world size 4" \
+    "$tmp/heal.trainer$((i / 2)).$((i % 2)).log" || fail "heal: trainer $i did not see the death and the join"
+  outs+=("$tmp/heal.w$((i / 2)).$((i % 2)).txt")
+done
+for r in 0 1; do
+  wait_exit "${healed[$r]}" "$bound" || fail "heal: node 2's fresh trainer $r still runs"
+  ((code == 0)) || fail "heal: node 2's fresh trainer $r exited $code: $(cat "$tmp/heal.healed$r.log")"
+  outs+=("$tmp/heal.healed$r.txt")
+done
+for out in "${outs[@]}"; do
+  cmp -s "$out" "${outs[0]}" || fail "heal: $out ended with other weights than ${outs[0]}"
+  d=$(max_rel_diff "$out" "$tmp/rejoin_reference.txt")
+  awk -v d="$d" 'BEGIN {exit !(d <= 1e-12)}' || fail "heal: $out differs by $d"
+done
+echo "heal: node 2 rejoined at iteration $m; all six trainers equal the reference"
 for n in 0 1 2; do kill -0 "${dpids[$n]}" || fail "heal: daemon $n died"; done
 echo "PASS"

@@ -45,6 +45,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -526,13 +527,185 @@ TEST(ElasticJob, BroadcastFromADeadNodesRankAfterAReformationFailsNamingTheRank)
   }
 }
 
-// A replacement node 2 (a fresh daemon and trainers) while the survivors'
-// generation runs: admitting a node into a running job is not built, so
-// its trainers fail at once with STATE saying so, naming the members, and
-// the survivors train on exactly. Node 0's trainers are held (the longer
-// timeout keeps that from being a stall) so that generation 2 is still
-// running when the replacement asks to join.
-TEST(ElasticJob, AReplacementNodeIsRefusedSayingJoiningIsNotSupportedAndTheSurvivorsTrainOn) {
+// A replacement node 2 (a fresh daemon and trainers, --catch-up) while the
+// survivors' generation runs. Node 0's trainers are held (the longer
+// timeout keeps that from being a stall) until both survivors read the
+// leader's grow entry, so they switch at its iteration m; from m on the
+// job averages over 6 again. The replacements start at iteration m with
+// rank 0's weights (gs_broadcast: gs_job_info.joined_running_job on theirs,
+// nodes_joined on the survivors'), and all 6 end with the same weights,
+// within 1e-12 of one process that averages iterations 0-1 over all six
+// shards, 2..m-1 over ranks 0-3's and m on over all six again.
+TEST(ElasticJob, AReplacementNodeJoinsTheRunningJobCatchesUpAndTrainsOverAllAgain) {
+  if (kOnEtcd) GTEST_SKIP() << "on etcd joining is refused: AReplacementNodeIsRefusedOnEtcd";
+  Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilKilled(cluster, Stage::kBackward, &trainers, {kVictimNode}, /*resume=*/false,
+                 {"--catch-up"});
+  ResumeSurvivors(&trainers, {0, kVictimNode});  // node 1's: its collective fails
+  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_reformed", kErrorBound))
+      << cluster.DaemonLogs();
+  ASSERT_TRUE(cluster.StartNode(kVictimNode)) << cluster.DaemonLogs();
+  std::vector<Trainer> replacements;
+  for (int r = 0; r < kLocal; ++r) {
+    std::vector<std::string> args = TrainArgs();
+    args.push_back("--catch-up");
+    const std::string out = absl::StrCat(cluster.dir(), "/replacement_", r);
+    replacements.push_back(
+        {kVictimNode, "", out, StartTrainer(cluster.node(kVictimNode), r, args, out)});
+  }
+  // The leader holds the replacement and publishes the grow entry; both
+  // survivors read it before node 0's trainers go on.
+  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_grow_published", kErrorBound))
+      << cluster.DaemonLogs();
+  for (int n : {0, 1}) {
+    ASSERT_TRUE(WaitForLog(cluster.node(n).process(), "event=job_grow_read", kErrorBound))
+        << cluster.DaemonLogs();
+  }
+  ResumeSurvivors(&trainers, {1, kVictimNode});  // node 0's
+  // m: where the replacements started (their trainers print it).
+  const std::string joined = "mlp_trainer: joined the running job at iteration ";
+  ASSERT_TRUE(WaitForLog(replacements[0].process, joined, kErrorBound))
+      << replacements[0].process.Log() << cluster.DaemonLogs();
+  const std::string log = replacements[0].process.Log();
+  const int m = std::atoi(log.c_str() + log.find(joined) + joined.size());
+  ASSERT_GT(m, kKilledStep);
+  ASSERT_LT(m, kSteps) << "the survivors finished before the replacement joined";
+  for (size_t i = 0; i < replacements.size(); ++i) {
+    const std::string line =
+        absl::StrCat(joined, m, ": state from rank 0, world size 6, rank ", 4 + i, "\n");
+    EXPECT_TRUE(WaitForLog(replacements[i].process, line, kErrorBound))
+        << replacements[i].process.Log();
+  }
+
+  std::vector<std::string> reference_args = TrainArgs();
+  reference_args.push_back(absl::StrCat("--join-steps=8,8,8,8,", kKilledStep, ",", kKilledStep));
+  reference_args.push_back("--join-divide-by-active");
+  reference_args.push_back(absl::StrCat("--rejoin-at=", m));
+  const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
+  ASSERT_FALSE(reference.empty());
+  std::vector<Trainer*> everyone;
+  for (Trainer& t : trainers) {
+    if (t.node != kVictimNode) everyone.push_back(&t);
+  }
+  for (Trainer& t : replacements) everyone.push_back(&t);
+  std::vector<double> first;
+  for (Trainer* t : everyone) {
+    const ExitStatus st = t->process.Wait(kErrorBound);
+    ASSERT_TRUE(st.exited) << st.ToString() << t->process.Log() << cluster.DaemonLogs();
+    ASSERT_EQ(st.code, 0) << "node " << t->node << ": " << TrainerError(t->process.Log()) << "\n"
+                          << AllTrainerErrors(trainers) << AllTrainerErrors(replacements)
+                          << cluster.DaemonLogs();
+    const std::vector<double> weights = LoadWeights(t->out);
+    ASSERT_EQ(weights.size(), reference.size()) << t->out;
+    if (first.empty()) first = weights;
+    EXPECT_EQ(weights, first) << "node " << t->node << " ended with other weights";
+    EXPECT_LT(RelativeDifference(weights, reference), 1e-12) << "node " << t->node;
+  }
+  // The survivors: the death, then the join (its completion entry is the
+  // iteration before m, still divided over 4), each a membership change.
+  const std::string sent =
+      absl::StrCat("mlp_trainer: nodes joined after iteration ", m, ": state sent from rank 0\n");
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_NE(everyone[i]->process.Log().find(sent), std::string::npos)
+        << everyone[i]->process.Log();
+    const std::string changed = absl::StrCat(
+        "mlp_trainer: the job's members changed (2 times) by iteration ", m, ": world size 4");
+    EXPECT_NE(everyone[i]->process.Log().find(changed), std::string::npos)
+        << everyone[i]->process.Log();
+  }
+  absl::StatusOr<v1::Stats> stats = GetStats(cluster.port(), "elastic-token");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->world_size(), 6) << cluster.DaemonLogs();
+  EXPECT_EQ(stats->generation(), 3u);
+  std::printf("elastic_job join: node 2 killed in iteration %d, its replacement joined at %d\n",
+              kKilledStep, m);
+}
+
+// --max-nodes above --num-nodes: a job of nodes 0 and 1 (--num-nodes 2,
+// --min-nodes 1, --max-nodes 3; 2 trainers each, every trainer on a sixth
+// of the batch) takes a new node 2 while it runs. Node 0's trainers are
+// held in iteration 2 until both members read the grow entry; from the
+// join iteration m on the job averages over 6 trainers instead of 4, and
+// all six end within 1e-12 of the reference (ranks 4-5 inactive before m).
+TEST(ElasticJob, ANewRankBelowMaxNodesJoinsTheRunningJobAndTrainsWithIt) {
+  if (kOnEtcd) GTEST_SKIP() << "on etcd --max-nodes above --num-nodes is refused";
+  ClusterOptions options = JobOptions(/*min_nodes=*/1, 4 * kTimeoutS);
+  options.nodes = 2;
+  options.spare_nodes = 1;
+  options.flags.back() = "--max-nodes=3";
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  for (int n = 0; n < 3; ++n) {
+    if (n == 2) {
+      // Once the members are in iteration 2 (node 0's trainers paused).
+      for (Trainer& t : trainers) {
+        if (t.node != 0) continue;
+        ASSERT_TRUE(WaitForLog(t.process, "mlp_trainer: paused at backward", kStateBound) &&
+                    WaitStopped(t.process, kStateBound))
+            << t.process.Log() << cluster.DaemonLogs();
+      }
+      ASSERT_TRUE(cluster.StartNode(2)) << cluster.DaemonLogs();
+    }
+    for (int r = 0; r < kLocal; ++r) {
+      std::vector<std::string> args = TrainArgs();
+      args.insert(args.end(), {"--catch-up", "--shard-world=6"});
+      if (n == 0) args.push_back("--pause-at=backward");
+      const std::string out = absl::StrCat(cluster.dir(), "/w", n, "_", r);
+      trainers.push_back({n, "", out, StartTrainer(cluster.node(n), r, args, out)});
+    }
+  }
+  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_grow_published", kErrorBound))
+      << cluster.DaemonLogs();
+  for (int n : {0, 1}) {
+    ASSERT_TRUE(WaitForLog(cluster.node(n).process(), "event=job_grow_read", kErrorBound))
+        << cluster.DaemonLogs();
+  }
+  for (Trainer& t : trainers) {
+    if (t.node == 0) t.process.Signal(SIGCONT);
+  }
+  const std::string joined = "mlp_trainer: joined the running job at iteration ";
+  ASSERT_TRUE(WaitForLog(trainers[4].process, joined, kErrorBound))
+      << trainers[4].process.Log() << cluster.DaemonLogs();
+  const std::string log = trainers[4].process.Log();
+  const int m = std::atoi(log.c_str() + log.find(joined) + joined.size());
+  ASSERT_GT(m, kKilledStep);
+  ASSERT_LT(m, kSteps) << "the members finished before node 2 joined";
+  std::vector<std::string> reference_args = TrainArgs();
+  reference_args.insert(
+      reference_args.end(),
+      {"--join-steps=8,8,8,8,0,0", "--join-divide-by-active", absl::StrCat("--rejoin-at=", m)});
+  const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
+  ASSERT_FALSE(reference.empty());
+  std::vector<double> first;
+  for (Trainer& t : trainers) {
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    ASSERT_EQ(st.code, 0) << "node " << t.node << ": " << TrainerError(t.process.Log()) << "\n"
+                          << AllTrainerErrors(trainers) << cluster.DaemonLogs();
+    const std::vector<double> weights = LoadWeights(t.out);
+    ASSERT_EQ(weights.size(), reference.size()) << t.out;
+    if (first.empty()) first = weights;
+    EXPECT_EQ(weights, first) << "node " << t.node << " ended with other weights";
+    EXPECT_LT(RelativeDifference(weights, reference), 1e-12) << "node " << t.node;
+  }
+  EXPECT_NE(trainers[5].process.Log().find(
+                absl::StrCat(joined, m, ": state from rank 0, world size 6, rank 5\n")),
+            std::string::npos)
+      << trainers[5].process.Log();
+  absl::StatusOr<v1::Stats> stats = GetStats(cluster.port(), "elastic-token");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->world_size(), 6) << cluster.DaemonLogs();
+  EXPECT_EQ(stats->generation(), 2u);
+}
+
+// On etcd a replacement node asking to join the running job is refused
+// with STATE saying joining is built on the embedded rendezvous only,
+// naming the members, and the survivors train on exactly.
+TEST(ElasticJob, AReplacementNodeIsRefusedOnEtcd) {
+  if (!kOnEtcd) GTEST_SKIP() << "the embedded leader admits it: AReplacementNodeJoins...";
   Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Trainer> trainers;
@@ -555,7 +728,8 @@ TEST(ElasticJob, AReplacementNodeIsRefusedSayingJoiningIsNotSupportedAndTheSurvi
                          "'elastic' (members: node_rank=0,1)"),
               std::string::npos)
         << error;
-    EXPECT_NE(error.find("nodes joining a running job are not supported yet"), std::string::npos)
+    EXPECT_NE(error.find("nodes joining a running job are built on the embedded rendezvous only"),
+              std::string::npos)
         << error;
   }
   EXPECT_TRUE(cluster.node(kVictimNode).process().Running()) << cluster.DaemonLogs();

@@ -79,7 +79,7 @@ TEST_F(ConfigLogFollowerTest, VersionsReadBeforeTheJobListensReachItInOrder) {
   ASSERT_TRUE(follower.CatchUp(newest).ok());
 
   std::vector<Delivered> got;
-  follower.SetListener([&](const BucketCaps& caps, uint64_t at, uint64_t version) {
+  follower.SetListener([&](const BucketCaps& caps, uint64_t at, uint64_t version, bool) {
     got.push_back({version, at, caps.cap_bytes});
   });
   const uint64_t later = Append(5, 1);

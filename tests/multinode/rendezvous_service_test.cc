@@ -22,6 +22,7 @@
 #include "common/status_code.h"
 #include "daemon/cluster/rendezvous_client.h"
 #include "daemon/cluster/rendezvous_keys.h"
+#include "daemon/cluster/rendezvous_records.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -799,9 +800,10 @@ TEST_F(RendezvousServiceTest, UnreachableLeaderIsATransportErrorNamingIt) {
 // monotonic clock moves time). Results by position in `ranks`.
 class ElasticRendezvousTest : public RendezvousServiceTest {
  protected:
-  void StartElastic(int num_nodes, int min_nodes) {
+  void StartElastic(int num_nodes, int min_nodes, int max_nodes = 0) {
     StartLeader(num_nodes, /*heartbeat_timeout=*/absl::Minutes(10), clocks_.Monotonic());
     leader_->service().set_min_nodes(min_nodes);
+    if (max_nodes != 0) leader_->service().set_max_nodes(max_nodes);
     ASSERT_EQ(FormGeneration(), 1u);
     ASSERT_TRUE(Beat(0, 1, MakeError(v1::PEER_FAILED, "allreduce failed")).ok());
   }
@@ -929,23 +931,177 @@ TEST_F(ElasticRendezvousTest, SurvivorsReformWithoutTheSilentNodeWhichIsThenNoMe
   EXPECT_THAT(beat->abort_reason, HasSubstr("not a member of generation 2"));
 }
 
+// Generation 2 of nodes 0 and 1 (node 2 died in generation 1, both
+// survivors redid iteration 5); node 2 joins afresh from its own thread.
+// Returns once the leader holds it.
+struct HeldJoin {
+  absl::StatusOr<JoinResult> result = absl::UnknownError("not run");
+  std::thread thread;
+};
+
 // A replacement node 2 (a fresh daemon: it joins afresh) while the
-// survivors' generation runs: refused, naming the members and saying
-// joining is not supported.
-TEST_F(ElasticRendezvousTest,
-       AFreshJoinOfANodeTheSurvivorsLeftOutIsRefusedSayingJoiningIsNotSupported) {
+// survivors' generation runs: held, not refused; the leader's config log
+// gets a grow entry two iterations past where generation 2 started, the
+// members leave generation 2 there and all three form generation 3, which
+// starts at that iteration.
+TEST_F(ElasticRendezvousTest, AFreshJoinOfANodeTheSurvivorsLeftOutIsHeldUntilTheMembersGrow) {
   StartElastic(3, /*min_nodes=*/2);
   for (const auto& r : Resume({0, 1}, {5, 5})) ASSERT_TRUE(r.ok()) << r.status();
-  const absl::StatusOr<JoinResult> refused = Client()->Join(Params(2));
-  ASSERT_FALSE(refused.ok());
-  EXPECT_EQ(CodeOf(refused.status()), v1::STATE);
-  EXPECT_THAT(Msg(refused.status()),
-              HasSubstr("node_rank=2 asks to join running generation 2 of elastic job"));
-  EXPECT_THAT(Msg(refused.status()), HasSubstr("(members: node_rank=0,1)"));
-  EXPECT_THAT(Msg(refused.status()),
-              HasSubstr("nodes joining a running job are not supported yet"));
+  HeldJoin joiner;
+  joiner.thread = std::thread([&] { joiner.result = Client()->Join(Params(2)); });
+  ASSERT_TRUE(WaitUntil(
+      [&] { return leader_->service().GetStatus().pending_node_ranks == std::vector<int>{2}; },
+      absl::Seconds(10)));
   EXPECT_EQ(leader_->service().GetStatus().generation, 2u);
+  EXPECT_EQ(leader_->service().GetStatus().config_version, 1u);
+  const absl::StatusOr<std::optional<std::string>> grow = Client()->Get("g2/config/1");
+  ASSERT_TRUE(grow.ok() && grow->has_value()) << grow.status();
+  const absl::StatusOr<JobConfigChange> change = DecodeConfig("g2/config/1", **grow);
+  ASSERT_TRUE(change.ok()) << change.status();
+  EXPECT_TRUE(change->grow);
+  EXPECT_EQ(change->at_iteration, 5 + RendezvousService::kGrowAfter);
+  // A member still in generation 2 heart-beats on untouched meanwhile.
+  const absl::StatusOr<HeartbeatResult> beat = Beat(1, 2);
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_FALSE(beat->abort);
+  std::vector<absl::StatusOr<JoinResult>> members(2, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r : {0, 1}) {
+    threads.emplace_back([&, r] {
+      JoinParams p = Params(r);
+      p.resume_generation = 2;
+      p.resume_iteration = 7;
+      members[r] = Client()->Join(p);
+    });
+  }
+  for (auto& t : threads) t.join();
+  joiner.thread.join();
+  ASSERT_TRUE(joiner.result.ok()) << joiner.result.status();
+  for (const auto& r : members) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->generation, 3u);
+    EXPECT_EQ(r->start_iteration, 7u);
+    EXPECT_EQ(r->world_size, 1 + 2 + 3);
+  }
+  EXPECT_EQ(joiner.result->generation, 3u);
+  EXPECT_EQ(joiner.result->start_iteration, 7u);
+  EXPECT_EQ(joiner.result->peers[2].local_size, 3);
   EXPECT_TRUE(leader_->service().GetStatus().pending_node_ranks.empty());
+}
+
+// A replacement for node 2 restarted so fast that the survivors of
+// generation 1 have not re-formed yet (its rank is still a member there):
+// refused with STATE, which its daemon retries; once they formed
+// generation 2 without it, it is held like any joiner.
+TEST_F(ElasticRendezvousTest, AReplacementFasterThanTheReformationWaitsForIt) {
+  StartElastic(3, /*min_nodes=*/2);
+  ASSERT_TRUE(Beat(1, 1).ok());  // node 1 answered the abort: alive
+  const absl::StatusOr<JoinResult> early = Client()->Join(Params(2));
+  ASSERT_FALSE(early.ok());
+  EXPECT_EQ(CodeOf(early.status()), v1::STATE);
+  EXPECT_THAT(Msg(early.status()),
+              HasSubstr("node_rank=2 joins afresh while generation 1, of which it is a member, "
+                        "may still re-form among its surviving nodes"));
+  EXPECT_TRUE(leader_->service().GetStatus().pending_node_ranks.empty());
+  for (const auto& r : Resume({0, 1}, {5, 5})) ASSERT_TRUE(r.ok()) << r.status();
+  HeldJoin joiner;
+  joiner.thread = std::thread([&] { joiner.result = Client()->Join(Params(2)); });
+  ASSERT_TRUE(WaitUntil([&] { return leader_->service().GetStatus().config_version == 1u; },
+                        absl::Seconds(10)));
+  EXPECT_EQ(leader_->service().GetStatus().pending_node_ranks, std::vector<int>{2});
+  // The members leave at the grow boundary; the joiner's Join returns.
+  std::vector<std::thread> threads;
+  for (int r : {0, 1}) {
+    threads.emplace_back([&, r] {
+      JoinParams p = Params(r);
+      p.resume_generation = 2;
+      p.resume_iteration = 7;
+      EXPECT_TRUE(Client()->Join(p).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  joiner.thread.join();
+  ASSERT_TRUE(joiner.result.ok()) << joiner.result.status();
+  EXPECT_EQ(joiner.result->generation, 3u);
+}
+
+// A member that dies at the grow boundary (silent while the other one
+// switched) is counted out as in any re-formation: the next generation
+// forms with the other member and the joiner.
+TEST_F(ElasticRendezvousTest, AMemberSilentAtTheGrowBoundaryIsLeftOutAndTheOthersGrow) {
+  StartElastic(3, /*min_nodes=*/2);
+  for (const auto& r : Resume({0, 1}, {5, 5})) ASSERT_TRUE(r.ok()) << r.status();
+  HeldJoin joiner;
+  joiner.thread = std::thread([&] { joiner.result = Client()->Join(Params(2)); });
+  ASSERT_TRUE(WaitUntil([&] { return leader_->service().GetStatus().config_version == 1u; },
+                        absl::Seconds(10)));
+  absl::StatusOr<JoinResult> member = absl::UnknownError("not run");
+  std::thread switching([&] {
+    JoinParams p = Params(0);
+    p.resume_generation = 2;
+    p.resume_iteration = 7;
+    member = Client()->Join(p);
+  });
+  ASSERT_TRUE(
+      WaitUntil([&] { return leader_->service().GetStatus().pending_node_ranks.size() == 2u; },
+                absl::Seconds(10)));
+  clocks_.Elapse(RendezvousService::kPresumedDeadAfter + absl::Milliseconds(1));
+  switching.join();
+  joiner.thread.join();
+  ASSERT_TRUE(member.ok()) << member.status();
+  ASSERT_TRUE(joiner.result.ok()) << joiner.result.status();
+  EXPECT_EQ(member->generation, 3u);
+  EXPECT_EQ(member->world_size, 1 + 3);
+  EXPECT_EQ(member->peers[1].local_size, 0);  // node 1 is no member
+}
+
+// A node rank at or above --max-nodes is refused at once naming the flag;
+// below it (--max-nodes 4 > --num-nodes 3) a new rank 3 joins the running
+// job like a replacement.
+TEST_F(ElasticRendezvousTest, ARankBeyondMaxNodesIsRefusedNamingItAndOneBelowJoinsTheRunningJob) {
+  StartElastic(3, /*min_nodes=*/2, /*max_nodes=*/4);
+  JoinParams beyond = Params(4);
+  const absl::StatusOr<JoinResult> refused = Client()->Join(beyond);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(CodeOf(refused.status()), v1::INVALID_ARGUMENT);
+  EXPECT_THAT(Msg(refused.status()),
+              HasSubstr("node_rank=4 is out of range [0, 4): the job takes at most "
+                        "--max-nodes=4 nodes"));
+  for (const auto& r : Resume({0, 1}, {5, 5})) ASSERT_TRUE(r.ok()) << r.status();
+  HeldJoin joiner;
+  joiner.thread = std::thread([&] { joiner.result = Client()->Join(Params(3)); });
+  ASSERT_TRUE(WaitUntil([&] { return leader_->service().GetStatus().config_version == 1u; },
+                        absl::Seconds(10)));
+  std::vector<absl::StatusOr<JoinResult>> members(2, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r : {0, 1}) {
+    threads.emplace_back([&, r] {
+      JoinParams p = Params(r);
+      p.resume_generation = 2;
+      p.resume_iteration = 7;
+      members[r] = Client()->Join(p);
+    });
+  }
+  for (auto& t : threads) t.join();
+  joiner.thread.join();
+  ASSERT_TRUE(joiner.result.ok()) << joiner.result.status();
+  EXPECT_EQ(joiner.result->generation, 3u);
+  EXPECT_EQ(joiner.result->world_size, 1 + 2 + 4);
+  ASSERT_EQ(joiner.result->peers.size(), 4u);
+  EXPECT_EQ(joiner.result->peers[2].local_size, 0);  // node 2 died in generation 1
+  EXPECT_EQ(joiner.result->peers[3].local_size, 4);
+}
+
+// Without --max-nodes (= --num-nodes) a rank past the job's is refused
+// naming the flag too.
+TEST_F(ElasticRendezvousTest, ARankAtNumNodesIsRefusedNamingMaxNodes) {
+  StartElastic(3, /*min_nodes=*/2);
+  const absl::StatusOr<JoinResult> refused = Client()->Join(Params(3));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(CodeOf(refused.status()), v1::INVALID_ARGUMENT);
+  EXPECT_THAT(Msg(refused.status()),
+              HasSubstr("node_rank=3 is out of range [0, 3): the job takes at most "
+                        "--max-nodes=3 nodes"));
 }
 
 // Survivors re-form at the iteration they stopped in: a change held

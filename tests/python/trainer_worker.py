@@ -332,6 +332,42 @@ def run_optimizer_state(args: argparse.Namespace) -> dict:
     return out
 
 
+def run_elastic_join(args: argparse.Namespace) -> dict:
+    """An elastic job that a node joins while it runs: Adam and BatchNorm
+    (parameters, optimizer state and buffers all matter), each rank on its
+    own batches. Every trainer waits before step --gate-step until
+    --gate-file exists (the test joins the node meanwhile); a joiner starts
+    at the job's iteration with the state DistributedOptimizer handed it."""
+    torch.manual_seed(7 + int(os.environ["LOCAL_RANK"]) + args.rank_offset)
+    model = BatchNormNet()  # unseeded per rank: only the hand-over makes them equal
+    opt = gst.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
+                                   model.named_parameters(), module=model)
+    job = opt.client.job_info()
+    for step in range(job.iteration, args.steps):
+        if step == args.gate_step:
+            while not os.path.exists(args.gate_file):
+                time.sleep(0.05)
+        opt.zero_grad()
+        x, y = _replica_batch(step, opt.rank)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    after = opt.client.job_info()
+    out = {"rank": opt.rank, "start_iteration": job.iteration,
+           "joined_running_job": job.joined_running_job, "nodes_joined": after.nodes_joined,
+           "membership_changes": after.membership_changes, "world_size": after.world_size,
+           # Buffers: each rank's last forward updated its own (DDP syncs
+           # them before the next forward), so parameters are what must match.
+           "final": {k: v.detach().clone() for k, v in model.named_parameters()},
+           "opt_state": copy_state(opt.state_dict())}
+    opt.close()
+    return out
+
+
+def copy_state(state: dict) -> dict:
+    import copy
+    return copy.deepcopy(state)
+
+
 class _StepModule:
     """Adapts ``model(x, step)`` calls to a DDP module's forward."""
 
@@ -345,7 +381,7 @@ class _StepModule:
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=["optimizer", "ddp", "replicas", "optimizer-state",
-                                       "buffers"],
+                                       "buffers", "elastic-join"],
                     default="optimizer")
     ap.add_argument("--no-broadcast-buffers", action="store_true")
     ap.add_argument("--rank-offset", type=int, default=0,
@@ -374,12 +410,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--nan-at", type=int, default=None,
                     help="optimizer mode: a NaN in --nan-rank's input at this step")
     ap.add_argument("--nan-rank", type=int, default=-1)
+    ap.add_argument("--gate-file", default="", help="elastic-join mode: wait for this file")
+    ap.add_argument("--gate-step", type=int, default=-1, help="... before this step")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     try:
         result = {"optimizer": run_optimizer, "ddp": run_ddp, "replicas": run_replicas,
-                  "optimizer-state": run_optimizer_state, "buffers": run_buffers}[args.mode](args)
+                  "optimizer-state": run_optimizer_state, "buffers": run_buffers,
+                  "elastic-join": run_elastic_join}[args.mode](args)
     except gradsync.GradsyncError as e:
         print(f"GRADSYNC_ERROR {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return 10 + int(e.status) if e.status is not None else 9

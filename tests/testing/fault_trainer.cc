@@ -83,6 +83,17 @@ struct Options {
   // After each synchronized step that gs_job_info says is due (gradsyncd
   // --check-replicas-every), hash each parameter and gs_check_replicas.
   bool check_replicas = false;
+  // Elastic jobs that nodes join: a trainer whose node joined the running
+  // job (gs_job_info.joined_running_job) receives the iteration count and
+  // the weights from rank 0 by gs_broadcast and starts at that iteration;
+  // the others send theirs each time gs_job_info.nodes_joined grows.
+  bool catch_up = false;
+  // --single with --join-steps: ranks that stopped are active again from
+  // this step on (a replacement node's trainers joined).
+  int rejoin_at = -1;
+  // > 0: every trainer's shard is --batch / this, whatever the world size
+  // it registered in (a job that grows keeps its shards).
+  int shard_world = 0;
 };
 
 // Over one staging piece (4 MiB), and odd: a broadcast of two pieces, the
@@ -179,6 +190,7 @@ struct Trainer {
   int first = 0, last = 0;  // this trainer's samples of each global batch
   int steps = 0;
   uint64_t membership_changes = 0;  // gs_job_info's, as last seen
+  uint64_t nodes_joined = 0;        // gs_job_info's, as last seen
 };
 
 // Connects and registers the model's gradients with gradsync (the
@@ -232,7 +244,7 @@ int PlanShard(Trainer<T>& t) {
     return 2;
   }
   if (t.uneven && opt.single && opt.batch % t.join_world != 0) return 2;
-  const int shard = opt.batch / t.world;
+  const int shard = opt.batch / (opt.shard_world > 0 ? opt.shard_world : t.world);
   t.first = t.rank * shard;
   t.last = t.first + shard;
   t.steps = opt.steps;
@@ -252,7 +264,8 @@ double JoinReferenceBackward(Trainer<T>& t, int step, int gate_from) {
   int active = 0;
   double loss = 0;
   for (int r = 0; r < t.join_world; ++r) {
-    if (opt.join_steps[r] <= step) continue;
+    const bool rejoined = opt.rejoin_at >= 0 && step >= opt.rejoin_at;
+    if (opt.join_steps[r] <= step && !rejoined) continue;
     ++active;
     loss += Backward(t.model, step, 0, r * join_shard, (r + 1) * join_shard, double(join_shard),
                      gate_from, t.grads, opt, nullptr, nullptr);
@@ -290,6 +303,54 @@ int CheckedBroadcast(gs_client* c, int rank, int step, int root) {
   return 0;
 }
 
+// --catch-up: the job's state, [iteration][every parameter], made equal to
+// rank 0's by gs_broadcast; `iteration` is this trainer's count, which must
+// be rank 0's. Returns 0, or the exit code (5: another iteration count).
+template <typename T>
+int BroadcastState(Trainer<T>& t, uint64_t iteration) {
+  std::vector<uint8_t> state(sizeof(uint64_t));
+  std::memcpy(state.data(), &iteration, sizeof(iteration));
+  for (const std::vector<T>& p : t.model.params) {
+    const auto* bytes = reinterpret_cast<const uint8_t*>(p.data());
+    state.insert(state.end(), bytes, bytes + p.size() * sizeof(T));
+  }
+  const gs_status st = gs_broadcast(t.c, state.data(), state.size(), /*root_rank=*/0, -1);
+  if (st != GS_OK) return Die(t.c, "gs_broadcast of the job's state", st);
+  uint64_t root_iteration = 0;
+  std::memcpy(&root_iteration, state.data(), sizeof(root_iteration));
+  if (root_iteration != iteration) {
+    std::fprintf(stderr, "mlp_trainer: rank 0 is at iteration %llu, this trainer at %llu\n",
+                 static_cast<unsigned long long>(root_iteration),
+                 static_cast<unsigned long long>(iteration));
+    gs_close(t.c);
+    return 5;
+  }
+  size_t at = sizeof(uint64_t);
+  for (std::vector<T>& p : t.model.params) {
+    std::memcpy(p.data(), state.data() + at, p.size() * sizeof(T));
+    at += p.size() * sizeof(T);
+  }
+  return 0;
+}
+
+// --catch-up on a trainer whose node joined the running job: the job's
+// state and the iteration to start at (*first_step). Returns 0, or the
+// exit code.
+template <typename T>
+int CatchUp(Trainer<T>& t, int* first_step) {
+  gs_job_info info = GS_JOB_INFO_INIT;
+  const gs_status st = gs_get_job_info(t.c, &info);
+  if (st != GS_OK) return Die(t.c, "gs_get_job_info", st);
+  if (!info.joined_running_job) return 0;
+  if (int code = BroadcastState(t, info.iteration); code != 0) return code;
+  *first_step = static_cast<int>(info.iteration);
+  std::fprintf(stderr,
+               "mlp_trainer: joined the running job at iteration %llu: state from rank 0, "
+               "world size %d, rank %d\n",
+               static_cast<unsigned long long>(info.iteration), info.world_size, info.rank);
+  return 0;
+}
+
 // FNV-1a of a parameter's bytes: --check-replicas' fingerprint.
 template <typename T>
 uint64_t Fingerprint(const std::vector<T>& values) {
@@ -316,6 +377,13 @@ int AfterStep(Trainer<T>& t) {
                  "size %d, rank %d\n",
                  static_cast<unsigned long long>(info.membership_changes),
                  static_cast<unsigned long long>(info.iteration), info.world_size, info.rank);
+  }
+  if (t.opt.catch_up && info.nodes_joined != t.nodes_joined) {
+    // Nodes join before the next iteration: their trainers get this state.
+    t.nodes_joined = info.nodes_joined;
+    if (int code = BroadcastState(t, info.iteration); code != 0) return code;
+    std::fprintf(stderr, "mlp_trainer: nodes joined after iteration %llu: state sent from rank 0\n",
+                 static_cast<unsigned long long>(info.iteration));
   }
   if (!t.opt.check_replicas || !info.check_replicas_due) return 0;
   std::vector<uint64_t> hashes;
@@ -413,7 +481,11 @@ int Run(const Options& opt) {
   if (int code = Attach(t); code != 0) return code;
   if (int code = PlanShard(t); code != 0) return code;
   MarkCtx mctx{t.c, true, -1, opt.stale_unused, &opt};
-  for (int step = 0; step < t.steps; ++step) {
+  int first_step = 0;
+  if (opt.catch_up && t.c != nullptr) {
+    if (int code = CatchUp(t, &first_step); code != 0) return code;
+  }
+  for (int step = first_step; step < t.steps; ++step) {
     if (int code = Step(t, step, mctx); code != 0) return code;
   }
   return Finish(t);
@@ -433,6 +505,10 @@ void PrintUsage() {
                "  default nan; --single: skip STEP's update, the --nonfinite=skip reference)]\n"
                "  [--broadcast-after STEP:ROOT (a checked gs_broadcast after STEP)]\n"
                "  [--check-replicas (gs_check_replicas when gs_job_info says it is due)]\n"
+               "  elastic jobs: [--catch-up (a joiner receives the state from rank 0, the\n"
+               "  others send it when nodes join)] [--rejoin-at STEP (--single: ranks past\n"
+               "  their --join-steps are active again from STEP)] [--shard-world N (shards of\n"
+               "  --batch / N, whatever the world size)]\n"
                "  (LOCAL_RANK selects the trainer's local rank)\n");
 }
 
@@ -562,6 +638,15 @@ Flag FaultFlag(int ch, const char* arg, Options& opt) {
     case 'C':
       opt.check_replicas = true;
       break;
+    case 'U':
+      opt.catch_up = true;
+      break;
+    case 'R':
+      opt.rejoin_at = std::atoi(arg);
+      break;
+    case 'Y':
+      opt.shard_world = std::atoi(arg);
+      break;
     default:
       return Flag::kUnknown;
   }
@@ -599,6 +684,9 @@ bool ParseFlags(int argc, char** argv, Options& opt) {
                               {"poison", required_argument, nullptr, 'N'},
                               {"broadcast-after", required_argument, nullptr, 'B'},
                               {"check-replicas", no_argument, nullptr, 'C'},
+                              {"catch-up", no_argument, nullptr, 'U'},
+                              {"rejoin-at", required_argument, nullptr, 'R'},
+                              {"shard-world", required_argument, nullptr, 'Y'},
                               {nullptr, 0, nullptr, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", longopts, nullptr)) != -1) {

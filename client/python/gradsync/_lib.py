@@ -70,6 +70,8 @@ class JobInfoC(ctypes.Structure):
         ("rank", ctypes.c_int),
         ("check_replicas_due", ctypes.c_int),
         ("membership_changes", ctypes.c_uint64),
+        ("nodes_joined", ctypes.c_uint64),
+        ("joined_running_job", ctypes.c_int),
     ]
 
 

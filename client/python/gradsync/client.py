@@ -110,6 +110,15 @@ class JobInfo:
             (the survivors of a node's death re-formed) in the iterations
             completed so far; 0 in a fixed job, and unchanged by trainers
             that join (``world_size`` alone shrinks then).
+        nodes_joined: how many times nodes joined the running elastic job
+            right after an iteration completed so far (it grows after that
+            iteration's ``wait()``): every trainer then hands its state to
+            the joiners' trainers with a broadcast from rank 0 before its
+            next iteration.
+        joined_running_job: this trainer's node joined the job while it
+            ran: ``iteration`` started at the job's count, and it receives
+            the job's state (a broadcast from rank 0) before its first
+            iteration.
     """
 
     iteration: int
@@ -117,6 +126,8 @@ class JobInfo:
     rank: int
     check_replicas_due: bool = False
     membership_changes: int = 0
+    nodes_joined: int = 0
+    joined_running_job: bool = False
 
 
 SpecLike = Union[TensorSpec, Tuple[str, Union[DType, str, int], int]]
@@ -255,7 +266,9 @@ class Client:
                         "gs_get_job_info")
         return JobInfo(iteration=int(info.iteration), world_size=int(info.world_size),
                        rank=int(info.rank), check_replicas_due=bool(info.check_replicas_due),
-                       membership_changes=int(info.membership_changes))
+                       membership_changes=int(info.membership_changes),
+                       nodes_joined=int(info.nodes_joined),
+                       joined_running_job=bool(info.joined_running_job))
 
     def check_replicas(self, hashes: Sequence[int]) -> None:
         """Sends this trainer's parameter fingerprint, one 64-bit hash per

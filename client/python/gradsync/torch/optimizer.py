@@ -40,7 +40,8 @@ from ..client import Client, JobInfo
 from ..errors import InvalidArgumentError, StateError
 from ._common import (StreamFollower, grad_tensor, register_grad_ready_hook, tensor_spec,
                       unique_named_parameters)
-from .broadcast import broadcast_tensors, set_current_client
+from .broadcast import (broadcast_object, broadcast_optimizer_state, broadcast_tensors,
+                        set_current_client)
 from .coalesced import CoalescedBroadcast, job_device
 
 __all__ = ["DistributedOptimizer"]
@@ -180,6 +181,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 registered = {id(p) for p in start}
                 start += [p for p in module.parameters() if id(p) not in registered]
             broadcast_tensors(start + self._buffers, 0, client=self._client)
+            # What a node joining the running job gets from rank 0 (the
+            # broadcast above is the first part of it).
+            self._start_tensors = start
+            if self._client.job_info().joined_running_job:
+                self._hand_over_state(first_part_done=True)
         except BaseException:
             # Leave the model as it was: no .grad may point into a mapping
             # that close() is about to remove.
@@ -202,6 +208,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._buffers_paused = False    # inside gradsync.torch.join
         # The job as of the last synchronization (registration's before one).
         self._job: JobInfo = self._client.job_info()
+        self._nodes_joined = self._job.nodes_joined
         self._world_callbacks: List[Callable[[int, int, int], None]] = []
         self._check_pending = False     # --check-replicas-every: after this step
         if on_world_change is not None:
@@ -442,12 +449,40 @@ class DistributedOptimizer(torch.optim.Optimizer):
                             "(gradsyncd --nonfinite=skip; its log and stats name the trainer); "
                             "see skipped_steps for the count")
             self._skipped_steps += 1
+            self._hand_over_if_nodes_joined()
             return loss
         self._optimizer.step()
         if self._check_pending:
             self._check_pending = False
             self._check_replicas()
+        self._hand_over_if_nodes_joined()
         return loss
+
+    def _hand_over_if_nodes_joined(self) -> None:
+        """Nodes join the running elastic job before the next iteration
+        (``JobInfo.nodes_joined`` grew with this step's synchronization):
+        their trainers get this step's state from rank 0."""
+        if self._job.nodes_joined == self._nodes_joined:
+            return
+        self._nodes_joined = self._job.nodes_joined
+        log.info("nodes joined the job after iteration %d: handing over the state from rank 0",
+                 self._job.iteration)
+        self._hand_over_state(first_part_done=False)
+
+    def _hand_over_state(self, *, first_part_done: bool) -> None:
+        """Every trainer's part of a node joining the running job, from rank
+        0 (a member on the embedded leader): parameters and buffers, the
+        optimizer state, then the iteration count, which must be this
+        trainer's. A joiner's constructor did the first part already (its
+        start-up broadcast is the same call)."""
+        if not first_part_done:
+            broadcast_tensors(self._start_tensors + self._buffers, 0, client=self._client)
+        broadcast_optimizer_state(self._optimizer, 0, client=self._client)
+        mine = self._client.job_info().iteration
+        root = broadcast_object(mine, 0, client=self._client)
+        if root != mine:
+            raise StateError(f"rank 0 is at iteration {root}, this trainer at {mine}: the "
+                             f"job's state cannot be handed over", operation="step")
 
     def _check_replicas(self) -> None:
         """gradsyncd ``--check-replicas-every``: one 64-bit hash of each
