@@ -1057,8 +1057,16 @@ bool Scheduler::LaunchGpu(uint32_t bucket) {
       }
       fail_(error, kCollectiveFailed);
     } else {
+      const Trainer* blamed = culprit >= 0 ? trainers_[culprit] : nullptr;
+      if (blamed != nullptr && options_.leave_job &&
+          !DeviceLost(options_.gpu->last_device_error())) {
+        // Waiting for the Watch stream must not hold up a detaching
+        // trainer's WaitIdle (no reduction runs meanwhile).
+        lock.Release();
+        if (TrainerDiedMeanwhile(*blamed)) return false;
+      }
       fail_(MakeError(CodeOf(st), absl::StrCat(where, st.message())),
-            culprit >= 0 ? trainers_[culprit]->local_rank : -1);
+            blamed != nullptr ? blamed->local_rank : -1);
     }
     // A sticky CUDA error: this process can never use the GPU again. The
     // trainers already have the job's error; a fresh daemon recovers.

@@ -274,6 +274,12 @@ class Scheduler {
   // for every bucket (skipped by the local sum and the write-back).
   bool Join(Trainer& t, const ipc::ReadyEvent& e);
   void CountAsJoined(Trainer& t, bool divide_by_initial_world_size);
+  // Elastic GPU jobs: a reduction failed blaming local trainer `t` (its
+  // readiness event failed or never completed). A trainer that died shows
+  // this before its Watch stream breaks, and its death, not this error,
+  // decides what the job does (its node leaves: Job::RemoveTrainer). Waits
+  // a bounded while for that; true once `t` is gone.
+  bool TrainerDiedMeanwhile(const Trainer& t) const;
   // RequestDeparture's work on the loop thread; false: the job failed.
   bool TakeDepartures() ABSL_LOCKS_EXCLUDED(reform_mu_);
   // Before an iteration's first collective: the trainers of the job still
