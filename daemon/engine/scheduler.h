@@ -236,6 +236,10 @@ class Scheduler {
   absl::Status TimedOut(uint32_t bucket, const absl::Status& st) const;
   // Aborts whatever the reduction is blocked in. Any thread.
   void AbortReduction(const std::string& reason);
+  // The watchdog's abort of a reduction past the timeout: AbortReduction,
+  // or in an elastic job only the current generation's collectives (the
+  // loop then re-forms where a node went silent). Watchdog thread.
+  void AbortTimedOutReduction(const std::string& reason);
   void Watchdog() ABSL_LOCKS_EXCLUDED(watchdog_mu_);
   // A cross-node collective failed: re-form and redo the iteration where
   // the job is elastic (then true), else fail the job. False: it failed.

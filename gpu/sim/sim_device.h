@@ -107,6 +107,10 @@ struct SimOptions {
   // an NCCL init whose peer never joins — until CollectiveOptions::cancelled
   // (CANCELLED) or its timeout (DEADLINE_EXCEEDED) — after printing
   // "event=sim_stall point=create_collectives" to stderr.
+  // "collective": the daemon device's AllreduceSum ignores its timeout, as
+  // an NCCL kernel waiting for a stopped peer does: it returns only once
+  // the peers arrive, one fails, or the group is aborted (tests of the
+  // scheduler's watchdog).
   std::string stall_at;
 
   // From the GRADSYNC_SIM_* variables above; INVALID_ARGUMENT naming the

@@ -604,9 +604,11 @@ int MarksBeforePause(ElasticStage stage, bool victim) {
 }
 
 // kElasticNodes simulated nodes (node 0 leads), `local_sizes[n]` trainers
-// on node n; fatal failures end the test.
+// on node n, `survivors_env` added to nodes 0 and 1; fatal failures end the
+// test.
 void StartSimNodes(std::vector<std::string> common, std::vector<std::unique_ptr<Daemon>>* nodes,
-                   const std::vector<int>& local_sizes = {2, 2, 2}) {
+                   const std::vector<int>& local_sizes = {2, 2, 2},
+                   const std::map<std::string, std::string>& survivors_env = {}) {
   ScratchDir secrets;
   ASSERT_TRUE(WriteTokenFile(secrets.File("token"), "gpu-path-token"));
   common.push_back("--job-token-file=" + secrets.File("token"));
@@ -617,6 +619,7 @@ void StartSimNodes(std::vector<std::string> common, std::vector<std::unique_ptr<
     if (n > 0) args.push_back(absl::StrCat("--leader=127.0.0.1:", port));
     std::map<std::string, std::string> env = SimEnv(2);
     env["NCCL_HOSTID"] = absl::StrCat("sim-node-", n);  // one host per node
+    if (n < 2) env.insert(survivors_env.begin(), survivors_env.end());
     nodes->push_back(
         std::make_unique<Daemon>(local_sizes[n], args, env, "tests/gpu/gradsyncd_sim"));
     ASSERT_TRUE(nodes->back()->WaitReady(seconds(10))) << nodes->back()->process().Log();
@@ -899,6 +902,78 @@ TEST(GpuElasticJob, ANodesOnlyTrainerKilledTakesItsNodeOutAndTheOthersRedoTheSte
       << Logs(nodes);
   ExpectSurvivorsReformedWithout(nodes, /*gone=*/2);
   EXPECT_TRUE(nodes[2]->process().Running()) << Logs(nodes);
+}
+
+// The scheduler's watchdog in an elastic GPU job. Node 2's trainers marked
+// only the first gradient of step 2 and the survivors' all of them, so the
+// survivors wait inside the second bucket's collective; node 2's daemon is
+// then stopped (SIGSTOP: silent, not dead), and the survivors' collectives
+// never time out by themselves (GRADSYNC_SIM_STALL_AT=collective, as an
+// NCCL kernel waiting for a stopped peer). Past the timeout the watchdog
+// aborts that generation's collectives only, the leader names node 2
+// presumed dead (silent for seconds while the others answer), and the
+// survivors re-form without it and redo step 2 from their kept sums (the
+// first bucket was written back already), each step within 1e-12 of its
+// members' average. Woken, node 2's trainers get the job's error.
+TEST(GpuElasticJob, ANodeStoppedInsideACollectivePastTheTimeoutIsLeftOutAndTheOthersRedoTheStep) {
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  ASSERT_NO_FATAL_FAILURE(StartSimNodes(
+      {"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001", "--timeout-s=6",
+       "--stall-threshold-s=4", "--num-nodes=3", "--min-nodes=2", "--job-id=gpuwatchdog"},
+      &nodes, {2, 2, 2}, {{"GRADSYNC_SIM_STALL_AT", "collective"}}));
+  std::vector<ElasticRun> runs;
+  for (int n = 0; n < kElasticNodes; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      const int marks = MarksBeforePause(ElasticStage::kSurvivorsInCollective, n == 2);
+      runs.push_back({n, StartSimTrainer(*nodes[n], r, 2,
+                                         {"--mode=flat", "--dtype=fp64", "--in-order",
+                                          absl::StrCat("--steps=", kElasticSteps),
+                                          absl::StrCat("--pause-at-step=", kElasticStep),
+                                          absl::StrCat("--pause-after-marks=", marks),
+                                          absl::StrCat("--members-from-step=", kElasticStep),
+                                          "--members=0,1,2,3"})});
+    }
+  }
+  for (ElasticRun& run : runs) {
+    ASSERT_TRUE(
+        WaitForLog(run.process, absl::StrCat("paused at step ", kElasticStep), seconds(60)) &&
+        WaitStopped(run.process, seconds(30)))
+        << run.process.Log() << Logs(nodes);
+  }
+  // Node 2 waits for its paused trainers (its stall report), the
+  // survivors inside the collective; then node 2 goes silent mid-step.
+  ASSERT_TRUE(WaitForLog(nodes[2]->process(), "event=stall", seconds(30))) << Logs(nodes);
+  nodes[2]->process().Signal(SIGSTOP);
+  for (ElasticRun& run : runs) {
+    if (run.node != 2) run.process.Signal(SIGCONT);
+  }
+  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsEndAlike(runs, nodes, /*gone_node=*/2));
+  bool watchdog_fired = false;
+  for (int n = 0; n < 2; ++n) {
+    const std::string log = nodes[n]->process().Log();
+    watchdog_fired = watchdog_fired || log.find(absl::StrCat("event=reduction_timeout iteration=",
+                                                             kElasticStep)) != std::string::npos;
+    for (const std::string& needle :
+         {std::string("event=node_presumed_dead generation=1 node_rank=2"),
+          std::string("event=gpu_session_reformed generation=2 gpus=2"),
+          absl::StrCat("event=iteration_redo iteration=", kElasticStep, " world_size=4 nodes=2")}) {
+      EXPECT_NE(log.find(needle), std::string::npos) << needle << " on node " << n << Logs(nodes);
+    }
+    EXPECT_EQ(log.find("kept_buckets=0"), std::string::npos) << log;
+    EXPECT_EQ(log.find("event=job_failed"), std::string::npos) << log;
+  }
+  EXPECT_TRUE(watchdog_fired) << Logs(nodes);
+  nodes[2]->process().Signal(SIGCONT);
+  for (ElasticRun& run : runs) {
+    if (run.node != 2) continue;
+    run.process.Signal(SIGCONT);
+    const ExitStatus st = run.process.Wait(seconds(60));
+    const std::string log = run.process.Log();
+    ASSERT_TRUE(st.exited && st.code == 2) << st.ToString() << "\n" << log << Logs(nodes);
+    EXPECT_TRUE(log.find("error code=4") != std::string::npos ||
+                log.find("error code=5") != std::string::npos)
+        << log;
+  }
 }
 
 // The equivalence check can fail: a daemon that reduces without polling the
