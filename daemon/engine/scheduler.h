@@ -24,8 +24,10 @@
 // watchdog thread does: a bucket's reduction still running a short margin
 // past Options::timeout_ms is aborted (Backend::Abort, or GpuReducer::Abort
 // on the GPU path) and the job fails with TIMEOUT naming the bucket and the
-// iteration. A backend that ignores its own timeout therefore cannot hang
-// the job, Stop or the Job's destructor; Stop aborts a reduction in flight.
+// iteration; an elastic job aborts only the generation's collectives and
+// re-forms instead where the leader names a silent node. A backend that
+// ignores its own timeout therefore cannot hang the job, Stop or the Job's
+// destructor; Stop aborts a reduction in flight.
 //
 // Threads: Start, Stop and the destructor belong to the owner (the Job);
 // plan(), SetCaps() and the accessors are thread-safe. Everything else is

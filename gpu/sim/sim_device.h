@@ -22,7 +22,8 @@
 //   GRADSYNC_SIM_LOSE_DEVICE_AT=OP     SimOptions::lose_device_at (tests of
 //                                      the daemon's exit on a sticky error)
 //   GRADSYNC_SIM_STALL_AT=OP           SimOptions::stall_at (tests of
-//                                      cancelling a communicator init)
+//                                      cancelling a communicator init, and
+//                                      of the scheduler's watchdog)
 // or pass SimOptions to Create.
 //
 // What a trainer's framework does (allocate, launch the backward kernel
