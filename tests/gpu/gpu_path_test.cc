@@ -904,6 +904,41 @@ TEST(GpuElasticJob, ANodesOnlyTrainerKilledTakesItsNodeOutAndTheOthersRedoTheSte
   EXPECT_TRUE(nodes[2]->process().Running()) << Logs(nodes);
 }
 
+// A fixed job (--min-nodes = --num-nodes) still ends at a trainer's death:
+// rank 3 (node 1) SIGKILLs itself after 2 marks of step 2, and every other
+// trainer, on every node, fails with PEER_FAILED naming it; nobody re-forms.
+TEST(GpuFixedJob, ATrainersDeathEndsTheJobOnEveryNodeNamingIt) {
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  ASSERT_NO_FATAL_FAILURE(
+      StartSimNodes({"--timeout-s=10", "--num-nodes=3", "--job-id=gpufixedtrainer"}, &nodes));
+  std::vector<ElasticRun> runs;
+  for (int n = 0; n < kElasticNodes; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> args = {"--mode=flat", absl::StrCat("--steps=", kElasticSteps)};
+      if (n == 1 && r == 1) {
+        args.insert(args.end(),
+                    {absl::StrCat("--die-at-step=", kElasticStep), "--die-after-marks=2"});
+      }
+      runs.push_back({n, StartSimTrainer(*nodes[n], r, 2, args)});
+    }
+  }
+  Process& victim = runs[3].process;
+  const ExitStatus died = victim.Wait(seconds(60));
+  EXPECT_TRUE(!died.exited && died.code == SIGKILL) << died.ToString() << victim.Log();
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (i == 3) continue;
+    const ExitStatus st = runs[i].process.Wait(seconds(60));
+    const std::string log = runs[i].process.Log();
+    ASSERT_TRUE(st.exited && st.code == 2) << st.ToString() << "\n" << log << Logs(nodes);
+    EXPECT_NE(log.find("error code=4"), std::string::npos) << log;
+    EXPECT_NE(log.find("rank 3 (local 1"), std::string::npos) << log << Logs(nodes);
+  }
+  for (int n = 0; n < kElasticNodes; ++n) {
+    EXPECT_EQ(nodes[n]->process().Log().find("event=job_reformed"), std::string::npos)
+        << Logs(nodes);
+  }
+}
+
 // The scheduler's watchdog in an elastic GPU job. Node 2's trainers marked
 // only the first gradient of step 2 and the survivors' all of them, so the
 // survivors wait inside the second bucket's collective; node 2's daemon is
