@@ -90,6 +90,9 @@ class GpuReducer {
                       GpuNonFiniteReport* nonfinite);
 
   void Abort(const std::string& reason) { session_->Abort(reason); }
+  // Elastic jobs: only this generation's collective fails (the session
+  // lives on for the survivors' re-formation).
+  void AbortCollectives(const std::string& reason) { session_->AbortCollectives(reason); }
   // Elastic jobs, between reductions: the survivors' world size, for the
   // pre-scaling of every reduction from now on (the redo included).
   void SetWorldSize(int world_size) { world_size_ = world_size; }

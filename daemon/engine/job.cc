@@ -808,14 +808,15 @@ bool Job::ShrinksOnTrainerDeathLocked(const Trainer& dead) const {
     return false;
   }
   // The last trainer of a node takes its node out instead (below).
-  for (const auto& other : trainers_) {
-    if (other && other.get() != &dead && !other->gone.load()) return true;
-  }
-  return false;
+  return !LastLiveTrainerLocked(dead);
 }
 
 bool Job::NodeLeavesOnTrainerDeathLocked(const Trainer& dead) const {
   if (state_ != JobState::kRunning || !elastic() || !world_.link) return false;
+  return gpu_session_ != nullptr || LastLiveTrainerLocked(dead);
+}
+
+bool Job::LastLiveTrainerLocked(const Trainer& dead) const {
   for (const auto& other : trainers_) {
     if (other && other.get() != &dead && !other->gone.load()) return false;
   }
@@ -839,25 +840,24 @@ bool Job::RemoveTrainer(uint64_t session, bool graceful, const std::string& reas
     // Its node stays in the elastic job (scheduler_departure.cc).
     scheduler_->RequestDeparture(t->local_rank, reason);
   } else if (!graceful && NodeLeavesOnTrainerDeathLocked(*t)) {
-    // Nothing of this node can take part any more: it leaves the elastic
-    // job as a daemon stopped by SIGTERM does, and the others go on
-    // without it. Kubernetes stops a Pod's trainers before its sidecar,
-    // so this is what a scale-down looks like.
+    // It leaves the elastic job as a daemon stopped by SIGTERM does, and
+    // the others go on without it. Kubernetes stops a Pod's trainers
+    // before its sidecar, so a last trainer's death is what a scale-down
+    // looks like. With CUDA gradients any trainer's death does it: the
+    // GPU path runs no per-iteration agreement that could count one
+    // trainer out, and its part of the local sums cannot be taken back.
     FailLocked(MakeError(v1::PEER_FAILED,
                          absl::StrCat(t->Name(), " died: ", reason,
-                                      "; it was its node's last trainer, so the node leaves the "
-                                      "elastic job")),
+                                      LastLiveTrainerLocked(*t)
+                                          ? "; it was its node's last trainer, so the node leaves "
+                                            "the elastic job"
+                                          : "; an elastic job with CUDA gradients goes on "
+                                            "without a node, not without one of its trainers, so "
+                                            "its node leaves the job")),
                t->local_rank, /*expected=*/false, /*departing=*/true);
   } else if (state_ != JobState::kFailed) {
-    // Said so, since the job is elastic: only the CPU path drops a trainer.
-    const bool elastic_gpu = !graceful && state_ == JobState::kRunning && gpu_session_ &&
-                             elastic() && world_.link != nullptr;
     FailLocked(MakeError(v1::PEER_FAILED,
-                         absl::StrCat(t->Name(), graceful ? " detached" : " died", ": ", reason,
-                                      elastic_gpu ? " (an elastic job with CUDA gradients goes on "
-                                                    "without a dead node, not without a dead "
-                                                    "trainer)"
-                                                  : "")),
+                         absl::StrCat(t->Name(), graceful ? " detached" : " died", ": ", reason)),
                t->local_rank, /*expected=*/graceful);
   }
   for (const auto& other : trainers_) {

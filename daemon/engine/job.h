@@ -367,8 +367,11 @@ class Job {
   // gone) is not the node's last trainer: the world shrinks by it.
   bool ShrinksOnTrainerDeathLocked(const Trainer& dead) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // A running elastic job across nodes where `dead` was the node's last
-  // trainer: the node leaves the job (a departure, as on SIGTERM).
+  // trainer, or any trainer of a job with CUDA gradients: the node leaves
+  // the job (a departure, as on SIGTERM).
   bool NodeLeavesOnTrainerDeathLocked(const Trainer& dead) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Every trainer of this node but `dead` is gone already.
+  bool LastLiveTrainerLocked(const Trainer& dead) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Runs the health hook for every queued change, in order. Called by each
   // public method that may change the job's health, after releasing mu_.
   void DeliverHealth() ABSL_LOCKS_EXCLUDED(mu_, hooks_mu_);

@@ -377,6 +377,19 @@ void Scheduler::AbortReduction(const std::string& reason) {
   }
 }
 
+void Scheduler::AbortTimedOutReduction(const std::string& reason) {
+  if (!options_.reform) {
+    AbortReduction(reason);
+    return;
+  }
+  // Elastic: what hung may be a peer that went silent (a stopped machine);
+  // abort only this generation's collectives, as a node's death does
+  // (Job::OnWorldFailure), so that the survivors can re-form. The
+  // reduction's own polls are past their deadline already, so it returns.
+  backend_->Abort(reason);
+  if (options_.gpu) options_.gpu->AbortCollectives(reason);
+}
+
 absl::Status Scheduler::TimedOut(uint32_t bucket, const absl::Status& st) const {
   const std::string what =
       options_.gpu ? "GPU reduction" : absl::StrCat(backend_->name(), " allreduce");
@@ -407,9 +420,9 @@ void Scheduler::Watchdog() {
       } else if (inflight_since_ns_.compare_exchange_strong(since, kTimedOut)) {
         spdlog::error("event=reduction_timeout iteration={} bucket={} timeout_s={:.3f}", it, bucket,
                       options_.timeout_ms / 1000.0);
-        AbortReduction(absl::StrCat("bucket ", bucket, " of iteration ", it,
-                                    " did not complete within the ", options_.timeout_ms / 1000.0,
-                                    " s timeout"));
+        AbortTimedOutReduction(absl::StrCat("bucket ", bucket, " of iteration ", it,
+                                            " did not complete within the ",
+                                            options_.timeout_ms / 1000.0, " s timeout"));
       }
     }
     MonotonicMutexLock lock(&watchdog_mu_);
@@ -1100,7 +1113,15 @@ bool Scheduler::LaunchGpu(uint32_t bucket) {
     const std::string where = absl::StrCat("bucket ", bucket, " of iteration ", iteration(), ": ");
     if (slot == kTimedOut && CodeOf(st) != v1::TIMEOUT) {
       // Its own deadlines (events, streams) would have said more; what
-      // hung is what the watchdog aborted.
+      // hung is what the watchdog aborted. Elastic: a collective that hung
+      // on a silent node re-forms without it (Job::Reform asks the leader
+      // which node is silent; none: the job fails with this error).
+      if (options_.reform && culprit == GpuReducer::kCollective &&
+          !DeviceLost(options_.gpu->last_device_error())) {
+        lock.Release();
+        CollectiveFailed(TimedOut(bucket, st));
+        return false;
+      }
       fail_(TimedOut(bucket, st), kCollectiveFailed);
     } else if (culprit == GpuReducer::kCollective) {
       // A peer died (UNAVAILABLE), the group was aborted, or it hung past
@@ -1117,8 +1138,16 @@ bool Scheduler::LaunchGpu(uint32_t bucket) {
       }
       fail_(error, kCollectiveFailed);
     } else {
+      const Trainer* blamed = culprit >= 0 ? trainers_[culprit] : nullptr;
+      if (blamed != nullptr && options_.leave_job &&
+          !DeviceLost(options_.gpu->last_device_error())) {
+        // Waiting for the Watch stream must not hold up a detaching
+        // trainer's WaitIdle (no reduction runs meanwhile).
+        lock.Release();
+        if (TrainerDiedMeanwhile(*blamed)) return false;
+      }
       fail_(MakeError(CodeOf(st), absl::StrCat(where, st.message())),
-            culprit >= 0 ? trainers_[culprit]->local_rank : -1);
+            blamed != nullptr ? blamed->local_rank : -1);
     }
     // A sticky CUDA error: this process can never use the GPU again. The
     // trainers already have the job's error; a fresh daemon recovers.

@@ -24,8 +24,10 @@
 // watchdog thread does: a bucket's reduction still running a short margin
 // past Options::timeout_ms is aborted (Backend::Abort, or GpuReducer::Abort
 // on the GPU path) and the job fails with TIMEOUT naming the bucket and the
-// iteration. A backend that ignores its own timeout therefore cannot hang
-// the job, Stop or the Job's destructor; Stop aborts a reduction in flight.
+// iteration; an elastic job aborts only the generation's collectives and
+// re-forms instead where the leader names a silent node. A backend that
+// ignores its own timeout therefore cannot hang the job, Stop or the Job's
+// destructor; Stop aborts a reduction in flight.
 //
 // Threads: Start, Stop and the destructor belong to the owner (the Job);
 // plan(), SetCaps() and the accessors are thread-safe. Everything else is
@@ -223,11 +225,11 @@ class Scheduler {
   // Elastic jobs: the world failed outside a collective (the leader aborted
   // the generation): the loop re-forms at its next pass. Any thread.
   void RequestReform(const absl::Status& error) ABSL_LOCKS_EXCLUDED(reform_mu_);
-  // Elastic jobs: local trainer `local_rank` died (its node stays). It
+  // Elastic CPU jobs: local trainer `local_rank` died (its node stays). It
   // leaves the world at once if it marked nothing this iteration, at the
   // iteration's end if it marked everything (its gradient is complete in
-  // its segment); a trainer that died mid-backward fails the job. The loop
-  // decides at its next pass. Any thread.
+  // its segment); one that died mid-backward takes its node out
+  // (Options::leave_job). The loop decides at its next pass. Any thread.
   void RequestDeparture(int local_rank, const std::string& reason) ABSL_LOCKS_EXCLUDED(reform_mu_);
 
  private:
@@ -256,6 +258,10 @@ class Scheduler {
   absl::Status TimedOut(uint32_t bucket, const absl::Status& st) const;
   // Aborts whatever the reduction is blocked in. Any thread.
   void AbortReduction(const std::string& reason);
+  // The watchdog's abort of a reduction past the timeout: AbortReduction,
+  // or in an elastic job only the current generation's collectives (the
+  // loop then re-forms where a node went silent). Watchdog thread.
+  void AbortTimedOutReduction(const std::string& reason);
   void Watchdog() ABSL_LOCKS_EXCLUDED(watchdog_mu_);
   // A cross-node collective failed: re-form and redo the iteration where
   // the job is elastic (then true), else fail the job. False: it failed.
@@ -303,6 +309,12 @@ class Scheduler {
   // for every bucket (skipped by the local sum and the write-back).
   bool Join(Trainer& t, const ipc::ReadyEvent& e);
   void CountAsJoined(Trainer& t, bool divide_by_initial_world_size);
+  // Elastic GPU jobs: a reduction failed blaming local trainer `t` (its
+  // readiness event failed or never completed). A trainer that died shows
+  // this before its Watch stream breaks, and its death, not this error,
+  // decides what the job does (its node leaves: Job::RemoveTrainer). Waits
+  // a bounded while for that; true once `t` is gone.
+  bool TrainerDiedMeanwhile(const Trainer& t) const;
   // RequestDeparture's work on the loop thread; false: the job failed.
   bool TakeDepartures() ABSL_LOCKS_EXCLUDED(reform_mu_);
   // Before an iteration's first collective: the trainers of the job still

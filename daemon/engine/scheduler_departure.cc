@@ -1,7 +1,13 @@
 // Scheduler: a trainer's death in an elastic job (docs/DESIGN.md, "Elastic
-// jobs"). Its node stays in; the trainer counts as joined (gs_join with
-// divide_by_initial_world_size=0), so the per-iteration agreement, which
-// elastic jobs always run on its own, divides by the trainers still active.
+// jobs"). On the CPU path its node stays in; the trainer counts as joined
+// (gs_join with divide_by_initial_world_size=0), so the per-iteration
+// agreement, which elastic jobs always run on its own, divides by the
+// trainers still active. On the GPU path its node leaves (Job::RemoveTrainer);
+// the scheduler only lets that death, not the failed reduction, decide.
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "common/log_value.h"
 #include "common/monotonic.h"
@@ -10,6 +16,26 @@
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
+namespace {
+
+// How long a reduction's error blaming a trainer waits for that trainer's
+// Watch stream to report it dead: the stream polls every 100 ms, and a
+// killed process's connection closes with it.
+constexpr int64_t kTrainerDeathNoticeNs = 2'000'000'000;
+
+}  // namespace
+
+bool Scheduler::TrainerDiedMeanwhile(const Trainer& t) const {
+  const int64_t until =
+      MonotonicNowNs() + std::min<int64_t>(kTrainerDeathNoticeNs, options_.timeout_ms * 1000000);
+  while (!t.gone.load()) {
+    if (MonotonicNowNs() >= until || stop_.load(std::memory_order_acquire)) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  spdlog::warn("event=reduction_failed_on_dead_trainer iteration={} trainer={}", iteration(),
+               LogValue(t.Name()));
+  return true;
+}
 
 void Scheduler::RequestDeparture(int local_rank, const std::string& reason) {
   {

@@ -86,8 +86,9 @@ uint64_t NewInstance() {
 class SimCollectiveGroup final : public CollectiveGroup {
  public:
   SimCollectiveGroup(const CollectiveOptions& options, std::vector<int> device_indices,
-                     std::string prefix, std::string host)
-      : nranks_(options.nranks),
+                     std::string prefix, std::string host, bool allreduce_ignores_timeout)
+      : allreduce_ignores_timeout_(allreduce_ignores_timeout),
+        nranks_(options.nranks),
         first_rank_(options.first_rank),
         nlocal_(static_cast<int>(device_indices.size())),
         generation_(options.generation),
@@ -123,7 +124,8 @@ class SimCollectiveGroup final : public CollectiveGroup {
   }
 
   absl::Status AllreduceSum(const std::vector<DeviceBuffer>& buffers, DType dtype) override {
-    return Run(buffers, dtype, MonotonicNow() + timeout_);
+    return Run(buffers, dtype,
+               allreduce_ignores_timeout_ ? absl::InfiniteFuture() : MonotonicNow() + timeout_);
   }
 
   absl::Status Broadcast(const std::vector<DeviceBuffer>& buffers, int root) override {
@@ -491,6 +493,7 @@ class SimCollectiveGroup final : public CollectiveGroup {
     }
   }
 
+  const bool allreduce_ignores_timeout_;
   const int nranks_;
   const int first_rank_;
   const int nlocal_;
@@ -518,7 +521,7 @@ class SimCollectiveGroup final : public CollectiveGroup {
 
 absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateSimCollectives(
     const CollectiveOptions& options, const std::vector<int>& device_indices,
-    const std::string& prefix, const std::string& host) {
+    const std::string& prefix, const std::string& host, bool allreduce_ignores_timeout) {
   const int nlocal = static_cast<int>(device_indices.size());
   if (nlocal == 0) return absl::InvalidArgumentError("a collective group needs local devices");
   if (options.nranks < nlocal || options.first_rank < 0 ||
@@ -530,7 +533,8 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateSimCollectives(
   if (std::set<int>(device_indices.begin(), device_indices.end()).size() != device_indices.size()) {
     return absl::InvalidArgumentError("a GPU appears twice in the collective group's devices");
   }
-  auto group = std::make_unique<SimCollectiveGroup>(options, device_indices, prefix, host);
+  auto group = std::make_unique<SimCollectiveGroup>(options, device_indices, prefix, host,
+                                                    allreduce_ignores_timeout);
   RETURN_IF_ERROR(group->Init(options));
   return std::unique_ptr<CollectiveGroup>(std::move(group));
 }

@@ -26,10 +26,12 @@ namespace gradsync::gpu::sim {
 // `device_indices`: the sim GPU index of each of options.devices; `host`:
 // this node's host as NCCL would see it (two ranks on one GPU of one host
 // are refused, as NCCL refuses them). Runs the one-element warm-up
-// collective before returning.
+// collective before returning. `allreduce_ignores_timeout`: AllreduceSum
+// waits until its peers arrive, one fails or the group is aborted, never
+// past options.timeout alone (SimOptions::stall_at "collective").
 absl::StatusOr<std::unique_ptr<CollectiveGroup>> CreateSimCollectives(
     const CollectiveOptions& options, const std::vector<int>& device_indices,
-    const std::string& prefix, const std::string& host);
+    const std::string& prefix, const std::string& host, bool allreduce_ignores_timeout = false);
 
 }  // namespace gradsync::gpu::sim
 

@@ -810,7 +810,8 @@ absl::StatusOr<std::unique_ptr<CollectiveGroup>> SimDaemonDevice::CreateCollecti
   }
   absl::StatusOr<std::unique_ptr<CollectiveGroup>> group =
       check.ok() ? sim::CreateSimCollectives(options, indices, node_->options().prefix,
-                                             SimHost(node_->options()))
+                                             SimHost(node_->options()),
+                                             node_->options().stall_at == "collective")
                  : absl::StatusOr<std::unique_ptr<CollectiveGroup>>(check);
   if (options.exit_memory_work) options.exit_memory_work();
   if (!group.ok()) return group.status();

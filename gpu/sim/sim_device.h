@@ -22,7 +22,8 @@
 //   GRADSYNC_SIM_LOSE_DEVICE_AT=OP     SimOptions::lose_device_at (tests of
 //                                      the daemon's exit on a sticky error)
 //   GRADSYNC_SIM_STALL_AT=OP           SimOptions::stall_at (tests of
-//                                      cancelling a communicator init)
+//                                      cancelling a communicator init, and
+//                                      of the scheduler's watchdog)
 // or pass SimOptions to Create.
 //
 // What a trainer's framework does (allocate, launch the backward kernel
@@ -107,6 +108,10 @@ struct SimOptions {
   // an NCCL init whose peer never joins — until CollectiveOptions::cancelled
   // (CANCELLED) or its timeout (DEADLINE_EXCEEDED) — after printing
   // "event=sim_stall point=create_collectives" to stderr.
+  // "collective": the daemon device's AllreduceSum ignores its timeout, as
+  // an NCCL kernel waiting for a stopped peer does: it returns only once
+  // the peers arrive, one fails, or the group is aborted (tests of the
+  // scheduler's watchdog).
   std::string stall_at;
 
   // From the GRADSYNC_SIM_* variables above; INVALID_ARGUMENT naming the

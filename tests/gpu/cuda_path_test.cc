@@ -372,8 +372,42 @@ TEST(CudaTwoNodesFaultTest, NodeSkippingACollectiveFailsBothNodesNamingTheCulpri
   EXPECT_TRUE(nodes.node(0).process().Running()) << nodes.Logs();
 }
 
-// An elastic job (--min-nodes 2) of three "nodes" x 2 trainers on the one
-// GPU: in step 2 node 2's trainers stop after their first mark (the first
+// An elastic job (--min-nodes 2) of kElasticNodes "nodes" x 2 trainers on
+// the one GPU. Fatal failures end the calling test.
+constexpr int kElasticNodes = 3, kElasticStep = 2;
+
+void StartElasticNodes(const std::string& job, ScratchDir& secrets,
+                       std::vector<std::unique_ptr<Daemon>>* nodes) {
+  ASSERT_TRUE(WriteTokenFile(secrets.File("token"), "cuda-path-token"));
+  int port = 0;
+  for (int n = 0; n < kElasticNodes; ++n) {
+    std::vector<std::string> args = {"--backend=nccl",
+                                     "--bucket-cap-mb=0.5",
+                                     "--first-bucket-cap-mb=0.000001",
+                                     "--timeout-s=10",
+                                     "--stall-threshold-s=1",
+                                     "--num-nodes=3",
+                                     "--min-nodes=2",
+                                     "--job-id=" + job,
+                                     "--job-token-file=" + secrets.File("token"),
+                                     absl::StrCat("--node-rank=", n)};
+    if (n > 0) args.push_back(absl::StrCat("--leader=127.0.0.1:", port));
+    nodes->push_back(std::make_unique<Daemon>(2, args, NodeEnv(n)));
+    ASSERT_TRUE(nodes->back()->WaitReady(seconds(30))) << nodes->back()->process().Log();
+    if (n == 0) port = nodes->back()->ListenPort(seconds(10));
+    ASSERT_GT(port, 0) << (*nodes)[0]->process().Log();
+  }
+}
+
+std::string ElasticLogs(const std::vector<std::unique_ptr<Daemon>>& nodes) {
+  std::string out;
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    out += absl::StrCat("\nnode ", n, " daemon:\n", nodes[n]->process().Log());
+  }
+  return out;
+}
+
+// In step 2 node 2's trainers stop after their first mark (the first
 // bucket, fc2.bias alone, is averaged over 6 and written back everywhere)
 // while the survivors' trainers mark everything, so the survivors' NCCL
 // kernels wait for node 2 in the next bucket's collective. Node 2 is
@@ -383,35 +417,11 @@ TEST(CudaTwoNodesFaultTest, NodeSkippingACollectiveFailsBothNodesNamingTheCulpri
 // GS_OK, steps 0-1 averaged over ranks 0-5 and 2 on over ranks 0-3.
 TEST(CudaElasticTest, SurvivorsOfAKilledNodeReCreateTheirCommunicatorsAndRedoTheStep) {
   GS_SKIP_UNLESS_GPU();
-  constexpr int kNodes = 3, kStep = 2;
+  constexpr int kNodes = kElasticNodes, kStep = kElasticStep;
   ScratchDir secrets;
-  ASSERT_TRUE(WriteTokenFile(secrets.File("token"), "cuda-path-token"));
   std::vector<std::unique_ptr<Daemon>> nodes;
-  int port = 0;
-  for (int n = 0; n < kNodes; ++n) {
-    std::vector<std::string> args = {"--backend=nccl",
-                                     "--bucket-cap-mb=0.5",
-                                     "--first-bucket-cap-mb=0.000001",
-                                     "--timeout-s=10",
-                                     "--stall-threshold-s=1",
-                                     "--num-nodes=3",
-                                     "--min-nodes=2",
-                                     "--job-id=elastic",
-                                     "--job-token-file=" + secrets.File("token"),
-                                     absl::StrCat("--node-rank=", n)};
-    if (n > 0) args.push_back(absl::StrCat("--leader=127.0.0.1:", port));
-    nodes.push_back(std::make_unique<Daemon>(2, args, NodeEnv(n)));
-    ASSERT_TRUE(nodes.back()->WaitReady(seconds(30))) << nodes.back()->process().Log();
-    if (n == 0) port = nodes.back()->ListenPort(seconds(10));
-    ASSERT_GT(port, 0) << nodes[0]->process().Log();
-  }
-  auto logs = [&nodes] {
-    std::string out;
-    for (size_t n = 0; n < nodes.size(); ++n) {
-      out += absl::StrCat("\nnode ", n, " daemon:\n", nodes[n]->process().Log());
-    }
-    return out;
-  };
+  ASSERT_NO_FATAL_FAILURE(StartElasticNodes("elastic", secrets, &nodes));
+  auto logs = [&nodes] { return ElasticLogs(nodes); };
   std::vector<std::vector<Process>> trainers;
   for (int n = 0; n < kNodes; ++n) {
     const int marks = n == 2 ? 1 : 5;  // cuda_trainer's 5 tensors
@@ -448,6 +458,63 @@ TEST(CudaElasticTest, SurvivorsOfAKilledNodeReCreateTheirCommunicatorsAndRedoThe
         << logs();
   }
   for (Process& p : trainers[2]) p.Wait(seconds(10));
+}
+
+// A trainer's death takes its node out of an elastic GPU job: rank 3 (node
+// 1, local rank 1) SIGKILLs itself after 2 marks of step 2. Rank 2 fails
+// with PEER_FAILED naming it and saying its node leaves; nodes 0 and 2
+// re-create their communicators (2 NCCL ranks) and redo step 2, averaged
+// over ranks 0, 1, 4, 5 from then on.
+TEST(CudaElasticTest, ATrainerKilledMidBackwardTakesItsNodeOutAndTheOthersRedoTheStep) {
+  GS_SKIP_UNLESS_GPU();
+  ScratchDir secrets;
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  ASSERT_NO_FATAL_FAILURE(StartElasticNodes("elastictrainer", secrets, &nodes));
+  const std::vector<std::string> flags = {
+      "--steps=4", absl::StrCat("--members-from=", kElasticStep, ":0,1,4,5")};
+  std::vector<std::vector<Process>> trainers;
+  for (int n = 0; n < kElasticNodes; ++n) {
+    if (n != 1) {
+      trainers.push_back(StartTrainers(*nodes[n], 2, flags));
+      continue;
+    }
+    std::vector<Process> on_node = StartTrainers(*nodes[n], 1, flags);
+    SpawnOptions options;
+    options.env = {{"LOCAL_RANK", "1"}};
+    std::vector<std::string> argv = {Runfile("tests/gpu/cuda_trainer"),
+                                     "--socket=" + nodes[n]->socket(),
+                                     absl::StrCat("--die-at-step=", kElasticStep)};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    on_node.push_back(
+        Process::Spawn(argv, absl::StrCat(nodes[n]->dir(), "/trainer1.log"), options));
+    trainers.push_back(std::move(on_node));
+  }
+  for (int n : {0, 2}) {
+    for (Process& p : trainers[n]) {
+      ExitStatus st = p.Wait(seconds(120));
+      EXPECT_TRUE(st.exited && st.code == 0) << st.ToString() << "\n"
+                                             << p.Log() << ElasticLogs(nodes);
+    }
+    const std::string log = nodes[n]->process().Log();
+    EXPECT_NE(log.find("event=node_departed generation=1 node_rank=1"), std::string::npos)
+        << ElasticLogs(nodes);
+    EXPECT_NE(
+        log.find(absl::StrCat("event=iteration_redo iteration=", kElasticStep, " world_size=4")),
+        std::string::npos)
+        << ElasticLogs(nodes);
+  }
+  Process& victim = trainers[1][1];
+  const ExitStatus died = victim.Wait(seconds(30));
+  EXPECT_TRUE(!died.exited && died.code == SIGKILL) << died.ToString() << victim.Log();
+  Process& other = trainers[1][0];
+  const ExitStatus st = other.Wait(seconds(60));
+  const std::string log = other.Log();
+  ASSERT_TRUE(st.exited && st.code == 2) << st.ToString() << "\n" << log << ElasticLogs(nodes);
+  for (const std::string& needle :
+       {std::string("error code=4"), absl::StrCat("rank 3 (local 1, pid ", victim.pid(), ") died"),
+        std::string("so its node leaves the job")}) {
+    EXPECT_NE(log.find(needle), std::string::npos) << needle << " in " << log;
+  }
 }
 
 }  // namespace

@@ -603,8 +603,12 @@ int MarksBeforePause(ElasticStage stage, bool victim) {
   return 0;
 }
 
-// kElasticNodes simulated nodes (node 0 leads); fatal failures end the test.
-void StartSimNodes(std::vector<std::string> common, std::vector<std::unique_ptr<Daemon>>* nodes) {
+// kElasticNodes simulated nodes (node 0 leads), `local_sizes[n]` trainers
+// on node n, `survivors_env` added to nodes 0 and 1; fatal failures end the
+// test.
+void StartSimNodes(std::vector<std::string> common, std::vector<std::unique_ptr<Daemon>>* nodes,
+                   const std::vector<int>& local_sizes = {2, 2, 2},
+                   const std::map<std::string, std::string>& survivors_env = {}) {
   ScratchDir secrets;
   ASSERT_TRUE(WriteTokenFile(secrets.File("token"), "gpu-path-token"));
   common.push_back("--job-token-file=" + secrets.File("token"));
@@ -615,7 +619,9 @@ void StartSimNodes(std::vector<std::string> common, std::vector<std::unique_ptr<
     if (n > 0) args.push_back(absl::StrCat("--leader=127.0.0.1:", port));
     std::map<std::string, std::string> env = SimEnv(2);
     env["NCCL_HOSTID"] = absl::StrCat("sim-node-", n);  // one host per node
-    nodes->push_back(std::make_unique<Daemon>(2, args, env, "tests/gpu/gradsyncd_sim"));
+    if (n < 2) env.insert(survivors_env.begin(), survivors_env.end());
+    nodes->push_back(
+        std::make_unique<Daemon>(local_sizes[n], args, env, "tests/gpu/gradsyncd_sim"));
     ASSERT_TRUE(nodes->back()->WaitReady(seconds(10))) << nodes->back()->process().Log();
     if (n == 0) {
       port = nodes->back()->ListenPort(seconds(10));
@@ -632,6 +638,30 @@ std::string Logs(const std::vector<std::unique_ptr<Daemon>>& nodes) {
   return out;
 }
 
+struct ElasticRun {
+  int node;
+  Process process;
+};
+
+// Every trainer not on `gone_node` ends with GS_OK (each step checked
+// against its members' average by sim_trainer) and the same weights.
+void ExpectSurvivorsEndAlike(std::vector<ElasticRun>& runs,
+                             const std::vector<std::unique_ptr<Daemon>>& nodes, int gone_node) {
+  std::string weights;
+  for (ElasticRun& run : runs) {
+    if (run.node == gone_node) continue;
+    const ExitStatus st = run.process.Wait(seconds(60));
+    const std::string log = run.process.Log();
+    ASSERT_TRUE(st.exited && st.code == 0) << st.ToString() << "\n" << log << Logs(nodes);
+    EXPECT_NE(log.find("OK rank"), std::string::npos) << log;
+    const size_t at = log.find("weights ");
+    ASSERT_NE(at, std::string::npos) << log;
+    const std::string mine = log.substr(at, log.find('\n', at) - at);
+    if (weights.empty()) weights = mine;
+    EXPECT_EQ(mine, weights) << "node " << run.node << " ended with other weights";
+  }
+}
+
 // `sigterm`: node 2's daemon is stopped with SIGTERM instead (its trainers
 // resume and get the shutdown error): it leaves the job, and the survivors
 // count it out without waiting for its silence.
@@ -641,11 +671,7 @@ void RunUntilNodeTwoGoesAndExpectSurvivorsFinish(ElasticStage stage, bool sigter
       {"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001", "--timeout-s=10",
        "--stall-threshold-s=1", "--num-nodes=3", "--min-nodes=2", "--job-id=gpuelastic"},
       &nodes));
-  struct Run {
-    int node;
-    Process process;
-  };
-  std::vector<Run> runs;
+  std::vector<ElasticRun> runs;
   for (int n = 0; n < kElasticNodes; ++n) {
     for (int r = 0; r < 2; ++r) {
       const int marks = MarksBeforePause(stage, n == 2);
@@ -661,7 +687,7 @@ void RunUntilNodeTwoGoesAndExpectSurvivorsFinish(ElasticStage stage, bool sigter
                    absl::StrCat("--members-from-step=", kElasticStep), "--members=0,1,2,3"})});
     }
   }
-  for (Run& run : runs) {
+  for (ElasticRun& run : runs) {
     ASSERT_TRUE(
         WaitForLog(run.process, absl::StrCat("paused at step ", kElasticStep), seconds(60)) &&
         WaitStopped(run.process, seconds(30)))
@@ -676,25 +702,13 @@ void RunUntilNodeTwoGoesAndExpectSurvivorsFinish(ElasticStage stage, bool sigter
   }
   const auto killed_at = std::chrono::steady_clock::now();
   nodes[2]->process().Signal(sigterm ? SIGTERM : SIGKILL);
-  for (Run& run : runs) {
+  for (ElasticRun& run : runs) {
     if (run.node == 2) run.process.Signal(sigterm ? SIGCONT : SIGKILL);
   }
-  for (Run& run : runs) {
+  for (ElasticRun& run : runs) {
     if (run.node != 2) run.process.Signal(SIGCONT);
   }
-  std::string weights;
-  for (Run& run : runs) {
-    if (run.node == 2) continue;
-    const ExitStatus st = run.process.Wait(seconds(60));
-    const std::string log = run.process.Log();
-    ASSERT_TRUE(st.exited && st.code == 0) << st.ToString() << "\n" << log << Logs(nodes);
-    EXPECT_NE(log.find(absl::StrCat("OK rank")), std::string::npos) << log;
-    const size_t at = log.find("weights ");
-    ASSERT_NE(at, std::string::npos) << log;
-    const std::string mine = log.substr(at, log.find('\n', at) - at);
-    if (weights.empty()) weights = mine;
-    EXPECT_EQ(mine, weights) << "node " << run.node << " ended with other weights";
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsEndAlike(runs, nodes, /*gone_node=*/2));
   // Detection (the 2 s of silence that prove a death), re-formation, the
   // redone step and the 2 after it; for the record, not a bound.
   std::printf("gpu_elastic: the survivors finished %.1f s after the kill\n",
@@ -712,7 +726,7 @@ void RunUntilNodeTwoGoesAndExpectSurvivorsFinish(ElasticStage stage, bool sigter
       EXPECT_EQ(log.find("kept_buckets=0"), std::string::npos) << log;
     }
   }
-  for (Run& run : runs) {
+  for (ElasticRun& run : runs) {
     if (run.node != 2) continue;
     const ExitStatus st = run.process.Wait(seconds(sigterm ? 60 : 10));
     if (!sigterm) continue;
@@ -794,44 +808,207 @@ TEST(GpuElasticJob, BelowMinNodesTheSurvivorFailsNamingMinNodesAndTheDeadNodes) 
   }
 }
 
-// Not built on the GPU path: going on without one dead trainer (its node
-// stays). Rank 3 (node 1, local rank 1) SIGKILLs itself mid-backward: every
-// other trainer fails with PEER_FAILED naming it, and its node's says why
-// the elastic job did not go on.
-TEST(GpuElasticJob, ATrainersDeathEndsTheJobNamingItAndSayingWhy) {
+// The survivors of node `gone` (generation 1's node_rank) re-formed as
+// generation 2 on their 2 GPUs each and redid step kElasticStep over 4 ranks.
+void ExpectSurvivorsReformedWithout(const std::vector<std::unique_ptr<Daemon>>& nodes, int gone) {
+  for (int n = 0; n < kElasticNodes; ++n) {
+    if (n == gone) continue;
+    const std::string log = nodes[n]->process().Log();
+    for (const std::string& needle :
+         {absl::StrCat("event=node_departed generation=1 node_rank=", gone),
+          std::string("event=gpu_session_reformed generation=2 gpus=2"),
+          absl::StrCat("event=iteration_redo iteration=", kElasticStep, " world_size=4 nodes=2")}) {
+      EXPECT_NE(log.find(needle), std::string::npos) << needle << " on node " << n << Logs(nodes);
+    }
+    EXPECT_EQ(log.find("event=node_presumed_dead"), std::string::npos) << log;
+  }
+}
+
+// A trainer's death in an elastic GPU job takes its node out (the GPU
+// path cannot count one trainer out of an iteration): rank 3 (node 1,
+// local rank 1) SIGKILLs itself after 2 of its 6 marks of step 2, some of
+// its buckets already averaged over 6. Its node leaves as a departure:
+// rank 2 fails with PEER_FAILED naming rank 3 and saying its node leaves;
+// nodes 0 and 2 re-form and redo step 2 from their kept sums over ranks
+// 0, 1, 4, 5, each step within 1e-12 of its members' average (fp64).
+TEST(GpuElasticJob, ATrainerKilledMidBackwardTakesItsNodeOutAndTheOthersRedoTheStep) {
   std::vector<std::unique_ptr<Daemon>> nodes;
-  ASSERT_NO_FATAL_FAILURE(StartSimNodes(
-      {"--timeout-s=10", "--num-nodes=3", "--min-nodes=2", "--job-id=gputrainerdeath"}, &nodes));
-  std::vector<Process> survivors;
-  Process victim;
+  ASSERT_NO_FATAL_FAILURE(
+      StartSimNodes({"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001", "--timeout-s=10",
+                     "--num-nodes=3", "--min-nodes=2", "--job-id=gputrainerdeath"},
+                    &nodes));
+  std::vector<ElasticRun> runs;
   for (int n = 0; n < kElasticNodes; ++n) {
     for (int r = 0; r < 2; ++r) {
-      std::vector<std::string> args = {"--mode=flat", "--steps=5"};
+      std::vector<std::string> args = {
+          "--mode=flat", "--dtype=fp64", absl::StrCat("--steps=", kElasticSteps),
+          absl::StrCat("--members-from-step=", kElasticStep), "--members=0,1,4,5"};
       if (n == 1 && r == 1) {
         args.insert(args.end(),
                     {absl::StrCat("--die-at-step=", kElasticStep), "--die-after-marks=2"});
-        victim = StartSimTrainer(*nodes[n], r, 2, args);
-      } else {
-        survivors.push_back(StartSimTrainer(*nodes[n], r, 2, args));
       }
+      runs.push_back({n, StartSimTrainer(*nodes[n], r, 2, args)});
     }
   }
-  for (Process& p : survivors) {
-    const ExitStatus st = p.Wait(seconds(60));
-    const std::string log = p.Log();
+  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsEndAlike(runs, nodes, /*gone_node=*/1));
+  Process& victim = runs[3].process;
+  const ExitStatus died = victim.Wait(seconds(10));
+  EXPECT_TRUE(!died.exited && died.code == SIGKILL) << died.ToString() << victim.Log();
+  Process& other = runs[2].process;  // rank 2, node 1
+  const ExitStatus st = other.Wait(seconds(30));
+  const std::string log = other.Log();
+  ASSERT_TRUE(st.exited && st.code == 2) << st.ToString() << "\n" << log << Logs(nodes);
+  for (const std::string& needle :
+       {std::string("error code=4"), absl::StrCat("rank 3 (local 1, pid ", victim.pid(), ") died"),
+        std::string("so its node leaves the job")}) {
+    EXPECT_NE(log.find(needle), std::string::npos) << needle << " in " << log << Logs(nodes);
+  }
+  ExpectSurvivorsReformedWithout(nodes, /*gone=*/1);
+  EXPECT_TRUE(nodes[1]->process().Running()) << Logs(nodes);
+}
+
+// A node's last trainer dying takes the node out on the GPU path too: node
+// 2 runs one trainer (rank 4), which SIGKILLs itself after 2 marks of step
+// 2; its daemon lives on, and nodes 0 and 1 redo step 2 over ranks 0-3.
+TEST(GpuElasticJob, ANodesOnlyTrainerKilledTakesItsNodeOutAndTheOthersRedoTheStep) {
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  ASSERT_NO_FATAL_FAILURE(
+      StartSimNodes({"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001", "--timeout-s=10",
+                     "--num-nodes=3", "--min-nodes=2", "--job-id=gpulasttrainer"},
+                    &nodes, {2, 2, 1}));
+  std::vector<ElasticRun> runs;
+  for (int n = 0; n < kElasticNodes; ++n) {
+    for (int r = 0; r < (n == 2 ? 1 : 2); ++r) {
+      std::vector<std::string> args = {
+          "--mode=user", "--dtype=fp64", absl::StrCat("--steps=", kElasticSteps),
+          absl::StrCat("--members-from-step=", kElasticStep), "--members=0,1,2,3"};
+      if (n == 2) {
+        args.insert(args.end(),
+                    {absl::StrCat("--die-at-step=", kElasticStep), "--die-after-marks=2"});
+      }
+      runs.push_back({n, StartSimTrainer(*nodes[n], r, 2, args)});
+    }
+  }
+  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsEndAlike(runs, nodes, /*gone_node=*/2));
+  Process& victim = runs[4].process;
+  const ExitStatus died = victim.Wait(seconds(10));
+  EXPECT_TRUE(!died.exited && died.code == SIGKILL) << died.ToString() << victim.Log();
+  EXPECT_NE(
+      nodes[2]->process().Log().find(absl::StrCat("rank 4 (local 0, pid ", victim.pid(), ") died")),
+      std::string::npos)
+      << Logs(nodes);
+  EXPECT_NE(nodes[2]->process().Log().find("it was its node's last trainer, so the node leaves"),
+            std::string::npos)
+      << Logs(nodes);
+  ExpectSurvivorsReformedWithout(nodes, /*gone=*/2);
+  EXPECT_TRUE(nodes[2]->process().Running()) << Logs(nodes);
+}
+
+// A fixed job (--min-nodes = --num-nodes) still ends at a trainer's death:
+// rank 3 (node 1) SIGKILLs itself after 2 marks of step 2, and every other
+// trainer, on every node, fails with PEER_FAILED naming it; nobody re-forms.
+TEST(GpuFixedJob, ATrainersDeathEndsTheJobOnEveryNodeNamingIt) {
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  ASSERT_NO_FATAL_FAILURE(
+      StartSimNodes({"--timeout-s=10", "--num-nodes=3", "--job-id=gpufixedtrainer"}, &nodes));
+  std::vector<ElasticRun> runs;
+  for (int n = 0; n < kElasticNodes; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> args = {"--mode=flat", absl::StrCat("--steps=", kElasticSteps)};
+      if (n == 1 && r == 1) {
+        args.insert(args.end(),
+                    {absl::StrCat("--die-at-step=", kElasticStep), "--die-after-marks=2"});
+      }
+      runs.push_back({n, StartSimTrainer(*nodes[n], r, 2, args)});
+    }
+  }
+  Process& victim = runs[3].process;
+  const ExitStatus died = victim.Wait(seconds(60));
+  EXPECT_TRUE(!died.exited && died.code == SIGKILL) << died.ToString() << victim.Log();
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (i == 3) continue;
+    const ExitStatus st = runs[i].process.Wait(seconds(60));
+    const std::string log = runs[i].process.Log();
     ASSERT_TRUE(st.exited && st.code == 2) << st.ToString() << "\n" << log << Logs(nodes);
     EXPECT_NE(log.find("error code=4"), std::string::npos) << log;
     EXPECT_NE(log.find("rank 3 (local 1"), std::string::npos) << log << Logs(nodes);
   }
-  EXPECT_NE(nodes[1]->process().Log().find("rank 3 (local 1, pid " + std::to_string(victim.pid()) +
-                                           ") died"),
-            std::string::npos)
-      << Logs(nodes);
-  EXPECT_NE(nodes[1]->process().Log().find("goes on without a dead node, not without a dead "
-                                           "trainer"),
-            std::string::npos)
-      << Logs(nodes);
-  victim.Wait(seconds(10));
+  for (int n = 0; n < kElasticNodes; ++n) {
+    EXPECT_EQ(nodes[n]->process().Log().find("event=job_reformed"), std::string::npos)
+        << Logs(nodes);
+  }
+}
+
+// The scheduler's watchdog in an elastic GPU job. Node 2's trainers marked
+// only the first gradient of step 2 and the survivors' all of them, so the
+// survivors wait inside the second bucket's collective; node 2's daemon is
+// then stopped (SIGSTOP: silent, not dead), and the survivors' collectives
+// never time out by themselves (GRADSYNC_SIM_STALL_AT=collective, as an
+// NCCL kernel waiting for a stopped peer). Past the timeout the watchdog
+// aborts that generation's collectives only, the leader names node 2
+// presumed dead (silent for seconds while the others answer), and the
+// survivors re-form without it and redo step 2 from their kept sums (the
+// first bucket was written back already), each step within 1e-12 of its
+// members' average. Woken, node 2's trainers get the job's error.
+TEST(GpuElasticJob, ANodeStoppedInsideACollectivePastTheTimeoutIsLeftOutAndTheOthersRedoTheStep) {
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  ASSERT_NO_FATAL_FAILURE(StartSimNodes(
+      {"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001", "--timeout-s=6",
+       "--stall-threshold-s=4", "--num-nodes=3", "--min-nodes=2", "--job-id=gpuwatchdog"},
+      &nodes, {2, 2, 2}, {{"GRADSYNC_SIM_STALL_AT", "collective"}}));
+  std::vector<ElasticRun> runs;
+  for (int n = 0; n < kElasticNodes; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      const int marks = MarksBeforePause(ElasticStage::kSurvivorsInCollective, n == 2);
+      runs.push_back({n, StartSimTrainer(*nodes[n], r, 2,
+                                         {"--mode=flat", "--dtype=fp64", "--in-order",
+                                          absl::StrCat("--steps=", kElasticSteps),
+                                          absl::StrCat("--pause-at-step=", kElasticStep),
+                                          absl::StrCat("--pause-after-marks=", marks),
+                                          absl::StrCat("--members-from-step=", kElasticStep),
+                                          "--members=0,1,2,3"})});
+    }
+  }
+  for (ElasticRun& run : runs) {
+    ASSERT_TRUE(
+        WaitForLog(run.process, absl::StrCat("paused at step ", kElasticStep), seconds(60)) &&
+        WaitStopped(run.process, seconds(30)))
+        << run.process.Log() << Logs(nodes);
+  }
+  // Node 2 waits for its paused trainers (its stall report), the
+  // survivors inside the collective; then node 2 goes silent mid-step.
+  ASSERT_TRUE(WaitForLog(nodes[2]->process(), "event=stall", seconds(30))) << Logs(nodes);
+  nodes[2]->process().Signal(SIGSTOP);
+  for (ElasticRun& run : runs) {
+    if (run.node != 2) run.process.Signal(SIGCONT);
+  }
+  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsEndAlike(runs, nodes, /*gone_node=*/2));
+  bool watchdog_fired = false;
+  for (int n = 0; n < 2; ++n) {
+    const std::string log = nodes[n]->process().Log();
+    watchdog_fired = watchdog_fired || log.find(absl::StrCat("event=reduction_timeout iteration=",
+                                                             kElasticStep)) != std::string::npos;
+    for (const std::string& needle :
+         {std::string("event=node_presumed_dead generation=1 node_rank=2"),
+          std::string("event=gpu_session_reformed generation=2 gpus=2"),
+          absl::StrCat("event=iteration_redo iteration=", kElasticStep, " world_size=4 nodes=2")}) {
+      EXPECT_NE(log.find(needle), std::string::npos) << needle << " on node " << n << Logs(nodes);
+    }
+    EXPECT_EQ(log.find("kept_buckets=0"), std::string::npos) << log;
+    EXPECT_EQ(log.find("event=job_failed"), std::string::npos) << log;
+  }
+  EXPECT_TRUE(watchdog_fired) << Logs(nodes);
+  nodes[2]->process().Signal(SIGCONT);
+  for (ElasticRun& run : runs) {
+    if (run.node != 2) continue;
+    run.process.Signal(SIGCONT);
+    const ExitStatus st = run.process.Wait(seconds(60));
+    const std::string log = run.process.Log();
+    ASSERT_TRUE(st.exited && st.code == 2) << st.ToString() << "\n" << log << Logs(nodes);
+    EXPECT_TRUE(log.find("error code=4") != std::string::npos ||
+                log.find("error code=5") != std::string::npos)
+        << log;
+  }
 }
 
 // The equivalence check can fail: a daemon that reduces without polling the
