@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <map>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -16,6 +15,7 @@
 #include "tests/integration/cluster.h"
 #include "tests/integration/control_stats.h"
 #include "tests/integration/harness.h"
+#include "tests/testing/plan_decisions.h"
 
 namespace gradsync::testing {
 namespace {
@@ -63,19 +63,6 @@ JobRun RunJob(const std::vector<std::string>& extra, int steps) {
   }
   for (const std::string& out : outs) run.weights.push_back(LoadWeights(out));
   return run;
-}
-
-// "iteration=I config_version=V fingerprint=F" of every plan decision in a log.
-std::vector<std::string> PlanDecisions(const std::string& log) {
-  static const std::regex kDecided(
-      "event=plan_decided plan_version=(\\d+) fingerprint=(\\w+) iteration=(\\d+) "
-      "config_version=(\\d+)");
-  std::vector<std::string> out;
-  for (std::sregex_iterator it(log.begin(), log.end(), kDecided), end; it != end; ++it) {
-    out.push_back(absl::StrCat("iteration=", (*it)[3].str(), " config_version=", (*it)[4].str(),
-                               " fingerprint=", (*it)[2].str()));
-  }
-  return out;
 }
 
 TEST(Autotune, EveryNodeAppliesEachCandidateAndTheChoiceAtTheSameIterationAndTrainsLikeFixedCaps) {
