@@ -118,5 +118,29 @@ TEST(Autotune, EveryNodeAppliesEachCandidateAndTheChoiceAtTheSameIterationAndTra
   }
 }
 
+// The first member tunes for every node: a node given --autotune among
+// nodes without it would report a tuner that never tunes, so the job is
+// refused when it forms, on every node alike.
+TEST(Autotune, NodesGivenDifferentAutotuneAreRefusedWhenTheJobFormsNamingTheNodeAndBothValues) {
+  ClusterOptions options;
+  options.job_id = "autotune-mismatch";
+  options.flags = {"--timeout-s=30"};
+  options.node_flags = {{}, {"--autotune"}};
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers({"--steps=3", "--batch=60"}, &outs);
+  ASSERT_EQ(trainers.size(), 2u);
+  for (Process& p : trainers) {
+    const ExitStatus st = p.Wait(seconds(60));
+    ASSERT_TRUE(st.exited) << st.ToString() << p.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitMismatch) << p.Log() << cluster.DaemonLogs();
+    EXPECT_NE(p.Log().find("--autotune differs between nodes: node 0 runs --autotune=off but "
+                           "node 1 runs --autotune=on"),
+              std::string::npos)
+        << p.Log();
+  }
+}
+
 }  // namespace
 }  // namespace gradsync::testing
