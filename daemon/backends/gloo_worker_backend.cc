@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -230,6 +231,24 @@ absl::Status GlooWorkerBackend::WorkerDied(const std::string& during) {
     while (waitpid(pid_, &wait_status, 0) < 0 && errno == EINTR) {
     }
   }
+  std::optional<std::string> abort_reason;
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_) abort_reason = abort_reason_;
+  }
+  // Abort kills the worker (SIGKILL) on purpose: that death is no failure
+  // of its own, the abort's cause is. Any other end, or last words of its
+  // own, is the worker's failure.
+  const bool killed_to_abort =
+      abort_reason.has_value() && fatal_.empty() &&
+      (!reap || (WIFSIGNALED(wait_status) && WTERMSIG(wait_status) == SIGKILL));
+  if (killed_to_abort) {
+    spdlog::info("event=gloo_worker_stopped node_rank={} generation={} pid={} reason={}",
+                 node_rank_, generation_, pid_, LogValue(*abort_reason));
+    return MakeError(v1::PEER_FAILED,
+                     absl::StrCat(*abort_reason, " (node_rank=", node_rank_,
+                                  " generation=", generation_, " aborted ", during, ")"));
+  }
   std::string message =
       absl::StrCat(Who(), " ", reap ? DescribeExit(wait_status) : "ended", " ", during);
   if (!fatal_.empty()) {
@@ -237,10 +256,7 @@ absl::Status GlooWorkerBackend::WorkerDied(const std::string& during) {
                     " (a malformed Gloo message, from a peer or from a stranger on the "
                     "worker's Gloo port; the daemon is unaffected)");
   }
-  {
-    absl::MutexLock lock(&mu_);
-    if (aborted_) absl::StrAppend(&message, " [aborted: ", abort_reason_, "]");
-  }
+  if (abort_reason.has_value()) absl::StrAppend(&message, " [aborted: ", *abort_reason, "]");
   spdlog::error("event=gloo_worker_died node_rank={} generation={} pid={} error={}", node_rank_,
                 generation_, pid_, LogValue(message));
   return MakeError(v1::PEER_FAILED, message);

@@ -70,8 +70,10 @@ absl::Status CompareFlagAcrossNodes(const Records& records, const std::vector<in
 // rather than found out later: --wire-dtype (nodes that cast differently
 // would pair 16-bit halves with fp32 words), --check-replicas-every (a node
 // checking at other iterations would meet the others' comparison with a
-// collective of its own) and --min-nodes (a node that would fail at a death
-// while the others re-form, or the reverse).
+// collective of its own), --min-nodes (a node that would fail at a death
+// while the others re-form, or the reverse) and --autotune (the first
+// member tunes for every node: one without it would neither tune nor be
+// tuned for, yet report that the first member tunes).
 absl::Status CompareSharedFlags(const Records& records, uint64_t gen,
                                 const std::vector<int>& members) {
   RETURN_IF_ERROR(CompareFlagAcrossNodes(
@@ -79,8 +81,10 @@ absl::Status CompareSharedFlags(const Records& records, uint64_t gen,
   RETURN_IF_ERROR(CompareFlagAcrossNodes(
       records, members, [gen](int n) { return CheckReplicasEveryKey(gen, n); },
       "--check-replicas-every", "0"));
+  RETURN_IF_ERROR(CompareFlagAcrossNodes(
+      records, members, [gen](int n) { return MinNodesKey(gen, n); }, "--min-nodes", "(none)"));
   return CompareFlagAcrossNodes(
-      records, members, [gen](int n) { return MinNodesKey(gen, n); }, "--min-nodes", "(none)");
+      records, members, [gen](int n) { return AutotuneKey(gen, n); }, "--autotune", "(none)");
 }
 
 }  // namespace
@@ -242,7 +246,7 @@ int RankOffset(const JoinResult& joined, int node_rank) {
 }
 
 // Publishes this node's records: its --check-replicas-every, --min-nodes,
-// layout and wire dtype; the generation's first member (node 0 unless it
+// --autotune, layout and wire dtype; the generation's first member (node 0 unless it
 // died: on etcd any node may) also the job's bucket caps and
 // --uneven-inputs. Returns the wire dtype published.
 absl::StatusOr<WireDType> PublishRecords(JobRendezvous& client, const DaemonConfig& config,
@@ -252,6 +256,7 @@ absl::StatusOr<WireDType> PublishRecords(JobRendezvous& client, const DaemonConf
                              absl::StrCat(config.check_replicas_every)));
   RETURN_IF_ERROR(
       client.Set(MinNodesKey(gen, config.node_rank), absl::StrCat(config.min_nodes_or_num())));
+  RETURN_IF_ERROR(client.Set(AutotuneKey(gen, config.node_rank), config.autotune ? "on" : "off"));
   RETURN_IF_ERROR(client.Set(LayoutKey(gen, config.node_rank), EncodeLayout(layout)));
   ASSIGN_OR_RETURN(WireDType wire_dtype, ParseWireDType(config.wire_dtype));
   RETURN_IF_ERROR(client.Set(WireDTypeKey(gen, config.node_rank), WireDTypeName(wire_dtype)));
@@ -276,6 +281,7 @@ absl::StatusOr<Records> WaitForRecords(JobRendezvous& client, const std::vector<
   std::vector<std::string> read_keys;
   for (int n : members) read_keys.push_back(MinNodesKey(gen, n));
   for (int n : members) read_keys.push_back(CheckReplicasEveryKey(gen, n));
+  for (int n : members) read_keys.push_back(AutotuneKey(gen, n));
   absl::StatusOr<Records> records = client.WaitForValues(keys, read_keys, wait);
   if (!records.ok()) {
     return MakeError(CodeOf(records.status()),

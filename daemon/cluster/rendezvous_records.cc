@@ -103,6 +103,10 @@ std::string MinNodesKey(uint64_t generation, int node_rank) {
   return absl::StrCat(GenerationKeyPrefix(generation), "min_nodes/", node_rank);
 }
 
+std::string AutotuneKey(uint64_t generation, int node_rank) {
+  return absl::StrCat(GenerationKeyPrefix(generation), "autotune/", node_rank);
+}
+
 std::string EncodeCaps(double bucket_cap_mb, double first_bucket_cap_mb) {
   return CapsRecord(bucket_cap_mb, first_bucket_cap_mb).SerializeAsString();
 }

@@ -41,6 +41,10 @@ std::string CheckReplicasEveryKey(uint64_t generation, int node_rank);
 // Each node's --min-nodes, decimal ("g<gen>/min_nodes/<rank>"): a node that
 // would fail at a death while the others re-form must not join them.
 std::string MinNodesKey(uint64_t generation, int node_rank);
+// Each node's --autotune, "on" or "off" ("g<gen>/autotune/<rank>"): the
+// generation's first member tunes for all, so a node without it must not
+// join nodes with it (its stats would name a tuner that does not tune).
+std::string AutotuneKey(uint64_t generation, int node_rank);
 
 // A job-wide caps change published by the leader, version `version` of the
 // generation's ordered config log ("g<gen>/config/<version>").

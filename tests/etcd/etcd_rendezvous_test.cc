@@ -8,6 +8,7 @@
 // the timeout.
 #include "daemon/cluster/etcd_rendezvous.h"
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -39,10 +40,11 @@ using ::testing::Not;
   } while (0)
 
 constexpr char kToken[] = "the-job-token-s3cret";
+constexpr absl::Duration kLeaseTtl = absl::Seconds(10);
 
 std::shared_ptr<EtcdRendezvous> Rendezvous(const std::vector<std::string>& endpoints,
                                            const std::string& token = kToken,
-                                           absl::Duration lease_ttl = absl::Seconds(10),
+                                           absl::Duration lease_ttl = kLeaseTtl,
                                            int min_nodes = 0) {
   EtcdRendezvousOptions options;
   options.etcd.endpoints = endpoints;
@@ -82,13 +84,103 @@ std::vector<absl::StatusOr<JoinResult>> JoinAll(
   return results;
 }
 
-TEST(EtcdRendezvousTest, NodesRacingToFormAGenerationAllGetTheSameOne) {
-  SKIP_WITHOUT_ETCD();
-  EtcdCluster etcd(1);
-  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
-  std::vector<std::shared_ptr<EtcdRendezvous>> nodes;
-  for (int i = 0; i < 4; ++i) nodes.push_back(Rendezvous(etcd.endpoints()));
-  std::vector<absl::StatusOr<JoinResult>> results = JoinAll(nodes);
+// Node `rank`'s heartbeat in `generation`, reporting `node_error` (OK: none).
+absl::StatusOr<HeartbeatResult> Beat(EtcdRendezvous& node, int rank, uint64_t generation = 1,
+                                     const absl::Status& node_error = absl::OkStatus()) {
+  HeartbeatParams params;
+  params.node_rank = rank;
+  params.generation = generation;
+  params.node_error = node_error;
+  return node.Heartbeat(params);
+}
+
+// Each test runs against an etcd member of its own; nodes_ are the job's
+// daemons' rendezvous clients, by node rank.
+class EtcdRendezvousTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_ETCD();
+    ASSERT_TRUE(etcd_.Start().ok()) << etcd_.Logs();
+  }
+
+  std::shared_ptr<EtcdRendezvous> NewNode(absl::Duration lease_ttl = kLeaseTtl, int min_nodes = 0) {
+    return Rendezvous(etcd_.endpoints(), kToken, lease_ttl, min_nodes);
+  }
+
+  void AddNodes(int count, absl::Duration lease_ttl = kLeaseTtl, int min_nodes = 0) {
+    for (int i = 0; i < count; ++i) nodes_.push_back(NewNode(lease_ttl, min_nodes));
+  }
+
+  // Every node joins at once; whether all formed the generation.
+  bool FormGeneration() {
+    bool formed = true;
+    for (const absl::StatusOr<JoinResult>& r : JoinAll(nodes_)) {
+      EXPECT_TRUE(r.ok()) << r.status();
+      formed = formed && r.ok();
+    }
+    return formed;
+  }
+
+  // A client that reads etcd as it is, past the rendezvous.
+  absl::StatusOr<std::unique_ptr<EtcdClient>> RawClient() const {
+    EtcdClientOptions raw;
+    raw.endpoints = etcd_.endpoints();
+    return EtcdClient::Connect(raw);
+  }
+
+  // Each of the `survivors` of an elastic job (--min-nodes 2) that formed
+  // generation 1 reports `failure` (if any), leaves, and joins again as a new
+  // daemon to resume generation 1 at `iterations[rank]`, each on its own
+  // thread, as job_reform does. The results by rank ("dead": no survivor).
+  std::vector<absl::StatusOr<JoinResult>> ReformResuming(
+      const std::vector<int>& survivors, const absl::Status& failure,
+      const std::vector<uint64_t>& iterations, absl::Duration lease_ttl = kLeaseTtl,
+      absl::Duration join_timeout = absl::Seconds(30)) {
+    const int num_nodes = static_cast<int>(nodes_.size());
+    std::vector<absl::StatusOr<JoinResult>> results(num_nodes, absl::UnknownError("dead"));
+    std::vector<std::thread> threads;
+    for (int i : survivors) {
+      threads.emplace_back([&, i] {
+        if (!failure.ok()) {
+          EXPECT_TRUE(Beat(*nodes_[i], i, 1, failure).ok());
+        }
+        EXPECT_TRUE(nodes_[i]->Leave(i, 1, "re-forming").ok());
+        nodes_[i] = NewNode(lease_ttl, /*min_nodes=*/2);
+        JoinParams p = Node(i, num_nodes, join_timeout);
+        p.resume_generation = 1;
+        p.resume_iteration = iterations[i];
+        results[i] = nodes_[i]->Join(p);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return results;
+  }
+
+  // Three nodes of an elastic job (--min-nodes 2) formed generation 1; each
+  // node in `dead` is gone (its lease revoked, as one that expired, never
+  // having heard of the abort); the others report a failure and re-form.
+  std::vector<absl::StatusOr<JoinResult>> ResumeAfterDeaths(
+      const std::vector<int>& dead, const std::vector<uint64_t>& iterations) {
+    AddNodes(3, kLeaseTtl, /*min_nodes=*/2);
+    if (!FormGeneration()) return {};
+    std::vector<int> survivors;
+    for (int i = 0; i < 3; ++i) {
+      if (std::find(dead.begin(), dead.end(), i) == dead.end()) {
+        survivors.push_back(i);
+      } else {
+        nodes_[i].reset();
+      }
+    }
+    return ReformResuming(survivors, absl::UnavailableError("a collective failed"), iterations);
+  }
+
+  EtcdCluster etcd_{1};
+  std::vector<std::shared_ptr<EtcdRendezvous>> nodes_;
+};
+
+TEST_F(EtcdRendezvousTest, NodesRacingToFormAGenerationAllGetTheSameOne) {
+  AddNodes(4);
+  std::vector<absl::StatusOr<JoinResult>> results = JoinAll(nodes_);
   for (size_t i = 0; i < results.size(); ++i) {
     ASSERT_TRUE(results[i].ok()) << "node " << i << ": " << results[i].status();
     EXPECT_EQ(results[i]->generation, 1u);
@@ -101,24 +193,18 @@ TEST(EtcdRendezvousTest, NodesRacingToFormAGenerationAllGetTheSameOne) {
     }
   }
   // The records every node publishes reach every other, from any node.
-  ASSERT_TRUE(nodes[3]->Set("g1/layout/3", "L3").ok());
+  ASSERT_TRUE(nodes_[3]->Set("g1/layout/3", "L3").ok());
   absl::StatusOr<std::map<std::string, std::string>> values =
-      nodes[0]->WaitForValues({"g1/layout/3"}, absl::Seconds(10));
+      nodes_[0]->WaitForValues({"g1/layout/3"}, absl::Seconds(10));
   ASSERT_TRUE(values.ok()) << values.status();
   EXPECT_EQ(values->at("g1/layout/3"), "L3");
 }
 
-TEST(EtcdRendezvousTest, TheJobTokenNeverReachesEtcdAndAnotherTokenIsRefused) {
-  SKIP_WITHOUT_ETCD();
-  EtcdCluster etcd(1);
-  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
-  std::vector<std::shared_ptr<EtcdRendezvous>> nodes = {Rendezvous(etcd.endpoints()),
-                                                        Rendezvous(etcd.endpoints())};
-  for (const absl::StatusOr<JoinResult>& r : JoinAll(nodes)) ASSERT_TRUE(r.ok()) << r.status();
+TEST_F(EtcdRendezvousTest, TheJobTokenNeverReachesEtcdAndAnotherTokenIsRefused) {
+  AddNodes(2);
+  ASSERT_TRUE(FormGeneration());
 
-  EtcdClientOptions raw;
-  raw.endpoints = etcd.endpoints();
-  absl::StatusOr<std::unique_ptr<EtcdClient>> client = EtcdClient::Connect(raw);
+  absl::StatusOr<std::unique_ptr<EtcdClient>> client = RawClient();
   ASSERT_TRUE(client.ok()) << client.status();
   absl::StatusOr<EtcdRange> all = (*client)->GetPrefix("gs/");
   ASSERT_TRUE(all.ok()) << all.status();
@@ -127,7 +213,7 @@ TEST(EtcdRendezvousTest, TheJobTokenNeverReachesEtcdAndAnotherTokenIsRefused) {
     EXPECT_THAT(kv.value, Not(HasSubstr(kToken))) << kv.key;
   }
 
-  std::shared_ptr<EtcdRendezvous> intruder = Rendezvous(etcd.endpoints(), "another-token");
+  std::shared_ptr<EtcdRendezvous> intruder = Rendezvous(etcd_.endpoints(), "another-token");
   absl::StatusOr<JoinResult> refused = intruder->Join(Node(0, 2, absl::Seconds(5)));
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated) << refused.status();
@@ -135,11 +221,8 @@ TEST(EtcdRendezvousTest, TheJobTokenNeverReachesEtcdAndAnotherTokenIsRefused) {
   EXPECT_THAT(refused.status().message(), HasSubstr("another job token"));
 }
 
-TEST(EtcdRendezvousTest, AJoinTimeoutNamesTheNodeThatNeverJoined) {
-  SKIP_WITHOUT_ETCD();
-  EtcdCluster etcd(1);
-  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
-  std::shared_ptr<EtcdRendezvous> node0 = Rendezvous(etcd.endpoints());
+TEST_F(EtcdRendezvousTest, AJoinTimeoutNamesTheNodeThatNeverJoined) {
+  std::shared_ptr<EtcdRendezvous> node0 = NewNode();
   ASSERT_TRUE(node0->Set("forming/node2", "waiting for local_rank=1").ok());
   absl::StatusOr<JoinResult> r = node0->Join(Node(0, 3, absl::Seconds(2)));
   ASSERT_FALSE(r.ok());
@@ -149,25 +232,18 @@ TEST(EtcdRendezvousTest, AJoinTimeoutNamesTheNodeThatNeverJoined) {
   EXPECT_THAT(r.status().message(), HasSubstr("node_rank=2 (waiting for local_rank=1)"));
 }
 
-TEST(EtcdRendezvousTest, AMemberWhoseLeaseIsGoneAbortsTheGenerationNamingIt) {
-  SKIP_WITHOUT_ETCD();
-  EtcdCluster etcd(1);
-  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
-  std::vector<std::shared_ptr<EtcdRendezvous>> nodes = {Rendezvous(etcd.endpoints()),
-                                                        Rendezvous(etcd.endpoints())};
-  for (const absl::StatusOr<JoinResult>& r : JoinAll(nodes)) ASSERT_TRUE(r.ok()) << r.status();
-  HeartbeatParams hb;
-  hb.node_rank = 0;
-  hb.generation = 1;
-  absl::StatusOr<HeartbeatResult> before = nodes[0]->Heartbeat(hb);
+TEST_F(EtcdRendezvousTest, AMemberWhoseLeaseIsGoneAbortsTheGenerationNamingIt) {
+  AddNodes(2);
+  ASSERT_TRUE(FormGeneration());
+  absl::StatusOr<HeartbeatResult> before = Beat(*nodes_[0], 0);
   ASSERT_TRUE(before.ok()) << before.status();
   EXPECT_FALSE(before->abort);
 
   // A wait on generation 1's keys is under way when node 1 goes.
   absl::StatusOr<std::map<std::string, std::string>> waited;
-  std::thread waiter([&] { waited = nodes[0]->WaitForValues({"g1/never"}, absl::Seconds(30)); });
-  nodes[1].reset();  // its lease is revoked: as a lease that expired
-  absl::StatusOr<HeartbeatResult> after = nodes[0]->Heartbeat(hb);
+  std::thread waiter([&] { waited = nodes_[0]->WaitForValues({"g1/never"}, absl::Seconds(30)); });
+  nodes_[1].reset();  // its lease is revoked: as a lease that expired
+  absl::StatusOr<HeartbeatResult> after = Beat(*nodes_[0], 0);
   waiter.join();
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_TRUE(after->abort);
@@ -181,30 +257,19 @@ TEST(EtcdRendezvousTest, AMemberWhoseLeaseIsGoneAbortsTheGenerationNamingIt) {
   EXPECT_THAT(waited.status().message(), HasSubstr("node_rank=1 (host=10.0.0.2) is dead"));
 
   // The next generation forms with a new daemon for node 1.
-  nodes[1] = Rendezvous(etcd.endpoints());
-  std::vector<absl::StatusOr<JoinResult>> again = JoinAll(nodes);
+  nodes_[1] = NewNode();
+  std::vector<absl::StatusOr<JoinResult>> again = JoinAll(nodes_);
   for (const absl::StatusOr<JoinResult>& r : again) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->generation, 2u);
   }
 }
 
-TEST(EtcdRendezvousTest, ANodeErrorAbortsTheGenerationForEveryMember) {
-  SKIP_WITHOUT_ETCD();
-  EtcdCluster etcd(1);
-  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
-  std::vector<std::shared_ptr<EtcdRendezvous>> nodes = {Rendezvous(etcd.endpoints()),
-                                                        Rendezvous(etcd.endpoints())};
-  for (const absl::StatusOr<JoinResult>& r : JoinAll(nodes)) ASSERT_TRUE(r.ok()) << r.status();
-  HeartbeatParams report;
-  report.node_rank = 1;
-  report.generation = 1;
-  report.node_error = absl::DataLossError("trainer 3 stopped");
-  ASSERT_TRUE(nodes[1]->Heartbeat(report).ok());
-  HeartbeatParams hb;
-  hb.node_rank = 0;
-  hb.generation = 1;
-  absl::StatusOr<HeartbeatResult> r = nodes[0]->Heartbeat(hb);
+TEST_F(EtcdRendezvousTest, ANodeErrorAbortsTheGenerationForEveryMember) {
+  AddNodes(2);
+  ASSERT_TRUE(FormGeneration());
+  ASSERT_TRUE(Beat(*nodes_[1], 1, 1, absl::DataLossError("trainer 3 stopped")).ok());
+  absl::StatusOr<HeartbeatResult> r = Beat(*nodes_[0], 0);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->abort);
   EXPECT_THAT(r->abort_reason, HasSubstr("node_rank=1 (host=10.0.0.2) reported"));
@@ -212,51 +277,8 @@ TEST(EtcdRendezvousTest, ANodeErrorAbortsTheGenerationForEveryMember) {
   EXPECT_TRUE(r->silent_members.empty());  // node 1 acknowledged its own abort
 }
 
-// Three nodes of an elastic job (--min-nodes 2) formed generation 1; each
-// node in `dead` is gone (its lease revoked, as one that expired, never
-// having heard of the abort); the others report a failure and join again to
-// resume generation 1 at `iterations[rank]`.
-std::vector<absl::StatusOr<JoinResult>> ResumeAfterDeaths(const std::vector<std::string>& endpoints,
-                                                          const std::vector<int>& dead,
-                                                          const std::vector<uint64_t>& iterations) {
-  std::vector<std::shared_ptr<EtcdRendezvous>> nodes;
-  for (int i = 0; i < 3; ++i) {
-    nodes.push_back(Rendezvous(endpoints, kToken, absl::Seconds(10), /*min_nodes=*/2));
-  }
-  for (const absl::StatusOr<JoinResult>& r : JoinAll(nodes)) {
-    EXPECT_TRUE(r.ok()) << r.status();
-    if (!r.ok()) return {};
-  }
-  for (int d : dead) nodes[d].reset();
-  std::vector<absl::StatusOr<JoinResult>> results(3, absl::UnknownError("dead"));
-  std::vector<std::thread> threads;
-  for (int i = 0; i < 3; ++i) {
-    if (!nodes[i]) continue;
-    threads.emplace_back([&, i] {
-      HeartbeatParams report;
-      report.node_rank = i;
-      report.generation = 1;
-      report.node_error = absl::UnavailableError("a collective failed");
-      EXPECT_TRUE(nodes[i]->Heartbeat(report).ok());
-      // The survivor's link leaves; a new one joins (as job_reform does).
-      EXPECT_TRUE(nodes[i]->Leave(i, 1, "re-forming").ok());
-      nodes[i] = Rendezvous(endpoints, kToken, absl::Seconds(10), /*min_nodes=*/2);
-      JoinParams p = Node(i, 3);
-      p.resume_generation = 1;
-      p.resume_iteration = iterations[i];
-      results[i] = nodes[i]->Join(p);
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return results;
-}
-
-TEST(EtcdRendezvousTest, SurvivorsReformWithoutADeadNodeZero) {
-  SKIP_WITHOUT_ETCD();
-  EtcdCluster etcd(1);
-  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
-  std::vector<absl::StatusOr<JoinResult>> results =
-      ResumeAfterDeaths(etcd.endpoints(), {0}, {7, 7, 7});
+TEST_F(EtcdRendezvousTest, SurvivorsReformWithoutADeadNodeZero) {
+  std::vector<absl::StatusOr<JoinResult>> results = ResumeAfterDeaths({0}, {7, 7, 7});
   ASSERT_EQ(results.size(), 3u);
   for (int i : {1, 2}) {
     ASSERT_TRUE(results[i].ok()) << "node " << i << ": " << results[i].status();
@@ -273,19 +295,12 @@ TEST(EtcdRendezvousTest, SurvivorsReformWithoutADeadNodeZero) {
 // heartbeat names it departed and the survivors re-form without it at
 // once. Counted out by silence instead, the round would wait the lease
 // TTL and kPresumedDeadAfter (62 s), past the survivors' 20 s join timeout.
-TEST(EtcdRendezvousTest, ADepartedNodeIsNamedSoAndTheSurvivorsReformWithoutItAtOnce) {
-  SKIP_WITHOUT_ETCD();
-  EtcdCluster etcd(1);
-  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+TEST_F(EtcdRendezvousTest, ADepartedNodeIsNamedSoAndTheSurvivorsReformWithoutItAtOnce) {
   const absl::Duration ttl = absl::Seconds(60);
-  std::vector<std::shared_ptr<EtcdRendezvous>> nodes;
-  for (int i = 0; i < 3; ++i) nodes.push_back(Rendezvous(etcd.endpoints(), kToken, ttl, 2));
-  for (const absl::StatusOr<JoinResult>& r : JoinAll(nodes)) ASSERT_TRUE(r.ok()) << r.status();
-  ASSERT_TRUE(nodes[2]->Depart(2, 1, "gradsyncd is shutting down (SIGTERM)").ok());
-  HeartbeatParams hb;
-  hb.node_rank = 0;
-  hb.generation = 1;
-  const absl::StatusOr<HeartbeatResult> beat = nodes[0]->Heartbeat(hb);
+  AddNodes(3, ttl, /*min_nodes=*/2);
+  ASSERT_TRUE(FormGeneration());
+  ASSERT_TRUE(nodes_[2]->Depart(2, 1, "gradsyncd is shutting down (SIGTERM)").ok());
+  const absl::StatusOr<HeartbeatResult> beat = Beat(*nodes_[0], 0);
   ASSERT_TRUE(beat.ok()) << beat.status();
   EXPECT_TRUE(beat->abort);
   EXPECT_THAT(beat->abort_reason,
@@ -297,35 +312,20 @@ TEST(EtcdRendezvousTest, ADepartedNodeIsNamedSoAndTheSurvivorsReformWithoutItAtO
     named |= m.node_rank == 2;
   }
   EXPECT_TRUE(named) << "node 2 missing from the silent members";
-  std::vector<absl::StatusOr<JoinResult>> results(2, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
+  std::vector<absl::StatusOr<JoinResult>> results =
+      ReformResuming({0, 1}, absl::OkStatus(), {7, 7, 7}, ttl, absl::Seconds(20));
   for (int i : {0, 1}) {
-    threads.emplace_back([&, i] {
-      EXPECT_TRUE(nodes[i]->Leave(i, 1, "re-forming").ok());
-      nodes[i] = Rendezvous(etcd.endpoints(), kToken, ttl, /*min_nodes=*/2);
-      JoinParams p = Node(i, 3, absl::Seconds(20));
-      p.resume_generation = 1;
-      p.resume_iteration = 7;
-      results[i] = nodes[i]->Join(p);
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (const absl::StatusOr<JoinResult>& r : results) {
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->generation, 2u);
-    ASSERT_EQ(r->peers.size(), 2u);
-    EXPECT_EQ(r->peers[0].node_rank, 0);
-    EXPECT_EQ(r->peers[1].node_rank, 1);
-    EXPECT_EQ(r->world_size, 1 + 2);
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    EXPECT_EQ(results[i]->generation, 2u);
+    ASSERT_EQ(results[i]->peers.size(), 2u);
+    EXPECT_EQ(results[i]->peers[0].node_rank, 0);
+    EXPECT_EQ(results[i]->peers[1].node_rank, 1);
+    EXPECT_EQ(results[i]->world_size, 1 + 2);
   }
 }
 
-TEST(EtcdRendezvousTest, FewerSurvivorsThanMinNodesFailNamingMinNodesAndTheDead) {
-  SKIP_WITHOUT_ETCD();
-  EtcdCluster etcd(1);
-  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
-  std::vector<absl::StatusOr<JoinResult>> results =
-      ResumeAfterDeaths(etcd.endpoints(), {1, 2}, {7, 7, 7});
+TEST_F(EtcdRendezvousTest, FewerSurvivorsThanMinNodesFailNamingMinNodesAndTheDead) {
+  std::vector<absl::StatusOr<JoinResult>> results = ResumeAfterDeaths({1, 2}, {7, 7, 7});
   ASSERT_EQ(results.size(), 3u);
   ASSERT_FALSE(results[0].ok());
   EXPECT_EQ(CodeOf(results[0].status()), v1::PEER_FAILED) << results[0].status();
@@ -336,23 +336,17 @@ TEST(EtcdRendezvousTest, FewerSurvivorsThanMinNodesFailNamingMinNodesAndTheDead)
 
   // The failed round does not stand in the way of the next job: three
   // fresh daemons form the generation after it.
-  std::vector<std::shared_ptr<EtcdRendezvous>> fresh;
-  for (int i = 0; i < 3; ++i) {
-    fresh.push_back(Rendezvous(etcd.endpoints(), kToken, absl::Seconds(10), /*min_nodes=*/2));
-  }
-  for (const absl::StatusOr<JoinResult>& r : JoinAll(fresh)) {
+  nodes_.clear();
+  AddNodes(3, kLeaseTtl, /*min_nodes=*/2);
+  for (const absl::StatusOr<JoinResult>& r : JoinAll(nodes_)) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->generation, 3u);
     EXPECT_EQ(r->peers.size(), 3u);
   }
 }
 
-TEST(EtcdRendezvousTest, SurvivorsInDifferentIterationsAllFailNamingBoth) {
-  SKIP_WITHOUT_ETCD();
-  EtcdCluster etcd(1);
-  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
-  std::vector<absl::StatusOr<JoinResult>> results =
-      ResumeAfterDeaths(etcd.endpoints(), {2}, {4, 5, 0});
+TEST_F(EtcdRendezvousTest, SurvivorsInDifferentIterationsAllFailNamingBoth) {
+  std::vector<absl::StatusOr<JoinResult>> results = ResumeAfterDeaths({2}, {4, 5, 0});
   ASSERT_EQ(results.size(), 3u);
   for (int i : {0, 1}) {
     ASSERT_FALSE(results[i].ok()) << "node " << i;
@@ -362,37 +356,30 @@ TEST(EtcdRendezvousTest, SurvivorsInDifferentIterationsAllFailNamingBoth) {
   }
 }
 
-TEST(EtcdRendezvousTest, TheConfigLogGrowsInOrderAndHeartbeatsAnswerItsNewestVersion) {
-  SKIP_WITHOUT_ETCD();
-  EtcdCluster etcd(1);
-  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
-  std::vector<std::shared_ptr<EtcdRendezvous>> nodes = {Rendezvous(etcd.endpoints()),
-                                                        Rendezvous(etcd.endpoints())};
+TEST_F(EtcdRendezvousTest, TheConfigLogGrowsInOrderAndHeartbeatsAnswerItsNewestVersion) {
+  AddNodes(2);
   auto value = [](const EtcdConfigEntry& e) { return absl::StrCat("v", e.version); };
   // No generation yet: nothing to change (AppendOrHoldConfig holds it).
-  absl::StatusOr<EtcdConfigEntry> early = nodes[1]->AppendConfig(5, value);
+  absl::StatusOr<EtcdConfigEntry> early = nodes_[1]->AppendConfig(5, value);
   ASSERT_FALSE(early.ok());
   EXPECT_EQ(CodeOf(early.status()), v1::STATE) << early.status();
   EXPECT_THAT(early.status().message(), HasSubstr("no active generation"));
 
-  for (const absl::StatusOr<JoinResult>& r : JoinAll(nodes)) ASSERT_TRUE(r.ok()) << r.status();
-  absl::StatusOr<EtcdConfigEntry> first = nodes[1]->AppendConfig(10, value);
+  ASSERT_TRUE(FormGeneration());
+  absl::StatusOr<EtcdConfigEntry> first = nodes_[1]->AppendConfig(10, value);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(first->generation, 1u);
   EXPECT_EQ(first->version, 1u);
   EXPECT_EQ(first->at_iteration, 10u);
   // Asked for an earlier switch: still after the previous version's.
-  absl::StatusOr<EtcdConfigEntry> second = nodes[0]->AppendConfig(3, value);
+  absl::StatusOr<EtcdConfigEntry> second = nodes_[0]->AppendConfig(3, value);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(second->version, 2u);
   EXPECT_EQ(second->at_iteration, 11u);
-  absl::StatusOr<std::optional<std::string>> stored = nodes[0]->Get("g1/config/2");
+  absl::StatusOr<std::optional<std::string>> stored = nodes_[0]->Get("g1/config/2");
   ASSERT_TRUE(stored.ok()) << stored.status();
   EXPECT_EQ(stored->value_or("none"), "v2");
-  HeartbeatParams hb;
-  hb.node_rank = 0;
-  hb.generation = 1;
-  absl::StatusOr<HeartbeatResult> r = nodes[0]->Heartbeat(hb);
+  absl::StatusOr<HeartbeatResult> r = Beat(*nodes_[0], 0);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->config_version, 2u);
 }
@@ -400,16 +387,12 @@ TEST(EtcdRendezvousTest, TheConfigLogGrowsInOrderAndHeartbeatsAnswerItsNewestVer
 // --autotune's appends name the generation they tune: once survivors
 // re-formed, a candidate meant for the old generation is refused instead of
 // landing in the new one's log; the new generation's log takes its own.
-TEST(EtcdRendezvousTest, AnAppendForAGenerationThatIsNoLongerActiveIsRefusedNamingBoth) {
-  SKIP_WITHOUT_ETCD();
-  EtcdCluster etcd(1);
-  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
-  std::vector<absl::StatusOr<JoinResult>> results =
-      ResumeAfterDeaths(etcd.endpoints(), {0}, {7, 7, 7});
+TEST_F(EtcdRendezvousTest, AnAppendForAGenerationThatIsNoLongerActiveIsRefusedNamingBoth) {
+  std::vector<absl::StatusOr<JoinResult>> results = ResumeAfterDeaths({0}, {7, 7, 7});
   ASSERT_EQ(results.size(), 3u);
   ASSERT_TRUE(results[1].ok()) << results[1].status();
   ASSERT_EQ(results[1]->generation, 2u);
-  std::shared_ptr<EtcdRendezvous> tuner = Rendezvous(etcd.endpoints());
+  std::shared_ptr<EtcdRendezvous> tuner = NewNode();
   auto value = [](const EtcdConfigEntry& e) { return absl::StrCat("v", e.version); };
   absl::StatusOr<EtcdConfigEntry> stale = tuner->AppendConfig(9, value, /*generation=*/1);
   ASSERT_FALSE(stale.ok());
@@ -432,42 +415,33 @@ absl::StatusOr<JobConfigChange> ReadConfig(EtcdRendezvous& node, uint64_t genera
   return DecodeConfig(ConfigKey(generation, version), *stored);
 }
 
-TEST(EtcdRendezvousTest, AChangeMadeWhileNoGenerationRunsBecomesTheNextGenerationsVersionOne) {
-  SKIP_WITHOUT_ETCD();
-  EtcdCluster etcd(1);
-  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
-  auto node = [&] { return Rendezvous(etcd.endpoints(), kToken, absl::Seconds(10), 1); };
-  std::vector<std::shared_ptr<EtcdRendezvous>> nodes = {node(), node()};
+TEST_F(EtcdRendezvousTest, AChangeMadeWhileNoGenerationRunsBecomesTheNextGenerationsVersionOne) {
+  AddNodes(2, kLeaseTtl, /*min_nodes=*/1);
   // Before the job forms: held, the newer change replacing the older.
-  absl::StatusOr<std::optional<EtcdConfigEntry>> older = nodes[1]->AppendOrHoldConfig(5, 50, 1);
+  absl::StatusOr<std::optional<EtcdConfigEntry>> older = nodes_[1]->AppendOrHoldConfig(5, 50, 1);
   ASSERT_TRUE(older.ok()) << older.status();
   EXPECT_FALSE(older->has_value());
-  absl::StatusOr<std::optional<EtcdConfigEntry>> newer = nodes[0]->AppendOrHoldConfig(5, 25, 2);
+  absl::StatusOr<std::optional<EtcdConfigEntry>> newer = nodes_[0]->AppendOrHoldConfig(5, 25, 2);
   ASSERT_TRUE(newer.ok()) << newer.status();
   EXPECT_FALSE(newer->has_value());
-  for (const absl::StatusOr<JoinResult>& r : JoinAll(nodes)) ASSERT_TRUE(r.ok()) << r.status();
-  absl::StatusOr<JobConfigChange> first = ReadConfig(*nodes[1], 1, 1);
+  ASSERT_TRUE(FormGeneration());
+  absl::StatusOr<JobConfigChange> first = ReadConfig(*nodes_[1], 1, 1);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(first->generation, 1u);
   EXPECT_EQ(first->at_iteration, kHeldConfigAfter);
   EXPECT_EQ(first->bucket_cap_mb, 25);
   EXPECT_EQ(first->first_bucket_cap_mb, 2);
-  HeartbeatParams hb;
-  hb.node_rank = 1;
-  hb.generation = 1;
-  absl::StatusOr<HeartbeatResult> beat = nodes[1]->Heartbeat(hb);
+  absl::StatusOr<HeartbeatResult> beat = Beat(*nodes_[1], 1);
   ASSERT_TRUE(beat.ok()) << beat.status();
   EXPECT_EQ(beat->config_version, 1u);
-  EtcdClientOptions raw;
-  raw.endpoints = etcd.endpoints();
-  absl::StatusOr<std::unique_ptr<EtcdClient>> client = EtcdClient::Connect(raw);
+  absl::StatusOr<std::unique_ptr<EtcdClient>> client = RawClient();
   ASSERT_TRUE(client.ok()) << client.status();
   absl::StatusOr<std::optional<EtcdKeyValue>> held = (*client)->Get("gs/job/job1/config_held");
   ASSERT_TRUE(held.ok()) << held.status();
   EXPECT_FALSE(held->has_value()) << "the held change stayed after generation 1 took it";
 
   // While generation 1 runs a change is appended, not held.
-  absl::StatusOr<std::optional<EtcdConfigEntry>> running = nodes[1]->AppendOrHoldConfig(10, 30, 1);
+  absl::StatusOr<std::optional<EtcdConfigEntry>> running = nodes_[1]->AppendOrHoldConfig(10, 30, 1);
   ASSERT_TRUE(running.ok()) << running.status();
   ASSERT_TRUE(running->has_value());
   EXPECT_EQ((*running)->generation, 1u);
@@ -476,37 +450,30 @@ TEST(EtcdRendezvousTest, AChangeMadeWhileNoGenerationRunsBecomesTheNextGeneratio
 
   // Node 1 dies; node 0 (--min-nodes 1) re-forms alone from iteration 7,
   // and a change made meanwhile is generation 2's version 1 at 7 + 2.
-  nodes[1].reset();
-  HeartbeatParams report;
-  report.node_rank = 0;
-  report.generation = 1;
-  report.node_error = absl::UnavailableError("a collective failed");
-  ASSERT_TRUE(nodes[0]->Heartbeat(report).ok());
-  ASSERT_TRUE(nodes[0]->Leave(0, 1, "re-forming").ok());
-  absl::StatusOr<std::optional<EtcdConfigEntry>> reforming = nodes[0]->AppendOrHoldConfig(3, 8, 1);
+  nodes_[1].reset();
+  ASSERT_TRUE(Beat(*nodes_[0], 0, 1, absl::UnavailableError("a collective failed")).ok());
+  ASSERT_TRUE(nodes_[0]->Leave(0, 1, "re-forming").ok());
+  absl::StatusOr<std::optional<EtcdConfigEntry>> reforming = nodes_[0]->AppendOrHoldConfig(3, 8, 1);
   ASSERT_TRUE(reforming.ok()) << reforming.status();
   EXPECT_FALSE(reforming->has_value());
-  nodes[0] = node();
+  nodes_[0] = NewNode(kLeaseTtl, /*min_nodes=*/1);
   JoinParams resume = Node(0, 2);
   resume.resume_generation = 1;
   resume.resume_iteration = 7;
-  absl::StatusOr<JoinResult> reformed = nodes[0]->Join(resume);
+  absl::StatusOr<JoinResult> reformed = nodes_[0]->Join(resume);
   ASSERT_TRUE(reformed.ok()) << reformed.status();
   EXPECT_EQ(reformed->generation, 2u);
-  absl::StatusOr<JobConfigChange> second = ReadConfig(*nodes[0], 2, 1);
+  absl::StatusOr<JobConfigChange> second = ReadConfig(*nodes_[0], 2, 1);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(second->generation, 2u);
   EXPECT_EQ(second->at_iteration, 7 + kHeldConfigAfter);
   EXPECT_EQ(second->bucket_cap_mb, 8);
 }
 
-TEST(EtcdRendezvousTest, UnreachableEtcdFailsTheJoinWithinItsTimeoutNamingEtcd) {
-  SKIP_WITHOUT_ETCD();
-  EtcdCluster etcd(1);
-  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
-  const std::vector<std::string> endpoints = etcd.endpoints();
-  etcd.Kill(0);
-  std::shared_ptr<EtcdRendezvous> node0 = Rendezvous(endpoints);
+TEST_F(EtcdRendezvousTest, UnreachableEtcdFailsTheJoinWithinItsTimeoutNamingEtcd) {
+  const std::vector<std::string> endpoints = etcd_.endpoints();
+  etcd_.Kill(0);
+  std::shared_ptr<EtcdRendezvous> node0 = NewNode();
   const absl::Time start = absl::Now();
   absl::StatusOr<JoinResult> r = node0->Join(Node(0, 2, absl::Seconds(4)));
   const absl::Duration took = absl::Now() - start;

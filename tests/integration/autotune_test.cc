@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <map>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -16,6 +15,7 @@
 #include "tests/integration/cluster.h"
 #include "tests/integration/control_stats.h"
 #include "tests/integration/harness.h"
+#include "tests/testing/plan_decisions.h"
 
 namespace gradsync::testing {
 namespace {
@@ -63,19 +63,6 @@ JobRun RunJob(const std::vector<std::string>& extra, int steps) {
   }
   for (const std::string& out : outs) run.weights.push_back(LoadWeights(out));
   return run;
-}
-
-// "iteration=I config_version=V fingerprint=F" of every plan decision in a log.
-std::vector<std::string> PlanDecisions(const std::string& log) {
-  static const std::regex kDecided(
-      "event=plan_decided plan_version=(\\d+) fingerprint=(\\w+) iteration=(\\d+) "
-      "config_version=(\\d+)");
-  std::vector<std::string> out;
-  for (std::sregex_iterator it(log.begin(), log.end(), kDecided), end; it != end; ++it) {
-    out.push_back(absl::StrCat("iteration=", (*it)[3].str(), " config_version=", (*it)[4].str(),
-                               " fingerprint=", (*it)[2].str()));
-  }
-  return out;
 }
 
 TEST(Autotune, EveryNodeAppliesEachCandidateAndTheChoiceAtTheSameIterationAndTrainsLikeFixedCaps) {
@@ -128,6 +115,30 @@ TEST(Autotune, EveryNodeAppliesEachCandidateAndTheChoiceAtTheSameIterationAndTra
     ASSERT_FALSE(tuned.weights[i].empty());
     EXPECT_EQ(tuned.weights[i], fixed.weights[0]) << "trainer " << i;
     EXPECT_EQ(fixed.weights[i], fixed.weights[0]) << "trainer " << i;
+  }
+}
+
+// The first member tunes for every node: a node given --autotune among
+// nodes without it would report a tuner that never tunes, so the job is
+// refused when it forms, on every node alike.
+TEST(Autotune, NodesGivenDifferentAutotuneAreRefusedWhenTheJobFormsNamingTheNodeAndBothValues) {
+  ClusterOptions options;
+  options.job_id = "autotune-mismatch";
+  options.flags = {"--timeout-s=30"};
+  options.node_flags = {{}, {"--autotune"}};
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers({"--steps=3", "--batch=60"}, &outs);
+  ASSERT_EQ(trainers.size(), 2u);
+  for (Process& p : trainers) {
+    const ExitStatus st = p.Wait(seconds(60));
+    ASSERT_TRUE(st.exited) << st.ToString() << p.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitMismatch) << p.Log() << cluster.DaemonLogs();
+    EXPECT_NE(p.Log().find("--autotune differs between nodes: node 0 runs --autotune=off but "
+                           "node 1 runs --autotune=on"),
+              std::string::npos)
+        << p.Log();
   }
 }
 

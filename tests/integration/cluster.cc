@@ -1,6 +1,7 @@
 #include "tests/integration/cluster.h"
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -106,6 +107,28 @@ std::string Cluster::DaemonLogs() const {
     if (d) out += "---- " + d->dir() + "\n" + d->process().Log();
   }
   return out;
+}
+
+std::vector<std::vector<double>> ExpectTrainsLikeOneProcess(Cluster& cluster,
+                                                            const std::vector<std::string>& args,
+                                                            std::chrono::milliseconds bound,
+                                                            const std::string& tag) {
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(args, &outs, tag);
+  for (Process& t : trainers) {
+    const ExitStatus st = t.Wait(bound);
+    if (!st.exited || st.code != 0) {
+      ADD_FAILURE() << "trainer " << st.ToString() << "\n" << t.Log() << cluster.DaemonLogs();
+      return {};
+    }
+  }
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
+  std::vector<std::vector<double>> weights;
+  for (const std::string& out : outs) {
+    weights.push_back(LoadWeights(out));
+    EXPECT_LE(RelativeDifference(weights.back(), expected), 1e-12) << out;
+  }
+  return weights;
 }
 
 }  // namespace gradsync::testing

@@ -4,6 +4,7 @@
 #ifndef GRADSYNC_TESTS_INTEGRATION_CLUSTER_H_
 #define GRADSYNC_TESTS_INTEGRATION_CLUSTER_H_
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -64,6 +65,16 @@ class Cluster {
   int port_ = 0;
   std::vector<std::unique_ptr<Daemon>> daemons_;
 };
+
+// Starts the cluster's trainers with `args` (StartTrainers, files named
+// after `tag`) and expects each to succeed within `bound` and to end with
+// the weights of one process training on the whole batch (normwise relative
+// difference at most 1e-12): what every job must equal. Their weights,
+// node-major; none once a trainer failed (the rest are then killed).
+std::vector<std::vector<double>> ExpectTrainsLikeOneProcess(Cluster& cluster,
+                                                            const std::vector<std::string>& args,
+                                                            std::chrono::milliseconds bound,
+                                                            const std::string& tag = "w");
 
 }  // namespace gradsync::testing
 

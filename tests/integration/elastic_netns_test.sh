@@ -232,6 +232,13 @@ expect_cut_off_trainers_told_the_leader_is_unreachable() {
     ((code == 14)) || fail "$job: node 2's trainer $i exited $code, want 14 (PEER_FAILED): $(cat "$log")"
     grep -q "the leader daemon at $leader is unreachable: the leader is dead or this node is cut off from it" \
       "$log" || fail "$job: node 2's trainer $i was not told it is cut off from the leader: $(cat "$log")"
+    # Node 2's daemon stopped its own Gloo worker to abort: the abort's cause
+    # is the error, not the worker's death.
+    grep -q "gloo allreduce failed: the leader daemon at $leader is unreachable .*(node_rank=2 generation=1 aborted during an allreduce of " \
+      "$log" || fail "$job: node 2's trainer $i was not told the abort's cause first: $(cat "$log")"
+    if grep -q "killed by signal" "$log"; then
+      fail "$job: node 2's trainer $i was told of its daemon's abort as a killed worker: $(cat "$log")"
+    fi
     grep -h "error=" "$log" | head -1
   done
 }

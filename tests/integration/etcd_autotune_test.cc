@@ -21,6 +21,7 @@
 #include "tests/integration/cluster.h"
 #include "tests/integration/control_stats.h"
 #include "tests/integration/harness.h"
+#include "tests/testing/plan_decisions.h"
 
 namespace gradsync::testing {
 namespace {
@@ -54,19 +55,6 @@ ClusterOptions TunedOnEtcd(const EtcdCluster& etcd, int nodes, int local,
   options.flags = {"--autotune"};
   options.flags.insert(options.flags.end(), extra.begin(), extra.end());
   return options;
-}
-
-// "iteration=I config_version=V fingerprint=F" of every plan decision in a log.
-std::vector<std::string> PlanDecisions(const std::string& log) {
-  static const std::regex kDecided(
-      "event=plan_decided plan_version=(\\d+) fingerprint=(\\w+) iteration=(\\d+) "
-      "config_version=(\\d+)");
-  std::vector<std::string> out;
-  for (std::sregex_iterator it(log.begin(), log.end(), kDecided), end; it != end; ++it) {
-    out.push_back(absl::StrCat("iteration=", (*it)[3].str(), " config_version=", (*it)[4].str(),
-                               " fingerprint=", (*it)[2].str()));
-  }
-  return out;
 }
 
 // The config versions `stats` says the tuner placed (its candidates, then

@@ -61,19 +61,10 @@ TEST(EtcdJob, TwoNodesOfTwoTrainersMatchSingleProcessTraining) {
   ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
   Cluster cluster(OnEtcd(etcd, 2, 2, {"--timeout-s=15"}));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
-  const std::vector<std::string> common = {"--steps=20", "--batch=60", "--fp64", "--gate-every=3"};
-  std::vector<std::string> outs;
-  std::vector<Process> trainers = cluster.StartTrainers(common, &outs);
-  for (Process& t : trainers) {
-    ExitStatus st = t.Wait(kBound);
-    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs() << etcd.Logs();
-  }
-  const std::vector<double> expected = SingleProcessReference(cluster.dir(), common);
-  const std::vector<double> first = LoadWeights(outs[0]);
-  for (const std::string& out : outs) {
-    const std::vector<double> got = LoadWeights(out);
-    EXPECT_LE(RelativeDifference(got, expected), 1e-12) << out;
-    EXPECT_EQ(got, first) << out << " differs from node 0's trainer 0";
+  const std::vector<std::vector<double>> weights = ExpectTrainsLikeOneProcess(
+      cluster, {"--steps=20", "--batch=60", "--fp64", "--gate-every=3"}, kBound);
+  for (size_t i = 0; i < weights.size(); ++i) {
+    EXPECT_EQ(weights[i], weights[0]) << "trainer " << i << " differs from node 0's trainer 0";
   }
   // Every node met the others in etcd; none served a rendezvous.
   for (int n = 0; n < 2; ++n) {
@@ -112,17 +103,7 @@ TEST(EtcdJob, KilledNodeZeroFailsEveryTrainerNamingItThenTheJobReforms) {
     EXPECT_EQ(error.find("leader is dead"), std::string::npos) << error;
   }
   ASSERT_TRUE(cluster.StartNode(0)) << cluster.DaemonLogs();
-  const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
-  std::vector<std::string> outs;
-  std::vector<Process> again = cluster.StartTrainers(args, &outs, "again");
-  for (Process& t : again) {
-    ExitStatus st = t.Wait(kBound);
-    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
-  }
-  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
-  for (const std::string& out : outs) {
-    EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
-  }
+  ExpectTrainsLikeOneProcess(cluster, {"--steps=10", "--batch=60", "--fp64"}, kBound, "again");
   EXPECT_NE(cluster.node(1).process().Log().find("event=joined generation=2"), std::string::npos)
       << cluster.DaemonLogs();
 }
@@ -174,17 +155,7 @@ TEST(EtcdJob, DaemonsReachAnEtcdThatRequiresClientCertificates) {
   {
     Cluster cluster(OnEtcd(etcd, 2, 1, tls));
     ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
-    const std::vector<std::string> args = {"--steps=5", "--batch=60", "--fp64"};
-    std::vector<std::string> outs;
-    std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
-    for (Process& t : trainers) {
-      ExitStatus st = t.Wait(kBound);
-      ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs() << etcd.Logs();
-    }
-    const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
-    for (const std::string& out : outs) {
-      EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
-    }
+    ExpectTrainsLikeOneProcess(cluster, {"--steps=5", "--batch=60", "--fp64"}, kBound);
   }
   ClusterOptions stranger =
       OnEtcd(etcd, 2, 1,

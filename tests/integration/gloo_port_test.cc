@@ -109,6 +109,7 @@ TEST(GlooPort, HostilePreambleOnTheLeadersGlooPortFailsOnlyTheJob) {
   absl::StatusOr<std::optional<std::string>> layout = node1->Get(LayoutKey(gen, 0));
   ASSERT_TRUE(layout.ok() && layout->has_value());
   ASSERT_TRUE(node1->Set(MinNodesKey(gen, 1), "2").ok());  // a fixed 2-node job, as node 0
+  ASSERT_TRUE(node1->Set(AutotuneKey(gen, 1), "off").ok());
   ASSERT_TRUE(node1->Set(LayoutKey(gen, 1), **layout).ok());
   ASSERT_TRUE(node1->Set(WireDTypeKey(gen, 1), "off").ok());
 
@@ -196,6 +197,7 @@ TEST(GlooPort, LeadersWorkerKilledWhileFormingFailsTheOtherNodePromptlyNamingNod
   absl::StatusOr<std::optional<std::string>> layout = client->Get(LayoutKey(gen, 0));
   ASSERT_TRUE(layout.ok() && layout->has_value());
   ASSERT_TRUE(client->Set(MinNodesKey(gen, 1), "2").ok());  // a fixed 2-node job, as node 0
+  ASSERT_TRUE(client->Set(AutotuneKey(gen, 1), "off").ok());
   ASSERT_TRUE(client->Set(LayoutKey(gen, 1), **layout).ok());
   ASSERT_TRUE(client->Set(WireDTypeKey(gen, 1), "off").ok());
   const std::string gloo_key = GenerationKeyPrefix(gen) + "gloo/0";

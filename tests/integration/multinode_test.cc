@@ -93,13 +93,10 @@ TEST(MultiNode, ThreeDaemonsTwoTrainersEachMatchSingleProcessTraining) {
 TEST(MultiNode, ABucketOfSeveralPiecesTrainsLikeOneProcess) {
   Cluster cluster(Job(2, 2, {"--bucket-cap-mb=32", "--first-bucket-cap-mb=32"}));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
-  const std::vector<std::string> common = {"--steps=6", "--batch=60", "--fp64", "--dim=1024",
-                                           "--hidden=2048"};
-  std::vector<std::string> outs;
-  std::vector<Process> trainers = cluster.StartTrainers(common, &outs);
-  for (auto& t : trainers) {
-    ExitStatus st = t.Wait(kBound);
-    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
+  const std::vector<std::vector<double>> weights = ExpectTrainsLikeOneProcess(
+      cluster, {"--steps=6", "--batch=60", "--fp64", "--dim=1024", "--hidden=2048"}, kBound);
+  for (size_t i = 0; i < weights.size(); ++i) {
+    EXPECT_EQ(weights[i], weights[0]) << "trainer " << i << " differs from node 0's trainer 0";
   }
   for (int n = 0; n < 2; ++n) {
     EXPECT_NE(
@@ -108,13 +105,6 @@ TEST(MultiNode, ABucketOfSeveralPiecesTrainsLikeOneProcess) {
         << "node " << n << ":\n"
         << cluster.node(n).process().Log();
   }
-  const std::vector<double> expected = SingleProcessReference(cluster.dir(), common);
-  const std::vector<double> first = LoadWeights(outs[0]);
-  for (const std::string& out : outs) {
-    const std::vector<double> got = LoadWeights(out);
-    EXPECT_LE(RelativeDifference(got, expected), 1e-12) << out;
-    EXPECT_EQ(got, first) << out << " differs from node 0's trainer 0";
-  }
 }
 
 // A hardened leader binds one address (here 127.0.0.2, not 127.0.0.1): it
@@ -122,17 +112,7 @@ TEST(MultiNode, ABucketOfSeveralPiecesTrainsLikeOneProcess) {
 TEST(MultiNode, LeaderListeningOnOneAddressOnlyJoinsItsOwnJobAndTrainsLikeOneProcess) {
   Cluster cluster(Job(2, 1, {}, "s3cret", "127.0.0.2"));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
-  const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
-  std::vector<std::string> outs;
-  std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
-  for (auto& t : trainers) {
-    ExitStatus st = t.Wait(kBound);
-    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
-  }
-  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
-  for (const std::string& out : outs) {
-    EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
-  }
+  ExpectTrainsLikeOneProcess(cluster, {"--steps=10", "--batch=60", "--fp64"}, kBound);
 }
 
 // Nodes listening on an IPv6 address: each Gloo device binds that address
@@ -141,17 +121,7 @@ TEST(MultiNode, LeaderListeningOnOneAddressOnlyJoinsItsOwnJobAndTrainsLikeOnePro
 TEST(MultiNode, NodesListeningOnIpv6LoopbackTrainLikeOneProcess) {
   Cluster cluster(Job(2, 1, {}, "s3cret", "[::1]", {{}, {"--listen=[::1]:0"}}));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
-  const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
-  std::vector<std::string> outs;
-  std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
-  for (auto& t : trainers) {
-    ExitStatus st = t.Wait(kBound);
-    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
-  }
-  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
-  for (const std::string& out : outs) {
-    EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
-  }
+  ExpectTrainsLikeOneProcess(cluster, {"--steps=10", "--batch=60", "--fp64"}, kBound);
 }
 
 // Every node given the same --leader (as the k8s manifest does): node 0 sees
@@ -164,17 +134,7 @@ TEST(MultiNode, NodeZeroGivenALeaderNamingItselfLeadsAndTrainsLikeOneProcess) {
   EXPECT_NE(cluster.node(0).process().Log().find("event=leader_is_self leader=localhost:"),
             std::string::npos)
       << cluster.DaemonLogs();
-  const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
-  std::vector<std::string> outs;
-  std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
-  for (auto& t : trainers) {
-    ExitStatus st = t.Wait(kBound);
-    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
-  }
-  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
-  for (const std::string& out : outs) {
-    EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
-  }
+  ExpectTrainsLikeOneProcess(cluster, {"--steps=10", "--batch=60", "--fp64"}, kBound);
 }
 
 // The port a daemon logged for --metrics-listen=HOST:0 (0 if none).
@@ -293,16 +253,7 @@ TEST(MultiNode, KilledDaemonFailsEveryTrainerThenTheJobReforms) {
   }
   // Warm restart: the surviving daemons, untouched, plus a new node 1.
   ASSERT_TRUE(cluster.StartNode(1)) << cluster.DaemonLogs();
-  const std::vector<std::string> args = {"--steps=10", "--batch=60", "--fp64"};
-  std::vector<std::string> outs;
-  std::vector<Process> again = cluster.StartTrainers(args, &outs, "again");
-  for (auto& t : again) {
-    ExitStatus st = t.Wait(kBound);
-    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
-  }
-  const std::vector<double> expected = SingleProcessReference(cluster.dir(), args);
-  for (const std::string& out : outs)
-    EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12);
+  ExpectTrainsLikeOneProcess(cluster, {"--steps=10", "--batch=60", "--fp64"}, kBound, "again");
   EXPECT_NE(cluster.node(0).process().Log().find("event=joined generation=2"), std::string::npos)
       << cluster.DaemonLogs();
 }

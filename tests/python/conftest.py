@@ -108,6 +108,13 @@ def workdir() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def _traces_in_workdir(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every daemon a test starts writes its stall and timeout traces
+    ($LOGS_DIRECTORY, else /tmp/gradsync) into the test's own directory."""
+    monkeypatch.setenv("LOGS_DIRECTORY", str(workdir))
+
+
 class Trainer:
     """One trainer process (trainer_worker.main); output in a log file,
     results in ``out``."""

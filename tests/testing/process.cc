@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -27,17 +28,32 @@ namespace {
 
 constexpr auto kPollEvery = std::chrono::milliseconds(2);
 
+// gradsyncd writes the traces of stalls and timeouts to $LOGS_DIRECTORY,
+// else to /tmp/gradsync: under Bazel a child gets the test's own temp dir
+// there, so no test leaves files behind or reads another run's.
+std::map<std::string, std::string> WithTraceDirectory(const SpawnOptions& options) {
+  std::map<std::string, std::string> env = options.env;
+  const char* test_tmpdir = std::getenv("TEST_TMPDIR");
+  const bool unset = std::find(options.unset_env.begin(), options.unset_env.end(),
+                               "LOGS_DIRECTORY") != options.unset_env.end();
+  if (test_tmpdir != nullptr && *test_tmpdir != '\0' && !unset) {
+    env.emplace("LOGS_DIRECTORY", test_tmpdir);  // a test's own choice stays
+  }
+  return env;
+}
+
 // This process's environment, changed as `options` says, as KEY=VALUE.
 std::vector<std::string> ChildEnvironment(const SpawnOptions& options) {
+  const std::map<std::string, std::string> env = WithTraceDirectory(options);
   std::vector<std::string> out;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
     const std::string key = entry.substr(0, entry.find('='));
     const bool unset = std::find(options.unset_env.begin(), options.unset_env.end(), key) !=
                        options.unset_env.end();
-    if (!unset && options.env.count(key) == 0) out.push_back(entry);
+    if (!unset && env.count(key) == 0) out.push_back(entry);
   }
-  for (const auto& [key, value] : options.env) out.push_back(key + "=" + value);
+  for (const auto& [key, value] : env) out.push_back(key + "=" + value);
   return out;
 }
 

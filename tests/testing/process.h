@@ -34,6 +34,8 @@ struct ExitStatus {
 
 struct SpawnOptions {
   // Entries added to (or replacing those of) this process's environment.
+  // Under Bazel LOGS_DIRECTORY is $TEST_TMPDIR unless set here or unset: a
+  // gradsyncd's stall and timeout traces stay in the test's own directory.
   std::map<std::string, std::string> env;
   // Variables removed from it.
   std::vector<std::string> unset_env;
