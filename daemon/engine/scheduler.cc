@@ -331,7 +331,18 @@ void Scheduler::MaybeRebuild() {
   // Before this plan's first collective: a node that decided otherwise
   // would pair different buckets (wrong sums, or Gloo aborting the daemon).
   if (options_.check_plan) {
-    if (absl::Status st = options_.check_plan(stamp); !st.ok()) fail_(st, -1);
+    absl::Status st = options_.check_plan(stamp);
+    if (st.ok()) return;
+    // A node lost while the plans are compared is a membership change, as
+    // inside a collective: an elastic job re-forms at this boundary (nothing
+    // of the next iteration was summed). A plan that differs is not.
+    const bool lost_a_node =
+        CodeOf(st) == v1::PEER_FAILED || CodeOf(st) == v1::TIMEOUT || CodeOf(st) == v1::UNAVAILABLE;
+    if (options_.reform && lost_a_node && !halted_.load(std::memory_order_acquire)) {
+      Recover(st);
+    } else {
+      fail_(st, -1);
+    }
   }
 }
 
