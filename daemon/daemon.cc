@@ -85,7 +85,8 @@ absl::Status Daemon::PrepareSocketPath() {
 absl::StatusOr<JobWorld> Daemon::FormWorld(const Layout& layout,
                                            std::function<void(const absl::Status&)> on_failure) {
   if (config_.num_nodes > 1) {
-    return ClusterLink::Form(jobs_->config(), leader_address_, layout, std::move(on_failure));
+    return ClusterLink::Form(jobs_->config(), leader_address_, advertised_listen_, layout,
+                             std::move(on_failure));
   }
   JobWorld world;
   world.world_size = config_.local_size;
@@ -164,8 +165,8 @@ absl::StatusOr<JobHooks> Daemon::MakeJobHooks() {
   if (config_.num_nodes > 1 && config_.min_nodes_or_num() < config_.num_nodes) {
     hooks.reform_world = [this](const Layout& layout, const ResumePoint& resume,
                                 std::function<void(const absl::Status&)> on_failure) {
-      return ClusterLink::Form(jobs_->config(), leader_address_, layout, std::move(on_failure),
-                               resume);
+      return ClusterLink::Form(jobs_->config(), leader_address_, advertised_listen_, layout,
+                               std::move(on_failure), resume);
     };
   }
   if (config_.num_nodes > 1) {
@@ -303,6 +304,7 @@ absl::Status Daemon::StartMetricsEndpoint() {
 
 absl::Status Daemon::ResolveLeaderAddress() {
   if (config_.num_nodes == 1) return absl::OkStatus();
+  advertised_listen_ = AdvertisedListenAddress(config_.listen, config_.host, listen_port_);
   if (!config_.rendezvous.empty()) {
     leader_address_ = config_.rendezvous;  // ClusterLink reaches etcd through it
     return absl::OkStatus();

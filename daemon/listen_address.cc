@@ -7,6 +7,21 @@
 #include "absl/strings/str_cat.h"
 
 namespace gradsync {
+namespace {
+
+// 0.0.0.0, [::] or an empty host: the server listens on every address.
+bool IsWildcardHost(const std::string& host) {
+  in_addr v4;
+  if (host.empty() || (inet_pton(AF_INET, host.c_str(), &v4) == 1 && v4.s_addr == INADDR_ANY)) {
+    return true;
+  }
+  in6_addr v6;
+  return host.size() >= 2 && host.front() == '[' && host.back() == ']' &&
+         inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), &v6) == 1 &&
+         IN6_IS_ADDR_UNSPECIFIED(&v6);
+}
+
+}  // namespace
 
 absl::StatusOr<std::string> SelfDialAddress(const std::string& listen, int port) {
   // The port follows the last ':' (an IPv6 host is bracketed, so its own
@@ -33,6 +48,19 @@ absl::StatusOr<std::string> SelfDialAddress(const std::string& listen, int port)
     return absl::StrCat("[::1]:", port);
   }
   return absl::StrCat(host, ":", port);
+}
+
+std::string AdvertisedListenAddress(const std::string& listen, const std::string& gloo_host,
+                                    int port) {
+  if (listen.empty() || port <= 0 || listen.rfind("unix:", 0) == 0) return "";
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos) return "";
+  const std::string host = listen.substr(0, colon);
+  if (!IsWildcardHost(host)) return absl::StrCat(host, ":", port);
+  if (gloo_host.empty()) return SelfDialAddress(listen, port).value_or("");
+  // An IPv6 --host is bare; HOST:PORT needs it bracketed.
+  const bool bare_v6 = gloo_host.find(':') != std::string::npos && gloo_host.front() != '[';
+  return absl::StrCat(bare_v6 ? "[" : "", gloo_host, bare_v6 ? "]" : "", ":", port);
 }
 
 bool ListensOnLoopbackOnly(const std::string& listen) {

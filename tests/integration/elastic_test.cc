@@ -282,6 +282,35 @@ void ExpectSurvivorsTrainedLikeTheReference(Cluster& cluster, std::vector<Traine
   }
 }
 
+// Node 2's daemon is gone, so its listen port refuses connections: every
+// survivor names it dead for that reason (the leader's probe, or etcd's
+// record of a survivor's), without waiting out its silence; and each
+// re-formation's reason names it and quotes the rendezvous's abort once
+// (node 0 in ASurvivorWaiting... learns it from its heartbeat, whose
+// explanation the re-formation used to explain again).
+void ExpectDeathProvenByProbe(Cluster& cluster) {
+  for (int n = 0; n < kNodes; ++n) {
+    if (n == kVictimNode) continue;
+    const std::string log = cluster.node(n).process().Log();
+    const std::string dead =
+        absl::StrCat("event=node_presumed_dead generation=1 node_rank=", kVictimNode, " host=");
+    const size_t at = log.find(dead);
+    ASSERT_NE(at, std::string::npos) << "node " << n << "\n" << log;
+    const std::string line = log.substr(at, log.find('\n', at) - at);
+    EXPECT_NE(line.find("reason=\"connection refused\""), std::string::npos) << line;
+    const size_t reforming = log.find("event=job_reforming");
+    ASSERT_NE(reforming, std::string::npos) << log;
+    const std::string reason = log.substr(reforming, log.find('\n', reforming) - reforming);
+    const size_t refused = reason.find(" refuses connections");
+    EXPECT_NE(refused, std::string::npos) << reason;
+    EXPECT_EQ(reason.find(" refuses connections", refused + 1), std::string::npos) << reason;
+    const std::string reports = absl::StrCat(kOnEtcd ? "etcd" : "the leader", " reports: ");
+    const size_t first = reason.find(reports);
+    EXPECT_TRUE(first == std::string::npos || reason.find(reports, first + 1) == std::string::npos)
+        << reason;
+  }
+}
+
 // `found_by_heartbeat`: node 0's trainers stay stopped until its daemon
 // re-formed, so no collective of its own notices the death: node 1's
 // does, the leader aborts the generation, and node 0 learns it from its
@@ -329,6 +358,7 @@ void KillNodeTwoAndExpectSurvivorsTrainOn(Stage stage, bool found_by_heartbeat =
     if (n == kVictimNode) continue;
     EXPECT_TRUE(cluster.node(n).process().Running()) << cluster.DaemonLogs();
   }
+  ExpectDeathProvenByProbe(cluster);
   std::printf(
       "elastic_job %s%s: SIGKILL of node 2 to the survivors' completion of the redone "
       "iteration %d: %.2f s\n",
