@@ -7,6 +7,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/log_value.h"
 #include "common/monotonic.h"
@@ -175,8 +176,13 @@ std::string Unreachable(const JobRendezvous& client, const absl::Status& transpo
     return absl::StrCat(client.Describe(), " is unreachable: the leader is dead (",
                         transport.message(), ")");
   }
-  return absl::StrCat("the job's rendezvous, ", client.Describe(), ", is unreachable (",
-                      transport.message(), ")");
+  // Its errors start with its name ("etcd at ... has not answered"): once.
+  absl::string_view cause = transport.message();
+  if (absl::ConsumePrefix(&cause, client.Describe())) {
+    return absl::StrCat("the job's rendezvous, ", client.Describe(), ", is unreachable: it", cause);
+  }
+  return absl::StrCat("the job's rendezvous, ", client.Describe(), ", is unreachable (", cause,
+                      ")");
 }
 
 // The address this node's Gloo device binds: --host, else --listen's host,
@@ -223,11 +229,14 @@ absl::StatusOr<JoinResult> JoinGeneration(JobRendezvous& client, const DaemonCon
     absl::SleepFor(absl::Milliseconds(100));
   }
   if (!joined.ok()) {
+    // Named once: etcd's own errors start with its name.
+    const bool named = absl::StartsWith(joined.status().message(), client.Describe());
     return MakeError(
         CodeOf(joined.status()),
-        absl::StrCat("joining the job at ",
-                     client.embedded() ? absl::StrCat("the leader daemon (", leader, ")")
-                                       : client.Describe(),
+        absl::StrCat("joining the job",
+                     client.embedded() ? absl::StrCat(" at the leader daemon (", leader, ")")
+                     : named           ? ""
+                                       : absl::StrCat(" at ", client.Describe()),
                      ": ", joined.status().message()));
   }
   return joined;

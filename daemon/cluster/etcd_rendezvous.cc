@@ -307,8 +307,8 @@ absl::StatusOr<JoinResult> EtcdRendezvous::Join(const JoinParams& params) {
   }
   if (!last_error.ok()) {
     return MakeError(v1::UNAVAILABLE,
-                     absl::StrCat("joining the job: ", Describe(), " did not answer for ",
-                                  Millis(params.timeout), " ms: ", last_error.message()));
+                     absl::StrCat(Describe(), " did not answer for ", Millis(params.timeout),
+                                  " ms (", WithoutEtcdPrefix(last_error.message()), ")"));
   }
   std::string message = JoinTimeoutMessage(last, params.num_nodes, params.timeout);
   // Out of the round: a later Join starts over.
@@ -849,9 +849,10 @@ absl::StatusOr<std::map<std::string, std::string>> EtcdRendezvous::WaitForValues
                                       " ms; missing keys: ", absl::StrJoin(missing, ", ")));
       }
     } else if (MonotonicNow() >= deadline) {
-      return MakeError(v1::UNAVAILABLE,
-                       absl::StrCat("waiting for keys: ", Describe(), " did not answer for ",
-                                    Millis(timeout), " ms: ", read.message()));
+      return MakeError(
+          v1::UNAVAILABLE,
+          absl::StrCat("waiting for keys: ", Describe(), " did not answer for ", Millis(timeout),
+                       " ms (", WithoutEtcdPrefix(read.message()), ")"));
     }
     AwaitChange(seen, deadline);
   }
@@ -882,8 +883,13 @@ absl::StatusOr<HeartbeatResult> EtcdRendezvous::Heartbeat(const HeartbeatParams&
   return MakeError(v1::UNAVAILABLE,
                    absl::StrCat(Describe(), " has not answered for ", Millis(now - last_ok_),
                                 " ms, longer than the lease TTL (", Millis(options_.lease_ttl),
-                                " ms) after which the other nodes count this node dead: ",
-                                r.status().message()));
+                                " ms) after which the other nodes count this node dead (",
+                                WithoutEtcdPrefix(r.status().message()), ")"));
+}
+
+std::string EtcdRendezvous::WithoutEtcdPrefix(absl::string_view message) const {
+  absl::ConsumePrefix(&message, absl::StrCat(Describe(), ": "));
+  return std::string(message);
 }
 
 absl::StatusOr<HeartbeatResult> EtcdRendezvous::ReadHeartbeat(const HeartbeatParams& params) {

@@ -248,6 +248,9 @@ class EtcdRendezvous final : public JobRendezvous {
   // The first member of `current` whose lease is gone, with the reason.
   std::optional<std::string> DeadMemberReason(const v1::JoinResponse& current,
                                               const std::set<int>& alive) const;
+  // `message` (EtcdClient's) without its leading "etcd at ...: ": the
+  // errors that quote it name etcd once, themselves.
+  std::string WithoutEtcdPrefix(absl::string_view message) const;
   uint64_t Changes() ABSL_LOCKS_EXCLUDED(mu_);
   // Until the watch reports a change after `seen`, or `until` (monotonic).
   void AwaitChange(uint64_t seen, absl::Time until) ABSL_LOCKS_EXCLUDED(mu_);
