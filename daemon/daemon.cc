@@ -304,7 +304,9 @@ absl::Status Daemon::StartMetricsEndpoint() {
 
 absl::Status Daemon::ResolveLeaderAddress() {
   if (config_.num_nodes == 1) return absl::OkStatus();
-  advertised_listen_ = AdvertisedListenAddress(config_.listen, config_.host, listen_port_);
+  // Numeric: the other nodes probe it without a name lookup.
+  advertised_listen_ =
+      NumericHostPort(AdvertisedListenAddress(config_.listen, config_.host, listen_port_));
   if (!config_.rendezvous.empty()) {
     leader_address_ = config_.rendezvous;  // ClusterLink reaches etcd through it
     return absl::OkStatus();

@@ -1,6 +1,7 @@
 #include "daemon/listen_address.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 
 #include "absl/status/status.h"
@@ -61,6 +62,26 @@ std::string AdvertisedListenAddress(const std::string& listen, const std::string
   // An IPv6 --host is bare; HOST:PORT needs it bracketed.
   const bool bare_v6 = gloo_host.find(':') != std::string::npos && gloo_host.front() != '[';
   return absl::StrCat(bare_v6 ? "[" : "", gloo_host, bare_v6 ? "]" : "", ":", port);
+}
+
+std::string NumericHostPort(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) return "";
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) return "";
+  char numeric[INET6_ADDRSTRLEN] = {};
+  const int rc = getnameinfo(found->ai_addr, found->ai_addrlen, numeric, sizeof(numeric), nullptr,
+                             0, NI_NUMERICHOST);
+  const bool v6 = found->ai_family == AF_INET6;
+  freeaddrinfo(found);
+  if (rc != 0) return "";
+  return absl::StrCat(v6 ? "[" : "", numeric, v6 ? "]" : "", address.substr(colon));
 }
 
 bool ListensOnLoopbackOnly(const std::string& listen) {

@@ -43,11 +43,14 @@ int StartConnect(const std::string& address, ProbeOutcome* outcome) {
   }
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
+  // Never a name lookup, which no timeout bounds: daemons advertise numeric
+  // addresses (daemon/listen_address.h).
+  hints.ai_flags = AI_NUMERICSERV | AI_NUMERICHOST;
   addrinfo* found = nullptr;
   if (int rc = getaddrinfo(parts->first.c_str(), parts->second.c_str(), &hints, &found);
       rc != 0 || found == nullptr) {
-    *outcome = {Liveness::kUnknown, absl::StrCat("cannot resolve: ", gai_strerror(rc))};
+    *outcome = {Liveness::kUnknown,
+                absl::StrCat("'", address, "' is not a numeric address: ", gai_strerror(rc))};
     return -1;
   }
   const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);

@@ -40,9 +40,9 @@ struct ProbeOutcome {
   std::string detail;  // why, for the logs: "connection refused", "timed out after 150 ms"
 };
 
-// Connects to every address (HOST:PORT, an IPv6 host in brackets) at once
-// and closes each connection; outcomes by position. Blocks up to `timeout`
-// (plus name resolution where a host is not a numeric address).
+// Connects to every address (HOST:PORT, HOST a numeric IPv4 or bracketed
+// IPv6 address: a name is never looked up) at once and closes each
+// connection; outcomes by position. Blocks up to `timeout`.
 std::vector<ProbeOutcome> ProbeListeners(const std::vector<std::string>& addresses,
                                          absl::Duration timeout = kLivenessProbeTimeout);
 

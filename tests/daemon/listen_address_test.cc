@@ -73,6 +73,15 @@ TEST(AdvertisedListenAddress, NoListenUnixOrNoPortAdvertisesNothing) {
   EXPECT_EQ(AdvertisedListenAddress("127.0.0.1:0", "", 0), "");
 }
 
+TEST(NumericHostPort, NumericAddressesStayANameIsLookedUp) {
+  EXPECT_EQ(NumericHostPort("10.1.2.3:7250"), "10.1.2.3:7250");
+  EXPECT_EQ(NumericHostPort("[fd00::1]:41234"), "[fd00::1]:41234");
+  const std::string localhost = NumericHostPort("localhost:7250");
+  EXPECT_TRUE(localhost == "127.0.0.1:7250" || localhost == "[::1]:7250") << localhost;
+  EXPECT_EQ(NumericHostPort("no-port"), "");
+  EXPECT_EQ(NumericHostPort(""), "");
+}
+
 // Without a token, a single-node daemon may only listen where other hosts
 // cannot reach it.
 TEST(ListensOnLoopbackOnly, LoopbackAddressesAndNamesOnly) {

@@ -37,12 +37,15 @@ TEST(ProbeListeners, TellsAListeningARefusingAndAnUnansweringPortApartByPosition
   EXPECT_EQ(outcomes[2].liveness, Liveness::kListening) << outcomes[2].detail;
 }
 
-TEST(ProbeListeners, AnAddressThatIsNotHostPortProvesNothing) {
+// A name is never looked up (no timeout bounds a lookup): only numeric
+// addresses are probed.
+TEST(ProbeListeners, AnAddressThatIsNotNumericHostPortProvesNothing) {
   const std::vector<ProbeOutcome> outcomes =
-      ProbeListeners({"no-port", "127.0.0.1:", "[::1:80", ":80x"});
-  ASSERT_EQ(outcomes.size(), 4u);
+      ProbeListeners({"no-port", "127.0.0.1:", "[::1:80", ":80x", "localhost:1"});
+  ASSERT_EQ(outcomes.size(), 5u);
   for (const ProbeOutcome& o : outcomes) EXPECT_EQ(o.liveness, Liveness::kUnknown) << o.detail;
   EXPECT_THAT(outcomes[0].detail, HasSubstr("'no-port' is not HOST:PORT"));
+  EXPECT_THAT(outcomes[4].detail, HasSubstr("'localhost:1' is not a numeric address"));
 }
 
 TEST(RefusesConnections, NamesTheAddress) {
