@@ -612,7 +612,19 @@ bool ClusterLink::SendDeparture() {
   if (!st.ok()) {
     spdlog::warn("event=depart_failed generation={} error={}", generation_, LogValue(st.message()));
   }
+  MonotonicMutexLock lock(&mu_);
+  departure_done_ = true;
   return true;
+}
+
+void ClusterLink::AwaitDeparted(absl::Duration limit) {
+  MonotonicMutexLock lock(&mu_);
+  auto heard = [this] {
+    mu_.AssertReaderHeld();
+    // A job that cannot go on without this node reported an error instead.
+    return departure_.ok() ? node_error_.ok() || error_sent_ : departure_done_;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&heard), limit);
 }
 
 absl::Status ClusterLink::LeaderUnreachable(const absl::Status& error,

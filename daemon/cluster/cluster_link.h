@@ -68,6 +68,7 @@ class ClusterLink final : public WorldLink {
   // a fixed job, or node 0 hosting the leader, reports the error instead:
   // the job cannot go on without it.
   void ReportDeparture(const absl::Status& why) override ABSL_LOCKS_EXCLUDED(mu_);
+  void AwaitDeparted(absl::Duration limit) override ABSL_LOCKS_EXCLUDED(mu_);
   void SetProgress(std::function<uint64_t()> iteration) override ABSL_LOCKS_EXCLUDED(mu_);
   void ReportStall(const std::string& description) override ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Explain(const absl::Status& error) override;
@@ -128,6 +129,7 @@ class ClusterLink final : public WorldLink {
   // This node leaves the job for good (ReportDeparture), why; sent once.
   absl::Status departure_ ABSL_GUARDED_BY(mu_);
   bool departure_sent_ ABSL_GUARDED_BY(mu_) = false;
+  bool departure_done_ ABSL_GUARDED_BY(mu_) = false;  // the Depart RPC returned
   // on_failure_ was called (or the error came from here).
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   std::function<uint64_t()> progress_ ABSL_GUARDED_BY(mu_);

@@ -392,9 +392,9 @@ TEST(ElasticJob, ASurvivorWaitingForItsTrainersLearnsTheDeathFromTheLeaderAndRed
 // trainer resumes: `node`'s get the shutdown error naming SIGTERM, and its
 // daemon exits 0. Returns the signal's time.
 std::chrono::steady_clock::time_point StopNodeWithSigterm(Cluster& cluster,
-                                                          std::vector<Trainer>* trainers,
-                                                          int node) {
-  RunUntilPaused(cluster, Stage::kBackward, trainers, {node});
+                                                          std::vector<Trainer>* trainers, int node,
+                                                          Stage stage = Stage::kBackward) {
+  RunUntilPaused(cluster, stage, trainers, {node});
   const auto stopped_at = std::chrono::steady_clock::now();
   cluster.node(node).process().Signal(SIGTERM);
   EXPECT_TRUE(
@@ -414,19 +414,22 @@ std::chrono::steady_clock::time_point StopNodeWithSigterm(Cluster& cluster,
   return stopped_at;
 }
 
-TEST(ElasticJob, NodeStoppedWithSigtermLeavesAndTheSurvivorsReformWithoutItAtOnce) {
+// Node 2 stopped with SIGTERM at `stage`: it leaves, the survivors train
+// like the reference and count it out as departed, never presumed dead
+// (after its silence, or because its closed port refused a probe).
+void StopNodeTwoWithSigtermAndExpectItDeparted(Stage stage) {
   Cluster cluster(JobOptions(/*min_nodes=*/2));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Trainer> trainers;
-  const auto stopped_at = StopNodeWithSigterm(cluster, &trainers, kVictimNode);
+  const auto stopped_at = StopNodeWithSigterm(cluster, &trainers, kVictimNode, stage);
   EXPECT_NE(cluster.node(kVictimNode).process().Log().find("event=departing generation=1"),
             std::string::npos)
       << cluster.DaemonLogs();
   ExpectSurvivorsTrainedLikeTheReference(cluster, trainers);
   if (::testing::Test::HasFatalFailure()) return;
-  std::printf("elastic_job sigterm: SIGTERM of node 2 to the survivors' completion: %.2f s\n",
+  std::printf("elastic_job sigterm %s: SIGTERM of node 2 to the survivors' completion: %.2f s\n",
+              StageName(stage),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count());
-  // Counted out as departed, never presumed dead after its silence.
   for (int n = 0; n < kNodes; ++n) {
     if (n == kVictimNode) continue;
     const std::string log = cluster.node(n).process().Log();
@@ -444,6 +447,17 @@ TEST(ElasticJob, NodeStoppedWithSigtermLeavesAndTheSurvivorsReformWithoutItAtOnc
     EXPECT_NE(leader.find("event=member_departed generation=1 node_rank=2"), std::string::npos)
         << cluster.DaemonLogs();
   }
+}
+
+TEST(ElasticJob, NodeStoppedWithSigtermLeavesAndTheSurvivorsReformWithoutItAtOnce) {
+  StopNodeTwoWithSigtermAndExpectItDeparted(Stage::kBackward);
+}
+
+// The survivors wait inside the collective, so node 2's Gloo worker going
+// fails it at once and they probe node 2's port: the daemon closes it only
+// after its departure reached the rendezvous, so it is named departed.
+TEST(ElasticJob, NodeStoppedWithSigtermWhileTheSurvivorsWaitInTheCollectiveIsNamedDeparted) {
+  StopNodeTwoWithSigtermAndExpectItDeparted(Stage::kSurvivorsInCollective);
 }
 
 // Node 2's trainers SIGKILLed mid-backward while its daemon lives on (what
