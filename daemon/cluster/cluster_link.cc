@@ -648,7 +648,15 @@ absl::Status ClusterLink::Explain(const absl::Status& error) {
   // abort reason, which names the culprit, before reporting this symptom.
   // A peer whose daemon is gone reports nothing: its refused connection is
   // the cause, and the grace would only delay the survivors.
-  if (APeerRefusesConnections()) return NameFailedNodes(error, error);
+  const std::vector<int> refusing = PeersRefusingConnections();
+  // The embedded leader lives in node 0's daemon: gone, it cannot answer.
+  if (client_->embedded() && !refusing.empty() && refusing.front() == 0) {
+    const auto leader = std::find_if(probe_targets_.begin(), probe_targets_.end(),
+                                     [](const RendezvousPeer& p) { return p.node_rank == 0; });
+    return LeaderUnreachable(
+        error, MakeError(v1::UNAVAILABLE, RefusesConnections(leader->listen_address)));
+  }
+  if (!refusing.empty()) return NameFailedNodes(error, error);
   HeartbeatParams hb;
   hb.node_rank = config_.node_rank;
   hb.generation = generation_;
@@ -664,16 +672,16 @@ absl::Status ClusterLink::Explain(const absl::Status& error) {
   return NameFailedNodes(error, error);
 }
 
-bool ClusterLink::APeerRefusesConnections() const {
+std::vector<int> ClusterLink::PeersRefusingConnections() const {
   std::vector<std::string> addresses;
   for (const RendezvousPeer& p : probe_targets_) addresses.push_back(p.listen_address);
   const std::vector<ProbeOutcome> outcomes = ProbeListeners(addresses);
-  bool refused = false;
+  std::vector<int> refused;
   for (size_t i = 0; i < outcomes.size(); ++i) {
     if (outcomes[i].liveness != Liveness::kRefused) continue;
     spdlog::warn("event=peer_refuses_connections generation={} node_rank={} host={} address={}",
                  generation_, probe_targets_[i].node_rank, probe_targets_[i].host, addresses[i]);
-    refused = true;
+    refused.push_back(probe_targets_[i].node_rank);
   }
   return refused;
 }

@@ -108,9 +108,9 @@ class ClusterLink final : public WorldLink {
   absl::Status NameFailedNodes(const absl::Status& error, const absl::Status& report)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Probes the other members' listen addresses (bounded by
-  // kLivenessProbeTimeout): true when one refuses connections, i.e. its
-  // daemon is gone and will report nothing.
-  bool APeerRefusesConnections() const;
+  // kLivenessProbeTimeout): the node ranks, ascending, whose daemon
+  // refuses connections, i.e. is gone and will report nothing.
+  std::vector<int> PeersRefusingConnections() const;
 
   const DaemonConfig config_;
   const std::shared_ptr<JobRendezvous> client_;

@@ -995,7 +995,10 @@ void RendezvousService::SettleRoundLocked(absl::Time now) {
     return;
   }
   if (verdict.error.empty()) {
-    ProbeUndecidedMembersLocked(now);  // a member that died meanwhile
+    // A re-formation waits on the members not in it: one may have died meanwhile.
+    bool resuming = false;
+    for (const auto& [rank, join] : pending_) resuming |= join.resume_generation != 0;
+    if (resuming) ProbeUndecidedMembersLocked(now);
     return;
   }
   spdlog::error("event=reformation_failed generation={} reason={}", generation_,
