@@ -709,7 +709,11 @@ absl::Status ClusterLink::NameFailedNodes(const absl::Status& error, const absl:
         undecided = true;
       }
     }
-    if (!r->abort || !undecided || MonotonicNow() >= give_up) break;
+    // A reported error shows as the abort: an answer without one predates
+    // it (etcd's last answer while its client fails over to another
+    // member), so ask again.
+    const bool decided = r->abort ? !undecided : report.ok();
+    if (decided || MonotonicNow() >= give_up) break;
     absl::SleepFor(kSilencePoll);
   }
   // Not when `error` says it already (an error explained twice: the
