@@ -85,8 +85,9 @@ absl::Status Daemon::PrepareSocketPath() {
 absl::StatusOr<JobWorld> Daemon::FormWorld(const Layout& layout,
                                            std::function<void(const absl::Status&)> on_failure) {
   if (config_.num_nodes > 1) {
-    ASSIGN_OR_RETURN(JobWorld world, ClusterLink::Form(jobs_->config(), leader_address_, layout,
-                                                       std::move(on_failure)));
+    ASSIGN_OR_RETURN(JobWorld world,
+                     ClusterLink::Form(jobs_->config(), leader_address_, advertised_listen_,
+                                       layout, std::move(on_failure)));
     SeatTuner(world, ResumePoint{});
     return world;
   }
@@ -182,8 +183,9 @@ absl::StatusOr<JobHooks> Daemon::MakeJobHooks() {
     hooks.reform_world =
         [this](const Layout& layout, const ResumePoint& resume,
                std::function<void(const absl::Status&)> on_failure) -> absl::StatusOr<JobWorld> {
-      ASSIGN_OR_RETURN(JobWorld world, ClusterLink::Form(jobs_->config(), leader_address_, layout,
-                                                         std::move(on_failure), resume));
+      ASSIGN_OR_RETURN(JobWorld world,
+                       ClusterLink::Form(jobs_->config(), leader_address_, advertised_listen_,
+                                         layout, std::move(on_failure), resume));
       SeatTuner(world, resume);
       return world;
     };
@@ -324,6 +326,9 @@ absl::Status Daemon::StartMetricsEndpoint() {
 
 absl::Status Daemon::ResolveLeaderAddress() {
   if (config_.num_nodes == 1) return absl::OkStatus();
+  // Numeric: the other nodes probe it without a name lookup.
+  advertised_listen_ =
+      NumericHostPort(AdvertisedListenAddress(config_.listen, config_.host, listen_port_));
   if (!config_.rendezvous.empty()) {
     leader_address_ = config_.rendezvous;  // ClusterLink reaches etcd through it
     return absl::OkStatus();

@@ -145,6 +145,9 @@ class Daemon {
   // Where FormWorld joins the job: --leader, or on the leader an address its
   // own listen server answers on. Set by Start before trainers can attach.
   std::string leader_address_;
+  // Where the other nodes reach this daemon's --listen server, sent in its
+  // Join for them to probe when it falls silent ("" without --listen).
+  std::string advertised_listen_;
 
   MonotonicMutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

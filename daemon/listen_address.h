@@ -17,6 +17,19 @@ namespace gradsync {
 // ":PORT" or an unclosed '['.
 absl::StatusOr<std::string> SelfDialAddress(const std::string& listen, int port);
 
+// Where the other nodes of a job reach this daemon's --listen server (they
+// probe it when this node falls silent: daemon/cluster/liveness_probe.h):
+// --listen's host with the bound `port`; for a wildcard or empty host,
+// `gloo_host` (--host, the address the other nodes reach this one at) or
+// else loopback. "" for no --listen, a unix: address or no port bound.
+std::string AdvertisedListenAddress(const std::string& listen, const std::string& gloo_host,
+                                    int port);
+
+// `address` (HOST:PORT) with HOST as a numeric address (IPv6 bracketed):
+// itself when it is one, else HOST's first address (a name lookup). "" when
+// it is not HOST:PORT or the name does not resolve.
+std::string NumericHostPort(const std::string& address);
+
 // True when only this host can reach a server on `listen`: an IPv4 address
 // in 127.0.0.0/8, [::1], "localhost" or a unix: address. Wildcards, other
 // addresses and other names are not.

@@ -7,6 +7,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/log_value.h"
 #include "common/monotonic.h"
@@ -19,6 +20,7 @@
 #include "daemon/backends/wire_dtype.h"
 #include "daemon/cluster/etcd_rendezvous_config.h"
 #include "daemon/cluster/forming_watch.h"
+#include "daemon/cluster/liveness_probe.h"
 #include "daemon/cluster/rendezvous_client.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "daemon/cluster/rendezvous_records.h"
@@ -90,12 +92,14 @@ absl::Status CompareSharedFlags(const Records& records, uint64_t gen,
 }  // namespace
 
 ClusterLink::ClusterLink(const DaemonConfig& config, std::shared_ptr<JobRendezvous> client,
-                         uint64_t generation, std::vector<int> members, size_t num_tensors,
+                         uint64_t generation, std::vector<int> members,
+                         std::vector<RendezvousPeer> probe_targets, size_t num_tensors,
                          std::function<void(const absl::Status&)> on_failure)
     : config_(config),
       client_(std::move(client)),
       generation_(generation),
       members_(std::move(members)),
+      probe_targets_(std::move(probe_targets)),
       num_tensors_(num_tensors),
       on_failure_(std::move(on_failure)),
       config_log_(generation, config.node_rank,
@@ -179,8 +183,13 @@ std::string Unreachable(const JobRendezvous& client, const absl::Status& transpo
                         " is unreachable: the leader is dead or this node is cut off from it (",
                         transport.message(), ")");
   }
-  return absl::StrCat("the job's rendezvous, ", client.Describe(), ", is unreachable (",
-                      transport.message(), ")");
+  // Its errors start with its name ("etcd at ... has not answered"): once.
+  absl::string_view cause = transport.message();
+  if (absl::ConsumePrefix(&cause, client.Describe())) {
+    return absl::StrCat("the job's rendezvous, ", client.Describe(), ", is unreachable: it", cause);
+  }
+  return absl::StrCat("the job's rendezvous, ", client.Describe(), ", is unreachable (", cause,
+                      ")");
 }
 
 // The address this node's Gloo device binds: --host, else --listen's host,
@@ -203,8 +212,10 @@ std::string GlooHost(const DaemonConfig& config) {
 // deadline passes.
 absl::StatusOr<JoinResult> JoinGeneration(JobRendezvous& client, const DaemonConfig& config,
                                           const std::string& leader, const std::string& host,
+                                          const std::string& listen_address,
                                           const ResumePoint& resume, absl::Time deadline) {
   JoinParams join;
+  join.listen_address = listen_address;
   join.resume_generation = resume.generation;
   join.resume_iteration = resume.iteration;
   join.node_rank = config.node_rank;
@@ -225,11 +236,14 @@ absl::StatusOr<JoinResult> JoinGeneration(JobRendezvous& client, const DaemonCon
     absl::SleepFor(absl::Milliseconds(100));
   }
   if (!joined.ok()) {
+    // Named once: etcd's own errors start with its name.
+    const bool named = absl::StartsWith(joined.status().message(), client.Describe());
     return MakeError(
         CodeOf(joined.status()),
-        absl::StrCat("joining the job at ",
-                     client.embedded() ? absl::StrCat("the leader daemon (", leader, ")")
-                                       : client.Describe(),
+        absl::StrCat("joining the job",
+                     client.embedded() ? absl::StrCat(" at the leader daemon (", leader, ")")
+                     : named           ? ""
+                                       : absl::StrCat(" at ", client.Describe()),
                      ": ", joined.status().message()));
   }
   return joined;
@@ -425,24 +439,35 @@ absl::Status GlooFailed(JobRendezvous& client, int node_rank, uint64_t gen,
 // (their daemon shut down) and those presumed dead (silent while the
 // others answered).
 std::string DescribeLostNodes(uint64_t generation, const std::vector<SilentMember>& lost) {
-  std::string departed, dead;
+  std::string departed, refused, dead;
   int dead_count = 0;
   absl::Duration silent;
   for (const SilentMember& m : lost) {
-    std::string& list = m.departed ? departed : dead;
-    absl::StrAppend(&list, list.empty() ? "" : ", ", "node_rank=", m.node_rank, " (host=", m.host,
-                    ")");
     if (m.departed) {
+      absl::StrAppend(&departed, departed.empty() ? "" : ", ", "node_rank=", m.node_rank,
+                      " (host=", m.host, ")");
       spdlog::warn("event=node_departed generation={} node_rank={} host={}", generation,
                    m.node_rank, m.host);
       continue;
     }
+    if (m.refuses_connections) {
+      absl::StrAppend(&refused, refused.empty() ? "" : "; ", "node_rank=", m.node_rank,
+                      " (host=", m.host, ") is dead: ", RefusesConnections(m.listen_address));
+      spdlog::error(
+          "event=node_presumed_dead generation={} node_rank={} host={} address={} "
+          "reason=\"connection refused\"",
+          generation, m.node_rank, m.host, m.listen_address);
+      continue;
+    }
+    absl::StrAppend(&dead, dead.empty() ? "" : ", ", "node_rank=", m.node_rank, " (host=", m.host,
+                    ")");
     if (dead_count++ == 0) silent = m.silent;
     spdlog::error("event=node_presumed_dead generation={} node_rank={} host={} silent_ms={}",
                   generation, m.node_rank, m.host, absl::ToInt64Milliseconds(m.silent));
   }
   std::string out;
   if (!departed.empty()) absl::StrAppend(&out, departed, " left the job: its daemon shut down");
+  if (!refused.empty()) absl::StrAppend(&out, out.empty() ? "" : "; ", refused);
   if (!dead.empty()) {
     absl::StrAppend(&out, out.empty() ? "" : "; ", dead, dead_count == 1 ? " is" : " are",
                     " dead: no heartbeat from its daemon for ", absl::ToInt64Milliseconds(silent),
@@ -460,19 +485,23 @@ absl::Status ClusterLink::ReportForming(const DaemonConfig& config, const std::s
 }
 
 absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std::string& leader,
-                                           const Layout& layout,
+                                           const std::string& listen_address, const Layout& layout,
                                            std::function<void(const absl::Status&)> on_failure,
                                            const ResumePoint& resume) {
   ASSIGN_OR_RETURN(std::shared_ptr<JobRendezvous> client, ConnectRendezvous(config, leader));
   const std::string host = GlooHost(config);
   const absl::Time deadline = MonotonicNow() + absl::Milliseconds(config.timeout_ms);
   ASSIGN_OR_RETURN(JoinResult joined,
-                   JoinGeneration(*client, config, leader, host, resume, deadline));
+                   JoinGeneration(*client, config, leader, host, listen_address, resume, deadline));
   const uint64_t gen = joined.generation;
   const int rank_offset = RankOffset(joined, config.node_rank);
   std::vector<int> members;
+  std::vector<RendezvousPeer> probe_targets;
   for (const RendezvousPeer& p : joined.peers) {
     if (p.local_size > 0) members.push_back(p.node_rank);
+    if (p.local_size > 0 && p.node_rank != config.node_rank && !p.listen_address.empty()) {
+      probe_targets.push_back(p);
+    }
   }
   if (std::find(members.begin(), members.end(), config.node_rank) == members.end()) {
     return MakeError(v1::INTERNAL, absl::StrCat("generation ", gen, " formed without node_rank=",
@@ -505,8 +534,9 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   backend = ConnectGloo(client, config.node_rank, gloo, *std::move(backend));
   if (!backend.ok()) return GlooFailed(*client, config.node_rank, gen, backend.status());
 
-  auto link = std::unique_ptr<ClusterLink>(
-      new ClusterLink(config, client, gen, members, layout.size(), std::move(on_failure)));
+  auto link = std::unique_ptr<ClusterLink>(new ClusterLink(config, client, gen, members,
+                                                           std::move(probe_targets), layout.size(),
+                                                           std::move(on_failure)));
   ClusterLink* raw = link.get();
   // The job gets the config log as it stood when the world formed before
   // its first iteration: a change held meanwhile is version 1 at iteration
@@ -624,7 +654,19 @@ bool ClusterLink::SendDeparture() {
   if (!st.ok()) {
     spdlog::warn("event=depart_failed generation={} error={}", generation_, LogValue(st.message()));
   }
+  MonotonicMutexLock lock(&mu_);
+  departure_done_ = true;
   return true;
+}
+
+void ClusterLink::AwaitDeparted(absl::Duration limit) {
+  MonotonicMutexLock lock(&mu_);
+  auto heard = [this] {
+    mu_.AssertReaderHeld();
+    // A job that cannot go on without this node reported an error instead.
+    return departure_.ok() ? node_error_.ok() || error_sent_ : departure_done_;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&heard), limit);
 }
 
 absl::Status ClusterLink::LeaderUnreachable(const absl::Status& error,
@@ -636,8 +678,11 @@ absl::Status ClusterLink::LeaderUnreachable(const absl::Status& error,
 absl::Status ClusterLink::Explain(const absl::Status& error) {
   absl::Status silent;
   {
-    // DeadNodes answers for this explanation only (a dead leader names none).
     MonotonicMutexLock lock(&mu_);
+    // This link's own explanation (the heartbeat's, which failed the job):
+    // asking the leader again would only repeat it, and its dead nodes.
+    if (!explained_.empty() && absl::StrContains(error.message(), explained_)) return error;
+    // DeadNodes answers for this explanation only (a dead leader names none).
     dead_nodes_.clear();
     silent = rendezvous_silent_;
   }
@@ -649,6 +694,17 @@ absl::Status ClusterLink::Explain(const absl::Status& error) {
   // own trainer stopped) reports it when it closes its Gloo sockets, which
   // is what failed here: give that report a moment to become the leader's
   // abort reason, which names the culprit, before reporting this symptom.
+  // A peer whose daemon is gone reports nothing: its refused connection is
+  // the cause, and the grace would only delay the survivors.
+  const std::vector<int> refusing = PeersRefusingConnections();
+  // The embedded leader lives in node 0's daemon: gone, it cannot answer.
+  if (client_->embedded() && !refusing.empty() && refusing.front() == 0) {
+    const auto leader = std::find_if(probe_targets_.begin(), probe_targets_.end(),
+                                     [](const RendezvousPeer& p) { return p.node_rank == 0; });
+    return LeaderUnreachable(
+        error, MakeError(v1::UNAVAILABLE, RefusesConnections(leader->listen_address)));
+  }
+  if (!refusing.empty()) return NameFailedNodes(error, error);
   HeartbeatParams hb;
   hb.node_rank = config_.node_rank;
   hb.generation = generation_;
@@ -662,6 +718,20 @@ absl::Status ClusterLink::Explain(const absl::Status& error) {
   // Reported now: the leader aborts the generation and starts counting
   // who answers after it.
   return NameFailedNodes(error, error);
+}
+
+std::vector<int> ClusterLink::PeersRefusingConnections() const {
+  std::vector<std::string> addresses;
+  for (const RendezvousPeer& p : probe_targets_) addresses.push_back(p.listen_address);
+  const std::vector<ProbeOutcome> outcomes = ProbeListeners(addresses);
+  std::vector<int> refused;
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    if (outcomes[i].liveness != Liveness::kRefused) continue;
+    spdlog::warn("event=peer_refuses_connections generation={} node_rank={} host={} address={}",
+                 generation_, probe_targets_[i].node_rank, probe_targets_[i].host, addresses[i]);
+    refused.push_back(probe_targets_[i].node_rank);
+  }
+  return refused;
 }
 
 absl::Status ClusterLink::NameFailedNodes(const absl::Status& error, const absl::Status& report) {
@@ -681,37 +751,49 @@ absl::Status ClusterLink::NameFailedNodes(const absl::Status& error, const absl:
     bool undecided = false;
     for (const SilentMember& m : r->silent_members) {
       if (m.node_rank == config_.node_rank) continue;
-      if (m.departed || m.silent >= kPresumedDeadAfter) {
+      if (m.departed || m.refuses_connections || m.silent >= kPresumedDeadAfter) {
         dead.push_back(m);
       } else {
         undecided = true;
       }
     }
-    if (!r->abort || !undecided || MonotonicNow() >= give_up) break;
+    // A reported error shows as the abort: an answer without one predates
+    // it (etcd's last answer while its client fails over to another
+    // member), so ask again.
+    const bool decided = r->abort ? !undecided : report.ok();
+    if (decided || MonotonicNow() >= give_up) break;
     absl::SleepFor(kSilencePoll);
   }
+  // Not when `error` says it already (an error explained twice: the
+  // heartbeat's, then the re-formation's) or it is this node's own report
+  // of `error`, restated.
+  const bool own_report =
+      absl::StartsWith(r->abort_reason, absl::StrCat("node_rank=", config_.node_rank, " ")) &&
+      absl::EndsWith(r->abort_reason, error.message());
+  const bool news = r->abort && !r->abort_reason.empty() && !own_report &&
+                    !absl::StrContains(error.message(), r->abort_reason);
   const std::string leader_says =
-      r->abort && !r->abort_reason.empty()
-          ? absl::StrCat("; ", AbortSource(*client_), " reports: ", r->abort_reason)
-          : "";
-  if (dead.empty()) {
-    return leader_says.empty()
-               ? error
-               : MakeError(CodeOf(error), absl::StrCat(error.message(), leader_says));
+      news ? absl::StrCat("; ", AbortSource(*client_), " reports: ", r->abort_reason) : "";
+  absl::Status explained = error;
+  if (dead.empty() && !leader_says.empty()) {
+    explained = MakeError(CodeOf(error), absl::StrCat(error.message(), leader_says));
+  } else if (!dead.empty()) {
+    // A fixed job cannot lose a node; an elastic one re-forms (job_reform.cc).
+    const std::string fixed =
+        config_.min_nodes_or_num() < config_.num_nodes
+            ? ""
+            : absl::StrCat(" (a fixed job: --min-nodes ", config_.min_nodes_or_num(),
+                           " = --num-nodes, so it ends)");
+    explained = MakeError(v1::PEER_FAILED, absl::StrCat(DescribeLostNodes(generation_, dead), fixed,
+                                                        "; ", error.message(), leader_says));
   }
-  {
-    MonotonicMutexLock lock(&mu_);
+  MonotonicMutexLock lock(&mu_);
+  if (!dead.empty()) {
     dead_nodes_.clear();
     for (const SilentMember& m : dead) dead_nodes_.push_back(m.node_rank);
   }
-  // A fixed job cannot lose a node; an elastic one re-forms (job_reform.cc).
-  const std::string fixed =
-      config_.min_nodes_or_num() < config_.num_nodes
-          ? ""
-          : absl::StrCat(" (a fixed job: --min-nodes ", config_.min_nodes_or_num(),
-                         " = --num-nodes, so it ends)");
-  return MakeError(v1::PEER_FAILED, absl::StrCat(DescribeLostNodes(generation_, dead), fixed, "; ",
-                                                 error.message(), leader_says));
+  explained_ = std::string(explained.message());
+  return explained;
 }
 
 void ClusterLink::Retire() {

@@ -41,12 +41,14 @@ namespace gradsync {
 class ClusterLink final : public WorldLink {
  public:
   // Forms the world for `layout` (blocks up to the config's timeout).
-  // `leader`: HOST:PORT of the rendezvous. `on_failure` is called from the
+  // `leader`: HOST:PORT of the rendezvous. `listen_address`: where the
+  // other nodes reach this daemon's --listen server, which they probe when
+  // this node falls silent (liveness_probe.h; "": none). `on_failure` is called from the
   // heartbeat thread when another node (or the leader) fails.
   // `resume`: an elastic job's survivor re-forming the generation a node's
   // death aborted (rendezvous_service.h, set_min_nodes); {} joins afresh.
   static absl::StatusOr<JobWorld> Form(const DaemonConfig& config, const std::string& leader,
-                                       const Layout& layout,
+                                       const std::string& listen_address, const Layout& layout,
                                        std::function<void(const absl::Status&)> on_failure,
                                        const ResumePoint& resume = {});
   ~ClusterLink() override;
@@ -66,6 +68,7 @@ class ClusterLink final : public WorldLink {
   // a fixed job, or node 0 hosting the leader, reports the error instead:
   // the job cannot go on without it.
   void ReportDeparture(const absl::Status& why) override ABSL_LOCKS_EXCLUDED(mu_);
+  void AwaitDeparted(absl::Duration limit) override ABSL_LOCKS_EXCLUDED(mu_);
   void SetProgress(std::function<uint64_t()> iteration) override ABSL_LOCKS_EXCLUDED(mu_);
   void ReportStall(const std::string& description) override ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Explain(const absl::Status& error) override;
@@ -88,7 +91,8 @@ class ClusterLink final : public WorldLink {
 
  private:
   ClusterLink(const DaemonConfig& config, std::shared_ptr<JobRendezvous> client,
-              uint64_t generation, std::vector<int> members, size_t num_tensors,
+              uint64_t generation, std::vector<int> members,
+              std::vector<RendezvousPeer> probe_targets, size_t num_tensors,
               std::function<void(const absl::Status&)> on_failure);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // Sends a pending departure (JobRendezvous::Depart) once; true if one was.
@@ -104,12 +108,18 @@ class ClusterLink final : public WorldLink {
   absl::Status LeaderUnreachable(const absl::Status& error, const absl::Status& transport) const;
   absl::Status NameFailedNodes(const absl::Status& error, const absl::Status& report)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Probes the other members' listen addresses (bounded by
+  // kLivenessProbeTimeout): the node ranks, ascending, whose daemon
+  // refuses connections, i.e. is gone and will report nothing.
+  std::vector<int> PeersRefusingConnections() const;
 
   const DaemonConfig config_;
   const std::shared_ptr<JobRendezvous> client_;
   const uint64_t generation_;
   const std::vector<int> members_;  // node ranks of the generation, ascending
-  const size_t num_tensors_;        // in the layout: a rebuilt order names each once
+  // The other members that sent a listen address (liveness_probe.h).
+  const std::vector<RendezvousPeer> probe_targets_;
+  const size_t num_tensors_;  // in the layout: a rebuilt order names each once
   const std::function<void(const absl::Status&)> on_failure_;
 
   MonotonicMutex mu_;
@@ -123,6 +133,7 @@ class ClusterLink final : public WorldLink {
   // The members move to the next generation together (nodes join): the
   // destructor sends no Leave, which would abort it for the others.
   bool retired_ ABSL_GUARDED_BY(mu_) = false;
+  bool departure_done_ ABSL_GUARDED_BY(mu_) = false;  // the Depart RPC returned
   // on_failure_ was called (or the error came from here).
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   std::function<uint64_t()> progress_ ABSL_GUARDED_BY(mu_);
@@ -131,6 +142,7 @@ class ClusterLink final : public WorldLink {
   // A heartbeat the rendezvous did not answer (its RPC error): Explain does
   // not wait out another deadline asking it.
   absl::Status rendezvous_silent_ ABSL_GUARDED_BY(mu_);
+  std::string explained_ ABSL_GUARDED_BY(mu_);        // the last NameFailedNodes's message
   // The job-wide config log, read by the heartbeat thread.
   ConfigLogFollower config_log_;
   std::thread heartbeat_;

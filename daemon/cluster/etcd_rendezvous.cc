@@ -14,6 +14,7 @@
 #include "common/status_code.h"
 #include "common/status_macros.h"
 #include "daemon/cluster/etcd_token_proof.h"
+#include "daemon/cluster/liveness_probe.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "daemon/cluster/rendezvous_records.h"
 #include "spdlog/spdlog.h"
@@ -27,6 +28,8 @@ constexpr absl::Duration kPollEvery = absl::Seconds(1);
 // The embedded leader's presumption (rendezvous_service.h): a member silent
 // this long after an abort, while the others answered, is dead.
 constexpr absl::Duration kPresumedDeadAfter = absl::Milliseconds(2000);
+// A silent member whose probe proved nothing is probed again this often.
+constexpr absl::Duration kReprobeEvery = absl::Milliseconds(250);
 // etcd's --max-txn-ops default: one GetMany reads at most this many keys.
 constexpr size_t kMaxReadsPerTxn = 128;
 
@@ -59,7 +62,8 @@ JoinResult ToJoinResult(const v1::JoinResponse& generation) {
   result.generation = generation.generation();
   result.world_size = generation.world_size();
   for (const v1::Peer& p : generation.peers()) {
-    result.peers.push_back(RendezvousPeer{p.node_rank(), p.host(), p.local_size()});
+    result.peers.push_back(
+        RendezvousPeer{p.node_rank(), p.host(), p.local_size(), p.listen_address()});
   }
   return result;
 }
@@ -303,8 +307,8 @@ absl::StatusOr<JoinResult> EtcdRendezvous::Join(const JoinParams& params) {
   }
   if (!last_error.ok()) {
     return MakeError(v1::UNAVAILABLE,
-                     absl::StrCat("joining the job: ", Describe(), " did not answer for ",
-                                  Millis(params.timeout), " ms: ", last_error.message()));
+                     absl::StrCat(Describe(), " did not answer for ", Millis(params.timeout),
+                                  " ms (", WithoutEtcdPrefix(last_error.message()), ")"));
   }
   std::string message = JoinTimeoutMessage(last, params.num_nodes, params.timeout);
   // Out of the round: a later Join starts over.
@@ -437,6 +441,7 @@ absl::Status EtcdRendezvous::PutJoinOnce(const JoinParams& params, uint64_t targ
   join.set_num_nodes(params.num_nodes);
   join.set_local_size(params.local_size);
   join.set_host(params.host);
+  join.set_listen_address(params.listen_address);
   join.set_resume_generation(params.resume_generation);
   join.set_resume_iteration(params.resume_iteration);
   RETURN_IF_ERROR(client_
@@ -612,8 +617,10 @@ absl::StatusOr<std::optional<v1::JoinResponse>> EtcdRendezvous::JudgeResume(
     waited = now - round_started_.emplace(g + 1, now).first->second;
   }
   // A member of the aborted generation is alive when it joined again, dead
-  // when a survivor presumed it so, its lease went unacknowledged, or it
-  // stays silent; the round waits for every other one.
+  // when a survivor presumed it so, its daemon refuses connections, its
+  // lease went unacknowledged, or it stays silent; the round waits for
+  // every other one.
+  const std::map<int, std::string> refused = ProbeUndecided(aborted, state, joins);
   std::vector<std::string> dead;
   for (const v1::Peer& p : aborted.peers()) {
     const int r = p.node_rank();
@@ -623,6 +630,8 @@ absl::StatusOr<std::optional<v1::JoinResponse>> EtcdRendezvous::JudgeResume(
     if (auto it = state.left.find(r); it != state.left.end()) {
       silent = absl::StrCat("left the job: ", it->second);
     } else if (auto it = state.dead.find(r); it != state.dead.end()) {
+      silent = it->second;
+    } else if (auto it = refused.find(r); it != refused.end()) {
       silent = it->second;
     } else if (!acked && state.alive.count(r) == 0) {
       silent = absl::StrCat("its lease expired, TTL ", Millis(options_.lease_ttl), " ms");
@@ -664,6 +673,44 @@ absl::StatusOr<std::optional<v1::JoinResponse>> EtcdRendezvous::JudgeResume(
   return std::optional<v1::JoinResponse>(MakeGeneration(joins, g + 1));
 }
 
+std::map<int, std::string> EtcdRendezvous::ProbeUndecided(
+    const v1::JoinResponse& aborted, const GenerationState& state,
+    const std::map<int, v1::JoinRequest>& joins) {
+  std::vector<const v1::Peer*> undecided;
+  std::vector<std::string> addresses;
+  for (const v1::Peer& p : aborted.peers()) {
+    const int r = p.node_rank();
+    if (p.local_size() == 0 || joins.count(r) != 0 || state.left.count(r) != 0 ||
+        state.dead.count(r) != 0 || p.listen_address().empty()) {
+      continue;
+    }
+    undecided.push_back(&p);
+    addresses.push_back(p.listen_address());
+  }
+  std::map<int, std::string> refused;
+  if (addresses.empty()) return refused;
+  const std::vector<ProbeOutcome> outcomes = ProbeListeners(addresses);
+  for (size_t i = 0; i < undecided.size(); ++i) {
+    if (outcomes[i].liveness != Liveness::kRefused) continue;
+    const v1::Peer& p = *undecided[i];
+    refused[p.node_rank()] = RefusesConnections(p.listen_address());
+    MarkRefused(aborted.generation(), p);
+  }
+  return refused;
+}
+
+void EtcdRendezvous::MarkRefused(uint64_t generation, const v1::Peer& peer) {
+  spdlog::error(
+      "event=node_presumed_dead generation={} node_rank={} host={} address={} "
+      "reason=\"connection refused\" etcd={}",
+      generation, peer.node_rank(), peer.host(), peer.listen_address(), LogValue(Describe()));
+  // Said in etcd, so that every survivor counts it out at once.
+  client_
+      ->Put(GenKey(generation, absl::StrCat("dead/", peer.node_rank())),
+            RefusesConnections(peer.listen_address()))
+      .IgnoreError();
+}
+
 v1::JoinResponse EtcdRendezvous::MakeGeneration(const std::map<int, v1::JoinRequest>& joins,
                                                 uint64_t target) const {
   v1::JoinResponse record;
@@ -675,6 +722,7 @@ v1::JoinResponse EtcdRendezvous::MakeGeneration(const std::map<int, v1::JoinRequ
     peer->set_node_rank(rank);
     peer->set_host(join.host());
     peer->set_local_size(join.local_size());
+    peer->set_listen_address(join.listen_address());
     world_size += join.local_size();
   }
   record.set_world_size(world_size);
@@ -801,9 +849,10 @@ absl::StatusOr<std::map<std::string, std::string>> EtcdRendezvous::WaitForValues
                                       " ms; missing keys: ", absl::StrJoin(missing, ", ")));
       }
     } else if (MonotonicNow() >= deadline) {
-      return MakeError(v1::UNAVAILABLE,
-                       absl::StrCat("waiting for keys: ", Describe(), " did not answer for ",
-                                    Millis(timeout), " ms: ", read.message()));
+      return MakeError(
+          v1::UNAVAILABLE,
+          absl::StrCat("waiting for keys: ", Describe(), " did not answer for ", Millis(timeout),
+                       " ms (", WithoutEtcdPrefix(read.message()), ")"));
     }
     AwaitChange(seen, deadline);
   }
@@ -834,8 +883,13 @@ absl::StatusOr<HeartbeatResult> EtcdRendezvous::Heartbeat(const HeartbeatParams&
   return MakeError(v1::UNAVAILABLE,
                    absl::StrCat(Describe(), " has not answered for ", Millis(now - last_ok_),
                                 " ms, longer than the lease TTL (", Millis(options_.lease_ttl),
-                                " ms) after which the other nodes count this node dead: ",
-                                r.status().message()));
+                                " ms) after which the other nodes count this node dead (",
+                                WithoutEtcdPrefix(r.status().message()), ")"));
+}
+
+std::string EtcdRendezvous::WithoutEtcdPrefix(absl::string_view message) const {
+  absl::ConsumePrefix(&message, absl::StrCat(Describe(), ": "));
+  return std::string(message);
 }
 
 absl::StatusOr<HeartbeatResult> EtcdRendezvous::ReadHeartbeat(const HeartbeatParams& params) {
@@ -890,17 +944,22 @@ absl::StatusOr<HeartbeatResult> EtcdRendezvous::ReadHeartbeat(const HeartbeatPar
   }
   if (ack) RETURN_IF_ERROR(client_->Put(GenKey(gen, absl::StrCat("ack/", rank)), "").status());
   const absl::Duration since = MonotonicNow() - seen_at;
+  const std::set<int> refused = ProbeSilent(*current, state, rank);
   for (const v1::Peer& p : current->peers()) {
     if (p.node_rank() == rank || p.local_size() == 0) continue;
     if (state.left.count(p.node_rank()) != 0) {
-      result.silent_members.push_back(SilentMember{p.node_rank(), p.host(), since, true});
+      result.silent_members.push_back(
+          SilentMember{p.node_rank(), p.host(), since, true, false, p.listen_address()});
       continue;
     }
     if (state.acked.count(p.node_rank()) != 0) continue;
     // A member whose lease is gone has been silent a whole TTL at least.
     const bool alive = state.alive.count(p.node_rank()) != 0;
     const absl::Duration silent = alive ? since : std::max(since, options_.lease_ttl);
-    result.silent_members.push_back(SilentMember{p.node_rank(), p.host(), silent});
+    result.silent_members.push_back(SilentMember{p.node_rank(), p.host(), silent, false,
+                                                 refused.count(p.node_rank()) != 0,
+                                                 p.listen_address()});
+    if (refused.count(p.node_rank()) != 0) continue;
     // Presumed dead: said in etcd, so that every survivor's re-formation
     // round counts it out at once.
     if (silent >= kPresumedDeadAfter && state.dead.count(p.node_rank()) == 0) {
@@ -911,6 +970,40 @@ absl::StatusOr<HeartbeatResult> EtcdRendezvous::ReadHeartbeat(const HeartbeatPar
     }
   }
   return result;
+}
+
+std::set<int> EtcdRendezvous::ProbeSilent(const v1::JoinResponse& current,
+                                          const GenerationState& state, int rank) {
+  std::set<int> refused;
+  std::vector<const v1::Peer*> targets;
+  std::vector<std::string> addresses;
+  const absl::Time now = MonotonicNow();
+  for (const v1::Peer& p : current.peers()) {
+    const int r = p.node_rank();
+    if (r == rank || p.local_size() == 0 || state.left.count(r) != 0 || state.acked.count(r) != 0 ||
+        p.listen_address().empty()) {
+      continue;
+    }
+    // Another survivor's probe, recorded in etcd.
+    if (auto it = state.dead.find(r); it != state.dead.end()) {
+      if (it->second == RefusesConnections(p.listen_address())) refused.insert(r);
+      continue;
+    }
+    MonotonicMutexLock lock(&mu_);
+    auto [last, fresh] = probed_.try_emplace({current.generation(), r}, now);
+    if (!fresh && now - last->second < kReprobeEvery) continue;
+    last->second = now;
+    targets.push_back(&p);
+    addresses.push_back(p.listen_address());
+  }
+  if (addresses.empty()) return refused;
+  const std::vector<ProbeOutcome> outcomes = ProbeListeners(addresses);
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (outcomes[i].liveness != Liveness::kRefused) continue;
+    refused.insert(targets[i]->node_rank());
+    MarkRefused(current.generation(), *targets[i]);
+  }
+  return refused;
 }
 
 absl::StatusOr<EtcdRendezvous::ConfigTarget> EtcdRendezvous::ReadConfigTarget() {

@@ -61,6 +61,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -200,6 +201,18 @@ class EtcdRendezvous final : public JobRendezvous {
   absl::StatusOr<std::optional<v1::JoinResponse>> JudgeResume(
       const v1::JoinResponse& aborted, const GenerationState& state,
       const std::map<int, v1::JoinRequest>& joins) ABSL_LOCKS_EXCLUDED(mu_);
+  // The members of `aborted` JudgeResume has not decided yet whose daemon
+  // refuses connections (probed now, liveness_probe.h), with the reason.
+  std::map<int, std::string> ProbeUndecided(const v1::JoinResponse& aborted,
+                                            const GenerationState& state,
+                                            const std::map<int, v1::JoinRequest>& joins);
+  // The silent members of `current` (not acknowledging its abort) whose
+  // daemon refuses connections: recorded by another survivor, or probed
+  // here (each at most every kReprobeEvery).
+  std::set<int> ProbeSilent(const v1::JoinResponse& current, const GenerationState& state, int rank)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Logs `peer` dead by refusal and records it (ROOT/gen/<g>/dead/<rank>).
+  void MarkRefused(uint64_t generation, const v1::Peer& peer);
   v1::JoinResponse MakeGeneration(const std::map<int, v1::JoinRequest>& joins,
                                   uint64_t target) const;
   // What a decided round means for this node: its generation, its error,
@@ -237,6 +250,9 @@ class EtcdRendezvous final : public JobRendezvous {
   // The first member of `current` whose lease is gone, with the reason.
   std::optional<std::string> DeadMemberReason(const v1::JoinResponse& current,
                                               const std::set<int>& alive) const;
+  // `message` (EtcdClient's) without its leading "etcd at ...: ": the
+  // errors that quote it name etcd once, themselves.
+  std::string WithoutEtcdPrefix(absl::string_view message) const;
   uint64_t Changes() ABSL_LOCKS_EXCLUDED(mu_);
   // Until the watch reports a change after `seen`, or `until` (monotonic).
   void AwaitChange(uint64_t seen, absl::Time until) ABSL_LOCKS_EXCLUDED(mu_);
@@ -259,6 +275,8 @@ class EtcdRendezvous final : public JobRendezvous {
   std::set<uint64_t> acked_ ABSL_GUARDED_BY(mu_);                   // aborts this node acknowledged
   std::map<uint64_t, absl::Time> abort_seen_ ABSL_GUARDED_BY(mu_);  // when first read here
   absl::Time last_ok_ ABSL_GUARDED_BY(mu_);  // last heartbeat read that succeeded
+  // When this node last probed a member: (generation, node rank) -> time.
+  std::map<std::pair<uint64_t, int>, absl::Time> probed_ ABSL_GUARDED_BY(mu_);
   HeartbeatResult last_result_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<EtcdLeaseKeeper> keeper_;  // set once under session_mu_
   std::unique_ptr<EtcdWatch> watch_;         // set once under session_mu_

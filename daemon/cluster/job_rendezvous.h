@@ -33,6 +33,7 @@ struct RendezvousPeer {
   int node_rank = 0;
   std::string host;
   int local_size = 0;
+  std::string listen_address;  // its daemon's, to probe (liveness_probe.h); "": none
 };
 
 struct JoinParams {
@@ -40,6 +41,9 @@ struct JoinParams {
   int num_nodes = 1;
   int local_size = 1;
   std::string host;  // the address this node's Gloo device binds
+  // HOST:PORT of this daemon's --listen server, which the others probe
+  // when it falls silent (liveness_probe.h); "": none.
+  std::string listen_address;
   // Elastic re-formation (rendezvous.proto): the aborted generation this
   // node survived and the iteration it redoes; 0: a fresh join.
   uint64_t resume_generation = 0;
@@ -70,6 +74,9 @@ struct SilentMember {
   std::string host;
   absl::Duration silent;  // since its last heartbeat
   bool departed = false;  // it left the job for good (Depart): gone at once
+  // Its daemon's listen address refused a connect: gone at once.
+  bool refuses_connections = false;
+  std::string listen_address;  // the address probed
 };
 
 struct HeartbeatResult {

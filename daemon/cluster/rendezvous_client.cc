@@ -82,6 +82,7 @@ absl::StatusOr<JoinResult> RendezvousClient::Join(const JoinParams& params) {
   request.set_num_nodes(params.num_nodes);
   request.set_local_size(params.local_size);
   request.set_host(params.host);
+  request.set_listen_address(params.listen_address);
   request.set_timeout_ms(absl::ToInt64Milliseconds(params.timeout));
   request.set_resume_generation(params.resume_generation);
   request.set_resume_iteration(params.resume_iteration);
@@ -98,7 +99,8 @@ absl::StatusOr<JoinResult> RendezvousClient::Join(const JoinParams& params) {
   result.world_size = response.world_size();
   result.start_iteration = response.start_iteration();
   for (const v1::Peer& peer : response.peers()) {
-    result.peers.push_back(RendezvousPeer{peer.node_rank(), peer.host(), peer.local_size()});
+    result.peers.push_back(
+        RendezvousPeer{peer.node_rank(), peer.host(), peer.local_size(), peer.listen_address()});
   }
   return result;
 }
@@ -213,8 +215,9 @@ absl::StatusOr<HeartbeatResult> RendezvousClient::Heartbeat(const HeartbeatParam
   result.abort_reason = response.abort_reason();
   result.config_version = response.config_version();
   for (const v1::SilentMember& m : response.silent_members()) {
-    result.silent_members.push_back(
-        SilentMember{m.node_rank(), m.host(), absl::Milliseconds(m.silent_ms()), m.departed()});
+    result.silent_members.push_back(SilentMember{m.node_rank(), m.host(),
+                                                 absl::Milliseconds(m.silent_ms()), m.departed(),
+                                                 m.refuses_connections(), m.listen_address()});
   }
   return result;
 }

@@ -111,7 +111,84 @@ void RendezvousService::AbortLocked(const std::string& reason) {
   abort_reason_ = reason;
   for (Member& m : members_) m.heard_since_abort = false;
   spdlog::warn("event=generation_aborted generation={} reason={}", generation_, LogValue(reason));
+  // Whoever died, if one did, is among the members: a gone daemon is
+  // proven so in milliseconds, sparing the survivors kPresumedDeadAfter.
+  ProbeUndecidedMembersLocked(clock_());
   changed_.SignalAll();
+}
+
+void RendezvousService::ProbeUndecidedMembersLocked(absl::Time now) {
+  if (generation_ == 0 || !aborted_) return;
+  std::vector<int> ranks;
+  std::vector<std::string> addresses;
+  for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
+    Member& m = members_[r];
+    if (!m.member() || !m.departed.empty() || !m.refused.empty() || m.listen_address.empty() ||
+        m.probing || pending_.count(r) != 0 ||
+        (m.probed_at != absl::InfinitePast() && now - m.probed_at < kReprobeEvery)) {
+      continue;
+    }
+    m.probing = true;
+    m.probed_at = now;
+    ranks.push_back(r);
+    addresses.push_back(m.listen_address);
+  }
+  if (ranks.empty()) return;
+  prober_.Probe(std::move(addresses),
+                [this, generation = generation_, ranks](std::vector<ProbeOutcome> outcomes) {
+                  MonotonicMutexLock lock(&mu_);
+                  OnProbedLocked(generation, ranks, outcomes);
+                });
+}
+
+void RendezvousService::OnProbedLocked(uint64_t generation, const std::vector<int>& ranks,
+                                       const std::vector<ProbeOutcome>& outcomes) {
+  // A newer generation's members are other objects, never probed by this.
+  if (generation != generation_) return;
+  for (size_t i = 0; i < ranks.size() && i < outcomes.size(); ++i) {
+    Member& m = members_[ranks[i]];
+    m.probing = false;
+    if (outcomes[i].liveness != Liveness::kRefused || !m.member() || !m.departed.empty() ||
+        pending_.count(ranks[i]) != 0) {
+      continue;
+    }
+    m.refused = RefusesConnections(m.listen_address);
+    spdlog::error(
+        "event=node_presumed_dead generation={} node_rank={} host={} address={} "
+        "reason=\"connection refused\"",
+        generation_, ranks[i], m.host, m.listen_address);
+  }
+  changed_.SignalAll();  // an abort's answer or a re-formation round may wait on it
+}
+
+void RendezvousService::AwaitProbesLocked() {
+  auto probing = [this] {
+    mu_.AssertReaderHeld();
+    for (const Member& m : members_) {
+      if (m.probing) return true;
+    }
+    return false;
+  };
+  // On the real clock: the probe runs on the network, not the service's clock.
+  const absl::Time until = MonotonicNow() + kLivenessProbeTimeout + absl::Milliseconds(50);
+  for (absl::Time now = MonotonicNow(); probing() && now < until; now = MonotonicNow()) {
+    changed_.WaitWithTimeout(&mu_, until - now);
+  }
+}
+
+void RendezvousService::FillSilentMembersLocked(absl::Time now,
+                                                v1::HeartbeatResponse* response) const {
+  for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
+    const Member& m = members_[r];
+    if (!m.member() || (m.heard_since_abort && m.departed.empty() && m.refused.empty())) continue;
+    v1::SilentMember* silent = response->add_silent_members();
+    silent->set_node_rank(r);
+    silent->set_host(m.host);
+    silent->set_silent_ms(Millis(now - m.last_seen));
+    silent->set_departed(!m.departed.empty());
+    silent->set_refuses_connections(!m.refused.empty());
+    silent->set_listen_address(m.listen_address);
+  }
 }
 
 void RendezvousService::CheckHeartbeatsLocked(absl::Time now) {
@@ -152,6 +229,7 @@ void RendezvousService::FormGenerationLocked(absl::Time now, bool with_joiners) 
     Member& m = members_[it->first];
     m.host = join.host;
     m.local_size = join.local_size;
+    m.listen_address = join.listen_address;
     m.last_seen = now;
     world_size += join.local_size;
     starts_at = std::max(starts_at, join.resume_iteration);
@@ -201,6 +279,7 @@ void RendezvousService::FillJoinResponseLocked(v1::JoinResponse* response) const
     peer->set_node_rank(r);
     peer->set_host(members_[r].host);
     peer->set_local_size(members_[r].local_size);
+    peer->set_listen_address(members_[r].listen_address);
     world_size += members_[r].local_size;
   }
   response->set_world_size(world_size);
@@ -233,6 +312,19 @@ std::string RendezvousService::CheckJoinRequest(const v1::JoinRequest& request) 
   }
   if (request.host().empty()) {
     return absl::StrCat("node_rank=", rank, " sent no host for its Gloo device");
+  }
+  // Probed by the leader: bounded, and a port it can name.
+  const std::string& listen = request.listen_address();
+  if (listen.size() > kMaxJoinListenAddressBytes) {
+    return absl::StrCat("node_rank=", rank, " sent listen_address of ", listen.size(),
+                        " bytes; the bound is ", kMaxJoinListenAddressBytes);
+  }
+  if (!listen.empty() &&
+      (listen.rfind(':') == std::string::npos ||
+       listen.find_first_not_of("0123456789", listen.rfind(':') + 1) != std::string::npos ||
+       listen.rfind(':') + 1 == listen.size())) {
+    return absl::StrCat("node_rank=", rank, " sent listen_address '", listen,
+                        "', which is not HOST:PORT");
   }
   return "";
 }
@@ -291,6 +383,7 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const v1::Joi
                                request->local_size(),
                                request->resume_generation(),
                                request->resume_iteration(),
+                               request->listen_address(),
                                "",
                                joins_running};
   if (joins_running && active() && !grow_scheduled_) ScheduleGrowLocked();
@@ -714,19 +807,20 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
                              request->node_error().message()));
   }
   member.heard_since_abort = true;
+  if (aborted_) {
+    ProbeUndecidedMembersLocked(now);
+    AwaitProbesLocked();  // releases the lock: the generation may have moved on
+    if (generation != generation_) {
+      response->set_generation(generation_);
+      response->set_abort(true);
+      response->set_abort_reason(absl::StrCat("generation ", generation, " is over: generation ",
+                                              generation_, " has formed"));
+      return grpc::Status::OK;
+    }
+    FillSilentMembersLocked(clock_(), response);
+  }
   response->set_abort(aborted_);
   response->set_abort_reason(abort_reason_);
-  if (aborted_) {
-    for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
-      const Member& m = members_[r];
-      if (!m.member() || (m.heard_since_abort && m.departed.empty())) continue;
-      v1::SilentMember* silent = response->add_silent_members();
-      silent->set_node_rank(r);
-      silent->set_host(m.host);
-      silent->set_silent_ms(Millis(now - m.last_seen));
-      silent->set_departed(!m.departed.empty());
-    }
-  }
   return grpc::Status::OK;
 }
 
@@ -968,6 +1062,11 @@ RendezvousService::RoundVerdict RendezvousService::JudgeRoundLocked(absl::Time n
                                   ", left the job: ", members_[r].departed, ")"));
       continue;
     }
+    if (!members_[r].refused.empty()) {
+      dead.push_back(absl::StrCat("node_rank=", r, " (host=", members_[r].host, ", ",
+                                  members_[r].refused, ")"));
+      continue;
+    }
     const absl::Duration silent = now - members_[r].last_seen;
     if (silent < kPresumedDeadAfter) return verdict;
     dead.push_back(absl::StrCat("node_rank=", r, " (host=", members_[r].host, ", silent ",
@@ -1018,7 +1117,13 @@ void RendezvousService::SettleRoundLocked(absl::Time now) {
     FormGenerationLocked(now, growing);
     return;
   }
-  if (verdict.error.empty()) return;
+  if (verdict.error.empty()) {
+    // A re-formation waits on the members not in it: one may have died meanwhile.
+    bool resuming = false;
+    for (const auto& [rank, join] : pending_) resuming |= join.resume_generation != 0;
+    if (resuming) ProbeUndecidedMembersLocked(now);
+    return;
+  }
   spdlog::error("event=reformation_failed generation={} reason={}", generation_,
                 LogValue(verdict.error));
   // The members still in the generation must stop too.

@@ -14,6 +14,11 @@
 //   re-formation counts it out at once); every Heartbeat then answers abort=true with the reason
 //   and the members not heard from since (a dead node stays among them), and the nodes Join again
 //   to form generation+1 (warm restart).
+// - Liveness probes: while a generation is aborted, the listen address each
+//   member sent in its Join (JoinRequest.listen_address) is probed off the
+//   lock (liveness_probe.h); one that refuses connections is dead at once:
+//   Heartbeat answers mark it so and a re-formation counts it out without
+//   waiting out its silence. A probe that times out proves nothing.
 // - Incarnation: a random id drawn (getrandom) when the service starts and
 //   returned by Join. Generations restart at 1 with a new leader, so every
 //   later request names (incarnation, generation); one naming another
@@ -60,6 +65,7 @@
 #include "common/monotonic.h"
 #include "common/monotonic_mutex.h"
 #include "daemon/auth/call_auth.h"
+#include "daemon/cluster/liveness_probe.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "gradsync/v1/rendezvous.grpc.pb.h"
 
@@ -91,6 +97,8 @@ struct RendezvousStatus {
 // The most trainers one node may announce in Join; a larger local_size is
 // refused (INVALID_ARGUMENT naming the node) rather than trusted.
 inline constexpr int kMaxJoinLocalSize = 1024;
+// The longest JoinRequest.listen_address accepted (a DNS name and a port).
+inline constexpr size_t kMaxJoinListenAddressBytes = 300;
 
 // What clients may store in the leader's memory. Over a bound, Set fails
 // RESOURCE_EXHAUSTED naming the key and the bound; nothing is allocated.
@@ -221,6 +229,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
   // first boundary at or after it where all hold the entry).
   static constexpr uint64_t kGrowAfter = 2;
   static constexpr int kMaxNodes = 4096;  // as --max-nodes
+  // A silent member whose probe proved nothing is probed again this often
+  // (service clock) while the generation stays aborted.
+  static constexpr absl::Duration kReprobeEvery = absl::Milliseconds(250);
 
  private:
   struct Member {
@@ -235,6 +246,12 @@ class RendezvousService final : public v1::Rendezvous::Service {
     // Counted out of a re-formation at once, never presumed dead.
     std::string departed;
     bool left = false;  // a Leave of this generation (the job ended here)
+    std::string listen_address;  // from its Join; "": never probed
+    // Non-empty: a probe after the abort found nothing listening there
+    // ("its daemon at HOST:PORT refuses connections"): dead at once.
+    std::string refused;
+    bool probing = false;                         // a probe of it is in flight
+    absl::Time probed_at = absl::InfinitePast();  // when the last one started
     // Every Join carries local_size >= 1: 0 marks a rank that is not a
     // member of the generation (an elastic job re-formed without it).
     bool member() const { return local_size > 0; }
@@ -245,6 +262,7 @@ class RendezvousService final : public v1::Rendezvous::Service {
     int local_size = 0;
     uint64_t resume_generation = 0;  // elastic re-formation (see set_min_nodes)
     uint64_t resume_iteration = 0;
+    std::string listen_address;
     std::string error;  // non-empty: the round failed; the waiter returns it
     // A node joining the running elastic job (not a member of it): held
     // until the members reach the grow entry's boundary (AdmitJoinerLocked).
@@ -275,6 +293,21 @@ class RendezvousService final : public v1::Rendezvous::Service {
   std::map<std::string, std::string>::iterator EraseLocked(
       std::map<std::string, std::string>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // While the generation is aborted: probes (off the lock) the listen
+  // address of every member not yet in the re-formation round nor counted
+  // out, unless one is in flight or started less than kReprobeEvery ago.
+  void ProbeUndecidedMembersLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A probe's outcomes for `ranks` of `generation`: a refusal marks the
+  // member refused (dead).
+  void OnProbedLocked(uint64_t generation, const std::vector<int>& ranks,
+                      const std::vector<ProbeOutcome>& outcomes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits (releasing the lock) until no member's probe is in flight, at
+  // most a probe's bound: an abort's answer then names what they proved.
+  void AwaitProbesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Heartbeat's answer about an aborted generation: the members not heard
+  // from since the abort, departed or refusing connections.
+  void FillSilentMembersLocked(absl::Time now, v1::HeartbeatResponse* response) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckHeartbeatsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `with_joiners`: the nodes joining the running job are members too;
   // otherwise they stay pending for the next generation's grow entry.
@@ -380,6 +413,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
   std::deque<std::string> config_keys_ ABSL_GUARDED_BY(mu_);    // oldest first
   std::deque<std::string> stall_reports_ ABSL_GUARDED_BY(mu_);  // bounded
   int blocked_waits_ ABSL_GUARDED_BY(mu_) = 0;                  // observable (GetStatus)
+  // Last: destroyed first, so no probe's outcome arrives at a half-gone
+  // service (its callback locks mu_).
+  BackgroundProber prober_;
 };
 
 }  // namespace gradsync

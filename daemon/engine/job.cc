@@ -611,6 +611,15 @@ void Job::Depart(const absl::Status& error, int culprit) {
   DeliverHealth();
 }
 
+void Job::AwaitDeparted(absl::Duration limit) {
+  std::shared_ptr<WorldLink> link;
+  {
+    MonotonicMutexLock lock(&mu_);
+    link = world_.link;
+  }
+  if (link) link->AwaitDeparted(limit);
+}
+
 void Job::FailLocked(const absl::Status& error, int culprit, bool expected, bool departing) {
   if (state_ == JobState::kFailed) return;
   state_ = JobState::kFailed;

@@ -59,6 +59,11 @@ class WorldLink {
   // job can go on without this node (elastic), it leaves the job for good
   // so that the others re-form without it at once; otherwise as ReportError.
   virtual void ReportDeparture(const absl::Status& why) { ReportError(why); }
+  // Until what ReportDeparture started (the departure, or the error report)
+  // has reached the rendezvous or failed, at most `limit`. A daemon shutting
+  // down closes its ports only then: the others must hear it left before a
+  // probe of its port (daemon/cluster/liveness_probe.h) finds it refusing.
+  virtual void AwaitDeparted(absl::Duration /*limit*/) {}
   // Where to read this node's progress for heartbeats.
   virtual void SetProgress(std::function<uint64_t()> iteration) = 0;
   // A local stall, reported to the leader's log.
@@ -211,6 +216,8 @@ class Job {
   // node leaves a multi-node job for good (WorldLink::ReportDeparture),
   // which an elastic job survives.
   void Depart(const absl::Status& error, int culprit = -1) ABSL_LOCKS_EXCLUDED(mu_);
+  // After Depart: WorldLink::AwaitDeparted, without the job's lock.
+  void AwaitDeparted(absl::Duration limit) ABSL_LOCKS_EXCLUDED(mu_);
 
   // For Watch streams: waits up to `timeout` for the job to fail or the
   // trainer to leave. Returns the job's error (OK while healthy); *gone is

@@ -1,5 +1,10 @@
 #include "daemon/engine/job_registry.h"
 
+#include <algorithm>
+#include <vector>
+
+#include "common/monotonic.h"
+
 namespace gradsync {
 
 JobRegistry::JobRegistry(const DaemonConfig& config, NodeSegmentSource node, WorldFormer former,
@@ -61,9 +66,17 @@ std::shared_ptr<Job> JobRegistry::Current() const {
 }
 
 void JobRegistry::DepartAll(const absl::Status& error) {
-  absl::MutexLock lock(&mu_);
-  if (current_) current_->Depart(error);
-  for (auto& [session, job] : sessions_) job->Depart(error);
+  std::vector<std::shared_ptr<Job>> departing;
+  {
+    absl::MutexLock lock(&mu_);
+    if (current_) departing.push_back(current_);
+    for (auto& [session, job] : sessions_) departing.push_back(job);
+    for (const std::shared_ptr<Job>& job : departing) job->Depart(error);
+  }
+  const absl::Time until = MonotonicNow() + kAwaitDepartedLimit;
+  for (const std::shared_ptr<Job>& job : departing) {
+    job->AwaitDeparted(std::max(until - MonotonicNow(), absl::ZeroDuration()));
+  }
 }
 
 }  // namespace gradsync

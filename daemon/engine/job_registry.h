@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "daemon/config.h"
 #include "daemon/engine/job.h"
 #include "ipc/node_segment.h"
@@ -42,8 +43,11 @@ class JobRegistry {
   // The current job (may be finished), for stats.
   std::shared_ptr<Job> Current() const ABSL_LOCKS_EXCLUDED(mu_);
   // Stops every job (daemon shutdown): trainers see the error, and this
-  // node leaves its multi-node job (Job::Depart).
+  // node leaves its multi-node job (Job::Depart); returns once the
+  // rendezvous has heard it (Job::AwaitDeparted), at most
+  // kAwaitDepartedLimit, so that the daemon closes its ports only then.
   void DepartAll(const absl::Status& error) ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr absl::Duration kAwaitDepartedLimit = absl::Seconds(1);
   // The configuration new jobs get (a copy: it changes at run time).
   DaemonConfig config() const ABSL_LOCKS_EXCLUDED(mu_);
   // Applies `update` to the configuration under the lock.

@@ -54,6 +54,34 @@ TEST(SelfDialAddress, UnclosedIpv6BracketIsInvalidArgument) {
   EXPECT_EQ(got.status().message(), "--listen [::1:7250: an IPv6 host must be [ADDRESS]:PORT");
 }
 
+// What the other nodes probe when this one falls silent: an address they
+// can reach, with the bound port.
+TEST(AdvertisedListenAddress, ASpecificHostIsAdvertisedWithTheBoundPort) {
+  EXPECT_EQ(AdvertisedListenAddress("10.1.2.1:0", "10.9.9.9", 41234), "10.1.2.1:41234");
+  EXPECT_EQ(AdvertisedListenAddress("[fd00::1]:7250", "", 7250), "[fd00::1]:7250");
+}
+
+TEST(AdvertisedListenAddress, AWildcardIsAdvertisedAtTheGlooHostElseLoopback) {
+  EXPECT_EQ(AdvertisedListenAddress("0.0.0.0:7250", "10.1.2.3", 7250), "10.1.2.3:7250");
+  EXPECT_EQ(AdvertisedListenAddress("[::]:0", "fd00::7", 41234), "[fd00::7]:41234");
+  EXPECT_EQ(AdvertisedListenAddress("0.0.0.0:0", "", 41234), "127.0.0.1:41234");
+}
+
+TEST(AdvertisedListenAddress, NoListenUnixOrNoPortAdvertisesNothing) {
+  EXPECT_EQ(AdvertisedListenAddress("", "10.1.2.3", 7250), "");
+  EXPECT_EQ(AdvertisedListenAddress("unix:/run/gradsync.sock", "", 7250), "");
+  EXPECT_EQ(AdvertisedListenAddress("127.0.0.1:0", "", 0), "");
+}
+
+TEST(NumericHostPort, NumericAddressesStayANameIsLookedUp) {
+  EXPECT_EQ(NumericHostPort("10.1.2.3:7250"), "10.1.2.3:7250");
+  EXPECT_EQ(NumericHostPort("[fd00::1]:41234"), "[fd00::1]:41234");
+  const std::string localhost = NumericHostPort("localhost:7250");
+  EXPECT_TRUE(localhost == "127.0.0.1:7250" || localhost == "[::1]:7250") << localhost;
+  EXPECT_EQ(NumericHostPort("no-port"), "");
+  EXPECT_EQ(NumericHostPort(""), "");
+}
+
 // Without a token, a single-node daemon may only listen where other hosts
 // cannot reach it.
 TEST(ListensOnLoopbackOnly, LoopbackAddressesAndNamesOnly) {

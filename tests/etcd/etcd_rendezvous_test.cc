@@ -25,6 +25,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/etcd/etcd_cluster.h"
+#include "tests/testing/loopback_port.h"
 
 namespace gradsync {
 namespace {
@@ -321,6 +322,70 @@ TEST_F(EtcdRendezvousTest, ADepartedNodeIsNamedSoAndTheSurvivorsReformWithoutItA
     EXPECT_EQ(results[i]->peers[0].node_rank, 0);
     EXPECT_EQ(results[i]->peers[1].node_rank, 1);
     EXPECT_EQ(results[i]->world_size, 1 + 2);
+  }
+}
+
+// Node 2's lease lives on (a 60 s TTL) but its daemon's port refuses
+// connections: the survivors' probe names it dead at once, records it for
+// every survivor, and the round counts it out.
+TEST_F(EtcdRendezvousTest, ANodeWhoseDaemonRefusesConnectionsIsNamedSoAndTheSurvivorsReform) {
+  const absl::Duration ttl = absl::Seconds(60);
+  const std::vector<testing::LoopbackPort> ports = [] {
+    std::vector<testing::LoopbackPort> p;
+    p.push_back(testing::LoopbackPort::Listening());
+    p.push_back(testing::LoopbackPort::Listening());
+    p.push_back(testing::LoopbackPort::Refusing());
+    return p;
+  }();
+  std::vector<std::shared_ptr<EtcdRendezvous>> nodes;
+  for (int i = 0; i < 3; ++i) nodes.push_back(Rendezvous(etcd_.endpoints(), kToken, ttl, 2));
+  std::vector<absl::StatusOr<JoinResult>> formed(3, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      JoinParams p = Node(i, 3);
+      p.listen_address = ports[i].address();
+      formed[i] = nodes[i]->Join(p);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::StatusOr<JoinResult>& r : formed) ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(formed[0]->peers[2].listen_address, ports[2].address());
+  HeartbeatParams hb;
+  hb.node_rank = 0;
+  hb.generation = 1;
+  hb.node_error = MakeError(v1::PEER_FAILED, "allreduce failed");
+  ASSERT_TRUE(nodes[0]->Heartbeat(hb).ok());
+  hb.node_error = absl::OkStatus();
+  const absl::StatusOr<HeartbeatResult> beat = nodes[0]->Heartbeat(hb);
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_TRUE(beat->abort);
+  bool named = false;
+  for (const SilentMember& m : beat->silent_members) {
+    EXPECT_EQ(m.refuses_connections, m.node_rank == 2) << "node_rank=" << m.node_rank;
+    if (m.node_rank == 2) EXPECT_EQ(m.listen_address, ports[2].address());
+    named |= m.node_rank == 2;
+  }
+  EXPECT_TRUE(named) << "node 2 missing from the silent members";
+  std::vector<absl::StatusOr<JoinResult>> results(2, absl::UnknownError("not run"));
+  threads.clear();
+  for (int i : {0, 1}) {
+    threads.emplace_back([&, i] {
+      EXPECT_TRUE(nodes[i]->Leave(i, 1, "re-forming").ok());
+      nodes[i] = Rendezvous(etcd_.endpoints(), kToken, ttl, /*min_nodes=*/2);
+      JoinParams p = Node(i, 3, absl::Seconds(20));
+      p.listen_address = ports[i].address();
+      p.resume_generation = 1;
+      p.resume_iteration = 7;
+      results[i] = nodes[i]->Join(p);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::StatusOr<JoinResult>& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->generation, 2u);
+    ASSERT_EQ(r->peers.size(), 2u);
+    EXPECT_EQ(r->peers[1].node_rank, 1);
   }
 }
 

@@ -283,6 +283,35 @@ void ExpectSurvivorsTrainedLikeTheReference(Cluster& cluster, std::vector<Traine
   }
 }
 
+// Node 2's daemon is gone, so its listen port refuses connections: every
+// survivor names it dead for that reason (the leader's probe, or etcd's
+// record of a survivor's), without waiting out its silence; and each
+// re-formation's reason names it and quotes the rendezvous's abort once
+// (node 0 in ASurvivorWaiting... learns it from its heartbeat, whose
+// explanation the re-formation used to explain again).
+void ExpectDeathProvenByProbe(Cluster& cluster) {
+  for (int n = 0; n < kNodes; ++n) {
+    if (n == kVictimNode) continue;
+    const std::string log = cluster.node(n).process().Log();
+    const std::string dead =
+        absl::StrCat("event=node_presumed_dead generation=1 node_rank=", kVictimNode, " host=");
+    const size_t at = log.find(dead);
+    ASSERT_NE(at, std::string::npos) << "node " << n << "\n" << log;
+    const std::string line = log.substr(at, log.find('\n', at) - at);
+    EXPECT_NE(line.find("reason=\"connection refused\""), std::string::npos) << line;
+    const size_t reforming = log.find("event=job_reforming");
+    ASSERT_NE(reforming, std::string::npos) << log;
+    const std::string reason = log.substr(reforming, log.find('\n', reforming) - reforming);
+    const size_t refused = reason.find(" refuses connections");
+    EXPECT_NE(refused, std::string::npos) << reason;
+    EXPECT_EQ(reason.find(" refuses connections", refused + 1), std::string::npos) << reason;
+    const std::string reports = absl::StrCat(kOnEtcd ? "etcd" : "the leader", " reports: ");
+    const size_t first = reason.find(reports);
+    EXPECT_TRUE(first == std::string::npos || reason.find(reports, first + 1) == std::string::npos)
+        << reason;
+  }
+}
+
 // `found_by_heartbeat`: node 0's trainers stay stopped until its daemon
 // re-formed, so no collective of its own notices the death: node 1's
 // does, the leader aborts the generation, and node 0 learns it from its
@@ -330,6 +359,7 @@ void KillNodeTwoAndExpectSurvivorsTrainOn(Stage stage, bool found_by_heartbeat =
     if (n == kVictimNode) continue;
     EXPECT_TRUE(cluster.node(n).process().Running()) << cluster.DaemonLogs();
   }
+  ExpectDeathProvenByProbe(cluster);
   std::printf(
       "elastic_job %s%s: SIGKILL of node 2 to the survivors' completion of the redone "
       "iteration %d: %.2f s\n",
@@ -363,13 +393,15 @@ TEST(ElasticJob, ASurvivorWaitingForItsTrainersLearnsTheDeathFromTheLeaderAndRed
 // trainer resumes: `node`'s get the shutdown error naming SIGTERM, and its
 // daemon exits 0. Returns the signal's time.
 std::chrono::steady_clock::time_point StopNodeWithSigterm(Cluster& cluster,
-                                                          std::vector<Trainer>* trainers,
-                                                          int node) {
-  RunUntilPaused(cluster, Stage::kBackward, trainers, {node});
+                                                          std::vector<Trainer>* trainers, int node,
+                                                          Stage stage = Stage::kBackward) {
+  RunUntilPaused(cluster, stage, trainers, {node});
   const auto stopped_at = std::chrono::steady_clock::now();
   cluster.node(node).process().Signal(SIGTERM);
-  EXPECT_TRUE(
-      WaitForLog(cluster.node(node).process(), "event=shutdown reason=\"SIGTERM\"", kErrorBound))
+  // Resumed once the daemon failed its job: resumed earlier, the trainers
+  // could finish every step before the daemon's shutdown reached the job.
+  EXPECT_TRUE(WaitForLog(cluster.node(node).process(), "event=job_failed job=1 code=UNAVAILABLE",
+                         kErrorBound))
       << cluster.DaemonLogs();
   ResumeSurvivors(trainers, {});  // the stopped node's too: they learn of the shutdown
   for (Trainer& t : *trainers) {
@@ -385,19 +417,22 @@ std::chrono::steady_clock::time_point StopNodeWithSigterm(Cluster& cluster,
   return stopped_at;
 }
 
-TEST(ElasticJob, NodeStoppedWithSigtermLeavesAndTheSurvivorsReformWithoutItAtOnce) {
+// Node 2 stopped with SIGTERM at `stage`: it leaves, the survivors train
+// like the reference and count it out as departed, never presumed dead
+// (after its silence, or because its closed port refused a probe).
+void StopNodeTwoWithSigtermAndExpectItDeparted(Stage stage) {
   Cluster cluster(JobOptions(/*min_nodes=*/2));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Trainer> trainers;
-  const auto stopped_at = StopNodeWithSigterm(cluster, &trainers, kVictimNode);
+  const auto stopped_at = StopNodeWithSigterm(cluster, &trainers, kVictimNode, stage);
   EXPECT_NE(cluster.node(kVictimNode).process().Log().find("event=departing generation=1"),
             std::string::npos)
       << cluster.DaemonLogs();
   ExpectSurvivorsTrainedLikeTheReference(cluster, trainers);
   if (::testing::Test::HasFatalFailure()) return;
-  std::printf("elastic_job sigterm: SIGTERM of node 2 to the survivors' completion: %.2f s\n",
+  std::printf("elastic_job sigterm %s: SIGTERM of node 2 to the survivors' completion: %.2f s\n",
+              StageName(stage),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count());
-  // Counted out as departed, never presumed dead after its silence.
   for (int n = 0; n < kNodes; ++n) {
     if (n == kVictimNode) continue;
     const std::string log = cluster.node(n).process().Log();
@@ -415,6 +450,17 @@ TEST(ElasticJob, NodeStoppedWithSigtermLeavesAndTheSurvivorsReformWithoutItAtOnc
     EXPECT_NE(leader.find("event=member_departed generation=1 node_rank=2"), std::string::npos)
         << cluster.DaemonLogs();
   }
+}
+
+TEST(ElasticJob, NodeStoppedWithSigtermLeavesAndTheSurvivorsReformWithoutItAtOnce) {
+  StopNodeTwoWithSigtermAndExpectItDeparted(Stage::kBackward);
+}
+
+// The survivors wait inside the collective, so node 2's Gloo worker going
+// fails it at once and they probe node 2's port: the daemon closes it only
+// after its departure reached the rendezvous, so it is named departed.
+TEST(ElasticJob, NodeStoppedWithSigtermWhileTheSurvivorsWaitInTheCollectiveIsNamedDeparted) {
+  StopNodeTwoWithSigtermAndExpectItDeparted(Stage::kSurvivorsInCollective);
 }
 
 // Node 2's trainers SIGKILLed mid-backward while its daemon lives on (what
@@ -935,6 +981,8 @@ TEST(ElasticJob, LeaderKilledEndsTheJobNamingTheDeadLeader) {
     ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
     EXPECT_EQ(st.code, kExitPeerFailed) << cluster.DaemonLogs();
     EXPECT_NE(error.find("the leader is dead"), std::string::npos) << error;
+    // Proven by its refused port, not by an RPC's deadline.
+    EXPECT_NE(error.find(" refuses connections)"), std::string::npos) << error;
   }
 }
 

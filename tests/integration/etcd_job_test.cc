@@ -201,6 +201,9 @@ TEST(EtcdJob, EtcdUnreachableLongerThanTheTimeoutFailsEveryTrainerNamingEtcd) {
         << error << "\n"
         << cluster.DaemonLogs();
     EXPECT_NE(error.find("unreachable"), std::string::npos) << error;
+    // Named once, not by every layer that passed the error on.
+    const size_t named = error.find("etcd at ");
+    EXPECT_EQ(error.find("etcd at ", named + 1), std::string::npos) << error;
     std::printf("etcd_job etcd killed: trainer exit %d after %.1f s error=\"%s\"\n", st.code,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count(),
                 error.c_str());

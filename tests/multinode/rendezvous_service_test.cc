@@ -30,6 +30,7 @@
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
 #include "tests/multinode/test_leader.h"
+#include "tests/testing/loopback_port.h"
 #include "tests/testing/wait.h"
 
 namespace gradsync::testing {
@@ -114,6 +115,9 @@ class RendezvousServiceTest : public ::testing::Test {
     p.num_nodes = num_nodes_;
     p.local_size = rank + 1;
     p.host = absl::StrCat("10.0.0.", rank + 1);
+    if (auto it = listen_addresses_.find(rank); it != listen_addresses_.end()) {
+      p.listen_address = it->second;
+    }
     p.timeout = timeout;
     return p;
   }
@@ -155,6 +159,8 @@ class RendezvousServiceTest : public ::testing::Test {
 
   std::unique_ptr<TestLeader> leader_;
   int num_nodes_ = 0;
+  // Each node's JoinRequest.listen_address; a node without one sends none.
+  std::map<int, std::string> listen_addresses_;
 };
 
 TEST_F(RendezvousServiceTest, AllNodesJoinAndGetPeersInRankOrder) {
@@ -1138,6 +1144,145 @@ TEST_F(ElasticRendezvousTest, SurvivorsInDifferentIterationsFailNamingTheSplit) 
     EXPECT_EQ(CodeOf(r.status()), v1::PEER_FAILED);
     EXPECT_THAT(Msg(r.status()), HasSubstr("stopped in different iterations"));
     EXPECT_THAT(Msg(r.status()), HasSubstr("node_rank=1 in 6"));
+  }
+}
+
+// Liveness probes. Nodes 0 and 1 listen (live daemons, whatever their Gloo
+// sockets do); the fake clock stands still, so no silence can decide.
+class ProbedRendezvousTest : public ElasticRendezvousTest {
+ protected:
+  // Generation 1 of 3 nodes (--min-nodes `min_nodes`) formed, node 2's
+  // daemon at `node2`; node 0 reports a failed collective (the abort).
+  void FormAndAbort(const LoopbackPort& node2, int min_nodes = 2) {
+    ASSERT_FALSE(node2.address().empty());
+    listen_addresses_ = {{0, node0_.address()}, {1, node1_.address()}, {2, node2.address()}};
+    StartElastic(3, min_nodes);
+  }
+
+  // Node `rank`'s entry among the silent members of a heartbeat's answer
+  // (node_rank -1: absent).
+  static SilentMember SilentEntry(const HeartbeatResult& beat, int rank) {
+    for (const SilentMember& m : beat.silent_members) {
+      if (m.node_rank == rank) return m;
+    }
+    SilentMember absent;
+    absent.node_rank = -1;
+    return absent;
+  }
+
+  // Heart-beats as node 0 until node 2 is named refusing connections
+  // (the leader's probe is asynchronous; bounded).
+  absl::StatusOr<HeartbeatResult> BeatUntilNodeTwoRefuses() {
+    absl::StatusOr<HeartbeatResult> beat = absl::UnknownError("no heartbeat");
+    WaitUntil(
+        [&] {
+          beat = Beat(0, 1);
+          return beat.ok() && SilentEntry(*beat, 2).refuses_connections;
+        },
+        absl::Seconds(10));
+    return beat;
+  }
+
+  LoopbackPort node0_ = LoopbackPort::Listening();
+  LoopbackPort node1_ = LoopbackPort::Listening();
+};
+
+TEST_F(ProbedRendezvousTest, ANodeWhoseDaemonRefusesConnectionsIsDeadAtOnceAndTheOthersReform) {
+  const LoopbackPort node2 = LoopbackPort::Refusing();
+  FormAndAbort(node2);
+  const absl::StatusOr<HeartbeatResult> beat = BeatUntilNodeTwoRefuses();
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  const SilentMember dead = SilentEntry(*beat, 2);
+  EXPECT_TRUE(dead.refuses_connections) << "node 2 not named refusing";
+  EXPECT_EQ(dead.listen_address, node2.address());
+  EXPECT_FALSE(dead.departed);
+  for (const auto& r : ResumeWithoutTimePassing({0, 1})) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->generation, 2u);
+    EXPECT_EQ(r->world_size, 1 + 2);
+    ASSERT_EQ(r->peers.size(), 3u);
+    EXPECT_EQ(r->peers[2].local_size, 0);
+    EXPECT_EQ(r->peers[1].listen_address, node1_.address());
+  }
+}
+
+// Node 1 stays silent but its daemon still listens (a stalled node, or one
+// that only closed its Gloo sockets): never counted dead by a probe, only
+// by its silence. Node 2's refusal comes from the same probe.
+TEST_F(ProbedRendezvousTest, ASilentNodeWhosePortListensIsLeftToTheSilenceRule) {
+  const LoopbackPort node2 = LoopbackPort::Refusing();
+  FormAndAbort(node2);
+  const absl::StatusOr<HeartbeatResult> beat = BeatUntilNodeTwoRefuses();
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_EQ(SilentEntry(*beat, 1).node_rank, 1);
+  EXPECT_FALSE(SilentEntry(*beat, 1).refuses_connections);
+  std::vector<absl::StatusOr<JoinResult>> results(1, absl::UnknownError("not run"));
+  std::thread survivor([&] {
+    JoinParams p = Params(0);
+    p.resume_generation = 1;
+    p.resume_iteration = 5;
+    results[0] = Client()->Join(p);
+  });
+  ASSERT_TRUE(
+      WaitUntil([&] { return leader_->service().GetStatus().pending_node_ranks.size() == 1; },
+                absl::Seconds(10)));
+  // Node 2 is decided, node 1 is not: the round waits on node 1's silence.
+  EXPECT_EQ(leader_->service().GetStatus().generation, 1u);
+  clocks_.Elapse(RendezvousService::kPresumedDeadAfter + absl::Milliseconds(1));
+  survivor.join();
+  ASSERT_FALSE(results[0].ok());
+  EXPECT_EQ(CodeOf(results[0].status()), v1::PEER_FAILED) << results[0].status();
+  EXPECT_THAT(Msg(results[0].status()), HasSubstr("fewer than --min-nodes=2"));
+  EXPECT_THAT(Msg(results[0].status()), HasSubstr("node_rank=1 (host=10.0.0.2, silent 2001 ms)"));
+  EXPECT_THAT(Msg(results[0].status()),
+              HasSubstr(absl::StrCat("node_rank=2 (host=10.0.0.3, its daemon at ", node2.address(),
+                                     " refuses connections)")));
+}
+
+// A probe that times out (a host that drops the connect) proves nothing,
+// and the leader answers meanwhile.
+TEST_F(ProbedRendezvousTest, AProbeThatTimesOutProvesNothingAndTheLeaderAnswersMeanwhile) {
+  const LoopbackPort node2 = LoopbackPort::Unanswering();
+  FormAndAbort(node2);
+  for (int rank : {0, 1}) {
+    const absl::StatusOr<HeartbeatResult> beat = Beat(rank, 1);
+    ASSERT_TRUE(beat.ok()) << beat.status();
+    EXPECT_TRUE(beat->abort);
+    EXPECT_EQ(SilentEntry(*beat, 2).node_rank, 2);
+    EXPECT_FALSE(SilentEntry(*beat, 2).refuses_connections);
+  }
+  std::vector<absl::StatusOr<JoinResult>> results(2, absl::UnknownError("not run"));
+  std::vector<std::thread> survivors;
+  for (int rank : {0, 1}) {
+    survivors.emplace_back([&, rank] {
+      JoinParams p = Params(rank);
+      p.resume_generation = 1;
+      p.resume_iteration = 5;
+      results[rank] = Client()->Join(p);
+    });
+  }
+  ASSERT_TRUE(
+      WaitUntil([&] { return leader_->service().GetStatus().pending_node_ranks.size() == 2; },
+                absl::Seconds(10)));
+  EXPECT_EQ(leader_->service().GetStatus().generation, 1u);  // node 2 undecided
+  clocks_.Elapse(RendezvousService::kPresumedDeadAfter + absl::Milliseconds(1));
+  for (auto& t : survivors) t.join();
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->generation, 2u);
+  }
+}
+
+TEST_F(RendezvousServiceTest, AListenAddressThatIsNotHostPortIsRefusedNamingTheNode) {
+  StartLeader(2);
+  JoinParams p = Params(1);
+  for (const std::string& bad :
+       {std::string("10.0.0.2"), std::string("10.0.0.2:7x"), std::string(400, 'a') + ":1"}) {
+    p.listen_address = bad;
+    const absl::StatusOr<JoinResult> r = Client()->Join(p);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(CodeOf(r.status()), v1::INVALID_ARGUMENT) << r.status();
+    EXPECT_THAT(Msg(r.status()), HasSubstr("node_rank=1 sent listen_address"));
   }
 }
 
