@@ -142,7 +142,7 @@ class ClusterLink final : public WorldLink {
   // A heartbeat the rendezvous did not answer (its RPC error): Explain does
   // not wait out another deadline asking it.
   absl::Status rendezvous_silent_ ABSL_GUARDED_BY(mu_);
-  std::string explained_ ABSL_GUARDED_BY(mu_);        // the last NameFailedNodes's message
+  std::string explained_ ABSL_GUARDED_BY(mu_);  // the last NameFailedNodes's message
   // The job-wide config log, read by the heartbeat thread.
   ConfigLogFollower config_log_;
   std::thread heartbeat_;

@@ -245,7 +245,7 @@ class RendezvousService final : public v1::Rendezvous::Service {
     // Non-empty: it left the job for good (LeaveRequest.departing), why.
     // Counted out of a re-formation at once, never presumed dead.
     std::string departed;
-    bool left = false;  // a Leave of this generation (the job ended here)
+    bool left = false;           // a Leave of this generation (the job ended here)
     std::string listen_address;  // from its Join; "": never probed
     // Non-empty: a probe after the abort found nothing listening there
     // ("its daemon at HOST:PORT refuses connections"): dead at once.
