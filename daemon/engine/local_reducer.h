@@ -15,6 +15,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "common/dtype.h"
 #include "daemon/backends/backend.h"
@@ -107,6 +108,15 @@ class LocalReducer {
   }
 
  private:
+  // The cross-node path when the backend reduces in the trainers' arenas
+  // and writes the average there itself (Backend::ReducesInArenas): the
+  // daemon only sums into trainer 0's arena (or, one trainer, checks it),
+  // piece by piece ahead of each piece's collective. `run(phase, piece)`
+  // runs one of Reduce's passes over a piece.
+  absl::Status ReduceInArenas(const std::vector<uint8_t*>& arenas, uint64_t offset, DType dtype,
+                              int world_size, Backend& backend, NonFiniteReport* nonfinite,
+                              absl::FunctionRef<void(int, const BucketPiece&)> run,
+                              PipelineTimings* pipeline);
   absl::Status ReduceZeros(const std::vector<ReduceSpan>& spans, DType dtype, Backend& backend,
                            ReduceTimings* timings);
 
@@ -114,6 +124,13 @@ class LocalReducer {
   std::vector<uint8_t> staging_;        // fp32 for half types; native otherwise
   std::vector<BucketPiece> pieces_;     // the cross-node bucket's, reused
   std::vector<SliceFinding> findings_;  // one per pool thread
+  // ReduceInArenas': the other trainers' copy of a piece, and whether each
+  // piece's average holds a NaN or Inf (filled when its collective is awaited).
+  std::vector<uint8_t*> copies_;
+  struct PieceFlag {
+    bool non_finite = false;
+  };
+  std::vector<PieceFlag> piece_flags_;
 };
 
 }  // namespace gradsync
