@@ -471,6 +471,22 @@ void Collect(std::vector<SliceFinding>& findings, NonFiniteReport* report) {
   }
 }
 
+// One node: the single streaming pass, then the culprit search if the
+// check found something.
+void AverageOnOneNode(WorkerPool& pool, ReduceWork& job, DType dtype, size_t slices,
+                      std::vector<SliceFinding>& findings, NonFiniteReport* nonfinite) {
+  job.staging = nullptr;
+  job.phase = 0;
+  job.kernel = nonfinite ? AverageKernelFor<true>(dtype) : AverageKernelFor<false>(dtype);
+  pool.Run(&RunSlice, &job, slices);
+  if (nonfinite == nullptr) return;
+  Collect(findings, nonfinite);
+  if (nonfinite->result_non_finite) {
+    FindCulpritAfterPass(job, dtype, &findings[0]);
+    Collect(findings, nonfinite);
+  }
+}
+
 // The dtype the staging buffer holds (and the backend reduces).
 DType StagingDType(DType dtype) {
   return (dtype == DType::kFloat64) ? DType::kFloat64 : DType::kFloat32;
@@ -516,17 +532,7 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
 
   const int64_t t0 = MonotonicNowNs();
   if (backend.num_nodes() <= 1) {
-    job.staging = nullptr;
-    job.phase = 0;
-    job.kernel = check ? AverageKernelFor<true>(dtype) : AverageKernelFor<false>(dtype);
-    pool_.Run(&RunSlice, &job, slices);
-    if (check) {
-      Collect(findings_, nonfinite);
-      if (nonfinite->result_non_finite) {
-        FindCulpritAfterPass(job, dtype, &findings_[0]);
-        Collect(findings_, nonfinite);
-      }
-    }
+    AverageOnOneNode(pool_, job, dtype, slices, findings_, nonfinite);
     if (timings) timings->local_reduce_ns = MonotonicNowNs() - t0, timings->collective_ns = 0;
     return absl::OkStatus();
   }
