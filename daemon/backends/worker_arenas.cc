@@ -28,24 +28,42 @@ Bits Poison(T v) {
   return bits;
 }
 
-template <typename T, typename Bits>
-bool Average(T* sum, size_t count, int divisor, const std::vector<char*>& copies, bool check) {
-  const T d = static_cast<T>(divisor);
+// x / d, or x * (1 / d) where d is a power of two: 1 / d is then exact, so
+// the product is the same correctly rounded x / d, bit for bit (subnormal
+// results included), at a multiply's cost instead of a divide's.
+template <typename T, bool kByReciprocal>
+struct Divide {
+  T operator()(T x) const { return kByReciprocal ? x * factor : x / factor; }
+  T factor;
+};
+
+template <typename T, typename Bits, typename Div>
+bool AverageChunks(T* sum, size_t count, Div div, const std::vector<char*>& copies, bool check) {
   Bits poison = 0;
   for (size_t c = 0; c < count; c += kChunkElements) {
     const size_t m = std::min(kChunkElements, count - c);
     T* chunk = sum + c;
     if (check) {
       for (size_t i = 0; i < m; ++i) {
-        chunk[i] = chunk[i] / d;
+        chunk[i] = div(chunk[i]);
         poison |= Poison<T, Bits>(chunk[i]);
       }
     } else {
-      for (size_t i = 0; i < m; ++i) chunk[i] = chunk[i] / d;
+      for (size_t i = 0; i < m; ++i) chunk[i] = div(chunk[i]);
     }
     for (char* copy : copies) std::memcpy(reinterpret_cast<T*>(copy) + c, chunk, m * sizeof(T));
   }
   return poison != 0;
+}
+
+template <typename T, typename Bits>
+bool Average(T* sum, size_t count, int divisor, const std::vector<char*>& copies, bool check) {
+  if ((divisor & (divisor - 1)) == 0) {
+    const Divide<T, true> div{T{1} / static_cast<T>(divisor)};
+    return AverageChunks<T, Bits>(sum, count, div, copies, check);
+  }
+  const Divide<T, false> div{static_cast<T>(divisor)};
+  return AverageChunks<T, Bits>(sum, count, div, copies, check);
 }
 
 }  // namespace
