@@ -134,7 +134,7 @@ class Backend {
   // AwaitIssued returns OK for it, every local trainer holds the average,
   // and after an error none is told so. `result_non_finite` non-null: set
   // by that AwaitIssued to whether an element of the average is NaN or
-  // Inf. `copies` and `result_non_finite` must stay valid until then.
+  // Inf. `result_non_finite` must stay valid until then.
   virtual absl::Status IssueAllreduceAverage(uint8_t* data, size_t count, DType dtype, int divisor,
                                              absl::Span<uint8_t* const> copies,
                                              bool* result_non_finite) {

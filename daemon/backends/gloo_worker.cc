@@ -24,6 +24,7 @@
 #include "common/log_value.h"
 #include "common/status_code.h"
 #include "common/status_macros.h"
+#include "daemon/backends/average_writer.h"
 #include "daemon/backends/count_fold.h"
 #include "daemon/backends/gloo_backend.h"
 #include "daemon/backends/gloo_store.h"
@@ -222,6 +223,7 @@ struct AllreduceState {
   std::vector<double> counts;
   std::vector<char> folded;  // a small bucket and the counts it carries
   std::vector<char*> copies;
+  AverageWriter::Job job;  // the next one handed to the AverageWriter
 };
 
 // Where the request's `count` elements are (the shared buffer, or a
@@ -286,15 +288,18 @@ absl::Status CheckArenasWhole(const v1::GlooWorkerAllreduce& allreduce,
   return absl::OkStatus();
 }
 
-// One allreduce request, answered: its collectives, then (`divisor` > 0)
-// the average written in the arenas.
-v1::GlooWorkerEvent RunAllreduce(const v1::GlooWorkerAllreduce& allreduce, GlooBackend& backend,
-                                 const GlooBackendOptions& options, AllreduceState* state) {
+// One allreduce request: its collectives, then (`divisor` > 0) the average
+// handed to `writer`, which answers it; else answered here, in order
+// after whatever `writer` still holds. False when the daemon is gone.
+bool RunAllreduce(const v1::GlooWorkerAllreduce& allreduce, GlooBackend& backend,
+                  const GlooBackendOptions& options, AllreduceState* state, AverageWriter& writer,
+                  WorkerChannel& channel) {
   if (allreduce.count() > 0) RecordHop(Hop::kWorkerReceived, options.node_rank);
   const auto dtype = static_cast<DType>(allreduce.dtype());
   absl::Status status;
   char* elements = nullptr;
-  bool non_finite = false;
+  // The writer may still be averaging in the arenas a remap would unmap.
+  if (allreduce.arenas_size() > 0) writer.Drain();
   if (!IsValidDType(static_cast<int32_t>(dtype))) {
     status = absl::InvalidArgumentError(absl::StrCat("invalid dtype ", allreduce.dtype()));
   } else if (allreduce.arenas_size() > 0 && !(status = MapArenas(allreduce, options, state)).ok()) {
@@ -303,18 +308,28 @@ v1::GlooWorkerEvent RunAllreduce(const v1::GlooWorkerAllreduce& allreduce, GlooB
     state->counts.assign(allreduce.counts().begin(), allreduce.counts().end());
     status = RunCollectives(backend, options, elements, allreduce.count(), dtype, &state->counts,
                             &state->folded);
-    if (status.ok() && allreduce.divisor() > 0) {
-      non_finite = WriteAverage(elements, allreduce.count(), dtype, allreduce.divisor(),
-                                state->copies, allreduce.check_result());
-    }
     if (status.ok()) status = CheckArenasWhole(allreduce, state->arenas);
   }
-  v1::GlooWorkerEvent done = Done(status);
+  AverageWriter::Job& job = state->job;
+  job.done = Done(status);
   if (status.ok() && allreduce.counts_size() > 0) {
-    done.mutable_counts()->Add(state->counts.begin(), state->counts.end());
+    job.done.mutable_counts()->Add(state->counts.begin(), state->counts.end());
   }
-  if (status.ok()) done.set_result_non_finite(non_finite);
-  return done;
+  if (status.ok() && allreduce.divisor() > 0) {
+    job.sum = elements;
+    job.count = allreduce.count();
+    job.dtype = dtype;
+    job.divisor = allreduce.divisor();
+    job.check = allreduce.check_result();
+    job.copies.assign(state->copies.begin(), state->copies.end());
+    job.arenas.clear();
+    job.arenas.push_back(allreduce.arena() - 1);
+    for (const int arena : allreduce.copy_arenas()) job.arenas.push_back(arena - 1);
+    writer.Post(job);
+    return true;
+  }
+  writer.Drain();
+  return channel.Send(job.done).ok();
 }
 
 }  // namespace
@@ -355,8 +370,10 @@ int RunGlooWorker() {
 
   AllreduceState state;
   SharedBuffer& buffer = state.buffer;
+  AverageWriter writer(channel, state.arenas);
   while (channel.Receive(&request, absl::InfiniteFuture()).ok()) {
     if (request.has_broadcast()) {
+      writer.Drain();  // answered in order (the daemon awaits every allreduce first)
       const v1::GlooWorkerBroadcast& broadcast = request.broadcast();
       absl::Status status;
       void* data = nullptr;
@@ -376,7 +393,7 @@ int RunGlooWorker() {
       continue;
     }
     if (!request.has_allreduce()) return 1;
-    if (!channel.Send(RunAllreduce(request.allreduce(), **backend, options, &state)).ok()) return 1;
+    if (!RunAllreduce(request.allreduce(), **backend, options, &state, writer, channel)) return 1;
   }
   return 0;  // the daemon closed the channel: the generation is over
 }

@@ -3,10 +3,13 @@
 //
 // The bucket is a list of byte spans, identical in every trainer's arena
 // (usually one contiguous span). One node: a single streaming pass (read
-// every trainer's gradient once, write the average into each once). Several nodes: sum into a
-// staging buffer, backend allreduce, then divide and write back, piece by piece with the
-// collectives pipelined (bucket_pieces.h). Half-precision gradients
-// are accumulated in fp32. Threads split the bucket; nothing is allocated
+// every trainer's gradient once, write the average into each once). Several
+// nodes, piece by piece with the collectives pipelined (bucket_pieces.h):
+// where the backend reduces in the trainers' arenas itself
+// (Backend::ReducesInArenas), sum into trainer 0's arena and let the
+// backend's collective divide and copy the average out; else sum into a
+// staging buffer, backend allreduce, then divide and write back.
+// Half-precision gradients are accumulated in fp32. Threads split the bucket; nothing is allocated
 // per call.
 #ifndef GRADSYNC_DAEMON_ENGINE_LOCAL_REDUCER_H_
 #define GRADSYNC_DAEMON_ENGINE_LOCAL_REDUCER_H_
