@@ -47,23 +47,32 @@ void AverageWriter::Run() {
       if (head_ == tail_) return;     // stopped, nothing left
       job = &slots_[head_ % kSlots];  // Post never touches a queued slot
     }
-    const bool non_finite =
-        WriteAverage(job->sum, job->count, job->dtype, job->divisor, job->copies, job->check);
-    absl::Status whole;
-    for (int arena : job->arenas) {
-      if (whole.ok()) whole = arenas_.CheckWhole(arena);
-    }
-    if (whole.ok()) {
-      job->done.set_result_non_finite(non_finite);
-    } else {
-      job->done.clear_counts();
-      ToProto(whole, job->done.mutable_done());
-    }
-    // A failed send: the daemon is gone, and the worker exits with it.
-    channel_.Send(job->done).IgnoreError();
+    Complete(*job);
     absl::MutexLock lock(&mu_);
     ++head_;
   }
+}
+
+void AverageWriter::WriteNow(Job& job) {
+  Drain();
+  Complete(job);
+}
+
+void AverageWriter::Complete(Job& job) {
+  const bool non_finite =
+      WriteAverage(job.sum, job.count, job.dtype, job.divisor, job.copies, job.check);
+  absl::Status whole;
+  for (int arena : job.arenas) {
+    if (whole.ok()) whole = arenas_.CheckWhole(arena);
+  }
+  if (whole.ok()) {
+    job.done.set_result_non_finite(non_finite);
+  } else {
+    job.done.clear_counts();
+    ToProto(whole, job.done.mutable_done());
+  }
+  // A failed send: the daemon is gone, and the worker exits with it.
+  channel_.Send(job.done).IgnoreError();
 }
 
 }  // namespace gradsync

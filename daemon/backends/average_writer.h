@@ -9,7 +9,7 @@
 // only after Drain (everything posted written and answered), and remaps
 // the arenas only then too.
 //
-// Threads: Post and Drain from the worker's main thread.
+// Threads: Post, WriteNow and Drain from the worker's main thread.
 #ifndef GRADSYNC_DAEMON_BACKENDS_AVERAGE_WRITER_H_
 #define GRADSYNC_DAEMON_BACKENDS_AVERAGE_WRITER_H_
 
@@ -49,6 +49,10 @@ class AverageWriter {
   // Queues `job` (its contents are swapped in: the caller gets a used slot's
   // capacity back). Waits while kSlots jobs are queued.
   void Post(Job& job) ABSL_LOCKS_EXCLUDED(mu_);
+  // Writes and answers `job` on the calling thread, after every job posted:
+  // where no next collective is waiting, a hand-off to the thread would
+  // only add a wake-up.
+  void WriteNow(Job& job) ABSL_LOCKS_EXCLUDED(mu_);
   // Waits until every posted job is written and answered.
   void Drain() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -56,6 +60,8 @@ class AverageWriter {
   // The daemon keeps at most two requests in flight.
   static constexpr size_t kSlots = 4;
   void Run() ABSL_LOCKS_EXCLUDED(mu_);
+  // Writes `job`'s average, checks its arenas and sends its answer.
+  void Complete(Job& job);
 
   WorkerChannel& channel_;
   const WorkerArenas& arenas_;
