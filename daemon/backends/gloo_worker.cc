@@ -215,6 +215,9 @@ absl::Status RunCollectives(GlooBackend& backend, const GlooBackendOptions& opti
   return status;
 }
 
+// Pieces of a bucket cut in several are at least half of kPieceBytes (8 MiB).
+constexpr uint64_t kOverlapMinBytes = 4 << 20;
+
 // What the allreduce requests keep from one to the next. Capacity kept
 // across requests: no allocation per iteration.
 struct AllreduceState {
@@ -325,10 +328,12 @@ bool RunAllreduce(const v1::GlooWorkerAllreduce& allreduce, GlooBackend& backend
     job.arenas.clear();
     job.arenas.push_back(allreduce.arena() - 1);
     for (const int arena : allreduce.copy_arenas()) job.arenas.push_back(arena - 1);
-    // The next piece's request already waiting: its collective runs while
-    // the writer averages this one.
+    // A piece of a bucket cut in several (bucket_pieces.h: those pieces are
+    // at least half of kPieceBytes), or the next request already waiting:
+    // the next collective runs while the writer averages this one. A lone
+    // small bucket is written at once: a hand-off would only add a wake-up.
     pollfd next{channel.fd(), POLLIN, 0};
-    if (poll(&next, 1, 0) == 1) {
+    if (allreduce.count() * DTypeSize(dtype) >= kOverlapMinBytes || poll(&next, 1, 0) == 1) {
       writer.Post(job);
     } else {
       writer.WriteNow(job);
