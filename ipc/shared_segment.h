@@ -56,6 +56,9 @@ class SharedSegment {
   size_t size() const { return region_.get_size(); }
   const std::string& name() const { return name_; }
   bool valid() const { return data() != nullptr; }
+  // The mapped object's identity (fstat when it was mapped).
+  dev_t device() const { return dev_; }
+  ino_t inode() const { return ino_; }
 
  private:
   boost::interprocess::mapped_region region_;

@@ -91,6 +91,9 @@ class TrainerSegment {
   uint8_t* arena() const { return arena_; }
   uint64_t arena_bytes() const { return arena_bytes_; }
   const std::string& name() const { return segment_.name(); }
+  // The segment as mapped (its object's identity; the arena lies at
+  // arena() - data() in it).
+  const SharedSegment& shared() const { return segment_; }
 
   // Daemon side: true once the segment was found cut short under this
   // mapping; everything read from it since is zeros, not the trainer's.

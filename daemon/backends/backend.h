@@ -13,9 +13,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "common/dtype.h"
 
 namespace gradsync {
@@ -33,6 +35,17 @@ inline absl::Status CheckAllreduceArgs(const void* data, size_t count, DType dty
   }
   return absl::OkStatus();
 }
+
+// A local trainer's gradient arena as a backend in another process can map
+// it: the POSIX shared-memory object holding it and where.
+struct SharedArena {
+  uint8_t* base = nullptr;  // the daemon's mapping of the arena
+  uint64_t bytes = 0;
+  std::string segment;          // the object's name
+  uint64_t segment_offset = 0;  // the arena's first byte in the object
+  uint64_t device = 0;          // the object the daemon mapped (fstat)
+  uint64_t inode = 0;
+};
 
 // What crossed the wire: the dtype of the cross-node hop and the bytes
 // handed to the collective (count x wire element size, summed; a ring
@@ -99,6 +112,34 @@ class Backend {
     (void)data, (void)bytes;
     if (num_nodes() == 1 && root_node == 0) return absl::OkStatus();
     return absl::UnimplementedError(absl::StrCat(name(), " backend: no broadcast across nodes"));
+  }
+
+  // The local trainers' arenas, for a backend whose collectives run in
+  // another process: it may then reduce in them directly
+  // (IssueAllreduceAverage). Replaces any shared before; the arenas must
+  // stay mapped while the backend lives. Safe to call from any thread.
+  virtual void ShareArenas(std::vector<SharedArena> arenas) { (void)arenas; }
+
+  // Whether IssueAllreduceAverage can run on `bytes` bytes at `data` and
+  // copy the average to each of `copies` (the same bytes in other arenas).
+  virtual bool ReducesInArenas(const uint8_t* data, uint64_t bytes,
+                               absl::Span<uint8_t* const> copies) {
+    (void)data, (void)bytes, (void)copies;
+    return false;
+  }
+
+  // IssueAllreduceSum on `data` (where ReducesInArenas said yes), then,
+  // inside the same collective request, the sum divided by `divisor` is
+  // written at `data` and copied to every one of `copies`: when
+  // AwaitIssued returns OK for it, every local trainer holds the average,
+  // and after an error none is told so. `result_non_finite` non-null: set
+  // by that AwaitIssued to whether an element of the average is NaN or
+  // Inf. `result_non_finite` must stay valid until then.
+  virtual absl::Status IssueAllreduceAverage(uint8_t* data, size_t count, DType dtype, int divisor,
+                                             absl::Span<uint8_t* const> copies,
+                                             bool* result_non_finite) {
+    (void)data, (void)count, (void)dtype, (void)divisor, (void)copies, (void)result_non_finite;
+    return absl::UnimplementedError(absl::StrCat(name(), " backend: no average in the arenas"));
   }
 
   // A buffer of at least `bytes` that AllreduceSum reduces without copying

@@ -24,9 +24,11 @@
 #include "common/log_value.h"
 #include "common/status_code.h"
 #include "common/status_macros.h"
+#include "daemon/backends/average_writer.h"
 #include "daemon/backends/count_fold.h"
 #include "daemon/backends/gloo_backend.h"
 #include "daemon/backends/gloo_store.h"
+#include "daemon/backends/worker_arenas.h"
 #include "daemon/backends/worker_channel.h"
 #include "gradsync/v1/gloo_worker.pb.h"
 #include "spdlog/spdlog.h"
@@ -213,6 +215,135 @@ absl::Status RunCollectives(GlooBackend& backend, const GlooBackendOptions& opti
   return status;
 }
 
+// Pieces of a bucket cut in several are at least half of kPieceBytes (8 MiB).
+constexpr uint64_t kOverlapMinBytes = 4 << 20;
+
+// What the allreduce requests keep from one to the next. Capacity kept
+// across requests: no allocation per iteration.
+struct AllreduceState {
+  SharedBuffer buffer;
+  WorkerArenas arenas;
+  std::vector<double> counts;
+  std::vector<char> folded;  // a small bucket and the counts it carries
+  std::vector<char*> copies;
+  AverageWriter::Job job;  // the next one handed to the AverageWriter
+};
+
+// Where the request's `count` elements are (the shared buffer, or a
+// trainer's arena) and, for an average, every other arena it is copied to.
+absl::Status Locate(const v1::GlooWorkerAllreduce& allreduce, DType dtype, AllreduceState* state,
+                    char** elements) {
+  *elements = nullptr;
+  state->copies.clear();
+  const uint64_t bytes = allreduce.count() * DTypeSize(dtype);
+  if (allreduce.arena() > 0) {
+    const int arena = allreduce.arena() - 1;
+    *elements = state->arenas.At(arena, allreduce.offset(), bytes);
+    if (*elements == nullptr) {
+      return absl::InternalError(absl::StrCat(allreduce.count(), " elements at offset ",
+                                              allreduce.offset(), " are not within mapped arena ",
+                                              arena));
+    }
+  } else if (allreduce.offset() > allreduce.buffer_bytes() ||
+             allreduce.count() >
+                 (allreduce.buffer_bytes() - allreduce.offset()) / DTypeSize(dtype)) {
+    return absl::InternalError(absl::StrCat(allreduce.count(), " elements at offset ",
+                                            allreduce.offset(), " exceed the ",
+                                            allreduce.buffer_bytes(), "-byte shared buffer"));
+  } else if (allreduce.count() > 0) {
+    void* data = state->buffer.Map(allreduce.buffer_bytes());
+    if (data == nullptr) {
+      return absl::InternalError(
+          absl::StrCat("cannot map the shared buffer's ", allreduce.buffer_bytes(), " bytes"));
+    }
+    *elements = static_cast<char*>(data) + allreduce.offset();
+  }
+  for (const int arena : allreduce.copy_arenas()) {
+    char* copy = state->arenas.At(arena - 1, allreduce.offset(), bytes);
+    if (copy == nullptr || allreduce.arena() <= 0) {
+      return absl::InternalError(absl::StrCat("cannot copy the average to arena ", arena - 1));
+    }
+    state->copies.push_back(copy);
+  }
+  if (allreduce.divisor() < 0 ||
+      (allreduce.divisor() > 0 && dtype != DType::kFloat32 && dtype != DType::kFloat64)) {
+    return absl::InternalError(
+        absl::StrCat("cannot average ", DTypeName(dtype), " by ", allreduce.divisor()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MapArenas(const v1::GlooWorkerAllreduce& allreduce, const GlooBackendOptions& options,
+                       AllreduceState* state) {
+  if (absl::Status st = state->arenas.Map(allreduce.arenas()); !st.ok()) {
+    return MakeError(CodeOf(st), absl::StrCat("mapping the trainers' arenas: ", st.message()));
+  }
+  spdlog::info("event=gloo_worker_arenas_mapped node_rank={} arenas={}", options.node_rank,
+               allreduce.arenas_size());
+  return absl::OkStatus();
+}
+
+// Any arena of the request cut short while the worker used it.
+absl::Status CheckArenasWhole(const v1::GlooWorkerAllreduce& allreduce,
+                              const WorkerArenas& arenas) {
+  if (allreduce.arena() > 0) RETURN_IF_ERROR(arenas.CheckWhole(allreduce.arena() - 1));
+  for (const int arena : allreduce.copy_arenas()) RETURN_IF_ERROR(arenas.CheckWhole(arena - 1));
+  return absl::OkStatus();
+}
+
+// One allreduce request: its collectives, then (`divisor` > 0) the average
+// handed to `writer`, which answers it; else answered here, in order
+// after whatever `writer` still holds. False when the daemon is gone.
+bool RunAllreduce(const v1::GlooWorkerAllreduce& allreduce, GlooBackend& backend,
+                  const GlooBackendOptions& options, AllreduceState* state, AverageWriter& writer,
+                  WorkerChannel& channel) {
+  if (allreduce.count() > 0) RecordHop(Hop::kWorkerReceived, options.node_rank);
+  const auto dtype = static_cast<DType>(allreduce.dtype());
+  absl::Status status;
+  char* elements = nullptr;
+  // The writer may still be averaging in the arenas a remap would unmap.
+  if (allreduce.arenas_size() > 0) writer.Drain();
+  if (!IsValidDType(static_cast<int32_t>(dtype))) {
+    status = absl::InvalidArgumentError(absl::StrCat("invalid dtype ", allreduce.dtype()));
+  } else if (allreduce.arenas_size() > 0 && !(status = MapArenas(allreduce, options, state)).ok()) {
+  } else if ((status = Locate(allreduce, dtype, state, &elements)).ok()) {
+    // No elements: the counts alone (started ahead of a larger bucket).
+    state->counts.assign(allreduce.counts().begin(), allreduce.counts().end());
+    status = RunCollectives(backend, options, elements, allreduce.count(), dtype, &state->counts,
+                            &state->folded);
+    if (status.ok()) status = CheckArenasWhole(allreduce, state->arenas);
+  }
+  AverageWriter::Job& job = state->job;
+  job.done = Done(status);
+  if (status.ok() && allreduce.counts_size() > 0) {
+    job.done.mutable_counts()->Add(state->counts.begin(), state->counts.end());
+  }
+  if (status.ok() && allreduce.divisor() > 0) {
+    job.sum = elements;
+    job.count = allreduce.count();
+    job.dtype = dtype;
+    job.divisor = allreduce.divisor();
+    job.check = allreduce.check_result();
+    job.copies.assign(state->copies.begin(), state->copies.end());
+    job.arenas.clear();
+    job.arenas.push_back(allreduce.arena() - 1);
+    for (const int arena : allreduce.copy_arenas()) job.arenas.push_back(arena - 1);
+    // A piece of a bucket cut in several (bucket_pieces.h: those pieces are
+    // at least half of kPieceBytes), or the next request already waiting:
+    // the next collective runs while the writer averages this one. A lone
+    // small bucket is written at once: a hand-off would only add a wake-up.
+    pollfd next{channel.fd(), POLLIN, 0};
+    if (allreduce.count() * DTypeSize(dtype) >= kOverlapMinBytes || poll(&next, 1, 0) == 1) {
+      writer.Post(job);
+    } else {
+      writer.WriteNow(job);
+    }
+    return true;
+  }
+  writer.Drain();
+  return channel.Send(job.done).ok();
+}
+
 }  // namespace
 
 int RunGlooWorker() {
@@ -249,12 +380,12 @@ int RunGlooWorker() {
   absl::StatusOr<std::unique_ptr<GlooBackend>> backend = GlooBackend::Create(options);
   if (!channel.Send(Done(backend.status())).ok() || !backend.ok()) return 1;
 
-  SharedBuffer buffer;
-  // Capacity kept across requests: no allocation per iteration.
-  std::vector<double> counts;
-  std::vector<char> folded;  // a small bucket and the counts it carries
+  AllreduceState state;
+  SharedBuffer& buffer = state.buffer;
+  AverageWriter writer(channel, state.arenas);
   while (channel.Receive(&request, absl::InfiniteFuture()).ok()) {
     if (request.has_broadcast()) {
+      writer.Drain();  // answered in order (the daemon awaits every allreduce first)
       const v1::GlooWorkerBroadcast& broadcast = request.broadcast();
       absl::Status status;
       void* data = nullptr;
@@ -274,35 +405,7 @@ int RunGlooWorker() {
       continue;
     }
     if (!request.has_allreduce()) return 1;
-    const v1::GlooWorkerAllreduce& allreduce = request.allreduce();
-    if (allreduce.count() > 0) RecordHop(Hop::kWorkerReceived, options.node_rank);
-    const auto dtype = static_cast<DType>(allreduce.dtype());
-    absl::Status status;
-    void* data = nullptr;
-    if (!IsValidDType(static_cast<int32_t>(dtype))) {
-      status = absl::InvalidArgumentError(absl::StrCat("invalid dtype ", allreduce.dtype()));
-    } else if (allreduce.offset() > allreduce.buffer_bytes() ||
-               allreduce.count() >
-                   (allreduce.buffer_bytes() - allreduce.offset()) / DTypeSize(dtype)) {
-      status = absl::InternalError(absl::StrCat(allreduce.count(), " elements at offset ",
-                                                allreduce.offset(), " exceed the ",
-                                                allreduce.buffer_bytes(), "-byte shared buffer"));
-    } else if (allreduce.count() > 0 && (data = buffer.Map(allreduce.buffer_bytes())) == nullptr) {
-      status = absl::InternalError(
-          absl::StrCat("cannot map the shared buffer's ", allreduce.buffer_bytes(), " bytes"));
-    } else {
-      // No elements: the counts alone (started ahead of a larger bucket).
-      char* const elements =
-          data != nullptr ? static_cast<char*>(data) + allreduce.offset() : nullptr;
-      counts.assign(allreduce.counts().begin(), allreduce.counts().end());
-      status =
-          RunCollectives(**backend, options, elements, allreduce.count(), dtype, &counts, &folded);
-    }
-    v1::GlooWorkerEvent done = Done(status);
-    if (status.ok() && allreduce.counts_size() > 0) {
-      done.mutable_counts()->Add(counts.begin(), counts.end());
-    }
-    if (!channel.Send(done).ok()) return 1;
+    if (!RunAllreduce(request.allreduce(), **backend, options, &state, writer, channel)) return 1;
   }
   return 0;  // the daemon closed the channel: the generation is over
 }

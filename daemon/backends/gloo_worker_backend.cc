@@ -175,7 +175,7 @@ absl::Status GlooWorkerBackend::Connect(const GlooBackendOptions& options) {
 }
 
 absl::Status GlooWorkerBackend::AwaitDone(const std::string& during, gloo::rendezvous::Store* store,
-                                          double* counts, size_t n) {
+                                          double* counts, size_t n, bool* non_finite) {
   while (true) {
     v1::GlooWorkerEvent event;
     absl::Status received = channel_.Receive(&event, MonotonicNow() + timeout_ + kGrace);
@@ -188,6 +188,7 @@ absl::Status GlooWorkerBackend::AwaitDone(const std::string& during, gloo::rende
     if (!received.ok()) return WorkerDied(during);
     if (event.has_done()) {
       absl::Status status = FromProto(event.done());
+      if (non_finite != nullptr) *non_finite = event.result_non_finite();
       if (!status.ok() || counts == nullptr) return status;
       if (static_cast<size_t>(event.counts_size()) != n) {
         Kill();
@@ -291,18 +292,21 @@ absl::Status GlooWorkerBackend::AllreduceSum(void* data, size_t count, DType dty
   return AwaitIssued();
 }
 
+absl::Status GlooWorkerBackend::CheckUsable() {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(failure_);
+  if (aborted_) {
+    failure_ = MakeError(v1::PEER_FAILED,
+                         absl::StrCat("gloo allreduce on node_rank=", node_rank_,
+                                      " generation=", generation_, " aborted: ", abort_reason_));
+    return failure_;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GlooWorkerBackend::IssueAllreduceSum(void* data, size_t count, DType dtype) {
   RETURN_IF_ERROR(CheckAllreduceArgs(data, count, dtype, "gloo"));
-  {
-    absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(failure_);
-    if (aborted_) {
-      failure_ = MakeError(v1::PEER_FAILED,
-                           absl::StrCat("gloo allreduce on node_rank=", node_rank_,
-                                        " generation=", generation_, " aborted: ", abort_reason_));
-      return failure_;
-    }
-  }
+  RETURN_IF_ERROR(CheckUsable());
   Issued issued{count, dtype, false, nullptr};
   if (pending_counts_ != nullptr && count == 0) {
     return Fail(
@@ -334,6 +338,90 @@ absl::Status GlooWorkerBackend::IssueAllreduceSum(void* data, size_t count, DTyp
   allreduce->set_dtype(static_cast<v1::DType>(dtype));
   allreduce->set_buffer_bytes(buffer_bytes_);
   allreduce->set_offset(shared ? static_cast<uint64_t>(begin - base) : 0);
+  if (pending_counts_ != nullptr) {
+    allreduce->mutable_counts()->Add(pending_counts_, pending_counts_ + pending_counts_n_);
+    issued.counts = std::exchange(pending_counts_, nullptr);
+    issued.counts_n = std::exchange(pending_counts_n_, 0);
+  }
+  return SendIssued(request, issued);
+}
+
+void GlooWorkerBackend::ShareArenas(std::vector<SharedArena> arenas) {
+  absl::MutexLock lock(&mu_);
+  shared_arenas_ = std::move(arenas);
+  arenas_changed_ = true;
+}
+
+int GlooWorkerBackend::ArenaOf(const uint8_t* data, uint64_t bytes) const {
+  for (size_t i = 0; i < arenas_.size(); ++i) {
+    const SharedArena& a = arenas_[i];
+    if (data >= a.base && bytes <= a.bytes &&
+        data - a.base <= static_cast<ptrdiff_t>(a.bytes - bytes)) {
+      return static_cast<int>(i) + 1;
+    }
+  }
+  return 0;
+}
+
+bool GlooWorkerBackend::ReducesInArenas(const uint8_t* data, uint64_t bytes,
+                                        absl::Span<uint8_t* const> copies) {
+  if (num_nodes_ == 1) return false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (arenas_changed_) {
+      // Requests already sent keep the mapping they were sent with: the
+      // worker maps the new arenas with the next one, in order.
+      arenas_ = shared_arenas_;
+      arenas_changed_ = false;
+      arenas_unsent_ = !arenas_.empty();
+    }
+  }
+  const int arena = ArenaOf(data, bytes);
+  if (arena == 0) return false;
+  const ptrdiff_t offset = data - arenas_[arena - 1].base;
+  for (const uint8_t* copy : copies) {
+    const int other = ArenaOf(copy, bytes);
+    if (other == 0 || other == arena || copy - arenas_[other - 1].base != offset) return false;
+  }
+  return true;
+}
+
+absl::Status GlooWorkerBackend::IssueAllreduceAverage(uint8_t* data, size_t count, DType dtype,
+                                                      int divisor,
+                                                      absl::Span<uint8_t* const> copies,
+                                                      bool* result_non_finite) {
+  RETURN_IF_ERROR(CheckAllreduceArgs(data, count, dtype, "gloo"));
+  RETURN_IF_ERROR(CheckUsable());
+  const uint64_t bytes = count * DTypeSize(dtype);
+  if (count == 0 || divisor < 1 || (dtype != DType::kFloat32 && dtype != DType::kFloat64) ||
+      !ReducesInArenas(data, bytes, copies)) {
+    return Fail(MakeError(
+        v1::INTERNAL, absl::StrCat("gloo allreduce: cannot average ", count, " ", DTypeName(dtype),
+                                   " by ", divisor, " in the shared arenas")));
+  }
+  const int arena = ArenaOf(data, bytes);
+  v1::GlooWorkerRequest request;
+  v1::GlooWorkerAllreduce* allreduce = request.mutable_allreduce();
+  allreduce->set_count(count);
+  allreduce->set_dtype(static_cast<v1::DType>(dtype));
+  allreduce->set_buffer_bytes(buffer_bytes_);
+  allreduce->set_offset(static_cast<uint64_t>(data - arenas_[arena - 1].base));
+  allreduce->set_arena(arena);
+  allreduce->set_divisor(divisor);
+  allreduce->set_check_result(result_non_finite != nullptr);
+  for (const uint8_t* copy : copies) allreduce->add_copy_arenas(ArenaOf(copy, bytes));
+  if (std::exchange(arenas_unsent_, false)) {
+    for (const SharedArena& a : arenas_) {
+      v1::GlooWorkerArena* out = allreduce->add_arenas();
+      out->set_segment(a.segment);
+      out->set_device(a.device);
+      out->set_inode(a.inode);
+      out->set_offset(a.segment_offset);
+      out->set_bytes(a.bytes);
+    }
+  }
+  Issued issued{count, dtype, false, nullptr};
+  issued.non_finite = result_non_finite;
   if (pending_counts_ != nullptr) {
     allreduce->mutable_counts()->Add(pending_counts_, pending_counts_ + pending_counts_n_);
     issued.counts = std::exchange(pending_counts_, nullptr);
@@ -451,7 +539,7 @@ absl::Status GlooWorkerBackend::AwaitIssued() {
   // The worker answers in the order it was asked: this `done` is `issued`'s.
   absl::Status status =
       AwaitDone(absl::StrCat("during an allreduce of ", issued.count, " ", DTypeName(issued.dtype)),
-                nullptr, issued.counts, issued.counts_n);
+                nullptr, issued.counts, issued.counts_n, issued.non_finite);
   if (!status.ok()) {
     issued_.clear(), issued_head_ = 0;  // the worker is gone: nothing else will answer
     return Fail(status);
@@ -486,6 +574,13 @@ absl::Status GlooWorkerBackend::Fail(absl::Status status) {
   // The worker's own failure path already closed its pairs; killing it
   // also frees its ports and memory now rather than at the job's end.
   Kill();
+  // And it may be writing an average into the trainers' arenas: once the
+  // failure is reported, nothing of it may land there.
+  if (pidfd_ >= 0) {
+    pollfd exited{pidfd_, POLLIN, 0};
+    while (poll(&exited, 1, kExitWaitMs) < 0 && errno == EINTR) {
+    }
+  }
   return status;
 }
 

@@ -85,6 +85,17 @@ class GlooWorkerBackend final : public Backend {
   // nothing, at once).
   absl::Status AllreduceCountsWithNext(double* counts, size_t n, size_t next_count,
                                        DType next_dtype, bool* deferred) override;
+  // The arenas are mapped by the worker with the next request that
+  // reduces in one.
+  void ShareArenas(std::vector<SharedArena> arenas) override ABSL_LOCKS_EXCLUDED(mu_);
+  bool ReducesInArenas(const uint8_t* data, uint64_t bytes,
+                       absl::Span<uint8_t* const> copies) override ABSL_LOCKS_EXCLUDED(mu_);
+  // The worker sums in the arena, divides and copies the average to the
+  // other arenas before it answers: a worker that dies meanwhile fails it
+  // (and is dead, so writes nothing more, by the time the error returns).
+  absl::Status IssueAllreduceAverage(uint8_t* data, size_t count, DType dtype, int divisor,
+                                     absl::Span<uint8_t* const> copies,
+                                     bool* result_non_finite) override;
   // Through the shared buffer's start (copied in on the root, out elsewhere);
   // nothing may be in flight.
   absl::Status Broadcast(void* data, size_t bytes, int root_node) override;
@@ -104,7 +115,11 @@ class GlooWorkerBackend final : public Backend {
   // The worker's next `done` (serving store requests with `store`, if any);
   // with `counts`, the `n` summed counts it carries are copied there.
   absl::Status AwaitDone(const std::string& during, gloo::rendezvous::Store* store,
-                         double* counts = nullptr, size_t n = 0);
+                         double* counts = nullptr, size_t n = 0, bool* non_finite = nullptr);
+  // OK while no failure or Abort happened; else that failure.
+  absl::Status CheckUsable() ABSL_LOCKS_EXCLUDED(mu_);
+  // Which shared arena (1-based) holds `bytes` at `data`; 0 when none.
+  int ArenaOf(const uint8_t* data, uint64_t bytes) const;
   // Reaps the worker after its channel closed; says how and why it died.
   absl::Status WorkerDied(const std::string& during) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status EnsureBuffer(size_t bytes);
@@ -121,7 +136,8 @@ class GlooWorkerBackend final : public Backend {
     void* copy_back = nullptr;  // data outside the shared buffer: copy the result there
     double* counts = nullptr;   // AllreduceCountsWithNext's, sent with this one
     size_t counts_n = 0;
-    bool counts_only = false;  // no elements: AwaitIssued takes it on the way
+    bool counts_only = false;    // no elements: AwaitIssued takes it on the way
+    bool* non_finite = nullptr;  // IssueAllreduceAverage's, set from the answer
   };
   // Sends `request` for `issued`'s collective and queues it.
   absl::Status SendIssued(const v1::GlooWorkerRequest& request, Issued issued);
@@ -149,6 +165,11 @@ class GlooWorkerBackend final : public Backend {
   double* pending_counts_ = nullptr;
   size_t pending_counts_n_ = 0;
 
+  // ShareArenas' as the calling thread last adopted them, and whether the
+  // worker has yet to map them.
+  std::vector<SharedArena> arenas_;
+  bool arenas_unsent_ = false;
+
   pid_t pid_ = 0;   // set by Spawn, before any other thread sees this object
   int pidfd_ = -1;  // signals never reach a reused pid
   absl::Mutex mu_;
@@ -156,6 +177,8 @@ class GlooWorkerBackend final : public Backend {
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   std::string abort_reason_ ABSL_GUARDED_BY(mu_);
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  std::vector<SharedArena> shared_arenas_ ABSL_GUARDED_BY(mu_);
+  bool arenas_changed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace gradsync

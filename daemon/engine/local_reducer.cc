@@ -471,6 +471,22 @@ void Collect(std::vector<SliceFinding>& findings, NonFiniteReport* report) {
   }
 }
 
+// One node: the single streaming pass, then the culprit search if the
+// check found something.
+void AverageOnOneNode(WorkerPool& pool, ReduceWork& job, DType dtype, size_t slices,
+                      std::vector<SliceFinding>& findings, NonFiniteReport* nonfinite) {
+  job.staging = nullptr;
+  job.phase = 0;
+  job.kernel = nonfinite ? AverageKernelFor<true>(dtype) : AverageKernelFor<false>(dtype);
+  pool.Run(&RunSlice, &job, slices);
+  if (nonfinite == nullptr) return;
+  Collect(findings, nonfinite);
+  if (nonfinite->result_non_finite) {
+    FindCulpritAfterPass(job, dtype, &findings[0]);
+    Collect(findings, nonfinite);
+  }
+}
+
 // The dtype the staging buffer holds (and the backend reduces).
 DType StagingDType(DType dtype) {
   return (dtype == DType::kFloat64) ? DType::kFloat64 : DType::kFloat32;
@@ -479,7 +495,9 @@ DType StagingDType(DType dtype) {
 }  // namespace
 
 LocalReducer::LocalReducer(size_t threads, uint64_t staging_bytes)
-    : pool_(std::max<size_t>(1, threads)), staging_(staging_bytes), findings_(pool_.size()) {}
+    : pool_(std::max<size_t>(1, threads)), staging_(staging_bytes), findings_(pool_.size()) {
+  copies_.reserve(kMaxLocalTrainers);
+}
 
 uint64_t LocalReducer::StagingBytes(uint64_t bytes, DType dtype) {
   return bytes / DTypeSize(dtype) * DTypeSize(StagingDType(dtype));
@@ -514,22 +532,39 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
 
   const int64_t t0 = MonotonicNowNs();
   if (backend.num_nodes() <= 1) {
-    job.staging = nullptr;
-    job.phase = 0;
-    job.kernel = check ? AverageKernelFor<true>(dtype) : AverageKernelFor<false>(dtype);
-    pool_.Run(&RunSlice, &job, slices);
-    if (check) {
-      Collect(findings_, nonfinite);
-      if (nonfinite->result_non_finite) {
-        FindCulpritAfterPass(job, dtype, &findings_[0]);
-        Collect(findings_, nonfinite);
-      }
-    }
+    AverageOnOneNode(pool_, job, dtype, slices, findings_, nonfinite);
     if (timings) timings->local_reduce_ns = MonotonicNowNs() - t0, timings->collective_ns = 0;
     return absl::OkStatus();
   }
 
   const DType staged = StagingDType(dtype);
+  auto run = [&](int phase, const BucketPiece& piece) {
+    job.phase = phase;
+    job.piece = piece;
+    const bool parallel = piece.count * job.elem_size >= kParallelThresholdBytes;
+    pool_.Run(&RunPieceSlice, &job, parallel ? slices : 1);
+    if (check) Collect(findings_, nonfinite);
+  };
+  // Best: a backend that reduces in the trainers' arenas itself. Not for
+  // kept sums (the arenas must keep the sum until the collective is known
+  // to have run) nor halves (summed in fp32).
+  if (kept == nullptr && spans.size() == 1 && staged == dtype) {
+    copies_.clear();
+    for (size_t t = 1; t < arenas.size(); ++t) copies_.push_back(arenas[t] + spans[0].offset);
+    if (backend.ReducesInArenas(arenas[0] + spans[0].offset, total_bytes, copies_)) {
+      CutBucketPieces(job.total_elements, DTypeSize(dtype), kPieceBytes, &pieces_);
+      PipelineTimings pipeline;
+      absl::Status status = ReduceInArenas(arenas, spans[0].offset, dtype, world_size, backend,
+                                           nonfinite, run, &pipeline);
+      if (timings) {
+        // The backend's collectives include writing the average back.
+        timings->local_reduce_ns = pipeline.sum_ns;
+        timings->collective_ns = pipeline.collective_ns;
+        timings->write_back_ns = 0;
+      }
+      return status;
+    }
+  }
   // A backend that reduces in another process offers its shared buffer as
   // staging: the local sum lands where the collective runs, no extra copy.
   uint8_t* shared = backend.Staging(job.total_elements * DTypeSize(staged));
@@ -544,13 +579,6 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
   // The same cut on every node: it depends on the plan's bucket only. The
   // in-place path cuts by the staged size too, so all paths agree.
   CutBucketPieces(job.total_elements, DTypeSize(staged), kPieceBytes, &pieces_);
-  auto run = [&](int phase, const BucketPiece& piece) {
-    job.phase = phase;
-    job.piece = piece;
-    const bool parallel = piece.count * job.elem_size >= kParallelThresholdBytes;
-    pool_.Run(&RunPieceSlice, &job, parallel ? slices : 1);
-    if (check) Collect(findings_, nonfinite);
-  };
   // Where piece's collective input lies (in place: halves never are).
   const size_t unit = DTypeSize(staged);
   auto input = [&](const BucketPiece& piece) {
@@ -587,6 +615,38 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
     timings->local_reduce_ns = pipeline.sum_ns + pipeline.write_back_ns;
     timings->collective_ns = pipeline.collective_ns;
     timings->write_back_ns = pipeline.write_back_ns;
+  }
+  return status;
+}
+
+absl::Status LocalReducer::ReduceInArenas(const std::vector<uint8_t*>& arenas, uint64_t offset,
+                                          DType dtype, int world_size, Backend& backend,
+                                          NonFiniteReport* nonfinite,
+                                          absl::FunctionRef<void(int, const BucketPiece&)> run,
+                                          PipelineTimings* pipeline) {
+  const size_t unit = DTypeSize(dtype);
+  const bool check = nonfinite != nullptr;
+  piece_flags_.assign(pieces_.size(), PieceFlag{});
+  auto sum = [&](const BucketPiece& piece) {
+    if (arenas.size() > 1) {
+      run(3, piece);  // into trainer 0's arena, where the collective runs
+    } else if (check) {
+      run(5, piece);  // one trainer: nothing to sum, only its inputs to check
+    }
+  };
+  auto issue = [&](const BucketPiece& piece) {
+    const uint64_t at = offset + piece.first * unit;
+    copies_.clear();
+    for (size_t t = 1; t < arenas.size(); ++t) copies_.push_back(arenas[t] + at);
+    PieceFlag& flag = piece_flags_[static_cast<size_t>(&piece - pieces_.data())];
+    return backend.IssueAllreduceAverage(arenas[0] + at, piece.count, dtype, world_size, copies_,
+                                         check ? &flag.non_finite : nullptr);
+  };
+  auto write_back = [](const BucketPiece&) {};  // the backend wrote the average
+  absl::Status status =
+      RunPiecePipeline(pieces_, backend, PieceSteps{sum, issue, write_back}, pipeline);
+  if (check) {
+    for (const PieceFlag& flag : piece_flags_) nonfinite->result_non_finite |= flag.non_finite;
   }
   return status;
 }

@@ -3,10 +3,13 @@
 //
 // The bucket is a list of byte spans, identical in every trainer's arena
 // (usually one contiguous span). One node: a single streaming pass (read
-// every trainer's gradient once, write the average into each once). Several nodes: sum into a
-// staging buffer, backend allreduce, then divide and write back, piece by piece with the
-// collectives pipelined (bucket_pieces.h). Half-precision gradients
-// are accumulated in fp32. Threads split the bucket; nothing is allocated
+// every trainer's gradient once, write the average into each once). Several
+// nodes, piece by piece with the collectives pipelined (bucket_pieces.h):
+// where the backend reduces in the trainers' arenas itself
+// (Backend::ReducesInArenas), sum into trainer 0's arena and let the
+// backend's collective divide and copy the average out; else sum into a
+// staging buffer, backend allreduce, then divide and write back.
+// Half-precision gradients are accumulated in fp32. Threads split the bucket; nothing is allocated
 // per call.
 #ifndef GRADSYNC_DAEMON_ENGINE_LOCAL_REDUCER_H_
 #define GRADSYNC_DAEMON_ENGINE_LOCAL_REDUCER_H_
@@ -15,6 +18,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "common/dtype.h"
 #include "daemon/backends/backend.h"
@@ -107,6 +111,15 @@ class LocalReducer {
   }
 
  private:
+  // The cross-node path when the backend reduces in the trainers' arenas
+  // and writes the average there itself (Backend::ReducesInArenas): the
+  // daemon only sums into trainer 0's arena (or, one trainer, checks it),
+  // piece by piece ahead of each piece's collective. `run(phase, piece)`
+  // runs one of Reduce's passes over a piece.
+  absl::Status ReduceInArenas(const std::vector<uint8_t*>& arenas, uint64_t offset, DType dtype,
+                              int world_size, Backend& backend, NonFiniteReport* nonfinite,
+                              absl::FunctionRef<void(int, const BucketPiece&)> run,
+                              PipelineTimings* pipeline);
   absl::Status ReduceZeros(const std::vector<ReduceSpan>& spans, DType dtype, Backend& backend,
                            ReduceTimings* timings);
 
@@ -114,6 +127,13 @@ class LocalReducer {
   std::vector<uint8_t> staging_;        // fp32 for half types; native otherwise
   std::vector<BucketPiece> pieces_;     // the cross-node bucket's, reused
   std::vector<SliceFinding> findings_;  // one per pool thread
+  // ReduceInArenas': the other trainers' copy of a piece, and whether each
+  // piece's average holds a NaN or Inf (filled when its collective is awaited).
+  std::vector<uint8_t*> copies_;
+  struct PieceFlag {
+    bool non_finite = false;
+  };
+  std::vector<PieceFlag> piece_flags_;
 };
 
 }  // namespace gradsync

@@ -85,6 +85,21 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
     t->marked_count = 0;
   }
   active_arenas_ = arenas_;
+  // A backend in another process may reduce in the arenas themselves. Not
+  // in elastic jobs: they keep each bucket's sum apart (KeptSums) to redo
+  // an iteration that a node's death interrupted.
+  if (backend_ != nullptr && backend_->num_nodes() > 1 && !options_.gpu && !options_.reform) {
+    std::vector<SharedArena> shared;
+    for (const Trainer* t : trainers_) {
+      const ipc::SharedSegment& segment = t->segment.shared();
+      const auto* base = static_cast<const uint8_t*>(segment.data());
+      shared.push_back({t->segment.arena(), t->segment.arena_bytes(), segment.name(),
+                        static_cast<uint64_t>(t->segment.arena() - base),
+                        static_cast<uint64_t>(segment.device()),
+                        static_cast<uint64_t>(segment.inode())});
+    }
+    backend_->ShareArenas(std::move(shared));
+  }
   order_ = ReverseRegistrationOrder(layout_.size());
   if (options_.gpu) {
     // The loop is inside the reducer while it polls events: it reports.

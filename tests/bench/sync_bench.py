@@ -27,8 +27,9 @@ main) adds a 2-daemon column for that binary to the sweep, alternated with
 this build's in $GRADSYNC_BENCH_XNODE_ROUNDS rounds per size (default 1;
 the median of the rounds' p50s): a before/after in one run.
 
---xnode-only runs only 2 daemons x 1 trainer at $GRADSYNC_BENCH_XNODE_SIZES
-(bytes, default 4096,65536,1048576) against torch gloo and plain Gloo, and
+--xnode-only runs only 2 daemons x $GRADSYNC_BENCH_XNODE_LOCAL trainers
+(default 1) at $GRADSYNC_BENCH_XNODE_SIZES (bytes, default
+4096,65536,1048576) against torch gloo and plain Gloo (2 processes), and
 the reference (with $GRADSYNC_BENCH_REFERENCE_TRAINER, a bench_trainer
 built with the reference's client library, if given), each once per round
 for $GRADSYNC_BENCH_XNODE_ROUNDS rounds (default 5): medians of the rounds'
@@ -110,9 +111,10 @@ def free_port_number() -> int:
         return s.getsockname()[1]
 
 
-def start_daemons(nodes: int, tmp: str, prefix: str, extra: list, daemon: str | None = None) -> list:
-    """N daemons on loopback (node 0 leads), one socket each under tmp;
-    returns once every socket exists."""
+def start_daemons(nodes: int, tmp: str, prefix: str, extra: list, daemon: str | None = None,
+                  local: int = 1) -> list:
+    """N daemons on loopback (node 0 leads) of `local` trainers each, one
+    socket each under tmp; returns once every socket exists."""
     port = free_port_number()
     token_file = f"{tmp}/token"
     with open(os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
@@ -123,7 +125,7 @@ def start_daemons(nodes: int, tmp: str, prefix: str, extra: list, daemon: str | 
             f"--leader=127.0.0.1:{port}", "--listen=127.0.0.1:0"]
         daemons.append(subprocess.Popen(
             [daemon or DAEMON, f"--socket={tmp}/s{n}", f"--num-nodes={nodes}", f"--node-rank={n}",
-             "--local-size=1", f"--shm-prefix={prefix}{os.getpid()}x{n}", "--timeout-s=120",
+             f"--local-size={local}", f"--shm-prefix={prefix}{os.getpid()}x{n}", "--timeout-s=120",
              f"--job-token-file={token_file}",
              *extra, *where],
             stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/d{n}.log", "w")))
@@ -144,35 +146,37 @@ def stop_daemons(daemons: list) -> None:
 
 def run_gradsync_nodes(nodes: int, nbytes: int, warmup: int, iters: int,
                        samples_out: str | None = None, daemon: str | None = None,
-                       trainer: str | None = None) -> dict:
-    """N daemons (node 0 leads) with one bench_trainer each; one bucket of
+                       trainer: str | None = None, local: int = 1) -> dict:
+    """N daemons (node 0 leads) with `local` bench_trainers each; one bucket of
     nbytes. Node 0's bucket phases in "stats"; node 0's samples to samples_out.
     One retry: at the end of a run a trainer that detached first can fail
     its peer node's last wait ("detached: gs_close"), a known race."""
     try:
-        return run_gradsync_nodes_once(nodes, nbytes, warmup, iters, samples_out, daemon, trainer)
+        return run_gradsync_nodes_once(nodes, nbytes, warmup, iters, samples_out, daemon, trainer,
+                                       local)
     except RuntimeError as e:
         print(f"sync_bench: retrying a failed run of {nodes} daemons, {nbytes} B: "
               f"{str(e)[-300:]}", file=sys.stderr)
-        return run_gradsync_nodes_once(nodes, nbytes, warmup, iters, samples_out, daemon, trainer)
+        return run_gradsync_nodes_once(nodes, nbytes, warmup, iters, samples_out, daemon, trainer,
+                                       local)
 
 
 def run_gradsync_nodes_once(nodes: int, nbytes: int, warmup: int, iters: int,
                             samples_out: str | None, daemon: str | None,
-                            trainer: str | None = None) -> dict:
+                            trainer: str | None = None, local: int = 1) -> dict:
     tmp = tempfile.mkdtemp(prefix="gsbn.", dir="/tmp")
     cap_mb = nbytes / (1 << 20)
     daemons = []
     try:
         daemons = start_daemons(nodes, tmp, "gsbn",
                                 [f"--bucket-cap-mb={cap_mb}", f"--first-bucket-cap-mb={cap_mb}"],
-                                daemon)
+                                daemon, local)
         procs = [subprocess.Popen(
             [trainer or TRAINER, f"--socket={tmp}/s{n}", f"--bytes={nbytes}", "--tensors=1",
              f"--iters={iters}", f"--warmup={warmup}"]
-            + ([f"--samples-out={samples_out}"] if samples_out and n == 0 else []),
-            env={**os.environ, "LOCAL_RANK": "0"}, stdout=subprocess.PIPE, text=True)
-            for n in range(nodes)]
+            + ([f"--samples-out={samples_out}"] if samples_out and n == 0 and r == 0 else []),
+            env={**os.environ, "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE, text=True)
+            for n in range(nodes) for r in range(local)]
         result = collect(procs)
         result["stats"] = daemon_phases(daemons[0].leader_addr, daemons[0].token_file)
         return result
@@ -524,27 +528,38 @@ def run_xnode_rounds(report) -> None:
     sizes = [int(b) for b in os.environ.get("GRADSYNC_BENCH_XNODE_SIZES",
                                             "4096,65536,1048576").split(",")]
     rounds = max(1, int(os.environ.get("GRADSYNC_BENCH_XNODE_ROUNDS", "5")))
+    local = max(1, int(os.environ.get("GRADSYNC_BENCH_XNODE_LOCAL", "1")))
     ref_daemon = os.environ.get("GRADSYNC_BENCH_REFERENCE_DAEMON")
     ref_trainer = os.environ.get("GRADSYNC_BENCH_REFERENCE_TRAINER")
     progress = bench_report.Progress("sync_bench --xnode-only", rounds * (2 + 2 * len(sizes)))
     p50 = {k: {b: [] for b in sizes} for k in ("this", "reference", "torch", "plain")}
+    # Node 0's bucket total / collective phase per round (daemon stats, p50).
+    phase_ratio = {k: {b: [] for b in sizes} for k in ("this", "reference")}
+
+    def gradsync_round(key: str, b: int, **kw) -> None:
+        warmup, iters = sweep_iters(b)
+        r = run_gradsync_nodes(2, b, warmup, iters, local=local, **kw)
+        p50[key][b].append(r["p50"])
+        st = r.get("stats")
+        if st and st.get("collective"):
+            phase_ratio[key][b].append(st["total"] / st["collective"])
+
     for rnd in range(rounds):
         progress.step(f"round {rnd + 1}: torch gloo")
         torch_results = run_torch_sizes(
             2, [(b, *(lambda w, i: (w, max(3, i // 2)))(*sweep_iters(b)), None) for b in sizes])
         progress.step(f"round {rnd + 1}: plain Gloo")
-        plain = run_plain_gloo(2, sizes, iters=200, rounds=1)
+        # As many allreduces as the largest size's gradsync run has (200 at most).
+        plain = run_plain_gloo(2, sizes, iters=min(200, max(sweep_iters(b)[1] for b in sizes)),
+                               rounds=1)
         for b in sizes:
             p50["torch"][b].append(torch_results[b]["p50"] if b in torch_results else None)
             p50["plain"][b].append(plain[b]["p50"] if b in plain else None)
-            warmup, iters = sweep_iters(b)
             progress.step(f"round {rnd + 1}: {b} B, this build")
-            p50["this"][b].append(run_gradsync_nodes(2, b, warmup, iters)["p50"])
+            gradsync_round("this", b)
             if ref_daemon:
                 progress.step(f"round {rnd + 1}: {b} B, reference")
-                p50["reference"][b].append(run_gradsync_nodes(2, b, warmup, iters,
-                                                              daemon=ref_daemon,
-                                                              trainer=ref_trainer)["p50"])
+                gradsync_round("reference", b, daemon=ref_daemon, trainer=ref_trainer)
     variants = ["this", "reference", "torch", "plain"] if ref_daemon else ["this", "torch", "plain"]
     rows = []
     for b in sizes:
@@ -560,12 +575,20 @@ def run_xnode_rounds(report) -> None:
     names = {"this": "this build", "reference": "reference build", "torch": "torch gloo",
              "plain": "plain Gloo"}
     report.table(
-        "2 daemons x 1 trainer vs torch gloo and plain Gloo, alternated in rounds (p50 µs: "
-        "median of the rounds' p50s, min-max of the rounds)",
+        f"2 daemons x {local} trainer(s) vs torch gloo and plain Gloo (2 processes), alternated "
+        "in rounds (p50 µs: median of the rounds' p50s, min-max of the rounds)",
         ["bytes", "rounds"] + [names[v] for v in variants]
         + [f"this / {names[v]} (per round: median, min-max)" for v in variants[1:]], rows,
         note=f"reference: {ref_daemon} with trainer {ref_trainer or TRAINER}; load average "
              f"{os.getloadavg()[0]:.1f} at the end")
+    builds = ["this", "reference"] if ref_daemon else ["this"]
+    report.table(
+        "Node 0's bucket total / its collective phase (daemon stats, p50; median, min-max of "
+        "the rounds)",
+        ["bytes"] + [names[v] for v in builds],
+        [[bench_report.size_label(b)]
+         + [ratio_cell(phase_ratio[v][b]) if phase_ratio[v][b] else None for v in builds]
+         for b in sizes])
 
 
 def main() -> int:

@@ -31,7 +31,9 @@
 #include "daemon/cluster/rendezvous_keys.h"
 #include "daemon/cluster/rendezvous_records.h"
 #include "tests/integration/cluster.h"
+#include "tests/integration/control_stats.h"
 #include "tests/integration/harness.h"
+#include "tests/testing/wait.h"
 
 namespace gradsync::testing {
 namespace {
@@ -295,6 +297,54 @@ TEST(GlooPort, GlooWorkerKilledMidTrainingFailsTheJobOnEveryNodeOnly) {
   for (const std::string& out : outs) {
     EXPECT_LE(RelativeDifference(LoadWeights(out), expected), 1e-12) << out;
   }
+}
+
+// The worker killed while it sums and averages in the trainers' arenas (a
+// 64 MiB bucket: 9 pieces, each summed in trainer 0's arena and its
+// average written into both trainers' arenas by the worker), iterations
+// already under way: neither of that node's trainers is told an iteration
+// is done; both fail PEER_FAILED naming the worker and how it died, and
+// both daemons stay up.
+TEST(GlooPort, GlooWorkerKilledWhileAveragingInTheArenasFailsEveryTrainerOfItsNodeNamingIt) {
+  ClusterOptions options = TwoNodes({"--bucket-cap-mb=128", "--first-bucket-cap-mb=128"});
+  options.local_size = 2;
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(
+      {"--steps=100000", "--batch=8", "--fp64", "--dim=2048", "--hidden=4096"}, &outs);
+  // Two iterations done: the next ones are under way, mostly in the pieces.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        const absl::StatusOr<v1::Stats> stats = GetStats(cluster.port(), kToken);
+        return stats.ok() && stats->iterations() >= 2;
+      },
+      kBound))
+      << cluster.DaemonLogs();
+  const pid_t worker = WorkerPid(cluster.node(1).process(), 1);
+  ASSERT_GT(worker, 0) << cluster.node(1).process().Log();
+  ASSERT_TRUE(cluster.node(1).process().Log().find(
+                  "event=gloo_worker_arenas_mapped node_rank=1 arenas=2") != std::string::npos)
+      << cluster.node(1).process().Log();
+  ASSERT_EQ(kill(worker, SIGKILL), 0);
+  for (Process& t : trainers) {
+    const ExitStatus st = t.Wait(kBound);
+    ASSERT_TRUE(st.exited) << st.ToString() << t.Log();
+  }
+  const std::string named = absl::StrCat("the Gloo worker (pid ", worker,
+                                         ") of node_rank=1 generation=1 killed by signal 9");
+  // Node 1's trainers are trainers 2 and 3 (cluster.StartTrainers: by node).
+  for (size_t i = 2; i < 4; ++i) {
+    EXPECT_EQ(trainers[i].exit_status()->code, kExitPeerFailed) << trainers[i].Log();
+    EXPECT_NE(trainers[i].Log().find(named), std::string::npos) << trainers[i].Log();
+  }
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(trainers[i].exit_status()->code == kExitUnavailable ||
+                trainers[i].exit_status()->code == kExitPeerFailed)
+        << trainers[i].Log() << cluster.node(0).process().Log();
+  }
+  EXPECT_TRUE(cluster.node(0).process().Running()) << cluster.node(0).process().Log();
+  EXPECT_TRUE(cluster.node(1).process().Running()) << cluster.node(1).process().Log();
 }
 
 }  // namespace

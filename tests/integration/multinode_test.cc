@@ -104,7 +104,66 @@ TEST(MultiNode, ABucketOfSeveralPiecesTrainsLikeOneProcess) {
         std::string::npos)
         << "node " << n << ":\n"
         << cluster.node(n).process().Log();
+    // The Gloo worker reduced in the trainers' arenas and wrote the average.
+    EXPECT_NE(cluster.node(n).process().Log().find(
+                  absl::StrCat("event=gloo_worker_arenas_mapped node_rank=", n, " arenas=2")),
+              std::string::npos)
+        << "node " << n << ":\n"
+        << cluster.node(n).process().Log();
   }
+}
+
+// The Gloo worker sums a bucket where the trainers' gradients are (trainer
+// 0's arena, after the daemon's local sum) and writes the average into
+// every trainer's arena itself. 2 daemons x 2 trainers, fp64, one bucket of
+// `model`'s first layer (`cap_mb`): training equals single-process training
+// on the whole batch, every replica alike, and each node's worker mapped
+// its 2 trainers' arenas; `pieces` is the plan's cut (bucket_pieces.h).
+void ExpectArenaBucketTrainsLikeOneProcess(const std::string& cap_mb,
+                                           const std::vector<std::string>& model,
+                                           const std::string& pieces) {
+  Cluster cluster(Job(
+      2, 2, {"--bucket-cap-mb=" + cap_mb, "--first-bucket-cap-mb=" + cap_mb, "--timeout-s=60"}));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<std::string> common = {"--batch=8", "--fp64"};
+  common.insert(common.end(), model.begin(), model.end());
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(common, &outs);
+  for (auto& t : trainers) {
+    ExitStatus st = t.Wait(seconds(120));
+    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
+  }
+  for (int n = 0; n < 2; ++n) {
+    const std::string log = cluster.node(n).process().Log();
+    EXPECT_NE(log.find(absl::StrCat("event=plan_pieces ", pieces)), std::string::npos)
+        << "node " << n << ":\n"
+        << log;
+    EXPECT_NE(log.find(absl::StrCat("event=gloo_worker_arenas_mapped node_rank=", n, " arenas=2")),
+              std::string::npos)
+        << "node " << n << ":\n"
+        << log;
+  }
+  const std::vector<double> expected = SingleProcessReference(cluster.dir(), common);
+  const std::vector<double> first = LoadWeights(outs[0]);
+  for (const std::string& out : outs) {
+    const std::vector<double> got = LoadWeights(out);
+    EXPECT_LE(RelativeDifference(got, expected), 1e-12) << out;
+    EXPECT_EQ(got, first) << out << " differs from node 0's trainer 0";
+  }
+}
+
+// 1 MiB of weights: one piece, the per-iteration counts in a collective of
+// their own ahead of it (too large to fold, count_fold.h).
+TEST(MultiNode, AOneMegabyteBucketSummedInTheTrainersArenasTrainsLikeOneProcess) {
+  ExpectArenaBucketTrainsLikeOneProcess("1", {"--steps=8", "--dim=256", "--hidden=512"},
+                                        "buckets=2 pieces=2");
+}
+
+// 64 MiB of weights: pieces whose collectives and averages the worker runs
+// one after another while the daemon sums the next piece.
+TEST(MultiNode, ASixtyFourMegabyteBucketSummedInTheTrainersArenasTrainsLikeOneProcess) {
+  ExpectArenaBucketTrainsLikeOneProcess("128", {"--steps=3", "--dim=2048", "--hidden=4096"},
+                                        "buckets=1 pieces=9");
 }
 
 // A hardened leader binds one address (here 127.0.0.2, not 127.0.0.1): it
