@@ -86,8 +86,8 @@ absl::StatusOr<JobWorld> Daemon::FormWorld(const Layout& layout,
                                            std::function<void(const absl::Status&)> on_failure) {
   if (config_.num_nodes > 1) {
     ASSIGN_OR_RETURN(JobWorld world,
-                     ClusterLink::Form(jobs_->config(), leader_address_, advertised_listen_,
-                                       layout, std::move(on_failure)));
+                     ClusterLink::Form(jobs_->config(), leader_address_, advertised_listen_, layout,
+                                       std::move(on_failure)));
     SeatTuner(world, ResumePoint{});
     return world;
   }
