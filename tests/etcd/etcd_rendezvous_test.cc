@@ -363,7 +363,9 @@ TEST_F(EtcdRendezvousTest, ANodeWhoseDaemonRefusesConnectionsIsNamedSoAndTheSurv
   bool named = false;
   for (const SilentMember& m : beat->silent_members) {
     EXPECT_EQ(m.refuses_connections, m.node_rank == 2) << "node_rank=" << m.node_rank;
-    if (m.node_rank == 2) EXPECT_EQ(m.listen_address, ports[2].address());
+    if (m.node_rank == 2) {
+      EXPECT_EQ(m.listen_address, ports[2].address());
+    }
     named |= m.node_rank == 2;
   }
   EXPECT_TRUE(named) << "node 2 missing from the silent members";

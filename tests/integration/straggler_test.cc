@@ -207,7 +207,9 @@ TEST(StragglerTwoNodesTest, TheDelayedTrainerOfNode1IsNamedWithin20Iterations) {
   EXPECT_EQ(named.most_often_last, 1) << j.dump(2);
   // Alone on its node, it is late for a bucket against node 0's trainer.
   for (const nlohmann::json& t : j["trainers"]) {
-    if (t["rank"].get<int>() == 1) EXPECT_GE(t["usual_bucket"].get<int>(), 0) << j.dump(2);
+    if (t["rank"].get<int>() == 1) {
+      EXPECT_GE(t["usual_bucket"].get<int>(), 0) << j.dump(2);
+    }
   }
 }
 

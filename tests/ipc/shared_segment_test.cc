@@ -330,7 +330,9 @@ TEST(SegmentNameTest, CreateUnderRandomNameSkipsAPlantedName) {
   auto seg =
       CreateUnderRandomName<SharedSegment>(prefix, getpid(), "t0", [&](const std::string& name) {
         tried.push_back(cleanup.Add(name));
-        if (tried.size() == 1) EXPECT_TRUE(SharedSegment::Create(name, 4096).ok());  // the plant
+        if (tried.size() == 1) {
+          EXPECT_TRUE(SharedSegment::Create(name, 4096).ok());  // the plant
+        }
         return SharedSegment::Create(name, 4096);
       });
   ASSERT_TRUE(seg.ok()) << seg.status();
