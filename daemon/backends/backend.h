@@ -139,7 +139,10 @@ class Backend {
                                              absl::Span<uint8_t* const> copies,
                                              bool* result_non_finite) {
     (void)data, (void)count, (void)dtype, (void)divisor, (void)copies, (void)result_non_finite;
-    return absl::UnimplementedError(absl::StrCat(name(), " backend: no average in the arenas"));
+    // Only a backend whose ReducesInArenas can say yes overrides this; a
+    // caller that did not ask it first has a bug.
+    return absl::InternalError(absl::StrCat(
+        name(), " backend: IssueAllreduceAverage called although its ReducesInArenas is false"));
   }
 
   // A buffer of at least `bytes` that AllreduceSum reduces without copying
