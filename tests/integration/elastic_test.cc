@@ -253,6 +253,26 @@ std::string AllTrainerErrors(std::vector<Trainer>& trainers) {
   return out;
 }
 
+// Each of `finishers` ends with GS_OK and the same weights, within 1e-12
+// of `reference`; `all_errors` (every trainer's error line) is added to a
+// failure's message.
+void ExpectEndedAlikeAndLikeTheReference(Cluster& cluster, const std::vector<Trainer*>& finishers,
+                                         const std::vector<double>& reference,
+                                         const std::function<std::string()>& all_errors) {
+  std::vector<double> first;
+  for (Trainer* t : finishers) {
+    const ExitStatus st = t->process.Wait(kErrorBound);
+    ASSERT_TRUE(st.exited) << st.ToString() << t->process.Log() << cluster.DaemonLogs();
+    ASSERT_EQ(st.code, 0) << "node " << t->node << ": " << TrainerError(t->process.Log()) << "\n"
+                          << all_errors() << cluster.DaemonLogs();
+    const std::vector<double> weights = LoadWeights(t->out);
+    ASSERT_EQ(weights.size(), reference.size()) << t->out;
+    if (first.empty()) first = weights;
+    EXPECT_EQ(weights, first) << "node " << t->node << " ended with other weights";
+    EXPECT_LT(RelativeDifference(weights, reference), 1e-12) << "node " << t->node;
+  }
+}
+
 // Every survivor's trainer ends with GS_OK and the same weights as one
 // process that averages iterations before the kill over all 6 shards and
 // from it on over the survivors' ranks.
@@ -268,19 +288,12 @@ void ExpectSurvivorsTrainedLikeTheReference(Cluster& cluster, std::vector<Traine
   reference_args.push_back("--join-divide-by-active");
   const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
   ASSERT_FALSE(reference.empty());
-  std::vector<double> first;
+  std::vector<Trainer*> survivors;
   for (Trainer& t : trainers) {
-    if (t.node == victim) continue;
-    const ExitStatus st = t.process.Wait(kErrorBound);
-    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
-    ASSERT_EQ(st.code, 0) << "node " << t.node << ": " << TrainerError(t.process.Log()) << "\n"
-                          << AllTrainerErrors(trainers) << cluster.DaemonLogs();
-    const std::vector<double> weights = LoadWeights(t.out);
-    ASSERT_EQ(weights.size(), reference.size()) << t.out;
-    if (first.empty()) first = weights;
-    EXPECT_EQ(weights, first) << "node " << t.node << " ended with other weights";
-    EXPECT_LT(RelativeDifference(weights, reference), 1e-12) << "node " << t.node;
+    if (t.node != victim) survivors.push_back(&t);
   }
+  ExpectEndedAlikeAndLikeTheReference(cluster, survivors, reference,
+                                      [&] { return AllTrainerErrors(trainers); });
 }
 
 // Node 2's daemon is gone, so its listen port refuses connections: every
@@ -636,19 +649,9 @@ TEST(ElasticJob, AReplacementNodeJoinsTheRunningJobCatchesUpAndTrainsOverAllAgai
     if (t.node != kVictimNode) everyone.push_back(&t);
   }
   for (Trainer& t : replacements) everyone.push_back(&t);
-  std::vector<double> first;
-  for (Trainer* t : everyone) {
-    const ExitStatus st = t->process.Wait(kErrorBound);
-    ASSERT_TRUE(st.exited) << st.ToString() << t->process.Log() << cluster.DaemonLogs();
-    ASSERT_EQ(st.code, 0) << "node " << t->node << ": " << TrainerError(t->process.Log()) << "\n"
-                          << AllTrainerErrors(trainers) << AllTrainerErrors(replacements)
-                          << cluster.DaemonLogs();
-    const std::vector<double> weights = LoadWeights(t->out);
-    ASSERT_EQ(weights.size(), reference.size()) << t->out;
-    if (first.empty()) first = weights;
-    EXPECT_EQ(weights, first) << "node " << t->node << " ended with other weights";
-    EXPECT_LT(RelativeDifference(weights, reference), 1e-12) << "node " << t->node;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectEndedAlikeAndLikeTheReference(cluster, everyone, reference, [&] {
+    return AllTrainerErrors(trainers) + AllTrainerErrors(replacements);
+  }));
   // The survivors: the death, then the join (its completion entry is the
   // iteration before m, still divided over 4), each a membership change.
   const std::string sent =
@@ -725,18 +728,10 @@ TEST(ElasticJob, ANewRankBelowMaxNodesJoinsTheRunningJobAndTrainsWithIt) {
       {"--join-steps=8,8,8,8,0,0", "--join-divide-by-active", absl::StrCat("--rejoin-at=", m)});
   const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
   ASSERT_FALSE(reference.empty());
-  std::vector<double> first;
-  for (Trainer& t : trainers) {
-    const ExitStatus st = t.process.Wait(kErrorBound);
-    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
-    ASSERT_EQ(st.code, 0) << "node " << t.node << ": " << TrainerError(t.process.Log()) << "\n"
-                          << AllTrainerErrors(trainers) << cluster.DaemonLogs();
-    const std::vector<double> weights = LoadWeights(t.out);
-    ASSERT_EQ(weights.size(), reference.size()) << t.out;
-    if (first.empty()) first = weights;
-    EXPECT_EQ(weights, first) << "node " << t.node << " ended with other weights";
-    EXPECT_LT(RelativeDifference(weights, reference), 1e-12) << "node " << t.node;
-  }
+  std::vector<Trainer*> everyone;
+  for (Trainer& t : trainers) everyone.push_back(&t);
+  ASSERT_NO_FATAL_FAILURE(ExpectEndedAlikeAndLikeTheReference(
+      cluster, everyone, reference, [&] { return AllTrainerErrors(trainers); }));
   EXPECT_NE(trainers[5].process.Log().find(
                 absl::StrCat(joined, m, ": state from rank 0, world size 6, rank 5\n")),
             std::string::npos)
