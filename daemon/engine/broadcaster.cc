@@ -73,6 +73,12 @@ void Broadcaster::Abort(const absl::Status& error) {
   cv_.SignalAll();
 }
 
+void Broadcaster::ReplaceTrainer(Trainer* fresh) {
+  MonotonicMutexLock lock(&mu_);
+  const size_t local = static_cast<size_t>(fresh->local_rank);
+  if (local < trainers_.size()) trainers_[local] = fresh;
+}
+
 void Broadcaster::SetWorld(Backend* backend, int num_nodes, int node_index) {
   MonotonicMutexLock lock(&mu_);
   world_ = World{backend, num_nodes, node_index};

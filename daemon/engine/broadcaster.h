@@ -122,6 +122,9 @@ class Broadcaster {
   // (its Gloo rank). Called between iterations' collectives, never while
   // a call runs on the old world (that call failed with it).
   void SetWorld(Backend* backend, int num_nodes, int node_index) ABSL_LOCKS_EXCLUDED(mu_);
+  // An elastic job took `fresh` on the local rank of a trainer that died
+  // (it outlives this object). Between iterations.
+  void ReplaceTrainer(Trainer* fresh) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Before the job's device resources go (the GpuSession a device piece
   // runs on): no later Step runs anything, and this returns once the call
@@ -182,7 +185,8 @@ class Broadcaster {
   std::string Names(const std::vector<uint8_t>& which) const;
   int LocalTrainers() const;
 
-  const std::vector<Trainer*> trainers_;
+  // By local rank; an element changes (ReplaceTrainer) and is read under mu_.
+  std::vector<Trainer*> trainers_;
   const Scheduler* scheduler_ = nullptr;
   GpuSession* gpu_ = nullptr;
   const FailFn fail_;
