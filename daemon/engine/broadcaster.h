@@ -184,6 +184,9 @@ class Broadcaster {
   absl::Status FailJob(const absl::Status& error, int culprit = -1) ABSL_LOCKS_EXCLUDED(mu_);
   std::string Names(const std::vector<uint8_t>& which) const;
   int LocalTrainers() const;
+  // Those not gone: an elastic job counts a dead trainer out (its local
+  // rank waits for a rejoining trainer), so a call does not wait for it.
+  int LiveLocalTrainers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // By local rank; an element changes (ReplaceTrainer) and is read under mu_.
   std::vector<Trainer*> trainers_;

@@ -1273,6 +1273,7 @@ void Scheduler::FinishIteration() {
                          (grow ? ipc::kCompletionNodesJoined : 0) |
                          (rejoin ? ipc::kCompletionTrainersJoined : 0);
   members_changed_ = false;
+  if (rejoin) TellRejoined(it + 1);
   const absl::Status st =
       PostToAll(ipc::CompletionKind::kIterationDone, it, &culprit, flags,
                 grow || rejoin ? static_cast<int32_t>(std::max(catch_up_root_, 0)) : 0);

@@ -143,7 +143,8 @@ class Scheduler {
     // Elastic CPU jobs: a trainer that took back a dead trainer's local rank
     // (RequestRejoin) is in from iteration `start_iteration` on; its
     // catch-up gs_broadcast comes from `catch_up_root`. Loop thread, at the
-    // boundary, after the iteration before it was posted. Empty: none.
+    // boundary, just before the previous iteration's completion entries are
+    // posted. Empty: none.
     std::function<void(Trainer* fresh, uint64_t start_iteration, int catch_up_root)> on_rejoined;
     // Checks, before the first collective under a new plan decision, that
     // every node decided the same (MISMATCH naming both otherwise); may
@@ -347,8 +348,13 @@ class Scheduler {
   // The agreement's join slots (summed across nodes when `exchanged`):
   // trainers rejoin after this iteration, and from which rank they catch up.
   void ReadJoinSlots(const double* counts, bool exchanged);
-  // At the boundary after the iteration that announced them: the announced
-  // trainers take their local ranks' places (Options::on_rejoined).
+  // At the boundary after the iteration that announced them, before its
+  // completion entries: the job learns that the announced trainers are in
+  // from `start_iteration` (Options::on_rejoined), so its broadcaster waits
+  // for them in the catch-up gs_broadcast the members call once woken.
+  void TellRejoined(uint64_t start_iteration);
+  // After the completion entries: the announced trainers take their local
+  // ranks' places (their marks, if any already, wait in their rings).
   void AdmitRejoins();
   // Before an iteration's first collective: the trainers of the job still
   // active in it, the same on every node (see docs/DESIGN.md). False when

@@ -82,6 +82,13 @@ void Scheduler::ReadJoinSlots(const double* counts, bool exchanged) {
   }
 }
 
+void Scheduler::TellRejoined(uint64_t start_iteration) {
+  if (!options_.on_rejoined) return;
+  for (Trainer* fresh : rejoins_announced_) {
+    options_.on_rejoined(fresh, start_iteration, std::max(catch_up_root_, 0));
+  }
+}
+
 void Scheduler::AdmitRejoins() {
   const uint64_t start = iteration();  // already the next one
   for (Trainer* fresh : rejoins_announced_) {
@@ -110,7 +117,6 @@ void Scheduler::AdmitRejoins() {
     }
     spdlog::warn("event=trainer_rejoined iteration={} trainer={} replaces_pid={} catch_up_root={}",
                  start, LogValue(fresh->Name()), old->pid, catch_up_root_);
-    if (options_.on_rejoined) options_.on_rejoined(fresh, start, std::max(catch_up_root_, 0));
   }
   rejoins_announced_.clear();
 }
