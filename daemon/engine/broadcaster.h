@@ -31,7 +31,9 @@
 // the size or the root fail it with MISMATCH naming them (nodes: with
 // each node's values); a trainer that never calls fails it with TIMEOUT
 // naming it; a trainer that dies fails the job as always (PEER_FAILED
-// naming it), and Abort wakes every waiting call.
+// naming it), and Abort wakes every waiting call. In an elastic CPU job a
+// dead trainer is counted out instead, and a call does not wait for it; a
+// root whose trainer died is refused (INVALID_ARGUMENT naming it).
 //
 // Elastic jobs: after a re-formation the job hands over the new
 // generation's backend and this node's place among its members
