@@ -16,7 +16,10 @@
 // the iteration's gradients, the others finish with it counted in that
 // iteration and gone from the next; after only its first mark, its node
 // leaves the job (its other trainer is told why) and the other nodes train
-// on; so does a node whose trainers all died while its daemon lives on.
+// on; so does a node whose trainers all died while its daemon lives on. A
+// trainer restarted with the dead one's local rank rejoins at an iteration
+// boundary with its rank and catches up from the lowest live rank (rank 0's
+// own death and restart too); one whose layout differs is refused.
 // Node 0 (the leader) SIGKILLed ends the job naming it.
 //
 // gs_broadcast and gs_check_replicas after a re-formation run among the
@@ -870,13 +873,33 @@ void RunUntilTrainerKilled(Cluster& cluster, const std::string& victim_pause,
 // Rank 3 died after marking iteration 2's gradients: iteration 2 is
 // averaged over all 6 (its gradient is complete in its segment), 3-7 over
 // the other 5, whose weights then equal DDP's Join with divide-by-active.
-// (A replacement for it rejoins: ARestartedTrainerRejoins... below.)
+// A replacement for it, started while the others are still stopped, with
+// one tensor more than the job's layout is refused at its gs_register with
+// MISMATCH naming it, and the job goes on untouched (a replacement with the
+// job's layout rejoins: ARestartedTrainerRejoins... below).
 TEST(ElasticJob, TrainerKilledAfterMarkingLeavesTheWorldFromTheNextIteration) {
   // The longer timeout: the others stay stopped mid-iteration meanwhile.
   Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Trainer> trainers;
-  RunUntilTrainerKilled(cluster, "marked", &trainers);
+  RunUntilTrainerKilled(cluster, "marked", &trainers, [&] {
+    // The same local rank (1) on node 1, once its daemon saw the death.
+    ASSERT_TRUE(
+        WaitForLog(cluster.node(1).process(), "event=leave job=1 local_rank=1", kStateBound))
+        << cluster.DaemonLogs();
+    std::vector<std::string> args = TrainArgs();
+    args.push_back("--extra-tensor=extra");
+    Process replacement = StartTrainer(cluster.node(1), kTrainerVictim % kLocal, args,
+                                       absl::StrCat(cluster.dir(), "/replacement"));
+    const ExitStatus st = replacement.Wait(kErrorBound);
+    const std::string error = TrainerError(replacement.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << replacement.Log();
+    EXPECT_EQ(st.code, kExitMismatch) << error;
+    for (const char* needle : {"layout mismatch on node 1: rank 3 (local 1, pid ",
+                               "registered a different layout than the running job's"}) {
+      EXPECT_NE(error.find(needle), std::string::npos) << needle << " in " << error;
+    }
+  });
   std::vector<std::string> reference_args = TrainArgs();
   reference_args.push_back(absl::StrCat("--join-steps=", kSteps, ",", kSteps, ",", kSteps, ",",
                                         kKilledStep + 1, ",", kSteps, ",", kSteps));
