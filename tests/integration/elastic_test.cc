@@ -922,6 +922,62 @@ TEST(ElasticJob, TrainerKilledAfterMarkingLeavesTheWorldFromTheNextIteration) {
   }
 }
 
+// Rank 3 died after marking iteration 2 and nobody replaces it: a
+// gs_broadcast from rank 0 after iteration 4 runs among the other five (its
+// node's broadcaster does not wait for the dead rank), every byte checked,
+// and training stays within 1e-12 of the reference.
+TEST(ElasticJob, BroadcastAfterATrainersDeathRunsWithoutIt) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilTrainerKilled(cluster, "marked", &trainers, nullptr, kTrainerVictim,
+                        {"--broadcast-after=4:0"});
+  std::vector<std::string> reference_args = TrainArgs();
+  reference_args.push_back(absl::StrCat("--join-steps=", kSteps, ",", kSteps, ",", kSteps, ",",
+                                        kKilledStep + 1, ",", kSteps, ",", kSteps));
+  reference_args.push_back("--join-divide-by-active");
+  const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
+  ASSERT_FALSE(reference.empty());
+  std::vector<Trainer*> others;
+  for (size_t i = 0; i < trainers.size(); ++i) {
+    if (static_cast<int>(i) != kTrainerVictim) others.push_back(&trainers[i]);
+  }
+  ASSERT_NO_FATAL_FAILURE(ExpectEndedAlikeAndLikeTheReference(
+      cluster, others, reference, [&] { return AllTrainerErrors(trainers); }));
+  for (Trainer* t : others) {
+    EXPECT_NE(t->process.Log().find("gs_broadcast from rank 0 after step 4: 5242883 bytes ok"),
+              std::string::npos)
+        << t->process.Log();
+  }
+}
+
+// The same with rank 3, the dead trainer, as the root: its node refuses
+// the call, failing the job with INVALID_ARGUMENT naming it (rank 2, its
+// node's other trainer, gets that error; the other nodes PEER_FAILED).
+TEST(ElasticJob, BroadcastFromADeadTrainersRankFailsNamingIt) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilTrainerKilled(cluster, "marked", &trainers, nullptr, kTrainerVictim,
+                        {"--broadcast-after=4:3"});
+  for (size_t i = 0; i < trainers.size(); ++i) {
+    if (static_cast<int>(i) == kTrainerVictim) continue;
+    Trainer& t = trainers[i];
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    const std::string error = TrainerError(t.process.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    const bool same_node = t.node == kTrainerVictim / kLocal;
+    EXPECT_EQ(st.code, same_node ? kExitInvalidArgument : kExitPeerFailed)
+        << "trainer " << i << ": " << error << "\n"
+        << cluster.DaemonLogs();
+    if (same_node) {
+      for (const char* needle : {"rank 3 (local 1, pid ", "died, so it has nothing to send"}) {
+        EXPECT_NE(error.find(needle), std::string::npos) << needle << " in " << error;
+      }
+    }
+  }
+}
+
 // Trainer `victim` SIGKILLed after marking iteration 2 (its node stays,
 // the job goes on over 5) and a replacement started on its node with the
 // same local rank while the others are still stopped in iteration 2. Its
