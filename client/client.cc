@@ -295,6 +295,7 @@ absl::Status Client::Register(const std::vector<TensorSpec>& specs) {
   iteration_ = resp.start_iteration();
   checked_iteration_ = iteration_;
   joined_running_job_ = resp.joined_running_job();
+  catch_up_root_ = resp.catch_up_root();
   completion_bell_.store(&segment_.header()->completion_bell);
   registered_ = true;
   return absl::OkStatus();
@@ -495,6 +496,10 @@ absl::Status Client::AwaitCompletion(int64_t budget, bool joined) {
           step_skipped_ = (e.flags & ipc::kCompletionSkipStep) != 0;
           if ((e.flags & ipc::kCompletionMembersChanged) != 0) ++membership_changes_;
           if ((e.flags & ipc::kCompletionNodesJoined) != 0) ++nodes_joined_;
+          if ((e.flags & ipc::kCompletionTrainersJoined) != 0) ++trainers_joined_;
+          if ((e.flags & (ipc::kCompletionNodesJoined | ipc::kCompletionTrainersJoined)) != 0) {
+            catch_up_root_ = e.catch_up_root;
+          }
           no_sync_iterations_ = 0;
           std::fill(marked_.begin(), marked_.end(), 0);
           std::fill(accumulated_.begin(), accumulated_.end(), 0);  // reduced: a fresh start

@@ -67,9 +67,18 @@ struct JobInfo {
   // How many times nodes joined the running elastic job right after an
   // iteration this trainer completed: it then hands its state to theirs.
   uint64_t nodes_joined = 0;
-  // This trainer's node joined the job while it ran: `iteration` started
+  // This trainer's node joined the job while it ran (or it took back a
+  // dead trainer's local rank on a node that stayed): `iteration` started
   // at the job's, and it fetches the job's state before its first one.
   bool joined_running_job = false;
+  // How many times trainers restarted on nodes that stayed joined the
+  // running elastic job right after an iteration this trainer completed:
+  // it then hands its state to them, as for nodes_joined.
+  uint64_t trainers_joined = 0;
+  // Where the state comes from (gs_broadcast's root) after the last
+  // nodes_joined or trainers_joined change, or for a joiner: the lowest
+  // rank alive and a member before the joiners came.
+  int catch_up_root = 0;
 };
 
 struct ConnectOptions {
@@ -138,8 +147,9 @@ class Client {
   uint64_t iteration() const { return iteration_; }
   // After Register; refreshed by every Wait that returns OK.
   JobInfo job_info() const {
-    return {iteration_,          job_world_size_, job_rank_,          CheckReplicasDue(),
-            membership_changes_, nodes_joined_,   joined_running_job_};
+    return {iteration_,          job_world_size_,     job_rank_,
+            CheckReplicasDue(),  membership_changes_, nodes_joined_,
+            joined_running_job_, trainers_joined_,    catch_up_root_};
   }
   // gradsyncd --check-replicas-every: this trainer's parameter fingerprint
   // (one hash per registered tensor, in registration order) after the
@@ -233,6 +243,8 @@ class Client {
   uint64_t membership_changes_ = 0;  // see JobInfo
   uint64_t nodes_joined_ = 0;        // see JobInfo
   bool joined_running_job_ = false;  // see JobInfo
+  uint64_t trainers_joined_ = 0;     // see JobInfo
+  int catch_up_root_ = 0;            // see JobInfo
   uint64_t ready_sequence_ = 0;
   uint64_t completion_sequence_ = 0;
   std::vector<uint8_t> marked_;  // this iteration

@@ -261,17 +261,32 @@ typedef struct {
                                   iteration's is the grown one), and every
                                   trainer then calls gs_broadcast of its state
                                   (parameters, buffers, optimizer state, the
-                                  iteration) from rank 0 before its next mark,
-                                  as the joiners' trainers do */
+                                  iteration) from catch_up_root before its
+                                  next mark, as the joiners' trainers do */
   int joined_running_job;      /* nonzero: this trainer's node joined the job
                                   while it ran; `iteration` is the job's
                                   iteration count it starts at, and before its
                                   first mark it receives the job's state with
-                                  gs_broadcast from rank 0 (above) */
+                                  gs_broadcast from catch_up_root (above); also
+                                  set on a trainer that took back the local
+                                  rank of one that died on a node that stayed */
+  uint64_t trainers_joined;    /* how many times trainers restarted on nodes
+                                  that stayed in the running elastic job joined
+                                  it right after an iteration completed so far
+                                  (each took back a dead trainer's local rank
+                                  and rank): it grows after that iteration's
+                                  gs_wait, and every trainer then calls
+                                  gs_broadcast of its state from catch_up_root
+                                  before its next mark, as for nodes_joined */
+  int catch_up_root;           /* the root of that catch-up gs_broadcast: the
+                                  lowest rank alive and a member before the
+                                  joiners came (rank 0's trainer may be the one
+                                  that died); set when nodes_joined or
+                                  trainers_joined grows, and on a joiner */
 } gs_job_info;
 
 #define GS_JOB_INFO_INIT \
-  { sizeof(gs_job_info), 0, 0, -1, 0, 0, 0, 0 }
+  { sizeof(gs_job_info), 0, 0, -1, 0, 0, 0, 0, 0, 0 }
 
 /* Fills *info (above). GS_ERR_STATE before gs_register. */
 GS_API gs_status gs_get_job_info(gs_client* c, gs_job_info* info);

@@ -168,6 +168,12 @@ gs_status gs_get_job_info(gs_client* c, gs_job_info* info) {
   if (size >= offsetof(gs_job_info, joined_running_job) + sizeof(int)) {
     info->joined_running_job = j.joined_running_job ? 1 : 0;
   }
+  if (size >= offsetof(gs_job_info, trainers_joined) + sizeof(uint64_t)) {
+    info->trainers_joined = j.trainers_joined;
+  }
+  if (size >= offsetof(gs_job_info, catch_up_root) + sizeof(int)) {
+    info->catch_up_root = j.catch_up_root;
+  }
   info->size = size < sizeof(gs_job_info) ? size : sizeof(gs_job_info);
   return GS_OK;
 }

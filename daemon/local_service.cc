@@ -139,6 +139,7 @@ grpc::Status LocalService::Register(grpc::ServerContext*, const v1::RegisterRequ
   resp->set_check_replicas_every(jobs_->config().check_replicas_every);
   resp->set_start_iteration(r->start_iteration);
   resp->set_joined_running_job(r->joined_running_job);
+  resp->set_catch_up_root(r->catch_up_root);
   for (const PlannedBucket& b : r->plan.buckets) {
     v1::Bucket* pb = resp->add_buckets();
     pb->set_id(b.id);

@@ -85,7 +85,10 @@ ABSL_FLAG(int, min_nodes, kDefaults.min_nodes,
           "redo the interrupted iteration over their trainers (CPU and CUDA gradients; with "
           "CUDA gradients a trainer's death still ends the job; node 0's loss still ends the "
           "job, unless the rendezvous is in etcd: --rendezvous). A daemon stopped with "
-          "SIGTERM or SIGINT leaves such a job, and the survivors re-form without it at once");
+          "SIGTERM or SIGINT leaves such a job, and the survivors re-form without it at once. "
+          "With CPU gradients a trainer that died before its first or after its last mark of "
+          "an iteration is counted out, and one restarted with its local rank rejoins at an "
+          "iteration boundary with its rank (gs_job_info.joined_running_job)");
 ABSL_FLAG(int, max_nodes, kDefaults.max_nodes,
           "most nodes an elastic job may grow to (torchrun's --nnodes MAX); 0: --num-nodes. "
           "The job starts with --num-nodes nodes; a node that is no member of the running "

@@ -63,8 +63,14 @@ struct CompletionEvent {
   };
   uint64_t iteration;
   uint64_t sequence;  // 0, 1, 2, ... per ring
-  int32_t status;     // gs_status / gradsync.v1.Code; non-zero with kError
-  int32_t rank;       // kIterationDone: this trainer's global rank; else 0
+  union {
+    int32_t status;  // gs_status / gradsync.v1.Code; non-zero with kError
+    // kIterationDone with kCompletionNodesJoined or kCompletionTrainersJoined:
+    // the rank every trainer broadcasts the job's state from (the lowest
+    // rank alive and a member before the joiners came).
+    int32_t catch_up_root;
+  };
+  int32_t rank;  // kIterationDone: this trainer's global rank; else 0
 };
 // kIterationDone's flags: the iteration's reduced gradients are not finite
 // and the job runs --nonfinite=skip: every trainer of the job gets the same
@@ -79,6 +85,12 @@ inline constexpr uint16_t kCompletionMembersChanged = 2;
 // old world's): every trainer hands its state to the joiners' trainers
 // (gs_broadcast) before the next iteration (gs_job_info.nodes_joined).
 inline constexpr uint16_t kCompletionNodesJoined = 4;
+// kIterationDone's flags: trainers join the running elastic job right after
+// this iteration (a trainer restarted on a node that stayed takes back its
+// dead predecessor's local rank and rank; the divisor is still the old
+// one): every trainer hands its state to them as for kCompletionNodesJoined
+// (gs_job_info.trainers_joined).
+inline constexpr uint16_t kCompletionTrainersJoined = 8;
 static_assert(sizeof(CompletionEvent) == 32);
 
 // What the consumer of a readiness ring expects next.

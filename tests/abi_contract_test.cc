@@ -72,6 +72,14 @@ TEST(AbiContract, JobInfoGrowsAtTheEnd) {
   EXPECT_GE(sizeof(gs_job_info), offsetof(gs_job_info, joined_running_job) + sizeof(int));
   EXPECT_EQ(init.nodes_joined, 0u);
   EXPECT_EQ(init.joined_running_job, 0);
+  // Then trainers_joined and catch_up_root (a trainer rejoining a running job).
+  EXPECT_GE(offsetof(gs_job_info, trainers_joined),
+            offsetof(gs_job_info, joined_running_job) + sizeof(int));
+  EXPECT_EQ(offsetof(gs_job_info, catch_up_root),
+            offsetof(gs_job_info, trainers_joined) + sizeof(uint64_t));
+  EXPECT_GE(sizeof(gs_job_info), offsetof(gs_job_info, catch_up_root) + sizeof(int));
+  EXPECT_EQ(init.trainers_joined, 0u);
+  EXPECT_EQ(init.catch_up_root, 0);
 }
 
 TEST(AbiContract, VersionCodeOrdersReleases) {

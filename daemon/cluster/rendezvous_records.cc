@@ -168,6 +168,7 @@ std::string EncodeRunningPlan(const RunningPlan& plan) {
   *record.mutable_caps() = CapsRecord(plan.caps.cap_bytes / double(1 << 20),
                                       plan.caps.first_cap_bytes / double(1 << 20));
   record.set_plan_version(plan.plan_version);
+  record.set_catch_up_root(plan.catch_up_root);
   return record.SerializeAsString();
 }
 
@@ -178,6 +179,8 @@ absl::StatusOr<RunningPlan> DecodeRunningPlan(absl::string_view key,
   RunningPlan plan;
   ASSIGN_OR_RETURN(plan.caps, CapsFromRecord(key, record.caps()));
   plan.plan_version = record.plan_version();
+  if (record.catch_up_root() < 0) return Malformed(key, "a negative catch_up_root");
+  plan.catch_up_root = record.catch_up_root();
   // The same checks as node 0's rebuilt order: a permutation of the layout.
   v1::PlanOrderRecord order;
   *order.mutable_order() = record.order();

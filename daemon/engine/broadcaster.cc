@@ -47,6 +47,12 @@ Broadcaster::~Broadcaster() {
 
 int Broadcaster::LocalTrainers() const { return static_cast<int>(trainers_.size()); }
 
+int Broadcaster::LiveLocalTrainers() const {
+  int live = 0;
+  for (const Trainer* t : trainers_) live += t->gone.load() ? 0 : 1;
+  return live;
+}
+
 std::string Broadcaster::Names(const std::vector<uint8_t>& which) const {
   std::string out;
   for (size_t i = 0; i < trainers_.size() && i < which.size(); ++i) {
@@ -71,6 +77,12 @@ void Broadcaster::Abort(const absl::Status& error) {
   MonotonicMutexLock lock(&mu_);
   if (failed_.ok()) failed_ = error.ok() ? MakeError(v1::INTERNAL, "the job ended") : error;
   cv_.SignalAll();
+}
+
+void Broadcaster::ReplaceTrainer(Trainer* fresh) {
+  MonotonicMutexLock lock(&mu_);
+  const size_t local = static_cast<size_t>(fresh->local_rank);
+  if (local < trainers_.size()) trainers_[local] = fresh;
 }
 
 void Broadcaster::SetWorld(Backend* backend, int num_nodes, int node_index) {
@@ -125,6 +137,14 @@ absl::Status Broadcaster::Refusal(const Trainer& caller, uint64_t bytes, int roo
                      absl::StrCat(caller.Name(), " called ", what,
                                   ": device buffers are broadcast only in a job whose gradients "
                                   "are CUDA tensors (this job's are host memory)"));
+  }
+  const int root_local = root_rank - options_.rank_offset;
+  if (root_local >= 0 && root_local < LocalTrainers() && trainers_[root_local]->gone.load()) {
+    return MakeError(
+        v1::INVALID_ARGUMENT,
+        absl::StrCat(caller.Name(), " called ", what, ": ", trainers_[root_local]->Name(),
+                     " died, so it has nothing to send (after a trainer's death the "
+                     "job's state comes from gs_job_info.catch_up_root)"));
   }
   if (call_.count > 0 && (call_.bytes != bytes || call_.root_rank != root_rank ||
                           call_.step != step || call_.device != device)) {
@@ -191,7 +211,8 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
       call_.arrived[me] = 1;
       ++call_.count;
       const uint64_t mine = calls_started_;
-      if (call_.count == LocalTrainers()) {
+      // An elastic job goes on without a dead trainer: it is not waited for.
+      if (call_.count >= LiveLocalTrainers()) {
         // Nodes join at this boundary: the call runs in the grown world
         // (the job installs it, SetWorld, before the scheduler says so).
         while (scheduler_ != nullptr && scheduler_->growing() && failed_.ok() &&
@@ -232,7 +253,9 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
           const absl::Time now = MonotonicNow();
           if (!running_ && calls_started_ == mine && now >= deadline) {
             std::vector<uint8_t> missing(trainers_.size(), 0);
-            for (size_t i = 0; i < trainers_.size(); ++i) missing[i] = !call_.arrived[i];
+            for (size_t i = 0; i < trainers_.size(); ++i) {
+              missing[i] = !call_.arrived[i] && !trainers_[i]->gone.load();
+            }
             refused = MakeError(v1::TIMEOUT, absl::StrCat(Names(missing), " did not call ", what,
                                                           " within the timeout; ",
                                                           Names(call_.arrived), " waited for it"));

@@ -31,7 +31,9 @@
 // the size or the root fail it with MISMATCH naming them (nodes: with
 // each node's values); a trainer that never calls fails it with TIMEOUT
 // naming it; a trainer that dies fails the job as always (PEER_FAILED
-// naming it), and Abort wakes every waiting call.
+// naming it), and Abort wakes every waiting call. In an elastic CPU job a
+// dead trainer is counted out instead, and a call does not wait for it; a
+// root whose trainer died is refused (INVALID_ARGUMENT naming it).
 //
 // Elastic jobs: after a re-formation the job hands over the new
 // generation's backend and this node's place among its members
@@ -122,6 +124,9 @@ class Broadcaster {
   // (its Gloo rank). Called between iterations' collectives, never while
   // a call runs on the old world (that call failed with it).
   void SetWorld(Backend* backend, int num_nodes, int node_index) ABSL_LOCKS_EXCLUDED(mu_);
+  // An elastic job took `fresh` on the local rank of a trainer that died
+  // (it outlives this object). Between iterations.
+  void ReplaceTrainer(Trainer* fresh) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Before the job's device resources go (the GpuSession a device piece
   // runs on): no later Step runs anything, and this returns once the call
@@ -181,8 +186,12 @@ class Broadcaster {
   absl::Status FailJob(const absl::Status& error, int culprit = -1) ABSL_LOCKS_EXCLUDED(mu_);
   std::string Names(const std::vector<uint8_t>& which) const;
   int LocalTrainers() const;
+  // Those not gone: an elastic job counts a dead trainer out (its local
+  // rank waits for a rejoining trainer), so a call does not wait for it.
+  int LiveLocalTrainers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const std::vector<Trainer*> trainers_;
+  // By local rank; an element changes (ReplaceTrainer) and is read under mu_.
+  std::vector<Trainer*> trainers_;
   const Scheduler* scheduler_ = nullptr;
   GpuSession* gpu_ = nullptr;
   const FailFn fail_;

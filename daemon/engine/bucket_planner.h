@@ -51,6 +51,9 @@ struct RunningPlan {
   std::vector<uint32_t> order;
   BucketCaps caps;
   uint64_t plan_version = 0;
+  // The rank the joiners' trainers receive the job's state from (the
+  // lowest rank alive and a member in the iteration before they join).
+  int catch_up_root = 0;
 };
 
 // `order` must be a permutation of 0..layout.size()-1.

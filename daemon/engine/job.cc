@@ -84,17 +84,14 @@ absl::StatusOr<uint64_t> Job::Attach(int local_rank, int64_t pid) {
     // Ended between JobForAttach and here: the caller retries on a fresh job.
     return MakeError(v1::STATE, "this job has ended; attach to the next one");
   }
+  if (state_ != JobState::kAttaching && TakesRejoinsLocked()) {
+    return AttachRejoiningLocked(local_rank, pid);
+  }
   if (state_ != JobState::kAttaching) {
-    // An elastic job's dead trainer leaves a free local rank: taking it
-    // back (a trainer joining a running job) is not built.
-    const bool elastic_running = state_ == JobState::kRunning && elastic();
     return MakeError(v1::STATE,
                      absl::StrCat("a job is ", StateName(state_),
                                   " on this daemon; new trainers can attach once its trainers "
                                   "have all closed",
-                                  elastic_running ? " (trainers joining a running elastic job "
-                                                    "are not supported yet)"
-                                                  : "",
                                   state_ == JobState::kFailed
                                       ? absl::StrCat(" (it failed: ", error_.message(), ")")
                                       : ""));
@@ -172,6 +169,9 @@ absl::StatusOr<RegisterResult> Job::RegisterAndWait(uint64_t session, Layout lay
     if (t == nullptr) return MakeError(v1::STATE, "unknown session: attach first");
     if (state_ == JobState::kFailed) return PeerError(*t);
     if (t->registered) return MakeError(v1::STATE, "this trainer already registered its layout");
+    if (t->rejoining) {
+      return RegisterRejoiningLocked(*t, std::move(layout), cuda.has_value(), deadline);
+    }
     // Refused before counting: the trainer learns at once, the job is unharmed.
     RETURN_IF_ERROR(CheckDeviceKind(layout));
     const bool is_cuda = !layout.empty() && layout[0].device >= 0;
@@ -238,6 +238,7 @@ absl::StatusOr<RegisterResult> Job::RegisterAndWait(uint64_t session, Layout lay
   r.plan = scheduler_->plan();
   r.start_iteration = world_.start_iteration;
   r.joined_running_job = world_.start_iteration > 0;
+  r.catch_up_root = world_.running_plan.catch_up_root;
   return r;
 }
 
@@ -441,6 +442,9 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
     opts.grow = [this](uint64_t iteration, const RunningPlan& running) {
       return Grow(iteration, running);
     };
+    opts.on_rejoined = [this](Trainer* fresh, uint64_t start, int root) {
+      OnTrainerRejoined(fresh, start, root);
+    };
   }
   opts.start_iteration = world_.start_iteration;
   opts.running_plan = world_.running_plan;
@@ -484,29 +488,34 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
 absl::StatusOr<std::vector<Trainer*>> Job::CreateSegmentsLocked(uint64_t layout_hash) {
   std::vector<Trainer*> trainers;
   for (auto& t : trainers_) {
-    ipc::TrainerSegmentSpec spec;
-    spec.layout_hash = layout_hash;
-    spec.arena_bytes = arena_.total_bytes;
-    spec.ring_capacity = config_.ring_capacity;
-    spec.local_rank = t->local_rank;
-    spec.daemon_pid = getpid();
-    auto seg = ipc::CreateUnderRandomName<ipc::TrainerSegment>(
-        config_.shm_prefix, getpid(), absl::StrCat("j", id_, ".r", t->local_rank),
-        [&](const std::string& name) {
-          return ipc::TrainerSegment::Create(name, spec, config_.shm_mode, config_.shm_group);
-        });
-    if (!seg.ok()) {
-      // A /dev/shm too small for the job is the operator's to fix, not a bug.
-      if (seg.status().code() == absl::StatusCode::kResourceExhausted) {
-        return MakeError(v1::RESOURCE_EXHAUSTED, seg.status().message());
-      }
-      return MakeError(v1::INTERNAL, seg.status().ToString());
-    }
-    t->segment = std::move(*seg);
+    RETURN_IF_ERROR(CreateSegmentLocked(*t, layout_hash));
     t->rank = world_.rank_offset + t->local_rank;
     trainers.push_back(t.get());
   }
   return trainers;
+}
+
+absl::Status Job::CreateSegmentLocked(Trainer& t, uint64_t layout_hash) {
+  ipc::TrainerSegmentSpec spec;
+  spec.layout_hash = layout_hash;
+  spec.arena_bytes = arena_.total_bytes;
+  spec.ring_capacity = config_.ring_capacity;
+  spec.local_rank = t.local_rank;
+  spec.daemon_pid = getpid();
+  auto seg = ipc::CreateUnderRandomName<ipc::TrainerSegment>(
+      config_.shm_prefix, getpid(), absl::StrCat("j", id_, ".r", t.local_rank),
+      [&](const std::string& name) {
+        return ipc::TrainerSegment::Create(name, spec, config_.shm_mode, config_.shm_group);
+      });
+  if (!seg.ok()) {
+    // A /dev/shm too small for the job is the operator's to fix, not a bug.
+    if (seg.status().code() == absl::StatusCode::kResourceExhausted) {
+      return MakeError(v1::RESOURCE_EXHAUSTED, seg.status().message());
+    }
+    return MakeError(v1::INTERNAL, seg.status().ToString());
+  }
+  t.segment = std::move(*seg);
+  return absl::OkStatus();
 }
 
 void Job::CreateStatsLocked(const Layout& layout, size_t num_buckets, size_t num_trainers) {
@@ -845,6 +854,10 @@ bool Job::RemoveTrainer(uint64_t session, bool graceful, const std::string& reas
   if (t->segment.header() != nullptr) ipc::SharedSegment::Remove(t->segment.name()).IgnoreError();
   if (state_ == JobState::kAttaching) {
     if (t->registered) --registered_;
+  } else if (t->rejoining && !t->admitted && state_ == JobState::kRunning && scheduler_) {
+    // Not in the job yet: nothing to fail. Should the scheduler have just
+    // taken it in, this counts it out again (it marked nothing).
+    scheduler_->RequestDeparture(t->local_rank, reason);
   } else if (!graceful && ShrinksOnTrainerDeathLocked(*t)) {
     // Its node stays in the elastic job (scheduler_departure.cc).
     scheduler_->RequestDeparture(t->local_rank, reason);

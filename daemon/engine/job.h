@@ -153,6 +153,7 @@ struct RegisterResult {
   // this trainer's iterations start.
   uint64_t start_iteration = 0;
   bool joined_running_job = false;
+  int catch_up_root = 0;  // with joined_running_job: gs_broadcast's root
 };
 
 enum class JobState { kAttaching, kForming, kRunning, kFailed };
@@ -194,6 +195,9 @@ class Job {
   uint64_t id() const { return id_; }
 
   // Errors: STATE when the local rank is taken or the job is not accepting.
+  // A running elastic CPU job across nodes takes a trainer on the local
+  // rank of one that died (job_rejoin.cc): it keeps that rank and joins at
+  // an iteration boundary.
   absl::StatusOr<uint64_t> Attach(int local_rank, int64_t pid) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Blocks until every local trainer registered and the world is formed,
@@ -301,6 +305,24 @@ class Job {
   // "K of N local trainers registered; missing local ranks ...", or "" when
   // every local trainer registered.
   std::string MissingLocalRanksLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // A running elastic CPU job across nodes, which counts a dead trainer out
+  // and can take one on its local rank again (job_rejoin.cc).
+  bool TakesRejoinsLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Attach of a trainer taking back the free `local_rank` of a running job.
+  absl::StatusOr<uint64_t> AttachRejoiningLocked(int local_rank, int64_t pid)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Its Register: the layout must be the job's; its segment is created and
+  // the scheduler admits it at an iteration boundary (OnTrainerRejoined),
+  // up to `deadline`.
+  absl::StatusOr<RegisterResult> RegisterRejoiningLocked(Trainer& t, Layout layout, bool cuda,
+                                                         absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Scheduler thread: `fresh` is in the job from `start_iteration` on.
+  void OnTrainerRejoined(Trainer* fresh, uint64_t start_iteration, int catch_up_root)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // One trainer's segment for the job's layout.
+  absl::Status CreateSegmentLocked(Trainer& t, uint64_t layout_hash)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Trainer* FindLocked(uint64_t session) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The same, shared: for a caller that keeps it across releasing mu_.
   std::shared_ptr<Trainer> HoldLocked(uint64_t session) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -451,6 +473,10 @@ class Job {
   uint64_t world_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   int reformations_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::unique_ptr<Backend>> retired_backends_ ABSL_GUARDED_BY(mu_);
+  // Dead trainers whose local rank a rejoining trainer took: kept until the
+  // job ends (the scheduler, broadcaster and replica checker held raw
+  // pointers to them).
+  std::vector<std::shared_ptr<Trainer>> retired_trainers_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gradsync

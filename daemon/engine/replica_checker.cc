@@ -44,6 +44,12 @@ void ReplicaChecker::Abort(const absl::Status& error) {
   cv_.SignalAll();
 }
 
+void ReplicaChecker::ReplaceTrainer(Trainer* fresh) {
+  MonotonicMutexLock lock(&mu_);
+  const size_t local = static_cast<size_t>(fresh->local_rank);
+  if (local < trainers_.size()) trainers_[local] = fresh;
+}
+
 void ReplicaChecker::SetWorld(Backend* backend, int node_index) {
   MonotonicMutexLock lock(&mu_);
   backend_ = backend;

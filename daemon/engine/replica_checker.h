@@ -59,6 +59,9 @@ class ReplicaChecker {
   // between iterations' collectives; a comparison running on the old
   // world failed with it.
   void SetWorld(Backend* backend, int node_index) ABSL_LOCKS_EXCLUDED(mu_);
+  // An elastic job took `fresh` on the local rank of a trainer that died
+  // (it outlives this object). Between iterations.
+  void ReplaceTrainer(Trainer* fresh) ABSL_LOCKS_EXCLUDED(mu_);
 
   // One trainer's fingerprint after synchronized iteration `iteration`;
   // blocks until every local trainer still in the job sent its and they
@@ -93,7 +96,8 @@ class ReplicaChecker {
   // Fails the job (lock released) and returns `error`.
   absl::Status FailJob(const absl::Status& error, int culprit = -1) ABSL_LOCKS_EXCLUDED(mu_);
 
-  const std::vector<Trainer*> trainers_;
+  // By local rank; an element changes (ReplaceTrainer) and is read under mu_.
+  std::vector<Trainer*> trainers_;
   const Layout& layout_;
 
   const FailFn fail_;

@@ -62,7 +62,7 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
   active_in_iteration_ = options_.world_size;
   const int nodes = backend_ != nullptr ? backend_->num_nodes() : 1;
   agreement_nodes_ = std::max(1, nodes);
-  straggler_slot_ = 3 + 2 * static_cast<size_t>(agreement_nodes_);
+  straggler_slot_ = kAgreementHeader + 3 * static_cast<size_t>(agreement_nodes_);
   const bool exchanged = nodes > 1 && (options_.uneven_inputs || !options_.gpu);
   // A node joining a running job exchanges what its members do: they took
   // over a re-formed world (AdoptWorld), whose agreement has no straggler
@@ -520,7 +520,7 @@ void Scheduler::AdoptWorld(Reformed& world) {
   options_.agree_order = std::move(world.agree_order);
   options_.check_plan = std::move(world.check_plan);
   agreement_nodes_ = std::max(1, backend_->num_nodes());
-  agreement_.assign(3 + 2 * static_cast<size_t>(agreement_nodes_), 0);
+  agreement_.assign(kAgreementHeader + 3 * static_cast<size_t>(agreement_nodes_), 0);
   // No straggler slots in a re-formed world: a node joining it later must
   // size its agreement alike (see the constructor).
   straggler_slot_ = agreement_.size();
@@ -559,7 +559,7 @@ bool Scheduler::Grow() {
     // the grown generation's log starts afresh (RestartConfigLog).
     if (!pending_caps_.empty() && pending_caps_.front().grow) pending_caps_.pop_front();
   }
-  const RunningPlan plan{order_, options_.caps, plan_version()};
+  const RunningPlan plan{order_, options_.caps, plan_version(), std::max(catch_up_root_, 0)};
   spdlog::info("event=job_growing iteration={} plan_version={} world_size={}", iteration(),
                plan.plan_version, options_.world_size);
   absl::StatusOr<Reformed> world = options_.grow(iteration(), plan);
@@ -596,6 +596,7 @@ void Scheduler::Loop() {
       continue;
     }
     if (departures_requested_.load(std::memory_order_acquire) && !TakeDepartures()) continue;
+    if (rejoins_requested_.load(std::memory_order_acquire)) TakeRejoins();
     if (reform_requested_.load(std::memory_order_acquire)) {
       absl::Status error;
       {
@@ -829,14 +830,21 @@ bool Scheduler::AgreeActiveTrainers() {
   }
   // Each node's trainers agree among themselves (CheckInStep); the nodes
   // compare theirs here (before the first bucket counts as done).
-  const size_t slot_of_node = 3 + static_cast<size_t>(options_.node_index);
+  const size_t slot_of_node = kAgreementHeader + static_cast<size_t>(options_.node_index);
   if (no_sync_reference_ != nullptr && slot_of_node < agreement_.size()) {
     counts[slot_of_node] = no_sync_iterations_ + 1.0;
   }
   // And the newest job-wide config version each node holds (see MaybeRebuild).
-  const size_t config_slot = 3 + static_cast<size_t>(agreement_nodes_ + options_.node_index);
+  const size_t config_slot =
+      kAgreementHeader + static_cast<size_t>(agreement_nodes_ + options_.node_index);
   if (config_slot < agreement_.size())
     counts[config_slot] = static_cast<double>(HeldConfigVersion());
+  // Elastic jobs: trainers rejoining after this iteration, and where their
+  // state comes from (scheduler_rejoin.cc).
+  counts[3] = AnnounceRejoins();
+  const size_t root_slot =
+      kAgreementHeader + static_cast<size_t>(2 * agreement_nodes_ + options_.node_index);
+  if (root_slot < agreement_.size()) counts[root_slot] = LowestActiveRankSlot();
   if (agreement_.size() > straggler_slot_) {
     options_.stragglers->WriteAgreement(counts + straggler_slot_);
   }
@@ -846,7 +854,8 @@ bool Scheduler::AgreeActiveTrainers() {
   // decides it for the job; without it gs_join is refused across nodes).
   // CPU jobs always exchange, for the no_sync counts.
   bool deferred = false;
-  if (backend_->num_nodes() > 1 && (options_.uneven_inputs || !options_.gpu)) {
+  const bool exchanged = backend_->num_nodes() > 1 && (options_.uneven_inputs || !options_.gpu);
+  if (exchanged) {
     // Without uneven inputs nobody joins (gs_join is refused across nodes),
     // so nothing before the first bucket's write-back needs the summed
     // counts: the backend may fold them into the first bucket's collective
@@ -894,6 +903,7 @@ bool Scheduler::AgreeActiveTrainers() {
       return false;
     }
   }
+  if (!deferred) ReadJoinSlots(counts, exchanged);
   // Deferred, the counts are still this node's; nobody joined, so the job's
   // active count is its world size.
   const int active = deferred ? options_.world_size : static_cast<int>(counts[0]);
@@ -925,7 +935,7 @@ bool Scheduler::AgreeActiveTrainers() {
 
 bool Scheduler::FinishAgreement() {
   if (!CheckNodesInStep()) return false;
-  const double* held = agreement_.data() + 3 + agreement_nodes_;
+  const double* held = agreement_.data() + kAgreementHeader + agreement_nodes_;
   agreed_config_version_ = static_cast<uint64_t>(*std::min_element(held, held + agreement_nodes_));
   config_agreed_ = true;
   if (agreement_.size() > straggler_slot_) {
@@ -935,7 +945,7 @@ bool Scheduler::FinishAgreement() {
 }
 
 bool Scheduler::CheckNodesInStep() {
-  const double* by_node = agreement_.data() + 3;
+  const double* by_node = agreement_.data() + kAgreementHeader;
   const int nodes = agreement_nodes_;
   int first = -1;
   for (int n = 0; n < nodes; ++n) {
@@ -1256,11 +1266,17 @@ void Scheduler::FinishIteration() {
   // before the next iteration, to hand the joiners their state.
   const bool grow = options_.grow && GrowDueAt(it + 1);
   if (grow) growing_.store(true, std::memory_order_release);
+  const bool rejoin = trainers_rejoin_;
+  trainers_rejoin_ = false;
   const uint32_t flags = (skip ? ipc::kCompletionSkipStep : 0) |
                          (members_changed_ || grow ? ipc::kCompletionMembersChanged : 0) |
-                         (grow ? ipc::kCompletionNodesJoined : 0);
+                         (grow ? ipc::kCompletionNodesJoined : 0) |
+                         (rejoin ? ipc::kCompletionTrainersJoined : 0);
   members_changed_ = false;
-  const absl::Status st = PostToAll(ipc::CompletionKind::kIterationDone, it, &culprit, flags);
+  if (rejoin) TellRejoined(it + 1);
+  const absl::Status st =
+      PostToAll(ipc::CompletionKind::kIterationDone, it, &culprit, flags,
+                grow || rejoin ? static_cast<int32_t>(std::max(catch_up_root_, 0)) : 0);
   for (Trainer* t : trainers_) t->segment.header()->completion_bell.Ring();
   RecordHop(Hop::kDaemonPosted, options_.node_rank);
   if (!st.ok()) {
@@ -1272,6 +1288,7 @@ void Scheduler::FinishIteration() {
   if (options_.stragglers && !timelines_.empty()) {
     options_.stragglers->OnIterationDone(it, timelines_);
   }
+  if (rejoin) AdmitRejoins();
   // The next iteration's entries wait in the rings until this returns: the
   // plan changes exactly at the boundary.
   MaybeRebuild();
@@ -1283,7 +1300,7 @@ void Scheduler::FinishIteration() {
 }
 
 absl::Status Scheduler::PostToAll(ipc::CompletionKind kind, uint64_t it, int* culprit,
-                                  uint32_t flags) {
+                                  uint32_t flags, int32_t catch_up_root) {
   // Locked and unlocked by hand, in local-rank order: no allocation here.
   for (Trainer* t : trainers_) t->completion_mu.Lock();
   absl::Status st;
@@ -1294,7 +1311,8 @@ absl::Status Scheduler::PostToAll(ipc::CompletionKind kind, uint64_t it, int* cu
     // Iteration done carries the divisor its trainers see (gs_get_job_info).
     const uint32_t world =
         kind == ipc::CompletionKind::kIterationDone ? static_cast<uint32_t>(Divisor()) : 0;
-    st = PostCompletionLocked(*t, kind, world, it, 0, /*patience_ms=*/1000, flags);
+    const int32_t root = kind == ipc::CompletionKind::kIterationDone ? catch_up_root : 0;
+    st = PostCompletionLocked(*t, kind, world, it, root, /*patience_ms=*/1000, flags);
     if (!st.ok()) {
       *culprit = t->local_rank;
       break;

@@ -140,6 +140,12 @@ class Scheduler {
     // part of an iteration takes its node out of the job through this (the
     // other nodes redo the iteration without it). Empty: the job fails.
     FailFn leave_job;
+    // Elastic CPU jobs: a trainer that took back a dead trainer's local rank
+    // (RequestRejoin) is in from iteration `start_iteration` on; its
+    // catch-up gs_broadcast comes from `catch_up_root`. Loop thread, at the
+    // boundary, just before the previous iteration's completion entries are
+    // posted. Empty: none.
+    std::function<void(Trainer* fresh, uint64_t start_iteration, int catch_up_root)> on_rejoined;
     // Checks, before the first collective under a new plan decision, that
     // every node decided the same (MISMATCH naming both otherwise); may
     // block on the other nodes. Empty on one node.
@@ -222,6 +228,8 @@ class Scheduler {
   uint32_t active_trainers() const { return active_trainers_.load(std::memory_order_acquire); }
   uint32_t joined_local_trainers() const { return joined_local_.load(std::memory_order_acquire); }
   bool all_joined() const { return all_joined_.load(std::memory_order_acquire); }
+  // The agreement's fixed slots before the per-node ones (see agreement_).
+  static constexpr size_t kAgreementHeader = 4;
   // Elastic jobs: the world failed outside a collective (the leader aborted
   // the generation): the loop re-forms at its next pass. Any thread.
   void RequestReform(const absl::Status& error) ABSL_LOCKS_EXCLUDED(reform_mu_);
@@ -231,6 +239,17 @@ class Scheduler {
   // its segment); one that died mid-backward takes its node out
   // (Options::leave_job). The loop decides at its next pass. Any thread.
   void RequestDeparture(int local_rank, const std::string& reason) ABSL_LOCKS_EXCLUDED(reform_mu_);
+  // Elastic CPU jobs: `fresh` (its segment created, its layout the job's)
+  // takes back local rank fresh->local_rank, whose trainer died and counts
+  // as joined. It is announced in the next per-iteration agreement that
+  // finds that rank counted out, so every node flags that iteration's
+  // completion (kCompletionTrainersJoined) and counts it from the next one
+  // (docs/DESIGN.md, "Elastic jobs"). `fresh` outlives the scheduler. Any
+  // thread.
+  void RequestRejoin(Trainer* fresh) ABSL_LOCKS_EXCLUDED(reform_mu_);
+  // The catch-up root the last agreement found: the lowest rank of the job
+  // active in that iteration (-1: none known). Loop thread.
+  int catch_up_root() const { return catch_up_root_; }
 
  private:
   void Loop();
@@ -294,8 +313,9 @@ class Scheduler {
   // joined one, while holding all their completion locks; on failure sets
   // *culprit to the trainer's local rank. It locks a run-time set of
   // mutexes, which the analysis cannot follow.
-  absl::Status PostToAll(ipc::CompletionKind kind, uint64_t it, int* culprit,
-                         uint32_t flags = 0) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // `catch_up_root` rides on kIterationDone (CompletionEvent::catch_up_root).
+  absl::Status PostToAll(ipc::CompletionKind kind, uint64_t it, int* culprit, uint32_t flags = 0,
+                         int32_t catch_up_root = 0) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Installs `plan`: spans, counters, staging. At iteration boundaries only.
   void InstallPlan(BucketPlan plan) ABSL_LOCKS_EXCLUDED(plan_mu_);
   void MaybeRebuild() ABSL_LOCKS_EXCLUDED(caps_mu_);
@@ -317,6 +337,25 @@ class Scheduler {
   bool TrainerDiedMeanwhile(const Trainer& t) const;
   // RequestDeparture's work on the loop thread; false: the job failed.
   bool TakeDepartures() ABSL_LOCKS_EXCLUDED(reform_mu_);
+  // RequestRejoin's requests, moved to rejoins_pending_ (loop thread).
+  void TakeRejoins() ABSL_LOCKS_EXCLUDED(reform_mu_);
+  // For the agreement: the pending rejoins whose local rank counts as
+  // joined now (rejoins_announced_); how many.
+  int AnnounceRejoins();
+  // This node's slot of the catch-up root: its lowest rank active in this
+  // iteration, + 1 (0: none).
+  double LowestActiveRankSlot() const;
+  // The agreement's join slots (summed across nodes when `exchanged`):
+  // trainers rejoin after this iteration, and from which rank they catch up.
+  void ReadJoinSlots(const double* counts, bool exchanged);
+  // At the boundary after the iteration that announced them, before its
+  // completion entries: the job learns that the announced trainers are in
+  // from `start_iteration` (Options::on_rejoined), so its broadcaster waits
+  // for them in the catch-up gs_broadcast the members call once woken.
+  void TellRejoined(uint64_t start_iteration);
+  // After the completion entries: the announced trainers take their local
+  // ranks' places (their marks, if any already, wait in their rings).
+  void AdmitRejoins();
   // Before an iteration's first collective: the trainers of the job still
   // active in it, the same on every node (see docs/DESIGN.md). False when
   // the job failed, or when none is active: every trainer joined, the
@@ -373,6 +412,15 @@ class Scheduler {
   std::atomic<bool> reform_requested_{false};
   std::vector<std::pair<int, std::string>> departures_ ABSL_GUARDED_BY(reform_mu_);
   std::atomic<bool> departures_requested_{false};
+  std::vector<Trainer*> rejoins_ ABSL_GUARDED_BY(reform_mu_);
+  std::atomic<bool> rejoins_requested_{false};
+  // Loop thread: rejoining trainers not yet admitted, those this
+  // iteration's agreement announced, whether any node announced one, and
+  // the lowest rank active in the job this iteration.
+  std::vector<Trainer*> rejoins_pending_;
+  std::vector<Trainer*> rejoins_announced_;
+  bool trainers_rejoin_ = false;
+  int catch_up_root_ = -1;
   std::vector<uint8_t*> arenas_;         // per local trainer
   std::vector<uint8_t*> active_arenas_;  // of the trainers that have not joined
   Backend* backend_;
@@ -413,10 +461,12 @@ class Scheduler {
   // as done.
   bool agreement_in_flight_ = false;
   // The agreement's counts: [active, joined asking divide_by_initial_world_size,
-  // joined asking not], then per node its no_sync count + 1 (0: none of its
-  // trainers marked), then per node the newest config version it holds,
-  // then the straggler tracker's slots (from straggler_slot_; none without
-  // a tracker or an exchange). Sized once: no allocation per iteration.
+  // joined asking not, trainers rejoining after this iteration], then per
+  // node its no_sync count + 1 (0: none of its trainers marked), then per
+  // node the newest config version it holds, then per node its lowest
+  // active rank + 1 (the catch-up root), then the straggler tracker's
+  // slots (from straggler_slot_; none without a tracker or an exchange).
+  // Sized once: no allocation per iteration.
   std::vector<double> agreement_;
   size_t straggler_slot_ = 0;
   int agreement_nodes_ = 1;

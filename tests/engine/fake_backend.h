@@ -48,9 +48,10 @@ class FakeBackend final : public Backend {
   int num_nodes() const override { return num_nodes_; }
 
   // The other nodes are copies of this one: they report the same counts.
-  // The scheduler's agreement is 3 job-wide counts (summed), then groups of
-  // one slot per node where only this node's is filled: a copy fills its
-  // own slot with the same value. Not recorded in calls(): those are the
+  // The scheduler's agreement is 4 job-wide counts (summed,
+  // Scheduler::kAgreementHeader), then groups of one slot per node where
+  // only this node's is filled: a copy fills its own slot with the same
+  // value. Not recorded in calls(): those are the
   // buckets' collectives.
   absl::Status AllreduceCounts(double* counts, size_t n) override {
     SumCountsLikeCopies(counts, n);
@@ -70,8 +71,8 @@ class FakeBackend final : public Backend {
   }
 
   void SumCountsLikeCopies(double* counts, size_t n) {
-    for (size_t i = 0; i < n && i < 3; ++i) counts[i] *= num_nodes_;
-    for (size_t group = 3; group + num_nodes_ <= n; group += num_nodes_) {
+    for (size_t i = 0; i < n && i < 4; ++i) counts[i] *= num_nodes_;
+    for (size_t group = 4; group + num_nodes_ <= n; group += num_nodes_) {
       double ours = 0;
       for (int k = 0; k < num_nodes_; ++k) ours = std::max(ours, counts[group + k]);
       for (int k = 0; k < num_nodes_; ++k) counts[group + k] = ours;

@@ -16,7 +16,10 @@
 // the iteration's gradients, the others finish with it counted in that
 // iteration and gone from the next; after only its first mark, its node
 // leaves the job (its other trainer is told why) and the other nodes train
-// on; so does a node whose trainers all died while its daemon lives on.
+// on; so does a node whose trainers all died while its daemon lives on. A
+// trainer restarted with the dead one's local rank rejoins at an iteration
+// boundary with its rank and catches up from the lowest live rank (rank 0's
+// own death and restart too); one whose layout differs is refused.
 // Node 0 (the leader) SIGKILLed ends the job naming it.
 //
 // gs_broadcast and gs_check_replicas after a re-formation run among the
@@ -835,21 +838,23 @@ TEST(ElasticJob, BelowMinNodesTheSurvivorFailsNamingMinNodesAndTheDeadNodes) {
   EXPECT_TRUE(cluster.node(0).process().Running()) << cluster.DaemonLogs();
 }
 
-// Trainer kTrainerVictim (rank 3: node 1, local rank 1) pauses at
+// Trainer `victim` (by default rank 3: node 1, local rank 1) pauses at
 // `victim_pause`, the others at "backward"; once all stopped it is
 // SIGKILLed (its daemon stays) and the others resume.
 constexpr int kTrainerVictim = 3;
 
 void RunUntilTrainerKilled(Cluster& cluster, const std::string& victim_pause,
                            std::vector<Trainer>* trainers,
-                           const std::function<void()>& before_resuming = nullptr) {
+                           const std::function<void()>& before_resuming = nullptr,
+                           int victim = kTrainerVictim,
+                           const std::vector<std::string>& extra_args = {}) {
   for (int n = 0; n < kNodes; ++n) {
     for (int r = 0; r < kLocal; ++r) {
-      const bool victim = n * kLocal + r == kTrainerVictim;
-      const std::string pause = victim ? victim_pause : "backward";
+      const std::string pause = n * kLocal + r == victim ? victim_pause : "backward";
       const std::string out = absl::StrCat(cluster.dir(), "/w", n, "_", r);
       std::vector<std::string> args = TrainArgs();
       args.push_back("--pause-at=" + pause);
+      args.insert(args.end(), extra_args.begin(), extra_args.end());
       trainers->push_back({n, pause, out, StartTrainer(cluster.node(n), r, args, out)});
     }
   }
@@ -858,18 +863,20 @@ void RunUntilTrainerKilled(Cluster& cluster, const std::string& victim_pause,
                 WaitStopped(t.process, kStateBound))
         << t.process.Log() << cluster.DaemonLogs();
   }
-  (*trainers)[kTrainerVictim].process.Signal(SIGKILL);
+  (*trainers)[victim].process.Signal(SIGKILL);
   if (before_resuming) before_resuming();
   for (size_t i = 0; i < trainers->size(); ++i) {
-    if (static_cast<int>(i) != kTrainerVictim) (*trainers)[i].process.Signal(SIGCONT);
+    if (static_cast<int>(i) != victim) (*trainers)[i].process.Signal(SIGCONT);
   }
 }
 
 // Rank 3 died after marking iteration 2's gradients: iteration 2 is
 // averaged over all 6 (its gradient is complete in its segment), 3-7 over
 // the other 5, whose weights then equal DDP's Join with divide-by-active.
-// A replacement for it, started while the others are still stopped (the
-// job runs), is refused: trainers joining a running job are not built.
+// A replacement for it, started while the others are still stopped, with
+// one tensor more than the job's layout is refused at its gs_register with
+// MISMATCH naming it, and the job goes on untouched (a replacement with the
+// job's layout rejoins: ARestartedTrainerRejoins... below).
 TEST(ElasticJob, TrainerKilledAfterMarkingLeavesTheWorldFromTheNextIteration) {
   // The longer timeout: the others stay stopped mid-iteration meanwhile.
   Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
@@ -880,16 +887,18 @@ TEST(ElasticJob, TrainerKilledAfterMarkingLeavesTheWorldFromTheNextIteration) {
     ASSERT_TRUE(
         WaitForLog(cluster.node(1).process(), "event=leave job=1 local_rank=1", kStateBound))
         << cluster.DaemonLogs();
-    Process replacement = StartTrainer(cluster.node(1), kTrainerVictim % kLocal, TrainArgs(),
+    std::vector<std::string> args = TrainArgs();
+    args.push_back("--extra-tensor=extra");
+    Process replacement = StartTrainer(cluster.node(1), kTrainerVictim % kLocal, args,
                                        absl::StrCat(cluster.dir(), "/replacement"));
     const ExitStatus st = replacement.Wait(kErrorBound);
     const std::string error = TrainerError(replacement.Log());
     ASSERT_TRUE(st.exited) << st.ToString() << replacement.Log();
-    EXPECT_EQ(st.code, kExitState) << error;
-    EXPECT_NE(error.find("a job is running on this daemon"), std::string::npos) << error;
-    EXPECT_NE(error.find("trainers joining a running elastic job are not supported yet"),
-              std::string::npos)
-        << error;
+    EXPECT_EQ(st.code, kExitMismatch) << error;
+    for (const char* needle : {"layout mismatch on node 1: rank 3 (local 1, pid ",
+                               "registered a different layout than the running job's"}) {
+      EXPECT_NE(error.find(needle), std::string::npos) << needle << " in " << error;
+    }
   });
   std::vector<std::string> reference_args = TrainArgs();
   reference_args.push_back(absl::StrCat("--join-steps=", kSteps, ",", kSteps, ",", kSteps, ",",
@@ -911,6 +920,153 @@ TEST(ElasticJob, TrainerKilledAfterMarkingLeavesTheWorldFromTheNextIteration) {
     EXPECT_EQ(weights, first) << "trainer " << i << " ended with other weights";
     EXPECT_LT(RelativeDifference(weights, reference), 1e-12) << "trainer " << i;
   }
+}
+
+// Rank 3 died after marking iteration 2 and nobody replaces it: a
+// gs_broadcast from rank 0 after iteration 4 runs among the other five (its
+// node's broadcaster does not wait for the dead rank), every byte checked,
+// and training stays within 1e-12 of the reference.
+TEST(ElasticJob, BroadcastAfterATrainersDeathRunsWithoutIt) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilTrainerKilled(cluster, "marked", &trainers, nullptr, kTrainerVictim,
+                        {"--broadcast-after=4:0"});
+  std::vector<std::string> reference_args = TrainArgs();
+  reference_args.push_back(absl::StrCat("--join-steps=", kSteps, ",", kSteps, ",", kSteps, ",",
+                                        kKilledStep + 1, ",", kSteps, ",", kSteps));
+  reference_args.push_back("--join-divide-by-active");
+  const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
+  ASSERT_FALSE(reference.empty());
+  std::vector<Trainer*> others;
+  for (size_t i = 0; i < trainers.size(); ++i) {
+    if (static_cast<int>(i) != kTrainerVictim) others.push_back(&trainers[i]);
+  }
+  ASSERT_NO_FATAL_FAILURE(ExpectEndedAlikeAndLikeTheReference(
+      cluster, others, reference, [&] { return AllTrainerErrors(trainers); }));
+  for (Trainer* t : others) {
+    EXPECT_NE(t->process.Log().find("gs_broadcast from rank 0 after step 4: 5242883 bytes ok"),
+              std::string::npos)
+        << t->process.Log();
+  }
+}
+
+// The same with rank 3, the dead trainer, as the root: its node refuses
+// the call, failing the job with INVALID_ARGUMENT naming it (rank 2, its
+// node's other trainer, gets that error; the other nodes PEER_FAILED).
+TEST(ElasticJob, BroadcastFromADeadTrainersRankFailsNamingIt) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilTrainerKilled(cluster, "marked", &trainers, nullptr, kTrainerVictim,
+                        {"--broadcast-after=4:3"});
+  for (size_t i = 0; i < trainers.size(); ++i) {
+    if (static_cast<int>(i) == kTrainerVictim) continue;
+    Trainer& t = trainers[i];
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    const std::string error = TrainerError(t.process.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    const bool same_node = t.node == kTrainerVictim / kLocal;
+    EXPECT_EQ(st.code, same_node ? kExitInvalidArgument : kExitPeerFailed)
+        << "trainer " << i << ": " << error << "\n"
+        << cluster.DaemonLogs();
+    if (same_node) {
+      for (const char* needle : {"rank 3 (local 1, pid ", "died, so it has nothing to send"}) {
+        EXPECT_NE(error.find(needle), std::string::npos) << needle << " in " << error;
+      }
+    }
+  }
+}
+
+// Trainer `victim` SIGKILLed after marking iteration 2 (its node stays,
+// the job goes on over 5) and a replacement started on its node with the
+// same local rank while the others are still stopped in iteration 2. Its
+// predecessor counts in iteration 2, so iteration 3's agreement announces
+// it and it is admitted at m = 4 with the dead trainer's rank: after
+// iteration 3 every other trainer (--catch-up) sees trainers_joined grow
+// and sends the state from the catch-up root (the lowest rank alive and a
+// member before m: `root`), which the replacement receives. All six end
+// with the same weights, within 1e-12 of one process that averages 0-2
+// over all six shards, 3 over the other five and m on over all six again.
+void ExpectARestartedTrainerRejoins(int victim, int root) {
+  const int node = victim / kLocal;
+  const int local = victim % kLocal;
+  // The longer timeout: the others stay stopped mid-iteration meanwhile.
+  Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  std::vector<Trainer> replacements;
+  RunUntilTrainerKilled(
+      cluster, "marked", &trainers,
+      [&] {
+        ASSERT_TRUE(WaitForLog(cluster.node(node).process(),
+                               absl::StrCat("event=leave job=1 local_rank=", local), kStateBound))
+            << cluster.DaemonLogs();
+        std::vector<std::string> args = TrainArgs();
+        args.push_back("--catch-up");
+        const std::string out = absl::StrCat(cluster.dir(), "/replacement");
+        replacements.push_back({node, "", out, StartTrainer(cluster.node(node), local, args, out)});
+        // Held by its daemon until a boundary, before the others go on.
+        ASSERT_TRUE(
+            WaitForLog(cluster.node(node).process(), "event=register_rejoining job=1", kStateBound))
+            << replacements[0].process.Log() << cluster.DaemonLogs();
+      },
+      victim, {"--catch-up"});
+  ASSERT_EQ(replacements.size(), 1u);
+  Trainer& replacement = replacements[0];
+  const std::string joined = "mlp_trainer: joined the running job at iteration ";
+  ASSERT_TRUE(WaitForLog(replacement.process, joined, kErrorBound))
+      << replacement.process.Log() << AllTrainerErrors(trainers) << cluster.DaemonLogs();
+  const std::string log = replacement.process.Log();
+  const int m = std::atoi(log.c_str() + log.find(joined) + joined.size());
+  EXPECT_EQ(m, kKilledStep + 2) << log;
+  EXPECT_NE(log.find(absl::StrCat(joined, m, ": state from rank ", root, ", world size 6, rank ",
+                                  victim, "\n")),
+            std::string::npos)
+      << log;
+
+  std::vector<std::string> steps;
+  for (int r = 0; r < kNodes * kLocal; ++r) {
+    steps.push_back(absl::StrCat(r == victim ? kKilledStep + 1 : kSteps));
+  }
+  std::vector<std::string> reference_args = TrainArgs();
+  reference_args.push_back(absl::StrCat("--join-steps=", absl::StrJoin(steps, ",")));
+  reference_args.push_back("--join-divide-by-active");
+  reference_args.push_back(absl::StrCat("--rejoin-at=", m));
+  const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
+  ASSERT_FALSE(reference.empty());
+  std::vector<Trainer*> everyone;
+  for (size_t i = 0; i < trainers.size(); ++i) {
+    if (static_cast<int>(i) != victim) everyone.push_back(&trainers[i]);
+  }
+  everyone.push_back(&replacement);
+  ASSERT_NO_FATAL_FAILURE(ExpectEndedAlikeAndLikeTheReference(cluster, everyone, reference, [&] {
+    return AllTrainerErrors(trainers) + AllTrainerErrors(replacements);
+  }));
+  const std::string sent = absl::StrCat("mlp_trainer: trainers joined after iteration ", m,
+                                        ": state sent from rank ", root, "\n");
+  for (size_t i = 0; i + 1 < everyone.size(); ++i) {
+    EXPECT_NE(everyone[i]->process.Log().find(sent), std::string::npos)
+        << everyone[i]->process.Log();
+  }
+  EXPECT_NE(cluster.node(node).process().Log().find(
+                absl::StrCat("event=trainer_rejoined iteration=", m, " trainer=\"rank ", victim)),
+            std::string::npos)
+      << cluster.DaemonLogs();
+  absl::StatusOr<v1::Stats> stats = GetStats(cluster.port(), "elastic-token");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->world_size(), 6) << cluster.DaemonLogs();
+  std::printf("elastic_job trainer rejoin: rank %d killed in iteration %d, rejoined at %d\n",
+              victim, kKilledStep, m);
+}
+
+TEST(ElasticJob, ARestartedTrainerRejoinsItsNodeCatchesUpAndTrainsOverAllAgain) {
+  ExpectARestartedTrainerRejoins(/*victim=*/kTrainerVictim, /*root=*/0);
+}
+
+// Rank 0's trainer is the one that died: the catch-up root is rank 1.
+TEST(ElasticJob, ARestartedRankZeroRejoinsAndCatchesUpFromTheLowestLiveRank) {
+  ExpectARestartedTrainerRejoins(/*victim=*/0, /*root=*/1);
 }
 
 // Rank 3 died after its first mark: part of its gradient may be summed,

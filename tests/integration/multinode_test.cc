@@ -820,9 +820,9 @@ TEST(MultiNode, CompressedWireTrainsWithinTheCastsErrorOfSingleProcessTraining) 
       continue;
     }
     // Half the bytes of the fp32 run, exactly, but for each iteration's
-    // agreement (uncompressed float64: 3 counts + two per node, then the
+    // agreement (uncompressed float64: 4 counts + three per node, then the
     // straggler tracker's head, two per node and 16 buckets per node; 5 steps).
-    const uint64_t agreement_bytes = 5 * (3 + 2 * 2 + 1 + (2 + 16) * 2) * sizeof(double);
+    const uint64_t agreement_bytes = 5 * (4 + 3 * 2 + 1 + (2 + 16) * 2) * sizeof(double);
     EXPECT_EQ((stats.wire_bytes() - agreement_bytes) * 2, fp32_bytes - agreement_bytes) << wire;
     // Per step each averaged gradient element is within 2 roundings (2^-7
     // bf16, 2^-10 fp16, relative); over 5 steps of lr 0.1 the weights

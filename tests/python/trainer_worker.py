@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import time
 from typing import Dict, List, Optional
@@ -337,13 +338,17 @@ def run_elastic_join(args: argparse.Namespace) -> dict:
     (parameters, optimizer state and buffers all matter), each rank on its
     own batches. Every trainer waits before step --gate-step until
     --gate-file exists (the test joins the node meanwhile); a joiner starts
-    at the job's iteration with the state DistributedOptimizer handed it."""
+    at the job's iteration with the state DistributedOptimizer handed it.
+    With --die-at, this trainer SIGKILLs itself before that step (having
+    marked nothing of it), for a replacement to take its place."""
     torch.manual_seed(7 + int(os.environ["LOCAL_RANK"]) + args.rank_offset)
     model = BatchNormNet()  # unseeded per rank: only the hand-over makes them equal
     opt = gst.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
                                    model.named_parameters(), module=model)
     job = opt.client.job_info()
     for step in range(job.iteration, args.steps):
+        if step == args.die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
         if step == args.gate_step:
             while not os.path.exists(args.gate_file):
                 time.sleep(0.05)
@@ -354,6 +359,7 @@ def run_elastic_join(args: argparse.Namespace) -> dict:
     after = opt.client.job_info()
     out = {"rank": opt.rank, "start_iteration": job.iteration,
            "joined_running_job": job.joined_running_job, "nodes_joined": after.nodes_joined,
+           "trainers_joined": after.trainers_joined, "catch_up_root": after.catch_up_root,
            "membership_changes": after.membership_changes, "world_size": after.world_size,
            # Buffers: each rank's last forward updated its own (DDP syncs
            # them before the next forward), so parameters are what must match.
@@ -412,6 +418,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--nan-rank", type=int, default=-1)
     ap.add_argument("--gate-file", default="", help="elastic-join mode: wait for this file")
     ap.add_argument("--gate-step", type=int, default=-1, help="... before this step")
+    ap.add_argument("--die-at", type=int, default=-1,
+                    help="elastic-join mode: SIGKILL this trainer before this step")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)

@@ -83,10 +83,11 @@ struct Options {
   // After each synchronized step that gs_job_info says is due (gradsyncd
   // --check-replicas-every), hash each parameter and gs_check_replicas.
   bool check_replicas = false;
-  // Elastic jobs that nodes join: a trainer whose node joined the running
-  // job (gs_job_info.joined_running_job) receives the iteration count and
-  // the weights from rank 0 by gs_broadcast and starts at that iteration;
-  // the others send theirs each time gs_job_info.nodes_joined grows.
+  // Elastic jobs that nodes or restarted trainers join: a joiner
+  // (gs_job_info.joined_running_job) receives the iteration count and the
+  // weights from gs_job_info.catch_up_root by gs_broadcast and starts at
+  // that iteration; the others send theirs each time
+  // gs_job_info.nodes_joined or trainers_joined grows.
   bool catch_up = false;
   // --single with --join-steps: ranks that stopped are active again from
   // this step on (a replacement node's trainers joined).
@@ -191,6 +192,7 @@ struct Trainer {
   int steps = 0;
   uint64_t membership_changes = 0;  // gs_job_info's, as last seen
   uint64_t nodes_joined = 0;        // gs_job_info's, as last seen
+  uint64_t trainers_joined = 0;     // gs_job_info's, as last seen
 };
 
 // Connects and registers the model's gradients with gradsync (the
@@ -304,22 +306,23 @@ int CheckedBroadcast(gs_client* c, int rank, int step, int root) {
 }
 
 // --catch-up: the job's state, [iteration][every parameter], made equal to
-// rank 0's by gs_broadcast; `iteration` is this trainer's count, which must
-// be rank 0's. Returns 0, or the exit code (5: another iteration count).
+// rank `root`'s (gs_job_info.catch_up_root) by gs_broadcast; `iteration` is
+// this trainer's count, which must be the root's. Returns 0, or the exit
+// code (5: another iteration count).
 template <typename T>
-int BroadcastState(Trainer<T>& t, uint64_t iteration) {
+int BroadcastState(Trainer<T>& t, uint64_t iteration, int root) {
   std::vector<uint8_t> state(sizeof(uint64_t));
   std::memcpy(state.data(), &iteration, sizeof(iteration));
   for (const std::vector<T>& p : t.model.params) {
     const auto* bytes = reinterpret_cast<const uint8_t*>(p.data());
     state.insert(state.end(), bytes, bytes + p.size() * sizeof(T));
   }
-  const gs_status st = gs_broadcast(t.c, state.data(), state.size(), /*root_rank=*/0, -1);
+  const gs_status st = gs_broadcast(t.c, state.data(), state.size(), root, -1);
   if (st != GS_OK) return Die(t.c, "gs_broadcast of the job's state", st);
   uint64_t root_iteration = 0;
   std::memcpy(&root_iteration, state.data(), sizeof(root_iteration));
   if (root_iteration != iteration) {
-    std::fprintf(stderr, "mlp_trainer: rank 0 is at iteration %llu, this trainer at %llu\n",
+    std::fprintf(stderr, "mlp_trainer: rank %d is at iteration %llu, this trainer at %llu\n", root,
                  static_cast<unsigned long long>(root_iteration),
                  static_cast<unsigned long long>(iteration));
     gs_close(t.c);
@@ -342,12 +345,13 @@ int CatchUp(Trainer<T>& t, int* first_step) {
   const gs_status st = gs_get_job_info(t.c, &info);
   if (st != GS_OK) return Die(t.c, "gs_get_job_info", st);
   if (!info.joined_running_job) return 0;
-  if (int code = BroadcastState(t, info.iteration); code != 0) return code;
+  if (int code = BroadcastState(t, info.iteration, info.catch_up_root); code != 0) return code;
   *first_step = static_cast<int>(info.iteration);
   std::fprintf(stderr,
-               "mlp_trainer: joined the running job at iteration %llu: state from rank 0, "
+               "mlp_trainer: joined the running job at iteration %llu: state from rank %d, "
                "world size %d, rank %d\n",
-               static_cast<unsigned long long>(info.iteration), info.world_size, info.rank);
+               static_cast<unsigned long long>(info.iteration), info.catch_up_root, info.world_size,
+               info.rank);
   return 0;
 }
 
@@ -378,12 +382,16 @@ int AfterStep(Trainer<T>& t) {
                  static_cast<unsigned long long>(info.membership_changes),
                  static_cast<unsigned long long>(info.iteration), info.world_size, info.rank);
   }
-  if (t.opt.catch_up && info.nodes_joined != t.nodes_joined) {
-    // Nodes join before the next iteration: their trainers get this state.
+  const bool nodes_joined = info.nodes_joined != t.nodes_joined;
+  if (t.opt.catch_up && (nodes_joined || info.trainers_joined != t.trainers_joined)) {
+    // Nodes or restarted trainers join before the next iteration: they get
+    // this state.
     t.nodes_joined = info.nodes_joined;
-    if (int code = BroadcastState(t, info.iteration); code != 0) return code;
-    std::fprintf(stderr, "mlp_trainer: nodes joined after iteration %llu: state sent from rank 0\n",
-                 static_cast<unsigned long long>(info.iteration));
+    t.trainers_joined = info.trainers_joined;
+    if (int code = BroadcastState(t, info.iteration, info.catch_up_root); code != 0) return code;
+    std::fprintf(stderr, "mlp_trainer: %s joined after iteration %llu: state sent from rank %d\n",
+                 nodes_joined ? "nodes" : "trainers",
+                 static_cast<unsigned long long>(info.iteration), info.catch_up_root);
   }
   if (!t.opt.check_replicas || !info.check_replicas_due) return 0;
   std::vector<uint64_t> hashes;
@@ -505,8 +513,9 @@ void PrintUsage() {
                "  default nan; --single: skip STEP's update, the --nonfinite=skip reference)]\n"
                "  [--broadcast-after STEP:ROOT (a checked gs_broadcast after STEP)]\n"
                "  [--check-replicas (gs_check_replicas when gs_job_info says it is due)]\n"
-               "  elastic jobs: [--catch-up (a joiner receives the state from rank 0, the\n"
-               "  others send it when nodes join)] [--rejoin-at STEP (--single: ranks past\n"
+               "  elastic jobs: [--catch-up (a joiner receives the state from the catch-up\n"
+               "  root, the others send it when nodes or trainers join)] [--rejoin-at STEP\n"
+               "  (--single: ranks past\n"
                "  their --join-steps are active again from STEP)] [--shard-world N (shards of\n"
                "  --batch / N, whatever the world size)]\n"
                "  (LOCAL_RANK selects the trainer's local rank)\n");

@@ -72,6 +72,8 @@ class JobInfoC(ctypes.Structure):
         ("membership_changes", ctypes.c_uint64),
         ("nodes_joined", ctypes.c_uint64),
         ("joined_running_job", ctypes.c_int),
+        ("trainers_joined", ctypes.c_uint64),
+        ("catch_up_root", ctypes.c_int),
     ]
 
 

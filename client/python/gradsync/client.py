@@ -113,12 +113,20 @@ class JobInfo:
         nodes_joined: how many times nodes joined the running elastic job
             right after an iteration completed so far (it grows after that
             iteration's ``wait()``): every trainer then hands its state to
-            the joiners' trainers with a broadcast from rank 0 before its
-            next iteration.
+            the joiners' trainers with a broadcast from ``catch_up_root``
+            before its next iteration.
         joined_running_job: this trainer's node joined the job while it
-            ran: ``iteration`` started at the job's count, and it receives
-            the job's state (a broadcast from rank 0) before its first
-            iteration.
+            ran, or it took back the local rank (and rank) of a trainer that
+            died on a node that stayed: ``iteration`` started at the job's
+            count, and it receives the job's state (a broadcast from
+            ``catch_up_root``) before its first iteration.
+        trainers_joined: how many times trainers restarted on nodes that
+            stayed joined the running elastic job right after an iteration
+            completed so far: every trainer then hands its state to them as
+            for ``nodes_joined``.
+        catch_up_root: the rank that state comes from: the lowest rank alive
+            and a member before the joiners came (rank 0's trainer may be the
+            one that died and rejoins).
     """
 
     iteration: int
@@ -128,6 +136,8 @@ class JobInfo:
     membership_changes: int = 0
     nodes_joined: int = 0
     joined_running_job: bool = False
+    trainers_joined: int = 0
+    catch_up_root: int = 0
 
 
 SpecLike = Union[TensorSpec, Tuple[str, Union[DType, str, int], int]]
@@ -268,7 +278,9 @@ class Client:
                        rank=int(info.rank), check_replicas_due=bool(info.check_replicas_due),
                        membership_changes=int(info.membership_changes),
                        nodes_joined=int(info.nodes_joined),
-                       joined_running_job=bool(info.joined_running_job))
+                       joined_running_job=bool(info.joined_running_job),
+                       trainers_joined=int(info.trainers_joined),
+                       catch_up_root=int(info.catch_up_root))
 
     def check_replicas(self, hashes: Sequence[int]) -> None:
         """Sends this trainer's parameter fingerprint, one 64-bit hash per

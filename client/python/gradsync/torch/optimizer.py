@@ -180,12 +180,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if module is not None:
                 registered = {id(p) for p in start}
                 start += [p for p in module.parameters() if id(p) not in registered]
-            broadcast_tensors(start + self._buffers, 0, client=self._client)
-            # What a node joining the running job gets from rank 0 (the
-            # broadcast above is the first part of it).
+            # A joiner (its node joined, or it took back a dead trainer's
+            # local rank) gets the running job's state from the catch-up
+            # root, which the members broadcast from.
+            joining = self._client.job_info()
+            root = joining.catch_up_root if joining.joined_running_job else 0
+            broadcast_tensors(start + self._buffers, root, client=self._client)
+            # What a joiner gets (the broadcast above is the first part of it).
             self._start_tensors = start
-            if self._client.job_info().joined_running_job:
-                self._hand_over_state(first_part_done=True)
+            if joining.joined_running_job:
+                self._hand_over_state(root, first_part_done=True)
         except BaseException:
             # Leave the model as it was: no .grad may point into a mapping
             # that close() is about to remove.
@@ -209,6 +213,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # The job as of the last synchronization (registration's before one).
         self._job: JobInfo = self._client.job_info()
         self._nodes_joined = self._job.nodes_joined
+        self._trainers_joined = self._job.trainers_joined
         self._world_callbacks: List[Callable[[int, int, int], None]] = []
         self._check_pending = False     # --check-replicas-every: after this step
         if on_world_change is not None:
@@ -459,29 +464,34 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return loss
 
     def _hand_over_if_nodes_joined(self) -> None:
-        """Nodes join the running elastic job before the next iteration
-        (``JobInfo.nodes_joined`` grew with this step's synchronization):
-        their trainers get this step's state from rank 0."""
-        if self._job.nodes_joined == self._nodes_joined:
+        """Nodes, or trainers restarted on nodes that stayed, join the
+        running elastic job before the next iteration
+        (``JobInfo.nodes_joined`` or ``trainers_joined`` grew with this
+        step's synchronization): they get this step's state from
+        ``JobInfo.catch_up_root``."""
+        job = self._job
+        if job.nodes_joined == self._nodes_joined and job.trainers_joined == self._trainers_joined:
             return
-        self._nodes_joined = self._job.nodes_joined
-        log.info("nodes joined the job after iteration %d: handing over the state from rank 0",
-                 self._job.iteration)
-        self._hand_over_state(first_part_done=False)
+        who = "nodes" if job.nodes_joined != self._nodes_joined else "trainers"
+        self._nodes_joined = job.nodes_joined
+        self._trainers_joined = job.trainers_joined
+        log.info("%s joined the job after iteration %d: handing over the state from rank %d",
+                 who, job.iteration, job.catch_up_root)
+        self._hand_over_state(job.catch_up_root, first_part_done=False)
 
-    def _hand_over_state(self, *, first_part_done: bool) -> None:
-        """Every trainer's part of a node joining the running job, from rank
-        0 (a member on the embedded leader): parameters and buffers, the
-        optimizer state, then the iteration count, which must be this
-        trainer's. A joiner's constructor did the first part already (its
-        start-up broadcast is the same call)."""
+    def _hand_over_state(self, root: int, *, first_part_done: bool) -> None:
+        """Every trainer's part of a joiner's catch-up, from rank `root`
+        (the lowest rank alive and a member before it joined): parameters and
+        buffers, the optimizer state, then the iteration count, which must
+        be this trainer's. A joiner's constructor did the first part already
+        (its start-up broadcast is the same call)."""
         if not first_part_done:
-            broadcast_tensors(self._start_tensors + self._buffers, 0, client=self._client)
-        broadcast_optimizer_state(self._optimizer, 0, client=self._client)
+            broadcast_tensors(self._start_tensors + self._buffers, root, client=self._client)
+        broadcast_optimizer_state(self._optimizer, root, client=self._client)
         mine = self._client.job_info().iteration
-        root = broadcast_object(mine, 0, client=self._client)
-        if root != mine:
-            raise StateError(f"rank 0 is at iteration {root}, this trainer at {mine}: the "
+        theirs = broadcast_object(mine, root, client=self._client)
+        if theirs != mine:
+            raise StateError(f"rank {root} is at iteration {theirs}, this trainer at {mine}: the "
                              f"job's state cannot be handed over", operation="step")
 
     def _check_replicas(self) -> None:
