@@ -603,6 +603,27 @@ int MarksBeforePause(ElasticStage stage, bool victim) {
   return 0;
 }
 
+// Simulated node `n` (2 GPUs, `local_size` trainers) of a job whose
+// leader, node 0, listens on `leader_port` (unused for node 0 itself);
+// appended to `nodes`. `common` holds the job's flags and token file.
+void StartSimNode(int n, int local_size, int leader_port, std::vector<std::string> args,
+                  const std::map<std::string, std::string>& extra_env,
+                  std::vector<std::unique_ptr<Daemon>>* nodes) {
+  args.push_back(absl::StrCat("--node-rank=", n));
+  if (n > 0) args.push_back(absl::StrCat("--leader=127.0.0.1:", leader_port));
+  std::map<std::string, std::string> env = SimEnv(2);
+  env["NCCL_HOSTID"] = absl::StrCat("sim-node-", n);  // one host per node
+  env.insert(extra_env.begin(), extra_env.end());
+  nodes->push_back(std::make_unique<Daemon>(local_size, args, env, "tests/gpu/gradsyncd_sim"));
+  ASSERT_TRUE(nodes->back()->WaitReady(seconds(10))) << nodes->back()->process().Log();
+}
+
+// The job's shared token file, its path appended to `common`.
+void AddTokenFile(const ScratchDir& secrets, std::vector<std::string>* common) {
+  ASSERT_TRUE(WriteTokenFile(secrets.File("token"), "gpu-path-token"));
+  common->push_back("--job-token-file=" + secrets.File("token"));
+}
+
 // kElasticNodes simulated nodes (node 0 leads), `local_sizes[n]` trainers
 // on node n, `survivors_env` added to nodes 0 and 1; fatal failures end the
 // test.
@@ -610,19 +631,12 @@ void StartSimNodes(std::vector<std::string> common, std::vector<std::unique_ptr<
                    const std::vector<int>& local_sizes = {2, 2, 2},
                    const std::map<std::string, std::string>& survivors_env = {}) {
   ScratchDir secrets;
-  ASSERT_TRUE(WriteTokenFile(secrets.File("token"), "gpu-path-token"));
-  common.push_back("--job-token-file=" + secrets.File("token"));
+  ASSERT_NO_FATAL_FAILURE(AddTokenFile(secrets, &common));
   int port = 0;
   for (int n = 0; n < kElasticNodes; ++n) {
-    std::vector<std::string> args = common;
-    args.push_back(absl::StrCat("--node-rank=", n));
-    if (n > 0) args.push_back(absl::StrCat("--leader=127.0.0.1:", port));
-    std::map<std::string, std::string> env = SimEnv(2);
-    env["NCCL_HOSTID"] = absl::StrCat("sim-node-", n);  // one host per node
-    if (n < 2) env.insert(survivors_env.begin(), survivors_env.end());
-    nodes->push_back(
-        std::make_unique<Daemon>(local_sizes[n], args, env, "tests/gpu/gradsyncd_sim"));
-    ASSERT_TRUE(nodes->back()->WaitReady(seconds(10))) << nodes->back()->process().Log();
+    ASSERT_NO_FATAL_FAILURE(
+        StartSimNode(n, local_sizes[n], port, common,
+                     n < 2 ? survivors_env : std::map<std::string, std::string>{}, nodes));
     if (n == 0) {
       port = nodes->back()->ListenPort(seconds(10));
       ASSERT_GT(port, 0) << nodes->back()->process().Log();
@@ -902,6 +916,95 @@ TEST(GpuElasticJob, ANodesOnlyTrainerKilledTakesItsNodeOutAndTheOthersRedoTheSte
       << Logs(nodes);
   ExpectSurvivorsReformedWithout(nodes, /*gone=*/2);
   EXPECT_TRUE(nodes[2]->process().Running()) << Logs(nodes);
+}
+
+// A node joining a running elastic GPU job (docs/DESIGN.md "Joining a
+// running job"): nodes 0 and 1 (--num-nodes 2 --max-nodes 3 --min-nodes 1,
+// 2 trainers on 2 simulated GPUs each, fp64) train; node 0's trainers stop
+// at the start of step 2 while node 2, a new rank, starts with 2 trainers.
+// Once both members read the leader's grow entry node 0's trainers go on,
+// so every member switches at its iteration m: the members re-create
+// their communicators with node 2's GPUs (6 NCCL ranks), node 2 opens its
+// GPU session at NCCL ranks 4-5 and starts at m, and every trainer
+// gs_broadcasts the job's state (iteration count and fp64 weights, in
+// device memory) from rank 0 after step m-1: the joiners receive it within
+// 1e-12 of the reference up to m. Every step is within 1e-12 of the
+// average over its members (ranks 0-3 before m, 0-5 from m on) and all six
+// end with the same weights bit for bit.
+TEST(GpuElasticJob, ANewNodeJoinsTheRunningJobCatchesUpFromDeviceMemoryAndTrainsWithIt) {
+  constexpr int kJoinSteps = 8;
+  ScratchDir secrets;
+  std::vector<std::string> common = {"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001",
+                                     "--timeout-s=30",        "--num-nodes=2",
+                                     "--max-nodes=3",         "--min-nodes=1",
+                                     "--job-id=gpujoin"};
+  ASSERT_NO_FATAL_FAILURE(AddTokenFile(secrets, &common));
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  ASSERT_NO_FATAL_FAILURE(StartSimNode(0, 2, 0, common, {}, &nodes));
+  const int port = nodes[0]->ListenPort(seconds(10));
+  ASSERT_GT(port, 0) << Logs(nodes);
+  ASSERT_NO_FATAL_FAILURE(StartSimNode(1, 2, port, common, {}, &nodes));
+  const std::vector<std::string> train = {"--dtype=fp64", absl::StrCat("--steps=", kJoinSteps),
+                                          "--catch-up", "--members-before-join=0,1,2,3",
+                                          "--members-after-join=0,1,2,3,4,5"};
+  std::vector<ElasticRun> runs;
+  for (int n = 0; n < 2; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> args = train;
+      args.push_back("--mode=flat");
+      if (n == 0) {
+        args.insert(args.end(),
+                    {absl::StrCat("--pause-at-step=", kElasticStep), "--pause-after-marks=0"});
+      }
+      runs.push_back({n, StartSimTrainer(*nodes[n], r, 2, args)});
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    Process& p = runs[r].process;
+    ASSERT_TRUE(WaitForLog(p, absl::StrCat("paused at step ", kElasticStep), seconds(60)) &&
+                WaitStopped(p, seconds(30)))
+        << p.Log() << Logs(nodes);
+  }
+  ASSERT_NO_FATAL_FAILURE(StartSimNode(2, 2, port, common, {}, &nodes));
+  for (int r = 0; r < 2; ++r) {
+    // The joiners' own allocations: both registration modes in one job.
+    std::vector<std::string> args = train;
+    args.push_back("--mode=user");
+    runs.push_back({2, StartSimTrainer(*nodes[2], r, 2, args)});
+  }
+  ASSERT_TRUE(WaitForLog(nodes[0]->process(), "event=job_grow_published", seconds(30)))
+      << Logs(nodes);
+  for (int n : {0, 1}) {
+    ASSERT_TRUE(WaitForLog(nodes[n]->process(), "event=job_grow_read", seconds(30))) << Logs(nodes);
+  }
+  for (int r = 0; r < 2; ++r) runs[r].process.Signal(SIGCONT);
+  const std::string joined = "joined the running job at iteration ";
+  ASSERT_TRUE(WaitForLog(runs[4].process, joined, seconds(60)))
+      << runs[4].process.Log() << Logs(nodes);
+  const std::string log = runs[4].process.Log();
+  const int m = std::atoi(log.c_str() + log.find(joined) + joined.size());
+  ASSERT_GT(m, kElasticStep);
+  ASSERT_LT(m, kJoinSteps) << "the members finished before node 2 joined";
+  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsEndAlike(runs, nodes, /*gone_node=*/-1));
+  for (int rank = 0; rank < 6; ++rank) {
+    const std::string needle =
+        rank < 4 ? absl::StrCat("nodes joined after iteration ", m, ": state sent from rank 0\n")
+                 : absl::StrCat(joined, m, ": state from rank 0, world size 6, rank ", rank, "\n");
+    EXPECT_NE(runs[rank].process.Log().find(needle), std::string::npos)
+        << needle << " in " << runs[rank].process.Log();
+  }
+  for (int n = 0; n < 2; ++n) {
+    const std::string daemon = nodes[n]->process().Log();
+    for (const std::string& needle :
+         {std::string("event=job_growing"),
+          absl::StrCat("event=gpu_session_reformed generation=2 gpus=2 first_rank=", 2 * n,
+                       " nranks=6")}) {
+      EXPECT_NE(daemon.find(needle), std::string::npos)
+          << needle << " on node " << n << Logs(nodes);
+    }
+  }
+  EXPECT_NE(nodes[2]->process().Log().find("first_rank=4 nranks=6"), std::string::npos)
+      << Logs(nodes);
 }
 
 // A fixed job (--min-nodes = --num-nodes) still ends at a trainer's death:
