@@ -63,7 +63,7 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
   const int nodes = backend_ != nullptr ? backend_->num_nodes() : 1;
   agreement_nodes_ = std::max(1, nodes);
   straggler_slot_ = 3 + 2 * static_cast<size_t>(agreement_nodes_);
-  const bool exchanged = nodes > 1 && (options_.uneven_inputs || !options_.gpu);
+  const bool exchanged = nodes > 1 && ExchangesCounts();
   // A node joining a running job exchanges what its members do: they took
   // over a re-formed world (AdoptWorld), whose agreement has no straggler
   // slots.
@@ -762,6 +762,14 @@ bool Scheduler::CheckInStep(const Trainer& t, const ipc::ReadyEvent& e) {
   return false;
 }
 
+bool Scheduler::ExchangesCounts() const {
+  // Elastic jobs always do, on the GPU path too: the switch to a grown
+  // generation (GrowDueAt) and a caps change apply where every node holds
+  // the entry, which only this exchange shows; without it a node that read
+  // the entry one iteration late would grow a boundary after the others.
+  return options_.uneven_inputs || !options_.gpu || static_cast<bool>(options_.reform);
+}
+
 uint32_t Scheduler::ActiveLocalTrainers() const {
   return static_cast<uint32_t>(trainers_.size()) - joined_local_.load(std::memory_order_relaxed);
 }
@@ -846,7 +854,7 @@ bool Scheduler::AgreeActiveTrainers() {
   // decides it for the job; without it gs_join is refused across nodes).
   // CPU jobs always exchange, for the no_sync counts.
   bool deferred = false;
-  if (backend_->num_nodes() > 1 && (options_.uneven_inputs || !options_.gpu)) {
+  if (backend_->num_nodes() > 1 && ExchangesCounts()) {
     // Without uneven inputs nobody joins (gs_join is refused across nodes),
     // so nothing before the first bucket's write-back needs the summed
     // counts: the backend may fold them into the first bucket's collective
