@@ -819,6 +819,9 @@ void Scheduler::CountAsJoined(Trainer& t, bool divide_by_initial_world_size) {
   for (size_t i = 0; i < trainers_.size(); ++i) {
     if (!trainers_[i]->joined.load(std::memory_order_relaxed)) active_arenas_.push_back(arenas_[i]);
   }
+  // The GPU path's dead trainer (gs_join is refused there): out of every
+  // later reduction.
+  if (options_.gpu) options_.gpu->DeactivateTrainer(static_cast<size_t>(t.local_rank));
   spdlog::info(
       "event=trainer_joined iteration={} trainer={} divide_by_initial_world_size={} "
       "local_active={}",
@@ -916,6 +919,8 @@ bool Scheduler::AgreeActiveTrainers() {
   active_agreed_ = true;
   active_in_iteration_ = active;
   divide_by_active_ = counts[2] > 0;
+  // The GPU reducer pre-scales each local sum by the divisor.
+  if (options_.gpu) options_.gpu->SetWorldSize(Divisor());
   active_trainers_.store(static_cast<uint32_t>(active), std::memory_order_release);
   if (active > 0) return true;
   // Every trainer of the job joined: DDP's join context exits everywhere.
@@ -1178,7 +1183,13 @@ bool Scheduler::LaunchGpu(uint32_t bucket) {
         // Waiting for the Watch stream must not hold up a detaching
         // trainer's WaitIdle (no reduction runs meanwhile).
         lock.Release();
-        if (TrainerDiedMeanwhile(*blamed)) return false;
+        if (TrainerDiedMeanwhile(*blamed)) {
+          // Its death decides (TakeDepartures), unless it already did: it
+          // marked everything, so this iteration counts it, yet the work
+          // it queued before its marks never completed.
+          if (blamed->departing) LeaveForIncompleteWork(*blamed, st);
+          return false;
+        }
       }
       fail_(MakeError(CodeOf(st), absl::StrCat(where, st.message())),
             blamed != nullptr ? blamed->local_rank : -1);

@@ -325,6 +325,9 @@ class Scheduler {
   bool AgreeActiveTrainers();
   // Whether AgreeActiveTrainers exchanges its counts across nodes.
   bool ExchangesCounts() const;
+  // A GPU trainer that died after marking everything, whose readiness
+  // events then failed: its node leaves the job (Options::leave_job).
+  void LeaveForIncompleteWork(const Trainer& t, const absl::Status& error);
   // The agreement's cross-node results, once summed: nodes in step, the
   // config version every node holds.
   bool FinishAgreement();

@@ -881,6 +881,73 @@ TEST(GpuElasticJob, ATrainerKilledMidBackwardTakesItsNodeOutAndTheOthersRedoTheS
   EXPECT_TRUE(nodes[1]->process().Running()) << Logs(nodes);
 }
 
+// A GPU trainer's death before its first or after its last mark of an
+// iteration leaves its node in the elastic job, as on the CPU path: rank 3
+// (node 1, local rank 1, alone on its node's second GPU) SIGKILLs itself in
+// step 2 before marking anything, or after marking everything with its
+// stream drained (then with the trainers' own allocations: user pointers).
+// Node 1 counts it out (event=trainer_departed ... marked=0/6 or 6/6);
+// the per-iteration agreement divides by the 5 trainers left from step 2
+// (before) or step 3 (after) on, and node 1's second GPU, with no active
+// trainer, adds zeros to the collective. Nobody re-forms: the five others,
+// rank 2 too, end with GS_OK, each step within 1e-12 of its members'
+// average (fp64), and the same weights bit for bit. The others are held
+// at the start of step 2 until node 1 counted the death, so that it comes
+// in step 2 whatever the machine's speed.
+class GpuTrainerDeathTest : public ::testing::TestWithParam<int> {};  // its marks of step 2
+
+TEST_P(GpuTrainerDeathTest, ATrainerDeadBeforeItsFirstOrAfterItsLastMarkLeavesItsNodeIn) {
+  const int marks = GetParam();
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  ASSERT_NO_FATAL_FAILURE(
+      StartSimNodes({"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001", "--timeout-s=10",
+                     "--num-nodes=3", "--min-nodes=2", "--job-id=gputrainerstays"},
+                    &nodes));
+  const int from = marks == 0 ? kElasticStep : kElasticStep + 1;
+  std::vector<ElasticRun> runs;
+  for (int n = 0; n < kElasticNodes; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> args = {marks == 0 ? "--mode=flat" : "--mode=user", "--dtype=fp64",
+                                       absl::StrCat("--steps=", kElasticSteps),
+                                       absl::StrCat("--members-from-step=", from),
+                                       "--members=0,1,2,4,5"};
+      if (n == 1 && r == 1) {
+        args.insert(args.end(), {absl::StrCat("--die-at-step=", kElasticStep),
+                                 absl::StrCat("--die-after-marks=", marks)});
+      } else {
+        // Held until node 1 counted the death, so that it does in step 2.
+        args.insert(args.end(),
+                    {absl::StrCat("--pause-at-step=", kElasticStep), "--pause-after-marks=0"});
+      }
+      runs.push_back({n, StartSimTrainer(*nodes[n], r, 2, args)});
+    }
+  }
+  Process victim = std::move(runs[3].process);
+  runs.erase(runs.begin() + 3);
+  const ExitStatus died = victim.Wait(seconds(60));
+  EXPECT_TRUE(!died.exited && died.code == SIGKILL) << died.ToString() << victim.Log();
+  const std::string departed = absl::StrCat("event=trainer_departed iteration=", kElasticStep,
+                                            " trainer=\"rank 3 (local 1, pid ", victim.pid(),
+                                            ")\" marked=", marks, "/", kAllMarks);
+  ASSERT_TRUE(WaitForLog(nodes[1]->process(), departed, seconds(30))) << departed << Logs(nodes);
+  for (ElasticRun& run : runs) {
+    ASSERT_TRUE(WaitStopped(run.process, seconds(30))) << run.process.Log() << Logs(nodes);
+    run.process.Signal(SIGCONT);
+  }
+  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsEndAlike(runs, nodes, /*gone_node=*/-1));
+  for (int n = 0; n < kElasticNodes; ++n) {
+    const std::string log = nodes[n]->process().Log();
+    for (const char* needle : {"event=job_reformed", "event=node_departed", "event=job_failed"}) {
+      EXPECT_EQ(log.find(needle), std::string::npos) << needle << " on node " << n << Logs(nodes);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sim, GpuTrainerDeathTest, ::testing::Values(0, kAllMarks),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return info.param == 0 ? "before_first_mark" : "after_last_mark";
+                         });
+
 // A node's last trainer dying takes the node out on the GPU path too: node
 // 2 runs one trainer (rank 4), which SIGKILLs itself after 2 marks of step
 // 2; its daemon lives on, and nodes 0 and 1 redo step 2 over ranks 0-3.

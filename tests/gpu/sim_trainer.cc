@@ -49,7 +49,9 @@ struct Flags {
   int unused_every = 0;    // > 0: odd ranks leave "gate" unused every n-th micro-step
   int hold_stream_ms = 0;  // hold the stream's writes this long after marking
   unsigned shuffle_seed = 1;
-  int die_at_step = -1;  // SIGKILL self in this step after `die_after_marks` marks
+  // SIGKILL self in this step after `die_after_marks` marks (the tensor
+  // count: after every mark, its stream drained first).
+  int die_at_step = -1;
   int die_after_marks = 2;
   // >= 0: stop self (SIGSTOP, after printing "paused at step S after K
   // marks") in this synced step after `pause_after_marks` marks (the
@@ -679,6 +681,17 @@ int main(int argc, char** argv) {
         if (absl::Status st = c.MarkReady(i); !st.ok()) return Error(st);
       }
       if (absl::Status st = maybe_pause(); !st.ok()) return Error(st);
+      if (step == f.die_at_step && synced && marks == f.die_after_marks) {
+        // Dead after its last mark, its gradients complete: the simulated
+        // stream runs in this process, so it drains first.
+        if (absl::Status st = device->SynchronizeStream(*id, current, absl::Seconds(30));
+            !st.ok()) {
+          return Error(st);
+        }
+        std::printf("dying at step %d after all %d marks\n", step, marks);
+        std::fflush(stdout);
+        raise(SIGKILL);
+      }
       if (f.hold_stream_ms > 0) {
         std::this_thread::sleep_for(std::chrono::milliseconds(f.hold_stream_ms));
         gradsync::gpu::SimResumeStream(*stream).IgnoreError();
