@@ -602,5 +602,81 @@ TEST(CudaElasticTest, ANewNodeJoinsTheRunningJobAndCatchesUpFromDeviceMemory) {
       << ElasticLogs(nodes);
 }
 
+// A trainer's death before its first or after its last mark of an
+// iteration leaves its node in an elastic GPU job: rank 3 (node 1, local
+// rank 1) SIGKILLs itself in step 2 after `marks` marks (after all of them
+// with its stream synchronized), the others held at the start of step 2
+// until node 1 counted the death. Nobody re-forms; the five others end with
+// GS_OK, each step the average over its members (ranks 0, 1, 2, 4, 5 from
+// step 2, or from step 3 when the dead trainer's gradients counted in 2).
+void RunUntilATrainerDiesAndExpectItsNodeStays(const std::string& job, int marks) {
+  constexpr int kTensors = 5;  // cuda_trainer's
+  ScratchDir secrets;
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  ASSERT_NO_FATAL_FAILURE(StartElasticNodes(job, secrets, &nodes));
+  const int from = marks == 0 ? kElasticStep : kElasticStep + 1;
+  const std::vector<std::string> flags = {"--steps=5",
+                                          absl::StrCat("--members-from=", from, ":0,1,2,4,5")};
+  std::vector<std::string> held = flags;
+  held.push_back(absl::StrCat("--pause-at=", kElasticStep, ":0"));
+  std::vector<Process> others;
+  Process victim;
+  for (int n = 0; n < kElasticNodes; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> args = {Runfile("tests/gpu/cuda_trainer"),
+                                       "--socket=" + nodes[n]->socket()};
+      const bool dies = n == 1 && r == 1;
+      const std::vector<std::string>& mine = dies ? flags : held;
+      args.insert(args.end(), mine.begin(), mine.end());
+      if (dies) {
+        args.insert(args.end(), {absl::StrCat("--die-at-step=", kElasticStep),
+                                 absl::StrCat("--die-after-marks=", marks)});
+      }
+      SpawnOptions options;
+      options.env = {{"LOCAL_RANK", std::to_string(r)}};
+      Process p =
+          Process::Spawn(args, absl::StrCat(nodes[n]->dir(), "/trainer", r, ".log"), options);
+      if (dies) {
+        victim = std::move(p);
+      } else {
+        others.push_back(std::move(p));
+      }
+    }
+  }
+  const ExitStatus died = victim.Wait(seconds(90));
+  EXPECT_TRUE(!died.exited && died.code == SIGKILL) << died.ToString() << victim.Log();
+  const std::string departed = absl::StrCat("event=trainer_departed iteration=", kElasticStep,
+                                            " trainer=\"rank 3 (local 1, pid ", victim.pid(),
+                                            ")\" marked=", marks, "/", kTensors);
+  ASSERT_TRUE(WaitForLog(nodes[1]->process(), departed, seconds(30)))
+      << departed << ElasticLogs(nodes);
+  for (Process& p : others) {
+    ASSERT_TRUE(WaitStopped(p, seconds(30))) << p.Log() << ElasticLogs(nodes);
+    p.Signal(SIGCONT);
+  }
+  for (Process& p : others) {
+    const ExitStatus st = p.Wait(seconds(60));
+    EXPECT_TRUE(st.exited && st.code == 0) << st.ToString() << "\n"
+                                           << p.Log() << ElasticLogs(nodes);
+  }
+  for (int n = 0; n < kElasticNodes; ++n) {
+    const std::string log = nodes[n]->process().Log();
+    for (const char* needle : {"event=job_reformed", "event=node_departed", "event=job_failed"}) {
+      EXPECT_EQ(log.find(needle), std::string::npos)
+          << needle << " on node " << n << ElasticLogs(nodes);
+    }
+  }
+}
+
+TEST(CudaElasticTest, ATrainerDeadBeforeItsFirstMarkLeavesItsNodeIn) {
+  GS_SKIP_UNLESS_GPU();
+  RunUntilATrainerDiesAndExpectItsNodeStays("elasticbefore", 0);
+}
+
+TEST(CudaElasticTest, ATrainerDeadAfterItsLastMarkLeavesItsNodeIn) {
+  GS_SKIP_UNLESS_GPU();
+  RunUntilATrainerDiesAndExpectItsNodeStays("elasticafter", 5);
+}
+
 }  // namespace
 }  // namespace gradsync::testing

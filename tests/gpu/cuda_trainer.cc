@@ -5,14 +5,16 @@
 // and every synced step compared with the average over all trainers.
 //
 //   cuda_trainer --socket=S [--mode=flat|user] [--dtype=fp32|bf16] [--steps=N]
-//                [--device=ORD] [--die-at-step=N] [--withhold=I]
+//                [--device=ORD] [--die-at-step=N [--die-after-marks=K]] [--withhold=I]
 //                [--tensors=N] [--switch-stream-at=K] [--inf-at=R:S:I:J]
 //                [--broadcast-root=R --broadcast-bytes=N]
 //                [--pause-at=S:K] [--members-from=S:R,R,...]
 //                [--catch-up --members-before-join=R,... --members-after-join=R,...]
 //
 // --die-at-step: SIGKILL itself in that step after marking two gradients
-// (a trainer dying mid-iteration; its peers must get GS_ERR_PEER_FAILED).
+// (a trainer dying mid-iteration; its peers must get GS_ERR_PEER_FAILED),
+// or --die-after-marks=K of them (K = the tensor count: after every mark,
+// its stream synchronized first).
 // --withhold: after step 0, never mark tensor I (still waits): the bucket
 // holding it is never reduced on this node, so a peer node's collective
 // for it spins until the timeout aborts it.
@@ -183,6 +185,7 @@ uint64_t WeightsHash(const std::vector<std::vector<double>>& weights) {
 int main(int argc, char** argv) {
   std::string socket, mode = "flat", dtype_name = "fp32";
   int steps = 5, device = -1, die_at_step = -1, withhold = -1, tensors = 0, switch_at = -1;
+  int die_after_marks = 2;
   int broadcast_root = -1;
   size_t broadcast_bytes = 0;
   int inf_rank = -1, inf_step = -1, inf_tensor = -1;
@@ -208,6 +211,8 @@ int main(int argc, char** argv) {
       dtype_name = v;
     else if (key == "--die-at-step")
       die_at_step = std::atoi(v.c_str());
+    else if (key == "--die-after-marks")
+      die_after_marks = std::atoi(v.c_str());
     else if (key == "--withhold")
       withhold = std::atoi(v.c_str());
     else if (key == "--tensors")
@@ -409,8 +414,8 @@ int main(int argc, char** argv) {
         if (gs_status st = gs_set_cuda_stream(c, current); st != GS_OK)
           return Fail(c, st, "gs_set_cuda_stream");
       }
-      if (step == die_at_step && k == 2) {
-        std::printf("rank %d dying at step %d after 2 marks\n", rank, step);
+      if (step == die_at_step && static_cast<int>(k) == die_after_marks) {
+        std::printf("rank %d dying at step %d after %zu marks\n", rank, step, k);
         std::fflush(stdout);
         raise(SIGKILL);
       }
@@ -434,6 +439,15 @@ int main(int argc, char** argv) {
       if (gs_status st = gs_mark_ready(c, i); st != GS_OK) return Fail(c, st, "gs_mark_ready");
     }
     if (int rc = maybe_pause(kNum); rc != 0) return rc;
+    if (step == die_at_step && static_cast<size_t>(die_after_marks) == kNum) {
+      // Dead after its last mark, with its gradients complete.
+      if (cudaError_t e = cudaStreamSynchronize(current); e != cudaSuccess) {
+        return CudaFail(e, "cudaStreamSynchronize");
+      }
+      std::printf("rank %d dying at step %d after all %zu marks\n", rank, step, kNum);
+      std::fflush(stdout);
+      raise(SIGKILL);
+    }
     if (gs_status st = gs_wait(c, -1); st != GS_OK) return Fail(c, st, "gs_wait");
     const std::vector<int> in_step = members_of(step);
     gs_job_info info = GS_JOB_INFO_INIT;
