@@ -894,46 +894,63 @@ TEST(GpuElasticJob, ATrainerKilledMidBackwardTakesItsNodeOutAndTheOthersRedoTheS
 // average (fp64), and the same weights bit for bit. The others are held
 // at the start of step 2 until node 1 counted the death, so that it comes
 // in step 2 whatever the machine's speed.
-class GpuTrainerDeathTest : public ::testing::TestWithParam<int> {};  // its marks of step 2
-
-TEST_P(GpuTrainerDeathTest, ATrainerDeadBeforeItsFirstOrAfterItsLastMarkLeavesItsNodeIn) {
-  const int marks = GetParam();
-  std::vector<std::unique_ptr<Daemon>> nodes;
+// 3 nodes x 2 trainers on 2 simulated GPUs each (fp64): rank 3 (node 1,
+// local rank 1) SIGKILLs itself in step 2 after `marks` marks, with
+// `victim_args` too; the others are held at the start of step 2 until node
+// 1 logged the death (`event=trainer_departed iteration=2 ... marked=K/6`),
+// then resumed. Each checks its steps against `members` from step `from`.
+void RunUntilRankThreeDiesInStepTwo(const std::string& job, int marks,
+                                    const std::vector<std::string>& victim_args, int from,
+                                    const std::string& members,
+                                    std::vector<std::unique_ptr<Daemon>>* nodes,
+                                    std::vector<ElasticRun>* runs, Process* victim) {
   ASSERT_NO_FATAL_FAILURE(
       StartSimNodes({"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001", "--timeout-s=10",
-                     "--num-nodes=3", "--min-nodes=2", "--job-id=gputrainerstays"},
-                    &nodes));
-  const int from = marks == 0 ? kElasticStep : kElasticStep + 1;
-  std::vector<ElasticRun> runs;
+                     "--num-nodes=3", "--min-nodes=2", "--job-id=" + job},
+                    nodes));
   for (int n = 0; n < kElasticNodes; ++n) {
     for (int r = 0; r < 2; ++r) {
       std::vector<std::string> args = {marks == 0 ? "--mode=flat" : "--mode=user", "--dtype=fp64",
                                        absl::StrCat("--steps=", kElasticSteps),
                                        absl::StrCat("--members-from-step=", from),
-                                       "--members=0,1,2,4,5"};
+                                       "--members=" + members};
       if (n == 1 && r == 1) {
         args.insert(args.end(), {absl::StrCat("--die-at-step=", kElasticStep),
                                  absl::StrCat("--die-after-marks=", marks)});
+        args.insert(args.end(), victim_args.begin(), victim_args.end());
       } else {
         // Held until node 1 counted the death, so that it does in step 2.
         args.insert(args.end(),
                     {absl::StrCat("--pause-at-step=", kElasticStep), "--pause-after-marks=0"});
       }
-      runs.push_back({n, StartSimTrainer(*nodes[n], r, 2, args)});
+      runs->push_back({n, StartSimTrainer(*(*nodes)[n], r, 2, args)});
     }
   }
-  Process victim = std::move(runs[3].process);
-  runs.erase(runs.begin() + 3);
-  const ExitStatus died = victim.Wait(seconds(60));
-  EXPECT_TRUE(!died.exited && died.code == SIGKILL) << died.ToString() << victim.Log();
+  *victim = std::move((*runs)[3].process);
+  runs->erase(runs->begin() + 3);
+  const ExitStatus died = victim->Wait(seconds(60));
+  EXPECT_TRUE(!died.exited && died.code == SIGKILL) << died.ToString() << victim->Log();
   const std::string departed = absl::StrCat("event=trainer_departed iteration=", kElasticStep,
-                                            " trainer=\"rank 3 (local 1, pid ", victim.pid(),
+                                            " trainer=\"rank 3 (local 1, pid ", victim->pid(),
                                             ")\" marked=", marks, "/", kAllMarks);
-  ASSERT_TRUE(WaitForLog(nodes[1]->process(), departed, seconds(30))) << departed << Logs(nodes);
-  for (ElasticRun& run : runs) {
-    ASSERT_TRUE(WaitStopped(run.process, seconds(30))) << run.process.Log() << Logs(nodes);
+  ASSERT_TRUE(WaitForLog((*nodes)[1]->process(), departed, seconds(30)))
+      << departed << Logs(*nodes);
+  for (ElasticRun& run : *runs) {
+    ASSERT_TRUE(WaitStopped(run.process, seconds(30))) << run.process.Log() << Logs(*nodes);
     run.process.Signal(SIGCONT);
   }
+}
+
+class GpuTrainerDeathTest : public ::testing::TestWithParam<int> {};  // its marks of step 2
+
+TEST_P(GpuTrainerDeathTest, ATrainerDeadBeforeItsFirstOrAfterItsLastMarkLeavesItsNodeIn) {
+  const int marks = GetParam();
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  std::vector<ElasticRun> runs;
+  Process victim;
+  ASSERT_NO_FATAL_FAILURE(RunUntilRankThreeDiesInStepTwo(
+      "gputrainerstays", marks, {}, marks == 0 ? kElasticStep : kElasticStep + 1, "0,1,2,4,5",
+      &nodes, &runs, &victim));
   ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsEndAlike(runs, nodes, /*gone_node=*/-1));
   for (int n = 0; n < kElasticNodes; ++n) {
     const std::string log = nodes[n]->process().Log();
@@ -947,6 +964,39 @@ INSTANTIATE_TEST_SUITE_P(Sim, GpuTrainerDeathTest, ::testing::Values(0, kAllMark
                          [](const ::testing::TestParamInfo<int>& info) {
                            return info.param == 0 ? "before_first_mark" : "after_last_mark";
                          });
+
+// "After its last mark" counts a GPU trainer's gradients only if the work
+// it queued before its marks completed: rank 3 marks all 6 gradients of
+// step 2 with its stream held (its writes never run) and dies. Node 1 counts
+// it as marked=6/6, then its reduction finds the dead trainer's readiness
+// events failed, so node 1 leaves the job instead: rank 2 fails with
+// PEER_FAILED naming rank 3 and its incomplete work, and nodes 0 and 2
+// re-form and redo step 2 over ranks 0, 1, 4, 5, each step within 1e-12 of
+// its members' average.
+TEST(GpuElasticJob, ATrainerDeadAfterItsLastMarkWhoseWorkNeverRanTakesItsNodeOut) {
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  std::vector<ElasticRun> runs;
+  Process victim;
+  ASSERT_NO_FATAL_FAILURE(RunUntilRankThreeDiesInStepTwo("gpuundrained", kAllMarks,
+                                                         {"--die-with-stream-held"}, kElasticStep,
+                                                         "0,1,4,5", &nodes, &runs, &victim));
+  Process other = std::move(runs[2].process);  // rank 2, node 1
+  runs.erase(runs.begin() + 2);
+  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsEndAlike(runs, nodes, /*gone_node=*/1));
+  const ExitStatus st = other.Wait(seconds(30));
+  const std::string log = other.Log();
+  ASSERT_TRUE(st.exited && st.code == 2) << st.ToString() << "\n" << log << Logs(nodes);
+  for (const std::string& needle :
+       {std::string("error code=4"),
+        absl::StrCat("rank 3 (local 1, pid ", victim.pid(), ") died in iteration ", kElasticStep,
+                     " after marking all 6 gradients, but the GPU work it queued before its "
+                     "marks did not complete"),
+        std::string("so its node leaves the job")}) {
+    EXPECT_NE(log.find(needle), std::string::npos) << needle << " in " << log << Logs(nodes);
+  }
+  ExpectSurvivorsReformedWithout(nodes, /*gone=*/1);
+  EXPECT_TRUE(nodes[1]->process().Running()) << Logs(nodes);
+}
 
 // A node's last trainer dying takes the node out on the GPU path too: node
 // 2 runs one trainer (rank 4), which SIGKILLs itself after 2 marks of step

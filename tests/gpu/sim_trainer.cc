@@ -53,6 +53,9 @@ struct Flags {
   // count: after every mark, its stream drained first).
   int die_at_step = -1;
   int die_after_marks = 2;
+  // With --die-at-step: hold its stream from the start of that step (its
+  // writes never run) and die without draining it: marked, never written.
+  bool die_with_stream_held = false;
   // >= 0: stop self (SIGSTOP, after printing "paused at step S after K
   // marks") in this synced step after `pause_after_marks` marks (the
   // tensor count: after every mark, before gs_wait), for a test to SIGKILL
@@ -296,6 +299,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->die_at_step = std::atoi(v.c_str());
     else if (key == "--die-after-marks")
       f->die_after_marks = std::atoi(v.c_str());
+    else if (key == "--die-with-stream-held")
+      f->die_with_stream_held = true;
     else if (key == "--mix")
       f->mix = true;
     else if (key == "--pause-at-step")
@@ -616,7 +621,9 @@ int main(int argc, char** argv) {
     for (int m = 0; m < f.accumulate; ++m) {
       const bool synced = m == f.accumulate - 1;
       if (absl::Status st = c.SetSync(synced); !st.ok()) return Error(st);
-      if (f.hold_stream_ms > 0) gradsync::gpu::SimPauseStream(*stream).IgnoreError();
+      if (f.hold_stream_ms > 0 || (f.die_with_stream_held && step == f.die_at_step && synced)) {
+        gradsync::gpu::SimPauseStream(*stream).IgnoreError();
+      }
       std::vector<size_t> order(kTensors.size());
       for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
       if (!f.in_order) std::shuffle(order.begin(), order.end(), shuffle);
@@ -683,8 +690,10 @@ int main(int argc, char** argv) {
       if (absl::Status st = maybe_pause(); !st.ok()) return Error(st);
       if (step == f.die_at_step && synced && marks == f.die_after_marks) {
         // Dead after its last mark, its gradients complete: the simulated
-        // stream runs in this process, so it drains first.
-        if (absl::Status st = device->SynchronizeStream(*id, current, absl::Seconds(30));
+        // stream runs in this process, so it drains first (unless held).
+        if (absl::Status st = f.die_with_stream_held
+                                  ? absl::OkStatus()
+                                  : device->SynchronizeStream(*id, current, absl::Seconds(30));
             !st.ok()) {
           return Error(st);
         }
