@@ -716,6 +716,13 @@ void RunUntilNodeTwoGoesAndExpectSurvivorsFinish(ElasticStage stage, bool sigter
   }
   const auto killed_at = std::chrono::steady_clock::now();
   nodes[2]->process().Signal(sigterm ? SIGTERM : SIGKILL);
+  if (sigterm) {
+    // Resumed earlier, the trainers could finish the step before the
+    // daemon's shutdown reached its job.
+    ASSERT_TRUE(
+        WaitForLog(nodes[2]->process(), "event=job_failed job=1 code=UNAVAILABLE", seconds(30)))
+        << Logs(nodes);
+  }
   for (ElasticRun& run : runs) {
     if (run.node == 2) run.process.Signal(sigterm ? SIGCONT : SIGKILL);
   }
