@@ -580,7 +580,8 @@ TEST(GpuPath, NodeKilledMidJobFailsTheOtherNodesTrainers) {
 // that step's members (steps 0-1: all 6 ranks; 2 on: ranks 0-3, which
 // gs_get_job_info's world size must say) and with the same weights.
 constexpr int kElasticNodes = 3, kElasticStep = 2, kElasticSteps = 5;
-constexpr int kAllMarks = 6;  // sim_trainer's tensor count
+constexpr int kAllMarks = 6;   // sim_trainer's tensor count
+constexpr int kJoinSteps = 8;  // the joining tests' steps: room for the join
 
 // Where node 2 dies. kBackward: every trainer marked the first gradient
 // (its bucket, the 1-element gate alone, may be averaged over 6 already). kVictimInCollective: node
@@ -1056,7 +1057,6 @@ TEST(GpuElasticJob, ANodesOnlyTrainerKilledTakesItsNodeOutAndTheOthersRedoTheSte
 // average over its members (ranks 0-3 before m, 0-5 from m on) and all six
 // end with the same weights bit for bit.
 TEST(GpuElasticJob, ANewNodeJoinsTheRunningJobCatchesUpFromDeviceMemoryAndTrainsWithIt) {
-  constexpr int kJoinSteps = 8;
   ScratchDir secrets;
   std::vector<std::string> common = {"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001",
                                      "--timeout-s=30",        "--num-nodes=2",
@@ -1122,6 +1122,89 @@ TEST(GpuElasticJob, ANewNodeJoinsTheRunningJobCatchesUpFromDeviceMemoryAndTrains
     for (const std::string& needle :
          {std::string("event=job_growing"),
           absl::StrCat("event=gpu_session_reformed generation=2 gpus=2 first_rank=", 2 * n,
+                       " nranks=6")}) {
+      EXPECT_NE(daemon.find(needle), std::string::npos)
+          << needle << " on node " << n << Logs(nodes);
+    }
+  }
+  EXPECT_NE(nodes[2]->process().Log().find("first_rank=4 nranks=6"), std::string::npos)
+      << Logs(nodes);
+}
+
+// A replacement for a dead node joins the re-formed GPU job: 3 nodes x 2
+// trainers on 2 simulated GPUs each (fp64, --min-nodes 2); in step 2 every
+// trainer stops after its first mark and node 2 (daemon and trainers) is
+// SIGKILLed. Node 1's trainers go on (its collective fails), node 0's stay
+// stopped while nodes 0 and 1 re-form as generation 2 (4 NCCL ranks); then
+// a fresh node 2 daemon with 2 trainers (--catch-up) starts, and once both
+// survivors read the grow entry node 0's trainers go on: all switch at m,
+// generation 3 has 6 NCCL ranks again, and the replacements receive rank
+// 0's state by gs_broadcast of device memory. Every step is within 1e-12
+// of its members' average (0-1: ranks 0-5, 2 to m-1: ranks 0-3, m on:
+// ranks 0-5) and all six end with the same weights bit for bit.
+TEST(GpuElasticJob, AReplacementNodeJoinsTheReformedJobCatchesUpAndTrainsOverAllAgain) {
+  ScratchDir secrets;
+  std::vector<std::string> common = {"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001",
+                                     "--timeout-s=30",        "--num-nodes=3",
+                                     "--min-nodes=2",         "--job-id=gpureplace"};
+  ASSERT_NO_FATAL_FAILURE(AddTokenFile(secrets, &common));
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  ASSERT_NO_FATAL_FAILURE(StartSimNode(0, 2, 0, common, {}, &nodes));
+  const int port = nodes[0]->ListenPort(seconds(10));
+  ASSERT_GT(port, 0) << Logs(nodes);
+  for (int n : {1, 2}) ASSERT_NO_FATAL_FAILURE(StartSimNode(n, 2, port, common, {}, &nodes));
+  const std::vector<std::string> train = {"--mode=flat",
+                                          "--dtype=fp64",
+                                          absl::StrCat("--steps=", kJoinSteps),
+                                          "--catch-up",
+                                          absl::StrCat("--members-from-step=", kElasticStep),
+                                          "--members=0,1,2,3",
+                                          "--members-after-join=0,1,2,3,4,5"};
+  std::vector<ElasticRun> runs;
+  for (int n = 0; n < kElasticNodes; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> args = train;
+      args.insert(args.end(),
+                  {absl::StrCat("--pause-at-step=", kElasticStep), "--pause-after-marks=1"});
+      runs.push_back({n, StartSimTrainer(*nodes[n], r, 2, args)});
+    }
+  }
+  for (ElasticRun& run : runs) {
+    ASSERT_TRUE(
+        WaitForLog(run.process, absl::StrCat("paused at step ", kElasticStep), seconds(60)) &&
+        WaitStopped(run.process, seconds(30)))
+        << run.process.Log() << Logs(nodes);
+  }
+  nodes[2]->process().Signal(SIGKILL);
+  for (int i : {4, 5}) runs[i].process.Signal(SIGKILL);
+  for (int i : {4, 5}) runs[i].process.Wait(seconds(10));
+  runs.erase(runs.begin() + 4, runs.end());
+  for (int i : {2, 3}) runs[i].process.Signal(SIGCONT);  // node 1's: its collective fails
+  ASSERT_TRUE(WaitForLog(nodes[0]->process(), "event=job_reformed", seconds(30))) << Logs(nodes);
+  nodes[2].reset();
+  nodes.pop_back();
+  ASSERT_NO_FATAL_FAILURE(StartSimNode(2, 2, port, common, {}, &nodes));
+  for (int r = 0; r < 2; ++r) runs.push_back({2, StartSimTrainer(*nodes[2], r, 2, train)});
+  ASSERT_TRUE(WaitForLog(nodes[0]->process(), "event=job_grow_published", seconds(30)))
+      << Logs(nodes);
+  for (int n : {0, 1}) {
+    ASSERT_TRUE(WaitForLog(nodes[n]->process(), "event=job_grow_read", seconds(30))) << Logs(nodes);
+  }
+  for (int i : {0, 1}) runs[i].process.Signal(SIGCONT);
+  const std::string joined = "joined the running job at iteration ";
+  ASSERT_TRUE(WaitForLog(runs[4].process, joined, seconds(60)))
+      << runs[4].process.Log() << Logs(nodes);
+  const std::string log = runs[4].process.Log();
+  const int m = std::atoi(log.c_str() + log.find(joined) + joined.size());
+  ASSERT_GT(m, kElasticStep);
+  ASSERT_LT(m, kJoinSteps) << "the survivors finished before the replacement joined";
+  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsEndAlike(runs, nodes, /*gone_node=*/-1));
+  for (int n = 0; n < 2; ++n) {
+    const std::string daemon = nodes[n]->process().Log();
+    for (const std::string& needle :
+         {absl::StrCat("event=gpu_session_reformed generation=2 gpus=2 first_rank=", 2 * n,
+                       " nranks=4"),
+          absl::StrCat("event=gpu_session_reformed generation=3 gpus=2 first_rank=", 2 * n,
                        " nranks=6")}) {
       EXPECT_NE(daemon.find(needle), std::string::npos)
           << needle << " on node " << n << Logs(nodes);
