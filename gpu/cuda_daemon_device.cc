@@ -368,6 +368,17 @@ class CudaDaemonDevice final : public DaemonDevice {
     return Copy(dst, src, bytes, cudaMemcpyDeviceToDevice, stream, "CopyAsync");
   }
 
+  absl::Status ZeroAsync(void* dst, size_t bytes, Stream* stream) override {
+    RtStream* s = Unwrap(stream);
+    if (s == nullptr) return absl::InvalidArgumentError("ZeroAsync: null stream");
+    if (bytes == 0) return absl::OkStatus();
+    absl::MutexLock lock(&mu_);
+    if (!poisoned_.ok()) return poisoned_;
+    DeviceScope scope(s->ordinal);
+    if (scope.result() != cudaSuccess) return Check(scope.result(), "cudaSetDevice");
+    return Check(cudaMemsetAsync(dst, 0, bytes, s->stream), "cudaMemsetAsync");
+  }
+
   absl::StatusOr<void*> AllocHost(const DeviceId& device, size_t bytes) override {
     if (bytes == 0) return absl::InvalidArgumentError("AllocHost of 0 bytes");
     absl::MutexLock lock(&mu_);

@@ -251,6 +251,10 @@ class DaemonDevice {
   virtual absl::Status SumAsync(void* dst, const std::vector<const void*>& srcs, size_t count,
                                 DType dtype, double scale, const NonFiniteCheck& check,
                                 Stream* stream) = 0;
+  // Zeroes `bytes` of device memory at `dst` on `stream` (its GPU's), async:
+  // a GPU none of whose trainers is active still adds its part (zeros) to
+  // the collective.
+  virtual absl::Status ZeroAsync(void* dst, size_t bytes, Stream* stream) = 0;
 
   // Host memory the device copies to and from without the host waiting
   // (cudaMallocHost; a copy into pageable memory would block until the

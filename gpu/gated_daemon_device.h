@@ -59,6 +59,9 @@ class GatedDaemonDevice final : public DaemonDevice {
                         double scale, const NonFiniteCheck& check, Stream* stream) override {
     return device_->SumAsync(dst, srcs, count, dtype, scale, check, stream);
   }
+  absl::Status ZeroAsync(void* dst, size_t bytes, Stream* stream) override {
+    return device_->ZeroAsync(dst, bytes, stream);
+  }
   absl::StatusOr<void*> AllocHost(const DeviceId& device, size_t bytes) override;
   absl::Status FreeHost(const DeviceId& device, void* ptr) override;
   absl::Status CopyToHostAsync(void* host, const void* src, size_t bytes, Stream* stream) override {

@@ -38,7 +38,13 @@
 #   elastic    3 "nodes" x 2 trainers, --min-nodes 2: node 2 SIGKILLed while
 #              the others wait for it inside NCCL; they abort, create new
 #              communicators (2 ranks) and redo the step from kept sums;
-#              then a trainer SIGKILLed mid-backward takes its node out
+#              then a trainer SIGKILLed mid-backward takes its node out;
+#              one SIGKILLed before its first / after its last mark of a
+#              step leaves its node in (5 trainers average on, nobody
+#              re-forms); then 2 "nodes" + a joiner (--max-nodes 3): node 2
+#              joins the running job, all re-create communicators (3 ranks)
+#              and its trainers catch up by gs_broadcast of a device buffer
+#              (5 tests, none timed on a GPU yet: 180 s is a guess)
 #   bench      gradsync vs torch DDP vs plain ncclAllReduce, 2 ranks each
 # Ends with one table (item, result, seconds); with $OUT set, writes
 # $OUT/gpu-check.log (everything printed) and $OUT/gpu-check.json.
@@ -71,7 +77,7 @@ ITEMS=(
   "torch                90 -     item_check      check/torch_job.sh,check/torch_equivalence.py,check/two_nodes.sh"
   "killed               40 -     item_gtest      bin/cuda_path_test,bin/cuda_trainer"
   "broadcast            45 -     item_gtest      bin/cuda_path_test,bin/cuda_trainer"
-  "elastic              90 -     item_gtest      bin/cuda_path_test,bin/cuda_trainer"
+  "elastic             180 -     item_gtest      bin/cuda_path_test,bin/cuda_trainer"
   "bench               120 -     item_check      check/bench.sh,check/bench.py,check/two_nodes.sh"
 )
 # The gtest filter of each item_gtest item.

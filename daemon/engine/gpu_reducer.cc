@@ -79,6 +79,7 @@ GpuReducer::GpuReducer(GpuSession* session, const Layout& layout, int world_size
       world_size_(world_size),
       skip_event_wait_(skip_event_wait),
       keep_sums_(keep_sums),
+      active_(session->num_trainers(), true),
       trainers_on_device_(session->devices().size()) {
   for (size_t t = 0; t < session->num_trainers(); ++t) {
     trainers_on_device_[session->device_index(t)].push_back(t);
@@ -86,6 +87,13 @@ GpuReducer::GpuReducer(GpuSession* session, const Layout& layout, int world_size
   buffers_.reserve(session->devices().size());
   srcs_.reserve(session->num_trainers());
   pending_.reserve(session->num_trainers() * layout.size());
+}
+
+void GpuReducer::DeactivateTrainer(size_t t) {
+  if (t >= active_.size() || !active_[t]) return;
+  active_[t] = false;
+  std::vector<size_t>& here = trainers_on_device_[session_->device_index(t)];
+  here.erase(std::remove(here.begin(), here.end(), t), here.end());
 }
 
 void GpuReducer::Pieces(const PlannedBucket& bucket, const std::vector<ReduceSpan>& flat_spans,
@@ -136,6 +144,7 @@ absl::Status GpuReducer::WaitEvents(const PlannedBucket& bucket, absl::Time dead
                                     int* culprit) {
   pending_.clear();
   for (size_t t = 0; t < session_->num_trainers(); ++t) {
+    if (!active_[t]) continue;
     for (uint32_t i : bucket.tensors) pending_.emplace_back(t, i);
   }
   gpu::DaemonDevice& device = session_->device();
@@ -216,6 +225,12 @@ absl::Status GpuReducer::SumTrainers(const PlannedBucket& bucket, size_t d, uint
     srcs_.clear();
     for (size_t t : trainers_on_device_[d]) srcs_.push_back(At(t, p));
     void* out = in_place ? static_cast<void*>(dst) : dst + p.staging_offset;
+    if (srcs_.empty()) {
+      // Every trainer on this GPU died: it still takes part in the collective.
+      RETURN_IF_ERROR(
+          session_->device().ZeroAsync(out, p.bytes, session_->stream(static_cast<int>(d))));
+      continue;
+    }
     RETURN_IF_ERROR(session_->device().SumAsync(out, srcs_, p.bytes / elem, bucket.dtype, scale,
                                                 check, session_->stream(static_cast<int>(d))));
   }
@@ -316,6 +331,7 @@ absl::Status GpuReducer::FindCulprit(const PlannedBucket& bucket, const std::vec
       bool found = false;
       uint64_t first = 0;
       for (size_t t = 0; t < session_->num_trainers(); ++t) {
+        if (!active_[t]) continue;                      // not summed
         if (!hit[session_->device_index(t)]) continue;  // its GPU's sum was finite
         gpu::Stream* stream = session_->stream(session_->device_index(t));
         if (absl::Status st = session_->device().CopyToHostAsync(
@@ -402,6 +418,8 @@ absl::Status GpuReducer::Reduce(const PlannedBucket& bucket,
   }
   Pieces(bucket, flat_spans, &pieces_);
   // Kept sums: the trainers' memory is written only by the write-back.
+  // (Only elastic jobs deactivate trainers, and they keep sums: a GPU
+  // summed in place always has an active trainer.)
   const bool in_place = pieces_.size() == 1 && !keep_sums_;
   uint32_t token = 0;
   if (nonfinite != nullptr) {

@@ -32,6 +32,8 @@
 // iteration completes (DropKeptSums). A bucket reduced again in the same
 // iteration (the survivors' redo, after SetWorldSize) starts from its kept
 // sum, rescaled from the old world size's pre-scaling to the new one's.
+// A trainer that died is left out of every later reduction
+// (DeactivateTrainer); its node stays in the job.
 #ifndef GRADSYNC_DAEMON_ENGINE_GPU_REDUCER_H_
 #define GRADSYNC_DAEMON_ENGINE_GPU_REDUCER_H_
 
@@ -96,6 +98,11 @@ class GpuReducer {
   // Elastic jobs, between reductions: the survivors' world size, for the
   // pre-scaling of every reduction from now on (the redo included).
   void SetWorldSize(int world_size) { world_size_ = world_size; }
+  // Elastic jobs, between reductions: trainer t (a session index) died
+  // and is counted out of every reduction from now on (its events are not
+  // polled, its memory neither summed nor written back). A GPU left without
+  // an active trainer adds zeros to the collective.
+  void DeactivateTrainer(size_t t);
   // The iteration completed: no bucket is redone from its kept sum any more.
   void DropKeptSums() { std::fill(kept_world_.begin(), kept_world_.end(), 0); }
   // Buckets a redo would take from their kept sums now.
@@ -159,7 +166,8 @@ class GpuReducer {
   // world size its kept sum was pre-scaled by (0: not summed this iteration).
   std::vector<uint64_t> kept_offset_;
   std::vector<int> kept_world_;
-  std::vector<std::vector<size_t>> trainers_on_device_;  // per device index
+  std::vector<bool> active_;                             // per trainer
+  std::vector<std::vector<size_t>> trainers_on_device_;  // the active ones, per device index
   // Scratch, reused per call (no allocation in steady state).
   std::vector<Piece> pieces_;
   std::vector<const void*> srcs_;

@@ -92,6 +92,10 @@ absl::StatusOr<uint64_t> Job::Attach(int local_rank, int64_t pid) {
                      absl::StrCat("a job is ", StateName(state_),
                                   " on this daemon; new trainers can attach once its trainers "
                                   "have all closed",
+                                  state_ == JobState::kRunning && gpu_session_ && reforms()
+                                      ? " (a restarted trainer rejoins a running elastic job "
+                                        "with CPU gradients only, not with CUDA gradients)"
+                                      : "",
                                   state_ == JobState::kFailed
                                       ? absl::StrCat(" (it failed: ", error_.message(), ")")
                                       : ""));
@@ -821,7 +825,7 @@ void Job::ReleaseWorld() {
 }
 
 bool Job::ShrinksOnTrainerDeathLocked(const Trainer& dead) const {
-  if (state_ != JobState::kRunning || !scheduler_ || gpu_session_ || !elastic() || !world_.link ||
+  if (state_ != JobState::kRunning || !scheduler_ || !elastic() || !world_.link ||
       !hooks_.reform_world) {
     return false;
   }
@@ -831,7 +835,7 @@ bool Job::ShrinksOnTrainerDeathLocked(const Trainer& dead) const {
 
 bool Job::NodeLeavesOnTrainerDeathLocked(const Trainer& dead) const {
   if (state_ != JobState::kRunning || !elastic() || !world_.link) return false;
-  return gpu_session_ != nullptr || LastLiveTrainerLocked(dead);
+  return LastLiveTrainerLocked(dead);
 }
 
 bool Job::LastLiveTrainerLocked(const Trainer& dead) const {
@@ -861,21 +865,23 @@ bool Job::RemoveTrainer(uint64_t session, bool graceful, const std::string& reas
   } else if (!graceful && ShrinksOnTrainerDeathLocked(*t)) {
     // Its node stays in the elastic job (scheduler_departure.cc).
     scheduler_->RequestDeparture(t->local_rank, reason);
+    if (gpu_session_) {
+      // Nobody waits on a dead trainer's Detach, and halting the scheduler
+      // to release its GPU handles now would stop the job: the scheduler
+      // stops reading them (GpuReducer::DeactivateTrainer) and they go
+      // with the session when the job ends.
+      --departures_in_flight_;
+      *local_rank = -1;
+    }
   } else if (!graceful && NodeLeavesOnTrainerDeathLocked(*t)) {
     // It leaves the elastic job as a daemon stopped by SIGTERM does, and
     // the others go on without it. Kubernetes stops a Pod's trainers
     // before its sidecar, so a last trainer's death is what a scale-down
-    // looks like. With CUDA gradients any trainer's death does it: the
-    // GPU path runs no per-iteration agreement that could count one
-    // trainer out, and its part of the local sums cannot be taken back.
+    // looks like.
     FailLocked(MakeError(v1::PEER_FAILED,
                          absl::StrCat(t->Name(), " died: ", reason,
-                                      LastLiveTrainerLocked(*t)
-                                          ? "; it was its node's last trainer, so the node leaves "
-                                            "the elastic job"
-                                          : "; an elastic job with CUDA gradients goes on "
-                                            "without a node, not without one of its trainers, so "
-                                            "its node leaves the job")),
+                                      "; it was its node's last trainer, so the node leaves the "
+                                      "elastic job")),
                t->local_rank, /*expected=*/false, /*departing=*/true);
   } else if (state_ != JobState::kFailed) {
     FailLocked(MakeError(v1::PEER_FAILED,

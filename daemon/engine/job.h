@@ -392,12 +392,12 @@ class Job {
   bool reforms() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return elastic() && world_.link && hooks_.reform_world;
   }
-  // A running elastic CPU job across nodes where `dead` (already marked
-  // gone) is not the node's last trainer: the world shrinks by it.
+  // A running elastic job across nodes (CPU or CUDA gradients) where
+  // `dead` (already marked gone) is not the node's last trainer: the world
+  // shrinks by it.
   bool ShrinksOnTrainerDeathLocked(const Trainer& dead) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // A running elastic job across nodes where `dead` was the node's last
-  // trainer, or any trainer of a job with CUDA gradients: the node leaves
-  // the job (a departure, as on SIGTERM).
+  // trainer: the node leaves the job (a departure, as on SIGTERM).
   bool NodeLeavesOnTrainerDeathLocked(const Trainer& dead) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Every trainer of this node but `dead` is gone already.
   bool LastLiveTrainerLocked(const Trainer& dead) const ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -63,7 +63,7 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
   const int nodes = backend_ != nullptr ? backend_->num_nodes() : 1;
   agreement_nodes_ = std::max(1, nodes);
   straggler_slot_ = kAgreementHeader + 3 * static_cast<size_t>(agreement_nodes_);
-  const bool exchanged = nodes > 1 && (options_.uneven_inputs || !options_.gpu);
+  const bool exchanged = nodes > 1 && ExchangesCounts();
   // A node joining a running job exchanges what its members do: they took
   // over a re-formed world (AdoptWorld), whose agreement has no straggler
   // slots.
@@ -763,6 +763,14 @@ bool Scheduler::CheckInStep(const Trainer& t, const ipc::ReadyEvent& e) {
   return false;
 }
 
+bool Scheduler::ExchangesCounts() const {
+  // Elastic jobs always do, on the GPU path too: the switch to a grown
+  // generation (GrowDueAt) and a caps change apply where every node holds
+  // the entry, which only this exchange shows; without it a node that read
+  // the entry one iteration late would grow a boundary after the others.
+  return options_.uneven_inputs || !options_.gpu || static_cast<bool>(options_.reform);
+}
+
 uint32_t Scheduler::ActiveLocalTrainers() const {
   return static_cast<uint32_t>(trainers_.size()) - joined_local_.load(std::memory_order_relaxed);
 }
@@ -812,6 +820,9 @@ void Scheduler::CountAsJoined(Trainer& t, bool divide_by_initial_world_size) {
   for (size_t i = 0; i < trainers_.size(); ++i) {
     if (!trainers_[i]->joined.load(std::memory_order_relaxed)) active_arenas_.push_back(arenas_[i]);
   }
+  // The GPU path's dead trainer (gs_join is refused there): out of every
+  // later reduction.
+  if (options_.gpu) options_.gpu->DeactivateTrainer(static_cast<size_t>(t.local_rank));
   spdlog::info(
       "event=trainer_joined iteration={} trainer={} divide_by_initial_world_size={} "
       "local_active={}",
@@ -854,7 +865,7 @@ bool Scheduler::AgreeActiveTrainers() {
   // decides it for the job; without it gs_join is refused across nodes).
   // CPU jobs always exchange, for the no_sync counts.
   bool deferred = false;
-  const bool exchanged = backend_->num_nodes() > 1 && (options_.uneven_inputs || !options_.gpu);
+  const bool exchanged = backend_->num_nodes() > 1 && ExchangesCounts();
   if (exchanged) {
     // Without uneven inputs nobody joins (gs_join is refused across nodes),
     // so nothing before the first bucket's write-back needs the summed
@@ -918,6 +929,8 @@ bool Scheduler::AgreeActiveTrainers() {
   active_agreed_ = true;
   active_in_iteration_ = active;
   divide_by_active_ = counts[2] > 0;
+  // The GPU reducer pre-scales each local sum by the divisor.
+  if (options_.gpu) options_.gpu->SetWorldSize(Divisor());
   active_trainers_.store(static_cast<uint32_t>(active), std::memory_order_release);
   if (active > 0) return true;
   // Every trainer of the job joined: DDP's join context exits everywhere.
@@ -1180,7 +1193,13 @@ bool Scheduler::LaunchGpu(uint32_t bucket) {
         // Waiting for the Watch stream must not hold up a detaching
         // trainer's WaitIdle (no reduction runs meanwhile).
         lock.Release();
-        if (TrainerDiedMeanwhile(*blamed)) return false;
+        if (TrainerDiedMeanwhile(*blamed)) {
+          // Its death decides (TakeDepartures), unless it already did: it
+          // marked everything, so this iteration counts it, yet the work
+          // it queued before its marks never completed.
+          if (blamed->departing) LeaveForIncompleteWork(*blamed, st);
+          return false;
+        }
       }
       fail_(MakeError(CodeOf(st), absl::StrCat(where, st.message())),
             blamed != nullptr ? blamed->local_rank : -1);

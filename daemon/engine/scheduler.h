@@ -115,8 +115,9 @@ class Scheduler {
     bool rebuild_after_first_iteration = true;
     // Across nodes, gs_join needs every iteration to start with an exchange
     // of active-trainer counts (one small collective per iteration). CPU
-    // jobs always exchange (it also compares the nodes' no_sync counts);
-    // GPU jobs only when asked (--uneven-inputs).
+    // jobs and elastic jobs always exchange (it also compares the nodes'
+    // no_sync counts and the config versions they hold); fixed GPU jobs
+    // only when asked (--uneven-inputs).
     bool uneven_inputs = false;
     // This node's rank: where it writes its no_sync count in the
     // per-iteration agreement (AgreeActiveTrainers).
@@ -361,6 +362,11 @@ class Scheduler {
   // the job failed, or when none is active: every trainer joined, the
   // joined trainers are told and the loop stops.
   bool AgreeActiveTrainers();
+  // Whether AgreeActiveTrainers exchanges its counts across nodes.
+  bool ExchangesCounts() const;
+  // A GPU trainer that died after marking everything, whose readiness
+  // events then failed: its node leaves the job (Options::leave_job).
+  void LeaveForIncompleteWork(const Trainer& t, const absl::Status& error);
   // The agreement's cross-node results, once summed: nodes in step, the
   // config version every node holds.
   bool FinishAgreement();

@@ -2,8 +2,10 @@
 // jobs"). On the CPU path its node stays in; the trainer counts as joined
 // (gs_join with divide_by_initial_world_size=0), so the per-iteration
 // agreement, which elastic jobs always run on its own, divides by the
-// trainers still active. On the GPU path its node leaves (Job::RemoveTrainer);
-// the scheduler only lets that death, not the failed reduction, decide.
+// trainers still active; on the GPU path the reducer leaves it out of every
+// later reduction (GpuReducer::DeactivateTrainer). A reduction that fails
+// on a dead trainer's readiness event lets its death, not the failure,
+// decide.
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -88,6 +90,17 @@ bool Scheduler::TakeDepartures() {
     }
   }
   return true;
+}
+
+void Scheduler::LeaveForIncompleteWork(const Trainer& t, const absl::Status& error) {
+  options_.leave_job(
+      MakeError(v1::PEER_FAILED,
+                absl::StrCat(t.Name(), " died in iteration ", iteration(), " after marking all ",
+                             layout_.size(),
+                             " gradients, but the GPU work it queued before its marks did not "
+                             "complete (",
+                             error.message(), "), so its node leaves the job")),
+      t.local_rank);
 }
 
 }  // namespace gradsync

@@ -370,8 +370,16 @@ class SimCollectiveGroup final : public CollectiveGroup {
     const size_t head = CallHeaderBytes(nbuffers);
 
     const std::string mine = CallSegmentName(prefix_, getpid(), instance_, seq);
-    ASSIGN_OR_RETURN(ipc::SharedSegment own,
-                     ipc::SharedSegment::Create(mine, head + per_rank_bytes * nlocal_));
+    absl::StatusOr<ipc::SharedSegment> created =
+        ipc::SharedSegment::Create(mine, head + per_rank_bytes * nlocal_);
+    if (!created.ok()) {
+      // The name holds this live process's pid: a segment already there was
+      // left by a dead process that had the same pid (killed inside a
+      // collective), and pids are reused.
+      ipc::SharedSegment::Remove(mine).IgnoreError();
+      created = ipc::SharedSegment::Create(mine, head + per_rank_bytes * nlocal_);
+    }
+    ASSIGN_OR_RETURN(ipc::SharedSegment own, std::move(created));
     struct Unlink {
       std::string name;
       ~Unlink() { ipc::SharedSegment::Remove(name).IgnoreError(); }

@@ -676,6 +676,15 @@ absl::Status SimDaemonDevice::CopyAsync(void* dst, const void* src, size_t bytes
   return absl::OkStatus();
 }
 
+absl::Status SimDaemonDevice::ZeroAsync(void* dst, size_t bytes, Stream* stream) {
+  ASSIGN_OR_RETURN(SimStream * s, node_->Resolve(stream, 0, false));
+  sim::DeviceSwitch use(s->device_index());
+  ASSIGN_OR_RETURN(std::shared_ptr<Region> to,
+                   node_->Range(dst, bytes, s->device_index(), "ZeroAsync dst"));
+  s->Enqueue([to, dst, bytes] { std::memset(dst, 0, bytes); });
+  return absl::OkStatus();
+}
+
 absl::Status SimDaemonDevice::SumAsync(void* dst, const std::vector<const void*>& srcs,
                                        size_t count, DType dtype, double scale,
                                        const NonFiniteCheck& check, Stream* stream) {

@@ -200,6 +200,7 @@ class SimDaemonDevice final : public DaemonDevice {
   void DestroyStream(Stream* stream) override;
   absl::StatusOr<Completion> QueryStream(Stream* stream) override;
   absl::Status CopyAsync(void* dst, const void* src, size_t bytes, Stream* stream) override;
+  absl::Status ZeroAsync(void* dst, size_t bytes, Stream* stream) override;
   absl::Status SumAsync(void* dst, const std::vector<const void*>& srcs, size_t count, DType dtype,
                         double scale, const NonFiniteCheck& check, Stream* stream) override;
   // Plain process memory (the simulation has no pinned memory); copies

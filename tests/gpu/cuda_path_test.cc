@@ -13,7 +13,8 @@
 // few minutes of borrowed GPU time. Last, an elastic job of three such
 // nodes: one SIGKILLed while the others wait inside a collective for it;
 // the survivors abort their communicators, create new ones and redo the
-// step.
+// step; a trainer's death taking its node out; and a node joining the
+// running job of two, catching up by gs_broadcast of device memory.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -376,24 +377,26 @@ TEST(CudaTwoNodesFaultTest, NodeSkippingACollectiveFailsBothNodesNamingTheCulpri
 // the one GPU. Fatal failures end the calling test.
 constexpr int kElasticNodes = 3, kElasticStep = 2;
 
+// Node n (2 trainers) of an elastic job on the one GPU whose leader, node
+// 0, listens on `leader_port`; `args` are the job's flags.
+void StartElasticNode(int n, int leader_port, std::vector<std::string> args,
+                      std::vector<std::unique_ptr<Daemon>>* nodes) {
+  args.push_back(absl::StrCat("--node-rank=", n));
+  if (n > 0) args.push_back(absl::StrCat("--leader=127.0.0.1:", leader_port));
+  nodes->push_back(std::make_unique<Daemon>(2, args, NodeEnv(n)));
+  ASSERT_TRUE(nodes->back()->WaitReady(seconds(30))) << nodes->back()->process().Log();
+}
+
 void StartElasticNodes(const std::string& job, ScratchDir& secrets,
                        std::vector<std::unique_ptr<Daemon>>* nodes) {
   ASSERT_TRUE(WriteTokenFile(secrets.File("token"), "cuda-path-token"));
+  const std::vector<std::string> args = {
+      "--backend=nccl", "--bucket-cap-mb=0.5",   "--first-bucket-cap-mb=0.000001",
+      "--timeout-s=10", "--stall-threshold-s=1", "--num-nodes=3",
+      "--min-nodes=2",  "--job-id=" + job,       "--job-token-file=" + secrets.File("token")};
   int port = 0;
   for (int n = 0; n < kElasticNodes; ++n) {
-    std::vector<std::string> args = {"--backend=nccl",
-                                     "--bucket-cap-mb=0.5",
-                                     "--first-bucket-cap-mb=0.000001",
-                                     "--timeout-s=10",
-                                     "--stall-threshold-s=1",
-                                     "--num-nodes=3",
-                                     "--min-nodes=2",
-                                     "--job-id=" + job,
-                                     "--job-token-file=" + secrets.File("token"),
-                                     absl::StrCat("--node-rank=", n)};
-    if (n > 0) args.push_back(absl::StrCat("--leader=127.0.0.1:", port));
-    nodes->push_back(std::make_unique<Daemon>(2, args, NodeEnv(n)));
-    ASSERT_TRUE(nodes->back()->WaitReady(seconds(30))) << nodes->back()->process().Log();
+    ASSERT_NO_FATAL_FAILURE(StartElasticNode(n, port, args, nodes));
     if (n == 0) port = nodes->back()->ListenPort(seconds(10));
     ASSERT_GT(port, 0) << (*nodes)[0]->process().Log();
   }
@@ -515,6 +518,164 @@ TEST(CudaElasticTest, ATrainerKilledMidBackwardTakesItsNodeOutAndTheOthersRedoTh
         std::string("so its node leaves the job")}) {
     EXPECT_NE(log.find(needle), std::string::npos) << needle << " in " << log;
   }
+}
+
+// A node joining a running elastic GPU job: nodes 0 and 1 (--num-nodes 2
+// --max-nodes 3 --min-nodes 1, 2 trainers each on the one GPU) train; node
+// 0's trainers stop at the start of step 2 while node 2, a new rank, starts
+// with 2 trainers (--catch-up). Once both members read the leader's grow
+// entry node 0's trainers go on and all switch at its iteration m: the
+// members re-create their communicators with node 2 (3 NCCL ranks, a fresh
+// unique id), node 2 opens its session at NCCL rank 2, and every trainer
+// gs_broadcasts the job's state (iteration count and fp64 weights, in a
+// device buffer) from rank 0 after step m-1. The joiners receive it at m;
+// every step is the average over its members (ranks 0-3 before m, 0-5 from
+// m on) and all six end with the same weights.
+TEST(CudaElasticTest, ANewNodeJoinsTheRunningJobAndCatchesUpFromDeviceMemory) {
+  GS_SKIP_UNLESS_GPU();
+  constexpr int kSteps = 6;
+  ScratchDir secrets;
+  ASSERT_TRUE(WriteTokenFile(secrets.File("token"), "cuda-path-token"));
+  const std::vector<std::string> args = {
+      "--backend=nccl", "--bucket-cap-mb=0.5",  "--first-bucket-cap-mb=0.000001",
+      "--timeout-s=20", "--num-nodes=2",        "--max-nodes=3",
+      "--min-nodes=1",  "--job-id=elasticjoin", "--job-token-file=" + secrets.File("token")};
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  ASSERT_NO_FATAL_FAILURE(StartElasticNode(0, 0, args, &nodes));
+  const int port = nodes[0]->ListenPort(seconds(10));
+  ASSERT_GT(port, 0) << ElasticLogs(nodes);
+  ASSERT_NO_FATAL_FAILURE(StartElasticNode(1, port, args, &nodes));
+  const std::vector<std::string> flags = {absl::StrCat("--steps=", kSteps), "--catch-up",
+                                          "--members-before-join=0,1,2,3",
+                                          "--members-after-join=0,1,2,3,4,5"};
+  std::vector<std::string> paused = flags;
+  paused.push_back(absl::StrCat("--pause-at=", kElasticStep, ":0"));
+  std::vector<std::vector<Process>> trainers;
+  trainers.push_back(StartTrainers(*nodes[0], 2, paused));
+  trainers.push_back(StartTrainers(*nodes[1], 2, flags));
+  for (Process& p : trainers[0]) {
+    ASSERT_TRUE(WaitForLog(p, absl::StrCat("paused at step ", kElasticStep), seconds(60)) &&
+                WaitStopped(p, seconds(30)))
+        << p.Log() << ElasticLogs(nodes);
+  }
+  ASSERT_NO_FATAL_FAILURE(StartElasticNode(2, port, args, &nodes));
+  trainers.push_back(StartTrainers(*nodes[2], 2, flags));
+  ASSERT_TRUE(WaitForLog(nodes[0]->process(), "event=job_grow_published", seconds(30)))
+      << ElasticLogs(nodes);
+  for (int n : {0, 1}) {
+    ASSERT_TRUE(WaitForLog(nodes[n]->process(), "event=job_grow_read", seconds(30)))
+        << ElasticLogs(nodes);
+  }
+  for (Process& p : trainers[0]) p.Signal(SIGCONT);
+  const std::string joined = "rank 4 joined the running job at iteration ";
+  ASSERT_TRUE(WaitForLog(trainers[2][0], joined, seconds(60)))
+      << trainers[2][0].Log() << ElasticLogs(nodes);
+  const std::string log = trainers[2][0].Log();
+  const int m = std::atoi(log.c_str() + log.find(joined) + joined.size());
+  ASSERT_GT(m, kElasticStep);
+  ASSERT_LT(m, kSteps) << "the members finished before node 2 joined";
+  std::string weights;
+  for (int n = 0; n < 3; ++n) {
+    for (Process& p : trainers[n]) {
+      const ExitStatus st = p.Wait(seconds(60));
+      const std::string out = p.Log();
+      ASSERT_TRUE(st.exited && st.code == 0) << st.ToString() << "\n" << out << ElasticLogs(nodes);
+      const size_t at = out.find("weights ");
+      ASSERT_NE(at, std::string::npos) << out;
+      const std::string mine = out.substr(at, out.find('\n', at) - at);
+      if (weights.empty()) weights = mine;
+      EXPECT_EQ(mine, weights) << "node " << n << " ended with other weights";
+      const std::string needle =
+          n < 2 ? absl::StrCat("nodes joined after iteration ", m, ": state sent from rank 0")
+                : absl::StrCat("joined the running job at iteration ", m,
+                               ": state from rank 0, world size 6");
+      EXPECT_NE(out.find(needle), std::string::npos) << needle << " in " << out;
+    }
+  }
+  for (int n = 0; n < 2; ++n) {
+    EXPECT_NE(nodes[n]->process().Log().find(absl::StrCat(
+                  "event=gpu_session_reformed generation=2 gpus=1 first_rank=", n, " nranks=3")),
+              std::string::npos)
+        << ElasticLogs(nodes);
+  }
+  EXPECT_NE(nodes[2]->process().Log().find("first_rank=2 nranks=3"), std::string::npos)
+      << ElasticLogs(nodes);
+}
+
+// A trainer's death before its first or after its last mark of an
+// iteration leaves its node in an elastic GPU job: rank 3 (node 1, local
+// rank 1) SIGKILLs itself in step 2 after `marks` marks (after all of them
+// with its stream synchronized), the others held at the start of step 2
+// until node 1 counted the death. Nobody re-forms; the five others end with
+// GS_OK, each step the average over its members (ranks 0, 1, 2, 4, 5 from
+// step 2, or from step 3 when the dead trainer's gradients counted in 2).
+void RunUntilATrainerDiesAndExpectItsNodeStays(const std::string& job, int marks) {
+  constexpr int kTensors = 5;  // cuda_trainer's
+  ScratchDir secrets;
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  ASSERT_NO_FATAL_FAILURE(StartElasticNodes(job, secrets, &nodes));
+  const int from = marks == 0 ? kElasticStep : kElasticStep + 1;
+  const std::vector<std::string> flags = {"--steps=5",
+                                          absl::StrCat("--members-from=", from, ":0,1,2,4,5")};
+  std::vector<std::string> held = flags;
+  held.push_back(absl::StrCat("--pause-at=", kElasticStep, ":0"));
+  std::vector<Process> others;
+  Process victim;
+  for (int n = 0; n < kElasticNodes; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> args = {Runfile("tests/gpu/cuda_trainer"),
+                                       "--socket=" + nodes[n]->socket()};
+      const bool dies = n == 1 && r == 1;
+      const std::vector<std::string>& mine = dies ? flags : held;
+      args.insert(args.end(), mine.begin(), mine.end());
+      if (dies) {
+        args.insert(args.end(), {absl::StrCat("--die-at-step=", kElasticStep),
+                                 absl::StrCat("--die-after-marks=", marks)});
+      }
+      SpawnOptions options;
+      options.env = {{"LOCAL_RANK", std::to_string(r)}};
+      Process p =
+          Process::Spawn(args, absl::StrCat(nodes[n]->dir(), "/trainer", r, ".log"), options);
+      if (dies) {
+        victim = std::move(p);
+      } else {
+        others.push_back(std::move(p));
+      }
+    }
+  }
+  const ExitStatus died = victim.Wait(seconds(90));
+  EXPECT_TRUE(!died.exited && died.code == SIGKILL) << died.ToString() << victim.Log();
+  const std::string departed = absl::StrCat("event=trainer_departed iteration=", kElasticStep,
+                                            " trainer=\"rank 3 (local 1, pid ", victim.pid(),
+                                            ")\" marked=", marks, "/", kTensors);
+  ASSERT_TRUE(WaitForLog(nodes[1]->process(), departed, seconds(30)))
+      << departed << ElasticLogs(nodes);
+  for (Process& p : others) {
+    ASSERT_TRUE(WaitStopped(p, seconds(30))) << p.Log() << ElasticLogs(nodes);
+    p.Signal(SIGCONT);
+  }
+  for (Process& p : others) {
+    const ExitStatus st = p.Wait(seconds(60));
+    EXPECT_TRUE(st.exited && st.code == 0) << st.ToString() << "\n"
+                                           << p.Log() << ElasticLogs(nodes);
+  }
+  for (int n = 0; n < kElasticNodes; ++n) {
+    const std::string log = nodes[n]->process().Log();
+    for (const char* needle : {"event=job_reformed", "event=node_departed", "event=job_failed"}) {
+      EXPECT_EQ(log.find(needle), std::string::npos)
+          << needle << " on node " << n << ElasticLogs(nodes);
+    }
+  }
+}
+
+TEST(CudaElasticTest, ATrainerDeadBeforeItsFirstMarkLeavesItsNodeIn) {
+  GS_SKIP_UNLESS_GPU();
+  RunUntilATrainerDiesAndExpectItsNodeStays("elasticbefore", 0);
+}
+
+TEST(CudaElasticTest, ATrainerDeadAfterItsLastMarkLeavesItsNodeIn) {
+  GS_SKIP_UNLESS_GPU();
+  RunUntilATrainerDiesAndExpectItsNodeStays("elasticafter", 5);
 }
 
 }  // namespace

@@ -5,13 +5,16 @@
 // and every synced step compared with the average over all trainers.
 //
 //   cuda_trainer --socket=S [--mode=flat|user] [--dtype=fp32|bf16] [--steps=N]
-//                [--device=ORD] [--die-at-step=N] [--withhold=I]
+//                [--device=ORD] [--die-at-step=N [--die-after-marks=K]] [--withhold=I]
 //                [--tensors=N] [--switch-stream-at=K] [--inf-at=R:S:I:J]
 //                [--broadcast-root=R --broadcast-bytes=N]
 //                [--pause-at=S:K] [--members-from=S:R,R,...]
+//                [--catch-up --members-before-join=R,... --members-after-join=R,...]
 //
 // --die-at-step: SIGKILL itself in that step after marking two gradients
-// (a trainer dying mid-iteration; its peers must get GS_ERR_PEER_FAILED).
+// (a trainer dying mid-iteration; its peers must get GS_ERR_PEER_FAILED),
+// or --die-after-marks=K of them (K = the tensor count: after every mark,
+// its stream synchronized first).
 // --withhold: after step 0, never mark tensor I (still waits): the bucket
 // holding it is never reduced on this node, so a peer node's collective
 // for it spins until the timeout aborts it.
@@ -29,6 +32,14 @@
 // killed meanwhile). --members-from: from step S on, each result is the
 // average over ranks R,... only (the survivors of an elastic job), and
 // gs_get_job_info's world size must say so.
+// --catch-up: nodes joining the running job. Every trainer keeps fp64
+// weights (SGD on the results); a joiner's trainer (gs_job_info's
+// joined_running_job) starts at the job's iteration m after receiving rank
+// 0's state ([iteration][weights], by gs_broadcast of a device buffer),
+// which must be at m and within the tolerance of its own reference up to
+// m; the others send it after the step whose gs_wait made nodes_joined
+// grow (step m-1). Steps before m average over --members-before-join, from
+// m on over --members-after-join. Every trainer prints its weights' hash.
 //
 // Exit codes as sim_trainer: 0 matched; 1 a result differed; 2 a call
 // failed ("error code=N: message"); 3 bad flags or no usable GPU.
@@ -115,17 +126,74 @@ int DeviceBroadcast(gs_client* c, cudaStream_t stream, int rank, int root, size_
   return 0;
 }
 
+// Global ranks, comma-separated.
+std::vector<int> ParseRanks(const std::string& v) {
+  std::vector<int> out;
+  for (size_t at = 0; at < v.size();) {
+    const size_t comma = std::min(v.find(',', at), v.size());
+    out.push_back(std::atoi(v.substr(at, comma - at).c_str()));
+    at = comma + 1;
+  }
+  return out;
+}
+
+// --catch-up: the job's state, [iteration][every weight] (fp64), copied to
+// a device buffer on `stream` and made rank 0's by gs_broadcast;
+// *iteration and *weights become rank 0's. Returns 0, or the exit code.
+int BroadcastState(gs_client* c, cudaStream_t stream, uint64_t* iteration,
+                   std::vector<std::vector<double>>* weights) {
+  std::vector<double> state(1);
+  std::memcpy(state.data(), iteration, sizeof(*iteration));
+  for (const std::vector<double>& w : *weights) state.insert(state.end(), w.begin(), w.end());
+  const size_t bytes = state.size() * sizeof(double);
+  void* buf = nullptr;
+  if (cudaError_t e = cudaMalloc(&buf, bytes); e != cudaSuccess) return CudaFail(e, "cudaMalloc");
+  // Queued on the stream gs_set_cuda_stream named: gs_broadcast's copies follow it.
+  if (cudaError_t e = cudaMemcpyAsync(buf, state.data(), bytes, cudaMemcpyHostToDevice, stream);
+      e != cudaSuccess) {
+    return CudaFail(e, "cudaMemcpyAsync");
+  }
+  if (gs_status st = gs_broadcast(c, buf, bytes, /*root_rank=*/0, -1); st != GS_OK) {
+    return Fail(c, st, "gs_broadcast of the job's state");
+  }
+  if (cudaError_t e = cudaMemcpy(state.data(), buf, bytes, cudaMemcpyDeviceToHost);
+      e != cudaSuccess) {
+    return CudaFail(e, "cudaMemcpy");
+  }
+  cudaFree(buf);
+  std::memcpy(iteration, state.data(), sizeof(*iteration));
+  size_t at = 1;
+  for (std::vector<double>& w : *weights) {
+    std::copy(state.begin() + at, state.begin() + at + w.size(), w.begin());
+    at += w.size();
+  }
+  return 0;
+}
+
+// FNV-1a of every weight's bytes: replicas that trained alike hash alike.
+uint64_t WeightsHash(const std::vector<std::vector<double>>& weights) {
+  uint64_t h = 1469598103934665603ull;
+  for (const std::vector<double>& w : weights) {
+    const auto* p = reinterpret_cast<const unsigned char*>(w.data());
+    for (size_t k = 0; k < w.size() * sizeof(double); ++k) h = (h ^ p[k]) * 1099511628211ull;
+  }
+  return h;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string socket, mode = "flat", dtype_name = "fp32";
   int steps = 5, device = -1, die_at_step = -1, withhold = -1, tensors = 0, switch_at = -1;
+  int die_after_marks = 2;
   int broadcast_root = -1;
   size_t broadcast_bytes = 0;
   int inf_rank = -1, inf_step = -1, inf_tensor = -1;
   long long inf_element = -1;
   int pause_step = -1, pause_marks = 0, members_from = -1;
   std::vector<int> members;
+  bool catch_up = false;
+  std::vector<int> members_before_join, members_after_join;
   for (int a = 1; a < argc; ++a) {
     std::string arg = argv[a];
     const size_t eq = arg.find('=');
@@ -143,6 +211,8 @@ int main(int argc, char** argv) {
       dtype_name = v;
     else if (key == "--die-at-step")
       die_at_step = std::atoi(v.c_str());
+    else if (key == "--die-after-marks")
+      die_after_marks = std::atoi(v.c_str());
     else if (key == "--withhold")
       withhold = std::atoi(v.c_str());
     else if (key == "--tensors")
@@ -160,15 +230,17 @@ int main(int argc, char** argv) {
       }
     } else if (key == "--pause-at") {
       if (std::sscanf(v.c_str(), "%d:%d", &pause_step, &pause_marks) != 2) return 3;
+    } else if (key == "--catch-up") {
+      catch_up = true;
+    } else if (key == "--members-before-join") {
+      members_before_join = ParseRanks(v);
+    } else if (key == "--members-after-join") {
+      members_after_join = ParseRanks(v);
     } else if (key == "--members-from") {
       const size_t colon = v.find(':');
       if (colon == std::string::npos) return 3;
       members_from = std::atoi(v.substr(0, colon).c_str());
-      for (size_t at = colon + 1; at < v.size();) {
-        const size_t comma = std::min(v.find(',', at), v.size());
-        members.push_back(std::atoi(v.substr(at, comma - at).c_str()));
-        at = comma + 1;
-      }
+      members = ParseRanks(v.substr(colon + 1));
     } else
       return 3;
   }
@@ -258,7 +330,68 @@ int main(int argc, char** argv) {
   std::vector<unsigned char> raw;
   // bf16: the device sums in fp32 and rounds once; fp32: only summation order.
   const double tolerance = bf16 ? 1e-2 : 1e-5;
-  for (int step = 0; step < steps; ++step) {
+  // The ranks step `step` averages over: all, the survivors, or those
+  // before/after nodes joined at `join_at` (-1 while none did).
+  int join_at = -1;
+  auto members_of = [&](int step) {
+    if (!members_before_join.empty() && (join_at < 0 || step < join_at)) {
+      return members_before_join;
+    }
+    if (!members_after_join.empty() && join_at >= 0 && step >= join_at) {
+      return members_after_join;
+    }
+    if (members_from >= 0 && step >= members_from) return members;
+    std::vector<int> all;
+    for (int r = 0; r < world; ++r) all.push_back(r);
+    return all;
+  };
+  auto expected_average = [&](const std::vector<int>& in_step, int step, size_t i, size_t j) {
+    double expected = 0;
+    for (int r : in_step) expected += stored(Grad(r, step, i, j));
+    return expected / static_cast<double>(in_step.size());
+  };
+  // SGD in fp64 on the results, and on the expected averages.
+  std::vector<std::vector<double>> weights(kNum), reference(kNum);
+  for (size_t i = 0; i < kNum; ++i) weights[i].assign(kTensors[i].numel, 1.0);
+  reference = weights;
+  gs_job_info joined = GS_JOB_INFO_INIT;
+  if (gs_status st = gs_get_job_info(c, &joined); st != GS_OK)
+    return Fail(c, st, "gs_get_job_info");
+  uint64_t nodes_joined = joined.nodes_joined;
+  if (catch_up && joined.joined_running_job) {
+    join_at = static_cast<int>(joined.iteration);
+    for (int step = 0; step < join_at; ++step) {
+      const std::vector<int> in_step = members_of(step);
+      for (size_t i = 0; i < kNum; ++i) {
+        for (size_t j = 0; j < kTensors[i].numel; ++j) {
+          reference[i][j] -= 0.1 * expected_average(in_step, step, i, j);
+        }
+      }
+    }
+    uint64_t iteration = joined.iteration;
+    if (int rc = BroadcastState(c, stream, &iteration, &weights); rc != 0) return rc;
+    if (iteration != joined.iteration) {
+      std::printf("CATCH-UP MISMATCH rank %d: rank 0 is at iteration %llu, this trainer at %d\n",
+                  rank, static_cast<unsigned long long>(iteration), join_at);
+      std::fflush(stdout);
+      return 1;
+    }
+    for (size_t i = 0; i < kNum; ++i) {
+      for (size_t j = 0; j < kTensors[i].numel; ++j) {
+        const double want = reference[i][j], got = weights[i][j];
+        if (std::fabs(got - want) <= 10 * tolerance * std::max(1.0, std::fabs(want))) continue;
+        std::printf("CATCH-UP MISMATCH rank %d tensor %zu element %zu: got %.9g expected %.9g\n",
+                    rank, i, j, got, want);
+        std::fflush(stdout);
+        return 1;
+      }
+    }
+    std::printf(
+        "rank %d joined the running job at iteration %d: state from rank 0, world size %d\n", rank,
+        join_at, joined.world_size);
+    std::fflush(stdout);
+  }
+  for (int step = std::max(join_at, 0); step < steps; ++step) {
     cudaStream_t current = stream;
     if (gs_status st = gs_set_cuda_stream(c, current); st != GS_OK)
       return Fail(c, st, "gs_set_cuda_stream");
@@ -281,8 +414,8 @@ int main(int argc, char** argv) {
         if (gs_status st = gs_set_cuda_stream(c, current); st != GS_OK)
           return Fail(c, st, "gs_set_cuda_stream");
       }
-      if (step == die_at_step && k == 2) {
-        std::printf("rank %d dying at step %d after 2 marks\n", rank, step);
+      if (step == die_at_step && static_cast<int>(k) == die_after_marks) {
+        std::printf("rank %d dying at step %d after %zu marks\n", rank, step, k);
         std::fflush(stdout);
         raise(SIGKILL);
       }
@@ -306,13 +439,17 @@ int main(int argc, char** argv) {
       if (gs_status st = gs_mark_ready(c, i); st != GS_OK) return Fail(c, st, "gs_mark_ready");
     }
     if (int rc = maybe_pause(kNum); rc != 0) return rc;
-    if (gs_status st = gs_wait(c, -1); st != GS_OK) return Fail(c, st, "gs_wait");
-    // The ranks this step averaged over: all, or the survivors.
-    std::vector<int> in_step = members;
-    if (members_from < 0 || step < members_from) {
-      in_step.clear();
-      for (int r = 0; r < world; ++r) in_step.push_back(r);
+    if (step == die_at_step && static_cast<size_t>(die_after_marks) == kNum) {
+      // Dead after its last mark, with its gradients complete.
+      if (cudaError_t e = cudaStreamSynchronize(current); e != cudaSuccess) {
+        return CudaFail(e, "cudaStreamSynchronize");
+      }
+      std::printf("rank %d dying at step %d after all %zu marks\n", rank, step, kNum);
+      std::fflush(stdout);
+      raise(SIGKILL);
     }
+    if (gs_status st = gs_wait(c, -1); st != GS_OK) return Fail(c, st, "gs_wait");
+    const std::vector<int> in_step = members_of(step);
     gs_job_info info = GS_JOB_INFO_INIT;
     if (gs_status st = gs_get_job_info(c, &info); st != GS_OK)
       return Fail(c, st, "gs_get_job_info");
@@ -330,9 +467,7 @@ int main(int argc, char** argv) {
         return CudaFail(e, "cudaMemcpy");
       }
       for (size_t j = 0; j < kTensors[i].numel; ++j) {
-        double expected = 0;
-        for (int r : in_step) expected += stored(Grad(r, step, i, j));
-        expected /= static_cast<double>(in_step.size());
+        const double expected = expected_average(in_step, step, i, j);
         float value;
         if (bf16) {
           uint16_t b;
@@ -348,9 +483,22 @@ int main(int argc, char** argv) {
           std::fflush(stdout);
           return 1;
         }
+        weights[i][j] -= 0.1 * value;
+        reference[i][j] -= 0.1 * expected;
       }
     }
+    if (catch_up && info.nodes_joined != nodes_joined) {
+      // Nodes join at the next iteration: their trainers get this state.
+      nodes_joined = info.nodes_joined;
+      join_at = step + 1;
+      uint64_t iteration = info.iteration;
+      if (int rc = BroadcastState(c, stream, &iteration, &weights); rc != 0) return rc;
+      std::printf("rank %d: nodes joined after iteration %llu: state sent from rank 0\n", rank,
+                  static_cast<unsigned long long>(iteration));
+      std::fflush(stdout);
+    }
   }
+  std::printf("weights %016llx\n", static_cast<unsigned long long>(WeightsHash(weights)));
   std::printf("OK rank %d world %d steps %d\n", rank, world, steps);
   std::fflush(stdout);
   gs_close(c);

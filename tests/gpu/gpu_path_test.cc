@@ -580,7 +580,8 @@ TEST(GpuPath, NodeKilledMidJobFailsTheOtherNodesTrainers) {
 // that step's members (steps 0-1: all 6 ranks; 2 on: ranks 0-3, which
 // gs_get_job_info's world size must say) and with the same weights.
 constexpr int kElasticNodes = 3, kElasticStep = 2, kElasticSteps = 5;
-constexpr int kAllMarks = 6;  // sim_trainer's tensor count
+constexpr int kAllMarks = 6;   // sim_trainer's tensor count
+constexpr int kJoinSteps = 8;  // the joining tests' steps: room for the join
 
 // Where node 2 dies. kBackward: every trainer marked the first gradient
 // (its bucket, the 1-element gate alone, may be averaged over 6 already). kVictimInCollective: node
@@ -603,6 +604,27 @@ int MarksBeforePause(ElasticStage stage, bool victim) {
   return 0;
 }
 
+// Simulated node `n` (2 GPUs, `local_size` trainers) of a job whose
+// leader, node 0, listens on `leader_port` (unused for node 0 itself);
+// appended to `nodes`. `common` holds the job's flags and token file.
+void StartSimNode(int n, int local_size, int leader_port, std::vector<std::string> args,
+                  const std::map<std::string, std::string>& extra_env,
+                  std::vector<std::unique_ptr<Daemon>>* nodes) {
+  args.push_back(absl::StrCat("--node-rank=", n));
+  if (n > 0) args.push_back(absl::StrCat("--leader=127.0.0.1:", leader_port));
+  std::map<std::string, std::string> env = SimEnv(2);
+  env["NCCL_HOSTID"] = absl::StrCat("sim-node-", n);  // one host per node
+  env.insert(extra_env.begin(), extra_env.end());
+  nodes->push_back(std::make_unique<Daemon>(local_size, args, env, "tests/gpu/gradsyncd_sim"));
+  ASSERT_TRUE(nodes->back()->WaitReady(seconds(10))) << nodes->back()->process().Log();
+}
+
+// The job's shared token file, its path appended to `common`.
+void AddTokenFile(const ScratchDir& secrets, std::vector<std::string>* common) {
+  ASSERT_TRUE(WriteTokenFile(secrets.File("token"), "gpu-path-token"));
+  common->push_back("--job-token-file=" + secrets.File("token"));
+}
+
 // kElasticNodes simulated nodes (node 0 leads), `local_sizes[n]` trainers
 // on node n, `survivors_env` added to nodes 0 and 1; fatal failures end the
 // test.
@@ -610,19 +632,12 @@ void StartSimNodes(std::vector<std::string> common, std::vector<std::unique_ptr<
                    const std::vector<int>& local_sizes = {2, 2, 2},
                    const std::map<std::string, std::string>& survivors_env = {}) {
   ScratchDir secrets;
-  ASSERT_TRUE(WriteTokenFile(secrets.File("token"), "gpu-path-token"));
-  common.push_back("--job-token-file=" + secrets.File("token"));
+  ASSERT_NO_FATAL_FAILURE(AddTokenFile(secrets, &common));
   int port = 0;
   for (int n = 0; n < kElasticNodes; ++n) {
-    std::vector<std::string> args = common;
-    args.push_back(absl::StrCat("--node-rank=", n));
-    if (n > 0) args.push_back(absl::StrCat("--leader=127.0.0.1:", port));
-    std::map<std::string, std::string> env = SimEnv(2);
-    env["NCCL_HOSTID"] = absl::StrCat("sim-node-", n);  // one host per node
-    if (n < 2) env.insert(survivors_env.begin(), survivors_env.end());
-    nodes->push_back(
-        std::make_unique<Daemon>(local_sizes[n], args, env, "tests/gpu/gradsyncd_sim"));
-    ASSERT_TRUE(nodes->back()->WaitReady(seconds(10))) << nodes->back()->process().Log();
+    ASSERT_NO_FATAL_FAILURE(
+        StartSimNode(n, local_sizes[n], port, common,
+                     n < 2 ? survivors_env : std::map<std::string, std::string>{}, nodes));
     if (n == 0) {
       port = nodes->back()->ListenPort(seconds(10));
       ASSERT_GT(port, 0) << nodes->back()->process().Log();
@@ -702,6 +717,13 @@ void RunUntilNodeTwoGoesAndExpectSurvivorsFinish(ElasticStage stage, bool sigter
   }
   const auto killed_at = std::chrono::steady_clock::now();
   nodes[2]->process().Signal(sigterm ? SIGTERM : SIGKILL);
+  if (sigterm) {
+    // Resumed earlier, the trainers could finish the step before the
+    // daemon's shutdown reached its job.
+    ASSERT_TRUE(
+        WaitForLog(nodes[2]->process(), "event=job_failed job=1 code=UNAVAILABLE", seconds(30)))
+        << Logs(nodes);
+  }
   for (ElasticRun& run : runs) {
     if (run.node == 2) run.process.Signal(sigterm ? SIGCONT : SIGKILL);
   }
@@ -867,6 +889,123 @@ TEST(GpuElasticJob, ATrainerKilledMidBackwardTakesItsNodeOutAndTheOthersRedoTheS
   EXPECT_TRUE(nodes[1]->process().Running()) << Logs(nodes);
 }
 
+// A GPU trainer's death before its first or after its last mark of an
+// iteration leaves its node in the elastic job, as on the CPU path: rank 3
+// (node 1, local rank 1, alone on its node's second GPU) SIGKILLs itself in
+// step 2 before marking anything, or after marking everything with its
+// stream drained (then with the trainers' own allocations: user pointers).
+// Node 1 counts it out (event=trainer_departed ... marked=0/6 or 6/6);
+// the per-iteration agreement divides by the 5 trainers left from step 2
+// (before) or step 3 (after) on, and node 1's second GPU, with no active
+// trainer, adds zeros to the collective. Nobody re-forms: the five others,
+// rank 2 too, end with GS_OK, each step within 1e-12 of its members'
+// average (fp64), and the same weights bit for bit. The others are held
+// at the start of step 2 until node 1 counted the death, so that it comes
+// in step 2 whatever the machine's speed.
+// 3 nodes x 2 trainers on 2 simulated GPUs each (fp64): rank 3 (node 1,
+// local rank 1) SIGKILLs itself in step 2 after `marks` marks, with
+// `victim_args` too; the others are held at the start of step 2 until node
+// 1 logged the death (`event=trainer_departed iteration=2 ... marked=K/6`),
+// then resumed. Each checks its steps against `members` from step `from`.
+void RunUntilRankThreeDiesInStepTwo(const std::string& job, int marks,
+                                    const std::vector<std::string>& victim_args, int from,
+                                    const std::string& members,
+                                    std::vector<std::unique_ptr<Daemon>>* nodes,
+                                    std::vector<ElasticRun>* runs, Process* victim) {
+  ASSERT_NO_FATAL_FAILURE(
+      StartSimNodes({"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001", "--timeout-s=10",
+                     "--num-nodes=3", "--min-nodes=2", "--job-id=" + job},
+                    nodes));
+  for (int n = 0; n < kElasticNodes; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> args = {marks == 0 ? "--mode=flat" : "--mode=user", "--dtype=fp64",
+                                       absl::StrCat("--steps=", kElasticSteps),
+                                       absl::StrCat("--members-from-step=", from),
+                                       "--members=" + members};
+      if (n == 1 && r == 1) {
+        args.insert(args.end(), {absl::StrCat("--die-at-step=", kElasticStep),
+                                 absl::StrCat("--die-after-marks=", marks)});
+        args.insert(args.end(), victim_args.begin(), victim_args.end());
+      } else {
+        // Held until node 1 counted the death, so that it does in step 2.
+        args.insert(args.end(),
+                    {absl::StrCat("--pause-at-step=", kElasticStep), "--pause-after-marks=0"});
+      }
+      runs->push_back({n, StartSimTrainer(*(*nodes)[n], r, 2, args)});
+    }
+  }
+  *victim = std::move((*runs)[3].process);
+  runs->erase(runs->begin() + 3);
+  const ExitStatus died = victim->Wait(seconds(60));
+  EXPECT_TRUE(!died.exited && died.code == SIGKILL) << died.ToString() << victim->Log();
+  const std::string departed = absl::StrCat("event=trainer_departed iteration=", kElasticStep,
+                                            " trainer=\"rank 3 (local 1, pid ", victim->pid(),
+                                            ")\" marked=", marks, "/", kAllMarks);
+  ASSERT_TRUE(WaitForLog((*nodes)[1]->process(), departed, seconds(30)))
+      << departed << Logs(*nodes);
+  for (ElasticRun& run : *runs) {
+    ASSERT_TRUE(WaitStopped(run.process, seconds(30))) << run.process.Log() << Logs(*nodes);
+    run.process.Signal(SIGCONT);
+  }
+}
+
+class GpuTrainerDeathTest : public ::testing::TestWithParam<int> {};  // its marks of step 2
+
+TEST_P(GpuTrainerDeathTest, ATrainerDeadBeforeItsFirstOrAfterItsLastMarkLeavesItsNodeIn) {
+  const int marks = GetParam();
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  std::vector<ElasticRun> runs;
+  Process victim;
+  ASSERT_NO_FATAL_FAILURE(RunUntilRankThreeDiesInStepTwo(
+      "gputrainerstays", marks, {}, marks == 0 ? kElasticStep : kElasticStep + 1, "0,1,2,4,5",
+      &nodes, &runs, &victim));
+  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsEndAlike(runs, nodes, /*gone_node=*/-1));
+  for (int n = 0; n < kElasticNodes; ++n) {
+    const std::string log = nodes[n]->process().Log();
+    for (const char* needle : {"event=job_reformed", "event=node_departed", "event=job_failed"}) {
+      EXPECT_EQ(log.find(needle), std::string::npos) << needle << " on node " << n << Logs(nodes);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sim, GpuTrainerDeathTest, ::testing::Values(0, kAllMarks),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return info.param == 0 ? "before_first_mark" : "after_last_mark";
+                         });
+
+// "After its last mark" counts a GPU trainer's gradients only if the work
+// it queued before its marks completed: rank 3 marks all 6 gradients of
+// step 2 with its stream held (its writes never run) and dies. Node 1 counts
+// it as marked=6/6, then its reduction finds the dead trainer's readiness
+// events failed, so node 1 leaves the job instead: rank 2 fails with
+// PEER_FAILED naming rank 3 and its incomplete work, and nodes 0 and 2
+// re-form and redo step 2 over ranks 0, 1, 4, 5, each step within 1e-12 of
+// its members' average.
+TEST(GpuElasticJob, ATrainerDeadAfterItsLastMarkWhoseWorkNeverRanTakesItsNodeOut) {
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  std::vector<ElasticRun> runs;
+  Process victim;
+  ASSERT_NO_FATAL_FAILURE(RunUntilRankThreeDiesInStepTwo("gpuundrained", kAllMarks,
+                                                         {"--die-with-stream-held"}, kElasticStep,
+                                                         "0,1,4,5", &nodes, &runs, &victim));
+  Process other = std::move(runs[2].process);  // rank 2, node 1
+  runs.erase(runs.begin() + 2);
+  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsEndAlike(runs, nodes, /*gone_node=*/1));
+  const ExitStatus st = other.Wait(seconds(30));
+  const std::string log = other.Log();
+  ASSERT_TRUE(st.exited && st.code == 2) << st.ToString() << "\n" << log << Logs(nodes);
+  for (const std::string& needle :
+       {std::string("error code=4"),
+        absl::StrCat("rank 3 (local 1, pid ", victim.pid(), ") died in iteration ", kElasticStep,
+                     " after marking all 6 gradients, but the GPU work it queued before its "
+                     "marks did not complete"),
+        std::string("so its node leaves the job")}) {
+    EXPECT_NE(log.find(needle), std::string::npos) << needle << " in " << log << Logs(nodes);
+  }
+  ExpectSurvivorsReformedWithout(nodes, /*gone=*/1);
+  EXPECT_TRUE(nodes[1]->process().Running()) << Logs(nodes);
+}
+
 // A node's last trainer dying takes the node out on the GPU path too: node
 // 2 runs one trainer (rank 4), which SIGKILLs itself after 2 marks of step
 // 2; its daemon lives on, and nodes 0 and 1 redo step 2 over ranks 0-3.
@@ -902,6 +1041,177 @@ TEST(GpuElasticJob, ANodesOnlyTrainerKilledTakesItsNodeOutAndTheOthersRedoTheSte
       << Logs(nodes);
   ExpectSurvivorsReformedWithout(nodes, /*gone=*/2);
   EXPECT_TRUE(nodes[2]->process().Running()) << Logs(nodes);
+}
+
+// A node joining a running elastic GPU job (docs/DESIGN.md "Joining a
+// running job"): nodes 0 and 1 (--num-nodes 2 --max-nodes 3 --min-nodes 1,
+// 2 trainers on 2 simulated GPUs each, fp64) train; node 0's trainers stop
+// at the start of step 2 while node 2, a new rank, starts with 2 trainers.
+// Once both members read the leader's grow entry node 0's trainers go on,
+// so every member switches at its iteration m: the members re-create
+// their communicators with node 2's GPUs (6 NCCL ranks), node 2 opens its
+// GPU session at NCCL ranks 4-5 and starts at m, and every trainer
+// gs_broadcasts the job's state (iteration count and fp64 weights, in
+// device memory) from rank 0 after step m-1: the joiners receive it within
+// 1e-12 of the reference up to m. Every step is within 1e-12 of the
+// average over its members (ranks 0-3 before m, 0-5 from m on) and all six
+// end with the same weights bit for bit.
+TEST(GpuElasticJob, ANewNodeJoinsTheRunningJobCatchesUpFromDeviceMemoryAndTrainsWithIt) {
+  ScratchDir secrets;
+  std::vector<std::string> common = {"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001",
+                                     "--timeout-s=30",        "--num-nodes=2",
+                                     "--max-nodes=3",         "--min-nodes=1",
+                                     "--job-id=gpujoin"};
+  ASSERT_NO_FATAL_FAILURE(AddTokenFile(secrets, &common));
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  ASSERT_NO_FATAL_FAILURE(StartSimNode(0, 2, 0, common, {}, &nodes));
+  const int port = nodes[0]->ListenPort(seconds(10));
+  ASSERT_GT(port, 0) << Logs(nodes);
+  ASSERT_NO_FATAL_FAILURE(StartSimNode(1, 2, port, common, {}, &nodes));
+  const std::vector<std::string> train = {"--dtype=fp64", absl::StrCat("--steps=", kJoinSteps),
+                                          "--catch-up", "--members-before-join=0,1,2,3",
+                                          "--members-after-join=0,1,2,3,4,5"};
+  std::vector<ElasticRun> runs;
+  for (int n = 0; n < 2; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> args = train;
+      args.push_back("--mode=flat");
+      if (n == 0) {
+        args.insert(args.end(),
+                    {absl::StrCat("--pause-at-step=", kElasticStep), "--pause-after-marks=0"});
+      }
+      runs.push_back({n, StartSimTrainer(*nodes[n], r, 2, args)});
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    Process& p = runs[r].process;
+    ASSERT_TRUE(WaitForLog(p, absl::StrCat("paused at step ", kElasticStep), seconds(60)) &&
+                WaitStopped(p, seconds(30)))
+        << p.Log() << Logs(nodes);
+  }
+  ASSERT_NO_FATAL_FAILURE(StartSimNode(2, 2, port, common, {}, &nodes));
+  for (int r = 0; r < 2; ++r) {
+    // The joiners' own allocations: both registration modes in one job.
+    std::vector<std::string> args = train;
+    args.push_back("--mode=user");
+    runs.push_back({2, StartSimTrainer(*nodes[2], r, 2, args)});
+  }
+  ASSERT_TRUE(WaitForLog(nodes[0]->process(), "event=job_grow_published", seconds(30)))
+      << Logs(nodes);
+  for (int n : {0, 1}) {
+    ASSERT_TRUE(WaitForLog(nodes[n]->process(), "event=job_grow_read", seconds(30))) << Logs(nodes);
+  }
+  for (int r = 0; r < 2; ++r) runs[r].process.Signal(SIGCONT);
+  const std::string joined = "joined the running job at iteration ";
+  ASSERT_TRUE(WaitForLog(runs[4].process, joined, seconds(60)))
+      << runs[4].process.Log() << Logs(nodes);
+  const std::string log = runs[4].process.Log();
+  const int m = std::atoi(log.c_str() + log.find(joined) + joined.size());
+  ASSERT_GT(m, kElasticStep);
+  ASSERT_LT(m, kJoinSteps) << "the members finished before node 2 joined";
+  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsEndAlike(runs, nodes, /*gone_node=*/-1));
+  for (int rank = 0; rank < 6; ++rank) {
+    const std::string needle =
+        rank < 4 ? absl::StrCat("nodes joined after iteration ", m, ": state sent from rank 0\n")
+                 : absl::StrCat(joined, m, ": state from rank 0, world size 6, rank ", rank, "\n");
+    EXPECT_NE(runs[rank].process.Log().find(needle), std::string::npos)
+        << needle << " in " << runs[rank].process.Log();
+  }
+  for (int n = 0; n < 2; ++n) {
+    const std::string daemon = nodes[n]->process().Log();
+    for (const std::string& needle :
+         {std::string("event=job_growing"),
+          absl::StrCat("event=gpu_session_reformed generation=2 gpus=2 first_rank=", 2 * n,
+                       " nranks=6")}) {
+      EXPECT_NE(daemon.find(needle), std::string::npos)
+          << needle << " on node " << n << Logs(nodes);
+    }
+  }
+  EXPECT_NE(nodes[2]->process().Log().find("first_rank=4 nranks=6"), std::string::npos)
+      << Logs(nodes);
+}
+
+// A replacement for a dead node joins the re-formed GPU job: 3 nodes x 2
+// trainers on 2 simulated GPUs each (fp64, --min-nodes 2); in step 2 every
+// trainer stops after its first mark and node 2 (daemon and trainers) is
+// SIGKILLed. Node 1's trainers go on (its collective fails), node 0's stay
+// stopped while nodes 0 and 1 re-form as generation 2 (4 NCCL ranks); then
+// a fresh node 2 daemon with 2 trainers (--catch-up) starts, and once both
+// survivors read the grow entry node 0's trainers go on: all switch at m,
+// generation 3 has 6 NCCL ranks again, and the replacements receive rank
+// 0's state by gs_broadcast of device memory. Every step is within 1e-12
+// of its members' average (0-1: ranks 0-5, 2 to m-1: ranks 0-3, m on:
+// ranks 0-5) and all six end with the same weights bit for bit.
+TEST(GpuElasticJob, AReplacementNodeJoinsTheReformedJobCatchesUpAndTrainsOverAllAgain) {
+  ScratchDir secrets;
+  std::vector<std::string> common = {"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001",
+                                     "--timeout-s=30",        "--num-nodes=3",
+                                     "--min-nodes=2",         "--job-id=gpureplace"};
+  ASSERT_NO_FATAL_FAILURE(AddTokenFile(secrets, &common));
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  ASSERT_NO_FATAL_FAILURE(StartSimNode(0, 2, 0, common, {}, &nodes));
+  const int port = nodes[0]->ListenPort(seconds(10));
+  ASSERT_GT(port, 0) << Logs(nodes);
+  for (int n : {1, 2}) ASSERT_NO_FATAL_FAILURE(StartSimNode(n, 2, port, common, {}, &nodes));
+  const std::vector<std::string> train = {"--mode=flat",
+                                          "--dtype=fp64",
+                                          absl::StrCat("--steps=", kJoinSteps),
+                                          "--catch-up",
+                                          absl::StrCat("--members-from-step=", kElasticStep),
+                                          "--members=0,1,2,3",
+                                          "--members-after-join=0,1,2,3,4,5"};
+  std::vector<ElasticRun> runs;
+  for (int n = 0; n < kElasticNodes; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> args = train;
+      args.insert(args.end(),
+                  {absl::StrCat("--pause-at-step=", kElasticStep), "--pause-after-marks=1"});
+      runs.push_back({n, StartSimTrainer(*nodes[n], r, 2, args)});
+    }
+  }
+  for (ElasticRun& run : runs) {
+    ASSERT_TRUE(
+        WaitForLog(run.process, absl::StrCat("paused at step ", kElasticStep), seconds(60)) &&
+        WaitStopped(run.process, seconds(30)))
+        << run.process.Log() << Logs(nodes);
+  }
+  nodes[2]->process().Signal(SIGKILL);
+  for (int i : {4, 5}) runs[i].process.Signal(SIGKILL);
+  for (int i : {4, 5}) runs[i].process.Wait(seconds(10));
+  runs.erase(runs.begin() + 4, runs.end());
+  for (int i : {2, 3}) runs[i].process.Signal(SIGCONT);  // node 1's: its collective fails
+  ASSERT_TRUE(WaitForLog(nodes[0]->process(), "event=job_reformed", seconds(30))) << Logs(nodes);
+  nodes[2].reset();
+  nodes.pop_back();
+  ASSERT_NO_FATAL_FAILURE(StartSimNode(2, 2, port, common, {}, &nodes));
+  for (int r = 0; r < 2; ++r) runs.push_back({2, StartSimTrainer(*nodes[2], r, 2, train)});
+  ASSERT_TRUE(WaitForLog(nodes[0]->process(), "event=job_grow_published", seconds(30)))
+      << Logs(nodes);
+  for (int n : {0, 1}) {
+    ASSERT_TRUE(WaitForLog(nodes[n]->process(), "event=job_grow_read", seconds(30))) << Logs(nodes);
+  }
+  for (int i : {0, 1}) runs[i].process.Signal(SIGCONT);
+  const std::string joined = "joined the running job at iteration ";
+  ASSERT_TRUE(WaitForLog(runs[4].process, joined, seconds(60)))
+      << runs[4].process.Log() << Logs(nodes);
+  const std::string log = runs[4].process.Log();
+  const int m = std::atoi(log.c_str() + log.find(joined) + joined.size());
+  ASSERT_GT(m, kElasticStep);
+  ASSERT_LT(m, kJoinSteps) << "the survivors finished before the replacement joined";
+  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsEndAlike(runs, nodes, /*gone_node=*/-1));
+  for (int n = 0; n < 2; ++n) {
+    const std::string daemon = nodes[n]->process().Log();
+    for (const std::string& needle :
+         {absl::StrCat("event=gpu_session_reformed generation=2 gpus=2 first_rank=", 2 * n,
+                       " nranks=4"),
+          absl::StrCat("event=gpu_session_reformed generation=3 gpus=2 first_rank=", 2 * n,
+                       " nranks=6")}) {
+      EXPECT_NE(daemon.find(needle), std::string::npos)
+          << needle << " on node " << n << Logs(nodes);
+    }
+  }
+  EXPECT_NE(nodes[2]->process().Log().find("first_rank=4 nranks=6"), std::string::npos)
+      << Logs(nodes);
 }
 
 // A fixed job (--min-nodes = --num-nodes) still ends at a trainer's death:

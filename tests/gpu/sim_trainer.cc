@@ -49,8 +49,13 @@ struct Flags {
   int unused_every = 0;    // > 0: odd ranks leave "gate" unused every n-th micro-step
   int hold_stream_ms = 0;  // hold the stream's writes this long after marking
   unsigned shuffle_seed = 1;
-  int die_at_step = -1;  // SIGKILL self in this step after `die_after_marks` marks
+  // SIGKILL self in this step after `die_after_marks` marks (the tensor
+  // count: after every mark, its stream drained first).
+  int die_at_step = -1;
   int die_after_marks = 2;
+  // With --die-at-step: hold its stream from the start of that step (its
+  // writes never run) and die without draining it: marked, never written.
+  bool die_with_stream_held = false;
   // >= 0: stop self (SIGSTOP, after printing "paused at step S after K
   // marks") in this synced step after `pause_after_marks` marks (the
   // tensor count: after every mark, before gs_wait), for a test to SIGKILL
@@ -63,6 +68,16 @@ struct Flags {
   // world size must say so.
   int members_from_step = -1;
   std::vector<int> members;
+  // Nodes joining the running job (--catch-up): a joiner's trainer starts
+  // at the job's iteration m after receiving rank 0's state (the iteration
+  // count and the weights, in device memory, by gs_broadcast); the others
+  // send it once gs_get_job_info says nodes joined (after step m-1). Each
+  // step before m is the average over `members_before_join`, each from m on
+  // over `members_after_join` (both lists of global ranks, or empty: every
+  // rank of the world at registration).
+  bool catch_up = false;
+  std::vector<int> members_before_join;
+  std::vector<int> members_after_join;
   bool mix = false;  // register a CPU and a CUDA tensor (must be refused)
   // > 0: a layout of this many small tensors "p<i>" instead of the model's
   // (more than the client's pool of readiness events).
@@ -249,6 +264,13 @@ int Error(const absl::Status& st) {
   return 2;
 }
 
+std::vector<int> ParseRanks(const std::string& v) {
+  std::vector<int> out;
+  for (absl::string_view n : absl::StrSplit(v, ','))
+    out.push_back(std::atoi(std::string(n).c_str()));
+  return out;
+}
+
 bool ParseFlags(int argc, char** argv, Flags* f) {
   for (int a = 1; a < argc; ++a) {
     std::string arg = argv[a];
@@ -277,6 +299,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->die_at_step = std::atoi(v.c_str());
     else if (key == "--die-after-marks")
       f->die_after_marks = std::atoi(v.c_str());
+    else if (key == "--die-with-stream-held")
+      f->die_with_stream_held = true;
     else if (key == "--mix")
       f->mix = true;
     else if (key == "--pause-at-step")
@@ -290,6 +314,12 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     else if (key == "--members")
       for (absl::string_view n : absl::StrSplit(v, ','))
         f->members.push_back(std::atoi(std::string(n).c_str()));
+    else if (key == "--catch-up")
+      f->catch_up = true;
+    else if (key == "--members-before-join")
+      f->members_before_join = ParseRanks(v);
+    else if (key == "--members-after-join")
+      f->members_after_join = ParseRanks(v);
     else if (key == "--tensors")
       f->tensors = std::atoi(v.c_str());
     else if (key == "--switch-stream-at")
@@ -374,6 +404,104 @@ int CheckParameters(const Flags& f, int rank, const std::vector<std::vector<floa
     print = print * 31 + Fingerprint(params[i]);
   }
   std::printf("params rank %d fingerprint %llu\n", rank, static_cast<unsigned long long>(print));
+  std::fflush(stdout);
+  return 0;
+}
+
+// The global ranks whose average step `step` is (see Flags); `join_at`:
+// the iteration nodes joined at, -1 while none did.
+std::vector<int> MembersOf(const Flags& f, int step, int world, int join_at) {
+  if (!f.members_before_join.empty() && (join_at < 0 || step < join_at)) {
+    return f.members_before_join;
+  }
+  if (!f.members_after_join.empty() && join_at >= 0 && step >= join_at) {
+    return f.members_after_join;
+  }
+  if (f.members_from_step >= 0 && step >= f.members_from_step) return f.members;
+  std::vector<int> all;
+  for (int r = 0; r < world; ++r) all.push_back(r);
+  return all;
+}
+
+// Element j of tensor i after step `step`: the average over `in_step`;
+// *bad when a member wrote a non-finite value there.
+double ExpectedAverage(const Flags& f, const std::vector<int>& in_step, int step, size_t i,
+                       size_t j, bool* bad) {
+  double expected = 0;
+  *bad = false;
+  for (int r : in_step) {
+    expected += Stored(f, r, step, i, j);
+    *bad = *bad || IsBad(f, r, step, i, j);
+  }
+  return expected / static_cast<double>(in_step.size());
+}
+
+// --catch-up: the job's state, [iteration][every weight] (fp64), written
+// to a device buffer on this trainer's GPU on `stream` and made rank 0's
+// by gs_broadcast; *iteration and *weights become rank 0's. Returns 0, or
+// the exit code.
+int BroadcastState(gradsync::Client& c, gradsync::gpu::SimTrainerDevice& device,
+                   const gradsync::gpu::DeviceId& id, gradsync::gpu::Stream* stream,
+                   uint64_t* iteration, std::vector<std::vector<double>>* weights) {
+  std::vector<double> state(1);
+  std::memcpy(state.data(), iteration, sizeof(*iteration));
+  for (const std::vector<double>& w : *weights) state.insert(state.end(), w.begin(), w.end());
+  const size_t bytes = state.size() * sizeof(double);
+  auto buf = device.Alloc(id, bytes);
+  if (!buf.ok()) return Error(buf.status());
+  if (absl::Status st = device.WriteAsync(*buf, state.data(), bytes, stream); !st.ok()) {
+    return Error(st);
+  }
+  if (absl::Status st = c.Broadcast(*buf, bytes, /*root_rank=*/0, -1); !st.ok()) return Error(st);
+  // The client synchronized its stream after its last copy: read in place.
+  std::memcpy(state.data(), *buf, bytes);
+  if (absl::Status st = device.Free(*buf); !st.ok()) return Error(st);
+  std::memcpy(iteration, state.data(), sizeof(*iteration));
+  size_t at = 1;
+  for (std::vector<double>& w : *weights) {
+    std::copy(state.begin() + at, state.begin() + at + w.size(), w.begin());
+    at += w.size();
+  }
+  return 0;
+}
+
+// --catch-up on a trainer whose node joined the running job at iteration
+// m: the reference's steps before m (the members' averages), then the
+// job's state from rank 0, which must be at m with weights within 1e-12 of
+// that reference. Returns 0, or the exit code.
+int CatchUp(gradsync::Client& c, gradsync::gpu::SimTrainerDevice& device,
+            const gradsync::gpu::DeviceId& id, gradsync::gpu::Stream* stream, const Flags& f,
+            int join_at, std::vector<std::vector<double>>* reference,
+            std::vector<std::vector<double>>* weights) {
+  for (int step = 0; step < join_at; ++step) {
+    const std::vector<int> in_step = MembersOf(f, step, c.world_size(), join_at);
+    for (size_t i = 0; i < kTensors.size(); ++i) {
+      for (size_t j = 0; j < kTensors[i].numel; ++j) {
+        bool bad = false;
+        (*reference)[i][j] -= 0.1 * ExpectedAverage(f, in_step, step, i, j, &bad);
+      }
+    }
+  }
+  uint64_t iteration = static_cast<uint64_t>(join_at);
+  if (int rc = BroadcastState(c, device, id, stream, &iteration, weights); rc != 0) return rc;
+  if (iteration != static_cast<uint64_t>(join_at)) {
+    std::printf("CATCH-UP MISMATCH rank %d: rank 0 is at iteration %llu, this trainer at %d\n",
+                c.rank(), static_cast<unsigned long long>(iteration), join_at);
+    std::fflush(stdout);
+    return 1;
+  }
+  for (size_t i = 0; i < kTensors.size(); ++i) {
+    for (size_t j = 0; j < kTensors[i].numel; ++j) {
+      const double want = (*reference)[i][j], got = (*weights)[i][j];
+      if (std::fabs(got - want) <= 1e-12 * std::max(1.0, std::fabs(want))) continue;
+      std::printf("CATCH-UP MISMATCH rank %d tensor %zu element %zu: got %.17g expected %.17g\n",
+                  c.rank(), i, j, got, want);
+      std::fflush(stdout);
+      return 1;
+    }
+  }
+  std::printf("joined the running job at iteration %d: state from rank 0, world size %d, rank %d\n",
+              join_at, c.job_info().world_size, c.rank());
   std::fflush(stdout);
   return 0;
 }
@@ -476,7 +604,15 @@ int main(int argc, char** argv) {
       return rc;
     }
   }
-  for (int step = 0; step < f.steps; ++step) {
+  int join_at = -1;  // the iteration nodes joined at (this trainer's or others')
+  uint64_t nodes_joined = c.job_info().nodes_joined;
+  if (f.catch_up && c.job_info().joined_running_job) {
+    join_at = static_cast<int>(c.job_info().iteration);
+    if (int rc = CatchUp(c, *device, *id, *stream, f, join_at, &reference, &weights); rc != 0) {
+      return rc;
+    }
+  }
+  for (int step = std::max(join_at, 0); step < f.steps; ++step) {
     if (f.broadcast_root >= 0 && step == 1) {
       if (int rc = BroadcastAndCheck(c, *device, *id, *stream, f, rank, "between steps"); rc != 0) {
         return rc;
@@ -485,7 +621,9 @@ int main(int argc, char** argv) {
     for (int m = 0; m < f.accumulate; ++m) {
       const bool synced = m == f.accumulate - 1;
       if (absl::Status st = c.SetSync(synced); !st.ok()) return Error(st);
-      if (f.hold_stream_ms > 0) gradsync::gpu::SimPauseStream(*stream).IgnoreError();
+      if (f.hold_stream_ms > 0 || (f.die_with_stream_held && step == f.die_at_step && synced)) {
+        gradsync::gpu::SimPauseStream(*stream).IgnoreError();
+      }
       std::vector<size_t> order(kTensors.size());
       for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
       if (!f.in_order) std::shuffle(order.begin(), order.end(), shuffle);
@@ -550,6 +688,19 @@ int main(int argc, char** argv) {
         if (absl::Status st = c.MarkReady(i); !st.ok()) return Error(st);
       }
       if (absl::Status st = maybe_pause(); !st.ok()) return Error(st);
+      if (step == f.die_at_step && synced && marks == f.die_after_marks) {
+        // Dead after its last mark, its gradients complete: the simulated
+        // stream runs in this process, so it drains first (unless held).
+        if (absl::Status st = f.die_with_stream_held
+                                  ? absl::OkStatus()
+                                  : device->SynchronizeStream(*id, current, absl::Seconds(30));
+            !st.ok()) {
+          return Error(st);
+        }
+        std::printf("dying at step %d after all %d marks\n", step, marks);
+        std::fflush(stdout);
+        raise(SIGKILL);
+      }
       if (f.hold_stream_ms > 0) {
         std::this_thread::sleep_for(std::chrono::milliseconds(f.hold_stream_ms));
         gradsync::gpu::SimResumeStream(*stream).IgnoreError();
@@ -566,11 +717,7 @@ int main(int argc, char** argv) {
 
     // The step's result: the average over every trainer that was a member
     // of this iteration (all of them, unless an elastic job lost a node).
-    std::vector<int> in_step = f.members;
-    if (f.members_from_step < 0 || step < f.members_from_step) {
-      in_step.clear();
-      for (int r = 0; r < world; ++r) in_step.push_back(r);
-    }
+    const std::vector<int> in_step = MembersOf(f, step, world, join_at);
     if (c.job_info().world_size != static_cast<int>(in_step.size())) {
       std::printf("WORLD MISMATCH rank %d step %d: the daemon divided by %d, expected %zu\n", rank,
                   step, c.job_info().world_size, in_step.size());
@@ -583,13 +730,8 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < kTensors.size(); ++i) {
       const uint8_t* got = static_cast<const uint8_t*>(c.GradBuffer(i));
       for (size_t j = 0; j < kTensors[i].numel; ++j) {
-        double expected = 0;
         bool bad = false;
-        for (int r : in_step) {
-          expected += Stored(f, r, step, i, j);
-          bad = bad || IsBad(f, r, step, i, j);
-        }
-        expected /= static_cast<double>(in_step.size());
+        double expected = ExpectedAverage(f, in_step, step, i, j, &bad);
         if (bad) expected = BadValue(f);
         double value;
         if (f.dtype == DType::kBFloat16) {
@@ -623,6 +765,18 @@ int main(int argc, char** argv) {
       std::fill(host[i].begin(), host[i].end(), 0.f);  // the optimizer consumed it
     }
     if (rank == f.drift_rank && step == f.drift_at) params[1][1] += 1e-3f;
+    if (f.catch_up && c.job_info().nodes_joined != nodes_joined) {
+      // Nodes join at the next iteration: their trainers get this state.
+      nodes_joined = c.job_info().nodes_joined;
+      join_at = step + 1;
+      uint64_t iteration = c.job_info().iteration;
+      if (int rc = BroadcastState(c, *device, *id, *stream, &iteration, &weights); rc != 0) {
+        return rc;
+      }
+      std::printf("nodes joined after iteration %llu: state sent from rank 0\n",
+                  static_cast<unsigned long long>(iteration));
+      std::fflush(stdout);
+    }
     if (f.check_replicas && c.job_info().check_replicas_due) {
       std::vector<uint64_t> hashes;
       for (const std::vector<float>& p : params) hashes.push_back(Fingerprint(p));
