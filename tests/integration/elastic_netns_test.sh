@@ -239,7 +239,12 @@ expect_cut_off_trainers_told_the_leader_is_unreachable() {
     if grep -q "killed by signal" "$log"; then
       fail "$job: node 2's trainer $i was told of its daemon's abort as a killed worker: $(cat "$log")"
     fi
-    grep -h "error=" "$log" | head -1
+    # The cause once: neither the re-formation nor the scheduler restates it.
+    local error causes
+    error=$(grep -h "error=" "$log" | head -1)
+    causes=$(grep -o "the leader daemon at $leader is unreachable" <<<"$error" | wc -l)
+    ((causes == 1)) || fail "$job: node 2's trainer $i was told the cause $causes times: $error"
+    echo "$error"
   done
 }
 
