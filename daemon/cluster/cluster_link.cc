@@ -689,7 +689,14 @@ absl::Status ClusterLink::Explain(const absl::Status& error) {
   // A heartbeat already waited out a whole RPC deadline (a partition, a
   // dead leader): asking again would only make the error later than the
   // job's timeout.
-  if (!silent.ok()) return LeaderUnreachable(error, silent);
+  if (!silent.ok()) {
+    // The failure that ended the collective said it already (it is what
+    // aborted it): once is enough.
+    if (absl::StrContains(error.message(), Unreachable(*client_, silent))) {
+      return MakeError(v1::PEER_FAILED, error.message());
+    }
+    return LeaderUnreachable(error, silent);
+  }
   // A failed collective is a symptom. The node that saw the cause (e.g. its
   // own trainer stopped) reports it when it closes its Gloo sockets, which
   // is what failed here: give that report a moment to become the leader's
@@ -865,12 +872,7 @@ void ClusterLink::HeartbeatLoop() {
       MonotonicMutexLock lock(&mu_);
       if (!failed_) node_error_ = config_error;  // the other nodes must stop too
     } else if (!r.ok()) {
-      failure =
-          MakeError(v1::PEER_FAILED,
-                    client_->embedded()
-                        ? absl::StrCat(client_->Describe(),
-                                       " is unreachable (dead leader?): ", r.status().message())
-                        : Unreachable(*client_, r.status()));
+      failure = MakeError(v1::PEER_FAILED, Unreachable(*client_, r.status()));
     } else if (r->abort || r->generation != generation_) {
       failure = MakeError(
           v1::PEER_FAILED,
