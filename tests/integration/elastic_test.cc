@@ -981,6 +981,49 @@ TEST(ElasticJob, LeaderKilledEndsTheJobNamingTheDeadLeader) {
   }
 }
 
+// Node 0 SIGKILLed while every survivor's trainers are held stopped, so
+// no collective notices: each survivor's daemon sees its connection to the
+// leader close, probes the leader's port and fails the job naming the dead
+// leader, proven by the refusal; not by a heartbeat that waited out its RPC
+// deadline ("Deadline Exceeded"), which no error or log may mention.
+TEST(ElasticJob, LeaderKilledWhileNoCollectiveRunsFailsTheSurvivorsAtOnceNamingTheDeadLeader) {
+  if (kOnEtcd) GTEST_SKIP() << "on etcd no node leads: NodeZeroKilledOnEtcdSurvivorsTrainOn";
+  // Holding the trainers is no stall: the job's timeout is far away.
+  Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilKilled(cluster, Stage::kBackward, &trainers, {0}, /*resume=*/false);
+  for (int n = 1; n < kNodes; ++n) {
+    const Process& daemon = cluster.node(n).process();
+    ASSERT_TRUE(WaitForLog(daemon, "event=job_failed job=1 code=PEER_FAILED", kErrorBound))
+        << cluster.DaemonLogs();
+    const std::string log = daemon.Log();
+    EXPECT_NE(log.find("event=leader_refuses_connections generation=1 address="), std::string::npos)
+        << log;
+    const size_t at = log.find("event=job_failed");
+    const std::string failed = log.substr(at, log.find('\n', at) - at);
+    EXPECT_NE(failed.find("the leader is dead"), std::string::npos) << failed;
+    EXPECT_NE(failed.find(" refuses connections)"), std::string::npos) << failed;
+    // Up to the failure (later, the Leave to the dead leader times out).
+    EXPECT_EQ(log.substr(0, at + failed.size()).find("Deadline Exceeded"), std::string::npos)
+        << log;
+  }
+  ResumeSurvivors(&trainers, {0});
+  for (Trainer& t : trainers) {
+    if (t.node == 0) continue;
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    const std::string error = TrainerError(t.process.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitPeerFailed) << error << cluster.DaemonLogs();
+    EXPECT_NE(error.find("the leader is dead"), std::string::npos) << error;
+    EXPECT_NE(error.find(" refuses connections)"), std::string::npos) << error;
+    // Said once: the re-formation does not explain the watch's error again.
+    const size_t first = error.find(" is unreachable");
+    ASSERT_NE(first, std::string::npos) << error;
+    EXPECT_EQ(error.find(" is unreachable", first + 1), std::string::npos) << error;
+  }
+}
+
 // On etcd no node is special: node 0 SIGKILLed mid-backward, nodes 1 and
 // 2 re-form and redo the iteration, and train like the reference.
 TEST(ElasticJob, NodeZeroKilledOnEtcdSurvivorsTrainOn) {
