@@ -43,6 +43,13 @@ constexpr absl::Duration kSilencePoll = absl::Milliseconds(100);
 // of the cause (sent at once, one RPC) before reporting its own symptom.
 constexpr absl::Duration kCauseReportGrace = absl::Milliseconds(2 * 500);
 
+// How long the leader watch waits on the connection at a time: what the
+// link's destruction may wait for it.
+constexpr absl::Duration kLeaderWatchPoll = absl::Milliseconds(50);
+// While the connection to the leader is down and its port does not refuse
+// (a reconnect, a partition), how often the port is probed again.
+constexpr absl::Duration kLeaderReprobeEvery = absl::Milliseconds(250);
+
 // Every node's records of a generation, key -> value, fetched in one Wait.
 using Records = std::map<std::string, std::string>;
 
@@ -105,6 +112,13 @@ ClusterLink::ClusterLink(const DaemonConfig& config, std::shared_ptr<JobRendezvo
       config_log_(generation, config.node_rank,
                   [this](const std::string& key) { return client_->Get(key); }) {
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  // The embedded leader lives in node 0's daemon: its death shows first as
+  // the connection to it closing, long before a heartbeat's deadline.
+  const auto leader = std::find_if(probe_targets_.begin(), probe_targets_.end(),
+                                   [](const RendezvousPeer& p) { return p.node_rank == 0; });
+  if (client_->embedded() && !config_.is_leader() && leader != probe_targets_.end()) {
+    leader_watch_ = std::thread([this, address = leader->listen_address] { WatchLeader(address); });
+  }
 }
 
 ClusterLink::~ClusterLink() {
@@ -112,6 +126,7 @@ ClusterLink::~ClusterLink() {
     MonotonicMutexLock lock(&mu_);
     stop_ = true;
   }
+  if (leader_watch_.joinable()) leader_watch_.join();
   if (heartbeat_.joinable()) heartbeat_.join();
   // Departing, the Depart is this node's last word (the loop may have sent it).
   bool departing = false;
@@ -832,6 +847,36 @@ void ClusterLink::SetProgress(std::function<uint64_t()> iteration) {
 void ClusterLink::AwaitFirstHeartbeat(absl::Duration limit) {
   MonotonicMutexLock lock(&mu_);
   mu_.AwaitWithTimeout(absl::Condition(&first_beat_done_), limit);
+}
+
+void ClusterLink::WatchLeader(const std::string& address) {
+  auto stopped = [this] {
+    MonotonicMutexLock lock(&mu_);
+    return stop_ || failed_;
+  };
+  while (!stopped()) {
+    if (!client_->AwaitLeaderConnectionDown(kLeaderWatchPoll)) continue;
+    // A refused connect proves the leader's daemon gone; anything else
+    // (a reconnect in progress, a partition) is the heartbeat's to judge.
+    if (ProbeListeners({address}).front().liveness == Liveness::kRefused) {
+      spdlog::error("event=leader_refuses_connections generation={} address={}", generation_,
+                    address);
+      const absl::Status refused = MakeError(v1::UNAVAILABLE, RefusesConnections(address));
+      bool notify = false;
+      {
+        MonotonicMutexLock lock(&mu_);
+        if (!failed_ && !stop_) {
+          failed_ = true;
+          notify = true;
+          rendezvous_silent_ = refused;  // Explain must not wait on it either
+        }
+      }
+      if (notify) on_failure_(MakeError(v1::PEER_FAILED, Unreachable(*client_, refused)));
+      return;
+    }
+    MonotonicMutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), kLeaderReprobeEvery);
+  }
 }
 
 void ClusterLink::HeartbeatLoop() {

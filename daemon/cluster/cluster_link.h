@@ -95,6 +95,11 @@ class ClusterLink final : public WorldLink {
               std::vector<RendezvousPeer> probe_targets, size_t num_tensors,
               std::function<void(const absl::Status&)> on_failure);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // A node other than the embedded leader's: once the connection to the
+  // leader drops, probes its port (`address`); a refusal proves the leader
+  // dead and fails the job at once, naming it, as a failed heartbeat would
+  // only after its RPC deadline.
+  void WatchLeader(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
   // Sends a pending departure (JobRendezvous::Depart) once; true if one was.
   bool SendDeparture() ABSL_LOCKS_EXCLUDED(mu_);
   // Until the heartbeat loop's first round is over (the config log read up
@@ -146,6 +151,7 @@ class ClusterLink final : public WorldLink {
   // The job-wide config log, read by the heartbeat thread.
   ConfigLogFollower config_log_;
   std::thread heartbeat_;
+  std::thread leader_watch_;  // WatchLeader; none on the leader's node or on etcd
 };
 
 }  // namespace gradsync
