@@ -262,12 +262,16 @@ typedef struct {
                                   trainer then calls gs_broadcast of its state
                                   (parameters, buffers, optimizer state, the
                                   iteration) from rank 0 before its next mark,
-                                  as the joiners' trainers do */
+                                  as the joiners' trainers do, and only then
+                                  gs_check_replicas where one is due (it runs
+                                  in the grown world, joiners included) */
   int joined_running_job;      /* nonzero: this trainer's node joined the job
                                   while it ran; `iteration` is the job's
                                   iteration count it starts at, and before its
                                   first mark it receives the job's state with
-                                  gs_broadcast from rank 0 (above) */
+                                  gs_broadcast from rank 0 (above), then calls
+                                  gs_check_replicas if check_replicas_due is
+                                  set, as the members do at that boundary */
 } gs_job_info;
 
 #define GS_JOB_INFO_INIT \
