@@ -1039,11 +1039,17 @@ TEST(ElasticJob, LeaderKilledWhileNoCollectiveRunsFailsTheSurvivorsAtOnceNamingT
   Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Trainer> trainers;
-  RunUntilKilled(cluster, Stage::kBackward, &trainers, {0}, /*resume=*/false);
+  const auto killed_at =
+      RunUntilKilled(cluster, Stage::kBackward, &trainers, {0}, /*resume=*/false);
   for (int n = 1; n < kNodes; ++n) {
     const Process& daemon = cluster.node(n).process();
     ASSERT_TRUE(WaitForLog(daemon, "event=job_failed job=1 code=PEER_FAILED", kErrorBound))
         << cluster.DaemonLogs();
+    // Printed, not asserted (a loaded machine): the heartbeat's deadline is 3 s.
+    std::printf(
+        "elastic_job leader killed, no collective running: node %d failed its job %.2f s "
+        "after the SIGKILL\n",
+        n, std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count());
     const std::string log = daemon.Log();
     EXPECT_NE(log.find("event=leader_refuses_connections generation=1 address="), std::string::npos)
         << log;
