@@ -1068,7 +1068,10 @@ TEST(ElasticJob, LeaderKilledWhileNoCollectiveRunsFailsTheSurvivorsAtOnceNamingT
     const std::string error = TrainerError(t.process.Log());
     ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
     EXPECT_EQ(st.code, kExitPeerFailed) << error << cluster.DaemonLogs();
-    EXPECT_NE(error.find("the leader is dead"), std::string::npos) << error;
+    EXPECT_NE(error.find(absl::StrCat("the leader daemon at 127.0.0.1:", cluster.port(),
+                                      " is unreachable: the leader is dead")),
+              std::string::npos)
+        << error;
     EXPECT_NE(error.find(" refuses connections)"), std::string::npos) << error;
     // Said once: the re-formation does not explain the watch's error again.
     const size_t first = error.find(" is unreachable");
