@@ -49,6 +49,11 @@ constexpr absl::Duration kLeaderWatchPoll = absl::Milliseconds(50);
 // While the connection to the leader is down and its port does not refuse
 // (a reconnect, a partition), how often the port is probed again.
 constexpr absl::Duration kLeaderReprobeEvery = absl::Milliseconds(250);
+// A killed daemon's connections can reset a moment before its listening
+// port closes: a port that still accepts right after the connection to it
+// was lost is probed again, this often, for this long.
+constexpr absl::Duration kLeaderDyingReprobe = absl::Milliseconds(20);
+constexpr absl::Duration kLeaderDyingFor = absl::Milliseconds(500);
 
 // Every node's records of a generation, key -> value, fetched in one Wait.
 using Records = std::map<std::string, std::string>;
@@ -96,6 +101,17 @@ absl::Status CompareSharedFlags(const Records& records, uint64_t gen,
       records, members, [gen](int n) { return AutotuneKey(gen, n); }, "--autotune", "(none)");
 }
 
+// Where the embedded leader's daemon listens, for a node other than the
+// leader's; "" where there is none to probe (etcd, the leader's own node,
+// a leader that sent no listen address).
+std::string LeaderAddress(const DaemonConfig& config, const JobRendezvous& client,
+                          const std::vector<RendezvousPeer>& probe_targets) {
+  if (!client.embedded() || config.is_leader()) return "";
+  const auto leader = std::find_if(probe_targets.begin(), probe_targets.end(),
+                                   [](const RendezvousPeer& p) { return p.node_rank == 0; });
+  return leader != probe_targets.end() ? leader->listen_address : "";
+}
+
 }  // namespace
 
 ClusterLink::ClusterLink(const DaemonConfig& config, std::shared_ptr<JobRendezvous> client,
@@ -107,6 +123,7 @@ ClusterLink::ClusterLink(const DaemonConfig& config, std::shared_ptr<JobRendezvo
       generation_(generation),
       members_(std::move(members)),
       probe_targets_(std::move(probe_targets)),
+      leader_address_(LeaderAddress(config_, *client_, probe_targets_)),
       num_tensors_(num_tensors),
       on_failure_(std::move(on_failure)),
       config_log_(generation, config.node_rank,
@@ -114,11 +131,7 @@ ClusterLink::ClusterLink(const DaemonConfig& config, std::shared_ptr<JobRendezvo
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   // The embedded leader lives in node 0's daemon: its death shows first as
   // the connection to it closing, long before a heartbeat's deadline.
-  const auto leader = std::find_if(probe_targets_.begin(), probe_targets_.end(),
-                                   [](const RendezvousPeer& p) { return p.node_rank == 0; });
-  if (client_->embedded() && !config_.is_leader() && leader != probe_targets_.end()) {
-    leader_watch_ = std::thread([this, address = leader->listen_address] { WatchLeader(address); });
-  }
+  if (!leader_address_.empty()) leader_watch_ = std::thread([this] { WatchLeader(); });
 }
 
 ClusterLink::~ClusterLink() {
@@ -849,26 +862,41 @@ void ClusterLink::AwaitFirstHeartbeat(absl::Duration limit) {
   mu_.AwaitWithTimeout(absl::Condition(&first_beat_done_), limit);
 }
 
-void ClusterLink::WatchLeader(const std::string& address) {
-  auto stopped = [this] {
-    MonotonicMutexLock lock(&mu_);
-    return stop_ || failed_;
-  };
-  while (!stopped()) {
+absl::Status ClusterLink::LeaderRefuses() const {
+  if (leader_address_.empty()) return absl::OkStatus();
+  const absl::Time until = MonotonicNow() + kLeaderDyingFor;
+  while (true) {
+    const Liveness liveness = ProbeListeners({leader_address_}).front().liveness;
+    if (liveness == Liveness::kRefused) break;
+    // Timed out or unreachable proves nothing (a partition). Accepted: the
+    // daemon may be dying still, its connections reset before its
+    // listening port closes, so look again for a moment.
+    if (liveness != Liveness::kListening || MonotonicNow() >= until) return absl::OkStatus();
+    absl::SleepFor(kLeaderDyingReprobe);
+  }
+  spdlog::error("event=leader_refuses_connections generation={} address={}", generation_,
+                leader_address_);
+  return MakeError(v1::UNAVAILABLE, RefusesConnections(leader_address_));
+}
+
+bool ClusterLink::Failed() {
+  MonotonicMutexLock lock(&mu_);
+  return stop_ || failed_;
+}
+
+void ClusterLink::WatchLeader() {
+  while (!Failed()) {
     if (!client_->AwaitLeaderConnectionDown(kLeaderWatchPoll)) continue;
     // A refused connect proves the leader's daemon gone; anything else
     // (a reconnect in progress, a partition) is the heartbeat's to judge.
-    if (ProbeListeners({address}).front().liveness == Liveness::kRefused) {
-      spdlog::error("event=leader_refuses_connections generation={} address={}", generation_,
-                    address);
-      const absl::Status refused = MakeError(v1::UNAVAILABLE, RefusesConnections(address));
+    if (absl::Status refused = LeaderRefuses(); !refused.ok()) {
       bool notify = false;
       {
         MonotonicMutexLock lock(&mu_);
         if (!failed_ && !stop_) {
           failed_ = true;
           notify = true;
-          rendezvous_silent_ = refused;  // Explain must not wait on it either
+          if (rendezvous_silent_.ok()) rendezvous_silent_ = refused;  // Explain must not wait
         }
       }
       if (notify) on_failure_(MakeError(v1::PEER_FAILED, Unreachable(*client_, refused)));
@@ -903,6 +931,11 @@ void ClusterLink::HeartbeatLoop() {
     }
     // Without mu_: the RPC, and what it asks for (config, failing the job).
     absl::StatusOr<HeartbeatResult> r = client_->Heartbeat(hb);
+    // Unanswered: a leader whose port refuses is dead, whatever the RPC saw
+    // (a reset connection, a deadline), and the job's error says so.
+    if (!r.ok() && !Failed()) {
+      if (absl::Status refused = LeaderRefuses(); !refused.ok()) r = refused;
+    }
     if (sending_error && r.ok()) {
       MonotonicMutexLock lock(&mu_);
       error_sent_ = true;
@@ -927,7 +960,9 @@ void ClusterLink::HeartbeatLoop() {
     bool notify = false;
     if (!failure.ok()) {
       MonotonicMutexLock lock(&mu_);
-      if (!r.ok()) rendezvous_silent_ = r.status();
+      // The first silence kept is the one the job's error quotes (the
+      // leader watch's, when it failed the job first).
+      if (!r.ok() && rendezvous_silent_.ok()) rendezvous_silent_ = r.status();
       if (!failed_ && !stop_) {
         failed_ = true;
         notify = true;

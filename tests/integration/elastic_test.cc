@@ -1039,8 +1039,18 @@ TEST(ElasticJob, LeaderKilledWhileNoCollectiveRunsFailsTheSurvivorsAtOnceNamingT
   Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Trainer> trainers;
-  const auto killed_at =
-      RunUntilKilled(cluster, Stage::kBackward, &trainers, {0}, /*resume=*/false);
+  RunUntilPaused(cluster, Stage::kBackward, &trainers, {0});
+  // No collective in flight: each survivor waits for its paused trainers
+  // (its stall report), bucket 0 of the iteration done everywhere.
+  for (int n = 1; n < kNodes; ++n) {
+    const std::string stall = absl::StrCat("event=stall iteration=", kKilledStep, " bucket=1 ");
+    ASSERT_TRUE(WaitForLog(cluster.node(n).process(), stall, kStateBound)) << cluster.DaemonLogs();
+  }
+  const auto killed_at = std::chrono::steady_clock::now();
+  cluster.node(0).process().Signal(SIGKILL);
+  for (Trainer& t : trainers) {
+    if (t.node == 0) t.process.Signal(SIGKILL);
+  }
   for (int n = 1; n < kNodes; ++n) {
     const Process& daemon = cluster.node(n).process();
     ASSERT_TRUE(WaitForLog(daemon, "event=job_failed job=1 code=PEER_FAILED", kErrorBound))
