@@ -293,7 +293,10 @@ absl::Status Client::Register(const std::vector<TensorSpec>& specs) {
   check_replicas_every_ = resp.check_replicas_every();
   // A node that joined a running job: its iterations continue the job's.
   iteration_ = resp.start_iteration();
-  checked_iteration_ = iteration_;
+  // Not checked yet: a check due at the iteration a joiner starts at runs in
+  // the grown world, and its trainers take part once they received the
+  // job's state (gs_job_info.check_replicas_due says so).
+  checked_iteration_ = 0;
   joined_running_job_ = resp.joined_running_job();
   catch_up_root_ = resp.catch_up_root();
   completion_bell_.store(&segment_.header()->completion_bell);

@@ -262,14 +262,20 @@ typedef struct {
                                   trainer then calls gs_broadcast of its state
                                   (parameters, buffers, optimizer state, the
                                   iteration) from catch_up_root before its
-                                  next mark, as the joiners' trainers do */
+                                  next mark, as the joiners' trainers do, and
+                                  only then gs_check_replicas where one is due
+                                  (it runs in the grown world, joiners
+                                  included) */
   int joined_running_job;      /* nonzero: this trainer's node joined the job
                                   while it ran; `iteration` is the job's
                                   iteration count it starts at, and before its
                                   first mark it receives the job's state with
-                                  gs_broadcast from catch_up_root (above); also
-                                  set on a trainer that took back the local
-                                  rank of one that died on a node that stayed */
+                                  gs_broadcast from catch_up_root (above), then
+                                  calls gs_check_replicas if
+                                  check_replicas_due is set, as the members do
+                                  at that boundary; also set on a trainer that
+                                  took back the local rank of one that died on
+                                  a node that stayed */
   uint64_t trainers_joined;    /* how many times trainers restarted on nodes
                                   that stayed in the running elastic job joined
                                   it right after an iteration completed so far
@@ -304,7 +310,8 @@ GS_API gs_status gs_get_job_info(gs_client* c, gs_job_info* info);
  * the daemon's timeout. GS_ERR_STATE when no check is due (not the N-th
  * iteration, already checked, mid-iteration, or the daemon runs without
  * the flag); GS_ERR_INVALID_ARGUMENT for a count other than the layout's.
- * One node only for now: gradsyncd refuses the flag with --num-nodes > 1. */
+ * Across nodes every node compares them (its Gloo context, one small
+ * exchange); the reference is the first member's lowest rank. */
 GS_API gs_status gs_check_replicas(gs_client* c, const uint64_t* hashes, size_t count);
 
 /* CUDA tensors: the cudaStream_t (as void*) the readiness events are

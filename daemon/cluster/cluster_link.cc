@@ -43,6 +43,18 @@ constexpr absl::Duration kSilencePoll = absl::Milliseconds(100);
 // of the cause (sent at once, one RPC) before reporting its own symptom.
 constexpr absl::Duration kCauseReportGrace = absl::Milliseconds(2 * 500);
 
+// How long the leader watch waits on the connection at a time: what the
+// link's destruction may wait for it.
+constexpr absl::Duration kLeaderWatchPoll = absl::Milliseconds(50);
+// While the connection to the leader is down and its port does not refuse
+// (a reconnect, a partition), how often the port is probed again.
+constexpr absl::Duration kLeaderReprobeEvery = absl::Milliseconds(250);
+// A killed daemon's connections can reset a moment before its listening
+// port closes: a port that still accepts right after the connection to it
+// was lost is probed again, this often, for this long.
+constexpr absl::Duration kLeaderDyingReprobe = absl::Milliseconds(20);
+constexpr absl::Duration kLeaderDyingFor = absl::Milliseconds(500);
+
 // Every node's records of a generation, key -> value, fetched in one Wait.
 using Records = std::map<std::string, std::string>;
 
@@ -89,6 +101,17 @@ absl::Status CompareSharedFlags(const Records& records, uint64_t gen,
       records, members, [gen](int n) { return AutotuneKey(gen, n); }, "--autotune", "(none)");
 }
 
+// Where the embedded leader's daemon listens, for a node other than the
+// leader's; "" where there is none to probe (etcd, the leader's own node,
+// a leader that sent no listen address).
+std::string LeaderAddress(const DaemonConfig& config, const JobRendezvous& client,
+                          const std::vector<RendezvousPeer>& probe_targets) {
+  if (!client.embedded() || config.is_leader()) return "";
+  const auto leader = std::find_if(probe_targets.begin(), probe_targets.end(),
+                                   [](const RendezvousPeer& p) { return p.node_rank == 0; });
+  return leader != probe_targets.end() ? leader->listen_address : "";
+}
+
 }  // namespace
 
 ClusterLink::ClusterLink(const DaemonConfig& config, std::shared_ptr<JobRendezvous> client,
@@ -100,11 +123,15 @@ ClusterLink::ClusterLink(const DaemonConfig& config, std::shared_ptr<JobRendezvo
       generation_(generation),
       members_(std::move(members)),
       probe_targets_(std::move(probe_targets)),
+      leader_address_(LeaderAddress(config_, *client_, probe_targets_)),
       num_tensors_(num_tensors),
       on_failure_(std::move(on_failure)),
       config_log_(generation, config.node_rank,
                   [this](const std::string& key) { return client_->Get(key); }) {
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  // The embedded leader lives in node 0's daemon: its death shows first as
+  // the connection to it closing, long before a heartbeat's deadline.
+  if (!leader_address_.empty()) leader_watch_ = std::thread([this] { WatchLeader(); });
 }
 
 ClusterLink::~ClusterLink() {
@@ -112,6 +139,7 @@ ClusterLink::~ClusterLink() {
     MonotonicMutexLock lock(&mu_);
     stop_ = true;
   }
+  if (leader_watch_.joinable()) leader_watch_.join();
   if (heartbeat_.joinable()) heartbeat_.join();
   // Departing, the Depart is this node's last word (the loop may have sent it).
   bool departing = false;
@@ -689,7 +717,14 @@ absl::Status ClusterLink::Explain(const absl::Status& error) {
   // A heartbeat already waited out a whole RPC deadline (a partition, a
   // dead leader): asking again would only make the error later than the
   // job's timeout.
-  if (!silent.ok()) return LeaderUnreachable(error, silent);
+  if (!silent.ok()) {
+    // The failure that ended the collective said it already (it is what
+    // aborted it): once is enough.
+    if (absl::StrContains(error.message(), Unreachable(*client_, silent))) {
+      return MakeError(v1::PEER_FAILED, error.message());
+    }
+    return LeaderUnreachable(error, silent);
+  }
   // A failed collective is a symptom. The node that saw the cause (e.g. its
   // own trainer stopped) reports it when it closes its Gloo sockets, which
   // is what failed here: give that report a moment to become the leader's
@@ -827,6 +862,51 @@ void ClusterLink::AwaitFirstHeartbeat(absl::Duration limit) {
   mu_.AwaitWithTimeout(absl::Condition(&first_beat_done_), limit);
 }
 
+absl::Status ClusterLink::LeaderRefuses() const {
+  if (leader_address_.empty()) return absl::OkStatus();
+  const absl::Time until = MonotonicNow() + kLeaderDyingFor;
+  while (true) {
+    const Liveness liveness = ProbeListeners({leader_address_}).front().liveness;
+    if (liveness == Liveness::kRefused) break;
+    // Timed out or unreachable proves nothing (a partition). Accepted: the
+    // daemon may be dying still, its connections reset before its
+    // listening port closes, so look again for a moment.
+    if (liveness != Liveness::kListening || MonotonicNow() >= until) return absl::OkStatus();
+    absl::SleepFor(kLeaderDyingReprobe);
+  }
+  spdlog::error("event=leader_refuses_connections generation={} address={}", generation_,
+                leader_address_);
+  return MakeError(v1::UNAVAILABLE, RefusesConnections(leader_address_));
+}
+
+bool ClusterLink::Failed() {
+  MonotonicMutexLock lock(&mu_);
+  return stop_ || failed_;
+}
+
+void ClusterLink::WatchLeader() {
+  while (!Failed()) {
+    if (!client_->AwaitLeaderConnectionDown(kLeaderWatchPoll)) continue;
+    // A refused connect proves the leader's daemon gone; anything else
+    // (a reconnect in progress, a partition) is the heartbeat's to judge.
+    if (absl::Status refused = LeaderRefuses(); !refused.ok()) {
+      bool notify = false;
+      {
+        MonotonicMutexLock lock(&mu_);
+        if (!failed_ && !stop_) {
+          failed_ = true;
+          notify = true;
+          if (rendezvous_silent_.ok()) rendezvous_silent_ = refused;  // Explain must not wait
+        }
+      }
+      if (notify) on_failure_(MakeError(v1::PEER_FAILED, Unreachable(*client_, refused)));
+      return;
+    }
+    MonotonicMutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), kLeaderReprobeEvery);
+  }
+}
+
 void ClusterLink::HeartbeatLoop() {
   while (true) {
     // Departed: no more heartbeats (this node is no member any more).
@@ -851,6 +931,11 @@ void ClusterLink::HeartbeatLoop() {
     }
     // Without mu_: the RPC, and what it asks for (config, failing the job).
     absl::StatusOr<HeartbeatResult> r = client_->Heartbeat(hb);
+    // Unanswered: a leader whose port refuses is dead, whatever the RPC saw
+    // (a reset connection, a deadline), and the job's error says so.
+    if (!r.ok() && !Failed()) {
+      if (absl::Status refused = LeaderRefuses(); !refused.ok()) r = refused;
+    }
     if (sending_error && r.ok()) {
       MonotonicMutexLock lock(&mu_);
       error_sent_ = true;
@@ -865,12 +950,7 @@ void ClusterLink::HeartbeatLoop() {
       MonotonicMutexLock lock(&mu_);
       if (!failed_) node_error_ = config_error;  // the other nodes must stop too
     } else if (!r.ok()) {
-      failure =
-          MakeError(v1::PEER_FAILED,
-                    client_->embedded()
-                        ? absl::StrCat(client_->Describe(),
-                                       " is unreachable (dead leader?): ", r.status().message())
-                        : Unreachable(*client_, r.status()));
+      failure = MakeError(v1::PEER_FAILED, Unreachable(*client_, r.status()));
     } else if (r->abort || r->generation != generation_) {
       failure = MakeError(
           v1::PEER_FAILED,
@@ -880,7 +960,9 @@ void ClusterLink::HeartbeatLoop() {
     bool notify = false;
     if (!failure.ok()) {
       MonotonicMutexLock lock(&mu_);
-      if (!r.ok()) rendezvous_silent_ = r.status();
+      // The first silence kept is the one the job's error quotes (the
+      // leader watch's, when it failed the job first).
+      if (!r.ok() && rendezvous_silent_.ok()) rendezvous_silent_ = r.status();
       if (!failed_ && !stop_) {
         failed_ = true;
         notify = true;

@@ -95,6 +95,18 @@ class ClusterLink final : public WorldLink {
               std::vector<RendezvousPeer> probe_targets, size_t num_tensors,
               std::function<void(const absl::Status&)> on_failure);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // A node other than the embedded leader's: once the connection to the
+  // leader drops, probes its port (`address`); a refusal proves the leader
+  // dead and fails the job at once, naming it, as a failed heartbeat would
+  // only after its RPC deadline.
+  void WatchLeader() ABSL_LOCKS_EXCLUDED(mu_);
+  // Probes the embedded leader's port (leader_address_): UNAVAILABLE saying
+  // it refuses connections, i.e. the leader is dead; OK otherwise or where
+  // there is no leader to probe.
+  absl::Status LeaderRefuses() const;
+  // The job failed (on_failure_ was called, or the error came from here),
+  // or the link is stopping.
+  bool Failed() ABSL_LOCKS_EXCLUDED(mu_);
   // Sends a pending departure (JobRendezvous::Depart) once; true if one was.
   bool SendDeparture() ABSL_LOCKS_EXCLUDED(mu_);
   // Until the heartbeat loop's first round is over (the config log read up
@@ -119,6 +131,8 @@ class ClusterLink final : public WorldLink {
   const std::vector<int> members_;  // node ranks of the generation, ascending
   // The other members that sent a listen address (liveness_probe.h).
   const std::vector<RendezvousPeer> probe_targets_;
+  // The embedded leader's, where this node is not the leader ("": none).
+  const std::string leader_address_;
   const size_t num_tensors_;  // in the layout: a rebuilt order names each once
   const std::function<void(const absl::Status&)> on_failure_;
 
@@ -146,6 +160,7 @@ class ClusterLink final : public WorldLink {
   // The job-wide config log, read by the heartbeat thread.
   ConfigLogFollower config_log_;
   std::thread heartbeat_;
+  std::thread leader_watch_;  // WatchLeader; none on the leader's node or on etcd
 };
 
 }  // namespace gradsync

@@ -113,6 +113,11 @@ class JobRendezvous : public KeyValueStore {
   // Whether the rendezvous lives in node 0's daemon (its loss is the
   // leader's death) rather than outside every node.
   virtual bool embedded() const = 0;
+  // An embedded rendezvous: waits up to `limit` while the connection to the
+  // leader stays up; true when it is not up (lost, or not yet back), which
+  // a liveness probe of the leader's port then explains. One outside every
+  // node has no leader to lose: false at once.
+  virtual bool AwaitLeaderConnectionDown(absl::Duration limit) { return false; }
 };
 
 }  // namespace gradsync

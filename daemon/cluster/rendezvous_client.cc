@@ -31,7 +31,19 @@ std::unique_ptr<RendezvousClient> RendezvousClient::Connect(RendezvousClientOpti
 
 RendezvousClient::RendezvousClient(std::shared_ptr<grpc::Channel> channel,
                                    RendezvousClientOptions options)
-    : options_(std::move(options)), stub_(v1::Rendezvous::NewStub(std::move(channel))) {}
+    : options_(std::move(options)),
+      channel_(std::move(channel)),
+      stub_(v1::Rendezvous::NewStub(channel_)) {}
+
+bool RendezvousClient::AwaitLeaderConnectionDown(absl::Duration limit) {
+  if (channel_->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) {
+    channel_->WaitForStateChange(
+        GRPC_CHANNEL_READY,
+        gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                     gpr_time_from_millis(absl::ToInt64Milliseconds(limit), GPR_TIMESPAN)));
+  }
+  return channel_->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY;
+}
 
 void RendezvousClient::PrepareContext(grpc::ClientContext* context, absl::Duration timeout) const {
   // Bounded, so that an "infinite" wait still gets a representable deadline.

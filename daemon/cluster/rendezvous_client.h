@@ -81,6 +81,9 @@ class RendezvousClient final : public JobRendezvous {
   const std::string& leader() const { return options_.leader; }
   std::string Describe() const override;
   bool embedded() const override { return true; }
+  // The channel's connectivity: true once it is not READY (the leader's
+  // daemon closed the connection, or it is being re-established).
+  bool AwaitLeaderConnectionDown(absl::Duration limit) override;
   // The leader incarnation of the last successful Join; 0 before one.
   uint64_t incarnation() const { return incarnation_.load(std::memory_order_acquire); }
 
@@ -95,6 +98,7 @@ class RendezvousClient final : public JobRendezvous {
                          bool departing);
 
   const RendezvousClientOptions options_;
+  const std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
   std::atomic<uint64_t> incarnation_{0};
 };

@@ -468,6 +468,10 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
       [this](const absl::Status& error, int culprit) { Fail(error, culprit); },
       ReplicaChecker::Options{config_.check_replicas_every, config_.node_rank, world_.world_size,
                               world_.uneven_inputs});
+  // This node's place among the members: a node that joined a running job
+  // need not be at its node rank.
+  replica_checker_->SetWorld(world_.backend.get(), world_.node_index);
+  replica_checker_->set_scheduler(scheduler_.get());
   state_ = JobState::kRunning;
   running_since_ = std::chrono::steady_clock::now();
   if (world_.link) {

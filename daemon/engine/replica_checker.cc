@@ -132,6 +132,21 @@ absl::Status ReplicaChecker::CompareRound(int* culprit) {
   return absl::OkStatus();
 }
 
+absl::Status ReplicaChecker::AwaitGrownWorldLocked(absl::Time deadline) {
+  if (scheduler_ == nullptr || !scheduler_->growing()) return absl::OkStatus();
+  comparing_ = true;  // the waiters' deadlines are this one's
+  while (scheduler_->growing() && failed_.ok() && MonotonicNow() < deadline) {
+    cv_.WaitWithTimeout(&mu_, kPoll);
+  }
+  comparing_ = false;
+  if (!failed_.ok()) return failed_;
+  if (!scheduler_->growing()) return absl::OkStatus();
+  return MakeError(v1::TIMEOUT,
+                   absl::StrCat("gs_check_replicas after iteration ", iteration_,
+                                ": nodes join the running job at this iteration boundary, and the "
+                                "grown world the check runs on was not formed within the timeout"));
+}
+
 absl::Status ReplicaChecker::WaitLocked(const Trainer& caller, uint64_t round,
                                         absl::Time deadline) {
   while (rounds_done_ == round && failed_.ok()) {
@@ -186,7 +201,8 @@ absl::Status ReplicaChecker::Check(const Trainer& caller, uint64_t iteration,
       int expected = 0;
       for (const Trainer* t : trainers_) expected += !t->joined.load(std::memory_order_relaxed);
       if (count_ >= expected) {
-        refused = CompareRound(&culprit);
+        refused = AwaitGrownWorldLocked(deadline);
+        if (refused.ok()) refused = CompareRound(&culprit);
         if (refused.ok()) return refused;
         if (!failed_.ok()) return failed_;
       } else {

@@ -62,6 +62,9 @@ class ReplicaChecker {
   // An elastic job took `fresh` on the local rank of a trainer that died
   // (it outlives this object). Between iterations.
   void ReplaceTrainer(Trainer* fresh) ABSL_LOCKS_EXCLUDED(mu_);
+  // The job's scheduler (it outlives this object): set once, before any
+  // Check. A check due where nodes join runs in the grown world.
+  void set_scheduler(const Scheduler* scheduler) { scheduler_ = scheduler; }
 
   // One trainer's fingerprint after synchronized iteration `iteration`;
   // blocks until every local trainer still in the job sent its and they
@@ -87,6 +90,11 @@ class ReplicaChecker {
   // released) and, when equal, ends it. *culprit: for the job's failure.
   absl::Status CompareRound(int* culprit)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // The last arrival, while nodes join at this iteration boundary: waits
+  // (others' arrivals wait without a deadline meanwhile) until the grown
+  // world is installed, so that every member, and the joiners' trainers,
+  // compare on it; TIMEOUT if it is not by `deadline`.
+  absl::Status AwaitGrownWorldLocked(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Any other arrival: waits for round `round` to end.
   absl::Status WaitLocked(const Trainer& caller, uint64_t round, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -102,6 +110,7 @@ class ReplicaChecker {
 
   const FailFn fail_;
   const Options options_;
+  const Scheduler* scheduler_ = nullptr;
 
   MonotonicMutex mu_;
   MonotonicCondVar cv_;

@@ -60,23 +60,12 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
       reducer_(std::max(options.reduce_threads, options.tail_reduce_threads), 0),
       spin_(SchedulerSpin()) {
   active_in_iteration_ = options_.world_size;
-  const int nodes = backend_ != nullptr ? backend_->num_nodes() : 1;
-  agreement_nodes_ = std::max(1, nodes);
-  straggler_slot_ = kAgreementHeader + 3 * static_cast<size_t>(agreement_nodes_);
-  const bool exchanged = nodes > 1 && ExchangesCounts();
-  // A node joining a running job exchanges what its members do: they took
-  // over a re-formed world (AdoptWorld), whose agreement has no straggler
-  // slots.
-  const bool straggler_slots = exchanged && options_.start_iteration == 0;
-  agreement_.assign(
-      straggler_slot_ +
-          (options_.stragglers && straggler_slots ? options_.stragglers->agreement_slots() : 0),
-      0);
   if (options_.stragglers) {
     std::vector<StragglerTracker::TrainerId> ids;
     for (const Trainer* t : trainers_) ids.push_back({t->local_rank, t->rank, t->pid});
-    options_.stragglers->Begin(ids, exchanged);
+    options_.stragglers->Begin(ids, /*exchanged=*/false);  // SizeAgreement says
   }
+  SizeAgreement();
   active_trainers_.store(static_cast<uint32_t>(options_.world_size));
   for (Trainer* t : trainers_) {
     arenas_.push_back(t->segment.arena());
@@ -519,11 +508,7 @@ void Scheduler::AdoptWorld(Reformed& world) {
   options_.node_index = world.node_index;
   options_.agree_order = std::move(world.agree_order);
   options_.check_plan = std::move(world.check_plan);
-  agreement_nodes_ = std::max(1, backend_->num_nodes());
-  agreement_.assign(kAgreementHeader + 3 * static_cast<size_t>(agreement_nodes_), 0);
-  // No straggler slots in a re-formed world: a node joining it later must
-  // size its agreement alike (see the constructor).
-  straggler_slot_ = agreement_.size();
+  SizeAgreement();
   active_in_iteration_ = options_.world_size;
   active_trainers_.store(static_cast<uint32_t>(options_.world_size));
   if (options_.gpu) {
@@ -536,6 +521,21 @@ void Scheduler::AdoptWorld(Reformed& world) {
   // restarted by the re-formation: RestartConfigLog).
   config_version_ = 0;
   config_agreed_ = false;
+}
+
+void Scheduler::SizeAgreement() {
+  const int nodes = backend_ != nullptr ? backend_->num_nodes() : 1;
+  agreement_nodes_ = std::max(1, nodes);
+  straggler_slot_ = kAgreementHeader + 3 * static_cast<size_t>(agreement_nodes_);
+  const bool exchanged = nodes > 1 && ExchangesCounts();
+  // Slots are places among the generation's members (a re-formed or grown
+  // world too), so every member, a joiner included, sizes them alike.
+  size_t straggler_slots = 0;
+  if (options_.stragglers) {
+    options_.stragglers->SetWorld(options_.node_index, agreement_nodes_, exchanged);
+    if (exchanged) straggler_slots = options_.stragglers->agreement_slots();
+  }
+  agreement_.assign(straggler_slot_ + straggler_slots, 0);
 }
 
 bool Scheduler::GrowDueAt(uint64_t next) {

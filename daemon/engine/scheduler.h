@@ -292,6 +292,9 @@ class Scheduler {
   // Takes over a re-formed or grown world: backend, world size, place,
   // the agreement's size; the new generation's config log starts afresh.
   void AdoptWorld(Reformed& world);
+  // Sizes agreement_ for the backend's nodes, the straggler tracker's slots
+  // included where the nodes exchange it, at this node's place among them.
+  void SizeAgreement();
   // Whether the queued config changes reach a grow entry at the boundary
   // entering `next` (the same rule MaybeRebuild applies). Loop thread.
   bool GrowDueAt(uint64_t next) ABSL_LOCKS_EXCLUDED(caps_mu_);
@@ -472,7 +475,7 @@ class Scheduler {
   // node the newest config version it holds, then per node its lowest
   // active rank + 1 (the catch-up root), then the straggler tracker's
   // slots (from straggler_slot_; none without a tracker or an exchange).
-  // Sized once: no allocation per iteration.
+  // Sized once per world (SizeAgreement): no allocation per iteration.
   std::vector<double> agreement_;
   size_t straggler_slot_ = 0;
   int agreement_nodes_ = 1;

@@ -34,7 +34,10 @@ void FillHistogram(const LatencyStats& stats, v1::LatencyStats* out) {
 }  // namespace
 
 StragglerTracker::StragglerTracker(std::string job_id, int node_rank, int num_nodes)
-    : job_id_(std::move(job_id)), node_rank_(node_rank), num_nodes_(std::max(1, num_nodes)) {
+    : job_id_(std::move(job_id)),
+      node_rank_(node_rank),
+      slot_index_(node_rank),
+      slot_nodes_(std::max(1, num_nodes)) {
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) == 0) host_ = host;
 }
@@ -72,6 +75,14 @@ void StragglerTracker::Begin(const std::vector<TrainerId>& trainers, bool exchan
     w.bucket.assign(options_.window, -1);
     w.histogram = std::make_unique<LatencyStats>(1);
   }
+}
+
+void StragglerTracker::SetWorld(int node_index, int num_nodes, bool exchanged) {
+  slot_index_ = node_index;
+  slot_nodes_ = std::max(1, num_nodes);
+  exchanged_ = exchanged;
+  absl::MutexLock lock(&mu_);
+  scope_job_ = exchanged;
 }
 
 void StragglerTracker::OnMark(int local_rank, uint32_t bucket, int64_t ns) {
@@ -155,13 +166,13 @@ int32_t StragglerTracker::LatestBucket(size_t t, const int64_t* job_bucket_max_u
 
 void StragglerTracker::WriteAgreement(double* slots) const {
   std::fill(slots, slots + agreement_slots(), 0.0);
-  if (!pending_ || node_rank_ < 0 || node_rank_ >= num_nodes_) return;
+  if (!pending_ || slot_index_ < 0 || slot_index_ >= slot_nodes_) return;
   slots[0] = 1;
   // +1: zero means "this node has no figures" (all its trainers joined).
-  slots[kHeadSlots + kSlotsPerNode * node_rank_] = static_cast<double>(pending_max_us_ + 1);
-  slots[kHeadSlots + kSlotsPerNode * node_rank_ + 1] = static_cast<double>(pending_min_us_ + 1);
+  slots[kHeadSlots + kSlotsPerNode * slot_index_] = static_cast<double>(pending_max_us_ + 1);
+  slots[kHeadSlots + kSlotsPerNode * slot_index_ + 1] = static_cast<double>(pending_min_us_ + 1);
   double* buckets =
-      slots + kHeadSlots + kSlotsPerNode * num_nodes_ + kExchangedBuckets * node_rank_;
+      slots + kHeadSlots + kSlotsPerNode * slot_nodes_ + kExchangedBuckets * slot_index_;
   for (size_t b = 0; b < kExchangedBuckets && b < pending_buckets_; ++b) {
     buckets[b] = static_cast<double>(node_bucket_max_us_[b] + 1);
   }
@@ -172,7 +183,7 @@ void StragglerTracker::ReadAgreement(const double* agreement) {
   const double* slots = agreement + kHeadSlots;
   int64_t job_max = pending_max_us_;
   int64_t job_min = pending_min_us_;
-  for (int node = 0; node < num_nodes_; ++node) {
+  for (int node = 0; node < slot_nodes_; ++node) {
     if (slots[kSlotsPerNode * node] <= 0 || slots[kSlotsPerNode * node + 1] <= 0) continue;
     job_max = std::max(job_max, static_cast<int64_t>(slots[kSlotsPerNode * node]) - 1);
     job_min = std::min(job_min, static_cast<int64_t>(slots[kSlotsPerNode * node + 1]) - 1);
@@ -180,7 +191,7 @@ void StragglerTracker::ReadAgreement(const double* agreement) {
   // The node whose smallest slack is the job's holds its last trainer; a
   // tie between nodes names nobody.
   int last_node = -1, at_min = 0;
-  for (int node = 0; node < num_nodes_; ++node) {
+  for (int node = 0; node < slot_nodes_; ++node) {
     if (slots[kSlotsPerNode * node + 1] <= 0) continue;
     if (static_cast<int64_t>(slots[kSlotsPerNode * node + 1]) - 1 != job_min) continue;
     last_node = node;
@@ -188,17 +199,17 @@ void StragglerTracker::ReadAgreement(const double* agreement) {
   }
   if (at_min != 1) last_node = -1;
   // Per exchanged bucket, the job's largest slack (its first trainer).
-  const double* buckets = slots + kSlotsPerNode * num_nodes_;
+  const double* buckets = slots + kSlotsPerNode * slot_nodes_;
   for (size_t b = 0; b < kExchangedBuckets; ++b) {
     job_bucket_max_us_[b] = -1;
-    for (int node = 0; node < num_nodes_; ++node) {
+    for (int node = 0; node < slot_nodes_; ++node) {
       const double slot = buckets[kExchangedBuckets * node + b];
       if (slot > 0)
         job_bucket_max_us_[b] = std::max(job_bucket_max_us_[b], static_cast<int64_t>(slot) - 1);
     }
   }
   absl::MutexLock lock(&mu_);
-  Finish(job_max, last_node == node_rank_, job_bucket_max_us_.data());
+  Finish(job_max, last_node == slot_index_, job_bucket_max_us_.data());
 }
 
 void StragglerTracker::Finish(int64_t job_max_slack_us, bool node_has_last,

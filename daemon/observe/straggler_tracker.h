@@ -87,6 +87,10 @@ class StragglerTracker {
   // The scheduler's trainers (indexed by local rank), and whether the nodes
   // exchange an agreement every iteration (ReadAgreement will be called).
   void Begin(const std::vector<TrainerId>& trainers, bool exchanged) ABSL_LOCKS_EXCLUDED(mu_);
+  // The agreement's nodes are the generation's members: this node's place
+  // among them and how many (a re-formation or a grow changes both), and
+  // whether they exchange an agreement now. The windows go on.
+  void SetWorld(int node_index, int num_nodes, bool exchanged) ABSL_LOCKS_EXCLUDED(mu_);
   // A mark of `local_rank`'s for a tensor of `bucket`, seen at `ns`.
   void OnMark(int local_rank, uint32_t bucket, int64_t ns);
   // Iteration `iteration` is done: `buckets` indexed by bucket id, each
@@ -97,7 +101,7 @@ class StragglerTracker {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   size_t agreement_slots() const {
-    return kHeadSlots + (kSlotsPerNode + kExchangedBuckets) * static_cast<size_t>(num_nodes_);
+    return kHeadSlots + (kSlotsPerNode + kExchangedBuckets) * static_cast<size_t>(slot_nodes_);
   }
   // Writes this node's slots of the last iteration not yet agreed on
   // (zeros when there is none) into `slots` (agreement_slots() of them).
@@ -138,7 +142,10 @@ class StragglerTracker {
   void MaybeLog(size_t t, const Verdict& v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string job_id_;
-  const int node_rank_, num_nodes_;
+  const int node_rank_;  // names this node in rows and logs
+  // Scheduler thread only: the agreement's nodes (SetWorld), this node's
+  // slots at slot_index_ of slot_nodes_.
+  int slot_index_, slot_nodes_;
   std::string host_;
   NamedListener named_listener_;
 

@@ -202,5 +202,42 @@ TEST(StragglerTrackerTest, AnExchangedIterationWaitsForTheAgreement) {
   EXPECT_DOUBLE_EQ(row.late_mean_us(), 0);
 }
 
+// Nodes 0 and 2 of a 3-node job after node 1 died: the survivors' slots
+// are their places among the two members (node 2 at place 1), and node 2's
+// late trainer is named by its node rank, its windows going on from before.
+TEST(StragglerTrackerTest, AfterAReformationSlotsArePlacesAmongTheMembers) {
+  StragglerTracker node0("job", 0, 3), node2("job", 2, 3);
+  node0.Begin({{0, 0, 10}}, /*exchanged=*/true);
+  node2.Begin({{0, 2, 12}}, /*exchanged=*/true);
+  node0.SetWorld(/*node_index=*/0, /*num_nodes=*/2, /*exchanged=*/true);
+  node2.SetWorld(/*node_index=*/1, /*num_nodes=*/2, /*exchanged=*/true);
+  ASSERT_EQ(node0.agreement_slots(), node2.agreement_slots());
+  EXPECT_EQ(node2.agreement_slots(),
+            StragglerTracker::kHeadSlots +
+                2 * (StragglerTracker::kSlotsPerNode + StragglerTracker::kExchangedBuckets));
+  for (int it = 0; it < 12; ++it) {
+    const int64_t base = it * 100 * kMs;
+    Iteration(node0, {{0, 0, base + 5 * kMs}}, base + 25 * kMs);
+    Iteration(node2, {{0, 0, base + 20 * kMs}}, base + 25 * kMs);
+    std::vector<double> a(node0.agreement_slots()), b(node2.agreement_slots()), sum(a.size());
+    node0.WriteAgreement(a.data());
+    node2.WriteAgreement(b.data());
+    // Node 2 writes at place 1, never past the two members' slots.
+    EXPECT_GT(b[StragglerTracker::kHeadSlots + StragglerTracker::kSlotsPerNode], 0);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = a[i] + b[i];
+    node0.ReadAgreement(sum.data());
+    node2.ReadAgreement(sum.data());
+  }
+  v1::StragglerSettings set;
+  const std::vector<v1::TrainerLateness> rows2 = Rows(node2, &set);
+  ASSERT_EQ(rows2.size(), 1u);
+  EXPECT_EQ(rows2[0].node_rank(), 2);
+  EXPECT_EQ(rows2[0].rank(), 2);
+  EXPECT_EQ(rows2[0].window_iterations(), 12u);
+  EXPECT_DOUBLE_EQ(rows2[0].late_mean_us(), 15000);
+  EXPECT_TRUE(rows2[0].straggler());
+  EXPECT_FALSE(Rows(node0, &set)[0].straggler());
+}
+
 }  // namespace
 }  // namespace gradsync

@@ -630,13 +630,18 @@ void AddTokenFile(const ScratchDir& secrets, std::vector<std::string>* common) {
 // test.
 void StartSimNodes(std::vector<std::string> common, std::vector<std::unique_ptr<Daemon>>* nodes,
                    const std::vector<int>& local_sizes = {2, 2, 2},
-                   const std::map<std::string, std::string>& survivors_env = {}) {
+                   const std::map<std::string, std::string>& survivors_env = {},
+                   const std::map<int, std::vector<std::string>>& node_args = {}) {
   ScratchDir secrets;
   ASSERT_NO_FATAL_FAILURE(AddTokenFile(secrets, &common));
   int port = 0;
   for (int n = 0; n < kElasticNodes; ++n) {
+    std::vector<std::string> args = common;
+    if (const auto own = node_args.find(n); own != node_args.end()) {
+      args.insert(args.end(), own->second.begin(), own->second.end());  // the last one wins
+    }
     ASSERT_NO_FATAL_FAILURE(
-        StartSimNode(n, local_sizes[n], port, common,
+        StartSimNode(n, local_sizes[n], port, args,
                      n < 2 ? survivors_env : std::map<std::string, std::string>{}, nodes));
     if (n == 0) {
       port = nodes->back()->ListenPort(seconds(10));
@@ -1260,12 +1265,20 @@ TEST(GpuFixedJob, ATrainersDeathEndsTheJobOnEveryNodeNamingIt) {
 // survivors re-form without it and redo step 2 from their kept sums (the
 // first bucket was written back already), each step within 1e-12 of its
 // members' average. Woken, node 2's trainers get the job's error.
+// The watchdog comes first by construction, not by a race: node 1's fires
+// 7 s after its launch (--timeout-s=6 plus the 1 s margin), while the
+// leader's own heartbeat timeout, min(--timeout-s, 10 s) on node 0, is
+// given its cap: 10 s from node 2's last heartbeat, which comes after that
+// launch (node 2 is stopped only after its stall report, 2 s after it
+// began waiting), so node 2 would have to fall silent 3 s before the
+// survivors launched for the leader to come first. Node 2 stops 5 s
+// before node 1's watchdog fires, so the watchdog always finds it silent.
 TEST(GpuElasticJob, ANodeStoppedInsideACollectivePastTheTimeoutIsLeftOutAndTheOthersRedoTheStep) {
   std::vector<std::unique_ptr<Daemon>> nodes;
   ASSERT_NO_FATAL_FAILURE(StartSimNodes(
       {"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001", "--timeout-s=6",
-       "--stall-threshold-s=4", "--num-nodes=3", "--min-nodes=2", "--job-id=gpuwatchdog"},
-      &nodes, {2, 2, 2}, {{"GRADSYNC_SIM_STALL_AT", "collective"}}));
+       "--stall-threshold-s=2", "--num-nodes=3", "--min-nodes=2", "--job-id=gpuwatchdog"},
+      &nodes, {2, 2, 2}, {{"GRADSYNC_SIM_STALL_AT", "collective"}}, {{0, {"--timeout-s=20"}}}));
   std::vector<ElasticRun> runs;
   for (int n = 0; n < kElasticNodes; ++n) {
     for (int r = 0; r < 2; ++r) {

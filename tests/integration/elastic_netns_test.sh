@@ -234,12 +234,17 @@ expect_cut_off_trainers_told_the_leader_is_unreachable() {
       "$log" || fail "$job: node 2's trainer $i was not told it is cut off from the leader: $(cat "$log")"
     # Node 2's daemon stopped its own Gloo worker to abort: the abort's cause
     # is the error, not the worker's death.
-    grep -q "gloo allreduce failed: the leader daemon at $leader is unreachable .*(node_rank=2 generation=1 aborted during an allreduce of " \
+    grep -q "gloo allreduce failed: the leader daemon at $leader is unreachable: .*(node_rank=2 generation=1 aborted during an allreduce of " \
       "$log" || fail "$job: node 2's trainer $i was not told the abort's cause first: $(cat "$log")"
     if grep -q "killed by signal" "$log"; then
       fail "$job: node 2's trainer $i was told of its daemon's abort as a killed worker: $(cat "$log")"
     fi
-    grep -h "error=" "$log" | head -1
+    # The cause once: neither the re-formation nor the scheduler restates it.
+    local error causes
+    error=$(grep -h "error=" "$log" | head -1)
+    causes=$(grep -o "the leader daemon at $leader is unreachable" <<<"$error" | wc -l)
+    ((causes == 1)) || fail "$job: node 2's trainer $i was told the cause $causes times: $error"
+    echo "$error"
   done
 }
 

@@ -598,24 +598,27 @@ TEST(ElasticJob, BroadcastFromADeadNodesRankAfterAReformationFailsNamingTheRank)
 // nodes_joined on the survivors'), and all 6 end with the same weights,
 // within 1e-12 of one process that averages iterations 0-1 over all six
 // shards, 2..m-1 over ranks 0-3's and m on over all six again.
-TEST(ElasticJob, AReplacementNodeJoinsTheRunningJobCatchesUpAndTrainsOverAllAgain) {
-  if (kOnEtcd) GTEST_SKIP() << "on etcd joining is refused: AReplacementNodeIsRefusedOnEtcd";
-  Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
-  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
-  std::vector<Trainer> trainers;
-  RunUntilKilled(cluster, Stage::kBackward, &trainers, {kVictimNode}, /*resume=*/false,
-                 {"--catch-up"});
-  ResumeSurvivors(&trainers, {0, kVictimNode});  // node 1's: its collective fails
+// The replacement scenario: node 2 SIGKILLed in iteration 2, the survivors
+// re-form, a fresh node 2 (`extra_flags` on every daemon, `extra_args` on
+// every trainer, --catch-up added) joins at iteration *m, and all six end
+// alike and like the reference. Returns the survivors' and the
+// replacements' trainers.
+void ReplaceNodeTwoWhileTheJobRuns(Cluster& cluster, std::vector<Trainer>* trainers,
+                                   std::vector<Trainer>* replacements, int* m,
+                                   const std::vector<std::string>& extra_args = {}) {
+  std::vector<std::string> args = extra_args;
+  args.push_back("--catch-up");
+  RunUntilKilled(cluster, Stage::kBackward, trainers, {kVictimNode}, /*resume=*/false, args);
+  ResumeSurvivors(trainers, {0, kVictimNode});  // node 1's: its collective fails
   ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_reformed", kErrorBound))
       << cluster.DaemonLogs();
   ASSERT_TRUE(cluster.StartNode(kVictimNode)) << cluster.DaemonLogs();
-  std::vector<Trainer> replacements;
   for (int r = 0; r < kLocal; ++r) {
-    std::vector<std::string> args = TrainArgs();
-    args.push_back("--catch-up");
+    std::vector<std::string> replacement_args = TrainArgs();
+    replacement_args.insert(replacement_args.end(), args.begin(), args.end());
     const std::string out = absl::StrCat(cluster.dir(), "/replacement_", r);
-    replacements.push_back(
-        {kVictimNode, "", out, StartTrainer(cluster.node(kVictimNode), r, args, out)});
+    replacements->push_back(
+        {kVictimNode, "", out, StartTrainer(cluster.node(kVictimNode), r, replacement_args, out)});
   }
   // The leader holds the replacement and publishes the grow entry; both
   // survivors read it before node 0's trainers go on.
@@ -625,47 +628,58 @@ TEST(ElasticJob, AReplacementNodeJoinsTheRunningJobCatchesUpAndTrainsOverAllAgai
     ASSERT_TRUE(WaitForLog(cluster.node(n).process(), "event=job_grow_read", kErrorBound))
         << cluster.DaemonLogs();
   }
-  ResumeSurvivors(&trainers, {1, kVictimNode});  // node 0's
+  ResumeSurvivors(trainers, {1, kVictimNode});  // node 0's
   // m: where the replacements started (their trainers print it).
   const std::string joined = "mlp_trainer: joined the running job at iteration ";
-  ASSERT_TRUE(WaitForLog(replacements[0].process, joined, kErrorBound))
-      << replacements[0].process.Log() << cluster.DaemonLogs();
-  const std::string log = replacements[0].process.Log();
-  const int m = std::atoi(log.c_str() + log.find(joined) + joined.size());
-  ASSERT_GT(m, kKilledStep);
-  ASSERT_LT(m, kSteps) << "the survivors finished before the replacement joined";
-  for (size_t i = 0; i < replacements.size(); ++i) {
+  ASSERT_TRUE(WaitForLog((*replacements)[0].process, joined, kErrorBound))
+      << (*replacements)[0].process.Log() << cluster.DaemonLogs();
+  const std::string log = (*replacements)[0].process.Log();
+  *m = std::atoi(log.c_str() + log.find(joined) + joined.size());
+  ASSERT_GT(*m, kKilledStep);
+  ASSERT_LT(*m, kSteps) << "the survivors finished before the replacement joined";
+  for (size_t i = 0; i < replacements->size(); ++i) {
     const std::string line =
-        absl::StrCat(joined, m, ": state from rank 0, world size 6, rank ", 4 + i, "\n");
-    EXPECT_TRUE(WaitForLog(replacements[i].process, line, kErrorBound))
-        << replacements[i].process.Log();
+        absl::StrCat(joined, *m, ": state from rank 0, world size 6, rank ", 4 + i, "\n");
+    EXPECT_TRUE(WaitForLog((*replacements)[i].process, line, kErrorBound))
+        << (*replacements)[i].process.Log();
   }
 
   std::vector<std::string> reference_args = TrainArgs();
   reference_args.push_back(absl::StrCat("--join-steps=8,8,8,8,", kKilledStep, ",", kKilledStep));
   reference_args.push_back("--join-divide-by-active");
-  reference_args.push_back(absl::StrCat("--rejoin-at=", m));
+  reference_args.push_back(absl::StrCat("--rejoin-at=", *m));
   const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
   ASSERT_FALSE(reference.empty());
   std::vector<Trainer*> everyone;
-  for (Trainer& t : trainers) {
+  for (Trainer& t : *trainers) {
     if (t.node != kVictimNode) everyone.push_back(&t);
   }
-  for (Trainer& t : replacements) everyone.push_back(&t);
+  for (Trainer& t : *replacements) everyone.push_back(&t);
   ASSERT_NO_FATAL_FAILURE(ExpectEndedAlikeAndLikeTheReference(cluster, everyone, reference, [&] {
-    return AllTrainerErrors(trainers) + AllTrainerErrors(replacements);
+    return AllTrainerErrors(*trainers) + AllTrainerErrors(*replacements);
   }));
+}
+
+TEST(ElasticJob, AReplacementNodeJoinsTheRunningJobCatchesUpAndTrainsOverAllAgain) {
+  if (kOnEtcd) GTEST_SKIP() << "on etcd joining is refused: AReplacementNodeIsRefusedOnEtcd";
+  Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers, replacements;
+  int m = 0;
+  ASSERT_NO_FATAL_FAILURE(ReplaceNodeTwoWhileTheJobRuns(cluster, &trainers, &replacements, &m));
+  std::vector<Trainer*> survivors;
+  for (Trainer& t : trainers) {
+    if (t.node != kVictimNode) survivors.push_back(&t);
+  }
   // The survivors: the death, then the join (its completion entry is the
   // iteration before m, still divided over 4), each a membership change.
   const std::string sent =
       absl::StrCat("mlp_trainer: nodes joined after iteration ", m, ": state sent from rank 0\n");
-  for (size_t i = 0; i < 4; ++i) {
-    EXPECT_NE(everyone[i]->process.Log().find(sent), std::string::npos)
-        << everyone[i]->process.Log();
+  for (Trainer* t : survivors) {
+    EXPECT_NE(t->process.Log().find(sent), std::string::npos) << t->process.Log();
     const std::string changed = absl::StrCat(
         "mlp_trainer: the job's members changed (2 times) by iteration ", m, ": world size 4");
-    EXPECT_NE(everyone[i]->process.Log().find(changed), std::string::npos)
-        << everyone[i]->process.Log();
+    EXPECT_NE(t->process.Log().find(changed), std::string::npos) << t->process.Log();
   }
   absl::StatusOr<v1::Stats> stats = GetStats(cluster.port(), "elastic-token");
   ASSERT_TRUE(stats.ok()) << stats.status();
@@ -673,6 +687,39 @@ TEST(ElasticJob, AReplacementNodeJoinsTheRunningJobCatchesUpAndTrainsOverAllAgai
   EXPECT_EQ(stats->generation(), 3u);
   std::printf("elastic_job join: node 2 killed in iteration %d, its replacement joined at %d\n",
               kKilledStep, m);
+}
+
+// --check-replicas-every=1, so a check is due right at the join boundary
+// (after iteration m, the old world's last): every trainer of the grown
+// world takes part, the replacements' once they received rank 0's state
+// (their gs_job_info says a check is due at the iteration they start at),
+// and it compares all three nodes' trainers on the grown world, as every
+// later check does.
+TEST(ElasticJob, AReplicaCheckDueWhereANodeJoinsRunsOnTheGrownWorld) {
+  if (kOnEtcd) GTEST_SKIP() << "on etcd joining is refused: AReplacementNodeIsRefusedOnEtcd";
+  ClusterOptions options = JobOptions(/*min_nodes=*/2, 4 * kTimeoutS);
+  options.flags.push_back("--check-replicas-every=1");
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers, replacements;
+  int m = 0;
+  ASSERT_NO_FATAL_FAILURE(
+      ReplaceNodeTwoWhileTheJobRuns(cluster, &trainers, &replacements, &m, {"--check-replicas"}));
+  for (Trainer& t : replacements) {
+    EXPECT_NE(t.process.Log().find(absl::StrCat("replicas checked after iteration ", m, " ")),
+              std::string::npos)
+        << t.process.Log();
+  }
+  for (int n = 0; n < kNodes; ++n) {
+    const std::string log = cluster.node(n).process().Log();
+    for (int it : {m, m + 1}) {
+      const std::string equal = absl::StrCat("event=replicas_equal iteration=", it, " trainers=2 ");
+      const size_t at = log.find(equal);
+      ASSERT_NE(at, std::string::npos) << equal << " on node " << n << "\n" << cluster.DaemonLogs();
+      const std::string line = log.substr(at, log.find('\n', at) - at);
+      EXPECT_NE(line.find(" nodes=3"), std::string::npos) << line;
+    }
+  }
 }
 
 // --max-nodes above --num-nodes: a job of nodes 0 and 1 (--num-nodes 2,
@@ -1134,6 +1181,68 @@ TEST(ElasticJob, LeaderKilledEndsTheJobNamingTheDeadLeader) {
     EXPECT_NE(error.find("the leader is dead"), std::string::npos) << error;
     // Proven by its refused port, not by an RPC's deadline.
     EXPECT_NE(error.find(" refuses connections)"), std::string::npos) << error;
+  }
+}
+
+// Node 0 SIGKILLed while every survivor's trainers are held stopped, so
+// no collective notices: each survivor's daemon sees its connection to the
+// leader close, probes the leader's port and fails the job naming the dead
+// leader, proven by the refusal; not by a heartbeat that waited out its RPC
+// deadline ("Deadline Exceeded"), which no error or log may mention.
+TEST(ElasticJob, LeaderKilledWhileNoCollectiveRunsFailsTheSurvivorsAtOnceNamingTheDeadLeader) {
+  if (kOnEtcd) GTEST_SKIP() << "on etcd no node leads: NodeZeroKilledOnEtcdSurvivorsTrainOn";
+  // Holding the trainers is no stall: the job's timeout is far away.
+  Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilPaused(cluster, Stage::kBackward, &trainers, {0});
+  // No collective in flight: each survivor waits for its paused trainers
+  // (its stall report), bucket 0 of the iteration done everywhere.
+  for (int n = 1; n < kNodes; ++n) {
+    const std::string stall = absl::StrCat("event=stall iteration=", kKilledStep, " bucket=1 ");
+    ASSERT_TRUE(WaitForLog(cluster.node(n).process(), stall, kStateBound)) << cluster.DaemonLogs();
+  }
+  const auto killed_at = std::chrono::steady_clock::now();
+  cluster.node(0).process().Signal(SIGKILL);
+  for (Trainer& t : trainers) {
+    if (t.node == 0) t.process.Signal(SIGKILL);
+  }
+  for (int n = 1; n < kNodes; ++n) {
+    const Process& daemon = cluster.node(n).process();
+    ASSERT_TRUE(WaitForLog(daemon, "event=job_failed job=1 code=PEER_FAILED", kErrorBound))
+        << cluster.DaemonLogs();
+    // Printed, not asserted (a loaded machine): the heartbeat's deadline is 3 s.
+    std::printf(
+        "elastic_job leader killed, no collective running: node %d failed its job %.2f s "
+        "after the SIGKILL\n",
+        n, std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count());
+    const std::string log = daemon.Log();
+    EXPECT_NE(log.find("event=leader_refuses_connections generation=1 address="), std::string::npos)
+        << log;
+    const size_t at = log.find("event=job_failed");
+    const std::string failed = log.substr(at, log.find('\n', at) - at);
+    EXPECT_NE(failed.find("the leader is dead"), std::string::npos) << failed;
+    EXPECT_NE(failed.find(" refuses connections)"), std::string::npos) << failed;
+    // Up to the failure (later, the Leave to the dead leader times out).
+    EXPECT_EQ(log.substr(0, at + failed.size()).find("Deadline Exceeded"), std::string::npos)
+        << log;
+  }
+  ResumeSurvivors(&trainers, {0});
+  for (Trainer& t : trainers) {
+    if (t.node == 0) continue;
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    const std::string error = TrainerError(t.process.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitPeerFailed) << error << cluster.DaemonLogs();
+    EXPECT_NE(error.find(absl::StrCat("the leader daemon at 127.0.0.1:", cluster.port(),
+                                      " is unreachable: the leader is dead")),
+              std::string::npos)
+        << error;
+    EXPECT_NE(error.find(" refuses connections)"), std::string::npos) << error;
+    // Said once: the re-formation does not explain the watch's error again.
+    const size_t first = error.find(" is unreachable");
+    ASSERT_NE(first, std::string::npos) << error;
+    EXPECT_EQ(error.find(" is unreachable", first + 1), std::string::npos) << error;
   }
 }
 

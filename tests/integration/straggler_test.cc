@@ -8,6 +8,7 @@
 // trainer must be the one the daemon names and the one last most often; the balanced job must name
 // nobody under the daemon's own verdict.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <string>
 #include <vector>
@@ -219,6 +220,50 @@ TEST(StragglerTwoNodesTest, ABalancedJobNamesNobody) {
   RunTwoNodes(/*delayed=*/false, &named, &j);
   ASSERT_EQ(named.rows, 2u) << j.dump(2);
   EXPECT_TRUE(named.stragglers.empty()) << j.dump(2);
+}
+
+// An elastic job of 3 nodes x 1 trainer loses node 2 in iteration 2 (its
+// trainer paused mid-backward, then it and its daemon SIGKILLed): the
+// survivors re-form and train 28 more iterations, over which the exchange
+// must go on, among the new generation's members, to name node 1's
+// delayed trainer (figures from before the death are too few to name
+// anyone: kMinVerdictIterations).
+TEST(StragglerElasticTest, AfterAReformationTheDelayedTrainerOfNode1IsStillNamed) {
+  ClusterOptions options;
+  options.nodes = 3;
+  options.local_size = 1;
+  options.flags = {"--timeout-s=60", "--min-nodes=2", "--max-nodes=3"};
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  const int port1 = cluster.node(1).ListenPort(seconds(10));
+  ASSERT_NE(port1, 0) << cluster.DaemonLogs();
+  std::vector<std::string> args = {"--steps=30", "--batch=60"};
+  std::vector<Process> trainers;
+  trainers.push_back(StartTrainer(cluster.node(0), 0, args, ""));
+  args.push_back(kDelay);
+  trainers.push_back(StartTrainer(cluster.node(1), 0, args, ""));
+  args.back() = "--pause-at=backward";
+  Process victim = StartTrainer(cluster.node(2), 0, args, "");
+  ASSERT_TRUE(WaitForLog(victim, "mlp_trainer: paused at backward", kBound) &&
+              WaitStopped(victim, kBound))
+      << victim.Log() << cluster.DaemonLogs();
+  cluster.node(2).process().Signal(SIGKILL);
+  victim.Signal(SIGKILL);
+  WaitAllExitZero(trainers, cluster.DaemonLogs());
+  for (int n : {0, 1}) {
+    ASSERT_NE(cluster.node(n).process().Log().find("event=job_reformed"), std::string::npos)
+        << cluster.DaemonLogs();
+  }
+  const nlohmann::json j = Stragglers({cluster.port(), port1}, cluster.dir());
+  const Named named = Read(j);
+  ASSERT_EQ(named.rows, 2u) << j.dump(2);
+  EXPECT_EQ(named.stragglers, std::vector<int>{1}) << j.dump(2);
+  EXPECT_EQ(named.most_often_last, 1) << j.dump(2);
+  for (const nlohmann::json& t : j["trainers"]) {
+    EXPECT_EQ(t["scope"].get<std::string>(), "job") << j.dump(2);
+    EXPECT_EQ(t["node_rank"].get<int>(), t["rank"].get<int>()) << j.dump(2);
+    EXPECT_GE(t["window_iterations"].get<int>(), 10) << j.dump(2);
+  }
 }
 
 }  // namespace

@@ -336,6 +336,29 @@ int BroadcastState(Trainer<T>& t, uint64_t iteration, int root) {
   return 0;
 }
 
+// FNV-1a of a parameter's bytes: --check-replicas' fingerprint.
+template <typename T>
+uint64_t Fingerprint(const std::vector<T>& values) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(values.data());
+  for (size_t i = 0; i < values.size() * sizeof(T); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  return h;
+}
+
+// With --check-replicas, checks the replicas when `info` says a check is
+// due. Returns 0, or the exit code.
+template <typename T>
+int CheckReplicasIfDue(Trainer<T>& t, const gs_job_info& info) {
+  if (!t.opt.check_replicas || !info.check_replicas_due) return 0;
+  std::vector<uint64_t> hashes;
+  for (int p = 0; p < Model<T>::kCount; ++p) hashes.push_back(Fingerprint(t.model.params[p]));
+  const gs_status st = gs_check_replicas(t.c, hashes.data(), hashes.size());
+  if (st != GS_OK) return Die(t.c, "gs_check_replicas", st);
+  std::fprintf(stderr, "mlp_trainer: replicas checked after iteration %llu (world size %d)\n",
+               static_cast<unsigned long long>(info.iteration), info.world_size);
+  return 0;
+}
+
 // --catch-up on a trainer whose node joined the running job: the job's
 // state and the iteration to start at (*first_step). Returns 0, or the
 // exit code.
@@ -352,16 +375,9 @@ int CatchUp(Trainer<T>& t, int* first_step) {
                "world size %d, rank %d\n",
                static_cast<unsigned long long>(info.iteration), info.catch_up_root, info.world_size,
                info.rank);
-  return 0;
-}
-
-// FNV-1a of a parameter's bytes: --check-replicas' fingerprint.
-template <typename T>
-uint64_t Fingerprint(const std::vector<T>& values) {
-  uint64_t h = 1469598103934665603ull;
-  const auto* bytes = reinterpret_cast<const unsigned char*>(values.data());
-  for (size_t i = 0; i < values.size() * sizeof(T); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
-  return h;
+  // A check due at the iteration it starts at runs in the grown world: the
+  // members check after handing over this state, and so does this trainer.
+  return CheckReplicasIfDue(t, info);
 }
 
 // After a step's SGD: says when the job's members changed (an elastic
@@ -393,14 +409,7 @@ int AfterStep(Trainer<T>& t) {
                  nodes_joined ? "nodes" : "trainers",
                  static_cast<unsigned long long>(info.iteration), info.catch_up_root);
   }
-  if (!t.opt.check_replicas || !info.check_replicas_due) return 0;
-  std::vector<uint64_t> hashes;
-  for (int p = 0; p < Model<T>::kCount; ++p) hashes.push_back(Fingerprint(t.model.params[p]));
-  st = gs_check_replicas(c, hashes.data(), hashes.size());
-  if (st != GS_OK) return Die(c, "gs_check_replicas", st);
-  std::fprintf(stderr, "mlp_trainer: replicas checked after iteration %llu (world size %d)\n",
-               static_cast<unsigned long long>(info.iteration), info.world_size);
-  return 0;
+  return CheckReplicasIfDue(t, info);
 }
 
 // One optimizer step: its micro-batches' backward passes (each synced

@@ -190,6 +190,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._start_tensors = start
             if joining.joined_running_job:
                 self._hand_over_state(root, first_part_done=True)
+                # A check due at the iteration this trainer starts at runs in
+                # the grown world: the members check once they handed over
+                # this state, and so does every joiner.
+                if joining.check_replicas_due:
+                    self._check_replicas()
         except BaseException:
             # Leave the model as it was: no .grad may point into a mapping
             # that close() is about to remove.
@@ -457,10 +462,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._hand_over_if_nodes_joined()
             return loss
         self._optimizer.step()
+        # Joiners first get this step's state, then every trainer, theirs
+        # too, checks the replicas in the grown world (in this order on every
+        # node: both are collectives).
+        self._hand_over_if_nodes_joined()
         if self._check_pending:
             self._check_pending = False
             self._check_replicas()
-        self._hand_over_if_nodes_joined()
         return loss
 
     def _hand_over_if_nodes_joined(self) -> None:
