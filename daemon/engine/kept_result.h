@@ -38,6 +38,8 @@ class KeptResult {
   // that completed it.
   void Received(uint64_t iteration, int divisor, bool skipped);
 
+  // The buffer is about to be overwritten (a result being received).
+  void Drop() { whole_ = false; }
   // Whether it holds the whole result of `iteration`.
   bool Holds(uint64_t iteration) const { return whole_ && iteration_ == iteration; }
   int divisor() const { return divisor_; }

@@ -25,30 +25,17 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/log_value.h"
 #include "common/monotonic.h"
 #include "common/status_code.h"
 #include "common/status_macros.h"
 #include "daemon/engine/bucket_pieces.h"
 #include "daemon/engine/scheduler.h"
+#include "daemon/engine/split_iteration.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
 namespace {
-
-// The exchange after a re-formation: per survivor (its place among the
-// members) one slot of each kind, in a float64 sum (exact for these).
-enum SplitSlot : int {
-  kStoppedIn,      // the iteration it stopped in
-  kHoldsPrevious,  // 1: it holds the whole result of the iteration before
-  kDivisor,        // that result's divisor
-  kSkipped,        // 1: that iteration was skipped (--nonfinite=skip)
-  kPlanVersion,    // its plan decisions so far
-  kKeptBytes,      // the size of its kept result (the broadcast's)
-  kNodeRank,       // for the errors
-  kSplitSlots,
-};
 
 // Test-only (inert unless set): on the node given it, the last bucket of
 // that iteration loses its result after the collective, as if the dead
@@ -120,20 +107,16 @@ absl::Status Scheduler::SettleSplitIteration(bool* collective_failed) {
   *collective_failed = false;
   const int nodes = backend_->num_nodes();
   if (nodes <= 1) return absl::OkStatus();
-  std::vector<double> slots(static_cast<size_t>(kSplitSlots) * nodes, 0.0);
-  const auto slot = [&](int kind, int node) -> double& {
-    return slots[static_cast<size_t>(kind) * nodes + node];
-  };
   const uint64_t it = iteration();
-  const int me = options_.node_index;
-  const bool holds = it > 0 && kept_result_.Holds(it - 1);
-  slot(kStoppedIn, me) = static_cast<double>(it);
-  slot(kHoldsPrevious, me) = holds ? 1 : 0;
-  slot(kDivisor, me) = holds ? kept_result_.divisor() : 0;
-  slot(kSkipped, me) = holds && kept_result_.skipped() ? 1 : 0;
-  slot(kPlanVersion, me) = static_cast<double>(plan_version());
-  slot(kKeptBytes, me) = static_cast<double>(kept_result_.bytes());
-  slot(kNodeRank, me) = options_.node_rank;
+  StoppedAt me;
+  me.iteration = it;
+  me.holds_previous = it > 0 && kept_result_.Holds(it - 1);
+  me.divisor = kept_result_.divisor();
+  me.skipped = kept_result_.skipped();
+  me.plan_version = plan_version();
+  me.kept_bytes = kept_result_.bytes();
+  me.node_rank = options_.node_rank;
+  std::vector<double> slots = StoppedAtSlots(me, options_.node_index, nodes);
   // The new generation's collectives, bounded like a bucket's (watchdog).
   const auto collective = [&](const char* what, const std::function<absl::Status()>& run) {
     if (!BeginReduction(0, MonotonicNowNs())) {
@@ -152,75 +135,25 @@ absl::Status Scheduler::SettleSplitIteration(bool* collective_failed) {
   RETURN_IF_ERROR(collective("comparing where the survivors stopped", [&] {
     return backend_->AllreduceCounts(slots.data(), slots.size());
   }));
-  uint64_t lo = UINT64_MAX, hi = 0;
-  for (int n = 0; n < nodes; ++n) {
-    lo = std::min(lo, static_cast<uint64_t>(slot(kStoppedIn, n)));
-    hi = std::max(hi, static_cast<uint64_t>(slot(kStoppedIn, n)));
-  }
-  if (lo == hi) return absl::OkStatus();  // nobody completed what others did not
-  std::vector<std::string> behind, ahead;
-  int root = -1;
-  for (int n = 0; n < nodes; ++n) {
-    const std::string name = absl::StrCat("node_rank=", static_cast<int>(slot(kNodeRank, n)));
-    const bool completed = static_cast<uint64_t>(slot(kStoppedIn, n)) == hi;
-    (completed ? ahead : behind).push_back(name);
-    if (completed && root < 0 && slot(kHoldsPrevious, n) == 1) root = n;
-  }
-  const std::string split = absl::StrCat(
-      "iteration ", lo, " was completed by ", absl::StrJoin(ahead, ", "), " but not by ",
-      absl::StrJoin(behind, ", "), " when a node died in its last collective");
-  if (hi - lo > 1) {
-    return MakeError(v1::PEER_FAILED, absl::StrCat("the survivors stopped in iterations ", lo,
-                                                   " and ", hi, ", more than one apart"));
-  }
-  if (options_.gpu) {
-    return MakeError(v1::PEER_FAILED,
-                     absl::StrCat(split,
-                                  "; committing it from the survivors that completed it "
-                                  "is built for CPU gradients only, so the job ends"));
-  }
-  if (root < 0) {
-    return MakeError(v1::PEER_FAILED,
-                     absl::StrCat(split,
-                                  "; none of them still holds its result (their trainers "
-                                  "all joined), so the job ends"));
-  }
-  for (int n = 0; n < nodes; ++n) {
-    if (slot(kKeptBytes, n) != slot(kKeptBytes, root)) {
-      return MakeError(
-          v1::INTERNAL,
-          absl::StrCat(split, "; node_rank=", static_cast<int>(slot(kNodeRank, n)), " keeps ",
-                       slot(kKeptBytes, n), " bytes of it, node_rank=",
-                       static_cast<int>(slot(kNodeRank, root)), " ", slot(kKeptBytes, root)));
-    }
-    if (static_cast<uint64_t>(slot(kStoppedIn, n)) == lo &&
-        slot(kPlanVersion, n) != slot(kPlanVersion, root)) {
-      return MakeError(
-          v1::PEER_FAILED,
-          absl::StrCat(
-              split, "; node_rank=", static_cast<int>(slot(kNodeRank, root)),
-              " decided a new plan at the end of it (plan version ", slot(kPlanVersion, root),
-              ", node_rank=", static_cast<int>(slot(kNodeRank, n)), " has ", slot(kPlanVersion, n),
-              "): committing an iteration across a plan change is not supported, so "
-              "the job ends"));
-    }
-  }
-  const int divisor = static_cast<int>(slot(kDivisor, root));
-  const bool skipped = slot(kSkipped, root) == 1;
+  ASSIGN_OR_RETURN(const SplitVerdict verdict, JudgeSplit(slots, nodes, options_.gpu != nullptr));
+  if (!verdict.split) return absl::OkStatus();
   spdlog::warn(
       "event=split_iteration_commit iteration={} from_node_rank={} completed_by={} behind={} "
       "divisor={} skipped={} bytes={}",
-      lo, static_cast<int>(slot(kNodeRank, root)), LogValue(absl::StrJoin(ahead, ",")),
-      LogValue(absl::StrJoin(behind, ",")), divisor, skipped, kept_result_.bytes());
+      verdict.iteration, verdict.root_node_rank, LogValue(verdict.completed_by),
+      LogValue(verdict.behind), verdict.divisor, verdict.skipped, kept_result_.bytes());
+  // A node still in I holds at most I-1's result, which a broadcast cut
+  // short would leave half overwritten; the others' get I's bytes again.
+  if (it == verdict.iteration) kept_result_.Drop();
   for (uint64_t offset = 0; offset < kept_result_.bytes(); offset += kPieceBytes) {
     const uint64_t len = std::min<uint64_t>(kPieceBytes, kept_result_.bytes() - offset);
     RETURN_IF_ERROR(collective("broadcasting the split iteration's result", [&] {
-      return backend_->Broadcast(kept_result_.data() + offset, len, root);
+      return backend_->Broadcast(kept_result_.data() + offset, len, verdict.root);
     }));
   }
-  if (me == root) return absl::OkStatus();
-  kept_result_.Received(lo, divisor, skipped);
-  if (it == lo) CommitReceivedIteration(divisor, skipped);
+  if (options_.node_index == verdict.root) return absl::OkStatus();
+  kept_result_.Received(verdict.iteration, verdict.divisor, verdict.skipped);
+  if (it == verdict.iteration) CommitReceivedIteration(verdict.divisor, verdict.skipped);
   return absl::OkStatus();
 }
 
