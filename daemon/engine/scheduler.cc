@@ -478,6 +478,12 @@ bool Scheduler::CollectiveFailed(const absl::Status& error) {
 }
 
 bool Scheduler::Recover(const absl::Status& error) {
+  // gs_broadcast waits meanwhile (growing()), whichever way this ends.
+  struct Reforming {
+    std::atomic<bool>& flag;
+    ~Reforming() { flag.store(false, std::memory_order_release); }
+  } reforming{reforming_};
+  reforming_.store(true, std::memory_order_release);
   absl::Status cause = error;
   for (;;) {
     spdlog::warn("event=iteration_interrupted iteration={} next_bucket={} error={}", iteration(),

@@ -215,8 +215,13 @@ class Scheduler {
   bool in_iteration() const { return in_iteration_.load(std::memory_order_acquire); }
   // True from the completion entry before nodes join (the trainers may
   // call gs_broadcast at once) until the grown world is installed or the
-  // job failed: a broadcast must run in the grown world.
-  bool growing() const { return growing_.load(std::memory_order_acquire); }
+  // job failed: a broadcast must run in the grown world. True as well while
+  // the survivors of a death re-form and settle a split iteration: that
+  // runs collectives on the new world between iterations, which a
+  // broadcast on it must not overlap.
+  bool growing() const {
+    return growing_.load(std::memory_order_acquire) || reforming_.load(std::memory_order_acquire);
+  }
   // Uneven inputs (gs_join): trainers of the job still active in the last
   // iteration every node agreed on (the world size before any join), and
   // local trainers that joined.
@@ -458,8 +463,9 @@ class Scheduler {
   std::atomic<bool> halted_{false};
   std::atomic<bool> in_iteration_{false};
   std::atomic<bool> growing_{false};
-  std::string bad_plan_;           // non-empty: a plan that must not run (an internal bug)
-  std::chrono::nanoseconds spin_;  // before sleeping on the node doorbell
+  std::atomic<bool> reforming_{false};  // inside Recover
+  std::string bad_plan_;                // non-empty: a plan that must not run (an internal bug)
+  std::chrono::nanoseconds spin_;       // before sleeping on the node doorbell
   // Held by a GPU reduction (see WaitIdle); guards no field, orders
   // WaitIdle after any reduction that started before the Halt.
   absl::Mutex launch_mu_;

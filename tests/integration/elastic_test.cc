@@ -10,7 +10,9 @@
 // victim inside the cross-node collective, and with the survivors inside it
 // (their first buckets already averaged over 6 and written back, so the redo
 // must come from the kept local sums). Each prints the time from the kill
-// to the survivors' completion of the redone iteration.
+// to the survivors' completion of the redone iteration. Killed after one
+// survivor completed iteration 2 and before the other did (a test hook
+// withholds node 1's final result): node 1 commits 2 from node 0, over 6.
 //
 // A trainer of an elastic job SIGKILLed (its node stays): after marking
 // the iteration's gradients, the others finish with it counted in that
