@@ -432,6 +432,7 @@ TEST(ElasticJob, ANodeKilledInTheLastCollectiveAfterOneSurvivorCompletedItIsComm
   const std::string completed = absl::StrCat("step   ", kKilledStep, "  loss");
   ASSERT_TRUE(WaitForLog(trainers[0].process, completed, kStateBound))
       << trainers[0].process.Log() << cluster.DaemonLogs();
+  const auto killed_at = std::chrono::steady_clock::now();
   cluster.node(kVictimNode).process().Signal(SIGKILL);
   for (Trainer& t : trainers) {
     if (t.node == kVictimNode) t.process.Signal(SIGKILL);
@@ -440,6 +441,12 @@ TEST(ElasticJob, ANodeKilledInTheLastCollectiveAfterOneSurvivorCompletedItIsComm
   std::FILE* go = std::fopen(release.c_str(), "w");  // node 1's collective fails now
   ASSERT_NE(go, nullptr) << release;
   std::fclose(go);
+  // The first iteration over the survivors completes once node 1 committed.
+  const std::string next = absl::StrCat("step   ", kKilledStep + 1, "  loss");
+  ASSERT_TRUE(WaitForLog(trainers[0].process, next, kErrorBound))
+      << trainers[0].process.Log() << cluster.DaemonLogs();
+  const double next_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
 
   std::vector<std::string> steps;
   for (int n = 0; n < kNodes; ++n) {
@@ -477,6 +484,10 @@ TEST(ElasticJob, ANodeKilledInTheLastCollectiveAfterOneSurvivorCompletedItIsComm
     EXPECT_NE(trainers[i].process.Log().find(changed), std::string::npos)
         << "trainer " << i << ": " << trainers[i].process.Log();
   }
+  std::printf(
+      "elastic_job split_iteration: SIGKILL of node 2 (node 1 released once it was reaped) to "
+      "the survivors' completion of iteration %d, after committing %d: %.2f s\n",
+      kKilledStep + 1, kKilledStep, next_s);
 }
 
 // Node 2's daemon stopped with SIGTERM mid-backward (a scale-down): it
