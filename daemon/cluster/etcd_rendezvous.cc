@@ -1,6 +1,7 @@
 #include "daemon/cluster/etcd_rendezvous.h"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -17,6 +18,7 @@
 #include "daemon/cluster/liveness_probe.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "daemon/cluster/rendezvous_records.h"
+#include "daemon/cluster/resume_rule.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
@@ -655,17 +657,13 @@ absl::StatusOr<std::optional<v1::JoinResponse>> EtcdRendezvous::JudgeResume(
         ", fewer than --min-nodes=", options_.min_nodes, "; dead: ", dead_list, "; the job ends"));
     return std::optional<v1::JoinResponse>(std::move(outcome));
   }
-  const auto& [first_rank, first] = *joins.begin();
-  for (const auto& [rank, join] : joins) {
-    if (join.resume_iteration() == first.resume_iteration()) continue;
+  // Survivors one iteration apart commit the iteration a death split
+  // (resume_rule.h), as on the embedded leader.
+  std::map<int, uint64_t> resumes;
+  for (const auto& [rank, join] : joins) resumes[rank] = join.resume_iteration();
+  if (std::string split = CheckResumeIterations(g, resumes, dead_list); !split.empty()) {
     outcome.mutable_error()->set_code(v1::PEER_FAILED);
-    outcome.mutable_error()->set_message(absl::StrCat(
-        "the survivors of generation ", g,
-        " stopped in different iterations (node_rank=", first_rank, " in ",
-        first.resume_iteration(), ", node_rank=", rank, " in ", join.resume_iteration(),
-        "): the dead node starved some of the last collective after others completed it, and "
-        "committing that iteration with the old membership is not supported yet; dead: ",
-        dead_list));
+    outcome.mutable_error()->set_message(split);
     return std::optional<v1::JoinResponse>(std::move(outcome));
   }
   spdlog::warn("event=reforming generation={} survivors={} dead={}", g + 1, joins.size(),

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +15,7 @@
 #include "common/log_value.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "daemon/cluster/rendezvous_records.h"
+#include "daemon/cluster/resume_rule.h"
 #include "spdlog/spdlog.h"
 
 namespace gradsync {
@@ -1081,25 +1083,14 @@ RendezvousService::RoundVerdict RendezvousService::JudgeRoundLocked(absl::Time n
                                  "; the job ends");
     return verdict;
   }
-  int first_rank = -1;
+  // Survivors one iteration apart commit the iteration a death split
+  // (resume_rule.h); the generation starts at the highest.
+  std::map<int, uint64_t> resumes;
   for (const auto& [rank, join] : pending_) {
-    if (!join.joins_running) {
-      first_rank = rank;
-      break;
-    }
+    if (!join.joins_running) resumes[rank] = join.resume_iteration;
   }
-  const PendingJoin& first = pending_.at(first_rank);
-  for (const auto& [rank, join] : pending_) {
-    if (join.joins_running || join.resume_iteration == first.resume_iteration) continue;
-    verdict.error = absl::StrCat(
-        "the survivors of generation ", generation_,
-        " stopped in different iterations (node_rank=", first_rank, " in ", first.resume_iteration,
-        ", node_rank=", rank, " in ", join.resume_iteration,
-        "): the dead node starved some of the last collective after others completed it, and "
-        "committing that iteration with the old membership is not supported yet; dead: ",
-        dead_list);
-    return verdict;
-  }
+  verdict.error = CheckResumeIterations(generation_, resumes, dead_list);
+  if (!verdict.error.empty()) return verdict;
   verdict.form = true;
   return verdict;
 }

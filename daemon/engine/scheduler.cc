@@ -102,6 +102,7 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
         });
   }
   InstallPlan(std::move(plan));
+  InitSplitCommit();
   plan_version_.store(1, std::memory_order_release);
   if (options_.start_iteration > 0) {
     // Joined a running job: the members' order and plan decisions.
@@ -466,21 +467,43 @@ bool Scheduler::CollectiveFailed(const absl::Status& error) {
 }
 
 bool Scheduler::Recover(const absl::Status& error) {
-  spdlog::warn("event=iteration_interrupted iteration={} next_bucket={} error={}", iteration(),
-               next_bucket_, LogValue(error.message()));
-  absl::StatusOr<Reformed> world = options_.reform(error, iteration());
-  {
-    // Requests of the old world are answered by this re-formation.
-    absl::MutexLock lock(&reform_mu_);
-    reform_requested_.store(false, std::memory_order_release);
-    reform_request_ = absl::OkStatus();
+  // gs_broadcast waits meanwhile (growing()), whichever way this ends.
+  struct Reforming {
+    std::atomic<bool>& flag;
+    ~Reforming() { flag.store(false, std::memory_order_release); }
+  } reforming{reforming_};
+  reforming_.store(true, std::memory_order_release);
+  absl::Status cause = error;
+  for (;;) {
+    spdlog::warn("event=iteration_interrupted iteration={} next_bucket={} error={}", iteration(),
+                 next_bucket_, LogValue(cause.message()));
+    absl::StatusOr<Reformed> world = options_.reform(cause, iteration());
+    {
+      // Requests of the old world are answered by this re-formation.
+      absl::MutexLock lock(&reform_mu_);
+      reform_requested_.store(false, std::memory_order_release);
+      reform_request_ = absl::OkStatus();
+    }
+    if (!world.ok()) {
+      fail_(world.status(), -1);
+      return false;
+    }
+    if (halted_.load(std::memory_order_acquire)) return false;
+    AdoptWorld(*world);
+    bool collective_failed = false;
+    const absl::Status settled = SettleSplitIteration(&collective_failed);
+    if (halted_.load(std::memory_order_acquire) || stop_.load(std::memory_order_acquire)) {
+      return false;
+    }
+    if (settled.ok()) break;
+    if (!collective_failed) {
+      fail_(settled, -1);
+      return false;
+    }
+    // Another node lost while the survivors settled: re-form again, from
+    // the iteration this node is in now.
+    cause = settled;
   }
-  if (!world.ok()) {
-    fail_(world.status(), -1);
-    return false;
-  }
-  if (halted_.load(std::memory_order_acquire)) return false;
-  AdoptWorld(*world);
   // Rewind: every bucket again in plan order, those launched from their
   // kept sums (their arenas may hold the old world's average already).
   size_t kept = options_.gpu ? options_.gpu->kept_buckets() : 0;
@@ -1058,6 +1081,7 @@ bool Scheduler::Launch(uint32_t bucket) {
       !HandleNonFinite(bucket, nonfinite.local ? DescribeNonFinite(bucket, nonfinite) : "")) {
     return false;
   }
+  if (!KeepResult(bucket)) return false;
   return FinishLaunch(bucket, timings);
 }
 
@@ -1238,6 +1262,10 @@ bool Scheduler::FinishLaunch(uint32_t bucket, const ReduceTimings& timings) {
 
 void Scheduler::FinishIteration() {
   const uint64_t it = iteration();
+  // Survivors still in it after a death may need it from here (the
+  // trainers' next backward overwrites their copy).
+  if (kept_result_.enabled())
+    kept_result_.Complete(it, plan_.buckets.size(), Divisor(), skip_step_);
   // Trainers that died after marking everything: members of this
   // iteration, gone from the next.
   for (Trainer* t : trainers_) {
@@ -1310,7 +1338,9 @@ void Scheduler::FinishIteration() {
   if (rejoin) AdmitRejoins();
   // The next iteration's entries wait in the rings until this returns: the
   // plan changes exactly at the boundary.
-  MaybeRebuild();
+  // A committed iteration follows the plan decisions the other survivors
+  // made at this boundary already (SettleSplitIteration compared them).
+  if (!committing_split_) MaybeRebuild();
   if (grow && !Grow()) return;
   for (size_t b = 0; b < remaining_.size(); ++b) {
     remaining_[b] = static_cast<uint32_t>(plan_.buckets[b].tensors.size() * ActiveLocalTrainers());

@@ -53,6 +53,7 @@
 #include "daemon/backends/backend.h"
 #include "daemon/engine/bucket_planner.h"
 #include "daemon/engine/gpu_reducer.h"
+#include "daemon/engine/kept_result.h"
 #include "daemon/engine/local_reducer.h"
 #include "daemon/engine/nonfinite_mode.h"
 #include "daemon/engine/trainer.h"
@@ -221,8 +222,13 @@ class Scheduler {
   bool in_iteration() const { return in_iteration_.load(std::memory_order_acquire); }
   // True from the completion entry before nodes join (the trainers may
   // call gs_broadcast at once) until the grown world is installed or the
-  // job failed: a broadcast must run in the grown world.
-  bool growing() const { return growing_.load(std::memory_order_acquire); }
+  // job failed: a broadcast must run in the grown world. True as well while
+  // the survivors of a death re-form and settle a split iteration: that
+  // runs collectives on the new world between iterations, which a
+  // broadcast on it must not overlap.
+  bool growing() const {
+    return growing_.load(std::memory_order_acquire) || reforming_.load(std::memory_order_acquire);
+  }
   // Uneven inputs (gs_join): trainers of the job still active in the last
   // iteration every node agreed on (the world size before any join), and
   // local trainers that joined.
@@ -289,6 +295,24 @@ class Scheduler {
   // Re-forms the world (Options::reform) and rewinds the iteration to its
   // first bucket: launched buckets are redone from their kept sums.
   bool Recover(const absl::Status& error);
+  // Right after a re-formation (scheduler_split_commit.cc): the survivors
+  // compare the iterations they stopped in; where a death left some past
+  // iteration I and others still in it, those past it broadcast I's kept
+  // result and the others commit I with it (written back, completed with
+  // I's divisor), so every survivor resumes at I+1. `collective_failed`:
+  // the error came from the new generation's collectives (re-form again).
+  absl::Status SettleSplitIteration(bool* collective_failed);
+  // The behind node's part: I's result, received whole in kept_result_,
+  // overwrites every arena and I completes as it did on the others.
+  void CommitReceivedIteration(int divisor, bool skipped);
+  // After `bucket`'s reduction wrote its average back: keeps it
+  // (kept_result_). False: the job failed or re-forms (the test hook).
+  bool KeepResult(uint32_t bucket);
+  // GRADSYNC_TEST_WITHHOLD_FINAL_RESULT_AT (scheduler_split_commit.cc):
+  // non-OK once, for the last bucket of that iteration on this node.
+  absl::Status WithheldForTest(uint32_t bucket);
+  // Constructor's part: sizes kept_result_ where it is kept, reads the hook.
+  void InitSplitCommit();
   // Takes over a re-formed or grown world: backend, world size, place,
   // the agreement's size; the new generation's config log starts afresh.
   void AdoptWorld(Reformed& world);
@@ -416,6 +440,14 @@ class Scheduler {
   std::vector<uint8_t> kept_;
   std::vector<uint64_t> kept_offset_;
   std::vector<KeptSums> kept_sums_;  // per bucket: pointers into kept_
+  // Elastic CPU jobs across nodes: the last completed iteration's result.
+  KeptResult kept_result_;
+  // Committing an iteration received from another survivor: its
+  // completion decides no plan (the others decided theirs already).
+  bool committing_split_ = false;
+  // The test hook's iteration + 1 (0: off) and the file it waits for.
+  uint64_t withhold_at_plus_one_ = 0;
+  std::string withhold_until_file_;
   absl::Mutex reform_mu_;
   absl::Status reform_request_ ABSL_GUARDED_BY(reform_mu_);
   std::atomic<bool> reform_requested_{false};
@@ -490,8 +522,9 @@ class Scheduler {
   std::atomic<bool> halted_{false};
   std::atomic<bool> in_iteration_{false};
   std::atomic<bool> growing_{false};
-  std::string bad_plan_;           // non-empty: a plan that must not run (an internal bug)
-  std::chrono::nanoseconds spin_;  // before sleeping on the node doorbell
+  std::atomic<bool> reforming_{false};  // inside Recover
+  std::string bad_plan_;                // non-empty: a plan that must not run (an internal bug)
+  std::chrono::nanoseconds spin_;       // before sleeping on the node doorbell
   // Held by a GPU reduction (see WaitIdle); guards no field, orders
   // WaitIdle after any reduction that started before the Halt.
   absl::Mutex launch_mu_;

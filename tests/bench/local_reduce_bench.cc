@@ -11,7 +11,8 @@
 // the cross-node path's local part (sum into staging or trainer 0's
 // memory, then divide and write back, in pipelined pieces) with a backend
 // that stands for other nodes contributing zeros, so the collective costs
-// nothing; its traffic column still counts the one-node minimum 2Lx.
+// nothing; its traffic column still counts the one-node minimum 2Lx; and
+// with an elastic job's kept result (KeptResult::Keep after the reduction).
 //
 // Two bandwidths: payload (one buffer's bytes per second, as in
 // docs/PERFORMANCE.md; for the reduction one trainer's gradient bytes, what
@@ -34,6 +35,7 @@
 #include "absl/status/status.h"
 #include "common/half.h"
 #include "daemon/backends/backend.h"
+#include "daemon/engine/kept_result.h"
 #include "daemon/engine/local_reducer.h"
 
 namespace {
@@ -227,6 +229,21 @@ int main(int argc, char** argv) {
           "%.0f%% (%+.1f%% time) |\n",
           trainers, threads, tc * 1e3, gb / tc, traffic_c, 100.0 * traffic_c / add_bw[threads],
           100.0 * (tc - tr) / tr);
+      if (options.nodes == 1) continue;
+      // An elastic job also keeps each bucket's result after the write-back
+      // (KeptResult: one copy of the gradient, on the scheduler thread).
+      gradsync::KeptResult kept;
+      kept.Resize(kBytes);
+      const auto [tp, tk] = MedianSecondsPair(
+          [&] { reducer.Reduce(arenas, spans, dtype, world, backend, nullptr).IgnoreError(); },
+          [&] {
+            reducer.Reduce(arenas, spans, dtype, world, backend, nullptr).IgnoreError();
+            kept.Keep(0, 0, arenas[0], spans);
+          });
+      std::printf(
+          "| gradsync LocalReducer + kept result (elastic), %d trainers | %d | %.1f | %.1f | | "
+          "(%+.1f%% time) |\n",
+          trainers, threads, tk * 1e3, gb / tk, 100.0 * (tk - tp) / tp);
     }
     for (uint8_t* p : arenas) munmap(p, kBytes);
   }

@@ -412,14 +412,27 @@ TEST_F(EtcdRendezvousTest, FewerSurvivorsThanMinNodesFailNamingMinNodesAndTheDea
   }
 }
 
-TEST_F(EtcdRendezvousTest, SurvivorsInDifferentIterationsAllFailNamingBoth) {
+// The embedded leader's rule (resume_rule.h): one iteration apart, the
+// survivors form the next generation at the higher; further apart, all fail.
+TEST_F(EtcdRendezvousTest, SurvivorsOneIterationApartFormTheNextGenerationAtTheHigher) {
   std::vector<absl::StatusOr<JoinResult>> results = ResumeAfterDeaths({2}, {4, 5, 0});
+  ASSERT_EQ(results.size(), 3u);
+  for (int i : {0, 1}) {
+    ASSERT_TRUE(results[i].ok()) << "node " << i << ": " << results[i].status();
+    EXPECT_EQ(results[i]->generation, 2u);
+    ASSERT_EQ(results[i]->peers.size(), 2u);
+  }
+}
+
+TEST_F(EtcdRendezvousTest, SurvivorsMoreThanOneIterationApartAllFailNamingBoth) {
+  std::vector<absl::StatusOr<JoinResult>> results = ResumeAfterDeaths({2}, {4, 6, 0});
   ASSERT_EQ(results.size(), 3u);
   for (int i : {0, 1}) {
     ASSERT_FALSE(results[i].ok()) << "node " << i;
     EXPECT_EQ(CodeOf(results[i].status()), v1::PEER_FAILED) << results[i].status();
     EXPECT_THAT(results[i].status().message(),
-                HasSubstr("stopped in different iterations (node_rank=0 in 4, node_rank=1 in 5)"));
+                HasSubstr("stopped in different iterations more than one apart (node_rank=0 in "
+                          "4, node_rank=1 in 6)"));
   }
 }
 

@@ -10,7 +10,9 @@
 // victim inside the cross-node collective, and with the survivors inside it
 // (their first buckets already averaged over 6 and written back, so the redo
 // must come from the kept local sums). Each prints the time from the kill
-// to the survivors' completion of the redone iteration.
+// to the survivors' completion of the redone iteration. Killed after one
+// survivor completed iteration 2 and before the other did (a test hook
+// withholds node 1's final result): node 1 commits 2 from node 0, over 6.
 //
 // A trainer of an elastic job SIGKILLed (its node stays): after marking
 // the iteration's gradients, the others finish with it counted in that
@@ -398,6 +400,97 @@ TEST(ElasticJob, SurvivorsInsideTheCollectiveRedoFromTheirKeptSumsAndTrainOn) {
 
 TEST(ElasticJob, ASurvivorWaitingForItsTrainersLearnsTheDeathFromTheLeaderAndRedoesToo) {
   KillNodeTwoAndExpectSurvivorsTrainOn(Stage::kBackward, /*found_by_heartbeat=*/true);
+}
+
+// Node 2 dies inside iteration 2's last collective after node 0 completed
+// it and before node 1 did: node 1's daemon is given the test hook that
+// withholds the last bucket's result (its arenas get NaN there, its
+// collective fails) until node 2 is dead. The survivors stopped one
+// iteration apart; they form the next generation anyway, node 0 broadcasts
+// iteration 2's kept result, node 1 writes it back and completes 2 with
+// its divisor (6, as node 0's trainers got it) and both train on over
+// their 4 trainers: the reference averages iterations 0-2 over all 6.
+TEST(ElasticJob, ANodeKilledInTheLastCollectiveAfterOneSurvivorCompletedItIsCommittedOnAll) {
+  ScratchDir scratch("split");
+  const std::string release = scratch.File("release");
+  ClusterOptions options = JobOptions(/*min_nodes=*/2);
+  options.node_env.resize(kNodes);
+  options.node_env[1] = {{"GRADSYNC_TEST_WITHHOLD_FINAL_RESULT_AT", absl::StrCat(kKilledStep)},
+                         {"GRADSYNC_TEST_WITHHOLD_FINAL_RESULT_UNTIL", release}};
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  for (int n = 0; n < kNodes; ++n) {
+    for (int r = 0; r < kLocal; ++r) {
+      const std::string out = absl::StrCat(cluster.dir(), "/w", n, "_", r);
+      std::vector<std::string> args = TrainArgs();
+      args.push_back("--print-loss");  // rank 0 prints each completed step
+      trainers.push_back({n, "", out, StartTrainer(cluster.node(n), r, args, out)});
+    }
+  }
+  const std::string withheld =
+      absl::StrCat("event=test_final_result_withheld iteration=", kKilledStep);
+  ASSERT_TRUE(WaitForLog(cluster.node(1).process(), withheld, kStateBound)) << cluster.DaemonLogs();
+  // Node 0 completed the iteration node 1 is still in.
+  const std::string completed = absl::StrCat("step   ", kKilledStep, "  loss");
+  ASSERT_TRUE(WaitForLog(trainers[0].process, completed, kStateBound))
+      << trainers[0].process.Log() << cluster.DaemonLogs();
+  const auto killed_at = std::chrono::steady_clock::now();
+  cluster.node(kVictimNode).process().Signal(SIGKILL);
+  for (Trainer& t : trainers) {
+    if (t.node == kVictimNode) t.process.Signal(SIGKILL);
+  }
+  cluster.node(kVictimNode).process().Wait(kStateBound);
+  std::FILE* go = std::fopen(release.c_str(), "w");  // node 1's collective fails now
+  ASSERT_NE(go, nullptr) << release;
+  std::fclose(go);
+  // The first iteration over the survivors completes once node 1 committed.
+  const std::string next = absl::StrCat("step   ", kKilledStep + 1, "  loss");
+  ASSERT_TRUE(WaitForLog(trainers[0].process, next, kErrorBound))
+      << trainers[0].process.Log() << cluster.DaemonLogs();
+  const double next_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+
+  std::vector<std::string> steps;
+  for (int n = 0; n < kNodes; ++n) {
+    for (int r = 0; r < kLocal; ++r) {
+      steps.push_back(absl::StrCat(n == kVictimNode ? kKilledStep + 1 : kSteps));
+    }
+  }
+  std::vector<std::string> reference_args = TrainArgs();
+  reference_args.push_back(absl::StrCat("--join-steps=", absl::StrJoin(steps, ",")));
+  reference_args.push_back("--join-divide-by-active");
+  const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
+  ASSERT_FALSE(reference.empty());
+  std::vector<Trainer*> survivors;
+  for (Trainer& t : trainers) {
+    if (t.node != kVictimNode) survivors.push_back(&t);
+  }
+  ExpectEndedAlikeAndLikeTheReference(cluster, survivors, reference,
+                                      [&] { return AllTrainerErrors(trainers); });
+  if (::testing::Test::HasFatalFailure()) return;
+  EXPECT_NE(cluster.node(0).process().Log().find(absl::StrCat(
+                "event=split_iteration_commit iteration=", kKilledStep, " from_node_rank=0")),
+            std::string::npos)
+      << cluster.DaemonLogs();
+  EXPECT_NE(cluster.node(1).process().Log().find(absl::StrCat(
+                "event=split_iteration_committed iteration=", kKilledStep, " divisor=6")),
+            std::string::npos)
+      << cluster.DaemonLogs();
+  // One membership change, seen after the first iteration over the
+  // survivors (the committed one was the old members').
+  for (size_t i = 0; i < trainers.size(); ++i) {
+    if (trainers[i].node == kVictimNode) continue;
+    const std::string changed =
+        absl::StrCat("mlp_trainer: the job's members changed (1 times) by iteration ",
+                     kKilledStep + 2, ": world size 4, rank ", i, "\n");
+    EXPECT_NE(trainers[i].process.Log().find(changed), std::string::npos)
+        << "trainer " << i << ": " << trainers[i].process.Log();
+  }
+  std::printf(
+      "elastic_job split_iteration: SIGKILL of node 2 (node 1 released once it was reaped) to "
+      "the survivors' completion of iteration %d, after committing %d: %.2f s\n",
+      kKilledStep + 1, kKilledStep, next_s);
 }
 
 // Node 2's daemon stopped with SIGTERM mid-backward (a scale-down): it

@@ -1136,15 +1136,33 @@ TEST_F(ElasticRendezvousTest, BelowMinNodesEverySurvivorFailsNamingMinNodesAndTh
   EXPECT_EQ(leader_->service().GetStatus().generation, 1u);
 }
 
-TEST_F(ElasticRendezvousTest, SurvivorsInDifferentIterationsFailNamingTheSplit) {
+// A death inside an iteration's last collective: node 1 completed
+// iteration 5, node 0 did not. They form the next generation at 6 (node 0
+// commits 5 from node 1 before both resume).
+TEST_F(ElasticRendezvousTest, SurvivorsOneIterationApartFormTheNextGenerationAtTheHigher) {
   StartElastic(3, /*min_nodes=*/2);
   const auto results = Resume({0, 1}, {5, 6});
   for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->generation, 2u);
+    EXPECT_EQ(r->start_iteration, 6u);
+    ASSERT_EQ(r->peers.size(), 3u);
+    EXPECT_EQ(r->peers[2].local_size, 0);  // node 2 is no member
+  }
+}
+
+TEST_F(ElasticRendezvousTest, SurvivorsMoreThanOneIterationApartFailNamingBoth) {
+  StartElastic(3, /*min_nodes=*/2);
+  const auto results = Resume({0, 1}, {5, 7});
+  for (const auto& r : results) {
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(CodeOf(r.status()), v1::PEER_FAILED);
-    EXPECT_THAT(Msg(r.status()), HasSubstr("stopped in different iterations"));
-    EXPECT_THAT(Msg(r.status()), HasSubstr("node_rank=1 in 6"));
+    EXPECT_THAT(Msg(r.status()),
+                HasSubstr("stopped in different iterations more than one apart (node_rank=0 in 5, "
+                          "node_rank=1 in 7)"));
+    EXPECT_THAT(Msg(r.status()), HasSubstr("dead: node_rank=2"));
   }
+  EXPECT_EQ(leader_->service().GetStatus().generation, 1u);
 }
 
 // Liveness probes. Nodes 0 and 1 listen (live daemons, whatever their Gloo
