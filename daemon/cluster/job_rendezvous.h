@@ -113,6 +113,11 @@ class JobRendezvous : public KeyValueStore {
   // Whether the rendezvous lives in node 0's daemon (its loss is the
   // leader's death) rather than outside every node.
   virtual bool embedded() const = 0;
+  // This node leaves its generation at a grow boundary (the next one forms
+  // through another client) without leaving it: nothing of this client may
+  // tell the members still in it that the node is gone. The leader hears of
+  // it by the node's Join of the next generation: nothing to do.
+  virtual void Retire() {}
 };
 
 }  // namespace gradsync

@@ -4,8 +4,9 @@
 // refused, a missing node is named when a join times out, a member whose
 // lease is gone aborts the generation naming it, a wait on an aborted
 // generation's keys ends, a config change made while no generation runs
-// becomes the next one's version 1, and an unreachable etcd is named within
-// the timeout.
+// becomes the next one's version 1, nodes joining a running elastic job are
+// held until its members reach the grow boundary their first member
+// appended, and an unreachable etcd is named within the timeout.
 #include "daemon/cluster/etcd_rendezvous.h"
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/status_code.h"
 #include "daemon/cluster/etcd/etcd_client.h"
@@ -26,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "tests/etcd/etcd_cluster.h"
 #include "tests/testing/loopback_port.h"
+#include "tests/testing/wait.h"
 
 namespace gradsync {
 namespace {
@@ -45,8 +48,8 @@ constexpr absl::Duration kLeaseTtl = absl::Seconds(10);
 
 std::shared_ptr<EtcdRendezvous> Rendezvous(const std::vector<std::string>& endpoints,
                                            const std::string& token = kToken,
-                                           absl::Duration lease_ttl = kLeaseTtl,
-                                           int min_nodes = 0) {
+                                           absl::Duration lease_ttl = kLeaseTtl, int min_nodes = 0,
+                                           int max_nodes = 0) {
   EtcdRendezvousOptions options;
   options.etcd.endpoints = endpoints;
   options.etcd.call_timeout = absl::Seconds(3);
@@ -56,6 +59,7 @@ std::shared_ptr<EtcdRendezvous> Rendezvous(const std::vector<std::string>& endpo
   options.job_token = token;
   options.lease_ttl = lease_ttl;
   options.min_nodes = min_nodes;
+  options.max_nodes = max_nodes;
   absl::StatusOr<std::shared_ptr<EtcdRendezvous>> r = EtcdRendezvous::Connect(options);
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? *r : nullptr;
@@ -85,15 +89,49 @@ std::vector<absl::StatusOr<JoinResult>> JoinAll(
   return results;
 }
 
-// Node `rank`'s heartbeat in `generation`, reporting `node_error` (OK: none).
+// Node `rank`'s heartbeat in `generation`, reporting `node_error` (OK: none)
+// from `iteration`.
 absl::StatusOr<HeartbeatResult> Beat(EtcdRendezvous& node, int rank, uint64_t generation = 1,
-                                     const absl::Status& node_error = absl::OkStatus()) {
+                                     const absl::Status& node_error = absl::OkStatus(),
+                                     uint64_t iteration = 0) {
   HeartbeatParams params;
   params.node_rank = rank;
   params.generation = generation;
   params.node_error = node_error;
+  params.iteration = iteration;
   return node.Heartbeat(params);
 }
+
+// A Join on a thread of its own, whose result is read once it is done.
+class BackgroundJoin {
+ public:
+  BackgroundJoin(std::shared_ptr<EtcdRendezvous> node, JoinParams params)
+      : node_(std::move(node)), thread_([this, params] {
+          absl::StatusOr<JoinResult> r = node_->Join(params);
+          absl::MutexLock lock(&mu_);
+          result_ = std::move(r);
+          done_ = true;
+        }) {}
+  ~BackgroundJoin() {
+    if (thread_.joinable()) thread_.join();
+  }
+  bool done() {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+  absl::StatusOr<JoinResult> Result() {
+    thread_.join();
+    absl::MutexLock lock(&mu_);
+    return result_;
+  }
+
+ private:
+  std::shared_ptr<EtcdRendezvous> node_;
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::StatusOr<JoinResult> result_ ABSL_GUARDED_BY(mu_) = absl::UnknownError("not done");
+  std::thread thread_;
+};
 
 // Each test runs against an etcd member of its own; nodes_ are the job's
 // daemons' rendezvous clients, by node rank.
