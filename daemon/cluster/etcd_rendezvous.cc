@@ -704,6 +704,19 @@ absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::JoinRunning(
                      absl::StrCat("node_rank=", rank, " is out of range [0, ", max_nodes,
                                   "): the job takes at most --max-nodes=", max_nodes, " nodes"));
   }
+  const std::vector<int> members = MemberRanks(running);
+  if (joining && !members.empty() && rank < members.front()) {
+    // Trainers catch up from global rank 0 (gs_broadcast from rank 0), which
+    // must stay an old member's: a lower node rank would take it.
+    return MakeError(
+        v1::INVALID_ARGUMENT,
+        absl::StrCat("node_rank=", rank, " cannot join running generation ", g, " of elastic job '",
+                     options_.job_id, "' (members: node_rank=", absl::StrJoin(members, ","),
+                     "): its trainers would take global rank 0, "
+                     "from which every trainer's catch-up takes the job's state; a node joins "
+                     "a running job with a node rank above its first member's (node_rank=",
+                     members.front(), "), below --max-nodes=", max_nodes));
+  }
   if (!joining && !state.grow) {
     return MakeError(v1::STATE, absl::StrCat("node_rank=", rank, " leaves generation ", g,
                                              " at a grow boundary, but its config log in ",
