@@ -705,17 +705,18 @@ absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::JoinRunning(
                                   "): the job takes at most --max-nodes=", max_nodes, " nodes"));
   }
   const std::vector<int> members = MemberRanks(running);
-  if (joining && !members.empty() && rank < members.front()) {
-    // Trainers catch up from global rank 0 (gs_broadcast from rank 0), which
-    // must stay an old member's: a lower node rank would take it.
+  if (joining && (members.empty() || members.front() != 0)) {
+    // Trainers keep their ranks across re-formations and catch up from
+    // global rank 0 (gs_broadcast from rank 0), a trainer of node 0: with
+    // node 0 gone no old member holds it, and a new node 0 would hand over
+    // its fresh state.
     return MakeError(
-        v1::INVALID_ARGUMENT,
+        v1::STATE,
         absl::StrCat("node_rank=", rank, " cannot join running generation ", g, " of elastic job '",
                      options_.job_id, "' (members: node_rank=", absl::StrJoin(members, ","),
-                     "): its trainers would take global rank 0, "
-                     "from which every trainer's catch-up takes the job's state; a node joins "
-                     "a running job with a node rank above its first member's (node_rank=",
-                     members.front(), "), below --max-nodes=", max_nodes));
+                     "): node 0 is no member, and a joining node's trainers catch up from "
+                     "global rank 0, a trainer of node 0; the node takes part again when the "
+                     "job restarts"));
   }
   if (!joining && !state.grow) {
     return MakeError(v1::STATE, absl::StrCat("node_rank=", rank, " leaves generation ", g,

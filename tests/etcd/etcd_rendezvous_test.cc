@@ -774,21 +774,25 @@ TEST_F(EtcdRendezvousTest, ARankAtMaxNodesIsRefusedNamingIt) {
   EXPECT_FALSE(JobKeyExists("gen/1/joining/3"));
 }
 
-// Node 0 died and the survivors 1 and 2 formed generation 2: a new node 0
-// would take global rank 0, whose state every trainer's catch-up receives,
-// so it is refused naming why and the first member.
-TEST_F(EtcdRendezvousTest, AJoinerBelowTheFirstMembersRankIsRefusedNamingRankZero) {
+// Node 0 died and the survivors 1 and 2 formed generation 2: no trainer of
+// theirs holds global rank 0, the catch-up's source, and a new node 0's
+// would hand over fresh state, so a node joining is refused, named, and
+// nothing of it stays in etcd.
+TEST_F(EtcdRendezvousTest, ANodeJoiningWhileNodeZeroIsNoMemberIsRefusedNamingNodeZero) {
   std::vector<absl::StatusOr<JoinResult>> results = ResumeAfterDeaths({0}, {7, 7, 7});
   ASSERT_EQ(results.size(), 3u);
   ASSERT_TRUE(results[1].ok()) << results[1].status();
-  absl::StatusOr<JoinResult> r = NewNode(kLeaseTtl, 2)->Join(Node(0, 3, absl::Seconds(5)));
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(CodeOf(r.status()), v1::INVALID_ARGUMENT) << r.status();
-  EXPECT_THAT(r.status().message(),
-              HasSubstr("node_rank=0 cannot join running generation 2 of elastic job 'job1' "
-                        "(members: node_rank=1,2)"));
-  EXPECT_THAT(r.status().message(), HasSubstr("global rank 0"));
-  EXPECT_THAT(r.status().message(), HasSubstr("first member's (node_rank=1)"));
+  for (int rank : {0, 3}) {
+    absl::StatusOr<JoinResult> r = NewNode(kLeaseTtl, 2, 4)->Join(Node(rank, 3, absl::Seconds(5)));
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(CodeOf(r.status()), v1::STATE) << r.status();
+    EXPECT_THAT(r.status().message(),
+                HasSubstr(absl::StrCat("node_rank=", rank,
+                                       " cannot join running generation 2 of elastic job 'job1' "
+                                       "(members: node_rank=1,2): node 0 is no member")));
+    EXPECT_THAT(r.status().message(), HasSubstr("global rank 0"));
+    EXPECT_FALSE(JobKeyExists(absl::StrCat("gen/2/joining/", rank)));
+  }
 }
 
 // Its members never reach a boundary (no heartbeat appends the entry): the
