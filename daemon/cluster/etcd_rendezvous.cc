@@ -1247,8 +1247,15 @@ absl::StatusOr<HeartbeatResult> EtcdRendezvous::ReadHeartbeat(const HeartbeatPar
   }
   if (!state.abort_reason) {
     if (!state.joining.empty() && !state.grow && FirstAliveMember(*current, state) == rank) {
-      ASSIGN_OR_RETURN(std::optional<EtcdConfigEntry> grow, ScheduleGrow(*current, params));
-      if (grow) result.config_version = std::max(result.config_version, grow->version);
+      // Not this heartbeat's failure: the next one tries again, and the
+      // joiner's own timeout bounds its wait.
+      absl::StatusOr<std::optional<EtcdConfigEntry>> grow = ScheduleGrow(*current, params);
+      if (!grow.ok()) {
+        spdlog::warn("event=job_grow_append_failed generation={} error={}", gen,
+                     LogValue(grow.status().message()));
+      } else if (*grow) {
+        result.config_version = std::max(result.config_version, (*grow)->version);
+      }
     }
     return result;
   }
