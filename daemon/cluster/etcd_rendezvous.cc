@@ -636,17 +636,22 @@ absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::JoinRound(
   v1::JoinResponse outcome;
   JoinStep step;
   step.target = target;
+  // Formed without this node (survivors, or a fresh job of --num-nodes'
+  // ranks): a node joining an elastic job afresh joins it running.
+  auto joins_later = [&](const v1::JoinResponse& outcome) {
+    return params.resume_generation == 0 && Elastic(params.num_nodes) &&
+           !(outcome.has_error() && outcome.error().code() != v1::OK) &&
+           !IsMember(outcome, params.node_rank);
+  };
+  auto formed_without = [&](const v1::JoinResponse& outcome) -> absl::StatusOr<JoinStep> {
+    RETURN_IF_ERROR(RecordOutcome(outcome));
+    step.blocked_by =
+        absl::StrCat("generation ", target, " formed without node_rank=", params.node_rank,
+                     "; it joins it at its grow boundary");
+    return step;
+  };
   if (decided && outcome.ParseFromString(decided->value)) {
-    // Survivors formed it just now: a node joining afresh joins it running.
-    if (params.resume_generation == 0 && Elastic(params.num_nodes) &&
-        !(outcome.has_error() && outcome.error().code() != v1::OK) &&
-        !IsMember(outcome, params.node_rank)) {
-      RETURN_IF_ERROR(RecordOutcome(outcome));
-      step.blocked_by =
-          absl::StrCat("generation ", target, " formed without node_rank=", params.node_rank,
-                       "; it joins it at its grow boundary");
-      return step;
-    }
+    if (joins_later(outcome)) return formed_without(outcome);
     return FromOutcome(outcome, params);
   }
   const bool resuming = params.resume_generation != 0;
@@ -690,6 +695,7 @@ absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::JoinRound(
     outcome = MakeGeneration(joins, target, 0);
   }
   ASSIGN_OR_RETURN(outcome, DecideRound(std::move(outcome), starts_at));
+  if (joins_later(outcome)) return formed_without(outcome);
   return FromOutcome(outcome, params);
 }
 
@@ -1240,7 +1246,8 @@ absl::StatusOr<HeartbeatResult> EtcdRendezvous::ReadHeartbeat(const HeartbeatPar
   ASSIGN_OR_RETURN(GenerationState state, ReadGeneration(gen));
   result.config_version = state.config_version;
   if (!state.abort_reason) {
-    if (std::optional<std::string> dead = DeadMemberReason(*current, state.alive)) {
+    ASSIGN_OR_RETURN(std::optional<std::string> dead, DeadMember(*current, state));
+    if (dead) {
       ASSIGN_OR_RETURN(std::string stands, AbortGeneration(gen, *dead));
       state.abort_reason = stands;
     }
