@@ -171,6 +171,8 @@ class EtcdRendezvous final : public JobRendezvous {
     std::set<int> joined;    // node ranks in that round
     std::string blocked_by;  // non-empty: why the round cannot start yet
   };
+  // Rounds' Joins by node rank.
+  using JoinsByRank = std::map<int, v1::JoinRequest>;
   // Where a config change goes: the current generation as read.
   struct ConfigTarget {
     int64_t current_revision = 0;  // ROOT/current's mod_revision (0: absent)
@@ -194,6 +196,11 @@ class EtcdRendezvous final : public JobRendezvous {
   };
 
   EtcdRendezvous(EtcdRendezvousOptions options, std::unique_ptr<EtcdClient> client);
+
+  // Whether node `node_rank` is a member of `generation` (with trainers).
+  static bool IsMember(const v1::JoinResponse& generation, int node_rank);
+  // `generation`'s members' node ranks, in order.
+  static std::vector<int> MemberRanks(const v1::JoinResponse& generation);
 
   std::string Key(absl::string_view suffix) const;
   std::string StoreKey(absl::string_view key) const;
@@ -238,9 +245,9 @@ class EtcdRendezvous final : public JobRendezvous {
                                                          const v1::JoinResponse& aborted,
                                                          const GenerationState& state)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The first member of running `current` finding a node waiting to join
-  // appends g's grow entry at `iteration` + kGrowAfter; the entry, or
-  // nullopt when another member did or g is no longer active.
+  // Appends running `current`'s grow entry at this member's iteration +
+  // kGrowAfter (its first alive member calls it, finding a node waiting to
+  // join); the entry, or nullopt when g has one or is no longer active.
   absl::StatusOr<std::optional<EtcdConfigEntry>> ScheduleGrow(const v1::JoinResponse& current,
                                                               const HeartbeatParams& params);
   // The lowest-ranked member of `current` whose lease is alive (-1: none):
