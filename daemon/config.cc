@@ -33,20 +33,14 @@ absl::Status ValidateJobShape(const DaemonConfig& c) {
     return Bad(absl::StrCat("--max-nodes ", c.max_nodes, " is not in [", c.num_nodes,
                             ", 4096] (--num-nodes ", c.num_nodes, "; 0 or unset: --num-nodes)"));
   }
-  // Nodes join a running job (docs/DESIGN.md, "Elastic jobs") on the
-  // embedded leader, in an elastic job (the one that re-forms at a death):
-  // a range above --num-nodes anywhere else is refused at start rather
-  // than accepted and never used.
+  // Nodes join a running job (docs/DESIGN.md, "Elastic jobs"), on either
+  // rendezvous, in an elastic job (the one that re-forms at a death): a
+  // range above --num-nodes of a fixed job is refused at start rather than
+  // accepted and never used.
   if (c.max_nodes_or_num() != c.num_nodes && c.min_nodes_or_num() == c.num_nodes) {
     return Bad(absl::StrCat("--max-nodes ", c.max_nodes_or_num(), " above --num-nodes ",
                             c.num_nodes,
                             " needs an elastic job: give --min-nodes below --num-nodes too"));
-  }
-  if (c.max_nodes_or_num() != c.num_nodes && !c.rendezvous.empty()) {
-    return Bad(absl::StrCat("--max-nodes ", c.max_nodes_or_num(), " above --num-nodes ",
-                            c.num_nodes,
-                            " asks for nodes joining a running job, which is built on the "
-                            "embedded rendezvous only, not with --rendezvous"));
   }
   // Node ranks name daemons; --max-nodes bounds them (ranks from
   // --num-nodes on join the job while it runs).

@@ -94,9 +94,9 @@ ABSL_FLAG(int, max_nodes, kDefaults.max_nodes,
           "The job starts with --num-nodes nodes; a node that is no member of the running "
           "job (a replacement for a dead one, or a --node-rank from --num-nodes up to "
           "--max-nodes - 1) joins it at an iteration boundary, its trainers fetching the "
-          "job's state with gs_broadcast (gs_job_info.joined_running_job). Above --num-nodes "
-          "it needs --min-nodes below --num-nodes and the embedded rendezvous (on etcd a "
-          "joining node is refused)");
+          "job's state with gs_broadcast (gs_job_info.joined_running_job), on the embedded "
+          "leader or etcd (there, while node 0 is a member). Above --num-nodes it needs "
+          "--min-nodes below --num-nodes");
 ABSL_FLAG(int, local_size, kDefaults.local_size, "trainers on this node");
 ABSL_FLAG(std::string, backend, kDefaults.backend, "auto | gloo | nccl | local");
 ABSL_FLAG(std::string, host, kDefaults.host,

@@ -254,11 +254,9 @@ absl::StatusOr<JoinResult> JoinGeneration(JobRendezvous& client, const DaemonCon
   while (true) {
     join.timeout = std::max(absl::Seconds(1), deadline - MonotonicNow());
     joined = client.Join(join);
-    // A survivor's refusal (STATE) will not change, nor will that of a node
-    // the running elastic job left out: they fail at once.
+    // A survivor's refusal (STATE) will not change: it fails at once.
     if (joined.ok() || CodeOf(joined.status()) != v1::STATE || MonotonicNow() >= deadline ||
-        resume.generation != 0 ||
-        absl::StrContains(joined.status().message(), kJoiningARunningJobUnsupported)) {
+        resume.generation != 0) {
       break;
     }
     absl::SleepFor(absl::Milliseconds(100));
@@ -832,6 +830,7 @@ absl::Status ClusterLink::NameFailedNodes(const absl::Status& error, const absl:
 }
 
 void ClusterLink::Retire() {
+  client_->Retire();
   MonotonicMutexLock lock(&mu_);
   retired_ = true;
 }

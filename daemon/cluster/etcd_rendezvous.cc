@@ -34,7 +34,6 @@ constexpr absl::Duration kPresumedDeadAfter = absl::Milliseconds(2000);
 constexpr absl::Duration kReprobeEvery = absl::Milliseconds(250);
 // etcd's --max-txn-ops default: one GetMany reads at most this many keys.
 constexpr size_t kMaxReadsPerTxn = 128;
-
 int64_t Millis(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
 
 // etcd did not answer (as opposed to answering no): worth retrying.
@@ -43,26 +42,12 @@ bool Unreachable(const absl::Status& status) {
          status.code() == absl::StatusCode::kDeadlineExceeded;
 }
 
-bool IsMember(const v1::JoinResponse& generation, int node_rank) {
-  for (const v1::Peer& p : generation.peers()) {
-    if (p.node_rank() == node_rank && p.local_size() > 0) return true;
-  }
-  return false;
-}
-
-std::vector<int> MemberRanks(const v1::JoinResponse& generation) {
-  std::vector<int> ranks;
-  for (const v1::Peer& p : generation.peers()) {
-    if (p.local_size() > 0) ranks.push_back(p.node_rank());
-  }
-  return ranks;
-}
-
 JoinResult ToJoinResult(const v1::JoinResponse& generation) {
   JoinResult result;
   result.incarnation = generation.incarnation();
   result.generation = generation.generation();
   result.world_size = generation.world_size();
+  result.start_iteration = generation.start_iteration();
   for (const v1::Peer& p : generation.peers()) {
     result.peers.push_back(
         RendezvousPeer{p.node_rank(), p.host(), p.local_size(), p.listen_address()});
@@ -106,13 +91,41 @@ EtcdRendezvous::~EtcdRendezvous() {
   int64_t lease = 0;
   {
     MonotonicMutexLock lock(&mu_);
-    lease = session_ ? lease_.id : 0;
+    lease = session_ && !retired_ ? lease_.id : 0;
   }
   // Its join keys go at once rather than a TTL later.
   if (lease != 0) client_->RevokeLease(lease).IgnoreError();
 }
 
 std::string EtcdRendezvous::Describe() const { return client_->Describe(); }
+
+bool EtcdRendezvous::IsMember(const v1::JoinResponse& generation, int node_rank) {
+  for (const v1::Peer& p : generation.peers()) {
+    if (p.node_rank() == node_rank && p.local_size() > 0) return true;
+  }
+  return false;
+}
+
+std::vector<int> EtcdRendezvous::MemberRanks(const v1::JoinResponse& generation) {
+  std::vector<int> ranks;
+  for (const v1::Peer& p : generation.peers()) {
+    if (p.local_size() > 0) ranks.push_back(p.node_rank());
+  }
+  return ranks;
+}
+
+void EtcdRendezvous::Retire() {
+  MonotonicMutexLock lock(&mu_);
+  retired_ = true;
+}
+
+bool EtcdRendezvous::Elastic(int num_nodes) const {
+  return options_.min_nodes > 0 && options_.min_nodes < num_nodes;
+}
+
+int EtcdRendezvous::MaxNodes(int num_nodes) const {
+  return std::max(num_nodes, options_.max_nodes);
+}
 
 std::string EtcdRendezvous::Key(absl::string_view suffix) const {
   return absl::StrCat(root_, suffix);
@@ -225,6 +238,7 @@ absl::StatusOr<EtcdRendezvous::GenerationState> EtcdRendezvous::ReadGeneration(
   const std::string ack_prefix = GenKey(generation, "ack/");
   const std::string dead_prefix = GenKey(generation, "dead/");
   const std::string left_prefix = GenKey(generation, "left/");
+  const std::string joining_prefix = GenKey(generation, "joining/");
   for (const EtcdKeyValue& kv : range.kvs) {
     if (kv.key == GenKey(generation, "abort")) {
       state.abort_reason = kv.value;
@@ -236,6 +250,15 @@ absl::StatusOr<EtcdRendezvous::GenerationState> EtcdRendezvous::ReadGeneration(
       state.dead[dead] = kv.value;
     } else if (int left = RankAfter(kv.key, left_prefix); left >= 0) {
       state.left[left] = kv.value;
+    } else if (int joining = RankAfter(kv.key, joining_prefix); joining >= 0) {
+      state.joining.insert(joining);
+    } else if (kv.key == GenKey(generation, "grow")) {
+      const std::vector<std::string> parts = absl::StrSplit(kv.value, ' ');
+      state.grow = true;
+      if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &state.grow_at)) {
+        return MakeError(v1::INTERNAL,
+                         absl::StrCat(Describe(), ": key ", kv.key, " does not hold a grow entry"));
+      }
     } else if (kv.key == GenKey(generation, "config_head")) {
       const std::vector<std::string> parts = absl::StrSplit(kv.value, ' ');
       if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &state.config_version) ||
@@ -314,11 +337,7 @@ absl::StatusOr<JoinResult> EtcdRendezvous::Join(const JoinParams& params) {
   }
   std::string message = JoinTimeoutMessage(last, params.num_nodes, params.timeout);
   // Out of the round: a later Join starts over.
-  {
-    MonotonicMutexLock lock(&mu_);
-    joined_target_ = 0;
-  }
-  client_->Delete(GenKey(last.target, absl::StrCat("join/", params.node_rank))).IgnoreError();
+  DropJoin(params.node_rank);
   spdlog::warn("event=join_timeout node_rank={} generation={} reason={}", params.node_rank,
                last.target, LogValue(message));
   return MakeError(v1::TIMEOUT, message);
@@ -360,44 +379,62 @@ absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::TryJoin(const JoinParam
   ASSIGN_OR_RETURN(std::optional<v1::JoinResponse> current, ReadCurrent(nullptr));
   const uint64_t g = current ? current->generation() : 0;
   GenerationState state;
-  if (g > 0) {
-    ASSIGN_OR_RETURN(state, ReadGeneration(g));
+  if (g == 0) return JoinRound(params, current, state);
+  ASSIGN_OR_RETURN(state, ReadGeneration(g));
+  const bool member = IsMember(*current, params.node_rank);
+  const bool fresh_elastic = params.resume_generation == 0 && Elastic(params.num_nodes);
+  // Growing: a member leaving at the boundary, or a joiner. A member that
+  // died meanwhile is JudgeGrow's to count out, as on the leader.
+  if (!state.abort_reason && state.grow &&
+      (member ? params.resume_generation == g : fresh_elastic)) {
+    return JoinRunning(params, *current, state);
+  }
+  ASSIGN_OR_RETURN(std::optional<std::string> dead, DeadMember(*current, state));
+  if (!state.abort_reason && member && !dead) {
+    // A member leaving the running generation with no grow entry: refused.
+    if (params.resume_generation == g) return JoinRunning(params, *current, state);
     int64_t lease = 0;
     {
       MonotonicMutexLock lock(&mu_);
       lease = lease_.id;
     }
-    std::optional<std::string> dead = DeadMemberReason(*current, state.alive);
-    const bool member = IsMember(*current, params.node_rank);
-    if (!state.abort_reason && member && !dead) {
-      ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> mine,
-                       client_->Get(GenKey(g, absl::StrCat("join/", params.node_rank))));
-      JoinStep step;
-      if (mine && mine->lease == lease) {
-        step.formed = ToJoinResult(*current);
-        return step;
-      }
-      // An earlier daemon of this node is still a member: its lease must
-      // expire (or it leaves) before the job can form again.
-      step.target = g + 1;
-      step.blocked_by =
-          absl::StrCat("node_rank=", params.node_rank, " is still a member of active generation ",
-                       g, " through an earlier daemon whose lease has not expired (TTL ",
-                       Millis(options_.lease_ttl), " ms)");
+    ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> mine,
+                     client_->Get(GenKey(g, absl::StrCat("join/", params.node_rank))));
+    JoinStep step;
+    if (mine && mine->lease == lease) {
+      step.formed = ToJoinResult(*current);
       return step;
     }
-    if (!state.abort_reason && dead) {
-      ASSIGN_OR_RETURN(std::string stands, AbortGeneration(g, *dead));
-      state.abort_reason = stands;
-    } else if (!state.abort_reason) {
-      return MakeError(v1::STATE,
-                       params.resume_generation != 0
-                           ? absl::StrCat("generation ", g, " re-formed without node_rank=",
-                                          params.node_rank, ", which stayed silent past ",
-                                          Millis(kPresumedDeadAfter), " ms and was presumed dead")
-                           : JoiningARunningJobRefusal(params.node_rank, g, options_.job_id,
-                                                       MemberRanks(*current)));
-    }
+    // An earlier daemon of this node is still a member: its lease must
+    // expire (or it leaves) before the job can form again.
+    step.target = g + 1;
+    step.blocked_by =
+        absl::StrCat("node_rank=", params.node_rank, " is still a member of active generation ", g,
+                     " through an earlier daemon whose lease has not expired (TTL ",
+                     Millis(options_.lease_ttl), " ms)");
+    return step;
+  }
+  if (!state.abort_reason && dead) {
+    ASSIGN_OR_RETURN(std::string stands, AbortGeneration(g, *dead));
+    state.abort_reason = stands;
+  } else if (!state.abort_reason) {
+    // No member of the running generation: it joins it, as on the leader.
+    if (fresh_elastic) return JoinRunning(params, *current, state);
+    return MakeError(
+        v1::STATE,
+        params.resume_generation != 0
+            ? absl::StrCat("generation ", g, " re-formed without node_rank=", params.node_rank,
+                           ", which stayed silent past ", Millis(kPresumedDeadAfter),
+                           " ms and was presumed dead")
+            : absl::StrCat("node_rank=", params.node_rank, " is no member of running generation ",
+                           g, " of job '", options_.job_id,
+                           "' (members: node_rank=", absl::StrJoin(MemberRanks(*current), ","),
+                           "), and only an elastic job (--min-nodes below --num-nodes) takes "
+                           "nodes while it runs"));
+  }
+  if (fresh_elastic) {
+    ASSIGN_OR_RETURN(std::optional<JoinStep> held, AwaitSurvivors(params, *current, state));
+    if (held) return *std::move(held);
   }
   return JoinRound(params, current, state);
 }
@@ -430,12 +467,16 @@ absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::FromOutcome(
   return step;
 }
 
-absl::Status EtcdRendezvous::PutJoinOnce(const JoinParams& params, uint64_t target) {
+absl::Status EtcdRendezvous::PutJoinOnce(const JoinParams& params, uint64_t target, bool joining) {
   int64_t lease = 0;
+  uint64_t previous = 0;
+  bool previous_joining = false;
   {
     MonotonicMutexLock lock(&mu_);
-    if (joined_target_ == target) return absl::OkStatus();
+    if (joined_target_ == target && joined_joining_ == joining) return absl::OkStatus();
     lease = lease_.id;
+    previous = joined_target_;
+    previous_joining = joined_joining_;
   }
   // Once per round: every put wakes the other nodes' watches.
   v1::JoinRequest join;
@@ -446,35 +487,55 @@ absl::Status EtcdRendezvous::PutJoinOnce(const JoinParams& params, uint64_t targ
   join.set_listen_address(params.listen_address);
   join.set_resume_generation(params.resume_generation);
   join.set_resume_iteration(params.resume_iteration);
-  RETURN_IF_ERROR(client_
-                      ->Put(GenKey(target, absl::StrCat("join/", params.node_rank)),
-                            join.SerializeAsString(), lease)
-                      .status());
+  const std::string rank = absl::StrCat(params.node_rank);
+  std::vector<EtcdTxnOp> ops;
+  // Its Join of an earlier round (a joiner that came after that round was
+  // decided) must not count in a later one.
+  if (previous != 0 && previous != target) {
+    ops.push_back({EtcdTxnOp::Kind::kDelete, GenKey(previous, "join/" + rank), "", 0});
+    if (previous_joining) {
+      ops.push_back({EtcdTxnOp::Kind::kDelete, GenKey(previous - 1, "joining/" + rank), "", 0});
+    }
+  }
+  ops.push_back(
+      {EtcdTxnOp::Kind::kPut, GenKey(target, "join/" + rank), join.SerializeAsString(), lease});
+  // Its Join and the sign that it waits, in one transaction: a member that
+  // reads the sign finds the Join in the grow round.
+  if (joining) {
+    ops.push_back({EtcdTxnOp::Kind::kPut, GenKey(target - 1, "joining/" + rank),
+                   join.SerializeAsString(), lease});
+  }
+  RETURN_IF_ERROR(client_->Txn({}, ops, {}).status());
   // Joined: its report of why it had not is stale (the leader drops it too).
   client_->Delete(StoreKey(FormingReportKey(params.node_rank))).IgnoreError();
   MonotonicMutexLock lock(&mu_);
   joined_target_ = target;
+  joined_joining_ = joining;
   round_started_.emplace(target, MonotonicNow());
-  spdlog::info("event=join_round node_rank={} generation={} resume_generation={} etcd={}",
-               params.node_rank, target, params.resume_generation, LogValue(Describe()));
+  spdlog::info(
+      "event=join_round node_rank={} generation={} resume_generation={} joins_running={} etcd={}",
+      params.node_rank, target, params.resume_generation, joining ? 1 : 0, LogValue(Describe()));
   return absl::OkStatus();
 }
 
-absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::JoinRound(
-    const JoinParams& params, const std::optional<v1::JoinResponse>& current,
-    const GenerationState& state) {
-  const uint64_t g = current ? current->generation() : 0;
-  const uint64_t target = g + 1;
-  // A decided round is everyone's answer, a survivor left out included.
-  ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> decided, client_->Get(GenKey(target, "outcome")));
-  if (decided) {
-    v1::JoinResponse outcome;
-    if (outcome.ParseFromString(decided->value)) return FromOutcome(outcome, params);
+void EtcdRendezvous::DropJoin(int node_rank) {
+  uint64_t target = 0;
+  bool joining = false;
+  {
+    MonotonicMutexLock lock(&mu_);
+    target = joined_target_;
+    joining = joined_joining_;
+    joined_target_ = 0;
+    joined_joining_ = false;
   }
-  if (params.resume_generation != 0) {
-    RETURN_IF_ERROR(CheckResume(params, current, state));
-  }
-  RETURN_IF_ERROR(PutJoinOnce(params, target));
+  if (target == 0) return;
+  client_->Delete(GenKey(target, absl::StrCat("join/", node_rank))).IgnoreError();
+  if (joining)
+    client_->Delete(GenKey(target - 1, absl::StrCat("joining/", node_rank))).IgnoreError();
+}
+
+absl::StatusOr<std::map<int, v1::JoinRequest>> EtcdRendezvous::ReadJoins(uint64_t target,
+                                                                         const JoinParams& params) {
   ASSIGN_OR_RETURN(EtcdRange range, client_->GetPrefix(GenKey(target, "join/")));
   std::map<int, v1::JoinRequest> joins;
   for (const EtcdKeyValue& kv : range.kvs) {
@@ -487,30 +548,68 @@ absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::JoinRound(
                                     " with num_nodes=", params.num_nodes,
                                     "; every node of a job must use the same --num-nodes"));
     }
-    if ((join.resume_generation() != 0) != (params.resume_generation != 0)) {
-      return MakeError(
-          v1::STATE,
-          params.resume_generation != 0
-              ? absl::StrCat("node_rank=", params.node_rank, " resumes generation ",
-                             params.resume_generation, " while other nodes join a fresh job")
-              : absl::StrCat("node_rank=", params.node_rank, " joins afresh while generation ", g,
-                             " re-forms among its surviving nodes; nodes joining a running "
-                             "elastic job are not supported yet"));
-    }
-    if (join.node_rank() >= 0 && join.node_rank() < params.num_nodes) {
+    if (join.node_rank() >= 0 && join.node_rank() < MaxNodes(params.num_nodes)) {
       joins[join.node_rank()] = std::move(join);
     }
   }
+  return joins;
+}
+
+absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::JoinRound(
+    const JoinParams& params, const std::optional<v1::JoinResponse>& current,
+    const GenerationState& state) {
+  const uint64_t g = current ? current->generation() : 0;
+  const uint64_t target = g + 1;
+  // A decided round is everyone's answer, a survivor left out included.
+  ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> decided, client_->Get(GenKey(target, "outcome")));
+  v1::JoinResponse outcome;
   JoinStep step;
   step.target = target;
+  // Formed without this node (survivors, or a fresh job of --num-nodes'
+  // ranks): a node joining an elastic job afresh joins it running.
+  auto joins_later = [&](const v1::JoinResponse& outcome) {
+    return params.resume_generation == 0 && Elastic(params.num_nodes) &&
+           !(outcome.has_error() && outcome.error().code() != v1::OK) &&
+           !IsMember(outcome, params.node_rank);
+  };
+  auto formed_without = [&](const v1::JoinResponse& outcome) -> absl::StatusOr<JoinStep> {
+    RETURN_IF_ERROR(RecordOutcome(outcome));
+    step.blocked_by =
+        absl::StrCat("generation ", target, " formed without node_rank=", params.node_rank,
+                     "; it joins it at its grow boundary");
+    return step;
+  };
+  if (decided && outcome.ParseFromString(decided->value)) {
+    if (joins_later(outcome)) return formed_without(outcome);
+    return FromOutcome(outcome, params);
+  }
+  const bool resuming = params.resume_generation != 0;
+  if (resuming) RETURN_IF_ERROR(CheckResume(params, current, state));
+  RETURN_IF_ERROR(PutJoinOnce(params, target));
+  ASSIGN_OR_RETURN(JoinsByRank all, ReadJoins(target, params));
+  JoinsByRank joins;
+  for (auto& [rank, join] : all) {
+    if ((join.resume_generation() != 0) == resuming) {
+      // A fresh job is --num-nodes' ranks; survivors, the aborted members.
+      if (resuming || rank < params.num_nodes) joins.emplace(rank, std::move(join));
+      continue;
+    }
+    // A node joining afresh while survivors re-form waits for what they
+    // form (AwaitSurvivors): not in their round, and out of it itself.
+    if (resuming) continue;
+    DropJoin(params.node_rank);
+    step.blocked_by = absl::StrCat("node_rank=", rank, " resumes generation ", g,
+                                   ": its survivors re-form, and node_rank=", params.node_rank,
+                                   " joins the generation they form");
+    return step;
+  }
   // Survivors re-forming an elastic job all resume one iteration.
   uint64_t starts_at = 0;
   for (const auto& [rank, join] : joins) {
     step.joined.insert(rank);
     starts_at = std::max(starts_at, join.resume_iteration());
   }
-  v1::JoinResponse outcome;
-  if (params.resume_generation != 0) {
+  if (resuming) {
     ASSIGN_OR_RETURN(std::optional<v1::JoinResponse> judged, JudgeResume(*current, state, joins));
     if (!judged) {
       step.blocked_by =
@@ -522,9 +621,10 @@ absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::JoinRound(
   } else if (joins.size() < static_cast<size_t>(params.num_nodes)) {
     return step;
   } else {
-    outcome = MakeGeneration(joins, target);
+    outcome = MakeGeneration(joins, target, 0);
   }
   ASSIGN_OR_RETURN(outcome, DecideRound(std::move(outcome), starts_at));
+  if (joins_later(outcome)) return formed_without(outcome);
   return FromOutcome(outcome, params);
 }
 
@@ -649,7 +749,7 @@ absl::StatusOr<std::optional<v1::JoinResponse>> EtcdRendezvous::JudgeResume(
   v1::JoinResponse outcome;
   outcome.set_generation(g + 1);
   if (static_cast<int>(joins.size()) < options_.min_nodes) {
-    // Nodes joining a running job are not built: nothing can make up the
+    // Joiners only join a running generation: nothing can make up the
     // number, so the survivors fail now instead of at their timeout.
     outcome.mutable_error()->set_code(v1::PEER_FAILED);
     outcome.mutable_error()->set_message(absl::StrCat(
@@ -668,7 +768,7 @@ absl::StatusOr<std::optional<v1::JoinResponse>> EtcdRendezvous::JudgeResume(
   }
   spdlog::warn("event=reforming generation={} survivors={} dead={}", g + 1, joins.size(),
                LogValue(dead_list));
-  return std::optional<v1::JoinResponse>(MakeGeneration(joins, g + 1));
+  return std::optional<v1::JoinResponse>(MakeGeneration(joins, g + 1, first.resume_iteration()));
 }
 
 std::map<int, std::string> EtcdRendezvous::ProbeUndecided(
@@ -710,9 +810,10 @@ void EtcdRendezvous::MarkRefused(uint64_t generation, const v1::Peer& peer) {
 }
 
 v1::JoinResponse EtcdRendezvous::MakeGeneration(const std::map<int, v1::JoinRequest>& joins,
-                                                uint64_t target) const {
+                                                uint64_t target, uint64_t start_iteration) const {
   v1::JoinResponse record;
   record.set_generation(target);
+  record.set_start_iteration(start_iteration);
   record.set_incarnation(SecureRandom64() | 1);
   int world_size = 0;
   for (const auto& [rank, join] : joins) {
@@ -924,12 +1025,26 @@ absl::StatusOr<HeartbeatResult> EtcdRendezvous::ReadHeartbeat(const HeartbeatPar
   ASSIGN_OR_RETURN(GenerationState state, ReadGeneration(gen));
   result.config_version = state.config_version;
   if (!state.abort_reason) {
-    if (std::optional<std::string> dead = DeadMemberReason(*current, state.alive)) {
+    ASSIGN_OR_RETURN(std::optional<std::string> dead, DeadMember(*current, state));
+    if (dead) {
       ASSIGN_OR_RETURN(std::string stands, AbortGeneration(gen, *dead));
       state.abort_reason = stands;
     }
   }
-  if (!state.abort_reason) return result;
+  if (!state.abort_reason) {
+    if (!state.joining.empty() && !state.grow && FirstAliveMember(*current, state) == rank) {
+      // Not this heartbeat's failure: the next one tries again, and the
+      // joiner's own timeout bounds its wait.
+      absl::StatusOr<std::optional<EtcdConfigEntry>> grow = ScheduleGrow(*current, params);
+      if (!grow.ok()) {
+        spdlog::warn("event=job_grow_append_failed generation={} error={}", gen,
+                     LogValue(grow.status().message()));
+      } else if (*grow) {
+        result.config_version = std::max(result.config_version, (*grow)->version);
+      }
+    }
+    return result;
+  }
   result.abort = true;
   result.abort_reason = *state.abort_reason;
   bool ack = false;
@@ -1018,7 +1133,7 @@ absl::StatusOr<EtcdRendezvous::ConfigTarget> EtcdRendezvous::ReadConfigTarget() 
 
 absl::StatusOr<std::optional<EtcdConfigEntry>> EtcdRendezvous::TryAppendConfig(
     const ConfigTarget& target, uint64_t min_at_iteration,
-    const std::function<std::string(const EtcdConfigEntry&)>& value) {
+    const std::function<std::string(const EtcdConfigEntry&)>& value, bool grow) {
   const uint64_t g = target.generation;
   ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> head, client_->Get(GenKey(g, "config_head")));
   // Strictly increasing: two versions never switch at the same boundary,
@@ -1038,6 +1153,13 @@ absl::StatusOr<std::optional<EtcdConfigEntry>> EtcdRendezvous::TryAppendConfig(
   if (entry.version > kConfigLogKeep) {
     ops.push_back(
         {EtcdTxnOp::Kind::kDelete, StoreKey(ConfigKey(g, entry.version - kConfigLogKeep)), "", 0});
+  }
+  if (grow) {
+    // One grow entry per generation, however many members race to append.
+    compares.push_back(
+        {GenKey(g, "grow"), EtcdCompare::Target::kVersion, EtcdCompare::Op::kEqual, 0, ""});
+    ops.push_back({EtcdTxnOp::Kind::kPut, GenKey(g, "grow"),
+                   absl::StrCat(entry.version, " ", entry.at_iteration), 0});
   }
   ASSIGN_OR_RETURN(EtcdTxnResult r, client_->Txn(compares, ops, {}));
   if (!r.succeeded) return std::optional<EtcdConfigEntry>();

@@ -29,6 +29,14 @@
 // - ROOT/gen/<g>/config_head: generation g's config log's newest version
 //   and the iteration it switches at ("<version> <iteration>"); the
 //   versions themselves are records (ConfigKey, rendezvous_records.h).
+// - ROOT/gen/<g>/joining/<rank>: a node that is no member of running
+//   generation g waits to join it (its JoinRequest, put with its lease
+//   together with its Join of round g+1). A member's heartbeat that finds
+//   one appends the grow entry to g's config log.
+// - ROOT/gen/<g>/grow: g's grow entry ("<version> <iteration>"), created
+//   with it in one transaction, so g gets one however many members race.
+//   Every member leaves g at that boundary and joins round g+1, which forms
+//   with them and the joiners (JudgeGrow).
 // - ROOT/config_held: a config change made while no generation runs (a
 //   ConfigRecord with generation 0), the newest replacing older ones. The
 //   transaction that decides the next generation's outcome moves it into
@@ -41,7 +49,8 @@
 // fallback); heartbeats read etcd.
 //
 // Elastic jobs re-form here as on the leader (JudgeRoundLocked's rules),
-// node 0 included: any node may die. --autotune runs on the generation's
+// node 0 included: any node may die; nodes join the running job as on the
+// leader too (JudgeGrowLocked's rules). --autotune runs on the generation's
 // first member (daemon/autotune_driver.h) and appends through AppendConfig.
 //
 // Errors name etcd and its members (EtcdClient's messages). etcd
@@ -86,6 +95,9 @@ struct EtcdRendezvousOptions {
   // --min-nodes: the fewest survivors a re-formation may leave (= num_nodes
   // or 0: a fixed job, whose survivors never resume).
   int min_nodes = 0;
+  // --max-nodes: node ranks from num_nodes up to it join a running elastic
+  // job (0: up to num_nodes).
+  int max_nodes = 0;
 };
 
 // One version of a generation's job-wide config log.
@@ -118,6 +130,11 @@ class EtcdRendezvous final : public JobRendezvous {
   absl::Status Depart(int node_rank, uint64_t generation, std::string_view reason) override;
   std::string Describe() const override;
   bool embedded() const override { return false; }
+  // This node leaves its generation at a grow boundary through another
+  // client: its lease is left to expire rather than revoked when this one
+  // goes, so that the members still in the generation do not count it dead
+  // before its Join of the next one is in etcd.
+  void Retire() override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Appends the next version of the active generation's config log (the
   // leader's AppendConfig on etcd, from any node): switching at iteration
@@ -154,6 +171,8 @@ class EtcdRendezvous final : public JobRendezvous {
     std::set<int> joined;    // node ranks in that round
     std::string blocked_by;  // non-empty: why the round cannot start yet
   };
+  // Rounds' Joins by node rank.
+  using JoinsByRank = std::map<int, v1::JoinRequest>;
   // Where a config change goes: the current generation as read.
   struct ConfigTarget {
     int64_t current_revision = 0;  // ROOT/current's mod_revision (0: absent)
@@ -171,9 +190,17 @@ class EtcdRendezvous final : public JobRendezvous {
     std::optional<std::string> abort_reason;
     uint64_t config_version = 0;  // the config log's newest version
     uint64_t config_at = 0;       // and the iteration it switches at
+    std::set<int> joining;        // nodes waiting to join it (ROOT/gen/<g>/joining/)
+    bool grow = false;            // its log has the grow entry
+    uint64_t grow_at = 0;         // at this iteration
   };
 
   EtcdRendezvous(EtcdRendezvousOptions options, std::unique_ptr<EtcdClient> client);
+
+  // Whether node `node_rank` is a member of `generation` (with trainers).
+  static bool IsMember(const v1::JoinResponse& generation, int node_rank);
+  // `generation`'s members' node ranks, in order.
+  static std::vector<int> MemberRanks(const v1::JoinResponse& generation);
 
   std::string Key(absl::string_view suffix) const;
   std::string StoreKey(absl::string_view key) const;
@@ -188,7 +215,44 @@ class EtcdRendezvous final : public JobRendezvous {
   absl::StatusOr<JoinStep> JoinRound(const JoinParams& params,
                                      const std::optional<v1::JoinResponse>& current,
                                      const GenerationState& state) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status PutJoinOnce(const JoinParams& params, uint64_t target) ABSL_LOCKS_EXCLUDED(mu_);
+  // Puts this node's Join of round `target` (and, for a node joining the
+  // running generation target-1, its ROOT/gen/<target-1>/joining key), once
+  // per round; a Join of an earlier round is deleted first.
+  absl::Status PutJoinOnce(const JoinParams& params, uint64_t target, bool joining = false)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Deletes this node's Join of the round it is in (and its joining key).
+  void DropJoin(int node_rank) ABSL_LOCKS_EXCLUDED(mu_);
+  // Every Join of round `target` by node rank (ranks below --max-nodes);
+  // INVALID_ARGUMENT naming a node started with another --num-nodes.
+  absl::StatusOr<std::map<int, v1::JoinRequest>> ReadJoins(uint64_t target,
+                                                           const JoinParams& params);
+  // A node that is no member of running generation `running` (a joiner) or
+  // a member leaving it at its grow boundary: round g+1 of the grow, decided
+  // by JudgeGrow once every member switched or is gone.
+  absl::StatusOr<JoinStep> JoinRunning(const JoinParams& params, const v1::JoinResponse& running,
+                                       const GenerationState& state) ABSL_LOCKS_EXCLUDED(mu_);
+  // The embedded leader's JudgeGrowLocked on etcd: nullopt while a member
+  // of `running` neither switched nor is gone, else the grown generation
+  // (starting at the boundary) or an error for every one of them.
+  absl::StatusOr<std::optional<v1::JoinResponse>> JudgeGrow(
+      const v1::JoinResponse& running, const GenerationState& state,
+      const std::map<int, v1::JoinRequest>& joins) ABSL_LOCKS_EXCLUDED(mu_);
+  // A fresh Join of an elastic job whose generation `aborted` may still
+  // re-form among its survivors: held (a step that waits) until they
+  // formed, then it joins what they formed; nullopt when no survivor is
+  // left (a fresh job forms), or their round's error.
+  absl::StatusOr<std::optional<JoinStep>> AwaitSurvivors(const JoinParams& params,
+                                                         const v1::JoinResponse& aborted,
+                                                         const GenerationState& state)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Appends running `current`'s grow entry at this member's iteration +
+  // kGrowAfter (its first alive member calls it, finding a node waiting to
+  // join); the entry, or nullopt when g has one or is no longer active.
+  absl::StatusOr<std::optional<EtcdConfigEntry>> ScheduleGrow(const v1::JoinResponse& current,
+                                                              const HeartbeatParams& params);
+  // The lowest-ranked member of `current` whose lease is alive (-1: none):
+  // the one that appends a joiner's grow entry.
+  static int FirstAliveMember(const v1::JoinResponse& current, const GenerationState& state);
   // Leave and Depart: `departing` first records ROOT/gen/<g>/left/<rank>.
   absl::Status LeaveGeneration(int node_rank, uint64_t generation, std::string_view reason,
                                bool departing) ABSL_LOCKS_EXCLUDED(mu_);
@@ -213,8 +277,8 @@ class EtcdRendezvous final : public JobRendezvous {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Logs `peer` dead by refusal and records it (ROOT/gen/<g>/dead/<rank>).
   void MarkRefused(uint64_t generation, const v1::Peer& peer);
-  v1::JoinResponse MakeGeneration(const std::map<int, v1::JoinRequest>& joins,
-                                  uint64_t target) const;
+  v1::JoinResponse MakeGeneration(const std::map<int, v1::JoinRequest>& joins, uint64_t target,
+                                  uint64_t start_iteration) const;
   // What a decided round means for this node: its generation, its error,
   // or STATE when the survivors re-formed without it.
   absl::StatusOr<JoinStep> FromOutcome(const v1::JoinResponse& outcome, const JoinParams& params);
@@ -228,10 +292,11 @@ class EtcdRendezvous final : public JobRendezvous {
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<ConfigTarget> ReadConfigTarget();
   // One try at appending to `target`'s log; nullopt when another node
-  // changed it first.
+  // changed it first. `grow`: the grow entry, which also creates
+  // ROOT/gen/<g>/grow (and fails once it exists).
   absl::StatusOr<std::optional<EtcdConfigEntry>> TryAppendConfig(
       const ConfigTarget& target, uint64_t min_at_iteration,
-      const std::function<std::string(const EtcdConfigEntry&)>& value);
+      const std::function<std::string(const EtcdConfigEntry&)>& value, bool grow = false);
   // One try at holding `record` while `target` is not active; false when
   // ROOT/current changed or the next round was decided first.
   absl::StatusOr<bool> TryHoldConfig(const ConfigTarget& target, const std::string& record);
@@ -250,6 +315,14 @@ class EtcdRendezvous final : public JobRendezvous {
   // The first member of `current` whose lease is gone, with the reason.
   std::optional<std::string> DeadMemberReason(const v1::JoinResponse& current,
                                               const std::set<int>& alive) const;
+  // DeadMemberReason, where at a grow boundary a member whose Join of the
+  // next round is in etcd is alive (its old lease may be gone).
+  absl::StatusOr<std::optional<std::string>> DeadMember(const v1::JoinResponse& current,
+                                                        const GenerationState& state);
+  // Whether the job re-forms at a death (--min-nodes below --num-nodes).
+  bool Elastic(int num_nodes) const;
+  // The node ranks a Join may name: [0, --max-nodes).
+  int MaxNodes(int num_nodes) const;
   // `message` (EtcdClient's) without its leading "etcd at ...: ": the
   // errors that quote it name etcd once, themselves.
   std::string WithoutEtcdPrefix(absl::string_view message) const;
@@ -268,7 +341,9 @@ class EtcdRendezvous final : public JobRendezvous {
   EtcdLease lease_ ABSL_GUARDED_BY(mu_);
   absl::Status lease_lost_ ABSL_GUARDED_BY(mu_);
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t joined_target_ ABSL_GUARDED_BY(mu_) = 0;  // the round this node's join key is in
+  uint64_t joined_target_ ABSL_GUARDED_BY(mu_) = 0;   // the round this node's join key is in
+  bool joined_joining_ ABSL_GUARDED_BY(mu_) = false;  // with a joining key of target-1
+  bool retired_ ABSL_GUARDED_BY(mu_) = false;         // Retire(): the lease outlives it
   std::map<uint64_t, absl::Time> round_started_ ABSL_GUARDED_BY(mu_);  // when it joined each
   std::string host_ ABSL_GUARDED_BY(mu_);
   std::set<uint64_t> aborted_ ABSL_GUARDED_BY(mu_);                 // generations known to be over

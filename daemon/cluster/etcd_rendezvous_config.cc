@@ -30,6 +30,7 @@ absl::StatusOr<std::shared_ptr<EtcdRendezvous>> ConnectEtcdRendezvous(const Daem
   // The embedded leader's heartbeat timeout (daemon.cc).
   options.lease_ttl = std::min(absl::Milliseconds(config.timeout_ms), absl::Seconds(10));
   options.min_nodes = config.min_nodes_or_num();
+  options.max_nodes = config.max_nodes_or_num();
   return EtcdRendezvous::Connect(std::move(options));
 }
 

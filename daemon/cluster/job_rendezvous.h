@@ -118,6 +118,11 @@ class JobRendezvous : public KeyValueStore {
   // a liveness probe of the leader's port then explains. One outside every
   // node has no leader to lose: false at once.
   virtual bool AwaitLeaderConnectionDown(absl::Duration limit) { return false; }
+  // This node leaves its generation at a grow boundary (the next one forms
+  // through another client) without leaving it: nothing of this client may
+  // tell the members still in it that the node is gone. The leader hears of
+  // it by the node's Join of the next generation: nothing to do.
+  virtual void Retire() {}
 };
 
 }  // namespace gradsync

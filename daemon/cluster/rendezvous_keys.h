@@ -11,11 +11,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 
 namespace gradsync {
@@ -91,24 +89,6 @@ inline std::optional<PlanKeyParts> ParsePlanKey(absl::string_view key) {
     return std::nullopt;
   }
   return parts;
-}
-
-// Part of the etcd rendezvous's refusal of a node that joins afresh while
-// the elastic job runs without it (the embedded leader admits it): that
-// refusal is final (no retry), so the joining node reports it at once.
-inline constexpr absl::string_view kJoiningARunningJobUnsupported =
-    "nodes joining a running job are built on the embedded rendezvous only";
-
-// That refusal, the same from either rendezvous (embedded or etcd).
-inline std::string JoiningARunningJobRefusal(int node_rank, uint64_t generation,
-                                             absl::string_view job_id,
-                                             const std::vector<int>& members) {
-  return absl::StrCat("node_rank=", node_rank, " asks to join running generation ", generation,
-                      " of elastic job '", job_id,
-                      "' (members: node_rank=", absl::StrJoin(members, ","),
-                      "), which re-formed without it: ", kJoiningARunningJobUnsupported,
-                      " (on etcd an elastic job only shrinks, down to --min-nodes); the node "
-                      "takes part again when the job restarts");
 }
 
 }  // namespace gradsync

@@ -4,8 +4,9 @@
 // refused, a missing node is named when a join times out, a member whose
 // lease is gone aborts the generation naming it, a wait on an aborted
 // generation's keys ends, a config change made while no generation runs
-// becomes the next one's version 1, and an unreachable etcd fails the join
-// UNAVAILABLE naming it.
+// becomes the next one's version 1, nodes joining a running elastic job are
+// held until its members reach the grow boundary their first member
+// appended, and an unreachable etcd fails the join UNAVAILABLE naming it.
 #include "daemon/cluster/etcd_rendezvous.h"
 
 #include <algorithm>
@@ -17,6 +18,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/status_code.h"
 #include "daemon/cluster/etcd/etcd_client.h"
@@ -26,6 +29,7 @@
 #include "gtest/gtest.h"
 #include "tests/etcd/etcd_cluster.h"
 #include "tests/testing/loopback_port.h"
+#include "tests/testing/wait.h"
 
 namespace gradsync {
 namespace {
@@ -45,8 +49,8 @@ constexpr absl::Duration kLeaseTtl = absl::Seconds(10);
 
 std::shared_ptr<EtcdRendezvous> Rendezvous(const std::vector<std::string>& endpoints,
                                            const std::string& token = kToken,
-                                           absl::Duration lease_ttl = kLeaseTtl,
-                                           int min_nodes = 0) {
+                                           absl::Duration lease_ttl = kLeaseTtl, int min_nodes = 0,
+                                           int max_nodes = 0) {
   EtcdRendezvousOptions options;
   options.etcd.endpoints = endpoints;
   options.etcd.call_timeout = absl::Seconds(3);
@@ -56,6 +60,7 @@ std::shared_ptr<EtcdRendezvous> Rendezvous(const std::vector<std::string>& endpo
   options.job_token = token;
   options.lease_ttl = lease_ttl;
   options.min_nodes = min_nodes;
+  options.max_nodes = max_nodes;
   absl::StatusOr<std::shared_ptr<EtcdRendezvous>> r = EtcdRendezvous::Connect(options);
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? *r : nullptr;
@@ -85,15 +90,49 @@ std::vector<absl::StatusOr<JoinResult>> JoinAll(
   return results;
 }
 
-// Node `rank`'s heartbeat in `generation`, reporting `node_error` (OK: none).
+// Node `rank`'s heartbeat in `generation`, reporting `node_error` (OK: none)
+// from `iteration`.
 absl::StatusOr<HeartbeatResult> Beat(EtcdRendezvous& node, int rank, uint64_t generation = 1,
-                                     const absl::Status& node_error = absl::OkStatus()) {
+                                     const absl::Status& node_error = absl::OkStatus(),
+                                     uint64_t iteration = 0) {
   HeartbeatParams params;
   params.node_rank = rank;
   params.generation = generation;
   params.node_error = node_error;
+  params.iteration = iteration;
   return node.Heartbeat(params);
 }
+
+// A Join on a thread of its own, whose result is read once it is done.
+class BackgroundJoin {
+ public:
+  BackgroundJoin(std::shared_ptr<EtcdRendezvous> node, JoinParams params)
+      : node_(std::move(node)), thread_([this, params] {
+          absl::StatusOr<JoinResult> r = node_->Join(params);
+          absl::MutexLock lock(&mu_);
+          result_ = std::move(r);
+          done_ = true;
+        }) {}
+  ~BackgroundJoin() {
+    if (thread_.joinable()) thread_.join();
+  }
+  bool done() {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+  absl::StatusOr<JoinResult> Result() {
+    thread_.join();
+    absl::MutexLock lock(&mu_);
+    return result_;
+  }
+
+ private:
+  std::shared_ptr<EtcdRendezvous> node_;
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::StatusOr<JoinResult> result_ ABSL_GUARDED_BY(mu_) = absl::UnknownError("not done");
+  std::thread thread_;
+};
 
 // Each test runs against an etcd member of its own; nodes_ are the job's
 // daemons' rendezvous clients, by node rank.
@@ -104,12 +143,48 @@ class EtcdRendezvousTest : public ::testing::Test {
     ASSERT_TRUE(etcd_.Start().ok()) << etcd_.Logs();
   }
 
-  std::shared_ptr<EtcdRendezvous> NewNode(absl::Duration lease_ttl = kLeaseTtl, int min_nodes = 0) {
-    return Rendezvous(etcd_.endpoints(), kToken, lease_ttl, min_nodes);
+  std::shared_ptr<EtcdRendezvous> NewNode(absl::Duration lease_ttl = kLeaseTtl, int min_nodes = 0,
+                                          int max_nodes = 0) {
+    return Rendezvous(etcd_.endpoints(), kToken, lease_ttl, min_nodes, max_nodes);
   }
 
-  void AddNodes(int count, absl::Duration lease_ttl = kLeaseTtl, int min_nodes = 0) {
-    for (int i = 0; i < count; ++i) nodes_.push_back(NewNode(lease_ttl, min_nodes));
+  void AddNodes(int count, absl::Duration lease_ttl = kLeaseTtl, int min_nodes = 0,
+                int max_nodes = 0) {
+    for (int i = 0; i < count; ++i) nodes_.push_back(NewNode(lease_ttl, min_nodes, max_nodes));
+  }
+
+  // Whether `key` (under the job's root) is in etcd, read past the
+  // rendezvous.
+  bool JobKeyExists(const std::string& key) const {
+    absl::StatusOr<std::unique_ptr<EtcdClient>> client = RawClient();
+    if (!client.ok()) return false;
+    absl::StatusOr<std::optional<EtcdKeyValue>> kv = (*client)->Get("gs/job/job1/" + key);
+    return kv.ok() && kv->has_value();
+  }
+
+  // Each of `members` of running generation `generation` leaves it at its
+  // grow boundary `at` as job_grow does: its client retired, a new one joins
+  // generation + 1 resuming from `at`; all at once, each on its own thread.
+  // The results by rank (others: "not a member").
+  std::vector<absl::StatusOr<JoinResult>> SwitchAtTheGrowBoundary(const std::vector<int>& members,
+                                                                  uint64_t generation, uint64_t at,
+                                                                  int num_nodes, int min_nodes,
+                                                                  int max_nodes) {
+    std::vector<absl::StatusOr<JoinResult>> results(nodes_.size(),
+                                                    absl::UnknownError("not a member"));
+    std::vector<std::thread> threads;
+    for (int i : members) {
+      threads.emplace_back([&, i] {
+        nodes_[i]->Retire();
+        nodes_[i] = NewNode(kLeaseTtl, min_nodes, max_nodes);
+        JoinParams p = Node(i, num_nodes);
+        p.resume_generation = generation;
+        p.resume_iteration = at;
+        results[i] = nodes_[i]->Join(p);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return results;
   }
 
   // Every node joins at once; whether all formed the generation.
@@ -548,6 +623,211 @@ TEST_F(EtcdRendezvousTest, AChangeMadeWhileNoGenerationRunsBecomesTheNextGenerat
   EXPECT_EQ(second->generation, 2u);
   EXPECT_EQ(second->at_iteration, 7 + kHeldConfigAfter);
   EXPECT_EQ(second->bucket_cap_mb, 8);
+}
+
+// What every node of a grown generation must be told alike.
+void ExpectGeneration(const absl::StatusOr<JoinResult>& r, uint64_t generation,
+                      const std::vector<int>& ranks, uint64_t start_iteration,
+                      uint64_t incarnation) {
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->generation, generation);
+  EXPECT_EQ(r->start_iteration, start_iteration);
+  EXPECT_EQ(r->incarnation, incarnation);
+  std::vector<int> members;
+  int world_size = 0;
+  for (const RendezvousPeer& p : r->peers) {
+    members.push_back(p.node_rank);
+    world_size += p.local_size;
+  }
+  EXPECT_EQ(members, ranks);
+  int expected_world = 0;
+  for (int rank : ranks) expected_world += rank + 1;  // Node(): local_size = rank + 1
+  EXPECT_EQ(r->world_size, expected_world);
+  EXPECT_EQ(world_size, expected_world);
+}
+
+// A fresh node 2 of a running elastic job of nodes 0 and 1 (--max-nodes 3)
+// is held; node 0's heartbeat (the generation's first member) appends the
+// grow entry at its iteration + 2, node 1's does not; the joiner waits
+// until both members left generation 1 at that boundary, and all three
+// form generation 2 starting there.
+TEST_F(EtcdRendezvousTest, ANodeJoiningARunningJobIsHeldUntilItsMembersGrowAtTheBoundary) {
+  AddNodes(2, kLeaseTtl, /*min_nodes=*/1, /*max_nodes=*/3);
+  ASSERT_TRUE(FormGeneration());
+  BackgroundJoin joiner(NewNode(kLeaseTtl, 1, 3), Node(2, 2));
+  ASSERT_TRUE(
+      testing::WaitUntil([&] { return JobKeyExists("gen/1/joining/2"); }, absl::Seconds(30)));
+
+  absl::StatusOr<HeartbeatResult> second = Beat(*nodes_[1], 1, 1, absl::OkStatus(), 5);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->config_version, 0u);  // node 0's to append
+  absl::StatusOr<HeartbeatResult> first = Beat(*nodes_[0], 0, 1, absl::OkStatus(), 5);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE(first->abort);
+  EXPECT_EQ(first->config_version, 1u);
+  absl::StatusOr<std::optional<std::string>> stored = nodes_[1]->Get(ConfigKey(1, 1));
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  absl::StatusOr<JobConfigChange> grow = DecodeConfig(ConfigKey(1, 1), *stored);
+  ASSERT_TRUE(grow.ok()) << grow.status();
+  EXPECT_TRUE(grow->grow);
+  EXPECT_EQ(grow->at_iteration, 7u);
+  // Heard again: still the one entry.
+  absl::StatusOr<HeartbeatResult> again = Beat(*nodes_[0], 0, 1, absl::OkStatus(), 6);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->config_version, 1u);
+  EXPECT_FALSE(joiner.done()) << joiner.Result().status();  // no member switched yet
+
+  std::vector<absl::StatusOr<JoinResult>> members =
+      SwitchAtTheGrowBoundary({0, 1}, 1, 7, /*num_nodes=*/2, 1, 3);
+  absl::StatusOr<JoinResult> joined = joiner.Result();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  for (const absl::StatusOr<JoinResult>* r : {&members[0], &members[1], &joined}) {
+    ExpectGeneration(*r, 2, {0, 1, 2}, 7, joined->incarnation);
+  }
+  EXPECT_FALSE(JobKeyExists("gen/1/joining/2"));  // generation 1's keys went with it
+}
+
+// Two joiners and three members racing: node 0's heartbeat from two
+// threads (each may append) and the others', all at once, leave exactly
+// one grow entry; the members switching at once and the joiners all decide
+// the same generation 3 of all five.
+TEST_F(EtcdRendezvousTest, MembersRacingAtTheGrowBoundaryAgreeOnOneEntryAndOneGeneration) {
+  AddNodes(3, kLeaseTtl, /*min_nodes=*/2, /*max_nodes=*/5);
+  ASSERT_TRUE(FormGeneration());
+  BackgroundJoin joiner3(NewNode(kLeaseTtl, 2, 5), Node(3, 3));
+  BackgroundJoin joiner4(NewNode(kLeaseTtl, 2, 5), Node(4, 3));
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] { return JobKeyExists("gen/1/joining/3") && JobKeyExists("gen/1/joining/4"); },
+      absl::Seconds(30)));
+  std::vector<std::thread> beats;
+  for (int t = 0; t < 4; ++t) {
+    beats.emplace_back([&, t] {
+      const int rank = t < 2 ? 0 : t - 1;
+      for (int i = 0; i < 5; ++i) {
+        absl::StatusOr<HeartbeatResult> r = Beat(*nodes_[rank], rank, 1, absl::OkStatus(), 4);
+        EXPECT_TRUE(r.ok()) << r.status();
+      }
+    });
+  }
+  for (std::thread& t : beats) t.join();
+  // Every member then reads the one entry.
+  for (int rank = 0; rank < 3; ++rank) {
+    absl::StatusOr<HeartbeatResult> r = Beat(*nodes_[rank], rank, 1, absl::OkStatus(), 4);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->config_version, 1u) << "node " << rank;
+  }
+  absl::StatusOr<std::optional<std::string>> second = nodes_[0]->Get(ConfigKey(1, 2));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_FALSE(second->has_value()) << **second;
+
+  std::vector<absl::StatusOr<JoinResult>> members =
+      SwitchAtTheGrowBoundary({0, 1, 2}, 1, 6, /*num_nodes=*/3, 2, 5);
+  absl::StatusOr<JoinResult> joined3 = joiner3.Result();
+  absl::StatusOr<JoinResult> joined4 = joiner4.Result();
+  ASSERT_TRUE(joined3.ok()) << joined3.status();
+  for (const absl::StatusOr<JoinResult>* r :
+       {&members[0], &members[1], &members[2], &joined3, &joined4}) {
+    ExpectGeneration(*r, 2, {0, 1, 2, 3, 4}, 6, joined3->incarnation);
+  }
+}
+
+// Node 2 dies at the grow boundary (its lease gone) while nodes 0 and 1
+// switch: they grow without it, with the joiner, instead of waiting for it.
+TEST_F(EtcdRendezvousTest, AMemberDeadAtTheGrowBoundaryIsLeftOutAndTheOthersGrowWithTheJoiner) {
+  AddNodes(3, kLeaseTtl, /*min_nodes=*/2, /*max_nodes=*/4);
+  ASSERT_TRUE(FormGeneration());
+  BackgroundJoin joiner(NewNode(kLeaseTtl, 2, 4), Node(3, 3));
+  ASSERT_TRUE(
+      testing::WaitUntil([&] { return JobKeyExists("gen/1/joining/3"); }, absl::Seconds(30)));
+  absl::StatusOr<HeartbeatResult> first = Beat(*nodes_[0], 0, 1, absl::OkStatus(), 3);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->config_version, 1u);
+  nodes_[2].reset();  // its lease revoked: as one that expired
+  std::vector<absl::StatusOr<JoinResult>> members =
+      SwitchAtTheGrowBoundary({0, 1}, 1, 5, /*num_nodes=*/3, 2, 4);
+  absl::StatusOr<JoinResult> joined = joiner.Result();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  for (const absl::StatusOr<JoinResult>* r : {&members[0], &members[1], &joined}) {
+    ExpectGeneration(*r, 2, {0, 1, 3}, 5, joined->incarnation);
+  }
+}
+
+// A fresh node 2 while the survivors of node 2's death re-form: it is held
+// out of their round, joins the generation they form at its grow boundary.
+TEST_F(EtcdRendezvousTest, AJoinerArrivingWhileTheSurvivorsReformJoinsTheGenerationTheyForm) {
+  AddNodes(3, kLeaseTtl, /*min_nodes=*/2);
+  ASSERT_TRUE(FormGeneration());
+  nodes_[2].reset();
+  ASSERT_TRUE(Beat(*nodes_[0], 0, 1, absl::UnavailableError("a collective failed")).ok());
+  BackgroundJoin joiner(NewNode(kLeaseTtl, 2), Node(2, 3));
+  std::vector<absl::StatusOr<JoinResult>> survivors =
+      ReformResuming({0, 1}, absl::OkStatus(), {7, 7, 7});
+  ASSERT_TRUE(survivors[0].ok()) << survivors[0].status();
+  ExpectGeneration(survivors[0], 2, {0, 1}, 7, survivors[0]->incarnation);
+  ExpectGeneration(survivors[1], 2, {0, 1}, 7, survivors[0]->incarnation);
+  ASSERT_TRUE(
+      testing::WaitUntil([&] { return JobKeyExists("gen/2/joining/2"); }, absl::Seconds(30)))
+      << joiner.done();
+  absl::StatusOr<HeartbeatResult> first = Beat(*nodes_[0], 0, 2, absl::OkStatus(), 8);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->config_version, 1u);
+  std::vector<absl::StatusOr<JoinResult>> members =
+      SwitchAtTheGrowBoundary({0, 1}, 2, 10, /*num_nodes=*/3, 2, 3);
+  absl::StatusOr<JoinResult> joined = joiner.Result();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  for (const absl::StatusOr<JoinResult>* r : {&members[0], &members[1], &joined}) {
+    ExpectGeneration(*r, 3, {0, 1, 2}, 10, joined->incarnation);
+  }
+}
+
+TEST_F(EtcdRendezvousTest, ARankAtMaxNodesIsRefusedNamingIt) {
+  AddNodes(2, kLeaseTtl, /*min_nodes=*/1, /*max_nodes=*/3);
+  ASSERT_TRUE(FormGeneration());
+  absl::StatusOr<JoinResult> r = NewNode(kLeaseTtl, 1, 3)->Join(Node(3, 2, absl::Seconds(5)));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(CodeOf(r.status()), v1::INVALID_ARGUMENT) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("node_rank=3 is out of range [0, 3)"));
+  EXPECT_THAT(r.status().message(), HasSubstr("--max-nodes=3"));
+  EXPECT_FALSE(JobKeyExists("gen/1/joining/3"));
+}
+
+// Node 0 died and the survivors 1 and 2 formed generation 2: no trainer of
+// theirs holds global rank 0, the catch-up's source, and a new node 0's
+// would hand over fresh state, so a node joining is refused, named, and
+// nothing of it stays in etcd.
+TEST_F(EtcdRendezvousTest, ANodeJoiningWhileNodeZeroIsNoMemberIsRefusedNamingNodeZero) {
+  std::vector<absl::StatusOr<JoinResult>> results = ResumeAfterDeaths({0}, {7, 7, 7});
+  ASSERT_EQ(results.size(), 3u);
+  ASSERT_TRUE(results[1].ok()) << results[1].status();
+  for (int rank : {0, 3}) {
+    absl::StatusOr<JoinResult> r = NewNode(kLeaseTtl, 2, 4)->Join(Node(rank, 3, absl::Seconds(5)));
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(CodeOf(r.status()), v1::STATE) << r.status();
+    EXPECT_THAT(r.status().message(),
+                HasSubstr(absl::StrCat("node_rank=", rank,
+                                       " cannot join running generation 2 of elastic job 'job1' "
+                                       "(members: node_rank=1,2): node 0 is no member")));
+    EXPECT_THAT(r.status().message(), HasSubstr("global rank 0"));
+    EXPECT_FALSE(JobKeyExists(absl::StrCat("gen/2/joining/", rank)));
+  }
+}
+
+// Its members never reach a boundary (no heartbeat appends the entry): the
+// joiner's Join times out naming etcd, the job and its members, and its
+// keys go.
+TEST_F(EtcdRendezvousTest, AJoinerWhoseMembersNeverGrowTimesOutNamingThemAndEtcd) {
+  AddNodes(2, kLeaseTtl, /*min_nodes=*/1, /*max_nodes=*/3);
+  ASSERT_TRUE(FormGeneration());
+  absl::StatusOr<JoinResult> r = NewNode(kLeaseTtl, 1, 3)->Join(Node(2, 2, absl::Seconds(2)));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(CodeOf(r.status()), v1::TIMEOUT) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("etcd at "));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("node_rank=2 waits to join running generation 1 of elastic job 'job1' "
+                        "(members: node_rank=0,1)"));
+  EXPECT_THAT(r.status().message(), HasSubstr("no member has appended the grow entry"));
+  EXPECT_FALSE(JobKeyExists("gen/1/joining/2"));
+  EXPECT_FALSE(JobKeyExists("gen/2/join/2"));
 }
 
 // A hang would be caught by the test's own timeout (size "medium"); what is

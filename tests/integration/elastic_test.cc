@@ -28,8 +28,10 @@
 // survivors: node 1 killed, a broadcast from rank 4 (node 2, now the
 // second member) reaches every survivor's trainers, replica checks compare
 // node 0's and node 2's. Every survivor's gs_job_info counts one
-// membership change. A replacement node asking to join the running job is
-// refused with STATE saying joining is not supported.
+// membership change. A replacement node for the dead one, and a new rank
+// below --max-nodes, join the running job at an iteration boundary, catch
+// up from the lowest live rank and train with the others (on either
+// rendezvous).
 //
 // Fixed (--min-nodes 3 = --num-nodes): a death ends every survivor with
 // GS_ERR_PEER_FAILED naming node_rank=2 and --min-nodes.
@@ -754,7 +756,6 @@ void ReplaceNodeTwoWhileTheJobRuns(Cluster& cluster, std::vector<Trainer>* train
 }
 
 TEST(ElasticJob, AReplacementNodeJoinsTheRunningJobCatchesUpAndTrainsOverAllAgain) {
-  if (kOnEtcd) GTEST_SKIP() << "on etcd joining is refused: AReplacementNodeIsRefusedOnEtcd";
   Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Trainer> trainers, replacements;
@@ -789,7 +790,6 @@ TEST(ElasticJob, AReplacementNodeJoinsTheRunningJobCatchesUpAndTrainsOverAllAgai
 // and it compares all three nodes' trainers on the grown world, as every
 // later check does.
 TEST(ElasticJob, AReplicaCheckDueWhereANodeJoinsRunsOnTheGrownWorld) {
-  if (kOnEtcd) GTEST_SKIP() << "on etcd joining is refused: AReplacementNodeIsRefusedOnEtcd";
   ClusterOptions options = JobOptions(/*min_nodes=*/2, 4 * kTimeoutS);
   options.flags.push_back("--check-replicas-every=1");
   Cluster cluster(options);
@@ -822,7 +822,6 @@ TEST(ElasticJob, AReplicaCheckDueWhereANodeJoinsRunsOnTheGrownWorld) {
 // join iteration m on the job averages over 6 trainers instead of 4, and
 // all six end within 1e-12 of the reference (ranks 4-5 inactive before m).
 TEST(ElasticJob, ANewRankBelowMaxNodesJoinsTheRunningJobAndTrainsWithIt) {
-  if (kOnEtcd) GTEST_SKIP() << "on etcd --max-nodes above --num-nodes is refused";
   ClusterOptions options = JobOptions(/*min_nodes=*/1, 4 * kTimeoutS);
   options.nodes = 2;
   options.spare_nodes = 1;
@@ -883,42 +882,6 @@ TEST(ElasticJob, ANewRankBelowMaxNodesJoinsTheRunningJobAndTrainsWithIt) {
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->world_size(), 6) << cluster.DaemonLogs();
   EXPECT_EQ(stats->generation(), 2u);
-}
-
-// On etcd a replacement node asking to join the running job is refused
-// with STATE saying joining is built on the embedded rendezvous only,
-// naming the members, and the survivors train on exactly.
-TEST(ElasticJob, AReplacementNodeIsRefusedOnEtcd) {
-  if (!kOnEtcd) GTEST_SKIP() << "the embedded leader admits it: AReplacementNodeJoins...";
-  Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
-  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
-  std::vector<Trainer> trainers;
-  RunUntilKilled(cluster, Stage::kBackward, &trainers, {kVictimNode}, /*resume=*/false);
-  ResumeSurvivors(&trainers, {0, kVictimNode});  // node 1's: its collective fails
-  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_reformed", kErrorBound))
-      << cluster.DaemonLogs();
-  ASSERT_TRUE(cluster.StartNode(kVictimNode)) << cluster.DaemonLogs();
-  std::vector<Process> replacements;
-  for (int r = 0; r < kLocal; ++r) {
-    replacements.push_back(StartTrainer(cluster.node(kVictimNode), r, TrainArgs(),
-                                        absl::StrCat(cluster.dir(), "/replacement_", r)));
-  }
-  for (Process& p : replacements) {
-    const ExitStatus st = p.Wait(kErrorBound);
-    const std::string error = TrainerError(p.Log());
-    ASSERT_TRUE(st.exited) << st.ToString() << p.Log() << cluster.DaemonLogs();
-    EXPECT_EQ(st.code, kExitState) << error << cluster.DaemonLogs();
-    EXPECT_NE(error.find("node_rank=2 asks to join running generation 2 of elastic job "
-                         "'elastic' (members: node_rank=0,1)"),
-              std::string::npos)
-        << error;
-    EXPECT_NE(error.find("nodes joining a running job are built on the embedded rendezvous only"),
-              std::string::npos)
-        << error;
-  }
-  EXPECT_TRUE(cluster.node(kVictimNode).process().Running()) << cluster.DaemonLogs();
-  ResumeSurvivors(&trainers, {1, kVictimNode});  // node 0's
-  ExpectSurvivorsTrainedLikeTheReference(cluster, trainers);
 }
 
 // SetConfig on node 0 (the leader, or a node like the others on etcd)
