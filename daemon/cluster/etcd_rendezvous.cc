@@ -768,7 +768,11 @@ absl::StatusOr<std::optional<v1::JoinResponse>> EtcdRendezvous::JudgeResume(
   }
   spdlog::warn("event=reforming generation={} survivors={} dead={}", g + 1, joins.size(),
                LogValue(dead_list));
-  return std::optional<v1::JoinResponse>(MakeGeneration(joins, g + 1, first.resume_iteration()));
+  // One apart: the generation starts at the higher (the others commit the
+  // split iteration first), as on the embedded leader.
+  uint64_t starts_at = 0;
+  for (const auto& [rank, resume] : resumes) starts_at = std::max(starts_at, resume);
+  return std::optional<v1::JoinResponse>(MakeGeneration(joins, g + 1, starts_at));
 }
 
 std::map<int, std::string> EtcdRendezvous::ProbeUndecided(
