@@ -111,7 +111,7 @@ def run_join(nodes: int, daemon: str = DAEMON, etcd: str | None = None,
                 [daemon, f"--socket={tmp}/s{n}", f"--num-nodes={nodes}", f"--node-rank={n}",
                  "--local-size=1", f"--shm-prefix=gsbj{os.getpid()}x{n}", "--timeout-s=120",
                  f"--job-token-file={token_file}", *where],
-                stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/d{n}.log", "w")))
+                stdout=open(f"{tmp}/d{n}.log", "w"), stderr=subprocess.STDOUT))  # logs: stdout
         for n in range(nodes):
             trainers.append(subprocess.Popen(
                 [trainer or TRAINER, f"--socket={tmp}/s{n}", "--bytes=4096", "--tensors=1",
