@@ -90,8 +90,9 @@ def _static_archives(ctx, all_linkopts):
     set finds NAME's archive there), or None with the first one missing."""
     archives = {}
     for name in _static_set(all_linkopts):
-        # Where the linker finds it; the bare name when it finds none.
-        found = ctx.execute(["gcc", "-print-file-name=lib%s.a" % name]).stdout.strip()
+        # Where the compiler's linker finds it; the bare name when it finds none.
+        cc = ctx.os.environ.get("CC", "gcc")
+        found = ctx.execute([cc, "-print-file-name=lib%s.a" % name]).stdout.strip()
         if not found.startswith("/"):
             return None, "lib%s.a" % name
         archives[name] = found
@@ -122,7 +123,7 @@ def _system_libs_impl(ctx):
         build.append("")
     static_dir, missing = _static_archives(ctx, all_linkopts)
     if missing:
-        # tests/daemon:static_link_test names the missing archive too.
+        # tests/integration:static_link_test then fails, naming what is shared.
         print("%s is not installed: gradsyncd links gRPC, Abseil and Protobuf dynamically" % missing)
         build.append("# Not static: %s is not installed." % missing)
     build.append("cc_library(")
@@ -135,6 +136,6 @@ def _system_libs_impl(ctx):
 
 system_libs = repository_rule(
     implementation = _system_libs_impl,
-    environ = ["PKG_CONFIG_PATH"],
+    environ = ["PKG_CONFIG_PATH", "CC"],
     local = True,
 )
