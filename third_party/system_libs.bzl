@@ -4,6 +4,17 @@
 (grpc, grpc_reflection, protobuf, absl, spdlog, gloo, boost, gtest, gtest_main, gmock,
 benchmark, systemd, json, httplib, crypto). Link flags and -D defines come from pkg-config at
 fetch time, so nothing is pasted by hand and a newer Debian just works.
+
+`@system//:static_grpc_absl_protobuf` makes an executable that depends on it
+link Debian's static archives of gRPC, Abseil, Protobuf and their own
+dependencies (re2, upb, c-ares, gpr, address_sorting) instead of ~65 shared
+objects: the dynamic loader's symbol lookups were most of a daemon's
+start-up CPU. It is all or nothing: a library is linked statically only
+when every library of that set has its archive (two copies of Abseil, one
+static and one reached through a shared gRPC, would break), and nothing
+outside the set depends on them (OpenSSL, zlib, spdlog, Gloo stay shared).
+Executables only: Debian's archives are not position-independent enough for
+a shared library (libgradsync.so stays dynamic).
 """
 
 # Bazel target name -> (pkg-config modules, extra linkopts).
@@ -53,10 +64,47 @@ def _dedupe_keep_last(flags):
         out.append(f)
     return list(reversed(out))
 
+# The libraries linked statically by @system//:static_grpc_absl_protobuf:
+# every -l name of these targets' flags that matches one of the prefixes.
+_STATIC_TARGETS = ["absl", "protobuf", "grpc", "grpc_reflection"]
+_STATIC_PREFIXES = ["absl_", "grpc", "gpr", "upb", "address_sorting", "re2", "cares", "protobuf"]
+
+def _static_set(all_linkopts):
+    names = []
+    for target in _STATIC_TARGETS:
+        for flag in all_linkopts[target]:
+            if not flag.startswith("-l"):
+                continue
+            name = flag[2:]
+            if name in names:
+                continue
+            for prefix in _STATIC_PREFIXES:
+                if name.startswith(prefix):
+                    names.append(name)
+                    break
+    return names
+
+def _static_archives(ctx, all_linkopts):
+    """A static/ directory holding every archive of the set (the linker
+    searches -L directories before its default ones, so each -lNAME of the
+    set finds NAME's archive there), or None with the first one missing."""
+    archives = {}
+    for name in _static_set(all_linkopts):
+        # Where the compiler's linker finds it; the bare name when it finds none.
+        cc = ctx.os.environ.get("CC", "gcc")
+        found = ctx.execute([cc, "-print-file-name=lib%s.a" % name]).stdout.strip()
+        if not found.startswith("/"):
+            return None, "lib%s.a" % name
+        archives[name] = found
+    for name, path in archives.items():
+        ctx.symlink(path, "static/lib%s.a" % name)
+    return ctx.path("static"), None
+
 def _system_libs_impl(ctx):
     if not ctx.which("pkg-config"):
         fail("pkg-config not found: run scripts/setup first.")
     build = ['package(default_visibility = ["//visibility:public"])', ""]
+    all_linkopts = {}
     for name, (modules, extra) in _LIBS.items():
         defines = []
         linkopts = []
@@ -66,17 +114,28 @@ def _system_libs_impl(ctx):
                     defines.append(flag[2:])
             linkopts = _dedupe_keep_last(_pkg_config(ctx, ["--libs"] + modules))
         linkopts = linkopts + extra
+        all_linkopts[name] = linkopts
         build.append("cc_library(")
         build.append('    name = "%s",' % name)
         build.append("    defines = %s," % repr(_dedupe_keep_last(defines)))
         build.append("    linkopts = %s," % repr(linkopts))
         build.append(")")
         build.append("")
+    static_dir, missing = _static_archives(ctx, all_linkopts)
+    if missing:
+        # tests/integration:static_link_test then fails, naming what is shared.
+        print("%s is not installed: gradsyncd links gRPC, Abseil and Protobuf dynamically" % missing)
+        build.append("# Not static: %s is not installed." % missing)
+    build.append("cc_library(")
+    build.append('    name = "static_grpc_absl_protobuf",')
+    build.append("    linkopts = %s," % repr(["-L%s" % static_dir] if static_dir else []))
+    build.append(")")
+    build.append("")
     ctx.file("WORKSPACE", 'workspace(name = "%s")\n' % ctx.name)
     ctx.file("BUILD", "\n".join(build))
 
 system_libs = repository_rule(
     implementation = _system_libs_impl,
-    environ = ["PKG_CONFIG_PATH"],
+    environ = ["PKG_CONFIG_PATH", "CC"],
     local = True,
 )

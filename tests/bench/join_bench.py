@@ -28,6 +28,9 @@ embedded leader" table. `--etcd` runs that comparison alone.
 $GRADSYNC_BENCH_REFERENCE_DAEMON (a gradsyncd path, e.g. one built from
 the integration branch) adds that binary to every round, alternated with
 this build's at each daemon count: a before/after in one run.
+$GRADSYNC_BENCH_REFERENCE_TRAINER (that build's bench_trainer) runs with it,
+so the trainers' own start-up is compared too; without it both builds
+start this build's bench_trainer.
 
 Prints markdown tables; writes bench-results/join_bench.json. Not a test:
 asserts nothing.
@@ -84,10 +87,12 @@ def start_etcd(tmp: str) -> tuple:
     raise RuntimeError(f"etcd did not start: {open(f'{tmp}/etcd.log').read()[-1500:]}")
 
 
-def run_join(nodes: int, daemon: str = DAEMON, etcd: str | None = None) -> tuple:
+def run_join(nodes: int, daemon: str = DAEMON, etcd: str | None = None,
+             trainer: str | None = None) -> tuple:
     """(seconds to every trainer's first gs_wait, seconds to every daemon's
     socket existing), both from just before the first daemon started.
-    `etcd` (HOST:PORT): every daemon rendezvouses there instead of on node 0."""
+    `etcd` (HOST:PORT): every daemon rendezvouses there instead of on node 0.
+    `trainer`: a bench_trainer other than this build's."""
     tmp = tempfile.mkdtemp(prefix="gsbj.", dir="/tmp")
     port = sync_bench.free_port_number()
     token_file = f"{tmp}/token"
@@ -106,11 +111,11 @@ def run_join(nodes: int, daemon: str = DAEMON, etcd: str | None = None) -> tuple
                 [daemon, f"--socket={tmp}/s{n}", f"--num-nodes={nodes}", f"--node-rank={n}",
                  "--local-size=1", f"--shm-prefix=gsbj{os.getpid()}x{n}", "--timeout-s=120",
                  f"--job-token-file={token_file}", *where],
-                stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/d{n}.log", "w")))
+                stdout=open(f"{tmp}/d{n}.log", "w"), stderr=subprocess.STDOUT))  # logs: stdout
         for n in range(nodes):
             trainers.append(subprocess.Popen(
-                [TRAINER, f"--socket={tmp}/s{n}", "--bytes=4096", "--tensors=1", "--iters=1",
-                 "--warmup=0", "--connect-timeout-ms=120000"],
+                [trainer or TRAINER, f"--socket={tmp}/s{n}", "--bytes=4096", "--tensors=1",
+                 "--iters=1", "--warmup=0", "--connect-timeout-ms=120000"],
                 env={**os.environ, "LOCAL_RANK": "0"}, stdout=subprocess.PIPE, text=True))
         listening = None
         while listening is None and time.monotonic() - start < 120:
@@ -172,16 +177,18 @@ def main() -> int:
         report.write()
         return 0
     reference = os.environ.get("GRADSYNC_BENCH_REFERENCE_DAEMON")
-    builds = [("this build", DAEMON)] + ([("reference", reference)] if reference else [])
+    ref_trainer = os.environ.get("GRADSYNC_BENCH_REFERENCE_TRAINER", TRAINER)
+    builds = [("this build", DAEMON, TRAINER)] + (
+        [("reference", reference, ref_trainer)] if reference else [])
     report = bench_report.Report("join_bench")
     progress = bench_report.Progress("join_bench", ROUNDS * len(NODES) * len(builds))
-    first = {b: {n: [] for n in NODES} for b, _ in builds}
-    listen = {b: {n: [] for n in NODES} for b, _ in builds}
+    first = {b: {n: [] for n in NODES} for b, _, _ in builds}
+    listen = {b: {n: [] for n in NODES} for b, _, _ in builds}
     for rnd in range(ROUNDS):
         for nodes in NODES:
-            for build, binary in builds:
+            for build, binary, trainer in builds:
                 progress.step(f"round {rnd + 1}: {nodes} daemons, {build}")
-                secs, up = run_join(nodes, binary)
+                secs, up = run_join(nodes, binary, trainer=trainer)
                 first[build][nodes].append(secs)
                 listen[build][nodes].append(up)
     columns = ["daemons", "start -> every first gs_wait s", "min-max s", "per round s",
@@ -195,7 +202,8 @@ def main() -> int:
              "to the last trainer's first gs_wait returning. Target for 16 daemons: < 0.5 s. "
              "Daemons, Gloo workers and trainers all share the machine's cores.")
     if reference:
-        report.table(f"The same, reference gradsyncd {reference} (alternated with this build)",
+        report.table(f"The same, reference gradsyncd {reference} and trainer {ref_trainer} "
+                     f"(alternated with this build)",
                      columns, summary_rows(first["reference"], listen["reference"]))
 
         def after_listen(build: str, n: int) -> list:
