@@ -20,8 +20,8 @@ uint64_t UnitElements(size_t element_bytes) {
 struct Cut {
   uint64_t unit = 1;       // elements per page
   uint64_t units = 0;      // pages in the bucket (the last may be partial)
-  uint64_t end_units = 0;  // pages in the first and in the last piece; 0: one piece
-  uint64_t middle = 1;     // pieces between them (all of them when end_units is 0)
+  uint64_t end_units = 0;  // pages in the first and in the last piece; 0: none
+  uint64_t middle = 1;     // pieces between them (all when end_units is 0)
 };
 
 Cut PlanCut(uint64_t elements, size_t element_bytes, uint64_t piece_bytes) {
@@ -30,13 +30,9 @@ Cut PlanCut(uint64_t elements, size_t element_bytes, uint64_t piece_bytes) {
   const uint64_t max_units =
       std::max<uint64_t>(1, piece_bytes / std::max<size_t>(1, element_bytes) / cut.unit);
   cut.units = (elements + cut.unit - 1) / cut.unit;
-  if (cut.units <= max_units) return cut;  // one piece
+  cut.middle = (cut.units + max_units - 1) / max_units;
+  if (cut.middle < kMinPiecesToRamp) return cut;  // near-equal pieces, no end pieces
   cut.end_units = std::max<uint64_t>(1, max_units / kEndPieceDivisor);
-  if (cut.units <= 2 * cut.end_units) {  // a page cap too small to ramp
-    cut.end_units = 0;
-    cut.middle = (cut.units + max_units - 1) / max_units;
-    return cut;
-  }
   const uint64_t middle_units = cut.units - 2 * cut.end_units;
   cut.middle = (middle_units + max_units - 1) / max_units;
   return cut;

@@ -43,19 +43,28 @@ TEST(CutBucketPieces, CoversTheBucketWithQuarterEndPiecesAroundNearEqualPiecesOf
   EXPECT_EQ(CountBucketPieces(elements, 4, cap), pieces.size());
 }
 
-TEST(CutBucketPieces, ABucketJustOverTheCapIsTwoEndPiecesAndOneMiddlePiece) {
+TEST(CutBucketPieces, ABucketOfTwoPiecesHasNoEndPiecesAndOneOfThreeHas) {
   const uint64_t cap = 8 << 20;
-  const uint64_t elements = cap / 8 + 1;  // fp64, one element over the cap
   std::vector<BucketPiece> pieces;
+  // 16 MiB of fp64: two pieces of 8 MiB (end pieces would add two collectives).
+  CutBucketPieces(2 * cap / 8, 8, cap, &pieces);
+  ASSERT_EQ(pieces.size(), 2u);
+  EXPECT_EQ(pieces[0].count * 8, cap);
+  EXPECT_EQ(pieces[1].first, pieces[0].count);
+  EXPECT_EQ(pieces[1].count * 8, cap);
+  // One element more needs three: 2 MiB, two near-equal middle pieces, 2 MiB.
+  const uint64_t elements = 2 * cap / 8 + 1;
   CutBucketPieces(elements, 8, cap, &pieces);
-  ASSERT_EQ(pieces.size(), 3u);
+  ASSERT_EQ(pieces.size(), 4u);
   EXPECT_EQ(pieces[0].count * 8, cap / kEndPieceDivisor);
   EXPECT_EQ(pieces[1].first, pieces[0].count);
-  EXPECT_EQ(pieces[1].count * 8, cap - 2 * (cap / kEndPieceDivisor) + 4096);
+  EXPECT_EQ(pieces[1].count * 8, 6u << 20);
   EXPECT_EQ(pieces[2].first, pieces[1].first + pieces[1].count);
-  EXPECT_EQ(pieces[2].first + pieces[2].count, elements);
-  EXPECT_EQ(pieces[2].count, cap / kEndPieceDivisor / 8 - 4096 / 8 + 1);
-  EXPECT_EQ(CountBucketPieces(elements, 8, cap), 3u);
+  EXPECT_EQ(pieces[2].count * 8, (6u << 20) + 4096);  // the bucket's last, partial page
+  EXPECT_EQ(pieces[3].first, pieces[2].first + pieces[2].count);
+  EXPECT_EQ(pieces[3].first + pieces[3].count, elements);
+  EXPECT_LE(pieces[3].count * 8, cap / kEndPieceDivisor);
+  EXPECT_EQ(CountBucketPieces(elements, 8, cap), 4u);
 }
 
 TEST(CutBucketPieces, ASmallBucketIsOnePieceAndAnEmptyOneNone) {
