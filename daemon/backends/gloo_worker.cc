@@ -215,7 +215,9 @@ absl::Status RunCollectives(GlooBackend& backend, const GlooBackendOptions& opti
   return status;
 }
 
-// Pieces of a bucket cut in several are at least half of kPieceBytes (8 MiB).
+// The middle pieces of a bucket cut in several are at least half of
+// kPieceBytes (8 MiB); its first and last, a quarter, are handed over only
+// when the next request already waits (bucket_pieces.h).
 constexpr uint64_t kOverlapMinBytes = 4 << 20;
 
 // What the allreduce requests keep from one to the next. Capacity kept

@@ -487,6 +487,16 @@ void AverageOnOneNode(WorkerPool& pool, ReduceWork& job, DType dtype, size_t sli
   }
 }
 
+// A piece pipeline's phases as the bucket's critical path (bucket_pieces.h):
+// the sums and write-backs that ran while a collective was in flight are
+// inside the collective phase, so the phases add up to the bucket's time
+// and "local reduce" is only what no collective hid.
+void RecordCriticalPath(const PipelineTimings& pipeline, ReduceTimings* timings) {
+  timings->local_reduce_ns = pipeline.exposed_sum_ns + pipeline.exposed_write_back_ns;
+  timings->collective_ns = pipeline.collective_span_ns;
+  timings->write_back_ns = pipeline.exposed_write_back_ns;
+}
+
 // The dtype the staging buffer holds (and the backend reduces).
 DType StagingDType(DType dtype) {
   return (dtype == DType::kFloat64) ? DType::kFloat64 : DType::kFloat32;
@@ -556,12 +566,8 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
       PipelineTimings pipeline;
       absl::Status status = ReduceInArenas(arenas, spans[0].offset, dtype, world_size, backend,
                                            nonfinite, run, &pipeline);
-      if (timings) {
-        // The backend's collectives include writing the average back.
-        timings->local_reduce_ns = pipeline.sum_ns;
-        timings->collective_ns = pipeline.collective_ns;
-        timings->write_back_ns = 0;
-      }
+      // The backend's collectives include writing the average back.
+      if (timings) RecordCriticalPath(pipeline, timings);
       return status;
     }
   }
@@ -611,11 +617,7 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
   PipelineTimings pipeline;
   absl::Status status =
       RunPiecePipeline(pieces_, backend, PieceSteps{sum, issue, write_back}, &pipeline);
-  if (timings) {
-    timings->local_reduce_ns = pipeline.sum_ns + pipeline.write_back_ns;
-    timings->collective_ns = pipeline.collective_ns;
-    timings->write_back_ns = pipeline.write_back_ns;
-  }
+  if (timings) RecordCriticalPath(pipeline, timings);
   return status;
 }
 
@@ -677,10 +679,7 @@ absl::Status LocalReducer::ReduceZeros(const std::vector<ReduceSpan>& spans, DTy
   PipelineTimings pipeline;
   absl::Status status =
       RunPiecePipeline(pieces_, backend, PieceSteps{sum, issue, write_back}, &pipeline);
-  if (timings) {
-    timings->local_reduce_ns = pipeline.sum_ns;
-    timings->collective_ns = pipeline.collective_ns;
-  }
+  if (timings) RecordCriticalPath(pipeline, timings);
   return status;
 }
 

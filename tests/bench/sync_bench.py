@@ -588,7 +588,11 @@ def run_xnode_rounds(report) -> None:
         ["bytes"] + [names[v] for v in builds],
         [[bench_report.size_label(b)]
          + [ratio_cell(phase_ratio[v][b]) if phase_ratio[v][b] else None for v in builds]
-         for b in sizes])
+         for b in sizes],
+        note="the collective phase is the bucket's critical path from its first piece's "
+             "collective to its last one's return (later sums and write-backs run inside it); "
+             "builds before 2026-11-27 (latency4) counted only the daemon's wait for the "
+             "collectives, so their figure is larger for the same overlap")
 
 
 def main() -> int:

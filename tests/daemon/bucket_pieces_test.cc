@@ -10,27 +10,61 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/monotonic.h"
 
 namespace gradsync {
 namespace {
 
-TEST(CutBucketPieces, CoversTheBucketInNearEqualPageAlignedPiecesOfAtMostTheCap) {
+TEST(CutBucketPieces, CoversTheBucketWithQuarterEndPiecesAroundNearEqualPiecesOfAtMostTheCap) {
   const uint64_t elements = 100'000'000 / 4;  // 100 MB of fp32
+  const uint64_t cap = 8 << 20;
   std::vector<BucketPiece> pieces;
-  CutBucketPieces(elements, 4, 8 << 20, &pieces);
-  ASSERT_EQ(pieces.size(), 12u);  // 100 MB / 8 MiB = 11.9
+  CutBucketPieces(elements, 4, cap, &pieces);
+  // 2 MiB, then 100 MB - 4 MiB in 12 pieces of at most 8 MiB, then 2 MiB.
+  ASSERT_EQ(pieces.size(), 14u);
+  EXPECT_EQ(pieces.front().count * 4, cap / kEndPieceDivisor);
+  // The last piece ends the bucket in the middle of a page.
+  EXPECT_LE(pieces.back().count * 4, cap / kEndPieceDivisor);
+  EXPECT_GT(pieces.back().count * 4, cap / kEndPieceDivisor - 4096);
   uint64_t next = 0;
   for (size_t i = 0; i < pieces.size(); ++i) {
     SCOPED_TRACE(absl::StrCat("piece ", i));
     EXPECT_EQ(pieces[i].first, next);
-    EXPECT_LE(pieces[i].count * 4, uint64_t{8 << 20});
-    EXPECT_GE(pieces[i].count * 4, uint64_t{8 << 20} * 9 / 10);  // near-equal, no sliver
+    EXPECT_LE(pieces[i].count * 4, cap);
+    if (i > 0 && i + 1 < pieces.size()) {
+      EXPECT_GE(pieces[i].count * 4, cap * 9 / 10);  // near-equal, no sliver
+    }
     if (i + 1 < pieces.size()) {
       EXPECT_EQ(pieces[i].count * 4 % 4096, 0u);
     }
     next += pieces[i].count;
   }
   EXPECT_EQ(next, elements);
+  EXPECT_EQ(CountBucketPieces(elements, 4, cap), pieces.size());
+}
+
+TEST(CutBucketPieces, ABucketOfTwoPiecesHasNoEndPiecesAndOneOfThreeHas) {
+  const uint64_t cap = 8 << 20;
+  std::vector<BucketPiece> pieces;
+  // 16 MiB of fp64: two pieces of 8 MiB (end pieces would add two collectives).
+  CutBucketPieces(2 * cap / 8, 8, cap, &pieces);
+  ASSERT_EQ(pieces.size(), 2u);
+  EXPECT_EQ(pieces[0].count * 8, cap);
+  EXPECT_EQ(pieces[1].first, pieces[0].count);
+  EXPECT_EQ(pieces[1].count * 8, cap);
+  // One element more needs three: 2 MiB, two near-equal middle pieces, 2 MiB.
+  const uint64_t elements = 2 * cap / 8 + 1;
+  CutBucketPieces(elements, 8, cap, &pieces);
+  ASSERT_EQ(pieces.size(), 4u);
+  EXPECT_EQ(pieces[0].count * 8, cap / kEndPieceDivisor);
+  EXPECT_EQ(pieces[1].first, pieces[0].count);
+  EXPECT_EQ(pieces[1].count * 8, 6u << 20);
+  EXPECT_EQ(pieces[2].first, pieces[1].first + pieces[1].count);
+  EXPECT_EQ(pieces[2].count * 8, (6u << 20) + 4096);  // the bucket's last, partial page
+  EXPECT_EQ(pieces[3].first, pieces[2].first + pieces[2].count);
+  EXPECT_EQ(pieces[3].first + pieces[3].count, elements);
+  EXPECT_LE(pieces[3].count * 8, cap / kEndPieceDivisor);
+  EXPECT_EQ(CountBucketPieces(elements, 8, cap), 4u);
 }
 
 TEST(CutBucketPieces, ASmallBucketIsOnePieceAndAnEmptyOneNone) {
@@ -112,6 +146,40 @@ TEST(RunPiecePipeline, SumsTheNextAndWritesBackThePreviousAroundEachCollective) 
                                              "await 1", "write_back 1", "sum 3",   "launch 3",
                                              "await 2", "write_back 2", "await 3", "write_back 3"};
   EXPECT_EQ(backend.log, expected);
+}
+
+// Spins until `ns` have passed on the clock the pipeline reads.
+void Busy(int64_t ns) {
+  const int64_t until = MonotonicNowNs() + ns;
+  while (MonotonicNowNs() < until) {
+  }
+}
+
+TEST(RunPiecePipeline, TheCriticalPathIsTheFirstSumTheCollectivesSpanAndTheLastWriteBack) {
+  QueuedBackend backend;
+  constexpr int64_t kStep = 2'000'000;  // each sum and write-back spins 2 ms
+  auto sum = [&](const BucketPiece&) { Busy(kStep); };
+  auto issue = [&](const BucketPiece& p) {
+    return backend.IssueAllreduceSum(nullptr, p.count, DType::kFloat32);
+  };
+  auto write_back = [&](const BucketPiece&) { Busy(kStep); };
+  PipelineTimings t;
+  const int64_t start = MonotonicNowNs();
+  ASSERT_TRUE(
+      RunPiecePipeline({{0, 1}, {1, 2}, {3, 3}}, backend, PieceSteps{sum, issue, write_back}, &t)
+          .ok());
+  const int64_t wall = MonotonicNowNs() - start;
+  // The daemon's own work: three sums and three write-backs.
+  EXPECT_GE(t.sum_ns, 3 * kStep);
+  EXPECT_GE(t.write_back_ns, 3 * kStep);
+  // Exposed: only the first sum and the last write-back; the two later sums
+  // and the two earlier write-backs ran with a collective in flight.
+  EXPECT_GE(t.exposed_sum_ns, kStep);
+  EXPECT_GE(t.exposed_write_back_ns, kStep);
+  EXPECT_GE(t.collective_span_ns, 4 * kStep);
+  // The three parts of the critical path do not overlap: the span holds
+  // the four hidden steps, not the exposed two.
+  EXPECT_LE(t.exposed_sum_ns + t.collective_span_ns + t.exposed_write_back_ns, wall);
 }
 
 TEST(RunPiecePipeline, OnePieceIsSumIssueAwaitWriteBack) {
