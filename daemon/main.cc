@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <optional>
@@ -29,6 +30,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/log_value.h"
 #include "common/status_macros.h"
 #include "common/token_file.h"
@@ -279,9 +281,23 @@ absl::StatusOr<gradsync::GpuRuntime> MakeGpuRuntime(
   return gradsync::GpuRuntime();
 }
 
+// Abseil, as Debian builds it, checks every Mutex acquisition for lock-order
+// cycles: a global graph updated under a global lock on each Lock, which
+// the daemon's hot paths (and every thread's start-up) pay for, and an
+// abort when it suspects a cycle. Production runs without it; the tests
+// turn it on (.bazelrc: GRADSYNC_MUTEX_DEADLOCK_CHECK=1) so a lock-order
+// inversion still fails them.
+void ConfigureMutexDeadlockDetection() {
+  const char* check = std::getenv("GRADSYNC_MUTEX_DEADLOCK_CHECK");
+  const bool on = check != nullptr && std::strcmp(check, "1") == 0;
+  absl::SetMutexDeadlockDetectionMode(on ? absl::OnDeadlockCycle::kAbort
+                                         : absl::OnDeadlockCycle::kIgnore);
+}
+
 }  // namespace
 
 int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_factory) {
+  ConfigureMutexDeadlockDetection();  // before any Mutex is taken
   // This executable, started by a GlooWorkerBackend, is its Gloo worker.
   if (argc == 2 && std::strcmp(argv[1], kGlooWorkerFlag) == 0) return RunGlooWorker();
   absl::SetProgramUsageMessage(

@@ -47,6 +47,9 @@ fi
 
 if [ $status -eq 0 ] && [ -d tests/python ] && ls tests/python/test_*.py >/dev/null 2>&1; then
   echo "== python tests (/usr/bin/python3 -m pytest tests/python)"
+  # As .bazelrc does for bazel test: the daemons these tests start keep
+  # Abseil's lock-order check on.
+  export GRADSYNC_MUTEX_DEADLOCK_CHECK=1
   bazel build "${BAZEL_FLAGS[@]}" //client:libgradsync.so //daemon:gradsyncd || status=1
   if [ $status -eq 0 ]; then
     /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python || status=1
