@@ -21,6 +21,34 @@ esac
 
 scripts/setup || { echo "scripts/test.sh: setup failed"; exit 1; }
 
+# What the run leaves in /dev/shm is reported, never failed on: other
+# users' daemons and other runs at the same time have entries there too.
+# Counted: names that appeared during the run and are still there, and of
+# those, how many record a creator pid ("<prefix>.<pid>.…") that is gone:
+# leaked for good, unless a daemon of the same prefix sweeps them.
+SHM_BEFORE="$(mktemp)"
+shm_names() { ls -1 /dev/shm 2>/dev/null | LC_ALL=C sort; }
+shm_names >"$SHM_BEFORE"
+report_shm_leftovers() {
+  local name pid new=0 dead=0
+  local -A families=()
+  while IFS= read -r name; do
+    [ -n "$name" ] || continue
+    new=$((new + 1))
+    pid="${name#*.}"
+    pid="${pid%%.*}"
+    if [[ "$pid" =~ ^[0-9]+$ ]] && [ ! -e "/proc/$pid" ]; then
+      dead=$((dead + 1))
+      families[${name%%[0-9.]*}]=$((${families[${name%%[0-9.]*}]:-0} + 1))
+    fi
+  done < <(shm_names | LC_ALL=C comm -13 "$SHM_BEFORE" -)
+  rm -f "$SHM_BEFORE"
+  local by_prefix="" f
+  for f in "${!families[@]}"; do by_prefix+=" ${f:-?}=${families[$f]}"; done
+  echo "== /dev/shm left by this run (and others running meanwhile): new_entries=$new" \
+    "creator_gone=$dead${by_prefix:+ creator_gone_by_prefix:$by_prefix}"
+}
+
 BAZEL_FLAGS=(--color=no --curses=no)
 [ "${CI:-}" = "true" ] && BAZEL_FLAGS+=(--show_progress_rate_limit=30)
 # Builds in other output bases (thread-safety, sanitizers, fuzz) make no
@@ -58,6 +86,7 @@ fi
 
 # The rest is --all: each stage builds in an output base of its own.
 if [ $ALL -eq 0 ]; then
+  report_shm_leftovers
   [ $format_status -ne 0 ] && status=1
   [ $status -eq 0 ] && echo "== scripts/test.sh: passed (scripts/test.sh --all adds thread-safety, sanitizers, fuzzing)"
   [ $status -ne 0 ] && echo "== scripts/test.sh: FAILED"
@@ -145,6 +174,7 @@ if [ $status -eq 0 ]; then
   bazel --output_base="$FUZZ_BASE" shutdown >/dev/null 2>&1
 fi
 
+report_shm_leftovers
 [ $format_status -ne 0 ] && status=1
 if [ $status -eq 0 ]; then
   echo "== scripts/test.sh: all tests passed"

@@ -317,6 +317,7 @@ absl::StatusOr<SimOptions> SimOptions::FromEnv() {
     o.lose_device_at = raw;
   }
   if (const char* raw = std::getenv("GRADSYNC_SIM_STALL_AT"); raw != nullptr) o.stall_at = raw;
+  if (const char* raw = std::getenv("GRADSYNC_SIM_PREFIX"); raw != nullptr && *raw) o.prefix = raw;
   if (const char* raw = std::getenv("GRADSYNC_SIM_VISIBLE_DEVICES"); raw != nullptr && *raw) {
     for (absl::string_view part : absl::StrSplit(raw, ',')) {
       int v = 0;

@@ -24,6 +24,10 @@
 //   GRADSYNC_SIM_STALL_AT=OP           SimOptions::stall_at (tests of
 //                                      cancelling a communicator init, and
 //                                      of the scheduler's watchdog)
+//   GRADSYNC_SIM_PREFIX=NAME           SimOptions::prefix (default gssim):
+//                                      a test gives its processes one of
+//                                      their own and removes it at the end
+//                                      (tests/testing/sim_segment_prefix.h)
 // or pass SimOptions to Create.
 //
 // What a trainer's framework does (allocate, launch the backward kernel
@@ -97,7 +101,7 @@ struct SimOptions {
   std::vector<int> visible;  // this process's ordinal -> GPU index; empty: all
   absl::Duration min_op_delay = absl::ZeroDuration();
   absl::Duration max_op_delay = absl::Milliseconds(2);
-  std::string prefix = "gssim";  // segment names "<prefix>.<pid>.<n>"
+  std::string prefix = "gssim";  // segment names "<prefix>.<pid>.<tag>..."
   // The host NCCL would see; empty: $NCCL_HOSTID, else the hostname.
   std::string host;
   // A daemon device's first call of this kind fails with a sticky error

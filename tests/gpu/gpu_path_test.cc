@@ -18,6 +18,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/integration/harness.h"
+#include "tests/testing/shm_entries.h"
+#include "tests/testing/sim_segment_prefix.h"
 #include "tests/testing/wait.h"
 
 namespace gradsync::testing {
@@ -536,6 +538,35 @@ TEST(GpuPath, TrainerKilledMidDeviceBroadcastFailsItsPeersNamingIt) {
     EXPECT_NE(log.find(absl::StrCat("rank 1 (local 1, pid ", trainers[1].pid(), ")")),
               std::string::npos)
         << log;
+  }
+}
+
+// The processes this test binary spawns name their simulated device memory
+// and events with its own prefix (tests/testing/sim_segment_prefix.h), so
+// what a SIGKILLed daemon and its trainers leave is removed after the last
+// test, and nothing lands under the shared default "gssim".
+TEST(GpuPath, SegmentsOfASigkilledDaemonAndItsTrainersCarryThisTestBinarysPrefix) {
+  Daemon daemon(2, kDaemonArgs, SimEnv(2), "tests/gpu/gradsyncd_sim");
+  ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
+  std::vector<Process> trainers;
+  for (int r = 0; r < 2; ++r) {
+    trainers.push_back(StartSimTrainer(
+        daemon, r, 2, {"--mode=flat", "--steps=3", "--pause-at-step=1", "--pause-after-marks=1"}));
+  }
+  for (Process& p : trainers) {
+    ASSERT_TRUE(WaitForLog(p, "paused at step", seconds(60)) && WaitStopped(p, seconds(30)))
+        << p.Log() << daemon.process().Log();
+  }
+  const std::vector<pid_t> pids = {daemon.process().pid(), trainers[0].pid(), trainers[1].pid()};
+  daemon.process().Signal(SIGKILL);
+  for (Process& p : trainers) p.Signal(SIGKILL);
+  for (Process* p : {&daemon.process(), &trainers[0], &trainers[1]}) p->Wait(seconds(30));
+  for (size_t i = 1; i < pids.size(); ++i) {  // each trainer allocated its gradients
+    EXPECT_FALSE(ShmEntriesOfPrefix(absl::StrCat(SimSegmentPrefix(), ".", pids[i])).empty())
+        << "trainer pid " << pids[i];
+  }
+  for (pid_t pid : pids) {
+    EXPECT_TRUE(ShmEntriesOfPrefix(absl::StrCat("gssim.", pid)).empty()) << "pid " << pid;
   }
 }
 

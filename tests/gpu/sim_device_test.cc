@@ -163,6 +163,18 @@ TEST_F(SimDeviceTest, AMalformedEnvironmentIsAnErrorNamingTheVariable) {
   EXPECT_THAT(options.status().message(), HasSubstr("GRADSYNC_SIM_GPUS"));
 }
 
+TEST_F(SimDeviceTest, TheSegmentPrefixComesFromTheEnvironmentAndAPathInItIsRefused) {
+  setenv("GRADSYNC_SIM_PREFIX", "gssimenvtest", 1);
+  auto options = SimOptions::FromEnv();
+  setenv("GRADSYNC_SIM_PREFIX", "a/b", 1);
+  auto bad = SimOptions::FromEnv();
+  unsetenv("GRADSYNC_SIM_PREFIX");
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->prefix, "gssimenvtest");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("bad segment prefix 'a/b'"));
+}
+
 // ----------------------------------------------------------------- memory
 
 TEST_F(SimDeviceTest, AllocatedMemoryIsZeroedAndFoundFromAnyPointerInside) {

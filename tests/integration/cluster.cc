@@ -73,7 +73,15 @@ bool Cluster::StartNode(int n, const std::string& token_file) {
   if (n < static_cast<int>(options_.node_flags.size())) {
     args.insert(args.end(), options_.node_flags[n].begin(), options_.node_flags[n].end());
   }
-  daemons_[n].reset();  // a restarted node reuses the port and shm names
+  // A restarted node reuses the port and shm prefix, so the old daemon must
+  // be gone first. Its object lives on until the cluster's end: destroying
+  // it removes its prefix's segments, and what the new daemon's start-up
+  // sweep has to remove must still be there for it.
+  if (daemons_[n] != nullptr) {
+    if (daemons_[n]->process().Running()) daemons_[n]->Stop();
+    if (daemons_[n]->process().Running()) daemons_[n]->process().Kill().IgnoreError();
+    replaced_.push_back(std::move(daemons_[n]));
+  }
   daemons_[n] = std::make_unique<Daemon>(options_.local_size, args,
                                          n < static_cast<int>(options_.node_env.size())
                                              ? options_.node_env[n]

@@ -64,6 +64,7 @@ class Cluster {
   std::string token_file_;
   int port_ = 0;
   std::vector<std::unique_ptr<Daemon>> daemons_;
+  std::vector<std::unique_ptr<Daemon>> replaced_;  // stopped, by StartNode
 };
 
 // Starts the cluster's trainers with `args` (StartTrainers, files named

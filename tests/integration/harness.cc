@@ -13,9 +13,25 @@
 #include <fstream>
 #include <thread>
 
+#include "tests/testing/shm_entries.h"
 #include "tests/testing/wait.h"
 
 namespace gradsync::testing {
+
+namespace {
+
+// The daemon's --shm-prefix: the last one on its command line wins, as a
+// test may override the harness' own.
+std::string ShmPrefixOf(const std::vector<std::string>& argv) {
+  static const std::string kFlag = "--shm-prefix=";
+  std::string prefix;
+  for (const std::string& arg : argv) {
+    if (arg.rfind(kFlag, 0) == 0) prefix = arg.substr(kFlag.size());
+  }
+  return prefix;
+}
+
+}  // namespace
 
 Daemon::Daemon(int local_size, std::vector<std::string> args,
                const std::map<std::string, std::string>& env, const std::string& binary) {
@@ -25,6 +41,7 @@ Daemon::Daemon(int local_size, std::vector<std::string> args,
                                    "--shm-prefix=" + shm_prefix_,
                                    "--local-size=" + std::to_string(local_size)};
   argv.insert(argv.end(), args.begin(), args.end());
+  shm_prefix_ = ShmPrefixOf(argv);
   SpawnOptions options;
   options.env = env;
   process_ = Process::Spawn(argv, dir_.File("daemon.log"), options);
@@ -32,6 +49,10 @@ Daemon::Daemon(int local_size, std::vector<std::string> args,
 
 Daemon::~Daemon() {
   if (process_.Running()) Stop();
+  if (process_.Running()) process_.Kill().IgnoreError();  // SIGTERM did not end it
+  // A daemon the test SIGKILLed leaves its segments, and no later daemon
+  // sweeps this test's prefix: remove them, now that it cannot make more.
+  RemoveShmEntriesOfPrefix(shm_prefix_);
 }
 
 bool WaitForSocket(Process& process, const std::string& path, std::chrono::milliseconds timeout) {

@@ -23,10 +23,14 @@ class Daemon {
   explicit Daemon(int local_size, std::vector<std::string> args = {},
                   const std::map<std::string, std::string>& env = {},
                   const std::string& binary = "daemon/gradsyncd");
+  // Stops the daemon if it still runs (SIGTERM, then SIGKILL), then removes
+  // every /dev/shm entry of its shm prefix: what a daemon killed with
+  // SIGKILL left, which no later daemon would sweep.
   ~Daemon();
 
   const std::string& socket() const { return socket_; }
   const std::string& dir() const { return dir_.path(); }
+  // Its --shm-prefix (the harness' "gst<pid>x<n>" unless `args` set one).
   const std::string& shm_prefix() const { return shm_prefix_; }
   Process& process() { return process_; }
   const Process& process() const { return process_; }

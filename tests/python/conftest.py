@@ -8,6 +8,7 @@ daemon gets its own shared-memory prefix.
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import re
@@ -152,6 +153,23 @@ class Trainer:
             pytest.fail(f"trainer never printed {text!r}:\n{self.log()}")
 
 
+def shm_entries(prefix: str) -> List[str]:
+    """Names under /dev/shm of the form ``<prefix>.<anything>``: what
+    gradsyncd --shm-prefix=PREFIX created (the dot keeps prefix gspy1n1x
+    from matching another cluster's gspy1n1x2.)."""
+    return [n for n in os.listdir("/dev/shm") if n.startswith(prefix + ".")]
+
+
+def remove_shm_entries(prefix: str) -> None:
+    """Unlinks every shm_entries(prefix): a daemon killed with SIGKILL
+    cannot remove its segments, and no later daemon sweeps a test's prefix."""
+    for name in shm_entries(prefix):
+        try:
+            os.unlink(os.path.join("/dev/shm", name))
+        except FileNotFoundError:
+            pass
+
+
 def _trainer_child(argv: List[str], env: Dict[str, str], log_path: str) -> None:
     import trainer_worker
     trainer_worker.child(argv, env, log_path)
@@ -168,8 +186,10 @@ class Cluster:
         self.workdir = workdir
         self.name = f"d{Cluster._count}"
         self.socket = str(workdir / f"{self.name}.sock")
-        # The final "x": n1x is no prefix of n10x (leftover cleanup by prefix).
         self.shm_prefix = f"gspy{os.getpid()}n{Cluster._count}x"
+        for arg in daemon_args:  # the daemon's own: the last --shm-prefix wins there too
+            if arg.startswith("--shm-prefix="):
+                self.shm_prefix = arg.split("=", 1)[1]
         self.daemon = LocalDaemon(self.socket, local_size, ["--timeout-s=30", *daemon_args],
                                   shm_prefix=self.shm_prefix,
                                   log_path=str(workdir / f"{self.name}.log"))
@@ -219,14 +239,11 @@ class Cluster:
             t.kill()
 
     def close(self) -> None:
-        self.kill_trainers()
-        self.daemon.stop(timeout_s=10)
-        for name in os.listdir("/dev/shm"):  # a killed daemon cannot clean up
-            if name.startswith(self.shm_prefix):
-                try:
-                    os.unlink(os.path.join("/dev/shm", name))
-                except OSError:
-                    pass
+        try:
+            self.kill_trainers()
+            self.daemon.stop(timeout_s=10)
+        finally:
+            remove_shm_entries(self.shm_prefix)
 
 
 @pytest.fixture
@@ -240,8 +257,9 @@ def gradsyncd(workdir: Path):
         return c
 
     yield start
-    for c in clusters:
-        c.close()
+    with contextlib.ExitStack() as closing:  # every cluster closes, even after one raised
+        for c in clusters:
+            closing.callback(c.close)
 
 
 def run_standalone_trainers(script: Path, workdir: Path, env: Dict[str, str], count: int,

@@ -11,12 +11,15 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import List, Tuple
+from typing import Iterator, List, Tuple
 
 import pytest
 
-from conftest import PY_PACKAGE, REPO_ROOT, wait_until
+from conftest import PY_PACKAGE, REPO_ROOT, remove_shm_entries, wait_until
 from gradsync.daemon import socket_answers
+
+# The prefix of the daemons these launchers start.
+LAUNCHER_SHM_PREFIX = f"gspyrun{os.getpid()}"
 
 JOB = textwrap.dedent('''
     import json, os, signal, sys, time
@@ -52,6 +55,14 @@ JOB = textwrap.dedent('''
 ''')
 
 
+@pytest.fixture(autouse=True)
+def _no_launcher_segments_left() -> Iterator[None]:
+    """The launchers' daemons share this process's prefix; one whose launcher
+    was killed cannot remove its segments, and no later daemon sweeps it."""
+    yield
+    remove_shm_entries(LAUNCHER_SHM_PREFIX)
+
+
 def launch(workdir: Path, nproc: int, script_args: List[str], *extra: str,
            script: str = "") -> subprocess.Popen:
     if not script:
@@ -60,8 +71,7 @@ def launch(workdir: Path, nproc: int, script_args: List[str], *extra: str,
     env = dict(os.environ, PYTHONPATH=str(PY_PACKAGE))
     env.pop("GRADSYNC_SOCKET", None)
     cmd = [sys.executable, "-m", "gradsync.run", "--nproc", str(nproc),
-           "--socket", str(workdir / "run.sock"), "--daemon-arg=--shm-prefix=gspyrun"
-           + str(os.getpid()), f"--daemon-log={workdir / 'daemon.log'}", *extra, script,
+           "--socket", str(workdir / "run.sock"), f"--daemon-arg=--shm-prefix={LAUNCHER_SHM_PREFIX}", f"--daemon-log={workdir / 'daemon.log'}", *extra, script,
            *script_args]
     return subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
