@@ -562,9 +562,13 @@ void Daemon::Drain() {
   jobs_->StopAccepting();
   drain_ = std::thread([this] {
     // Let the iteration in flight complete (bounded by the timeout), so its
-    // trainers get their result; then stop.
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.timeout_ms);
+    // trainers get their result; then stop. Its own timeout counts from its
+    // last progress, which may come just before the drain: outlast it by a
+    // margin, so a stuck iteration ends with its TIMEOUT naming who held it
+    // up rather than with the drain's shutdown.
+    const int64_t margin_ms = std::min<int64_t>(config_.timeout_ms / 4, 1000);
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(config_.timeout_ms + margin_ms);
     std::shared_ptr<Job> job = jobs_->Current();
     // Trainers start the next iteration microseconds after one completes:
     // stop when the iteration in flight at drain time has completed.
