@@ -148,6 +148,10 @@ class Scheduler {
     // boundary, just before the previous iteration's completion entries are
     // posted. Empty: none.
     std::function<void(Trainer* fresh, uint64_t start_iteration, int catch_up_root)> on_rejoined;
+    // Elastic GPU jobs: an announced trainer whose GPU memory or events
+    // could not be opened at the boundary stays out (its predecessor's slot
+    // stays counted out); its Register gets `error`. Loop thread.
+    std::function<void(Trainer* fresh, const absl::Status& error)> on_rejoin_refused;
     // Checks, before the first collective under a new plan decision, that
     // every node decided the same (MISMATCH naming both otherwise); may
     // block on the other nodes. Empty on one node.
@@ -381,6 +385,12 @@ class Scheduler {
   // from `start_iteration` (Options::on_rejoined), so its broadcaster waits
   // for them in the catch-up gs_broadcast the members call once woken.
   void TellRejoined(uint64_t start_iteration);
+  // GPU path, at the same boundary before TellRejoined (no reduction in
+  // flight, no catch-up broadcast started, since the completion entries are
+  // not posted): the announced trainers' CUDA memory and events are opened
+  // in their predecessors' places (GpuReducer::ReplaceTrainer). One that
+  // fails is dropped and refused (Options::on_rejoin_refused).
+  void OpenRejoinedOnGpu();
   // After the completion entries: the announced trainers take their local
   // ranks' places (their marks, if any already, wait in their rings).
   void AdmitRejoins();

@@ -978,6 +978,154 @@ INSTANTIATE_TEST_SUITE_P(Sim, GpuTrainerDeathTest, ::testing::Values(0, kAllMark
                            return info.param == 0 ? "before_first_mark" : "after_last_mark";
                          });
 
+// A restarted GPU trainer rejoins its node (docs/DESIGN.md "Elastic jobs"):
+// 3 nodes x 2 trainers on 2 simulated GPUs each (fp64, --min-nodes 2,
+// every trainer --catch-up); rank 3 (node 1, local rank 1, alone on node
+// 1's second GPU) SIGKILLs itself in step 2 before its first mark while the
+// others are held at the start of step 2. Once node 1 counted it out, a
+// replacement with local rank 1 starts on node 1 and, once node 1's
+// scheduler holds its request, the others go on over ranks 0, 1, 2, 4, 5.
+// The next agreement announces it; at that boundary node 1 opens its CUDA
+// memory (flat: the dead trainer's daemon-owned buffer again; user: its own
+// allocations, the dead one's closed) and events in rank 3's place, and it
+// starts at m with rank 3, world size 6 and rank 0's state by gs_broadcast
+// of device memory, within 1e-12 of the reference up to m. Every step is
+// within 1e-12 of its members' average (0-1: all 6, 2 to m-1: the five, m
+// on: all 6 again) and all six end with the same weights bit for bit;
+// nobody re-forms or fails.
+// The trainers' flags for a rank 3 that dies in step 2 and comes back.
+std::vector<std::string> RejoinTrainerArgs(const std::string& mode) {
+  return {"--mode=" + mode,
+          "--dtype=fp64",
+          absl::StrCat("--steps=", kJoinSteps),
+          "--catch-up",
+          absl::StrCat("--members-from-step=", kElasticStep),
+          "--members=0,1,2,4,5",
+          "--members-after-join=0,1,2,3,4,5"};
+}
+
+// 3 simulated nodes x 2 trainers (`mode`): rank 3 SIGKILLs itself at the
+// start of step 2 while the others are held there; returns once node 1
+// counted it out and the others are stopped (`runs` without rank 3).
+void RunUntilRankThreeDiedAndTheOthersWait(const std::string& job, const std::string& mode,
+                                           std::vector<std::unique_ptr<Daemon>>* nodes,
+                                           std::vector<ElasticRun>* runs) {
+  ASSERT_NO_FATAL_FAILURE(
+      StartSimNodes({"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001", "--timeout-s=10",
+                     "--num-nodes=3", "--min-nodes=2", "--job-id=" + job},
+                    nodes));
+  for (int n = 0; n < kElasticNodes; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> args = RejoinTrainerArgs(mode);
+      if (n == 1 && r == 1) {
+        args.insert(args.end(),
+                    {absl::StrCat("--die-at-step=", kElasticStep), "--die-after-marks=0"});
+      } else {
+        args.insert(args.end(),
+                    {absl::StrCat("--pause-at-step=", kElasticStep), "--pause-after-marks=0"});
+      }
+      runs->push_back({n, StartSimTrainer(*(*nodes)[n], r, 2, args)});
+    }
+  }
+  Process victim = std::move((*runs)[3].process);
+  runs->erase(runs->begin() + 3);
+  const ExitStatus died = victim.Wait(seconds(60));
+  ASSERT_TRUE(!died.exited && died.code == SIGKILL) << died.ToString() << victim.Log();
+  const std::string departed =
+      absl::StrCat("event=trainer_departed iteration=", kElasticStep,
+                   " trainer=\"rank 3 (local 1, pid ", victim.pid(), ")\" marked=0/", kAllMarks);
+  ASSERT_TRUE(WaitForLog((*nodes)[1]->process(), departed, seconds(30)))
+      << departed << Logs(*nodes);
+  for (ElasticRun& run : *runs) {
+    ASSERT_TRUE(WaitStopped(run.process, seconds(30))) << run.process.Log() << Logs(*nodes);
+  }
+}
+
+class GpuTrainerRejoinTest : public ::testing::TestWithParam<std::string> {};  // --mode
+
+TEST_P(GpuTrainerRejoinTest, ARestartedTrainerRejoinsItsNodeCatchesUpAndTrainsOverAllAgain) {
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  std::vector<ElasticRun> runs;
+  ASSERT_NO_FATAL_FAILURE(
+      RunUntilRankThreeDiedAndTheOthersWait("gpurejoin" + GetParam(), GetParam(), &nodes, &runs));
+  const std::vector<std::string> train = RejoinTrainerArgs(GetParam());
+  runs.push_back({1, StartSimTrainer(*nodes[1], 1, 2, train)});
+  Process& fresh = runs.back().process;
+  ASSERT_TRUE(WaitForLog(nodes[1]->process(), "event=trainer_rejoin_pending", seconds(30)))
+      << fresh.Log() << Logs(nodes);
+  for (size_t i = 0; i + 1 < runs.size(); ++i) runs[i].process.Signal(SIGCONT);
+  const std::string joined = "joined the running job at iteration ";
+  ASSERT_TRUE(WaitForLog(fresh, joined, seconds(60))) << fresh.Log() << Logs(nodes);
+  const std::string log = fresh.Log();
+  const int m = std::atoi(log.c_str() + log.find(joined) + joined.size());
+  ASSERT_GT(m, kElasticStep);
+  ASSERT_LT(m, kJoinSteps) << "the others finished before the replacement rejoined";
+  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsEndAlike(runs, nodes, /*gone_node=*/-1));
+  EXPECT_NE(log.find(absl::StrCat(joined, m, ": state from rank 0, world size 6, rank 3\n")),
+            std::string::npos)
+      << log;
+  for (size_t i = 0; i + 1 < runs.size(); ++i) {
+    const std::string needle =
+        absl::StrCat("trainers joined after iteration ", m, ": state sent from rank 0\n");
+    EXPECT_NE(runs[i].process.Log().find(needle), std::string::npos)
+        << needle << " in " << runs[i].process.Log();
+  }
+  const std::string node1 = nodes[1]->process().Log();
+  for (const std::string& needle :
+       {absl::StrCat("event=gpu_trainer_replaced trainer=\"rank 3 (local 1, pid ", fresh.pid(),
+                     ")\""),
+        absl::StrCat("event=trainer_rejoined iteration=", m)}) {
+    EXPECT_NE(node1.find(needle), std::string::npos) << needle << Logs(nodes);
+  }
+  for (int n = 0; n < kElasticNodes; ++n) {
+    const std::string daemon = nodes[n]->process().Log();
+    for (const char* needle : {"event=job_reformed", "event=node_departed", "event=job_failed",
+                               "event=trainer_rejoin_refused"}) {
+      EXPECT_EQ(daemon.find(needle), std::string::npos)
+          << needle << " on node " << n << Logs(nodes);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sim, GpuTrainerRejoinTest, ::testing::Values("flat", "user"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+// A restarted trainer on another GPU than its predecessor's cannot take its
+// place (the job's NCCL ranks are per GPU): its gs_register fails at once
+// with INVALID_ARGUMENT naming it and both GPUs, and the job trains on
+// without it.
+TEST(GpuElasticJob, ARestartedTrainerOnAnotherGpuIsRefusedNamingBothAndTheJobTrainsOn) {
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  std::vector<ElasticRun> runs;
+  ASSERT_NO_FATAL_FAILURE(
+      RunUntilRankThreeDiedAndTheOthersWait("gpurejoinwronggpu", "flat", &nodes, &runs));
+  std::vector<std::string> args = RejoinTrainerArgs("flat");
+  args.push_back("--device=0");  // its predecessor trained on the node's second GPU
+  Process fresh = StartSimTrainer(*nodes[1], 1, 2, args);
+  const ExitStatus st = fresh.Wait(seconds(30));
+  const std::string log = fresh.Log();
+  ASSERT_TRUE(st.exited && st.code == 2) << st.ToString() << "\n" << log << Logs(nodes);
+  for (const std::string& needle :
+       {std::string("error code=1"), absl::StrCat("rank 3 (local 1, pid ", fresh.pid(), ")"),
+        std::string("registered CUDA tensors on GPU "),
+        std::string("but its local rank trained on GPU "),
+        std::string("rejoins on its predecessor's GPU")}) {
+    EXPECT_NE(log.find(needle), std::string::npos) << needle << " in " << log << Logs(nodes);
+  }
+  for (ElasticRun& run : runs) run.process.Signal(SIGCONT);
+  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsEndAlike(runs, nodes, /*gone_node=*/-1));
+  for (int n = 0; n < kElasticNodes; ++n) {
+    const std::string daemon = nodes[n]->process().Log();
+    for (const char* needle :
+         {"event=job_reformed", "event=job_failed", "event=trainer_rejoined"}) {
+      EXPECT_EQ(daemon.find(needle), std::string::npos)
+          << needle << " on node " << n << Logs(nodes);
+    }
+  }
+}
+
 // "After its last mark" counts a GPU trainer's gradients only if the work
 // it queued before its marks completed: rank 3 marks all 6 gradients of
 // step 2 with its stream held (its writes never run) and dies. Node 1 counts
