@@ -195,7 +195,7 @@ class Job {
   uint64_t id() const { return id_; }
 
   // Errors: STATE when the local rank is taken or the job is not accepting.
-  // A running elastic CPU job across nodes takes a trainer on the local
+  // A running elastic job across nodes takes a trainer on the local
   // rank of one that died (job_rejoin.cc): it keeps that rank and joins at
   // an iteration boundary.
   absl::StatusOr<uint64_t> Attach(int local_rank, int64_t pid) ABSL_LOCKS_EXCLUDED(mu_);

@@ -142,7 +142,7 @@ class Scheduler {
     // part of an iteration takes its node out of the job through this (the
     // other nodes redo the iteration without it). Empty: the job fails.
     FailFn leave_job;
-    // Elastic CPU jobs: a trainer that took back a dead trainer's local rank
+    // Elastic jobs: a trainer that took back a dead trainer's local rank
     // (RequestRejoin) is in from iteration `start_iteration` on; its
     // catch-up gs_broadcast comes from `catch_up_root`. Loop thread, at the
     // boundary, just before the previous iteration's completion entries are
@@ -250,7 +250,7 @@ class Scheduler {
   // its segment); one that died mid-backward takes its node out
   // (Options::leave_job). The loop decides at its next pass. Any thread.
   void RequestDeparture(int local_rank, const std::string& reason) ABSL_LOCKS_EXCLUDED(reform_mu_);
-  // Elastic CPU jobs: `fresh` (its segment created, its layout the job's)
+  // Elastic jobs: `fresh` (its segment created, its layout the job's)
   // takes back local rank fresh->local_rank, whose trainer died and counts
   // as joined. It is announced in the next per-iteration agreement that
   // finds that rank counted out, so every node flags that iteration's
