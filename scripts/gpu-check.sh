@@ -43,8 +43,11 @@
 #              step leaves its node in (5 trainers average on, nobody
 #              re-forms); then 2 "nodes" + a joiner (--max-nodes 3): node 2
 #              joins the running job, all re-create communicators (3 ranks)
-#              and its trainers catch up by gs_broadcast of a device buffer
-#              (5 tests, none timed on a GPU yet: 180 s is a guess)
+#              and its trainers catch up by gs_broadcast of a device buffer;
+#              a trainer SIGKILLed before its first mark and restarted takes
+#              back its local rank and catches up the same way (6 tests,
+#              none timed on a GPU yet: 36 s each, as the 180 s guessed for
+#              the first five, so 216 s, is a guess too)
 #   bench      gradsync vs torch DDP vs plain ncclAllReduce, 2 ranks each
 # Ends with one table (item, result, seconds); with $OUT set, writes
 # $OUT/gpu-check.log (everything printed) and $OUT/gpu-check.json.
@@ -77,7 +80,7 @@ ITEMS=(
   "torch                90 -     item_check      check/torch_job.sh,check/torch_equivalence.py,check/two_nodes.sh"
   "killed               40 -     item_gtest      bin/cuda_path_test,bin/cuda_trainer"
   "broadcast            45 -     item_gtest      bin/cuda_path_test,bin/cuda_trainer"
-  "elastic             180 -     item_gtest      bin/cuda_path_test,bin/cuda_trainer"
+  "elastic             216 -     item_gtest      bin/cuda_path_test,bin/cuda_trainer"
   "bench               120 -     item_check      check/bench.sh,check/bench.py,check/two_nodes.sh"
 )
 # The gtest filter of each item_gtest item.

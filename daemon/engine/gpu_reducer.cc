@@ -96,6 +96,23 @@ void GpuReducer::DeactivateTrainer(size_t t) {
   here.erase(std::remove(here.begin(), here.end(), t), here.end());
 }
 
+absl::Status GpuReducer::ReplaceTrainer(size_t t, const GpuTrainerSpec& spec,
+                                        const std::string& name) {
+  if (t >= active_.size() || active_[t]) {
+    return MakeError(v1::INTERNAL,
+                     absl::StrCat(name, ": local rank ", t, " is not a dead trainer's slot"));
+  }
+  if (absl::Status st = session_->ReplaceTrainer(t, spec, name, layout_); !st.ok()) {
+    device_error_ = st;
+    return st;
+  }
+  active_[t] = true;
+  // In session order, as at the start: every GPU sums its trainers alike.
+  std::vector<size_t>& here = trainers_on_device_[session_->device_index(t)];
+  here.insert(std::upper_bound(here.begin(), here.end(), t), t);
+  return absl::OkStatus();
+}
+
 void GpuReducer::Pieces(const PlannedBucket& bucket, const std::vector<ReduceSpan>& flat_spans,
                         std::vector<Piece>* out) const {
   out->clear();

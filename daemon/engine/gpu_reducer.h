@@ -33,7 +33,8 @@
 // iteration (the survivors' redo, after SetWorldSize) starts from its kept
 // sum, rescaled from the old world size's pre-scaling to the new one's.
 // A trainer that died is left out of every later reduction
-// (DeactivateTrainer); its node stays in the job.
+// (DeactivateTrainer); its node stays in the job. A restarted trainer takes
+// its slot back at an iteration boundary (ReplaceTrainer).
 #ifndef GRADSYNC_DAEMON_ENGINE_GPU_REDUCER_H_
 #define GRADSYNC_DAEMON_ENGINE_GPU_REDUCER_H_
 
@@ -103,6 +104,11 @@ class GpuReducer {
   // polled, its memory neither summed nor written back). A GPU left without
   // an active trainer adds zeros to the collective.
   void DeactivateTrainer(size_t t);
+  // Elastic jobs, on the scheduler thread at an iteration boundary (no
+  // reduction in flight): a restarted trainer takes back deactivated slot t
+  // (GpuSession::ReplaceTrainer) and is summed and written back from the
+  // next reduction on. On an error the slot stays deactivated.
+  absl::Status ReplaceTrainer(size_t t, const GpuTrainerSpec& spec, const std::string& name);
   // The iteration completed: no bucket is redone from its kept sum any more.
   void DropKeptSums() { std::fill(kept_world_.begin(), kept_world_.end(), 0); }
   // Buckets a redo would take from their kept sums now.

@@ -568,6 +568,91 @@ GpuSession::~GpuSession() {
   for (PerTrainer& p : trainers_) Release(p);
 }
 
+absl::Status GpuSession::CheckReplacement(size_t t, const GpuTrainerSpec& spec,
+                                          const std::string& name, size_t tensors) const {
+  if (t >= trainers_.size()) {
+    return MakeError(v1::INVALID_ARGUMENT,
+                     absl::StrCat(name, ": local rank ", t, " has no GPU place in the job"));
+  }
+  const PerTrainer& p = trainers_[t];
+  if (spec.device != p.device) {
+    return MakeError(v1::INVALID_ARGUMENT,
+                     absl::StrCat(name, " registered CUDA tensors on GPU ", spec.device,
+                                  ", but its local rank trained on GPU ", p.device,
+                                  " in the running job: a restarted trainer rejoins on its "
+                                  "predecessor's GPU (the job's NCCL ranks are per GPU)"));
+  }
+  if (spec.flat != flat_) {
+    return MakeError(
+        v1::INVALID_ARGUMENT,
+        absl::StrCat(name, " registered ", spec.flat ? "without" : "with",
+                     " cuda_ptr, but the running job's trainers registered ",
+                     flat_ ? "without" : "with", ": every trainer of a job uses the same mode"));
+  }
+  if (spec.allocation.size() != tensors) {
+    return MakeError(v1::INVALID_ARGUMENT, absl::StrCat(name, " sent ", spec.allocation.size(),
+                                                        " CUDA buffers for ", tensors, " tensors"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuSession::ReplaceTrainer(size_t t, const GpuTrainerSpec& spec,
+                                        const std::string& name, const Layout& layout) {
+  RETURN_IF_ERROR(CheckReplacement(t, spec, name, layout.size()));
+  PerTrainer& p = trainers_[t];
+  // The predecessor's handles: nothing polls or reads them any more.
+  uint8_t* const flat_base = p.flat_base;
+  for (gpu::Event*& e : p.events) {
+    if (e != nullptr) device_->CloseEvent(e);
+  }
+  p.events.clear();
+  // A mapping of a dead process's memory may fail to close: no fault of
+  // the fresh trainer's, so it is logged (as any release) and the
+  // replacement goes on, unless the device itself is lost.
+  for (void* base : p.opened) {
+    if (absl::Status st = device_->CloseMemory(p.device, base); !st.ok()) {
+      spdlog::error("event=gpu_release_failed what=close_memory trainer={} error={}",
+                    LogValue(p.name), LogValue(st.message()));
+      ExitIfDeviceLost(is_context_lost_, st, "closing a dead trainer's allocation");
+    }
+  }
+  p.opened.clear();
+  p.name = name;
+  if (flat_ && flat_base == nullptr) {
+    return MakeError(v1::INTERNAL,
+                     absl::StrCat(name, "'s local rank has no flat buffer any more (released)"));
+  }
+  absl::Status opened = OpenReplacement(p, spec, layout);
+  if (!opened.ok()) {
+    // Refused: the trainer may free its memory once told, so nothing of
+    // it stays mapped here (the flat buffer is the daemon's).
+    for (gpu::Event*& e : p.events) {
+      if (e != nullptr) device_->CloseEvent(e);
+    }
+    p.events.clear();
+    for (void* base : p.opened) device_->CloseMemory(p.device, base).IgnoreError();
+    p.opened.clear();
+    if (!flat_) std::fill(p.tensors.begin(), p.tensors.end(), nullptr);
+    return opened;
+  }
+  spdlog::info("event=gpu_trainer_replaced trainer={} device={} mode={} events_opened={}",
+               LogValue(name), LogValue(p.device), flat_ ? "flat_buffer" : "user_pointer",
+               p.events.size());
+  return absl::OkStatus();
+}
+
+absl::Status GpuSession::OpenReplacement(PerTrainer& p, const GpuTrainerSpec& spec,
+                                         const Layout& layout) {
+  if (!flat_) {
+    std::fill(p.tensors.begin(), p.tensors.end(), nullptr);
+    RETURN_IF_ERROR(OpenAllocations(p, spec));
+    RETURN_IF_ERROR(PlaceUserTensors(p, spec, layout));
+  }
+  RETURN_IF_ERROR(OpenEvents(p, spec));
+  p.slot_of_tensor.assign(layout.size(), 0);
+  return absl::OkStatus();
+}
+
 void GpuSession::ReleaseTrainer(size_t t) {
   if (t < trainers_.size()) Release(trainers_[t]);
 }

@@ -189,6 +189,24 @@ class GpuSession {
   // nothing queries those events or touches that memory again). Idempotent.
   void ReleaseTrainer(size_t t);
 
+  // A restarted trainer takes back local rank t of an elastic job, whose
+  // dead predecessor was counted out of every reduction (GpuReducer::
+  // DeactivateTrainer) and whose handles were kept open. Call only from the
+  // scheduler thread at an iteration boundary (no reduction in flight, the
+  // catch-up broadcast not started): the predecessor's events and mapped
+  // allocations are closed and the fresh trainer's opened on the same GPU;
+  // a flat buffer stays (the daemon owns it; the dead process's mapping
+  // went with it), so the fresh trainer maps the same handle. On an error
+  // the slot holds nothing of either and must stay deactivated.
+  absl::Status ReplaceTrainer(size_t t, const GpuTrainerSpec& spec, const std::string& name,
+                              const Layout& layout);
+  // What a restarted trainer must register to take back local rank t
+  // (checked at its Register, before it waits for a boundary): the same
+  // GPU and mode as its predecessor, one buffer per tensor. INVALID_ARGUMENT
+  // naming `name` otherwise. Reads only what never changes after Open.
+  absl::Status CheckReplacement(size_t t, const GpuTrainerSpec& spec, const std::string& name,
+                                size_t tensors) const;
+
   // gs_broadcast of device buffers (daemon/engine/broadcaster.h): two
   // slots of `slot_bytes` on every GPU of the node, allocated at the first
   // device broadcast and exported for the trainers on that GPU to map;
@@ -251,6 +269,8 @@ class GpuSession {
   absl::Status OpenAllocations(PerTrainer& p, const GpuTrainerSpec& spec);
   absl::Status PlaceUserTensors(PerTrainer& p, const GpuTrainerSpec& spec, const Layout& layout);
   absl::Status OpenEvents(PerTrainer& p, const GpuTrainerSpec& spec);
+  // ReplaceTrainer's opening of the fresh trainer's memory and events.
+  absl::Status OpenReplacement(PerTrainer& p, const GpuTrainerSpec& spec, const Layout& layout);
   absl::Status CreateStreams();
   absl::Status AllocNonFiniteMemory();
   absl::StatusOr<gpu::CollectiveOptions> CollectiveOptionsFor(const WorldInput& world) const;

@@ -92,10 +92,6 @@ absl::StatusOr<uint64_t> Job::Attach(int local_rank, int64_t pid) {
                      absl::StrCat("a job is ", StateName(state_),
                                   " on this daemon; new trainers can attach once its trainers "
                                   "have all closed",
-                                  state_ == JobState::kRunning && gpu_session_ && reforms()
-                                      ? " (a restarted trainer rejoins a running elastic job "
-                                        "with CPU gradients only, not with CUDA gradients)"
-                                      : "",
                                   state_ == JobState::kFailed
                                       ? absl::StrCat(" (it failed: ", error_.message(), ")")
                                       : ""));
@@ -174,7 +170,7 @@ absl::StatusOr<RegisterResult> Job::RegisterAndWait(uint64_t session, Layout lay
     if (state_ == JobState::kFailed) return PeerError(*t);
     if (t->registered) return MakeError(v1::STATE, "this trainer already registered its layout");
     if (t->rejoining) {
-      return RegisterRejoiningLocked(*t, std::move(layout), cuda.has_value(), deadline);
+      return RegisterRejoiningLocked(*t, std::move(layout), std::move(cuda), deadline);
     }
     // Refused before counting: the trainer learns at once, the job is unharmed.
     RETURN_IF_ERROR(CheckDeviceKind(layout));
@@ -448,6 +444,9 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
     };
     opts.on_rejoined = [this](Trainer* fresh, uint64_t start, int root) {
       OnTrainerRejoined(fresh, start, root);
+    };
+    opts.on_rejoin_refused = [this](Trainer* fresh, const absl::Status& error) {
+      OnTrainerRejoinRefused(fresh, error);
     };
   }
   opts.start_iteration = world_.start_iteration;
@@ -866,6 +865,13 @@ bool Job::RemoveTrainer(uint64_t session, bool graceful, const std::string& reas
     // Not in the job yet: nothing to fail. Should the scheduler have just
     // taken it in, this counts it out again (it marked nothing).
     scheduler_->RequestDeparture(t->local_rank, reason);
+    if (gpu_session_) {
+      // As a dead trainer's: any GPU handles the scheduler opened for it at
+      // the boundary stay until the job ends or the next restart replaces
+      // them; releasing them now would halt the scheduler.
+      --departures_in_flight_;
+      *local_rank = -1;
+    }
   } else if (!graceful && ShrinksOnTrainerDeathLocked(*t)) {
     // Its node stays in the elastic job (scheduler_departure.cc).
     scheduler_->RequestDeparture(t->local_rank, reason);

@@ -195,7 +195,7 @@ class Job {
   uint64_t id() const { return id_; }
 
   // Errors: STATE when the local rank is taken or the job is not accepting.
-  // A running elastic CPU job across nodes takes a trainer on the local
+  // A running elastic job across nodes takes a trainer on the local
   // rank of one that died (job_rejoin.cc): it keeps that rank and joins at
   // an iteration boundary.
   absl::StatusOr<uint64_t> Attach(int local_rank, int64_t pid) ABSL_LOCKS_EXCLUDED(mu_);
@@ -305,8 +305,9 @@ class Job {
   // "K of N local trainers registered; missing local ranks ...", or "" when
   // every local trainer registered.
   std::string MissingLocalRanksLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // A running elastic CPU job across nodes, which counts a dead trainer out
-  // and can take one on its local rank again (job_rejoin.cc).
+  // A running elastic job across nodes (CPU or GPU gradients), which counts
+  // a dead trainer out and can take one on its local rank again
+  // (job_rejoin.cc).
   bool TakesRejoinsLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Attach of a trainer taking back the free `local_rank` of a running job.
   absl::StatusOr<uint64_t> AttachRejoiningLocked(int local_rank, int64_t pid)
@@ -314,9 +315,18 @@ class Job {
   // Its Register: the layout must be the job's; its segment is created and
   // the scheduler admits it at an iteration boundary (OnTrainerRejoined),
   // up to `deadline`.
-  absl::StatusOr<RegisterResult> RegisterRejoiningLocked(Trainer& t, Layout layout, bool cuda,
+  absl::StatusOr<RegisterResult> RegisterRejoiningLocked(Trainer& t, Layout layout,
+                                                         std::optional<GpuTrainerSpec> cuda,
                                                          absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Its CUDA registration must fit its local rank's GPU place (GPU jobs),
+  // and CPU gradients need a CPU job.
+  absl::Status CheckRejoiningDeviceLocked(const Trainer& t, const Layout& layout,
+                                          const std::optional<GpuTrainerSpec>& cuda) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Scheduler thread: `fresh` could not be taken in (its GPU memory or
+  // events did not open); its Register returns `error`.
+  void OnTrainerRejoinRefused(Trainer* fresh, const absl::Status& error) ABSL_LOCKS_EXCLUDED(mu_);
   // Scheduler thread: `fresh` is in the job from `start_iteration` on.
   void OnTrainerRejoined(Trainer* fresh, uint64_t start_iteration, int catch_up_root)
       ABSL_LOCKS_EXCLUDED(mu_);

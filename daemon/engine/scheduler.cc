@@ -1320,6 +1320,7 @@ void Scheduler::FinishIteration() {
                          (grow ? ipc::kCompletionNodesJoined : 0) |
                          (rejoin ? ipc::kCompletionTrainersJoined : 0);
   members_changed_ = false;
+  if (rejoin) OpenRejoinedOnGpu();
   if (rejoin) TellRejoined(it + 1);
   const absl::Status st =
       PostToAll(ipc::CompletionKind::kIterationDone, it, &culprit, flags,

@@ -142,12 +142,16 @@ class Scheduler {
     // part of an iteration takes its node out of the job through this (the
     // other nodes redo the iteration without it). Empty: the job fails.
     FailFn leave_job;
-    // Elastic CPU jobs: a trainer that took back a dead trainer's local rank
+    // Elastic jobs: a trainer that took back a dead trainer's local rank
     // (RequestRejoin) is in from iteration `start_iteration` on; its
     // catch-up gs_broadcast comes from `catch_up_root`. Loop thread, at the
     // boundary, just before the previous iteration's completion entries are
     // posted. Empty: none.
     std::function<void(Trainer* fresh, uint64_t start_iteration, int catch_up_root)> on_rejoined;
+    // Elastic GPU jobs: an announced trainer whose GPU memory or events
+    // could not be opened at the boundary stays out (its predecessor's slot
+    // stays counted out); its Register gets `error`. Loop thread.
+    std::function<void(Trainer* fresh, const absl::Status& error)> on_rejoin_refused;
     // Checks, before the first collective under a new plan decision, that
     // every node decided the same (MISMATCH naming both otherwise); may
     // block on the other nodes. Empty on one node.
@@ -246,7 +250,7 @@ class Scheduler {
   // its segment); one that died mid-backward takes its node out
   // (Options::leave_job). The loop decides at its next pass. Any thread.
   void RequestDeparture(int local_rank, const std::string& reason) ABSL_LOCKS_EXCLUDED(reform_mu_);
-  // Elastic CPU jobs: `fresh` (its segment created, its layout the job's)
+  // Elastic jobs: `fresh` (its segment created, its layout the job's)
   // takes back local rank fresh->local_rank, whose trainer died and counts
   // as joined. It is announced in the next per-iteration agreement that
   // finds that rank counted out, so every node flags that iteration's
@@ -381,6 +385,12 @@ class Scheduler {
   // from `start_iteration` (Options::on_rejoined), so its broadcaster waits
   // for them in the catch-up gs_broadcast the members call once woken.
   void TellRejoined(uint64_t start_iteration);
+  // GPU path, at the same boundary before TellRejoined (no reduction in
+  // flight, no catch-up broadcast started, since the completion entries are
+  // not posted): the announced trainers' CUDA memory and events are opened
+  // in their predecessors' places (GpuReducer::ReplaceTrainer). One that
+  // fails is dropped and refused (Options::on_rejoin_refused).
+  void OpenRejoinedOnGpu();
   // After the completion entries: the announced trainers take their local
   // ranks' places (their marks, if any already, wait in their rings).
   void AdmitRejoins();

@@ -1,5 +1,5 @@
-// Scheduler: a trainer restarted on a node that stayed in an elastic CPU
-// job takes back its dead predecessor's local rank (docs/DESIGN.md,
+// Scheduler: a trainer restarted on a node that stayed in an elastic job
+// (CPU or GPU gradients) takes back its dead predecessor's local rank (docs/DESIGN.md,
 // "Elastic jobs"). Only its node knows, so it is announced through the
 // per-iteration agreement (a slot every node sums): the iteration whose
 // agreement carries it ends, on every node, with kCompletionTrainersJoined
@@ -7,6 +7,7 @@
 // trainer active, so every node's divisor grows alike.
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "common/log_value.h"
 #include "daemon/engine/scheduler.h"
 #include "spdlog/spdlog.h"
@@ -80,6 +81,31 @@ void Scheduler::ReadJoinSlots(const double* counts, bool exchanged) {
     const int root = static_cast<int>(counts[root_slot + n]) - 1;
     if (root >= 0 && (catch_up_root_ < 0 || root < catch_up_root_)) catch_up_root_ = root;
   }
+}
+
+void Scheduler::OpenRejoinedOnGpu() {
+  if (options_.gpu == nullptr) return;
+  std::vector<Trainer*> opened;
+  for (Trainer* fresh : rejoins_announced_) {
+    absl::Status st = fresh->cuda
+                          ? options_.gpu->ReplaceTrainer(static_cast<size_t>(fresh->local_rank),
+                                                         *fresh->cuda, fresh->Name())
+                          : absl::InvalidArgumentError(
+                                absl::StrCat(fresh->Name(),
+                                             " registered no CUDA tensors to rejoin a job of CUDA "
+                                             "gradients"));
+    if (st.ok()) {
+      opened.push_back(fresh);
+      continue;
+    }
+    // (A device error that poisoned the context ended the process inside.)
+    spdlog::error("event=trainer_rejoin_refused iteration={} trainer={} error={}", iteration(),
+                  LogValue(fresh->Name()), LogValue(st.message()));
+    rejoins_pending_.erase(std::remove(rejoins_pending_.begin(), rejoins_pending_.end(), fresh),
+                           rejoins_pending_.end());
+    if (options_.on_rejoin_refused) options_.on_rejoin_refused(fresh, st);
+  }
+  rejoins_announced_.swap(opened);
 }
 
 void Scheduler::TellRejoined(uint64_t start_iteration) {

@@ -40,13 +40,15 @@ struct Trainer {
   bool registered = false;
   std::chrono::steady_clock::time_point attached_at;
   ipc::TrainerSegment segment;
-  // Elastic CPU jobs: attached while the job ran, taking back the local
+  // Elastic jobs: attached while the job ran, taking back the local
   // rank (and rank) of a trainer that died (Job::AttachRejoiningLocked).
   // Job-locked even while the job runs: the scheduler sets `admitted`
   // through Job::OnTrainerRejoined, with the iteration it starts at and the
   // rank its catch-up gs_broadcast comes from.
   bool rejoining = false;
   bool admitted = false;
+  // GPU jobs: why the scheduler could not take it in (OK: not refused).
+  absl::Status rejoin_refusal;
   uint64_t start_iteration = 0;
   int catch_up_root = 0;
 

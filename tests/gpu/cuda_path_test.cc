@@ -13,8 +13,9 @@
 // few minutes of borrowed GPU time. Last, an elastic job of three such
 // nodes: one SIGKILLed while the others wait inside a collective for it;
 // the survivors abort their communicators, create new ones and redo the
-// step; a trainer's death taking its node out; and a node joining the
-// running job of two, catching up by gs_broadcast of device memory.
+// step; a trainer's death taking its node out; a node joining the running
+// job of two, catching up by gs_broadcast of device memory; and a restarted
+// trainer taking back its local rank and catching up the same way.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -676,6 +677,103 @@ TEST(CudaElasticTest, ATrainerDeadBeforeItsFirstMarkLeavesItsNodeIn) {
 TEST(CudaElasticTest, ATrainerDeadAfterItsLastMarkLeavesItsNodeIn) {
   GS_SKIP_UNLESS_GPU();
   RunUntilATrainerDiesAndExpectItsNodeStays("elasticafter", 5);
+}
+
+// A restarted trainer rejoins its node of an elastic GPU job (the twin of
+// gpu_path_test's GpuTrainerRejoinTest, flat buffers): rank 3 (node 1,
+// local rank 1) SIGKILLs itself at the start of step 2 before any mark,
+// the others held there until node 1 counted it out; a replacement with
+// LOCAL_RANK 1 (--catch-up) starts on node 1 and, once node 1's scheduler
+// holds its request, the others go on over ranks 0, 1, 2, 4, 5. At the
+// boundary after the agreement that announced it node 1 opens its readiness
+// events (its predecessor's daemon-owned flat buffer again, the dead one's
+// events closed) between iterations, and it starts at m with rank 3 and rank
+// 0's state by gs_broadcast of a device buffer; every step is the average
+// over its members (all 6, then the five from step 2, all 6 from m) and all
+// six end with the same weights. Nobody re-forms or fails.
+TEST(CudaElasticTest, ARestartedTrainerRejoinsItsNodeAndCatchesUpFromDeviceMemory) {
+  GS_SKIP_UNLESS_GPU();
+  constexpr int kSteps = 6;
+  ScratchDir secrets;
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  ASSERT_NO_FATAL_FAILURE(StartElasticNodes("elasticrejoin", secrets, &nodes));
+  const std::vector<std::string> flags = {
+      absl::StrCat("--steps=", kSteps), "--catch-up",
+      absl::StrCat("--members-from=", kElasticStep, ":0,1,2,4,5"),
+      "--members-after-join=0,1,2,3,4,5"};
+  std::vector<std::string> held = flags;
+  held.push_back(absl::StrCat("--pause-at=", kElasticStep, ":0"));
+  auto spawn = [&nodes](int n, int r, const std::vector<std::string>& mine, const char* name) {
+    std::vector<std::string> args = {Runfile("tests/gpu/cuda_trainer"),
+                                     "--socket=" + nodes[n]->socket()};
+    args.insert(args.end(), mine.begin(), mine.end());
+    SpawnOptions options;
+    options.env = {{"LOCAL_RANK", std::to_string(r)}};
+    return Process::Spawn(args, absl::StrCat(nodes[n]->dir(), "/", name, r, ".log"), options);
+  };
+  std::vector<Process> others;
+  Process victim;
+  for (int n = 0; n < kElasticNodes; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      if (n == 1 && r == 1) {
+        std::vector<std::string> dies = flags;
+        dies.insert(dies.end(),
+                    {absl::StrCat("--die-at-step=", kElasticStep), "--die-after-marks=0"});
+        victim = spawn(n, r, dies, "trainer");
+      } else {
+        others.push_back(spawn(n, r, held, "trainer"));
+      }
+    }
+  }
+  const ExitStatus died = victim.Wait(seconds(90));
+  ASSERT_TRUE(!died.exited && died.code == SIGKILL) << died.ToString() << victim.Log();
+  const std::string departed =
+      absl::StrCat("event=trainer_departed iteration=", kElasticStep,
+                   " trainer=\"rank 3 (local 1, pid ", victim.pid(), ")\" marked=0/5");
+  ASSERT_TRUE(WaitForLog(nodes[1]->process(), departed, seconds(30)))
+      << departed << ElasticLogs(nodes);
+  for (Process& p : others) {
+    ASSERT_TRUE(WaitStopped(p, seconds(30))) << p.Log() << ElasticLogs(nodes);
+  }
+  others.push_back(spawn(1, 1, flags, "restarted"));
+  Process& fresh = others.back();
+  ASSERT_TRUE(WaitForLog(nodes[1]->process(), "event=trainer_rejoin_pending", seconds(60)))
+      << fresh.Log() << ElasticLogs(nodes);
+  for (size_t i = 0; i + 1 < others.size(); ++i) others[i].Signal(SIGCONT);
+  const std::string joined = "rank 3 joined the running job at iteration ";
+  ASSERT_TRUE(WaitForLog(fresh, joined, seconds(60))) << fresh.Log() << ElasticLogs(nodes);
+  const std::string log = fresh.Log();
+  const int m = std::atoi(log.c_str() + log.find(joined) + joined.size());
+  ASSERT_GT(m, kElasticStep);
+  ASSERT_LT(m, kSteps) << "the others finished before the replacement rejoined";
+  std::string weights;
+  for (size_t i = 0; i < others.size(); ++i) {
+    Process& p = others[i];
+    const ExitStatus st = p.Wait(seconds(60));
+    const std::string out = p.Log();
+    ASSERT_TRUE(st.exited && st.code == 0) << st.ToString() << "\n" << out << ElasticLogs(nodes);
+    const size_t at = out.find("weights ");
+    ASSERT_NE(at, std::string::npos) << out;
+    const std::string mine = out.substr(at, out.find('\n', at) - at);
+    if (weights.empty()) weights = mine;
+    EXPECT_EQ(mine, weights) << "trainer " << i << " ended with other weights";
+    const std::string needle =
+        i + 1 < others.size()
+            ? absl::StrCat("trainers joined after iteration ", m, ": state sent from rank 0")
+            : absl::StrCat(joined, m, ": state from rank 0, world size 6");
+    EXPECT_NE(out.find(needle), std::string::npos) << needle << " in " << out;
+  }
+  EXPECT_NE(nodes[1]->process().Log().find(absl::StrCat("event=trainer_rejoined iteration=", m)),
+            std::string::npos)
+      << ElasticLogs(nodes);
+  for (int n = 0; n < kElasticNodes; ++n) {
+    const std::string daemon = nodes[n]->process().Log();
+    for (const char* needle : {"event=job_reformed", "event=node_departed", "event=job_failed",
+                               "event=trainer_rejoin_refused"}) {
+      EXPECT_EQ(daemon.find(needle), std::string::npos)
+          << needle << " on node " << n << ElasticLogs(nodes);
+    }
+  }
 }
 
 }  // namespace

@@ -32,13 +32,14 @@
 // killed meanwhile). --members-from: from step S on, each result is the
 // average over ranks R,... only (the survivors of an elastic job), and
 // gs_get_job_info's world size must say so.
-// --catch-up: nodes joining the running job. Every trainer keeps fp64
-// weights (SGD on the results); a joiner's trainer (gs_job_info's
-// joined_running_job) starts at the job's iteration m after receiving rank
-// 0's state ([iteration][weights], by gs_broadcast of a device buffer),
+// --catch-up: nodes joining the running job, or a restarted trainer taking
+// back its local rank. Every trainer keeps fp64 weights (SGD on the
+// results); a joiner's trainer (gs_job_info's joined_running_job) starts at
+// the job's iteration m after receiving the state of gs_job_info's
+// catch_up_root ([iteration][weights], by gs_broadcast of a device buffer),
 // which must be at m and within the tolerance of its own reference up to
-// m; the others send it after the step whose gs_wait made nodes_joined
-// grow (step m-1). Steps before m average over --members-before-join, from
+// m; the others send it after the step whose gs_wait made nodes_joined or
+// trainers_joined grow (step m-1). Steps before m average over --members-before-join, from
 // m on over --members-after-join. Every trainer prints its weights' hash.
 //
 // Exit codes as sim_trainer: 0 matched; 1 a result differed; 2 a call
@@ -138,9 +139,9 @@ std::vector<int> ParseRanks(const std::string& v) {
 }
 
 // --catch-up: the job's state, [iteration][every weight] (fp64), copied to
-// a device buffer on `stream` and made rank 0's by gs_broadcast;
-// *iteration and *weights become rank 0's. Returns 0, or the exit code.
-int BroadcastState(gs_client* c, cudaStream_t stream, uint64_t* iteration,
+// a device buffer on `stream` and made rank `root`'s by gs_broadcast;
+// *iteration and *weights become its. Returns 0, or the exit code.
+int BroadcastState(gs_client* c, cudaStream_t stream, int root, uint64_t* iteration,
                    std::vector<std::vector<double>>* weights) {
   std::vector<double> state(1);
   std::memcpy(state.data(), iteration, sizeof(*iteration));
@@ -153,7 +154,7 @@ int BroadcastState(gs_client* c, cudaStream_t stream, uint64_t* iteration,
       e != cudaSuccess) {
     return CudaFail(e, "cudaMemcpyAsync");
   }
-  if (gs_status st = gs_broadcast(c, buf, bytes, /*root_rank=*/0, -1); st != GS_OK) {
+  if (gs_status st = gs_broadcast(c, buf, bytes, root, -1); st != GS_OK) {
     return Fail(c, st, "gs_broadcast of the job's state");
   }
   if (cudaError_t e = cudaMemcpy(state.data(), buf, bytes, cudaMemcpyDeviceToHost);
@@ -358,6 +359,7 @@ int main(int argc, char** argv) {
   if (gs_status st = gs_get_job_info(c, &joined); st != GS_OK)
     return Fail(c, st, "gs_get_job_info");
   uint64_t nodes_joined = joined.nodes_joined;
+  uint64_t trainers_joined = joined.trainers_joined;
   if (catch_up && joined.joined_running_job) {
     join_at = static_cast<int>(joined.iteration);
     for (int step = 0; step < join_at; ++step) {
@@ -369,10 +371,11 @@ int main(int argc, char** argv) {
       }
     }
     uint64_t iteration = joined.iteration;
-    if (int rc = BroadcastState(c, stream, &iteration, &weights); rc != 0) return rc;
+    const int root = joined.catch_up_root;
+    if (int rc = BroadcastState(c, stream, root, &iteration, &weights); rc != 0) return rc;
     if (iteration != joined.iteration) {
-      std::printf("CATCH-UP MISMATCH rank %d: rank 0 is at iteration %llu, this trainer at %d\n",
-                  rank, static_cast<unsigned long long>(iteration), join_at);
+      std::printf("CATCH-UP MISMATCH rank %d: rank %d is at iteration %llu, this trainer at %d\n",
+                  rank, root, static_cast<unsigned long long>(iteration), join_at);
       std::fflush(stdout);
       return 1;
     }
@@ -387,8 +390,8 @@ int main(int argc, char** argv) {
       }
     }
     std::printf(
-        "rank %d joined the running job at iteration %d: state from rank 0, world size %d\n", rank,
-        join_at, joined.world_size);
+        "rank %d joined the running job at iteration %d: state from rank %d, world size %d\n", rank,
+        join_at, root, joined.world_size);
     std::fflush(stdout);
   }
   for (int step = std::max(join_at, 0); step < steps; ++step) {
@@ -487,14 +490,20 @@ int main(int argc, char** argv) {
         reference[i][j] -= 0.1 * expected;
       }
     }
-    if (catch_up && info.nodes_joined != nodes_joined) {
-      // Nodes join at the next iteration: their trainers get this state.
+    const bool nodes_came = info.nodes_joined != nodes_joined;
+    if (catch_up && (nodes_came || info.trainers_joined != trainers_joined)) {
+      // Nodes or restarted trainers join at the next iteration: they get
+      // this state.
       nodes_joined = info.nodes_joined;
+      trainers_joined = info.trainers_joined;
       join_at = step + 1;
       uint64_t iteration = info.iteration;
-      if (int rc = BroadcastState(c, stream, &iteration, &weights); rc != 0) return rc;
-      std::printf("rank %d: nodes joined after iteration %llu: state sent from rank 0\n", rank,
-                  static_cast<unsigned long long>(iteration));
+      if (int rc = BroadcastState(c, stream, info.catch_up_root, &iteration, &weights); rc != 0) {
+        return rc;
+      }
+      std::printf("rank %d: %s joined after iteration %llu: state sent from rank %d\n", rank,
+                  nodes_came ? "nodes" : "trainers", static_cast<unsigned long long>(iteration),
+                  info.catch_up_root);
       std::fflush(stdout);
     }
   }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "tests/integration/harness.h"
 #include "tests/testing/shm_entries.h"
 #include "tests/testing/sim_segment_prefix.h"
@@ -1008,6 +1009,174 @@ INSTANTIATE_TEST_SUITE_P(Sim, GpuTrainerDeathTest, ::testing::Values(0, kAllMark
                          [](const ::testing::TestParamInfo<int>& info) {
                            return info.param == 0 ? "before_first_mark" : "after_last_mark";
                          });
+
+// A restarted GPU trainer rejoins its node (docs/DESIGN.md "Elastic jobs"):
+// 3 nodes x 2 trainers on 2 simulated GPUs each (fp64, --min-nodes 2,
+// every trainer --catch-up); the victim SIGKILLs itself in step 2, before
+// its first mark or after its last (its stream drained), while the others
+// are held at the start of step 2. Once its node counted it out, a
+// replacement with its local rank starts there and, once that node's
+// scheduler holds its request, the others go on over the five. The first
+// agreement that finds the local rank counted out announces it; at the
+// boundary after that iteration its node opens its CUDA memory (flat: the
+// dead trainer's daemon-owned buffer again; user: its own allocations, the
+// dead one's closed) and events in the victim's place, and it starts at m
+// with the victim's rank, world size 6 and the catch-up root's state (the
+// lowest rank alive, 1 when rank 0 died) by gs_broadcast of device memory,
+// within 1e-12 of the reference up to m. Every step is within 1e-12 of its
+// members' average (all 6; the five from the first step without the
+// victim; all 6 again from m) and all six end with the same weights bit
+// for bit; nobody re-forms or fails.
+struct RejoinCase {
+  std::string name;
+  std::string mode;  // sim_trainer --mode
+  int victim;        // its rank: node victim / 2, local rank victim % 2
+  int marks;         // its marks of step 2 before it dies: 0 or kAllMarks
+};
+
+void PrintTo(const RejoinCase& c, std::ostream* os) { *os << c.name; }
+
+// The trainers' flags: the victim is out from step 2 (dead before its
+// first mark) or 3 (its step 2 counted), back from the join.
+std::vector<std::string> RejoinTrainerArgs(const RejoinCase& c) {
+  std::vector<std::string> five;
+  for (int r = 0; r < 6; ++r) {
+    if (r != c.victim) five.push_back(std::to_string(r));
+  }
+  return {"--mode=" + c.mode,
+          "--dtype=fp64",
+          absl::StrCat("--steps=", kJoinSteps),
+          "--catch-up",
+          absl::StrCat("--members-from-step=", c.marks == 0 ? kElasticStep : kElasticStep + 1),
+          "--members=" + absl::StrJoin(five, ","),
+          "--members-after-join=0,1,2,3,4,5"};
+}
+
+// Starts the job, lets the victim die in step 2 with the others held at
+// its start; returns once the victim's node counted it out and the others
+// are stopped (`runs` without the victim).
+void RunUntilTheVictimDiedAndTheOthersWait(const std::string& job, const RejoinCase& c,
+                                           std::vector<std::unique_ptr<Daemon>>* nodes,
+                                           std::vector<ElasticRun>* runs) {
+  ASSERT_NO_FATAL_FAILURE(
+      StartSimNodes({"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001", "--timeout-s=10",
+                     "--num-nodes=3", "--min-nodes=2", "--job-id=" + job},
+                    nodes));
+  for (int n = 0; n < kElasticNodes; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> args = RejoinTrainerArgs(c);
+      if (2 * n + r == c.victim) {
+        args.insert(args.end(), {absl::StrCat("--die-at-step=", kElasticStep),
+                                 absl::StrCat("--die-after-marks=", c.marks)});
+      } else {
+        args.insert(args.end(),
+                    {absl::StrCat("--pause-at-step=", kElasticStep), "--pause-after-marks=0"});
+      }
+      runs->push_back({n, StartSimTrainer(*(*nodes)[n], r, 2, args)});
+    }
+  }
+  Process victim = std::move((*runs)[c.victim].process);
+  runs->erase(runs->begin() + c.victim);
+  const ExitStatus died = victim.Wait(seconds(60));
+  ASSERT_TRUE(!died.exited && died.code == SIGKILL) << died.ToString() << victim.Log();
+  const std::string departed = absl::StrCat(
+      "event=trainer_departed iteration=", kElasticStep, " trainer=\"rank ", c.victim, " (local ",
+      c.victim % 2, ", pid ", victim.pid(), ")\" marked=", c.marks, "/", kAllMarks);
+  ASSERT_TRUE(WaitForLog((*nodes)[c.victim / 2]->process(), departed, seconds(30)))
+      << departed << Logs(*nodes);
+  for (ElasticRun& run : *runs) {
+    ASSERT_TRUE(WaitStopped(run.process, seconds(30))) << run.process.Log() << Logs(*nodes);
+  }
+}
+
+class GpuTrainerRejoinTest : public ::testing::TestWithParam<RejoinCase> {};
+
+TEST_P(GpuTrainerRejoinTest, ARestartedTrainerRejoinsItsNodeCatchesUpAndTrainsOverAllAgain) {
+  const RejoinCase& c = GetParam();
+  const int node = c.victim / 2, root = c.victim == 0 ? 1 : 0;
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  std::vector<ElasticRun> runs;
+  ASSERT_NO_FATAL_FAILURE(
+      RunUntilTheVictimDiedAndTheOthersWait("gpurejoin" + c.name, c, &nodes, &runs));
+  runs.push_back({node, StartSimTrainer(*nodes[node], c.victim % 2, 2, RejoinTrainerArgs(c))});
+  Process& fresh = runs.back().process;
+  ASSERT_TRUE(WaitForLog(nodes[node]->process(), "event=trainer_rejoin_pending", seconds(30)))
+      << fresh.Log() << Logs(nodes);
+  for (size_t i = 0; i + 1 < runs.size(); ++i) runs[i].process.Signal(SIGCONT);
+  const std::string joined = "joined the running job at iteration ";
+  ASSERT_TRUE(WaitForLog(fresh, joined, seconds(60))) << fresh.Log() << Logs(nodes);
+  const std::string log = fresh.Log();
+  const int m = std::atoi(log.c_str() + log.find(joined) + joined.size());
+  ASSERT_GT(m, c.marks == 0 ? kElasticStep : kElasticStep + 1);
+  ASSERT_LT(m, kJoinSteps) << "the others finished before the replacement rejoined";
+  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsEndAlike(runs, nodes, /*gone_node=*/-1));
+  EXPECT_NE(log.find(absl::StrCat(joined, m, ": state from rank ", root, ", world size 6, rank ",
+                                  c.victim, "\n")),
+            std::string::npos)
+      << log;
+  for (size_t i = 0; i + 1 < runs.size(); ++i) {
+    const std::string needle =
+        absl::StrCat("trainers joined after iteration ", m, ": state sent from rank ", root, "\n");
+    EXPECT_NE(runs[i].process.Log().find(needle), std::string::npos)
+        << needle << " in " << runs[i].process.Log();
+  }
+  const std::string daemon = nodes[node]->process().Log();
+  for (const std::string& needle :
+       {absl::StrCat("event=gpu_trainer_replaced trainer=\"rank ", c.victim, " (local ",
+                     c.victim % 2, ", pid ", fresh.pid(), ")\""),
+        absl::StrCat("event=trainer_rejoined iteration=", m)}) {
+    EXPECT_NE(daemon.find(needle), std::string::npos) << needle << Logs(nodes);
+  }
+  for (int n = 0; n < kElasticNodes; ++n) {
+    const std::string other = nodes[n]->process().Log();
+    for (const char* needle : {"event=job_reformed", "event=node_departed", "event=job_failed",
+                               "event=trainer_rejoin_refused"}) {
+      EXPECT_EQ(other.find(needle), std::string::npos) << needle << " on node " << n << Logs(nodes);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sim, GpuTrainerRejoinTest,
+    ::testing::Values(RejoinCase{"flat_rank3_before_first_mark", "flat", 3, 0},
+                      RejoinCase{"user_rank3_before_first_mark", "user", 3, 0},
+                      RejoinCase{"flat_rank0_after_last_mark", "flat", 0, kAllMarks}),
+    [](const ::testing::TestParamInfo<RejoinCase>& info) { return info.param.name; });
+
+// A restarted trainer on another GPU than its predecessor's cannot take its
+// place (the job's NCCL ranks are per GPU): its gs_register fails at once
+// with INVALID_ARGUMENT naming it and both GPUs, and the job trains on
+// without it.
+TEST(GpuElasticJob, ARestartedTrainerOnAnotherGpuIsRefusedNamingBothAndTheJobTrainsOn) {
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  std::vector<ElasticRun> runs;
+  const RejoinCase c{"wronggpu", "flat", 3, 0};
+  ASSERT_NO_FATAL_FAILURE(
+      RunUntilTheVictimDiedAndTheOthersWait("gpurejoinwronggpu", c, &nodes, &runs));
+  std::vector<std::string> args = RejoinTrainerArgs(c);
+  args.push_back("--device=0");  // its predecessor trained on the node's second GPU
+  Process fresh = StartSimTrainer(*nodes[1], 1, 2, args);
+  const ExitStatus st = fresh.Wait(seconds(30));
+  const std::string log = fresh.Log();
+  ASSERT_TRUE(st.exited && st.code == 2) << st.ToString() << "\n" << log << Logs(nodes);
+  for (const std::string& needle :
+       {std::string("error code=1"), absl::StrCat("rank 3 (local 1, pid ", fresh.pid(), ")"),
+        std::string("registered CUDA tensors on GPU "),
+        std::string("but its local rank trained on GPU "),
+        std::string("rejoins on its predecessor's GPU")}) {
+    EXPECT_NE(log.find(needle), std::string::npos) << needle << " in " << log << Logs(nodes);
+  }
+  for (ElasticRun& run : runs) run.process.Signal(SIGCONT);
+  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsEndAlike(runs, nodes, /*gone_node=*/-1));
+  for (int n = 0; n < kElasticNodes; ++n) {
+    const std::string daemon = nodes[n]->process().Log();
+    for (const char* needle :
+         {"event=job_reformed", "event=job_failed", "event=trainer_rejoined"}) {
+      EXPECT_EQ(daemon.find(needle), std::string::npos)
+          << needle << " on node " << n << Logs(nodes);
+    }
+  }
+}
 
 // "After its last mark" counts a GPU trainer's gradients only if the work
 // it queued before its marks completed: rank 3 marks all 6 gradients of

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_code.h"
 #include "gpu/sim/sim_device.h"
 #include "tests/testing/process.h"
@@ -130,14 +131,15 @@ class GpuSessionTest : public ::testing::Test {
   }
 
   absl::StatusOr<std::unique_ptr<GpuSession>> Open(const GpuTrainerSpec& spec) {
-    const Layout layout = {{"fc.weight", DType::kFloat32, 256, 0},
-                           {"fc.bias", DType::kFloat32, 4, 0}};
     GpuSession::WorldInput world;
     world.generation = 1;
     world.timeout = absl::Seconds(20);
-    return GpuSession::Open(device_.get(), layout, ipc::ArenaLayout{},
+    return GpuSession::Open(device_.get(), layout_, ipc::ArenaLayout{},
                             {{&spec, "rank 0 (local 0, pid 1)"}}, world);
   }
+
+  const Layout layout_ = {{"fc.weight", DType::kFloat32, 256, 0},
+                          {"fc.bias", DType::kFloat32, 4, 0}};
 
   Trainer trainer_;
   std::unique_ptr<gpu::SimDaemonDevice> device_;
@@ -183,6 +185,76 @@ TEST_F(GpuSessionTest, AnOffsetNotAlignedToTheDtypeIsRefusedNamingTheTensor) {
   EXPECT_NE(session.status().message().find("not aligned to its dtype's 4 bytes"),
             absl::string_view::npos)
       << session.status();
+}
+
+// A restarted trainer (another process, its own allocation and events)
+// takes back local rank 0 of an elastic job whose trainer died: its
+// predecessor's mapping and events are closed and its own opened in the
+// same slot (GpuSession::ReplaceTrainer, called at an iteration boundary).
+TEST_F(GpuSessionTest, ARestartedTrainersMemoryAndEventsReplaceItsPredecessorsInItsSlot) {
+  const GpuTrainerSpec first = trainer_.Spec(0, kAllocationBytes - 16);
+  auto session = Open(first);
+  ASSERT_TRUE(session.ok()) << session.status();
+  Trainer restarted;
+  ASSERT_NO_FATAL_FAILURE(restarted.Start());
+  const GpuTrainerSpec spec = restarted.Spec(16, 0);
+  ASSERT_TRUE((*session)->CheckReplacement(0, spec, "rank 0 (local 0, pid 2)", 2).ok());
+  const absl::Status st = (*session)->ReplaceTrainer(0, spec, "rank 0 (local 0, pid 2)", layout_);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ((*session)->events_opened(), 2u);
+  EXPECT_EQ((*session)->trainer_name(0), "rank 0 (local 0, pid 2)");
+  // Its own layout in its own allocation: fc.weight 16 bytes past fc.bias.
+  const auto* weight = static_cast<const uint8_t*>((*session)->tensor(0, 0));
+  const auto* bias = static_cast<const uint8_t*>((*session)->tensor(0, 1));
+  ASSERT_NE(bias, nullptr);
+  EXPECT_EQ(weight - bias, 16);
+}
+
+// One that registered a tensor outside its allocation is refused naming it
+// at the boundary, and nothing of it stays open (it may free its memory
+// once told): no event, no tensor.
+TEST_F(GpuSessionTest, ARestartedTrainersTensorPastItsAllocationIsRefusedAndNothingStaysOpen) {
+  const GpuTrainerSpec first = trainer_.Spec(0, kAllocationBytes - 16);
+  auto session = Open(first);
+  ASSERT_TRUE(session.ok()) << session.status();
+  Trainer restarted;
+  ASSERT_NO_FATAL_FAILURE(restarted.Start());
+  const absl::Status st = (*session)->ReplaceTrainer(0, restarted.Spec(0, kAllocationBytes - 8),
+                                                     "rank 0 (local 0, pid 2)", layout_);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(CodeOf(st), v1::INVALID_ARGUMENT) << st;
+  EXPECT_NE(st.message().find("rank 0 (local 0, pid 2)'s tensor 1 'fc.bias'"),
+            absl::string_view::npos)
+      << st;
+  EXPECT_EQ((*session)->events_opened(), 0u);
+  EXPECT_EQ((*session)->tensor(0, 0), nullptr);
+  EXPECT_EQ((*session)->tensor(0, 1), nullptr);
+}
+
+// Another GPU than its predecessor's, or the other registration mode, is
+// refused when it registers, naming it and both.
+TEST_F(GpuSessionTest, ARestartedTrainerOnAnotherGpuOrModeIsRefusedNamingIt) {
+  const GpuTrainerSpec first = trainer_.Spec(0, kAllocationBytes - 16);
+  auto session = Open(first);
+  ASSERT_TRUE(session.ok()) << session.status();
+  GpuTrainerSpec other_gpu = first;
+  other_gpu.device = gpu::SimDeviceId(1);
+  absl::Status st = (*session)->CheckReplacement(0, other_gpu, "rank 0 (local 0, pid 2)", 2);
+  EXPECT_EQ(CodeOf(st), v1::INVALID_ARGUMENT) << st;
+  EXPECT_NE(st.message().find(absl::StrCat(
+                "rank 0 (local 0, pid 2) registered CUDA tensors on GPU ", gpu::SimDeviceId(1),
+                ", but its local rank trained on "
+                "GPU ",
+                gpu::SimDeviceId(0))),
+            absl::string_view::npos)
+      << st;
+  GpuTrainerSpec flat = first;
+  flat.flat = true;
+  st = (*session)->CheckReplacement(0, flat, "rank 0 (local 0, pid 2)", 2);
+  EXPECT_EQ(CodeOf(st), v1::INVALID_ARGUMENT) << st;
+  EXPECT_NE(st.message().find("rank 0 (local 0, pid 2) registered without cuda_ptr"),
+            absl::string_view::npos)
+      << st;
 }
 
 }  // namespace

@@ -68,10 +68,12 @@ struct Flags {
   // world size must say so.
   int members_from_step = -1;
   std::vector<int> members;
-  // Nodes joining the running job (--catch-up): a joiner's trainer starts
-  // at the job's iteration m after receiving rank 0's state (the iteration
-  // count and the weights, in device memory, by gs_broadcast); the others
-  // send it once gs_get_job_info says nodes joined (after step m-1). Each
+  // Nodes joining the running job, or a restarted trainer taking back its
+  // local rank (--catch-up): a joiner's trainer starts at the job's
+  // iteration m after receiving the state of gs_get_job_info's
+  // catch_up_root (the iteration count and the weights, in device memory,
+  // by gs_broadcast); the others send it once gs_get_job_info says nodes or
+  // trainers joined (after step m-1). Each
   // step before m is the average over `members_before_join`, each from m on
   // over `members_after_join` (both lists of global ranks, or empty: every
   // rank of the world at registration).
@@ -437,11 +439,11 @@ double ExpectedAverage(const Flags& f, const std::vector<int>& in_step, int step
 }
 
 // --catch-up: the job's state, [iteration][every weight] (fp64), written
-// to a device buffer on this trainer's GPU on `stream` and made rank 0's
-// by gs_broadcast; *iteration and *weights become rank 0's. Returns 0, or
+// to a device buffer on this trainer's GPU on `stream` and made rank
+// `root`'s by gs_broadcast; *iteration and *weights become its. Returns 0, or
 // the exit code.
 int BroadcastState(gradsync::Client& c, gradsync::gpu::SimTrainerDevice& device,
-                   const gradsync::gpu::DeviceId& id, gradsync::gpu::Stream* stream,
+                   const gradsync::gpu::DeviceId& id, gradsync::gpu::Stream* stream, int root,
                    uint64_t* iteration, std::vector<std::vector<double>>* weights) {
   std::vector<double> state(1);
   std::memcpy(state.data(), iteration, sizeof(*iteration));
@@ -452,7 +454,7 @@ int BroadcastState(gradsync::Client& c, gradsync::gpu::SimTrainerDevice& device,
   if (absl::Status st = device.WriteAsync(*buf, state.data(), bytes, stream); !st.ok()) {
     return Error(st);
   }
-  if (absl::Status st = c.Broadcast(*buf, bytes, /*root_rank=*/0, -1); !st.ok()) return Error(st);
+  if (absl::Status st = c.Broadcast(*buf, bytes, root, -1); !st.ok()) return Error(st);
   // The client synchronized its stream after its last copy: read in place.
   std::memcpy(state.data(), *buf, bytes);
   if (absl::Status st = device.Free(*buf); !st.ok()) return Error(st);
@@ -483,10 +485,11 @@ int CatchUp(gradsync::Client& c, gradsync::gpu::SimTrainerDevice& device,
     }
   }
   uint64_t iteration = static_cast<uint64_t>(join_at);
-  if (int rc = BroadcastState(c, device, id, stream, &iteration, weights); rc != 0) return rc;
+  const int root = c.job_info().catch_up_root;
+  if (int rc = BroadcastState(c, device, id, stream, root, &iteration, weights); rc != 0) return rc;
   if (iteration != static_cast<uint64_t>(join_at)) {
-    std::printf("CATCH-UP MISMATCH rank %d: rank 0 is at iteration %llu, this trainer at %d\n",
-                c.rank(), static_cast<unsigned long long>(iteration), join_at);
+    std::printf("CATCH-UP MISMATCH rank %d: rank %d is at iteration %llu, this trainer at %d\n",
+                c.rank(), root, static_cast<unsigned long long>(iteration), join_at);
     std::fflush(stdout);
     return 1;
   }
@@ -500,8 +503,9 @@ int CatchUp(gradsync::Client& c, gradsync::gpu::SimTrainerDevice& device,
       return 1;
     }
   }
-  std::printf("joined the running job at iteration %d: state from rank 0, world size %d, rank %d\n",
-              join_at, c.job_info().world_size, c.rank());
+  std::printf(
+      "joined the running job at iteration %d: state from rank %d, world size %d, rank %d\n",
+      join_at, root, c.job_info().world_size, c.rank());
   std::fflush(stdout);
   return 0;
 }
@@ -606,6 +610,7 @@ int main(int argc, char** argv) {
   }
   int join_at = -1;  // the iteration nodes joined at (this trainer's or others')
   uint64_t nodes_joined = c.job_info().nodes_joined;
+  uint64_t trainers_joined = c.job_info().trainers_joined;
   if (f.catch_up && c.job_info().joined_running_job) {
     join_at = static_cast<int>(c.job_info().iteration);
     if (int rc = CatchUp(c, *device, *id, *stream, f, join_at, &reference, &weights); rc != 0) {
@@ -765,16 +770,21 @@ int main(int argc, char** argv) {
       std::fill(host[i].begin(), host[i].end(), 0.f);  // the optimizer consumed it
     }
     if (rank == f.drift_rank && step == f.drift_at) params[1][1] += 1e-3f;
-    if (f.catch_up && c.job_info().nodes_joined != nodes_joined) {
-      // Nodes join at the next iteration: their trainers get this state.
+    const bool nodes_came = c.job_info().nodes_joined != nodes_joined;
+    if (f.catch_up && (nodes_came || c.job_info().trainers_joined != trainers_joined)) {
+      // Nodes or restarted trainers join at the next iteration: they get
+      // this state.
       nodes_joined = c.job_info().nodes_joined;
+      trainers_joined = c.job_info().trainers_joined;
       join_at = step + 1;
       uint64_t iteration = c.job_info().iteration;
-      if (int rc = BroadcastState(c, *device, *id, *stream, &iteration, &weights); rc != 0) {
+      const int root = c.job_info().catch_up_root;
+      if (int rc = BroadcastState(c, *device, *id, *stream, root, &iteration, &weights); rc != 0) {
         return rc;
       }
-      std::printf("nodes joined after iteration %llu: state sent from rank 0\n",
-                  static_cast<unsigned long long>(iteration));
+      std::printf("%s joined after iteration %llu: state sent from rank %d\n",
+                  nodes_came ? "nodes" : "trainers", static_cast<unsigned long long>(iteration),
+                  root);
       std::fflush(stdout);
     }
     if (f.check_replicas && c.job_info().check_replicas_due) {
