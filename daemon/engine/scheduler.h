@@ -244,10 +244,10 @@ class Scheduler {
   // Elastic jobs: the world failed outside a collective (the leader aborted
   // the generation): the loop re-forms at its next pass. Any thread.
   void RequestReform(const absl::Status& error) ABSL_LOCKS_EXCLUDED(reform_mu_);
-  // Elastic CPU jobs: local trainer `local_rank` died (its node stays). It
-  // leaves the world at once if it marked nothing this iteration, at the
-  // iteration's end if it marked everything (its gradient is complete in
-  // its segment); one that died mid-backward takes its node out
+  // Elastic jobs (CPU or GPU): local trainer `local_rank` died (its node
+  // stays). It leaves the world at once if it marked nothing this
+  // iteration, at the iteration's end if it marked everything (its gradient
+  // is complete in its segment); one that died mid-backward takes its node out
   // (Options::leave_job). The loop decides at its next pass. Any thread.
   void RequestDeparture(int local_rank, const std::string& reason) ABSL_LOCKS_EXCLUDED(reform_mu_);
   // Elastic jobs: `fresh` (its segment created, its layout the job's)
