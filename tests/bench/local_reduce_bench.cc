@@ -13,7 +13,8 @@
 // that stands for other nodes contributing zeros, so the collective costs
 // nothing; its traffic column still counts the one-node minimum 2Lx; and
 // with what an elastic job keeps besides (KeptSums: each bucket's local
-// sum; KeptResult: each bucket's average). --worker-staging: that backend
+// sum; KeptResult: each bucket's average; both written by the passes that
+// sum and write back). --worker-staging: that backend
 // offers its own buffer as staging, as the Gloo worker offers its shared
 // buffer, so the local sum goes there instead of into trainer 0's memory
 // (the path every multi-node CPU job takes with the Gloo worker).
@@ -177,7 +178,8 @@ void Parallel(int threads, size_t n, Fn fn) {
 }
 
 // An elastic job also keeps each bucket's local sum (KeptSums, reset per
-// iteration) and each bucket's average after the write-back (KeptResult).
+// iteration) and each bucket's average (KeptResult), both written by the
+// reducer's own passes.
 // Each against the plain reduction, interleaved.
 void ElasticRows(gradsync::LocalReducer& reducer, const std::vector<uint8_t*>& arenas,
                  gradsync::DType dtype, int world, gradsync::Backend& backend, int threads) {
@@ -194,8 +196,11 @@ void ElasticRows(gradsync::LocalReducer& reducer, const std::vector<uint8_t*>& a
         .IgnoreError();
   };
   auto elastic = [&] {
-    with_sums();
-    kept.Keep(0, 0, arenas[0], spans);
+    kept_sums.pieces = 0;
+    reducer
+        .Reduce(arenas, spans, dtype, world, backend, nullptr, 0, nullptr, &kept_sums, kept.sink())
+        .IgnoreError();
+    kept.Kept(0, 0);
   };
   const int trainers = static_cast<int>(arenas.size());
   const auto [ts0, ts] = MedianSecondsPair(plain, with_sums);
