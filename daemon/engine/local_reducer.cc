@@ -505,6 +505,18 @@ void AverageOnOneNode(WorkerPool& pool, ReduceWork& job, DType dtype, size_t sli
   }
 }
 
+// An elastic job shrunk to one node: no collective, so no other node can
+// need this result; it is still kept (a copy after the pass, the one-node
+// kernels have no chunk in cache to write it from) so that the kept result
+// means the same whatever the node count.
+void KeepAfterOneNodePass(const uint8_t* arena0, const std::vector<ReduceSpan>& spans,
+                          KeptResultSink* kept_result) {
+  kept_result->written = true;
+  for (const ReduceSpan& s : spans) {
+    std::memcpy(kept_result->base + s.offset, arena0 + s.offset, s.bytes);
+  }
+}
+
 // A piece pipeline's phases as the bucket's critical path (bucket_pieces.h):
 // the sums and write-backs that ran while a collective was in flight are
 // inside the collective phase, so the phases add up to the bucket's time
@@ -564,15 +576,7 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
   const int64_t t0 = MonotonicNowNs();
   if (backend.num_nodes() <= 1) {
     AverageOnOneNode(pool_, job, dtype, slices, findings_, nonfinite);
-    // An elastic job shrunk to one node: no collective, so no other node
-    // can need this result; it is still kept (a copy after the pass) so the
-    // kept result means the same whatever the node count.
-    if (kept_result != nullptr) {
-      kept_result->written = true;
-      for (const ReduceSpan& s : spans) {
-        std::memcpy(kept_result->base + s.offset, arenas[0] + s.offset, s.bytes);
-      }
-    }
+    if (kept_result != nullptr) KeepAfterOneNodePass(arenas[0], spans, kept_result);
     if (timings) timings->local_reduce_ns = MonotonicNowNs() - t0, timings->collective_ns = 0;
     return absl::OkStatus();
   }
