@@ -4,6 +4,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>  // non-temporal stores for the kept copies
+#endif
 
 #include "common/half.h"
 #include "common/monotonic.h"
@@ -47,6 +50,35 @@ inline uint64_t Poison(double v) {
 // the sign bit (16-bit lanes, three integer instructions).
 inline uint16_t HalfPoison(uint16_t v, uint16_t exponent_mask, uint16_t exponent_one) {
   return static_cast<uint16_t>(((v & exponent_mask) + exponent_one) & 0x8000u);
+}
+
+// Copies a chunk into an elastic job's kept sums or kept result. Nothing
+// reads those again unless a node dies, so the stores bypass the cache
+// (non-temporal, SSE2): no read of the destination's lines before they are
+// written, and the trainers' data keeps the cache. The caller fences
+// (FenceStreamedStores) before the copy may be read.
+void StreamCopy(void* dst, const void* src, size_t bytes) {
+#if defined(__SSE2__)
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  const size_t head = std::min(bytes, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
+  std::memcpy(d, s, head);
+  size_t i = head;
+  for (; i + 16 <= bytes; i += 16) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+  }
+  std::memcpy(d + i, s + i, bytes - i);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+// Orders the streamed stores before whatever follows (they are weakly
+// ordered): once per kernel call, before the pool hands the piece on.
+inline void FenceStreamedStores() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
 }
 
 // Native element access: float/double are summed in their own precision.
@@ -241,8 +273,7 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
       // The kept sum is the collective's input, written from acc while it
       // is still in L1 (in place, fp32/fp64 only, it equals what is stored).
       if (job.kept_sums != nullptr) {
-        std::memcpy(reinterpret_cast<Acc*>(job.kept_sums) + staging_index + c, acc,
-                    m * sizeof(Acc));
+        StreamCopy(reinterpret_cast<Acc*>(job.kept_sums) + staging_index + c, acc, m * sizeof(Acc));
       }
       if (job.phase == 1) {
         std::memcpy(reinterpret_cast<Acc*>(job.staging) + staging_index + c, acc, m * sizeof(Acc));
@@ -269,8 +300,9 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
     for (size_t t = 1; t < local; ++t) std::memcpy(src[t] + c, out0, m * sizeof(T));
     // The kept result from the chunk just stored, still in cache: no second
     // read of trainer 0's memory.
-    if (kept_result != nullptr) std::memcpy(kept_result + c, out0, m * sizeof(T));
+    if (kept_result != nullptr) StreamCopy(kept_result + c, out0, m * sizeof(T));
   }
+  if (job.kept_sums != nullptr || kept_result != nullptr) FenceStreamedStores();
   if (kCheck) found->result_bad |= result_bad != 0;
 }
 
