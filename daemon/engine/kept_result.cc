@@ -5,17 +5,14 @@
 
 namespace gradsync {
 
-void KeptResult::Keep(uint64_t iteration, uint32_t bucket, const uint8_t* arena,
-                      const std::vector<ReduceSpan>& spans) {
+void KeptResult::Kept(uint64_t iteration, uint32_t bucket) {
   if (whole_ || iteration != iteration_) {
     whole_ = false;
     iteration_ = iteration;
     kept_buckets_.clear();
   }
-  for (const ReduceSpan& span : spans) {
-    // The scheduler checked every span against the arena it planned.
-    std::memcpy(buffer_.data() + span.offset, arena + span.offset, span.bytes);
-  }
+  // What was written now belongs to iteration_, whose buckets are counted.
+  sink_.written = false;
   if (kept_buckets_.size() <= bucket) kept_buckets_.resize(bucket + 1, false);
   kept_buckets_[bucket] = true;
 }
@@ -32,6 +29,7 @@ void KeptResult::Complete(uint64_t iteration, size_t buckets, int divisor, bool 
 }
 
 void KeptResult::Received(uint64_t iteration, int divisor, bool skipped) {
+  sink_.written = false;  // the whole buffer was overwritten with it
   iteration_ = iteration;
   kept_buckets_.clear();
   whole_ = true;

@@ -4,12 +4,13 @@
 // A node's death inside an iteration's last collective can leave some
 // survivors past the iteration and others still in it. The ones past it
 // hand it to the others from here: their trainers' arenas no longer hold it
-// once the next backward writes them. Each bucket's average is copied at
-// its arena offsets as it is written back (one memcpy of the gradients per
-// iteration); the copy of the next iteration's first bucket ends the
-// previous result, which by then no survivor can need (that bucket's
-// collective completed only once every node had completed the iteration
-// before it).
+// once the next backward writes them. The LocalReducer's write-back loop
+// writes each bucket's average here too, at its arena offsets, while it
+// writes the trainers' arenas (sink(): no pass of its own over memory).
+// The next iteration's first write-back ends the previous result, which by
+// then no survivor can need (a write-back runs only after its piece's
+// collective, which completed only once every node had completed the
+// iteration before it).
 #ifndef GRADSYNC_DAEMON_ENGINE_KEPT_RESULT_H_
 #define GRADSYNC_DAEMON_ENGINE_KEPT_RESULT_H_
 
@@ -24,13 +25,19 @@ class KeptResult {
  public:
   // The arena's size: each gradient is kept at its arena offset, so the
   // result does not depend on the plan that reduced it.
-  void Resize(uint64_t arena_bytes) { buffer_.resize(arena_bytes); }
+  void Resize(uint64_t arena_bytes) {
+    buffer_.resize(arena_bytes);
+    sink_.base = buffer_.data();
+  }
   bool enabled() const { return !buffer_.empty(); }
 
-  // `bucket` of `iteration` was written back into `arena` over `spans`:
-  // copies it. The first copy of an iteration ends the one kept before.
-  void Keep(uint64_t iteration, uint32_t bucket, const uint8_t* arena,
-            const std::vector<ReduceSpan>& spans);
+  // Where LocalReducer::Reduce writes each bucket's average as it writes
+  // it back. Once it wrote there, no iteration is held until the next
+  // Kept or Received: a reduction that failed midway leaves a mix.
+  KeptResultSink* sink() { return &sink_; }
+  // `bucket` of `iteration` was written whole through sink() (its Reduce
+  // succeeded). The first bucket of an iteration ends the one kept before.
+  void Kept(uint64_t iteration, uint32_t bucket);
   // `iteration` completed after `buckets` buckets averaged over `divisor`
   // (`skipped`: --nonfinite=skip skipped it): whole if every bucket was kept.
   void Complete(uint64_t iteration, size_t buckets, int divisor, bool skipped);
@@ -41,7 +48,9 @@ class KeptResult {
   // The buffer is about to be overwritten (a result being received).
   void Drop() { whole_ = false; }
   // Whether it holds the whole result of `iteration`.
-  bool Holds(uint64_t iteration) const { return whole_ && iteration_ == iteration; }
+  bool Holds(uint64_t iteration) const {
+    return whole_ && iteration_ == iteration && !sink_.written;
+  }
   int divisor() const { return divisor_; }
   bool skipped() const { return skipped_; }
   uint8_t* data() { return buffer_.data(); }
@@ -52,6 +61,7 @@ class KeptResult {
 
  private:
   std::vector<uint8_t> buffer_;
+  KeptResultSink sink_;  // into buffer_
   uint64_t iteration_ = 0;
   std::vector<bool> kept_buckets_;  // of iteration_, while it fills
   bool whole_ = false;

@@ -4,6 +4,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>  // non-temporal stores for the kept copies
+#endif
 
 #include "common/half.h"
 #include "common/monotonic.h"
@@ -49,6 +52,35 @@ inline uint16_t HalfPoison(uint16_t v, uint16_t exponent_mask, uint16_t exponent
   return static_cast<uint16_t>(((v & exponent_mask) + exponent_one) & 0x8000u);
 }
 
+// Copies a chunk into an elastic job's kept sums or kept result. Nothing
+// reads those again unless a node dies, so the stores bypass the cache
+// (non-temporal, SSE2): no read of the destination's lines before they are
+// written, and the trainers' data keeps the cache. The caller fences
+// (FenceStreamedStores) before the copy may be read.
+void StreamCopy(void* dst, const void* src, size_t bytes) {
+#if defined(__SSE2__)
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  const size_t head = std::min(bytes, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
+  std::memcpy(d, s, head);
+  size_t i = head;
+  for (; i + 16 <= bytes; i += 16) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+  }
+  std::memcpy(d + i, s + i, bytes - i);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+// Orders the streamed stores before whatever follows (they are weakly
+// ordered): once per kernel call, before the pool hands the piece on.
+inline void FenceStreamedStores() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
+
 // Native element access: float/double are summed in their own precision.
 // Poison(): the stored element's poison word (see above).
 template <typename T>
@@ -90,6 +122,11 @@ struct ReduceWork {
                  uint64_t staging_index, SliceFinding* found);
   BucketPiece piece;       // the cross-node pipeline's current piece (RunPieceSlice)
   SliceFinding* findings;  // per slice; the checking kernels write theirs
+  // Elastic jobs (KeptSums, KeptResultSink), else nullptr: the local sum,
+  // staged dtype, indexed like staging (phases 1, 3, 5 write it); the
+  // average at its arena offsets (phases 2, 4 write it).
+  uint8_t* kept_sums = nullptr;
+  uint8_t* kept_result = nullptr;
 };
 
 // One node: every trainer's memory is read once and the average written
@@ -212,6 +249,10 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
   for (size_t t = 0; t < local; ++t) {
     src[t] = reinterpret_cast<T*>(arenas[t] + (*job.spans)[span].offset) + first;
   }
+  T* const kept_result =
+      job.kept_result == nullptr
+          ? nullptr
+          : reinterpret_cast<T*>(job.kept_result + (*job.spans)[span].offset) + first;
   const Acc divisor = static_cast<Acc>(job.world_size);
   Acc acc[kChunkElements];
   typename Access::Flag result_bad = 0;
@@ -228,6 +269,11 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
       // still there for FindCulprit.
       if (SumChunk<T, Access, kCheck>(src, local, c, m, acc) != 0) {
         FindCulprit<T, Access>(job, span, first + c, m, found);
+      }
+      // The kept sum is the collective's input, written from acc while it
+      // is still in L1 (in place, fp32/fp64 only, it equals what is stored).
+      if (job.kept_sums != nullptr) {
+        StreamCopy(reinterpret_cast<Acc*>(job.kept_sums) + staging_index + c, acc, m * sizeof(Acc));
       }
       if (job.phase == 1) {
         std::memcpy(reinterpret_cast<Acc*>(job.staging) + staging_index + c, acc, m * sizeof(Acc));
@@ -252,7 +298,11 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
       for (size_t i = 0; i < m; ++i) out0[i] = Access::Store(acc[i]);
     }
     for (size_t t = 1; t < local; ++t) std::memcpy(src[t] + c, out0, m * sizeof(T));
+    // The kept result from the chunk just stored, still in cache: no second
+    // read of trainer 0's memory.
+    if (kept_result != nullptr) StreamCopy(kept_result + c, out0, m * sizeof(T));
   }
+  if (job.kept_sums != nullptr || kept_result != nullptr) FenceStreamedStores();
   if (kCheck) found->result_bad |= result_bad != 0;
 }
 
@@ -487,6 +537,18 @@ void AverageOnOneNode(WorkerPool& pool, ReduceWork& job, DType dtype, size_t sli
   }
 }
 
+// An elastic job shrunk to one node: no collective, so no other node can
+// need this result; it is still kept (a copy after the pass, the one-node
+// kernels have no chunk in cache to write it from) so that the kept result
+// means the same whatever the node count.
+void KeepAfterOneNodePass(const uint8_t* arena0, const std::vector<ReduceSpan>& spans,
+                          KeptResultSink* kept_result) {
+  kept_result->written = true;
+  for (const ReduceSpan& s : spans) {
+    std::memcpy(kept_result->base + s.offset, arena0 + s.offset, s.bytes);
+  }
+}
+
 // A piece pipeline's phases as the bucket's critical path (bucket_pieces.h):
 // the sums and write-backs that ran while a collective was in flight are
 // inside the collective phase, so the phases add up to the bucket's time
@@ -516,7 +578,8 @@ uint64_t LocalReducer::StagingBytes(uint64_t bytes, DType dtype) {
 absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
                                   const std::vector<ReduceSpan>& spans, DType dtype, int world_size,
                                   Backend& backend, ReduceTimings* timings, size_t threads,
-                                  NonFiniteReport* nonfinite, KeptSums* kept) {
+                                  NonFiniteReport* nonfinite, KeptSums* kept,
+                                  KeptResultSink* kept_result) {
   if ((arenas.empty() && backend.num_nodes() <= 1) || arenas.size() > kMaxLocalTrainers ||
       world_size <= 0) {
     return absl::InvalidArgumentError("bad reduction arguments");
@@ -533,6 +596,8 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
   job.world_size = world_size;
   job.kernel = check ? KernelFor<true>(dtype) : KernelFor<false>(dtype);
   job.findings = findings_.data();
+  job.kept_sums = kept != nullptr ? kept->sums : nullptr;
+  job.kept_result = kept_result != nullptr ? kept_result->base : nullptr;
   uint64_t total_bytes = 0;
   for (const ReduceSpan& s : spans) total_bytes += s.bytes;
   job.total_elements = total_bytes / job.elem_size;
@@ -543,6 +608,7 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
   const int64_t t0 = MonotonicNowNs();
   if (backend.num_nodes() <= 1) {
     AverageOnOneNode(pool_, job, dtype, slices, findings_, nonfinite);
+    if (kept_result != nullptr) KeepAfterOneNodePass(arenas[0], spans, kept_result);
     if (timings) timings->local_reduce_ns = MonotonicNowNs() - t0, timings->collective_ns = 0;
     return absl::OkStatus();
   }
@@ -557,8 +623,9 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
   };
   // Best: a backend that reduces in the trainers' arenas itself. Not for
   // kept sums (the arenas must keep the sum until the collective is known
-  // to have run) nor halves (summed in fp32).
-  if (kept == nullptr && spans.size() == 1 && staged == dtype) {
+  // to have run), a kept result (the backend writes the average) nor
+  // halves (summed in fp32).
+  if (kept == nullptr && kept_result == nullptr && spans.size() == 1 && staged == dtype) {
     copies_.clear();
     for (size_t t = 1; t < arenas.size(); ++t) copies_.push_back(arenas[t] + spans[0].offset);
     if (backend.ReducesInArenas(arenas[0] + spans[0].offset, total_bytes, copies_)) {
@@ -602,18 +669,21 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
       run(3, piece);
     } else if (check) {
       run(5, piece);  // one trainer in place: no sum pass to fuse into, a read-only scan
-    }
-    if (kept != nullptr) {
+    } else if (kept != nullptr) {
+      // One trainer in place, unchecked: no pass at all to write it from.
       std::memcpy(kept->sums + piece.first * unit, input(piece), piece.count * unit);
-      kept->pieces = index + 1;
     }
+    if (kept != nullptr) kept->pieces = index + 1;  // the passes above wrote it
   };
   auto issue = [&](const BucketPiece& piece) {
     uint8_t* data = in_place ? arenas[0] + spans[0].offset : job.staging;
     return backend.IssueAllreduceSum(data + piece.first * DTypeSize(in_place ? dtype : staged),
                                      piece.count, in_place ? dtype : staged);
   };
-  auto write_back = [&](const BucketPiece& piece) { run(in_place ? 4 : 2, piece); };
+  auto write_back = [&](const BucketPiece& piece) {
+    if (kept_result != nullptr) kept_result->written = true;  // before its first byte
+    run(in_place ? 4 : 2, piece);
+  };
   PipelineTimings pipeline;
   absl::Status status =
       RunPiecePipeline(pieces_, backend, PieceSteps{sum, issue, write_back}, &pipeline);

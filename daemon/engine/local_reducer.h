@@ -47,10 +47,21 @@ inline constexpr size_t kMaxLocalTrainers = 256;
 // dtype), kept so that an iteration a node's death interrupted can be
 // redone after the trainers' memory already received an average. Reduce
 // takes pieces [0, pieces) from `sums` instead of summing the arenas, and
-// copies each piece it sums there (pieces counts them).
+// writes each piece it sums there from the loop that sums it, with no
+// second pass over memory (pieces counts them).
 struct KeptSums {
   uint8_t* sums = nullptr;
   size_t pieces = 0;
+};
+
+// Elastic CPU jobs across nodes: where Reduce also writes the bucket's
+// average, at each span's arena offset, from the write-back loop itself
+// (KeptResult owns the buffer, the arena's size). `written` is set before
+// the first average lands there, so the owner knows its previous content
+// is gone even if the reduction then fails.
+struct KeptResultSink {
+  uint8_t* base = nullptr;
+  bool written = false;
 };
 
 // What the non-finite check (Reduce's `nonfinite`) found in one bucket. The
@@ -91,10 +102,12 @@ class LocalReducer {
   // `nonfinite` non-null: check every input and the result for NaN/Inf (see
   // NonFiniteReport); where a result element is not finite the trainers'
   // memory is left unspecified (the iteration is failed or skipped).
+  // `kept`, `kept_result` (elastic jobs): see KeptSums and KeptResultSink;
+  // both are written by the passes that sum and write back, not after them.
   absl::Status Reduce(const std::vector<uint8_t*>& arenas, const std::vector<ReduceSpan>& spans,
                       DType dtype, int world_size, Backend& backend, ReduceTimings* timings,
                       size_t threads = 0, NonFiniteReport* nonfinite = nullptr,
-                      KeptSums* kept = nullptr);
+                      KeptSums* kept = nullptr, KeptResultSink* kept_result = nullptr);
 
   size_t threads() const { return pool_.size(); }
   // What one thread's slice of the non-finite check found (internal).

@@ -1053,10 +1053,11 @@ bool Scheduler::Launch(uint32_t bucket) {
                              ? std::max(options_.reduce_threads, options_.tail_reduce_threads)
                              : options_.reduce_threads;
   NonFiniteReport nonfinite;
+  KeptResultSink* const kept_result_sink = KeptResultSinkFor();
   absl::Status st =
       reducer_.Reduce(active_arenas_, spans_[bucket], b.dtype, Divisor(), *backend_, &timings,
                       threads, options_.nonfinite == NonFiniteMode::kOff ? nullptr : &nonfinite,
-                      options_.reform ? &kept_sums_[bucket] : nullptr);
+                      options_.reform ? &kept_sums_[bucket] : nullptr, kept_result_sink);
   const int64_t slot = EndReduction();
   if (slot == kStopped) return false;  // Stop aborted it: the job is over
   // A trainer's arena cut short mid-sum: the result is garbage, and says so.
@@ -1081,7 +1082,7 @@ bool Scheduler::Launch(uint32_t bucket) {
       !HandleNonFinite(bucket, nonfinite.local ? DescribeNonFinite(bucket, nonfinite) : "")) {
     return false;
   }
-  if (!KeepResult(bucket)) return false;
+  if (!KeepResult(bucket, kept_result_sink)) return false;
   return FinishLaunch(bucket, timings);
 }
 

@@ -309,9 +309,13 @@ class Scheduler {
   // The behind node's part: I's result, received whole in kept_result_,
   // overwrites every arena and I completes as it did on the others.
   void CommitReceivedIteration(int divisor, bool skipped);
-  // After `bucket`'s reduction wrote its average back: keeps it
-  // (kept_result_). False: the job failed or re-forms (the test hook).
-  bool KeepResult(uint32_t bucket);
+  // Where the reduction of a bucket also writes its average (kept_result_'s
+  // sink), or nullptr: not kept here.
+  KeptResultSink* KeptResultSinkFor();
+  // After `bucket`'s reduction wrote its average back, also through `sink`
+  // when not null: counts it kept (kept_result_). False: the job failed or
+  // re-forms (the test hook).
+  bool KeepResult(uint32_t bucket, const KeptResultSink* sink);
   // GRADSYNC_TEST_WITHHOLD_FINAL_RESULT_AT (scheduler_split_commit.cc):
   // non-OK once, for the last bucket of that iteration on this node.
   absl::Status WithheldForTest(uint32_t bucket);

@@ -63,7 +63,7 @@ void Scheduler::InitSplitCommit() {
                LogValue(withhold_until_file_));
 }
 
-bool Scheduler::KeepResult(uint32_t bucket) {
+bool Scheduler::KeepResult(uint32_t bucket, const KeptResultSink* sink) {
   if (withhold_at_plus_one_ != 0) {
     const absl::Status withheld = WithheldForTest(bucket);
     if (!withheld.ok()) {
@@ -71,11 +71,14 @@ bool Scheduler::KeepResult(uint32_t bucket) {
       return false;
     }
   }
-  // No active arena: this node's trainers all joined and hold no result.
-  if (kept_result_.enabled() && !active_arenas_.empty()) {
-    kept_result_.Keep(iteration(), bucket, active_arenas_[0], spans_[bucket]);
-  }
+  if (sink != nullptr) kept_result_.Kept(iteration(), bucket);
   return true;
+}
+
+KeptResultSink* Scheduler::KeptResultSinkFor() {
+  // No active arena: this node's trainers all joined and hold no result.
+  if (!kept_result_.enabled() || active_arenas_.empty()) return nullptr;
+  return kept_result_.sink();
 }
 
 absl::Status Scheduler::WithheldForTest(uint32_t bucket) {

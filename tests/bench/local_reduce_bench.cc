@@ -5,14 +5,19 @@
 // non-finite check. A table, not a test.
 //
 //   local_reduce_bench [--dtype=float32|float64|float16|bfloat16]
-//                      [--trainers=2,4] [--nodes=1|2]
+//                      [--trainers=2,4] [--nodes=1|2] [--worker-staging]
 // The gradients' dtype (default float32; the references stay fp32 over the
 // same bytes), the trainer counts of the LocalReducer rows, and --nodes=2:
 // the cross-node path's local part (sum into staging or trainer 0's
 // memory, then divide and write back, in pipelined pieces) with a backend
 // that stands for other nodes contributing zeros, so the collective costs
 // nothing; its traffic column still counts the one-node minimum 2Lx; and
-// with an elastic job's kept result (KeptResult::Keep after the reduction).
+// with what an elastic job keeps besides (KeptSums: each bucket's local
+// sum; KeptResult: each bucket's average; both written by the passes that
+// sum and write back). --worker-staging: that backend
+// offers its own buffer as staging, as the Gloo worker offers its shared
+// buffer, so the local sum goes there instead of into trainer 0's memory
+// (the path every multi-node CPU job takes with the Gloo worker).
 //
 // Two bandwidths: payload (one buffer's bytes per second, as in
 // docs/PERFORMANCE.md; for the reduction one trainer's gradient bytes, what
@@ -78,6 +83,7 @@ struct Options {
   gradsync::DType dtype = gradsync::DType::kFloat32;
   std::vector<int> trainers = {2, 4};
   int nodes = 1;
+  bool worker_staging = false;
 };
 
 // --nodes=2: every other node contributes zeros, so the allreduce's sum is
@@ -88,6 +94,14 @@ class OtherNodesContributeZeros final : public gradsync::Backend {
   int num_nodes() const override { return 2; }
   absl::Status AllreduceSum(void*, size_t, gradsync::DType) override { return absl::OkStatus(); }
   void Abort(const std::string&) override {}
+  // --worker-staging: a buffer of its own, like the Gloo worker's shared one.
+  uint8_t* Staging(uint64_t bytes) override {
+    if (!offers_staging) return nullptr;
+    if (staging.size() < bytes) staging.resize(bytes);
+    return staging.data();
+  }
+  bool offers_staging = false;
+  std::vector<uint8_t> staging;
 };
 
 bool ParseOptions(int argc, char** argv, Options* options) {
@@ -104,6 +118,8 @@ bool ParseOptions(int argc, char** argv, Options* options) {
       if (!known) return false;
     } else if (arg == "--nodes=1" || arg == "--nodes=2") {
       options->nodes = arg.back() - '0';
+    } else if (arg == "--worker-staging") {
+      options->worker_staging = true;
     } else if (arg.rfind("--trainers=", 0) == 0) {
       options->trainers.clear();
       for (const char* p = arg.c_str() + 11; *p != 0;) {
@@ -117,7 +133,7 @@ bool ParseOptions(int argc, char** argv, Options* options) {
       return false;
     }
   }
-  return !options->trainers.empty();
+  return !options->trainers.empty() && (options->nodes == 2 || !options->worker_staging);
 }
 
 template <typename Fn>
@@ -161,6 +177,44 @@ void Parallel(int threads, size_t n, Fn fn) {
   for (auto& t : ts) t.join();
 }
 
+// An elastic job also keeps each bucket's local sum (KeptSums, reset per
+// iteration) and each bucket's average (KeptResult), both written by the
+// reducer's own passes.
+// Each against the plain reduction, interleaved.
+void ElasticRows(gradsync::LocalReducer& reducer, const std::vector<uint8_t*>& arenas,
+                 gradsync::DType dtype, int world, gradsync::Backend& backend, int threads) {
+  const std::vector<gradsync::ReduceSpan> spans = {{0, kBytes}};
+  const double gb = kBytes / 1e9;
+  std::vector<uint8_t> sums(gradsync::LocalReducer::StagingBytes(kBytes, dtype));
+  gradsync::KeptSums kept_sums{sums.data(), 0};
+  gradsync::KeptResult kept;
+  kept.Resize(kBytes);
+  auto plain = [&] { reducer.Reduce(arenas, spans, dtype, world, backend, nullptr).IgnoreError(); };
+  auto with_sums = [&] {
+    kept_sums.pieces = 0;  // a new iteration: nothing summed yet
+    reducer.Reduce(arenas, spans, dtype, world, backend, nullptr, 0, nullptr, &kept_sums)
+        .IgnoreError();
+  };
+  auto elastic = [&] {
+    kept_sums.pieces = 0;
+    reducer
+        .Reduce(arenas, spans, dtype, world, backend, nullptr, 0, nullptr, &kept_sums, kept.sink())
+        .IgnoreError();
+    kept.Kept(0, 0);
+  };
+  const int trainers = static_cast<int>(arenas.size());
+  const auto [ts0, ts] = MedianSecondsPair(plain, with_sums);
+  std::printf(
+      "| gradsync LocalReducer + kept sums (elastic), %d trainers | %d | %.1f | %.1f | | "
+      "(%+.1f%% time) |\n",
+      trainers, threads, ts * 1e3, gb / ts, 100.0 * (ts - ts0) / ts0);
+  const auto [te0, te] = MedianSecondsPair(plain, elastic);
+  std::printf(
+      "| gradsync LocalReducer + kept sums + kept result (elastic), %d trainers | %d | %.1f | "
+      "%.1f | | (%+.1f%% time) |\n",
+      trainers, threads, te * 1e3, gb / te, 100.0 * (te - te0) / te0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -168,7 +222,7 @@ int main(int argc, char** argv) {
   if (!ParseOptions(argc, argv, &options)) {
     std::fprintf(stderr,
                  "usage: local_reduce_bench [--dtype=float32|float64|float16|bfloat16] "
-                 "[--trainers=2,4] [--nodes=1|2]\n");
+                 "[--trainers=2,4] [--nodes=1|2] [--worker-staging (with --nodes=2)]\n");
     return 2;
   }
   const gradsync::DType dtype = options.dtype;
@@ -177,8 +231,9 @@ int main(int argc, char** argv) {
   float* b = Alloc(kBytes, 2.0f);
   const double gb = kBytes / 1e9;
 
-  std::printf("## Local reduction, 100 MB %s, %s (median of %d)\n\n", gradsync::DTypeName(dtype),
-              options.nodes == 1 ? "one node" : "two nodes' local part", kReps);
+  std::printf("## Local reduction, 100 MB %s, %s%s (median of %d)\n\n", gradsync::DTypeName(dtype),
+              options.nodes == 1 ? "one node" : "two nodes' local part",
+              options.worker_staging ? ", summed into the worker's staging" : "", kReps);
   std::printf(
       "| what | threads | time ms | GB/s payload | GB/s memory traffic | traffic vs `a += b` |\n");
   std::printf("|---|---|---|---|---|---|\n");
@@ -207,6 +262,7 @@ int main(int argc, char** argv) {
           threads, options.nodes == 1 ? 0 : gradsync::LocalReducer::StagingBytes(kBytes, dtype));
       gradsync::LocalBackend one_node;
       OtherNodesContributeZeros two_nodes;
+      two_nodes.offers_staging = options.worker_staging;
       gradsync::Backend& backend =
           options.nodes == 1 ? static_cast<gradsync::Backend&>(one_node) : two_nodes;
       const int world = trainers * options.nodes;
@@ -230,20 +286,7 @@ int main(int argc, char** argv) {
           trainers, threads, tc * 1e3, gb / tc, traffic_c, 100.0 * traffic_c / add_bw[threads],
           100.0 * (tc - tr) / tr);
       if (options.nodes == 1) continue;
-      // An elastic job also keeps each bucket's result after the write-back
-      // (KeptResult: one copy of the gradient, on the scheduler thread).
-      gradsync::KeptResult kept;
-      kept.Resize(kBytes);
-      const auto [tp, tk] = MedianSecondsPair(
-          [&] { reducer.Reduce(arenas, spans, dtype, world, backend, nullptr).IgnoreError(); },
-          [&] {
-            reducer.Reduce(arenas, spans, dtype, world, backend, nullptr).IgnoreError();
-            kept.Keep(0, 0, arenas[0], spans);
-          });
-      std::printf(
-          "| gradsync LocalReducer + kept result (elastic), %d trainers | %d | %.1f | %.1f | | "
-          "(%+.1f%% time) |\n",
-          trainers, threads, tk * 1e3, gb / tk, 100.0 * (tk - tp) / tp);
+      ElasticRows(reducer, arenas, dtype, world, backend, threads);
     }
     for (uint8_t* p : arenas) munmap(p, kBytes);
   }

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <ostream>
 #include <random>
 
@@ -197,6 +198,137 @@ std::vector<Case> AllCases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDtypes, LocalReducerTest, ::testing::ValuesIn(AllCases()));
+
+// An elastic job's kept copies, written by the reducer's own passes: the
+// kept sums hold exactly each piece's collective input and the kept result
+// exactly the average every trainer got (bit for bit, at the arena's
+// offsets), on every path (in place, the reducer's staging, a backend's
+// own staging; one trainer, checked or not); and an iteration redone from
+// the kept sums, after the arenas were overwritten, gives the same bits.
+class RecordingBackend final : public Backend {
+ public:
+  RecordingBackend(double remote, bool offers_staging)
+      : remote_(remote), offers_staging_(offers_staging) {}
+  std::string name() const override { return "test-recording"; }
+  int num_nodes() const override { return 2; }
+  absl::Status AllreduceSum(void* data, size_t count, DType dtype) override {
+    const size_t bytes = count * DTypeSize(dtype);
+    inputs.insert(inputs.end(), static_cast<uint8_t*>(data), static_cast<uint8_t*>(data) + bytes);
+    for (size_t i = 0; i < count; ++i) {
+      if (dtype == DType::kFloat64) static_cast<double*>(data)[i] += remote_;
+      if (dtype == DType::kFloat32) static_cast<float*>(data)[i] += float(remote_);
+    }
+    return absl::OkStatus();
+  }
+  uint8_t* Staging(uint64_t bytes) override {
+    if (!offers_staging_) return nullptr;
+    if (staging_.size() < bytes) staging_.resize(bytes);
+    return staging_.data();
+  }
+  void Abort(const std::string&) override {}
+  std::vector<uint8_t> inputs;  // every collective's input, in order
+
+ private:
+  double remote_;
+  bool offers_staging_;
+  std::vector<uint8_t> staging_;
+};
+
+struct KeptCase {
+  DType dtype;
+  int trainers;
+  bool backend_staging;  // else one span: in place for fp32/fp64
+  bool check;
+};
+
+void PrintTo(const KeptCase& c, std::ostream* os) {
+  *os << DTypeName(c.dtype) << ", " << c.trainers << " trainers, "
+      << (c.backend_staging ? "the backend's staging" : "no backend staging")
+      << (c.check ? ", non-finite check" : "");
+}
+
+class KeptCopiesTest : public ::testing::TestWithParam<KeptCase> {};
+
+TEST_P(KeptCopiesTest, TheKeptSumsAndResultAreExactlyTheCollectivesInputAndTheAverage) {
+  const KeptCase c = GetParam();
+  const size_t esize = DTypeSize(c.dtype);
+  // More than one piece (kPieceBytes of staged elements) in every dtype.
+  const size_t elements = 2'300'001;
+  const std::vector<ReduceSpan> spans =
+      c.backend_staging ? std::vector<ReduceSpan>{{64, 5 * esize}, {4096, (elements - 5) * esize}}
+                        : std::vector<ReduceSpan>{{4096, elements * esize}};
+  const size_t arena_bytes = 4096 + elements * esize + 64;
+  std::vector<std::vector<uint8_t>> arenas(c.trainers, std::vector<uint8_t>(arena_bytes, 0xAB));
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<double> value(-3, 3);  // inexact sums: rounding shows
+  for (auto& a : arenas) {
+    for (const ReduceSpan& s : spans) {
+      for (size_t i = 0; i < s.bytes / esize; ++i)
+        Store(c.dtype, a.data() + s.offset, i, value(gen));
+    }
+  }
+  const std::vector<std::vector<uint8_t>> inputs = arenas;
+  std::vector<uint8_t*> ptrs;
+  for (auto& a : arenas) ptrs.push_back(a.data());
+  const uint64_t staged = LocalReducer::StagingBytes(elements * esize, c.dtype);
+  LocalReducer reducer(2, staged);
+  const int world = 2 * c.trainers;
+  std::vector<uint8_t> sums(staged, 0xCD), result(arena_bytes, 0xCD);
+  KeptSums kept{sums.data(), 0};
+  KeptResultSink sink{result.data(), false};
+  NonFiniteReport report;
+  RecordingBackend first(0.75, c.backend_staging);
+  ASSERT_TRUE(reducer
+                  .Reduce(ptrs, spans, c.dtype, world, first, nullptr, 0,
+                          c.check ? &report : nullptr, &kept, &sink)
+                  .ok());
+  EXPECT_FALSE(report.result_non_finite);
+  EXPECT_EQ(kept.pieces, CountBucketPieces(elements, staged / elements, kPieceBytes));
+  ASSERT_EQ(first.inputs.size(), sums.size());
+  EXPECT_TRUE(first.inputs == sums) << "the kept sums differ from the collectives' input";
+  EXPECT_TRUE(sink.written);
+  const std::vector<std::vector<uint8_t>> averaged = arenas;
+  for (const ReduceSpan& s : spans) {
+    for (int t = 0; t < c.trainers; ++t) {
+      ASSERT_EQ(std::memcmp(arenas[t].data() + s.offset, arenas[0].data() + s.offset, s.bytes), 0);
+    }
+    ASSERT_EQ(std::memcmp(result.data() + s.offset, arenas[0].data() + s.offset, s.bytes), 0)
+        << "the kept result differs from the average at span offset " << s.offset;
+    ASSERT_NE(std::memcmp(arenas[0].data() + s.offset, inputs[0].data() + s.offset, s.bytes), 0);
+  }
+  EXPECT_EQ(result[0], 0xCD) << "the kept result is written only at the spans";
+  EXPECT_EQ(result[arena_bytes - 1], 0xCD);
+
+  // Redone from the kept sums: the arenas' current content is never read.
+  for (auto& a : arenas) {
+    for (const ReduceSpan& s : spans) std::memset(a.data() + s.offset, 0x3C, s.bytes);
+  }
+  std::fill(result.begin(), result.end(), 0xCD);
+  RecordingBackend redo(0.75, c.backend_staging);
+  ASSERT_TRUE(reducer
+                  .Reduce(ptrs, spans, c.dtype, world, redo, nullptr, 0,
+                          c.check ? &report : nullptr, &kept, &sink)
+                  .ok());
+  EXPECT_TRUE(redo.inputs == first.inputs);
+  EXPECT_TRUE(arenas == averaged) << "the redone iteration's average differs";
+  for (const ReduceSpan& s : spans) {
+    ASSERT_EQ(std::memcmp(result.data() + s.offset, arenas[0].data() + s.offset, s.bytes), 0);
+  }
+}
+
+std::vector<KeptCase> KeptCases() {
+  std::vector<KeptCase> out;
+  for (DType d : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    for (int trainers : {1, 2, 3}) {
+      for (bool backend_staging : {false, true}) {
+        for (bool check : {false, true}) out.push_back({d, trainers, backend_staging, check});
+      }
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPaths, KeptCopiesTest, ::testing::ValuesIn(KeptCases()));
 
 // A bucket over kPieceBytes goes across nodes in pieces (their collectives
 // pipelined), cut the same whether this node's trainers reduce it or have

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "common/status_code.h"
@@ -105,16 +106,26 @@ TEST(JudgeSplit, MoreThanOneApartFailsNamingBoth) {
               HasSubstr("stopped in iterations 5 (node_rank=0) and up to 7 (node_rank=1)"));
 }
 
+// What the reducer's write-back writes through the sink: `spans` of `arena`.
+void WriteThroughSink(KeptResult& kept, const uint8_t* arena,
+                      const std::vector<ReduceSpan>& spans) {
+  KeptResultSink* sink = kept.sink();
+  sink->written = true;
+  for (const ReduceSpan& s : spans) std::memcpy(sink->base + s.offset, arena + s.offset, s.bytes);
+}
+
 TEST(KeptResult, HoldsAnIterationOnlyOnceEveryBucketWasKeptAndUntilTheNextOneBegins) {
   KeptResult kept;
   kept.Resize(64);
   std::vector<uint8_t> arena(64);
   for (size_t i = 0; i < arena.size(); ++i) arena[i] = static_cast<uint8_t>(i + 1);
   const std::vector<ReduceSpan> first = {{0, 16}}, second = {{32, 32}};
-  kept.Keep(4, 0, arena.data(), first);
+  WriteThroughSink(kept, arena.data(), first);
+  kept.Kept(4, 0);
   kept.Complete(4, 2, 6, false);
   EXPECT_FALSE(kept.Holds(4));  // bucket 1 missing
-  kept.Keep(4, 1, arena.data(), second);
+  WriteThroughSink(kept, arena.data(), second);
+  kept.Kept(4, 1);
   kept.Complete(4, 2, 6, false);
   EXPECT_TRUE(kept.Holds(4));
   EXPECT_EQ(kept.divisor(), 6);
@@ -124,9 +135,28 @@ TEST(KeptResult, HoldsAnIterationOnlyOnceEveryBucketWasKeptAndUntilTheNextOneBeg
   for (size_t i = 0; i < 64; ++i) {
     EXPECT_EQ(other[i], (i < 16 || i >= 32) ? arena[i] : 0) << "byte " << i;
   }
-  kept.Keep(5, 0, arena.data(), first);
+  WriteThroughSink(kept, arena.data(), first);
+  kept.Kept(5, 0);
   EXPECT_FALSE(kept.Holds(4));
   EXPECT_FALSE(kept.Holds(5));
+}
+
+TEST(KeptResult, HoldsNothingOnceTheNextIterationsWriteBackBeganEvenIfItsReductionFailed) {
+  KeptResult kept;
+  kept.Resize(16);
+  std::vector<uint8_t> arena(16, 7);
+  WriteThroughSink(kept, arena.data(), {{0, 16}});
+  kept.Kept(4, 0);
+  kept.Complete(4, 1, 2, false);
+  ASSERT_TRUE(kept.Holds(4));
+  // Iteration 5's first piece was written back, then its collective failed:
+  // Kept is never called, and the buffer is no longer iteration 4's.
+  WriteThroughSink(kept, arena.data(), {{0, 8}});
+  EXPECT_FALSE(kept.Holds(4));
+  // A result received whole holds again.
+  kept.Drop();
+  kept.Received(4, 2, false);
+  EXPECT_TRUE(kept.Holds(4));
 }
 
 TEST(ResumeRule, SurvivorsAtMostOneIterationApartMayFormAGeneration) {
