@@ -275,14 +275,13 @@ absl::StatusOr<JoinResult> JoinGeneration(JobRendezvous& client, const DaemonCon
   return joined;
 }
 
-// The global rank of this node's local rank 0: the trainers of the nodes
-// before it.
+// The global rank of this node's local rank 0, as the rendezvous assigned
+// it (rank_offsets.h): kept across re-formations, never another's.
 int RankOffset(const JoinResult& joined, int node_rank) {
-  int rank_offset = 0;
   for (const RendezvousPeer& p : joined.peers) {
-    if (p.node_rank < node_rank) rank_offset += p.local_size;
+    if (p.node_rank == node_rank) return p.rank_offset;
   }
-  return rank_offset;
+  return 0;
 }
 
 // Publishes this node's records: its --check-replicas-every, --min-nodes,
