@@ -378,14 +378,14 @@ struct Agreement {
 };
 
 // Every node publishes its records and compares every other node's with
-// the first member's (node 0's unless it died; so every node reports the
+// the first member's (node 0's unless it died or joins the running job; so every node reports the
 // same mismatch); then reads that member's caps and --uneven-inputs.
 absl::StatusOr<Agreement> Agree(JobRendezvous& client, const DaemonConfig& config, uint64_t gen,
-                                const std::vector<int>& members, const Layout& layout,
-                                absl::Time deadline) {
+                                const std::vector<int>& members, int first_member,
+                                const Layout& layout, absl::Time deadline) {
   const absl::Duration wait = std::max(absl::Seconds(1), deadline - MonotonicNow());
   Agreement agreed;
-  ASSIGN_OR_RETURN(agreed.wire_dtype, PublishRecords(client, config, gen, members.front(), layout));
+  ASSIGN_OR_RETURN(agreed.wire_dtype, PublishRecords(client, config, gen, first_member, layout));
   ASSIGN_OR_RETURN(const Records records, WaitForRecords(client, members, gen, wait));
   RETURN_IF_ERROR(CompareLayouts(records, gen, members));
   RETURN_IF_ERROR(CompareSharedFlags(records, gen, members));
@@ -522,8 +522,12 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   const int rank_offset = RankOffset(joined, config.node_rank);
   std::vector<int> members;
   std::vector<RendezvousPeer> probe_targets;
+  // The lowest member that holds the job's state: a node joining the
+  // running job (node 0 too, on etcd) publishes neither caps nor plan.
+  int first_member = -1;
   for (const RendezvousPeer& p : joined.peers) {
     if (p.local_size > 0) members.push_back(p.node_rank);
+    if (p.local_size > 0 && !p.joins_running && first_member < 0) first_member = p.node_rank;
     if (p.local_size > 0 && p.node_rank != config.node_rank && !p.listen_address.empty()) {
       probe_targets.push_back(p);
     }
@@ -532,6 +536,7 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
     return MakeError(v1::INTERNAL, absl::StrCat("generation ", gen, " formed without node_rank=",
                                                 config.node_rank, ", which joined it"));
   }
+  if (first_member < 0) first_member = members.front();
   spdlog::info(
       "event=joined generation={} node_rank={} num_nodes={} members={} world_size={} "
       "rank_offset={}",
@@ -542,10 +547,11 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> backend = GlooWorkerBackend::Start(gloo);
   if (!backend.ok()) return GlooFailed(*client, config.node_rank, gen, backend.status());
   // Nodes join the running job: the first member hands them the plan.
-  if (resume.grow && config.node_rank == members.front()) {
+  if (resume.grow && config.node_rank == first_member) {
     RETURN_IF_ERROR(client->Set(RunningPlanKey(gen), EncodeRunningPlan(resume.plan)));
   }
-  ASSIGN_OR_RETURN(Agreement agreed, Agree(*client, config, gen, members, layout, deadline));
+  ASSIGN_OR_RETURN(Agreement agreed,
+                   Agree(*client, config, gen, members, first_member, layout, deadline));
   gloo.wire_dtype = agreed.wire_dtype;
   const bool joins_running = resume.generation == 0 && joined.start_iteration > 0;
   RunningPlan running;
@@ -574,7 +580,7 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   world.generation = gen;
   world.num_nodes = static_cast<int>(members.size());
   world.node_index = gloo.node_rank;
-  world.first_member = members.front();
+  world.first_member = first_member;
   world.backend = std::move(*backend);
   world.caps = agreed.caps;
   world.uneven_inputs = agreed.uneven_inputs;

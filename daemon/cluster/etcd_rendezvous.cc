@@ -51,7 +51,7 @@ JoinResult ToJoinResult(const v1::JoinResponse& generation) {
   result.start_iteration = generation.start_iteration();
   for (const v1::Peer& p : generation.peers()) {
     result.peers.push_back(RendezvousPeer{p.node_rank(), p.host(), p.local_size(),
-                                          p.listen_address(), p.rank_offset()});
+                                          p.listen_address(), p.rank_offset(), p.joins_running()});
   }
   return result;
 }
@@ -846,6 +846,8 @@ v1::JoinResponse EtcdRendezvous::MakeGeneration(const std::map<int, v1::JoinRequ
     peer->set_local_size(join.local_size());
     peer->set_listen_address(join.listen_address());
     peer->set_rank_offset(offsets[i++]);
+    peer->set_joins_running(previous != nullptr && join.resume_generation() == 0);
+    peer->set_joins_running(previous != nullptr && join.resume_generation() == 0);
     world_size += join.local_size();
   }
   record.set_world_size(world_size);

@@ -112,7 +112,8 @@ absl::StatusOr<JoinResult> RendezvousClient::Join(const JoinParams& params) {
   result.start_iteration = response.start_iteration();
   for (const v1::Peer& peer : response.peers()) {
     result.peers.push_back(RendezvousPeer{peer.node_rank(), peer.host(), peer.local_size(),
-                                          peer.listen_address(), peer.rank_offset()});
+                                          peer.listen_address(), peer.rank_offset(),
+                                          peer.joins_running()});
   }
   return result;
 }

@@ -239,6 +239,7 @@ void RendezvousService::FormGenerationLocked(absl::Time now, bool with_joiners) 
     claims.push_back({it->first, join.local_size, goes_on ? previous[it->first].rank_offset : -1});
     m.host = join.host;
     m.local_size = join.local_size;
+    m.joins_running = join.joins_running;
     m.listen_address = join.listen_address;
     m.last_seen = now;
     world_size += join.local_size;
@@ -293,6 +294,7 @@ void RendezvousService::FillJoinResponseLocked(v1::JoinResponse* response) const
     peer->set_local_size(members_[r].local_size);
     peer->set_listen_address(members_[r].listen_address);
     peer->set_rank_offset(members_[r].rank_offset);
+    peer->set_joins_running(members_[r].joins_running);
     world_size += members_[r].local_size;
   }
   response->set_world_size(world_size);
