@@ -569,6 +569,7 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
                                                            std::move(probe_targets), layout.size(),
                                                            std::move(on_failure)));
   ClusterLink* raw = link.get();
+  raw->first_member_ = first_member;
   // The job gets the config log as it stood when the world formed before
   // its first iteration: a change held meanwhile is version 1 at iteration
   // 2, which a GPU node (no agreement on versions held) must have by then.
@@ -604,7 +605,7 @@ absl::StatusOr<std::vector<uint32_t>> ClusterLink::AgreeOrder(const std::vector<
   const std::string key = OrderKey(generation_);
   // A failed exchange is explained like a failed collective: a dead leader
   // or node is named, not the RPC that noticed it (the fault matrix).
-  if (config_.node_rank == members_.front()) {
+  if (config_.node_rank == first_member_) {
     if (absl::Status st = client_->Set(key, EncodeOrder(local)); !st.ok()) return Explain(st);
   }
   absl::StatusOr<Records> value =
