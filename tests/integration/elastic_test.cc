@@ -31,7 +31,8 @@
 // membership change. A replacement node for the dead one, and a new rank
 // below --max-nodes, join the running job at an iteration boundary, catch
 // up from the lowest live rank and train with the others (on either
-// rendezvous).
+// rendezvous); a new rank joining after node 1's death takes the ranks
+// node 1 left free, never a survivor's.
 //
 // Fixed (--min-nodes 3 = --num-nodes): a death ends every survivor with
 // GS_ERR_PEER_FAILED naming node_rank=2 and --min-nodes.
@@ -44,8 +45,9 @@
 // elastic_etcd_test runs every case on an etcd rendezvous (a real etcd
 // member; --rendezvous etcd://...) instead of the embedded leader, except
 // the two that need the leader (config set, its death), plus what only
-// etcd allows: node 0 SIGKILLed and the survivors train on, and one of
-// three etcd members killed while the survivors re-form.
+// etcd allows: node 0 SIGKILLed and the survivors train on, a replacement
+// node 0 joining them and catching up from rank 2, and one of three etcd
+// members killed while the survivors re-form.
 #include <gtest/gtest.h>
 #include <signal.h>
 
