@@ -378,8 +378,9 @@ struct Agreement {
 };
 
 // Every node publishes its records and compares every other node's with
-// the first member's (node 0's unless it died or joins the running job; so every node reports the
-// same mismatch); then reads that member's caps and --uneven-inputs.
+// the first member's (so every node reports the same mismatch); then reads
+// the caps and --uneven-inputs of `first_member` (node 0 unless it died or
+// joins the running job).
 absl::StatusOr<Agreement> Agree(JobRendezvous& client, const DaemonConfig& config, uint64_t gen,
                                 const std::vector<int>& members, int first_member,
                                 const Layout& layout, absl::Time deadline) {

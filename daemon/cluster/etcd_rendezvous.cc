@@ -847,7 +847,6 @@ v1::JoinResponse EtcdRendezvous::MakeGeneration(const std::map<int, v1::JoinRequ
     peer->set_listen_address(join.listen_address());
     peer->set_rank_offset(offsets[i++]);
     peer->set_joins_running(previous != nullptr && join.resume_generation() == 0);
-    peer->set_joins_running(previous != nullptr && join.resume_generation() == 0);
     world_size += join.local_size();
   }
   record.set_world_size(world_size);
