@@ -822,6 +822,17 @@ TEST(ElasticJob, ANewRankJoiningAfterAHoleTakesTheFreeRanksNotAMembers) {
   EXPECT_EQ(stats->world_size(), 6) << cluster.DaemonLogs();
 }
 
+// Node 1 dies (the survivors hold ranks 0-1 and 4-5) and a replacement
+// node 1 joins: it gets its old ranks 2-3 back, between the survivors'.
+TEST(ElasticJob, AReplacementForAMiddleNodeGetsItsOldRanksBack) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers, replacements;
+  int m = 0;
+  ASSERT_NO_FATAL_FAILURE(SwapNodeWhileTheJobRuns(cluster, &trainers, &replacements, &m, {},
+                                                  NodeSwap{/*victim=*/1, /*joiner=*/1}));
+}
+
 // On etcd node 0 may die and be replaced: nodes 1 and 2 re-form (ranks 2-5),
 // a fresh node 0 joins, takes ranks 0-1 again and catches up from rank 2,
 // the lowest live rank; everyone ends like the reference.
