@@ -275,14 +275,13 @@ absl::StatusOr<JoinResult> JoinGeneration(JobRendezvous& client, const DaemonCon
   return joined;
 }
 
-// The global rank of this node's local rank 0: the trainers of the nodes
-// before it.
+// The global rank of this node's local rank 0, as the rendezvous assigned
+// it (rank_offsets.h): kept across re-formations, never another's.
 int RankOffset(const JoinResult& joined, int node_rank) {
-  int rank_offset = 0;
   for (const RendezvousPeer& p : joined.peers) {
-    if (p.node_rank < node_rank) rank_offset += p.local_size;
+    if (p.node_rank == node_rank) return p.rank_offset;
   }
-  return rank_offset;
+  return 0;
 }
 
 // Publishes this node's records: its --check-replicas-every, --min-nodes,
@@ -379,14 +378,15 @@ struct Agreement {
 };
 
 // Every node publishes its records and compares every other node's with
-// the first member's (node 0's unless it died; so every node reports the
-// same mismatch); then reads that member's caps and --uneven-inputs.
+// the first member's (so every node reports the same mismatch); then reads
+// the caps and --uneven-inputs of `first_member` (node 0 unless it died or
+// joins the running job).
 absl::StatusOr<Agreement> Agree(JobRendezvous& client, const DaemonConfig& config, uint64_t gen,
-                                const std::vector<int>& members, const Layout& layout,
-                                absl::Time deadline) {
+                                const std::vector<int>& members, int first_member,
+                                const Layout& layout, absl::Time deadline) {
   const absl::Duration wait = std::max(absl::Seconds(1), deadline - MonotonicNow());
   Agreement agreed;
-  ASSIGN_OR_RETURN(agreed.wire_dtype, PublishRecords(client, config, gen, members.front(), layout));
+  ASSIGN_OR_RETURN(agreed.wire_dtype, PublishRecords(client, config, gen, first_member, layout));
   ASSIGN_OR_RETURN(const Records records, WaitForRecords(client, members, gen, wait));
   RETURN_IF_ERROR(CompareLayouts(records, gen, members));
   RETURN_IF_ERROR(CompareSharedFlags(records, gen, members));
@@ -523,8 +523,12 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   const int rank_offset = RankOffset(joined, config.node_rank);
   std::vector<int> members;
   std::vector<RendezvousPeer> probe_targets;
+  // The lowest member that holds the job's state: a node joining the
+  // running job (node 0 too, on etcd) publishes neither caps nor plan.
+  int first_member = -1;
   for (const RendezvousPeer& p : joined.peers) {
     if (p.local_size > 0) members.push_back(p.node_rank);
+    if (p.local_size > 0 && !p.joins_running && first_member < 0) first_member = p.node_rank;
     if (p.local_size > 0 && p.node_rank != config.node_rank && !p.listen_address.empty()) {
       probe_targets.push_back(p);
     }
@@ -533,6 +537,7 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
     return MakeError(v1::INTERNAL, absl::StrCat("generation ", gen, " formed without node_rank=",
                                                 config.node_rank, ", which joined it"));
   }
+  if (first_member < 0) first_member = members.front();
   spdlog::info(
       "event=joined generation={} node_rank={} num_nodes={} members={} world_size={} "
       "rank_offset={}",
@@ -543,10 +548,11 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> backend = GlooWorkerBackend::Start(gloo);
   if (!backend.ok()) return GlooFailed(*client, config.node_rank, gen, backend.status());
   // Nodes join the running job: the first member hands them the plan.
-  if (resume.grow && config.node_rank == members.front()) {
+  if (resume.grow && config.node_rank == first_member) {
     RETURN_IF_ERROR(client->Set(RunningPlanKey(gen), EncodeRunningPlan(resume.plan)));
   }
-  ASSIGN_OR_RETURN(Agreement agreed, Agree(*client, config, gen, members, layout, deadline));
+  ASSIGN_OR_RETURN(Agreement agreed,
+                   Agree(*client, config, gen, members, first_member, layout, deadline));
   gloo.wire_dtype = agreed.wire_dtype;
   const bool joins_running = resume.generation == 0 && joined.start_iteration > 0;
   RunningPlan running;
@@ -564,6 +570,7 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
                                                            std::move(probe_targets), layout.size(),
                                                            std::move(on_failure)));
   ClusterLink* raw = link.get();
+  raw->first_member_ = first_member;
   // The job gets the config log as it stood when the world formed before
   // its first iteration: a change held meanwhile is version 1 at iteration
   // 2, which a GPU node (no agreement on versions held) must have by then.
@@ -575,7 +582,7 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   world.generation = gen;
   world.num_nodes = static_cast<int>(members.size());
   world.node_index = gloo.node_rank;
-  world.first_member = members.front();
+  world.first_member = first_member;
   world.backend = std::move(*backend);
   world.caps = agreed.caps;
   world.uneven_inputs = agreed.uneven_inputs;
@@ -599,7 +606,7 @@ absl::StatusOr<std::vector<uint32_t>> ClusterLink::AgreeOrder(const std::vector<
   const std::string key = OrderKey(generation_);
   // A failed exchange is explained like a failed collective: a dead leader
   // or node is named, not the RPC that noticed it (the fault matrix).
-  if (config_.node_rank == members_.front()) {
+  if (config_.node_rank == first_member_) {
     if (absl::Status st = client_->Set(key, EncodeOrder(local)); !st.ok()) return Explain(st);
   }
   absl::StatusOr<Records> value =

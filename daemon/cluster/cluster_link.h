@@ -129,6 +129,8 @@ class ClusterLink final : public WorldLink {
   const std::shared_ptr<JobRendezvous> client_;
   const uint64_t generation_;
   const std::vector<int> members_;  // node ranks of the generation, ascending
+  // The first member that is no joiner: it publishes the rebuilt order.
+  int first_member_ = 0;
   // The other members that sent a listen address (liveness_probe.h).
   const std::vector<RendezvousPeer> probe_targets_;
   // The embedded leader's, where this node is not the leader ("": none).

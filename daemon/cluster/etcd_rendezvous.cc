@@ -16,6 +16,7 @@
 #include "common/status_macros.h"
 #include "daemon/cluster/etcd_token_proof.h"
 #include "daemon/cluster/liveness_probe.h"
+#include "daemon/cluster/rank_offsets.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "daemon/cluster/rendezvous_records.h"
 #include "daemon/cluster/resume_rule.h"
@@ -49,8 +50,8 @@ JoinResult ToJoinResult(const v1::JoinResponse& generation) {
   result.world_size = generation.world_size();
   result.start_iteration = generation.start_iteration();
   for (const v1::Peer& p : generation.peers()) {
-    result.peers.push_back(
-        RendezvousPeer{p.node_rank(), p.host(), p.local_size(), p.listen_address()});
+    result.peers.push_back(RendezvousPeer{p.node_rank(), p.host(), p.local_size(),
+                                          p.listen_address(), p.rank_offset(), p.joins_running()});
   }
   return result;
 }
@@ -772,7 +773,7 @@ absl::StatusOr<std::optional<v1::JoinResponse>> EtcdRendezvous::JudgeResume(
   // split iteration first), as on the embedded leader.
   uint64_t starts_at = 0;
   for (const auto& [rank, resume] : resumes) starts_at = std::max(starts_at, resume);
-  return std::optional<v1::JoinResponse>(MakeGeneration(joins, g + 1, starts_at));
+  return std::optional<v1::JoinResponse>(MakeGeneration(joins, g + 1, starts_at, &aborted));
 }
 
 std::map<int, std::string> EtcdRendezvous::ProbeUndecided(
@@ -814,18 +815,38 @@ void EtcdRendezvous::MarkRefused(uint64_t generation, const v1::Peer& peer) {
 }
 
 v1::JoinResponse EtcdRendezvous::MakeGeneration(const std::map<int, v1::JoinRequest>& joins,
-                                                uint64_t target, uint64_t start_iteration) const {
+                                                uint64_t target, uint64_t start_iteration,
+                                                const v1::JoinResponse* previous) const {
   v1::JoinResponse record;
   record.set_generation(target);
   record.set_start_iteration(start_iteration);
   record.set_incarnation(SecureRandom64() | 1);
+  // Members going on keep their trainers' ranks (rank_offsets.h), as on
+  // the embedded leader.
+  std::map<int, int> kept;
+  if (previous != nullptr) {
+    for (const v1::Peer& p : previous->peers()) {
+      if (p.local_size() > 0) kept[p.node_rank()] = p.rank_offset();
+    }
+  }
+  std::vector<RankClaim> claims;
+  for (const auto& [rank, join] : joins) {
+    const auto it = kept.find(rank);
+    const bool goes_on = it != kept.end() && join.resume_generation() != 0 &&
+                         join.resume_generation() == previous->generation();
+    claims.push_back({rank, join.local_size(), goes_on ? it->second : -1});
+  }
+  const std::vector<int> offsets = AssignRankOffsets(claims);
   int world_size = 0;
+  size_t i = 0;
   for (const auto& [rank, join] : joins) {
     v1::Peer* peer = record.add_peers();
     peer->set_node_rank(rank);
     peer->set_host(join.host());
     peer->set_local_size(join.local_size());
     peer->set_listen_address(join.listen_address());
+    peer->set_rank_offset(offsets[i++]);
+    peer->set_joins_running(previous != nullptr && join.resume_generation() == 0);
     world_size += join.local_size();
   }
   record.set_world_size(world_size);

@@ -277,8 +277,11 @@ class EtcdRendezvous final : public JobRendezvous {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Logs `peer` dead by refusal and records it (ROOT/gen/<g>/dead/<rank>).
   void MarkRefused(uint64_t generation, const v1::Peer& peer);
+  // `previous`: the generation this one follows (its members going on keep
+  // their rank offsets, rank_offsets.h); nullptr for a fresh job.
   v1::JoinResponse MakeGeneration(const std::map<int, v1::JoinRequest>& joins, uint64_t target,
-                                  uint64_t start_iteration) const;
+                                  uint64_t start_iteration,
+                                  const v1::JoinResponse* previous = nullptr) const;
   // What a decided round means for this node: its generation, its error,
   // or STATE when the survivors re-formed without it.
   absl::StatusOr<JoinStep> FromOutcome(const v1::JoinResponse& outcome, const JoinParams& params);

@@ -103,20 +103,9 @@ absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::JoinRunning(
                      absl::StrCat("node_rank=", rank, " is out of range [0, ", max_nodes,
                                   "): the job takes at most --max-nodes=", max_nodes, " nodes"));
   }
-  const std::vector<int> members = MemberRanks(running);
-  if (joining && (members.empty() || members.front() != 0)) {
-    // Trainers keep their ranks across re-formations and catch up from
-    // global rank 0 (gs_broadcast from rank 0), a trainer of node 0: with
-    // node 0 gone no old member holds it, and a new node 0 would hand over
-    // its fresh state.
-    return MakeError(
-        v1::STATE,
-        absl::StrCat("node_rank=", rank, " cannot join running generation ", g, " of elastic job '",
-                     options_.job_id, "' (members: node_rank=", absl::StrJoin(members, ","),
-                     "): node 0 is no member, and a joining node's trainers catch up from "
-                     "global rank 0, a trainer of node 0; the node takes part again when the "
-                     "job restarts"));
-  }
+  // Node 0 need not be a member: the joiner's trainers catch up from the
+  // lowest live rank of an old member (RunningPlanRecord.catch_up_root),
+  // and the generation's first live member appends the grow entry.
   if (!joining && !state.grow) {
     return MakeError(v1::STATE, absl::StrCat("node_rank=", rank, " leaves generation ", g,
                                              " at a grow boundary, but its config log in ",
@@ -235,7 +224,8 @@ absl::StatusOr<std::optional<v1::JoinResponse>> EtcdRendezvous::JudgeGrow(
   }
   spdlog::info("event=growing generation={} members={} joiners={} start_iteration={} etcd={}",
                g + 1, switched, joiners, first.resume_iteration(), LogValue(Describe()));
-  return std::optional<v1::JoinResponse>(MakeGeneration(next, g + 1, first.resume_iteration()));
+  return std::optional<v1::JoinResponse>(
+      MakeGeneration(next, g + 1, first.resume_iteration(), &running));
 }
 
 absl::StatusOr<std::optional<EtcdConfigEntry>> EtcdRendezvous::ScheduleGrow(

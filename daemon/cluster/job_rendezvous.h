@@ -34,6 +34,8 @@ struct RendezvousPeer {
   std::string host;
   int local_size = 0;
   std::string listen_address;  // its daemon's, to probe (liveness_probe.h); "": none
+  int rank_offset = 0;         // the global rank of its local rank 0 (rank_offsets.h)
+  bool joins_running = false;  // Peer.joins_running: never the first member
 };
 
 struct JoinParams {

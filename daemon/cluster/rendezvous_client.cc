@@ -111,8 +111,9 @@ absl::StatusOr<JoinResult> RendezvousClient::Join(const JoinParams& params) {
   result.world_size = response.world_size();
   result.start_iteration = response.start_iteration();
   for (const v1::Peer& peer : response.peers()) {
-    result.peers.push_back(
-        RendezvousPeer{peer.node_rank(), peer.host(), peer.local_size(), peer.listen_address()});
+    result.peers.push_back(RendezvousPeer{peer.node_rank(), peer.host(), peer.local_size(),
+                                          peer.listen_address(), peer.rank_offset(),
+                                          peer.joins_running()});
   }
   return result;
 }

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/log_value.h"
+#include "daemon/cluster/rank_offsets.h"
 #include "daemon/cluster/rendezvous_keys.h"
 #include "daemon/cluster/rendezvous_records.h"
 #include "daemon/cluster/resume_rule.h"
@@ -216,6 +217,9 @@ void RendezvousService::FormGenerationLocked(absl::Time now, bool with_joiners) 
   ++generation_;
   aborted_ = false;
   abort_reason_.clear();
+  // Members going on keep their trainers' ranks (rank_offsets.h).
+  const std::vector<Member> previous = std::move(members_);
+  std::vector<RankClaim> claims;
   members_.assign(rank_limit_.load(), Member{});
   size_t pending_count = 0;
   int world_size = 0;
@@ -229,8 +233,13 @@ void RendezvousService::FormGenerationLocked(absl::Time now, bool with_joiners) 
       continue;
     }
     Member& m = members_[it->first];
+    const bool goes_on = join.resume_generation != 0 && join.resume_generation == generation_ - 1 &&
+                         it->first < static_cast<int>(previous.size()) &&
+                         previous[it->first].member();
+    claims.push_back({it->first, join.local_size, goes_on ? previous[it->first].rank_offset : -1});
     m.host = join.host;
     m.local_size = join.local_size;
+    m.joins_running = join.joins_running;
     m.listen_address = join.listen_address;
     m.last_seen = now;
     world_size += join.local_size;
@@ -238,6 +247,8 @@ void RendezvousService::FormGenerationLocked(absl::Time now, bool with_joiners) 
     ++pending_count;
     it = pending_.erase(it);
   }
+  const std::vector<int> offsets = AssignRankOffsets(claims);
+  for (size_t i = 0; i < claims.size(); ++i) members_[claims[i].node_rank].rank_offset = offsets[i];
   started_at_ = starts_at;
   grow_scheduled_ = false;
   config_version_ = 0;  // each generation has its own config log
@@ -282,6 +293,8 @@ void RendezvousService::FillJoinResponseLocked(v1::JoinResponse* response) const
     peer->set_host(members_[r].host);
     peer->set_local_size(members_[r].local_size);
     peer->set_listen_address(members_[r].listen_address);
+    peer->set_rank_offset(members_[r].rank_offset);
+    peer->set_joins_running(members_[r].joins_running);
     world_size += members_[r].local_size;
   }
   response->set_world_size(world_size);

@@ -250,7 +250,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
     // Non-empty: a probe after the abort found nothing listening there
     // ("its daemon at HOST:PORT refuses connections"): dead at once.
     std::string refused;
-    bool probing = false;                         // a probe of it is in flight
+    int rank_offset = 0;         // the global rank of its local rank 0 (rank_offsets.h)
+    bool joins_running = false;  // it joined the running job in this generation
+    bool probing = false;        // a probe of it is in flight
     absl::Time probed_at = absl::InfinitePast();  // when the last one started
     // Every Join carries local_size >= 1: 0 marks a rank that is not a
     // member of the generation (an elastic job re-formed without it).

@@ -791,24 +791,46 @@ TEST_F(EtcdRendezvousTest, ARankAtMaxNodesIsRefusedNamingIt) {
   EXPECT_FALSE(JobKeyExists("gen/1/joining/3"));
 }
 
-// Node 0 died and the survivors 1 and 2 formed generation 2: no trainer of
-// theirs holds global rank 0, the catch-up's source, and a new node 0's
-// would hand over fresh state, so a node joining is refused, named, and
-// nothing of it stays in etcd.
-TEST_F(EtcdRendezvousTest, ANodeJoiningWhileNodeZeroIsNoMemberIsRefusedNamingNodeZero) {
+// Node 0 died and nodes 1 and 2 run on (ranks [1,3) and [3,6) kept): a
+// replacement node 0 is held like any joiner, node 1 (the first live member)
+// appends the grow entry, and all three form generation 3 with node 0 back
+// on rank 0 and marked as joining, so node 1 publishes the running plan
+// and the joiners' trainers catch up from its lowest live rank. A new
+// node 3 joining at once takes the lowest free range of 4, [6,10).
+TEST_F(EtcdRendezvousTest, NodesJoiningWhileNodeZeroIsNoMemberTakeFreeRanksAtTheBoundary) {
   std::vector<absl::StatusOr<JoinResult>> results = ResumeAfterDeaths({0}, {7, 7, 7});
   ASSERT_EQ(results.size(), 3u);
-  ASSERT_TRUE(results[1].ok()) << results[1].status();
-  for (int rank : {0, 3}) {
-    absl::StatusOr<JoinResult> r = NewNode(kLeaseTtl, 2, 4)->Join(Node(rank, 3, absl::Seconds(5)));
-    ASSERT_FALSE(r.ok());
-    EXPECT_EQ(CodeOf(r.status()), v1::STATE) << r.status();
-    EXPECT_THAT(r.status().message(),
-                HasSubstr(absl::StrCat("node_rank=", rank,
-                                       " cannot join running generation 2 of elastic job 'job1' "
-                                       "(members: node_rank=1,2): node 0 is no member")));
-    EXPECT_THAT(r.status().message(), HasSubstr("global rank 0"));
-    EXPECT_FALSE(JobKeyExists(absl::StrCat("gen/2/joining/", rank)));
+  for (int i : {1, 2}) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    ASSERT_EQ(results[i]->peers.size(), 2u);
+    EXPECT_EQ(results[i]->peers[0].rank_offset, 1);
+    EXPECT_EQ(results[i]->peers[1].rank_offset, 3);
+  }
+  BackgroundJoin joiner0(NewNode(kLeaseTtl, 2, 4), Node(0, 3));
+  BackgroundJoin joiner3(NewNode(kLeaseTtl, 2, 4), Node(3, 3));
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] { return JobKeyExists("gen/2/joining/0") && JobKeyExists("gen/2/joining/3"); },
+      absl::Seconds(30)));
+  absl::StatusOr<HeartbeatResult> first = Beat(*nodes_[1], 1, 2, absl::OkStatus(), 7);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->config_version, 1u);  // node 1 appended the grow entry, at 9
+  std::vector<absl::StatusOr<JoinResult>> members =
+      SwitchAtTheGrowBoundary({1, 2}, 2, 9, /*num_nodes=*/3, 2, 4);
+  absl::StatusOr<JoinResult> joined0 = joiner0.Result();
+  absl::StatusOr<JoinResult> joined3 = joiner3.Result();
+  for (const absl::StatusOr<JoinResult>* r : {&members[1], &members[2], &joined0, &joined3}) {
+    ASSERT_TRUE(r->ok()) << r->status();
+    EXPECT_EQ((*r)->generation, 3u);
+    EXPECT_EQ((*r)->start_iteration, 9u);
+    ASSERT_EQ((*r)->peers.size(), 4u);
+    std::vector<int> offsets;
+    std::vector<bool> joins;
+    for (const RendezvousPeer& p : (*r)->peers) {
+      offsets.push_back(p.rank_offset);
+      joins.push_back(p.joins_running);
+    }
+    EXPECT_EQ(offsets, (std::vector<int>{0, 1, 3, 6}));
+    EXPECT_EQ(joins, (std::vector<bool>{true, false, false, true}));
   }
 }
 

@@ -31,7 +31,8 @@
 // membership change. A replacement node for the dead one, and a new rank
 // below --max-nodes, join the running job at an iteration boundary, catch
 // up from the lowest live rank and train with the others (on either
-// rendezvous).
+// rendezvous); a new rank joining after node 1's death takes the ranks
+// node 1 left free, never a survivor's.
 //
 // Fixed (--min-nodes 3 = --num-nodes): a death ends every survivor with
 // GS_ERR_PEER_FAILED naming node_rank=2 and --min-nodes.
@@ -44,8 +45,9 @@
 // elastic_etcd_test runs every case on an etcd rendezvous (a real etcd
 // member; --rendezvous etcd://...) instead of the embedded leader, except
 // the two that need the leader (config set, its death), plus what only
-// etcd allows: node 0 SIGKILLed and the survivors train on, and one of
-// three etcd members killed while the survivors re-form.
+// etcd allows: node 0 SIGKILLed and the survivors train on, a replacement
+// node 0 joining them and catching up from rank 2, and one of three etcd
+// members killed while the survivors re-form.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -684,46 +686,58 @@ TEST(ElasticJob, BroadcastFromADeadNodesRankAfterAReformationFailsNamingTheRank)
   }
 }
 
-// A replacement node 2 (a fresh daemon and trainers, --catch-up) while the
-// survivors' generation runs. Node 0's trainers are held (the longer
-// timeout keeps that from being a stall) until both survivors read the
-// leader's grow entry, so they switch at its iteration m; from m on the
-// job averages over 6 again. The replacements start at iteration m with
-// rank 0's weights (gs_broadcast: gs_job_info.joined_running_job on theirs,
-// nodes_joined on the survivors'), and all 6 end with the same weights,
-// within 1e-12 of one process that averages iterations 0-1 over all six
-// shards, 2..m-1 over ranks 0-3's and m on over all six again.
-// The replacement scenario: node 2 SIGKILLed in iteration 2, the survivors
-// re-form, a fresh node 2 (`extra_flags` on every daemon, `extra_args` on
-// every trainer, --catch-up added) joins at iteration *m, and all six end
-// alike and like the reference. Returns the survivors' and the
-// replacements' trainers.
-void ReplaceNodeTwoWhileTheJobRuns(Cluster& cluster, std::vector<Trainer>* trainers,
-                                   std::vector<Trainer>* replacements, int* m,
-                                   const std::vector<std::string>& extra_args = {}) {
+// Which node dies in iteration 2 and which joins the running job after the
+// survivors re-formed: a replacement daemon for the dead node's rank, or a
+// new rank below --max-nodes (a spare node of the cluster).
+struct NodeSwap {
+  int victim = kVictimNode;
+  int joiner = kVictimNode;
+};
+
+// A node joins (a fresh daemon and trainers, --catch-up) while the
+// survivors' generation runs. The lowest survivor's trainers are held (the
+// longer timeout keeps that from being a stall) until every survivor read
+// the grow entry, so they switch at its iteration m; from m on the job
+// averages over 6 again. The joiner's trainers take the ranks the dead node
+// left free (the lowest free range), start at iteration m with the lowest
+// live rank's weights (gs_broadcast from gs_job_info.catch_up_root:
+// joined_running_job on theirs, nodes_joined on the survivors'), and all 6
+// end with the same weights, within 1e-12 of one process that averages
+// iterations 0-1 over all six shards, 2..m-1 over the survivors' and m on
+// over all six again. `extra_args` go to every trainer, --catch-up added.
+// Returns the survivors' and the joiner's trainers.
+void SwapNodeWhileTheJobRuns(Cluster& cluster, std::vector<Trainer>* trainers,
+                             std::vector<Trainer>* replacements, int* m,
+                             const std::vector<std::string>& extra_args = {}, NodeSwap swap = {}) {
   std::vector<std::string> args = extra_args;
   args.push_back("--catch-up");
-  RunUntilKilled(cluster, Stage::kBackward, trainers, {kVictimNode}, /*resume=*/false, args);
-  ResumeSurvivors(trainers, {0, kVictimNode});  // node 1's: its collective fails
-  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_reformed", kErrorBound))
+  // The lowest survivor: the embedded leader, or etcd's first member.
+  const int held = swap.victim == 0 ? 1 : 0;
+  RunUntilKilled(cluster, Stage::kBackward, trainers, {swap.victim}, /*resume=*/false, args);
+  ResumeSurvivors(trainers, {held, swap.victim});  // the others': their collective fails
+  ASSERT_TRUE(WaitForLog(cluster.node(held).process(), "event=job_reformed", kErrorBound))
       << cluster.DaemonLogs();
-  ASSERT_TRUE(cluster.StartNode(kVictimNode)) << cluster.DaemonLogs();
+  ASSERT_TRUE(cluster.StartNode(swap.joiner)) << cluster.DaemonLogs();
   for (int r = 0; r < kLocal; ++r) {
     std::vector<std::string> replacement_args = TrainArgs();
     replacement_args.insert(replacement_args.end(), args.begin(), args.end());
     const std::string out = absl::StrCat(cluster.dir(), "/replacement_", r);
     replacements->push_back(
-        {kVictimNode, "", out, StartTrainer(cluster.node(kVictimNode), r, replacement_args, out)});
+        {swap.joiner, "", out, StartTrainer(cluster.node(swap.joiner), r, replacement_args, out)});
   }
-  // The leader holds the replacement and publishes the grow entry; both
-  // survivors read it before node 0's trainers go on.
-  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_grow_published", kErrorBound))
+  // The rendezvous holds the joiner and the lowest survivor (the leader, or
+  // etcd's first member) publishes the grow entry; every survivor reads it
+  // before the held trainers go on.
+  ASSERT_TRUE(WaitForLog(cluster.node(held).process(), "event=job_grow_published", kErrorBound))
       << cluster.DaemonLogs();
-  for (int n : {0, 1}) {
+  for (int n = 0; n < kNodes; ++n) {
+    if (n == swap.victim) continue;
     ASSERT_TRUE(WaitForLog(cluster.node(n).process(), "event=job_grow_read", kErrorBound))
         << cluster.DaemonLogs();
   }
-  ResumeSurvivors(trainers, {1, kVictimNode});  // node 0's
+  for (Trainer& t : *trainers) {
+    if (t.node == held) t.process.Signal(SIGCONT);
+  }
   // m: where the replacements started (their trainers print it).
   const std::string joined = "mlp_trainer: joined the running job at iteration ";
   ASSERT_TRUE(WaitForLog((*replacements)[0].process, joined, kErrorBound))
@@ -732,27 +746,46 @@ void ReplaceNodeTwoWhileTheJobRuns(Cluster& cluster, std::vector<Trainer>* train
   *m = std::atoi(log.c_str() + log.find(joined) + joined.size());
   ASSERT_GT(*m, kKilledStep);
   ASSERT_LT(*m, kSteps) << "the survivors finished before the replacement joined";
+  // The lowest live rank sends the state; the joiner's trainers hold the
+  // dead node's ranks, which no survivor holds.
   for (size_t i = 0; i < replacements->size(); ++i) {
     const std::string line =
-        absl::StrCat(joined, *m, ": state from rank 0, world size 6, rank ", 4 + i, "\n");
+        absl::StrCat(joined, *m, ": state from rank ", held * kLocal, ", world size 6, rank ",
+                     swap.victim * kLocal + static_cast<int>(i), "\n");
     EXPECT_TRUE(WaitForLog((*replacements)[i].process, line, kErrorBound))
-        << (*replacements)[i].process.Log();
+        << line << (*replacements)[i].process.Log();
   }
 
+  std::vector<std::string> steps;
+  for (int rank = 0; rank < kNodes * kLocal; ++rank) {
+    steps.push_back(absl::StrCat(rank / kLocal == swap.victim ? kKilledStep : kSteps));
+  }
   std::vector<std::string> reference_args = TrainArgs();
-  reference_args.push_back(absl::StrCat("--join-steps=8,8,8,8,", kKilledStep, ",", kKilledStep));
+  reference_args.push_back(absl::StrCat("--join-steps=", absl::StrJoin(steps, ",")));
   reference_args.push_back("--join-divide-by-active");
   reference_args.push_back(absl::StrCat("--rejoin-at=", *m));
   const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
   ASSERT_FALSE(reference.empty());
   std::vector<Trainer*> everyone;
   for (Trainer& t : *trainers) {
-    if (t.node != kVictimNode) everyone.push_back(&t);
+    if (t.node != swap.victim) everyone.push_back(&t);
   }
   for (Trainer& t : *replacements) everyone.push_back(&t);
   ASSERT_NO_FATAL_FAILURE(ExpectEndedAlikeAndLikeTheReference(cluster, everyone, reference, [&] {
     return AllTrainerErrors(*trainers) + AllTrainerErrors(*replacements);
   }));
+  // The survivors kept their ranks through both membership changes.
+  const std::string sent = absl::StrCat("mlp_trainer: nodes joined after iteration ", *m,
+                                        ": state sent from rank ", held * kLocal, "\n");
+  for (size_t i = 0; i < trainers->size(); ++i) {
+    Trainer& t = (*trainers)[i];
+    if (t.node == swap.victim) continue;
+    EXPECT_NE(t.process.Log().find(sent), std::string::npos) << t.process.Log();
+    const std::string changed =
+        absl::StrCat("mlp_trainer: the job's members changed (2 times) by iteration ", *m,
+                     ": world size 4, rank ", i, "\n");
+    EXPECT_NE(t.process.Log().find(changed), std::string::npos) << changed << t.process.Log();
+  }
 }
 
 TEST(ElasticJob, AReplacementNodeJoinsTheRunningJobCatchesUpAndTrainsOverAllAgain) {
@@ -760,27 +793,58 @@ TEST(ElasticJob, AReplacementNodeJoinsTheRunningJobCatchesUpAndTrainsOverAllAgai
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Trainer> trainers, replacements;
   int m = 0;
-  ASSERT_NO_FATAL_FAILURE(ReplaceNodeTwoWhileTheJobRuns(cluster, &trainers, &replacements, &m));
-  std::vector<Trainer*> survivors;
-  for (Trainer& t : trainers) {
-    if (t.node != kVictimNode) survivors.push_back(&t);
-  }
-  // The survivors: the death, then the join (its completion entry is the
-  // iteration before m, still divided over 4), each a membership change.
-  const std::string sent =
-      absl::StrCat("mlp_trainer: nodes joined after iteration ", m, ": state sent from rank 0\n");
-  for (Trainer* t : survivors) {
-    EXPECT_NE(t->process.Log().find(sent), std::string::npos) << t->process.Log();
-    const std::string changed = absl::StrCat(
-        "mlp_trainer: the job's members changed (2 times) by iteration ", m, ": world size 4");
-    EXPECT_NE(t->process.Log().find(changed), std::string::npos) << t->process.Log();
-  }
+  ASSERT_NO_FATAL_FAILURE(SwapNodeWhileTheJobRuns(cluster, &trainers, &replacements, &m));
   absl::StatusOr<v1::Stats> stats = GetStats(cluster.port(), "elastic-token");
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->world_size(), 6) << cluster.DaemonLogs();
   EXPECT_EQ(stats->generation(), 3u);
   std::printf("elastic_job join: node 2 killed in iteration %d, its replacement joined at %d\n",
               kKilledStep, m);
+}
+
+// Node 1 dies, so the survivors hold ranks 0-1 and 4-5; a new node 3
+// (below --max-nodes 4) joins. Counting the trainers of the members before
+// it would give it ranks 4-5, node 2's: it takes the free 2-3 instead, its
+// trainers train on ranks 2-3's shards, and everyone ends like the
+// reference.
+TEST(ElasticJob, ANewRankJoiningAfterAHoleTakesTheFreeRanksNotAMembers) {
+  ClusterOptions options = JobOptions(/*min_nodes=*/2, 4 * kTimeoutS);
+  options.spare_nodes = 1;
+  options.flags.back() = "--max-nodes=4";
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers, replacements;
+  int m = 0;
+  ASSERT_NO_FATAL_FAILURE(SwapNodeWhileTheJobRuns(cluster, &trainers, &replacements, &m, {},
+                                                  NodeSwap{/*victim=*/1, /*joiner=*/3}));
+  absl::StatusOr<v1::Stats> stats = GetStats(cluster.port(), "elastic-token");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->world_size(), 6) << cluster.DaemonLogs();
+}
+
+// Node 1 dies (the survivors hold ranks 0-1 and 4-5) and a replacement
+// node 1 joins: it gets its old ranks 2-3 back, between the survivors'.
+TEST(ElasticJob, AReplacementForAMiddleNodeGetsItsOldRanksBack) {
+  Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers, replacements;
+  int m = 0;
+  ASSERT_NO_FATAL_FAILURE(SwapNodeWhileTheJobRuns(cluster, &trainers, &replacements, &m, {},
+                                                  NodeSwap{/*victim=*/1, /*joiner=*/1}));
+}
+
+// On etcd node 0 may die and be replaced: nodes 1 and 2 re-form (ranks 2-5),
+// a fresh node 0 joins, takes ranks 0-1 again and catches up from rank 2,
+// the lowest live rank; everyone ends like the reference.
+TEST(ElasticJob, AReplacementNodeZeroJoinsOnEtcdAndCatchesUpFromTheLowestLiveRank) {
+  if (!kOnEtcd) GTEST_SKIP() << "the embedded leader's death ends the job (LeaderKilled...)";
+  SKIP_WITHOUT_ETCD();
+  Cluster cluster(JobOptions(/*min_nodes=*/2, 4 * kTimeoutS));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers, replacements;
+  int m = 0;
+  ASSERT_NO_FATAL_FAILURE(SwapNodeWhileTheJobRuns(cluster, &trainers, &replacements, &m, {},
+                                                  NodeSwap{/*victim=*/0, /*joiner=*/0}));
 }
 
 // --check-replicas-every=1, so a check is due right at the join boundary
@@ -797,7 +861,7 @@ TEST(ElasticJob, AReplicaCheckDueWhereANodeJoinsRunsOnTheGrownWorld) {
   std::vector<Trainer> trainers, replacements;
   int m = 0;
   ASSERT_NO_FATAL_FAILURE(
-      ReplaceNodeTwoWhileTheJobRuns(cluster, &trainers, &replacements, &m, {"--check-replicas"}));
+      SwapNodeWhileTheJobRuns(cluster, &trainers, &replacements, &m, {"--check-replicas"}));
   for (Trainer& t : replacements) {
     EXPECT_NE(t.process.Log().find(absl::StrCat("replicas checked after iteration ", m, " ")),
               std::string::npos)

@@ -1098,6 +1098,62 @@ TEST_F(ElasticRendezvousTest, ARankBeyondMaxNodesIsRefusedNamingItAndOneBelowJoi
   EXPECT_EQ(joiner.result->peers[3].local_size, 4);
 }
 
+// Ranks stay unique after a hole: node 1 dies, so survivors 0 and 2 keep
+// ranks [0,1) and [3,6) (counting the members before node 2 would give it
+// 1); a new node 3 joins and takes the lowest free range of 4, [6,10), not
+// the [4,8) that counting the members before it would give (node 2's 4-5).
+// Every node is told the same offsets, and which node joined the running
+// job; then the replacement node 1 joins and gets its old [1,3) back.
+TEST_F(ElasticRendezvousTest, NodesJoiningAfterAHoleTakeFreeRanksAndTheSurvivorsKeepTheirs) {
+  StartElastic(3, /*min_nodes=*/2, /*max_nodes=*/4);
+  for (const auto& r : Resume({0, 2}, {5, 5})) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->peers.size(), 4u);
+    EXPECT_EQ(r->peers[0].rank_offset, 0);
+    EXPECT_EQ(r->peers[2].rank_offset, 3);
+  }
+  // Grows generation `g` (`others` but the joiner switching at `at`) with
+  // `joiner`; what every node of `others` is told: each node's offset and
+  // joins_running flag, by node rank.
+  auto grow = [&](int joiner, uint64_t g, uint64_t at, const std::vector<int>& others,
+                  const std::vector<int>& offsets, const std::vector<bool>& joins) {
+    HeldJoin held;
+    held.thread = std::thread([&] { held.result = Client()->Join(Params(joiner)); });
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          return leader_->service().GetStatus().pending_node_ranks == std::vector<int>{joiner};
+        },
+        absl::Seconds(10)));
+    std::vector<absl::StatusOr<JoinResult>> members(4, absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (int r : others) {
+      if (r == joiner) continue;
+      threads.emplace_back([&, r] {
+        JoinParams p = Params(r);
+        p.resume_generation = g;
+        p.resume_iteration = at;
+        members[r] = Client()->Join(p);
+      });
+    }
+    for (auto& t : threads) t.join();
+    held.thread.join();
+    members[joiner] = held.result;
+    for (int r : others) ASSERT_TRUE(members[r].ok()) << r << ": " << members[r].status();
+    for (int r : others) {
+      const JoinResult& result = *members[r];
+      EXPECT_EQ(result.generation, g + 1);
+      ASSERT_EQ(result.peers.size(), 4u);
+      for (int n = 0; n < 4; ++n) {
+        if (result.peers[n].local_size == 0) continue;
+        EXPECT_EQ(result.peers[n].rank_offset, offsets[n]) << "node " << n << " told " << r;
+        EXPECT_EQ(result.peers[n].joins_running, joins[n]) << "node " << n << " told " << r;
+      }
+    }
+  };
+  ASSERT_NO_FATAL_FAILURE(grow(3, 2, 7, {0, 2, 3}, {0, -1, 3, 6}, {false, false, false, true}));
+  ASSERT_NO_FATAL_FAILURE(grow(1, 3, 9, {0, 1, 2, 3}, {0, 1, 3, 6}, {false, true, false, false}));
+}
+
 // Without --max-nodes (= --num-nodes) a rank past the job's is refused
 // naming the flag too.
 TEST_F(ElasticRendezvousTest, ARankAtNumNodesIsRefusedNamingMaxNodes) {
