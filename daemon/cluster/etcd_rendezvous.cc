@@ -585,6 +585,17 @@ absl::StatusOr<EtcdRendezvous::JoinStep> EtcdRendezvous::JoinRound(
     return FromOutcome(outcome, params);
   }
   const bool resuming = params.resume_generation != 0;
+  if (resuming && target > params.resume_generation + 1) {
+    // Another survivor decided the round this node resumes into, and made
+    // it current (a failed round is a generation too), before this node
+    // read: that outcome is this node's answer as well.
+    ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> earlier,
+                     client_->Get(GenKey(params.resume_generation + 1, "outcome")));
+    v1::JoinResponse decided_earlier;
+    if (earlier && decided_earlier.ParseFromString(earlier->value)) {
+      return FromOutcome(decided_earlier, params);
+    }
+  }
   if (resuming) RETURN_IF_ERROR(CheckResume(params, current, state));
   RETURN_IF_ERROR(PutJoinOnce(params, target));
   ASSIGN_OR_RETURN(JoinsByRank all, ReadJoins(target, params));
