@@ -849,7 +849,7 @@ TEST(ElasticJob, AReplacementNodeZeroJoinsOnEtcdAndCatchesUpFromTheLowestLiveRan
 
 // --check-replicas-every=1, so a check is due right at the join boundary
 // (after iteration m, the old world's last): every trainer of the grown
-// world takes part, the replacements' once they received rank 0's state
+// world takes part, the replacements' once they received the catch-up root's state
 // (their gs_job_info says a check is due at the iteration they start at),
 // and it compares all three nodes' trainers on the grown world, as every
 // later check does.
