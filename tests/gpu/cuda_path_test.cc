@@ -411,6 +411,18 @@ std::string ElasticLogs(const std::vector<std::unique_ptr<Daemon>>& nodes) {
   return out;
 }
 
+// Waits for trainer `p` to end with exit 0; *weights is its "weights ..."
+// line (the state it ended with), *log its whole log.
+void EndedWithWeights(Process& p, const std::vector<std::unique_ptr<Daemon>>& nodes,
+                      std::string* weights, std::string* log) {
+  const ExitStatus st = p.Wait(seconds(60));
+  *log = p.Log();
+  ASSERT_TRUE(st.exited && st.code == 0) << st.ToString() << "\n" << *log << ElasticLogs(nodes);
+  const size_t at = log->find("weights ");
+  ASSERT_NE(at, std::string::npos) << *log;
+  *weights = log->substr(at, log->find('\n', at) - at);
+}
+
 // In step 2 node 2's trainers stop after their first mark (the first
 // bucket, fc2.bias alone, is averaged over 6 and written back everywhere)
 // while the survivors' trainers mark everything, so the survivors' NCCL
@@ -578,12 +590,8 @@ TEST(CudaElasticTest, ANewNodeJoinsTheRunningJobAndCatchesUpFromDeviceMemory) {
   std::string weights;
   for (int n = 0; n < 3; ++n) {
     for (Process& p : trainers[n]) {
-      const ExitStatus st = p.Wait(seconds(60));
-      const std::string out = p.Log();
-      ASSERT_TRUE(st.exited && st.code == 0) << st.ToString() << "\n" << out << ElasticLogs(nodes);
-      const size_t at = out.find("weights ");
-      ASSERT_NE(at, std::string::npos) << out;
-      const std::string mine = out.substr(at, out.find('\n', at) - at);
+      std::string mine, out;
+      ASSERT_NO_FATAL_FAILURE(EndedWithWeights(p, nodes, &mine, &out));
       if (weights.empty()) weights = mine;
       EXPECT_EQ(mine, weights) << "node " << n << " ended with other weights";
       const std::string needle =
@@ -749,12 +757,8 @@ TEST(CudaElasticTest, ARestartedTrainerRejoinsItsNodeAndCatchesUpFromDeviceMemor
   std::string weights;
   for (size_t i = 0; i < others.size(); ++i) {
     Process& p = others[i];
-    const ExitStatus st = p.Wait(seconds(60));
-    const std::string out = p.Log();
-    ASSERT_TRUE(st.exited && st.code == 0) << st.ToString() << "\n" << out << ElasticLogs(nodes);
-    const size_t at = out.find("weights ");
-    ASSERT_NE(at, std::string::npos) << out;
-    const std::string mine = out.substr(at, out.find('\n', at) - at);
+    std::string mine, out;
+    ASSERT_NO_FATAL_FAILURE(EndedWithWeights(p, nodes, &mine, &out));
     if (weights.empty()) weights = mine;
     EXPECT_EQ(mine, weights) << "trainer " << i << " ended with other weights";
     const std::string needle =
