@@ -90,7 +90,11 @@ ABSL_FLAG(int, min_nodes, kDefaults.min_nodes,
           "SIGTERM or SIGINT leaves such a job, and the survivors re-form without it at once. "
           "With CPU gradients a trainer that died before its first or after its last mark of "
           "an iteration is counted out, and one restarted with its local rank rejoins at an "
-          "iteration boundary with its rank (gs_job_info.joined_running_job)");
+          "iteration boundary with its rank (gs_job_info.joined_running_job). Memory: such "
+          "a job keeps two more buffers the size of the gradients (the local sums, for a "
+          "redo, and the last iteration's result, for survivors a death left one iteration "
+          "apart): in host memory per node with CPU gradients, in device memory on every GPU "
+          "the daemon serves with CUDA gradients (2 x the flat gradient per GPU)");
 ABSL_FLAG(int, max_nodes, kDefaults.max_nodes,
           "most nodes an elastic job may grow to (torchrun's --nnodes MAX); 0: --num-nodes. "
           "The job starts with --num-nodes nodes; a node that is no member of the running "

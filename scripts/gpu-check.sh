@@ -45,9 +45,13 @@
 #              joins the running job, all re-create communicators (3 ranks)
 #              and its trainers catch up by gs_broadcast of a device buffer;
 #              a trainer SIGKILLed before its first mark and restarted takes
-#              back its local rank and catches up the same way (6 tests,
-#              none timed on a GPU yet: 36 s each, as the 180 s guessed for
-#              the first five, so 216 s, is a guess too)
+#              back its local rank and catches up the same way; node 2
+#              SIGKILLed inside step 2's last collective after node 0
+#              completed it and before node 1 did (a test hook holds node
+#              1): node 0 ncclBroadcasts the step's kept result, node 1
+#              commits it (7 tests, none timed on a GPU yet: 36 s each, as
+#              the 180 s guessed for the first five, so 252 s, is a guess
+#              too)
 #   bench      gradsync vs torch DDP vs plain ncclAllReduce, 2 ranks each
 # Ends with one table (item, result, seconds); with $OUT set, writes
 # $OUT/gpu-check.log (everything printed) and $OUT/gpu-check.json.
@@ -80,7 +84,7 @@ ITEMS=(
   "torch                90 -     item_check      check/torch_job.sh,check/torch_equivalence.py,check/two_nodes.sh"
   "killed               40 -     item_gtest      bin/cuda_path_test,bin/cuda_trainer"
   "broadcast            45 -     item_gtest      bin/cuda_path_test,bin/cuda_trainer"
-  "elastic             216 -     item_gtest      bin/cuda_path_test,bin/cuda_trainer"
+  "elastic             252 -     item_gtest      bin/cuda_path_test,bin/cuda_trainer"
   "bench               120 -     item_check      check/bench.sh,check/bench.py,check/two_nodes.sh"
 )
 # The gtest filter of each item_gtest item.

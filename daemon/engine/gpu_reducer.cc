@@ -421,10 +421,97 @@ absl::Status GpuReducer::WriteBack(const PlannedBucket& bucket, bool in_place) {
   return absl::OkStatus();
 }
 
+absl::Status GpuReducer::KeepResult(const PlannedBucket& bucket, bool in_place,
+                                    KeptResultSink* sink) {
+  sink->written = true;  // the result kept before is gone from here on
+  gpu::DaemonDevice& device = session_->device();
+  for (size_t d = 0; d < buffers_.size(); ++d) {
+    gpu::Stream* stream = session_->stream(static_cast<int>(d));
+    const uint8_t* result = static_cast<const uint8_t*>(buffers_[d].data);
+    uint8_t* kept = session_->kept_result(static_cast<int>(d));
+    for (const Piece& p : pieces_) {
+      const uint8_t* from = in_place ? result : result + p.staging_offset;
+      if (absl::Status st = device.CopyAsync(kept + KeptOffset(p), from, p.bytes, stream);
+          !st.ok()) {
+        device_error_ = st;
+        return MakeError(v1::INTERNAL, absl::StrCat("keeping bucket ", bucket.id, "'s result on ",
+                                                    session_->devices()[d], ": ", st.message()));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuReducer::KeepResults(std::vector<uint64_t> tensor_offsets, uint64_t flat_bytes) {
+  kept_tensor_offsets_ = std::move(tensor_offsets);
+  if (absl::Status st = session_->EnsureKeptResult(flat_bytes); !st.ok()) {
+    device_error_ = st;
+    return st;
+  }
+  kept_result_bytes_ = flat_bytes;
+  return absl::OkStatus();
+}
+
+absl::Status GpuReducer::BroadcastKeptResult(int root) {
+  device_error_ = absl::OkStatus();
+  buffers_.clear();
+  for (size_t d = 0; d < session_->devices().size(); ++d) {
+    buffers_.push_back(
+        {static_cast<int>(d), session_->kept_result(static_cast<int>(d)), kept_result_bytes_});
+  }
+  absl::Status st = session_->collectives().Broadcast(buffers_, root);
+  if (!st.ok()) device_error_ = st;
+  return st;
+}
+
+absl::Status GpuReducer::WriteTrainers(
+    const PlannedBucket& bucket, const std::vector<ReduceSpan>& flat_spans, const char* what,
+    const std::function<absl::Status(void*, const Piece&, int)>& write) {
+  device_error_ = absl::OkStatus();
+  Pieces(bucket, flat_spans, &pieces_);
+  for (size_t d = 0; d < trainers_on_device_.size(); ++d) {
+    for (size_t t : trainers_on_device_[d]) {
+      for (const Piece& p : pieces_) {
+        if (absl::Status st = write(At(t, p), p, static_cast<int>(d)); !st.ok()) {
+          device_error_ = st;
+          return MakeError(v1::INTERNAL,
+                           absl::StrCat(what, " over bucket ", bucket.id, " of ",
+                                        session_->trainer_name(t), ": ", st.message()));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuReducer::WriteKeptResult(const PlannedBucket& bucket,
+                                         const std::vector<ReduceSpan>& flat_spans) {
+  return WriteTrainers(
+      bucket, flat_spans, "writing the kept result", [this](void* dst, const Piece& p, int d) {
+        return session_->device().CopyAsync(dst, session_->kept_result(d) + KeptOffset(p), p.bytes,
+                                            session_->stream(d));
+      });
+}
+
+absl::Status GpuReducer::OverwriteWithOnes(const PlannedBucket& bucket,
+                                           const std::vector<ReduceSpan>& flat_spans) {
+  uint8_t* ones = session_->host_window().search;
+  std::memset(ones, 0xFF, GpuSession::kSearchBytes);
+  return WriteTrainers(
+      bucket, flat_spans, "overwriting with all-ones bytes", [&](void* dst, const Piece& p, int d) {
+        for (uint64_t at = 0; at < p.bytes; at += GpuSession::kSearchBytes) {
+          const uint64_t n = std::min<uint64_t>(GpuSession::kSearchBytes, p.bytes - at);
+          RETURN_IF_ERROR(session_->device().CopyFromHostAsync(static_cast<uint8_t*>(dst) + at,
+                                                               ones, n, session_->stream(d)));
+        }
+        return absl::OkStatus();
+      });
+}
+
 absl::Status GpuReducer::Reduce(const PlannedBucket& bucket,
                                 const std::vector<ReduceSpan>& flat_spans, absl::Time deadline,
-                                ReduceTimings* timings, int* culprit,
-                                GpuNonFiniteReport* nonfinite) {
+                                ReduceTimings* timings, int* culprit, GpuNonFiniteReport* nonfinite,
+                                KeptResultSink* kept_result) {
   *culprit = kNoCulprit;
   device_error_ = absl::OkStatus();
   const int64_t start = MonotonicNowNs();
@@ -473,6 +560,9 @@ absl::Status GpuReducer::Reduce(const PlannedBucket& bucket,
     }
   }
   RETURN_IF_ERROR(WriteBack(bucket, in_place));
+  if (kept_result != nullptr && kept_result_bytes_ > 0) {
+    RETURN_IF_ERROR(KeepResult(bucket, in_place, kept_result));
+  }
   RETURN_IF_ERROR(WaitStreams(deadline, "writing the result back"));
   if (token != 0 && !std::isfinite(ElementValue(w.probe, bucket.dtype))) {
     nonfinite->result_non_finite = true;

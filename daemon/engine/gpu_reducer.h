@@ -32,6 +32,11 @@
 // iteration completes (DropKeptSums). A bucket reduced again in the same
 // iteration (the survivors' redo, after SetWorldSize) starts from its kept
 // sum, rescaled from the old world size's pre-scaling to the new one's.
+// Across nodes the reducer also keeps the last completed iteration's
+// result (KeepResults): each bucket's result is copied, behind its
+// write-back on the same stream, into the GPU's kept result, which a
+// survivor that completed an iteration a node's death split broadcasts to
+// the others (scheduler_split_commit.cc).
 // A trainer that died is left out of every later reduction
 // (DeactivateTrainer); its node stays in the job. A restarted trainer takes
 // its slot back at an iteration boundary (ReplaceTrainer).
@@ -88,9 +93,38 @@ class GpuReducer {
   // is a MonotonicNow() time (common/monotonic.h).
   // `nonfinite` non-null: check for NaN/Inf (--nonfinite=error|skip); where
   // a result is not finite the trainers' memory is left unspecified.
+  // `kept_result` non-null (after KeepResults): the result is also kept
+  // in device memory; `written` is set before the first byte lands there.
   absl::Status Reduce(const PlannedBucket& bucket, const std::vector<ReduceSpan>& flat_spans,
                       absl::Time deadline, ReduceTimings* timings, int* culprit,
-                      GpuNonFiniteReport* nonfinite);
+                      GpuNonFiniteReport* nonfinite, KeptResultSink* kept_result = nullptr);
+
+  // Elastic jobs across nodes, before the first bucket: the GPU session's
+  // kept result, `flat_bytes` per GPU, where Reduce copies each bucket's
+  // result (device to device, on the stream that writes it back, so no
+  // host wait of its own) at the flat plan's offsets: `tensor_offsets`
+  // (user-pointer mode; flat mode uses the buffer's own). The layout does
+  // not depend on the plan, and every node's is the same.
+  absl::Status KeepResults(std::vector<uint64_t> tensor_offsets, uint64_t flat_bytes);
+  // The split-iteration commit (scheduler_split_commit.cc), between
+  // reductions. Every GPU's kept result receives NCCL rank `root`'s
+  // (ncclBroadcast over this generation's communicators, in place).
+  absl::Status BroadcastKeptResult(int root);
+  // Queues the kept result's copy over `bucket` in every active trainer's
+  // gradients (the write-back's write: flat buffer or own allocations).
+  absl::Status WriteKeptResult(const PlannedBucket& bucket,
+                               const std::vector<ReduceSpan>& flat_spans);
+  // Queues all-ones bytes (a NaN in every dtype) over `bucket` in every
+  // active trainer's gradients: the test hook's stand-in for a final chunk
+  // that never arrived.
+  absl::Status OverwriteWithOnes(const PlannedBucket& bucket,
+                                 const std::vector<ReduceSpan>& flat_spans);
+  // The NCCL rank of this node's first GPU in the current generation.
+  int first_nccl_rank() const { return session_->nccl_rank(0); }
+  // Waits until the writes queued above are done on every GPU.
+  absl::Status WaitWrites(absl::Time deadline) {
+    return WaitStreams(deadline, "writing gradients");
+  }
 
   void Abort(const std::string& reason) { session_->Abort(reason); }
   // Elastic jobs: only this generation's collective fails (the session
@@ -162,6 +196,17 @@ class GpuReducer {
   void Locate(const PlannedBucket& bucket, const Piece& p, uint64_t at,
               GpuNonFiniteReport* report) const;
   absl::Status WriteBack(const PlannedBucket& bucket, bool in_place);
+  // Queues the copy of the bucket's result into every GPU's kept result.
+  absl::Status KeepResult(const PlannedBucket& bucket, bool in_place, KeptResultSink* sink);
+  // Queues `write` of every piece of `bucket` into every active trainer's
+  // gradients (dst, the piece, the GPU's index); errors say `what`.
+  absl::Status WriteTrainers(const PlannedBucket& bucket, const std::vector<ReduceSpan>& flat_spans,
+                             const char* what,
+                             const std::function<absl::Status(void*, const Piece&, int)>& write);
+  // Where piece p lies in the kept result (the flat plan's offset).
+  uint64_t KeptOffset(const Piece& p) const {
+    return session_->flat() ? p.flat_offset : kept_tensor_offsets_[p.tensor];
+  }
 
   GpuSession* session_;
   const Layout& layout_;
@@ -172,6 +217,9 @@ class GpuReducer {
   // world size its kept sum was pre-scaled by (0: not summed this iteration).
   std::vector<uint64_t> kept_offset_;
   std::vector<int> kept_world_;
+  // KeepResults: each tensor's flat plan offset (user-pointer mode).
+  std::vector<uint64_t> kept_tensor_offsets_;
+  uint64_t kept_result_bytes_ = 0;                       // 0: no result kept
   std::vector<bool> active_;                             // per trainer
   std::vector<std::vector<size_t>> trainers_on_device_;  // the active ones, per device index
   // Scratch, reused per call (no allocation in steady state).

@@ -363,6 +363,7 @@ absl::Status GpuSession::CreateStreams() {
     streams_.push_back(*stream);
     staging_.push_back(nullptr);
     kept_sums_.push_back(nullptr);
+    kept_result_.push_back(nullptr);
   }
   return absl::OkStatus();
 }
@@ -475,6 +476,10 @@ absl::Status GpuSession::EnsureKeptSums(uint64_t bytes) {
   return EnsurePerDevice(kept_sums_, &kept_sums_bytes_, bytes, "kept local sums");
 }
 
+absl::Status GpuSession::EnsureKeptResult(uint64_t bytes) {
+  return EnsurePerDevice(kept_result_, &kept_result_bytes_, bytes, "kept result");
+}
+
 absl::Status GpuSession::EnsurePerDevice(std::vector<uint8_t*>& buffers, uint64_t* have,
                                          uint64_t bytes, const char* what) {
   if (bytes <= *have) return absl::OkStatus();
@@ -552,6 +557,9 @@ GpuSession::~GpuSession() {
     }
     if (kept_sums_.size() > d && kept_sums_[d] != nullptr) {
       report(device_->Free(devices_[d], kept_sums_[d]), "free_kept_sums", devices_[d]);
+    }
+    if (kept_result_.size() > d && kept_result_[d] != nullptr) {
+      report(device_->Free(devices_[d], kept_result_[d]), "free_kept_result", devices_[d]);
     }
     if (broadcast_slots_.size() > d) {
       report(device_->Free(devices_[d], broadcast_slots_[d]), "free_broadcast_staging",

@@ -165,6 +165,13 @@ class GpuSession {
   // redone without summing written-back averages. Grown like the staging.
   absl::Status EnsureKeptSums(uint64_t bytes);
   uint8_t* kept_sums(int device_index) const { return kept_sums_[device_index]; }
+  // Elastic jobs across nodes: a daemon-owned buffer of `bytes` (the flat
+  // gradient's size) on every GPU holding the last completed iteration's
+  // result at the flat plan's offsets (GpuReducer::KeepResults), which a
+  // survivor still in that iteration after a node's death receives
+  // (scheduler_split_commit.cc). Allocated once, before the first bucket.
+  absl::Status EnsureKeptResult(uint64_t bytes);
+  uint8_t* kept_result(int device_index) const { return kept_result_[device_index]; }
 
   // The non-finite check's memory (the GPU reducer's; docs/DESIGN.md
   // "Non-finite gradients"): a flag per GPU in device memory that SumAsync
@@ -295,6 +302,8 @@ class GpuSession {
   uint64_t staging_bytes_ = 0;
   std::vector<uint8_t*> kept_sums_;  // per device, elastic jobs only
   uint64_t kept_sums_bytes_ = 0;
+  std::vector<uint8_t*> kept_result_;  // per device, elastic jobs across nodes only
+  uint64_t kept_result_bytes_ = 0;
   std::vector<uint8_t*> broadcast_slots_;  // per device, once a device broadcast ran
   std::vector<gpu::IpcHandle> broadcast_handles_;
   // Written by Open and Reform; read by gs_broadcast's RPC threads too.

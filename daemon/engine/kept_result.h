@@ -27,9 +27,18 @@ class KeptResult {
   // result does not depend on the plan that reduced it.
   void Resize(uint64_t arena_bytes) {
     buffer_.resize(arena_bytes);
+    bytes_ = arena_bytes;
     sink_.base = buffer_.data();
   }
-  bool enabled() const { return !buffer_.empty(); }
+  // The GPU path: the result lies in device memory (GpuSession's kept
+  // result, one copy per GPU, `flat_bytes` each), written by GpuReducer;
+  // this keeps only which iteration it holds. data() is null then.
+  void KeepOnDevice(uint64_t flat_bytes) {
+    buffer_.clear();
+    bytes_ = flat_bytes;
+    sink_.base = nullptr;
+  }
+  bool enabled() const { return bytes_ > 0; }
 
   // Where LocalReducer::Reduce writes each bucket's average as it writes
   // it back. Once it wrote there, no iteration is held until the next
@@ -54,13 +63,14 @@ class KeptResult {
   int divisor() const { return divisor_; }
   bool skipped() const { return skipped_; }
   uint8_t* data() { return buffer_.data(); }
-  uint64_t bytes() const { return buffer_.size(); }
+  uint64_t bytes() const { return bytes_; }
 
-  // Copies the kept result into `arena` over `spans`.
+  // Copies the kept result into `arena` over `spans` (host only).
   void WriteBack(uint8_t* arena, const std::vector<ReduceSpan>& spans) const;
 
  private:
   std::vector<uint8_t> buffer_;
+  uint64_t bytes_ = 0;   // buffer_'s, or the device copy's
   KeptResultSink sink_;  // into buffer_
   uint64_t iteration_ = 0;
   std::vector<bool> kept_buckets_;  // of iteration_, while it fills

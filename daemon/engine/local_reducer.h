@@ -58,7 +58,9 @@ struct KeptSums {
 // average, at each span's arena offset, from the write-back loop itself
 // (KeptResult owns the buffer, the arena's size). `written` is set before
 // the first average lands there, so the owner knows its previous content
-// is gone even if the reduction then fails.
+// is gone even if the reduction then fails. (GpuReducer::Reduce takes it
+// too, with `base` null: its copy is in device memory, and it only sets
+// `written`.)
 struct KeptResultSink {
   uint8_t* base = nullptr;
   bool written = false;

@@ -1178,9 +1178,10 @@ bool Scheduler::LaunchGpu(uint32_t bucket) {
   int culprit = GpuReducer::kNoCulprit;
   const absl::Time deadline = MonotonicNow() + absl::Milliseconds(options_.timeout_ms);
   GpuNonFiniteReport nonfinite;
-  absl::Status st =
-      options_.gpu->Reduce(b, spans_[bucket], deadline, &timings, &culprit,
-                           options_.nonfinite == NonFiniteMode::kOff ? nullptr : &nonfinite);
+  KeptResultSink* const kept_result_sink = KeptResultSinkFor();
+  absl::Status st = options_.gpu->Reduce(
+      b, spans_[bucket], deadline, &timings, &culprit,
+      options_.nonfinite == NonFiniteMode::kOff ? nullptr : &nonfinite, kept_result_sink);
   const int64_t slot = EndReduction();
   if (slot == kStopped) return false;  // Stop aborted it: the job is over
   if (!st.ok() || slot == kTimedOut) {
@@ -1239,6 +1240,7 @@ bool Scheduler::LaunchGpu(uint32_t bucket) {
       !HandleNonFinite(bucket, nonfinite.local ? DescribeGpuNonFinite(nonfinite) : "")) {
     return false;
   }
+  if (!KeepResult(bucket, kept_result_sink, &lock)) return false;
   return FinishLaunch(bucket, timings);
 }
 

@@ -307,18 +307,24 @@ class Scheduler {
   // the error came from the new generation's collectives (re-form again).
   absl::Status SettleSplitIteration(bool* collective_failed);
   // The behind node's part: I's result, received whole in kept_result_,
-  // overwrites every arena and I completes as it did on the others.
-  void CommitReceivedIteration(int divisor, bool skipped);
+  // overwrites every arena (GPU path: every trainer's gradients on the
+  // device) and I completes as it did on the others.
+  absl::Status CommitReceivedIteration(int divisor, bool skipped);
+  absl::Status WriteReceivedResult();
   // Where the reduction of a bucket also writes its average (kept_result_'s
   // sink), or nullptr: not kept here.
   KeptResultSink* KeptResultSinkFor();
   // After `bucket`'s reduction wrote its average back, also through `sink`
   // when not null: counts it kept (kept_result_). False: the job failed or
-  // re-forms (the test hook).
-  bool KeepResult(uint32_t bucket, const KeptResultSink* sink);
+  // re-forms (the test hook, which releases `launch_lock` before it waits).
+  bool KeepResult(uint32_t bucket, const KeptResultSink* sink,
+                  absl::ReleasableMutexLock* launch_lock = nullptr);
   // GRADSYNC_TEST_WITHHOLD_FINAL_RESULT_AT (scheduler_split_commit.cc):
-  // non-OK once, for the last bucket of that iteration on this node.
-  absl::Status WithheldForTest(uint32_t bucket);
+  // true once, for the last bucket of that iteration on this node, after
+  // overwriting its result in the trainers' memory; then the wait for the
+  // release file and the collective's error.
+  bool WithholdNow(uint32_t bucket);
+  absl::Status AwaitWithheldRelease(uint32_t bucket);
   // Constructor's part: sizes kept_result_ where it is kept, reads the hook.
   void InitSplitCommit();
   // Takes over a re-formed or grown world: backend, world size, place,
@@ -454,7 +460,8 @@ class Scheduler {
   std::vector<uint8_t> kept_;
   std::vector<uint64_t> kept_offset_;
   std::vector<KeptSums> kept_sums_;  // per bucket: pointers into kept_
-  // Elastic CPU jobs across nodes: the last completed iteration's result.
+  // Elastic jobs across nodes: the last completed iteration's result (on
+  // the GPU path its bookkeeping; the bytes are in device memory).
   KeptResult kept_result_;
   // Committing an iteration received from another survivor: its
   // completion decides no plan (the others decided theirs already).

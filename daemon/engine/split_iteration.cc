@@ -17,6 +17,7 @@ enum Slot : int {
   kPlanVersion,
   kKeptBytes,
   kNodeRank,
+  kFirstNcclRank,
   kSlotKinds,
 };
 
@@ -50,10 +51,11 @@ std::vector<double> StoppedAtSlots(const StoppedAt& me, int place, int nodes) {
   at(kPlanVersion) = static_cast<double>(me.plan_version);
   at(kKeptBytes) = static_cast<double>(me.kept_bytes);
   at(kNodeRank) = me.node_rank;
+  at(kFirstNcclRank) = me.first_nccl_rank;
   return slots;
 }
 
-absl::StatusOr<SplitVerdict> JudgeSplit(const std::vector<double>& summed, int nodes, bool gpu) {
+absl::StatusOr<SplitVerdict> JudgeSplit(const std::vector<double>& summed, int nodes) {
   const Slots slots(summed, nodes);
   uint64_t lo = UINT64_MAX, hi = 0;
   for (int n = 0; n < nodes; ++n) {
@@ -77,12 +79,6 @@ absl::StatusOr<SplitVerdict> JudgeSplit(const std::vector<double>& summed, int n
   const std::string split = absl::StrCat(
       "iteration ", lo, " was completed by ", absl::StrJoin(ahead, ", "), " but not by ",
       absl::StrJoin(behind, ", "), " when a node died in its last collective");
-  if (gpu) {
-    return MakeError(v1::PEER_FAILED, absl::StrCat(split,
-                                                   "; committing it from the survivors that "
-                                                   "completed it is built for CPU gradients "
-                                                   "only, so the job ends"));
-  }
   if (verdict.root < 0) {
     return MakeError(v1::PEER_FAILED, absl::StrCat(split,
                                                    "; none of them still holds its result (their "
@@ -109,6 +105,7 @@ absl::StatusOr<SplitVerdict> JudgeSplit(const std::vector<double>& summed, int n
   verdict.split = true;
   verdict.iteration = lo;
   verdict.root_node_rank = static_cast<int>(slots.at(kNodeRank, root));
+  verdict.root_nccl_rank = static_cast<int>(slots.at(kFirstNcclRank, root));
   verdict.divisor = static_cast<int>(slots.at(kDivisor, root));
   verdict.skipped = slots.at(kSkipped, root) == 1;
   verdict.completed_by = absl::StrJoin(ahead, ",");

@@ -22,6 +22,7 @@ struct StoppedAt {
   uint64_t plan_version = 0;    // its plan decisions so far
   uint64_t kept_bytes = 0;      // its kept result's size (the broadcast's)
   int node_rank = 0;            // for the errors
+  int first_nccl_rank = 0;      // GPU path: the NCCL rank of its first GPU
 };
 
 // The slots of `nodes` survivors, zero but for `me`'s at place `place`.
@@ -32,15 +33,16 @@ struct SplitVerdict {
   uint64_t iteration = 0;  // the split one, I: some completed it, the others did not
   int root = -1;           // the place of the survivor that hands I's result over
   int root_node_rank = -1;
-  int divisor = 0;  // I's, as the ones that completed it used
+  int root_nccl_rank = 0;  // GPU path: the root's first GPU, the broadcast's root
+  int divisor = 0;         // I's, as the ones that completed it used
   bool skipped = false;
   std::string completed_by;  // "node_rank=0,node_rank=2"
   std::string behind;
 };
 
 // The summed slots judged: no split, a split to commit, or why it cannot
-// be (PEER_FAILED naming the survivors; `gpu`: CUDA gradients keep no result).
-absl::StatusOr<SplitVerdict> JudgeSplit(const std::vector<double>& summed, int nodes, bool gpu);
+// be (PEER_FAILED naming the survivors).
+absl::StatusOr<SplitVerdict> JudgeSplit(const std::vector<double>& summed, int nodes);
 
 }  // namespace gradsync
 

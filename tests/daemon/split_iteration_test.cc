@@ -45,7 +45,7 @@ StoppedAt Survivor(int node_rank, uint64_t iteration, bool holds_previous) {
 
 TEST(JudgeSplit, SurvivorsInTheSameIterationHaveNothingToCommit) {
   absl::StatusOr<SplitVerdict> v =
-      JudgeSplit(Summed({Survivor(0, 5, true), Survivor(1, 5, true)}), 2, false);
+      JudgeSplit(Summed({Survivor(0, 5, true), Survivor(1, 5, true)}), 2);
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_FALSE(v->split);
 }
@@ -54,8 +54,7 @@ TEST(JudgeSplit, OneApartTheFirstThatCompletedAndHoldsTheResultHandsItOverWithIt
   StoppedAt holder = Survivor(3, 6, true);
   holder.skipped = true;
   absl::StatusOr<SplitVerdict> v = JudgeSplit(
-      Summed({Survivor(0, 5, true), Survivor(1, 6, false), holder, Survivor(4, 5, false)}), 4,
-      false);
+      Summed({Survivor(0, 5, true), Survivor(1, 6, false), holder, Survivor(4, 5, false)}), 4);
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_TRUE(v->split);
   EXPECT_EQ(v->iteration, 5u);
@@ -69,7 +68,7 @@ TEST(JudgeSplit, OneApartTheFirstThatCompletedAndHoldsTheResultHandsItOverWithIt
 
 TEST(JudgeSplit, NoSurvivorHoldingTheResultFailsNamingWhoCompletedIt) {
   absl::StatusOr<SplitVerdict> v =
-      JudgeSplit(Summed({Survivor(0, 5, true), Survivor(1, 6, false)}), 2, false);
+      JudgeSplit(Summed({Survivor(0, 5, true), Survivor(1, 6, false)}), 2);
   ASSERT_FALSE(v.ok());
   EXPECT_EQ(CodeOf(v.status()), v1::PEER_FAILED);
   EXPECT_THAT(v.status().message(),
@@ -80,7 +79,7 @@ TEST(JudgeSplit, NoSurvivorHoldingTheResultFailsNamingWhoCompletedIt) {
 TEST(JudgeSplit, APlanDecidedAtTheSplitIterationsEndFailsNamingBothVersions) {
   StoppedAt ahead = Survivor(1, 6, true);
   ahead.plan_version = 3;
-  absl::StatusOr<SplitVerdict> v = JudgeSplit(Summed({Survivor(0, 5, true), ahead}), 2, false);
+  absl::StatusOr<SplitVerdict> v = JudgeSplit(Summed({Survivor(0, 5, true), ahead}), 2);
   ASSERT_FALSE(v.ok());
   EXPECT_EQ(CodeOf(v.status()), v1::PEER_FAILED);
   EXPECT_THAT(v.status().message(),
@@ -88,18 +87,21 @@ TEST(JudgeSplit, APlanDecidedAtTheSplitIterationsEndFailsNamingBothVersions) {
                         "has 2)"));
 }
 
-TEST(JudgeSplit, OnTheGpuPathASplitFailsSayingItIsBuiltForCpuGradientsOnly) {
-  absl::StatusOr<SplitVerdict> v =
-      JudgeSplit(Summed({Survivor(0, 5, false), Survivor(1, 6, false)}), 2, true);
-  ASSERT_FALSE(v.ok());
-  EXPECT_EQ(CodeOf(v.status()), v1::PEER_FAILED);
-  EXPECT_THAT(v.status().message(), HasSubstr("built for CPU gradients only"));
-  EXPECT_THAT(v.status().message(), HasSubstr("completed by node_rank=1 but not by node_rank=0"));
+TEST(JudgeSplit, TheVerdictNamesTheRootsFirstGpuForTheDeviceBroadcast) {
+  StoppedAt behind = Survivor(0, 5, true);
+  behind.first_nccl_rank = 0;
+  StoppedAt holder = Survivor(1, 6, true);
+  holder.first_nccl_rank = 2;
+  absl::StatusOr<SplitVerdict> v = JudgeSplit(Summed({behind, holder}), 2);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_TRUE(v->split);
+  EXPECT_EQ(v->root, 1);
+  EXPECT_EQ(v->root_nccl_rank, 2);
 }
 
 TEST(JudgeSplit, MoreThanOneApartFailsNamingBoth) {
   absl::StatusOr<SplitVerdict> v =
-      JudgeSplit(Summed({Survivor(0, 5, true), Survivor(1, 7, true)}), 2, false);
+      JudgeSplit(Summed({Survivor(0, 5, true), Survivor(1, 7, true)}), 2);
   ASSERT_FALSE(v.ok());
   EXPECT_EQ(CodeOf(v.status()), v1::PEER_FAILED);
   EXPECT_THAT(v.status().message(),

@@ -379,17 +379,22 @@ TEST(CudaTwoNodesFaultTest, NodeSkippingACollectiveFailsBothNodesNamingTheCulpri
 constexpr int kElasticNodes = 3, kElasticStep = 2;
 
 // Node n (2 trainers) of an elastic job on the one GPU whose leader, node
-// 0, listens on `leader_port`; `args` are the job's flags.
+// 0, listens on `leader_port`; `args` are the job's flags, `extra_env` its
+// daemon's additions.
 void StartElasticNode(int n, int leader_port, std::vector<std::string> args,
-                      std::vector<std::unique_ptr<Daemon>>* nodes) {
+                      std::vector<std::unique_ptr<Daemon>>* nodes,
+                      const std::map<std::string, std::string>& extra_env = {}) {
   args.push_back(absl::StrCat("--node-rank=", n));
   if (n > 0) args.push_back(absl::StrCat("--leader=127.0.0.1:", leader_port));
-  nodes->push_back(std::make_unique<Daemon>(2, args, NodeEnv(n)));
+  std::map<std::string, std::string> env = NodeEnv(n);
+  env.insert(extra_env.begin(), extra_env.end());
+  nodes->push_back(std::make_unique<Daemon>(2, args, env));
   ASSERT_TRUE(nodes->back()->WaitReady(seconds(30))) << nodes->back()->process().Log();
 }
 
 void StartElasticNodes(const std::string& job, ScratchDir& secrets,
-                       std::vector<std::unique_ptr<Daemon>>* nodes) {
+                       std::vector<std::unique_ptr<Daemon>>* nodes,
+                       const std::map<int, std::map<std::string, std::string>>& node_env = {}) {
   ASSERT_TRUE(WriteTokenFile(secrets.File("token"), "cuda-path-token"));
   const std::vector<std::string> args = {
       "--backend=nccl", "--bucket-cap-mb=0.5",   "--first-bucket-cap-mb=0.000001",
@@ -397,7 +402,10 @@ void StartElasticNodes(const std::string& job, ScratchDir& secrets,
       "--min-nodes=2",  "--job-id=" + job,       "--job-token-file=" + secrets.File("token")};
   int port = 0;
   for (int n = 0; n < kElasticNodes; ++n) {
-    ASSERT_NO_FATAL_FAILURE(StartElasticNode(n, port, args, nodes));
+    const auto own = node_env.find(n);
+    ASSERT_NO_FATAL_FAILURE(StartElasticNode(
+        n, port, args, nodes,
+        own != node_env.end() ? own->second : std::map<std::string, std::string>{}));
     if (n == 0) port = nodes->back()->ListenPort(seconds(10));
     ASSERT_GT(port, 0) << (*nodes)[0]->process().Log();
   }
@@ -473,6 +481,71 @@ TEST(CudaElasticTest, SurvivorsOfAKilledNodeReCreateTheirCommunicatorsAndRedoThe
               std::string::npos)
         << logs();
   }
+  for (Process& p : trainers[2]) p.Wait(seconds(10));
+}
+
+// The split-iteration commit on real GPUs (gpu_path_test's
+// GpuSplitIterationTest): node 1's daemon withholds step 2's last bucket
+// (the test hook writes a NaN over it in its trainers' device memory and
+// fails its collective once the release file exists); node 0 completes
+// step 2 and its trainers stop at the start of step 3; node 2 is
+// SIGKILLed and reaped, then node 1 released. The survivors re-form one
+// step apart, node 0 ncclBroadcasts step 2's result from its device copy,
+// node 1 writes it into its trainers' gradients and completes step 2 over
+// 6; every survivor ends with GS_OK (each step checked against its
+// members' average: ranks 0-5 up to step 2, 0-3 after) and the same
+// weights.
+TEST(CudaElasticTest, ANodeKilledInTheLastCollectiveAfterOneSurvivorCompletedItIsCommitted) {
+  GS_SKIP_UNLESS_GPU();
+  constexpr int kStep = kElasticStep;
+  ScratchDir secrets;
+  const std::string release = secrets.File("release");
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  ASSERT_NO_FATAL_FAILURE(
+      StartElasticNodes("elasticsplit", secrets, &nodes,
+                        {{1,
+                          {{"GRADSYNC_TEST_WITHHOLD_FINAL_RESULT_AT", absl::StrCat(kStep)},
+                           {"GRADSYNC_TEST_WITHHOLD_FINAL_RESULT_UNTIL", release}}}}));
+  std::vector<std::vector<Process>> trainers;
+  for (int n = 0; n < kElasticNodes; ++n) {
+    std::vector<std::string> flags = {"--steps=5",
+                                      absl::StrCat("--members-from=", kStep + 1, ":0,1,2,3")};
+    if (n == 0) flags.push_back(absl::StrCat("--pause-at=", kStep + 1, ":0"));
+    trainers.push_back(StartTrainers(*nodes[n], 2, flags));
+  }
+  ASSERT_TRUE(WaitForLog(nodes[1]->process(),
+                         absl::StrCat("event=test_final_result_withheld iteration=", kStep),
+                         seconds(60)))
+      << ElasticLogs(nodes);
+  for (Process& p : trainers[0]) {
+    ASSERT_TRUE(WaitForLog(p, absl::StrCat("paused at step ", kStep + 1), seconds(60)) &&
+                WaitStopped(p, seconds(30)))
+        << p.Log() << ElasticLogs(nodes);
+  }
+  nodes[2]->process().Signal(SIGKILL);
+  for (Process& p : trainers[2]) p.Signal(SIGKILL);
+  nodes[2]->process().Wait(seconds(30));
+  std::FILE* go = std::fopen(release.c_str(), "w");  // node 1's collective fails now
+  ASSERT_NE(go, nullptr) << release;
+  std::fclose(go);
+  for (Process& p : trainers[0]) p.Signal(SIGCONT);
+  std::string weights;
+  for (int n = 0; n < 2; ++n) {
+    for (Process& p : trainers[n]) {
+      std::string mine, log;
+      ASSERT_NO_FATAL_FAILURE(EndedWithWeights(p, nodes, &mine, &log));
+      if (weights.empty()) weights = mine;
+      EXPECT_EQ(mine, weights) << "node " << n << " ended with other weights";
+    }
+  }
+  EXPECT_NE(nodes[0]->process().Log().find(absl::StrCat(
+                "event=split_iteration_commit iteration=", kStep, " from_node_rank=0")),
+            std::string::npos)
+      << ElasticLogs(nodes);
+  EXPECT_NE(nodes[1]->process().Log().find(
+                absl::StrCat("event=split_iteration_committed iteration=", kStep, " divisor=6")),
+            std::string::npos)
+      << ElasticLogs(nodes);
   for (Process& p : trainers[2]) p.Wait(seconds(10));
 }
 

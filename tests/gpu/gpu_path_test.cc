@@ -658,12 +658,13 @@ void AddTokenFile(const ScratchDir& secrets, std::vector<std::string>* common) {
 }
 
 // kElasticNodes simulated nodes (node 0 leads), `local_sizes[n]` trainers
-// on node n, `survivors_env` added to nodes 0 and 1; fatal failures end the
-// test.
+// on node n, `survivors_env` added to nodes 0 and 1 (`node_env[n]` to node
+// n); fatal failures end the test.
 void StartSimNodes(std::vector<std::string> common, std::vector<std::unique_ptr<Daemon>>* nodes,
                    const std::vector<int>& local_sizes = {2, 2, 2},
                    const std::map<std::string, std::string>& survivors_env = {},
-                   const std::map<int, std::vector<std::string>>& node_args = {}) {
+                   const std::map<int, std::vector<std::string>>& node_args = {},
+                   const std::map<int, std::map<std::string, std::string>>& node_env = {}) {
   ScratchDir secrets;
   ASSERT_NO_FATAL_FAILURE(AddTokenFile(secrets, &common));
   int port = 0;
@@ -672,9 +673,12 @@ void StartSimNodes(std::vector<std::string> common, std::vector<std::unique_ptr<
     if (const auto own = node_args.find(n); own != node_args.end()) {
       args.insert(args.end(), own->second.begin(), own->second.end());  // the last one wins
     }
-    ASSERT_NO_FATAL_FAILURE(
-        StartSimNode(n, local_sizes[n], port, args,
-                     n < 2 ? survivors_env : std::map<std::string, std::string>{}, nodes));
+    std::map<std::string, std::string> env =
+        n < 2 ? survivors_env : std::map<std::string, std::string>{};
+    if (const auto own = node_env.find(n); own != node_env.end()) {
+      env.insert(own->second.begin(), own->second.end());
+    }
+    ASSERT_NO_FATAL_FAILURE(StartSimNode(n, local_sizes[n], port, args, env, nodes));
     if (n == 0) {
       port = nodes->back()->ListenPort(seconds(10));
       ASSERT_GT(port, 0) << nodes->back()->process().Log();
@@ -824,6 +828,103 @@ INSTANTIATE_TEST_SUITE_P(Sim, GpuElasticTest,
                                return "survivors_mid_collective";
                            }
                            return "unknown";
+                         });
+
+// Node 2 dies inside step 2's last collective after node 0 completed the
+// step and before node 1 did: node 1's daemon is given the test hook that
+// withholds the last bucket's result (all-ones bytes, a NaN, written over
+// it in its trainers' GPU memory; its collective fails) until node 2 is
+// dead and reaped. The survivors stopped one step apart; they form the next
+// generation anyway, node 0 broadcasts step 2's result, kept in its device
+// memory, over the new communicators, node 1 writes it into its trainers'
+// gradients and completes step 2 with its divisor (6, as node 0's trainers
+// got it), and both train on over ranks 0-3: every survivor ends GS_OK,
+// each step within 1e-12 of its members' average (fp64; steps 0-2 over all
+// 6), with the same weights. Both registration modes (flat buffers, the
+// trainers' own allocations).
+class GpuSplitIterationTest : public ::testing::TestWithParam<std::string> {};
+
+constexpr int kSplitStep = 2;
+
+TEST_P(GpuSplitIterationTest,
+       ANodeKilledInTheLastCollectiveAfterOneSurvivorCompletedItIsCommitted) {
+  ScratchDir scratch;
+  const std::string release = scratch.File("release");
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  ASSERT_NO_FATAL_FAILURE(
+      StartSimNodes({"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001", "--timeout-s=10",
+                     "--num-nodes=3", "--min-nodes=2", "--job-id=gpusplit"},
+                    &nodes, {2, 2, 2}, {}, {},
+                    {{1,
+                      {{"GRADSYNC_TEST_WITHHOLD_FINAL_RESULT_AT", absl::StrCat(kSplitStep)},
+                       {"GRADSYNC_TEST_WITHHOLD_FINAL_RESULT_UNTIL", release}}}}));
+  std::vector<ElasticRun> runs;
+  for (int n = 0; n < kElasticNodes; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> args = {"--mode=" + GetParam(),
+                                       "--dtype=fp64",
+                                       "--in-order",
+                                       absl::StrCat("--steps=", kElasticSteps),
+                                       absl::StrCat("--members-from-step=", kSplitStep + 1),
+                                       "--members=0,1,2,3"};
+      if (n == 0) {
+        // Held once step 2 completed on node 0: proof that it is past it.
+        args.push_back(absl::StrCat("--pause-at-step=", kSplitStep + 1));
+        args.push_back("--pause-after-marks=0");
+      }
+      runs.push_back({n, StartSimTrainer(*nodes[n], r, 2, args)});
+    }
+  }
+  ASSERT_TRUE(WaitForLog(nodes[1]->process(),
+                         absl::StrCat("event=test_final_result_withheld iteration=", kSplitStep),
+                         seconds(60)))
+      << Logs(nodes);
+  for (ElasticRun& run : runs) {
+    if (run.node != 0) continue;
+    ASSERT_TRUE(
+        WaitForLog(run.process, absl::StrCat("paused at step ", kSplitStep + 1), seconds(60)) &&
+        WaitStopped(run.process, seconds(30)))
+        << run.process.Log() << Logs(nodes);
+  }
+  const auto killed_at = std::chrono::steady_clock::now();
+  nodes[2]->process().Signal(SIGKILL);
+  for (ElasticRun& run : runs) {
+    if (run.node == 2) run.process.Signal(SIGKILL);
+  }
+  nodes[2]->process().Wait(seconds(30));
+  std::FILE* go = std::fopen(release.c_str(), "w");  // node 1's collective fails now
+  ASSERT_NE(go, nullptr) << release;
+  std::fclose(go);
+  for (ElasticRun& run : runs) {
+    if (run.node == 0) run.process.Signal(SIGCONT);
+  }
+  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsEndAlike(runs, nodes, /*gone_node=*/2));
+  // Detection, re-formation, the commit and the steps after it; for the
+  // record, not a bound.
+  std::printf("gpu_split_iteration %s: the survivors finished %.1f s after the kill\n",
+              GetParam().c_str(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count());
+  const std::string node0 = nodes[0]->process().Log(), node1 = nodes[1]->process().Log();
+  EXPECT_NE(node0.find(absl::StrCat("event=split_iteration_commit iteration=", kSplitStep,
+                                    " from_node_rank=0")),
+            std::string::npos)
+      << Logs(nodes);
+  EXPECT_NE(node1.find(absl::StrCat("event=split_iteration_committed iteration=", kSplitStep,
+                                    " divisor=6")),
+            std::string::npos)
+      << Logs(nodes);
+  for (const std::string* log : {&node0, &node1}) {
+    EXPECT_NE(log->find("event=gpu_session_reformed generation=2 gpus=2"), std::string::npos)
+        << *log;
+  }
+  for (ElasticRun& run : runs) {
+    if (run.node == 2) run.process.Wait(seconds(10));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sim, GpuSplitIterationTest, ::testing::Values("flat", "user"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
                          });
 
 // Nodes 1 and 2 SIGKILLed mid-backward: one node is left, below
