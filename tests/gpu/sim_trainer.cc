@@ -759,7 +759,8 @@ int main(int argc, char** argv) {
           std::fflush(stdout);
           continue;
         }
-        if (std::fabs(value - expected) > tol * std::max(1.0, std::fabs(expected))) {
+        // Written so that a NaN where none is expected is a mismatch too.
+        if (!(std::fabs(value - expected) <= tol * std::max(1.0, std::fabs(expected)))) {
           std::printf(
               "MISMATCH rank %d step %d tensor %zu '%s' element %zu: got %.7g expected %.7g\n",
               rank, step, i, kTensors[i].name.c_str(), j, value, expected);
