@@ -7,12 +7,13 @@
 // right after forming the next generation, compare where they stopped (one
 // small exchange on every re-formation); where they are one iteration
 // apart, the first survivor that completed I broadcasts I's result
-// (KeptResult) over the new generation's backend, the ones still in I
-// write it into their trainers' arenas (an overwrite: nothing is summed
-// twice) and complete I with I's divisor, and everyone resumes at I+1 over
-// the survivors. A collective of this exchange failing (another death)
-// re-forms again from wherever each node is then: a node that committed is
-// past I, one that did not is still in it.
+// (KeptResult) over the new generation's backend (CUDA gradients: from its
+// device copy over the new NCCL communicators), the ones still in I write
+// it into their trainers' arenas or device gradients (an overwrite:
+// nothing is summed twice) and complete I with I's divisor, and everyone
+// resumes at I+1 over the survivors. A collective of this exchange failing
+// (another death) re-forms again from wherever each node is then: a node
+// that committed is past I, one that did not is still in it.
 #include <unistd.h>
 
 #include <algorithm>
