@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "absl/functional/function_ref.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -202,14 +203,25 @@ std::string AbortSource(const JobRendezvous& client) {
   return client.embedded() ? "the leader" : "etcd";
 }
 
+// Marks a status as the leader's refused probe, which proves its death.
+constexpr absl::string_view kLeaderRefusedPayload = "gradsync.leader_refuses_connections";
+
+absl::Status LeaderRefusal(const std::string& address) {
+  absl::Status refused = MakeError(v1::UNAVAILABLE, RefusesConnections(address));
+  refused.SetPayload(kLeaderRefusedPayload, absl::Cord("1"));
+  return refused;
+}
+
 // How a rendezvous that did not answer is named: the leader daemon, whose
 // loss ends the job, or etcd. A node cut off by a partition sees the same
-// silence as at the leader's death, so the error names both.
+// silence as at the leader's death, so the error names both, unless the
+// leader's port refused connections: only a dead daemon does that.
 std::string Unreachable(const JobRendezvous& client, const absl::Status& transport) {
   if (client.embedded()) {
-    return absl::StrCat(client.Describe(),
-                        " is unreachable: the leader is dead or this node is cut off from it (",
-                        transport.message(), ")");
+    const bool proved = transport.GetPayload(kLeaderRefusedPayload).has_value();
+    return absl::StrCat(client.Describe(), " is unreachable: the leader is dead",
+                        proved ? "" : " or this node is cut off from it", " (", transport.message(),
+                        ")");
   }
   // Its errors start with its name ("etcd at ... has not answered"): once.
   absl::string_view cause = transport.message();
@@ -741,8 +753,7 @@ absl::Status ClusterLink::Explain(const absl::Status& error) {
   if (client_->embedded() && !refusing.empty() && refusing.front() == 0) {
     const auto leader = std::find_if(probe_targets_.begin(), probe_targets_.end(),
                                      [](const RendezvousPeer& p) { return p.node_rank == 0; });
-    return LeaderUnreachable(
-        error, MakeError(v1::UNAVAILABLE, RefusesConnections(leader->listen_address)));
+    return LeaderUnreachable(error, LeaderRefusal(leader->listen_address));
   }
   if (!refusing.empty()) return NameFailedNodes(error, error);
   HeartbeatParams hb;
@@ -882,7 +893,7 @@ absl::Status ClusterLink::LeaderRefuses() const {
   }
   spdlog::error("event=leader_refuses_connections generation={} address={}", generation_,
                 leader_address_);
-  return MakeError(v1::UNAVAILABLE, RefusesConnections(leader_address_));
+  return LeaderRefusal(leader_address_);
 }
 
 bool ClusterLink::Failed() {
