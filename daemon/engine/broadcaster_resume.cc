@@ -196,6 +196,8 @@ absl::Status Broadcaster::SettleInterrupted(const std::vector<double>& v, const 
   }
   const Position me = Where();
   const bool me_behind = me.serial == behind.serial && me.step == behind.step;
+  spdlog::warn("event=broadcast_resumed behind={} ahead={} root_place={} caught_up={}",
+               LogValue(Describe(behind)), LogValue(Describe(ahead)), root_place, !level);
   if (!level) {
     // The step the ones behind missed, from the root's slot.
     Call call = awaiting_ && me_behind ? failed_call_ : done_call_;
@@ -218,8 +220,6 @@ absl::Status Broadcaster::SettleInterrupted(const std::vector<double>& v, const 
     }
   }
   if (awaiting_) verdict_ = Verdict::kRunAgain;
-  spdlog::warn("event=broadcast_resumed behind={} ahead={} root_place={} caught_up={}",
-               LogValue(Describe(behind)), LogValue(Describe(ahead)), root_place, !level);
   cv_.SignalAll();
   return absl::OkStatus();
 }

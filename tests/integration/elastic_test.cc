@@ -784,6 +784,74 @@ TEST(ElasticJob, TheRootsNodeKilledDuringABroadcastFailsItNamingTheRoot) {
   }
 }
 
+// Four nodes of one trainer; rank 0 broadcasts after iteration 1. Gloo's
+// broadcast is a tree: node 0 sends piece 1 to node 1, then to node 2
+// while node 1 passes it on to node 3, which holds it (the test hook).
+// Node 2 is killed once its trainer received the whole broadcast: node 0
+// completed it and went on, nodes 1 and 3 did not (node 1 still sends to
+// node 3), so the survivors stopped a step apart. They re-form, node 0
+// sends the last piece again from its slot, nodes 1 and 3 complete their
+// calls with it, and all train on exactly.
+TEST(ElasticJob, SurvivorsAStepApartInABroadcastCatchUpFromTheRootAndTrainOn) {
+  constexpr int kFour = 4, kLag = 2;
+  ScratchDir scratch("bcast_lag");
+  const std::string release = scratch.File("release");
+  ClusterOptions options = JobOptions(/*min_nodes=*/2, 4 * kTimeoutS);
+  options.nodes = kFour;
+  options.local_size = 1;
+  options.flags.back() = absl::StrCat("--max-nodes=", kFour);
+  options.node_env.resize(kFour);
+  options.node_env[3] = {{"GRADSYNC_TEST_HOLD_BROADCAST_PIECE", "1"},
+                         {"GRADSYNC_TEST_HOLD_BROADCAST_UNTIL", release}};
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  for (int n = 0; n < kFour; ++n) {
+    const std::string out = absl::StrCat(cluster.dir(), "/w", n);
+    std::vector<std::string> args = TrainArgs();
+    args.push_back("--broadcast-after=1:0");
+    trainers.push_back({n, "", out, StartTrainer(cluster.node(n), 0, args, out)});
+  }
+  const std::string received = "gs_broadcast from rank 0 after step 1: 5242883 bytes ok";
+  ASSERT_TRUE(
+      WaitForLog(cluster.node(3).process(), "event=test_broadcast_held piece=1", kStateBound))
+      << cluster.DaemonLogs();
+  ASSERT_TRUE(WaitForLog(trainers[kLag].process, received, kStateBound))
+      << trainers[kLag].process.Log() << cluster.DaemonLogs();
+  cluster.node(kLag).process().Signal(SIGKILL);
+  trainers[kLag].process.Signal(SIGKILL);
+  ASSERT_TRUE(
+      WaitForLog(cluster.node(0).process(), "event=job_reformed job=1 generation=2 ", kErrorBound))
+      << cluster.DaemonLogs();
+  std::FILE* go = std::fopen(release.c_str(), "w");
+  ASSERT_NE(go, nullptr) << release;
+  std::fclose(go);
+  std::vector<std::string> reference_args = TrainArgs();
+  reference_args.push_back(
+      absl::StrCat("--join-steps=", kSteps, ",", kSteps, ",", kKilledStep, ",", kSteps));
+  reference_args.push_back("--join-divide-by-active");
+  const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
+  ASSERT_FALSE(reference.empty());
+  std::vector<Trainer*> survivors = {&trainers[0], &trainers[1], &trainers[3]};
+  ExpectEndedAlikeAndLikeTheReference(cluster, survivors, reference,
+                                      [&] { return AllTrainerErrors(trainers); });
+  for (Trainer* t : survivors) {
+    EXPECT_NE(t->process.Log().find(received), std::string::npos)
+        << "node " << t->node << ": " << t->process.Log();
+  }
+  for (int n : {0, 1, 3}) {
+    const std::string log = cluster.node(n).process().Log();
+    EXPECT_NE(log.find("event=broadcast_catch_up step=2 bytes=5242883 root_rank=0 root_place=0"),
+              std::string::npos)
+        << "node " << n << "\n"
+        << cluster.DaemonLogs();
+    EXPECT_NE(log.find("ahead=\"node_rank=0 at broadcast 2 step 0\" root_place=0 caught_up=true"),
+              std::string::npos)
+        << "node " << n << "\n"
+        << cluster.DaemonLogs();
+  }
+}
+
 // Which node dies in iteration 2 and which joins the running job after the
 // survivors re-formed: a replacement daemon for the dead node's rank, or a
 // new rank below --max-nodes (a spare node of the cluster).
