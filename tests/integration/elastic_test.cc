@@ -28,7 +28,11 @@
 // survivors: node 1 killed, a broadcast from rank 4 (node 2, now the
 // second member) reaches every survivor's trainers, replica checks compare
 // node 0's and node 2's. Every survivor's gs_job_info counts one
-// membership change. A replacement node for the dead one, and a new rank
+// membership change. A node killed while a broadcast is in flight (a test
+// hook holds a piece on another node): the survivors finish it and train
+// on, also when they stopped a step apart (4 nodes: the ones behind catch
+// up from the root's slot); with the root on the dead node they fail
+// naming it. A replacement node for the dead one, and a new rank
 // below --max-nodes, join the running job at an iteration boundary, catch
 // up from the lowest live rank and train with the others (on either
 // rendezvous); a new rank joining after node 1's death takes the ranks
