@@ -1,6 +1,7 @@
 #include "daemon/cluster/cluster_link.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <optional>
 
@@ -81,6 +82,49 @@ absl::Status CompareFlagAcrossNodes(const Records& records, const std::vector<in
   return absl::OkStatus();
 }
 
+// The version of the rule daemon/engine/bucket_planner.cc cuts buckets by:
+// daemons that cut differently would pair unlike buckets, so the nodes
+// compare it when a generation forms. Raise it with any change to the cut.
+constexpr int kBucketCuttingRule = 1;
+
+// Each node's bucket-cutting rule, decimal ("g<gen>/bucket_rule/<rank>").
+std::string BucketRuleKey(uint64_t generation, int node_rank) {
+  return absl::StrCat(GenerationKeyPrefix(generation), "bucket_rule/", node_rank);
+}
+
+// Test-only (inert unless set): the bucket-cutting rule this daemon
+// advertises instead of its own, to stand for a daemon of another version.
+constexpr char kAdvertiseBucketRule[] = "GRADSYNC_TEST_ADVERTISE_BUCKET_RULE";
+
+std::string AdvertisedBucketRule() {
+  const char* rule = std::getenv(kAdvertiseBucketRule);
+  if (rule == nullptr || *rule == '\0') return absl::StrCat(kBucketCuttingRule);
+  spdlog::warn("event=test_hook_armed hook={} rule={}", kAdvertiseBucketRule, LogValue(rule));
+  return rule;
+}
+
+// MISMATCH naming the first member whose bucket-cutting rule differs from
+// the first member's, both nodes and both rules. A member that published
+// none is a daemon from before the rule was published: it cut by rule 1.
+absl::Status CompareBucketRules(const Records& records, uint64_t gen,
+                                const std::vector<int>& members) {
+  std::vector<std::string> rules;
+  for (int n : members) {
+    const auto it = records.find(BucketRuleKey(gen, n));
+    rules.push_back(it != records.end() ? it->second : "1");
+  }
+  for (size_t i = 1; i < members.size(); ++i) {
+    if (rules[i] == rules[0]) continue;
+    return MakeError(
+        v1::MISMATCH,
+        absl::StrCat("the nodes' gradsyncd versions cut buckets differently: node ", members[0],
+                     " cuts by bucket rule ", rules[0], " but node ", members[i],
+                     " by bucket rule ", rules[i],
+                     "; every node of a job must run a gradsyncd that cuts buckets alike"));
+  }
+  return absl::OkStatus();
+}
+
 // The flags every node of a job must share, compared when the job forms
 // rather than found out later: --wire-dtype (nodes that cast differently
 // would pair 16-bit halves with fp32 words), --check-replicas-every (a node
@@ -98,6 +142,7 @@ absl::Status CompareSharedFlags(const Records& records, uint64_t gen,
       "--check-replicas-every", "0"));
   RETURN_IF_ERROR(CompareFlagAcrossNodes(
       records, members, [gen](int n) { return MinNodesKey(gen, n); }, "--min-nodes", "(none)"));
+  RETURN_IF_ERROR(CompareBucketRules(records, gen, members));
   return CompareFlagAcrossNodes(
       records, members, [gen](int n) { return AutotuneKey(gen, n); }, "--autotune", "(none)");
 }
@@ -308,6 +353,7 @@ absl::StatusOr<WireDType> PublishRecords(JobRendezvous& client, const DaemonConf
   RETURN_IF_ERROR(
       client.Set(MinNodesKey(gen, config.node_rank), absl::StrCat(config.min_nodes_or_num())));
   RETURN_IF_ERROR(client.Set(AutotuneKey(gen, config.node_rank), config.autotune ? "on" : "off"));
+  RETURN_IF_ERROR(client.Set(BucketRuleKey(gen, config.node_rank), AdvertisedBucketRule()));
   RETURN_IF_ERROR(client.Set(LayoutKey(gen, config.node_rank), EncodeLayout(layout)));
   ASSIGN_OR_RETURN(WireDType wire_dtype, ParseWireDType(config.wire_dtype));
   RETURN_IF_ERROR(client.Set(WireDTypeKey(gen, config.node_rank), WireDTypeName(wire_dtype)));
@@ -333,6 +379,7 @@ absl::StatusOr<Records> WaitForRecords(JobRendezvous& client, const std::vector<
   for (int n : members) read_keys.push_back(MinNodesKey(gen, n));
   for (int n : members) read_keys.push_back(CheckReplicasEveryKey(gen, n));
   for (int n : members) read_keys.push_back(AutotuneKey(gen, n));
+  for (int n : members) read_keys.push_back(BucketRuleKey(gen, n));
   absl::StatusOr<Records> records = client.WaitForValues(keys, read_keys, wait);
   if (!records.ok()) {
     return MakeError(CodeOf(records.status()),
