@@ -1,10 +1,12 @@
 #include "daemon/cluster/cluster_link.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <optional>
 
 #include "absl/functional/function_ref.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -80,6 +82,49 @@ absl::Status CompareFlagAcrossNodes(const Records& records, const std::vector<in
   return absl::OkStatus();
 }
 
+// The version of the rule daemon/engine/bucket_planner.cc cuts buckets by:
+// daemons that cut differently would pair unlike buckets, so the nodes
+// compare it when a generation forms. Raise it with any change to the cut.
+constexpr int kBucketCuttingRule = 1;
+
+// Each node's bucket-cutting rule, decimal ("g<gen>/bucket_rule/<rank>").
+std::string BucketRuleKey(uint64_t generation, int node_rank) {
+  return absl::StrCat(GenerationKeyPrefix(generation), "bucket_rule/", node_rank);
+}
+
+// Test-only (inert unless set): the bucket-cutting rule this daemon
+// advertises instead of its own, to stand for a daemon of another version.
+constexpr char kAdvertiseBucketRule[] = "GRADSYNC_TEST_ADVERTISE_BUCKET_RULE";
+
+std::string AdvertisedBucketRule() {
+  const char* rule = std::getenv(kAdvertiseBucketRule);
+  if (rule == nullptr || *rule == '\0') return absl::StrCat(kBucketCuttingRule);
+  spdlog::warn("event=test_hook_armed hook={} rule={}", kAdvertiseBucketRule, LogValue(rule));
+  return rule;
+}
+
+// MISMATCH naming the first member whose bucket-cutting rule differs from
+// the first member's, both nodes and both rules. A member that published
+// none is a daemon from before the rule was published: it cut by rule 1.
+absl::Status CompareBucketRules(const Records& records, uint64_t gen,
+                                const std::vector<int>& members) {
+  std::vector<std::string> rules;
+  for (int n : members) {
+    const auto it = records.find(BucketRuleKey(gen, n));
+    rules.push_back(it != records.end() ? it->second : "1");
+  }
+  for (size_t i = 1; i < members.size(); ++i) {
+    if (rules[i] == rules[0]) continue;
+    return MakeError(
+        v1::MISMATCH,
+        absl::StrCat("the nodes' gradsyncd versions cut buckets differently: node ", members[0],
+                     " cuts by bucket rule ", rules[0], " but node ", members[i],
+                     " by bucket rule ", rules[i],
+                     "; every node of a job must run a gradsyncd that cuts buckets alike"));
+  }
+  return absl::OkStatus();
+}
+
 // The flags every node of a job must share, compared when the job forms
 // rather than found out later: --wire-dtype (nodes that cast differently
 // would pair 16-bit halves with fp32 words), --check-replicas-every (a node
@@ -97,6 +142,7 @@ absl::Status CompareSharedFlags(const Records& records, uint64_t gen,
       "--check-replicas-every", "0"));
   RETURN_IF_ERROR(CompareFlagAcrossNodes(
       records, members, [gen](int n) { return MinNodesKey(gen, n); }, "--min-nodes", "(none)"));
+  RETURN_IF_ERROR(CompareBucketRules(records, gen, members));
   return CompareFlagAcrossNodes(
       records, members, [gen](int n) { return AutotuneKey(gen, n); }, "--autotune", "(none)");
 }
@@ -202,14 +248,25 @@ std::string AbortSource(const JobRendezvous& client) {
   return client.embedded() ? "the leader" : "etcd";
 }
 
+// Marks a status as the leader's refused probe, which proves its death.
+constexpr absl::string_view kLeaderRefusedPayload = "gradsync.leader_refuses_connections";
+
+absl::Status LeaderRefusal(const std::string& address) {
+  absl::Status refused = MakeError(v1::UNAVAILABLE, RefusesConnections(address));
+  refused.SetPayload(kLeaderRefusedPayload, absl::Cord("1"));
+  return refused;
+}
+
 // How a rendezvous that did not answer is named: the leader daemon, whose
 // loss ends the job, or etcd. A node cut off by a partition sees the same
-// silence as at the leader's death, so the error names both.
+// silence as at the leader's death, so the error names both, unless the
+// leader's port refused connections: only a dead daemon does that.
 std::string Unreachable(const JobRendezvous& client, const absl::Status& transport) {
   if (client.embedded()) {
-    return absl::StrCat(client.Describe(),
-                        " is unreachable: the leader is dead or this node is cut off from it (",
-                        transport.message(), ")");
+    const bool proved = transport.GetPayload(kLeaderRefusedPayload).has_value();
+    return absl::StrCat(client.Describe(), " is unreachable: the leader is dead",
+                        proved ? "" : " or this node is cut off from it", " (", transport.message(),
+                        ")");
   }
   // Its errors start with its name ("etcd at ... has not answered"): once.
   absl::string_view cause = transport.message();
@@ -296,6 +353,7 @@ absl::StatusOr<WireDType> PublishRecords(JobRendezvous& client, const DaemonConf
   RETURN_IF_ERROR(
       client.Set(MinNodesKey(gen, config.node_rank), absl::StrCat(config.min_nodes_or_num())));
   RETURN_IF_ERROR(client.Set(AutotuneKey(gen, config.node_rank), config.autotune ? "on" : "off"));
+  RETURN_IF_ERROR(client.Set(BucketRuleKey(gen, config.node_rank), AdvertisedBucketRule()));
   RETURN_IF_ERROR(client.Set(LayoutKey(gen, config.node_rank), EncodeLayout(layout)));
   ASSIGN_OR_RETURN(WireDType wire_dtype, ParseWireDType(config.wire_dtype));
   RETURN_IF_ERROR(client.Set(WireDTypeKey(gen, config.node_rank), WireDTypeName(wire_dtype)));
@@ -321,6 +379,7 @@ absl::StatusOr<Records> WaitForRecords(JobRendezvous& client, const std::vector<
   for (int n : members) read_keys.push_back(MinNodesKey(gen, n));
   for (int n : members) read_keys.push_back(CheckReplicasEveryKey(gen, n));
   for (int n : members) read_keys.push_back(AutotuneKey(gen, n));
+  for (int n : members) read_keys.push_back(BucketRuleKey(gen, n));
   absl::StatusOr<Records> records = client.WaitForValues(keys, read_keys, wait);
   if (!records.ok()) {
     return MakeError(CodeOf(records.status()),
@@ -741,8 +800,7 @@ absl::Status ClusterLink::Explain(const absl::Status& error) {
   if (client_->embedded() && !refusing.empty() && refusing.front() == 0) {
     const auto leader = std::find_if(probe_targets_.begin(), probe_targets_.end(),
                                      [](const RendezvousPeer& p) { return p.node_rank == 0; });
-    return LeaderUnreachable(
-        error, MakeError(v1::UNAVAILABLE, RefusesConnections(leader->listen_address)));
+    return LeaderUnreachable(error, LeaderRefusal(leader->listen_address));
   }
   if (!refusing.empty()) return NameFailedNodes(error, error);
   HeartbeatParams hb;
@@ -882,7 +940,7 @@ absl::Status ClusterLink::LeaderRefuses() const {
   }
   spdlog::error("event=leader_refuses_connections generation={} address={}", generation_,
                 leader_address_);
-  return MakeError(v1::UNAVAILABLE, RefusesConnections(leader_address_));
+  return LeaderRefusal(leader_address_);
 }
 
 bool ClusterLink::Failed() {

@@ -3,8 +3,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/log_value.h"
 #include "common/monotonic.h"
@@ -29,6 +33,13 @@ constexpr absl::Duration kPoll = absl::Milliseconds(100);
 constexpr size_t kAgreementHead = 5;
 constexpr size_t kAgreementPerNode = 4;
 
+// Test-only (inert unless set): this node holds piece K of its next
+// multi-piece host broadcast before the piece's collective, until the file
+// named by the second variable exists (at most the timeout), so that a test
+// can kill another node while the others wait in that collective.
+constexpr char kHoldPiece[] = "GRADSYNC_TEST_HOLD_BROADCAST_PIECE";
+constexpr char kHoldUntil[] = "GRADSYNC_TEST_HOLD_BROADCAST_UNTIL";
+
 }  // namespace
 
 Broadcaster::Broadcaster(std::vector<Trainer*> trainers, Backend* backend, FailFn fail,
@@ -39,6 +50,27 @@ Broadcaster::Broadcaster(std::vector<Trainer*> trainers, Backend* backend, FailF
   world_ = World{backend, options_.num_nodes, options_.node_index};
   call_.arrived.assign(trainers_.size(), 0);
   marked_in_.assign(trainers_.size(), 0);
+  const char* hold = std::getenv(kHoldPiece);
+  uint64_t piece = 0;
+  if (hold == nullptr || !absl::SimpleAtoi(hold, &piece)) return;
+  hold_piece_plus_one_ = piece + 1;
+  const char* until = std::getenv(kHoldUntil);
+  hold_until_file_ = until != nullptr ? until : "";
+  spdlog::warn("event=test_hook_armed hook={} piece={} until_file={}", kHoldPiece, piece,
+               LogValue(hold_until_file_));
+}
+
+void Broadcaster::MaybeHoldPiece(uint64_t piece) {
+  if (hold_piece_plus_one_ != piece + 1) return;
+  hold_piece_plus_one_ = 0;  // once: a piece run again is not held
+  spdlog::warn("event=test_broadcast_held piece={} until_file={}", piece,
+               LogValue(hold_until_file_));
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.timeout_ms);
+  while (!hold_until_file_.empty() && access(hold_until_file_.c_str(), F_OK) != 0 &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 Broadcaster::~Broadcaster() {
@@ -85,10 +117,67 @@ void Broadcaster::ReplaceTrainer(Trainer* fresh) {
   if (local < trainers_.size()) trainers_[local] = fresh;
 }
 
-void Broadcaster::SetWorld(Backend* backend, int num_nodes, int node_index) {
+void Broadcaster::SetWorld(Backend* backend, int num_nodes, int node_index, uint64_t epoch,
+                           bool grown) {
   MonotonicMutexLock lock(&mu_);
-  world_ = World{backend, num_nodes, node_index};
+  world_ = World{backend, num_nodes, node_index, epoch};
+  // The joiners start counting at 0: so do the members (between iterations,
+  // no broadcast runs while nodes join).
+  if (grown && !busy_) began_ = 0;
   spdlog::info("event=broadcast_world nodes={} node_index={}", num_nodes, node_index);
+}
+
+void Broadcaster::StepDone(const Call& call, bool fused) {
+  if (call.step == 0) {
+    ++began_;
+    done_fused_ = fused;
+  }
+  done_call_ = call;
+  const bool last = call.step == Pieces(call.bytes) || (call.step == 0 && fused);
+  steps_done_ = last ? 0 : call.step + 1;
+}
+
+absl::Status Broadcaster::AwaitResume(Call call, absl::Status failed, bool* collective) {
+  while (true) {
+    awaiting_ = true;
+    failed_call_ = call;
+    verdict_ = Verdict::kNone;
+    cv_.SignalAll();
+    mu_.Unlock();
+    spdlog::warn("event=broadcast_interrupted step={} bytes={} root_rank={} error={}", call.step,
+                 call.bytes, call.root_rank, LogValue(failed.message()));
+    on_world_failure_(call.world.epoch, failed);
+    mu_.Lock();
+    // The re-formation's own bounds (the rendezvous, the Gloo worker) come
+    // first; this only keeps a lost re-formation from hanging the call.
+    const absl::Time until = MonotonicNow() + absl::Milliseconds(3 * options_.timeout_ms);
+    while (verdict_ == Verdict::kNone && failed_.ok() && MonotonicNow() < until) {
+      cv_.WaitWithTimeout(&mu_, kPoll);
+    }
+    awaiting_ = false;
+    *collective = false;
+    if (!failed_.ok()) return failed_;
+    if (verdict_ == Verdict::kNone) {
+      return MakeError(
+          v1::TIMEOUT,
+          absl::StrCat("gs_broadcast(bytes=", call.bytes, ", root_rank=", call.root_rank,
+                       "), step ", call.step,
+                       ": a node's failure interrupted it and the survivors did not "
+                       "re-form within ",
+                       3 * options_.timeout_ms / 1000.0, " s (", failed.message(), ")"));
+    }
+    if (verdict_ == Verdict::kCompleted) return absl::OkStatus();
+    call.world = world_;
+    mu_.Unlock();
+    absl::Status st = Run(call, collective);
+    mu_.Lock();
+    if (st.ok()) {
+      StepDone(call, fused_);
+      return st;
+    }
+    if (!*collective) return st;
+    failed = st;
+  }
 }
 
 void Broadcaster::StopAndWait(absl::Duration timeout) {
@@ -232,6 +321,12 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
         bool collective = false;
         absl::Status st = Run(call, &collective);
         mu_.Lock();
+        if (st.ok()) {
+          StepDone(call, fused_);
+        } else if (collective && on_world_failure_) {
+          // An elastic job: the survivors re-form and settle this step.
+          st = AwaitResume(call, st, &collective);
+        }
         running_ = false;
         calls_done_ = mine + 1;
         last_result_ = st;
@@ -351,15 +446,17 @@ absl::Status Broadcaster::Agree(const Call& call, bool* fused, bool* collective)
       root_nccl_rank_ = static_cast<int>(v[at + 2]) - 1;
     }
   }
-  if (root_node < 0) {
-    return MakeError(v1::INVALID_ARGUMENT,
-                     absl::StrCat("gs_broadcast: root_rank ", call.root_rank,
-                                  " is on no node of the job (after an elastic re-formation: "
-                                  "its node is no longer a member)"));
-  }
+  if (root_node < 0) return RootOnNoNode(call.root_rank);
   root_node_ = root_node;
   *fused = v[1] == nodes;
   return absl::OkStatus();
+}
+
+absl::Status Broadcaster::RootOnNoNode(int root_rank) {
+  return MakeError(v1::INVALID_ARGUMENT,
+                   absl::StrCat("gs_broadcast: root_rank ", root_rank,
+                                " is on no node of the job (after an elastic re-formation: "
+                                "its node is no longer a member)"));
 }
 
 int Broadcaster::LocalRootNcclRank(int root_rank) const {
@@ -409,7 +506,13 @@ absl::Status Broadcaster::Run(const Call& call, bool* collective) {
       RETURN_IF_ERROR(EnsureSegment());
     }
     bool fused = CanFuse(call);
-    if (call.world.num_nodes > 1) RETURN_IF_ERROR(Agree(call, &fused, collective));
+    if (call.world.num_nodes > 1) {
+      RETURN_IF_ERROR(Agree(call, &fused, collective));
+    } else if (call.root_rank < options_.rank_offset ||
+               call.root_rank >= options_.rank_offset + LocalTrainers()) {
+      // An elastic job re-formed down to this node, without the root's.
+      return RootOnNoNode(call.root_rank);
+    }
     if (!fused) return absl::OkStatus();
     // The root filled the whole buffer into that slot before its call.
     RETURN_IF_ERROR(
@@ -425,6 +528,7 @@ absl::Status Broadcaster::RunHostPiece(const Call& call, uint64_t piece, uint8_t
                                        bool* collective) {
   if (call.world.num_nodes == 1) return absl::OkStatus();
   const uint64_t len = std::min(kPieceBytes, call.bytes - piece * kPieceBytes);
+  MaybeHoldPiece(piece);
   absl::Status st = call.world.backend->Broadcast(slot, len, root_node_);
   if (!st.ok()) {
     *collective = true;

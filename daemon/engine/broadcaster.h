@@ -42,6 +42,13 @@
 // world; one on a node that is no longer a member fails the agreement
 // ("is on no node of the job").
 //
+// A node's death during a broadcast (broadcaster_resume.cc): a call whose
+// collective failed asks the job to re-form (set_on_world_failure) and
+// waits; the scheduler's re-formation then calls Resume, which compares
+// where every survivor stopped (one small exchange) and either completes
+// the failed step from the survivors that got past it (one step apart at
+// most) or lets the call run again on the new world.
+//
 // Threads: Step from RPC threads (one per trainer at a time), AllowMarks
 // from the scheduler thread, Abort from whoever fails the job. `fail` is
 // never called with the lock held (it takes the job's lock, which calls
@@ -96,6 +103,11 @@ class Broadcaster {
   // The job's device resources when its gradients are CUDA tensors (null:
   // host buffers only). Set once, before any Step; it outlives this object.
   void set_gpu(GpuSession* gpu) { gpu_ = gpu; }
+  // Elastic jobs across nodes: a collective of a call failing (a death)
+  // calls this with the failed world's epoch and the error instead of
+  // failing the job, and the call waits for Resume. Set once, before any Step.
+  using WorldFailedFn = std::function<void(uint64_t epoch, const absl::Status& error)>;
+  void set_on_world_failure(WorldFailedFn fn) { on_world_failure_ = std::move(fn); }
   ~Broadcaster();  // removes the staging segment's name
 
   struct StepResult {
@@ -123,7 +135,17 @@ class Broadcaster {
   // this object), among `num_nodes` nodes where this one is `node_index`
   // (its Gloo rank). Called between iterations' collectives, never while
   // a call runs on the old world (that call failed with it).
-  void SetWorld(Backend* backend, int num_nodes, int node_index) ABSL_LOCKS_EXCLUDED(mu_);
+  // `epoch` names the world for set_on_world_failure; `grown`: nodes joined
+  // (no broadcast runs then), so every member counts broadcasts afresh,
+  // as the joiners do.
+  void SetWorld(Backend* backend, int num_nodes, int node_index, uint64_t epoch = 0,
+                bool grown = false) ABSL_LOCKS_EXCLUDED(mu_);
+  // Scheduler thread, right after a re-formation installed the survivors'
+  // world and before any broadcast runs on it: settles a broadcast a death
+  // interrupted, on every survivor alike (docs/DESIGN.md, "Elastic jobs").
+  // *collective_failed: another death, re-form again.
+  absl::Status Resume(bool* collective_failed)
+      ABSL_LOCKS_EXCLUDED(mu_) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // An elastic job took `fresh` on the local rank of a trainer that died
   // (it outlives this object). Between iterations.
   void ReplaceTrainer(Trainer* fresh) ABSL_LOCKS_EXCLUDED(mu_);
@@ -148,6 +170,7 @@ class Broadcaster {
     Backend* backend = nullptr;
     int num_nodes = 1;
     int node_index = 0;
+    uint64_t epoch = 0;
   };
   // The call every local trainer makes next.
   struct Call {
@@ -175,6 +198,8 @@ class Broadcaster {
   absl::Status RunHostPiece(const Call& call, uint64_t piece, uint8_t* slot, bool* collective);
   // A device broadcast's piece `piece` across the node's GPUs and nodes.
   absl::Status RunDevicePiece(const Call& call, uint64_t piece, bool* collective);
+  // INVALID_ARGUMENT: no member holds `root_rank`.
+  static absl::Status RootOnNoNode(int root_rank);
   // The NCCL rank of the root's GPU when this node holds the root, else -1.
   int LocalRootNcclRank(int root_rank) const;
   // Why `caller`'s call cannot go on (OK: it can), under mu_.
@@ -182,6 +207,24 @@ class Broadcaster {
                        bool device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status EnsureSegment();
   uint8_t* Slot(uint64_t piece) const;
+  // The bookkeeping of a step of `call` that completed on this node.
+  void StepDone(const Call& call, bool fused) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A call whose collective failed in an elastic job: asks for the
+  // re-formation and waits for Resume's verdict, running the call again on
+  // the new world when told to. OK: the call completed.
+  absl::Status AwaitResume(Call call, absl::Status failed, bool* collective)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Resume's parts (broadcaster_resume.cc).
+  struct Position;
+  Position Where() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Resume's verdict from the survivors' summed slots `v` (lock held; it
+  // is released around the catch-up's collective).
+  absl::Status SettleInterrupted(const std::vector<double>& v, const World& world,
+                                 bool* collective_failed) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  absl::Status CatchUp(const Call& call, uint64_t step, int root_place, int root_nccl_rank,
+                       bool fused, bool* collective);
+  // The test hook that holds a piece on this node (see broadcaster.cc).
+  void MaybeHoldPiece(uint64_t piece);
   // Fails the job (lock released) and returns `error`.
   absl::Status FailJob(const absl::Status& error, int culprit = -1) ABSL_LOCKS_EXCLUDED(mu_);
   std::string Names(const std::vector<uint8_t>& which) const;
@@ -215,6 +258,24 @@ class Broadcaster {
   int root_node_ = 0;
   int root_nccl_rank_ = 0;  // device broadcasts
   bool fused_ = false;      // the last step 0 moved the buffer too
+  WorldFailedFn on_world_failure_;
+
+  // Where this node is, for Resume: broadcasts whose step 0 completed since
+  // the world started or grew, and the steps of the current one completed
+  // (0: none, or between broadcasts).
+  uint64_t began_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t steps_done_ ABSL_GUARDED_BY(mu_) = 0;
+  Call done_call_ ABSL_GUARDED_BY(mu_);  // the last step that completed
+  bool done_fused_ ABSL_GUARDED_BY(mu_) = false;
+  // A call whose collective failed waits for Resume's verdict.
+  enum class Verdict { kNone, kCompleted, kRunAgain };
+  bool awaiting_ ABSL_GUARDED_BY(mu_) = false;
+  Call failed_call_ ABSL_GUARDED_BY(mu_);
+  Verdict verdict_ ABSL_GUARDED_BY(mu_) = Verdict::kNone;
+  // Test hook: 1 + the piece held on this node (0: none), and the file
+  // whose creation releases it.
+  uint64_t hold_piece_plus_one_ = 0;
+  std::string hold_until_file_;
 };
 
 }  // namespace gradsync

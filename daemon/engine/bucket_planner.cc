@@ -26,6 +26,8 @@ std::vector<uint32_t> ReverseRegistrationOrder(size_t n) {
   return order;
 }
 
+// A change to how this cuts buckets must raise kBucketCuttingRule
+// (daemon/cluster/cluster_link.cc), which the nodes compare when a job forms.
 BucketPlan PlanBuckets(const Layout& layout, const std::vector<uint32_t>& order,
                        const BucketCaps& caps) {
   // Like DDP: one open bucket per (dtype, device); each key's first bucket

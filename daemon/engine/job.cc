@@ -456,6 +456,15 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
       [this](const absl::Status& error, int culprit) { Fail(error, culprit); },
       BroadcasterOptionsLocked());
   opts.allow_marks = [b = broadcaster_.get()](const Trainer& t) { return b->AllowMarks(t); };
+  if (reforms()) {
+    // A death during a broadcast re-forms the job like one during an
+    // iteration; the re-formation then settles the broadcast.
+    broadcaster_->set_on_world_failure(
+        [this](uint64_t epoch, const absl::Status& error) { OnWorldFailure(epoch, error); });
+    opts.resume_broadcast = [b = broadcaster_.get()](bool* collective_failed) {
+      return b->Resume(collective_failed);
+    };
+  }
   scheduler_ = std::make_unique<Scheduler>(
       trainers, layout_, std::move(plan), cuda ? flat_plan_ : arena_, world_.backend.get(),
       &node_->ready_bell(), stats_.get(),

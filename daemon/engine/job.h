@@ -394,7 +394,8 @@ class Job {
   absl::StatusOr<Scheduler::Reformed> Grow(uint64_t iteration, const RunningPlan& plan)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Reform's last step: installs the survivors' world.
-  absl::StatusOr<Scheduler::Reformed> InstallReformedLocked(JobWorld world)
+  // `grown`: nodes joined (Grow), not a death.
+  absl::StatusOr<Scheduler::Reformed> InstallReformedLocked(JobWorld world, bool grown = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool elastic() const { return config_.min_nodes_or_num() < config_.num_nodes; }
   // An elastic job across nodes that re-forms at a node's death (CPU and

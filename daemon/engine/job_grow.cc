@@ -57,7 +57,8 @@ absl::StatusOr<Scheduler::Reformed> Job::Grow(uint64_t iteration, const RunningP
   absl::Status failed;
   {
     MonotonicMutexLock lock(&mu_);
-    if (state_ != JobState::kFailed) return InstallReformedLocked(*std::move(world));
+    if (state_ != JobState::kFailed)
+      return InstallReformedLocked(*std::move(world), /*grown=*/true);
     failed = error_;
     // Stopped while growing: leave the new generation as Reform does.
     if (departing_ && world->link) world->link->ReportDeparture(error_);

@@ -107,7 +107,7 @@ absl::StatusOr<JobWorld> Job::ReformGpu(GpuSession& gpu, JobWorld world) {
   return world;
 }
 
-absl::StatusOr<Scheduler::Reformed> Job::InstallReformedLocked(JobWorld world) {
+absl::StatusOr<Scheduler::Reformed> Job::InstallReformedLocked(JobWorld world, bool grown) {
   world_.world_size = world.world_size;
   world_.rank_offset = world.rank_offset;
   world_.generation = world.generation;
@@ -122,7 +122,8 @@ absl::StatusOr<Scheduler::Reformed> Job::InstallReformedLocked(JobWorld world) {
   ++reformations_;
   // Broadcasts from now on run among the new generation's members.
   if (broadcaster_) {
-    broadcaster_->SetWorld(world_.backend.get(), world_.num_nodes, world_.node_index);
+    broadcaster_->SetWorld(world_.backend.get(), world_.num_nodes, world_.node_index, world_epoch_,
+                           grown);
   }
   if (replica_checker_) replica_checker_->SetWorld(world_.backend.get(), world_.node_index);
   Scheduler* scheduler = scheduler_.get();

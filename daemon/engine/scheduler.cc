@@ -491,7 +491,10 @@ bool Scheduler::Recover(const absl::Status& error) {
     if (halted_.load(std::memory_order_acquire)) return false;
     AdoptWorld(*world);
     bool collective_failed = false;
-    const absl::Status settled = SettleSplitIteration(&collective_failed);
+    absl::Status settled = SettleSplitIteration(&collective_failed);
+    if (settled.ok() && options_.resume_broadcast) {
+      settled = options_.resume_broadcast(&collective_failed);
+    }
     if (halted_.load(std::memory_order_acquire) || stop_.load(std::memory_order_acquire)) {
       return false;
     }

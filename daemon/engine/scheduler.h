@@ -130,6 +130,10 @@ class Scheduler {
     // Elastic jobs: set, a failed cross-node collective re-forms the world
     // and redoes the iteration (every bucket's local sum is kept for it).
     ReformFn reform;
+    // Elastic jobs: after a re-formation settled the iteration, settles a
+    // gs_broadcast the death interrupted (Broadcaster::Resume) before any
+    // broadcast runs on the new world. *collective_failed: re-form again.
+    std::function<absl::Status(bool* collective_failed)> resume_broadcast;
     // Elastic jobs across nodes: nodes joining the running job (a "grow"
     // entry of the config log) are admitted through this.
     GrowFn grow;

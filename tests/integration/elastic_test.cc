@@ -28,7 +28,11 @@
 // survivors: node 1 killed, a broadcast from rank 4 (node 2, now the
 // second member) reaches every survivor's trainers, replica checks compare
 // node 0's and node 2's. Every survivor's gs_job_info counts one
-// membership change. A replacement node for the dead one, and a new rank
+// membership change. A node killed while a broadcast is in flight (a test
+// hook holds a piece on another node): the survivors finish it and train
+// on, also when they stopped a step apart (4 nodes: the ones behind catch
+// up from the root's slot); with the root on the dead node they fail
+// naming it. A replacement node for the dead one, and a new rank
 // below --max-nodes, join the running job at an iteration boundary, catch
 // up from the lowest live rank and train with the others (on either
 // rendezvous); a new rank joining after node 1's death takes the ranks
@@ -686,6 +690,172 @@ TEST(ElasticJob, BroadcastFromADeadNodesRankAfterAReformationFailsNamingTheRank)
   }
 }
 
+// Starts every trainer with `extra_args`, node 1's daemon holding piece 1
+// of the first two-piece broadcast (the test hook) until `release` exists,
+// and SIGKILLs node 2 (daemon and trainers) once node 1 holds it: nodes 0
+// and 2 were inside that piece's collective. Node 1 is released once node
+// 0 re-formed: its call to node 1 cannot have completed meanwhile (a Gloo
+// send waits for the receiver), so node 1's call fails in the old world.
+void KillNodeTwoDuringABroadcast(Cluster& cluster, const std::string& release,
+                                 std::vector<Trainer>* trainers,
+                                 const std::vector<std::string>& extra_args) {
+  for (int n = 0; n < kNodes; ++n) {
+    for (int r = 0; r < kLocal; ++r) {
+      const std::string out = absl::StrCat(cluster.dir(), "/w", n, "_", r);
+      std::vector<std::string> args = TrainArgs();
+      args.push_back("--print-loss");
+      args.insert(args.end(), extra_args.begin(), extra_args.end());
+      trainers->push_back({n, "", out, StartTrainer(cluster.node(n), r, args, out)});
+    }
+  }
+  ASSERT_TRUE(
+      WaitForLog(cluster.node(1).process(), "event=test_broadcast_held piece=1", kStateBound))
+      << cluster.DaemonLogs();
+  cluster.node(kVictimNode).process().Signal(SIGKILL);
+  for (Trainer& t : *trainers) {
+    if (t.node == kVictimNode) t.process.Signal(SIGKILL);
+  }
+  cluster.node(kVictimNode).process().Wait(kStateBound);
+  EXPECT_TRUE(
+      WaitForLog(cluster.node(0).process(), "event=job_reformed job=1 generation=2 ", kErrorBound))
+      << cluster.DaemonLogs();
+  std::FILE* go = std::fopen(release.c_str(), "w");
+  ASSERT_NE(go, nullptr) << release;
+  std::fclose(go);
+}
+
+ClusterOptions HoldingPieceOneOnNodeOne(const std::string& release) {
+  // A longer timeout: holding the piece is no stall.
+  ClusterOptions options = JobOptions(/*min_nodes=*/2, 4 * kTimeoutS);
+  options.node_env.resize(kNodes);
+  options.node_env[1] = {{"GRADSYNC_TEST_HOLD_BROADCAST_PIECE", "1"},
+                         {"GRADSYNC_TEST_HOLD_BROADCAST_UNTIL", release}};
+  return options;
+}
+
+// Node 2 dies while rank 0 broadcasts 5 MiB + 3 bytes (two pieces) after
+// iteration 1: the survivors re-form, run the interrupted piece again
+// among themselves, every survivor's gs_broadcast returns GS_OK with rank
+// 0's bytes, and training goes on over the survivors exactly.
+TEST(ElasticJob, ANodeKilledDuringABroadcastLetsTheSurvivorsFinishItAndTrainOn) {
+  ScratchDir scratch("bcast_death");
+  const std::string release = scratch.File("release");
+  Cluster cluster(HoldingPieceOneOnNodeOne(release));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  KillNodeTwoDuringABroadcast(cluster, release, &trainers, {"--broadcast-after=1:0"});
+  if (::testing::Test::HasFatalFailure()) return;
+  ExpectSurvivorsTrainedLikeTheReference(cluster, trainers);
+  if (::testing::Test::HasFatalFailure()) return;
+  for (Trainer& t : trainers) {
+    if (t.node == kVictimNode) continue;
+    EXPECT_NE(t.process.Log().find("gs_broadcast from rank 0 after step 1: 5242883 bytes ok"),
+              std::string::npos)
+        << "node " << t.node << ": " << t.process.Log();
+  }
+  for (int n : {0, 1}) {
+    const std::string log = cluster.node(n).process().Log();
+    EXPECT_NE(log.find("event=broadcast_resumed behind=\"node_rank=0 at broadcast 1 step 2\""),
+              std::string::npos)
+        << "node " << n << "\n"
+        << cluster.DaemonLogs();
+    EXPECT_EQ(log.find("event=job_failed"), std::string::npos) << "node " << n << "\n" << log;
+  }
+}
+
+// The same with the root (rank 4) on the node that dies: node 0 got the
+// last piece and went on (a step ahead of node 1, which did not), and the
+// bytes node 1 misses are gone, so every survivor's trainer gets
+// INVALID_ARGUMENT naming the root.
+TEST(ElasticJob, TheRootsNodeKilledDuringABroadcastFailsItNamingTheRoot) {
+  ScratchDir scratch("bcast_root_death");
+  const std::string release = scratch.File("release");
+  Cluster cluster(HoldingPieceOneOnNodeOne(release));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  KillNodeTwoDuringABroadcast(cluster, release, &trainers, {"--broadcast-after=1:4"});
+  if (::testing::Test::HasFatalFailure()) return;
+  for (Trainer& t : trainers) {
+    if (t.node == kVictimNode) continue;
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    const std::string error = TrainerError(t.process.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitInvalidArgument) << error << cluster.DaemonLogs();
+    EXPECT_NE(error.find("root_rank 4 is on no node of the job: its node died during the "
+                         "broadcast"),
+              std::string::npos)
+        << "node " << t.node << ": " << error;
+  }
+}
+
+// Four nodes of one trainer; rank 0 broadcasts after iteration 1. Gloo's
+// broadcast is a tree: node 0 sends piece 1 to node 1, then to node 2
+// while node 1 passes it on to node 3, which holds it (the test hook).
+// Node 2 is killed once its trainer received the whole broadcast: node 0
+// completed it and went on, nodes 1 and 3 did not (node 1 still sends to
+// node 3), so the survivors stopped a step apart. They re-form, node 0
+// sends the last piece again from its slot, nodes 1 and 3 complete their
+// calls with it, and all train on exactly.
+TEST(ElasticJob, SurvivorsAStepApartInABroadcastCatchUpFromTheRootAndTrainOn) {
+  constexpr int kFour = 4, kLag = 2;
+  ScratchDir scratch("bcast_lag");
+  const std::string release = scratch.File("release");
+  ClusterOptions options = JobOptions(/*min_nodes=*/2, 4 * kTimeoutS);
+  options.nodes = kFour;
+  options.local_size = 1;
+  options.flags.back() = absl::StrCat("--max-nodes=", kFour);
+  options.node_env.resize(kFour);
+  options.node_env[3] = {{"GRADSYNC_TEST_HOLD_BROADCAST_PIECE", "1"},
+                         {"GRADSYNC_TEST_HOLD_BROADCAST_UNTIL", release}};
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  for (int n = 0; n < kFour; ++n) {
+    const std::string out = absl::StrCat(cluster.dir(), "/w", n);
+    std::vector<std::string> args = TrainArgs();
+    args.push_back("--broadcast-after=1:0");
+    trainers.push_back({n, "", out, StartTrainer(cluster.node(n), 0, args, out)});
+  }
+  const std::string received = "gs_broadcast from rank 0 after step 1: 5242883 bytes ok";
+  ASSERT_TRUE(
+      WaitForLog(cluster.node(3).process(), "event=test_broadcast_held piece=1", kStateBound))
+      << cluster.DaemonLogs();
+  ASSERT_TRUE(WaitForLog(trainers[kLag].process, received, kStateBound))
+      << trainers[kLag].process.Log() << cluster.DaemonLogs();
+  cluster.node(kLag).process().Signal(SIGKILL);
+  trainers[kLag].process.Signal(SIGKILL);
+  ASSERT_TRUE(
+      WaitForLog(cluster.node(0).process(), "event=job_reformed job=1 generation=2 ", kErrorBound))
+      << cluster.DaemonLogs();
+  std::FILE* go = std::fopen(release.c_str(), "w");
+  ASSERT_NE(go, nullptr) << release;
+  std::fclose(go);
+  std::vector<std::string> reference_args = TrainArgs();
+  reference_args.push_back(
+      absl::StrCat("--join-steps=", kSteps, ",", kSteps, ",", kKilledStep, ",", kSteps));
+  reference_args.push_back("--join-divide-by-active");
+  const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
+  ASSERT_FALSE(reference.empty());
+  std::vector<Trainer*> survivors = {&trainers[0], &trainers[1], &trainers[3]};
+  ExpectEndedAlikeAndLikeTheReference(cluster, survivors, reference,
+                                      [&] { return AllTrainerErrors(trainers); });
+  for (Trainer* t : survivors) {
+    EXPECT_NE(t->process.Log().find(received), std::string::npos)
+        << "node " << t->node << ": " << t->process.Log();
+  }
+  for (int n : {0, 1, 3}) {
+    const std::string log = cluster.node(n).process().Log();
+    EXPECT_NE(log.find("event=broadcast_catch_up step=2 bytes=5242883 root_rank=0 root_place=0"),
+              std::string::npos)
+        << "node " << n << "\n"
+        << cluster.DaemonLogs();
+    EXPECT_NE(log.find("ahead=\"node_rank=0 at broadcast 2 step 0\" root_place=0 caught_up=true"),
+              std::string::npos)
+        << "node " << n << "\n"
+        << cluster.DaemonLogs();
+  }
+}
+
 // Which node dies in iteration 2 and which joins the running job after the
 // survivors re-formed: a replacement daemon for the dead node's rank, or a
 // new rank below --max-nodes (a spare node of the cluster).
@@ -1298,9 +1468,12 @@ TEST(ElasticJob, LeaderKilledEndsTheJobNamingTheDeadLeader) {
     const std::string error = TrainerError(t.process.Log());
     ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
     EXPECT_EQ(st.code, kExitPeerFailed) << cluster.DaemonLogs();
-    EXPECT_NE(error.find("the leader is dead"), std::string::npos) << error;
-    // Proven by its refused port, not by an RPC's deadline.
+    // Proven by its refused port, not by an RPC's deadline: dead, not
+    // "dead or cut off".
+    EXPECT_NE(error.find("the leader is dead (its daemon at 127.0.0.1:"), std::string::npos)
+        << error;
     EXPECT_NE(error.find(" refuses connections)"), std::string::npos) << error;
+    EXPECT_EQ(error.find("cut off"), std::string::npos) << error;
   }
 }
 
@@ -1341,8 +1514,10 @@ TEST(ElasticJob, LeaderKilledWhileNoCollectiveRunsFailsTheSurvivorsAtOnceNamingT
         << log;
     const size_t at = log.find("event=job_failed");
     const std::string failed = log.substr(at, log.find('\n', at) - at);
-    EXPECT_NE(failed.find("the leader is dead"), std::string::npos) << failed;
+    EXPECT_NE(failed.find("the leader is dead (its daemon at 127.0.0.1:"), std::string::npos)
+        << failed;
     EXPECT_NE(failed.find(" refuses connections)"), std::string::npos) << failed;
+    EXPECT_EQ(failed.find("cut off"), std::string::npos) << failed;
     // Up to the failure (later, the Leave to the dead leader times out).
     EXPECT_EQ(log.substr(0, at + failed.size()).find("Deadline Exceeded"), std::string::npos)
         << log;
@@ -1355,10 +1530,11 @@ TEST(ElasticJob, LeaderKilledWhileNoCollectiveRunsFailsTheSurvivorsAtOnceNamingT
     ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
     EXPECT_EQ(st.code, kExitPeerFailed) << error << cluster.DaemonLogs();
     EXPECT_NE(error.find(absl::StrCat("the leader daemon at 127.0.0.1:", cluster.port(),
-                                      " is unreachable: the leader is dead")),
+                                      " is unreachable: the leader is dead (its daemon at ")),
               std::string::npos)
         << error;
     EXPECT_NE(error.find(" refuses connections)"), std::string::npos) << error;
+    EXPECT_EQ(error.find("cut off"), std::string::npos) << error;
     // Said once: the re-formation does not explain the watch's error again.
     const size_t first = error.find(" is unreachable");
     ASSERT_NE(first, std::string::npos) << error;

@@ -869,5 +869,34 @@ TEST(MultiNode, DifferentWireDtypesOnTwoNodesAreAMismatchNamingBoth) {
   }
 }
 
+// A daemon of another version that cuts buckets by another rule (node 1
+// advertises rule 2 through the test hook) would pair unlike buckets: the
+// job is refused when it forms, on every node alike, naming both nodes and
+// both rules.
+TEST(MultiNode, DaemonsThatCutBucketsDifferentlyAreRefusedWhenTheJobFormsNamingBothNodes) {
+  ClusterOptions options;
+  options.job_id = "bucket-rule-mismatch";
+  options.flags = {"--timeout-s=30"};
+  options.node_env = {{}, {{"GRADSYNC_TEST_ADVERTISE_BUCKET_RULE", "2"}}};
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers({"--steps=3", "--batch=60"}, &outs);
+  ASSERT_EQ(trainers.size(), 2u);
+  for (Process& p : trainers) {
+    const ExitStatus st = p.Wait(seconds(60));
+    ASSERT_TRUE(st.exited) << st.ToString() << p.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitMismatch) << p.Log() << cluster.DaemonLogs();
+    EXPECT_NE(p.Log().find("the nodes' gradsyncd versions cut buckets differently: node 0 cuts "
+                           "by bucket rule 1 but node 1 by bucket rule 2"),
+              std::string::npos)
+        << p.Log();
+  }
+  EXPECT_NE(cluster.node(1).process().Log().find(
+                "event=test_hook_armed hook=GRADSYNC_TEST_ADVERTISE_BUCKET_RULE rule=\"2\""),
+            std::string::npos)
+      << cluster.DaemonLogs();
+}
+
 }  // namespace
 }  // namespace gradsync::testing
