@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/half.h"
+#include "common/half_lanes.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -41,60 +42,30 @@ bool CpuHasAvx2() {
   return __builtin_cpu_supports("avx2");
 }
 
-// Eight at a time; the tail through common/half.h. The rounding is given
-// in the instruction (nearest even), not taken from MXCSR.
+// Eight at a time (common/half_lanes.h); the tail through common/half.h.
 __attribute__((target("avx,f16c"))) void Float16ToFloatF16C(const uint16_t* in, float* out,
                                                             size_t n) {
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
-    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
-  }
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, Float16ToFloatLanes(in + i));
   for (; i < n; ++i) out[i] = Float16ToFloat(in[i]);
 }
 
 __attribute__((target("avx,f16c"))) void FloatToFloat16F16C(const float* in, uint16_t* out,
                                                             size_t n) {
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
-  }
+  for (; i + 8 <= n; i += 8) FloatToFloat16Lanes(_mm256_loadu_ps(in + i), out + i);
   for (; i < n; ++i) out[i] = FloatToFloat16(in[i]);
 }
 
 __attribute__((target("avx2"))) void BFloat16ToFloatAvx2(const uint16_t* in, float* out, size_t n) {
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256i wide =
-        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_slli_epi32(wide, 16));
-  }
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, BFloat16ToFloatLanes(in + i));
   for (; i < n; ++i) out[i] = BFloat16ToFloat(in[i]);
-}
-
-// common/half.h's FloatToBFloat16 on eight lanes: add 0x7fff plus the kept
-// part's lowest bit (nearest even; a carry moves into the exponent, up to
-// inf), except a NaN, which keeps its top bits with the quiet bit set.
-__attribute__((target("avx2"))) __m128i FloatToBFloat16x8(__m256i bits) {
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(
-      _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), lsb), 16);
-  const __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x0040));
-  const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)),
-                                            _mm256_set1_epi32(0x7f800000));
-  const __m256i r = _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
-  // packus works within 128-bit lanes; the permute brings elements 0..7 low.
-  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xD8);
-  return _mm256_castsi256_si128(packed);
 }
 
 __attribute__((target("avx2"))) void FloatToBFloat16Avx2(const float* in, uint16_t* out, size_t n) {
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), FloatToBFloat16x8(bits));
-  }
+  for (; i + 8 <= n; i += 8) FloatToBFloat16Lanes(_mm256_loadu_ps(in + i), out + i);
   for (; i < n; ++i) out[i] = FloatToBFloat16(in[i]);
 }
 #else
