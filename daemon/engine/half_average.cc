@@ -149,7 +149,8 @@ bool AverageHalves(uint16_t* const* trainers, size_t local, uint64_t count, floa
   for (uint64_t c = 0; c < count; c += kBlock) {
     const size_t m = static_cast<size_t>(std::min<uint64_t>(kBlock, count - c));
     AverageBlock(trainers, local, c, m, divisor, conv, average);
-    if (check) {
+    // A finite block (the usual case) is copied out whole.
+    if (check && NonFiniteWord(average, m, conv) != 0) {
       WriteChecked(average, m, trainers, local, c, conv, &any_bad);
       continue;
     }
