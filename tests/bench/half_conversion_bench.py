@@ -6,7 +6,7 @@ Runs local_reduce_bench (one node, 1 thread rows) alternately with
 GRADSYNC_HALF_CONVERSION=software and without, ROUNDS times per dtype, and
 prints per row the median of the rounds' times (each itself a median of 7)
 with their min-max, the speedup, and the load average before and after.
-Not a test: asserts nothing.
+Not a test: asserts nothing. GRADSYNC_BENCH_QUICK=1: 4 MB, 3 rounds, 2 trainers.
 
 Run from the repository root after `bazel build //tests/bench:local_reduce_bench`:
   /usr/bin/python3 tests/bench/half_conversion_bench.py [--mb=16] [--rounds=5] [--trainers=2,3]
@@ -40,7 +40,10 @@ def run(dtype: str, mb: int, trainers: str, software: bool) -> dict:
 
 def main() -> int:
     opts = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
-    mb, rounds, trainers = int(opts.get("mb", 16)), int(opts.get("rounds", 5)), opts.get("trainers", "2,3")
+    quick = os.environ.get("GRADSYNC_BENCH_QUICK") == "1"  # scripts/bench.sh --quick
+    mb = int(opts.get("mb", 4 if quick else 16))
+    rounds = int(opts.get("rounds", 3 if quick else 5))
+    trainers = opts.get("trainers", "2" if quick else "2,3")
     load_before = open("/proc/loadavg").read().split()[:3]
     print(f"## fp16 / bf16 local reduction, {mb} MB per trainer, one node, 1 thread, "
           f"median of {rounds} interleaved rounds\n")
