@@ -24,6 +24,7 @@ benches() {
   bench ipc_bench
   bench local_reduce_bench
   bench gloo_allreduce_bench --nodes=2 $(quick && echo --iters=3 --rounds=2)
+  py_bench half_conversion_bench.py //tests/bench:local_reduce_bench
   py_bench sync_bench.py //daemon:gradsyncd //tools/gradsyncctl //tests/bench:bench_trainer //tests/bench:gloo_allreduce_bench
   py_bench broadcast_bench.py //daemon:gradsyncd //tests/bench:bench_trainer //tests/bench:gloo_allreduce_bench
   py_bench join_bench.py //daemon:gradsyncd //tests/bench:bench_trainer

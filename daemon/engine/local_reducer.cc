@@ -9,8 +9,10 @@
 #endif
 
 #include "common/half.h"
+#include "common/half_convert.h"
 #include "common/monotonic.h"
 #include "daemon/engine/bucket_pieces.h"
+#include "daemon/engine/half_average.h"
 
 namespace gradsync {
 namespace {
@@ -452,6 +454,21 @@ void AverageKernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t 
   AverageMany<T, Access, kCheck>(src, local, count, divisor, found);
 }
 
+// Halves where the CPU converts blocks of them (common/half_convert.h):
+// AverageKernel's pass, same bits, converted a block at a time.
+template <DType kDType, bool kCheck>
+void HalfBlockAverageKernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
+                            uint64_t, SliceFinding* found) {
+  const auto& arenas = *job.arenas;
+  const uint64_t offset = (*job.spans)[span].offset;
+  uint16_t* src[kMaxLocalTrainers];
+  for (size_t t = 0; t < arenas.size(); ++t) {
+    src[t] = reinterpret_cast<uint16_t*>(arenas[t] + offset) + first;
+  }
+  const float divisor = static_cast<float>(job.world_size);
+  if (AverageHalves(src, arenas.size(), count, divisor, kDType, kCheck)) found->result_bad = 1;
+}
+
 using KernelFn = void (*)(const ReduceWork&, size_t, uint64_t, uint64_t, uint64_t, SliceFinding*);
 
 template <bool kCheck>
@@ -462,8 +479,10 @@ KernelFn AverageKernelFor(DType dtype) {
     case DType::kFloat64:
       return &AverageKernel<double, Native<double>, kCheck>;
     case DType::kFloat16:
+      if (HardwareConvertsFloat16()) return &HalfBlockAverageKernel<DType::kFloat16, kCheck>;
       return &AverageKernel<uint16_t, Half16, kCheck>;
     case DType::kBFloat16:
+      if (HardwareConvertsBFloat16()) return &HalfBlockAverageKernel<DType::kBFloat16, kCheck>;
       return &AverageKernel<uint16_t, BHalf16, kCheck>;
   }
   return nullptr;

@@ -5,7 +5,7 @@
 // non-finite check. A table, not a test.
 //
 //   local_reduce_bench [--dtype=float32|float64|float16|bfloat16]
-//                      [--trainers=2,4] [--nodes=1|2] [--worker-staging]
+//                      [--trainers=2,4] [--nodes=1|2] [--worker-staging] [--mb=100]
 // The gradients' dtype (default float32; the references stay fp32 over the
 // same bytes), the trainer counts of the LocalReducer rows, and --nodes=2:
 // the cross-node path's local part (sum into staging or trainer 0's
@@ -46,7 +46,8 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr size_t kBytes = 100u << 20;
+// Each trainer's gradient (--mb; the software fp16 path takes seconds for 100 MB).
+size_t g_bytes = 100u << 20;
 constexpr int kReps = 7;
 
 // Page-populated buffers, like the shared-memory arenas (touched once).
@@ -58,10 +59,10 @@ float* Alloc(size_t bytes, float value) {
   return f;
 }
 
-// A trainer's gradient of kBytes in `dtype`, every element `value`.
+// A trainer's gradient of g_bytes in `dtype`, every element `value`.
 uint8_t* AllocGradient(gradsync::DType dtype, float value) {
-  auto* p = reinterpret_cast<uint8_t*>(Alloc(kBytes, 0.0f));
-  const size_t n = kBytes / gradsync::DTypeSize(dtype);
+  auto* p = reinterpret_cast<uint8_t*>(Alloc(g_bytes, 0.0f));
+  const size_t n = g_bytes / gradsync::DTypeSize(dtype);
   switch (dtype) {
     case gradsync::DType::kFloat32:
       std::fill_n(reinterpret_cast<float*>(p), n, value);
@@ -118,6 +119,10 @@ bool ParseOptions(int argc, char** argv, Options* options) {
       if (!known) return false;
     } else if (arg == "--nodes=1" || arg == "--nodes=2") {
       options->nodes = arg.back() - '0';
+    } else if (arg.rfind("--mb=", 0) == 0) {
+      const long mb = std::strtol(arg.c_str() + 5, nullptr, 10);
+      if (mb < 1 || mb > 4096) return false;
+      g_bytes = size_t(mb) << 20;
     } else if (arg == "--worker-staging") {
       options->worker_staging = true;
     } else if (arg.rfind("--trainers=", 0) == 0) {
@@ -183,12 +188,12 @@ void Parallel(int threads, size_t n, Fn fn) {
 // Each against the plain reduction, interleaved.
 void ElasticRows(gradsync::LocalReducer& reducer, const std::vector<uint8_t*>& arenas,
                  gradsync::DType dtype, int world, gradsync::Backend& backend, int threads) {
-  const std::vector<gradsync::ReduceSpan> spans = {{0, kBytes}};
-  const double gb = kBytes / 1e9;
-  std::vector<uint8_t> sums(gradsync::LocalReducer::StagingBytes(kBytes, dtype));
+  const std::vector<gradsync::ReduceSpan> spans = {{0, g_bytes}};
+  const double gb = g_bytes / 1e9;
+  std::vector<uint8_t> sums(gradsync::LocalReducer::StagingBytes(g_bytes, dtype));
   gradsync::KeptSums kept_sums{sums.data(), 0};
   gradsync::KeptResult kept;
-  kept.Resize(kBytes);
+  kept.Resize(g_bytes);
   auto plain = [&] { reducer.Reduce(arenas, spans, dtype, world, backend, nullptr).IgnoreError(); };
   auto with_sums = [&] {
     kept_sums.pieces = 0;  // a new iteration: nothing summed yet
@@ -222,17 +227,17 @@ int main(int argc, char** argv) {
   if (!ParseOptions(argc, argv, &options)) {
     std::fprintf(stderr,
                  "usage: local_reduce_bench [--dtype=float32|float64|float16|bfloat16] "
-                 "[--trainers=2,4] [--nodes=1|2] [--worker-staging (with --nodes=2)]\n");
+                 "[--trainers=2,4] [--nodes=1|2] [--worker-staging (with --nodes=2)] [--mb=100]\n");
     return 2;
   }
   const gradsync::DType dtype = options.dtype;
-  const size_t n = kBytes / sizeof(float);
-  float* a = Alloc(kBytes, 1.0f);
-  float* b = Alloc(kBytes, 2.0f);
-  const double gb = kBytes / 1e9;
+  const size_t n = g_bytes / sizeof(float);
+  float* a = Alloc(g_bytes, 1.0f);
+  float* b = Alloc(g_bytes, 2.0f);
+  const double gb = g_bytes / 1e9;
 
-  std::printf("## Local reduction, 100 MB %s, %s%s (median of %d)\n\n", gradsync::DTypeName(dtype),
-              options.nodes == 1 ? "one node" : "two nodes' local part",
+  std::printf("## Local reduction, %zu MB %s, %s%s (median of %d)\n\n", g_bytes >> 20,
+              gradsync::DTypeName(dtype), options.nodes == 1 ? "one node" : "two nodes' local part",
               options.worker_staging ? ", summed into the worker's staging" : "", kReps);
   std::printf(
       "| what | threads | time ms | GB/s payload | GB/s memory traffic | traffic vs `a += b` |\n");
@@ -259,14 +264,14 @@ int main(int argc, char** argv) {
     for (int t = 0; t < trainers; ++t) arenas.push_back(AllocGradient(dtype, float(t)));
     for (int threads : {1, 2}) {
       gradsync::LocalReducer reducer(
-          threads, options.nodes == 1 ? 0 : gradsync::LocalReducer::StagingBytes(kBytes, dtype));
+          threads, options.nodes == 1 ? 0 : gradsync::LocalReducer::StagingBytes(g_bytes, dtype));
       gradsync::LocalBackend one_node;
       OtherNodesContributeZeros two_nodes;
       two_nodes.offers_staging = options.worker_staging;
       gradsync::Backend& backend =
           options.nodes == 1 ? static_cast<gradsync::Backend&>(one_node) : two_nodes;
       const int world = trainers * options.nodes;
-      const std::vector<gradsync::ReduceSpan> spans = {{0, kBytes}};
+      const std::vector<gradsync::ReduceSpan> spans = {{0, g_bytes}};
       gradsync::NonFiniteReport report;
       // Plain and checked runs interleaved, so a load change on a shared
       // machine hits both alike.
@@ -288,7 +293,7 @@ int main(int argc, char** argv) {
       if (options.nodes == 1) continue;
       ElasticRows(reducer, arenas, dtype, world, backend, threads);
     }
-    for (uint8_t* p : arenas) munmap(p, kBytes);
+    for (uint8_t* p : arenas) munmap(p, g_bytes);
   }
   std::printf(
       "\nTarget (docs/PERFORMANCE.md): local reduction bandwidth >= 75%% of `a += b` "
