@@ -646,12 +646,13 @@ void Scheduler::Loop() {
     while (!halted_.load(std::memory_order_acquire) && next_bucket_ < remaining_.size() &&
            remaining_[next_bucket_] == 0) {
       if (!active_agreed_ && !AgreeActiveTrainers()) break;
+      if (next_bucket_ + 1 == remaining_.size() && !IssueLostTrainerCount()) break;
       if (!Launch(next_bucket_)) break;
       ++next_bucket_;
       progress = true;
     }
     if (!halted_.load(std::memory_order_acquire) && next_bucket_ == remaining_.size()) {
-      if (!AgreeIterationStands()) continue;
+      if (!IterationStands()) continue;
       FinishIteration();
       progress = true;
     }

@@ -395,11 +395,16 @@ class Scheduler {
   // sums dropped, and the iteration is redone once its buckets ran.
   void KeepNodeWithoutTrainer(Trainer& t, const std::string& reason);
   void RestoreSurvivorInputs();
-  // After an iteration's last bucket, in elastic CPU jobs across nodes: a
-  // one-value agreement on whether a node lost a trainer mid-iteration;
-  // then every node rewinds to redo it (false), as when the world re-forms.
-  // False as well when the job failed or re-forms.
-  bool AgreeIterationStands();
+  // Elastic CPU jobs across nodes exchange, with the last bucket of every
+  // iteration, how many nodes lost a trainer mid-iteration (folded into
+  // that bucket's collective where the backend can,
+  // Backend::AllreduceCountsWithNext): a node's trainer loss makes every
+  // node redo the iteration. Issue: before the last bucket's Launch; false
+  // when the job failed or re-forms.
+  bool CountsLostTrainers() const;
+  bool IssueLostTrainerCount();
+  // After the last bucket: false (rewound to redo it) when a node lost one.
+  bool IterationStands();
   // Every bucket of the iteration again, the agreement first.
   void RewindIteration();
   // RequestRejoin's requests, moved to rejoins_pending_ (loop thread).
@@ -515,6 +520,7 @@ class Scheduler {
   // A trainer died after part of this iteration was summed with it: every
   // node redoes the iteration (AgreeIterationStands).
   bool trainer_lost_mid_iteration_ = false;
+  double lost_trainer_count_ = 0;  // the exchange's (IssueLostTrainerCount)
   Backend* backend_;
   ipc::Doorbell* ready_bell_;
   SchedulerObserver* observer_;

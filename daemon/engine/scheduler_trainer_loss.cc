@@ -89,30 +89,46 @@ void Scheduler::RestoreSurvivorInputs() {
   }
 }
 
-bool Scheduler::AgreeIterationStands() {
-  if (!options_.reform || options_.gpu || backend_->num_nodes() <= 1) return true;
-  // Only the node that lost the trainer knows; every node issues this.
-  double lost = trainer_lost_mid_iteration_ ? 1 : 0;
-  if (!BeginReduction(0, MonotonicNowNs())) {
+bool Scheduler::CountsLostTrainers() const {
+  return options_.reform && !options_.gpu && backend_->num_nodes() > 1;
+}
+
+bool Scheduler::IssueLostTrainerCount() {
+  if (!CountsLostTrainers()) return true;
+  // Only the node that lost the trainer knows, and it knows before this
+  // bucket: the bucket waits for every local trainer's marks or its death.
+  lost_trainer_count_ = trainer_lost_mid_iteration_ ? 1 : 0;
+  uint64_t bytes = 0;
+  for (const ReduceSpan& span : spans_[next_bucket_]) bytes += span.bytes;
+  const DType dtype = plan_.buckets[next_bucket_].dtype;
+  // What the bucket's collective carries (the agreement's guess, above).
+  const DType staged = dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+  bool deferred = false;
+  if (!BeginReduction(next_bucket_, MonotonicNowNs())) {
     EndReduction();
     return false;
   }
-  const absl::Status st = backend_->AllreduceCounts(&lost, 1);
+  const absl::Status st = backend_->AllreduceCountsWithNext(
+      &lost_trainer_count_, 1, bytes / DTypeSize(dtype), staged, &deferred);
   const int64_t slot = EndReduction();
   if (slot == kStopped) return false;
-  if (!st.ok() || slot == kTimedOut) {
-    CollectiveFailed(
-        slot == kTimedOut && CodeOf(st) != v1::TIMEOUT
-            ? TimedOut(0, st)
-            : MakeError(CodeOf(st) == v1::INTERNAL ? v1::PEER_FAILED : CodeOf(st),
-                        absl::StrCat("iteration ", iteration(),
-                                     ": agreeing whether a node lost a trainer in it: ",
-                                     backend_->name(), " allreduce failed: ", st.message())));
-    return false;
-  }
-  if (lost == 0) return true;
+  if (st.ok() && slot != kTimedOut) return true;
+  CollectiveFailed(
+      slot == kTimedOut && CodeOf(st) != v1::TIMEOUT
+          ? TimedOut(next_bucket_, st)
+          : MakeError(CodeOf(st) == v1::INTERNAL ? v1::PEER_FAILED : CodeOf(st),
+                      absl::StrCat("iteration ", iteration(),
+                                   ": counting the nodes that lost a trainer: ", backend_->name(),
+                                   " allreduce failed: ", st.message())));
+  return false;
+}
+
+bool Scheduler::IterationStands() {
+  // Summed once the last bucket's collective was awaited.
+  if (!CountsLostTrainers() || lost_trainer_count_ == 0) return true;
   spdlog::warn("event=iteration_redo_for_lost_trainer iteration={} nodes_that_lost_one={}",
-               iteration(), lost);
+               iteration(), lost_trainer_count_);
+  lost_trainer_count_ = 0;
   RewindIteration();
   return false;
 }
