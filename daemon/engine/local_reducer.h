@@ -109,7 +109,8 @@ class LocalReducer {
   // arenas also streams each trainer's input there (non-temporal, from the
   // chunk it just read), so that a trainer dying mid-iteration leaves its
   // node the others' inputs to sum again. Pieces taken from `kept` are not
-  // summed, so not copied.
+  // summed, so not copied; nor is one trainer's unchecked in-place input
+  // (no pass reads it; the scheduler passes copies for two or more).
   absl::Status Reduce(const std::vector<uint8_t*>& arenas, const std::vector<ReduceSpan>& spans,
                       DType dtype, int world_size, Backend& backend, ReduceTimings* timings,
                       size_t threads = 0, NonFiniteReport* nonfinite = nullptr,
