@@ -139,8 +139,10 @@ class Scheduler {
     uint64_t start_iteration = 0;
     RunningPlan running_plan;
     // Elastic jobs across nodes: a trainer that died after marking only
-    // part of an iteration takes its node out of the job through this (the
-    // other nodes redo the iteration without it). Empty: the job fails.
+    // part of an iteration takes its node out of the job through this
+    // where the node keeps no copy of its trainers' inputs (the GPU path,
+    // its last trainer; see KeepNodeWithoutTrainer) and the other nodes
+    // redo the iteration without it. Empty: the job fails.
     FailFn leave_job;
     // Elastic jobs: a trainer that took back a dead trainer's local rank
     // (RequestRejoin) is in from iteration `start_iteration` on; its
