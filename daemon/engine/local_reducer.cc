@@ -129,6 +129,10 @@ struct ReduceWork {
   // average at its arena offsets (phases 2, 4 write it).
   uint8_t* kept_sums = nullptr;
   uint8_t* kept_result = nullptr;
+  // Elastic jobs with several local trainers (TrainerInputCopies), else
+  // nullptr: per trainer, where its input lands at its arena offsets (the
+  // phases that sum the arenas write it).
+  uint8_t* const* input_copies = nullptr;
 };
 
 // One node: every trainer's memory is read once and the average written
@@ -241,6 +245,17 @@ auto SumChunk(T* const* src, size_t local, uint64_t c, size_t m, typename Access
   return poison;
 }
 
+// Streams elements [element, element + m) of `span` of every trainer's
+// input (src[t] + c) into its copy, at the same arena offsets.
+template <typename T>
+void CopyInputs(const ReduceWork& job, size_t span, uint64_t element, T* const* src, uint64_t c,
+                size_t m) {
+  const uint64_t at = (*job.spans)[span].offset + element * sizeof(T);
+  for (size_t t = 0; t < job.arenas->size(); ++t) {
+    StreamCopy(job.input_copies[t] + at, src[t] + c, m * sizeof(T));
+  }
+}
+
 template <typename T, typename Access, bool kCheck>
 void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
             uint64_t staging_index, SliceFinding* found) {
@@ -277,6 +292,9 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
       if (job.kept_sums != nullptr) {
         StreamCopy(reinterpret_cast<Acc*>(job.kept_sums) + staging_index + c, acc, m * sizeof(Acc));
       }
+      // Each input chunk was just read into L1: copied from there before
+      // phase 3 overwrites trainer 0's.
+      if (job.input_copies != nullptr) CopyInputs<T>(job, span, first + c, src, c, m);
       if (job.phase == 1) {
         std::memcpy(reinterpret_cast<Acc*>(job.staging) + staging_index + c, acc, m * sizeof(Acc));
         continue;
@@ -304,7 +322,9 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
     // read of trainer 0's memory.
     if (kept_result != nullptr) StreamCopy(kept_result + c, out0, m * sizeof(T));
   }
-  if (job.kept_sums != nullptr || kept_result != nullptr) FenceStreamedStores();
+  if (job.kept_sums != nullptr || kept_result != nullptr || job.input_copies != nullptr) {
+    FenceStreamedStores();
+  }
   if (kCheck) found->result_bad |= result_bad != 0;
 }
 
@@ -598,7 +618,8 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
                                   const std::vector<ReduceSpan>& spans, DType dtype, int world_size,
                                   Backend& backend, ReduceTimings* timings, size_t threads,
                                   NonFiniteReport* nonfinite, KeptSums* kept,
-                                  KeptResultSink* kept_result) {
+                                  KeptResultSink* kept_result,
+                                  const std::vector<uint8_t*>* input_copies) {
   if ((arenas.empty() && backend.num_nodes() <= 1) || arenas.size() > kMaxLocalTrainers ||
       world_size <= 0) {
     return absl::InvalidArgumentError("bad reduction arguments");
@@ -617,6 +638,10 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
   job.findings = findings_.data();
   job.kept_sums = kept != nullptr ? kept->sums : nullptr;
   job.kept_result = kept_result != nullptr ? kept_result->base : nullptr;
+  if (input_copies != nullptr && input_copies->size() != arenas.size()) {
+    return absl::InvalidArgumentError("bad reduction arguments: one input copy per arena");
+  }
+  job.input_copies = input_copies != nullptr ? input_copies->data() : nullptr;
   uint64_t total_bytes = 0;
   for (const ReduceSpan& s : spans) total_bytes += s.bytes;
   job.total_elements = total_bytes / job.elem_size;

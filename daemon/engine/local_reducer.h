@@ -106,10 +106,18 @@ class LocalReducer {
   // memory is left unspecified (the iteration is failed or skipped).
   // `kept`, `kept_result` (elastic jobs): see KeptSums and KeptResultSink;
   // both are written by the passes that sum and write back, not after them.
+  // `input_copies` (elastic jobs with several local trainers, across
+  // nodes): one base per arena, laid out like it; the pass that sums the
+  // arenas also streams each trainer's input there (non-temporal, from the
+  // chunk it just read), so that a trainer dying mid-iteration leaves its
+  // node the others' inputs to sum again. Pieces taken from `kept` are not
+  // summed, so not copied; nor is one trainer's unchecked in-place input
+  // (no pass reads it; the scheduler passes copies for two or more).
   absl::Status Reduce(const std::vector<uint8_t*>& arenas, const std::vector<ReduceSpan>& spans,
                       DType dtype, int world_size, Backend& backend, ReduceTimings* timings,
                       size_t threads = 0, NonFiniteReport* nonfinite = nullptr,
-                      KeptSums* kept = nullptr, KeptResultSink* kept_result = nullptr);
+                      KeptSums* kept = nullptr, KeptResultSink* kept_result = nullptr,
+                      const std::vector<uint8_t*>* input_copies = nullptr);
 
   size_t threads() const { return pool_.size(); }
   // What one thread's slice of the non-finite check found (internal).

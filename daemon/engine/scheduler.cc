@@ -74,6 +74,7 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
     t->marked_count = 0;
   }
   active_arenas_ = arenas_;
+  InitTrainerInputCopies();
   // A backend in another process may reduce in the arenas themselves. Not
   // in elastic jobs: they keep each bucket's sum apart (KeptSums) to redo
   // an iteration that a node's death interrupted.
@@ -507,8 +508,14 @@ bool Scheduler::Recover(const absl::Status& error) {
     // the iteration this node is in now.
     cause = settled;
   }
-  // Rewind: every bucket again in plan order, those launched from their
-  // kept sums (their arenas may hold the old world's average already).
+  members_changed_ = true;
+  RewindIteration();
+  return true;
+}
+
+void Scheduler::RewindIteration() {
+  // Every bucket again in plan order, those launched from their kept sums
+  // (their arenas may hold the old world's average already).
   size_t kept = options_.gpu ? options_.gpu->kept_buckets() : 0;
   for (const KeptSums& k : kept_sums_) kept += k.pieces > 0;
   next_bucket_ = 0;
@@ -518,14 +525,15 @@ bool Scheduler::Recover(const absl::Status& error) {
   skip_step_ = false;
   skip_culprit_.clear();
   skip_trainer_.clear();
-  members_changed_ = true;
+  // The redo runs with the counts as they are now: a trainer lost
+  // mid-iteration needs no second one.
+  trainer_lost_mid_iteration_ = false;
   last_progress_ns_ = MonotonicNowNs();
   spdlog::warn(
       "event=iteration_redo iteration={} world_size={} nodes={} node_index={} "
       "kept_buckets={}",
       iteration(), options_.world_size, agreement_nodes_, options_.node_index, kept);
   ready_bell_->Ring();
-  return true;
 }
 
 void Scheduler::AdoptWorld(Reformed& world) {
@@ -641,11 +649,13 @@ void Scheduler::Loop() {
     while (!halted_.load(std::memory_order_acquire) && next_bucket_ < remaining_.size() &&
            remaining_[next_bucket_] == 0) {
       if (!active_agreed_ && !AgreeActiveTrainers()) break;
+      if (next_bucket_ + 1 == remaining_.size() && !IssueLostTrainerCount()) break;
       if (!Launch(next_bucket_)) break;
       ++next_bucket_;
       progress = true;
     }
     if (!halted_.load(std::memory_order_acquire) && next_bucket_ == remaining_.size()) {
+      if (!IterationStands()) continue;
       FinishIteration();
       progress = true;
     }
@@ -838,14 +848,12 @@ void Scheduler::CountAsJoined(Trainer& t, bool divide_by_initial_world_size) {
   t.divide_by_initial_world_size = divide_by_initial_world_size;
   t.joined.store(true, std::memory_order_relaxed);
   joined_local_.fetch_add(1, std::memory_order_acq_rel);
-  // Ready with zeros for every bucket: nothing of it is read or written.
+  // Ready with zeros for every tensor it has not marked: nothing of it is
+  // read or written from now on (one that died mid-iteration marked some).
   for (size_t b = 0; b < remaining_.size(); ++b) {
-    remaining_[b] -= static_cast<uint32_t>(plan_.buckets[b].tensors.size());
+    for (uint32_t tensor : plan_.buckets[b].tensors) remaining_[b] -= t.marked[tensor] == 0;
   }
-  active_arenas_.clear();
-  for (size_t i = 0; i < trainers_.size(); ++i) {
-    if (!trainers_[i]->joined.load(std::memory_order_relaxed)) active_arenas_.push_back(arenas_[i]);
-  }
+  RebuildActiveArenas();
   // The GPU path's dead trainer (gs_join is refused there): out of every
   // later reduction.
   if (options_.gpu) options_.gpu->DeactivateTrainer(static_cast<size_t>(t.local_rank));
@@ -1057,10 +1065,10 @@ bool Scheduler::Launch(uint32_t bucket) {
                              : options_.reduce_threads;
   NonFiniteReport nonfinite;
   KeptResultSink* const kept_result_sink = KeptResultSinkFor();
-  absl::Status st =
-      reducer_.Reduce(active_arenas_, spans_[bucket], b.dtype, Divisor(), *backend_, &timings,
-                      threads, options_.nonfinite == NonFiniteMode::kOff ? nullptr : &nonfinite,
-                      options_.reform ? &kept_sums_[bucket] : nullptr, kept_result_sink);
+  absl::Status st = reducer_.Reduce(
+      active_arenas_, spans_[bucket], b.dtype, Divisor(), *backend_, &timings, threads,
+      options_.nonfinite == NonFiniteMode::kOff ? nullptr : &nonfinite,
+      options_.reform ? &kept_sums_[bucket] : nullptr, kept_result_sink, InputCopiesForReduce());
   const int64_t slot = EndReduction();
   if (slot == kStopped) return false;  // Stop aborted it: the job is over
   // A trainer's arena cut short mid-sum: the result is garbage, and says so.

@@ -143,8 +143,10 @@ class Scheduler {
     uint64_t start_iteration = 0;
     RunningPlan running_plan;
     // Elastic jobs across nodes: a trainer that died after marking only
-    // part of an iteration takes its node out of the job through this (the
-    // other nodes redo the iteration without it). Empty: the job fails.
+    // part of an iteration takes its node out of the job through this
+    // where the node keeps no copy of its trainers' inputs (the GPU path,
+    // its last trainer; see KeepNodeWithoutTrainer) and the other nodes
+    // redo the iteration without it. Empty: the job fails.
     FailFn leave_job;
     // Elastic jobs: a trainer that took back a dead trainer's local rank
     // (RequestRejoin) is in from iteration `start_iteration` on; its
@@ -251,8 +253,10 @@ class Scheduler {
   // Elastic jobs (CPU or GPU): local trainer `local_rank` died (its node
   // stays). It leaves the world at once if it marked nothing this
   // iteration, at the iteration's end if it marked everything (its gradient
-  // is complete in its segment); one that died mid-backward takes its node out
-  // (Options::leave_job). The loop decides at its next pass. Any thread.
+  // is complete in its segment); one that died mid-backward: on the CPU
+  // path across nodes with another local trainer, every node redoes the
+  // iteration without it (KeepNodeWithoutTrainer); else it takes its node
+  // out (Options::leave_job). The loop decides at its next pass. Any thread.
   void RequestDeparture(int local_rank, const std::string& reason) ABSL_LOCKS_EXCLUDED(reform_mu_);
   // Elastic jobs: `fresh` (its segment created, its layout the job's)
   // takes back local rank fresh->local_rank, whose trainer died and counts
@@ -383,6 +387,38 @@ class Scheduler {
   bool TrainerDiedMeanwhile(const Trainer& t) const;
   // RequestDeparture's work on the loop thread; false: the job failed.
   bool TakeDepartures() ABSL_LOCKS_EXCLUDED(reform_mu_);
+  // scheduler_trainer_loss.cc: an elastic CPU job across nodes keeps a
+  // copy of each local trainer's input (several local trainers only), so
+  // that one dying mid-iteration leaves its node in: the survivors' inputs
+  // are put back where a launched bucket's write-back overwrote them, and
+  // every node redoes the iteration over the remaining trainers.
+  void InitTrainerInputCopies();
+  // Whether this node can form its survivors' sums after a mid-iteration
+  // death (the copies exist and the reductions write them: across nodes).
+  bool KeepsTrainerInputs() const;
+  // The active trainers' copies, parallel to active_arenas_, where a
+  // reduction writes them (two or more active: one left cannot lose one
+  // and stay); nullptr otherwise.
+  const std::vector<uint8_t*>* InputCopiesForReduce() const;
+  // active_arenas_ (and their copies) from the trainers not joined.
+  void RebuildActiveArenas();
+  // `t` died after marking part of the iteration: it counts as joined, the
+  // survivors' inputs of every summed bucket are restored and their kept
+  // sums dropped, and the iteration is redone once its buckets ran.
+  void KeepNodeWithoutTrainer(Trainer& t, const std::string& reason);
+  void RestoreSurvivorInputs();
+  // Elastic CPU jobs across nodes exchange, with the last bucket of every
+  // iteration, how many nodes lost a trainer mid-iteration (folded into
+  // that bucket's collective where the backend can,
+  // Backend::AllreduceCountsWithNext): a node's trainer loss makes every
+  // node redo the iteration. Issue: before the last bucket's Launch; false
+  // when the job failed or re-forms.
+  bool CountsLostTrainers() const;
+  bool IssueLostTrainerCount();
+  // After the last bucket: false (rewound to redo it) when a node lost one.
+  bool IterationStands();
+  // Every bucket of the iteration again, the agreement first.
+  void RewindIteration();
   // RequestRejoin's requests, moved to rejoins_pending_ (loop thread).
   void TakeRejoins() ABSL_LOCKS_EXCLUDED(reform_mu_);
   // For the agreement: the pending rejoins whose local rank counts as
@@ -489,6 +525,15 @@ class Scheduler {
   int catch_up_root_ = -1;
   std::vector<uint8_t*> arenas_;         // per local trainer
   std::vector<uint8_t*> active_arenas_;  // of the trainers that have not joined
+  // Elastic CPU jobs across nodes, several local trainers: per local rank,
+  // an arena-sized copy of its input as the sum pass read it (empty: not
+  // kept), and the active trainers' bases, parallel to active_arenas_.
+  std::vector<std::vector<uint8_t>> input_copies_;
+  std::vector<uint8_t*> active_copies_;
+  // A trainer died after part of this iteration was summed with it: every
+  // node redoes the iteration (AgreeIterationStands).
+  bool trainer_lost_mid_iteration_ = false;
+  double lost_trainer_count_ = 0;  // the exchange's (IssueLostTrainerCount)
   Backend* backend_;
   ipc::Doorbell* ready_bell_;
   SchedulerObserver* observer_;

@@ -1,5 +1,6 @@
 // Scheduler: a trainer's death in an elastic job (docs/DESIGN.md, "Elastic
-// jobs"). On the CPU path its node stays in; the trainer counts as joined
+// jobs"). On the CPU path its node stays in (mid-iteration:
+// scheduler_trainer_loss.cc); the trainer counts as joined
 // (gs_join with divide_by_initial_world_size=0), so the per-iteration
 // agreement, which elastic jobs always run on its own, divides by the
 // trainers still active; on the GPU path the reducer leaves it out of every
@@ -73,9 +74,14 @@ bool Scheduler::TakeDepartures() {
       // Its gradient is complete in its segment, which the daemon still
       // maps: this iteration counts it, the next ones do not.
       t.departing = true;
+    } else if (KeepsTrainerInputs()) {
+      // Part of its gradient may be summed already: every node redoes the
+      // iteration, this one from its survivors' copied inputs.
+      KeepNodeWithoutTrainer(t, reason);
     } else {
-      // Part of its gradient may be summed already, part is missing: no
-      // average over this node's survivors can be formed from what is left,
+      // Part of its gradient may be summed already, part is missing, and
+      // no copy of the survivors' inputs is kept here (the GPU path, one
+      // node left): no average over this node's survivors can be formed,
       // but one over the other nodes can: the node leaves the job.
       const bool node_leaves = static_cast<bool>(options_.leave_job);
       (node_leaves ? options_.leave_job : fail_)(

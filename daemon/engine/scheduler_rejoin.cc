@@ -135,12 +135,7 @@ void Scheduler::AdmitRejoins() {
     if (old->joined.load(std::memory_order_relaxed)) {
       joined_local_.fetch_sub(1, std::memory_order_acq_rel);
     }
-    active_arenas_.clear();
-    for (size_t i = 0; i < trainers_.size(); ++i) {
-      if (!trainers_[i]->joined.load(std::memory_order_relaxed)) {
-        active_arenas_.push_back(arenas_[i]);
-      }
-    }
+    RebuildActiveArenas();
     spdlog::warn("event=trainer_rejoined iteration={} trainer={} replaces_pid={} catch_up_root={}",
                  start, LogValue(fresh->Name()), old->pid, catch_up_root_);
   }

@@ -249,7 +249,8 @@ void PrintTo(const KeptCase& c, std::ostream* os) {
 
 class KeptCopiesTest : public ::testing::TestWithParam<KeptCase> {};
 
-TEST_P(KeptCopiesTest, TheKeptSumsAndResultAreExactlyTheCollectivesInputAndTheAverage) {
+TEST_P(KeptCopiesTest,
+       TheKeptSumsResultAndInputCopiesAreExactlyTheCollectivesInputAverageAndInputs) {
   const KeptCase c = GetParam();
   const size_t esize = DTypeSize(c.dtype);
   // More than one piece (kPieceBytes of staged elements) in every dtype.
@@ -277,11 +278,23 @@ TEST_P(KeptCopiesTest, TheKeptSumsAndResultAreExactlyTheCollectivesInputAndTheAv
   KeptSums kept{sums.data(), 0};
   KeptResultSink sink{result.data(), false};
   NonFiniteReport report;
+  // Each trainer's input as the sum pass read it, at its arena offsets
+  // (two or more trainers: the scheduler keeps none for one).
+  const bool copied = c.trainers >= 2;
+  std::vector<std::vector<uint8_t>> copies(c.trainers, std::vector<uint8_t>(arena_bytes, 0xCD));
+  std::vector<uint8_t*> copy_ptrs;
+  for (auto& copy : copies) copy_ptrs.push_back(copy.data());
   RecordingBackend first(0.75, c.backend_staging);
   ASSERT_TRUE(reducer
                   .Reduce(ptrs, spans, c.dtype, world, first, nullptr, 0,
-                          c.check ? &report : nullptr, &kept, &sink)
+                          c.check ? &report : nullptr, &kept, &sink, copied ? &copy_ptrs : nullptr)
                   .ok());
+  for (int t = 0; copied && t < c.trainers; ++t) {
+    for (const ReduceSpan& s : spans) {
+      ASSERT_EQ(std::memcmp(copies[t].data() + s.offset, inputs[t].data() + s.offset, s.bytes), 0)
+          << "trainer " << t << "'s input copy differs at span offset " << s.offset;
+    }
+  }
   EXPECT_FALSE(report.result_non_finite);
   EXPECT_EQ(kept.pieces, CountBucketPieces(elements, staged / elements, kPieceBytes));
   ASSERT_EQ(first.inputs.size(), sums.size());

@@ -17,11 +17,12 @@
 // A trainer of an elastic job SIGKILLed (its node stays): after marking
 // the iteration's gradients, the others finish with it counted in that
 // iteration and gone from the next; after only its first mark, its node
-// leaves the job (its other trainer is told why) and the other nodes train
-// on; so does a node whose trainers all died while its daemon lives on. A
-// trainer restarted with the dead one's local rank rejoins at an iteration
-// boundary with its rank and catches up from the lowest live rank (rank 0's
-// own death and restart too); one whose layout differs is refused.
+// stays and every node redoes that iteration without it; a node whose
+// trainers all died leaves while its daemon lives on and the other nodes
+// train on. A trainer restarted with the dead one's local rank rejoins at
+// an iteration boundary with its rank and catches up from the lowest live
+// rank (rank 0's own death and restart too, and after a death
+// mid-backward); one whose layout differs is refused.
 // Node 0 (the leader) SIGKILLed ends the job naming it.
 //
 // gs_broadcast and gs_check_replicas after a re-formation run among the
@@ -1325,7 +1326,13 @@ TEST(ElasticJob, BroadcastFromADeadTrainersRankFailsNamingIt) {
 // member before m: `root`), which the replacement receives. All six end
 // with the same weights, within 1e-12 of one process that averages 0-2
 // over all six shards, 3 over the other five and m on over all six again.
-void ExpectARestartedTrainerRejoins(int victim, int root) {
+// Killed at `victim_pause` "backward" instead (after its first mark): it
+// counts out of iteration 2 itself, whose redo announces the replacement,
+// so m = 3 and the reference averages 2 over the other five.
+void ExpectARestartedTrainerRejoins(int victim, int root,
+                                    const std::string& victim_pause = "marked") {
+  const bool mid_backward = victim_pause == "backward";
+  const int victim_steps = mid_backward ? kKilledStep : kKilledStep + 1;
   const int node = victim / kLocal;
   const int local = victim % kLocal;
   // The longer timeout: the others stay stopped mid-iteration meanwhile.
@@ -1334,7 +1341,7 @@ void ExpectARestartedTrainerRejoins(int victim, int root) {
   std::vector<Trainer> trainers;
   std::vector<Trainer> replacements;
   RunUntilTrainerKilled(
-      cluster, "marked", &trainers,
+      cluster, victim_pause, &trainers,
       [&] {
         ASSERT_TRUE(WaitForLog(cluster.node(node).process(),
                                absl::StrCat("event=leave job=1 local_rank=", local), kStateBound))
@@ -1356,7 +1363,7 @@ void ExpectARestartedTrainerRejoins(int victim, int root) {
       << replacement.process.Log() << AllTrainerErrors(trainers) << cluster.DaemonLogs();
   const std::string log = replacement.process.Log();
   const int m = std::atoi(log.c_str() + log.find(joined) + joined.size());
-  EXPECT_EQ(m, kKilledStep + 2) << log;
+  EXPECT_EQ(m, victim_steps + 1) << log;
   EXPECT_NE(log.find(absl::StrCat(joined, m, ": state from rank ", root, ", world size 6, rank ",
                                   victim, "\n")),
             std::string::npos)
@@ -1364,7 +1371,7 @@ void ExpectARestartedTrainerRejoins(int victim, int root) {
 
   std::vector<std::string> steps;
   for (int r = 0; r < kNodes * kLocal; ++r) {
-    steps.push_back(absl::StrCat(r == victim ? kKilledStep + 1 : kSteps));
+    steps.push_back(absl::StrCat(r == victim ? victim_steps : kSteps));
   }
   std::vector<std::string> reference_args = TrainArgs();
   reference_args.push_back(absl::StrCat("--join-steps=", absl::StrJoin(steps, ",")));
@@ -1406,32 +1413,57 @@ TEST(ElasticJob, ARestartedRankZeroRejoinsAndCatchesUpFromTheLowestLiveRank) {
   ExpectARestartedTrainerRejoins(/*victim=*/0, /*root=*/1);
 }
 
-// Rank 3 died after its first mark: part of its gradient may be summed,
-// part is missing, so no average over its node's survivors exists; its node
-// leaves the job (rank 2, its other trainer, fails naming rank 3) and the
-// other two nodes redo the iteration without it and train on.
-TEST(ElasticJob, TrainerKilledMidBackwardTakesItsNodeOutAndTheOthersTrainOn) {
+TEST(ElasticJob, ATrainerKilledMidBackwardRestartedRejoinsItsNodeCatchesUpAndTrainsOverAllAgain) {
+  ExpectARestartedTrainerRejoins(/*victim=*/kTrainerVictim, /*root=*/0, "backward");
+}
+
+// Rank 3 died after its first mark of iteration 2, once the first bucket
+// (its gate) was averaged over all 6 and written back: its node stays in.
+// Node 1 sums rank 2's input again from the copy its sum pass kept, every
+// node redoes iteration 2 over the other 5 (the others from their kept
+// sums), and all 5 finish with GS_OK and the same weights, within 1e-12 of
+// one process that averages 0-1 over 6 and 2-7 over the other 5. No node
+// departs; the stats count 5 active trainers.
+TEST(ElasticJob, TrainerKilledMidBackwardLeavesItsNodeInAndEveryNodeRedoesTheIterationWithoutIt) {
   constexpr int kVictimsNode = kTrainerVictim / kLocal;
   Cluster cluster(JobOptions(/*min_nodes=*/2));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Trainer> trainers;
   RunUntilTrainerKilled(cluster, "backward", &trainers);
-  Trainer& other = trainers[kVictimsNode * kLocal];  // rank 2
-  const ExitStatus st = other.process.Wait(kErrorBound);
-  const std::string error = TrainerError(other.process.Log());
-  ASSERT_TRUE(st.exited) << st.ToString() << other.process.Log() << cluster.DaemonLogs();
-  EXPECT_EQ(st.code, kExitPeerFailed) << error << cluster.DaemonLogs();
-  for (const char* needle : {"rank 3 (local 1", "after marking 1 of", "its node leaves the job"}) {
-    EXPECT_NE(error.find(needle), std::string::npos) << needle << " in " << error;
+  std::vector<std::string> steps;
+  for (int r = 0; r < kNodes * kLocal; ++r) {
+    steps.push_back(absl::StrCat(r == kTrainerVictim ? kKilledStep : kSteps));
   }
-  ExpectSurvivorsTrainedLikeTheReference(cluster, trainers, kVictimsNode);
+  std::vector<std::string> reference_args = TrainArgs();
+  reference_args.push_back(absl::StrCat("--join-steps=", absl::StrJoin(steps, ",")));
+  reference_args.push_back("--join-divide-by-active");
+  const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
+  ASSERT_FALSE(reference.empty());
+  std::vector<Trainer*> others;
+  for (size_t i = 0; i < trainers.size(); ++i) {
+    if (static_cast<int>(i) != kTrainerVictim) others.push_back(&trainers[i]);
+  }
+  ASSERT_NO_FATAL_FAILURE(ExpectEndedAlikeAndLikeTheReference(
+      cluster, others, reference, [&] { return AllTrainerErrors(trainers); }));
+  EXPECT_NE(cluster.node(kVictimsNode)
+                .process()
+                .Log()
+                .find(absl::StrCat("event=trainer_lost_mid_iteration iteration=", kKilledStep,
+                                   " trainer=\"rank 3 (local 1")),
+            std::string::npos)
+      << cluster.DaemonLogs();
   for (int n = 0; n < kNodes; ++n) {
-    if (n == kVictimsNode) continue;
-    EXPECT_NE(cluster.node(n).process().Log().find("event=node_departed generation=1 node_rank=1"),
+    const std::string log = cluster.node(n).process().Log();
+    EXPECT_NE(log.find(absl::StrCat("event=iteration_redo_for_lost_trainer iteration=", kKilledStep,
+                                    " nodes_that_lost_one=1")),
               std::string::npos)
         << "node " << n << "\n"
         << cluster.DaemonLogs();
+    EXPECT_EQ(log.find("event=node_departed"), std::string::npos) << "node " << n << "\n" << log;
   }
+  absl::StatusOr<v1::Stats> stats = GetStats(cluster.port(), "elastic-token");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->active_trainers(), 5) << cluster.DaemonLogs();
 }
 
 // A node that would end the job at a death while the others re-form is
