@@ -221,6 +221,39 @@ void GlooBackend::RunCompressedAllreduce(float* data, size_t count) {
   WidenInPlace(data, count, wire_dtype_, static_cast<float>(world_size_));
 }
 
+// A template, not a std::function: no allocation per collective.
+template <typename Run>
+absl::Status GlooBackend::RunGuarded(const void* data, size_t count, DType dtype, Run&& run) {
+  RETURN_IF_ERROR(CheckAllreduceArgs(data, count, dtype, "gloo"));
+  if (count == 0) return absl::OkStatus();
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(failure_);
+    if (aborted_) {
+      failure_ = MakeError(v1::PEER_FAILED,
+                           absl::StrCat(Describe(count, dtype), " aborted: ", abort_reason_));
+      return failure_;
+    }
+  }
+  if (context_ == nullptr) return absl::OkStatus();  // one node: nothing to exchange
+
+  try {
+    return run();
+  } catch (const gloo::IoException& e) {
+    // "Connection closed by peer" and the like: another node failed (which
+    // one the leader tells, see ClusterLink::Explain: in a ring the closed
+    // connection is often a survivor's that gave up first).
+    const v1::Code code = LooksLikeTimeout(e.what()) ? v1::TIMEOUT : v1::PEER_FAILED;
+    return Fail(MakeError(code, absl::StrCat(Describe(count, dtype), " failed: ", e.what())));
+  } catch (const gloo::EnforceNotMet& e) {
+    return Fail(absl::InternalError(absl::StrCat(Describe(count, dtype), " failed: ", e.what())));
+  } catch (const std::exception& e) {
+    return Fail(absl::InternalError(absl::StrCat(Describe(count, dtype), " failed: ", e.what())));
+  } catch (...) {
+    return Fail(absl::InternalError(absl::StrCat(Describe(count, dtype), " failed")));
+  }
+}
+
 absl::Status GlooBackend::AllreduceSum(void* data, size_t count, DType dtype) {
   return RunGuarded(data, count, dtype, [&]() -> absl::Status {
     switch (dtype) {
@@ -283,38 +316,6 @@ absl::Status GlooBackend::AllreduceAverage(void* data, size_t count, DType dtype
   outcome->averaged_end = ring.averaged_end();
   outcome->non_finite = ring.non_finite();
   return absl::OkStatus();
-}
-
-absl::Status GlooBackend::RunGuarded(const void* data, size_t count, DType dtype,
-                                     const std::function<absl::Status()>& run) {
-  RETURN_IF_ERROR(CheckAllreduceArgs(data, count, dtype, "gloo"));
-  if (count == 0) return absl::OkStatus();
-  {
-    absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(failure_);
-    if (aborted_) {
-      failure_ = MakeError(v1::PEER_FAILED,
-                           absl::StrCat(Describe(count, dtype), " aborted: ", abort_reason_));
-      return failure_;
-    }
-  }
-  if (context_ == nullptr) return absl::OkStatus();  // one node: nothing to exchange
-
-  try {
-    return run();
-  } catch (const gloo::IoException& e) {
-    // "Connection closed by peer" and the like: another node failed (which
-    // one the leader tells, see ClusterLink::Explain: in a ring the closed
-    // connection is often a survivor's that gave up first).
-    const v1::Code code = LooksLikeTimeout(e.what()) ? v1::TIMEOUT : v1::PEER_FAILED;
-    return Fail(MakeError(code, absl::StrCat(Describe(count, dtype), " failed: ", e.what())));
-  } catch (const gloo::EnforceNotMet& e) {
-    return Fail(absl::InternalError(absl::StrCat(Describe(count, dtype), " failed: ", e.what())));
-  } catch (const std::exception& e) {
-    return Fail(absl::InternalError(absl::StrCat(Describe(count, dtype), " failed: ", e.what())));
-  } catch (...) {
-    return Fail(absl::InternalError(absl::StrCat(Describe(count, dtype), " failed")));
-  }
 }
 
 absl::Status GlooBackend::Broadcast(void* data, size_t bytes, int root_node) {

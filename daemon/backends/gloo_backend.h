@@ -41,7 +41,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -138,8 +137,8 @@ class GlooBackend final : public Backend {
   // The checks every collective makes first (arguments, an earlier
   // failure, an abort), then `run` with Gloo's exceptions turned into
   // the node's failure.
-  absl::Status RunGuarded(const void* data, size_t count, DType dtype,
-                          const std::function<absl::Status()>& run);
+  template <typename Run>
+  absl::Status RunGuarded(const void* data, size_t count, DType dtype, Run&& run);
   // gather_sum.h: every node's buffer gathered, then added in node order.
   // PEER_FAILED naming the node whose row came short.
   template <typename T>
