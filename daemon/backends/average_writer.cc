@@ -60,7 +60,10 @@ void AverageWriter::WriteNow(Job& job) {
 
 void AverageWriter::Complete(Job& job) {
   const bool non_finite =
-      WriteAverage(job.sum, job.count, job.dtype, job.divisor, job.copies, job.check);
+      job.divided ? CopyAverage(job.sum, job.count, job.dtype, job.checked_begin, job.checked_end,
+                                job.copies, job.check) ||
+                        job.ring_non_finite
+                  : WriteAverage(job.sum, job.count, job.dtype, job.divisor, job.copies, job.check);
   absl::Status whole;
   for (int arena : job.arenas) {
     if (whole.ok()) whole = arenas_.CheckWhole(arena);

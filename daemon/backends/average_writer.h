@@ -1,5 +1,6 @@
 // AverageWriter: the Gloo worker's second thread. It writes a piece's
-// average into the trainers' arenas (WriteAverage) and sends that
+// average into the trainers' arenas (WriteAverage; CopyAverage where the
+// ring already divided) and sends that
 // request's `done`, while the worker's main thread already runs the next
 // piece's collective: a large bucket's write-back overlaps its pieces'
 // collectives, as the daemon's own write-back did before the worker wrote
@@ -36,6 +37,13 @@ class AverageWriter {
     DType dtype = DType::kFloat32;
     int divisor = 1;
     bool check = false;
+    // The ring already divided (ring_average.h): copy only, and test only
+    // outside [checked_begin, checked_end), which it tested (finding
+    // ring_non_finite).
+    bool divided = false;
+    size_t checked_begin = 0;
+    size_t checked_end = 0;
+    bool ring_non_finite = false;
     std::vector<char*> copies;
     std::vector<int> arenas;  // checked whole once written (WorkerArenas)
     v1::GlooWorkerEvent done;

@@ -18,6 +18,7 @@
 #include "daemon/backends/gather_sum.h"
 #include "daemon/backends/gloo_mesh.h"
 #include "daemon/backends/gloo_store.h"
+#include "daemon/backends/ring_average.h"
 #include "daemon/backends/wire_cast.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
@@ -220,7 +221,9 @@ void GlooBackend::RunCompressedAllreduce(float* data, size_t count) {
   WidenInPlace(data, count, wire_dtype_, static_cast<float>(world_size_));
 }
 
-absl::Status GlooBackend::AllreduceSum(void* data, size_t count, DType dtype) {
+// A template, not a std::function: no allocation per collective.
+template <typename Run>
+absl::Status GlooBackend::RunGuarded(const void* data, size_t count, DType dtype, Run&& run) {
   RETURN_IF_ERROR(CheckAllreduceArgs(data, count, dtype, "gloo"));
   if (count == 0) return absl::OkStatus();
   {
@@ -235,6 +238,24 @@ absl::Status GlooBackend::AllreduceSum(void* data, size_t count, DType dtype) {
   if (context_ == nullptr) return absl::OkStatus();  // one node: nothing to exchange
 
   try {
+    return run();
+  } catch (const gloo::IoException& e) {
+    // "Connection closed by peer" and the like: another node failed (which
+    // one the leader tells, see ClusterLink::Explain: in a ring the closed
+    // connection is often a survivor's that gave up first).
+    const v1::Code code = LooksLikeTimeout(e.what()) ? v1::TIMEOUT : v1::PEER_FAILED;
+    return Fail(MakeError(code, absl::StrCat(Describe(count, dtype), " failed: ", e.what())));
+  } catch (const gloo::EnforceNotMet& e) {
+    return Fail(absl::InternalError(absl::StrCat(Describe(count, dtype), " failed: ", e.what())));
+  } catch (const std::exception& e) {
+    return Fail(absl::InternalError(absl::StrCat(Describe(count, dtype), " failed: ", e.what())));
+  } catch (...) {
+    return Fail(absl::InternalError(absl::StrCat(Describe(count, dtype), " failed")));
+  }
+}
+
+absl::Status GlooBackend::AllreduceSum(void* data, size_t count, DType dtype) {
+  return RunGuarded(data, count, dtype, [&]() -> absl::Status {
     switch (dtype) {
       case DType::kFloat32:
         if (wire_dtype_ != WireDType::kOff) {
@@ -266,19 +287,35 @@ absl::Status GlooBackend::AllreduceSum(void* data, size_t count, DType dtype) {
       }
     }
     return absl::OkStatus();
-  } catch (const gloo::IoException& e) {
-    // "Connection closed by peer" and the like: another node failed (which
-    // one the leader tells, see ClusterLink::Explain: in a ring the closed
-    // connection is often a survivor's that gave up first).
-    const v1::Code code = LooksLikeTimeout(e.what()) ? v1::TIMEOUT : v1::PEER_FAILED;
-    return Fail(MakeError(code, absl::StrCat(Describe(count, dtype), " failed: ", e.what())));
-  } catch (const gloo::EnforceNotMet& e) {
-    return Fail(absl::InternalError(absl::StrCat(Describe(count, dtype), " failed: ", e.what())));
-  } catch (const std::exception& e) {
-    return Fail(absl::InternalError(absl::StrCat(Describe(count, dtype), " failed: ", e.what())));
-  } catch (...) {
-    return Fail(absl::InternalError(absl::StrCat(Describe(count, dtype), " failed")));
+  });
+}
+
+absl::Status GlooBackend::AllreduceAverage(void* data, size_t count, DType dtype, int divisor,
+                                           bool check, RingAverageOutcome* outcome) {
+  *outcome = RingAverageOutcome{};
+  if (divisor <= 0 || context_ == nullptr ||
+      !CanAverageInRing(count, dtype, wire_dtype_, num_nodes_)) {
+    return AllreduceSum(data, count, dtype);
   }
+  RingAverage ring(static_cast<char*>(data), count, dtype, divisor, check);
+  RETURN_IF_ERROR(RunGuarded(data, count, dtype, [&]() -> absl::Status {
+    gloo::AllreduceOptions opts(context_);
+    if (dtype == DType::kFloat64) {
+      opts.setOutput<double>(static_cast<double*>(data), count);
+    } else {
+      opts.setOutput<float>(static_cast<float*>(data), count);
+    }
+    opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+    opts.setReduceFunction(ring.ReduceFunction());
+    opts.setTimeout(absl::ToChronoMilliseconds(timeout_));
+    gloo::allreduce(opts);
+    return FailIfError(ring.Verify());
+  }));
+  outcome->divided = true;
+  outcome->averaged_begin = ring.averaged_begin();
+  outcome->averaged_end = ring.averaged_end();
+  outcome->non_finite = ring.non_finite();
+  return absl::OkStatus();
 }
 
 absl::Status GlooBackend::Broadcast(void* data, size_t bytes, int root_node) {

@@ -87,6 +87,17 @@ struct GlooBackendOptions {
   int world_size = 1;
 };
 
+// What GlooBackend::AllreduceAverage did beyond the sum.
+struct RingAverageOutcome {
+  // The result is the average (else the sum, still to divide).
+  bool divided = false;
+  // Elements [averaged_begin, averaged_end) were averaged and, when asked,
+  // checked on this node; non_finite: one of those is NaN or Inf.
+  size_t averaged_begin = 0;
+  size_t averaged_end = 0;
+  bool non_finite = false;
+};
+
 class GlooBackend final : public Backend {
  public:
   // Connects the full mesh of this generation; blocks until every node has
@@ -104,6 +115,12 @@ class GlooBackend final : public Backend {
   uint64_t generation() const { return generation_; }
 
   absl::Status AllreduceSum(void* data, size_t count, DType dtype) override;
+  // AllreduceSum, and where CanAverageInRing (ring_average.h) also the
+  // divide by `divisor` inside the ring's reduction, bit for bit the sum
+  // divided after it; `*outcome` says whether it divided and what it
+  // checked for NaN/Inf (`check`). Else only the sum (divided false).
+  absl::Status AllreduceAverage(void* data, size_t count, DType dtype, int divisor, bool check,
+                                RingAverageOutcome* outcome);
   // gloo::broadcast of the bytes, in place (the root's are the input).
   absl::Status Broadcast(void* data, size_t bytes, int root_node) override;
   void Abort(const std::string& reason) override;
@@ -117,6 +134,11 @@ class GlooBackend final : public Backend {
 
   template <typename T>
   void RunAllreduce(T* data, size_t count);
+  // The checks every collective makes first (arguments, an earlier
+  // failure, an abort), then `run` with Gloo's exceptions turned into
+  // the node's failure.
+  template <typename Run>
+  absl::Status RunGuarded(const void* data, size_t count, DType dtype, Run&& run);
   // gather_sum.h: every node's buffer gathered, then added in node order.
   // PEER_FAILED naming the node whose row came short.
   template <typename T>

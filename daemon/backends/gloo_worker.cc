@@ -181,13 +181,22 @@ v1::GlooWorkerEvent Done(const absl::Status& status) {
   return event;
 }
 
+// What a request asks of its result beyond the sum.
+struct AverageRequest {
+  int divisor = 0;  // 0: the sum
+  bool check = false;
+};
+
 // One allreduce request's collectives: `count` elements at `elements` (none:
 // the counts alone) and the `counts`, summed in place — folded into the
 // bucket's collective where they fold (count_fold.h), else their own
-// collective first, then the bucket's: the order every node issues.
+// collective first, then the bucket's: the order every node issues. With
+// `average`, the bucket's may also divide (`ring` says whether it did).
 absl::Status RunCollectives(GlooBackend& backend, const GlooBackendOptions& options, char* elements,
                             size_t count, DType dtype, std::vector<double>* counts,
-                            std::vector<char>* folded) {
+                            std::vector<char>* folded, const AverageRequest& average,
+                            RingAverageOutcome* ring) {
+  *ring = RingAverageOutcome{};
   const size_t n = counts->size();
   absl::Status status;
   // The counts alone (no elements) are not a bucket's hop.
@@ -210,7 +219,9 @@ absl::Status RunCollectives(GlooBackend& backend, const GlooBackendOptions& opti
   }
   if (n > 0) RETURN_IF_ERROR(backend.AllreduceCounts(counts->data(), n));
   hop(Hop::kWorkerGlooStart);
-  status = backend.AllreduceSum(elements, count, dtype);
+  status = average.divisor > 0 ? backend.AllreduceAverage(elements, count, dtype, average.divisor,
+                                                          average.check, ring)
+                               : backend.AllreduceSum(elements, count, dtype);
   hop(Hop::kWorkerGlooDone);
   return status;
 }
@@ -228,6 +239,7 @@ struct AllreduceState {
   std::vector<double> counts;
   std::vector<char> folded;  // a small bucket and the counts it carries
   std::vector<char*> copies;
+  RingAverageOutcome ring;
   AverageWriter::Job job;  // the next one handed to the AverageWriter
 };
 
@@ -311,8 +323,9 @@ bool RunAllreduce(const v1::GlooWorkerAllreduce& allreduce, GlooBackend& backend
   } else if ((status = Locate(allreduce, dtype, state, &elements)).ok()) {
     // No elements: the counts alone (started ahead of a larger bucket).
     state->counts.assign(allreduce.counts().begin(), allreduce.counts().end());
+    const AverageRequest average{static_cast<int>(allreduce.divisor()), allreduce.check_result()};
     status = RunCollectives(backend, options, elements, allreduce.count(), dtype, &state->counts,
-                            &state->folded);
+                            &state->folded, average, &state->ring);
     if (status.ok()) status = CheckArenasWhole(allreduce, state->arenas);
   }
   AverageWriter::Job& job = state->job;
@@ -326,6 +339,10 @@ bool RunAllreduce(const v1::GlooWorkerAllreduce& allreduce, GlooBackend& backend
     job.dtype = dtype;
     job.divisor = allreduce.divisor();
     job.check = allreduce.check_result();
+    job.divided = state->ring.divided;
+    job.checked_begin = state->ring.averaged_begin;
+    job.checked_end = state->ring.averaged_end;
+    job.ring_non_finite = state->ring.non_finite;
     job.copies.assign(state->copies.begin(), state->copies.end());
     job.arenas.clear();
     job.arenas.push_back(allreduce.arena() - 1);
@@ -334,8 +351,11 @@ bool RunAllreduce(const v1::GlooWorkerAllreduce& allreduce, GlooBackend& backend
     // at least half of kPieceBytes), or the next request already waiting:
     // the next collective runs while the writer averages this one. A lone
     // small bucket is written at once: a hand-off would only add a wake-up.
+    // An average the ring wrote, with nothing to copy or check, is done.
+    const bool work_left = !job.divided || !job.copies.empty() || job.check;
     pollfd next{channel.fd(), POLLIN, 0};
-    if (allreduce.count() * DTypeSize(dtype) >= kOverlapMinBytes || poll(&next, 1, 0) == 1) {
+    if (work_left &&
+        (allreduce.count() * DTypeSize(dtype) >= kOverlapMinBytes || poll(&next, 1, 0) == 1)) {
       writer.Post(job);
     } else {
       writer.WriteNow(job);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_code.h"
 #include "common/status_macros.h"
+#include "daemon/backends/average_math.h"
 
 namespace gradsync {
 namespace {
@@ -14,28 +15,6 @@ namespace {
 // Elements per chunk: a chunk is divided, then copied to every other
 // trainer while it is still in L1.
 constexpr size_t kChunkElements = 2048;
-
-#if defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__
-#error "WriteAverage's check needs IEEE x - x: build without -ffinite-math-only"
-#endif
-// x - x is +0 for every finite x, NaN for an Inf or a NaN: a subtract and
-// an OR per element, as the daemon's own check (local_reducer.cc).
-template <typename T, typename Bits>
-Bits Poison(T v) {
-  const T zero_if_finite = v - v;
-  Bits bits;
-  std::memcpy(&bits, &zero_if_finite, sizeof(bits));
-  return bits;
-}
-
-// x / d, or x * (1 / d) where d is a power of two: 1 / d is then exact, so
-// the product is the same correctly rounded x / d, bit for bit (subnormal
-// results included), at a multiply's cost instead of a divide's.
-template <typename T, bool kByReciprocal>
-struct Divide {
-  T operator()(T x) const { return kByReciprocal ? x * factor : x / factor; }
-  T factor;
-};
 
 template <typename T, typename Bits, typename Div>
 bool AverageChunks(T* sum, size_t count, Div div, const std::vector<char*>& copies, bool check) {
@@ -58,12 +37,38 @@ bool AverageChunks(T* sum, size_t count, Div div, const std::vector<char*>& copi
 
 template <typename T, typename Bits>
 bool Average(T* sum, size_t count, int divisor, const std::vector<char*>& copies, bool check) {
-  if ((divisor & (divisor - 1)) == 0) {
+  if (IsPowerOfTwo(divisor)) {
     const Divide<T, true> div{T{1} / static_cast<T>(divisor)};
     return AverageChunks<T, Bits>(sum, count, div, copies, check);
   }
   const Divide<T, false> div{static_cast<T>(divisor)};
   return AverageChunks<T, Bits>(sum, count, div, copies, check);
+}
+
+// The poison of the elements of [from, to) outside [skip_begin, skip_end).
+template <typename T, typename Bits>
+Bits PoisonOutside(const T* v, size_t from, size_t to, size_t skip_begin, size_t skip_end) {
+  Bits poison = 0;
+  const auto scan = [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) poison |= Poison<T, Bits>(v[i]);
+  };
+  scan(from, std::min(to, std::max(from, skip_begin)));
+  scan(std::max(from, std::min(to, skip_end)), to);
+  return poison;
+}
+
+template <typename T, typename Bits>
+bool CopyChunks(const T* average, size_t count, size_t checked_begin, size_t checked_end,
+                const std::vector<char*>& copies, bool check) {
+  Bits poison = 0;
+  for (size_t c = 0; c < count; c += kChunkElements) {
+    const size_t m = std::min(kChunkElements, count - c);
+    if (check) poison |= PoisonOutside<T, Bits>(average, c, c + m, checked_begin, checked_end);
+    for (char* copy : copies) {
+      std::memcpy(reinterpret_cast<T*>(copy) + c, average + c, m * sizeof(T));
+    }
+  }
+  return poison != 0;
 }
 
 }  // namespace
@@ -119,6 +124,16 @@ bool WriteAverage(char* sum, size_t count, DType dtype, int divisor,
     return Average<double, uint64_t>(reinterpret_cast<double*>(sum), count, divisor, copies, check);
   }
   return Average<float, uint32_t>(reinterpret_cast<float*>(sum), count, divisor, copies, check);
+}
+
+bool CopyAverage(const char* average, size_t count, DType dtype, size_t checked_begin,
+                 size_t checked_end, const std::vector<char*>& copies, bool check) {
+  if (dtype == DType::kFloat64) {
+    return CopyChunks<double, uint64_t>(reinterpret_cast<const double*>(average), count,
+                                        checked_begin, checked_end, copies, check);
+  }
+  return CopyChunks<float, uint32_t>(reinterpret_cast<const float*>(average), count, checked_begin,
+                                     checked_end, copies, check);
 }
 
 }  // namespace gradsync

@@ -58,6 +58,13 @@ class WorkerArenas {
 bool WriteAverage(char* sum, size_t count, DType dtype, int divisor,
                   const std::vector<char*>& copies, bool check);
 
+// For `count` elements at `average` already divided by the ring
+// (ring_average.h): copies them to each of `copies` and, with `check`,
+// tests those outside [checked_begin, checked_end) — the ring tested the
+// others as it wrote them. Returns whether one it tested is NaN or Inf.
+bool CopyAverage(const char* average, size_t count, DType dtype, size_t checked_begin,
+                 size_t checked_end, const std::vector<char*>& copies, bool check);
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_DAEMON_BACKENDS_WORKER_ARENAS_H_
