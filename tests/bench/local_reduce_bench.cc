@@ -190,14 +190,14 @@ template <typename Elastic>
 void InputCopyRow(gradsync::LocalReducer& reducer, const std::vector<uint8_t*>& arenas,
                   gradsync::DType dtype, int world, gradsync::Backend& backend, int threads,
                   Elastic elastic) {
-  const std::vector<gradsync::ReduceSpan> spans = {{0, kBytes}};
-  std::vector<std::vector<uint8_t>> buffers(arenas.size(), std::vector<uint8_t>(kBytes));
+  const std::vector<gradsync::ReduceSpan> spans = {{0, g_bytes}};
+  std::vector<std::vector<uint8_t>> buffers(arenas.size(), std::vector<uint8_t>(g_bytes));
   std::vector<uint8_t*> copies;
   for (auto& b : buffers) copies.push_back(b.data());
-  std::vector<uint8_t> sums(gradsync::LocalReducer::StagingBytes(kBytes, dtype));
+  std::vector<uint8_t> sums(gradsync::LocalReducer::StagingBytes(g_bytes, dtype));
   gradsync::KeptSums kept_sums{sums.data(), 0};
   gradsync::KeptResult kept;
-  kept.Resize(kBytes);
+  kept.Resize(g_bytes);
   auto with_copies = [&] {
     kept_sums.pieces = 0;
     reducer
@@ -210,7 +210,7 @@ void InputCopyRow(gradsync::LocalReducer& reducer, const std::vector<uint8_t*>& 
   std::printf(
       "| gradsync LocalReducer + kept sums + kept result + input copies (elastic), %d trainers "
       "| %d | %.1f | %.1f | | (%+.1f%% time vs the row above) |\n",
-      static_cast<int>(arenas.size()), threads, t * 1e3, kBytes / 1e9 / t, 100.0 * (t - t0) / t0);
+      static_cast<int>(arenas.size()), threads, t * 1e3, g_bytes / 1e9 / t, 100.0 * (t - t0) / t0);
 }
 
 // An elastic job also keeps each bucket's local sum (KeptSums, reset per
