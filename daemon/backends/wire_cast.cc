@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "common/half.h"
+#include "common/half_lanes.h"
 
 namespace gradsync {
 namespace {
@@ -98,32 +99,12 @@ __attribute__((target("avx,f16c"))) void SumFloat16F16C(void* c, const void* a, 
 // vectorize the scalar loops at -O2 for the baseline x86-64 target).
 const bool kHasAvx2 = __builtin_cpu_supports("avx2");
 
-__attribute__((target("avx2"))) inline __m128i ToBFloat16x8(__m256 x) {
-  const __m256i bits = _mm256_castps_si256(x);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(
-      _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), lsb), 16);
-  const __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x0040));
-  const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)),
-                                            _mm256_set1_epi32(0x7f800000));
-  const __m256i r = _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
-  // Packs within 128-bit lanes; the permute gathers elements 0..7 low.
-  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xD8);
-  return _mm256_castsi256_si128(packed);
-}
-
-__attribute__((target("avx2"))) inline __m256 FromBFloat16x8(const uint16_t* in) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
-
 __attribute__((target("avx2"))) void NarrowBFloat16Avx2(const float* in, uint16_t* out, size_t m,
                                                         float scale) {
   const __m256 s = _mm256_set1_ps(scale);
   size_t k = 0;
   for (; k + 8 <= m; k += 8) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k),
-                     ToBFloat16x8(_mm256_mul_ps(_mm256_loadu_ps(in + k), s)));
+    FloatToBFloat16Lanes(_mm256_mul_ps(_mm256_loadu_ps(in + k), s), out + k);
   }
   for (; k < m; ++k) out[k] = ToBFloat16(in[k] * scale);
 }
@@ -132,7 +113,8 @@ __attribute__((target("avx2"))) void WidenBFloat16Avx2(const uint16_t* in, float
                                                        float unscale) {
   const __m256 s = _mm256_set1_ps(unscale);
   size_t k = 0;
-  for (; k + 8 <= m; k += 8) _mm256_storeu_ps(out + k, _mm256_mul_ps(FromBFloat16x8(in + k), s));
+  for (; k + 8 <= m; k += 8)
+    _mm256_storeu_ps(out + k, _mm256_mul_ps(BFloat16ToFloatLanes(in + k), s));
   for (; k < m; ++k) out[k] = BFloat16ToFloat(in[k]) * unscale;
 }
 
@@ -143,8 +125,8 @@ __attribute__((target("avx2"))) void SumBFloat16Avx2(void* c, const void* a, con
   auto* z = static_cast<uint16_t*>(c);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(z + i),
-                     ToBFloat16x8(_mm256_add_ps(FromBFloat16x8(x + i), FromBFloat16x8(y + i))));
+    FloatToBFloat16Lanes(_mm256_add_ps(BFloat16ToFloatLanes(x + i), BFloat16ToFloatLanes(y + i)),
+                         z + i);
   }
   for (; i < n; ++i) z[i] = ToBFloat16(BFloat16ToFloat(x[i]) + BFloat16ToFloat(y[i]));
 }
