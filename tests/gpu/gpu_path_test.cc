@@ -853,7 +853,7 @@ TEST_P(GpuSplitIterationTest,
   std::vector<std::unique_ptr<Daemon>> nodes;
   ASSERT_NO_FATAL_FAILURE(
       StartSimNodes({"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001", "--timeout-s=10",
-                     "--num-nodes=3", "--min-nodes=2", "--job-id=gpusplit"},
+                     "--num-nodes=3", "--min-nodes=2", "--job-id=gpu-split-commit"},
                     &nodes, {2, 2, 2}, {}, {},
                     {{1,
                       {{"GRADSYNC_TEST_WITHHOLD_FINAL_RESULT_AT", absl::StrCat(kSplitStep)},
