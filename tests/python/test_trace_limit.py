@@ -33,8 +33,11 @@ def test_trace_larger_than_a_grpc_message_keeps_the_newest_events(gradsyncd, wor
             client.wait(timeout_s=60)
 
         out = workdir / "trace.json"
-        run = subprocess.run([str(GRADSYNCCTL), f"--addr=127.0.0.1:{port}", "trace", "--out",
-                              str(out)], capture_output=True, text=True, timeout=60)
+        # The reply is ~4 MiB of events: on a machine shared with other
+        # builds its assembly can outlast gradsyncctl's default 5 s deadline.
+        run = subprocess.run([str(GRADSYNCCTL), f"--addr=127.0.0.1:{port}", "--timeout-s=45",
+                              "trace", "--out", str(out)],
+                             capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     dropped = re.search(r"left out the oldest (\d+) events to fit a gRPC message", run.stderr)
     assert dropped, run.stderr
