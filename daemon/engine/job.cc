@@ -617,15 +617,26 @@ void Job::Fail(const absl::Status& error, int culprit) {
     {
       MonotonicMutexLock lock(&mu_);
       link = world_.link;
+      explaining_ = link != nullptr;
     }
     if (link) explained = link->Explain(error);
     culprit = -1;
+  } else if (culprit < 0 && ExplainingElsewhere()) {
+    return;  // a job-wide symptom: the explanation in flight ends the job
   }
   {
     MonotonicMutexLock lock(&mu_);
+    explaining_ = false;
     FailLocked(explained, culprit);
   }
   DeliverHealth();
+}
+
+bool Job::ExplainingElsewhere() const {
+  MonotonicMutexLock lock(&mu_);
+  if (!explaining_) return false;
+  spdlog::info("event=job_failure_deferred job={} until=collective_failure_explained", id_);
+  return true;
 }
 
 void Job::Depart(const absl::Status& error, int culprit) {
@@ -1043,6 +1054,9 @@ void Job::FillStats(v1::Stats* out) const {
     ts->set_joined(t->joined.load());
   }
   if (scheduler_) {
+    // What this iteration averages over, as the trainers' gs_get_job_info
+    // reports it, not the formed world (a dead trainer is still in that).
+    out->set_world_size(scheduler_->averaging_world_size());
     out->set_active_trainers(static_cast<int32_t>(scheduler_->active_trainers()));
     out->set_joined_local_trainers(static_cast<int32_t>(scheduler_->joined_local_trainers()));
   }

@@ -374,6 +374,9 @@ class Job {
   // Whether this daemon can take a layout of this kind at all.
   absl::Status CheckDeviceKind(const Layout& layout) const;
   std::string BackendNameLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Whether another thread is explaining a failed collective (see
+  // explaining_), which then ends the job; logs the deferral.
+  bool ExplainingElsewhere() const ABSL_LOCKS_EXCLUDED(mu_);
   // `expected`: a normal end (a trainer closed): logged at info level.
   // `departing`: the daemon shuts down (Depart).
   void FailLocked(const absl::Status& error, int culprit, bool expected = false,
@@ -439,6 +442,11 @@ class Job {
   // The job ended because the daemon shuts down (Depart): a world formed
   // after that (a re-formation in flight) is left the same way.
   bool departing_ ABSL_GUARDED_BY(mu_) = false;
+  // A failed collective is being explained (Fail asks the leader why).
+  // Meanwhile the world link's own notice of the leader's abort, which
+  // says less (PEER_FAILED, not the cause's code), must not end the job
+  // first: the explanation quotes the leader's report and ends it soon.
+  bool explaining_ ABSL_GUARDED_BY(mu_) = false;
   // By local rank; null if not attached. A Trainer's own fields (layout,
   // registered, rank, segment) are also guarded by mu_, except what the
   // scheduler owns once the job runs (see trainer.h). Shared so that an

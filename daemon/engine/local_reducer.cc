@@ -85,8 +85,11 @@ inline void FenceStreamedStores() {
 
 // Native element access: float/double are summed in their own precision.
 // Poison(): the stored element's poison word (see above).
+// kBlocks: the chunk passes convert whole blocks (common/half_convert.h)
+// instead of calling Load / Store per element.
 template <typename T>
 struct Native {
+  static constexpr bool kBlocks = false;
   using Acc = T;
   using Flag = decltype(gradsync::Poison(T{}));
   static Acc Load(const T& v) { return v; }
@@ -94,6 +97,7 @@ struct Native {
   static Flag Poison(T v) { return gradsync::Poison(v); }
 };
 struct Half16 {
+  static constexpr bool kBlocks = false;
   using Acc = float;
   using Flag = uint16_t;
   static float Load(const uint16_t& v) { return Float16ToFloat(v); }
@@ -101,11 +105,32 @@ struct Half16 {
   static Flag Poison(uint16_t v) { return HalfPoison(v, 0x7c00u, 0x0400u); }
 };
 struct BHalf16 {
+  static constexpr bool kBlocks = false;
   using Acc = float;
   using Flag = uint16_t;
   static float Load(const uint16_t& v) { return BFloat16ToFloat(v); }
   static uint16_t Store(float v) { return FloatToBFloat16(v); }
   static Flag Poison(uint16_t v) { return HalfPoison(v, 0x7f80u, 0x0080u); }
+};
+// The same conversions a block at a time: F16C / AVX2 lanes where the CPU
+// has them, the same bits (half_convert.h), so only the speed differs.
+struct Half16Blocks : Half16 {
+  static constexpr bool kBlocks = true;
+  static void LoadBlock(const uint16_t* in, float* out, size_t n) {
+    Float16ToFloatBlock(in, out, n);
+  }
+  static void StoreBlock(const float* in, uint16_t* out, size_t n) {
+    FloatToFloat16Block(in, out, n);
+  }
+};
+struct BHalf16Blocks : BHalf16 {
+  static constexpr bool kBlocks = true;
+  static void LoadBlock(const uint16_t* in, float* out, size_t n) {
+    BFloat16ToFloatBlock(in, out, n);
+  }
+  static void StoreBlock(const float* in, uint16_t* out, size_t n) {
+    FloatToBFloat16Block(in, out, n);
+  }
 };
 
 // The work of one Reduce call, shared with the worker threads.
@@ -245,6 +270,54 @@ auto SumChunk(T* const* src, size_t local, uint64_t c, size_t m, typename Access
   return poison;
 }
 
+// SumChunk's sum and poison word for halves converted a block at a time:
+// each trainer's chunk widened (exactly) into `wide`, then added in the
+// same order, so acc holds the same bits.
+template <typename Access, bool kCheck>
+uint32_t SumChunkBlocks(uint16_t* const* src, size_t local, uint64_t c, size_t m, float* acc) {
+  uint32_t poison = 0;
+  Access::LoadBlock(src[0] + c, acc, m);
+  if (local == 1) {
+    if (kCheck) {
+      for (size_t i = 0; i < m; ++i) poison |= Poison(acc[i]);
+    }
+    return poison;
+  }
+  float wide[kChunkElements];
+  for (size_t t = 1; t < local; ++t) {
+    Access::LoadBlock(src[t] + c, wide, m);
+    if (kCheck && t + 1 == local) {
+      for (size_t i = 0; i < m; ++i) {
+        acc[i] += wide[i];
+        poison |= Poison(acc[i]);
+      }
+    } else {
+      for (size_t i = 0; i < m; ++i) acc[i] += wide[i];
+    }
+  }
+  return poison;
+}
+
+// Narrows acc[0, m) into out; with kCheck, the stored halves' poison word.
+template <typename T, typename Access, bool kCheck>
+typename Access::Flag StoreChunk(const typename Access::Acc* acc, size_t m, T* out) {
+  typename Access::Flag poison = 0;
+  if constexpr (Access::kBlocks) {
+    Access::StoreBlock(acc, out, m);
+    if (kCheck) {
+      for (size_t i = 0; i < m; ++i) poison |= Access::Poison(out[i]);
+    }
+  } else if (kCheck) {
+    for (size_t i = 0; i < m; ++i) {
+      out[i] = Access::Store(acc[i]);
+      poison |= Access::Poison(out[i]);
+    }
+  } else {
+    for (size_t i = 0; i < m; ++i) out[i] = Access::Store(acc[i]);
+  }
+  return poison;
+}
+
 // Streams elements [element, element + m) of `span` of every trainer's
 // input (src[t] + c) into its copy, at the same arena offsets.
 template <typename T>
@@ -253,6 +326,15 @@ void CopyInputs(const ReduceWork& job, size_t span, uint64_t element, T* const* 
   const uint64_t at = (*job.spans)[span].offset + element * sizeof(T);
   for (size_t t = 0; t < job.arenas->size(); ++t) {
     StreamCopy(job.input_copies[t] + at, src[t] + c, m * sizeof(T));
+  }
+}
+
+template <typename T, typename Access, bool kCheck>
+auto SumChunkFor(T* const* src, size_t local, uint64_t c, size_t m, typename Access::Acc* acc) {
+  if constexpr (Access::kBlocks) {
+    return SumChunkBlocks<Access, kCheck>(src, local, c, m, acc);
+  } else {
+    return SumChunk<T, Access, kCheck>(src, local, c, m, acc);
   }
 }
 
@@ -279,12 +361,13 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
       const Acc* staged = reinterpret_cast<const Acc*>(job.staging) + staging_index + c;
       for (size_t i = 0; i < m; ++i) acc[i] = staged[i] / divisor;
     } else if (job.phase == 4) {
+      // In place: fp32 / fp64 only, never halves.
       const T* a0 = src[0] + c;
       for (size_t i = 0; i < m; ++i) acc[i] = Access::Load(a0[i]) / divisor;
     } else {
       // The local sum is checked before anything is written: every input is
       // still there for FindCulprit.
-      if (SumChunk<T, Access, kCheck>(src, local, c, m, acc) != 0) {
+      if (SumChunkFor<T, Access, kCheck>(src, local, c, m, acc) != 0) {
         FindCulprit<T, Access>(job, span, first + c, m, found);
       }
       // The kept sum is the collective's input, written from acc while it
@@ -300,8 +383,7 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
         continue;
       }
       if (job.phase == 3) {
-        T* out0 = src[0] + c;
-        for (size_t i = 0; i < m; ++i) out0[i] = Access::Store(acc[i]);
+        StoreChunk<T, Access, false>(acc, m, src[0] + c);
         continue;
       }
       if (job.phase == 5) continue;
@@ -309,14 +391,7 @@ void Kernel(const ReduceWork& job, size_t span, uint64_t first, uint64_t count,
     }
     // Write back: convert once into trainer 0's memory, copy to the others.
     T* out0 = src[0] + c;
-    if (kCheck) {
-      for (size_t i = 0; i < m; ++i) {
-        out0[i] = Access::Store(acc[i]);
-        result_bad |= Access::Poison(out0[i]);
-      }
-    } else {
-      for (size_t i = 0; i < m; ++i) out0[i] = Access::Store(acc[i]);
-    }
+    result_bad |= StoreChunk<T, Access, kCheck>(acc, m, out0);
     for (size_t t = 1; t < local; ++t) std::memcpy(src[t] + c, out0, m * sizeof(T));
     // The kept result from the chunk just stored, still in cache: no second
     // read of trainer 0's memory.
@@ -516,8 +591,10 @@ KernelFn KernelFor(DType dtype) {
     case DType::kFloat64:
       return &Kernel<double, Native<double>, kCheck>;
     case DType::kFloat16:
+      if (HardwareConvertsFloat16()) return &Kernel<uint16_t, Half16Blocks, kCheck>;
       return &Kernel<uint16_t, Half16, kCheck>;
     case DType::kBFloat16:
+      if (HardwareConvertsBFloat16()) return &Kernel<uint16_t, BHalf16Blocks, kCheck>;
       return &Kernel<uint16_t, BHalf16, kCheck>;
   }
   return nullptr;

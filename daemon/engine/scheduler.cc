@@ -67,6 +67,7 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
   }
   SizeAgreement();
   active_trainers_.store(static_cast<uint32_t>(options_.world_size));
+  averaging_world_size_.store(options_.world_size, std::memory_order_release);
   for (Trainer* t : trainers_) {
     arenas_.push_back(t->segment.arena());
     t->marked.assign(layout_.size(), 0);
@@ -545,6 +546,7 @@ void Scheduler::AdoptWorld(Reformed& world) {
   SizeAgreement();
   active_in_iteration_ = options_.world_size;
   active_trainers_.store(static_cast<uint32_t>(options_.world_size));
+  averaging_world_size_.store(options_.world_size, std::memory_order_release);
   if (options_.gpu) {
     // Its communicators were re-formed with the world (Job::Reform).
     options_.gpu->SetWorldSize(options_.world_size);
@@ -966,6 +968,7 @@ bool Scheduler::AgreeActiveTrainers() {
   // The GPU reducer pre-scales each local sum by the divisor.
   if (options_.gpu) options_.gpu->SetWorldSize(Divisor());
   active_trainers_.store(static_cast<uint32_t>(active), std::memory_order_release);
+  averaging_world_size_.store(Divisor(), std::memory_order_release);
   if (active > 0) return true;
   // Every trainer of the job joined: DDP's join context exits everywhere.
   spdlog::info("event=all_joined iteration={}", iteration());

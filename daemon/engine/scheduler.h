@@ -243,6 +243,11 @@ class Scheduler {
   // iteration every node agreed on (the world size before any join), and
   // local trainers that joined.
   uint32_t active_trainers() const { return active_trainers_.load(std::memory_order_acquire); }
+  // The world size the current iteration averages over (its divisor, what
+  // iteration completions report to gs_get_job_info): the formed world
+  // size, or the active trainers once a trainer died or joined dividing by
+  // the active ones.
+  int averaging_world_size() const { return averaging_world_size_.load(std::memory_order_acquire); }
   uint32_t joined_local_trainers() const { return joined_local_.load(std::memory_order_acquire); }
   bool all_joined() const { return all_joined_.load(std::memory_order_acquire); }
   // The agreement's fixed slots before the per-node ones (see agreement_).
@@ -584,6 +589,7 @@ class Scheduler {
   int active_in_iteration_ = 0;
   bool divide_by_active_ = false;
   std::atomic<uint32_t> active_trainers_{0};
+  std::atomic<int> averaging_world_size_{0};
   std::atomic<uint32_t> joined_local_{0};
   std::atomic<bool> all_joined_{false};
 

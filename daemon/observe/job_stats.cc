@@ -228,11 +228,13 @@ void JobStats::FillStats(v1::Stats* out, const std::vector<uint32_t>& tensors_pe
   out->set_iterations(iterations_.load());
   out->set_bytes_reduced(bytes_reduced_.load());
   // nccl-tests: algbw = bytes / time of the reduction (launch -> done,
-  // summed over the iteration's buckets); busbw = algbw * 2(n-1)/n.
+  // summed over the iteration's buckets); busbw = algbw * 2(n-1)/n, n the
+  // world size the stats report (it follows the active membership).
   if (last_collective_ns_ > 0) {
     const double algbw = last_iteration_bytes_ / (last_collective_ns_ / 1e9) / 1e9;
+    const int n = out->world_size() > 0 ? out->world_size() : world_size_;
     out->set_algbw_gbps(algbw);
-    out->set_busbw_gbps(world_size_ > 1 ? algbw * 2.0 * (world_size_ - 1) / world_size_ : algbw);
+    out->set_busbw_gbps(n > 1 ? algbw * 2.0 * (n - 1) / n : algbw);
   }
   out->set_errors(errors_);
   for (const std::string& e : recent_errors_) out->add_recent_errors(e);

@@ -7,9 +7,13 @@ GRADSYNC_HALF_CONVERSION=software and without, ROUNDS times per dtype, and
 prints per row the median of the rounds' times (each itself a median of 7)
 with their min-max, the speedup, and the load average before and after.
 Not a test: asserts nothing. GRADSYNC_BENCH_QUICK=1: 4 MB, 3 rounds, 2 trainers.
+--nodes=2 [--worker-staging]: the cross-node path's local passes instead
+(sum into the fp32 staging, write back from it; local_reduce_bench's
+--nodes=2 rows).
 
 Run from the repository root after `bazel build //tests/bench:local_reduce_bench`:
   /usr/bin/python3 tests/bench/half_conversion_bench.py [--mb=16] [--rounds=5] [--trainers=2,3]
+      [--nodes=1|2] [--worker-staging]
 """
 from __future__ import annotations
 
@@ -23,12 +27,12 @@ BENCH = "bazel-bin/tests/bench/local_reduce_bench"
 ROW = re.compile(r"^\| gradsync LocalReducer( \+ non-finite check)?, (\d+) trainers \| 1 \| ([\d.]+) \|")
 
 
-def run(dtype: str, mb: int, trainers: str, software: bool) -> dict:
+def run(dtype: str, mb: int, trainers: str, software: bool, extra: list) -> dict:
     env = dict(os.environ)
     env.pop("GRADSYNC_HALF_CONVERSION", None)
     if software:
         env["GRADSYNC_HALF_CONVERSION"] = "software"
-    out = subprocess.run([BENCH, f"--dtype={dtype}", f"--mb={mb}", f"--trainers={trainers}"],
+    out = subprocess.run([BENCH, f"--dtype={dtype}", f"--mb={mb}", f"--trainers={trainers}"] + extra,
                          env=env, check=True, capture_output=True, text=True).stdout
     rows = {}
     for line in out.splitlines():
@@ -44,8 +48,10 @@ def main() -> int:
     mb = int(opts.get("mb", 4 if quick else 16))
     rounds = int(opts.get("rounds", 3 if quick else 5))
     trainers = opts.get("trainers", "2" if quick else "2,3")
+    nodes = opts.get("nodes", "1")
+    extra = [f"--nodes={nodes}"] + (["--worker-staging"] if "--worker-staging" in sys.argv else [])
     load_before = open("/proc/loadavg").read().split()[:3]
-    print(f"## fp16 / bf16 local reduction, {mb} MB per trainer, one node, 1 thread, "
+    print(f"## fp16 / bf16 local reduction, {mb} MB per trainer, {' '.join(extra)}, 1 thread, "
           f"median of {rounds} interleaved rounds\n")
     print("| dtype | trainers | check | software ms (min-max) | hardware ms (min-max) | speedup |")
     print("|---|---|---|---|---|---|")
@@ -53,7 +59,7 @@ def main() -> int:
         times = {False: [], True: []}
         for _ in range(rounds):
             for software in (True, False):
-                times[software].append(run(dtype, mb, trainers, software))
+                times[software].append(run(dtype, mb, trainers, software, extra))
         for key in sorted(times[True][0]):
             sw = [r[key] for r in times[True]]
             hw = [r[key] for r in times[False]]

@@ -5,7 +5,10 @@
 // (the same report too), on inputs of every kind: random bit patterns
 // (NaN payloads, signalling NaNs, infinities, subnormals, -0) and finite
 // values whose averages fall on rounding ties (where two NaNs meet, see
-// TwoNansMeet). Skipped where the CPU lacks the instructions.
+// TwoNansMeet). Across nodes too (LocalReducerHalfWireTest): the fp32
+// staged sums the collective gets, the averages written back, and an
+// elastic job's kept sums, kept result and input copies. Skipped where the
+// CPU lacks the instructions.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -142,6 +145,168 @@ std::vector<Case> AllCases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllShapes, LocalReducerHalfPathTest, ::testing::ValuesIn(AllCases()));
+
+// Across nodes the halves are summed into fp32 staging, the collective
+// runs there and the average is narrowed back: a second "node" adds a
+// fixed contribution (the collective itself is not what is compared) and
+// keeps every collective input, so the staged sums are compared too.
+class SecondNodeBackend final : public Backend {
+ public:
+  explicit SecondNodeBackend(bool offers_staging) : offers_staging_(offers_staging) {}
+  std::string name() const override { return "test-second-node"; }
+  int num_nodes() const override { return 2; }
+  absl::Status AllreduceSum(void* data, size_t count, DType dtype) override {
+    if (dtype != DType::kFloat32) return absl::InternalError("halves are staged as fp32");
+    auto* sums = static_cast<float*>(data);
+    inputs.insert(inputs.end(), sums, sums + count);
+    for (size_t i = 0; i < count; ++i) sums[i] += 0.75f;
+    return absl::OkStatus();
+  }
+  uint8_t* Staging(uint64_t bytes) override {
+    if (!offers_staging_) return nullptr;
+    staging_.resize(bytes);
+    return staging_.data();
+  }
+  void Abort(const std::string&) override {}
+  std::vector<float> inputs;  // every collective's input, in order
+
+ private:
+  bool offers_staging_;
+  std::vector<uint8_t> staging_;
+};
+
+struct WireCase {
+  Case shape;
+  bool backend_staging;
+  bool elastic;  // kept sums, kept result and (2+ trainers) input copies
+};
+
+void PrintTo(const WireCase& c, std::ostream* os) {
+  PrintTo(c.shape, os);
+  *os << (c.backend_staging ? ", the backend's staging" : ", the reducer's staging")
+      << (c.elastic ? ", elastic copies" : "");
+}
+
+struct WireOutcome {
+  Outcome local;
+  std::vector<float> collective_inputs;
+  std::vector<uint8_t> kept_sums, kept_result;
+  std::vector<std::vector<uint16_t>> input_copies;
+};
+
+WireOutcome ReduceAcrossNodesWith(bool software, const WireCase& wc,
+                                  const std::vector<std::vector<uint16_t>>& inputs) {
+  const Case& c = wc.shape;
+  ForceSoftwareHalfConversion(software);
+  WireOutcome out{{inputs, {}}, {}, {}, {}, {}};
+  std::vector<uint8_t*> ptrs;
+  for (auto& a : out.local.arenas) ptrs.push_back(reinterpret_cast<uint8_t*>(a.data()));
+  const uint64_t bytes = c.elements * sizeof(uint16_t);
+  const uint64_t staged = LocalReducer::StagingBytes(bytes, c.dtype);
+  LocalReducer reducer(2, staged);
+  SecondNodeBackend second(wc.backend_staging);
+  out.kept_sums.assign(staged, 0xCD);
+  out.kept_result.assign(bytes, 0xCD);
+  KeptSums kept{out.kept_sums.data(), 0};
+  KeptResultSink sink{out.kept_result.data(), false};
+  const bool copied = wc.elastic && c.trainers >= 2;  // the scheduler keeps none for one
+  out.input_copies.assign(copied ? c.trainers : 0, std::vector<uint16_t>(c.elements, 0xCDCD));
+  std::vector<uint8_t*> copy_ptrs;
+  for (auto& copy : out.input_copies) copy_ptrs.push_back(reinterpret_cast<uint8_t*>(copy.data()));
+  const absl::Status status =
+      reducer.Reduce(ptrs, {{0, bytes}}, c.dtype, 2 * c.trainers, second, nullptr, 0,
+                     c.check ? &out.local.report : nullptr, wc.elastic ? &kept : nullptr,
+                     wc.elastic ? &sink : nullptr, copied ? &copy_ptrs : nullptr);
+  ForceSoftwareHalfConversion(false);
+  EXPECT_TRUE(status.ok()) << status;
+  out.collective_inputs = std::move(second.inputs);
+  return out;
+}
+
+// The same bits, or where two NaNs met, one of them quieted (TwoNansMeet).
+void ExpectSameHalves(const WireCase& c, const std::vector<std::vector<uint16_t>>& inputs,
+                      const std::vector<uint16_t>& hardware, const std::vector<uint16_t>& software,
+                      const char* what) {
+  ASSERT_EQ(hardware.size(), software.size()) << what;
+  for (size_t i = 0; i < hardware.size(); ++i) {
+    const uint16_t got = hardware[i], want = software[i];
+    if (got != want && TwoNansMeet(c.shape.dtype, inputs, i)) {
+      ASSERT_TRUE(IsQuietedInput(c.shape.dtype, inputs, i, got)) << what << " element " << i;
+      ASSERT_TRUE(IsQuietedInput(c.shape.dtype, inputs, i, want)) << what << " element " << i;
+      continue;
+    }
+    ASSERT_EQ(got, want) << what << " element " << i << std::hex << ": hardware 0x" << got
+                         << ", software 0x" << want;
+  }
+}
+
+// fp32 sums: the same bits, or NaN on both where two NaN inputs met.
+void ExpectSameSums(const WireCase& c, const std::vector<std::vector<uint16_t>>& inputs,
+                    const float* hardware, const float* software, size_t n, const char* what) {
+  for (size_t i = 0; i < n; ++i) {
+    if (std::memcmp(&hardware[i], &software[i], sizeof(float)) == 0) continue;
+    const bool both_nan = hardware[i] != hardware[i] && software[i] != software[i];
+    ASSERT_TRUE(both_nan && TwoNansMeet(c.shape.dtype, inputs, i % c.shape.elements))
+        << what << " element " << i << ": hardware " << hardware[i] << ", software " << software[i];
+  }
+}
+
+class LocalReducerHalfWireTest : public ::testing::TestWithParam<WireCase> {};
+
+TEST_P(LocalReducerHalfWireTest, HardwareConversionWritesTheSoftwarePathsBitsAcrossNodes) {
+  const WireCase c = GetParam();
+  const Case& s = c.shape;
+  if (s.dtype == DType::kFloat16 ? !HardwareConvertsFloat16() : !HardwareConvertsBFloat16()) {
+    GTEST_SKIP() << "no F16C / AVX2 on this CPU";
+  }
+  std::mt19937 gen(static_cast<uint32_t>(s.elements * 13 + s.trainers));
+  std::vector<std::vector<uint16_t>> inputs(s.trainers, std::vector<uint16_t>(s.elements));
+  for (auto& a : inputs) {
+    for (uint16_t& v : a)
+      v = s.random_bits ? static_cast<uint16_t>(gen()) : FiniteHalf(s.dtype, gen);
+  }
+  const WireOutcome software = ReduceAcrossNodesWith(true, c, inputs);
+  const WireOutcome hardware = ReduceAcrossNodesWith(false, c, inputs);
+  ASSERT_EQ(hardware.collective_inputs.size(), software.collective_inputs.size());
+  ExpectSameSums(c, inputs, hardware.collective_inputs.data(), software.collective_inputs.data(),
+                 software.collective_inputs.size(), "collective input");
+  for (int t = 0; t < s.trainers; ++t) {
+    ExpectSameHalves(c, inputs, hardware.local.arenas[t], software.local.arenas[t], "average");
+  }
+  const NonFiniteReport &h = hardware.local.report, &w = software.local.report;
+  EXPECT_EQ(h.result_non_finite, w.result_non_finite);
+  EXPECT_EQ(h.local, w.local);
+  EXPECT_EQ(h.trainer, w.trainer);
+  EXPECT_EQ(h.arena_offset, w.arena_offset);
+  EXPECT_EQ(std::memcmp(&h.value, &w.value, sizeof(double)), 0);
+  if (!c.elastic) return;
+  ExpectSameSums(c, inputs, reinterpret_cast<const float*>(hardware.kept_sums.data()),
+                 reinterpret_cast<const float*>(software.kept_sums.data()), s.elements,
+                 "kept sums");
+  const std::vector<uint16_t> hardware_result(
+      reinterpret_cast<const uint16_t*>(hardware.kept_result.data()),
+      reinterpret_cast<const uint16_t*>(hardware.kept_result.data()) + s.elements);
+  const std::vector<uint16_t> software_result(
+      reinterpret_cast<const uint16_t*>(software.kept_result.data()),
+      reinterpret_cast<const uint16_t*>(software.kept_result.data()) + s.elements);
+  ExpectSameHalves(c, inputs, hardware_result, software_result, "kept result");
+  EXPECT_EQ(hardware_result, hardware.local.arenas[0]) << "the kept result is the average";
+  for (size_t t = 0; t < hardware.input_copies.size(); ++t) {
+    EXPECT_EQ(hardware.input_copies[t], inputs[t]) << "trainer " << t << "'s input copy";
+  }
+}
+
+std::vector<WireCase> WireCases() {
+  std::vector<WireCase> out;
+  for (const Case& shape : AllCases()) {
+    for (bool backend_staging : {false, true}) {
+      for (bool elastic : {false, true}) out.push_back({shape, backend_staging, elastic});
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllShapes, LocalReducerHalfWireTest, ::testing::ValuesIn(WireCases()));
 
 }  // namespace
 }  // namespace gradsync

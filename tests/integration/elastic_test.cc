@@ -1397,9 +1397,11 @@ void ExpectARestartedTrainerRejoins(int victim, int root,
                 absl::StrCat("event=trainer_rejoined iteration=", m, " trainer=\"rank ", victim)),
             std::string::npos)
       << cluster.DaemonLogs();
+  // Rejoined: the stats' world size is all six again (5 after the death).
   absl::StatusOr<v1::Stats> stats = GetStats(cluster.port(), "elastic-token");
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->world_size(), 6) << cluster.DaemonLogs();
+  EXPECT_EQ(stats->active_trainers(), 6) << cluster.DaemonLogs();
   std::printf("elastic_job trainer rejoin: rank %d killed in iteration %d, rejoined at %d\n",
               victim, kKilledStep, m);
 }
@@ -1461,9 +1463,12 @@ TEST(ElasticJob, TrainerKilledMidBackwardLeavesItsNodeInAndEveryNodeRedoesTheIte
         << cluster.DaemonLogs();
     EXPECT_EQ(log.find("event=node_departed"), std::string::npos) << "node " << n << "\n" << log;
   }
+  // The world size the stats report is what the iterations since averaged
+  // over (as gs_get_job_info tells the trainers), busbw's n with it.
   absl::StatusOr<v1::Stats> stats = GetStats(cluster.port(), "elastic-token");
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->active_trainers(), 5) << cluster.DaemonLogs();
+  EXPECT_EQ(stats->world_size(), 5) << cluster.DaemonLogs();
 }
 
 // A node that would end the job at a death while the others re-form is
