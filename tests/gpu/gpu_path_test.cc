@@ -1152,7 +1152,9 @@ INSTANTIATE_TEST_SUITE_P(Sim, GpuTrainerDeathTest, ::testing::Values(0, kAllMark
 // within 1e-12 of the reference up to m. Every step is within 1e-12 of its
 // members' average (all 6; the five from the first step without the
 // victim; all 6 again from m) and all six end with the same weights bit
-// for bit; nobody re-forms or fails.
+// for bit; nobody re-forms or fails. Mid-backward (after 2 marks, once its
+// first marked tensor was averaged; all mark in order): every node redoes
+// step 2 without it and the others are held at the start of step 3.
 struct RejoinCase {
   std::string name;
   std::string mode;  // sim_trainer --mode
@@ -1169,13 +1171,14 @@ std::vector<std::string> RejoinTrainerArgs(const RejoinCase& c) {
   for (int r = 0; r < 6; ++r) {
     if (r != c.victim) five.push_back(std::to_string(r));
   }
-  return {"--mode=" + c.mode,
-          "--dtype=fp64",
-          absl::StrCat("--steps=", kJoinSteps),
-          "--catch-up",
-          absl::StrCat("--members-from-step=", c.marks == 0 ? kElasticStep : kElasticStep + 1),
-          "--members=" + absl::StrJoin(five, ","),
-          "--members-after-join=0,1,2,3,4,5"};
+  return {
+      "--mode=" + c.mode,
+      "--dtype=fp64",
+      absl::StrCat("--steps=", kJoinSteps),
+      "--catch-up",
+      absl::StrCat("--members-from-step=", c.marks == kAllMarks ? kElasticStep + 1 : kElasticStep),
+      "--members=" + absl::StrJoin(five, ","),
+      "--members-after-join=0,1,2,3,4,5"};
 }
 
 // Starts the job, lets the victim die in step 2 with the others held at
@@ -1184,6 +1187,7 @@ std::vector<std::string> RejoinTrainerArgs(const RejoinCase& c) {
 void RunUntilTheVictimDiedAndTheOthersWait(const std::string& job, const RejoinCase& c,
                                            std::vector<std::unique_ptr<Daemon>>* nodes,
                                            std::vector<ElasticRun>* runs) {
+  const bool mid = c.marks > 0 && c.marks < kAllMarks;
   ASSERT_NO_FATAL_FAILURE(
       StartSimNodes({"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001", "--timeout-s=10",
                      "--num-nodes=3", "--min-nodes=2", "--job-id=" + job},
@@ -1191,12 +1195,18 @@ void RunUntilTheVictimDiedAndTheOthersWait(const std::string& job, const RejoinC
   for (int n = 0; n < kElasticNodes; ++n) {
     for (int r = 0; r < 2; ++r) {
       std::vector<std::string> args = RejoinTrainerArgs(c);
+      // Mid-backward: everyone marks in the same order, so that the
+      // victim's first mark is in the first bucket.
+      if (mid) args.push_back("--in-order");
       if (2 * n + r == c.victim) {
         args.insert(args.end(), {absl::StrCat("--die-at-step=", kElasticStep),
                                  absl::StrCat("--die-after-marks=", c.marks)});
+        // Mid-backward: once part of step 2 was averaged with it.
+        if (mid) args.push_back("--die-once-averaged");
       } else {
-        args.insert(args.end(),
-                    {absl::StrCat("--pause-at-step=", kElasticStep), "--pause-after-marks=0"});
+        // Mid-backward: they finish step 2's redo first.
+        args.insert(args.end(), {absl::StrCat("--pause-at-step=", kElasticStep + (mid ? 1 : 0)),
+                                 "--pause-after-marks=0"});
       }
       runs->push_back({n, StartSimTrainer(*(*nodes)[n], r, 2, args)});
     }
@@ -1234,6 +1244,12 @@ TEST_P(GpuTrainerRejoinTest, ARestartedTrainerRejoinsItsNodeCatchesUpAndTrainsOv
   const std::string log = fresh.Log();
   const int m = std::atoi(log.c_str() + log.find(joined) + joined.size());
   ASSERT_GT(m, c.marks == 0 ? kElasticStep : kElasticStep + 1);
+  if (c.marks > 0 && c.marks < kAllMarks) {
+    EXPECT_NE(nodes[node]->process().Log().find(
+                  absl::StrCat("event=iteration_redo_for_lost_trainer iteration=", kElasticStep)),
+              std::string::npos)
+        << Logs(nodes);
+  }
   ASSERT_LT(m, kJoinSteps) << "the others finished before the replacement rejoined";
   ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsEndAlike(runs, nodes, /*gone_node=*/-1));
   EXPECT_NE(log.find(absl::StrCat(joined, m, ": state from rank ", root, ", world size 6, rank ",
@@ -1266,7 +1282,8 @@ INSTANTIATE_TEST_SUITE_P(
     Sim, GpuTrainerRejoinTest,
     ::testing::Values(RejoinCase{"flat_rank3_before_first_mark", "flat", 3, 0},
                       RejoinCase{"user_rank3_before_first_mark", "user", 3, 0},
-                      RejoinCase{"flat_rank0_after_last_mark", "flat", 0, kAllMarks}),
+                      RejoinCase{"flat_rank0_after_last_mark", "flat", 0, kAllMarks},
+                      RejoinCase{"user_rank3_mid_backward", "user", 3, 2}),
     [](const ::testing::TestParamInfo<RejoinCase>& info) { return info.param.name; });
 
 // A restarted trainer on another GPU than its predecessor's cannot take its
