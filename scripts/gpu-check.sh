@@ -38,7 +38,9 @@
 #   elastic    3 "nodes" x 2 trainers, --min-nodes 2: node 2 SIGKILLed while
 #              the others wait for it inside NCCL; they abort, create new
 #              communicators (2 ranks) and redo the step from kept sums;
-#              then a trainer SIGKILLed mid-backward takes its node out;
+#              then a trainer SIGKILLed mid-backward leaves its node in
+#              (every node redoes the step without it, its node's survivor
+#              from device copies of its inputs);
 #              one SIGKILLed before its first / after its last mark of a
 #              step leaves its node in (5 trainers average on, nobody
 #              re-forms); then 2 "nodes" + a joiner (--max-nodes 3): node 2

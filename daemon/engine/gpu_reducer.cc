@@ -154,6 +154,8 @@ absl::Status GpuReducer::Prepare(const BucketPlan& plan,
     staging = std::max(staging, bytes);
   }
   if (keep_sums_) RETURN_IF_ERROR(session_->EnsureKeptSums(kept));
+  // Laid out like the kept sums: a bucket's input at its kept offset.
+  if (keep_sums_ && keep_inputs_) RETURN_IF_ERROR(session_->EnsureInputCopies(kept));
   return session_->EnsureStaging(staging);
 }
 
@@ -254,11 +256,63 @@ absl::Status GpuReducer::SumTrainers(const PlannedBucket& bucket, size_t d, uint
   return absl::OkStatus();
 }
 
+absl::Status GpuReducer::CopyInputs(const PlannedBucket& bucket, size_t d) {
+  gpu::Stream* stream = session_->stream(static_cast<int>(d));
+  for (size_t t : trainers_on_device_[d]) {
+    uint8_t* copy = session_->input_copy(t) + kept_offset_[bucket.id];
+    for (const Piece& p : pieces_) {
+      RETURN_IF_ERROR(
+          session_->device().CopyAsync(copy + p.staging_offset, At(t, p), p.bytes, stream));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> GpuReducer::RestoreInputs(
+    const BucketPlan& plan, const std::vector<std::vector<ReduceSpan>>& flat_spans,
+    absl::Time deadline) {
+  device_error_ = absl::OkStatus();
+  size_t restored = 0;
+  for (const PlannedBucket& b : plan.buckets) {
+    if (!keep_inputs_ || kept_world_[b.id] == 0) continue;
+    // Its kept sum holds the dead trainer's part: summed again instead.
+    kept_world_[b.id] = 0;
+    ++restored;
+    RETURN_IF_ERROR(RestoreBucket(b, flat_spans[b.id]));
+  }
+  RETURN_IF_ERROR(WaitStreams(deadline, "restoring the survivors' gradients"));
+  return restored;
+}
+
+absl::Status GpuReducer::RestoreBucket(const PlannedBucket& bucket,
+                                       const std::vector<ReduceSpan>& flat_spans) {
+  // Only the active trainers: a dead one's memory is never written again.
+  Pieces(bucket, flat_spans, &pieces_);
+  for (size_t d = 0; d < trainers_on_device_.size(); ++d) {
+    gpu::Stream* stream = session_->stream(static_cast<int>(d));
+    for (size_t t : trainers_on_device_[d]) {
+      const uint8_t* copy = session_->input_copy(t) + kept_offset_[bucket.id];
+      for (const Piece& p : pieces_) {
+        if (absl::Status st =
+                session_->device().CopyAsync(At(t, p), copy + p.staging_offset, p.bytes, stream);
+            !st.ok()) {
+          device_error_ = st;
+          return MakeError(v1::INTERNAL,
+                           absl::StrCat("restoring bucket ", bucket.id, " of ",
+                                        session_->trainer_name(t), ": ", st.message()));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GpuReducer::LaunchSums(const PlannedBucket& bucket, bool in_place, uint32_t token) {
   gpu::DaemonDevice& device = session_->device();
   const size_t elem = DTypeSize(bucket.dtype);
   const uint64_t total = pieces_.back().staging_offset + pieces_.back().bytes;
   const int kept_world = keep_sums_ ? kept_world_[bucket.id] : 0;
+  const size_t active_count = ActiveTrainers();
   buffers_.clear();
   for (size_t d = 0; d < trainers_on_device_.size(); ++d) {
     const std::vector<size_t>& here = trainers_on_device_[d];
@@ -276,7 +330,9 @@ absl::Status GpuReducer::LaunchSums(const PlannedBucket& bucket, bool in_place, 
       st = device.SumAsync(dst, srcs_, total / elem, bucket.dtype,
                            static_cast<double>(kept_world) / world_size_, check, stream);
     } else {
-      st = SumTrainers(bucket, d, dst, in_place, check);
+      // Ahead of the sum on the same stream: the trainers' inputs as summed.
+      if (keep_inputs_ && active_count >= 2) st = CopyInputs(bucket, d);
+      if (st.ok()) st = SumTrainers(bucket, d, dst, in_place, check);
       // Behind the sum on the same stream: complete once WaitStreams saw it.
       if (st.ok() && kept != nullptr) st = device.CopyAsync(kept, dst, total, stream);
     }

@@ -37,6 +37,12 @@
 // write-back on the same stream, into the GPU's kept result, which a
 // survivor that completed an iteration a node's death split broadcasts to
 // the others (scheduler_split_commit.cc).
+// With several trainers on the node (KeepInputs), the local sum also
+// copies each trainer's input of the bucket into that trainer's input copy
+// (device to device, ahead of the sum on the same stream): a trainer that
+// dies mid-iteration leaves the node in, and RestoreInputs writes the
+// survivors' inputs of the buckets summed so far back over the averages the
+// write-back left there, so that the iteration is redone without it.
 // A trainer that died is left out of every later reduction
 // (DeactivateTrainer); its node stays in the job. A restarted trainer takes
 // its slot back at an iteration boundary (ReplaceTrainer).
@@ -50,6 +56,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/layout.h"
 #include "daemon/engine/bucket_planner.h"
@@ -143,6 +150,22 @@ class GpuReducer {
   // (GpuSession::ReplaceTrainer) and is summed and written back from the
   // next reduction on. On an error the slot stays deactivated.
   absl::Status ReplaceTrainer(size_t t, const GpuTrainerSpec& spec, const std::string& name);
+  // Elastic jobs across nodes with at least two trainers on the node,
+  // before the first plan install: keep every trainer's input of each
+  // bucket (Prepare allocates the copies) while two or more are active.
+  void KeepInputs() { keep_inputs_ = true; }
+  // Whether a mid-iteration death can be redone here now: inputs are kept
+  // and another trainer than the dying one (still active) is.
+  bool KeepsInputs() const { return keep_inputs_ && ActiveTrainers() >= 2; }
+  // Elastic jobs, between reductions, after the dead trainer was
+  // deactivated: writes every active trainer's kept input of each bucket
+  // summed this iteration back over its gradients (the flat buffer or its
+  // own allocations: whatever the write-back wrote) and drops those
+  // buckets' kept sums, so that the redo sums them again without the dead
+  // trainer. Returns how many buckets it restored.
+  absl::StatusOr<size_t> RestoreInputs(const BucketPlan& plan,
+                                       const std::vector<std::vector<ReduceSpan>>& flat_spans,
+                                       absl::Time deadline);
   // The iteration completed: no bucket is redone from its kept sum any more.
   void DropKeptSums() { std::fill(kept_world_.begin(), kept_world_.end(), 0); }
   // Buckets a redo would take from their kept sums now.
@@ -183,6 +206,16 @@ class GpuReducer {
   // from the trainers' memory (kept: copied into the kept sums behind it),
   // or from the bucket's kept sum when it was summed before.
   absl::Status LaunchSums(const PlannedBucket& bucket, bool in_place, uint32_t token);
+  size_t ActiveTrainers() const {
+    return static_cast<size_t>(std::count(active_.begin(), active_.end(), true));
+  }
+  // Queues the copies of every active trainer's input of the bucket on GPU
+  // d into its input copy.
+  absl::Status CopyInputs(const PlannedBucket& bucket, size_t d);
+  // Queues the copies of every active trainer's kept input of `bucket`
+  // back over its gradients.
+  absl::Status RestoreBucket(const PlannedBucket& bucket,
+                             const std::vector<ReduceSpan>& flat_spans);
   // One GPU's sum from the trainers on it into `dst`.
   absl::Status SumTrainers(const PlannedBucket& bucket, size_t d, uint8_t* dst, bool in_place,
                            const gpu::NonFiniteCheck& check);
@@ -213,6 +246,7 @@ class GpuReducer {
   int world_size_;
   const bool skip_event_wait_;
   const bool keep_sums_;
+  bool keep_inputs_ = false;
   // keep_sums: per bucket id, its offset in each GPU's kept sums, and the
   // world size its kept sum was pre-scaled by (0: not summed this iteration).
   std::vector<uint64_t> kept_offset_;

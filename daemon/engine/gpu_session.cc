@@ -480,6 +480,37 @@ absl::Status GpuSession::EnsureKeptResult(uint64_t bytes) {
   return EnsurePerDevice(kept_result_, &kept_result_bytes_, bytes, "kept result");
 }
 
+absl::Status GpuSession::EnsureInputCopies(uint64_t bytes) {
+  if (bytes <= input_copies_bytes_) return absl::OkStatus();
+  input_copies_.resize(trainers_.size(), nullptr);
+  FreeInputCopies();
+  for (size_t t = 0; t < trainers_.size(); ++t) {
+    const gpu::DeviceId& device = devices_[trainers_[t].device_index];
+    absl::StatusOr<void*> p = device_->Alloc(device, bytes);
+    if (!p.ok()) {
+      return SetupError(p.status(), absl::StrCat("allocating ", bytes, " bytes of ",
+                                                 trainers_[t].name, "'s input copy on ", device));
+    }
+    input_copies_[t] = static_cast<uint8_t*>(*p);
+  }
+  input_copies_bytes_ = bytes;
+  return absl::OkStatus();
+}
+
+void GpuSession::FreeInputCopies() {
+  for (size_t t = 0; t < input_copies_.size(); ++t) {
+    if (input_copies_[t] == nullptr) continue;
+    const gpu::DeviceId& device = devices_[trainers_[t].device_index];
+    if (absl::Status st = device_->Free(device, input_copies_[t]); !st.ok()) {
+      spdlog::error("event=gpu_release_failed what=free_input_copy device={} error={}",
+                    LogValue(device), LogValue(st.message()));
+      ExitIfDeviceLost(is_context_lost_, st, "freeing an input copy");
+    }
+    input_copies_[t] = nullptr;
+  }
+  input_copies_bytes_ = 0;
+}
+
 absl::Status GpuSession::EnsurePerDevice(std::vector<uint8_t*>& buffers, uint64_t* have,
                                          uint64_t bytes, const char* what) {
   if (bytes <= *have) return absl::OkStatus();
@@ -573,6 +604,7 @@ GpuSession::~GpuSession() {
   if (host_memory_ != nullptr) {
     report(device_->FreeHost(devices_[0], host_memory_), "free_host", devices_[0]);
   }
+  FreeInputCopies();
   for (PerTrainer& p : trainers_) Release(p);
 }
 

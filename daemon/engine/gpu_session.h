@@ -172,6 +172,14 @@ class GpuSession {
   // (scheduler_split_commit.cc). Allocated once, before the first bucket.
   absl::Status EnsureKeptResult(uint64_t bytes);
   uint8_t* kept_result(int device_index) const { return kept_result_[device_index]; }
+  // Elastic jobs across nodes with several trainers on the node: a
+  // daemon-owned buffer of at least `bytes` per trainer, on its GPU, where
+  // the local sum copies that trainer's input of each bucket, so that after
+  // a trainer's death mid-iteration the survivors' gradients, which the
+  // write-back overwrote, are restored and the iteration redone (GpuReducer).
+  // Grown like the staging.
+  absl::Status EnsureInputCopies(uint64_t bytes);
+  uint8_t* input_copy(size_t t) const { return input_copies_[t]; }
 
   // The non-finite check's memory (the GPU reducer's; docs/DESIGN.md
   // "Non-finite gradients"): a flag per GPU in device memory that SumAsync
@@ -290,6 +298,7 @@ class GpuSession {
   // left the device unusable ends the process here (nothing later works).
   absl::Status SetupError(const absl::Status& st, const std::string& what) const;
   void Release(PerTrainer& p);
+  void FreeInputCopies();
 
   gpu::DaemonDevice* device_;
   std::function<bool(const absl::Status&)> is_context_lost_;
@@ -304,6 +313,8 @@ class GpuSession {
   uint64_t kept_sums_bytes_ = 0;
   std::vector<uint8_t*> kept_result_;  // per device, elastic jobs across nodes only
   uint64_t kept_result_bytes_ = 0;
+  std::vector<uint8_t*> input_copies_;  // per trainer, on its GPU (EnsureInputCopies)
+  uint64_t input_copies_bytes_ = 0;
   std::vector<uint8_t*> broadcast_slots_;  // per device, once a device broadcast ran
   std::vector<gpu::IpcHandle> broadcast_handles_;
   // Written by Open and Reform; read by gs_broadcast's RPC threads too.

@@ -144,8 +144,8 @@ class Scheduler {
     RunningPlan running_plan;
     // Elastic jobs across nodes: a trainer that died after marking only
     // part of an iteration takes its node out of the job through this
-    // where the node keeps no copy of its trainers' inputs (the GPU path,
-    // its last trainer; see KeepNodeWithoutTrainer) and the other nodes
+    // where the node keeps no copy of its trainers' inputs (its last
+    // trainer; see KeepNodeWithoutTrainer) and the other nodes
     // redo the iteration without it. Empty: the job fails.
     FailFn leave_job;
     // Elastic jobs: a trainer that took back a dead trainer's local rank
@@ -258,8 +258,8 @@ class Scheduler {
   // Elastic jobs (CPU or GPU): local trainer `local_rank` died (its node
   // stays). It leaves the world at once if it marked nothing this
   // iteration, at the iteration's end if it marked everything (its gradient
-  // is complete in its segment); one that died mid-backward: on the CPU
-  // path across nodes with another local trainer, every node redoes the
+  // is complete in its segment); one that died mid-backward: across nodes
+  // with another local trainer (CPU or GPU path), every node redoes the
   // iteration without it (KeepNodeWithoutTrainer); else it takes its node
   // out (Options::leave_job). The loop decides at its next pass. Any thread.
   void RequestDeparture(int local_rank, const std::string& reason) ABSL_LOCKS_EXCLUDED(reform_mu_);
@@ -410,14 +410,17 @@ class Scheduler {
   // `t` died after marking part of the iteration: it counts as joined, the
   // survivors' inputs of every summed bucket are restored and their kept
   // sums dropped, and the iteration is redone once its buckets ran.
-  void KeepNodeWithoutTrainer(Trainer& t, const std::string& reason);
+  bool KeepNodeWithoutTrainer(Trainer& t, const std::string& reason);
+  // The GPU path's RestoreSurvivorInputs (GpuReducer::RestoreInputs); false:
+  // the job failed.
+  bool RestoreSurvivorGpuInputs();
   void RestoreSurvivorInputs();
-  // Elastic CPU jobs across nodes exchange, with the last bucket of every
-  // iteration, how many nodes lost a trainer mid-iteration (folded into
+  // Elastic jobs across nodes exchange, with the last bucket of every
+  // iteration, how many nodes lost a trainer mid-iteration (CPU: folded into
   // that bucket's collective where the backend can,
-  // Backend::AllreduceCountsWithNext): a node's trainer loss makes every
-  // node redo the iteration. Issue: before the last bucket's Launch; false
-  // when the job failed or re-forms.
+  // Backend::AllreduceCountsWithNext; GPU: on their own before it): a node's trainer loss makes
+  // every node redo the iteration. Issue: before the last bucket's Launch; false when the job
+  // failed or re-forms.
   bool CountsLostTrainers() const;
   bool IssueLostTrainerCount();
   // After the last bucket: false (rewound to redo it) when a node lost one.

@@ -77,11 +77,11 @@ bool Scheduler::TakeDepartures() {
     } else if (KeepsTrainerInputs()) {
       // Part of its gradient may be summed already: every node redoes the
       // iteration, this one from its survivors' copied inputs.
-      KeepNodeWithoutTrainer(t, reason);
+      if (!KeepNodeWithoutTrainer(t, reason)) return false;
     } else {
       // Part of its gradient may be summed already, part is missing, and
-      // no copy of the survivors' inputs is kept here (the GPU path, one
-      // node left): no average over this node's survivors can be formed,
+      // no copy of the survivors' inputs is kept here (one node left, or
+      // the node's last trainer died): no average over this node's survivors can be formed,
       // but one over the other nodes can: the node leaves the job.
       const bool node_leaves = static_cast<bool>(options_.leave_job);
       (node_leaves ? options_.leave_job : fail_)(

@@ -1,10 +1,11 @@
-// Scheduler: a trainer of an elastic CPU job across nodes dies after marking
+// Scheduler: a trainer of an elastic job across nodes dies after marking
 // part of an iteration (docs/DESIGN.md, "Elastic jobs"). Its node stays in
 // the job and the world shrinks by that trainer: the buckets already summed
 // included part of its gradient, so every node redoes the iteration over
 // the remaining trainers. The other nodes redo from their kept sums; this
 // node sums its survivors' inputs again, which the sum pass copied aside
-// (their arenas received the launched buckets' averages since).
+// (their arenas, or on the GPU path their device memory, received the
+// launched buckets' averages since).
 #include <algorithm>
 #include <cstring>
 
@@ -20,9 +21,14 @@ namespace gradsync {
 
 void Scheduler::InitTrainerInputCopies() {
   // A node of one trainer never needs them: its last trainer's death takes
-  // the node out. Nor the GPU path: its node leaves (gpu_reducer.h).
-  if (!options_.reform || options_.gpu || backend_ == nullptr || backend_->num_nodes() <= 1 ||
+  // the node out.
+  if (!options_.reform || backend_ == nullptr || backend_->num_nodes() <= 1 ||
       trainers_.size() < 2) {
+    return;
+  }
+  if (options_.gpu) {
+    // In device memory, allocated with the plan (GpuReducer::Prepare).
+    options_.gpu->KeepInputs();
     return;
   }
   input_copies_.assign(trainers_.size(), std::vector<uint8_t>(arena_.total_bytes));
@@ -31,6 +37,7 @@ void Scheduler::InitTrainerInputCopies() {
 
 bool Scheduler::KeepsTrainerInputs() const {
   // The dying trainer is still active here: another one must be too.
+  if (options_.gpu) return backend_->num_nodes() > 1 && options_.gpu->KeepsInputs();
   return !input_copies_.empty() && backend_->num_nodes() > 1 && active_arenas_.size() >= 2;
 }
 
@@ -48,18 +55,40 @@ void Scheduler::RebuildActiveArenas() {
   }
 }
 
-void Scheduler::KeepNodeWithoutTrainer(Trainer& t, const std::string& reason) {
-  size_t summed = 0;
+bool Scheduler::KeepNodeWithoutTrainer(Trainer& t, const std::string& reason) {
+  size_t summed = options_.gpu ? options_.gpu->kept_buckets() : 0;
   for (const KeptSums& k : kept_sums_) summed += k.pieces > 0;
   spdlog::warn(
       "event=trainer_lost_mid_iteration iteration={} trainer={} marked={}/{} buckets_summed={} "
       "reason={}",
       iteration(), LogValue(t.Name()), t.marked_count, layout_.size(), summed, LogValue(reason));
   CountAsJoined(t, /*divide_by_initial_world_size=*/false);
-  RestoreSurvivorInputs();
+  if (options_.gpu) {
+    if (!RestoreSurvivorGpuInputs()) return false;
+  } else {
+    RestoreSurvivorInputs();
+  }
   // Before this iteration's agreement nothing was summed with it (a redo
   // from kept sums drew on them; they are dropped above): no redo needed.
   trainer_lost_mid_iteration_ = trainer_lost_mid_iteration_ || active_agreed_;
+  return true;
+}
+
+bool Scheduler::RestoreSurvivorGpuInputs() {
+  // The dead trainer is deactivated (CountAsJoined): its memory is not touched.
+  const absl::StatusOr<size_t> restored = options_.gpu->RestoreInputs(
+      plan_, spans_, MonotonicNow() + absl::Milliseconds(options_.timeout_ms));
+  if (restored.ok()) {
+    spdlog::info("event=trainer_inputs_restored iteration={} buckets={}", iteration(), *restored);
+    return true;
+  }
+  fail_(MakeError(CodeOf(restored.status()) == v1::TIMEOUT ? v1::TIMEOUT : v1::INTERNAL,
+                  absl::StrCat("iteration ", iteration(),
+                               ": restoring the surviving trainers' gradients after a trainer's "
+                               "death: ",
+                               restored.status().message())),
+        -1);
+  return false;
 }
 
 void Scheduler::RestoreSurvivorInputs() {
@@ -89,9 +118,7 @@ void Scheduler::RestoreSurvivorInputs() {
   }
 }
 
-bool Scheduler::CountsLostTrainers() const {
-  return options_.reform && !options_.gpu && backend_->num_nodes() > 1;
-}
+bool Scheduler::CountsLostTrainers() const { return options_.reform && backend_->num_nodes() > 1; }
 
 bool Scheduler::IssueLostTrainerCount() {
   if (!CountsLostTrainers()) return true;
@@ -108,8 +135,12 @@ bool Scheduler::IssueLostTrainerCount() {
     EndReduction();
     return false;
   }
-  const absl::Status st = backend_->AllreduceCountsWithNext(
-      &lost_trainer_count_, 1, bytes / DTypeSize(dtype), staged, &deferred);
+  // The GPU path's bucket goes over NCCL, which cannot carry the count:
+  // it is summed on its own, before that bucket.
+  const absl::Status st =
+      options_.gpu ? backend_->AllreduceCounts(&lost_trainer_count_, 1)
+                   : backend_->AllreduceCountsWithNext(&lost_trainer_count_, 1,
+                                                       bytes / DTypeSize(dtype), staged, &deferred);
   const int64_t slot = EndReduction();
   if (slot == kStopped) return false;
   if (st.ok() && slot != kTimedOut) return true;

@@ -56,6 +56,10 @@ struct Flags {
   // With --die-at-step: hold its stream from the start of that step (its
   // writes never run) and die without draining it: marked, never written.
   bool die_with_stream_held = false;
+  // With --die-at-step, mid-backward: die only once the first tensor marked
+  // in that step holds a result (its bucket was averaged and written back),
+  // so that the death comes after part of the iteration was summed.
+  bool die_once_averaged = false;
   // >= 0: stop self (SIGSTOP, after printing "paused at step S after K
   // marks") in this synced step after `pause_after_marks` marks (the
   // tensor count: after every mark, before gs_wait), for a test to SIGKILL
@@ -144,6 +148,17 @@ std::vector<Tensor> kTensors = {{"embed", 700},      {"fc1.weight", 2048}, {"fc1
 const size_t kGate = 5;
 
 // Rank r's gradient contribution at (step, micro), element j of tensor i.
+// Polls simulated device memory (host-visible) until it no longer holds
+// `written`: the daemon's write-back replaced it. False after 60 s.
+bool WaitUntilOverwritten(const void* gradient, const void* written, size_t bytes) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::memcmp(gradient, written, bytes) == 0) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
 float Grad(int r, int step, int micro, size_t i, size_t j) {
   return std::sin(0.37f * static_cast<float>(j + 1) + 0.7f * static_cast<float>(i)) *
              static_cast<float>(1 + r) +
@@ -303,6 +318,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->die_after_marks = std::atoi(v.c_str());
     else if (key == "--die-with-stream-held")
       f->die_with_stream_held = true;
+    else if (key == "--die-once-averaged")
+      f->die_once_averaged = true;
     else if (key == "--mix")
       f->mix = true;
     else if (key == "--pause-at-step")
@@ -657,6 +674,24 @@ int main(int argc, char** argv) {
           if (absl::Status st = c.SetCudaStream(current); !st.ok()) return Error(st);
         }
         if (step == f.die_at_step && synced && marks == f.die_after_marks) {
+          if (f.die_once_averaged) {
+            // Its write first: until then the memory holds the last result.
+            if (absl::Status st = device->SynchronizeStream(*id, current, absl::Seconds(30));
+                !st.ok()) {
+              return Error(st);
+            }
+            const size_t first = order[0];
+            const void* written = f.dtype == DType::kFloat64 ? host64[first].data()
+                                  : f.dtype == DType::kBFloat16
+                                      ? static_cast<const void*>(host16[first].data())
+                                      : host[first].data();
+            if (!WaitUntilOverwritten(c.GradBuffer(first), written, host[first].size() * elem)) {
+              std::printf("rank %d step %d: tensor %zu never received its result\n", rank, step,
+                          first);
+              std::fflush(stdout);
+              return 1;
+            }
+          }
           std::printf("dying at step %d after %d marks\n", step, marks);
           std::fflush(stdout);
           raise(SIGKILL);
