@@ -266,7 +266,8 @@ TEST(NonFiniteInRingSkipTest, SkipKeepsEveryReplicaEqual) {
                                            << trainers[t].Log() << cluster.DaemonLogs();
   }
   EXPECT_NE(cluster.node(0).process().Log().find(
-                absl::StrCat("rank 0 (local 0, pid ", trainers[0].pid(), ")")),
+                absl::StrCat("event=nonfinite_step_skipped iteration=", kPoisonStep,
+                             " culprit=\"rank 0 (local 0, pid ", trainers[0].pid(), ")")),
             std::string::npos)
       << cluster.DaemonLogs();
   EXPECT_NE(
