@@ -180,7 +180,8 @@ TEST(NonFiniteTwoNodesTest, SkipKeepsEveryReplicaEqual) {
   }
   // Node 1 names its trainer; node 0 knows only that another node's was it.
   EXPECT_NE(cluster.node(1).process().Log().find(
-                absl::StrCat("rank 3 (local 1, pid ", trainers[3].pid(), ")")),
+                absl::StrCat("event=nonfinite_step_skipped iteration=", kPoisonStep,
+                             " culprit=\"rank 3 (local 1, pid ", trainers[3].pid(), ")")),
             std::string::npos)
       << cluster.DaemonLogs();
   EXPECT_NE(
