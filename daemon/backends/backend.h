@@ -55,6 +55,27 @@ struct WireStats {
   uint64_t payload_bytes = 0;
 };
 
+// Elements [begin, end) of a piece.
+struct ElementSpan {
+  size_t begin = 0;
+  size_t end = 0;
+  bool empty() const { return begin >= end; }
+  bool operator==(const ElementSpan& o) const { return begin == o.begin && end == o.end; }
+};
+
+// What a checked IssueAllreduceAverage found in one piece.
+struct AverageCheck {
+  // An element of the average is NaN or Inf.
+  bool result_non_finite = false;
+  // The elements whose input the collective tested itself
+  // (InputsTestedInCollective), and the first of them that is NaN or Inf:
+  // its index in the piece and its value.
+  ElementSpan inputs_tested;
+  bool input_non_finite = false;
+  uint64_t input_element = 0;
+  double input_value = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -132,17 +153,23 @@ class Backend {
   // inside the same collective request, the sum divided by `divisor` is
   // written at `data` and copied to every one of `copies`: when
   // AwaitIssued returns OK for it, every local trainer holds the average,
-  // and after an error none is told so. `result_non_finite` non-null: set
-  // by that AwaitIssued to whether an element of the average is NaN or
-  // Inf. `result_non_finite` must stay valid until then.
+  // and after an error none is told so. `check` non-null: filled by that
+  // AwaitIssued (see AverageCheck); it must stay valid until then.
   virtual absl::Status IssueAllreduceAverage(uint8_t* data, size_t count, DType dtype, int divisor,
                                              absl::Span<uint8_t* const> copies,
-                                             bool* result_non_finite) {
-    (void)data, (void)count, (void)dtype, (void)divisor, (void)copies, (void)result_non_finite;
+                                             AverageCheck* check) {
+    (void)data, (void)count, (void)dtype, (void)divisor, (void)copies, (void)check;
     // Only a backend whose ReducesInArenas can say yes overrides this; a
     // caller that did not ask it first has a bug.
     return absl::InternalError(absl::StrCat(
         name(), " backend: IssueAllreduceAverage called although its ReducesInArenas is false"));
+  }
+  // The elements of a `count`-element piece of `dtype` whose input (this
+  // node's) a checked IssueAllreduceAverage tests for NaN and Inf itself,
+  // while reducing: the caller need not scan them first. Empty: none.
+  virtual ElementSpan InputsTestedInCollective(size_t count, DType dtype) const {
+    (void)count, (void)dtype;
+    return {};
   }
 
   // A buffer of at least `bytes` that AllreduceSum reduces without copying

@@ -309,13 +309,30 @@ absl::Status GlooBackend::AllreduceAverage(void* data, size_t count, DType dtype
     opts.setReduceFunction(ring.ReduceFunction());
     opts.setTimeout(absl::ToChronoMilliseconds(timeout_));
     gloo::allreduce(opts);
-    return FailIfError(ring.Verify());
+    RETURN_IF_ERROR(FailIfError(ring.Verify()));
+    return FailIfError(CheckOwnedRange(ring, count, dtype, check));
   }));
   outcome->divided = true;
   outcome->averaged_begin = ring.averaged_begin();
   outcome->averaged_end = ring.averaged_end();
   outcome->non_finite = ring.non_finite();
+  outcome->input_non_finite = ring.input_non_finite();
+  outcome->input_element = ring.input_element();
+  outcome->input_value = ring.input_value();
   return absl::OkStatus();
+}
+
+absl::Status GlooBackend::CheckOwnedRange(const RingAverage& ring, size_t count, DType dtype,
+                                          bool check) const {
+  // The daemon left these inputs unscanned, trusting the ring to test them.
+  const ElementRange owned = RingOwnedElements(count, DTypeSize(dtype), node_rank_);
+  if (!check || (ring.averaged_begin() == owned.begin && ring.averaged_end() == owned.end)) {
+    return absl::OkStatus();
+  }
+  return absl::InternalError(absl::StrCat(
+      "Gloo's ring averaged elements [", ring.averaged_begin(), ", ", ring.averaged_end(),
+      ") of a ", count, "-element piece on node_rank=", node_rank_, ", not [", owned.begin, ", ",
+      owned.end, "): inputs outside both would go unchecked for NaN or Inf"));
 }
 
 absl::Status GlooBackend::Broadcast(void* data, size_t bytes, int root_node) {

@@ -52,6 +52,7 @@
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "daemon/backends/backend.h"
+#include "daemon/backends/ring_average.h"
 #include "daemon/backends/wire_dtype.h"
 
 namespace gloo {
@@ -96,6 +97,11 @@ struct RingAverageOutcome {
   size_t averaged_begin = 0;
   size_t averaged_end = 0;
   bool non_finite = false;
+  // Checked: the first of this node's own inputs in those elements that is
+  // NaN or Inf (RingAverage::input_element), and its value.
+  bool input_non_finite = false;
+  size_t input_element = 0;
+  double input_value = 0;
 };
 
 class GlooBackend final : public Backend {
@@ -134,6 +140,10 @@ class GlooBackend final : public Backend {
 
   template <typename T>
   void RunAllreduce(T* data, size_t count);
+  // INTERNAL when, checking, the ring averaged other elements than
+  // RingOwnedElements: the daemon scanned only the rest of its input.
+  absl::Status CheckOwnedRange(const RingAverage& ring, size_t count, DType dtype,
+                               bool check) const;
   // The checks every collective makes first (arguments, an earlier
   // failure, an abort), then `run` with Gloo's exceptions turned into
   // the node's failure.

@@ -226,6 +226,17 @@ absl::Status RunCollectives(GlooBackend& backend, const GlooBackendOptions& opti
   return status;
 }
 
+// Which of this node's inputs the ring tested while reducing, and the
+// first NaN or Inf among them: the daemon's scan skipped them.
+void ReportTestedInputs(const RingAverageOutcome& ring, v1::GlooWorkerEvent* done) {
+  if (!ring.divided) return;
+  done->set_inputs_tested_begin(ring.averaged_begin);
+  done->set_inputs_tested_end(ring.averaged_end);
+  done->set_input_non_finite(ring.input_non_finite);
+  done->set_input_element(ring.input_element);
+  done->set_input_value(ring.input_value);
+}
+
 // The middle pieces of a bucket cut in several are at least half of
 // kPieceBytes (8 MiB); its first and last, a quarter, are handed over only
 // when the next request already waits (bucket_pieces.h).
@@ -330,6 +341,7 @@ bool RunAllreduce(const v1::GlooWorkerAllreduce& allreduce, GlooBackend& backend
   }
   AverageWriter::Job& job = state->job;
   job.done = Done(status);
+  if (status.ok() && allreduce.check_result()) ReportTestedInputs(state->ring, &job.done);
   if (status.ok() && allreduce.counts_size() > 0) {
     job.done.mutable_counts()->Add(state->counts.begin(), state->counts.end());
   }

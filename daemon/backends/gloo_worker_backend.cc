@@ -23,6 +23,7 @@
 #include "daemon/backends/count_fold.h"
 #include "daemon/backends/gloo_store.h"
 #include "daemon/backends/gloo_worker_process.h"
+#include "daemon/backends/ring_average.h"
 #include "gradsync/v1/gloo_worker.pb.h"
 #include "spdlog/spdlog.h"
 
@@ -174,8 +175,27 @@ absl::Status GlooWorkerBackend::Connect(const GlooBackendOptions& options) {
   return status;
 }
 
+namespace {
+
+void ReadAverageCheck(const v1::GlooWorkerEvent& event, AverageCheck* check) {
+  check->result_non_finite = event.result_non_finite();
+  check->inputs_tested = {event.inputs_tested_begin(), event.inputs_tested_end()};
+  check->input_non_finite = event.input_non_finite();
+  check->input_element = event.input_element();
+  check->input_value = event.input_value();
+}
+
+}  // namespace
+
+ElementSpan GlooWorkerBackend::InputsTestedInCollective(size_t count, DType dtype) const {
+  // The worker averages in Gloo's ring exactly where GlooBackend does.
+  if (!CanAverageInRing(count, dtype, wire_dtype_, num_nodes_)) return {};
+  const ElementRange owned = RingOwnedElements(count, DTypeSize(dtype), node_rank_);
+  return {owned.begin, owned.end};
+}
+
 absl::Status GlooWorkerBackend::AwaitDone(const std::string& during, gloo::rendezvous::Store* store,
-                                          double* counts, size_t n, bool* non_finite) {
+                                          double* counts, size_t n, AverageCheck* check) {
   while (true) {
     v1::GlooWorkerEvent event;
     absl::Status received = channel_.Receive(&event, MonotonicNow() + timeout_ + kGrace);
@@ -188,7 +208,7 @@ absl::Status GlooWorkerBackend::AwaitDone(const std::string& during, gloo::rende
     if (!received.ok()) return WorkerDied(during);
     if (event.has_done()) {
       absl::Status status = FromProto(event.done());
-      if (non_finite != nullptr) *non_finite = event.result_non_finite();
+      if (check != nullptr) ReadAverageCheck(event, check);
       if (!status.ok() || counts == nullptr) return status;
       if (static_cast<size_t>(event.counts_size()) != n) {
         Kill();
@@ -389,7 +409,7 @@ bool GlooWorkerBackend::ReducesInArenas(const uint8_t* data, uint64_t bytes,
 absl::Status GlooWorkerBackend::IssueAllreduceAverage(uint8_t* data, size_t count, DType dtype,
                                                       int divisor,
                                                       absl::Span<uint8_t* const> copies,
-                                                      bool* result_non_finite) {
+                                                      AverageCheck* check) {
   RETURN_IF_ERROR(CheckAllreduceArgs(data, count, dtype, "gloo"));
   RETURN_IF_ERROR(CheckUsable());
   const uint64_t bytes = count * DTypeSize(dtype);
@@ -408,7 +428,7 @@ absl::Status GlooWorkerBackend::IssueAllreduceAverage(uint8_t* data, size_t coun
   allreduce->set_offset(static_cast<uint64_t>(data - arenas_[arena - 1].base));
   allreduce->set_arena(arena);
   allreduce->set_divisor(divisor);
-  allreduce->set_check_result(result_non_finite != nullptr);
+  allreduce->set_check_result(check != nullptr);
   for (const uint8_t* copy : copies) allreduce->add_copy_arenas(ArenaOf(copy, bytes));
   if (std::exchange(arenas_unsent_, false)) {
     for (const SharedArena& a : arenas_) {
@@ -421,7 +441,7 @@ absl::Status GlooWorkerBackend::IssueAllreduceAverage(uint8_t* data, size_t coun
     }
   }
   Issued issued{count, dtype, false, nullptr};
-  issued.non_finite = result_non_finite;
+  issued.check = check;
   if (pending_counts_ != nullptr) {
     allreduce->mutable_counts()->Add(pending_counts_, pending_counts_ + pending_counts_n_);
     issued.counts = std::exchange(pending_counts_, nullptr);
@@ -539,7 +559,7 @@ absl::Status GlooWorkerBackend::AwaitIssued() {
   // The worker answers in the order it was asked: this `done` is `issued`'s.
   absl::Status status =
       AwaitDone(absl::StrCat("during an allreduce of ", issued.count, " ", DTypeName(issued.dtype)),
-                nullptr, issued.counts, issued.counts_n, issued.non_finite);
+                nullptr, issued.counts, issued.counts_n, issued.check);
   if (!status.ok()) {
     issued_.clear(), issued_head_ = 0;  // the worker is gone: nothing else will answer
     return Fail(status);

@@ -95,7 +95,8 @@ class GlooWorkerBackend final : public Backend {
   // (and is dead, so writes nothing more, by the time the error returns).
   absl::Status IssueAllreduceAverage(uint8_t* data, size_t count, DType dtype, int divisor,
                                      absl::Span<uint8_t* const> copies,
-                                     bool* result_non_finite) override;
+                                     AverageCheck* check) override;
+  ElementSpan InputsTestedInCollective(size_t count, DType dtype) const override;
   // Through the shared buffer's start (copied in on the root, out elsewhere);
   // nothing may be in flight.
   absl::Status Broadcast(void* data, size_t bytes, int root_node) override;
@@ -115,7 +116,7 @@ class GlooWorkerBackend final : public Backend {
   // The worker's next `done` (serving store requests with `store`, if any);
   // with `counts`, the `n` summed counts it carries are copied there.
   absl::Status AwaitDone(const std::string& during, gloo::rendezvous::Store* store,
-                         double* counts = nullptr, size_t n = 0, bool* non_finite = nullptr);
+                         double* counts = nullptr, size_t n = 0, AverageCheck* check = nullptr);
   // OK while no failure or Abort happened; else that failure.
   absl::Status CheckUsable() ABSL_LOCKS_EXCLUDED(mu_);
   // Which shared arena (1-based) holds `bytes` at `data`; 0 when none.
@@ -136,8 +137,8 @@ class GlooWorkerBackend final : public Backend {
     void* copy_back = nullptr;  // data outside the shared buffer: copy the result there
     double* counts = nullptr;   // AllreduceCountsWithNext's, sent with this one
     size_t counts_n = 0;
-    bool counts_only = false;    // no elements: AwaitIssued takes it on the way
-    bool* non_finite = nullptr;  // IssueAllreduceAverage's, set from the answer
+    bool counts_only = false;       // no elements: AwaitIssued takes it on the way
+    AverageCheck* check = nullptr;  // IssueAllreduceAverage's, set from the answer
   };
   // Sends `request` for `issued`'s collective and queues it.
   absl::Status SendIssued(const v1::GlooWorkerRequest& request, Issued issued);

@@ -753,7 +753,7 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
       CutBucketPieces(job.total_elements, DTypeSize(dtype), kPieceBytes, &pieces_);
       PipelineTimings pipeline;
       absl::Status status = ReduceInArenas(arenas, spans[0].offset, dtype, world_size, backend,
-                                           nonfinite, run, &pipeline);
+                                           nonfinite, input_copies == nullptr, run, &pipeline);
       // The backend's collectives include writing the average back.
       if (timings) RecordCriticalPath(pipeline, timings);
       return status;
@@ -814,17 +814,23 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
 
 absl::Status LocalReducer::ReduceInArenas(const std::vector<uint8_t*>& arenas, uint64_t offset,
                                           DType dtype, int world_size, Backend& backend,
-                                          NonFiniteReport* nonfinite,
+                                          NonFiniteReport* nonfinite, bool may_fold_scan,
                                           absl::FunctionRef<void(int, const BucketPiece&)> run,
                                           PipelineTimings* pipeline) {
   const size_t unit = DTypeSize(dtype);
   const bool check = nonfinite != nullptr;
+  // One trainer: nothing to sum, only its inputs to check, less those the
+  // collective tests itself while reducing (each input is still tested
+  // once, by the node that holds it).
+  const bool fold = check && may_fold_scan && arenas.size() == 1;
   piece_flags_.assign(pieces_.size(), PieceFlag{});
   auto sum = [&](const BucketPiece& piece) {
     if (arenas.size() > 1) {
       run(3, piece);  // into trainer 0's arena, where the collective runs
     } else if (check) {
-      run(5, piece);  // one trainer: nothing to sum, only its inputs to check
+      PieceFlag& flag = piece_flags_[static_cast<size_t>(&piece - pieces_.data())];
+      if (fold) flag.tested = backend.InputsTestedInCollective(piece.count, dtype);
+      ScanUntested(piece, flag.tested, run);
     }
   };
   auto issue = [&](const BucketPiece& piece) {
@@ -833,15 +839,46 @@ absl::Status LocalReducer::ReduceInArenas(const std::vector<uint8_t*>& arenas, u
     for (size_t t = 1; t < arenas.size(); ++t) copies_.push_back(arenas[t] + at);
     PieceFlag& flag = piece_flags_[static_cast<size_t>(&piece - pieces_.data())];
     return backend.IssueAllreduceAverage(arenas[0] + at, piece.count, dtype, world_size, copies_,
-                                         check ? &flag.non_finite : nullptr);
+                                         check ? &flag.check : nullptr);
   };
   auto write_back = [](const BucketPiece&) {};  // the backend wrote the average
   absl::Status status =
       RunPiecePipeline(pieces_, backend, PieceSteps{sum, issue, write_back}, pipeline);
-  if (check) {
-    for (const PieceFlag& flag : piece_flags_) nonfinite->result_non_finite |= flag.non_finite;
-  }
+  if (check && status.ok()) status = CollectPieceChecks(offset, unit, fold, nonfinite);
   return status;
+}
+
+void LocalReducer::ScanUntested(const BucketPiece& piece, const ElementSpan& tested,
+                                absl::FunctionRef<void(int, const BucketPiece&)> run) {
+  if (tested.empty()) return run(5, piece);
+  if (tested.begin > 0) run(5, BucketPiece{piece.first, tested.begin});
+  if (tested.end < piece.count) {
+    run(5, BucketPiece{piece.first + tested.end, piece.count - tested.end});
+  }
+}
+
+absl::Status LocalReducer::CollectPieceChecks(uint64_t offset, size_t unit, bool fold,
+                                              NonFiniteReport* nonfinite) {
+  for (size_t p = 0; p < piece_flags_.size(); ++p) {
+    const PieceFlag& flag = piece_flags_[p];
+    nonfinite->result_non_finite |= flag.check.result_non_finite;
+    if (!fold) continue;
+    if (!(flag.check.inputs_tested == flag.tested)) {
+      return absl::InternalError(absl::StrCat(
+          "piece ", p, " of ", pieces_[p].count, " elements: the collective tested inputs [",
+          flag.check.inputs_tested.begin, ", ", flag.check.inputs_tested.end, "), not [",
+          flag.tested.begin, ", ", flag.tested.end, ") as the scan left them"));
+    }
+    // The lowest arena offset is the culprit, as when the scan read it all.
+    const uint64_t at = offset + (pieces_[p].first + flag.check.input_element) * unit;
+    if (flag.check.input_non_finite && (!nonfinite->local || at < nonfinite->arena_offset)) {
+      nonfinite->local = true;
+      nonfinite->trainer = 0;
+      nonfinite->arena_offset = at;
+      nonfinite->value = flag.check.input_value;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LocalReducer::ReduceZeros(const std::vector<ReduceSpan>& spans, DType dtype,

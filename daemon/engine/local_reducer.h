@@ -139,10 +139,22 @@ class LocalReducer {
   // daemon only sums into trainer 0's arena (or, one trainer, checks it),
   // piece by piece ahead of each piece's collective. `run(phase, piece)`
   // runs one of Reduce's passes over a piece.
+  // `may_fold_scan`: one trainer's input scan may leave out what the
+  // collective tests itself (Backend::InputsTestedInCollective); not where
+  // the scan also copies the inputs.
   absl::Status ReduceInArenas(const std::vector<uint8_t*>& arenas, uint64_t offset, DType dtype,
                               int world_size, Backend& backend, NonFiniteReport* nonfinite,
+                              bool may_fold_scan,
                               absl::FunctionRef<void(int, const BucketPiece&)> run,
                               PipelineTimings* pipeline);
+  // The input scan (phase 5) of `piece` outside `tested` (piece-relative).
+  static void ScanUntested(const BucketPiece& piece, const ElementSpan& tested,
+                           absl::FunctionRef<void(int, const BucketPiece&)> run);
+  // Folds each piece's AverageCheck into `nonfinite`; with `fold`, the
+  // culprit the collective found in the inputs it tested, and INTERNAL
+  // where it tested others than the scan left out.
+  absl::Status CollectPieceChecks(uint64_t offset, size_t unit, bool fold,
+                                  NonFiniteReport* nonfinite);
   absl::Status ReduceZeros(const std::vector<ReduceSpan>& spans, DType dtype, Backend& backend,
                            ReduceTimings* timings);
 
@@ -150,11 +162,12 @@ class LocalReducer {
   std::vector<uint8_t> staging_;        // fp32 for half types; native otherwise
   std::vector<BucketPiece> pieces_;     // the cross-node bucket's, reused
   std::vector<SliceFinding> findings_;  // one per pool thread
-  // ReduceInArenas': the other trainers' copy of a piece, and whether each
-  // piece's average holds a NaN or Inf (filled when its collective is awaited).
+  // ReduceInArenas': the other trainers' copy of a piece, and what each
+  // piece's check found (filled when its collective is awaited).
   std::vector<uint8_t*> copies_;
   struct PieceFlag {
-    bool non_finite = false;
+    AverageCheck check;
+    ElementSpan tested;  // the inputs the scan left to the collective
   };
   std::vector<PieceFlag> piece_flags_;
 };

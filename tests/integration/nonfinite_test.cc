@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -179,7 +180,8 @@ TEST(NonFiniteTwoNodesTest, SkipKeepsEveryReplicaEqual) {
   }
   // Node 1 names its trainer; node 0 knows only that another node's was it.
   EXPECT_NE(cluster.node(1).process().Log().find(
-                absl::StrCat("rank 3 (local 1, pid ", trainers[3].pid(), ")")),
+                absl::StrCat("event=nonfinite_step_skipped iteration=", kPoisonStep,
+                             " culprit=\"rank 3 (local 1, pid ", trainers[3].pid(), ")")),
             std::string::npos)
       << cluster.DaemonLogs();
   EXPECT_NE(
@@ -201,6 +203,99 @@ TEST(NonFiniteTwoNodesTest, OffLetsTheNanThrough) {
                                            << trainers[t].Log() << cluster.DaemonLogs();
   }
   ExpectNanWeights(outs, cluster.DaemonLogs());
+}
+
+// 2 nodes x 1 trainer, fc1.weight 512 KiB of fp64: the bucket is averaged
+// inside Gloo's ring, which tests each node's own input in the chunk that
+// node reduces, while the daemon scans only the rest. A NaN low in the
+// tensor falls in node 0's chunk, one high in node 1's: from either
+// trainer, in either chunk, the culprit is named exactly as before, by its
+// own node, and the other node's trainers learn it from the leader.
+constexpr size_t kRingW1Elements = 256 * 256;
+
+std::vector<std::string> RingTrainArgs(int poison_rank, size_t index) {
+  return {"--steps=5",    "--batch=60",
+          "--fp64",       "--dim=256",
+          "--hidden=256", absl::StrCat("--poison=", poison_rank, ":", kPoisonStep, ":nan:", index)};
+}
+
+class NonFiniteInRingTest : public ::testing::TestWithParam<std::tuple<int, size_t>> {};
+
+TEST_P(NonFiniteInRingTest, ErrorNamesTheCulpritOnEveryNode) {
+  const auto [rank, index] = GetParam();
+  ClusterOptions options = TwoByTwo("error");
+  options.local_size = 1;
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(RingTrainArgs(rank, index), &outs);
+  ASSERT_EQ(trainers.size(), 2u);
+  const std::string culprit = CulpritText(rank, 0, trainers[rank], rank);
+  const std::string element = absl::StrCat("tensor 0 'fc1.weight' element ", index, " = nan");
+  for (size_t t = 0; t < trainers.size(); ++t) {
+    const ExitStatus st = trainers[t].Wait(kBound);
+    const std::string log = trainers[t].Log();
+    EXPECT_EQ(st.code, kExitInvalidArgument) << "trainer " << t << "\n"
+                                             << log << cluster.DaemonLogs();
+    EXPECT_NE(log.find(culprit), std::string::npos) << culprit << "\n" << log;
+    EXPECT_NE(log.find(element), std::string::npos) << element << "\n" << log;
+    if (static_cast<int>(t) != rank) {
+      EXPECT_NE(log.find(absl::StrCat("the leader reports: node_rank=", rank)), std::string::npos)
+          << log;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EitherNodeEitherChunk, NonFiniteInRingTest,
+                         ::testing::Combine(::testing::Values(0, 1),
+                                            ::testing::Values(size_t{5}, kRingW1Elements - 3)));
+
+// skip, the NaN in node 0's input within node 1's chunk: every node skips
+// the step, node 0 names its trainer, and every replica equals a single
+// process that skipped it.
+TEST(NonFiniteInRingSkipTest, SkipKeepsEveryReplicaEqual) {
+  ClusterOptions options = TwoByTwo("skip");
+  options.local_size = 1;
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  const std::vector<std::string> args = RingTrainArgs(0, kRingW1Elements - 3);
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
+  for (size_t t = 0; t < trainers.size(); ++t) {
+    const ExitStatus st = trainers[t].Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << "trainer " << t << "\n"
+                                           << trainers[t].Log() << cluster.DaemonLogs();
+  }
+  EXPECT_NE(cluster.node(0).process().Log().find(
+                absl::StrCat("event=nonfinite_step_skipped iteration=", kPoisonStep,
+                             " culprit=\"rank 0 (local 0, pid ", trainers[0].pid(), ")")),
+            std::string::npos)
+      << cluster.DaemonLogs();
+  EXPECT_NE(
+      cluster.node(1).process().Log().find(absl::StrCat(
+          "event=nonfinite_step_skipped iteration=", kPoisonStep, " culprit=\"another node\"")),
+      std::string::npos)
+      << cluster.DaemonLogs();
+  ExpectSkippedReplicas(cluster.dir(), outs, args, cluster.DaemonLogs());
+}
+
+// 2 x 2 with the same large bucket: the local sum's fused check names the
+// trainer (rank 3, node 1) in node 0's chunk.
+TEST(NonFiniteInRingTest2x2, ErrorNamesTheCulpritOnEveryNode) {
+  Cluster cluster(TwoByTwo("error"));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(RingTrainArgs(3, 5), &outs);
+  ASSERT_EQ(trainers.size(), 4u);
+  const std::string culprit = CulpritText(3, 1, trainers[3], 1);
+  for (size_t t = 0; t < trainers.size(); ++t) {
+    const ExitStatus st = trainers[t].Wait(kBound);
+    const std::string log = trainers[t].Log();
+    EXPECT_EQ(st.code, kExitInvalidArgument) << "trainer " << t << "\n"
+                                             << log << cluster.DaemonLogs();
+    EXPECT_NE(log.find(culprit), std::string::npos) << culprit << "\n" << log;
+    EXPECT_NE(log.find("tensor 0 'fc1.weight' element 5 = nan"), std::string::npos) << log;
+  }
 }
 
 // An Inf in fp32 crossing nodes as bf16 (--wire-dtype=bf16): it stays Inf

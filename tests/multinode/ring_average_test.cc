@@ -135,6 +135,9 @@ void ExpectSameBits(const NodeResult<T> (&out)[2], bool check, const std::string
           << what << ", node " << r << ", copy, element " << i;
       any_non_finite = any_non_finite || !std::isfinite(res.old_way[i]);
     }
+    const ElementRange owned = RingOwnedElements(res.old_way.size(), sizeof(T), r);
+    ASSERT_EQ(res.outcome.averaged_begin, owned.begin) << what << ", node " << r;
+    ASSERT_EQ(res.outcome.averaged_end, owned.end) << what << ", node " << r;
     EXPECT_EQ(res.non_finite, check && any_non_finite)
         << what << ", node " << r << ": the check's verdict (averaged here: ["
         << res.outcome.averaged_begin << ", " << res.outcome.averaged_end << "))";
@@ -165,6 +168,29 @@ TEST_F(RingAverageTest, Float64AverageEqualsSumThenDivideBitForBit) {
   ExpectRingEqualsOldFormula<double>(backends_);
 }
 
+// Checked, each node names the first of its own inputs in the elements it
+// averaged that is NaN or Inf, with its value; nothing else (the peer's
+// inputs are the peer's to name, its other elements its scan's).
+template <typename T>
+void ExpectOwnInputCulprits(const std::vector<T> (&inputs)[2], const NodeResult<T> (&out)[2],
+                            bool check, const std::string& what) {
+  for (int r = 0; r < 2; ++r) {
+    const RingAverageOutcome& o = out[r].outcome;
+    const ElementRange owned = RingOwnedElements(inputs[r].size(), sizeof(T), r);
+    size_t first = owned.end;
+    for (size_t i = owned.begin; i < owned.end && first == owned.end; ++i) {
+      if (!std::isfinite(inputs[r][i])) first = i;
+    }
+    const bool expected = check && first != owned.end;
+    ASSERT_EQ(o.input_non_finite, expected) << what << ", node " << r;
+    if (!expected) continue;
+    EXPECT_EQ(o.input_element, first) << what << ", node " << r;
+    const double want = static_cast<double>(inputs[r][first]);
+    EXPECT_TRUE(std::isnan(want) ? std::isnan(o.input_value) : o.input_value == want)
+        << what << ", node " << r << ": value " << o.input_value << ", not " << want;
+  }
+}
+
 // Each non-finite kind on either node, in the chunk this node averages and
 // in the peer's, and a sum that overflows: equal bits, and the check flags
 // it on both nodes (off: never).
@@ -174,15 +200,22 @@ void ExpectNonFiniteFlaggedOnBothNodes(std::unique_ptr<GlooBackend> (&backends)[
   const T nan = std::numeric_limits<T>::quiet_NaN();
   const T inf = std::numeric_limits<T>::infinity();
   const T big = std::numeric_limits<T>::max();
+  const T one = T(1);
   struct Case {
     const char* what;
     size_t at;
     T node0, node1;
+    size_t also_at = 0;  // a second bad input on node 0 (0: none)
+    T also = T(0);
   };
-  const Case cases[] = {{"NaN on node 0, first chunk", 5, nan, T(1)},
-                        {"NaN on node 1, last element", n - 1, T(1), nan},
-                        {"Inf on node 0, second chunk", n - 7, inf, T(1)},
-                        {"-Inf on node 1, first element", 0, T(1), -inf},
+  const Case cases[] = {{"NaN on node 0, first chunk", 5, nan, one},
+                        {"NaN on node 1, last element", n - 1, one, nan},
+                        {"Inf on node 0, second chunk", n - 7, inf, one},
+                        {"-Inf on node 1, first element", 0, one, -inf},
+                        {"-Inf on node 1, first chunk", 17, one, -inf},
+                        {"NaN on node 0 in both chunks", n - 3, nan, one, 1000, -inf},
+                        {"Inf then NaN in node 0's chunk", 3000, inf, one, 2000, nan},
+                        {"NaN on both nodes, either chunk", 9, one, nan, n - 2, nan},
                         {"Inf + -Inf", n / 2, inf, -inf},
                         {"an overflowing sum", n / 3, big, big}};
   for (const Case& c : cases) {
@@ -190,9 +223,12 @@ void ExpectNonFiniteFlaggedOnBothNodes(std::unique_ptr<GlooBackend> (&backends)[
       std::vector<T> inputs[2] = {std::vector<T>(n, T(0.5)), std::vector<T>(n, T(0.25))};
       inputs[0][c.at] = c.node0;
       inputs[1][c.at] = c.node1;
+      if (c.also_at != 0) inputs[0][c.also_at] = c.also;
       NodeResult<T> out[2];
       AverageBothWays(inputs, 4, check, out, backends);
-      ExpectSameBits(out, check, absl::StrCat(c.what, check ? ", checked" : ", unchecked"));
+      const std::string what = absl::StrCat(c.what, check ? ", checked" : ", unchecked");
+      ExpectSameBits(out, check, what);
+      ExpectOwnInputCulprits(inputs, out, check, what);
       if (::testing::Test::HasFatalFailure()) return;
     }
   }

@@ -71,11 +71,12 @@ struct Options {
   bool join_divide_by_active = false;
   std::string after_join;  // misuse tests: "join" or "mark" once gs_join returned
   // Non-finite tests: rank poison_rank writes poison_value into fc1.weight's
-  // element kPoisonIndex at step poison_step, just before marking it. A
+  // element poison_index at step poison_step, just before marking it. A
   // step gs_iteration_skipped names is not applied; with --single the
   // reference skips poison_step (what --nonfinite=skip must equal).
   int poison_rank = -1, poison_step = -1;
   double poison_value = std::nan("");
+  size_t poison_index = 5;
   // After step broadcast_step, every trainer fills a buffer with a pattern
   // of its own rank, gs_broadcasts it from broadcast_root and checks that
   // it holds the root's pattern (the weights are untouched).
@@ -100,8 +101,6 @@ struct Options {
 // Over one staging piece (4 MiB), and odd: a broadcast of two pieces, the
 // second partial.
 constexpr size_t kBroadcastBytes = (5u << 20) + 3;
-
-constexpr size_t kPoisonIndex = 5;
 
 constexpr int kPauseStep = 2;
 
@@ -160,8 +159,10 @@ void MarkGradient(int p, void* v) {
     if (m->stale_unused) static_cast<T*>(gs_grad_buffer(m->c, p))[0] = T(0.75);
     m->status = gs_mark_unused(m->c, p);
   } else {
-    if (m->poison && p == Model<T>::kW1) {
-      static_cast<T*>(gs_grad_buffer(m->c, p))[kPoisonIndex] = static_cast<T>(m->opt->poison_value);
+    const size_t w1_elements = static_cast<size_t>(m->opt->dim) * m->opt->hidden;
+    if (m->poison && p == Model<T>::kW1 && m->opt->poison_index < w1_elements) {
+      static_cast<T*>(gs_grad_buffer(m->c, p))[m->opt->poison_index] =
+          static_cast<T>(m->opt->poison_value);
     }
     m->status = gs_mark_ready(m->c, p);
     if (m->status == GS_OK && m->write_after_mark) {
@@ -518,8 +519,9 @@ void PrintUsage() {
                "  [--pause-at attach|register|backward|marked]\n"
                "  uneven inputs: [--join-steps N0,N1,... (steps per rank, then gs_join)]\n"
                "  [--join-divide-by-active] [--after-join join|mark]\n"
-               "  non-finite gradients: [--poison RANK:STEP[:VALUE] (fc1.weight[5] = VALUE,\n"
-               "  default nan; --single: skip STEP's update, the --nonfinite=skip reference)]\n"
+               "  non-finite gradients: [--poison RANK:STEP[:VALUE[:INDEX]] (fc1.weight[INDEX]\n"
+               "  = VALUE, default nan, INDEX 5; --single: skip STEP's update, the\n"
+               "  --nonfinite=skip reference)]\n"
                "  [--broadcast-after STEP:ROOT (a checked gs_broadcast after STEP)]\n"
                "  [--check-replicas (gs_check_replicas when gs_job_info says it is due)]\n"
                "  elastic jobs: [--catch-up (a joiner receives the state from the catch-up\n"
@@ -530,13 +532,15 @@ void PrintUsage() {
                "  (LOCAL_RANK selects the trainer's local rank)\n");
 }
 
-// --poison RANK:STEP[:VALUE] (VALUE: nan, inf, -inf, ...; default nan).
+// --poison RANK:STEP[:VALUE[:INDEX]] (VALUE: nan, inf, -inf, ...; default
+// nan; INDEX into fc1.weight, default 5).
 bool ParsePoison(const char* arg, Options& opt) {
   char* end = nullptr;
   opt.poison_rank = static_cast<int>(std::strtol(arg, &end, 10));
   if (*end != ':') return false;
   opt.poison_step = static_cast<int>(std::strtol(end + 1, &end, 10));
   if (*end == ':') opt.poison_value = std::strtod(end + 1, &end);
+  if (*end == ':') opt.poison_index = std::strtoul(end + 1, &end, 10);
   return *end == '\0';
 }
 
