@@ -331,7 +331,10 @@ class Scheduler {
   // when not null: counts it kept (kept_result_). False: the job failed or
   // re-forms (the test hook, which releases `launch_lock` before it waits).
   bool KeepResult(uint32_t bucket, const KeptResultSink* sink,
-                  absl::ReleasableMutexLock* launch_lock = nullptr);
+                  absl::ReleasableMutexLock* launch_lock = nullptr)
+      // It releases the caller's scoped lock through a pointer, which the
+      // analysis cannot follow.
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // GRADSYNC_TEST_WITHHOLD_FINAL_RESULT_AT (scheduler_split_commit.cc):
   // true once, for the last bucket of that iteration on this node, after
   // overwriting its result in the trainers' memory; then the wait for the
