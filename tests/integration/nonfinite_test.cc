@@ -63,6 +63,19 @@ void ExpectSkippedReplicas(const std::string& dir, const std::vector<std::string
   EXPECT_GT(RelativeDifference(first, all_steps), 1e-6) << logs;
 }
 
+// Two nodes, --nonfinite=skip: `node` names its trainer in the skip event;
+// the other knows only that another node's was it.
+void ExpectSkipNamed(Cluster& cluster, int node, const std::string& culprit) {
+  const std::string skipped = absl::StrCat("event=nonfinite_step_skipped iteration=", kPoisonStep);
+  EXPECT_NE(cluster.node(node).process().Log().find(absl::StrCat(skipped, " culprit=\"", culprit)),
+            std::string::npos)
+      << cluster.DaemonLogs();
+  EXPECT_NE(cluster.node(1 - node).process().Log().find(
+                absl::StrCat(skipped, " culprit=\"another node\"")),
+            std::string::npos)
+      << cluster.DaemonLogs();
+}
+
 void ExpectNanWeights(const std::vector<std::string>& outs, const std::string& logs) {
   for (const std::string& out : outs) {
     const std::string text = ReadFile(out);
@@ -178,17 +191,8 @@ TEST(NonFiniteTwoNodesTest, SkipKeepsEveryReplicaEqual) {
     ASSERT_TRUE(st.exited && st.code == 0) << "trainer " << t << "\n"
                                            << trainers[t].Log() << cluster.DaemonLogs();
   }
-  // Node 1 names its trainer; node 0 knows only that another node's was it.
-  EXPECT_NE(cluster.node(1).process().Log().find(
-                absl::StrCat("event=nonfinite_step_skipped iteration=", kPoisonStep,
-                             " culprit=\"rank 3 (local 1, pid ", trainers[3].pid(), ")")),
-            std::string::npos)
-      << cluster.DaemonLogs();
-  EXPECT_NE(
-      cluster.node(0).process().Log().find(absl::StrCat(
-          "event=nonfinite_step_skipped iteration=", kPoisonStep, " culprit=\"another node\"")),
-      std::string::npos)
-      << cluster.DaemonLogs();
+  ExpectSkipNamed(cluster, /*node=*/1,
+                  absl::StrCat("rank 3 (local 1, pid ", trainers[3].pid(), ")"));
   ExpectSkippedReplicas(cluster.dir(), outs, TrainArgs(3), cluster.DaemonLogs());
 }
 
@@ -266,16 +270,8 @@ TEST(NonFiniteInRingSkipTest, SkipKeepsEveryReplicaEqual) {
     ASSERT_TRUE(st.exited && st.code == 0) << "trainer " << t << "\n"
                                            << trainers[t].Log() << cluster.DaemonLogs();
   }
-  EXPECT_NE(cluster.node(0).process().Log().find(
-                absl::StrCat("event=nonfinite_step_skipped iteration=", kPoisonStep,
-                             " culprit=\"rank 0 (local 0, pid ", trainers[0].pid(), ")")),
-            std::string::npos)
-      << cluster.DaemonLogs();
-  EXPECT_NE(
-      cluster.node(1).process().Log().find(absl::StrCat(
-          "event=nonfinite_step_skipped iteration=", kPoisonStep, " culprit=\"another node\"")),
-      std::string::npos)
-      << cluster.DaemonLogs();
+  ExpectSkipNamed(cluster, /*node=*/0,
+                  absl::StrCat("rank 0 (local 0, pid ", trainers[0].pid(), ")"));
   ExpectSkippedReplicas(cluster.dir(), outs, args, cluster.DaemonLogs());
 }
 
