@@ -165,8 +165,10 @@ class Backend {
         name(), " backend: IssueAllreduceAverage called although its ReducesInArenas is false"));
   }
   // The elements of a `count`-element piece of `dtype` whose input (this
-  // node's) a checked IssueAllreduceAverage tests for NaN and Inf itself,
-  // while reducing: the caller need not scan them first. Empty: none.
+  // node's) the next checked IssueAllreduceAverage tests for NaN and Inf
+  // itself, while reducing: the caller need not scan them first. Empty:
+  // none. Ask before issuing that piece: counts deferred into it
+  // (AllreduceCountsWithNext) can change the answer.
   virtual ElementSpan InputsTestedInCollective(size_t count, DType dtype) const {
     (void)count, (void)dtype;
     return {};

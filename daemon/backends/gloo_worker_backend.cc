@@ -188,8 +188,14 @@ void ReadAverageCheck(const v1::GlooWorkerEvent& event, AverageCheck* check) {
 }  // namespace
 
 ElementSpan GlooWorkerBackend::InputsTestedInCollective(size_t count, DType dtype) const {
-  // The worker averages in Gloo's ring exactly where GlooBackend does.
+  // The worker averages in Gloo's ring exactly where GlooBackend does,
+  // except in a collective that carries deferred counts: that one sums the
+  // piece with the counts appended, and the daemon must scan all of it.
   if (!CanAverageInRing(count, dtype, wire_dtype_, num_nodes_)) return {};
+  if (pending_counts_ != nullptr &&
+      CanFoldCounts(count, dtype, wire_dtype_, num_nodes_, pending_counts_n_)) {
+    return {};
+  }
   const ElementRange owned = RingOwnedElements(count, DTypeSize(dtype), node_rank_);
   return {owned.begin, owned.end};
 }

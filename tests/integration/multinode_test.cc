@@ -116,15 +116,17 @@ TEST(MultiNode, ABucketOfSeveralPiecesTrainsLikeOneProcess) {
 
 // The Gloo worker sums a bucket where the trainers' gradients are (trainer
 // 0's arena, after the daemon's local sum) and writes the average into
-// every trainer's arena itself. 2 daemons x 2 trainers, fp64, one bucket of
-// `model`'s first layer (`cap_mb`): training equals single-process training
-// on the whole batch, every replica alike, and each node's worker mapped
-// its 2 trainers' arenas; `pieces` is the plan's cut (bucket_pieces.h).
+// every trainer's arena itself. 2 daemons x `local` trainers, fp64, one
+// bucket of `model`'s first layer (`cap_mb`): training equals
+// single-process training on the whole batch, every replica alike, and each
+// node's worker mapped its trainers' arenas; `pieces` is the plan's cut
+// (bucket_pieces.h).
 void ExpectArenaBucketTrainsLikeOneProcess(const std::string& cap_mb,
                                            const std::vector<std::string>& model,
-                                           const std::string& pieces) {
-  Cluster cluster(Job(
-      2, 2, {"--bucket-cap-mb=" + cap_mb, "--first-bucket-cap-mb=" + cap_mb, "--timeout-s=60"}));
+                                           const std::string& pieces, int local = 2) {
+  Cluster cluster(
+      Job(2, local,
+          {"--bucket-cap-mb=" + cap_mb, "--first-bucket-cap-mb=" + cap_mb, "--timeout-s=60"}));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<std::string> common = {"--batch=8", "--fp64"};
   common.insert(common.end(), model.begin(), model.end());
@@ -139,8 +141,9 @@ void ExpectArenaBucketTrainsLikeOneProcess(const std::string& cap_mb,
     EXPECT_NE(log.find(absl::StrCat("event=plan_pieces ", pieces)), std::string::npos)
         << "node " << n << ":\n"
         << log;
-    EXPECT_NE(log.find(absl::StrCat("event=gloo_worker_arenas_mapped node_rank=", n, " arenas=2")),
-              std::string::npos)
+    EXPECT_NE(
+        log.find(absl::StrCat("event=gloo_worker_arenas_mapped node_rank=", n, " arenas=", local)),
+        std::string::npos)
         << "node " << n << ":\n"
         << log;
   }
@@ -158,6 +161,20 @@ void ExpectArenaBucketTrainsLikeOneProcess(const std::string& cap_mb,
 TEST(MultiNode, AOneMegabyteBucketSummedInTheTrainersArenasTrainsLikeOneProcess) {
   ExpectArenaBucketTrainsLikeOneProcess("1", {"--steps=8", "--dim=256", "--hidden=512"},
                                         "buckets=2 pieces=2");
+}
+
+// One bucket of ~163 KiB, the iteration's first collective: above the
+// size whose collective gathers (gather_sum.h: 2 x 163 KiB > 256 KiB),
+// so Gloo's ring could average it and test half the inputs for NaN, but
+// small enough that the per-iteration counts fold into it (count_fold.h),
+// which makes it a plain sum: the daemon must scan every input itself
+// (--nonfinite=error, the default), or the piece fails INTERNAL.
+TEST(MultiNode, ABucketCarryingTheIterationsCountsIsCheckedWhole) {
+  for (int local : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("2 daemons x ", local, " trainers"));
+    ExpectArenaBucketTrainsLikeOneProcess("1", {"--steps=4", "--dim=128", "--hidden=160"},
+                                          "buckets=1 pieces=1", local);
+  }
 }
 
 // 64 MiB of weights: pieces whose collectives and averages the worker runs
