@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -45,11 +46,64 @@ absl::StatusOr<std::string> FetchCancellable(
   }
 }
 
+// How a node's trainers registered their CUDA gradients, as published.
+std::string RegistrationName(bool flat) {
+  return flat ? "the daemon's flat buffer (every cuda_ptr NULL)"
+              : "their own allocations (every cuda_ptr set)";
+}
+
+// A node's published registration: its mode ("flat" or "user") and name.
+struct Registration {
+  std::string mode;
+  std::string node;
+};
+
+// Published before the node's GPU count, which the caller already read; a
+// node that published none (an older daemon) is not compared.
+std::optional<Registration> FetchRegistration(const GpuSession::WorldInput& world, int place) {
+  absl::StatusOr<std::string> value =
+      world.fetch(absl::StrCat("gpu_registration/", place), MonotonicNow() + absl::Seconds(1));
+  if (!value.ok()) return std::nullopt;
+  const size_t bar = value->find('|');
+  if (bar == std::string::npos) return std::nullopt;
+  return Registration{value->substr(0, bar), value->substr(bar + 1)};
+}
+
+// Each bucket's collective spans the flat buffer's padded range in one
+// mode and the tensors' bytes alone in the other: nodes registering
+// differently would launch collectives of different sizes (undefined
+// behaviour in NCCL). Every node compares every node's mode with the
+// first member's, so all fail alike: MISMATCH naming both, before any
+// communicator is created.
+absl::Status CompareRegistrations(const GpuSession::WorldInput& world) {
+  const std::optional<Registration> first = FetchRegistration(world, 0);
+  if (!first) return absl::OkStatus();
+  for (int n = 1; n < world.num_nodes; ++n) {
+    const std::optional<Registration> other = FetchRegistration(world, n);
+    if (!other || other->mode == first->mode) continue;
+    return MakeError(
+        v1::MISMATCH,
+        absl::StrCat(other->node, "'s trainers registered their CUDA gradients as ",
+                     RegistrationName(other->mode == "flat"), " but ", first->node, "'s as ",
+                     RegistrationName(first->mode == "flat"),
+                     ": every node of a job must register the same way (the collectives' sizes "
+                     "follow it)"));
+  }
+  return absl::OkStatus();
+}
+
 // Several nodes: one NCCL rank per GPU of every node, nodes in rank order.
 // Each node tells the others how many GPUs its trainers use (`local_gpus`)
-// and learns theirs, which places this node's ranks in `o`.
-absl::Status ExchangeGpuCounts(const GpuSession::WorldInput& world, size_t local_gpus,
+// and learns theirs, which places this node's ranks in `o`; and how its
+// trainers registered (`flat`), compared across nodes.
+absl::Status ExchangeGpuCounts(const GpuSession::WorldInput& world, size_t local_gpus, bool flat,
                                gpu::CollectiveOptions& o) {
+  if (absl::Status st = world.publish(absl::StrCat("gpu_registration/", world.node_rank),
+                                      absl::StrCat(flat ? "flat" : "user", "|", world.node_name));
+      !st.ok()) {
+    return MakeError(
+        CodeOf(st), absl::StrCat("publishing how this node's trainers registered: ", st.message()));
+  }
   if (absl::Status st =
           world.publish(absl::StrCat("gpus/", world.node_rank), std::to_string(local_gpus));
       !st.ok()) {
@@ -70,6 +124,7 @@ absl::Status ExchangeGpuCounts(const GpuSession::WorldInput& world, size_t local
     if (n < world.node_rank) o.first_rank += gpus;
     o.nranks += gpus;
   }
+  RETURN_IF_ERROR(CompareRegistrations(world));
   o.publish = world.publish;
   o.fetch = world.fetch;
   return absl::OkStatus();
@@ -400,7 +455,7 @@ absl::StatusOr<gpu::CollectiveOptions> GpuSession::CollectiveOptionsFor(
   o.generation = world.generation;
   o.timeout = world.timeout;
   if (world.num_nodes > 1) {
-    RETURN_IF_ERROR(ExchangeGpuCounts(world, devices_.size(), o));
+    RETURN_IF_ERROR(ExchangeGpuCounts(world, devices_.size(), flat_, o));
   } else {
     UseInProcessExchange(o);
   }

@@ -100,6 +100,9 @@ class GpuSession {
     absl::Duration timeout = absl::Minutes(5);
     int node_rank = 0;
     int num_nodes = 1;
+    // This daemon as its errors name it ("node 1": its --node-rank, which
+    // `node_rank` above, a place among the members, need not be).
+    std::string node_name;
     // Several nodes: the generation-scoped exchange through the rendezvous
     // store (JobWorld's); each node's GPU count and the unique id travel
     // there. One node: unused, nothing leaves the process.

@@ -387,6 +387,7 @@ absl::StatusOr<Job::GpuStart> Job::OpenGpu(std::shared_ptr<std::atomic<bool>> ca
   // that starts here, other places for a node joining a re-formed one.
   in.node_rank = world.node_index;
   in.num_nodes = world.num_nodes;
+  in.node_name = absl::StrCat("node ", config_.node_rank);
   in.publish = world.publish;
   in.fetch = world.fetch;
   in.is_context_lost = hooks_.gpu.is_context_lost;

@@ -96,6 +96,7 @@ absl::StatusOr<JobWorld> Job::ReformGpu(GpuSession& gpu, JobWorld world) {
   // under the new generation's keys.
   in.node_rank = world.node_index;
   in.num_nodes = world.num_nodes;
+  in.node_name = absl::StrCat("node ", config_.node_rank);
   in.publish = world.publish;
   in.fetch = world.fetch;
   in.is_context_lost = hooks_.gpu.is_context_lost;

@@ -301,6 +301,38 @@ TEST(GpuPath, TwoNodesAverageOverEveryTrainer) {
   }
 }
 
+// Node 0's trainers register flat buffers, node 1's their own allocations:
+// each bucket's collective would span different sizes on the two nodes.
+// Both nodes fail MISMATCH naming both ways before any communicator
+// exists. Nothing hangs.
+TEST(GpuPath, NodesRegisteringCudaGradientsDifferentlyAreAMismatchNamingBoth) {
+  std::vector<std::string> common = kDaemonArgs;
+  common.insert(common.end(), {"--num-nodes=2", "--job-id=gpujob-mixed", "--timeout-s=30"});
+  std::unique_ptr<Daemon> leader, follower;
+  ASSERT_NO_FATAL_FAILURE(StartTwoSimNodes(common, &leader, &follower));
+  std::vector<Process> trainers;
+  for (Daemon* d : {leader.get(), follower.get()}) {
+    const std::string mode = d == leader.get() ? "--mode=flat" : "--mode=user";
+    for (int r = 0; r < 2; ++r) trainers.push_back(StartSimTrainer(*d, r, 2, {mode, "--steps=2"}));
+  }
+  const std::string named =
+      "node 1's trainers registered their CUDA gradients as their own allocations (every "
+      "cuda_ptr set) but node 0's as the daemon's flat buffer (every cuda_ptr NULL)";
+  for (size_t t = 0; t < trainers.size(); ++t) {
+    const ExitStatus st = trainers[t].Wait(seconds(60));
+    const std::string log = trainers[t].Log();
+    const std::string logs =
+        log + "\nleader:\n" + leader->process().Log() + "\nfollower:\n" + follower->process().Log();
+    ASSERT_TRUE(st.exited && st.code == 2) << "trainer " << t << "\n" << logs;
+    EXPECT_NE(log.find(named), std::string::npos) << "trainer " << t << "\n" << logs;
+    EXPECT_NE(log.find("error code=3"), std::string::npos) << log;  // MISMATCH
+  }
+  for (Daemon* d : {leader.get(), follower.get()}) {
+    EXPECT_EQ(d->process().Log().find("event=gpu_session_open"), std::string::npos)
+        << d->process().Log();
+  }
+}
+
 // gradsyncd --check-replicas-every in a job with CUDA gradients on two
 // nodes: the fingerprints are host values, compared across nodes through
 // the Gloo worker while the gradients go through the device's collectives.
