@@ -1471,9 +1471,9 @@ TEST(GpuElasticJob, ANewNodeJoinsTheRunningJobCatchesUpFromDeviceMemoryAndTrains
   }
   ASSERT_NO_FATAL_FAILURE(StartSimNode(2, 2, port, common, {}, &nodes));
   for (int r = 0; r < 2; ++r) {
-    // The joiners' own allocations: both registration modes in one job.
+    // Registered as the members' are: every node of a job must.
     std::vector<std::string> args = train;
-    args.push_back("--mode=user");
+    args.push_back("--mode=flat");
     runs.push_back({2, StartSimTrainer(*nodes[2], r, 2, args)});
   }
   ASSERT_TRUE(WaitForLog(nodes[0]->process(), "event=job_grow_published", seconds(30)))
