@@ -18,17 +18,20 @@
 //                                    (gloo_worker.cc kOverlapMinBytes)
 //   pieces                           one up to 8 MiB, two up to 16 MiB, then
 //                                    2 MiB end pieces (bucket_pieces.h)
+//   the daemon's sum and scan        on all its threads from 256 KiB
+//                                    (local_reducer.cc), the fold limit
 // and the layouts they meet in: 1 or 2 trainers per node (one trainer: the
 // daemon leaves the ring's half of the NaN test to the ring), 2 or 3
 // nodes, fp64 or fp32, the first bucket (which carries the iteration's
 // counts) or a later one, an uncompressed or a bf16 wire.
 //
 // Left out, and why: fp32 on a 16-bit wire (no size rule applies to it:
-// never gathered, folded nor averaged in the ring; its rounding is
-// tests/integration's halfwire territory), elastic jobs (their buckets
-// are staged, not reduced in the arenas, and scanned whole: the rules meet
-// only in the sum), and the 3-node pieces (the cut does not depend on the
-// node count).
+// never gathered, folded nor averaged in the ring; multinode_test and
+// nonfinite_test train through it), elastic jobs (their buckets are staged,
+// not reduced in the arenas, and scanned whole: the rules meet only in the
+// sum), the 3-node and 2-trainer cuts past 8 MiB (the cut depends on
+// neither; the 2 x 2 job runs the 8 MiB boundary only), fp32 past 8 MiB
+// (the same cut in bytes), and the GPU path (NCCL: none of these rules).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -71,10 +74,27 @@ uint64_t PerLine(const SizeCase& c) { return c.fp64 ? 8 : 16; }
 // fc1.weight), the second is fc1.weight alone.
 uint64_t Dim(const SizeCase& c) { return c.later ? c.elements : c.elements - 4 * PerLine(c); }
 
-// What every node's plan_pieces event lists.
-std::string BucketElements(const SizeCase& c) {
-  if (!c.later) return absl::StrCat(c.elements);
-  return absl::StrCat(3 * PerLine(c) + 1, ",", c.elements);
+// The collectives of a bucket of `bytes`, as docs/DESIGN.md states the cut:
+// pieces of at most 8 MiB in 4 KiB pages; from 3 of them on, a 2 MiB first
+// and last piece around them.
+uint64_t Pieces(uint64_t bytes) {
+  constexpr uint64_t kPage = 4096, kPiecePages = (8 << 20) / kPage, kEndPages = kPiecePages / 4;
+  const uint64_t pages = (bytes + kPage - 1) / kPage;
+  const uint64_t near_equal = (pages + kPiecePages - 1) / kPiecePages;
+  if (near_equal < 3) return near_equal;
+  return 2 + (pages - 2 * kEndPages + kPiecePages - 1) / kPiecePages;
+}
+
+// What every node's plan_pieces event says: the buckets, their pieces and
+// each one's elements.
+std::string PlanPieces(const SizeCase& c) {
+  const uint64_t bytes = c.elements * (c.fp64 ? 8 : 4);
+  if (!c.later) {
+    return absl::StrCat("buckets=1 pieces=", Pieces(bytes),
+                        " piece_mb=8 bucket_elements=", c.elements);
+  }
+  return absl::StrCat("buckets=2 pieces=", 1 + Pieces(bytes),
+                      " piece_mb=8 bucket_elements=", 3 * PerLine(c) + 1, ",", c.elements);
 }
 
 std::vector<std::string> TrainArgs(const SizeCase& c) {
@@ -96,7 +116,7 @@ ClusterOptions Job(const SizeCase& c) {
 }
 
 void ExpectBucketSizes(Cluster& cluster, const SizeCase& c) {
-  const std::string want = absl::StrCat(" bucket_elements=", BucketElements(c), "\n");
+  const std::string want = absl::StrCat("event=plan_pieces ", PlanPieces(c), "\n");
   for (int n = 0; n < c.nodes; ++n) {
     const std::string log = cluster.node(n).process().Log();
     EXPECT_NE(log.find(want), std::string::npos) << "node " << n << " lacks" << want << log;
