@@ -116,6 +116,9 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
   if (gethostname(host, sizeof(host) - 1) == 0) host_ = host;
 }
 
+// event=plan_pieces lists the sizes of the first this many buckets.
+constexpr uint32_t kLoggedBucketSizes = 16;
+
 static std::vector<ReduceSpan> TensorSpans(const PlannedBucket& bucket, const Layout& layout,
                                            const ipc::ArenaLayout& arena) {
   std::vector<ReduceSpan> pieces;
@@ -139,6 +142,10 @@ static std::vector<ReduceSpan> TensorSpans(const PlannedBucket& bucket, const La
 void Scheduler::InstallPlan(BucketPlan plan) {
   std::vector<std::vector<ReduceSpan>> spans;
   uint64_t staging = 0, bytes = 0, pieces = 0;
+  // Each bucket's elements as its collectives reduce them (padding between
+  // tensors included): the sizes every size rule of the cross-node path
+  // reads (gather, count fold, ring average, pieces).
+  std::string elements;
   for (const PlannedBucket& b : plan.buckets) {
     spans.push_back(TensorSpans(b, layout_, arena_));
     uint64_t span_bytes = 0;
@@ -149,6 +156,9 @@ void Scheduler::InstallPlan(BucketPlan plan) {
         bad_plan_ = absl::StrCat("bucket ", b.id, " spans [", s.offset, ", +", s.bytes,
                                  ") outside the ", arena_.total_bytes, "-byte arena");
       }
+    }
+    if (b.id < kLoggedBucketSizes) {
+      absl::StrAppend(&elements, elements.empty() ? "" : ",", span_bytes / DTypeSize(b.dtype));
     }
     staging = std::max(staging, LocalReducer::StagingBytes(span_bytes, b.dtype));
     pieces +=
@@ -179,8 +189,9 @@ void Scheduler::InstallPlan(BucketPlan plan) {
   }
   if (backend_->num_nodes() > 1 && !options_.gpu) {
     // The collectives every node issues per iteration (bucket_pieces.h).
-    spdlog::info("event=plan_pieces buckets={} pieces={} piece_mb={}", plan.buckets.size(), pieces,
-                 kPieceBytes >> 20);
+    spdlog::info("event=plan_pieces buckets={} pieces={} piece_mb={} bucket_elements={}{}",
+                 plan.buckets.size(), pieces, kPieceBytes >> 20, elements,
+                 plan.buckets.size() > kLoggedBucketSizes ? ",..." : "");
   }
   if (options_.gpu) {
     // Between iterations (or before the first): no collective is running.

@@ -70,13 +70,15 @@ struct Options {
   std::vector<int> join_steps;
   bool join_divide_by_active = false;
   std::string after_join;  // misuse tests: "join" or "mark" once gs_join returned
-  // Non-finite tests: rank poison_rank writes poison_value into fc1.weight's
-  // element poison_index at step poison_step, just before marking it. A
+  // Non-finite tests: rank poison_rank writes poison_value into element
+  // poison_index of parameter poison_tensor (registration index, default
+  // fc1.weight) at step poison_step, just before marking it. A
   // step gs_iteration_skipped names is not applied; with --single the
   // reference skips poison_step (what --nonfinite=skip must equal).
   int poison_rank = -1, poison_step = -1;
   double poison_value = std::nan("");
   size_t poison_index = 5;
+  int poison_tensor = 0;
   // After step broadcast_step, every trainer fills a buffer with a pattern
   // of its own rank, gs_broadcasts it from broadcast_root and checks that
   // it holds the root's pattern (the weights are untouched).
@@ -145,9 +147,17 @@ struct MarkCtx {
   bool pause_step = false;  // this is step kPauseStep: pause after the first mark
   int marked = 0;           // gradients marked this step
   bool write_after_mark = false;
-  bool poison = false;  // this rank and step: poison fc1.weight before its mark
+  bool poison = false;  // this rank and step: poison --poison's tensor before its mark
   gs_status status = GS_OK;
 };
+
+// Parameter p's elements (Model's shapes).
+size_t ParamElements(const Options& opt, int p) {
+  using M = Model<float>;
+  if (p == M::kW1) return static_cast<size_t>(opt.dim) * opt.hidden;
+  if (p == M::kB1 || p == M::kW2) return static_cast<size_t>(opt.hidden);
+  return 1;
+}
 
 template <typename T>
 void MarkGradient(int p, void* v) {
@@ -159,8 +169,8 @@ void MarkGradient(int p, void* v) {
     if (m->stale_unused) static_cast<T*>(gs_grad_buffer(m->c, p))[0] = T(0.75);
     m->status = gs_mark_unused(m->c, p);
   } else {
-    const size_t w1_elements = static_cast<size_t>(m->opt->dim) * m->opt->hidden;
-    if (m->poison && p == Model<T>::kW1 && m->opt->poison_index < w1_elements) {
+    if (m->poison && p == m->opt->poison_tensor &&
+        m->opt->poison_index < ParamElements(*m->opt, p)) {
       static_cast<T*>(gs_grad_buffer(m->c, p))[m->opt->poison_index] =
           static_cast<T>(m->opt->poison_value);
     }
@@ -519,9 +529,9 @@ void PrintUsage() {
                "  [--pause-at attach|register|backward|marked]\n"
                "  uneven inputs: [--join-steps N0,N1,... (steps per rank, then gs_join)]\n"
                "  [--join-divide-by-active] [--after-join join|mark]\n"
-               "  non-finite gradients: [--poison RANK:STEP[:VALUE[:INDEX]] (fc1.weight[INDEX]\n"
-               "  = VALUE, default nan, INDEX 5; --single: skip STEP's update, the\n"
-               "  --nonfinite=skip reference)]\n"
+               "  non-finite gradients: [--poison RANK:STEP[:VALUE[:INDEX[:TENSOR]]]\n"
+               "  (parameter TENSOR's [INDEX] = VALUE, default nan, INDEX 5, TENSOR 0:\n"
+               "  fc1.weight; --single: skip STEP's update, the --nonfinite=skip reference)]\n"
                "  [--broadcast-after STEP:ROOT (a checked gs_broadcast after STEP)]\n"
                "  [--check-replicas (gs_check_replicas when gs_job_info says it is due)]\n"
                "  elastic jobs: [--catch-up (a joiner receives the state from the catch-up\n"
@@ -532,8 +542,9 @@ void PrintUsage() {
                "  (LOCAL_RANK selects the trainer's local rank)\n");
 }
 
-// --poison RANK:STEP[:VALUE[:INDEX]] (VALUE: nan, inf, -inf, ...; default
-// nan; INDEX into fc1.weight, default 5).
+// --poison RANK:STEP[:VALUE[:INDEX[:TENSOR]]] (VALUE: nan, inf, -inf, ...;
+// default nan; INDEX into parameter TENSOR, by registration index: default
+// 5 into 0, fc1.weight).
 bool ParsePoison(const char* arg, Options& opt) {
   char* end = nullptr;
   opt.poison_rank = static_cast<int>(std::strtol(arg, &end, 10));
@@ -541,7 +552,8 @@ bool ParsePoison(const char* arg, Options& opt) {
   opt.poison_step = static_cast<int>(std::strtol(end + 1, &end, 10));
   if (*end == ':') opt.poison_value = std::strtod(end + 1, &end);
   if (*end == ':') opt.poison_index = std::strtoul(end + 1, &end, 10);
-  return *end == '\0';
+  if (*end == ':') opt.poison_tensor = static_cast<int>(std::strtol(end + 1, &end, 10));
+  return *end == '\0' && opt.poison_tensor >= 0 && opt.poison_tensor < Model<float>::kCount;
 }
 
 // --broadcast-after STEP:ROOT.
