@@ -10,7 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "common/half.h"
+#include "common/half_convert.h"
 #include "common/log_value.h"
 #include "common/status_code.h"
 #include "common/status_macros.h"
@@ -277,12 +277,14 @@ absl::Status GlooBackend::AllreduceSum(void* data, size_t count, DType dtype) {
         RunAllreduce(static_cast<gloo::float16*>(data), count);
         break;
       case DType::kBFloat16: {
+        // Whole blocks (AVX2 where the CPU has it): the bits the scalar
+        // conversions give, at a fraction of the passes' time.
         ReserveStaging(count);
         uint16_t* values = static_cast<uint16_t*>(data);
         float* wide = staging_.data();
-        for (size_t i = 0; i < count; ++i) wide[i] = BFloat16ToFloat(values[i]);
+        BFloat16ToFloatBlock(values, wide, count);
         RunAllreduce(wide, count);
-        for (size_t i = 0; i < count; ++i) values[i] = FloatToBFloat16(wide[i]);
+        FloatToBFloat16Block(wide, values, count);
         break;
       }
     }

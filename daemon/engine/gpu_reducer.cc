@@ -154,9 +154,25 @@ absl::Status GpuReducer::Prepare(const BucketPlan& plan,
     staging = std::max(staging, bytes);
   }
   if (keep_sums_) RETURN_IF_ERROR(session_->EnsureKeptSums(kept));
+  kept_bytes_ = kept;
   // Laid out like the kept sums: a bucket's input at its kept offset.
   if (keep_sums_ && keep_inputs_) RETURN_IF_ERROR(session_->EnsureInputCopies(kept));
   return session_->EnsureStaging(staging);
+}
+
+absl::Status GpuReducer::SetKeepInputs(bool keep, absl::Time deadline) {
+  if (keep) {
+    keep_inputs_ = true;
+    if (!keep_sums_ || kept_bytes_ == 0) return absl::OkStatus();  // Prepare allocates
+    absl::Status st = session_->EnsureInputCopies(kept_bytes_);
+    if (!st.ok()) keep_inputs_ = false;
+    return st;
+  }
+  keep_inputs_ = false;
+  // The last reduction's copies may still be queued on the streams.
+  RETURN_IF_ERROR(WaitStreams(deadline, "the input copies' last writes"));
+  session_->FreeInputCopies();
+  return absl::OkStatus();
 }
 
 absl::Status GpuReducer::WaitEvents(const PlannedBucket& bucket, absl::Time deadline,

@@ -150,10 +150,13 @@ class GpuReducer {
   // (GpuSession::ReplaceTrainer) and is summed and written back from the
   // next reduction on. On an error the slot stays deactivated.
   absl::Status ReplaceTrainer(size_t t, const GpuTrainerSpec& spec, const std::string& name);
-  // Elastic jobs across nodes with at least two trainers on the node,
-  // before the first plan install: keep every trainer's input of each
-  // bucket (Prepare allocates the copies) while two or more are active.
-  void KeepInputs() { keep_inputs_ = true; }
+  // Elastic jobs across nodes with at least two trainers on the node:
+  // keep every trainer's input of each bucket while two or more are active
+  // (before the first plan install Prepare allocates the copies; after it,
+  // this call). Between reductions, when the world changes: `keep` false
+  // stops the copies and frees them once the streams ran what the last
+  // reduction queued (until `deadline`); an error leaves them stopped.
+  absl::Status SetKeepInputs(bool keep, absl::Time deadline);
   // Whether a mid-iteration death can be redone here now: inputs are kept
   // and another trainer than the dying one (still active) is.
   bool KeepsInputs() const { return keep_inputs_ && ActiveTrainers() >= 2; }
@@ -247,6 +250,7 @@ class GpuReducer {
   const bool skip_event_wait_;
   const bool keep_sums_;
   bool keep_inputs_ = false;
+  uint64_t kept_bytes_ = 0;  // the kept sums' (and each input copy's) size
   // keep_sums: per bucket id, its offset in each GPU's kept sums, and the
   // world size its kept sum was pre-scaled by (0: not summed this iteration).
   std::vector<uint64_t> kept_offset_;

@@ -183,6 +183,9 @@ class GpuSession {
   // Grown like the staging.
   absl::Status EnsureInputCopies(uint64_t bytes);
   uint8_t* input_copy(size_t t) const { return input_copies_[t]; }
+  // Frees them (the job shrank to this node); EnsureInputCopies again
+  // allocates them anew. No queued work may still write them.
+  void FreeInputCopies();
 
   // The non-finite check's memory (the GPU reducer's; docs/DESIGN.md
   // "Non-finite gradients"): a flag per GPU in device memory that SumAsync
@@ -301,7 +304,6 @@ class GpuSession {
   // left the device unusable ends the process here (nothing later works).
   absl::Status SetupError(const absl::Status& st, const std::string& what) const;
   void Release(PerTrainer& p);
-  void FreeInputCopies();
 
   gpu::DaemonDevice* device_;
   std::function<bool(const absl::Status&)> is_context_lost_;

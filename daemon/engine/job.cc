@@ -378,26 +378,37 @@ absl::StatusOr<Job::GpuStart> Job::OpenGpu(std::shared_ptr<std::atomic<bool>> ca
 
   std::vector<GpuSession::TrainerInput> inputs;
   for (size_t t = 0; t < specs.size(); ++t) inputs.push_back({&specs[t], names[t]});
-  GpuSession::WorldInput in;
   // One node: the job id is unique per daemon, so every job's
   // communicators are a fresh generation.
-  in.generation = world.generation != 0 ? world.generation : id_;
+  ASSIGN_OR_RETURN(const GpuSession::WorldInput in,
+                   GpuWorldInput(world, world.generation != 0 ? world.generation : id_,
+                                 [cancel] { return cancel->load(std::memory_order_acquire); }));
+  ASSIGN_OR_RETURN(start.session,
+                   GpuSession::Open(hooks_.gpu.device.get(), layout, start.flat_plan, inputs, in));
+  return start;
+}
+
+absl::StatusOr<GpuSession::WorldInput> Job::GpuWorldInput(const JobWorld& world,
+                                                          uint64_t generation,
+                                                          std::function<bool()> cancelled) const {
+  GpuSession::WorldInput in;
+  in.generation = generation;
   in.timeout = absl::Milliseconds(config_.timeout_ms);
   // Its place among the generation's members: node ranks 0..n-1 in a job
-  // that starts here, other places for a node joining a re-formed one.
+  // that starts here, other places for a node joining a re-formed one or a
+  // survivor of a re-formation (GPU counts and the unique id travel under
+  // the generation's keys).
   in.node_rank = world.node_index;
   in.num_nodes = world.num_nodes;
   in.node_name = absl::StrCat("node ", config_.node_rank);
   in.publish = world.publish;
   in.fetch = world.fetch;
   in.is_context_lost = hooks_.gpu.is_context_lost;
-  in.cancelled = [cancel] { return cancel->load(std::memory_order_acquire); };
+  in.cancelled = std::move(cancelled);
   if (in.num_nodes > 1 && (!in.publish || !in.fetch)) {
     return MakeError(v1::INTERNAL, "a multi-node world without the rendezvous exchange");
   }
-  ASSIGN_OR_RETURN(start.session,
-                   GpuSession::Open(hooks_.gpu.device.get(), layout, start.flat_plan, inputs, in));
-  return start;
+  return in;
 }
 
 absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu) {

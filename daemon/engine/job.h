@@ -392,6 +392,11 @@ class Job {
   // Reform's GPU step: the survivors' NCCL communicators, created in the
   // new generation (`world`, returned on success); no lock held.
   absl::StatusOr<JobWorld> ReformGpu(GpuSession& gpu, JobWorld world) ABSL_LOCKS_EXCLUDED(mu_);
+  // What the GPU session needs of `world` as generation `generation`,
+  // `cancelled` polled while its communicators form; INTERNAL for a world
+  // of several nodes without the rendezvous exchange.
+  absl::StatusOr<GpuSession::WorldInput> GpuWorldInput(const JobWorld& world, uint64_t generation,
+                                                       std::function<bool()> cancelled) const;
   // Scheduler::Options::grow (the scheduler thread; daemon/engine/job_grow.cc):
   // nodes join the running job at the boundary entering `iteration`.
   absl::StatusOr<Scheduler::Reformed> Grow(uint64_t iteration, const RunningPlan& plan)

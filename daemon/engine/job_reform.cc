@@ -5,6 +5,7 @@
 #include "absl/strings/str_join.h"
 #include "common/log_value.h"
 #include "common/status_code.h"
+#include "common/status_macros.h"
 #include "daemon/engine/job.h"
 #include "spdlog/spdlog.h"
 
@@ -89,21 +90,8 @@ absl::StatusOr<Scheduler::Reformed> Job::Reform(const absl::Status& error, uint6
 }
 
 absl::StatusOr<JobWorld> Job::ReformGpu(GpuSession& gpu, JobWorld world) {
-  GpuSession::WorldInput in;
-  in.generation = world.generation;
-  in.timeout = absl::Milliseconds(config_.timeout_ms);
-  // The survivors' positions: their GPU counts and the unique id travel
-  // under the new generation's keys.
-  in.node_rank = world.node_index;
-  in.num_nodes = world.num_nodes;
-  in.node_name = absl::StrCat("node ", config_.node_rank);
-  in.publish = world.publish;
-  in.fetch = world.fetch;
-  in.is_context_lost = hooks_.gpu.is_context_lost;
-  in.cancelled = [&gpu] { return gpu.aborted(); };
-  if (in.num_nodes > 1 && (!in.publish || !in.fetch)) {
-    return MakeError(v1::INTERNAL, "a multi-node world without the rendezvous exchange");
-  }
+  ASSIGN_OR_RETURN(const GpuSession::WorldInput in,
+                   GpuWorldInput(world, world.generation, [&gpu] { return gpu.aborted(); }));
   if (absl::Status st = gpu.Reform(in); !st.ok()) return st;
   return world;
 }

@@ -75,7 +75,7 @@ Scheduler::Scheduler(std::vector<Trainer*> trainers, const Layout& layout, Bucke
     t->marked_count = 0;
   }
   active_arenas_ = arenas_;
-  InitTrainerInputCopies();
+  FollowWorldWithInputCopies(/*at_start=*/true);
   // A backend in another process may reduce in the arenas themselves. Not
   // in elastic jobs: they keep each bucket's sum apart (KeptSums) to redo
   // an iteration that a node's death interrupted.
@@ -564,6 +564,7 @@ void Scheduler::AdoptWorld(Reformed& world) {
   } else if (backend_->num_nodes() > 1 && backend_->Staging(staging_bytes_) == nullptr) {
     reducer_.EnsureStaging(staging_bytes_);
   }
+  FollowWorldWithInputCopies(/*at_start=*/false);
   // The new generation's config log starts at version 1 (its queue was
   // restarted by the re-formation: RestartConfigLog).
   config_version_ = 0;

@@ -399,8 +399,15 @@ class Scheduler {
   // copy of each local trainer's input (several local trainers only), so
   // that one dying mid-iteration leaves its node in: the survivors' inputs
   // are put back where a launched bucket's write-back overwrote them, and
-  // every node redoes the iteration over the remaining trainers.
-  void InitTrainerInputCopies();
+  // every node redoes the iteration over the remaining trainers. The
+  // copies follow the world: taken (and allocated) while the job spans two
+  // or more nodes, freed when it shrinks to this one (no other node to redo
+  // with), taken again once a node joins. At construction and after every
+  // world change (AdoptWorld), between reductions; `at_start` logs nothing.
+  void FollowWorldWithInputCopies(bool at_start);
+  // Whether this world needs the copies (an elastic job across nodes, two
+  // or more trainers on this node).
+  bool NeedsTrainerInputCopies() const;
   // Whether this node can form its survivors' sums after a mid-iteration
   // death (the copies exist and the reductions write them: across nodes).
   bool KeepsTrainerInputs() const;
@@ -541,6 +548,7 @@ class Scheduler {
   // kept), and the active trainers' bases, parallel to active_arenas_.
   std::vector<std::vector<uint8_t>> input_copies_;
   std::vector<uint8_t*> active_copies_;
+  bool input_copies_on_ = false;  // either path's copies are taken now
   // A trainer died after part of this iteration was summed with it: every
   // node redoes the iteration (AgreeIterationStands).
   bool trainer_lost_mid_iteration_ = false;

@@ -19,26 +19,44 @@
 
 namespace gradsync {
 
-void Scheduler::InitTrainerInputCopies() {
+bool Scheduler::NeedsTrainerInputCopies() const {
   // A node of one trainer never needs them: its last trainer's death takes
-  // the node out.
-  if (!options_.reform || backend_ == nullptr || backend_->num_nodes() <= 1 ||
-      trainers_.size() < 2) {
-    return;
-  }
+  // the node out; nor does a world of one node: nothing to redo with.
+  return options_.reform && backend_ != nullptr && backend_->num_nodes() > 1 &&
+         trainers_.size() >= 2;
+}
+
+void Scheduler::FollowWorldWithInputCopies(bool at_start) {
+  const bool keep = NeedsTrainerInputCopies();
+  if (keep == input_copies_on_) return;
   if (options_.gpu) {
-    // In device memory, allocated with the plan (GpuReducer::Prepare).
-    options_.gpu->KeepInputs();
-    return;
+    // In device memory, allocated with the plan (GpuReducer::Prepare) or now.
+    const absl::Status st =
+        options_.gpu->SetKeepInputs(keep, MonotonicNow() + absl::Milliseconds(options_.timeout_ms));
+    if (!st.ok()) {
+      // Not taken either way: a trainer's death mid-backward takes the node out.
+      spdlog::warn("event=trainer_input_copies_failed iteration={} keep={} error={}", iteration(),
+                   keep, LogValue(st.message()));
+      input_copies_on_ = false;
+      return;
+    }
+  } else if (keep) {
+    input_copies_.assign(trainers_.size(), std::vector<uint8_t>(arena_.total_bytes));
+  } else {
+    std::vector<std::vector<uint8_t>>().swap(input_copies_);
   }
-  input_copies_.assign(trainers_.size(), std::vector<uint8_t>(arena_.total_bytes));
+  input_copies_on_ = keep;
   RebuildActiveArenas();
+  if (at_start) return;
+  spdlog::info("event=trainer_input_copies_{} iteration={} nodes={} trainers={} arena_bytes={}",
+               keep ? "started" : "stopped", iteration(), backend_->num_nodes(), trainers_.size(),
+               arena_.total_bytes);
 }
 
 bool Scheduler::KeepsTrainerInputs() const {
   // The dying trainer is still active here: another one must be too.
   if (options_.gpu) return backend_->num_nodes() > 1 && options_.gpu->KeepsInputs();
-  return !input_copies_.empty() && backend_->num_nodes() > 1 && active_arenas_.size() >= 2;
+  return input_copies_on_ && backend_->num_nodes() > 1 && active_arenas_.size() >= 2;
 }
 
 const std::vector<uint8_t*>* Scheduler::InputCopiesForReduce() const {

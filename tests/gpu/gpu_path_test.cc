@@ -9,6 +9,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <ostream>
@@ -647,6 +648,26 @@ constexpr int kElasticNodes = 3, kElasticStep = 2, kElasticSteps = 5;
 constexpr int kAllMarks = 6;   // sim_trainer's tensor count
 constexpr int kJoinSteps = 8;  // the joining tests' steps: room for the join
 
+// The flags of a 3-node elastic job (--min-nodes 2) whose first bucket
+// holds the 1-element gate alone, with a 10 s timeout.
+std::vector<std::string> ElasticJobFlags(const std::string& job) {
+  return {"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001",
+          "--timeout-s=10",        "--num-nodes=3",
+          "--min-nodes=2",         "--job-id=" + job};
+}
+
+// sim_trainer in `mode` (flat, user), fp64, marking in order, each step
+// from `from` on checked against the average over `members`' ranks.
+std::vector<std::string> InOrderElasticArgs(const std::string& mode, int from,
+                                            const std::string& members) {
+  return {"--mode=" + mode,
+          "--dtype=fp64",
+          "--in-order",
+          absl::StrCat("--steps=", kElasticSteps),
+          absl::StrCat("--members-from-step=", from),
+          "--members=" + members};
+}
+
 // Where node 2 dies. kBackward: every trainer marked the first gradient
 // (its bucket, the 1-element gate alone, may be averaged over 6 already). kVictimInCollective: node
 // 2's trainers marked everything, so its daemon waits inside the second bucket's collective for the
@@ -884,21 +905,14 @@ TEST_P(GpuSplitIterationTest,
   const std::string release = scratch.File("release");
   std::vector<std::unique_ptr<Daemon>> nodes;
   ASSERT_NO_FATAL_FAILURE(
-      StartSimNodes({"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001", "--timeout-s=10",
-                     "--num-nodes=3", "--min-nodes=2", "--job-id=gpu-split-commit"},
-                    &nodes, {2, 2, 2}, {}, {},
+      StartSimNodes(ElasticJobFlags("gpu-split-commit"), &nodes, {2, 2, 2}, {}, {},
                     {{1,
                       {{"GRADSYNC_TEST_WITHHOLD_FINAL_RESULT_AT", absl::StrCat(kSplitStep)},
                        {"GRADSYNC_TEST_WITHHOLD_FINAL_RESULT_UNTIL", release}}}}));
   std::vector<ElasticRun> runs;
   for (int n = 0; n < kElasticNodes; ++n) {
     for (int r = 0; r < 2; ++r) {
-      std::vector<std::string> args = {"--mode=" + GetParam(),
-                                       "--dtype=fp64",
-                                       "--in-order",
-                                       absl::StrCat("--steps=", kElasticSteps),
-                                       absl::StrCat("--members-from-step=", kSplitStep + 1),
-                                       "--members=0,1,2,3"};
+      std::vector<std::string> args = InOrderElasticArgs(GetParam(), kSplitStep + 1, "0,1,2,3");
       if (n == 0) {
         // Held once step 2 completed on node 0: proof that it is past it.
         args.push_back(absl::StrCat("--pause-at-step=", kSplitStep + 1));
@@ -1031,19 +1045,11 @@ class GpuMidBackwardDeathTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GpuMidBackwardDeathTest, LeavesItsNodeInAndEveryNodeRedoesTheIterationWithoutIt) {
   std::vector<std::unique_ptr<Daemon>> nodes;
-  ASSERT_NO_FATAL_FAILURE(
-      StartSimNodes({"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001", "--timeout-s=10",
-                     "--num-nodes=3", "--min-nodes=2", "--job-id=gpumidbackward"},
-                    &nodes));
+  ASSERT_NO_FATAL_FAILURE(StartSimNodes(ElasticJobFlags("gpumidbackward"), &nodes));
   std::vector<ElasticRun> runs;
   for (int n = 0; n < kElasticNodes; ++n) {
     for (int r = 0; r < 2; ++r) {
-      std::vector<std::string> args = {"--mode=" + GetParam(),
-                                       "--dtype=fp64",
-                                       "--in-order",
-                                       absl::StrCat("--steps=", kElasticSteps),
-                                       absl::StrCat("--members-from-step=", kElasticStep),
-                                       "--members=0,1,2,4,5"};
+      std::vector<std::string> args = InOrderElasticArgs(GetParam(), kElasticStep, "0,1,2,4,5");
       if (n == 1 && r == 1) {
         args.insert(args.end(), {absl::StrCat("--die-at-step=", kElasticStep),
                                  "--die-after-marks=2", "--die-once-averaged"});
@@ -1107,10 +1113,7 @@ void RunUntilRankThreeDiesInStepTwo(const std::string& job, int marks,
                                     const std::string& members,
                                     std::vector<std::unique_ptr<Daemon>>* nodes,
                                     std::vector<ElasticRun>* runs, Process* victim) {
-  ASSERT_NO_FATAL_FAILURE(
-      StartSimNodes({"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001", "--timeout-s=10",
-                     "--num-nodes=3", "--min-nodes=2", "--job-id=" + job},
-                    nodes));
+  ASSERT_NO_FATAL_FAILURE(StartSimNodes(ElasticJobFlags(job), nodes));
   for (int n = 0; n < kElasticNodes; ++n) {
     for (int r = 0; r < 2; ++r) {
       std::vector<std::string> args = {marks == 0 ? "--mode=flat" : "--mode=user", "--dtype=fp64",
@@ -1220,10 +1223,7 @@ void RunUntilTheVictimDiedAndTheOthersWait(const std::string& job, const RejoinC
                                            std::vector<std::unique_ptr<Daemon>>* nodes,
                                            std::vector<ElasticRun>* runs) {
   const bool mid = c.marks > 0 && c.marks < kAllMarks;
-  ASSERT_NO_FATAL_FAILURE(
-      StartSimNodes({"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001", "--timeout-s=10",
-                     "--num-nodes=3", "--min-nodes=2", "--job-id=" + job},
-                    nodes));
+  ASSERT_NO_FATAL_FAILURE(StartSimNodes(ElasticJobFlags(job), nodes));
   for (int n = 0; n < kElasticNodes; ++n) {
     for (int r = 0; r < 2; ++r) {
       std::vector<std::string> args = RejoinTrainerArgs(c);
@@ -1391,10 +1391,7 @@ TEST(GpuElasticJob, ATrainerDeadAfterItsLastMarkWhoseWorkNeverRanTakesItsNodeOut
 // 2; its daemon lives on, and nodes 0 and 1 redo step 2 over ranks 0-3.
 TEST(GpuElasticJob, ANodesOnlyTrainerKilledTakesItsNodeOutAndTheOthersRedoTheStep) {
   std::vector<std::unique_ptr<Daemon>> nodes;
-  ASSERT_NO_FATAL_FAILURE(
-      StartSimNodes({"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001", "--timeout-s=10",
-                     "--num-nodes=3", "--min-nodes=2", "--job-id=gpulasttrainer"},
-                    &nodes, {2, 2, 1}));
+  ASSERT_NO_FATAL_FAILURE(StartSimNodes(ElasticJobFlags("gpulasttrainer"), &nodes, {2, 2, 1}));
   std::vector<ElasticRun> runs;
   for (int n = 0; n < kElasticNodes; ++n) {
     for (int r = 0; r < (n == 2 ? 1 : 2); ++r) {
@@ -1522,17 +1519,69 @@ TEST(GpuElasticJob, ANewNodeJoinsTheRunningJobCatchesUpFromDeviceMemoryAndTrains
 // 0's state by gs_broadcast of device memory. Every step is within 1e-12
 // of its members' average (0-1: ranks 0-5, 2 to m-1: ranks 0-3, m on:
 // ranks 0-5) and all six end with the same weights bit for bit.
-TEST(GpuElasticJob, AReplacementNodeJoinsTheReformedJobCatchesUpAndTrainsOverAllAgain) {
+// `count` simulated nodes (node 0 leads; 2 trainers on 2 GPUs each) run
+// `train`, every trainer stopped after its first mark of step kElasticStep;
+// the last node (daemon and trainers) is SIGKILLed and `until_reformed`
+// returns once the survivors re-formed, node 0's trainers still stopped. A
+// fresh last node with 2 trainers (`train`) joins, and once every survivor
+// read the grow entry node 0's trainers go on. `*m`: where the joiners
+// started (checked to be after the kill and before the last step).
+using ReformedCheck =
+    std::function<void(const std::vector<std::unique_ptr<Daemon>>&, std::vector<ElasticRun>&)>;
+void ReplaceTheLastNodeWhileNodeZeroWaits(int count, std::vector<std::string> common,
+                                          const std::vector<std::string>& train,
+                                          const ReformedCheck& until_reformed,
+                                          std::vector<std::unique_ptr<Daemon>>* nodes,
+                                          std::vector<ElasticRun>* runs, int* m) {
   ScratchDir secrets;
-  std::vector<std::string> common = {"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001",
-                                     "--timeout-s=30",        "--num-nodes=3",
-                                     "--min-nodes=2",         "--job-id=gpureplace"};
   ASSERT_NO_FATAL_FAILURE(AddTokenFile(secrets, &common));
-  std::vector<std::unique_ptr<Daemon>> nodes;
-  ASSERT_NO_FATAL_FAILURE(StartSimNode(0, 2, 0, common, {}, &nodes));
-  const int port = nodes[0]->ListenPort(seconds(10));
-  ASSERT_GT(port, 0) << Logs(nodes);
-  for (int n : {1, 2}) ASSERT_NO_FATAL_FAILURE(StartSimNode(n, 2, port, common, {}, &nodes));
+  ASSERT_NO_FATAL_FAILURE(StartSimNode(0, 2, 0, common, {}, nodes));
+  const int port = (*nodes)[0]->ListenPort(seconds(10));
+  ASSERT_GT(port, 0) << Logs(*nodes);
+  for (int n = 1; n < count; ++n) {
+    ASSERT_NO_FATAL_FAILURE(StartSimNode(n, 2, port, common, {}, nodes));
+  }
+  for (int n = 0; n < count; ++n) {
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> args = train;
+      args.insert(args.end(),
+                  {absl::StrCat("--pause-at-step=", kElasticStep), "--pause-after-marks=1"});
+      runs->push_back({n, StartSimTrainer(*(*nodes)[n], r, 2, args)});
+    }
+  }
+  for (ElasticRun& run : *runs) {
+    ASSERT_TRUE(
+        WaitForLog(run.process, absl::StrCat("paused at step ", kElasticStep), seconds(60)) &&
+        WaitStopped(run.process, seconds(30)))
+        << run.process.Log() << Logs(*nodes);
+  }
+  const int last = count - 1;
+  nodes->back()->process().Signal(SIGKILL);
+  for (int i : {2 * last, 2 * last + 1}) (*runs)[i].process.Signal(SIGKILL);
+  for (int i : {2 * last, 2 * last + 1}) (*runs)[i].process.Wait(seconds(10));
+  runs->erase(runs->begin() + 2 * last, runs->end());
+  ASSERT_NO_FATAL_FAILURE(until_reformed(*nodes, *runs));
+  nodes->pop_back();
+  ASSERT_NO_FATAL_FAILURE(StartSimNode(last, 2, port, common, {}, nodes));
+  for (int r = 0; r < 2; ++r) runs->push_back({last, StartSimTrainer(*nodes->back(), r, 2, train)});
+  ASSERT_TRUE(WaitForLog((*nodes)[0]->process(), "event=job_grow_published", seconds(30)))
+      << Logs(*nodes);
+  for (int n = 0; n < last; ++n) {
+    ASSERT_TRUE(WaitForLog((*nodes)[n]->process(), "event=job_grow_read", seconds(30)))
+        << Logs(*nodes);
+  }
+  for (int i : {0, 1}) (*runs)[i].process.Signal(SIGCONT);
+  const std::string joined = "joined the running job at iteration ";
+  ElasticRun& joiner = (*runs)[2 * last];
+  ASSERT_TRUE(WaitForLog(joiner.process, joined, seconds(60)))
+      << joiner.process.Log() << Logs(*nodes);
+  const std::string log = joiner.process.Log();
+  *m = std::atoi(log.c_str() + log.find(joined) + joined.size());
+  ASSERT_GT(*m, kElasticStep);
+  ASSERT_LT(*m, kJoinSteps) << "the survivors finished before the replacement joined";
+}
+
+TEST(GpuElasticJob, AReplacementNodeJoinsTheReformedJobCatchesUpAndTrainsOverAllAgain) {
   const std::vector<std::string> train = {"--mode=flat",
                                           "--dtype=fp64",
                                           absl::StrCat("--steps=", kJoinSteps),
@@ -1540,44 +1589,20 @@ TEST(GpuElasticJob, AReplacementNodeJoinsTheReformedJobCatchesUpAndTrainsOverAll
                                           absl::StrCat("--members-from-step=", kElasticStep),
                                           "--members=0,1,2,3",
                                           "--members-after-join=0,1,2,3,4,5"};
+  std::vector<std::unique_ptr<Daemon>> nodes;
   std::vector<ElasticRun> runs;
-  for (int n = 0; n < kElasticNodes; ++n) {
-    for (int r = 0; r < 2; ++r) {
-      std::vector<std::string> args = train;
-      args.insert(args.end(),
-                  {absl::StrCat("--pause-at-step=", kElasticStep), "--pause-after-marks=1"});
-      runs.push_back({n, StartSimTrainer(*nodes[n], r, 2, args)});
-    }
-  }
-  for (ElasticRun& run : runs) {
-    ASSERT_TRUE(
-        WaitForLog(run.process, absl::StrCat("paused at step ", kElasticStep), seconds(60)) &&
-        WaitStopped(run.process, seconds(30)))
-        << run.process.Log() << Logs(nodes);
-  }
-  nodes[2]->process().Signal(SIGKILL);
-  for (int i : {4, 5}) runs[i].process.Signal(SIGKILL);
-  for (int i : {4, 5}) runs[i].process.Wait(seconds(10));
-  runs.erase(runs.begin() + 4, runs.end());
-  for (int i : {2, 3}) runs[i].process.Signal(SIGCONT);  // node 1's: its collective fails
-  ASSERT_TRUE(WaitForLog(nodes[0]->process(), "event=job_reformed", seconds(30))) << Logs(nodes);
-  nodes[2].reset();
-  nodes.pop_back();
-  ASSERT_NO_FATAL_FAILURE(StartSimNode(2, 2, port, common, {}, &nodes));
-  for (int r = 0; r < 2; ++r) runs.push_back({2, StartSimTrainer(*nodes[2], r, 2, train)});
-  ASSERT_TRUE(WaitForLog(nodes[0]->process(), "event=job_grow_published", seconds(30)))
-      << Logs(nodes);
-  for (int n : {0, 1}) {
-    ASSERT_TRUE(WaitForLog(nodes[n]->process(), "event=job_grow_read", seconds(30))) << Logs(nodes);
-  }
-  for (int i : {0, 1}) runs[i].process.Signal(SIGCONT);
-  const std::string joined = "joined the running job at iteration ";
-  ASSERT_TRUE(WaitForLog(runs[4].process, joined, seconds(60)))
-      << runs[4].process.Log() << Logs(nodes);
-  const std::string log = runs[4].process.Log();
-  const int m = std::atoi(log.c_str() + log.find(joined) + joined.size());
-  ASSERT_GT(m, kElasticStep);
-  ASSERT_LT(m, kJoinSteps) << "the survivors finished before the replacement joined";
+  int m = 0;
+  ASSERT_NO_FATAL_FAILURE(ReplaceTheLastNodeWhileNodeZeroWaits(
+      3,
+      {"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001", "--timeout-s=30", "--num-nodes=3",
+       "--min-nodes=2", "--job-id=gpureplace"},
+      train,
+      [](const std::vector<std::unique_ptr<Daemon>>& live, std::vector<ElasticRun>& held) {
+        for (int i : {2, 3}) held[i].process.Signal(SIGCONT);  // node 1's: its collective fails
+        ASSERT_TRUE(WaitForLog(live[0]->process(), "event=job_reformed", seconds(30)))
+            << Logs(live);
+      },
+      &nodes, &runs, &m));
   ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsEndAlike(runs, nodes, /*gone_node=*/-1));
   for (int n = 0; n < 2; ++n) {
     const std::string daemon = nodes[n]->process().Log();
@@ -1592,6 +1617,44 @@ TEST(GpuElasticJob, AReplacementNodeJoinsTheReformedJobCatchesUpAndTrainsOverAll
   }
   EXPECT_NE(nodes[2]->process().Log().find("first_rank=4 nranks=6"), std::string::npos)
       << Logs(nodes);
+}
+
+// The device copies of every trainer's input follow the world: 2 nodes x 2
+// trainers on 2 simulated GPUs each (fp64, --min-nodes 1); in step 2 every
+// trainer stops after its first mark and node 1 (daemon and trainers) is
+// SIGKILLed. Node 0 re-forms alone, stops queueing the copies and frees
+// them (a one-node world has no node to redo with); a replacement node 1
+// joins at m and node 0 allocates and takes them again. Every step is
+// within 1e-12 of its members' average and all four end alike.
+TEST(GpuElasticJob, InputCopiesStopWhenTheJobShrinksToOneNodeAndStartAgainWhenANodeJoins) {
+  const std::vector<std::string> train = {"--mode=flat",
+                                          "--dtype=fp64",
+                                          absl::StrCat("--steps=", kJoinSteps),
+                                          "--catch-up",
+                                          absl::StrCat("--members-from-step=", kElasticStep),
+                                          "--members=0,1",
+                                          "--members-after-join=0,1,2,3"};
+  const std::string stopped = absl::StrCat(
+      "event=trainer_input_copies_stopped iteration=", kElasticStep, " nodes=1 trainers=2 ");
+  std::vector<std::unique_ptr<Daemon>> nodes;
+  std::vector<ElasticRun> runs;
+  int m = 0;
+  ASSERT_NO_FATAL_FAILURE(ReplaceTheLastNodeWhileNodeZeroWaits(
+      2,
+      {"--bucket-cap-mb=0.004", "--first-bucket-cap-mb=0.000001", "--timeout-s=30", "--num-nodes=2",
+       "--min-nodes=1", "--job-id=gpucopies"},
+      train,
+      [&](const std::vector<std::unique_ptr<Daemon>>& live, std::vector<ElasticRun>&) {
+        ASSERT_TRUE(WaitForLog(live[0]->process(), stopped, seconds(30))) << Logs(live);
+      },
+      &nodes, &runs, &m));
+  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsEndAlike(runs, nodes, /*gone_node=*/-1));
+  const std::string log = nodes[0]->process().Log();
+  const size_t started = log.find("event=trainer_input_copies_started ");
+  EXPECT_NE(log.find(" nodes=2 trainers=2 ", started), std::string::npos) << log;
+  EXPECT_LT(log.find(stopped), started) << log;
+  EXPECT_LT(log.find("event=job_growing"), started) << log;
+  EXPECT_EQ(log.find("event=trainer_input_copies_failed"), std::string::npos) << log;
 }
 
 // A fixed job (--min-nodes = --num-nodes) still ends at a trainer's death:

@@ -10,59 +10,21 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <limits>
 #include <memory>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/backends/gloo_backend.h"
 #include "daemon/backends/worker_arenas.h"
-#include "gloo/rendezvous/hash_store.h"
 #include "gtest/gtest.h"
+#include "tests/multinode/two_gloo_backends.h"
 
 namespace gradsync::testing {
 namespace {
 
-class RingAverageTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    auto store = std::make_shared<gloo::rendezvous::HashStore>();
-    absl::Status created[2];
-    OnBothNodes([&](int rank) {
-      GlooBackendOptions options;
-      options.node_rank = rank;
-      options.num_nodes = 2;
-      options.host = "127.0.0.1";
-      options.generation = 1;
-      options.store_prefix = "gloo";
-      options.timeout = absl::Seconds(60);
-      options.world_size = 2;
-      options.store = store;
-      absl::StatusOr<std::unique_ptr<GlooBackend>> backend = GlooBackend::Create(options);
-      created[rank] = backend.status();
-      if (backend.ok()) backends_[rank] = std::move(*backend);
-    });
-    for (int rank = 0; rank < 2; ++rank) {
-      ASSERT_TRUE(created[rank].ok()) << "rank " << rank << ": " << created[rank];
-    }
-  }
-  static void TearDownTestSuite() {
-    for (auto& backend : backends_) backend.reset();
-  }
-
-  static void OnBothNodes(const std::function<void(int)>& run) {
-    std::thread other(run, 1);
-    run(0);
-    other.join();
-  }
-
-  static std::unique_ptr<GlooBackend> backends_[2];
-};
-
-std::unique_ptr<GlooBackend> RingAverageTest::backends_[2];
+using RingAverageTest = TwoGlooBackendsTest;
 
 // Values in every regime: normal, tiny (subnormal once divided), huge
 // (some sums overflow), negative, zero.
@@ -112,9 +74,7 @@ void AverageBothWays(const std::vector<T> (&inputs)[2], int divisor, bool check,
                                  {reinterpret_cast<char*>(res.copy.data())}, check) ||
                      res.outcome.non_finite;
   };
-  std::thread node1(run, 1);
-  run(0);
-  node1.join();
+  OnBothNodes(run);
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE(summed[r].ok()) << "node " << r << ": " << summed[r];
     ASSERT_TRUE(averaged[r].ok()) << "node " << r << ": " << averaged[r];

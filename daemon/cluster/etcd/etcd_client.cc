@@ -14,6 +14,17 @@
 
 namespace gradsync {
 
+EtcdKeyValue EtcdKeyValueFromProto(const mvccpb::KeyValue& kv) {
+  EtcdKeyValue out;
+  out.key = kv.key();
+  out.value = kv.value();
+  out.create_revision = kv.create_revision();
+  out.mod_revision = kv.mod_revision();
+  out.version = kv.version();
+  out.lease = kv.lease();
+  return out;
+}
+
 namespace {
 
 // etcd reads the auth token from this call metadata.
@@ -39,17 +50,6 @@ bool Retryable(const grpc::Status& status) {
     default:
       return false;
   }
-}
-
-EtcdKeyValue FromProto(const mvccpb::KeyValue& kv) {
-  EtcdKeyValue out;
-  out.key = kv.key();
-  out.value = kv.value();
-  out.create_revision = kv.create_revision();
-  out.mod_revision = kv.mod_revision();
-  out.version = kv.version();
-  out.lease = kv.lease();
-  return out;
 }
 
 etcdserverpb::Compare ToProto(const EtcdCompare& compare) {
@@ -343,7 +343,7 @@ absl::StatusOr<std::optional<EtcdKeyValue>> EtcdClient::Get(const std::string& k
   });
   if (!status.ok()) return status;
   if (response.kvs_size() == 0) return std::optional<EtcdKeyValue>();
-  return std::optional<EtcdKeyValue>(FromProto(response.kvs(0)));
+  return std::optional<EtcdKeyValue>(EtcdKeyValueFromProto(response.kvs(0)));
 }
 
 absl::StatusOr<EtcdRange> EtcdClient::GetPrefix(const std::string& prefix) {
@@ -361,7 +361,7 @@ absl::StatusOr<EtcdRange> EtcdClient::GetPrefix(const std::string& prefix) {
   if (!status.ok()) return status;
   EtcdRange range;
   range.revision = response.header().revision();
-  for (const mvccpb::KeyValue& kv : response.kvs()) range.kvs.push_back(FromProto(kv));
+  for (const mvccpb::KeyValue& kv : response.kvs()) range.kvs.push_back(EtcdKeyValueFromProto(kv));
   return range;
 }
 
@@ -383,7 +383,7 @@ absl::StatusOr<std::vector<std::optional<EtcdKeyValue>>> EtcdClient::GetMany(
   std::vector<std::optional<EtcdKeyValue>> out;
   for (const etcdserverpb::ResponseOp& op : response.responses()) {
     if (op.has_response_range() && op.response_range().kvs_size() > 0) {
-      out.push_back(FromProto(op.response_range().kvs(0)));
+      out.push_back(EtcdKeyValueFromProto(op.response_range().kvs(0)));
     } else {
       out.push_back(std::nullopt);
     }
@@ -452,7 +452,7 @@ absl::StatusOr<EtcdTxnResult> EtcdClient::Txn(const std::vector<EtcdCompare>& co
   if (!response.succeeded() && response.responses_size() == 1 &&
       response.responses(0).has_response_range() &&
       response.responses(0).response_range().kvs_size() > 0) {
-    result.current = FromProto(response.responses(0).response_range().kvs(0));
+    result.current = EtcdKeyValueFromProto(response.responses(0).response_range().kvs(0));
   }
   return result;
 }

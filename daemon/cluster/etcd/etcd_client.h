@@ -70,6 +70,9 @@ struct EtcdKeyValue {
   int64_t lease = 0;  // 0: none
 };
 
+// The record of a reply (a read's, a transaction's or a watch event's).
+EtcdKeyValue EtcdKeyValueFromProto(const mvccpb::KeyValue& kv);
+
 struct EtcdRange {
   std::vector<EtcdKeyValue> kvs;  // by key
   int64_t revision = 0;           // the store's revision the read saw

@@ -9,21 +9,6 @@
 
 namespace gradsync {
 
-namespace {
-
-EtcdKeyValue FromProto(const mvccpb::KeyValue& kv) {
-  EtcdKeyValue out;
-  out.key = kv.key();
-  out.value = kv.value();
-  out.create_revision = kv.create_revision();
-  out.mod_revision = kv.mod_revision();
-  out.version = kv.version();
-  out.lease = kv.lease();
-  return out;
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<EtcdWatch>> EtcdWatch::Start(EtcdClient* client, std::string prefix,
                                                             int64_t start_revision,
                                                             EventsCallback on_events,
@@ -190,7 +175,7 @@ absl::Status EtcdWatch::Serve(const EtcdClient::Member& member, bool* created) {
       EtcdEvent out;
       out.type =
           event.type() == mvccpb::Event::DELETE ? EtcdEvent::Type::kDelete : EtcdEvent::Type::kPut;
-      out.kv = FromProto(event.kv());
+      out.kv = EtcdKeyValueFromProto(event.kv());
       next_revision_ = std::max(next_revision_, out.kv.mod_revision + 1);
       events.push_back(std::move(out));
     }
