@@ -727,7 +727,12 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
   if (timings) timings->threads = slices;
 
   const int64_t t0 = MonotonicNowNs();
-  if (backend.num_nodes() <= 1) {
+  // An iteration redone after the job shrank to this node takes the
+  // pieces summed before from their kept sums (the arenas may hold the old
+  // world's average): the pieces path below does, its collective a no-op
+  // on one node. Otherwise one pass averages the arenas.
+  const bool redo_from_kept = kept != nullptr && kept->pieces > 0;
+  if (backend.num_nodes() <= 1 && !redo_from_kept) {
     AverageOnOneNode(pool_, job, dtype, slices, findings_, nonfinite);
     if (kept_result != nullptr) KeepAfterOneNodePass(arenas[0], spans, kept_result);
     if (timings) timings->local_reduce_ns = MonotonicNowNs() - t0, timings->collective_ns = 0;
@@ -766,6 +771,9 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
   // backend reduces it there, and the average is copied out.
   const bool in_place = shared == nullptr && spans.size() == 1 &&
                         (dtype == DType::kFloat32 || dtype == DType::kFloat64);
+  // One node (a redo from kept sums): the plan sized the old world's
+  // shared staging, which this backend has none of.
+  if (!in_place && backend.num_nodes() <= 1) EnsureStaging(job.total_elements * DTypeSize(staged));
   if (!in_place && shared == nullptr && job.total_elements * DTypeSize(staged) > staging_.size()) {
     return absl::InternalError("bucket is larger than the staging buffer");
   }

@@ -14,10 +14,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "tests/integration/cluster.h"
+#include "tests/integration/control_stats.h"
 #include "tests/integration/harness.h"
 #include "tests/testing/wait.h"
 
@@ -141,6 +143,57 @@ TEST(ElasticInputCopies, StopWhenTheJobShrinksToOneNodeAndStartAgainWhenANodeJoi
   // Neither before the shrink nor on the joiner, which started across nodes.
   EXPECT_EQ(LogAt(cluster, 1, "event=trainer_input_copies_"), std::string::npos)
       << cluster.DaemonLogs();
+}
+
+// The same shrink with the first-marked tensor in a bucket of its own
+// (--first-bucket-cap-mb tiny): both nodes reduce that bucket in
+// iteration 2 and write its average into their trainers' arenas before
+// node 1 dies. Node 0 alone then redoes the iteration: that bucket from
+// the sum it kept (its arenas hold the two-node average), the others from
+// the trainers' inputs. Every step equals one process averaging
+// iterations 0-1 over 4 trainers and 2-7 over node 0's 2.
+TEST(ElasticInputCopies, ABucketAveragedBeforeTheShrinkToOneNodeIsRedoneFromItsKeptSum) {
+  ClusterOptions options = TwoNodeJob();
+  options.flags.push_back("--first-bucket-cap-mb=0.000001");
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  StartNodeTrainers(cluster, 0, "backward", "w", &trainers);
+  StartNodeTrainers(cluster, 1, "backward", "w", &trainers);
+  for (Trainer& t : trainers) {
+    ASSERT_TRUE(WaitForLog(t.process, "mlp_trainer: paused at backward", kBound) &&
+                WaitStopped(t.process, kBound))
+        << t.process.Log() << cluster.DaemonLogs();
+  }
+  // Bucket 0 of iteration 2 reduced on node 0 (a third time) before the kill.
+  bool reduced = false;
+  for (int i = 0; i < 600 && !reduced; ++i) {
+    const absl::StatusOr<v1::Stats> stats = GetStats(cluster.port(), "elastic-token");
+    reduced =
+        stats.ok() && stats->buckets_size() > 1 && stats->buckets(0).count() == kKilledStep + 1;
+    if (!reduced) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(reduced) << cluster.DaemonLogs();
+  cluster.node(1).process().Signal(SIGKILL);
+  for (int i = kLocal; i < 2 * kLocal; ++i) trainers[i].process.Signal(SIGKILL);
+  ASSERT_TRUE(WaitForLog(cluster.node(0).process(),
+                         absl::StrCat("event=iteration_redo iteration=", kKilledStep,
+                                      " world_size=2 nodes=1 node_index=0 kept_buckets=1"),
+                         kBound))
+      << cluster.DaemonLogs();
+  for (int i = 0; i < kLocal; ++i) trainers[i].process.Signal(SIGCONT);
+  const std::vector<double> reference = SingleProcessReference(
+      cluster.dir(),
+      {absl::StrCat("--steps=", kSteps), "--batch=60", "--fp64",
+       absl::StrCat("--join-steps=", kSteps, ",", kSteps, ",", kKilledStep, ",", kKilledStep),
+       "--join-divide-by-active"});
+  ASSERT_FALSE(reference.empty());
+  for (int i = 0; i < kLocal; ++i) {
+    const ExitStatus st = trainers[i].process.Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << trainers[i].process.Log() << cluster.DaemonLogs();
+    EXPECT_LT(RelativeDifference(LoadWeights(trainers[i].out), reference), 1e-12)
+        << trainers[i].out;
+  }
 }
 
 }  // namespace
