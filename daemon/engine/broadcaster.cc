@@ -172,7 +172,7 @@ absl::Status Broadcaster::AwaitResume(Call call, absl::Status failed, bool* coll
     absl::Status st = Run(call, collective);
     mu_.Lock();
     if (st.ok()) {
-      StepDone(call, fused_);
+      Settle(call);
       return st;
     }
     if (!*collective) return st;
@@ -277,11 +277,12 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
                                                           int fused_slot, absl::Time deadline) {
   const int me = caller.local_rank;
   absl::Status refused;
-  StepResult result;
   {
     MonotonicMutexLock lock(&mu_);
     if (!failed_.ok()) return failed_;
     if (me < 0 || me >= LocalTrainers()) return MakeError(v1::INTERNAL, "unknown local rank");
+    // The catch-up root's node died: this trainer calls it again from the new root.
+    if (RestartRoot(root_rank) >= 0) return Answer(caller, root_rank, step, device);
     const std::string what = absl::StrCat("gs_broadcast(bytes=", bytes, ", root_rank=", root_rank,
                                           step == 0 ? "" : absl::StrCat(", piece ", step - 1), ")");
     refused = Refusal(caller, bytes, root_rank, step, device);
@@ -322,7 +323,7 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
         absl::Status st = Run(call, &collective);
         mu_.Lock();
         if (st.ok()) {
-          StepDone(call, fused_);
+          Settle(call);
         } else if (collective && on_world_failure_) {
           // An elastic job: the survivors re-form and settle this step.
           st = AwaitResume(call, st, &collective);
@@ -344,7 +345,7 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
           return failed_;
         }
       } else {
-        while (calls_done_ <= mine && failed_.ok()) {
+        while (calls_done_ <= mine && failed_.ok() && RestartRoot(root_rank) < 0) {
           const absl::Time now = MonotonicNow();
           if (!running_ && calls_started_ == mine && now >= deadline) {
             std::vector<uint8_t> missing(trainers_.size(), 0);
@@ -364,6 +365,9 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
         // after it); one that failed is answered with the job's failure,
         // which its last arrival is recording now (a trainer told first
         // could close and fail the job in its own name instead).
+        if (refused.ok() && RestartRoot(root_rank) >= 0) {
+          return Answer(caller, root_rank, step, device);
+        }
         if (refused.ok() && calls_done_ <= mine) return failed_;
         if (refused.ok() && !last_result_.ok()) {
           const absl::Time until = MonotonicNow() + absl::Milliseconds(options_.timeout_ms);
@@ -372,17 +376,7 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
         }
       }
     }
-    if (refused.ok()) {
-      result.segment_name = segment_.name();
-      result.segment_bytes = segment_.size();
-      result.piece_bytes = kPieceBytes;
-      result.fused = step == 0 && fused_;
-      if (device && step == 0 && gpu_ != nullptr &&
-          static_cast<size_t>(me) < gpu_->num_trainers()) {
-        result.device_handle = gpu_->broadcast_handle(gpu_->device_index(me)).ToBytes();
-      }
-      return result;
-    }
+    if (refused.ok()) return Answer(caller, root_rank, step, device);
   }
   return FailJob(refused);
 }
@@ -446,7 +440,11 @@ absl::Status Broadcaster::Agree(const Call& call, bool* fused, bool* collective)
       root_nccl_rank_ = static_cast<int>(v[at + 2]) - 1;
     }
   }
-  if (root_node < 0) return RootOnNoNode(call.root_rank);
+  if (root_node < 0) {
+    // Its node is gone: the catch-up runs again from a live old member.
+    *fused = false;
+    return RerootOrRefuse(call, collective);
+  }
   root_node_ = root_node;
   *fused = v[1] == nodes;
   return absl::OkStatus();
@@ -511,7 +509,7 @@ absl::Status Broadcaster::Run(const Call& call, bool* collective) {
     } else if (call.root_rank < options_.rank_offset ||
                call.root_rank >= options_.rank_offset + LocalTrainers()) {
       // An elastic job re-formed down to this node, without the root's.
-      return RootOnNoNode(call.root_rank);
+      return RerootOrRefuse(call, collective);
     }
     if (!fused) return absl::OkStatus();
     // The root filled the whole buffer into that slot before its call.

@@ -1419,6 +1419,82 @@ TEST(ElasticJob, ATrainerKilledMidBackwardRestartedRejoinsItsNodeCatchesUpAndTra
   ExpectARestartedTrainerRejoins(/*victim=*/kTrainerVictim, /*root=*/0, "backward");
 }
 
+// The catch-up root's node dies during the catch-up (on etcd, where node
+// 0 may die): rank 3 is killed after marking iteration 2 and restarted, so
+// after iteration 3 every trainer broadcasts the state from rank 0 (the
+// catch-up root). Node 0 holds piece 0 of that broadcast (the test hook)
+// and is SIGKILLed with its trainers while the others wait for the piece.
+// Nodes 1 and 2 re-form and run the catch-up again from rank 2, the lowest
+// live rank that was a member before the join (rank 3's replacement is
+// not one): every survivor and the replacement get GS_OK with rank 2's
+// state, which equals rank 0's, and all four end within 1e-12 of one
+// process that averages 0-2 over all six shards, 3 over all but rank 3's
+// and 4 on over ranks 2-5.
+TEST(ElasticJob, TheCatchUpRootsNodeKilledDuringTheCatchUpRunsItAgainFromTheNextOldMember) {
+  if (!kOnEtcd) GTEST_SKIP() << "the root, rank 0, is on node 0, whose death ends a leader's job";
+  SKIP_WITHOUT_ETCD();
+  constexpr int kRejoinAt = kKilledStep + 2, kNewRoot = 2;
+  ScratchDir scratch("catch_up_root_death");
+  ClusterOptions options = JobOptions(/*min_nodes=*/2, 4 * kTimeoutS);
+  options.node_env.resize(kNodes);
+  options.node_env[0] = {{"GRADSYNC_TEST_HOLD_BROADCAST_PIECE", "0"},
+                         {"GRADSYNC_TEST_HOLD_BROADCAST_UNTIL", scratch.File("never")}};
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers, replacements;
+  const int node = kTrainerVictim / kLocal, local = kTrainerVictim % kLocal;
+  RunUntilTrainerKilled(
+      cluster, "marked", &trainers,
+      [&] {
+        ASSERT_TRUE(WaitForLog(cluster.node(node).process(),
+                               absl::StrCat("event=leave job=1 local_rank=", local), kStateBound))
+            << cluster.DaemonLogs();
+        std::vector<std::string> args = TrainArgs();
+        args.push_back("--catch-up");
+        const std::string out = absl::StrCat(cluster.dir(), "/replacement");
+        replacements.push_back({node, "", out, StartTrainer(cluster.node(node), local, args, out)});
+        ASSERT_TRUE(
+            WaitForLog(cluster.node(node).process(), "event=register_rejoining job=1", kStateBound))
+            << replacements[0].process.Log() << cluster.DaemonLogs();
+      },
+      kTrainerVictim, {"--catch-up"});
+  ASSERT_EQ(replacements.size(), 1u);
+  ASSERT_TRUE(
+      WaitForLog(cluster.node(0).process(), "event=test_broadcast_held piece=0", kErrorBound))
+      << cluster.DaemonLogs();
+  cluster.node(0).process().Signal(SIGKILL);
+  for (int r = 0; r < kLocal; ++r) trainers[r].process.Signal(SIGKILL);
+  const std::string joined = absl::StrCat("mlp_trainer: joined the running job at iteration ",
+                                          kRejoinAt, ": state from rank ", kNewRoot, ",");
+  ASSERT_TRUE(WaitForLog(replacements[0].process, joined, kErrorBound))
+      << replacements[0].process.Log() << AllTrainerErrors(trainers) << cluster.DaemonLogs();
+
+  std::vector<std::string> reference_args = TrainArgs();
+  reference_args.push_back(absl::StrCat("--join-steps=", kRejoinAt, ",", kRejoinAt, ",", kSteps,
+                                        ",", kKilledStep + 1, ",", kSteps, ",", kSteps));
+  reference_args.push_back("--join-divide-by-active");
+  reference_args.push_back(absl::StrCat("--rejoin-at=", kRejoinAt));
+  reference_args.push_back(absl::StrCat("--rejoin-ranks=", kTrainerVictim));
+  const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
+  ASSERT_FALSE(reference.empty());
+  std::vector<Trainer*> everyone = {&trainers[2], &trainers[4], &trainers[5], &replacements[0]};
+  ASSERT_NO_FATAL_FAILURE(ExpectEndedAlikeAndLikeTheReference(cluster, everyone, reference, [&] {
+    return AllTrainerErrors(trainers) + AllTrainerErrors(replacements);
+  }));
+  const std::string sent = absl::StrCat("mlp_trainer: trainers joined after iteration ", kRejoinAt,
+                                        ": state sent from rank ", kNewRoot, "\n");
+  for (int i : {2, 4, 5}) {
+    EXPECT_NE(trainers[i].process.Log().find(sent), std::string::npos) << trainers[i].process.Log();
+  }
+  for (int n : {1, 2}) {
+    EXPECT_NE(cluster.node(n).process().Log().find(
+                  absl::StrCat("event=catch_up_root_replaced old=0 new=", kNewRoot)),
+              std::string::npos)
+        << "node " << n << "\n"
+        << cluster.DaemonLogs();
+  }
+}
+
 // Rank 3 died after its first mark of iteration 2, once the first bucket
 // (its gate) was averaged over all 6 and written back: its node stays in.
 // Node 1 sums rank 2's input again from the copy its sum pass kept, every
