@@ -973,6 +973,83 @@ TEST(ElasticJob, AReplacementNodeJoinsTheRunningJobCatchesUpAndTrainsOverAllAgai
               kKilledStep, m);
 }
 
+// A node joins and the catch-up root's node dies during the catch-up (on
+// etcd, where node 0 may die): node 2 dies in iteration 2, a replacement
+// node 2 joins at m, and every trainer broadcasts the state from rank 0.
+// Node 0 holds piece 0 of it (the test hook) and is SIGKILLed with its
+// trainers; node 1 and the joiner re-form and run the catch-up again from
+// rank 2, the lowest live rank of an old member (the joiner's ranks 4-5
+// are not): all four end within 1e-12 of one process that averages 0-1
+// over 6, 2..m-1 over ranks 0-3 and m on over ranks 2-5.
+TEST(ElasticJob, AJoinersCatchUpWhoseRootsNodeDiesRunsAgainFromTheNextOldMember) {
+  if (!kOnEtcd) GTEST_SKIP() << "the root, rank 0, is on node 0, whose death ends a leader's job";
+  SKIP_WITHOUT_ETCD();
+  constexpr int kNewRoot = 2;
+  ScratchDir scratch("joiner_root_death");
+  ClusterOptions options = JobOptions(/*min_nodes=*/2, 4 * kTimeoutS);
+  options.node_env.resize(kNodes);
+  options.node_env[0] = {{"GRADSYNC_TEST_HOLD_BROADCAST_PIECE", "0"},
+                         {"GRADSYNC_TEST_HOLD_BROADCAST_UNTIL", scratch.File("never")}};
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers, replacements;
+  RunUntilKilled(cluster, Stage::kBackward, &trainers, {kVictimNode}, /*resume=*/false,
+                 {"--catch-up"});
+  // Node 0's trainers stay held until every survivor read the grow entry.
+  ResumeSurvivors(&trainers, {0, kVictimNode});
+  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_reformed", kErrorBound))
+      << cluster.DaemonLogs();
+  ASSERT_TRUE(cluster.StartNode(kVictimNode)) << cluster.DaemonLogs();
+  for (int r = 0; r < kLocal; ++r) {
+    std::vector<std::string> args = TrainArgs();
+    args.push_back("--catch-up");
+    const std::string out = absl::StrCat(cluster.dir(), "/replacement_", r);
+    replacements.push_back(
+        {kVictimNode, "", out, StartTrainer(cluster.node(kVictimNode), r, args, out)});
+  }
+  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_grow_published", kErrorBound))
+      << cluster.DaemonLogs();
+  for (int n : {0, 1}) {
+    ASSERT_TRUE(WaitForLog(cluster.node(n).process(), "event=job_grow_read", kErrorBound))
+        << cluster.DaemonLogs();
+  }
+  for (int r = 0; r < kLocal; ++r) trainers[r].process.Signal(SIGCONT);
+  ASSERT_TRUE(
+      WaitForLog(cluster.node(0).process(), "event=test_broadcast_held piece=0", kErrorBound))
+      << cluster.DaemonLogs();
+  cluster.node(0).process().Signal(SIGKILL);
+  for (int r = 0; r < kLocal; ++r) trainers[r].process.Signal(SIGKILL);
+  const std::string joined = "mlp_trainer: joined the running job at iteration ";
+  ASSERT_TRUE(WaitForLog(replacements[0].process, joined, kErrorBound))
+      << replacements[0].process.Log() << cluster.DaemonLogs();
+  const std::string log = replacements[0].process.Log();
+  const int m = std::atoi(log.c_str() + log.find(joined) + joined.size());
+  ASSERT_GT(m, kKilledStep);
+  EXPECT_NE(log.find(absl::StrCat(joined, m, ": state from rank ", kNewRoot, ",")),
+            std::string::npos)
+      << log;
+
+  std::vector<std::string> reference_args = TrainArgs();
+  reference_args.push_back(absl::StrCat("--join-steps=", m, ",", m, ",", kSteps, ",", kSteps, ",",
+                                        kKilledStep, ",", kKilledStep));
+  reference_args.push_back("--join-divide-by-active");
+  reference_args.push_back(absl::StrCat("--rejoin-at=", m));
+  reference_args.push_back("--rejoin-ranks=4,5");
+  const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
+  ASSERT_FALSE(reference.empty());
+  std::vector<Trainer*> everyone = {&trainers[2], &trainers[3], &replacements[0], &replacements[1]};
+  ASSERT_NO_FATAL_FAILURE(ExpectEndedAlikeAndLikeTheReference(cluster, everyone, reference, [&] {
+    return AllTrainerErrors(trainers) + AllTrainerErrors(replacements);
+  }));
+  for (int n : {1, 2}) {
+    EXPECT_NE(cluster.node(n).process().Log().find(
+                  absl::StrCat("event=catch_up_root_replaced old=0 new=", kNewRoot)),
+              std::string::npos)
+        << "node " << n << "\n"
+        << cluster.DaemonLogs();
+  }
+}
+
 // Node 1 dies, so the survivors hold ranks 0-1 and 4-5; a new node 3
 // (below --max-nodes 4) joins. Counting the trainers of the members before
 // it would give it ranks 4-5, node 2's: it takes the free 2-3 instead, its
