@@ -36,7 +36,9 @@ constexpr size_t kAgreementPerNode = 4;
 // Test-only (inert unless set): this node holds piece K of its next
 // multi-piece host broadcast before the piece's collective, until the file
 // named by the second variable exists (at most the timeout), so that a test
-// can kill another node while the others wait in that collective.
+// can kill another node while the others wait in that collective. K =
+// "agreement": step 0's agreement instead (a root's node that dies before
+// its broadcast began).
 constexpr char kHoldPiece[] = "GRADSYNC_TEST_HOLD_BROADCAST_PIECE";
 constexpr char kHoldUntil[] = "GRADSYNC_TEST_HOLD_BROADCAST_UNTIL";
 
@@ -52,18 +54,23 @@ Broadcaster::Broadcaster(std::vector<Trainer*> trainers, Backend* backend, FailF
   marked_in_.assign(trainers_.size(), 0);
   const char* hold = std::getenv(kHoldPiece);
   uint64_t piece = 0;
-  if (hold == nullptr || !absl::SimpleAtoi(hold, &piece)) return;
+  if (hold != nullptr && std::string(hold) == "agreement") {
+    piece = kHeldAgreement;
+  } else if (hold == nullptr || !absl::SimpleAtoi(hold, &piece)) {
+    return;
+  }
   hold_piece_plus_one_ = piece + 1;
   const char* until = std::getenv(kHoldUntil);
   hold_until_file_ = until != nullptr ? until : "";
-  spdlog::warn("event=test_hook_armed hook={} piece={} until_file={}", kHoldPiece, piece,
+  spdlog::warn("event=test_hook_armed hook={} piece={} until_file={}", kHoldPiece, LogValue(hold),
                LogValue(hold_until_file_));
 }
 
 void Broadcaster::MaybeHoldPiece(uint64_t piece) {
   if (hold_piece_plus_one_ != piece + 1) return;
   hold_piece_plus_one_ = 0;  // once: a piece run again is not held
-  spdlog::warn("event=test_broadcast_held piece={} until_file={}", piece,
+  spdlog::warn("event=test_broadcast_held piece={} until_file={}",
+               piece == kHeldAgreement ? std::string("agreement") : std::to_string(piece),
                LogValue(hold_until_file_));
   const auto until =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.timeout_ms);
@@ -412,6 +419,7 @@ absl::Status Broadcaster::Agree(const Call& call, bool* fused, bool* collective)
                           call.root_rank < options_.rank_offset + LocalTrainers();
   if (holds_root) v[mine + 2] = 1 + (call.device ? LocalRootNcclRank(call.root_rank) : 0);
   v[mine + 3] = options_.node_rank + 1;
+  MaybeHoldPiece(kHeldAgreement);
   if (absl::Status st = call.world.backend->AllreduceCounts(v.data(), v.size()); !st.ok()) {
     *collective = true;
     return MakeError(CodeOf(st),

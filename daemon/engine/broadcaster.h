@@ -267,7 +267,9 @@ class Broadcaster {
   // A step's answer to a call from `root_rank` (segment, fused, restart).
   StepResult Answer(const Trainer& caller, int root_rank, uint64_t step, bool device) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The test hook that holds a piece on this node (see broadcaster.cc).
+  // The test hook that holds a piece on this node (see broadcaster.cc);
+  // kHeldAgreement: step 0's agreement.
+  static constexpr uint64_t kHeldAgreement = ~0ull - 1;
   void MaybeHoldPiece(uint64_t piece);
   // Fails the job (lock released) and returns `error`.
   absl::Status FailJob(const absl::Status& error, int culprit = -1) ABSL_LOCKS_EXCLUDED(mu_);

@@ -1506,15 +1506,15 @@ TEST(ElasticJob, ATrainerKilledMidBackwardRestartedRejoinsItsNodeCatchesUpAndTra
 // not one): every survivor and the replacement get GS_OK with rank 2's
 // state, which equals rank 0's, and all four end within 1e-12 of one
 // process that averages 0-2 over all six shards, 3 over all but rank 3's
-// and 4 on over ranks 2-5.
-TEST(ElasticJob, TheCatchUpRootsNodeKilledDuringTheCatchUpRunsItAgainFromTheNextOldMember) {
-  if (!kOnEtcd) GTEST_SKIP() << "the root, rank 0, is on node 0, whose death ends a leader's job";
-  SKIP_WITHOUT_ETCD();
+// and 4 on over ranks 2-5. `hold` "agreement": node 0 holds the
+// broadcast's agreement instead, so the root's node dies before the
+// broadcast began and the survivors find the root on no node there.
+void ExpectTheCatchUpRunsAgainFromTheNextOldMember(const std::string& hold) {
   constexpr int kRejoinAt = kKilledStep + 2, kNewRoot = 2;
   ScratchDir scratch("catch_up_root_death");
   ClusterOptions options = JobOptions(/*min_nodes=*/2, 4 * kTimeoutS);
   options.node_env.resize(kNodes);
-  options.node_env[0] = {{"GRADSYNC_TEST_HOLD_BROADCAST_PIECE", "0"},
+  options.node_env[0] = {{"GRADSYNC_TEST_HOLD_BROADCAST_PIECE", hold},
                          {"GRADSYNC_TEST_HOLD_BROADCAST_UNTIL", scratch.File("never")}};
   Cluster cluster(options);
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
@@ -1537,7 +1537,7 @@ TEST(ElasticJob, TheCatchUpRootsNodeKilledDuringTheCatchUpRunsItAgainFromTheNext
       kTrainerVictim, {"--catch-up"});
   ASSERT_EQ(replacements.size(), 1u);
   ASSERT_TRUE(
-      WaitForLog(cluster.node(0).process(), "event=test_broadcast_held piece=0", kErrorBound))
+      WaitForLog(cluster.node(0).process(), "event=test_broadcast_held piece=" + hold, kErrorBound))
       << cluster.DaemonLogs();
   cluster.node(0).process().Signal(SIGKILL);
   for (int r = 0; r < kLocal; ++r) trainers[r].process.Signal(SIGKILL);
@@ -1570,6 +1570,18 @@ TEST(ElasticJob, TheCatchUpRootsNodeKilledDuringTheCatchUpRunsItAgainFromTheNext
         << "node " << n << "\n"
         << cluster.DaemonLogs();
   }
+}
+
+TEST(ElasticJob, TheCatchUpRootsNodeKilledDuringTheCatchUpRunsItAgainFromTheNextOldMember) {
+  if (!kOnEtcd) GTEST_SKIP() << "the root, rank 0, is on node 0, whose death ends a leader's job";
+  SKIP_WITHOUT_ETCD();
+  ExpectTheCatchUpRunsAgainFromTheNextOldMember("0");
+}
+
+TEST(ElasticJob, TheCatchUpRootsNodeKilledBeforeTheCatchUpBeganRunsItFromTheNextOldMember) {
+  if (!kOnEtcd) GTEST_SKIP() << "the root, rank 0, is on node 0, whose death ends a leader's job";
+  SKIP_WITHOUT_ETCD();
+  ExpectTheCatchUpRunsAgainFromTheNextOldMember("agreement");
 }
 
 // Rank 3 died after its first mark of iteration 2, once the first bucket
