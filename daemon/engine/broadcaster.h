@@ -42,6 +42,10 @@
 // world; one on a node that is no longer a member fails the agreement
 // ("is on no node of the job").
 //
+// The catch-up broadcast a join announces (ExpectCatchUp) whose root's
+// node dies runs again from the lowest live old member; every local call
+// from the dead root is answered "restart from" it (broadcaster_catch_up.cc).
+//
 // A node's death during a broadcast (broadcaster_resume.cc): a call whose
 // collective failed asks the job to re-form (set_on_world_failure) and
 // waits; the scheduler's re-formation then calls Resume, which compares
