@@ -51,8 +51,10 @@
 // member; --rendezvous etcd://...) instead of the embedded leader, except
 // the two that need the leader (config set, its death), plus what only
 // etcd allows: node 0 SIGKILLed and the survivors train on, a replacement
-// node 0 joining them and catching up from rank 2, and one of three etcd
-// members killed while the survivors re-form.
+// node 0 joining them and catching up from rank 2, one of three etcd
+// members killed while the survivors re-form, and the catch-up root's node
+// 0 killed during (or before) the catch-up of a restarted trainer or a
+// joining node: the catch-up runs again from rank 2.
 #include <gtest/gtest.h>
 #include <signal.h>
 
