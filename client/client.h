@@ -185,6 +185,9 @@ class Client {
     int fused_slot = -1;  // the host slot step 0 may move the buffer through (FusedSlot)
   };
   absl::StatusOr<bool> BroadcastOnDevice(const void* buffer, size_t bytes) const;
+  // One run of the broadcast from call.root_rank; *restart_from: the rank
+  // to run it again from (the catch-up root's node died), else -1.
+  absl::Status BroadcastFrom(BroadcastCall call, uint8_t* data, int* restart_from);
   // The host slot a broadcast of one piece may fill before its step 0, so
   // that the broadcast is one call (local.proto, BroadcastRequest), or -1.
   int FusedSlot(const BroadcastCall& call) const;

@@ -92,8 +92,26 @@ absl::Status Client::Broadcast(void* buffer, size_t bytes, int root_rank, int64_
   call.root_rank = root_rank;
   call.wait_ms = timeout_ms > 0 ? timeout_ms : daemon_timeout_ms_;
   ASSIGN_OR_RETURN(call.device, BroadcastOnDevice(buffer, bytes));
-  uint8_t* const data = static_cast<uint8_t*>(buffer);
-  const bool root = root_rank == rank_;
+  // Each restart follows a death of the catch-up root's node: at most one
+  // per node of the job, bounded here by the ranks.
+  for (int runs = 0; runs <= std::max(world_size_, 1); ++runs) {
+    int restart_from = -1;
+    RETURN_IF_ERROR(BroadcastFrom(call, static_cast<uint8_t*>(buffer), &restart_from));
+    if (restart_from < 0) return absl::OkStatus();
+    // Later readers of gs_job_info.catch_up_root get the live root.
+    if (call.root_rank == catch_up_root_) catch_up_root_ = restart_from;
+    call.root_rank = restart_from;
+    broadcast_free_slot_ = -1;  // which slot the abandoned run left busy is unknown
+  }
+  return Failed(MakeError(v1::INTERNAL, absl::StrCat("rank ", rank_,
+                                                     ": gs_broadcast was restarted from a new "
+                                                     "catch-up root more times than the job has "
+                                                     "ranks")));
+}
+
+absl::Status Client::BroadcastFrom(BroadcastCall call, uint8_t* data, int* restart_from) {
+  const uint64_t bytes = call.bytes;
+  const bool root = call.root_rank == rank_;
   call.fused_slot = FusedSlot(call);
   if (call.fused_slot >= 0 && root) {
     std::memcpy(static_cast<uint8_t*>(broadcast_segment_.data()) +
@@ -104,6 +122,8 @@ absl::Status Client::Broadcast(void* buffer, size_t bytes, int root_rank, int64_
   // alone): the job's error reaches gs_wait through the rings as well.
   v1::BroadcastResponse begin;
   RETURN_IF_ERROR(BroadcastStep(call, 0, &begin));
+  *restart_from = begin.restart_from_root() - 1;
+  if (*restart_from >= 0) return absl::OkStatus();
   if (begin.fused()) return FinishFused(call, begin, data, root);
   const uint64_t piece = begin.piece_bytes();
   if (bytes == 0) return absl::OkStatus();
@@ -124,6 +144,8 @@ absl::Status Client::Broadcast(void* buffer, size_t bytes, int root_rank, int64_
     if (root) RETURN_IF_ERROR(CopyPiece(call, slot, data + offset, len));
     v1::BroadcastResponse resp;
     RETURN_IF_ERROR(BroadcastStep(call, k + 1, &resp));
+    *restart_from = resp.restart_from_root() - 1;
+    if (*restart_from >= 0) return absl::OkStatus();
     if (!root) RETURN_IF_ERROR(CopyPiece(call, data + offset, slot, len));
   }
   if (!call.device) {

@@ -177,6 +177,7 @@ grpc::Status LocalService::Broadcast(grpc::ServerContext*, const v1::BroadcastRe
   resp->set_piece_bytes(r->piece_bytes);
   resp->set_device_handle(r->device_handle);
   resp->set_fused(r->fused);
+  resp->set_restart_from_root(r->restart_from_root + 1);
   return Reply(resp, absl::OkStatus());
 }
 

@@ -36,7 +36,9 @@ constexpr size_t kAgreementPerNode = 4;
 // Test-only (inert unless set): this node holds piece K of its next
 // multi-piece host broadcast before the piece's collective, until the file
 // named by the second variable exists (at most the timeout), so that a test
-// can kill another node while the others wait in that collective.
+// can kill another node while the others wait in that collective. K =
+// "agreement": step 0's agreement instead (a root's node that dies before
+// its broadcast began).
 constexpr char kHoldPiece[] = "GRADSYNC_TEST_HOLD_BROADCAST_PIECE";
 constexpr char kHoldUntil[] = "GRADSYNC_TEST_HOLD_BROADCAST_UNTIL";
 
@@ -52,18 +54,23 @@ Broadcaster::Broadcaster(std::vector<Trainer*> trainers, Backend* backend, FailF
   marked_in_.assign(trainers_.size(), 0);
   const char* hold = std::getenv(kHoldPiece);
   uint64_t piece = 0;
-  if (hold == nullptr || !absl::SimpleAtoi(hold, &piece)) return;
+  if (hold != nullptr && std::string(hold) == "agreement") {
+    piece = kHeldAgreement;
+  } else if (hold == nullptr || !absl::SimpleAtoi(hold, &piece)) {
+    return;
+  }
   hold_piece_plus_one_ = piece + 1;
   const char* until = std::getenv(kHoldUntil);
   hold_until_file_ = until != nullptr ? until : "";
-  spdlog::warn("event=test_hook_armed hook={} piece={} until_file={}", kHoldPiece, piece,
+  spdlog::warn("event=test_hook_armed hook={} piece={} until_file={}", kHoldPiece, LogValue(hold),
                LogValue(hold_until_file_));
 }
 
 void Broadcaster::MaybeHoldPiece(uint64_t piece) {
   if (hold_piece_plus_one_ != piece + 1) return;
   hold_piece_plus_one_ = 0;  // once: a piece run again is not held
-  spdlog::warn("event=test_broadcast_held piece={} until_file={}", piece,
+  spdlog::warn("event=test_broadcast_held piece={} until_file={}",
+               piece == kHeldAgreement ? std::string("agreement") : std::to_string(piece),
                LogValue(hold_until_file_));
   const auto until =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.timeout_ms);
@@ -172,7 +179,7 @@ absl::Status Broadcaster::AwaitResume(Call call, absl::Status failed, bool* coll
     absl::Status st = Run(call, collective);
     mu_.Lock();
     if (st.ok()) {
-      StepDone(call, fused_);
+      Settle(call);
       return st;
     }
     if (!*collective) return st;
@@ -277,11 +284,12 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
                                                           int fused_slot, absl::Time deadline) {
   const int me = caller.local_rank;
   absl::Status refused;
-  StepResult result;
   {
     MonotonicMutexLock lock(&mu_);
     if (!failed_.ok()) return failed_;
     if (me < 0 || me >= LocalTrainers()) return MakeError(v1::INTERNAL, "unknown local rank");
+    // The catch-up root's node died: this trainer calls it again from the new root.
+    if (RestartRoot(root_rank) >= 0) return Answer(caller, root_rank, step, device);
     const std::string what = absl::StrCat("gs_broadcast(bytes=", bytes, ", root_rank=", root_rank,
                                           step == 0 ? "" : absl::StrCat(", piece ", step - 1), ")");
     refused = Refusal(caller, bytes, root_rank, step, device);
@@ -322,7 +330,7 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
         absl::Status st = Run(call, &collective);
         mu_.Lock();
         if (st.ok()) {
-          StepDone(call, fused_);
+          Settle(call);
         } else if (collective && on_world_failure_) {
           // An elastic job: the survivors re-form and settle this step.
           st = AwaitResume(call, st, &collective);
@@ -344,7 +352,7 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
           return failed_;
         }
       } else {
-        while (calls_done_ <= mine && failed_.ok()) {
+        while (calls_done_ <= mine && failed_.ok() && RestartRoot(root_rank) < 0) {
           const absl::Time now = MonotonicNow();
           if (!running_ && calls_started_ == mine && now >= deadline) {
             std::vector<uint8_t> missing(trainers_.size(), 0);
@@ -364,6 +372,9 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
         // after it); one that failed is answered with the job's failure,
         // which its last arrival is recording now (a trainer told first
         // could close and fail the job in its own name instead).
+        if (refused.ok() && RestartRoot(root_rank) >= 0) {
+          return Answer(caller, root_rank, step, device);
+        }
         if (refused.ok() && calls_done_ <= mine) return failed_;
         if (refused.ok() && !last_result_.ok()) {
           const absl::Time until = MonotonicNow() + absl::Milliseconds(options_.timeout_ms);
@@ -372,17 +383,7 @@ absl::StatusOr<Broadcaster::StepResult> Broadcaster::Step(const Trainer& caller,
         }
       }
     }
-    if (refused.ok()) {
-      result.segment_name = segment_.name();
-      result.segment_bytes = segment_.size();
-      result.piece_bytes = kPieceBytes;
-      result.fused = step == 0 && fused_;
-      if (device && step == 0 && gpu_ != nullptr &&
-          static_cast<size_t>(me) < gpu_->num_trainers()) {
-        result.device_handle = gpu_->broadcast_handle(gpu_->device_index(me)).ToBytes();
-      }
-      return result;
-    }
+    if (refused.ok()) return Answer(caller, root_rank, step, device);
   }
   return FailJob(refused);
 }
@@ -418,6 +419,7 @@ absl::Status Broadcaster::Agree(const Call& call, bool* fused, bool* collective)
                           call.root_rank < options_.rank_offset + LocalTrainers();
   if (holds_root) v[mine + 2] = 1 + (call.device ? LocalRootNcclRank(call.root_rank) : 0);
   v[mine + 3] = options_.node_rank + 1;
+  MaybeHoldPiece(kHeldAgreement);
   if (absl::Status st = call.world.backend->AllreduceCounts(v.data(), v.size()); !st.ok()) {
     *collective = true;
     return MakeError(CodeOf(st),
@@ -446,7 +448,11 @@ absl::Status Broadcaster::Agree(const Call& call, bool* fused, bool* collective)
       root_nccl_rank_ = static_cast<int>(v[at + 2]) - 1;
     }
   }
-  if (root_node < 0) return RootOnNoNode(call.root_rank);
+  if (root_node < 0) {
+    // Its node is gone: the catch-up runs again from a live old member.
+    *fused = false;
+    return RerootOrRefuse(call, collective);
+  }
   root_node_ = root_node;
   *fused = v[1] == nodes;
   return absl::OkStatus();
@@ -511,7 +517,7 @@ absl::Status Broadcaster::Run(const Call& call, bool* collective) {
     } else if (call.root_rank < options_.rank_offset ||
                call.root_rank >= options_.rank_offset + LocalTrainers()) {
       // An elastic job re-formed down to this node, without the root's.
-      return RootOnNoNode(call.root_rank);
+      return RerootOrRefuse(call, collective);
     }
     if (!fused) return absl::OkStatus();
     // The root filled the whole buffer into that slot before its call.

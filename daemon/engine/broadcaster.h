@@ -42,6 +42,10 @@
 // world; one on a node that is no longer a member fails the agreement
 // ("is on no node of the job").
 //
+// The catch-up broadcast a join announces (ExpectCatchUp) whose root's
+// node dies runs again from the lowest live old member; every local call
+// from the dead root is answered "restart from" it (broadcaster_catch_up.cc).
+//
 // A node's death during a broadcast (broadcaster_resume.cc): a call whose
 // collective failed asks the job to re-form (set_on_world_failure) and
 // waits; the scheduler's re-formation then calls Resume, which compares
@@ -116,6 +120,9 @@ class Broadcaster {
     uint64_t piece_bytes = kPieceBytes;
     std::string device_handle;  // step 0 of a device broadcast: the caller's GPU's slots
     bool fused = false;         // step 0 also moved the buffer (fused_slot): it is done
+    // The catch-up root's node died: the caller calls this broadcast again
+    // from this rank (-1: none; BroadcastResponse.restart_from_root).
+    int restart_from_root = -1;
   };
   // One trainer's call (BroadcastRequest); blocks until every local trainer
   // made it, or the job fails, or (before every trainer arrived) the
@@ -149,6 +156,14 @@ class Broadcaster {
   // An elastic job took `fresh` on the local rank of a trainer that died
   // (it outlives this object). Between iterations.
   void ReplaceTrainer(Trainer* fresh) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A join announced the catch-up broadcast (docs/DESIGN.md, "Elastic
+  // jobs"): before iteration `iteration`'s first mark every trainer calls
+  // gs_broadcast from `root`. `old_members` by local rank: 1 where the
+  // trainer was a member before the join (holds a replica of the state).
+  // Called before the trainers can learn of the join.
+  void ExpectCatchUp(int root, uint64_t iteration, std::vector<uint8_t> old_members)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Before the job's device resources go (the GpuSession a device piece
   // runs on): no later Step runs anything, and this returns once the call
@@ -223,7 +238,42 @@ class Broadcaster {
                                  bool* collective_failed) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   absl::Status CatchUp(const Call& call, uint64_t step, int root_place, int root_nccl_rank,
                        bool fused, bool* collective);
-  // The test hook that holds a piece on this node (see broadcaster.cc).
+  // The catch-up broadcast (broadcaster_catch_up.cc). Whether the announced
+  // catch-up window is open: its iteration, no local trainer marked in it.
+  bool InCatchUp() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The rank a call from `root_rank` restarts from (-1: it goes on): its
+  // root was a catch-up root whose node died.
+  int RestartRoot(int root_rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every node alike, once the root of the broadcast numbered `serial`
+  // is on no node: the new catch-up root agreed in one small allreduce
+  // (-1: some node does not take it for the catch-up, so it fails as any
+  // broadcast). INVALID_ARGUMENT: no old member is left alive. The lock is
+  // released around the collective.
+  absl::StatusOr<int> NextCatchUpRoot(const World& world, int dead_root, bool* collective)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Abandons the broadcast numbered `serial` from `dead_root`: every local
+  // call from it is answered "restart from `root`".
+  void ReplaceCatchUpRoot(uint64_t serial, int dead_root, int root)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The agreement found `call`'s root on no node: the catch-up root's
+  // replacement (reroot_to_), or INVALID_ARGUMENT naming the root. Lock
+  // not held.
+  absl::Status RerootOrRefuse(const Call& call, bool* collective) ABSL_LOCKS_EXCLUDED(mu_);
+  // Resume found the root of the interrupted broadcast `serial` on no
+  // node: re-runs the catch-up from a new root (OK), or returns `gone`.
+  // `completed`: a node completed it already.
+  absl::Status RerootInterrupted(uint64_t serial, int dead_root, bool completed, const World& world,
+                                 const absl::Status& gone, bool* collective_failed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // After a step of `call` ran: its bookkeeping, or the root's replacement
+  // that its agreement found (reroot_to_).
+  void Settle(const Call& call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A step's answer to a call from `root_rank` (segment, fused, restart).
+  StepResult Answer(const Trainer& caller, int root_rank, uint64_t step, bool device) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The test hook that holds a piece on this node (see broadcaster.cc);
+  // kHeldAgreement: step 0's agreement.
+  static constexpr uint64_t kHeldAgreement = ~0ull - 1;
   void MaybeHoldPiece(uint64_t piece);
   // Fails the job (lock released) and returns `error`.
   absl::Status FailJob(const absl::Status& error, int culprit = -1) ABSL_LOCKS_EXCLUDED(mu_);
@@ -272,6 +322,18 @@ class Broadcaster {
   bool awaiting_ ABSL_GUARDED_BY(mu_) = false;
   Call failed_call_ ABSL_GUARDED_BY(mu_);
   Verdict verdict_ ABSL_GUARDED_BY(mu_) = Verdict::kNone;
+  // The catch-up window a join announced.
+  struct CatchUpWindow {
+    bool armed = false;
+    uint64_t iteration = 0;            // the join iteration
+    int root = -1;                     // the announced root, or its replacement
+    std::vector<int> dead_roots;       // catch-up roots whose node died
+    std::vector<uint8_t> old_members;  // by local rank
+  };
+  CatchUpWindow catch_up_ ABSL_GUARDED_BY(mu_);
+  // Written by the thread running step 0 when its agreement replaced the
+  // catch-up root (-1: none), read after it.
+  int reroot_to_ = -1;
   // Test hook: 1 + the piece held on this node (0: none), and the file
   // whose creation releases it.
   uint64_t hold_piece_plus_one_ = 0;

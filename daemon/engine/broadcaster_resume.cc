@@ -9,7 +9,8 @@
 // its slot (the root fills the other slot only after the next step), and
 // their call completes; everyone else's failed call runs again on the new
 // world, paired with the others' next calls. A root whose node died
-// leaves nothing to send: INVALID_ARGUMENT naming it.
+// leaves nothing to send: INVALID_ARGUMENT naming it, unless the broadcast
+// is the catch-up of a join, which runs again from a live old member.
 #include <algorithm>
 #include <tuple>
 #include <vector>
@@ -182,13 +183,16 @@ absl::Status Broadcaster::SettleInterrupted(const std::vector<double>& v, const 
   }
   const bool needs_root = !level || behind.step > 0;
   if (needs_root && root_place < 0) {
-    return MakeError(
+    const absl::Status gone = MakeError(
         v1::INVALID_ARGUMENT,
         absl::StrCat("gs_broadcast(bytes=", behind.bytes, ", root_rank=", behind.root_rank,
                      "): root_rank ", behind.root_rank,
                      " is on no node of the job: its node died during the broadcast, so the "
                      "survivors cannot receive its bytes (",
                      Describe(behind), ")"));
+    // A catch-up runs again from a live old member (broadcaster_catch_up.cc).
+    return RerootInterrupted(behind.serial, behind.root_rank, next_call, world, gone,
+                             collective_failed);
   }
   if (needs_root) {
     root_node_ = root_place;

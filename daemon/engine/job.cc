@@ -469,6 +469,15 @@ absl::Status Job::StartLocked(const Layout& layout, JobWorld world, GpuStart gpu
       BroadcasterOptionsLocked());
   opts.allow_marks = [b = broadcaster_.get()](const Trainer& t) { return b->AllowMarks(t); };
   if (reforms()) {
+    // The catch-up broadcast of a join, whose root's node may die during it.
+    opts.on_catch_up = [b = broadcaster_.get()](int root, uint64_t start,
+                                                std::vector<uint8_t> old_members) {
+      b->ExpectCatchUp(root, start, std::move(old_members));
+    };
+    if (world_.start_iteration > 0) {
+      // This node joins: none of its trainers holds the state.
+      broadcaster_->ExpectCatchUp(world_.running_plan.catch_up_root, world_.start_iteration, {});
+    }
     // A death during a broadcast re-forms the job like one during an
     // iteration; the re-formation then settles the broadcast.
     broadcaster_->set_on_world_failure(

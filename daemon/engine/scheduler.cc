@@ -1349,6 +1349,7 @@ void Scheduler::FinishIteration() {
                          (grow ? ipc::kCompletionNodesJoined : 0) |
                          (rejoin ? ipc::kCompletionTrainersJoined : 0);
   members_changed_ = false;
+  if (grow || rejoin) TellCatchUp(it + 1);
   if (rejoin) OpenRejoinedOnGpu();
   if (rejoin) TellRejoined(it + 1);
   const absl::Status st =

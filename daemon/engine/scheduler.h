@@ -154,6 +154,14 @@ class Scheduler {
     // boundary, just before the previous iteration's completion entries are
     // posted. Empty: none.
     std::function<void(Trainer* fresh, uint64_t start_iteration, int catch_up_root)> on_rejoined;
+    // Elastic jobs: nodes or trainers join at this boundary, so every
+    // trainer broadcasts its state from `catch_up_root` before iteration
+    // `start_iteration`'s first mark; `old_members` by local rank: 1 where
+    // the trainer was in the job before the join. Loop thread, before the
+    // previous iteration's completion entries are posted. Empty: none.
+    std::function<void(int catch_up_root, uint64_t start_iteration,
+                       std::vector<uint8_t> old_members)>
+        on_catch_up;
     // Elastic GPU jobs: an announced trainer whose GPU memory or events
     // could not be opened at the boundary stays out (its predecessor's slot
     // stays counted out); its Register gets `error`. Loop thread.
@@ -453,6 +461,8 @@ class Scheduler {
   // from `start_iteration` (Options::on_rejoined), so its broadcaster waits
   // for them in the catch-up gs_broadcast the members call once woken.
   void TellRejoined(uint64_t start_iteration);
+  // Announces the catch-up of a join at `start_iteration` (on_catch_up).
+  void TellCatchUp(uint64_t start_iteration) const;
   // GPU path, at the same boundary before TellRejoined (no reduction in
   // flight, no catch-up broadcast started, since the completion entries are
   // not posted): the announced trainers' CUDA memory and events are opened

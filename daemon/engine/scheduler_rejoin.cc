@@ -6,6 +6,8 @@
 // and the catch-up root, and from the next one on the agreement counts the
 // trainer active, so every node's divisor grows alike.
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/log_value.h"
@@ -113,6 +115,18 @@ void Scheduler::TellRejoined(uint64_t start_iteration) {
   for (Trainer* fresh : rejoins_announced_) {
     options_.on_rejoined(fresh, start_iteration, std::max(catch_up_root_, 0));
   }
+}
+
+void Scheduler::TellCatchUp(uint64_t start_iteration) const {
+  if (!options_.on_catch_up) return;
+  // The trainers active in the iteration that ends hold the state; a
+  // rejoining trainer's predecessor counts as joined, so it is not one.
+  std::vector<uint8_t> old_members(trainers_.size(), 0);
+  for (size_t i = 0; i < trainers_.size(); ++i) {
+    const Trainer* t = trainers_[i];
+    old_members[i] = !t->joined.load(std::memory_order_relaxed) && !t->departing && !t->gone.load();
+  }
+  options_.on_catch_up(std::max(catch_up_root_, 0), start_iteration, std::move(old_members));
 }
 
 void Scheduler::AdmitRejoins() {

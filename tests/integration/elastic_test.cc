@@ -51,8 +51,10 @@
 // member; --rendezvous etcd://...) instead of the embedded leader, except
 // the two that need the leader (config set, its death), plus what only
 // etcd allows: node 0 SIGKILLed and the survivors train on, a replacement
-// node 0 joining them and catching up from rank 2, and one of three etcd
-// members killed while the survivors re-form.
+// node 0 joining them and catching up from rank 2, one of three etcd
+// members killed while the survivors re-form, and the catch-up root's node
+// 0 killed during (or before) the catch-up of a restarted trainer or a
+// joining node: the catch-up runs again from rank 2.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -973,6 +975,83 @@ TEST(ElasticJob, AReplacementNodeJoinsTheRunningJobCatchesUpAndTrainsOverAllAgai
               kKilledStep, m);
 }
 
+// A node joins and the catch-up root's node dies during the catch-up (on
+// etcd, where node 0 may die): node 2 dies in iteration 2, a replacement
+// node 2 joins at m, and every trainer broadcasts the state from rank 0.
+// Node 0 holds piece 0 of it (the test hook) and is SIGKILLed with its
+// trainers; node 1 and the joiner re-form and run the catch-up again from
+// rank 2, the lowest live rank of an old member (the joiner's ranks 4-5
+// are not): all four end within 1e-12 of one process that averages 0-1
+// over 6, 2..m-1 over ranks 0-3 and m on over ranks 2-5.
+TEST(ElasticJob, AJoinersCatchUpWhoseRootsNodeDiesRunsAgainFromTheNextOldMember) {
+  if (!kOnEtcd) GTEST_SKIP() << "the root, rank 0, is on node 0, whose death ends a leader's job";
+  SKIP_WITHOUT_ETCD();
+  constexpr int kNewRoot = 2;
+  ScratchDir scratch("joiner_root_death");
+  ClusterOptions options = JobOptions(/*min_nodes=*/2, 4 * kTimeoutS);
+  options.node_env.resize(kNodes);
+  options.node_env[0] = {{"GRADSYNC_TEST_HOLD_BROADCAST_PIECE", "0"},
+                         {"GRADSYNC_TEST_HOLD_BROADCAST_UNTIL", scratch.File("never")}};
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers, replacements;
+  RunUntilKilled(cluster, Stage::kBackward, &trainers, {kVictimNode}, /*resume=*/false,
+                 {"--catch-up"});
+  // Node 0's trainers stay held until every survivor read the grow entry.
+  ResumeSurvivors(&trainers, {0, kVictimNode});
+  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_reformed", kErrorBound))
+      << cluster.DaemonLogs();
+  ASSERT_TRUE(cluster.StartNode(kVictimNode)) << cluster.DaemonLogs();
+  for (int r = 0; r < kLocal; ++r) {
+    std::vector<std::string> args = TrainArgs();
+    args.push_back("--catch-up");
+    const std::string out = absl::StrCat(cluster.dir(), "/replacement_", r);
+    replacements.push_back(
+        {kVictimNode, "", out, StartTrainer(cluster.node(kVictimNode), r, args, out)});
+  }
+  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_grow_published", kErrorBound))
+      << cluster.DaemonLogs();
+  for (int n : {0, 1}) {
+    ASSERT_TRUE(WaitForLog(cluster.node(n).process(), "event=job_grow_read", kErrorBound))
+        << cluster.DaemonLogs();
+  }
+  for (int r = 0; r < kLocal; ++r) trainers[r].process.Signal(SIGCONT);
+  ASSERT_TRUE(
+      WaitForLog(cluster.node(0).process(), "event=test_broadcast_held piece=0", kErrorBound))
+      << cluster.DaemonLogs();
+  cluster.node(0).process().Signal(SIGKILL);
+  for (int r = 0; r < kLocal; ++r) trainers[r].process.Signal(SIGKILL);
+  const std::string joined = "mlp_trainer: joined the running job at iteration ";
+  ASSERT_TRUE(WaitForLog(replacements[0].process, joined, kErrorBound))
+      << replacements[0].process.Log() << cluster.DaemonLogs();
+  const std::string log = replacements[0].process.Log();
+  const int m = std::atoi(log.c_str() + log.find(joined) + joined.size());
+  ASSERT_GT(m, kKilledStep);
+  EXPECT_NE(log.find(absl::StrCat(joined, m, ": state from rank ", kNewRoot, ",")),
+            std::string::npos)
+      << log;
+
+  std::vector<std::string> reference_args = TrainArgs();
+  reference_args.push_back(absl::StrCat("--join-steps=", m, ",", m, ",", kSteps, ",", kSteps, ",",
+                                        kKilledStep, ",", kKilledStep));
+  reference_args.push_back("--join-divide-by-active");
+  reference_args.push_back(absl::StrCat("--rejoin-at=", m));
+  reference_args.push_back("--rejoin-ranks=4,5");
+  const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
+  ASSERT_FALSE(reference.empty());
+  std::vector<Trainer*> everyone = {&trainers[2], &trainers[3], &replacements[0], &replacements[1]};
+  ASSERT_NO_FATAL_FAILURE(ExpectEndedAlikeAndLikeTheReference(cluster, everyone, reference, [&] {
+    return AllTrainerErrors(trainers) + AllTrainerErrors(replacements);
+  }));
+  for (int n : {1, 2}) {
+    EXPECT_NE(cluster.node(n).process().Log().find(
+                  absl::StrCat("event=catch_up_root_replaced old=0 new=", kNewRoot)),
+              std::string::npos)
+        << "node " << n << "\n"
+        << cluster.DaemonLogs();
+  }
+}
+
 // Node 1 dies, so the survivors hold ranks 0-1 and 4-5; a new node 3
 // (below --max-nodes 4) joins. Counting the trainers of the members before
 // it would give it ranks 4-5, node 2's: it takes the free 2-3 instead, its
@@ -1417,6 +1496,94 @@ TEST(ElasticJob, ARestartedRankZeroRejoinsAndCatchesUpFromTheLowestLiveRank) {
 
 TEST(ElasticJob, ATrainerKilledMidBackwardRestartedRejoinsItsNodeCatchesUpAndTrainsOverAllAgain) {
   ExpectARestartedTrainerRejoins(/*victim=*/kTrainerVictim, /*root=*/0, "backward");
+}
+
+// The catch-up root's node dies during the catch-up (on etcd, where node
+// 0 may die): rank 3 is killed after marking iteration 2 and restarted, so
+// after iteration 3 every trainer broadcasts the state from rank 0 (the
+// catch-up root). Node 0 holds piece 0 of that broadcast (the test hook)
+// and is SIGKILLed with its trainers while the others wait for the piece.
+// Nodes 1 and 2 re-form and run the catch-up again from rank 2, the lowest
+// live rank that was a member before the join (rank 3's replacement is
+// not one): every survivor and the replacement get GS_OK with rank 2's
+// state, which equals rank 0's, and all four end within 1e-12 of one
+// process that averages 0-2 over all six shards, 3 over all but rank 3's
+// and 4 on over ranks 2-5. `hold` "agreement": node 0 holds the
+// broadcast's agreement instead, so the root's node dies before the
+// broadcast began and the survivors find the root on no node there.
+void ExpectTheCatchUpRunsAgainFromTheNextOldMember(const std::string& hold) {
+  constexpr int kRejoinAt = kKilledStep + 2, kNewRoot = 2;
+  ScratchDir scratch("catch_up_root_death");
+  ClusterOptions options = JobOptions(/*min_nodes=*/2, 4 * kTimeoutS);
+  options.node_env.resize(kNodes);
+  options.node_env[0] = {{"GRADSYNC_TEST_HOLD_BROADCAST_PIECE", hold},
+                         {"GRADSYNC_TEST_HOLD_BROADCAST_UNTIL", scratch.File("never")}};
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers, replacements;
+  const int node = kTrainerVictim / kLocal, local = kTrainerVictim % kLocal;
+  RunUntilTrainerKilled(
+      cluster, "marked", &trainers,
+      [&] {
+        ASSERT_TRUE(WaitForLog(cluster.node(node).process(),
+                               absl::StrCat("event=leave job=1 local_rank=", local), kStateBound))
+            << cluster.DaemonLogs();
+        std::vector<std::string> args = TrainArgs();
+        args.push_back("--catch-up");
+        const std::string out = absl::StrCat(cluster.dir(), "/replacement");
+        replacements.push_back({node, "", out, StartTrainer(cluster.node(node), local, args, out)});
+        ASSERT_TRUE(
+            WaitForLog(cluster.node(node).process(), "event=register_rejoining job=1", kStateBound))
+            << replacements[0].process.Log() << cluster.DaemonLogs();
+      },
+      kTrainerVictim, {"--catch-up"});
+  ASSERT_EQ(replacements.size(), 1u);
+  ASSERT_TRUE(
+      WaitForLog(cluster.node(0).process(), "event=test_broadcast_held piece=" + hold, kErrorBound))
+      << cluster.DaemonLogs();
+  cluster.node(0).process().Signal(SIGKILL);
+  for (int r = 0; r < kLocal; ++r) trainers[r].process.Signal(SIGKILL);
+  const std::string joined = absl::StrCat("mlp_trainer: joined the running job at iteration ",
+                                          kRejoinAt, ": state from rank ", kNewRoot, ",");
+  ASSERT_TRUE(WaitForLog(replacements[0].process, joined, kErrorBound))
+      << replacements[0].process.Log() << AllTrainerErrors(trainers) << cluster.DaemonLogs();
+
+  std::vector<std::string> reference_args = TrainArgs();
+  reference_args.push_back(absl::StrCat("--join-steps=", kRejoinAt, ",", kRejoinAt, ",", kSteps,
+                                        ",", kKilledStep + 1, ",", kSteps, ",", kSteps));
+  reference_args.push_back("--join-divide-by-active");
+  reference_args.push_back(absl::StrCat("--rejoin-at=", kRejoinAt));
+  reference_args.push_back(absl::StrCat("--rejoin-ranks=", kTrainerVictim));
+  const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
+  ASSERT_FALSE(reference.empty());
+  std::vector<Trainer*> everyone = {&trainers[2], &trainers[4], &trainers[5], &replacements[0]};
+  ASSERT_NO_FATAL_FAILURE(ExpectEndedAlikeAndLikeTheReference(cluster, everyone, reference, [&] {
+    return AllTrainerErrors(trainers) + AllTrainerErrors(replacements);
+  }));
+  const std::string sent = absl::StrCat("mlp_trainer: trainers joined after iteration ", kRejoinAt,
+                                        ": state sent from rank ", kNewRoot, "\n");
+  for (int i : {2, 4, 5}) {
+    EXPECT_NE(trainers[i].process.Log().find(sent), std::string::npos) << trainers[i].process.Log();
+  }
+  for (int n : {1, 2}) {
+    EXPECT_NE(cluster.node(n).process().Log().find(
+                  absl::StrCat("event=catch_up_root_replaced old=0 new=", kNewRoot)),
+              std::string::npos)
+        << "node " << n << "\n"
+        << cluster.DaemonLogs();
+  }
+}
+
+TEST(ElasticJob, TheCatchUpRootsNodeKilledDuringTheCatchUpRunsItAgainFromTheNextOldMember) {
+  if (!kOnEtcd) GTEST_SKIP() << "the root, rank 0, is on node 0, whose death ends a leader's job";
+  SKIP_WITHOUT_ETCD();
+  ExpectTheCatchUpRunsAgainFromTheNextOldMember("0");
+}
+
+TEST(ElasticJob, TheCatchUpRootsNodeKilledBeforeTheCatchUpBeganRunsItFromTheNextOldMember) {
+  if (!kOnEtcd) GTEST_SKIP() << "the root, rank 0, is on node 0, whose death ends a leader's job";
+  SKIP_WITHOUT_ETCD();
+  ExpectTheCatchUpRunsAgainFromTheNextOldMember("agreement");
 }
 
 // Rank 3 died after its first mark of iteration 2, once the first bucket

@@ -95,6 +95,8 @@ struct Options {
   // --single with --join-steps: ranks that stopped are active again from
   // this step on (a replacement node's trainers joined).
   int rejoin_at = -1;
+  // With --rejoin-at: only these ranks are active again (empty: all).
+  std::vector<int> rejoin_ranks;
   // > 0: every trainer's shard is --batch / this, whatever the world size
   // it registered in (a job that grows keeps its shards).
   int shard_world = 0;
@@ -277,7 +279,10 @@ double JoinReferenceBackward(Trainer<T>& t, int step, int gate_from) {
   int active = 0;
   double loss = 0;
   for (int r = 0; r < t.join_world; ++r) {
-    const bool rejoined = opt.rejoin_at >= 0 && step >= opt.rejoin_at;
+    const bool rejoined =
+        opt.rejoin_at >= 0 && step >= opt.rejoin_at &&
+        (opt.rejoin_ranks.empty() ||
+         std::find(opt.rejoin_ranks.begin(), opt.rejoin_ranks.end(), r) != opt.rejoin_ranks.end());
     if (opt.join_steps[r] <= step && !rejoined) continue;
     ++active;
     loss += Backward(t.model, step, 0, r * join_shard, (r + 1) * join_shard, double(join_shard),
@@ -381,6 +386,9 @@ int CatchUp(Trainer<T>& t, int* first_step) {
   if (!info.joined_running_job) return 0;
   if (int code = BroadcastState(t, info.iteration, info.catch_up_root); code != 0) return code;
   *first_step = static_cast<int>(info.iteration);
+  // The root the state came from: a re-run after the root's node died changes it.
+  const gs_status again = gs_get_job_info(t.c, &info);
+  if (again != GS_OK) return Die(t.c, "gs_get_job_info", again);
   std::fprintf(stderr,
                "mlp_trainer: joined the running job at iteration %llu: state from rank %d, "
                "world size %d, rank %d\n",
@@ -416,6 +424,8 @@ int AfterStep(Trainer<T>& t) {
     t.nodes_joined = info.nodes_joined;
     t.trainers_joined = info.trainers_joined;
     if (int code = BroadcastState(t, info.iteration, info.catch_up_root); code != 0) return code;
+    st = gs_get_job_info(c, &info);  // the root that sent it (a re-run changes it)
+    if (st != GS_OK) return Die(c, "gs_get_job_info", st);
     std::fprintf(stderr, "mlp_trainer: %s joined after iteration %llu: state sent from rank %d\n",
                  nodes_joined ? "nodes" : "trainers",
                  static_cast<unsigned long long>(info.iteration), info.catch_up_root);
@@ -537,7 +547,8 @@ void PrintUsage() {
                "  elastic jobs: [--catch-up (a joiner receives the state from the catch-up\n"
                "  root, the others send it when nodes or trainers join)] [--rejoin-at STEP\n"
                "  (--single: ranks past\n"
-               "  their --join-steps are active again from STEP)] [--shard-world N (shards of\n"
+               "  their --join-steps are active again from STEP)] [--rejoin-ranks R0,R1,...\n"
+               "  (only these ranks are)] [--shard-world N (shards of\n"
                "  --batch / N, whatever the world size)]\n"
                "  (LOCAL_RANK selects the trainer's local rank)\n");
 }
@@ -565,13 +576,14 @@ bool ParseBroadcastAfter(const char* arg, Options& opt) {
   return *end == '\0' && opt.broadcast_step >= 0 && opt.broadcast_root >= 0;
 }
 
-// --join-steps N0,N1,...: the steps of each rank, then gs_join.
-bool ParseJoinSteps(const char* arg, Options& opt) {
+// N0,N1,...: --join-steps (the steps of each rank, then gs_join) and
+// --rejoin-ranks.
+bool ParseCounts(const char* arg, std::vector<int>* out) {
   for (const char* p = arg;;) {
     char* end = nullptr;
     const long n = std::strtol(p, &end, 10);
     if (end == p || n < 0) return false;
-    opt.join_steps.push_back(static_cast<int>(n));
+    out->push_back(static_cast<int>(n));
     if (*end != ',') return true;
     p = end + 1;
   }
@@ -658,7 +670,7 @@ Flag FaultFlag(int ch, const char* arg, Options& opt) {
       opt.write_after_mark = true;
       break;
     case 'J':
-      return ParseJoinSteps(arg, opt) ? Flag::kTaken : Flag::kBadValue;
+      return ParseCounts(arg, &opt.join_steps) ? Flag::kTaken : Flag::kBadValue;
     case 'j':
       opt.join_divide_by_active = true;
       break;
@@ -678,6 +690,8 @@ Flag FaultFlag(int ch, const char* arg, Options& opt) {
     case 'R':
       opt.rejoin_at = std::atoi(arg);
       break;
+    case 'k':
+      return ParseCounts(arg, &opt.rejoin_ranks) ? Flag::kTaken : Flag::kBadValue;
     case 'Y':
       opt.shard_world = std::atoi(arg);
       break;
@@ -720,6 +734,7 @@ bool ParseFlags(int argc, char** argv, Options& opt) {
                               {"check-replicas", no_argument, nullptr, 'C'},
                               {"catch-up", no_argument, nullptr, 'U'},
                               {"rejoin-at", required_argument, nullptr, 'R'},
+                              {"rejoin-ranks", required_argument, nullptr, 'k'},
                               {"shard-world", required_argument, nullptr, 'Y'},
                               {nullptr, 0, nullptr, 0}};
   int ch;
