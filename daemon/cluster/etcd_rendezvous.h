@@ -16,6 +16,8 @@
 //   stops renewing it (dead, stopped, cut off) and the key goes with it.
 // - ROOT/gen/<g>/abort: the first reason generation g ended (a node's
 //   error, a Leave, a member whose lease expired), created if absent.
+//   ROOT/gen/<g>/abort_error: when a node's reported error ended it, that
+//   error (a gradsync.v1.Error), written with the abort in one transaction.
 // - ROOT/gen/<g>/ack/<rank>: node `rank` heard of that abort. A member that
 //   has not acknowledged it, the others have, and stays silent longer than
 //   the embedded leader's kPresumedDeadAfter, is presumed dead (as there),
@@ -188,6 +190,7 @@ class EtcdRendezvous final : public JobRendezvous {
     std::map<int, std::string> dead;  // presumed dead by a survivor: why
     std::map<int, std::string> left;  // left the job for good (Depart): why
     std::optional<std::string> abort_reason;
+    absl::Status abort_error;     // ROOT/gen/<g>/abort_error: the report that aborted it
     uint64_t config_version = 0;  // the config log's newest version
     uint64_t config_at = 0;       // and the iteration it switches at
     std::set<int> joining;        // nodes waiting to join it (ROOT/gen/<g>/joining/)
@@ -313,6 +316,11 @@ class EtcdRendezvous final : public JobRendezvous {
   // that stands.
   absl::StatusOr<std::string> AbortGeneration(uint64_t generation, const std::string& reason)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // AbortGeneration for a node's reported error `cause`, kept with the
+  // reason in the same transaction (ROOT/gen/<g>/abort_error), so that every
+  // node that reads the abort reads its code too.
+  absl::Status AbortOnReport(uint64_t generation, const std::string& reason,
+                             const absl::Status& cause) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<HeartbeatResult> ReadHeartbeat(const HeartbeatParams& params)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The first member of `current` whose lease is gone, with the reason.

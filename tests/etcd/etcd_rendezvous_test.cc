@@ -325,6 +325,7 @@ TEST_F(EtcdRendezvousTest, AMemberWhoseLeaseIsGoneAbortsTheGenerationNamingIt) {
   EXPECT_TRUE(after->abort);
   EXPECT_THAT(after->abort_reason, HasSubstr("node_rank=1 (host=10.0.0.2) is dead"));
   EXPECT_THAT(after->abort_reason, HasSubstr("lease"));
+  EXPECT_TRUE(after->abort_error.ok()) << after->abort_error;  // a death: nobody reported
   ASSERT_EQ(after->silent_members.size(), 1u);
   EXPECT_EQ(after->silent_members[0].node_rank, 1);
   EXPECT_GE(after->silent_members[0].silent, absl::Seconds(2));  // presumed dead at once
@@ -351,6 +352,28 @@ TEST_F(EtcdRendezvousTest, ANodeErrorAbortsTheGenerationForEveryMember) {
   EXPECT_THAT(r->abort_reason, HasSubstr("node_rank=1 (host=10.0.0.2) reported"));
   EXPECT_THAT(r->abort_reason, HasSubstr("trainer 3 stopped"));
   EXPECT_TRUE(r->silent_members.empty());  // node 1 acknowledged its own abort
+  // The report itself, code and message, is read with the abort.
+  EXPECT_EQ(CodeOf(r->abort_error), CodeOf(absl::DataLossError(""))) << r->abort_error;
+  EXPECT_EQ(r->abort_error.message(), "trainer 3 stopped");
+}
+
+// Of two reports racing, the one whose abort stands is the one whose error
+// every member reads: reason and error come from one transaction.
+TEST_F(EtcdRendezvousTest, TheAbortsErrorIsTheReportWhoseReasonStands) {
+  AddNodes(2);
+  ASSERT_TRUE(FormGeneration());
+  ASSERT_TRUE(
+      Beat(*nodes_[1], 1, 1, MakeError(v1::INVALID_ARGUMENT, "rank 3: element 5 = nan")).ok());
+  ASSERT_TRUE(Beat(*nodes_[0], 0, 1, MakeError(v1::INVALID_ARGUMENT, "bucket 0 holds a nan")).ok());
+  for (int rank : {0, 1}) {
+    absl::StatusOr<HeartbeatResult> r = Beat(*nodes_[rank], rank);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->abort);
+    EXPECT_THAT(r->abort_reason,
+                HasSubstr("node_rank=1 (host=10.0.0.2) reported INVALID_ARGUMENT"));
+    EXPECT_EQ(CodeOf(r->abort_error), v1::INVALID_ARGUMENT) << r->abort_error;
+    EXPECT_EQ(r->abort_error.message(), "rank 3: element 5 = nan");
+  }
 }
 
 TEST_F(EtcdRendezvousTest, SurvivorsReformWithoutADeadNodeZero) {
