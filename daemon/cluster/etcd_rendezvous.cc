@@ -1240,9 +1240,16 @@ absl::StatusOr<bool> EtcdRendezvous::TryHoldConfig(const ConfigTarget& target,
        target.current_revision, ""},
       {GenKey(target.generation + 1, "outcome"), EtcdCompare::Target::kVersion,
        EtcdCompare::Op::kEqual, 0, ""}};
+  // With this daemon's lease: no daemon left, no change held.
+  RETURN_IF_ERROR(EnsureSession());
+  int64_t lease = 0;
+  {
+    MonotonicMutexLock lock(&mu_);
+    lease = lease_.id;
+  }
   ASSIGN_OR_RETURN(
       EtcdTxnResult r,
-      client_->Txn(compares, {{EtcdTxnOp::Kind::kPut, Key("config_held"), record, 0}}, {}));
+      client_->Txn(compares, {{EtcdTxnOp::Kind::kPut, Key("config_held"), record, lease}}, {}));
   return r.succeeded;
 }
 

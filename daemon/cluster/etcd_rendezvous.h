@@ -40,7 +40,8 @@
 //   Every member leaves g at that boundary and joins round g+1, which forms
 //   with them and the joiners (JudgeGrow).
 // - ROOT/config_held: a config change made while no generation runs (a
-//   ConfigRecord with generation 0), the newest replacing older ones. The
+//   ConfigRecord with generation 0), the newest replacing older ones, put
+//   with the lease of the daemon that took it (gone with that daemon). The
 //   transaction that decides the next generation's outcome moves it into
 //   that generation's log as version 1 and deletes it.
 // - ROOT/kv/<key>: the key-value records (Gloo's store, layouts, plan
@@ -155,8 +156,12 @@ class EtcdRendezvous final : public JobRendezvous {
   // (ROOT/config_held, replacing any change held before) and becomes
   // version 1 of the next generation, switching at kHeldConfigAfter past
   // the iteration that generation starts in, written by the transaction
-  // that forms it, so every node reads it with the generation. Returns the
-  // entry, or nullopt when held.
+  // that forms it, so every node reads it with the generation. The held
+  // key is put with this object's lease (its session, made here if none
+  // yet): it lives as long as the daemon that keeps this object, as the
+  // leader's held change lives in node 0's daemon, so a later job under
+  // the same job id never inherits it. Returns the entry, or nullopt when
+  // held.
   absl::StatusOr<std::optional<EtcdConfigEntry>> AppendOrHoldConfig(uint64_t min_at_iteration,
                                                                     double bucket_cap_mb,
                                                                     double first_bucket_cap_mb);

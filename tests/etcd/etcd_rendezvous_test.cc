@@ -628,10 +628,14 @@ TEST_F(EtcdRendezvousTest, AChangeMadeWhileNoGenerationRunsBecomesTheNextGenerat
 
   // Node 1 dies; node 0 (--min-nodes 1) re-forms alone from iteration 7,
   // and a change made meanwhile is generation 2's version 1 at 7 + 2.
+  // The change goes through node 0's daemon's own session, which lives on
+  // while its job's link is replaced (the held key lives under its lease).
   nodes_[1].reset();
   ASSERT_TRUE(Beat(*nodes_[0], 0, 1, absl::UnavailableError("a collective failed")).ok());
   ASSERT_TRUE(nodes_[0]->Leave(0, 1, "re-forming").ok());
-  absl::StatusOr<std::optional<EtcdConfigEntry>> reforming = nodes_[0]->AppendOrHoldConfig(3, 8, 1);
+  std::shared_ptr<EtcdRendezvous> config_session = NewNode(kLeaseTtl, /*min_nodes=*/1);
+  absl::StatusOr<std::optional<EtcdConfigEntry>> reforming =
+      config_session->AppendOrHoldConfig(3, 8, 1);
   ASSERT_TRUE(reforming.ok()) << reforming.status();
   EXPECT_FALSE(reforming->has_value());
   nodes_[0] = NewNode(kLeaseTtl, /*min_nodes=*/1);
@@ -646,6 +650,32 @@ TEST_F(EtcdRendezvousTest, AChangeMadeWhileNoGenerationRunsBecomesTheNextGenerat
   EXPECT_EQ(second->generation, 2u);
   EXPECT_EQ(second->at_iteration, 7 + kHeldConfigAfter);
   EXPECT_EQ(second->bucket_cap_mb, 8);
+}
+
+// A held change lives under the lease of the daemon that took it: once that
+// daemon is gone (its lease revoked here; expired after a kill), the key is
+// gone, and a job formed later under the same job id starts without it.
+TEST_F(EtcdRendezvousTest, AHeldChangeGoesWithTheDaemonThatHeldIt) {
+  absl::StatusOr<std::unique_ptr<EtcdClient>> client = RawClient();
+  ASSERT_TRUE(client.ok()) << client.status();
+  {
+    std::shared_ptr<EtcdRendezvous> gone = NewNode();
+    absl::StatusOr<std::optional<EtcdConfigEntry>> held = gone->AppendOrHoldConfig(5, 50, 1);
+    ASSERT_TRUE(held.ok()) << held.status();
+    EXPECT_FALSE(held->has_value());
+    absl::StatusOr<std::optional<EtcdKeyValue>> key = (*client)->Get("gs/job/job1/config_held");
+    ASSERT_TRUE(key.ok()) << key.status();
+    ASSERT_TRUE(key->has_value());
+    EXPECT_NE((*key)->lease, 0) << "held without a lease: it would outlive every daemon";
+  }
+  absl::StatusOr<std::optional<EtcdKeyValue>> after = (*client)->Get("gs/job/job1/config_held");
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_FALSE(after->has_value()) << "the held change outlived the daemon that took it";
+  AddNodes(2);
+  ASSERT_TRUE(FormGeneration());
+  absl::StatusOr<HeartbeatResult> beat = Beat(*nodes_[1], 1);
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_EQ(beat->config_version, 0u) << "the new job inherited a gone daemon's change";
 }
 
 // What every node of a grown generation must be told alike.
