@@ -482,7 +482,14 @@ absl::Status Daemon::PublishCapsOnEtcd(const DaemonConfig& next) {
   // No leader: any node appends to the job-wide log in etcd. The nodes run
   // in lockstep, so this node's iteration stands for the job's. Held while
   // no generation runs, as the leader holds it.
-  ASSIGN_OR_RETURN(std::shared_ptr<EtcdRendezvous> etcd, ConnectEtcdRendezvous(config_));
+  std::shared_ptr<EtcdRendezvous> etcd;
+  {
+    absl::MutexLock lock(&config_etcd_mu_);
+    if (!config_etcd_) {
+      ASSIGN_OR_RETURN(config_etcd_, ConnectEtcdRendezvous(config_));
+    }
+    etcd = config_etcd_;
+  }
   ASSIGN_OR_RETURN(std::optional<EtcdConfigEntry> entry,
                    etcd->AppendOrHoldConfig(EarliestJobWideIteration(), next.bucket_cap_mb,
                                             next.first_bucket_cap_mb));

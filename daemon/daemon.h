@@ -120,6 +120,11 @@ class Daemon {
   // The tuner's connection to etcd, made on its first publish; only the
   // driver's thread uses it (declared first: it outlives the driver).
   std::shared_ptr<EtcdRendezvous> tuner_etcd_;
+  // `config set`'s connection to etcd, made on its first use and kept: a
+  // change it holds while no generation runs lives under its lease, so as
+  // long as this daemon (EtcdRendezvous::AppendOrHoldConfig).
+  absl::Mutex config_etcd_mu_;
+  std::shared_ptr<EtcdRendezvous> config_etcd_ ABSL_GUARDED_BY(config_etcd_mu_);
   // --autotune (every node; the generation's first member tunes); declared
   // before jobs_ so the jobs' schedulers, which report to it, stop first.
   // Run stops its thread before the jobs go: it reads them.

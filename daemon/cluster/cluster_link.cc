@@ -20,6 +20,7 @@
 #include "daemon/backends/gloo_store.h"
 #include "daemon/backends/gloo_worker_backend.h"
 #include "daemon/backends/wire_dtype.h"
+#include "daemon/cluster/abort_code.h"
 #include "daemon/cluster/etcd_rendezvous_config.h"
 #include "daemon/cluster/forming_watch.h"
 #include "daemon/cluster/liveness_probe.h"
@@ -874,7 +875,10 @@ absl::Status ClusterLink::NameFailedNodes(const absl::Status& error, const absl:
       news ? absl::StrCat("; ", AbortSource(*client_), " reports: ", r->abort_reason) : "";
   absl::Status explained = error;
   if (dead.empty() && !leader_says.empty()) {
-    explained = MakeError(CodeOf(error), absl::StrCat(error.message(), leader_says));
+    // The culprit's code, whether the abort or this node's own failed
+    // collective brought the news first.
+    explained = MakeError(CodeAfterAbort(CodeOf(error), r->abort_error),
+                          absl::StrCat(error.message(), leader_says));
   } else if (!dead.empty()) {
     // A fixed job cannot lose a node; an elastic one re-forms (job_reform.cc).
     const std::string fixed =

@@ -243,6 +243,13 @@ absl::StatusOr<EtcdRendezvous::GenerationState> EtcdRendezvous::ReadGeneration(
   for (const EtcdKeyValue& kv : range.kvs) {
     if (kv.key == GenKey(generation, "abort")) {
       state.abort_reason = kv.value;
+    } else if (kv.key == GenKey(generation, "abort_error")) {
+      v1::Error cause;
+      if (!cause.ParseFromString(kv.value)) {
+        return MakeError(v1::INTERNAL,
+                         absl::StrCat(Describe(), ": key ", kv.key, " does not hold an error"));
+      }
+      state.abort_error = FromProto(cause);
     } else if (int rank = RankAfter(kv.key, join_prefix); rank >= 0) {
       state.alive.insert(rank);
     } else if (int acked = RankAfter(kv.key, ack_prefix); acked >= 0) {
@@ -282,6 +289,27 @@ absl::StatusOr<std::string> EtcdRendezvous::AbortGeneration(uint64_t generation,
   MonotonicMutexLock lock(&mu_);
   aborted_.insert(generation);
   return stands;
+}
+
+absl::Status EtcdRendezvous::AbortOnReport(uint64_t generation, const std::string& reason,
+                                           const absl::Status& cause) {
+  v1::Error record;
+  ToProto(cause, &record);
+  const std::string abort_key = GenKey(generation, "abort");
+  const EtcdCompare absent{abort_key, EtcdCompare::Target::kCreateRevision, EtcdCompare::Op::kEqual,
+                           0, ""};
+  ASSIGN_OR_RETURN(EtcdTxnResult r,
+                   client_->Txn({absent},
+                                {{EtcdTxnOp::Kind::kPut, abort_key, reason, 0},
+                                 {EtcdTxnOp::Kind::kPut, GenKey(generation, "abort_error"),
+                                  record.SerializeAsString(), 0}},
+                                {}));
+  if (r.succeeded) {
+    spdlog::warn("event=generation_aborted generation={} reason={}", generation, LogValue(reason));
+  }
+  MonotonicMutexLock lock(&mu_);
+  aborted_.insert(generation);
+  return absl::OkStatus();
 }
 
 std::optional<std::string> EtcdRendezvous::DeadMemberReason(const v1::JoinResponse& current,
@@ -1038,11 +1066,11 @@ absl::StatusOr<HeartbeatResult> EtcdRendezvous::ReadHeartbeat(const HeartbeatPar
     known_aborted = aborted_.count(gen) != 0;
   }
   if (!params.node_error.ok() && gen != 0 && !known_aborted) {
-    RETURN_IF_ERROR(
-        AbortGeneration(gen, absl::StrCat("node_rank=", rank, " (host=", host, ") reported ",
-                                          v1::Code_Name(CodeOf(params.node_error)), ": ",
-                                          params.node_error.message()))
-            .status());
+    RETURN_IF_ERROR(AbortOnReport(
+        gen,
+        absl::StrCat("node_rank=", rank, " (host=", host, ") reported ",
+                     v1::Code_Name(CodeOf(params.node_error)), ": ", params.node_error.message()),
+        params.node_error));
   }
   ASSIGN_OR_RETURN(std::optional<v1::JoinResponse> current, ReadCurrent(nullptr));
   HeartbeatResult result;
@@ -1083,6 +1111,7 @@ absl::StatusOr<HeartbeatResult> EtcdRendezvous::ReadHeartbeat(const HeartbeatPar
   }
   result.abort = true;
   result.abort_reason = *state.abort_reason;
+  result.abort_error = state.abort_error;
   bool ack = false;
   absl::Time seen_at;
   {
@@ -1211,9 +1240,16 @@ absl::StatusOr<bool> EtcdRendezvous::TryHoldConfig(const ConfigTarget& target,
        target.current_revision, ""},
       {GenKey(target.generation + 1, "outcome"), EtcdCompare::Target::kVersion,
        EtcdCompare::Op::kEqual, 0, ""}};
+  // With this daemon's lease: no daemon left, no change held.
+  RETURN_IF_ERROR(EnsureSession());
+  int64_t lease = 0;
+  {
+    MonotonicMutexLock lock(&mu_);
+    lease = lease_.id;
+  }
   ASSIGN_OR_RETURN(
       EtcdTxnResult r,
-      client_->Txn(compares, {{EtcdTxnOp::Kind::kPut, Key("config_held"), record, 0}}, {}));
+      client_->Txn(compares, {{EtcdTxnOp::Kind::kPut, Key("config_held"), record, lease}}, {}));
   return r.succeeded;
 }
 

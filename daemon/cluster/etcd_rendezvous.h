@@ -16,6 +16,8 @@
 //   stops renewing it (dead, stopped, cut off) and the key goes with it.
 // - ROOT/gen/<g>/abort: the first reason generation g ended (a node's
 //   error, a Leave, a member whose lease expired), created if absent.
+//   ROOT/gen/<g>/abort_error: when a node's reported error ended it, that
+//   error (a gradsync.v1.Error), written with the abort in one transaction.
 // - ROOT/gen/<g>/ack/<rank>: node `rank` heard of that abort. A member that
 //   has not acknowledged it, the others have, and stays silent longer than
 //   the embedded leader's kPresumedDeadAfter, is presumed dead (as there),
@@ -38,7 +40,8 @@
 //   Every member leaves g at that boundary and joins round g+1, which forms
 //   with them and the joiners (JudgeGrow).
 // - ROOT/config_held: a config change made while no generation runs (a
-//   ConfigRecord with generation 0), the newest replacing older ones. The
+//   ConfigRecord with generation 0), the newest replacing older ones, put
+//   with the lease of the daemon that took it (gone with that daemon). The
 //   transaction that decides the next generation's outcome moves it into
 //   that generation's log as version 1 and deletes it.
 // - ROOT/kv/<key>: the key-value records (Gloo's store, layouts, plan
@@ -153,8 +156,12 @@ class EtcdRendezvous final : public JobRendezvous {
   // (ROOT/config_held, replacing any change held before) and becomes
   // version 1 of the next generation, switching at kHeldConfigAfter past
   // the iteration that generation starts in, written by the transaction
-  // that forms it, so every node reads it with the generation. Returns the
-  // entry, or nullopt when held.
+  // that forms it, so every node reads it with the generation. The held
+  // key is put with this object's lease (its session, made here if none
+  // yet): it lives as long as the daemon that keeps this object, as the
+  // leader's held change lives in node 0's daemon, so a later job under
+  // the same job id never inherits it. Returns the entry, or nullopt when
+  // held.
   absl::StatusOr<std::optional<EtcdConfigEntry>> AppendOrHoldConfig(uint64_t min_at_iteration,
                                                                     double bucket_cap_mb,
                                                                     double first_bucket_cap_mb);
@@ -188,6 +195,7 @@ class EtcdRendezvous final : public JobRendezvous {
     std::map<int, std::string> dead;  // presumed dead by a survivor: why
     std::map<int, std::string> left;  // left the job for good (Depart): why
     std::optional<std::string> abort_reason;
+    absl::Status abort_error;     // ROOT/gen/<g>/abort_error: the report that aborted it
     uint64_t config_version = 0;  // the config log's newest version
     uint64_t config_at = 0;       // and the iteration it switches at
     std::set<int> joining;        // nodes waiting to join it (ROOT/gen/<g>/joining/)
@@ -313,6 +321,11 @@ class EtcdRendezvous final : public JobRendezvous {
   // that stands.
   absl::StatusOr<std::string> AbortGeneration(uint64_t generation, const std::string& reason)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // AbortGeneration for a node's reported error `cause`, kept with the
+  // reason in the same transaction (ROOT/gen/<g>/abort_error), so that every
+  // node that reads the abort reads its code too.
+  absl::Status AbortOnReport(uint64_t generation, const std::string& reason,
+                             const absl::Status& cause) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<HeartbeatResult> ReadHeartbeat(const HeartbeatParams& params)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The first member of `current` whose lease is gone, with the reason.

@@ -85,6 +85,9 @@ struct HeartbeatResult {
   uint64_t generation = 0;
   bool abort = false;
   std::string abort_reason;
+  // With abort: the node error whose report caused it, as the node sent
+  // it (HeartbeatResponse.abort_error); OK when none did (a death, a Leave).
+  absl::Status abort_error;
   uint64_t config_version = 0;
   // With abort: members not heard from since (see rendezvous.proto).
   std::vector<SilentMember> silent_members;

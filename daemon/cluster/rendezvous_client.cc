@@ -226,6 +226,7 @@ absl::StatusOr<HeartbeatResult> RendezvousClient::Heartbeat(const HeartbeatParam
   result.generation = response.generation();
   result.abort = response.abort();
   result.abort_reason = response.abort_reason();
+  result.abort_error = FromProto(response.abort_error());
   result.config_version = response.config_version();
   for (const v1::SilentMember& m : response.silent_members()) {
     result.silent_members.push_back(SilentMember{m.node_rank(), m.host(),

@@ -108,10 +108,11 @@ absl::Duration RendezvousService::RequestTimeout(int64_t timeout_ms) const {
   return timeout_ms > 0 ? absl::Milliseconds(timeout_ms) : default_timeout_;
 }
 
-void RendezvousService::AbortLocked(const std::string& reason) {
+void RendezvousService::AbortLocked(const std::string& reason, const v1::Error& cause) {
   if (!active()) return;
   aborted_ = true;
   abort_reason_ = reason;
+  abort_error_ = cause;
   for (Member& m : members_) m.heard_since_abort = false;
   spdlog::warn("event=generation_aborted generation={} reason={}", generation_, LogValue(reason));
   // Whoever died, if one did, is among the members: a gone daemon is
@@ -217,6 +218,7 @@ void RendezvousService::FormGenerationLocked(absl::Time now, bool with_joiners) 
   ++generation_;
   aborted_ = false;
   abort_reason_.clear();
+  abort_error_.Clear();
   // Members going on keep their trainers' ranks (rank_offsets.h).
   const std::vector<Member> previous = std::move(members_);
   std::vector<RankClaim> claims;
@@ -819,7 +821,8 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
   if (request->node_error().code() != v1::OK) {
     AbortLocked(absl::StrCat("node_rank=", rank, " (host=", member.host, ") reported ",
                              v1::Code_Name(request->node_error().code()), ": ",
-                             request->node_error().message()));
+                             request->node_error().message()),
+                request->node_error());
   }
   member.heard_since_abort = true;
   if (aborted_) {
@@ -836,6 +839,7 @@ grpc::Status RendezvousService::Heartbeat(grpc::ServerContext* context,
   }
   response->set_abort(aborted_);
   response->set_abort_reason(abort_reason_);
+  if (aborted_ && abort_error_.code() != v1::OK) *response->mutable_abort_error() = abort_error_;
   return grpc::Status::OK;
 }
 

@@ -294,7 +294,9 @@ class RendezvousService final : public v1::Rendezvous::Service {
   void DiscardSettledPlanStampsLocked(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::map<std::string, std::string>::iterator EraseLocked(
       std::map<std::string, std::string>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AbortLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `cause`: the node error whose report aborts it (none: a death, a Leave).
+  void AbortLocked(const std::string& reason, const v1::Error& cause = v1::Error())
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // While the generation is aborted: probes (off the lock) the listen
   // address of every member not yet in the re-formation round nor counted
   // out, unless one is in flight or started less than kReprobeEvery ago.
@@ -396,6 +398,7 @@ class RendezvousService final : public v1::Rendezvous::Service {
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   std::string abort_reason_ ABSL_GUARDED_BY(mu_);
+  v1::Error abort_error_ ABSL_GUARDED_BY(mu_);        // HeartbeatResponse.abort_error
   std::vector<Member> members_ ABSL_GUARDED_BY(mu_);  // by node rank
   std::map<int, PendingJoin> pending_ ABSL_GUARDED_BY(mu_);
   // The active generation's log has a grow entry: its members join the

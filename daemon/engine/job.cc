@@ -3,10 +3,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/log_value.h"
 #include "common/monotonic.h"
 #include "common/secure_random.h"
@@ -23,6 +26,19 @@ uint64_t NewSessionId() {
   uint64_t id = 0;
   while (id == 0) id = SecureRandom64();
   return id;
+}
+
+// Test-only (inert unless set): how long this node waits before it looks
+// at its own failed collective, so that another node's report reaches it
+// first as the rendezvous' abort (a heartbeat away).
+constexpr char kDelayCollectiveCheck[] = "GRADSYNC_TEST_DELAY_COLLECTIVE_CHECK_MS";
+
+absl::Duration CollectiveCheckDelay() {
+  const char* value = std::getenv(kDelayCollectiveCheck);
+  int64_t ms = 0;
+  if (value == nullptr || !absl::SimpleAtoi(value, &ms) || ms <= 0) return absl::ZeroDuration();
+  spdlog::warn("event=test_hook_armed hook={} delay_ms={}", kDelayCollectiveCheck, ms);
+  return absl::Milliseconds(ms);
 }
 
 const char* StateName(JobState s) {
@@ -633,6 +649,7 @@ std::string Job::BackendNameLocked() const {
 void Job::Fail(const absl::Status& error, int culprit) {
   absl::Status explained = error;
   if (culprit == Scheduler::kCollectiveFailed) {
+    absl::SleepFor(CollectiveCheckDelay());
     // Ask the leader why, without holding the lock (it is an RPC).
     std::shared_ptr<WorldLink> link;
     {

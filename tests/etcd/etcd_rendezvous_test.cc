@@ -325,6 +325,7 @@ TEST_F(EtcdRendezvousTest, AMemberWhoseLeaseIsGoneAbortsTheGenerationNamingIt) {
   EXPECT_TRUE(after->abort);
   EXPECT_THAT(after->abort_reason, HasSubstr("node_rank=1 (host=10.0.0.2) is dead"));
   EXPECT_THAT(after->abort_reason, HasSubstr("lease"));
+  EXPECT_TRUE(after->abort_error.ok()) << after->abort_error;  // a death: nobody reported
   ASSERT_EQ(after->silent_members.size(), 1u);
   EXPECT_EQ(after->silent_members[0].node_rank, 1);
   EXPECT_GE(after->silent_members[0].silent, absl::Seconds(2));  // presumed dead at once
@@ -351,6 +352,28 @@ TEST_F(EtcdRendezvousTest, ANodeErrorAbortsTheGenerationForEveryMember) {
   EXPECT_THAT(r->abort_reason, HasSubstr("node_rank=1 (host=10.0.0.2) reported"));
   EXPECT_THAT(r->abort_reason, HasSubstr("trainer 3 stopped"));
   EXPECT_TRUE(r->silent_members.empty());  // node 1 acknowledged its own abort
+  // The report itself, code and message, is read with the abort.
+  EXPECT_EQ(CodeOf(r->abort_error), CodeOf(absl::DataLossError(""))) << r->abort_error;
+  EXPECT_EQ(r->abort_error.message(), "trainer 3 stopped");
+}
+
+// Of two reports racing, the one whose abort stands is the one whose error
+// every member reads: reason and error come from one transaction.
+TEST_F(EtcdRendezvousTest, TheAbortsErrorIsTheReportWhoseReasonStands) {
+  AddNodes(2);
+  ASSERT_TRUE(FormGeneration());
+  ASSERT_TRUE(
+      Beat(*nodes_[1], 1, 1, MakeError(v1::INVALID_ARGUMENT, "rank 3: element 5 = nan")).ok());
+  ASSERT_TRUE(Beat(*nodes_[0], 0, 1, MakeError(v1::INVALID_ARGUMENT, "bucket 0 holds a nan")).ok());
+  for (int rank : {0, 1}) {
+    absl::StatusOr<HeartbeatResult> r = Beat(*nodes_[rank], rank);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->abort);
+    EXPECT_THAT(r->abort_reason,
+                HasSubstr("node_rank=1 (host=10.0.0.2) reported INVALID_ARGUMENT"));
+    EXPECT_EQ(CodeOf(r->abort_error), v1::INVALID_ARGUMENT) << r->abort_error;
+    EXPECT_EQ(r->abort_error.message(), "rank 3: element 5 = nan");
+  }
 }
 
 TEST_F(EtcdRendezvousTest, SurvivorsReformWithoutADeadNodeZero) {
@@ -605,10 +628,14 @@ TEST_F(EtcdRendezvousTest, AChangeMadeWhileNoGenerationRunsBecomesTheNextGenerat
 
   // Node 1 dies; node 0 (--min-nodes 1) re-forms alone from iteration 7,
   // and a change made meanwhile is generation 2's version 1 at 7 + 2.
+  // The change goes through node 0's daemon's own session, which lives on
+  // while its job's link is replaced (the held key lives under its lease).
   nodes_[1].reset();
   ASSERT_TRUE(Beat(*nodes_[0], 0, 1, absl::UnavailableError("a collective failed")).ok());
   ASSERT_TRUE(nodes_[0]->Leave(0, 1, "re-forming").ok());
-  absl::StatusOr<std::optional<EtcdConfigEntry>> reforming = nodes_[0]->AppendOrHoldConfig(3, 8, 1);
+  std::shared_ptr<EtcdRendezvous> config_session = NewNode(kLeaseTtl, /*min_nodes=*/1);
+  absl::StatusOr<std::optional<EtcdConfigEntry>> reforming =
+      config_session->AppendOrHoldConfig(3, 8, 1);
   ASSERT_TRUE(reforming.ok()) << reforming.status();
   EXPECT_FALSE(reforming->has_value());
   nodes_[0] = NewNode(kLeaseTtl, /*min_nodes=*/1);
@@ -623,6 +650,32 @@ TEST_F(EtcdRendezvousTest, AChangeMadeWhileNoGenerationRunsBecomesTheNextGenerat
   EXPECT_EQ(second->generation, 2u);
   EXPECT_EQ(second->at_iteration, 7 + kHeldConfigAfter);
   EXPECT_EQ(second->bucket_cap_mb, 8);
+}
+
+// A held change lives under the lease of the daemon that took it: once that
+// daemon is gone (its lease revoked here; expired after a kill), the key is
+// gone, and a job formed later under the same job id starts without it.
+TEST_F(EtcdRendezvousTest, AHeldChangeGoesWithTheDaemonThatHeldIt) {
+  absl::StatusOr<std::unique_ptr<EtcdClient>> client = RawClient();
+  ASSERT_TRUE(client.ok()) << client.status();
+  {
+    std::shared_ptr<EtcdRendezvous> gone = NewNode();
+    absl::StatusOr<std::optional<EtcdConfigEntry>> held = gone->AppendOrHoldConfig(5, 50, 1);
+    ASSERT_TRUE(held.ok()) << held.status();
+    EXPECT_FALSE(held->has_value());
+    absl::StatusOr<std::optional<EtcdKeyValue>> key = (*client)->Get("gs/job/job1/config_held");
+    ASSERT_TRUE(key.ok()) << key.status();
+    ASSERT_TRUE(key->has_value());
+    EXPECT_NE((*key)->lease, 0) << "held without a lease: it would outlive every daemon";
+  }
+  absl::StatusOr<std::optional<EtcdKeyValue>> after = (*client)->Get("gs/job/job1/config_held");
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_FALSE(after->has_value()) << "the held change outlived the daemon that took it";
+  AddNodes(2);
+  ASSERT_TRUE(FormGeneration());
+  absl::StatusOr<HeartbeatResult> beat = Beat(*nodes_[1], 1);
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_EQ(beat->config_version, 0u) << "the new job inherited a gone daemon's change";
 }
 
 // What every node of a grown generation must be told alike.

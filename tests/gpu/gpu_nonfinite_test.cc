@@ -201,15 +201,19 @@ TEST(GpuNonFinite, OffLetsTheNanReachEveryTrainer) {
       << daemon.process().Log();
 }
 
-// Two simulated nodes of 2 trainers each on 2 GPUs.
+// Two simulated nodes of 2 trainers each on 2 GPUs; `leader_env` is added
+// to node 0's environment.
 void StartTwoSimNodes(std::vector<std::string> common, std::unique_ptr<Daemon>* leader,
-                      std::unique_ptr<Daemon>* follower) {
+                      std::unique_ptr<Daemon>* follower,
+                      const std::map<std::string, std::string>& leader_env = {}) {
   ScratchDir secrets;
   ASSERT_TRUE(WriteTokenFile(secrets.File("token"), "gpu-nonfinite-token"));
   common.push_back("--job-token-file=" + secrets.File("token"));
   std::vector<std::string> lead = common;
   lead.push_back("--node-rank=0");
-  *leader = std::make_unique<Daemon>(2, lead, SimEnv(2, "sim-node-0"), "tests/gpu/gradsyncd_sim");
+  std::map<std::string, std::string> env = SimEnv(2, "sim-node-0");
+  env.insert(leader_env.begin(), leader_env.end());
+  *leader = std::make_unique<Daemon>(2, lead, env, "tests/gpu/gradsyncd_sim");
   ASSERT_TRUE((*leader)->WaitReady(seconds(10))) << (*leader)->process().Log();
   const int port = (*leader)->ListenPort(seconds(10));
   ASSERT_GT(port, 0) << (*leader)->process().Log();
@@ -223,12 +227,13 @@ void StartTwoSimNodes(std::vector<std::string> common, std::unique_ptr<Daemon>* 
 // Rank 3 (node 1, local 1) writes the NaN: only its node knows the culprit,
 // yet node 0 sees the result is not finite in the same bucket of the same
 // iteration (the NaN written into the collective's input reaches it).
-TEST(GpuNonFinite, TwoNodesErrorNamesTheCulpritOnEveryNode) {
+// `leader_env` may hold node 0's look at that result back.
+void ExpectCulpritOnEveryNode(const std::map<std::string, std::string>& leader_env) {
   std::vector<std::string> common = kDaemonArgs;
   common.insert(common.end(),
                 {"--num-nodes=2", "--job-id=gpu-nonfinite-error", "--nonfinite=error"});
   std::unique_ptr<Daemon> leader, follower;
-  ASSERT_NO_FATAL_FAILURE(StartTwoSimNodes(common, &leader, &follower));
+  ASSERT_NO_FATAL_FAILURE(StartTwoSimNodes(common, &leader, &follower, leader_env));
   const std::vector<std::string> targs = Args("flat", "fp32", "error", 3, 2, 1, 5, "nan");
   std::vector<Process> trainers;
   for (Daemon* d : {leader.get(), follower.get()}) {
@@ -248,8 +253,25 @@ TEST(GpuNonFinite, TwoNodesErrorNamesTheCulpritOnEveryNode) {
     EXPECT_NE(log.find("tensor 1 'fc1.weight' element 5 = nan"), std::string::npos) << log;
     if (t < 2) {
       EXPECT_NE(log.find("the leader reports: node_rank=1"), std::string::npos) << log;
+      EXPECT_NE(log.find(") reported INVALID_ARGUMENT: iteration "), std::string::npos) << log;
     }
   }
+  if (leader_env.empty()) return;
+  // Held back, node 0 failed from the abort's news, not its own look.
+  EXPECT_NE(leader->process().Log().find("code=INVALID_ARGUMENT culprit_local_rank=-1 "
+                                         "message=\"the job was aborted by the leader; the "
+                                         "leader reports: node_rank=1"),
+            std::string::npos)
+      << leader->process().Log();
+}
+
+TEST(GpuNonFinite, TwoNodesErrorNamesTheCulpritOnEveryNode) { ExpectCulpritOnEveryNode({}); }
+
+// Node 0 looks at its result four heartbeats late: the leader's abort,
+// caused by node 1's report, reaches it first and must carry the culprit's
+// INVALID_ARGUMENT, not PEER_FAILED.
+TEST(GpuNonFinite, TwoNodesErrorNamesTheCulpritEvenWhenTheAbortArrivesFirst) {
+  ExpectCulpritOnEveryNode({{"GRADSYNC_TEST_DELAY_COLLECTIVE_CHECK_MS", "2000"}});
 }
 
 TEST(GpuNonFinite, TwoNodesSkipKeepsEveryReplicaEqual) {

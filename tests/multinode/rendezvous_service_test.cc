@@ -368,6 +368,9 @@ TEST_F(RendezvousServiceTest, ReportedErrorAbortsAndTheJobReformsWithTheNextGene
   ASSERT_TRUE(other.ok());
   EXPECT_TRUE(other->abort);
   EXPECT_EQ(other->abort_reason, reported->abort_reason);
+  // The report itself, code and message, travels with the abort.
+  EXPECT_EQ(CodeOf(other->abort_error), v1::PEER_FAILED) << other->abort_error;
+  EXPECT_EQ(Msg(other->abort_error), "allreduce of bucket 4 failed");
 
   const RendezvousStatus status = leader_->service().GetStatus();
   EXPECT_TRUE(status.aborted);
@@ -385,6 +388,15 @@ TEST_F(RendezvousServiceTest, ReportedErrorAbortsAndTheJobReformsWithTheNextGene
   auto current = Beat(0, 2);
   ASSERT_TRUE(current.ok());
   EXPECT_FALSE(current->abort);
+  EXPECT_TRUE(current->abort_error.ok()) << current->abort_error;
+  // Generation 2's abort is its own: a later report's code, not the first's.
+  auto culprit = Beat(1, 2, MakeError(v1::INVALID_ARGUMENT, "rank 3: tensor 0 element 5 = nan"));
+  ASSERT_TRUE(culprit.ok()) << culprit.status();
+  auto told = Beat(0, 2);
+  ASSERT_TRUE(told.ok()) << told.status();
+  EXPECT_TRUE(told->abort);
+  EXPECT_EQ(CodeOf(told->abort_error), v1::INVALID_ARGUMENT) << told->abort_error;
+  EXPECT_EQ(Msg(told->abort_error), "rank 3: tensor 0 element 5 = nan");
   // A generation that has not formed is an error.
   EXPECT_EQ(CodeOf(Beat(0, 3).status()), v1::STATE);
 }
@@ -398,6 +410,9 @@ TEST_F(RendezvousServiceTest, LeaveAbortsTheGeneration) {
   EXPECT_TRUE(beat->abort);
   EXPECT_THAT(beat->abort_reason, HasSubstr("node_rank=1"));
   EXPECT_THAT(beat->abort_reason, HasSubstr("left: operator drained the node"));
+  // No node reported an error: nothing for the others to fail with but
+  // the reason (PEER_FAILED).
+  EXPECT_TRUE(beat->abort_error.ok()) << beat->abort_error;
 }
 
 // Generations restart at 1 on a restarted leader; the old
