@@ -691,6 +691,30 @@ uint64_t LocalReducer::StagingBytes(uint64_t bytes, DType dtype) {
   return bytes / DTypeSize(dtype) * DTypeSize(StagingDType(dtype));
 }
 
+namespace {
+
+// One bucket's reduction as the passes read it.
+ReduceWork MakeWork(const std::vector<uint8_t*>& arenas, const std::vector<ReduceSpan>& spans,
+                    DType dtype, int world_size, bool check, SliceFinding* findings, KeptSums* kept,
+                    KeptResultSink* kept_result, const std::vector<uint8_t*>* input_copies) {
+  ReduceWork job;
+  job.arenas = &arenas;
+  job.spans = &spans;
+  job.elem_size = DTypeSize(dtype);
+  job.world_size = world_size;
+  job.kernel = check ? KernelFor<true>(dtype) : KernelFor<false>(dtype);
+  job.findings = findings;
+  job.kept_sums = kept != nullptr ? kept->sums : nullptr;
+  job.kept_result = kept_result != nullptr ? kept_result->base : nullptr;
+  job.input_copies = input_copies != nullptr ? input_copies->data() : nullptr;
+  uint64_t total_bytes = 0;
+  for (const ReduceSpan& s : spans) total_bytes += s.bytes;
+  job.total_elements = total_bytes / job.elem_size;
+  return job;
+}
+
+}  // namespace
+
 absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
                                   const std::vector<ReduceSpan>& spans, DType dtype, int world_size,
                                   Backend& backend, ReduceTimings* timings, size_t threads,
@@ -706,22 +730,12 @@ absl::Status LocalReducer::Reduce(const std::vector<uint8_t*>& arenas,
   // nothing of its own to check.
   if (arenas.empty()) return ReduceZeros(spans, dtype, backend, timings);
   const bool check = nonfinite != nullptr;
-  ReduceWork job;
-  job.arenas = &arenas;
-  job.spans = &spans;
-  job.elem_size = DTypeSize(dtype);
-  job.world_size = world_size;
-  job.kernel = check ? KernelFor<true>(dtype) : KernelFor<false>(dtype);
-  job.findings = findings_.data();
-  job.kept_sums = kept != nullptr ? kept->sums : nullptr;
-  job.kept_result = kept_result != nullptr ? kept_result->base : nullptr;
   if (input_copies != nullptr && input_copies->size() != arenas.size()) {
     return absl::InvalidArgumentError("bad reduction arguments: one input copy per arena");
   }
-  job.input_copies = input_copies != nullptr ? input_copies->data() : nullptr;
-  uint64_t total_bytes = 0;
-  for (const ReduceSpan& s : spans) total_bytes += s.bytes;
-  job.total_elements = total_bytes / job.elem_size;
+  ReduceWork job = MakeWork(arenas, spans, dtype, world_size, check, findings_.data(), kept,
+                            kept_result, input_copies);
+  const uint64_t total_bytes = job.total_elements * job.elem_size;
   const size_t usable = (threads == 0) ? pool_.size() : std::min(threads, pool_.size());
   const size_t slices = total_bytes >= kParallelThresholdBytes ? usable : 1;
   if (timings) timings->threads = slices;
