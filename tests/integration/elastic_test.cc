@@ -1260,6 +1260,23 @@ TEST(ElasticJob, BelowMinNodesTheSurvivorFailsNamingMinNodesAndTheDeadNodes) {
 // SIGKILLed (its daemon stays) and the others resume.
 constexpr int kTrainerVictim = 3;
 
+// Once local rank `local` of `node` has left, a replacement trainer
+// (--catch-up) on that rank, held by its daemon until a boundary, before
+// the others go on.
+void StartReplacementOnceItsSlotIsFree(Cluster& cluster, int node, int local,
+                                       std::vector<Trainer>* replacements) {
+  ASSERT_TRUE(WaitForLog(cluster.node(node).process(),
+                         absl::StrCat("event=leave job=1 local_rank=", local), kStateBound))
+      << cluster.DaemonLogs();
+  std::vector<std::string> args = TrainArgs();
+  args.push_back("--catch-up");
+  const std::string out = absl::StrCat(cluster.dir(), "/replacement");
+  replacements->push_back({node, "", out, StartTrainer(cluster.node(node), local, args, out)});
+  ASSERT_TRUE(
+      WaitForLog(cluster.node(node).process(), "event=register_rejoining job=1", kStateBound))
+      << replacements->back().process.Log() << cluster.DaemonLogs();
+}
+
 void RunUntilTrainerKilled(Cluster& cluster, const std::string& victim_pause,
                            std::vector<Trainer>* trainers,
                            const std::function<void()>& before_resuming = nullptr,
@@ -1419,20 +1436,8 @@ void ExpectARestartedTrainerRejoins(int victim, int root,
   std::vector<Trainer> replacements;
   RunUntilTrainerKilled(
       cluster, victim_pause, &trainers,
-      [&] {
-        ASSERT_TRUE(WaitForLog(cluster.node(node).process(),
-                               absl::StrCat("event=leave job=1 local_rank=", local), kStateBound))
-            << cluster.DaemonLogs();
-        std::vector<std::string> args = TrainArgs();
-        args.push_back("--catch-up");
-        const std::string out = absl::StrCat(cluster.dir(), "/replacement");
-        replacements.push_back({node, "", out, StartTrainer(cluster.node(node), local, args, out)});
-        // Held by its daemon until a boundary, before the others go on.
-        ASSERT_TRUE(
-            WaitForLog(cluster.node(node).process(), "event=register_rejoining job=1", kStateBound))
-            << replacements[0].process.Log() << cluster.DaemonLogs();
-      },
-      victim, {"--catch-up"});
+      [&] { StartReplacementOnceItsSlotIsFree(cluster, node, local, &replacements); }, victim,
+      {"--catch-up"});
   ASSERT_EQ(replacements.size(), 1u);
   Trainer& replacement = replacements[0];
   const std::string joined = "mlp_trainer: joined the running job at iteration ";
@@ -1522,18 +1527,7 @@ void ExpectTheCatchUpRunsAgainFromTheNextOldMember(const std::string& hold) {
   const int node = kTrainerVictim / kLocal, local = kTrainerVictim % kLocal;
   RunUntilTrainerKilled(
       cluster, "marked", &trainers,
-      [&] {
-        ASSERT_TRUE(WaitForLog(cluster.node(node).process(),
-                               absl::StrCat("event=leave job=1 local_rank=", local), kStateBound))
-            << cluster.DaemonLogs();
-        std::vector<std::string> args = TrainArgs();
-        args.push_back("--catch-up");
-        const std::string out = absl::StrCat(cluster.dir(), "/replacement");
-        replacements.push_back({node, "", out, StartTrainer(cluster.node(node), local, args, out)});
-        ASSERT_TRUE(
-            WaitForLog(cluster.node(node).process(), "event=register_rejoining job=1", kStateBound))
-            << replacements[0].process.Log() << cluster.DaemonLogs();
-      },
+      [&] { StartReplacementOnceItsSlotIsFree(cluster, node, local, &replacements); },
       kTrainerVictim, {"--catch-up"});
   ASSERT_EQ(replacements.size(), 1u);
   ASSERT_TRUE(
