@@ -11,9 +11,21 @@ run, measured one after the other (never overlapping):
                               the compute-only step docs/PERFORMANCE.md's
                               targets are relative to (2 trainers share the
                               machine's cores and memory bandwidth)
+  lockstep only               compute only, 2 processes, plus a 4-byte
+                              allreduce (torch gloo) after each backward:
+                              no gradient moves, but every step waits for
+                              the slower trainer, as every synchronous
+                              data-parallel step does (the floor of any
+                              gradient synchronization on this machine)
   torch DDP (gloo)            DistributedDataParallel, default 25 MB buckets
   gradsync DistributedOptimizer   gradients in the daemon's shared memory
   gradsync DDP allreduce_hook     DDP kept, buckets sent through gradsync
+
+Every variant's trainers get the heap settings gradsync.run gives its
+trainers (gradsync.trainer_malloc: freed memory kept for the next step),
+references included, so that the comparison is of the synchronization
+alone; ``--glibc-malloc-defaults`` runs every variant with glibc's
+defaults instead (the table's note says which).
 
 The machine may be shared and noisy: the variants run in ``--rounds``
 interleaved rounds (A B C D E, A B C D E, ...; at least 5, also with
@@ -30,6 +42,7 @@ Run from the repository root after
 
     /usr/bin/python3 tests/bench/torch_step_bench.py [--steps 20] [--rounds 3] [--threads 1]
         [--quick]   (--quick, or GRADSYNC_BENCH_QUICK=1: 4 steps, 5 rounds)
+        [--glibc-malloc-defaults]
 
 $GRADSYNC_BENCH_DAEMON_ARGS adds flags to the daemons it starts (e.g.
 "--reduce-threads=2" or "--bucket-cap-mb=10"). $GRADSYNC_BENCH_REFERENCE_DAEMON
@@ -55,6 +68,7 @@ sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_report  # noqa: E402
+from gradsync import trainer_malloc  # noqa: E402
 
 WIDTH, LAYERS, BATCH = 2048, 6, 32
 
@@ -87,6 +101,12 @@ def worker(variant: str, rank: int, world: int, port: int, steps: int, warmup: i
     sgd = torch.optim.SGD(model.parameters(), lr=1e-4)
     net, opt, cleanup = model, sgd, None
 
+    barrier = None
+    if variant == "lockstep":
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world)
+        barrier = torch.zeros(1)
     if variant in ("ddp", "gradsync_hook"):
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -108,12 +128,14 @@ def worker(variant: str, rank: int, world: int, port: int, steps: int, warmup: i
         start = time.perf_counter()
         opt.zero_grad()
         torch.nn.functional.mse_loss(net(x), y).backward()
+        if barrier is not None:
+            dist.all_reduce(barrier)
         opt.step()
         if i >= warmup:
             times.append(time.perf_counter() - start)
     if cleanup is not None:
         cleanup()
-    if variant in ("ddp", "gradsync_hook"):
+    if variant in ("ddp", "gradsync_hook", "lockstep"):
         import torch.distributed as dist
         dist.destroy_process_group()
     return {"median": statistics.median(times)}
@@ -132,6 +154,8 @@ def run_variant(variant: str, nproc: int, args: argparse.Namespace,
                    PYTHONPATH=os.path.join(ROOT, "client", "python"))
         if socket_path:
             env["GRADSYNC_SOCKET"] = socket_path
+        if not args.glibc_malloc_defaults:
+            env.update(trainer_malloc.steady_heap_env(env))
         procs.append(subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--worker", variant, str(rank),
              str(nproc), str(port), str(args.steps), str(args.warmup), str(args.threads)],
@@ -156,6 +180,9 @@ def main() -> int:
                     help="interleaved repetitions (the median of them is reported)")
     ap.add_argument("--quick", action="store_true", help="fewer steps (GRADSYNC_BENCH_QUICK=1 too)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per trainer")
+    ap.add_argument("--glibc-malloc-defaults", action="store_true",
+                    help="run every variant's trainers with glibc's malloc defaults instead "
+                         "of gradsync.run's heap settings")
     ap.add_argument("--worker", nargs=7, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -171,6 +198,7 @@ def main() -> int:
     sock = os.path.join(tmp, "gs.sock")
     variants = [("compute only, 1 process", "compute", 1, False),
                 ("compute only, 2 processes", "compute", 2, False),
+                ("lockstep only (4-byte allreduce per step)", "lockstep", 2, False),
                 ("torch DDP (gloo)", "ddp", 2, False),
                 ("gradsync DistributedOptimizer", "gradsync", 2, True),
                 ("gradsync DDP allreduce_hook", "gradsync_hook", 2, True)]
@@ -204,6 +232,8 @@ def main() -> int:
     p50 = {label: statistics.median(v) for label, v in medians.items()}
     compute2 = p50["compute only, 2 processes"]
     ddp = p50["torch DDP (gloo)"]
+    lockstep_label = "lockstep only (4-byte allreduce per step)"
+    lockstep = p50[lockstep_label]
     params = LAYERS * (WIDTH * WIDTH + WIDTH)
     title = (f"Training step, {LAYERS} x Linear({WIDTH},{WIDTH}) = {params / 1e6:.1f}M fp32 "
              f"parameters, batch {BATCH}/trainer")
@@ -211,25 +241,30 @@ def main() -> int:
         r = [a / b for a, b in zip(medians[label], medians[ref])]
         return f"{min(r):.3f}-{max(r):.3f}"
 
+    heap = ("glibc's malloc defaults" if args.glibc_malloc_defaults else
+            "gradsync.run's (freed memory kept: MALLOC_MMAP_THRESHOLD_ and "
+            "MALLOC_TRIM_THRESHOLD_) for every variant")
     report.table(
         title, ["variant", "trainers", "step, median of rounds (ms)", "rounds min-max (ms)",
-                "vs compute only (2 proc)", "per round min-max", "vs torch DDP",
-                "per round min-max"],
+                "vs compute only (2 proc)", "per round min-max", "vs lockstep only",
+                "per round min-max", "vs torch DDP", "per round min-max"],
         [[label, nproc, p50[label] * 1e3,
           f"{min(medians[label]) * 1e3:.1f}-{max(medians[label]) * 1e3:.1f}",
           p50[label] / compute2, round_ratios(label, "compute only, 2 processes"),
+          p50[label] / lockstep, round_ratios(label, lockstep_label),
           p50[label] / ddp, round_ratios(label, "torch DDP (gloo)")]
          for label, _, nproc, _ in variants],
         note=f"torch {torch.__version__}, {args.threads} thread(s)/trainer, {os.cpu_count()} "
              f"cores; per round the median of {args.steps} steps after {args.warmup} warm-up; "
              f"{args.rounds} interleaved rounds; load average {load_before:.1f} before, "
-             f"{load_after:.1f} after. Targets (docs/PERFORMANCE.md): gradsync step <= 1.15x "
+             f"{load_after:.1f} after; trainers' heap: {heap}. Targets (docs/PERFORMANCE.md): gradsync step <= 1.15x "
              "compute only, <= 0.6x DDP.")
     fig, ax = bench_report.figure(
         f"Training step, 2 trainers: {params / 1e6:.1f}M-parameter MLP, batch {BATCH}/trainer",
         "step time, median of rounds (ms)", "variant", size=(9, 4))
     labels = [v[0] for v in variants]
-    refs = {"compute only, 1 process", "compute only, 2 processes", "torch DDP (gloo)"}
+    refs = {"compute only, 1 process", "compute only, 2 processes", lockstep_label,
+            "torch DDP (gloo)"}
     colors = ["#bdbdbd" if label in refs else "#3182bd" for label in labels]
     ax.barh(range(len(labels)), [p50[label] * 1e3 for label in labels], color=colors)
     ax.set_yticks(range(len(labels)))

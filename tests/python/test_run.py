@@ -11,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Iterator, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -29,7 +29,7 @@ JOB = textwrap.dedent('''
     out, mode = sys.argv[1], sys.argv[2]
     rank = int(os.environ["RANK"])
     keys = ["LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GRADSYNC_SOCKET",
-            "MASTER_ADDR", "MASTER_PORT"]
+            "MASTER_ADDR", "MASTER_PORT", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"]
     with open(os.path.join(out, f"env.{rank}"), "w") as f:
         json.dump({k: os.environ.get(k) for k in keys}, f)
     c = gradsync.Client(connect_timeout_s=10)   # socket and local rank from the env
@@ -64,12 +64,14 @@ def _no_launcher_segments_left() -> Iterator[None]:
 
 
 def launch(workdir: Path, nproc: int, script_args: List[str], *extra: str,
-           script: str = "") -> subprocess.Popen:
+           script: str = "", env_extra: Optional[Dict[str, str]] = None) -> subprocess.Popen:
     if not script:
         script = str(workdir / "job.py")
         Path(script).write_text(JOB)
     env = dict(os.environ, PYTHONPATH=str(PY_PACKAGE))
-    env.pop("GRADSYNC_SOCKET", None)
+    for name in ("GRADSYNC_SOCKET", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"):
+        env.pop(name, None)
+    env.update(env_extra or {})
     cmd = [sys.executable, "-m", "gradsync.run", "--nproc", str(nproc),
            "--socket", str(workdir / "run.sock"), f"--daemon-arg=--shm-prefix={LAUNCHER_SHM_PREFIX}", f"--daemon-log={workdir / 'daemon.log'}", *extra, script,
            *script_args]
@@ -110,8 +112,27 @@ def test_runs_trainers_and_stops_the_daemon_it_started(workdir: Path) -> None:
         assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "2"
         assert env["GRADSYNC_SOCKET"] == str(workdir / "run.sock")
         assert env["MASTER_ADDR"] and env["MASTER_PORT"]
+        # Freed heap memory is kept for the next step (gradsync.trainer_malloc).
+        assert env["MALLOC_MMAP_THRESHOLD_"] == str(1 << 30)
+        assert env["MALLOC_TRIM_THRESHOLD_"] == str(4 << 30)
         # Last iteration: (0 + 2 + 1 + 2) / 2 = 2.5 on both trainers.
         assert json.loads((workdir / f"result.{rank}").read_text()) == [2.5] * 4
+
+
+@pytest.mark.parametrize("extra,env_extra,expected", [
+    # The user's own malloc setting stands: neither variable is added (one
+    # alone would switch off glibc's adaptive threshold).
+    ((), {"MALLOC_TRIM_THRESHOLD_": "1000000"}, (None, "1000000")),
+    ((), {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"}, (None, None)),
+    (("--glibc-malloc-defaults",), {}, (None, None)),
+])
+def test_leaves_malloc_alone_when_told_or_already_set(workdir: Path, extra, env_extra,
+                                                      expected) -> None:
+    code, out, err = finish(launch(workdir, 1, [str(workdir), "ok"], *extra,
+                                   env_extra=env_extra))
+    assert code == 0, err
+    env = json.loads((workdir / "env.0").read_text())
+    assert (env["MALLOC_MMAP_THRESHOLD_"], env["MALLOC_TRIM_THRESHOLD_"]) == expected
 
 
 def test_returns_the_first_failure(workdir: Path) -> None:

@@ -47,11 +47,17 @@ def test_is_a_torch_optimizer_sharing_the_wrapped_state(one_trainer) -> None:
         assert state["state"] and state == opt.optimizer.state_dict()
         with pytest.raises(gradsync.StateError, match="layout is fixed"):
             opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(1))]})
-        # zero_grad keeps the views, whatever set_to_none says.
+        # set_to_none=False zeroes the views in place.
         ptrs = [p.grad.data_ptr() for p in model.parameters()]
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=False)
         assert [p.grad.data_ptr() for p in model.parameters()] == ptrs
         assert all(not p.grad.any() for p in model.parameters())
+        # The default drops them; the next backward refills the arena, and
+        # .grad is its view again, holding the average after the step.
+        opt.zero_grad()
+        assert all(p.grad is None for p in model.parameters())
+        lib.train(model, opt, steps=1, global_batch=8)
+        assert [p.grad.data_ptr() for p in model.parameters()] == ptrs
     finally:
         opt.close()
     assert all(p.grad is not None for p in model.parameters())  # private copies now
@@ -103,7 +109,7 @@ def test_grad_set_to_none_or_replaced_is_adopted(one_trainer) -> None:
 
         lib.train(model, opt, steps=6, global_batch=8, on_step=disturb)
         for p, v in zip(model.parameters(), views):
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=False)
             assert p.grad is v
     finally:
         opt.close()

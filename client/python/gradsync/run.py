@@ -13,6 +13,10 @@
   also create a torch.distributed process group), and can ``import gradsync``.
   With torch and CUDA available, each trainer's current CUDA device is set
   to ``LOCAL_RANK % device_count()`` before its script starts.
+* Each trainer keeps the heap memory it frees for the next step
+  (``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_``, see
+  gradsync.trainer_malloc), unless the environment already configures
+  malloc or ``--glibc-malloc-defaults`` is given.
 * SIGINT, SIGTERM and SIGHUP are forwarded to the trainers. When a trainer
   fails, the others normally fail within moments (the daemon reports the
   peer failure to them); any still running after ``--grace-s`` are
@@ -37,6 +41,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import daemon as _daemon
+from . import trainer_malloc
 
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -76,6 +81,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
                         "to exit before they are terminated")
     p.add_argument("--start-timeout-s", type=float, default=30.0,
                    help="how long a started daemon may take to answer")
+    p.add_argument("--glibc-malloc-defaults", action="store_true",
+                   help="leave the trainers' malloc as glibc sets it (by default they keep "
+                        "freed heap memory for the next step: see gradsync.trainer_malloc)")
     p.add_argument("-m", "--module", action="store_true",
                    help="SCRIPT is a module name (python3 -m SCRIPT)")
     p.add_argument("script", metavar="SCRIPT")
@@ -148,6 +156,8 @@ class _Launcher:
             "LOCAL_WORLD_SIZE": str(nproc),
             "GRADSYNC_SOCKET": self.socket,
         })
+        if not self.args.glibc_malloc_defaults:
+            env.update(trainer_malloc.steady_heap_env(env))
         env.setdefault("MASTER_ADDR", "127.0.0.1")
         env.setdefault("MASTER_PORT", str(master_port))
         # The trainers import the same gradsync package as this launcher.

@@ -94,13 +94,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     Semantics worth knowing:
 
-    * ``.grad`` tensors are never None and never replaced: ``zero_grad()``
-      zeroes them in place (like ``set_to_none=False``). A parameter without
-      a gradient in an iteration gets a zero gradient, so momentum and weight
+    * ``zero_grad()`` sets ``.grad`` to None (``set_to_none=True``, torch
+      2.x's default): the next backward's fresh gradient is copied into the
+      arena by the hook, and ``.grad`` is the arena's view again from then
+      on (after ``step()`` / ``synchronize()`` always). That copy costs less
+      than zeroing the arena and adding into it (one read and one write of
+      the gradient instead of a write, two reads and a write).
+      ``zero_grad(set_to_none=False)`` zeroes the views in place instead,
+      and ``.grad`` then never leaves the arena. A parameter without a
+      gradient in an iteration gets a zero gradient, so momentum and weight
       decay still apply to it, as in single-process training whose gradients
-      were zeroed rather than set to None. If something sets ``p.grad = None``
-      or assigns a new tensor, it is copied back into the arena the next time
-      the gradient is marked.
+      were zeroed rather than set to None. If something else sets
+      ``p.grad = None`` or assigns a new tensor, it is copied back into the
+      arena the next time the gradient is marked.
     * Only one DistributedOptimizer (one registered layout) per process.
     * ``step(closure)`` evaluates the closure once, then synchronizes:
       fine for SGD/Adam-like optimizers, not for LBFGS.
@@ -524,32 +530,47 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return self._skipped_steps
 
     def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
-        """Zeroes the gradients in place; they stay views of the arena
-        (``set_to_none`` is accepted for compatibility and ignored). After
-        ``close()`` this is the wrapped optimizer's zero_grad."""
+        """Drops the gradients: ``set_to_none`` True or None (the default)
+        sets each ``.grad`` to None, to be refilled in the arena by the next
+        backward; False zeroes the arena's views in place. A gradient already
+        marked in this iteration (the daemon may be reducing it) is zeroed in
+        place either way and keeps its view. After ``close()`` this is the
+        wrapped optimizer's zero_grad."""
         if self._closed:
             if set_to_none is None:
                 self._optimizer.zero_grad()
             else:
                 self._optimizer.zero_grad(set_to_none=set_to_none)
             return
-        for i in range(len(self._params)):
-            self._adopt(i)
-            if not self._marked[i]:
-                self._touched[i] = False  # nothing accumulated any more
-        if hasattr(torch, "_foreach_zero_"):
-            torch._foreach_zero_(self._grads)
+        to_zero = []
+        for i, p in enumerate(self._params):
+            if self._marked[i]:
+                self._adopt(i)
+                to_zero.append(self._grads[i])
+                continue
+            self._touched[i] = False  # nothing accumulated any more
+            if set_to_none is False:
+                self._adopt(i)
+                to_zero.append(self._grads[i])
+            else:
+                p.grad = None
+        if to_zero and hasattr(torch, "_foreach_zero_"):
+            torch._foreach_zero_(to_zero)
         else:
-            for g in self._grads:
+            for g in to_zero:
                 g.zero_()
         # Parameters of the wrapped optimizer that are not registered (no
-        # grad required or empty) are zeroed like torch would.
+        # grad required or empty) are treated as torch would.
         registered = {id(p) for p in self._params}
         for group in self._optimizer.param_groups:
             for p in group["params"]:
-                if id(p) not in registered and p.grad is not None:
+                if id(p) in registered or p.grad is None:
+                    continue
+                if set_to_none is False:
                     p.grad.detach_()
                     p.grad.zero_()
+                else:
+                    p.grad = None
 
     def close(self) -> None:
         """Removes the hooks, gives each parameter a private copy of its
