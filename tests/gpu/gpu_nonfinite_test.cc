@@ -78,6 +78,7 @@ struct ErrorCase {
   int bad_element;  // -1: the last
   std::string value;
   std::string expected;  // "tensor ... element ... = ..."
+  int embed_numel = 0;    // > 0: sim_trainer --embed-numel
 };
 
 void PrintTo(const ErrorCase& c, std::ostream* os) { *os << c.name; }
@@ -90,8 +91,9 @@ TEST_P(GpuNonFiniteErrorTest, EveryTrainerFailsNamingTheCulpritTensorElementAndV
   args.push_back("--nonfinite=error");
   Daemon daemon(c.trainers, args, SimEnv(c.gpus), "tests/gpu/gradsyncd_sim");
   ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
-  const std::vector<std::string> targs = Args(c.layout, c.dtype, "error", c.bad_rank, c.bad_step,
-                                              c.bad_tensor, c.bad_element, c.value);
+  std::vector<std::string> targs = Args(c.layout, c.dtype, "error", c.bad_rank, c.bad_step,
+                                        c.bad_tensor, c.bad_element, c.value);
+  if (c.embed_numel > 0) targs.push_back(absl::StrCat("--embed-numel=", c.embed_numel));
   std::vector<Process> trainers;
   for (int r = 0; r < c.trainers; ++r)
     trainers.push_back(StartSimTrainer(daemon, r, c.gpus, targs));
@@ -126,7 +128,19 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"inf_at_the_last_element_bf16", 4, 2, "flat", "bf16", 1, 2, 1, -1, "inf",
                   "tensor 1 'fc1.weight' element 2047 = inf"},
         ErrorCase{"nan_bf16_user", 2, 1, "user", "bf16", 1, 1, 3, 0, "nan",
-                  "tensor 3 'fc2.weight' element 0 = nan"}),
+                  "tensor 3 'fc2.weight' element 0 = nan"},
+        // The search reads gradients back through a 1 MiB host window
+        // (262144 fp32 elements): the last element of the first window,
+        // the first of the second, and the tensor's last, in a tensor of
+        // 300000 (summed in place in iteration 0, staged later).
+        ErrorCase{"nan_at_the_last_element_of_the_first_search_window_fp32", 2, 1, "flat",
+                  "fp32", 1, 0, 0, 262143, "nan", "tensor 0 'embed' element 262143 = nan",
+                  300000},
+        ErrorCase{"nan_at_the_first_element_of_the_second_search_window_fp32", 2, 1, "flat",
+                  "fp32", 0, 0, 0, 262144, "nan", "tensor 0 'embed' element 262144 = nan",
+                  300000},
+        ErrorCase{"inf_past_the_first_search_window_user_fp32", 2, 1, "user", "fp32", 1, 2, 0,
+                  -1, "inf", "tensor 0 'embed' element 299999 = inf", 300000}),
     [](const ::testing::TestParamInfo<ErrorCase>& info) { return info.param.name; });
 
 // Every trainer says "skipped ... step S" for the bad step alone (sim_trainer

@@ -88,6 +88,9 @@ struct Flags {
   // > 0: a layout of this many small tensors "p<i>" instead of the model's
   // (more than the client's pool of readiness events).
   int tensors = 0;
+  // > 0: "embed" has this many elements (a tensor larger than the daemon's
+  // 1 MiB window for reading gradients back in a non-finite search).
+  uint64_t embed_numel = 0;
   // >= 0: from this mark of each synced iteration on, writes and marks go
   // to a second stream, which --hold-stream-ms never holds: pooled
   // readiness events re-recorded there must still complete only after
@@ -341,6 +344,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->members_after_join = ParseRanks(v);
     else if (key == "--tensors")
       f->tensors = std::atoi(v.c_str());
+    else if (key == "--embed-numel")
+      f->embed_numel = std::strtoull(v.c_str(), nullptr, 10);
     else if (key == "--switch-stream-at")
       f->switch_stream_at = std::atoi(v.c_str());
     else if (key == "--check-replicas")
@@ -535,6 +540,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "sim_trainer: bad flags\n");
     return 3;
   }
+  if (f.embed_numel > 0) kTensors[0].numel = f.embed_numel;
   if (f.tensors > 0) {
     kTensors.clear();
     for (int i = 0; i < f.tensors; ++i) {
