@@ -78,7 +78,7 @@ struct ErrorCase {
   int bad_element;  // -1: the last
   std::string value;
   std::string expected;  // "tensor ... element ... = ..."
-  int embed_numel = 0;    // > 0: sim_trainer --embed-numel
+  int embed_numel = 0;   // > 0: sim_trainer --embed-numel
 };
 
 void PrintTo(const ErrorCase& c, std::ostream* os) { *os << c.name; }
@@ -133,14 +133,12 @@ INSTANTIATE_TEST_SUITE_P(
         // (262144 fp32 elements): the last element of the first window,
         // the first of the second, and the tensor's last, in a tensor of
         // 300000 (summed in place in iteration 0, staged later).
-        ErrorCase{"nan_at_the_last_element_of_the_first_search_window_fp32", 2, 1, "flat",
-                  "fp32", 1, 0, 0, 262143, "nan", "tensor 0 'embed' element 262143 = nan",
-                  300000},
-        ErrorCase{"nan_at_the_first_element_of_the_second_search_window_fp32", 2, 1, "flat",
-                  "fp32", 0, 0, 0, 262144, "nan", "tensor 0 'embed' element 262144 = nan",
-                  300000},
-        ErrorCase{"inf_past_the_first_search_window_user_fp32", 2, 1, "user", "fp32", 1, 2, 0,
-                  -1, "inf", "tensor 0 'embed' element 299999 = inf", 300000}),
+        ErrorCase{"nan_at_the_last_element_of_the_first_search_window_fp32", 2, 1, "flat", "fp32",
+                  1, 0, 0, 262143, "nan", "tensor 0 'embed' element 262143 = nan", 300000},
+        ErrorCase{"nan_at_the_first_element_of_the_second_search_window_fp32", 2, 1, "flat", "fp32",
+                  0, 0, 0, 262144, "nan", "tensor 0 'embed' element 262144 = nan", 300000},
+        ErrorCase{"inf_past_the_first_search_window_user_fp32", 2, 1, "user", "fp32", 1, 2, 0, -1,
+                  "inf", "tensor 0 'embed' element 299999 = inf", 300000}),
     [](const ::testing::TestParamInfo<ErrorCase>& info) { return info.param.name; });
 
 // Every trainer says "skipped ... step S" for the bad step alone (sim_trainer
