@@ -5,10 +5,12 @@ How one iteration flows:
 
 * At construction every parameter's gradient is registered with the daemon.
   ``p.grad`` is replaced by a tensor *viewing the buffer the daemon reduces*
-  (zero copy: autograd accumulates straight into it, like DDP's
-  ``gradient_as_bucket_view``): the shared-memory arena on CPU, the daemon's
-  flat device buffer on CUDA (mapped through CUDA IPC; every bucket is one
-  contiguous range of it).
+  (like DDP's ``gradient_as_bucket_view``): the shared-memory arena on CPU,
+  the daemon's flat device buffer on CUDA (mapped through CUDA IPC; every
+  bucket is one contiguous range of it). ``zero_grad()`` sets ``.grad`` to
+  None, so autograd hands its fresh gradient over and the hook copies it
+  into the buffer; later backward passes of the step (``no_sync()``,
+  ``backward_passes_per_step``) accumulate straight into the buffer.
 * During ``loss.backward()`` a hook per parameter fires as soon as autograd
   has accumulated that parameter's gradient, and marks it ready: the daemon
   starts reducing a bucket while backward is still computing earlier
