@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "tests/integration/cluster.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/nonfinite_culprit.h"
 
 namespace gradsync::testing {
 namespace {
@@ -36,13 +37,6 @@ std::string ReadFile(const std::string& path) {
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
-}
-
-// What the culprit's own node says: the trainer, where it runs, the tensor,
-// the element and its value.
-std::string CulpritText(int rank, int local_rank, const Process& p, int node) {
-  return absl::StrCat("non-finite gradient from rank ", rank, " (local ", local_rank, ", pid ",
-                      p.pid(), ") on node ", node, " (host ");
 }
 
 // skip: all replicas equal each other and the reference that skipped the step.
@@ -88,15 +82,11 @@ TEST(NonFiniteOneNodeTest, ErrorNamesTheTrainerTensorIndexAndValue) {
   ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
   std::vector<Process> trainers;
   for (int r = 0; r < 2; ++r) trainers.push_back(StartTrainer(daemon, r, TrainArgs(1), ""));
-  const std::string culprit = CulpritText(1, 1, trainers[1], 0);
-  for (int r = 0; r < 2; ++r) {
-    const ExitStatus st = trainers[r].Wait(kBound);
-    const std::string log = trainers[r].Log();
-    EXPECT_EQ(st.code, kExitInvalidArgument) << log << daemon.process().Log();
-    EXPECT_NE(log.find(culprit), std::string::npos) << culprit << "\n" << log;
-    EXPECT_NE(log.find("tensor 0 'fc1.weight' element 5 = nan"), std::string::npos) << log;
-    EXPECT_NE(log.find(absl::StrCat("iteration ", kPoisonStep, ":")), std::string::npos) << log;
-  }
+  ExpectEveryTrainerFailsNaming(
+      trainers,
+      {NonFiniteCulprit(1, 1, trainers[1], 0), NonFiniteElement(0, "fc1.weight", 5, "nan"),
+       absl::StrCat("iteration ", kPoisonStep, ":")},
+      kBound, [&] { return daemon.process().Log(); });
 }
 
 TEST(NonFiniteOneNodeTest, SkipKeepsReplicasEqualToAReferenceThatSkipped) {
@@ -167,17 +157,12 @@ TEST(NonFiniteTwoNodesTest, ErrorNamesTheCulpritOnEveryNode) {
   std::vector<std::string> outs;
   std::vector<Process> trainers = cluster.StartTrainers(TrainArgs(3), &outs);
   ASSERT_EQ(trainers.size(), 4u);
-  const std::string culprit = CulpritText(3, 1, trainers[3], 1);
-  for (size_t t = 0; t < trainers.size(); ++t) {
-    const ExitStatus st = trainers[t].Wait(kBound);
-    const std::string log = trainers[t].Log();
-    EXPECT_EQ(st.code, kExitInvalidArgument) << "trainer " << t << "\n"
-                                             << log << cluster.DaemonLogs();
-    EXPECT_NE(log.find(culprit), std::string::npos) << culprit << "\n" << log;
-    EXPECT_NE(log.find("tensor 0 'fc1.weight' element 5 = nan"), std::string::npos) << log;
-    if (t < 2) {
-      EXPECT_NE(log.find("the leader reports: node_rank=1"), std::string::npos) << log;
-    }
+  const std::vector<std::string> logs = ExpectEveryTrainerFailsNaming(
+      trainers,
+      {NonFiniteCulprit(3, 1, trainers[3], 1), NonFiniteElement(0, "fc1.weight", 5, "nan")}, kBound,
+      [&] { return cluster.DaemonLogs(); });
+  for (size_t t = 0; t < 2; ++t) {
+    EXPECT_NE(logs[t].find("the leader reports: node_rank=1"), std::string::npos) << logs[t];
   }
 }
 
@@ -234,19 +219,15 @@ TEST_P(NonFiniteInRingTest, ErrorNamesTheCulpritOnEveryNode) {
   std::vector<std::string> outs;
   std::vector<Process> trainers = cluster.StartTrainers(RingTrainArgs(rank, index), &outs);
   ASSERT_EQ(trainers.size(), 2u);
-  const std::string culprit = CulpritText(rank, 0, trainers[rank], rank);
-  const std::string element = absl::StrCat("tensor 0 'fc1.weight' element ", index, " = nan");
-  for (size_t t = 0; t < trainers.size(); ++t) {
-    const ExitStatus st = trainers[t].Wait(kBound);
-    const std::string log = trainers[t].Log();
-    EXPECT_EQ(st.code, kExitInvalidArgument) << "trainer " << t << "\n"
-                                             << log << cluster.DaemonLogs();
-    EXPECT_NE(log.find(culprit), std::string::npos) << culprit << "\n" << log;
-    EXPECT_NE(log.find(element), std::string::npos) << element << "\n" << log;
-    if (static_cast<int>(t) != rank) {
-      EXPECT_NE(log.find(absl::StrCat("the leader reports: node_rank=", rank)), std::string::npos)
-          << log;
-    }
+  const std::vector<std::string> logs =
+      ExpectEveryTrainerFailsNaming(trainers,
+                                    {NonFiniteCulprit(rank, 0, trainers[rank], rank),
+                                     NonFiniteElement(0, "fc1.weight", index, "nan")},
+                                    kBound, [&] { return cluster.DaemonLogs(); });
+  for (size_t t = 0; t < logs.size(); ++t) {
+    if (static_cast<int>(t) == rank) continue;
+    EXPECT_NE(logs[t].find(absl::StrCat("the leader reports: node_rank=", rank)), std::string::npos)
+        << logs[t];
   }
 }
 
@@ -283,15 +264,10 @@ TEST(NonFiniteInRingTest2x2, ErrorNamesTheCulpritOnEveryNode) {
   std::vector<std::string> outs;
   std::vector<Process> trainers = cluster.StartTrainers(RingTrainArgs(3, 5), &outs);
   ASSERT_EQ(trainers.size(), 4u);
-  const std::string culprit = CulpritText(3, 1, trainers[3], 1);
-  for (size_t t = 0; t < trainers.size(); ++t) {
-    const ExitStatus st = trainers[t].Wait(kBound);
-    const std::string log = trainers[t].Log();
-    EXPECT_EQ(st.code, kExitInvalidArgument) << "trainer " << t << "\n"
-                                             << log << cluster.DaemonLogs();
-    EXPECT_NE(log.find(culprit), std::string::npos) << culprit << "\n" << log;
-    EXPECT_NE(log.find("tensor 0 'fc1.weight' element 5 = nan"), std::string::npos) << log;
-  }
+  ExpectEveryTrainerFailsNaming(
+      trainers,
+      {NonFiniteCulprit(3, 1, trainers[3], 1), NonFiniteElement(0, "fc1.weight", 5, "nan")}, kBound,
+      [&] { return cluster.DaemonLogs(); });
 }
 
 // An Inf in fp32 crossing nodes as bf16 (--wire-dtype=bf16): it stays Inf
@@ -305,15 +281,10 @@ TEST(NonFiniteTwoNodesTest, InfThroughTheBf16WireFailsEveryNode) {
   std::vector<Process> trainers =
       cluster.StartTrainers({"--steps=5", "--batch=60", "--poison=1:2:inf"}, &outs);
   ASSERT_EQ(trainers.size(), 2u);
-  const std::string culprit = CulpritText(1, 0, trainers[1], 1);
-  for (size_t t = 0; t < trainers.size(); ++t) {
-    const ExitStatus st = trainers[t].Wait(kBound);
-    const std::string log = trainers[t].Log();
-    EXPECT_EQ(st.code, kExitInvalidArgument) << "trainer " << t << "\n"
-                                             << log << cluster.DaemonLogs();
-    EXPECT_NE(log.find(culprit), std::string::npos) << culprit << "\n" << log;
-    EXPECT_NE(log.find("tensor 0 'fc1.weight' element 5 = inf"), std::string::npos) << log;
-  }
+  ExpectEveryTrainerFailsNaming(
+      trainers,
+      {NonFiniteCulprit(1, 0, trainers[1], 1), NonFiniteElement(0, "fc1.weight", 5, "inf")}, kBound,
+      [&] { return cluster.DaemonLogs(); });
 }
 
 }  // namespace
