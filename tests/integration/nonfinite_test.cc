@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -37,6 +38,28 @@ std::string ReadFile(const std::string& path) {
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+// Rank 1 of one node's 2 trainers writes the NaN; their weights files go
+// to `outs`.
+std::vector<Process> StartOneNodeTrainers(const Daemon& daemon, std::vector<std::string>* outs) {
+  std::vector<Process> trainers;
+  for (int r = 0; r < 2; ++r) {
+    outs->push_back(absl::StrCat(daemon.dir(), "/w", r, ".txt"));
+    trainers.push_back(StartTrainer(daemon, r, TrainArgs(1), outs->back()));
+  }
+  return trainers;
+}
+
+// skip and off: every trainer trains to the end. `daemon_logs` is read
+// after a trainer's wait, for a failure's message.
+void ExpectEveryTrainerFinishes(std::vector<Process>& trainers,
+                                const std::function<std::string()>& daemon_logs) {
+  for (size_t t = 0; t < trainers.size(); ++t) {
+    const ExitStatus st = trainers[t].Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << "trainer " << t << "\n"
+                                           << trainers[t].Log() << daemon_logs();
+  }
 }
 
 // skip: all replicas equal each other and the reference that skipped the step.
@@ -92,16 +115,10 @@ TEST(NonFiniteOneNodeTest, ErrorNamesTheTrainerTensorIndexAndValue) {
 TEST(NonFiniteOneNodeTest, SkipKeepsReplicasEqualToAReferenceThatSkipped) {
   Daemon daemon(2, {"--timeout-s=30", "--nonfinite=skip"});
   ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
-  std::vector<Process> trainers;
   std::vector<std::string> outs;
-  for (int r = 0; r < 2; ++r) {
-    outs.push_back(absl::StrCat(daemon.dir(), "/w", r, ".txt"));
-    trainers.push_back(StartTrainer(daemon, r, TrainArgs(1), outs.back()));
-  }
-  for (Process& t : trainers) {
-    const ExitStatus st = t.Wait(kBound);
-    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << daemon.process().Log();
-  }
+  std::vector<Process> trainers = StartOneNodeTrainers(daemon, &outs);
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectEveryTrainerFinishes(trainers, [&] { return daemon.process().Log(); }));
   EXPECT_NE(trainers[0].Log().find("step 2 skipped"), std::string::npos) << trainers[0].Log();
   const std::string log = daemon.process().Log();
   EXPECT_NE(log.find(absl::StrCat("event=nonfinite_step_skipped iteration=", kPoisonStep)),
@@ -116,16 +133,10 @@ TEST(NonFiniteOneNodeTest, SkipKeepsReplicasEqualToAReferenceThatSkipped) {
 TEST(NonFiniteOneNodeTest, OffLetsTheNanThrough) {
   Daemon daemon(2, {"--timeout-s=30", "--nonfinite=off"});
   ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
-  std::vector<Process> trainers;
   std::vector<std::string> outs;
-  for (int r = 0; r < 2; ++r) {
-    outs.push_back(absl::StrCat(daemon.dir(), "/w", r, ".txt"));
-    trainers.push_back(StartTrainer(daemon, r, TrainArgs(1), outs.back()));
-  }
-  for (Process& t : trainers) {
-    const ExitStatus st = t.Wait(kBound);
-    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << daemon.process().Log();
-  }
+  std::vector<Process> trainers = StartOneNodeTrainers(daemon, &outs);
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectEveryTrainerFinishes(trainers, [&] { return daemon.process().Log(); }));
   ExpectNanWeights(outs, daemon.process().Log());
 }
 
@@ -171,11 +182,8 @@ TEST(NonFiniteTwoNodesTest, SkipKeepsEveryReplicaEqual) {
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<std::string> outs;
   std::vector<Process> trainers = cluster.StartTrainers(TrainArgs(3), &outs);
-  for (size_t t = 0; t < trainers.size(); ++t) {
-    const ExitStatus st = trainers[t].Wait(kBound);
-    ASSERT_TRUE(st.exited && st.code == 0) << "trainer " << t << "\n"
-                                           << trainers[t].Log() << cluster.DaemonLogs();
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectEveryTrainerFinishes(trainers, [&] { return cluster.DaemonLogs(); }));
   ExpectSkipNamed(cluster, /*node=*/1,
                   absl::StrCat("rank 3 (local 1, pid ", trainers[3].pid(), ")"));
   ExpectSkippedReplicas(cluster.dir(), outs, TrainArgs(3), cluster.DaemonLogs());
@@ -186,11 +194,8 @@ TEST(NonFiniteTwoNodesTest, OffLetsTheNanThrough) {
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<std::string> outs;
   std::vector<Process> trainers = cluster.StartTrainers(TrainArgs(3), &outs);
-  for (size_t t = 0; t < trainers.size(); ++t) {
-    const ExitStatus st = trainers[t].Wait(kBound);
-    ASSERT_TRUE(st.exited && st.code == 0) << "trainer " << t << "\n"
-                                           << trainers[t].Log() << cluster.DaemonLogs();
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectEveryTrainerFinishes(trainers, [&] { return cluster.DaemonLogs(); }));
   ExpectNanWeights(outs, cluster.DaemonLogs());
 }
 
@@ -246,11 +251,8 @@ TEST(NonFiniteInRingSkipTest, SkipKeepsEveryReplicaEqual) {
   const std::vector<std::string> args = RingTrainArgs(0, kRingW1Elements - 3);
   std::vector<std::string> outs;
   std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
-  for (size_t t = 0; t < trainers.size(); ++t) {
-    const ExitStatus st = trainers[t].Wait(kBound);
-    ASSERT_TRUE(st.exited && st.code == 0) << "trainer " << t << "\n"
-                                           << trainers[t].Log() << cluster.DaemonLogs();
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectEveryTrainerFinishes(trainers, [&] { return cluster.DaemonLogs(); }));
   ExpectSkipNamed(cluster, /*node=*/0,
                   absl::StrCat("rank 0 (local 0, pid ", trainers[0].pid(), ")"));
   ExpectSkippedReplicas(cluster.dir(), outs, args, cluster.DaemonLogs());
