@@ -280,8 +280,20 @@ absl::StatusOr<EtcdRendezvous::GenerationState> EtcdRendezvous::ReadGeneration(
 }
 
 absl::StatusOr<std::string> EtcdRendezvous::AbortGeneration(uint64_t generation,
-                                                            const std::string& reason) {
-  ASSIGN_OR_RETURN(EtcdTxnResult r, client_->CreateIfAbsent(GenKey(generation, "abort"), reason));
+                                                            const std::string& reason,
+                                                            const absl::Status& cause) {
+  const std::string abort_key = GenKey(generation, "abort");
+  const EtcdCompare absent{abort_key, EtcdCompare::Target::kCreateRevision, EtcdCompare::Op::kEqual,
+                           0, ""};
+  std::vector<EtcdTxnOp> record_abort = {{EtcdTxnOp::Kind::kPut, abort_key, reason, 0}};
+  if (!cause.ok()) {
+    v1::Error record;
+    ToProto(cause, &record);
+    record_abort.push_back(
+        {EtcdTxnOp::Kind::kPut, GenKey(generation, "abort_error"), record.SerializeAsString(), 0});
+  }
+  ASSIGN_OR_RETURN(EtcdTxnResult r, client_->Txn({absent}, record_abort,
+                                                 {{EtcdTxnOp::Kind::kGet, abort_key, "", 0}}));
   const std::string stands = r.succeeded || !r.current ? reason : r.current->value;
   if (r.succeeded) {
     spdlog::warn("event=generation_aborted generation={} reason={}", generation, LogValue(reason));
@@ -289,27 +301,6 @@ absl::StatusOr<std::string> EtcdRendezvous::AbortGeneration(uint64_t generation,
   MonotonicMutexLock lock(&mu_);
   aborted_.insert(generation);
   return stands;
-}
-
-absl::Status EtcdRendezvous::AbortOnReport(uint64_t generation, const std::string& reason,
-                                           const absl::Status& cause) {
-  v1::Error record;
-  ToProto(cause, &record);
-  const std::string abort_key = GenKey(generation, "abort");
-  const EtcdCompare absent{abort_key, EtcdCompare::Target::kCreateRevision, EtcdCompare::Op::kEqual,
-                           0, ""};
-  ASSIGN_OR_RETURN(EtcdTxnResult r,
-                   client_->Txn({absent},
-                                {{EtcdTxnOp::Kind::kPut, abort_key, reason, 0},
-                                 {EtcdTxnOp::Kind::kPut, GenKey(generation, "abort_error"),
-                                  record.SerializeAsString(), 0}},
-                                {}));
-  if (r.succeeded) {
-    spdlog::warn("event=generation_aborted generation={} reason={}", generation, LogValue(reason));
-  }
-  MonotonicMutexLock lock(&mu_);
-  aborted_.insert(generation);
-  return absl::OkStatus();
 }
 
 std::optional<std::string> EtcdRendezvous::DeadMemberReason(const v1::JoinResponse& current,
@@ -1066,11 +1057,12 @@ absl::StatusOr<HeartbeatResult> EtcdRendezvous::ReadHeartbeat(const HeartbeatPar
     known_aborted = aborted_.count(gen) != 0;
   }
   if (!params.node_error.ok() && gen != 0 && !known_aborted) {
-    RETURN_IF_ERROR(AbortOnReport(
-        gen,
-        absl::StrCat("node_rank=", rank, " (host=", host, ") reported ",
-                     v1::Code_Name(CodeOf(params.node_error)), ": ", params.node_error.message()),
-        params.node_error));
+    RETURN_IF_ERROR(AbortGeneration(gen,
+                                    absl::StrCat("node_rank=", rank, " (host=", host, ") reported ",
+                                                 v1::Code_Name(CodeOf(params.node_error)), ": ",
+                                                 params.node_error.message()),
+                                    params.node_error)
+                        .status());
   }
   ASSIGN_OR_RETURN(std::optional<v1::JoinResponse> current, ReadCurrent(nullptr));
   HeartbeatResult result;

@@ -317,15 +317,14 @@ class EtcdRendezvous final : public JobRendezvous {
   // ROOT/current and its mod_revision (0 when absent).
   absl::StatusOr<std::optional<v1::JoinResponse>> ReadCurrent(int64_t* mod_revision);
   absl::StatusOr<GenerationState> ReadGeneration(uint64_t generation);
-  // Ends `generation` with `reason` unless it ended already; the reason
-  // that stands.
-  absl::StatusOr<std::string> AbortGeneration(uint64_t generation, const std::string& reason)
+  // Ends `generation` with `reason` unless it ended already (one
+  // transaction creating ROOT/gen/<g>/abort) and notes locally that it
+  // ended; the reason that stands. A node's reported error `cause` (not OK)
+  // goes into ROOT/gen/<g>/abort_error in that same transaction, so that
+  // every node that reads the abort reads its code too.
+  absl::StatusOr<std::string> AbortGeneration(uint64_t generation, const std::string& reason,
+                                              const absl::Status& cause = absl::OkStatus())
       ABSL_LOCKS_EXCLUDED(mu_);
-  // AbortGeneration for a node's reported error `cause`, kept with the
-  // reason in the same transaction (ROOT/gen/<g>/abort_error), so that every
-  // node that reads the abort reads its code too.
-  absl::Status AbortOnReport(uint64_t generation, const std::string& reason,
-                             const absl::Status& cause) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<HeartbeatResult> ReadHeartbeat(const HeartbeatParams& params)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The first member of `current` whose lease is gone, with the reason.

@@ -120,9 +120,10 @@ class JobRendezvous : public KeyValueStore {
   virtual bool embedded() const = 0;
   // An embedded rendezvous: waits up to `limit` while the connection to the
   // leader stays up; true when it is not up (lost, or not yet back), which
-  // a liveness probe of the leader's port then explains. One outside every
-  // node has no leader to lose: false at once.
-  virtual bool AwaitLeaderConnectionDown(absl::Duration limit) { return false; }
+  // a liveness probe of the leader's port then explains. The bound lets the
+  // watcher look at its own stop between waits. One outside every node has
+  // no leader to lose, so nothing to wait for: false at once.
+  virtual bool AwaitLeaderConnectionDown(absl::Duration /*limit*/) { return false; }
   // This node leaves its generation at a grow boundary (the next one forms
   // through another client) without leaving it: nothing of this client may
   // tell the members still in it that the node is gone. The leader hears of

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -17,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "tests/integration/cluster.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/nonfinite_culprit.h"
 
 namespace gradsync::testing {
 namespace {
@@ -38,11 +40,26 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
-// What the culprit's own node says: the trainer, where it runs, the tensor,
-// the element and its value.
-std::string CulpritText(int rank, int local_rank, const Process& p, int node) {
-  return absl::StrCat("non-finite gradient from rank ", rank, " (local ", local_rank, ", pid ",
-                      p.pid(), ") on node ", node, " (host ");
+// Rank 1 of one node's 2 trainers writes the NaN; their weights files go
+// to `outs`.
+std::vector<Process> StartOneNodeTrainers(const Daemon& daemon, std::vector<std::string>* outs) {
+  std::vector<Process> trainers;
+  for (int r = 0; r < 2; ++r) {
+    outs->push_back(absl::StrCat(daemon.dir(), "/w", r, ".txt"));
+    trainers.push_back(StartTrainer(daemon, r, TrainArgs(1), outs->back()));
+  }
+  return trainers;
+}
+
+// skip and off: every trainer trains to the end. `daemon_logs` is read
+// after a trainer's wait, for a failure's message.
+void ExpectEveryTrainerFinishes(std::vector<Process>& trainers,
+                                const std::function<std::string()>& daemon_logs) {
+  for (size_t t = 0; t < trainers.size(); ++t) {
+    const ExitStatus st = trainers[t].Wait(kBound);
+    ASSERT_TRUE(st.exited && st.code == 0) << "trainer " << t << "\n"
+                                           << trainers[t].Log() << daemon_logs();
+  }
 }
 
 // skip: all replicas equal each other and the reference that skipped the step.
@@ -88,30 +105,20 @@ TEST(NonFiniteOneNodeTest, ErrorNamesTheTrainerTensorIndexAndValue) {
   ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
   std::vector<Process> trainers;
   for (int r = 0; r < 2; ++r) trainers.push_back(StartTrainer(daemon, r, TrainArgs(1), ""));
-  const std::string culprit = CulpritText(1, 1, trainers[1], 0);
-  for (int r = 0; r < 2; ++r) {
-    const ExitStatus st = trainers[r].Wait(kBound);
-    const std::string log = trainers[r].Log();
-    EXPECT_EQ(st.code, kExitInvalidArgument) << log << daemon.process().Log();
-    EXPECT_NE(log.find(culprit), std::string::npos) << culprit << "\n" << log;
-    EXPECT_NE(log.find("tensor 0 'fc1.weight' element 5 = nan"), std::string::npos) << log;
-    EXPECT_NE(log.find(absl::StrCat("iteration ", kPoisonStep, ":")), std::string::npos) << log;
-  }
+  ExpectEveryTrainerFailsNaming(
+      trainers,
+      {NonFiniteCulprit(1, 1, trainers[1], 0), NonFiniteElement(0, "fc1.weight", 5, "nan"),
+       absl::StrCat("iteration ", kPoisonStep, ":")},
+      kBound, [&] { return daemon.process().Log(); });
 }
 
 TEST(NonFiniteOneNodeTest, SkipKeepsReplicasEqualToAReferenceThatSkipped) {
   Daemon daemon(2, {"--timeout-s=30", "--nonfinite=skip"});
   ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
-  std::vector<Process> trainers;
   std::vector<std::string> outs;
-  for (int r = 0; r < 2; ++r) {
-    outs.push_back(absl::StrCat(daemon.dir(), "/w", r, ".txt"));
-    trainers.push_back(StartTrainer(daemon, r, TrainArgs(1), outs.back()));
-  }
-  for (Process& t : trainers) {
-    const ExitStatus st = t.Wait(kBound);
-    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << daemon.process().Log();
-  }
+  std::vector<Process> trainers = StartOneNodeTrainers(daemon, &outs);
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectEveryTrainerFinishes(trainers, [&] { return daemon.process().Log(); }));
   EXPECT_NE(trainers[0].Log().find("step 2 skipped"), std::string::npos) << trainers[0].Log();
   const std::string log = daemon.process().Log();
   EXPECT_NE(log.find(absl::StrCat("event=nonfinite_step_skipped iteration=", kPoisonStep)),
@@ -126,16 +133,10 @@ TEST(NonFiniteOneNodeTest, SkipKeepsReplicasEqualToAReferenceThatSkipped) {
 TEST(NonFiniteOneNodeTest, OffLetsTheNanThrough) {
   Daemon daemon(2, {"--timeout-s=30", "--nonfinite=off"});
   ASSERT_TRUE(daemon.WaitReady(seconds(10))) << daemon.process().Log();
-  std::vector<Process> trainers;
   std::vector<std::string> outs;
-  for (int r = 0; r < 2; ++r) {
-    outs.push_back(absl::StrCat(daemon.dir(), "/w", r, ".txt"));
-    trainers.push_back(StartTrainer(daemon, r, TrainArgs(1), outs.back()));
-  }
-  for (Process& t : trainers) {
-    const ExitStatus st = t.Wait(kBound);
-    ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << daemon.process().Log();
-  }
+  std::vector<Process> trainers = StartOneNodeTrainers(daemon, &outs);
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectEveryTrainerFinishes(trainers, [&] { return daemon.process().Log(); }));
   ExpectNanWeights(outs, daemon.process().Log());
 }
 
@@ -167,17 +168,12 @@ TEST(NonFiniteTwoNodesTest, ErrorNamesTheCulpritOnEveryNode) {
   std::vector<std::string> outs;
   std::vector<Process> trainers = cluster.StartTrainers(TrainArgs(3), &outs);
   ASSERT_EQ(trainers.size(), 4u);
-  const std::string culprit = CulpritText(3, 1, trainers[3], 1);
-  for (size_t t = 0; t < trainers.size(); ++t) {
-    const ExitStatus st = trainers[t].Wait(kBound);
-    const std::string log = trainers[t].Log();
-    EXPECT_EQ(st.code, kExitInvalidArgument) << "trainer " << t << "\n"
-                                             << log << cluster.DaemonLogs();
-    EXPECT_NE(log.find(culprit), std::string::npos) << culprit << "\n" << log;
-    EXPECT_NE(log.find("tensor 0 'fc1.weight' element 5 = nan"), std::string::npos) << log;
-    if (t < 2) {
-      EXPECT_NE(log.find("the leader reports: node_rank=1"), std::string::npos) << log;
-    }
+  const std::vector<std::string> logs = ExpectEveryTrainerFailsNaming(
+      trainers,
+      {NonFiniteCulprit(3, 1, trainers[3], 1), NonFiniteElement(0, "fc1.weight", 5, "nan")}, kBound,
+      [&] { return cluster.DaemonLogs(); });
+  for (size_t t = 0; t < 2; ++t) {
+    EXPECT_NE(logs[t].find("the leader reports: node_rank=1"), std::string::npos) << logs[t];
   }
 }
 
@@ -186,11 +182,8 @@ TEST(NonFiniteTwoNodesTest, SkipKeepsEveryReplicaEqual) {
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<std::string> outs;
   std::vector<Process> trainers = cluster.StartTrainers(TrainArgs(3), &outs);
-  for (size_t t = 0; t < trainers.size(); ++t) {
-    const ExitStatus st = trainers[t].Wait(kBound);
-    ASSERT_TRUE(st.exited && st.code == 0) << "trainer " << t << "\n"
-                                           << trainers[t].Log() << cluster.DaemonLogs();
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectEveryTrainerFinishes(trainers, [&] { return cluster.DaemonLogs(); }));
   ExpectSkipNamed(cluster, /*node=*/1,
                   absl::StrCat("rank 3 (local 1, pid ", trainers[3].pid(), ")"));
   ExpectSkippedReplicas(cluster.dir(), outs, TrainArgs(3), cluster.DaemonLogs());
@@ -201,11 +194,8 @@ TEST(NonFiniteTwoNodesTest, OffLetsTheNanThrough) {
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<std::string> outs;
   std::vector<Process> trainers = cluster.StartTrainers(TrainArgs(3), &outs);
-  for (size_t t = 0; t < trainers.size(); ++t) {
-    const ExitStatus st = trainers[t].Wait(kBound);
-    ASSERT_TRUE(st.exited && st.code == 0) << "trainer " << t << "\n"
-                                           << trainers[t].Log() << cluster.DaemonLogs();
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectEveryTrainerFinishes(trainers, [&] { return cluster.DaemonLogs(); }));
   ExpectNanWeights(outs, cluster.DaemonLogs());
 }
 
@@ -234,19 +224,15 @@ TEST_P(NonFiniteInRingTest, ErrorNamesTheCulpritOnEveryNode) {
   std::vector<std::string> outs;
   std::vector<Process> trainers = cluster.StartTrainers(RingTrainArgs(rank, index), &outs);
   ASSERT_EQ(trainers.size(), 2u);
-  const std::string culprit = CulpritText(rank, 0, trainers[rank], rank);
-  const std::string element = absl::StrCat("tensor 0 'fc1.weight' element ", index, " = nan");
-  for (size_t t = 0; t < trainers.size(); ++t) {
-    const ExitStatus st = trainers[t].Wait(kBound);
-    const std::string log = trainers[t].Log();
-    EXPECT_EQ(st.code, kExitInvalidArgument) << "trainer " << t << "\n"
-                                             << log << cluster.DaemonLogs();
-    EXPECT_NE(log.find(culprit), std::string::npos) << culprit << "\n" << log;
-    EXPECT_NE(log.find(element), std::string::npos) << element << "\n" << log;
-    if (static_cast<int>(t) != rank) {
-      EXPECT_NE(log.find(absl::StrCat("the leader reports: node_rank=", rank)), std::string::npos)
-          << log;
-    }
+  const std::vector<std::string> logs =
+      ExpectEveryTrainerFailsNaming(trainers,
+                                    {NonFiniteCulprit(rank, 0, trainers[rank], rank),
+                                     NonFiniteElement(0, "fc1.weight", index, "nan")},
+                                    kBound, [&] { return cluster.DaemonLogs(); });
+  for (size_t t = 0; t < logs.size(); ++t) {
+    if (static_cast<int>(t) == rank) continue;
+    EXPECT_NE(logs[t].find(absl::StrCat("the leader reports: node_rank=", rank)), std::string::npos)
+        << logs[t];
   }
 }
 
@@ -265,11 +251,8 @@ TEST(NonFiniteInRingSkipTest, SkipKeepsEveryReplicaEqual) {
   const std::vector<std::string> args = RingTrainArgs(0, kRingW1Elements - 3);
   std::vector<std::string> outs;
   std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
-  for (size_t t = 0; t < trainers.size(); ++t) {
-    const ExitStatus st = trainers[t].Wait(kBound);
-    ASSERT_TRUE(st.exited && st.code == 0) << "trainer " << t << "\n"
-                                           << trainers[t].Log() << cluster.DaemonLogs();
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectEveryTrainerFinishes(trainers, [&] { return cluster.DaemonLogs(); }));
   ExpectSkipNamed(cluster, /*node=*/0,
                   absl::StrCat("rank 0 (local 0, pid ", trainers[0].pid(), ")"));
   ExpectSkippedReplicas(cluster.dir(), outs, args, cluster.DaemonLogs());
@@ -283,15 +266,10 @@ TEST(NonFiniteInRingTest2x2, ErrorNamesTheCulpritOnEveryNode) {
   std::vector<std::string> outs;
   std::vector<Process> trainers = cluster.StartTrainers(RingTrainArgs(3, 5), &outs);
   ASSERT_EQ(trainers.size(), 4u);
-  const std::string culprit = CulpritText(3, 1, trainers[3], 1);
-  for (size_t t = 0; t < trainers.size(); ++t) {
-    const ExitStatus st = trainers[t].Wait(kBound);
-    const std::string log = trainers[t].Log();
-    EXPECT_EQ(st.code, kExitInvalidArgument) << "trainer " << t << "\n"
-                                             << log << cluster.DaemonLogs();
-    EXPECT_NE(log.find(culprit), std::string::npos) << culprit << "\n" << log;
-    EXPECT_NE(log.find("tensor 0 'fc1.weight' element 5 = nan"), std::string::npos) << log;
-  }
+  ExpectEveryTrainerFailsNaming(
+      trainers,
+      {NonFiniteCulprit(3, 1, trainers[3], 1), NonFiniteElement(0, "fc1.weight", 5, "nan")}, kBound,
+      [&] { return cluster.DaemonLogs(); });
 }
 
 // An Inf in fp32 crossing nodes as bf16 (--wire-dtype=bf16): it stays Inf
@@ -305,15 +283,10 @@ TEST(NonFiniteTwoNodesTest, InfThroughTheBf16WireFailsEveryNode) {
   std::vector<Process> trainers =
       cluster.StartTrainers({"--steps=5", "--batch=60", "--poison=1:2:inf"}, &outs);
   ASSERT_EQ(trainers.size(), 2u);
-  const std::string culprit = CulpritText(1, 0, trainers[1], 1);
-  for (size_t t = 0; t < trainers.size(); ++t) {
-    const ExitStatus st = trainers[t].Wait(kBound);
-    const std::string log = trainers[t].Log();
-    EXPECT_EQ(st.code, kExitInvalidArgument) << "trainer " << t << "\n"
-                                             << log << cluster.DaemonLogs();
-    EXPECT_NE(log.find(culprit), std::string::npos) << culprit << "\n" << log;
-    EXPECT_NE(log.find("tensor 0 'fc1.weight' element 5 = inf"), std::string::npos) << log;
-  }
+  ExpectEveryTrainerFailsNaming(
+      trainers,
+      {NonFiniteCulprit(1, 0, trainers[1], 1), NonFiniteElement(0, "fc1.weight", 5, "inf")}, kBound,
+      [&] { return cluster.DaemonLogs(); });
 }
 
 }  // namespace

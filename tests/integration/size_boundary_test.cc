@@ -40,6 +40,7 @@
 #include "absl/strings/str_cat.h"
 #include "tests/integration/cluster.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/nonfinite_culprit.h"
 
 namespace gradsync::testing {
 namespace {
@@ -212,21 +213,13 @@ void ExpectNanNamedEverywhere(const NanCase& n) {
                               PoisonTensor(n)));
   std::vector<std::string> outs;
   std::vector<Process> trainers = cluster.StartTrainers(args, &outs);
-  const std::string culprit =
-      absl::StrCat("non-finite gradient from rank ", rank, " (local 0, pid ",
-                   trainers[static_cast<size_t>(rank)].pid(), ") on node ", n.node, " (host ");
-  const std::string where =
-      absl::StrCat("tensor ", PoisonTensor(n), " '", PoisonTensor(n) == kW1 ? "fc1.weight" : "gate",
-                   "' element ", PoisonIndex(n), " = nan");
-  for (size_t t = 0; t < trainers.size(); ++t) {
-    const ExitStatus st = trainers[t].Wait(kBound);
-    const std::string log = trainers[t].Log();
-    EXPECT_EQ(st.code, kExitInvalidArgument) << "trainer " << t << "\n"
-                                             << log << cluster.DaemonLogs();
-    EXPECT_NE(log.find(culprit), std::string::npos) << culprit << "\n" << log;
-    EXPECT_NE(log.find(where), std::string::npos) << where << "\n" << log;
-    EXPECT_NE(log.find(absl::StrCat("iteration ", kPoisonStep, ":")), std::string::npos) << log;
-  }
+  ExpectEveryTrainerFailsNaming(
+      trainers,
+      {NonFiniteCulprit(rank, 0, trainers[static_cast<size_t>(rank)], n.node),
+       NonFiniteElement(PoisonTensor(n), PoisonTensor(n) == kW1 ? "fc1.weight" : "gate",
+                        PoisonIndex(n), "nan"),
+       absl::StrCat("iteration ", kPoisonStep, ":")},
+      kBound, [&] { return cluster.DaemonLogs(); });
   ExpectBucketSizes(cluster, c);
 }
 
