@@ -1844,10 +1844,13 @@ TEST(ElasticJob, EtcdQuorumLostWhileTheSurvivorsReformTheyRetryAndTrainOn) {
   std::fclose(go);
   std::this_thread::sleep_for(std::chrono::milliseconds(3500));
   etcd.Continue(1);
+  const auto back_at = std::chrono::steady_clock::now();
   for (int n : {0, 1}) {
     ASSERT_TRUE(WaitForLog(cluster.node(n).process(), "event=job_reformed", kErrorBound))
         << "node " << n << cluster.DaemonLogs() << etcd.Logs();
   }
+  std::printf("elastic_job etcd quorum back to both survivors re-formed: %.2f s\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - back_at).count());
   ExpectSurvivorsTrainedLikeTheReference(cluster, trainers);
   for (int n : {0, 1}) {
     EXPECT_NE(cluster.node(n).process().Log().find(
