@@ -1,5 +1,7 @@
 #include "daemon/cluster/cluster_link.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <map>
@@ -96,6 +98,21 @@ std::string BucketRuleKey(uint64_t generation, int node_rank) {
 // Test-only (inert unless set): the bucket-cutting rule this daemon
 // advertises instead of its own, to stand for a daemon of another version.
 constexpr char kAdvertiseBucketRule[] = "GRADSYNC_TEST_ADVERTISE_BUCKET_RULE";
+
+// Test-only (inert unless set): a re-formation holds after its Join until
+// the file named here exists (at most the forming deadline), so that a
+// test can take etcd's quorum away while the survivors form the new world.
+constexpr char kHoldReformUntil[] = "GRADSYNC_TEST_HOLD_REFORM_AFTER_JOIN_UNTIL";
+
+void MaybeHoldReform(const ResumePoint& resume, uint64_t generation, absl::Time deadline) {
+  const char* until = std::getenv(kHoldReformUntil);
+  if (until == nullptr || *until == '\0' || resume.generation == 0 || resume.grow) return;
+  spdlog::warn("event=test_hook_armed hook={} generation={} until_file={}", kHoldReformUntil,
+               generation, LogValue(until));
+  while (::access(until, F_OK) != 0 && MonotonicNow() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
 
 std::string AdvertisedBucketRule() {
   const char* rule = std::getenv(kAdvertiseBucketRule);
@@ -602,6 +619,7 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
       "event=joined generation={} node_rank={} num_nodes={} members={} world_size={} "
       "rank_offset={}",
       gen, config.node_rank, config.num_nodes, members.size(), joined.world_size, rank_offset);
+  MaybeHoldReform(resume, gen, deadline);
   // Started now, connected once the agreement has the wire dtype.
   GlooBackendOptions gloo =
       GlooOptions(config, client, host, gen, WireDType::kOff, joined.world_size, members);

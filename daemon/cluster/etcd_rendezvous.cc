@@ -94,8 +94,13 @@ EtcdRendezvous::~EtcdRendezvous() {
     MonotonicMutexLock lock(&mu_);
     lease = session_ && !retired_ ? lease_.id : 0;
   }
-  // Its join keys go at once rather than a TTL later.
-  if (lease != 0) client_->RevokeLease(lease).IgnoreError();
+  // Its join keys go at once rather than a TTL later. Best effort, two
+  // members' attempts at most: an unreachable etcd must not hold up the
+  // daemon's shutdown, and the lease expires by itself.
+  if (lease != 0) {
+    client_->RevokeLease(lease, MonotonicNow() + 2 * client_->options().attempt_timeout)
+        .IgnoreError();
+  }
 }
 
 std::string EtcdRendezvous::Describe() const { return client_->Describe(); }

@@ -9,9 +9,11 @@
 namespace gradsync {
 namespace {
 
-// Each etcd call, failover included. Short: an unreachable etcd must not
-// hold up a node's shutdown for long (as the leader's RPCs).
-constexpr absl::Duration kEtcdCallTimeout = absl::Seconds(3);
+// One attempt of a call on one member: a dead or blackholed member is left
+// for the next one after this long at most.
+constexpr absl::Duration kEtcdAttemptTimeout = absl::Milliseconds(1500);
+// The shortest budget of a whole call: two members' attempts.
+constexpr absl::Duration kEtcdMinCallTimeout = absl::Seconds(3);
 
 }  // namespace
 
@@ -22,13 +24,17 @@ absl::StatusOr<std::shared_ptr<EtcdRendezvous>> ConnectEtcdRendezvous(const Daem
   options.etcd.tls = TlsFiles{config.etcd_cert, config.etcd_key, config.etcd_ca};
   options.etcd.user = config.etcd_user;
   options.etcd.password = config.etcd_password;
-  options.etcd.call_timeout = kEtcdCallTimeout;
-  options.etcd.attempt_timeout = kEtcdCallTimeout / 2;
   options.prefix = address.prefix;
   options.job_id = config.job_id;
   options.job_token = config.job_token;
   // The embedded leader's heartbeat timeout (daemon.cc).
   options.lease_ttl = std::min(absl::Milliseconds(config.timeout_ms), absl::Seconds(10));
+  // A call retries across the members for as long as this node's lease
+  // lives (--timeout-s, at most 10 s): a member's death, or an election on
+  // a loaded machine, costs retries rather than the job. Past it the other
+  // nodes count this node dead anyway.
+  options.etcd.call_timeout = std::max(kEtcdMinCallTimeout, options.lease_ttl);
+  options.etcd.attempt_timeout = kEtcdAttemptTimeout;
   options.min_nodes = config.min_nodes_or_num();
   options.max_nodes = config.max_nodes_or_num();
   return EtcdRendezvous::Connect(std::move(options));

@@ -1,7 +1,8 @@
 // The daemon's EtcdRendezvous, made from its flags: --rendezvous (etcd's
 // endpoints and the key prefix), --etcd-* (TLS, etcd auth), the job's id
 // and token, --min-nodes, and the lease TTL (the embedded leader's
-// heartbeat timeout, so a silent node is dead after as long on either).
+// heartbeat timeout, so a silent node is dead after as long on either),
+// which is also how long each etcd call retries across the members.
 #ifndef GRADSYNC_DAEMON_CLUSTER_ETCD_RENDEZVOUS_CONFIG_H_
 #define GRADSYNC_DAEMON_CLUSTER_ETCD_RENDEZVOUS_CONFIG_H_
 

@@ -1,7 +1,8 @@
 // The etcd client against real etcd members on loopback ports: reads,
 // writes and transactions (races between two clients), leases and their
 // keeper, prefix watches, an unreachable etcd, a 3-member cluster losing a
-// member, etcd auth and mutual TLS.
+// member, a stopped (blackholed) member and a cluster without quorum, etcd
+// auth and mutual TLS.
 #include "daemon/cluster/etcd/etcd_client.h"
 
 #include <atomic>
@@ -14,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/monotonic.h"
 #include "daemon/cluster/etcd/etcd_lease_keeper.h"
 #include "daemon/cluster/etcd/etcd_watch.h"
 #include "gmock/gmock.h"
@@ -442,6 +444,91 @@ TEST(EtcdClientTest, ThreeMemberClusterKeepsServingWhenOneMemberIsKilled) {
   absl::StatusOr<std::optional<EtcdKeyValue>> leased = client->Get("/c/leased");
   ASSERT_TRUE(leased.ok()) << leased.status();
   EXPECT_TRUE(leased->has_value());
+}
+
+std::unique_ptr<EtcdClient> ConnectWithAttempts(const std::vector<std::string>& endpoints,
+                                                absl::Duration call_timeout,
+                                                absl::Duration attempt_timeout) {
+  EtcdClientOptions options;
+  options.endpoints = endpoints;
+  options.call_timeout = call_timeout;
+  options.attempt_timeout = attempt_timeout;
+  absl::StatusOr<std::unique_ptr<EtcdClient>> client = EtcdClient::Connect(options);
+  EXPECT_TRUE(client.ok()) << client.status();
+  return client.ok() ? *std::move(client) : nullptr;
+}
+
+// A SIGSTOPped member answers nothing: a call whose own deadline allows
+// one attempt fails on it, naming it, and the next call starts at another
+// member instead of waiting on it again.
+TEST(EtcdClientTest, ABlackholedMemberCostsOneAttemptAndCallsMoveOn) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(3);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  auto client = ConnectWithAttempts(etcd.endpoints(), absl::Seconds(30), absl::Seconds(1));
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<EtcdLease> lease = client->GrantLease(absl::Seconds(30));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  // The member calls start at: the one to stop.
+  const std::string victim = client->preferred_endpoint();
+  int victim_index = -1;
+  for (int i = 0; i < 3; ++i) {
+    if (etcd.endpoints()[i] == victim) victim_index = i;
+  }
+  ASSERT_GE(victim_index, 0) << victim;
+
+  etcd.Stop(victim_index);
+  absl::StatusOr<absl::Duration> renewed =
+      client->KeepAliveOnce(lease->id, MonotonicNow() + absl::Seconds(1));
+  ASSERT_FALSE(renewed.ok());
+  EXPECT_EQ(renewed.status().code(), absl::StatusCode::kUnavailable) << renewed.status();
+  EXPECT_THAT(renewed.status().message(), HasSubstr(victim + ": DEADLINE_EXCEEDED"));
+  EXPECT_NE(client->preferred_endpoint(), victim);
+
+  // The next call starts elsewhere (the cluster may first elect a leader
+  // if the stopped member led it).
+  renewed = client->KeepAliveOnce(lease->id);
+  ASSERT_TRUE(renewed.ok()) << renewed.status();
+  EXPECT_GT(*renewed, absl::ZeroDuration());
+  EXPECT_NE(client->preferred_endpoint(), victim);
+  etcd.Continue(victim_index);
+}
+
+// Two of three members stopped: etcd has no quorum. A call keeps trying
+// the members until its deadline: one given 3 s fails UNAVAILABLE naming
+// every member; one still trying when a member comes back succeeds.
+TEST(EtcdClientTest, LostQuorumFailsWithinTheDeadlineAndACallOutlastingItSucceeds) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(3);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  auto brief = ConnectWithAttempts(etcd.endpoints(), absl::Seconds(3), absl::Seconds(1));
+  auto patient = ConnectWithAttempts(etcd.endpoints(), absl::Seconds(60), absl::Seconds(1));
+  ASSERT_NE(brief, nullptr);
+  ASSERT_NE(patient, nullptr);
+  ASSERT_TRUE(brief->Put("/q/before", "1").ok());
+
+  etcd.Stop(0);
+  etcd.Stop(1);
+  absl::StatusOr<int64_t> lost = brief->Put("/q/lost", "x");
+  ASSERT_FALSE(lost.ok());
+  EXPECT_EQ(lost.status().code(), absl::StatusCode::kUnavailable) << lost.status();
+  EXPECT_THAT(lost.status().message(), HasSubstr("Put failed on every member within 3s"));
+  for (const std::string& endpoint : etcd.endpoints()) {
+    EXPECT_THAT(lost.status().message(), HasSubstr(endpoint + ": ")) << endpoint;
+  }
+
+  absl::StatusOr<int64_t> put;
+  std::thread writer([&] { put = patient->Put("/q/after", "2"); });
+  // Longer than the brief client's whole budget.
+  absl::SleepFor(absl::Milliseconds(3500));
+  etcd.Continue(1);
+  writer.join();
+  ASSERT_TRUE(put.ok()) << put.status();
+  absl::StatusOr<std::optional<EtcdKeyValue>> got = patient->Get("/q/after");
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(got->has_value());
+  EXPECT_EQ((*got)->value, "2");
+  etcd.Continue(0);
 }
 
 // etcd's auth: the token from Authenticate on every call.

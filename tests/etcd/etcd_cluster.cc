@@ -1,6 +1,7 @@
 #include "tests/etcd/etcd_cluster.h"
 
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -62,6 +63,10 @@ TlsFiles EtcdCluster::ClientTls() const {
 }
 
 void EtcdCluster::Kill(int i) { (void)processes_[i].Kill(); }
+
+void EtcdCluster::Stop(int i) { processes_[i].Signal(SIGSTOP); }
+
+void EtcdCluster::Continue(int i) { processes_[i].Signal(SIGCONT); }
 
 std::string EtcdCluster::Logs() const {
   std::string logs;

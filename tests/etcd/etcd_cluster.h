@@ -1,6 +1,6 @@
 // EtcdCluster: real etcd members (Debian's /usr/bin/etcd) on loopback ports
 // with a scratch data directory, for the etcd client's tests. One member or
-// several forming one cluster; any member can be SIGKILLed.
+// several forming one cluster; any member can be SIGKILLed or SIGSTOPped.
 #ifndef GRADSYNC_TESTS_ETCD_ETCD_CLUSTER_H_
 #define GRADSYNC_TESTS_ETCD_ETCD_CLUSTER_H_
 
@@ -44,6 +44,11 @@ class EtcdCluster {
 
   // SIGKILLs member `i` and reaps it.
   void Kill(int i);
+  // SIGSTOPs member `i`: its sockets stay open and nothing answers on them,
+  // so every call to it waits out its deadline (a blackholed member).
+  void Stop(int i);
+  // SIGCONTs a stopped member.
+  void Continue(int i);
   std::string Logs() const;
 
  private:

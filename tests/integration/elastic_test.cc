@@ -52,9 +52,10 @@
 // the two that need the leader (config set, its death), plus what only
 // etcd allows: node 0 SIGKILLed and the survivors train on, a replacement
 // node 0 joining them and catching up from rank 2, one of three etcd
-// members killed while the survivors re-form, and the catch-up root's node
-// 0 killed during (or before) the catch-up of a restarted trainer or a
-// joining node: the catch-up runs again from rank 2.
+// members killed while the survivors re-form, one stopped and etcd's
+// quorum lost for 3.5 s while they do (they retry and train on), and the
+// catch-up root's node 0 killed during (or before) the catch-up of a
+// restarted trainer or a joining node: the catch-up runs again from rank 2.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -64,6 +65,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -1803,6 +1805,59 @@ TEST(ElasticJob, EtcdMemberKilledWhileTheSurvivorsReformTheyTrainOn) {
   ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_reformed", kErrorBound))
       << cluster.DaemonLogs() << etcd.Logs();
   ExpectSurvivorsTrainedLikeTheReference(cluster, trainers);
+}
+
+// The worst an etcd member's death can do to a re-formation, made certain
+// instead of left to load: member 0, the one every daemon tries first, is
+// SIGSTOPped (it answers nothing, so each attempt on it waits out its
+// deadline) when node 2 is SIGKILLed; once both survivors joined the new
+// generation (a test hook holds them there), member 1 stops too, and etcd
+// has no quorum for 3.5 s (longer than a call's whole budget was) while
+// the survivors' next calls wait for it. A call retries across the members
+// for as long as the lease lives (10 s): the survivors re-form through
+// members 1 and 2, log the failover, and train like the reference.
+TEST(ElasticJob, EtcdQuorumLostWhileTheSurvivorsReformTheyRetryAndTrainOn) {
+  SKIP_WITHOUT_ETCD();
+  ScratchDir scratch("etcd_quorum");
+  const std::string release = scratch.File("release");
+  EtcdCluster etcd(3);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  // --timeout-s 20: the lease TTL, and each etcd call's budget, is 10 s.
+  ClusterOptions options = JobOptions(/*min_nodes=*/2, 4 * kTimeoutS);
+  options.rendezvous = absl::StrCat("etcd://", absl::StrJoin(etcd.endpoints(), ","), "/quorum");
+  options.node_env.assign(kNodes, {{"GRADSYNC_TEST_HOLD_REFORM_AFTER_JOIN_UNTIL", release}});
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  RunUntilKilled(cluster, Stage::kBackward, &trainers, {kVictimNode}, /*resume=*/false);
+  etcd.Stop(0);
+  ResumeSurvivors(&trainers, {kVictimNode});
+  for (int n : {0, 1}) {
+    ASSERT_TRUE(WaitForLog(cluster.node(n).process(),
+                           "event=test_hook_armed hook=GRADSYNC_TEST_HOLD_REFORM_AFTER_JOIN_UNTIL",
+                           kErrorBound))
+        << "node " << n << cluster.DaemonLogs() << etcd.Logs();
+  }
+  etcd.Stop(1);
+  std::FILE* go = std::fopen(release.c_str(), "w");
+  ASSERT_NE(go, nullptr) << release;
+  std::fclose(go);
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+  etcd.Continue(1);
+  const auto back_at = std::chrono::steady_clock::now();
+  for (int n : {0, 1}) {
+    ASSERT_TRUE(WaitForLog(cluster.node(n).process(), "event=job_reformed", kErrorBound))
+        << "node " << n << cluster.DaemonLogs() << etcd.Logs();
+  }
+  std::printf("elastic_job etcd quorum back to both survivors re-formed: %.2f s\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - back_at).count());
+  ExpectSurvivorsTrainedLikeTheReference(cluster, trainers);
+  for (int n : {0, 1}) {
+    EXPECT_NE(cluster.node(n).process().Log().find(
+                  absl::StrCat("event=etcd_failover from=\"", etcd.endpoints()[0], "\"")),
+              std::string::npos)
+        << "node " << n << ": " << cluster.node(n).process().Log();
+  }
 }
 #endif
 

@@ -3,17 +3,21 @@
 // Two nodes of two trainers train exactly like one process on the whole
 // batch; node 0 killed fails the job naming it, and the job forms again
 // with node 0 restarted; `config set` on node 1 re-plans both nodes alike; etcd's client
-// certificates reach a TLS etcd (and a stranger's do not); etcd killed for longer than the timeout
-// fails every trainer with an error naming etcd, never a hang.
+// certificates reach a TLS etcd (and a stranger's do not); etcd killed, or
+// a 3-member etcd losing its quorum to two SIGSTOPped members, for longer
+// than the timeout fails every trainer with an error naming etcd, never a
+// hang.
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "tests/etcd/etcd_cluster.h"
 #include "tests/integration/cluster.h"
 #include "tests/integration/control_stats.h"
@@ -177,11 +181,12 @@ TEST(EtcdJob, DaemonsReachAnEtcdThatRequiresClientCertificates) {
   }
 }
 
-TEST(EtcdJob, EtcdUnreachableLongerThanTheTimeoutFailsEveryTrainerNamingEtcd) {
-  SKIP_WITHOUT_ETCD();
-  EtcdCluster etcd(1);
-  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
-  Cluster cluster(OnEtcd(etcd, 2, 1, {"--timeout-s=3"}));
+// Training is under way on `etcd` when `take_away` makes it unreachable
+// for good: every trainer fails naming etcd (once) as unreachable, none
+// hangs. `what` names the case in the printed line.
+void ExpectEtcdLossFailsEveryTrainer(const EtcdCluster& etcd, ClusterOptions options,
+                                     const std::function<void()>& take_away, const char* what) {
+  Cluster cluster(options);
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<std::string> outs;
   std::vector<Process> trainers = cluster.StartTrainers(
@@ -189,11 +194,11 @@ TEST(EtcdJob, EtcdUnreachableLongerThanTheTimeoutFailsEveryTrainerNamingEtcd) {
   // Training is under way (rank 0 prints each completed step) when etcd goes.
   ASSERT_TRUE(WaitForLog(trainers[0], "step   3  loss", kBound))
       << trainers[0].Log() << cluster.DaemonLogs();
-  etcd.Kill(0);
-  const auto killed_at = std::chrono::steady_clock::now();
+  take_away();
+  const auto lost_at = std::chrono::steady_clock::now();
   for (Process& t : trainers) {
     ExitStatus st = t.Wait(kBound);
-    ASSERT_TRUE(st.exited) << "a trainer still runs " << kBound.count() << " s after etcd died:\n"
+    ASSERT_TRUE(st.exited) << "a trainer still runs " << kBound.count() << " s after etcd went:\n"
                            << t.Log() << cluster.DaemonLogs();
     EXPECT_NE(st.code, 0) << t.Log();
     const std::string error = TrainerError(t.Log());
@@ -204,10 +209,38 @@ TEST(EtcdJob, EtcdUnreachableLongerThanTheTimeoutFailsEveryTrainerNamingEtcd) {
     // Named once, not by every layer that passed the error on.
     const size_t named = error.find("etcd at ");
     EXPECT_EQ(error.find("etcd at ", named + 1), std::string::npos) << error;
-    std::printf("etcd_job etcd killed: trainer exit %d after %.1f s error=\"%s\"\n", st.code,
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count(),
+    std::printf("etcd_job %s: trainer exit %d after %.1f s error=\"%s\"\n", what, st.code,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - lost_at).count(),
                 error.c_str());
   }
+}
+
+TEST(EtcdJob, EtcdUnreachableLongerThanTheTimeoutFailsEveryTrainerNamingEtcd) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  ExpectEtcdLossFailsEveryTrainer(
+      etcd, OnEtcd(etcd, 2, 1, {"--timeout-s=3"}), [&] { etcd.Kill(0); }, "etcd killed");
+}
+
+// Two of three members SIGSTOPped: etcd has no quorum, and the stopped
+// members answer nothing (every attempt on them waits out its deadline).
+// Retrying across members ends with the lease TTL: every trainer fails
+// naming etcd, none hangs.
+TEST(EtcdJob, EtcdQuorumLostLongerThanTheTimeoutFailsEveryTrainerNamingEtcd) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(3);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  ClusterOptions options = OnEtcd(etcd, 2, 1, {"--timeout-s=3"});
+  options.rendezvous =
+      absl::StrCat("etcd://", absl::StrJoin(etcd.endpoints(), ","), "/gradsync-test");
+  ExpectEtcdLossFailsEveryTrainer(
+      etcd, options,
+      [&] {
+        etcd.Stop(0);
+        etcd.Stop(1);
+      },
+      "etcd quorum lost");
 }
 
 }  // namespace

@@ -7,10 +7,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/log_value.h"
 #include "common/monotonic.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "spdlog/spdlog.h"
 
 namespace gradsync {
 
@@ -212,6 +214,16 @@ void EtcdClient::MarkHealthy(size_t index) {
   preferred_ = index;
 }
 
+void EtcdClient::MarkFailed(size_t index) {
+  absl::MutexLock lock(&mu_);
+  if (preferred_ == index) preferred_ = (index + 1) % members_.size();
+}
+
+std::string EtcdClient::preferred_endpoint() const {
+  absl::MutexLock lock(&mu_);
+  return members_[preferred_].endpoint;
+}
+
 std::string EtcdClient::Token() const {
   absl::MutexLock lock(&mu_);
   return token_;
@@ -225,10 +237,10 @@ void EtcdClient::PrepareStreamContext(grpc::ClientContext* context) const {
   context->AddMetadata("hasleader", "true");
 }
 
-absl::Status EtcdClient::WithFailover(
-    const char* what,
-    const std::function<grpc::Status(const Member&, grpc::ClientContext*)>& attempt) {
-  const absl::Time deadline = MonotonicNow() + options_.call_timeout;
+absl::Status EtcdClient::WithFailover(const char* what, const Attempt& attempt,
+                                      absl::Time deadline) {
+  const absl::Time started = MonotonicNow();
+  deadline = std::min(deadline, started + options_.call_timeout);
   const size_t n = members_.size();
   size_t start;
   {
@@ -255,6 +267,12 @@ absl::Status EtcdClient::WithFailover(
     const grpc::Status status = attempt(member, &context);
     if (status.ok()) {
       MarkHealthy(member.index);
+      if (member.index != start) {
+        spdlog::warn("event=etcd_failover from={} to={} op={} attempts={} after_ms={} error={}",
+                     LogValue(members_[start].endpoint), LogValue(member.endpoint), what,
+                     position + 1, absl::ToInt64Milliseconds(MonotonicNow() - started),
+                     LogValue(last_error[start]));
+      }
       return absl::OkStatus();
     }
     last_error[member.index] = absl::StrCat(GrpcMessage(status), " (connection ",
@@ -273,6 +291,7 @@ absl::Status EtcdClient::WithFailover(
                           absl::StrCat("etcd at ", member.endpoint, ": ", what,
                                        " failed: ", status.error_message()));
     }
+    MarkFailed(member.index);
     ++position;
     if (position % n == 0) {
       // Every member failed once: a short pause before the next round, so
@@ -280,15 +299,20 @@ absl::Status EtcdClient::WithFailover(
       absl::SleepFor(std::min(absl::Milliseconds(100), deadline - MonotonicNow()));
     }
   }
+  return AllMembersFailed(what, std::max(deadline - started, absl::ZeroDuration()), last_error);
+}
+
+absl::Status EtcdClient::AllMembersFailed(const char* what, absl::Duration budget,
+                                          const std::vector<std::string>& last_error) const {
   std::vector<std::string> per_member;
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < members_.size(); ++i) {
     per_member.push_back(absl::StrCat(members_[i].endpoint, ": ",
                                       last_error[i].empty() ? "not tried" : last_error[i]));
   }
-  const std::string message = absl::StrCat(
-      Describe(), ": ", what, " failed on every member within ",
-      absl::FormatDuration(options_.call_timeout), " (", absl::StrJoin(per_member, "; "), ")");
-  return absl::UnavailableError(message);
+  return absl::UnavailableError(
+      absl::StrCat(Describe(), ": ", what, " failed on every member within ",
+                   absl::FormatDuration(absl::Trunc(budget, absl::Milliseconds(1))), " (",
+                   absl::StrJoin(per_member, "; "), ")"));
 }
 
 absl::Status EtcdClient::Authenticate(absl::Time deadline) {
@@ -501,19 +525,23 @@ absl::StatusOr<EtcdLease> EtcdClient::GrantLease(absl::Duration ttl) {
   return EtcdLease{response.id(), absl::Seconds(response.ttl())};
 }
 
-absl::Status EtcdClient::RevokeLease(int64_t id) {
+absl::Status EtcdClient::RevokeLease(int64_t id, absl::Time deadline) {
   etcdserverpb::LeaseRevokeRequest request;
   request.set_id(id);
   etcdserverpb::LeaseRevokeResponse response;
-  return WithFailover("LeaseRevoke", [&](const Member& m, grpc::ClientContext* context) {
-    return etcdserverpb::Lease::NewStub(m.channel)->LeaseRevoke(context, request, &response);
-  });
+  return WithFailover(
+      "LeaseRevoke",
+      [&](const Member& m, grpc::ClientContext* context) {
+        return etcdserverpb::Lease::NewStub(m.channel)->LeaseRevoke(context, request, &response);
+      },
+      deadline);
 }
 
-absl::StatusOr<absl::Duration> EtcdClient::KeepAliveOnce(int64_t id) {
+absl::StatusOr<absl::Duration> EtcdClient::KeepAliveOnce(int64_t id, absl::Time deadline) {
   etcdserverpb::LeaseKeepAliveResponse response;
-  absl::Status status =
-      WithFailover("LeaseKeepAlive", [&](const Member& m, grpc::ClientContext* context) {
+  absl::Status status = WithFailover(
+      "LeaseKeepAlive",
+      [&](const Member& m, grpc::ClientContext* context) {
         auto stream = etcdserverpb::Lease::NewStub(m.channel)->LeaseKeepAlive(context);
         etcdserverpb::LeaseKeepAliveRequest request;
         request.set_id(id);
@@ -530,7 +558,8 @@ absl::StatusOr<absl::Duration> EtcdClient::KeepAliveOnce(int64_t id) {
         context->TryCancel();
         stream->Finish();
         return grpc::Status::OK;
-      });
+      },
+      deadline);
   if (!status.ok()) return status;
   if (response.ttl() <= 0) {
     return absl::NotFoundError(

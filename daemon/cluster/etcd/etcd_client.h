@@ -6,8 +6,12 @@
 // the member that answered last; when that member is unreachable (or answers
 // "no leader" while the cluster elects one) the call moves on to the next
 // member, round after round, until its deadline. Each call has a deadline
-// (`call_timeout`), each attempt on one member at most `attempt_timeout`
-// of it, so a blackholed member cannot eat the whole call.
+// (`call_timeout`, or the caller's, whichever comes first), each attempt on
+// one member at most `attempt_timeout` of it, so a blackholed member cannot
+// eat the whole call. A member that failed an attempt is no longer the one
+// calls start at: a dead or blackholed member costs one attempt, not one
+// per call. A call that succeeded on another member than the one it started
+// at logs one line, `event=etcd_failover from=A to=B op=...`.
 //
 // Errors: absl::Status whose message starts "etcd " and names the member
 // (or, when every member failed, each of them with its last error):
@@ -155,11 +159,14 @@ class EtcdClient {
 
   // A lease of (at least, etcd may raise it) `ttl`, rounded up to seconds.
   absl::StatusOr<EtcdLease> GrantLease(absl::Duration ttl);
-  // Ends the lease now; its keys are deleted.
-  absl::Status RevokeLease(int64_t id);
+  // Ends the lease now; its keys are deleted. Tried until `deadline` at
+  // most (monotonic; call_timeout bounds it too).
+  absl::Status RevokeLease(int64_t id, absl::Time deadline = absl::InfiniteFuture());
   // One keepalive round trip: the lease's renewed TTL. NotFound naming the
-  // lease when etcd no longer has it (it expired or was revoked).
-  absl::StatusOr<absl::Duration> KeepAliveOnce(int64_t id);
+  // lease when etcd no longer has it (it expired or was revoked): an answer,
+  // never retried. Tried until `deadline` at most, as RevokeLease.
+  absl::StatusOr<absl::Duration> KeepAliveOnce(int64_t id,
+                                               absl::Time deadline = absl::InfiniteFuture());
 
   const EtcdClientOptions& options() const { return options_; }
   // "etcd at A,B,C": how errors name the cluster.
@@ -176,16 +183,25 @@ class EtcdClient {
   void PrepareStreamContext(grpc::ClientContext* context) const;
   // A member answered: calls start there from now on.
   void MarkHealthy(size_t index);
+  // The member the next call tries first.
+  std::string preferred_endpoint() const;
 
  private:
   explicit EtcdClient(EtcdClientOptions options);
 
+  using Attempt = std::function<grpc::Status(const Member&, grpc::ClientContext*)>;
   // Runs `attempt` on one member after another until it succeeds, fails
   // with an error that another member would give too, or the call's
-  // deadline passes. `what` names the call in errors ("Range", "Put").
-  absl::Status WithFailover(
-      const char* what,
-      const std::function<grpc::Status(const Member&, grpc::ClientContext*)>& attempt);
+  // deadline (call_timeout from now, or `deadline` if sooner) passes.
+  // `what` names the call in errors and logs ("Range", "Put").
+  absl::Status WithFailover(const char* what, const Attempt& attempt,
+                            absl::Time deadline = absl::InfiniteFuture());
+  // A member failed an attempt: if calls started there, they start at the
+  // next member from now on.
+  void MarkFailed(size_t index);
+  // The error of a call that no member answered within its `budget`.
+  absl::Status AllMembersFailed(const char* what, absl::Duration budget,
+                                const std::vector<std::string>& last_error) const;
   absl::Status Authenticate(absl::Time deadline);
   std::string Token() const;
 

@@ -55,7 +55,12 @@ void EtcdLeaseKeeper::Run() {
       if (stopping_) return;
     }
     const absl::Time sent = MonotonicNow();
-    absl::StatusOr<absl::Duration> renewed = client_->KeepAliveOnce(lease_.id);
+    // Never past the lease's end (a renewal after it proves nothing), and
+    // no longer than an interval or one member's attempt: the next try
+    // starts at another member, and Stop waits no longer than this.
+    const absl::Time give_up =
+        std::min(expires, sent + std::max(interval, client_->options().attempt_timeout));
+    absl::StatusOr<absl::Duration> renewed = client_->KeepAliveOnce(lease_.id, give_up);
     absl::Status lost;
     if (renewed.ok()) {
       expires = sent + *renewed;

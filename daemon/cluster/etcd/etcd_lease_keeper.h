@@ -1,13 +1,15 @@
 // EtcdLeaseKeeper: keeps one etcd lease alive from its own thread, and says
 // when it could not.
 //
-// It renews the lease every third of its TTL (monotonic clock). The lease is
-// reported lost — `on_lost` runs once, on the keeper's thread, and the
-// keeper stops — when etcd answers that the lease no longer exists
-// (NotFound naming etcd and the lease), or when no renewal has succeeded
-// for a whole TTL since the last one was sent, so that etcd may already
-// have expired it (Unavailable naming etcd and the lease, with the last
-// error). Destroying the keeper stops it without revoking the lease.
+// It renews the lease every third of its TTL (monotonic clock); a renewal
+// that fails is tried again soon (EtcdClient moves on to the next member)
+// while the lease lives. The lease is reported lost — `on_lost` runs once,
+// on the keeper's thread, and the keeper stops — when etcd answers that
+// the lease no longer exists (NotFound naming etcd and the lease), or when
+// no renewal has succeeded for a whole TTL since the last one was sent, so
+// that etcd may already have expired it (Unavailable naming etcd and the
+// lease, with the last error). Destroying the keeper stops it without
+// revoking the lease.
 #ifndef GRADSYNC_DAEMON_CLUSTER_ETCD_ETCD_LEASE_KEEPER_H_
 #define GRADSYNC_DAEMON_CLUSTER_ETCD_ETCD_LEASE_KEEPER_H_
 

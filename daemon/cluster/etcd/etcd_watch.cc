@@ -5,7 +5,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/log_value.h"
 #include "common/monotonic.h"
+#include "spdlog/spdlog.h"
 
 namespace gradsync {
 
@@ -151,6 +153,12 @@ absl::Status EtcdWatch::Serve(const EtcdClient::Member& member, bool* created) {
       }
       *created = true;
       client_->MarkHealthy(member.index);
+      if (!served_by_.empty() && served_by_ != member.endpoint) {
+        spdlog::warn("event=etcd_failover from={} to={} op=Watch prefix={} revision={}",
+                     LogValue(served_by_), LogValue(member.endpoint), LogValue(prefix_),
+                     next_revision_);
+      }
+      served_by_ = member.endpoint;
       MonotonicMutexLock lock(&mu_);
       if (!started_) {
         started_ = true;

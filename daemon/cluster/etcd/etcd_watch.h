@@ -4,11 +4,11 @@
 // Events arrive in revision order, each once. When the member serving the
 // watch stream dies (or loses its cluster's leader), the watch is created
 // again on another member from the revision after the last one delivered,
-// so no event is lost or repeated across a failover. It ends — `on_end`
-// runs once with the reason, naming etcd — when no member could serve it
-// for the client's call_timeout, or when etcd cancels it (the start
-// revision was compacted: FailedPrecondition). Stop() ends it without
-// calling `on_end`.
+// so no event is lost or repeated across a failover (logged once,
+// `event=etcd_failover ... op=Watch`). It ends — `on_end` runs once with
+// the reason, naming etcd — when no member could serve it for the
+// client's call_timeout, or when etcd cancels it (the start revision was
+// compacted: FailedPrecondition). Stop() ends it without calling `on_end`.
 #ifndef GRADSYNC_DAEMON_CLUSTER_ETCD_ETCD_WATCH_H_
 #define GRADSYNC_DAEMON_CLUSTER_ETCD_ETCD_WATCH_H_
 
@@ -70,6 +70,7 @@ class EtcdWatch {
   const EventsCallback on_events_;
   const EndCallback on_end_;
   int64_t next_revision_;  // the watch thread's alone
+  std::string served_by_;  // the member whose stream last served it; the thread's alone
 
   mutable MonotonicMutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
