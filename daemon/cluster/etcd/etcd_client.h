@@ -142,7 +142,9 @@ class EtcdClient {
   absl::StatusOr<int64_t> DeletePrefix(const std::string& prefix);
 
   // A transaction: when every compare holds, `success` runs, else
-  // `failure`. `current` is left empty.
+  // `failure`. When the failure branch ran and is a single Get that found
+  // a record, `current` is that record (the helpers below rely on it);
+  // otherwise `current` is empty.
   absl::StatusOr<EtcdTxnResult> Txn(const std::vector<EtcdCompare>& compares,
                                     const std::vector<EtcdTxnOp>& success,
                                     const std::vector<EtcdTxnOp>& failure);
