@@ -71,6 +71,7 @@ import bench_report  # noqa: E402
 from gradsync import trainer_malloc  # noqa: E402
 
 WIDTH, LAYERS, BATCH = 2048, 6, 32
+LOCKSTEP_LABEL = "lockstep only (4-byte allreduce per step)"
 
 
 def free_port() -> int:
@@ -198,7 +199,7 @@ def main() -> int:
     sock = os.path.join(tmp, "gs.sock")
     variants = [("compute only, 1 process", "compute", 1, False),
                 ("compute only, 2 processes", "compute", 2, False),
-                ("lockstep only (4-byte allreduce per step)", "lockstep", 2, False),
+                (LOCKSTEP_LABEL, "lockstep", 2, False),
                 ("torch DDP (gloo)", "ddp", 2, False),
                 ("gradsync DistributedOptimizer", "gradsync", 2, True),
                 ("gradsync DDP allreduce_hook", "gradsync_hook", 2, True)]
@@ -232,8 +233,7 @@ def main() -> int:
     p50 = {label: statistics.median(v) for label, v in medians.items()}
     compute2 = p50["compute only, 2 processes"]
     ddp = p50["torch DDP (gloo)"]
-    lockstep_label = "lockstep only (4-byte allreduce per step)"
-    lockstep = p50[lockstep_label]
+    lockstep = p50[LOCKSTEP_LABEL]
     params = LAYERS * (WIDTH * WIDTH + WIDTH)
     title = (f"Training step, {LAYERS} x Linear({WIDTH},{WIDTH}) = {params / 1e6:.1f}M fp32 "
              f"parameters, batch {BATCH}/trainer")
@@ -251,7 +251,7 @@ def main() -> int:
         [[label, nproc, p50[label] * 1e3,
           f"{min(medians[label]) * 1e3:.1f}-{max(medians[label]) * 1e3:.1f}",
           p50[label] / compute2, round_ratios(label, "compute only, 2 processes"),
-          p50[label] / lockstep, round_ratios(label, lockstep_label),
+          p50[label] / lockstep, round_ratios(label, LOCKSTEP_LABEL),
           p50[label] / ddp, round_ratios(label, "torch DDP (gloo)")]
          for label, _, nproc, _ in variants],
         note=f"torch {torch.__version__}, {args.threads} thread(s)/trainer, {os.cpu_count()} "
@@ -263,7 +263,7 @@ def main() -> int:
         f"Training step, 2 trainers: {params / 1e6:.1f}M-parameter MLP, batch {BATCH}/trainer",
         "step time, median of rounds (ms)", "variant", size=(9, 4))
     labels = [v[0] for v in variants]
-    refs = {"compute only, 1 process", "compute only, 2 processes", lockstep_label,
+    refs = {"compute only, 1 process", "compute only, 2 processes", LOCKSTEP_LABEL,
             "torch DDP (gloo)"}
     colors = ["#bdbdbd" if label in refs else "#3182bd" for label in labels]
     ax.barh(range(len(labels)), [p50[label] * 1e3 for label in labels], color=colors)
