@@ -35,6 +35,7 @@
 #include "common/status_macros.h"
 #include "common/token_file.h"
 #include "daemon/backends/gloo_worker.h"
+#include "daemon/backends/worker_zygote.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 #include "daemon/flags.h"
@@ -314,6 +315,12 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   if (std::optional<int> exit_code = ParseDaemonFlags(argc, argv)) return *exit_code;
 
   gradsync::LimitMallocArenas();  // before any thread starts
+  // Before any thread starts, and before the stop signals are blocked: a
+  // job across nodes runs a Gloo worker per generation (and a spare).
+  const absl::Status zygote =
+      absl::GetFlag(FLAGS_num_nodes) > 1 || absl::GetFlag(FLAGS_max_nodes) > 1
+          ? gradsync::StartWorkerZygote(&gradsync::RunGlooWorker)
+          : absl::OkStatus();
   const sigset_t stop_signals = BlockStopSignals();
 
   if (absl::Status st = gradsync::ConfigureLogging(
@@ -323,6 +330,10 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   }
   const std::string level = absl::AsciiStrToLower(absl::GetFlag(FLAGS_log_level));
   spdlog::set_level(spdlog::level::from_str(level));
+  if (!zygote.ok()) {
+    spdlog::warn("event=gloo_worker_zygote_unavailable fallback=exec error={}",
+                 LogValue(zygote.message()));
+  }
 
   absl::StatusOr<gradsync::DaemonConfig> config = ConfigFromFlags(level);
   if (!config.ok()) return Fail(std::string(config.status().message()));

@@ -39,6 +39,7 @@
 #include "daemon/backends/backend.h"
 #include "daemon/backends/gloo_backend.h"
 #include "daemon/backends/gloo_worker.h"
+#include "daemon/backends/gloo_worker_process.h"
 #include "daemon/backends/worker_channel.h"
 
 namespace gradsync {
@@ -54,7 +55,7 @@ class GlooWorkerBackend final : public Backend {
   // about `options.timeout`.
   static absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> Create(
       const GlooBackendOptions& options,
-      std::vector<std::string> worker_argv = {"/proc/self/exe", kGlooWorkerFlag});
+      std::vector<std::string> worker_argv = ThisExecutableAsGlooWorker());
   // Create in two steps, for a caller that may Abort the connect from
   // another thread (the leader aborting the generation while it forms):
   // Start spawns the worker, ConnectMesh then blocks as Create does. An
@@ -63,13 +64,13 @@ class GlooWorkerBackend final : public Backend {
   // wire dtype (agreed between Start and ConnectMesh) is the one used.
   static absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> Start(
       const GlooBackendOptions& options,
-      std::vector<std::string> worker_argv = {"/proc/self/exe", kGlooWorkerFlag});
+      std::vector<std::string> worker_argv = ThisExecutableAsGlooWorker());
   absl::Status ConnectMesh(const GlooBackendOptions& options);
   // Spawns a worker ahead of the next Start, which adopts it instead of
   // spawning its own (gloo_worker_process.h): its start-up then overlaps the
   // wait for the join. Without one (or with a dead one) Start spawns.
-  static void PrepareSpare(const std::vector<std::string>& worker_argv = {"/proc/self/exe",
-                                                                          kGlooWorkerFlag});
+  static void PrepareSpare(
+      const std::vector<std::string>& worker_argv = ThisExecutableAsGlooWorker());
   ~GlooWorkerBackend() override;
 
   GlooWorkerBackend(const GlooWorkerBackend&) = delete;

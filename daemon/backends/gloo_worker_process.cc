@@ -18,6 +18,7 @@
 #include "common/status_code.h"
 #include "common/status_macros.h"
 #include "daemon/backends/gloo_worker.h"
+#include "daemon/backends/worker_zygote.h"
 #include "spdlog/spdlog.h"
 
 extern char** environ;
@@ -64,12 +65,27 @@ GlooWorkerProcess::~GlooWorkerProcess() {
   if (buffer_fd >= 0) close(buffer_fd);
 }
 
+std::vector<std::string> ThisExecutableAsGlooWorker() {
+  return {"/proc/self/exe", kGlooWorkerFlag};
+}
+
 absl::StatusOr<GlooWorkerProcess> SpawnGlooWorkerProcess(const std::vector<std::string>& argv) {
   ASSIGN_OR_RETURN(auto ends, WorkerChannel::CreatePair());  // (this end, the child's)
   GlooWorkerProcess worker;
   worker.buffer_fd = memfd_create("gradsync-gloo-buffer", MFD_CLOEXEC);
   if (worker.buffer_fd < 0) {
     return MakeError(v1::INTERNAL, absl::StrCat("memfd_create: ", std::strerror(errno)));
+  }
+  if (argv == ThisExecutableAsGlooWorker() && WorkerZygoteRunning()) {
+    absl::StatusOr<pid_t> forked = ForkWorkerFromZygote(ends.second.fd(), worker.buffer_fd);
+    if (forked.ok()) {
+      worker.pid = *forked;
+      worker.pidfd = PidfdOpen(worker.pid);
+      worker.channel = std::move(ends.first);
+      return worker;
+    }
+    spdlog::warn("event=gloo_worker_zygote_failed fallback=exec error={}",
+                 LogValue(forked.status().message()));
   }
   // The worker finds its channel and buffer at fixed descriptors; dup2
   // clears close-on-exec there (and only there: the daemon's other

@@ -33,9 +33,14 @@ struct GlooWorkerProcess {
   int buffer_fd = -1;     // the memfd shared with it
 };
 
+// This very executable in worker mode: the argv every daemon uses.
+std::vector<std::string> ThisExecutableAsGlooWorker();
+
 // Spawns `argv` (this executable in worker mode) with its channel and an
 // empty shared buffer at the fixed descriptors the worker expects. INTERNAL
-// naming the executable when it cannot be started.
+// naming the executable when it cannot be started. For
+// ThisExecutableAsGlooWorker(), while the worker zygote runs
+// (worker_zygote.h), the worker is forked from it instead of executed.
 absl::StatusOr<GlooWorkerProcess> SpawnGlooWorkerProcess(const std::vector<std::string>& argv);
 
 // Spawns the spare for `argv` unless one is kept already (a failure is

@@ -56,8 +56,9 @@ absl::Status WorkerChannel::Send(const google::protobuf::MessageLite& message) {
 }
 
 absl::Status WorkerChannel::Receive(google::protobuf::MessageLite* message, absl::Time deadline) {
-  buffer_.resize(kMaxRecordBytes);
-  std::vector<char>& buffer = buffer_;
+  // Not zeroed: recv writes what it reads, so a small message touches one
+  // page of the megabyte, not all 256 (each a page fault, at start-up).
+  if (buffer_ == nullptr) buffer_.reset(new char[kMaxRecordBytes]);
   while (true) {
     int wait_ms = -1;
     if (deadline != absl::InfiniteFuture()) {
@@ -77,14 +78,14 @@ absl::Status WorkerChannel::Receive(google::protobuf::MessageLite* message, absl
       }
       continue;
     }
-    const ssize_t n = ::recv(fd_, buffer.data(), buffer.size(), MSG_TRUNC);
+    const ssize_t n = ::recv(fd_, buffer_.get(), kMaxRecordBytes, MSG_TRUNC);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (n < 0) {
       return MakeError(v1::UNAVAILABLE, absl::StrCat("worker channel: ", std::strerror(errno)));
     }
     // Every message has a oneof set, so no record is empty: 0 is end of file.
     if (n == 0) return MakeError(v1::UNAVAILABLE, "worker channel closed");
-    if (static_cast<size_t>(n) > buffer.size() || !message->ParseFromArray(buffer.data(), n)) {
+    if (static_cast<size_t>(n) > kMaxRecordBytes || !message->ParseFromArray(buffer_.get(), n)) {
       return MakeError(v1::INTERNAL, absl::StrCat("malformed worker message of ", n, " bytes"));
     }
     return absl::OkStatus();

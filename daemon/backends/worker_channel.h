@@ -8,6 +8,7 @@
 #ifndef GRADSYNC_DAEMON_BACKENDS_WORKER_CHANNEL_H_
 #define GRADSYNC_DAEMON_BACKENDS_WORKER_CHANNEL_H_
 
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -49,7 +50,7 @@ class WorkerChannel {
 
  private:
   int fd_ = -1;
-  std::vector<char> buffer_;  // Receive's, kept: no allocation per message
+  std::unique_ptr<char[]> buffer_;  // Receive's, kept: no allocation per message
 };
 
 }  // namespace gradsync
