@@ -207,13 +207,14 @@ absl::Status RunCollectives(GlooBackend& backend, const GlooBackendOptions& opti
     // One collective: the bucket with the counts' limbs appended.
     const size_t bytes = count * DTypeSize(dtype);
     folded->resize(bytes + n * kCountLimbs * DTypeSize(dtype));
-    std::memcpy(folded->data(), elements, bytes);
+    // The counts alone come with no elements (null): memcpy must not see it.
+    if (bytes > 0) std::memcpy(folded->data(), elements, bytes);
     RETURN_IF_ERROR(EncodeCounts(counts->data(), n, dtype, folded->data() + bytes));
     hop(Hop::kWorkerGlooStart);
     status = backend.AllreduceSum(folded->data(), count + n * kCountLimbs, dtype);
     hop(Hop::kWorkerGlooDone);
     RETURN_IF_ERROR(status);
-    std::memcpy(elements, folded->data(), bytes);
+    if (bytes > 0) std::memcpy(elements, folded->data(), bytes);
     DecodeCounts(folded->data() + bytes, n, dtype, counts->data());
     return absl::OkStatus();
   }
