@@ -363,6 +363,7 @@ absl::StatusOr<std::optional<JoinResult>> EtcdRendezvous::JoinUntil(const JoinPa
   }
   if (!session.ok() && !Unreachable(session)) return session;
   *last_error = session;
+  bool answered = false;
   while (session.ok()) {
     const uint64_t seen = Changes();
     absl::StatusOr<JoinStep> step = TryJoin(params);
@@ -372,13 +373,18 @@ absl::StatusOr<std::optional<JoinResult>> EtcdRendezvous::JoinUntil(const JoinPa
       return std::move(step->formed);
     }
     if (!step.ok() && !Unreachable(step.status())) return step.status();
+    const bool over = MonotonicNow() >= deadline;
     if (step.ok()) {
+      answered = true;
       *last = *std::move(step);
       *last_error = absl::OkStatus();
-    } else {
+    } else if (!over || !answered) {
+      // A look the deadline cut short, right after one etcd answered,
+      // leaves the timeout to name what that look saw.
       *last_error = step.status();
+      answered = false;
     }
-    if (MonotonicNow() >= deadline) break;
+    if (over) break;
     AwaitChange(seen, deadline);
   }
   return std::optional<JoinResult>();
@@ -973,6 +979,8 @@ absl::StatusOr<std::map<std::string, std::string>> EtcdRendezvous::WaitForValues
   for (const std::string& k : read_keys) etcd_keys.push_back(StoreKey(k));
   for (uint64_t g : generations) etcd_keys.push_back(GenKey(g, "abort"));
   etcd_keys.push_back(Key("current"));
+  // What the last read etcd answered still missed (nullopt: none answered).
+  std::optional<std::vector<std::string>> last_missing;
   while (true) {
     const uint64_t seen = Changes();
     std::vector<std::optional<EtcdKeyValue>> values;
@@ -1019,12 +1027,18 @@ absl::StatusOr<std::map<std::string, std::string>> EtcdRendezvous::WaitForValues
                                       current.generation(), " formed) while waiting for keys [",
                                       absl::StrJoin(missing, ", "), "]"));
       }
-      if (MonotonicNow() >= deadline) {
-        return MakeError(v1::TIMEOUT,
-                         absl::StrCat("wait timed out after ", Millis(timeout),
-                                      " ms; missing keys: ", absl::StrJoin(missing, ", ")));
-      }
-    } else if (MonotonicNow() >= deadline) {
+      last_missing = missing;
+    } else if (MonotonicNow() < deadline) {
+      last_missing.reset();  // etcd failed with time left: not the deadline's doing
+    }
+    if (MonotonicNow() >= deadline && last_missing) {
+      // A read the deadline cut short, after etcd had answered, leaves the
+      // timeout to name what the last answered read missed.
+      return MakeError(v1::TIMEOUT,
+                       absl::StrCat("wait timed out after ", Millis(timeout),
+                                    " ms; missing keys: ", absl::StrJoin(*last_missing, ", ")));
+    }
+    if (!read.ok() && MonotonicNow() >= deadline) {
       return MakeError(
           v1::UNAVAILABLE,
           absl::StrCat("waiting for keys: ", Describe(), " did not answer for ", Millis(timeout),

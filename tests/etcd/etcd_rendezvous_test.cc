@@ -953,6 +953,18 @@ TEST_F(EtcdRendezvousTest, AJoinAgainstAStoppedEtcdEndsAtItsOwnDeadline) {
   EXPECT_THAT(r.status().message(), HasSubstr(etcd_.endpoints()[0] + ": DEADLINE_EXCEEDED"));
 }
 
+// With etcd answering, a wait for a key nobody sets ends TIMEOUT naming
+// it: the read that its deadline cut short is not taken for etcd's silence.
+TEST_F(EtcdRendezvousTest, AWaitForAKeyNobodySetsTimesOutNamingIt) {
+  std::shared_ptr<EtcdRendezvous> node = PatientNode(etcd_.endpoints());
+  ASSERT_NE(node, nullptr);
+  absl::StatusOr<JoinResult> formed = node->Join(Node(0, 1));
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  absl::Status waited = node->Wait({"g1/never"}, absl::Seconds(1));
+  EXPECT_EQ(CodeOf(waited), v1::TIMEOUT) << waited;
+  EXPECT_THAT(waited.message(), HasSubstr("wait timed out after 1000 ms; missing keys: g1/never"));
+}
+
 // A wait of 1 s for keys of a formed generation, etcd stopped meanwhile,
 // ends at its own deadline too: UNAVAILABLE naming etcd and the wait.
 TEST_F(EtcdRendezvousTest, AWaitAgainstAStoppedEtcdEndsAtItsOwnDeadline) {
