@@ -304,8 +304,11 @@ absl::Status EtcdClient::WithFailover(const char* what, const Attempt& attempt,
 
 EtcdClient::CallBound EtcdClient::BoundOf(absl::Time started, absl::Time deadline) const {
   CallBound bound{std::min(deadline, started + options_.call_timeout), "", false};
+  // An operation bounded by one call budget, whose first call starts a
+  // moment after it did, cuts nothing worth naming.
+  constexpr absl::Duration kNegligibleCut = absl::Milliseconds(1);
   if (const EtcdOperationDeadline* op = EtcdOperationDeadline::Current();
-      op != nullptr && op->deadline() < bound.deadline) {
+      op != nullptr && op->deadline() < bound.deadline - kNegligibleCut) {
     bound.deadline = op->deadline();
     bound.cut_by = absl::StrCat(
         ", all that was left of the ", op->operation(), "'s ",
