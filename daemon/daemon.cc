@@ -596,6 +596,9 @@ void Daemon::Run() {
     reason = shutdown_reason_;
   }
   spdlog::info("event=shutdown reason={}", LogValue(reason));
+  // From now on every etcd call ends within one short budget, all together:
+  // an unreachable etcd must not hold the stop up (the lease expires).
+  if (!config_.rendezvous.empty()) BeginEtcdShutdown();
   if (listen_server_) listen_server_->GetHealthCheckService()->SetServingStatus(false);
   // Control answers at once from now on: the server's shutdown does not wait
   // on trace renders.

@@ -23,6 +23,7 @@
 #include "daemon/backends/gloo_worker_backend.h"
 #include "daemon/backends/wire_dtype.h"
 #include "daemon/cluster/abort_code.h"
+#include "daemon/cluster/etcd/etcd_operation_deadline.h"
 #include "daemon/cluster/etcd_rendezvous_config.h"
 #include "daemon/cluster/forming_watch.h"
 #include "daemon/cluster/liveness_probe.h"
@@ -463,7 +464,12 @@ absl::StatusOr<Agreement> Agree(JobRendezvous& client, const DaemonConfig& confi
                                 const Layout& layout, absl::Time deadline) {
   const absl::Duration wait = std::max(absl::Seconds(1), deadline - MonotonicNow());
   Agreement agreed;
-  ASSIGN_OR_RETURN(agreed.wire_dtype, PublishRecords(client, config, gen, first_member, layout));
+  {
+    // On etcd, the records' writes end with the agreement too, not a call
+    // budget each (the wait for the others' bounds its own reads).
+    EtcdOperationDeadline bound("agreement", MonotonicNow() + wait, wait);
+    ASSIGN_OR_RETURN(agreed.wire_dtype, PublishRecords(client, config, gen, first_member, layout));
+  }
   ASSIGN_OR_RETURN(const Records records, WaitForRecords(client, members, gen, wait));
   RETURN_IF_ERROR(CompareLayouts(records, gen, members));
   RETURN_IF_ERROR(CompareSharedFlags(records, gen, members));

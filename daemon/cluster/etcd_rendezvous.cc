@@ -14,6 +14,7 @@
 #include "common/secure_random.h"
 #include "common/status_code.h"
 #include "common/status_macros.h"
+#include "daemon/cluster/etcd/etcd_operation_deadline.h"
 #include "daemon/cluster/etcd_token_proof.h"
 #include "daemon/cluster/liveness_probe.h"
 #include "daemon/cluster/rank_offsets.h"
@@ -327,38 +328,21 @@ absl::StatusOr<JoinResult> EtcdRendezvous::Join(const JoinParams& params) {
     MonotonicMutexLock lock(&mu_);
     host_ = params.host;
   }
-  const absl::Time start = MonotonicNow();
-  const absl::Time deadline = start + params.timeout;
-  absl::Status session = EnsureSession();
-  while (!session.ok() && Unreachable(session) && MonotonicNow() < deadline) {
-    absl::SleepFor(std::min(kPollEvery, deadline - MonotonicNow()));
-    session = EnsureSession();
-  }
-  RETURN_IF_ERROR(session);
+  const absl::Time deadline = MonotonicNow() + params.timeout;
   JoinStep last;
   absl::Status last_error;
-  while (true) {
-    const uint64_t seen = Changes();
-    absl::StatusOr<JoinStep> step = TryJoin(params);
-    if (step.ok() && step->formed) {
-      MonotonicMutexLock lock(&mu_);
-      last_ok_ = MonotonicNow();
-      return *std::move(step->formed);
-    }
-    if (!step.ok() && !Unreachable(step.status())) return step.status();
-    if (step.ok()) {
-      last = *std::move(step);
-      last_error = absl::OkStatus();
-    } else {
-      last_error = step.status();
-    }
-    if (MonotonicNow() >= deadline) break;
-    AwaitChange(seen, deadline);
+  {
+    // No etcd call of the join outlives it (the timeout message's own
+    // reads come after, unbounded by it).
+    EtcdOperationDeadline bound("join", deadline, params.timeout);
+    ASSIGN_OR_RETURN(std::optional<JoinResult> formed,
+                     JoinUntil(params, deadline, &last, &last_error));
+    if (formed) return *std::move(formed);
   }
   if (!last_error.ok()) {
-    return MakeError(v1::UNAVAILABLE,
-                     absl::StrCat(Describe(), " did not answer for ", Millis(params.timeout),
-                                  " ms (", WithoutEtcdPrefix(last_error.message()), ")"));
+    return MakeError(v1::UNAVAILABLE, absl::StrCat(Describe(), " did not answer the join for ",
+                                                   Millis(params.timeout), " ms (",
+                                                   WithoutEtcdPrefix(last_error.message()), ")"));
   }
   std::string message = JoinTimeoutMessage(last, params.num_nodes, params.timeout);
   // Out of the round: a later Join starts over.
@@ -366,6 +350,44 @@ absl::StatusOr<JoinResult> EtcdRendezvous::Join(const JoinParams& params) {
   spdlog::warn("event=join_timeout node_rank={} generation={} reason={}", params.node_rank,
                last.target, LogValue(message));
   return MakeError(v1::TIMEOUT, message);
+}
+
+absl::StatusOr<std::optional<JoinResult>> EtcdRendezvous::JoinUntil(const JoinParams& params,
+                                                                    absl::Time deadline,
+                                                                    JoinStep* last,
+                                                                    absl::Status* last_error) {
+  absl::Status session = EnsureSession();
+  while (!session.ok() && Unreachable(session) && MonotonicNow() < deadline) {
+    absl::SleepFor(std::min(kPollEvery, deadline - MonotonicNow()));
+    session = EnsureSession();
+  }
+  if (!session.ok() && !Unreachable(session)) return session;
+  *last_error = session;
+  bool answered = false;
+  while (session.ok()) {
+    const uint64_t seen = Changes();
+    absl::StatusOr<JoinStep> step = TryJoin(params);
+    if (step.ok() && step->formed) {
+      MonotonicMutexLock lock(&mu_);
+      last_ok_ = MonotonicNow();
+      return std::move(step->formed);
+    }
+    if (!step.ok() && !Unreachable(step.status())) return step.status();
+    const bool over = MonotonicNow() >= deadline;
+    if (step.ok()) {
+      answered = true;
+      *last = *std::move(step);
+      *last_error = absl::OkStatus();
+    } else if (!over || !answered) {
+      // A look the deadline cut short, right after one etcd answered,
+      // leaves the timeout to name what that look saw.
+      *last_error = step.status();
+      answered = false;
+    }
+    if (over) break;
+    AwaitChange(seen, deadline);
+  }
+  return std::optional<JoinResult>();
 }
 
 std::string EtcdRendezvous::JoinTimeoutMessage(const JoinStep& step, int num_nodes,
@@ -949,6 +971,7 @@ absl::StatusOr<std::map<std::string, std::string>> EtcdRendezvous::WaitForValues
                                                absl::StrJoin(keys, ", ")));
   }
   const absl::Time deadline = MonotonicNow() + timeout;
+  EtcdOperationDeadline bound("wait", deadline, timeout);
   // The keys, the read keys, then each scoped generation's abort key.
   const std::set<uint64_t> generations = GenerationsOf(keys);
   std::vector<std::string> etcd_keys;
@@ -956,6 +979,8 @@ absl::StatusOr<std::map<std::string, std::string>> EtcdRendezvous::WaitForValues
   for (const std::string& k : read_keys) etcd_keys.push_back(StoreKey(k));
   for (uint64_t g : generations) etcd_keys.push_back(GenKey(g, "abort"));
   etcd_keys.push_back(Key("current"));
+  // What the last read etcd answered still missed (nullopt: none answered).
+  std::optional<std::vector<std::string>> last_missing;
   while (true) {
     const uint64_t seen = Changes();
     std::vector<std::optional<EtcdKeyValue>> values;
@@ -1002,12 +1027,18 @@ absl::StatusOr<std::map<std::string, std::string>> EtcdRendezvous::WaitForValues
                                       current.generation(), " formed) while waiting for keys [",
                                       absl::StrJoin(missing, ", "), "]"));
       }
-      if (MonotonicNow() >= deadline) {
-        return MakeError(v1::TIMEOUT,
-                         absl::StrCat("wait timed out after ", Millis(timeout),
-                                      " ms; missing keys: ", absl::StrJoin(missing, ", ")));
-      }
-    } else if (MonotonicNow() >= deadline) {
+      last_missing = missing;
+    } else if (MonotonicNow() < deadline) {
+      last_missing.reset();  // etcd failed with time left: not the deadline's doing
+    }
+    if (MonotonicNow() >= deadline && last_missing) {
+      // A read the deadline cut short, after etcd had answered, leaves the
+      // timeout to name what the last answered read missed.
+      return MakeError(v1::TIMEOUT,
+                       absl::StrCat("wait timed out after ", Millis(timeout),
+                                    " ms; missing keys: ", absl::StrJoin(*last_missing, ", ")));
+    }
+    if (!read.ok() && MonotonicNow() >= deadline) {
       return MakeError(
           v1::UNAVAILABLE,
           absl::StrCat("waiting for keys: ", Describe(), " did not answer for ", Millis(timeout),
@@ -1027,7 +1058,7 @@ absl::StatusOr<HeartbeatResult> EtcdRendezvous::Heartbeat(const HeartbeatParams&
                  params.generation, params.node_rank, params.iteration,
                  LogValue(params.stall_report));
   }
-  absl::StatusOr<HeartbeatResult> r = ReadHeartbeat(params);
+  absl::StatusOr<HeartbeatResult> r = ReadHeartbeatBounded(params);
   MonotonicMutexLock lock(&mu_);
   const absl::Time now = MonotonicNow();
   if (r.ok()) {
@@ -1044,6 +1075,13 @@ absl::StatusOr<HeartbeatResult> EtcdRendezvous::Heartbeat(const HeartbeatParams&
                                 " ms, longer than the lease TTL (", Millis(options_.lease_ttl),
                                 " ms) after which the other nodes count this node dead (",
                                 WithoutEtcdPrefix(r.status().message()), ")"));
+}
+
+absl::StatusOr<HeartbeatResult> EtcdRendezvous::ReadHeartbeatBounded(
+    const HeartbeatParams& params) {
+  EtcdOperationDeadline bound("heartbeat", MonotonicNow() + options_.etcd.call_timeout,
+                              options_.etcd.call_timeout);
+  return ReadHeartbeat(params);
 }
 
 std::string EtcdRendezvous::WithoutEtcdPrefix(absl::string_view message) const {
@@ -1323,6 +1361,11 @@ absl::Status EtcdRendezvous::Depart(int node_rank, uint64_t generation, std::str
 
 absl::Status EtcdRendezvous::LeaveGeneration(int node_rank, uint64_t generation,
                                              std::string_view reason, bool departing) {
+  // Its writes together within one call budget; at shutdown the daemon's
+  // shorter shutdown budget binds them (EtcdShutdownBudget).
+  EtcdOperationDeadline bound(departing ? "depart" : "leave",
+                              MonotonicNow() + options_.etcd.call_timeout,
+                              options_.etcd.call_timeout);
   std::string host;
   {
     MonotonicMutexLock lock(&mu_);

@@ -59,7 +59,11 @@
 // Errors name etcd and its members (EtcdClient's messages). etcd
 // unreachable: Join and Wait keep trying until their timeout, then
 // UNAVAILABLE naming etcd; a Heartbeat fails once no read succeeded for a
-// whole lease TTL (by then the other nodes count this one dead).
+// whole lease TTL (by then the other nodes count this one dead). Every
+// etcd call of a Join or a Wait ends by that operation's deadline, those
+// of a Heartbeat, a Leave or a Depart within one call budget in all
+// (EtcdOperationDeadline), so an operation is never overrun by its last
+// call's retries.
 //
 // Thread-safe.
 #ifndef GRADSYNC_DAEMON_CLUSTER_ETCD_RENDEZVOUS_H_
@@ -313,6 +317,11 @@ class EtcdRendezvous final : public JobRendezvous {
   absl::StatusOr<bool> TryHoldConfig(const ConfigTarget& target, const std::string& record);
   // Moves ROOT/current to `formed` unless it is there or past it.
   absl::Status AdvanceCurrent(const v1::JoinResponse& formed);
+  // Join's rounds until one formed with this node (its result) or
+  // `deadline` passed (nullopt, with the last step seen and the last etcd
+  // error, OK when etcd answered); an error etcd answered ends it at once.
+  absl::StatusOr<std::optional<JoinResult>> JoinUntil(const JoinParams& params, absl::Time deadline,
+                                                      JoinStep* last, absl::Status* last_error);
   std::string JoinTimeoutMessage(const JoinStep& step, int num_nodes, absl::Duration timeout);
   // ROOT/current and its mod_revision (0 when absent).
   absl::StatusOr<std::optional<v1::JoinResponse>> ReadCurrent(int64_t* mod_revision);
@@ -326,6 +335,9 @@ class EtcdRendezvous final : public JobRendezvous {
                                               const absl::Status& cause = absl::OkStatus())
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<HeartbeatResult> ReadHeartbeat(const HeartbeatParams& params)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // ReadHeartbeat with its etcd calls ending within one call budget in all.
+  absl::StatusOr<HeartbeatResult> ReadHeartbeatBounded(const HeartbeatParams& params)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The first member of `current` whose lease is gone, with the reason.
   std::optional<std::string> DeadMemberReason(const v1::JoinResponse& current,

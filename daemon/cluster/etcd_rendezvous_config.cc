@@ -1,8 +1,12 @@
 #include "daemon/cluster/etcd_rendezvous_config.h"
 
 #include <algorithm>
+#include <map>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "daemon/rendezvous_address.h"
 
@@ -15,7 +19,31 @@ constexpr absl::Duration kEtcdAttemptTimeout = absl::Milliseconds(1500);
 // The shortest budget of a whole call: two members' attempts.
 constexpr absl::Duration kEtcdMinCallTimeout = absl::Seconds(3);
 
+// What the daemon's etcd clients share: where calls start, per endpoint
+// list (the daemon has one; tools and tests may have others), and the
+// shutdown budget.
+struct DaemonEtcdShared {
+  absl::Mutex mu;
+  std::map<std::vector<std::string>, std::shared_ptr<EtcdMemberOrder>> orders ABSL_GUARDED_BY(mu);
+  const std::shared_ptr<EtcdShutdownBudget> shutdown = std::make_shared<EtcdShutdownBudget>();
+};
+
+DaemonEtcdShared& Shared() {
+  static DaemonEtcdShared* shared = new DaemonEtcdShared;
+  return *shared;
+}
+
+std::shared_ptr<EtcdMemberOrder> MemberOrderOf(const std::vector<std::string>& endpoints) {
+  DaemonEtcdShared& shared = Shared();
+  absl::MutexLock lock(&shared.mu);
+  std::shared_ptr<EtcdMemberOrder>& order = shared.orders[endpoints];
+  if (order == nullptr) order = std::make_shared<EtcdMemberOrder>(endpoints.size());
+  return order;
+}
+
 }  // namespace
+
+void BeginEtcdShutdown() { Shared().shutdown->Begin(kEtcdShutdownBudget); }
 
 absl::StatusOr<std::shared_ptr<EtcdRendezvous>> ConnectEtcdRendezvous(const DaemonConfig& config) {
   ASSIGN_OR_RETURN(EtcdRendezvousAddress address, ParseEtcdRendezvous(config.rendezvous));
@@ -35,6 +63,8 @@ absl::StatusOr<std::shared_ptr<EtcdRendezvous>> ConnectEtcdRendezvous(const Daem
   // nodes count this node dead anyway.
   options.etcd.call_timeout = std::max(kEtcdMinCallTimeout, options.lease_ttl);
   options.etcd.attempt_timeout = kEtcdAttemptTimeout;
+  options.etcd.member_order = MemberOrderOf(address.endpoints);
+  options.etcd.shutdown = Shared().shutdown;
   options.min_nodes = config.min_nodes_or_num();
   options.max_nodes = config.max_nodes_or_num();
   return EtcdRendezvous::Connect(std::move(options));

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -17,6 +18,9 @@
 #include "absl/synchronization/mutex.h"
 #include "common/monotonic.h"
 #include "daemon/cluster/etcd/etcd_lease_keeper.h"
+#include "daemon/cluster/etcd/etcd_member_order.h"
+#include "daemon/cluster/etcd/etcd_operation_deadline.h"
+#include "daemon/cluster/etcd/etcd_shutdown_budget.h"
 #include "daemon/cluster/etcd/etcd_watch.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -528,6 +532,142 @@ TEST(EtcdClientTest, LostQuorumFailsWithinTheDeadlineAndACallOutlastingItSucceed
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_TRUE(got->has_value());
   EXPECT_EQ((*got)->value, "2");
+  etcd.Continue(0);
+}
+
+// A client built later with the same member order (as a daemon builds one
+// per re-formation) starts at the member that answered last, not at the
+// first endpoint, which here is blackholed.
+TEST(EtcdClientTest, MemberPreferenceOutlivesTheClientThatLearnedIt) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(3);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  EtcdClientOptions options;
+  options.endpoints = etcd.endpoints();
+  options.call_timeout = absl::Seconds(30);
+  options.attempt_timeout = absl::Seconds(1);
+  options.member_order = std::make_shared<EtcdMemberOrder>(etcd.endpoints().size());
+  absl::StatusOr<std::unique_ptr<EtcdClient>> first = EtcdClient::Connect(options);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ((*first)->preferred_endpoint(), etcd.endpoints()[0]);
+  etcd.Stop(0);
+  ASSERT_TRUE((*first)->Put("/order/a", "1").ok());
+  const std::string answered = (*first)->preferred_endpoint();
+  ASSERT_NE(answered, etcd.endpoints()[0]);
+  first->reset();
+
+  absl::StatusOr<std::unique_ptr<EtcdClient>> next = EtcdClient::Connect(options);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ((*next)->preferred_endpoint(), answered);
+  ASSERT_TRUE((*next)->Put("/order/b", "2").ok());
+  EXPECT_EQ((*next)->preferred_endpoint(), answered);
+  // A client with an order of its own starts at the first endpoint again.
+  EtcdClientOptions own = options;
+  own.member_order = nullptr;
+  absl::StatusOr<std::unique_ptr<EtcdClient>> fresh = EtcdClient::Connect(own);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ((*fresh)->preferred_endpoint(), etcd.endpoints()[0]);
+  // An order made for another cluster's size is refused.
+  EtcdClientOptions mismatched = options;
+  mismatched.member_order = std::make_shared<EtcdMemberOrder>(2);
+  absl::StatusOr<std::unique_ptr<EtcdClient>> refused = EtcdClient::Connect(mismatched);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("member order is for 2 endpoints, not 3"));
+  etcd.Continue(0);
+}
+
+// A Put on a thread of its own (made by `put`), read once it is done.
+class BackgroundPut {
+ public:
+  explicit BackgroundPut(std::function<absl::StatusOr<int64_t>()> put)
+      : thread_([this, put = std::move(put)] {
+          absl::StatusOr<int64_t> r = put();
+          absl::MutexLock lock(&mu_);
+          result_ = std::move(r);
+          done_ = true;
+        }) {}
+  ~BackgroundPut() { thread_.join(); }
+  // Whether it ended within `limit`.
+  bool EndsWithin(absl::Duration limit) {
+    return testing::WaitUntil(
+        [this] {
+          absl::MutexLock lock(&mu_);
+          return done_;
+        },
+        limit);
+  }
+  absl::StatusOr<int64_t> Result() {
+    absl::MutexLock lock(&mu_);
+    return result_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::StatusOr<int64_t> result_ ABSL_GUARDED_BY(mu_) = absl::UnknownError("not done");
+  std::thread thread_;
+};
+
+// A call made inside an operation ends with the operation's deadline (1 s)
+// rather than its own budget (10 s, longer than this test waits), naming
+// etcd's member and the operation.
+TEST(EtcdClientTest, AnOperationsDeadlineCutsItsCallsAndIsNamed) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  std::shared_ptr<EtcdClient> client =
+      ConnectWithAttempts(etcd.endpoints(), absl::Seconds(10), absl::Milliseconds(1500));
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Put("/op/before", "1").ok());
+  etcd.Stop(0);
+  {
+    BackgroundPut put([client] {
+      EtcdOperationDeadline bound("join", MonotonicNow() + absl::Seconds(1), absl::Seconds(1));
+      return client->Put("/op/during", "2");
+    });
+    ASSERT_TRUE(put.EndsWithin(absl::Seconds(5)))
+        << "the Put ran past its operation's 1 s deadline";
+    absl::StatusOr<int64_t> r = put.Result();
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr(absl::StrCat("etcd at ", etcd.endpoints()[0])));
+    EXPECT_THAT(r.status().message(), HasSubstr("all that was left of the join's 1s deadline"));
+    EXPECT_THAT(r.status().message(), HasSubstr(etcd.endpoints()[0] + ": DEADLINE_EXCEEDED"));
+  }
+  etcd.Continue(0);
+}
+
+// Once the shutdown budget started, a call ends within it (1 s here, its
+// own budget 10 s), naming the shutdown.
+TEST(EtcdClientTest, TheShutdownBudgetCutsEveryCall) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  EtcdClientOptions options;
+  options.endpoints = etcd.endpoints();
+  options.call_timeout = absl::Seconds(10);
+  options.attempt_timeout = absl::Milliseconds(1500);
+  options.shutdown = std::make_shared<EtcdShutdownBudget>();
+  absl::StatusOr<std::unique_ptr<EtcdClient>> connected = EtcdClient::Connect(options);
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  std::shared_ptr<EtcdClient> client = *std::move(connected);
+  ASSERT_TRUE(client->Put("/bye/before", "1").ok());
+  etcd.Stop(0);
+  options.shutdown->Begin(absl::Seconds(1));
+  {
+    BackgroundPut put([client] { return client->Put("/bye/during", "2"); });
+    ASSERT_TRUE(put.EndsWithin(absl::Seconds(5))) << "the Put ran past the shutdown budget";
+    absl::StatusOr<int64_t> r = put.Result();
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr(absl::StrCat("etcd at ", etcd.endpoints()[0])));
+    EXPECT_THAT(r.status().message(), HasSubstr("the daemon's shutdown budget"));
+  }
+  // Spent: later calls fail at once, trying no member.
+  absl::StatusOr<int64_t> late = client->Put("/bye/late", "3");
+  ASSERT_FALSE(late.ok());
+  EXPECT_THAT(late.status().message(), HasSubstr(etcd.endpoints()[0] + ": not tried"));
   etcd.Continue(0);
 }
 

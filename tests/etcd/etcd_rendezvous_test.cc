@@ -917,5 +917,86 @@ TEST_F(EtcdRendezvousTest, UnreachableEtcdFailsTheJoinUnavailableNamingEtcd) {
   EXPECT_THAT(r.status().message(), HasSubstr(absl::StrCat("etcd at ", endpoints[0])));
 }
 
+// A node whose every etcd call may retry for 10 s, as a daemon's does with
+// --timeout-s 10 or more.
+std::shared_ptr<EtcdRendezvous> PatientNode(const std::vector<std::string>& endpoints) {
+  EtcdRendezvousOptions options;
+  options.etcd.endpoints = endpoints;
+  options.etcd.call_timeout = absl::Seconds(10);
+  options.etcd.attempt_timeout = absl::Milliseconds(1500);
+  options.prefix = "gs";
+  options.job_id = "job1";
+  options.job_token = kToken;
+  absl::StatusOr<std::shared_ptr<EtcdRendezvous>> r = EtcdRendezvous::Connect(options);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : nullptr;
+}
+
+// The member stopped (it answers nothing), a join of 1 s ends at its own
+// deadline, not one call budget (10 s, longer than this test waits) later:
+// UNAVAILABLE naming etcd's member and the join.
+TEST_F(EtcdRendezvousTest, AJoinAgainstAStoppedEtcdEndsAtItsOwnDeadline) {
+  std::shared_ptr<EtcdRendezvous> node = PatientNode(etcd_.endpoints());
+  ASSERT_NE(node, nullptr);
+  etcd_.Stop(0);
+  BackgroundJoin join(node, Node(0, 2, absl::Seconds(1)));
+  const bool ended = testing::WaitUntil([&] { return join.done(); }, absl::Seconds(5));
+  EXPECT_TRUE(ended) << "the 1 s join still runs 5 s later";
+  absl::StatusOr<JoinResult> r = join.Result();
+  etcd_.Continue(0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_EQ(CodeOf(r.status()), v1::UNAVAILABLE) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr(absl::StrCat("etcd at ", etcd_.endpoints()[0],
+                                                           " did not answer the join")));
+  EXPECT_THAT(r.status().message(), HasSubstr("all that was left of the join's 1s deadline"));
+  EXPECT_THAT(r.status().message(), HasSubstr(etcd_.endpoints()[0] + ": DEADLINE_EXCEEDED"));
+}
+
+// With etcd answering, a wait for a key nobody sets ends TIMEOUT naming
+// it: the read that its deadline cut short is not taken for etcd's silence.
+TEST_F(EtcdRendezvousTest, AWaitForAKeyNobodySetsTimesOutNamingIt) {
+  std::shared_ptr<EtcdRendezvous> node = PatientNode(etcd_.endpoints());
+  ASSERT_NE(node, nullptr);
+  absl::StatusOr<JoinResult> formed = node->Join(Node(0, 1));
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  absl::Status waited = node->Wait({"g1/never"}, absl::Seconds(1));
+  EXPECT_EQ(CodeOf(waited), v1::TIMEOUT) << waited;
+  EXPECT_THAT(waited.message(), HasSubstr("wait timed out after 1000 ms; missing keys: g1/never"));
+}
+
+// A wait of 1 s for keys of a formed generation, etcd stopped meanwhile,
+// ends at its own deadline too: UNAVAILABLE naming etcd and the wait.
+TEST_F(EtcdRendezvousTest, AWaitAgainstAStoppedEtcdEndsAtItsOwnDeadline) {
+  std::shared_ptr<EtcdRendezvous> node = PatientNode(etcd_.endpoints());
+  ASSERT_NE(node, nullptr);
+  absl::StatusOr<JoinResult> formed = node->Join(Node(0, 1));
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  etcd_.Stop(0);
+  absl::Mutex mu;
+  bool done = false;
+  absl::Status waited;
+  std::thread waiter([&] {
+    absl::Status r = node->Wait({"g1/never"}, absl::Seconds(1));
+    absl::MutexLock lock(&mu);
+    waited = r;
+    done = true;
+  });
+  const bool ended = testing::WaitUntil(
+      [&] {
+        absl::MutexLock lock(&mu);
+        return done;
+      },
+      absl::Seconds(5));
+  waiter.join();
+  etcd_.Continue(0);
+  EXPECT_TRUE(ended) << "the 1 s wait still ran 5 s later";
+  ASSERT_FALSE(waited.ok());
+  EXPECT_EQ(CodeOf(waited), v1::UNAVAILABLE) << waited;
+  EXPECT_THAT(waited.message(),
+              HasSubstr(absl::StrCat("waiting for keys: etcd at ", etcd_.endpoints()[0])));
+  EXPECT_THAT(waited.message(), HasSubstr("all that was left of the wait's 1s deadline"));
+}
+
 }  // namespace
 }  // namespace gradsync

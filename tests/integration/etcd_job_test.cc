@@ -6,7 +6,8 @@
 // certificates reach a TLS etcd (and a stranger's do not); etcd killed, or
 // a 3-member etcd losing its quorum to two SIGSTOPped members, for longer
 // than the timeout fails every trainer with an error naming etcd, never a
-// hang.
+// hang; a daemon stopped while etcd answers nothing exits after its short
+// shutdown budget rather than a lease TTL per etcd call.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -241,6 +242,40 @@ TEST(EtcdJob, EtcdQuorumLostLongerThanTheTimeoutFailsEveryTrainerNamingEtcd) {
         etcd.Stop(1);
       },
       "etcd quorum lost");
+}
+
+// etcd stopped (it answers nothing) under a running elastic job, node 1's
+// daemon gets SIGTERM: its Depart's writes share the daemon's 2 s shutdown
+// budget, so it exits cleanly and logs that it left them to its lease's
+// expiry. Each etcd call may retry for a lease TTL (10 s here): before the
+// budget, the Depart alone held the stop up longer than this test waits.
+TEST(EtcdJob, ADaemonStoppedWhileEtcdAnswersNothingExitsAfterItsShutdownBudget) {
+  SKIP_WITHOUT_ETCD();
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Logs();
+  Cluster cluster(OnEtcd(etcd, 2, 1, {"--timeout-s=10", "--min-nodes=1"}));
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<std::string> outs;
+  std::vector<Process> trainers = cluster.StartTrainers(
+      {"--steps=100000", "--batch=60", "--sleep-ms=20", "--print-loss"}, &outs);
+  ASSERT_TRUE(WaitForLog(trainers[0], "step   3  loss", kBound))
+      << trainers[0].Log() << cluster.DaemonLogs();
+  etcd.Stop(0);
+  const auto stopped_at = std::chrono::steady_clock::now();
+  cluster.node(1).process().Signal(SIGTERM);
+  ExitStatus st = cluster.node(1).process().Wait(seconds(8));
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+  etcd.Continue(0);
+  ASSERT_TRUE(st.exited && !st.timed_out)
+      << "node 1's daemon still ran 8 s after SIGTERM: " << st.ToString() << "\n"
+      << cluster.DaemonLogs();
+  EXPECT_EQ(st.code, 0) << cluster.node(1).process().Log();
+  const std::string log = cluster.node(1).process().Log();
+  EXPECT_NE(log.find("event=etcd_leave_skipped budget_ms=2000"), std::string::npos) << log;
+  EXPECT_NE(log.find(absl::StrCat("etcd=\"etcd at ", etcd.endpoints()[0])), std::string::npos)
+      << log;
+  std::printf("etcd_job stopped with etcd stopped: daemon exit %d after %.1f s\n", st.code, took);
 }
 
 }  // namespace

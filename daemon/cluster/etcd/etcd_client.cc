@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/log_value.h"
 #include "common/monotonic.h"
+#include "daemon/cluster/etcd/etcd_operation_deadline.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
@@ -171,6 +172,13 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(EtcdClientOption
     }
     credentials = *std::move(tls);
   }
+  if (options.member_order == nullptr) {
+    options.member_order = std::make_shared<EtcdMemberOrder>(options.endpoints.size());
+  } else if (options.member_order->members() != options.endpoints.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("etcd client: the shared member order is for ",
+                                                   options.member_order->members(),
+                                                   " endpoints, not ", options.endpoints.size()));
+  }
   std::unique_ptr<EtcdClient> client(new EtcdClient(std::move(options)));
   for (size_t i = 0; i < client->options_.endpoints.size(); ++i) {
     grpc::ChannelArguments args;
@@ -198,30 +206,23 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(EtcdClientOption
   return client;
 }
 
-EtcdClient::EtcdClient(EtcdClientOptions options) : options_(std::move(options)) {}
+EtcdClient::EtcdClient(EtcdClientOptions options)
+    : options_(std::move(options)), order_(options_.member_order) {}
 
 std::string EtcdClient::Describe() const {
   return absl::StrCat("etcd at ", absl::StrJoin(options_.endpoints, ","));
 }
 
 EtcdClient::Member EtcdClient::MemberAt(size_t offset) const {
-  absl::MutexLock lock(&mu_);
-  return members_[(preferred_ + offset) % members_.size()];
+  return members_[(order_->preferred() + offset) % members_.size()];
 }
 
-void EtcdClient::MarkHealthy(size_t index) {
-  absl::MutexLock lock(&mu_);
-  preferred_ = index;
-}
+void EtcdClient::MarkHealthy(size_t index) { order_->MarkHealthy(index); }
 
-void EtcdClient::MarkFailed(size_t index) {
-  absl::MutexLock lock(&mu_);
-  if (preferred_ == index) preferred_ = (index + 1) % members_.size();
-}
+void EtcdClient::MarkFailed(size_t index) { order_->MarkFailed(index); }
 
 std::string EtcdClient::preferred_endpoint() const {
-  absl::MutexLock lock(&mu_);
-  return members_[preferred_].endpoint;
+  return members_[order_->preferred()].endpoint;
 }
 
 std::string EtcdClient::Token() const {
@@ -240,18 +241,16 @@ void EtcdClient::PrepareStreamContext(grpc::ClientContext* context) const {
 absl::Status EtcdClient::WithFailover(const char* what, const Attempt& attempt,
                                       absl::Time deadline) {
   const absl::Time started = MonotonicNow();
-  deadline = std::min(deadline, started + options_.call_timeout);
+  CallBound bound = BoundOf(started, deadline);
   const size_t n = members_.size();
-  size_t start;
-  {
-    absl::MutexLock lock(&mu_);
-    start = preferred_;
-  }
+  const size_t start = order_->preferred();
   std::vector<std::string> last_error(n);
   bool reauthenticated = false;
   size_t position = 0;
   while (true) {
-    const absl::Duration left = deadline - MonotonicNow();
+    // A shutdown that began while this call ran cuts it too.
+    if (!bound.shutdown) bound = BoundOf(started, deadline);
+    const absl::Duration left = bound.deadline - MonotonicNow();
     if (left <= absl::ZeroDuration()) break;
     const Member& member = members_[(start + position) % n];
     grpc::ClientContext context;
@@ -282,7 +281,7 @@ absl::Status EtcdClient::WithFailover(const char* what, const Attempt& attempt,
     if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED && !options_.user.empty() &&
         !reauthenticated) {
       reauthenticated = true;
-      absl::Status auth = Authenticate(deadline);
+      absl::Status auth = Authenticate(bound.deadline);
       if (!auth.ok()) return auth;
       continue;
     }
@@ -296,32 +295,53 @@ absl::Status EtcdClient::WithFailover(const char* what, const Attempt& attempt,
     if (position % n == 0) {
       // Every member failed once: a short pause before the next round, so
       // that a cluster that refuses connections is not spun on.
-      absl::SleepFor(std::min(absl::Milliseconds(100), deadline - MonotonicNow()));
+      absl::SleepFor(std::min(absl::Milliseconds(100), bound.deadline - MonotonicNow()));
     }
   }
-  return AllMembersFailed(what, std::max(deadline - started, absl::ZeroDuration()), last_error);
+  return AllMembersFailed(what, std::max(bound.deadline - started, absl::ZeroDuration()), bound,
+                          last_error);
+}
+
+EtcdClient::CallBound EtcdClient::BoundOf(absl::Time started, absl::Time deadline) const {
+  CallBound bound{std::min(deadline, started + options_.call_timeout), "", false};
+  // An operation bounded by one call budget, whose first call starts a
+  // moment after it did, cuts nothing worth naming.
+  constexpr absl::Duration kNegligibleCut = absl::Milliseconds(1);
+  if (const EtcdOperationDeadline* op = EtcdOperationDeadline::Current();
+      op != nullptr && op->deadline() < bound.deadline - kNegligibleCut) {
+    bound.deadline = op->deadline();
+    bound.cut_by = absl::StrCat(
+        ", all that was left of the ", op->operation(), "'s ",
+        absl::FormatDuration(absl::Trunc(op->budget(), absl::Milliseconds(1))), " deadline");
+  }
+  if (options_.shutdown != nullptr && options_.shutdown->deadline() < bound.deadline) {
+    bound.deadline = options_.shutdown->deadline();
+    bound.cut_by = ", all that was left of the daemon's shutdown budget";
+    bound.shutdown = true;
+  }
+  return bound;
 }
 
 absl::Status EtcdClient::AllMembersFailed(const char* what, absl::Duration budget,
+                                          const CallBound& bound,
                                           const std::vector<std::string>& last_error) const {
   std::vector<std::string> per_member;
   for (size_t i = 0; i < members_.size(); ++i) {
     per_member.push_back(absl::StrCat(members_[i].endpoint, ": ",
                                       last_error[i].empty() ? "not tried" : last_error[i]));
   }
-  return absl::UnavailableError(
+  absl::Status failed = absl::UnavailableError(
       absl::StrCat(Describe(), ": ", what, " failed on every member within ",
-                   absl::FormatDuration(absl::Trunc(budget, absl::Milliseconds(1))), " (",
-                   absl::StrJoin(per_member, "; "), ")"));
+                   absl::FormatDuration(absl::Trunc(budget, absl::Milliseconds(1))), bound.cut_by,
+                   " (", absl::StrJoin(per_member, "; "), ")"));
+  if (bound.shutdown)
+    options_.shutdown->NoteSkipped(what, Describe(), std::string(failed.message()));
+  return failed;
 }
 
 absl::Status EtcdClient::Authenticate(absl::Time deadline) {
   const size_t n = members_.size();
-  size_t start;
-  {
-    absl::MutexLock lock(&mu_);
-    start = preferred_;
-  }
+  const size_t start = order_->preferred();
   std::vector<std::string> errors;
   for (size_t position = 0; MonotonicNow() < deadline; ++position) {
     const Member& member = members_[(start + position) % n];
@@ -336,9 +356,11 @@ absl::Status EtcdClient::Authenticate(absl::Time deadline) {
     const grpc::Status status =
         etcdserverpb::Auth::NewStub(member.channel)->Authenticate(&context, request, &response);
     if (status.ok()) {
-      absl::MutexLock lock(&mu_);
-      token_ = response.token();
-      preferred_ = member.index;
+      {
+        absl::MutexLock lock(&mu_);
+        token_ = response.token();
+      }
+      MarkHealthy(member.index);
       return absl::OkStatus();
     }
     if (!Retryable(status)) {

@@ -13,8 +13,16 @@
 // per call. A call that succeeded on another member than the one it started
 // at logs one line, `event=etcd_failover from=A to=B op=...`.
 //
+// Bounds: a call made inside an operation (EtcdOperationDeadline on the
+// calling thread: a rendezvous Join, a Wait) ends by that operation's
+// deadline too; once the daemon shuts down (EtcdShutdownBudget) by the
+// shutdown's one short budget. Which member calls start at lives in an
+// EtcdMemberOrder, shared by a daemon's clients so that a client built for
+// a re-formation starts where the previous one left off.
+//
 // Errors: absl::Status whose message starts "etcd " and names the member
-// (or, when every member failed, each of them with its last error):
+// (or, when every member failed, each of them with its last error, and the
+// operation or the shutdown whose deadline cut the call):
 // kUnavailable when no member answered within the deadline, etcd's own
 // gRPC code otherwise (kInvalidArgument for a wrong password, ...).
 //
@@ -46,6 +54,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/tls_credentials.h"
+#include "daemon/cluster/etcd/etcd_member_order.h"
+#include "daemon/cluster/etcd/etcd_shutdown_budget.h"
 #include "etcdserverpb/rpc.grpc.pb.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
@@ -62,6 +72,11 @@ struct EtcdClientOptions {
   std::string password;
   absl::Duration call_timeout = absl::Seconds(5);     // a whole call, failover included
   absl::Duration attempt_timeout = absl::Seconds(2);  // one member's share of it
+  // Where calls start, shared with the daemon's other clients (one per
+  // endpoint list); none: the client keeps its own.
+  std::shared_ptr<EtcdMemberOrder> member_order;
+  // The daemon's shutdown budget; none: calls keep their own bounds.
+  std::shared_ptr<EtcdShutdownBudget> shutdown;
 };
 
 // One key's record (mvccpb.KeyValue).
@@ -201,16 +216,26 @@ class EtcdClient {
   // A member failed an attempt: if calls started there, they start at the
   // next member from now on.
   void MarkFailed(size_t index);
+  // A call's deadline, and what set it when not the call's own budget (the
+  // operation's or the shutdown's words for errors; empty: its own).
+  struct CallBound {
+    absl::Time deadline;
+    std::string cut_by;
+    bool shutdown = false;
+  };
+  // `deadline` (the caller's), call_timeout from `started`, the calling
+  // thread's operation's deadline and the shutdown budget: the earliest.
+  CallBound BoundOf(absl::Time started, absl::Time deadline) const;
   // The error of a call that no member answered within its `budget`.
-  absl::Status AllMembersFailed(const char* what, absl::Duration budget,
+  absl::Status AllMembersFailed(const char* what, absl::Duration budget, const CallBound& bound,
                                 const std::vector<std::string>& last_error) const;
   absl::Status Authenticate(absl::Time deadline);
   std::string Token() const;
 
   const EtcdClientOptions options_;
   std::vector<Member> members_;
+  std::shared_ptr<EtcdMemberOrder> order_;
   mutable absl::Mutex mu_;
-  size_t preferred_ ABSL_GUARDED_BY(mu_) = 0;
   std::string token_ ABSL_GUARDED_BY(mu_);
 };
 
