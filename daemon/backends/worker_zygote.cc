@@ -34,7 +34,7 @@ struct Reply {
 };
 
 struct ZygoteHandle {
-  absl::Mutex mu;  // one request at a time: replies carry no request id
+  absl::Mutex mu;                   // one request at a time: replies carry no request id
   int fd ABSL_GUARDED_BY(mu) = -1;  // the daemon's end of the socket
   pid_t pid ABSL_GUARDED_BY(mu) = 0;
 };
@@ -201,15 +201,14 @@ absl::StatusOr<Reply> AwaitReply(int sock) {
 
 absl::Status StartWorkerZygote(WorkerMain worker_main) {
   if (const int threads = CountThreads(); threads != 1) {
-    return MakeError(v1::STATE,
-                     absl::StrCat("cannot fork a worker zygote from a process with ", threads,
-                                  " threads"));
+    return MakeError(v1::STATE, absl::StrCat("cannot fork a worker zygote from a process with ",
+                                             threads, " threads"));
   }
   // Before the fork: the zygote's descendants inherit whether an ancestor
   // is a subreaper only from the moment it becomes one.
   if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
-    return MakeError(v1::INTERNAL, absl::StrCat("prctl(PR_SET_CHILD_SUBREAPER): ",
-                                                std::strerror(errno)));
+    return MakeError(v1::INTERNAL,
+                     absl::StrCat("prctl(PR_SET_CHILD_SUBREAPER): ", std::strerror(errno)));
   }
   int ends[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ends) != 0) {

@@ -134,7 +134,7 @@ TEST(WorkerZygote, AKilledZygoteFallsBackToExecutingTheWorker) {
             std::string::npos)
       << log;
   EXPECT_NE(log.find(absl::StrCat("event=gloo_worker_started node_rank=1 generation=1 pid=",
-                                   StartedWorker(cluster.node(1).process(), 1), " spare=false")),
+                                  StartedWorker(cluster.node(1).process(), 1), " spare=false")),
             std::string::npos)
       << log;
   // Reaped, and not used again.
