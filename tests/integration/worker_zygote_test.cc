@@ -115,19 +115,27 @@ TEST(WorkerZygote, WorkersAreForkedFromTheZygoteAsTheirDaemonsChildren) {
   }
 }
 
-// A killed zygote (and spare): the next worker is executed instead, and
-// the daemon says why.
-TEST(WorkerZygote, AKilledZygoteFallsBackToExecutingTheWorker) {
-  Cluster cluster(TwoNodes());
+// Node 1's zygote gets `zygote_signal` and its spare is killed before any
+// trainer starts, so the job's worker must come another way; the job then
+// trains like one process.
+void TrainWithNode1sZygoteSignalled(Cluster& cluster, int zygote_signal) {
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   const pid_t daemon = cluster.node(1).process().pid();
   const pid_t zygote = AwaitChild(daemon, "gradsync-zygote");
   const pid_t spare = AwaitChild(daemon, "gloo-worker");
   ASSERT_GT(zygote, 0) << cluster.DaemonLogs();
   ASSERT_GT(spare, 0) << cluster.DaemonLogs();
-  ASSERT_EQ(kill(zygote, SIGKILL), 0);
+  ASSERT_EQ(kill(zygote, zygote_signal), 0);
   ASSERT_EQ(kill(spare, SIGKILL), 0);
   ExpectTrainsLikeOneProcess(cluster, kTraining, kBound);
+}
+
+// A killed zygote (and spare): the next worker is executed instead, and
+// the daemon says why.
+TEST(WorkerZygote, AKilledZygoteFallsBackToExecutingTheWorker) {
+  Cluster cluster(TwoNodes());
+  ASSERT_NO_FATAL_FAILURE(TrainWithNode1sZygoteSignalled(cluster, SIGKILL));
+  const pid_t daemon = cluster.node(1).process().pid();
   const std::string log = cluster.node(1).process().Log();
   EXPECT_NE(log.find("event=gloo_worker_zygote_failed fallback=exec error=\"the worker zygote "
                      "exited\""),
@@ -145,15 +153,8 @@ TEST(WorkerZygote, AKilledZygoteFallsBackToExecutingTheWorker) {
 // reaped, the worker is executed instead, and the job trains. No hang.
 TEST(WorkerZygote, AStoppedZygoteIsGivenUpAndTheJobTrains) {
   Cluster cluster(TwoNodes());
-  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  ASSERT_NO_FATAL_FAILURE(TrainWithNode1sZygoteSignalled(cluster, SIGSTOP));
   const pid_t daemon = cluster.node(1).process().pid();
-  const pid_t zygote = AwaitChild(daemon, "gradsync-zygote");
-  const pid_t spare = AwaitChild(daemon, "gloo-worker");
-  ASSERT_GT(zygote, 0) << cluster.DaemonLogs();
-  ASSERT_GT(spare, 0) << cluster.DaemonLogs();
-  ASSERT_EQ(kill(zygote, SIGSTOP), 0);
-  ASSERT_EQ(kill(spare, SIGKILL), 0);
-  ExpectTrainsLikeOneProcess(cluster, kTraining, kBound);
   const std::string log = cluster.node(1).process().Log();
   EXPECT_NE(log.find("event=gloo_worker_zygote_failed fallback=exec error=\"the worker zygote "
                      "did not answer within 5000 ms\""),
