@@ -131,7 +131,7 @@ class CudaDaemonDevice final : public DaemonDevice {
     // have completed when Alloc returns. Polled against a deadline.
     err = cudaMemsetAsync(ptr, 0, bytes, cudaStreamLegacy);
     const auto deadline = std::chrono::steady_clock::now() + kAllocZeroTimeout;
-    while (err == cudaSuccess) {
+    while (err == cudaSuccess || err == cudaErrorNotReady) {
       err = cudaStreamQuery(cudaStreamLegacy);
       if (err != cudaErrorNotReady) break;
       if (std::chrono::steady_clock::now() > deadline) {

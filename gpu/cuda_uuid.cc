@@ -1,5 +1,7 @@
 #include "gpu/cuda_uuid.h"
 
+#include "absl/strings/match.h"
+
 namespace gradsync::gpu {
 
 DeviceId FormatGpuUuid(const void* bytes) {
@@ -15,5 +17,7 @@ DeviceId FormatGpuUuid(const void* bytes) {
   }
   return out;
 }
+
+bool SameGpu(const DeviceId& a, const DeviceId& b) { return absl::EqualsIgnoreCase(a, b); }
 
 }  // namespace gradsync::gpu

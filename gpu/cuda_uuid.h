@@ -16,6 +16,10 @@ namespace gradsync::gpu {
 // `bytes` points at 16 bytes (CUuuid::bytes / cudaUUID_t::bytes).
 DeviceId FormatGpuUuid(const void* bytes);
 
+// Whether two ids name one GPU. The hex digits compare without case (a user
+// may copy an id in upper case), the "GPU-" prefix too.
+bool SameGpu(const DeviceId& a, const DeviceId& b);
+
 }  // namespace gradsync::gpu
 
 #endif  // GRADSYNC_GPU_CUDA_UUID_H_

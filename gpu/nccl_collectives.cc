@@ -655,7 +655,8 @@ absl::StatusOr<std::vector<int>> MapDevices(const std::vector<DeviceId>& devices
   }
   std::vector<int> ordinals;
   for (const DeviceId& d : devices) {
-    auto it = std::find(visible.begin(), visible.end(), absl::AsciiStrToLower(d));
+    auto it = std::find_if(visible.begin(), visible.end(),
+                           [&](const std::string& v) { return SameGpu(v, d); });
     if (it == visible.end()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "nccl: no visible GPU has id ", d, " (visible: ", absl::StrJoin(visible, ", "), ")"));

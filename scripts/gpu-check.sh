@@ -336,7 +336,8 @@ reap() {
   local tag=$1 p
   for p in /proc/[0-9]*; do
     [ "${p#/proc/}" = "$$" ] && continue
-    if tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -qx "GPU_CHECK_TAG=$tag"; then
+    # The redirection comes first: a process gone meanwhile is not an error.
+    if tr '\0' '\n' 2>/dev/null < "$p/environ" | grep -qx "GPU_CHECK_TAG=$tag"; then
       kill -9 "${p#/proc/}" 2>/dev/null
     fi
   done

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -63,6 +64,17 @@ TEST(CudaUuidTest, SpelledLikeNvidiaSmi) {
   EXPECT_EQ(FormatGpuUuid(bytes), "GPU-00112233-4455-6677-8899-aabbccddeeff");
 }
 
+// The daemon matches a trainer's id against the ids it formats itself; a
+// lower-cased copy of one of its own ids once matched nothing.
+TEST(CudaUuidTest, SameGpuIgnoresCaseAndNothingElse) {
+  EXPECT_TRUE(SameGpu("GPU-a32602a2-852c-b367-9014-46da471cc7ba",
+                      "gpu-A32602A2-852C-B367-9014-46DA471CC7BA"));
+  EXPECT_FALSE(SameGpu("GPU-a32602a2-852c-b367-9014-46da471cc7ba",
+                       "GPU-a32602a2-852c-b367-9014-46da471cc7bb"));
+  EXPECT_FALSE(SameGpu("GPU-a32602a2-852c-b367-9014-46da471cc7ba",
+                       "GPU-a32602a2-852c-b367-9014-46da471cc7b"));
+}
+
 TEST(CudaTrainerDeviceTest, MissingDriverIsAClearError) {
   auto dev = NewCudaTrainerDevice("libgradsync-no-such-cuda-driver.so.1");
   ASSERT_FALSE(dev.ok());
@@ -80,17 +92,28 @@ TEST(CudaTrainerDeviceTest, ALibraryThatIsNotTheDriverIsRefused) {
 }
 
 // The toolkit's link stub exports every entry point but cuInit fails.
+// Loaded in a child process: the stub's soname is libcuda.so.1, so once it
+// is in a process the CUDA runtime's own dlopen("libcuda.so.1") finds it
+// instead of the driver, and every later GPU test here would see no GPU.
 TEST(CudaTrainerDeviceTest, TheToolkitStubIsNotADriver) {
   const char* home = getenv("CUDA_HOME");
   const std::string stub = absl::StrCat(home ? home : "/usr/local/cuda", "/lib64/stubs/libcuda.so");
   struct stat st;
   if (stat(stub.c_str(), &st) != 0) GTEST_SKIP() << "no CUDA stub library at " << stub;
-  auto dev = NewCudaTrainerDevice(stub);
-  ASSERT_FALSE(dev.ok());
-  EXPECT_TRUE(dev.status().code() == absl::StatusCode::kUnavailable ||
-              dev.status().code() == absl::StatusCode::kFailedPrecondition)
-      << dev.status();
-  EXPECT_TRUE(absl::StrContains(dev.status().message(), stub)) << dev.status();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        auto dev = NewCudaTrainerDevice(stub);
+        const bool refused_naming_stub =
+            !dev.ok() &&
+            (dev.status().code() == absl::StatusCode::kUnavailable ||
+             dev.status().code() == absl::StatusCode::kFailedPrecondition) &&
+            absl::StrContains(dev.status().message(), stub);
+        fprintf(stderr, "status: %s\n",
+                dev.ok() ? "OK" : std::string(dev.status().ToString()).c_str());
+        std::_Exit(refused_naming_stub ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "status: (UNAVAILABLE|FAILED_PRECONDITION)");
 }
 
 // Whatever this machine has: a device, or an error saying why not.
