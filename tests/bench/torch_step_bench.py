@@ -25,7 +25,10 @@ Every variant's trainers get the heap settings gradsync.run gives its
 trainers (gradsync.trainer_malloc: freed memory kept for the next step),
 references included, so that the comparison is of the synchronization
 alone; ``--glibc-malloc-defaults`` runs every variant with glibc's
-defaults instead (the table's note says which).
+defaults instead; ``--launched-elsewhere`` starts the trainers as torchrun
+would, with no heap variables, so the gradsync variants set their heap
+when they connect and the references keep glibc's defaults (the table's
+note says which).
 
 The machine may be shared and noisy: the variants run in ``--rounds``
 interleaved rounds (A B C D E, A B C D E, ...; at least 5, also with
@@ -42,7 +45,7 @@ Run from the repository root after
 
     /usr/bin/python3 tests/bench/torch_step_bench.py [--steps 20] [--rounds 3] [--threads 1]
         [--quick]   (--quick, or GRADSYNC_BENCH_QUICK=1: 4 steps, 5 rounds)
-        [--glibc-malloc-defaults]
+        [--glibc-malloc-defaults | --launched-elsewhere]
 
 $GRADSYNC_BENCH_DAEMON_ARGS adds flags to the daemons it starts (e.g.
 "--reduce-threads=2" or "--bucket-cap-mb=10"). $GRADSYNC_BENCH_REFERENCE_DAEMON
@@ -155,7 +158,9 @@ def run_variant(variant: str, nproc: int, args: argparse.Namespace,
                    PYTHONPATH=os.path.join(ROOT, "client", "python"))
         if socket_path:
             env["GRADSYNC_SOCKET"] = socket_path
-        if not args.glibc_malloc_defaults:
+        if args.glibc_malloc_defaults:
+            env.update(trainer_malloc.opt_out_env())
+        elif not args.launched_elsewhere:
             env.update(trainer_malloc.steady_heap_env(env))
         procs.append(subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--worker", variant, str(rank),
@@ -184,6 +189,10 @@ def main() -> int:
     ap.add_argument("--glibc-malloc-defaults", action="store_true",
                     help="run every variant's trainers with glibc's malloc defaults instead "
                          "of gradsync.run's heap settings")
+    ap.add_argument("--launched-elsewhere", action="store_true",
+                    help="start the trainers as torchrun would: no heap variables; the "
+                         "gradsync variants set their heap when they connect, the "
+                         "references keep glibc's defaults")
     ap.add_argument("--worker", nargs=7, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -242,6 +251,9 @@ def main() -> int:
         return f"{min(r):.3f}-{max(r):.3f}"
 
     heap = ("glibc's malloc defaults" if args.glibc_malloc_defaults else
+            "no heap variables, as under torchrun: the gradsync variants set the steady "
+            "heap with mallopt when they connect, the references keep glibc's defaults"
+            if args.launched_elsewhere else
             "gradsync.run's (freed memory kept: MALLOC_MMAP_THRESHOLD_ and "
             "MALLOC_TRIM_THRESHOLD_) for every variant")
     report.table(

@@ -8,16 +8,25 @@ import os
 import subprocess
 import sys
 import textwrap
-from typing import Dict
+from pathlib import Path
+from typing import Dict, List
 
 from conftest import PY_PACKAGE
 from gradsync import trainer_malloc
 
 # Allocates, touches and frees argv[1] MiB twice (glibc adapts its
 # thresholds on the first free), then once more and prints that round's
-# page faults.
+# page faults. argv[2], if given, first sets the heap up in the process:
+# "mallopt" (keep_freed_memory_in_process) or a daemon socket to connect a
+# gradsync.Client to (local rank 0), as a trainer torchrun started would.
 REALLOCATE = textwrap.dedent('''
     import ctypes, resource, sys
+    if len(sys.argv) > 2 and sys.argv[2] == "mallopt":
+        from gradsync import trainer_malloc
+        print("applied" if trainer_malloc.keep_freed_memory_in_process() else "skipped")
+    elif len(sys.argv) > 2:
+        import gradsync
+        client = gradsync.Client(sys.argv[2], local_rank=0)
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype = ctypes.c_void_p
     libc.free.argtypes = [ctypes.c_void_p]
@@ -38,10 +47,14 @@ def pages(mib: int) -> int:
     return (mib << 20) // 4096
 
 
-def last_round_faults(env: Dict[str, str], mib: int) -> int:
-    out = subprocess.run([sys.executable, "-c", REALLOCATE, str(mib)], env=env, check=True,
-                         capture_output=True, text=True, timeout=60).stdout
-    return int(out.strip())
+def run_reallocate(env: Dict[str, str], mib: int, *setup: str) -> List[str]:
+    out = subprocess.run([sys.executable, "-c", REALLOCATE, str(mib), *setup], env=env,
+                         check=True, capture_output=True, text=True, timeout=60).stdout
+    return out.split()
+
+
+def last_round_faults(env: Dict[str, str], mib: int, *setup: str) -> int:
+    return int(run_reallocate(env, mib, *setup)[-1])
 
 
 def clean_env() -> Dict[str, str]:
@@ -79,3 +92,25 @@ def test_the_users_choice_stands() -> None:
                 {"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}):
         assert trainer_malloc.steady_heap_env(env) == {}, env
     assert trainer_malloc.steady_heap_env({"GLIBC_TUNABLES": "glibc.rtld.nns=2"}) != {}
+    assert trainer_malloc.steady_heap_env({"GRADSYNC_GLIBC_MALLOC_DEFAULTS": "1"}) == {}
+    assert trainer_malloc.steady_heap_env({"GRADSYNC_GLIBC_MALLOC_DEFAULTS": "0"}) != {}
+
+
+def test_mallopt_gives_a_process_started_without_the_variables_the_steady_heap() -> None:
+    env = clean_env()
+    applied, faults = run_reallocate(env, 64, "mallopt")
+    assert applied == "applied"
+    assert int(faults) < pages(64) // 100
+    # The user's choice stands: opted out, glibc's defaults map it afresh.
+    env.update(trainer_malloc.opt_out_env())
+    applied, faults = run_reallocate(env, 64, "mallopt")
+    assert applied == "skipped"
+    assert int(faults) >= pages(64)
+
+
+def test_a_trainer_another_launcher_started_gets_the_steady_heap_when_it_connects(
+        workdir: Path, gradsyncd) -> None:
+    env = clean_env()
+    assert last_round_faults(env, 64, gradsyncd(1).socket) < pages(64) // 100
+    env.update(trainer_malloc.opt_out_env())
+    assert last_round_faults(env, 64, gradsyncd(1).socket) >= pages(64)

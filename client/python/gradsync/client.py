@@ -24,7 +24,7 @@ import threading
 import weakref
 from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
-from . import _lib
+from . import _lib, trainer_malloc
 from .errors import Status, StateError, InvalidArgumentError, error_for_status
 
 __all__ = ["Client", "DType", "JobInfo", "TensorSpec"]
@@ -195,6 +195,9 @@ class Client:
         self._handle = handle.value
         self._finalizer = weakref.finalize(self, _close_handle, self._lib, self._handle,
                                            os.getpid())
+        # A trainer's steps reuse the heap memory the previous step freed,
+        # however it was launched (gradsync.trainer_malloc).
+        trainer_malloc.keep_freed_memory_in_process()
 
     # -- helpers ---------------------------------------------------------------
 

@@ -156,7 +156,9 @@ class _Launcher:
             "LOCAL_WORLD_SIZE": str(nproc),
             "GRADSYNC_SOCKET": self.socket,
         })
-        if not self.args.glibc_malloc_defaults:
+        if self.args.glibc_malloc_defaults:
+            env.update(trainer_malloc.opt_out_env())  # or gradsync.Client would set them
+        else:
             env.update(trainer_malloc.steady_heap_env(env))
         env.setdefault("MASTER_ADDR", "127.0.0.1")
         env.setdefault("MASTER_PORT", str(master_port))
