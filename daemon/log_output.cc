@@ -3,7 +3,6 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <syslog.h>
-#include <systemd/sd-journal.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "common/log_fields.h"
+#include "daemon/systemd_library.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/sinks/base_sink.h"
 #include "spdlog/sinks/stdout_sinks.h"
@@ -52,6 +52,9 @@ std::string JournalKey(absl::string_view key) {
 
 // Sends each message to the journal with its fields (JournalFields).
 class JournalSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  explicit JournalSink(const SystemdLibrary& systemd) : systemd_(systemd) {}
+
  protected:
   void sink_it_(const spdlog::details::log_msg& msg) override {
     const std::vector<std::string> fields =
@@ -61,9 +64,12 @@ class JournalSink final : public spdlog::sinks::base_sink<std::mutex> {
     for (const std::string& f : fields) {
       iov.push_back(iovec{const_cast<char*>(f.data()), f.size()});
     }
-    sd_journal_sendv(iov.data(), static_cast<int>(iov.size()));
+    systemd_.journal_sendv(iov.data(), static_cast<int>(iov.size()));
   }
   void flush_() override {}
+
+ private:
+  const SystemdLibrary& systemd_;
 };
 
 }  // namespace
@@ -117,7 +123,13 @@ absl::Status ConfigureLogging(const std::string& format, const std::string& text
   } else if (chosen == "json") {
     spdlog::set_formatter(std::make_unique<JsonLogFormatter>("gradsyncd"));
   } else if (chosen == "journal") {
-    auto logger = std::make_shared<spdlog::logger>("gradsyncd", std::make_shared<JournalSink>());
+    absl::StatusOr<const SystemdLibrary*> systemd = LoadSystemdLibrary();
+    if (!systemd.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--log-format journal: ", systemd.status().message()));
+    }
+    auto logger =
+        std::make_shared<spdlog::logger>("gradsyncd", std::make_shared<JournalSink>(**systemd));
     logger->set_level(spdlog::default_logger()->level());
     spdlog::set_default_logger(std::move(logger));
   } else {

@@ -12,7 +12,6 @@
 // cleanly (trainers get an error; segments and the socket are removed).
 #include <grp.h>
 #include <signal.h>
-#include <systemd/sd-daemon.h>
 
 #include <cmath>
 #include <cstdio>
@@ -43,6 +42,7 @@
 #include "daemon/log_output.h"
 #include "daemon/malloc_arenas.h"
 #include "daemon/run_gradsyncd.h"
+#include "daemon/systemd_library.h"
 #include "spdlog/spdlog.h"
 
 // Every default comes from DaemonConfig (config.h), the one place it is written.
@@ -344,7 +344,7 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
     spdlog::critical("event=start_failed error={}", LogValue(st.message()));
     return 1;
   }
-  sd_notify(0, "READY=1");
+  gradsync::NotifySystemd("READY=1");
 
   std::thread signals([&daemon, stop_signals] {
     int sig = 0;
@@ -353,6 +353,6 @@ int gradsync::RunGradsyncd(int argc, char** argv, const GpuRuntimeFactory& gpu_f
   });
   signals.detach();
   daemon.Run();
-  sd_notify(0, "STOPPING=1");
+  gradsync::NotifySystemd("STOPPING=1");
   return 0;
 }

@@ -2,19 +2,22 @@
 
 `system_libs(name = "system")` creates `@system//:<lib>` cc_libraries
 (grpc, grpc_reflection, protobuf, absl, spdlog, gloo, boost, gtest, gtest_main, gmock,
-benchmark, systemd, json, httplib, crypto). Link flags and -D defines come from pkg-config at
+benchmark, json, crypto). Link flags and -D defines come from pkg-config at
 fetch time, so nothing is pasted by hand and a newer Debian just works.
 
 `@system//:static_grpc_absl_protobuf` makes an executable that depends on it
 link Debian's static archives of gRPC, Abseil, Protobuf and their own
-dependencies (re2, upb, c-ares, gpr, address_sorting) instead of ~65 shared
-objects: the dynamic loader's symbol lookups were most of a daemon's
+dependencies (re2, upb, c-ares, gpr, address_sorting, and OpenSSL's libssl
+and libcrypto and zlib, which gRPC links) instead of ~70 shared objects: the
+dynamic loader's symbol lookups and relocations were most of a daemon's
 start-up CPU. It is all or nothing: a library is linked statically only
 when every library of that set has its archive (two copies of Abseil, one
 static and one reached through a shared gRPC, would break), and nothing
-outside the set depends on them (OpenSSL, zlib, spdlog, Gloo stay shared).
-Executables only: Debian's archives are not position-independent enough for
-a shared library (libgradsync.so stays dynamic).
+the executables link shared depends on them (spdlog, Gloo, libsystemd do
+not; keep it so: a shared library that needs libssl.so would bring a second
+OpenSSL into the process). Executables only: Debian's archives are not
+position-independent enough for a shared library (libgradsync.so stays
+dynamic).
 """
 
 # Bazel target name -> (pkg-config modules, extra linkopts).
@@ -29,7 +32,6 @@ _LIBS = {
     # generates them (no .pc file in Debian 12).
     "grpc_reflection": ([], ["-lgrpc++_reflection"]),
     "spdlog": (["spdlog"], []),
-    "systemd": (["libsystemd"], []),
     "gtest": (["gtest"], []),
     "gtest_main": (["gtest_main"], []),
     "gmock": (["gmock"], []),
@@ -38,8 +40,6 @@ _LIBS = {
     "gloo": ([], ["-L/usr/lib", "-lgloo"]),
     # Boost.Interprocess is header-only; POSIX shm needs librt.
     "boost": ([], ["-lrt", "-pthread"]),
-    # cpp-httplib: the daemon's Prometheus /metrics endpoint.
-    "httplib": (["cpp-httplib"], []),
     # OpenSSL's libcrypto: HMAC-SHA256, the job token's proof kept in etcd.
     "crypto": (["libcrypto"], []),
     # nlohmann-json is header-only.
@@ -68,6 +68,7 @@ def _dedupe_keep_last(flags):
 # every -l name of these targets' flags that matches one of the prefixes.
 _STATIC_TARGETS = ["absl", "protobuf", "grpc", "grpc_reflection"]
 _STATIC_PREFIXES = ["absl_", "grpc", "gpr", "upb", "address_sorting", "re2", "cares", "protobuf"]
+_STATIC_NAMES = ["ssl", "crypto", "z"]
 
 def _static_set(all_linkopts):
     names = []
@@ -78,6 +79,9 @@ def _static_set(all_linkopts):
             name = flag[2:]
             if name in names:
                 continue
+            if name in _STATIC_NAMES:
+                names.append(name)
+                continue
             for prefix in _STATIC_PREFIXES:
                 if name.startswith(prefix):
                     names.append(name)
@@ -85,7 +89,7 @@ def _static_set(all_linkopts):
     return names
 
 def _static_archives(ctx, all_linkopts):
-    """A static/ directory holding every archive of the set (the linker
+    """A static-<hash>/ directory holding every archive of the set (the linker
     searches -L directories before its default ones, so each -lNAME of the
     set finds NAME's archive there), or None with the first one missing."""
     archives = {}
@@ -96,9 +100,13 @@ def _static_archives(ctx, all_linkopts):
         if not found.startswith("/"):
             return None, "lib%s.a" % name
         archives[name] = found
+    # The directory is named after the set, so a changed set changes every
+    # link's command line and relinks (the archives are not declared inputs).
+    set_hash = hash(repr(sorted(archives.items())))
+    directory = "static-%d" % (set_hash if set_hash >= 0 else -set_hash)
     for name, path in archives.items():
-        ctx.symlink(path, "static/lib%s.a" % name)
-    return ctx.path("static"), None
+        ctx.symlink(path, "%s/lib%s.a" % (directory, name))
+    return ctx.path(directory), None
 
 def _system_libs_impl(ctx):
     if not ctx.which("pkg-config"):
