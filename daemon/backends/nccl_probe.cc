@@ -9,6 +9,7 @@
 #include <string>
 
 #include "gpu/nccl_loader.h"
+#include "gpu/nccl_version.h"
 #include "gpu/probe_exit.h"
 
 int main() {
