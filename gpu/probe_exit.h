@@ -4,8 +4,8 @@
 // pass as usable.
 //
 //   0  kProbeUsable       NCCL loaded and at least one GPU
-//   2  kProbeNoGpu        no CUDA driver installed, or the driver sees no
-//                         device
+//   2  kProbeNoGpu        no CUDA driver installed (or only the toolkit's
+//                         stub), or the driver sees no device
 //   3  kProbeDriverError  a driver is installed but unusable (too old for
 //                         this runtime, not initialized, devices busy, ...)
 //   4  kProbeNoNccl       a GPU is present but NCCL was not found or is

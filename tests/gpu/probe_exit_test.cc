@@ -25,6 +25,7 @@ TEST(ProbeExitTest, NoDriverOrNoDeviceIsNoGpu) {
   EXPECT_EQ(ProbeExitCode(Found(false, cudaErrorInsufficientDriver, 0, true)), kProbeNoGpu);
   EXPECT_EQ(ProbeExitCode(Found(true, cudaErrorNoDevice, 0, true)), kProbeNoGpu);
   EXPECT_EQ(ProbeExitCode(Found(true, cudaSuccess, 0, true)), kProbeNoGpu);
+  EXPECT_EQ(ProbeExitCode(Found(true, cudaErrorStubLibrary, 0, true)), kProbeNoGpu);
   // A machine without a GPU is fine for the CPU path whether NCCL is there.
   EXPECT_EQ(ProbeExitCode(Found(true, cudaErrorNoDevice, 0, false)), kProbeNoGpu);
   EXPECT_EQ(static_cast<int>(kProbeNoGpu), 2);
