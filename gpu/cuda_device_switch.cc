@@ -30,19 +30,30 @@ bool ThreadHasCudaContext() {
   return get != nullptr && get(&current) == CUDA_SUCCESS && current != nullptr;
 }
 
-CudaDeviceSwitch::CudaDeviceSwitch() {
-  if (cudaGetDevice(&saved_) != cudaSuccess) saved_ = -1;
+const CudaDeviceOps& RuntimeCudaDeviceOps() {
+  static const CudaDeviceOps ops = {
+      [](int* ordinal) { return cudaGetDevice(ordinal); },
+      [](int ordinal) { return cudaSetDevice(ordinal); },
+      ThreadHasCudaContext,
+  };
+  return ops;
+}
+
+CudaDeviceSwitch::CudaDeviceSwitch(const CudaDeviceOps& ops) : ops_(ops) {
+  // Without a context cudaGetDevice says 0 whatever will run: nothing is
+  // known current, and nothing is restored.
+  restore_ = ops_.thread_has_context() && ops_.get_device(&saved_) == cudaSuccess;
+  if (!restore_) saved_ = -1;
   current_ = saved_;
-  restore_ = saved_ >= 0 && ThreadHasCudaContext();
 }
 
 CudaDeviceSwitch::~CudaDeviceSwitch() {
-  if (restore_ && current_ != saved_) cudaSetDevice(saved_);
+  if (restore_ && current_ != saved_) ops_.set_device(saved_);
 }
 
 cudaError_t CudaDeviceSwitch::Use(int ordinal) {
-  if (ordinal == current_) return cudaSuccess;
-  const cudaError_t err = cudaSetDevice(ordinal);
+  if (current_ >= 0 && ordinal == current_) return cudaSuccess;
+  const cudaError_t err = ops_.set_device(ordinal);
   if (err == cudaSuccess) current_ = ordinal;
   return err;
 }

@@ -73,28 +73,13 @@ absl::StatusOr<NcclApi> TryLoad(const std::string& file) {
     return absl::FailedPreconditionError(absl::StrCat("ncclGetVersion failed: ", r));
   }
   // From here the library may hold state; it stays loaded for the process.
-  const int header_major = NCCL_MAJOR;
-  const int lib_major = api.version / 10000;
-  if (api.version < 10000 || lib_major != header_major) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(api.path, " is NCCL ", NcclVersionString(api.version),
-                     " but gradsync was built with nccl.h ", NcclVersionString(NCCL_VERSION_CODE),
-                     " (major versions must match)"));
-  }
-  if (api.version < kMinNcclVersion) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(api.path, " is NCCL ", NcclVersionString(api.version),
-                     "; gradsync needs >= ", NcclVersionString(kMinNcclVersion)));
+  if (absl::Status s = CheckNcclVersion(api.version, NCCL_VERSION_CODE); !s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(api.path, ": ", s.message()));
   }
   return api;
 }
 
 }  // namespace
-
-std::string NcclVersionString(int code) {
-  if (code < 10000) return absl::StrCat(code / 1000, ".", (code / 100) % 10, ".", code % 100);
-  return absl::StrCat(code / 10000, ".", (code / 100) % 100, ".", code % 100);
-}
 
 NcclSearch NcclSearchFromEnv() {
   NcclSearch search;

@@ -18,10 +18,8 @@
 //                                 (LD_LIBRARY_PATH, ld.so.cache)
 // A failure names every place tried and why each did not load.
 //
-// Checks on load: the library's major version equals nccl.h's (the ABI of
-// ncclConfig_t and the enums is compiled in from the header), and it is at
-// least 2.19 (non-blocking init, ncclCommFinalize and the abort fixes the
-// collectives rely on). Both versions are logged.
+// Checks on load: CheckNcclVersion (nccl_version.h: the same major as
+// nccl.h, at least 2.19). Both versions are logged.
 //
 // Environment (NcclApi::Get sets it, before the first NCCL call of the
 // process; NCCL reads it at init, and its nccl.conf files never override
@@ -40,11 +38,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "gpu/nccl_version.h"
 
 namespace gradsync::gpu {
-
-// The oldest NCCL accepted.
-inline constexpr int kMinNcclVersion = 21900;  // 2.19.0
 
 struct NcclSearch {
   std::vector<std::string> dirs;  // each tried as dir + "/libnccl.so.2"
@@ -90,9 +86,6 @@ struct NcclApi {
 // Loads from `search` without touching the environment or the process-wide
 // table; for tests and nccl_probe. Each success leaks one library handle.
 absl::StatusOr<NcclApi> LoadNccl(const NcclSearch& search);
-
-// "2.28.9" from a version code (NCCL >= 2.9 encoding).
-std::string NcclVersionString(int code);
 
 }  // namespace gradsync::gpu
 

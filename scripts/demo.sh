@@ -14,7 +14,7 @@ bazel build --color=no --curses=no //... 2>&1 | tail -n 1
 echo
 echo "== GPU probe"
 if [ -x bazel-bin/daemon/backends/nccl_probe ]; then
-  # Exit 2 = no GPU here (fine for the CPU path); see nccl_probe.cc.
+  # Exit 2 = no GPU here (fine for the CPU path); see gpu/probe_exit.h.
   bazel-bin/daemon/backends/nccl_probe || echo "(nccl_probe exit status $?)"
 else
   echo "no CUDA toolkit with NCCL found: the GPU backend is not built"

@@ -34,10 +34,14 @@ BINARIES=(
 )
 # Tests and their helper programs that run on a real GPU carry the tag
 # "gpu_bundle" (tests/gpu/BUILD); the simulated-device tests stay here.
-GPU_TEST_TARGETS=$(bazel query --color=no 'attr(tags, "gpu_bundle", kind("cc_test", //tests/...))')
-GPU_TOOL_TARGETS=$(bazel query --color=no 'attr(tags, "gpu_bundle", kind("cc_binary", //tests/...))')
+# GRADSYNC_GPU=1: a toolkit or nccl.h that is not found fails the build
+# (third_party/cuda.bzl) instead of giving a CPU-only gradsyncd. The queries
+# take it too, so the CUDA repository is not fetched twice.
+GPU_REPO_ENV=--repo_env=GRADSYNC_GPU=1
+GPU_TEST_TARGETS=$(bazel query --color=no "$GPU_REPO_ENV" 'attr(tags, "gpu_bundle", kind("cc_test", //tests/...))')
+GPU_TOOL_TARGETS=$(bazel query --color=no "$GPU_REPO_ENV" 'attr(tags, "gpu_bundle", kind("cc_binary", //tests/...))')
 
-BAZEL_FLAGS=(-c opt --color=no --curses=no)
+BAZEL_FLAGS=(-c opt --color=no --curses=no "$GPU_REPO_ENV")
 [ "${CI:-}" = "true" ] && BAZEL_FLAGS+=(--show_progress_rate_limit=30)
 echo "== bazel build -c opt (gradsyncd, libgradsync.so, gradsyncctl, GPU tests and tools)"
 # shellcheck disable=SC2086

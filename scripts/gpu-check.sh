@@ -75,6 +75,7 @@ ITEMS=(
   "canary               45 fatal item_canary     bin/gradsyncd,bin/cuda_trainer"
   "unit:nccl_loader     15 -     item_unit       bin/nccl_loader_test"
   "unit:cuda_status     15 -     item_unit       bin/cuda_status_test"
+  "unit:cuda_device_switch 15 -  item_unit       bin/cuda_device_switch_test"
   "unit:nccl_collectives 60 -    item_unit       bin/nccl_collectives_test"
   "unit:cuda_device     45 -     item_unit       bin/cuda_device_test,bin/cuda_device_helper"
   "cabi                 90 -     item_gtest      bin/cuda_path_test,bin/cuda_trainer"

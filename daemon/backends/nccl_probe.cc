@@ -1,14 +1,7 @@
 // nccl_probe: can this machine run gradsync's GPU path? Finds NCCL the way
 // gradsyncd does (gpu/nccl_loader: $NCCL_LIB, $GRADSYNC_NCCL_PATH,
 // $NCCL_HOME, then the system), then asks the CUDA driver for devices.
-//
-// Exit status (scripts rely on it):
-//   0  usable: NCCL loaded and at least one GPU
-//   2  no GPU here: no CUDA driver installed, or the driver sees no device
-//      (a valid machine for the CPU path)
-//   3  CUDA driver error: a driver is installed but unusable (too old for
-//      this runtime, not initialized, ...); a GPU machine that needs fixing
-//   4  a GPU is present but NCCL was not found or is unusable
+// Exit status (scripts rely on it): gpu/probe_exit.h.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
@@ -16,6 +9,8 @@
 #include <string>
 
 #include "gpu/nccl_loader.h"
+#include "gpu/nccl_version.h"
+#include "gpu/probe_exit.h"
 
 int main() {
   using gradsync::gpu::LoadNccl;
@@ -32,27 +27,26 @@ int main() {
     std::printf("nccl_library=none error=\"%s\"\n", std::string(nccl.status().message()).c_str());
   }
 
-  // The runtime reports a missing driver and a too-old one alike
-  // (cudaErrorInsufficientDriver); whether libcuda.so.1 loads tells them
-  // apart.
+  gradsync::gpu::ProbeFindings found;
+  found.nccl_usable = nccl.ok();
   void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (driver == nullptr) {
+  found.driver_loaded = driver != nullptr;
+  if (!found.driver_loaded) {
     std::printf("devices=0 reason=\"no CUDA driver (libcuda.so.1: %s)\"\n", dlerror());
-    return 2;
+    return gradsync::gpu::ProbeExitCode(found);
   }
   int driver_version = 0;
-  cudaDriverGetVersion(&driver_version);
-  int devices = 0;
-  cudaError_t err = cudaGetDeviceCount(&devices);
-  if (err == cudaErrorNoDevice || (err == cudaSuccess && devices == 0)) {
+  if (cudaDriverGetVersion(&driver_version) != cudaSuccess) driver_version = -1;
+  found.device_count_error = cudaGetDeviceCount(&found.device_count);
+  const gradsync::gpu::ProbeExit code = gradsync::gpu::ProbeExitCode(found);
+  if (code == gradsync::gpu::kProbeNoGpu) {
     std::printf("cuda_driver=%d devices=0 reason=\"no CUDA device\"\n", driver_version);
-    return 2;
-  }
-  if (err != cudaSuccess) {
+  } else if (code == gradsync::gpu::kProbeDriverError) {
     std::printf("cuda_driver=%d devices=? error=\"%s: %s\"\n", driver_version,
-                cudaGetErrorName(err), cudaGetErrorString(err));
-    return 3;
+                cudaGetErrorName(found.device_count_error),
+                cudaGetErrorString(found.device_count_error));
+  } else {
+    std::printf("cuda_driver=%d devices=%d\n", driver_version, found.device_count);
   }
-  std::printf("cuda_driver=%d devices=%d\n", driver_version, devices);
-  return nccl.ok() ? 0 : 4;
+  return code;
 }

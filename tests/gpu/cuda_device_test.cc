@@ -7,8 +7,9 @@
 // memory export/open both ways, an event recorded there and polled here,
 // FindAllocation of a sub-allocated pointer, SumAsync against a host
 // reference in all four dtypes, and UUID <-> ordinal under
-// CUDA_VISIBLE_DEVICES. The GPU tests skip, saying why, when no device is
-// usable.
+// CUDA_VISIBLE_DEVICES; with two GPUs, a trainer on the second GPU served
+// from a daemon thread on the first. The GPU tests skip, saying why, when no
+// device is usable (or, for the two-GPU ones, when only one is).
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -610,6 +611,104 @@ TEST_F(CudaGpuTest, CopyAsyncAndBadArguments) {
   daemon_->DestroyStream(*stream);
   EXPECT_TRUE(daemon_->Free(ids_[0], *a).ok());
   EXPECT_TRUE(daemon_->Free(ids_[0], *b).ok());
+}
+
+// The GPU a pointer's memory is on, as the runtime knows it (-1: not device
+// memory).
+int DeviceOfPointer(const void* p) {
+  cudaPointerAttributes attr;
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess || attr.type != cudaMemoryTypeDevice) {
+    return -1;
+  }
+  return attr.device;
+}
+
+int CurrentDevice() {
+  int device = -1;
+  return cudaGetDevice(&device) == cudaSuccess ? device : -1;
+}
+
+// Two GPUs: what the daemon does for a trainer on GPU 1 (its buffer, the
+// trainer's IPC mapping and event, the local-sum kernel on a stream of GPU
+// 1) from a thread whose current device is GPU 0. Every call must select
+// GPU 1 itself (a kernel on another device's stream, or an event opened in
+// the wrong context, fails) and leave GPU 0 current.
+TEST_F(CudaGpuTest, TrainerOnTheSecondGpuWhileTheDaemonThreadIsOnTheFirst) {
+  GS_SKIP_UNLESS_GPUS(ids_.size(), 2u);
+  constexpr size_t kCount = 1 << 16;
+  const DeviceId& gpu1 = ids_[1];
+  ASSERT_EQ(CurrentDevice(), 0);
+  auto buffer = daemon_->Alloc(gpu1, kCount * sizeof(float));
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  EXPECT_EQ(DeviceOfPointer(*buffer), 1) << "Alloc for GPU 1 allocated elsewhere";
+  std::vector<float> host(kCount);
+  for (size_t i = 0; i < kCount; ++i) host[i] = static_cast<float>(i);
+  CUDA_OK(cudaMemcpy(*buffer, host.data(), kCount * sizeof(float), cudaMemcpyHostToDevice));
+  auto handle = daemon_->ExportMemory(gpu1, *buffer);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+
+  auto helper = StartHelper(
+      {"trainer", gpu1, absl::BytesToHexString(handle->ToBytes()), std::to_string(kCount)});
+  ASSERT_NE(helper, nullptr);
+  const std::string line = helper->ReadLine();
+  ASSERT_TRUE(absl::StartsWith(line, "EVENT ")) << line;
+  auto event_handle = IpcHandle::FromBytes(absl::HexStringToBytes(line.substr(6)));
+  ASSERT_TRUE(event_handle.ok());
+  auto event = daemon_->OpenEvent(gpu1, *event_handle);
+  ASSERT_TRUE(event.ok()) << event.status();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  absl::StatusOr<Completion> state = daemon_->QueryEvent(*event);
+  while (state.ok() && *state == Completion::kPending &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    state = daemon_->QueryEvent(*event);
+  }
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_EQ(*state, Completion::kDone);
+  EXPECT_EQ(CurrentDevice(), 0) << "a daemon call left GPU 1 current";
+
+  // The trainer wrote 2i+1; the kernel on GPU 1 doubles it.
+  auto stream = daemon_->CreateStream(gpu1);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const absl::Status sum =
+      daemon_->SumAsync(*buffer, {*buffer, *buffer}, kCount, DType::kFloat32, 1.0, {}, *stream);
+  ASSERT_TRUE(sum.ok()) << sum;
+  ASSERT_NO_FATAL_FAILURE(WaitDone(*daemon_, *stream));
+  EXPECT_EQ(CurrentDevice(), 0) << "a daemon call left GPU 1 current";
+  CUDA_OK(cudaMemcpy(host.data(), *buffer, kCount * sizeof(float), cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(host[i], 2.0f * (2.0f * i + 1.0f)) << "at " << i;
+
+  daemon_->DestroyStream(*stream);
+  daemon_->CloseEvent(*event);
+  helper->SendLine("done");
+  EXPECT_EQ(helper->ReadLine(), "OK");
+  EXPECT_EQ(helper->Wait(kHelperBound).ToString(), "exit 0");
+  EXPECT_TRUE(daemon_->Free(gpu1, *buffer).ok());
+  EXPECT_EQ(CurrentDevice(), 0);
+}
+
+// Two GPUs: a daemon call for GPU 1 on a thread that never chose a device
+// leaves GPU 1 current there (nothing is "restored" to the GPU 0 that
+// cudaGetDevice answered before), and a thread that had chosen GPU 0 gets
+// it back.
+TEST_F(CudaGpuTest, ACallForTheSecondGpuRestoresOnlyAChosenDevice) {
+  GS_SKIP_UNLESS_GPUS(ids_.size(), 2u);
+  int fresh = -1, chosen = -1;
+  std::thread([&] {
+    auto stream = daemon_->CreateStream(ids_[1]);
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    fresh = CurrentDevice();
+    daemon_->DestroyStream(*stream);
+  }).join();
+  std::thread([&] {
+    CUDA_OK(cudaSetDevice(0));
+    auto stream = daemon_->CreateStream(ids_[1]);
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    chosen = CurrentDevice();
+    daemon_->DestroyStream(*stream);
+  }).join();
+  EXPECT_EQ(fresh, 1);
+  EXPECT_EQ(chosen, 0);
 }
 
 }  // namespace

@@ -26,16 +26,16 @@ OUT=$out GPU_CHECK_BUDGET_S=5000 bash "$check" --dry-run > "$tmp/all.txt" 2>&1
 rc=$?
 [ $rc -eq 0 ] || fail "a plan with room for everything exited $rc: $(cat "$tmp/all.txt")"
 order=$(awk '/^== summary/ {s = 1; getline; next} /^gpu-check:/ {s = 0} s && NF {print $1}' "$tmp/all.txt" | tr '\n' ' ')
-want="preflight canary unit:nccl_loader unit:cuda_status unit:nccl_collectives unit:cuda_device cabi cabi:event-pool two-nodes:equivalence two-nodes:never-joins two-nodes:skip torch killed broadcast elastic bench "
+want="preflight canary unit:nccl_loader unit:cuda_status unit:cuda_device_switch unit:nccl_collectives unit:cuda_device cabi cabi:event-pool two-nodes:equivalence two-nodes:never-joins two-nodes:skip torch killed broadcast elastic bench "
 [ "$order" = "$want" ] || fail "items in the order '$order', want '$want'"
-[ "$(grep -cE '^[^ ]+ +PLANNED ' "$tmp/all.txt")" -eq 16 ] || fail "not every item was planned: $(cat "$tmp/all.txt")"
+[ "$(grep -cE '^[^ ]+ +PLANNED ' "$tmp/all.txt")" -eq 17 ] || fail "not every item was planned: $(cat "$tmp/all.txt")"
 [ -s "$out/gpu-check.log" ] || fail "no $out/gpu-check.log"
 grep -q '^== summary' "$out/gpu-check.log" || fail "the log lacks the summary"
 python3 - "$out/gpu-check.json" <<'PY' || fail "bad results JSON"
 import json, sys
 r = json.load(open(sys.argv[1]))
 assert r["plan_only"] is True and r["budget_s"] == 5000, r
-assert [i["result"] for i in r["items"]] == ["PLANNED"] * 16, r["items"]
+assert [i["result"] for i in r["items"]] == ["PLANNED"] * 17, r["items"]
 assert r["items"][-1]["item"] == "bench" and r["bench"] is None, r
 PY
 
@@ -59,9 +59,10 @@ assert items["bench"]["detail"] == "5s left", items["bench"]
 PY
 
 # The default budget leaves the benchmark last: it is the one to lose time.
-GPU_CHECK_PLAN_ITEM_S=20 bash "$check" --dry-run > "$tmp/default.txt" 2>&1
+# 17 items of 19 s fit 330 s (less the 5 s kill grace); 20 s would not.
+GPU_CHECK_PLAN_ITEM_S=19 bash "$check" --dry-run > "$tmp/default.txt" 2>&1
 rc=$?
-[ $rc -eq 0 ] || fail "the default budget with 20 s items exited $rc: $(cat "$tmp/default.txt")"
+[ $rc -eq 0 ] || fail "the default budget with 19 s items exited $rc: $(cat "$tmp/default.txt")"
 grep -q 'budget 330 s' "$tmp/default.txt" || fail "the default budget is not 330 s"
 
 # A failed canary stops everything after it.
@@ -69,7 +70,7 @@ GPU_CHECK_PLAN_FAIL=canary GPU_CHECK_PLAN_ITEM_S=1 bash "$check" --dry-run > "$t
 rc=$?
 [ $rc -eq 2 ] || fail "a failed canary exited $rc, want 2"
 grep -qE '^canary +FAIL' "$tmp/canary.txt" || fail "canary not FAIL: $(cat "$tmp/canary.txt")"
-[ "$(grep -cE ' NOT-RUN +0 +canary failed' "$tmp/canary.txt")" -eq 14 ] ||
+[ "$(grep -cE ' NOT-RUN +0 +canary failed' "$tmp/canary.txt")" -eq 15 ] ||
   fail "items after the canary were not NOT-RUN: $(cat "$tmp/canary.txt")"
 # A failed unit test does not.
 GPU_CHECK_PLAN_FAIL=unit:cuda_status GPU_CHECK_PLAN_ITEM_S=1 bash "$check" --dry-run > "$tmp/unit.txt" 2>&1
