@@ -115,6 +115,21 @@ void MaybeHoldReform(const ResumePoint& resume, uint64_t generation, absl::Time 
   }
 }
 
+// Test-only (inert unless set): a node joining the running job holds just
+// before it connects its Gloo mesh until the file named here exists (at
+// most the forming deadline), so that a test can kill it at that moment.
+constexpr char kHoldJoinerBeforeMesh[] = "GRADSYNC_TEST_HOLD_JOINER_BEFORE_MESH_UNTIL";
+
+void MaybeHoldJoiner(bool joins_running, uint64_t generation, absl::Time deadline) {
+  const char* until = std::getenv(kHoldJoinerBeforeMesh);
+  if (until == nullptr || *until == '\0' || !joins_running) return;
+  spdlog::warn("event=test_hook_armed hook={} generation={} until_file={}", kHoldJoinerBeforeMesh,
+               generation, LogValue(until));
+  while (::access(until, F_OK) != 0 && MonotonicNow() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
 std::string AdvertisedBucketRule() {
   const char* rule = std::getenv(kAdvertiseBucketRule);
   if (rule == nullptr || *rule == '\0') return absl::StrCat(kBucketCuttingRule);
@@ -647,6 +662,7 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
         "plan_version={}",
         gen, config.node_rank, joined.start_iteration, running.plan_version);
   }
+  MaybeHoldJoiner(joins_running, gen, deadline);
   backend = ConnectGloo(client, config.node_rank, gloo, *std::move(backend));
   if (!backend.ok()) return GlooFailed(*client, config.node_rank, gen, backend.status());
 
