@@ -117,15 +117,19 @@ void MaybeHoldReform(const ResumePoint& resume, uint64_t generation, absl::Time 
 }
 
 // Test-only (inert unless set): a node joining the running job holds just
-// before it connects its Gloo mesh until the file named here exists (at
-// most the forming deadline), so that a test can kill it at that moment.
+// before it connects its Gloo mesh (or, with the second, before it
+// publishes its records for the agreement) until the file named here
+// exists (at most the forming deadline), so that a test can kill it at
+// that moment.
 constexpr char kHoldJoinerBeforeMesh[] = "GRADSYNC_TEST_HOLD_JOINER_BEFORE_MESH_UNTIL";
+constexpr char kHoldJoinerBeforeAgreement[] = "GRADSYNC_TEST_HOLD_JOINER_BEFORE_AGREEMENT_UNTIL";
 
-void MaybeHoldJoiner(bool joins_running, uint64_t generation, absl::Time deadline) {
-  const char* until = std::getenv(kHoldJoinerBeforeMesh);
+void MaybeHoldJoiner(const char* hook, bool joins_running, uint64_t generation,
+                     absl::Time deadline) {
+  const char* until = std::getenv(hook);
   if (until == nullptr || *until == '\0' || !joins_running) return;
-  spdlog::warn("event=test_hook_armed hook={} generation={} until_file={}", kHoldJoinerBeforeMesh,
-               generation, LogValue(until));
+  spdlog::warn("event=test_hook_armed hook={} generation={} until_file={}", hook, generation,
+               LogValue(until));
   while (::access(until, F_OK) != 0 && MonotonicNow() < deadline) {
     absl::SleepFor(absl::Milliseconds(10));
   }
@@ -715,9 +719,21 @@ absl::StatusOr<JobWorld> ClusterLink::FormWith(const DaemonConfig& config,
   std::vector<int> joiners;
   for (const RendezvousPeer& p : attempt->joiners) joiners.push_back(p.node_rank);
   if (attempt->joins_running) joiners.push_back(config.node_rank);
-  ASSIGN_OR_RETURN(Agreement agreed,
-                   Agree(*client, config, gen, members, joiners, first_member, layout, deadline));
-  gloo.wire_dtype = agreed.wire_dtype;
+  MaybeHoldJoiner(kHoldJoinerBeforeAgreement, attempt->joins_running, gen, deadline);
+  absl::StatusOr<Agreement> agreed;
+  {
+    // A joiner killed before it published its records: the rendezvous's
+    // abort ends the wait for them (forming_watch.h), not the timeout.
+    std::optional<FormingWatch> watch;
+    if (!attempt->joiners.empty()) {
+      watch.emplace(client, config.node_rank, gen, backend->get(),
+                    std::chrono::milliseconds(absl::ToInt64Milliseconds(kHeartbeatEvery)),
+                    attempt->joiners);
+    }
+    agreed = Agree(*client, config, gen, members, joiners, first_member, layout, deadline);
+  }
+  if (!agreed.ok()) return agreed.status();
+  gloo.wire_dtype = agreed->wire_dtype;
   const bool joins_running = resume.generation == 0 && joined.start_iteration > 0;
   RunningPlan running;
   if (joins_running) {
@@ -727,7 +743,7 @@ absl::StatusOr<JobWorld> ClusterLink::FormWith(const DaemonConfig& config,
         "plan_version={}",
         gen, config.node_rank, joined.start_iteration, running.plan_version);
   }
-  MaybeHoldJoiner(attempt->joins_running, gen, deadline);
+  MaybeHoldJoiner(kHoldJoinerBeforeMesh, attempt->joins_running, gen, deadline);
   backend = ConnectGloo(client, config.node_rank, gloo, *std::move(backend), attempt->joiners);
   if (!backend.ok()) return GlooFailed(*client, config.node_rank, gen, backend.status());
 
@@ -749,8 +765,8 @@ absl::StatusOr<JobWorld> ClusterLink::FormWith(const DaemonConfig& config,
   world.node_index = gloo.node_rank;
   world.first_member = first_member;
   world.backend = std::move(*backend);
-  world.caps = agreed.caps;
-  world.uneven_inputs = agreed.uneven_inputs;
+  world.caps = agreed->caps;
+  world.uneven_inputs = agreed->uneven_inputs;
   if (joins_running) {
     world.start_iteration = joined.start_iteration;
     world.running_plan = std::move(running);
