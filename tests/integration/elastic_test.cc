@@ -1276,22 +1276,21 @@ void ExpectTheMembersDroppedTheJoinerAndTrainedOn(Cluster& cluster, std::vector<
 }
 
 // The joiner's daemon (and its trainers) SIGKILLed once the grown
-// generation formed, just before it connects its Gloo mesh (a test hook
-// holds it there): the members find its port refusing, drop it and
-// re-form among themselves at the same boundary, and train on. Prints the
-// time from the kill to the members' switch to the re-formed world.
-TEST(ElasticJob, AJoinerKilledBeforeItsMeshConnectsIsDroppedAndTheMembersTrainOn) {
+// generation formed, where `hook` holds it: the members find its port
+// refusing, drop it and re-form among themselves at the same boundary, and
+// train on. Prints the time from the kill to the members' switch to the
+// re-formed world.
+void KillTheJoinerAndExpectTheMembersTrainOn(const std::string& hook, const std::string& where) {
   ScratchDir scratch("joiner_killed");
   ClusterOptions options = MembersAndAJoiner();
   options.node_env.resize(3);
-  options.node_env[2] = {{"GRADSYNC_TEST_HOLD_JOINER_BEFORE_MESH_UNTIL", scratch.File("never")}};
+  options.node_env[2] = {{hook, scratch.File("never")}};
   Cluster cluster(options);
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Trainer> trainers;
   ASSERT_NO_FATAL_FAILURE(StartMembersAndAJoiner(cluster, &trainers));
-  ASSERT_TRUE(WaitForLog(cluster.node(2).process(),
-                         "event=test_hook_armed hook=GRADSYNC_TEST_HOLD_JOINER_BEFORE_MESH_UNTIL",
-                         kErrorBound))
+  ASSERT_TRUE(
+      WaitForLog(cluster.node(2).process(), "event=test_hook_armed hook=" + hook, kErrorBound))
       << cluster.DaemonLogs();
   const auto killed_at = std::chrono::steady_clock::now();
   cluster.node(2).process().Signal(SIGKILL);
@@ -1304,10 +1303,22 @@ TEST(ElasticJob, AJoinerKilledBeforeItsMeshConnectsIsDroppedAndTheMembersTrainOn
       std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
   ASSERT_NO_FATAL_FAILURE(
       ExpectTheMembersDroppedTheJoinerAndTrainedOn(cluster, trainers, "refuses connections"));
-  std::printf(
-      "elastic_job joiner killed before its mesh: SIGKILL to the members' re-formed "
-      "world: %.2f s\n",
-      train_on_s);
+  std::printf("elastic_job joiner killed %s: SIGKILL to the members' re-formed world: %.2f s\n",
+              where.c_str(), train_on_s);
+}
+
+// Killed just before it connects its Gloo mesh: the members wait for its
+// Gloo address.
+TEST(ElasticJob, AJoinerKilledBeforeItsMeshConnectsIsDroppedAndTheMembersTrainOn) {
+  KillTheJoinerAndExpectTheMembersTrainOn("GRADSYNC_TEST_HOLD_JOINER_BEFORE_MESH_UNTIL",
+                                          "before its mesh");
+}
+
+// Killed before it published its records: the members wait for them in
+// the agreement.
+TEST(ElasticJob, AJoinerKilledBeforeTheAgreementIsDroppedAndTheMembersTrainOn) {
+  KillTheJoinerAndExpectTheMembersTrainOn("GRADSYNC_TEST_HOLD_JOINER_BEFORE_AGREEMENT_UNTIL",
+                                          "before the agreement");
 }
 
 // The joiner runs another --check-replicas-every than the members: the
