@@ -37,7 +37,11 @@
 // below --max-nodes, join the running job at an iteration boundary, catch
 // up from the lowest live rank and train with the others (on either
 // rendezvous); a new rank joining after node 1's death takes the ranks
-// node 1 left free, never a survivor's.
+// node 1 left free, never a survivor's. A joiner that fails the grown
+// generation (SIGKILLed before it publishes its records or before its Gloo
+// mesh connects, or refused for another --check-replicas-every) is
+// dropped: the members re-form without it and train on exactly, and the
+// refused joiner's trainers get GS_ERR_MISMATCH naming it.
 //
 // Fixed (--min-nodes 3 = --num-nodes): a death ends every survivor with
 // GS_ERR_PEER_FAILED naming node_rank=2 and --min-nodes.
