@@ -25,6 +25,7 @@
 #include "daemon/cluster/abort_code.h"
 #include "daemon/cluster/etcd/etcd_operation_deadline.h"
 #include "daemon/cluster/etcd_rendezvous_config.h"
+#include "daemon/cluster/failed_grow.h"
 #include "daemon/cluster/forming_watch.h"
 #include "daemon/cluster/liveness_probe.h"
 #include "daemon/cluster/rendezvous_client.h"
@@ -110,6 +111,25 @@ void MaybeHoldReform(const ResumePoint& resume, uint64_t generation, absl::Time 
   if (until == nullptr || *until == '\0' || resume.generation == 0 || resume.grow) return;
   spdlog::warn("event=test_hook_armed hook={} generation={} until_file={}", kHoldReformUntil,
                generation, LogValue(until));
+  while (::access(until, F_OK) != 0 && MonotonicNow() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+// Test-only (inert unless set): a node joining the running job holds just
+// before it connects its Gloo mesh (or, with the second, before it
+// publishes its records for the agreement) until the file named here
+// exists (at most the forming deadline), so that a test can kill it at
+// that moment.
+constexpr char kHoldJoinerBeforeMesh[] = "GRADSYNC_TEST_HOLD_JOINER_BEFORE_MESH_UNTIL";
+constexpr char kHoldJoinerBeforeAgreement[] = "GRADSYNC_TEST_HOLD_JOINER_BEFORE_AGREEMENT_UNTIL";
+
+void MaybeHoldJoiner(const char* hook, bool joins_running, uint64_t generation,
+                     absl::Time deadline) {
+  const char* until = std::getenv(hook);
+  if (until == nullptr || *until == '\0' || !joins_running) return;
+  spdlog::warn("event=test_hook_armed hook={} generation={} until_file={}", hook, generation,
+               LogValue(until));
   while (::access(until, F_OK) != 0 && MonotonicNow() < deadline) {
     absl::SleepFor(absl::Milliseconds(10));
   }
@@ -448,6 +468,36 @@ absl::Status CompareLayouts(const Records& records, uint64_t gen, const std::vec
   return absl::OkStatus();
 }
 
+// Every comparison of the records of `members`.
+absl::Status CompareRecords(const Records& records, uint64_t gen, const std::vector<int>& members) {
+  RETURN_IF_ERROR(CompareLayouts(records, gen, members));
+  return CompareSharedFlags(records, gen, members);
+}
+
+// CompareRecords; a disagreement where the members that ran before agree
+// among themselves is the fault of the joiners that differ from them
+// (failed_grow.h: the members drop those and train on).
+absl::Status CompareWithJoiners(const Records& records, uint64_t gen,
+                                const std::vector<int>& members, const std::vector<int>& joiners) {
+  absl::Status st = CompareRecords(records, gen, members);
+  if (st.ok() || joiners.empty()) return st;
+  auto joins = [&joiners](int n) {
+    return std::find(joiners.begin(), joiners.end(), n) != joiners.end();
+  };
+  std::vector<int> old;
+  for (int n : members) {
+    if (!joins(n)) old.push_back(n);
+  }
+  if (old.empty() || !CompareRecords(records, gen, old).ok()) return st;
+  std::vector<int> culprits;
+  for (int j : joiners) {
+    std::vector<int> with = old;
+    with.insert(std::upper_bound(with.begin(), with.end(), j), j);
+    if (!CompareRecords(records, gen, with).ok()) culprits.push_back(j);
+  }
+  return BlameJoiners(std::move(st), culprits);
+}
+
 // What every node of the generation agreed on.
 struct Agreement {
   WireDType wire_dtype = WireDType::kOff;
@@ -460,8 +510,8 @@ struct Agreement {
 // the caps and --uneven-inputs of `first_member` (node 0 unless it died or
 // joins the running job).
 absl::StatusOr<Agreement> Agree(JobRendezvous& client, const DaemonConfig& config, uint64_t gen,
-                                const std::vector<int>& members, int first_member,
-                                const Layout& layout, absl::Time deadline) {
+                                const std::vector<int>& members, const std::vector<int>& joiners,
+                                int first_member, const Layout& layout, absl::Time deadline) {
   const absl::Duration wait = std::max(absl::Seconds(1), deadline - MonotonicNow());
   Agreement agreed;
   {
@@ -471,8 +521,7 @@ absl::StatusOr<Agreement> Agree(JobRendezvous& client, const DaemonConfig& confi
     ASSIGN_OR_RETURN(agreed.wire_dtype, PublishRecords(client, config, gen, first_member, layout));
   }
   ASSIGN_OR_RETURN(const Records records, WaitForRecords(client, members, gen, wait));
-  RETURN_IF_ERROR(CompareLayouts(records, gen, members));
-  RETURN_IF_ERROR(CompareSharedFlags(records, gen, members));
+  RETURN_IF_ERROR(CompareWithJoiners(records, gen, members, joiners));
   ASSIGN_OR_RETURN(agreed.caps, DecodeCaps(CapsKey(gen), Lookup(records, CapsKey(gen))));
   const std::optional<std::string> uneven = Lookup(records, UnevenInputsKey(gen));
   agreed.uneven_inputs = uneven.has_value() && *uneven == "1";
@@ -509,13 +558,15 @@ GlooBackendOptions GlooOptions(const DaemonConfig& config, std::shared_ptr<JobRe
 // overlaps the rendezvous traffic.
 absl::StatusOr<std::unique_ptr<GlooWorkerBackend>> ConnectGloo(
     std::shared_ptr<JobRendezvous> client, int node_rank, const GlooBackendOptions& gloo,
-    std::unique_ptr<GlooWorkerBackend> backend) {
+    std::unique_ptr<GlooWorkerBackend> backend, std::vector<RendezvousPeer> joiners) {
   absl::Status connected;
   {
     // Another node failing while the mesh connects aborts the generation
     // at the leader: stop connecting then, with its reason.
+    // A joiner killed meanwhile is found by its refused port (forming_watch.h).
     FormingWatch watch(std::move(client), node_rank, gloo.generation, backend.get(),
-                       std::chrono::milliseconds(absl::ToInt64Milliseconds(kHeartbeatEvery)));
+                       std::chrono::milliseconds(absl::ToInt64Milliseconds(kHeartbeatEvery)),
+                       std::move(joiners));
     connected = backend->ConnectMesh(gloo);
   }  // the watch is gone before the backend may be
   RETURN_IF_ERROR(connected);
@@ -598,11 +649,41 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
                                            std::function<void(const absl::Status&)> on_failure,
                                            const ResumePoint& resume) {
   ASSIGN_OR_RETURN(std::shared_ptr<JobRendezvous> client, ConnectRendezvous(config, leader));
+  GrowAttempt attempt;
+  absl::StatusOr<JobWorld> world =
+      FormWith(config, client, leader, listen_address, layout, on_failure, resume, &attempt);
+  if (world.ok() || attempt.generation == 0) return world;
+  // A joiner that could not join leaves for good: the members count it
+  // out at once rather than after its silence.
+  if (attempt.joins_running) {
+    return DepartFailedJoiner(*client, config.node_rank, attempt.generation, world.status());
+  }
+  if (!resume.grow) return world;
+  const std::vector<DroppedJoiner> dropped =
+      CulpritJoiners(*client, config.node_rank, attempt, world.status());
+  if (dropped.empty()) return world;
+  // The members re-form the aborted grown generation among themselves, at
+  // the same boundary, as survivors of a death do.
+  DropJoiners(*client, config.node_rank, attempt.generation, dropped);
+  const ResumePoint without{attempt.generation, resume.iteration, false, {}};
+  GrowAttempt again;
+  return FormWith(config, client, leader, listen_address, layout, std::move(on_failure), without,
+                  &again);
+}
+
+absl::StatusOr<JobWorld> ClusterLink::FormWith(const DaemonConfig& config,
+                                               std::shared_ptr<JobRendezvous> client,
+                                               const std::string& leader,
+                                               const std::string& listen_address,
+                                               const Layout& layout,
+                                               std::function<void(const absl::Status&)> on_failure,
+                                               const ResumePoint& resume, GrowAttempt* attempt) {
   const std::string host = GlooHost(config);
   const absl::Time deadline = MonotonicNow() + absl::Milliseconds(config.timeout_ms);
   ASSIGN_OR_RETURN(JoinResult joined,
                    JoinGeneration(*client, config, leader, host, listen_address, resume, deadline));
   const uint64_t gen = joined.generation;
+  *attempt = AttemptOf(joined, config.node_rank);
   const int rank_offset = RankOffset(joined, config.node_rank);
   std::vector<int> members;
   std::vector<RendezvousPeer> probe_targets;
@@ -635,9 +716,24 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   if (resume.grow && config.node_rank == first_member) {
     RETURN_IF_ERROR(client->Set(RunningPlanKey(gen), EncodeRunningPlan(resume.plan)));
   }
-  ASSIGN_OR_RETURN(Agreement agreed,
-                   Agree(*client, config, gen, members, first_member, layout, deadline));
-  gloo.wire_dtype = agreed.wire_dtype;
+  std::vector<int> joiners;
+  for (const RendezvousPeer& p : attempt->joiners) joiners.push_back(p.node_rank);
+  if (attempt->joins_running) joiners.push_back(config.node_rank);
+  MaybeHoldJoiner(kHoldJoinerBeforeAgreement, attempt->joins_running, gen, deadline);
+  absl::StatusOr<Agreement> agreed;
+  {
+    // A joiner killed before it published its records: the rendezvous's
+    // abort ends the wait for them (forming_watch.h), not the timeout.
+    std::optional<FormingWatch> watch;
+    if (!attempt->joiners.empty()) {
+      watch.emplace(client, config.node_rank, gen, backend->get(),
+                    std::chrono::milliseconds(absl::ToInt64Milliseconds(kHeartbeatEvery)),
+                    attempt->joiners);
+    }
+    agreed = Agree(*client, config, gen, members, joiners, first_member, layout, deadline);
+  }
+  if (!agreed.ok()) return agreed.status();
+  gloo.wire_dtype = agreed->wire_dtype;
   const bool joins_running = resume.generation == 0 && joined.start_iteration > 0;
   RunningPlan running;
   if (joins_running) {
@@ -647,7 +743,8 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
         "plan_version={}",
         gen, config.node_rank, joined.start_iteration, running.plan_version);
   }
-  backend = ConnectGloo(client, config.node_rank, gloo, *std::move(backend));
+  MaybeHoldJoiner(kHoldJoinerBeforeMesh, attempt->joins_running, gen, deadline);
+  backend = ConnectGloo(client, config.node_rank, gloo, *std::move(backend), attempt->joiners);
   if (!backend.ok()) return GlooFailed(*client, config.node_rank, gen, backend.status());
 
   auto link = std::unique_ptr<ClusterLink>(new ClusterLink(config, client, gen, members,
@@ -668,8 +765,8 @@ absl::StatusOr<JobWorld> ClusterLink::Form(const DaemonConfig& config, const std
   world.node_index = gloo.node_rank;
   world.first_member = first_member;
   world.backend = std::move(*backend);
-  world.caps = agreed.caps;
-  world.uneven_inputs = agreed.uneven_inputs;
+  world.caps = agreed->caps;
+  world.uneven_inputs = agreed->uneven_inputs;
   if (joins_running) {
     world.start_iteration = joined.start_iteration;
     world.running_plan = std::move(running);

@@ -38,6 +38,8 @@
 
 namespace gradsync {
 
+struct GrowAttempt;  // failed_grow.h
+
 class ClusterLink final : public WorldLink {
  public:
   // Forms the world for `layout` (blocks up to the config's timeout).
@@ -47,6 +49,8 @@ class ClusterLink final : public WorldLink {
   // heartbeat thread when another node (or the leader) fails.
   // `resume`: an elastic job's survivor re-forming the generation a node's
   // death aborted (rendezvous_service.h, set_min_nodes); {} joins afresh.
+  // A grown generation that fails because of a joiner is formed again
+  // without it (failed_grow.h); a joiner that fails to join departs.
   static absl::StatusOr<JobWorld> Form(const DaemonConfig& config, const std::string& leader,
                                        const std::string& listen_address, const Layout& layout,
                                        std::function<void(const absl::Status&)> on_failure,
@@ -94,6 +98,13 @@ class ClusterLink final : public WorldLink {
               uint64_t generation, std::vector<int> members,
               std::vector<RendezvousPeer> probe_targets, size_t num_tensors,
               std::function<void(const absl::Status&)> on_failure);
+  // One formation through `client`; `attempt` says how far it got.
+  static absl::StatusOr<JobWorld> FormWith(const DaemonConfig& config,
+                                           std::shared_ptr<JobRendezvous> client,
+                                           const std::string& leader,
+                                           const std::string& listen_address, const Layout& layout,
+                                           std::function<void(const absl::Status&)> on_failure,
+                                           const ResumePoint& resume, GrowAttempt* attempt);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // A node other than the embedded leader's: once the connection to the
   // leader drops, probes its port (`address`); a refusal proves the leader

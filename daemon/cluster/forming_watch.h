@@ -8,6 +8,13 @@
 // TIMEOUT and without the cause. The backend's error then carries the
 // leader's reason, which names the node that failed and why.
 //
+// A member connecting the generation joiners grow it to also probes their
+// listen addresses each look: a joiner's daemon killed before it connected
+// its mesh leaves the members' connect waiting for its Gloo address, which
+// only its silence would end. A refusal reports the death to the
+// rendezvous (which aborts the generation, ending every wait on its keys)
+// and aborts the connect, naming the joiner (failed_grow.h drops it).
+//
 // Threads: the constructor looks once before it returns (so a generation
 // already aborted is never connected), then a thread of its own looks every
 // `every`; the destructor stops and joins it (at most one heartbeat RPC
@@ -19,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "common/monotonic_mutex.h"
@@ -31,9 +39,10 @@ class FormingWatch {
  public:
   // Heart-beats every `every` for `generation` as `node_rank`; on an abort
   // (or a newer generation) calls backend->Abort with the leader's reason.
-  // `backend` must outlive the watch.
+  // `backend` must outlive the watch. `joiners`: the peers to probe.
   FormingWatch(std::shared_ptr<JobRendezvous> client, int node_rank, uint64_t generation,
-               Backend* backend, std::chrono::milliseconds every);
+               Backend* backend, std::chrono::milliseconds every,
+               std::vector<RendezvousPeer> joiners = {});
   ~FormingWatch();
   FormingWatch(const FormingWatch&) = delete;
   FormingWatch& operator=(const FormingWatch&) = delete;
@@ -41,6 +50,9 @@ class FormingWatch {
  private:
   // One heartbeat; true (and the backend aborted) when the generation is over.
   bool AbortedAtLeader();
+  // Probes the joiners; true (the death reported, the backend aborted)
+  // when one's daemon refuses connections.
+  bool JoinerDied();
   void Run();
 
   const std::shared_ptr<JobRendezvous> client_;
@@ -48,6 +60,7 @@ class FormingWatch {
   const uint64_t generation_;
   Backend* const backend_;
   const std::chrono::milliseconds every_;
+  const std::vector<RendezvousPeer> joiners_;
   // Its wait is on the monotonic clock, whatever the wall clock does.
   MonotonicMutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

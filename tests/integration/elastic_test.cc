@@ -37,7 +37,11 @@
 // below --max-nodes, join the running job at an iteration boundary, catch
 // up from the lowest live rank and train with the others (on either
 // rendezvous); a new rank joining after node 1's death takes the ranks
-// node 1 left free, never a survivor's.
+// node 1 left free, never a survivor's. A joiner that fails the grown
+// generation (SIGKILLed before it publishes its records or before its Gloo
+// mesh connects, or refused for another --check-replicas-every) is
+// dropped: the members re-form without it and train on exactly, and the
+// refused joiner's trainers get GS_ERR_MISMATCH naming it.
 //
 // Fixed (--min-nodes 3 = --num-nodes): a death ends every survivor with
 // GS_ERR_PEER_FAILED naming node_rank=2 and --min-nodes.
@@ -1198,6 +1202,151 @@ TEST(ElasticJob, ANewRankBelowMaxNodesJoinsTheRunningJobAndTrainsWithIt) {
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->world_size(), 6) << cluster.DaemonLogs();
   EXPECT_EQ(stats->generation(), 2u);
+}
+
+// Nodes 0 and 1 train (--num-nodes 2, --min-nodes 1, --max-nodes 3, every
+// trainer on a sixth of the batch) and node 2 (started with `joiner` in
+// `options`: its flags, its environment) joins during iteration 2: node 0's
+// trainers are held there until both members read the grow entry, so the
+// members meet the joiner at the same boundary. trainers: the members'
+// four, then the joiner's two.
+void StartMembersAndAJoiner(Cluster& cluster, std::vector<Trainer>* trainers) {
+  for (int n = 0; n < 3; ++n) {
+    if (n == 2) {
+      for (Trainer& t : *trainers) {
+        if (t.node != 0) continue;
+        ASSERT_TRUE(WaitForLog(t.process, "mlp_trainer: paused at backward", kStateBound) &&
+                    WaitStopped(t.process, kStateBound))
+            << t.process.Log() << cluster.DaemonLogs();
+      }
+      ASSERT_TRUE(cluster.StartNode(2)) << cluster.DaemonLogs();
+    }
+    for (int r = 0; r < kLocal; ++r) {
+      std::vector<std::string> args = TrainArgs();
+      args.insert(args.end(), {"--catch-up", "--shard-world=6"});
+      if (n == 0) args.push_back("--pause-at=backward");
+      const std::string out = absl::StrCat(cluster.dir(), "/w", n, "_", r);
+      trainers->push_back({n, "", out, StartTrainer(cluster.node(n), r, args, out)});
+    }
+  }
+  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_grow_published", kErrorBound))
+      << cluster.DaemonLogs();
+  for (int n : {0, 1}) {
+    ASSERT_TRUE(WaitForLog(cluster.node(n).process(), "event=job_grow_read", kErrorBound))
+        << cluster.DaemonLogs();
+  }
+  for (Trainer& t : *trainers) {
+    if (t.node == 0) t.process.Signal(SIGCONT);
+  }
+}
+
+ClusterOptions MembersAndAJoiner() {
+  ClusterOptions options = JobOptions(/*min_nodes=*/1, 4 * kTimeoutS);
+  options.nodes = 2;
+  options.spare_nodes = 1;
+  options.flags.back() = "--max-nodes=3";
+  return options;
+}
+
+// The members dropped the joiner (one line each, naming it and `cause`),
+// trained on as if it never came (every step over their 4 trainers, within
+// 1e-12 of the reference) and are the job's world again.
+void ExpectTheMembersDroppedTheJoinerAndTrainedOn(Cluster& cluster, std::vector<Trainer>& trainers,
+                                                  const std::string& cause) {
+  std::vector<std::string> reference_args = TrainArgs();
+  reference_args.insert(reference_args.end(),
+                        {"--join-steps=8,8,8,8,0,0", "--join-divide-by-active"});
+  const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
+  ASSERT_FALSE(reference.empty());
+  std::vector<Trainer*> members;
+  for (Trainer& t : trainers) {
+    if (t.node != 2) members.push_back(&t);
+  }
+  ASSERT_NO_FATAL_FAILURE(ExpectEndedAlikeAndLikeTheReference(
+      cluster, members, reference, [&] { return AllTrainerErrors(trainers); }));
+  for (int n : {0, 1}) {
+    const std::string log = cluster.node(n).process().Log();
+    const size_t at = log.find("event=joiner_dropped ");
+    ASSERT_NE(at, std::string::npos) << "node " << n << "\n" << cluster.DaemonLogs();
+    const std::string line = log.substr(at, log.find('\n', at) - at);
+    EXPECT_NE(line.find(" joiner=2 "), std::string::npos) << line;
+    EXPECT_NE(line.find(cause), std::string::npos) << cause << "\n" << line;
+    EXPECT_EQ(log.find("event=joiner_dropped ", at + 1), std::string::npos) << log;
+    EXPECT_TRUE(cluster.node(n).process().Running()) << cluster.DaemonLogs();
+  }
+  absl::StatusOr<v1::Stats> stats = GetStats(cluster.port(), "elastic-token");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->world_size(), 4) << cluster.DaemonLogs();
+}
+
+// The joiner's daemon (and its trainers) SIGKILLed once the grown
+// generation formed, where `hook` holds it: the members find its port
+// refusing, drop it and re-form among themselves at the same boundary, and
+// train on. Prints the time from the kill to the members' switch to the
+// re-formed world.
+void KillTheJoinerAndExpectTheMembersTrainOn(const std::string& hook, const std::string& where) {
+  ScratchDir scratch("joiner_killed");
+  ClusterOptions options = MembersAndAJoiner();
+  options.node_env.resize(3);
+  options.node_env[2] = {{hook, scratch.File("never")}};
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  ASSERT_NO_FATAL_FAILURE(StartMembersAndAJoiner(cluster, &trainers));
+  ASSERT_TRUE(
+      WaitForLog(cluster.node(2).process(), "event=test_hook_armed hook=" + hook, kErrorBound))
+      << cluster.DaemonLogs();
+  const auto killed_at = std::chrono::steady_clock::now();
+  cluster.node(2).process().Signal(SIGKILL);
+  for (Trainer& t : trainers) {
+    if (t.node == 2) t.process.Signal(SIGKILL);
+  }
+  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_grown", kErrorBound))
+      << cluster.DaemonLogs();
+  const double train_on_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectTheMembersDroppedTheJoinerAndTrainedOn(cluster, trainers, "refuses connections"));
+  std::printf("elastic_job joiner killed %s: SIGKILL to the members' re-formed world: %.2f s\n",
+              where.c_str(), train_on_s);
+}
+
+// Killed just before it connects its Gloo mesh: the members wait for its
+// Gloo address.
+TEST(ElasticJob, AJoinerKilledBeforeItsMeshConnectsIsDroppedAndTheMembersTrainOn) {
+  KillTheJoinerAndExpectTheMembersTrainOn("GRADSYNC_TEST_HOLD_JOINER_BEFORE_MESH_UNTIL",
+                                          "before its mesh");
+}
+
+// Killed before it published its records: the members wait for them in
+// the agreement.
+TEST(ElasticJob, AJoinerKilledBeforeTheAgreementIsDroppedAndTheMembersTrainOn) {
+  KillTheJoinerAndExpectTheMembersTrainOn("GRADSYNC_TEST_HOLD_JOINER_BEFORE_AGREEMENT_UNTIL",
+                                          "before the agreement");
+}
+
+// The joiner runs another --check-replicas-every than the members: the
+// grown generation's agreement refuses it. Its trainers get
+// GS_ERR_MISMATCH naming it and the flag; the members drop it and train on.
+TEST(ElasticJob, AJoinerRefusedForAMismatchedFlagGetsMismatchAndTheMembersTrainOn) {
+  ClusterOptions options = MembersAndAJoiner();
+  options.node_flags = {{}, {}, {"--check-replicas-every=3"}};
+  Cluster cluster(options);
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  ASSERT_NO_FATAL_FAILURE(StartMembersAndAJoiner(cluster, &trainers));
+  const std::string culprit = "but node 2 runs --check-replicas-every=3";
+  for (Trainer& t : trainers) {
+    if (t.node != 2) continue;
+    const ExitStatus st = t.process.Wait(kErrorBound);
+    const std::string error = TrainerError(t.process.Log());
+    ASSERT_TRUE(st.exited) << st.ToString() << t.process.Log() << cluster.DaemonLogs();
+    EXPECT_EQ(st.code, kExitMismatch) << error << cluster.DaemonLogs();
+    EXPECT_NE(error.find(culprit), std::string::npos) << error;
+  }
+  ASSERT_NO_FATAL_FAILURE(ExpectTheMembersDroppedTheJoinerAndTrainedOn(cluster, trainers, culprit));
+  EXPECT_NE(cluster.node(2).process().Log().find("event=joiner_departing "), std::string::npos)
+      << cluster.node(2).process().Log();
 }
 
 // SetConfig on node 0 (the leader, or a node like the others on etcd)
