@@ -54,7 +54,8 @@ class Client {
   bool connected() const { return connected_; }
 
   bool Send(const std::string& bytes) {
-    return send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
+    return send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+           static_cast<ssize_t>(bytes.size());
   }
 
   // One whole response (head and Content-Length body); "" if the server
@@ -120,9 +121,8 @@ std::string Body(const std::string& response) {
 // An endpoint on 127.0.0.1:<any port> whose scrape N answers "scrape N".
 struct CountingEndpoint {
   CountingEndpoint() {
-    auto started = MetricsEndpoint::Start("127.0.0.1:0", [this] {
-      return absl::StrCat("gradsync_test_scrapes ", ++scrapes, "\n");
-    });
+    auto started = MetricsEndpoint::Start(
+        "127.0.0.1:0", [this] { return absl::StrCat("gradsync_test_scrapes ", ++scrapes, "\n"); });
     EXPECT_TRUE(started.ok()) << started.status();
     if (started.ok()) endpoint = std::move(*started);
   }
@@ -141,7 +141,8 @@ TEST(MetricsEndpointTest, AnswersEachScrapeWithFreshTextOnAKeptAliveConnection) 
     ASSERT_TRUE(client.Send(Get("/metrics")));
     const std::string response = client.ReadResponse();
     EXPECT_THAT(response, StartsWith("HTTP/1.1 200 OK\r\n"));
-    EXPECT_THAT(response, HasSubstr("\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"));
+    EXPECT_THAT(response,
+                HasSubstr("\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"));
     EXPECT_EQ(Body(response), absl::StrCat("gradsync_test_scrapes ", scrape, "\n"));
   }
   // A query string does not change the path.
@@ -178,8 +179,8 @@ TEST(MetricsEndpointTest, AnOversizedRequestGetsBadRequest) {
   Client client(server.port());
   ASSERT_TRUE(client.connected());
   // Headers of 64 KiB: far above what any scraper sends.
-  ASSERT_TRUE(client.Send(absl::StrCat("GET /metrics HTTP/1.1\r\nX-Filler: ",
-                                       std::string(64 * 1024, 'a'), "\r\n\r\n")));
+  ASSERT_TRUE(client.Send(absl::StrCat(
+      "GET /metrics HTTP/1.1\r\nX-Filler: ", std::string(64 * 1024, 'a'), "\r\n\r\n")));
   EXPECT_THAT(client.ReadResponse(), StartsWith("HTTP/1.1 400 Bad Request\r\n"));
   EXPECT_TRUE(client.ClosedByServer());
   EXPECT_EQ(server.scrapes.load(), 0);
@@ -232,8 +233,8 @@ TEST(MetricsEndpointTest, DestroyingItClosesOpenConnections) {
 }
 
 TEST(MetricsEndpointTest, AMalformedAddressIsInvalidAndNamed) {
-  for (const char* address : {"9100", ":9100", "127.0.0.1:", "127.0.0.1:99999", "127.0.0.1:9x",
-                              "[::1:9100"}) {
+  for (const char* address :
+       {"9100", ":9100", "127.0.0.1:", "127.0.0.1:99999", "127.0.0.1:9x", "[::1:9100"}) {
     auto started = MetricsEndpoint::Start(address, [] { return std::string(); });
     ASSERT_FALSE(started.ok()) << address;
     EXPECT_EQ(started.status().code(), absl::StatusCode::kInvalidArgument) << address;
