@@ -1135,75 +1135,6 @@ TEST(ElasticJob, AReplicaCheckDueWhereANodeJoinsRunsOnTheGrownWorld) {
   }
 }
 
-// --max-nodes above --num-nodes: a job of nodes 0 and 1 (--num-nodes 2,
-// --min-nodes 1, --max-nodes 3; 2 trainers each, every trainer on a sixth
-// of the batch) takes a new node 2 while it runs. Node 0's trainers are
-// held in iteration 2 until both members read the grow entry; from the
-// join iteration m on the job averages over 6 trainers instead of 4, and
-// all six end within 1e-12 of the reference (ranks 4-5 inactive before m).
-TEST(ElasticJob, ANewRankBelowMaxNodesJoinsTheRunningJobAndTrainsWithIt) {
-  ClusterOptions options = JobOptions(/*min_nodes=*/1, 4 * kTimeoutS);
-  options.nodes = 2;
-  options.spare_nodes = 1;
-  options.flags.back() = "--max-nodes=3";
-  Cluster cluster(options);
-  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
-  std::vector<Trainer> trainers;
-  for (int n = 0; n < 3; ++n) {
-    if (n == 2) {
-      // Once the members are in iteration 2 (node 0's trainers paused).
-      for (Trainer& t : trainers) {
-        if (t.node != 0) continue;
-        ASSERT_TRUE(WaitForLog(t.process, "mlp_trainer: paused at backward", kStateBound) &&
-                    WaitStopped(t.process, kStateBound))
-            << t.process.Log() << cluster.DaemonLogs();
-      }
-      ASSERT_TRUE(cluster.StartNode(2)) << cluster.DaemonLogs();
-    }
-    for (int r = 0; r < kLocal; ++r) {
-      std::vector<std::string> args = TrainArgs();
-      args.insert(args.end(), {"--catch-up", "--shard-world=6"});
-      if (n == 0) args.push_back("--pause-at=backward");
-      const std::string out = absl::StrCat(cluster.dir(), "/w", n, "_", r);
-      trainers.push_back({n, "", out, StartTrainer(cluster.node(n), r, args, out)});
-    }
-  }
-  ASSERT_TRUE(WaitForLog(cluster.node(0).process(), "event=job_grow_published", kErrorBound))
-      << cluster.DaemonLogs();
-  for (int n : {0, 1}) {
-    ASSERT_TRUE(WaitForLog(cluster.node(n).process(), "event=job_grow_read", kErrorBound))
-        << cluster.DaemonLogs();
-  }
-  for (Trainer& t : trainers) {
-    if (t.node == 0) t.process.Signal(SIGCONT);
-  }
-  const std::string joined = "mlp_trainer: joined the running job at iteration ";
-  ASSERT_TRUE(WaitForLog(trainers[4].process, joined, kErrorBound))
-      << trainers[4].process.Log() << cluster.DaemonLogs();
-  const std::string log = trainers[4].process.Log();
-  const int m = std::atoi(log.c_str() + log.find(joined) + joined.size());
-  ASSERT_GT(m, kKilledStep);
-  ASSERT_LT(m, kSteps) << "the members finished before node 2 joined";
-  std::vector<std::string> reference_args = TrainArgs();
-  reference_args.insert(
-      reference_args.end(),
-      {"--join-steps=8,8,8,8,0,0", "--join-divide-by-active", absl::StrCat("--rejoin-at=", m)});
-  const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
-  ASSERT_FALSE(reference.empty());
-  std::vector<Trainer*> everyone;
-  for (Trainer& t : trainers) everyone.push_back(&t);
-  ASSERT_NO_FATAL_FAILURE(ExpectEndedAlikeAndLikeTheReference(
-      cluster, everyone, reference, [&] { return AllTrainerErrors(trainers); }));
-  EXPECT_NE(trainers[5].process.Log().find(
-                absl::StrCat(joined, m, ": state from rank 0, world size 6, rank 5\n")),
-            std::string::npos)
-      << trainers[5].process.Log();
-  absl::StatusOr<v1::Stats> stats = GetStats(cluster.port(), "elastic-token");
-  ASSERT_TRUE(stats.ok()) << stats.status();
-  EXPECT_EQ(stats->world_size(), 6) << cluster.DaemonLogs();
-  EXPECT_EQ(stats->generation(), 2u);
-}
-
 // Nodes 0 and 1 train (--num-nodes 2, --min-nodes 1, --max-nodes 3, every
 // trainer on a sixth of the batch) and node 2 (started with `joiner` in
 // `options`: its flags, its environment) joins during iteration 2: node 0's
@@ -1246,6 +1177,44 @@ ClusterOptions MembersAndAJoiner() {
   options.spare_nodes = 1;
   options.flags.back() = "--max-nodes=3";
   return options;
+}
+
+// --max-nodes above --num-nodes: a job of nodes 0 and 1 (--num-nodes 2,
+// --min-nodes 1, --max-nodes 3; 2 trainers each, every trainer on a sixth
+// of the batch) takes a new node 2 while it runs. Node 0's trainers are
+// held in iteration 2 until both members read the grow entry; from the
+// join iteration m on the job averages over 6 trainers instead of 4, and
+// all six end within 1e-12 of the reference (ranks 4-5 inactive before m).
+TEST(ElasticJob, ANewRankBelowMaxNodesJoinsTheRunningJobAndTrainsWithIt) {
+  Cluster cluster(MembersAndAJoiner());
+  ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
+  std::vector<Trainer> trainers;
+  ASSERT_NO_FATAL_FAILURE(StartMembersAndAJoiner(cluster, &trainers));
+  const std::string joined = "mlp_trainer: joined the running job at iteration ";
+  ASSERT_TRUE(WaitForLog(trainers[4].process, joined, kErrorBound))
+      << trainers[4].process.Log() << cluster.DaemonLogs();
+  const std::string log = trainers[4].process.Log();
+  const int m = std::atoi(log.c_str() + log.find(joined) + joined.size());
+  ASSERT_GT(m, kKilledStep);
+  ASSERT_LT(m, kSteps) << "the members finished before node 2 joined";
+  std::vector<std::string> reference_args = TrainArgs();
+  reference_args.insert(
+      reference_args.end(),
+      {"--join-steps=8,8,8,8,0,0", "--join-divide-by-active", absl::StrCat("--rejoin-at=", m)});
+  const std::vector<double> reference = SingleProcessReference(cluster.dir(), reference_args);
+  ASSERT_FALSE(reference.empty());
+  std::vector<Trainer*> everyone;
+  for (Trainer& t : trainers) everyone.push_back(&t);
+  ASSERT_NO_FATAL_FAILURE(ExpectEndedAlikeAndLikeTheReference(
+      cluster, everyone, reference, [&] { return AllTrainerErrors(trainers); }));
+  EXPECT_NE(trainers[5].process.Log().find(
+                absl::StrCat(joined, m, ": state from rank 0, world size 6, rank 5\n")),
+            std::string::npos)
+      << trainers[5].process.Log();
+  absl::StatusOr<v1::Stats> stats = GetStats(cluster.port(), "elastic-token");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->world_size(), 6) << cluster.DaemonLogs();
+  EXPECT_EQ(stats->generation(), 2u);
 }
 
 // The members dropped the joiner (one line each, naming it and `cause`),
