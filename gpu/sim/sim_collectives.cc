@@ -475,6 +475,9 @@ class SimCollectiveGroup final : public CollectiveGroup {
       }
       const int32_t failed = g->failed.load(std::memory_order_acquire);
       if (failed != 0) {
+        // This node's own Abort may have set `failed` since the check
+        // above: its reason, not a peer failure, is then the answer.
+        RETURN_IF_ERROR(Unusable());
         return absl::UnavailableError(absl::StrCat("collective ", seq, ": the node of rank ",
                                                    failed - 1, " failed or aborted the group"));
       }
@@ -483,7 +486,9 @@ class SimCollectiveGroup final : public CollectiveGroup {
         RankSlot& slot = g->slots[r];
         if ((slot.*field).load(std::memory_order_acquire) >= seq) continue;
         const int32_t pid = slot.pid.load(std::memory_order_acquire);
-        if (pid != 0 && !ProcessAlive(pid)) {
+        // Read again once the process is gone: it may have reached `seq`
+        // and exited between the first read and the liveness check.
+        if (pid != 0 && !ProcessAlive(pid) && (slot.*field).load(std::memory_order_acquire) < seq) {
           return absl::UnavailableError(
               absl::StrCat("collective ", seq, ": rank ", r, " (process ", pid, ") died"));
         }
