@@ -664,13 +664,19 @@ TEST(MultiNode, ConfigSetWhileTheLeaderWaitsForTheOtherNodesAppliesToTheJob) {
 // consistent within itself, so only a cross-node comparison can see it:
 // MISMATCH on every trainer, naming both nodes and what each summed,
 // instead of GS_OK and a 2-iteration sum averaged with a 1-iteration one.
-TEST(MultiNode, NoSyncOnEveryTrainerOfOneNodeOnlyFailsEveryTrainerWithMismatch) {
-  Cluster cluster(Job(2, 2));
+// `daemon_flags` and `model` decide how the comparison crosses: folded
+// into a small first bucket, or on its own ahead of a large one (the
+// plan's cut then `pieces`).
+void ExpectNoSyncOnOneNodeOnlyFailsEveryTrainerWithMismatch(
+    const std::vector<std::string>& daemon_flags, const std::vector<std::string>& model,
+    const std::string& pieces = "") {
+  Cluster cluster(Job(2, 2, daemon_flags));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
   std::vector<Process> trainers;
   for (int n = 0; n < 2; ++n) {
     for (int r = 0; r < 2; ++r) {
       std::vector<std::string> args = {"--steps=3", "--fp64"};
+      args.insert(args.end(), model.begin(), model.end());
       if (n == 1) args.push_back("--accumulate=2");
       trainers.push_back(StartTrainer(cluster.node(n), r, args, ""));
     }
@@ -688,6 +694,28 @@ TEST(MultiNode, NoSyncOnEveryTrainerOfOneNodeOnlyFailsEveryTrainerWithMismatch) 
   }
   EXPECT_TRUE(cluster.node(0).process().Running()) << cluster.DaemonLogs();
   EXPECT_TRUE(cluster.node(1).process().Running()) << cluster.DaemonLogs();
+  if (!pieces.empty()) {
+    for (int n = 0; n < 2; ++n) {
+      EXPECT_NE(cluster.node(n).process().Log().find(absl::StrCat("event=plan_pieces ", pieces)),
+                std::string::npos)
+          << "node " << n << ":\n"
+          << cluster.node(n).process().Log();
+    }
+  }
+}
+
+TEST(MultiNode, NoSyncOnEveryTrainerOfOneNodeOnlyFailsEveryTrainerWithMismatch) {
+  ExpectNoSyncOnOneNodeOnlyFailsEveryTrainerWithMismatch({}, {});
+}
+
+// The same with a first bucket of 1 MiB, too large to carry the counts
+// (count_fold.h): they cross in a collective of their own ahead of the
+// bucket's, and the daemon still compares them before anyone is told the
+// iteration is done.
+TEST(MultiNode, NoSyncOnOneNodeOnlyWithAOneMegabyteFirstBucketFailsEveryTrainerWithMismatch) {
+  ExpectNoSyncOnOneNodeOnlyFailsEveryTrainerWithMismatch(
+      {"--bucket-cap-mb=1", "--first-bucket-cap-mb=1", "--timeout-s=60"},
+      {"--dim=256", "--hidden=512"}, "buckets=2 pieces=2");
 }
 
 TEST(MultiNode, BadTokenIsRefusedAndLogged) {
