@@ -50,6 +50,16 @@ ClusterOptions Job(int nodes, int local, std::vector<std::string> extra = {},
   return options;
 }
 
+// Every node of `cluster` logged the plan's cut `pieces` ("buckets=1 pieces=4 ...").
+void ExpectPlanPieces(Cluster& cluster, int nodes, const std::string& pieces) {
+  for (int n = 0; n < nodes; ++n) {
+    EXPECT_NE(cluster.node(n).process().Log().find(absl::StrCat("event=plan_pieces ", pieces)),
+              std::string::npos)
+        << "node " << n << ":\n"
+        << cluster.node(n).process().Log();
+  }
+}
+
 TEST(MultiNode, ThreeDaemonsTwoTrainersEachMatchSingleProcessTraining) {
   Cluster cluster(Job(3, 2));
   ASSERT_TRUE(cluster.Start()) << cluster.DaemonLogs();
@@ -99,12 +109,8 @@ TEST(MultiNode, ABucketOfSeveralPiecesTrainsLikeOneProcess) {
   for (size_t i = 0; i < weights.size(); ++i) {
     EXPECT_EQ(weights[i], weights[0]) << "trainer " << i << " differs from node 0's trainer 0";
   }
+  ExpectPlanPieces(cluster, 2, "buckets=1 pieces=4 piece_mb=8");
   for (int n = 0; n < 2; ++n) {
-    EXPECT_NE(
-        cluster.node(n).process().Log().find("event=plan_pieces buckets=1 pieces=4 piece_mb=8"),
-        std::string::npos)
-        << "node " << n << ":\n"
-        << cluster.node(n).process().Log();
     // The Gloo worker reduced in the trainers' arenas and wrote the average.
     EXPECT_NE(cluster.node(n).process().Log().find(
                   absl::StrCat("event=gloo_worker_arenas_mapped node_rank=", n, " arenas=2")),
@@ -136,11 +142,9 @@ void ExpectArenaBucketTrainsLikeOneProcess(const std::string& cap_mb,
     ExitStatus st = t.Wait(seconds(120));
     ASSERT_TRUE(st.exited && st.code == 0) << t.Log() << cluster.DaemonLogs();
   }
+  ExpectPlanPieces(cluster, 2, pieces);
   for (int n = 0; n < 2; ++n) {
     const std::string log = cluster.node(n).process().Log();
-    EXPECT_NE(log.find(absl::StrCat("event=plan_pieces ", pieces)), std::string::npos)
-        << "node " << n << ":\n"
-        << log;
     EXPECT_NE(
         log.find(absl::StrCat("event=gloo_worker_arenas_mapped node_rank=", n, " arenas=", local)),
         std::string::npos)
@@ -694,14 +698,7 @@ void ExpectNoSyncOnOneNodeOnlyFailsEveryTrainerWithMismatch(
   }
   EXPECT_TRUE(cluster.node(0).process().Running()) << cluster.DaemonLogs();
   EXPECT_TRUE(cluster.node(1).process().Running()) << cluster.DaemonLogs();
-  if (!pieces.empty()) {
-    for (int n = 0; n < 2; ++n) {
-      EXPECT_NE(cluster.node(n).process().Log().find(absl::StrCat("event=plan_pieces ", pieces)),
-                std::string::npos)
-          << "node " << n << ":\n"
-          << cluster.node(n).process().Log();
-    }
-  }
+  if (!pieces.empty()) ExpectPlanPieces(cluster, 2, pieces);
 }
 
 TEST(MultiNode, NoSyncOnEveryTrainerOfOneNodeOnlyFailsEveryTrainerWithMismatch) {
